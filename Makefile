@@ -1,0 +1,47 @@
+# fedstream — the two commands a newcomer needs are `make run` and `make test`.
+GO        ?= go
+BIN       := bin/fedstream
+PKGS      := ./...
+export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
+
+.PHONY: all build run test test-short bench proto vet fmt clean
+
+all: build
+
+build:
+	$(GO) build -o $(BIN) ./cmd/fedstream
+
+## run: start a whole federation in one process and show a query producing results
+run: build
+	./$(BIN) dev
+
+## test: every unit, cluster and integration test (integration tests build the binary themselves)
+test:
+	$(GO) vet $(PKGS)
+	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+test-short:
+	$(GO) test -short -count=1 $(PKGS)
+
+bench: build
+	./$(BIN) bench dataplane
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./coordinator/...
+
+## proto: regenerate rpc/fedstreampb from rpc/*.proto (protoc from Debian's protobuf-compiler,
+## plugins from the Go module proxy at pinned versions)
+proto:
+	@command -v protoc >/dev/null || { echo "protoc missing: apt-get install -y protobuf-compiler"; exit 1; }
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+	protoc -I rpc --go_out=rpc --go_opt=paths=source_relative \
+		--go-grpc_out=rpc --go-grpc_opt=paths=source_relative rpc/fedstream.proto
+	mkdir -p rpc/fedstreampb && mv rpc/fedstream.pb.go rpc/fedstream_grpc.pb.go rpc/fedstreampb/
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt:
+	gofmt -w $$(git ls-files '*.go')
+
+clean:
+	rm -rf bin

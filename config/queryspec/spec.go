@@ -1,0 +1,108 @@
+// Package queryspec is the user-facing definition of a continuous query: the
+// YAML format users write, its validation (every error names the file, the
+// field and what is wrong), expression type-checking against schemas, and the
+// canonical JSON form stored in Raft and handed to workers.
+package queryspec
+
+// Query is a continuous query as submitted by a user.
+type Query struct {
+	Name         string       `yaml:"name" json:"name"`
+	Replicas     int          `yaml:"replicas" json:"replicas"`
+	Availability Availability `yaml:"availability" json:"availability"`
+	Sources      []Source     `yaml:"sources" json:"sources"`
+	Operators    []Operator   `yaml:"operators" json:"operators"`
+	Sinks        []Sink       `yaml:"sinks" json:"sinks"`
+}
+
+// Availability is the query's DCAA bound X.
+type Availability struct {
+	// MaxDelay is a Go duration ("2s", "500ms"), "0" (answer at once) or
+	// "strict" (never emit tentative results).
+	MaxDelay string `yaml:"max_delay" json:"max_delay"`
+}
+
+// Source is an input stream: a built-in generator or ingest.
+type Source struct {
+	Name   string     `yaml:"name" json:"name"`
+	Schema Schema     `yaml:"schema" json:"schema"`
+	Gen    *Generator `yaml:"generator,omitempty" json:"generator,omitempty"`
+	Ingest bool       `yaml:"ingest,omitempty" json:"ingest,omitempty"`
+	// Parallelism is the number of source partitions (generators only).
+	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
+}
+
+// Generator selects a deterministic built-in source.
+type Generator struct {
+	// Kind is one of "netmon", "words", "vitals".
+	Kind string `yaml:"kind" json:"kind"`
+	// Rate in records per second per partition; 0 means as fast as possible.
+	Rate int   `yaml:"rate" json:"rate"`
+	Seed int64 `yaml:"seed" json:"seed"`
+	// Monitors is the number of simulated monitors (netmon).
+	Monitors int `yaml:"monitors,omitempty" json:"monitors,omitempty"`
+	// Limit stops the generator after this many records (0: unbounded).
+	Limit int64 `yaml:"limit,omitempty" json:"limit,omitempty"`
+	// Start is the stime of the first record (RFC 3339); empty means the
+	// Unix epoch, so that runs are reproducible.
+	Start string `yaml:"start,omitempty" json:"start,omitempty"`
+}
+
+// Field is one column in a schema, in declaration order.
+type Field struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// Schema keeps the order the user wrote the fields in (YAML maps are ordered
+// in the file; Go maps are not). In YAML it is a mapping name: type; in JSON
+// a list of fields.
+type Schema []Field
+
+// Operator is one node of the dataflow graph.
+type Operator struct {
+	Name string `yaml:"name" json:"name"`
+	// Type is one of filter, map, union, aggregate, join.
+	Type string `yaml:"type" json:"type"`
+	// Input names the input stream (filter, map, aggregate).
+	Input string `yaml:"input,omitempty" json:"input,omitempty"`
+	// Inputs names the input streams (union).
+	Inputs []string `yaml:"inputs,omitempty" json:"inputs,omitempty"`
+	// Left and Right name the join's inputs.
+	Left  string `yaml:"left,omitempty" json:"left,omitempty"`
+	Right string `yaml:"right,omitempty" json:"right,omitempty"`
+	// Where is the filter predicate (expression yielding bool).
+	Where string `yaml:"where,omitempty" json:"where,omitempty"`
+	// Fields are the map projections, output name -> expression, in order.
+	Fields Exprs `yaml:"fields,omitempty" json:"fields,omitempty"`
+	// Window configures aggregate and join windows.
+	Window *Window `yaml:"window,omitempty" json:"window,omitempty"`
+	// GroupBy lists the aggregate's key fields.
+	GroupBy []string `yaml:"group_by,omitempty" json:"group_by,omitempty"`
+	// Aggregates are output name -> "fn(field)", in order.
+	Aggregates Exprs `yaml:"aggregates,omitempty" json:"aggregates,omitempty"`
+	// On lists the join's equi-join key fields (same name on both sides).
+	On []string `yaml:"on,omitempty" json:"on,omitempty"`
+	// Parallelism is the number of partitions (default 1).
+	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
+}
+
+// Window is a tumbling (slide empty or equal to size) or sliding window on stime.
+type Window struct {
+	Size  string `yaml:"size" json:"size"`
+	Slide string `yaml:"slide,omitempty" json:"slide,omitempty"`
+}
+
+// NamedExpr is one output name and its expression.
+type NamedExpr struct {
+	Name string `json:"name"`
+	Expr string `json:"expr"`
+}
+
+// Exprs keeps declaration order: a mapping in YAML, a list in JSON.
+type Exprs []NamedExpr
+
+// Sink is a named query output that clients tail.
+type Sink struct {
+	Name  string `yaml:"name" json:"name"`
+	Input string `yaml:"input" json:"input"`
+}
