@@ -1791,7 +1791,10 @@ type StreamRef struct {
 	TaskId string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	// Index of the downstream partition this stream is routed to (0 when the
 	// downstream is not partitioned).
-	Partition     int32 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	Partition int32 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	// Name of the downstream node (fragment) consuming the stream; empty for
+	// a sink's result stream, which clients tail.
+	Consumer      string `protobuf:"bytes,4,opt,name=consumer,proto3" json:"consumer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1845,6 +1848,13 @@ func (x *StreamRef) GetPartition() int32 {
 		return x.Partition
 	}
 	return 0
+}
+
+func (x *StreamRef) GetConsumer() string {
+	if x != nil {
+		return x.Consumer
+	}
+	return ""
 }
 
 // A batch of encoded tuples (see worker/tuple for the encoding).
@@ -2222,11 +2232,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"subscriber\x18\x03 \x01(\tR\n" +
 	"subscriber\x12\x15\n" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
-	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\"X\n" +
+	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\"t\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
-	"\tpartition\x18\x03 \x01(\x05R\tpartition\"J\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\x12\x1a\n" +
+	"\bconsumer\x18\x04 \x01(\tR\bconsumer\"J\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
