@@ -4,6 +4,12 @@
 // canonical JSON form stored in Raft and handed to workers.
 package queryspec
 
+import (
+	"fmt"
+
+	"gopkg.in/yaml.v3"
+)
+
 // Query is a continuous query as submitted by a user.
 type Query struct {
 	Name         string       `yaml:"name" json:"name"`
@@ -12,6 +18,11 @@ type Query struct {
 	Sources      []Source     `yaml:"sources" json:"sources"`
 	Operators    []Operator   `yaml:"operators" json:"operators"`
 	Sinks        []Sink       `yaml:"sinks" json:"sinks"`
+
+	// lines maps a field path ("operators[2].where") to its line in the
+	// YAML file, so that validation errors can point at the source. It is
+	// only set by Parse and never serialised.
+	lines map[string]int
 }
 
 // Availability is the query's DCAA bound X.
@@ -105,4 +116,94 @@ type Exprs []NamedExpr
 type Sink struct {
 	Name  string `yaml:"name" json:"name"`
 	Input string `yaml:"input" json:"input"`
+}
+
+// UnmarshalYAML reads a schema written as a mapping `name: type` (the usual
+// form, order preserved) or as a list of {name, type} (the JSON form).
+// Type names are checked later by Validate so that all problems are reported
+// together with their field paths.
+func (s *Schema) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.MappingNode:
+		out := make(Schema, 0, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
+				return &yaml.TypeError{Errors: []string{fmt.Sprintf(
+					"line %d: schema entries must be `name: type` scalars", k.Line)}}
+			}
+			out = append(out, Field{Name: k.Value, Type: v.Value})
+		}
+		*s = out
+		return nil
+	case yaml.SequenceNode:
+		var list []Field
+		if err := n.Decode(&list); err != nil {
+			return err
+		}
+		*s = list
+		return nil
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			*s = nil
+			return nil
+		}
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf(
+		"line %d: schema must be a mapping of field name to type", n.Line)}}
+}
+
+// MarshalYAML writes the schema as a mapping `name: type` in field order.
+func (s Schema) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle}
+	for _, f := range s {
+		n.Content = append(n.Content,
+			&yaml.Node{Kind: yaml.ScalarNode, Value: f.Name},
+			&yaml.Node{Kind: yaml.ScalarNode, Value: f.Type})
+	}
+	return n, nil
+}
+
+// UnmarshalYAML reads expressions written as a mapping `name: expression`
+// (order preserved) or as a list of {name, expr} (the JSON form).
+func (e *Exprs) UnmarshalYAML(n *yaml.Node) error {
+	switch n.Kind {
+	case yaml.MappingNode:
+		out := make(Exprs, 0, len(n.Content)/2)
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
+				return &yaml.TypeError{Errors: []string{fmt.Sprintf(
+					"line %d: entries must be `name: expression` scalars", k.Line)}}
+			}
+			out = append(out, NamedExpr{Name: k.Value, Expr: v.Value})
+		}
+		*e = out
+		return nil
+	case yaml.SequenceNode:
+		var list []NamedExpr
+		if err := n.Decode(&list); err != nil {
+			return err
+		}
+		*e = list
+		return nil
+	case yaml.ScalarNode:
+		if n.Tag == "!!null" {
+			*e = nil
+			return nil
+		}
+	}
+	return &yaml.TypeError{Errors: []string{fmt.Sprintf(
+		"line %d: must be a mapping of output name to expression", n.Line)}}
+}
+
+// MarshalYAML writes the expressions as a mapping `name: expression` in order.
+func (e Exprs) MarshalYAML() (any, error) {
+	n := &yaml.Node{Kind: yaml.MappingNode}
+	for _, x := range e {
+		n.Content = append(n.Content,
+			&yaml.Node{Kind: yaml.ScalarNode, Value: x.Name},
+			&yaml.Node{Kind: yaml.ScalarNode, Value: x.Expr, Style: yaml.DoubleQuotedStyle})
+	}
+	return n, nil
 }

@@ -1,0 +1,135 @@
+// Package config loads coordinator and worker configuration with viper: a
+// YAML file (--config), environment variables FEDSTREAM_<NAME> (dashes become
+// underscores) and command-line flags, flags taking precedence.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// ErrConfigFile is returned when the --config file cannot be read or parsed.
+var ErrConfigFile = errors.New("config file")
+
+// Coordinator is the configuration of `fedstream coordinator`.
+type Coordinator struct {
+	Org             string   `mapstructure:"org"`
+	NodeID          string   `mapstructure:"node-id"`
+	DataDir         string   `mapstructure:"data-dir"`
+	GRPCAddr        string   `mapstructure:"grpc-addr"`
+	RaftAddr        string   `mapstructure:"raft-addr"`
+	SerfAddr        string   `mapstructure:"serf-addr"`
+	BootstrapExpect int      `mapstructure:"bootstrap-expect"`
+	Join            []string `mapstructure:"join"`
+	JoinToken       string   `mapstructure:"join-token"`
+	AdminToken      string   `mapstructure:"admin-token"`
+	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
+	LogLevel        string   `mapstructure:"log-level"`
+}
+
+// Worker is the configuration of `fedstream worker`.
+type Worker struct {
+	Org          string            `mapstructure:"org"`
+	Name         string            `mapstructure:"name"`
+	Coordinators []string          `mapstructure:"coordinators"`
+	GRPCAddr     string            `mapstructure:"grpc-addr"`
+	Cores        int               `mapstructure:"cores"`
+	Labels       map[string]string `mapstructure:"labels"`
+	JoinToken    string            `mapstructure:"join-token"`
+	LogLevel     string            `mapstructure:"log-level"`
+}
+
+// CoordinatorFlags declares the coordinator's flags on fs.
+func CoordinatorFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML config file (keys are the flag names)")
+	fs.String("org", "", "organization this coordinator belongs to")
+	fs.String("node-id", "", "unique id of this coordinator within its org")
+	fs.String("data-dir", "", "directory for the Raft log and snapshots")
+	fs.String("grpc-addr", "127.0.0.1:7400", "address of the gRPC API (workers and clients)")
+	fs.String("raft-addr", "127.0.0.1:7401", "address of the Raft transport")
+	fs.String("serf-addr", "127.0.0.1:7402", "address of the serf gossip (federation membership)")
+	fs.Int("bootstrap-expect", 0, "bootstrap once this many coordinators of the org are seen (1, 3 or 5); 0 joins an existing cluster")
+	fs.StringSlice("join", nil, "serf addresses of coordinators to join (comma separated)")
+	fs.String("join-token", "", "token workers must present (none: dev mode)")
+	fs.String("admin-token", "", "token clients must present (none: dev mode)")
+	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
+	fs.String("log-level", "info", "debug, info, warn or error")
+}
+
+// WorkerFlags declares the worker's flags on fs.
+func WorkerFlags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML config file (keys are the flag names)")
+	fs.String("org", "", "organization this worker joins")
+	fs.String("name", "", "human-readable worker name (default: host name)")
+	fs.StringSlice("coordinators", nil, "gRPC addresses of the org's coordinators (comma separated)")
+	fs.String("grpc-addr", "127.0.0.1:0", "address of the worker's data plane")
+	fs.Int("cores", 0, "cores offered to the org (default: all)")
+	fs.StringToString("labels", nil, "labels, e.g. zone=a,rack=3")
+	fs.String("join-token", "", "the org's worker join token")
+	fs.String("log-level", "info", "debug, info, warn or error")
+}
+
+// load merges file, environment and flags into out.
+func load(fs *pflag.FlagSet, out any) error {
+	v := viper.New()
+	v.SetEnvPrefix("FEDSTREAM")
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.AutomaticEnv()
+	if err := v.BindPFlags(fs); err != nil {
+		return err
+	}
+	if f := v.GetString("config"); f != "" {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return fmt.Errorf("%w %s: %w", ErrConfigFile, f, err)
+		}
+		v.SetConfigType("yaml")
+		if err := v.ReadConfig(strings.NewReader(string(data))); err != nil {
+			return fmt.Errorf("%w %s: %w", ErrConfigFile, f, err)
+		}
+	}
+	// AutomaticEnv only answers Get for keys viper knows; every flag is
+	// bound above, so env values reach Unmarshal through AllSettings.
+	if err := v.Unmarshal(out); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfigFile, err)
+	}
+	return nil
+}
+
+// LoadCoordinator reads the coordinator's configuration.
+func LoadCoordinator(fs *pflag.FlagSet) (*Coordinator, error) {
+	var c Coordinator
+	if err := load(fs, &c); err != nil {
+		return nil, err
+	}
+	c.Join = splitList(c.Join)
+	return &c, nil
+}
+
+// LoadWorker reads the worker's configuration.
+func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
+	var w Worker
+	if err := load(fs, &w); err != nil {
+		return nil, err
+	}
+	w.Coordinators = splitList(w.Coordinators)
+	return &w, nil
+}
+
+// splitList accepts both YAML lists and comma-separated strings (env vars).
+func splitList(in []string) []string {
+	var out []string
+	for _, s := range in {
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,212 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// adminService serves operators and client tools.
+type adminService struct {
+	pb.UnimplementedAdminServiceServer
+	s *Server
+}
+
+const adminMethod = "/fedstream.v1.AdminService/"
+
+func (as *adminService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.StatusResponse, error) {
+	s := as.s
+	leaderAddr, leaderID := s.raft.LeaderWithID()
+	resp := &pb.StatusResponse{
+		Org: s.cfg.Org, NodeId: s.cfg.NodeID,
+		LeaderId: string(leaderID), LeaderAddr: string(leaderAddr),
+		LastIndex: s.raft.LastIndex(), AppliedIndex: s.raft.AppliedIndex(),
+		State: s.raft.State().String(), GrpcAddr: s.GRPCAddr(), DevMode: s.DevMode(),
+	}
+	if leaderID != "" {
+		resp.LeaderGrpcAddr = s.grpcAddrOf(string(leaderID))
+	}
+	if cf := s.raft.GetConfiguration(); cf.Error() == nil {
+		for _, srv := range cf.Configuration().Servers {
+			resp.Peers = append(resp.Peers, &pb.Peer{Id: string(srv.ID), Addr: string(srv.Address), Suffrage: srv.Suffrage.String()})
+		}
+	}
+	return resp, nil
+}
+
+func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersRequest) (*pb.ListWorkersResponse, error) {
+	st := as.s.State()
+	workers, err := st.Workers(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "list workers: %v", err)
+	}
+	resp := &pb.ListWorkersResponse{}
+	for _, w := range workers {
+		tasks, _ := st.TasksByWorker(nil, w.ID)
+		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: w.Status, Cores: w.Cores, Labels: w.Labels, Name: w.Name}
+		for _, t := range tasks {
+			info.Tasks = append(info.Tasks, t.ID)
+		}
+		resp.Workers = append(resp.Workers, info)
+	}
+	return resp, nil
+}
+
+// planTasks expands a validated query into its tasks: one per node,
+// partition and replica.
+func planTasks(q *queryspec.Query) ([]*fsm.Task, error) {
+	plan, err := q.Plan()
+	if err != nil {
+		return nil, err
+	}
+	replicas := max(q.Replicas, 1)
+	var tasks []*fsm.Task
+	for _, n := range plan.Nodes {
+		for p := 0; p < max(n.Partitions, 1); p++ {
+			for r := 0; r < replicas; r++ {
+				tasks = append(tasks, &fsm.Task{
+					ID:    queryspec.TaskID(q.Name, n.Name, p, r),
+					Query: q.Name, Fragment: n.Name, Partition: p, Replica: r,
+					State: "pending",
+				})
+			}
+		}
+	}
+	return tasks, nil
+}
+
+func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequest) (*pb.SubmitQueryResponse, error) {
+	s := as.s
+	name := req.Filename
+	if name == "" {
+		name = "query"
+	}
+	// Validate before forwarding: a follower can refuse bad input itself.
+	q, err := queryspec.Parse(name, req.Yaml)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	resp := &pb.SubmitQueryResponse{}
+	if handled, err := s.leaderOrForward(ctx, adminMethod+"SubmitQuery", req, resp); handled {
+		return resp, err
+	}
+	spec, err := q.CanonicalJSON()
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "encode query: %v", err)
+	}
+	tasks, err := planTasks(q)
+	if err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	workers, _ := s.State().Workers(nil)
+	existing, _ := s.State().Tasks(nil)
+	placeNew(workers, existing, tasks)
+	maxDelay := q.Availability.MaxDelay
+	body := fsm.SubmitQueryRequest{
+		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: "running", Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
+		IdempotencyKey: req.IdempotencyKey,
+	}
+	for _, t := range tasks {
+		body.Tasks = append(body.Tasks, *t)
+	}
+	res, err := s.apply(ctx, fsm.SubmitQueryType, body)
+	if err != nil {
+		return nil, err
+	}
+	if res.Err != nil {
+		if errors.Is(res.Err, fsm.ErrQueryExists) {
+			return nil, status.Errorf(codes.AlreadyExists, "query %q is already running: stop it first (fedstream query stop %s)", q.Name, q.Name)
+		}
+		return nil, status.Errorf(codes.FailedPrecondition, "submit %s: %v", name, res.Err)
+	}
+	s.logger.Info("query submitted", "query", q.Name, "tasks", len(tasks), "index", res.Index)
+	return &pb.SubmitQueryResponse{Name: q.Name, Index: res.Index, Tasks: int32(len(tasks))}, nil
+}
+
+func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
+	st := as.s.State()
+	tasks, err := st.TasksByQuery(nil, q.Name)
+	if err != nil {
+		return nil, err
+	}
+	info := &pb.QueryInfo{Name: q.Name, Status: q.Status, Index: q.CreateIndex, Replicas: int32(q.Replicas), MaxDelay: q.MaxDelay, SpecJson: q.SpecJSON}
+	for _, t := range tasks {
+		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
+			WorkerId: t.WorkerID, State: t.State, Message: t.Message}
+		if t.WorkerID != "" {
+			if w, _ := st.Worker(nil, t.WorkerID); w != nil {
+				ti.WorkerAddr = w.Addr
+				if w.Status != statusReady {
+					ti.State = "lost"
+				}
+			}
+		} else {
+			ti.State = "pending"
+		}
+		info.Tasks = append(info.Tasks, ti)
+	}
+	return info, nil
+}
+
+func (as *adminService) ListQueries(ctx context.Context, _ *pb.ListQueriesRequest) (*pb.ListQueriesResponse, error) {
+	qs, err := as.s.State().Queries(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "list queries: %v", err)
+	}
+	sort.Slice(qs, func(i, j int) bool { return qs[i].Name < qs[j].Name })
+	resp := &pb.ListQueriesResponse{}
+	for _, q := range qs {
+		info, err := as.queryInfo(q)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list queries: %v", err)
+		}
+		info.SpecJson = nil
+		resp.Queries = append(resp.Queries, info)
+	}
+	return resp, nil
+}
+
+func (as *adminService) GetQuery(ctx context.Context, req *pb.GetQueryRequest) (*pb.QueryInfo, error) {
+	q, err := as.s.State().Query(nil, req.Name)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "get query: %v", err)
+	}
+	if q == nil {
+		return nil, status.Errorf(codes.NotFound, "no query named %q (fedstream query list shows the queries)", req.Name)
+	}
+	info, err := as.queryInfo(q)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "get query: %v", err)
+	}
+	return info, nil
+}
+
+func (as *adminService) StopQuery(ctx context.Context, req *pb.StopQueryRequest) (*pb.StopQueryResponse, error) {
+	s := as.s
+	if req.Name == "" {
+		return nil, status.Error(codes.InvalidArgument, "stop: query name is required")
+	}
+	resp := &pb.StopQueryResponse{}
+	if handled, err := s.leaderOrForward(ctx, adminMethod+"StopQuery", req, resp); handled {
+		return resp, err
+	}
+	res, err := s.apply(ctx, fsm.StopQueryType, fsm.StopQueryRequest{Name: req.Name, IdempotencyKey: req.IdempotencyKey})
+	if err != nil {
+		return nil, err
+	}
+	if res.Err != nil {
+		if errors.Is(res.Err, fsm.ErrQueryNotFound) {
+			return nil, status.Errorf(codes.NotFound, "no query named %q", req.Name)
+		}
+		return nil, status.Error(codes.FailedPrecondition, fmt.Sprintf("stop %s: %v", req.Name, res.Err))
+	}
+	return resp, nil
+}

@@ -1,0 +1,216 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/rpc"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// testCluster is a real Raft + serf cluster of coordinators on loopback.
+type testCluster struct {
+	t       testing.TB
+	org     string
+	nodes   []*Server
+	cfgs    []Config
+	tokens  [2]string // join, admin
+	timings Timings
+}
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func testTimings() Timings {
+	tm := FastTimings()
+	tm.HeartbeatTTL = 600 * time.Millisecond
+	tm.LeaderGrace = 600 * time.Millisecond
+	tm.MaxWatchWait = 5 * time.Second
+	return tm
+}
+
+// newTestCluster starts n coordinators that bootstrap together.
+func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: testTimings()}
+	base := t.TempDir()
+	var serfAddrs []string
+	for i := 0; i < n; i++ {
+		cfg := Config{
+			Org: c.org, NodeID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(base, fmt.Sprintf("c%d", i+1)),
+			GRPCAddr: freePort(t), RaftAddr: freePort(t), SerfAddr: freePort(t),
+			BootstrapExpect: n, JoinToken: joinToken, AdminToken: adminToken,
+			Timings: c.timings,
+		}
+		if os.Getenv("FEDSTREAM_TEST_LOG") != "" {
+			cfg.Logger = logging.Stderr("debug")
+		}
+		serfAddrs = append(serfAddrs, cfg.SerfAddr)
+		c.cfgs = append(c.cfgs, cfg)
+	}
+	for i := range c.cfgs {
+		c.cfgs[i].Join = serfAddrs
+	}
+	c.nodes = make([]*Server, n)
+	for i := range c.cfgs {
+		c.start(i)
+	}
+	t.Cleanup(c.shutdown)
+	return c
+}
+
+func (c *testCluster) start(i int) {
+	c.t.Helper()
+	srv, err := New(c.cfgs[i])
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		c.t.Fatalf("start %s: %v", c.cfgs[i].NodeID, err)
+	}
+	c.nodes[i] = srv
+}
+
+func (c *testCluster) stop(i int) {
+	if c.nodes[i] != nil {
+		_ = c.nodes[i].Shutdown()
+		c.nodes[i] = nil
+	}
+}
+
+func (c *testCluster) shutdown() {
+	for i := range c.nodes {
+		c.stop(i)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// leader waits for a leader among the running nodes and returns its index.
+func (c *testCluster) leader() int {
+	c.t.Helper()
+	idx := -1
+	waitFor(c.t, 15*time.Second, "a leader", func() bool {
+		for i, n := range c.nodes {
+			if n != nil && n.IsLeader() {
+				idx = i
+				return true
+			}
+		}
+		return false
+	})
+	return idx
+}
+
+func (c *testCluster) follower() int {
+	l := c.leader()
+	for i, n := range c.nodes {
+		if n != nil && i != l {
+			return i
+		}
+	}
+	c.t.Fatal("no follower")
+	return -1
+}
+
+func (c *testCluster) conn(i int, token string) *grpc.ClientConn {
+	return c.connAddr(c.cfgs[i].GRPCAddr, token)
+}
+
+func (c *testCluster) connAddr(addr, token string) *grpc.ClientConn {
+	c.t.Helper()
+	conn, err := rpc.Dial(addr, token)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func (c *testCluster) admin(i int) pb.AdminServiceClient {
+	return pb.NewAdminServiceClient(c.conn(i, c.tokens[1]))
+}
+
+func (c *testCluster) workers(i int) pb.WorkerServiceClient {
+	return pb.NewWorkerServiceClient(c.conn(i, c.tokens[0]))
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// fakeWorker registers through the real API and heartbeats until stopped.
+type fakeWorker struct {
+	id     string
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWorker {
+	t.Helper()
+	resp, err := c.workers(node).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Cores: 4, Name: name, IdempotencyKey: name})
+	if err != nil {
+		t.Fatalf("register %s: %v", name, err)
+	}
+	var clients []pb.WorkerServiceClient
+	for i := range c.cfgs {
+		clients = append(clients, pb.NewWorkerServiceClient(c.connAddr(c.cfgs[i].GRPCAddr, c.tokens[0])))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	fw := &fakeWorker{id: resp.WorkerId, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(fw.done)
+		tick := time.NewTicker(c.timings.HeartbeatTTL / 6)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				// Any coordinator will do: followers forward heartbeats.
+				for _, cl := range clients {
+					hctx, hc := context.WithTimeout(ctx, time.Second)
+					_, err := cl.Heartbeat(hctx, &pb.HeartbeatRequest{WorkerId: fw.id})
+					hc()
+					if err == nil {
+						break
+					}
+				}
+			}
+		}
+	}()
+	t.Cleanup(fw.stop)
+	return fw
+}
+
+func (fw *fakeWorker) stop() {
+	fw.cancel()
+	<-fw.done
+}

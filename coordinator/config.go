@@ -1,0 +1,138 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/fedstream/fedstream/config/logging"
+)
+
+// Config is everything one coordinator node needs. Zero durations take the
+// defaults of DefaultTimings.
+type Config struct {
+	Org    string
+	NodeID string
+	// DataDir holds the Raft log, stable store and snapshots.
+	DataDir  string
+	GRPCAddr string
+	RaftAddr string
+	SerfAddr string
+	// BootstrapExpect is the number of voters of this org that must be seen
+	// in serf before the cluster bootstraps; 0 means never bootstrap (the
+	// node waits to be added by an existing leader).
+	BootstrapExpect int
+	// Join lists serf addresses of other coordinators (any org).
+	Join []string
+
+	// JoinToken authorises workers; AdminToken authorises clients. With both
+	// empty the coordinator runs in dev mode and accepts any caller.
+	JoinToken  string
+	AdminToken string
+
+	Timings Timings
+	Logger  *slog.Logger
+}
+
+// Timings are the protocol's clocks. Tests shorten them.
+type Timings struct {
+	// HeartbeatTTL is how long a worker may stay silent before it is marked down.
+	HeartbeatTTL time.Duration
+	// LeaderGrace is the extra time a newly elected leader gives every worker
+	// before declaring it down (the old leader's heartbeats are not known).
+	LeaderGrace time.Duration
+	// RaftHeartbeat and RaftElection tune hashicorp/raft.
+	RaftHeartbeat   time.Duration
+	RaftElection    time.Duration
+	RaftLeaderLease time.Duration
+	// ForwardWait bounds how long a follower holds a write while no leader is known.
+	ForwardWait time.Duration
+	// MaxWatchWait caps a WatchAssignments long poll.
+	MaxWatchWait time.Duration
+	// GossipInterval tunes serf/memberlist probing (0: LAN defaults).
+	GossipInterval time.Duration
+}
+
+// DefaultTimings suit a real deployment on a LAN.
+func DefaultTimings() Timings {
+	return Timings{
+		HeartbeatTTL:    10 * time.Second,
+		LeaderGrace:     10 * time.Second,
+		RaftHeartbeat:   1000 * time.Millisecond,
+		RaftElection:    1000 * time.Millisecond,
+		RaftLeaderLease: 500 * time.Millisecond,
+		ForwardWait:     5 * time.Second,
+		MaxWatchWait:    5 * time.Minute,
+	}
+}
+
+// FastTimings suit tests and the single-process dev federation on loopback.
+func FastTimings() Timings {
+	return Timings{
+		HeartbeatTTL:    2 * time.Second,
+		LeaderGrace:     2 * time.Second,
+		RaftHeartbeat:   400 * time.Millisecond,
+		RaftElection:    400 * time.Millisecond,
+		RaftLeaderLease: 200 * time.Millisecond,
+		ForwardWait:     5 * time.Second,
+		MaxWatchWait:    time.Minute,
+		GossipInterval:  100 * time.Millisecond,
+	}
+}
+
+func (t *Timings) fill() {
+	d := DefaultTimings()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&t.HeartbeatTTL, d.HeartbeatTTL)
+	set(&t.LeaderGrace, d.LeaderGrace)
+	set(&t.RaftHeartbeat, d.RaftHeartbeat)
+	set(&t.RaftElection, d.RaftElection)
+	set(&t.RaftLeaderLease, d.RaftLeaderLease)
+	set(&t.ForwardWait, d.ForwardWait)
+	set(&t.MaxWatchWait, d.MaxWatchWait)
+}
+
+// ErrInvalidConfig is returned by New when the configuration cannot work.
+var ErrInvalidConfig = errors.New("invalid coordinator configuration")
+
+func (c *Config) validate() error {
+	var errs []error
+	req := func(name, v string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("%s is required", name))
+		}
+	}
+	req("org", c.Org)
+	req("node-id", c.NodeID)
+	req("data-dir", c.DataDir)
+	for name, addr := range map[string]string{"grpc-addr": c.GRPCAddr, "raft-addr": c.RaftAddr, "serf-addr": c.SerfAddr} {
+		if addr == "" {
+			errs = append(errs, fmt.Errorf("%s is required", name))
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: %v", name, addr, err))
+		}
+	}
+	switch c.BootstrapExpect {
+	case 0, 1, 3, 5:
+	default:
+		if c.BootstrapExpect < 0 || c.BootstrapExpect > 7 {
+			errs = append(errs, fmt.Errorf("bootstrap-expect %d: want 1, 3 or 5 (0 to join an existing cluster)", c.BootstrapExpect))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))
+	}
+	if c.Logger == nil {
+		c.Logger = logging.Discard()
+	}
+	c.Timings.fill()
+	return nil
+}

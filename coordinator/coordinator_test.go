@@ -1,0 +1,293 @@
+package coordinator
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+const wordsQuery = `name: %s
+replicas: %d
+sources:
+  - {name: text, generator: {kind: words, rate: 100, seed: 1}}
+operators:
+  - {name: long, type: filter, input: text, where: "len(line) > 10"}
+sinks:
+  - {name: out, input: long}
+`
+
+func submit(t *testing.T, c pb.AdminServiceClient, name string, replicas int) *pb.SubmitQueryResponse {
+	t.Helper()
+	resp, err := c.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{
+		Yaml: []byte(fmt.Sprintf(wordsQuery, name, replicas)), Filename: name + ".yaml", IdempotencyKey: "submit-" + name,
+	})
+	if err != nil {
+		t.Fatalf("submit %s: %v", name, err)
+	}
+	return resp
+}
+
+func queryNames(t *testing.T, c pb.AdminServiceClient) []string {
+	t.Helper()
+	resp, err := c.ListQueries(ctxT(t, 5*time.Second), &pb.ListQueriesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, q := range resp.Queries {
+		out = append(out, q.Name)
+	}
+	return out
+}
+
+func TestLeaderFailoverLosesNoAcknowledgedWrite(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	var acked []string
+	for i := 0; i < 5; i++ {
+		name := fmt.Sprintf("q%d", i)
+		submit(t, c.admin(l), name, 1)
+		acked = append(acked, name)
+	}
+	c.stop(l)
+	nl := c.leader()
+	if nl == l {
+		t.Fatal("stopped node still leader")
+	}
+	// The new leader accepts writes and holds every acknowledged one.
+	submit(t, c.admin(nl), "after", 1)
+	acked = append(acked, "after")
+	for i, n := range c.nodes {
+		if n == nil {
+			continue
+		}
+		waitFor(t, 5*time.Second, "replication of every write", func() bool {
+			return len(queryNames(t, c.admin(i))) == len(acked)
+		})
+		got := strings.Join(queryNames(t, c.admin(i)), ",")
+		want := "after,q0,q1,q2,q3,q4"
+		if got != want {
+			t.Fatalf("node %d has queries %s, want %s", i, got, want)
+		}
+	}
+}
+
+func TestRestartAllNodesFromDisk(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	w := c.startWorker(t, l, "w1")
+	submit(t, c.admin(l), "persisted", 2)
+	before, err := c.admin(l).GetQuery(ctxT(t, 5*time.Second), &pb.GetQueryRequest{Name: "persisted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.stop()
+	// Take a snapshot on one node so restore-from-snapshot is exercised too.
+	if err := c.nodes[l].Raft().Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.nodes {
+		c.stop(i)
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	nl := c.leader()
+	for i := range c.nodes {
+		waitFor(t, 10*time.Second, "state restored", func() bool {
+			q, err := c.admin(i).GetQuery(ctxT(t, 5*time.Second), &pb.GetQueryRequest{Name: "persisted"})
+			return err == nil && len(q.Tasks) == len(before.Tasks) && q.Index == before.Index
+		})
+	}
+	ws, err := c.admin(nl).ListWorkers(ctxT(t, 5*time.Second), &pb.ListWorkersRequest{})
+	if err != nil || len(ws.Workers) != 1 || ws.Workers[0].Id != w.id {
+		t.Fatalf("workers after restart = %v, %v; want the one registered worker %s", ws, err, w.id)
+	}
+}
+
+func TestFollowerForwardsWrites(t *testing.T) {
+	c := newTestCluster(t, 3, "jt", "at")
+	f := c.follower()
+	resp := submit(t, c.admin(f), "viafollower", 1)
+	if resp.Tasks != 3 {
+		t.Fatalf("tasks = %d, want 3", resp.Tasks)
+	}
+	fw := c.startWorker(t, f, "wf")
+	if fw.id == "" {
+		t.Fatal("no worker id through follower")
+	}
+	st, err := c.admin(f).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.LeaderId == st.NodeId || st.LeaderId == "" || len(st.Peers) != 3 {
+		t.Fatalf("status from follower = %+v", st)
+	}
+}
+
+func TestWatchAssignmentsBlocksUntilChangeOrMaxWait(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	l := c.leader()
+	w := c.startWorker(t, l, "w1")
+	wc := c.workers(l)
+	first, err := wc.WatchAssignments(ctxT(t, 5*time.Second), &pb.WatchAssignmentsRequest{WorkerId: w.id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No change: returns the same index once max wait elapses.
+	start := time.Now()
+	same, err := wc.WatchAssignments(ctxT(t, 5*time.Second), &pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if same.Index != first.Index || time.Since(start) < 300*time.Millisecond {
+		t.Fatalf("watch returned index %d after %v, want %d after max wait", same.Index, time.Since(start), first.Index)
+	}
+	// A change wakes it before its max wait.
+	type result struct {
+		resp *pb.WatchAssignmentsResponse
+		err  error
+	}
+	ch := make(chan result, 1)
+	go func() {
+		r, err := wc.WatchAssignments(ctxT(t, 30*time.Second), &pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 25000})
+		ch <- result{r, err}
+	}()
+	submit(t, c.admin(l), "wake", 1)
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.resp.Index <= first.Index || len(r.resp.Assignments) != 3 || len(r.resp.Queries) != 1 {
+			t.Fatalf("woken watch: index %d (was %d), %d assignments, %d queries", r.resp.Index, first.Index, len(r.resp.Assignments), len(r.resp.Queries))
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("watch did not wake on an assignment change")
+	}
+}
+
+func workerStatus(t *testing.T, c pb.AdminServiceClient) map[string]*pb.WorkerInfo {
+	resp, err := c.ListWorkers(ctxT(t, 5*time.Second), &pb.ListWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]*pb.WorkerInfo{}
+	for _, w := range resp.Workers {
+		out[w.Id] = w
+	}
+	return out
+}
+
+func TestSilentWorkerMarkedDownAndTasksMove(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	w1 := c.startWorker(t, l, "w1")
+	w2 := c.startWorker(t, l, "w2")
+	submit(t, c.admin(l), "move", 1)
+	ws := workerStatus(t, c.admin(l))
+	victim, survivor := w1, w2
+	if len(ws[w1.id].Tasks) == 0 {
+		victim, survivor = w2, w1
+	}
+	moved := len(ws[victim.id].Tasks)
+	if moved == 0 {
+		t.Fatal("no tasks placed on either worker")
+	}
+	victim.stop()
+	waitFor(t, 10*time.Second, "victim down and its tasks moved", func() bool {
+		ws := workerStatus(t, c.admin(l))
+		return ws[victim.id].Status == "down" && len(ws[victim.id].Tasks) == 0 && len(ws[survivor.id].Tasks) == 3
+	})
+	if st := workerStatus(t, c.admin(l))[survivor.id].Status; st != "ready" {
+		t.Fatalf("survivor is %s", st)
+	}
+}
+
+func TestReplicasNeverShareAWorker(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	l := c.leader()
+	c.startWorker(t, l, "w1")
+	c.startWorker(t, l, "w2")
+	submit(t, c.admin(l), "spread", 2)
+	q, err := c.admin(l).GetQuery(ctxT(t, 5*time.Second), &pb.GetQueryRequest{Name: "spread"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, task := range q.Tasks {
+		k := fmt.Sprintf("%s/%d", task.Fragment, task.Partition)
+		if task.WorkerId == "" {
+			t.Fatalf("task %s unplaced", task.TaskId)
+		}
+		if seen[k] == task.WorkerId {
+			t.Fatalf("two replicas of %s on worker %s", k, task.WorkerId)
+		}
+		seen[k] = task.WorkerId
+	}
+}
+
+func TestLeaderChangeKeepsHealthyWorkersReady(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	w1 := c.startWorker(t, l, "w1")
+	w2 := c.startWorker(t, l, "w2")
+	c.stop(l)
+	nl := c.leader()
+	// Watch across well over TTL + grace: nobody may be marked down.
+	deadline := time.Now().Add(3 * (c.timings.HeartbeatTTL + c.timings.LeaderGrace))
+	for time.Now().Before(deadline) {
+		ws := workerStatus(t, c.admin(nl))
+		for _, id := range []string{w1.id, w2.id} {
+			if ws[id].Status != "ready" {
+				t.Fatalf("healthy worker %s marked %s after leader change", id, ws[id].Status)
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestInvalidQueryAndWrongTokensStoreNothing(t *testing.T) {
+	c := newTestCluster(t, 1, "join-secret", "admin-secret")
+	l := c.leader()
+	bad := []struct{ name, yaml, want string }{
+		{"malformed", "name: [unclosed", "bad.yaml"},
+		{"unknown field", strings.Replace(fmt.Sprintf(wordsQuery, "x", 1), "len(line) > 10", "len(nope) > 10", 1), "nope"},
+		{"unknown input", strings.Replace(fmt.Sprintf(wordsQuery, "x", 1), "input: long", "input: missing", 1), "missing"},
+	}
+	for _, tc := range bad {
+		_, err := c.admin(l).SubmitQuery(ctxT(t, 5*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(tc.yaml), Filename: "bad.yaml"})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.want) {
+			t.Errorf("%s: err = %v, want InvalidArgument naming %q", tc.name, err, tc.want)
+		}
+	}
+	// Wrong and missing tokens.
+	wrongAdmin := pb.NewAdminServiceClient(c.conn(l, "nope"))
+	if _, err := wrongAdmin.SubmitQuery(ctxT(t, 5*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "y", 1))}); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "wrong token") {
+		t.Errorf("wrong admin token: %v", err)
+	}
+	noToken := pb.NewAdminServiceClient(c.conn(l, ""))
+	if _, err := noToken.ListQueries(ctxT(t, 5*time.Second), &pb.ListQueriesRequest{}); status.Code(err) != codes.Unauthenticated || !strings.Contains(err.Error(), "missing token") {
+		t.Errorf("missing token: %v", err)
+	}
+	// The worker join token cannot administer.
+	if _, err := pb.NewAdminServiceClient(c.conn(l, "join-secret")).ListQueries(ctxT(t, 5*time.Second), &pb.ListQueriesRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("join token used as admin: %v", err)
+	}
+	wrongWorker := pb.NewWorkerServiceClient(c.conn(l, "nope"))
+	if _, err := wrongWorker.Register(ctxT(t, 5*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("wrong join token: %v", err)
+	}
+	if got := queryNames(t, c.admin(l)); len(got) != 0 {
+		t.Fatalf("queries stored after refused submits: %v", got)
+	}
+	if ws := workerStatus(t, c.admin(l)); len(ws) != 0 {
+		t.Fatalf("workers stored after refused registration: %v", ws)
+	}
+}

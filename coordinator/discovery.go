@@ -1,0 +1,230 @@
+package coordinator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+	"github.com/hashicorp/serf/serf"
+
+	"github.com/fedstream/fedstream/config/logging"
+)
+
+// Serf tags every coordinator carries. Serf is for discovery and failure
+// detection only: nothing authoritative is decided from it except the one
+// bootstrap, which raft makes idempotent.
+const (
+	tagOrg    = "org"
+	tagRole   = "role"
+	tagID     = "id"
+	tagGRPC   = "grpc"
+	tagRaft   = "raft"
+	tagExpect = "expect"
+
+	roleCoordinator = "coordinator"
+)
+
+// member is a coordinator as seen through serf.
+type member struct {
+	Name, Org, ID, GRPCAddr, RaftAddr string
+	Expect                            int
+	Status                            serf.MemberStatus
+}
+
+func parseMember(m serf.Member) (member, bool) {
+	if m.Tags[tagRole] != roleCoordinator {
+		return member{}, false
+	}
+	expect, _ := strconv.Atoi(m.Tags[tagExpect])
+	return member{
+		Name: m.Name, Org: m.Tags[tagOrg], ID: m.Tags[tagID],
+		GRPCAddr: m.Tags[tagGRPC], RaftAddr: m.Tags[tagRaft],
+		Expect: expect, Status: m.Status,
+	}, true
+}
+
+func (s *Server) setupSerf() error {
+	host, portStr, err := net.SplitHostPort(s.cfg.SerfAddr)
+	if err != nil {
+		return fmt.Errorf("serf-addr %q: %w", s.cfg.SerfAddr, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return fmt.Errorf("serf-addr %q: bad port: %w", s.cfg.SerfAddr, err)
+	}
+	conf := serf.DefaultConfig()
+	conf.Init()
+	conf.NodeName = s.cfg.NodeID + "." + s.cfg.Org
+	conf.Tags = map[string]string{
+		tagOrg: s.cfg.Org, tagRole: roleCoordinator, tagID: s.cfg.NodeID,
+		tagGRPC: s.GRPCAddr(), tagRaft: s.cfg.RaftAddr, tagExpect: strconv.Itoa(s.cfg.BootstrapExpect),
+	}
+	ml := memberlist.DefaultLANConfig()
+	if iv := s.cfg.Timings.GossipInterval; iv > 0 {
+		ml = memberlist.DefaultLocalConfig()
+		ml.GossipInterval = iv
+		ml.ProbeInterval = 4 * iv
+		ml.ProbeTimeout = 2 * iv
+		ml.SuspicionMult = 2
+		conf.ReapInterval = time.Second
+		conf.ReconnectInterval = time.Second
+		conf.ReconnectTimeout = time.Hour
+	}
+	ml.BindAddr = host
+	ml.BindPort = port
+	ml.AdvertiseAddr = host
+	ml.AdvertisePort = port
+	ml.Logger = logging.StdLogger(s.logger, "memberlist")
+	conf.MemberlistConfig = ml
+	conf.Logger = logging.StdLogger(s.logger, "serf")
+	// A restarted node keeps its name: let it reclaim it at once.
+	conf.EnableNameConflictResolution = false
+	s.serfEvents = make(chan serf.Event, 256)
+	conf.EventCh = s.serfEvents
+	s.serf, err = serf.Create(conf)
+	if err != nil {
+		return fmt.Errorf("start serf on %s: %w", s.cfg.SerfAddr, err)
+	}
+	return nil
+}
+
+// retryJoin joins the configured serf addresses, retrying until one answers
+// or the server stops.
+func (s *Server) retryJoin(ctx context.Context) {
+	backoff := 200 * time.Millisecond
+	for {
+		n, err := s.serf.Join(s.cfg.Join, true)
+		if err == nil && n > 0 {
+			s.logger.Info("joined serf pool", "contacted", n)
+			return
+		}
+		s.logger.Warn("serf join failed; retrying", "addrs", s.cfg.Join, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		if backoff < 5*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// orgCoordinators lists the alive coordinators of this node's org.
+func (s *Server) orgCoordinators() []member {
+	var out []member
+	for _, m := range s.serf.Members() {
+		mm, ok := parseMember(m)
+		if !ok || mm.Org != s.cfg.Org || mm.Status != serf.StatusAlive {
+			continue
+		}
+		out = append(out, mm)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// grpcAddrOf maps a coordinator node id of this org to its gRPC address.
+func (s *Server) grpcAddrOf(nodeID string) string {
+	if nodeID == s.cfg.NodeID {
+		return s.GRPCAddr()
+	}
+	for _, m := range s.serf.Members() {
+		mm, ok := parseMember(m)
+		if ok && mm.Org == s.cfg.Org && mm.ID == nodeID {
+			return mm.GRPCAddr
+		}
+	}
+	return ""
+}
+
+// coordinatorAddrs lists the gRPC addresses of the org's alive coordinators.
+func (s *Server) coordinatorAddrs() []string {
+	var out []string
+	for _, m := range s.orgCoordinators() {
+		out = append(out, m.GRPCAddr)
+	}
+	return out
+}
+
+func (s *Server) handleSerfEvents(ctx context.Context) {
+	// Check once at start: bootstrap_expect=1 needs no other member.
+	s.maybeBootstrap()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-s.serfEvents:
+			if me, ok := ev.(serf.MemberEvent); ok {
+				switch me.Type {
+				case serf.EventMemberJoin, serf.EventMemberUpdate:
+					s.maybeBootstrap()
+					if s.IsLeader() {
+						s.reconcileVoters()
+					}
+				}
+			}
+		}
+	}
+}
+
+// maybeBootstrap bootstraps the cluster once bootstrap_expect coordinators
+// of this org (all expecting the same number) are alive in serf. Every node
+// computes the same configuration, so concurrent bootstraps agree.
+func (s *Server) maybeBootstrap() {
+	s.bootstrapMu.Lock()
+	defer s.bootstrapMu.Unlock()
+	if s.bootstrapped || s.cfg.BootstrapExpect == 0 {
+		return
+	}
+	var voters []raft.Server
+	for _, m := range s.orgCoordinators() {
+		if m.Expect != s.cfg.BootstrapExpect {
+			if m.Expect != 0 {
+				s.logger.Error("coordinator of this org expects a different cluster size; not counting it",
+					"member", m.Name, "its_expect", m.Expect, "our_expect", s.cfg.BootstrapExpect)
+			}
+			continue
+		}
+		voters = append(voters, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
+	}
+	if len(voters) < s.cfg.BootstrapExpect {
+		return
+	}
+	voters = voters[:s.cfg.BootstrapExpect]
+	err := s.raft.BootstrapCluster(raft.Configuration{Servers: voters}).Error()
+	if err != nil && err != raft.ErrCantBootstrap {
+		s.logger.Error("raft bootstrap failed", "err", err)
+		return
+	}
+	s.bootstrapped = true
+	s.logger.Info("raft cluster bootstrapped", "voters", len(voters))
+}
+
+// reconcileVoters adds coordinators of this org that serf sees but the Raft
+// configuration lacks (nodes started with bootstrap_expect 0, or beyond the
+// bootstrap set). Only the leader calls it.
+func (s *Server) reconcileVoters() {
+	cf := s.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return
+	}
+	known := map[raft.ServerID]bool{}
+	for _, srv := range cf.Configuration().Servers {
+		known[srv.ID] = true
+	}
+	for _, m := range s.orgCoordinators() {
+		if known[raft.ServerID(m.ID)] || m.RaftAddr == "" {
+			continue
+		}
+		s.logger.Info("adding coordinator to raft configuration", "member", m.Name)
+		if err := s.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
+			s.logger.Warn("add voter failed", "member", m.Name, "err", err)
+		}
+	}
+}

@@ -1,0 +1,143 @@
+package coordinator
+
+import (
+	"sort"
+
+	"github.com/fedstream/fedstream/fsm"
+)
+
+// Worker statuses as stored in the workers table.
+const (
+	statusReady = "ready"
+	statusDown  = "down"
+)
+
+// tasksPerCore bounds how many tasks a worker is given per core it reports.
+const tasksPerCore = 16
+
+// zoneLabel is the worker label placement spreads replicas across.
+const zoneLabel = "zone"
+
+// partitionKey identifies the replicas of one partition: no two may share a
+// worker.
+type partitionKey struct {
+	query, fragment string
+	partition       int
+}
+
+// placer is the scheduler's view of the cluster while it places a batch of
+// tasks. Placement is a pure function of its inputs, so a test can replay it.
+type placer struct {
+	ready  []*fsm.Worker
+	load   map[string]int                   // worker id -> tasks placed
+	hosts  map[partitionKey]map[string]bool // partition -> workers hosting a replica
+	zones  map[partitionKey]map[string]bool // partition -> zones hosting a replica
+	zoneOf map[string]string
+}
+
+func newPlacer(workers []*fsm.Worker, tasks []*fsm.Task) *placer {
+	p := &placer{
+		load:   map[string]int{},
+		hosts:  map[partitionKey]map[string]bool{},
+		zones:  map[partitionKey]map[string]bool{},
+		zoneOf: map[string]string{},
+	}
+	readySet := map[string]bool{}
+	for _, w := range workers {
+		if w.Status == statusReady {
+			p.ready = append(p.ready, w)
+			readySet[w.ID] = true
+			p.zoneOf[w.ID] = w.Labels[zoneLabel]
+		}
+	}
+	sort.Slice(p.ready, func(i, j int) bool { return p.ready[i].ID < p.ready[j].ID })
+	for _, t := range tasks {
+		if t.WorkerID != "" && readySet[t.WorkerID] {
+			p.add(t, t.WorkerID)
+		}
+	}
+	return p
+}
+
+func keyOf(t *fsm.Task) partitionKey { return partitionKey{t.Query, t.Fragment, t.Partition} }
+
+func (p *placer) add(t *fsm.Task, worker string) {
+	k := keyOf(t)
+	if p.hosts[k] == nil {
+		p.hosts[k] = map[string]bool{}
+		p.zones[k] = map[string]bool{}
+	}
+	p.hosts[k][worker] = true
+	if z := p.zoneOf[worker]; z != "" {
+		p.zones[k][z] = true
+	}
+	p.load[worker]++
+}
+
+// pick chooses the worker for t: a ready worker with spare capacity that
+// hosts no other replica of t's partition, preferring a zone that hosts none
+// either, then the lowest load per core, then the lowest id. "" if none fits.
+func (p *placer) pick(t *fsm.Task) string {
+	k := keyOf(t)
+	var best *fsm.Worker
+	var bestNewZone bool
+	var bestLoad float64
+	for _, w := range p.ready {
+		if p.hosts[k][w.ID] {
+			continue
+		}
+		cores := max(int(w.Cores), 1)
+		if p.load[w.ID] >= cores*tasksPerCore {
+			continue
+		}
+		z := p.zoneOf[w.ID]
+		newZone := z == "" || !p.zones[k][z]
+		load := float64(p.load[w.ID]) / float64(cores)
+		better := best == nil ||
+			(newZone && !bestNewZone) ||
+			(newZone == bestNewZone && load < bestLoad)
+		if better {
+			best, bestNewZone, bestLoad = w, newZone, load
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	p.add(t, best.ID)
+	return best.ID
+}
+
+// placeNew assigns a worker to each of the new tasks (in place), given the
+// tasks already placed. Tasks that fit nowhere keep WorkerID "".
+func placeNew(workers []*fsm.Worker, existing, pending []*fsm.Task) {
+	p := newPlacer(workers, existing)
+	for _, t := range pending {
+		t.WorkerID = p.pick(t)
+	}
+}
+
+// replace returns the placement changes for tasks that are unplaced or sit
+// on a worker that is not ready. A task that fits nowhere is unassigned from
+// its down worker (so status shows it pending) and retried on the next
+// change.
+func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.Placement {
+	ready := map[string]bool{}
+	for _, w := range workers {
+		if w.Status == statusReady {
+			ready[w.ID] = true
+		}
+	}
+	p := newPlacer(workers, tasks)
+	var moves []fsm.Placement
+	for _, t := range tasks {
+		if t.WorkerID != "" && ready[t.WorkerID] {
+			continue
+		}
+		to := p.pick(t)
+		if to == t.WorkerID {
+			continue
+		}
+		moves = append(moves, fsm.Placement{TaskID: t.ID, WorkerID: to})
+	}
+	return moves
+}

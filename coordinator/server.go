@@ -1,0 +1,264 @@
+// Package coordinator is one node of an org's coordinator cluster: Raft
+// wiring, serf discovery and bootstrap, the gRPC services for workers and
+// clients, leader forwarding, worker liveness and task placement.
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/hashicorp/serf/serf"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// Server is one coordinator node.
+type Server struct {
+	cfg    Config
+	logger *slog.Logger
+
+	fsm       *fsm.FSM
+	raft      *raft.Raft
+	transport *raft.NetworkTransport
+	boltStore *raftboltdb.BoltStore
+	leaderCh  chan bool
+
+	serf         *serf.Serf
+	serfEvents   chan serf.Event
+	bootstrapMu  sync.Mutex
+	bootstrapped bool
+
+	grpcServer *grpc.Server
+	listener   net.Listener
+	health     *health.Server
+
+	forwarder *forwarder
+	liveness  *liveness
+
+	// ctx is cancelled by Shutdown; every goroutine the server starts
+	// watches it and is counted in wg.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	shutdownOnce sync.Once
+}
+
+// New validates cfg and builds (but does not start) a coordinator.
+func New(cfg Config) (*Server, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Server{
+		cfg:    cfg,
+		logger: cfg.Logger.With("org", cfg.Org, "node", cfg.NodeID),
+		ctx:    ctx,
+		cancel: cancel,
+	}
+	s.liveness = newLiveness()
+	return s, nil
+}
+
+// Start opens the data dir, starts Raft, serf and the gRPC server, and
+// returns once all of them listen. Bootstrap happens in the background once
+// enough coordinators are seen.
+func (s *Server) Start() (err error) {
+	defer func() {
+		if err != nil {
+			s.Shutdown()
+		}
+	}()
+	if err := os.MkdirAll(s.cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("create data dir: %w", err)
+	}
+	if s.fsm, err = fsm.New(s.logger.With("component", "fsm")); err != nil {
+		return err
+	}
+	if err := s.setupRaft(); err != nil {
+		return err
+	}
+	if err := s.setupGRPC(); err != nil {
+		return err
+	}
+	if err := s.setupSerf(); err != nil {
+		return err
+	}
+	s.forwarder = newForwarder(s)
+	s.goRun(s.monitorLeadership)
+	s.goRun(s.handleSerfEvents)
+	if len(s.cfg.Join) > 0 {
+		s.goRun(s.retryJoin)
+	}
+	mode := "authenticated"
+	if s.DevMode() {
+		mode = "dev (no tokens configured: every caller is accepted)"
+		s.logger.Warn("coordinator running in dev mode: no join or admin token configured, every caller is accepted")
+	}
+	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr,
+		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode)
+	return nil
+}
+
+func (s *Server) goRun(f func(ctx context.Context)) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f(s.ctx)
+	}()
+}
+
+// DevMode reports whether the coordinator accepts callers without tokens.
+func (s *Server) DevMode() bool { return s.cfg.JoinToken == "" && s.cfg.AdminToken == "" }
+
+// GRPCAddr is the address the gRPC server actually listens on.
+func (s *Server) GRPCAddr() string {
+	if s.listener != nil {
+		return s.listener.Addr().String()
+	}
+	return s.cfg.GRPCAddr
+}
+
+// NodeID returns the node's id.
+func (s *Server) NodeID() string { return s.cfg.NodeID }
+
+// IsLeader reports whether this node is the Raft leader.
+func (s *Server) IsLeader() bool { return s.raft != nil && s.raft.State() == raft.Leader }
+
+// State exposes the node's replicated state store (read-only use).
+func (s *Server) State() *fsm.StateStore { return s.fsm.State() }
+
+// Raft exposes the raft node to tests.
+func (s *Server) Raft() *raft.Raft { return s.raft }
+
+func (s *Server) setupRaft() error {
+	t := s.cfg.Timings
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(s.cfg.NodeID)
+	rc.Logger = logging.HCLog(s.logger, "raft")
+	rc.HeartbeatTimeout = t.RaftHeartbeat
+	rc.ElectionTimeout = t.RaftElection
+	rc.LeaderLeaseTimeout = t.RaftLeaderLease
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.SnapshotThreshold = 8192
+	rc.SnapshotInterval = 2 * time.Minute
+	// A buffered notify channel: raft blocks on it, so it is always drained
+	// by monitorLeadership.
+	s.leaderCh = make(chan bool, 8)
+	rc.NotifyCh = s.leaderCh
+
+	advertise, err := net.ResolveTCPAddr("tcp", s.cfg.RaftAddr)
+	if err != nil {
+		return fmt.Errorf("raft-addr %q: %w", s.cfg.RaftAddr, err)
+	}
+	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, advertise, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	if err != nil {
+		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(s.cfg.DataDir, "snapshots"), 2, logging.HCLog(s.logger, "snapshots"))
+	if err != nil {
+		return fmt.Errorf("snapshot store: %w", err)
+	}
+	s.boltStore, err = raftboltdb.NewBoltStore(filepath.Join(s.cfg.DataDir, "raft.db"))
+	if err != nil {
+		return fmt.Errorf("raft store %s: %w", filepath.Join(s.cfg.DataDir, "raft.db"), err)
+	}
+	logs, err := raft.NewLogCache(512, s.boltStore)
+	if err != nil {
+		return err
+	}
+	existing, err := raft.HasExistingState(logs, s.boltStore, snaps)
+	if err != nil {
+		return fmt.Errorf("inspect raft state: %w", err)
+	}
+	s.bootstrapped = existing
+	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.boltStore, snaps, s.transport)
+	if err != nil {
+		return fmt.Errorf("start raft: %w", err)
+	}
+	if existing {
+		s.logger.Info("rejoining from existing raft state; not bootstrapping", "data_dir", s.cfg.DataDir)
+	}
+	return nil
+}
+
+func (s *Server) setupGRPC() error {
+	lis, err := net.Listen("tcp", s.cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("grpc listen on %s: %w", s.cfg.GRPCAddr, err)
+	}
+	s.listener = lis
+	auth := &authenticator{joinToken: s.cfg.JoinToken, adminToken: s.cfg.AdminToken}
+	s.grpcServer = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(auth.unary),
+		grpc.ChainStreamInterceptor(auth.stream),
+	)
+	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
+	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpcServer, s.health)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.grpcServer.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			s.logger.Error("grpc server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// Shutdown stops every component; it is safe to call more than once and on a
+// partially started server.
+func (s *Server) Shutdown() error {
+	var err error
+	s.shutdownOnce.Do(func() {
+		s.cancel()
+		if s.grpcServer != nil {
+			stopped := make(chan struct{})
+			go func() { s.grpcServer.GracefulStop(); close(stopped) }()
+			select {
+			case <-stopped:
+			case <-time.After(2 * time.Second):
+				s.grpcServer.Stop()
+			}
+		}
+		if s.serf != nil {
+			_ = s.serf.Leave()
+			if e := s.serf.Shutdown(); e != nil {
+				err = errors.Join(err, e)
+			}
+		}
+		if s.raft != nil {
+			if e := s.raft.Shutdown().Error(); e != nil {
+				err = errors.Join(err, e)
+			}
+		}
+		if s.transport != nil {
+			_ = s.transport.Close()
+		}
+		s.wg.Wait()
+		if s.forwarder != nil {
+			s.forwarder.close()
+		}
+		if s.boltStore != nil {
+			if e := s.boltStore.Close(); e != nil {
+				err = errors.Join(err, e)
+			}
+		}
+	})
+	return err
+}

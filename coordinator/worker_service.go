@@ -1,0 +1,201 @@
+package coordinator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// workerService serves the workers of the org.
+type workerService struct {
+	pb.UnimplementedWorkerServiceServer
+	s *Server
+}
+
+const workerMethod = "/fedstream.v1.WorkerService/"
+
+func newID(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) (*pb.RegisterResponse, error) {
+	s := ws.s
+	if req.Addr == "" {
+		return nil, status.Error(codes.InvalidArgument, "register: addr is required (the worker's data-plane address)")
+	}
+	resp := &pb.RegisterResponse{}
+	if handled, err := s.leaderOrForward(ctx, workerMethod+"Register", req, resp); handled {
+		return resp, err
+	}
+	key := req.IdempotencyKey
+	id := newID("w-")
+	if key == "" {
+		key = "register/" + id
+	}
+	cores := req.Cores
+	if cores <= 0 {
+		cores = 1
+	}
+	res, err := s.apply(ctx, fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{
+		Worker: fsm.Worker{
+			ID: id, Name: req.Name, Org: s.cfg.Org, Addr: req.Addr,
+			Cores: cores, Labels: req.Labels, Status: statusReady,
+		},
+		IdempotencyKey: "register/" + key,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if res.Err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "register: %v", res.Err)
+	}
+	if v, ok := res.Value.(string); ok && v != "" {
+		id = v
+	}
+	ttl := s.cfg.Timings.HeartbeatTTL
+	s.liveness.touch(id, time.Now().Add(ttl))
+	s.logger.Info("worker registered", "worker", id, "addr", req.Addr, "cores", cores)
+	return &pb.RegisterResponse{WorkerId: id, HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs()}, nil
+}
+
+// errUnknownWorker tells a worker to register again.
+func errUnknownWorker(id string) error {
+	return status.Errorf(codes.NotFound, "unknown worker %q: register again", id)
+}
+
+func (ws *workerService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
+	s := ws.s
+	resp := &pb.HeartbeatResponse{}
+	if handled, err := s.leaderOrForward(ctx, workerMethod+"Heartbeat", req, resp); handled {
+		return resp, err
+	}
+	w, err := s.State().Worker(nil, req.WorkerId)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)
+	}
+	if w == nil {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	ttl := s.cfg.Timings.HeartbeatTTL
+	if w.Status != statusReady {
+		// A worker that was declared down (paused, partitioned) and is back:
+		// it becomes ready again and receives work on the next placement.
+		s.logger.Info("worker is back; marking it ready", "worker", w.ID)
+		res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusReady})
+		if err != nil {
+			return nil, err
+		}
+		if res.Err != nil {
+			return nil, status.Errorf(codes.FailedPrecondition, "heartbeat: %v", res.Err)
+		}
+	}
+	s.liveness.touch(w.ID, time.Now().Add(ttl))
+	return &pb.HeartbeatResponse{HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs()}, nil
+}
+
+func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksRequest) (*pb.ReportTasksResponse, error) {
+	s := ws.s
+	resp := &pb.ReportTasksResponse{}
+	if handled, err := s.leaderOrForward(ctx, workerMethod+"ReportTasks", req, resp); handled {
+		return resp, err
+	}
+	if w, _ := s.State().Worker(nil, req.WorkerId); w == nil {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
+	for _, t := range req.Tasks {
+		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message})
+	}
+	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
+	if err != nil {
+		return nil, err
+	}
+	if res.Err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "report tasks: %v", res.Err)
+	}
+	return resp, nil
+}
+
+// WatchAssignments is a read: any coordinator serves it from its own state,
+// blocking until the worker's assignment index passes min_index.
+func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssignmentsRequest) (*pb.WatchAssignmentsResponse, error) {
+	s := ws.s
+	wait := time.Duration(req.MaxWaitMs) * time.Millisecond
+	if wait <= 0 || wait > s.cfg.Timings.MaxWatchWait {
+		wait = s.cfg.Timings.MaxWatchWait
+	}
+	// A follower may not have applied the worker's registration yet: give
+	// it a moment before telling the worker it is unknown.
+	if err := ws.waitForWorker(ctx, req.WorkerId); err != nil {
+		return nil, err
+	}
+	var (
+		tasks   []*fsm.Task
+		queries []*fsm.QueryView
+	)
+	index, err := s.State().BlockingQuery(ctx, req.MinIndex, wait, func(wset memdb.WatchSet) (uint64, error) {
+		idx, t, q, err := s.State().WorkerAssignments(wset, req.WorkerId)
+		tasks, queries = t, q
+		return idx, err
+	})
+	if errors.Is(err, fsm.ErrWorkerNotFound) {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return nil, status.Errorf(codes.Internal, "watch assignments: %v", err)
+	}
+	resp := &pb.WatchAssignmentsResponse{Index: index}
+	queryIndex := map[string]uint64{}
+	for _, q := range queries {
+		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
+		queryIndex[q.Query.Name] = q.Query.CreateIndex
+		for _, t := range q.Tasks {
+			view.Tasks = append(view.Tasks, &pb.TaskPlacement{
+				TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
+				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID],
+			})
+		}
+		resp.Queries = append(resp.Queries, view)
+	}
+	for _, t := range tasks {
+		resp.Assignments = append(resp.Assignments, &pb.Assignment{
+			TaskId: t.ID, Query: t.Query, Fragment: t.Fragment,
+			Partition: int32(t.Partition), Replica: int32(t.Replica), QueryIndex: queryIndex[t.Query],
+		})
+	}
+	return resp, nil
+}
+
+func (ws *workerService) waitForWorker(ctx context.Context, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st := ws.s.State()
+	for {
+		wset := memdb.NewWatchSet()
+		w, err := st.Worker(wset, id)
+		if err != nil {
+			return status.Errorf(codes.Internal, "watch assignments: %v", err)
+		}
+		if w != nil {
+			return nil
+		}
+		// Fires when the workers table changes (or the store is restored).
+		if err := wset.WatchCtx(ctx); err != nil {
+			return errUnknownWorker(id)
+		}
+	}
+}

@@ -1,0 +1,188 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// MessageType is the first byte of every Raft log entry and selects the
+// command that decodes the JSON body after it.
+type MessageType uint8
+
+// IgnoreUnknownTypeFlag marks a type that a node which does not know it may
+// skip (used for commands added later that old nodes can safely ignore).
+const IgnoreUnknownTypeFlag MessageType = 0x80
+
+// Command types. Values are persisted in the Raft log: never renumber, only
+// append.
+const (
+	RegisterWorkerType MessageType = iota + 1
+	SetWorkerStatusType
+	SubmitQueryType
+	StopQueryType
+	PlaceTasksType
+	UpdateTaskStatesType
+	UpsertTokenType
+	DeleteWorkerType
+	UpsertOperatorVersionType
+	UpsertContractType
+	AppendLedgerEntryType
+	RecordHealthActionType
+)
+
+var messageTypeNames = map[MessageType]string{
+	RegisterWorkerType:        "RegisterWorker",
+	SetWorkerStatusType:       "SetWorkerStatus",
+	SubmitQueryType:           "SubmitQuery",
+	StopQueryType:             "StopQuery",
+	PlaceTasksType:            "PlaceTasks",
+	UpdateTaskStatesType:      "UpdateTaskStates",
+	UpsertTokenType:           "UpsertToken",
+	DeleteWorkerType:          "DeleteWorker",
+	UpsertOperatorVersionType: "UpsertOperatorVersion",
+	UpsertContractType:        "UpsertContract",
+	AppendLedgerEntryType:     "AppendLedgerEntry",
+	RecordHealthActionType:    "RecordHealthAction",
+}
+
+// String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".
+func (t MessageType) String() string {
+	if name, ok := messageTypeNames[t]; ok {
+		return name
+	}
+	return fmt.Sprintf("Unknown(%#x)", uint8(t))
+}
+
+// Encode builds a log entry: the type byte followed by the JSON of body.
+func Encode(t MessageType, body any) ([]byte, error) {
+	var buf bytes.Buffer
+	buf.WriteByte(byte(t))
+	if err := json.NewEncoder(&buf).Encode(body); err != nil {
+		return nil, fmt.Errorf("encode %s command: %w", t, err)
+	}
+	return buf.Bytes(), nil
+}
+
+// ApplyResult is what FSM.Apply returns for every entry, so callers can use
+// future.Response().(*fsm.ApplyResult).
+type ApplyResult struct {
+	// Index is the log index at which the command took effect. For a
+	// deduplicated retry it is the index of the original application.
+	Index uint64
+	// Value is the command's result (see each request type), nil if none.
+	Value any
+	// Err is non-nil when the command was rejected; then nothing changed.
+	Err error
+	// Deduplicated is true when the idempotency key had already been applied
+	// and Value is the original result.
+	Deduplicated bool
+}
+
+// RegisterWorkerRequest registers or re-registers a worker. The caller
+// generates Worker.ID. Value: the worker id (string). Index fields in Worker
+// are ignored; Status defaults to ready.
+type RegisterWorkerRequest struct {
+	Worker         Worker `json:"worker"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// SetWorkerStatusRequest marks a worker ready or down. Value: nil.
+type SetWorkerStatusRequest struct {
+	WorkerID string `json:"worker_id"`
+	Status   string `json:"status"`
+}
+
+// SubmitQueryRequest creates a running query with its tasks. It fails with
+// ErrQueryExists if a running query has that name; a stopped one is replaced.
+// Tasks may already be placed (WorkerID set, the worker must exist). Task.ID
+// must equal TaskID(Query.Name, Fragment, Partition, Replica); Task.Query may
+// be left empty. Value: the query name (string).
+type SubmitQueryRequest struct {
+	Query          Query  `json:"query"`
+	Tasks          []Task `json:"tasks"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// StopQueryRequest marks a query stopped and deletes its tasks. Stopping a
+// stopped query is a no-op. ErrQueryNotFound if absent. Value: the name.
+type StopQueryRequest struct {
+	Name           string `json:"name"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// Placement puts one task on a worker; WorkerID "" unplaces it.
+type Placement struct {
+	TaskID   string `json:"task_id"`
+	WorkerID string `json:"worker_id"`
+}
+
+// PlaceTasksRequest applies placements in order. Placements naming an unknown
+// task or an unknown worker are skipped. A task that moves gets State pending
+// and an empty Message. Value: *PlaceTasksResult.
+type PlaceTasksRequest struct {
+	Placements []Placement `json:"placements"`
+}
+
+// PlaceTasksResult reports what PlaceTasks did.
+type PlaceTasksResult struct {
+	Moved   int      `json:"moved"`   // placements that changed a task's worker
+	Skipped []string `json:"skipped"` // task ids skipped (unknown task or worker)
+}
+
+// TaskStateUpdate is one task's reported state.
+type TaskStateUpdate struct {
+	TaskID  string `json:"task_id"`
+	State   string `json:"state"`
+	Message string `json:"message"`
+}
+
+// UpdateTaskStatesRequest records task states reported by a worker. Only
+// tasks currently placed on that worker are updated; others are skipped
+// (the report is stale). ErrWorkerNotFound if the worker is unknown. State
+// changes do not change AssignIndex. Value: *UpdateTaskStatesResult.
+type UpdateTaskStatesRequest struct {
+	WorkerID string            `json:"worker_id"`
+	States   []TaskStateUpdate `json:"states"`
+}
+
+// UpdateTaskStatesResult reports what UpdateTaskStates did.
+type UpdateTaskStatesResult struct {
+	Updated int      `json:"updated"`
+	Skipped []string `json:"skipped"` // task ids not placed on the worker
+}
+
+// UpsertTokenRequest creates or replaces a token. Token.SecretHash must be a
+// HashSecret value (64 lowercase hex digits). Value: nil.
+type UpsertTokenRequest struct {
+	Token Token `json:"token"`
+}
+
+// DeleteWorkerRequest removes a worker; its tasks become unplaced (pending).
+// ErrWorkerNotFound if absent. Value: nil.
+type DeleteWorkerRequest struct {
+	WorkerID string `json:"worker_id"`
+}
+
+// UpsertOperatorVersionRequest creates or replaces an operator version.
+// Value: nil.
+type UpsertOperatorVersionRequest struct {
+	Version OperatorVersion `json:"version"`
+}
+
+// UpsertContractRequest creates or replaces a contract. Value: nil.
+type UpsertContractRequest struct {
+	Contract Contract `json:"contract"`
+}
+
+// AppendLedgerEntryRequest appends one ledger entry; it must extend the chain
+// (ErrLedgerChain). The FSM checks linkage only; hashing and signatures are
+// the caller's. Value: the entry's Seq (uint64).
+type AppendLedgerEntryRequest struct {
+	Entry LedgerEntry `json:"entry"`
+}
+
+// RecordHealthActionRequest creates or replaces a health action. Value: nil.
+type RecordHealthActionRequest struct {
+	Action HealthAction `json:"action"`
+}

@@ -1,0 +1,39 @@
+package fsm
+
+import "errors"
+
+// ErrQueryExists is returned when a query is submitted under the name of a
+// query that is still running.
+var ErrQueryExists = errors.New("query already exists and is running")
+
+// ErrQueryNotFound is returned when a command names a query that does not exist.
+var ErrQueryNotFound = errors.New("query not found")
+
+// ErrWorkerNotFound is returned when a command or read names a worker that is
+// not registered.
+var ErrWorkerNotFound = errors.New("worker not found")
+
+// ErrUnknownCommand is returned (and logged) for a log entry whose type this
+// node does not know. Non-ignorable unknown types panic instead.
+var ErrUnknownCommand = errors.New("unknown command type")
+
+// ErrMalformedCommand is returned when a log entry is empty or its body cannot
+// be decoded for its type.
+var ErrMalformedCommand = errors.New("malformed command")
+
+// ErrInvalidRequest is returned when a decoded command fails validation
+// (missing id, bad status, inconsistent task id, ...). Nothing is changed.
+var ErrInvalidRequest = errors.New("invalid request")
+
+// ErrIdempotencyKeyReused is returned when an idempotency key that was used by
+// a command of one type is presented with a command of another type.
+var ErrIdempotencyKeyReused = errors.New("idempotency key reused by a different command type")
+
+// ErrLedgerChain is returned when a ledger entry does not extend the chain:
+// its sequence number is not last+1 or its PrevHash is not the last hash.
+var ErrLedgerChain = errors.New("ledger entry does not extend the chain")
+
+// ErrCorruptSnapshot is returned by Restore when the snapshot stream is
+// truncated, corrupt, of an unsupported version or holds an unknown record
+// kind. The previous state is left in place.
+var ErrCorruptSnapshot = errors.New("corrupt snapshot")

@@ -1,0 +1,279 @@
+package fsm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/hashicorp/go-memdb"
+	"github.com/hashicorp/raft"
+)
+
+// MaxIdempotencyKeys is how many idempotency keys the FSM remembers; when a
+// new key would exceed it, the keys applied at the lowest log index go first.
+const MaxIdempotencyKeys = 10000
+
+// FSM is the raft.FSM of a coordinator cluster. Raft calls Apply, Snapshot
+// and Restore from one goroutine; readers use State() concurrently.
+type FSM struct {
+	logger             *slog.Logger
+	state              *StateStore
+	maxIdempotencyKeys int
+}
+
+var _ raft.FSM = (*FSM)(nil)
+
+// New returns an FSM with an empty state. A nil logger discards logs.
+func New(logger *slog.Logger) (*FSM, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	state, err := NewStateStore()
+	if err != nil {
+		return nil, err
+	}
+	return &FSM{logger: logger.With("component", "fsm"), state: state, maxIdempotencyKeys: MaxIdempotencyKeys}, nil
+}
+
+// State returns the state store. It is the same value for the life of the
+// FSM, including across Restore.
+func (f *FSM) State() *StateStore { return f.state }
+
+// command is a decoded request body that can apply itself.
+type command interface {
+	apply(tx *writeTx) (any, error)
+}
+
+// idempotentCommand is a command that may carry an idempotency key.
+type idempotentCommand interface {
+	command
+	idempotencyKey() string
+	// decodeResult turns a stored IdempotencyRecord.Result back into the
+	// Value the command returned.
+	decodeResult(raw []byte) (any, error)
+}
+
+// commandDecoders maps each known type to a constructor of its request.
+var commandDecoders = map[MessageType]func() command{
+	RegisterWorkerType:        func() command { return &RegisterWorkerRequest{} },
+	SetWorkerStatusType:       func() command { return &SetWorkerStatusRequest{} },
+	SubmitQueryType:           func() command { return &SubmitQueryRequest{} },
+	StopQueryType:             func() command { return &StopQueryRequest{} },
+	PlaceTasksType:            func() command { return &PlaceTasksRequest{} },
+	UpdateTaskStatesType:      func() command { return &UpdateTaskStatesRequest{} },
+	UpsertTokenType:           func() command { return &UpsertTokenRequest{} },
+	DeleteWorkerType:          func() command { return &DeleteWorkerRequest{} },
+	UpsertOperatorVersionType: func() command { return &UpsertOperatorVersionRequest{} },
+	UpsertContractType:        func() command { return &UpsertContractRequest{} },
+	AppendLedgerEntryType:     func() command { return &AppendLedgerEntryRequest{} },
+	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
+}
+
+// decodeStrict decodes one JSON value, rejecting unknown fields and trailing
+// data: a field this node does not know would otherwise be dropped silently.
+func decodeStrict(data []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after JSON value")
+	}
+	return nil
+}
+
+// Apply applies one committed log entry. It panics on an unknown type without
+// IgnoreUnknownTypeFlag; otherwise it returns *ApplyResult.
+func (f *FSM) Apply(l *raft.Log) any {
+	if l.Type != raft.LogCommand {
+		f.markApplied(l.Index)
+		return &ApplyResult{Index: l.Index}
+	}
+	return f.applyCommand(l.Index, l.Data)
+}
+
+func (f *FSM) applyCommand(index uint64, data []byte) *ApplyResult {
+	if len(data) == 0 {
+		return f.reject(index, 0, fmt.Errorf("%w: empty log entry", ErrMalformedCommand), slog.LevelError)
+	}
+	t := MessageType(data[0])
+	newCommand, ok := commandDecoders[t]
+	if !ok {
+		if t&IgnoreUnknownTypeFlag != 0 {
+			f.logger.Warn("skipping unknown ignorable command", "type", t.String(), "index", index)
+			f.markApplied(index)
+			return &ApplyResult{Index: index}
+		}
+		f.logger.Error("unknown non-ignorable command; stopping to avoid divergence", "type", t.String(), "index", index)
+		panic(fmt.Sprintf("fsm: unknown non-ignorable command type %d (%#x) at log index %d: this node cannot apply the log and must not diverge", uint8(t), uint8(t), index))
+	}
+	cmd := newCommand()
+	if err := decodeStrict(data[1:], cmd); err != nil {
+		return f.reject(index, t, fmt.Errorf("%w: decode %s body: %v", ErrMalformedCommand, t, err), slog.LevelError)
+	}
+
+	g := f.state.gen.Load()
+	tx := newWriteTx(g, index)
+	key := ""
+	if ic, ok := cmd.(idempotentCommand); ok {
+		key = ic.idempotencyKey()
+		if key != "" {
+			if res := f.replay(tx, t, key, ic); res != nil {
+				tx.abort()
+				if res.Err != nil {
+					return f.reject(index, t, res.Err, slog.LevelWarn)
+				}
+				f.markApplied(index)
+				return res
+			}
+		}
+	}
+	value, err := cmd.apply(tx)
+	if err != nil {
+		tx.abort()
+		return f.reject(index, t, err, slog.LevelInfo)
+	}
+	if key != "" {
+		if err := f.recordIdempotency(tx, t, key, value); err != nil {
+			tx.abort()
+			return f.reject(index, t, err, slog.LevelError)
+		}
+	}
+	if err := tx.commit(); err != nil {
+		return f.reject(index, t, err, slog.LevelError)
+	}
+	return &ApplyResult{Index: index, Value: value}
+}
+
+// reject logs a failed entry, records its index as applied and returns the
+// error result. Malformed entries log at error level; ordinary rejections
+// (validation, not found, exists) at info.
+func (f *FSM) reject(index uint64, t MessageType, err error, level slog.Level) *ApplyResult {
+	f.logger.Log(context.Background(), level, "command rejected", "type", t.String(), "index", index, "err", err)
+	f.markApplied(index)
+	return &ApplyResult{Index: index, Err: err}
+}
+
+// markApplied advances LatestIndex for an entry that changed nothing else.
+func (f *FSM) markApplied(index uint64) {
+	tx := newWriteTx(f.state.gen.Load(), index)
+	if err := tx.commit(); err != nil {
+		f.logger.Error("record applied index", "index", index, "err", err)
+	}
+}
+
+// replay returns the stored result for an already applied key, nil if the key
+// is new.
+func (f *FSM) replay(tx *writeTx, t MessageType, key string, ic idempotentCommand) *ApplyResult {
+	obj, err := tx.txn.First(TableIdempotency, indexID, key)
+	if err != nil {
+		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("read idempotency key %q: %w", key, err)}
+	}
+	if obj == nil {
+		return nil
+	}
+	rec := obj.(*IdempotencyRecord)
+	if rec.Type != t {
+		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("%w: key %q was used by %s, now by %s", ErrIdempotencyKeyReused, key, rec.Type, t)}
+	}
+	value, err := ic.decodeResult(rec.Result)
+	if err != nil {
+		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("decode stored result of key %q: %w", key, err)}
+	}
+	return &ApplyResult{Index: rec.Index, Value: value, Deduplicated: true}
+}
+
+// recordIdempotency stores the key's result and prunes the oldest keys beyond
+// the limit. Pruning depends only on the log, so every node prunes alike.
+func (f *FSM) recordIdempotency(tx *writeTx, t MessageType, key string, value any) error {
+	raw, err := json.Marshal(value)
+	if err != nil {
+		return fmt.Errorf("encode result for idempotency key %q: %w", key, err)
+	}
+	rec := &IdempotencyRecord{Key: key, Type: t, Index: tx.index, Result: raw}
+	if err := tx.insert(TableIdempotency, rec); err != nil {
+		return err
+	}
+	tx.idempotencyDelta++
+	excess := tx.gen.idempotencyKeys + tx.idempotencyDelta - f.maxIdempotencyKeys
+	if excess <= 0 {
+		return nil
+	}
+	it, err := tx.txn.Get(TableIdempotency, indexApplied)
+	if err != nil {
+		return fmt.Errorf("list idempotency keys: %w", err)
+	}
+	var oldest []any
+	for obj := it.Next(); obj != nil && len(oldest) < excess; obj = it.Next() {
+		oldest = append(oldest, obj)
+	}
+	for _, obj := range oldest { // delete after iterating: memdb iterators must not see writes
+		if err := tx.delete(TableIdempotency, obj); err != nil {
+			return err
+		}
+		tx.idempotencyDelta--
+	}
+	return nil
+}
+
+// writeTx is one write transaction at one log index. It records which tables
+// changed so commit can set their modify indexes.
+type writeTx struct {
+	gen              *generation
+	txn              *memdb.Txn
+	index            uint64
+	touched          map[string]struct{}
+	idempotencyDelta int
+}
+
+func newWriteTx(g *generation, index uint64) *writeTx {
+	return &writeTx{gen: g, txn: g.db.Txn(true), index: index, touched: map[string]struct{}{}}
+}
+
+func (tx *writeTx) insert(table string, obj any) error {
+	if err := tx.txn.Insert(table, obj); err != nil {
+		return fmt.Errorf("insert into %s: %w", table, err)
+	}
+	tx.touched[table] = struct{}{}
+	return nil
+}
+
+func (tx *writeTx) delete(table string, obj any) error {
+	if err := tx.txn.Delete(table, obj); err != nil {
+		return fmt.Errorf("delete from %s: %w", table, err)
+	}
+	tx.touched[table] = struct{}{}
+	return nil
+}
+
+func (tx *writeTx) abort() { tx.txn.Abort() }
+
+// commit sets the touched tables' indexes and the applied index, then commits.
+func (tx *writeTx) commit() error {
+	for table := range tx.touched {
+		if err := tx.txn.Insert(tableIndexes, &tableIndexEntry{Table: table, Index: tx.index}); err != nil {
+			tx.txn.Abort()
+			return fmt.Errorf("set index of %s: %w", table, err)
+		}
+	}
+	if err := tx.txn.Insert(tableIndexes, &tableIndexEntry{Table: appliedIndexKey, Index: tx.index}); err != nil {
+		tx.txn.Abort()
+		return fmt.Errorf("set applied index: %w", err)
+	}
+	tx.txn.Commit()
+	tx.gen.idempotencyKeys += tx.idempotencyDelta
+	return nil
+}
+
+func txFirst[T any](tx *writeTx, table string, args ...any) (*T, error) {
+	return first[T](tx.txn, nil, table, args...)
+}
+
+func txList[T any](tx *writeTx, table, index string, args ...any) ([]*T, error) {
+	return list[T](tx.txn, nil, table, index, args...)
+}

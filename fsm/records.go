@@ -1,0 +1,158 @@
+package fsm
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+)
+
+// Worker statuses.
+const (
+	WorkerStatusReady = "ready"
+	WorkerStatusDown  = "down"
+)
+
+// Query statuses.
+const (
+	QueryStatusRunning = "running"
+	QueryStatusStopped = "stopped"
+)
+
+// TaskStatePending is the state of a task that has not reported yet on its
+// current worker. The FSM sets it when a task is created without a state and
+// whenever a task is moved to another worker or unplaced.
+const TaskStatePending = "pending"
+
+// Token roles.
+const (
+	RoleAdmin   = "admin"
+	RoleWorker  = "worker"
+	RoleAuditor = "auditor"
+)
+
+// Worker is a registered worker process.
+type Worker struct {
+	ID     string            `json:"id"`
+	Name   string            `json:"name"`
+	Org    string            `json:"org"`
+	Addr   string            `json:"addr"`
+	Cores  int32             `json:"cores"`
+	Labels map[string]string `json:"labels,omitempty"`
+	Status string            `json:"status"` // WorkerStatusReady | WorkerStatusDown
+	// AssignIndex is the Raft index at which this worker's assignment view
+	// (StateStore.WorkerAssignments) last changed.
+	AssignIndex uint64 `json:"assign_index"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// Query is a continuous query's definition.
+type Query struct {
+	Name        string `json:"name"`
+	SpecJSON    []byte `json:"spec_json,omitempty"`
+	Status      string `json:"status"` // QueryStatusRunning | QueryStatusStopped
+	Replicas    int    `json:"replicas"`
+	MaxDelay    string `json:"max_delay"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// Task is one copy of one fragment of a query: the unit of placement.
+type Task struct {
+	ID        string `json:"id"` // TaskID(Query, Fragment, Partition, Replica)
+	Query     string `json:"query"`
+	Fragment  string `json:"fragment"`
+	Partition int    `json:"partition"`
+	Replica   int    `json:"replica"`
+	// WorkerID is the worker the task is placed on; "" = unplaced.
+	WorkerID    string `json:"worker_id"`
+	State       string `json:"state"`
+	Message     string `json:"message"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// TaskID builds the id of a task: <query>/<fragment>/p<partition>/r<replica>.
+func TaskID(query, fragment string, partition, replica int) string {
+	return fmt.Sprintf("%s/%s/p%d/r%d", query, fragment, partition, replica)
+}
+
+// Token is an access token. Only the SHA-256 hex hash of the secret is
+// stored (HashSecret); the raw secret never enters the Raft log.
+type Token struct {
+	SecretHash  string `json:"secret_hash"`
+	Role        string `json:"role"` // RoleAdmin | RoleWorker | RoleAuditor
+	Description string `json:"description"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// NewToken builds a Token for a raw secret, storing only its hash.
+func NewToken(secret, role, description string) Token {
+	return Token{SecretHash: HashSecret(secret), Role: role, Description: description}
+}
+
+// HashSecret returns the lowercase hex SHA-256 of a token secret.
+func HashSecret(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+// OperatorVersion is one definition of an operator (live reconfiguration).
+type OperatorVersion struct {
+	Operator    string `json:"operator"`
+	Version     string `json:"version"`
+	SpecJSON    []byte `json:"spec_json,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// Contract is a signed agreement with a partner org.
+type Contract struct {
+	ID          string `json:"id"`
+	Partner     string `json:"partner"`
+	Status      string `json:"status"`
+	Body        []byte `json:"body,omitempty"` // the signed contract document
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// LedgerEntry is one entry of the org's hash-chained ledger. Seq starts at 1
+// and is contiguous; PrevHash is the previous entry's Hash ("" for Seq 1).
+type LedgerEntry struct {
+	Seq         uint64 `json:"seq"`
+	PrevHash    string `json:"prev_hash"`
+	Hash        string `json:"hash"`
+	Kind        string `json:"kind"`
+	Body        []byte `json:"body,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+}
+
+// HealthAction is one diagnosis and repair of the health manager.
+type HealthAction struct {
+	ID          string `json:"id"`
+	Query       string `json:"query"`
+	Diagnosis   string `json:"diagnosis"`
+	Action      string `json:"action"`
+	Detail      string `json:"detail"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// IdempotencyRecord remembers the result of a command applied with an
+// idempotency key.
+type IdempotencyRecord struct {
+	Key   string      `json:"key"`
+	Type  MessageType `json:"type"`
+	Index uint64      `json:"index"` // log index at which the command took effect
+	// Result is the JSON of the command's ApplyResult.Value.
+	Result json.RawMessage `json:"result"`
+}
+
+// tableIndexEntry is a row of the internal index table: the modify index of a
+// table, or (under appliedIndexKey) the highest log index applied.
+type tableIndexEntry struct {
+	Table string `json:"table"`
+	Index uint64 `json:"index"`
+}
