@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -26,16 +25,6 @@ type testCluster struct {
 	timings Timings
 }
 
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
 func testTimings() Timings {
 	tm := FastTimings()
 	tm.HeartbeatTTL = 600 * time.Millisecond
@@ -49,25 +38,25 @@ func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testClus
 	t.Helper()
 	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: testTimings()}
 	base := t.TempDir()
-	var serfAddrs []string
 	for i := 0; i < n; i++ {
+		// Port 0 everywhere: the OS picks free ports, so parallel test
+		// packages can never race for one. start records the real ones.
 		cfg := Config{
 			Org: c.org, NodeID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(base, fmt.Sprintf("c%d", i+1)),
-			GRPCAddr: freePort(t), RaftAddr: freePort(t), SerfAddr: freePort(t),
+			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 			BootstrapExpect: n, JoinToken: joinToken, AdminToken: adminToken,
 			Timings: c.timings,
 		}
 		if os.Getenv("FEDSTREAM_TEST_LOG") != "" {
 			cfg.Logger = logging.Stderr("debug")
 		}
-		serfAddrs = append(serfAddrs, cfg.SerfAddr)
 		c.cfgs = append(c.cfgs, cfg)
-	}
-	for i := range c.cfgs {
-		c.cfgs[i].Join = serfAddrs
 	}
 	c.nodes = make([]*Server, n)
 	for i := range c.cfgs {
+		if i > 0 {
+			c.cfgs[i].Join = []string{c.cfgs[0].SerfAddr}
+		}
 		c.start(i)
 	}
 	t.Cleanup(c.shutdown)
@@ -83,6 +72,16 @@ func (c *testCluster) start(i int) {
 	if err := srv.Start(); err != nil {
 		c.t.Fatalf("start %s: %v", c.cfgs[i].NodeID, err)
 	}
+	// A restart must come back on the same addresses: Raft's configuration
+	// names the node by its address.
+	c.cfgs[i].GRPCAddr, c.cfgs[i].RaftAddr, c.cfgs[i].SerfAddr = srv.GRPCAddr(), srv.RaftAddr(), srv.SerfAddr()
+	var join []string
+	for j := range c.cfgs {
+		if j != i && c.cfgs[j].SerfAddr != "127.0.0.1:0" {
+			join = append(join, c.cfgs[j].SerfAddr)
+		}
+	}
+	c.cfgs[i].Join = join
 	c.nodes[i] = srv
 }
 

@@ -90,6 +90,8 @@ func (s *Server) setupSerf() error {
 	if err != nil {
 		return fmt.Errorf("start serf on %s: %w", s.cfg.SerfAddr, err)
 	}
+	// memberlist resolves port 0 into conf.BindPort.
+	s.cfg.SerfAddr = net.JoinHostPort(host, strconv.Itoa(ml.BindPort))
 	return nil
 }
 

@@ -133,6 +133,12 @@ func (s *Server) GRPCAddr() string {
 	return s.cfg.GRPCAddr
 }
 
+// RaftAddr is the address of the Raft transport (port 0 resolved once started).
+func (s *Server) RaftAddr() string { return s.cfg.RaftAddr }
+
+// SerfAddr is the serf gossip address (port 0 resolved once started).
+func (s *Server) SerfAddr() string { return s.cfg.SerfAddr }
+
 // NodeID returns the node's id.
 func (s *Server) NodeID() string { return s.cfg.NodeID }
 
@@ -165,10 +171,16 @@ func (s *Server) setupRaft() error {
 	if err != nil {
 		return fmt.Errorf("raft-addr %q: %w", s.cfg.RaftAddr, err)
 	}
-	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, advertise, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	var adv net.Addr = advertise
+	if advertise.Port == 0 {
+		adv = nil // port 0: advertise the port the OS picks
+	}
+	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
 	}
+	// From here on the configured address is the real one (port 0 resolved).
+	s.cfg.RaftAddr = string(s.transport.LocalAddr())
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(s.cfg.DataDir, "snapshots"), 2, logging.HCLog(s.logger, "snapshots"))
 	if err != nil {
 		return fmt.Errorf("snapshot store: %w", err)

@@ -141,6 +141,9 @@ func describeCompileError(err error, in *tuple.Schema, inputName string) error {
 		}
 	}
 	if m := unknownNameRE.FindStringSubmatch(msg); m != nil {
+		if m[1] == "now" {
+			return exprErrorf("now() is not available: replicas must compute identical results, so expressions cannot read the wall clock")
+		}
 		return exprErrorf("unknown field %q (%s has: %s)", m[1], inputLabel(inputName), fieldList(in))
 	}
 	if i := strings.IndexByte(msg, '\n'); i >= 0 {

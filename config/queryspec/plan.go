@@ -35,7 +35,7 @@ type Node struct {
 	Source *Source   // sources only
 	Sink   *Sink     // sinks only
 	// Inputs are the upstream node names by input port: [input] for filter,
-	// map, aggregate and sinks; Inputs in order for union; [left, right] for
+	// map, split, aggregate and sinks; Inputs in order for union; [left, right] for
 	// join; none for sources.
 	Inputs []string
 	// Partitions is the parallelism: Operator.Parallelism, Source.Parallelism,

@@ -72,9 +72,9 @@ type Schema []Field
 // Operator is one node of the dataflow graph.
 type Operator struct {
 	Name string `yaml:"name" json:"name"`
-	// Type is one of filter, map, union, aggregate, join.
+	// Type is one of filter, map, split, union, aggregate, join.
 	Type string `yaml:"type" json:"type"`
-	// Input names the input stream (filter, map, aggregate).
+	// Input names the input stream (filter, map, split, aggregate).
 	Input string `yaml:"input,omitempty" json:"input,omitempty"`
 	// Inputs names the input streams (union).
 	Inputs []string `yaml:"inputs,omitempty" json:"inputs,omitempty"`
@@ -93,6 +93,12 @@ type Operator struct {
 	Aggregates Exprs `yaml:"aggregates,omitempty" json:"aggregates,omitempty"`
 	// On lists the join's equi-join key fields (same name on both sides).
 	On []string `yaml:"on,omitempty" json:"on,omitempty"`
+	// Field is the string field a split tokenises.
+	Field string `yaml:"field,omitempty" json:"field,omitempty"`
+	// As names the split's token field (default DefaultSplitAs).
+	As string `yaml:"as,omitempty" json:"as,omitempty"`
+	// Lower makes a split lower-case its tokens.
+	Lower bool `yaml:"lower,omitempty" json:"lower,omitempty"`
 	// Parallelism is the number of partitions (default 1).
 	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
 }

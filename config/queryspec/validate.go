@@ -23,12 +23,15 @@ const (
 	// RightPrefix is prepended to a join's right-side field whose name is
 	// already taken by a left-side field.
 	RightPrefix = "right_"
+	// DefaultSplitAs is the name of a split's token field when `as` is unset.
+	DefaultSplitAs = "word"
 )
 
 // Operator types.
 const (
 	OpFilter    = "filter"
 	OpMap       = "map"
+	OpSplit     = "split"
 	OpUnion     = "union"
 	OpAggregate = "aggregate"
 	OpJoin      = "join"
@@ -127,8 +130,12 @@ func (q *Query) applyDefaults() {
 		}
 	}
 	for i := range q.Operators {
-		if q.Operators[i].Parallelism == 0 {
-			q.Operators[i].Parallelism = 1
+		op := &q.Operators[i]
+		if op.Parallelism == 0 {
+			op.Parallelism = 1
+		}
+		if op.Type == OpSplit && op.As == "" {
+			op.As = DefaultSplitAs
 		}
 	}
 }
@@ -348,6 +355,9 @@ func setFields(op *Operator) []string {
 	add(op.GroupBy != nil, "group_by")
 	add(op.Aggregates != nil, "aggregates")
 	add(op.On != nil, "on")
+	add(op.Field != "", "field")
+	add(op.As != "", "as")
+	add(op.Lower, "lower")
 	return out
 }
 
@@ -356,10 +366,13 @@ func setFields(op *Operator) []string {
 var operatorFields = map[string][]string{
 	OpFilter:    {"input", "where"},
 	OpMap:       {"input", "fields"},
+	OpSplit:     {"input", "field", "as", "lower"},
 	OpUnion:     {"inputs"},
 	OpAggregate: {"input", "window", "group_by", "aggregates"},
 	OpJoin:      {"left", "right", "on", "window"},
 }
+
+func operatorTypes() string { return "filter, map, split, union, aggregate or join" }
 
 func (a *analysis) checkOperator(n *gnode) {
 	op, ps := n.op, a.ps
@@ -367,9 +380,9 @@ func (a *analysis) checkOperator(n *gnode) {
 	if !ok {
 		a.badRefs = true // its inputs are unknown, so others may look unused
 		if op.Type == "" {
-			ps.add(n.path.field("type"), "required (want filter, map, union, aggregate or join)")
+			ps.add(n.path.field("type"), "required (want %s)", operatorTypes())
 		} else {
-			ps.add(n.path.field("type"), "unknown operator type %q (want filter, map, union, aggregate or join)", op.Type)
+			ps.add(n.path.field("type"), "unknown operator type %q (want %s)", op.Type, operatorTypes())
 		}
 		return
 	}
@@ -400,6 +413,14 @@ func (a *analysis) checkOperator(n *gnode) {
 			ps.add(n.path.field("fields"), "required: at least one output field (name: expression)")
 		}
 		a.checkOutputNames(n.path.field("fields"), op.Fields)
+	case OpSplit:
+		single()
+		if op.Field == "" {
+			ps.add(n.path.field("field"), "required: the string field to split into words")
+		}
+		if err := checkFieldName(op.As); err != nil {
+			ps.add(n.path.field("as"), "%v", err)
+		}
 	case OpUnion:
 		if len(op.Inputs) < 2 {
 			ps.add(n.path.field("inputs"), "a union needs at least 2 inputs, got %d", len(op.Inputs))
@@ -707,6 +728,8 @@ func (a *analysis) inferSchema(n *gnode) *tuple.Schema {
 			return nil
 		}
 		return tuple.NewSchema(fields)
+	case OpSplit:
+		return a.splitSchema(n, ins[0], inName)
 	case OpUnion:
 		for i := 1; i < len(ins); i++ {
 			if !sameSchema(ins[0], ins[i]) {
@@ -823,6 +846,37 @@ func (a *analysis) aggregateSchema(n *gnode, in *tuple.Schema, inName string) *t
 		return nil
 	}
 	fields = append(fields, tuple.Field{Name: WindowEndField, Kind: tuple.KindTimestamp})
+	return tuple.NewSchema(fields)
+}
+
+// splitSchema is the input's fields without the split field, then the token
+// field (string).
+func (a *analysis) splitSchema(n *gnode, in *tuple.Schema, inName string) *tuple.Schema {
+	op, ps := n.op, a.ps
+	if op.Field == "" || checkFieldName(op.As) != nil {
+		return nil // reported by checkOperator
+	}
+	j := in.Index(op.Field)
+	switch {
+	case j < 0:
+		ps.add(n.path.field("field"), "unknown field %q (input %s has: %s)", op.Field, inName, fieldList(in))
+		return nil
+	case in.Fields[j].Kind != tuple.KindString:
+		ps.add(n.path.field("field"), "field %q is %s; split needs a string", op.Field, in.Fields[j].Kind)
+		return nil
+	}
+	fields := make([]tuple.Field, 0, in.Len())
+	for i, f := range in.Fields {
+		if i == j {
+			continue
+		}
+		if f.Name == op.As {
+			ps.add(n.path.field("as"), "%q is already a field of input %s; choose another name for the tokens", op.As, inName)
+			return nil
+		}
+		fields = append(fields, f)
+	}
+	fields = append(fields, tuple.Field{Name: op.As, Kind: tuple.KindString})
 	return tuple.NewSchema(fields)
 }
 

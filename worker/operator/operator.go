@@ -1,8 +1,9 @@
 // Package operator implements the stream operators a task runs: filter, map,
-// union, windowed aggregate and windowed equi-join. Operators are driven by a
-// single goroutine (the task's), see only data tuples in a deterministic
-// order, and learn of stream-time progress through Advance. Every operator can
-// snapshot its state and be restored from it into a fresh instance.
+// split (tokenise), union, windowed aggregate and windowed equi-join.
+// Operators are driven by a single goroutine (the task's), see only data
+// tuples in a deterministic order, and learn of stream-time progress through
+// Advance. Every operator can snapshot its state and be restored from it into
+// a fresh instance.
 package operator
 
 import "github.com/fedstream/fedstream/worker/tuple"

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fedstream/fedstream/config"
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/coordinator"
+	"github.com/fedstream/fedstream/worker"
+)
+
+func newCoordinatorCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "coordinator",
+		Short: "Run one coordinator of an org (Raft + serf + gRPC API)",
+		Example: `  fedstream coordinator --org acme --node-id c1 --data-dir /var/lib/fedstream/c1 \
+    --grpc-addr 127.0.0.1:7400 --raft-addr 127.0.0.1:7401 --serf-addr 127.0.0.1:7402 \
+    --bootstrap-expect 3 --join 127.0.0.1:7412,127.0.0.1:7422`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := config.LoadCoordinator(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			logger := logging.Stderr(c.LogLevel)
+			timings := coordinator.DefaultTimings()
+			if c.HeartbeatTTL != "" {
+				d, err := time.ParseDuration(c.HeartbeatTTL)
+				if err != nil || d <= 0 {
+					return fmt.Errorf("heartbeat-ttl %q: want a positive duration such as 10s", c.HeartbeatTTL)
+				}
+				timings.HeartbeatTTL = d
+				timings.LeaderGrace = d
+			}
+			srv, err := coordinator.New(coordinator.Config{
+				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
+				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
+				BootstrapExpect: c.BootstrapExpect, Join: c.Join,
+				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
+				Timings: timings, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			if err := srv.Start(); err != nil {
+				return err
+			}
+			<-cmd.Context().Done()
+			logger.Info("shutting down")
+			return srv.Shutdown()
+		},
+	}
+	config.CoordinatorFlags(cmd.Flags())
+	return cmd
+}
+
+func newWorkerCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "worker",
+		Short:   "Run a stateless worker that joins an org and runs its assigned tasks",
+		Example: `  fedstream worker --org acme --coordinators 127.0.0.1:7400,127.0.0.1:7410 --join-token s3cret --cores 2`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := config.LoadWorker(cmd.Flags())
+			if err != nil {
+				return err
+			}
+			logger := logging.Stderr(c.LogLevel)
+			w, err := worker.New(worker.Config{
+				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
+				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
+			})
+			if err != nil {
+				return err
+			}
+			return w.Run(cmd.Context())
+		},
+	}
+	config.WorkerFlags(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,238 @@
+// Package integration runs the built fedstream binary as real processes on
+// loopback and injects faults into them.
+package integration
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// binary builds cmd/fedstream once per test run.
+func binary(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fedstream-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "fedstream")
+		out, err := exec.Command("go", "build", "-o", binPath, "../cmd/fedstream").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// freeAddrs reserves n distinct free loopback ports. All listeners stay
+// open until every port is chosen, so the OS cannot hand out one twice; the
+// ports are released for the processes to bind (a small window another
+// program could take one in, which fails the start loudly).
+func freeAddrs(t *testing.T, n int) []string {
+	t.Helper()
+	var out []string
+	for len(out) < n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		// serf also needs the UDP port of the same number.
+		u, err := net.ListenPacket("udp", l.Addr().String())
+		if err != nil {
+			continue
+		}
+		defer u.Close()
+		out = append(out, l.Addr().String())
+	}
+	return out
+}
+
+// proc is one running fedstream process whose output is kept for failure reports.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary(t), args...)
+	p := &proc{name: name, cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = p.out, p.out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(5 * time.Second):
+			p.signal(syscall.SIGKILL)
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("---- output of %s ----\n%s", name, tail(p.out.String(), 60))
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(sig syscall.Signal) {
+	if p.cmd.Process != nil {
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+func (p *proc) kill() {
+	p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// cli runs a client command and decodes its --json output into out.
+func cli(ctx context.Context, t *testing.T, out any, args ...string) error {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, binary(t), append(args, "--json", "--timeout", "3s")...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return json.Unmarshal(stdout.Bytes(), out)
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	startT := time.Now()
+	deadline := startT.Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return time.Since(startT)
+}
+
+// org is a coordinator cluster and its workers as separate processes.
+type org struct {
+	coords     []*proc
+	grpc       []string
+	workers    []*proc
+	adminToken string
+}
+
+func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string) *org {
+	t.Helper()
+	o := &org{adminToken: "admin-secret"}
+	type addrs struct{ grpc, raft, serf string }
+	var all []addrs
+	ports := freeAddrs(t, 3*coordinators)
+	for i := 0; i < coordinators; i++ {
+		all = append(all, addrs{ports[3*i], ports[3*i+1], ports[3*i+2]})
+	}
+	var serf []string
+	for _, a := range all {
+		serf = append(serf, a.serf)
+		o.grpc = append(o.grpc, a.grpc)
+	}
+	base := t.TempDir()
+	for i, a := range all {
+		id := fmt.Sprintf("c%d", i+1)
+		o.coords = append(o.coords, start(t, id, "coordinator",
+			"--org", "acme", "--node-id", id, "--data-dir", filepath.Join(base, id),
+			"--grpc-addr", a.grpc, "--raft-addr", a.raft, "--serf-addr", a.serf,
+			"--bootstrap-expect", fmt.Sprint(coordinators), "--join", strings.Join(serf, ","),
+			"--join-token", "join-secret", "--admin-token", o.adminToken,
+			"--heartbeat-ttl", "2s", "--log-level", "debug"))
+	}
+	for i := 0; i < workers; i++ {
+		name := fmt.Sprintf("w%d", i+1)
+		args := append([]string{"worker", "--org", "acme", "--name", name,
+			"--coordinators", strings.Join(o.grpc, ","), "--join-token", "join-secret", "--cores", "2"}, extraWorkerArgs...)
+		o.workers = append(o.workers, start(t, name, args...))
+	}
+	return o
+}
+
+type statusJSON struct {
+	Org        string `json:"org"`
+	NodeID     string `json:"node_id"`
+	LeaderID   string `json:"leader_id"`
+	LeaderAddr string `json:"leader_addr"`
+	Peers      []struct {
+		ID string `json:"id"`
+	} `json:"peers"`
+	LastIndex uint64 `json:"last_index"`
+}
+
+type workerJSON struct {
+	ID     string   `json:"id"`
+	Addr   string   `json:"addr"`
+	Status string   `json:"status"`
+	Tasks  []string `json:"tasks"`
+}
+
+func (o *org) status(t *testing.T, i int) (statusJSON, error) {
+	var st statusJSON
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := cli(ctx, t, &st, "status", "--addr", o.grpc[i], "--token", o.adminToken)
+	return st, err
+}
+
+func (o *org) workerList(t *testing.T, i int) ([]workerJSON, error) {
+	var ws []workerJSON
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := cli(ctx, t, &ws, "workers", "--addr", o.grpc[i], "--token", o.adminToken)
+	return ws, err
+}

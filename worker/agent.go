@@ -1,0 +1,471 @@
+// Package worker is the stateless worker process: it registers with its
+// org's coordinators, heartbeats, long-polls its assignments and runs the
+// assigned tasks (worker/runtime), serving its data plane over gRPC.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	wrt "github.com/fedstream/fedstream/worker/runtime"
+)
+
+// Config is what a worker needs to join its org.
+type Config struct {
+	Org          string
+	Name         string
+	Coordinators []string
+	// GRPCAddr is where the data plane listens (host:port; port 0 picks one).
+	GRPCAddr  string
+	Cores     int
+	Labels    map[string]string
+	JoinToken string
+	Logger    *slog.Logger
+	// BoundaryInterval is how often sources emit BOUNDARY tuples (stream time).
+	BoundaryInterval time.Duration
+	// WatchWait bounds each assignment long poll.
+	WatchWait time.Duration
+}
+
+// ErrNoCoordinators is returned when the worker is given no coordinator address.
+var ErrNoCoordinators = errors.New("no coordinator address given (--coordinators)")
+
+// Worker is one worker process.
+type Worker struct {
+	cfg     Config
+	logger  *slog.Logger
+	runtime *wrt.Runtime
+
+	lis  net.Listener
+	grpc *grpc.Server
+
+	mu       sync.Mutex
+	conns    map[string]*grpc.ClientConn
+	coords   []string // known coordinator gRPC addresses, preferred first
+	id       string
+	ttl      time.Duration
+	regEpoch uint64 // bumps on every (re)registration
+}
+
+// New validates cfg and builds a worker.
+func New(cfg Config) (*Worker, error) {
+	if len(cfg.Coordinators) == 0 {
+		return nil, ErrNoCoordinators
+	}
+	if cfg.GRPCAddr == "" {
+		cfg.GRPCAddr = "127.0.0.1:0"
+	}
+	if cfg.Cores <= 0 {
+		cfg.Cores = runtime.NumCPU()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logging.Discard()
+	}
+	if cfg.Name == "" {
+		cfg.Name, _ = os.Hostname()
+	}
+	if cfg.WatchWait <= 0 {
+		cfg.WatchWait = 30 * time.Second
+	}
+	w := &Worker{
+		cfg:    cfg,
+		logger: cfg.Logger.With("org", cfg.Org, "worker_name", cfg.Name),
+		conns:  map[string]*grpc.ClientConn{},
+		coords: append([]string(nil), cfg.Coordinators...),
+	}
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval})
+	return w, nil
+}
+
+// Listen opens the data-plane listener, so Addr is known before Run.
+func (w *Worker) Listen() error {
+	if w.lis != nil {
+		return nil
+	}
+	lis, err := net.Listen("tcp", w.cfg.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("worker listen on %s: %w", w.cfg.GRPCAddr, err)
+	}
+	w.lis = lis
+	return nil
+}
+
+// Addr is the data-plane address.
+func (w *Worker) Addr() string {
+	if w.lis != nil {
+		return w.lis.Addr().String()
+	}
+	return w.cfg.GRPCAddr
+}
+
+// ID is the id the org gave this worker ("" before registration).
+func (w *Worker) ID() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.id
+}
+
+// Runtime exposes the task runtime (tests, benchmarks).
+func (w *Worker) Runtime() *wrt.Runtime { return w.runtime }
+
+// Run serves the data plane and keeps the worker registered, alive and in
+// step with its assignments until ctx is cancelled.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.Listen(); err != nil {
+		return err
+	}
+	w.grpc = grpc.NewServer(serverOptions()...)
+	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := w.grpc.Serve(w.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			w.logger.Error("data plane server stopped", "err", err)
+		}
+	}()
+	defer func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = w.runtime.Close(closeCtx)
+		cancel()
+		w.grpc.Stop()
+		wg.Wait()
+		w.mu.Lock()
+		for _, c := range w.conns {
+			_ = c.Close()
+		}
+		w.mu.Unlock()
+	}()
+
+	if err := w.register(ctx); err != nil {
+		return err
+	}
+	loops := []func(context.Context){w.heartbeatLoop, w.watchLoop, w.reportLoop}
+	var lw sync.WaitGroup
+	for _, l := range loops {
+		lw.Add(1)
+		go func() { defer lw.Done(); l(ctx) }()
+	}
+	lw.Wait()
+	return nil
+}
+
+func (w *Worker) conn(addr string) (*grpc.ClientConn, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if c, ok := w.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := rpc.Dial(addr, w.cfg.JoinToken)
+	if err != nil {
+		return nil, err
+	}
+	w.conns[addr] = c
+	return c, nil
+}
+
+// retryable reports whether another coordinator may succeed where this one failed.
+func retryable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// call runs f against the known coordinators in turn until one answers
+// with something other than a transport-level failure. The one that
+// answered moves to the front of the list.
+func (w *Worker) call(ctx context.Context, timeout time.Duration, f func(ctx context.Context, c pb.WorkerServiceClient) error) error {
+	w.mu.Lock()
+	coords := append([]string(nil), w.coords...)
+	w.mu.Unlock()
+	var last error
+	for _, addr := range coords {
+		conn, err := w.conn(addr)
+		if err != nil {
+			last = err
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		err = f(cctx, pb.NewWorkerServiceClient(conn))
+		cancel()
+		if err == nil || !retryable(err) || ctx.Err() != nil {
+			if err == nil {
+				w.prefer(addr)
+			}
+			return err
+		}
+		last = fmt.Errorf("coordinator %s: %w", addr, err)
+	}
+	return last
+}
+
+func (w *Worker) prefer(addr string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, a := range w.coords {
+		if a == addr {
+			copy(w.coords[1:i+1], w.coords[:i])
+			w.coords[0] = addr
+			return
+		}
+	}
+}
+
+// learn merges coordinator addresses reported by the org.
+func (w *Worker) learn(addrs []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	seen := map[string]bool{}
+	for _, a := range w.coords {
+		seen[a] = true
+	}
+	for _, a := range addrs {
+		if a != "" && !seen[a] {
+			w.coords = append(w.coords, a)
+			seen[a] = true
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// register obtains a worker id, retrying (with backoff) across coordinators.
+// A registration that may or may not have committed is retried with the
+// same idempotency key, so it yields one worker.
+func (w *Worker) register(ctx context.Context) error {
+	key := fmt.Sprintf("%s/%s/%d", w.cfg.Name, w.Addr(), time.Now().UnixNano())
+	backoff := 100 * time.Millisecond
+	for {
+		var resp *pb.RegisterResponse
+		err := w.call(ctx, 10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
+			var err error
+			resp, err = c.Register(ctx, &pb.RegisterRequest{
+				Addr: w.Addr(), Cores: int32(w.cfg.Cores), Labels: w.cfg.Labels, Name: w.cfg.Name, IdempotencyKey: key,
+			})
+			return err
+		})
+		if err == nil {
+			w.mu.Lock()
+			w.id = resp.WorkerId
+			w.ttl = time.Duration(resp.HeartbeatTtlMs) * time.Millisecond
+			w.regEpoch++
+			w.mu.Unlock()
+			w.learn(resp.Coordinators)
+			w.logger.Info("registered with org", "worker", resp.WorkerId, "addr", w.Addr(), "heartbeat_ttl", w.ttl)
+			return nil
+		}
+		if code := status.Code(err); code == codes.Unauthenticated || code == codes.PermissionDenied {
+			return fmt.Errorf("register refused: %w", err)
+		}
+		w.logger.Warn("register failed; retrying", "err", err)
+		if !sleepCtx(ctx, backoff) {
+			return ctx.Err()
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+// reregister replaces the worker's identity after the org said it does not
+// know it, unless another loop already did so since epoch.
+func (w *Worker) reregister(ctx context.Context, epoch uint64) {
+	w.mu.Lock()
+	done := w.regEpoch != epoch
+	w.mu.Unlock()
+	if done {
+		return
+	}
+	w.logger.Warn("coordinator does not know this worker; registering again")
+	if err := w.register(ctx); err != nil && ctx.Err() == nil {
+		w.logger.Error("re-registration failed", "err", err)
+	}
+}
+
+func (w *Worker) identity() (string, time.Duration, uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.id, w.ttl, w.regEpoch
+}
+
+func (w *Worker) heartbeatLoop(ctx context.Context) {
+	for {
+		id, ttl, epoch := w.identity()
+		interval := max(ttl/4, 50*time.Millisecond)
+		if !sleepCtx(ctx, interval) {
+			return
+		}
+		err := w.call(ctx, max(ttl/2, time.Second), func(ctx context.Context, c pb.WorkerServiceClient) error {
+			resp, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{WorkerId: id})
+			if err == nil {
+				w.learn(resp.Coordinators)
+			}
+			return err
+		})
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.NotFound:
+			w.reregister(ctx, epoch)
+		case ctx.Err() == nil:
+			w.logger.Warn("heartbeat failed on every known coordinator", "err", err)
+		}
+	}
+}
+
+// watchLoop long-polls the assignment set and applies each new one.
+func (w *Worker) watchLoop(ctx context.Context) {
+	var index uint64
+	var lastEpoch uint64
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		id, _, epoch := w.identity()
+		if epoch != lastEpoch {
+			index, lastEpoch = 0, epoch
+		}
+		var resp *pb.WatchAssignmentsResponse
+		err := w.call(ctx, w.cfg.WatchWait+10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
+			var err error
+			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds()})
+			return err
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if status.Code(err) == codes.NotFound {
+				w.reregister(ctx, epoch)
+				continue
+			}
+			w.logger.Warn("assignment watch failed; retrying", "err", err)
+			if !sleepCtx(ctx, backoff) {
+				return
+			}
+			backoff = min(backoff*2, 2*time.Second)
+			continue
+		}
+		backoff = 100 * time.Millisecond
+		if resp.Index == index {
+			continue // max wait elapsed without change
+		}
+		index = resp.Index
+		specs, err := taskSpecs(resp)
+		if err != nil {
+			w.logger.Error("assignment carries a query this worker cannot run", "err", err)
+		}
+		names := make([]string, 0, len(resp.Assignments))
+		for _, a := range resp.Assignments {
+			names = append(names, a.TaskId)
+		}
+		sort.Strings(names)
+		w.logger.Info("assignments changed", "index", index, "tasks", len(names), "task_ids", strings.Join(names, ","))
+		w.runtime.Apply(ctx, specs)
+	}
+}
+
+// taskSpecs turns a watch response into runtime task specs. Queries whose
+// spec cannot be decoded are skipped (and reported); the rest still run.
+func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
+	type qinfo struct {
+		spec       *queryspec.Query
+		placements []wrt.Placement
+	}
+	queries := map[string]*qinfo{}
+	var errs []error
+	for _, q := range resp.Queries {
+		spec, err := queryspec.FromJSON(q.SpecJson)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("query %s: %w", q.Name, err))
+			continue
+		}
+		qi := &qinfo{spec: spec}
+		for _, t := range q.Tasks {
+			qi.placements = append(qi.placements, wrt.Placement{
+				TaskID: t.TaskId, Fragment: t.Fragment, Partition: int(t.Partition), Replica: int(t.Replica), WorkerAddr: t.WorkerAddr,
+			})
+		}
+		queries[q.Name] = qi
+	}
+	var specs []wrt.TaskSpec
+	for _, a := range resp.Assignments {
+		qi := queries[a.Query]
+		if qi == nil {
+			continue
+		}
+		specs = append(specs, wrt.TaskSpec{
+			TaskID: a.TaskId, Query: a.Query, Fragment: a.Fragment,
+			Partition: int(a.Partition), Replica: int(a.Replica), QueryIndex: a.QueryIndex,
+			Spec: qi.spec, Placements: qi.placements,
+		})
+	}
+	return specs, errors.Join(errs...)
+}
+
+// reportLoop tells the org about task state changes.
+func (w *Worker) reportLoop(ctx context.Context) {
+	last := map[string]wrt.TaskState{}
+	for sleepCtx(ctx, 250*time.Millisecond) {
+		id, _, epoch := w.identity()
+		cur := map[string]wrt.TaskState{}
+		var changed []*pb.TaskState
+		for _, st := range w.runtime.States() {
+			cur[st.TaskID] = st
+			if prev, ok := last[st.TaskID]; !ok || prev != st {
+				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message})
+			}
+		}
+		if len(changed) == 0 {
+			last = cur
+			continue
+		}
+		err := w.call(ctx, 5*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
+			_, err := c.ReportTasks(ctx, &pb.ReportTasksRequest{WorkerId: id, Tasks: changed})
+			return err
+		})
+		switch {
+		case err == nil:
+			last = cur
+		case status.Code(err) == codes.NotFound:
+			w.reregister(ctx, epoch)
+			last = map[string]wrt.TaskState{}
+		}
+	}
+}
+
+// serverOptions size HTTP/2 windows and buffers for batch throughput: a
+// batch is up to 64 KiB, and a window of several batches keeps the pipe full
+// while bounded queues still push back end to end.
+func serverOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InitialWindowSize(1 << 20),
+		grpc.InitialConnWindowSize(4 << 20),
+		grpc.ReadBufferSize(256 << 10),
+		grpc.WriteBufferSize(256 << 10),
+		grpc.MaxRecvMsgSize(16 << 20),
+	}
+}

@@ -1,0 +1,358 @@
+// Package dataplane moves tuples between tasks: the bounded output buffer a
+// producer appends to, the DataPlane gRPC server that streams buffered
+// tuples to subscribers in batches, the subscriber client that pulls them
+// and acknowledges, and a pool of client connections.
+//
+// Flow control is end to end: a slow consumer stops acknowledging, its
+// producer's buffer fills, and Append blocks; the gRPC/HTTP2 windows and the
+// subscriber's bounded delivery bound what is in flight in between. Time a
+// producer spends blocked is accounted (BlockedNanos), it is the
+// backpressure signal.
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// ErrClosed is returned by a closed buffer's Append and Read.
+var ErrClosed = errors.New("dataplane: output buffer closed")
+
+// ErrIDOrder is returned by Append when a tuple's id is not greater than the
+// previous tuple's id: ids are per stream and strictly increasing.
+var ErrIDOrder = errors.New("dataplane: tuple ids must increase")
+
+// ErrTooLarge is returned by Append for a tuple that exceeds the buffer's
+// whole byte capacity and so could never fit.
+var ErrTooLarge = errors.New("dataplane: tuple larger than buffer capacity")
+
+// Defaults for BufferOptions.
+const (
+	DefaultMaxBytes  = 16 << 20
+	DefaultMaxTuples = 256 << 10
+	// chunkSize is the size of the blocks encoded tuples are appended to and
+	// the largest batch Read returns by default.
+	chunkSize = 64 << 10
+)
+
+// BufferOptions configures an OutputBuffer.
+type BufferOptions struct {
+	// MaxBytes and MaxTuples bound the retained (unacknowledged) tuples;
+	// Append blocks while either bound would be exceeded. Zero means the
+	// default.
+	MaxBytes  int
+	MaxTuples int
+	// ExpectedSubscribers is the number of distinct acknowledging
+	// subscribers (the downstream replicas) that must have acknowledged a
+	// tuple before it is discarded. Until that many have registered nothing
+	// is discarded. Zero means one.
+	ExpectedSubscribers int
+	// Ring makes the buffer a ring for result streams that clients tail:
+	// Append never blocks and the oldest tuples are dropped beyond capacity,
+	// whatever the acknowledgements.
+	Ring bool
+}
+
+// chunk is a block of encoded tuples. Bytes in data[:len(data)] are never
+// modified after they are written and a chunk's array is never reallocated,
+// so batches handed out by Read may alias it safely.
+type chunk struct {
+	data []byte
+	ids  []uint64 // id of each tuple in the chunk, increasing
+	offs []int    // start offset of each tuple in data
+}
+
+func (c *chunk) end(i int) int {
+	if i+1 < len(c.offs) {
+		return c.offs[i+1]
+	}
+	return len(c.data)
+}
+
+// OutputBuffer is the append-only, bounded buffer of one output stream
+// (one task's output to one downstream partition). The producer appends
+// tuples whose ids it assigned; subscribers read batches after an id and
+// acknowledge; tuples acknowledged by every expected subscriber are
+// discarded. Safe for concurrent use.
+type OutputBuffer struct {
+	opts BufferOptions
+
+	mu     sync.Mutex
+	chunks []*chunk
+	head   int // index in chunks[0] of the oldest retained tuple
+	bytes  int // encoded bytes of retained tuples
+	count  int // retained tuples
+	lastID uint64
+	// dropped is the id of the newest discarded tuple (0: none).
+	dropped uint64
+	acks    map[string]uint64
+	closed  bool
+	// dataCh is closed when a tuple is appended or the buffer closes;
+	// spaceCh when room frees up or the buffer closes. Both are created on
+	// demand so that an Append nobody waits for does not allocate.
+	dataCh  chan struct{}
+	spaceCh chan struct{}
+
+	blockedNanos atomic.Int64
+	// blocked is the number of Appends currently waiting for room.
+	blocked int
+	scratch []byte
+}
+
+// NewOutputBuffer returns an empty buffer.
+func NewOutputBuffer(opts BufferOptions) *OutputBuffer {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxTuples <= 0 {
+		opts.MaxTuples = DefaultMaxTuples
+	}
+	if opts.ExpectedSubscribers <= 0 {
+		opts.ExpectedSubscribers = 1
+	}
+	return &OutputBuffer{opts: opts, acks: make(map[string]uint64)}
+}
+
+// Append adds t (its ID set by the producer) to the stream. While the
+// buffer is full it blocks until subscribers acknowledge, ctx ends
+// (ctx.Err() is returned) or the buffer closes (ErrClosed); blocked time is
+// added to BlockedNanos. A ring buffer never blocks.
+func (b *OutputBuffer) Append(ctx context.Context, t *tuple.Tuple) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrClosed
+	}
+	if t.ID <= b.lastID {
+		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, b.lastID)
+	}
+	b.scratch = tuple.AppendTuple(b.scratch[:0], t)
+	size := len(b.scratch)
+	if size > b.opts.MaxBytes {
+		return fmt.Errorf("%w: %d bytes, capacity %d", ErrTooLarge, size, b.opts.MaxBytes)
+	}
+	if b.opts.Ring {
+		for b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples) {
+			b.dropOldestLocked()
+		}
+	} else if b.full(size) {
+		start := time.Now()
+		b.blocked++
+		err := b.waitSpaceLocked(ctx, size)
+		b.blocked--
+		b.blockedNanos.Add(int64(time.Since(start)))
+		if err != nil {
+			return err
+		}
+	}
+	b.appendLocked(t.ID, b.scratch)
+	return nil
+}
+
+func (b *OutputBuffer) full(size int) bool {
+	return b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples)
+}
+
+// waitSpaceLocked waits, with b.mu held on entry and exit, until a tuple
+// of size bytes fits.
+func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
+	for b.full(size) {
+		if b.spaceCh == nil {
+			b.spaceCh = make(chan struct{})
+		}
+		ch := b.spaceCh
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+		}
+		b.mu.Lock()
+		if b.closed {
+			return ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (b *OutputBuffer) appendLocked(id uint64, enc []byte) {
+	var c *chunk
+	if n := len(b.chunks); n > 0 {
+		c = b.chunks[n-1]
+	}
+	if c == nil || len(c.data)+len(enc) > cap(c.data) {
+		c = &chunk{data: make([]byte, 0, max(chunkSize, len(enc)))}
+		b.chunks = append(b.chunks, c)
+	}
+	c.ids = append(c.ids, id)
+	c.offs = append(c.offs, len(c.data))
+	c.data = append(c.data, enc...)
+	b.bytes += len(enc)
+	b.count++
+	b.lastID = id
+	if b.dataCh != nil {
+		close(b.dataCh)
+		b.dataCh = nil
+	}
+}
+
+// dropOldestLocked discards the oldest retained tuple.
+func (b *OutputBuffer) dropOldestLocked() {
+	c := b.chunks[0]
+	b.dropped = c.ids[b.head]
+	b.bytes -= c.end(b.head) - c.offs[b.head]
+	b.count--
+	b.head++
+	if b.head == len(c.ids) {
+		b.chunks[0] = nil
+		b.chunks = b.chunks[1:]
+		b.head = 0
+	}
+}
+
+// truncateLocked discards every retained tuple with id <= upTo.
+func (b *OutputBuffer) truncateLocked(upTo uint64) {
+	freed := false
+	for b.count > 0 && b.chunks[0].ids[b.head] <= upTo {
+		c := b.chunks[0]
+		// Whole chunk acknowledged: drop it in one step.
+		if c.ids[len(c.ids)-1] <= upTo {
+			b.bytes -= len(c.data) - c.offs[b.head]
+			b.count -= len(c.ids) - b.head
+			b.dropped = c.ids[len(c.ids)-1]
+			b.chunks[0] = nil
+			b.chunks = b.chunks[1:]
+			b.head = 0
+		} else {
+			b.dropOldestLocked()
+		}
+		freed = true
+	}
+	if freed && b.spaceCh != nil {
+		close(b.spaceCh)
+		b.spaceCh = nil
+	}
+}
+
+// Register records an acknowledging subscriber by name (idempotent). A
+// subscriber that resumes under the same name keeps its acknowledgement.
+func (b *OutputBuffer) Register(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if _, ok := b.acks[name]; !ok {
+		b.acks[name] = 0
+	}
+}
+
+// Ack records that subscriber name has taken every tuple with id <= id, and
+// discards what every expected subscriber has taken. Acks never move back.
+func (b *OutputBuffer) Ack(name string, id uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if id > b.acks[name] {
+		b.acks[name] = id
+	}
+	if len(b.acks) < b.opts.ExpectedSubscribers {
+		return
+	}
+	var low uint64 = math.MaxUint64
+	for _, a := range b.acks {
+		low = min(low, a)
+	}
+	b.truncateLocked(low)
+}
+
+// Read returns the encoded tuples following afterID: data is a
+// concatenation of count encoded tuples (at most about maxBytes, at least
+// one tuple when any is available) ending with the tuple lastID. data
+// aliases the buffer's memory and must not be modified. When nothing
+// follows afterID, count is 0 and wait is closed once more data arrives or
+// the buffer closes. gap reports that tuples after afterID were already
+// discarded (a ring buffer overran, or a subscriber came late); data then
+// starts at the oldest retained tuple.
+func (b *OutputBuffer) Read(afterID uint64, maxBytes int) (data []byte, count int, lastID uint64, gap bool, wait <-chan struct{}, err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil, 0, 0, false, nil, ErrClosed
+	}
+	gap = afterID < b.dropped
+	if b.count == 0 || b.lastID <= afterID {
+		if b.dataCh == nil {
+			b.dataCh = make(chan struct{})
+		}
+		return nil, 0, 0, gap, b.dataCh, nil
+	}
+	// Find the chunk holding the first tuple with id > afterID.
+	ci := sort.Search(len(b.chunks), func(i int) bool {
+		c := b.chunks[i]
+		return c.ids[len(c.ids)-1] > afterID
+	})
+	c := b.chunks[ci]
+	lo := 0
+	if ci == 0 {
+		lo = b.head
+	}
+	ti := lo + sort.Search(len(c.ids)-lo, func(i int) bool { return c.ids[lo+i] > afterID })
+	end := ti + 1
+	for end < len(c.ids) && c.end(end)-c.offs[ti] <= maxBytes {
+		end++
+	}
+	data = c.data[c.offs[ti]:c.end(end-1):c.end(end-1)]
+	return data, end - ti, c.ids[end-1], gap, nil, nil
+}
+
+// Close wakes every waiter; later Appends and Reads return ErrClosed.
+func (b *OutputBuffer) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return
+	}
+	b.closed = true
+	b.chunks = nil
+	if b.dataCh != nil {
+		close(b.dataCh)
+		b.dataCh = nil
+	}
+	if b.spaceCh != nil {
+		close(b.spaceCh)
+		b.spaceCh = nil
+	}
+}
+
+// BlockedNanos is the total time Append has spent blocked on a full buffer.
+func (b *OutputBuffer) BlockedNanos() int64 { return b.blockedNanos.Load() }
+
+// BufferStats is a snapshot of a buffer's occupancy.
+type BufferStats struct {
+	Tuples, Bytes int
+	// LastID is the id of the newest appended tuple; OldestID the oldest
+	// retained one (0 when empty).
+	LastID, OldestID uint64
+	Subscribers      int
+	BlockedNanos     int64
+	// BlockedAppends is the number of Appends waiting for room right now.
+	BlockedAppends int
+}
+
+// Stats returns the buffer's current occupancy.
+func (b *OutputBuffer) Stats() BufferStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.acks), BlockedNanos: b.BlockedNanos(), BlockedAppends: b.blocked}
+	if b.count > 0 {
+		s.OldestID = b.chunks[0].ids[b.head]
+	}
+	return s
+}

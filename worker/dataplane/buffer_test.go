@@ -1,0 +1,230 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+func dataTuple(id uint64, payload string) *tuple.Tuple {
+	return &tuple.Tuple{Type: tuple.Stable, ID: id, STime: int64(id), Values: []tuple.Value{tuple.Str(payload)}}
+}
+
+func decodeAll(t *testing.T, data []byte) []uint64 {
+	t.Helper()
+	var ids []uint64
+	r := tuple.NewBatchReader(data)
+	var tp tuple.Tuple
+	for r.Next(&tp) {
+		ids = append(ids, tp.ID)
+	}
+	if err := r.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+func TestBufferReadBatches(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{})
+	payload := string(make([]byte, 90))
+	for id := uint64(1); id <= 2000; id++ {
+		if err := b.Append(ctx, dataTuple(id, payload)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []uint64
+	after := uint64(0)
+	batches := 0
+	for {
+		data, count, last, gap, wait, err := b.Read(after, MaxBatchBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gap {
+			t.Fatal("unexpected gap")
+		}
+		if count == 0 {
+			if wait == nil {
+				t.Fatal("empty read without a wait channel")
+			}
+			break
+		}
+		if len(data) > MaxBatchBytes {
+			t.Fatalf("batch of %d bytes", len(data))
+		}
+		ids := decodeAll(t, data)
+		if len(ids) != count || ids[len(ids)-1] != last {
+			t.Fatalf("batch header count=%d last=%d, data %d ids ending %d", count, last, len(ids), ids[len(ids)-1])
+		}
+		got = append(got, ids...)
+		after = last
+		batches++
+	}
+	if len(got) != 2000 || got[0] != 1 || got[1999] != 2000 {
+		t.Fatalf("read %d ids", len(got))
+	}
+	if batches > 6 {
+		t.Fatalf("%d batches for ~200 KB, want few large ones", batches)
+	}
+	// Resuming in the middle of a chunk.
+	data, _, _, _, _, _ := b.Read(1234, 250)
+	if ids := decodeAll(t, data); ids[0] != 1235 || len(ids) != 2 {
+		t.Fatalf("read after 1234 (300 bytes) gave %v", ids)
+	}
+	if err := b.Append(ctx, dataTuple(5, "")); !errors.Is(err, ErrIDOrder) {
+		t.Fatalf("out of order append: %v", err)
+	}
+}
+
+func TestBufferAckTruncation(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{ExpectedSubscribers: 2})
+	for id := uint64(1); id <= 100; id++ {
+		if err := b.Append(ctx, dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name       string
+		ack        func()
+		wantOldest uint64
+		wantCount  int
+	}{
+		{"one of two subscribers acks: nothing freed", func() { b.Ack("r0", 50) }, 1, 100},
+		{"second registers without acking", func() { b.Register("r1") }, 1, 100},
+		{"second acks less", func() { b.Ack("r1", 30) }, 31, 70},
+		{"ack going back is ignored", func() { b.Ack("r1", 10) }, 31, 70},
+		{"both past 50", func() { b.Ack("r1", 80) }, 51, 50},
+		{"all acked", func() { b.Ack("r0", 100); b.Ack("r1", 100) }, 0, 0},
+	}
+	for _, s := range steps {
+		s.ack()
+		st := b.Stats()
+		if st.OldestID != s.wantOldest || st.Tuples != s.wantCount {
+			t.Fatalf("%s: oldest %d count %d, want %d %d", s.name, st.OldestID, st.Tuples, s.wantOldest, s.wantCount)
+		}
+	}
+	if st := b.Stats(); st.Bytes != 0 {
+		t.Fatalf("%d bytes retained after full ack", st.Bytes)
+	}
+	// A late subscriber starting from 0 learns it missed tuples.
+	if _, _, _, gap, _, _ := b.Read(0, MaxBatchBytes); !gap {
+		t.Fatal("read from 0 after truncation should report a gap")
+	}
+}
+
+func TestBufferBlocksWhenFull(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 10})
+	for id := uint64(1); id <= 10; id++ {
+		if err := b.Append(ctx, dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A full buffer with an expired context fails without appending.
+	start := time.Now()
+	short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := b.Append(short, dataTuple(11, "x")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("append on full buffer: %v", err)
+	}
+	if blocked := b.BlockedNanos(); blocked <= 0 || blocked > int64(time.Since(start)) {
+		t.Fatalf("blocked time %v, want in (0, %v]", time.Duration(blocked), time.Since(start))
+	}
+	before := b.BlockedNanos()
+	done := make(chan error, 1)
+	go func() { done <- b.Append(ctx, dataTuple(11, "x")) }()
+	// Wait until the appender is blocked (it registered for space).
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if b.Stats().BlockedAppends == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("appender never blocked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("append returned %v while full", err)
+	default:
+	}
+	b.Ack("down", 3)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if b.BlockedNanos() <= before {
+		t.Fatal("blocked time did not grow")
+	}
+	if st := b.Stats(); st.Tuples != 8 || st.LastID != 11 {
+		t.Fatalf("stats %+v", st)
+	}
+	b.Close()
+	if err := b.Append(ctx, dataTuple(12, "x")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("append after close: %v", err)
+	}
+}
+
+func TestRingBufferDropsOldest(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{Ring: true, MaxTuples: 5})
+	for id := uint64(1); id <= 12; id++ {
+		if err := b.Append(ctx, dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	data, count, last, gap, _, err := b.Read(0, MaxBatchBytes)
+	if err != nil || count != 5 || last != 12 || !gap {
+		t.Fatalf("ring read: count %d last %d gap %v err %v", count, last, gap, err)
+	}
+	if ids := decodeAll(t, data); ids[0] != 8 {
+		t.Fatalf("ring keeps %v", ids)
+	}
+	if b.BlockedNanos() != 0 {
+		t.Fatal("ring buffer blocked")
+	}
+}
+
+func TestReadWaitsForData(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	_, count, _, _, wait, err := b.Read(0, MaxBatchBytes)
+	if err != nil || count != 0 {
+		t.Fatalf("empty read: %d %v", count, err)
+	}
+	select {
+	case <-wait:
+		t.Fatal("wait closed before data")
+	default:
+	}
+	if err := b.Append(context.Background(), dataTuple(1, "x")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-wait:
+	case <-time.After(5 * time.Second):
+		t.Fatal("wait not closed by append")
+	}
+}
+
+func BenchmarkAppendRead100B(b *testing.B) {
+	ctx := context.Background()
+	buf := NewOutputBuffer(BufferOptions{})
+	rec := dataTuple(0, string(make([]byte, 90)))
+	b.ReportAllocs()
+	id := uint64(0)
+	for b.Loop() {
+		id++
+		rec.ID = id
+		if err := buf.Append(ctx, rec); err != nil {
+			b.Fatal(err)
+		}
+		if id%500 == 0 {
+			buf.Ack("s", id)
+		}
+	}
+}

@@ -1,0 +1,98 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// Transport tuning for throughput: large HTTP/2 windows so a subscription
+// is not limited to the 64 KiB default window per round trip, and large
+// socket buffers.
+const (
+	streamWindow   = 1 << 20
+	connWindow     = 4 << 20
+	socketBuffer   = 256 << 10
+	maxMessageSize = 16 << 20
+)
+
+// ErrPoolClosed is returned by a closed Pool.
+var ErrPoolClosed = errors.New("dataplane: connection pool closed")
+
+// ServerOptions are the grpc.Server options a worker's data-plane server
+// should use.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.InitialWindowSize(streamWindow),
+		grpc.InitialConnWindowSize(connWindow),
+		grpc.ReadBufferSize(socketBuffer),
+		grpc.WriteBufferSize(socketBuffer),
+		grpc.MaxRecvMsgSize(maxMessageSize),
+		grpc.MaxSendMsgSize(maxMessageSize),
+	}
+}
+
+// DialOptions are the client options for data-plane connections
+// (plaintext; callers append credentials when TLS is configured).
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithInitialWindowSize(streamWindow),
+		grpc.WithInitialConnWindowSize(connWindow),
+		grpc.WithReadBufferSize(socketBuffer),
+		grpc.WithWriteBufferSize(socketBuffer),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize)),
+	}
+}
+
+// Pool shares one client connection per remote worker address among all
+// subscriptions to that worker.
+type Pool struct {
+	opts   []grpc.DialOption
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+// NewPool returns an empty pool dialing with DialOptions() followed by
+// extra (later options override earlier ones).
+func NewPool(extra ...grpc.DialOption) *Pool {
+	return &Pool{opts: append(DialOptions(), extra...), conns: make(map[string]*grpc.ClientConn)}
+}
+
+// Conn returns the connection to addr, creating it on first use. The
+// connection is owned by the pool: callers must not close it.
+func (p *Pool) Conn(addr string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, ErrPoolClosed
+	}
+	if c, ok := p.conns[addr]; ok {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr, p.opts...)
+	if err != nil {
+		return nil, fmt.Errorf("dataplane: connect to %s: %w", addr, err)
+	}
+	p.conns[addr] = c
+	return c, nil
+}
+
+// Close closes every connection; later Conn calls fail with ErrPoolClosed.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	var errs []error
+	for addr, c := range p.conns {
+		if err := c.Close(); err != nil {
+			errs = append(errs, fmt.Errorf("close connection to %s: %w", addr, err))
+		}
+		delete(p.conns, addr)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,502 @@
+package operator
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// WindowEndField is the last field of every aggregate output: the exclusive
+// end of the window the row summarises (also the row's STime).
+const WindowEndField = "window_end"
+
+type aggFunc uint8
+
+const (
+	aggCount aggFunc = iota
+	aggSum
+	aggAvg
+	aggMin
+	aggMax
+	aggCountDistinct
+)
+
+var aggFuncNames = map[string]aggFunc{
+	"count": aggCount, "sum": aggSum, "avg": aggAvg,
+	"min": aggMin, "max": aggMax, "count_distinct": aggCountDistinct,
+}
+
+// aggSpec is one parsed "fn(field)" entry.
+type aggSpec struct {
+	name  string
+	fn    aggFunc
+	field int        // input index; -1 for count()
+	kind  tuple.Kind // the input field's kind
+	out   tuple.Kind
+	src   string // canonical "fn(field)", for the snapshot signature
+}
+
+// accumulator holds one aggregate of one group in one window. Which fields
+// are live depends on the aggregate: count always; sumI or sumF (by input
+// kind) for sum and avg; ext for min and max; distinct for count_distinct,
+// whose members are key encodings of the values.
+type accumulator struct {
+	count    int64
+	sumI     int64
+	sumF     float64
+	ext      tuple.Value
+	distinct map[string]struct{}
+}
+
+// aggGroup is one group of one window. keyVals are deep copies.
+type aggGroup struct {
+	keyVals   []tuple.Value
+	tentative bool // some contributing tuple was Tentative
+	accs      []accumulator
+}
+
+// aggWindow is the window [start, start+size).
+type aggWindow struct {
+	start  int64
+	groups map[string]*aggGroup // by key encoding of keyVals
+}
+
+// aggregate is a windowed group-by aggregate on stime. Windows are aligned
+// to the epoch: [k*slide, k*slide+size). A window exists only while it has
+// rows and has not been emitted; Advance emits and drops every window whose
+// end is <= the watermark, so state is bounded by the open windows.
+type aggregate struct {
+	in        *tuple.Schema
+	outSch    *tuple.Schema
+	size      int64
+	slide     int64
+	groupBy   []int
+	specs     []aggSpec
+	checked   []int // input fields whose kind Process verifies
+	signature string
+
+	windows   map[int64]*aggWindow // by start
+	watermark int64                // highest Advance so far; math.MinInt64 before any
+	late      uint64
+
+	lastWin *aggWindow // the window the previous tuple went to (tumbling fast path)
+	keyBuf  []byte
+	valBuf  []byte
+	out     tuple.Tuple
+}
+
+func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error) {
+	size, slide, err := parseWindow(def, true)
+	if err != nil {
+		return nil, err
+	}
+	if len(def.Aggregates) == 0 {
+		return nil, defErr(def, ErrBadDefinition, "aggregates is required")
+	}
+	a := &aggregate{in: in, size: size, slide: slide, windows: map[int64]*aggWindow{}, watermark: math.MinInt64}
+	var fields []tuple.Field
+	names := map[string]bool{WindowEndField: true}
+	checked := map[int]bool{}
+	for _, g := range def.GroupBy {
+		i := in.Index(g)
+		if i < 0 {
+			return nil, defErr(def, ErrUnknownField, "group_by %q is not in the input schema %s", g, schemaSignature(in))
+		}
+		if names[g] {
+			return nil, defErr(def, ErrBadDefinition, "group_by %q is listed twice or collides with %q", g, WindowEndField)
+		}
+		names[g] = true
+		a.groupBy = append(a.groupBy, i)
+		checked[i] = true
+		fields = append(fields, in.Fields[i])
+	}
+	for _, ne := range def.Aggregates {
+		spec, err := parseAggSpec(def, in, ne)
+		if err != nil {
+			return nil, err
+		}
+		if names[ne.Name] {
+			return nil, defErr(def, ErrBadDefinition, "aggregate name %q collides with another output field", ne.Name)
+		}
+		names[ne.Name] = true
+		if spec.field >= 0 {
+			checked[spec.field] = true
+		}
+		a.specs = append(a.specs, spec)
+		fields = append(fields, tuple.Field{Name: spec.name, Kind: spec.out})
+	}
+	fields = append(fields, tuple.Field{Name: WindowEndField, Kind: tuple.KindTimestamp})
+	for i := range checked {
+		a.checked = append(a.checked, i)
+	}
+	slices.Sort(a.checked)
+	a.outSch = tuple.NewSchema(fields)
+	a.out.Values = make([]tuple.Value, 0, len(fields))
+	var sig strings.Builder
+	fmt.Fprintf(&sig, "aggregate%s size=%d slide=%d group_by=%v", schemaSignature(in), size, slide, def.GroupBy)
+	for _, s := range a.specs {
+		fmt.Fprintf(&sig, " %s=%s", s.name, s.src)
+	}
+	a.signature = sig.String()
+	return a, nil
+}
+
+// parseAggSpec reads "fn(field)" (or "count()") and checks the field's kind.
+func parseAggSpec(def *queryspec.Operator, in *tuple.Schema, ne queryspec.NamedExpr) (aggSpec, error) {
+	if ne.Name == "" {
+		return aggSpec{}, defErr(def, ErrBadDefinition, "aggregate %q has no name", ne.Expr)
+	}
+	src := strings.TrimSpace(ne.Expr)
+	open := strings.IndexByte(src, '(')
+	if open < 0 || !strings.HasSuffix(src, ")") {
+		return aggSpec{}, defErr(def, ErrBadDefinition, "aggregate %q = %q: want fn(field), e.g. count() or sum(bytes)", ne.Name, ne.Expr)
+	}
+	fnName := strings.ToLower(strings.TrimSpace(src[:open]))
+	arg := strings.TrimSpace(src[open+1 : len(src)-1])
+	fn, ok := aggFuncNames[fnName]
+	if !ok {
+		return aggSpec{}, defErr(def, ErrBadDefinition, "aggregate %q = %q: unknown function %q (want count, sum, avg, min, max or count_distinct)", ne.Name, ne.Expr, fnName)
+	}
+	spec := aggSpec{name: ne.Name, fn: fn, field: -1, src: fnName + "(" + arg + ")"}
+	if fn == aggCount && (arg == "" || arg == "*") {
+		spec.out = tuple.KindInt
+		return spec, nil
+	}
+	if arg == "" {
+		return aggSpec{}, defErr(def, ErrBadDefinition, "aggregate %q = %q: %s needs a field", ne.Name, ne.Expr, fnName)
+	}
+	spec.field = in.Index(arg)
+	if spec.field < 0 {
+		return aggSpec{}, defErr(def, ErrUnknownField, "aggregate %q = %q: field %q is not in the input schema %s", ne.Name, ne.Expr, arg, schemaSignature(in))
+	}
+	spec.kind = in.Fields[spec.field].Kind
+	numeric := spec.kind == tuple.KindInt || spec.kind == tuple.KindFloat
+	switch fn {
+	case aggCount, aggCountDistinct:
+		spec.out = tuple.KindInt
+	case aggSum:
+		if !numeric {
+			return aggSpec{}, defErr(def, ErrTypeMismatch, "aggregate %q = %q: sum needs an int or float field, %q is %s", ne.Name, ne.Expr, arg, spec.kind)
+		}
+		spec.out = spec.kind
+	case aggAvg:
+		if !numeric {
+			return aggSpec{}, defErr(def, ErrTypeMismatch, "aggregate %q = %q: avg needs an int or float field, %q is %s", ne.Name, ne.Expr, arg, spec.kind)
+		}
+		spec.out = tuple.KindFloat
+	case aggMin, aggMax:
+		spec.out = spec.kind
+	}
+	return spec, nil
+}
+
+func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
+	if port != 0 {
+		return fmt.Errorf("%w: aggregate has port 0 only, got %d", ErrBadPort, port)
+	}
+	if err := checkData(t, a.in); err != nil {
+		return err
+	}
+	for _, i := range a.checked {
+		if k := t.Values[i].Kind; k != a.in.Fields[i].Kind {
+			return fmt.Errorf("%w: field %q is %s, schema says %s", ErrTypeMismatch, a.in.Fields[i].Name, k, a.in.Fields[i].Kind)
+		}
+	}
+	if t.STime < a.watermark {
+		a.late++
+		return nil
+	}
+	a.keyBuf = a.keyBuf[:0]
+	for _, i := range a.groupBy {
+		a.keyBuf = appendKeyValue(a.keyBuf, t.Values[i])
+	}
+	// The tuple is in every window [k*slide, k*slide+size) containing
+	// STime; a tuple at a window's end belongs to the next window only.
+	last := floorDiv(t.STime, a.slide)
+	for k := floorDiv(t.STime-a.size, a.slide) + 1; k <= last; k++ {
+		w := a.window(k * a.slide)
+		g, ok := w.groups[string(a.keyBuf)]
+		if !ok {
+			g = a.newGroup(t)
+			w.groups[string(a.keyBuf)] = g
+		}
+		a.accumulate(g, t)
+	}
+	return nil
+}
+
+func (a *aggregate) window(start int64) *aggWindow {
+	if a.lastWin != nil && a.lastWin.start == start {
+		return a.lastWin
+	}
+	w, ok := a.windows[start]
+	if !ok {
+		w = &aggWindow{start: start, groups: map[string]*aggGroup{}}
+		a.windows[start] = w
+	}
+	a.lastWin = w
+	return w
+}
+
+func (a *aggregate) newGroup(t *tuple.Tuple) *aggGroup {
+	g := &aggGroup{keyVals: make([]tuple.Value, len(a.groupBy)), accs: make([]accumulator, len(a.specs))}
+	for j, i := range a.groupBy {
+		g.keyVals[j] = cloneValue(t.Values[i])
+	}
+	return g
+}
+
+func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
+	if t.Type == tuple.Tentative {
+		g.tentative = true
+	}
+	for i := range a.specs {
+		s := &a.specs[i]
+		acc := &g.accs[i]
+		acc.count++
+		if s.field < 0 {
+			continue
+		}
+		v := t.Values[s.field]
+		switch s.fn {
+		case aggSum, aggAvg:
+			if s.kind == tuple.KindFloat {
+				acc.sumF += v.F
+			} else {
+				acc.sumI += v.I
+			}
+		case aggMin:
+			if acc.count == 1 || compareValues(v, acc.ext) < 0 {
+				acc.ext = cloneValue(v)
+			}
+		case aggMax:
+			if acc.count == 1 || compareValues(v, acc.ext) > 0 {
+				acc.ext = cloneValue(v)
+			}
+		case aggCountDistinct:
+			a.valBuf = appendKeyValue(a.valBuf[:0], v)
+			if acc.distinct == nil {
+				acc.distinct = map[string]struct{}{}
+			}
+			if _, ok := acc.distinct[string(a.valBuf)]; !ok {
+				acc.distinct[string(a.valBuf)] = struct{}{}
+			}
+		}
+	}
+}
+
+// compareValues orders two values of the same kind.
+func compareValues(x, y tuple.Value) int {
+	switch x.Kind {
+	case tuple.KindFloat:
+		switch {
+		case x.F < y.F:
+			return -1
+		case x.F > y.F:
+			return 1
+		}
+		return 0
+	case tuple.KindString, tuple.KindBytes:
+		return strings.Compare(x.S, y.S)
+	}
+	switch {
+	case x.I < y.I:
+		return -1
+	case x.I > y.I:
+		return 1
+	}
+	return 0
+}
+
+// Advance emits, oldest first, every window whose end is <= watermark, its
+// groups sorted by key encoding, and drops them. A watermark below the
+// highest one seen is ignored.
+func (a *aggregate) Advance(watermark int64, out Emitter) error {
+	if watermark <= a.watermark {
+		return nil
+	}
+	a.watermark = watermark
+	var closed []int64
+	for start := range a.windows {
+		if start+a.size <= watermark {
+			closed = append(closed, start)
+		}
+	}
+	slices.Sort(closed)
+	for _, start := range closed {
+		w := a.windows[start]
+		a.emitWindow(w, out)
+		delete(a.windows, start)
+		if a.lastWin == w {
+			a.lastWin = nil
+		}
+	}
+	return nil
+}
+
+func (a *aggregate) emitWindow(w *aggWindow, out Emitter) {
+	keys := make([]string, 0, len(w.groups))
+	for k := range w.groups {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	end := w.start + a.size
+	for _, k := range keys {
+		g := w.groups[k]
+		vals := append(a.out.Values[:0], g.keyVals...)
+		for i := range a.specs {
+			vals = append(vals, a.result(&a.specs[i], &g.accs[i]))
+		}
+		vals = append(vals, tuple.Timestamp(end))
+		a.out = tuple.Tuple{Type: tuple.Stable, STime: end, Values: vals}
+		if g.tentative {
+			a.out.Type = tuple.Tentative
+		}
+		out.Emit(&a.out)
+	}
+}
+
+func (a *aggregate) result(s *aggSpec, acc *accumulator) tuple.Value {
+	switch s.fn {
+	case aggSum:
+		if s.kind == tuple.KindFloat {
+			return tuple.Float(acc.sumF)
+		}
+		return tuple.Int(acc.sumI)
+	case aggAvg:
+		if s.kind == tuple.KindFloat {
+			return tuple.Float(acc.sumF / float64(acc.count))
+		}
+		return tuple.Float(float64(acc.sumI) / float64(acc.count))
+	case aggMin, aggMax:
+		return acc.ext
+	case aggCountDistinct:
+		return tuple.Int(int64(len(acc.distinct)))
+	}
+	return tuple.Int(acc.count)
+}
+
+// LateTuples counts tuples dropped because their STime was below the
+// watermark.
+func (a *aggregate) LateTuples() uint64 { return a.late }
+
+func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
+
+// Snapshot encodes watermark, late count and every open window in start
+// order, groups in key order, count_distinct members sorted.
+func (a *aggregate) Snapshot() ([]byte, error) {
+	e := newEncoder(a.signature)
+	e.varint(a.watermark)
+	e.uvarint(a.late)
+	starts := make([]int64, 0, len(a.windows))
+	for s := range a.windows {
+		starts = append(starts, s)
+	}
+	slices.Sort(starts)
+	e.uvarint(uint64(len(starts)))
+	for _, s := range starts {
+		w := a.windows[s]
+		e.varint(s)
+		keys := make([]string, 0, len(w.groups))
+		for k := range w.groups {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		e.uvarint(uint64(len(keys)))
+		for _, k := range keys {
+			g := w.groups[k]
+			e.str(k)
+			e.bool(g.tentative)
+			for i := range a.specs {
+				a.encodeAcc(e, &a.specs[i], &g.accs[i])
+			}
+		}
+	}
+	return e.b, nil
+}
+
+func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
+	e.varint(acc.count)
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			e.f64(acc.sumF)
+		} else {
+			e.varint(acc.sumI)
+		}
+	case aggMin, aggMax:
+		e.value(acc.ext)
+	case aggCountDistinct:
+		members := make([]string, 0, len(acc.distinct))
+		for m := range acc.distinct {
+			members = append(members, m)
+		}
+		slices.Sort(members)
+		e.uvarint(uint64(len(members)))
+		for _, m := range members {
+			e.str(m)
+		}
+	}
+}
+
+// Restore replaces all state with the snapshot's.
+func (a *aggregate) Restore(state []byte) error {
+	d, err := newDecoder(state, a.signature)
+	if err != nil {
+		return err
+	}
+	watermark := d.varint()
+	late := d.uvarint()
+	windows := map[int64]*aggWindow{}
+	nw := d.count(2)
+	for range nw {
+		w := &aggWindow{start: d.varint(), groups: map[string]*aggGroup{}}
+		ng := d.count(2)
+		for range ng {
+			key := d.str()
+			g := &aggGroup{tentative: d.bool(), accs: make([]accumulator, len(a.specs))}
+			for i := range a.specs {
+				a.decodeAcc(d, &a.specs[i], &g.accs[i])
+			}
+			if d.err != nil {
+				return d.err
+			}
+			if g.keyVals, err = decodeKey(key, len(a.groupBy)); err != nil {
+				return err
+			}
+			w.groups[key] = g
+		}
+		windows[w.start] = w
+	}
+	if err := d.finish(); err != nil {
+		return err
+	}
+	a.watermark, a.late, a.windows, a.lastWin = watermark, late, windows, nil
+	return nil
+}
+
+func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
+	acc.count = d.varint()
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			acc.sumF = d.f64()
+		} else {
+			acc.sumI = d.varint()
+		}
+	case aggMin, aggMax:
+		acc.ext = d.value()
+	case aggCountDistinct:
+		n := d.count(1)
+		if n > 0 {
+			acc.distinct = make(map[string]struct{}, n)
+		}
+		for range n {
+			acc.distinct[d.str()] = struct{}{}
+		}
+	}
+}

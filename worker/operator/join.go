@@ -1,0 +1,258 @@
+package operator
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// storedTuple is a deep copy of one join input kept until its window ends.
+type storedTuple struct {
+	stime     int64
+	tentative bool
+	values    []tuple.Value
+}
+
+// joinGroup holds both sides' tuples of one key in one window, in arrival
+// order (which is deterministic, so match order is too).
+type joinGroup struct {
+	sides [2][]storedTuple // 0 = left, 1 = right
+}
+
+type joinWindow struct {
+	groups map[string]*joinGroup // by key encoding of the `on` fields
+}
+
+// join is a windowed equi-join: a left and a right tuple match when their
+// `on` fields are equal and they fall in the same tumbling window
+// [k*size, (k+1)*size). Each match is emitted when its second tuple
+// arrives; Advance drops windows that have ended.
+type join struct {
+	schemas   [2]*tuple.Schema
+	keys      [2][]int // `on` field indexes per side
+	rightKeep []int    // right fields that are not join keys, in order
+	outSch    *tuple.Schema
+	size      int64
+	signature string
+
+	windows   map[int64]*joinWindow // by window index
+	watermark int64
+	late      uint64
+
+	keyBuf []byte
+	out    tuple.Tuple
+}
+
+func newJoin(def *queryspec.Operator, left, right *tuple.Schema) (*join, error) {
+	size, _, err := parseWindow(def, false)
+	if err != nil {
+		return nil, err
+	}
+	if len(def.On) == 0 {
+		return nil, defErr(def, ErrBadDefinition, "on is required (the equi-join key fields)")
+	}
+	j := &join{
+		schemas:   [2]*tuple.Schema{left, right},
+		size:      size,
+		windows:   map[int64]*joinWindow{},
+		watermark: math.MinInt64,
+	}
+	isKey := map[string]bool{}
+	for _, name := range def.On {
+		if isKey[name] {
+			return nil, defErr(def, ErrBadDefinition, "on lists %q twice", name)
+		}
+		isKey[name] = true
+		li, ri := left.Index(name), right.Index(name)
+		if li < 0 {
+			return nil, defErr(def, ErrUnknownField, "on field %q is not in the left schema %s", name, schemaSignature(left))
+		}
+		if ri < 0 {
+			return nil, defErr(def, ErrUnknownField, "on field %q is not in the right schema %s", name, schemaSignature(right))
+		}
+		if lk, rk := left.Fields[li].Kind, right.Fields[ri].Kind; lk != rk {
+			return nil, defErr(def, ErrTypeMismatch, "on field %q is %s on the left but %s on the right", name, lk, rk)
+		}
+		j.keys[0] = append(j.keys[0], li)
+		j.keys[1] = append(j.keys[1], ri)
+	}
+	fields := slices.Clone(left.Fields)
+	for i, f := range right.Fields {
+		if isKey[f.Name] {
+			continue
+		}
+		name := f.Name
+		if left.Index(name) >= 0 {
+			name = "right_" + name
+		}
+		if slices.ContainsFunc(fields, func(g tuple.Field) bool { return g.Name == name }) {
+			return nil, defErr(def, ErrBadDefinition, "right field %q would be output as %q, which already exists", f.Name, name)
+		}
+		fields = append(fields, tuple.Field{Name: name, Kind: f.Kind})
+		j.rightKeep = append(j.rightKeep, i)
+	}
+	j.outSch = tuple.NewSchema(fields)
+	j.out.Values = make([]tuple.Value, 0, len(fields))
+	j.signature = fmt.Sprintf("join%s%s on=%v size=%d", schemaSignature(left), schemaSignature(right), def.On, size)
+	return j, nil
+}
+
+func (j *join) Process(port int, t *tuple.Tuple, out Emitter) error {
+	if port != 0 && port != 1 {
+		return fmt.Errorf("%w: join has ports 0 (left) and 1 (right), got %d", ErrBadPort, port)
+	}
+	schema := j.schemas[port]
+	if err := checkData(t, schema); err != nil {
+		return err
+	}
+	if err := checkKinds(t, schema); err != nil {
+		return err
+	}
+	if t.STime < j.watermark {
+		j.late++
+		return nil
+	}
+	j.keyBuf = j.keyBuf[:0]
+	for _, i := range j.keys[port] {
+		j.keyBuf = appendKeyValue(j.keyBuf, t.Values[i])
+	}
+	idx := floorDiv(t.STime, j.size)
+	w, ok := j.windows[idx]
+	if !ok {
+		w = &joinWindow{groups: map[string]*joinGroup{}}
+		j.windows[idx] = w
+	}
+	g, ok := w.groups[string(j.keyBuf)]
+	if !ok {
+		g = &joinGroup{}
+		w.groups[string(j.keyBuf)] = g
+	}
+	mine := storedTuple{stime: t.STime, tentative: t.Type == tuple.Tentative, values: make([]tuple.Value, schema.Len())}
+	for i := range mine.values {
+		mine.values[i] = cloneValue(t.Values[i])
+	}
+	g.sides[port] = append(g.sides[port], mine)
+	for i := range g.sides[1-port] {
+		other := &g.sides[1-port][i]
+		if port == 0 {
+			j.emit(&mine, other, t.Version, out)
+		} else {
+			j.emit(other, &mine, t.Version, out)
+		}
+	}
+	return nil
+}
+
+func (j *join) emit(left, right *storedTuple, version uint64, out Emitter) {
+	vals := append(j.out.Values[:0], left.values...)
+	for _, i := range j.rightKeep {
+		vals = append(vals, right.values[i])
+	}
+	j.out = tuple.Tuple{Type: tuple.Stable, STime: max(left.stime, right.stime), Version: version, Values: vals}
+	if left.tentative || right.tentative {
+		j.out.Type = tuple.Tentative
+	}
+	out.Emit(&j.out)
+}
+
+// Advance drops every window that ended at or before watermark.
+func (j *join) Advance(watermark int64, _ Emitter) error {
+	if watermark <= j.watermark {
+		return nil
+	}
+	j.watermark = watermark
+	for idx := range j.windows {
+		if (idx+1)*j.size <= watermark {
+			delete(j.windows, idx)
+		}
+	}
+	return nil
+}
+
+// LateTuples counts tuples dropped because their STime was below the
+// watermark.
+func (j *join) LateTuples() uint64 { return j.late }
+
+func (j *join) OutputSchema() *tuple.Schema { return j.outSch }
+
+// Snapshot encodes watermark, late count and every open window in index
+// order, groups in key order, each side's tuples in arrival order.
+func (j *join) Snapshot() ([]byte, error) {
+	e := newEncoder(j.signature)
+	e.varint(j.watermark)
+	e.uvarint(j.late)
+	idxs := make([]int64, 0, len(j.windows))
+	for i := range j.windows {
+		idxs = append(idxs, i)
+	}
+	slices.Sort(idxs)
+	e.uvarint(uint64(len(idxs)))
+	for _, i := range idxs {
+		w := j.windows[i]
+		e.varint(i)
+		keys := make([]string, 0, len(w.groups))
+		for k := range w.groups {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		e.uvarint(uint64(len(keys)))
+		for _, k := range keys {
+			e.str(k)
+			for _, side := range w.groups[k].sides {
+				e.uvarint(uint64(len(side)))
+				for _, st := range side {
+					e.varint(st.stime)
+					e.bool(st.tentative)
+					for _, v := range st.values {
+						e.value(v)
+					}
+				}
+			}
+		}
+	}
+	return e.b, nil
+}
+
+// Restore replaces all state with the snapshot's.
+func (j *join) Restore(state []byte) error {
+	d, err := newDecoder(state, j.signature)
+	if err != nil {
+		return err
+	}
+	watermark := d.varint()
+	late := d.uvarint()
+	windows := map[int64]*joinWindow{}
+	nw := d.count(2)
+	for range nw {
+		idx := d.varint()
+		w := &joinWindow{groups: map[string]*joinGroup{}}
+		ng := d.count(3)
+		for range ng {
+			key := d.str()
+			g := &joinGroup{}
+			for side := range g.sides {
+				n := d.count(2)
+				g.sides[side] = make([]storedTuple, n)
+				for i := range n {
+					st := &g.sides[side][i]
+					st.stime = d.varint()
+					st.tentative = d.bool()
+					st.values = make([]tuple.Value, j.schemas[side].Len())
+					for v := range st.values {
+						st.values[v] = d.value()
+					}
+				}
+			}
+			w.groups[key] = g
+		}
+		windows[idx] = w
+	}
+	if err := d.finish(); err != nil {
+		return err
+	}
+	j.watermark, j.late, j.windows = watermark, late, windows
+	return nil
+}

@@ -1,0 +1,109 @@
+package operator
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// mapOp computes one output field per `fields` entry, in order. It is
+// stateless. An entry that is just an input field's name is copied
+// directly, keeping its kind (timestamp and bytes stay so); any other entry
+// is a compiled expression whose static type gives the output kind.
+type mapOp struct {
+	stateless
+	in       *tuple.Schema
+	outSch   *tuple.Schema
+	env      *exprEnv
+	exprs    []*compiledExpr // nil for copied fields
+	copyFrom []int           // input index for copied fields, -1 otherwise
+	out      tuple.Tuple     // reused output tuple
+}
+
+func newMap(def *queryspec.Operator, in *tuple.Schema) (*mapOp, error) {
+	if len(def.Fields) == 0 {
+		return nil, defErr(def, ErrBadDefinition, "fields is required")
+	}
+	m := &mapOp{
+		in:       in,
+		env:      newExprEnv(in),
+		exprs:    make([]*compiledExpr, len(def.Fields)),
+		copyFrom: make([]int, len(def.Fields)),
+	}
+	fields := make([]tuple.Field, len(def.Fields))
+	seen := make(map[string]bool, len(def.Fields))
+	for i, fe := range def.Fields {
+		if fe.Name == "" {
+			return nil, defErr(def, ErrBadDefinition, "field %d has no name", i)
+		}
+		if seen[fe.Name] {
+			return nil, defErr(def, ErrBadDefinition, "field %q is defined twice", fe.Name)
+		}
+		seen[fe.Name] = true
+		m.copyFrom[i] = -1
+		if j := in.Index(strings.TrimSpace(fe.Expr)); j >= 0 {
+			m.copyFrom[i] = j
+			m.env.reference(in.Fields[j].Name) // so bind checks its kind
+			fields[i] = tuple.Field{Name: fe.Name, Kind: exprKind(in.Fields[j].Kind)}
+			continue
+		}
+		c, err := m.env.compile(fe.Expr, false)
+		if err != nil {
+			return nil, fmt.Errorf("operator %q (map): field %q = %q: %w: %w", def.Name, fe.Name, fe.Expr, ErrBadExpression, err)
+		}
+		if c.kind == tuple.KindInvalid {
+			return nil, defErr(def, ErrTypeMismatch,
+				"field %q = %q has type %v; want int, float, string or bool (convert with int(), float() or string())",
+				fe.Name, fe.Expr, c.program.Node().Type())
+		}
+		m.exprs[i] = c
+		fields[i] = tuple.Field{Name: fe.Name, Kind: c.kind}
+	}
+	m.outSch = tuple.NewSchema(fields)
+	m.out.Values = make([]tuple.Value, len(fields))
+	m.stateless = stateless{signature: "map" + schemaSignature(in) + schemaSignature(m.outSch)}
+	return m, nil
+}
+
+func (m *mapOp) Process(port int, t *tuple.Tuple, out Emitter) error {
+	if port != 0 {
+		return fmt.Errorf("%w: map has port 0 only, got %d", ErrBadPort, port)
+	}
+	if err := checkData(t, m.in); err != nil {
+		return err
+	}
+	if err := m.env.bind(t); err != nil {
+		return err
+	}
+	for i, c := range m.exprs {
+		if j := m.copyFrom[i]; j >= 0 {
+			m.out.Values[i] = t.Values[j]
+			m.out.Values[i].Kind = m.outSch.Fields[i].Kind
+			continue
+		}
+		v, err := m.env.evalValue(c, t)
+		if err != nil {
+			return fmt.Errorf("field %q: %w", m.outSch.Fields[i].Name, err)
+		}
+		m.out.Values[i] = v
+	}
+	m.out.Type, m.out.ID, m.out.STime, m.out.Version = t.Type, t.ID, t.STime, t.Version
+	out.Emit(&m.out)
+	return nil
+}
+
+func (m *mapOp) OutputSchema() *tuple.Schema { return m.outSch }
+
+// exprKind is the kind a field has once it passes through an expression:
+// timestamps are int64 and bytes are strings there.
+func exprKind(k tuple.Kind) tuple.Kind {
+	switch k {
+	case tuple.KindTimestamp:
+		return tuple.KindInt
+	case tuple.KindBytes:
+		return tuple.KindString
+	}
+	return k
+}

@@ -1,0 +1,233 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// input is one input stream of a task: from one partition of the upstream
+// node on one port. It subscribes to one replica of that upstream
+// partition at a time and moves to another when the subscription fails,
+// resuming after the last id received.
+type input struct {
+	t           *task
+	idx         int // index in the merger
+	port        int
+	upstream    string // upstream node (fragment)
+	upPartition int
+	sub         *dataplane.Subscriber
+
+	mu        sync.Mutex
+	current   Placement          // upstream replica of the live attempt
+	cancelCur context.CancelFunc // cancels the live attempt; nil when none
+}
+
+// buildInputs creates the merger and one input per (port, upstream
+// partition).
+func (t *task) buildInputs() {
+	t.merge = newMerger(t.r.opts.InputPendingTuples)
+	for port, up := range t.node.Inputs {
+		upNode := t.plan.Node(up)
+		for p := 0; p < max(1, upNode.Partitions); p++ {
+			in := &input{t: t, port: port, upstream: up, upPartition: p}
+			in.idx = t.merge.addInput(port, p)
+			// The stream is named by the upstream task id of replica 0;
+			// each attempt rewrites it for the replica actually used.
+			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
+				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
+			}, t.spec.TaskID, false, 0)
+			t.inputs = append(t.inputs, in)
+		}
+	}
+}
+
+// run subscribes until the upstream stream ends (final boundary) or the
+// task stops, retrying failed subscriptions with backoff on the other
+// replicas of the upstream partition.
+func (in *input) run(ctx context.Context) {
+	opts := in.t.r.opts
+	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+	backoff := opts.RetryMin
+	attempt := 0
+	for ctx.Err() == nil {
+		cands := in.t.candidates(in.upstream, in.upPartition)
+		var err error
+		progressed := false
+		moved := false
+		if len(cands) == 0 {
+			err = fmt.Errorf("no placement known for %s partition %d", in.upstream, in.upPartition)
+		} else {
+			pl := cands[attempt%len(cands)]
+			progressed, moved, err = in.attempt(ctx, pl)
+			if err == nil {
+				return // the upstream stream is complete
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if progressed || moved {
+			backoff = opts.RetryMin
+		}
+		if !moved {
+			attempt++ // next time, try another replica
+		}
+		if status.Code(err) == codes.NotFound || moved {
+			log.Debug("subscription retry", "err", err, "attempt", attempt)
+		} else {
+			log.Warn("subscription failed; retrying", "err", err, "attempt", attempt, "after_id", in.sub.LastID())
+		}
+		if moved {
+			continue
+		}
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, opts.RetryMax)
+	}
+}
+
+// attempt runs one subscription to replica pl. moved reports that it was
+// cancelled because the upstream's placement changed.
+func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
+	conn, err := in.t.r.pool.Conn(pl.WorkerAddr)
+	if err != nil {
+		return false, false, err
+	}
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	in.mu.Lock()
+	in.current, in.cancelCur = pl, cancel
+	in.mu.Unlock()
+	defer func() {
+		in.mu.Lock()
+		in.cancelCur = nil
+		in.mu.Unlock()
+	}()
+	in.sub.Ref().TaskId = pl.TaskID
+	err = in.sub.Run(actx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+		progressed = true
+		if err := in.t.merge.add(ctx, in.idx, b.Tuples); err != nil {
+			return err
+		}
+		if last := b.Tuples[len(b.Tuples)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
+			return dataplane.ErrStopSubscription
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil && actx.Err() != nil {
+		return progressed, true, err
+	}
+	return progressed, false, err
+}
+
+// placementsChanged cancels the live attempt when its upstream replica no
+// longer runs where it did, so the input resubscribes where it is now.
+func (in *input) placementsChanged() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.cancelCur == nil {
+		return
+	}
+	now, ok := in.t.placementOf(in.upstream, in.upPartition, in.current.TaskID)
+	if !ok || now.WorkerAddr != in.current.WorkerAddr {
+		in.cancelCur()
+		in.cancelCur = nil
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// runMerge is the process goroutine of operator and sink tasks: it waits
+// for the merge watermark to move and processes each release step.
+func (t *task) runMerge() {
+	ctx := t.ctx
+	emitter := operator.EmitFunc(func(tp *tuple.Tuple) { t.emitData(ctx, tp) })
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.merge.wake:
+		}
+		for {
+			batch, steps, ok := t.merge.take()
+			if !ok {
+				break
+			}
+			done, err := t.release(ctx, batch, steps, emitter)
+			clear(batch) // drop references to the input batches
+			if err != nil {
+				t.endWith(err)
+				return
+			}
+			if done {
+				t.setState(StateRunning, "input exhausted")
+				return
+			}
+		}
+	}
+}
+
+// release feeds, for each step, the released tuples below it to the
+// operator (or straight to the output for a sink), advances the operator
+// to the step and forwards it as a BOUNDARY. done reports the final
+// boundary.
+func (t *task) release(ctx context.Context, batch []mergedTuple, steps []int64, emitter operator.Emitter) (done bool, err error) {
+	i := 0
+	for _, step := range steps {
+		for ; i < len(batch) && batch[i].t.STime < step; i++ {
+			m := &batch[i]
+			if t.op == nil {
+				t.emitData(ctx, &m.t)
+			} else if err := t.op.Process(m.port, &m.t, emitter); err != nil {
+				if !errors.Is(err, operator.ErrEval) {
+					return false, fmt.Errorf("operator %s: %w", t.node.Name, err)
+				}
+				// A run-time expression failure drops the tuple, the same
+				// way on every replica.
+				t.evalFails++
+				if t.evalFails == 1 || t.evalFails%10000 == 0 {
+					t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails)
+				}
+			}
+			if t.emitErr != nil {
+				return false, t.emitErr
+			}
+		}
+		if t.op != nil {
+			if err := t.op.Advance(step, emitter); err != nil {
+				return false, fmt.Errorf("operator %s: advance to %d: %w", t.node.Name, step, err)
+			}
+			if t.emitErr != nil {
+				return false, t.emitErr
+			}
+		}
+		if err := t.emitBoundary(ctx, step); err != nil {
+			return false, err
+		}
+		if step == finalBoundary {
+			return true, nil
+		}
+	}
+	return false, nil
+}

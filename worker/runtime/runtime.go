@@ -1,0 +1,293 @@
+// Package runtime runs the tasks a worker is assigned: source tasks
+// (deterministic generators or ingest), operator tasks and sink tasks. It
+// owns their output buffers, serves them to subscribers through the
+// DataPlane service, and subscribes each task to its upstream tasks.
+//
+// Every task processes on one goroutine, plus one goroutine per input
+// subscription. Operator and sink tasks merge their inputs
+// deterministically (SUnion in stable mode): replicas fed identical input
+// produce identical output, tuple ids included.
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+)
+
+// Task states reported by States.
+const (
+	StateStarting = "starting"
+	StateRunning  = "running"
+	StateFailed   = "failed"
+	StateStopped  = "stopped"
+)
+
+// Placement says where one task of a query runs.
+type Placement struct {
+	TaskID, Fragment string
+	Partition        int
+	Replica          int
+	// WorkerAddr is the DataPlane address of the worker running the task.
+	WorkerAddr string
+}
+
+// TaskSpec is one task the worker must run, with what it needs to run it.
+type TaskSpec struct {
+	TaskID, Query, Fragment string
+	Partition, Replica      int
+	// QueryIndex identifies the query definition: a task whose index
+	// changes is restarted.
+	QueryIndex uint64
+	Spec       *queryspec.Query
+	// Placements lists every task of the query (used to find upstreams).
+	Placements []Placement
+}
+
+// TaskState is the state of one task.
+type TaskState struct {
+	TaskID string
+	// State is one of StateStarting, StateRunning, StateFailed, StateStopped.
+	State   string
+	Message string
+}
+
+// Options configures a Runtime. Zero values mean the defaults.
+type Options struct {
+	Logger *slog.Logger
+	// BoundaryInterval is the stime spacing of the BOUNDARY tuples sources
+	// emit (default 50ms).
+	BoundaryInterval time.Duration
+	// Buffer bounds each output stream (MaxBytes, MaxTuples; the runtime
+	// sets ExpectedSubscribers and Ring itself).
+	Buffer dataplane.BufferOptions
+	// SinkBufferTuples bounds the ring buffer of a sink's result stream
+	// (default 65536 tuples).
+	SinkBufferTuples int
+	// InputPendingTuples is the soft bound on tuples buffered per input
+	// stream while waiting for the deterministic merge (default 65536).
+	InputPendingTuples int
+	// RetryMin and RetryMax bound the backoff between subscription
+	// attempts (defaults 20ms and 1s).
+	RetryMin, RetryMax time.Duration
+	// Pool is the connection pool for subscriptions; nil means a private
+	// one, closed by Close.
+	Pool *dataplane.Pool
+}
+
+func (o *Options) setDefaults() {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.BoundaryInterval <= 0 {
+		o.BoundaryInterval = 50 * time.Millisecond
+	}
+	if o.SinkBufferTuples <= 0 {
+		o.SinkBufferTuples = 64 << 10
+	}
+	if o.InputPendingTuples <= 0 {
+		o.InputPendingTuples = 64 << 10
+	}
+	if o.RetryMin <= 0 {
+		o.RetryMin = 20 * time.Millisecond
+	}
+	if o.RetryMax < o.RetryMin {
+		o.RetryMax = max(time.Second, o.RetryMin)
+	}
+}
+
+// Runtime runs a worker's tasks. Safe for concurrent use.
+type Runtime struct {
+	opts    Options
+	log     *slog.Logger
+	pool    *dataplane.Pool
+	ownPool bool
+	server  *dataplane.Server
+
+	mu     sync.Mutex
+	tasks  map[string]*task
+	closed bool
+}
+
+// New returns a Runtime with no tasks.
+func New(opts Options) *Runtime {
+	opts.setDefaults()
+	r := &Runtime{opts: opts, log: opts.Logger, pool: opts.Pool, tasks: make(map[string]*task)}
+	if r.pool == nil {
+		r.pool = dataplane.NewPool()
+		r.ownPool = true
+	}
+	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log)
+	return r
+}
+
+// Server is the DataPlane service serving this runtime's output streams
+// and ingest sources; register it on the worker's grpc.Server.
+func (r *Runtime) Server() fedstreampb.DataPlaneServer { return r.server }
+
+// Apply makes the running tasks match desired: it starts new tasks, stops
+// tasks no longer desired (or whose query definition changed) and hands
+// running tasks the new placements, so that a subscription whose upstream
+// replica moved switches to where it is now. A task that cannot be built
+// is kept in StateFailed with the reason.
+func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
+	want := make(map[string]TaskSpec, len(desired))
+	for _, s := range desired {
+		want[s.TaskID] = s
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	var stop []*task
+	for id, t := range r.tasks {
+		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex {
+			stop = append(stop, t)
+			delete(r.tasks, id)
+		}
+	}
+	r.mu.Unlock()
+	for _, t := range stop {
+		t.stop()
+		r.log.Info("task stopped", "task", t.spec.TaskID)
+	}
+
+	ids := make([]string, 0, len(want))
+	for id := range want {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		spec := want[id]
+		r.mu.Lock()
+		if r.closed {
+			r.mu.Unlock()
+			return
+		}
+		if t, ok := r.tasks[id]; ok {
+			r.mu.Unlock()
+			t.updatePlacements(spec.Placements)
+			continue
+		}
+		t, err := newTask(r, spec)
+		if err != nil {
+			r.log.Error("task cannot start", "task", id, "err", err)
+			t = failedTask(r, spec, err)
+		}
+		r.tasks[id] = t
+		r.mu.Unlock()
+		if err == nil {
+			t.start()
+			r.log.Info("task started", "task", id)
+		}
+	}
+}
+
+// States reports every task's state, sorted by task id.
+func (r *Runtime) States() []TaskState {
+	r.mu.Lock()
+	tasks := make([]*task, 0, len(r.tasks))
+	for _, t := range r.tasks {
+		tasks = append(tasks, t)
+	}
+	r.mu.Unlock()
+	out := make([]TaskState, 0, len(tasks))
+	for _, t := range tasks {
+		out = append(out, t.State())
+	}
+	slices.SortFunc(out, func(a, b TaskState) int { return strings.Compare(a.TaskID, b.TaskID) })
+	return out
+}
+
+// Close stops every task and waits for their goroutines, or until ctx
+// ends (then ctx.Err() is returned and stragglers finish on their own).
+func (r *Runtime) Close(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	tasks := r.tasks
+	r.tasks = map[string]*task{}
+	r.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var wg sync.WaitGroup
+		for _, t := range tasks {
+			wg.Add(1)
+			go func() { defer wg.Done(); t.stop() }()
+		}
+		wg.Wait()
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if r.ownPool {
+		return r.pool.Close()
+	}
+	return nil
+}
+
+// task returns the running task with the given id, or nil.
+func (r *Runtime) task(id string) *task {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tasks[id]
+}
+
+// resolver finds output streams for the DataPlane server.
+type resolver struct{ r *Runtime }
+
+func (rs resolver) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
+	t := rs.r.task(ref.TaskId)
+	if t == nil || t.spec.Query != ref.Query {
+		return nil, fmt.Errorf("%w: no task %q of query %q runs on this worker", dataplane.ErrUnknownStream, ref.TaskId, ref.Query)
+	}
+	return t.output(ref.Consumer, int(ref.Partition))
+}
+
+// ingester routes Ingest requests to the worker's ingest source tasks.
+type ingester struct{ r *Runtime }
+
+func (in ingester) Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+	in.r.mu.Lock()
+	var targets []*task
+	for _, t := range in.r.tasks {
+		if t.spec.Query == query && t.spec.Fragment == source && t.ingest != nil {
+			targets = append(targets, t)
+		}
+	}
+	in.r.mu.Unlock()
+	if len(targets) == 0 {
+		return 0, nil, fmt.Errorf("%w: no ingest task of source %q of query %q runs on this worker", dataplane.ErrUnknownSource, source, query)
+	}
+	// Normally one replica per worker; if several run here each gets the
+	// lines and the first one answers.
+	slices.SortFunc(targets, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
+	var (
+		accepted uint64
+		lineErrs []*fedstreampb.LineError
+		firstErr error
+	)
+	for i, t := range targets {
+		a, le, err := t.ingestLines(ctx, firstLine, lines)
+		if i == 0 {
+			accepted, lineErrs, firstErr = a, le, err
+		}
+	}
+	return accepted, lineErrs, firstErr
+}

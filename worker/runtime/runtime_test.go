@@ -1,0 +1,573 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const wordsQuery = `
+name: wc
+replicas: %d
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: 20000, rate: %d}
+operators:
+  - name: firsts
+    type: map
+    input: lines
+    fields: {word: "split(line, ' ')[0]", n: "len(split(line, ' '))"}
+  - {name: long, type: filter, input: firsts, where: "n > 7"}
+  - name: counts
+    type: aggregate
+    input: long
+    window: {size: 2ms}
+    group_by: [word]
+    aggregates: {cnt: "count()", total: "sum(n)"}
+    parallelism: 2
+sinks:
+  - {name: out, input: counts}
+`
+
+// worker is one Runtime serving on its own gRPC server, as a worker would.
+type worker struct {
+	rt   *Runtime
+	addr string
+	srv  *grpc.Server
+	done chan struct{}
+}
+
+func startWorker(t *testing.T, pool *dataplane.Pool) *worker {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	w := &worker{
+		rt:   New(Options{Logger: log, BoundaryInterval: time.Millisecond, Pool: pool}),
+		addr: lis.Addr().String(),
+		srv:  grpc.NewServer(dataplane.ServerOptions()...),
+		done: make(chan struct{}),
+	}
+	fedstreampb.RegisterDataPlaneServer(w.srv, w.rt.Server())
+	go func() { defer close(w.done); _ = w.srv.Serve(lis) }()
+	return w
+}
+
+func (w *worker) close(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.rt.Close(ctx); err != nil {
+		t.Errorf("close runtime: %v", err)
+	}
+	w.srv.Stop()
+	<-w.done
+}
+
+// cluster runs a query's tasks on workers; place picks the worker of
+// each task.
+type cluster struct {
+	workers []*worker
+	pool    *dataplane.Pool
+	query   *queryspec.Query
+	specs   map[*worker][]TaskSpec
+}
+
+func newCluster(t *testing.T, n int, yaml string, place func(node string, partition, replica int) int) *cluster {
+	t.Helper()
+	q, err := queryspec.Parse("q.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{pool: dataplane.NewPool(), query: q, specs: map[*worker][]TaskSpec{}}
+	for range n {
+		c.workers = append(c.workers, startWorker(t, c.pool))
+	}
+	var placements []Placement
+	owner := map[string]*worker{}
+	for _, node := range plan.Nodes {
+		for p := range node.Partitions {
+			for r := range q.Replicas {
+				w := c.workers[place(node.Name, p, r)%n]
+				id := queryspec.TaskID(q.Name, node.Name, p, r)
+				placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, Replica: r, WorkerAddr: w.addr})
+				owner[id] = w
+			}
+		}
+	}
+	for _, pl := range placements {
+		w := owner[pl.TaskID]
+		c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment,
+			Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
+	}
+	return c
+}
+
+func (c *cluster) apply() {
+	for _, w := range c.workers {
+		w.rt.Apply(context.Background(), c.specs[w])
+	}
+}
+
+func (c *cluster) close(t *testing.T) {
+	for _, w := range c.workers {
+		w.close(t)
+	}
+	if err := c.pool.Close(); err != nil {
+		t.Error(err)
+	}
+}
+
+func (c *cluster) addrOf(taskID string) string {
+	for _, specs := range c.specs {
+		for _, pl := range specs[0].Placements {
+			if pl.TaskID == taskID {
+				return pl.WorkerAddr
+			}
+		}
+	}
+	return ""
+}
+
+// tail reads a sink's result stream until its final boundary.
+func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
+	t.Helper()
+	conn, err := c.pool.Conn(c.addrOf(sinkTask))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.query.Name, TaskId: sinkTask}, "", true, 0)
+	var out []tuple.Tuple
+	for {
+		err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			out = append(out, b.Tuples...)
+			if last := b.Tuples[len(b.Tuples)-1]; last.Type == tuple.Boundary && last.STime == math.MaxInt64 {
+				return dataplane.ErrStopSubscription
+			}
+			return nil
+		})
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("tail %s: %v (states %v)", sinkTask, err, c.states())
+		}
+		// The sink may not be started yet: retry.
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *cluster) states() []TaskState {
+	var all []TaskState
+	for _, w := range c.workers {
+		all = append(all, w.rt.States()...)
+	}
+	return all
+}
+
+// reference computes the query's result straight from the generator.
+func reference(t *testing.T, rate int) map[string]string {
+	t.Helper()
+	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: 20000, Rate: rate}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type key struct {
+		end  int64
+		word string
+	}
+	cnt, total := map[key]int64{}, map[key]int64{}
+	const size = int64(2 * time.Millisecond)
+	var tp tuple.Tuple
+	for gen.Next(&tp) {
+		words := strings.Split(tp.Values[0].S, " ")
+		if len(words) <= 7 {
+			continue
+		}
+		k := key{(tp.STime/size + 1) * size, words[0]}
+		cnt[k]++
+		total[k] += int64(len(words))
+	}
+	ref := map[string]string{}
+	for k, n := range cnt {
+		ref[fmt.Sprintf("%d/%s", k.end, k.word)] = fmt.Sprintf("cnt=%d total=%d", n, total[k])
+	}
+	return ref
+}
+
+// results turns sink output into the reference's form.
+func results(t *testing.T, out []tuple.Tuple, schema *tuple.Schema) map[string]string {
+	t.Helper()
+	word, cnt, total, end := schema.Index("word"), schema.Index("cnt"), schema.Index("total"), schema.Index("window_end")
+	got := map[string]string{}
+	for _, tp := range out {
+		if !tp.Type.IsData() {
+			continue
+		}
+		k := fmt.Sprintf("%d/%s", tp.Values[end].I, tp.Values[word].S)
+		if _, dup := got[k]; dup {
+			t.Fatalf("window %s emitted twice", k)
+		}
+		got[k] = fmt.Sprintf("cnt=%d total=%d", tp.Values[cnt].I, tp.Values[total].I)
+	}
+	return got
+}
+
+func sinkSchema(t *testing.T, q *queryspec.Query) *tuple.Schema {
+	plan, err := q.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return plan.Node("out").Schema
+}
+
+// TestQueryAcrossTwoWorkers runs source -> map -> filter -> keyed
+// aggregate (2 partitions) -> sink spread over two runtimes and compares
+// with a reference computed from the generator directly.
+func TestQueryAcrossTwoWorkers(t *testing.T) {
+	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 1, 0), func(node string, p, r int) int {
+		return map[string]int{"lines": 0, "firsts": 1, "long": 0, "counts": p, "out": 1}[node]
+	})
+	defer c.close(t)
+	c.apply()
+	out := c.tail(t, "wc/out/p0/r0")
+	got := results(t, out, sinkSchema(t, c.query))
+	want := reference(t, 0)
+	if len(got) != len(want) {
+		t.Fatalf("got %d result rows, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("window/word %s: got %q, want %q", k, got[k], v)
+		}
+	}
+	// Ids are consecutive from 1 and stimes never go back.
+	for i, tp := range out {
+		if tp.ID != uint64(i+1) {
+			t.Fatalf("tuple %d has id %d", i, tp.ID)
+		}
+		if i > 0 && tp.STime < out[i-1].STime {
+			t.Fatalf("stime goes back at id %d", tp.ID)
+		}
+	}
+	for _, st := range c.states() {
+		if st.State != StateRunning {
+			t.Errorf("task %s is %s: %s", st.TaskID, st.State, st.Message)
+		}
+	}
+}
+
+// TestDeterminism: replicas, and independent runs, produce identical sink
+// streams tuple for tuple, ids included.
+func TestDeterminism(t *testing.T) {
+	run := func(replicas int, place func(string, int, int) int) [][]tuple.Tuple {
+		c := newCluster(t, 2, fmt.Sprintf(wordsQuery, replicas, 0), place)
+		defer c.close(t)
+		c.apply()
+		var outs [][]tuple.Tuple
+		for r := range replicas {
+			outs = append(outs, c.tail(t, fmt.Sprintf("wc/out/p0/r%d", r)))
+		}
+		return outs
+	}
+	first := run(1, func(string, int, int) int { return 0 })
+	// Two replicas, crossing workers at every hop.
+	second := run(2, func(node string, p, r int) int { return len(node) + p + r })
+	base := first[0]
+	for i, out := range second {
+		if !sameTuples(base, out) {
+			t.Fatalf("replica %d of the second run differs from the first run (%d vs %d tuples)", i, len(out), len(base))
+		}
+	}
+}
+
+func sameTuples(a, b []tuple.Tuple) bool {
+	return slices.EqualFunc(a, b, func(x, y tuple.Tuple) bool {
+		return x.Type == y.Type && x.ID == y.ID && x.STime == y.STime && slices.Equal(x.Values, y.Values)
+	})
+}
+
+// TestInputFailover stops the upstream replica a task reads from; the task
+// resubscribes to the other replica, resuming after the last id, and the
+// result is still exact (no loss, no duplicates).
+func TestInputFailover(t *testing.T) {
+	// Replica r of every node on worker r, but the sources on workers 2
+	// and 3 so that one can be stopped alone. The source is paced (20k
+	// records at 40k/s) so the stop lands mid-stream.
+	c := newCluster(t, 4, fmt.Sprintf(wordsQuery, 2, 40000), func(node string, p, r int) int {
+		if node == "lines" {
+			return 2 + r
+		}
+		return r
+	})
+	defer c.close(t)
+	c.apply()
+	victim := c.workers[2]
+	// Wait until the source replica 0 has produced a part of its stream.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		tk := victim.rt.task("wc/lines/p0/r0")
+		if tk != nil && tk.outs[0].buf.Stats().LastID > 2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("source never got going")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	victim.rt.Apply(context.Background(), nil)
+	out := c.tail(t, "wc/out/p0/r0")
+	got := results(t, out, sinkSchema(t, c.query))
+	want := reference(t, 40000)
+	if len(got) != len(want) {
+		t.Fatalf("got %d result rows, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("window/word %s: got %q, want %q", k, got[k], v)
+		}
+	}
+	if other := c.tail(t, "wc/out/p0/r1"); !sameTuples(out, other) {
+		t.Fatal("replicas differ after failover")
+	}
+}
+
+// TestUnknownStreamAndFailedTask: a stream nobody produces is NotFound,
+// and a task that cannot be built is reported failed with the reason.
+func TestUnknownStreamAndFailedTask(t *testing.T) {
+	pool := dataplane.NewPool()
+	defer pool.Close()
+	w := startWorker(t, pool)
+	defer w.close(t)
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: "wc/nope/p0/r0", Query: "wc", Fragment: "nope", QueryIndex: 1, Spec: q}})
+	st := w.rt.States()
+	if len(st) != 1 || st[0].State != StateFailed || !strings.Contains(st[0].Message, `no fragment "nope"`) {
+		t.Fatalf("states %+v", st)
+	}
+	conn, err := pool.Conn(w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dataplane.Subscribe(context.Background(), conn, &fedstreampb.StreamRef{Query: "wc", TaskId: "wc/lines/p0/r0", Consumer: "firsts"}, 0, "x",
+		func(context.Context, *dataplane.Batch) error { return nil })
+	if err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Fatalf("subscribe to unknown stream: %v", err)
+	}
+	w.rt.Apply(context.Background(), nil)
+	if len(w.rt.States()) != 0 {
+		t.Fatal("task not removed")
+	}
+}
+
+const ingestQuery = `
+name: ing
+sources:
+  - name: events
+    schema: {time: timestamp, user: string, amount: int}
+    ingest: true
+sinks:
+  - {name: out, input: events}
+`
+
+// TestIngest: good lines are accepted, bad and late ones are reported by
+// line number, and a boundary follows each request.
+func TestIngest(t *testing.T) {
+	c := newCluster(t, 1, ingestQuery, func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	conn, err := c.pool.Conn(c.workers[0].addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Ingest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := []*fedstreampb.IngestRequest{
+		{Query: "ing", Source: "events", FirstLine: 1, Lines: []byte(
+			`{"time": 1000, "user": "a", "amount": 5}` + "\n" +
+				`{"time": 2000, "user": "b", "amount": "x"}` + "\n" +
+				`{"time": 3000, "user": "c", "amount": 7}` + "\n")},
+		{FirstLine: 4, Lines: []byte(
+			`{"time": 2500, "user": "late", "amount": 1}` + "\n" +
+				`{"time": 4000, "user": "d", "amount": 9}`)},
+	}
+	for _, r := range reqs {
+		if err := stream.Send(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Accepted != 3 || len(resp.Errors) != 2 || resp.Errors[0].Line != 2 || resp.Errors[1].Line != 4 ||
+		!strings.Contains(resp.Errors[1].Error, "late") {
+		t.Fatalf("response %+v", resp)
+	}
+
+	// The sink releases everything below the last boundary (4000).
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "ing", TaskId: "ing/out/p0/r0"}, "", true, 0)
+	var users []string
+	var lastBoundary int64
+	err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+		for _, tp := range b.Tuples {
+			if tp.Type.IsData() {
+				users = append(users, tp.Values[1].S)
+			} else if tp.Type == tuple.Boundary {
+				lastBoundary = tp.STime
+			}
+		}
+		if lastBoundary >= 4000 {
+			return dataplane.ErrStopSubscription
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(users, []string{"a", "c"}) {
+		t.Fatalf("sink released %v", users)
+	}
+
+	// Unknown source.
+	stream, err = fedstreampb.NewDataPlaneClient(conn).Ingest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Send(&fedstreampb.IngestRequest{Query: "ing", Source: "nope", Lines: []byte("{}")})
+	if _, err := stream.CloseAndRecv(); err == nil || !strings.Contains(err.Error(), "NotFound") {
+		t.Fatalf("ingest to unknown source: %v", err)
+	}
+}
+
+// TestCloseStopsBlockedTasks: a runtime whose outputs nobody reads (its
+// source blocks on a full buffer) still closes promptly.
+func TestCloseStopsBlockedTasks(t *testing.T) {
+	pool := dataplane.NewPool()
+	defer pool.Close()
+	w := startWorker(t, pool)
+	w.rt.opts.Buffer = dataplane.BufferOptions{MaxTuples: 100}
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := "wc/lines/p0/r0"
+	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
+	deadline := time.Now().Add(10 * time.Second)
+	for w.rt.task(id).outs[0].buf.Stats().BlockedAppends == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("source never blocked")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	w.close(t)
+	if st := w.rt.States(); len(st) != 0 {
+		t.Fatalf("states after close: %+v", st)
+	}
+}
+
+// TestUpstreamMoves: the source task moves to another worker mid-stream;
+// Apply with the new placements makes the downstream resubscribe there and
+// resume after the last id, so the result stays exact.
+func TestUpstreamMoves(t *testing.T) {
+	c := newCluster(t, 3, fmt.Sprintf(wordsQuery, 1, 20000), func(node string, p, r int) int {
+		if node == "lines" {
+			return 0
+		}
+		return 1
+	})
+	defer c.close(t)
+	c.apply()
+	old, dest := c.workers[0], c.workers[2]
+	const id = "wc/lines/p0/r0"
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if tk := old.rt.task(id); tk != nil && tk.outs[0].buf.Stats().LastID > 2000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("source never got going")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// Move: start it on dest, tell the others, stop it on the old worker.
+	var moved []TaskSpec
+	for _, s := range c.specs[c.workers[1]] {
+		pls := slices.Clone(s.Placements)
+		for i := range pls {
+			if pls[i].TaskID == id {
+				pls[i].WorkerAddr = dest.addr
+			}
+		}
+		s.Placements = pls
+		moved = append(moved, s)
+	}
+	src := c.specs[old][0]
+	src.Placements = moved[0].Placements
+	dest.rt.Apply(context.Background(), []TaskSpec{src})
+	c.workers[1].rt.Apply(context.Background(), moved)
+	c.specs[c.workers[1]] = moved
+	firsts := c.workers[1].rt.task("wc/firsts/p0/r0")
+	waitUntil(t, "firsts resubscribed to the new location", func() bool {
+		in := firsts.inputs[0]
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.cancelCur != nil && in.current.WorkerAddr == dest.addr
+	})
+	old.rt.Apply(context.Background(), nil)
+
+	got := results(t, c.tail(t, "wc/out/p0/r0"), sinkSchema(t, c.query))
+	want := reference(t, 20000)
+	if len(got) != len(want) {
+		t.Fatalf("got %d result rows, want %d", len(got), len(want))
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("window/word %s: got %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}

@@ -1,0 +1,173 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// runGenerator drives a generator source: tuples paced to the generator's
+// rate in wall time, a BOUNDARY whenever stime reaches a new multiple of
+// the boundary interval, and the final boundary at the generator's limit.
+// Boundaries derive from stime only, so every replica emits the same
+// stream, ids included.
+func (t *task) runGenerator() {
+	ctx := t.ctx
+	interval := int64(t.r.opts.BoundaryInterval)
+	rate := int64(0)
+	if g := t.node.Source.Gen; g != nil {
+		rate = int64(g.Rate)
+	}
+	var (
+		tp       tuple.Tuple
+		boundary = int64(math.MinInt64)
+		start    = time.Now()
+		n        int64
+		timer    *time.Timer
+	)
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for t.gen.Next(&tp) {
+		if tp.STime < boundary {
+			// A generator must not go back in time; clamp so the boundary
+			// promise holds (deterministically, so replicas agree).
+			tp.STime = boundary
+		}
+		if b := floorDiv(tp.STime, interval) * interval; b > boundary {
+			if err := t.emitBoundary(ctx, b); err != nil {
+				t.endWith(err)
+				return
+			}
+			boundary = b
+		}
+		if rate > 0 {
+			n++
+			due := start.Add(time.Duration(n * int64(time.Second) / rate))
+			if wait := time.Until(due); wait > time.Millisecond {
+				if timer == nil {
+					timer = time.NewTimer(wait)
+				} else {
+					timer.Reset(wait)
+				}
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+		tp.Type = tuple.Stable
+		t.emitData(ctx, &tp)
+		if t.emitErr != nil {
+			t.endWith(t.emitErr)
+			return
+		}
+	}
+	if err := t.emitBoundary(ctx, finalBoundary); err != nil {
+		t.endWith(err)
+		return
+	}
+	t.setState(StateRunning, "input exhausted")
+}
+
+// endWith marks the task failed unless err only reports that it is being
+// stopped.
+func (t *task) endWith(err error) {
+	if !t.stopping(err) {
+		t.fail(err)
+	}
+}
+
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// ingestState is the state of an ingest source. mu serialises Ingest
+// calls: they produce the task's output.
+type ingestState struct {
+	mu     sync.Mutex
+	parser interface {
+		Parse(lineNo uint64, line []byte, t *tuple.Tuple) error
+	}
+	// boundary is the stime of the last BOUNDARY emitted: a later record
+	// with a smaller stime is late and refused.
+	boundary int64
+	tp       tuple.Tuple
+}
+
+// ingestLines parses JSON lines into the source's stream. Good lines are
+// accepted even when others are bad; bad and late lines come back as
+// LineErrors naming the line. After the lines, a BOUNDARY at the largest
+// stime accepted so far tells downstream tasks that time has passed.
+func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+	st := t.ingest
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	// Stop on either the task stopping or the client going away.
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	defer context.AfterFunc(reqCtx, cancel)()
+
+	var (
+		accepted uint64
+		errs     []*fedstreampb.LineError
+		maxSTime = st.boundary
+	)
+	lineNo := firstLine
+	for len(lines) > 0 {
+		line := lines
+		if i := bytes.IndexByte(lines, '\n'); i >= 0 {
+			line, lines = lines[:i], lines[i+1:]
+		} else {
+			lines = nil
+		}
+		no := lineNo
+		lineNo++
+		if len(bytes.TrimSpace(line)) == 0 && len(lines) == 0 {
+			break // the end of the last line
+		}
+		tp := &st.tp
+		if err := st.parser.Parse(no, line, tp); err != nil {
+			errs = append(errs, &fedstreampb.LineError{Line: no, Error: err.Error()})
+			continue
+		}
+		if tp.STime == 0 {
+			tp.STime = time.Now().UnixNano()
+		}
+		if tp.STime < st.boundary {
+			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf(
+				"line %d: late record: stime %s is before %s, already promised to downstream; refused",
+				no, time.Unix(0, tp.STime).UTC().Format(time.RFC3339Nano), time.Unix(0, st.boundary).UTC().Format(time.RFC3339Nano))})
+			continue
+		}
+		// Values alias nothing the caller keeps: the buffer encodes them.
+		tp.Type = tuple.Stable
+		t.emitData(ctx, tp)
+		if err := t.emitErr; err != nil {
+			t.emitErr = nil // the next request may succeed
+			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
+		}
+		accepted++
+		maxSTime = max(maxSTime, tp.STime)
+	}
+	if maxSTime > st.boundary {
+		if err := t.emitBoundary(ctx, maxSTime); err != nil {
+			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
+		}
+		st.boundary = maxSTime
+	}
+	return accepted, errs, nil
+}

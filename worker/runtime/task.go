@@ -1,0 +1,375 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// finalBoundary is the stime of the last BOUNDARY of a finite stream:
+// nothing follows it.
+const finalBoundary = math.MaxInt64
+
+// outStream is one output stream of a task: to one partition of one
+// downstream node (or a sink's result stream). nextID is only touched by
+// the goroutine that produces the task's output.
+type outStream struct {
+	consumer  string
+	partition int
+	buf       *dataplane.OutputBuffer
+	lastID    uint64
+}
+
+// route sends a task's data tuples to the partitions of one downstream node.
+type route struct {
+	parts []*outStream
+	// keyIdx are the positions of the downstream's key fields in the
+	// task's output schema; nil when the downstream is not keyed.
+	keyIdx []int
+	// samePartition: not keyed and as many partitions as this node, so
+	// partition p feeds partition p.
+	samePartition bool
+}
+
+// task is one running task. Its processing state (operator, output ids,
+// routing scratch) belongs to the single goroutine that produces output:
+// the process goroutine, or for ingest sources the caller holding ingestMu.
+type task struct {
+	r    *Runtime
+	spec TaskSpec
+	log  *slog.Logger
+	plan *queryspec.Plan
+	node *queryspec.Node
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	outs       []*outStream
+	byConsumer map[string][]*outStream // consumer -> by partition
+	routes     []route
+
+	op     operator.Operator // operator tasks only
+	gen    source.Generator  // generator sources only
+	ingest *ingestState      // ingest sources only
+	merge  *merger           // operator and sink tasks
+	inputs []*input
+
+	placeMu    sync.Mutex
+	placements map[placeKey][]Placement // sorted by replica
+
+	stateMu sync.Mutex
+	state   string
+	message string
+
+	// Processing state.
+	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
+	keyBuf    []tuple.Value
+	emitErr   error
+	evalFails uint64
+}
+
+type placeKey struct {
+	fragment  string
+	partition int
+}
+
+// newTask builds a task and its output buffers without starting it.
+func newTask(r *Runtime, spec TaskSpec) (*task, error) {
+	t := &task{r: r, spec: spec, state: StateStarting,
+		log: r.log.With("task", spec.TaskID), byConsumer: map[string][]*outStream{}}
+	if spec.Spec == nil {
+		return nil, fmt.Errorf("task %s: no query definition", spec.TaskID)
+	}
+	plan, err := spec.Spec.Plan()
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+	}
+	t.plan = plan
+	t.node = plan.Node(spec.Fragment)
+	if t.node == nil {
+		return nil, fmt.Errorf("task %s: query %q has no fragment %q", spec.TaskID, spec.Query, spec.Fragment)
+	}
+	if spec.Partition < 0 || spec.Partition >= t.node.Partitions {
+		return nil, fmt.Errorf("task %s: partition %d out of range (fragment %q has %d)", spec.TaskID, spec.Partition, spec.Fragment, t.node.Partitions)
+	}
+	t.setPlacements(spec.Placements)
+	if err := t.buildOutputs(); err != nil {
+		return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+	}
+	switch t.node.Kind {
+	case queryspec.KindSource:
+		src := t.node.Source
+		switch {
+		case src.Gen != nil:
+			if t.gen, err = source.NewGenerator(src.Gen, spec.Partition); err != nil {
+				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+			}
+		case src.Ingest:
+			t.ingest = &ingestState{parser: source.NewLineParser(t.node.Schema), boundary: math.MinInt64}
+		default:
+			return nil, fmt.Errorf("task %s: source %q has neither generator nor ingest", spec.TaskID, src.Name)
+		}
+	case queryspec.KindOperator:
+		schemas := make([]*tuple.Schema, len(t.node.Inputs))
+		for i, in := range t.node.Inputs {
+			schemas[i] = plan.Node(in).Schema
+		}
+		if t.op, err = operator.New(t.node.Op, schemas); err != nil {
+			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+		}
+	case queryspec.KindSink:
+	default:
+		return nil, fmt.Errorf("task %s: unknown node kind %q", spec.TaskID, t.node.Kind)
+	}
+	if t.node.Kind != queryspec.KindSource {
+		t.buildInputs()
+	}
+	return t, nil
+}
+
+// failedTask records a task that could not be built.
+func failedTask(r *Runtime, spec TaskSpec, err error) *task {
+	return &task{r: r, spec: spec, log: r.log.With("task", spec.TaskID), state: StateFailed, message: err.Error()}
+}
+
+// buildOutputs creates one buffer per downstream node partition, or the
+// result ring buffer of a sink.
+func (t *task) buildOutputs() error {
+	if t.node.Kind == queryspec.KindSink {
+		out := &outStream{consumer: "", partition: t.spec.Partition, buf: dataplane.NewOutputBuffer(dataplane.BufferOptions{
+			Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
+		})}
+		t.outs = []*outStream{out}
+		t.byConsumer[""] = make([]*outStream, t.spec.Partition+1)
+		t.byConsumer[""][t.spec.Partition] = out
+		t.routes = []route{{parts: []*outStream{out}}}
+		return nil
+	}
+	replicas := max(1, t.plan.Query.Replicas)
+	for _, name := range t.node.Outputs {
+		down := t.plan.Node(name)
+		if down == nil {
+			return fmt.Errorf("downstream %q missing from the plan", name)
+		}
+		rt := route{samePartition: down.KeyFields == nil && down.Partitions == t.node.Partitions}
+		for _, f := range down.KeyFields {
+			i := t.node.Schema.Index(f)
+			if i < 0 {
+				return fmt.Errorf("downstream %q is keyed by %q, which output schema of %q lacks", name, f, t.node.Name)
+			}
+			rt.keyIdx = append(rt.keyIdx, i)
+		}
+		for p := 0; p < max(1, down.Partitions); p++ {
+			opts := t.r.opts.Buffer
+			opts.Ring = false
+			opts.ExpectedSubscribers = replicas
+			out := &outStream{consumer: name, partition: p, buf: dataplane.NewOutputBuffer(opts)}
+			rt.parts = append(rt.parts, out)
+			t.outs = append(t.outs, out)
+		}
+		t.byConsumer[name] = rt.parts
+		t.routes = append(t.routes, rt)
+	}
+	return nil
+}
+
+// output resolves a stream this task produces.
+func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, error) {
+	parts := t.byConsumer[consumer]
+	if partition < 0 || partition >= len(parts) || parts[partition] == nil {
+		return nil, fmt.Errorf("%w: task %q has no output to consumer %q partition %d", dataplane.ErrUnknownStream, t.spec.TaskID, consumer, partition)
+	}
+	return parts[partition].buf, nil
+}
+
+func (t *task) start() {
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	switch {
+	case t.gen != nil:
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.runGenerator() }()
+	case t.merge != nil:
+		for _, in := range t.inputs {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); in.run(t.ctx) }()
+		}
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.runMerge() }()
+	}
+	t.setState(StateRunning, "")
+}
+
+// stop cancels the task, closes its buffers (which ends the subscriptions
+// served from them and unblocks producers) and waits for its goroutines.
+func (t *task) stop() {
+	if t.cancel != nil {
+		t.cancel()
+	}
+	for _, o := range t.outs {
+		o.buf.Close()
+	}
+	t.wg.Wait()
+	t.setState(StateStopped, "")
+}
+
+func (t *task) setState(state, msg string) {
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	if t.state == StateFailed && state != StateStopped {
+		return // keep the first failure
+	}
+	t.state, t.message = state, msg
+}
+
+func (t *task) fail(err error) {
+	t.log.Error("task failed", "err", err)
+	t.setState(StateFailed, err.Error())
+}
+
+// State reports the task's state.
+func (t *task) State() TaskState {
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: t.message}
+}
+
+// setPlacements indexes placements by (fragment, partition).
+func (t *task) setPlacements(pls []Placement) {
+	m := make(map[placeKey][]Placement)
+	for _, p := range pls {
+		k := placeKey{p.Fragment, p.Partition}
+		m[k] = append(m[k], p)
+	}
+	for _, list := range m {
+		slices.SortFunc(list, func(a, b Placement) int { return a.Replica - b.Replica })
+	}
+	t.placeMu.Lock()
+	t.placements = m
+	t.placeMu.Unlock()
+}
+
+// updatePlacements installs new placements and makes every input whose
+// current upstream moved or vanished resubscribe.
+func (t *task) updatePlacements(pls []Placement) {
+	t.setPlacements(pls)
+	for _, in := range t.inputs {
+		in.placementsChanged()
+	}
+}
+
+// candidates lists the replicas of an upstream partition in the order they
+// are tried: the replica with this task's replica index first, then the
+// others by ascending replica index.
+func (t *task) candidates(fragment string, partition int) []Placement {
+	t.placeMu.Lock()
+	list := t.placements[placeKey{fragment, partition}]
+	t.placeMu.Unlock()
+	out := make([]Placement, 0, len(list))
+	for _, p := range list {
+		if p.Replica == t.spec.Replica {
+			out = append(out, p)
+		}
+	}
+	for _, p := range list {
+		if p.Replica != t.spec.Replica {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// placementOf returns the current placement of an upstream task.
+func (t *task) placementOf(fragment string, partition int, taskID string) (Placement, bool) {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	for _, p := range t.placements[placeKey{fragment, partition}] {
+		if p.TaskID == taskID {
+			return p, true
+		}
+	}
+	return Placement{}, false
+}
+
+// emitData routes one data tuple to the partition of every downstream
+// node that should see it, assigning each stream's next id. Errors (the
+// task stopping) are kept in t.emitErr: operator.Emitter cannot return one.
+func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
+	if t.emitErr != nil {
+		return
+	}
+	if tp.Type == 0 {
+		tp.Type = tuple.Stable
+	}
+	t.seq++
+	for i := range t.routes {
+		rt := &t.routes[i]
+		p := 0
+		n := len(rt.parts)
+		switch {
+		case n == 1:
+		case rt.keyIdx != nil:
+			t.keyBuf = t.keyBuf[:0]
+			for _, k := range rt.keyIdx {
+				if k < len(tp.Values) {
+					t.keyBuf = append(t.keyBuf, tp.Values[k])
+				}
+			}
+			p = queryspec.PartitionOfSlot(queryspec.Slot(t.keyBuf), n)
+		case rt.samePartition:
+			p = t.spec.Partition
+		default:
+			p = int(mix64(t.seq) % uint64(n))
+		}
+		if err := t.appendTo(ctx, rt.parts[p], tp); err != nil {
+			t.emitErr = err
+			return
+		}
+	}
+}
+
+// emitBoundary sends a BOUNDARY with the given stime to every output.
+func (t *task) emitBoundary(ctx context.Context, stime int64) error {
+	b := tuple.Tuple{Type: tuple.Boundary, STime: stime}
+	for _, o := range t.outs {
+		if err := t.appendTo(ctx, o, &b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
+	tp.ID = o.lastID + 1
+	if err := o.buf.Append(ctx, tp); err != nil {
+		return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
+	}
+	o.lastID = tp.ID
+	return nil
+}
+
+// mix64 is the splitmix64 finaliser: spreads consecutive sequence numbers
+// evenly over partitions.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
+
+// stopping reports whether err only says the task is being stopped.
+func (t *task) stopping(err error) bool {
+	return t.ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, dataplane.ErrClosed))
+}
