@@ -180,10 +180,16 @@ func BenchmarkPlacementFanout(b *testing.B) {
 					return
 				}
 				<-start
-				resp, err := watch.WatchAssignments(context.Background(), &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: cur.Index, MaxWaitMs: 60000})
-				if err != nil || resp.Index <= cur.Index {
-					b.Errorf("watch %s: %v", id, err)
-					return
+				// Like a real worker: a poll that hits its max wait unchanged is re-issued.
+				for {
+					resp, err := watch.WatchAssignments(context.Background(), &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: cur.Index, MaxWaitMs: 60000})
+					if err != nil {
+						b.Errorf("watch %s: %v", id, err)
+						return
+					}
+					if resp.Index > cur.Index {
+						break
+					}
 				}
 				mu.Lock()
 				if t := time.Now(); t.After(last) {

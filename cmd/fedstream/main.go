@@ -75,6 +75,8 @@ Talk to an org:                            fedstream status | workers | query ..
 		newQueryCmd(),
 		newIngestCmd(),
 		newTailCmd(),
+		newBenchCmd(),
+		newBenchWorkerCmd(),
 	)
 	return root
 }

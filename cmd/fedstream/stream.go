@@ -369,7 +369,7 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		return sendErrs
 	}
 	for _, le := range resp.Errors {
-		fmt.Fprintf(errOut, "line %d: %s\n", le.Line, le.Error)
+		fmt.Fprintln(errOut, le.Error) // the worker names the line and field
 	}
 	fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", resp.Accepted, lineNo, query, source, len(streams))
 	if sendErrs != nil {

@@ -259,6 +259,9 @@ func (b *OutputBuffer) Register(name string) {
 func (b *OutputBuffer) Ack(name string, id uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.closed {
+		return // the task stopped while the ack was in flight
+	}
 	if id > b.acks[name] {
 		b.acks[name] = id
 	}
@@ -320,7 +323,10 @@ func (b *OutputBuffer) Close() {
 		return
 	}
 	b.closed = true
+	// Invariant: count and bytes describe chunks; a closed buffer holds
+	// nothing, so a late Ack or Read finds an empty buffer.
 	b.chunks = nil
+	b.count, b.bytes, b.head = 0, 0, 0
 	if b.dataCh != nil {
 		close(b.dataCh)
 		b.dataCh = nil

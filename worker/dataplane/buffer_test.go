@@ -228,3 +228,21 @@ func BenchmarkAppendRead100B(b *testing.B) {
 		}
 	}
 }
+
+// An ack that arrives after the task closed its buffer (the consumer's last
+// ack in flight while the task stops) must be ignored, not crash.
+func TestAckAfterClose(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{ExpectedSubscribers: 1})
+	b.Register("d")
+	for i := uint64(1); i <= 3; i++ {
+		tu := tuple.Tuple{Type: tuple.Stable, ID: i, Values: []tuple.Value{tuple.Int(int64(i))}}
+		if err := b.Append(context.Background(), &tu); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.Close()
+	b.Ack("d", 2)
+	if st := b.Stats(); st.Tuples != 0 || st.Bytes != 0 {
+		t.Fatalf("closed buffer reports %+v", st)
+	}
+}

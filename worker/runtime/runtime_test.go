@@ -55,7 +55,7 @@ type worker struct {
 	done chan struct{}
 }
 
-func startWorker(t *testing.T, pool *dataplane.Pool) *worker {
+func startWorker(t testing.TB, pool *dataplane.Pool) *worker {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -73,7 +73,7 @@ func startWorker(t *testing.T, pool *dataplane.Pool) *worker {
 	return w
 }
 
-func (w *worker) close(t *testing.T) {
+func (w *worker) close(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -93,7 +93,7 @@ type cluster struct {
 	specs   map[*worker][]TaskSpec
 }
 
-func newCluster(t *testing.T, n int, yaml string, place func(node string, partition, replica int) int) *cluster {
+func newCluster(t testing.TB, n int, yaml string, place func(node string, partition, replica int) int) *cluster {
 	t.Helper()
 	q, err := queryspec.Parse("q.yaml", []byte(yaml))
 	if err != nil {
@@ -133,7 +133,7 @@ func (c *cluster) apply() {
 	}
 }
 
-func (c *cluster) close(t *testing.T) {
+func (c *cluster) close(t testing.TB) {
 	for _, w := range c.workers {
 		w.close(t)
 	}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/worker/benchmark"
+)
+
+// newBenchCmd is `fedstream bench`, the benchmarks.
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure the engine on this machine",
+		Args:  cobra.NoArgs,
+	}
+	cmd.AddCommand(newBenchDataplaneCmd())
+	return cmd
+}
+
+func newBenchDataplaneCmd() *cobra.Command {
+	var (
+		asJSON   bool
+		duration time.Duration
+		logLevel string
+	)
+	cmd := &cobra.Command{
+		Use:   "dataplane",
+		Short: "Data-plane throughput across two local worker processes vs raw TCP baselines",
+		Long: `Runs, between two child worker processes on 127.0.0.1:
+  raw_tcp                100-byte records over one raw TCP connection (256 KiB buffered writes)
+  forward                engine query source -> map -> sink, source on worker 1, map and sink on worker 2
+  wordcount              engine query tokenise -> keyed exchange -> count (2 partitions)
+  handwritten_wordcount  the same word count written by hand over raw TCP
+  unbatched              the forward query with one tuple per data-plane message
+and prints each throughput and the ratios. Each scenario is sized to last
+about --duration after a short pilot.`,
+		Example: "  fedstream bench dataplane\n  fedstream bench dataplane --json --duration 2s",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if duration <= 0 {
+				return fmt.Errorf("--duration %s: want a positive duration such as 5s", duration)
+			}
+			launch, err := benchmark.DefaultLauncher()
+			if err != nil {
+				return err
+			}
+			res, err := benchmark.Run(cmd.Context(), benchmark.Config{
+				Duration: duration,
+				Launch:   launch,
+				Logger:   logging.Stderr(logLevel),
+			})
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			return res.WriteText(cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	cmd.Flags().DurationVar(&duration, "duration", benchmark.DefaultDuration, "target measured time of each scenario")
+	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
+	return cmd
+}
+
+// newBenchWorkerCmd is the hidden `fedstream bench-worker`: one worker of
+// `fedstream bench`, driven by JSON requests on stdin (answers on stdout).
+// It exits when stdin closes.
+func newBenchWorkerCmd() *cobra.Command {
+	var logLevel string
+	cmd := &cobra.Command{
+		Use:    "bench-worker",
+		Short:  "One worker process of fedstream bench (internal)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return benchmark.ServeWorker(cmd.Context(), os.Stdin, os.Stdout, logging.Stderr(logLevel))
+		},
+	}
+	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level")
+	return cmd
+}

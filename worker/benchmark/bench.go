@@ -1,0 +1,512 @@
+// Package benchmark measures the data plane: the engine's throughput across
+// two worker processes on loopback against hand-written baselines over raw
+// TCP, and with batching against without. `fedstream bench dataplane` runs
+// it; the workers are child processes of the same binary
+// (`fedstream bench-worker`) driven by a small JSON protocol on their
+// stdin/stdout (see ServeWorker).
+//
+// Scenarios, each between worker 1 (sender side) and worker 2:
+//
+//   - raw TCP: 100-byte records written through a 256 KiB buffered writer
+//     over one connection, read and counted by the other process.
+//   - forward: query words-source -> map -> sink, source on worker 1, map
+//     and sink on worker 2; the records are the words generator's lines.
+//   - word count: words-source -> map tokenising each line (first word and
+//     word count: the engine has no flat-map) on worker 1, keyed exchange
+//     to a 2-partition aggregate (count(), sum(words) group by word) and
+//     the sink on worker 2.
+//   - hand-written word count: the same generator, tokenisation, hash
+//     partitioning (same slots) and counting in plain Go over 2 raw TCP
+//     connections.
+//   - unbatched: the forward pipeline with every task-to-task message
+//     carrying one tuple (and one acknowledgement per tuple).
+//
+// Engine rates run from the Apply of the source task (worker 1's clock)
+// to the final boundary reaching a client tailing the sink (worker 2);
+// both workers share the machine's wall clock.
+package benchmark
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	goruntime "runtime"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/runtime"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// RawRecordBytes is the record size of the raw TCP baseline.
+const RawRecordBytes = 100
+
+// wordCountPartitions is the parallelism of the keyed counting stage in
+// both word counts.
+const wordCountPartitions = 2
+
+// benchSeed seeds the words generator of every scenario.
+const benchSeed = 42
+
+// DefaultDuration is the default target measured time of each scenario.
+const DefaultDuration = 5 * time.Second
+
+// ErrMismatch means a scenario produced a result other than the one its
+// input determines (records lost or duplicated, wrong counts).
+var ErrMismatch = errors.New("benchmark: wrong result")
+
+// Config configures Run. Zero values mean the defaults.
+type Config struct {
+	// Duration is the target measured time of each scenario (default 5s):
+	// a short pilot estimates the rate, then the input is sized so that
+	// the measured run lasts about Duration.
+	Duration time.Duration
+	// Records, when > 0, fixes the input of every scenario and skips the
+	// pilots (tests).
+	Records int64
+	// Launch starts the two workers (default DefaultLauncher).
+	Launch Launcher
+	// Logger receives progress at debug level and problems (default
+	// slog.Default()).
+	Logger *slog.Logger
+}
+
+// Scenario is the measurement of one scenario.
+type Scenario struct {
+	Name    string  `json:"name"`
+	Records int64   `json:"records"`
+	Seconds float64 `json:"seconds"`
+	// PerSecond is records (lines for word counts) per second.
+	PerSecond float64 `json:"per_second"`
+	// RecordBytes is the mean payload bytes per record.
+	RecordBytes float64 `json:"record_bytes,omitempty"`
+}
+
+// Result is what Run measured. Rates are records (or lines) per second.
+type Result struct {
+	RawTCPRPS          float64 `json:"raw_tcp_rps"`
+	ForwardRPS         float64 `json:"forward_rps"`
+	ForwardRatio       float64 `json:"forward_ratio"`
+	WordcountLinesPS   float64 `json:"wordcount_lines_ps"`
+	HandwrittenLinesPS float64 `json:"handwritten_lines_ps"`
+	WordcountRatio     float64 `json:"wordcount_ratio"`
+	UnbatchedRPS       float64 `json:"unbatched_rps"`
+	BatchingGain       float64 `json:"batching_gain"`
+	// RawTCPRecordBytes and ForwardRecordBytes are the payload bytes per
+	// record of the raw baseline and (mean) of the engine's records.
+	// GeneratorRPS is the words generator alone on one goroutine (lines
+	// per second): the ceiling of every scenario that reads it.
+	GeneratorRPS       float64    `json:"generator_rps"`
+	RawTCPRecordBytes  int        `json:"raw_tcp_record_bytes"`
+	ForwardRecordBytes float64    `json:"forward_record_bytes"`
+	Scenarios          []Scenario `json:"scenarios"`
+	GOMAXPROCS         int        `json:"gomaxprocs"`
+	NumCPU             int        `json:"num_cpu"`
+}
+
+// measurement is one run of a scenario.
+type measurement struct {
+	records int64
+	bytes   int64
+	elapsed time.Duration
+	counts  map[string]WordStat
+}
+
+func (m measurement) perSecond() float64 {
+	if m.elapsed <= 0 {
+		return 0
+	}
+	return float64(m.records) / m.elapsed.Seconds()
+}
+
+// bench is one benchmark session: two workers.
+type bench struct {
+	cfg    Config
+	log    *slog.Logger
+	w1, w2 *workerClient
+	seq    int
+	// prevTasks are the tasks of the last query run, per worker.
+	prevTasks [2][]runtime.TaskSpec
+}
+
+// Run starts two workers, runs every scenario and stops the workers
+// (whatever happens; a cancelled ctx stops them at once).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	b, err := start(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer b.stop()
+	res := &Result{RawTCPRecordBytes: RawRecordBytes, GOMAXPROCS: goruntime.GOMAXPROCS(0), NumCPU: goruntime.NumCPU()}
+	scenarios := []struct {
+		name  string
+		pilot int64
+		run   func(context.Context, int64) (measurement, error)
+		out   *float64
+	}{
+		{"raw_tcp", 1 << 20, b.rawTCP, &res.RawTCPRPS},
+		{"forward", 50_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, false) }, &res.ForwardRPS},
+		{"wordcount", 50_000, b.engineWordCount, &res.WordcountLinesPS},
+		{"handwritten_wordcount", 200_000, b.handWordCount, &res.HandwrittenLinesPS},
+		{"unbatched", 10_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, true) }, &res.UnbatchedRPS},
+	}
+	for _, s := range scenarios {
+		m, err := b.measure(ctx, s.name, s.pilot, s.run)
+		if err != nil {
+			return nil, fmt.Errorf("scenario %s: %w", s.name, err)
+		}
+		*s.out = m.perSecond()
+		sc := Scenario{Name: s.name, Records: m.records, Seconds: m.elapsed.Seconds(), PerSecond: m.perSecond()}
+		if m.records > 0 {
+			sc.RecordBytes = float64(m.bytes) / float64(m.records)
+		}
+		if s.name == "forward" {
+			res.ForwardRecordBytes = sc.RecordBytes
+		}
+		res.Scenarios = append(res.Scenarios, sc)
+		b.log.Info("scenario done", "scenario", s.name, "records", m.records, "seconds", sc.Seconds, "per_second", int64(sc.PerSecond))
+	}
+	if res.GeneratorRPS, err = generatorRate(ctx, min(b.cfg.Duration/5, time.Second)); err != nil {
+		return nil, err
+	}
+	res.ForwardRatio = ratio(res.ForwardRPS, res.RawTCPRPS)
+	res.WordcountRatio = ratio(res.WordcountLinesPS, res.HandwrittenLinesPS)
+	res.BatchingGain = ratio(res.ForwardRPS, res.UnbatchedRPS)
+	return res, nil
+}
+
+// generatorRate runs the words generator alone for about d.
+func generatorRate(ctx context.Context, d time.Duration) (float64, error) {
+	gen, err := source.NewGenerator(wordsGenerator(0, benchSeed), 0)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		tp    tuple.Tuple
+		n     int64
+		start = time.Now()
+	)
+	for ctx.Err() == nil {
+		for range 4096 {
+			gen.Next(&tp)
+		}
+		n += 4096
+		if time.Since(start) >= d {
+			break
+		}
+	}
+	return float64(n) / time.Since(start).Seconds(), ctx.Err()
+}
+
+func ratio(a, b float64) float64 {
+	if b == 0 {
+		return 0
+	}
+	return a / b
+}
+
+// start launches the two workers and learns their DataPlane addresses.
+func start(ctx context.Context, cfg Config) (*bench, error) {
+	if cfg.Duration <= 0 {
+		cfg.Duration = DefaultDuration
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Launch == nil {
+		l, err := DefaultLauncher()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Launch = l
+	}
+	b := &bench{cfg: cfg, log: cfg.Logger}
+	for i, w := range []**workerClient{&b.w1, &b.w2} {
+		name := fmt.Sprintf("bench-worker-%d", i+1)
+		p, err := cfg.Launch(ctx, name)
+		if err != nil {
+			b.stop()
+			return nil, err
+		}
+		*w = newWorkerClient(name, p)
+	}
+	for _, w := range []*workerClient{b.w1, b.w2} {
+		resp, err := w.call(ctx, request{Op: opHello})
+		if err != nil {
+			b.stop()
+			return nil, err
+		}
+		w.addr = resp.Addr
+	}
+	return b, nil
+}
+
+func (b *bench) stop() {
+	for _, w := range []*workerClient{b.w1, b.w2} {
+		if w != nil {
+			if err := w.proc.Stop(); err != nil {
+				b.log.Warn("bench worker stop", "worker", w.name, "err", err)
+			}
+		}
+	}
+}
+
+// measure runs a scenario sized for the configured duration: runs start
+// at pilot records and grow by the measured rate (at most 16x per step)
+// until one lasts at least 70% of the duration; that one is the
+// measurement.
+func (b *bench) measure(ctx context.Context, name string, pilot int64, run func(context.Context, int64) (measurement, error)) (measurement, error) {
+	if b.cfg.Records > 0 {
+		return b.runOnce(ctx, run, b.cfg.Records)
+	}
+	n := pilot
+	for range 6 {
+		m, err := b.runOnce(ctx, run, n)
+		if err != nil {
+			return m, err
+		}
+		b.log.Debug("run", "scenario", name, "records", n, "elapsed", m.elapsed)
+		if m.elapsed >= b.cfg.Duration*7/10 {
+			return m, nil
+		}
+		// Short runs underestimate the steady rate (start-up costs), so
+		// the estimate is refined until a run is long enough.
+		target := int64(m.perSecond() * b.cfg.Duration.Seconds())
+		n = min(max(target, n+1), 16*n)
+	}
+	return b.runOnce(ctx, run, n)
+}
+
+// runOnce runs one measurement with a deadline generous enough for any
+// sane rate, so that a stalled pipeline fails instead of hanging.
+func (b *bench) runOnce(ctx context.Context, run func(context.Context, int64) (measurement, error), n int64) (measurement, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*b.cfg.Duration+30*time.Second)
+	defer cancel()
+	return run(ctx, n)
+}
+
+func elapsed(start, end int64) time.Duration {
+	return time.Duration(max(end-start, 1))
+}
+
+// rawTCP: worker 1 writes n fixed-size records, worker 2 counts them.
+func (b *bench) rawTCP(ctx context.Context, n int64) (measurement, error) {
+	l, err := b.w2.call(ctx, request{Op: opTCPListen, RecordBytes: RawRecordBytes, Records: n})
+	if err != nil {
+		return measurement{}, err
+	}
+	s, err := b.w1.call(ctx, request{Op: opTCPSend, Addr: l.Addr, Records: n, RecordBytes: RawRecordBytes})
+	if err != nil {
+		return measurement{}, err
+	}
+	r, err := b.w2.call(ctx, request{Op: opTCPWait})
+	if err != nil {
+		return measurement{}, err
+	}
+	return measurement{records: r.Records, bytes: r.Bytes, elapsed: elapsed(s.StartNanos, r.EndNanos)}, nil
+}
+
+// handWordCount: the hand-written word count over raw TCP.
+func (b *bench) handWordCount(ctx context.Context, n int64) (measurement, error) {
+	l, err := b.w2.call(ctx, request{Op: opWCListen, Partitions: wordCountPartitions})
+	if err != nil {
+		return measurement{}, err
+	}
+	s, err := b.w1.call(ctx, request{Op: opWCSend, Addr: l.Addr, Records: n, Seed: benchSeed, Partitions: wordCountPartitions})
+	if err != nil {
+		return measurement{}, err
+	}
+	r, err := b.w2.call(ctx, request{Op: opWCWait})
+	if err != nil {
+		return measurement{}, err
+	}
+	if r.Records != n {
+		return measurement{}, fmt.Errorf("%w: hand-written word count counted %d lines, %d were sent", ErrMismatch, r.Records, n)
+	}
+	return measurement{records: n, bytes: s.Bytes, elapsed: elapsed(s.StartNanos, r.EndNanos), counts: r.Counts}, nil
+}
+
+// forward: the source -> map -> sink query, batched or not.
+func (b *bench) forward(ctx context.Context, n int64, unbatched bool) (measurement, error) {
+	name := b.queryName("fwd")
+	q, err := forwardQuery(name, n)
+	if err != nil {
+		return measurement{}, err
+	}
+	r, start, err := b.runQuery(ctx, q, map[string]int{"records": 0}, "out", unbatched, false)
+	if err != nil {
+		return measurement{}, err
+	}
+	if r.Records != n {
+		return measurement{}, fmt.Errorf("%w: sink delivered %d records, the source produced %d", ErrMismatch, r.Records, n)
+	}
+	return measurement{records: n, bytes: r.Bytes, elapsed: elapsed(start, r.EndNanos)}, nil
+}
+
+// engineWordCount: the word count query.
+func (b *bench) engineWordCount(ctx context.Context, n int64) (measurement, error) {
+	name := b.queryName("wc")
+	q, err := wordCountQuery(name, n)
+	if err != nil {
+		return measurement{}, err
+	}
+	r, start, err := b.runQuery(ctx, q, map[string]int{"lines": 0, "tokens": 0}, "out", false, true)
+	if err != nil {
+		return measurement{}, err
+	}
+	var lines int64
+	for _, st := range r.Counts {
+		lines += st.Lines
+	}
+	if lines != n {
+		return measurement{}, fmt.Errorf("%w: engine word count counted %d lines, the source produced %d", ErrMismatch, lines, n)
+	}
+	return measurement{records: n, elapsed: elapsed(start, r.EndNanos), counts: r.Counts}, nil
+}
+
+func (b *bench) queryName(kind string) string {
+	b.seq++
+	return fmt.Sprintf("bench-%s-%d", kind, b.seq)
+}
+
+// runQuery places the fragments listed in onWorker1 on worker 1 and the
+// rest on worker 2, starts worker 2's tasks and a tail on sink first (they
+// wait for their upstreams), then worker 1's, and waits for the tail to see
+// the final boundary. It returns the tail's response and the wall time the
+// source started. The tasks are stopped by the next runQuery.
+func (b *bench) runQuery(ctx context.Context, q *queryspec.Query, onWorker1 map[string]int, sink string, unbatched, collect bool) (response, int64, error) {
+	specs, err := placeQuery(q, func(fragment string) int {
+		if _, ok := onWorker1[fragment]; ok {
+			return 0
+		}
+		return 1
+	}, [2]string{b.w1.addr, b.w2.addr})
+	if err != nil {
+		return response{}, 0, err
+	}
+	// The previous query's (finished) tasks stay until this one is done:
+	// stopping a task closes its output buffers, and an acknowledgement
+	// still in flight to a closed buffer crashes the worker
+	// (dataplane.OutputBuffer.Ack after Close). One query later nothing
+	// is in flight.
+	prev := b.prevTasks
+	b.prevTasks = specs
+	if _, err := b.w2.call(ctx, request{Op: opApply, Tasks: concat(prev[1], specs[1]), Unbatched: unbatched}); err != nil {
+		return response{}, 0, err
+	}
+	sinkTask := queryspec.TaskID(q.Name, sink, 0, 0)
+	if _, err := b.w2.call(ctx, request{Op: opTailStart, Query: q.Name, Task: sinkTask, Collect: collect}); err != nil {
+		return response{}, 0, err
+	}
+	s, err := b.w1.call(ctx, request{Op: opApply, Tasks: concat(prev[0], specs[0]), Unbatched: unbatched})
+	if err != nil {
+		return response{}, 0, err
+	}
+	r, err := b.w2.call(ctx, request{Op: opTailWait})
+	if err != nil {
+		return response{}, 0, err
+	}
+	return r, s.StartNanos, nil
+}
+
+func concat(a, b []runtime.TaskSpec) []runtime.TaskSpec {
+	return append(append(make([]runtime.TaskSpec, 0, len(a)+len(b)), a...), b...)
+}
+
+// placeQuery builds the task specs of every task of q (one replica), on
+// worker index where(fragment), addresses the two workers' DataPlane.
+func placeQuery(q *queryspec.Query, where func(fragment string) int, addrs [2]string) ([2][]runtime.TaskSpec, error) {
+	var out [2][]runtime.TaskSpec
+	plan, err := q.Plan()
+	if err != nil {
+		return out, err
+	}
+	var (
+		placements []runtime.Placement
+		owner      []int
+	)
+	for _, node := range plan.Nodes {
+		for p := range max(1, node.Partitions) {
+			for r := range max(1, q.Replicas) {
+				w := where(node.Name)
+				placements = append(placements, runtime.Placement{
+					TaskID: queryspec.TaskID(q.Name, node.Name, p, r), Fragment: node.Name,
+					Partition: p, Replica: r, WorkerAddr: addrs[w],
+				})
+				owner = append(owner, w)
+			}
+		}
+	}
+	for i, pl := range placements {
+		out[owner[i]] = append(out[owner[i]], runtime.TaskSpec{
+			TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Partition: pl.Partition,
+			Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements,
+		})
+	}
+	return out, nil
+}
+
+// forwardQuery: words source -> map (projection) -> sink.
+func forwardQuery(name string, records int64) (*queryspec.Query, error) {
+	return queryspec.Parse(name+".yaml", fmt.Appendf(nil, `
+name: %s
+replicas: 1
+sources:
+  - name: records
+    generator: {kind: words, seed: %d, limit: %d, rate: 0}
+operators:
+  - {name: project, type: map, input: records, fields: {line: line}}
+sinks:
+  - {name: out, input: project}
+`, name, benchSeed, records))
+}
+
+// wordCountQuery: words source -> tokenising map -> keyed aggregate over
+// one window covering the whole (finite) input -> sink. At rate 0 stimes
+// advance 1µs per line, so a day-long window holds any sane input.
+func wordCountQuery(name string, records int64) (*queryspec.Query, error) {
+	return queryspec.Parse(name+".yaml", fmt.Appendf(nil, `
+name: %s
+replicas: 1
+sources:
+  - name: lines
+    generator: {kind: words, seed: %d, limit: %d, rate: 0}
+operators:
+  - name: tokens
+    type: map
+    input: lines
+    fields: {word: "split(line, ' ')[0]", words: "len(split(line, ' '))"}
+  - name: counts
+    type: aggregate
+    input: tokens
+    window: {size: 24h}
+    group_by: [word]
+    aggregates: {lines: "count()", words: "sum(words)"}
+    parallelism: %d
+sinks:
+  - {name: out, input: counts}
+`, name, benchSeed, records, wordCountPartitions))
+}
+
+// WriteText prints the result for people.
+func (r *Result) WriteText(w io.Writer) error {
+	var sb []byte
+	for _, s := range r.Scenarios {
+		size := "-"
+		if s.RecordBytes > 0 {
+			size = fmt.Sprintf("%.1f", s.RecordBytes)
+		}
+		sb = fmt.Appendf(sb, "%-22s %12.0f /s  (%d records in %.2fs, %s B/record)\n", s.Name, s.PerSecond, s.Records, s.Seconds, size)
+	}
+	sb = fmt.Appendf(sb, "\nforward / raw TCP:              %.3f\n", r.ForwardRatio)
+	sb = fmt.Appendf(sb, "word count / hand-written:      %.3f\n", r.WordcountRatio)
+	sb = fmt.Appendf(sb, "batching gain (batched/unbatched): %.1fx\n", r.BatchingGain)
+	sb = fmt.Appendf(sb, "words generator alone:          %.0f lines/s (ceiling of the engine and word-count scenarios)\n", r.GeneratorRPS)
+	sb = fmt.Appendf(sb, "(GOMAXPROCS %d, %d CPUs; raw TCP records are %d bytes, engine records %.1f bytes on average)\n",
+		r.GOMAXPROCS, r.NumCPU, r.RawTCPRecordBytes, r.ForwardRecordBytes)
+	_, err := w.Write(sb)
+	return err
+}

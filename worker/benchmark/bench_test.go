@@ -1,0 +1,265 @@
+package benchmark
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func testLogger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// startInProcess runs a benchmark session with in-process workers.
+func startInProcess(t *testing.T, records int64) *bench {
+	t.Helper()
+	b, err := start(t.Context(), Config{Records: records, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.stop)
+	return b
+}
+
+// referenceWordCount computes the word count directly from the generator.
+func referenceWordCount(t *testing.T, n int64) map[string]WordStat {
+	t.Helper()
+	gen, err := source.NewGenerator(wordsGenerator(n, benchSeed), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]WordStat{}
+	var tp tuple.Tuple
+	for gen.Next(&tp) {
+		w, words := tokenise(tp.Values[0].S)
+		st := out[w]
+		st.Lines++
+		st.Words += words
+		out[w] = st
+	}
+	return out
+}
+
+func TestScenariosInProcess(t *testing.T) {
+	const n = 3000
+	b := startInProcess(t, n)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	want := referenceWordCount(t, n)
+
+	t.Run("raw_tcp", func(t *testing.T) {
+		m, err := b.rawTCP(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.records != n || m.bytes != n*RawRecordBytes {
+			t.Fatalf("raw TCP: %d records, %d bytes; want %d, %d", m.records, m.bytes, n, n*RawRecordBytes)
+		}
+	})
+	for _, unbatched := range []bool{false, true} {
+		t.Run("forward", func(t *testing.T) {
+			m, err := b.forward(ctx, n, unbatched)
+			if err != nil {
+				t.Fatalf("unbatched=%v: %v", unbatched, err)
+			}
+			if m.records != n || m.bytes == 0 {
+				t.Fatalf("unbatched=%v: %d records, %d bytes", unbatched, m.records, m.bytes)
+			}
+		})
+	}
+	t.Run("wordcount", func(t *testing.T) {
+		engine, err := b.engineWordCount(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hand, err := b.handWordCount(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !maps.Equal(engine.counts, want) {
+			t.Errorf("engine word count differs from the reference:\n got %v\nwant %v", engine.counts, want)
+		}
+		if !maps.Equal(hand.counts, want) {
+			t.Errorf("hand-written word count differs from the reference:\n got %v\nwant %v", hand.counts, want)
+		}
+	})
+}
+
+func TestRunReportsEveryFigure(t *testing.T) {
+	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"raw_tcp_rps", "forward_rps", "forward_ratio", "wordcount_lines_ps",
+		"handwritten_lines_ps", "wordcount_ratio", "unbatched_rps", "batching_gain"} {
+		v, ok := fields[k].(float64)
+		if !ok || v <= 0 {
+			t.Errorf("%s = %v, want a positive number", k, fields[k])
+		}
+	}
+	if len(res.Scenarios) != 5 {
+		t.Errorf("%d scenarios, want 5", len(res.Scenarios))
+	}
+	var text bytes.Buffer
+	if err := res.WriteText(&text); err != nil || text.Len() == 0 {
+		t.Errorf("WriteText: %v, %d bytes", err, text.Len())
+	}
+}
+
+func TestWorkerProtocolErrors(t *testing.T) {
+	p, err := InProcessLauncher(testLogger())(t.Context(), "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Stop()
+	c := newWorkerClient("w", p)
+	ctx := t.Context()
+	tests := []struct {
+		name string
+		req  request
+	}{
+		{"unknown op", request{Op: "nope"}},
+		{"wait without job", request{Op: opTailWait}},
+		{"tail of unknown task", request{Op: opTailStart, Task: "q/out/p0/r0"}},
+		{"bad record size", request{Op: opTCPSend, Addr: "127.0.0.1:1", RecordBytes: 0, Records: 1}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := c.call(ctx, tc.req); err == nil {
+				t.Fatal("no error")
+			}
+		})
+	}
+	// The worker still answers after errors.
+	if resp, err := c.call(ctx, request{Op: opHello}); err != nil || resp.Addr == "" {
+		t.Fatalf("hello after errors: %v, %q", err, resp.Addr)
+	}
+}
+
+// TestSplitStreamSendsOneTuplePerMessage checks the unbatched emulation.
+func TestSplitStreamSendsOneTuplePerMessage(t *testing.T) {
+	var data []byte
+	for id := uint64(1); id <= 3; id++ {
+		data = tuple.AppendTuple(data, &tuple.Tuple{Type: tuple.Stable, ID: id, Values: []tuple.Value{tuple.Str("abc")}})
+	}
+	rec := &recordingStream{reqs: []*fedstreampb.SubscribeRequest{{Stream: &fedstreampb.StreamRef{Query: "q", Consumer: "m"}}}}
+	s := &splitStream{DataPlane_SubscribeServer: rec, unbatched: func(q string) bool { return q == "q" }}
+	if _, err := s.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&fedstreampb.Batch{Data: data, Count: 3, LastId: 3}); err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.sent) != 3 {
+		t.Fatalf("%d messages, want 3", len(rec.sent))
+	}
+	var joined []byte
+	for i, m := range rec.sent {
+		if m.Count != 1 || m.LastId != uint64(i+1) {
+			t.Errorf("message %d: count %d last id %d", i, m.Count, m.LastId)
+		}
+		joined = append(joined, m.Data...)
+	}
+	if !bytes.Equal(joined, data) {
+		t.Error("split messages do not add up to the batch")
+	}
+}
+
+type recordingStream struct {
+	fedstreampb.DataPlane_SubscribeServer
+	reqs []*fedstreampb.SubscribeRequest
+	sent []*fedstreampb.Batch
+}
+
+func (r *recordingStream) Recv() (*fedstreampb.SubscribeRequest, error) {
+	if len(r.reqs) == 0 {
+		return nil, io.EOF
+	}
+	req := r.reqs[0]
+	r.reqs = r.reqs[1:]
+	return req, nil
+}
+
+func (r *recordingStream) Send(b *fedstreampb.Batch) error {
+	r.sent = append(r.sent, b)
+	return nil
+}
+
+// TestReceiveRecordsRejectsTornRecord: a stream ending inside a record is
+// an error, not a short count.
+func TestReceiveRecordsRejectsTornRecord(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := receiveRecords(t.Context(), lis, 10, 0)
+		done <- err
+	}()
+	conn, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write(bytes.Repeat([]byte{recordMarker}, 15)); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	if err := <-done; err == nil {
+		t.Fatal("torn record accepted")
+	}
+}
+
+// BenchmarkForwardInProcess runs the forward pipeline with both workers in
+// this process (for CPU profiles of the engine path):
+//
+//	go test -run '^$' -bench ForwardInProcess -cpuprofile cpu.out ./worker/benchmark/
+func BenchmarkForwardInProcess(b *testing.B) {
+	benchInProcess(b, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
+}
+
+// BenchmarkWordCountInProcess is the engine word count, in process.
+func BenchmarkWordCountInProcess(b *testing.B) {
+	benchInProcess(b, (*bench).engineWordCount)
+}
+
+func benchInProcess(b *testing.B, run func(*bench, context.Context, int64) (measurement, error)) {
+	s, err := start(b.Context(), Config{Records: 1, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.stop()
+	const n = 200_000
+	b.ResetTimer()
+	for b.Loop() {
+		m, err := run(s, b.Context(), n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(m.perSecond(), "records/s")
+	}
+}

@@ -1,0 +1,143 @@
+package benchmark
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/fedstream/fedstream/worker/runtime"
+)
+
+// ErrWorker means a bench worker answered a request with an error, or its
+// pipes failed (it died).
+var ErrWorker = errors.New("benchmark: bench worker failed")
+
+// Operations of the bench-worker control protocol. The parent writes one
+// JSON request per line on the worker's stdin and reads exactly one JSON
+// response per request on its stdout, in order. Operations named *_start
+// or *_listen return at once and leave a job running; the matching *_wait
+// blocks until that job ends.
+const (
+	// opHello returns the worker's DataPlane address.
+	opHello = "hello"
+	// opApply makes the runtime run exactly Tasks (nil stops every task);
+	// Unbatched marks the tasks' queries as served one tuple per message.
+	// The response carries StartNanos, taken just before Apply.
+	opApply = "apply"
+	// opTailStart subscribes (no ack) to the result stream of sink task
+	// Task of Query, counting data tuples until the final boundary;
+	// opTailWait returns the count, payload bytes, the wall time of the
+	// final boundary and, with Collect, the word counts in the results.
+	opTailStart = "tail_start"
+	opTailWait  = "tail_wait"
+	// opTCPListen accepts one raw TCP connection and counts the fixed-size
+	// records of RecordBytes bytes read from it until EOF; opTCPWait
+	// returns the count and the wall time of EOF.
+	opTCPListen = "tcp_listen"
+	opTCPWait   = "tcp_wait"
+	// opTCPSend connects to Addr and writes Records records of RecordBytes
+	// bytes through a 256 KiB buffered writer; it returns when all are
+	// written, with StartNanos taken after the connection was made.
+	opTCPSend = "tcp_send"
+	// opWCListen accepts Partitions connections of the hand-written word
+	// count and counts what they carry; opWCWait returns the counts and
+	// the wall time the last partition ended.
+	opWCListen = "wc_listen"
+	opWCWait   = "wc_wait"
+	// opWCSend generates Records lines (words generator, Seed), tokenises
+	// them, hash-partitions by word over Partitions connections to Addr.
+	opWCSend = "wc_send"
+)
+
+// request is one control message from the parent to a bench worker.
+type request struct {
+	Op          string             `json:"op"`
+	Tasks       []runtime.TaskSpec `json:"tasks,omitempty"`
+	Unbatched   bool               `json:"unbatched,omitempty"`
+	Query       string             `json:"query,omitempty"`
+	Task        string             `json:"task,omitempty"`
+	Collect     bool               `json:"collect,omitempty"`
+	Addr        string             `json:"addr,omitempty"`
+	Records     int64              `json:"records,omitempty"`
+	RecordBytes int                `json:"record_bytes,omitempty"`
+	Seed        int64              `json:"seed,omitempty"`
+	Partitions  int                `json:"partitions,omitempty"`
+}
+
+// response answers one request. Times are Unix nanoseconds of the wall
+// clock: parent and workers run on one machine, so they compare.
+type response struct {
+	Error      string              `json:"error,omitempty"`
+	Addr       string              `json:"addr,omitempty"`
+	StartNanos int64               `json:"start_nanos,omitempty"`
+	FirstNanos int64               `json:"first_nanos,omitempty"`
+	EndNanos   int64               `json:"end_nanos,omitempty"`
+	Records    int64               `json:"records,omitempty"`
+	Bytes      int64               `json:"bytes,omitempty"`
+	Counts     map[string]WordStat `json:"counts,omitempty"`
+}
+
+// WordStat is what a word count computes per key: the lines whose first
+// word is the key and the words those lines hold.
+type WordStat struct {
+	Lines int64 `json:"lines"`
+	Words int64 `json:"words"`
+}
+
+// workerClient talks to one bench worker. Calls are serialised: the
+// protocol is strictly request/response.
+type workerClient struct {
+	name string
+	mu   sync.Mutex
+	enc  *json.Encoder
+	dec  *json.Decoder
+	proc *WorkerProcess
+	// addr is the worker's DataPlane address (from hello).
+	addr string
+}
+
+func newWorkerClient(name string, p *WorkerProcess) *workerClient {
+	return &workerClient{name: name, enc: json.NewEncoder(p.In), dec: json.NewDecoder(p.Out), proc: p}
+}
+
+// call sends req and waits for the response, or for ctx to end (then the
+// worker is stopped: its pipe is out of step and cannot be reused).
+func (c *workerClient) call(ctx context.Context, req request) (response, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	type result struct {
+		resp response
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		if err := c.enc.Encode(&req); err != nil {
+			r.err = err
+		} else if err := c.dec.Decode(&r.resp); err != nil {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			r.err = err
+		}
+		done <- r
+	}()
+	select {
+	case r := <-done:
+		if r.err != nil {
+			return response{}, fmt.Errorf("%w: %s: %s: %w", ErrWorker, c.name, req.Op, r.err)
+		}
+		if r.resp.Error != "" {
+			return r.resp, fmt.Errorf("%w: %s: %s: %s", ErrWorker, c.name, req.Op, r.resp.Error)
+		}
+		return r.resp, nil
+	case <-ctx.Done():
+		// Stopping the worker closes its pipes, which ends the goroutine.
+		_ = c.proc.Stop()
+		<-done
+		return response{}, fmt.Errorf("%w: %s: %s: %w", ErrWorker, c.name, req.Op, ctx.Err())
+	}
+}

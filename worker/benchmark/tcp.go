@@ -1,0 +1,295 @@
+package benchmark
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// tcpBufferBytes is the buffer of the raw TCP writers and readers.
+const tcpBufferBytes = 256 << 10
+
+// recordMarker starts every raw record; the reader checks it, so that it
+// looks at each record instead of only counting bytes.
+const recordMarker = 0xfe
+
+// ErrBadStream means a raw TCP baseline received something other than what
+// its sender writes.
+var ErrBadStream = errors.New("benchmark: malformed raw stream")
+
+// dial connects to a loopback address, giving up with ctx; the connection
+// is closed if ctx ends while it is in use.
+func dial(ctx context.Context, addr string) (net.Conn, func() bool, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	return conn, stop, nil
+}
+
+// closeWrite half-closes a TCP connection so the reader sees EOF after
+// everything written, then closes it.
+func closeWrite(conn net.Conn) error {
+	var err error
+	if tc, ok := conn.(*net.TCPConn); ok {
+		err = tc.CloseWrite()
+	}
+	return errors.Join(err, conn.Close())
+}
+
+// sendRecords writes n records of size bytes to addr through a buffered
+// writer.
+func sendRecords(ctx context.Context, addr string, n int64, size int) (response, error) {
+	if size < 1 || n < 0 {
+		return response{}, fmt.Errorf("tcp send: record size %d and count %d must be positive", size, n)
+	}
+	conn, stop, err := dial(ctx, addr)
+	if err != nil {
+		return response{}, fmt.Errorf("tcp send: %w", err)
+	}
+	defer stop()
+	record := make([]byte, size)
+	for i := range record {
+		record[i] = byte('a' + i%26)
+	}
+	record[0] = recordMarker
+	bw := bufio.NewWriterSize(conn, tcpBufferBytes)
+	start := time.Now()
+	for range n {
+		if _, err := bw.Write(record); err != nil {
+			_ = conn.Close()
+			return response{}, fmt.Errorf("tcp send: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		_ = conn.Close()
+		return response{}, fmt.Errorf("tcp send: %w", err)
+	}
+	if err := closeWrite(conn); err != nil {
+		return response{}, fmt.Errorf("tcp send: %w", err)
+	}
+	return response{StartNanos: start.UnixNano(), Records: n, Bytes: n * int64(size)}, nil
+}
+
+// receiveRecords accepts one connection and counts the size-byte records
+// it carries until EOF; want (when > 0) is the count the sender announced.
+func receiveRecords(ctx context.Context, lis net.Listener, size int, want int64) (response, error) {
+	if size < 1 {
+		return response{}, fmt.Errorf("tcp receive: record size %d must be positive", size)
+	}
+	conn, err := lis.Accept()
+	if err != nil {
+		return response{}, fmt.Errorf("tcp receive: %w", err)
+	}
+	defer conn.Close()
+	defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
+	buf := make([]byte, tcpBufferBytes-tcpBufferBytes%size)
+	var resp response
+	for {
+		n, err := io.ReadFull(conn, buf)
+		if n%size != 0 {
+			return response{}, fmt.Errorf("%w: stream ends inside a record", ErrBadStream)
+		}
+		for off := 0; off < n; off += size {
+			if buf[off] != recordMarker {
+				return response{}, fmt.Errorf("%w: record %d lacks its marker", ErrBadStream, resp.Records)
+			}
+			resp.Records++
+		}
+		resp.Bytes += int64(n)
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			return response{}, fmt.Errorf("tcp receive: %w", err)
+		}
+	}
+	resp.EndNanos = time.Now().UnixNano()
+	if want > 0 && resp.Records != want {
+		return response{}, fmt.Errorf("%w: got %d records, sender wrote %d", ErrBadStream, resp.Records, want)
+	}
+	return resp, nil
+}
+
+// wordsGenerator is the generator both word counts (and the forward
+// pipeline) read: the engine's words source, partition 0.
+func wordsGenerator(records, seed int64) *queryspec.Generator {
+	return &queryspec.Generator{Kind: queryspec.GenWords, Seed: seed, Limit: records}
+}
+
+// tokenise splits a line the way the engine's query does
+// (split(line, ' ')): the first word is the key, the word count the value.
+func tokenise(line string) (first string, words int64) {
+	parts := strings.Split(line, " ")
+	return parts[0], int64(len(parts))
+}
+
+// partitionOf is the engine's keyed exchange: hash slot of the key, then
+// the partition owning the slot.
+func partitionOf(word string, keyBuf []tuple.Value, partitions int) int {
+	keyBuf[0] = tuple.Str(word)
+	return queryspec.PartitionOfSlot(queryspec.Slot(keyBuf), partitions)
+}
+
+// sendWordCount is the sending half of the hand-written word count: it
+// generates the lines, tokenises them and sends (word, words) frames to
+// the partition owning the word, one connection per partition.
+func sendWordCount(ctx context.Context, addr string, records, seed int64, partitions int) (response, error) {
+	if partitions < 1 || records < 0 {
+		return response{}, fmt.Errorf("wc send: partitions %d and records %d must be positive", partitions, records)
+	}
+	gen, err := source.NewGenerator(wordsGenerator(records, seed), 0)
+	if err != nil {
+		return response{}, fmt.Errorf("wc send: %w", err)
+	}
+	conns := make([]net.Conn, 0, partitions)
+	writers := make([]*bufio.Writer, 0, partitions)
+	defer func() {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	}()
+	for range partitions {
+		c, stop, err := dial(ctx, addr)
+		if err != nil {
+			return response{}, fmt.Errorf("wc send: %w", err)
+		}
+		defer stop()
+		conns = append(conns, c)
+		writers = append(writers, bufio.NewWriterSize(c, tcpBufferBytes))
+	}
+	var (
+		tp     tuple.Tuple
+		keyBuf = make([]tuple.Value, 1)
+		frame  = make([]byte, 0, 64)
+		resp   response
+	)
+	start := time.Now()
+	for gen.Next(&tp) {
+		line := tp.Values[0].S
+		word, words := tokenise(line)
+		frame = binary.AppendUvarint(frame[:0], uint64(len(word)))
+		frame = append(frame, word...)
+		frame = binary.AppendUvarint(frame, uint64(words))
+		if _, err := writers[partitionOf(word, keyBuf, partitions)].Write(frame); err != nil {
+			return response{}, fmt.Errorf("wc send: %w", err)
+		}
+		resp.Records++
+		resp.Bytes += int64(len(line))
+	}
+	for i, bw := range writers {
+		if err := bw.Flush(); err != nil {
+			return response{}, fmt.Errorf("wc send: %w", err)
+		}
+		if err := closeWrite(conns[i]); err != nil {
+			return response{}, fmt.Errorf("wc send: %w", err)
+		}
+	}
+	conns = nil
+	resp.StartNanos = start.UnixNano()
+	return resp, nil
+}
+
+// receiveWordCount is the receiving half: one goroutine per partition
+// connection counts into its own map; the maps are merged at the end
+// (partitions own disjoint keys).
+func receiveWordCount(ctx context.Context, lis net.Listener, partitions int) (response, error) {
+	if partitions < 1 {
+		return response{}, fmt.Errorf("wc receive: partitions %d must be positive", partitions)
+	}
+	type result struct {
+		counts map[string]WordStat
+		err    error
+	}
+	results := make(chan result, partitions)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	var acceptErr error
+	for range partitions {
+		conn, err := lis.Accept()
+		if err != nil {
+			acceptErr = fmt.Errorf("wc receive: %w", err)
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer conn.Close()
+			defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
+			counts, err := countFrames(bufio.NewReaderSize(conn, tcpBufferBytes))
+			results <- result{counts, err}
+		}()
+	}
+	if acceptErr != nil {
+		_ = lis.Close()
+		return response{}, acceptErr
+	}
+	resp := response{Counts: map[string]WordStat{}}
+	var errs []error
+	for range partitions {
+		r := <-results
+		errs = append(errs, r.err)
+		for w, st := range r.counts {
+			resp.Counts[w] = st
+			resp.Records += st.Lines
+		}
+	}
+	resp.EndNanos = time.Now().UnixNano()
+	if err := errors.Join(errs...); err != nil {
+		return response{}, fmt.Errorf("wc receive: %w", err)
+	}
+	return resp, nil
+}
+
+// countFrames reads (word, words) frames until EOF.
+func countFrames(r *bufio.Reader) (map[string]WordStat, error) {
+	counts := map[string]*WordStat{}
+	var word []byte
+	for {
+		n, err := binary.ReadUvarint(r)
+		if err == io.EOF {
+			out := make(map[string]WordStat, len(counts))
+			for w, st := range counts {
+				out[w] = *st
+			}
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadStream, err)
+		}
+		if n > 1<<16 {
+			return nil, fmt.Errorf("%w: word of %d bytes", ErrBadStream, n)
+		}
+		if uint64(cap(word)) < n {
+			word = make([]byte, n)
+		}
+		word = word[:n]
+		if _, err := io.ReadFull(r, word); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadStream, err)
+		}
+		words, err := binary.ReadUvarint(r)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrBadStream, err)
+		}
+		st := counts[string(word)] // no allocation for the lookup
+		if st == nil {
+			st = &WordStat{}
+			counts[string(word)] = st
+		}
+		st.Lines++
+		st.Words += int64(words)
+	}
+}

@@ -1,0 +1,487 @@
+package benchmark
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/runtime"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// finalBoundary is the stime of the BOUNDARY that ends a finite stream.
+const finalBoundary = math.MaxInt64
+
+// Bounds of the sink's result ring in a bench worker.
+const (
+	sinkRingTuples = 1 << 20
+	sinkRingBytes  = 128 << 20
+)
+
+// tailSubscriber names the result-stream subscription of a bench worker.
+const tailSubscriber = "bench-tail"
+
+// ServeWorker runs a bench worker: a task runtime behind a DataPlane gRPC
+// server on 127.0.0.1, plus the raw-TCP roles of the baselines, driven by
+// the JSON requests read from in (answers go to out). It returns nil when in
+// ends (the parent closed it or died), after stopping everything it
+// started; or ctx.Err() when ctx ends first.
+func ServeWorker(ctx context.Context, in io.Reader, out io.Writer, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	w, err := startBenchWorker(logger)
+	if err != nil {
+		return err
+	}
+	defer w.close()
+
+	// The end of in ends the session even while a request is blocked
+	// (e.g. waiting for a tail): the parent is gone or gave up.
+	parent := ctx
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	reqs := make(chan request)
+	// readErr receives the reader's error before it cancels ctx.
+	readErr := make(chan error, 1)
+	// The reader ends when in does; ServeWorker's caller owns in and closes
+	// it (or the process exits) to stop it.
+	go func() {
+		dec := json.NewDecoder(in)
+		for {
+			var req request
+			if err := dec.Decode(&req); err != nil {
+				readErr <- err
+				cancel()
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	inputEnded := func(err error) error {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrClosedPipe) {
+			return nil
+		}
+		return fmt.Errorf("bench worker: read request: %w", err)
+	}
+	enc := json.NewEncoder(out)
+	for {
+		select {
+		case <-ctx.Done():
+			if err := parent.Err(); err != nil {
+				return err
+			}
+			return inputEnded(<-readErr)
+		case req := <-reqs:
+			resp, err := w.handle(ctx, req)
+			if err != nil {
+				resp = response{Error: err.Error()}
+			}
+			if err := enc.Encode(&resp); err != nil {
+				return fmt.Errorf("bench worker: write response: %w", err)
+			}
+		}
+	}
+}
+
+// job is a background role of a bench worker (a tail or a TCP receiver).
+type job struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	resp   response
+	err    error
+}
+
+func (j *job) wait(ctx context.Context) (response, error) {
+	select {
+	case <-j.done:
+		return j.resp, j.err
+	case <-ctx.Done():
+		return response{}, ctx.Err()
+	}
+}
+
+type benchWorker struct {
+	log   *slog.Logger
+	pool  *dataplane.Pool
+	rt    *runtime.Runtime
+	srv   *grpc.Server
+	addr  string
+	serve chan struct{} // closed when srv.Serve returns
+
+	unbatched *querySet
+	// specs are the tasks last applied, by task id (the tail reads the
+	// sink's schema from them).
+	specs map[string]runtime.TaskSpec
+	// jobs holds the running background job of each kind ("tail", "tcp",
+	// "wc"); only the request loop touches it.
+	jobs map[string]*job
+	wg   sync.WaitGroup
+}
+
+func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("bench worker: listen: %w", err)
+	}
+	w := &benchWorker{
+		log:       logger,
+		pool:      dataplane.NewPool(),
+		srv:       grpc.NewServer(dataplane.ServerOptions()...),
+		addr:      lis.Addr().String(),
+		serve:     make(chan struct{}),
+		unbatched: newQuerySet(),
+		specs:     map[string]runtime.TaskSpec{},
+		jobs:      map[string]*job{},
+	}
+	// Short retry backoff: a downstream task applied before its upstream
+	// exists polls for it, and that delay counts in the measurement.
+	//
+	// The sink's result stream is a ring the tail must not fall a whole
+	// ring behind: give it room for about a second of output. Buffers
+	// between tasks keep the default tuple bound, which binds before the
+	// larger byte bound for records this small.
+	w.rt = runtime.New(runtime.Options{
+		Logger: logger, Pool: w.pool, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond,
+		SinkBufferTuples: sinkRingTuples,
+		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
+	})
+	fedstreampb.RegisterDataPlaneServer(w.srv, splitServer{DataPlaneServer: w.rt.Server(), unbatched: w.unbatched.has})
+	go func() { defer close(w.serve); _ = w.srv.Serve(lis) }()
+	return w, nil
+}
+
+// close stops the jobs, the tasks and the server, and waits for them.
+func (w *benchWorker) close() {
+	for _, j := range w.jobs {
+		j.cancel()
+	}
+	w.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.rt.Close(ctx); err != nil {
+		w.log.Warn("bench worker: runtime close", "err", err)
+	}
+	w.srv.Stop()
+	<-w.serve
+	_ = w.pool.Close()
+}
+
+func (w *benchWorker) handle(ctx context.Context, req request) (response, error) {
+	switch req.Op {
+	case opHello:
+		return response{Addr: w.addr}, nil
+	case opApply:
+		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
+		for _, s := range req.Tasks {
+			w.specs[s.TaskID] = s
+			if req.Unbatched {
+				w.unbatched.add(s.Query)
+			}
+		}
+		start := time.Now()
+		w.rt.Apply(ctx, req.Tasks)
+		for _, st := range w.rt.States() {
+			if st.State == runtime.StateFailed {
+				return response{}, fmt.Errorf("task %s failed: %s", st.TaskID, st.Message)
+			}
+		}
+		return response{StartNanos: start.UnixNano()}, nil
+	case opTailStart:
+		spec, ok := w.specs[req.Task]
+		if !ok {
+			return response{}, fmt.Errorf("tail: no task %q was applied here", req.Task)
+		}
+		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
+			return w.tail(ctx, spec, req.Collect)
+		})
+	case opTCPListen:
+		return w.listenJob("tcp", func(ctx context.Context, lis net.Listener) (response, error) {
+			return receiveRecords(ctx, lis, req.RecordBytes, req.Records)
+		})
+	case opWCListen:
+		return w.listenJob("wc", func(ctx context.Context, lis net.Listener) (response, error) {
+			return receiveWordCount(ctx, lis, req.Partitions)
+		})
+	case opTailWait:
+		return w.waitJob(ctx, "tail")
+	case opTCPWait:
+		return w.waitJob(ctx, "tcp")
+	case opWCWait:
+		return w.waitJob(ctx, "wc")
+	case opTCPSend:
+		return sendRecords(ctx, req.Addr, req.Records, req.RecordBytes)
+	case opWCSend:
+		return sendWordCount(ctx, req.Addr, req.Records, req.Seed, req.Partitions)
+	}
+	return response{}, fmt.Errorf("unknown operation %q", req.Op)
+}
+
+// startJob runs fn in the background as the job of the given kind.
+func (w *benchWorker) startJob(kind string, fn func(ctx context.Context) (response, error)) error {
+	if old, ok := w.jobs[kind]; ok {
+		old.cancel()
+		<-old.done
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	j := &job{cancel: cancel, done: make(chan struct{})}
+	w.jobs[kind] = j
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		defer close(j.done)
+		j.resp, j.err = fn(ctx)
+	}()
+	return nil
+}
+
+// listenJob listens on a free loopback port and runs fn on it in the
+// background; the response carries the address.
+func (w *benchWorker) listenJob(kind string, fn func(ctx context.Context, lis net.Listener) (response, error)) (response, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return response{}, fmt.Errorf("listen: %w", err)
+	}
+	err = w.startJob(kind, func(ctx context.Context) (response, error) {
+		defer lis.Close()
+		// Closing the listener unblocks Accept when the job is cancelled.
+		defer context.AfterFunc(ctx, func() { _ = lis.Close() })()
+		return fn(ctx, lis)
+	})
+	return response{Addr: lis.Addr().String()}, err
+}
+
+func (w *benchWorker) waitJob(ctx context.Context, kind string) (response, error) {
+	j, ok := w.jobs[kind]
+	if !ok {
+		return response{}, fmt.Errorf("no %s job was started", kind)
+	}
+	resp, err := j.wait(ctx)
+	if err == nil || !errors.Is(err, ctx.Err()) {
+		delete(w.jobs, kind)
+		j.cancel()
+	}
+	return resp, err
+}
+
+// tail subscribes, without acknowledging, to the result stream of a sink
+// task on this worker and counts its data tuples until the final boundary.
+// The result stream is a ring: a tail that fell behind would miss tuples,
+// which the id check reports instead of under-counting.
+func (w *benchWorker) tail(ctx context.Context, spec runtime.TaskSpec, collect bool) (response, error) {
+	plan, err := spec.Spec.Plan()
+	if err != nil {
+		return response{}, err
+	}
+	node := plan.Node(spec.Fragment)
+	if node == nil || node.Kind != queryspec.KindSink {
+		return response{}, fmt.Errorf("tail: task %s is not a sink", spec.TaskID)
+	}
+	var counter resultCounter
+	if collect {
+		if err := counter.collectWords(node.Schema); err != nil {
+			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
+		}
+	}
+	conn, err := w.pool.Conn(w.addr)
+	if err != nil {
+		return response{}, err
+	}
+	// The sink task reports its input exhausted once it has appended the
+	// final boundary: that is the end of the pipeline's work, whatever the
+	// tail's own lag. Poll for it alongside the tail.
+	exhausted := make(chan int64, 1)
+	pollCtx, stopPoll := context.WithCancel(ctx)
+	defer stopPoll()
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		w.pollExhausted(pollCtx, spec.TaskID, exhausted)
+	}()
+	ref := &fedstreampb.StreamRef{Query: spec.Query, TaskId: spec.TaskID, Partition: int32(spec.Partition), Consumer: ""}
+	for {
+		err := counter.run(ctx, conn, ref)
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.NotFound || ctx.Err() != nil {
+			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
+		}
+		// The sink is not there yet: poll.
+		select {
+		case <-time.After(time.Millisecond):
+		case <-ctx.Done():
+			return response{}, ctx.Err()
+		}
+	}
+	stopPoll()
+	select {
+	case end := <-exhausted:
+		counter.resp.EndNanos = min(counter.resp.EndNanos, end)
+	default:
+	}
+	return counter.resp, nil
+}
+
+// sinkExhausted is the message of a sink task (runtime.TaskState) that
+// has processed its final boundary.
+const sinkExhausted = "input exhausted"
+
+// pollExhausted sends the wall time at which task first reports its input
+// exhausted, polling every 500µs until then or until ctx ends.
+func (w *benchWorker) pollExhausted(ctx context.Context, task string, out chan<- int64) {
+	tick := time.NewTicker(500 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		for _, st := range w.rt.States() {
+			if st.TaskID == task && st.Message == sinkExhausted {
+				out <- time.Now().UnixNano()
+				return
+			}
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// errTailGap means the tail of a result stream missed tuples.
+var errTailGap = errors.New("result stream tail missed tuples (ring buffer overran)")
+
+// resultCounter counts what a sink delivers.
+type resultCounter struct {
+	resp   response
+	lastID uint64
+	// Field positions of word, lines and words when collecting counts.
+	wordIdx, linesIdx, wordsIdx int
+	collect                     bool
+}
+
+func (c *resultCounter) collectWords(s *tuple.Schema) error {
+	c.wordIdx, c.linesIdx, c.wordsIdx = s.Index("word"), s.Index("lines"), s.Index("words")
+	if c.wordIdx < 0 || c.linesIdx < 0 || c.wordsIdx < 0 {
+		return fmt.Errorf("result schema lacks word, lines or words")
+	}
+	c.collect = true
+	c.resp.Counts = map[string]WordStat{}
+	return nil
+}
+
+// run reads the result stream ref without acknowledging and without
+// the generic subscriber's per-batch allocations (the tail must keep up
+// with the sink, or the ring overruns it), until the final boundary.
+func (c *resultCounter) run(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the RPC
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, AfterId: c.lastID, Subscriber: tailSubscriber, NoAck: true}); err != nil {
+		if _, rerr := stream.Recv(); rerr != nil {
+			return rerr
+		}
+		return err
+	}
+	var (
+		tp tuple.Tuple
+		r  tuple.BatchReader
+	)
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			return err
+		}
+		r.Reset(msg.Data)
+		for r.Next(&tp) {
+			if done, err := c.count(&tp); done || err != nil {
+				return err
+			}
+		}
+		if err := r.Err(); err != nil {
+			return err
+		}
+	}
+}
+
+// count accounts for one tuple of the result stream; done reports the
+// final boundary.
+func (c *resultCounter) count(tp *tuple.Tuple) (done bool, err error) {
+	if tp.ID <= c.lastID {
+		return false, nil // resent after a resubscription
+	}
+	if tp.ID != c.lastID+1 {
+		return false, fmt.Errorf("%w: id %d after %d", errTailGap, tp.ID, c.lastID)
+	}
+	c.lastID = tp.ID
+	switch {
+	case tp.Type.IsData():
+		if c.resp.Records == 0 {
+			c.resp.FirstNanos = time.Now().UnixNano()
+		}
+		c.resp.Records++
+		for _, v := range tp.Values {
+			c.resp.Bytes += int64(len(v.S))
+		}
+		if c.collect {
+			// Strings alias the message: the map key must be a copy.
+			word := strings.Clone(tp.Values[c.wordIdx].S)
+			st := c.resp.Counts[word]
+			st.Lines += asInt(tp.Values[c.linesIdx])
+			st.Words += asInt(tp.Values[c.wordsIdx])
+			c.resp.Counts[word] = st
+		}
+	case tp.Type == tuple.Boundary && tp.STime == finalBoundary:
+		c.resp.EndNanos = time.Now().UnixNano()
+		return true, nil
+	}
+	return false, nil
+}
+
+func asInt(v tuple.Value) int64 {
+	if v.Kind == tuple.KindFloat {
+		return int64(math.Round(v.F))
+	}
+	return v.I
+}
+
+// querySet is a concurrency-safe set of query names.
+type querySet struct {
+	mu sync.RWMutex
+	m  map[string]bool
+}
+
+func newQuerySet() *querySet { return &querySet{m: map[string]bool{}} }
+
+func (s *querySet) add(q string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.m[q] = true
+}
+
+func (s *querySet) has(q string) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.m[q]
+}
