@@ -36,7 +36,12 @@ func testTimings() Timings {
 // newTestCluster starts n coordinators that bootstrap together.
 func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: testTimings()}
+	return newTestClusterWith(t, n, joinToken, adminToken, testTimings())
+}
+
+func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings}
 	base := t.TempDir()
 	for i := 0; i < n; i++ {
 		// Port 0 everywhere: the OS picks free ports, so parallel test

@@ -48,6 +48,7 @@ type Server struct {
 
 	forwarder *forwarder
 	liveness  *liveness
+	plans     planCache
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.

@@ -5,12 +5,15 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
@@ -160,10 +163,21 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	}
 	resp := &pb.WatchAssignmentsResponse{Index: index}
 	queryIndex := map[string]uint64{}
+	own := map[string]map[string]bool{} // query -> fragments this worker runs
+	for _, t := range tasks {
+		if own[t.Query] == nil {
+			own[t.Query] = map[string]bool{}
+		}
+		own[t.Query][t.Fragment] = true
+	}
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex
+		needed := s.plans.neededFragments(q.Query, own[q.Query.Name])
 		for _, t := range q.Tasks {
+			if needed != nil && !needed[t.Fragment] {
+				continue
+			}
 			view.Tasks = append(view.Tasks, &pb.TaskPlacement{
 				TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
 				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID],
@@ -198,4 +212,47 @@ func (ws *workerService) waitForWorker(ctx context.Context, id string) error {
 			return errUnknownWorker(id)
 		}
 	}
+}
+
+// planCache keeps the parsed plan of each query definition, so that a
+// thousand workers waking on one change do not each re-parse its spec.
+type planCache struct {
+	mu    sync.Mutex
+	plans map[string]*queryspec.Plan // name@create-index -> plan
+}
+
+// neededFragments is the set of fragments whose placements a worker running
+// the given fragments needs: its own and their upstreams. Placements of the
+// rest of the query would only make every watch response O(query size).
+// nil means "all" (the spec could not be planned; send everything).
+func (pc *planCache) neededFragments(q *fsm.Query, own map[string]bool) map[string]bool {
+	key := fmt.Sprintf("%s@%d", q.Name, q.CreateIndex)
+	pc.mu.Lock()
+	plan, ok := pc.plans[key]
+	pc.mu.Unlock()
+	if !ok {
+		spec, err := queryspec.FromJSON(q.SpecJSON)
+		if err == nil {
+			plan, err = spec.Plan()
+		}
+		if err != nil {
+			return nil
+		}
+		pc.mu.Lock()
+		if pc.plans == nil || len(pc.plans) > 1024 {
+			pc.plans = map[string]*queryspec.Plan{}
+		}
+		pc.plans[key] = plan
+		pc.mu.Unlock()
+	}
+	needed := map[string]bool{}
+	for f := range own {
+		needed[f] = true
+		if n := plan.Node(f); n != nil {
+			for _, in := range n.Inputs {
+				needed[in] = true
+			}
+		}
+	}
+	return needed
 }

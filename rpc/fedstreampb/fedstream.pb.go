@@ -495,8 +495,9 @@ func (x *TaskPlacement) GetWorkerAddr() string {
 	return ""
 }
 
-// The definition and full placement of a query that has at least one task on
-// the watching worker.
+// The definition of a query that has at least one task on the watching
+// worker, with the placements of that worker's fragments and of their
+// upstream fragments (what its tasks subscribe to), not the whole query.
 type QueryView struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
