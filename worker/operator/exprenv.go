@@ -9,6 +9,7 @@ import (
 	"github.com/expr-lang/expr/ast"
 	"github.com/expr-lang/expr/vm"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -48,21 +49,9 @@ func newExprEnv(schema *tuple.Schema) *exprEnv {
 		vars:     make(map[string]any, schema.Len()),
 	}
 	for _, f := range schema.Fields {
-		env.template[f.Name] = zeroOf(f.Kind)
+		env.template[f.Name] = queryspec.ZeroFor(f.Kind)
 	}
 	return env
-}
-
-func zeroOf(k tuple.Kind) any {
-	switch k {
-	case tuple.KindInt, tuple.KindTimestamp:
-		return int64(0)
-	case tuple.KindFloat:
-		return float64(0)
-	case tuple.KindBool:
-		return false
-	}
-	return ""
 }
 
 // compiledExpr is one compiled expression.
@@ -76,7 +65,9 @@ type compiledExpr struct {
 // result. `now()` is disabled and the time zone fixed to UTC: replicas
 // must compute identical results wherever they run.
 func (e *exprEnv) compile(src string, asBool bool) (*compiledExpr, error) {
-	opts := []expr.Option{expr.Env(e.template), expr.DisableBuiltin("now"), expr.Timezone("UTC")}
+	// The very options the query was type-checked with at submit, so that
+	// what validated there compiles here to the same program.
+	opts := queryspec.ExprOptions(e.schema)
 	if asBool {
 		opts = append(opts, expr.AsBool())
 	}
@@ -111,7 +102,7 @@ func (e *exprEnv) reference(name string) {
 	}
 	i := e.schema.Index(name)
 	e.slots = append(e.slots, envSlot{name: name, field: i, kind: e.schema.Fields[i].Kind})
-	e.vars[name] = zeroOf(e.schema.Fields[i].Kind)
+	e.vars[name] = queryspec.ZeroFor(e.schema.Fields[i].Kind)
 }
 
 type identCollector struct{ names map[string]bool }
