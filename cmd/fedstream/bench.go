@@ -34,12 +34,15 @@ func newBenchDataplaneCmd() *cobra.Command {
 		Short: "Data-plane throughput across two local worker processes vs raw TCP baselines",
 		Long: `Runs, between two child worker processes on 127.0.0.1:
   raw_tcp                100-byte records over one raw TCP connection (256 KiB buffered writes)
-  forward                engine query source -> map -> sink, source on worker 1, map and sink on worker 2
-  wordcount              engine query tokenise -> keyed exchange -> count (2 partitions)
-  handwritten_wordcount  the same word count written by hand over raw TCP
+  forward                engine query blob source -> map -> sink, source on worker 1, map and
+                         sink on worker 2; the blob records encode to 100 bytes, as raw_tcp's
+  wordcount              engine query words source -> split -> keyed exchange -> count() per
+                         word (2 partitions on worker 2)
+  handwritten_wordcount  the same word count written by hand over 2 raw TCP connections
   unbatched              the forward query with one tuple per data-plane message
 and prints each throughput and the ratios. Each scenario is sized to last
-about --duration after a short pilot.`,
+about --duration after a short pilot; the whole run usually takes about 6 times
+--duration.`,
 		Example: "  fedstream bench dataplane\n  fedstream bench dataplane --json --duration 2s",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

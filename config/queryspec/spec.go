@@ -44,13 +44,15 @@ type Source struct {
 
 // Generator selects a deterministic built-in source.
 type Generator struct {
-	// Kind is one of "netmon", "words", "vitals".
+	// Kind is one of "netmon", "words", "vitals", "blob".
 	Kind string `yaml:"kind" json:"kind"`
 	// Rate in records per second per partition; 0 means as fast as possible.
 	Rate int   `yaml:"rate" json:"rate"`
 	Seed int64 `yaml:"seed" json:"seed"`
 	// Monitors is the number of simulated monitors (netmon).
 	Monitors int `yaml:"monitors,omitempty" json:"monitors,omitempty"`
+	// Size is the payload length in bytes of each record (blob).
+	Size int `yaml:"size,omitempty" json:"size,omitempty"`
 	// Limit stops the generator after this many records (0: unbounded).
 	Limit int64 `yaml:"limit,omitempty" json:"limit,omitempty"`
 	// Start is the stime of the first record (RFC 3339); empty means the

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,6 +108,9 @@ func TestValidationErrors(t *testing.T) {
 		{name: "unknown generator", edits: []edit{{"kind: netmon", "kind: netmonx"}}, want: []string{"sources[0] (conns).generator.kind: unknown generator kind \"netmonx\""}},
 		{name: "negative rate", edits: []edit{{"rate: 5000", "rate: -5"}}, want: []string{"generator.rate: -5 is negative"}},
 		{name: "too many monitors", edits: []edit{{"monitors: 3", "monitors: 65"}}, want: []string{"generator.monitors: 65 is out of range"}},
+		{name: "size on netmon", edits: []edit{{"monitors: 3", "monitors: 3, size: 10"}}, want: []string{"generator.size: only the blob generator has size"}},
+		{name: "blob size too large", edits: []edit{{"kind: netmon, monitors: 3", "kind: blob, size: 65537"}, {"{time: timestamp, src: string, dst: string, port: int}", "{seq: int, payload: string}"}}, want: []string{"generator.size: 65537 is out of range (want 1..65536"}},
+		{name: "blob size negative", edits: []edit{{"kind: netmon, monitors: 3", "kind: blob, size: -1"}, {"{time: timestamp, src: string, dst: string, port: int}", "{seq: int, payload: string}"}}, want: []string{"generator.size: -1 is out of range"}},
 		{name: "bad start", edits: []edit{{"seed: 7}", "seed: 7, start: yesterday}"}}, want: []string{"generator.start:", "RFC 3339"}},
 		{name: "duplicate node name", edits: []edit{{"name: busy", "name: conns"}}, want: []string{"operators[1] (conns).name: duplicate node name \"conns\" (also sources[0] (conns))"}},
 		{name: "unknown input", edits: []edit{{"input: per_src, where", "input: per_sr, where"}}, want: []string{"operators[1] (busy).input: unknown node \"per_sr\" (have: conns, per_src, busy)"}},
@@ -391,6 +395,30 @@ sinks:
 	}
 	if d, strict := q.MaxDelayDuration(); d != 2*time.Second || strict {
 		t.Errorf("MaxDelayDuration = %v, %v", d, strict)
+	}
+}
+
+func TestBlobDefaults(t *testing.T) {
+	for _, c := range []struct {
+		gen  string
+		size int
+	}{
+		{"{kind: blob}", DefaultBlobSize},
+		{"{kind: blob, size: 7}", 7},
+		{"{kind: blob, size: 65536}", MaxBlobSize},
+	} {
+		doc := "name: b\nsources:\n  - {name: r, generator: " + c.gen + "}\nsinks:\n  - {name: out, input: r}\n"
+		q, err := Parse("b.yaml", []byte(doc))
+		if err != nil {
+			t.Fatalf("%s: %v", c.gen, err)
+		}
+		if got := q.Sources[0].Gen.Size; got != c.size {
+			t.Errorf("%s: size %d, want %d", c.gen, got, c.size)
+		}
+		want := Schema{{"seq", "int"}, {"payload", "string"}}
+		if !slices.Equal(q.Sources[0].Schema, want) {
+			t.Errorf("%s: schema %v, want %v", c.gen, q.Sources[0].Schema, want)
+		}
 	}
 }
 

@@ -18,6 +18,14 @@ const (
 	MaxParallelism  = 64
 	MaxMonitors     = 64
 	MaxNameLen      = 63
+	// DefaultBlobSize is the payload length of a blob generator whose size
+	// is unset: an encoded blob record (tuple header, seq, payload) is then
+	// 100 bytes for records 2^21..2^24 or so, the record size of the
+	// benchmarks' raw TCP baseline (varint lengths of id, stime and seq
+	// make it 1-2 bytes smaller before and larger after).
+	DefaultBlobSize = 81
+	// MaxBlobSize bounds a blob generator's payload length.
+	MaxBlobSize = 64 << 10
 	// WindowEndField is the timestamp field an aggregate appends to its output.
 	WindowEndField = "window_end"
 	// RightPrefix is prepended to a join's right-side field whose name is
@@ -42,6 +50,7 @@ const (
 	GenNetmon = "netmon"
 	GenWords  = "words"
 	GenVitals = "vitals"
+	GenBlob   = "blob"
 )
 
 var (
@@ -61,6 +70,7 @@ var generatorSchemas = map[string]Schema{
 	GenWords:  {{"line", "string"}},
 	GenVitals: {{"time", "timestamp"}, {"patient", "string"}, {"temperature", "float"},
 		{"heart_rate", "int"}, {"resp_rate", "int"}, {"bp_sys", "int"}, {"bp_dia", "int"}},
+	GenBlob: {{"seq", "int"}, {"payload", "string"}},
 }
 
 // GeneratorSchema is the fixed schema of a built-in generator kind.
@@ -72,7 +82,7 @@ func GeneratorSchema(kind string) (Schema, error) {
 	return append(Schema(nil), s...), nil
 }
 
-func generatorKinds() string { return "netmon, words, vitals" }
+func generatorKinds() string { return "netmon, words, vitals, blob" }
 
 // MaxDelayDuration is the availability bound X. strict reports "never emit
 // tentative results"; d is then math.MaxInt64 so that code which ignores
@@ -126,6 +136,9 @@ func (q *Query) applyDefaults() {
 			}
 			if s.Gen.Kind == GenNetmon && s.Gen.Monitors == 0 {
 				s.Gen.Monitors = 1
+			}
+			if s.Gen.Kind == GenBlob && s.Gen.Size == 0 {
+				s.Gen.Size = DefaultBlobSize
 			}
 		}
 	}
@@ -329,6 +342,13 @@ func (a *analysis) checkGenerator(n *gnode) {
 		}
 	} else if g.Monitors != 0 {
 		ps.add(gp.field("monitors"), "only the netmon generator has monitors")
+	}
+	if g.Kind == GenBlob {
+		if g.Size < 1 || g.Size > MaxBlobSize {
+			ps.add(gp.field("size"), "%d is out of range (want 1..%d payload bytes)", g.Size, MaxBlobSize)
+		}
+	} else if g.Size != 0 {
+		ps.add(gp.field("size"), "only the blob generator has size")
 	}
 	if g.Start != "" {
 		if _, err := time.Parse(time.RFC3339Nano, g.Start); err != nil {

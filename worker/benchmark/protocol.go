@@ -21,16 +21,18 @@ var ErrWorker = errors.New("benchmark: bench worker failed")
 // or *_listen return at once and leave a job running; the matching *_wait
 // blocks until that job ends.
 const (
-	// opHello returns the worker's DataPlane address.
+	// opHello returns the DataPlane addresses of the worker's two engines:
+	// Addr batches as in production, UnbatchedAddr sends one tuple per
+	// task-to-task message.
 	opHello = "hello"
-	// opApply makes the runtime run exactly Tasks (nil stops every task);
-	// Unbatched marks the tasks' queries as served one tuple per message.
-	// The response carries StartNanos, taken just before Apply.
+	// opApply makes the batched engine (the unbatched one with Unbatched)
+	// run exactly Tasks, and the other engine none. The response carries
+	// StartNanos, taken just before Apply.
 	opApply = "apply"
 	// opTailStart subscribes (no ack) to the result stream of sink task
 	// Task of Query, counting data tuples until the final boundary;
-	// opTailWait returns the count, payload bytes, the wall time of the
-	// final boundary and, with Collect, the word counts in the results.
+	// opTailWait returns the count, their encoded bytes, the wall time of
+	// the final boundary and, with Collect, the word counts in the results.
 	opTailStart = "tail_start"
 	opTailWait  = "tail_wait"
 	// opTCPListen accepts one raw TCP connection and counts the fixed-size
@@ -43,12 +45,13 @@ const (
 	// written, with StartNanos taken after the connection was made.
 	opTCPSend = "tcp_send"
 	// opWCListen accepts Partitions connections of the hand-written word
-	// count and counts what they carry; opWCWait returns the counts and
-	// the wall time the last partition ended.
+	// count and counts the words they carry; opWCWait returns the counts
+	// and the wall time the last partition ended.
 	opWCListen = "wc_listen"
 	opWCWait   = "wc_wait"
-	// opWCSend generates Records lines (words generator, Seed), tokenises
-	// them, hash-partitions by word over Partitions connections to Addr.
+	// opWCSend generates Records lines (words generator, Seed), splits
+	// them into words and hash-partitions the words over Partitions
+	// connections to Addr.
 	opWCSend = "wc_send"
 )
 
@@ -70,21 +73,20 @@ type request struct {
 // response answers one request. Times are Unix nanoseconds of the wall
 // clock: parent and workers run on one machine, so they compare.
 type response struct {
-	Error      string              `json:"error,omitempty"`
-	Addr       string              `json:"addr,omitempty"`
-	StartNanos int64               `json:"start_nanos,omitempty"`
-	FirstNanos int64               `json:"first_nanos,omitempty"`
-	EndNanos   int64               `json:"end_nanos,omitempty"`
-	Records    int64               `json:"records,omitempty"`
-	Bytes      int64               `json:"bytes,omitempty"`
-	Counts     map[string]WordStat `json:"counts,omitempty"`
-}
-
-// WordStat is what a word count computes per key: the lines whose first
-// word is the key and the words those lines hold.
-type WordStat struct {
-	Lines int64 `json:"lines"`
-	Words int64 `json:"words"`
+	Error string `json:"error,omitempty"`
+	Addr  string `json:"addr,omitempty"`
+	// UnbatchedAddr is the unbatched engine's DataPlane address (hello).
+	UnbatchedAddr string `json:"unbatched_addr,omitempty"`
+	StartNanos    int64  `json:"start_nanos,omitempty"`
+	FirstNanos    int64  `json:"first_nanos,omitempty"`
+	EndNanos      int64  `json:"end_nanos,omitempty"`
+	Records       int64  `json:"records,omitempty"`
+	Bytes         int64  `json:"bytes,omitempty"`
+	// Words is the number of words a word-count sender sent.
+	Words int64 `json:"words,omitempty"`
+	// Counts are the word counts (occurrences per word) a word count
+	// computed.
+	Counts map[string]int64 `json:"counts,omitempty"`
 }
 
 // workerClient talks to one bench worker. Calls are serialised: the
@@ -95,8 +97,9 @@ type workerClient struct {
 	enc  *json.Encoder
 	dec  *json.Decoder
 	proc *WorkerProcess
-	// addr is the worker's DataPlane address (from hello).
-	addr string
+	// addr and unbatchedAddr are the DataPlane addresses of the worker's
+	// batched and unbatched engines (from hello).
+	addr, unbatchedAddr string
 }
 
 func newWorkerClient(name string, p *WorkerProcess) *workerClient {

@@ -8,9 +8,10 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/source"
@@ -124,17 +125,52 @@ func receiveRecords(ctx context.Context, lis net.Listener, size int, want int64)
 	return resp, nil
 }
 
-// wordsGenerator is the generator both word counts (and the forward
-// pipeline) read: the engine's words source, partition 0.
+// wordsGenerator is the generator both word counts read: the engine's
+// words source, partition 0.
 func wordsGenerator(records, seed int64) *queryspec.Generator {
 	return &queryspec.Generator{Kind: queryspec.GenWords, Seed: seed, Limit: records}
 }
 
-// tokenise splits a line the way the engine's query does
-// (split(line, ' ')): the first word is the key, the word count the value.
-func tokenise(line string) (first string, words int64) {
-	parts := strings.Split(line, " ")
-	return parts[0], int64(len(parts))
+// asciiSpace marks the ASCII bytes unicode.IsSpace accepts.
+var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
+
+// nextWord finds the first word of s at or after byte i: s[start:end] is a
+// maximal run of non-space runes, by the rules of the engine's split
+// operator (and strings.Fields): separators are runs of Unicode white
+// space. When there is none, start == end == len(s). The hand-written word
+// count tokenises with it, without allocating, as a careful programmer
+// would.
+func nextWord(s string, i int) (start, end int) {
+	for i < len(s) {
+		if c := s[i]; c < utf8.RuneSelf {
+			if !asciiSpace[c] {
+				break
+			}
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += w
+	}
+	start = i
+	for i < len(s) {
+		if c := s[i]; c < utf8.RuneSelf {
+			if asciiSpace[c] {
+				break
+			}
+			i++
+			continue
+		}
+		r, w := utf8.DecodeRuneInString(s[i:])
+		if unicode.IsSpace(r) {
+			break
+		}
+		i += w
+	}
+	return start, i
 }
 
 // partitionOf is the engine's keyed exchange: hash slot of the key, then
@@ -145,8 +181,10 @@ func partitionOf(word string, keyBuf []tuple.Value, partitions int) int {
 }
 
 // sendWordCount is the sending half of the hand-written word count: it
-// generates the lines, tokenises them and sends (word, words) frames to
-// the partition owning the word, one connection per partition.
+// generates the lines, splits them into words and sends each word (a
+// uvarint length and the bytes) to the partition owning it, one connection
+// per partition. The response counts lines (Records), their bytes and the
+// words sent.
 func sendWordCount(ctx context.Context, addr string, records, seed int64, partitions int) (response, error) {
 	if partitions < 1 || records < 0 {
 		return response{}, fmt.Errorf("wc send: partitions %d and records %d must be positive", partitions, records)
@@ -174,18 +212,21 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 	var (
 		tp     tuple.Tuple
 		keyBuf = make([]tuple.Value, 1)
-		frame  = make([]byte, 0, 64)
+		frame  = make([]byte, 0, binary.MaxVarintLen64)
 		resp   response
 	)
 	start := time.Now()
 	for gen.Next(&tp) {
 		line := tp.Values[0].S
-		word, words := tokenise(line)
-		frame = binary.AppendUvarint(frame[:0], uint64(len(word)))
-		frame = append(frame, word...)
-		frame = binary.AppendUvarint(frame, uint64(words))
-		if _, err := writers[partitionOf(word, keyBuf, partitions)].Write(frame); err != nil {
-			return response{}, fmt.Errorf("wc send: %w", err)
+		for s, e := nextWord(line, 0); s < e; s, e = nextWord(line, e) {
+			word := line[s:e]
+			bw := writers[partitionOf(word, keyBuf, partitions)]
+			frame = binary.AppendUvarint(frame[:0], uint64(len(word)))
+			_, _ = bw.Write(frame)
+			if _, err := bw.WriteString(word); err != nil {
+				return response{}, fmt.Errorf("wc send: %w", err)
+			}
+			resp.Words++
 		}
 		resp.Records++
 		resp.Bytes += int64(len(line))
@@ -205,13 +246,13 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 
 // receiveWordCount is the receiving half: one goroutine per partition
 // connection counts into its own map; the maps are merged at the end
-// (partitions own disjoint keys).
+// (partitions own disjoint keys). Records is the number of words counted.
 func receiveWordCount(ctx context.Context, lis net.Listener, partitions int) (response, error) {
 	if partitions < 1 {
 		return response{}, fmt.Errorf("wc receive: partitions %d must be positive", partitions)
 	}
 	type result struct {
-		counts map[string]WordStat
+		counts map[string]int64
 		err    error
 	}
 	results := make(chan result, partitions)
@@ -229,7 +270,7 @@ func receiveWordCount(ctx context.Context, lis net.Listener, partitions int) (re
 			defer wg.Done()
 			defer conn.Close()
 			defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
-			counts, err := countFrames(bufio.NewReaderSize(conn, tcpBufferBytes))
+			counts, err := countWords(bufio.NewReaderSize(conn, tcpBufferBytes))
 			results <- result{counts, err}
 		}()
 	}
@@ -237,14 +278,14 @@ func receiveWordCount(ctx context.Context, lis net.Listener, partitions int) (re
 		_ = lis.Close()
 		return response{}, acceptErr
 	}
-	resp := response{Counts: map[string]WordStat{}}
+	resp := response{Counts: map[string]int64{}}
 	var errs []error
 	for range partitions {
 		r := <-results
 		errs = append(errs, r.err)
-		for w, st := range r.counts {
-			resp.Counts[w] = st
-			resp.Records += st.Lines
+		for w, n := range r.counts {
+			resp.Counts[w] += n
+			resp.Records += n
 		}
 	}
 	resp.EndNanos = time.Now().UnixNano()
@@ -254,16 +295,17 @@ func receiveWordCount(ctx context.Context, lis net.Listener, partitions int) (re
 	return resp, nil
 }
 
-// countFrames reads (word, words) frames until EOF.
-func countFrames(r *bufio.Reader) (map[string]WordStat, error) {
-	counts := map[string]*WordStat{}
+// countWords reads words (uvarint length, bytes) until EOF and counts
+// them.
+func countWords(r *bufio.Reader) (map[string]int64, error) {
+	counts := map[string]*int64{}
 	var word []byte
 	for {
 		n, err := binary.ReadUvarint(r)
 		if err == io.EOF {
-			out := make(map[string]WordStat, len(counts))
-			for w, st := range counts {
-				out[w] = *st
+			out := make(map[string]int64, len(counts))
+			for w, c := range counts {
+				out[w] = *c
 			}
 			return out, nil
 		}
@@ -280,16 +322,11 @@ func countFrames(r *bufio.Reader) (map[string]WordStat, error) {
 		if _, err := io.ReadFull(r, word); err != nil {
 			return nil, fmt.Errorf("%w: %w", ErrBadStream, err)
 		}
-		words, err := binary.ReadUvarint(r)
-		if err != nil {
-			return nil, fmt.Errorf("%w: %w", ErrBadStream, err)
+		c := counts[string(word)] // no allocation for the lookup
+		if c == nil {
+			c = new(int64)
+			counts[string(word)] = c
 		}
-		st := counts[string(word)] // no allocation for the lookup
-		if st == nil {
-			st = &WordStat{}
-			counts[string(word)] = st
-		}
-		st.Lines++
-		st.Words += int64(words)
+		*c++
 	}
 }

@@ -7,11 +7,10 @@ import (
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
-// splitServer wraps the runtime's DataPlane server to emulate a data plane
-// without batching: for subscriptions to task-to-task streams of the
-// queries unbatched reports, every Batch the server sends is split into
-// messages of one tuple each (so the subscriber also acknowledges every
-// tuple). Result streams (consumer "") stay batched: they feed the
+// splitServer wraps a runtime's DataPlane server to emulate a data plane
+// without batching: every Batch it sends on a task-to-task stream is split
+// into messages of one tuple each (so the subscriber also acknowledges
+// every tuple). Result streams (consumer "") stay batched: they feed the
 // measurement, not the pipeline.
 //
 // dataplane.Server has no knob for its batch size (MaxBatchBytes is a
@@ -19,11 +18,10 @@ import (
 // flow control are unchanged.
 type splitServer struct {
 	fedstreampb.DataPlaneServer
-	unbatched func(query string) bool
 }
 
 func (s splitServer) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
-	return s.DataPlaneServer.Subscribe(&splitStream{DataPlane_SubscribeServer: stream, unbatched: s.unbatched})
+	return s.DataPlaneServer.Subscribe(&splitStream{DataPlane_SubscribeServer: stream})
 }
 
 // splitStream decides on the first request whether to split; Send is only
@@ -31,19 +29,17 @@ func (s splitServer) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) err
 // lock.
 type splitStream struct {
 	fedstreampb.DataPlane_SubscribeServer
-	unbatched func(query string) bool
-	decided   bool
-	split     bool
-	scratch   tuple.Tuple
+	decided bool
+	split   bool
+	scratch tuple.Tuple
 }
 
 func (s *splitStream) Recv() (*fedstreampb.SubscribeRequest, error) {
 	req, err := s.DataPlane_SubscribeServer.Recv()
 	if err == nil && !s.decided {
 		s.decided = true
-		if ref := req.GetStream(); ref != nil && ref.Consumer != "" {
-			s.split = s.unbatched(ref.Query)
-		}
+		ref := req.GetStream()
+		s.split = ref != nil && ref.Consumer != ""
 	}
 	return req, err
 }

@@ -120,15 +120,66 @@ func (j *job) wait(ctx context.Context) (response, error) {
 	}
 }
 
-type benchWorker struct {
-	log   *slog.Logger
-	pool  *dataplane.Pool
+// engine is one task runtime behind its own DataPlane server.
+type engine struct {
 	rt    *runtime.Runtime
 	srv   *grpc.Server
 	addr  string
 	serve chan struct{} // closed when srv.Serve returns
+}
 
-	unbatched *querySet
+// newEngine starts a runtime and its DataPlane server on a free loopback
+// port. Without batching, every task-to-task message carries one tuple.
+func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool) (*engine, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("bench worker: listen: %w", err)
+	}
+	e := &engine{
+		srv:   grpc.NewServer(dataplane.ServerOptions()...),
+		addr:  lis.Addr().String(),
+		serve: make(chan struct{}),
+	}
+	// Short retry backoff: a downstream task applied before its upstream
+	// exists polls for it, and that delay counts in the measurement.
+	//
+	// The sink's result stream is a ring the tail must not fall a whole
+	// ring behind: give it room for about a second of output. Buffers
+	// between tasks keep the default tuple bound, which binds before the
+	// larger byte bound for records this small.
+	e.rt = runtime.New(runtime.Options{
+		Logger: logger, Pool: pool, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond,
+		SinkBufferTuples: sinkRingTuples,
+		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
+	})
+	var srv fedstreampb.DataPlaneServer = e.rt.Server()
+	if !batching {
+		srv = splitServer{srv}
+	}
+	fedstreampb.RegisterDataPlaneServer(e.srv, srv)
+	go func() { defer close(e.serve); _ = e.srv.Serve(lis) }()
+	return e, nil
+}
+
+// close stops the tasks and the server, and waits for them.
+func (e *engine) close(log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := e.rt.Close(ctx); err != nil {
+		log.Warn("bench worker: runtime close", "err", err)
+	}
+	e.srv.Stop()
+	<-e.serve
+}
+
+type benchWorker struct {
+	log  *slog.Logger
+	pool *dataplane.Pool
+	// batched is the engine as configured in production; unbatched sends
+	// one tuple per task-to-task message. A query runs on one of them.
+	batched, unbatched *engine
+	// active is the engine of the tasks last applied.
+	active *engine
 	// specs are the tasks last applied, by task id (the tail reads the
 	// sink's schema from them).
 	specs map[string]runtime.TaskSpec
@@ -139,68 +190,56 @@ type benchWorker struct {
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("bench worker: listen: %w", err)
-	}
 	w := &benchWorker{
-		log:       logger,
-		pool:      dataplane.NewPool(),
-		srv:       grpc.NewServer(dataplane.ServerOptions()...),
-		addr:      lis.Addr().String(),
-		serve:     make(chan struct{}),
-		unbatched: newQuerySet(),
-		specs:     map[string]runtime.TaskSpec{},
-		jobs:      map[string]*job{},
+		log:   logger,
+		pool:  dataplane.NewPool(),
+		specs: map[string]runtime.TaskSpec{},
+		jobs:  map[string]*job{},
 	}
-	// Short retry backoff: a downstream task applied before its upstream
-	// exists polls for it, and that delay counts in the measurement.
-	//
-	// The sink's result stream is a ring the tail must not fall a whole
-	// ring behind: give it room for about a second of output. Buffers
-	// between tasks keep the default tuple bound, which binds before the
-	// larger byte bound for records this small.
-	w.rt = runtime.New(runtime.Options{
-		Logger: logger, Pool: w.pool, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond,
-		SinkBufferTuples: sinkRingTuples,
-		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
-	})
-	fedstreampb.RegisterDataPlaneServer(w.srv, splitServer{DataPlaneServer: w.rt.Server(), unbatched: w.unbatched.has})
-	go func() { defer close(w.serve); _ = w.srv.Serve(lis) }()
+	var err error
+	if w.batched, err = newEngine(logger, w.pool, true); err != nil {
+		_ = w.pool.Close()
+		return nil, err
+	}
+	if w.unbatched, err = newEngine(logger, w.pool, false); err != nil {
+		w.batched.close(logger)
+		_ = w.pool.Close()
+		return nil, err
+	}
+	w.active = w.batched
 	return w, nil
 }
 
-// close stops the jobs, the tasks and the server, and waits for them.
+// close stops the jobs, the engines and the pool, and waits for them.
 func (w *benchWorker) close() {
 	for _, j := range w.jobs {
 		j.cancel()
 	}
 	w.wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := w.rt.Close(ctx); err != nil {
-		w.log.Warn("bench worker: runtime close", "err", err)
-	}
-	w.srv.Stop()
-	<-w.serve
+	w.batched.close(w.log)
+	w.unbatched.close(w.log)
 	_ = w.pool.Close()
 }
 
 func (w *benchWorker) handle(ctx context.Context, req request) (response, error) {
 	switch req.Op {
 	case opHello:
-		return response{Addr: w.addr}, nil
+		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
 			w.specs[s.TaskID] = s
-			if req.Unbatched {
-				w.unbatched.add(s.Query)
-			}
 		}
+		// The other engine's tasks (the previous query's) stop.
+		run, idle := w.batched, w.unbatched
+		if req.Unbatched {
+			run, idle = idle, run
+		}
+		idle.rt.Apply(ctx, nil)
+		w.active = run
 		start := time.Now()
-		w.rt.Apply(ctx, req.Tasks)
-		for _, st := range w.rt.States() {
+		run.rt.Apply(ctx, req.Tasks)
+		for _, st := range run.rt.States() {
 			if st.State == runtime.StateFailed {
 				return response{}, fmt.Errorf("task %s failed: %s", st.TaskID, st.Message)
 			}
@@ -212,7 +251,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 			return response{}, fmt.Errorf("tail: no task %q was applied here", req.Task)
 		}
 		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
-			return w.tail(ctx, spec, req.Collect)
+			return w.tail(ctx, w.active, spec, req.Collect)
 		})
 	case opTCPListen:
 		return w.listenJob("tcp", func(ctx context.Context, lis net.Listener) (response, error) {
@@ -287,7 +326,7 @@ func (w *benchWorker) waitJob(ctx context.Context, kind string) (response, error
 // task on this worker and counts its data tuples until the final boundary.
 // The result stream is a ring: a tail that fell behind would miss tuples,
 // which the id check reports instead of under-counting.
-func (w *benchWorker) tail(ctx context.Context, spec runtime.TaskSpec, collect bool) (response, error) {
+func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec, collect bool) (response, error) {
 	plan, err := spec.Spec.Plan()
 	if err != nil {
 		return response{}, err
@@ -302,7 +341,7 @@ func (w *benchWorker) tail(ctx context.Context, spec runtime.TaskSpec, collect b
 			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
 		}
 	}
-	conn, err := w.pool.Conn(w.addr)
+	conn, err := w.pool.Conn(e.addr)
 	if err != nil {
 		return response{}, err
 	}
@@ -315,7 +354,7 @@ func (w *benchWorker) tail(ctx context.Context, spec runtime.TaskSpec, collect b
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
-		w.pollExhausted(pollCtx, spec.TaskID, exhausted)
+		pollExhausted(pollCtx, e.rt, spec.TaskID, exhausted)
 	}()
 	ref := &fedstreampb.StreamRef{Query: spec.Query, TaskId: spec.TaskID, Partition: int32(spec.Partition), Consumer: ""}
 	for {
@@ -348,11 +387,11 @@ const sinkExhausted = "input exhausted"
 
 // pollExhausted sends the wall time at which task first reports its input
 // exhausted, polling every 500µs until then or until ctx ends.
-func (w *benchWorker) pollExhausted(ctx context.Context, task string, out chan<- int64) {
+func pollExhausted(ctx context.Context, rt *runtime.Runtime, task string, out chan<- int64) {
 	tick := time.NewTicker(500 * time.Microsecond)
 	defer tick.Stop()
 	for {
-		for _, st := range w.rt.States() {
+		for _, st := range rt.States() {
 			if st.TaskID == task && st.Message == sinkExhausted {
 				out <- time.Now().UnixNano()
 				return
@@ -373,18 +412,24 @@ var errTailGap = errors.New("result stream tail missed tuples (ring buffer overr
 type resultCounter struct {
 	resp   response
 	lastID uint64
-	// Field positions of word, lines and words when collecting counts.
-	wordIdx, linesIdx, wordsIdx int
-	collect                     bool
+	// Field positions of the word and its count when collecting counts.
+	wordIdx, countIdx int
+	collect           bool
 }
 
+// wordField and countField are the result fields of the word count query.
+const (
+	wordField  = "word"
+	countField = "count"
+)
+
 func (c *resultCounter) collectWords(s *tuple.Schema) error {
-	c.wordIdx, c.linesIdx, c.wordsIdx = s.Index("word"), s.Index("lines"), s.Index("words")
-	if c.wordIdx < 0 || c.linesIdx < 0 || c.wordsIdx < 0 {
-		return fmt.Errorf("result schema lacks word, lines or words")
+	c.wordIdx, c.countIdx = s.Index(wordField), s.Index(countField)
+	if c.wordIdx < 0 || c.countIdx < 0 {
+		return fmt.Errorf("result schema lacks %s or %s", wordField, countField)
 	}
 	c.collect = true
-	c.resp.Counts = map[string]WordStat{}
+	c.resp.Counts = map[string]int64{}
 	return nil
 }
 
@@ -441,16 +486,10 @@ func (c *resultCounter) count(tp *tuple.Tuple) (done bool, err error) {
 			c.resp.FirstNanos = time.Now().UnixNano()
 		}
 		c.resp.Records++
-		for _, v := range tp.Values {
-			c.resp.Bytes += int64(len(v.S))
-		}
+		c.resp.Bytes += int64(tuple.EncodedSize(tp))
 		if c.collect {
 			// Strings alias the message: the map key must be a copy.
-			word := strings.Clone(tp.Values[c.wordIdx].S)
-			st := c.resp.Counts[word]
-			st.Lines += asInt(tp.Values[c.linesIdx])
-			st.Words += asInt(tp.Values[c.wordsIdx])
-			c.resp.Counts[word] = st
+			c.resp.Counts[strings.Clone(tp.Values[c.wordIdx].S)] += asInt(tp.Values[c.countIdx])
 		}
 	case tp.Type == tuple.Boundary && tp.STime == finalBoundary:
 		c.resp.EndNanos = time.Now().UnixNano()
@@ -464,24 +503,4 @@ func asInt(v tuple.Value) int64 {
 		return int64(math.Round(v.F))
 	}
 	return v.I
-}
-
-// querySet is a concurrency-safe set of query names.
-type querySet struct {
-	mu sync.RWMutex
-	m  map[string]bool
-}
-
-func newQuerySet() *querySet { return &querySet{m: map[string]bool{}} }
-
-func (s *querySet) add(q string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.m[q] = true
-}
-
-func (s *querySet) has(q string) bool {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.m[q]
 }

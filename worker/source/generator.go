@@ -1,5 +1,5 @@
 // Package source produces the input streams of a query: deterministic
-// built-in generators (netmon, words, vitals) for tests, demos and
+// built-in generators (netmon, words, vitals, blob) for tests, demos and
 // benchmarks, and the JSON-lines parser behind the ingest API.
 //
 // Generators are pure functions of (definition, partition): record n always
@@ -71,6 +71,12 @@ func NewGenerator(g *queryspec.Generator, partition int) (Generator, error) {
 		return newWords(c, schema, rng), nil
 	case queryspec.GenVitals:
 		return newVitals(c, schema, rng), nil
+	case queryspec.GenBlob:
+		if g.Size < 0 || g.Size > queryspec.MaxBlobSize {
+			return nil, fmt.Errorf("generator %s: size %d is out of range (want 1..%d, or 0 for the default %d)",
+				g.Kind, g.Size, queryspec.MaxBlobSize, queryspec.DefaultBlobSize)
+		}
+		return newBlob(c, schema, rng, g.Size), nil
 	}
 	return nil, fmt.Errorf("%w %q", ErrUnknownGenerator, g.Kind)
 }

@@ -2,9 +2,13 @@ package source
 
 import (
 	"errors"
+	"hash/fnv"
+	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 
@@ -35,7 +39,7 @@ func mustGen(t *testing.T, def queryspec.Generator, partition int) Generator {
 }
 
 func TestGeneratorsDeterministic(t *testing.T) {
-	for _, kind := range []string{"netmon", "words", "vitals"} {
+	for _, kind := range []string{"netmon", "words", "vitals", "blob"} {
 		t.Run(kind, func(t *testing.T) {
 			def := queryspec.Generator{Kind: kind, Rate: 1000, Seed: 99, Monitors: 3}
 			a := collect(t, mustGen(t, def, 0), 10000)
@@ -126,6 +130,11 @@ func TestNewGeneratorErrors(t *testing.T) {
 	}
 	if _, err := NewGenerator(&queryspec.Generator{Kind: "words", Start: "soon"}, 0); err == nil {
 		t.Error("bad start should fail")
+	}
+	for _, size := range []int{-1, queryspec.MaxBlobSize + 1} {
+		if _, err := NewGenerator(&queryspec.Generator{Kind: "blob", Size: size}, 0); err == nil {
+			t.Errorf("blob size %d should fail", size)
+		}
 	}
 	if _, err := GeneratorSchema("nope"); !errors.Is(err, ErrUnknownGenerator) {
 		t.Errorf("GeneratorSchema(nope): %v", err)
@@ -251,7 +260,7 @@ func TestVitalsEpisodes(t *testing.T) {
 }
 
 func TestNextDoesNotAllocate(t *testing.T) {
-	for _, kind := range []string{"netmon", "vitals"} {
+	for _, kind := range []string{"netmon", "vitals", "blob"} {
 		g := mustGen(t, queryspec.Generator{Kind: kind, Monitors: 2}, 0)
 		var tp tuple.Tuple
 		g.Next(&tp)
@@ -269,7 +278,7 @@ func TestNextDoesNotAllocate(t *testing.T) {
 }
 
 func BenchmarkGenerators(b *testing.B) {
-	for _, kind := range []string{"netmon", "words", "vitals"} {
+	for _, kind := range []string{"netmon", "words", "vitals", "blob"} {
 		b.Run(kind, func(b *testing.B) {
 			g, _ := NewGenerator(&queryspec.Generator{Kind: kind, Monitors: 3}, 0)
 			var tp tuple.Tuple
@@ -278,5 +287,99 @@ func BenchmarkGenerators(b *testing.B) {
 				g.Next(&tp)
 			}
 		})
+	}
+}
+
+func TestBlobRecords(t *testing.T) {
+	for _, c := range []struct {
+		size, want int // configured size (0: default), payload length
+	}{
+		{0, queryspec.DefaultBlobSize},
+		{1, 1},
+		{200, 200},
+		{queryspec.MaxBlobSize, queryspec.MaxBlobSize},
+	} {
+		recs := collect(t, mustGen(t, queryspec.Generator{Kind: "blob", Seed: 5, Size: c.size}, 0), 2000)
+		distinct := map[string]bool{}
+		for i, r := range recs {
+			if r.Values[0].I != int64(i) {
+				t.Fatalf("size %d: record %d has seq %d", c.size, i, r.Values[0].I)
+			}
+			p := r.Values[1].S
+			if len(p) != c.want {
+				t.Fatalf("size %d: record %d payload is %d bytes, want %d", c.size, i, len(p), c.want)
+			}
+			if strings.Trim(p, blobAlphabet) != "" {
+				t.Fatalf("size %d: record %d payload %q has bytes outside the alphabet", c.size, i, p)
+			}
+			distinct[p] = true
+		}
+		if c.want > 8 && len(distinct) < 1000 {
+			t.Errorf("size %d: only %d distinct payloads in 2000 records", c.size, len(distinct))
+		}
+	}
+}
+
+// TestBlobEncodedSize: with the default size, a record as the engine
+// encodes it (the source numbers tuples from 1) is 100 bytes, the raw TCP
+// baseline's record, over the range of record numbers a benchmark covers.
+func TestBlobEncodedSize(t *testing.T) {
+	g := mustGen(t, queryspec.Generator{Kind: "blob"}, 0).(*blob)
+	var tp tuple.Tuple
+	for _, n := range []int64{3_000_000, 10_000_000, 16_000_000} {
+		g.clock.n = n
+		g.Next(&tp)
+		tp.Type, tp.ID = tuple.Stable, uint64(n+1)
+		if got := tuple.EncodedSize(&tp); got != 100 {
+			t.Errorf("record %d encodes to %d bytes, want 100", n, got)
+		}
+	}
+}
+
+// TestZipfIndexMatchesSearch: the guided draw picks exactly the word a
+// binary search over the CDF picks, so the words stream never changes.
+func TestZipfIndexMatchesSearch(t *testing.T) {
+	us := []float64{0, math.SmallestNonzeroFloat64, 0.5, math.Nextafter(1, 0)}
+	for _, c := range zipfCDF {
+		us = append(us, c, math.Nextafter(c, 0), math.Nextafter(c, 1))
+	}
+	for j := range zipfGuideSize {
+		b := float64(j) / zipfGuideSize
+		us = append(us, b, math.Nextafter(b, 0), math.Nextafter(b, 1))
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100_000 {
+		us = append(us, rng.Float64())
+	}
+	for _, u := range us {
+		if u < 0 || u >= 1 {
+			continue
+		}
+		want := min(sort.SearchFloat64s(zipfCDF, u), len(zipfCDF)-1)
+		if got := zipfIndex(u); got != want {
+			t.Fatalf("zipfIndex(%v) = %d, want %d", u, got, want)
+		}
+	}
+}
+
+// TestWordsStreamUnchanged pins the words generator's output (seed 42,
+// partition 0, first 100,000 lines, FNV-1a over the lines each followed by
+// a newline): queries, examples and benchmarks depend on it.
+func TestWordsStreamUnchanged(t *testing.T) {
+	g := mustGen(t, queryspec.Generator{Kind: "words", Seed: 42}, 0)
+	var tp tuple.Tuple
+	h := fnv.New64a()
+	for i := range 100_000 {
+		if !g.Next(&tp) {
+			t.Fatalf("stopped after %d lines", i)
+		}
+		if i == 0 && tp.Values[0].S != "the the off master grow a will them is that other was" {
+			t.Errorf("first line %q", tp.Values[0].S)
+		}
+		h.Write([]byte(tp.Values[0].S))
+		h.Write([]byte{'\n'})
+	}
+	if got := h.Sum64(); got != 0xf94c2506e3129012 {
+		t.Errorf("words stream changed: hash %#x, want 0xf94c2506e3129012", got)
 	}
 }

@@ -50,8 +50,8 @@ func (g *words) Next(t *tuple.Tuple) bool {
 }
 
 // zipfCDF[k] is P(word index <= k) with weight 1/(k+v)^s, the same law as
-// rand.Zipf but drawn by binary search over a precomputed table, which is
-// about ten times faster per word.
+// rand.Zipf but drawn by inverting this precomputed table, which is much
+// faster per word.
 var zipfCDF = func() []float64 {
 	cdf := make([]float64, len(vocabulary))
 	total := 0.0
@@ -65,9 +65,34 @@ var zipfCDF = func() []float64 {
 	return cdf
 }()
 
+// zipfGuideSize is the number of equal slices of [0, 1) zipfGuide indexes
+// (a power of two, so that u*zipfGuideSize and j/zipfGuideSize are exact).
+const zipfGuideSize = 4096
+
+// zipfGuide[j] is the smallest index k with zipfCDF[k] >= j/zipfGuideSize
+// (len(zipfCDF) if none): the search for u in slice j starts there and
+// ends within a few entries, since the slices are finer than all but the
+// rarest words' probabilities.
+var zipfGuide = func() []int {
+	g := make([]int, zipfGuideSize)
+	for j := range g {
+		g[j] = sort.SearchFloat64s(zipfCDF, float64(j)/zipfGuideSize)
+	}
+	return g
+}()
+
+// drawWord draws a vocabulary index: the smallest k with zipfCDF[k] >= u
+// for a uniform u, exactly what sort.SearchFloat64s(zipfCDF, u) returns
+// (generated streams must not change), found through zipfGuide.
 func (g *words) drawWord() int {
-	u := g.rng.Float64()
-	i := sort.SearchFloat64s(zipfCDF, u)
+	return zipfIndex(g.rng.Float64())
+}
+
+func zipfIndex(u float64) int {
+	i := zipfGuide[int(u*zipfGuideSize)] // u < 1, so the index is in range
+	for i < len(zipfCDF) && zipfCDF[i] < u {
+		i++
+	}
 	if i >= len(zipfCDF) { // u can only exceed the last entry through rounding
 		i = len(zipfCDF) - 1
 	}
