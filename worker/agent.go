@@ -24,6 +24,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	wrt "github.com/fedstream/fedstream/worker/runtime"
 )
 
@@ -131,7 +132,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.Listen(); err != nil {
 		return err
 	}
-	w.grpc = grpc.NewServer(serverOptions()...)
+	w.grpc = grpc.NewServer(dataplane.ServerOptions()...)
 	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -454,18 +455,5 @@ func (w *Worker) reportLoop(ctx context.Context) {
 			w.reregister(ctx, epoch)
 			last = map[string]wrt.TaskState{}
 		}
-	}
-}
-
-// serverOptions size HTTP/2 windows and buffers for batch throughput: a
-// batch is up to 64 KiB, and a window of several batches keeps the pipe full
-// while bounded queues still push back end to end.
-func serverOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.InitialWindowSize(1 << 20),
-		grpc.InitialConnWindowSize(4 << 20),
-		grpc.ReadBufferSize(256 << 10),
-		grpc.WriteBufferSize(256 << 10),
-		grpc.MaxRecvMsgSize(16 << 20),
 	}
 }

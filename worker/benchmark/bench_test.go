@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -16,7 +15,6 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -166,57 +164,6 @@ func TestWorkerProtocolErrors(t *testing.T) {
 	}
 }
 
-// TestSplitStreamSendsOneTuplePerMessage checks the unbatched emulation.
-func TestSplitStreamSendsOneTuplePerMessage(t *testing.T) {
-	var data []byte
-	for id := uint64(1); id <= 3; id++ {
-		data = tuple.AppendTuple(data, &tuple.Tuple{Type: tuple.Stable, ID: id, Values: []tuple.Value{tuple.Str("abc")}})
-	}
-	rec := &recordingStream{reqs: []*fedstreampb.SubscribeRequest{{Stream: &fedstreampb.StreamRef{Query: "q", Consumer: "m"}}}}
-	s := &splitStream{DataPlane_SubscribeServer: rec}
-	if _, err := s.Recv(); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&fedstreampb.Batch{Data: data, Count: 3, LastId: 3}); err != nil {
-		t.Fatal(err)
-	}
-	if len(rec.sent) != 3 {
-		t.Fatalf("%d messages, want 3", len(rec.sent))
-	}
-	var joined []byte
-	for i, m := range rec.sent {
-		if m.Count != 1 || m.LastId != uint64(i+1) {
-			t.Errorf("message %d: count %d last id %d", i, m.Count, m.LastId)
-		}
-		joined = append(joined, m.Data...)
-	}
-	if !bytes.Equal(joined, data) {
-		t.Error("split messages do not add up to the batch")
-	}
-}
-
-type recordingStream struct {
-	fedstreampb.DataPlane_SubscribeServer
-	reqs []*fedstreampb.SubscribeRequest
-	sent []*fedstreampb.Batch
-}
-
-func (r *recordingStream) Recv() (*fedstreampb.SubscribeRequest, error) {
-	if len(r.reqs) == 0 {
-		return nil, io.EOF
-	}
-	req := r.reqs[0]
-	r.reqs = r.reqs[1:]
-	return req, nil
-}
-
-func (r *recordingStream) Send(b *fedstreampb.Batch) error {
-	r.sent = append(r.sent, b)
-	return nil
-}
-
-// TestReceiveRecordsRejectsTornRecord: a stream ending inside a record is
-// an error, not a short count.
 func TestReceiveRecordsRejectsTornRecord(t *testing.T) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -147,16 +147,16 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool) (*engin
 	// ring behind: give it room for about a second of output. Buffers
 	// between tasks keep the default tuple bound, which binds before the
 	// larger byte bound for records this small.
-	e.rt = runtime.New(runtime.Options{
+	opts := runtime.Options{
 		Logger: logger, Pool: pool, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond,
 		SinkBufferTuples: sinkRingTuples,
 		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
-	})
-	var srv fedstreampb.DataPlaneServer = e.rt.Server()
-	if !batching {
-		srv = splitServer{srv}
 	}
-	fedstreampb.RegisterDataPlaneServer(e.srv, srv)
+	if !batching {
+		opts.MaxBatchBytes = 1 // every message carries exactly one tuple
+	}
+	e.rt = runtime.New(opts)
+	fedstreampb.RegisterDataPlaneServer(e.srv, e.rt.Server())
 	go func() { defer close(e.serve); _ = e.srv.Serve(lis) }()
 	return e, nil
 }

@@ -186,14 +186,7 @@ func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
 }
 
 func (b *OutputBuffer) appendLocked(id uint64, enc []byte) {
-	var c *chunk
-	if n := len(b.chunks); n > 0 {
-		c = b.chunks[n-1]
-	}
-	if c == nil || len(c.data)+len(enc) > cap(c.data) {
-		c = &chunk{data: make([]byte, 0, max(chunkSize, len(enc)))}
-		b.chunks = append(b.chunks, c)
-	}
+	c := b.lastChunkWithRoom(len(enc))
 	c.ids = append(c.ids, id)
 	c.offs = append(c.offs, len(c.data))
 	c.data = append(c.data, enc...)
@@ -361,4 +354,165 @@ func (b *OutputBuffer) Stats() BufferStats {
 		s.OldestID = b.chunks[0].ids[b.head]
 	}
 	return s
+}
+
+// Writer stages a producer's tuples for one OutputBuffer and appends them
+// in bulk: Add encodes without taking the buffer's lock, Flush appends
+// everything staged under one lock acquisition and wakes readers once.
+// A Writer belongs to the single goroutine producing the stream.
+type Writer struct {
+	buf  *OutputBuffer
+	data []byte
+	ids  []uint64
+	offs []int // start of each staged tuple in data
+	// lastID is the id of the last tuple staged, appendedID of the last
+	// one appended.
+	lastID, appendedID uint64
+}
+
+// NewWriter returns a Writer appending to b.
+func (b *OutputBuffer) NewWriter() *Writer { return &Writer{buf: b} }
+
+// Add stages t (its ID set by the producer; ids must increase).
+func (w *Writer) Add(t *tuple.Tuple) error {
+	if t.ID <= w.lastID {
+		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, w.lastID)
+	}
+	w.lastID = t.ID
+	w.offs = append(w.offs, len(w.data))
+	w.ids = append(w.ids, t.ID)
+	w.data = tuple.AppendTuple(w.data, t)
+	return nil
+}
+
+// Staged is the number of encoded bytes waiting for Flush.
+func (w *Writer) Staged() int { return len(w.data) }
+
+// Flush appends the staged tuples, blocking like Append while the buffer
+// is full (ctx.Err() or ErrClosed end it; what was not appended stays
+// staged).
+func (w *Writer) Flush(ctx context.Context) error {
+	if len(w.ids) == 0 {
+		return nil
+	}
+	n, err := w.buf.appendEncoded(ctx, w.ids, w.offs, w.data)
+	if n > 0 {
+		w.appendedID = w.ids[n-1]
+	}
+	if n == len(w.ids) {
+		w.ids, w.offs, w.data = w.ids[:0], w.offs[:0], w.data[:0]
+		return err
+	}
+	// Keep the rest staged, rebased.
+	base := w.offs[n]
+	w.data = append(w.data[:0], w.data[base:]...)
+	w.ids = append(w.ids[:0], w.ids[n:]...)
+	rest := append(w.offs[:0], w.offs[n:]...)
+	for i := range rest {
+		rest[i] -= base
+	}
+	w.offs = rest
+	return err
+}
+
+// Discard drops the staged tuples and returns the id of the last tuple
+// appended, after which the producer continues.
+func (w *Writer) Discard() uint64 {
+	w.ids, w.offs, w.data = w.ids[:0], w.offs[:0], w.data[:0]
+	w.lastID = w.appendedID
+	return w.appendedID
+}
+
+// appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]])
+// under one lock acquisition, waiting for room as Append does. It returns
+// how many were appended.
+func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []int, data []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, ErrClosed
+	}
+	if ids[0] <= b.lastID {
+		return 0, fmt.Errorf("%w: id %d after %d", ErrIDOrder, ids[0], b.lastID)
+	}
+	end := func(i int) int {
+		if i+1 < len(offs) {
+			return offs[i+1]
+		}
+		return len(data)
+	}
+	appended := false
+	defer func() {
+		if appended && b.dataCh != nil {
+			close(b.dataCh)
+			b.dataCh = nil
+		}
+	}()
+	for i := 0; i < len(ids); {
+		size := end(i) - offs[i]
+		if size > b.opts.MaxBytes {
+			return i, fmt.Errorf("%w: %d bytes, capacity %d", ErrTooLarge, size, b.opts.MaxBytes)
+		}
+		if b.opts.Ring {
+			for b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples) {
+				b.dropOldestLocked()
+			}
+		} else if b.full(size) {
+			if appended && b.dataCh != nil {
+				// Readers may be waiting for what is already in.
+				close(b.dataCh)
+				b.dataCh = nil
+			}
+			start := time.Now()
+			b.blocked++
+			err := b.waitSpaceLocked(ctx, size)
+			b.blocked--
+			b.blockedNanos.Add(int64(time.Since(start)))
+			if err != nil {
+				return i, err
+			}
+		}
+		// As many following tuples as fit in the buffer's bounds and the
+		// current chunk go in one copy.
+		j := i + 1
+		bytes := size
+		c := b.lastChunkWithRoom(size)
+		room := cap(c.data) - len(c.data)
+		for j < len(ids) {
+			s := end(j) - offs[j]
+			if bytes+s > room || b.count+(j-i)+1 > b.opts.MaxTuples || b.bytes+bytes+s > b.opts.MaxBytes {
+				break
+			}
+			bytes += s
+			j++
+		}
+		base := len(c.data) - offs[i]
+		for k := i; k < j; k++ {
+			c.offs = append(c.offs, offs[k]+base)
+		}
+		c.ids = append(c.ids, ids[i:j]...)
+		c.data = append(c.data, data[offs[i]:offs[i]+bytes]...)
+		b.bytes += bytes
+		b.count += j - i
+		b.lastID = ids[j-1]
+		appended = true
+		i = j
+	}
+	return len(ids), nil
+}
+
+// lastChunkWithRoom returns the last chunk, or a new one when the last
+// cannot take size more bytes.
+func (b *OutputBuffer) lastChunkWithRoom(size int) *chunk {
+	tuples := 0
+	if n := len(b.chunks); n > 0 {
+		c := b.chunks[n-1]
+		if len(c.data)+size <= cap(c.data) {
+			return c
+		}
+		tuples = len(c.ids) // the next chunk will likely hold as many
+	}
+	c := &chunk{data: make([]byte, 0, max(chunkSize, size)), ids: make([]uint64, 0, tuples), offs: make([]int, 0, tuples)}
+	b.chunks = append(b.chunks, c)
+	return c
 }

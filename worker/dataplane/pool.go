@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 )
 
 // Transport tuning for throughput: large HTTP/2 windows so a subscription
@@ -23,9 +24,13 @@ const (
 var ErrPoolClosed = errors.New("dataplane: connection pool closed")
 
 // ServerOptions are the grpc.Server options a worker's data-plane server
-// should use.
+// should use. They install the data plane's codec (the standard protobuf
+// encoding, without copying batches; see batchCodec) and a buffer pool that
+// does not zero reused buffers.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.ForceServerCodecV2(newBatchCodec()),
+		experimental.BufferPool(sharedDirtyPool),
 		grpc.InitialWindowSize(streamWindow),
 		grpc.InitialConnWindowSize(connWindow),
 		grpc.ReadBufferSize(socketBuffer),
@@ -40,11 +45,13 @@ func ServerOptions() []grpc.ServerOption {
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		experimental.WithBufferPool(sharedDirtyPool),
 		grpc.WithInitialWindowSize(streamWindow),
 		grpc.WithInitialConnWindowSize(connWindow),
 		grpc.WithReadBufferSize(socketBuffer),
 		grpc.WithWriteBufferSize(socketBuffer),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessageSize), grpc.MaxCallSendMsgSize(maxMessageSize),
+			grpc.ForceCodecV2(newBatchCodec())),
 	}
 }
 

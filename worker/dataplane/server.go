@@ -12,9 +12,27 @@ import (
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
-// MaxBatchBytes bounds the encoded tuples of one Batch message. Batches
-// are what cross the wire: never one message per tuple.
-const MaxBatchBytes = 64 << 10
+// MaxBatchBytes is the default bound on the encoded tuples of one Batch
+// message (see WithMaxBatchBytes). Batches are what cross the wire, not
+// single tuples. It stays just under 32 KiB so that the receiver's copy of
+// a batch is a small-object allocation, not a large one.
+const MaxBatchBytes = 32<<10 - 64
+
+// ServerOption configures a Server.
+type ServerOption func(*Server)
+
+// WithMaxBatchBytes bounds the encoded tuples of one Batch message the
+// server sends; n <= 0 means MaxBatchBytes. A batch always carries at
+// least one tuple, so n = 1 sends exactly one tuple per message (the
+// unbatched data plane, for measurements).
+func WithMaxBatchBytes(n int) ServerOption {
+	return func(s *Server) {
+		if n <= 0 {
+			n = MaxBatchBytes
+		}
+		s.maxBatch = n
+	}
+}
 
 // maxLineErrors caps the line errors one Ingest call reports.
 const maxLineErrors = 1000
@@ -50,15 +68,20 @@ type Server struct {
 	resolver StreamResolver
 	ingest   IngestHandler
 	log      *slog.Logger
+	maxBatch int
 }
 
 // NewServer returns a DataPlane server. ingest may be nil (Ingest then
 // answers Unimplemented); logger nil means slog.Default().
-func NewServer(resolver StreamResolver, ingest IngestHandler, logger *slog.Logger) *Server {
+func NewServer(resolver StreamResolver, ingest IngestHandler, logger *slog.Logger, opts ...ServerOption) *Server {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Server{resolver: resolver, ingest: ingest, log: logger}
+	s := &Server{resolver: resolver, ingest: ingest, log: logger, maxBatch: MaxBatchBytes}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
 }
 
 // Subscribe serves one subscription: the first request names the stream,
@@ -93,14 +116,19 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	log := s.log.With("query", ref.Query, "task", ref.TaskId, "partition", ref.Partition, "consumer", ref.Consumer, "subscriber", first.Subscriber)
 
 	// The ack reader ends when the stream does: gRPC fails Recv once this
-	// handler has returned.
+	// handler has returned. An acknowledging subscriber half-closes after
+	// its last acknowledgement: the reader then reports nil and the
+	// handler ends the stream, which tells the subscriber that every
+	// acknowledgement arrived. A half-closed tail client keeps receiving.
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
 			req, err := stream.Recv()
 			if err != nil {
-				if err != io.EOF { // a half-closed tail client keeps receiving
+				if err != io.EOF {
 					recvErr <- err
+				} else if !first.NoAck {
+					recvErr <- nil
 				}
 				return
 			}
@@ -113,7 +141,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	after := first.AfterId
 	warnedGap := false
 	for {
-		data, count, last, gap, wait, err := buf.Read(after, MaxBatchBytes)
+		data, count, last, gap, wait, err := buf.Read(after, s.maxBatch)
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "stream %s/%s[%d]->%q ended: %v", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, err)
 		}
@@ -130,6 +158,11 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 				return err
 			}
 			continue
+		}
+		select {
+		case err := <-recvErr:
+			return err
+		default:
 		}
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last}); err != nil {
 			return err

@@ -187,3 +187,63 @@ func TestFlowControlEndToEnd(t *testing.T) {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// With WithMaxBatchBytes(1) every message carries exactly one tuple (the
+// unbatched baseline of the benchmark); the default packs many.
+func TestMaxBatchBytesOneSendsOneTuplePerMessage(t *testing.T) {
+	const n = 50
+	for _, tc := range []struct {
+		name     string
+		opts     []ServerOption
+		wantMany bool
+	}{{"unbatched", []ServerOption{WithMaxBatchBytes(1)}, false}, {"default", nil, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := NewOutputBuffer(BufferOptions{})
+			for id := uint64(1); id <= n; id++ {
+				if err := buf.Append(context.Background(), dataTuple(id, "x")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			lis, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := grpc.NewServer(ServerOptions()...)
+			fedstreampb.RegisterDataPlaneServer(srv, NewServer(&mapResolver{bufs: map[string]*OutputBuffer{"up": buf}}, nil, nil, tc.opts...))
+			done := make(chan struct{})
+			go func() { defer close(done); _ = srv.Serve(lis) }()
+			defer func() { srv.Stop(); <-done }()
+			pool := NewPool()
+			defer pool.Close()
+			conn, err := pool.Conn(lis.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: &fedstreampb.StreamRef{Query: "q", TaskId: "up"}, Subscriber: "t", NoAck: true}); err != nil {
+				t.Fatal(err)
+			}
+			var got, messages, most uint32
+			for got < n {
+				b, err := stream.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				messages++
+				got += b.Count
+				most = max(most, b.Count)
+			}
+			if !tc.wantMany && (most != 1 || messages != n) {
+				t.Fatalf("%d messages, at most %d tuples each; want %d messages of 1", messages, most, n)
+			}
+			if tc.wantMany && most < 2 {
+				t.Fatalf("default batching sent one tuple per message")
+			}
+		})
+	}
+}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 
@@ -66,6 +68,91 @@ func (s *Subscriber) LastID() uint64 { return s.last.Load() }
 // Ref is the stream this subscriber pulls.
 func (s *Subscriber) Ref() *fedstreampb.StreamRef { return s.ref }
 
+// Acknowledgements are cumulative and need not follow every batch: a
+// subscriber acknowledges once ackEveryTuples tuples or ackEveryBytes
+// bytes arrived since its last acknowledgement, and otherwise at most
+// ackDelay after the last delivery, so an idle stream is acknowledged
+// completely and a producer blocked on a full buffer always gets room.
+const (
+	ackEveryTuples = 1024
+	ackEveryBytes  = 32 << 10
+	ackDelay       = time.Millisecond
+)
+
+// acker sends a subscription's cumulative acknowledgements: at once when
+// enough is unacknowledged, otherwise from a timer. mu serialises Sends
+// (gRPC allows one sender at a time) and closed stops the timer's sends
+// once Run returns.
+type acker struct {
+	mu      sync.Mutex
+	send    func(id uint64) error
+	acked   uint64 // last id acknowledged
+	pending uint64 // last id delivered
+	tuples  int    // delivered and not acknowledged
+	bytes   int
+	timer   *time.Timer
+	armed   bool
+	closed  bool
+	err     error // first failed timer send, reported by the next delivery
+}
+
+func newAcker(send func(id uint64) error, acked uint64) *acker {
+	a := &acker{send: send, acked: acked, pending: acked}
+	a.timer = time.AfterFunc(time.Hour, a.flushTimer)
+	a.timer.Stop()
+	return a
+}
+
+// delivered records that every tuple up to id was delivered; now forces an
+// immediate acknowledgement.
+func (a *acker) delivered(id uint64, tuples, bytes int, now bool) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.err != nil {
+		return a.err
+	}
+	a.pending = id
+	a.tuples += tuples
+	a.bytes += bytes
+	if now || a.tuples >= ackEveryTuples || a.bytes >= ackEveryBytes {
+		return a.flushLocked()
+	}
+	if !a.armed {
+		a.armed = true
+		a.timer.Reset(ackDelay)
+	}
+	return nil
+}
+
+func (a *acker) flushLocked() error {
+	if a.pending <= a.acked {
+		return nil
+	}
+	if err := a.send(a.pending); err != nil {
+		return err
+	}
+	a.acked, a.tuples, a.bytes = a.pending, 0, 0
+	return nil
+}
+
+func (a *acker) flushTimer() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.armed = false
+	if a.closed || a.err != nil {
+		return
+	}
+	a.err = a.flushLocked()
+}
+
+// close stops the timer; no acknowledgement is sent after it returns.
+func (a *acker) close() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.closed = true
+	a.timer.Stop()
+}
+
 // Run subscribes over conn and delivers batches until ctx ends, the stream
 // fails, or deliver returns an error. It returns nil only when deliver
 // returned ErrStopSubscription; a server-ended stream is an error (io.EOF
@@ -85,8 +172,16 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
-	ack := &fedstreampb.SubscribeRequest{}
-	var one tuple.Tuple
+	var ack *acker
+	if !s.noAck {
+		msg := &fedstreampb.SubscribeRequest{}
+		ack = newAcker(func(id uint64) error {
+			msg.AckId = id
+			return stream.Send(msg)
+		}, after)
+		defer ack.close()
+	}
+	var dec batchDecoder
 	for {
 		msg, err := stream.Recv()
 		if err == io.EOF {
@@ -95,7 +190,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		if err != nil {
 			return err
 		}
-		b, err := decodeBatch(msg, s.last.Load(), &one)
+		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, s.last.Load())
 		if err != nil {
 			return err
 		}
@@ -107,17 +202,92 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return derr
 		}
 		s.last.Store(b.LastID)
-		if !s.noAck {
-			ack.AckId = b.LastID
-			if err := stream.Send(ack); err != nil {
+		if ack != nil {
+			if err := ack.delivered(b.LastID, len(b.Tuples), len(msg.Data), derr != nil); err != nil {
 				return recvError(stream, err)
 			}
+		}
+		if derr != nil {
+			if ack != nil {
+				ack.close()
+				finish(stream, cancel)
+			}
+			return nil
+		}
+	}
+}
+
+// finishTimeout bounds how long a stopping subscriber waits for the
+// upstream to confirm its last acknowledgement.
+const finishTimeout = time.Second
+
+// finish half-closes a subscription whose last acknowledgement was just
+// sent and waits (briefly) for the server to end the stream: cancelling
+// at once could drop that acknowledgement in flight. Batches still
+// arriving are discarded.
+func finish(stream fedstreampb.DataPlane_SubscribeClient, cancel context.CancelFunc) {
+	if stream.CloseSend() != nil {
+		return
+	}
+	timer := time.AfterFunc(finishTimeout, cancel)
+	defer timer.Stop()
+	for {
+		if _, err := stream.Recv(); err != nil {
+			return
+		}
+	}
+}
+
+// RunLocal is Run for a producer in this process: it reads buf directly,
+// with the same resumption, acknowledgement and delivery semantics, and
+// without a connection. Delivered strings alias buf's memory, which is
+// never modified or reused. A closed buffer ends it with an error wrapping
+// ErrClosed, so the caller resubscribes.
+func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver DeliverFunc) error {
+	after := s.last.Load()
+	if !s.noAck {
+		buf.Register(s.name)
+		if after > 0 {
+			buf.Ack(s.name, after)
+		}
+	}
+	var dec batchDecoder
+	for {
+		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
+		if err != nil {
+			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
+		}
+		if count == 0 {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		b, err := dec.decode(data, count, last, s.last.Load())
+		if err != nil {
+			return err
+		}
+		if len(b.Tuples) == 0 {
+			continue
+		}
+		derr := deliver(ctx, b)
+		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
+			return derr
+		}
+		s.last.Store(b.LastID)
+		if !s.noAck {
+			buf.Ack(s.name, b.LastID) // a local acknowledgement is cheap: every batch
 		}
 		if derr != nil {
 			return nil
 		}
 	}
 }
+
+// localBatchBytes bounds the batches RunLocal reads: a chunk at most.
+const localBatchBytes = chunkSize
 
 // recvError turns a failed Send into the stream's real status: gRPC
 // reports io.EOF from Send and the cause from Recv.
@@ -130,43 +300,64 @@ func recvError(stream fedstreampb.DataPlane_SubscribeClient, err error) error {
 	return err
 }
 
-// decodeBatch decodes msg, keeping tuples with id > after. All values of
-// the batch share one array, so a batch costs a few allocations, not a few
-// per tuple.
-func decodeBatch(msg *fedstreampb.Batch, after uint64, scratch *tuple.Tuple) (*Batch, error) {
-	b := &Batch{Tuples: make([]tuple.Tuple, 0, msg.Count)}
-	var values []tuple.Value
-	r := tuple.NewBatchReader(msg.Data)
+// batchDecoder decodes batches. Each batch gets fresh tuple and value
+// arrays (Batch promises they are never reused), sized from the previous
+// batch so that a batch costs two allocations, not some per tuple.
+type batchDecoder struct {
+	valuesPerTuple int
+}
+
+// decode decodes count tuples from data, keeping those with id > after,
+// and checks them against the header (count, lastID).
+func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (*Batch, error) {
+	b := &Batch{Tuples: make([]tuple.Tuple, count)}
+	values := make([]tuple.Value, count*max(1, d.valuesPerTuple))
+	used := 0 // values[:used] belong to decoded tuples
 	prev := after
-	n := 0
-	for r.Next(scratch) {
+	kept, n, off := 0, 0, 0
+	for off < len(data) {
+		if n == count {
+			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
+		}
+		t := &b.Tuples[kept]
+		// Decode straight into the value array: DecodeTuple reuses the
+		// capacity it is given, and allocates only when the array is full.
+		t.Values = values[used:used:len(values)]
+		k, err := tuple.DecodeTuple(data[off:], t)
+		if err != nil {
+			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
+		}
+		off += k
 		n++
-		if scratch.ID <= prev {
-			if len(b.Tuples) > 0 {
-				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, scratch.ID, prev)
+		if t.ID <= prev {
+			if kept > 0 {
+				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
 			}
 			continue // already delivered before a resubscription
 		}
-		prev = scratch.ID
-		if values == nil {
-			values = make([]tuple.Value, 0, int(msg.Count)*max(1, len(scratch.Values)))
+		prev = t.ID
+		nv := len(t.Values)
+		if nv > 0 && used+nv <= len(values) && &t.Values[0] == &values[used] {
+			used += nv
+		} else if nv > 0 {
+			// The array was full: the tuple got its own; start a new
+			// array for the rest.
+			values = make([]tuple.Value, (count-n)*max(nv, d.valuesPerTuple))
+			used = 0
 		}
-		start := len(values)
-		values = append(values, scratch.Values...)
-		t := *scratch
-		t.Values = values[start:len(values):len(values)]
-		b.Tuples = append(b.Tuples, t)
+		t.Values = t.Values[:nv:nv]
+		d.valuesPerTuple = max(d.valuesPerTuple, nv)
+		kept++
 	}
-	if err := r.Err(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrProtocol, err)
+	if n != count {
+		return nil, fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
 	}
-	if n != int(msg.Count) {
-		return nil, fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, msg.Count, n)
+	if kept > 0 && prev != lastID {
+		return nil, fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
 	}
-	if n > 0 && prev != msg.LastId && len(b.Tuples) > 0 {
-		return nil, fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, msg.LastId, prev)
-	}
-	if len(b.Tuples) > 0 {
+	clear(b.Tuples[kept:]) // skipped duplicates
+	b.Tuples = b.Tuples[:kept:kept]
+	if kept > 0 {
 		b.LastID = prev
 	}
 	return b, nil

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -100,10 +101,18 @@ func (in *input) run(ctx context.Context) {
 
 // attempt runs one subscription to replica pl. moved reports that it was
 // cancelled because the upstream's placement changed.
+//
+// When the upstream task runs in this runtime its buffer is read directly
+// (no connection, no copies): a task id names one deterministic stream, so
+// the local task's buffer is the stream pl names.
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
-	conn, err := in.t.r.pool.Conn(pl.WorkerAddr)
-	if err != nil {
-		return false, false, err
+	in.sub.Ref().TaskId = pl.TaskID
+	local, lerr := in.t.r.localStream(in.sub.Ref())
+	var conn grpc.ClientConnInterface
+	if lerr != nil {
+		if conn, err = in.t.r.pool.Conn(pl.WorkerAddr); err != nil {
+			return false, false, err
+		}
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -115,8 +124,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		in.cancelCur = nil
 		in.mu.Unlock()
 	}()
-	in.sub.Ref().TaskId = pl.TaskID
-	err = in.sub.Run(actx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
 		if err := in.t.merge.add(ctx, in.idx, b.Tuples); err != nil {
 			return err
@@ -125,7 +133,12 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 			return dataplane.ErrStopSubscription
 		}
 		return nil
-	})
+	}
+	if local != nil {
+		err = in.sub.RunLocal(actx, local, deliver)
+	} else {
+		err = in.sub.Run(actx, conn, deliver)
+	}
 	if err != nil && ctx.Err() == nil && actx.Err() != nil {
 		return progressed, true, err
 	}
@@ -176,6 +189,9 @@ func (t *task) runMerge() {
 			}
 			done, err := t.release(ctx, batch, steps, emitter)
 			clear(batch) // drop references to the input batches
+			if err == nil {
+				err = t.flush(ctx)
+			}
 			if err != nil {
 				t.endWith(err)
 				return

@@ -81,6 +81,11 @@ type Options struct {
 	// Pool is the connection pool for subscriptions; nil means a private
 	// one, closed by Close.
 	Pool *dataplane.Pool
+	// MaxBatchBytes bounds the encoded tuples of one message the DataPlane
+	// server sends (default dataplane.MaxBatchBytes). A message carries at
+	// least one tuple, so 1 means one tuple per message: the unbatched data
+	// plane, for measurements. Acknowledgements stay cumulative.
+	MaxBatchBytes int
 }
 
 func (o *Options) setDefaults() {
@@ -125,7 +130,7 @@ func New(opts Options) *Runtime {
 		r.pool = dataplane.NewPool()
 		r.ownPool = true
 	}
-	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log)
+	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, dataplane.WithMaxBatchBytes(opts.MaxBatchBytes))
 	return r
 }
 
@@ -253,7 +258,13 @@ func (r *Runtime) task(id string) *task {
 type resolver struct{ r *Runtime }
 
 func (rs resolver) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
-	t := rs.r.task(ref.TaskId)
+	return rs.r.localStream(ref)
+}
+
+// localStream returns the output buffer ref names if its producer runs in
+// this runtime, or an error wrapping dataplane.ErrUnknownStream.
+func (r *Runtime) localStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
+	t := r.task(ref.TaskId)
 	if t == nil || t.spec.Query != ref.Query {
 		return nil, fmt.Errorf("%w: no task %q of query %q runs on this worker", dataplane.ErrUnknownStream, ref.TaskId, ref.Query)
 	}

@@ -52,7 +52,16 @@ func (t *task) runGenerator() {
 		if rate > 0 {
 			n++
 			due := start.Add(time.Duration(n * int64(time.Second) / rate))
-			if wait := time.Until(due); wait > time.Millisecond {
+			wait := time.Until(due)
+			if wait > 0 {
+				// Ahead of schedule: what is staged goes out now rather
+				// than when a batch fills.
+				if err := t.flush(ctx); err != nil {
+					t.endWith(err)
+					return
+				}
+			}
+			if wait > time.Millisecond {
 				if timer == nil {
 					timer = time.NewTimer(wait)
 				} else {
@@ -72,7 +81,11 @@ func (t *task) runGenerator() {
 			return
 		}
 	}
-	if err := t.emitBoundary(ctx, finalBoundary); err != nil {
+	err := t.emitBoundary(ctx, finalBoundary)
+	if err == nil {
+		err = t.flush(ctx)
+	}
+	if err != nil {
 		t.endWith(err)
 		return
 	}
@@ -156,15 +169,26 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		// Values alias nothing the caller keeps: the buffer encodes them.
 		tp.Type = tuple.Stable
 		t.emitData(ctx, tp)
+		if t.emitErr == nil {
+			// Line by line, so that a failure leaves exactly the lines
+			// before it accepted.
+			t.emitErr = t.flush(ctx)
+		}
 		if err := t.emitErr; err != nil {
 			t.emitErr = nil // the next request may succeed
+			t.discardStaged()
 			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
 		accepted++
 		maxSTime = max(maxSTime, tp.STime)
 	}
 	if maxSTime > st.boundary {
-		if err := t.emitBoundary(ctx, maxSTime); err != nil {
+		err := t.emitBoundary(ctx, maxSTime)
+		if err == nil {
+			err = t.flush(ctx)
+		}
+		if err != nil {
+			t.discardStaged()
 			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
 		st.boundary = maxSTime

@@ -27,7 +27,18 @@ type outStream struct {
 	consumer  string
 	partition int
 	buf       *dataplane.OutputBuffer
-	lastID    uint64
+	// w stages the output for buf: the producer flushes it after each
+	// release step, when it holds flushBytes, and before waiting.
+	w      *dataplane.Writer
+	lastID uint64
+}
+
+// flushBytes is how much output a stream stages before appending it to
+// its buffer (about one network batch).
+const flushBytes = dataplane.MaxBatchBytes
+
+func newOutStream(consumer string, partition int, buf *dataplane.OutputBuffer) *outStream {
+	return &outStream{consumer: consumer, partition: partition, buf: buf, w: buf.NewWriter()}
 }
 
 // route sends a task's data tuples to the partitions of one downstream node.
@@ -147,9 +158,9 @@ func failedTask(r *Runtime, spec TaskSpec, err error) *task {
 // result ring buffer of a sink.
 func (t *task) buildOutputs() error {
 	if t.node.Kind == queryspec.KindSink {
-		out := &outStream{consumer: "", partition: t.spec.Partition, buf: dataplane.NewOutputBuffer(dataplane.BufferOptions{
+		out := newOutStream("", t.spec.Partition, dataplane.NewOutputBuffer(dataplane.BufferOptions{
 			Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
-		})}
+		}))
 		t.outs = []*outStream{out}
 		t.byConsumer[""] = make([]*outStream, t.spec.Partition+1)
 		t.byConsumer[""][t.spec.Partition] = out
@@ -174,7 +185,7 @@ func (t *task) buildOutputs() error {
 			opts := t.r.opts.Buffer
 			opts.Ring = false
 			opts.ExpectedSubscribers = replicas
-			out := &outStream{consumer: name, partition: p, buf: dataplane.NewOutputBuffer(opts)}
+			out := newOutStream(name, p, dataplane.NewOutputBuffer(opts))
 			rt.parts = append(rt.parts, out)
 			t.outs = append(t.outs, out)
 		}
@@ -351,10 +362,33 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 
 func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
 	tp.ID = o.lastID + 1
-	if err := o.buf.Append(ctx, tp); err != nil {
+	if err := o.w.Add(tp); err != nil {
 		return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 	}
 	o.lastID = tp.ID
+	if o.w.Staged() >= flushBytes {
+		if err := o.w.Flush(ctx); err != nil {
+			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
+		}
+	}
+	return nil
+}
+
+// discardStaged drops what the outputs staged and did not append (after a
+// failed flush), so the next tuple reuses the first unappended id.
+func (t *task) discardStaged() {
+	for _, o := range t.outs {
+		o.lastID = o.w.Discard()
+	}
+}
+
+// flush appends every output's staged tuples to its buffer.
+func (t *task) flush(ctx context.Context) error {
+	for _, o := range t.outs {
+		if err := o.w.Flush(ctx); err != nil {
+			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
+		}
+	}
 	return nil
 }
 

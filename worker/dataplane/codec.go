@@ -1,0 +1,171 @@
+package dataplane
+
+import (
+	"fmt"
+	"math/bits"
+	"sync"
+
+	"google.golang.org/grpc/encoding"
+	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec batchCodec delegates to
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// batchCodec is the gRPC codec of data-plane connections. It is wire
+// compatible with the standard "proto" codec (and names itself so), but
+// moves Batch messages without the standard codec's copies:
+//
+//   - Marshal does not copy Batch.Data: the message is a small header plus
+//     Data itself. That is safe because batches the server sends alias an
+//     OutputBuffer's chunks, whose written bytes are never modified (see
+//     chunk), so gRPC may hold them until they are written to the socket.
+//   - Unmarshal copies the received frames once into a fresh slice that
+//     Batch.Data then aliases (the standard codec gathers the frames into a
+//     pooled buffer, zeroing a 1 MiB pool tier for a 64 KiB batch, then
+//     copies Data out again). Data is never reused, as Batch promises.
+//
+// Every other message goes through the standard codec.
+type batchCodec struct{ fallback encoding.CodecV2 }
+
+func newBatchCodec() batchCodec {
+	return batchCodec{fallback: encoding.GetCodecV2("proto")}
+}
+
+// Name is "proto": peers using the standard codec see the same content
+// subtype and the same bytes.
+func (batchCodec) Name() string { return "proto" }
+
+// Protobuf field numbers of Batch (rpc/fedstream.proto).
+const (
+	batchFieldData   protowire.Number = 1
+	batchFieldCount  protowire.Number = 2
+	batchFieldLastID protowire.Number = 3
+)
+
+func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
+	b, ok := v.(*fedstreampb.Batch)
+	if !ok {
+		return c.fallback.Marshal(v)
+	}
+	// Fields in any order are valid protobuf: the small ones first, then
+	// the data field's key and length, all in one header; Data follows
+	// as a buffer of its own.
+	hdr := make([]byte, 0, 32)
+	if b.Count != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldCount, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, uint64(b.Count))
+	}
+	if b.LastId != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldLastID, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, b.LastId)
+	}
+	if len(b.Data) == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(hdr)}, nil
+	}
+	hdr = protowire.AppendTag(hdr, batchFieldData, protowire.BytesType)
+	hdr = protowire.AppendVarint(hdr, uint64(len(b.Data)))
+	return mem.BufferSlice{mem.SliceBuffer(hdr), mem.SliceBuffer(b.Data)}, nil
+}
+
+func (c batchCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	b, ok := v.(*fedstreampb.Batch)
+	if !ok {
+		return c.fallback.Unmarshal(data, v)
+	}
+	// One copy into memory this Batch owns for good: Data aliases it.
+	raw := data.Materialize()
+	b.Reset()
+	for len(raw) > 0 {
+		num, typ, n := protowire.ConsumeTag(raw)
+		if n < 0 {
+			return fmt.Errorf("%w: batch: %w", ErrProtocol, protowire.ParseError(n))
+		}
+		raw = raw[n:]
+		switch {
+		case num == batchFieldData && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch data: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.Data = v[:len(v):len(v)]
+			raw = raw[n:]
+		case num == batchFieldCount && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch count: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.Count = uint32(v)
+			raw = raw[n:]
+		case num == batchFieldLastID && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch last id: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.LastId = v
+			raw = raw[n:]
+		default:
+			// A field this version does not know: skip it.
+			n := protowire.ConsumeFieldValue(num, typ, raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch field %d: %w", ErrProtocol, num, protowire.ParseError(n))
+			}
+			raw = raw[n:]
+		}
+	}
+	return nil
+}
+
+// dirtyPool is the gRPC buffer pool of data-plane connections: tiers of
+// power-of-two sizes, like gRPC's default pool, but buffers are not zeroed
+// when reused. gRPC overwrites what it reads into them before using it, and
+// zeroing costs: the default pool clears the whole capacity of a reused
+// buffer, 1 MiB for anything above 32 KiB.
+type dirtyPool struct {
+	// tiers[i] holds buffers of capacity 1<<(minPoolShift+i).
+	tiers [maxPoolShift - minPoolShift + 1]sync.Pool
+}
+
+const (
+	minPoolShift = 8  // 256 B
+	maxPoolShift = 22 // 4 MiB; larger requests are plain allocations
+)
+
+var sharedDirtyPool = &dirtyPool{}
+
+func tierOf(size int) int {
+	if size <= 1<<minPoolShift {
+		return 0
+	}
+	return bits.Len(uint(size-1)) - minPoolShift
+}
+
+// Get returns a buffer of length size; its contents are arbitrary.
+func (p *dirtyPool) Get(size int) *[]byte {
+	t := tierOf(size)
+	if t >= len(p.tiers) {
+		b := make([]byte, size)
+		return &b
+	}
+	if b, ok := p.tiers[t].Get().(*[]byte); ok {
+		*b = (*b)[:size]
+		return b
+	}
+	b := make([]byte, size, 1<<(minPoolShift+t))
+	return &b
+}
+
+// Put returns a buffer obtained from Get (or a prefix of one).
+func (p *dirtyPool) Put(b *[]byte) {
+	c := cap(*b)
+	if c < 1<<minPoolShift || c&(c-1) != 0 {
+		return // not one of ours: let the GC have it
+	}
+	t := tierOf(c)
+	if t >= len(p.tiers) {
+		return
+	}
+	*b = (*b)[:0]
+	p.tiers[t].Put(b)
+}

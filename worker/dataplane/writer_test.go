@@ -1,0 +1,152 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// readAllIDs reads every retained id after `after`.
+func readAllIDs(t *testing.T, b *OutputBuffer, after uint64) []uint64 {
+	t.Helper()
+	var ids []uint64
+	for {
+		data, count, last, _, _, err := b.Read(after, MaxBatchBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if count == 0 {
+			return ids
+		}
+		ids = append(ids, decodeAll(t, data)...)
+		after = last
+	}
+}
+
+func TestWriterFlush(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    BufferOptions
+		tuples  int
+		payload int
+		// wantFirst is the oldest id retained after the flush.
+		wantFirst uint64
+	}{
+		{"small batch", BufferOptions{}, 10, 10, 1},
+		{"spans chunks", BufferOptions{}, 5000, 100, 1},
+		{"tuple larger than a chunk", BufferOptions{}, 3, chunkSize + 10, 1},
+		{"ring keeps the newest", BufferOptions{Ring: true, MaxTuples: 100}, 1000, 10, 901},
+		{"ring bounded by bytes", BufferOptions{Ring: true, MaxBytes: 64 << 10}, 2000, 100, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			b := NewOutputBuffer(tc.opts)
+			w := b.NewWriter()
+			payload := string(make([]byte, tc.payload))
+			for id := uint64(1); id <= uint64(tc.tuples); id++ {
+				if err := w.Add(dataTuple(id, payload)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := readAllIDs(t, b, 0); len(got) != 0 {
+				t.Fatalf("%d tuples visible before Flush", len(got))
+			}
+			if err := w.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if w.Staged() != 0 {
+				t.Fatalf("%d bytes still staged", w.Staged())
+			}
+			got := readAllIDs(t, b, 0)
+			if len(got) == 0 || got[len(got)-1] != uint64(tc.tuples) {
+				t.Fatalf("read %d ids ending %v", len(got), got[max(0, len(got)-1):])
+			}
+			if tc.wantFirst != 0 && got[0] != tc.wantFirst {
+				t.Fatalf("oldest id %d, want %d", got[0], tc.wantFirst)
+			}
+			for i := 1; i < len(got); i++ {
+				if got[i] != got[i-1]+1 {
+					t.Fatalf("id %d after %d", got[i], got[i-1])
+				}
+			}
+			if st := b.Stats(); st.Tuples != len(got) || st.LastID != uint64(tc.tuples) {
+				t.Fatalf("stats %+v, read %d", st, len(got))
+			}
+		})
+	}
+}
+
+// TestWriterFlushBlocksUntilAcked: a flush larger than the buffer appends
+// what fits, waits for acknowledgements, and keeps the rest staged when
+// its context ends.
+func TestWriterFlushBlocksUntilAcked(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 10})
+	b.Register("down")
+	w := b.NewWriter()
+	for id := uint64(1); id <= 25; id++ {
+		if err := w.Add(dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := w.Flush(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("flush into a full buffer: %v", err)
+	}
+	if got := readAllIDs(t, b, 0); !slices.Equal(got, seq(1, 10)) {
+		t.Fatalf("appended %v, want 1..10", got)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Flush(context.Background()) }()
+	for after := uint64(10); after < 25; {
+		b.Ack("down", after)
+		waitFor(t, fmt.Sprintf("tuples after %d", after), func() bool { return b.Stats().LastID > after })
+		after = b.Stats().LastID
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := readAllIDs(t, b, 20); !slices.Equal(got, seq(21, 25)) {
+		t.Fatalf("tail %v, want 21..25", got)
+	}
+}
+
+func TestWriterDiscardAndOrder(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	w := b.NewWriter()
+	for id := uint64(1); id <= 3; id++ {
+		if err := w.Add(dataTuple(id, "a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := w.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Add(dataTuple(4, "b")); err != nil {
+		t.Fatal(err)
+	}
+	if last := w.Discard(); last != 3 {
+		t.Fatalf("Discard returned %d, want 3", last)
+	}
+	if err := w.Add(dataTuple(3, "c")); !errors.Is(err, ErrIDOrder) {
+		t.Fatalf("reused id: %v", err)
+	}
+	if err := w.Add(dataTuple(4, "d")); err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	if err := w.Flush(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("flush after close: %v", err)
+	}
+}
+
+func seq(from, to uint64) []uint64 {
+	var s []uint64
+	for i := from; i <= to; i++ {
+		s = append(s, i)
+	}
+	return s
+}
