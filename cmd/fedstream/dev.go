@@ -224,13 +224,13 @@ lines with --json); where everything listens and the logs go to stderr.`,
 
 func (d *devFederation) printBanner(w io.Writer) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s\n", "demo", d.dataDir)
+	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, auth: dev mode (no tokens, every caller accepted)\n", "demo", d.dataDir)
 	for _, c := range d.coords {
 		fmt.Fprintf(&b, "  coordinator %s  grpc %s\n", c.NodeID(), c.GRPCAddr())
 	}
 	for i, w := range d.workers {
 		fmt.Fprintf(&b, "  worker w%d       data plane %s\n", i+1, w.Addr())
 	}
-	fmt.Fprintf(&b, "try: fedstream status --addr %s   |   fedstream workers --addr %s\n", d.coords[0].GRPCAddr(), d.coords[0].GRPCAddr())
+	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr())
 	fmt.Fprint(w, b.String())
 }
