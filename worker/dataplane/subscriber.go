@@ -27,15 +27,43 @@ var ErrProtocol = errors.New("dataplane: malformed batch")
 // everything delivered before (duplicates after a resubscription are
 // dropped), in stream order.
 //
-// The tuples and their values (strings included) live in memory owned by
-// this batch alone and never reused, so a consumer may keep them.
+// The tuples and their values live in memory owned by this batch alone.
+// Unless the consumer calls Release, that memory is never reused, so a
+// consumer may keep it. Strings (and bytes) values alias the received
+// message or, for a local stream, the producer's buffer, neither of which
+// is ever modified or reused: they stay valid even after Release.
 type Batch struct {
 	Tuples []tuple.Tuple
 	// LastID is the id of the last tuple in Tuples.
 	LastID uint64
+
+	// The arrays Tuples and their Values were decoded into, recycled by
+	// Release.
+	tupleArray []tuple.Tuple
+	valueArray []tuple.Value
+	recyclable bool
 }
 
-// DeliverFunc consumes one batch. It may block (that is flow control: the
+// Release hands the batch's tuple and value arrays back for reuse by
+// later batches. It is optional (a batch never released is simply
+// collected), but once it is called neither b nor its Tuples, nor their
+// Values slices, may be used again; strings taken from the values stay
+// valid. Call it at most once, and only for a batch a Subscriber delivered.
+func (b *Batch) Release() {
+	if !b.recyclable {
+		return
+	}
+	b.recyclable = false
+	b.Tuples, b.LastID = nil, 0
+	batchPool.Put(b)
+}
+
+// batchPool holds released batches with their arrays.
+var batchPool sync.Pool
+
+// DeliverFunc consumes one batch; the batch is the consumer's from then
+// on (the subscriber does not touch it again), so it may Release it,
+// during the call or later. It may block (that is flow control: the
 // subscription stops reading, the HTTP/2 window fills and the upstream's
 // buffer stops draining) and should honour ctx. The batch is acknowledged
 // when DeliverFunc returns nil or ErrStopSubscription.
@@ -195,15 +223,18 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return err
 		}
 		if len(b.Tuples) == 0 {
+			b.Release()
 			continue // only duplicates
 		}
+		// b belongs to deliver from now on (it may Release it).
+		lastID, delivered := b.LastID, len(b.Tuples)
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr
 		}
-		s.last.Store(b.LastID)
+		s.last.Store(lastID)
 		if ack != nil {
-			if err := ack.delivered(b.LastID, len(b.Tuples), len(msg.Data), derr != nil); err != nil {
+			if err := ack.delivered(lastID, delivered, len(msg.Data), derr != nil); err != nil {
 				return recvError(stream, err)
 			}
 		}
@@ -270,15 +301,18 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			return err
 		}
 		if len(b.Tuples) == 0 {
+			b.Release()
 			continue
 		}
+		// b belongs to deliver from now on (it may Release it).
+		lastID := b.LastID
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr
 		}
-		s.last.Store(b.LastID)
+		s.last.Store(lastID)
 		if !s.noAck {
-			buf.Ack(s.name, b.LastID) // a local acknowledgement is cheap: every batch
+			buf.Ack(s.name, lastID) // a local acknowledgement is cheap: every batch
 		}
 		if derr != nil {
 			return nil
@@ -300,18 +334,44 @@ func recvError(stream fedstreampb.DataPlane_SubscribeClient, err error) error {
 	return err
 }
 
-// batchDecoder decodes batches. Each batch gets fresh tuple and value
-// arrays (Batch promises they are never reused), sized from the previous
-// batch so that a batch costs two allocations, not some per tuple.
+// batchDecoder decodes batches. Each batch gets tuple and value arrays
+// of its own: released ones (see Batch.Release) or fresh ones sized from
+// the previous batch, so that a batch costs at most two allocations, not
+// some per tuple.
 type batchDecoder struct {
 	valuesPerTuple int
 }
 
+// newBatch returns a batch whose arrays hold count tuples and values for
+// count tuples of the usual width.
+func (d *batchDecoder) newBatch(count int) *Batch {
+	b, _ := batchPool.Get().(*Batch)
+	if b == nil {
+		b = &Batch{}
+	}
+	b.recyclable = true
+	// Fresh arrays get some slack so that a recycled batch serves the
+	// next, slightly larger one too.
+	if cap(b.tupleArray) < count {
+		b.tupleArray = make([]tuple.Tuple, count+count/4)
+	}
+	if n := count * max(1, d.valuesPerTuple); cap(b.valueArray) < n {
+		b.valueArray = make([]tuple.Value, n+n/4)
+	}
+	b.Tuples = b.tupleArray[:count]
+	return b
+}
+
 // decode decodes count tuples from data, keeping those with id > after,
 // and checks them against the header (count, lastID).
-func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (*Batch, error) {
-	b := &Batch{Tuples: make([]tuple.Tuple, count)}
-	values := make([]tuple.Value, count*max(1, d.valuesPerTuple))
+func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
+	b := d.newBatch(count)
+	defer func() {
+		if err != nil {
+			b.Release()
+		}
+	}()
+	values := b.valueArray[:cap(b.valueArray)]
 	used := 0 // values[:used] belong to decoded tuples
 	prev := after
 	kept, n, off := 0, 0, 0
@@ -344,6 +404,9 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (*Ba
 			// array for the rest.
 			values = make([]tuple.Value, (count-n)*max(nv, d.valuesPerTuple))
 			used = 0
+			// The earlier array stays with the tuples decoded into it;
+			// Release recycles the larger one.
+			b.valueArray = values
 		}
 		t.Values = t.Values[:nv:nv]
 		d.valuesPerTuple = max(d.valuesPerTuple, nv)

@@ -165,7 +165,9 @@ func tailCount(b *testing.B, pool *dataplane.Pool, addr, query, task string) int
 					n++
 				}
 			}
-			if last := bt.Tuples[len(bt.Tuples)-1]; last.Type == tuple.Boundary && last.STime == math.MaxInt64 {
+			last := bt.Tuples[len(bt.Tuples)-1]
+			bt.Release()
+			if last.Type == tuple.Boundary && last.STime == math.MaxInt64 {
 				return dataplane.ErrStopSubscription
 			}
 			return nil

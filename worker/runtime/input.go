@@ -126,10 +126,14 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}()
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
-		if err := in.t.merge.add(ctx, in.idx, b.Tuples); err != nil {
+		// The merger hands b back (Release) once the task is done with its
+		// tuples: read what is needed of it before.
+		last := &b.Tuples[len(b.Tuples)-1]
+		final := last.Type == tuple.Boundary && last.STime == finalBoundary
+		if err := in.t.merge.add(ctx, in.idx, b.Tuples, b); err != nil {
 			return err
 		}
-		if last := b.Tuples[len(b.Tuples)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
+		if final {
 			return dataplane.ErrStopSubscription
 		}
 		return nil
@@ -183,12 +187,16 @@ func (t *task) runMerge() {
 		case <-t.merge.wake:
 		}
 		for {
-			batch, steps, ok := t.merge.take()
+			rel, ok := t.merge.take()
 			if !ok {
 				break
 			}
-			done, err := t.release(ctx, batch, steps, emitter)
-			clear(batch) // drop references to the input batches
+			done, err := t.release(ctx, rel.runs, rel.steps, emitter)
+			// The operator and the outputs keep nothing of the released
+			// tuples (see operator.Emitter; outputs encode at once).
+			for _, b := range rel.finished {
+				b.Release()
+			}
 			if err == nil {
 				err = t.flush(ctx)
 			}
@@ -208,14 +216,21 @@ func (t *task) runMerge() {
 // operator (or straight to the output for a sink), advances the operator
 // to the step and forwards it as a BOUNDARY. done reports the final
 // boundary.
-func (t *task) release(ctx context.Context, batch []mergedTuple, steps []int64, emitter operator.Emitter) (done bool, err error) {
-	i := 0
+func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emitter operator.Emitter) (done bool, err error) {
+	ri, ti := 0, 0 // next tuple: runs[ri].tuples[ti]
 	for _, step := range steps {
-		for ; i < len(batch) && batch[i].t.STime < step; i++ {
-			m := &batch[i]
+		for ri < len(runs) {
+			r := &runs[ri]
+			tp := &r.tuples[ti]
+			if tp.STime >= step {
+				break
+			}
+			if ti++; ti == len(r.tuples) {
+				ri, ti = ri+1, 0
+			}
 			if t.op == nil {
-				t.emitData(ctx, &m.t)
-			} else if err := t.op.Process(m.port, &m.t, emitter); err != nil {
+				t.emitData(ctx, tp)
+			} else if err := t.op.Process(r.port, tp, emitter); err != nil {
 				if !errors.Is(err, operator.ErrEval) {
 					return false, fmt.Errorf("operator %s: %w", t.node.Name, err)
 				}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -23,6 +24,13 @@ import (
 // to the watermark, so the steps depend only on the streams' contents:
 // replicas emit the same boundaries, hence the same output ids, whatever
 // the arrival interleaving.
+//
+// Tuples are not copied on the way through: an input's pending tuples are
+// runs aliasing the delivered batches, and a release hands out runs (or,
+// for inputs out of stime order, single tuples) aliasing the same memory.
+// A delivered batch with an owner is handed back (Release) through take's
+// finished list once every data tuple it holds has been released, so the
+// caller recycles it after processing that release.
 type merger struct {
 	mu     sync.Mutex
 	inputs []*mergeInput
@@ -35,9 +43,18 @@ type merger struct {
 	// space is closed (and replaced) after each release to wake inputs
 	// waiting for room.
 	space chan struct{}
-	out   []mergedTuple
-	steps []int64
+	// Scratch reused by take: the release (runs, steps, finished batches)
+	// and the sort buffer of inputs out of stime order.
+	rel    mergeRelease
+	sorted []mergedTuple
+	// finished collects batches whose tuples have all left the queues
+	// since the last take (batches without data tuples included).
+	finished []batchOwner
 }
+
+// batchOwner is what a delivered batch's memory is handed back to once
+// its tuples are no longer used (dataplane.Batch implements it).
+type batchOwner interface{ Release() }
 
 type mergeInput struct {
 	port, upPartition int
@@ -45,24 +62,48 @@ type mergeInput struct {
 	// above the last release, increasing.
 	boundary int64
 	steps    []int64
-	pending  []tuple.Tuple
-	// unsorted says pending is not in non-decreasing stime order (then
+	// queue holds the pending data tuples in stream order, as runs
+	// aliasing the delivered batches; pending counts them.
+	queue   []pendingRun
+	pending int
+	// unsorted says the queue is not in non-decreasing stime order (then
 	// take sorts; otherwise it merges the inputs' queues as they are).
 	unsorted bool
 }
 
-// appendPending queues a data tuple, keeping the sortedness flag.
-func (in *mergeInput) appendPending(tp tuple.Tuple) {
-	if n := len(in.pending); n > 0 && tp.STime < in.pending[n-1].STime {
-		in.unsorted = true
-	}
-	in.pending = append(in.pending, tp)
+// pendingRun is a run of consecutive data tuples of one delivered batch.
+type pendingRun struct {
+	tuples []tuple.Tuple
+	batch  *heldBatch // nil when the batch has no owner
 }
 
-// mergedTuple is a released data tuple with its origin.
+// heldBatch counts the runs of a delivered batch still queued.
+type heldBatch struct {
+	owner batchOwner
+	runs  int
+}
+
+// mergedRun is a run of released data tuples of one input, consecutive in
+// the release order.
+type mergedRun struct {
+	port, upPartition int
+	tuples            []tuple.Tuple
+}
+
+// mergedTuple is a data tuple with its origin (the sort of inputs out of
+// stime order).
 type mergedTuple struct {
 	port, upPartition int
 	t                 tuple.Tuple
+}
+
+// mergeRelease is what take hands out: the released runs in release
+// order, the release steps (increasing, the last one the new watermark)
+// and the batches to hand back once the runs are processed.
+type mergeRelease struct {
+	runs     []mergedRun
+	steps    []int64
+	finished []batchOwner
 }
 
 func newMerger(limit int) *merger {
@@ -83,14 +124,17 @@ func (m *merger) minBoundaryLocked() int64 {
 	return low
 }
 
-// add takes a batch of input i (in stream order). To bound memory it
+// add takes a batch of input i (in stream order). The merger keeps
+// references into batch until its tuples are released; owner, if not
+// nil, gets the batch back through take's finished list after that, and
+// the caller must not use batch once add returned. To bound memory add
 // waits while input i already holds limit pending tuples and is ahead of
 // the slowest input; the slowest input is never held back, so the merge
 // always makes progress.
-func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple) error {
+func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner) error {
 	m.mu.Lock()
 	in := m.inputs[i]
-	for len(in.pending) >= m.limit && in.boundary > m.minBoundaryLocked() {
+	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() {
 		ch := m.space
 		m.mu.Unlock()
 		select {
@@ -100,19 +144,45 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple) error {
 		}
 		m.mu.Lock()
 	}
+	var held *heldBatch
+	if owner != nil {
+		held = &heldBatch{owner: owner}
+	}
 	advanced := false
-	for _, tp := range batch {
-		switch {
-		case tp.Type.IsData():
-			in.appendPending(tp)
-		case tp.Type == tuple.Boundary:
-			if tp.STime > in.boundary {
-				in.boundary = tp.STime
-				in.steps = append(in.steps, tp.STime)
-				advanced = true
+	start := -1 // start of the current run of data tuples
+	last := int64(math.MinInt64)
+	if n := len(in.queue); n > 0 {
+		r := in.queue[n-1].tuples
+		last = r[len(r)-1].STime
+	}
+	for k := range batch {
+		tp := &batch[k]
+		if tp.Type.IsData() {
+			if start < 0 {
+				start = k
 			}
+			if tp.STime < last {
+				in.unsorted = true
+			}
+			last = tp.STime
+			continue
+		}
+		if start >= 0 {
+			in.queueRun(batch[start:k], held)
+			start = -1
+		}
+		if tp.Type == tuple.Boundary && tp.STime > in.boundary {
+			in.boundary = tp.STime
+			in.steps = append(in.steps, tp.STime)
+			advanced = true
 		}
 		// UNDO and REC_DONE belong to DCAA corrections, not stable mode.
+	}
+	if start >= 0 {
+		in.queueRun(batch[start:], held)
+	}
+	if held != nil && held.runs == 0 {
+		m.finished = append(m.finished, owner) // nothing of it is kept
 	}
 	m.mu.Unlock()
 	if advanced {
@@ -124,19 +194,27 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple) error {
 	return nil
 }
 
-// take releases what the minimum boundary allows: the sorted data tuples
-// with stime below it and the release steps (increasing, the last one the
-// new watermark); the caller processes, for each step, the tuples below it
-// and then advances to it. ok is false when the watermark has not moved.
-// The returned slices are reused by the next take.
-func (m *merger) take() (out []mergedTuple, steps []int64, ok bool) {
+func (in *mergeInput) queueRun(tuples []tuple.Tuple, held *heldBatch) {
+	in.queue = append(in.queue, pendingRun{tuples: tuples, batch: held})
+	in.pending += len(tuples)
+	if held != nil {
+		held.runs++
+	}
+}
+
+// take releases what the minimum boundary allows (see mergeRelease): the
+// caller processes, for each step, the tuples below it and then advances
+// to it, and then hands back the finished batches. ok is false when the
+// watermark has not moved. The release is reused by the next take.
+func (m *merger) take() (rel *mergeRelease, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	wm := m.minBoundaryLocked()
 	if wm <= m.released {
-		return nil, nil, false
+		return nil, false
 	}
-	steps = m.steps[:0]
+	rel = &m.rel
+	steps := rel.steps[:0]
 	for _, in := range m.inputs {
 		n := 0
 		for n < len(in.steps) && in.steps[n] <= wm {
@@ -146,23 +224,26 @@ func (m *merger) take() (out []mergedTuple, steps []int64, ok bool) {
 		in.steps = append(in.steps[:0], in.steps[n:]...)
 	}
 	slices.Sort(steps)
-	steps = slices.Compact(steps)
-	m.steps = steps
-	out = m.out[:0]
+	rel.steps = slices.Compact(steps)
+	clear(rel.runs) // drop references to batches handed back before
+	rel.runs = rel.runs[:0]
+	clear(rel.finished)
+	rel.finished = append(rel.finished[:0], m.finished...)
+	clear(m.finished)
+	m.finished = m.finished[:0]
 	sorted := true
 	for _, in := range m.inputs {
 		sorted = sorted && !in.unsorted
 	}
 	if sorted {
-		out = m.mergeSortedLocked(out, wm)
+		m.mergeSortedLocked(rel, wm)
 	} else {
-		out = m.collectAndSortLocked(out, wm)
+		m.collectAndSortLocked(rel, wm)
 	}
 	m.released = wm
-	m.out = out
 	close(m.space)
 	m.space = make(chan struct{})
-	return out, steps, true
+	return rel, true
 }
 
 // mergeOrder is the release order: (stime, port, upstream partition, id).
@@ -176,93 +257,158 @@ func mergeOrder(a, b *mergedTuple) int {
 }
 
 // collectAndSortLocked releases the pending tuples below wm of every input
-// and sorts them into the release order.
-func (m *merger) collectAndSortLocked(out []mergedTuple, wm int64) []mergedTuple {
+// and sorts them into the release order. The released tuples are copied
+// into m.sorted (their values still alias the batches, which are handed
+// back only after the release is processed); the kept ones are compacted
+// within their runs.
+func (m *merger) collectAndSortLocked(rel *mergeRelease, wm int64) {
+	clear(m.sorted)
+	out := m.sorted[:0]
 	for _, in := range m.inputs {
-		keep := in.pending[:0]
 		in.unsorted = false
-		for _, tp := range in.pending {
-			if tp.STime < wm {
-				out = append(out, mergedTuple{port: in.port, upPartition: in.upPartition, t: tp})
-			} else {
-				if n := len(keep); n > 0 && tp.STime < keep[n-1].STime {
+		last := int64(math.MinInt64)
+		queue := in.queue[:0]
+		for _, r := range in.queue {
+			keep := r.tuples[:0]
+			for _, tp := range r.tuples {
+				if tp.STime < wm {
+					out = append(out, mergedTuple{port: in.port, upPartition: in.upPartition, t: tp})
+					continue
+				}
+				if tp.STime < last {
 					in.unsorted = true
 				}
+				last = tp.STime
 				keep = append(keep, tp)
 			}
+			in.pending -= len(r.tuples) - len(keep)
+			if len(keep) > 0 {
+				queue = append(queue, pendingRun{tuples: keep, batch: r.batch})
+			} else {
+				m.runDoneLocked(rel, r)
+			}
 		}
-		clear(in.pending[len(keep):]) // drop references to released batches
-		in.pending = keep
+		clear(in.queue[len(queue):])
+		in.queue = queue
 	}
 	slices.SortFunc(out, func(a, b mergedTuple) int { return mergeOrder(&a, &b) })
-	return out
+	m.sorted = out
+	for k := range out {
+		mt := &out[k]
+		rel.runs = append(rel.runs, mergedRun{port: mt.port, upPartition: mt.upPartition, tuples: unsafe.Slice(&mt.t, 1)})
+	}
+}
+
+// runDoneLocked notes that every tuple of run r left its queue.
+func (m *merger) runDoneLocked(rel *mergeRelease, r pendingRun) {
+	if r.batch == nil {
+		return
+	}
+	r.batch.runs--
+	if r.batch.runs == 0 {
+		rel.finished = append(rel.finished, r.batch.owner)
+	}
+}
+
+// mergeCursor walks the released prefix of one input's queue.
+type mergeCursor struct {
+	run, off int // position in the queue
+	left     int // released tuples not yet merged
+}
+
+// head returns the cursor's next tuple.
+func (c *mergeCursor) head(in *mergeInput) *tuple.Tuple { return &in.queue[c.run].tuples[c.off] }
+
+// releasedCount returns how many tuples at the front of a queue in stime
+// order have stime below wm.
+func (in *mergeInput) releasedCount(wm int64) int {
+	n := 0
+	for _, r := range in.queue {
+		if r.tuples[len(r.tuples)-1].STime < wm {
+			n += len(r.tuples)
+			continue
+		}
+		k, _ := slices.BinarySearchFunc(r.tuples, wm, func(tp tuple.Tuple, wm int64) int { return cmp.Compare(tp.STime, wm) })
+		return n + k
+	}
+	return n
 }
 
 // mergeSortedLocked releases the pending tuples below wm when every
 // input's queue is in stime order: each input's released tuples are then a
 // prefix of its queue, already in release order (ids increase along a
 // stream), so a k-way merge of the prefixes gives the order a sort would.
-func (m *merger) mergeSortedLocked(out []mergedTuple, wm int64) []mergedTuple {
-	// Released prefix length per input; heads advance during the merge.
-	var heads, ends [8]int
-	n := len(m.inputs)
-	hs, es := heads[:0], ends[:0]
-	if n > len(heads) {
-		hs, es = make([]int, 0, n), make([]int, 0, n)
+// The merge hands out maximal runs: the best input's tuples are taken
+// for as long as they precede every other input's head.
+func (m *merger) mergeSortedLocked(rel *mergeRelease, wm int64) {
+	var cursors [8]mergeCursor
+	cs := cursors[:0]
+	if len(m.inputs) > len(cursors) {
+		cs = make([]mergeCursor, 0, len(m.inputs))
 	}
-	active := 0
 	for _, in := range m.inputs {
-		k, _ := slices.BinarySearchFunc(in.pending, wm, func(tp tuple.Tuple, wm int64) int { return cmp.Compare(tp.STime, wm) })
-		hs = append(hs, 0)
-		es = append(es, k)
-		if k > 0 {
-			active++
-		}
+		cs = append(cs, mergeCursor{left: in.releasedCount(wm)})
 	}
-	if active == 1 || n == 1 {
-		// One input releases: its prefix is the order.
+	// before reports whether a (of input i) precedes b (of input j != i).
+	// Inputs differ in (port, upstream partition), so ids never decide.
+	before := func(a *tuple.Tuple, i int, b *tuple.Tuple, j int) bool {
+		if a.STime != b.STime {
+			return a.STime < b.STime
+		}
+		x, y := m.inputs[i], m.inputs[j]
+		return cmp.Or(cmp.Compare(x.port, y.port), cmp.Compare(x.upPartition, y.upPartition)) < 0
+	}
+	for {
+		// The input with the first head, and the one with the next.
+		best, next := -1, -1
 		for i, in := range m.inputs {
-			for _, tp := range in.pending[:es[i]] {
-				out = append(out, mergedTuple{port: in.port, upPartition: in.upPartition, t: tp})
+			if cs[i].left == 0 {
+				continue
+			}
+			switch {
+			case best < 0:
+				best = i
+			case before(cs[i].head(in), i, cs[best].head(m.inputs[best]), best):
+				best, next = i, best
+			case next < 0 || before(cs[i].head(in), i, cs[next].head(m.inputs[next]), next):
+				next = i
 			}
 		}
-	} else {
-		for {
-			best := -1
-			for i, in := range m.inputs {
-				if hs[i] == es[i] {
-					continue
-				}
-				if best < 0 {
-					best = i
-					continue
-				}
-				a, b := &in.pending[hs[i]], &m.inputs[best].pending[hs[best]]
-				// Inputs are in (port, upstream partition) order of
-				// registration only by convention: compare fully.
-				if c := cmp.Compare(a.STime, b.STime); c < 0 || c == 0 && cmp.Or(
-					cmp.Compare(in.port, m.inputs[best].port),
-					cmp.Compare(in.upPartition, m.inputs[best].upPartition),
-					cmp.Compare(a.ID, b.ID)) < 0 {
-					best = i
-				}
+		if best < 0 {
+			break
+		}
+		in, c := m.inputs[best], &cs[best]
+		run := in.queue[c.run].tuples
+		end := min(len(run), c.off+c.left)
+		if next >= 0 {
+			// Stop at the first tuple the next input's head precedes.
+			limit := cs[next].head(m.inputs[next])
+			k := c.off + 1 // the head itself is first
+			for k < end && before(&run[k], best, limit, next) {
+				k++
 			}
-			if best < 0 {
-				break
-			}
-			in := m.inputs[best]
-			out = append(out, mergedTuple{port: in.port, upPartition: in.upPartition, t: in.pending[hs[best]]})
-			hs[best]++
+			end = k
+		}
+		rel.runs = append(rel.runs, mergedRun{port: in.port, upPartition: in.upPartition, tuples: run[c.off:end]})
+		c.left -= end - c.off
+		c.off = end
+		if c.off == len(run) {
+			c.run, c.off = c.run+1, 0
 		}
 	}
 	for i, in := range m.inputs {
-		k := es[i]
-		if k == 0 {
-			continue
+		c := &cs[i]
+		for _, r := range in.queue[:c.run] {
+			in.pending -= len(r.tuples)
+			m.runDoneLocked(rel, r)
 		}
-		rest := copy(in.pending, in.pending[k:])
-		clear(in.pending[rest:]) // drop references to released batches
-		in.pending = in.pending[:rest]
+		if c.off > 0 {
+			r := &in.queue[c.run]
+			r.tuples = r.tuples[c.off:]
+			in.pending -= c.off
+		}
+		rest := copy(in.queue, in.queue[c.run:])
+		clear(in.queue[rest:]) // drop references to released batches
+		in.queue = in.queue[:rest]
 	}
-	return out
 }

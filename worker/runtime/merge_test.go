@@ -36,6 +36,7 @@ func TestMergerReleaseOrder(t *testing.T) {
 				m.addInput(i%2, i)
 			}
 			var generated, want []mergedTuple
+			var owners []ownedBatch
 			stimes := make([]int64, tc.inputs)
 			ids := make([]uint64, tc.inputs)
 			for round := int64(1); round <= 20; round++ {
@@ -61,7 +62,9 @@ func TestMergerReleaseOrder(t *testing.T) {
 					}
 					ids[i]++
 					batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: ids[i], STime: bound})
-					if err := m.add(context.Background(), i, batch); err != nil {
+					owner := &testOwner{}
+					owners = append(owners, ownedBatch{owner: owner, tuples: batch})
+					if err := m.add(context.Background(), i, batch, owner); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -74,9 +77,15 @@ func TestMergerReleaseOrder(t *testing.T) {
 					}
 				}
 				generated = rest
-				out, steps, ok := m.take()
-				if !ok || steps[len(steps)-1] != wm {
-					t.Fatalf("round %d: take ok=%v steps %v", round, ok, steps)
+				rel, ok := m.take()
+				if !ok || rel.steps[len(rel.steps)-1] != wm {
+					t.Fatalf("round %d: take ok=%v", round, ok)
+				}
+				var out []mergedTuple
+				for _, r := range rel.runs {
+					for _, tp := range r.tuples {
+						out = append(out, mergedTuple{port: r.port, upPartition: r.upPartition, t: tp})
+					}
 				}
 				slices.SortStableFunc(want, func(a, b mergedTuple) int {
 					return cmp.Or(cmp.Compare(a.t.STime, b.t.STime), cmp.Compare(a.port, b.port),
@@ -90,8 +99,32 @@ func TestMergerReleaseOrder(t *testing.T) {
 						t.Fatalf("round %d: tuple %d is %+v, want %+v", round, k, out[k], want[k])
 					}
 				}
+				// A batch is handed back once, with the release of its
+				// last data tuple (or at once when it holds none).
+				for _, b := range rel.finished {
+					b.Release()
+				}
+				for _, ob := range owners {
+					pending := false
+					for _, tp := range ob.tuples {
+						pending = pending || tp.Type.IsData() && tp.STime >= wm
+					}
+					if got := ob.owner.released; pending && got != 0 || !pending && got != 1 {
+						t.Fatalf("round %d: batch released %d times, still pending %v", round, got, pending)
+					}
+				}
 				want = want[:0]
 			}
 		})
 	}
+}
+
+// testOwner counts how often the merger handed its batch back.
+type testOwner struct{ released int }
+
+func (o *testOwner) Release() { o.released++ }
+
+type ownedBatch struct {
+	owner  *testOwner
+	tuples []tuple.Tuple
 }

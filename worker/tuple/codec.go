@@ -127,19 +127,21 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 	t.Type = typ
 	off := 1
 	var k int
-	if t.ID, k = binary.Uvarint(src[off:]); k <= 0 {
+	if t.ID, k = uvarintAt(src, off); k <= 0 {
 		return 0, headerErr("id", k)
 	}
 	off += k
-	if t.STime, k = binary.Varint(src[off:]); k <= 0 {
+	var ux uint64
+	if ux, k = uvarintAt(src, off); k <= 0 {
 		return 0, headerErr("stime", k)
 	}
+	t.STime = unzigzag(ux)
 	off += k
-	if t.Version, k = binary.Uvarint(src[off:]); k <= 0 {
+	if t.Version, k = uvarintAt(src, off); k <= 0 {
 		return 0, headerErr("version", k)
 	}
 	off += k
-	count, k := binary.Uvarint(src[off:])
+	count, k := uvarintAt(src, off)
 	if k <= 0 {
 		return 0, headerErr("value count", k)
 	}
@@ -159,20 +161,34 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 			return 0, fmt.Errorf("%w: value %d missing", ErrTruncated, i)
 		}
 		v := &t.Values[i]
-		*v = Value{Kind: Kind(src[off])}
+		kind := Kind(src[off])
 		off++
-		switch v.Kind {
+		// Each case sets every field of v. A string field is written only
+		// when it changes: decoding into a reused array of the same shape
+		// then stores no pointer (no write barrier).
+		switch kind {
 		case KindInvalid:
+			v.Kind, v.I, v.F = kind, 0, 0
+			if v.S != "" {
+				v.S = ""
+			}
 		case KindInt, KindTimestamp:
-			if v.I, k = binary.Varint(src[off:]); k <= 0 {
-				return 0, valueErr(i, v.Kind, k)
+			if ux, k = uvarintAt(src, off); k <= 0 {
+				return 0, valueErr(i, kind, k)
 			}
 			off += k
+			v.Kind, v.I, v.F = kind, unzigzag(ux), 0
+			if v.S != "" {
+				v.S = ""
+			}
 		case KindFloat:
 			if len(src)-off < 8 {
 				return 0, fmt.Errorf("%w: value %d (float) needs 8 bytes, %d left", ErrTruncated, i, len(src)-off)
 			}
-			v.F = math.Float64frombits(binary.LittleEndian.Uint64(src[off:]))
+			v.Kind, v.I, v.F = kind, 0, math.Float64frombits(binary.LittleEndian.Uint64(src[off:]))
+			if v.S != "" {
+				v.S = ""
+			}
 			off += 8
 		case KindBool:
 			if off >= len(src) {
@@ -181,19 +197,25 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 			if src[off] > 1 {
 				return 0, fmt.Errorf("%w: value %d: bool byte %d", ErrBadValue, i, src[off])
 			}
-			v.I = int64(src[off])
+			v.Kind, v.I, v.F = kind, int64(src[off]), 0
+			if v.S != "" {
+				v.S = ""
+			}
 			off++
 		case KindString, KindBytes:
-			size, k := binary.Uvarint(src[off:])
+			size, k := uvarintAt(src, off)
 			if k <= 0 {
-				return 0, valueErr(i, v.Kind, k)
+				return 0, valueErr(i, kind, k)
 			}
 			off += k
 			if size > uint64(len(src)-off) {
-				return 0, fmt.Errorf("%w: value %d (%s) of %d bytes, %d left", ErrTruncated, i, v.Kind, size, len(src)-off)
+				return 0, fmt.Errorf("%w: value %d (%s) of %d bytes, %d left", ErrTruncated, i, kind, size, len(src)-off)
 			}
+			v.Kind, v.I, v.F = kind, 0, 0
 			if size > 0 {
 				v.S = unsafe.String(&src[off], int(size))
+			} else if v.S != "" {
+				v.S = ""
 			}
 			off += int(size)
 		default:
@@ -201,6 +223,32 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 		}
 	}
 	return off, nil
+}
+
+// uvarintAt decodes the uvarint at src[off:] (off <= len(src)) like
+// binary.Uvarint: k > 0 bytes read, 0 truncated, < 0 overflow. One- and
+// two-byte values, the common header fields and lengths, take a short path.
+func uvarintAt(src []byte, off int) (x uint64, k int) {
+	if off+1 < len(src) {
+		b0 := src[off]
+		if b0 < 0x80 {
+			return uint64(b0), 1
+		}
+		if b1 := src[off+1]; b1 < 0x80 {
+			return uint64(b0&0x7f) | uint64(b1)<<7, 2
+		}
+	}
+	return binary.Uvarint(src[off:])
+}
+
+// unzigzag maps a zigzag-encoded uvarint back to the signed value, as
+// binary.Varint does.
+func unzigzag(ux uint64) int64 {
+	x := int64(ux >> 1)
+	if ux&1 != 0 {
+		x = ^x
+	}
+	return x
 }
 
 func headerErr(field string, k int) error {
