@@ -63,7 +63,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 // planTasks expands a validated query into its tasks: one per node,
 // partition and replica.
 func planTasks(q *queryspec.Query) ([]*fsm.Task, error) {
-	plan, err := q.Plan()
+	plan, err := q.FusedPlan()
 	if err != nil {
 		return nil, err
 	}

@@ -128,16 +128,17 @@ func registerWorkers(b *testing.B, client pb.WorkerServiceClient, n int, prefix 
 	return ids
 }
 
-// fanoutQuery has 5 nodes x 50 partitions x 5 replicas = 1,250 tasks, so
-// that placing it touches every one of 1,000 workers.
+// fanoutQuery has (64+63+64+63+1) fragments x 5 replicas = 1,275 tasks, so
+// that placing it touches every one of 1,000 workers. Neighbouring filters
+// differ in parallelism so that none is fused into its upstream's fragment.
 const fanoutQuery = `name: fanout
 replicas: 5
 sources:
-  - {name: s, parallelism: 50, generator: {kind: words, rate: 1, seed: 1}}
+  - {name: s, parallelism: 64, generator: {kind: words, rate: 1, seed: 1}}
 operators:
-  - {name: a, type: filter, input: s, where: "true", parallelism: 50}
-  - {name: b, type: filter, input: a, where: "true", parallelism: 50}
-  - {name: c, type: filter, input: b, where: "true", parallelism: 50}
+  - {name: a, type: filter, input: s, where: "true", parallelism: 63}
+  - {name: b, type: filter, input: a, where: "true", parallelism: 64}
+  - {name: c, type: filter, input: b, where: "true", parallelism: 63}
 sinks:
   - {name: out, input: c}
 `

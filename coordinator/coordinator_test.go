@@ -12,6 +12,8 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
+// wordsQuery runs as 2 fragments per replica: the filter is fused into the
+// source's fragment, the sink heads its own.
 const wordsQuery = `name: %s
 replicas: %d
 sources:
@@ -115,8 +117,8 @@ func TestFollowerForwardsWrites(t *testing.T) {
 	c := newTestCluster(t, 3, "jt", "at")
 	f := c.follower()
 	resp := submit(t, c.admin(f), "viafollower", 1)
-	if resp.Tasks != 3 {
-		t.Fatalf("tasks = %d, want 3", resp.Tasks)
+	if resp.Tasks != 2 {
+		t.Fatalf("tasks = %d, want 2", resp.Tasks)
 	}
 	fw := c.startWorker(t, f, "wf")
 	if fw.id == "" {
@@ -165,7 +167,7 @@ func TestWatchAssignmentsBlocksUntilChangeOrMaxWait(t *testing.T) {
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		if r.resp.Index <= first.Index || len(r.resp.Assignments) != 3 || len(r.resp.Queries) != 1 {
+		if r.resp.Index <= first.Index || len(r.resp.Assignments) != 2 || len(r.resp.Queries) != 1 {
 			t.Fatalf("woken watch: index %d (was %d), %d assignments, %d queries", r.resp.Index, first.Index, len(r.resp.Assignments), len(r.resp.Queries))
 		}
 	case <-time.After(10 * time.Second):
@@ -203,7 +205,7 @@ func TestSilentWorkerMarkedDownAndTasksMove(t *testing.T) {
 	victim.stop()
 	waitFor(t, 10*time.Second, "victim down and its tasks moved", func() bool {
 		ws := workerStatus(t, c.admin(l))
-		return ws[victim.id].Status == "down" && len(ws[victim.id].Tasks) == 0 && len(ws[survivor.id].Tasks) == 3
+		return ws[victim.id].Status == "down" && len(ws[victim.id].Tasks) == 0 && len(ws[survivor.id].Tasks) == 2
 	})
 	if st := workerStatus(t, c.admin(l))[survivor.id].Status; st != "ready" {
 		t.Fatalf("survivor is %s", st)

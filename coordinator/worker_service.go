@@ -233,7 +233,7 @@ func (pc *planCache) neededFragments(q *fsm.Query, own map[string]bool) map[stri
 	if !ok {
 		spec, err := queryspec.FromJSON(q.SpecJSON)
 		if err == nil {
-			plan, err = spec.Plan()
+			plan, err = spec.FusedPlan()
 		}
 		if err != nil {
 			return nil

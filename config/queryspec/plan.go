@@ -46,8 +46,26 @@ type Node struct {
 	KeyFields []string
 	// Outputs are the downstream node names, in declaration order.
 	Outputs []string
-	// Schema is the node's output schema (a sink's is its input's).
+	// Schema is the node's output schema (a sink's is its input's); for a
+	// fused fragment, the output schema of its last chained operator.
 	Schema *tuple.Schema
+	// Chain lists the stateless operators fused into this fragment (see
+	// FusedPlan), applied in order to the head's output; ChainInputs[i] is
+	// the input schema of Chain[i]. Empty in the logical plan.
+	Chain       []*Operator
+	ChainInputs []*tuple.Schema
+	// Members names every node of the logical plan this fragment runs: the
+	// head first, then the chained operators.
+	Members []string
+}
+
+// HeadSchema is the output schema of the fragment's head before any chained
+// operator: for a source, the schema its generator or ingest lines have.
+func (n *Node) HeadSchema() *tuple.Schema {
+	if len(n.ChainInputs) > 0 {
+		return n.ChainInputs[0]
+	}
+	return n.Schema
 }
 
 // Node returns the named node, or nil.
@@ -99,6 +117,69 @@ func (q *Query) Plan() (*Plan, error) {
 		}
 	}
 	return p, nil
+}
+
+// fusible reports whether an operator may run inside its upstream's
+// fragment: stateless, one input, not keyed.
+func fusible(n *Node) bool {
+	if n.Kind != KindOperator || len(n.Inputs) != 1 || n.KeyFields != nil {
+		return false
+	}
+	switch n.Op.Type {
+	case OpFilter, OpMap, OpSplit:
+		return true
+	}
+	return false
+}
+
+// FusedPlan is the plan that is placed and run: every stateless one-input
+// operator (filter, map, split) whose upstream feeds only it, with the same
+// parallelism, runs in its upstream's fragment, so a tuple crosses no
+// buffer, encoding or merge between them. Results are the same as the
+// logical plan's: the chained operators see the same tuples in the same
+// order. Sinks, aggregates, joins and unions head their own fragments.
+// Node(name) also answers for a fused node, returning its fragment.
+func (q *Query) FusedPlan() (*Plan, error) {
+	logical, err := q.Plan()
+	if err != nil {
+		return nil, err
+	}
+	owner := map[string]*Node{}
+	fp := &Plan{Query: q, byName: map[string]*Node{}}
+	for _, ln := range logical.Nodes {
+		if fusible(ln) {
+			up := logical.byName[ln.Inputs[0]]
+			f := owner[up.Name]
+			if f != nil && f.Kind != KindSink && len(up.Outputs) == 1 && ln.Partitions == f.Partitions {
+				f.Chain = append(f.Chain, ln.Op)
+				f.ChainInputs = append(f.ChainInputs, f.Schema)
+				f.Schema = ln.Schema
+				f.Outputs = append([]string(nil), ln.Outputs...)
+				f.Members = append(f.Members, ln.Name)
+				owner[ln.Name] = f
+				continue
+			}
+		}
+		n := *ln
+		n.Inputs = append([]string(nil), ln.Inputs...)
+		n.Outputs = append([]string(nil), ln.Outputs...)
+		n.Members = []string{ln.Name}
+		owner[ln.Name] = &n
+		fp.Nodes = append(fp.Nodes, &n)
+	}
+	// Edges name fragments: a fragment's head, never a fused member.
+	for _, n := range fp.Nodes {
+		for i, in := range n.Inputs {
+			n.Inputs[i] = owner[in].Name
+		}
+		for i, out := range n.Outputs {
+			n.Outputs[i] = owner[out].Name
+		}
+	}
+	for name, f := range owner {
+		fp.byName[name] = f
+	}
+	return fp, nil
 }
 
 // TaskID names one task: "<query>/<fragment>/p<partition>/r<replica>".

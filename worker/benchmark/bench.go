@@ -437,7 +437,7 @@ func (b *bench) engineAddrs(unbatched bool) [2]string {
 // worker index where(fragment), addresses the two workers' DataPlane.
 func placeQuery(q *queryspec.Query, where func(fragment string) int, addrs [2]string) ([2][]runtime.TaskSpec, error) {
 	var out [2][]runtime.TaskSpec
-	plan, err := q.Plan()
+	plan, err := q.FusedPlan()
 	if err != nil {
 		return out, err
 	}

@@ -327,7 +327,7 @@ func (w *benchWorker) waitJob(ctx context.Context, kind string) (response, error
 // The result stream is a ring: a tail that fell behind would miss tuples,
 // which the id check reports instead of under-counting.
 func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec, collect bool) (response, error) {
-	plan, err := spec.Spec.Plan()
+	plan, err := spec.Spec.FusedPlan()
 	if err != nil {
 		return response{}, err
 	}

@@ -105,7 +105,7 @@ func benchPipeline(b *testing.B, yamlFmt string, place func(node string) int) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		plan, err := q.Plan()
+		plan, err := q.FusedPlan()
 		if err != nil {
 			b.Fatal(err)
 		}

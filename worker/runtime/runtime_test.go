@@ -99,7 +99,7 @@ func newCluster(t testing.TB, n int, yaml string, place func(node string, partit
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := q.Plan()
+	plan, err := q.FusedPlan()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -487,9 +487,19 @@ func TestCloseStopsBlockedTasks(t *testing.T) {
 	id := "wc/lines/p0/r0"
 	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
 	deadline := time.Now().Add(10 * time.Second)
-	for w.rt.task(id).outs[0].buf.Stats().BlockedAppends == 0 {
+	// The source's fragment feeds the keyed aggregate's partitions; whichever
+	// buffer fills first blocks it.
+	blocked := func() bool {
+		for _, o := range w.rt.task(id).outs {
+			if o.buf.Stats().BlockedAppends > 0 {
+				return true
+			}
+		}
+		return false
+	}
+	for !blocked() {
 		if time.Now().After(deadline) {
-			t.Fatal("source never blocked")
+			t.Fatalf("source never blocked: %+v", w.rt.States())
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -540,9 +550,10 @@ func TestUpstreamMoves(t *testing.T) {
 	dest.rt.Apply(context.Background(), []TaskSpec{src})
 	c.workers[1].rt.Apply(context.Background(), moved)
 	c.specs[c.workers[1]] = moved
-	firsts := c.workers[1].rt.task("wc/firsts/p0/r0")
-	waitUntil(t, "firsts resubscribed to the new location", func() bool {
-		in := firsts.inputs[0]
+	// firsts and long run in the source's fragment: the aggregate reads it.
+	counts := c.workers[1].rt.task("wc/counts/p0/r0")
+	waitUntil(t, "counts resubscribed to the new location", func() bool {
+		in := counts.inputs[0]
 		in.mu.Lock()
 		defer in.mu.Unlock()
 		return in.cancelCur != nil && in.current.WorkerAddr == dest.addr

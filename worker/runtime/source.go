@@ -75,7 +75,7 @@ func (t *task) runGenerator() {
 			}
 		}
 		tp.Type = tuple.Stable
-		t.emitData(ctx, &tp)
+		t.emitSource(ctx, &tp)
 		if t.emitErr != nil {
 			t.endWith(t.emitErr)
 			return
@@ -168,7 +168,7 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		}
 		// Values alias nothing the caller keeps: the buffer encodes them.
 		tp.Type = tuple.Stable
-		t.emitData(ctx, tp)
+		t.emitSource(ctx, tp)
 		if t.emitErr == nil {
 			// Line by line, so that a failure leaves exactly the lines
 			// before it accepted.

@@ -70,11 +70,15 @@ type task struct {
 	byConsumer map[string][]*outStream // consumer -> by partition
 	routes     []route
 
-	op     operator.Operator // operator tasks only
-	gen    source.Generator  // generator sources only
-	ingest *ingestState      // ingest sources only
-	merge  *merger           // operator and sink tasks
-	inputs []*input
+	op operator.Operator // operator tasks only
+	// srcChain runs the operators fused into a source's fragment (nil when
+	// none); srcOut feeds its output to emitData.
+	srcChain operator.Operator
+	srcOut   sourceEmitter
+	gen      source.Generator // generator sources only
+	ingest   *ingestState     // ingest sources only
+	merge    *merger          // operator and sink tasks
+	inputs   []*input
 
 	placeMu    sync.Mutex
 	placements map[placeKey][]Placement // sorted by replica
@@ -102,7 +106,9 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	if spec.Spec == nil {
 		return nil, fmt.Errorf("task %s: no query definition", spec.TaskID)
 	}
-	plan, err := spec.Spec.Plan()
+	// The fused plan is the one placed and run: a fragment may chain
+	// stateless operators after its head.
+	plan, err := spec.Spec.FusedPlan()
 	if err != nil {
 		return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 	}
@@ -121,13 +127,18 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	switch t.node.Kind {
 	case queryspec.KindSource:
 		src := t.node.Source
+		if len(t.node.Chain) > 0 {
+			if t.srcChain, err = withChain(nil, t.node); err != nil {
+				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+			}
+		}
 		switch {
 		case src.Gen != nil:
 			if t.gen, err = source.NewGenerator(src.Gen, spec.Partition); err != nil {
 				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 			}
 		case src.Ingest:
-			t.ingest = &ingestState{parser: source.NewLineParser(t.node.Schema), boundary: math.MinInt64}
+			t.ingest = &ingestState{parser: source.NewLineParser(t.node.HeadSchema()), boundary: math.MinInt64}
 		default:
 			return nil, fmt.Errorf("task %s: source %q has neither generator nor ingest", spec.TaskID, src.Name)
 		}
@@ -136,7 +147,11 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		for i, in := range t.node.Inputs {
 			schemas[i] = plan.Node(in).Schema
 		}
-		if t.op, err = operator.New(t.node.Op, schemas); err != nil {
+		head, err := operator.New(t.node.Op, schemas)
+		if err != nil {
+			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+		}
+		if t.op, err = withChain(head, t.node); err != nil {
 			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 		}
 	case queryspec.KindSink:
@@ -147,6 +162,23 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		t.buildInputs()
 	}
 	return t, nil
+}
+
+// withChain builds the operators fused after a fragment's head and chains
+// them behind head (nil for a source, whose tuples enter the first of them).
+func withChain(head operator.Operator, node *queryspec.Node) (operator.Operator, error) {
+	var ops []operator.Operator
+	if head != nil {
+		ops = append(ops, head)
+	}
+	for i, def := range node.Chain {
+		op, err := operator.New(def, []*tuple.Schema{node.ChainInputs[i]})
+		if err != nil {
+			return nil, err
+		}
+		ops = append(ops, op)
+	}
+	return operator.Chain(ops...), nil
 }
 
 // failedTask records a task that could not be built.
@@ -310,6 +342,40 @@ func (t *task) placementOf(fragment string, partition int, taskID string) (Place
 		}
 	}
 	return Placement{}, false
+}
+
+// sourceEmitter hands a source chain's output to emitData.
+type sourceEmitter struct {
+	t   *task
+	ctx context.Context
+}
+
+func (e *sourceEmitter) Emit(tp *tuple.Tuple) { e.t.emitData(e.ctx, tp) }
+
+// emitSource sends a tuple a source produced through the operators fused
+// into its fragment, then to the outputs. An expression that fails at run
+// time drops the tuple, as in an operator task (the same way on every
+// replica); any other operator error is kept in t.emitErr.
+func (t *task) emitSource(ctx context.Context, tp *tuple.Tuple) {
+	if t.srcChain == nil {
+		t.emitData(ctx, tp)
+		return
+	}
+	t.srcOut = sourceEmitter{t: t, ctx: ctx}
+	err := t.srcChain.Process(0, tp, &t.srcOut)
+	if err == nil {
+		return
+	}
+	if !errors.Is(err, operator.ErrEval) {
+		if t.emitErr == nil {
+			t.emitErr = fmt.Errorf("operator in %s: %w", t.node.Name, err)
+		}
+		return
+	}
+	t.evalFails++
+	if t.evalFails == 1 || t.evalFails%10000 == 0 {
+		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails)
+	}
 }
 
 // emitData routes one data tuple to the partition of every downstream
