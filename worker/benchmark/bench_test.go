@@ -15,6 +15,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -226,11 +227,11 @@ func TestNextWordMatchesFields(t *testing.T) {
 		"non\u00a0breaking\u2003em space", "caf\u00e9 na\u00efve", "bad\xffutf8 \xff", "\u3000ideographic\u3000",
 	} {
 		var got []string
-		for s, e := nextWord(line, 0); s < e; s, e = nextWord(line, e) {
+		for s, e := operator.NextToken(line, 0); s < e; s, e = operator.NextToken(line, e) {
 			got = append(got, line[s:e])
 		}
 		if want := strings.Fields(line); !slices.Equal(got, want) {
-			t.Errorf("nextWord(%q) = %q, want %q", line, got, want)
+			t.Errorf("NextToken(%q) = %q, want %q", line, got, want)
 		}
 	}
 }

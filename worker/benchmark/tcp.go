@@ -10,10 +10,9 @@ import (
 	"net"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -131,48 +130,6 @@ func wordsGenerator(records, seed int64) *queryspec.Generator {
 	return &queryspec.Generator{Kind: queryspec.GenWords, Seed: seed, Limit: records}
 }
 
-// asciiSpace marks the ASCII bytes unicode.IsSpace accepts.
-var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
-
-// nextWord finds the first word of s at or after byte i: s[start:end] is a
-// maximal run of non-space runes, by the rules of the engine's split
-// operator (and strings.Fields): separators are runs of Unicode white
-// space. When there is none, start == end == len(s). The hand-written word
-// count tokenises with it, without allocating, as a careful programmer
-// would.
-func nextWord(s string, i int) (start, end int) {
-	for i < len(s) {
-		if c := s[i]; c < utf8.RuneSelf {
-			if !asciiSpace[c] {
-				break
-			}
-			i++
-			continue
-		}
-		r, w := utf8.DecodeRuneInString(s[i:])
-		if !unicode.IsSpace(r) {
-			break
-		}
-		i += w
-	}
-	start = i
-	for i < len(s) {
-		if c := s[i]; c < utf8.RuneSelf {
-			if asciiSpace[c] {
-				break
-			}
-			i++
-			continue
-		}
-		r, w := utf8.DecodeRuneInString(s[i:])
-		if unicode.IsSpace(r) {
-			break
-		}
-		i += w
-	}
-	return start, i
-}
-
 // partitionOf is the engine's keyed exchange: hash slot of the key, then
 // the partition owning the slot.
 func partitionOf(word string, keyBuf []tuple.Value, partitions int) int {
@@ -218,7 +175,8 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 	start := time.Now()
 	for gen.Next(&tp) {
 		line := tp.Values[0].S
-		for s, e := nextWord(line, 0); s < e; s, e = nextWord(line, e) {
+		// The split operator's tokeniser: the same rules, no allocation.
+		for s, e := operator.NextToken(line, 0); s < e; s, e = operator.NextToken(line, e) {
 			word := line[s:e]
 			bw := writers[partitionOf(word, keyBuf, partitions)]
 			frame = binary.AppendUvarint(frame[:0], uint64(len(word)))

@@ -87,7 +87,7 @@ func (s *split) Process(port int, t *tuple.Tuple, out Emitter) error {
 		line = strings.ToLower(line)
 	}
 	last := len(s.out.Values) - 1
-	for start, end := nextToken(line, 0); start < end; start, end = nextToken(line, end) {
+	for start, end := NextToken(line, 0); start < end; start, end = NextToken(line, end) {
 		// The header and forwarded values are rewritten for every token: an
 		// emitter may modify the tuple it is given (the task sets ids).
 		s.out.Type, s.out.ID, s.out.STime, s.out.Version = t.Type, t.ID, t.STime, t.Version
@@ -104,12 +104,14 @@ func (s *split) OutputSchema() *tuple.Schema { return s.outSch }
 // asciiSpace marks the ASCII bytes unicode.IsSpace accepts.
 var asciiSpace = [utf8.RuneSelf]bool{'\t': true, '\n': true, '\v': true, '\f': true, '\r': true, ' ': true}
 
-// nextToken finds the first token of s at or after byte i: s[start:end] is
+// NextToken finds the first token of s at or after byte i: s[start:end] is
 // a maximal run of non-space runes. When there is none, start == end ==
 // len(s). Invalid UTF-8 bytes are not space, as in strings.Fields. ASCII is
 // decided by table lookup in the loops themselves (a helper would not be
-// inlined); only non-ASCII bytes are decoded.
-func nextToken(s string, i int) (start, end int) {
+// inlined); only non-ASCII bytes are decoded. It is exported so that code
+// outside the engine (the benchmark's hand-written baseline) tokenises by
+// exactly the split operator's rules.
+func NextToken(s string, i int) (start, end int) {
 	for i < len(s) {
 		if c := s[i]; c < utf8.RuneSelf {
 			if !asciiSpace[c] {
