@@ -2,6 +2,7 @@ package operator
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -392,20 +393,12 @@ func (a *aggregate) Snapshot() ([]byte, error) {
 	e := newEncoder(a.signature)
 	e.varint(a.watermark)
 	e.uvarint(a.late)
-	starts := make([]int64, 0, len(a.windows))
-	for s := range a.windows {
-		starts = append(starts, s)
-	}
-	slices.Sort(starts)
+	starts := slices.Sorted(maps.Keys(a.windows))
 	e.uvarint(uint64(len(starts)))
 	for _, s := range starts {
 		w := a.windows[s]
 		e.varint(s)
-		keys := make([]string, 0, len(w.groups))
-		for k := range w.groups {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
+		keys := slices.Sorted(maps.Keys(w.groups))
 		e.uvarint(uint64(len(keys)))
 		for _, k := range keys {
 			g := w.groups[k]

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 
@@ -184,20 +185,12 @@ func (j *join) Snapshot() ([]byte, error) {
 	e := newEncoder(j.signature)
 	e.varint(j.watermark)
 	e.uvarint(j.late)
-	idxs := make([]int64, 0, len(j.windows))
-	for i := range j.windows {
-		idxs = append(idxs, i)
-	}
-	slices.Sort(idxs)
+	idxs := slices.Sorted(maps.Keys(j.windows))
 	e.uvarint(uint64(len(idxs)))
 	for _, i := range idxs {
 		w := j.windows[i]
 		e.varint(i)
-		keys := make([]string, 0, len(w.groups))
-		for k := range w.groups {
-			keys = append(keys, k)
-		}
-		slices.Sort(keys)
+		keys := slices.Sorted(maps.Keys(w.groups))
 		e.uvarint(uint64(len(keys)))
 		for _, k := range keys {
 			e.str(k)
