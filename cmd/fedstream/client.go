@@ -65,55 +65,63 @@ func printJSON(w io.Writer, v any) error {
 
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-func newStatusCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
-		Use:   "status",
-		Short: "Show the coordinator cluster: leader, peers, Raft indexes",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			st, err := c.Status(ctx, &pb.StatusRequest{})
-			if err != nil {
-				return fmt.Errorf("status from %s: %w", f.addr, err)
-			}
-			out := cmd.OutOrStdout()
-			if f.json {
-				peers := []map[string]string{}
-				for _, p := range st.Peers {
-					peers = append(peers, map[string]string{"id": p.Id, "addr": p.Addr, "suffrage": p.Suffrage})
-				}
-				return printJSON(out, map[string]any{
-					"org": st.Org, "node_id": st.NodeId, "state": st.State,
-					"leader_id": st.LeaderId, "leader_addr": st.LeaderAddr, "leader_grpc_addr": st.LeaderGrpcAddr,
-					"peers": peers, "last_index": st.LastIndex, "applied_index": st.AppliedIndex, "dev_mode": st.DevMode,
-				})
-			}
-			tw := newTable(out)
-			fmt.Fprintf(tw, "org\t%s\nnode\t%s (%s)\nleader\t%s raft=%s grpc=%s\nlast index\t%d (applied %d)\n",
-				st.Org, st.NodeId, st.State, orNone(st.LeaderId), orNone(st.LeaderAddr), orNone(st.LeaderGrpcAddr), st.LastIndex, st.AppliedIndex)
-			if st.DevMode {
-				fmt.Fprintf(tw, "auth\tdev mode (no tokens)\n")
-			}
-			tw.Flush()
-			tw = newTable(out)
-			fmt.Fprintln(tw, "\nPEER\tRAFT ADDR\tSUFFRAGE")
-			for _, p := range st.Peers {
-				mark := ""
-				if p.Id == st.LeaderId {
-					mark = " (leader)"
-				}
-				fmt.Fprintf(tw, "%s%s\t%s\t%s\n", p.Id, mark, p.Addr, p.Suffrage)
-			}
-			return tw.Flush()
-		},
+// adminCmd completes a client command that calls one coordinator's admin
+// API: it registers the shared client flags, dials, bounds the call with
+// --timeout, and hands the client to run.
+func adminCmd(cmd *cobra.Command, run func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error) *cobra.Command {
+	f := &clientFlags{}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		c, ctx, done, err := f.admin(cmd.Context())
+		if err != nil {
+			return err
+		}
+		defer done()
+		return run(ctx, c, f, cmd, args)
 	}
 	f.register(cmd)
 	return cmd
+}
+
+func newStatusCmd() *cobra.Command {
+	return adminCmd(&cobra.Command{
+		Use:   "status",
+		Short: "Show the coordinator cluster: leader, peers, Raft indexes",
+		Args:  cobra.NoArgs,
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, _ []string) error {
+		st, err := c.Status(ctx, &pb.StatusRequest{})
+		if err != nil {
+			return fmt.Errorf("status from %s: %w", f.addr, err)
+		}
+		out := cmd.OutOrStdout()
+		if f.json {
+			peers := []map[string]string{}
+			for _, p := range st.Peers {
+				peers = append(peers, map[string]string{"id": p.Id, "addr": p.Addr, "suffrage": p.Suffrage})
+			}
+			return printJSON(out, map[string]any{
+				"org": st.Org, "node_id": st.NodeId, "state": st.State,
+				"leader_id": st.LeaderId, "leader_addr": st.LeaderAddr, "leader_grpc_addr": st.LeaderGrpcAddr,
+				"peers": peers, "last_index": st.LastIndex, "applied_index": st.AppliedIndex, "dev_mode": st.DevMode,
+			})
+		}
+		tw := newTable(out)
+		fmt.Fprintf(tw, "org\t%s\nnode\t%s (%s)\nleader\t%s raft=%s grpc=%s\nlast index\t%d (applied %d)\n",
+			st.Org, st.NodeId, st.State, orNone(st.LeaderId), orNone(st.LeaderAddr), orNone(st.LeaderGrpcAddr), st.LastIndex, st.AppliedIndex)
+		if st.DevMode {
+			fmt.Fprintf(tw, "auth\tdev mode (no tokens)\n")
+		}
+		tw.Flush()
+		tw = newTable(out)
+		fmt.Fprintln(tw, "\nPEER\tRAFT ADDR\tSUFFRAGE")
+		for _, p := range st.Peers {
+			mark := ""
+			if p.Id == st.LeaderId {
+				mark = " (leader)"
+			}
+			fmt.Fprintf(tw, "%s%s\t%s\t%s\n", p.Id, mark, p.Addr, p.Suffrage)
+		}
+		return tw.Flush()
+	})
 }
 
 func orNone(s string) string {
@@ -124,44 +132,35 @@ func orNone(s string) string {
 }
 
 func newWorkersCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
+	return adminCmd(&cobra.Command{
 		Use:   "workers",
 		Short: "List the org's workers",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := c.ListWorkers(ctx, &pb.ListWorkersRequest{})
-			if err != nil {
-				return fmt.Errorf("workers from %s: %w", f.addr, err)
-			}
-			out := cmd.OutOrStdout()
-			if f.json {
-				list := []map[string]any{}
-				for _, w := range resp.Workers {
-					tasks := w.Tasks
-					if tasks == nil {
-						tasks = []string{}
-					}
-					list = append(list, map[string]any{"id": w.Id, "org": w.Org, "addr": w.Addr, "status": w.Status,
-						"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks})
-				}
-				return printJSON(out, list)
-			}
-			tw := newTable(out)
-			fmt.Fprintln(tw, "ID\tNAME\tADDR\tSTATUS\tCORES\tTASKS")
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, _ []string) error {
+		resp, err := c.ListWorkers(ctx, &pb.ListWorkersRequest{})
+		if err != nil {
+			return fmt.Errorf("workers from %s: %w", f.addr, err)
+		}
+		out := cmd.OutOrStdout()
+		if f.json {
+			list := []map[string]any{}
 			for _, w := range resp.Workers {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", w.Id, w.Name, w.Addr, w.Status, w.Cores, len(w.Tasks))
+				tasks := w.Tasks
+				if tasks == nil {
+					tasks = []string{}
+				}
+				list = append(list, map[string]any{"id": w.Id, "org": w.Org, "addr": w.Addr, "status": w.Status,
+					"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks})
 			}
-			return tw.Flush()
-		},
-	}
-	f.register(cmd)
-	return cmd
+			return printJSON(out, list)
+		}
+		tw := newTable(out)
+		fmt.Fprintln(tw, "ID\tNAME\tADDR\tSTATUS\tCORES\tTASKS")
+		for _, w := range resp.Workers {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", w.Id, w.Name, w.Addr, w.Status, w.Cores, len(w.Tasks))
+		}
+		return tw.Flush()
+	})
 }
 
 func newQueryCmd() *cobra.Command {
@@ -171,37 +170,28 @@ func newQueryCmd() *cobra.Command {
 }
 
 func newQuerySubmitCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
+	return adminCmd(&cobra.Command{
 		Use:   "submit FILE",
 		Short: "Validate a query YAML file and start it",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			data, err := os.ReadFile(args[0])
-			if err != nil {
-				return err
-			}
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := c.SubmitQuery(ctx, &pb.SubmitQueryRequest{
-				Yaml: data, Filename: args[0],
-				IdempotencyKey: fmt.Sprintf("submit/%s/%d", args[0], time.Now().UnixNano()),
-			})
-			if err != nil {
-				return err
-			}
-			if f.json {
-				return printJSON(cmd.OutOrStdout(), map[string]any{"name": resp.Name, "index": resp.Index, "tasks": resp.Tasks})
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "query %s submitted: %d tasks (index %d)\n", resp.Name, resp.Tasks, resp.Index)
-			return nil
-		},
-	}
-	f.register(cmd)
-	return cmd
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
+		data, err := os.ReadFile(args[0])
+		if err != nil {
+			return err
+		}
+		resp, err := c.SubmitQuery(ctx, &pb.SubmitQueryRequest{
+			Yaml: data, Filename: args[0],
+			IdempotencyKey: fmt.Sprintf("submit/%s/%d", args[0], time.Now().UnixNano()),
+		})
+		if err != nil {
+			return err
+		}
+		if f.json {
+			return printJSON(cmd.OutOrStdout(), map[string]any{"name": resp.Name, "index": resp.Index, "tasks": resp.Tasks})
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "query %s submitted: %d tasks (index %d)\n", resp.Name, resp.Tasks, resp.Index)
+		return nil
+	})
 }
 
 func queryJSON(q *pb.QueryInfo) map[string]any {
@@ -215,98 +205,71 @@ func queryJSON(q *pb.QueryInfo) map[string]any {
 }
 
 func newQueryListCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
+	return adminCmd(&cobra.Command{
 		Use:   "list",
 		Short: "List queries",
 		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			resp, err := c.ListQueries(ctx, &pb.ListQueriesRequest{})
-			if err != nil {
-				return err
-			}
-			if f.json {
-				list := []map[string]any{}
-				for _, q := range resp.Queries {
-					list = append(list, queryJSON(q))
-				}
-				return printJSON(cmd.OutOrStdout(), list)
-			}
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "NAME\tSTATUS\tREPLICAS\tMAX DELAY\tTASKS\tRUNNING")
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, _ []string) error {
+		resp, err := c.ListQueries(ctx, &pb.ListQueriesRequest{})
+		if err != nil {
+			return err
+		}
+		if f.json {
+			list := []map[string]any{}
 			for _, q := range resp.Queries {
-				running := 0
-				for _, t := range q.Tasks {
-					if t.State == "running" {
-						running++
-					}
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\n", q.Name, q.Status, q.Replicas, q.MaxDelay, len(q.Tasks), running)
+				list = append(list, queryJSON(q))
 			}
-			return tw.Flush()
-		},
-	}
-	f.register(cmd)
-	return cmd
+			return printJSON(cmd.OutOrStdout(), list)
+		}
+		tw := newTable(cmd.OutOrStdout())
+		fmt.Fprintln(tw, "NAME\tSTATUS\tREPLICAS\tMAX DELAY\tTASKS\tRUNNING")
+		for _, q := range resp.Queries {
+			running := 0
+			for _, t := range q.Tasks {
+				if t.State == "running" {
+					running++
+				}
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d\t%d\n", q.Name, q.Status, q.Replicas, q.MaxDelay, len(q.Tasks), running)
+		}
+		return tw.Flush()
+	})
 }
 
 func newQueryStatusCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
+	return adminCmd(&cobra.Command{
 		Use:   "status NAME",
 		Short: "Show a query's tasks, where they run and their state",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			q, err := c.GetQuery(ctx, &pb.GetQueryRequest{Name: args[0]})
-			if err != nil {
-				return err
-			}
-			if f.json {
-				return printJSON(cmd.OutOrStdout(), queryJSON(q))
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s\n\n", q.Name, q.Status, q.Replicas, q.MaxDelay)
-			tw := newTable(cmd.OutOrStdout())
-			fmt.Fprintln(tw, "TASK\tWORKER\tADDR\tSTATE\tMESSAGE")
-			sort.Slice(q.Tasks, func(i, j int) bool { return q.Tasks[i].TaskId < q.Tasks[j].TaskId })
-			for _, t := range q.Tasks {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.TaskId, orNone(t.WorkerId), t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
-			}
-			return tw.Flush()
-		},
-	}
-	f.register(cmd)
-	return cmd
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
+		q, err := c.GetQuery(ctx, &pb.GetQueryRequest{Name: args[0]})
+		if err != nil {
+			return err
+		}
+		if f.json {
+			return printJSON(cmd.OutOrStdout(), queryJSON(q))
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s\n\n", q.Name, q.Status, q.Replicas, q.MaxDelay)
+		tw := newTable(cmd.OutOrStdout())
+		fmt.Fprintln(tw, "TASK\tWORKER\tADDR\tSTATE\tMESSAGE")
+		sort.Slice(q.Tasks, func(i, j int) bool { return q.Tasks[i].TaskId < q.Tasks[j].TaskId })
+		for _, t := range q.Tasks {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.TaskId, orNone(t.WorkerId), t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
+		}
+		return tw.Flush()
+	})
 }
 
 func newQueryStopCmd() *cobra.Command {
-	var f clientFlags
-	cmd := &cobra.Command{
+	return adminCmd(&cobra.Command{
 		Use:   "stop NAME",
 		Short: "Stop a query and release its tasks",
 		Args:  cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, ctx, done, err := f.admin(cmd.Context())
-			if err != nil {
-				return err
-			}
-			defer done()
-			if _, err := c.StopQuery(ctx, &pb.StopQueryRequest{Name: args[0], IdempotencyKey: fmt.Sprintf("stop/%s/%d", args[0], time.Now().UnixNano())}); err != nil {
-				return err
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "query %s stopped\n", args[0])
-			return nil
-		},
-	}
-	f.register(cmd)
-	return cmd
+	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
+		if _, err := c.StopQuery(ctx, &pb.StopQueryRequest{Name: args[0], IdempotencyKey: fmt.Sprintf("stop/%s/%d", args[0], time.Now().UnixNano())}); err != nil {
+			return err
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "query %s stopped\n", args[0])
+		return nil
+	})
 }
