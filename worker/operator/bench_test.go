@@ -173,3 +173,11 @@ func BenchmarkSplitLowerMixedCase(b *testing.B) { benchSplit(b, true, strings.To
 func BenchmarkSplitUnicode(b *testing.B) {
 	benchSplit(b, false, func(s string) string { return strings.ReplaceAll(s, "a", "ä") + "\u00a0café" })
 }
+
+// BenchmarkMapProjection: every output is an input field (the forward
+// benchmark's shape), the projection fast path.
+func BenchmarkMapProjection(b *testing.B) {
+	benchOperator(b, &queryspec.Operator{Name: "m", Type: "map", Fields: queryspec.Exprs{
+		{Name: "src", Expr: "src"}, {Name: "port", Expr: "port"},
+	}}, 0)
+}

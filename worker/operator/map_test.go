@@ -115,3 +115,30 @@ func TestUnion(t *testing.T) {
 		t.Errorf("no schema: err = %v, want ErrBadDefinition", err)
 	}
 }
+
+// TestMapKindMismatch: a value whose kind differs from the schema is
+// rejected naming the field, both by a pure projection (which skips the
+// expression environment) and by a map that also computes expressions.
+func TestMapKindMismatch(t *testing.T) {
+	cases := []struct {
+		name   string
+		fields queryspec.Exprs
+		after  string // output for a good tuple after the bad one
+	}{
+		{"projection", queryspec.Exprs{{Name: "a", Expr: "time"}, {Name: "b", Expr: "port"}, {Name: "c", Expr: "port"}}, `STABLE@6[6 7 7]`},
+		{"projection and expression", queryspec.Exprs{{Name: "a", Expr: "time"}, {Name: "b", Expr: "port"}, {Name: "c", Expr: "port + 1"}}, `STABLE@6[6 7 8]`},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			op := mustNew(t, &queryspec.Operator{Name: "m", Type: "map", Fields: tc.fields}, connSchema)
+			bad := conn(5, "a", 22, 0.5, true)
+			bad.Values[2] = tuple.Str("22")
+			err := op.Process(0, bad, Collect())
+			if !errors.Is(err, ErrTypeMismatch) || !strings.Contains(err.Error(), `"port"`) {
+				t.Fatalf("err = %v, want ErrTypeMismatch naming port", err)
+			}
+			// The operator still works after the rejected tuple.
+			equalRows(t, run(t, op, []event{in(0, conn(6, "b", 7, 1, false))}), []string{tc.after})
+		})
+	}
+}

@@ -10,7 +10,8 @@ import (
 
 // mapOp computes one output field per `fields` entry, in order. It is
 // stateless. An entry that is just an input field's name is copied
-// directly, keeping its kind (timestamp and bytes stay so); any other entry
+// directly, with the kind an expression would see (exprKind: timestamps
+// become int, bytes string); any other entry
 // is a compiled expression whose static type gives the output kind.
 type mapOp struct {
 	stateless
@@ -19,7 +20,19 @@ type mapOp struct {
 	env      *exprEnv
 	exprs    []*compiledExpr // nil for copied fields
 	copyFrom []int           // input index for copied fields, -1 otherwise
-	out      tuple.Tuple     // reused output tuple
+	// projection is set when every output field is a copied input field
+	// (a pure projection): Process then neither binds the environment nor
+	// looks at exprs, and copies values in one pass over copies.
+	projection bool
+	copies     []fieldCopy // one per output field when projection
+	out        tuple.Tuple // reused output tuple
+}
+
+// fieldCopy is one output field of a pure projection.
+type fieldCopy struct {
+	from    int        // input index
+	inKind  tuple.Kind // kind the input value must have (schema's)
+	outKind tuple.Kind // kind of the output value (exprKind(inKind))
 }
 
 func newMap(def *queryspec.Operator, in *tuple.Schema) (*mapOp, error) {
@@ -62,6 +75,17 @@ func newMap(def *queryspec.Operator, in *tuple.Schema) (*mapOp, error) {
 		fields[i] = tuple.Field{Name: fe.Name, Kind: c.kind}
 	}
 	m.outSch = tuple.NewSchema(fields)
+	m.projection = true
+	for i, j := range m.copyFrom {
+		if j < 0 {
+			m.projection = false
+			break
+		}
+		m.copies = append(m.copies, fieldCopy{from: j, inKind: in.Fields[j].Kind, outKind: fields[i].Kind})
+	}
+	if !m.projection {
+		m.copies = nil
+	}
 	m.out.Values = make([]tuple.Value, len(fields))
 	m.stateless = stateless{signature: "map" + schemaSignature(in) + schemaSignature(m.outSch)}
 	return m, nil
@@ -73,6 +97,9 @@ func (m *mapOp) Process(port int, t *tuple.Tuple, out Emitter) error {
 	}
 	if err := checkData(t, m.in); err != nil {
 		return err
+	}
+	if m.projection {
+		return m.project(t, out)
 	}
 	if err := m.env.bind(t); err != nil {
 		return err
@@ -88,6 +115,28 @@ func (m *mapOp) Process(port int, t *tuple.Tuple, out Emitter) error {
 			return fmt.Errorf("field %q: %w", m.outSch.Fields[i].Name, err)
 		}
 		m.out.Values[i] = v
+	}
+	m.out.Type, m.out.ID, m.out.STime, m.out.Version = t.Type, t.ID, t.STime, t.Version
+	out.Emit(&m.out)
+	return nil
+}
+
+// project is Process for a pure projection. It checks each copied value's
+// kind as bind would; on a mismatch it returns bind's error, so that the
+// message (and which field it names) is the same as on the general path.
+func (m *mapOp) project(t *tuple.Tuple, out Emitter) error {
+	src, dst := t.Values, m.out.Values[:len(m.copies)]
+	for i := range m.copies {
+		c := &m.copies[i]
+		v := &src[c.from]
+		if v.Kind != c.inKind {
+			if err := m.env.bind(t); err != nil {
+				return err
+			}
+			return fmt.Errorf("%w: field %q is %s, schema says %s", ErrTypeMismatch, m.in.Fields[c.from].Name, v.Kind, c.inKind)
+		}
+		dst[i] = *v
+		dst[i].Kind = c.outKind
 	}
 	m.out.Type, m.out.ID, m.out.STime, m.out.Version = t.Type, t.ID, t.STime, t.Version
 	out.Emit(&m.out)

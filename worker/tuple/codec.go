@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 	"unsafe"
 )
@@ -39,32 +40,88 @@ var ErrBadValue = errors.New("tuple: malformed value")
 
 // AppendTuple appends the encoding of t to dst and returns the extended
 // slice. It does not allocate when dst has enough capacity.
+//
+// Where dst has room for the longest possible encoding of a part (header,
+// integer, string), that part is written in place, with putUvarint, rather
+// than appended byte by byte, each append re-checking the capacity. Parts
+// that might not fit are appended, so that allocation happens only when the
+// encoding itself does not fit.
 func AppendTuple(dst []byte, t *Tuple) []byte {
-	dst = append(dst, byte(t.Type))
-	dst = binary.AppendUvarint(dst, t.ID)
-	dst = binary.AppendVarint(dst, t.STime)
-	dst = binary.AppendUvarint(dst, t.Version)
-	dst = binary.AppendUvarint(dst, uint64(len(t.Values)))
+	if n := len(dst); cap(dst)-n >= maxHeaderLen {
+		b := dst[n : n+maxHeaderLen]
+		b[0] = byte(t.Type)
+		k := 1
+		k += putUvarint(b[k:], t.ID)
+		k += putUvarint(b[k:], zigzag(t.STime))
+		k += putUvarint(b[k:], t.Version)
+		k += putUvarint(b[k:], uint64(len(t.Values)))
+		dst = dst[:n+k]
+	} else {
+		dst = append(dst, byte(t.Type))
+		dst = binary.AppendUvarint(dst, t.ID)
+		dst = binary.AppendUvarint(dst, zigzag(t.STime))
+		dst = binary.AppendUvarint(dst, t.Version)
+		dst = binary.AppendUvarint(dst, uint64(len(t.Values)))
+	}
 	for i := range t.Values {
 		v := &t.Values[i]
-		dst = append(dst, byte(v.Kind))
 		switch v.Kind {
 		case KindInt, KindTimestamp:
-			dst = binary.AppendVarint(dst, v.I)
+			if n := len(dst); cap(dst)-n >= 1+binary.MaxVarintLen64 {
+				b := dst[n : n+1+binary.MaxVarintLen64]
+				b[0] = byte(v.Kind)
+				dst = dst[:n+1+putUvarint(b[1:], zigzag(v.I))]
+			} else {
+				dst = binary.AppendUvarint(append(dst, byte(v.Kind)), zigzag(v.I))
+			}
 		case KindFloat:
+			dst = append(dst, byte(v.Kind))
 			dst = binary.LittleEndian.AppendUint64(dst, math.Float64bits(v.F))
 		case KindBool:
+			var bit byte
 			if v.I != 0 {
-				dst = append(dst, 1)
-			} else {
-				dst = append(dst, 0)
+				bit = 1
 			}
+			dst = append(dst, byte(v.Kind), bit)
 		case KindString, KindBytes:
-			dst = binary.AppendUvarint(dst, uint64(len(v.S)))
-			dst = append(dst, v.S...)
+			if n := len(dst); cap(dst)-n >= 1+binary.MaxVarintLen64+len(v.S) {
+				b := dst[n : n+1+binary.MaxVarintLen64]
+				b[0] = byte(v.Kind)
+				n += 1 + putUvarint(b[1:], uint64(len(v.S)))
+				dst = dst[:n+len(v.S)]
+				copy(dst[n:], v.S)
+			} else {
+				dst = binary.AppendUvarint(append(dst, byte(v.Kind)), uint64(len(v.S)))
+				dst = append(dst, v.S...)
+			}
+		default:
+			dst = append(dst, byte(v.Kind))
 		}
 	}
 	return dst
+}
+
+// maxHeaderLen bounds the encoded header: the type byte and four varints.
+const maxHeaderLen = 1 + 4*binary.MaxVarintLen64
+
+// putUvarint is binary.PutUvarint with the common one-byte case first; b
+// must hold binary.MaxVarintLen64 bytes.
+func putUvarint(b []byte, x uint64) int {
+	_ = b[binary.MaxVarintLen64-1]
+	if x < 0x80 {
+		b[0] = byte(x)
+		return 1
+	}
+	return binary.PutUvarint(b, x)
+}
+
+// zigzag maps a signed value to the uvarint binary.PutVarint writes.
+func zigzag(x int64) uint64 {
+	ux := uint64(x) << 1
+	if x < 0 {
+		ux = ^ux
+	}
+	return ux
 }
 
 // EncodedSize returns len(AppendTuple(nil, t)) without encoding.
@@ -137,12 +194,19 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 	}
 	t.STime = unzigzag(ux)
 	off += k
-	if t.Version, k = uvarintAt(src, off); k <= 0 {
+	// Version, value count and string lengths are nearly always one byte:
+	// that case is tested here rather than in a call (uvarintAt is too
+	// large to be inlined).
+	if off < len(src) && src[off] < 0x80 {
+		t.Version, k = uint64(src[off]), 1
+	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
 		return 0, headerErr("version", k)
 	}
 	off += k
-	count, k := uvarintAt(src, off)
-	if k <= 0 {
+	var count uint64
+	if off < len(src) && src[off] < 0x80 {
+		count, k = uint64(src[off]), 1
+	} else if count, k = uvarintLong(src, off); k <= 0 {
 		return 0, headerErr("value count", k)
 	}
 	off += k
@@ -203,8 +267,10 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 			}
 			off++
 		case KindString, KindBytes:
-			size, k := uvarintAt(src, off)
-			if k <= 0 {
+			var size uint64
+			if off < len(src) && src[off] < 0x80 {
+				size, k = uint64(src[off]), 1
+			} else if size, k = uvarintLong(src, off); k <= 0 {
 				return 0, valueErr(i, kind, k)
 			}
 			off += k
@@ -226,19 +292,46 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 }
 
 // uvarintAt decodes the uvarint at src[off:] (off <= len(src)) like
-// binary.Uvarint: k > 0 bytes read, 0 truncated, < 0 overflow. One- and
-// two-byte values, the common header fields and lengths, take a short path.
+// binary.Uvarint: k > 0 bytes read, 0 truncated, < 0 overflow.
+//
+// One-byte values (version, value count, short lengths) return at once.
+// When 8 bytes are readable, longer ones are decoded without a per-byte
+// loop: one 8-byte load, the first byte without the continuation bit found
+// with TrailingZeros, and the 7-bit groups packed together in three
+// shift-and-mask steps. Anything else (a short tail, 10-byte or overlong
+// encodings) goes through binary.Uvarint, so results are identical.
 func uvarintAt(src []byte, off int) (x uint64, k int) {
-	if off+1 < len(src) {
-		b0 := src[off]
-		if b0 < 0x80 {
-			return uint64(b0), 1
+	if off < len(src) && src[off] < 0x80 {
+		return uint64(src[off]), 1
+	}
+	return uvarintLong(src, off)
+}
+
+// uvarintLong is uvarintAt past its one-byte case (but also correct for it).
+func uvarintLong(src []byte, off int) (x uint64, k int) {
+	if len(src)-off >= 8 {
+		w := binary.LittleEndian.Uint64(src[off:])
+		if ends := ^w & 0x8080808080808080; ends != 0 {
+			last := bits.TrailingZeros64(ends) // bit 7 of the final byte
+			w &= (uint64(1) << (last + 1)) - 1
+			return packVarintGroups(w), (last + 1) / 8
 		}
-		if b1 := src[off+1]; b1 < 0x80 {
-			return uint64(b0&0x7f) | uint64(b1)<<7, 2
+		if len(src)-off >= 9 {
+			if b8 := src[off+8]; b8 < 0x80 {
+				return packVarintGroups(w) | uint64(b8)<<56, 9
+			}
 		}
 	}
 	return binary.Uvarint(src[off:])
+}
+
+// packVarintGroups concatenates the low 7 bits of each byte of w (little
+// endian) into a 56-bit value.
+func packVarintGroups(w uint64) uint64 {
+	w &= 0x7f7f7f7f7f7f7f7f
+	w = w&0x007f007f007f007f | (w&0x7f007f007f007f00)>>1
+	w = w&0x00003fff00003fff | (w&0x3fff00003fff0000)>>2
+	return w&0x000000000fffffff | (w&0x0fffffff00000000)>>4
 }
 
 // unzigzag maps a zigzag-encoded uvarint back to the signed value, as

@@ -1,0 +1,126 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// TestBatchDecoder checks decoding against the encoded tuples: duplicates
+// skipped, widths that outgrow the value array, and header mismatches.
+func TestBatchDecoder(t *testing.T) {
+	mk := func(id uint64, width int) tuple.Tuple {
+		tp := tuple.Tuple{Type: tuple.Stable, ID: id, STime: int64(id) * 1000, Version: id % 3}
+		for i := range width {
+			tp.Values = append(tp.Values, tuple.Str(fmt.Sprint("v", id, ".", i)), tuple.Int(int64(i)))
+		}
+		return tp
+	}
+	widths := func(ws ...int) []tuple.Tuple {
+		var ts []tuple.Tuple
+		for i, w := range ws {
+			ts = append(ts, mk(uint64(i+1), w))
+		}
+		return ts
+	}
+	cases := []struct {
+		name    string
+		tuples  []tuple.Tuple
+		after   uint64
+		count   int // header count; -1: len(tuples)
+		lastID  uint64
+		wantErr bool
+	}{
+		{name: "plain", tuples: widths(1, 1, 1), lastID: 3},
+		{name: "no values", tuples: widths(0, 0), lastID: 2},
+		{name: "growing widths", tuples: widths(1, 3, 0, 5, 8, 2), lastID: 6},
+		{name: "duplicates skipped", tuples: widths(2, 2, 2, 2), after: 2, lastID: 4},
+		{name: "all duplicates", tuples: widths(1, 1), after: 5, lastID: 2},
+		{name: "count too small", tuples: widths(1, 1), count: 1, lastID: 2, wantErr: true},
+		{name: "count too large", tuples: widths(1, 1), count: 3, lastID: 2, wantErr: true},
+		{name: "wrong last id", tuples: widths(1, 1), lastID: 7, wantErr: true},
+	}
+	var dec batchDecoder
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var data []byte
+			for i := range tc.tuples {
+				data = tuple.AppendTuple(data, &tc.tuples[i])
+			}
+			count := tc.count
+			if count == 0 {
+				count = len(tc.tuples)
+			}
+			b, err := dec.decode(data, count, tc.lastID, tc.after)
+			if tc.wantErr {
+				if !errors.Is(err, ErrProtocol) {
+					t.Fatalf("err = %v, want ErrProtocol", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Release()
+			var want []tuple.Tuple
+			for _, tp := range tc.tuples {
+				if tp.ID > tc.after {
+					want = append(want, tp)
+				}
+			}
+			if len(b.Tuples) != len(want) {
+				t.Fatalf("%d tuples, want %d", len(b.Tuples), len(want))
+			}
+			for i := range want {
+				got := b.Tuples[i]
+				if len(got.Values) == 0 {
+					got.Values = nil
+				}
+				if !reflect.DeepEqual(got, want[i]) {
+					t.Errorf("tuple %d = %+v, want %+v", i, got, want[i])
+				}
+				if cap(b.Tuples[i].Values) != len(b.Tuples[i].Values) {
+					t.Errorf("tuple %d: values cap %d > len %d (appending would overwrite the next tuple)", i, cap(b.Tuples[i].Values), len(b.Tuples[i].Values))
+				}
+			}
+			// Value slices do not overlap: overwriting one tuple's values
+			// leaves the others intact.
+			for i := range b.Tuples {
+				for j := range b.Tuples[i].Values {
+					b.Tuples[i].Values[j] = tuple.Str("overwritten")
+				}
+				for k := i + 1; k < len(b.Tuples); k++ {
+					if !reflect.DeepEqual(b.Tuples[k].Values, want[k].Values) && len(want[k].Values) > 0 {
+						t.Fatalf("writing tuple %d's values changed tuple %d", i, k)
+					}
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkBatchDecoder decodes a 64 KiB batch of forward-benchmark
+// records (a sequence number and an 81-byte payload).
+func BenchmarkBatchDecoder(b *testing.B) {
+	var data []byte
+	n := 0
+	for len(data) < 64<<10 {
+		tp := tuple.Tuple{Type: tuple.Stable, ID: uint64(n + 1), STime: 1_700_000_000_000_000_000 + int64(n)*1000,
+			Values: []tuple.Value{tuple.Int(int64(n)), tuple.Str(string(make([]byte, 81)))}}
+		data = tuple.AppendTuple(data, &tp)
+		n++
+	}
+	var dec batchDecoder
+	b.ReportAllocs()
+	for b.Loop() {
+		bt, err := dec.decode(data, n, uint64(n), 0)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bt.Release()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/tuple")
+}
