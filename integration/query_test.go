@@ -143,4 +143,24 @@ func TestQueryEndToEndMatchesReference(t *testing.T) {
 	if len(diffs) > 0 {
 		t.Fatalf("%d of %d results differ from the reference, e.g.\n%s", len(diffs), len(want), strings.Join(diffs[:min(10, len(diffs))], "\n"))
 	}
+
+	// Stopping the query releases every task on every worker.
+	var stopped struct {
+		Status string `json:"status"`
+	}
+	if err := cli(ctx, t, &stopped, "query", "stop", "ward", "--addr", o.grpc[0], "--token", o.adminToken); err != nil || stopped.Status != "stopped" {
+		t.Fatalf("stop: %v %+v", err, stopped)
+	}
+	waitFor(t, 20*time.Second, "no tasks left on the workers", func() bool {
+		ws, err := o.workerList(t, 0)
+		if err != nil {
+			return false
+		}
+		for _, w := range ws {
+			if len(w.Tasks) > 0 {
+				return false
+			}
+		}
+		return true
+	})
 }

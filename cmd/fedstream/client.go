@@ -269,6 +269,9 @@ func newQueryStopCmd() *cobra.Command {
 		if _, err := c.StopQuery(ctx, &pb.StopQueryRequest{Name: args[0], IdempotencyKey: fmt.Sprintf("stop/%s/%d", args[0], time.Now().UnixNano())}); err != nil {
 			return err
 		}
+		if f.json {
+			return printJSON(cmd.OutOrStdout(), map[string]any{"name": args[0], "status": "stopped"})
+		}
 		fmt.Fprintf(cmd.OutOrStdout(), "query %s stopped\n", args[0])
 		return nil
 	})
