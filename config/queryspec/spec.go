@@ -131,34 +131,41 @@ type Sink struct {
 // Type names are checked later by Validate so that all problems are reported
 // together with their field paths.
 func (s *Schema) UnmarshalYAML(n *yaml.Node) error {
+	out, err := decodeOrdered(n, "schema entries must be `name: type` scalars",
+		"schema must be a mapping of field name to type",
+		func(name, value string) Field { return Field{Name: name, Type: value} })
+	*s = out
+	return err
+}
+
+// decodeOrdered reads a YAML mapping of scalars `name: value`, keeping its
+// order (Go maps would lose it), or the equivalent list of objects (the JSON
+// form), into []T; null is an empty list. entryErr and kindErr are the
+// messages for a non-scalar entry and for a node of the wrong kind.
+func decodeOrdered[T any](n *yaml.Node, entryErr, kindErr string, pair func(name, value string) T) ([]T, error) {
 	switch n.Kind {
 	case yaml.MappingNode:
-		out := make(Schema, 0, len(n.Content)/2)
+		out := make([]T, 0, len(n.Content)/2)
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i], n.Content[i+1]
 			if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
-				return &yaml.TypeError{Errors: []string{fmt.Sprintf(
-					"line %d: schema entries must be `name: type` scalars", k.Line)}}
+				return nil, &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s", k.Line, entryErr)}}
 			}
-			out = append(out, Field{Name: k.Value, Type: v.Value})
+			out = append(out, pair(k.Value, v.Value))
 		}
-		*s = out
-		return nil
+		return out, nil
 	case yaml.SequenceNode:
-		var list []Field
+		var list []T
 		if err := n.Decode(&list); err != nil {
-			return err
+			return nil, err
 		}
-		*s = list
-		return nil
+		return list, nil
 	case yaml.ScalarNode:
 		if n.Tag == "!!null" {
-			*s = nil
-			return nil
+			return nil, nil
 		}
 	}
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf(
-		"line %d: schema must be a mapping of field name to type", n.Line)}}
+	return nil, &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: %s", n.Line, kindErr)}}
 }
 
 // MarshalYAML writes the schema as a mapping `name: type` in field order.
@@ -175,34 +182,11 @@ func (s Schema) MarshalYAML() (any, error) {
 // UnmarshalYAML reads expressions written as a mapping `name: expression`
 // (order preserved) or as a list of {name, expr} (the JSON form).
 func (e *Exprs) UnmarshalYAML(n *yaml.Node) error {
-	switch n.Kind {
-	case yaml.MappingNode:
-		out := make(Exprs, 0, len(n.Content)/2)
-		for i := 0; i+1 < len(n.Content); i += 2 {
-			k, v := n.Content[i], n.Content[i+1]
-			if k.Kind != yaml.ScalarNode || v.Kind != yaml.ScalarNode {
-				return &yaml.TypeError{Errors: []string{fmt.Sprintf(
-					"line %d: entries must be `name: expression` scalars", k.Line)}}
-			}
-			out = append(out, NamedExpr{Name: k.Value, Expr: v.Value})
-		}
-		*e = out
-		return nil
-	case yaml.SequenceNode:
-		var list []NamedExpr
-		if err := n.Decode(&list); err != nil {
-			return err
-		}
-		*e = list
-		return nil
-	case yaml.ScalarNode:
-		if n.Tag == "!!null" {
-			*e = nil
-			return nil
-		}
-	}
-	return &yaml.TypeError{Errors: []string{fmt.Sprintf(
-		"line %d: must be a mapping of output name to expression", n.Line)}}
+	out, err := decodeOrdered(n, "entries must be `name: expression` scalars",
+		"must be a mapping of output name to expression",
+		func(name, value string) NamedExpr { return NamedExpr{Name: name, Expr: value} })
+	*e = out
+	return err
 }
 
 // MarshalYAML writes the expressions as a mapping `name: expression` in order.
