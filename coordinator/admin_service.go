@@ -60,8 +60,8 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 	return resp, nil
 }
 
-// planTasks expands a validated query into its tasks: one per node,
-// partition and replica.
+// planTasks expands a validated query into its tasks: one per fragment of
+// the fused plan (what workers run), partition and replica.
 func planTasks(q *queryspec.Query) ([]*fsm.Task, error) {
 	plan, err := q.FusedPlan()
 	if err != nil {
