@@ -395,6 +395,18 @@ func (w *Writer) Flush(ctx context.Context) error {
 	if len(w.ids) == 0 {
 		return nil
 	}
+	adopted, err := w.buf.adopt(w.ids, w.offs, w.data)
+	if err != nil {
+		return err
+	}
+	if adopted {
+		// The buffer owns the staged slices now: stage into new ones.
+		w.appendedID = w.ids[len(w.ids)-1]
+		w.data = make([]byte, 0, cap(w.data))
+		w.ids = make([]uint64, 0, cap(w.ids))
+		w.offs = make([]int, 0, cap(w.offs))
+		return nil
+	}
 	n, err := w.buf.appendEncoded(ctx, w.ids, w.offs, w.data)
 	if n > 0 {
 		w.appendedID = w.ids[n-1]
@@ -421,6 +433,39 @@ func (w *Writer) Discard() uint64 {
 	w.ids, w.offs, w.data = w.ids[:0], w.offs[:0], w.data[:0]
 	w.lastID = w.appendedID
 	return w.appendedID
+}
+
+// adoptMin is the smallest staged batch adopt takes as a chunk of its own;
+// smaller ones are copied into the last chunk, so that chunks, and the
+// batches Read cuts from them, stay large.
+const adoptMin = MaxBatchBytes / 2
+
+// adopt makes a Writer's staged tuples a new chunk as they are, without
+// copying them, when they all fit the buffer's bounds now and the buffer is
+// not a ring. On true the buffer owns the three slices (chunks are never
+// written below their length, so readers of earlier batches are safe).
+func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false, ErrClosed
+	}
+	if b.opts.Ring || len(data) < adoptMin ||
+		b.count+len(ids) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes {
+		return false, nil
+	}
+	if ids[0] <= b.lastID {
+		return false, fmt.Errorf("%w: id %d after %d", ErrIDOrder, ids[0], b.lastID)
+	}
+	b.chunks = append(b.chunks, &chunk{data: data, ids: ids, offs: offs})
+	b.bytes += len(data)
+	b.count += len(ids)
+	b.lastID = ids[len(ids)-1]
+	if b.dataCh != nil {
+		close(b.dataCh)
+		b.dataCh = nil
+	}
+	return true, nil
 }
 
 // appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]])
