@@ -75,7 +75,7 @@ func (c batchCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return c.fallback.Unmarshal(data, v)
 	}
 	// One copy into memory this Batch owns for good: Data aliases it.
-	raw := data.Materialize()
+	raw := ownedCopy(data)
 	b.Reset()
 	for len(raw) > 0 {
 		num, typ, n := protowire.ConsumeTag(raw)
@@ -168,4 +168,15 @@ func (p *dirtyPool) Put(b *[]byte) {
 	}
 	*b = (*b)[:0]
 	p.tiers[t].Put(b)
+}
+
+// ownedCopy copies a received message into new memory. Unlike
+// BufferSlice.Materialize it does not clear the memory first: appending to
+// a nil slice allocates without zeroing the part the copy overwrites, which
+// for 32 KiB batches was a measurable share of the receive path.
+func ownedCopy(data mem.BufferSlice) []byte {
+	if len(data) == 1 {
+		return append([]byte(nil), data[0].ReadOnlyData()...)
+	}
+	return data.Materialize()
 }
