@@ -162,7 +162,9 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				defer cancel()
 			}
 			stderr := cmd.ErrOrStderr()
-			logger := logging.New(stderr, logLevel, false)
+			var level slog.LevelVar
+			level.Set(logging.ParseLevel(logLevel))
+			logger := logging.NewLeveled(stderr, &level, false)
 			dir, err := os.MkdirTemp("", "fedstream-dev-")
 			if err != nil {
 				return err
@@ -172,7 +174,12 @@ lines with --json); where everything listens and the logs go to stderr.`,
 			if err != nil {
 				return err
 			}
-			defer fed.stop()
+			defer func() {
+				// The whole org stops at once: peers reporting each other
+				// gone is expected now, not news.
+				level.Set(slog.LevelError + 4)
+				fed.stop()
+			}()
 			fed.printBanner(stderr)
 			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second}
 			if err := fed.waitReady(ctx, f, 2); err != nil {

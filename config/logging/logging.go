@@ -18,7 +18,15 @@ import (
 // New returns a text (or JSON) slog logger writing to w at the given level
 // ("debug", "info", "warn", "error").
 func New(w io.Writer, level string, json bool) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: ParseLevel(level)}
+	var lv slog.LevelVar
+	lv.Set(ParseLevel(level))
+	return NewLeveled(w, &lv, json)
+}
+
+// NewLeveled is New with a level the caller can change while the logger
+// is in use.
+func NewLeveled(w io.Writer, level *slog.LevelVar, json bool) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
 	if json {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
@@ -94,7 +102,25 @@ func toSlog(level hclog.Level) slog.Level {
 }
 
 func (h *hcAdapter) Log(level hclog.Level, msg string, args ...interface{}) {
-	h.l.Log(context.Background(), toSlog(level), msg, normalise(args)...)
+	lv := toSlog(level)
+	if lv >= slog.LevelWarn && mentionsOwnShutdown(args) {
+		// raft's transport reports its own connections closing as errors
+		// while the node shuts down; that is expected, not a fault.
+		lv = slog.LevelDebug
+	}
+	h.l.Log(context.Background(), lv, msg, normalise(args)...)
+}
+
+// mentionsOwnShutdown reports whether an hclog argument is raft's
+// "transport shutdown" error (matched by text: this package does not
+// depend on raft).
+func mentionsOwnShutdown(args []interface{}) bool {
+	for _, a := range args {
+		if err, ok := a.(error); ok && err.Error() == "transport shutdown" {
+			return true
+		}
+	}
+	return false
 }
 
 // normalise turns hclog key/value pairs into slog arguments; an odd trailing
