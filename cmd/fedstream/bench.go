@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"runtime/pprof"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -28,6 +30,8 @@ func newBenchDataplaneCmd() *cobra.Command {
 		asJSON   bool
 		duration time.Duration
 		logLevel string
+		only     []string
+		profiles string
 	)
 	cmd := &cobra.Command{
 		Use:   "dataplane",
@@ -49,7 +53,7 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 			if duration <= 0 {
 				return fmt.Errorf("--duration %s: want a positive duration such as 5s", duration)
 			}
-			launch, err := benchmark.DefaultLauncher()
+			launch, err := benchmark.ProfilingLauncher(profiles)
 			if err != nil {
 				return err
 			}
@@ -57,6 +61,7 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 				Duration: duration,
 				Launch:   launch,
 				Logger:   logging.Stderr(logLevel),
+				Only:     only,
 			})
 			if err != nil {
 				return err
@@ -70,6 +75,8 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
 	cmd.Flags().DurationVar(&duration, "duration", benchmark.DefaultDuration, "target measured time of each scenario")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
+	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these scenarios ("+strings.Join(benchmark.ScenarioNames, ", ")+")")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-worker-N.cpu")
 	return cmd
 }
 
@@ -77,16 +84,28 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 // `fedstream bench`, driven by JSON requests on stdin (answers on stdout).
 // It exits when stdin closes.
 func newBenchWorkerCmd() *cobra.Command {
-	var logLevel string
+	var logLevel, cpuProfile string
 	cmd := &cobra.Command{
 		Use:    "bench-worker",
 		Short:  "One worker process of fedstream bench (internal)",
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cpuProfile != "" {
+				f, err := os.Create(cpuProfile)
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				if err := pprof.StartCPUProfile(f); err != nil {
+					return err
+				}
+				defer pprof.StopCPUProfile()
+			}
 			return benchmark.ServeWorker(cmd.Context(), os.Stdin, os.Stdout, logging.Stderr(logLevel))
 		},
 	}
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level")
+	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the worker's life to this file")
 	return cmd
 }

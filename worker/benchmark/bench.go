@@ -35,6 +35,8 @@ import (
 	"io"
 	"log/slog"
 	goruntime "runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -81,7 +83,16 @@ type Config struct {
 	// Logger receives progress at debug level and problems (default
 	// slog.Default()).
 	Logger *slog.Logger
+	// Only, when not empty, names the scenarios to run (for profiling one
+	// of them); ratios whose two figures were not both measured are 0.
+	Only []string
 }
+
+// ScenarioNames lists the scenarios in the order Run runs them.
+var ScenarioNames = []string{"raw_tcp", "forward", "wordcount", "handwritten_wordcount", "unbatched"}
+
+// ErrUnknownScenario means Config.Only names no scenario of ScenarioNames.
+var ErrUnknownScenario = errors.New("benchmark: unknown scenario")
 
 // Scenario is the measurement of one scenario.
 type Scenario struct {
@@ -147,6 +158,11 @@ type bench struct {
 // Run starts two workers, runs every scenario and stops the workers
 // (whatever happens; a cancelled ctx stops them at once).
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	for _, name := range cfg.Only {
+		if !slices.Contains(ScenarioNames, name) {
+			return nil, fmt.Errorf("%w %q (have %s)", ErrUnknownScenario, name, strings.Join(ScenarioNames, ", "))
+		}
+	}
 	b, err := start(ctx, cfg)
 	if err != nil {
 		return nil, err
@@ -166,6 +182,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		{"unbatched", 10_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, true) }, &res.UnbatchedRPS},
 	}
 	for _, s := range scenarios {
+		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, s.name) {
+			continue
+		}
 		m, err := b.measure(ctx, s.name, s.pilot, s.run)
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.name, err)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 )
@@ -111,9 +112,21 @@ func InProcessLauncher(logger *slog.Logger) Launcher {
 
 // DefaultLauncher runs workers as "<this executable> bench-worker".
 func DefaultLauncher() (Launcher, error) {
+	return ProfilingLauncher("")
+}
+
+// ProfilingLauncher is DefaultLauncher whose workers, when dir is not
+// empty, write a CPU profile of their whole life to dir/<worker name>.cpu.
+func ProfilingLauncher(dir string) (Launcher, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("%w: find own executable: %w", ErrWorker, err)
 	}
-	return ExecLauncher(os.Stderr, exe, "bench-worker"), nil
+	if dir == "" {
+		return ExecLauncher(os.Stderr, exe, "bench-worker"), nil
+	}
+	return func(ctx context.Context, name string) (*WorkerProcess, error) {
+		profile := filepath.Join(dir, name+".cpu")
+		return ExecLauncher(os.Stderr, exe, "bench-worker", "--cpuprofile", profile)(ctx, name)
+	}, nil
 }

@@ -14,8 +14,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -32,9 +30,6 @@ const (
 	sinkRingTuples = 1 << 20
 	sinkRingBytes  = 128 << 20
 )
-
-// tailSubscriber names the result-stream subscription of a bench worker.
-const tailSubscriber = "bench-tail"
 
 // ServeWorker runs a bench worker: a task runtime behind a DataPlane gRPC
 // server on 127.0.0.1, plus the raw-TCP roles of the baselines, driven by
@@ -341,10 +336,6 @@ func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec
 			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
 		}
 	}
-	conn, err := w.pool.Conn(e.addr)
-	if err != nil {
-		return response{}, err
-	}
 	// The sink task reports its input exhausted once it has appended the
 	// final boundary: that is the end of the pipeline's work, whatever the
 	// tail's own lag. Poll for it alongside the tail.
@@ -356,13 +347,19 @@ func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec
 		defer w.wg.Done()
 		pollExhausted(pollCtx, e.rt, spec.TaskID, exhausted)
 	}()
+	// The results are read in this process, as a consumer co-located with
+	// the sink reads them: the raw TCP baseline also ends at the receiving
+	// process, without a further hop.
 	ref := &fedstreampb.StreamRef{Query: spec.Query, TaskId: spec.TaskID, Partition: int32(spec.Partition), Consumer: ""}
 	for {
-		err := counter.run(ctx, conn, ref)
+		buf, err := e.rt.LocalStream(ref)
+		if err == nil {
+			err = counter.run(ctx, buf)
+		}
 		if err == nil {
 			break
 		}
-		if status.Code(err) != codes.NotFound || ctx.Err() != nil {
+		if !errors.Is(err, dataplane.ErrUnknownStream) || ctx.Err() != nil {
 			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
 		}
 		// The sink is not there yet: poll.
@@ -433,67 +430,80 @@ func (c *resultCounter) collectWords(s *tuple.Schema) error {
 	return nil
 }
 
-// run reads the result stream ref without acknowledging and without
-// the generic subscriber's per-batch allocations (the tail must keep up
-// with the sink, or the ring overruns it), until the final boundary.
-func (c *resultCounter) run(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // ends the RPC
-	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
-	if err != nil {
-		return err
-	}
-	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, AfterId: c.lastID, Subscriber: tailSubscriber, NoAck: true}); err != nil {
-		if _, rerr := stream.Recv(); rerr != nil {
-			return rerr
-		}
-		return err
-	}
+// tailReadBytes bounds one read of the result ring.
+const tailReadBytes = 1 << 20
+
+// run reads the result ring buf without acknowledging (the ring never
+// waits for its readers) until the final boundary. It reads the ring's
+// index (ids and offsets) and each tuple's type byte, as the raw TCP
+// receiver checks each record's marker; it decodes boundaries' headers,
+// and collected word counts.
+func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) error {
 	var (
-		tp tuple.Tuple
-		r  tuple.BatchReader
+		tp   tuple.Tuple
+		offs []int
 	)
 	for {
-		msg, err := stream.Recv()
+		data, o, ids, gap, wait, err := buf.ReadIndexed(c.lastID, tailReadBytes, offs)
+		offs = o
 		if err != nil {
 			return err
 		}
-		r.Reset(msg.Data)
-		for r.Next(&tp) {
-			if done, err := c.count(&tp); done || err != nil {
+		if gap {
+			return fmt.Errorf("%w: after id %d", errTailGap, c.lastID)
+		}
+		if len(ids) == 0 {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			continue
+		}
+		for i, id := range ids {
+			end := len(data)
+			if i+1 < len(offs) {
+				end = offs[i+1]
+			}
+			if done, err := c.count(id, data[offs[i]:end], &tp); done || err != nil {
 				return err
 			}
-		}
-		if err := r.Err(); err != nil {
-			return err
 		}
 	}
 }
 
-// count accounts for one tuple of the result stream; done reports the
-// final boundary.
-func (c *resultCounter) count(tp *tuple.Tuple) (done bool, err error) {
-	if tp.ID <= c.lastID {
-		return false, nil // resent after a resubscription
+// count accounts for the tuple with this id and encoding; done reports
+// the final boundary.
+func (c *resultCounter) count(id uint64, enc []byte, tp *tuple.Tuple) (done bool, err error) {
+	if id <= c.lastID {
+		return false, nil
 	}
-	if tp.ID != c.lastID+1 {
-		return false, fmt.Errorf("%w: id %d after %d", errTailGap, tp.ID, c.lastID)
+	if id != c.lastID+1 {
+		return false, fmt.Errorf("%w: id %d after %d", errTailGap, id, c.lastID)
 	}
-	c.lastID = tp.ID
-	switch {
-	case tp.Type.IsData():
+	c.lastID = id
+	switch typ := tuple.Type(enc[0]); {
+	case typ.IsData():
 		if c.resp.Records == 0 {
 			c.resp.FirstNanos = time.Now().UnixNano()
 		}
 		c.resp.Records++
-		c.resp.Bytes += int64(tuple.EncodedSize(tp))
+		c.resp.Bytes += int64(len(enc))
 		if c.collect {
-			// Strings alias the message: the map key must be a copy.
+			if _, err := tuple.DecodeTuple(enc, tp); err != nil {
+				return false, err
+			}
+			// Strings alias the ring: the map key must be a copy.
 			c.resp.Counts[strings.Clone(tp.Values[c.wordIdx].S)] += asInt(tp.Values[c.countIdx])
 		}
-	case tp.Type == tuple.Boundary && tp.STime == finalBoundary:
-		c.resp.EndNanos = time.Now().UnixNano()
-		return true, nil
+	case typ == tuple.Boundary:
+		if _, err := tuple.DecodeHeader(enc, tp); err != nil {
+			return false, err
+		}
+		if tp.STime == finalBoundary {
+			c.resp.EndNanos = time.Now().UnixNano()
+			return true, nil
+		}
 	}
 	return false, nil
 }

@@ -277,17 +277,34 @@ func (b *OutputBuffer) Ack(name string, id uint64) {
 // discarded (a ring buffer overran, or a subscriber came late); data then
 // starts at the oldest retained tuple.
 func (b *OutputBuffer) Read(afterID uint64, maxBytes int) (data []byte, count int, lastID uint64, gap bool, wait <-chan struct{}, err error) {
+	data, _, ids, gap, wait, err := b.read(afterID, maxBytes, nil, false)
+	if len(ids) > 0 {
+		count, lastID = len(ids), ids[len(ids)-1]
+	}
+	return data, count, lastID, gap, wait, err
+}
+
+// ReadIndexed is Read that also returns where each tuple starts: offs
+// (appended to the given slice, which may be nil) holds the offset of
+// each tuple in data, ids its id. ids aliases the buffer and must not be
+// modified. A reader that only looks at each tuple's type or header (a
+// local consumer counting results) then never walks the encodings.
+func (b *OutputBuffer) ReadIndexed(afterID uint64, maxBytes int, offs []int) (data []byte, tupleOffs []int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
+	return b.read(afterID, maxBytes, offs[:0], true)
+}
+
+func (b *OutputBuffer) read(afterID uint64, maxBytes int, offs []int, index bool) (data []byte, tupleOffs []int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return nil, 0, 0, false, nil, ErrClosed
+		return nil, nil, nil, false, nil, ErrClosed
 	}
 	gap = afterID < b.dropped
 	if b.count == 0 || b.lastID <= afterID {
 		if b.dataCh == nil {
 			b.dataCh = make(chan struct{})
 		}
-		return nil, 0, 0, gap, b.dataCh, nil
+		return nil, offs, nil, gap, b.dataCh, nil
 	}
 	// Find the chunk holding the first tuple with id > afterID.
 	ci := sort.Search(len(b.chunks), func(i int) bool {
@@ -304,8 +321,14 @@ func (b *OutputBuffer) Read(afterID uint64, maxBytes int) (data []byte, count in
 	for end < len(c.ids) && c.end(end)-c.offs[ti] <= maxBytes {
 		end++
 	}
-	data = c.data[c.offs[ti]:c.end(end-1):c.end(end-1)]
-	return data, end - ti, c.ids[end-1], gap, nil, nil
+	base := c.offs[ti]
+	data = c.data[base:c.end(end-1):c.end(end-1)]
+	if index {
+		for _, o := range c.offs[ti:end] {
+			offs = append(offs, o-base)
+		}
+	}
+	return data, offs, c.ids[ti:end:end], gap, nil, nil
 }
 
 // Close wakes every waiter; later Appends and Reads return ErrClosed.
@@ -370,19 +393,45 @@ type Writer struct {
 	lastID, appendedID uint64
 }
 
+// A Writer stages into stagingBytes of memory: a small-object allocation
+// (no separate large-object path, no chunked clearing), which a staged
+// batch becomes as a chunk when the buffer adopts it. Full says to flush
+// stagingSlack bytes before the end, so that the usual tuple fits without
+// growing the staging array, and a full staged batch is one network batch.
+const (
+	stagingBytes = 32 << 10
+	stagingSlack = 512
+	// stagingTuples sizes the id and offset arrays of a staged batch.
+	stagingTuples = 256
+)
+
 // NewWriter returns a Writer appending to b.
 func (b *OutputBuffer) NewWriter() *Writer { return &Writer{buf: b} }
+
+// Full reports whether the staged tuples make a network batch: the
+// producer should Flush.
+func (w *Writer) Full() bool { return len(w.data) >= stagingBytes-stagingSlack }
 
 // Add stages t (its ID set by the producer; ids must increase).
 func (w *Writer) Add(t *tuple.Tuple) error {
 	if t.ID <= w.lastID {
 		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, w.lastID)
 	}
+	if w.data == nil {
+		w.newStaging(stagingTuples)
+	}
 	w.lastID = t.ID
 	w.offs = append(w.offs, len(w.data))
 	w.ids = append(w.ids, t.ID)
 	w.data = tuple.AppendTuple(w.data, t)
 	return nil
+}
+
+// newStaging gives w empty staging arrays, room for about tuples tuples.
+func (w *Writer) newStaging(tuples int) {
+	w.data = make([]byte, 0, stagingBytes)
+	w.ids = make([]uint64, 0, tuples)
+	w.offs = make([]int, 0, tuples)
 }
 
 // Staged is the number of encoded bytes waiting for Flush.
@@ -402,9 +451,7 @@ func (w *Writer) Flush(ctx context.Context) error {
 	if adopted {
 		// The buffer owns the staged slices now: stage into new ones.
 		w.appendedID = w.ids[len(w.ids)-1]
-		w.data = make([]byte, 0, cap(w.data))
-		w.ids = make([]uint64, 0, cap(w.ids))
-		w.offs = make([]int, 0, cap(w.offs))
+		w.newStaging(cap(w.ids))
 		return nil
 	}
 	n, err := w.buf.appendEncoded(ctx, w.ids, w.offs, w.data)
@@ -441,21 +488,27 @@ func (w *Writer) Discard() uint64 {
 const adoptMin = MaxBatchBytes / 2
 
 // adopt makes a Writer's staged tuples a new chunk as they are, without
-// copying them, when they all fit the buffer's bounds now and the buffer is
-// not a ring. On true the buffer owns the three slices (chunks are never
-// written below their length, so readers of earlier batches are safe).
+// copying them, when they fit the buffer's bounds now (a ring first drops
+// its oldest tuples to make room). On true the buffer owns the three
+// slices (chunks are never written below their length, so readers of
+// earlier batches are safe).
 func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return false, ErrClosed
 	}
-	if b.opts.Ring || len(data) < adoptMin ||
-		b.count+len(ids) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes {
+	if len(data) < adoptMin || len(ids) > b.opts.MaxTuples || len(data) > b.opts.MaxBytes {
+		return false, nil
+	}
+	if !b.opts.Ring && (b.count+len(ids) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes) {
 		return false, nil
 	}
 	if ids[0] <= b.lastID {
 		return false, fmt.Errorf("%w: id %d after %d", ErrIDOrder, ids[0], b.lastID)
+	}
+	if b.opts.Ring {
+		b.dropForLocked(len(ids), len(data))
 	}
 	b.chunks = append(b.chunks, &chunk{data: data, ids: ids, offs: offs})
 	b.bytes += len(data)
@@ -466,6 +519,28 @@ func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error
 		b.dataCh = nil
 	}
 	return true, nil
+}
+
+// dropForLocked makes a ring take tuples more tuples of size bytes within
+// its bounds by dropping its oldest ones: whole chunks while that is not
+// too much, then single tuples.
+func (b *OutputBuffer) dropForLocked(tuples, size int) {
+	over := func() bool { return b.count+tuples > b.opts.MaxTuples || b.bytes+size > b.opts.MaxBytes }
+	for b.count > 0 && over() {
+		c := b.chunks[0]
+		n, bytes := len(c.ids)-b.head, len(c.data)-c.offs[b.head]
+		if b.count-n+tuples > b.opts.MaxTuples || b.bytes-bytes+size > b.opts.MaxBytes {
+			// Still over without the whole chunk: drop it in one step.
+			b.dropped = c.ids[len(c.ids)-1]
+			b.bytes -= bytes
+			b.count -= n
+			b.chunks[0] = nil
+			b.chunks = b.chunks[1:]
+			b.head = 0
+			continue
+		}
+		b.dropOldestLocked()
+	}
 }
 
 // appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]])
@@ -499,9 +574,7 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []i
 			return i, fmt.Errorf("%w: %d bytes, capacity %d", ErrTooLarge, size, b.opts.MaxBytes)
 		}
 		if b.opts.Ring {
-			for b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples) {
-				b.dropOldestLocked()
-			}
+			b.dropForLocked(1, size)
 		} else if b.full(size) {
 			if appended && b.dataCh != nil {
 				// Readers may be waiting for what is already in.

@@ -1,8 +1,10 @@
 package dataplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -246,5 +248,67 @@ func TestAckAfterClose(t *testing.T) {
 	b.Ack("d", 2)
 	if st := b.Stats(); st.Tuples != 0 || st.Bytes != 0 {
 		t.Fatalf("closed buffer reports %+v", st)
+	}
+}
+
+// ReadIndexed returns the same tuples as Read, with each tuple's offset
+// and id, across chunks and after a ring dropped its oldest tuples.
+func TestReadIndexed(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{Ring: true, MaxTuples: 3000})
+	w := b.NewWriter()
+	for id := uint64(1); id <= 5000; id++ {
+		if err := w.Add(dataTuple(id, strings.Repeat("x", int(id%300)))); err != nil {
+			t.Fatal(err)
+		}
+		if w.Full() {
+			if err := w.Flush(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := w.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		offs  []int
+		after uint64
+		seen  int
+	)
+	for {
+		data, o, ids, gap, _, err := b.ReadIndexed(after, 10_000, offs)
+		offs = o
+		if err != nil {
+			t.Fatal(err)
+		}
+		if gap != (after == 0) {
+			t.Fatalf("after %d: gap %v", after, gap)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		rdata, count, last, _, _, _ := b.Read(after, 10_000)
+		if !bytes.Equal(rdata, data) || count != len(ids) || last != ids[len(ids)-1] || len(offs) != len(ids) {
+			t.Fatalf("ReadIndexed and Read disagree after %d", after)
+		}
+		for i, id := range ids {
+			var tp tuple.Tuple
+			n, err := tuple.DecodeTuple(data[offs[i]:], &tp)
+			if err != nil || tp.ID != id {
+				t.Fatalf("tuple %d at %d: id %d, err %v; want id %d", i, offs[i], tp.ID, err, id)
+			}
+			if end := len(data); i+1 < len(offs) {
+				end = offs[i+1]
+				if offs[i]+n != end {
+					t.Fatalf("tuple %d ends at %d, next starts at %d", i, offs[i]+n, end)
+				}
+			} else if offs[i]+n != end {
+				t.Fatalf("last tuple ends at %d of %d", offs[i]+n, end)
+			}
+		}
+		seen += len(ids)
+		after = ids[len(ids)-1]
+	}
+	if seen != 3000 || after != 5000 {
+		t.Fatalf("read %d tuples up to %d; want the newest 3000 up to 5000", seen, after)
 	}
 }

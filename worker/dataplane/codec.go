@@ -69,13 +69,36 @@ func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.SliceBuffer(hdr), mem.SliceBuffer(b.Data)}, nil
 }
 
+// receivedBatch is a Batch a subscriber receives. With pooled set, the
+// message is copied into a buffer of sharedDirtyPool, buf, which whoever
+// knows that nothing aliases Data any more hands back to the pool (a
+// subscriber whose consumer only copies tuples); otherwise it is copied
+// into memory of its own for good, as for a plain Batch.
+type receivedBatch struct {
+	fedstreampb.Batch
+	pooled bool
+	buf    *[]byte
+}
+
 func (c batchCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if rb, ok := v.(*receivedBatch); ok {
+		if !rb.pooled {
+			return unmarshalBatch(ownedCopy(data), &rb.Batch)
+		}
+		rb.buf = sharedDirtyPool.Get(data.Len())
+		data.CopyTo(*rb.buf)
+		return unmarshalBatch(*rb.buf, &rb.Batch)
+	}
 	b, ok := v.(*fedstreampb.Batch)
 	if !ok {
 		return c.fallback.Unmarshal(data, v)
 	}
 	// One copy into memory this Batch owns for good: Data aliases it.
-	raw := ownedCopy(data)
+	return unmarshalBatch(ownedCopy(data), b)
+}
+
+// unmarshalBatch decodes a Batch message whose Data then aliases raw.
+func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 	b.Reset()
 	for len(raw) > 0 {
 		num, typ, n := protowire.ConsumeTag(raw)

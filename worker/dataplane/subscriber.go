@@ -42,19 +42,29 @@ type Batch struct {
 	tupleArray []tuple.Tuple
 	valueArray []tuple.Value
 	recyclable bool
+	// msgBuf, when set, is the received message the tuples' packed values
+	// alias: Release hands it back to the receive buffer pool.
+	msgBuf *[]byte
 }
 
 // Release hands the batch's tuple and value arrays back for reuse by
 // later batches. It is optional (a batch never released is simply
 // collected), but once it is called neither b nor its Tuples, nor their
 // Values slices, may be used again; strings taken from the values stay
-// valid. Call it at most once, and only for a batch a Subscriber delivered.
+// valid. Tuples whose values are packed (Subscriber.KeepValuesPacked) are
+// the exception: the received message they alias is reused too, so the
+// consumer must have copied them (encoded them elsewhere) before. Call it
+// at most once, and only for a batch a Subscriber delivered.
 func (b *Batch) Release() {
 	if !b.recyclable {
 		return
 	}
 	b.recyclable = false
 	b.Tuples, b.LastID = nil, 0
+	if b.msgBuf != nil {
+		sharedDirtyPool.Put(b.msgBuf)
+		b.msgBuf = nil
+	}
 	batchPool.Put(b)
 }
 
@@ -77,7 +87,9 @@ type Subscriber struct {
 	ref   *fedstreampb.StreamRef
 	name  string
 	noAck bool
-	last  atomic.Uint64
+	// packed: deliver tuples with their values packed (tuple.DecodeHeader).
+	packed bool
+	last   atomic.Uint64
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -89,6 +101,12 @@ func NewSubscriber(ref *fedstreampb.StreamRef, name string, noAck bool, afterID 
 	s.last.Store(afterID)
 	return s
 }
+
+// KeepValuesPacked makes the subscriber deliver tuples whose values are
+// not decoded (tuple.DecodeHeader): for a consumer that only forwards
+// them, which then copies their encoding instead of re-encoding it. Call
+// it before Run.
+func (s *Subscriber) KeepValuesPacked() { s.packed = true }
 
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
@@ -209,19 +227,28 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}, after)
 		defer ack.close()
 	}
-	var dec batchDecoder
+	dec := batchDecoder{packed: s.packed}
+	rb := receivedBatch{pooled: s.packed}
 	for {
-		msg, err := stream.Recv()
+		// RecvMsg into a receivedBatch (see batchCodec) rather than Recv:
+		// the message lands in a pooled buffer, which a batch of packed
+		// tuples hands back on Release.
+		err := stream.RecvMsg(&rb)
 		if err == io.EOF {
 			return fmt.Errorf("dataplane: upstream ended the stream: %w", err)
 		}
 		if err != nil {
 			return err
 		}
+		msg := &rb.Batch
 		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, s.last.Load())
 		if err != nil {
 			return err
 		}
+		if s.packed {
+			b.msgBuf = rb.buf
+		}
+		rb.buf = nil
 		if len(b.Tuples) == 0 {
 			b.Release()
 			continue // only duplicates
@@ -282,7 +309,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			buf.Ack(s.name, after)
 		}
 	}
-	var dec batchDecoder
+	dec := batchDecoder{packed: s.packed}
 	for {
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
@@ -340,6 +367,8 @@ func recvError(stream fedstreampb.DataPlane_SubscribeClient, err error) error {
 // some per tuple.
 type batchDecoder struct {
 	valuesPerTuple int
+	// packed leaves every tuple's values packed (tuple.DecodeHeader).
+	packed bool
 }
 
 // newBatch returns a batch whose arrays hold count tuples and values for
@@ -383,7 +412,12 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		// Decode straight into the value array: DecodeTuple reuses the
 		// capacity it is given, and allocates only when the array is full.
 		t.Values = values[used:used:len(values)]
-		k, err := tuple.DecodeTuple(data[off:], t)
+		var k int
+		if d.packed {
+			k, err = tuple.DecodeHeader(data[off:], t)
+		} else {
+			k, err = tuple.DecodeTuple(data[off:], t)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
 		}

@@ -34,12 +34,18 @@ func TestWriterFlush(t *testing.T) {
 		payload int
 		// wantFirst is the oldest id retained after the flush.
 		wantFirst uint64
+		// flushEvery > 0 flushes after every that many tuples (large
+		// staged batches become chunks without a copy).
+		flushEvery int
 	}{
-		{"small batch", BufferOptions{}, 10, 10, 1},
-		{"spans chunks", BufferOptions{}, 5000, 100, 1},
-		{"tuple larger than a chunk", BufferOptions{}, 3, chunkSize + 10, 1},
-		{"ring keeps the newest", BufferOptions{Ring: true, MaxTuples: 100}, 1000, 10, 901},
-		{"ring bounded by bytes", BufferOptions{Ring: true, MaxBytes: 64 << 10}, 2000, 100, 0},
+		{"small batch", BufferOptions{}, 10, 10, 1, 0},
+		{"spans chunks", BufferOptions{}, 5000, 100, 1, 0},
+		{"tuple larger than a chunk", BufferOptions{}, 3, chunkSize + 10, 1, 0},
+		{"ring keeps the newest", BufferOptions{Ring: true, MaxTuples: 100}, 1000, 10, 901, 0},
+		{"ring bounded by bytes", BufferOptions{Ring: true, MaxBytes: 64 << 10}, 2000, 100, 0, 0},
+		{"ring adopts batches, bounded by bytes", BufferOptions{Ring: true, MaxBytes: 200 << 10}, 10000, 100, 0, 400},
+		{"ring adopts batches, bounded by tuples", BufferOptions{Ring: true, MaxTuples: 1000}, 10000, 100, 9001, 400},
+		{"adopted batches", BufferOptions{}, 10000, 100, 1, 400},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,8 +56,13 @@ func TestWriterFlush(t *testing.T) {
 				if err := w.Add(dataTuple(id, payload)); err != nil {
 					t.Fatal(err)
 				}
+				if tc.flushEvery > 0 && id%uint64(tc.flushEvery) == 0 && id < uint64(tc.tuples) {
+					if err := w.Flush(context.Background()); err != nil {
+						t.Fatal(err)
+					}
+				}
 			}
-			if got := readAllIDs(t, b, 0); len(got) != 0 {
+			if got := readAllIDs(t, b, 0); len(got) != 0 && tc.flushEvery == 0 {
 				t.Fatalf("%d tuples visible before Flush", len(got))
 			}
 			if err := w.Flush(context.Background()); err != nil {
@@ -72,8 +83,12 @@ func TestWriterFlush(t *testing.T) {
 					t.Fatalf("id %d after %d", got[i], got[i-1])
 				}
 			}
-			if st := b.Stats(); st.Tuples != len(got) || st.LastID != uint64(tc.tuples) {
+			st := b.Stats()
+			if st.Tuples != len(got) || st.LastID != uint64(tc.tuples) {
 				t.Fatalf("stats %+v, read %d", st, len(got))
+			}
+			if tc.opts.MaxBytes > 0 && st.Bytes > tc.opts.MaxBytes {
+				t.Fatalf("ring holds %d bytes, bound %d", st.Bytes, tc.opts.MaxBytes)
 			}
 		})
 	}

@@ -48,6 +48,11 @@ func (t *task) buildInputs() {
 			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
 				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
 			}, t.spec.TaskID, false, 0)
+			if t.op == nil {
+				// A sink forwards its input as it is: its values are
+				// copied, never decoded.
+				in.sub.KeepValuesPacked()
+			}
 			t.inputs = append(t.inputs, in)
 		}
 	}
@@ -107,7 +112,7 @@ func (in *input) run(ctx context.Context) {
 // the local task's buffer is the stream pl names.
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
 	in.sub.Ref().TaskId = pl.TaskID
-	local, lerr := in.t.r.localStream(in.sub.Ref())
+	local, lerr := in.t.r.LocalStream(in.sub.Ref())
 	var conn grpc.ClientConnInterface
 	if lerr != nil {
 		if conn, err = in.t.r.pool.Conn(pl.WorkerAddr); err != nil {

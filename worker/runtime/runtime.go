@@ -258,12 +258,14 @@ func (r *Runtime) task(id string) *task {
 type resolver struct{ r *Runtime }
 
 func (rs resolver) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
-	return rs.r.localStream(ref)
+	return rs.r.LocalStream(ref)
 }
 
-// localStream returns the output buffer ref names if its producer runs in
-// this runtime, or an error wrapping dataplane.ErrUnknownStream.
-func (r *Runtime) localStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
+// LocalStream returns the output buffer ref names if its producer runs in
+// this runtime, or an error wrapping dataplane.ErrUnknownStream. Consumers
+// in the worker's own process (a co-located downstream task, a local
+// reader of a sink) read it directly instead of over a connection.
+func (r *Runtime) LocalStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
 	t := r.task(ref.TaskId)
 	if t == nil || t.spec.Query != ref.Query {
 		return nil, fmt.Errorf("%w: no task %q of query %q runs on this worker", dataplane.ErrUnknownStream, ref.TaskId, ref.Query)

@@ -28,14 +28,10 @@ type outStream struct {
 	partition int
 	buf       *dataplane.OutputBuffer
 	// w stages the output for buf: the producer flushes it after each
-	// release step, when it holds flushBytes, and before waiting.
+	// release step, when it is full (a network batch), and before waiting.
 	w      *dataplane.Writer
 	lastID uint64
 }
-
-// flushBytes is how much output a stream stages before appending it to
-// its buffer (about one network batch).
-const flushBytes = dataplane.MaxBatchBytes
 
 func newOutStream(consumer string, partition int, buf *dataplane.OutputBuffer) *outStream {
 	return &outStream{consumer: consumer, partition: partition, buf: buf, w: buf.NewWriter()}
@@ -432,7 +428,7 @@ func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) erro
 		return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 	}
 	o.lastID = tp.ID
-	if o.w.Staged() >= flushBytes {
+	if o.w.Full() {
 		if err := o.w.Flush(ctx); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}

@@ -47,6 +47,9 @@ var ErrBadValue = errors.New("tuple: malformed value")
 // that might not fit are appended, so that allocation happens only when the
 // encoding itself does not fit.
 func AppendTuple(dst []byte, t *Tuple) []byte {
+	if t.Packed() {
+		return appendPacked(dst, t)
+	}
 	if n := len(dst); cap(dst)-n >= maxHeaderLen {
 		b := dst[n : n+maxHeaderLen]
 		b[0] = byte(t.Type)
@@ -101,6 +104,28 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 	return dst
 }
 
+// appendPacked is AppendTuple for a tuple whose values are still packed:
+// the header fields, then the packed value count and values as they are.
+func appendPacked(dst []byte, t *Tuple) []byte {
+	if n := len(dst); cap(dst)-n >= maxHeaderLen+len(t.packed) {
+		b := dst[n : n+maxHeaderLen]
+		b[0] = byte(t.Type)
+		k := 1
+		k += putUvarint(b[k:], t.ID)
+		k += putUvarint(b[k:], zigzag(t.STime))
+		k += putUvarint(b[k:], t.Version)
+		n += k
+		dst = dst[:n+len(t.packed)]
+		copy(dst[n:], t.packed)
+		return dst
+	}
+	dst = append(dst, byte(t.Type))
+	dst = binary.AppendUvarint(dst, t.ID)
+	dst = binary.AppendUvarint(dst, zigzag(t.STime))
+	dst = binary.AppendUvarint(dst, t.Version)
+	return append(dst, t.packed...)
+}
+
 // maxHeaderLen bounds the encoded header: the type byte and four varints.
 const maxHeaderLen = 1 + 4*binary.MaxVarintLen64
 
@@ -126,6 +151,9 @@ func zigzag(x int64) uint64 {
 
 // EncodedSize returns len(AppendTuple(nil, t)) without encoding.
 func EncodedSize(t *Tuple) int {
+	if t.Packed() {
+		return 1 + uvarintLen(t.ID) + varintLen(t.STime) + uvarintLen(t.Version) + len(t.packed)
+	}
 	n := 1 + uvarintLen(t.ID) + varintLen(t.STime) + uvarintLen(t.Version) + uvarintLen(uint64(len(t.Values)))
 	for i := range t.Values {
 		v := &t.Values[i]
@@ -182,6 +210,7 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 		return 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
 	}
 	t.Type = typ
+	t.packed = nil
 	off := 1
 	var k int
 	if t.ID, k = uvarintAt(src, off); k <= 0 {
@@ -210,6 +239,16 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 		return 0, headerErr("value count", k)
 	}
 	off += k
+	return decodeValues(src, off, count, t)
+}
+
+// decodeValues decodes count values from src[off:] into t.Values (reusing
+// its capacity) and returns the offset after them.
+func decodeValues(src []byte, off int, count uint64, t *Tuple) (int, error) {
+	var (
+		k  int
+		ux uint64
+	)
 	// Every value takes at least one byte: a larger count is garbage, and
 	// checking it first bounds the allocation below.
 	if count > uint64(len(src)-off) {
@@ -289,6 +328,125 @@ func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
 		}
 	}
 	return off, nil
+}
+
+// DecodeHeader decodes the header of the tuple at the start of src into t
+// and returns the encoded tuple's length, leaving the values packed: Values
+// becomes empty, AppendTuple re-encodes them by copying their bytes, and
+// Unpack decodes them when needed after all. The values are checked as
+// thoroughly as DecodeTuple checks them (same errors), only not stored;
+// the packed bytes alias src like DecodeTuple's strings do.
+//
+// A consumer that only forwards tuples (a sink) reads them this way.
+func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
+	if len(src) == 0 {
+		return 0, fmt.Errorf("%w: empty input", ErrTruncated)
+	}
+	typ := Type(src[0])
+	if typ < Stable || typ > RecDone {
+		return 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
+	}
+	t.Type = typ
+	off := 1
+	var k int
+	if t.ID, k = uvarintAt(src, off); k <= 0 {
+		return 0, headerErr("id", k)
+	}
+	off += k
+	var ux uint64
+	if ux, k = uvarintAt(src, off); k <= 0 {
+		return 0, headerErr("stime", k)
+	}
+	t.STime = unzigzag(ux)
+	off += k
+	if off < len(src) && src[off] < 0x80 {
+		t.Version, k = uint64(src[off]), 1
+	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
+		return 0, headerErr("version", k)
+	}
+	off += k
+	start := off
+	var count uint64
+	if off < len(src) && src[off] < 0x80 {
+		count, k = uint64(src[off]), 1
+	} else if count, k = uvarintLong(src, off); k <= 0 {
+		return 0, headerErr("value count", k)
+	}
+	off += k
+	if count > uint64(len(src)-off) {
+		return 0, fmt.Errorf("%w: %d values announced, %d bytes left", ErrTruncated, count, len(src)-off)
+	}
+	// The values are skipped, not decoded; the common one-byte varints
+	// (small ints, short lengths) are tested inline.
+	for i := range int(count) {
+		if off >= len(src) {
+			return 0, fmt.Errorf("%w: value %d missing", ErrTruncated, i)
+		}
+		kind := Kind(src[off])
+		off++
+		switch kind {
+		case KindInvalid:
+		case KindInt, KindTimestamp:
+			if off < len(src) && src[off] < 0x80 {
+				off++
+			} else if _, k = uvarintLong(src, off); k <= 0 {
+				return 0, valueErr(i, kind, k)
+			} else {
+				off += k
+			}
+		case KindFloat:
+			if len(src)-off < 8 {
+				return 0, fmt.Errorf("%w: value %d (float) needs 8 bytes, %d left", ErrTruncated, i, len(src)-off)
+			}
+			off += 8
+		case KindBool:
+			if off >= len(src) {
+				return 0, fmt.Errorf("%w: value %d (bool) missing", ErrTruncated, i)
+			}
+			if src[off] > 1 {
+				return 0, fmt.Errorf("%w: value %d: bool byte %d", ErrBadValue, i, src[off])
+			}
+			off++
+		case KindString, KindBytes:
+			var size uint64
+			if off < len(src) && src[off] < 0x80 {
+				size, k = uint64(src[off]), 1
+			} else if size, k = uvarintLong(src, off); k <= 0 {
+				return 0, valueErr(i, kind, k)
+			}
+			off += k
+			if size > uint64(len(src)-off) {
+				return 0, fmt.Errorf("%w: value %d (%s) of %d bytes, %d left", ErrTruncated, i, kind, size, len(src)-off)
+			}
+			off += int(size)
+		default:
+			return 0, fmt.Errorf("%w: value %d has kind byte %d", ErrBadKind, i, src[off-1])
+		}
+	}
+	t.Values = t.Values[:0]
+	t.packed = src[start:off:off]
+	return off, nil
+}
+
+// Unpack decodes the values of a tuple DecodeHeader left packed into
+// t.Values (reusing its capacity; strings alias the packed bytes). It does
+// nothing for a tuple that is not packed.
+func (t *Tuple) Unpack() error {
+	if !t.Packed() {
+		return nil
+	}
+	// DecodeHeader checked the packed bytes: decoding them cannot fail
+	// unless someone modified the batch since.
+	count, k := uvarintAt(t.packed, 0)
+	if k <= 0 {
+		return headerErr("value count", k)
+	}
+	packed := t.packed
+	if _, err := decodeValues(packed, k, count, t); err != nil {
+		return err
+	}
+	t.packed = nil
+	return nil
 }
 
 // uvarintAt decodes the uvarint at src[off:] (off <= len(src)) like
@@ -396,11 +554,15 @@ func (r *BatchReader) Next(t *Tuple) bool {
 // Err returns the decoding error that stopped Next, if any.
 func (r *BatchReader) Err() error { return r.err }
 
-// Clone returns a deep copy of t whose strings share no memory with t.
+// Clone returns a deep copy of t whose strings (and packed values) share
+// no memory with t.
 func (t *Tuple) Clone() *Tuple {
 	c := *t
 	c.Values = append([]Value(nil), t.Values...)
 	DetachStrings(c.Values)
+	if t.packed != nil {
+		c.packed = append([]byte{}, t.packed...)
+	}
 	return &c
 }
 

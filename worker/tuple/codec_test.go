@@ -100,7 +100,70 @@ func TestDecodeErrors(t *testing.T) {
 			var tp Tuple
 			_, err := DecodeTuple(tc.in, &tp)
 			if !errors.Is(err, tc.want) {
-				t.Fatalf("err = %v, want %v", err, tc.want)
+				t.Fatalf("DecodeTuple: err = %v, want %v", err, tc.want)
+			}
+			_, err = DecodeHeader(tc.in, &tp)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("DecodeHeader: err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+// A tuple decoded by DecodeHeader re-encodes, under a new id, to exactly
+// what the fully decoded tuple encodes to, and Unpack yields the values
+// DecodeTuple yields.
+func TestDecodeHeaderPassThrough(t *testing.T) {
+	for _, want := range sampleTuples() {
+		t.Run(want.Type.String(), func(t *testing.T) {
+			enc := AppendTuple(nil, &want)
+			var full, packed Tuple
+			if _, err := DecodeTuple(enc, &full); err != nil {
+				t.Fatal(err)
+			}
+			packed.Values = make([]Value, 0, 4) // a reused tuple's leftovers
+			n, err := DecodeHeader(enc, &packed)
+			if err != nil || n != len(enc) {
+				t.Fatalf("DecodeHeader = %d, %v; want %d bytes", n, err, len(enc))
+			}
+			if !packed.Packed() || len(packed.Values) != 0 {
+				t.Fatalf("Packed() = %v with %d values", packed.Packed(), len(packed.Values))
+			}
+			if packed.Type != want.Type || packed.ID != want.ID || packed.STime != want.STime || packed.Version != want.Version {
+				t.Fatalf("header %+v, want %+v", packed, want)
+			}
+			for _, id := range []uint64{1, 300, math.MaxUint64} {
+				full.ID, packed.ID = id, id
+				wantEnc := AppendTuple([]byte("x"), &full)
+				if got := AppendTuple([]byte("x"), &packed); !bytes.Equal(got, wantEnc) {
+					t.Fatalf("id %d: packed re-encoding %x, want %x", id, got, wantEnc)
+				}
+				if got := AppendTuple(make([]byte, 1, 1+EncodedSize(&packed)), &packed); !bytes.Equal(got[1:], wantEnc[1:]) {
+					t.Fatalf("id %d: in-place packed re-encoding %x, want %x", id, got, wantEnc)
+				}
+				if got := EncodedSize(&packed); got != len(wantEnc)-1 {
+					t.Fatalf("id %d: EncodedSize %d, want %d", id, got, len(wantEnc)-1)
+				}
+			}
+			c := packed.Clone()
+			if err := packed.Unpack(); err != nil {
+				t.Fatal(err)
+			}
+			if packed.Packed() || !slices.Equal(packed.Values, full.Values) {
+				t.Fatalf("unpacked %v, want %v", packed.Values, full.Values)
+			}
+			if !c.Packed() || !bytes.Equal(AppendTuple(nil, c), AppendTuple(nil, &full)) {
+				t.Fatal("a clone of a packed tuple does not encode like the original")
+			}
+			// Values set on a packed tuple win over the packed bytes.
+			var p2 Tuple
+			if _, err := DecodeHeader(enc, &p2); err != nil {
+				t.Fatal(err)
+			}
+			p2.Values = []Value{Int(7)}
+			want2 := Tuple{Type: p2.Type, ID: p2.ID, STime: p2.STime, Version: p2.Version, Values: []Value{Int(7)}}
+			if !bytes.Equal(AppendTuple(nil, &p2), AppendTuple(nil, &want2)) {
+				t.Fatal("values set after DecodeHeader were ignored")
 			}
 		})
 	}
@@ -132,6 +195,10 @@ func FuzzDecodeTuple(f *testing.F) {
 		var tp Tuple
 		n, err := DecodeTuple(data, &tp)
 		if err != nil {
+			var hp Tuple
+			if _, herr := DecodeHeader(data, &hp); herr == nil {
+				t.Fatalf("DecodeHeader accepted what DecodeTuple refused (%v)", err)
+			}
 			if !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrBadKind) &&
 				!errors.Is(err, ErrBadType) && !errors.Is(err, ErrBadValue) {
 				t.Fatalf("unexpected error class: %v", err)
@@ -150,6 +217,20 @@ func FuzzDecodeTuple(f *testing.F) {
 		}
 		if !reflect.DeepEqual(again, AppendTuple(nil, &tp2)) {
 			t.Fatalf("re-encoding is not stable")
+		}
+		// DecodeHeader accepts exactly what DecodeTuple accepts, and its
+		// pass-through re-encoding matches the decoded one's.
+		var hp Tuple
+		hn, herr := DecodeHeader(data, &hp)
+		if herr != nil || hn != n {
+			t.Fatalf("DecodeHeader = %d, %v; DecodeTuple consumed %d", hn, herr, n)
+		}
+		var tp3 Tuple
+		if _, err := DecodeTuple(AppendTuple(nil, &hp), &tp3); err != nil {
+			t.Fatalf("decode packed re-encoding: %v", err)
+		}
+		if !bytes.Equal(AppendTuple(nil, &tp3), again) {
+			t.Fatalf("packed re-encoding differs from the decoded one")
 		}
 	})
 }
@@ -322,4 +403,26 @@ func BenchmarkDecodeForward(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/tuple")
+}
+
+func BenchmarkDecodeHeader100B(b *testing.B) {
+	rec := record100()
+	var batch []byte
+	for len(batch) < 60<<10 {
+		batch = AppendTuple(batch, rec)
+	}
+	b.SetBytes(int64(EncodedSize(rec)))
+	b.ReportAllocs()
+	var t Tuple
+	off := 0
+	for b.Loop() {
+		if off == len(batch) {
+			off = 0
+		}
+		n, err := DecodeHeader(batch[off:], &t)
+		if err != nil {
+			b.Fatal(err)
+		}
+		off += n
+	}
 }

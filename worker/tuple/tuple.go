@@ -127,7 +127,20 @@ type Tuple struct {
 	// (live reconfiguration); 0 is the initial configuration.
 	Version uint64
 	Values  []Value
+
+	// packed is the encoding of the values (their count first) of a tuple
+	// decoded by DecodeHeader, aliasing the batch it came from; nil for
+	// every other tuple. While Values is empty, AppendTuple copies packed
+	// verbatim instead of encoding Values: a tuple that only passes
+	// through (a sink's input) is never decoded and re-encoded field by
+	// field.
+	packed []byte
 }
+
+// Packed reports whether t's values are still in their encoding (t came
+// from DecodeHeader and nobody set Values since): Values is then empty
+// even if the tuple has values. Unpack decodes them.
+func (t *Tuple) Packed() bool { return t.packed != nil && len(t.Values) == 0 }
 
 // Field is one named, typed column of a schema.
 type Field struct {
