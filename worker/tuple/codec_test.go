@@ -77,6 +77,10 @@ func TestBatchReader(t *testing.T) {
 	}
 }
 
+// hdr is the start of an encoded STABLE tuple up to its version: type, id
+// 1 and an 8-byte stime 0.
+func hdr() []byte { return []byte{1, 1, 0, 0, 0, 0, 0, 0, 0, 0} }
+
 func TestDecodeErrors(t *testing.T) {
 	good := AppendTuple(nil, &Tuple{Type: Stable, ID: 1, Values: []Value{Str("abc"), Float(1)}})
 	tests := []struct {
@@ -89,9 +93,11 @@ func TestDecodeErrors(t *testing.T) {
 		{"zero type", []byte{0, 1, 0, 0, 0}, ErrBadType},
 		{"header cut", []byte{1, 1}, ErrTruncated},
 		{"id overflow", append([]byte{1}, strings.Repeat("\xff", 10)+"\x01"...), ErrBadValue},
-		{"count too large", []byte{1, 1, 0, 0, 100, 1, 1}, ErrTruncated},
-		{"bad kind", []byte{1, 1, 0, 0, 1, 42}, ErrBadKind},
-		{"bad bool", []byte{1, 1, 0, 0, 1, byte(KindBool), 2}, ErrBadValue},
+		{"stime cut", []byte{1, 1, 0, 0, 0, 0, 0, 0, 0}, ErrTruncated},
+		{"version overflow", append(hdr(), strings.Repeat("\xff", 10)+"\x01"...), ErrBadValue},
+		{"count too large", append(hdr(), 0, 100, 1, 1), ErrTruncated},
+		{"bad kind", append(hdr(), 0, 1, 42), ErrBadKind},
+		{"bad bool", append(hdr(), 0, 1, byte(KindBool), 2), ErrBadValue},
 		{"string cut", good[:len(good)-10], ErrTruncated},
 		{"float cut", good[:len(good)-1], ErrTruncated},
 	}
@@ -336,7 +342,7 @@ func TestAppendTupleMatchesReference(t *testing.T) {
 	reference := func(t *Tuple) []byte {
 		dst := []byte{byte(t.Type)}
 		dst = binary.AppendUvarint(dst, t.ID)
-		dst = binary.AppendVarint(dst, t.STime)
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(t.STime))
 		dst = binary.AppendUvarint(dst, t.Version)
 		dst = binary.AppendUvarint(dst, uint64(len(t.Values)))
 		for _, v := range t.Values {
