@@ -50,6 +50,11 @@ func (g *blob) Next(t *tuple.Tuple) bool {
 	}
 	off := int(g.rng.Uint64() & (blobWindows - 1))
 	t.STime = stime
-	t.Values = append(t.Values[:0], tuple.Int(n), tuple.Str(g.pool[off:off+g.size]))
+	if len(t.Values) != 2 || t.Values[0].Kind != tuple.KindInt || t.Values[1].Kind != tuple.KindString {
+		t.Values = append(t.Values[:0], tuple.Int(n), tuple.Str(""))
+	}
+	// Only what changes is written: the number and the payload's string.
+	t.Values[0].I = n
+	t.Values[1].S = g.pool[off : off+g.size]
 	return true
 }

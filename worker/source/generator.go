@@ -100,12 +100,27 @@ func toTupleSchema(fields []queryspec.Field) *tuple.Schema {
 	return tuple.NewSchema(out)
 }
 
-// clock numbers records and derives their stime from the rate.
+// clock numbers records and derives their stime from the rate: record n
+// has stime start + (n/rate)*1e9 + (n%rate)*1e9/rate.
 type clock struct {
 	start int64 // stime of record 0, ns
 	rate  int64 // records per second, > 0
 	limit int64 // 0 = unbounded
 	n     int64 // number of the next record
+
+	// The stime of record at, kept up to date by additions instead of
+	// three divisions per record: at = sec*rate + rem, and rem*1e9 =
+	// q*rate + r (0 <= r < rate). stepQ and stepR are 1e9/rate and
+	// 1e9%rate. Valid when at == n and the steps are set (see seek).
+	at, sec, rem, q, r int64
+	stepQ, stepR       int64
+}
+
+// seek computes the incremental state for record n.
+func (c *clock) seek(n int64) {
+	c.at, c.sec, c.rem = n, n/c.rate, n%c.rate
+	c.q, c.r = c.rem*1e9/c.rate, c.rem*1e9%c.rate
+	c.stepQ, c.stepR = 1e9/c.rate, 1e9%c.rate
 }
 
 func newClock(g *queryspec.Generator) (clock, error) {
@@ -130,6 +145,21 @@ func (c *clock) tick() (n, stime int64, ok bool) {
 		return 0, 0, false
 	}
 	n = c.n
+	if c.at != n || c.stepQ == 0 && c.stepR == 0 {
+		c.seek(n) // first record, or n was set directly
+	}
+	stime = c.start + c.sec*1e9 + c.q
 	c.n++
-	return n, c.start + (n/c.rate)*1e9 + (n%c.rate)*1e9/c.rate, true
+	c.at++
+	c.rem++
+	c.q += c.stepQ
+	if c.r += c.stepR; c.r >= c.rate {
+		c.r -= c.rate
+		c.q++
+	}
+	if c.rem == c.rate {
+		c.sec++
+		c.rem, c.q, c.r = 0, 0, 0
+	}
+	return n, stime, true
 }

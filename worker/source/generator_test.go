@@ -383,3 +383,27 @@ func TestWordsStreamUnchanged(t *testing.T) {
 		t.Errorf("words stream changed: hash %#x, want 0xf94c2506e3129012", got)
 	}
 }
+
+// TestClockMatchesFormula: the incremental clock gives every record the
+// stime of the closed formula, across second boundaries, for rates that do
+// and do not divide a second, and after its position is set directly.
+func TestClockMatchesFormula(t *testing.T) {
+	for _, rate := range []int64{1, 3, 7, 1000, 999_983, 1_000_000, 3_000_000_000} {
+		c := clock{start: 1_700_000_000_000_000_000, rate: rate}
+		check := func(count int) {
+			for range count {
+				want := c.n
+				n, stime, ok := c.tick()
+				if !ok || n != want {
+					t.Fatalf("rate %d: tick = %d, %v; want record %d", rate, n, ok, want)
+				}
+				if f := c.start + (n/rate)*1e9 + (n%rate)*1e9/rate; stime != f {
+					t.Fatalf("rate %d record %d: stime %d, formula %d", rate, n, stime, f)
+				}
+			}
+		}
+		check(int(min(3*rate+5, 20_000)))
+		c.n = 5*rate - 2
+		check(10)
+	}
+}

@@ -393,7 +393,7 @@ func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
 		case KindInt, KindTimestamp:
 			if off < len(src) && src[off] < 0x80 {
 				off++
-			} else if _, k = uvarintLong(src, off); k <= 0 {
+			} else if k = uvarintEnd(src, off); k <= 0 {
 				return 0, valueErr(i, kind, k)
 			} else {
 				off += k
@@ -485,6 +485,20 @@ func uvarintLong(src []byte, off int) (x uint64, k int) {
 		}
 	}
 	return binary.Uvarint(src[off:])
+}
+
+// uvarintEnd is the length k of the uvarint at src[off:], with
+// uvarintLong's results (0 truncated, < 0 overflow) but without its value:
+// skipping a value only needs to find its last byte.
+func uvarintEnd(src []byte, off int) int {
+	if len(src)-off >= 8 {
+		w := binary.LittleEndian.Uint64(src[off:])
+		if ends := ^w & 0x8080808080808080; ends != 0 {
+			return (bits.TrailingZeros64(ends) + 1) / 8
+		}
+	}
+	_, k := uvarintLong(src, off)
+	return k
 }
 
 // packVarintGroups concatenates the low 7 bits of each byte of w (little
