@@ -32,6 +32,7 @@ func newBenchDataplaneCmd() *cobra.Command {
 		logLevel string
 		only     []string
 		profiles string
+		rounds   int
 	)
 	cmd := &cobra.Command{
 		Use:   "dataplane",
@@ -44,12 +45,17 @@ func newBenchDataplaneCmd() *cobra.Command {
                          word (2 partitions on worker 2)
   handwritten_wordcount  the same word count written by hand over 2 raw TCP connections
   unbatched              the forward query with one tuple per data-plane message
-and prints each throughput and the ratios. Each scenario is sized to last
-about --duration after a short pilot; the whole run usually takes about 6 times
---duration.`,
+and prints each throughput and the ratios. Each scenario is first sized to
+last about --duration, then all of them run --rounds times, interleaved: rates
+are each scenario's median round, ratios the median of the ratios measured
+round by round (this machine's speed drifts between minutes, not within a
+round). The whole run usually takes about 5 x (rounds + 2) x --duration.`,
 		Example: "  fedstream bench dataplane\n  fedstream bench dataplane --json --duration 2s",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if rounds <= 0 {
+				return fmt.Errorf("--rounds %d: want at least 1", rounds)
+			}
 			if duration <= 0 {
 				return fmt.Errorf("--duration %s: want a positive duration such as 5s", duration)
 			}
@@ -62,6 +68,7 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 				Launch:   launch,
 				Logger:   logging.Stderr(logLevel),
 				Only:     only,
+				Rounds:   rounds,
 			})
 			if err != nil {
 				return err
@@ -73,7 +80,8 @@ about --duration after a short pilot; the whole run usually takes about 6 times
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
-	cmd.Flags().DurationVar(&duration, "duration", benchmark.DefaultDuration, "target measured time of each scenario")
+	cmd.Flags().DurationVar(&duration, "duration", benchmark.DefaultDuration, "target time of one measured run of a scenario")
+	cmd.Flags().IntVar(&rounds, "rounds", benchmark.DefaultRounds, "measured rounds of every scenario (medians are reported)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these scenarios ("+strings.Join(benchmark.ScenarioNames, ", ")+")")
 	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-worker-N.cpu")

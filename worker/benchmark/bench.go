@@ -29,6 +29,7 @@
 package benchmark
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -62,8 +63,9 @@ const (
 	maxWordsPerLine = 15
 )
 
-// DefaultDuration is the default target measured time of each scenario.
-const DefaultDuration = 5 * time.Second
+// DefaultDuration is the default target time of one measured run of a
+// scenario.
+const DefaultDuration = 2 * time.Second
 
 // ErrMismatch means a scenario produced a result other than the one its
 // input determines (records lost or duplicated, wrong counts).
@@ -86,7 +88,13 @@ type Config struct {
 	// Only, when not empty, names the scenarios to run (for profiling one
 	// of them); ratios whose two figures were not both measured are 0.
 	Only []string
+	// Rounds is how many interleaved rounds of every scenario run after
+	// sizing (default DefaultRounds; with Records set, default 1).
+	Rounds int
 }
+
+// DefaultRounds is the default number of measured rounds.
+const DefaultRounds = 3
 
 // ScenarioNames lists the scenarios in the order Run runs them.
 var ScenarioNames = []string{"raw_tcp", "forward", "wordcount", "handwritten_wordcount", "unbatched"}
@@ -105,6 +113,9 @@ type Scenario struct {
 	// engine records, the record for raw TCP, the line for the
 	// hand-written word count.
 	RecordBytes float64 `json:"record_bytes,omitempty"`
+	// Rounds is the rate of each round; the figures above are those of
+	// the median round.
+	Rounds []float64 `json:"rounds"`
 }
 
 // Result is what Run measured. Rates are records (or lines) per second.
@@ -128,8 +139,11 @@ type Result struct {
 	BlobGeneratorRPS  float64    `json:"blob_generator_rps"`
 	WordsGeneratorRPS float64    `json:"words_generator_rps"`
 	Scenarios         []Scenario `json:"scenarios"`
-	GOMAXPROCS        int        `json:"gomaxprocs"`
-	NumCPU            int        `json:"num_cpu"`
+	// Rounds is the number of measured rounds: rates are the median
+	// round's, ratios the median of the rounds' ratios.
+	Rounds     int `json:"rounds"`
+	GOMAXPROCS int `json:"gomaxprocs"`
+	NumCPU     int `json:"num_cpu"`
 }
 
 // measurement is one run of a scenario.
@@ -157,6 +171,12 @@ type bench struct {
 
 // Run starts two workers, runs every scenario and stops the workers
 // (whatever happens; a cancelled ctx stops them at once).
+//
+// Each scenario is first sized (see measure), then all of them run in
+// Config.Rounds interleaved rounds: on a shared machine the speed drifts
+// by tens of percent within a minute, so a ratio compares two figures
+// measured next to each other, round by round, and the median round's
+// ratio is reported (as is each scenario's median rate).
 func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for _, name := range cfg.Only {
 		if !slices.Contains(ScenarioNames, name) {
@@ -168,38 +188,72 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	defer b.stop()
-	res := &Result{RawTCPRecordBytes: RawRecordBytes, GOMAXPROCS: goruntime.GOMAXPROCS(0), NumCPU: goruntime.NumCPU()}
-	scenarios := []struct {
+	rounds := max(1, b.cfg.Rounds)
+	res := &Result{RawTCPRecordBytes: RawRecordBytes, GOMAXPROCS: goruntime.GOMAXPROCS(0), NumCPU: goruntime.NumCPU(), Rounds: rounds}
+	all := []struct {
 		name  string
 		pilot int64
 		run   func(context.Context, int64) (measurement, error)
-		out   *float64
 	}{
-		{"raw_tcp", 1 << 20, b.rawTCP, &res.RawTCPRPS},
-		{"forward", 50_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, false) }, &res.ForwardRPS},
-		{"wordcount", 50_000, b.engineWordCount, &res.WordcountLinesPS},
-		{"handwritten_wordcount", 200_000, b.handWordCount, &res.HandwrittenLinesPS},
-		{"unbatched", 10_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, true) }, &res.UnbatchedRPS},
+		{"raw_tcp", 1 << 20, b.rawTCP},
+		{"forward", 50_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, false) }},
+		{"wordcount", 50_000, b.engineWordCount},
+		{"handwritten_wordcount", 200_000, b.handWordCount},
+		{"unbatched", 10_000, func(ctx context.Context, n int64) (measurement, error) { return b.forward(ctx, n, true) }},
 	}
-	for _, s := range scenarios {
+	type sized struct {
+		name string
+		n    int64
+		run  func(context.Context, int64) (measurement, error)
+		runs []measurement
+	}
+	var scenarios []*sized
+	for _, s := range all {
 		if len(cfg.Only) > 0 && !slices.Contains(cfg.Only, s.name) {
 			continue
 		}
-		m, err := b.measure(ctx, s.name, s.pilot, s.run)
+		n, err := b.size(ctx, s.name, s.pilot, s.run)
 		if err != nil {
 			return nil, fmt.Errorf("scenario %s: %w", s.name, err)
 		}
-		*s.out = m.perSecond()
-		sc := Scenario{Name: s.name, Records: m.records, Seconds: m.elapsed.Seconds(), PerSecond: m.perSecond()}
-		if m.records > 0 {
-			sc.RecordBytes = float64(m.bytes) / float64(m.records)
+		scenarios = append(scenarios, &sized{name: s.name, n: n, run: s.run})
+	}
+	for r := range rounds {
+		for _, s := range scenarios {
+			m, err := b.runOnce(ctx, s.run, s.n)
+			if err != nil {
+				return nil, fmt.Errorf("scenario %s: %w", s.name, err)
+			}
+			s.runs = append(s.runs, m)
+			b.log.Info("scenario done", "scenario", s.name, "round", r+1, "records", m.records,
+				"seconds", m.elapsed.Seconds(), "per_second", int64(m.perSecond()))
+		}
+	}
+	// rates[name][r] is the rate of round r.
+	rates := map[string][]float64{}
+	for _, s := range scenarios {
+		for _, m := range s.runs {
+			rates[s.name] = append(rates[s.name], m.perSecond())
+		}
+		mid := medianRun(s.runs)
+		sc := Scenario{Name: s.name, Records: mid.records, Seconds: mid.elapsed.Seconds(), PerSecond: mid.perSecond(), Rounds: rates[s.name]}
+		if mid.records > 0 {
+			sc.RecordBytes = float64(mid.bytes) / float64(mid.records)
 		}
 		if s.name == "forward" {
 			res.ForwardRecordBytes = sc.RecordBytes
 		}
 		res.Scenarios = append(res.Scenarios, sc)
-		b.log.Info("scenario done", "scenario", s.name, "records", m.records, "seconds", sc.Seconds, "per_second", int64(sc.PerSecond))
 	}
+	res.RawTCPRPS = median(rates["raw_tcp"])
+	res.ForwardRPS = median(rates["forward"])
+	res.WordcountLinesPS = median(rates["wordcount"])
+	res.HandwrittenLinesPS = median(rates["handwritten_wordcount"])
+	res.UnbatchedRPS = median(rates["unbatched"])
+	res.ForwardRatio = medianRatio(rates["forward"], rates["raw_tcp"])
+	res.WordcountRatio = medianRatio(rates["wordcount"], rates["handwritten_wordcount"])
+	res.BatchingGain = medianRatio(rates["forward"], rates["unbatched"])
+
 	genTime := min(b.cfg.Duration/10, 500*time.Millisecond)
 	if res.BlobGeneratorRPS, err = generatorRate(ctx, blobGenerator(0), genTime); err != nil {
 		return nil, err
@@ -207,10 +261,42 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if res.WordsGeneratorRPS, err = generatorRate(ctx, wordsGenerator(0, benchSeed), genTime); err != nil {
 		return nil, err
 	}
-	res.ForwardRatio = ratio(res.ForwardRPS, res.RawTCPRPS)
-	res.WordcountRatio = ratio(res.WordcountLinesPS, res.HandwrittenLinesPS)
-	res.BatchingGain = ratio(res.ForwardRPS, res.UnbatchedRPS)
 	return res, nil
+}
+
+// median is the median of xs (the mean of the middle two for an even
+// count), 0 for none.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// medianRatio is the median over rounds of a[r]/b[r]; 0 unless both were
+// measured in every round.
+func medianRatio(a, b []float64) float64 {
+	if len(a) == 0 || len(a) != len(b) {
+		return 0
+	}
+	rs := make([]float64, len(a))
+	for i := range a {
+		rs[i] = ratio(a[i], b[i])
+	}
+	return median(rs)
+}
+
+// medianRun is the run with the median rate (the lower middle one for an
+// even count).
+func medianRun(runs []measurement) measurement {
+	s := slices.Clone(runs)
+	slices.SortFunc(s, func(x, y measurement) int { return cmp.Compare(x.perSecond(), y.perSecond()) })
+	return s[(len(s)-1)/2]
 }
 
 // generatorRate runs generator def alone for about d.
@@ -247,6 +333,12 @@ func ratio(a, b float64) float64 {
 func start(ctx context.Context, cfg Config) (*bench, error) {
 	if cfg.Duration <= 0 {
 		cfg.Duration = DefaultDuration
+	}
+	if cfg.Rounds <= 0 {
+		cfg.Rounds = DefaultRounds
+		if cfg.Records > 0 {
+			cfg.Rounds = 1
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -289,30 +381,30 @@ func (b *bench) stop() {
 	}
 }
 
-// measure runs a scenario sized for the configured duration: runs start
-// at pilot records and grow by the measured rate (at most 16x per step)
-// until one lasts at least 70% of the duration; that one is the
-// measurement.
-func (b *bench) measure(ctx context.Context, name string, pilot int64, run func(context.Context, int64) (measurement, error)) (measurement, error) {
+// size finds the input of a scenario for the configured duration: runs
+// start at pilot records and grow by the measured rate (at most 16x per
+// step) until one lasts at least 70% of the duration. With Config.Records
+// set, that is the input, unmeasured.
+func (b *bench) size(ctx context.Context, name string, pilot int64, run func(context.Context, int64) (measurement, error)) (int64, error) {
 	if b.cfg.Records > 0 {
-		return b.runOnce(ctx, run, b.cfg.Records)
+		return b.cfg.Records, nil
 	}
 	n := pilot
 	for range 6 {
 		m, err := b.runOnce(ctx, run, n)
 		if err != nil {
-			return m, err
+			return 0, err
 		}
-		b.log.Debug("run", "scenario", name, "records", n, "elapsed", m.elapsed)
+		b.log.Debug("sizing run", "scenario", name, "records", n, "elapsed", m.elapsed)
 		if m.elapsed >= b.cfg.Duration*7/10 {
-			return m, nil
+			return n, nil
 		}
 		// Short runs underestimate the steady rate (start-up costs), so
 		// the estimate is refined until a run is long enough.
 		target := int64(m.perSecond() * b.cfg.Duration.Seconds())
 		n = min(max(target, n+1), 16*n)
 	}
-	return b.runOnce(ctx, run, n)
+	return n, nil
 }
 
 // runOnce runs one measurement with a deadline generous enough for any
@@ -542,7 +634,8 @@ func (r *Result) WriteText(w io.Writer) error {
 		}
 		sb = fmt.Appendf(sb, "%-22s %12.0f /s  (%d records in %.2fs, %s B/record)\n", s.Name, s.PerSecond, s.Records, s.Seconds, size)
 	}
-	sb = fmt.Appendf(sb, "\nforward / raw TCP:              %.3f\n", r.ForwardRatio)
+	sb = fmt.Appendf(sb, "\n(median of %d rounds; ratios are the median of each round's ratio)\n", r.Rounds)
+	sb = fmt.Appendf(sb, "forward / raw TCP:              %.3f\n", r.ForwardRatio)
 	sb = fmt.Appendf(sb, "word count / hand-written:      %.3f\n", r.WordcountRatio)
 	sb = fmt.Appendf(sb, "batching gain (batched/unbatched): %.1fx\n", r.BatchingGain)
 	sb = fmt.Appendf(sb, "blob generator alone:           %.0f records/s (ceiling of forward and unbatched)\n", r.BlobGeneratorRPS)
