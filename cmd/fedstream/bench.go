@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/worker/benchmark"
 )
@@ -99,6 +100,7 @@ func newBenchWorkerCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			setWorkerGC(config.DefaultWorkerGCPercent)
 			if cpuProfile != "" {
 				f, err := os.Create(cpuProfile)
 				if err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -69,6 +71,7 @@ func newWorkerCmd() *cobra.Command {
 				return err
 			}
 			logger := logging.Stderr(c.LogLevel)
+			setWorkerGC(c.GCPercent)
 			w, err := worker.New(worker.Config{
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
@@ -81,4 +84,14 @@ func newWorkerCmd() *cobra.Command {
 	}
 	config.WorkerFlags(cmd.Flags())
 	return cmd
+}
+
+// setWorkerGC sets the garbage collection target of a process whose work
+// is a worker's data plane (see config.DefaultWorkerGCPercent), unless the
+// environment sets GOGC, which then wins as it does for any Go program.
+func setWorkerGC(percent int) {
+	if os.Getenv("GOGC") != "" {
+		return
+	}
+	debug.SetGCPercent(percent)
 }
