@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/operator"
@@ -154,6 +155,35 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	return progressed, false, err
 }
 
+// sinkAppend appends the released data tuples below step, from
+// runs[*ri].tuples[*ti] on, to a sink's result stream, and advances the
+// position past them.
+func (t *task) sinkAppend(ctx context.Context, runs []mergedRun, ri, ti *int, step int64) error {
+	o := t.outs[0]
+	for *ri < len(runs) {
+		ts := runs[*ri].tuples
+		for k := *ti; k < len(ts); k++ {
+			tp := &ts[k]
+			if tp.STime >= step {
+				*ti = k
+				return nil
+			}
+			tp.ID = o.lastID + 1
+			if err := o.w.Add(tp); err != nil {
+				return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
+			}
+			o.lastID = tp.ID
+			if o.w.Full() {
+				if err := o.w.Flush(ctx); err != nil {
+					return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
+				}
+			}
+		}
+		*ri, *ti = *ri+1, 0
+	}
+	return nil
+}
+
 // placementsChanged cancels the live attempt when its upstream replica no
 // longer runs where it did, so the input resubscribes where it is now.
 func (in *input) placementsChanged() {
@@ -224,6 +254,13 @@ func (t *task) runMerge() {
 func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emitter operator.Emitter) (done bool, err error) {
 	ri, ti := 0, 0 // next tuple: runs[ri].tuples[ti]
 	for _, step := range steps {
+		if t.node.Kind == queryspec.KindSink {
+			// A sink only renumbers its merged input into its result
+			// stream: one loop, without routing.
+			if err := t.sinkAppend(ctx, runs, &ri, &ti, step); err != nil {
+				return false, err
+			}
+		}
 		for ri < len(runs) {
 			r := &runs[ri]
 			tp := &r.tuples[ti]
