@@ -77,8 +77,8 @@ func (in *input) run(ctx context.Context) {
 		} else {
 			pl := cands[attempt%len(cands)]
 			progressed, moved, err = in.attempt(ctx, pl)
-			if err == nil {
-				return // the upstream stream is complete
+			if err == nil || errors.Is(err, errTaskEnded) {
+				return // the upstream stream is complete, or the task failed
 			}
 		}
 		if ctx.Err() != nil {
@@ -138,6 +138,9 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		final := last.Type == tuple.Boundary && last.STime == finalBoundary
 		if err := in.t.merge.add(ctx, in.idx, b.Tuples, b); err != nil {
 			return err
+		}
+		if in.t.inlineEmit != nil {
+			return in.t.processInline()
 		}
 		if final {
 			return dataplane.ErrStopSubscription
@@ -210,8 +213,9 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// runMerge is the process goroutine of operator and sink tasks: it waits
-// for the merge watermark to move and processes each release step.
+// runMerge is the process goroutine of operator and sink tasks with more
+// than one input: it waits for the merge watermark to move and processes
+// each release step.
 func (t *task) runMerge() {
 	ctx := t.ctx
 	emitter := operator.EmitFunc(func(tp *tuple.Tuple) { t.emitData(ctx, tp) })
@@ -221,28 +225,61 @@ func (t *task) runMerge() {
 			return
 		case <-t.merge.wake:
 		}
-		for {
-			rel, ok := t.merge.take()
-			if !ok {
-				break
-			}
-			done, err := t.release(ctx, rel.runs, rel.steps, emitter)
-			// The operator and the outputs keep nothing of the released
-			// tuples (see operator.Emitter; outputs encode at once).
-			for _, b := range rel.finished {
-				b.Release()
-			}
-			if err == nil {
-				err = t.flush(ctx)
-			}
-			if err != nil {
-				t.endWith(err)
-				return
-			}
-			if done {
-				t.setState(StateRunning, "input exhausted")
-				return
-			}
+		done, err := t.processReleases(ctx, emitter)
+		if err != nil {
+			t.endWith(err)
+			return
+		}
+		if done {
+			t.setState(StateRunning, "input exhausted")
+			return
+		}
+	}
+}
+
+// errTaskEnded, returned by an input's delivery, means the task failed
+// or finished processing: the input stops instead of resubscribing.
+var errTaskEnded = errors.New("task ended")
+
+// processInline is the processing of a task with a single input, run by
+// that input's goroutine right after each delivery instead of by
+// runMerge: no hand-off to another goroutine (nor, often, to another
+// CPU, whose cache does not hold the batch just decoded). It returns
+// dataplane.ErrStopSubscription once the final boundary is processed.
+func (t *task) processInline() error {
+	done, err := t.processReleases(t.ctx, t.inlineEmit)
+	if err != nil {
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	if done {
+		t.setState(StateRunning, "input exhausted")
+		return dataplane.ErrStopSubscription
+	}
+	return nil
+}
+
+// processReleases processes every release the merger has ready. done
+// reports the final boundary. Processing uses the task's context, not a
+// subscription's: a resubscription must not interrupt a release half
+// processed.
+func (t *task) processReleases(ctx context.Context, emitter operator.Emitter) (done bool, err error) {
+	for {
+		rel, ok := t.merge.take()
+		if !ok {
+			return false, nil
+		}
+		done, err := t.release(ctx, rel.runs, rel.steps, emitter)
+		// The operator and the outputs keep nothing of the released
+		// tuples (see operator.Emitter; outputs encode at once).
+		for _, b := range rel.finished {
+			b.Release()
+		}
+		if err == nil {
+			err = t.flush(ctx)
+		}
+		if err != nil || done {
+			return done, err
 		}
 	}
 }

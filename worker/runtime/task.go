@@ -75,6 +75,9 @@ type task struct {
 	ingest   *ingestState     // ingest sources only
 	merge    *merger          // operator and sink tasks
 	inputs   []*input
+	// inlineEmit is set when the task has a single input, whose goroutine
+	// then processes releases itself (see processInline).
+	inlineEmit operator.Emitter
 
 	placeMu    sync.Mutex
 	placements map[placeKey][]Placement // sorted by replica
@@ -239,12 +242,19 @@ func (t *task) start() {
 		t.wg.Add(1)
 		go func() { defer t.wg.Done(); t.runGenerator() }()
 	case t.merge != nil:
+		if len(t.inputs) == 1 {
+			// The only input's goroutine processes what it delivers.
+			ctx := t.ctx
+			t.inlineEmit = operator.EmitFunc(func(tp *tuple.Tuple) { t.emitData(ctx, tp) })
+		}
 		for _, in := range t.inputs {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); in.run(t.ctx) }()
 		}
-		t.wg.Add(1)
-		go func() { defer t.wg.Done(); t.runMerge() }()
+		if t.inlineEmit == nil {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); t.runMerge() }()
+		}
 	}
 	t.setState(StateRunning, "")
 }
