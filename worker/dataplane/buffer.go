@@ -397,15 +397,12 @@ type Writer struct {
 	slab []byte
 }
 
-// A Writer stages into stagingBytes of memory: a small-object allocation
-// (the runtime takes anything above 32 KiB minus its 8-byte allocation
-// header down a slower large-object path, with chunked clearing and a span
-// of its own), which a staged
-// batch becomes as a chunk when the buffer adopts it. Full says to flush
-// stagingSlack bytes before the end, so that the usual tuple fits without
-// growing the staging array, and a full staged batch is one network batch.
+// A Writer stages up to stagingBytes, which a staged batch becomes as a
+// chunk when the buffer adopts it, and a network batch (MaxBatchBytes).
+// Full says to flush stagingSlack bytes before the end, so that the usual
+// tuple fits without growing the staging array.
 const (
-	stagingBytes = 32<<10 - 64
+	stagingBytes = MaxBatchBytes
 	stagingSlack = 512
 	// stagingTuples sizes the id and offset arrays of a staged batch.
 	stagingTuples = 256
@@ -434,22 +431,29 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 }
 
 // newStaging gives w empty staging arrays, room for about tuples tuples.
-// The data array is the next piece of the Writer's current slab.
+// Until the buffer first adopts a staged batch (a stream busy enough to
+// fill one) the array is allocated alone; after that it is the next piece
+// of the Writer's current slab.
 func (w *Writer) newStaging(tuples int) {
-	if len(w.slab) < stagingBytes {
-		w.slab = allocUncleared(slabPieces * stagingBytes)
+	switch {
+	case w.data == nil:
+		w.data = allocUncleared(stagingBytes)[:0]
+	default:
+		if len(w.slab) < stagingBytes {
+			w.slab = allocUncleared(slabPieces * stagingBytes)
+		}
+		w.data = w.slab[:0:stagingBytes]
+		w.slab = w.slab[stagingBytes:]
 	}
-	w.data = w.slab[:0:stagingBytes]
-	w.slab = w.slab[stagingBytes:]
 	w.ids = make([]uint64, 0, tuples)
 	w.offs = make([]int, 0, tuples)
 }
 
-// slabPieces is how many staging arrays a Writer carves from one
+// slabPieces is how many staging arrays a busy Writer carves from one
 // allocation: a separate allocation per staged batch took a fresh span
-// from the heap each time (one 32 KiB object per span) and cleared it, a
-// few microseconds per batch of a few hundred tuples. A slab lives until
-// its last piece (a chunk, or strings aliasing it) is dropped.
+// from the heap each time and cleared it, a few microseconds per batch.
+// A slab lives until its last piece (a chunk, or strings aliasing it) is
+// dropped.
 const slabPieces = 8
 
 // allocUncleared returns a byte slice of length and capacity n whose
@@ -482,6 +486,7 @@ func (w *Writer) Flush(ctx context.Context) error {
 	if adopted {
 		// The buffer owns the staged slices now: stage into new ones.
 		w.appendedID = w.ids[len(w.ids)-1]
+		w.data = w.data[len(w.data):] // not nil: the next array is a slab's
 		w.newStaging(cap(w.ids))
 		return nil
 	}
