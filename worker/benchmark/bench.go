@@ -116,6 +116,10 @@ type Scenario struct {
 	// Rounds is the rate of each round; the figures above are those of
 	// the median round.
 	Rounds []float64 `json:"rounds"`
+	// CPUNanosPerRecord is the CPU time each worker process (sender,
+	// receiver) spent per record (line) in the median round: a cost that
+	// drifts less with the machine's load than the rates do.
+	CPUNanosPerRecord [2]float64 `json:"cpu_ns_per_record"`
 }
 
 // Result is what Run measured. Rates are records (or lines) per second.
@@ -152,6 +156,8 @@ type measurement struct {
 	bytes   int64
 	elapsed time.Duration
 	counts  map[string]int64
+	// cpu is the CPU time each worker process used during the run.
+	cpu [2]time.Duration
 }
 
 func (m measurement) perSecond() float64 {
@@ -239,6 +245,9 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		sc := Scenario{Name: s.name, Records: mid.records, Seconds: mid.elapsed.Seconds(), PerSecond: mid.perSecond(), Rounds: rates[s.name]}
 		if mid.records > 0 {
 			sc.RecordBytes = float64(mid.bytes) / float64(mid.records)
+			for i, c := range mid.cpu {
+				sc.CPUNanosPerRecord[i] = float64(c.Nanoseconds()) / float64(mid.records)
+			}
 		}
 		if s.name == "forward" {
 			res.ForwardRecordBytes = sc.RecordBytes
@@ -412,7 +421,32 @@ func (b *bench) size(ctx context.Context, name string, pilot int64, run func(con
 func (b *bench) runOnce(ctx context.Context, run func(context.Context, int64) (measurement, error), n int64) (measurement, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*b.cfg.Duration+30*time.Second)
 	defer cancel()
-	return run(ctx, n)
+	before, err := b.cpu(ctx)
+	if err != nil {
+		return measurement{}, err
+	}
+	m, err := run(ctx, n)
+	if err != nil {
+		return m, err
+	}
+	after, err := b.cpu(ctx)
+	for i := range after {
+		m.cpu[i] = after[i] - before[i]
+	}
+	return m, err
+}
+
+// cpu reads the two workers' CPU times.
+func (b *bench) cpu(ctx context.Context) ([2]time.Duration, error) {
+	var out [2]time.Duration
+	for i, w := range []*workerClient{b.w1, b.w2} {
+		r, err := w.call(ctx, request{Op: opCPU})
+		if err != nil {
+			return out, err
+		}
+		out[i] = time.Duration(r.CPUNanos)
+	}
+	return out, nil
 }
 
 func elapsed(start, end int64) time.Duration {
@@ -632,7 +666,8 @@ func (r *Result) WriteText(w io.Writer) error {
 		if s.RecordBytes > 0 {
 			size = fmt.Sprintf("%.1f", s.RecordBytes)
 		}
-		sb = fmt.Appendf(sb, "%-22s %12.0f /s  (%d records in %.2fs, %s B/record)\n", s.Name, s.PerSecond, s.Records, s.Seconds, size)
+		sb = fmt.Appendf(sb, "%-22s %12.0f /s  (%d records in %.2fs, %s B/record; CPU ns/record: sender %.0f, receiver %.0f)\n",
+			s.Name, s.PerSecond, s.Records, s.Seconds, size, s.CPUNanosPerRecord[0], s.CPUNanosPerRecord[1])
 	}
 	sb = fmt.Appendf(sb, "\n(median of %d rounds; ratios are the median of each round's ratio)\n", r.Rounds)
 	sb = fmt.Appendf(sb, "forward / raw TCP:              %.3f\n", r.ForwardRatio)

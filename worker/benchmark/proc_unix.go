@@ -13,3 +13,12 @@ func killGroup(p *os.Process) {
 		_ = p.Kill()
 	}
 }
+
+// processCPUNanos is the CPU time (user and system) this process has used.
+func processCPUNanos() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}

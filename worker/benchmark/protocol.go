@@ -25,6 +25,8 @@ const (
 	// Addr batches as in production, UnbatchedAddr sends one tuple per
 	// task-to-task message.
 	opHello = "hello"
+	// opCPU reports the worker's CPU time (every response carries it).
+	opCPU = "cpu"
 	// opApply makes the batched engine (the unbatched one with Unbatched)
 	// run exactly Tasks, and the other engine none. The response carries
 	// StartNanos, taken just before Apply.
@@ -87,6 +89,9 @@ type response struct {
 	// Counts are the word counts (occurrences per word) a word count
 	// computed.
 	Counts map[string]int64 `json:"counts,omitempty"`
+	// CPUNanos is the worker process's CPU time so far (user and system),
+	// set on every response.
+	CPUNanos int64 `json:"cpu_nanos,omitempty"`
 }
 
 // workerClient talks to one bench worker. Calls are serialised: the

@@ -91,6 +91,7 @@ func ServeWorker(ctx context.Context, in io.Reader, out io.Writer, logger *slog.
 			if err != nil {
 				resp = response{Error: err.Error()}
 			}
+			resp.CPUNanos = processCPUNanos()
 			if err := enc.Encode(&resp); err != nil {
 				return fmt.Errorf("bench worker: write response: %w", err)
 			}
@@ -220,6 +221,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	switch req.Op {
 	case opHello:
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
+	case opCPU:
+		return response{}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
