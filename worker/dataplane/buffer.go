@@ -523,6 +523,31 @@ func (w *Writer) Discard() uint64 {
 // batches Read cuts from them, stay large.
 const adoptMin = MaxBatchBytes / 2
 
+// Adopt appends encoded tuples (tuple i is data[offs[i]:offs[i+1]], the
+// last one ending data; ids increasing, after every id appended before)
+// as a chunk of their own, without copying them: the buffer owns the three
+// slices from then on and data must never be modified. A ring first drops
+// its oldest tuples to make room; any other buffer waits for room like
+// Append, or takes the tuples in several steps when they exceed its
+// bounds.
+func (b *OutputBuffer) Adopt(ctx context.Context, ids []uint64, offs []int, data []byte) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if len(ids) != len(offs) || offs[0] != 0 {
+		return fmt.Errorf("dataplane: adopt: %d ids for %d offsets starting at %d", len(ids), len(offs), offs[0])
+	}
+	adopted, err := b.adoptAny(ids, offs, data)
+	if err != nil || adopted {
+		return err
+	}
+	n, err := b.appendEncoded(ctx, ids, offs, data)
+	if err == nil && n < len(ids) {
+		err = fmt.Errorf("dataplane: adopt: appended %d of %d tuples", n, len(ids))
+	}
+	return err
+}
+
 // adopt makes a Writer's staged tuples a new chunk as they are, without
 // copying them, when they fit the buffer's bounds now (a ring first drops
 // its oldest tuples to make room). On true the buffer owns the three
@@ -534,7 +559,24 @@ func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error
 	if b.closed {
 		return false, ErrClosed
 	}
-	if len(data) < adoptMin || len(ids) > b.opts.MaxTuples || len(data) > b.opts.MaxBytes {
+	if len(data) < adoptMin {
+		return false, nil
+	}
+	return b.adoptLocked(ids, offs, data)
+}
+
+// adoptAny is adopt whatever the batch's size.
+func (b *OutputBuffer) adoptAny(ids []uint64, offs []int, data []byte) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false, ErrClosed
+	}
+	return b.adoptLocked(ids, offs, data)
+}
+
+func (b *OutputBuffer) adoptLocked(ids []uint64, offs []int, data []byte) (bool, error) {
+	if len(ids) > b.opts.MaxTuples || len(data) > b.opts.MaxBytes {
 		return false, nil
 	}
 	if !b.opts.Ring && (b.count+len(ids) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes) {

@@ -312,3 +312,64 @@ func TestReadIndexed(t *testing.T) {
 		t.Fatalf("read %d tuples up to %d; want the newest 3000 up to 5000", seen, after)
 	}
 }
+
+// TestAdopt: encoded tuples adopted as they are read back unchanged, in
+// a ring (dropping its oldest) and in a bounded buffer (in steps, waiting
+// for acknowledgements, when they exceed its bounds); ids must increase.
+func TestAdopt(t *testing.T) {
+	encode := func(from, to uint64) ([]uint64, []int, []byte) {
+		var (
+			ids  []uint64
+			offs []int
+			data []byte
+		)
+		for id := from; id <= to; id++ {
+			ids = append(ids, id)
+			offs = append(offs, len(data))
+			data = tuple.AppendTuple(data, dataTuple(id, "payload"))
+		}
+		return ids, offs, data
+	}
+	ctx := context.Background()
+
+	ring := NewOutputBuffer(BufferOptions{Ring: true, MaxTuples: 25})
+	for from := uint64(1); from <= 91; from += 10 {
+		ids, offs, data := encode(from, from+9)
+		if err := ring.Adopt(ctx, ids, offs, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := readAllIDs(t, ring, 0); len(got) == 0 || len(got) > 25 || got[len(got)-1] != 100 || got[0] != 101-uint64(len(got)) {
+		t.Fatalf("ring holds %v", got)
+	}
+	if ids, offs, data := encode(100, 101); !errors.Is(ring.Adopt(ctx, ids, offs, data), ErrIDOrder) {
+		t.Fatal("adopting id 100 again was not refused")
+	}
+
+	bounded := NewOutputBuffer(BufferOptions{MaxTuples: 8})
+	bounded.Register("s")
+	done := make(chan error, 1)
+	ids, offs, data := encode(1, 20)
+	go func() { done <- bounded.Adopt(ctx, ids, offs, data) }()
+	var got []uint64
+	for len(got) < 20 {
+		data, count, last, _, wait, err := bounded.Read(uint64(len(got)), MaxBatchBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if count == 0 {
+			<-wait
+			continue
+		}
+		got = append(got, decodeAll(t, data)...)
+		bounded.Ack("s", last)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range got {
+		if id != uint64(i+1) {
+			t.Fatalf("read %v", got)
+		}
+	}
+}

@@ -124,3 +124,52 @@ func BenchmarkBatchDecoder(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/tuple")
 }
+
+// TestBatchDecoderPacked: a packed decode delivers the kept tuples'
+// encoding and offsets, which re-encode each tuple byte for byte, and
+// packed tuples whose values unpack to the originals.
+func TestBatchDecoderPacked(t *testing.T) {
+	var (
+		tuples []tuple.Tuple
+		data   []byte
+	)
+	for id := uint64(1); id <= 6; id++ {
+		tp := tuple.Tuple{Type: tuple.Stable, ID: id, STime: int64(id), Values: []tuple.Value{tuple.Int(int64(id)), tuple.Str(fmt.Sprint("payload-", id))}}
+		if id == 4 {
+			tp = tuple.Tuple{Type: tuple.Boundary, ID: id, STime: 4}
+		}
+		tuples = append(tuples, tp)
+		data = tuple.AppendTuple(data, &tp)
+	}
+	for _, after := range []uint64{0, 2, 5} {
+		dec := batchDecoder{packed: true}
+		b, err := dec.decode(data, len(tuples), 6, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kept := tuples[after:]
+		if len(b.Tuples) != len(kept) || len(b.Offsets) != len(kept) {
+			t.Fatalf("after %d: %d tuples, %d offsets; want %d", after, len(b.Tuples), len(b.Offsets), len(kept))
+		}
+		var want []byte
+		for i := range kept {
+			want = tuple.AppendTuple(want, &kept[i])
+		}
+		if !reflect.DeepEqual(b.Encoded, want) {
+			t.Fatalf("after %d: Encoded differs from the kept tuples' encoding", after)
+		}
+		for i := range kept {
+			end := len(b.Encoded)
+			if i+1 < len(b.Offsets) {
+				end = b.Offsets[i+1]
+			}
+			if got := tuple.AppendTuple(nil, &b.Tuples[i]); !reflect.DeepEqual(got, b.Encoded[b.Offsets[i]:end]) {
+				t.Fatalf("after %d: tuple %d re-encodes to %x, its bytes are %x", after, i, got, b.Encoded[b.Offsets[i]:end])
+			}
+			if err := b.Tuples[i].Unpack(); err != nil || !reflect.DeepEqual(b.Tuples[i].Values, kept[i].Values) && len(kept[i].Values) > 0 {
+				t.Fatalf("after %d: tuple %d unpacks to %v (%v), want %v", after, i, b.Tuples[i].Values, err, kept[i].Values)
+			}
+		}
+		b.Release()
+	}
+}

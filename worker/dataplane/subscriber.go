@@ -36,6 +36,14 @@ type Batch struct {
 	Tuples []tuple.Tuple
 	// LastID is the id of the last tuple in Tuples.
 	LastID uint64
+	// For a subscriber that keeps values packed (KeepValuesPacked):
+	// Encoded holds the delivered tuples as they were received (aliasing
+	// the message or the producer's buffer), tuple i starting at
+	// Offsets[i]. Unless the subscriber reuses messages, both are the
+	// consumer's to keep and never modified: a consumer that forwards the
+	// tuples unchanged may adopt them whole (see OutputBuffer.Adopt).
+	Encoded []byte
+	Offsets []int
 
 	// The arrays Tuples and their Values were decoded into, recycled by
 	// Release.
@@ -61,6 +69,7 @@ func (b *Batch) Release() {
 	}
 	b.recyclable = false
 	b.Tuples, b.LastID = nil, 0
+	b.Encoded, b.Offsets = nil, nil
 	if b.msgBuf != nil {
 		sharedDirtyPool.Put(b.msgBuf)
 		b.msgBuf = nil
@@ -87,9 +96,10 @@ type Subscriber struct {
 	ref   *fedstreampb.StreamRef
 	name  string
 	noAck bool
-	// packed: deliver tuples with their values packed (tuple.DecodeHeader).
-	packed bool
-	last   atomic.Uint64
+	// packed: deliver tuples with their values packed (tuple.DecodeHeader);
+	// reuseMessages: received messages return to a pool on Release.
+	packed, reuseMessages bool
+	last                  atomic.Uint64
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -103,10 +113,15 @@ func NewSubscriber(ref *fedstreampb.StreamRef, name string, noAck bool, afterID 
 }
 
 // KeepValuesPacked makes the subscriber deliver tuples whose values are
-// not decoded (tuple.DecodeHeader): for a consumer that only forwards
-// them, which then copies their encoding instead of re-encoding it. Call
-// it before Run.
-func (s *Subscriber) KeepValuesPacked() { s.packed = true }
+// not decoded (tuple.DecodeHeader), with the batch's encoding (Encoded,
+// Offsets): for a consumer that only forwards them. With reuseMessages the
+// received message goes back to a pool on Release, so the consumer must
+// have copied what it keeps of the batch by then (a sink that renumbers
+// tuples into its own buffer); without, the consumer may keep Encoded for
+// good (a sink that adopts it as it is). Call it before Run.
+func (s *Subscriber) KeepValuesPacked(reuseMessages bool) {
+	s.packed, s.reuseMessages = true, reuseMessages
+}
 
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
@@ -228,7 +243,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		defer ack.close()
 	}
 	dec := batchDecoder{packed: s.packed}
-	rb := receivedBatch{pooled: s.packed}
+	rb := receivedBatch{pooled: s.reuseMessages}
 	for {
 		// RecvMsg into a receivedBatch (see batchCodec) rather than Recv:
 		// the message lands in a pooled buffer, which a batch of packed
@@ -245,7 +260,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		if err != nil {
 			return err
 		}
-		if s.packed {
+		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}
 		rb.buf = nil
@@ -404,6 +419,10 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	used := 0 // values[:used] belong to decoded tuples
 	prev := after
 	kept, n, off := 0, 0, 0
+	start := 0 // offset of the first tuple kept
+	if d.packed {
+		b.Offsets = make([]int, 0, count)
+	}
 	for off < len(data) {
 		if n == count {
 			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
@@ -421,15 +440,20 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		if err != nil {
 			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
 		}
+		at := off
 		off += k
 		n++
 		if t.ID <= prev {
 			if kept > 0 {
 				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
 			}
+			start = off
 			continue // already delivered before a resubscription
 		}
 		prev = t.ID
+		if d.packed {
+			b.Offsets = append(b.Offsets, at-start)
+		}
 		nv := len(t.Values)
 		if nv > 0 && used+nv <= len(values) && &t.Values[0] == &values[used] {
 			used += nv
@@ -454,6 +478,9 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	}
 	clear(b.Tuples[kept:]) // skipped duplicates
 	b.Tuples = b.Tuples[:kept:kept]
+	if d.packed {
+		b.Encoded = data[start:len(data):len(data)]
+	}
 	if kept > 0 {
 		b.LastID = prev
 	}

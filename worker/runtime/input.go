@@ -49,14 +49,43 @@ func (t *task) buildInputs() {
 			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
 				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
 			}, t.spec.TaskID, false, 0)
-			if t.op == nil {
-				// A sink forwards its input as it is: its values are
-				// copied, never decoded.
-				in.sub.KeepValuesPacked()
-			}
 			t.inputs = append(t.inputs, in)
 		}
 	}
+	if t.op != nil {
+		return
+	}
+	// A sink forwards its input without decoding its values. With one
+	// input stream there is nothing to merge: the sink's result stream is
+	// that stream as it is, same tuples and ids (as deterministic as the
+	// upstream's), and each received batch becomes part of it without a
+	// copy. With several, the merged tuples are renumbered and copied.
+	t.passThrough = len(t.inputs) == 1
+	for _, in := range t.inputs {
+		in.sub.KeepValuesPacked(!t.passThrough)
+	}
+}
+
+// passBatch appends a received batch to a pass-through sink's result
+// stream as it is.
+func (t *task) passBatch(b *dataplane.Batch) error {
+	ids := make([]uint64, len(b.Tuples))
+	for i := range b.Tuples {
+		ids[i] = b.Tuples[i].ID
+	}
+	last := &b.Tuples[len(b.Tuples)-1]
+	final := last.Type == tuple.Boundary && last.STime == finalBoundary
+	data, offs := b.Encoded, b.Offsets
+	b.Release()
+	if err := t.outs[0].buf.Adopt(t.ctx, ids, offs, data); err != nil {
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	if final {
+		t.setState(StateRunning, "input exhausted")
+		return dataplane.ErrStopSubscription
+	}
+	return nil
 }
 
 // run subscribes until the upstream stream ends (final boundary) or the
@@ -132,6 +161,9 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}()
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
+		if in.t.passThrough {
+			return in.t.passBatch(b)
+		}
 		// The merger hands b back (Release) once the task is done with its
 		// tuples: read what is needed of it before.
 		last := &b.Tuples[len(b.Tuples)-1]

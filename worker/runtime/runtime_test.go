@@ -425,7 +425,9 @@ func TestIngest(t *testing.T) {
 		t.Fatalf("response %+v", resp)
 	}
 
-	// The sink releases everything below the last boundary (4000).
+	// The sink, with a single input, passes the source's stream through as
+	// it is: every accepted line in order, then the boundary at the last
+	// stime (4000).
 	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "ing", TaskId: "ing/out/p0/r0"}, "", true, 0)
 	var users []string
 	var lastBoundary int64
@@ -445,7 +447,7 @@ func TestIngest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(users, []string{"a", "c"}) {
+	if !slices.Equal(users, []string{"a", "c", "d"}) {
 		t.Fatalf("sink released %v", users)
 	}
 

@@ -78,6 +78,9 @@ type task struct {
 	// inlineEmit is set when the task has a single input, whose goroutine
 	// then processes releases itself (see processInline).
 	inlineEmit operator.Emitter
+	// passThrough: a sink with a single input stream, which becomes its
+	// result stream as it is (see passBatch).
+	passThrough bool
 
 	placeMu    sync.Mutex
 	placements map[placeKey][]Placement // sorted by replica
