@@ -442,13 +442,9 @@ const tailReadBytes = 1 << 20
 // receiver checks each record's marker; it decodes boundaries' headers,
 // and collected word counts.
 func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) error {
-	var (
-		tp   tuple.Tuple
-		offs []int
-	)
+	var tp tuple.Tuple
 	for {
-		data, o, ids, gap, wait, err := buf.ReadIndexed(c.lastID, tailReadBytes, offs)
-		offs = o
+		data, offs, base, ids, gap, wait, err := buf.ReadIndexed(c.lastID, tailReadBytes)
 		if err != nil {
 			return err
 		}
@@ -463,52 +459,52 @@ func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) er
 			}
 			continue
 		}
-		for i, id := range ids {
-			end := len(data)
-			if i+1 < len(offs) {
-				end = offs[i+1]
-			}
-			if done, err := c.count(id, data[offs[i]:end], &tp); done || err != nil {
-				return err
-			}
+		// Ids increase, so first and last tell whether they are all
+		// consecutive after the last one counted.
+		if first, last := ids[0], ids[len(ids)-1]; first != c.lastID+1 || last-first != uint64(len(ids)-1) {
+			return fmt.Errorf("%w: ids %d..%d (%d tuples) after %d", errTailGap, first, last, len(ids), c.lastID)
 		}
-	}
-}
-
-// count accounts for the tuple with this id and encoding; done reports
-// the final boundary.
-func (c *resultCounter) count(id uint64, enc []byte, tp *tuple.Tuple) (done bool, err error) {
-	if id <= c.lastID {
-		return false, nil
-	}
-	if id != c.lastID+1 {
-		return false, fmt.Errorf("%w: id %d after %d", errTailGap, id, c.lastID)
-	}
-	c.lastID = id
-	switch typ := tuple.Type(enc[0]); {
-	case typ.IsData():
 		if c.resp.Records == 0 {
 			c.resp.FirstNanos = time.Now().UnixNano()
 		}
-		c.resp.Records++
-		c.resp.Bytes += int64(len(enc))
-		if c.collect {
-			if _, err := tuple.DecodeTuple(enc, tp); err != nil {
-				return false, err
+		for i := range ids {
+			at := offs[i] - base
+			switch typ := tuple.Type(data[at]); {
+			case typ.IsData():
+				c.resp.Records++
+				end := len(data)
+				if i+1 < len(offs) {
+					end = offs[i+1] - base
+				}
+				c.resp.Bytes += int64(end - at)
+				if c.collect {
+					if err := c.collectCount(data[at:], &tp); err != nil {
+						return err
+					}
+				}
+			case typ == tuple.Boundary:
+				if _, err := tuple.DecodeHeader(data[at:], &tp); err != nil {
+					return err
+				}
+				if tp.STime == finalBoundary {
+					c.lastID = ids[i]
+					c.resp.EndNanos = time.Now().UnixNano()
+					return nil
+				}
 			}
-			// Strings alias the ring: the map key must be a copy.
-			c.resp.Counts[strings.Clone(tp.Values[c.wordIdx].S)] += asInt(tp.Values[c.countIdx])
 		}
-	case typ == tuple.Boundary:
-		if _, err := tuple.DecodeHeader(enc, tp); err != nil {
-			return false, err
-		}
-		if tp.STime == finalBoundary {
-			c.resp.EndNanos = time.Now().UnixNano()
-			return true, nil
-		}
+		c.lastID = ids[len(ids)-1]
 	}
-	return false, nil
+}
+
+// collectCount adds the word count encoded at the start of enc.
+func (c *resultCounter) collectCount(enc []byte, tp *tuple.Tuple) error {
+	if _, err := tuple.DecodeTuple(enc, tp); err != nil {
+		return err
+	}
+	// Strings alias the ring: the map key must be a copy.
+	c.resp.Counts[strings.Clone(tp.Values[c.wordIdx].S)] += asInt(tp.Values[c.countIdx])
+	return nil
 }
 
 func asInt(v tuple.Value) int64 {

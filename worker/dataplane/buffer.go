@@ -279,34 +279,30 @@ func (b *OutputBuffer) Ack(name string, id uint64) {
 // discarded (a ring buffer overran, or a subscriber came late); data then
 // starts at the oldest retained tuple.
 func (b *OutputBuffer) Read(afterID uint64, maxBytes int) (data []byte, count int, lastID uint64, gap bool, wait <-chan struct{}, err error) {
-	data, _, ids, gap, wait, err := b.read(afterID, maxBytes, nil, false)
+	data, _, _, ids, gap, wait, err := b.ReadIndexed(afterID, maxBytes)
 	if len(ids) > 0 {
 		count, lastID = len(ids), ids[len(ids)-1]
 	}
 	return data, count, lastID, gap, wait, err
 }
 
-// ReadIndexed is Read that also returns where each tuple starts: offs
-// (appended to the given slice, which may be nil) holds the offset of
-// each tuple in data, ids its id. ids aliases the buffer and must not be
-// modified. A reader that only looks at each tuple's type or header (a
-// local consumer counting results) then never walks the encodings.
-func (b *OutputBuffer) ReadIndexed(afterID uint64, maxBytes int, offs []int) (data []byte, tupleOffs []int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
-	return b.read(afterID, maxBytes, offs[:0], true)
-}
-
-func (b *OutputBuffer) read(afterID uint64, maxBytes int, offs []int, index bool) (data []byte, tupleOffs []int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
+// ReadIndexed is Read that also returns the buffer's index of the tuples:
+// ids[i] is tuple i's id and it starts at data[offs[i]-base:]. ids and offs
+// alias the buffer and must not be modified. A reader that only looks at
+// each tuple's type or header (a local consumer counting results) then
+// never walks the encodings.
+func (b *OutputBuffer) ReadIndexed(afterID uint64, maxBytes int) (data []byte, offs []int, base int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return nil, nil, nil, false, nil, ErrClosed
+		return nil, nil, 0, nil, false, nil, ErrClosed
 	}
 	gap = afterID < b.dropped
 	if b.count == 0 || b.lastID <= afterID {
 		if b.dataCh == nil {
 			b.dataCh = make(chan struct{})
 		}
-		return nil, offs, nil, gap, b.dataCh, nil
+		return nil, nil, 0, nil, gap, b.dataCh, nil
 	}
 	// Find the chunk holding the first tuple with id > afterID.
 	ci := sort.Search(len(b.chunks), func(i int) bool {
@@ -323,14 +319,9 @@ func (b *OutputBuffer) read(afterID uint64, maxBytes int, offs []int, index bool
 	for end < len(c.ids) && c.end(end)-c.offs[ti] <= maxBytes {
 		end++
 	}
-	base := c.offs[ti]
+	base = c.offs[ti]
 	data = c.data[base:c.end(end-1):c.end(end-1)]
-	if index {
-		for _, o := range c.offs[ti:end] {
-			offs = append(offs, o-base)
-		}
-	}
-	return data, offs, c.ids[ti:end:end], gap, nil, nil
+	return data, c.offs[ti:end:end], base, c.ids[ti:end:end], gap, nil, nil
 }
 
 // Close wakes every waiter; later Appends and Reads return ErrClosed.

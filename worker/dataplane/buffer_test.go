@@ -270,13 +270,11 @@ func TestReadIndexed(t *testing.T) {
 		t.Fatal(err)
 	}
 	var (
-		offs  []int
 		after uint64
 		seen  int
 	)
 	for {
-		data, o, ids, gap, _, err := b.ReadIndexed(after, 10_000, offs)
-		offs = o
+		data, offs, base, ids, gap, _, err := b.ReadIndexed(after, 10_000)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -292,17 +290,18 @@ func TestReadIndexed(t *testing.T) {
 		}
 		for i, id := range ids {
 			var tp tuple.Tuple
-			n, err := tuple.DecodeTuple(data[offs[i]:], &tp)
+			at := offs[i] - base
+			n, err := tuple.DecodeTuple(data[at:], &tp)
 			if err != nil || tp.ID != id {
-				t.Fatalf("tuple %d at %d: id %d, err %v; want id %d", i, offs[i], tp.ID, err, id)
+				t.Fatalf("tuple %d at %d: id %d, err %v; want id %d", i, at, tp.ID, err, id)
 			}
 			if end := len(data); i+1 < len(offs) {
-				end = offs[i+1]
-				if offs[i]+n != end {
-					t.Fatalf("tuple %d ends at %d, next starts at %d", i, offs[i]+n, end)
+				end = offs[i+1] - base
+				if at+n != end {
+					t.Fatalf("tuple %d ends at %d, next starts at %d", i, at+n, end)
 				}
-			} else if offs[i]+n != end {
-				t.Fatalf("last tuple ends at %d of %d", offs[i]+n, end)
+			} else if at+n != end {
+				t.Fatalf("last tuple ends at %d of %d", at+n, end)
 			}
 		}
 		seen += len(ids)

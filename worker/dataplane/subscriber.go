@@ -386,8 +386,8 @@ type batchDecoder struct {
 	packed bool
 }
 
-// newBatch returns a batch whose arrays hold count tuples and values for
-// count tuples of the usual width.
+// newBatch returns a batch whose arrays hold count tuples and (unless the
+// values stay packed) values for count tuples of the usual width.
 func (d *batchDecoder) newBatch(count int) *Batch {
 	b, _ := batchPool.Get().(*Batch)
 	if b == nil {
@@ -399,7 +399,7 @@ func (d *batchDecoder) newBatch(count int) *Batch {
 	if cap(b.tupleArray) < count {
 		b.tupleArray = make([]tuple.Tuple, count+count/4)
 	}
-	if n := count * max(1, d.valuesPerTuple); cap(b.valueArray) < n {
+	if n := count * max(1, d.valuesPerTuple); !d.packed && cap(b.valueArray) < n {
 		b.valueArray = make([]tuple.Value, n+n/4)
 	}
 	b.Tuples = b.tupleArray[:count]
@@ -409,6 +409,9 @@ func (d *batchDecoder) newBatch(count int) *Batch {
 // decode decodes count tuples from data, keeping those with id > after,
 // and checks them against the header (count, lastID).
 func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
+	if d.packed {
+		return d.decodePacked(data, count, lastID, after)
+	}
 	b := d.newBatch(count)
 	defer func() {
 		if err != nil {
@@ -419,10 +422,6 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	used := 0 // values[:used] belong to decoded tuples
 	prev := after
 	kept, n, off := 0, 0, 0
-	start := 0 // offset of the first tuple kept
-	if d.packed {
-		b.Offsets = make([]int, 0, count)
-	}
 	for off < len(data) {
 		if n == count {
 			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
@@ -431,29 +430,19 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		// Decode straight into the value array: DecodeTuple reuses the
 		// capacity it is given, and allocates only when the array is full.
 		t.Values = values[used:used:len(values)]
-		var k int
-		if d.packed {
-			k, err = tuple.DecodeHeader(data[off:], t)
-		} else {
-			k, err = tuple.DecodeTuple(data[off:], t)
-		}
+		k, err := tuple.DecodeTuple(data[off:], t)
 		if err != nil {
 			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
 		}
-		at := off
 		off += k
 		n++
 		if t.ID <= prev {
 			if kept > 0 {
 				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
 			}
-			start = off
 			continue // already delivered before a resubscription
 		}
 		prev = t.ID
-		if d.packed {
-			b.Offsets = append(b.Offsets, at-start)
-		}
 		nv := len(t.Values)
 		if nv > 0 && used+nv <= len(values) && &t.Values[0] == &values[used] {
 			used += nv
@@ -478,9 +467,56 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	}
 	clear(b.Tuples[kept:]) // skipped duplicates
 	b.Tuples = b.Tuples[:kept:kept]
-	if d.packed {
-		b.Encoded = data[start:len(data):len(data)]
+	if kept > 0 {
+		b.LastID = prev
 	}
+	return b, nil
+}
+
+// decodePacked is decode for a subscriber that keeps values packed: each
+// tuple's header, and the batch's encoding and offsets.
+func (d *batchDecoder) decodePacked(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
+	b := d.newBatch(count)
+	defer func() {
+		if err != nil {
+			b.Release()
+		}
+	}()
+	b.Offsets = make([]int, 0, count)
+	prev := after
+	kept, n, off, start := 0, 0, 0, 0 // start: offset of the first tuple kept
+	for off < len(data) {
+		if n == count {
+			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
+		}
+		t := &b.Tuples[kept]
+		k, err := tuple.DecodeHeader(data[off:], t)
+		if err != nil {
+			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
+		}
+		at := off
+		off += k
+		n++
+		if t.ID <= prev {
+			if kept > 0 {
+				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
+			}
+			start = off
+			continue // already delivered before a resubscription
+		}
+		prev = t.ID
+		b.Offsets = append(b.Offsets, at-start)
+		kept++
+	}
+	if n != count {
+		return nil, fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
+	}
+	if kept > 0 && prev != lastID {
+		return nil, fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
+	}
+	clear(b.Tuples[kept:]) // skipped duplicates
+	b.Tuples = b.Tuples[:kept:kept]
+	b.Encoded = data[start:len(data):len(data)]
 	if kept > 0 {
 		b.LastID = prev
 	}
