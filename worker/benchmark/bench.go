@@ -94,7 +94,7 @@ type Config struct {
 }
 
 // DefaultRounds is the default number of measured rounds.
-const DefaultRounds = 3
+const DefaultRounds = 5
 
 // ScenarioNames lists the scenarios in the order Run runs them.
 var ScenarioNames = []string{"raw_tcp", "forward", "wordcount", "handwritten_wordcount", "unbatched"}

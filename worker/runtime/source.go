@@ -27,6 +27,7 @@ func (t *task) runGenerator() {
 	var (
 		tp       tuple.Tuple
 		boundary = int64(math.MinInt64)
+		next     = int64(math.MinInt64) // no boundary is due below next
 		start    = time.Now()
 		n        int64
 		timer    *time.Timer
@@ -42,12 +43,19 @@ func (t *task) runGenerator() {
 			// promise holds (deterministically, so replicas agree).
 			tp.STime = boundary
 		}
-		if b := floorDiv(tp.STime, interval) * interval; b > boundary {
-			if err := t.emitBoundary(ctx, b); err != nil {
-				t.endWith(err)
-				return
+		// The division runs only once stime reaches the next multiple of
+		// the interval (next), not for every record.
+		if tp.STime >= next {
+			if b := floorDiv(tp.STime, interval) * interval; b > boundary {
+				if err := t.emitBoundary(ctx, b); err != nil {
+					t.endWith(err)
+					return
+				}
+				boundary = b
 			}
-			boundary = b
+			if next = boundary + interval; next < boundary {
+				next = math.MaxInt64 // no multiple of the interval above
+			}
 		}
 		if rate > 0 {
 			n++
