@@ -423,12 +423,12 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 
 // newStaging gives w empty staging arrays, room for about tuples tuples.
 // Until the buffer first adopts a staged batch (a stream busy enough to
-// fill one) the array is allocated alone; after that it is the next piece
-// of the Writer's current slab.
+// fill one) the array is a small one of its own, which grows as needed;
+// after that it is the next piece of the Writer's current slab.
 func (w *Writer) newStaging(tuples int) {
 	switch {
 	case w.data == nil:
-		w.data = allocUncleared(stagingBytes)[:0]
+		w.data = allocUncleared(firstStagingBytes)[:0]
 	default:
 		if len(w.slab) < stagingBytes {
 			w.slab = allocUncleared(slabPieces * stagingBytes)
@@ -439,6 +439,10 @@ func (w *Writer) newStaging(tuples int) {
 	w.ids = make([]uint64, 0, tuples)
 	w.offs = make([]int, 0, tuples)
 }
+
+// firstStagingBytes is the first staging array of a Writer: a stream that
+// never fills a batch holds no more.
+const firstStagingBytes = 16 << 10
 
 // slabPieces is how many staging arrays a busy Writer carves from one
 // allocation: a separate allocation per staged batch took a fresh span
