@@ -404,6 +404,10 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 		n := len(rt.parts)
 		switch {
 		case n == 1:
+		case len(rt.keyIdx) == 1 && rt.keyIdx[0] < len(tp.Values):
+			// One key field: hashed where it is, not copied first.
+			k := rt.keyIdx[0]
+			p = queryspec.PartitionOfSlot(queryspec.Slot(tp.Values[k:k+1]), n)
 		case rt.keyIdx != nil:
 			t.keyBuf = t.keyBuf[:0]
 			for _, k := range rt.keyIdx {
