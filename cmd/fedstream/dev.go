@@ -213,7 +213,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 			fmt.Fprintf(stderr, "submitted query %s (%d tasks); results follow%s\n\n", resp.Name, resp.Tasks,
 				map[bool]string{true: " as JSON lines on stdout", false: ""}[asJSON])
 			tl := &tailer{flags: f, query: resp.Name}
-			tl.print = resultPrinter(cmd.OutOrStdout(), asJSON, "")
+			tl.print = resultPrinter(cmd.OutOrStdout(), asJSON)
 			err = tl.run(ctx)
 			if ctx.Err() != nil {
 				return nil

@@ -61,7 +61,7 @@ type tailer struct {
 	query  string
 	sink   string
 	stable bool
-	print  func(t *tuple.Tuple, schema *tuple.Schema) error
+	print  func(t *tuple.Tuple, schema *tuple.Schema, sink string) error
 	// lastID is the last result id printed.
 	lastID uint64
 }
@@ -112,7 +112,7 @@ func (tl *tailer) once(ctx context.Context) error {
 		if t.Fragment != node.Name || t.WorkerAddr == "" || t.State == "lost" {
 			continue
 		}
-		lastErr = tl.follow(ctx, t, node.Schema)
+		lastErr = tl.follow(ctx, t, node.Schema, node.Name)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -120,7 +120,7 @@ func (tl *tailer) once(ctx context.Context) error {
 	return lastErr
 }
 
-func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Schema) error {
+func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Schema, sink string) error {
 	conn, err := rpc.Dial(t.WorkerAddr, "")
 	if err != nil {
 		return err
@@ -159,7 +159,7 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 			if tl.stable && tup.Type != tuple.Stable {
 				continue
 			}
-			if err := tl.print(&tup, schema); err != nil {
+			if err := tl.print(&tup, schema, sink); err != nil {
 				return err
 			}
 			tl.lastID = max(tl.lastID, tup.ID)
@@ -205,10 +205,10 @@ func valueText(v tuple.Value) string {
 }
 
 // resultPrinter prints result tuples as JSON lines or readable text.
-func resultPrinter(w io.Writer, asJSON bool, sink string) func(t *tuple.Tuple, schema *tuple.Schema) error {
+func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.Schema, sink string) error {
 	bw := bufio.NewWriter(w)
 	enc := json.NewEncoder(bw)
-	return func(t *tuple.Tuple, schema *tuple.Schema) error {
+	return func(t *tuple.Tuple, schema *tuple.Schema, sink string) error {
 		if asJSON {
 			obj := make(map[string]any, len(t.Values)+4)
 			obj["type"] = t.Type.String()
@@ -255,7 +255,7 @@ func newTailCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			tl := &tailer{flags: &f, query: args[0], sink: sink, stable: stable}
-			tl.print = resultPrinter(cmd.OutOrStdout(), f.json, sink)
+			tl.print = resultPrinter(cmd.OutOrStdout(), f.json)
 			return tl.run(cmd.Context())
 		},
 	}
