@@ -459,18 +459,27 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		d.valuesPerTuple = max(d.valuesPerTuple, nv)
 		kept++
 	}
+	if err := b.trim(n, count, kept, prev, lastID); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// trim checks a decoded batch against its header (count tuples, the last
+// one lastID; n decoded, the last prev) and cuts Tuples to the kept ones.
+func (b *Batch) trim(n, count, kept int, prev, lastID uint64) error {
 	if n != count {
-		return nil, fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
+		return fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
 	}
 	if kept > 0 && prev != lastID {
-		return nil, fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
+		return fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
 	}
 	clear(b.Tuples[kept:]) // skipped duplicates
 	b.Tuples = b.Tuples[:kept:kept]
 	if kept > 0 {
 		b.LastID = prev
 	}
-	return b, nil
+	return nil
 }
 
 // decodePacked is decode for a subscriber that keeps values packed: each
@@ -508,18 +517,10 @@ func (d *batchDecoder) decodePacked(data []byte, count int, lastID, after uint64
 		b.Offsets = append(b.Offsets, at-start)
 		kept++
 	}
-	if n != count {
-		return nil, fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
+	if err := b.trim(n, count, kept, prev, lastID); err != nil {
+		return nil, err
 	}
-	if kept > 0 && prev != lastID {
-		return nil, fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
-	}
-	clear(b.Tuples[kept:]) // skipped duplicates
-	b.Tuples = b.Tuples[:kept:kept]
 	b.Encoded = data[start:len(data):len(data)]
-	if kept > 0 {
-		b.LastID = prev
-	}
 	return b, nil
 }
 

@@ -203,15 +203,8 @@ func (t *task) sinkAppend(ctx context.Context, runs []mergedRun, ri, ti *int, st
 				*ti = k
 				return nil
 			}
-			tp.ID = o.lastID + 1
-			if err := o.w.Add(tp); err != nil {
-				return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
-			}
-			o.lastID = tp.ID
-			if o.w.Full() {
-				if err := o.w.Flush(ctx); err != nil {
-					return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
-				}
+			if err := t.appendTo(ctx, o, tp); err != nil {
+				return err
 			}
 		}
 		*ri, *ti = *ri+1, 0

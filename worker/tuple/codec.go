@@ -208,42 +208,11 @@ func varintLen(x int64) int {
 // ErrBadType, ErrBadKind or ErrBadValue; it never panics. t is then in an
 // unspecified state.
 func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
-	if len(src) == 0 {
-		return 0, fmt.Errorf("%w: empty input", ErrTruncated)
+	_, off, count, err := decodeHeader(src, t)
+	if err != nil {
+		return 0, err
 	}
-	typ := Type(src[0])
-	if typ < Stable || typ > RecDone {
-		return 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
-	}
-	t.Type = typ
 	t.packed = nil
-	off := 1
-	var k int
-	if t.ID, k = uvarintAt(src, off); k <= 0 {
-		return 0, headerErr("id", k)
-	}
-	off += k
-	if len(src)-off < 8 {
-		return 0, fmt.Errorf("%w: stime", ErrTruncated)
-	}
-	t.STime = int64(binary.LittleEndian.Uint64(src[off:]))
-	off += 8
-	// Version, value count and string lengths are nearly always one byte:
-	// that case is tested here rather than in a call (uvarintAt is too
-	// large to be inlined).
-	if off < len(src) && src[off] < 0x80 {
-		t.Version, k = uint64(src[off]), 1
-	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
-		return 0, headerErr("version", k)
-	}
-	off += k
-	var count uint64
-	if off < len(src) && src[off] < 0x80 {
-		count, k = uint64(src[off]), 1
-	} else if count, k = uvarintLong(src, off); k <= 0 {
-		return 0, headerErr("value count", k)
-	}
-	off += k
 	return decodeValues(src, off, count, t)
 }
 
@@ -335,6 +304,53 @@ func decodeValues(src []byte, off int, count uint64, t *Tuple) (int, error) {
 	return off, nil
 }
 
+// decodeHeader decodes the header fields of the tuple at the start of src
+// into t and returns the offsets of its value count and of its first
+// value, and the count (already checked against the bytes left).
+func decodeHeader(src []byte, t *Tuple) (countAt, off int, count uint64, err error) {
+	if len(src) == 0 {
+		return 0, 0, 0, fmt.Errorf("%w: empty input", ErrTruncated)
+	}
+	typ := Type(src[0])
+	if typ < Stable || typ > RecDone {
+		return 0, 0, 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
+	}
+	t.Type = typ
+	off = 1
+	var k int
+	if t.ID, k = uvarintAt(src, off); k <= 0 {
+		return 0, 0, 0, headerErr("id", k)
+	}
+	off += k
+	if len(src)-off < 8 {
+		return 0, 0, 0, fmt.Errorf("%w: stime", ErrTruncated)
+	}
+	t.STime = int64(binary.LittleEndian.Uint64(src[off:]))
+	off += 8
+	// Version, value count and string lengths are nearly always one byte:
+	// that case is tested here rather than in a call (uvarintAt is too
+	// large to be inlined).
+	if off < len(src) && src[off] < 0x80 {
+		t.Version, k = uint64(src[off]), 1
+	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
+		return 0, 0, 0, headerErr("version", k)
+	}
+	off += k
+	countAt = off
+	if off < len(src) && src[off] < 0x80 {
+		count, k = uint64(src[off]), 1
+	} else if count, k = uvarintLong(src, off); k <= 0 {
+		return 0, 0, 0, headerErr("value count", k)
+	}
+	off += k
+	// Every value takes at least one byte: a larger count is garbage, and
+	// checking it first bounds any allocation for the values.
+	if count > uint64(len(src)-off) {
+		return 0, 0, 0, fmt.Errorf("%w: %d values announced, %d bytes left", ErrTruncated, count, len(src)-off)
+	}
+	return countAt, off, count, nil
+}
+
 // DecodeHeader decodes the header of the tuple at the start of src into t
 // and returns the encoded tuple's length, leaving the values packed: Values
 // becomes empty, AppendTuple re-encodes them by copying their bytes, and
@@ -344,42 +360,11 @@ func decodeValues(src []byte, off int, count uint64, t *Tuple) (int, error) {
 //
 // A consumer that only forwards tuples (a sink) reads them this way.
 func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
-	if len(src) == 0 {
-		return 0, fmt.Errorf("%w: empty input", ErrTruncated)
+	start, off, count, err := decodeHeader(src, t)
+	if err != nil {
+		return 0, err
 	}
-	typ := Type(src[0])
-	if typ < Stable || typ > RecDone {
-		return 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
-	}
-	t.Type = typ
-	off := 1
 	var k int
-	if t.ID, k = uvarintAt(src, off); k <= 0 {
-		return 0, headerErr("id", k)
-	}
-	off += k
-	if len(src)-off < 8 {
-		return 0, fmt.Errorf("%w: stime", ErrTruncated)
-	}
-	t.STime = int64(binary.LittleEndian.Uint64(src[off:]))
-	off += 8
-	if off < len(src) && src[off] < 0x80 {
-		t.Version, k = uint64(src[off]), 1
-	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
-		return 0, headerErr("version", k)
-	}
-	off += k
-	start := off
-	var count uint64
-	if off < len(src) && src[off] < 0x80 {
-		count, k = uint64(src[off]), 1
-	} else if count, k = uvarintLong(src, off); k <= 0 {
-		return 0, headerErr("value count", k)
-	}
-	off += k
-	if count > uint64(len(src)-off) {
-		return 0, fmt.Errorf("%w: %d values announced, %d bytes left", ErrTruncated, count, len(src)-off)
-	}
 	// The values are skipped, not decoded; the common one-byte varints
 	// (small ints, short lengths) are tested inline.
 	for i := range int(count) {
