@@ -37,11 +37,12 @@ type Batch struct {
 	// LastID is the id of the last tuple in Tuples.
 	LastID uint64
 	// For a subscriber that keeps values packed (KeepValuesPacked):
-	// Encoded holds the delivered tuples as they were received (aliasing
-	// the message or the producer's buffer), tuple i starting at
-	// Offsets[i]. Unless the subscriber reuses messages, both are the
-	// consumer's to keep and never modified: a consumer that forwards the
-	// tuples unchanged may adopt them whole (see OutputBuffer.Adopt).
+	// Encoded holds the delivered tuples as they were received, tuple i
+	// starting at Offsets[i]. Unless the subscriber reuses messages, both
+	// are the consumer's to keep and never modified (Encoded is the
+	// received message, or a copy of a local producer's bytes): a consumer
+	// that forwards the tuples unchanged may adopt them whole (see
+	// OutputBuffer.Adopt).
 	Encoded []byte
 	Offsets []int
 
@@ -345,6 +346,14 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		if len(b.Tuples) == 0 {
 			b.Release()
 			continue
+		}
+		if s.packed && !s.reuseMessages {
+			// Encoded aliases the producer's chunk, a piece of a larger
+			// allocation: a consumer keeping it must keep a copy the
+			// size of the batch, not pin the producer's memory.
+			own := allocUncleared(len(b.Encoded))
+			copy(own, b.Encoded)
+			b.Encoded = own
 		}
 		// b belongs to deliver from now on (it may Release it).
 		lastID := b.LastID
