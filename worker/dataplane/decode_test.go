@@ -127,7 +127,8 @@ func BenchmarkBatchDecoder(b *testing.B) {
 
 // TestBatchDecoderPacked: a packed decode delivers the kept tuples'
 // encoding and offsets, which re-encode each tuple byte for byte, and
-// packed tuples whose values unpack to the originals.
+// packed tuples whose values unpack to the originals; an index-only decode
+// the same encoding and offsets with the ids.
 func TestBatchDecoderPacked(t *testing.T) {
 	var (
 		tuples []tuple.Tuple
@@ -171,5 +172,27 @@ func TestBatchDecoderPacked(t *testing.T) {
 			}
 		}
 		b.Release()
+
+		// Index only: the same encoding and offsets, the ids, no tuples.
+		idx := batchDecoder{packed: true, index: true}
+		ib, err := idx.decode(data, len(tuples), 6, after)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(ib.Tuples) != 0 || ib.Len() != len(kept) || !reflect.DeepEqual(ib.Encoded, want) || ib.LastID != 6 {
+			t.Fatalf("after %d: index-only batch: %d tuples, len %d, last id %d", after, len(ib.Tuples), ib.Len(), ib.LastID)
+		}
+		for i := range kept {
+			if ib.IDs[i] != kept[i].ID {
+				t.Fatalf("after %d: id %d = %d, want %d", after, i, ib.IDs[i], kept[i].ID)
+			}
+		}
+		if _, err := idx.decode(data, len(tuples), 7, after); !errors.Is(err, ErrProtocol) {
+			t.Fatalf("after %d: wrong last id accepted: %v", after, err)
+		}
+		if _, err := idx.decode(data[:len(data)-1], len(tuples), 6, after); !errors.Is(err, ErrProtocol) {
+			t.Fatalf("after %d: truncated batch accepted: %v", after, err)
+		}
+		ib.Release()
 	}
 }

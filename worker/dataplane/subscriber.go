@@ -36,15 +36,16 @@ type Batch struct {
 	Tuples []tuple.Tuple
 	// LastID is the id of the last tuple in Tuples.
 	LastID uint64
-	// For a subscriber that keeps values packed (KeepValuesPacked):
-	// Encoded holds the delivered tuples as they were received, tuple i
-	// starting at Offsets[i]. Unless the subscriber reuses messages, both
-	// are the consumer's to keep and never modified (Encoded is the
-	// received message, or a copy of a local producer's bytes): a consumer
-	// that forwards the tuples unchanged may adopt them whole (see
-	// OutputBuffer.Adopt).
+	// For a subscriber that keeps values packed (KeepValuesPacked) or
+	// delivers encodings (DeliverEncoded): Encoded holds the delivered
+	// tuples as they were received, tuple i starting at Offsets[i]. With
+	// DeliverEncoded, Tuples is empty and IDs holds each tuple's id; the
+	// three are then the consumer's to keep and never modified (Encoded is
+	// the received message, or a copy of a local producer's bytes), so a
+	// consumer may adopt them whole (see OutputBuffer.Adopt).
 	Encoded []byte
 	Offsets []int
+	IDs     []uint64
 
 	// The arrays Tuples and their Values were decoded into, recycled by
 	// Release.
@@ -54,6 +55,14 @@ type Batch struct {
 	// msgBuf, when set, is the received message the tuples' packed values
 	// alias: Release hands it back to the receive buffer pool.
 	msgBuf *[]byte
+}
+
+// Len is the number of tuples delivered.
+func (b *Batch) Len() int {
+	if b.IDs != nil {
+		return len(b.IDs)
+	}
+	return len(b.Tuples)
 }
 
 // Release hands the batch's tuple and value arrays back for reuse by
@@ -70,7 +79,7 @@ func (b *Batch) Release() {
 	}
 	b.recyclable = false
 	b.Tuples, b.LastID = nil, 0
-	b.Encoded, b.Offsets = nil, nil
+	b.Encoded, b.Offsets, b.IDs = nil, nil, nil
 	if b.msgBuf != nil {
 		sharedDirtyPool.Put(b.msgBuf)
 		b.msgBuf = nil
@@ -98,9 +107,10 @@ type Subscriber struct {
 	name  string
 	noAck bool
 	// packed: deliver tuples with their values packed (tuple.DecodeHeader);
-	// reuseMessages: received messages return to a pool on Release.
-	packed, reuseMessages bool
-	last                  atomic.Uint64
+	// reuseMessages: received messages return to a pool on Release;
+	// index: deliver only the batch's encoding and index (DeliverEncoded).
+	packed, reuseMessages, index bool
+	last                         atomic.Uint64
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -114,15 +124,19 @@ func NewSubscriber(ref *fedstreampb.StreamRef, name string, noAck bool, afterID 
 }
 
 // KeepValuesPacked makes the subscriber deliver tuples whose values are
-// not decoded (tuple.DecodeHeader), with the batch's encoding (Encoded,
-// Offsets): for a consumer that only forwards them. With reuseMessages the
-// received message goes back to a pool on Release, so the consumer must
-// have copied what it keeps of the batch by then (a sink that renumbers
-// tuples into its own buffer); without, the consumer may keep Encoded for
-// good (a sink that adopts it as it is). Call it before Run.
-func (s *Subscriber) KeepValuesPacked(reuseMessages bool) {
-	s.packed, s.reuseMessages = true, reuseMessages
-}
+// not decoded (tuple.DecodeHeader), for a consumer that re-encodes them
+// elsewhere without looking at them (a sink that renumbers its merged
+// input). The received message goes back to a pool on Release, so the
+// consumer must have copied what it keeps of the batch by then. Call it
+// before Run.
+func (s *Subscriber) KeepValuesPacked() { s.packed, s.reuseMessages = true, true }
+
+// DeliverEncoded makes the subscriber deliver batches as they were
+// received: Encoded, Offsets and IDs, with every tuple's header checked
+// but no Tuples, for a consumer that forwards them unchanged (a sink
+// passing its one input through). The three are the consumer's to keep.
+// Call it before Run.
+func (s *Subscriber) DeliverEncoded() { s.packed, s.index = true, true }
 
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
@@ -243,7 +257,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}, after)
 		defer ack.close()
 	}
-	dec := batchDecoder{packed: s.packed}
+	dec := batchDecoder{packed: s.packed, index: s.index}
 	rb := receivedBatch{pooled: s.reuseMessages}
 	for {
 		// RecvMsg into a receivedBatch (see batchCodec) rather than Recv:
@@ -265,12 +279,12 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			b.msgBuf = rb.buf
 		}
 		rb.buf = nil
-		if len(b.Tuples) == 0 {
+		if b.Len() == 0 {
 			b.Release()
 			continue // only duplicates
 		}
 		// b belongs to deliver from now on (it may Release it).
-		lastID, delivered := b.LastID, len(b.Tuples)
+		lastID, delivered := b.LastID, b.Len()
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr
@@ -325,7 +339,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			buf.Ack(s.name, after)
 		}
 	}
-	dec := batchDecoder{packed: s.packed}
+	dec := batchDecoder{packed: s.packed, index: s.index}
 	for {
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
@@ -343,7 +357,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		if err != nil {
 			return err
 		}
-		if len(b.Tuples) == 0 {
+		if b.Len() == 0 {
 			b.Release()
 			continue
 		}
@@ -391,8 +405,9 @@ func recvError(stream fedstreampb.DataPlane_SubscribeClient, err error) error {
 // some per tuple.
 type batchDecoder struct {
 	valuesPerTuple int
-	// packed leaves every tuple's values packed (tuple.DecodeHeader).
-	packed bool
+	// packed leaves every tuple's values packed (tuple.DecodeHeader);
+	// index delivers only the batch's encoding and index.
+	packed, index bool
 }
 
 // newBatch returns a batch whose arrays hold count tuples and (unless the
@@ -418,7 +433,10 @@ func (d *batchDecoder) newBatch(count int) *Batch {
 // decode decodes count tuples from data, keeping those with id > after,
 // and checks them against the header (count, lastID).
 func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
-	if d.packed {
+	switch {
+	case d.index:
+		return d.decodeIndex(data, count, lastID, after)
+	case d.packed:
 		return d.decodePacked(data, count, lastID, after)
 	}
 	b := d.newBatch(count)
@@ -489,6 +507,60 @@ func (b *Batch) trim(n, count, kept int, prev, lastID uint64) error {
 		b.LastID = prev
 	}
 	return nil
+}
+
+// decodeIndex is decode for a subscriber that delivers encodings: each
+// tuple's header is checked (decoded into one scratch tuple, not into an
+// array of them) and its id and offset kept.
+func (d *batchDecoder) decodeIndex(data []byte, count int, lastID, after uint64) (*Batch, error) {
+	b, _ := batchPool.Get().(*Batch)
+	if b == nil {
+		b = &Batch{}
+	}
+	b.recyclable = true
+	b.Tuples = nil
+	b.IDs = make([]uint64, 0, count)
+	b.Offsets = make([]int, 0, count)
+	fail := func(err error) (*Batch, error) {
+		b.Release()
+		return nil, err
+	}
+	var t tuple.Tuple
+	prev := after
+	n, off, start := 0, 0, 0 // start: offset of the first tuple kept
+	for off < len(data) {
+		if n == count {
+			return fail(fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count))
+		}
+		k, err := tuple.DecodeHeader(data[off:], &t)
+		if err != nil {
+			return fail(fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err))
+		}
+		at := off
+		off += k
+		n++
+		if t.ID <= prev {
+			if len(b.IDs) > 0 {
+				return fail(fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev))
+			}
+			start = off
+			continue // already delivered before a resubscription
+		}
+		prev = t.ID
+		b.IDs = append(b.IDs, t.ID)
+		b.Offsets = append(b.Offsets, at-start)
+	}
+	if n != count {
+		return fail(fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n))
+	}
+	if len(b.IDs) > 0 {
+		if prev != lastID {
+			return fail(fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev))
+		}
+		b.LastID = prev
+	}
+	b.Encoded = data[start:len(data):len(data)]
+	return b, nil
 }
 
 // decodePacked is decode for a subscriber that keeps values packed: each

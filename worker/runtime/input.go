@@ -62,26 +62,30 @@ func (t *task) buildInputs() {
 	// copy. With several, the merged tuples are renumbered and copied.
 	t.passThrough = len(t.inputs) == 1
 	for _, in := range t.inputs {
-		in.sub.KeepValuesPacked(!t.passThrough)
+		if t.passThrough {
+			in.sub.DeliverEncoded()
+		} else {
+			in.sub.KeepValuesPacked()
+		}
 	}
 }
 
 // passBatch appends a received batch to a pass-through sink's result
 // stream as it is.
 func (t *task) passBatch(b *dataplane.Batch) error {
-	ids := make([]uint64, len(b.Tuples))
-	for i := range b.Tuples {
-		ids[i] = b.Tuples[i].ID
-	}
-	last := &b.Tuples[len(b.Tuples)-1]
-	final := last.Type == tuple.Boundary && last.STime == finalBoundary
-	data, offs := b.Encoded, b.Offsets
+	ids, offs, data := b.IDs, b.Offsets, b.Encoded
+	b.IDs, b.Offsets, b.Encoded = nil, nil, nil
 	b.Release()
+	var last tuple.Tuple
+	if _, err := tuple.DecodeHeader(data[offs[len(offs)-1]:], &last); err != nil {
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
 	if err := t.outs[0].buf.Adopt(t.ctx, ids, offs, data); err != nil {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
-	if final {
+	if last.Type == tuple.Boundary && last.STime == finalBoundary {
 		t.setState(StateRunning, "input exhausted")
 		return dataplane.ErrStopSubscription
 	}
