@@ -467,26 +467,33 @@ func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) er
 		if c.resp.Records == 0 {
 			c.resp.FirstNanos = time.Now().UnixNano()
 		}
+		// Data bytes: the whole read less the other tuples, which are
+		// rare (boundaries), so data tuples cost a type check each.
+		c.resp.Bytes += int64(len(data))
 		for i := range ids {
 			at := offs[i] - base
 			switch typ := tuple.Type(data[at]); {
 			case typ.IsData():
 				c.resp.Records++
-				end := len(data)
-				if i+1 < len(offs) {
-					end = offs[i+1] - base
-				}
-				c.resp.Bytes += int64(end - at)
 				if c.collect {
 					if err := c.collectCount(data[at:], &tp); err != nil {
 						return err
 					}
 				}
-			case typ == tuple.Boundary:
+			default:
+				end := len(data)
+				if i+1 < len(offs) {
+					end = offs[i+1] - base
+				}
+				c.resp.Bytes -= int64(end - at)
+				if typ != tuple.Boundary {
+					break
+				}
 				if _, err := tuple.DecodeHeader(data[at:], &tp); err != nil {
 					return err
 				}
 				if tp.STime == finalBoundary {
+					// Nothing follows the final boundary in the stream.
 					c.lastID = ids[i]
 					c.resp.EndNanos = time.Now().UnixNano()
 					return nil
