@@ -353,8 +353,9 @@ func decodeHeader(src []byte, t *Tuple) (countAt, off int, count uint64, err err
 
 // DecodeHeader decodes the header of the tuple at the start of src into t
 // and returns the encoded tuple's length, leaving the values packed: Values
-// becomes empty, AppendTuple re-encodes them by copying their bytes, and
-// Unpack decodes them when needed after all. The values are checked as
+// becomes empty and AppendTuple re-encodes them by copying their bytes (a
+// consumer that needs them decodes the tuple with DecodeTuple). The values
+// are checked as
 // thoroughly as DecodeTuple checks them (same errors), only not stored;
 // the packed bytes alias src like DecodeTuple's strings do.
 //
@@ -415,27 +416,6 @@ func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
 	t.Values = t.Values[:0]
 	t.packed = src[start:off:off]
 	return off, nil
-}
-
-// Unpack decodes the values of a tuple DecodeHeader left packed into
-// t.Values (reusing its capacity; strings alias the packed bytes). It does
-// nothing for a tuple that is not packed.
-func (t *Tuple) Unpack() error {
-	if !t.Packed() {
-		return nil
-	}
-	// DecodeHeader checked the packed bytes: decoding them cannot fail
-	// unless someone modified the batch since.
-	count, k := uvarintAt(t.packed, 0)
-	if k <= 0 {
-		return headerErr("value count", k)
-	}
-	packed := t.packed
-	if _, err := decodeValues(packed, k, count, t); err != nil {
-		return err
-	}
-	t.packed = nil
-	return nil
 }
 
 // uvarintAt decodes the uvarint at src[off:] (off <= len(src)) like

@@ -139,7 +139,7 @@ type Tuple struct {
 
 // Packed reports whether t's values are still in their encoding (t came
 // from DecodeHeader and nobody set Values since): Values is then empty
-// even if the tuple has values. Unpack decodes them.
+// even if the tuple has values.
 func (t *Tuple) Packed() bool { return t.packed != nil && len(t.Values) == 0 }
 
 // Field is one named, typed column of a schema.
