@@ -355,9 +355,8 @@ func decodeHeader(src []byte, t *Tuple) (countAt, off int, count uint64, err err
 // and returns the encoded tuple's length, leaving the values packed: Values
 // becomes empty and AppendTuple re-encodes them by copying their bytes (a
 // consumer that needs them decodes the tuple with DecodeTuple). The values
-// are checked as
-// thoroughly as DecodeTuple checks them (same errors), only not stored;
-// the packed bytes alias src like DecodeTuple's strings do.
+// are checked as thoroughly as DecodeTuple checks them (same errors), only
+// not stored; the packed bytes alias src like DecodeTuple's strings do.
 //
 // A consumer that only forwards tuples (a sink) reads them this way.
 func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
