@@ -4,7 +4,7 @@ BIN       := bin/fedstream
 PKGS      := ./...
 export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
 
-.PHONY: all build run test test-short bench proto vet fmt clean
+.PHONY: all build run test test-short bench pgo proto vet fmt clean
 
 all: build
 
@@ -26,6 +26,14 @@ test-short:
 bench: build
 	./$(BIN) bench dataplane
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./coordinator/...
+
+## pgo: refresh cmd/fedstream/default.pgo, the CPU profile `go build` optimises the binary
+## with (profile-guided optimisation), from both workers of a data-plane benchmark run
+pgo: build
+	tmp=$$(mktemp -d) && \
+	./$(BIN) bench dataplane --rounds 3 --cpuprofile-dir $$tmp >/dev/null && \
+	$(GO) tool pprof -proto $$tmp/bench-worker-1.cpu $$tmp/bench-worker-2.cpu > cmd/fedstream/default.pgo.new && \
+	mv cmd/fedstream/default.pgo.new cmd/fedstream/default.pgo && rm -rf $$tmp
 
 ## proto: regenerate rpc/fedstreampb from rpc/*.proto (protoc from Debian's protobuf-compiler,
 ## plugins from the Go module proxy at pinned versions)
