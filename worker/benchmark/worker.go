@@ -438,7 +438,7 @@ const tailReadBytes = 1 << 20
 
 // run reads the result ring buf without acknowledging (the ring never
 // waits for its readers) until the final boundary. It reads the ring's
-// index (ids and offsets) and each tuple's type byte, as the raw TCP
+// index (ids and offsets) and each tuple's type, as the raw TCP
 // receiver checks each record's marker; it decodes boundaries' headers,
 // and collected word counts.
 func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) error {
@@ -472,7 +472,7 @@ func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) er
 		c.resp.Bytes += int64(len(data))
 		for i := range ids {
 			at := offs[i] - base
-			switch typ := tuple.Type(data[at]); {
+			switch typ := tuple.PeekType(data[at:]); {
 			case typ.IsData():
 				c.resp.Records++
 				if c.collect {

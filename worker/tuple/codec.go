@@ -13,6 +13,7 @@ import (
 // Encoding of one tuple (all integers little-endian varints as in
 // encoding/binary):
 //
+//	size     uvarint: the length of the rest of the tuple
 //	type     1 byte
 //	id       uvarint
 //	stime    8 bytes (two's complement, little-endian)
@@ -20,8 +21,11 @@ import (
 //	nvalues  uvarint
 //	values   nvalues × (kind byte, payload)
 //
-// Stream times are nanoseconds since the epoch: as a varint they would take
-// 9 bytes and a slow decode, fixed they take 8 and one load.
+// The size prefix lets a reader find where a tuple ends from its first
+// bytes: a consumer that only forwards tuples (DecodeHeader) reads the
+// header and never walks the values. Stream times are nanoseconds since the
+// epoch: as a varint they would take 9 bytes and a slow decode, fixed they
+// take 8 and one load.
 //
 // Value payloads by kind: int and timestamp a varint (zigzag); float 8 bytes
 // (IEEE 754 bits, little-endian); bool one byte (0 or 1); string and bytes a
@@ -53,6 +57,56 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 	if t.Packed() {
 		return appendPacked(dst, t)
 	}
+	// The size goes first but is known only at the end: reserve the bytes
+	// that the smallest encoding t could have needs for its size, and move
+	// the body up in the rare case its real size needs more.
+	start := len(dst)
+	reserve := uvarintLen(uint64(minBodyLen(t)))
+	dst = append(dst, sizeReserve[:reserve]...)
+	dst = appendBody(dst, t)
+	return putSize(dst, start, reserve)
+}
+
+// sizeReserve is what AppendTuple reserves for a size before writing it.
+var sizeReserve [binary.MaxVarintLen64]byte
+
+// minBodyLen is a lower bound of the length of t's encoding after its size:
+// a type byte, one byte for each varint, 8 for stime, and per value a kind
+// byte plus a string's bytes.
+func minBodyLen(t *Tuple) int {
+	n := 12 + len(t.Values)
+	for i := range t.Values {
+		if k := t.Values[i].Kind; k == KindString || k == KindBytes {
+			n += len(t.Values[i].S)
+		}
+	}
+	return n
+}
+
+// putSize writes the length of dst[start+reserve:] as a uvarint in the
+// reserve bytes before it. When the length needs more bytes than reserved,
+// the body moves up; when it needs fewer, the uvarint is padded (decoders
+// accept padded varints), so the body never moves down.
+func putSize(dst []byte, start, reserve int) []byte {
+	size := uint64(len(dst) - start - reserve)
+	need := uvarintLen(size)
+	if need > reserve {
+		end := len(dst)
+		dst = append(dst, sizeReserve[:need-reserve]...)
+		copy(dst[start+need:], dst[start+reserve:end])
+		reserve = need
+	}
+	b := dst[start : start+reserve]
+	for i := range reserve - 1 {
+		b[i] = byte(size) | 0x80
+		size >>= 7
+	}
+	b[reserve-1] = byte(size)
+	return dst
+}
+
+// appendBody appends t's encoding after its size.
+func appendBody(dst []byte, t *Tuple) []byte {
 	if n := len(dst); cap(dst)-n >= maxHeaderLen {
 		b := dst[n : n+maxHeaderLen]
 		b[0] = byte(t.Type)
@@ -111,10 +165,12 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 // appendPacked is AppendTuple for a tuple whose values are still packed:
 // the header fields, then the packed value count and values as they are.
 func appendPacked(dst []byte, t *Tuple) []byte {
-	if n := len(dst); cap(dst)-n >= maxHeaderLen+len(t.packed) {
-		b := dst[n : n+maxHeaderLen]
-		b[0] = byte(t.Type)
-		k := 1
+	size := packedBodyLen(t)
+	if n := len(dst); cap(dst)-n >= maxHeaderLen+binary.MaxVarintLen64+len(t.packed) {
+		b := dst[n : n+maxHeaderLen+binary.MaxVarintLen64]
+		k := putUvarint(b, uint64(size))
+		b[k] = byte(t.Type)
+		k++
 		k += putUvarint(b[k:], t.ID)
 		binary.LittleEndian.PutUint64(b[k:], uint64(t.STime))
 		k += 8
@@ -124,11 +180,17 @@ func appendPacked(dst []byte, t *Tuple) []byte {
 		copy(dst[n:], t.packed)
 		return dst
 	}
+	dst = binary.AppendUvarint(dst, uint64(size))
 	dst = append(dst, byte(t.Type))
 	dst = binary.AppendUvarint(dst, t.ID)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(t.STime))
 	dst = binary.AppendUvarint(dst, t.Version)
 	return append(dst, t.packed...)
+}
+
+// packedBodyLen is the length of a packed tuple's encoding after its size.
+func packedBodyLen(t *Tuple) int {
+	return 1 + uvarintLen(t.ID) + 8 + uvarintLen(t.Version) + len(t.packed)
 }
 
 // maxHeaderLen bounds the encoded header: the type byte, stime and three
@@ -157,8 +219,14 @@ func zigzag(x int64) uint64 {
 
 // EncodedSize returns len(AppendTuple(nil, t)) without encoding.
 func EncodedSize(t *Tuple) int {
+	n := bodyLen(t)
+	return uvarintLen(uint64(n)) + n
+}
+
+// bodyLen is the length of t's encoding after its size.
+func bodyLen(t *Tuple) int {
 	if t.Packed() {
-		return 1 + uvarintLen(t.ID) + 8 + uvarintLen(t.Version) + len(t.packed)
+		return packedBodyLen(t)
 	}
 	n := 1 + uvarintLen(t.ID) + 8 + uvarintLen(t.Version) + uvarintLen(uint64(len(t.Values)))
 	for i := range t.Values {
@@ -208,12 +276,18 @@ func varintLen(x int64) int {
 // ErrBadType, ErrBadKind or ErrBadValue; it never panics. t is then in an
 // unspecified state.
 func DecodeTuple(src []byte, t *Tuple) (n int, err error) {
-	_, off, count, err := decodeHeader(src, t)
+	frame, _, off, count, err := decodeHeader(src, t)
 	if err != nil {
 		return 0, err
 	}
 	t.packed = nil
-	return decodeValues(src, off, count, t)
+	if off, err = decodeValues(frame, off, count, t); err != nil {
+		return 0, err
+	}
+	if off != len(frame) {
+		return 0, fmt.Errorf("%w: the values end %d bytes before the tuple's size says", ErrBadValue, len(frame)-off)
+	}
+	return off, nil
 }
 
 // decodeValues decodes count values from src[off:] into t.Values (reusing
@@ -304,26 +378,38 @@ func decodeValues(src []byte, off int, count uint64, t *Tuple) (int, error) {
 	return off, nil
 }
 
-// decodeHeader decodes the header fields of the tuple at the start of src
-// into t and returns the offsets of its value count and of its first
-// value, and the count (already checked against the bytes left).
-func decodeHeader(src []byte, t *Tuple) (countAt, off int, count uint64, err error) {
+// decodeHeader decodes the size and header fields of the tuple at the
+// start of src into t. It returns the tuple's encoding (frame, a prefix of
+// src), the offsets in frame of the value count and of the first value,
+// and the count (already checked against the bytes left).
+func decodeHeader(src []byte, t *Tuple) (frame []byte, countAt, off int, count uint64, err error) {
 	if len(src) == 0 {
-		return 0, 0, 0, fmt.Errorf("%w: empty input", ErrTruncated)
+		return nil, 0, 0, 0, fmt.Errorf("%w: empty input", ErrTruncated)
 	}
-	typ := Type(src[0])
+	size, k := uvarintAt(src, 0)
+	if k <= 0 {
+		return nil, 0, 0, 0, headerErr("size", k)
+	}
+	if size > uint64(len(src)-k) {
+		return nil, 0, 0, 0, fmt.Errorf("%w: tuple of %d bytes, %d left", ErrTruncated, size, len(src)-k)
+	}
+	src = src[:k+int(size)]
+	off = k
+	if off == len(src) {
+		return nil, 0, 0, 0, fmt.Errorf("%w: type", ErrTruncated)
+	}
+	typ := Type(src[off])
 	if typ < Stable || typ > RecDone {
-		return 0, 0, 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[0])
+		return nil, 0, 0, 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[off])
 	}
 	t.Type = typ
-	off = 1
-	var k int
+	off++
 	if t.ID, k = uvarintAt(src, off); k <= 0 {
-		return 0, 0, 0, headerErr("id", k)
+		return nil, 0, 0, 0, headerErr("id", k)
 	}
 	off += k
 	if len(src)-off < 8 {
-		return 0, 0, 0, fmt.Errorf("%w: stime", ErrTruncated)
+		return nil, 0, 0, 0, fmt.Errorf("%w: stime", ErrTruncated)
 	}
 	t.STime = int64(binary.LittleEndian.Uint64(src[off:]))
 	off += 8
@@ -333,88 +419,56 @@ func decodeHeader(src []byte, t *Tuple) (countAt, off int, count uint64, err err
 	if off < len(src) && src[off] < 0x80 {
 		t.Version, k = uint64(src[off]), 1
 	} else if t.Version, k = uvarintLong(src, off); k <= 0 {
-		return 0, 0, 0, headerErr("version", k)
+		return nil, 0, 0, 0, headerErr("version", k)
 	}
 	off += k
 	countAt = off
 	if off < len(src) && src[off] < 0x80 {
 		count, k = uint64(src[off]), 1
 	} else if count, k = uvarintLong(src, off); k <= 0 {
-		return 0, 0, 0, headerErr("value count", k)
+		return nil, 0, 0, 0, headerErr("value count", k)
 	}
 	off += k
 	// Every value takes at least one byte: a larger count is garbage, and
 	// checking it first bounds any allocation for the values.
 	if count > uint64(len(src)-off) {
-		return 0, 0, 0, fmt.Errorf("%w: %d values announced, %d bytes left", ErrTruncated, count, len(src)-off)
+		return nil, 0, 0, 0, fmt.Errorf("%w: %d values announced, %d bytes left", ErrTruncated, count, len(src)-off)
 	}
-	return countAt, off, count, nil
+	return src, countAt, off, count, nil
+}
+
+// PeekType returns the type of the tuple encoded at the start of enc
+// without decoding anything else, or 0 (no type) when enc does not start
+// with a size and a type byte. The type is not checked.
+func PeekType(enc []byte) Type {
+	if len(enc) > 1 && enc[0] < 0x80 {
+		return Type(enc[1])
+	}
+	if _, k := uvarintAt(enc, 0); k > 0 && k < len(enc) {
+		return Type(enc[k])
+	}
+	return 0
 }
 
 // DecodeHeader decodes the header of the tuple at the start of src into t
 // and returns the encoded tuple's length, leaving the values packed: Values
 // becomes empty and AppendTuple re-encodes them by copying their bytes (a
-// consumer that needs them decodes the tuple with DecodeTuple). The values
-// are checked as thoroughly as DecodeTuple checks them (same errors), only
-// not stored; the packed bytes alias src like DecodeTuple's strings do.
+// consumer that needs them decodes the tuple with DecodeTuple). The packed
+// bytes alias src like DecodeTuple's strings do.
 //
-// A consumer that only forwards tuples (a sink) reads them this way.
+// DecodeHeader checks the size and the header as DecodeTuple does (same
+// errors) but not the values: it never reads them, which is what makes it
+// cheap. A tuple with malformed values passes here and is refused by
+// whoever decodes it. A consumer that only forwards tuples (a sink) reads
+// them this way.
 func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
-	start, off, count, err := decodeHeader(src, t)
+	frame, countAt, _, _, err := decodeHeader(src, t)
 	if err != nil {
 		return 0, err
 	}
-	var k int
-	// The values are skipped, not decoded; the common one-byte varints
-	// (small ints, short lengths) are tested inline.
-	for i := range int(count) {
-		if off >= len(src) {
-			return 0, fmt.Errorf("%w: value %d missing", ErrTruncated, i)
-		}
-		kind := Kind(src[off])
-		off++
-		switch kind {
-		case KindInvalid:
-		case KindInt, KindTimestamp:
-			if off < len(src) && src[off] < 0x80 {
-				off++
-			} else if k = uvarintEnd(src, off); k <= 0 {
-				return 0, valueErr(i, kind, k)
-			} else {
-				off += k
-			}
-		case KindFloat:
-			if len(src)-off < 8 {
-				return 0, fmt.Errorf("%w: value %d (float) needs 8 bytes, %d left", ErrTruncated, i, len(src)-off)
-			}
-			off += 8
-		case KindBool:
-			if off >= len(src) {
-				return 0, fmt.Errorf("%w: value %d (bool) missing", ErrTruncated, i)
-			}
-			if src[off] > 1 {
-				return 0, fmt.Errorf("%w: value %d: bool byte %d", ErrBadValue, i, src[off])
-			}
-			off++
-		case KindString, KindBytes:
-			var size uint64
-			if off < len(src) && src[off] < 0x80 {
-				size, k = uint64(src[off]), 1
-			} else if size, k = uvarintLong(src, off); k <= 0 {
-				return 0, valueErr(i, kind, k)
-			}
-			off += k
-			if size > uint64(len(src)-off) {
-				return 0, fmt.Errorf("%w: value %d (%s) of %d bytes, %d left", ErrTruncated, i, kind, size, len(src)-off)
-			}
-			off += int(size)
-		default:
-			return 0, fmt.Errorf("%w: value %d has kind byte %d", ErrBadKind, i, src[off-1])
-		}
-	}
 	t.Values = t.Values[:0]
-	t.packed = src[start:off:off]
-	return off, nil
+	t.packed = frame[countAt:len(frame):len(frame)]
+	return len(frame), nil
 }
 
 // uvarintAt decodes the uvarint at src[off:] (off <= len(src)) like
@@ -449,20 +503,6 @@ func uvarintLong(src []byte, off int) (x uint64, k int) {
 		}
 	}
 	return binary.Uvarint(src[off:])
-}
-
-// uvarintEnd is the length k of the uvarint at src[off:], with
-// uvarintLong's results (0 truncated, < 0 overflow) but without its value:
-// skipping a value only needs to find its last byte.
-func uvarintEnd(src []byte, off int) int {
-	if len(src)-off >= 8 {
-		w := binary.LittleEndian.Uint64(src[off:])
-		if ends := ^w & 0x8080808080808080; ends != 0 {
-			return (bits.TrailingZeros64(ends) + 1) / 8
-		}
-	}
-	_, k := uvarintLong(src, off)
-	return k
 }
 
 // packVarintGroups concatenates the low 7 bits of each byte of w (little
