@@ -150,8 +150,8 @@ func (s *Subscriber) Ref() *fedstreampb.StreamRef { return s.ref }
 // ackDelay after the last delivery, so an idle stream is acknowledged
 // completely and a producer blocked on a full buffer always gets room.
 const (
-	ackEveryTuples = 1024
-	ackEveryBytes  = 32 << 10
+	ackEveryTuples = 4 << 10
+	ackEveryBytes  = 256 << 10
 	ackDelay       = time.Millisecond
 )
 
