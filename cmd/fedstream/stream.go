@@ -142,13 +142,17 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		return err
 	}
 	var tup tuple.Tuple
-	reader := tuple.NewBatchReader(nil)
+	reader := tuple.NewBatchReader(nil, 0)
 	for {
 		b, err := stream.Recv()
 		if err != nil {
 			return err
 		}
-		reader.Reset(b.Data)
+		// Ids are consecutive in a batch, which names its last one.
+		if b.Count == 0 || b.LastId < uint64(b.Count) {
+			return fmt.Errorf("results from %s: a batch of %d tuples ending with id %d", t.WorkerAddr, b.Count, b.LastId)
+		}
+		reader.Reset(b.Data, b.LastId-uint64(b.Count)+1)
 		for reader.Next(&tup) {
 			if tup.ID != 0 && tup.ID <= tl.lastID && tup.Type != tuple.Boundary {
 				continue

@@ -23,7 +23,7 @@ const (
 	// 100 bytes for records 2^21..2^24 or so, the record size of the
 	// benchmarks' raw TCP baseline (varint lengths of id, stime and seq
 	// make it 1-2 bytes smaller before and larger after).
-	DefaultBlobSize = 77
+	DefaultBlobSize = 81
 	// MaxBlobSize bounds a blob generator's payload length.
 	MaxBlobSize = 64 << 10
 	// WindowEndField is the timestamp field an aggregate appends to its output.

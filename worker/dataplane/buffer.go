@@ -29,8 +29,9 @@ import (
 var ErrClosed = errors.New("dataplane: output buffer closed")
 
 // ErrIDOrder is returned by Append when a tuple's id is not greater than the
-// previous tuple's id: ids are per stream and strictly increasing.
-var ErrIDOrder = errors.New("dataplane: tuple ids must increase")
+// previous tuple's id (ids are per stream and strictly increasing), and by
+// a Writer when a tuple's id does not follow the previous one.
+var ErrIDOrder = errors.New("dataplane: tuple ids out of order")
 
 // ErrTooLarge is returned by Append for a tuple that exceeds the buffer's
 // whole byte capacity and so could never fit.
@@ -63,14 +64,19 @@ type BufferOptions struct {
 	Ring bool
 }
 
-// chunk is a block of encoded tuples. Bytes in data[:len(data)] are never
-// modified after they are written and a chunk's array is never reallocated,
-// so batches handed out by Read may alias it safely.
+// chunk is a block of encoded tuples with consecutive ids: tuple i has id
+// first+i (encoded tuples do not carry their ids). Bytes in
+// data[:len(data)] are never modified after they are written and a chunk's
+// array is never reallocated, so batches handed out by Read may alias it
+// safely.
 type chunk struct {
-	data []byte
-	ids  []uint64 // id of each tuple in the chunk, increasing
-	offs []int    // start offset of each tuple in data
+	data  []byte
+	offs  []int // start offset of each tuple in data
+	first uint64
 }
+
+// last is the id of the chunk's last tuple.
+func (c *chunk) last() uint64 { return c.first + uint64(len(c.offs)) - 1 }
 
 func (c *chunk) end(i int) int {
 	if i+1 < len(c.offs) {
@@ -188,8 +194,7 @@ func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
 }
 
 func (b *OutputBuffer) appendLocked(id uint64, enc []byte) {
-	c := b.lastChunkWithRoom(len(enc))
-	c.ids = append(c.ids, id)
+	c := b.lastChunkWithRoom(id, len(enc))
 	c.offs = append(c.offs, len(c.data))
 	c.data = append(c.data, enc...)
 	b.bytes += len(enc)
@@ -204,11 +209,11 @@ func (b *OutputBuffer) appendLocked(id uint64, enc []byte) {
 // dropOldestLocked discards the oldest retained tuple.
 func (b *OutputBuffer) dropOldestLocked() {
 	c := b.chunks[0]
-	b.dropped = c.ids[b.head]
+	b.dropped = c.first + uint64(b.head)
 	b.bytes -= c.end(b.head) - c.offs[b.head]
 	b.count--
 	b.head++
-	if b.head == len(c.ids) {
+	if b.head == len(c.offs) {
 		b.chunks[0] = nil
 		b.chunks = b.chunks[1:]
 		b.head = 0
@@ -218,13 +223,13 @@ func (b *OutputBuffer) dropOldestLocked() {
 // truncateLocked discards every retained tuple with id <= upTo.
 func (b *OutputBuffer) truncateLocked(upTo uint64) {
 	freed := false
-	for b.count > 0 && b.chunks[0].ids[b.head] <= upTo {
+	for b.count > 0 && b.chunks[0].first+uint64(b.head) <= upTo {
 		c := b.chunks[0]
 		// Whole chunk acknowledged: drop it in one step.
-		if c.ids[len(c.ids)-1] <= upTo {
+		if c.last() <= upTo {
 			b.bytes -= len(c.data) - c.offs[b.head]
-			b.count -= len(c.ids) - b.head
-			b.dropped = c.ids[len(c.ids)-1]
+			b.count -= len(c.offs) - b.head
+			b.dropped = c.last()
 			b.chunks[0] = nil
 			b.chunks = b.chunks[1:]
 			b.head = 0
@@ -279,49 +284,49 @@ func (b *OutputBuffer) Ack(name string, id uint64) {
 // discarded (a ring buffer overran, or a subscriber came late); data then
 // starts at the oldest retained tuple.
 func (b *OutputBuffer) Read(afterID uint64, maxBytes int) (data []byte, count int, lastID uint64, gap bool, wait <-chan struct{}, err error) {
-	data, _, _, ids, gap, wait, err := b.ReadIndexed(afterID, maxBytes)
-	if len(ids) > 0 {
-		count, lastID = len(ids), ids[len(ids)-1]
+	data, offs, _, firstID, gap, wait, err := b.ReadIndexed(afterID, maxBytes)
+	if len(offs) > 0 {
+		count, lastID = len(offs), firstID+uint64(len(offs))-1
 	}
 	return data, count, lastID, gap, wait, err
 }
 
 // ReadIndexed is Read that also returns the buffer's index of the tuples:
-// ids[i] is tuple i's id and it starts at data[offs[i]-base:]. ids and offs
-// alias the buffer and must not be modified. A reader that only looks at
-// each tuple's type or header (a local consumer counting results) then
-// never walks the encodings.
-func (b *OutputBuffer) ReadIndexed(afterID uint64, maxBytes int) (data []byte, offs []int, base int, ids []uint64, gap bool, wait <-chan struct{}, err error) {
+// tuple i has id firstID+i and starts at data[offs[i]-base:]. offs aliases
+// the buffer and must not be modified. A reader that only looks at each
+// tuple's type or header (a local consumer counting results) then never
+// walks the encodings. The tuples come from one chunk, so their ids are
+// consecutive even where the stream has a gap.
+func (b *OutputBuffer) ReadIndexed(afterID uint64, maxBytes int) (data []byte, offs []int, base int, firstID uint64, gap bool, wait <-chan struct{}, err error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return nil, nil, 0, nil, false, nil, ErrClosed
+		return nil, nil, 0, 0, false, nil, ErrClosed
 	}
 	gap = afterID < b.dropped
 	if b.count == 0 || b.lastID <= afterID {
 		if b.dataCh == nil {
 			b.dataCh = make(chan struct{})
 		}
-		return nil, nil, 0, nil, gap, b.dataCh, nil
+		return nil, nil, 0, 0, gap, b.dataCh, nil
 	}
 	// Find the chunk holding the first tuple with id > afterID.
-	ci := sort.Search(len(b.chunks), func(i int) bool {
-		c := b.chunks[i]
-		return c.ids[len(c.ids)-1] > afterID
-	})
+	ci := sort.Search(len(b.chunks), func(i int) bool { return b.chunks[i].last() > afterID })
 	c := b.chunks[ci]
-	lo := 0
+	ti := 0
 	if ci == 0 {
-		lo = b.head
+		ti = b.head
 	}
-	ti := lo + sort.Search(len(c.ids)-lo, func(i int) bool { return c.ids[lo+i] > afterID })
+	if afterID >= c.first+uint64(ti) {
+		ti = int(afterID-c.first) + 1
+	}
 	end := ti + 1
-	for end < len(c.ids) && c.end(end)-c.offs[ti] <= maxBytes {
+	for end < len(c.offs) && c.end(end)-c.offs[ti] <= maxBytes {
 		end++
 	}
 	base = c.offs[ti]
 	data = c.data[base:c.end(end-1):c.end(end-1)]
-	return data, c.offs[ti:end:end], base, c.ids[ti:end:end], gap, nil, nil
+	return data, c.offs[ti:end:end], base, c.first + uint64(ti), gap, nil, nil
 }
 
 // Close wakes every waiter; later Appends and Reads return ErrClosed.
@@ -367,7 +372,7 @@ func (b *OutputBuffer) Stats() BufferStats {
 	defer b.mu.Unlock()
 	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.acks), BlockedNanos: b.BlockedNanos(), BlockedAppends: b.blocked}
 	if b.count > 0 {
-		s.OldestID = b.chunks[0].ids[b.head]
+		s.OldestID = b.chunks[0].first + uint64(b.head)
 	}
 	return s
 }
@@ -375,15 +380,16 @@ func (b *OutputBuffer) Stats() BufferStats {
 // Writer stages a producer's tuples for one OutputBuffer and appends them
 // in bulk: Add encodes without taking the buffer's lock, Flush appends
 // everything staged under one lock acquisition and wakes readers once.
-// A Writer belongs to the single goroutine producing the stream.
+// A Writer belongs to the single goroutine producing the stream, whose
+// ids are consecutive: after the first, each tuple's id is the previous
+// one's plus one.
 type Writer struct {
 	buf  *OutputBuffer
 	data []byte
-	ids  []uint64
 	offs []int // start of each staged tuple in data
-	// lastID is the id of the last tuple staged, appendedID of the last
-	// one appended.
-	lastID, appendedID uint64
+	// first is the id of the first staged tuple; lastID is the id of the
+	// last tuple staged, appendedID of the last one appended.
+	first, lastID, appendedID uint64
 	// slab is the unused rest of the memory staging arrays are cut from.
 	slab []byte
 }
@@ -395,7 +401,7 @@ type Writer struct {
 const (
 	stagingBytes = MaxBatchBytes
 	stagingSlack = 512
-	// stagingTuples sizes the id and offset arrays of a staged batch.
+	// stagingTuples sizes the offset array of a staged batch.
 	stagingTuples = 256
 )
 
@@ -406,17 +412,20 @@ func (b *OutputBuffer) NewWriter() *Writer { return &Writer{buf: b} }
 // producer should Flush.
 func (w *Writer) Full() bool { return len(w.data) >= stagingBytes-stagingSlack }
 
-// Add stages t (its ID set by the producer; ids must increase).
+// Add stages t. Its ID, set by the producer, must be the previous tuple's
+// plus one (any id above 0 for the Writer's first tuple).
 func (w *Writer) Add(t *tuple.Tuple) error {
-	if t.ID <= w.lastID {
+	if t.ID != w.lastID+1 && (w.lastID != 0 || t.ID == 0) {
 		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, w.lastID)
 	}
 	if w.data == nil {
 		w.newStaging(stagingTuples)
 	}
+	if len(w.offs) == 0 {
+		w.first = t.ID
+	}
 	w.lastID = t.ID
 	w.offs = append(w.offs, len(w.data))
-	w.ids = append(w.ids, t.ID)
 	w.data = tuple.AppendTuple(w.data, t)
 	return nil
 }
@@ -436,10 +445,8 @@ func (w *Writer) newStaging(tuples int) {
 		w.data = w.slab[:0:stagingBytes]
 		w.slab = w.slab[stagingBytes:]
 	}
-	w.ids = make([]uint64, 0, tuples)
 	w.offs = make([]int, 0, tuples)
 }
-
 // firstStagingBytes is the first staging array of a Writer: a stream that
 // never fills a batch holds no more.
 const firstStagingBytes = 16 << 10
@@ -471,44 +478,44 @@ func (w *Writer) Staged() int { return len(w.data) }
 // is full (ctx.Err() or ErrClosed end it; what was not appended stays
 // staged).
 func (w *Writer) Flush(ctx context.Context) error {
-	if len(w.ids) == 0 {
+	if len(w.offs) == 0 {
 		return nil
 	}
-	adopted, err := w.buf.adopt(w.ids, w.offs, w.data)
+	adopted, err := w.buf.adopt(w.first, w.offs, w.data)
 	if err != nil {
 		return err
 	}
 	if adopted {
 		// The buffer owns the staged slices now: stage into new ones.
-		w.appendedID = w.ids[len(w.ids)-1]
+		w.appendedID = w.lastID
 		w.data = w.data[len(w.data):] // not nil: the next array is a slab's
-		w.newStaging(cap(w.ids))
+		w.newStaging(cap(w.offs))
 		return nil
 	}
-	n, err := w.buf.appendEncoded(ctx, w.ids, w.offs, w.data)
+	n, err := w.buf.appendEncoded(ctx, w.first, w.offs, w.data)
 	if n > 0 {
-		w.appendedID = w.ids[n-1]
+		w.appendedID = w.first + uint64(n) - 1
 	}
-	if n == len(w.ids) {
-		w.ids, w.offs, w.data = w.ids[:0], w.offs[:0], w.data[:0]
+	if n == len(w.offs) {
+		w.offs, w.data = w.offs[:0], w.data[:0]
 		return err
 	}
 	// Keep the rest staged, rebased.
 	base := w.offs[n]
 	w.data = append(w.data[:0], w.data[base:]...)
-	w.ids = append(w.ids[:0], w.ids[n:]...)
 	rest := append(w.offs[:0], w.offs[n:]...)
 	for i := range rest {
 		rest[i] -= base
 	}
 	w.offs = rest
+	w.first += uint64(n)
 	return err
 }
 
 // Discard drops the staged tuples and returns the id of the last tuple
 // appended, after which the producer continues.
 func (w *Writer) Discard() uint64 {
-	w.ids, w.offs, w.data = w.ids[:0], w.offs[:0], w.data[:0]
+	w.offs, w.data = w.offs[:0], w.data[:0]
 	w.lastID = w.appendedID
 	return w.appendedID
 }
@@ -519,36 +526,36 @@ func (w *Writer) Discard() uint64 {
 const adoptMin = MaxBatchBytes / 2
 
 // Adopt appends encoded tuples (tuple i is data[offs[i]:offs[i+1]], the
-// last one ending data; ids increasing, after every id appended before)
-// as a chunk of their own, without copying them: the buffer owns the three
-// slices from then on and data must never be modified. A ring first drops
-// its oldest tuples to make room; any other buffer waits for room like
-// Append, or takes the tuples in several steps when they exceed its
-// bounds.
-func (b *OutputBuffer) Adopt(ctx context.Context, ids []uint64, offs []int, data []byte) error {
-	if len(ids) == 0 {
+// last one ending data; tuple i has id first+i, first above every id
+// appended before) as a chunk of their own, without copying them: the
+// buffer owns both slices from then on and data must never be modified. A
+// ring first drops its oldest tuples to make room; any other buffer waits
+// for room like Append, or takes the tuples in several steps when they
+// exceed its bounds.
+func (b *OutputBuffer) Adopt(ctx context.Context, first uint64, offs []int, data []byte) error {
+	if len(offs) == 0 {
 		return nil
 	}
-	if len(ids) != len(offs) || offs[0] != 0 {
-		return fmt.Errorf("dataplane: adopt: %d ids for %d offsets starting at %d", len(ids), len(offs), offs[0])
+	if offs[0] != 0 || first == 0 {
+		return fmt.Errorf("dataplane: adopt: first id %d, offsets starting at %d", first, offs[0])
 	}
-	adopted, err := b.adoptAny(ids, offs, data)
+	adopted, err := b.adoptAny(first, offs, data)
 	if err != nil || adopted {
 		return err
 	}
-	n, err := b.appendEncoded(ctx, ids, offs, data)
-	if err == nil && n < len(ids) {
-		err = fmt.Errorf("dataplane: adopt: appended %d of %d tuples", n, len(ids))
+	n, err := b.appendEncoded(ctx, first, offs, data)
+	if err == nil && n < len(offs) {
+		err = fmt.Errorf("dataplane: adopt: appended %d of %d tuples", n, len(offs))
 	}
 	return err
 }
 
 // adopt makes a Writer's staged tuples a new chunk as they are, without
 // copying them, when they fit the buffer's bounds now (a ring first drops
-// its oldest tuples to make room). On true the buffer owns the three
-// slices (chunks are never written below their length, so readers of
-// earlier batches are safe).
-func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error) {
+// its oldest tuples to make room). On true the buffer owns both slices
+// (chunks are never written below their length, so readers of earlier
+// batches are safe).
+func (b *OutputBuffer) adopt(first uint64, offs []int, data []byte) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -557,36 +564,37 @@ func (b *OutputBuffer) adopt(ids []uint64, offs []int, data []byte) (bool, error
 	if len(data) < adoptMin {
 		return false, nil
 	}
-	return b.adoptLocked(ids, offs, data)
+	return b.adoptLocked(first, offs, data)
 }
 
 // adoptAny is adopt whatever the batch's size.
-func (b *OutputBuffer) adoptAny(ids []uint64, offs []int, data []byte) (bool, error) {
+func (b *OutputBuffer) adoptAny(first uint64, offs []int, data []byte) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return false, ErrClosed
 	}
-	return b.adoptLocked(ids, offs, data)
+	return b.adoptLocked(first, offs, data)
 }
 
-func (b *OutputBuffer) adoptLocked(ids []uint64, offs []int, data []byte) (bool, error) {
-	if len(ids) > b.opts.MaxTuples || len(data) > b.opts.MaxBytes {
+func (b *OutputBuffer) adoptLocked(first uint64, offs []int, data []byte) (bool, error) {
+	if len(offs) > b.opts.MaxTuples || len(data) > b.opts.MaxBytes {
 		return false, nil
 	}
-	if !b.opts.Ring && (b.count+len(ids) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes) {
+	if !b.opts.Ring && (b.count+len(offs) > b.opts.MaxTuples || b.bytes+len(data) > b.opts.MaxBytes) {
 		return false, nil
 	}
-	if ids[0] <= b.lastID {
-		return false, fmt.Errorf("%w: id %d after %d", ErrIDOrder, ids[0], b.lastID)
+	if first <= b.lastID {
+		return false, fmt.Errorf("%w: id %d after %d", ErrIDOrder, first, b.lastID)
 	}
 	if b.opts.Ring {
-		b.dropForLocked(len(ids), len(data))
+		b.dropForLocked(len(offs), len(data))
 	}
-	b.chunks = append(b.chunks, &chunk{data: data, ids: ids, offs: offs})
+	c := &chunk{data: data, offs: offs, first: first}
+	b.chunks = append(b.chunks, c)
 	b.bytes += len(data)
-	b.count += len(ids)
-	b.lastID = ids[len(ids)-1]
+	b.count += len(offs)
+	b.lastID = c.last()
 	if b.dataCh != nil {
 		close(b.dataCh)
 		b.dataCh = nil
@@ -601,10 +609,10 @@ func (b *OutputBuffer) dropForLocked(tuples, size int) {
 	over := func() bool { return b.count+tuples > b.opts.MaxTuples || b.bytes+size > b.opts.MaxBytes }
 	for b.count > 0 && over() {
 		c := b.chunks[0]
-		n, bytes := len(c.ids)-b.head, len(c.data)-c.offs[b.head]
+		n, bytes := len(c.offs)-b.head, len(c.data)-c.offs[b.head]
 		if b.count-n+tuples > b.opts.MaxTuples || b.bytes-bytes+size > b.opts.MaxBytes {
 			// Still over without the whole chunk: drop it in one step.
-			b.dropped = c.ids[len(c.ids)-1]
+			b.dropped = c.last()
 			b.bytes -= bytes
 			b.count -= n
 			b.chunks[0] = nil
@@ -616,17 +624,17 @@ func (b *OutputBuffer) dropForLocked(tuples, size int) {
 	}
 }
 
-// appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]])
-// under one lock acquisition, waiting for room as Append does. It returns
-// how many were appended.
-func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []int, data []byte) (int, error) {
+// appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]]
+// with id first+i) under one lock acquisition, waiting for room as Append
+// does. It returns how many were appended.
+func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []int, data []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return 0, ErrClosed
 	}
-	if ids[0] <= b.lastID {
-		return 0, fmt.Errorf("%w: id %d after %d", ErrIDOrder, ids[0], b.lastID)
+	if first <= b.lastID {
+		return 0, fmt.Errorf("%w: id %d after %d", ErrIDOrder, first, b.lastID)
 	}
 	end := func(i int) int {
 		if i+1 < len(offs) {
@@ -641,7 +649,7 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []i
 			b.dataCh = nil
 		}
 	}()
-	for i := 0; i < len(ids); {
+	for i := 0; i < len(offs); {
 		size := end(i) - offs[i]
 		if size > b.opts.MaxBytes {
 			return i, fmt.Errorf("%w: %d bytes, capacity %d", ErrTooLarge, size, b.opts.MaxBytes)
@@ -667,9 +675,9 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []i
 		// current chunk go in one copy.
 		j := i + 1
 		bytes := size
-		c := b.lastChunkWithRoom(size)
+		c := b.lastChunkWithRoom(first+uint64(i), size)
 		room := cap(c.data) - len(c.data)
-		for j < len(ids) {
+		for j < len(offs) {
 			s := end(j) - offs[j]
 			if bytes+s > room || b.count+(j-i)+1 > b.opts.MaxTuples || b.bytes+bytes+s > b.opts.MaxBytes {
 				break
@@ -681,29 +689,29 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, ids []uint64, offs []i
 		for k := i; k < j; k++ {
 			c.offs = append(c.offs, offs[k]+base)
 		}
-		c.ids = append(c.ids, ids[i:j]...)
 		c.data = append(c.data, data[offs[i]:offs[i]+bytes]...)
 		b.bytes += bytes
 		b.count += j - i
-		b.lastID = ids[j-1]
+		b.lastID = c.last()
 		appended = true
 		i = j
 	}
-	return len(ids), nil
+	return len(offs), nil
 }
 
-// lastChunkWithRoom returns the last chunk, or a new one when the last
-// cannot take size more bytes.
-func (b *OutputBuffer) lastChunkWithRoom(size int) *chunk {
+// lastChunkWithRoom returns the chunk the tuple with the given id and size
+// goes to: the last chunk, or a new one when the last cannot take size
+// more bytes or id does not follow its last tuple (the stream has a gap).
+func (b *OutputBuffer) lastChunkWithRoom(id uint64, size int) *chunk {
 	tuples := 0
 	if n := len(b.chunks); n > 0 {
 		c := b.chunks[n-1]
-		if len(c.data)+size <= cap(c.data) {
+		if len(c.data)+size <= cap(c.data) && id == c.last()+1 {
 			return c
 		}
-		tuples = len(c.ids) // the next chunk will likely hold as many
+		tuples = len(c.offs) // the next chunk will likely hold as many
 	}
-	c := &chunk{data: make([]byte, 0, max(chunkSize, size)), ids: make([]uint64, 0, tuples), offs: make([]int, 0, tuples)}
+	c := &chunk{data: make([]byte, 0, max(chunkSize, size)), offs: make([]int, 0, tuples), first: id}
 	b.chunks = append(b.chunks, c)
 	return c
 }

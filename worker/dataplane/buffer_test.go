@@ -11,17 +11,21 @@ import (
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
+// dataTuple is the tuple with the given id. Ids are not encoded: its stime
+// is the id too, so that decoding tells which tuple a buffer returned.
 func dataTuple(id uint64, payload string) *tuple.Tuple {
 	return &tuple.Tuple{Type: tuple.Stable, ID: id, STime: int64(id), Values: []tuple.Value{tuple.Str(payload)}}
 }
 
+// decodeAll decodes a batch of dataTuples and returns their ids, as their
+// stimes tell.
 func decodeAll(t *testing.T, data []byte) []uint64 {
 	t.Helper()
 	var ids []uint64
-	r := tuple.NewBatchReader(data)
+	r := tuple.NewBatchReader(data, 1)
 	var tp tuple.Tuple
 	for r.Next(&tp) {
-		ids = append(ids, tp.ID)
+		ids = append(ids, uint64(tp.STime))
 	}
 	if err := r.Err(); err != nil {
 		t.Fatal(err)
@@ -274,26 +278,29 @@ func TestReadIndexed(t *testing.T) {
 		seen  int
 	)
 	for {
-		data, offs, base, ids, gap, _, err := b.ReadIndexed(after, 10_000)
+		data, offs, base, first, gap, _, err := b.ReadIndexed(after, 10_000)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if gap != (after == 0) {
 			t.Fatalf("after %d: gap %v", after, gap)
 		}
-		if len(ids) == 0 {
+		if len(offs) == 0 {
 			break
 		}
 		rdata, count, last, _, _, _ := b.Read(after, 10_000)
-		if !bytes.Equal(rdata, data) || count != len(ids) || last != ids[len(ids)-1] || len(offs) != len(ids) {
+		if !bytes.Equal(rdata, data) || count != len(offs) || last != first+uint64(len(offs))-1 {
 			t.Fatalf("ReadIndexed and Read disagree after %d", after)
 		}
-		for i, id := range ids {
+		if after != 0 && first != after+1 {
+			t.Fatalf("after %d: read starts at id %d", after, first)
+		}
+		for i := range offs {
 			var tp tuple.Tuple
 			at := offs[i] - base
 			n, err := tuple.DecodeTuple(data[at:], &tp)
-			if err != nil || tp.ID != id {
-				t.Fatalf("tuple %d at %d: id %d, err %v; want id %d", i, at, tp.ID, err, id)
+			if id := first + uint64(i); err != nil || tp.STime != int64(id) {
+				t.Fatalf("tuple %d at %d: tuple %d, err %v; want tuple %d", i, at, tp.STime, err, id)
 			}
 			if end := len(data); i+1 < len(offs) {
 				end = offs[i+1] - base
@@ -304,8 +311,8 @@ func TestReadIndexed(t *testing.T) {
 				t.Fatalf("last tuple ends at %d of %d", at+n, end)
 			}
 		}
-		seen += len(ids)
-		after = ids[len(ids)-1]
+		seen += len(offs)
+		after = first + uint64(len(offs)) - 1
 	}
 	if seen != 3000 || after != 5000 {
 		t.Fatalf("read %d tuples up to %d; want the newest 3000 up to 5000", seen, after)
@@ -316,40 +323,38 @@ func TestReadIndexed(t *testing.T) {
 // a ring (dropping its oldest) and in a bounded buffer (in steps, waiting
 // for acknowledgements, when they exceed its bounds); ids must increase.
 func TestAdopt(t *testing.T) {
-	encode := func(from, to uint64) ([]uint64, []int, []byte) {
+	encode := func(from, to uint64) (uint64, []int, []byte) {
 		var (
-			ids  []uint64
 			offs []int
 			data []byte
 		)
 		for id := from; id <= to; id++ {
-			ids = append(ids, id)
 			offs = append(offs, len(data))
 			data = tuple.AppendTuple(data, dataTuple(id, "payload"))
 		}
-		return ids, offs, data
+		return from, offs, data
 	}
 	ctx := context.Background()
 
 	ring := NewOutputBuffer(BufferOptions{Ring: true, MaxTuples: 25})
 	for from := uint64(1); from <= 91; from += 10 {
-		ids, offs, data := encode(from, from+9)
-		if err := ring.Adopt(ctx, ids, offs, data); err != nil {
+		first, offs, data := encode(from, from+9)
+		if err := ring.Adopt(ctx, first, offs, data); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if got := readAllIDs(t, ring, 0); len(got) == 0 || len(got) > 25 || got[len(got)-1] != 100 || got[0] != 101-uint64(len(got)) {
 		t.Fatalf("ring holds %v", got)
 	}
-	if ids, offs, data := encode(100, 101); !errors.Is(ring.Adopt(ctx, ids, offs, data), ErrIDOrder) {
+	if first, offs, data := encode(100, 101); !errors.Is(ring.Adopt(ctx, first, offs, data), ErrIDOrder) {
 		t.Fatal("adopting id 100 again was not refused")
 	}
 
 	bounded := NewOutputBuffer(BufferOptions{MaxTuples: 8})
 	bounded.Register("s")
 	done := make(chan error, 1)
-	ids, offs, data := encode(1, 20)
-	go func() { done <- bounded.Adopt(ctx, ids, offs, data) }()
+	first, offs, data := encode(1, 20)
+	go func() { done <- bounded.Adopt(ctx, first, offs, data) }()
 	var got []uint64
 	for len(got) < 20 {
 		data, count, last, _, wait, err := bounded.Read(uint64(len(got)), MaxBatchBytes)

@@ -41,7 +41,7 @@ func TestBatchDecoder(t *testing.T) {
 		{name: "all duplicates", tuples: widths(1, 1), after: 5, lastID: 2},
 		{name: "count too small", tuples: widths(1, 1), count: 1, lastID: 2, wantErr: true},
 		{name: "count too large", tuples: widths(1, 1), count: 3, lastID: 2, wantErr: true},
-		{name: "wrong last id", tuples: widths(1, 1), lastID: 7, wantErr: true},
+		{name: "last id below count", tuples: widths(1, 1), lastID: 1, wantErr: true},
 	}
 	var dec batchDecoder
 	for _, tc := range cases {
@@ -128,7 +128,7 @@ func BenchmarkBatchDecoder(b *testing.B) {
 // TestBatchDecoderPacked: a packed decode delivers the kept tuples'
 // encoding and offsets (each tuple's bytes decode to the original), and
 // packed tuples that re-encode to those bytes; an index-only decode the
-// same encoding and offsets with the ids.
+// same encoding and offsets with the first id.
 func TestBatchDecoderPacked(t *testing.T) {
 	var (
 		tuples []tuple.Tuple
@@ -151,6 +151,11 @@ func TestBatchDecoderPacked(t *testing.T) {
 		kept := tuples[after:]
 		if len(b.Tuples) != len(kept) || len(b.Offsets) != len(kept) {
 			t.Fatalf("after %d: %d tuples, %d offsets; want %d", after, len(b.Tuples), len(b.Offsets), len(kept))
+		}
+		for i := range kept {
+			if b.Tuples[i].ID != kept[i].ID {
+				t.Fatalf("after %d: tuple %d has id %d, want %d", after, i, b.Tuples[i].ID, kept[i].ID)
+			}
 		}
 		var want []byte
 		for i := range kept {
@@ -183,13 +188,11 @@ func TestBatchDecoderPacked(t *testing.T) {
 		if len(ib.Tuples) != 0 || ib.Len() != len(kept) || !reflect.DeepEqual(ib.Encoded, want) || ib.LastID != 6 {
 			t.Fatalf("after %d: index-only batch: %d tuples, len %d, last id %d", after, len(ib.Tuples), ib.Len(), ib.LastID)
 		}
-		for i := range kept {
-			if ib.IDs[i] != kept[i].ID {
-				t.Fatalf("after %d: id %d = %d, want %d", after, i, ib.IDs[i], kept[i].ID)
-			}
+		if ib.FirstID != kept[0].ID {
+			t.Fatalf("after %d: first id %d, want %d", after, ib.FirstID, kept[0].ID)
 		}
-		if _, err := idx.decode(data, len(tuples), 7, after); !errors.Is(err, ErrProtocol) {
-			t.Fatalf("after %d: wrong last id accepted: %v", after, err)
+		if _, err := idx.decode(data, len(tuples), 5, after); !errors.Is(err, ErrProtocol) {
+			t.Fatalf("after %d: last id below the count accepted: %v", after, err)
 		}
 		if _, err := idx.decode(data[:len(data)-1], len(tuples), 6, after); !errors.Is(err, ErrProtocol) {
 			t.Fatalf("after %d: truncated batch accepted: %v", after, err)

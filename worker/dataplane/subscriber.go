@@ -34,18 +34,18 @@ var ErrProtocol = errors.New("dataplane: malformed batch")
 // is ever modified or reused: they stay valid even after Release.
 type Batch struct {
 	Tuples []tuple.Tuple
-	// LastID is the id of the last tuple in Tuples.
-	LastID uint64
+	// FirstID and LastID are the ids of the first and last tuple
+	// delivered; the ids in between are consecutive.
+	FirstID, LastID uint64
 	// For a subscriber that keeps values packed (KeepValuesPacked) or
 	// delivers encodings (DeliverEncoded): Encoded holds the delivered
 	// tuples as they were received, tuple i starting at Offsets[i]. With
-	// DeliverEncoded, Tuples is empty and IDs holds each tuple's id; the
-	// three are then the consumer's to keep and never modified (Encoded is
-	// the received message, or a copy of a local producer's bytes), so a
-	// consumer may adopt them whole (see OutputBuffer.Adopt).
+	// DeliverEncoded, Tuples is empty; Encoded and Offsets are then the
+	// consumer's to keep and never modified (Encoded is the received
+	// message, or a copy of a local producer's bytes), so a consumer may
+	// adopt them whole (see OutputBuffer.Adopt).
 	Encoded []byte
 	Offsets []int
-	IDs     []uint64
 
 	// The arrays Tuples and their Values were decoded into, recycled by
 	// Release.
@@ -59,8 +59,8 @@ type Batch struct {
 
 // Len is the number of tuples delivered.
 func (b *Batch) Len() int {
-	if b.IDs != nil {
-		return len(b.IDs)
+	if b.Tuples == nil {
+		return len(b.Offsets)
 	}
 	return len(b.Tuples)
 }
@@ -78,8 +78,8 @@ func (b *Batch) Release() {
 		return
 	}
 	b.recyclable = false
-	b.Tuples, b.LastID = nil, 0
-	b.Encoded, b.Offsets, b.IDs = nil, nil, nil
+	b.Tuples, b.FirstID, b.LastID = nil, 0, 0
+	b.Encoded, b.Offsets = nil, nil
 	if b.msgBuf != nil {
 		sharedDirtyPool.Put(b.msgBuf)
 		b.msgBuf = nil
@@ -430,16 +430,35 @@ func (d *batchDecoder) newBatch(count int) *Batch {
 	return b
 }
 
+// batchIDs checks a batch header (count tuples, the last one lastID; the
+// ids are consecutive) and returns the first tuple's id and how many
+// tuples, from the first, were delivered before (id <= after: duplicates
+// after a resubscription).
+func batchIDs(count int, lastID, after uint64) (first uint64, skip int, err error) {
+	if count <= 0 || lastID < uint64(count) {
+		return 0, 0, fmt.Errorf("%w: header says %d tuples ending with id %d", ErrProtocol, count, lastID)
+	}
+	first = lastID - uint64(count) + 1
+	if after >= first {
+		skip = int(min(after-first+1, uint64(count)))
+	}
+	return first, skip, nil
+}
+
 // decode decodes count tuples from data, keeping those with id > after,
 // and checks them against the header (count, lastID).
 func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
+	first, skip, err := batchIDs(count, lastID, after)
+	if err != nil {
+		return nil, err
+	}
 	switch {
 	case d.index:
-		return d.decodeIndex(data, count, lastID, after)
+		return d.decodeIndex(data, count, first, skip)
 	case d.packed:
-		return d.decodePacked(data, count, lastID, after)
+		return d.decodePacked(data, count, first, skip)
 	}
-	b := d.newBatch(count)
+	b := d.newBatch(count - skip)
 	defer func() {
 		if err != nil {
 			b.Release()
@@ -447,13 +466,23 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	}()
 	values := b.valueArray[:cap(b.valueArray)]
 	used := 0 // values[:used] belong to decoded tuples
-	prev := after
-	kept, n, off := 0, 0, 0
+	var scratch tuple.Tuple
+	n, off := 0, 0
 	for off < len(data) {
 		if n == count {
 			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
 		}
-		t := &b.Tuples[kept]
+		if n < skip {
+			// Delivered before a resubscription: checked, not kept.
+			k, err := tuple.DecodeTuple(data[off:], &scratch)
+			if err != nil {
+				return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
+			}
+			off += k
+			n++
+			continue
+		}
+		t := &b.Tuples[n-skip]
 		// Decode straight into the value array: DecodeTuple reuses the
 		// capacity it is given, and allocates only when the array is full.
 		t.Values = values[used:used:len(values)]
@@ -461,15 +490,9 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		if err != nil {
 			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
 		}
+		t.ID = first + uint64(n)
 		off += k
 		n++
-		if t.ID <= prev {
-			if kept > 0 {
-				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
-			}
-			continue // already delivered before a resubscription
-		}
-		prev = t.ID
 		nv := len(t.Values)
 		if nv > 0 && used+nv <= len(values) && &t.Values[0] == &values[used] {
 			used += nv
@@ -484,49 +507,42 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 		}
 		t.Values = t.Values[:nv:nv]
 		d.valuesPerTuple = max(d.valuesPerTuple, nv)
-		kept++
 	}
-	if err := b.trim(n, count, kept, prev, lastID); err != nil {
+	if err := b.trim(n, count, first, skip, lastID); err != nil {
 		return nil, err
 	}
 	return b, nil
 }
 
-// trim checks a decoded batch against its header (count tuples, the last
-// one lastID; n decoded, the last prev) and cuts Tuples to the kept ones.
-func (b *Batch) trim(n, count, kept int, prev, lastID uint64) error {
+// trim checks that a decoded batch held as many tuples as its header says
+// (n decoded, count announced) and sets its ids (tuples from first+skip to
+// lastID delivered).
+func (b *Batch) trim(n, count int, first uint64, skip int, lastID uint64) error {
 	if n != count {
 		return fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n)
 	}
-	if kept > 0 && prev != lastID {
-		return fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev)
-	}
-	clear(b.Tuples[kept:]) // skipped duplicates
-	b.Tuples = b.Tuples[:kept:kept]
-	if kept > 0 {
-		b.LastID = prev
+	if skip < count {
+		b.FirstID, b.LastID = first+uint64(skip), lastID
 	}
 	return nil
 }
 
 // decodeIndex is decode for a subscriber that delivers encodings: each
-// tuple's header is checked (decoded into one scratch tuple, not into an
-// array of them) and its id and offset kept.
-func (d *batchDecoder) decodeIndex(data []byte, count int, lastID, after uint64) (*Batch, error) {
+// tuple's size and header are checked (decoded into one scratch tuple, not
+// into an array of them) and its offset kept.
+func (d *batchDecoder) decodeIndex(data []byte, count int, first uint64, skip int) (*Batch, error) {
 	b, _ := batchPool.Get().(*Batch)
 	if b == nil {
 		b = &Batch{}
 	}
 	b.recyclable = true
 	b.Tuples = nil
-	b.IDs = make([]uint64, 0, count)
-	b.Offsets = make([]int, 0, count)
+	b.Offsets = make([]int, 0, count-skip)
 	fail := func(err error) (*Batch, error) {
 		b.Release()
 		return nil, err
 	}
 	var t tuple.Tuple
-	prev := after
 	n, off, start := 0, 0, 0 // start: offset of the first tuple kept
 	for off < len(data) {
 		if n == count {
@@ -539,25 +555,14 @@ func (d *batchDecoder) decodeIndex(data []byte, count int, lastID, after uint64)
 		at := off
 		off += k
 		n++
-		if t.ID <= prev {
-			if len(b.IDs) > 0 {
-				return fail(fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev))
-			}
+		if n <= skip {
 			start = off
 			continue // already delivered before a resubscription
 		}
-		prev = t.ID
-		b.IDs = append(b.IDs, t.ID)
 		b.Offsets = append(b.Offsets, at-start)
 	}
-	if n != count {
-		return fail(fmt.Errorf("%w: header says %d tuples, data holds %d", ErrProtocol, count, n))
-	}
-	if len(b.IDs) > 0 {
-		if prev != lastID {
-			return fail(fmt.Errorf("%w: header says last id %d, data ends with %d", ErrProtocol, lastID, prev))
-		}
-		b.LastID = prev
+	if err := b.trim(n, count, first, skip, first+uint64(count)-1); err != nil {
+		return fail(err)
 	}
 	b.Encoded = data[start:len(data):len(data)]
 	return b, nil
@@ -565,40 +570,39 @@ func (d *batchDecoder) decodeIndex(data []byte, count int, lastID, after uint64)
 
 // decodePacked is decode for a subscriber that keeps values packed: each
 // tuple's header, and the batch's encoding and offsets.
-func (d *batchDecoder) decodePacked(data []byte, count int, lastID, after uint64) (_ *Batch, err error) {
-	b := d.newBatch(count)
+func (d *batchDecoder) decodePacked(data []byte, count int, first uint64, skip int) (_ *Batch, err error) {
+	b := d.newBatch(count - skip)
 	defer func() {
 		if err != nil {
 			b.Release()
 		}
 	}()
-	b.Offsets = make([]int, 0, count)
-	prev := after
-	kept, n, off, start := 0, 0, 0, 0 // start: offset of the first tuple kept
+	b.Offsets = make([]int, 0, count-skip)
+	var scratch tuple.Tuple
+	n, off, start := 0, 0, 0 // start: offset of the first tuple kept
 	for off < len(data) {
 		if n == count {
 			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
 		}
-		t := &b.Tuples[kept]
+		t := &scratch
+		if n >= skip {
+			t = &b.Tuples[n-skip]
+		}
 		k, err := tuple.DecodeHeader(data[off:], t)
 		if err != nil {
 			return nil, fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err)
 		}
+		t.ID = first + uint64(n)
 		at := off
 		off += k
 		n++
-		if t.ID <= prev {
-			if kept > 0 {
-				return nil, fmt.Errorf("%w: id %d after %d", ErrProtocol, t.ID, prev)
-			}
+		if n <= skip {
 			start = off
 			continue // already delivered before a resubscription
 		}
-		prev = t.ID
 		b.Offsets = append(b.Offsets, at-start)
-		kept++
 	}
-	if err := b.trim(n, count, kept, prev, lastID); err != nil {
+	if err := b.trim(n, count, first, skip, first+uint64(count)-1); err != nil {
 		return nil, err
 	}
 	b.Encoded = data[start:len(data):len(data)]

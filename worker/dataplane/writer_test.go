@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -21,7 +22,11 @@ func readAllIDs(t *testing.T, b *OutputBuffer, after uint64) []uint64 {
 		if count == 0 {
 			return ids
 		}
-		ids = append(ids, decodeAll(t, data)...)
+		got := decodeAll(t, data)
+		if len(got) != count || got[count-1] != last {
+			t.Fatalf("read %d tuples ending with %d, buffer says %d ending with %d", len(got), got[len(got)-1], count, last)
+		}
+		ids = append(ids, got...)
 		after = last
 	}
 }
@@ -149,12 +154,53 @@ func TestWriterDiscardAndOrder(t *testing.T) {
 	if err := w.Add(dataTuple(3, "c")); !errors.Is(err, ErrIDOrder) {
 		t.Fatalf("reused id: %v", err)
 	}
+	if err := w.Add(dataTuple(5, "c")); !errors.Is(err, ErrIDOrder) {
+		t.Fatalf("skipped id: %v", err)
+	}
 	if err := w.Add(dataTuple(4, "d")); err != nil {
 		t.Fatal(err)
 	}
 	b.Close()
 	if err := w.Flush(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("flush after close: %v", err)
+	}
+}
+
+// A stream with a gap (Append allows one): reads never cross it, so the
+// ids of a read are consecutive, and every tuple is found by its id.
+func TestBufferGap(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{})
+	for _, id := range []uint64{1, 2, 3, 10, 11, 40} {
+		if err := b.Append(ctx, dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reads [][]uint64
+	for after := uint64(0); ; {
+		data, count, last, _, _, err := b.Read(after, MaxBatchBytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if count == 0 {
+			break
+		}
+		got := decodeAll(t, data)
+		if len(got) != count || got[count-1] != last {
+			t.Fatalf("after %d: read %v, buffer says %d ending with %d", after, got, count, last)
+		}
+		reads = append(reads, got)
+		after = last
+	}
+	want := [][]uint64{{1, 2, 3}, {10, 11}, {40}}
+	if !reflect.DeepEqual(reads, want) {
+		t.Fatalf("reads %v, want %v", reads, want)
+	}
+	if got := readAllIDs(t, b, 10); !slices.Equal(got, []uint64{11, 40}) {
+		t.Fatalf("after 10: %v", got)
+	}
+	if got := readAllIDs(t, b, 5); !slices.Equal(got, []uint64{10, 11, 40}) {
+		t.Fatalf("after 5 (inside the gap): %v", got)
 	}
 }
 

@@ -73,15 +73,15 @@ func (t *task) buildInputs() {
 // passBatch appends a received batch to a pass-through sink's result
 // stream as it is.
 func (t *task) passBatch(b *dataplane.Batch) error {
-	ids, offs, data := b.IDs, b.Offsets, b.Encoded
-	b.IDs, b.Offsets, b.Encoded = nil, nil, nil
+	first, offs, data := b.FirstID, b.Offsets, b.Encoded
+	b.Offsets, b.Encoded = nil, nil
 	b.Release()
 	var last tuple.Tuple
 	if _, err := tuple.DecodeHeader(data[offs[len(offs)-1]:], &last); err != nil {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
-	if err := t.outs[0].buf.Adopt(t.ctx, ids, offs, data); err != nil {
+	if err := t.outs[0].buf.Adopt(t.ctx, first, offs, data); err != nil {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}

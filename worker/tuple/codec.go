@@ -15,11 +15,16 @@ import (
 //
 //	size     uvarint: the length of the rest of the tuple
 //	type     1 byte
-//	id       uvarint
 //	stime    8 bytes (two's complement, little-endian)
 //	version  uvarint
 //	nvalues  uvarint
 //	values   nvalues × (kind byte, payload)
+//
+// A tuple's id is not in its encoding: ids are consecutive within a
+// stream, so a tuple's id is its position, and whatever carries encoded
+// tuples carries the id of the first (a batch on the wire, a chunk of an
+// output buffer). Encoders ignore Tuple.ID and decoders leave it alone;
+// the reader of a batch numbers the tuples (see BatchReader).
 //
 // The size prefix lets a reader find where a tuple ends from its first
 // bytes: a consumer that only forwards tuples (DecodeHeader) reads the
@@ -71,10 +76,10 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 var sizeReserve [binary.MaxVarintLen64]byte
 
 // minBodyLen is a lower bound of the length of t's encoding after its size:
-// a type byte, one byte for each varint, 8 for stime, and per value a kind
+// a type byte, 8 for stime, one byte for each varint, and per value a kind
 // byte plus a string's bytes.
 func minBodyLen(t *Tuple) int {
-	n := 12 + len(t.Values)
+	n := 11 + len(t.Values)
 	for i := range t.Values {
 		if k := t.Values[i].Kind; k == KindString || k == KindBytes {
 			n += len(t.Values[i].S)
@@ -111,7 +116,6 @@ func appendBody(dst []byte, t *Tuple) []byte {
 		b := dst[n : n+maxHeaderLen]
 		b[0] = byte(t.Type)
 		k := 1
-		k += putUvarint(b[k:], t.ID)
 		binary.LittleEndian.PutUint64(b[k:], uint64(t.STime))
 		k += 8
 		k += putUvarint(b[k:], t.Version)
@@ -119,7 +123,6 @@ func appendBody(dst []byte, t *Tuple) []byte {
 		dst = dst[:n+k]
 	} else {
 		dst = append(dst, byte(t.Type))
-		dst = binary.AppendUvarint(dst, t.ID)
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(t.STime))
 		dst = binary.AppendUvarint(dst, t.Version)
 		dst = binary.AppendUvarint(dst, uint64(len(t.Values)))
@@ -171,7 +174,6 @@ func appendPacked(dst []byte, t *Tuple) []byte {
 		k := putUvarint(b, uint64(size))
 		b[k] = byte(t.Type)
 		k++
-		k += putUvarint(b[k:], t.ID)
 		binary.LittleEndian.PutUint64(b[k:], uint64(t.STime))
 		k += 8
 		k += putUvarint(b[k:], t.Version)
@@ -182,7 +184,6 @@ func appendPacked(dst []byte, t *Tuple) []byte {
 	}
 	dst = binary.AppendUvarint(dst, uint64(size))
 	dst = append(dst, byte(t.Type))
-	dst = binary.AppendUvarint(dst, t.ID)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(t.STime))
 	dst = binary.AppendUvarint(dst, t.Version)
 	return append(dst, t.packed...)
@@ -190,12 +191,12 @@ func appendPacked(dst []byte, t *Tuple) []byte {
 
 // packedBodyLen is the length of a packed tuple's encoding after its size.
 func packedBodyLen(t *Tuple) int {
-	return 1 + uvarintLen(t.ID) + 8 + uvarintLen(t.Version) + len(t.packed)
+	return 1 + 8 + uvarintLen(t.Version) + len(t.packed)
 }
 
-// maxHeaderLen bounds the encoded header: the type byte, stime and three
-// varints.
-const maxHeaderLen = 1 + 8 + 3*binary.MaxVarintLen64
+// maxHeaderLen bounds the encoded header after the size: the type byte,
+// stime and two varints.
+const maxHeaderLen = 1 + 8 + 2*binary.MaxVarintLen64
 
 // putUvarint is binary.PutUvarint with the common one-byte case first; b
 // must hold binary.MaxVarintLen64 bytes.
@@ -228,7 +229,7 @@ func bodyLen(t *Tuple) int {
 	if t.Packed() {
 		return packedBodyLen(t)
 	}
-	n := 1 + uvarintLen(t.ID) + 8 + uvarintLen(t.Version) + uvarintLen(uint64(len(t.Values)))
+	n := 1 + 8 + uvarintLen(t.Version) + uvarintLen(uint64(len(t.Values)))
 	for i := range t.Values {
 		v := &t.Values[i]
 		n++
@@ -264,7 +265,8 @@ func varintLen(x int64) int {
 }
 
 // DecodeTuple decodes one tuple from the start of src into t and returns
-// the number of bytes consumed. It reuses t.Values' capacity, so decoding a
+// the number of bytes consumed. t.ID is left as it is (ids are not
+// encoded). It reuses t.Values' capacity, so decoding a
 // stream of tuples into the same Tuple does not allocate.
 //
 // Strings (KindString and KindBytes values) are not copied: they alias src.
@@ -404,10 +406,6 @@ func decodeHeader(src []byte, t *Tuple) (frame []byte, countAt, off int, count u
 	}
 	t.Type = typ
 	off++
-	if t.ID, k = uvarintAt(src, off); k <= 0 {
-		return nil, 0, 0, 0, headerErr("id", k)
-	}
-	off += k
 	if len(src)-off < 8 {
 		return nil, 0, 0, 0, fmt.Errorf("%w: stime", ErrTruncated)
 	}
@@ -540,7 +538,7 @@ func valueErr(i int, kind Kind, k int) error {
 
 // BatchReader iterates over the tuples of an encoded batch:
 //
-//	r := tuple.NewBatchReader(data)
+//	r := tuple.NewBatchReader(data, firstID)
 //	var t tuple.Tuple
 //	for r.Next(&t) { ... }
 //	if err := r.Err(); err != nil { ... }
@@ -549,14 +547,21 @@ func valueErr(i int, kind Kind, k int) error {
 type BatchReader struct {
 	data []byte
 	off  int
+	next uint64 // id of the next tuple
 	err  error
 }
 
-// NewBatchReader returns a reader over data. Decoded strings alias data.
-func NewBatchReader(data []byte) *BatchReader { return &BatchReader{data: data} }
+// NewBatchReader returns a reader over data, whose first tuple has id
+// firstID (and each next one the next id). Decoded strings alias data.
+func NewBatchReader(data []byte, firstID uint64) *BatchReader {
+	return &BatchReader{data: data, next: firstID}
+}
 
-// Reset makes r read data from the start.
-func (r *BatchReader) Reset(data []byte) { *r = BatchReader{data: data} }
+// Reset makes r read data, whose first tuple has id firstID, from the
+// start.
+func (r *BatchReader) Reset(data []byte, firstID uint64) {
+	*r = BatchReader{data: data, next: firstID}
+}
 
 // Next decodes the next tuple into t. It returns false at the end of the
 // batch or on the first malformed tuple (then Err says what is wrong).
@@ -570,6 +575,8 @@ func (r *BatchReader) Next(t *Tuple) bool {
 		return false
 	}
 	r.off += n
+	t.ID = r.next
+	r.next++
 	return true
 }
 

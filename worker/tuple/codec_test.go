@@ -31,7 +31,7 @@ func TestRoundTrip(t *testing.T) {
 			if got := EncodedSize(&want); got != len(enc) {
 				t.Fatalf("EncodedSize = %d, encoding has %d bytes", got, len(enc))
 			}
-			var got Tuple
+			got := Tuple{ID: want.ID} // ids are not encoded
 			n, err := DecodeTuple(enc, &got)
 			if err != nil {
 				t.Fatalf("DecodeTuple: %v", err)
@@ -55,7 +55,7 @@ func TestBatchReader(t *testing.T) {
 	for i := range samples {
 		batch = AppendTuple(batch, &samples[i])
 	}
-	r := NewBatchReader(batch)
+	r := NewBatchReader(batch, 41)
 	var tp Tuple
 	var ids []uint64
 	for r.Next(&tp) {
@@ -64,10 +64,10 @@ func TestBatchReader(t *testing.T) {
 	if err := r.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if len(ids) != len(samples) || ids[len(ids)-1] != 8 {
-		t.Fatalf("ids %v", ids)
+	if !slices.Equal(ids, []uint64{41, 42, 43, 44, 45}) {
+		t.Fatalf("ids %v, want the batch's positions from 41", ids)
 	}
-	r.Reset(batch[:len(batch)-1])
+	r.Reset(batch[:len(batch)-1], 1)
 	n := 0
 	for r.Next(&tp) {
 		n++
@@ -77,9 +77,9 @@ func TestBatchReader(t *testing.T) {
 	}
 }
 
-// hdr is the body of an encoded STABLE tuple up to its version: type, id
-// 1 and an 8-byte stime 0.
-func hdr() []byte { return []byte{1, 1, 0, 0, 0, 0, 0, 0, 0, 0} }
+// hdr is the body of an encoded STABLE tuple up to its version: type and
+// an 8-byte stime 0.
+func hdr() []byte { return []byte{1, 0, 0, 0, 0, 0, 0, 0, 0} }
 
 // framed prefixes body with its size, as an encoded tuple starts.
 func framed(body []byte) []byte {
@@ -98,14 +98,13 @@ func TestDecodeErrors(t *testing.T) {
 	}{
 		{"empty", nil, ErrTruncated, false},
 		{"size overflow", []byte(strings.Repeat("\xff", 10) + "\x01"), ErrBadValue, false},
-		{"size beyond input", framed(append(hdr(), 0, 0))[:12], ErrTruncated, false},
+		{"size beyond input", framed(append(hdr(), 0, 0))[:11], ErrTruncated, false},
 		{"size cut", []byte{0x80}, ErrTruncated, false},
 		{"zero size", []byte{0}, ErrTruncated, false},
-		{"bad type", framed([]byte{9, 1, 0, 0, 0}), ErrBadType, false},
-		{"zero type", framed([]byte{0, 1, 0, 0, 0}), ErrBadType, false},
+		{"bad type", framed([]byte{9, 0, 0, 0, 0}), ErrBadType, false},
+		{"zero type", framed([]byte{0, 0, 0, 0, 0}), ErrBadType, false},
 		{"header cut", framed([]byte{1, 1}), ErrTruncated, false},
-		{"id overflow", framed(append([]byte{1}, strings.Repeat("\xff", 10)+"\x01"...)), ErrBadValue, false},
-		{"stime cut", framed([]byte{1, 1, 0, 0, 0, 0, 0, 0, 0}), ErrTruncated, false},
+		{"stime cut", framed([]byte{1, 0, 0, 0, 0, 0, 0, 0}), ErrTruncated, false},
 		{"version overflow", framed(append(hdr(), strings.Repeat("\xff", 10)+"\x01"...)), ErrBadValue, false},
 		{"count too large", framed(append(hdr(), 0, 100, 1, 1)), ErrTruncated, false},
 		{"value past size", append(framed(append(hdr(), 0, 1, byte(KindInt))), 2), ErrTruncated, true},
@@ -167,7 +166,7 @@ func TestSizePrefix(t *testing.T) {
 	}
 }
 
-// A tuple decoded by DecodeHeader re-encodes, under a new id, to exactly
+// A tuple decoded by DecodeHeader re-encodes, under a new version, to exactly
 // what the fully decoded tuple encodes to, and decoding that yields the values
 // DecodeTuple yields.
 func TestDecodeHeaderPassThrough(t *testing.T) {
@@ -186,20 +185,20 @@ func TestDecodeHeaderPassThrough(t *testing.T) {
 			if !packed.Packed() || len(packed.Values) != 0 {
 				t.Fatalf("Packed() = %v with %d values", packed.Packed(), len(packed.Values))
 			}
-			if packed.Type != want.Type || packed.ID != want.ID || packed.STime != want.STime || packed.Version != want.Version {
+			if packed.Type != want.Type || packed.STime != want.STime || packed.Version != want.Version {
 				t.Fatalf("header %+v, want %+v", packed, want)
 			}
-			for _, id := range []uint64{1, 300, math.MaxUint64} {
-				full.ID, packed.ID = id, id
+			for _, v := range []uint64{0, 300, math.MaxUint64} {
+				full.Version, packed.Version = v, v
 				wantEnc := AppendTuple([]byte("x"), &full)
 				if got := AppendTuple([]byte("x"), &packed); !bytes.Equal(got, wantEnc) {
-					t.Fatalf("id %d: packed re-encoding %x, want %x", id, got, wantEnc)
+					t.Fatalf("version %d: packed re-encoding %x, want %x", v, got, wantEnc)
 				}
 				if got := AppendTuple(make([]byte, 1, 1+EncodedSize(&packed)), &packed); !bytes.Equal(got[1:], wantEnc[1:]) {
-					t.Fatalf("id %d: in-place packed re-encoding %x, want %x", id, got, wantEnc)
+					t.Fatalf("version %d: in-place packed re-encoding %x, want %x", v, got, wantEnc)
 				}
 				if got := EncodedSize(&packed); got != len(wantEnc)-1 {
-					t.Fatalf("id %d: EncodedSize %d, want %d", id, got, len(wantEnc)-1)
+					t.Fatalf("version %d: EncodedSize %d, want %d", v, got, len(wantEnc)-1)
 				}
 			}
 			c := packed.Clone()
@@ -221,6 +220,20 @@ func TestDecodeHeaderPassThrough(t *testing.T) {
 				t.Fatal("values set after DecodeHeader were ignored")
 			}
 		})
+	}
+}
+
+// Ids are positions, not part of a tuple's encoding.
+func TestIDNotEncoded(t *testing.T) {
+	a := Tuple{Type: Stable, ID: 1, Values: []Value{Int(5)}}
+	b := a
+	b.ID = math.MaxUint64
+	if !bytes.Equal(AppendTuple(nil, &a), AppendTuple(nil, &b)) || EncodedSize(&a) != EncodedSize(&b) {
+		t.Fatal("tuples that differ only in id encode differently")
+	}
+	got := Tuple{ID: 77}
+	if _, err := DecodeTuple(AppendTuple(nil, &a), &got); err != nil || got.ID != 77 {
+		t.Fatalf("DecodeTuple changed the id to %d (%v)", got.ID, err)
 	}
 }
 
@@ -349,10 +362,10 @@ func BenchmarkDecode100B(b *testing.B) {
 	b.ReportAllocs()
 	var r BatchReader
 	var t Tuple
-	r.Reset(batch)
+	r.Reset(batch, 1)
 	for b.Loop() {
 		if !r.Next(&t) {
-			r.Reset(batch)
+			r.Reset(batch, 1)
 			r.Next(&t)
 		}
 	}
@@ -402,7 +415,6 @@ func TestUvarintAtMatchesBinary(t *testing.T) {
 func TestAppendTupleMatchesReference(t *testing.T) {
 	reference := func(t *Tuple) []byte {
 		dst := []byte{byte(t.Type)}
-		dst = binary.AppendUvarint(dst, t.ID)
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(t.STime))
 		dst = binary.AppendUvarint(dst, t.Version)
 		dst = binary.AppendUvarint(dst, uint64(len(t.Values)))
@@ -465,7 +477,7 @@ func BenchmarkDecodeForward(b *testing.B) {
 	var r BatchReader
 	var t Tuple
 	for b.Loop() {
-		r.Reset(batch)
+		r.Reset(batch, 1)
 		for r.Next(&t) {
 		}
 	}
@@ -495,9 +507,9 @@ func BenchmarkDecodeHeader100B(b *testing.B) {
 }
 
 // BenchmarkEncodeBlob encodes the forward benchmark's record shape: a
-// sequence number and a 78-byte payload.
+// sequence number and an 81-byte payload.
 func BenchmarkEncodeBlob(b *testing.B) {
-	rec := &Tuple{Type: Stable, ID: 3_000_000, STime: 1_700_000_000_000_000_000, Values: []Value{Int(2_999_999), Str(strings.Repeat("p", 77))}}
+	rec := &Tuple{Type: Stable, ID: 3_000_000, STime: 1_700_000_000_000_000_000, Values: []Value{Int(2_999_999), Str(strings.Repeat("p", 81))}}
 	buf := make([]byte, 0, 128<<10)
 	b.SetBytes(int64(EncodedSize(rec)))
 	for b.Loop() {
@@ -550,7 +562,7 @@ func BenchmarkDecodeHeaderBlob(b *testing.B) {
 	n := 0
 	for len(batch) < 120<<10 {
 		rec := Tuple{Type: Stable, ID: uint64(3_000_000 + n), STime: 1_700_000_000_000_000_000 + int64(n)*1000,
-			Values: []Value{Int(int64(2_999_999 + n)), Str(strings.Repeat("p", 77))}}
+			Values: []Value{Int(int64(2_999_999 + n)), Str(strings.Repeat("p", 81))}}
 		batch = AppendTuple(batch, &rec)
 		n++
 	}
