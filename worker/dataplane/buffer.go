@@ -447,6 +447,7 @@ func (w *Writer) newStaging(tuples int) {
 	}
 	w.offs = make([]int, 0, tuples)
 }
+
 // firstStagingBytes is the first staging array of a Writer: a stream that
 // never fills a batch holds no more.
 const firstStagingBytes = 16 << 10
