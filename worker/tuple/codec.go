@@ -66,9 +66,20 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 	// that the smallest encoding t could have needs for its size, and move
 	// the body up in the rare case its real size needs more.
 	start := len(dst)
-	reserve := uvarintLen(uint64(minBodyLen(t)))
-	dst = append(dst, sizeReserve[:reserve]...)
+	reserve := 1
+	if m := minBodyLen(t); m >= 0x80 {
+		reserve = uvarintLen(uint64(m))
+	}
+	if cap(dst)-start >= reserve {
+		dst = dst[:start+reserve] // written below
+	} else {
+		dst = append(dst, sizeReserve[:reserve]...)
+	}
 	dst = appendBody(dst, t)
+	if size := len(dst) - start - 1; reserve == 1 && size < 0x80 {
+		dst[start] = byte(size) // the usual small tuple
+		return dst
+	}
 	return putSize(dst, start, reserve)
 }
 
