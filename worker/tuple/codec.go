@@ -396,12 +396,17 @@ func decodeValues(src []byte, off int, count uint64, t *Tuple) (int, error) {
 // src), the offsets in frame of the value count and of the first value,
 // and the count (already checked against the bytes left).
 func decodeHeader(src []byte, t *Tuple) (frame []byte, countAt, off int, count uint64, err error) {
+	if n := shortHeader(src, t); n > 0 {
+		return src[:n:n], 11, 12, uint64(src[11]), nil
+	}
 	if len(src) == 0 {
 		return nil, 0, 0, 0, fmt.Errorf("%w: empty input", ErrTruncated)
 	}
-	size, k := uvarintAt(src, 0)
-	if k <= 0 {
-		return nil, 0, 0, 0, headerErr("size", k)
+	size, k := uint64(src[0]), 1
+	if size >= 0x80 {
+		if size, k = uvarintLong(src, 0); k <= 0 {
+			return nil, 0, 0, 0, headerErr("size", k)
+		}
 	}
 	if size > uint64(len(src)-k) {
 		return nil, 0, 0, 0, fmt.Errorf("%w: tuple of %d bytes, %d left", ErrTruncated, size, len(src)-k)
@@ -459,6 +464,27 @@ func PeekType(enc []byte) Type {
 	return 0
 }
 
+// shortHeader decodes the header of the usual tuple, under 128 bytes with
+// its version and value count under 128, with a single bounds check, and
+// returns the tuple's length (its value count at 11, its values from 12).
+// For anything else it returns 0 and leaves t alone: decodeHeader's
+// general path decodes it, with the same results.
+func shortHeader(src []byte, t *Tuple) int {
+	if len(src) < 12 {
+		return 0
+	}
+	size := int(src[0])
+	h := (*[11]byte)(src[1:12])
+	typ := Type(h[0])
+	if size < 11 || size >= 0x80 || size >= len(src) || typ < Stable || typ > RecDone || h[9] >= 0x80 || int(h[10]) > size-11 {
+		return 0
+	}
+	t.Type = typ
+	t.STime = int64(binary.LittleEndian.Uint64(h[1:9]))
+	t.Version = uint64(h[9])
+	return 1 + size
+}
+
 // DecodeHeader decodes the header of the tuple at the start of src into t
 // and returns the encoded tuple's length, leaving the values packed: Values
 // becomes empty and AppendTuple re-encodes them by copying their bytes (a
@@ -471,6 +497,11 @@ func PeekType(enc []byte) Type {
 // whoever decodes it. A consumer that only forwards tuples (a sink) reads
 // them this way.
 func DecodeHeader(src []byte, t *Tuple) (n int, err error) {
+	if n := shortHeader(src, t); n > 0 {
+		t.Values = t.Values[:0]
+		t.packed = src[11:n:n]
+		return n, nil
+	}
 	frame, countAt, _, _, err := decodeHeader(src, t)
 	if err != nil {
 		return 0, err
