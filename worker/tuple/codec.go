@@ -456,8 +456,13 @@ func decodeHeader(src []byte, t *Tuple) (frame []byte, countAt, off int, count u
 // with a size and a type byte. The type is not checked.
 func PeekType(enc []byte) Type {
 	if len(enc) > 1 && enc[0] < 0x80 {
-		return Type(enc[1])
+		return Type(enc[1]) // a one-byte size: small enough to inline
 	}
+	return peekTypeLong(enc)
+}
+
+// peekTypeLong is PeekType past its one-byte size.
+func peekTypeLong(enc []byte) Type {
 	if _, k := uvarintAt(enc, 0); k > 0 && k < len(enc) {
 		return Type(enc[k])
 	}
