@@ -65,6 +65,9 @@ type task struct {
 	outs       []*outStream
 	byConsumer map[string][]*outStream // consumer -> by partition
 	routes     []route
+	// single is the only output stream when the task has one route to one
+	// partition (a chain's usual case): emitData then skips routing.
+	single *outStream
 
 	op operator.Operator // operator tasks only
 	// srcChain runs the operators fused into a source's fragment (nil when
@@ -199,6 +202,7 @@ func (t *task) buildOutputs() error {
 		t.byConsumer[""] = make([]*outStream, t.spec.Partition+1)
 		t.byConsumer[""][t.spec.Partition] = out
 		t.routes = []route{{parts: []*outStream{out}}}
+		t.single = out
 		return nil
 	}
 	replicas := max(1, t.plan.Query.Replicas)
@@ -225,6 +229,9 @@ func (t *task) buildOutputs() error {
 		}
 		t.byConsumer[name] = rt.parts
 		t.routes = append(t.routes, rt)
+	}
+	if len(t.routes) == 1 && len(t.routes[0].parts) == 1 {
+		t.single = t.routes[0].parts[0]
 	}
 	return nil
 }
@@ -398,6 +405,12 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 		tp.Type = tuple.Stable
 	}
 	t.seq++
+	if t.single != nil {
+		if err := t.appendTo(ctx, t.single, tp); err != nil {
+			t.emitErr = err
+		}
+		return
+	}
 	for i := range t.routes {
 		rt := &t.routes[i]
 		p := 0
