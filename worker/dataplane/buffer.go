@@ -418,6 +418,21 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 	if t.ID != w.lastID+1 && (w.lastID != 0 || t.ID == 0) {
 		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, w.lastID)
 	}
+	w.stage(t)
+	return nil
+}
+
+// Next stages t as the stream's next tuple, setting its ID to the previous
+// tuple's plus one (1 for the first), and reports whether the producer
+// should now Flush (Full).
+func (w *Writer) Next(t *tuple.Tuple) (full bool) {
+	t.ID = w.lastID + 1
+	w.stage(t)
+	return len(w.data) >= stagingBytes-stagingSlack
+}
+
+// stage encodes t (its id checked) after the staged tuples.
+func (w *Writer) stage(t *tuple.Tuple) {
 	if w.data == nil {
 		w.newStaging(stagingTuples)
 	}
@@ -427,7 +442,6 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 	w.lastID = t.ID
 	w.offs = append(w.offs, len(w.data))
 	w.data = tuple.AppendTuple(w.data, t)
-	return nil
 }
 
 // newStaging gives w empty staging arrays, room for about tuples tuples.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -210,4 +211,44 @@ func seq(from, to uint64) []uint64 {
 		s = append(s, i)
 	}
 	return s
+}
+
+// Next numbers the stream itself, from 1, after a Discard from the first
+// id not appended, and says when a network batch is staged.
+func TestWriterNext(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{})
+	w := b.NewWriter()
+	tp := dataTuple(0, strings.Repeat("x", 1000))
+	fulls := 0
+	for i := 1; i <= 300; i++ {
+		if w.Next(tp) {
+			fulls++
+			if err := w.Flush(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if tp.ID != uint64(i) {
+			t.Fatalf("tuple %d got id %d", i, tp.ID)
+		}
+	}
+	if fulls != 2 {
+		t.Fatalf("%d full batches in 300 KB, want 2", fulls)
+	}
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w.Next(tp)
+	if last := w.Discard(); last != 300 {
+		t.Fatalf("Discard after a flush of 300: %d", last)
+	}
+	if w.Next(tp); tp.ID != 301 {
+		t.Fatalf("after Discard: id %d, want 301", tp.ID)
+	}
+	if err := w.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.LastID != 301 || st.Tuples != 301 {
+		t.Fatalf("buffer holds %d tuples up to %d", st.Tuples, st.LastID)
+	}
 }

@@ -29,8 +29,7 @@ type outStream struct {
 	buf       *dataplane.OutputBuffer
 	// w stages the output for buf: the producer flushes it after each
 	// release step, when it is full (a network batch), and before waiting.
-	w      *dataplane.Writer
-	lastID uint64
+	w *dataplane.Writer
 }
 
 func newOutStream(consumer string, partition int, buf *dataplane.OutputBuffer) *outStream {
@@ -452,13 +451,10 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 	return nil
 }
 
+// appendTo stages tp as o's next tuple (setting its id) and flushes a full
+// network batch.
 func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
-	tp.ID = o.lastID + 1
-	if err := o.w.Add(tp); err != nil {
-		return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
-	}
-	o.lastID = tp.ID
-	if o.w.Full() {
+	if o.w.Next(tp) {
 		if err := o.w.Flush(ctx); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}
@@ -470,7 +466,7 @@ func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) erro
 // failed flush), so the next tuple reuses the first unappended id.
 func (t *task) discardStaged() {
 	for _, o := range t.outs {
-		o.lastID = o.w.Discard()
+		o.w.Discard()
 	}
 }
 
