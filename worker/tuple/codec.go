@@ -66,16 +66,19 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 	// that the smallest encoding t could have needs for its size, and move
 	// the body up in the rare case its real size needs more.
 	start := len(dst)
+	lo, hi := bodyBounds(t)
 	reserve := 1
-	if m := minBodyLen(t); m >= 0x80 {
-		reserve = uvarintLen(uint64(m))
+	if lo >= 0x80 {
+		reserve = uvarintLen(uint64(lo))
 	}
-	if cap(dst)-start >= reserve {
-		dst = dst[:start+reserve] // written below
+	if cap(dst)-start >= reserve+hi {
+		// Room for the longest possible encoding (a producer's staging
+		// array nearly always has it): no capacity checks per field.
+		dst = encodeBody(dst[:start+reserve], t)
 	} else {
 		dst = append(dst, sizeReserve[:reserve]...)
+		dst = appendBody(dst, t)
 	}
-	dst = appendBody(dst, t)
 	if size := len(dst) - start - 1; reserve == 1 && size < 0x80 {
 		dst[start] = byte(size) // the usual small tuple
 		return dst
@@ -86,17 +89,66 @@ func AppendTuple(dst []byte, t *Tuple) []byte {
 // sizeReserve is what AppendTuple reserves for a size before writing it.
 var sizeReserve [binary.MaxVarintLen64]byte
 
-// minBodyLen is a lower bound of the length of t's encoding after its size:
-// a type byte, 8 for stime, one byte for each varint, and per value a kind
-// byte plus a string's bytes.
-func minBodyLen(t *Tuple) int {
-	n := 11 + len(t.Values)
+// bodyBounds bounds the length of t's encoding after its size: lo by a
+// type byte, 8 for stime, one byte for each varint, and per value a kind
+// byte plus a string's bytes; hi by the longest encoding of each part.
+func bodyBounds(t *Tuple) (lo, hi int) {
+	lo, hi = 11+len(t.Values), maxHeaderLen+len(t.Values)*(1+binary.MaxVarintLen64)
 	for i := range t.Values {
 		if k := t.Values[i].Kind; k == KindString || k == KindBytes {
-			n += len(t.Values[i].S)
+			lo += len(t.Values[i].S)
+			hi += len(t.Values[i].S)
 		}
 	}
-	return n
+	return lo, hi
+}
+
+// encodeBody is appendBody for a dst with room for bodyBounds' hi more
+// bytes: it stores through one pointer instead of checking the capacity
+// and the index of every part (the caller's check covers them all).
+func encodeBody(dst []byte, t *Tuple) []byte {
+	n := len(dst)
+	base := unsafe.Pointer(unsafe.SliceData(dst))
+	at := func(k int) *byte { return (*byte)(unsafe.Add(base, k)) }
+	*at(n) = byte(t.Type)
+	binary.LittleEndian.PutUint64(unsafe.Slice(at(n+1), 8), uint64(t.STime))
+	k := n + 9
+	k = putUvarintAt(base, k, t.Version)
+	k = putUvarintAt(base, k, uint64(len(t.Values)))
+	for i := range t.Values {
+		v := &t.Values[i]
+		*at(k) = byte(v.Kind)
+		k++
+		switch v.Kind {
+		case KindInt, KindTimestamp:
+			k = putUvarintAt(base, k, zigzag(v.I))
+		case KindFloat:
+			binary.LittleEndian.PutUint64(unsafe.Slice(at(k), 8), math.Float64bits(v.F))
+			k += 8
+		case KindBool:
+			*at(k) = 0
+			if v.I != 0 {
+				*at(k) = 1
+			}
+			k++
+		case KindString, KindBytes:
+			k = putUvarintAt(base, k, uint64(len(v.S)))
+			k += copy(unsafe.Slice(at(k), len(v.S)), v.S)
+		}
+	}
+	return dst[:k]
+}
+
+// putUvarintAt writes x as a uvarint at base+k, which has room for
+// binary.MaxVarintLen64 bytes, and returns the offset after it.
+func putUvarintAt(base unsafe.Pointer, k int, x uint64) int {
+	for x >= 0x80 {
+		*(*byte)(unsafe.Add(base, k)) = byte(x) | 0x80
+		x >>= 7
+		k++
+	}
+	*(*byte)(unsafe.Add(base, k)) = byte(x)
+	return k + 1
 }
 
 // putSize writes the length of dst[start+reserve:] as a uvarint in the

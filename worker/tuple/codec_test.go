@@ -279,8 +279,12 @@ func FuzzDecodeTuple(f *testing.F) {
 			t.Fatalf("consumed %d of %d bytes", n, len(data))
 		}
 		// A successful decode re-encodes to something that decodes to the
-		// same tuple (encodings are not unique: varints may be padded).
+		// same tuple (encodings are not unique: varints may be padded),
+		// whichever path the encoder takes.
 		again := AppendTuple(nil, &tp)
+		if roomy := AppendTuple(make([]byte, 3, len(data)+(len(tp.Values)+4)*binary.MaxVarintLen64), &tp); !bytes.Equal(roomy[3:], again) {
+			t.Fatalf("encodings with and without room differ: % x and % x", roomy[3:], again)
+		}
 		var tp2 Tuple
 		if _, err := DecodeTuple(again, &tp2); err != nil {
 			t.Fatalf("re-decode: %v", err)
@@ -440,7 +444,9 @@ func TestAppendTupleMatchesReference(t *testing.T) {
 		}})
 	for i := range tuples {
 		want := reference(&tuples[i])
-		for _, prefix := range [][]byte{nil, []byte("abc"), make([]byte, 5, 6)} {
+		// Small capacities take the appending path, a large one the
+		// unchecked one (room for any encoding of the tuple).
+		for _, prefix := range [][]byte{nil, []byte("abc"), make([]byte, 5, 6), make([]byte, 7, 1<<16)} {
 			got := AppendTuple(slices.Clone(prefix), &tuples[i])
 			if !bytes.Equal(got[len(prefix):], want) || !bytes.Equal(got[:len(prefix)], prefix) {
 				t.Fatalf("tuple %d: AppendTuple = % x, want % x", i, got, want)
