@@ -47,17 +47,17 @@ var ErrBadKind = errors.New("tuple: unknown value kind")
 var ErrBadType = errors.New("tuple: unknown tuple type")
 
 // ErrBadValue means a value payload is malformed (a bool other than 0 or 1,
-// a value count larger than the remaining input).
+// a varint over 64 bits) or the values end before the tuple's size says.
 var ErrBadValue = errors.New("tuple: malformed value")
 
 // AppendTuple appends the encoding of t to dst and returns the extended
 // slice. It does not allocate when dst has enough capacity.
 //
-// Where dst has room for the longest possible encoding of a part (header,
-// integer, string), that part is written in place, with putUvarint, rather
-// than appended byte by byte, each append re-checking the capacity. Parts
-// that might not fit are appended, so that allocation happens only when the
-// encoding itself does not fit.
+// When dst has room for the longest encoding t could have, the body is
+// stored without further checks (encodeBody). Otherwise each part that
+// surely fits is written in place and the others are appended, so that
+// allocation happens only when the encoding itself does not fit
+// (appendBody).
 func AppendTuple(dst []byte, t *Tuple) []byte {
 	if t.Packed() {
 		return appendPacked(dst, t)
