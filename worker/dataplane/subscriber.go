@@ -452,11 +452,8 @@ func (d *batchDecoder) decode(data []byte, count int, lastID, after uint64) (_ *
 	if err != nil {
 		return nil, err
 	}
-	switch {
-	case d.index:
-		return d.decodeIndex(data, count, first, skip)
-	case d.packed:
-		return d.decodePacked(data, count, first, skip)
+	if d.index || d.packed {
+		return d.decodeHeaders(data, count, first, skip)
 	}
 	b := d.newBatch(count - skip)
 	defer func() {
@@ -527,51 +524,23 @@ func (b *Batch) trim(n, count int, first uint64, skip int, lastID uint64) error 
 	return nil
 }
 
-// decodeIndex is decode for a subscriber that delivers encodings: each
-// tuple's size and header are checked (decoded into one scratch tuple, not
-// into an array of them) and its offset kept.
-func (d *batchDecoder) decodeIndex(data []byte, count int, first uint64, skip int) (*Batch, error) {
-	b, _ := batchPool.Get().(*Batch)
-	if b == nil {
-		b = &Batch{}
-	}
-	b.recyclable = true
-	b.Tuples = nil
-	b.Offsets = make([]int, 0, count-skip)
-	fail := func(err error) (*Batch, error) {
-		b.Release()
-		return nil, err
-	}
-	var t tuple.Tuple
-	n, off, start := 0, 0, 0 // start: offset of the first tuple kept
-	for off < len(data) {
-		if n == count {
-			return fail(fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count))
+// decodeHeaders is decode for a subscriber that keeps values packed or
+// delivers encodings: each tuple's size and header are checked, and the
+// batch's encoding and offsets kept. With packed values each kept tuple's
+// header goes to Tuples; delivering encodings, nobody reads the headers,
+// so they go to one scratch tuple instead of an array of them.
+func (d *batchDecoder) decodeHeaders(data []byte, count int, first uint64, skip int) (_ *Batch, err error) {
+	var b *Batch
+	keep := !d.index
+	if keep {
+		b = d.newBatch(count - skip)
+	} else {
+		if b, _ = batchPool.Get().(*Batch); b == nil {
+			b = &Batch{}
 		}
-		k, err := tuple.DecodeHeader(data[off:], &t)
-		if err != nil {
-			return fail(fmt.Errorf("%w: at byte %d of batch: %w", ErrProtocol, off, err))
-		}
-		at := off
-		off += k
-		n++
-		if n <= skip {
-			start = off
-			continue // already delivered before a resubscription
-		}
-		b.Offsets = append(b.Offsets, at-start)
+		b.recyclable = true
+		b.Tuples = nil
 	}
-	if err := b.trim(n, count, first, skip, first+uint64(count)-1); err != nil {
-		return fail(err)
-	}
-	b.Encoded = data[start:len(data):len(data)]
-	return b, nil
-}
-
-// decodePacked is decode for a subscriber that keeps values packed: each
-// tuple's header, and the batch's encoding and offsets.
-func (d *batchDecoder) decodePacked(data []byte, count int, first uint64, skip int) (_ *Batch, err error) {
-	b := d.newBatch(count - skip)
 	defer func() {
 		if err != nil {
 			b.Release()
@@ -585,7 +554,7 @@ func (d *batchDecoder) decodePacked(data []byte, count int, first uint64, skip i
 			return nil, fmt.Errorf("%w: header says %d tuples, data holds more", ErrProtocol, count)
 		}
 		t := &scratch
-		if n >= skip {
+		if keep && n >= skip {
 			t = &b.Tuples[n-skip]
 		}
 		k, err := tuple.DecodeHeader(data[off:], t)
