@@ -2,6 +2,8 @@ package operator
 
 import (
 	"errors"
+	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 
@@ -209,5 +211,43 @@ func TestAggregateNewErrors(t *testing.T) {
 				t.Errorf("error %q should mention %q", err, tc.mention)
 			}
 		})
+	}
+}
+
+// The windows of a tuple, kept from the previous tuple while its stime
+// stays in the same range, are always the ones the two floors give: for
+// tumbling and sliding windows, sizes that are not multiples of the slide,
+// stimes on and around window edges, going back in time, negative, and
+// near the int64 limits.
+func TestAggregateWindowRangeCache(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for _, w := range []struct{ size, slide int64 }{{10, 10}, {10, 3}, {7, 5}, {60e9, 60e9}, {60e9, 1e9}, {3, 7}} {
+		a := &aggregate{size: w.size, slide: w.slide}
+		s := int64(-50)
+		var stimes []int64
+		for range 5000 {
+			switch rng.IntN(10) {
+			case 0:
+				s -= rng.Int64N(3 * w.slide) // back in time
+			case 1:
+				s = (s/w.slide + 1) * w.slide // on an edge
+			case 2:
+				s = (s/w.slide+1)*w.slide - 1 // just before one
+			default:
+				s += rng.Int64N(w.slide/2 + 2)
+			}
+			stimes = append(stimes, s)
+		}
+		stimes = append(stimes, math.MaxInt64-1, math.MaxInt64/4+1, 5, math.MinInt64+w.size+1, -5, 1_700_000_000_000_000_000, 1_700_000_000_000_000_001)
+		for _, s := range stimes {
+			if s < a.rangeFrom || s >= a.rangeTo {
+				a.windowsOf(s)
+			}
+			wantFrom, wantTo := floorDiv(s-w.size, w.slide)+1, floorDiv(s, w.slide)
+			if a.kFrom != wantFrom || a.kTo != wantTo {
+				t.Fatalf("size %d slide %d stime %d: windows %d..%d, want %d..%d (range [%d, %d))",
+					w.size, w.slide, s, a.kFrom, a.kTo, wantFrom, wantTo, a.rangeFrom, a.rangeTo)
+			}
+		}
 	}
 }
