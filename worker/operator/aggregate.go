@@ -90,9 +90,9 @@ type aggregate struct {
 	// next tuples, nearly always in the same range, skip two divisions.
 	// Empty (from == to) until the first tuple.
 	rangeFrom, rangeTo, kFrom, kTo int64
-	keyBuf  []byte
-	valBuf  []byte
-	out     tuple.Tuple
+	keyBuf                         []byte
+	valBuf                         []byte
+	out                            tuple.Tuple
 }
 
 func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error) {
