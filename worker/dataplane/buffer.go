@@ -431,7 +431,8 @@ func (w *Writer) Next(t *tuple.Tuple) (full bool) {
 	return len(w.data) >= stagingBytes-stagingSlack
 }
 
-// stage encodes t (its id checked) after the staged tuples.
+// stage encodes t, whose id follows the staged tuples' (Add checked it,
+// Next set it), after them.
 func (w *Writer) stage(t *tuple.Tuple) {
 	if w.data == nil {
 		w.newStaging(stagingTuples)
