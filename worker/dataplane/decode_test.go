@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -198,5 +199,40 @@ func TestBatchDecoderPacked(t *testing.T) {
 			t.Fatalf("after %d: truncated batch accepted: %v", after, err)
 		}
 		ib.Release()
+	}
+}
+
+// A delivery of encodings checks each tuple's size and header, not its
+// values: a tuple whose values are malformed passes through, and whoever
+// decodes it later is refused with the codec's error (a bad header or
+// size is refused at once). Full decoding refuses it on arrival.
+func TestBatchDecoderIndexLeavesValuesToDecoders(t *testing.T) {
+	good := tuple.AppendTuple(nil, &tuple.Tuple{Type: tuple.Stable, STime: 1, Values: []tuple.Value{tuple.Int(7)}})
+	bad := slices.Clone(good)
+	bad[len(bad)-2] = 42 // the value's kind byte
+	data := append(slices.Clone(good), bad...)
+
+	idx := batchDecoder{packed: true, index: true}
+	b, err := idx.decode(data, 2, 2, 0)
+	if err != nil {
+		t.Fatalf("index delivery refused a batch whose headers are sound: %v", err)
+	}
+	r := tuple.NewBatchReader(b.Encoded, b.FirstID)
+	var tp tuple.Tuple
+	n := 0
+	for r.Next(&tp) {
+		n++
+	}
+	if n != 1 || !errors.Is(r.Err(), tuple.ErrBadKind) {
+		t.Fatalf("decoding the delivered batch: %d tuples, err %v; want 1 then ErrBadKind", n, r.Err())
+	}
+	var full batchDecoder
+	if _, err := full.decode(data, 2, 2, 0); !errors.Is(err, ErrProtocol) || !errors.Is(err, tuple.ErrBadKind) {
+		t.Fatalf("full decoding: %v, want ErrProtocol wrapping ErrBadKind", err)
+	}
+	badType := slices.Clone(good)
+	badType[1] = 99
+	if _, err := idx.decode(append(slices.Clone(good), badType...), 2, 2, 0); !errors.Is(err, tuple.ErrBadType) {
+		t.Fatalf("index delivery of a bad type byte: %v, want ErrBadType", err)
 	}
 }
