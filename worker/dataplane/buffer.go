@@ -428,7 +428,7 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 func (w *Writer) Next(t *tuple.Tuple) (full bool) {
 	t.ID = w.lastID + 1
 	w.stage(t)
-	return len(w.data) >= stagingBytes-stagingSlack
+	return w.Full()
 }
 
 // stage encodes t, whose id follows the staged tuples' (Add checked it,
