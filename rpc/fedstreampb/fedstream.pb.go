@@ -2177,7 +2177,7 @@ func (x *TokenInfo) GetExpiresUnixMs() int64 {
 type CreateTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
-	// Lifetime from creation; 0 or less: no expiry.
+	// Lifetime from creation; 0: no expiry (negative is refused).
 	TtlMs       int64  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
 	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
 	// The secret to store (its hash only). Empty: the coordinator draws one.
