@@ -102,7 +102,7 @@ func TestAuthenticatorRoleTable(t *testing.T) {
 
 		{name: "config admin may submit", token: "admin-secret", method: submit, want: codes.OK},
 		{name: "config admin may create tokens", token: "admin-secret", method: create, want: codes.OK},
-		{name: "config admin may register workers", token: "admin-secret", method: register, want: codes.OK},
+		{name: "admin is not a worker", token: "admin-secret", method: register, want: codes.PermissionDenied, wantMsg: []string{"role is admin", "worker role"}},
 		{name: "raft admin may revoke tokens", token: "admin-raft-secret", method: revoke, want: codes.OK},
 
 		{name: "writer may submit", token: "writer-secret", method: submit, want: codes.OK},

@@ -23,7 +23,10 @@ import (
 // org's own worker processes (the join token, a token created with role
 // worker, or, with mutual TLS, a worker certificate of the org): it covers
 // the worker protocol and acknowledging data-plane subscriptions, and no
-// client call. admin may call everything.
+// client call. admin may call everything except what needs the worker
+// role: an admin is a person, and a worker's calls (registering, reporting
+// task states, acknowledging tuples on behalf of a task) are only right
+// when a worker makes them.
 type Role string
 
 // Roles.
@@ -62,7 +65,7 @@ type Need uint8
 const (
 	// NeedNone: anyone (health checks).
 	NeedNone Need = iota
-	// NeedWorker: one of the org's workers.
+	// NeedWorker: one of the org's workers (not even an admin).
 	NeedWorker
 	// NeedStatus: any client role, auditor included.
 	NeedStatus
@@ -102,12 +105,16 @@ func (n Need) String() string {
 // Allows reports whether a caller holding role r may call a method that
 // needs n.
 func (r Role) Allows(n Need) bool {
-	if n == NeedNone || r == RoleAdmin {
+	switch n {
+	case NeedNone:
+		return true
+	case NeedWorker:
+		return r == RoleWorker
+	}
+	if r == RoleAdmin {
 		return true
 	}
 	switch n {
-	case NeedWorker:
-		return r == RoleWorker
 	case NeedStatus:
 		return r == RoleAuditor || r == RoleReader || r == RoleWriter
 	case NeedReader:

@@ -48,34 +48,34 @@ func TestEveryMethodHasANeed(t *testing.T) {
 }
 
 func TestRoleTable(t *testing.T) {
-	// For each method, which roles may call it (admin always may).
+	// For each method, which roles may call it.
 	type row struct {
-		method                                 string
-		worker, writer, reader, auditor, noone bool
+		method                                        string
+		admin, worker, writer, reader, auditor, noone bool
 	}
 	rows := []row{
 		{method: pb.WorkerService_Register_FullMethodName, worker: true},
 		{method: pb.WorkerService_WatchAssignments_FullMethodName, worker: true},
 		{method: pb.TokenService_AuthorizeToken_FullMethodName, worker: true},
-		{method: pb.AdminService_Status_FullMethodName, writer: true, reader: true, auditor: true},
-		{method: pb.AdminService_ListQueries_FullMethodName, writer: true, reader: true},
-		{method: pb.AdminService_GetQuery_FullMethodName, writer: true, reader: true},
-		{method: pb.AdminService_ListWorkers_FullMethodName, writer: true, reader: true},
-		{method: pb.AdminService_SubmitQuery_FullMethodName, writer: true},
-		{method: pb.AdminService_StopQuery_FullMethodName, writer: true},
-		{method: pb.TokenService_CreateToken_FullMethodName},
-		{method: pb.TokenService_ListTokens_FullMethodName},
-		{method: pb.TokenService_RevokeToken_FullMethodName},
-		{method: pb.DataPlane_Subscribe_FullMethodName, worker: true, writer: true, reader: true},
-		{method: pb.DataPlane_Ingest_FullMethodName, writer: true},
-		{method: healthpb.Health_Check_FullMethodName, worker: true, writer: true, reader: true, auditor: true, noone: true},
+		{method: pb.AdminService_Status_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
+		{method: pb.AdminService_ListQueries_FullMethodName, admin: true, writer: true, reader: true},
+		{method: pb.AdminService_GetQuery_FullMethodName, admin: true, writer: true, reader: true},
+		{method: pb.AdminService_ListWorkers_FullMethodName, admin: true, writer: true, reader: true},
+		{method: pb.AdminService_SubmitQuery_FullMethodName, admin: true, writer: true},
+		{method: pb.AdminService_StopQuery_FullMethodName, admin: true, writer: true},
+		{method: pb.TokenService_CreateToken_FullMethodName, admin: true},
+		{method: pb.TokenService_ListTokens_FullMethodName, admin: true},
+		{method: pb.TokenService_RevokeToken_FullMethodName, admin: true},
+		{method: pb.DataPlane_Subscribe_FullMethodName, admin: true, worker: true, writer: true, reader: true},
+		{method: pb.DataPlane_Ingest_FullMethodName, admin: true, writer: true},
+		{method: healthpb.Health_Check_FullMethodName, admin: true, worker: true, writer: true, reader: true, auditor: true, noone: true},
 	}
 	for _, r := range rows {
 		need, err := MethodNeed(r.method)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for role, want := range map[Role]bool{RoleAdmin: true, RoleWorker: r.worker, RoleWriter: r.writer, RoleReader: r.reader, RoleAuditor: r.auditor, Role(""): r.noone} {
+		for role, want := range map[Role]bool{RoleAdmin: r.admin, RoleWorker: r.worker, RoleWriter: r.writer, RoleReader: r.reader, RoleAuditor: r.auditor, Role(""): r.noone} {
 			if got := role.Allows(need); got != want {
 				t.Errorf("%s: role %q allowed = %v, want %v (need: %s)", r.method, role, got, want, need)
 			}
