@@ -29,7 +29,12 @@ var (
 
 // howToPass tells a caller how to present a token, for Unauthenticated
 // errors. Flags are avoided on purpose: they show in `ps`.
-const howToPass = "pass it with --token-file FILE or the FEDSTREAM_TOKEN environment variable (workers: --join-token-file or FEDSTREAM_JOIN_TOKEN)"
+func howToPass(need authz.Need) string {
+	if need == authz.NeedWorker {
+		return "start the worker with --join-token-file FILE or the FEDSTREAM_JOIN_TOKEN environment variable"
+	}
+	return "pass it with --token-file FILE or the FEDSTREAM_TOKEN environment variable"
+}
 
 // authenticator checks every call against the role table (rpc/authz): it
 // finds the caller's role from its credential and refuses the call unless
@@ -108,7 +113,7 @@ func (a *authenticator) check(ctx context.Context, method string) error {
 	}
 	secret := rpc.TokenFromContext(ctx)
 	if secret == "" {
-		return status.Errorf(codes.Unauthenticated, "%s: missing token: this call needs %s; %s", method, need, howToPass)
+		return status.Errorf(codes.Unauthenticated, "%s: missing token: this call needs %s; %s", method, need, howToPass(need))
 	}
 	role, _, err := a.roleOfHash(fsm.HashSecret(secret))
 	switch {
