@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/hashicorp/go-memdb"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -75,6 +76,10 @@ func (ts *tokenService) CreateToken(ctx context.Context, req *pb.CreateTokenRequ
 	}
 	resp := &pb.CreateTokenResponse{}
 	if handled, err := s.leaderOrForward(ctx, tokenMethod+"CreateToken", req, resp); handled {
+		if err == nil {
+			// Callers use a new token at once, often on this node.
+			s.waitForToken(ctx, hash, true)
+		}
 		return resp, err
 	}
 	now := time.Now()
@@ -132,6 +137,13 @@ func (ts *tokenService) RevokeToken(ctx context.Context, req *pb.RevokeTokenRequ
 	}
 	resp := &pb.RevokeTokenResponse{}
 	if handled, err := s.leaderOrForward(ctx, tokenMethod+"RevokeToken", req, resp); handled {
+		if err == nil {
+			hash := ""
+			if tok, _ := s.State().Token(req.Id); tok != nil {
+				hash = tok.SecretHash
+			}
+			s.waitForToken(ctx, hash, false)
+		}
 		return resp, err
 	}
 	key := ""
@@ -171,4 +183,33 @@ func (ts *tokenService) AuthorizeToken(ctx context.Context, req *pb.AuthorizeTok
 		resp.ExpiresUnixMs = expires.UnixMilli()
 	}
 	return resp, nil
+}
+
+// tokenApplyWait bounds how long a follower waits to apply a token change
+// it forwarded to the leader.
+const tokenApplyWait = 2 * time.Second
+
+// waitForToken waits, for at most tokenApplyWait, until this node's state
+// holds (present) or no longer holds (!present) the token with secret hash
+// hash, so that a client that created or revoked a token through this node
+// sees the change on its next call here. It gives up silently: the change
+// is committed and arrives shortly anyway.
+func (s *Server) waitForToken(ctx context.Context, hash string, present bool) {
+	if hash == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, tokenApplyWait)
+	defer cancel()
+	for {
+		ws := memdb.NewWatchSet()
+		if _, err := s.State().Tokens(ws); err != nil {
+			return
+		}
+		if tok, err := s.State().TokenByHash(hash); err != nil || (tok != nil) == present {
+			return
+		}
+		if err := ws.WatchCtx(ctx); err != nil {
+			return
+		}
+	}
 }
