@@ -28,20 +28,23 @@ type Coordinator struct {
 	Join            []string `mapstructure:"join"`
 	JoinToken       string   `mapstructure:"join-token"`
 	AdminToken      string   `mapstructure:"admin-token"`
+	JoinTokenFile   string   `mapstructure:"join-token-file"`
+	AdminTokenFile  string   `mapstructure:"admin-token-file"`
 	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
 	LogLevel        string   `mapstructure:"log-level"`
 }
 
 // Worker is the configuration of `fedstream worker`.
 type Worker struct {
-	Org          string            `mapstructure:"org"`
-	Name         string            `mapstructure:"name"`
-	Coordinators []string          `mapstructure:"coordinators"`
-	GRPCAddr     string            `mapstructure:"grpc-addr"`
-	Cores        int               `mapstructure:"cores"`
-	Labels       map[string]string `mapstructure:"labels"`
-	JoinToken    string            `mapstructure:"join-token"`
-	LogLevel     string            `mapstructure:"log-level"`
+	Org           string            `mapstructure:"org"`
+	Name          string            `mapstructure:"name"`
+	Coordinators  []string          `mapstructure:"coordinators"`
+	GRPCAddr      string            `mapstructure:"grpc-addr"`
+	Cores         int               `mapstructure:"cores"`
+	Labels        map[string]string `mapstructure:"labels"`
+	JoinToken     string            `mapstructure:"join-token"`
+	JoinTokenFile string            `mapstructure:"join-token-file"`
+	LogLevel      string            `mapstructure:"log-level"`
 	// GCPercent is the worker process's garbage collection target (Go's
 	// GOGC); see DefaultWorkerGCPercent.
 	GCPercent int `mapstructure:"gc-percent"`
@@ -70,8 +73,10 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("serf-addr", "127.0.0.1:7402", "address of the serf gossip (federation membership)")
 	fs.Int("bootstrap-expect", 0, "bootstrap once this many coordinators of the org are seen (1, 3 or 5); 0 joins an existing cluster")
 	fs.StringSlice("join", nil, "serf addresses of coordinators to join (comma separated)")
-	fs.String("join-token", "", "token workers must present (none: dev mode)")
-	fs.String("admin-token", "", "token clients must present (none: dev mode)")
+	fs.String("join-token", "", "token workers must present (none: dev mode); visible in ps: prefer --join-token-file or FEDSTREAM_JOIN_TOKEN")
+	fs.String("admin-token", "", "bootstrap admin token (none: dev mode); visible in ps: prefer --admin-token-file or FEDSTREAM_ADMIN_TOKEN")
+	fs.String("join-token-file", "", "file holding the join token")
+	fs.String("admin-token-file", "", "file holding the bootstrap admin token")
 	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
 	fs.String("log-level", "info", "debug, info, warn or error")
 }
@@ -85,7 +90,8 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.String("grpc-addr", "127.0.0.1:0", "address of the worker's data plane")
 	fs.Int("cores", 0, "cores offered to the org (default: all)")
 	fs.StringToString("labels", nil, "labels, e.g. zone=a,rack=3")
-	fs.String("join-token", "", "the org's worker join token")
+	fs.String("join-token", "", "the org's worker join token; visible in ps: prefer --join-token-file or FEDSTREAM_JOIN_TOKEN")
+	fs.String("join-token-file", "", "file holding the org's worker join token")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Int("gc-percent", DefaultWorkerGCPercent, "garbage collection target of the worker process, as GOGC (GOGC in the environment wins)")
 }
@@ -124,6 +130,12 @@ func LoadCoordinator(fs *pflag.FlagSet) (*Coordinator, error) {
 		return nil, err
 	}
 	c.Join = splitList(c.Join)
+	if err := tokenFromFile("join-token", &c.JoinToken, c.JoinTokenFile); err != nil {
+		return nil, err
+	}
+	if err := tokenFromFile("admin-token", &c.AdminToken, c.AdminTokenFile); err != nil {
+		return nil, err
+	}
 	return &c, nil
 }
 
@@ -134,6 +146,9 @@ func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
 		return nil, err
 	}
 	w.Coordinators = splitList(w.Coordinators)
+	if err := tokenFromFile("join-token", &w.JoinToken, w.JoinTokenFile); err != nil {
+		return nil, err
+	}
 	if w.GCPercent <= 0 {
 		return nil, fmt.Errorf("%w, got %d", ErrGCPercent, w.GCPercent)
 	}

@@ -27,8 +27,10 @@ type Config struct {
 	// Join lists serf addresses of other coordinators (any org).
 	Join []string
 
-	// JoinToken authorises workers; AdminToken authorises clients. With both
-	// empty the coordinator runs in dev mode and accepts any caller.
+	// JoinToken authorises workers (role worker); AdminToken is the
+	// bootstrap admin, who creates the org's other tokens (see
+	// authenticator). With both empty the coordinator runs in dev mode and
+	// accepts any caller.
 	JoinToken  string
 	AdminToken string
 

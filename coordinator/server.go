@@ -47,6 +47,7 @@ type Server struct {
 	health     *health.Server
 
 	forwarder *forwarder
+	auth      *authenticator
 	liveness  *liveness
 	plans     planCache
 
@@ -215,13 +216,14 @@ func (s *Server) setupGRPC() error {
 		return fmt.Errorf("grpc listen on %s: %w", s.cfg.GRPCAddr, err)
 	}
 	s.listener = lis
-	auth := &authenticator{joinToken: s.cfg.JoinToken, adminToken: s.cfg.AdminToken}
+	s.auth = newAuthenticator(s.cfg.Org, s.cfg.JoinToken, s.cfg.AdminToken, s.State)
 	s.grpcServer = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(auth.unary),
-		grpc.ChainStreamInterceptor(auth.stream),
+		grpc.ChainUnaryInterceptor(s.auth.unary),
+		grpc.ChainStreamInterceptor(s.auth.stream),
 	)
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
+	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	s.wg.Add(1)

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"sort"
+
+	"github.com/fedstream/fedstream/rpc/authz"
 )
 
 func invalid(format string, args ...any) error {
@@ -443,26 +445,60 @@ func isSecretHash(s string) bool {
 	return true
 }
 
-func (r *UpsertTokenRequest) apply(tx *writeTx) (any, error) {
+func (r *CreateTokenRequest) idempotencyKey() string { return r.IdempotencyKey }
+
+func (r *CreateTokenRequest) decodeResult(raw []byte) (any, error) {
+	var id string
+	err := json.Unmarshal(raw, &id)
+	return id, err
+}
+
+func (r *CreateTokenRequest) apply(tx *writeTx) (any, error) {
 	tok := r.Token
+	if tok.ID == "" {
+		return nil, invalid("create token: empty id")
+	}
 	if !isSecretHash(tok.SecretHash) {
-		return nil, invalid("upsert token: secret_hash must be 64 lowercase hex digits (HashSecret of the secret)")
+		return nil, invalid("create token %q: secret_hash must be 64 lowercase hex digits (HashSecret of the secret)", tok.ID)
 	}
-	switch tok.Role {
-	case RoleAdmin, RoleWorker, RoleAuditor:
-	default:
-		return nil, invalid("upsert token: role %q is not %q, %q or %q", tok.Role, RoleAdmin, RoleWorker, RoleAuditor)
+	if _, err := authz.ParseRole(tok.Role); err != nil {
+		return nil, invalid("create token %q: %v", tok.ID, err)
 	}
-	existing, err := txFirst[Token](tx, TableTokens, tok.SecretHash)
+	if tok.CreatedUnixMs <= 0 || tok.ExpiresUnixMs < 0 || (tok.ExpiresUnixMs > 0 && tok.ExpiresUnixMs <= tok.CreatedUnixMs) {
+		return nil, invalid("create token %q: created %d and expires %d (Unix ms): want created > 0 and expires 0 (never) or after created", tok.ID, tok.CreatedUnixMs, tok.ExpiresUnixMs)
+	}
+	if existing, err := txFirst[Token](tx, TableTokens, tok.ID); err != nil {
+		return nil, err
+	} else if existing != nil {
+		return nil, fmt.Errorf("%w: id %q", ErrTokenExists, tok.ID)
+	}
+	if obj, err := tx.txn.First(TableTokens, indexSecret, tok.SecretHash); err != nil {
+		return nil, fmt.Errorf("read tokens by secret: %w", err)
+	} else if obj != nil {
+		// Says nothing about the other token: the caller proved nothing.
+		return nil, fmt.Errorf("%w: another token has this secret", ErrTokenExists)
+	}
+	tok.CreateIndex, tok.ModifyIndex = tx.index, tx.index
+	return tok.ID, tx.insert(TableTokens, &tok)
+}
+
+func (r *RevokeTokenRequest) idempotencyKey() string { return r.IdempotencyKey }
+
+func (r *RevokeTokenRequest) decodeResult(raw []byte) (any, error) {
+	var id string
+	err := json.Unmarshal(raw, &id)
+	return id, err
+}
+
+func (r *RevokeTokenRequest) apply(tx *writeTx) (any, error) {
+	tok, err := txFirst[Token](tx, TableTokens, r.ID)
 	if err != nil {
 		return nil, err
 	}
-	tok.CreateIndex = tx.index
-	if existing != nil {
-		tok.CreateIndex = existing.CreateIndex
+	if tok == nil {
+		return nil, fmt.Errorf("%w: %q", ErrTokenNotFound, r.ID)
 	}
-	tok.ModifyIndex = tx.index
-	return nil, tx.insert(TableTokens, &tok)
+	return r.ID, tx.delete(TableTokens, tok)
 }
 
 func (r *UpsertOperatorVersionRequest) apply(tx *writeTx) (any, error) {

@@ -203,7 +203,7 @@ func TestBlockingQuery(t *testing.T) {
 		}()
 		// An unrelated write wakes nothing for a (its record is unchanged);
 		// a's view change does.
-		h.mustApply(UpsertTokenType, UpsertTokenRequest{Token: NewToken("t", RoleAdmin, "")})
+		h.mustApply(CreateTokenType, CreateTokenRequest{Token: newToken("t", "t", RoleAdmin, 0)})
 		h.mustApply(PlaceTasksType, PlaceTasksRequest{Placements: []Placement{{TaskID: "q1/g/p0/r0", WorkerID: "c"}}})
 		select {
 		case r := <-done:

@@ -23,12 +23,14 @@ const (
 	StopQueryType
 	PlaceTasksType
 	UpdateTaskStatesType
-	UpsertTokenType
+	// CreateTokenType was UpsertTokenType, which nothing ever proposed.
+	CreateTokenType
 	DeleteWorkerType
 	UpsertOperatorVersionType
 	UpsertContractType
 	AppendLedgerEntryType
 	RecordHealthActionType
+	RevokeTokenType
 )
 
 var messageTypeNames = map[MessageType]string{
@@ -38,12 +40,13 @@ var messageTypeNames = map[MessageType]string{
 	StopQueryType:             "StopQuery",
 	PlaceTasksType:            "PlaceTasks",
 	UpdateTaskStatesType:      "UpdateTaskStates",
-	UpsertTokenType:           "UpsertToken",
+	CreateTokenType:           "CreateToken",
 	DeleteWorkerType:          "DeleteWorker",
 	UpsertOperatorVersionType: "UpsertOperatorVersion",
 	UpsertContractType:        "UpsertContract",
 	AppendLedgerEntryType:     "AppendLedgerEntry",
 	RecordHealthActionType:    "RecordHealthAction",
+	RevokeTokenType:           "RevokeToken",
 }
 
 // String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".
@@ -152,10 +155,20 @@ type UpdateTaskStatesResult struct {
 	Skipped []string `json:"skipped"` // task ids not placed on the worker
 }
 
-// UpsertTokenRequest creates or replaces a token. Token.SecretHash must be a
-// HashSecret value (64 lowercase hex digits). Value: nil.
-type UpsertTokenRequest struct {
-	Token Token `json:"token"`
+// CreateTokenRequest stores a new token. Token.ID must be non-empty,
+// Token.SecretHash a HashSecret value (64 lowercase hex digits), Token.Role
+// one of authz.TokenRoles, ExpiresUnixMs 0 or after CreatedUnixMs.
+// ErrTokenExists if a token has that id or that secret. Value: the id.
+type CreateTokenRequest struct {
+	Token          Token  `json:"token"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+}
+
+// RevokeTokenRequest deletes a token: from the next read on, it no longer
+// authenticates anyone. ErrTokenNotFound if absent. Value: the id.
+type RevokeTokenRequest struct {
+	ID             string `json:"id"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
 // DeleteWorkerRequest removes a worker; its tasks become unplaced (pending).

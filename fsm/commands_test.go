@@ -179,20 +179,22 @@ func TestCommands(t *testing.T) {
 			},
 		},
 		{
-			name: "upsert token",
+			name: "create and revoke tokens",
 			steps: []step{
-				{typ: UpsertTokenType, body: UpsertTokenRequest{Token: NewToken("s3cret", RoleAdmin, "ops")}},
-				{typ: UpsertTokenType, body: UpsertTokenRequest{Token: Token{SecretHash: hash, Role: RoleAuditor}}},
-				{typ: UpsertTokenType, body: UpsertTokenRequest{Token: Token{SecretHash: "s3cret", Role: RoleAdmin}}, wantErr: ErrInvalidRequest},
-				{typ: UpsertTokenType, body: UpsertTokenRequest{Token: Token{SecretHash: hash, Role: "root"}}, wantErr: ErrInvalidRequest},
+				{typ: CreateTokenType, body: CreateTokenRequest{Token: newToken("t1", "s3cret", RoleAdmin, 0)}},
+				{typ: CreateTokenType, body: CreateTokenRequest{Token: newToken("t2", "other", RoleReader, 1)}},
+				{typ: CreateTokenType, body: CreateTokenRequest{Token: Token{ID: "t3", SecretHash: "s3cret", Role: RoleAdmin, CreatedUnixMs: 1}}, wantErr: ErrInvalidRequest},
+				{typ: CreateTokenType, body: CreateTokenRequest{Token: newToken("t3", "x", "root", 0)}, wantErr: ErrInvalidRequest},
+				{typ: RevokeTokenType, body: RevokeTokenRequest{ID: "t2"}},
+				{typ: RevokeTokenType, body: RevokeTokenRequest{ID: "t2"}, wantErr: ErrTokenNotFound},
 			},
 			check: func(t *testing.T, h *harness) {
 				tok, _ := h.state().TokenByHash(hash)
-				if tok == nil || tok.Role != RoleAuditor || tok.CreateIndex != 5 || tok.ModifyIndex != 6 {
+				if tok == nil || tok.ID != "t1" || tok.Role != RoleAdmin || tok.CreateIndex != 5 || tok.ModifyIndex != 5 {
 					t.Fatalf("token = %+v", tok)
 				}
 				if tok, _ := h.state().TokenByHash(HashSecret("other")); tok != nil {
-					t.Fatalf("unknown token found: %+v", tok)
+					t.Fatalf("revoked token found: %+v", tok)
 				}
 			},
 		},
@@ -277,7 +279,7 @@ func TestTableIndexes(t *testing.T) {
 	h := newHarness(t)
 	h.registerWorker("a", "x:1")
 	h.mustApply(SubmitQueryType, SubmitQueryRequest{Query: Query{Name: "q"}, Tasks: []Task{task("q", "f", 0, 0, "a")}})
-	h.mustApply(UpsertTokenType, UpsertTokenRequest{Token: NewToken("t", RoleWorker, "")})
+	h.mustApply(CreateTokenType, CreateTokenRequest{Token: newToken("t", "t", RoleWorker, 0)})
 	s := h.state()
 	for table, want := range map[string]uint64{TableWorkers: 2, TableQueries: 2, TableTasks: 2, TableTokens: 3, TableContracts: 0} {
 		if got := s.TableIndex(table); got != want {

@@ -37,3 +37,11 @@ var ErrLedgerChain = errors.New("ledger entry does not extend the chain")
 // truncated, corrupt, of an unsupported version or holds an unknown record
 // kind. The previous state is left in place.
 var ErrCorruptSnapshot = errors.New("corrupt snapshot")
+
+// ErrTokenExists is returned when a token is created with the id or the
+// secret of an existing token.
+var ErrTokenExists = errors.New("token already exists")
+
+// ErrTokenNotFound is returned when a command names a token that does not
+// exist (never created, or revoked).
+var ErrTokenNotFound = errors.New("token not found")

@@ -65,12 +65,13 @@ var commandDecoders = map[MessageType]func() command{
 	StopQueryType:             func() command { return &StopQueryRequest{} },
 	PlaceTasksType:            func() command { return &PlaceTasksRequest{} },
 	UpdateTaskStatesType:      func() command { return &UpdateTaskStatesRequest{} },
-	UpsertTokenType:           func() command { return &UpsertTokenRequest{} },
+	CreateTokenType:           func() command { return &CreateTokenRequest{} },
 	DeleteWorkerType:          func() command { return &DeleteWorkerRequest{} },
 	UpsertOperatorVersionType: func() command { return &UpsertOperatorVersionRequest{} },
 	UpsertContractType:        func() command { return &UpsertContractRequest{} },
 	AppendLedgerEntryType:     func() command { return &AppendLedgerEntryRequest{} },
 	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
+	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
 }
 
 // decodeStrict decodes one JSON value, rejecting unknown fields and trailing

@@ -93,7 +93,7 @@ func TestRaftApplySnapshotRestore(t *testing.T) {
 	if res := n1.apply(t, StopQueryType, StopQueryRequest{Name: "missing"}); !errors.Is(res.Err, ErrQueryNotFound) {
 		t.Fatalf("stop missing: %+v", res)
 	}
-	n1.apply(t, UpsertTokenType, UpsertTokenRequest{Token: NewToken("secret", RoleAdmin, "ops")})
+	n1.apply(t, CreateTokenType, CreateTokenRequest{Token: newToken("t1", "secret", RoleAdmin, 0)})
 	n1.apply(t, UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "a", States: []TaskStateUpdate{{TaskID: "q/f/p0/r0", State: "running"}}})
 
 	snap := n1.raft.Snapshot()

@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/authz"
 )
 
 // Worker statuses.
@@ -24,11 +27,13 @@ const (
 // whenever a task is moved to another worker or unplaced.
 const TaskStatePending = "pending"
 
-// Token roles.
+// Token roles (rpc/authz defines what each may do).
 const (
-	RoleAdmin   = "admin"
-	RoleWorker  = "worker"
-	RoleAuditor = "auditor"
+	RoleAdmin   = string(authz.RoleAdmin)
+	RoleWriter  = string(authz.RoleWriter)
+	RoleReader  = string(authz.RoleReader)
+	RoleAuditor = string(authz.RoleAuditor)
+	RoleWorker  = string(authz.RoleWorker)
 )
 
 // Worker is a registered worker process.
@@ -79,21 +84,36 @@ func TaskID(query, fragment string, partition, replica int) string {
 }
 
 // Token is an access token. Only the SHA-256 hex hash of the secret is
-// stored (HashSecret); the raw secret never enters the Raft log.
+// stored (HashSecret); the raw secret never enters the Raft log. ID is the
+// accessor that names the token in lists and revocations: knowing it grants
+// nothing.
 type Token struct {
+	ID          string `json:"id"`
 	SecretHash  string `json:"secret_hash"`
-	Role        string `json:"role"` // RoleAdmin | RoleWorker | RoleAuditor
+	Role        string `json:"role"` // one of authz.TokenRoles
 	Description string `json:"description"`
-	CreateIndex uint64 `json:"create_index"`
-	ModifyIndex uint64 `json:"modify_index"`
+	// CreatedUnixMs and ExpiresUnixMs are wall-clock times chosen by the
+	// coordinator that proposed the token, so every node stores the same
+	// values; ExpiresUnixMs 0 means the token does not expire. Expiry is
+	// checked when the token is used (Expired), never by the FSM.
+	CreatedUnixMs int64  `json:"created_unix_ms"`
+	ExpiresUnixMs int64  `json:"expires_unix_ms,omitempty"`
+	CreateIndex   uint64 `json:"create_index"`
+	ModifyIndex   uint64 `json:"modify_index"`
 }
 
 // NewToken builds a Token for a raw secret, storing only its hash.
-func NewToken(secret, role, description string) Token {
-	return Token{SecretHash: HashSecret(secret), Role: role, Description: description}
+func NewToken(id, secret, role, description string) Token {
+	return Token{ID: id, SecretHash: HashSecret(secret), Role: role, Description: description}
 }
 
-// HashSecret returns the lowercase hex SHA-256 of a token secret.
+// Expired reports whether the token has expired at now.
+func (t *Token) Expired(now time.Time) bool {
+	return t.ExpiresUnixMs > 0 && now.UnixMilli() >= t.ExpiresUnixMs
+}
+
+// HashSecret returns the lowercase hex SHA-256 of a token secret. Secrets
+// are drawn at random with 256 bits, so a fast unsalted hash is enough.
 func HashSecret(secret string) string {
 	sum := sha256.Sum256([]byte(secret))
 	return hex.EncodeToString(sum[:])

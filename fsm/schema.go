@@ -34,6 +34,7 @@ const (
 	indexPartner = "partner"
 	indexOp      = "operator"
 	indexApplied = "index"
+	indexSecret  = "secret"
 )
 
 func stateSchema() *memdb.DBSchema {
@@ -58,7 +59,8 @@ func stateSchema() *memdb.DBSchema {
 			}}},
 		}},
 		TableTokens: {Name: TableTokens, Indexes: map[string]*memdb.IndexSchema{
-			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "SecretHash"}},
+			indexID:     {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+			indexSecret: {Name: indexSecret, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "SecretHash"}},
 		}},
 		TableOperatorVersions: {Name: TableOperatorVersions, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.CompoundIndex{Indexes: []memdb.Indexer{

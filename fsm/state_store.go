@@ -150,10 +150,19 @@ func (s *StateStore) TasksByWorker(ws memdb.WatchSet, workerID string) ([]*Task,
 
 // TokenByHash returns the token whose SecretHash is hash, or nil, nil.
 func (s *StateStore) TokenByHash(hash string) (*Token, error) {
-	return first[Token](s.readTxn(nil), nil, TableTokens, hash)
+	obj, err := s.readTxn(nil).First(TableTokens, indexSecret, hash)
+	if err != nil || obj == nil {
+		return nil, err
+	}
+	return obj.(*Token), nil
 }
 
-// Tokens returns all tokens sorted by hash.
+// Token returns the token with accessor id, or nil, nil.
+func (s *StateStore) Token(id string) (*Token, error) {
+	return first[Token](s.readTxn(nil), nil, TableTokens, id)
+}
+
+// Tokens returns all tokens sorted by id.
 func (s *StateStore) Tokens(ws memdb.WatchSet) ([]*Token, error) {
 	return list[Token](s.readTxn(ws), ws, TableTokens, indexID)
 }

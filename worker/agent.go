@@ -53,6 +53,10 @@ type Worker struct {
 	cfg     Config
 	logger  *slog.Logger
 	runtime *wrt.Runtime
+	// pool holds the connections of this worker's subscriptions; Run
+	// closes it after the runtime.
+	pool   *dataplane.Pool
+	dpAuth *dataPlaneAuth
 
 	lis  net.Listener
 	grpc *grpc.Server
@@ -91,7 +95,18 @@ func New(cfg Config) (*Worker, error) {
 		conns:  map[string]*grpc.ClientConn{},
 		coords: append([]string(nil), cfg.Coordinators...),
 	}
-	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval})
+	w.dpAuth = &dataPlaneAuth{
+		org: cfg.Org, joinToken: cfg.JoinToken, open: cfg.JoinToken == "",
+		tokens: newTokenCache(w.askOrg), peerIdentity: rpc.PeerIdentity, logger: w.logger,
+	}
+	// Tasks present the join token to the other workers' data planes: over
+	// plaintext it is what makes them workers there (see dataPlaneAuth).
+	var poolOpts []grpc.DialOption
+	if cfg.JoinToken != "" {
+		poolOpts = append(poolOpts, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
+	}
+	w.pool = dataplane.NewPool(poolOpts...)
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool})
 	return w, nil
 }
 
@@ -132,7 +147,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.Listen(); err != nil {
 		return err
 	}
-	w.grpc = grpc.NewServer(dataplane.ServerOptions()...)
+	if w.dpAuth.open {
+		w.logger.Warn("data plane accepts every caller: no join token configured (dev mode); anyone who can reach " + w.Addr() + " can read results, ingest and acknowledge")
+	}
+	w.grpc = grpc.NewServer(append(dataplane.ServerOptions(),
+		grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))...)
 	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -146,6 +165,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = w.runtime.Close(closeCtx)
 		cancel()
+		_ = w.pool.Close()
 		w.grpc.Stop()
 		wg.Wait()
 		w.mu.Lock()
@@ -195,6 +215,13 @@ func retryable(err error) bool {
 // with something other than a transport-level failure. The one that
 // answered moves to the front of the list.
 func (w *Worker) call(ctx context.Context, timeout time.Duration, f func(ctx context.Context, c pb.WorkerServiceClient) error) error {
+	return w.callConn(ctx, timeout, func(ctx context.Context, conn *grpc.ClientConn) error {
+		return f(ctx, pb.NewWorkerServiceClient(conn))
+	})
+}
+
+// callConn is call for any service of the coordinators.
+func (w *Worker) callConn(ctx context.Context, timeout time.Duration, f func(ctx context.Context, conn *grpc.ClientConn) error) error {
 	w.mu.Lock()
 	coords := append([]string(nil), w.coords...)
 	w.mu.Unlock()
@@ -206,7 +233,7 @@ func (w *Worker) call(ctx context.Context, timeout time.Duration, f func(ctx con
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, timeout)
-		err = f(cctx, pb.NewWorkerServiceClient(conn))
+		err = f(cctx, conn)
 		cancel()
 		if err == nil || !retryable(err) || ctx.Err() != nil {
 			if err == nil {

@@ -14,23 +14,55 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
 // clientFlags are shared by every command that talks to a coordinator.
 type clientFlags struct {
-	addr    string
-	token   string
-	json    bool
-	timeout time.Duration
+	addr      string
+	token     string
+	tokenFile string
+	json      bool
+	timeout   time.Duration
 }
 
 func (f *clientFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.addr, "addr", envOr("FEDSTREAM_ADDR", "127.0.0.1:7400"), "coordinator gRPC address (env FEDSTREAM_ADDR)")
-	cmd.Flags().StringVar(&f.token, "token", os.Getenv("FEDSTREAM_TOKEN"), "admin token (env FEDSTREAM_TOKEN)")
+	cmd.Flags().StringVar(&f.tokenFile, "token-file", os.Getenv("FEDSTREAM_TOKEN_FILE"), "file holding the access token (env FEDSTREAM_TOKEN_FILE); or set FEDSTREAM_TOKEN")
+	cmd.Flags().StringVar(&f.token, "token", "", "access token (visible in ps: prefer --token-file or FEDSTREAM_TOKEN)")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print JSON instead of a table")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 15*time.Second, "how long to wait for the coordinator")
+	prev := cmd.PreRunE
+	cmd.PreRunE = func(cmd *cobra.Command, args []string) error {
+		if err := f.resolveToken(); err != nil {
+			return err
+		}
+		if prev != nil {
+			return prev(cmd, args)
+		}
+		return nil
+	}
+}
+
+// resolveToken settles the token from --token, --token-file or
+// FEDSTREAM_TOKEN, in that order; two explicit sources are an error.
+func (f *clientFlags) resolveToken() error {
+	if f.tokenFile != "" {
+		if f.token != "" {
+			return fmt.Errorf("both --token and --token-file are given: use one")
+		}
+		tok, err := config.ReadTokenFile(f.tokenFile)
+		if err != nil {
+			return err
+		}
+		f.token = tok
+	}
+	if f.token == "" {
+		f.token = os.Getenv("FEDSTREAM_TOKEN")
+	}
+	return nil
 }
 
 func envOr(key, def string) string {

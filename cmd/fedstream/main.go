@@ -75,6 +75,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newQueryCmd(),
 		newIngestCmd(),
 		newTailCmd(),
+		newTokenCmd(),
 		newBenchCmd(),
 		newBenchWorkerCmd(),
 	)

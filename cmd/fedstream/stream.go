@@ -121,7 +121,7 @@ func (tl *tailer) once(ctx context.Context) error {
 }
 
 func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Schema, sink string) error {
-	conn, err := rpc.Dial(t.WorkerAddr, "")
+	conn, err := rpc.Dial(t.WorkerAddr, tl.flags.token)
 	if err != nil {
 		return err
 	}
@@ -310,7 +310,7 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		if t.Fragment != node.Name || t.WorkerAddr == "" {
 			continue
 		}
-		conn, err := rpc.Dial(t.WorkerAddr, "")
+		conn, err := rpc.Dial(t.WorkerAddr, f.token)
 		if err != nil {
 			return err
 		}

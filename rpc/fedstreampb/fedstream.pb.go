@@ -2094,6 +2094,487 @@ func (x *IngestResponse) GetErrors() []*LineError {
 	return nil
 }
 
+// A token as `fedstream token list` shows it: never its secret.
+type TokenInfo struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Accessor: names the token for list and revoke; it is not a credential.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// "admin", "writer", "reader", "auditor" or "worker".
+	Role          string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	Description   string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	CreatedUnixMs int64  `protobuf:"varint,4,opt,name=created_unix_ms,json=createdUnixMs,proto3" json:"created_unix_ms,omitempty"`
+	// 0: the token does not expire.
+	ExpiresUnixMs int64 `protobuf:"varint,5,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenInfo) Reset() {
+	*x = TokenInfo{}
+	mi := &file_fedstream_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenInfo) ProtoMessage() {}
+
+func (x *TokenInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
+func (*TokenInfo) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *TokenInfo) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *TokenInfo) GetCreatedUnixMs() int64 {
+	if x != nil {
+		return x.CreatedUnixMs
+	}
+	return 0
+}
+
+func (x *TokenInfo) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
+type CreateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// Lifetime from creation; 0: no expiry (negative is refused).
+	TtlMs       int64  `protobuf:"varint,2,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
+	Description string `protobuf:"bytes,3,opt,name=description,proto3" json:"description,omitempty"`
+	// The secret to store (its hash only). Empty: the coordinator draws one.
+	// A client that draws its own secret can retry with the same
+	// idempotency key and get the same token.
+	Secret         string `protobuf:"bytes,4,opt,name=secret,proto3" json:"secret,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *CreateTokenRequest) Reset() {
+	*x = CreateTokenRequest{}
+	mi := &file_fedstream_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenRequest) ProtoMessage() {}
+
+func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
+func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *CreateTokenRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetTtlMs() int64 {
+	if x != nil {
+		return x.TtlMs
+	}
+	return 0
+}
+
+func (x *CreateTokenRequest) GetDescription() string {
+	if x != nil {
+		return x.Description
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+func (x *CreateTokenRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type CreateTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Token *TokenInfo             `protobuf:"bytes,1,opt,name=token,proto3" json:"token,omitempty"`
+	// Shown once; the org keeps only its hash.
+	Secret        string `protobuf:"bytes,2,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTokenResponse) Reset() {
+	*x = CreateTokenResponse{}
+	mi := &file_fedstream_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTokenResponse) ProtoMessage() {}
+
+func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
+func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *CreateTokenResponse) GetToken() *TokenInfo {
+	if x != nil {
+		return x.Token
+	}
+	return nil
+}
+
+func (x *CreateTokenResponse) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+type ListTokensRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensRequest) Reset() {
+	*x = ListTokensRequest{}
+	mi := &file_fedstream_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensRequest) ProtoMessage() {}
+
+func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
+func (*ListTokensRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
+}
+
+type ListTokensResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []*TokenInfo           `protobuf:"bytes,1,rep,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTokensResponse) Reset() {
+	*x = ListTokensResponse{}
+	mi := &file_fedstream_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTokensResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTokensResponse) ProtoMessage() {}
+
+func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
+func (*ListTokensResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListTokensResponse) GetTokens() []*TokenInfo {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
+type RevokeTokenRequest struct {
+	state          protoimpl.MessageState `protogen:"open.v1"`
+	Id             string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	IdempotencyKey string                 `protobuf:"bytes,2,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *RevokeTokenRequest) Reset() {
+	*x = RevokeTokenRequest{}
+	mi := &file_fedstream_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenRequest) ProtoMessage() {}
+
+func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
+func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *RevokeTokenRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *RevokeTokenRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type RevokeTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokeTokenResponse) Reset() {
+	*x = RevokeTokenResponse{}
+	mi := &file_fedstream_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokeTokenResponse) ProtoMessage() {}
+
+func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
+func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
+}
+
+// Asked by a worker about a bearer token a data-plane client presented.
+type AuthorizeTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// HashSecret (lowercase hex SHA-256) of the token: the secret itself
+	// never leaves the worker that received it.
+	TokenHash     string `protobuf:"bytes,1,opt,name=token_hash,json=tokenHash,proto3" json:"token_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthorizeTokenRequest) Reset() {
+	*x = AuthorizeTokenRequest{}
+	mi := &file_fedstream_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthorizeTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthorizeTokenRequest) ProtoMessage() {}
+
+func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
+func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *AuthorizeTokenRequest) GetTokenHash() string {
+	if x != nil {
+		return x.TokenHash
+	}
+	return ""
+}
+
+type AuthorizeTokenResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Role  string                 `protobuf:"bytes,1,opt,name=role,proto3" json:"role,omitempty"`
+	// 0: the token does not expire.
+	ExpiresUnixMs int64 `protobuf:"varint,2,opt,name=expires_unix_ms,json=expiresUnixMs,proto3" json:"expires_unix_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AuthorizeTokenResponse) Reset() {
+	*x = AuthorizeTokenResponse{}
+	mi := &file_fedstream_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AuthorizeTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AuthorizeTokenResponse) ProtoMessage() {}
+
+func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
+func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *AuthorizeTokenResponse) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *AuthorizeTokenResponse) GetExpiresUnixMs() int64 {
+	if x != nil {
+		return x.ExpiresUnixMs
+	}
+	return 0
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -2254,7 +2735,35 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"]\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
-	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors2\xdf\x02\n" +
+	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"\xa1\x01\n" +
+	"\tTokenInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12&\n" +
+	"\x0fcreated_unix_ms\x18\x04 \x01(\x03R\rcreatedUnixMs\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x05 \x01(\x03R\rexpiresUnixMs\"\xa2\x01\n" +
+	"\x12CreateTokenRequest\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12\x15\n" +
+	"\x06ttl_ms\x18\x02 \x01(\x03R\x05ttlMs\x12 \n" +
+	"\vdescription\x18\x03 \x01(\tR\vdescription\x12\x16\n" +
+	"\x06secret\x18\x04 \x01(\tR\x06secret\x12'\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\"\\\n" +
+	"\x13CreateTokenResponse\x12-\n" +
+	"\x05token\x18\x01 \x01(\v2\x17.fedstream.v1.TokenInfoR\x05token\x12\x16\n" +
+	"\x06secret\x18\x02 \x01(\tR\x06secret\"\x13\n" +
+	"\x11ListTokensRequest\"E\n" +
+	"\x12ListTokensResponse\x12/\n" +
+	"\x06tokens\x18\x01 \x03(\v2\x17.fedstream.v1.TokenInfoR\x06tokens\"M\n" +
+	"\x12RevokeTokenRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12'\n" +
+	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"\x15\n" +
+	"\x13RevokeTokenResponse\"6\n" +
+	"\x15AuthorizeTokenRequest\x12\x1d\n" +
+	"\n" +
+	"token_hash\x18\x01 \x01(\tR\ttokenHash\"T\n" +
+	"\x16AuthorizeTokenResponse\x12\x12\n" +
+	"\x04role\x18\x01 \x01(\tR\x04role\x12&\n" +
+	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs2\xdf\x02\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -2269,7 +2778,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse2\x98\x01\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
-	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01B0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x012\xe4\x02\n" +
+	"\fTokenService\x12R\n" +
+	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
+	"\n" +
+	"ListTokens\x12\x1f.fedstream.v1.ListTokensRequest\x1a .fedstream.v1.ListTokensResponse\x12R\n" +
+	"\vRevokeToken\x12 .fedstream.v1.RevokeTokenRequest\x1a!.fedstream.v1.RevokeTokenResponse\x12[\n" +
+	"\x0eAuthorizeToken\x12#.fedstream.v1.AuthorizeTokenRequest\x1a$.fedstream.v1.AuthorizeTokenResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -2283,7 +2798,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -2318,51 +2833,70 @@ var file_fedstream_proto_goTypes = []any{
 	(*IngestRequest)(nil),            // 30: fedstream.v1.IngestRequest
 	(*LineError)(nil),                // 31: fedstream.v1.LineError
 	(*IngestResponse)(nil),           // 32: fedstream.v1.IngestResponse
-	nil,                              // 33: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 34: fedstream.v1.WorkerInfo.LabelsEntry
+	(*TokenInfo)(nil),                // 33: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 34: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 35: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 36: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 37: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 38: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 39: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 40: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 41: fedstream.v1.AuthorizeTokenResponse
+	nil,                              // 42: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 43: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	33, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	42, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	6,  // 1: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	5,  // 2: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	7,  // 3: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	9,  // 4: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	13, // 5: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	34, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	43, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	15, // 7: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	20, // 8: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
 	21, // 9: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
 	28, // 10: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
 	31, // 11: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	0,  // 12: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 13: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 14: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	10, // 15: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	12, // 16: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	16, // 17: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	18, // 18: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	22, // 19: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	24, // 20: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	25, // 21: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	27, // 22: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	30, // 23: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	1,  // 24: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 25: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	8,  // 26: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	11, // 27: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	14, // 28: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	17, // 29: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	19, // 30: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	23, // 31: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	21, // 32: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	26, // 33: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	29, // 34: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	32, // 35: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	24, // [24:36] is the sub-list for method output_type
-	12, // [12:24] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	33, // 12: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	33, // 13: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	0,  // 14: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 15: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 16: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	10, // 17: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	12, // 18: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	16, // 19: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	18, // 20: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	22, // 21: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	24, // 22: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	25, // 23: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	27, // 24: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	30, // 25: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	34, // 26: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	36, // 27: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	38, // 28: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	40, // 29: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 30: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 31: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	8,  // 32: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	11, // 33: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	14, // 34: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	17, // 35: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	19, // 36: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	23, // 37: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	21, // 38: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	26, // 39: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	29, // 40: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	32, // 41: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	35, // 42: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	37, // 43: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	39, // 44: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	41, // 45: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	30, // [30:46] is the sub-list for method output_type
+	14, // [14:30] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -2376,9 +2910,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   35,
+			NumMessages:   44,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

@@ -1,0 +1,176 @@
+// Package authz is the one place that says who may call what: the roles a
+// caller can hold, and the table of what every gRPC method of every
+// fedstream service requires. Coordinators and workers both enforce it; a
+// test fails when a method of a service is missing from the table, and an
+// enforcing server refuses a method it does not find here.
+package authz
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// Role is what a credential lets its holder do.
+//
+// admin > writer > reader: each includes the ones after it. auditor stands
+// apart: it is meant for the read-only ledger (which has no RPCs yet), and
+// until then may call Status and nothing else. worker is the role of the
+// org's own worker processes (the join token, a token created with role
+// worker, or, with mutual TLS, a worker certificate of the org): it covers
+// the worker protocol and acknowledging data-plane subscriptions, and no
+// client call. admin may call everything except what needs the worker
+// role: an admin is a person, and a worker's calls (registering, reporting
+// task states, acknowledging tuples on behalf of a task) are only right
+// when a worker makes them.
+type Role string
+
+// Roles.
+const (
+	RoleAdmin   Role = "admin"
+	RoleWriter  Role = "writer"
+	RoleReader  Role = "reader"
+	RoleAuditor Role = "auditor"
+	RoleWorker  Role = "worker"
+)
+
+// TokenRoles are the roles a token stored in the org's state may carry.
+var TokenRoles = []Role{RoleAdmin, RoleWriter, RoleReader, RoleAuditor, RoleWorker}
+
+// ErrUnknownRole is returned by ParseRole for a name that is not a role.
+var ErrUnknownRole = errors.New("unknown role")
+
+// ParseRole checks a role name.
+func ParseRole(s string) (Role, error) {
+	for _, r := range TokenRoles {
+		if string(r) == s {
+			return r, nil
+		}
+	}
+	names := make([]string, len(TokenRoles))
+	for i, r := range TokenRoles {
+		names[i] = string(r)
+	}
+	return "", fmt.Errorf("%w %q: want one of %s", ErrUnknownRole, s, strings.Join(names, ", "))
+}
+
+// Need is what a method requires of its caller.
+type Need uint8
+
+// Needs, from none to the most privileged.
+const (
+	// NeedNone: anyone (health checks).
+	NeedNone Need = iota
+	// NeedWorker: one of the org's workers (not even an admin).
+	NeedWorker
+	// NeedStatus: any client role, auditor included.
+	NeedStatus
+	// NeedReader: reader or above.
+	NeedReader
+	// NeedSubscriber: a worker, or a reader or above. Data-plane
+	// subscriptions; the worker further requires the worker role for a
+	// subscription that acknowledges (holds back the buffer).
+	NeedSubscriber
+	// NeedWriter: writer or admin.
+	NeedWriter
+	// NeedAdmin: admin only.
+	NeedAdmin
+)
+
+// String describes the need for error messages.
+func (n Need) String() string {
+	switch n {
+	case NeedNone:
+		return "no credential"
+	case NeedWorker:
+		return "the worker role (the org's join token or a worker certificate)"
+	case NeedStatus:
+		return "a token with role auditor, reader, writer or admin"
+	case NeedReader:
+		return "a token with role reader (or writer or admin)"
+	case NeedSubscriber:
+		return "a token with role reader (or writer or admin), or the worker role"
+	case NeedWriter:
+		return "a token with role writer (or admin)"
+	case NeedAdmin:
+		return "a token with role admin"
+	}
+	return fmt.Sprintf("Need(%d)", uint8(n))
+}
+
+// Allows reports whether a caller holding role r may call a method that
+// needs n.
+func (r Role) Allows(n Need) bool {
+	switch n {
+	case NeedNone:
+		return true
+	case NeedWorker:
+		return r == RoleWorker
+	}
+	if r == RoleAdmin {
+		return true
+	}
+	switch n {
+	case NeedStatus:
+		return r == RoleAuditor || r == RoleReader || r == RoleWriter
+	case NeedReader:
+		return r == RoleReader || r == RoleWriter
+	case NeedSubscriber:
+		return r == RoleWorker || r == RoleReader || r == RoleWriter
+	case NeedWriter:
+		return r == RoleWriter
+	}
+	return false
+}
+
+// Methods is the role table: the need of every method of every service a
+// fedstream process serves, by full gRPC method name. Add a method here in
+// the same change that adds it to the proto; TestEveryMethodHasANeed
+// fails otherwise, and servers refuse methods missing from it.
+var Methods = map[string]Need{
+	// Workers talk to coordinators.
+	pb.WorkerService_Register_FullMethodName:         NeedWorker,
+	pb.WorkerService_Heartbeat_FullMethodName:        NeedWorker,
+	pb.WorkerService_WatchAssignments_FullMethodName: NeedWorker,
+	pb.WorkerService_ReportTasks_FullMethodName:      NeedWorker,
+
+	// Clients talk to coordinators.
+	pb.AdminService_Status_FullMethodName:      NeedStatus,
+	pb.AdminService_ListWorkers_FullMethodName: NeedReader,
+	pb.AdminService_ListQueries_FullMethodName: NeedReader,
+	pb.AdminService_GetQuery_FullMethodName:    NeedReader,
+	pb.AdminService_SubmitQuery_FullMethodName: NeedWriter,
+	pb.AdminService_StopQuery_FullMethodName:   NeedWriter,
+
+	// Tokens: administered by admins, checked by workers.
+	pb.TokenService_CreateToken_FullMethodName:    NeedAdmin,
+	pb.TokenService_ListTokens_FullMethodName:     NeedAdmin,
+	pb.TokenService_RevokeToken_FullMethodName:    NeedAdmin,
+	pb.TokenService_AuthorizeToken_FullMethodName: NeedWorker,
+
+	// Tasks and clients talk to workers.
+	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
+	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+
+	// Load balancers and orchestrators probe health without credentials.
+	healthpb.Health_Check_FullMethodName: NeedNone,
+	healthpb.Health_Watch_FullMethodName: NeedNone,
+	healthpb.Health_List_FullMethodName:  NeedNone,
+}
+
+// ErrMethodNotInTable is returned by MethodNeed for a method the table does
+// not list; servers refuse such calls.
+var ErrMethodNotInTable = errors.New("method is not in the role table (rpc/authz)")
+
+// MethodNeed returns the need of a full method name.
+func MethodNeed(fullMethod string) (Need, error) {
+	n, ok := Methods[fullMethod]
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", ErrMethodNotInTable, fullMethod)
+	}
+	return n, nil
+}
