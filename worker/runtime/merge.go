@@ -116,6 +116,18 @@ func (m *merger) addInput(port, upPartition int) int {
 	return len(m.inputs) - 1
 }
 
+// pendingTuples is the number of data tuples delivered and not yet
+// released.
+func (m *merger) pendingTuples() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, in := range m.inputs {
+		n += in.pending
+	}
+	return n
+}
+
 func (m *merger) minBoundaryLocked() int64 {
 	low := int64(math.MaxInt64)
 	for _, in := range m.inputs {

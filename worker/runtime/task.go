@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -90,6 +92,17 @@ type task struct {
 	stateMu sync.Mutex
 	state   string
 	message string
+	// stall is why the running task is stalled ("" when it is not); set
+	// by the watchdog (see checkStall).
+	stall string
+
+	// Watchdog state, touched only by the runtime's watch goroutine: the
+	// outputs' id total when it last moved and when, and what each input
+	// had delivered then.
+	watchOut   uint64
+	watchOutAt time.Time
+	watchIn    []uint64
+	stallKey   string
 
 	// Processing state.
 	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
@@ -222,6 +235,7 @@ func (t *task) buildOutputs() error {
 			opts := t.r.opts.Buffer
 			opts.Ring = false
 			opts.ExpectedSubscribers = replicas
+			opts.Logger = t.log.With("consumer", name, "partition", p)
 			out := newOutStream(name, p, dataplane.NewOutputBuffer(opts))
 			rt.parts = append(rt.parts, out)
 			t.outs = append(t.outs, out)
@@ -299,7 +313,96 @@ func (t *task) fail(err error) {
 func (t *task) State() TaskState {
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
+	if t.state == StateRunning && t.stall != "" {
+		return TaskState{TaskID: t.spec.TaskID, State: StateStalled, Message: t.stall}
+	}
 	return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: t.message}
+}
+
+// checkStall decides whether the task is stalled: an output's Append has
+// been blocked for after, or its outputs have not moved for after while
+// its inputs delivered data (or hold data not yet processed). A source
+// with nothing to send, and a task whose inputs bring nothing, are not
+// stalled. Each change is logged once.
+func (t *task) checkStall(now time.Time, after time.Duration) {
+	t.stateMu.Lock()
+	running := t.state == StateRunning
+	t.stateMu.Unlock()
+	if !running {
+		return
+	}
+	var out uint64
+	key, reason := "", ""
+	for _, o := range t.outs {
+		st := o.buf.Stats()
+		out += st.LastID
+		if key != "" || st.BlockedSince.IsZero() || now.Sub(st.BlockedSince) < after {
+			continue
+		}
+		key = fmt.Sprintf("blocked %s %d %s %d %d", o.consumer, o.partition, st.Laggard, st.LaggardAck, st.Missing)
+		reason = fmt.Sprintf("output blocked %s on consumer %s partition %d: %s",
+			now.Sub(st.BlockedSince).Round(time.Second), o.consumer, o.partition, holdingBack(st))
+	}
+	in := make([]uint64, len(t.inputs))
+	for i, inp := range t.inputs {
+		in[i] = inp.sub.LastID()
+	}
+	if out != t.watchOut || t.watchOutAt.IsZero() {
+		t.watchOut, t.watchOutAt, t.watchIn = out, now, in
+	} else if key == "" && now.Sub(t.watchOutAt) >= after && t.merge != nil {
+		var idle []string
+		moved := false
+		for i, inp := range t.inputs {
+			if in[i] != t.watchIn[i] {
+				moved = true
+			} else {
+				idle = append(idle, fmt.Sprintf("%s partition %d", inp.upstream, inp.upPartition))
+			}
+		}
+		if moved || t.merge.pendingTuples() > 0 {
+			quiet := now.Sub(t.watchOutAt).Round(time.Second)
+			if len(idle) > 0 && moved {
+				key = "waiting " + strings.Join(idle, ",")
+				reason = fmt.Sprintf("no output for %s while input has data: waiting for input from %s (nothing received from it since)", quiet, strings.Join(idle, ", "))
+			} else {
+				key = "processing"
+				reason = fmt.Sprintf("no output for %s while input has data: processing does not advance", quiet)
+			}
+		}
+	}
+	if key == t.stallKey {
+		return // unchanged: keep the reason as first reported
+	}
+	t.stallKey = key
+	t.stateMu.Lock()
+	was := t.stall
+	t.stall = reason
+	t.stateMu.Unlock()
+	switch {
+	case reason != "":
+		t.log.Warn("task stalled", "reason", reason)
+	case was != "":
+		t.log.Info("task moves again", "was", was)
+	}
+}
+
+// holdingBack says who keeps a full output buffer from taking more.
+func holdingBack(st dataplane.BufferStats) string {
+	var parts []string
+	if st.Laggard != "" {
+		conn := "connected"
+		if !st.LaggardConnected {
+			conn = "not connected"
+		}
+		parts = append(parts, fmt.Sprintf("subscriber %s (%s) has not acknowledged since id %d", st.Laggard, conn, st.LaggardAck))
+	}
+	if st.Missing > 0 {
+		parts = append(parts, fmt.Sprintf("%d downstream replica(s) have not subscribed yet", st.Missing))
+	}
+	if len(parts) == 0 {
+		return "no subscriber"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // setPlacements indexes placements by (fragment, partition).
@@ -345,6 +448,19 @@ func (t *task) candidates(fragment string, partition int) []Placement {
 		}
 	}
 	return out
+}
+
+// replicaPlacement returns the current placement of replica r of an
+// upstream partition.
+func (t *task) replicaPlacement(fragment string, partition, r int) (Placement, bool) {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	for _, p := range t.placements[placeKey{fragment, partition}] {
+		if p.Replica == r {
+			return p, true
+		}
+	}
+	return Placement{}, false
 }
 
 // placementOf returns the current placement of an upstream task.
