@@ -103,17 +103,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 func (in *input) run(ctx context.Context) {
 	opts := in.t.r.opts
 	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
-	if replicas := in.t.plan.Query.Replicas; replicas > 1 {
-		// Every replica of the upstream partition hears how far this task
-		// got (see relay); the relays end with the input.
-		rctx, cancel := context.WithCancel(ctx)
-		var wg sync.WaitGroup
-		defer func() { cancel(); wg.Wait() }()
-		for r := range replicas {
-			wg.Add(1)
-			go func() { defer wg.Done(); in.relay(rctx, r, log) }()
-		}
-	}
+
 	backoff := opts.RetryMin
 	attempt := 0
 	for ctx.Err() == nil {
@@ -387,7 +377,9 @@ func (t *task) processReleases(ctx context.Context, emitter operator.Emitter) (d
 		if !ok {
 			return false, nil
 		}
+		t.busySince.Store(time.Now().UnixNano())
 		done, err := t.release(ctx, rel.runs, rel.steps, emitter)
+		t.busySince.Store(0)
 		// The operator and the outputs keep nothing of the released
 		// tuples (see operator.Emitter; outputs encode at once).
 		for _, b := range rel.finished {

@@ -116,16 +116,26 @@ func (m *merger) addInput(port, upPartition int) int {
 	return len(m.inputs) - 1
 }
 
-// pendingTuples is the number of data tuples delivered and not yet
-// released.
-func (m *merger) pendingTuples() int {
+// waiting reports the inputs the merge waits for: when some input has
+// brought a boundary beyond the last release (it has something to
+// release) while others have not, those others (by index). nil when no
+// input is ahead, or none is behind.
+func (m *merger) waiting() []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
-	for _, in := range m.inputs {
-		n += in.pending
+	ahead := false
+	var behind []int
+	for i, in := range m.inputs {
+		if in.boundary > m.released {
+			ahead = true
+		} else {
+			behind = append(behind, i)
+		}
 	}
-	return n
+	if !ahead {
+		return nil
+	}
+	return behind
 }
 
 func (m *merger) minBoundaryLocked() int64 {

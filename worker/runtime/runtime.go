@@ -80,6 +80,10 @@ type Options struct {
 	// subscriber Lease and OverrunGrace; the runtime sets
 	// ExpectedSubscribers, Ring and Logger itself.
 	Buffer dataplane.BufferOptions
+	// SourceSpeedup runs generator sources this many times faster than
+	// their rate in wall time; stimes, and so results, are unchanged
+	// (tests run minutes of stream time in seconds). 0 or 1: real time.
+	SourceSpeedup int
 	// StallAfter is how long a task may go without moving, while it has
 	// something to do, before it is reported StateStalled (default
 	// DefaultStallAfter).

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -103,6 +104,9 @@ type task struct {
 	watchOutAt time.Time
 	watchIn    []uint64
 	stallKey   string
+	// busySince is when the task began processing its current release
+	// (unix nanoseconds; 0 when it is not processing).
+	busySince atomic.Int64
 
 	// Processing state.
 	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
@@ -274,6 +278,19 @@ func (t *task) start() {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); in.run(t.ctx) }()
 		}
+		if replicas := t.plan.Query.Replicas; replicas > 1 {
+			// Every replica of each upstream partition hears how far this
+			// task got (see input.relay), until the task stops: after the
+			// input's end too, so that a replica behind the one read from
+			// still learns that everything was taken.
+			for _, in := range t.inputs {
+				log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+				for r := range replicas {
+					t.wg.Add(1)
+					go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
+				}
+			}
+		}
 		if t.inlineEmit == nil {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); t.runMerge() }()
@@ -341,7 +358,11 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 		}
 		key = fmt.Sprintf("blocked %s %d %s %d %d", o.consumer, o.partition, st.Laggard, st.LaggardAck, st.Missing)
 		reason = fmt.Sprintf("output blocked %s on consumer %s partition %d: %s",
-			now.Sub(st.BlockedSince).Round(time.Second), o.consumer, o.partition, holdingBack(st))
+			roughly(now.Sub(st.BlockedSince)), o.consumer, o.partition, holdingBack(st))
+	}
+	if busy := t.busySince.Load(); key == "" && busy != 0 && now.Sub(time.Unix(0, busy)) >= after {
+		key = "processing"
+		reason = fmt.Sprintf("processing one release has not finished for %s", roughly(now.Sub(time.Unix(0, busy))))
 	}
 	in := make([]uint64, len(t.inputs))
 	for i, inp := range t.inputs {
@@ -350,24 +371,18 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	if out != t.watchOut || t.watchOutAt.IsZero() {
 		t.watchOut, t.watchOutAt, t.watchIn = out, now, in
 	} else if key == "" && now.Sub(t.watchOutAt) >= after && t.merge != nil {
+		// Some input has brought data to release, another nothing at
+		// all since the output last moved: the merge waits for it.
 		var idle []string
-		moved := false
-		for i, inp := range t.inputs {
-			if in[i] != t.watchIn[i] {
-				moved = true
-			} else {
-				idle = append(idle, fmt.Sprintf("%s partition %d", inp.upstream, inp.upPartition))
+		for _, i := range t.merge.waiting() {
+			if in[i] == t.watchIn[i] {
+				idle = append(idle, fmt.Sprintf("%s partition %d", t.inputs[i].upstream, t.inputs[i].upPartition))
 			}
 		}
-		if moved || t.merge.pendingTuples() > 0 {
-			quiet := now.Sub(t.watchOutAt).Round(time.Second)
-			if len(idle) > 0 && moved {
-				key = "waiting " + strings.Join(idle, ",")
-				reason = fmt.Sprintf("no output for %s while input has data: waiting for input from %s (nothing received from it since)", quiet, strings.Join(idle, ", "))
-			} else {
-				key = "processing"
-				reason = fmt.Sprintf("no output for %s while input has data: processing does not advance", quiet)
-			}
+		if len(idle) > 0 {
+			key = "waiting " + strings.Join(idle, ",")
+			reason = fmt.Sprintf("no output for %s while input has data: waiting for input from %s, which sent nothing since",
+				roughly(now.Sub(t.watchOutAt)), strings.Join(idle, ", "))
 		}
 	}
 	if key == t.stallKey {
@@ -384,6 +399,15 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	case was != "":
 		t.log.Info("task moves again", "was", was)
 	}
+}
+
+// roughly rounds a duration for a message: to 100ms below 10s, to
+// seconds above.
+func roughly(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
 }
 
 // holdingBack says who keeps a full output buffer from taking more.
