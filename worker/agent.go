@@ -43,6 +43,9 @@ type Config struct {
 	BoundaryInterval time.Duration
 	// WatchWait bounds each assignment long poll.
 	WatchWait time.Duration
+	// StallAfter, SubscriberLease and OverrunGrace tune the task runtime
+	// (zero: its defaults; see runtime.Options and dataplane.BufferOptions).
+	StallAfter, SubscriberLease, OverrunGrace time.Duration
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -91,7 +94,8 @@ func New(cfg Config) (*Worker, error) {
 		conns:  map[string]*grpc.ClientConn{},
 		coords: append([]string(nil), cfg.Coordinators...),
 	}
-	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval})
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, StallAfter: cfg.StallAfter,
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
 	return w, nil
 }
 
