@@ -665,8 +665,11 @@ type BufferStats struct {
 	BlockedAppends int
 	BlockedSince   time.Time
 	// Overrun is the number of tuples discarded before every subscriber
-	// holding the buffer had acknowledged them (see OverrunGrace).
-	Overrun uint64
+	// holding the buffer had acknowledged them (see OverrunGrace);
+	// Overrunning says an episode of such discards is going on (some
+	// subscriber that is not connected misses tuples).
+	Overrun     uint64
+	Overrunning bool
 	// Laggard is the subscriber with the lowest acknowledgement, which
 	// holds the buffer back, and LaggardAck that acknowledgement;
 	// LaggardConnected says whether it has a live subscription. While
@@ -685,7 +688,7 @@ func (b *OutputBuffer) Stats() BufferStats {
 	now := time.Now()
 	b.lowLocked(now) // forget expired subscribers first
 	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.subs), BlockedNanos: b.BlockedNanos(),
-		BlockedAppends: b.blocked, BlockedSince: b.blockedSince, Overrun: b.overrun, OldestID: b.oldestLocked()}
+		BlockedAppends: b.blocked, BlockedSince: b.blockedSince, Overrun: b.overrun, Overrunning: b.overrunning, OldestID: b.oldestLocked()}
 	first := true
 	for name, sub := range b.subs {
 		if sub.conns > 0 {

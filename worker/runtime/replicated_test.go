@@ -383,3 +383,42 @@ func TestIdleTasksAreNotStalled(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestOverrunShowsInTaskStatus: a consumer that went away (within its
+// lease) does not hold the source back past the buffer bound and the
+// grace; the source keeps running and its status says which output
+// overruns.
+func TestOverrunShowsInTaskStatus(t *testing.T) {
+	pool := dataplane.NewPool()
+	defer pool.Close()
+	w := startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond, StallAfter: time.Minute,
+		Buffer: dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: 100 * time.Millisecond, Lease: time.Minute}})
+	defer w.close(t)
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "wc/lines/p0/r0"
+	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
+	conn, err := pool.Conn(w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	drain := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts", Partition: 1}, "drain", false, 0)
+	go func() { _ = drain.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return nil }) }()
+	// A consumer of partition 0 takes one batch and goes away.
+	gone := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts"}, "gone", false, 0)
+	if err := gone.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return dataplane.ErrStopSubscription }); err != nil {
+		t.Fatal(err)
+	}
+	tk := w.rt.task(id)
+	waitUntil(t, "the source's status tells of the overrun", func() bool {
+		st := tk.State()
+		return st.State == StateRunning && strings.Contains(st.Message, "consumer counts partition 0 overruns")
+	})
+	if n := tk.outs[0].buf.Stats().Overrun; n == 0 {
+		t.Fatal("no overrun counted")
+	}
+}

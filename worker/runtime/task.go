@@ -93,9 +93,11 @@ type task struct {
 	stateMu sync.Mutex
 	state   string
 	message string
-	// stall is why the running task is stalled ("" when it is not); set
-	// by the watchdog (see checkStall).
-	stall string
+	// stall is why the running task is stalled ("" when it is not);
+	// overrun says which outputs are discarding tuples a subscriber that
+	// is not connected has not taken. Both are set by the watchdog (see
+	// checkStall).
+	stall, overrun string
 
 	// Watchdog state, touched only by the runtime's watch goroutine: the
 	// outputs' id total when it last moved and when, and what each input
@@ -333,6 +335,13 @@ func (t *task) State() TaskState {
 	if t.state == StateRunning && t.stall != "" {
 		return TaskState{TaskID: t.spec.TaskID, State: StateStalled, Message: t.stall}
 	}
+	if t.state == StateRunning && t.overrun != "" {
+		msg := t.overrun
+		if t.message != "" {
+			msg = t.message + "; " + msg
+		}
+		return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: msg}
+	}
 	return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: t.message}
 }
 
@@ -350,9 +359,13 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	}
 	var out uint64
 	key, reason := "", ""
+	var overrun []string
 	for _, o := range t.outs {
 		st := o.buf.Stats()
 		out += st.LastID
+		if st.Overrunning {
+			overrun = append(overrun, fmt.Sprintf("consumer %s partition %d", o.consumer, o.partition))
+		}
 		if key != "" || st.BlockedSince.IsZero() || now.Sub(st.BlockedSince) < after {
 			continue
 		}
@@ -385,6 +398,7 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 				roughly(now.Sub(t.watchOutAt)), strings.Join(idle, ", "))
 		}
 	}
+	t.noteOverrun(overrun)
 	if key == t.stallKey {
 		return // unchanged: keep the reason as first reported
 	}
@@ -399,6 +413,19 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	case was != "":
 		t.log.Info("task moves again", "was", was)
 	}
+}
+
+// noteOverrun makes the task's status say which outputs are discarding
+// tuples that a subscriber which is not connected has not taken (the
+// buffer's log names it), while they do.
+func (t *task) noteOverrun(outs []string) {
+	note := ""
+	if len(outs) > 0 {
+		note = "output to " + strings.Join(outs, ", ") + " overruns: discarding tuples a disconnected or missing downstream replica has not taken (see the worker log)"
+	}
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	t.overrun = note
 }
 
 // roughly rounds a duration for a message: to 100ms below 10s, to
