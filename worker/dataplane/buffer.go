@@ -7,7 +7,9 @@
 // producer's buffer fills, and Append blocks; the gRPC/HTTP2 windows and the
 // subscriber's bounded delivery bound what is in flight in between. Time a
 // producer spends blocked is accounted (BlockedNanos), it is the
-// backpressure signal.
+// backpressure signal. Only connected subscribers exert it: one that went
+// away holds a buffer for a lease, and never beyond the buffer's bound
+// (see BufferOptions.OverrunGrace and docs/DATAPLANE.md).
 package dataplane
 
 import (
