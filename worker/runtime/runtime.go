@@ -80,6 +80,10 @@ type Options struct {
 	// subscriber Lease and OverrunGrace; the runtime sets
 	// ExpectedSubscribers, Ring and Logger itself.
 	Buffer dataplane.BufferOptions
+	// ServerOptions configure the DataPlane server further (e.g.
+	// dataplane.WithCallerIdentity; by default acknowledgements are keyed
+	// by the verified client certificate when there is one).
+	ServerOptions []dataplane.ServerOption
 	// SourceSpeedup runs generator sources this many times faster than
 	// their rate in wall time; stimes, and so results, are unchanged
 	// (tests run minutes of stream time in seconds). 0 or 1: real time.
@@ -156,7 +160,8 @@ func New(opts Options) *Runtime {
 		r.pool = dataplane.NewPool()
 		r.ownPool = true
 	}
-	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, dataplane.WithMaxBatchBytes(opts.MaxBatchBytes))
+	sopts := append([]dataplane.ServerOption{dataplane.WithMaxBatchBytes(opts.MaxBatchBytes)}, opts.ServerOptions...)
+	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, sopts...)
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
 	go r.watch()
 	return r
