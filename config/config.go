@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
@@ -48,6 +49,14 @@ type Worker struct {
 	// GCPercent is the worker process's garbage collection target (Go's
 	// GOGC); see DefaultWorkerGCPercent.
 	GCPercent int `mapstructure:"gc-percent"`
+	// StallAfter: a task that has something to do and does not move for
+	// this long is reported stalled. SubscriberLease: how long a
+	// downstream subscriber that went away still holds an output buffer.
+	// OverrunGrace: how long a full buffer held only by subscribers that
+	// are not connected waits before it discards their oldest tuples.
+	StallAfter      time.Duration `mapstructure:"stall-after"`
+	SubscriberLease time.Duration `mapstructure:"subscriber-lease"`
+	OverrunGrace    time.Duration `mapstructure:"overrun-grace"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -58,6 +67,9 @@ type Worker struct {
 // collections instead of twice, for 15-50 % more throughput on the data
 // plane benchmark (BENCHMARKS.md).
 const DefaultWorkerGCPercent = 400
+
+// ErrDuration means a duration setting is out of range.
+var ErrDuration = errors.New("bad duration setting")
 
 // ErrGCPercent means a gc-percent setting is not a positive percentage.
 var ErrGCPercent = errors.New("gc-percent must be a positive percentage")
@@ -94,6 +106,9 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.String("join-token-file", "", "file holding the org's worker join token")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Int("gc-percent", DefaultWorkerGCPercent, "garbage collection target of the worker process, as GOGC (GOGC in the environment wins)")
+	fs.Duration("stall-after", 30*time.Second, "report a task stalled when it has something to do and has not moved for this long")
+	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
+	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
 }
 
 // load merges file, environment and flags into out.
@@ -151,6 +166,11 @@ func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
 	}
 	if w.GCPercent <= 0 {
 		return nil, fmt.Errorf("%w, got %d", ErrGCPercent, w.GCPercent)
+	}
+	for name, d := range map[string]time.Duration{"stall-after": w.StallAfter, "subscriber-lease": w.SubscriberLease, "overrun-grace": w.OverrunGrace} {
+		if d < 0 {
+			return nil, fmt.Errorf("%w: %s must not be negative, got %s", ErrDuration, name, d)
+		}
 	}
 	return &w, nil
 }

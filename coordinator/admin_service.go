@@ -54,6 +54,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: w.Status, Cores: w.Cores, Labels: w.Labels, Name: w.Name}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
+			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message})
 		}
 		resp.Workers = append(resp.Workers, info)
 	}

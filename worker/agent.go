@@ -43,6 +43,9 @@ type Config struct {
 	BoundaryInterval time.Duration
 	// WatchWait bounds each assignment long poll.
 	WatchWait time.Duration
+	// StallAfter, SubscriberLease and OverrunGrace tune the task runtime
+	// (zero: its defaults; see runtime.Options and dataplane.BufferOptions).
+	StallAfter, SubscriberLease, OverrunGrace time.Duration
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -106,7 +109,8 @@ func New(cfg Config) (*Worker, error) {
 		poolOpts = append(poolOpts, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
 	w.pool = dataplane.NewPool(poolOpts...)
-	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool})
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, StallAfter: cfg.StallAfter,
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
 	return w, nil
 }
 

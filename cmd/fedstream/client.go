@@ -181,8 +181,12 @@ func newWorkersCmd() *cobra.Command {
 				if tasks == nil {
 					tasks = []string{}
 				}
+				states := []map[string]any{}
+				for _, st := range w.TaskStates {
+					states = append(states, map[string]any{"id": st.TaskId, "state": st.State, "reason": st.Message})
+				}
 				list = append(list, map[string]any{"id": w.Id, "org": w.Org, "addr": w.Addr, "status": w.Status,
-					"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks})
+					"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks, "task_states": states})
 			}
 			return printJSON(out, list)
 		}
@@ -230,7 +234,7 @@ func queryJSON(q *pb.QueryInfo) map[string]any {
 	tasks := []map[string]any{}
 	for _, t := range q.Tasks {
 		tasks = append(tasks, map[string]any{"id": t.TaskId, "fragment": t.Fragment, "partition": t.Partition,
-			"replica": t.Replica, "worker": t.WorkerId, "worker_addr": t.WorkerAddr, "state": t.State, "message": t.Message})
+			"replica": t.Replica, "worker": t.WorkerId, "worker_addr": t.WorkerAddr, "state": t.State, "reason": t.Message, "message": t.Message})
 	}
 	return map[string]any{"name": q.Name, "status": q.Status, "index": q.Index, "replicas": q.Replicas,
 		"max_delay": q.MaxDelay, "tasks": tasks}

@@ -75,6 +75,7 @@ func newWorkerCmd() *cobra.Command {
 			w, err := worker.New(worker.Config{
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
+				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 			})
 			if err != nil {
 				return err

@@ -630,7 +630,7 @@ func (x *WatchAssignmentsResponse) GetQueries() []*QueryView {
 type TaskState struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	// "starting", "running", "failed", "stopped"
+	// "starting", "running", "stalled", "failed", "stopped"
 	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
 	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -998,15 +998,17 @@ func (x *StatusResponse) GetDevMode() bool {
 }
 
 type WorkerInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Org           string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
-	Addr          string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
-	Status        string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
-	Cores         int32                  `protobuf:"varint,5,opt,name=cores,proto3" json:"cores,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Tasks         []string               `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
-	Name          string                 `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Id     string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Org    string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
+	Addr   string                 `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	Status string                 `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Cores  int32                  `protobuf:"varint,5,opt,name=cores,proto3" json:"cores,omitempty"`
+	Labels map[string]string      `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Tasks  []string               `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	Name   string                 `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
+	// ---- task states (issue 8): the state and reason of each task in tasks.
+	TaskStates    []*TaskState `protobuf:"bytes,10,rep,name=task_states,json=taskStates,proto3" json:"task_states,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1095,6 +1097,13 @@ func (x *WorkerInfo) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *WorkerInfo) GetTaskStates() []*TaskState {
+	if x != nil {
+		return x.TaskStates
+	}
+	return nil
 }
 
 type ListWorkersRequest struct {
@@ -1716,7 +1725,14 @@ type SubscribeRequest struct {
 	// Every tuple with id <= ack_id has been durably taken by the subscriber.
 	AckId uint64 `protobuf:"varint,4,opt,name=ack_id,json=ackId,proto3" json:"ack_id,omitempty"`
 	// Tail clients that must not hold back the buffer set this.
-	NoAck         bool `protobuf:"varint,5,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	NoAck bool `protobuf:"varint,5,opt,name=no_ack,json=noAck,proto3" json:"no_ack,omitempty"`
+	// ---- replicated acknowledgements (issue 8)
+	// An ack-only subscription: the server sends no data on it and only
+	// applies the subscriber's acknowledgements (clamped to the last id the
+	// buffer holds). A downstream replica keeps one to every upstream replica
+	// it does not read from, relaying how far it got, so each replica's
+	// buffer keeps what it might need after switching replicas.
+	AckOnly       bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1782,6 +1798,13 @@ func (x *SubscribeRequest) GetAckId() uint64 {
 func (x *SubscribeRequest) GetNoAck() bool {
 	if x != nil {
 		return x.NoAck
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetAckOnly() bool {
+	if x != nil {
+		return x.AckOnly
 	}
 	return false
 }
@@ -2655,7 +2678,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\t \x01(\tR\bgrpcAddr\x12(\n" +
 	"\x10leader_grpc_addr\x18\n" +
 	" \x01(\tR\x0eleaderGrpcAddr\x12\x19\n" +
-	"\bdev_mode\x18\v \x01(\bR\adevMode\"\x93\x02\n" +
+	"\bdev_mode\x18\v \x01(\bR\adevMode\"\xcd\x02\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -2665,7 +2688,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05cores\x18\x05 \x01(\x05R\x05cores\x12<\n" +
 	"\x06labels\x18\x06 \x03(\v2$.fedstream.v1.WorkerInfo.LabelsEntryR\x06labels\x12\x14\n" +
 	"\x05tasks\x18\a \x03(\tR\x05tasks\x12\x12\n" +
-	"\x04name\x18\b \x01(\tR\x04name\x1a9\n" +
+	"\x04name\x18\b \x01(\tR\x04name\x128\n" +
+	"\vtask_states\x18\n" +
+	" \x03(\v2\x17.fedstream.v1.TaskStateR\n" +
+	"taskStates\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
@@ -2706,7 +2732,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10StopQueryRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"\x13\n" +
-	"\x11StopQueryResponse\"\xac\x01\n" +
+	"\x11StopQueryResponse\"\xc7\x01\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -2714,7 +2740,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"subscriber\x18\x03 \x01(\tR\n" +
 	"subscriber\x12\x15\n" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
-	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\"t\n" +
+	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
+	"\back_only\x18\n" +
+	" \x01(\bR\aackOnly\"t\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
@@ -2853,50 +2881,51 @@ var file_fedstream_proto_depIdxs = []int32{
 	9,  // 4: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	13, // 5: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
 	43, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	15, // 7: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	20, // 8: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	21, // 9: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	28, // 10: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	31, // 11: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	33, // 12: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	33, // 13: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	0,  // 14: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 15: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 16: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	10, // 17: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	12, // 18: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	16, // 19: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	18, // 20: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	22, // 21: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	24, // 22: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	25, // 23: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	27, // 24: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	30, // 25: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	34, // 26: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	36, // 27: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	38, // 28: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	40, // 29: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 30: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 31: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	8,  // 32: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	11, // 33: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	14, // 34: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	17, // 35: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	19, // 36: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	23, // 37: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	21, // 38: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	26, // 39: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	29, // 40: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	32, // 41: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	35, // 42: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	37, // 43: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	39, // 44: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	41, // 45: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	30, // [30:46] is the sub-list for method output_type
-	14, // [14:30] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	9,  // 7: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	15, // 8: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	20, // 9: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	21, // 10: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	28, // 11: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	31, // 12: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	33, // 13: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	33, // 14: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	0,  // 15: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 16: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 17: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	10, // 18: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	12, // 19: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	16, // 20: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	18, // 21: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	22, // 22: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	24, // 23: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	25, // 24: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	27, // 25: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	30, // 26: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	34, // 27: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	36, // 28: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	38, // 29: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	40, // 30: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 31: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 32: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	8,  // 33: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	11, // 34: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	14, // 35: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	17, // 36: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	19, // 37: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	23, // 38: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	21, // 39: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	26, // 40: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	29, // 41: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	32, // 42: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	35, // 43: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	37, // 44: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	39, // 45: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	41, // 46: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	31, // [31:47] is the sub-list for method output_type
+	15, // [15:31] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }

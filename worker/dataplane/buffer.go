@@ -7,13 +7,16 @@
 // producer's buffer fills, and Append blocks; the gRPC/HTTP2 windows and the
 // subscriber's bounded delivery bound what is in flight in between. Time a
 // producer spends blocked is accounted (BlockedNanos), it is the
-// backpressure signal.
+// backpressure signal. Only connected subscribers exert it: one that went
+// away holds a buffer for a lease, and never beyond the buffer's bound
+// (see BufferOptions.OverrunGrace and docs/DATAPLANE.md).
 package dataplane
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"sort"
 	"strings"
@@ -41,6 +44,13 @@ var ErrTooLarge = errors.New("dataplane: tuple larger than buffer capacity")
 const (
 	DefaultMaxBytes  = 16 << 20
 	DefaultMaxTuples = 256 << 10
+	// DefaultLease is how long a subscriber without a live subscription
+	// keeps holding a buffer (BufferOptions.Lease).
+	DefaultLease = 30 * time.Second
+	// DefaultOverrunGrace is how long a full buffer held back only by
+	// subscribers that are not connected waits before it discards
+	// (BufferOptions.OverrunGrace).
+	DefaultOverrunGrace = 3 * time.Second
 	// chunkSize is the size of the blocks encoded tuples are appended to and
 	// the largest batch Read returns by default.
 	chunkSize = 64 << 10
@@ -54,10 +64,28 @@ type BufferOptions struct {
 	MaxBytes  int
 	MaxTuples int
 	// ExpectedSubscribers is the number of distinct acknowledging
-	// subscribers (the downstream replicas) that must have acknowledged a
-	// tuple before it is discarded. Until that many have registered nothing
-	// is discarded. Zero means one.
+	// subscribers (the downstream replicas) the buffer waits for at start:
+	// until that many have subscribed, or for one Lease after the buffer
+	// was created, nothing is discarded (within the overrun rule below).
+	// Zero means one.
 	ExpectedSubscribers int
+	// Lease is how long a subscriber keeps holding the buffer after its
+	// last subscription ended; then it is forgotten (a subscriber that
+	// comes back later starts afresh, after whatever was discarded). Zero
+	// means DefaultLease.
+	Lease time.Duration
+	// OverrunGrace: when the buffer is full and only subscribers that are
+	// not connected (disconnected ones within their lease, replicas that
+	// have not subscribed yet) keep it from making room, Append waits this
+	// long, then discards the oldest tuples every connected subscriber has
+	// taken (the oldest, if none is connected), counts them as overrun and
+	// logs a warning naming the subscribers that miss them. Connected
+	// subscribers are never overrun: a slow one blocks the producer (flow
+	// control). Zero means DefaultOverrunGrace.
+	OverrunGrace time.Duration
+	// Logger receives the overrun warnings (nil: slog.Default()); give it
+	// the stream's attributes.
+	Logger *slog.Logger
 	// Ring makes the buffer a ring for result streams that clients tail:
 	// Append never blocks and the oldest tuples are dropped beyond capacity,
 	// whatever the acknowledgements.
@@ -101,8 +129,28 @@ type OutputBuffer struct {
 	lastID uint64
 	// dropped is the id of the newest discarded tuple (0: none).
 	dropped uint64
-	acks    map[string]uint64
-	closed  bool
+	// subs are the acknowledging subscribers that hold the buffer: every
+	// connected one, and disconnected ones within their lease.
+	subs map[string]*subscriberState
+	// created starts the start-up wait for ExpectedSubscribers; seen
+	// names the distinct subscribers seen so far, until there are that
+	// many (then it is nil and the wait is over).
+	created time.Time
+	seen    map[string]struct{}
+	// Overrun accounting: overrun counts the tuples discarded before every
+	// subscriber holding the buffer had acknowledged them; overrunning is
+	// an episode of such discards (no further grace until it ends);
+	// stuckSince is when Append began waiting on subscribers that are not
+	// connected (zero: it is not).
+	overrun     uint64
+	overrunning bool
+	stuckSince  time.Time
+	warnedStart bool // the start-up wait was overrun (warned once)
+	// blockedSince is when the Append waiting now began (zero: none).
+	blockedSince time.Time
+	closed       bool
+	// done is closed by Close.
+	done chan struct{}
 	// dataCh is closed when a tuple is appended or the buffer closes;
 	// spaceCh when room frees up or the buffer closes. Both are created on
 	// demand so that an Append nobody waits for does not allocate.
@@ -126,7 +174,30 @@ func NewOutputBuffer(opts BufferOptions) *OutputBuffer {
 	if opts.ExpectedSubscribers <= 0 {
 		opts.ExpectedSubscribers = 1
 	}
-	return &OutputBuffer{opts: opts, acks: make(map[string]uint64)}
+	if opts.Lease <= 0 {
+		opts.Lease = DefaultLease
+	}
+	if opts.OverrunGrace <= 0 {
+		opts.OverrunGrace = DefaultOverrunGrace
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	b := &OutputBuffer{opts: opts, subs: make(map[string]*subscriberState), created: time.Now(), done: make(chan struct{})}
+	if opts.ExpectedSubscribers > 0 && !opts.Ring {
+		b.seen = make(map[string]struct{}, opts.ExpectedSubscribers)
+	}
+	return b
+}
+
+// subscriberState is what a buffer knows of one acknowledging subscriber.
+type subscriberState struct {
+	ack   uint64    // every tuple with id <= ack was taken
+	conns int       // live subscriptions under this name (data or ack-only)
+	left  time.Time // when conns last fell to zero: the lease runs from it
+	// overrun: tuples it had not acknowledged were discarded while it was
+	// not connected (warned once; cleared when it connects again).
+	overrun bool
 }
 
 // Append adds t (its ID set by the producer) to the stream. While the
@@ -152,12 +223,7 @@ func (b *OutputBuffer) Append(ctx context.Context, t *tuple.Tuple) error {
 			b.dropOldestLocked()
 		}
 	} else if b.full(size) {
-		start := time.Now()
-		b.blocked++
-		err := b.waitSpaceLocked(ctx, size)
-		b.blocked--
-		b.blockedNanos.Add(int64(time.Since(start)))
-		if err != nil {
+		if err := b.makeRoomLocked(ctx, size); err != nil {
 			return err
 		}
 	}
@@ -165,21 +231,67 @@ func (b *OutputBuffer) Append(ctx context.Context, t *tuple.Tuple) error {
 	return nil
 }
 
+// makeRoomLocked waits, with b.mu held on entry and exit, until a tuple of
+// size bytes fits, accounting the blocked time.
+func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int) error {
+	start := time.Now()
+	if b.blocked == 0 {
+		b.blockedSince = start
+	}
+	b.blocked++
+	err := b.waitSpaceLocked(ctx, size)
+	b.blocked--
+	if b.blocked == 0 {
+		b.blockedSince = time.Time{}
+	}
+	b.stuckSince = time.Time{}
+	b.blockedNanos.Add(int64(time.Since(start)))
+	return err
+}
+
 func (b *OutputBuffer) full(size int) bool {
 	return b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples)
 }
 
 // waitSpaceLocked waits, with b.mu held on entry and exit, until a tuple
-// of size bytes fits.
+// of size bytes fits: subscribers acknowledge, leases end, or the overrun
+// rule discards what only subscribers that are not connected still need.
 func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
 	for b.full(size) {
+		now := time.Now()
+		// Forgotten subscribers free room by themselves.
+		b.truncateLocked(b.lowLocked(now).all)
+		if !b.full(size) {
+			break
+		}
+		wake := b.overrunLocked(now, size)
+		if !b.full(size) {
+			break
+		}
 		if b.spaceCh == nil {
 			b.spaceCh = make(chan struct{})
 		}
 		ch := b.spaceCh
+		var tick <-chan time.Time
+		if !wake.IsZero() {
+			d := max(time.Until(wake), time.Millisecond)
+			if timer == nil {
+				timer = time.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			tick = timer.C
+		}
 		b.mu.Unlock()
 		select {
 		case <-ch:
+		case <-tick:
 		case <-ctx.Done():
 		}
 		b.mu.Lock()
@@ -238,41 +350,223 @@ func (b *OutputBuffer) truncateLocked(upTo uint64) {
 		}
 		freed = true
 	}
-	if freed && b.spaceCh != nil {
-		close(b.spaceCh)
-		b.spaceCh = nil
+	if freed {
+		b.wakeSpaceLocked()
+	}
+	if b.overrunning && upTo >= b.dropped {
+		// Every holder has what was overrun: the episode is over.
+		b.overrunning = false
 	}
 }
 
-// Register records an acknowledging subscriber by name (idempotent). A
-// subscriber that resumes under the same name keeps its acknowledgement.
+// Connect records that a subscription of the named subscriber (a data or
+// an ack-only one) began: while any is live the subscriber holds the
+// buffer, and its lease is renewed. A subscriber that comes back under the
+// same name keeps its acknowledgement. Each Connect needs one Disconnect.
+func (b *OutputBuffer) Connect(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.subLocked(name, time.Now())
+	s.conns++
+	s.overrun = false
+}
+
+// Disconnect records that one of the named subscriber's subscriptions
+// ended; with none left its lease starts.
+func (b *OutputBuffer) Disconnect(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.subs[name]
+	if s == nil || s.conns == 0 {
+		return
+	}
+	if s.conns--; s.conns == 0 {
+		s.left = time.Now()
+		// Nothing waits on a lease's end but a blocked producer: wake it
+		// so that it re-evaluates (and sets its timer).
+		b.wakeSpaceLocked()
+	}
+}
+
+// Register records an acknowledging subscriber by name (idempotent)
+// without a live subscription: it holds the buffer for one lease from now
+// unless it connects.
 func (b *OutputBuffer) Register(name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if _, ok := b.acks[name]; !ok {
-		b.acks[name] = 0
-	}
+	b.subLocked(name, time.Now())
 }
 
-// Ack records that subscriber name has taken every tuple with id <= id, and
-// discards what every expected subscriber has taken. Acks never move back.
+// subLocked returns the named subscriber's state, creating it (not
+// connected, its lease starting now) when it is new.
+func (b *OutputBuffer) subLocked(name string, now time.Time) *subscriberState {
+	s := b.subs[name]
+	if s == nil {
+		s = &subscriberState{left: now}
+		b.subs[name] = s
+	}
+	if b.seen != nil {
+		b.seen[name] = struct{}{}
+		if len(b.seen) >= b.opts.ExpectedSubscribers {
+			b.seen = nil // every expected subscriber has come
+		}
+	}
+	return s
+}
+
+// Ack records that subscriber name has taken every tuple with id <= id,
+// and discards what every subscriber holding the buffer has taken. Acks
+// never move back, and an ack beyond the last tuple appended is clamped
+// to it: acknowledgements are cumulative and repeated, so a relayed one
+// that runs ahead of this replica is not lost, and one from nowhere
+// cannot discard tuples not yet produced. (A server refuses, before it
+// calls Ack, an ack beyond what it sent on a data subscription.)
 func (b *OutputBuffer) Ack(name string, id uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return // the task stopped while the ack was in flight
 	}
-	if id > b.acks[name] {
-		b.acks[name] = id
+	now := time.Now()
+	s := b.subLocked(name, now)
+	if id > b.lastID {
+		id = b.lastID
 	}
-	if len(b.acks) < b.opts.ExpectedSubscribers {
-		return
+	if id > s.ack {
+		s.ack = id
 	}
-	var low uint64 = math.MaxUint64
-	for _, a := range b.acks {
-		low = min(low, a)
+	if s.conns == 0 {
+		s.left = now // an ack renews the lease
 	}
-	b.truncateLocked(low)
+	b.truncateLocked(b.lowLocked(now).all)
+}
+
+// low is what the subscribers holding a buffer have taken: all is the
+// highest id every holder has acknowledged (0 while the start-up wait
+// holds everything); connected the highest every connected subscriber has
+// acknowledged (the last id when none is connected): what an overrun may
+// discard.
+type low struct {
+	all, connected uint64
+	anyConnected   bool
+}
+
+// lowLocked computes the low-water marks, forgetting subscribers whose
+// lease ended and ending the start-up wait after its lease.
+func (b *OutputBuffer) lowLocked(now time.Time) low {
+	l := low{all: math.MaxUint64, connected: math.MaxUint64}
+	for name, s := range b.subs {
+		if s.conns == 0 && now.Sub(s.left) >= b.opts.Lease {
+			delete(b.subs, name)
+			b.opts.Logger.Info("output buffer forgets a subscriber whose lease ended", "subscriber", name, "acked", s.ack, "lease", b.opts.Lease)
+			continue
+		}
+		l.all = min(l.all, s.ack)
+		if s.conns > 0 {
+			l.connected = min(l.connected, s.ack)
+			l.anyConnected = true
+		}
+	}
+	if b.seen != nil {
+		if now.Sub(b.created) >= b.opts.Lease {
+			b.seen = nil // replicas that never came do not hold it forever
+		} else {
+			l.all = 0
+		}
+	}
+	if !l.anyConnected {
+		l.connected = b.lastID
+	}
+	if l.all == math.MaxUint64 {
+		// Nobody holds the buffer: keep what is there (a subscriber may
+		// still come) until the overrun rule makes room.
+		l.all = 0
+	}
+	return l
+}
+
+// overrunLocked applies the overrun rule to a full buffer that cannot take
+// size more bytes: when only holders that are not connected keep tuples
+// every connected subscriber has taken, it discards the oldest of those as
+// needed (at once within an overrun episode, otherwise once the grace has
+// passed since the producer got stuck). It returns when to look again (zero:
+// only an acknowledgement or a disconnection can help).
+func (b *OutputBuffer) overrunLocked(now time.Time, size int) (wake time.Time) {
+	l := b.lowLocked(now)
+	// The next lease to end might make room without an overrun.
+	for _, s := range b.subs {
+		if s.conns == 0 {
+			if end := s.left.Add(b.opts.Lease); wake.IsZero() || end.Before(wake) {
+				wake = end
+			}
+		}
+	}
+	if b.seen != nil {
+		if end := b.created.Add(b.opts.Lease); wake.IsZero() || end.Before(wake) {
+			wake = end
+		}
+	}
+	oldest := b.oldestLocked()
+	if b.count == 0 || oldest > l.connected {
+		// Every retained tuple is still needed by a connected
+		// subscriber: flow control, no overrun.
+		b.overrunning = false
+		b.stuckSince = time.Time{}
+		return wake
+	}
+	if !b.overrunning {
+		if b.stuckSince.IsZero() {
+			b.stuckSince = now
+		}
+		if end := b.stuckSince.Add(b.opts.OverrunGrace); now.Before(end) {
+			if wake.IsZero() || end.Before(wake) {
+				wake = end
+			}
+			return wake
+		}
+		b.overrunning = true
+	}
+	// Discard the oldest tuples, no further than every connected
+	// subscriber has taken, until size bytes fit.
+	from := oldest
+	for b.full(size) && b.count > 0 && b.oldestLocked() <= l.connected {
+		b.dropOldestLocked()
+		b.overrun++
+	}
+	b.warnOverrunLocked(from, b.dropped)
+	b.wakeSpaceLocked()
+	return wake
+}
+
+// warnOverrunLocked logs, once per episode and subscriber, who misses the
+// tuples from..to an overrun discarded.
+func (b *OutputBuffer) warnOverrunLocked(from, to uint64) {
+	for name, s := range b.subs {
+		if s.conns == 0 && s.ack < to && !s.overrun {
+			s.overrun = true
+			b.opts.Logger.Warn("output buffer full: discarding tuples a disconnected subscriber has not acknowledged; it will resume with a gap",
+				"subscriber", name, "acked", s.ack, "discarded_from", from, "discarded_to", to, "grace", b.opts.OverrunGrace)
+		}
+	}
+	if b.seen != nil && !b.warnedStart {
+		b.warnedStart = true
+		b.opts.Logger.Warn("output buffer full: discarding tuples downstream replicas that have not subscribed yet will miss",
+			"subscribed", len(b.seen), "expected", b.opts.ExpectedSubscribers, "discarded_from", from, "discarded_to", to)
+	}
+}
+
+func (b *OutputBuffer) oldestLocked() uint64 {
+	if b.count == 0 {
+		return 0
+	}
+	return b.chunks[0].first + uint64(b.head)
+}
+
+func (b *OutputBuffer) wakeSpaceLocked() {
+	if b.spaceCh != nil {
+		close(b.spaceCh)
+		b.spaceCh = nil
+	}
 }
 
 // Read returns the encoded tuples following afterID: data is a
@@ -337,6 +631,7 @@ func (b *OutputBuffer) Close() {
 		return
 	}
 	b.closed = true
+	close(b.done)
 	// Invariant: count and bytes describe chunks; a closed buffer holds
 	// nothing, so a late Ack or Read finds an empty buffer.
 	b.chunks = nil
@@ -351,6 +646,9 @@ func (b *OutputBuffer) Close() {
 	}
 }
 
+// Done is closed when the buffer closes.
+func (b *OutputBuffer) Done() <-chan struct{} { return b.done }
+
 // BlockedNanos is the total time Append has spent blocked on a full buffer.
 func (b *OutputBuffer) BlockedNanos() int64 { return b.blockedNanos.Load() }
 
@@ -360,19 +658,51 @@ type BufferStats struct {
 	// LastID is the id of the newest appended tuple; OldestID the oldest
 	// retained one (0 when empty).
 	LastID, OldestID uint64
-	Subscribers      int
-	BlockedNanos     int64
-	// BlockedAppends is the number of Appends waiting for room right now.
+	// Subscribers holding the buffer (connected, or within their lease);
+	// Connected of them have a live subscription.
+	Subscribers, Connected int
+	BlockedNanos           int64
+	// BlockedAppends is the number of Appends waiting for room right now;
+	// BlockedSince when the first of them began (zero when none).
 	BlockedAppends int
+	BlockedSince   time.Time
+	// Overrun is the number of tuples discarded before every subscriber
+	// holding the buffer had acknowledged them (see OverrunGrace);
+	// Overrunning says an episode of such discards is going on (some
+	// subscriber that is not connected misses tuples).
+	Overrun     uint64
+	Overrunning bool
+	// Laggard is the subscriber with the lowest acknowledgement, which
+	// holds the buffer back, and LaggardAck that acknowledgement;
+	// LaggardConnected says whether it has a live subscription. While
+	// replicas expected at start-up have not subscribed, Laggard is empty
+	// and Missing says how many.
+	Laggard          string
+	LaggardAck       uint64
+	LaggardConnected bool
+	Missing          int
 }
 
 // Stats returns the buffer's current occupancy.
 func (b *OutputBuffer) Stats() BufferStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.acks), BlockedNanos: b.BlockedNanos(), BlockedAppends: b.blocked}
-	if b.count > 0 {
-		s.OldestID = b.chunks[0].first + uint64(b.head)
+	now := time.Now()
+	b.lowLocked(now) // forget expired subscribers first
+	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.subs), BlockedNanos: b.BlockedNanos(),
+		BlockedAppends: b.blocked, BlockedSince: b.blockedSince, Overrun: b.overrun, Overrunning: b.overrunning, OldestID: b.oldestLocked()}
+	first := true
+	for name, sub := range b.subs {
+		if sub.conns > 0 {
+			s.Connected++
+		}
+		if first || sub.ack < s.LaggardAck || sub.ack == s.LaggardAck && name < s.Laggard {
+			s.Laggard, s.LaggardAck, s.LaggardConnected = name, sub.ack, sub.conns > 0
+			first = false
+		}
+	}
+	if b.seen != nil {
+		s.Missing = b.opts.ExpectedSubscribers - len(b.seen)
 	}
 	return s
 }
@@ -678,12 +1008,7 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []i
 				close(b.dataCh)
 				b.dataCh = nil
 			}
-			start := time.Now()
-			b.blocked++
-			err := b.waitSpaceLocked(ctx, size)
-			b.blocked--
-			b.blockedNanos.Add(int64(time.Since(start)))
-			if err != nil {
+			if err := b.makeRoomLocked(ctx, size); err != nil {
 				return i, err
 			}
 		}

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -34,6 +36,26 @@ func WithMaxBatchBytes(n int) ServerOption {
 		}
 		s.maxBatch = n
 	}
+}
+
+// WithCallerIdentity sets how the server learns who an incoming call is
+// from: identify returns the authenticated caller's identity, ok false
+// when the call is not authenticated. Acknowledgements are then accounted
+// under that identity plus the subscriber name the caller gives, never
+// under the name alone. The default uses the verified client certificate
+// (rpc.PeerIdentity); nil turns it off.
+func WithCallerIdentity(identify func(ctx context.Context) (string, bool)) ServerOption {
+	return func(s *Server) { s.identity = identify }
+}
+
+// peerIdentity is the default caller identity: the org/role/name of a
+// verified client certificate.
+func peerIdentity(ctx context.Context) (string, bool) {
+	id, ok := rpc.PeerIdentity(ctx)
+	if !ok {
+		return "", false
+	}
+	return id.String(), true
 }
 
 // maxLineErrors caps the line errors one Ingest call reports.
@@ -71,6 +93,9 @@ type Server struct {
 	ingest   IngestHandler
 	log      *slog.Logger
 	maxBatch int
+	// identity authenticates callers for acknowledgement accounting (see
+	// WithCallerIdentity).
+	identity func(ctx context.Context) (string, bool)
 }
 
 // NewServer returns a DataPlane server. ingest may be nil (Ingest then
@@ -79,7 +104,7 @@ func NewServer(resolver StreamResolver, ingest IngestHandler, logger *slog.Logge
 	if logger == nil {
 		logger = slog.Default()
 	}
-	s := &Server{resolver: resolver, ingest: ingest, log: logger, maxBatch: MaxBatchBytes}
+	s := &Server{resolver: resolver, ingest: ingest, log: logger, maxBatch: MaxBatchBytes, identity: peerIdentity}
 	for _, o := range opts {
 		o(s)
 	}
@@ -88,7 +113,16 @@ func NewServer(resolver StreamResolver, ingest IngestHandler, logger *slog.Logge
 
 // Subscribe serves one subscription: the first request names the stream,
 // the resume point and the subscriber; later requests carry cumulative
-// acknowledgements, processed concurrently with sending.
+// acknowledgements, processed concurrently with sending. An ack-only
+// subscription (a downstream replica relaying its progress to an upstream
+// replica it does not read from) gets no data; its acknowledgements are
+// clamped to the buffer's last id. On a data subscription an
+// acknowledgement beyond the last id sent on it is refused: the
+// subscription ends with InvalidArgument and the ack is not applied.
+//
+// Acknowledgements are accounted under the subscriber's key (see
+// WithCallerIdentity); the subscriber holds the buffer while any of its
+// subscriptions is live and for the buffer's lease after the last ends.
 func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	first, err := stream.Recv()
 	if err != nil {
@@ -98,8 +132,14 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	if ref == nil {
 		return status.Error(codes.InvalidArgument, "the first SubscribeRequest must name a stream")
 	}
+	if first.NoAck && first.AckOnly {
+		return status.Error(codes.InvalidArgument, "a subscription cannot be both no_ack and ack_only")
+	}
 	if !first.NoAck && first.Subscriber == "" {
 		return status.Error(codes.InvalidArgument, "an acknowledging subscription must name its subscriber")
+	}
+	if !first.NoAck && !first.AckOnly && first.AckId > 0 {
+		return status.Errorf(codes.InvalidArgument, "ack %d in the first request of a data subscription: nothing was sent on it yet", first.AckId)
 	}
 	buf, err := s.resolver.ResolveStream(ref)
 	if err != nil {
@@ -108,15 +148,21 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		}
 		return status.Error(codes.Internal, err.Error())
 	}
-	if !first.NoAck {
-		buf.Register(first.Subscriber)
-		if first.AckId > 0 {
-			buf.Ack(first.Subscriber, first.AckId)
-		}
-	}
 	ctx := stream.Context()
-	log := s.log.With("query", ref.Query, "task", ref.TaskId, "partition", ref.Partition, "consumer", ref.Consumer, "subscriber", first.Subscriber)
+	key := s.subscriberKey(ctx, first.Subscriber)
+	if !first.NoAck {
+		buf.Connect(key)
+		defer buf.Disconnect(key)
+	}
+	if first.AckOnly {
+		return s.relayed(stream, buf, key, first.AckId)
+	}
+	log := s.log.With("query", ref.Query, "task", ref.TaskId, "partition", ref.Partition, "consumer", ref.Consumer, "subscriber", key)
 
+	// sent is the last id sent on this subscription: acknowledgements may
+	// not go beyond it. It is raised before each Send, since the client
+	// may acknowledge as soon as the batch arrives.
+	var sent atomic.Uint64
 	// The ack reader ends when the stream does: gRPC fails Recv once this
 	// handler has returned. An acknowledging subscriber half-closes after
 	// its last acknowledgement: the reader then reports nil and the
@@ -134,9 +180,15 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 				}
 				return
 			}
-			if !first.NoAck && req.AckId > 0 {
-				buf.Ack(first.Subscriber, req.AckId)
+			if first.NoAck || req.AckId == 0 {
+				continue
 			}
+			if top := sent.Load(); req.AckId > top {
+				log.Warn("subscriber acknowledged tuples it was not sent; subscription refused", "ack_id", req.AckId, "last_sent", top)
+				recvErr <- status.Errorf(codes.InvalidArgument, "ack %d is beyond the last id sent on this subscription (%d): refused", req.AckId, top)
+				return
+			}
+			buf.Ack(key, req.AckId)
 		}
 	}()
 
@@ -166,11 +218,68 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			return err
 		default:
 		}
+		sent.Store(last)
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last}); err != nil {
 			return err
 		}
 		after = last
 	}
+}
+
+// relayed serves an ack-only subscription: it applies the subscriber's
+// acknowledgements (the buffer clamps them to its last id) until the
+// subscriber half-closes (nil) or goes away.
+func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64) error {
+	if ack > 0 {
+		buf.Ack(key, ack)
+	}
+	// Recv fails once this handler has returned, which ends the reader.
+	acks := make(chan uint64)
+	recvErr := make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				if err == io.EOF {
+					err = nil
+				}
+				recvErr <- err
+				return
+			}
+			select {
+			case acks <- req.AckId:
+			case <-stream.Context().Done():
+				return
+			}
+		}
+	}()
+	for {
+		select {
+		case id := <-acks:
+			if id > 0 {
+				buf.Ack(key, id)
+			}
+		case err := <-recvErr:
+			return err
+		case <-buf.Done():
+			return status.Error(codes.Unavailable, "stream ended: its producer stopped")
+		case <-stream.Context().Done():
+			return stream.Context().Err()
+		}
+	}
+}
+
+// subscriberKey is the name acknowledgements are accounted under. When the
+// caller is authenticated it is the caller's identity followed by the name
+// it gave, so a client can only ever speak for itself; otherwise
+// (plaintext) the name alone.
+func (s *Server) subscriberKey(ctx context.Context, name string) string {
+	if s.identity != nil {
+		if id, ok := s.identity(ctx); ok {
+			return id + "/" + name
+		}
+	}
+	return name
 }
 
 // Ingest hands each request's lines to the IngestHandler and answers, once

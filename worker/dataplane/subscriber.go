@@ -242,9 +242,6 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 	}
 	after := s.last.Load()
 	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck}
-	if !s.noAck {
-		open.AckId = after
-	}
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
@@ -332,12 +329,9 @@ func finish(stream fedstreampb.DataPlane_SubscribeClient, cancel context.CancelF
 // never modified or reused. A closed buffer ends it with an error wrapping
 // ErrClosed, so the caller resubscribes.
 func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver DeliverFunc) error {
-	after := s.last.Load()
 	if !s.noAck {
-		buf.Register(s.name)
-		if after > 0 {
-			buf.Ack(s.name, after)
-		}
+		buf.Connect(s.name)
+		defer buf.Disconnect(s.name)
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
 	for {
@@ -381,6 +375,88 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		}
 		if derr != nil {
 			return nil
+		}
+	}
+}
+
+// A relay sends its subscriber's progress when it moved, looking every
+// relayEvery, and repeats it every relayRefresh even when it did not: an
+// upstream replica behind the one read from clamps the acknowledgement to
+// what it has produced, and takes the rest from a later repetition.
+const (
+	relayEvery   = 20 * time.Millisecond
+	relayRefresh = 250 * time.Millisecond
+)
+
+// RelayAcks keeps an ack-only subscription to ref over conn under name,
+// acknowledging progress() (the id up to which the subscriber has taken
+// the stream, read from another replica: ids are the same on every
+// replica) until ctx ends (it then returns nil) or the subscription fails.
+// The upstream replica thus keeps what this subscriber might still need
+// after switching to it, and discards what it has taken.
+func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, progress func() uint64) error {
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(rctx)
+	if err != nil {
+		return err
+	}
+	last := progress()
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckId: last}); err != nil {
+		return recvError(stream, err)
+	}
+	// The server sends nothing on an ack-only subscription: a Recv
+	// returning means it ended it.
+	ended := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv()
+		ended <- err
+	}()
+	ticker := time.NewTicker(relayEvery)
+	defer ticker.Stop()
+	msg := &fedstreampb.SubscribeRequest{}
+	lastSent := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			cancel()
+			<-ended
+			return nil
+		case err := <-ended:
+			if err == nil || err == io.EOF {
+				err = fmt.Errorf("dataplane: upstream ended the ack relay: %w", io.EOF)
+			}
+			return err
+		case now := <-ticker.C:
+			id := progress()
+			if id == last && now.Sub(lastSent) < relayRefresh {
+				continue
+			}
+			msg.AckId = id
+			if err := stream.Send(msg); err != nil {
+				cancel()
+				err = <-ended
+				return err
+			}
+			last, lastSent = id, now
+		}
+	}
+}
+
+// RelayAcksLocal is RelayAcks for an upstream replica in this process.
+func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, progress func() uint64) error {
+	buf.Connect(name)
+	defer buf.Disconnect(name)
+	ticker := time.NewTicker(relayEvery)
+	defer ticker.Stop()
+	for {
+		buf.Ack(name, progress()) // clamped, cheap: every time
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-buf.Done():
+			return fmt.Errorf("dataplane: ack relay: %w", ErrClosed)
+		case <-ticker.C:
 		}
 	}
 }

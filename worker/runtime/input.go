@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -33,6 +34,10 @@ type input struct {
 	mu        sync.Mutex
 	current   Placement          // upstream replica of the live attempt
 	cancelCur context.CancelFunc // cancels the live attempt; nil when none
+	// relays cancels the ack relay to each upstream replica (by task id)
+	// that has one running: a replica the input starts reading from stops
+	// getting relayed acknowledgements, it gets real ones.
+	relays map[string]context.CancelFunc
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -98,6 +103,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 func (in *input) run(ctx context.Context) {
 	opts := in.t.r.opts
 	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+
 	backoff := opts.RetryMin
 	attempt := 0
 	for ctx.Err() == nil {
@@ -157,6 +163,10 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	defer cancel()
 	in.mu.Lock()
 	in.current, in.cancelCur = pl, cancel
+	if stop := in.relays[pl.TaskID]; stop != nil {
+		stop()
+		delete(in.relays, pl.TaskID)
+	}
 	in.mu.Unlock()
 	defer func() {
 		in.mu.Lock()
@@ -192,6 +202,75 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		return progressed, true, err
 	}
 	return progressed, false, err
+}
+
+// relayIdle is how often a relay looks again whether its upstream replica
+// needs it (it is the one read from, or has no placement yet).
+const relayIdle = 100 * time.Millisecond
+
+// relay keeps an ack-only subscription to replica r of the upstream
+// partition, relaying how far this task has taken the stream, whenever
+// that replica is not the one the input reads from. Every upstream
+// replica's buffer thus counts every downstream replica: it keeps what
+// any of them might still need after a switch of replicas, and discards
+// what all have taken (see docs/DATAPLANE.md).
+func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
+	opts := in.t.r.opts
+	backoff := opts.RetryMin
+	for ctx.Err() == nil {
+		pl, ok := in.t.replicaPlacement(in.upstream, in.upPartition, r)
+		rctx, cancel := context.WithCancel(ctx)
+		in.mu.Lock()
+		reading := in.cancelCur != nil && in.current.TaskID == pl.TaskID
+		if ok && !reading {
+			if in.relays == nil {
+				in.relays = map[string]context.CancelFunc{}
+			}
+			in.relays[pl.TaskID] = cancel
+		}
+		in.mu.Unlock()
+		if !ok || reading {
+			cancel()
+			if !sleepCtx(ctx, relayIdle) {
+				return
+			}
+			continue
+		}
+		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment}
+		start := time.Now()
+		var err error
+		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.TaskID, in.sub.LastID)
+		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
+			err = cerr
+		} else {
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.TaskID, in.sub.LastID)
+		}
+		in.mu.Lock()
+		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {
+			delete(in.relays, pl.TaskID)
+		}
+		in.mu.Unlock()
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			// Cancelled: the input reads from this replica now.
+			backoff = opts.RetryMin
+			continue
+		}
+		// An upstream replica that is down or not started yet is normal
+		// in a replicated query: quietly retry.
+		log.Debug("ack relay ended; retrying", "replica", r, "err", err)
+		if time.Since(start) > time.Second {
+			backoff = opts.RetryMin
+		}
+		if !sleepCtx(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, opts.RetryMax)
+	}
 }
 
 // sinkAppend appends the released data tuples below step, from
@@ -298,7 +377,9 @@ func (t *task) processReleases(ctx context.Context, emitter operator.Emitter) (d
 		if !ok {
 			return false, nil
 		}
+		t.busySince.Store(time.Now().UnixNano())
 		done, err := t.release(ctx, rel.runs, rel.steps, emitter)
+		t.busySince.Store(0)
 		// The operator and the outputs keep nothing of the released
 		// tuples (see operator.Emitter; outputs encode at once).
 		for _, b := range rel.finished {

@@ -116,6 +116,28 @@ func (m *merger) addInput(port, upPartition int) int {
 	return len(m.inputs) - 1
 }
 
+// waiting reports the inputs the merge waits for: when some input has
+// brought a boundary beyond the last release (it has something to
+// release) while others have not, those others (by index). nil when no
+// input is ahead, or none is behind.
+func (m *merger) waiting() []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ahead := false
+	var behind []int
+	for i, in := range m.inputs {
+		if in.boundary > m.released {
+			ahead = true
+		} else {
+			behind = append(behind, i)
+		}
+	}
+	if !ahead {
+		return nil
+	}
+	return behind
+}
+
 func (m *merger) minBoundaryLocked() int64 {
 	low := int64(math.MaxInt64)
 	for _, in := range m.inputs {

@@ -27,9 +27,17 @@ import (
 const (
 	StateStarting = "starting"
 	StateRunning  = "running"
-	StateFailed   = "failed"
-	StateStopped  = "stopped"
+	// StateStalled is a running task that has not moved for
+	// Options.StallAfter although it has something to do: its output is
+	// blocked, or its input has data its output does not reflect. The
+	// message says why; the task is running again once it moves.
+	StateStalled = "stalled"
+	StateFailed  = "failed"
+	StateStopped = "stopped"
 )
+
+// DefaultStallAfter is Options.StallAfter's default.
+const DefaultStallAfter = 30 * time.Second
 
 // Placement says where one task of a query runs.
 type Placement struct {
@@ -55,7 +63,9 @@ type TaskSpec struct {
 // TaskState is the state of one task.
 type TaskState struct {
 	TaskID string
-	// State is one of StateStarting, StateRunning, StateFailed, StateStopped.
+	// State is one of StateStarting, StateRunning, StateStalled,
+	// StateFailed, StateStopped. Message is the reason for it (for
+	// StateStalled, what the task waits on), or a note ("input exhausted").
 	State   string
 	Message string
 }
@@ -66,9 +76,22 @@ type Options struct {
 	// BoundaryInterval is the stime spacing of the BOUNDARY tuples sources
 	// emit (default 50ms).
 	BoundaryInterval time.Duration
-	// Buffer bounds each output stream (MaxBytes, MaxTuples; the runtime
-	// sets ExpectedSubscribers and Ring itself).
+	// Buffer bounds each output stream (MaxBytes, MaxTuples) and sets the
+	// subscriber Lease and OverrunGrace; the runtime sets
+	// ExpectedSubscribers, Ring and Logger itself.
 	Buffer dataplane.BufferOptions
+	// ServerOptions configure the DataPlane server further (e.g.
+	// dataplane.WithCallerIdentity; by default acknowledgements are keyed
+	// by the verified client certificate when there is one).
+	ServerOptions []dataplane.ServerOption
+	// SourceSpeedup runs generator sources this many times faster than
+	// their rate in wall time; stimes, and so results, are unchanged
+	// (tests run minutes of stream time in seconds). 0 or 1: real time.
+	SourceSpeedup int
+	// StallAfter is how long a task may go without moving, while it has
+	// something to do, before it is reported StateStalled (default
+	// DefaultStallAfter).
+	StallAfter time.Duration
 	// SinkBufferTuples bounds the ring buffer of a sink's result stream
 	// (default 65536 tuples).
 	SinkBufferTuples int
@@ -104,6 +127,9 @@ func (o *Options) setDefaults() {
 	if o.RetryMin <= 0 {
 		o.RetryMin = 20 * time.Millisecond
 	}
+	if o.StallAfter <= 0 {
+		o.StallAfter = DefaultStallAfter
+	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)
 	}
@@ -120,6 +146,10 @@ type Runtime struct {
 	mu     sync.Mutex
 	tasks  map[string]*task
 	closed bool
+
+	// The stall watchdog (see watch) runs until stopWatch closes.
+	stopWatch chan struct{}
+	watchDone chan struct{}
 }
 
 // New returns a Runtime with no tasks.
@@ -130,8 +160,36 @@ func New(opts Options) *Runtime {
 		r.pool = dataplane.NewPool()
 		r.ownPool = true
 	}
-	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, dataplane.WithMaxBatchBytes(opts.MaxBatchBytes))
+	sopts := append([]dataplane.ServerOption{dataplane.WithMaxBatchBytes(opts.MaxBatchBytes)}, opts.ServerOptions...)
+	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, sopts...)
+	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
+	go r.watch()
 	return r
+}
+
+// watch checks every task for stalls a few times per StallAfter until the
+// runtime closes.
+func (r *Runtime) watch() {
+	defer close(r.watchDone)
+	every := min(max(r.opts.StallAfter/4, 20*time.Millisecond), time.Second)
+	ticker := time.NewTicker(every)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-r.stopWatch:
+			return
+		case now := <-ticker.C:
+			r.mu.Lock()
+			tasks := make([]*task, 0, len(r.tasks))
+			for _, t := range r.tasks {
+				tasks = append(tasks, t)
+			}
+			r.mu.Unlock()
+			for _, t := range tasks {
+				t.checkStall(now, r.opts.StallAfter)
+			}
+		}
+	}
 }
 
 // Server is the DataPlane service serving this runtime's output streams
@@ -225,6 +283,8 @@ func (r *Runtime) Close(ctx context.Context) error {
 	tasks := r.tasks
 	r.tasks = map[string]*task{}
 	r.mu.Unlock()
+	close(r.stopWatch)
+	<-r.watchDone
 
 	done := make(chan struct{})
 	go func() {

@@ -57,13 +57,21 @@ type worker struct {
 
 func startWorker(t testing.TB, pool *dataplane.Pool) *worker {
 	t.Helper()
+	return startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond})
+}
+
+// startWorkerOpts is startWorker with runtime options (Logger and Pool are
+// set here).
+func startWorkerOpts(t testing.TB, pool *dataplane.Pool, opts Options) *worker {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	opts.Logger, opts.Pool = log, pool
 	w := &worker{
-		rt:   New(Options{Logger: log, BoundaryInterval: time.Millisecond, Pool: pool}),
+		rt:   New(opts),
 		addr: lis.Addr().String(),
 		srv:  grpc.NewServer(dataplane.ServerOptions()...),
 		done: make(chan struct{}),
@@ -99,13 +107,19 @@ func newCluster(t testing.TB, n int, yaml string, place func(node string, partit
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newClusterOpts(t, n, q, place, Options{BoundaryInterval: time.Millisecond})
+}
+
+// newClusterOpts is newCluster for a parsed query, with runtime options.
+func newClusterOpts(t testing.TB, n int, q *queryspec.Query, place func(node string, partition, replica int) int, opts Options) *cluster {
+	t.Helper()
 	plan, err := q.FusedPlan()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &cluster{pool: dataplane.NewPool(), query: q, specs: map[*worker][]TaskSpec{}}
 	for range n {
-		c.workers = append(c.workers, startWorker(t, c.pool))
+		c.workers = append(c.workers, startWorkerOpts(t, c.pool, opts))
 	}
 	var placements []Placement
 	owner := map[string]*worker{}

@@ -24,6 +24,7 @@ func (t *task) runGenerator() {
 	if g := t.node.Source.Gen; g != nil {
 		rate = int64(g.Rate)
 	}
+	speedup := int64(max(1, t.r.opts.SourceSpeedup))
 	var (
 		tp       tuple.Tuple
 		boundary = int64(math.MinInt64)
@@ -59,7 +60,7 @@ func (t *task) runGenerator() {
 		}
 		if rate > 0 {
 			n++
-			due := start.Add(time.Duration(n * int64(time.Second) / rate))
+			due := start.Add(time.Duration(n * int64(time.Second) / rate / speedup))
 			wait := time.Until(due)
 			if wait > 0 {
 				// Ahead of schedule: what is staged goes out now rather

@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -90,6 +93,22 @@ type task struct {
 	stateMu sync.Mutex
 	state   string
 	message string
+	// stall is why the running task is stalled ("" when it is not);
+	// overrun says which outputs are discarding tuples a subscriber that
+	// is not connected has not taken. Both are set by the watchdog (see
+	// checkStall).
+	stall, overrun string
+
+	// Watchdog state, touched only by the runtime's watch goroutine: the
+	// outputs' id total when it last moved and when, and what each input
+	// had delivered then.
+	watchOut   uint64
+	watchOutAt time.Time
+	watchIn    []uint64
+	stallKey   string
+	// busySince is when the task began processing its current release
+	// (unix nanoseconds; 0 when it is not processing).
+	busySince atomic.Int64
 
 	// Processing state.
 	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
@@ -222,6 +241,7 @@ func (t *task) buildOutputs() error {
 			opts := t.r.opts.Buffer
 			opts.Ring = false
 			opts.ExpectedSubscribers = replicas
+			opts.Logger = t.log.With("consumer", name, "partition", p)
 			out := newOutStream(name, p, dataplane.NewOutputBuffer(opts))
 			rt.parts = append(rt.parts, out)
 			t.outs = append(t.outs, out)
@@ -259,6 +279,19 @@ func (t *task) start() {
 		for _, in := range t.inputs {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); in.run(t.ctx) }()
+		}
+		if replicas := t.plan.Query.Replicas; replicas > 1 {
+			// Every replica of each upstream partition hears how far this
+			// task got (see input.relay), until the task stops: after the
+			// input's end too, so that a replica behind the one read from
+			// still learns that everything was taken.
+			for _, in := range t.inputs {
+				log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+				for r := range replicas {
+					t.wg.Add(1)
+					go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
+				}
+			}
 		}
 		if t.inlineEmit == nil {
 			t.wg.Add(1)
@@ -299,7 +332,128 @@ func (t *task) fail(err error) {
 func (t *task) State() TaskState {
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
+	if t.state == StateRunning && t.stall != "" {
+		return TaskState{TaskID: t.spec.TaskID, State: StateStalled, Message: t.stall}
+	}
+	if t.state == StateRunning && t.overrun != "" {
+		msg := t.overrun
+		if t.message != "" {
+			msg = t.message + "; " + msg
+		}
+		return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: msg}
+	}
 	return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: t.message}
+}
+
+// checkStall decides whether the task is stalled: an output's Append has
+// been blocked for after, or its outputs have not moved for after while
+// its inputs delivered data (or hold data not yet processed). A source
+// with nothing to send, and a task whose inputs bring nothing, are not
+// stalled. Each change is logged once.
+func (t *task) checkStall(now time.Time, after time.Duration) {
+	t.stateMu.Lock()
+	running := t.state == StateRunning
+	t.stateMu.Unlock()
+	if !running {
+		return
+	}
+	var out uint64
+	key, reason := "", ""
+	var overrun []string
+	for _, o := range t.outs {
+		st := o.buf.Stats()
+		out += st.LastID
+		if st.Overrunning {
+			overrun = append(overrun, fmt.Sprintf("consumer %s partition %d", o.consumer, o.partition))
+		}
+		if key != "" || st.BlockedSince.IsZero() || now.Sub(st.BlockedSince) < after {
+			continue
+		}
+		key = fmt.Sprintf("blocked %s %d %s %d %d", o.consumer, o.partition, st.Laggard, st.LaggardAck, st.Missing)
+		reason = fmt.Sprintf("output blocked %s on consumer %s partition %d: %s",
+			roughly(now.Sub(st.BlockedSince)), o.consumer, o.partition, holdingBack(st))
+	}
+	if busy := t.busySince.Load(); key == "" && busy != 0 && now.Sub(time.Unix(0, busy)) >= after {
+		key = "processing"
+		reason = fmt.Sprintf("processing one release has not finished for %s", roughly(now.Sub(time.Unix(0, busy))))
+	}
+	in := make([]uint64, len(t.inputs))
+	for i, inp := range t.inputs {
+		in[i] = inp.sub.LastID()
+	}
+	if out != t.watchOut || t.watchOutAt.IsZero() {
+		t.watchOut, t.watchOutAt, t.watchIn = out, now, in
+	} else if key == "" && now.Sub(t.watchOutAt) >= after && t.merge != nil {
+		// Some input has brought data to release, another nothing at
+		// all since the output last moved: the merge waits for it.
+		var idle []string
+		for _, i := range t.merge.waiting() {
+			if in[i] == t.watchIn[i] {
+				idle = append(idle, fmt.Sprintf("%s partition %d", t.inputs[i].upstream, t.inputs[i].upPartition))
+			}
+		}
+		if len(idle) > 0 {
+			key = "waiting " + strings.Join(idle, ",")
+			reason = fmt.Sprintf("no output for %s while input has data: waiting for input from %s, which sent nothing since",
+				roughly(now.Sub(t.watchOutAt)), strings.Join(idle, ", "))
+		}
+	}
+	t.noteOverrun(overrun)
+	if key == t.stallKey {
+		return // unchanged: keep the reason as first reported
+	}
+	t.stallKey = key
+	t.stateMu.Lock()
+	was := t.stall
+	t.stall = reason
+	t.stateMu.Unlock()
+	switch {
+	case reason != "":
+		t.log.Warn("task stalled", "reason", reason)
+	case was != "":
+		t.log.Info("task moves again", "was", was)
+	}
+}
+
+// noteOverrun makes the task's status say which outputs are discarding
+// tuples that a subscriber which is not connected has not taken (the
+// buffer's log names it), while they do.
+func (t *task) noteOverrun(outs []string) {
+	note := ""
+	if len(outs) > 0 {
+		note = "output to " + strings.Join(outs, ", ") + " overruns: discarding tuples a disconnected or missing downstream replica has not taken (see the worker log)"
+	}
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	t.overrun = note
+}
+
+// roughly rounds a duration for a message: to 100ms below 10s, to
+// seconds above.
+func roughly(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+// holdingBack says who keeps a full output buffer from taking more.
+func holdingBack(st dataplane.BufferStats) string {
+	var parts []string
+	if st.Laggard != "" {
+		conn := "connected"
+		if !st.LaggardConnected {
+			conn = "not connected"
+		}
+		parts = append(parts, fmt.Sprintf("subscriber %s (%s) has not acknowledged since id %d", st.Laggard, conn, st.LaggardAck))
+	}
+	if st.Missing > 0 {
+		parts = append(parts, fmt.Sprintf("%d downstream replica(s) have not subscribed yet", st.Missing))
+	}
+	if len(parts) == 0 {
+		return "no subscriber"
+	}
+	return strings.Join(parts, "; ")
 }
 
 // setPlacements indexes placements by (fragment, partition).
@@ -345,6 +499,19 @@ func (t *task) candidates(fragment string, partition int) []Placement {
 		}
 	}
 	return out
+}
+
+// replicaPlacement returns the current placement of replica r of an
+// upstream partition.
+func (t *task) replicaPlacement(fragment string, partition, r int) (Placement, bool) {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	for _, p := range t.placements[placeKey{fragment, partition}] {
+		if p.Replica == r {
+			return p, true
+		}
+	}
+	return Placement{}, false
 }
 
 // placementOf returns the current placement of an upstream task.
