@@ -516,6 +516,8 @@ func checkFieldName(name string) error {
 		return fmt.Errorf("%q is not a valid field name (want letters, digits and '_', not starting with a digit)", name)
 	case reservedWords[name]:
 		return fmt.Errorf("%q is a reserved word in expressions and cannot be a field name", name)
+	case strings.HasPrefix(name, "__fs"):
+		return fmt.Errorf("%q: field names starting with \"__fs\" are reserved for the engine", name)
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -96,6 +97,9 @@ type task struct {
 	keyBuf    []tuple.Value
 	emitErr   error
 	evalFails uint64
+	// overBudget counts the tuples dropped for going over the expression
+	// cost budget (read by tests and metrics from other goroutines).
+	overBudget atomic.Uint64
 }
 
 type placeKey struct {
@@ -246,6 +250,10 @@ func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, 
 
 func (t *task) start() {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	// Stopping the task aborts an expression evaluation in progress, so
+	// stop never waits on a slow predicate.
+	operator.StopOn(t.op, t.ctx.Done())
+	operator.StopOn(t.srcChain, t.ctx.Done())
 	switch {
 	case t.gen != nil:
 		t.wg.Add(1)
@@ -387,9 +395,19 @@ func (t *task) emitSource(ctx context.Context, tp *tuple.Tuple) {
 		}
 		return
 	}
+	t.dropped(err)
+}
+
+// dropped counts a tuple dropped because an expression failed on it (the
+// same way on every replica) and logs the first drop and every 10 000th.
+// Drops over the expression cost budget are also counted in overBudget.
+func (t *task) dropped(err error) {
 	t.evalFails++
+	if errors.Is(err, queryspec.ErrCostBudget) {
+		t.overBudget.Add(1)
+	}
 	if t.evalFails == 1 || t.evalFails%10000 == 0 {
-		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails)
+		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails, "over_cost_budget", t.overBudget.Load())
 	}
 }
 
