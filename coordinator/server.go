@@ -23,6 +23,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -216,10 +217,10 @@ func (s *Server) setupGRPC() error {
 	}
 	s.listener = lis
 	auth := &authenticator{joinToken: s.cfg.JoinToken, adminToken: s.cfg.AdminToken}
-	s.grpcServer = grpc.NewServer(
+	s.grpcServer = grpc.NewServer(append(rpc.ServerOptions(),
 		grpc.ChainUnaryInterceptor(auth.unary),
 		grpc.ChainStreamInterceptor(auth.stream),
-	)
+	)...)
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	s.health = health.NewServer()

@@ -132,7 +132,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.Listen(); err != nil {
 		return err
 	}
-	w.grpc = grpc.NewServer(dataplane.ServerOptions()...)
+	w.grpc = grpc.NewServer(append(dataplane.ServerOptions(), rpc.ServerOptions()...)...)
 	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
 	var wg sync.WaitGroup
 	wg.Add(1)
