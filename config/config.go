@@ -30,6 +30,12 @@ type Coordinator struct {
 	AdminToken      string   `mapstructure:"admin-token"`
 	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
 	LogLevel        string   `mapstructure:"log-level"`
+	// MaxTasksPerQuery and MaxTasksPerOrg bound the tasks of one query and
+	// of all running queries; 0 derives them from the ready workers' cores.
+	MaxTasksPerQuery int `mapstructure:"max-tasks-per-query"`
+	MaxTasksPerOrg   int `mapstructure:"max-tasks-per-org"`
+	// RemoveDownWorkersAfter is how long a down worker keeps its record.
+	RemoveDownWorkersAfter string `mapstructure:"remove-down-workers-after"`
 }
 
 // Worker is the configuration of `fedstream worker`.
@@ -45,6 +51,9 @@ type Worker struct {
 	// GCPercent is the worker process's garbage collection target (Go's
 	// GOGC); see DefaultWorkerGCPercent.
 	GCPercent int `mapstructure:"gc-percent"`
+	// MaxFuture bounds how far ahead of an ingest source's time a record's
+	// time may be (see runtime.Options.MaxFuture).
+	MaxFuture string `mapstructure:"max-future"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -74,6 +83,9 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("admin-token", "", "token clients must present (none: dev mode)")
 	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
 	fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Int("max-tasks-per-query", 0, "most tasks one query may have (0: the ready workers' cores x 16, at least 64)")
+	fs.Int("max-tasks-per-org", 0, "most tasks all running queries may have together (0: the ready workers' cores x 16, at least 64)")
+	fs.String("remove-down-workers-after", "1h", "remove the record of a worker down this long")
 }
 
 // WorkerFlags declares the worker's flags on fs.
@@ -88,6 +100,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.String("join-token", "", "the org's worker join token")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Int("gc-percent", DefaultWorkerGCPercent, "garbage collection target of the worker process, as GOGC (GOGC in the environment wins)")
+	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
 }
 
 // load merges file, environment and flags into out.

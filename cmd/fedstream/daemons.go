@@ -37,12 +37,20 @@ func newCoordinatorCmd() *cobra.Command {
 				timings.HeartbeatTTL = d
 				timings.LeaderGrace = d
 			}
+			if c.RemoveDownWorkersAfter != "" {
+				d, err := time.ParseDuration(c.RemoveDownWorkersAfter)
+				if err != nil || d <= 0 {
+					return fmt.Errorf("remove-down-workers-after %q: want a positive duration such as 1h", c.RemoveDownWorkersAfter)
+				}
+				timings.RemoveDownWorkersAfter = d
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
 				BootstrapExpect: c.BootstrapExpect, Join: c.Join,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
 				Timings: timings, Logger: logger,
+				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
 			if err != nil {
 				return err

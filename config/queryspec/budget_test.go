@@ -2,6 +2,7 @@ package queryspec
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -66,5 +67,21 @@ func TestMeterKeepsTypes(t *testing.T) {
 func TestReservedFieldPrefix(t *testing.T) {
 	if err := checkFieldName("__fs_cost"); err == nil {
 		t.Error("field __fs_cost accepted; the prefix is reserved")
+	}
+}
+
+func TestTooManyOperators(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("name: wide\nsources:\n  - {name: s, generator: {kind: words, seed: 1}}\noperators:\n")
+	prev := "s"
+	for i := range MaxOperators + 1 {
+		name := fmt.Sprintf("f%d", i)
+		b.WriteString("  - {name: " + name + ", type: filter, input: " + prev + ", where: 'len(line) > 1'}\n")
+		prev = name
+	}
+	b.WriteString("sinks:\n  - {name: out, input: " + prev + "}\n")
+	_, err := Parse("wide.yaml", []byte(b.String()))
+	if err == nil || !strings.Contains(err.Error(), "a query may have at most 100") {
+		t.Fatalf("Parse = %v, want the operator limit", err)
 	}
 }
