@@ -43,6 +43,9 @@ type Config struct {
 	BoundaryInterval time.Duration
 	// WatchWait bounds each assignment long poll.
 	WatchWait time.Duration
+	// MaxFuture bounds how far ahead of an ingest source's time a record
+	// may be dated (0: runtime.DefaultMaxFuture).
+	MaxFuture time.Duration
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -91,7 +94,7 @@ func New(cfg Config) (*Worker, error) {
 		conns:  map[string]*grpc.ClientConn{},
 		coords: append([]string(nil), cfg.Coordinators...),
 	}
-	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval})
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, MaxFuture: cfg.MaxFuture})
 	return w, nil
 }
 

@@ -80,9 +80,16 @@ func newWorkerCmd() *cobra.Command {
 			}
 			logger := logging.Stderr(c.LogLevel)
 			setWorkerGC(c.GCPercent)
+			var maxFuture time.Duration
+			if c.MaxFuture != "" {
+				if maxFuture, err = time.ParseDuration(c.MaxFuture); err != nil || maxFuture <= 0 {
+					return fmt.Errorf("max-future %q: want a positive duration such as 1h", c.MaxFuture)
+				}
+			}
 			w, err := worker.New(worker.Config{
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
+				MaxFuture: maxFuture,
 			})
 			if err != nil {
 				return err

@@ -86,7 +86,14 @@ type Options struct {
 	// least one tuple, so 1 means one tuple per message: the unbatched data
 	// plane, for measurements. Acknowledgements stay cumulative.
 	MaxBatchBytes int
+	// MaxFuture is how far ahead of an ingest source's time (the later of
+	// its newest accepted record and the clock) a record may be dated
+	// (default DefaultMaxFuture).
+	MaxFuture time.Duration
 }
+
+// DefaultMaxFuture is the default of Options.MaxFuture.
+const DefaultMaxFuture = time.Hour
 
 func (o *Options) setDefaults() {
 	if o.Logger == nil {
@@ -103,6 +110,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.RetryMin <= 0 {
 		o.RetryMin = 20 * time.Millisecond
+	}
+	if o.MaxFuture <= 0 {
+		o.MaxFuture = DefaultMaxFuture
 	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)
