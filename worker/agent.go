@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -388,7 +389,15 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		}
 		sort.Strings(names)
 		w.logger.Info("assignments changed", "index", index, "tasks", len(names), "task_ids", strings.Join(names, ","))
+		before := len(w.runtime.States())
 		w.runtime.Apply(ctx, specs)
+		if len(w.runtime.States()) < before {
+			// Stopped tasks' buffers are garbage now, but the Go runtime
+			// returns freed memory to the OS only gradually (and a worker
+			// runs with a high GC target): without this a worker whose
+			// query stopped kept its peak resident size.
+			debug.FreeOSMemory()
+		}
 	}
 }
 
