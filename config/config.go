@@ -31,7 +31,7 @@ type Coordinator struct {
 	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
 	LogLevel        string   `mapstructure:"log-level"`
 	// MaxTasksPerQuery and MaxTasksPerOrg bound the tasks of one query and
-	// of all running queries; 0 derives them from the ready workers' cores.
+	// of all running queries; 0 derives them from the cores of the workers not down.
 	MaxTasksPerQuery int `mapstructure:"max-tasks-per-query"`
 	MaxTasksPerOrg   int `mapstructure:"max-tasks-per-org"`
 	// RemoveDownWorkersAfter is how long a down worker keeps its record.
@@ -83,8 +83,8 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("admin-token", "", "token clients must present (none: dev mode)")
 	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
 	fs.String("log-level", "info", "debug, info, warn or error")
-	fs.Int("max-tasks-per-query", 0, "most tasks one query may have (0: the ready workers' cores x 16, at least 64)")
-	fs.Int("max-tasks-per-org", 0, "most tasks all running queries may have together (0: the ready workers' cores x 16, at least 64)")
+	fs.Int("max-tasks-per-query", 0, "most tasks one query may have (0: the cores of the workers not down x 16, at least 64)")
+	fs.Int("max-tasks-per-org", 0, "most tasks all running queries may have together (0: the cores of the workers not down x 16, at least 64)")
 	fs.String("remove-down-workers-after", "1h", "remove the record of a worker down this long")
 }
 

@@ -139,11 +139,16 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 // tasks than its task limits. Errors name the limit, its value, what the
 // query needs and how to raise the limit.
 func (s *Server) checkLimits(q *queryspec.Query, need int, workers []*fsm.Worker, existing []*fsm.Task) error {
+	// Cores count for workers not down: right after an election every
+	// worker is unknown until it heartbeats, and the limits must not
+	// shrink to the floor meanwhile.
 	ready, known, cores := 0, 0, 0
 	for _, w := range workers {
 		known++
 		if w.Status == statusReady {
 			ready++
+		}
+		if w.Status != statusDown {
 			cores += max(int(w.Cores), 1)
 		}
 	}
@@ -157,7 +162,7 @@ func (s *Server) checkLimits(q *queryspec.Query, need int, workers []*fsm.Worker
 			replicas, ready, known, max(ready, 1))
 	}
 	derived := derivedTaskLimit(cores)
-	how := fmt.Sprintf("derived: %d ready cores x %d tasks per core, at least %d", cores, tasksPerCore, minTaskLimit)
+	how := fmt.Sprintf("derived: %d cores of workers not down x %d tasks per core, at least %d", cores, tasksPerCore, minTaskLimit)
 	perQuery, perQueryHow := s.cfg.Limits.MaxTasksPerQuery, "configured"
 	if perQuery == 0 {
 		perQuery, perQueryHow = derived, how

@@ -56,7 +56,8 @@ type Limits struct {
 const minTaskLimit = 64
 
 // derivedTaskLimit is the default of both task limits: the org's capacity,
-// the sum over ready workers of their cores times tasksPerCore, which is
+// the sum over workers not down (ready, or unknown just after an
+// election) of their cores times tasksPerCore, which is
 // also how many tasks placement puts on a worker at most. Tasks beyond it
 // could never run at once (the finding behind this limit: 2,728 tasks of
 // which 64 ran, the rest pending while the workers held their buffers), so

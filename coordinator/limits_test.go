@@ -53,7 +53,7 @@ func TestSubmitRefusedOverLimits(t *testing.T) {
 		{"replicas", fmt.Sprintf(wideQuery, "r5", 5, 1), codes.FailedPrecondition,
 			[]string{"replicas: 5 but the org has 2 ready workers", "lower replicas"}},
 		{"per query", fmt.Sprintf(wideQuery, "big", 2, 64), codes.ResourceExhausted,
-			[]string{"needs 132 tasks", "max-tasks-per-query is 128", "8 ready cores x 16 tasks per core", "raise max-tasks-per-query"}},
+			[]string{"needs 132 tasks", "max-tasks-per-query is 128", "8 cores of workers not down x 16 tasks per core", "raise max-tasks-per-query"}},
 	}
 	for _, tc := range cases {
 		_, err := submitYAML(t, c.admin(l), tc.name, tc.yaml)
