@@ -1,8 +1,12 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
 )
@@ -49,5 +53,19 @@ func TestLineReader(t *testing.T) {
 func TestIngestBatchUnderLimit(t *testing.T) {
 	if largest := max(ingestBatchBytes, ingestMaxLine+1); largest+32<<10 > dataplane.MaxMessageBytes {
 		t.Fatalf("a request may carry %d bytes of lines; the worker accepts %d per message", largest, dataplane.MaxMessageBytes)
+	}
+}
+
+// A gRPC size refusal is explained: which limit, and what to do.
+func TestDescribeMessageTooLarge(t *testing.T) {
+	err := status.Error(codes.ResourceExhausted, "grpc: received message larger than max (20971520 vs. 16777216)")
+	msg := describe(fmt.Errorf("ingest at 127.0.0.1:1: %w", err))
+	for _, w := range []string{"20971520 vs. 16777216", "size limit", "workers 16 MiB", "send less per call"} {
+		if !strings.Contains(msg, w) {
+			t.Errorf("%q does not say %q", msg, w)
+		}
+	}
+	if got := describe(explainIngestError(err)); strings.Count(got, "limit") != strings.Count(explainIngestError(err).Error(), "limit") {
+		t.Errorf("explained twice: %q", got)
 	}
 }
