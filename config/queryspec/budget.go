@@ -50,9 +50,11 @@ const ExprCostBudget = 100_000
 // predicates.
 const ExprTimeLimit = time.Second
 
-// exprMaxNodes bounds the syntax tree of one expression (the library's
-// default is 10 000).
-const exprMaxNodes = 2000
+// exprMaxNodes bounds the syntax tree of one expression, which bounds the
+// work of an expression without loops. It is the library's default, set
+// here so that it is a documented part of the query format: long literal
+// lists (`src in [...]`, compiled to one lookup) stay possible.
+const exprMaxNodes = 10_000
 
 // costFuncName is the meter function predicate bodies of no simple type
 // are wrapped in, and the prefix of the others (see costFuncs).
