@@ -16,10 +16,11 @@ import (
 // worker, so it starts every worker with TTL + grace.
 //
 // A worker is "heard" once it registered or heartbeated to this leader
-// since it took office (begin).
+// since it took office. Registrations and heartbeats are recorded from
+// the moment this node handles them as leader, which may be before the
+// leader's duties start; stop forgets everything when leadership is lost.
 type liveness struct {
 	mu        sync.Mutex
-	active    bool
 	deadlines map[string]time.Time
 	heard     map[string]bool
 }
@@ -28,22 +29,13 @@ func newLiveness() *liveness {
 	return &liveness{deadlines: map[string]time.Time{}, heard: map[string]bool{}}
 }
 
-// begin starts tracking, as soon as this node leads.
-func (l *liveness) begin() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.active = true
-	l.deadlines = map[string]time.Time{}
-	l.heard = map[string]bool{}
-}
-
-// start gives every worker not heard from yet the deadline until.
+// start gives every worker without a deadline yet (not heard from) the
+// deadline until.
 func (l *liveness) start(workers []string, until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.active = true
 	for _, w := range workers {
-		if !l.heard[w] {
+		if _, ok := l.deadlines[w]; !ok {
 			l.deadlines[w] = until
 		}
 	}
@@ -53,7 +45,7 @@ func (l *liveness) start(workers []string, until time.Time) {
 func (l *liveness) heardFrom(id string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.active && l.heard[id]
+	return l.heard[id]
 }
 
 // shownStatus is the status reads report for w. The stored status is what
@@ -94,7 +86,6 @@ func (l *liveness) unheard(ids []string) []string {
 func (l *liveness) stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.active = false
 	l.deadlines = map[string]time.Time{}
 	l.heard = map[string]bool{}
 }
@@ -102,10 +93,8 @@ func (l *liveness) stop() {
 func (l *liveness) touch(id string, until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.active {
-		l.deadlines[id] = until
-		l.heard[id] = true
-	}
+	l.deadlines[id] = until
+	l.heard[id] = true
 }
 
 func (l *liveness) forget(id string) {
@@ -158,7 +147,6 @@ func (s *Server) monitorLeadership(ctx context.Context) {
 		case isLeader := <-s.leaderCh:
 			switch {
 			case isLeader && duties == nil:
-				s.liveness.begin()
 				lctx, cancel := context.WithCancel(ctx)
 				duties = &leaderDuties{cancel: cancel, done: make(chan struct{})}
 				go func(d *leaderDuties) {
