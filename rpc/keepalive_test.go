@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"context"
 	"errors"
 	"net"
 	"strings"
@@ -8,6 +9,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fedstream/fedstream/rpc/rpctest"
 )
@@ -49,5 +53,54 @@ func TestServerKeepalivePermitsClientPings(t *testing.T) {
 	err := rpctest.IdlePings(serve(t), fast.Time, 5)
 	if !errors.Is(err, rpctest.ErrGoAway) || !strings.Contains(err.Error(), "too_many_pings") {
 		t.Fatalf("server with grpc defaults: %v; want a too_many_pings GoAway (the probe must see it)", err)
+	}
+}
+
+// A real client with a call open and idle past several of its keepalive
+// pings (grpc-go does not let a client ping more often than every 10 s,
+// so this takes half a minute) keeps its stream on a server with the
+// policy's options; grpc's default server policy answers the third ping
+// with a too_many_pings GoAway, which is what `fedstream tail` printed.
+func TestIdleStreamSurvivesKeepalive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for real keepalive pings (30 s)")
+	}
+	addr := func() string {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer(ServerOptions()...)
+		hs := health.NewServer()
+		healthpb.RegisterHealthServer(srv, hs)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = srv.Serve(lis) }()
+		t.Cleanup(func() { srv.Stop(); <-done })
+		return lis.Addr().String()
+	}()
+	client := Keepalive{Time: 10 * time.Second, Timeout: 5 * time.Second}
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()), client.DialOption())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.Recv(); err != nil { // the current status
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := stream.Recv() // nothing more is sent: the call idles
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		t.Fatalf("idle stream ended: %v", err)
+	case <-time.After(3*client.Time + 2*time.Second):
 	}
 }
