@@ -169,6 +169,13 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	if t.node.Kind != queryspec.KindSource {
 		t.buildInputs()
 	}
+	// The context exists before the task is published to the runtime's
+	// map: an ingest request may reach the task before start runs.
+	// Stopping the task aborts an expression evaluation in progress, so
+	// stop never waits on a slow predicate.
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	operator.StopOn(t.op, t.ctx.Done())
+	operator.StopOn(t.srcChain, t.ctx.Done())
 	return t, nil
 }
 
@@ -249,11 +256,6 @@ func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, 
 }
 
 func (t *task) start() {
-	t.ctx, t.cancel = context.WithCancel(context.Background())
-	// Stopping the task aborts an expression evaluation in progress, so
-	// stop never waits on a slow predicate.
-	operator.StopOn(t.op, t.ctx.Done())
-	operator.StopOn(t.srcChain, t.ctx.Done())
 	switch {
 	case t.gen != nil:
 		t.wg.Add(1)
