@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -98,8 +99,9 @@ type task struct {
 	emitErr   error
 	evalFails uint64
 	// overBudget counts the tuples dropped for going over the expression
-	// cost budget (read by tests and metrics from other goroutines).
-	overBudget atomic.Uint64
+	// cost budget (atomic: safe to read from any goroutine).
+	overBudget   atomic.Uint64
+	dropReported time.Time // when dropped last updated the message
 }
 
 type placeKey struct {
@@ -403,6 +405,10 @@ func (t *task) emitSource(ctx context.Context, tp *tuple.Tuple) {
 // dropped counts a tuple dropped because an expression failed on it (the
 // same way on every replica) and logs the first drop and every 10 000th.
 // Drops over the expression cost budget are also counted in overBudget.
+//
+// The task's status message says so too (query status, workers --json),
+// refreshed at most every dropReportEvery so that a stream of drops does
+// not become a stream of state reports.
 func (t *task) dropped(err error) {
 	t.evalFails++
 	if errors.Is(err, queryspec.ErrCostBudget) {
@@ -411,7 +417,15 @@ func (t *task) dropped(err error) {
 	if t.evalFails == 1 || t.evalFails%10000 == 0 {
 		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails, "over_cost_budget", t.overBudget.Load())
 	}
+	if now := time.Now(); now.Sub(t.dropReported) >= dropReportEvery {
+		t.dropReported = now
+		t.setState(StateRunning, fmt.Sprintf("tuples dropped because an expression failed on them: %d (%d over the per-tuple cost budget); last: %v",
+			t.evalFails, t.overBudget.Load(), err))
+	}
 }
+
+// dropReportEvery bounds how often dropped tuples update a task's message.
+const dropReportEvery = 10 * time.Second
 
 // emitData routes one data tuple to the partition of every downstream
 // node that should see it, assigning each stream's next id. Errors (the
