@@ -302,6 +302,16 @@ func (t *task) setState(state, msg string) {
 	t.state, t.message = state, msg
 }
 
+// noteWhileRunning sets the message of a running task, leaving any other
+// state (and its message: a failure, a stall) as it is.
+func (t *task) noteWhileRunning(msg string) {
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	if t.state == StateRunning {
+		t.message = msg
+	}
+}
+
 func (t *task) fail(err error) {
 	t.log.Error("task failed", "err", err)
 	t.setState(StateFailed, err.Error())
@@ -419,7 +429,7 @@ func (t *task) dropped(err error) {
 	}
 	if now := time.Now(); now.Sub(t.dropReported) >= dropReportEvery {
 		t.dropReported = now
-		t.setState(StateRunning, fmt.Sprintf("tuples dropped because an expression failed on them: %d (%d over the per-tuple cost budget); last: %v",
+		t.noteWhileRunning(fmt.Sprintf("tuples dropped because an expression failed on them: %d (%d over the per-tuple cost budget); last: %v",
 			t.evalFails, t.overBudget.Load(), err))
 	}
 }
