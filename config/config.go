@@ -33,6 +33,12 @@ type Coordinator struct {
 	AdminTokenFile  string   `mapstructure:"admin-token-file"`
 	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
 	LogLevel        string   `mapstructure:"log-level"`
+	// MaxTasksPerQuery and MaxTasksPerOrg bound the tasks of one query and
+	// of all running queries; 0 derives them from the cores of the workers not down.
+	MaxTasksPerQuery int `mapstructure:"max-tasks-per-query"`
+	MaxTasksPerOrg   int `mapstructure:"max-tasks-per-org"`
+	// RemoveDownWorkersAfter is how long a down worker keeps its record.
+	RemoveDownWorkersAfter string `mapstructure:"remove-down-workers-after"`
 }
 
 // Worker is the configuration of `fedstream worker`.
@@ -57,6 +63,9 @@ type Worker struct {
 	StallAfter      time.Duration `mapstructure:"stall-after"`
 	SubscriberLease time.Duration `mapstructure:"subscriber-lease"`
 	OverrunGrace    time.Duration `mapstructure:"overrun-grace"`
+	// MaxFuture bounds how far ahead of an ingest source's time a record's
+	// time may be (see runtime.Options.MaxFuture).
+	MaxFuture string `mapstructure:"max-future"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -91,6 +100,9 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("admin-token-file", "", "file holding the bootstrap admin token")
 	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
 	fs.String("log-level", "info", "debug, info, warn or error")
+	fs.Int("max-tasks-per-query", 0, "most tasks one query may have (0: the cores of the workers not down x 16, at least 64)")
+	fs.Int("max-tasks-per-org", 0, "most tasks all running queries may have together (0: the cores of the workers not down x 16, at least 64)")
+	fs.String("remove-down-workers-after", "1h", "remove the record of a worker down this long")
 }
 
 // WorkerFlags declares the worker's flags on fs.
@@ -109,6 +121,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("stall-after", 30*time.Second, "report a task stalled when it has something to do and has not moved for this long")
 	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
+	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
 }
 
 // load merges file, environment and flags into out.

@@ -51,7 +51,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 	resp := &pb.ListWorkersResponse{}
 	for _, w := range workers {
 		tasks, _ := st.TasksByWorker(nil, w.ID)
-		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: w.Status, Cores: w.Cores, Labels: w.Labels, Name: w.Name}
+		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
 			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message})
@@ -109,6 +109,9 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	}
 	workers, _ := s.State().Workers(nil)
 	existing, _ := s.State().Tasks(nil)
+	if err := s.checkLimits(q, len(tasks), workers, existing); err != nil {
+		return nil, err
+	}
 	placeNew(workers, existing, tasks)
 	maxDelay := q.Availability.MaxDelay
 	body := fsm.SubmitQueryRequest{
@@ -132,6 +135,62 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	return &pb.SubmitQueryResponse{Name: q.Name, Index: res.Index, Tasks: int32(len(tasks))}, nil
 }
 
+// checkLimits refuses a query the org cannot run: more replicas than it
+// has workers (replicas of a partition run on different workers), or more
+// tasks than its task limits. Errors name the limit, its value, what the
+// query needs and how to raise the limit.
+func (s *Server) checkLimits(q *queryspec.Query, need int, workers []*fsm.Worker, existing []*fsm.Task) error {
+	// Cores count for workers not down: right after an election every
+	// worker is unknown until it heartbeats, and the limits must not
+	// shrink to the floor meanwhile.
+	ready, known, cores := 0, 0, 0
+	for _, w := range workers {
+		known++
+		if w.Status == statusReady {
+			ready++
+		}
+		if w.Status != statusDown {
+			cores += max(int(w.Cores), 1)
+		}
+	}
+	replicas := max(q.Replicas, 1)
+	// An org with no worker at all yet accepts the query (its tasks wait,
+	// pending, saying so); an org with workers, some down, accepts it if
+	// enough of them may come back.
+	if known > 0 && replicas > known {
+		return status.Errorf(codes.FailedPrecondition,
+			"replicas: %d but the org has %d ready workers (%d known); each replica of a partition runs on a different worker: lower replicas to at most %d or add workers",
+			replicas, ready, known, max(ready, 1))
+	}
+	derived := derivedTaskLimit(cores)
+	how := fmt.Sprintf("derived: %d cores of workers not down x %d tasks per core, at least %d", cores, tasksPerCore, minTaskLimit)
+	perQuery, perQueryHow := s.cfg.Limits.MaxTasksPerQuery, "configured"
+	if perQuery == 0 {
+		perQuery, perQueryHow = derived, how
+	}
+	if need > perQuery {
+		return status.Errorf(codes.ResourceExhausted,
+			"query %s needs %d tasks (fragments x partitions x replicas) but max-tasks-per-query is %d (%s): lower parallelism or replicas, add workers, or raise max-tasks-per-query in the coordinators' configuration",
+			q.Name, need, perQuery, perQueryHow)
+	}
+	perOrg, perOrgHow := s.cfg.Limits.MaxTasksPerOrg, "configured"
+	if perOrg == 0 {
+		perOrg, perOrgHow = derived, how
+	}
+	running := 0
+	for _, t := range existing {
+		if t.Query != q.Name { // a stopped query of that name is replaced
+			running++
+		}
+	}
+	if running+need > perOrg {
+		return status.Errorf(codes.ResourceExhausted,
+			"query %s needs %d tasks and the org runs %d already, but max-tasks-per-org is %d (%s): stop a query, lower parallelism or replicas, add workers, or raise max-tasks-per-org in the coordinators' configuration",
+			q.Name, need, running, perOrg, perOrgHow)
+	}
+	return nil
+}
+
 func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 	st := as.s.State()
 	tasks, err := st.TasksByQuery(nil, q.Name)
@@ -145,7 +204,17 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		if t.WorkerID != "" {
 			if w, _ := st.Worker(nil, t.WorkerID); w != nil {
 				ti.WorkerAddr = w.Addr
-				if w.Status != statusReady {
+				switch as.s.shownStatus(w) {
+				case statusReady:
+					if t.State == fsm.TaskStatePending && t.Message == "" {
+						ti.Message = fmt.Sprintf("placed on worker %s, which has not reported it running yet", w.ID)
+					}
+				case statusUnknown:
+					// The leader has not heard from the worker since it
+					// took office: the last report may no longer hold.
+					ti.State = "unknown"
+					ti.Message = fmt.Sprintf("worker %s not heard from since the current leader took office (last reported: %s)", w.ID, t.State)
+				default:
 					ti.State = "lost"
 				}
 			}

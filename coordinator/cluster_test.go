@@ -39,7 +39,7 @@ func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testClus
 	return newTestClusterWith(t, n, joinToken, adminToken, testTimings())
 }
 
-func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings) *testCluster {
+func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
 	t.Helper()
 	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings}
 	base := t.TempDir()
@@ -54,6 +54,9 @@ func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timin
 		}
 		if os.Getenv("FEDSTREAM_TEST_LOG") != "" {
 			cfg.Logger = logging.Stderr("debug")
+		}
+		for _, o := range opts {
+			o(&cfg)
 		}
 		c.cfgs = append(c.cfgs, cfg)
 	}
@@ -170,6 +173,10 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
+// fakeWorkerPort numbers the fake workers' addresses (tests of a package
+// run one at a time unless marked parallel, and none is).
+var fakeWorkerPort = 20000
+
 // fakeWorker registers through the real API and heartbeats until stopped.
 type fakeWorker struct {
 	id     string
@@ -179,7 +186,11 @@ type fakeWorker struct {
 
 func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWorker {
 	t.Helper()
-	resp, err := c.workers(node).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Cores: 4, Name: name, IdempotencyKey: name})
+	// Each fake worker has its own address: a registration at the address
+	// of another worker replaces it (a restarted process).
+	fakeWorkerPort++
+	addr := fmt.Sprintf("127.0.0.1:%d", fakeWorkerPort)
+	resp, err := c.workers(node).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name})
 	if err != nil {
 		t.Fatalf("register %s: %v", name, err)
 	}

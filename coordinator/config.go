@@ -35,7 +35,37 @@ type Config struct {
 	AdminToken string
 
 	Timings Timings
+	Limits  Limits
 	Logger  *slog.Logger
+}
+
+// Limits bound what queries may ask of the org's workers. A submit over a
+// limit is refused with an error naming the limit, its value, what the
+// query needs and how to raise it.
+type Limits struct {
+	// MaxTasksPerQuery bounds the tasks of one query (fragments x
+	// partitions x replicas). 0 derives it from the org's capacity (see
+	// derivedTaskLimit).
+	MaxTasksPerQuery int
+	// MaxTasksPerOrg bounds the tasks of all running queries together,
+	// the new query's included. 0 derives it like MaxTasksPerQuery.
+	MaxTasksPerOrg int
+}
+
+// minTaskLimit is the floor of a derived task limit: an org whose workers
+// have not registered yet (or are all down) still accepts a modest query,
+// whose tasks wait, pending, for workers.
+const minTaskLimit = 64
+
+// derivedTaskLimit is the default of both task limits: the org's capacity,
+// the sum over workers not down (ready, or unknown just after an
+// election) of their cores times tasksPerCore, which is
+// also how many tasks placement puts on a worker at most. Tasks beyond it
+// could never run at once (the finding behind this limit: 2,728 tasks of
+// which 64 ran, the rest pending while the workers held their buffers), so
+// a query that needs more is refused instead of accepted half-placed.
+func derivedTaskLimit(readyCores int) int {
+	return max(minTaskLimit, readyCores*tasksPerCore)
 }
 
 // Timings are the protocol's clocks. Tests shorten them.
@@ -55,6 +85,10 @@ type Timings struct {
 	MaxWatchWait time.Duration
 	// GossipInterval tunes serf/memberlist probing (0: LAN defaults).
 	GossipInterval time.Duration
+	// RemoveDownWorkersAfter is how long a worker may stay down before
+	// the leader removes its record (its tasks were placed elsewhere when
+	// it went down). A worker removed and later back registers again.
+	RemoveDownWorkersAfter time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
@@ -67,6 +101,8 @@ func DefaultTimings() Timings {
 		RaftLeaderLease: 500 * time.Millisecond,
 		ForwardWait:     5 * time.Second,
 		MaxWatchWait:    5 * time.Minute,
+
+		RemoveDownWorkersAfter: time.Hour,
 	}
 }
 
@@ -98,6 +134,7 @@ func (t *Timings) fill() {
 	set(&t.RaftLeaderLease, d.RaftLeaderLease)
 	set(&t.ForwardWait, d.ForwardWait)
 	set(&t.MaxWatchWait, d.MaxWatchWait)
+	set(&t.RemoveDownWorkersAfter, d.RemoveDownWorkersAfter)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.
@@ -128,6 +165,10 @@ func (c *Config) validate() error {
 		if c.BootstrapExpect < 0 || c.BootstrapExpect > 7 {
 			errs = append(errs, fmt.Errorf("bootstrap-expect %d: want 1, 3 or 5 (0 to join an existing cluster)", c.BootstrapExpect))
 		}
+	}
+	if c.Limits.MaxTasksPerQuery < 0 || c.Limits.MaxTasksPerOrg < 0 {
+		errs = append(errs, fmt.Errorf("max-tasks-per-query %d, max-tasks-per-org %d: want 0 (derived from the workers' cores) or a positive number",
+			c.Limits.MaxTasksPerQuery, c.Limits.MaxTasksPerOrg))
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))

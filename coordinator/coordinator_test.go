@@ -84,12 +84,14 @@ func TestRestartAllNodesFromDisk(t *testing.T) {
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
+	w2 := c.startWorker(t, l, "w2") // replicas: 2 needs two workers
 	submit(t, c.admin(l), "persisted", 2)
 	before, err := c.admin(l).GetQuery(ctxT(t, 5*time.Second), &pb.GetQueryRequest{Name: "persisted"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	w.stop()
+	w2.stop()
 	// Take a snapshot on one node so restore-from-snapshot is exercised too.
 	if err := c.nodes[l].Raft().Snapshot().Error(); err != nil {
 		t.Fatal(err)
@@ -108,8 +110,8 @@ func TestRestartAllNodesFromDisk(t *testing.T) {
 		})
 	}
 	ws, err := c.admin(nl).ListWorkers(ctxT(t, 5*time.Second), &pb.ListWorkersRequest{})
-	if err != nil || len(ws.Workers) != 1 || ws.Workers[0].Id != w.id {
-		t.Fatalf("workers after restart = %v, %v; want the one registered worker %s", ws, err, w.id)
+	if err != nil || len(ws.Workers) != 2 || workerStatus(t, c.admin(nl))[w.id] == nil {
+		t.Fatalf("workers after restart = %v, %v; want the two registered workers", ws, err)
 	}
 }
 
@@ -242,16 +244,26 @@ func TestLeaderChangeKeepsHealthyWorkersReady(t *testing.T) {
 	w2 := c.startWorker(t, l, "w2")
 	c.stop(l)
 	nl := c.leader()
-	// Watch across well over TTL + grace: nobody may be marked down.
+	// Watch across well over TTL + grace: nobody may be marked down. The
+	// new leader shows them unknown until their first heartbeat to it,
+	// then ready for good.
 	deadline := time.Now().Add(3 * (c.timings.HeartbeatTTL + c.timings.LeaderGrace))
+	heard := map[string]bool{}
 	for time.Now().Before(deadline) {
 		ws := workerStatus(t, c.admin(nl))
 		for _, id := range []string{w1.id, w2.id} {
-			if ws[id].Status != "ready" {
-				t.Fatalf("healthy worker %s marked %s after leader change", id, ws[id].Status)
+			switch st := ws[id].Status; {
+			case st == "ready":
+				heard[id] = true
+			case st == "unknown" && !heard[id]:
+			default:
+				t.Fatalf("healthy worker %s marked %s after leader change", id, st)
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+	if len(heard) != 2 {
+		t.Fatalf("workers never ready again under the new leader: %v", heard)
 	}
 }
 

@@ -14,37 +14,87 @@ import (
 // liveness holds the leader's in-memory heartbeat deadlines. They are not
 // replicated: a new leader cannot know when the old one last heard from each
 // worker, so it starts every worker with TTL + grace.
+//
+// A worker is "heard" once it registered or heartbeated to this leader
+// since it took office. Registrations and heartbeats are recorded from
+// the moment this node handles them as leader, which may be before the
+// leader's duties start; stop forgets everything when leadership is lost.
 type liveness struct {
 	mu        sync.Mutex
-	active    bool
 	deadlines map[string]time.Time
+	heard     map[string]bool
 }
 
-func newLiveness() *liveness { return &liveness{deadlines: map[string]time.Time{}} }
+func newLiveness() *liveness {
+	return &liveness{deadlines: map[string]time.Time{}, heard: map[string]bool{}}
+}
 
+// start gives every worker without a deadline yet (not heard from) the
+// deadline until.
 func (l *liveness) start(workers []string, until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.active = true
-	l.deadlines = map[string]time.Time{}
 	for _, w := range workers {
-		l.deadlines[w] = until
+		if _, ok := l.deadlines[w]; !ok {
+			l.deadlines[w] = until
+		}
 	}
+}
+
+// heardFrom reports whether this leader heard from the worker.
+func (l *liveness) heardFrom(id string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.heard[id]
+}
+
+// shownStatus is the status reads report for w. The stored status is what
+// the log says; right after an election (or a restart of every
+// coordinator) a "ready" row only says the worker was ready under an
+// earlier leader. Until the new leader's own unknown mark commits, a
+// leader shows workers it has not heard from as unknown, and a node that
+// knows no leader shows every ready worker unknown.
+func (s *Server) shownStatus(w *fsm.Worker) string {
+	if w.Status != statusReady {
+		return w.Status
+	}
+	if s.IsLeader() {
+		if !s.liveness.heardFrom(w.ID) {
+			return statusUnknown
+		}
+		return w.Status
+	}
+	if _, id := s.raft.LeaderWithID(); id == "" {
+		return statusUnknown
+	}
+	return w.Status
+}
+
+// unheard filters ids to the workers not heard from since begin.
+func (l *liveness) unheard(ids []string) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, id := range ids {
+		if !l.heard[id] {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func (l *liveness) stop() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.active = false
 	l.deadlines = map[string]time.Time{}
+	l.heard = map[string]bool{}
 }
 
 func (l *liveness) touch(id string, until time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.active {
-		l.deadlines[id] = until
-	}
+	l.deadlines[id] = until
+	l.heard[id] = true
 }
 
 func (l *liveness) forget(id string) {
@@ -122,20 +172,76 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	}
 	s.reconcileVoters()
 	workers, _ := s.State().Workers(nil)
-	var ids []string
+	var ids, wasReady []string
 	for _, w := range workers {
-		if w.Status == statusReady {
+		if w.Status != statusDown {
 			ids = append(ids, w.ID)
+		}
+		if w.Status == statusReady {
+			wasReady = append(wasReady, w.ID)
 		}
 	}
 	t := s.cfg.Timings
 	s.liveness.start(ids, time.Now().Add(t.HeartbeatTTL+t.LeaderGrace))
+	// This leader has heard from no worker yet: after a full restart the
+	// "ready" rows may describe processes long gone. They show unknown
+	// (their tasks too) until their first heartbeat to this leader marks
+	// them ready again, or their TTL plus grace marks them down. Their
+	// tasks stay placed meanwhile.
+	if wasReady = s.liveness.unheard(wasReady); len(wasReady) > 0 {
+		res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerIDs: wasReady, Status: statusUnknown, At: time.Now().UnixNano()})
+		if err == nil {
+			err = res.Err
+		}
+		if err != nil && ctx.Err() == nil {
+			s.logger.Error("marking workers unknown until they heartbeat failed", "err", err)
+		}
+	}
 
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
+	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	wg.Wait()
+}
+
+// removeDownWorkers deletes, through Raft, the records of workers down
+// longer than RemoveDownWorkersAfter. Their tasks were placed elsewhere
+// when they went down; without this, every worker that ever registered
+// would keep a row forever. A down worker whose down time was never
+// stamped (went down under an older build) is stamped now.
+func (s *Server) removeDownWorkers(ctx context.Context) {
+	after := s.cfg.Timings.RemoveDownWorkersAfter
+	tick := time.NewTicker(min(max(after/10, 10*time.Millisecond), time.Minute))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			workers, err := s.State().Workers(nil)
+			if err != nil {
+				continue
+			}
+			for _, w := range workers {
+				if w.Status != statusDown {
+					continue
+				}
+				var err error
+				switch {
+				case w.StatusSince == 0:
+					_, err = s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusDown, At: now.UnixNano()})
+				case now.Sub(time.Unix(0, w.StatusSince)) > after:
+					s.logger.Info("removing worker down too long", "worker", w.ID, "addr", w.Addr, "down_since", time.Unix(0, w.StatusSince).UTC(), "limit", after)
+					_, err = s.apply(ctx, fsm.DeleteWorkerType, fsm.DeleteWorkerRequest{WorkerID: w.ID})
+				}
+				if err != nil && ctx.Err() == nil {
+					s.logger.Warn("removing down worker failed", "worker", w.ID, "err", err)
+				}
+			}
+		}
+	}
 }
 
 // expireWorkers marks workers whose heartbeat deadline passed as down.
@@ -154,7 +260,7 @@ func (s *Server) expireWorkers(ctx context.Context) {
 					continue
 				}
 				s.logger.Warn("worker missed its heartbeat TTL; marking it down", "worker", id, "ttl", s.cfg.Timings.HeartbeatTTL)
-				res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: id, Status: statusDown})
+				res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: id, Status: statusDown, At: now.UnixNano()})
 				if err == nil && res.Err == nil {
 					s.liveness.forget(id)
 				}

@@ -1,15 +1,19 @@
 package coordinator
 
 import (
+	"fmt"
 	"sort"
 
 	"github.com/fedstream/fedstream/fsm"
 )
 
-// Worker statuses as stored in the workers table.
+// Worker statuses as stored in the workers table (see fsm.WorkerStatus*).
+// Tasks on an unknown worker stay where they are (it may well be alive)
+// but it is given no new task until it is heard from.
 const (
-	statusReady = "ready"
-	statusDown  = "down"
+	statusReady   = fsm.WorkerStatusReady
+	statusDown    = fsm.WorkerStatusDown
+	statusUnknown = fsm.WorkerStatusUnknown
 )
 
 // tasksPerCore bounds how many tasks a worker is given per core it reports.
@@ -76,18 +80,22 @@ func (p *placer) add(t *fsm.Task, worker string) {
 
 // pick chooses the worker for t: a ready worker with spare capacity that
 // hosts no other replica of t's partition, preferring a zone that hosts none
-// either, then the lowest load per core, then the lowest id. "" if none fits.
-func (p *placer) pick(t *fsm.Task) string {
+// either, then the lowest load per core, then the lowest id. "" if none
+// fits; then why says why, for the task's status message.
+func (p *placer) pick(t *fsm.Task) (worker, why string) {
 	k := keyOf(t)
 	var best *fsm.Worker
 	var bestNewZone bool
 	var bestLoad float64
+	hosting, full := 0, 0
 	for _, w := range p.ready {
 		if p.hosts[k][w.ID] {
+			hosting++
 			continue
 		}
 		cores := max(int(w.Cores), 1)
 		if p.load[w.ID] >= cores*tasksPerCore {
+			full++
 			continue
 		}
 		z := p.zoneOf[w.ID]
@@ -101,43 +109,58 @@ func (p *placer) pick(t *fsm.Task) string {
 		}
 	}
 	if best == nil {
-		return ""
+		return "", p.whyNot(hosting, full)
 	}
 	p.add(t, best.ID)
-	return best.ID
+	return best.ID, ""
+}
+
+// whyNot explains a task that fits on no ready worker: hosting of them
+// run another replica of its partition, full are at capacity.
+func (p *placer) whyNot(hosting, full int) string {
+	switch {
+	case len(p.ready) == 0:
+		return "waiting for a ready worker: the org has none"
+	case full == 0:
+		return fmt.Sprintf("waiting for a ready worker: replicas of a partition run on different workers, and all %d ready workers already run one of this partition", len(p.ready))
+	case hosting == 0:
+		return fmt.Sprintf("waiting for capacity: all %d ready workers run %d tasks per core already", len(p.ready), tasksPerCore)
+	}
+	return fmt.Sprintf("waiting for a ready worker: of %d ready workers, %d run a replica of this partition and %d are at capacity (%d tasks per core)", len(p.ready), hosting, full, tasksPerCore)
 }
 
 // placeNew assigns a worker to each of the new tasks (in place), given the
-// tasks already placed. Tasks that fit nowhere keep WorkerID "".
+// tasks already placed. Tasks that fit nowhere keep WorkerID "" and get a
+// Message saying why.
 func placeNew(workers []*fsm.Worker, existing, pending []*fsm.Task) {
 	p := newPlacer(workers, existing)
 	for _, t := range pending {
-		t.WorkerID = p.pick(t)
+		t.WorkerID, t.Message = p.pick(t)
 	}
 }
 
 // replace returns the placement changes for tasks that are unplaced or sit
-// on a worker that is not ready. A task that fits nowhere is unassigned from
-// its down worker (so status shows it pending) and retried on the next
-// change.
+// on a down (or removed) worker. A task that fits nowhere is unassigned
+// from its down worker (so status shows it pending) with a message saying
+// why, and retried on the next change. Tasks on an unknown worker stay.
 func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.Placement {
-	ready := map[string]bool{}
+	keep := map[string]bool{}
 	for _, w := range workers {
-		if w.Status == statusReady {
-			ready[w.ID] = true
+		if w.Status == statusReady || w.Status == statusUnknown {
+			keep[w.ID] = true
 		}
 	}
 	p := newPlacer(workers, tasks)
 	var moves []fsm.Placement
 	for _, t := range tasks {
-		if t.WorkerID != "" && ready[t.WorkerID] {
+		if t.WorkerID != "" && keep[t.WorkerID] {
 			continue
 		}
-		to := p.pick(t)
-		if to == t.WorkerID {
+		to, why := p.pick(t)
+		if to == t.WorkerID && (to != "" || why == t.Message) {
 			continue
 		}
-		moves = append(moves, fsm.Placement{TaskID: t.ID, WorkerID: to})
+		moves = append(moves, fsm.Placement{TaskID: t.ID, WorkerID: to, Message: why})
 	}
 	return moves
 }

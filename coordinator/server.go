@@ -23,6 +23,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -217,10 +218,10 @@ func (s *Server) setupGRPC() error {
 	}
 	s.listener = lis
 	s.auth = newAuthenticator(s.cfg.Org, s.cfg.JoinToken, s.cfg.AdminToken, s.State)
-	s.grpcServer = grpc.NewServer(
+	s.grpcServer = grpc.NewServer(append(rpc.ServerOptions(),
 		grpc.ChainUnaryInterceptor(s.auth.unary),
 		grpc.ChainStreamInterceptor(s.auth.stream),
-	)
+	)...)
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})

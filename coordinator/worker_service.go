@@ -56,6 +56,11 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 			Cores: cores, Labels: req.Labels, Status: statusReady,
 		},
 		IdempotencyKey: "register/" + key,
+		// A worker registering at the address of an older record is that
+		// worker restarted (two processes cannot serve one address): the
+		// old record goes and its tasks are placed again.
+		ReplaceSameAddr: true,
+		At:              time.Now().UnixNano(),
 	})
 	if err != nil {
 		return nil, err
@@ -94,8 +99,8 @@ func (ws *workerService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest
 	if w.Status != statusReady {
 		// A worker that was declared down (paused, partitioned) and is back:
 		// it becomes ready again and receives work on the next placement.
-		s.logger.Info("worker is back; marking it ready", "worker", w.ID)
-		res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusReady})
+		s.logger.Info("worker is back; marking it ready", "worker", w.ID, "was", w.Status)
+		res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusReady, At: time.Now().UnixNano()})
 		if err != nil {
 			return nil, err
 		}

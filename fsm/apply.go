@@ -94,7 +94,9 @@ func (tx *writeTx) deleteTasksOf(query string) error {
 	return nil
 }
 
-func validWorkerStatus(s string) bool { return s == WorkerStatusReady || s == WorkerStatusDown }
+func validWorkerStatus(s string) bool {
+	return s == WorkerStatusReady || s == WorkerStatusDown || s == WorkerStatusUnknown
+}
 
 func (r *RegisterWorkerRequest) idempotencyKey() string { return r.IdempotencyKey }
 
@@ -113,7 +115,7 @@ func (r *RegisterWorkerRequest) apply(tx *writeTx) (any, error) {
 		w.Status = WorkerStatusReady
 	}
 	if !validWorkerStatus(w.Status) {
-		return nil, invalid("register worker %q: status %q is not %q or %q", w.ID, w.Status, WorkerStatusReady, WorkerStatusDown)
+		return nil, invalid("register worker %q: status %q is not %q, %q or %q", w.ID, w.Status, WorkerStatusReady, WorkerStatusDown, WorkerStatusUnknown)
 	}
 	if w.Cores < 0 {
 		return nil, invalid("register worker %q: negative cores %d", w.ID, w.Cores)
@@ -125,7 +127,17 @@ func (r *RegisterWorkerRequest) apply(tx *writeTx) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.ReplaceSameAddr && w.Addr != "" {
+		if err := tx.removeOthersAt(w.ID, w.Addr); err != nil {
+			return nil, err
+		}
+	}
 	w.ModifyIndex = tx.index
+	if r.At != 0 && (existing == nil || existing.Status != w.Status || existing.StatusSince == 0) {
+		w.StatusSince = r.At
+	} else if existing != nil {
+		w.StatusSince = existing.StatusSince
+	}
 	if existing == nil {
 		// A new worker has an empty view as of now.
 		w.CreateIndex, w.AssignIndex = tx.index, tx.index
@@ -152,22 +164,57 @@ func (r *RegisterWorkerRequest) apply(tx *writeTx) (any, error) {
 
 func (r *SetWorkerStatusRequest) apply(tx *writeTx) (any, error) {
 	if !validWorkerStatus(r.Status) {
-		return nil, invalid("set status of worker %q: status %q is not %q or %q", r.WorkerID, r.Status, WorkerStatusReady, WorkerStatusDown)
+		return nil, invalid("set status of worker %q: status %q is not %q, %q or %q", r.WorkerID, r.Status, WorkerStatusReady, WorkerStatusDown, WorkerStatusUnknown)
 	}
-	w, err := txFirst[Worker](tx, TableWorkers, r.WorkerID)
-	if err != nil {
-		return nil, err
+	if len(r.WorkerIDs) > 0 {
+		for _, id := range r.WorkerIDs {
+			if _, err := r.set(tx, id); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
 	}
-	if w == nil {
-		return nil, fmt.Errorf("%w: %q", ErrWorkerNotFound, r.WorkerID)
+	found, err := r.set(tx, r.WorkerID)
+	if err == nil && !found {
+		err = fmt.Errorf("%w: %q", ErrWorkerNotFound, r.WorkerID)
 	}
-	if w.Status == r.Status {
-		return nil, nil // no write: watchers are not woken for nothing
+	return nil, err
+}
+
+// set applies the status to one worker; found is false if it is unknown.
+func (r *SetWorkerStatusRequest) set(tx *writeTx, id string) (found bool, err error) {
+	w, err := txFirst[Worker](tx, TableWorkers, id)
+	if err != nil || w == nil {
+		return false, err
+	}
+	if w.Status == r.Status && (w.StatusSince != 0 || r.At == 0) {
+		return true, nil // no write: watchers are not woken for nothing
 	}
 	updated := *w
 	updated.Status = r.Status
+	if r.At != 0 {
+		updated.StatusSince = r.At
+	}
 	updated.ModifyIndex = tx.index
-	return nil, tx.insert(TableWorkers, &updated)
+	return true, tx.insert(TableWorkers, &updated)
+}
+
+// removeOthersAt deletes every worker other than keep registered at addr,
+// unplacing its tasks (see DeleteWorkerRequest).
+func (tx *writeTx) removeOthersAt(keep, addr string) error {
+	workers, err := txList[Worker](tx, TableWorkers, indexID)
+	if err != nil {
+		return err
+	}
+	for _, old := range workers {
+		if old.ID == keep || old.Addr != addr {
+			continue
+		}
+		if _, err := (&DeleteWorkerRequest{WorkerID: old.ID, reason: fmt.Sprintf("worker %s replaced by %s at %s", old.ID, keep, addr)}).apply(tx); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
@@ -195,6 +242,9 @@ func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
 		updated.WorkerID = ""
 		updated.State = TaskStatePending
 		updated.Message = fmt.Sprintf("worker %s deleted", r.WorkerID)
+		if r.reason != "" {
+			updated.Message = r.reason
+		}
 		updated.ModifyIndex = tx.index
 		if err := tx.insert(TableTasks, &updated); err != nil {
 			return nil, err
@@ -337,7 +387,7 @@ func (r *StopQueryRequest) apply(tx *writeTx) (any, error) {
 
 func (r *PlaceTasksRequest) apply(tx *writeTx) (any, error) {
 	result := &PlaceTasksResult{}
-	type move struct{ taskID, workerID string }
+	type move struct{ taskID, workerID, message string }
 	var moves []move
 	queries := stringSet{}
 	workerExists := map[string]bool{"": true}
@@ -360,7 +410,7 @@ func (r *PlaceTasksRequest) apply(tx *writeTx) (any, error) {
 			continue
 		}
 		queries.add(t.Query)
-		moves = append(moves, move{p.TaskID, p.WorkerID})
+		moves = append(moves, move{p.TaskID, p.WorkerID, p.Message})
 	}
 	affected := stringSet{}
 	if err := tx.addHosts(queries, affected); err != nil {
@@ -374,12 +424,21 @@ func (r *PlaceTasksRequest) apply(tx *writeTx) (any, error) {
 			return nil, err
 		}
 		if t.WorkerID == m.workerID {
+			if m.workerID == "" && t.Message != m.message {
+				// Still waiting, for a new reason: no view changes.
+				updated := *t
+				updated.Message = m.message
+				updated.ModifyIndex = tx.index
+				if err := tx.insert(TableTasks, &updated); err != nil {
+					return nil, err
+				}
+			}
 			continue
 		}
 		updated := *t
 		updated.WorkerID = m.workerID
 		updated.State = TaskStatePending
-		updated.Message = ""
+		updated.Message = m.message
 		updated.ModifyIndex = tx.index
 		if err := tx.insert(TableTasks, &updated); err != nil {
 			return nil, err

@@ -85,15 +85,28 @@ type ApplyResult struct {
 // RegisterWorkerRequest registers or re-registers a worker. The caller
 // generates Worker.ID. Value: the worker id (string). Index fields in Worker
 // are ignored; Status defaults to ready.
+//
+// With ReplaceSameAddr, any other worker registered at the same Addr is
+// removed as DeleteWorker would (its tasks become unplaced, so the
+// scheduler places them again): a worker process that restarts gets a new
+// id, and two processes cannot serve one address, so the old record is
+// dead. At stamps Worker.StatusSince.
 type RegisterWorkerRequest struct {
-	Worker         Worker `json:"worker"`
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	Worker          Worker `json:"worker"`
+	IdempotencyKey  string `json:"idempotency_key,omitempty"`
+	ReplaceSameAddr bool   `json:"replace_same_addr,omitempty"`
+	At              int64  `json:"at,omitempty"`
 }
 
-// SetWorkerStatusRequest marks a worker ready or down. Value: nil.
+// SetWorkerStatusRequest sets the status of a worker, or of each worker in
+// WorkerIDs (then unknown ids are skipped, and WorkerID may be empty). At
+// (Unix nanoseconds, from the leader's clock) stamps StatusSince when the
+// status changes, or when it was never stamped. Value: nil.
 type SetWorkerStatusRequest struct {
-	WorkerID string `json:"worker_id"`
-	Status   string `json:"status"`
+	WorkerID  string   `json:"worker_id"`
+	WorkerIDs []string `json:"worker_ids,omitempty"`
+	Status    string   `json:"status"`
+	At        int64    `json:"at,omitempty"`
 }
 
 // SubmitQueryRequest creates a running query with its tasks. It fails with
@@ -114,15 +127,20 @@ type StopQueryRequest struct {
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 }
 
-// Placement puts one task on a worker; WorkerID "" unplaces it.
+// Placement puts one task on a worker; WorkerID "" unplaces it. Message
+// becomes the task's Message (for an unplaced task: why it could not be
+// placed).
 type Placement struct {
 	TaskID   string `json:"task_id"`
 	WorkerID string `json:"worker_id"`
+	Message  string `json:"message,omitempty"`
 }
 
 // PlaceTasksRequest applies placements in order. Placements naming an unknown
 // task or an unknown worker are skipped. A task that moves gets State pending
-// and an empty Message. Value: *PlaceTasksResult.
+// and the placement's Message; an unplaced task that stays unplaced gets
+// the placement's Message if it differs (a new reason to wait), without
+// changing any worker's view. Value: *PlaceTasksResult.
 type PlaceTasksRequest struct {
 	Placements []Placement `json:"placements"`
 }
@@ -175,6 +193,8 @@ type RevokeTokenRequest struct {
 // ErrWorkerNotFound if absent. Value: nil.
 type DeleteWorkerRequest struct {
 	WorkerID string `json:"worker_id"`
+	// reason, when set, becomes the Message of the unplaced tasks.
+	reason string
 }
 
 // UpsertOperatorVersionRequest creates or replaces an operator version.

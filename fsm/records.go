@@ -10,10 +10,16 @@ import (
 	"github.com/fedstream/fedstream/rpc/authz"
 )
 
-// Worker statuses.
+// Worker statuses. A worker is ready while its heartbeats reach the
+// leader, down once it missed them past its TTL (its tasks are placed
+// elsewhere), and unknown from the moment a newly elected leader takes
+// office until the worker's first heartbeat to it: the new leader cannot
+// know whether the worker survived (after a full restart it may be long
+// gone), so it neither claims it is ready nor moves its tasks yet.
 const (
-	WorkerStatusReady = "ready"
-	WorkerStatusDown  = "down"
+	WorkerStatusReady   = "ready"
+	WorkerStatusDown    = "down"
+	WorkerStatusUnknown = "unknown"
 )
 
 // Query statuses.
@@ -44,7 +50,10 @@ type Worker struct {
 	Addr   string            `json:"addr"`
 	Cores  int32             `json:"cores"`
 	Labels map[string]string `json:"labels,omitempty"`
-	Status string            `json:"status"` // WorkerStatusReady | WorkerStatusDown
+	Status string            `json:"status"` // WorkerStatusReady | WorkerStatusDown | WorkerStatusUnknown
+	// StatusSince is when Status last changed (Unix nanoseconds, as the
+	// leader's clock stamped the command; 0 if not known).
+	StatusSince int64 `json:"status_since,omitempty"`
 	// AssignIndex is the Raft index at which this worker's assignment view
 	// (StateStore.WorkerAssignments) last changed.
 	AssignIndex uint64 `json:"assign_index"`

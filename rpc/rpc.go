@@ -6,11 +6,9 @@ package rpc
 import (
 	"context"
 	"strings"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 )
 
@@ -45,7 +43,7 @@ func (t tokenCreds) RequireTransportSecurity() bool { return false }
 func Dial(addr, token string, extra ...grpc.DialOption) (*grpc.ClientConn, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		DefaultKeepalive.DialOption(),
 	}
 	if token != "" {
 		opts = append(opts, grpc.WithPerRPCCredentials(tokenCreds(token)))

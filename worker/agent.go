@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -46,6 +47,9 @@ type Config struct {
 	// StallAfter, SubscriberLease and OverrunGrace tune the task runtime
 	// (zero: its defaults; see runtime.Options and dataplane.BufferOptions).
 	StallAfter, SubscriberLease, OverrunGrace time.Duration
+	// MaxFuture bounds how far ahead of an ingest source's time a record
+	// may be dated (0: runtime.DefaultMaxFuture).
+	MaxFuture time.Duration
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -109,7 +113,7 @@ func New(cfg Config) (*Worker, error) {
 		poolOpts = append(poolOpts, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
 	w.pool = dataplane.NewPool(poolOpts...)
-	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, StallAfter: cfg.StallAfter,
+	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
 	return w, nil
 }
@@ -154,7 +158,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.dpAuth.open {
 		w.logger.Warn("data plane accepts every caller: no join token configured (dev mode); anyone who can reach " + w.Addr() + " can read results, ingest and acknowledge")
 	}
-	w.grpc = grpc.NewServer(append(dataplane.ServerOptions(),
+	w.grpc = grpc.NewServer(append(append(dataplane.ServerOptions(), rpc.ServerOptions()...),
 		grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))...)
 	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
 	var wg sync.WaitGroup
@@ -416,7 +420,15 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		}
 		sort.Strings(names)
 		w.logger.Info("assignments changed", "index", index, "tasks", len(names), "task_ids", strings.Join(names, ","))
+		before := len(w.runtime.States())
 		w.runtime.Apply(ctx, specs)
+		if len(w.runtime.States()) < before {
+			// Stopped tasks' buffers are garbage now, but the Go runtime
+			// returns freed memory to the OS only gradually (and a worker
+			// runs with a high GC target): without this a worker whose
+			// query stopped kept its peak resident size.
+			debug.FreeOSMemory()
+		}
 	}
 }
 

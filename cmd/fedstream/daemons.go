@@ -37,12 +37,20 @@ func newCoordinatorCmd() *cobra.Command {
 				timings.HeartbeatTTL = d
 				timings.LeaderGrace = d
 			}
+			if c.RemoveDownWorkersAfter != "" {
+				d, err := time.ParseDuration(c.RemoveDownWorkersAfter)
+				if err != nil || d <= 0 {
+					return fmt.Errorf("remove-down-workers-after %q: want a positive duration such as 1h", c.RemoveDownWorkersAfter)
+				}
+				timings.RemoveDownWorkersAfter = d
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
 				BootstrapExpect: c.BootstrapExpect, Join: c.Join,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
 				Timings: timings, Logger: logger,
+				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
 			if err != nil {
 				return err
@@ -72,10 +80,17 @@ func newWorkerCmd() *cobra.Command {
 			}
 			logger := logging.Stderr(c.LogLevel)
 			setWorkerGC(c.GCPercent)
+			var maxFuture time.Duration
+			if c.MaxFuture != "" {
+				if maxFuture, err = time.ParseDuration(c.MaxFuture); err != nil || maxFuture <= 0 {
+					return fmt.Errorf("max-future %q: want a positive duration such as 1h", c.MaxFuture)
+				}
+			}
 			w, err := worker.New(worker.Config{
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
+				MaxFuture: maxFuture,
 			})
 			if err != nil {
 				return err

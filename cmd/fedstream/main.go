@@ -44,14 +44,19 @@ func describe(err error) string {
 	for {
 		i := strings.Index(msg, "rpc error: code = ")
 		if i < 0 {
-			return msg
+			break
 		}
 		j := strings.Index(msg[i:], "desc = ")
 		if j < 0 {
-			return msg
+			break
 		}
 		msg = msg[:i] + msg[i+j+len("desc = "):]
 	}
+	if strings.Contains(msg, "larger than max") && !strings.Contains(msg, "receive limit") {
+		// grpc's own words name neither side nor what to do.
+		msg += " (a gRPC message was over the receiving server's size limit, which is fixed when the server is built: coordinators take 4 MiB, workers 16 MiB; send less per call)"
+	}
+	return msg
 }
 
 func newRootCmd() *cobra.Command {

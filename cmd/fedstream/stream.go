@@ -325,15 +325,17 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 	if len(streams) == 0 {
 		return fmt.Errorf("source %s of query %s is not running on any worker yet", source, query)
 	}
-	sc := bufio.NewScanner(in)
-	sc.Buffer(make([]byte, 64<<10), 16<<20)
+	lr := newLineReader(in, ingestMaxLine)
 	var (
 		buf      []byte
 		lines    int
 		first    uint64 = 1
 		lineNo   uint64
 		sendErrs error
+		refused  []string // lines refused here, before sending
 	)
+	// A request carries consecutive lines; a line refused here is sent
+	// as an empty line so the worker's numbering stays the file's.
 	flush := func() {
 		if lines == 0 {
 			return
@@ -345,24 +347,34 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		}
 		buf, lines, first = buf[:0:0], 0, lineNo+1
 	}
-	for sc.Scan() {
+	for {
+		line, size, err := lr.next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read stdin at line %d: %w", lineNo+1, err)
+		}
+		if len(buf)+len(line)+1 > ingestBatchBytes {
+			flush()
+		}
 		lineNo++
-		buf = append(buf, sc.Bytes()...)
+		if line == nil && size > 0 {
+			refused = append(refused, tooLongLine(lineNo, size))
+		}
+		buf = append(buf, line...)
 		buf = append(buf, '\n')
 		lines++
 		if lines >= batchSize {
 			flush()
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return fmt.Errorf("read stdin at line %d: %w", lineNo+1, err)
-	}
 	flush()
 	var resp *pb.IngestResponse
 	for i, s := range streams {
 		r, err := s.CloseAndRecv()
 		if err != nil {
-			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: %w", addrs[i], err))
+			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: %w", addrs[i], explainIngestError(err)))
 			continue
 		}
 		if resp == nil {
@@ -372,15 +384,45 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 	if resp == nil {
 		return sendErrs
 	}
+	for _, msg := range refused {
+		fmt.Fprintln(errOut, msg)
+	}
+	workerRefused := 0
 	for _, le := range resp.Errors {
+		if le.Error == "" || strings.Contains(le.Error, "empty line") && isRefusedHere(refused, le.Line) {
+			continue // the placeholder of a line refused here
+		}
+		workerRefused++
 		fmt.Fprintln(errOut, le.Error) // the worker names the line and field
 	}
 	fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", resp.Accepted, lineNo, query, source, len(streams))
 	if sendErrs != nil {
 		return sendErrs
 	}
-	if len(resp.Errors) > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("%d lines refused", len(resp.Errors))}
+	if n := workerRefused + len(refused); n > 0 {
+		return &exitError{code: 2, err: fmt.Errorf("%d lines refused", n)}
 	}
 	return nil
+}
+
+// isRefusedHere reports whether line was refused by the CLI (its
+// messages start with "line N:").
+func isRefusedHere(refused []string, line uint64) bool {
+	prefix := fmt.Sprintf("line %d:", line)
+	for _, m := range refused {
+		if strings.HasPrefix(m, prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+// explainIngestError adds what to do to a worker's refusal of a message
+// over its size limit (the CLI keeps under it; an older or differently
+// built worker may have a smaller one).
+func explainIngestError(err error) error {
+	if status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "larger than max") {
+		return fmt.Errorf("%w (the worker's gRPC receive limit for one message: send fewer lines per message with --batch, and split records larger than the limit)", err)
+	}
+	return err
 }

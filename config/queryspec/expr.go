@@ -57,13 +57,16 @@ func ZeroFor(k tuple.Kind) any {
 
 // ExprOptions are the compile options every fedstream expression uses: the
 // schema's environment, UTC as the time zone and no now() builtin, so that
-// replicas evaluating the same tuple get the same answer on any host.
-func ExprOptions(schema *tuple.Schema) []expr.Option {
-	return []expr.Option{
+// replicas evaluating the same tuple get the same answer on any host, and
+// a cost meter around every predicate body (see budget.go). m is the meter
+// the compiled program charges when it runs; nil when the program is only
+// checked (validation).
+func ExprOptions(schema *tuple.Schema, m *Meter) []expr.Option {
+	return append([]expr.Option{
 		expr.Env(EnvFor(schema)),
 		expr.DisableBuiltin("now"),
 		expr.Timezone("UTC"),
-	}
+	}, meteredOptions(m)...)
 }
 
 // CompileWhere compiles a filter predicate; it must yield bool.
@@ -80,9 +83,12 @@ func compileWhere(where string, in *tuple.Schema, inputName string) (*vm.Program
 	if strings.TrimSpace(where) == "" {
 		return nil, exprErrorf("empty expression")
 	}
-	p, err := expr.Compile(where, append(ExprOptions(in), expr.AsBool())...)
+	p, err := expr.Compile(where, append(ExprOptions(in, nil), expr.AsBool())...)
 	if err != nil {
 		return nil, describeCompileError(err, in, inputName)
+	}
+	if err := checkStaticCost(where); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
@@ -91,9 +97,12 @@ func compileExpr(expression string, in *tuple.Schema, inputName string) (*vm.Pro
 	if strings.TrimSpace(expression) == "" {
 		return nil, tuple.KindInvalid, exprErrorf("empty expression")
 	}
-	p, err := expr.Compile(expression, ExprOptions(in)...)
+	p, err := expr.Compile(expression, ExprOptions(in, nil)...)
 	if err != nil {
 		return nil, tuple.KindInvalid, describeCompileError(err, in, inputName)
+	}
+	if err := checkStaticCost(expression); err != nil {
+		return nil, tuple.KindInvalid, err
 	}
 	t := p.Node().Type()
 	k := kindOfGoType(t)

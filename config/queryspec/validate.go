@@ -16,8 +16,12 @@ const (
 	DefaultMaxDelay = "2s"
 	MaxReplicas     = 5
 	MaxParallelism  = 64
-	MaxMonitors     = 64
-	MaxNameLen      = 63
+	// MaxOperators bounds the operators of one query. With MaxParallelism
+	// and MaxReplicas it keeps a query's plan and task list small enough to
+	// hold and ship; the coordinators' task limits bound what actually runs.
+	MaxOperators = 100
+	MaxMonitors  = 64
+	MaxNameLen   = 63
 	// DefaultBlobSize is the payload length of a blob generator whose size
 	// is unset: an encoded blob record (tuple header, seq, payload) is then
 	// 100 bytes for records 2^21..2^24 or so, the record size of the
@@ -249,6 +253,9 @@ func (a *analysis) checkTop() {
 	}
 	if len(q.Sinks) == 0 {
 		ps.add(rootPath("sinks"), "required: at least one sink (the query's output)")
+	}
+	if len(q.Operators) > MaxOperators {
+		ps.add(rootPath("operators"), "%d operators; a query may have at most %d (split it into several queries)", len(q.Operators), MaxOperators)
 	}
 }
 
@@ -516,6 +523,8 @@ func checkFieldName(name string) error {
 		return fmt.Errorf("%q is not a valid field name (want letters, digits and '_', not starting with a digit)", name)
 	case reservedWords[name]:
 		return fmt.Errorf("%q is a reserved word in expressions and cannot be a field name", name)
+	case strings.HasPrefix(name, "__fs"):
+		return fmt.Errorf("%q: field names starting with \"__fs\" are reserved for the engine", name)
 	}
 	return nil
 }

@@ -20,6 +20,12 @@ const (
 	maxMessageSize = 16 << 20
 )
 
+// MaxMessageBytes is the largest gRPC message a worker's data-plane server
+// receives or sends (grpc.MaxRecvMsgSize / MaxSendMsgSize). It is fixed at
+// build time; clients such as `fedstream ingest` keep their messages
+// under it.
+const MaxMessageBytes = maxMessageSize
+
 // ErrPoolClosed is returned by a closed Pool.
 var ErrPoolClosed = errors.New("dataplane: connection pool closed")
 

@@ -36,7 +36,11 @@ func (l *chainLink) Emit(t *tuple.Tuple) {
 		c.out.Emit(t)
 		return
 	}
-	c.err = c.ops[l.next].Process(0, t, c.links[l.next])
+	// Keep the first error: an operator further down the chain may have
+	// failed inside this call, and this operator's own Process returns nil.
+	if err := c.ops[l.next].Process(0, t, c.links[l.next]); err != nil && c.err == nil {
+		c.err = err
+	}
 }
 
 // Chain fuses ops (at least one) into one Operator. Stream time reaches every

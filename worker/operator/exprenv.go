@@ -1,9 +1,12 @@
 package operator
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math"
 	"reflect"
+	"strings"
 
 	"github.com/expr-lang/expr"
 	"github.com/expr-lang/expr/ast"
@@ -31,6 +34,11 @@ type exprEnv struct {
 	slots    []envSlot      // referenced fields, each once
 	needVars bool           // some expression runs on the VM, so bind fills vars
 	machine  vm.VM
+	// meter charges the predicate runs of VM expressions (compiled in by
+	// queryspec.ExprOptions) and carries the task's stop signal.
+	meter queryspec.Meter
+	// overBudget counts evaluations refused for going over the cost budget.
+	overBudget uint64
 }
 
 // envSlot is one referenced field and the value last stored in vars.
@@ -48,6 +56,9 @@ func newExprEnv(schema *tuple.Schema) *exprEnv {
 		template: make(map[string]any, schema.Len()),
 		vars:     make(map[string]any, schema.Len()),
 	}
+	// The library's memory budget (ranges, arrays, loop scopes, repeat)
+	// is per run, like the meter's.
+	env.machine.MemoryBudget = queryspec.ExprCostBudget
 	for _, f := range schema.Fields {
 		env.template[f.Name] = queryspec.ZeroFor(f.Kind)
 	}
@@ -67,7 +78,7 @@ type compiledExpr struct {
 func (e *exprEnv) compile(src string, asBool bool) (*compiledExpr, error) {
 	// The very options the query was type-checked with at submit, so that
 	// what validated there compiles here to the same program.
-	opts := queryspec.ExprOptions(e.schema)
+	opts := queryspec.ExprOptions(e.schema, &e.meter)
 	if asBool {
 		opts = append(opts, expr.AsBool())
 	}
@@ -158,9 +169,9 @@ func (e *exprEnv) evalBool(c *compiledExpr, t *tuple.Tuple) (bool, error) {
 	if c.fast != nil {
 		return c.fast.b(t.Values), nil
 	}
-	res, err := e.machine.Run(c.program, e.vars)
+	res, err := e.run(c)
 	if err != nil {
-		return false, fmt.Errorf("%w: %w", ErrEval, err)
+		return false, err
 	}
 	b, ok := res.(bool)
 	if !ok {
@@ -175,12 +186,55 @@ func (e *exprEnv) evalValue(c *compiledExpr, t *tuple.Tuple) (tuple.Value, error
 	if c.fast != nil {
 		return c.fast.eval(t.Values), nil
 	}
-	res, err := e.machine.Run(c.program, e.vars)
+	res, err := e.run(c)
 	if err != nil {
-		return tuple.Value{}, fmt.Errorf("%w: %w", ErrEval, err)
+		return tuple.Value{}, err
 	}
 	return toValue(res, c.kind)
 }
+
+// run evaluates c on the VM within the cost budget. An evaluation the
+// task's stop signal aborted returns an error wrapping context.Canceled
+// (not ErrEval: the task is stopping, nothing is dropped); one over the
+// budget wraps ErrEval and queryspec.ErrCostBudget and is counted.
+func (e *exprEnv) run(c *compiledExpr) (any, error) {
+	e.meter.Reset()
+	res, err := e.machine.Run(c.program, e.vars)
+	if err == nil {
+		return res, nil
+	}
+	if errors.Is(err, context.Canceled) {
+		return nil, err
+	}
+	if errors.Is(err, queryspec.ErrCostBudget) {
+		e.overBudget++
+		return nil, &budgetError{msg: firstLine(err.Error())}
+	}
+	if strings.Contains(err.Error(), "memory budget exceeded") {
+		// The library's own budget (ranges, arrays, repeat), set to the
+		// same number of units.
+		e.overBudget++
+		return nil, &budgetError{msg: fmt.Sprintf("%v: %s", queryspec.ErrCostBudget, firstLine(err.Error()))}
+	}
+	return nil, fmt.Errorf("%w: %w", ErrEval, err)
+}
+
+// budgetError is the evaluation error of a tuple over the cost budget.
+type budgetError struct{ msg string }
+
+func (e *budgetError) Error() string   { return ErrEval.Error() + ": " + e.msg }
+func (e *budgetError) Unwrap() []error { return []error{ErrEval, queryspec.ErrCostBudget} }
+
+// firstLine is the message of a library error without its source snippet.
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// setDone makes a running evaluation stop when done is closed.
+func (e *exprEnv) setDone(done <-chan struct{}) { e.meter.Done = done }
 
 // kindOfType maps an expression's static result type to a field kind.
 func kindOfType(t reflect.Type) (tuple.Kind, bool) {

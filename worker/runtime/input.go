@@ -425,10 +425,7 @@ func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emi
 				}
 				// A run-time expression failure drops the tuple, the same
 				// way on every replica.
-				t.evalFails++
-				if t.evalFails == 1 || t.evalFails%10000 == 0 {
-					t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails)
-				}
+				t.dropped(err)
 			}
 			if t.emitErr != nil {
 				return false, t.emitErr

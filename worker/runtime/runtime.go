@@ -109,7 +109,14 @@ type Options struct {
 	// least one tuple, so 1 means one tuple per message: the unbatched data
 	// plane, for measurements. Acknowledgements stay cumulative.
 	MaxBatchBytes int
+	// MaxFuture is how far ahead of an ingest source's time (the later of
+	// its newest accepted record and the clock) a record may be dated
+	// (default DefaultMaxFuture).
+	MaxFuture time.Duration
 }
+
+// DefaultMaxFuture is the default of Options.MaxFuture.
+const DefaultMaxFuture = time.Hour
 
 func (o *Options) setDefaults() {
 	if o.Logger == nil {
@@ -129,6 +136,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.StallAfter <= 0 {
 		o.StallAfter = DefaultStallAfter
+	}
+	if o.MaxFuture <= 0 {
+		o.MaxFuture = DefaultMaxFuture
 	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)

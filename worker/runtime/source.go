@@ -5,8 +5,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -163,11 +165,15 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		}
 		tp := &st.tp
 		if err := st.parser.Parse(no, line, tp); err != nil {
-			errs = append(errs, &fedstreampb.LineError{Line: no, Error: err.Error()})
+			errs = append(errs, &fedstreampb.LineError{Line: no, Error: validUTF8(err.Error())})
 			continue
 		}
 		if tp.STime == 0 {
 			tp.STime = time.Now().UnixNano()
+		}
+		if msg := t.checkIngestTime(tp.STime, maxSTime); msg != "" {
+			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf("line %d: %s; refused", no, msg)})
+			continue
 		}
 		if tp.STime < st.boundary {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf(
@@ -203,4 +209,54 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		st.boundary = maxSTime
 	}
 	return accepted, errs, nil
+}
+
+// checkIngestTime says why an ingested record's stime is refused ("" if
+// it is not). Stimes that are the engine's own markers are refused: the
+// final boundary (math.MaxInt64) would end the stream for every later
+// record, and math.MinInt64 is "no time yet". So is a stime further
+// ahead of the source's time than Options.MaxFuture, where the source's
+// time is the later of the newest record accepted so far (newest) and
+// this worker's clock: replaying old data moves it forward with the data,
+// live data is judged against the clock, and a typo (year 2200) is
+// refused instead of making every later record late. Replicas judge
+// against their own clocks, so only a record within clock skew of the
+// limit can be judged differently.
+func (t *task) checkIngestTime(stime, newest int64) string {
+	switch stime {
+	case finalBoundary:
+		return fmt.Sprintf("time %d is the engine's end-of-stream marker (math.MaxInt64) and cannot be a record's time", stime)
+	case math.MinInt64:
+		return fmt.Sprintf("time %d is the engine's no-time marker (math.MinInt64) and cannot be a record's time", stime)
+	}
+	limit := t.r.opts.MaxFuture
+	base := max(newest, time.Now().UnixNano())
+	if stime <= base || stime-base <= int64(limit) {
+		return ""
+	}
+	return fmt.Sprintf("time %s is %s ahead of the source's time %s (the later of the newest accepted record and the worker's clock); at most %s ahead is accepted (worker setting max-future)",
+		formatSTime(stime), aheadBy(stime, base), formatSTime(base), limit)
+}
+
+func formatSTime(ns int64) string { return time.Unix(0, ns).UTC().Format(time.RFC3339Nano) }
+
+// aheadBy is stime - base as a duration, saturating for centuries.
+func aheadBy(stime, base int64) string {
+	d := uint64(stime) - uint64(base)
+	if d > math.MaxInt64 {
+		return "more than 292 years"
+	}
+	if day := uint64(24 * time.Hour); d >= 2*365*day {
+		return fmt.Sprintf("about %d years", d/(365*day))
+	}
+	return time.Duration(d).Round(time.Second).String()
+}
+
+// validUTF8 makes a message safe for a proto3 string field, which must be
+// valid UTF-8: a message that is not would fail the whole response.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }

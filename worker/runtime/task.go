@@ -115,6 +115,10 @@ type task struct {
 	keyBuf    []tuple.Value
 	emitErr   error
 	evalFails uint64
+	// overBudget counts the tuples dropped for going over the expression
+	// cost budget (atomic: safe to read from any goroutine).
+	overBudget   atomic.Uint64
+	dropReported time.Time // when dropped last updated the message
 }
 
 type placeKey struct {
@@ -184,6 +188,13 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	if t.node.Kind != queryspec.KindSource {
 		t.buildInputs()
 	}
+	// The context exists before the task is published to the runtime's
+	// map: an ingest request may reach the task before start runs.
+	// Stopping the task aborts an expression evaluation in progress, so
+	// stop never waits on a slow predicate.
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	operator.StopOn(t.op, t.ctx.Done())
+	operator.StopOn(t.srcChain, t.ctx.Done())
 	return t, nil
 }
 
@@ -265,7 +276,6 @@ func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, 
 }
 
 func (t *task) start() {
-	t.ctx, t.cancel = context.WithCancel(context.Background())
 	switch {
 	case t.gen != nil:
 		t.wg.Add(1)
@@ -321,6 +331,16 @@ func (t *task) setState(state, msg string) {
 		return // keep the first failure
 	}
 	t.state, t.message = state, msg
+}
+
+// noteWhileRunning sets the message of a running task, leaving any other
+// state (and its message: a failure, a stall) as it is.
+func (t *task) noteWhileRunning(msg string) {
+	t.stateMu.Lock()
+	defer t.stateMu.Unlock()
+	if t.state == StateRunning {
+		t.message = msg
+	}
 }
 
 func (t *task) fail(err error) {
@@ -554,11 +574,33 @@ func (t *task) emitSource(ctx context.Context, tp *tuple.Tuple) {
 		}
 		return
 	}
+	t.dropped(err)
+}
+
+// dropped counts a tuple dropped because an expression failed on it (the
+// same way on every replica) and logs the first drop and every 10 000th.
+// Drops over the expression cost budget are also counted in overBudget.
+//
+// The task's status message says so too (query status, workers --json),
+// refreshed at most every dropReportEvery so that a stream of drops does
+// not become a stream of state reports.
+func (t *task) dropped(err error) {
 	t.evalFails++
+	if errors.Is(err, queryspec.ErrCostBudget) {
+		t.overBudget.Add(1)
+	}
 	if t.evalFails == 1 || t.evalFails%10000 == 0 {
-		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails)
+		t.log.Warn("tuples dropped: expression failed", "err", err, "dropped", t.evalFails, "over_cost_budget", t.overBudget.Load())
+	}
+	if now := time.Now(); now.Sub(t.dropReported) >= dropReportEvery {
+		t.dropReported = now
+		t.noteWhileRunning(fmt.Sprintf("tuples dropped because an expression failed on them: %d (%d over the per-tuple cost budget); last: %v",
+			t.evalFails, t.overBudget.Load(), err))
 	}
 }
+
+// dropReportEvery bounds how often dropped tuples update a task's message.
+const dropReportEvery = 10 * time.Second
 
 // emitData routes one data tuple to the partition of every downstream
 // node that should see it, assigning each stream's next id. Errors (the

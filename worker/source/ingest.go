@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -68,6 +69,12 @@ func (p *LineParser) Parse(lineNo uint64, line []byte, t *tuple.Tuple) error {
 	if len(line) == 0 {
 		return &LineError{Line: lineNo, Msg: "empty line: want a JSON object"}
 	}
+	if !utf8.Valid(line) {
+		// JSON text is UTF-8; this is most likely binary data. The excerpt
+		// is escaped: messages travel in proto strings, which must be
+		// valid UTF-8.
+		return &LineError{Line: lineNo, Msg: "not valid UTF-8 (binary data?): " + excerpt(line)}
+	}
 	if line[0] != '{' {
 		return &LineError{Line: lineNo, Msg: "want a JSON object, got " + describe(line)}
 	}
@@ -91,7 +98,7 @@ func (p *LineParser) Parse(lineNo uint64, line []byte, t *tuple.Tuple) error {
 		var unknown []string
 		for name := range p.raw {
 			if p.schema.Index(name) < 0 {
-				unknown = append(unknown, strconv.Quote(name))
+				unknown = append(unknown, excerpt([]byte(name)))
 			}
 		}
 		sort.Strings(unknown)
@@ -192,7 +199,8 @@ func jsonString(raw []byte) (string, bool) {
 }
 
 // describe names a JSON value's type and shows it briefly: string "x",
-// number 1.5, bool true, null, object, array.
+// number 1.5, bool true, null, object, array. What it shows of the input
+// is escaped and short (see excerpt), never raw.
 func describe(raw []byte) string {
 	if len(raw) == 0 {
 		return "nothing"
@@ -200,12 +208,9 @@ func describe(raw []byte) string {
 	switch raw[0] {
 	case '"':
 		s, _ := jsonString(raw)
-		if len(s) > 40 {
-			s = s[:40] + "..."
-		}
-		return "string " + strconv.Quote(s)
+		return "string " + excerpt([]byte(s))
 	case 't', 'f':
-		return "bool " + string(raw)
+		return "bool " + plain(raw)
 	case 'n':
 		return "null"
 	case '{':
@@ -214,11 +219,44 @@ func describe(raw []byte) string {
 		return "array"
 	}
 	if isNumber(raw) {
-		return "number " + string(raw)
+		return "number " + plain(raw)
 	}
-	s := string(raw)
-	if len(s) > 40 {
-		s = s[:40] + "..."
+	return excerpt(raw)
+}
+
+// plain shows a short token of printable ASCII as it is (number 1.5) and
+// anything else as an excerpt.
+func plain(raw []byte) string {
+	if len(raw) > excerptLen {
+		return excerpt(raw)
 	}
-	return strconv.Quote(s)
+	for _, c := range raw {
+		if c < 0x20 || c > 0x7e {
+			return excerpt(raw)
+		}
+	}
+	return string(raw)
+}
+
+// excerptLen is how many bytes of the input an error message shows.
+const excerptLen = 40
+
+// excerpt quotes the first excerptLen bytes of b Go-style (invalid UTF-8
+// and control bytes escaped, so the result is valid UTF-8 and one line),
+// with "..." when b is longer.
+func excerpt(b []byte) string {
+	if len(b) <= excerptLen {
+		return strconv.Quote(string(b))
+	}
+	cut := excerptLen
+	// Do not split a valid multi-byte character.
+	for i := 0; i < utf8.UTFMax && cut-i > 0; i++ {
+		if utf8.RuneStart(b[cut-i]) {
+			if r, n := utf8.DecodeRune(b[cut-i:]); r != utf8.RuneError && cut-i+n > cut {
+				cut -= i
+			}
+			break
+		}
+	}
+	return strconv.Quote(string(b[:cut])) + "..."
 }
