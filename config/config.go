@@ -30,6 +30,23 @@ type Coordinator struct {
 	AdminToken      string   `mapstructure:"admin-token"`
 	HeartbeatTTL    string   `mapstructure:"heartbeat-ttl"`
 	LogLevel        string   `mapstructure:"log-level"`
+	TLS             TLS      `mapstructure:",squash"`
+	// TLSCAKey is the org CA's key, to sign the certificates of workers
+	// (default: ca-key.pem in tls-dir when that file exists).
+	TLSCAKey string `mapstructure:"tls-ca-key"`
+	// WorkerCertTTL is the lifetime of the certificates signed for workers.
+	WorkerCertTTL string `mapstructure:"worker-cert-ttl"`
+}
+
+// TLS names a process's TLS files: explicit files, or a directory written
+// by fedstream tls init holding them under their standard names.
+type TLS struct {
+	Dir  string `mapstructure:"tls-dir"`
+	CA   string `mapstructure:"tls-ca"`
+	Cert string `mapstructure:"tls-cert"`
+	Key  string `mapstructure:"tls-key"`
+	// InsecurePlaintext turns TLS off (explicitly; logged loudly).
+	InsecurePlaintext bool `mapstructure:"insecure-plaintext"`
 }
 
 // Worker is the configuration of `fedstream worker`.
@@ -45,6 +62,9 @@ type Worker struct {
 	// GCPercent is the worker process's garbage collection target (Go's
 	// GOGC); see DefaultWorkerGCPercent.
 	GCPercent int `mapstructure:"gc-percent"`
+	// TLS: a worker needs only the org's CA (tls-ca, or ca.pem in
+	// tls-dir); the coordinators sign its certificate when it registers.
+	TLS TLS `mapstructure:",squash"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -74,6 +94,19 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("admin-token", "", "token clients must present (none: dev mode)")
 	fs.String("heartbeat-ttl", "10s", "how long a worker may miss heartbeats before it is marked down")
 	fs.String("log-level", "info", "debug, info, warn or error")
+	TLSFlags(fs, "coordinator-NODE-ID.pem")
+	fs.String("tls-ca-key", "", "org CA key, to sign worker certificates (default: ca-key.pem in --tls-dir)")
+	fs.String("worker-cert-ttl", "24h", "lifetime of the certificates signed for workers (they renew at 2/3 of it)")
+}
+
+// TLSFlags declares the TLS flags shared by every process; certName is
+// the certificate's file name in --tls-dir, for the help text.
+func TLSFlags(fs *pflag.FlagSet, certName string) {
+	fs.String("tls-dir", "", "directory written by fedstream tls init (ca.pem, "+certName+" and its key)")
+	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
+	fs.String("tls-cert", "", "this process's certificate (default: from --tls-dir)")
+	fs.String("tls-key", "", "this process's private key (default: from --tls-dir)")
+	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")
 }
 
 // WorkerFlags declares the worker's flags on fs.
@@ -88,6 +121,9 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.String("join-token", "", "the org's worker join token")
 	fs.String("log-level", "info", "debug, info, warn or error")
 	fs.Int("gc-percent", DefaultWorkerGCPercent, "garbage collection target of the worker process, as GOGC (GOGC in the environment wins)")
+	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
+	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
+	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")
 }
 
 // load merges file, environment and flags into out.

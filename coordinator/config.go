@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // Config is everything one coordinator node needs. Zero durations take the
@@ -31,6 +33,22 @@ type Config struct {
 	// empty the coordinator runs in dev mode and accepts any caller.
 	JoinToken  string
 	AdminToken string
+
+	// TLS are the coordinator's credentials: the org CA and its own
+	// certificate, which must carry fedstream://ORG/coordinator/NODE-ID.
+	// Every port (gRPC, Raft) then requires mutual TLS. nil is allowed
+	// only with InsecurePlaintext.
+	TLS *tlsutil.Credentials
+	// CA is the org CA with its key, to sign the certificates of workers
+	// that register (nil: this coordinator cannot register workers over
+	// TLS and says so).
+	CA *tlsutil.CA
+	// WorkerCertTTL is the lifetime of a worker certificate (default
+	// tlsutil.DefaultWorkerValidity); workers renew at about 2/3 of it.
+	WorkerCertTTL time.Duration
+	// InsecurePlaintext runs every port without TLS: only for tests of
+	// that mode and for debugging; it is logged loudly and shown by status.
+	InsecurePlaintext bool
 
 	Timings Timings
 	Logger  *slog.Logger
@@ -126,6 +144,25 @@ func (c *Config) validate() error {
 		if c.BootstrapExpect < 0 || c.BootstrapExpect > 7 {
 			errs = append(errs, fmt.Errorf("bootstrap-expect %d: want 1, 3 or 5 (0 to join an existing cluster)", c.BootstrapExpect))
 		}
+	}
+	switch {
+	case c.TLS == nil && !c.InsecurePlaintext:
+		errs = append(errs, errors.New("TLS is required: give tls-dir (or tls-ca, tls-cert and tls-key; see fedstream tls init), or run with --insecure-plaintext"))
+	case c.TLS != nil && c.InsecurePlaintext:
+		errs = append(errs, errors.New("both TLS credentials and insecure-plaintext given: choose one"))
+	case c.TLS != nil:
+		want := rpc.Identity{Org: c.Org, Role: rpc.RoleCoordinator, Name: c.NodeID}
+		if id, _, ok := c.TLS.Identity(); !ok {
+			errs = append(errs, errors.New("TLS credentials carry no certificate of this coordinator (tls-cert, tls-key)"))
+		} else if id != want {
+			errs = append(errs, fmt.Errorf("TLS certificate is for %s, this coordinator is %s", id, want))
+		}
+		if c.CA != nil && c.CA.Org() != c.Org {
+			errs = append(errs, fmt.Errorf("CA key is of org %q, this coordinator is of org %q", c.CA.Org(), c.Org))
+		}
+	}
+	if c.WorkerCertTTL <= 0 {
+		c.WorkerCertTTL = tlsutil.DefaultWorkerValidity
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))

@@ -131,18 +131,38 @@ func (s *Server) orgCoordinators() []member {
 	return out
 }
 
-// grpcAddrOf maps a coordinator node id of this org to its gRPC address.
-func (s *Server) grpcAddrOf(nodeID string) string {
+// grpcAddrsOf lists the gRPC addresses serf members of this org claim for
+// the coordinator nodeID: first those whose Raft address is raftAddr (the
+// leader's, from Raft's own state), then alive ones. Serf tags are
+// claims, not proof: callers verify the certificate of whatever answers.
+func (s *Server) grpcAddrsOf(nodeID, raftAddr string) []string {
 	if nodeID == s.cfg.NodeID {
-		return s.GRPCAddr()
+		return []string{s.GRPCAddr()}
 	}
+	type cand struct {
+		addr string
+		rank int
+	}
+	var cands []cand
 	for _, m := range s.serf.Members() {
 		mm, ok := parseMember(m)
-		if ok && mm.Org == s.cfg.Org && mm.ID == nodeID {
-			return mm.GRPCAddr
+		if !ok || mm.Org != s.cfg.Org || mm.ID != nodeID || mm.GRPCAddr == "" {
+			continue
 		}
+		rank := 2
+		if raftAddr != "" && mm.RaftAddr == raftAddr {
+			rank = 0
+		} else if mm.Status == serf.StatusAlive {
+			rank = 1
+		}
+		cands = append(cands, cand{mm.GRPCAddr, rank})
 	}
-	return ""
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].rank < cands[j].rank })
+	var out []string
+	for _, c := range cands {
+		out = append(out, c.addr)
+	}
+	return out
 }
 
 // coordinatorAddrs lists the gRPC addresses of the org's alive coordinators.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -24,6 +25,7 @@ import (
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // Server is one coordinator node.
@@ -31,8 +33,11 @@ type Server struct {
 	cfg    Config
 	logger *slog.Logger
 
-	fsm       *fsm.FSM
-	raft      *raft.Raft
+	fsm  *fsm.FSM
+	raft *raft.Raft
+	// raftRef is raft for the transport's goroutines, which may dial
+	// before NewRaft has returned.
+	raftRef   atomic.Pointer[raft.Raft]
 	transport *raft.NetworkTransport
 	boltStore *raftboltdb.BoltStore
 	leaderCh  chan bool
@@ -105,13 +110,16 @@ func (s *Server) Start() (err error) {
 	if len(s.cfg.Join) > 0 {
 		s.goRun(s.retryJoin)
 	}
+	if s.cfg.InsecurePlaintext {
+		s.logger.Warn("INSECURE: coordinator running with --insecure-plaintext: gRPC and Raft traffic is unencrypted and unauthenticated; anyone who can reach these ports can join, vote and read")
+	}
 	mode := "authenticated"
 	if s.DevMode() {
 		mode = "dev (no tokens configured: every caller is accepted)"
 		s.logger.Warn("coordinator running in dev mode: no join or admin token configured, every caller is accepted")
 	}
 	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr,
-		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode)
+		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode, "mtls", s.cfg.TLS != nil)
 	return nil
 }
 
@@ -176,7 +184,19 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
-	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	if s.cfg.TLS == nil {
+		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	} else {
+		var layer *tlsStreamLayer
+		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
+			if adv != nil {
+				layer.advertise = adv
+			}
+			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
+			})
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
 	}
@@ -203,6 +223,7 @@ func (s *Server) setupRaft() error {
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
+	s.raftRef.Store(s.raft)
 	if existing {
 		s.logger.Info("rejoining from existing raft state; not bootstrapping", "data_dir", s.cfg.DataDir)
 	}
@@ -216,10 +237,18 @@ func (s *Server) setupGRPC() error {
 	}
 	s.listener = lis
 	auth := &authenticator{joinToken: s.cfg.JoinToken, adminToken: s.cfg.AdminToken}
-	s.grpcServer = grpc.NewServer(
-		grpc.ChainUnaryInterceptor(auth.unary),
-		grpc.ChainStreamInterceptor(auth.stream),
-	)
+	var opts []grpc.ServerOption
+	if s.cfg.TLS != nil {
+		// Certificates are optional at the handshake only so that a new
+		// worker can register; certGate refuses every other call without one.
+		gate := certGate{org: s.cfg.Org}
+		opts = append(opts, s.cfg.TLS.ServerOption(tlsutil.Peer{}, true),
+			grpc.ChainUnaryInterceptor(gate.unary, auth.unary),
+			grpc.ChainStreamInterceptor(gate.stream, auth.stream))
+	} else {
+		opts = append(opts, grpc.ChainUnaryInterceptor(auth.unary), grpc.ChainStreamInterceptor(auth.stream))
+	}
+	s.grpcServer = grpc.NewServer(opts...)
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	s.health = health.NewServer()

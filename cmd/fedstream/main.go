@@ -77,6 +77,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newTailCmd(),
 		newBenchCmd(),
 		newBenchWorkerCmd(),
+		newTLSCmd(),
 	)
 	return root
 }

@@ -316,3 +316,20 @@ func NewCSR() (csrPEM, keyPEMOut []byte, err error) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}), kp, nil
 }
+
+// CheckCSR reports whether csrPEM is a certificate request whose
+// signature verifies (proof that the requester holds the key).
+func CheckCSR(csrPEM []byte) error {
+	block, _ := pem.Decode(csrPEM)
+	if block == nil || block.Type != "CERTIFICATE REQUEST" {
+		return ErrBadPEM
+	}
+	csr, err := x509.ParseCertificateRequest(block.Bytes)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadCSR, err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadCSR, err)
+	}
+	return nil
+}

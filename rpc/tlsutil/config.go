@@ -253,3 +253,11 @@ func (c *Credentials) DialOption(want Peer) grpc.DialOption {
 func (c *Credentials) ServerOption(want Peer, optional bool) grpc.ServerOption {
 	return grpc.Creds(credentials.NewTLS(c.ServerConfig(want, optional)))
 }
+
+// ClearCertificate forgets the process's certificate: new connections
+// present none (a worker whose certificate expired registers again).
+func (c *Credentials) ClearCertificate() {
+	c.mu.Lock()
+	c.cert, c.id = nil, rpc.Identity{}
+	c.mu.Unlock()
+}

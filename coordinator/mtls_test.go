@@ -1,0 +1,105 @@
+package coordinator
+
+import (
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/rpc"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
+)
+
+// A caller without a certificate may only register (with the join token
+// and a certificate request), and gets a certificate for the worker id the
+// org gave it; one with another org's certificate gets nothing at all.
+func TestCoordinatorPortNeedsAnOrgCertificate(t *testing.T) {
+	c := newTestCluster(t, 1, "jt", "at")
+	l := c.leader()
+	addr := c.cfgs[l].GRPCAddr
+
+	bare := testCreds(t, c.ca, "", "")
+	noCert := c.connAs(addr, "at", bare)
+	if _, err := pb.NewAdminServiceClient(noCert).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("status without a certificate: %v, want Unauthenticated", err)
+	}
+	wc := pb.NewWorkerServiceClient(c.connAs(addr, "jt", bare))
+	if _, err := wc.Register(ctxT(t, 5*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9"}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("register without a certificate request: %v, want InvalidArgument", err)
+	}
+	csr, key, err := tlsutil.NewCSR()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := wc.Register(ctxT(t, 5*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Csr: csr, IdempotencyKey: "k"})
+	if err != nil {
+		t.Fatalf("register without a certificate but with the join token: %v", err)
+	}
+	mine := testCreds(t, c.ca, "", "")
+	if err := mine.SetCertificate(resp.Certificate, key); err != nil {
+		t.Fatalf("returned certificate: %v", err)
+	}
+	id, notAfter, _ := mine.Identity()
+	if want := (rpc.Identity{Org: "acme", Role: rpc.RoleWorker, Name: resp.WorkerId}); id != want {
+		t.Fatalf("worker certificate identity %v, want %v", id, want)
+	}
+	if d := time.Until(notAfter); d > tlsutil.DefaultWorkerValidity || d < tlsutil.DefaultWorkerValidity-time.Hour {
+		t.Fatalf("worker certificate valid for %v, want about %v", d, tlsutil.DefaultWorkerValidity)
+	}
+	if _, err := wc.Heartbeat(ctxT(t, 5*time.Second), &pb.HeartbeatRequest{WorkerId: resp.WorkerId}); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("heartbeat without a certificate: %v, want Unauthenticated", err)
+	}
+	// With its certificate the worker heartbeats and renews; another
+	// worker cannot renew it.
+	own := pb.NewWorkerServiceClient(c.connAs(addr, "jt", mine))
+	if _, err := own.Heartbeat(ctxT(t, 5*time.Second), &pb.HeartbeatRequest{WorkerId: resp.WorkerId}); err != nil {
+		t.Fatalf("heartbeat with the worker certificate: %v", err)
+	}
+	csr2, _, _ := tlsutil.NewCSR()
+	if r, err := own.RenewCertificate(ctxT(t, 5*time.Second), &pb.RenewCertificateRequest{WorkerId: resp.WorkerId, Csr: csr2}); err != nil || len(r.Certificate) == 0 {
+		t.Fatalf("renew with the worker's own certificate: %v", err)
+	}
+	other := pb.NewWorkerServiceClient(c.connAs(addr, "jt", testCreds(t, c.ca, rpc.RoleWorker, "w-other")))
+	if _, err := other.RenewCertificate(ctxT(t, 5*time.Second), &pb.RenewCertificateRequest{WorkerId: resp.WorkerId, Csr: csr2}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("renew by another worker: %v, want PermissionDenied", err)
+	}
+
+	// Another org's certificate fails the handshake: nothing is served.
+	foreign := testCreds(t, testCA(t, "acme"), rpc.RoleClient, "admin")
+	if _, err := pb.NewAdminServiceClient(c.connAs(addr, "at", foreign)).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("status with another CA's certificate: %v, want Unavailable (handshake refused)", err)
+	}
+}
+
+// Plaintext mode is explicit and visible.
+func TestPlaintextNeedsTheFlag(t *testing.T) {
+	cfg := Config{Org: "acme", NodeID: "c1", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0", BootstrapExpect: 1}
+	if _, err := New(cfg); err == nil {
+		t.Fatal("coordinator without TLS credentials or --insecure-plaintext was accepted")
+	}
+	wrong := cfg
+	wrong.TLS = testCreds(t, testCA(t, "acme"), rpc.RoleCoordinator, "c2")
+	if _, err := New(wrong); err == nil {
+		t.Fatal("coordinator c1 accepted c2's certificate")
+	}
+	cfg.InsecurePlaintext = true
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown()
+	conn, err := rpc.Dial(srv.GRPCAddr(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := pb.NewAdminServiceClient(conn).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{})
+	if err != nil || !st.InsecurePlaintext {
+		t.Fatalf("status in plaintext mode: %v, insecure_plaintext=%v", err, st.GetInsecurePlaintext())
+	}
+}
