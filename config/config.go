@@ -36,6 +36,11 @@ type Coordinator struct {
 	TLSCAKey string `mapstructure:"tls-ca-key"`
 	// WorkerCertTTL is the lifetime of the certificates signed for workers.
 	WorkerCertTTL string `mapstructure:"worker-cert-ttl"`
+	// GossipKey (base64) or GossipKeyFile (a file holding it) encrypts serf.
+	GossipKey     string `mapstructure:"gossip-key"`
+	GossipKeyFile string `mapstructure:"gossip-key-file"`
+	// DeadVoterTimeout: see coordinator.Timings.DeadVoterTimeout.
+	DeadVoterTimeout string `mapstructure:"dead-voter-timeout"`
 }
 
 // TLS names a process's TLS files: explicit files, or a directory written
@@ -97,6 +102,9 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	TLSFlags(fs, "coordinator-NODE-ID.pem")
 	fs.String("tls-ca-key", "", "org CA key, to sign worker certificates (default: ca-key.pem in --tls-dir)")
 	fs.String("worker-cert-ttl", "24h", "lifetime of the certificates signed for workers (they renew at 2/3 of it)")
+	fs.String("gossip-key-file", "", "file holding the org's base64 gossip key (fedstream keygen); required unless --insecure-plaintext")
+	fs.String("gossip-key", "", "the base64 gossip key itself; prefer --gossip-key-file or FEDSTREAM_GOSSIP_KEY (flags show in ps)")
+	fs.String("dead-voter-timeout", "72h", "remove a Raft voter that stays failed this long (one that leaves is removed at once)")
 }
 
 // TLSFlags declares the TLS flags shared by every process; certName is

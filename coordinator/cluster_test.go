@@ -53,6 +53,9 @@ func testCreds(t testing.TB, ca *tlsutil.CA, role, name string) *tlsutil.Credent
 	return creds
 }
 
+// testGossipKey is the serf key of every test cluster.
+var testGossipKey = []byte("0123456789abcdef0123456789abcdef")
+
 func testCA(t testing.TB, org string) *tlsutil.CA {
 	t.Helper()
 	ca, err := tlsutil.NewCA(org)
@@ -94,6 +97,7 @@ func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timin
 			BootstrapExpect: n, JoinToken: joinToken, AdminToken: adminToken,
 			Timings: c.timings,
 			TLS:     testCreds(t, c.ca, rpc.RoleCoordinator, fmt.Sprintf("c%d", i+1)), CA: c.ca,
+			GossipKey: testGossipKey,
 		}
 		if os.Getenv("FEDSTREAM_TEST_LOG") != "" {
 			cfg.Logger = logging.Stderr("debug")

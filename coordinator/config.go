@@ -28,6 +28,10 @@ type Config struct {
 	BootstrapExpect int
 	// Join lists serf addresses of other coordinators (any org).
 	Join []string
+	// GossipKey encrypts and authenticates serf gossip (16, 24 or 32
+	// bytes; fedstream keygen makes one). Required unless InsecurePlaintext:
+	// a process without it can neither join nor read the gossip.
+	GossipKey []byte
 
 	// JoinToken authorises workers; AdminToken authorises clients. With both
 	// empty the coordinator runs in dev mode and accepts any caller.
@@ -71,18 +75,29 @@ type Timings struct {
 	MaxWatchWait time.Duration
 	// GossipInterval tunes serf/memberlist probing (0: LAN defaults).
 	GossipInterval time.Duration
+	// DeadVoterTimeout is how long a Raft voter may stay failed (or gone
+	// from serf) before the leader removes it from the configuration. A
+	// voter that leaves gracefully is removed at once. The default, 72 h
+	// (Consul's reconnect timeout), keeps a coordinator that is down for
+	// maintenance or a long partition in place: removing it early would
+	// only re-add it later, and removal is a manual decision an operator
+	// can take sooner (fedstream operator raft remove-peer). Meanwhile the
+	// failed voter counts towards the quorum, which is why it is removed
+	// at all.
+	DeadVoterTimeout time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
 func DefaultTimings() Timings {
 	return Timings{
-		HeartbeatTTL:    10 * time.Second,
-		LeaderGrace:     10 * time.Second,
-		RaftHeartbeat:   1000 * time.Millisecond,
-		RaftElection:    1000 * time.Millisecond,
-		RaftLeaderLease: 500 * time.Millisecond,
-		ForwardWait:     5 * time.Second,
-		MaxWatchWait:    5 * time.Minute,
+		HeartbeatTTL:     10 * time.Second,
+		LeaderGrace:      10 * time.Second,
+		RaftHeartbeat:    1000 * time.Millisecond,
+		RaftElection:     1000 * time.Millisecond,
+		RaftLeaderLease:  500 * time.Millisecond,
+		ForwardWait:      5 * time.Second,
+		MaxWatchWait:     5 * time.Minute,
+		DeadVoterTimeout: 72 * time.Hour,
 	}
 }
 
@@ -114,6 +129,7 @@ func (t *Timings) fill() {
 	set(&t.RaftLeaderLease, d.RaftLeaderLease)
 	set(&t.ForwardWait, d.ForwardWait)
 	set(&t.MaxWatchWait, d.MaxWatchWait)
+	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.
@@ -160,6 +176,12 @@ func (c *Config) validate() error {
 		if c.CA != nil && c.CA.Org() != c.Org {
 			errs = append(errs, fmt.Errorf("CA key is of org %q, this coordinator is of org %q", c.CA.Org(), c.Org))
 		}
+	}
+	switch {
+	case len(c.GossipKey) == 0 && !c.InsecurePlaintext:
+		errs = append(errs, errors.New("a gossip key is required (--gossip-key-file or FEDSTREAM_GOSSIP_KEY; fedstream keygen makes one), or run with --insecure-plaintext"))
+	case len(c.GossipKey) != 0 && len(c.GossipKey) != 16 && len(c.GossipKey) != 24 && len(c.GossipKey) != 32:
+		errs = append(errs, fmt.Errorf("gossip key is %d bytes: want 32 (16 or 24 also work); fedstream keygen makes one", len(c.GossipKey)))
 	}
 	if c.WorkerCertTTL <= 0 {
 		c.WorkerCertTTL = tlsutil.DefaultWorkerValidity

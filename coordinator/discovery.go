@@ -80,6 +80,13 @@ func (s *Server) setupSerf() error {
 	ml.AdvertiseAddr = host
 	ml.AdvertisePort = port
 	ml.Logger = logging.StdLogger(s.logger, "memberlist")
+	if len(s.cfg.GossipKey) > 0 {
+		// Every gossip message is encrypted and authenticated with the
+		// org's key; messages without it are dropped (memberlist verifies
+		// incoming and encrypts outgoing by default once a key is set).
+		ml.SecretKey = s.cfg.GossipKey
+		ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
+	}
 	conf.MemberlistConfig = ml
 	conf.Logger = logging.StdLogger(s.logger, "serf")
 	// A restarted node keeps its name: let it reclaim it at once.
@@ -189,6 +196,13 @@ func (s *Server) handleSerfEvents(ctx context.Context) {
 					if s.IsLeader() {
 						s.reconcileVoters()
 					}
+				case serf.EventMemberLeave, serf.EventMemberFailed, serf.EventMemberReap:
+					// The leader's reapVoters looks at once (a member
+					// that left is removed without waiting for its tick).
+					select {
+					case s.membersChanged <- struct{}{}:
+					default:
+					}
 				}
 			}
 		}
@@ -213,6 +227,10 @@ func (s *Server) maybeBootstrap() {
 			}
 			continue
 		}
+		if err := s.verifyCoordinator(m); err != nil {
+			s.logger.Warn("not counting serf member towards bootstrap", "member", m.Name, "err", err)
+			continue
+		}
 		voters = append(voters, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
 	}
 	if len(voters) < s.cfg.BootstrapExpect {
@@ -230,7 +248,7 @@ func (s *Server) maybeBootstrap() {
 
 // reconcileVoters adds coordinators of this org that serf sees but the Raft
 // configuration lacks (nodes started with bootstrap_expect 0, or beyond the
-// bootstrap set). Only the leader calls it.
+// bootstrap set), once each has proved its identity. Only the leader calls it.
 func (s *Server) reconcileVoters() {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
@@ -242,6 +260,12 @@ func (s *Server) reconcileVoters() {
 	}
 	for _, m := range s.orgCoordinators() {
 		if known[raft.ServerID(m.ID)] || m.RaftAddr == "" {
+			continue
+		}
+		// Serf tags are claims: the member proves it is coordinator m.ID
+		// of this org before it gets a vote.
+		if err := s.verifyCoordinator(m); err != nil {
+			s.logger.Warn("not adding serf member as a raft voter", "member", m.Name, "err", err)
 			continue
 		}
 		s.logger.Info("adding coordinator to raft configuration", "member", m.Name)

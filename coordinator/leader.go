@@ -132,7 +132,8 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	s.liveness.start(ids, time.Now().Add(t.HeartbeatTTL+t.LeaderGrace))
 
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
+	go func() { defer wg.Done(); s.reapVoters(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	wg.Wait()

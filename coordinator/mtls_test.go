@@ -84,6 +84,10 @@ func TestPlaintextNeedsTheFlag(t *testing.T) {
 	if _, err := New(wrong); err == nil {
 		t.Fatal("coordinator c1 accepted c2's certificate")
 	}
+	wrong.TLS = testCreds(t, testCA(t, "acme"), rpc.RoleCoordinator, "c1")
+	if _, err := New(wrong); err == nil {
+		t.Fatal("coordinator with TLS but no gossip key was accepted")
+	}
 	cfg.InsecurePlaintext = true
 	srv, err := New(cfg)
 	if err != nil {

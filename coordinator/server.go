@@ -42,10 +42,13 @@ type Server struct {
 	boltStore *raftboltdb.BoltStore
 	leaderCh  chan bool
 
-	serf         *serf.Serf
-	serfEvents   chan serf.Event
-	bootstrapMu  sync.Mutex
-	bootstrapped bool
+	serf       *serf.Serf
+	serfEvents chan serf.Event
+	// membersChanged wakes the leader's reapVoters when a member leaves or
+	// fails (buffered 1: a pending wake-up covers later ones).
+	membersChanged chan struct{}
+	bootstrapMu    sync.Mutex
+	bootstrapped   bool
 
 	grpcServer *grpc.Server
 	listener   net.Listener
@@ -77,6 +80,7 @@ func New(cfg Config) (*Server, error) {
 		cancel: cancel,
 	}
 	s.liveness = newLiveness()
+	s.membersChanged = make(chan struct{}, 1)
 	return s, nil
 }
 

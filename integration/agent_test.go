@@ -41,6 +41,7 @@ func newInProcessOrg(t *testing.T, n int, certTTL ...time.Duration) *inProcessOr
 			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 			BootstrapExpect: n, Timings: tm, Logger: logging.Discard(),
 			TLS: coordCreds(t, ca, fmt.Sprintf("c%d", i+1)), CA: ca,
+			GossipKey: []byte("0123456789abcdef0123456789abcdef"),
 		})
 		if len(certTTL) > 0 {
 			o.cfgs[i].WorkerCertTTL = certTTL[0]

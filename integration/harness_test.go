@@ -170,6 +170,22 @@ type org struct {
 	adminToken string
 	// tlsDir holds the org's CA and certificates (fedstream tls init).
 	tlsDir string
+	// gossipKeyFile holds the org's serf key (fedstream keygen).
+	gossipKeyFile string
+}
+
+// gossipKeyFile writes a key from fedstream keygen into dir.
+func gossipKeyFile(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := exec.Command(binary(t), "keygen").Output()
+	if err != nil {
+		t.Fatalf("keygen: %v", err)
+	}
+	p := filepath.Join(dir, "gossip.key")
+	if err := os.WriteFile(p, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
 
 // tlsInit runs fedstream tls init for org into a new directory and
@@ -204,6 +220,7 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 	t.Helper()
 	o := &org{adminToken: "admin-secret"}
 	o.tlsDir, _ = tlsInit(t, "acme", coordinators)
+	o.gossipKeyFile = gossipKeyFile(t, o.tlsDir)
 	// Every client command of the test finds the org's CA and the admin
 	// client certificate here.
 	t.Setenv("FEDSTREAM_TLS_DIR", o.tlsDir)
@@ -226,7 +243,7 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 			"--grpc-addr", a.grpc, "--raft-addr", a.raft, "--serf-addr", a.serf,
 			"--bootstrap-expect", fmt.Sprint(coordinators), "--join", strings.Join(serf, ","),
 			"--join-token", "join-secret", "--admin-token", o.adminToken,
-			"--tls-dir", o.tlsDir,
+			"--tls-dir", o.tlsDir, "--gossip-key-file", o.gossipKeyFile,
 			"--heartbeat-ttl", "2s", "--log-level", "debug"))
 	}
 	for i := 0; i < workers; i++ {

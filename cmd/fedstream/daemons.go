@@ -20,7 +20,7 @@ func newCoordinatorCmd() *cobra.Command {
 		Short: "Run one coordinator of an org (Raft + serf + gRPC API)",
 		Example: `  fedstream coordinator --org acme --node-id c1 --data-dir /var/lib/fedstream/c1 \
     --grpc-addr 127.0.0.1:7400 --raft-addr 127.0.0.1:7401 --serf-addr 127.0.0.1:7402 \
-    --bootstrap-expect 3 --join 127.0.0.1:7412,127.0.0.1:7422 --tls-dir /etc/fedstream/tls`,
+    --bootstrap-expect 3 --join 127.0.0.1:7412,127.0.0.1:7422 --tls-dir /etc/fedstream/tls --gossip-key-file /etc/fedstream/gossip.key`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := config.LoadCoordinator(cmd.Flags())
@@ -45,10 +45,17 @@ func newCoordinatorCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if timings.DeadVoterTimeout, err = parseTTL("dead-voter-timeout", c.DeadVoterTimeout); err != nil {
+				return err
+			}
+			gkey, err := gossipKey(c)
+			if err != nil {
+				return err
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
-				BootstrapExpect: c.BootstrapExpect, Join: c.Join,
+				BootstrapExpect: c.BootstrapExpect, Join: c.Join, GossipKey: gkey,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
 				TLS: creds, CA: ca, WorkerCertTTL: certTTL, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				Timings: timings, Logger: logger,

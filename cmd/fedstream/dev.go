@@ -58,6 +58,11 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 		d.cancel()
 		return nil, fmt.Errorf("dev TLS: %w", err)
 	}
+	gossip, err := newGossipKey()
+	if err != nil {
+		d.cancel()
+		return nil, err
+	}
 	caFile := filepath.Join(d.tlsDir, tlsutil.CAFile)
 	ca, err := tlsutil.LoadCA(caFile, filepath.Join(d.tlsDir, tlsutil.CAKeyFile))
 	if err != nil {
@@ -77,7 +82,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
-				TLS: creds, CA: ca,
+				TLS: creds, CA: ca, GossipKey: gossip,
 				Timings: devTimings(), Logger: o.logger,
 			})
 		}

@@ -78,6 +78,8 @@ Talk to an org:                            fedstream status | workers | query ..
 		newBenchCmd(),
 		newBenchWorkerCmd(),
 		newTLSCmd(),
+		newKeygenCmd(),
+		newOperatorCmd(),
 	)
 	return root
 }
