@@ -185,7 +185,6 @@ func TestRaftPortRefusesOutsiders(t *testing.T) {
 	l := c.leader()
 	f := (l + 1) % 3
 	term := c.nodes[l].raft.CurrentTerm()
-	leaderID := raft.ServerID(c.cfgs[l].NodeID)
 
 	plain, err := raft.NewTCPTransportWithLogger("127.0.0.1:0", nil, 1, time.Second, logging.HCLog(logging.Discard(), "raft"))
 	if err != nil {
@@ -198,14 +197,19 @@ func TestRaftPortRefusesOutsiders(t *testing.T) {
 	}
 	foreign := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{Stream: layer, MaxPool: 1, Timeout: time.Second, Logger: logging.HCLog(logging.Discard(), "raft")})
 	defer foreign.Close()
+	// Claiming follower f's id, the attacker asks every node for a vote
+	// in a much later term, flagged as a leadership transfer (which makes
+	// raft consider it even while a leader is known).
 	for name, tr := range map[string]*raft.NetworkTransport{"plaintext": plain, "other org": foreign} {
-		req := &raft.RequestVoteRequest{
-			RPCHeader: raft.RPCHeader{ID: []byte(leaderID), Addr: []byte(c.cfgs[l].RaftAddr)},
-			Term:      term + 100, LastLogIndex: 1 << 40, LastLogTerm: term + 100,
-		}
-		var resp raft.RequestVoteResponse
-		if err := tr.RequestVote(raft.ServerID(c.cfgs[f].NodeID), raft.ServerAddress(c.cfgs[f].RaftAddr), req, &resp); err == nil {
-			t.Errorf("%s: RequestVote answered (granted=%v)", name, resp.Granted)
+		for i := range c.nodes {
+			req := &raft.RequestVoteRequest{
+				RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte(c.cfgs[f].NodeID), Addr: []byte(c.cfgs[f].RaftAddr)},
+				Term:      term + 100, LastLogIndex: 1 << 40, LastLogTerm: term + 100, LeadershipTransfer: true,
+			}
+			var resp raft.RequestVoteResponse
+			if err := tr.RequestVote(raft.ServerID(c.cfgs[i].NodeID), raft.ServerAddress(c.cfgs[i].RaftAddr), req, &resp); err == nil {
+				t.Errorf("%s: %s answered a RequestVote (granted=%v)", name, c.cfgs[i].NodeID, resp.Granted)
+			}
 		}
 	}
 	never(t, 2*time.Second, "term changed after outsiders' RequestVotes", func() bool {
