@@ -166,6 +166,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 type org struct {
 	coords     []*proc
 	grpc       []string
+	raft, serf []string
 	workers    []*proc
 	adminToken string
 	// tlsDir holds the org's CA and certificates (fedstream tls init).
@@ -234,7 +235,9 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 	for _, a := range all {
 		serf = append(serf, a.serf)
 		o.grpc = append(o.grpc, a.grpc)
+		o.raft = append(o.raft, a.raft)
 	}
+	o.serf = serf
 	base := t.TempDir()
 	for i, a := range all {
 		id := fmt.Sprintf("c%d", i+1)
