@@ -20,9 +20,10 @@ test:
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
 
-## org-tls: the CA and certificates of the example org in examples/org (not committed)
+## org-tls: the CA, certificates and gossip key of the example org in examples/org (not committed)
 org-tls: build
 	test -f examples/org/tls/ca.pem || ./$(BIN) tls init --org acme --out examples/org/tls
+	test -f examples/org/tls/gossip.key || (umask 077 && ./$(BIN) keygen > examples/org/tls/gossip.key)
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
