@@ -108,6 +108,12 @@ func (s *Server) forwardTo(ctx context.Context, addrs []string, leaderID, method
 	if v := in.Get("authorization"); len(v) > 0 {
 		out.Set("authorization", v...)
 	}
+	// The leader sees this coordinator as the peer; it learns who the
+	// caller was from here (see callerIdentity), and trusts it only
+	// because the peer proved it is a coordinator of the org.
+	if id, ok := s.callerIdentity(ctx); ok {
+		out.Set(callerKey, id.String())
+	}
 	octx := metadata.NewOutgoingContext(ctx, out)
 	var err error
 	for _, addr := range addrs {

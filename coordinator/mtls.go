@@ -2,10 +2,14 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"net/url"
+	"strings"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
@@ -64,10 +68,14 @@ func hostOf(addr string) string {
 	return h
 }
 
+// errNoCAKey is returned to a worker registering with, or renewing on, a
+// coordinator that cannot sign its certificate.
+var errNoCAKey = status.Error(codes.FailedPrecondition, "this coordinator has no CA key (tls-ca-key) and cannot sign worker certificates: give every coordinator the org's ca-key.pem")
+
 // signWorker signs a worker's certificate request for its id.
 func (s *Server) signWorker(csr []byte, workerID, addr string) ([]byte, error) {
 	if s.cfg.CA == nil {
-		return nil, status.Error(codes.FailedPrecondition, "this coordinator has no CA key (tls-ca-key) and cannot sign worker certificates: give every coordinator the org's ca-key.pem")
+		return nil, errNoCAKey
 	}
 	cert, err := s.cfg.CA.SignCSR(csr, rpc.Identity{Org: s.cfg.Org, Role: rpc.RoleWorker, Name: workerID}, []string{hostOf(addr)}, s.cfg.WorkerCertTTL)
 	if err != nil {
@@ -82,4 +90,48 @@ func checkCSR(csr []byte) error {
 		return status.Errorf(codes.InvalidArgument, "register: csr: %v", err)
 	}
 	return nil
+}
+
+// callerKey carries, on a call a follower forwards, the identity of the
+// follower's own caller (its verified certificate's URI; absent when that
+// caller had none).
+const callerKey = "x-fedstream-caller"
+
+// callerIdentity is who made a call: the verified certificate of the peer,
+// or, on a call forwarded by a coordinator of this org (proven by its
+// certificate), the identity that coordinator vouches for. A peer that is
+// not a coordinator cannot make anyone else's identity count: its
+// x-fedstream-caller is ignored. ok is false when the caller presented no
+// certificate (a new worker registering; plaintext mode).
+func (s *Server) callerIdentity(ctx context.Context) (rpc.Identity, bool) {
+	peer, ok := rpc.PeerIdentity(ctx)
+	if !ok {
+		return rpc.Identity{}, false
+	}
+	if peer.Org != s.cfg.Org || peer.Role != rpc.RoleCoordinator || !isForwarded(ctx) {
+		return peer, true
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	v := md.Get(callerKey)
+	if len(v) != 1 {
+		return rpc.Identity{}, false
+	}
+	id, err := parseIdentity(v[0])
+	if err != nil || id.Org != s.cfg.Org {
+		return rpc.Identity{}, false
+	}
+	return id, true
+}
+
+// parseIdentity reads the fedstream://ORG/ROLE/NAME form of an identity.
+func parseIdentity(s string) (rpc.Identity, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return rpc.Identity{}, err
+	}
+	role, name, ok := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
+	if u.Scheme != "fedstream" || u.Host == "" || !ok || role == "" || name == "" || strings.Contains(name, "/") {
+		return rpc.Identity{}, fmt.Errorf("%w: %q", rpc.ErrNoIdentity, s)
+	}
+	return rpc.Identity{Org: u.Host, Role: role, Name: name}, nil
 }

@@ -1,10 +1,16 @@
 package coordinator
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
@@ -105,5 +111,49 @@ func TestPlaintextNeedsTheFlag(t *testing.T) {
 	st, err := pb.NewAdminServiceClient(conn).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{})
 	if err != nil || !st.InsecurePlaintext {
 		t.Fatalf("status in plaintext mode: %v, insecure_plaintext=%v", err, st.GetInsecurePlaintext())
+	}
+}
+
+// peerCtx is the context of a call whose peer presented creds' certificate
+// (as mTLS delivers it), with incoming metadata md.
+func peerCtx(t *testing.T, creds *tlsutil.Credentials, md metadata.MD) context.Context {
+	t.Helper()
+	ctx := metadata.NewIncomingContext(context.Background(), md)
+	if creds == nil {
+		return ctx
+	}
+	cfg := creds.ClientConfig(tlsutil.Peer{})
+	cert, err := cfg.GetClientCertificate(nil)
+	if err != nil || cert.Leaf == nil {
+		t.Fatalf("test certificate: %v", err)
+	}
+	state := tls.ConnectionState{VerifiedChains: [][]*x509.Certificate{{cert.Leaf}}}
+	return peer.NewContext(ctx, &peer.Peer{AuthInfo: credentials.TLSInfo{State: state}})
+}
+
+// A forwarded call keeps its caller's identity, vouched for by the
+// forwarding coordinator; nobody else can claim one.
+func TestCallerIdentityThroughForwarding(t *testing.T) {
+	ca := testCA(t, "acme")
+	s := &Server{cfg: Config{Org: "acme"}}
+	worker := rpc.Identity{Org: "acme", Role: rpc.RoleWorker, Name: "w-1"}
+	claim := metadata.Pairs(forwardedKey, "c2", callerKey, worker.String())
+	cases := []struct {
+		name   string
+		ctx    context.Context
+		want   rpc.Identity
+		wantOK bool
+	}{
+		{"direct worker", peerCtx(t, testCreds(t, ca, rpc.RoleWorker, "w-1"), nil), worker, true},
+		{"forwarded by a coordinator", peerCtx(t, testCreds(t, ca, rpc.RoleCoordinator, "c2"), claim), worker, true},
+		{"forwarded, caller had no certificate", peerCtx(t, testCreds(t, ca, rpc.RoleCoordinator, "c2"), metadata.Pairs(forwardedKey, "c2")), rpc.Identity{}, false},
+		{"a client claiming to forward", peerCtx(t, testCreds(t, ca, rpc.RoleClient, "admin"), claim), rpc.Identity{Org: "acme", Role: rpc.RoleClient, Name: "admin"}, true},
+		{"no certificate claiming to forward", peerCtx(t, nil, claim), rpc.Identity{}, false},
+	}
+	for _, tc := range cases {
+		got, ok := s.callerIdentity(tc.ctx)
+		if got != tc.want || ok != tc.wantOK {
+			t.Errorf("%s: %v %v, want %v %v", tc.name, got, ok, tc.want, tc.wantOK)
+		}
 	}
 }

@@ -50,6 +50,10 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"Register", req, resp); handled {
 		return resp, err
 	}
+	if s.cfg.TLS != nil && s.cfg.CA == nil {
+		// Refused before anything is committed: the leader signs.
+		return nil, errNoCAKey
+	}
 	key := req.IdempotencyKey
 	id := newID("w-")
 	if key == "" {

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -224,4 +225,40 @@ func TestWorkerRenewsItsCertificate(t *testing.T) {
 		t.Fatalf("handshake with the worker's data plane after renewals: %v", err)
 	}
 	conn.Close()
+}
+
+// TestPlaintextOrgNeedsTheFlagEverywhere: without TLS material a worker
+// refuses to start unless told --insecure-plaintext; with the flag on both
+// sides a plaintext org still works (for debugging).
+func TestPlaintextOrgNeedsTheFlagEverywhere(t *testing.T) {
+	if _, err := worker.New(worker.Config{Org: "acme", Coordinators: []string{"127.0.0.1:1"}}); !errors.Is(err, worker.ErrNoTLS) {
+		t.Fatalf("worker without TLS or the flag: %v, want ErrNoTLS", err)
+	}
+	tm := coordinator.FastTimings()
+	srv, err := coordinator.New(coordinator.Config{
+		Org: "acme", NodeID: "c1", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, Timings: tm, Logger: logging.Discard(), InsecurePlaintext: true,
+	})
+	if err == nil {
+		err = srv.Start()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	w, err := worker.New(worker.Config{Org: "acme", Name: "w1", Coordinators: []string{srv.GRPCAddr()}, Cores: 1, Logger: logging.Discard(), InsecurePlaintext: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 20*time.Second, "plaintext worker registered", func() bool {
+		if w.ID() == "" {
+			return false
+		}
+		wk, err := srv.State().Worker(nil, w.ID())
+		return err == nil && wk != nil && wk.Status == "ready"
+	})
 }
