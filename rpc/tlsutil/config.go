@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/fedstream/fedstream/rpc"
 )
@@ -245,13 +244,13 @@ func (c *Credentials) ClientConfig(want Peer) *tls.Config {
 // DialOption is the gRPC transport credential of a client connection
 // accepting servers as want says.
 func (c *Credentials) DialOption(want Peer) grpc.DialOption {
-	return grpc.WithTransportCredentials(credentials.NewTLS(c.ClientConfig(want)))
+	return grpc.WithTransportCredentials(newCreds(c.ClientConfig(want)))
 }
 
 // ServerOption is the gRPC transport credential of a server accepting
 // clients as want says (optional: see ServerConfig).
 func (c *Credentials) ServerOption(want Peer, optional bool) grpc.ServerOption {
-	return grpc.Creds(credentials.NewTLS(c.ServerConfig(want, optional)))
+	return grpc.Creds(newCreds(c.ServerConfig(want, optional)))
 }
 
 // ClearCertificate forgets the process's certificate: new connections

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -33,17 +34,21 @@ var ErrBadStream = errors.New("benchmark: malformed raw stream")
 // is closed if ctx ends while it is in use. With cfg it is a TLS
 // connection whose handshake is done when dial returns.
 func dial(ctx context.Context, addr string, cfg *tls.Config) (net.Conn, func() bool, error) {
-	var conn net.Conn
-	var err error
-	if cfg != nil {
-		d := tls.Dialer{Config: cfg}
-		conn, err = d.DialContext(ctx, "tcp", addr)
-	} else {
-		var d net.Dialer
-		conn, err = d.DialContext(ctx, "tcp", addr)
-	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
+	}
+	if cfg != nil {
+		// The same TLS connections as the data plane's (tlsutil batches
+		// the records of one write into one system call).
+		conn = tlsutil.Client(conn, cfg)
+		if err := conn.(interface {
+			HandshakeContext(context.Context) error
+		}).HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, nil, err
+		}
 	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	return conn, stop, nil

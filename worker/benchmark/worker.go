@@ -338,7 +338,7 @@ func (w *benchWorker) listenJob(kind string, fn func(ctx context.Context, lis ne
 		return response{}, fmt.Errorf("listen: %w", err)
 	}
 	if w.tlsServer != nil {
-		lis = tls.NewListener(lis, w.tlsServer)
+		lis = tlsListener{Listener: lis, cfg: w.tlsServer}
 	}
 	err = w.startJob(kind, func(ctx context.Context) (response, error) {
 		defer lis.Close()
@@ -561,4 +561,19 @@ func asInt(v tuple.Value) int64 {
 		return int64(math.Round(v.F))
 	}
 	return v.I
+}
+
+// tlsListener accepts server-side TLS connections made by tlsutil.Server,
+// the data plane's kind.
+type tlsListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tlsutil.Server(c, l.cfg), nil
 }
