@@ -4,7 +4,7 @@ BIN       := bin/fedstream
 PKGS      := ./...
 export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
 
-.PHONY: all build run test test-short bench pgo proto vet fmt clean
+.PHONY: all build run test org-tls test-short bench pgo proto vet fmt clean
 
 all: build
 
@@ -19,6 +19,11 @@ run: build
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(PKGS)
+
+## org-tls: the CA, certificates and gossip key of the example org in examples/org (not committed)
+org-tls: build
+	test -f examples/org/tls/ca.pem || ./$(BIN) tls init --org acme --out examples/org/tls
+	test -f examples/org/tls/gossip.key || (umask 077 && ./$(BIN) keygen > examples/org/tls/gossip.key)
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

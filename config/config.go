@@ -39,6 +39,28 @@ type Coordinator struct {
 	MaxTasksPerOrg   int `mapstructure:"max-tasks-per-org"`
 	// RemoveDownWorkersAfter is how long a down worker keeps its record.
 	RemoveDownWorkersAfter string `mapstructure:"remove-down-workers-after"`
+	TLS             TLS      `mapstructure:",squash"`
+	// TLSCAKey is the org CA's key, to sign the certificates of workers
+	// (default: ca-key.pem in tls-dir when that file exists).
+	TLSCAKey string `mapstructure:"tls-ca-key"`
+	// WorkerCertTTL is the lifetime of the certificates signed for workers.
+	WorkerCertTTL string `mapstructure:"worker-cert-ttl"`
+	// GossipKey (base64) or GossipKeyFile (a file holding it) encrypts serf.
+	GossipKey     string `mapstructure:"gossip-key"`
+	GossipKeyFile string `mapstructure:"gossip-key-file"`
+	// DeadVoterTimeout: see coordinator.Timings.DeadVoterTimeout.
+	DeadVoterTimeout string `mapstructure:"dead-voter-timeout"`
+}
+
+// TLS names a process's TLS files: explicit files, or a directory written
+// by fedstream tls init holding them under their standard names.
+type TLS struct {
+	Dir  string `mapstructure:"tls-dir"`
+	CA   string `mapstructure:"tls-ca"`
+	Cert string `mapstructure:"tls-cert"`
+	Key  string `mapstructure:"tls-key"`
+	// InsecurePlaintext turns TLS off (explicitly; logged loudly).
+	InsecurePlaintext bool `mapstructure:"insecure-plaintext"`
 }
 
 // Worker is the configuration of `fedstream worker`.
@@ -66,6 +88,9 @@ type Worker struct {
 	// MaxFuture bounds how far ahead of an ingest source's time a record's
 	// time may be (see runtime.Options.MaxFuture).
 	MaxFuture string `mapstructure:"max-future"`
+	// TLS: a worker needs only the org's CA (tls-ca, or ca.pem in
+	// tls-dir); the coordinators sign its certificate when it registers.
+	TLS TLS `mapstructure:",squash"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -103,6 +128,22 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.Int("max-tasks-per-query", 0, "most tasks one query may have (0: the cores of the workers not down x 16, at least 64)")
 	fs.Int("max-tasks-per-org", 0, "most tasks all running queries may have together (0: the cores of the workers not down x 16, at least 64)")
 	fs.String("remove-down-workers-after", "1h", "remove the record of a worker down this long")
+	TLSFlags(fs, "coordinator-NODE-ID.pem")
+	fs.String("tls-ca-key", "", "org CA key, to sign worker certificates (default: ca-key.pem in --tls-dir)")
+	fs.String("worker-cert-ttl", "24h", "lifetime of the certificates signed for workers (they renew at 2/3 of it)")
+	fs.String("gossip-key-file", "", "file holding the org's base64 gossip key (fedstream keygen); required unless --insecure-plaintext")
+	fs.String("gossip-key", "", "the base64 gossip key itself; prefer --gossip-key-file or FEDSTREAM_GOSSIP_KEY (flags show in ps)")
+	fs.String("dead-voter-timeout", "72h", "remove a Raft voter that stays failed this long (one that leaves is removed at once)")
+}
+
+// TLSFlags declares the TLS flags shared by every process; certName is
+// the certificate's file name in --tls-dir, for the help text.
+func TLSFlags(fs *pflag.FlagSet, certName string) {
+	fs.String("tls-dir", "", "directory written by fedstream tls init (ca.pem, "+certName+" and its key)")
+	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
+	fs.String("tls-cert", "", "this process's certificate (default: from --tls-dir)")
+	fs.String("tls-key", "", "this process's private key (default: from --tls-dir)")
+	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")
 }
 
 // WorkerFlags declares the worker's flags on fs.
@@ -122,6 +163,9 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
 	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
+	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
+	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
+	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")
 }
 
 // load merges file, environment and flags into out.

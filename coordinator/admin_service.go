@@ -29,10 +29,12 @@ func (as *adminService) Status(ctx context.Context, _ *pb.StatusRequest) (*pb.St
 		Org: s.cfg.Org, NodeId: s.cfg.NodeID,
 		LeaderId: string(leaderID), LeaderAddr: string(leaderAddr),
 		LastIndex: s.raft.LastIndex(), AppliedIndex: s.raft.AppliedIndex(),
-		State: s.raft.State().String(), GrpcAddr: s.GRPCAddr(), DevMode: s.DevMode(),
+		State: s.raft.State().String(), GrpcAddr: s.GRPCAddr(), DevMode: s.DevMode(), InsecurePlaintext: s.cfg.InsecurePlaintext,
 	}
 	if leaderID != "" {
-		resp.LeaderGrpcAddr = s.grpcAddrOf(string(leaderID))
+		if addrs := s.grpcAddrsOf(string(leaderID), string(leaderAddr)); len(addrs) > 0 {
+			resp.LeaderGrpcAddr = addrs[0]
+		}
 	}
 	if cf := s.raft.GetConfiguration(); cf.Error() == nil {
 		for _, srv := range cf.Configuration().Servers {

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // testCluster is a real Raft + serf cluster of coordinators on loopback.
@@ -23,6 +25,44 @@ type testCluster struct {
 	cfgs    []Config
 	tokens  [2]string // join, admin
 	timings Timings
+	// ca is the org's CA: every node, test client and fake worker holds a
+	// certificate it signed (the cluster runs mutual TLS as in production).
+	ca *tlsutil.CA
+	// csr is a certificate request test workers register with.
+	csr []byte
+}
+
+// testCreds issues a certificate of ca for role/name and returns
+// credentials holding it.
+func testCreds(t testing.TB, ca *tlsutil.CA, role, name string) *tlsutil.Credentials {
+	t.Helper()
+	creds, err := tlsutil.New(ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if role == "" {
+		return creds
+	}
+	certPEM, keyPEM, err := ca.Issue(rpc.Identity{Org: ca.Org(), Role: role, Name: name}, []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := creds.SetCertificate(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	return creds
+}
+
+// testGossipKey is the serf key of every test cluster.
+var testGossipKey = []byte("0123456789abcdef0123456789abcdef")
+
+func testCA(t testing.TB, org string) *tlsutil.CA {
+	t.Helper()
+	ca, err := tlsutil.NewCA(org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
 }
 
 func testTimings() Timings {
@@ -41,7 +81,12 @@ func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testClus
 
 func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings}
+	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings, ca: testCA(t, "acme")}
+	csr, _, err := tlsutil.NewCSR()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.csr = csr
 	base := t.TempDir()
 	for i := 0; i < n; i++ {
 		// Port 0 everywhere: the OS picks free ports, so parallel test
@@ -51,6 +96,8 @@ func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timin
 			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 			BootstrapExpect: n, JoinToken: joinToken, AdminToken: adminToken,
 			Timings: c.timings,
+			TLS:     testCreds(t, c.ca, rpc.RoleCoordinator, fmt.Sprintf("c%d", i+1)), CA: c.ca,
+			GossipKey: testGossipKey,
 		}
 		if os.Getenv("FEDSTREAM_TEST_LOG") != "" {
 			cfg.Logger = logging.Stderr("debug")
@@ -149,9 +196,16 @@ func (c *testCluster) conn(i int, token string) *grpc.ClientConn {
 	return c.connAddr(c.cfgs[i].GRPCAddr, token)
 }
 
+// connAddr dials a coordinator with an org client certificate.
 func (c *testCluster) connAddr(addr, token string) *grpc.ClientConn {
+	return c.connAs(addr, token, testCreds(c.t, c.ca, rpc.RoleClient, "test"))
+}
+
+// connAs dials a coordinator presenting creds' certificate (none if creds
+// has none), accepting only a coordinator of the org.
+func (c *testCluster) connAs(addr, token string, creds *tlsutil.Credentials) *grpc.ClientConn {
 	c.t.Helper()
-	conn, err := rpc.Dial(addr, token)
+	conn, err := rpc.Dial(addr, token, creds.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}}))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -163,8 +217,24 @@ func (c *testCluster) admin(i int) pb.AdminServiceClient {
 	return pb.NewAdminServiceClient(c.conn(i, c.tokens[1]))
 }
 
+// workers is a worker API client with a worker certificate; its Register
+// sends a certificate request when the test gives none.
 func (c *testCluster) workers(i int) pb.WorkerServiceClient {
-	return pb.NewWorkerServiceClient(c.conn(i, c.tokens[0]))
+	conn := c.connAs(c.cfgs[i].GRPCAddr, c.tokens[0], testCreds(c.t, c.ca, rpc.RoleWorker, "test"))
+	return csrWorkerClient{WorkerServiceClient: pb.NewWorkerServiceClient(conn), csr: c.csr}
+}
+
+type csrWorkerClient struct {
+	pb.WorkerServiceClient
+	csr []byte
+}
+
+func (w csrWorkerClient) Register(ctx context.Context, req *pb.RegisterRequest, opts ...grpc.CallOption) (*pb.RegisterResponse, error) {
+	if len(req.Csr) == 0 {
+		req = proto.CloneOf(req)
+		req.Csr = w.csr
+	}
+	return w.WorkerServiceClient.Register(ctx, req, opts...)
 }
 
 func ctxT(t testing.TB, d time.Duration) context.Context {

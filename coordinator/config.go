@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // Config is everything one coordinator node needs. Zero durations take the
@@ -26,6 +28,10 @@ type Config struct {
 	BootstrapExpect int
 	// Join lists serf addresses of other coordinators (any org).
 	Join []string
+	// GossipKey encrypts and authenticates serf gossip (16, 24 or 32
+	// bytes; fedstream keygen makes one). Required unless InsecurePlaintext:
+	// a process without it can neither join nor read the gossip.
+	GossipKey []byte
 
 	// JoinToken authorises workers (role worker); AdminToken is the
 	// bootstrap admin, who creates the org's other tokens (see
@@ -33,6 +39,22 @@ type Config struct {
 	// accepts any caller.
 	JoinToken  string
 	AdminToken string
+
+	// TLS are the coordinator's credentials: the org CA and its own
+	// certificate, which must carry fedstream://ORG/coordinator/NODE-ID.
+	// Every port (gRPC, Raft) then requires mutual TLS. nil is allowed
+	// only with InsecurePlaintext.
+	TLS *tlsutil.Credentials
+	// CA is the org CA with its key, to sign the certificates of workers
+	// that register (nil: this coordinator cannot register workers over
+	// TLS and says so).
+	CA *tlsutil.CA
+	// WorkerCertTTL is the lifetime of a worker certificate (default
+	// tlsutil.DefaultWorkerValidity); workers renew at about 2/3 of it.
+	WorkerCertTTL time.Duration
+	// InsecurePlaintext runs every port without TLS: only for tests of
+	// that mode and for debugging; it is logged loudly and shown by status.
+	InsecurePlaintext bool
 
 	Timings Timings
 	Limits  Limits
@@ -89,18 +111,29 @@ type Timings struct {
 	// the leader removes its record (its tasks were placed elsewhere when
 	// it went down). A worker removed and later back registers again.
 	RemoveDownWorkersAfter time.Duration
+	// DeadVoterTimeout is how long a Raft voter may stay failed (or gone
+	// from serf) before the leader removes it from the configuration. A
+	// voter that leaves gracefully is removed at once. The default, 72 h
+	// (Consul's reconnect timeout), keeps a coordinator that is down for
+	// maintenance or a long partition in place: removing it early would
+	// only re-add it later, and removal is a manual decision an operator
+	// can take sooner (fedstream operator raft remove-peer). Meanwhile the
+	// failed voter counts towards the quorum, which is why it is removed
+	// at all.
+	DeadVoterTimeout time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
 func DefaultTimings() Timings {
 	return Timings{
-		HeartbeatTTL:    10 * time.Second,
-		LeaderGrace:     10 * time.Second,
-		RaftHeartbeat:   1000 * time.Millisecond,
-		RaftElection:    1000 * time.Millisecond,
-		RaftLeaderLease: 500 * time.Millisecond,
-		ForwardWait:     5 * time.Second,
-		MaxWatchWait:    5 * time.Minute,
+		HeartbeatTTL:     10 * time.Second,
+		LeaderGrace:      10 * time.Second,
+		RaftHeartbeat:    1000 * time.Millisecond,
+		RaftElection:     1000 * time.Millisecond,
+		RaftLeaderLease:  500 * time.Millisecond,
+		ForwardWait:      5 * time.Second,
+		MaxWatchWait:     5 * time.Minute,
+		DeadVoterTimeout: 72 * time.Hour,
 
 		RemoveDownWorkersAfter: time.Hour,
 	}
@@ -135,6 +168,7 @@ func (t *Timings) fill() {
 	set(&t.ForwardWait, d.ForwardWait)
 	set(&t.MaxWatchWait, d.MaxWatchWait)
 	set(&t.RemoveDownWorkersAfter, d.RemoveDownWorkersAfter)
+	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.
@@ -169,6 +203,31 @@ func (c *Config) validate() error {
 	if c.Limits.MaxTasksPerQuery < 0 || c.Limits.MaxTasksPerOrg < 0 {
 		errs = append(errs, fmt.Errorf("max-tasks-per-query %d, max-tasks-per-org %d: want 0 (derived from the workers' cores) or a positive number",
 			c.Limits.MaxTasksPerQuery, c.Limits.MaxTasksPerOrg))
+	}
+	switch {
+	case c.TLS == nil && !c.InsecurePlaintext:
+		errs = append(errs, errors.New("TLS is required: give tls-dir (or tls-ca, tls-cert and tls-key; see fedstream tls init), or run with --insecure-plaintext"))
+	case c.TLS != nil && c.InsecurePlaintext:
+		errs = append(errs, errors.New("both TLS credentials and insecure-plaintext given: choose one"))
+	case c.TLS != nil:
+		want := rpc.Identity{Org: c.Org, Role: rpc.RoleCoordinator, Name: c.NodeID}
+		if id, _, ok := c.TLS.Identity(); !ok {
+			errs = append(errs, errors.New("TLS credentials carry no certificate of this coordinator (tls-cert, tls-key)"))
+		} else if id != want {
+			errs = append(errs, fmt.Errorf("TLS certificate is for %s, this coordinator is %s", id, want))
+		}
+		if c.CA != nil && c.CA.Org() != c.Org {
+			errs = append(errs, fmt.Errorf("CA key is of org %q, this coordinator is of org %q", c.CA.Org(), c.Org))
+		}
+	}
+	switch {
+	case len(c.GossipKey) == 0 && !c.InsecurePlaintext:
+		errs = append(errs, errors.New("a gossip key is required (--gossip-key-file or FEDSTREAM_GOSSIP_KEY; fedstream keygen makes one), or run with --insecure-plaintext"))
+	case len(c.GossipKey) != 0 && len(c.GossipKey) != 16 && len(c.GossipKey) != 24 && len(c.GossipKey) != 32:
+		errs = append(errs, fmt.Errorf("gossip key is %d bytes: want 32 (16 or 24 also work); fedstream keygen makes one", len(c.GossipKey)))
+	}
+	if c.WorkerCertTTL <= 0 {
+		c.WorkerCertTTL = tlsutil.DefaultWorkerValidity
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, errors.Join(errs...))

@@ -80,6 +80,13 @@ func (s *Server) setupSerf() error {
 	ml.AdvertiseAddr = host
 	ml.AdvertisePort = port
 	ml.Logger = logging.StdLogger(s.logger, "memberlist")
+	if len(s.cfg.GossipKey) > 0 {
+		// Every gossip message is encrypted and authenticated with the
+		// org's key; messages without it are dropped (memberlist verifies
+		// incoming and encrypts outgoing by default once a key is set).
+		ml.SecretKey = s.cfg.GossipKey
+		ml.GossipVerifyIncoming, ml.GossipVerifyOutgoing = true, true
+	}
 	conf.MemberlistConfig = ml
 	conf.Logger = logging.StdLogger(s.logger, "serf")
 	// A restarted node keeps its name: let it reclaim it at once.
@@ -131,18 +138,38 @@ func (s *Server) orgCoordinators() []member {
 	return out
 }
 
-// grpcAddrOf maps a coordinator node id of this org to its gRPC address.
-func (s *Server) grpcAddrOf(nodeID string) string {
+// grpcAddrsOf lists the gRPC addresses serf members of this org claim for
+// the coordinator nodeID: first those whose Raft address is raftAddr (the
+// leader's, from Raft's own state), then alive ones. Serf tags are
+// claims, not proof: callers verify the certificate of whatever answers.
+func (s *Server) grpcAddrsOf(nodeID, raftAddr string) []string {
 	if nodeID == s.cfg.NodeID {
-		return s.GRPCAddr()
+		return []string{s.GRPCAddr()}
 	}
+	type cand struct {
+		addr string
+		rank int
+	}
+	var cands []cand
 	for _, m := range s.serf.Members() {
 		mm, ok := parseMember(m)
-		if ok && mm.Org == s.cfg.Org && mm.ID == nodeID {
-			return mm.GRPCAddr
+		if !ok || mm.Org != s.cfg.Org || mm.ID != nodeID || mm.GRPCAddr == "" {
+			continue
 		}
+		rank := 2
+		if raftAddr != "" && mm.RaftAddr == raftAddr {
+			rank = 0
+		} else if mm.Status == serf.StatusAlive {
+			rank = 1
+		}
+		cands = append(cands, cand{mm.GRPCAddr, rank})
 	}
-	return ""
+	sort.SliceStable(cands, func(i, j int) bool { return cands[i].rank < cands[j].rank })
+	var out []string
+	for _, c := range cands {
+		out = append(out, c.addr)
+	}
+	return out
 }
 
 // coordinatorAddrs lists the gRPC addresses of the org's alive coordinators.
@@ -169,6 +196,13 @@ func (s *Server) handleSerfEvents(ctx context.Context) {
 					if s.IsLeader() {
 						s.reconcileVoters()
 					}
+				case serf.EventMemberLeave, serf.EventMemberFailed, serf.EventMemberReap:
+					// The leader's reapVoters looks at once (a member
+					// that left is removed without waiting for its tick).
+					select {
+					case s.membersChanged <- struct{}{}:
+					default:
+					}
 				}
 			}
 		}
@@ -193,6 +227,10 @@ func (s *Server) maybeBootstrap() {
 			}
 			continue
 		}
+		if err := s.verifyCoordinator(m); err != nil {
+			s.logger.Warn("not counting serf member towards bootstrap", "member", m.Name, "err", err)
+			continue
+		}
 		voters = append(voters, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
 	}
 	if len(voters) < s.cfg.BootstrapExpect {
@@ -210,7 +248,7 @@ func (s *Server) maybeBootstrap() {
 
 // reconcileVoters adds coordinators of this org that serf sees but the Raft
 // configuration lacks (nodes started with bootstrap_expect 0, or beyond the
-// bootstrap set). Only the leader calls it.
+// bootstrap set), once each has proved its identity. Only the leader calls it.
 func (s *Server) reconcileVoters() {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
@@ -222,6 +260,12 @@ func (s *Server) reconcileVoters() {
 	}
 	for _, m := range s.orgCoordinators() {
 		if known[raft.ServerID(m.ID)] || m.RaftAddr == "" {
+			continue
+		}
+		// Serf tags are claims: the member proves it is coordinator m.ID
+		// of this org before it gets a vote.
+		if err := s.verifyCoordinator(m); err != nil {
+			s.logger.Warn("not adding serf member as a raft voter", "member", m.Name, "err", err)
 			continue
 		}
 		s.logger.Info("adding coordinator to raft configuration", "member", m.Name)

@@ -9,12 +9,14 @@ import (
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // forwarder sends writes that reach a follower on to the leader.
@@ -28,17 +30,28 @@ func newForwarder(s *Server) *forwarder {
 	return &forwarder{s: s, conns: map[string]*grpc.ClientConn{}}
 }
 
-func (f *forwarder) conn(addr string) (*grpc.ClientConn, error) {
+// conn returns the connection to the coordinator leaderID at addr. Under
+// mTLS the connection accepts only a server whose certificate the org CA
+// signed for fedstream://ORG/coordinator/LEADER-ID: addr comes from serf,
+// which anyone holding the gossip key can write to, but the identity comes
+// from Raft, so a forwarded call (and the tokens it carries) reaches the
+// leader or nobody.
+func (f *forwarder) conn(addr, leaderID string) (*grpc.ClientConn, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if c, ok := f.conns[addr]; ok {
+	key := leaderID + "@" + addr
+	if c, ok := f.conns[key]; ok {
 		return c, nil
 	}
-	c, err := rpc.Dial(addr, "")
+	var opts []grpc.DialOption
+	if creds := f.s.cfg.TLS; creds != nil {
+		opts = append(opts, creds.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}, Name: leaderID}))
+	}
+	c, err := rpc.Dial(addr, "", opts...)
 	if err != nil {
 		return nil, err
 	}
-	f.conns[addr] = c
+	f.conns[key] = c
 	return c, nil
 }
 
@@ -63,14 +76,13 @@ func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp p
 		if s.IsLeader() {
 			return false, nil
 		}
-		_, leaderID := s.raft.LeaderWithID()
+		leaderAddr, leaderID := s.raft.LeaderWithID()
 		if leaderID != "" && string(leaderID) != s.cfg.NodeID {
 			if isForwarded(ctx) {
 				return true, status.Error(codes.Unavailable, "leadership changed while the call was being forwarded; retry")
 			}
-			addr := s.grpcAddrOf(string(leaderID))
-			if addr != "" {
-				return true, s.forwardTo(ctx, addr, method, req, resp)
+			if addrs := s.grpcAddrsOf(string(leaderID), string(leaderAddr)); len(addrs) > 0 {
+				return true, s.forwardTo(ctx, addrs, string(leaderID), method, req, resp)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -86,17 +98,39 @@ func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp p
 	}
 }
 
-func (s *Server) forwardTo(ctx context.Context, addr, method string, req, resp proto.Message) error {
-	conn, err := s.forwarder.conn(addr)
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "dial leader at %s: %v", addr, err)
-	}
+// forwardTo sends the call to the leader leaderID, trying the gRPC
+// addresses serf gives for that id in turn: one that fails the TLS
+// handshake (an impostor: it cannot show the leader's certificate) is
+// skipped, and the call never reaches it.
+func (s *Server) forwardTo(ctx context.Context, addrs []string, leaderID, method string, req, resp proto.Message) error {
 	in, _ := metadata.FromIncomingContext(ctx)
 	out := metadata.MD{forwardedKey: []string{s.cfg.NodeID}}
 	if v := in.Get("authorization"); len(v) > 0 {
 		out.Set("authorization", v...)
 	}
-	return conn.Invoke(metadata.NewOutgoingContext(ctx, out), method, req, resp)
+	// The leader sees this coordinator as the peer; it learns who the
+	// caller was from here (see callerIdentity), and trusts it only
+	// because the peer proved it is a coordinator of the org.
+	if id, ok := s.callerIdentity(ctx); ok {
+		out.Set(callerKey, id.String())
+	}
+	octx := metadata.NewOutgoingContext(ctx, out)
+	var err error
+	for _, addr := range addrs {
+		var conn *grpc.ClientConn
+		conn, err = s.forwarder.conn(addr, leaderID)
+		if err != nil {
+			err = status.Errorf(codes.Unavailable, "dial leader %s at %s: %v", leaderID, addr, err)
+			continue
+		}
+		err = conn.Invoke(octx, method, req, resp)
+		if status.Code(err) == codes.Unavailable && conn.GetState() == connectivity.TransientFailure {
+			s.logger.Warn("leader address did not prove the leader's identity; skipping it", "leader", leaderID, "addr", addr, "err", err)
+			continue
+		}
+		return err
+	}
+	return err
 }
 
 // apply commits one command through Raft on the leader and returns the

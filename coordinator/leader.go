@@ -200,6 +200,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 
 	var wg sync.WaitGroup
 	wg.Add(3)
+	go func() { defer wg.Done(); s.reapVoters(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -25,6 +26,7 @@ import (
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // Server is one coordinator node.
@@ -32,16 +34,22 @@ type Server struct {
 	cfg    Config
 	logger *slog.Logger
 
-	fsm       *fsm.FSM
-	raft      *raft.Raft
+	fsm  *fsm.FSM
+	raft *raft.Raft
+	// raftRef is raft for the transport's goroutines, which may dial
+	// before NewRaft has returned.
+	raftRef   atomic.Pointer[raft.Raft]
 	transport *raft.NetworkTransport
 	boltStore *raftboltdb.BoltStore
 	leaderCh  chan bool
 
-	serf         *serf.Serf
-	serfEvents   chan serf.Event
-	bootstrapMu  sync.Mutex
-	bootstrapped bool
+	serf       *serf.Serf
+	serfEvents chan serf.Event
+	// membersChanged wakes the leader's reapVoters when a member leaves or
+	// fails (buffered 1: a pending wake-up covers later ones).
+	membersChanged chan struct{}
+	bootstrapMu    sync.Mutex
+	bootstrapped   bool
 
 	grpcServer *grpc.Server
 	listener   net.Listener
@@ -74,6 +82,7 @@ func New(cfg Config) (*Server, error) {
 		cancel: cancel,
 	}
 	s.liveness = newLiveness()
+	s.membersChanged = make(chan struct{}, 1)
 	return s, nil
 }
 
@@ -107,13 +116,16 @@ func (s *Server) Start() (err error) {
 	if len(s.cfg.Join) > 0 {
 		s.goRun(s.retryJoin)
 	}
+	if s.cfg.InsecurePlaintext {
+		s.logger.Warn("INSECURE: coordinator running with --insecure-plaintext: gRPC and Raft traffic is unencrypted and unauthenticated; anyone who can reach these ports can join, vote and read")
+	}
 	mode := "authenticated"
 	if s.DevMode() {
 		mode = "dev (no tokens configured: every caller is accepted)"
 		s.logger.Warn("coordinator running in dev mode: no join or admin token configured, every caller is accepted")
 	}
 	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr,
-		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode)
+		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode, "mtls", s.cfg.TLS != nil)
 	return nil
 }
 
@@ -178,7 +190,19 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
-	s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	if s.cfg.TLS == nil {
+		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+	} else {
+		var layer *tlsStreamLayer
+		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
+			if adv != nil {
+				layer.advertise = adv
+			}
+			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
+			})
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
 	}
@@ -205,6 +229,7 @@ func (s *Server) setupRaft() error {
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
+	s.raftRef.Store(s.raft)
 	if existing {
 		s.logger.Info("rejoining from existing raft state; not bootstrapping", "data_dir", s.cfg.DataDir)
 	}
@@ -218,10 +243,18 @@ func (s *Server) setupGRPC() error {
 	}
 	s.listener = lis
 	s.auth = newAuthenticator(s.cfg.Org, s.cfg.JoinToken, s.cfg.AdminToken, s.State)
-	s.grpcServer = grpc.NewServer(append(rpc.ServerOptions(),
-		grpc.ChainUnaryInterceptor(s.auth.unary),
-		grpc.ChainStreamInterceptor(s.auth.stream),
-	)...)
+	opts := rpc.ServerOptions()
+	if s.cfg.TLS != nil {
+		// Certificates are optional at the handshake only so that a new
+		// worker can register; certGate refuses every other call without one.
+		gate := certGate{org: s.cfg.Org}
+		opts = append(opts, s.cfg.TLS.ServerOption(tlsutil.Peer{}, true),
+			grpc.ChainUnaryInterceptor(gate.unary, s.auth.unary),
+			grpc.ChainStreamInterceptor(gate.stream, s.auth.stream))
+	} else {
+		opts = append(opts, grpc.ChainUnaryInterceptor(s.auth.unary), grpc.ChainStreamInterceptor(s.auth.stream))
+	}
+	s.grpcServer = grpc.NewServer(opts...)
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})

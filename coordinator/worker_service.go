@@ -15,6 +15,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -37,9 +38,21 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 	if req.Addr == "" {
 		return nil, status.Error(codes.InvalidArgument, "register: addr is required (the worker's data-plane address)")
 	}
+	if s.cfg.TLS != nil {
+		if len(req.Csr) == 0 {
+			return nil, status.Error(codes.InvalidArgument, "register: csr is required: the org runs mutual TLS and the worker needs a certificate (is the worker running with --insecure-plaintext?)")
+		}
+		if err := checkCSR(req.Csr); err != nil {
+			return nil, err
+		}
+	}
 	resp := &pb.RegisterResponse{}
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"Register", req, resp); handled {
 		return resp, err
+	}
+	if s.cfg.TLS != nil && s.cfg.CA == nil {
+		// Refused before anything is committed: the leader signs.
+		return nil, errNoCAKey
 	}
 	key := req.IdempotencyKey
 	id := newID("w-")
@@ -71,10 +84,46 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 	if v, ok := res.Value.(string); ok && v != "" {
 		id = v
 	}
+	var cert []byte
+	if s.cfg.TLS != nil {
+		if cert, err = s.signWorker(req.Csr, id, req.Addr); err != nil {
+			return nil, err
+		}
+	}
 	ttl := s.cfg.Timings.HeartbeatTTL
 	s.liveness.touch(id, time.Now().Add(ttl))
 	s.logger.Info("worker registered", "worker", id, "addr", req.Addr, "cores", cores)
-	return &pb.RegisterResponse{WorkerId: id, HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs()}, nil
+	return &pb.RegisterResponse{WorkerId: id, HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs(), Certificate: cert}, nil
+}
+
+// RenewCertificate signs a new certificate for a registered worker that
+// proves who it is with its current, still valid, certificate. Any
+// coordinator holding the CA key answers; nothing is committed.
+func (ws *workerService) RenewCertificate(ctx context.Context, req *pb.RenewCertificateRequest) (*pb.RenewCertificateResponse, error) {
+	s := ws.s
+	if s.cfg.TLS == nil {
+		return nil, status.Error(codes.FailedPrecondition, "renew certificate: this coordinator runs without TLS (--insecure-plaintext)")
+	}
+	id, ok := rpc.PeerIdentity(ctx)
+	if !ok || id.Org != s.cfg.Org || id.Role != rpc.RoleWorker || id.Name != req.WorkerId {
+		return nil, status.Errorf(codes.PermissionDenied, "renew certificate: only worker %q itself, with its current certificate, may renew it", req.WorkerId)
+	}
+	if err := checkCSR(req.Csr); err != nil {
+		return nil, err
+	}
+	w, err := s.State().Worker(nil, req.WorkerId)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "renew certificate: %v", err)
+	}
+	if w == nil {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	cert, err := s.signWorker(req.Csr, w.ID, w.Addr)
+	if err != nil {
+		return nil, err
+	}
+	s.logger.Debug("worker certificate renewed", "worker", w.ID)
+	return &pb.RenewCertificateResponse{Certificate: cert}, nil
 }
 
 // errUnknownWorker tells a worker to register again.

@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"testing"
@@ -9,6 +11,8 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker"
 )
 
@@ -17,10 +21,18 @@ type inProcessOrg struct {
 	t     *testing.T
 	cfgs  []coordinator.Config
 	nodes []*coordinator.Server
+	ca    *tlsutil.CA
 }
 
-func newInProcessOrg(t *testing.T, n int) *inProcessOrg {
-	o := &inProcessOrg{t: t}
+// newInProcessOrg starts n coordinators running mutual TLS with a CA made
+// for the test; they sign the workers' certificates, valid certTTL (0:
+// the default).
+func newInProcessOrg(t *testing.T, n int, certTTL ...time.Duration) *inProcessOrg {
+	ca, err := tlsutil.NewCA("acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &inProcessOrg{t: t, ca: ca}
 	dir := t.TempDir()
 	tm := coordinator.FastTimings()
 	tm.HeartbeatTTL, tm.LeaderGrace = time.Second, time.Second
@@ -29,7 +41,12 @@ func newInProcessOrg(t *testing.T, n int) *inProcessOrg {
 			Org: "acme", NodeID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(dir, fmt.Sprintf("c%d", i+1)),
 			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 			BootstrapExpect: n, Timings: tm, Logger: logging.Discard(),
+			TLS: coordCreds(t, ca, fmt.Sprintf("c%d", i+1)), CA: ca,
+			GossipKey: []byte("0123456789abcdef0123456789abcdef"),
 		})
+		if len(certTTL) > 0 {
+			o.cfgs[i].WorkerCertTTL = certTTL[0]
+		}
 	}
 	o.nodes = make([]*coordinator.Server, n)
 	var join []string
@@ -87,8 +104,33 @@ func (o *inProcessOrg) workerStatus(id string) string {
 	return ""
 }
 
-func runWorker(t *testing.T, coords []string) *worker.Worker {
-	w, err := worker.New(worker.Config{Org: "acme", Name: "w1", Coordinators: coords, Cores: 2, Logger: logging.Discard()})
+func coordCreds(t *testing.T, ca *tlsutil.CA, id string) *tlsutil.Credentials {
+	creds, err := tlsutil.New(ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, err := ca.Issue(rpc.Identity{Org: ca.Org(), Role: rpc.RoleCoordinator, Name: id}, []string{"127.0.0.1"}, time.Hour)
+	if err == nil {
+		err = creds.SetCertificate(certPEM, keyPEM)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return creds
+}
+
+// runWorker runs a worker holding only the org's CA certificate.
+func (o *inProcessOrg) runWorker(t *testing.T, coords []string) *worker.Worker {
+	w, _ := o.runWorkerCreds(t, coords)
+	return w
+}
+
+func (o *inProcessOrg) runWorkerCreds(t *testing.T, coords []string) (*worker.Worker, *tlsutil.Credentials) {
+	creds, err := tlsutil.New(o.ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := worker.New(worker.Config{Org: "acme", Name: "w1", Coordinators: coords, Cores: 2, Logger: logging.Discard(), TLS: creds})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,14 +138,14 @@ func runWorker(t *testing.T, coords []string) *worker.Worker {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(ctx) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return w
+	return w, creds
 }
 
 // TestWorkerSurvivesCoordinatorLoss: the worker's preferred coordinator dies;
 // it keeps heartbeating through the others and is never marked down.
 func TestWorkerSurvivesCoordinatorLoss(t *testing.T) {
 	o := newInProcessOrg(t, 3)
-	w := runWorker(t, o.grpcAddrs()[:1]) // it knows one; the org tells it the rest
+	w := o.runWorker(t, o.grpcAddrs()[:1]) // it knows one; the org tells it the rest
 	waitFor(t, 20*time.Second, "worker registered and ready", func() bool {
 		return w.ID() != "" && o.workerStatus(w.ID()) == "ready"
 	})
@@ -124,7 +166,7 @@ func TestWorkerSurvivesCoordinatorLoss(t *testing.T) {
 // registers again under a new id.
 func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 	o := newInProcessOrg(t, 1)
-	w := runWorker(t, o.grpcAddrs())
+	w := o.runWorker(t, o.grpcAddrs())
 	waitFor(t, 20*time.Second, "worker registered", func() bool { return w.ID() != "" && o.workerStatus(w.ID()) == "ready" })
 	first := w.ID()
 	o.stop(0)
@@ -133,5 +175,90 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 	waitFor(t, 20*time.Second, "worker registered again under a new id", func() bool {
 		id := w.ID()
 		return id != first && id != "" && o.workerStatus(id) == "ready"
+	})
+}
+
+// TestWorkerRenewsItsCertificate: a worker's certificate lives 3 s; the
+// worker renews it before it expires, again and again, stays ready, and
+// its data plane keeps presenting a valid certificate of its identity.
+func TestWorkerRenewsItsCertificate(t *testing.T) {
+	const ttl = 3 * time.Second
+	o := newInProcessOrg(t, 1, ttl)
+	w, creds := o.runWorkerCreds(t, o.grpcAddrs())
+	waitFor(t, 20*time.Second, "worker registered", func() bool { return w.ID() != "" && o.workerStatus(w.ID()) == "ready" })
+	_, first, ok := creds.Identity()
+	if !ok {
+		t.Fatal("registered worker holds no certificate")
+	}
+	if d := time.Until(first); d > ttl+time.Second {
+		t.Fatalf("certificate valid for %v, want the coordinator's %v", d, ttl)
+	}
+	client, err := tlsutil.New(o.ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM, keyPEM, _ := o.ca.Issue(rpc.Identity{Org: "acme", Role: rpc.RoleClient, Name: "probe"}, nil, time.Hour)
+	if err := client.SetCertificate(certPEM, keyPEM); err != nil {
+		t.Fatal(err)
+	}
+	// Three lifetimes: the first certificate and at least two more expire.
+	end := time.Now().Add(3 * ttl)
+	renewals := 0
+	last := first
+	for time.Now().Before(end) {
+		if _, na, _ := creds.Identity(); na.After(last) {
+			renewals++
+			last = na
+		}
+		if st := o.workerStatus(w.ID()); st != "ready" {
+			t.Fatalf("worker %s while its certificate was being renewed", st)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if renewals < 2 {
+		t.Fatalf("certificate renewed %d times in %v, want at least 2", renewals, 3*ttl)
+	}
+	// The data plane serves with the current certificate: an expired one
+	// would fail this handshake.
+	conn, err := tls.Dial("tcp", w.Addr(), client.ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}, Name: w.ID()}))
+	if err != nil {
+		t.Fatalf("handshake with the worker's data plane after renewals: %v", err)
+	}
+	conn.Close()
+}
+
+// TestPlaintextOrgNeedsTheFlagEverywhere: without TLS material a worker
+// refuses to start unless told --insecure-plaintext; with the flag on both
+// sides a plaintext org still works (for debugging).
+func TestPlaintextOrgNeedsTheFlagEverywhere(t *testing.T) {
+	if _, err := worker.New(worker.Config{Org: "acme", Coordinators: []string{"127.0.0.1:1"}}); !errors.Is(err, worker.ErrNoTLS) {
+		t.Fatalf("worker without TLS or the flag: %v, want ErrNoTLS", err)
+	}
+	tm := coordinator.FastTimings()
+	srv, err := coordinator.New(coordinator.Config{
+		Org: "acme", NodeID: "c1", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
+		BootstrapExpect: 1, Timings: tm, Logger: logging.Discard(), InsecurePlaintext: true,
+	})
+	if err == nil {
+		err = srv.Start()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	w, err := worker.New(worker.Config{Org: "acme", Name: "w1", Coordinators: []string{srv.GRPCAddr()}, Cores: 1, Logger: logging.Discard(), InsecurePlaintext: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	waitFor(t, 20*time.Second, "plaintext worker registered", func() bool {
+		if w.ID() == "" {
+			return false
+		}
+		wk, err := srv.State().Worker(nil, w.ID())
+		return err == nil && wk != nil && wk.Status == "ready"
 	})
 }

@@ -166,13 +166,65 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 type org struct {
 	coords     []*proc
 	grpc       []string
+	raft, serf []string
 	workers    []*proc
 	adminToken string
+	// tlsDir holds the org's CA and certificates (fedstream tls init).
+	tlsDir string
+	// gossipKeyFile holds the org's serf key (fedstream keygen).
+	gossipKeyFile string
+}
+
+// gossipKeyFile writes a key from fedstream keygen into dir.
+func gossipKeyFile(t *testing.T, dir string) string {
+	t.Helper()
+	out, err := exec.Command(binary(t), "keygen").Output()
+	if err != nil {
+		t.Fatalf("keygen: %v", err)
+	}
+	p := filepath.Join(dir, "gossip.key")
+	if err := os.WriteFile(p, out, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// tlsInit runs fedstream tls init for org into a new directory and
+// returns the directory and the files it reported.
+func tlsInit(t *testing.T, org string, coordinators int) (string, []tlsFile) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "tls-"+org)
+	var ids []string
+	for i := 0; i < coordinators; i++ {
+		ids = append(ids, fmt.Sprintf("c%d", i+1))
+	}
+	out, err := exec.Command(binary(t), "tls", "init", "--org", org, "--out", dir, "--coordinators", strings.Join(ids, ","), "--json").Output()
+	if err != nil {
+		t.Fatalf("tls init: %v", err)
+	}
+	var res struct {
+		Files []tlsFile `json:"files"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("tls init --json: %v: %s", err, out)
+	}
+	return dir, res.Files
+}
+
+type tlsFile struct {
+	Path     string `json:"path"`
+	Kind     string `json:"kind"`
+	Identity string `json:"identity"`
 }
 
 func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string) *org {
 	t.Helper()
 	o := &org{adminToken: "admin-secret"}
+	o.tlsDir, _ = tlsInit(t, "acme", coordinators)
+	o.gossipKeyFile = gossipKeyFile(t, o.tlsDir)
+	// Every client command of the test finds the org's CA and the admin
+	// client certificate here.
+	t.Setenv("FEDSTREAM_TLS_DIR", o.tlsDir)
 	type addrs struct{ grpc, raft, serf string }
 	var all []addrs
 	ports := freeAddrs(t, 3*coordinators)
@@ -183,7 +235,9 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 	for _, a := range all {
 		serf = append(serf, a.serf)
 		o.grpc = append(o.grpc, a.grpc)
+		o.raft = append(o.raft, a.raft)
 	}
+	o.serf = serf
 	base := t.TempDir()
 	for i, a := range all {
 		id := fmt.Sprintf("c%d", i+1)
@@ -192,12 +246,14 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 			"--grpc-addr", a.grpc, "--raft-addr", a.raft, "--serf-addr", a.serf,
 			"--bootstrap-expect", fmt.Sprint(coordinators), "--join", strings.Join(serf, ","),
 			"--join-token", "join-secret", "--admin-token", o.adminToken,
+			"--tls-dir", o.tlsDir, "--gossip-key-file", o.gossipKeyFile,
 			"--heartbeat-ttl", "2s", "--log-level", "debug"))
 	}
 	for i := 0; i < workers; i++ {
 		name := fmt.Sprintf("w%d", i+1)
 		args := append([]string{"worker", "--org", "acme", "--name", name,
-			"--coordinators", strings.Join(o.grpc, ","), "--join-token", "join-secret", "--cores", "2"}, extraWorkerArgs...)
+			"--coordinators", strings.Join(o.grpc, ","), "--join-token", "join-secret", "--cores", "2",
+			"--tls-ca", filepath.Join(o.tlsDir, "ca.pem")}, extraWorkerArgs...)
 		o.workers = append(o.workers, start(t, name, args...))
 	}
 	return o

@@ -25,6 +25,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	wrt "github.com/fedstream/fedstream/worker/runtime"
 )
@@ -50,10 +51,20 @@ type Config struct {
 	// MaxFuture bounds how far ahead of an ingest source's time a record
 	// may be dated (0: runtime.DefaultMaxFuture).
 	MaxFuture time.Duration
+	// TLS holds the org's CA, to verify the coordinators; the worker's own
+	// certificate is signed by the coordinators when it registers, and
+	// renewed before it expires. nil only with InsecurePlaintext.
+	TLS *tlsutil.Credentials
+	// InsecurePlaintext runs without TLS (tests of that mode, debugging).
+	InsecurePlaintext bool
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
 var ErrNoCoordinators = errors.New("no coordinator address given (--coordinators)")
+
+// ErrNoTLS is returned when the worker has neither the org's CA nor the
+// explicit plaintext flag.
+var ErrNoTLS = errors.New("TLS is required: give the org's CA certificate (tls-ca or tls-dir), or run with --insecure-plaintext")
 
 // Worker is one worker process.
 type Worker struct {
@@ -81,6 +92,12 @@ func New(cfg Config) (*Worker, error) {
 	if len(cfg.Coordinators) == 0 {
 		return nil, ErrNoCoordinators
 	}
+	if (cfg.TLS == nil) != cfg.InsecurePlaintext {
+		if cfg.TLS == nil {
+			return nil, ErrNoTLS
+		}
+		return nil, errors.New("both TLS credentials and insecure-plaintext given: choose one")
+	}
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "127.0.0.1:0"
 	}
@@ -106,13 +123,17 @@ func New(cfg Config) (*Worker, error) {
 		org: cfg.Org, joinToken: cfg.JoinToken, open: cfg.JoinToken == "",
 		tokens: newTokenCache(w.askOrg), peerIdentity: rpc.PeerIdentity, logger: w.logger,
 	}
+	var dial []grpc.DialOption
+	if cfg.TLS != nil {
+		// Subscriptions go to other workers of the org only.
+		dial = append(dial, cfg.TLS.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
+	}
 	// Tasks present the join token to the other workers' data planes: over
 	// plaintext it is what makes them workers there (see dataPlaneAuth).
-	var poolOpts []grpc.DialOption
 	if cfg.JoinToken != "" {
-		poolOpts = append(poolOpts, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
+		dial = append(dial, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
-	w.pool = dataplane.NewPool(poolOpts...)
+	w.pool = dataplane.NewPool(dial...)
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
 	return w, nil
@@ -149,32 +170,40 @@ func (w *Worker) ID() string {
 // Runtime exposes the task runtime (tests, benchmarks).
 func (w *Worker) Runtime() *wrt.Runtime { return w.runtime }
 
-// Run serves the data plane and keeps the worker registered, alive and in
-// step with its assignments until ctx is cancelled.
+// Run keeps the worker registered, alive and in step with its
+// assignments, and serves its data plane, until ctx is cancelled.
+//
+// Under mTLS the data plane can only serve once the worker has a
+// certificate, which it gets by registering: so it listens first (its
+// address goes into the registration), registers, and then serves.
+// Connections that arrive in between wait in the listen backlog; none are
+// expected, since no task is placed on a worker before it registers.
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.Listen(); err != nil {
 		return err
 	}
+	if w.cfg.InsecurePlaintext {
+		w.logger.Warn("INSECURE: worker running with --insecure-plaintext: its data plane and its calls to the coordinators are unencrypted and unauthenticated")
+	}
 	if w.dpAuth.open {
 		w.logger.Warn("data plane accepts every caller: no join token configured (dev mode); anyone who can reach " + w.Addr() + " can read results, ingest and acknowledge")
 	}
-	w.grpc = grpc.NewServer(append(append(dataplane.ServerOptions(), rpc.ServerOptions()...),
-		grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))...)
+	opts := append(dataplane.ServerOptions(), rpc.ServerOptions()...)
+	if w.cfg.TLS != nil {
+		// Other workers subscribe; clients (tail, ingest) too.
+		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient}}, false))
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))
+	w.grpc = grpc.NewServer(opts...)
 	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := w.grpc.Serve(w.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			w.logger.Error("data plane server stopped", "err", err)
-		}
-	}()
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = w.runtime.Close(closeCtx)
 		cancel()
 		_ = w.pool.Close()
 		w.grpc.Stop()
+		_ = w.lis.Close()
 		wg.Wait()
 		w.mu.Lock()
 		for _, c := range w.conns {
@@ -186,7 +215,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.register(ctx); err != nil {
 		return err
 	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := w.grpc.Serve(w.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) && ctx.Err() == nil {
+			w.logger.Error("data plane server stopped", "err", err)
+		}
+	}()
 	loops := []func(context.Context){w.heartbeatLoop, w.watchLoop, w.reportLoop}
+	if w.cfg.TLS != nil {
+		loops = append(loops, w.renewLoop)
+	}
 	var lw sync.WaitGroup
 	for _, l := range loops {
 		lw.Add(1)
@@ -202,7 +241,11 @@ func (w *Worker) conn(addr string) (*grpc.ClientConn, error) {
 	if c, ok := w.conns[addr]; ok {
 		return c, nil
 	}
-	c, err := rpc.Dial(addr, w.cfg.JoinToken)
+	var opts []grpc.DialOption
+	if w.cfg.TLS != nil {
+		opts = append(opts, w.cfg.TLS.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}}))
+	}
+	c, err := rpc.Dial(addr, w.cfg.JoinToken, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -299,15 +342,28 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (w *Worker) register(ctx context.Context) error {
 	key := fmt.Sprintf("%s/%s/%d", w.cfg.Name, w.Addr(), time.Now().UnixNano())
 	backoff := 100 * time.Millisecond
+	var csr, keyPEM []byte
+	if w.cfg.TLS != nil {
+		var err error
+		if csr, keyPEM, err = tlsutil.NewCSR(); err != nil {
+			return fmt.Errorf("worker key: %w", err)
+		}
+	}
 	for {
 		var resp *pb.RegisterResponse
 		err := w.call(ctx, 10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
 			var err error
 			resp, err = c.Register(ctx, &pb.RegisterRequest{
 				Addr: w.Addr(), Cores: int32(w.cfg.Cores), Labels: w.cfg.Labels, Name: w.cfg.Name, IdempotencyKey: key,
+				Csr: csr,
 			})
 			return err
 		})
+		if err == nil && w.cfg.TLS != nil {
+			if err = w.installCertificate(resp.Certificate, keyPEM, resp.WorkerId); err != nil {
+				return fmt.Errorf("register: %w", err)
+			}
+		}
 		if err == nil {
 			w.mu.Lock()
 			w.id = resp.WorkerId
@@ -318,7 +374,7 @@ func (w *Worker) register(ctx context.Context) error {
 			w.logger.Info("registered with org", "worker", resp.WorkerId, "addr", w.Addr(), "heartbeat_ttl", w.ttl)
 			return nil
 		}
-		if code := status.Code(err); code == codes.Unauthenticated || code == codes.PermissionDenied {
+		if code := status.Code(err); code == codes.Unauthenticated || code == codes.PermissionDenied || code == codes.InvalidArgument {
 			return fmt.Errorf("register refused: %w", err)
 		}
 		w.logger.Warn("register failed; retrying", "err", err)

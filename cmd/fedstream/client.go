@@ -26,6 +26,7 @@ type clientFlags struct {
 	tokenFile string
 	json      bool
 	timeout   time.Duration
+	tls       clientTLS
 }
 
 func (f *clientFlags) register(cmd *cobra.Command) {
@@ -34,6 +35,7 @@ func (f *clientFlags) register(cmd *cobra.Command) {
 	cmd.Flags().StringVar(&f.token, "token", "", "access token (visible in ps: prefer --token-file or FEDSTREAM_TOKEN)")
 	cmd.Flags().BoolVar(&f.json, "json", false, "print JSON instead of a table")
 	cmd.Flags().DurationVar(&f.timeout, "timeout", 15*time.Second, "how long to wait for the coordinator")
+	f.tls.register(cmd)
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(cmd *cobra.Command, args []string) error {
 		if err := f.resolveToken(); err != nil {
@@ -73,7 +75,11 @@ func envOr(key, def string) string {
 }
 
 func (f *clientFlags) dial() (*grpc.ClientConn, error) {
-	conn, err := rpc.Dial(f.addr, f.token)
+	opts, err := f.tls.dialOption(rpc.RoleCoordinator)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := rpc.Dial(f.addr, f.token, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", f.addr, err)
 	}
@@ -134,6 +140,7 @@ func newStatusCmd() *cobra.Command {
 				"org": st.Org, "node_id": st.NodeId, "state": st.State,
 				"leader_id": st.LeaderId, "leader_addr": st.LeaderAddr, "leader_grpc_addr": st.LeaderGrpcAddr,
 				"peers": peers, "last_index": st.LastIndex, "applied_index": st.AppliedIndex, "dev_mode": st.DevMode,
+				"insecure_plaintext": st.InsecurePlaintext,
 			})
 		}
 		tw := newTable(out)
@@ -141,6 +148,11 @@ func newStatusCmd() *cobra.Command {
 			st.Org, st.NodeId, st.State, orNone(st.LeaderId), orNone(st.LeaderAddr), orNone(st.LeaderGrpcAddr), st.LastIndex, st.AppliedIndex)
 		if st.DevMode {
 			fmt.Fprintf(tw, "auth\tdev mode (no tokens)\n")
+		}
+		if st.InsecurePlaintext {
+			fmt.Fprintf(tw, "transport\tINSECURE PLAINTEXT (no TLS: --insecure-plaintext)\n")
+		} else {
+			fmt.Fprintf(tw, "transport\tmutual TLS\n")
 		}
 		tw.Flush()
 		tw = newTable(out)

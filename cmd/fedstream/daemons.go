@@ -20,7 +20,7 @@ func newCoordinatorCmd() *cobra.Command {
 		Short: "Run one coordinator of an org (Raft + serf + gRPC API)",
 		Example: `  fedstream coordinator --org acme --node-id c1 --data-dir /var/lib/fedstream/c1 \
     --grpc-addr 127.0.0.1:7400 --raft-addr 127.0.0.1:7401 --serf-addr 127.0.0.1:7402 \
-    --bootstrap-expect 3 --join 127.0.0.1:7412,127.0.0.1:7422`,
+    --bootstrap-expect 3 --join 127.0.0.1:7412,127.0.0.1:7422 --tls-dir /etc/fedstream/tls --gossip-key-file /etc/fedstream/gossip.key`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := config.LoadCoordinator(cmd.Flags())
@@ -44,11 +44,27 @@ func newCoordinatorCmd() *cobra.Command {
 				}
 				timings.RemoveDownWorkersAfter = d
 			}
+			creds, ca, err := coordinatorTLS(c)
+			if err != nil {
+				return err
+			}
+			certTTL, err := parseTTL("worker-cert-ttl", c.WorkerCertTTL)
+			if err != nil {
+				return err
+			}
+			if timings.DeadVoterTimeout, err = parseTTL("dead-voter-timeout", c.DeadVoterTimeout); err != nil {
+				return err
+			}
+			gkey, err := gossipKey(c)
+			if err != nil {
+				return err
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
-				BootstrapExpect: c.BootstrapExpect, Join: c.Join,
+				BootstrapExpect: c.BootstrapExpect, Join: c.Join, GossipKey: gkey,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
+				TLS: creds, CA: ca, WorkerCertTTL: certTTL, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				Timings: timings, Logger: logger,
 				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
@@ -71,7 +87,7 @@ func newWorkerCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:     "worker",
 		Short:   "Run a stateless worker that joins an org and runs its assigned tasks",
-		Example: `  fedstream worker --org acme --coordinators 127.0.0.1:7400,127.0.0.1:7410 --join-token s3cret --cores 2`,
+		Example: `  fedstream worker --org acme --coordinators 127.0.0.1:7400,127.0.0.1:7410 --tls-ca /etc/fedstream/tls/ca.pem --cores 2`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := config.LoadWorker(cmd.Flags())
@@ -86,11 +102,16 @@ func newWorkerCmd() *cobra.Command {
 					return fmt.Errorf("max-future %q: want a positive duration such as 1h", c.MaxFuture)
 				}
 			}
+			creds, err := workerTLS(c)
+			if err != nil {
+				return err
+			}
 			w, err := worker.New(worker.Config{
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 				MaxFuture: maxFuture,
+				TLS: creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
 			})
 			if err != nil {
 				return err

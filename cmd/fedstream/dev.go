@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -16,7 +17,9 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator"
+	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker"
 )
 
@@ -30,6 +33,8 @@ type devFederation struct {
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	dataDir string
+	// tlsDir holds the org CA and certificates dev made for this run.
+	tlsDir string
 }
 
 type devOptions struct {
@@ -41,19 +46,46 @@ type devOptions struct {
 }
 
 func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
-	d := &devFederation{dataDir: o.dataDir}
+	d := &devFederation{dataDir: o.dataDir, tlsDir: filepath.Join(o.dataDir, "tls")}
 	ctx, d.cancel = context.WithCancel(ctx)
+	// The org runs mutual TLS as a real one does, with a CA made for this
+	// run in the temp dir (the CLI can use it: --tls-dir).
+	var ids []string
+	for i := 0; i < o.coordinators; i++ {
+		ids = append(ids, fmt.Sprintf("c%d", i+1))
+	}
+	if _, err := tlsutil.InitDir(d.tlsDir, tlsutil.InitOptions{Org: o.org, Coordinators: ids, Clients: []string{defaultClientName}, Hosts: []string{"127.0.0.1", "localhost"}}); err != nil {
+		d.cancel()
+		return nil, fmt.Errorf("dev TLS: %w", err)
+	}
+	gossip, err := newGossipKey()
+	if err != nil {
+		d.cancel()
+		return nil, err
+	}
+	caFile := filepath.Join(d.tlsDir, tlsutil.CAFile)
+	ca, err := tlsutil.LoadCA(caFile, filepath.Join(d.tlsDir, tlsutil.CAKeyFile))
+	if err != nil {
+		d.cancel()
+		return nil, err
+	}
 	// Port 0 everywhere: the OS picks free ports and the coordinators
 	// advertise the real ones; later nodes join the first through serf.
 	var join []string
 	for i := 0; i < o.coordinators; i++ {
-		id := fmt.Sprintf("c%d", i+1)
-		srv, err := coordinator.New(coordinator.Config{
-			Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
-			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
-			BootstrapExpect: o.coordinators, Join: join,
-			Timings: devTimings(), Logger: o.logger,
-		})
+		id := ids[i]
+		_, certFile, keyFile := tlsutil.Paths(d.tlsDir, "", "", "", rpc.RoleCoordinator, id)
+		creds, err := tlsutil.Load(caFile, certFile, keyFile)
+		var srv *coordinator.Server
+		if err == nil {
+			srv, err = coordinator.New(coordinator.Config{
+				Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
+				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
+				BootstrapExpect: o.coordinators, Join: join,
+				TLS: creds, CA: ca, GossipKey: gossip,
+				Timings: devTimings(), Logger: o.logger,
+			})
+		}
 		if err == nil {
 			err = srv.Start()
 		}
@@ -69,10 +101,17 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 		grpcAddrs = append(grpcAddrs, c.GRPCAddr())
 	}
 	for i := 0; i < o.workers; i++ {
-		w, err := worker.New(worker.Config{
-			Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
-			Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
-		})
+		// Each worker holds its own credentials: the coordinators sign its
+		// certificate when it registers.
+		creds, err := tlsutil.Load(caFile, "", "")
+		var w *worker.Worker
+		if err == nil {
+			w, err = worker.New(worker.Config{
+				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
+				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
+				TLS: creds,
+			})
+		}
 		if err == nil {
 			err = w.Listen()
 		}
@@ -181,7 +220,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				fed.stop()
 			}()
 			fed.printBanner(stderr)
-			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second}
+			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
 			if err := fed.waitReady(ctx, f, 2); err != nil {
 				if ctx.Err() != nil {
 					return nil
@@ -231,13 +270,13 @@ lines with --json); where everything listens and the logs go to stderr.`,
 
 func (d *devFederation) printBanner(w io.Writer) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, auth: dev mode (no tokens, every caller accepted)\n", "demo", d.dataDir)
+	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, mutual TLS (CA and certificates in %s), auth: dev mode (no tokens)\n", "demo", d.dataDir, d.tlsDir)
 	for _, c := range d.coords {
 		fmt.Fprintf(&b, "  coordinator %s  grpc %s\n", c.NodeID(), c.GRPCAddr())
 	}
 	for i, w := range d.workers {
 		fmt.Fprintf(&b, "  worker w%d       data plane %s\n", i+1, w.Addr())
 	}
-	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr())
+	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr(), d.tlsDir)
 	fmt.Fprint(w, b.String())
 }

@@ -83,6 +83,9 @@ Talk to an org:                            fedstream status | workers | query ..
 		newTokenCmd(),
 		newBenchCmd(),
 		newBenchWorkerCmd(),
+		newTLSCmd(),
+		newKeygenCmd(),
+		newOperatorCmd(),
 	)
 	return root
 }

@@ -121,7 +121,11 @@ func (tl *tailer) once(ctx context.Context) error {
 }
 
 func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Schema, sink string) error {
-	conn, err := rpc.Dial(t.WorkerAddr, tl.flags.token)
+	opts, err := tl.flags.tls.dialOption(rpc.RoleWorker)
+	if err != nil {
+		return err
+	}
+	conn, err := rpc.Dial(t.WorkerAddr, tl.flags.token, opts...)
 	if err != nil {
 		return err
 	}
@@ -310,7 +314,11 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		if t.Fragment != node.Name || t.WorkerAddr == "" {
 			continue
 		}
-		conn, err := rpc.Dial(t.WorkerAddr, f.token)
+		opts, err := f.tls.dialOption(rpc.RoleWorker)
+		if err != nil {
+			return err
+		}
+		conn, err := rpc.Dial(t.WorkerAddr, f.token, opts...)
 		if err != nil {
 			return err
 		}

@@ -137,6 +137,8 @@ var Methods = map[string]Need{
 	pb.WorkerService_Heartbeat_FullMethodName:        NeedWorker,
 	pb.WorkerService_WatchAssignments_FullMethodName: NeedWorker,
 	pb.WorkerService_ReportTasks_FullMethodName:      NeedWorker,
+	// A worker renews the certificate the coordinators signed for it.
+	pb.WorkerService_RenewCertificate_FullMethodName: NeedWorker,
 
 	// Clients talk to coordinators.
 	pb.AdminService_Status_FullMethodName:      NeedStatus,
@@ -145,6 +147,11 @@ var Methods = map[string]Need{
 	pb.AdminService_GetQuery_FullMethodName:    NeedReader,
 	pb.AdminService_SubmitQuery_FullMethodName: NeedWriter,
 	pb.AdminService_StopQuery_FullMethodName:   NeedWriter,
+
+	// Raft membership: anyone who may read the org may see it; only an
+	// admin may change it.
+	pb.AdminService_ListRaftPeers_FullMethodName:  NeedReader,
+	pb.AdminService_RemoveRaftPeer_FullMethodName: NeedAdmin,
 
 	// Tokens: administered by admins, checked by workers.
 	pb.TokenService_CreateToken_FullMethodName:    NeedAdmin,

@@ -35,8 +35,11 @@ type RegisterRequest struct {
 	Name string `protobuf:"bytes,4,opt,name=name,proto3" json:"name,omitempty"`
 	// Retried registrations with the same key return the same worker id.
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// PEM certificate request of the worker's key: the coordinator signs it
+	// with the worker's identity (mTLS; empty in plaintext mode).
+	Csr           []byte `protobuf:"bytes,20,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -104,12 +107,21 @@ func (x *RegisterRequest) GetIdempotencyKey() string {
 	return ""
 }
 
+func (x *RegisterRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
 type RegisterResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId       string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
 	HeartbeatTtlMs int64                  `protobuf:"varint,2,opt,name=heartbeat_ttl_ms,json=heartbeatTtlMs,proto3" json:"heartbeat_ttl_ms,omitempty"`
 	// gRPC addresses of every coordinator of the org, for fail-over.
-	Coordinators  []string `protobuf:"bytes,3,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
+	Coordinators []string `protobuf:"bytes,3,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
+	// PEM certificate signed by the org CA for fedstream://ORG/worker/ID.
+	Certificate   []byte `protobuf:"bytes,20,opt,name=certificate,proto3" json:"certificate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -161,6 +173,13 @@ func (x *RegisterResponse) GetHeartbeatTtlMs() int64 {
 func (x *RegisterResponse) GetCoordinators() []string {
 	if x != nil {
 		return x.Coordinators
+	}
+	return nil
+}
+
+func (x *RegisterResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
 	}
 	return nil
 }
@@ -886,8 +905,10 @@ type StatusResponse struct {
 	// gRPC address of the leader (leader_addr is its Raft address).
 	LeaderGrpcAddr string `protobuf:"bytes,10,opt,name=leader_grpc_addr,json=leaderGrpcAddr,proto3" json:"leader_grpc_addr,omitempty"`
 	DevMode        bool   `protobuf:"varint,11,opt,name=dev_mode,json=devMode,proto3" json:"dev_mode,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The coordinator runs without TLS (--insecure-plaintext).
+	InsecurePlaintext bool `protobuf:"varint,20,opt,name=insecure_plaintext,json=insecurePlaintext,proto3" json:"insecure_plaintext,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
@@ -993,6 +1014,13 @@ func (x *StatusResponse) GetLeaderGrpcAddr() string {
 func (x *StatusResponse) GetDevMode() bool {
 	if x != nil {
 		return x.DevMode
+	}
+	return false
+}
+
+func (x *StatusResponse) GetInsecurePlaintext() bool {
+	if x != nil {
+		return x.InsecurePlaintext
 	}
 	return false
 }
@@ -2598,24 +2626,293 @@ func (x *AuthorizeTokenResponse) GetExpiresUnixMs() int64 {
 	return 0
 }
 
+type RenewCertificateRequest struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// PEM certificate request of the worker's new key.
+	Csr           []byte `protobuf:"bytes,2,opt,name=csr,proto3" json:"csr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateRequest) Reset() {
+	*x = RenewCertificateRequest{}
+	mi := &file_fedstream_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateRequest) ProtoMessage() {}
+
+func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
+func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *RenewCertificateRequest) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *RenewCertificateRequest) GetCsr() []byte {
+	if x != nil {
+		return x.Csr
+	}
+	return nil
+}
+
+type RenewCertificateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// PEM certificate signed by the org CA for fedstream://ORG/worker/ID.
+	Certificate   []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RenewCertificateResponse) Reset() {
+	*x = RenewCertificateResponse{}
+	mi := &file_fedstream_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RenewCertificateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RenewCertificateResponse) ProtoMessage() {}
+
+func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
+func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *RenewCertificateResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+type ListRaftPeersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRaftPeersRequest) Reset() {
+	*x = ListRaftPeersRequest{}
+	mi := &file_fedstream_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRaftPeersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRaftPeersRequest) ProtoMessage() {}
+
+func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
+func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
+}
+
+type ListRaftPeersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Raft configuration as the answering coordinator knows it.
+	Peers         []*Peer `protobuf:"bytes,1,rep,name=peers,proto3" json:"peers,omitempty"`
+	LeaderId      string  `protobuf:"bytes,2,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRaftPeersResponse) Reset() {
+	*x = ListRaftPeersResponse{}
+	mi := &file_fedstream_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRaftPeersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRaftPeersResponse) ProtoMessage() {}
+
+func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
+func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ListRaftPeersResponse) GetPeers() []*Peer {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+func (x *ListRaftPeersResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+type RemoveRaftPeerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRaftPeerRequest) Reset() {
+	*x = RemoveRaftPeerRequest{}
+	mi := &file_fedstream_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRaftPeerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRaftPeerRequest) ProtoMessage() {}
+
+func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *RemoveRaftPeerRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+type RemoveRaftPeerResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRaftPeerResponse) Reset() {
+	*x = RemoveRaftPeerResponse{}
+	mi := &file_fedstream_proto_msgTypes[47]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRaftPeerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRaftPeerResponse) ProtoMessage() {}
+
+func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[47]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
+func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffedstream.proto\x12\ffedstream.v1\"\xf6\x01\n" +
+	"\x0ffedstream.proto\x12\ffedstream.v1\"\x88\x02\n" +
 	"\x0fRegisterRequest\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x14\n" +
 	"\x05cores\x18\x02 \x01(\x05R\x05cores\x12A\n" +
 	"\x06labels\x18\x03 \x03(\v2).fedstream.v1.RegisterRequest.LabelsEntryR\x06labels\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12'\n" +
-	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x1a9\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x10\n" +
+	"\x03csr\x18\x14 \x01(\fR\x03csr\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"}\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +
 	"\x10RegisterResponse\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x02 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
-	"\fcoordinators\x18\x03 \x03(\tR\fcoordinators\"/\n" +
+	"\fcoordinators\x18\x03 \x03(\tR\fcoordinators\x12 \n" +
+	"\vcertificate\x18\x14 \x01(\fR\vcertificate\"/\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"a\n" +
 	"\x11HeartbeatResponse\x12(\n" +
@@ -2663,7 +2960,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04Peer\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x1a\n" +
-	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\"\xdf\x02\n" +
+	"\bsuffrage\x18\x03 \x01(\tR\bsuffrage\"\x8e\x03\n" +
 	"\x0eStatusResponse\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1b\n" +
@@ -2678,7 +2975,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tgrpc_addr\x18\t \x01(\tR\bgrpcAddr\x12(\n" +
 	"\x10leader_grpc_addr\x18\n" +
 	" \x01(\tR\x0eleaderGrpcAddr\x12\x19\n" +
-	"\bdev_mode\x18\v \x01(\bR\adevMode\"\xcd\x02\n" +
+	"\bdev_mode\x18\v \x01(\bR\adevMode\x12-\n" +
+	"\x12insecure_plaintext\x18\x14 \x01(\bR\x11insecurePlaintext\"\xcd\x02\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -2791,19 +3089,34 @@ const file_fedstream_proto_rawDesc = "" +
 	"token_hash\x18\x01 \x01(\tR\ttokenHash\"T\n" +
 	"\x16AuthorizeTokenResponse\x12\x12\n" +
 	"\x04role\x18\x01 \x01(\tR\x04role\x12&\n" +
-	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs2\xdf\x02\n" +
+	"\x0fexpires_unix_ms\x18\x02 \x01(\x03R\rexpiresUnixMs\"H\n" +
+	"\x17RenewCertificateRequest\x12\x1b\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x10\n" +
+	"\x03csr\x18\x02 \x01(\fR\x03csr\"<\n" +
+	"\x18RenewCertificateResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\"\x16\n" +
+	"\x14ListRaftPeersRequest\"^\n" +
+	"\x15ListRaftPeersResponse\x12(\n" +
+	"\x05peers\x18\x01 \x03(\v2\x12.fedstream.v1.PeerR\x05peers\x12\x1b\n" +
+	"\tleader_id\x18\x02 \x01(\tR\bleaderId\"'\n" +
+	"\x15RemoveRaftPeerRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
+	"\x16RemoveRaftPeerResponse2\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
-	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse2\xe1\x03\n" +
+	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x98\x05\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
 	"\vSubmitQuery\x12 .fedstream.v1.SubmitQueryRequest\x1a!.fedstream.v1.SubmitQueryResponse\x12R\n" +
 	"\vListQueries\x12 .fedstream.v1.ListQueriesRequest\x1a!.fedstream.v1.ListQueriesResponse\x12B\n" +
 	"\bGetQuery\x12\x1d.fedstream.v1.GetQueryRequest\x1a\x17.fedstream.v1.QueryInfo\x12L\n" +
-	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse2\x98\x01\n" +
+	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse\x12X\n" +
+	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12[\n" +
+	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\x98\x01\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x012\xe4\x02\n" +
@@ -2826,7 +3139,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -2870,17 +3183,23 @@ var file_fedstream_proto_goTypes = []any{
 	(*RevokeTokenResponse)(nil),      // 39: fedstream.v1.RevokeTokenResponse
 	(*AuthorizeTokenRequest)(nil),    // 40: fedstream.v1.AuthorizeTokenRequest
 	(*AuthorizeTokenResponse)(nil),   // 41: fedstream.v1.AuthorizeTokenResponse
-	nil,                              // 42: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 43: fedstream.v1.WorkerInfo.LabelsEntry
+	(*RenewCertificateRequest)(nil),  // 42: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 43: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 44: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 45: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 46: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 47: fedstream.v1.RemoveRaftPeerResponse
+	nil,                              // 48: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 49: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	42, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	48, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	6,  // 1: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	5,  // 2: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	7,  // 3: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	9,  // 4: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	13, // 5: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	43, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	49, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	9,  // 7: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	15, // 8: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	20, // 9: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -2889,43 +3208,50 @@ var file_fedstream_proto_depIdxs = []int32{
 	31, // 12: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
 	33, // 13: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
 	33, // 14: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	0,  // 15: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 16: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 17: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	10, // 18: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	12, // 19: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	16, // 20: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	18, // 21: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	22, // 22: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	24, // 23: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	25, // 24: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	27, // 25: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	30, // 26: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	34, // 27: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	36, // 28: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	38, // 29: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	40, // 30: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 31: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 32: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	8,  // 33: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	11, // 34: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	14, // 35: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	17, // 36: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	19, // 37: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	23, // 38: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	21, // 39: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	26, // 40: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	29, // 41: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	32, // 42: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	35, // 43: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	37, // 44: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	39, // 45: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	41, // 46: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	31, // [31:47] is the sub-list for method output_type
-	15, // [15:31] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	13, // 15: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 16: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 17: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 18: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	10, // 19: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	42, // 20: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	12, // 21: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	16, // 22: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	18, // 23: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	22, // 24: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	24, // 25: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	25, // 26: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	44, // 27: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	46, // 28: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	27, // 29: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	30, // 30: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	34, // 31: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	36, // 32: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	38, // 33: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	40, // 34: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 35: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 36: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	8,  // 37: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	11, // 38: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	43, // 39: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	14, // 40: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	17, // 41: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	19, // 42: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	23, // 43: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	21, // 44: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	26, // 45: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	45, // 46: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	47, // 47: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	29, // 48: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	32, // 49: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	35, // 50: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	37, // 51: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	39, // 52: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	41, // 53: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	35, // [35:54] is the sub-list for method output_type
+	16, // [16:35] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -2939,7 +3265,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   44,
+			NumMessages:   50,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -27,6 +27,7 @@ const (
 	WorkerService_Heartbeat_FullMethodName        = "/fedstream.v1.WorkerService/Heartbeat"
 	WorkerService_WatchAssignments_FullMethodName = "/fedstream.v1.WorkerService/WatchAssignments"
 	WorkerService_ReportTasks_FullMethodName      = "/fedstream.v1.WorkerService/ReportTasks"
+	WorkerService_RenewCertificate_FullMethodName = "/fedstream.v1.WorkerService/RenewCertificate"
 )
 
 // WorkerServiceClient is the client API for WorkerService service.
@@ -37,6 +38,8 @@ type WorkerServiceClient interface {
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	WatchAssignments(ctx context.Context, in *WatchAssignmentsRequest, opts ...grpc.CallOption) (*WatchAssignmentsResponse, error)
 	ReportTasks(ctx context.Context, in *ReportTasksRequest, opts ...grpc.CallOption) (*ReportTasksResponse, error)
+	// mTLS: a registered worker renews its short-lived certificate.
+	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
 }
 
 type workerServiceClient struct {
@@ -87,6 +90,16 @@ func (c *workerServiceClient) ReportTasks(ctx context.Context, in *ReportTasksRe
 	return out, nil
 }
 
+func (c *workerServiceClient) RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RenewCertificateResponse)
+	err := c.cc.Invoke(ctx, WorkerService_RenewCertificate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkerServiceServer is the server API for WorkerService service.
 // All implementations must embed UnimplementedWorkerServiceServer
 // for forward compatibility.
@@ -95,6 +108,8 @@ type WorkerServiceServer interface {
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	WatchAssignments(context.Context, *WatchAssignmentsRequest) (*WatchAssignmentsResponse, error)
 	ReportTasks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error)
+	// mTLS: a registered worker renews its short-lived certificate.
+	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
 }
 
@@ -116,6 +131,9 @@ func (UnimplementedWorkerServiceServer) WatchAssignments(context.Context, *Watch
 }
 func (UnimplementedWorkerServiceServer) ReportTasks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportTasks not implemented")
+}
+func (UnimplementedWorkerServiceServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RenewCertificate not implemented")
 }
 func (UnimplementedWorkerServiceServer) mustEmbedUnimplementedWorkerServiceServer() {}
 func (UnimplementedWorkerServiceServer) testEmbeddedByValue()                       {}
@@ -210,6 +228,24 @@ func _WorkerService_ReportTasks_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewCertificateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).RenewCertificate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_RenewCertificate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).RenewCertificate(ctx, req.(*RenewCertificateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkerService_ServiceDesc is the grpc.ServiceDesc for WorkerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -233,18 +269,24 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ReportTasks",
 			Handler:    _WorkerService_ReportTasks_Handler,
 		},
+		{
+			MethodName: "RenewCertificate",
+			Handler:    _WorkerService_RenewCertificate_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
 
 const (
-	AdminService_Status_FullMethodName      = "/fedstream.v1.AdminService/Status"
-	AdminService_ListWorkers_FullMethodName = "/fedstream.v1.AdminService/ListWorkers"
-	AdminService_SubmitQuery_FullMethodName = "/fedstream.v1.AdminService/SubmitQuery"
-	AdminService_ListQueries_FullMethodName = "/fedstream.v1.AdminService/ListQueries"
-	AdminService_GetQuery_FullMethodName    = "/fedstream.v1.AdminService/GetQuery"
-	AdminService_StopQuery_FullMethodName   = "/fedstream.v1.AdminService/StopQuery"
+	AdminService_Status_FullMethodName         = "/fedstream.v1.AdminService/Status"
+	AdminService_ListWorkers_FullMethodName    = "/fedstream.v1.AdminService/ListWorkers"
+	AdminService_SubmitQuery_FullMethodName    = "/fedstream.v1.AdminService/SubmitQuery"
+	AdminService_ListQueries_FullMethodName    = "/fedstream.v1.AdminService/ListQueries"
+	AdminService_GetQuery_FullMethodName       = "/fedstream.v1.AdminService/GetQuery"
+	AdminService_StopQuery_FullMethodName      = "/fedstream.v1.AdminService/StopQuery"
+	AdminService_ListRaftPeers_FullMethodName  = "/fedstream.v1.AdminService/ListRaftPeers"
+	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -257,6 +299,9 @@ type AdminServiceClient interface {
 	ListQueries(ctx context.Context, in *ListQueriesRequest, opts ...grpc.CallOption) (*ListQueriesResponse, error)
 	GetQuery(ctx context.Context, in *GetQueryRequest, opts ...grpc.CallOption) (*QueryInfo, error)
 	StopQuery(ctx context.Context, in *StopQueryRequest, opts ...grpc.CallOption) (*StopQueryResponse, error)
+	// Raft membership (operator raft list-peers / remove-peer).
+	ListRaftPeers(ctx context.Context, in *ListRaftPeersRequest, opts ...grpc.CallOption) (*ListRaftPeersResponse, error)
+	RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error)
 }
 
 type adminServiceClient struct {
@@ -327,6 +372,26 @@ func (c *adminServiceClient) StopQuery(ctx context.Context, in *StopQueryRequest
 	return out, nil
 }
 
+func (c *adminServiceClient) ListRaftPeers(ctx context.Context, in *ListRaftPeersRequest, opts ...grpc.CallOption) (*ListRaftPeersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRaftPeersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListRaftPeers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveRaftPeerResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemoveRaftPeer_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -337,6 +402,9 @@ type AdminServiceServer interface {
 	ListQueries(context.Context, *ListQueriesRequest) (*ListQueriesResponse, error)
 	GetQuery(context.Context, *GetQueryRequest) (*QueryInfo, error)
 	StopQuery(context.Context, *StopQueryRequest) (*StopQueryResponse, error)
+	// Raft membership (operator raft list-peers / remove-peer).
+	ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error)
+	RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -364,6 +432,12 @@ func (UnimplementedAdminServiceServer) GetQuery(context.Context, *GetQueryReques
 }
 func (UnimplementedAdminServiceServer) StopQuery(context.Context, *StopQueryRequest) (*StopQueryResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method StopQuery not implemented")
+}
+func (UnimplementedAdminServiceServer) ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListRaftPeers not implemented")
+}
+func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RemoveRaftPeer not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -494,6 +568,42 @@ func _AdminService_StopQuery_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListRaftPeers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRaftPeersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListRaftPeers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListRaftPeers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListRaftPeers(ctx, req.(*ListRaftPeersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemoveRaftPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveRaftPeerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemoveRaftPeer(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemoveRaftPeer_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemoveRaftPeer(ctx, req.(*RemoveRaftPeerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -524,6 +634,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StopQuery",
 			Handler:    _AdminService_StopQuery_Handler,
+		},
+		{
+			MethodName: "ListRaftPeers",
+			Handler:    _AdminService_ListRaftPeers_Handler,
+		},
+		{
+			MethodName: "RemoveRaftPeer",
+			Handler:    _AdminService_RemoveRaftPeer_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -42,6 +42,8 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/runtime"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -92,6 +94,11 @@ type Config struct {
 	// Rounds is how many interleaved rounds of every scenario run after
 	// sizing (default DefaultRounds; with Records set, default 1).
 	Rounds int
+	// Plaintext runs the data plane and the raw TCP baselines without TLS.
+	// By default both use mutual TLS 1.3, as an org does: the workers'
+	// data plane with certificates of a CA made for the run, the raw
+	// baselines over tls.Conn with the same certificates.
+	Plaintext bool
 }
 
 // DefaultRounds is the default number of measured rounds.
@@ -146,9 +153,12 @@ type Result struct {
 	Scenarios         []Scenario `json:"scenarios"`
 	// Rounds is the number of measured rounds: rates are the median
 	// round's, ratios the median of the rounds' ratios.
-	Rounds     int `json:"rounds"`
-	GOMAXPROCS int `json:"gomaxprocs"`
-	NumCPU     int `json:"num_cpu"`
+	Rounds int `json:"rounds"`
+	// TLS says whether the data plane and the raw baselines ran over
+	// mutual TLS (the default) or plaintext (--plaintext).
+	TLS        bool `json:"tls"`
+	GOMAXPROCS int  `json:"gomaxprocs"`
+	NumCPU     int  `json:"num_cpu"`
 }
 
 // measurement is one run of a scenario.
@@ -200,7 +210,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	defer b.stop()
 	rounds := max(1, b.cfg.Rounds)
-	res := &Result{RawTCPRecordBytes: RawRecordBytes, GOMAXPROCS: goruntime.GOMAXPROCS(0), NumCPU: goruntime.NumCPU(), Rounds: rounds}
+	res := &Result{RawTCPRecordBytes: RawRecordBytes, GOMAXPROCS: goruntime.GOMAXPROCS(0), NumCPU: goruntime.NumCPU(), Rounds: rounds, TLS: !cfg.Plaintext}
 	all := []struct {
 		name  string
 		pilot int64
@@ -378,8 +388,25 @@ func start(ctx context.Context, cfg Config) (*bench, error) {
 		}
 		*w = newWorkerClient(name, p)
 	}
+	var ca *tlsutil.CA
+	if !cfg.Plaintext {
+		var err error
+		if ca, err = tlsutil.NewCA("bench"); err != nil {
+			b.stop()
+			return nil, err
+		}
+	}
 	for _, w := range []*workerClient{b.w1, b.w2} {
-		resp, err := w.call(ctx, request{Op: opHello})
+		hello := request{Op: opHello}
+		if ca != nil {
+			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: w.name}, []string{"127.0.0.1"}, 24*time.Hour)
+			if err != nil {
+				b.stop()
+				return nil, err
+			}
+			hello.TLS = &tlsMaterial{CA: ca.CertPEM, Cert: cert, Key: key}
+		}
+		resp, err := w.call(ctx, hello)
 		if err != nil {
 			b.stop()
 			return nil, err
@@ -678,7 +705,11 @@ func (r *Result) WriteText(w io.Writer) error {
 		sb = fmt.Appendf(sb, "%-22s %12.0f /s  (%d records in %.2fs, %s B/record; CPU ns/record: sender %.0f, receiver %.0f)\n",
 			s.Name, s.PerSecond, s.Records, s.Seconds, size, s.CPUNanosPerRecord[0], s.CPUNanosPerRecord[1])
 	}
-	sb = fmt.Appendf(sb, "\n(median of %d rounds; ratios are the median of each round's ratio)\n", r.Rounds)
+	transport := "mutual TLS 1.3 (data plane and raw TCP baselines alike)"
+	if !r.TLS {
+		transport = "plaintext (data plane and raw TCP baselines alike)"
+	}
+	sb = fmt.Appendf(sb, "\n(median of %d rounds; ratios are the median of each round's ratio; transport: %s)\n", r.Rounds, transport)
 	sb = fmt.Appendf(sb, "forward / raw TCP:              %.3f\n", r.ForwardRatio)
 	sb = fmt.Appendf(sb, "word count / hand-written:      %.3f\n", r.WordcountRatio)
 	sb = fmt.Appendf(sb, "batching gain (batched/unbatched): %.1fx\n", r.BatchingGain)

@@ -107,9 +107,18 @@ func TestScenariosInProcess(t *testing.T) {
 }
 
 func TestRunReportsEveryFigure(t *testing.T) {
-	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+	for _, plain := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tls", true: "plaintext"}[plain], func(t *testing.T) { runReportsEveryFigure(t, plain) })
+	}
+}
+
+func runReportsEveryFigure(t *testing.T, plaintext bool) {
+	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if res.TLS == plaintext {
+		t.Errorf("result says tls=%v for a run with plaintext=%v", res.TLS, plaintext)
 	}
 	raw, err := json.Marshal(res)
 	if err != nil {
@@ -143,6 +152,12 @@ func TestWorkerProtocolErrors(t *testing.T) {
 	defer p.Stop()
 	c := newWorkerClient("w", p)
 	ctx := t.Context()
+	if _, err := c.call(ctx, request{Op: opCPU}); err == nil {
+		t.Fatal("a request before hello was served")
+	}
+	if resp, err := c.call(ctx, request{Op: opHello}); err != nil || resp.Addr == "" {
+		t.Fatalf("hello: %v, %q", err, resp.Addr)
+	}
 	tests := []struct {
 		name string
 		req  request
@@ -151,6 +166,7 @@ func TestWorkerProtocolErrors(t *testing.T) {
 		{"wait without job", request{Op: opTailWait}},
 		{"tail of unknown task", request{Op: opTailStart, Task: "q/out/p0/r0"}},
 		{"bad record size", request{Op: opTCPSend, Addr: "127.0.0.1:1", RecordBytes: 0, Records: 1}},
+		{"second hello", request{Op: opHello}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,8 +176,8 @@ func TestWorkerProtocolErrors(t *testing.T) {
 		})
 	}
 	// The worker still answers after errors.
-	if resp, err := c.call(ctx, request{Op: opHello}); err != nil || resp.Addr == "" {
-		t.Fatalf("hello after errors: %v, %q", err, resp.Addr)
+	if resp, err := c.call(ctx, request{Op: opCPU}); err != nil || resp.CPUNanos == 0 {
+		t.Fatalf("cpu after errors: %v, %d", err, resp.CPUNanos)
 	}
 }
 

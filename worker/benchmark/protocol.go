@@ -21,9 +21,11 @@ var ErrWorker = errors.New("benchmark: bench worker failed")
 // or *_listen return at once and leave a job running; the matching *_wait
 // blocks until that job ends.
 const (
-	// opHello returns the DataPlane addresses of the worker's two engines:
-	// Addr batches as in production, UnbatchedAddr sends one tuple per
-	// task-to-task message.
+	// opHello starts the worker's two engines, with mutual TLS when TLS is
+	// set (the data plane and the raw TCP baselines alike), and returns
+	// their DataPlane addresses: Addr batches as in production,
+	// UnbatchedAddr sends one tuple per task-to-task message. It is the
+	// first request, and the only one that may be sent once.
 	opHello = "hello"
 	// opCPU reports the worker's CPU time (every response carries it).
 	opCPU = "cpu"
@@ -70,6 +72,15 @@ type request struct {
 	RecordBytes int                `json:"record_bytes,omitempty"`
 	Seed        int64              `json:"seed,omitempty"`
 	Partitions  int                `json:"partitions,omitempty"`
+	// TLS is the worker's certificate material (hello; nil: plaintext).
+	TLS *tlsMaterial `json:"tls,omitempty"`
+}
+
+// tlsMaterial is a bench worker's TLS identity, made by the parent.
+type tlsMaterial struct {
+	CA   []byte `json:"ca"`
+	Cert []byte `json:"cert"`
+	Key  []byte `json:"key"`
 }
 
 // response answers one request. Times are Unix nanoseconds of the wall

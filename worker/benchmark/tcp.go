@@ -3,6 +3,7 @@ package benchmark
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -29,22 +31,34 @@ const recordMarker = 0xfe
 var ErrBadStream = errors.New("benchmark: malformed raw stream")
 
 // dial connects to a loopback address, giving up with ctx; the connection
-// is closed if ctx ends while it is in use.
-func dial(ctx context.Context, addr string) (net.Conn, func() bool, error) {
+// is closed if ctx ends while it is in use. With cfg it is a TLS
+// connection whose handshake is done when dial returns.
+func dial(ctx context.Context, addr string, cfg *tls.Config) (net.Conn, func() bool, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, nil, err
 	}
+	if cfg != nil {
+		// The same TLS connections as the data plane's (tlsutil batches
+		// the records of one write into one system call).
+		conn = tlsutil.Client(conn, cfg)
+		if err := conn.(interface {
+			HandshakeContext(context.Context) error
+		}).HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, nil, err
+		}
+	}
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	return conn, stop, nil
 }
 
-// closeWrite half-closes a TCP connection so the reader sees EOF after
-// everything written, then closes it.
+// closeWrite half-closes a TCP or TLS connection so the reader sees EOF
+// after everything written, then closes it.
 func closeWrite(conn net.Conn) error {
 	var err error
-	if tc, ok := conn.(*net.TCPConn); ok {
+	if tc, ok := conn.(interface{ CloseWrite() error }); ok {
 		err = tc.CloseWrite()
 	}
 	return errors.Join(err, conn.Close())
@@ -52,11 +66,11 @@ func closeWrite(conn net.Conn) error {
 
 // sendRecords writes n records of size bytes to addr through a buffered
 // writer.
-func sendRecords(ctx context.Context, addr string, n int64, size int) (response, error) {
+func sendRecords(ctx context.Context, addr string, n int64, size int, cfg *tls.Config) (response, error) {
 	if size < 1 || n < 0 {
 		return response{}, fmt.Errorf("tcp send: record size %d and count %d must be positive", size, n)
 	}
-	conn, stop, err := dial(ctx, addr)
+	conn, stop, err := dial(ctx, addr, cfg)
 	if err != nil {
 		return response{}, fmt.Errorf("tcp send: %w", err)
 	}
@@ -142,7 +156,7 @@ func partitionOf(word string, keyBuf []tuple.Value, partitions int) int {
 // uvarint length and the bytes) to the partition owning it, one connection
 // per partition. The response counts lines (Records), their bytes and the
 // words sent.
-func sendWordCount(ctx context.Context, addr string, records, seed int64, partitions int) (response, error) {
+func sendWordCount(ctx context.Context, addr string, records, seed int64, partitions int, cfg *tls.Config) (response, error) {
 	if partitions < 1 || records < 0 {
 		return response{}, fmt.Errorf("wc send: partitions %d and records %d must be positive", partitions, records)
 	}
@@ -158,7 +172,7 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 		}
 	}()
 	for range partitions {
-		c, stop, err := dial(ctx, addr)
+		c, stop, err := dial(ctx, addr, cfg)
 		if err != nil {
 			return response{}, fmt.Errorf("wc send: %w", err)
 		}

@@ -2,6 +2,7 @@ package benchmark
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,7 +17,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/runtime"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -126,13 +129,17 @@ type engine struct {
 
 // newEngine starts a runtime and its DataPlane server on a free loopback
 // port. Without batching, every task-to-task message carries one tuple.
-func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool) (*engine, error) {
+func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials) (*engine, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("bench worker: listen: %w", err)
 	}
+	sopts := dataplane.ServerOptions()
+	if creds != nil {
+		sopts = append(sopts, creds.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}, false))
+	}
 	e := &engine{
-		srv:   grpc.NewServer(dataplane.ServerOptions()...),
+		srv:   grpc.NewServer(sopts...),
 		addr:  lis.Addr().String(),
 		serve: make(chan struct{}),
 	}
@@ -183,27 +190,48 @@ type benchWorker struct {
 	// "wc"); only the request loop touches it.
 	jobs map[string]*job
 	wg   sync.WaitGroup
+	// tlsServer and tlsClient wrap the raw TCP baselines' connections
+	// when the bench runs with TLS (nil: plaintext).
+	tlsServer, tlsClient *tls.Config
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
-	w := &benchWorker{
+	return &benchWorker{
 		log:   logger,
-		pool:  dataplane.NewPool(),
 		specs: map[string]runtime.TaskSpec{},
 		jobs:  map[string]*job{},
+	}, nil
+}
+
+// hello starts the engines, with mutual TLS when m is not nil.
+func (w *benchWorker) hello(m *tlsMaterial) error {
+	if w.batched != nil {
+		return errors.New("hello: the engines are already started")
 	}
+	var creds *tlsutil.Credentials
+	var dial []grpc.DialOption
+	if m != nil {
+		var err error
+		if creds, err = tlsutil.New(m.CA); err == nil {
+			err = creds.SetCertificate(m.Cert, m.Key)
+		}
+		if err != nil {
+			return fmt.Errorf("hello: TLS: %w", err)
+		}
+		peer := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
+		dial = append(dial, creds.DialOption(peer))
+		w.tlsServer, w.tlsClient = creds.ServerConfig(peer, false), creds.ClientConfig(peer)
+	}
+	w.pool = dataplane.NewPool(dial...)
 	var err error
-	if w.batched, err = newEngine(logger, w.pool, true); err != nil {
-		_ = w.pool.Close()
-		return nil, err
+	if w.batched, err = newEngine(w.log, w.pool, true, creds); err != nil {
+		return err
 	}
-	if w.unbatched, err = newEngine(logger, w.pool, false); err != nil {
-		w.batched.close(logger)
-		_ = w.pool.Close()
-		return nil, err
+	if w.unbatched, err = newEngine(w.log, w.pool, false, creds); err != nil {
+		return err
 	}
 	w.active = w.batched
-	return w, nil
+	return nil
 }
 
 // close stops the jobs, the engines and the pool, and waits for them.
@@ -212,14 +240,25 @@ func (w *benchWorker) close() {
 		j.cancel()
 	}
 	w.wg.Wait()
-	w.batched.close(w.log)
-	w.unbatched.close(w.log)
-	_ = w.pool.Close()
+	for _, e := range []*engine{w.batched, w.unbatched} {
+		if e != nil {
+			e.close(w.log)
+		}
+	}
+	if w.pool != nil {
+		_ = w.pool.Close()
+	}
 }
 
 func (w *benchWorker) handle(ctx context.Context, req request) (response, error) {
+	if req.Op != opHello && w.batched == nil {
+		return response{}, fmt.Errorf("%s before hello", req.Op)
+	}
 	switch req.Op {
 	case opHello:
+		if err := w.hello(req.TLS); err != nil {
+			return response{}, err
+		}
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
 	case opCPU:
 		return response{}, nil
@@ -266,9 +305,9 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	case opWCWait:
 		return w.waitJob(ctx, "wc")
 	case opTCPSend:
-		return sendRecords(ctx, req.Addr, req.Records, req.RecordBytes)
+		return sendRecords(ctx, req.Addr, req.Records, req.RecordBytes, w.tlsClient)
 	case opWCSend:
-		return sendWordCount(ctx, req.Addr, req.Records, req.Seed, req.Partitions)
+		return sendWordCount(ctx, req.Addr, req.Records, req.Seed, req.Partitions, w.tlsClient)
 	}
 	return response{}, fmt.Errorf("unknown operation %q", req.Op)
 }
@@ -297,6 +336,9 @@ func (w *benchWorker) listenJob(kind string, fn func(ctx context.Context, lis ne
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return response{}, fmt.Errorf("listen: %w", err)
+	}
+	if w.tlsServer != nil {
+		lis = tlsListener{Listener: lis, cfg: w.tlsServer}
 	}
 	err = w.startJob(kind, func(ctx context.Context) (response, error) {
 		defer lis.Close()
@@ -519,4 +561,19 @@ func asInt(v tuple.Value) int64 {
 		return int64(math.Round(v.F))
 	}
 	return v.I
+}
+
+// tlsListener accepts server-side TLS connections made by tlsutil.Server,
+// the data plane's kind.
+type tlsListener struct {
+	net.Listener
+	cfg *tls.Config
+}
+
+func (l tlsListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return tlsutil.Server(c, l.cfg), nil
 }
