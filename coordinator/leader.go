@@ -199,7 +199,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	}
 
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); s.reapVoters(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()

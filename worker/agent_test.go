@@ -11,9 +11,10 @@ import (
 
 // The worker's gRPC server (data plane, ingest, tail) accepts the pings
 // of an idle client at the keepalive policy's rate: `fedstream tail`
-// waiting for results must not get a too_many_pings GoAway.
+// waiting for results must not get a too_many_pings GoAway. The policy is
+// the same with TLS; the probe speaks plaintext HTTP/2.
 func TestWorkerAcceptsClientKeepalive(t *testing.T) {
-	w, err := New(Config{Org: "acme", Name: "w", Coordinators: []string{"127.0.0.1:1"}})
+	w, err := New(Config{Org: "acme", Name: "w", Coordinators: []string{"127.0.0.1:1"}, InsecurePlaintext: true})
 	if err != nil {
 		t.Fatal(err)
 	}
