@@ -6,6 +6,7 @@ import (
 
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/rpctest"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // A client idle on the coordinator's port and pinging at the policy's
@@ -14,8 +15,9 @@ import (
 func TestCoordinatorAcceptsClientKeepalive(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
+	tlsConf := testCreds(t, c.ca, rpc.RoleClient, "test").ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}})
 	interval := rpc.DefaultKeepalive.MinPingInterval + 200*time.Millisecond
-	if err := rpctest.IdlePings(c.cfgs[l].GRPCAddr, interval, 4); err != nil {
+	if err := rpctest.IdlePings(c.cfgs[l].GRPCAddr, tlsConf, interval, 4); err != nil {
 		t.Fatalf("idle pings every %v: %v", interval, err)
 	}
 }

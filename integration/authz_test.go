@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -145,8 +146,16 @@ func TestDataPlaneRefusesWithoutTheRightToken(t *testing.T) {
 	if err := cli(ctx, t, &q, "query", "status", "ingest", "--addr", addr, "--token-file", readerFile); err != nil || len(q.Tasks) == 0 || q.Tasks[0].WorkerAddr == "" {
 		t.Fatalf("query status: %+v, %v", q, err)
 	}
+	// With the org's client certificate, so that the token is what is
+	// tested (a caller without a certificate is refused at the handshake:
+	// security_test.go).
+	ca, cert, key := tlsutil.Paths(o.tlsDir, "", "", "", rpc.RoleClient, "admin")
+	clientCreds, err := tlsutil.Load(ca, cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
 	subscribe := func(token string, noAck bool) error {
-		conn, err := rpc.Dial(q.Tasks[0].WorkerAddr, token)
+		conn, err := rpc.Dial(q.Tasks[0].WorkerAddr, token, clientCreds.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
 		if err != nil {
 			return err
 		}

@@ -47,10 +47,10 @@ func TestKeepalivePoliciesAgree(t *testing.T) {
 // intervals stand in for the real ones.
 func TestServerKeepalivePermitsClientPings(t *testing.T) {
 	fast := Keepalive{Time: 100 * time.Millisecond, Timeout: time.Second, MinPingInterval: 20 * time.Millisecond}
-	if err := rpctest.IdlePings(serve(t, fast.ServerOptions()...), fast.Time, 5); err != nil {
+	if err := rpctest.IdlePings(serve(t, fast.ServerOptions()...), nil, fast.Time, 5); err != nil {
 		t.Fatalf("server with the policy: %v", err)
 	}
-	err := rpctest.IdlePings(serve(t), fast.Time, 5)
+	err := rpctest.IdlePings(serve(t), nil, fast.Time, 5)
 	if !errors.Is(err, rpctest.ErrGoAway) || !strings.Contains(err.Error(), "too_many_pings") {
 		t.Fatalf("server with grpc defaults: %v; want a too_many_pings GoAway (the probe must see it)", err)
 	}

@@ -188,14 +188,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if w.dpAuth.open {
 		w.logger.Warn("data plane accepts every caller: no join token configured (dev mode); anyone who can reach " + w.Addr() + " can read results, ingest and acknowledge")
 	}
-	opts := append(dataplane.ServerOptions(), rpc.ServerOptions()...)
-	if w.cfg.TLS != nil {
-		// Other workers subscribe; clients (tail, ingest) too.
-		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient}}, false))
-	}
-	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))
-	w.grpc = grpc.NewServer(opts...)
-	pb.RegisterDataPlaneServer(w.grpc, w.runtime.Server())
+	w.grpc = w.newServer()
 	var wg sync.WaitGroup
 	defer func() {
 		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -233,6 +226,21 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	lw.Wait()
 	return nil
+}
+
+// newServer builds the data-plane gRPC server: mutual TLS (other workers
+// of the org and its clients) unless plaintext, the agreed keepalive
+// policy, and the data-plane authorisation in front of every call.
+func (w *Worker) newServer() *grpc.Server {
+	opts := append(dataplane.ServerOptions(), rpc.ServerOptions()...)
+	if w.cfg.TLS != nil {
+		// Other workers subscribe; clients (tail, ingest) too.
+		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient}}, false))
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))
+	srv := grpc.NewServer(opts...)
+	pb.RegisterDataPlaneServer(srv, w.runtime.Server())
+	return srv
 }
 
 func (w *Worker) conn(addr string) (*grpc.ClientConn, error) {

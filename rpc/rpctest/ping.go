@@ -2,6 +2,7 @@
 package rpctest
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -14,14 +15,22 @@ import (
 // ErrGoAway is returned by IdlePings when the server sent a GoAway.
 var ErrGoAway = errors.New("server sent GOAWAY")
 
-// IdlePings opens a bare HTTP/2 connection to a gRPC server at addr, opens
-// no stream, and sends n pings spaced interval apart, as a client whose
+// IdlePings opens a bare HTTP/2 connection to a gRPC server at addr (over
+// TLS with conf when it is not nil, as h2 via ALPN), opens no stream, and sends n pings spaced interval apart, as a client whose
 // keepalive fires on an idle connection would. It returns an error
 // wrapping ErrGoAway (with the server's debug data, e.g. "too_many_pings")
 // if the server turned the connection away, nil if every ping was
 // answered.
-func IdlePings(addr string, interval time.Duration, n int) error {
-	conn, err := net.DialTimeout("tcp", addr, 5*time.Second)
+func IdlePings(addr string, conf *tls.Config, interval time.Duration, n int) error {
+	var conn net.Conn
+	var err error
+	if conf != nil {
+		conf = conf.Clone()
+		conf.NextProtos = []string{"h2"}
+		conn, err = tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr, conf)
+	} else {
+		conn, err = net.DialTimeout("tcp", addr, 5*time.Second)
+	}
 	if err != nil {
 		return err
 	}
