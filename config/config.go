@@ -39,7 +39,7 @@ type Coordinator struct {
 	MaxTasksPerOrg   int `mapstructure:"max-tasks-per-org"`
 	// RemoveDownWorkersAfter is how long a down worker keeps its record.
 	RemoveDownWorkersAfter string `mapstructure:"remove-down-workers-after"`
-	TLS             TLS      `mapstructure:",squash"`
+	TLS                    TLS    `mapstructure:",squash"`
 	// TLSCAKey is the org CA's key, to sign the certificates of workers
 	// (default: ca-key.pem in tls-dir when that file exists).
 	TLSCAKey string `mapstructure:"tls-ca-key"`

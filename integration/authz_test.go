@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
-	"github.com/fedstream/fedstream/rpc/tlsutil"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
 // run runs the binary and returns its exit error, stdout and stderr.

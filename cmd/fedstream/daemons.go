@@ -111,7 +111,7 @@ func newWorkerCmd() *cobra.Command {
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 				MaxFuture: maxFuture,
-				TLS: creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
+				TLS:       creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
 			})
 			if err != nil {
 				return err
