@@ -12,6 +12,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // adminService serves operators and client tools.
@@ -76,7 +77,7 @@ func planTasks(q *queryspec.Query) ([]*fsm.Task, error) {
 				tasks = append(tasks, &fsm.Task{
 					ID:    queryspec.TaskID(q.Name, n.Name, p, r),
 					Query: q.Name, Fragment: n.Name, Partition: p, Replica: r,
-					State: "pending",
+					State: states.TaskPending,
 				})
 			}
 		}
@@ -115,7 +116,7 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	placeNew(workers, existing, tasks)
 	maxDelay := q.Availability.MaxDelay
 	body := fsm.SubmitQueryRequest{
-		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: "running", Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
+		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: states.QueryRunning, Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
 		IdempotencyKey: req.IdempotencyKey,
 	}
 	for _, t := range tasks {
@@ -206,20 +207,20 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 				ti.WorkerAddr = w.Addr
 				switch as.s.shownStatus(w) {
 				case statusReady:
-					if t.State == fsm.TaskStatePending && t.Message == "" {
+					if t.State == states.TaskPending && t.Message == "" {
 						ti.Message = fmt.Sprintf("placed on worker %s, which has not reported it running yet", w.ID)
 					}
 				case statusUnknown:
 					// The leader has not heard from the worker since it
 					// took office: the last report may no longer hold.
-					ti.State = "unknown"
+					ti.State = states.TaskUnknown
 					ti.Message = fmt.Sprintf("worker %s not heard from since the current leader took office (last reported: %s)", w.ID, t.State)
 				default:
-					ti.State = "lost"
+					ti.State = states.TaskLost
 				}
 			}
 		} else {
-			ti.State = "pending"
+			ti.State = states.TaskPending
 		}
 		info.Tasks = append(info.Tasks, ti)
 	}

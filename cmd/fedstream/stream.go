@@ -20,6 +20,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -109,7 +110,7 @@ func (tl *tailer) once(ctx context.Context) error {
 	}
 	var lastErr error = fmt.Errorf("no running replica of sink %s yet", node.Name)
 	for _, t := range q.Tasks {
-		if t.Fragment != node.Name || t.WorkerAddr == "" || t.State == "lost" {
+		if t.Fragment != node.Name || t.WorkerAddr == "" || t.State == states.TaskLost {
 			continue
 		}
 		lastErr = tl.follow(ctx, t, node.Schema, node.Name)
