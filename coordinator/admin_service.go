@@ -51,7 +51,10 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 	}
 	resp := &pb.ListWorkersResponse{}
 	for _, w := range workers {
-		tasks, _ := st.TasksByWorker(nil, w.ID)
+		tasks, err := st.TasksByWorker(nil, w.ID)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list tasks of worker %s: %v", w.ID, err)
+		}
 		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
@@ -108,8 +111,14 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	workers, _ := s.State().Workers(nil)
-	existing, _ := s.State().Tasks(nil)
+	workers, err := s.State().Workers(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read workers: %v", err)
+	}
+	existing, err := s.State().Tasks(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read tasks: %v", err)
+	}
 	if err := s.checkLimits(q, len(tasks), workers, existing); err != nil {
 		return nil, err
 	}
@@ -203,7 +212,11 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
 			WorkerId: t.WorkerID, State: t.State, Message: t.Message}
 		if t.WorkerID != "" {
-			if w, _ := st.Worker(nil, t.WorkerID); w != nil {
+			w, err := st.Worker(nil, t.WorkerID)
+			if err != nil {
+				return nil, fmt.Errorf("read worker %s of task %s: %w", t.WorkerID, t.ID, err)
+			}
+			if w != nil {
 				ti.WorkerAddr = w.Addr
 				switch as.s.shownStatus(w) {
 				case statusReady:

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/fedstream/fedstream/config/logging"
 )
 
@@ -37,6 +39,20 @@ type Config struct {
 	Timings Timings
 	Limits  Limits
 	Logger  *slog.Logger
+
+	// hooks are fault-injection seams for in-package tests; nil in
+	// production.
+	hooks hooks
+}
+
+// hooks replace parts of a node's machinery in tests.
+type hooks struct {
+	// barrier replaces raft's Barrier in the leader's set-up.
+	barrier func(timeout time.Duration) error
+	// raftTransport builds the Raft transport on the configured address
+	// instead of raft.NewTCPTransport (tests wrap the stream layer to drop
+	// traffic).
+	raftTransport func(bindAddr string) (*raft.NetworkTransport, error)
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a
@@ -89,6 +105,10 @@ type Timings struct {
 	// the leader removes its record (its tasks were placed elsewhere when
 	// it went down). A worker removed and later back registers again.
 	RemoveDownWorkersAfter time.Duration
+	// LeaderSetupTimeout bounds how long a new leader retries its set-up
+	// (barrier, marking workers unknown) before it gives leadership away
+	// rather than stay a leader that does nothing.
+	LeaderSetupTimeout time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
@@ -103,6 +123,7 @@ func DefaultTimings() Timings {
 		MaxWatchWait:    5 * time.Minute,
 
 		RemoveDownWorkersAfter: time.Hour,
+		LeaderSetupTimeout:     30 * time.Second,
 	}
 }
 
@@ -117,6 +138,8 @@ func FastTimings() Timings {
 		ForwardWait:     5 * time.Second,
 		MaxWatchWait:    time.Minute,
 		GossipInterval:  100 * time.Millisecond,
+
+		LeaderSetupTimeout: 5 * time.Second,
 	}
 }
 
@@ -135,6 +158,7 @@ func (t *Timings) fill() {
 	set(&t.ForwardWait, d.ForwardWait)
 	set(&t.MaxWatchWait, d.MaxWatchWait)
 	set(&t.RemoveDownWorkersAfter, d.RemoveDownWorkersAfter)
+	set(&t.LeaderSetupTimeout, d.LeaderSetupTimeout)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.
