@@ -25,7 +25,7 @@ var ErrCommandNotSupported = errors.New("a coordinator of the org runs a build t
 const unseenProtocol = 0
 
 // coordinatorProtocols maps every coordinator of the org to the replication
-// protocol its build advertises: each server of the Raft configuration
+// protocol its build advertises (this node included, as serf shows it): each server of the Raft configuration
 // (unseenProtocol if serf does not show it) and each coordinator of the
 // org serf shows (it will be added as a voter and replay the log). A
 // member without the tag runs a build older than the tag: BaseProtocol.
@@ -42,7 +42,7 @@ func (s *Server) coordinatorProtocols() (map[string]int, error) {
 	}
 	for _, m := range s.serf.Members() {
 		mm, ok := parseMember(m)
-		if !ok || mm.Org != s.cfg.Org || mm.ID == s.cfg.NodeID {
+		if !ok || mm.Org != s.cfg.Org {
 			continue
 		}
 		_, voter := out[mm.ID]
