@@ -226,6 +226,7 @@ func (s *Server) maybeBootstrap() {
 func (s *Server) reconcileVoters() {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
+		s.logger.Warn("reconcile voters: read raft configuration", "err", err)
 		return
 	}
 	known := map[raft.ServerID]bool{}

@@ -210,9 +210,15 @@ func (s *Server) waitForToken(ctx context.Context, hash string, present bool) {
 	for {
 		ws := memdb.NewWatchSet()
 		if _, err := s.State().Tokens(ws); err != nil {
+			s.logger.Warn("waiting for a token change: read tokens", "err", err)
 			return
 		}
-		if tok, err := s.State().TokenByHash(hash); err != nil || (tok != nil) == present {
+		tok, err := s.State().TokenByHash(hash)
+		if err != nil {
+			s.logger.Warn("waiting for a token change: read token", "err", err)
+			return
+		}
+		if (tok != nil) == present {
 			return
 		}
 		if err := ws.WatchCtx(ctx); err != nil {
