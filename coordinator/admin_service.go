@@ -12,6 +12,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // adminService serves operators and client tools.
@@ -52,7 +53,10 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 	}
 	resp := &pb.ListWorkersResponse{}
 	for _, w := range workers {
-		tasks, _ := st.TasksByWorker(nil, w.ID)
+		tasks, err := st.TasksByWorker(nil, w.ID)
+		if err != nil {
+			return nil, status.Errorf(codes.Internal, "list tasks of worker %s: %v", w.ID, err)
+		}
 		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
@@ -78,7 +82,7 @@ func planTasks(q *queryspec.Query) ([]*fsm.Task, error) {
 				tasks = append(tasks, &fsm.Task{
 					ID:    queryspec.TaskID(q.Name, n.Name, p, r),
 					Query: q.Name, Fragment: n.Name, Partition: p, Replica: r,
-					State: "pending",
+					State: states.TaskPending,
 				})
 			}
 		}
@@ -109,15 +113,21 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	workers, _ := s.State().Workers(nil)
-	existing, _ := s.State().Tasks(nil)
+	workers, err := s.State().Workers(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read workers: %v", err)
+	}
+	existing, err := s.State().Tasks(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read tasks: %v", err)
+	}
 	if err := s.checkLimits(q, len(tasks), workers, existing); err != nil {
 		return nil, err
 	}
 	placeNew(workers, existing, tasks)
 	maxDelay := q.Availability.MaxDelay
 	body := fsm.SubmitQueryRequest{
-		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: "running", Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
+		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: states.QueryRunning, Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
 		IdempotencyKey: req.IdempotencyKey,
 	}
 	for _, t := range tasks {
@@ -204,24 +214,28 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
 			WorkerId: t.WorkerID, State: t.State, Message: t.Message}
 		if t.WorkerID != "" {
-			if w, _ := st.Worker(nil, t.WorkerID); w != nil {
+			w, err := st.Worker(nil, t.WorkerID)
+			if err != nil {
+				return nil, fmt.Errorf("read worker %s of task %s: %w", t.WorkerID, t.ID, err)
+			}
+			if w != nil {
 				ti.WorkerAddr = w.Addr
 				switch as.s.shownStatus(w) {
 				case statusReady:
-					if t.State == fsm.TaskStatePending && t.Message == "" {
+					if t.State == states.TaskPending && t.Message == "" {
 						ti.Message = fmt.Sprintf("placed on worker %s, which has not reported it running yet", w.ID)
 					}
 				case statusUnknown:
 					// The leader has not heard from the worker since it
 					// took office: the last report may no longer hold.
-					ti.State = "unknown"
+					ti.State = states.TaskUnknown
 					ti.Message = fmt.Sprintf("worker %s not heard from since the current leader took office (last reported: %s)", w.ID, t.State)
 				default:
-					ti.State = "lost"
+					ti.State = states.TaskLost
 				}
 			}
 		} else {
-			ti.State = "pending"
+			ti.State = states.TaskPending
 		}
 		info.Tasks = append(info.Tasks, ti)
 	}

@@ -7,6 +7,8 @@ import (
 	"net"
 	"time"
 
+	"github.com/hashicorp/raft"
+
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -59,6 +61,20 @@ type Config struct {
 	Timings Timings
 	Limits  Limits
 	Logger  *slog.Logger
+
+	// hooks are fault-injection seams for in-package tests; nil in
+	// production.
+	hooks hooks
+}
+
+// hooks replace parts of a node's machinery in tests.
+type hooks struct {
+	// barrier replaces raft's Barrier in the leader's set-up.
+	barrier func(timeout time.Duration) error
+	// raftTransport builds the Raft transport on the configured address
+	// instead of raft.NewTCPTransport (tests wrap the stream layer to drop
+	// traffic).
+	raftTransport func(bindAddr string) (*raft.NetworkTransport, error)
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a
@@ -121,6 +137,10 @@ type Timings struct {
 	// failed voter counts towards the quorum, which is why it is removed
 	// at all.
 	DeadVoterTimeout time.Duration
+	// LeaderSetupTimeout bounds how long a new leader retries its set-up
+	// (barrier, marking workers unknown) before it gives leadership away
+	// rather than stay a leader that does nothing.
+	LeaderSetupTimeout time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
@@ -136,6 +156,7 @@ func DefaultTimings() Timings {
 		DeadVoterTimeout: 72 * time.Hour,
 
 		RemoveDownWorkersAfter: time.Hour,
+		LeaderSetupTimeout:     30 * time.Second,
 	}
 }
 
@@ -150,6 +171,8 @@ func FastTimings() Timings {
 		ForwardWait:     5 * time.Second,
 		MaxWatchWait:    time.Minute,
 		GossipInterval:  100 * time.Millisecond,
+
+		LeaderSetupTimeout: 5 * time.Second,
 	}
 }
 
@@ -169,6 +192,7 @@ func (t *Timings) fill() {
 	set(&t.MaxWatchWait, d.MaxWatchWait)
 	set(&t.RemoveDownWorkersAfter, d.RemoveDownWorkersAfter)
 	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
+	set(&t.LeaderSetupTimeout, d.LeaderSetupTimeout)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.

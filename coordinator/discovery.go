@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -13,6 +14,8 @@ import (
 	"github.com/hashicorp/serf/serf"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/internal/retry"
 )
 
 // Serf tags every coordinator carries. Serf is for discovery and failure
@@ -25,6 +28,9 @@ const (
 	tagGRPC   = "grpc"
 	tagRaft   = "raft"
 	tagExpect = "expect"
+	// tagProto is the replication protocol the node's build speaks
+	// (fsm.ProtocolVersion); see canPropose.
+	tagProto = "proto"
 
 	roleCoordinator = "coordinator"
 )
@@ -40,7 +46,12 @@ func parseMember(m serf.Member) (member, bool) {
 	if m.Tags[tagRole] != roleCoordinator {
 		return member{}, false
 	}
-	expect, _ := strconv.Atoi(m.Tags[tagExpect])
+	// A malformed tag counts as 0: the member is not counted for
+	// bootstrap (maybeBootstrap logs members whose expectation differs).
+	expect, err := strconv.Atoi(m.Tags[tagExpect])
+	if err != nil {
+		expect = 0
+	}
 	return member{
 		Name: m.Name, Org: m.Tags[tagOrg], ID: m.Tags[tagID],
 		GRPCAddr: m.Tags[tagGRPC], RaftAddr: m.Tags[tagRaft],
@@ -63,6 +74,7 @@ func (s *Server) setupSerf() error {
 	conf.Tags = map[string]string{
 		tagOrg: s.cfg.Org, tagRole: roleCoordinator, tagID: s.cfg.NodeID,
 		tagGRPC: s.GRPCAddr(), tagRaft: s.cfg.RaftAddr, tagExpect: strconv.Itoa(s.cfg.BootstrapExpect),
+		tagProto: strconv.Itoa(fsm.ProtocolVersion),
 	}
 	ml := memberlist.DefaultLANConfig()
 	if iv := s.cfg.Timings.GossipInterval; iv > 0 {
@@ -105,22 +117,22 @@ func (s *Server) setupSerf() error {
 // retryJoin joins the configured serf addresses, retrying until one answers
 // or the server stops.
 func (s *Server) retryJoin(ctx context.Context) {
-	backoff := 200 * time.Millisecond
-	for {
-		n, err := s.serf.Join(s.cfg.Join, true)
-		if err == nil && n > 0 {
-			s.logger.Info("joined serf pool", "contacted", n)
-			return
-		}
-		s.logger.Warn("serf join failed; retrying", "addrs", s.cfg.Join, "err", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		if backoff < 5*time.Second {
-			backoff *= 2
-		}
+	err := retry.Do(ctx, retry.Policy{Initial: 200 * time.Millisecond, Max: 5 * time.Second}, 0,
+		func(_ int, err error, delay time.Duration) {
+			s.logger.Warn("serf join failed; retrying", "addrs", s.cfg.Join, "err", err, "retry_in", delay)
+		},
+		func(context.Context) error {
+			n, err := s.serf.Join(s.cfg.Join, true)
+			if err == nil && n == 0 {
+				err = errors.New("no address answered")
+			}
+			if err == nil {
+				s.logger.Info("joined serf pool", "contacted", n)
+			}
+			return err
+		})
+	if err != nil && ctx.Err() == nil {
+		s.logger.Error("serf join gave up", "err", err)
 	}
 }
 
@@ -252,6 +264,7 @@ func (s *Server) maybeBootstrap() {
 func (s *Server) reconcileVoters() {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
+		s.logger.Warn("reconcile voters: read raft configuration", "err", err)
 		return
 	}
 	known := map[raft.ServerID]bool{}

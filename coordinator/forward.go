@@ -58,8 +58,10 @@ func (f *forwarder) conn(addr, leaderID string) (*grpc.ClientConn, error) {
 func (f *forwarder) close() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, c := range f.conns {
-		_ = c.Close()
+	for addr, c := range f.conns {
+		if err := c.Close(); err != nil {
+			f.s.logger.Debug("close connection to leader", "addr", addr, "err", err)
+		}
 	}
 	f.conns = map[string]*grpc.ClientConn{}
 }
@@ -136,6 +138,9 @@ func (s *Server) forwardTo(ctx context.Context, addrs []string, leaderID, method
 // apply commits one command through Raft on the leader and returns the
 // FSM's result. Errors are gRPC statuses.
 func (s *Server) apply(ctx context.Context, t fsm.MessageType, body any) (*fsm.ApplyResult, error) {
+	if err := s.canPropose(t); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
 	buf, err := fsm.Encode(t, body)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "encode command: %v", err)

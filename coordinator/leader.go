@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/hashicorp/go-memdb"
 
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/internal/retry"
 )
 
 // liveness holds the leader's in-memory heartbeat deadlines. They are not
@@ -160,18 +162,91 @@ func (s *Server) monitorLeadership(ctx context.Context) {
 	}
 }
 
+// setupRetry paces the retries of a failed leadership set-up.
+var setupRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+
 // leaderLoop runs while this node leads: worker liveness and placement.
+//
+// Invariant: a leader either runs its duties, or is retrying its set-up
+// (within LeaderSetupTimeout), or is giving leadership away. It never sits
+// idle: a failed barrier used to end this loop with the node still leader,
+// doing no liveness checks and no scheduling until leadership changed for
+// some other reason.
 func (s *Server) leaderLoop(ctx context.Context) {
 	s.logger.Info("became leader; starting leader duties")
 	defer s.logger.Info("leader duties stopped")
+	for {
+		err := s.setUpLeadership(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.logger.Error("leadership set-up keeps failing; transferring leadership to another coordinator",
+			"err", err, "tried_for", s.cfg.Timings.LeaderSetupTimeout)
+		terr := s.raft.LeadershipTransfer().Error()
+		if terr == nil {
+			// Raft reports the loss on leaderCh; monitorLeadership then
+			// stops this (finished) loop's duties.
+			s.logger.Warn("leadership transferred after failed set-up")
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		// No other voter could take over (a one-node cluster, or none
+		// reachable): keep trying to set up.
+		s.logger.Error("leadership transfer failed; retrying set-up", "err", terr)
+	}
+	s.leading.Store(true)
+	defer s.leading.Store(false)
+
+	var wg sync.WaitGroup
+	wg.Add(4)
+	go func() { defer wg.Done(); s.reapVoters(ctx) }()
+	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
+	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
+	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
+	wg.Wait()
+}
+
+// setUpLeadership runs the new leader's set-up, retrying with backoff for
+// up to LeaderSetupTimeout. Every step may be repeated.
+func (s *Server) setUpLeadership(ctx context.Context) error {
+	budget := s.cfg.Timings.LeaderSetupTimeout
+	sctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
+	return retry.Do(sctx, setupRetry, 0, func(attempt int, err error, delay time.Duration) {
+		s.logger.Warn("leadership set-up failed; retrying", "attempt", attempt, "err", err, "retry_in", delay)
+	}, s.setUpOnce)
+}
+
+// runBarrier waits until the FSM holds every entry committed before this
+// leader's term (tests may replace it to inject failures).
+func (s *Server) runBarrier(timeout time.Duration) error {
+	if s.cfg.hooks.barrier != nil {
+		return s.cfg.hooks.barrier(timeout)
+	}
+	return s.raft.Barrier(timeout).Error()
+}
+
+// setUpOnce is one attempt of the leader's set-up.
+func (s *Server) setUpOnce(ctx context.Context) error {
 	// The barrier makes sure the FSM holds every entry the previous leader
 	// committed before we read state to decide anything.
-	if err := s.raft.Barrier(10 * time.Second).Error(); err != nil {
-		s.logger.Error("leader barrier failed", "err", err)
-		return
+	timeout := 10 * time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
+	}
+	if err := s.runBarrier(timeout); err != nil {
+		return fmt.Errorf("leader barrier: %w", err)
 	}
 	s.reconcileVoters()
-	workers, _ := s.State().Workers(nil)
+	workers, err := s.State().Workers(nil)
+	if err != nil {
+		return fmt.Errorf("read workers: %w", err)
+	}
 	var ids, wasReady []string
 	for _, w := range workers {
 		if w.Status != statusDown {
@@ -193,18 +268,11 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		if err == nil {
 			err = res.Err
 		}
-		if err != nil && ctx.Err() == nil {
-			s.logger.Error("marking workers unknown until they heartbeat failed", "err", err)
+		if err != nil {
+			return fmt.Errorf("mark workers unknown until they heartbeat: %w", err)
 		}
 	}
-
-	var wg sync.WaitGroup
-	wg.Add(4)
-	go func() { defer wg.Done(); s.reapVoters(ctx) }()
-	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
-	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
-	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
-	wg.Wait()
+	return nil
 }
 
 // removeDownWorkers deletes, through Raft, the records of workers down
@@ -223,19 +291,24 @@ func (s *Server) removeDownWorkers(ctx context.Context) {
 		case now := <-tick.C:
 			workers, err := s.State().Workers(nil)
 			if err != nil {
+				s.logger.Error("removing down workers: read workers", "err", err)
 				continue
 			}
 			for _, w := range workers {
 				if w.Status != statusDown {
 					continue
 				}
+				var res *fsm.ApplyResult
 				var err error
 				switch {
 				case w.StatusSince == 0:
-					_, err = s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusDown, At: now.UnixNano()})
+					res, err = s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: w.ID, Status: statusDown, At: now.UnixNano()})
 				case now.Sub(time.Unix(0, w.StatusSince)) > after:
 					s.logger.Info("removing worker down too long", "worker", w.ID, "addr", w.Addr, "down_since", time.Unix(0, w.StatusSince).UTC(), "limit", after)
-					_, err = s.apply(ctx, fsm.DeleteWorkerType, fsm.DeleteWorkerRequest{WorkerID: w.ID})
+					res, err = s.apply(ctx, fsm.DeleteWorkerType, fsm.DeleteWorkerRequest{WorkerID: w.ID})
+				}
+				if err == nil && res != nil {
+					err = res.Err
 				}
 				if err != nil && ctx.Err() == nil {
 					s.logger.Warn("removing down worker failed", "worker", w.ID, "err", err)
@@ -256,15 +329,26 @@ func (s *Server) expireWorkers(ctx context.Context) {
 		case now := <-tick.C:
 			for _, id := range s.liveness.expired(now) {
 				w, err := s.State().Worker(nil, id)
-				if err != nil || w == nil || w.Status == statusDown {
+				if err != nil {
+					s.logger.Error("expiring workers: read worker", "worker", id, "err", err)
+					continue // retried on the next tick
+				}
+				if w == nil || w.Status == statusDown {
 					s.liveness.forget(id)
 					continue
 				}
 				s.logger.Warn("worker missed its heartbeat TTL; marking it down", "worker", id, "ttl", s.cfg.Timings.HeartbeatTTL)
 				res, err := s.apply(ctx, fsm.SetWorkerStatusType, fsm.SetWorkerStatusRequest{WorkerID: id, Status: statusDown, At: now.UnixNano()})
-				if err == nil && res.Err == nil {
-					s.liveness.forget(id)
+				if err == nil {
+					err = res.Err
 				}
+				if err != nil {
+					if ctx.Err() == nil {
+						s.logger.Warn("marking worker down failed; retrying on the next tick", "worker", id, "err", err)
+					}
+					continue
+				}
+				s.liveness.forget(id)
 			}
 		}
 	}

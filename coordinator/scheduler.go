@@ -7,7 +7,7 @@ import (
 	"github.com/fedstream/fedstream/fsm"
 )
 
-// Worker statuses as stored in the workers table (see fsm.WorkerStatus*).
+// Worker statuses as stored in the workers table (spelled in rpc/states).
 // Tasks on an unknown worker stay where they are (it may well be alive)
 // but it is given no new task until it is heard from.
 const (

@@ -59,6 +59,8 @@ type Server struct {
 	auth      *authenticator
 	liveness  *liveness
 	plans     planCache
+	// leading is true while this node's leader duties run (set-up done).
+	leading atomic.Bool
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.
@@ -111,6 +113,7 @@ func (s *Server) Start() (err error) {
 		return err
 	}
 	s.forwarder = newForwarder(s)
+	s.goRun(s.watchHalt)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.handleSerfEvents)
 	if len(s.cfg.Join) > 0 {
@@ -127,6 +130,37 @@ func (s *Server) Start() (err error) {
 	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr,
 		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode, "mtls", s.cfg.TLS != nil)
 	return nil
+}
+
+// watchHalt shuts the node down when its FSM halts on a committed entry it
+// cannot apply (see fsm.FSM.Halted): serving reads from, or leading with, a
+// state that lacks a committed entry would diverge from the other nodes.
+func (s *Server) watchHalt(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-s.fsm.Halted():
+		s.logger.Error("STOPPING COORDINATOR: the replicated log holds an entry this build cannot apply; upgrade this node to the build the other coordinators run",
+			"err", s.fsm.HaltErr())
+		// Shutdown waits for this goroutine (s.wg): run it outside.
+		go func() {
+			if err := s.Shutdown(); err != nil {
+				s.logger.Error("shutdown after halt", "err", err)
+			}
+		}()
+	}
+}
+
+// Stopped is closed once Shutdown began, whether the caller asked for it
+// or the node stopped itself (Err says why).
+func (s *Server) Stopped() <-chan struct{} { return s.ctx.Done() }
+
+// Err is why the node stopped itself: non-nil (wrapping fsm.ErrHalted)
+// after its FSM met a committed entry it cannot apply.
+func (s *Server) Err() error {
+	if s.fsm == nil {
+		return nil
+	}
+	return s.fsm.HaltErr()
 }
 
 func (s *Server) goRun(f func(ctx context.Context)) {
@@ -190,7 +224,9 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
-	if s.cfg.TLS == nil {
+	if h := s.cfg.hooks.raftTransport; h != nil {
+		s.transport, err = h(s.cfg.RaftAddr)
+	} else if s.cfg.TLS == nil {
 		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
 	} else {
 		var layer *tlsStreamLayer
@@ -286,7 +322,10 @@ func (s *Server) Shutdown() error {
 			}
 		}
 		if s.serf != nil {
-			_ = s.serf.Leave()
+			if e := s.serf.Leave(); e != nil {
+				// Not fatal: the others detect the failure instead.
+				s.logger.Warn("leaving serf gracefully failed", "err", e)
+			}
 			if e := s.serf.Shutdown(); e != nil {
 				err = errors.Join(err, e)
 			}
@@ -297,7 +336,9 @@ func (s *Server) Shutdown() error {
 			}
 		}
 		if s.transport != nil {
-			_ = s.transport.Close()
+			if e := s.transport.Close(); e != nil {
+				err = errors.Join(err, fmt.Errorf("close raft transport: %w", e))
+			}
 		}
 		s.wg.Wait()
 		if s.forwarder != nil {

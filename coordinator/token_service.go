@@ -104,7 +104,10 @@ func (ts *tokenService) CreateToken(ctx context.Context, req *pb.CreateTokenRequ
 		}
 		return nil, status.Errorf(codes.FailedPrecondition, "create token: %v", res.Err)
 	}
-	id, _ := res.Value.(string)
+	id, ok := res.Value.(string)
+	if !ok {
+		return nil, status.Errorf(codes.Internal, "create token: the FSM returned %T, not the token id", res.Value)
+	}
 	stored, err := s.State().Token(id)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "create token: read it back: %v", err)
@@ -139,7 +142,11 @@ func (ts *tokenService) RevokeToken(ctx context.Context, req *pb.RevokeTokenRequ
 	if handled, err := s.leaderOrForward(ctx, tokenMethod+"RevokeToken", req, resp); handled {
 		if err == nil {
 			hash := ""
-			if tok, _ := s.State().Token(req.Id); tok != nil {
+			tok, terr := s.State().Token(req.Id)
+			if terr != nil {
+				return resp, status.Errorf(codes.Internal, "revoke token: read it locally: %v", terr)
+			}
+			if tok != nil {
 				hash = tok.SecretHash
 			}
 			s.waitForToken(ctx, hash, false)
@@ -203,9 +210,15 @@ func (s *Server) waitForToken(ctx context.Context, hash string, present bool) {
 	for {
 		ws := memdb.NewWatchSet()
 		if _, err := s.State().Tokens(ws); err != nil {
+			s.logger.Warn("waiting for a token change: read tokens", "err", err)
 			return
 		}
-		if tok, err := s.State().TokenByHash(hash); err != nil || (tok != nil) == present {
+		tok, err := s.State().TokenByHash(hash)
+		if err != nil {
+			s.logger.Warn("waiting for a token change: read token", "err", err)
+			return
+		}
+		if (tok != nil) == present {
 			return
 		}
 		if err := ws.WatchCtx(ctx); err != nil {

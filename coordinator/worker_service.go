@@ -29,7 +29,9 @@ const workerMethod = "/fedstream.v1.WorkerService/"
 
 func newID(prefix string) string {
 	var b [6]byte
-	_, _ = rand.Read(b[:])
+	// crypto/rand.Read never returns an error (it aborts the program if
+	// the system's source fails), so there is none to handle.
+	rand.Read(b[:]) //nolint:errcheck
 	return prefix + hex.EncodeToString(b[:])
 }
 
@@ -167,7 +169,9 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"ReportTasks", req, resp); handled {
 		return resp, err
 	}
-	if w, _ := s.State().Worker(nil, req.WorkerId); w == nil {
+	if w, err := s.State().Worker(nil, req.WorkerId); err != nil {
+		return nil, status.Errorf(codes.Internal, "report tasks: read worker %s: %v", req.WorkerId, err)
+	} else if w == nil {
 		return nil, errUnknownWorker(req.WorkerId)
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}

@@ -1,6 +1,9 @@
 package fsm
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"reflect"
 	"strings"
 	"testing"
@@ -358,39 +361,93 @@ func TestIdempotencyPruneKeepsNewest(t *testing.T) {
 }
 
 func TestUnknownAndMalformedEntries(t *testing.T) {
+	// An ignorable unknown type is skipped and the FSM goes on.
 	h := newHarness(t)
 	h.registerWorker("a", "x:1")
-	before := dump(t, h.state())
-
 	res := h.applyRaw(append([]byte{byte(IgnoreUnknownTypeFlag | 0x7f)}, `{"future":true}`...))
-	if res.Err != nil || res.Value != nil || h.state().LatestIndex() != h.index {
-		t.Fatalf("ignorable unknown: %+v latest %d", res, h.state().LatestIndex())
+	if res.Err != nil || res.Value != nil || h.state().LatestIndex() != h.index || h.fsm.HaltErr() != nil {
+		t.Fatalf("ignorable unknown: %+v latest %d halt %v", res, h.state().LatestIndex(), h.fsm.HaltErr())
 	}
 
-	for name, data := range map[string][]byte{
-		"empty entry":   nil,
-		"bad json":      append([]byte{byte(RegisterWorkerType)}, "not json"...),
-		"unknown field": append([]byte{byte(SetWorkerStatusType)}, `{"worker_id":"a","status":"down","extra":1}`...),
-		"trailing data": append([]byte{byte(SetWorkerStatusType)}, `{"worker_id":"a","status":"down"} {}`...),
+	// An entry that cannot be applied halts the FSM: it is never skipped.
+	valid, err := Encode(SetWorkerStatusType, SetWorkerStatusRequest{WorkerID: "a", Status: WorkerStatusDown})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		data []byte
+		want error
+	}{
+		"empty entry":           {nil, ErrMalformedCommand},
+		"bad json":              {append([]byte{byte(RegisterWorkerType)}, "not json"...), ErrMalformedCommand},
+		"truncated":             {valid[:len(valid)-6], ErrMalformedCommand},
+		"wrong field type":      {append([]byte{byte(SetWorkerStatusType)}, `{"worker_id":7,"status":"down"}`...), ErrMalformedCommand},
+		"trailing data":         {append([]byte{byte(SetWorkerStatusType)}, `{"worker_id":"a","status":"down"} {}`...), ErrMalformedCommand},
+		"unknown non-ignorable": {[]byte{0x7f, '{', '}'}, ErrUnknownCommand},
 	} {
-		if res := h.applyRaw(data); !strings.Contains(errString(res.Err), ErrMalformedCommand.Error()) {
-			t.Errorf("%s: err = %v, want ErrMalformedCommand", name, res.Err)
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.registerWorker("a", "x:1")
+			before := dump(t, h.state())
+			res := h.applyRaw(tc.data)
+			if !errors.Is(res.Err, ErrHalted) || !errors.Is(res.Err, tc.want) {
+				t.Fatalf("err = %v, want ErrHalted wrapping %v", res.Err, tc.want)
+			}
+			select {
+			case <-h.fsm.Halted():
+			default:
+				t.Fatal("Halted() not closed")
+			}
+			if !errors.Is(h.fsm.HaltErr(), ErrHalted) {
+				t.Fatalf("HaltErr = %v", h.fsm.HaltErr())
+			}
+			// Nothing after the halt applies, and no snapshot is taken.
+			if res := h.applyRaw(valid); !errors.Is(res.Err, ErrHalted) {
+				t.Fatalf("entry after halt: %+v, want ErrHalted", res)
+			}
+			if _, err := h.fsm.Snapshot(); !errors.Is(err, ErrHalted) {
+				t.Fatalf("Snapshot after halt: %v, want ErrHalted", err)
+			}
+			requireSameState(t, before, dump(t, h.state()))
+		})
+	}
+}
+
+// TestUnknownFieldsAppliedIdentically: a newer build adds fields to a
+// command (top level and nested); this build applies the entry exactly as
+// it applies the entry without them.
+func TestUnknownFieldsAppliedIdentically(t *testing.T) {
+	plain, future := newHarness(t), newHarness(t)
+	entries := []struct {
+		typ  MessageType
+		body any
+	}{
+		{RegisterWorkerType, RegisterWorkerRequest{Worker: Worker{ID: "w1", Addr: "w1:1", Cores: 2}, IdempotencyKey: "k1"}},
+		{SubmitQueryType, SubmitQueryRequest{Query: Query{Name: "q", Replicas: 1}, Tasks: []Task{task("q", "f", 0, 0, "w1")}, IdempotencyKey: "k2"}},
+		{SetWorkerStatusType, SetWorkerStatusRequest{WorkerID: "w1", Status: WorkerStatusDown, At: 5}},
+		{StopQueryType, StopQueryRequest{Name: "q"}},
+	}
+	for _, e := range entries {
+		data, err := Encode(e.typ, e.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Add a field at the top level and inside every nested object.
+		extended := bytes.ReplaceAll(data[1:], []byte("{"), []byte(`{"added_by_a_newer_build":{"x":[1,2]},`))
+		extended = bytes.ReplaceAll(extended, []byte(",}"), []byte("}"))
+		if !json.Valid(extended) || bytes.Equal(extended, data[1:]) {
+			t.Fatalf("bad test entry %s", extended)
+		}
+		r1 := plain.applyRaw(data)
+		r2 := future.applyRaw(append([]byte{data[0]}, extended...))
+		if r1.Err != nil || r2.Err != nil || !reflect.DeepEqual(r1, r2) {
+			t.Fatalf("%s: plain %+v, with unknown fields %+v", e.typ, r1, r2)
 		}
 	}
-	after := dump(t, h.state())
-	delete(before, tableIndexes)
-	delete(after, tableIndexes)
-	requireSameState(t, before, after)
-
-	func() {
-		defer func() {
-			r := recover()
-			if r == nil || !strings.Contains(r.(string), "0x7f") {
-				t.Fatalf("recover() = %v, want a panic naming type 0x7f", r)
-			}
-		}()
-		h.applyRaw([]byte{0x7f, '{', '}'})
-	}()
+	requireSameState(t, dump(t, plain.state()), dump(t, future.state()))
+	if future.fsm.HaltErr() != nil {
+		t.Fatalf("halted: %v", future.fsm.HaltErr())
+	}
 }
 
 func errString(err error) string {

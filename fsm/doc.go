@@ -9,10 +9,15 @@
 //     (see Encode). Apply is deterministic: it depends only on the current
 //     state and the entry (never on clocks, randomness or map order), so every
 //     coordinator that applies the same log reaches the same state.
-//   - An unknown type with IgnoreUnknownTypeFlag set is skipped and logged; an
-//     unknown type without it makes Apply panic, because a node that cannot
-//     apply an entry must stop rather than silently diverge from its peers.
-//     A command that decodes but is rejected (validation, not found, exists)
+//   - Bodies decode with unknown fields ignored (forward compatible: an
+//     entry or snapshot record written by a newer build applies here as it
+//     did there). An unknown type with IgnoreUnknownTypeFlag set is skipped
+//     and logged. An entry that cannot be applied (unknown type without the
+//     flag, empty, truncated or corrupt body) is never skipped: the FSM
+//     halts (Apply and Snapshot refuse from then on, Halted is closed) and
+//     the coordinator stops the node, because a node that cannot apply an
+//     entry must stop rather than silently diverge from its peers. A
+//     command that decodes but is rejected (validation, not found, exists)
 //     changes nothing and returns *ApplyResult with Err set.
 //   - Apply always returns *ApplyResult, never a bare error.
 //   - Records are copy-on-write: the store never mutates a stored record; a

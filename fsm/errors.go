@@ -13,13 +13,19 @@ var ErrQueryNotFound = errors.New("query not found")
 // not registered.
 var ErrWorkerNotFound = errors.New("worker not found")
 
-// ErrUnknownCommand is returned (and logged) for a log entry whose type this
-// node does not know. Non-ignorable unknown types panic instead.
+// ErrUnknownCommand is the cause (within ErrHalted) of a halt on a log entry
+// whose type this node does not know and that is not marked ignorable.
 var ErrUnknownCommand = errors.New("unknown command type")
 
-// ErrMalformedCommand is returned when a log entry is empty or its body cannot
-// be decoded for its type.
+// ErrMalformedCommand is the cause (within ErrHalted) of a halt on a log
+// entry that is empty or whose body cannot be decoded for its type
+// (truncated, corrupt, a field of the wrong type).
 var ErrMalformedCommand = errors.New("malformed command")
+
+// ErrHalted is returned by Apply once the FSM met a committed entry it
+// cannot apply: it then applies nothing more and the node must stop (see
+// FSM.Halted). It wraps ErrUnknownCommand or ErrMalformedCommand.
+var ErrHalted = errors.New("fsm halted at a committed log entry it cannot apply")
 
 // ErrInvalidRequest is returned when a decoded command fails validation
 // (missing id, bad status, inconsistent task id, ...). Nothing is changed.

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-memdb"
 	"github.com/hashicorp/raft"
@@ -23,6 +25,12 @@ type FSM struct {
 	logger             *slog.Logger
 	state              *StateStore
 	maxIdempotencyKeys int
+
+	// haltErr is set (once) when a committed entry cannot be applied; see
+	// halt. haltCh is closed at the same time.
+	haltErr  atomic.Pointer[error]
+	haltCh   chan struct{}
+	haltOnce sync.Once
 }
 
 var _ raft.FSM = (*FSM)(nil)
@@ -36,7 +44,7 @@ func New(logger *slog.Logger) (*FSM, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &FSM{logger: logger.With("component", "fsm"), state: state, maxIdempotencyKeys: MaxIdempotencyKeys}, nil
+	return &FSM{logger: logger.With("component", "fsm"), state: state, maxIdempotencyKeys: MaxIdempotencyKeys, haltCh: make(chan struct{})}, nil
 }
 
 // State returns the state store. It is the same value for the life of the
@@ -74,11 +82,15 @@ var commandDecoders = map[MessageType]func() command{
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
 }
 
-// decodeStrict decodes one JSON value, rejecting unknown fields and trailing
-// data: a field this node does not know would otherwise be dropped silently.
-func decodeStrict(data []byte, v any) error {
+// decodeBody decodes one JSON value and rejects trailing data. Unknown
+// fields are ignored: a newer build may add a field to a command or a
+// record (forward compatible encoding), and an older node must still apply
+// that entry exactly as the leader did rather than refuse it. A newer build
+// that needs an older node to understand a field must gate it behind a new
+// command type (see ProtocolOf), which the leader proposes only once every
+// coordinator advertises a build that knows it.
+func decodeBody(data []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return err
 	}
@@ -88,9 +100,53 @@ func decodeStrict(data []byte, v any) error {
 	return nil
 }
 
-// Apply applies one committed log entry. It panics on an unknown type without
-// IgnoreUnknownTypeFlag; otherwise it returns *ApplyResult.
+// Halted is closed when the FSM met a committed entry it cannot apply (see
+// halt); HaltErr then says which. The coordinator watches it and shuts the
+// node down.
+func (f *FSM) Halted() <-chan struct{} { return f.haltCh }
+
+// HaltErr is nil while the FSM applies entries, and the reason (wrapping
+// ErrHalted) once it halted.
+func (f *FSM) HaltErr() error {
+	if p := f.haltErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// halt stops the FSM at a committed entry it cannot apply: an entry that
+// does not decode (truncated, corrupt) or an unknown type without
+// IgnoreUnknownTypeFlag. Skipping such an entry would silently diverge
+// from the nodes that applied it, so from here on the FSM changes nothing:
+// Apply refuses every entry, Snapshot fails (a snapshot would persist the
+// state without the entry and let raft compact it away), and Halted is
+// closed so the coordinator shuts the node down with a clear log line.
+// After a restart raft replays the log from the last snapshot and halts at
+// the same entry again, deterministically, until a build that can apply it
+// runs.
+//
+// Why not panic in Apply: a panic would also stop the node, but it kills
+// every component sharing the process (the single-process dev federation
+// runs coordinators and workers together, and so do in-process tests)
+// without an orderly shutdown of Raft's stores.
+func (f *FSM) halt(index uint64, t MessageType, cause error) *ApplyResult {
+	err := fmt.Errorf("%w: log index %d, type %s: %w", ErrHalted, index, t, cause)
+	f.haltOnce.Do(func() {
+		f.haltErr.Store(&err)
+		f.logger.Error("FSM HALTED: a committed log entry cannot be applied; this node stops instead of diverging from its peers (run a build that understands the entry)",
+			"index", index, "type", t.String(), "err", cause)
+		close(f.haltCh)
+	})
+	return &ApplyResult{Index: index, Err: err}
+}
+
+// Apply applies one committed log entry and returns *ApplyResult. An entry
+// this node cannot apply halts the FSM (see halt); after that every entry
+// returns an error wrapping ErrHalted and changes nothing.
 func (f *FSM) Apply(l *raft.Log) any {
+	if err := f.HaltErr(); err != nil {
+		return &ApplyResult{Index: l.Index, Err: err}
+	}
 	if l.Type != raft.LogCommand {
 		f.markApplied(l.Index)
 		return &ApplyResult{Index: l.Index}
@@ -100,7 +156,7 @@ func (f *FSM) Apply(l *raft.Log) any {
 
 func (f *FSM) applyCommand(index uint64, data []byte) *ApplyResult {
 	if len(data) == 0 {
-		return f.reject(index, 0, fmt.Errorf("%w: empty log entry", ErrMalformedCommand), slog.LevelError)
+		return f.halt(index, 0, fmt.Errorf("%w: empty log entry", ErrMalformedCommand))
 	}
 	t := MessageType(data[0])
 	newCommand, ok := commandDecoders[t]
@@ -110,12 +166,11 @@ func (f *FSM) applyCommand(index uint64, data []byte) *ApplyResult {
 			f.markApplied(index)
 			return &ApplyResult{Index: index}
 		}
-		f.logger.Error("unknown non-ignorable command; stopping to avoid divergence", "type", t.String(), "index", index)
-		panic(fmt.Sprintf("fsm: unknown non-ignorable command type %d (%#x) at log index %d: this node cannot apply the log and must not diverge", uint8(t), uint8(t), index))
+		return f.halt(index, t, fmt.Errorf("%w: non-ignorable type %d (%#x)", ErrUnknownCommand, uint8(t), uint8(t)))
 	}
 	cmd := newCommand()
-	if err := decodeStrict(data[1:], cmd); err != nil {
-		return f.reject(index, t, fmt.Errorf("%w: decode %s body: %v", ErrMalformedCommand, t, err), slog.LevelError)
+	if err := decodeBody(data[1:], cmd); err != nil {
+		return f.halt(index, t, fmt.Errorf("%w: decode %s body: %v", ErrMalformedCommand, t, err))
 	}
 
 	g := f.state.gen.Load()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/authz"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // Worker statuses. A worker is ready while its heartbeats reach the
@@ -16,22 +17,24 @@ import (
 // office until the worker's first heartbeat to it: the new leader cannot
 // know whether the worker survived (after a full restart it may be long
 // gone), so it neither claims it is ready nor moves its tasks yet.
+//
+// The spellings live in rpc/states, shared with workers and clients.
 const (
-	WorkerStatusReady   = "ready"
-	WorkerStatusDown    = "down"
-	WorkerStatusUnknown = "unknown"
+	WorkerStatusReady   = states.WorkerReady
+	WorkerStatusDown    = states.WorkerDown
+	WorkerStatusUnknown = states.WorkerUnknown
 )
 
-// Query statuses.
+// Query statuses (see rpc/states).
 const (
-	QueryStatusRunning = "running"
-	QueryStatusStopped = "stopped"
+	QueryStatusRunning = states.QueryRunning
+	QueryStatusStopped = states.QueryStopped
 )
 
 // TaskStatePending is the state of a task that has not reported yet on its
 // current worker. The FSM sets it when a task is created without a state and
 // whenever a task is moved to another worker or unplaced.
-const TaskStatePending = "pending"
+const TaskStatePending = states.TaskPending
 
 // Token roles (rpc/authz defines what each may do).
 const (

@@ -52,9 +52,13 @@ type snapshotKind struct {
 	decode func([]byte) (any, error)
 }
 
+// decodeRecord decodes one record, ignoring fields this build does not know
+// (a snapshot written by a newer build restores on an older one, as its log
+// entries apply). An unknown record kind, a table this build lacks, is
+// still refused: dropping a whole table would diverge.
 func decodeRecord[T any](data []byte) (any, error) {
 	v := new(T)
-	if err := decodeStrict(data, v); err != nil {
+	if err := decodeBody(data, v); err != nil {
 		return nil, err
 	}
 	return v, nil
@@ -80,15 +84,22 @@ type fsmSnapshot struct {
 	db *memdb.MemDB
 }
 
-// Snapshot captures the current state; the work happens in Persist.
+// Snapshot captures the current state; the work happens in Persist. A
+// halted FSM refuses: its state lacks an entry the log holds, and a
+// snapshot would let raft compact that entry away.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
+	if err := f.HaltErr(); err != nil {
+		return nil, err
+	}
 	return &fsmSnapshot{db: f.state.gen.Load().db.Snapshot()}, nil
 }
 
 // Persist writes the snapshot stream to sink.
 func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 	if err := writeSnapshot(sink, s.db); err != nil {
-		_ = sink.Cancel()
+		if cerr := sink.Cancel(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("cancel snapshot sink: %w", cerr))
+		}
 		return fmt.Errorf("persist fsm snapshot: %w", err)
 	}
 	return sink.Close()
@@ -189,7 +200,7 @@ func readSnapshot(r io.Reader) (*generation, int, error) {
 			return snapshotLine{}, nil, fmt.Errorf("%w: read line %d: %v", ErrCorruptSnapshot, lineNo, err)
 		}
 		var line snapshotLine
-		if err := decodeStrict(bytes.TrimSuffix(raw, []byte{'\n'}), &line); err != nil {
+		if err := decodeBody(bytes.TrimSuffix(raw, []byte{'\n'}), &line); err != nil {
 			return snapshotLine{}, nil, corrupt("line %d: %v", lineNo, err)
 		}
 		return line, raw, nil
@@ -203,7 +214,7 @@ func readSnapshot(r io.Reader) (*generation, int, error) {
 		return nil, 0, corrupt("line 1: first record is %q, want %q", line.Kind, kindHeader)
 	}
 	var header snapshotHeader
-	if err := decodeStrict(line.Data, &header); err != nil {
+	if err := decodeBody(line.Data, &header); err != nil {
 		return nil, 0, corrupt("header: %v", err)
 	}
 	if header.Format != snapshotFormat || header.Version != snapshotVersion {
@@ -222,7 +233,7 @@ func readSnapshot(r io.Reader) (*generation, int, error) {
 		}
 		if line.Kind == kindEnd {
 			var trailer snapshotTrailer
-			if err := decodeStrict(line.Data, &trailer); err != nil {
+			if err := decodeBody(line.Data, &trailer); err != nil {
 				return nil, 0, corrupt("end record: %v", err)
 			}
 			if trailer.Records != records {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -344,12 +345,15 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	}
 }
 
+// agentRetry paces the agent's retries of calls to the org's coordinators.
+var agentRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Second}
+
 // register obtains a worker id, retrying (with backoff) across coordinators.
 // A registration that may or may not have committed is retried with the
 // same idempotency key, so it yields one worker.
 func (w *Worker) register(ctx context.Context) error {
 	key := fmt.Sprintf("%s/%s/%d", w.cfg.Name, w.Addr(), time.Now().UnixNano())
-	backoff := 100 * time.Millisecond
+	backoff := agentRetry.New()
 	var csr, keyPEM []byte
 	if w.cfg.TLS != nil {
 		var err error
@@ -386,10 +390,9 @@ func (w *Worker) register(ctx context.Context) error {
 			return fmt.Errorf("register refused: %w", err)
 		}
 		w.logger.Warn("register failed; retrying", "err", err)
-		if !sleepCtx(ctx, backoff) {
-			return ctx.Err()
+		if err := backoff.Wait(ctx); err != nil {
+			return err
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 }
 
@@ -442,7 +445,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 func (w *Worker) watchLoop(ctx context.Context) {
 	var index uint64
 	var lastEpoch uint64
-	backoff := 100 * time.Millisecond
+	backoff := agentRetry.New()
 	for ctx.Err() == nil {
 		id, _, epoch := w.identity()
 		if epoch != lastEpoch {
@@ -463,13 +466,12 @@ func (w *Worker) watchLoop(ctx context.Context) {
 				continue
 			}
 			w.logger.Warn("assignment watch failed; retrying", "err", err)
-			if !sleepCtx(ctx, backoff) {
+			if backoff.Wait(ctx) != nil {
 				return
 			}
-			backoff = min(backoff*2, 2*time.Second)
 			continue
 		}
-		backoff = 100 * time.Millisecond
+		backoff.Reset()
 		if resp.Index == index {
 			continue // max wait elapsed without change
 		}

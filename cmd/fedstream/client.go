@@ -17,6 +17,7 @@ import (
 	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // clientFlags are shared by every command that talks to a coordinator.
@@ -274,7 +275,7 @@ func newQueryListCmd() *cobra.Command {
 		for _, q := range resp.Queries {
 			running := 0
 			for _, t := range q.Tasks {
-				if t.State == "running" {
+				if t.State == states.TaskRunning {
 					running++
 				}
 			}
@@ -318,7 +319,7 @@ func newQueryStopCmd() *cobra.Command {
 			return err
 		}
 		if f.json {
-			return printJSON(cmd.OutOrStdout(), map[string]any{"name": args[0], "status": "stopped"})
+			return printJSON(cmd.OutOrStdout(), map[string]any{"name": args[0], "status": states.QueryStopped})
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "query %s stopped\n", args[0])
 		return nil

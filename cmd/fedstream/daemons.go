@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/debug"
@@ -74,7 +75,13 @@ func newCoordinatorCmd() *cobra.Command {
 			if err := srv.Start(); err != nil {
 				return err
 			}
-			<-cmd.Context().Done()
+			select {
+			case <-cmd.Context().Done():
+			case <-srv.Stopped():
+				// The node stopped itself (its log holds an entry this
+				// build cannot apply): exit non-zero with the reason.
+				return errors.Join(srv.Err(), srv.Shutdown())
+			}
 			logger.Info("shutting down")
 			return srv.Shutdown()
 		},

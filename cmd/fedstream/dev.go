@@ -20,6 +20,7 @@ import (
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
+	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker"
 )
 
@@ -160,7 +161,7 @@ func (d *devFederation) waitReady(ctx context.Context, f *clientFlags, workers i
 			if err1 == nil && err2 == nil && st.LeaderId != "" {
 				ready := 0
 				for _, w := range ws.Workers {
-					if w.Status == "ready" {
+					if w.Status == states.WorkerReady {
 						ready++
 					}
 				}

@@ -18,8 +18,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -67,7 +69,7 @@ type tailer struct {
 }
 
 func (tl *tailer) run(ctx context.Context) error {
-	backoff := 200 * time.Millisecond
+	backoff := retry.Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}.New()
 	// A query just submitted through the leader may not have reached the
 	// coordinator we read from yet: "not found" is final only after a while.
 	notFoundUntil := time.Now().Add(10 * time.Second)
@@ -82,12 +84,9 @@ func (tl *tailer) run(ctx context.Context) error {
 		if errors.Is(err, errNoSuchNode) && time.Now().After(notFoundUntil) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
+		if backoff.Wait(ctx) != nil {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, 2*time.Second)
 	}
 	return nil
 }
@@ -109,7 +108,7 @@ func (tl *tailer) once(ctx context.Context) error {
 	}
 	var lastErr error = fmt.Errorf("no running replica of sink %s yet", node.Name)
 	for _, t := range q.Tasks {
-		if t.Fragment != node.Name || t.WorkerAddr == "" || t.State == "lost" {
+		if t.Fragment != node.Name || t.WorkerAddr == "" || t.State == states.TaskLost {
 			continue
 		}
 		lastErr = tl.follow(ctx, t, node.Schema, node.Name)

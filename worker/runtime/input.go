@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/operator"
@@ -104,7 +105,7 @@ func (in *input) run(ctx context.Context) {
 	opts := in.t.r.opts
 	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
 
-	backoff := opts.RetryMin
+	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
 	attempt := 0
 	for ctx.Err() == nil {
 		cands := in.t.candidates(in.upstream, in.upPartition)
@@ -124,7 +125,7 @@ func (in *input) run(ctx context.Context) {
 			return
 		}
 		if progressed || moved {
-			backoff = opts.RetryMin
+			backoff.Reset()
 		}
 		if !moved {
 			attempt++ // next time, try another replica
@@ -137,10 +138,9 @@ func (in *input) run(ctx context.Context) {
 		if moved {
 			continue
 		}
-		if !sleepCtx(ctx, backoff) {
+		if backoff.Wait(ctx) != nil {
 			return
 		}
-		backoff = min(2*backoff, opts.RetryMax)
 	}
 }
 
@@ -216,7 +216,7 @@ const relayIdle = 100 * time.Millisecond
 // what all have taken (see docs/DATAPLANE.md).
 func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 	opts := in.t.r.opts
-	backoff := opts.RetryMin
+	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
 	for ctx.Err() == nil {
 		pl, ok := in.t.replicaPlacement(in.upstream, in.upPartition, r)
 		rctx, cancel := context.WithCancel(ctx)
@@ -257,19 +257,18 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		}
 		if err == nil {
 			// Cancelled: the input reads from this replica now.
-			backoff = opts.RetryMin
+			backoff.Reset()
 			continue
 		}
 		// An upstream replica that is down or not started yet is normal
 		// in a replicated query: quietly retry.
 		log.Debug("ack relay ended; retrying", "replica", r, "err", err)
 		if time.Since(start) > time.Second {
-			backoff = opts.RetryMin
+			backoff.Reset()
 		}
-		if !sleepCtx(ctx, backoff) {
+		if backoff.Wait(ctx) != nil {
 			return
 		}
-		backoff = min(2*backoff, opts.RetryMax)
 	}
 }
 

@@ -20,20 +20,22 @@ import (
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
 )
 
-// Task states reported by States.
+// Task states reported by States (spelled in rpc/states, which the
+// coordinator and the CLI share).
 const (
-	StateStarting = "starting"
-	StateRunning  = "running"
+	StateStarting = states.TaskStarting
+	StateRunning  = states.TaskRunning
 	// StateStalled is a running task that has not moved for
 	// Options.StallAfter although it has something to do: its output is
 	// blocked, or its input has data its output does not reflect. The
 	// message says why; the task is running again once it moves.
-	StateStalled = "stalled"
-	StateFailed  = "failed"
-	StateStopped = "stopped"
+	StateStalled = states.TaskStalled
+	StateFailed  = states.TaskFailed
+	StateStopped = states.TaskStopped
 )
 
 // DefaultStallAfter is Options.StallAfter's default.

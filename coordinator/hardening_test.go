@@ -1,0 +1,480 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+)
+
+// dropLayer is a raft stream layer on loopback TCP that a test can cut: while
+// cut it refuses to dial, closes every connection it accepts, and on cutting
+// it closes every connection it holds. Cutting one node's layer isolates
+// that node's Raft traffic in both directions (serf and gRPC still flow),
+// as hashicorp/raft's InmemTransport.Disconnect does in its own tests.
+type dropLayer struct {
+	net.Listener
+	mu    sync.Mutex
+	cut   bool
+	conns map[net.Conn]struct{}
+}
+
+func (l *dropLayer) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cut {
+		return false
+	}
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *dropLayer) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		if l.track(c) {
+			return c, nil
+		}
+		c.Close()
+	}
+}
+
+func (l *dropLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	l.mu.Lock()
+	cut := l.cut
+	l.mu.Unlock()
+	if cut {
+		return nil, errors.New("test partition: raft traffic dropped")
+	}
+	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	if err != nil {
+		return nil, err
+	}
+	if !l.track(c) {
+		c.Close()
+		return nil, errors.New("test partition: raft traffic dropped")
+	}
+	return c, nil
+}
+
+func (l *dropLayer) setCut(cut bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.cut = cut
+	if cut {
+		for c := range l.conns {
+			c.Close()
+		}
+		l.conns = map[net.Conn]struct{}{}
+	}
+}
+
+// partitionable is a cluster whose nodes' Raft traffic can be dropped.
+type partitionable struct {
+	mu     sync.Mutex
+	layers map[string]*dropLayer // node id -> its current layer
+}
+
+func (p *partitionable) option(cfg *Config) {
+	id := cfg.NodeID
+	cfg.hooks.raftTransport = func(bind string) (*raft.NetworkTransport, error) {
+		ln, err := net.Listen("tcp", bind)
+		if err != nil {
+			return nil, err
+		}
+		l := &dropLayer{Listener: ln, conns: map[net.Conn]struct{}{}}
+		p.mu.Lock()
+		p.layers[id] = l
+		p.mu.Unlock()
+		return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: l, MaxPool: 3, Timeout: 2 * time.Second, Logger: hclog.NewNullLogger(),
+		}), nil
+	}
+}
+
+func (p *partitionable) isolate(c *testCluster, i int, cut bool) {
+	p.mu.Lock()
+	l := p.layers[c.cfgs[i].NodeID]
+	p.mu.Unlock()
+	l.setCut(cut)
+}
+
+func newPartitionableCluster(t *testing.T, n int) (*testCluster, *partitionable) {
+	p := &partitionable{layers: map[string]*dropLayer{}}
+	return newTestClusterWith(t, n, "", "", testTimings(), p.option), p
+}
+
+// bufSink collects a persisted snapshot.
+type bufSink struct{ bytes.Buffer }
+
+func (*bufSink) ID() string    { return "test" }
+func (*bufSink) Cancel() error { return nil }
+func (*bufSink) Close() error  { return nil }
+
+// fsmState is the node's whole replicated state as its snapshot stream:
+// every table with every index, deterministic for a given applied log.
+func fsmState(t *testing.T, s *Server) []byte {
+	t.Helper()
+	snap, err := s.fsm.Snapshot()
+	if err != nil {
+		t.Fatalf("%s: snapshot: %v", s.NodeID(), err)
+	}
+	var sink bufSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatalf("%s: persist: %v", s.NodeID(), err)
+	}
+	return sink.Bytes()
+}
+
+// waitSameState waits until every running node holds the same FSM state
+// (as hashicorp/raft's EnsureSame does for its test clusters).
+func waitSameState(t *testing.T, c *testCluster, timeout time.Duration) []byte {
+	t.Helper()
+	var ref []byte
+	waitFor(t, timeout, "every node holding the same state", func() bool {
+		ref = nil
+		for _, n := range c.nodes {
+			if n == nil {
+				continue
+			}
+			st := fsmState(t, n)
+			if ref == nil {
+				ref = st
+			} else if !bytes.Equal(ref, st) {
+				return false
+			}
+		}
+		return true
+	})
+	return ref
+}
+
+// leaderOtherThan waits until a node other than old leads with its duties
+// running, and old does not lead.
+func leaderOtherThan(t *testing.T, c *testCluster, old int, timeout time.Duration) int {
+	t.Helper()
+	nl := -1
+	waitFor(t, timeout, fmt.Sprintf("a leader other than node %d", old), func() bool {
+		if c.nodes[old] != nil && c.nodes[old].IsLeader() {
+			return false
+		}
+		for i, n := range c.nodes {
+			if i != old && n != nil && n.IsLeader() && n.leading.Load() {
+				nl = i
+				return true
+			}
+		}
+		return false
+	})
+	return nl
+}
+
+func TestPartitionedLeaderStepsDownAndHeals(t *testing.T) {
+	c, p := newPartitionableCluster(t, 3)
+	l := c.leader()
+	submit(t, c.admin(l), "before", 1)
+
+	p.isolate(c, l, true)
+	nl := leaderOtherThan(t, c, l, 20*time.Second)
+	if c.nodes[l].IsLeader() {
+		t.Fatal("partitioned node still leader")
+	}
+	// The majority commits writes.
+	submit(t, c.admin(nl), "during", 1)
+	if _, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "before", IdempotencyKey: "stop-before"}); err != nil {
+		t.Fatalf("stop on the majority: %v", err)
+	}
+	// The isolated node commits nothing.
+	_, err := c.admin(l).SubmitQuery(ctxT(t, 1500*time.Millisecond), &pb.SubmitQueryRequest{
+		Yaml: []byte(fmt.Sprintf(wordsQuery, "isolated", 1)), IdempotencyKey: "isolated"})
+	if err == nil {
+		t.Fatal("a write to the partitioned node succeeded")
+	}
+
+	p.isolate(c, l, false)
+	state := waitSameState(t, c, 30*time.Second)
+	for _, want := range []string{`"name":"during"`, `"name":"before"`} {
+		if !bytes.Contains(state, []byte(want)) {
+			t.Fatalf("healed state lacks %s", want)
+		}
+	}
+	if bytes.Contains(state, []byte(`"name":"isolated"`)) {
+		t.Fatal("the write refused during the partition appeared after healing")
+	}
+	q, err := c.nodes[l].State().Query(nil, "before")
+	if err != nil || q == nil || q.Status != states.QueryStopped {
+		t.Fatalf("healed old leader: query before = %+v, %v; want stopped", q, err)
+	}
+}
+
+// TestRetryThroughFailoverAppliesOnce: a submit whose leader dies under it
+// is retried with the same idempotency key on another node; the query is
+// created exactly once, and a later retry of that key does not apply again.
+func TestRetryThroughFailoverAppliesOnce(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	req := &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "once", 1)), Filename: "once.yaml", IdempotencyKey: "submit-once-key"}
+
+	type result struct {
+		resp *pb.SubmitQueryResponse
+		err  error
+	}
+	first := make(chan result, 1)
+	leaderClient := c.admin(l)
+	go func() {
+		resp, err := leaderClient.SubmitQuery(context.Background(), req)
+		first <- result{resp, err}
+	}()
+	c.stop(l) // the leader dies while (or right after) it handles the submit
+	r1 := <-first
+
+	var retried *pb.SubmitQueryResponse
+	waitFor(t, 30*time.Second, "the retried submit to succeed", func() bool {
+		for i, n := range c.nodes {
+			if n == nil {
+				continue
+			}
+			resp, err := c.admin(i).SubmitQuery(ctxT(t, 5*time.Second), req)
+			if err == nil {
+				retried = resp
+				return true
+			}
+			if status.Code(err) == codes.AlreadyExists {
+				t.Fatalf("retry with the same key was applied again: %v", err)
+			}
+		}
+		return false
+	})
+	if r1.err == nil && r1.resp.Index != retried.Index {
+		t.Fatalf("first call committed at %d, the retry at %d: applied twice", r1.resp.Index, retried.Index)
+	}
+	nl := c.leader()
+	q, err := c.nodes[nl].State().Query(nil, "once")
+	if err != nil || q == nil || q.CreateIndex != retried.Index {
+		t.Fatalf("query once = %+v, %v; want created at %d", q, err, retried.Index)
+	}
+
+	// Stop it; the same key again must return the original result and
+	// leave the query stopped (a second application would restart it).
+	if _, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "once", IdempotencyKey: "stop-once"}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.admin(nl).SubmitQuery(ctxT(t, 10*time.Second), req)
+	if err != nil || again.Index != retried.Index {
+		t.Fatalf("late retry: %+v, %v; want the original index %d", again, err, retried.Index)
+	}
+	if q, _ := c.nodes[nl].State().Query(nil, "once"); q == nil || q.Status != states.QueryStopped {
+		t.Fatalf("late retry re-applied the submit: %+v", q)
+	}
+
+	c.start(l)
+	waitSameState(t, c, 30*time.Second)
+}
+
+// TestUnknownFieldAppliedByAllAndTruncatedEntryStopsNodes: an entry with a
+// field this build does not know (from a newer leader) is applied by every
+// node alike; a truncated entry stops every node that reaches it.
+func TestUnknownFieldAppliedByAllAndTruncatedEntryStopsNodes(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	data, err := fsm.Encode(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: "w-future", Addr: "127.0.0.1:1", Cores: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	future := append([]byte{data[0]}, bytes.Replace(data[1:], []byte(`{"worker":{`), []byte(`{"added_later":{"a":1},"worker":{"zone_v2":"z",`), 1)...)
+	if bytes.Equal(future, data) {
+		t.Fatal("test entry not extended")
+	}
+	fut := c.nodes[l].Raft().Apply(future, 10*time.Second)
+	if err := fut.Error(); err != nil {
+		t.Fatal(err)
+	}
+	if res := fut.Response().(*fsm.ApplyResult); res.Err != nil {
+		t.Fatalf("entry with unknown fields refused: %v", res.Err)
+	}
+	state := waitSameState(t, c, 15*time.Second)
+	if !bytes.Contains(state, []byte(`"id":"w-future"`)) {
+		t.Fatal("worker of the extended entry missing")
+	}
+
+	truncated := data[:len(data)-8]
+	if err := c.nodes[l].Raft().Apply(truncated, 10*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	for i, n := range c.nodes {
+		select {
+		case <-n.Stopped():
+		case <-time.After(30 * time.Second):
+			t.Fatalf("node %d did not stop after a truncated entry", i)
+		}
+		if !errors.Is(n.Err(), fsm.ErrHalted) || !errors.Is(n.Err(), fsm.ErrMalformedCommand) {
+			t.Fatalf("node %d: Err = %v, want a halt on a malformed command", i, n.Err())
+		}
+		waitFor(t, 15*time.Second, "raft shut down", func() bool { return n.Raft().State() == raft.Shutdown })
+	}
+}
+
+// barrierFault makes the leader barrier of chosen nodes fail.
+type barrierFault struct {
+	mu     sync.Mutex
+	failOn string         // node id whose barrier always fails ("" = first caller)
+	calls  map[string]int // barrier calls per node
+	failN  int            // for failFirst: how many calls fail
+	first  bool
+}
+
+func (b *barrierFault) option(cfg *Config) {
+	id := cfg.NodeID
+	cfg.hooks.barrier = func(time.Duration) error {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.calls[id]++
+		if b.first {
+			if b.calls[id] <= b.failN {
+				return errors.New("injected barrier failure")
+			}
+			return nil
+		}
+		if b.failOn == "" {
+			b.failOn = id
+		}
+		if id == b.failOn {
+			return errors.New("injected barrier failure")
+		}
+		return nil
+	}
+	cfg.Timings.LeaderSetupTimeout = 1500 * time.Millisecond
+}
+
+func (b *barrierFault) count(id string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.calls[id]
+}
+
+// TestBarrierFailureTransfersLeadership: a leader whose barrier keeps
+// failing retries, then hands leadership over; the new leader runs its
+// duties. Before, it stayed leader doing nothing.
+func TestBarrierFailureTransfersLeadership(t *testing.T) {
+	fault := &barrierFault{calls: map[string]int{}}
+	c := newTestClusterWith(t, 3, "", "", testTimings(), fault.option)
+	bad := -1
+	waitFor(t, 20*time.Second, "a node whose barrier fails", func() bool {
+		fault.mu.Lock()
+		defer fault.mu.Unlock()
+		for i, cfg := range c.cfgs {
+			if cfg.NodeID == fault.failOn {
+				bad = i
+				return true
+			}
+		}
+		return false
+	})
+	nl := leaderOtherThan(t, c, bad, 30*time.Second)
+	if n := fault.count(c.cfgs[bad].NodeID); n < 2 {
+		t.Fatalf("failing barrier called %d times: the set-up was not retried", n)
+	}
+	// The new leader works: a worker registers and is seen ready.
+	c.startWorker(t, nl, "w1")
+	waitReady(t, c, nl, 1)
+}
+
+// TestBarrierFailureRetried: a single node whose barrier fails a few times
+// retries until its set-up succeeds and then runs its duties.
+func TestBarrierFailureRetried(t *testing.T) {
+	fault := &barrierFault{calls: map[string]int{}, first: true, failN: 3}
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		fault.option(cfg)
+		cfg.Timings.LeaderSetupTimeout = time.Minute
+	})
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return c.nodes[0].leading.Load() })
+	if n := fault.count("c1"); n != 4 {
+		t.Fatalf("barrier called %d times, want 3 failures then 1 success", n)
+	}
+}
+
+// TestCanProposeWaitsForEveryCoordinator: a command type of a newer
+// protocol is refused while any coordinator advertises an older one (or is
+// not visible), and allowed once all do.
+func TestCanProposeWaitsForEveryCoordinator(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	s := c.nodes[l]
+	need := fsm.ProtocolVersion + 1 // a command a later build adds
+	waitFor(t, 15*time.Second, "every coordinator visible", func() bool {
+		v, err := s.coordinatorProtocols()
+		return err == nil && len(v) == 3 && v["c1"] == fsm.ProtocolVersion && v["c2"] == fsm.ProtocolVersion && v["c3"] == fsm.ProtocolVersion
+	})
+	if err := s.checkProtocol(fsm.ProtocolVersion, "current"); err != nil {
+		t.Fatalf("current protocol refused: %v", err)
+	}
+	if err := s.checkProtocol(need, "Future"); !errors.Is(err, ErrCommandNotSupported) {
+		t.Fatalf("newer protocol with older coordinators: %v, want ErrCommandNotSupported", err)
+	}
+	// Upgrade every node (its tag) but one follower.
+	old := (l + 1) % 3
+	for i, n := range c.nodes {
+		tags := n.serf.LocalMember().Tags
+		nt := map[string]string{}
+		for k, v := range tags {
+			nt[k] = v
+		}
+		if i != old {
+			nt[tagProto] = strconv.Itoa(need)
+		}
+		if err := n.serf.SetTags(nt); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldID := c.cfgs[old].NodeID
+	waitFor(t, 15*time.Second, "the upgraded tags to spread", func() bool {
+		v, err := s.coordinatorProtocols()
+		if err != nil {
+			return false
+		}
+		for id, p := range v {
+			if id != oldID && id != s.NodeID() && p != need {
+				return false
+			}
+		}
+		return true
+	})
+	err := s.checkProtocol(need, "Future")
+	if !errors.Is(err, ErrCommandNotSupported) || !bytes.Contains([]byte(err.Error()), []byte(oldID)) {
+		t.Fatalf("one coordinator behind: %v, want a refusal naming %s", err, oldID)
+	}
+	// The last one upgrades: allowed.
+	nt := map[string]string{}
+	for k, v := range c.nodes[old].serf.LocalMember().Tags {
+		nt[k] = v
+	}
+	nt[tagProto] = strconv.Itoa(need)
+	if err := c.nodes[old].serf.SetTags(nt); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "every coordinator upgraded", func() bool { return s.checkProtocol(need, "Future") == nil })
+	// Every base command stays allowed, and an unknown type is refused.
+	if err := s.canPropose(fsm.SubmitQueryType); err != nil {
+		t.Fatalf("base command refused: %v", err)
+	}
+	if err := s.canPropose(fsm.MessageType(0x7e)); !errors.Is(err, ErrCommandNotSupported) {
+		t.Fatalf("unknown type: %v", err)
+	}
+}

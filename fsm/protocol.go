@@ -1,0 +1,48 @@
+package fsm
+
+// ProtocolVersion is the replication protocol this build speaks: which
+// command types it can apply. Each coordinator advertises it (a serf tag),
+// and the leader proposes a command type only once every coordinator of
+// the org advertises at least the version that introduced it (see
+// ProtocolOf), so a rolling upgrade never hands an older node an entry it
+// would have to halt on.
+//
+// Versions:
+//
+//	1: every type up to RevokeTokenType; builds before the tag existed
+//	   (they advertise nothing and count as 1).
+//	2: forward compatible decoding (unknown fields ignored, an entry that
+//	   cannot be applied halts the node) and the protocol tag itself.
+//
+// A build that adds command types raises ProtocolVersion and lists them in
+// commandProtocol with the new value.
+const ProtocolVersion = 2
+
+// BaseProtocol is the version every coordinator is assumed to speak,
+// including one that advertises no version at all.
+const BaseProtocol = 1
+
+// commandProtocol maps every command type to the protocol version that
+// introduced it. TestEveryCommandHasAProtocol keeps it complete.
+var commandProtocol = map[MessageType]int{
+	RegisterWorkerType:        1,
+	SetWorkerStatusType:       1,
+	SubmitQueryType:           1,
+	StopQueryType:             1,
+	PlaceTasksType:            1,
+	UpdateTaskStatesType:      1,
+	CreateTokenType:           1,
+	DeleteWorkerType:          1,
+	UpsertOperatorVersionType: 1,
+	UpsertContractType:        1,
+	AppendLedgerEntryType:     1,
+	RecordHealthActionType:    1,
+	RevokeTokenType:           1,
+}
+
+// ProtocolOf returns the protocol version that introduced t; ok is false
+// for a type this build does not know.
+func ProtocolOf(t MessageType) (version int, ok bool) {
+	v, ok := commandProtocol[t]
+	return v, ok
+}
