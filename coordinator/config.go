@@ -71,10 +71,9 @@ type Config struct {
 type hooks struct {
 	// barrier replaces raft's Barrier in the leader's set-up.
 	barrier func(timeout time.Duration) error
-	// raftTransport builds the Raft transport on the configured address
-	// instead of raft.NewTCPTransport (tests wrap the stream layer to drop
-	// traffic).
-	raftTransport func(bindAddr string) (*raft.NetworkTransport, error)
+	// raftStream wraps the mutual-TLS stream layer Raft's transport runs
+	// on (tests wrap it to drop traffic). Plaintext nodes ignore it.
+	raftStream func(raft.StreamLayer) raft.StreamLayer
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

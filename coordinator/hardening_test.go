@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,13 +20,14 @@ import (
 	"github.com/fedstream/fedstream/rpc/states"
 )
 
-// dropLayer is a raft stream layer on loopback TCP that a test can cut: while
+// dropLayer wraps a node's raft stream layer (mutual TLS on loopback) so
+// that a test can cut it: while
 // cut it refuses to dial, closes every connection it accepts, and on cutting
 // it closes every connection it holds. Cutting one node's layer isolates
 // that node's Raft traffic in both directions (serf and gRPC still flow),
 // as hashicorp/raft's InmemTransport.Disconnect does in its own tests.
 type dropLayer struct {
-	net.Listener
+	raft.StreamLayer
 	mu    sync.Mutex
 	cut   bool
 	conns map[net.Conn]struct{}
@@ -45,7 +45,7 @@ func (l *dropLayer) track(c net.Conn) bool {
 
 func (l *dropLayer) Accept() (net.Conn, error) {
 	for {
-		c, err := l.Listener.Accept()
+		c, err := l.StreamLayer.Accept()
 		if err != nil {
 			return nil, err
 		}
@@ -63,7 +63,7 @@ func (l *dropLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Co
 	if cut {
 		return nil, errors.New("test partition: raft traffic dropped")
 	}
-	c, err := net.DialTimeout("tcp", string(addr), timeout)
+	c, err := l.StreamLayer.Dial(addr, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -94,18 +94,12 @@ type partitionable struct {
 
 func (p *partitionable) option(cfg *Config) {
 	id := cfg.NodeID
-	cfg.hooks.raftTransport = func(bind string) (*raft.NetworkTransport, error) {
-		ln, err := net.Listen("tcp", bind)
-		if err != nil {
-			return nil, err
-		}
-		l := &dropLayer{Listener: ln, conns: map[net.Conn]struct{}{}}
+	cfg.hooks.raftStream = func(inner raft.StreamLayer) raft.StreamLayer {
+		l := &dropLayer{StreamLayer: inner, conns: map[net.Conn]struct{}{}}
 		p.mu.Lock()
 		p.layers[id] = l
 		p.mu.Unlock()
-		return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-			Stream: l, MaxPool: 3, Timeout: 2 * time.Second, Logger: hclog.NewNullLogger(),
-		}), nil
+		return l
 	}
 }
 

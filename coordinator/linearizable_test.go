@@ -181,6 +181,12 @@ func TestAdminAPILinearizable(t *testing.T) {
 	c.stop(l) // kill the leader
 	progress("operations after the leader kill", 20)
 	c.start(l)
+	// A coordinator that shut down left serf and was removed as a voter;
+	// wait until it is one again, or partitioning a leader of two voters
+	// would leave no quorum at all.
+	waitFor(t, 30*time.Second, "the restarted coordinator a voter again", func() bool {
+		return len(c.raftServers(c.leader())) == len(c.cfgs)
+	})
 	nl := c.leader()
 	p.isolate(c, nl, true) // partition the current leader
 	progress("operations during the partition", 20)

@@ -224,9 +224,7 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
-	if h := s.cfg.hooks.raftTransport; h != nil {
-		s.transport, err = h(s.cfg.RaftAddr)
-	} else if s.cfg.TLS == nil {
+	if s.cfg.TLS == nil {
 		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
 	} else {
 		var layer *tlsStreamLayer
@@ -234,8 +232,12 @@ func (s *Server) setupRaft() error {
 			if adv != nil {
 				layer.advertise = adv
 			}
+			var stream raft.StreamLayer = layer
+			if h := s.cfg.hooks.raftStream; h != nil {
+				stream = h(layer)
+			}
 			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-				Stream: layer, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
+				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
 			})
 		}
 	}

@@ -19,8 +19,8 @@ import (
 	"github.com/fedstream/fedstream/coordinator"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
-	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker"
 )
 
