@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -199,7 +200,10 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	}
 
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	// The plan applier is the only writer of placements; it lives as long
+	// as these duties.
+	go func() { defer wg.Done(); s.runPlanApplier(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
@@ -296,9 +300,11 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			}
 			continue
 		}
+		at := s.State().LatestIndex()
 		workers, err1 := s.State().Workers(nil)
 		tasks, err2 := s.State().Tasks(nil)
-		if err1 != nil || err2 != nil {
+		if err := errors.Join(err1, err2); err != nil {
+			s.logger.Error("scheduler cannot read the state", "err", err)
 			continue
 		}
 		moves := replace(workers, tasks)
@@ -306,9 +312,7 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			continue
 		}
 		s.logger.Info("re-placing tasks", "count", len(moves))
-		res, err := s.apply(ctx, fsm.PlaceTasksType, fsm.PlaceTasksRequest{Placements: moves})
-		if err != nil || res.Err != nil {
-			s.logger.Error("placing tasks failed", "err", err)
-		}
+		// Refusals are logged and stored on waiting tasks by the applier.
+		s.placeAndLog(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceReplace, StateIndex: at, Placements: moves})
 	}
 }

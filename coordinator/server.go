@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -51,6 +52,9 @@ type Server struct {
 	auth      *authenticator
 	liveness  *liveness
 	plans     planCache
+	// applier is the running plan applier while this node leads (see
+	// runPlanApplier), nil otherwise.
+	applier atomic.Pointer[planApplier]
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.

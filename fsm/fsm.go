@@ -72,6 +72,7 @@ var commandDecoders = map[MessageType]func() command{
 	AppendLedgerEntryType:     func() command { return &AppendLedgerEntryRequest{} },
 	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
+	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
 }
 
 // decodeStrict decodes one JSON value, rejecting unknown fields and trailing

@@ -53,7 +53,7 @@ func (t *task) buildInputs() {
 			// each attempt rewrites it for the replica actually used.
 			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
 				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
-			}, t.spec.TaskID, false, 0)
+			}, t.spec.CopyID(), false, 0)
 			t.inputs = append(t.inputs, in)
 		}
 	}
@@ -240,11 +240,11 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		start := time.Now()
 		var err error
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.TaskID, in.sub.LastID)
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.sub.LastID)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.TaskID, in.sub.LastID)
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.sub.LastID)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {
@@ -304,7 +304,7 @@ func (in *input) placementsChanged() {
 		return
 	}
 	now, ok := in.t.placementOf(in.upstream, in.upPartition, in.current.TaskID)
-	if !ok || now.WorkerAddr != in.current.WorkerAddr {
+	if !ok || now.WorkerAddr != in.current.WorkerAddr || now.Generation != in.current.Generation {
 		in.cancelCur()
 		in.cancelCur = nil
 	}
