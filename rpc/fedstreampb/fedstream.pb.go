@@ -2036,7 +2036,12 @@ type StreamRef struct {
 	Partition int32 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
 	// Name of the downstream node (fragment) consuming the stream; empty for
 	// a sink's result stream, which clients tail.
-	Consumer      string `protobuf:"bytes,4,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Consumer string `protobuf:"bytes,4,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	// The generation of the producing task's copy the subscriber means; a
+	// worker running another copy refuses the stream (unknown stream).
+	// 0: whichever copy runs there (tail clients).
+	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2097,6 +2102,13 @@ func (x *StreamRef) GetConsumer() string {
 		return x.Consumer
 	}
 	return ""
+}
+
+func (x *StreamRef) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // A batch of encoded tuples (see worker/tuple for the encoding).
@@ -2991,12 +3003,15 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
-	" \x01(\bR\aackOnly\"t\n" +
+	" \x01(\bR\aackOnly\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
 	"\tpartition\x18\x03 \x01(\x05R\tpartition\x12\x1a\n" +
-	"\bconsumer\x18\x04 \x01(\tR\bconsumer\"J\n" +
+	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\"J\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +

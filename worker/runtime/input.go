@@ -152,6 +152,7 @@ func (in *input) run(ctx context.Context) {
 // the local task's buffer is the stream pl names.
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
 	in.sub.Ref().TaskId = pl.TaskID
+	in.sub.Ref().Generation = int32(pl.Generation)
 	local, lerr := in.t.r.LocalStream(in.sub.Ref())
 	var conn grpc.ClientConnInterface
 	if lerr != nil {
@@ -236,7 +237,7 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 			}
 			continue
 		}
-		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment}
+		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment, Generation: int32(pl.Generation)}
 		start := time.Now()
 		var err error
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {

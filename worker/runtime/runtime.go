@@ -395,6 +395,9 @@ func (r *Runtime) LocalStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuff
 	if t == nil || t.spec.Query != ref.Query {
 		return nil, fmt.Errorf("%w: no task %q of query %q runs on this worker", dataplane.ErrUnknownStream, ref.TaskId, ref.Query)
 	}
+	if ref.Generation != 0 && int(ref.Generation) != t.spec.Generation {
+		return nil, fmt.Errorf("%w: task %q runs here as generation %d, not %d", dataplane.ErrUnknownStream, ref.TaskId, t.spec.Generation, ref.Generation)
+	}
 	return t.output(ref.Consumer, int(ref.Partition))
 }
 

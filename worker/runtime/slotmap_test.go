@@ -2,12 +2,15 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -147,6 +150,14 @@ func TestNewGenerationIsANewCopy(t *testing.T) {
 	}
 	if st := r.States(); len(st) != 1 || st[0].Generation != 2 {
 		t.Fatalf("states = %+v", st)
+	}
+	// The data plane serves the copy that runs here, and refuses a
+	// subscriber that means another one.
+	for gen, ok := range map[int32]bool{0: true, 1: false, 2: true, 3: false} {
+		_, err := r.LocalStream(&fedstreampb.StreamRef{Query: "wc", TaskId: spec.TaskID, Consumer: "counts", Generation: gen})
+		if ok != (err == nil) || (err != nil && !errors.Is(err, dataplane.ErrUnknownStream)) {
+			t.Fatalf("stream of generation %d: %v", gen, err)
+		}
 	}
 	if id := spec.CopyID(); id != "wc/lines/p0/r0@g2" {
 		t.Fatalf("CopyID = %q", id)

@@ -150,7 +150,7 @@ type placeKey struct {
 // newTask builds a task and its output buffers without starting it.
 func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	t := &task{r: r, spec: spec, state: StateStarting,
-		log: r.log.With("task", spec.TaskID), byConsumer: map[string][]*outStream{}}
+		log: r.log.With("task", spec.TaskID, "generation", spec.Generation), byConsumer: map[string][]*outStream{}}
 	if spec.Spec == nil {
 		return nil, fmt.Errorf("task %s: no query definition", spec.TaskID)
 	}
