@@ -376,7 +376,15 @@ func whereText(worker string) string {
 func (s *Server) placeAndLog(ctx context.Context, plan fsm.ApplyPlanRequest) {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := s.submitPlan(ctx, plan); err != nil && ctx.Err() == nil {
+	_, err := s.submitPlan(ctx, plan)
+	switch {
+	case err == nil, ctx.Err() != nil:
+	case errors.Is(err, ErrNoPlanApplier):
+		// Leader duties have not started (or just stopped): the next
+		// leader's scheduler places what is unplaced.
+		s.logger.Warn("placement plan not applied: no plan applier running; the scheduler places the tasks when leader duties run",
+			"source", plan.Source, "tasks", len(plan.Placements))
+	default:
 		s.logger.Error("placement plan failed", "source", plan.Source, "tasks", len(plan.Placements), "err", err)
 	}
 }

@@ -167,3 +167,29 @@ func TestNewGenerationIsANewCopy(t *testing.T) {
 		t.Fatalf("generation 1 CopyID = %q, want the task id", id)
 	}
 }
+
+// BenchmarkPartitionOf compares routing a slot through the replicated map
+// with the formula it replaced (the cost the hot path pays per tuple).
+func BenchmarkPartitionOf(b *testing.B) {
+	owner := make([]int32, queryspec.NumSlots)
+	for s := range owner {
+		owner[s] = int32(queryspec.PartitionOfSlot(s, 4))
+	}
+	withMap := route{slots: &routeSlots{}}
+	withMap.slots.m.Store(&SlotMap{Epoch: 1, Owner: owner})
+	formula := route{slots: &routeSlots{}}
+	for _, bc := range []struct {
+		name string
+		rt   *route
+	}{{"map", &withMap}, {"formula", &formula}} {
+		b.Run(bc.name, func(b *testing.B) {
+			sum := 0
+			for i := range b.N {
+				sum += bc.rt.partitionOf(i&(queryspec.NumSlots-1), 4)
+			}
+			if sum < 0 {
+				b.Fatal(sum)
+			}
+		})
+	}
+}
