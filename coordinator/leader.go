@@ -308,10 +308,12 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			continue
 		}
 		moves := replace(workers, tasks)
-		if len(moves) == 0 {
+		if len(moves) == 0 && len(s.missingSlotMaps()) == 0 {
 			continue
 		}
-		s.logger.Info("re-placing tasks", "count", len(moves))
+		if len(moves) > 0 {
+			s.logger.Info("re-placing tasks", "count", len(moves))
+		}
 		// Refusals are logged and stored on waiting tasks by the applier.
 		s.placeAndLog(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceReplace, StateIndex: at, Placements: moves})
 	}

@@ -116,7 +116,6 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 	check := newPlanCheck(workers, tasks, tasksPerCore)
 	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore}
 	var refused []fsm.PlanRefusal
-	touched := map[string]bool{} // queries whose tasks the plan places
 	for _, p := range plan.Placements {
 		if why := check.check(p); why != "" {
 			refused = append(refused, fsm.PlanRefusal{TaskID: p.TaskID, Reason: why})
@@ -128,11 +127,8 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 		}
 		check.commit(p)
 		valid.Placements = append(valid.Placements, p)
-		if p.ToWorker != "" {
-			touched[check.tasks[p.TaskID].Query] = true
-		}
 	}
-	maps, mapRefusals := pa.slotMaps(plan.SlotMaps, touched)
+	maps, mapRefusals := pa.slotMaps(plan.SlotMaps)
 	valid.SlotMaps = maps
 	refused = append(refused, mapRefusals...)
 
@@ -165,10 +161,10 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 }
 
 // slotMaps re-checks the plan's slot map updates and adds the initial map
-// of every keyed fragment of a touched query that has none yet for its
-// current definition: slot s to partition s*P/NumSlots, as the data plane
-// routed before the maps were replicated.
-func (pa *planApplier) slotMaps(updates []fsm.SlotMapUpdate, touched map[string]bool) ([]fsm.SlotMapUpdate, []fsm.PlanRefusal) {
+// of every keyed fragment of a running query that has none yet for its
+// current definition (see missingSlotMaps). Creating them here, inside the
+// one applier, means no two plans ever race to create the same map.
+func (pa *planApplier) slotMaps(updates []fsm.SlotMapUpdate) ([]fsm.SlotMapUpdate, []fsm.PlanRefusal) {
 	st := pa.s.State()
 	var out []fsm.SlotMapUpdate
 	var refused []fsm.PlanRefusal
@@ -207,33 +203,48 @@ func (pa *planApplier) slotMaps(updates []fsm.SlotMapUpdate, touched map[string]
 		planned[[2]string{u.Query, u.Fragment}] = true
 		out = append(out, u)
 	}
-	names := make([]string, 0, len(touched))
-	for name := range touched {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		q, err := st.Query(nil, name)
-		if err != nil || q == nil || q.Status != fsm.QueryStatusRunning {
-			continue
-		}
-		plan := pa.s.plans.plan(q)
-		if plan == nil {
-			pa.s.logger.Error("query definition cannot be planned: its keyed fragments get no slot map", "query", name)
-			continue
-		}
-		for _, n := range plan.Nodes {
-			if n.KeyFields == nil || planned[[2]string{name, n.Name}] {
-				continue
-			}
-			if m, _ := st.SlotMap(nil, name, n.Name); m != nil && m.QueryIndex == q.CreateIndex {
-				continue
-			}
-			out = append(out, fsm.SlotMapUpdate{Query: name, Fragment: n.Name, QueryIndex: q.CreateIndex,
-				Partitions: max(n.Partitions, 1), Ranges: fsm.ContiguousSlotMap(n.Partitions)})
+	for _, u := range pa.s.missingSlotMaps() {
+		if !planned[[2]string{u.Query, u.Fragment}] {
+			out = append(out, u)
 		}
 	}
 	return out, refused
+}
+
+// missingSlotMaps returns the initial slot map of every keyed fragment of
+// a running query that has no map for its current definition: slot s of P
+// partitions to partition s*P/NumSlots, as the data plane routed before
+// the maps were replicated. Queries submitted before slot maps existed get
+// theirs this way too.
+func (s *Server) missingSlotMaps() []fsm.SlotMapUpdate {
+	st := s.State()
+	queries, err := st.Queries(nil)
+	if err != nil {
+		s.logger.Error("cannot list queries for their slot maps", "err", err)
+		return nil
+	}
+	var out []fsm.SlotMapUpdate
+	for _, q := range queries {
+		if q.Status != fsm.QueryStatusRunning {
+			continue
+		}
+		plan := s.plans.plan(q)
+		if plan == nil {
+			s.logger.Error("query definition cannot be planned: its keyed fragments get no slot map", "query", q.Name)
+			continue
+		}
+		for _, n := range plan.Nodes {
+			if n.KeyFields == nil {
+				continue
+			}
+			if m, _ := st.SlotMap(nil, q.Name, n.Name); m != nil && m.QueryIndex == q.CreateIndex {
+				continue
+			}
+			out = append(out, fsm.SlotMapUpdate{Query: q.Name, Fragment: n.Name, QueryIndex: q.CreateIndex,
+				Partitions: max(n.Partitions, 1), Ranges: fsm.ContiguousSlotMap(n.Partitions)})
+		}
+	}
+	return out
 }
 
 // planCheck is the applier's view of the cluster while it checks one

@@ -585,3 +585,25 @@ func TestSubmitPlacesThroughTheApplier(t *testing.T) {
 		}
 	}
 }
+
+// TestSlotMapsWithoutPlacement: a keyed query whose tasks cannot be placed
+// yet (no worker) still gets its slot maps, from the scheduler's plan, as
+// does a query of an older build that never had any.
+func TestSlotMapsWithoutPlacement(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	l := c.leader()
+	if _, err := c.admin(l).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{
+		Yaml: []byte(fmt.Sprintf(keyedQuery, "nowhere")), Filename: "nowhere.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "slot map of an unplaced keyed query", func() bool {
+		m, _ := c.nodes[l].State().SlotMap(nil, "nowhere", "counts")
+		return m != nil && m.Epoch == 1
+	})
+	if tasks, _ := c.nodes[l].State().TasksByWorker(nil, ""); len(tasks) == 0 {
+		t.Fatal("tasks placed without a worker")
+	}
+	if missing := c.nodes[l].missingSlotMaps(); len(missing) != 0 {
+		t.Fatalf("still missing: %+v", missing)
+	}
+}
