@@ -202,8 +202,9 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(4)
 	// The plan applier is the only writer of placements; it lives as long
-	// as these duties.
-	go func() { defer wg.Done(); s.runPlanApplier(ctx) }()
+	// as these duties, and is installed before the loops that use it.
+	runApplier := s.startPlanApplier()
+	go func() { defer wg.Done(); runApplier(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()

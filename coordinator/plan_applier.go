@@ -56,13 +56,22 @@ type planApplier struct {
 	done  chan struct{} // closed when run returns
 }
 
-// runPlanApplier serves plans until ctx ends (leadership lost or the
-// server shutting down). It is called by the leader's duties.
-func (s *Server) runPlanApplier(ctx context.Context) {
+// startPlanApplier installs this node's plan applier and returns the
+// function that serves it until ctx ends (leadership lost or the server
+// shutting down). The leader's duties call it before starting the loops
+// that submit plans, so that none of them finds no applier, and run the
+// returned function on a goroutine they own.
+func (s *Server) startPlanApplier() func(ctx context.Context) {
 	pa := &planApplier{s: s, queue: make(chan planRequest), done: make(chan struct{})}
 	s.applier.Store(pa)
+	return pa.run
+}
+
+// run serves plans one at a time until ctx ends, then uninstalls the
+// applier; plans still waiting get ErrNoPlanApplier.
+func (pa *planApplier) run(ctx context.Context) {
 	defer func() {
-		s.applier.CompareAndSwap(pa, nil)
+		pa.s.applier.CompareAndSwap(pa, nil)
 		close(pa.done)
 	}()
 	for {

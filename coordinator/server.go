@@ -53,7 +53,7 @@ type Server struct {
 	liveness  *liveness
 	plans     planCache
 	// applier is the running plan applier while this node leads (see
-	// runPlanApplier), nil otherwise.
+	// startPlanApplier), nil otherwise.
 	applier atomic.Pointer[planApplier]
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
