@@ -123,7 +123,7 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 		return nil, fmt.Errorf("plan from %s: read tasks: %w", plan.Source, err)
 	}
 	check := newPlanCheck(workers, tasks, tasksPerCore)
-	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore}
+	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore, ZoneLabel: zoneLabel}
 	var refused []fsm.PlanRefusal
 	for _, p := range plan.Placements {
 		if why := check.check(p); why != "" {

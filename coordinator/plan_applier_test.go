@@ -369,9 +369,11 @@ func taskOf(t *testing.T, c *testCluster, node int, id string) *fsm.Task {
 func TestRacingPlansExactlyOneWins(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
+	var ws []*fakeWorker
 	for _, n := range []string{"w1", "w2", "w3"} {
-		c.startWorker(t, l, n)
+		ws = append(ws, c.startWorker(t, l, n))
 	}
+	waitReady(t, c, l, len(ws))
 	submit(t, c.admin(l), "race", 1)
 	const id = "race/text/p0/r0"
 	var from *fsm.Task
@@ -453,12 +455,18 @@ func TestRefusalIsTheWaitingTasksReason(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
+	waitReady(t, c, l, 1)
 	submit(t, c.admin(l), "waits", 1)
-	w1.stop()
 	const id = "waits/text/p0/r0"
-	waitFor(t, 10*time.Second, "the task unplaced after its only worker went down", func() bool {
+	waitFor(t, 10*time.Second, "the task placed on w1", func() bool {
 		tk, _ := c.nodes[l].State().Task(nil, id)
-		return tk != nil && tk.WorkerID == ""
+		return tk != nil && tk.WorkerID == w1.id
+	})
+	w1.stop()
+	waitFor(t, 10*time.Second, "w1 down and the task unplaced", func() bool {
+		tk, _ := c.nodes[l].State().Task(nil, id)
+		w, _ := c.nodes[l].State().Worker(nil, w1.id)
+		return tk != nil && tk.WorkerID == "" && w != nil && w.Status == statusDown
 	})
 	tk := taskOf(t, c, l, id)
 	out, err := c.nodes[l].submitPlan(ctxT(t, 10*time.Second), fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove,
@@ -486,6 +494,7 @@ func TestSubmitCreatesSlotMapsAndAssignmentsCarryThem(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
+	waitReady(t, c, l, 1)
 	if _, err := c.admin(l).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{
 		Yaml: []byte(fmt.Sprintf(keyedQuery, "keyed")), Filename: "keyed.yaml"}); err != nil {
 		t.Fatal(err)
@@ -571,6 +580,7 @@ func TestSubmitPlacesThroughTheApplier(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	c.startWorker(t, l, "w1")
+	waitReady(t, c, l, 1)
 	if _, err := c.nodes[l].submitPlan(context.Background(), fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove}); err != nil {
 		t.Fatalf("empty plan: %v", err)
 	}

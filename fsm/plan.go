@@ -23,6 +23,9 @@ import (
 //   - the target worker is registered and ready;
 //   - no worker runs two replicas of one partition;
 //   - no worker runs more than TasksPerCore tasks per core (when set);
+//   - a replica goes to a zone (worker label ZoneLabel, when set) that
+//     runs none of its partition yet if a ready worker with room in such
+//     a zone exists;
 //   - a slot map covers every slot exactly once, names partitions that
 //     exist, and replaces the epoch the plan expected.
 
@@ -181,6 +184,9 @@ type ApplyPlanRequest struct {
 	// (at least one core counts); 0 leaves capacity unchecked. Carried in
 	// the entry so that every node checks the same bound.
 	TasksPerCore int `json:"tasks_per_core,omitempty"`
+	// ZoneLabel is the worker label replicas of a partition spread over;
+	// "" leaves zone spread unchecked.
+	ZoneLabel string `json:"zone_label,omitempty"`
 }
 
 // PlanRefusal is one refused part of a plan.
@@ -226,7 +232,7 @@ func where(worker string) string {
 
 // checkPlacement returns why p cannot be applied to the current state of
 // tx ("" if it can) and the task it names (nil if absent).
-func (tx *writeTx) checkPlacement(p *PlannedPlacement, tasksPerCore int) (string, *Task, error) {
+func (tx *writeTx) checkPlacement(p *PlannedPlacement, tasksPerCore int, zoneLabel string) (string, *Task, error) {
 	t, err := txFirst[Task](tx, TableTasks, p.TaskID)
 	if err != nil {
 		return "", nil, err
@@ -269,7 +275,60 @@ func (tx *writeTx) checkPlacement(p *PlannedPlacement, tasksPerCore int) (string
 			return fmt.Sprintf("worker %s is at capacity: %d tasks on %d cores (%d tasks per core)", w.ID, len(onWorker), cores, tasksPerCore), t, nil
 		}
 	}
+	if zone := w.Labels[zoneLabel]; zoneLabel != "" && zone != "" {
+		why, err := tx.checkZoneSpread(t, zone, zoneLabel, tasksPerCore)
+		return why, t, err
+	}
 	return "", t, nil
+}
+
+// checkZoneSpread returns why t may not go to zone: another replica of its
+// partition runs there while a ready worker with room in a zone running
+// none could take it ("" otherwise).
+func (tx *writeTx) checkZoneSpread(t *Task, zone, zoneLabel string, tasksPerCore int) (string, error) {
+	replicas, err := txList[Task](tx, TableTasks, indexQuery, t.Query)
+	if err != nil {
+		return "", err
+	}
+	taken := map[string]bool{}
+	hosts := map[string]bool{}
+	for _, o := range replicas {
+		if o.ID == t.ID || o.WorkerID == "" || o.Fragment != t.Fragment || o.Partition != t.Partition {
+			continue
+		}
+		hosts[o.WorkerID] = true
+		h, err := txFirst[Worker](tx, TableWorkers, o.WorkerID)
+		if err != nil {
+			return "", err
+		}
+		if h != nil && h.Labels[zoneLabel] != "" {
+			taken[h.Labels[zoneLabel]] = true
+		}
+	}
+	if !taken[zone] {
+		return "", nil
+	}
+	workers, err := txList[Worker](tx, TableWorkers, indexID)
+	if err != nil {
+		return "", err
+	}
+	for _, alt := range workers {
+		az := alt.Labels[zoneLabel]
+		if alt.Status != WorkerStatusReady || az == "" || taken[az] || hosts[alt.ID] {
+			continue
+		}
+		if tasksPerCore > 0 {
+			load, err := txList[Task](tx, TableTasks, indexWorker, alt.ID)
+			if err != nil {
+				return "", err
+			}
+			if len(load) >= max(int(alt.Cores), 1)*tasksPerCore {
+				continue
+			}
+		}
+		return fmt.Sprintf("zone spread: zone %s already runs a replica of partition %d of %s, while worker %s in zone %s could run it", zone, t.Partition, t.Fragment, alt.ID, az), nil
+	}
+	return "", nil
 }
 
 // checkSlotMap returns why u cannot be applied ("" if it can) and the
@@ -334,7 +393,7 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 	viewChanged := false
 	for i := range r.Placements {
 		p := &r.Placements[i]
-		why, t, err := tx.checkPlacement(p, r.TasksPerCore)
+		why, t, err := tx.checkPlacement(p, r.TasksPerCore, r.ZoneLabel)
 		if err != nil {
 			return nil, err
 		}

@@ -219,3 +219,39 @@ func TestSlotMapsInPlans(t *testing.T) {
 		t.Fatalf("slot maps after stop: %+v", maps)
 	}
 }
+
+// TestApplyPlanZoneSpread: with a zone label, the FSM refuses a replica in
+// a zone that already runs one of its partition while a ready worker in
+// another zone could take it, and allows it when none can.
+func TestApplyPlanZoneSpread(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		zoneLabel string
+		z2Status  string
+		want      string
+	}{
+		{"another zone has a ready worker", "zone", WorkerStatusReady, "zone spread: zone z1 already runs a replica of partition 0 of f, while worker z2a in zone z2 could run it"},
+		{"the other zone's worker is down", "zone", WorkerStatusDown, ""},
+		{"zone spread not asked for", "", WorkerStatusReady, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t)
+			for id, zone := range map[string]string{"z1a": "z1", "z1b": "z1", "z2a": "z2"} {
+				h.mustApply(RegisterWorkerType, RegisterWorkerRequest{Worker: Worker{ID: id, Addr: id + ":1", Cores: 1, Labels: map[string]string{"zone": zone}}})
+			}
+			h.mustApply(SetWorkerStatusType, SetWorkerStatusRequest{WorkerID: "z2a", Status: tc.z2Status})
+			h.mustApply(SubmitQueryType, SubmitQueryRequest{Query: Query{Name: "q"}, Tasks: []Task{task("q", "f", 0, 0, "z1a"), task("q", "f", 0, 1, "")}})
+			r := planResult(t, h.apply(ApplyPlanType, ApplyPlanRequest{Source: PlanSourceMove, ZoneLabel: tc.zoneLabel, TasksPerCore: 4,
+				Placements: []PlannedPlacement{{TaskID: "q/f/p0/r1", FromGeneration: 1, ToWorker: "z1b"}}}))
+			if tc.want == "" {
+				if len(r.Placed) != 1 {
+					t.Fatalf("refused: %s", r.RefusedText())
+				}
+				return
+			}
+			if len(r.Refused) != 1 || r.Refused[0].Reason != tc.want {
+				t.Fatalf("result %+v, want refusal %q", r, tc.want)
+			}
+		})
+	}
+}
