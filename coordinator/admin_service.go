@@ -60,7 +60,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
-			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message})
+			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message, Generation: int32(t.Gen())})
 		}
 		resp.Workers = append(resp.Workers, info)
 	}
@@ -124,7 +124,6 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 	if err := s.checkLimits(q, len(tasks), workers, existing); err != nil {
 		return nil, err
 	}
-	placeNew(workers, existing, tasks)
 	maxDelay := q.Availability.MaxDelay
 	body := fsm.SubmitQueryRequest{
 		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: states.QueryRunning, Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
@@ -144,7 +143,34 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 		return nil, status.Errorf(codes.FailedPrecondition, "submit %s: %v", name, res.Err)
 	}
 	s.logger.Info("query submitted", "query", q.Name, "tasks", len(tasks), "index", res.Index)
+	// The tasks were created unplaced; they are placed by a plan like
+	// every other placement. If that fails here the scheduler places
+	// them on its next pass (the query exists either way).
+	s.placeQuery(ctx, q.Name)
 	return &pb.SubmitQueryResponse{Name: q.Name, Index: res.Index, Tasks: int32(len(tasks))}, nil
+}
+
+// placeQuery plans the placement of a query's unplaced tasks and submits
+// it to the plan applier. Refusals are stored on the waiting tasks by the
+// applier; failures are logged.
+func (s *Server) placeQuery(ctx context.Context, name string) {
+	at := s.State().LatestIndex()
+	workers, err1 := s.State().Workers(nil)
+	all, err2 := s.State().Tasks(nil)
+	if err := errors.Join(err1, err2); err != nil {
+		s.logger.Error("placing a submitted query: cannot read the state", "query", name, "err", err)
+		return
+	}
+	var mine []fsm.PlannedPlacement
+	for _, p := range replace(workers, all) {
+		if t, _ := s.State().Task(nil, p.TaskID); t != nil && t.Query == name {
+			mine = append(mine, p)
+		}
+	}
+	if len(mine) == 0 {
+		return
+	}
+	s.placeAndLog(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceSubmit, StateIndex: at, Placements: mine})
 }
 
 // checkLimits refuses a query the org cannot run: more replicas than it
@@ -209,10 +235,26 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 	if err != nil {
 		return nil, err
 	}
+	maps, err := st.SlotMaps(nil, q.Name)
+	if err != nil {
+		return nil, err
+	}
+	slotMaps := map[string]*fsm.SlotMap{}
+	for _, m := range maps {
+		if m.QueryIndex == q.CreateIndex {
+			slotMaps[m.Fragment] = m
+		}
+	}
 	info := &pb.QueryInfo{Name: q.Name, Status: q.Status, Index: q.CreateIndex, Replicas: int32(q.Replicas), MaxDelay: q.MaxDelay, SpecJson: q.SpecJSON}
 	for _, t := range tasks {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
-			WorkerId: t.WorkerID, State: t.State, Message: t.Message}
+			WorkerId: t.WorkerID, State: t.State, Message: t.Message, Generation: int32(t.Gen())}
+		if m := slotMaps[t.Fragment]; m != nil {
+			ti.SlotEpoch = m.Epoch
+			for _, r := range m.SlotsOf(t.Partition) {
+				ti.SlotCount += int32(r.Last - r.First + 1)
+			}
+		}
 		if t.WorkerID != "" {
 			w, err := st.Worker(nil, t.WorkerID)
 			if err != nil {

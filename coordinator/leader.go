@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"errors"
 	"sort"
 	"sync"
 	"time"
@@ -203,7 +204,11 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	defer s.leading.Store(false)
 
 	var wg sync.WaitGroup
-	wg.Add(4)
+	wg.Add(5)
+	// The plan applier is the only writer of placements; it lives as long
+	// as these duties, and is installed before the loops that use it.
+	runApplier := s.startPlanApplier()
+	go func() { defer wg.Done(); runApplier(ctx) }()
 	go func() { defer wg.Done(); s.reapVoters(ctx) }()
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
@@ -381,19 +386,21 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			}
 			continue
 		}
+		at := s.State().LatestIndex()
 		workers, err1 := s.State().Workers(nil)
 		tasks, err2 := s.State().Tasks(nil)
-		if err1 != nil || err2 != nil {
+		if err := errors.Join(err1, err2); err != nil {
+			s.logger.Error("scheduler cannot read the state", "err", err)
 			continue
 		}
 		moves := replace(workers, tasks)
-		if len(moves) == 0 {
+		if len(moves) == 0 && len(s.missingSlotMaps()) == 0 {
 			continue
 		}
-		s.logger.Info("re-placing tasks", "count", len(moves))
-		res, err := s.apply(ctx, fsm.PlaceTasksType, fsm.PlaceTasksRequest{Placements: moves})
-		if err != nil || res.Err != nil {
-			s.logger.Error("placing tasks failed", "err", err)
+		if len(moves) > 0 {
+			s.logger.Info("re-placing tasks", "count", len(moves))
 		}
+		// Refusals are logged and stored on waiting tasks by the applier.
+		s.placeAndLog(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceReplace, StateIndex: at, Placements: moves})
 	}
 }

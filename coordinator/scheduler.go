@@ -129,21 +129,12 @@ func (p *placer) whyNot(hosting, full int) string {
 	return fmt.Sprintf("waiting for a ready worker: of %d ready workers, %d run a replica of this partition and %d are at capacity (%d tasks per core)", len(p.ready), hosting, full, tasksPerCore)
 }
 
-// placeNew assigns a worker to each of the new tasks (in place), given the
-// tasks already placed. Tasks that fit nowhere keep WorkerID "" and get a
-// Message saying why.
-func placeNew(workers []*fsm.Worker, existing, pending []*fsm.Task) {
-	p := newPlacer(workers, existing)
-	for _, t := range pending {
-		t.WorkerID, t.Message = p.pick(t)
-	}
-}
-
-// replace returns the placement changes for tasks that are unplaced or sit
-// on a down (or removed) worker. A task that fits nowhere is unassigned
-// from its down worker (so status shows it pending) with a message saying
-// why, and retried on the next change. Tasks on an unknown worker stay.
-func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.Placement {
+// replace plans the placement changes for tasks that are unplaced or sit
+// on a down (or removed) worker, each naming where and at which
+// generation it was seen. A task that fits nowhere is unassigned from its
+// down worker (so status shows it pending) with a message saying why, and
+// retried on the next change. Tasks on an unknown worker stay.
+func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.PlannedPlacement {
 	keep := map[string]bool{}
 	for _, w := range workers {
 		if w.Status == statusReady || w.Status == statusUnknown {
@@ -151,7 +142,7 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.Placement {
 		}
 	}
 	p := newPlacer(workers, tasks)
-	var moves []fsm.Placement
+	var moves []fsm.PlannedPlacement
 	for _, t := range tasks {
 		if t.WorkerID != "" && keep[t.WorkerID] {
 			continue
@@ -160,7 +151,7 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.Placement {
 		if to == t.WorkerID && (to != "" || why == t.Message) {
 			continue
 		}
-		moves = append(moves, fsm.Placement{TaskID: t.ID, WorkerID: to, Message: why})
+		moves = append(moves, fsm.PlannedPlacement{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to, Message: why})
 	}
 	return moves
 }

@@ -61,6 +61,9 @@ type Server struct {
 	plans     planCache
 	// leading is true while this node's leader duties run (set-up done).
 	leading atomic.Bool
+	// applier is the running plan applier while this node leads (see
+	// startPlanApplier), nil otherwise.
+	applier atomic.Pointer[planApplier]
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.

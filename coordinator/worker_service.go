@@ -176,7 +176,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
-		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message})
+		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation)})
 	}
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
@@ -228,9 +228,18 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		}
 		own[t.Query][t.Fragment] = true
 	}
+	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex
+		for _, m := range q.SlotMaps {
+			if m.QueryIndex != q.Query.CreateIndex {
+				continue // left from an older definition
+			}
+			slotMaps[[2]string{m.Query, m.Fragment}] = m
+			view.SlotMaps = append(view.SlotMaps, &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
+				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)})
+		}
 		needed := s.plans.neededFragments(q.Query, own[q.Query.Name])
 		for _, t := range q.Tasks {
 			if needed != nil && !needed[t.Fragment] {
@@ -238,18 +247,32 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			}
 			view.Tasks = append(view.Tasks, &pb.TaskPlacement{
 				TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
-				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID],
+				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID], Generation: int32(t.Gen()),
 			})
 		}
 		resp.Queries = append(resp.Queries, view)
 	}
 	for _, t := range tasks {
-		resp.Assignments = append(resp.Assignments, &pb.Assignment{
+		a := &pb.Assignment{
 			TaskId: t.ID, Query: t.Query, Fragment: t.Fragment,
 			Partition: int32(t.Partition), Replica: int32(t.Replica), QueryIndex: queryIndex[t.Query],
-		})
+			Generation: int32(t.Gen()),
+		}
+		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {
+			a.SlotEpoch = m.Epoch
+			a.Slots = slotRangesPB(m.SlotsOf(t.Partition))
+		}
+		resp.Assignments = append(resp.Assignments, a)
 	}
 	return resp, nil
+}
+
+func slotRangesPB(ranges []fsm.SlotRange) []*pb.SlotRange {
+	out := make([]*pb.SlotRange, len(ranges))
+	for i, r := range ranges {
+		out[i] = &pb.SlotRange{First: uint32(r.First), Last: uint32(r.Last), Partition: int32(r.Partition)}
+	}
+	return out
 }
 
 func (ws *workerService) waitForWorker(ctx context.Context, id string) error {
@@ -284,6 +307,25 @@ type planCache struct {
 // rest of the query would only make every watch response O(query size).
 // nil means "all" (the spec could not be planned; send everything).
 func (pc *planCache) neededFragments(q *fsm.Query, own map[string]bool) map[string]bool {
+	plan := pc.plan(q)
+	if plan == nil {
+		return nil
+	}
+	needed := map[string]bool{}
+	for f := range own {
+		needed[f] = true
+		if n := plan.Node(f); n != nil {
+			for _, in := range n.Inputs {
+				needed[in] = true
+			}
+		}
+	}
+	return needed
+}
+
+// plan returns the fused plan of a query definition, nil if its spec
+// cannot be planned.
+func (pc *planCache) plan(q *fsm.Query) *queryspec.Plan {
 	key := fmt.Sprintf("%s@%d", q.Name, q.CreateIndex)
 	pc.mu.Lock()
 	plan, ok := pc.plans[key]
@@ -303,14 +345,5 @@ func (pc *planCache) neededFragments(q *fsm.Query, own map[string]bool) map[stri
 		pc.plans[key] = plan
 		pc.mu.Unlock()
 	}
-	needed := map[string]bool{}
-	for f := range own {
-		needed[f] = true
-		if n := plan.Node(f); n != nil {
-			for _, in := range n.Inputs {
-				needed[in] = true
-			}
-		}
-	}
-	return needed
+	return plan
 }

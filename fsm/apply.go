@@ -240,6 +240,8 @@ func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
 	for _, t := range tasks {
 		updated := *t
 		updated.WorkerID = ""
+		// The copy on the deleted worker is gone: the next is a new one.
+		updated.Generation = t.Gen() + 1
 		updated.State = TaskStatePending
 		updated.Message = fmt.Sprintf("worker %s deleted", r.WorkerID)
 		if r.reason != "" {
@@ -310,6 +312,9 @@ func (r *SubmitQueryRequest) apply(tx *writeTx) (any, error) {
 		if t.State == "" {
 			t.State = TaskStatePending
 		}
+		if t.Generation < 1 {
+			t.Generation = 1
+		}
 		t.CreateIndex, t.ModifyIndex = tx.index, tx.index
 		tasks[i] = t
 	}
@@ -322,6 +327,9 @@ func (r *SubmitQueryRequest) apply(tx *writeTx) (any, error) {
 	// A stopped query has no tasks (StopQuery deletes them); delete any left
 	// anyway so the replacement starts clean.
 	if err := tx.deleteTasksOf(q.Name); err != nil {
+		return nil, err
+	}
+	if err := tx.deleteSlotMapsOf(q.Name); err != nil {
 		return nil, err
 	}
 	for i := range tasks {
@@ -374,6 +382,9 @@ func (r *StopQueryRequest) apply(tx *writeTx) (any, error) {
 		return nil, err
 	}
 	if err := tx.deleteTasksOf(r.Name); err != nil {
+		return nil, err
+	}
+	if err := tx.deleteSlotMapsOf(r.Name); err != nil {
 		return nil, err
 	}
 	updated := *q
@@ -473,7 +484,8 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		if err != nil {
 			return nil, err
 		}
-		if t == nil || t.WorkerID != r.WorkerID {
+		if t == nil || t.WorkerID != r.WorkerID || (u.Generation != 0 && u.Generation != t.Gen()) {
+			// Not (or no longer) this copy: an older generation's report.
 			result.Skipped = append(result.Skipped, u.TaskID)
 			continue
 		}

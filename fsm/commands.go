@@ -33,6 +33,15 @@ const (
 	RevokeTokenType
 )
 
+// Command types of the plan applier (issue 9). They start at 40 so that
+// types other work appends after RevokeTokenType never collide with them.
+const (
+	// ApplyPlanType carries an ApplyPlanRequest: the only command a
+	// coordinator proposes to change where tasks run or which partition
+	// owns a key slot.
+	ApplyPlanType MessageType = 40
+)
+
 var messageTypeNames = map[MessageType]string{
 	RegisterWorkerType:        "RegisterWorker",
 	SetWorkerStatusType:       "SetWorkerStatus",
@@ -47,6 +56,7 @@ var messageTypeNames = map[MessageType]string{
 	AppendLedgerEntryType:     "AppendLedgerEntry",
 	RecordHealthActionType:    "RecordHealthAction",
 	RevokeTokenType:           "RevokeToken",
+	ApplyPlanType:             "ApplyPlan",
 }
 
 // String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".
@@ -136,7 +146,12 @@ type Placement struct {
 	Message  string `json:"message,omitempty"`
 }
 
-// PlaceTasksRequest applies placements in order. Placements naming an unknown
+// PlaceTasksRequest is the placement command of older builds, kept so that
+// their log entries still replay. No coordinator proposes it any more:
+// every placement goes through the leader's plan applier as an
+// ApplyPlanRequest, which re-checks it (see ApplyPlanRequest).
+//
+// It applies placements in order. Placements naming an unknown
 // task or an unknown worker are skipped. A task that moves gets State pending
 // and the placement's Message; an unplaced task that stays unplaced gets
 // the placement's Message if it differs (a new reason to wait), without
@@ -156,6 +171,9 @@ type TaskStateUpdate struct {
 	TaskID  string `json:"task_id"`
 	State   string `json:"state"`
 	Message string `json:"message"`
+	// Generation is the copy that reports; a report of another generation
+	// than the task's current one is skipped. 0: not said (older workers).
+	Generation int `json:"generation,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

@@ -244,6 +244,25 @@ func TestCommands(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "apply plan",
+			steps: []step{
+				submitQ1, // index 5: q1 runs definition 5
+				{typ: ApplyPlanType, body: ApplyPlanRequest{Source: PlanSourceMove, Placements: []PlannedPlacement{
+					{TaskID: "q1/f0/p0/r0", FromWorker: "a", FromGeneration: 1, ToWorker: "c"},
+					{TaskID: "q1/f0/p0/r1", FromWorker: "a", FromGeneration: 1, ToWorker: "d"}, // stale: on b
+				}, SlotMaps: []SlotMapUpdate{{Query: "q1", Fragment: "f0", QueryIndex: 5, Partitions: 2, Ranges: ContiguousSlotMap(2)}}}},
+				{typ: ApplyPlanType, body: ApplyPlanRequest{}, wantErr: ErrInvalidRequest},
+			},
+			check: func(t *testing.T, h *harness) {
+				moved, _ := h.state().Task(nil, "q1/f0/p0/r0")
+				kept, _ := h.state().Task(nil, "q1/f0/p0/r1")
+				m, _ := h.state().SlotMap(nil, "q1", "f0")
+				if moved.WorkerID != "c" || moved.Generation != 2 || kept.WorkerID != "b" || kept.Generation != 1 || m == nil || m.Epoch != 1 {
+					t.Fatalf("moved %+v kept %+v slot map %+v", moved, kept, m)
+				}
+			},
+		},
 	}
 	covered := map[MessageType]bool{}
 	for _, tc := range cases {

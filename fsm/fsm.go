@@ -80,6 +80,7 @@ var commandDecoders = map[MessageType]func() command{
 	AppendLedgerEntryType:     func() command { return &AppendLedgerEntryRequest{} },
 	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
+	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

@@ -13,10 +13,12 @@ package fsm
 //	   (they advertise nothing and count as 1).
 //	2: forward compatible decoding (unknown fields ignored, an entry that
 //	   cannot be applied halts the node) and the protocol tag itself.
+//	3: ApplyPlanType (the plan applier's placements and slot maps), the
+//	   slot-map table and task generations.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 2
+const ProtocolVersion = 3
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.
@@ -38,6 +40,7 @@ var commandProtocol = map[MessageType]int{
 	AppendLedgerEntryType:     1,
 	RecordHealthActionType:    1,
 	RevokeTokenType:           1,
+	ApplyPlanType:             3,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false

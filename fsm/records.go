@@ -83,12 +83,21 @@ type Task struct {
 	Partition int    `json:"partition"`
 	Replica   int    `json:"replica"`
 	// WorkerID is the worker the task is placed on; "" = unplaced.
-	WorkerID    string `json:"worker_id"`
+	WorkerID string `json:"worker_id"`
+	// Generation numbers the copies of this task: 1 for the first, and
+	// one more each time the task leaves a worker it was placed on (moved,
+	// re-placed after its worker was lost, unplaced), so an old and a new
+	// copy of one partition replica are told apart everywhere. 0 in
+	// records of older builds means 1 (see Gen).
+	Generation  int    `json:"generation,omitempty"`
 	State       string `json:"state"`
 	Message     string `json:"message"`
 	CreateIndex uint64 `json:"create_index"`
 	ModifyIndex uint64 `json:"modify_index"`
 }
+
+// Gen is the task's generation, at least 1.
+func (t *Task) Gen() int { return max(t.Generation, 1) }
 
 // TaskID builds the id of a task: <query>/<fragment>/p<partition>/r<replica>.
 func TaskID(query, fragment string, partition, replica int) string {

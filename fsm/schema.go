@@ -17,6 +17,7 @@ const (
 	TableLedger           = "ledger"
 	TableHealthActions    = "health_actions"
 	TableIdempotency      = "idempotency"
+	TableSlotMaps         = "slot_maps"
 
 	// tableIndexes holds tableIndexEntry rows; it is internal.
 	tableIndexes = "index"
@@ -85,6 +86,13 @@ func stateSchema() *memdb.DBSchema {
 			// Non-unique: memdb orders equal values by primary key, so pruning
 			// "oldest first" is deterministic.
 			indexApplied: {Name: indexApplied, Indexer: &memdb.UintFieldIndex{Field: "Index"}},
+		}},
+		TableSlotMaps: {Name: TableSlotMaps, Indexes: map[string]*memdb.IndexSchema{
+			indexID: {Name: indexID, Unique: true, Indexer: &memdb.CompoundIndex{Indexes: []memdb.Indexer{
+				&memdb.StringFieldIndex{Field: "Query"},
+				&memdb.StringFieldIndex{Field: "Fragment"},
+			}}},
+			indexQuery: {Name: indexQuery, Indexer: &memdb.StringFieldIndex{Field: "Query"}},
 		}},
 		tableIndexes: {Name: tableIndexes, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "Table"}},

@@ -76,6 +76,7 @@ var snapshotKinds = []snapshotKind{
 	{"ledger_entry", TableLedger, decodeRecord[LedgerEntry]},
 	{"health_action", TableHealthActions, decodeRecord[HealthAction]},
 	{"idempotency", TableIdempotency, decodeRecord[IdempotencyRecord]},
+	{"slot_map", TableSlotMaps, decodeRecord[SlotMap]},
 	{"table_index", tableIndexes, decodeRecord[tableIndexEntry]},
 }
 

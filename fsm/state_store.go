@@ -219,6 +219,21 @@ func (s *StateStore) HealthActions(ws memdb.WatchSet, query string) ([]*HealthAc
 	return list[HealthAction](txn, ws, TableHealthActions, indexQuery, query)
 }
 
+// SlotMaps returns the slot maps of a query's keyed fragments sorted by
+// fragment; with query "" it returns all of them.
+func (s *StateStore) SlotMaps(ws memdb.WatchSet, query string) ([]*SlotMap, error) {
+	txn := s.readTxn(ws)
+	if query == "" {
+		return list[SlotMap](txn, ws, TableSlotMaps, indexID)
+	}
+	return list[SlotMap](txn, ws, TableSlotMaps, indexQuery, query)
+}
+
+// SlotMap returns the slot map of one fragment, or nil, nil.
+func (s *StateStore) SlotMap(ws memdb.WatchSet, query, fragment string) (*SlotMap, error) {
+	return first[SlotMap](s.readTxn(ws), ws, TableSlotMaps, query, fragment)
+}
+
 // TableIndex returns the log index of the last write to a table, 0 if none.
 func (s *StateStore) TableIndex(table string) uint64 {
 	return tableIndexIn(s.readTxn(nil), table)
@@ -244,6 +259,9 @@ type QueryView struct {
 	Query       *Query
 	Tasks       []*Task           // all tasks of the query, sorted by id
 	WorkerAddrs map[string]string // worker id -> addr, for placed tasks
+	// SlotMaps are the slot maps of the query's keyed fragments, sorted
+	// by fragment.
+	SlotMaps []*SlotMap
 }
 
 // WorkerAssignments returns a worker's assignment view: the tasks placed on it
@@ -290,7 +308,11 @@ func (s *StateStore) WorkerAssignments(ws memdb.WatchSet, workerID string) (uint
 		if err != nil {
 			return 0, nil, nil, err
 		}
-		view := &QueryView{Query: q, Tasks: qtasks, WorkerAddrs: map[string]string{}}
+		maps, err := list[SlotMap](txn, nil, TableSlotMaps, indexQuery, name)
+		if err != nil {
+			return 0, nil, nil, err
+		}
+		view := &QueryView{Query: q, Tasks: qtasks, WorkerAddrs: map[string]string{}, SlotMaps: maps}
 		for _, t := range qtasks {
 			if t.WorkerID == "" {
 				continue

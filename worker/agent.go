@@ -504,6 +504,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 	type qinfo struct {
 		spec       *queryspec.Query
 		placements []wrt.Placement
+		slotMaps   map[string]*wrt.SlotMap
 	}
 	queries := map[string]*qinfo{}
 	var errs []error
@@ -516,8 +517,20 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 		qi := &qinfo{spec: spec}
 		for _, t := range q.Tasks {
 			qi.placements = append(qi.placements, wrt.Placement{
-				TaskID: t.TaskId, Fragment: t.Fragment, Partition: int(t.Partition), Replica: int(t.Replica), WorkerAddr: t.WorkerAddr,
+				TaskID: t.TaskId, Fragment: t.Fragment, Partition: int(t.Partition), Replica: int(t.Replica),
+				Generation: int(max(t.Generation, 1)), WorkerAddr: t.WorkerAddr,
 			})
+		}
+		for _, m := range q.SlotMaps {
+			sm, err := slotMapOf(m)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("query %s: %w", q.Name, err))
+				continue
+			}
+			if qi.slotMaps == nil {
+				qi.slotMaps = map[string]*wrt.SlotMap{}
+			}
+			qi.slotMaps[m.Fragment] = sm
 		}
 		queries[q.Name] = qi
 	}
@@ -527,13 +540,37 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 		if qi == nil {
 			continue
 		}
-		specs = append(specs, wrt.TaskSpec{
+		spec := wrt.TaskSpec{
 			TaskID: a.TaskId, Query: a.Query, Fragment: a.Fragment,
 			Partition: int(a.Partition), Replica: int(a.Replica), QueryIndex: a.QueryIndex,
-			Spec: qi.spec, Placements: qi.placements,
-		})
+			Spec: qi.spec, Placements: qi.placements, SlotMaps: qi.slotMaps,
+			Generation: int(max(a.Generation, 1)), SlotEpoch: a.SlotEpoch,
+		}
+		for _, r := range a.Slots {
+			spec.Slots = append(spec.Slots, wrt.SlotRange{First: int(r.First), Last: int(r.Last)})
+		}
+		specs = append(specs, spec)
 	}
 	return specs, errors.Join(errs...)
+}
+
+// slotMapOf expands a slot map from its ranges into one owner per slot.
+func slotMapOf(m *pb.SlotMap) (*wrt.SlotMap, error) {
+	owner := make([]int32, queryspec.NumSlots)
+	next := uint32(0)
+	for _, r := range m.Ranges {
+		if r.First != next || r.Last < r.First || r.Last >= queryspec.NumSlots {
+			return nil, fmt.Errorf("slot map of %s (epoch %d): range %d..%d does not continue from slot %d", m.Fragment, m.Epoch, r.First, r.Last, next)
+		}
+		for s := r.First; s <= r.Last; s++ {
+			owner[s] = r.Partition
+		}
+		next = r.Last + 1
+	}
+	if next != queryspec.NumSlots {
+		return nil, fmt.Errorf("slot map of %s (epoch %d) covers slots 0..%d of %d", m.Fragment, m.Epoch, int(next)-1, queryspec.NumSlots)
+	}
+	return &wrt.SlotMap{Epoch: m.Epoch, Owner: owner}, nil
 }
 
 // reportLoop tells the org about task state changes.
@@ -546,7 +583,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		for _, st := range w.runtime.States() {
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
-				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message})
+				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation)})
 			}
 		}
 		if len(changed) == 0 {

@@ -196,7 +196,7 @@ func newWorkersCmd() *cobra.Command {
 				}
 				states := []map[string]any{}
 				for _, st := range w.TaskStates {
-					states = append(states, map[string]any{"id": st.TaskId, "state": st.State, "reason": st.Message})
+					states = append(states, map[string]any{"id": st.TaskId, "generation": st.Generation, "state": st.State, "reason": st.Message})
 				}
 				list = append(list, map[string]any{"id": w.Id, "org": w.Org, "addr": w.Addr, "status": w.Status,
 					"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks, "task_states": states})
@@ -246,8 +246,12 @@ func newQuerySubmitCmd() *cobra.Command {
 func queryJSON(q *pb.QueryInfo) map[string]any {
 	tasks := []map[string]any{}
 	for _, t := range q.Tasks {
-		tasks = append(tasks, map[string]any{"id": t.TaskId, "fragment": t.Fragment, "partition": t.Partition,
-			"replica": t.Replica, "worker": t.WorkerId, "worker_addr": t.WorkerAddr, "state": t.State, "reason": t.Message, "message": t.Message})
+		task := map[string]any{"id": t.TaskId, "generation": t.Generation, "fragment": t.Fragment, "partition": t.Partition,
+			"replica": t.Replica, "worker": t.WorkerId, "worker_addr": t.WorkerAddr, "state": t.State, "reason": t.Message, "message": t.Message}
+		if t.SlotEpoch != 0 {
+			task["slot_epoch"], task["slots"] = t.SlotEpoch, t.SlotCount
+		}
+		tasks = append(tasks, task)
 	}
 	return map[string]any{"name": q.Name, "status": q.Status, "index": q.Index, "replicas": q.Replicas,
 		"max_delay": q.MaxDelay, "tasks": tasks}
@@ -300,10 +304,10 @@ func newQueryStatusCmd() *cobra.Command {
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s\n\n", q.Name, q.Status, q.Replicas, q.MaxDelay)
 		tw := newTable(cmd.OutOrStdout())
-		fmt.Fprintln(tw, "TASK\tWORKER\tADDR\tSTATE\tMESSAGE")
+		fmt.Fprintln(tw, "TASK\tGEN\tWORKER\tADDR\tSTATE\tMESSAGE")
 		sort.Slice(q.Tasks, func(i, j int) bool { return q.Tasks[i].TaskId < q.Tasks[j].TaskId })
 		for _, t := range q.Tasks {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.TaskId, orNone(t.WorkerId), t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), orNone(t.WorkerId), t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
 		}
 		return tw.Flush()
 	})

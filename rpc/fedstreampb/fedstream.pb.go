@@ -352,7 +352,15 @@ type Assignment struct {
 	Replica   int32                  `protobuf:"varint,5,opt,name=replica,proto3" json:"replica,omitempty"`
 	// The index of the query definition, so a worker can tell a resubmitted
 	// query from the one it runs.
-	QueryIndex    uint64 `protobuf:"varint,6,opt,name=query_index,json=queryIndex,proto3" json:"query_index,omitempty"`
+	QueryIndex uint64 `protobuf:"varint,6,opt,name=query_index,json=queryIndex,proto3" json:"query_index,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	// Generation of this copy of the task: 1 for the first, one more for
+	// each new copy (after a move or the loss of its worker).
+	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	// For a task of a keyed fragment: the slots it owns and the epoch of
+	// the fragment's slot map they come from (0 and empty otherwise).
+	SlotEpoch     uint64       `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	Slots         []*SlotRange `protobuf:"bytes,52,rep,name=slots,proto3" json:"slots,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -429,15 +437,38 @@ func (x *Assignment) GetQueryIndex() uint64 {
 	return 0
 }
 
+func (x *Assignment) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *Assignment) GetSlotEpoch() uint64 {
+	if x != nil {
+		return x.SlotEpoch
+	}
+	return 0
+}
+
+func (x *Assignment) GetSlots() []*SlotRange {
+	if x != nil {
+		return x.Slots
+	}
+	return nil
+}
+
 // Where one task of a query runs; workers use these to find upstreams.
 type TaskPlacement struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	Fragment      string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
-	Partition     int32                  `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
-	Replica       int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
-	WorkerId      string                 `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	WorkerAddr    string                 `protobuf:"bytes,6,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Fragment   string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Partition  int32                  `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	Replica    int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
+	WorkerId   string                 `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerAddr string                 `protobuf:"bytes,6,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -514,6 +545,13 @@ func (x *TaskPlacement) GetWorkerAddr() string {
 	return ""
 }
 
+func (x *TaskPlacement) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // The definition of a query that has at least one task on the watching
 // worker, with the placements of that worker's fragments and of their
 // upstream fragments (what its tasks subscribe to), not the whole query.
@@ -522,8 +560,12 @@ type QueryView struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Index uint64                 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	// The canonical JSON encoding of the validated query spec.
-	SpecJson      []byte           `protobuf:"bytes,3,opt,name=spec_json,json=specJson,proto3" json:"spec_json,omitempty"`
-	Tasks         []*TaskPlacement `protobuf:"bytes,4,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	SpecJson []byte           `protobuf:"bytes,3,opt,name=spec_json,json=specJson,proto3" json:"spec_json,omitempty"`
+	Tasks    []*TaskPlacement `protobuf:"bytes,4,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	// The slot map of every keyed fragment of the query: upstream tasks
+	// route each key to the partition owning its slot.
+	SlotMaps      []*SlotMap `protobuf:"bytes,50,rep,name=slot_maps,json=slotMaps,proto3" json:"slot_maps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -586,6 +628,145 @@ func (x *QueryView) GetTasks() []*TaskPlacement {
 	return nil
 }
 
+func (x *QueryView) GetSlotMaps() []*SlotMap {
+	if x != nil {
+		return x.SlotMaps
+	}
+	return nil
+}
+
+// Slots first..last (inclusive) belong to one partition.
+type SlotRange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	First         uint32                 `protobuf:"varint,1,opt,name=first,proto3" json:"first,omitempty"`
+	Last          uint32                 `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	Partition     int32                  `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlotRange) Reset() {
+	*x = SlotRange{}
+	mi := &file_fedstream_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlotRange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlotRange) ProtoMessage() {}
+
+func (x *SlotRange) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlotRange.ProtoReflect.Descriptor instead.
+func (*SlotRange) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SlotRange) GetFirst() uint32 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *SlotRange) GetLast() uint32 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *SlotRange) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+// Which partition owns each of the 4096 hash slots of a keyed fragment.
+// The epoch grows by one on every reassignment.
+type SlotMap struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Fragment   string                 `protobuf:"bytes,1,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Partitions int32                  `protobuf:"varint,3,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	// Cover slots 0..4095 in order, each exactly once.
+	Ranges        []*SlotRange `protobuf:"bytes,4,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SlotMap) Reset() {
+	*x = SlotMap{}
+	mi := &file_fedstream_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SlotMap) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SlotMap) ProtoMessage() {}
+
+func (x *SlotMap) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SlotMap.ProtoReflect.Descriptor instead.
+func (*SlotMap) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SlotMap) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *SlotMap) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *SlotMap) GetPartitions() int32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *SlotMap) GetRanges() []*SlotRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
 type WatchAssignmentsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
@@ -597,7 +778,7 @@ type WatchAssignmentsResponse struct {
 
 func (x *WatchAssignmentsResponse) Reset() {
 	*x = WatchAssignmentsResponse{}
-	mi := &file_fedstream_proto_msgTypes[8]
+	mi := &file_fedstream_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -609,7 +790,7 @@ func (x *WatchAssignmentsResponse) String() string {
 func (*WatchAssignmentsResponse) ProtoMessage() {}
 
 func (x *WatchAssignmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[8]
+	mi := &file_fedstream_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -622,7 +803,7 @@ func (x *WatchAssignmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchAssignmentsResponse.ProtoReflect.Descriptor instead.
 func (*WatchAssignmentsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{8}
+	return file_fedstream_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WatchAssignmentsResponse) GetIndex() uint64 {
@@ -650,15 +831,18 @@ type TaskState struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	// "starting", "running", "stalled", "failed", "stopped"
-	State         string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
-	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	State   string `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	// The generation of the copy the state belongs to (0: not said).
+	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskState) Reset() {
 	*x = TaskState{}
-	mi := &file_fedstream_proto_msgTypes[9]
+	mi := &file_fedstream_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -670,7 +854,7 @@ func (x *TaskState) String() string {
 func (*TaskState) ProtoMessage() {}
 
 func (x *TaskState) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[9]
+	mi := &file_fedstream_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -683,7 +867,7 @@ func (x *TaskState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskState.ProtoReflect.Descriptor instead.
 func (*TaskState) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{9}
+	return file_fedstream_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskState) GetTaskId() string {
@@ -707,6 +891,13 @@ func (x *TaskState) GetMessage() string {
 	return ""
 }
 
+func (x *TaskState) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type ReportTasksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
@@ -717,7 +908,7 @@ type ReportTasksRequest struct {
 
 func (x *ReportTasksRequest) Reset() {
 	*x = ReportTasksRequest{}
-	mi := &file_fedstream_proto_msgTypes[10]
+	mi := &file_fedstream_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -729,7 +920,7 @@ func (x *ReportTasksRequest) String() string {
 func (*ReportTasksRequest) ProtoMessage() {}
 
 func (x *ReportTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[10]
+	mi := &file_fedstream_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -742,7 +933,7 @@ func (x *ReportTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTasksRequest.ProtoReflect.Descriptor instead.
 func (*ReportTasksRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{10}
+	return file_fedstream_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportTasksRequest) GetWorkerId() string {
@@ -767,7 +958,7 @@ type ReportTasksResponse struct {
 
 func (x *ReportTasksResponse) Reset() {
 	*x = ReportTasksResponse{}
-	mi := &file_fedstream_proto_msgTypes[11]
+	mi := &file_fedstream_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +970,7 @@ func (x *ReportTasksResponse) String() string {
 func (*ReportTasksResponse) ProtoMessage() {}
 
 func (x *ReportTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[11]
+	mi := &file_fedstream_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +983,7 @@ func (x *ReportTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTasksResponse.ProtoReflect.Descriptor instead.
 func (*ReportTasksResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{11}
+	return file_fedstream_proto_rawDescGZIP(), []int{13}
 }
 
 type StatusRequest struct {
@@ -803,7 +994,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[12]
+	mi := &file_fedstream_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -815,7 +1006,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[12]
+	mi := &file_fedstream_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -828,7 +1019,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{12}
+	return file_fedstream_proto_rawDescGZIP(), []int{14}
 }
 
 type Peer struct {
@@ -842,7 +1033,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_fedstream_proto_msgTypes[13]
+	mi := &file_fedstream_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -854,7 +1045,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[13]
+	mi := &file_fedstream_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -867,7 +1058,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{13}
+	return file_fedstream_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Peer) GetId() string {
@@ -913,7 +1104,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[14]
+	mi := &file_fedstream_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1116,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[14]
+	mi := &file_fedstream_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1129,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{14}
+	return file_fedstream_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StatusResponse) GetOrg() string {
@@ -1043,7 +1234,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_fedstream_proto_msgTypes[15]
+	mi := &file_fedstream_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1055,7 +1246,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[15]
+	mi := &file_fedstream_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1068,7 +1259,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{15}
+	return file_fedstream_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerInfo) GetId() string {
@@ -1142,7 +1333,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_fedstream_proto_msgTypes[16]
+	mi := &file_fedstream_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1154,7 +1345,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[16]
+	mi := &file_fedstream_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1167,7 +1358,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{16}
+	return file_fedstream_proto_rawDescGZIP(), []int{18}
 }
 
 type ListWorkersResponse struct {
@@ -1179,7 +1370,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_fedstream_proto_msgTypes[17]
+	mi := &file_fedstream_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1191,7 +1382,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[17]
+	mi := &file_fedstream_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1204,7 +1395,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{17}
+	return file_fedstream_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerInfo {
@@ -1227,7 +1418,7 @@ type SubmitQueryRequest struct {
 
 func (x *SubmitQueryRequest) Reset() {
 	*x = SubmitQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[18]
+	mi := &file_fedstream_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1430,7 @@ func (x *SubmitQueryRequest) String() string {
 func (*SubmitQueryRequest) ProtoMessage() {}
 
 func (x *SubmitQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[18]
+	mi := &file_fedstream_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1443,7 @@ func (x *SubmitQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitQueryRequest.ProtoReflect.Descriptor instead.
 func (*SubmitQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{18}
+	return file_fedstream_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubmitQueryRequest) GetYaml() []byte {
@@ -1287,7 +1478,7 @@ type SubmitQueryResponse struct {
 
 func (x *SubmitQueryResponse) Reset() {
 	*x = SubmitQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[19]
+	mi := &file_fedstream_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1490,7 @@ func (x *SubmitQueryResponse) String() string {
 func (*SubmitQueryResponse) ProtoMessage() {}
 
 func (x *SubmitQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[19]
+	mi := &file_fedstream_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1503,7 @@ func (x *SubmitQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitQueryResponse.ProtoReflect.Descriptor instead.
 func (*SubmitQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{19}
+	return file_fedstream_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitQueryResponse) GetName() string {
@@ -1337,22 +1528,28 @@ func (x *SubmitQueryResponse) GetTasks() int32 {
 }
 
 type TaskInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	Fragment      string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
-	Partition     int32                  `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
-	Replica       int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
-	WorkerId      string                 `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	WorkerAddr    string                 `protobuf:"bytes,6,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
-	State         string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
-	Message       string                 `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Fragment   string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Partition  int32                  `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
+	Replica    int32                  `protobuf:"varint,4,opt,name=replica,proto3" json:"replica,omitempty"`
+	WorkerId   string                 `protobuf:"bytes,5,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	WorkerAddr string                 `protobuf:"bytes,6,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
+	State      string                 `protobuf:"bytes,7,opt,name=state,proto3" json:"state,omitempty"`
+	Message    string                 `protobuf:"bytes,8,opt,name=message,proto3" json:"message,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	// For a task of a keyed fragment: the epoch of the fragment's slot map
+	// and how many of its slots this task's partition owns.
+	SlotEpoch     uint64 `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	SlotCount     int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_fedstream_proto_msgTypes[20]
+	mi := &file_fedstream_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1364,7 +1561,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[20]
+	mi := &file_fedstream_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1377,7 +1574,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{20}
+	return file_fedstream_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TaskInfo) GetTaskId() string {
@@ -1436,6 +1633,27 @@ func (x *TaskInfo) GetMessage() string {
 	return ""
 }
 
+func (x *TaskInfo) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *TaskInfo) GetSlotEpoch() uint64 {
+	if x != nil {
+		return x.SlotEpoch
+	}
+	return 0
+}
+
+func (x *TaskInfo) GetSlotCount() int32 {
+	if x != nil {
+		return x.SlotCount
+	}
+	return 0
+}
+
 type QueryInfo struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -1451,7 +1669,7 @@ type QueryInfo struct {
 
 func (x *QueryInfo) Reset() {
 	*x = QueryInfo{}
-	mi := &file_fedstream_proto_msgTypes[21]
+	mi := &file_fedstream_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1681,7 @@ func (x *QueryInfo) String() string {
 func (*QueryInfo) ProtoMessage() {}
 
 func (x *QueryInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[21]
+	mi := &file_fedstream_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1694,7 @@ func (x *QueryInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryInfo.ProtoReflect.Descriptor instead.
 func (*QueryInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{21}
+	return file_fedstream_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *QueryInfo) GetName() string {
@@ -1536,7 +1754,7 @@ type ListQueriesRequest struct {
 
 func (x *ListQueriesRequest) Reset() {
 	*x = ListQueriesRequest{}
-	mi := &file_fedstream_proto_msgTypes[22]
+	mi := &file_fedstream_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1548,7 +1766,7 @@ func (x *ListQueriesRequest) String() string {
 func (*ListQueriesRequest) ProtoMessage() {}
 
 func (x *ListQueriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[22]
+	mi := &file_fedstream_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1561,7 +1779,7 @@ func (x *ListQueriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueriesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueriesRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{22}
+	return file_fedstream_proto_rawDescGZIP(), []int{24}
 }
 
 type ListQueriesResponse struct {
@@ -1573,7 +1791,7 @@ type ListQueriesResponse struct {
 
 func (x *ListQueriesResponse) Reset() {
 	*x = ListQueriesResponse{}
-	mi := &file_fedstream_proto_msgTypes[23]
+	mi := &file_fedstream_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1803,7 @@ func (x *ListQueriesResponse) String() string {
 func (*ListQueriesResponse) ProtoMessage() {}
 
 func (x *ListQueriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[23]
+	mi := &file_fedstream_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1816,7 @@ func (x *ListQueriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueriesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueriesResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{23}
+	return file_fedstream_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListQueriesResponse) GetQueries() []*QueryInfo {
@@ -1617,7 +1835,7 @@ type GetQueryRequest struct {
 
 func (x *GetQueryRequest) Reset() {
 	*x = GetQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[24]
+	mi := &file_fedstream_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1629,7 +1847,7 @@ func (x *GetQueryRequest) String() string {
 func (*GetQueryRequest) ProtoMessage() {}
 
 func (x *GetQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[24]
+	mi := &file_fedstream_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1642,7 +1860,7 @@ func (x *GetQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueryRequest.ProtoReflect.Descriptor instead.
 func (*GetQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{24}
+	return file_fedstream_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetQueryRequest) GetName() string {
@@ -1662,7 +1880,7 @@ type StopQueryRequest struct {
 
 func (x *StopQueryRequest) Reset() {
 	*x = StopQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[25]
+	mi := &file_fedstream_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1674,7 +1892,7 @@ func (x *StopQueryRequest) String() string {
 func (*StopQueryRequest) ProtoMessage() {}
 
 func (x *StopQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[25]
+	mi := &file_fedstream_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1687,7 +1905,7 @@ func (x *StopQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopQueryRequest.ProtoReflect.Descriptor instead.
 func (*StopQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{25}
+	return file_fedstream_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StopQueryRequest) GetName() string {
@@ -1712,7 +1930,7 @@ type StopQueryResponse struct {
 
 func (x *StopQueryResponse) Reset() {
 	*x = StopQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[26]
+	mi := &file_fedstream_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1724,7 +1942,7 @@ func (x *StopQueryResponse) String() string {
 func (*StopQueryResponse) ProtoMessage() {}
 
 func (x *StopQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[26]
+	mi := &file_fedstream_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1737,7 +1955,7 @@ func (x *StopQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopQueryResponse.ProtoReflect.Descriptor instead.
 func (*StopQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{26}
+	return file_fedstream_proto_rawDescGZIP(), []int{28}
 }
 
 // Sent by a subscriber: the first message opens the subscription, later ones
@@ -1767,7 +1985,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_fedstream_proto_msgTypes[27]
+	mi := &file_fedstream_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1779,7 +1997,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[27]
+	mi := &file_fedstream_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1792,7 +2010,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{27}
+	return file_fedstream_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SubscribeRequest) GetStream() *StreamRef {
@@ -1846,14 +2064,19 @@ type StreamRef struct {
 	Partition int32 `protobuf:"varint,3,opt,name=partition,proto3" json:"partition,omitempty"`
 	// Name of the downstream node (fragment) consuming the stream; empty for
 	// a sink's result stream, which clients tail.
-	Consumer      string `protobuf:"bytes,4,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	Consumer string `protobuf:"bytes,4,opt,name=consumer,proto3" json:"consumer,omitempty"`
+	// ---- plans and slot ownership (issue 9)
+	// The generation of the producing task's copy the subscriber means; a
+	// worker running another copy refuses the stream (unknown stream).
+	// 0: whichever copy runs there (tail clients).
+	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StreamRef) Reset() {
 	*x = StreamRef{}
-	mi := &file_fedstream_proto_msgTypes[28]
+	mi := &file_fedstream_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1865,7 +2088,7 @@ func (x *StreamRef) String() string {
 func (*StreamRef) ProtoMessage() {}
 
 func (x *StreamRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[28]
+	mi := &file_fedstream_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1878,7 +2101,7 @@ func (x *StreamRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRef.ProtoReflect.Descriptor instead.
 func (*StreamRef) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{28}
+	return file_fedstream_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *StreamRef) GetQuery() string {
@@ -1909,6 +2132,13 @@ func (x *StreamRef) GetConsumer() string {
 	return ""
 }
 
+func (x *StreamRef) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // A batch of encoded tuples (see worker/tuple for the encoding).
 type Batch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1921,7 +2151,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1933,7 +2163,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1946,7 +2176,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{29}
+	return file_fedstream_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *Batch) GetData() []byte {
@@ -1985,7 +2215,7 @@ type IngestRequest struct {
 
 func (x *IngestRequest) Reset() {
 	*x = IngestRequest{}
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1997,7 +2227,7 @@ func (x *IngestRequest) String() string {
 func (*IngestRequest) ProtoMessage() {}
 
 func (x *IngestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2010,7 +2240,7 @@ func (x *IngestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestRequest.ProtoReflect.Descriptor instead.
 func (*IngestRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{30}
+	return file_fedstream_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *IngestRequest) GetQuery() string {
@@ -2051,7 +2281,7 @@ type LineError struct {
 
 func (x *LineError) Reset() {
 	*x = LineError{}
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2063,7 +2293,7 @@ func (x *LineError) String() string {
 func (*LineError) ProtoMessage() {}
 
 func (x *LineError) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2076,7 +2306,7 @@ func (x *LineError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineError.ProtoReflect.Descriptor instead.
 func (*LineError) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{31}
+	return file_fedstream_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *LineError) GetLine() uint64 {
@@ -2103,7 +2333,7 @@ type IngestResponse struct {
 
 func (x *IngestResponse) Reset() {
 	*x = IngestResponse{}
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2115,7 +2345,7 @@ func (x *IngestResponse) String() string {
 func (*IngestResponse) ProtoMessage() {}
 
 func (x *IngestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2128,7 +2358,7 @@ func (x *IngestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestResponse.ProtoReflect.Descriptor instead.
 func (*IngestResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{32}
+	return file_fedstream_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *IngestResponse) GetAccepted() uint64 {
@@ -2162,7 +2392,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2174,7 +2404,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2187,7 +2417,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{33}
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -2242,7 +2472,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2254,7 +2484,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2267,7 +2497,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{34}
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -2316,7 +2546,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2328,7 +2558,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2341,7 +2571,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -2366,7 +2596,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2378,7 +2608,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2391,7 +2621,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 type ListTokensResponse struct {
@@ -2403,7 +2633,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2645,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2658,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2448,7 +2678,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2460,7 +2690,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2473,7 +2703,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -2498,7 +2728,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2740,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2753,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -2538,7 +2768,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2550,7 +2780,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2563,7 +2793,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -2584,7 +2814,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2596,7 +2826,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2609,7 +2839,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -2637,7 +2867,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2649,7 +2879,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2662,7 +2892,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -2689,7 +2919,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2701,7 +2931,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2714,7 +2944,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -2732,7 +2962,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2744,7 +2974,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2757,7 +2987,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 type ListRaftPeersResponse struct {
@@ -2771,7 +3001,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2783,7 +3013,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2796,7 +3026,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -2822,7 +3052,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2834,7 +3064,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2847,7 +3077,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -2865,7 +3095,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2877,7 +3107,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2890,7 +3120,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 var File_fedstream_proto protoreflect.FileDescriptor
@@ -2921,7 +3151,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xb0\x01\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\x9e\x02\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -2930,7 +3160,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tpartition\x18\x04 \x01(\x05R\tpartition\x12\x18\n" +
 	"\areplica\x18\x05 \x01(\x05R\areplica\x12\x1f\n" +
 	"\vquery_index\x18\x06 \x01(\x04R\n" +
-	"queryIndex\"\xba\x01\n" +
+	"queryIndex\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\x12\x1d\n" +
+	"\n" +
+	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12-\n" +
+	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -2938,20 +3174,38 @@ const file_fedstream_proto_rawDesc = "" +
 	"\areplica\x18\x04 \x01(\x05R\areplica\x12\x1b\n" +
 	"\tworker_id\x18\x05 \x01(\tR\bworkerId\x12\x1f\n" +
 	"\vworker_addr\x18\x06 \x01(\tR\n" +
-	"workerAddr\"\x85\x01\n" +
+	"workerAddr\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\"\xb9\x01\n" +
 	"\tQueryView\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x1b\n" +
 	"\tspec_json\x18\x03 \x01(\fR\bspecJson\x121\n" +
-	"\x05tasks\x18\x04 \x03(\v2\x1b.fedstream.v1.TaskPlacementR\x05tasks\"\x9f\x01\n" +
+	"\x05tasks\x18\x04 \x03(\v2\x1b.fedstream.v1.TaskPlacementR\x05tasks\x122\n" +
+	"\tslot_maps\x182 \x03(\v2\x15.fedstream.v1.SlotMapR\bslotMaps\"S\n" +
+	"\tSlotRange\x12\x14\n" +
+	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\x8c\x01\n" +
+	"\aSlotMap\x12\x1a\n" +
+	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x03 \x01(\x05R\n" +
+	"partitions\x12/\n" +
+	"\x06ranges\x18\x04 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\"\x9f\x01\n" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"T\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"t\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
-	"\amessage\x18\x03 \x01(\tR\amessage\"`\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStateR\x05tasks\"\x15\n" +
@@ -3003,7 +3257,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe5\x01\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xc3\x02\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3013,7 +3267,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vworker_addr\x18\x06 \x01(\tR\n" +
 	"workerAddr\x12\x14\n" +
 	"\x05state\x18\a \x01(\tR\x05state\x12\x18\n" +
-	"\amessage\x18\b \x01(\tR\amessage\"\xd1\x01\n" +
+	"\amessage\x18\b \x01(\tR\amessage\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\x12\x1d\n" +
+	"\n" +
+	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12\x1d\n" +
+	"\n" +
+	"slot_count\x184 \x01(\x05R\tslotCount\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -3040,12 +3301,15 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
-	" \x01(\bR\aackOnly\"t\n" +
+	" \x01(\bR\aackOnly\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
 	"\tpartition\x18\x03 \x01(\x05R\tpartition\x12\x1a\n" +
-	"\bconsumer\x18\x04 \x01(\tR\bconsumer\"J\n" +
+	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
+	"\n" +
+	"generation\x182 \x01(\x05R\n" +
+	"generation\"J\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
@@ -3139,7 +3403,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 50)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -3149,109 +3413,114 @@ var file_fedstream_proto_goTypes = []any{
 	(*Assignment)(nil),               // 5: fedstream.v1.Assignment
 	(*TaskPlacement)(nil),            // 6: fedstream.v1.TaskPlacement
 	(*QueryView)(nil),                // 7: fedstream.v1.QueryView
-	(*WatchAssignmentsResponse)(nil), // 8: fedstream.v1.WatchAssignmentsResponse
-	(*TaskState)(nil),                // 9: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),       // 10: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),      // 11: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),            // 12: fedstream.v1.StatusRequest
-	(*Peer)(nil),                     // 13: fedstream.v1.Peer
-	(*StatusResponse)(nil),           // 14: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),               // 15: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),       // 16: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 17: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),       // 18: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),      // 19: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                 // 20: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                // 21: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),       // 22: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),      // 23: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),          // 24: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),         // 25: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),        // 26: fedstream.v1.StopQueryResponse
-	(*SubscribeRequest)(nil),         // 27: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                // 28: fedstream.v1.StreamRef
-	(*Batch)(nil),                    // 29: fedstream.v1.Batch
-	(*IngestRequest)(nil),            // 30: fedstream.v1.IngestRequest
-	(*LineError)(nil),                // 31: fedstream.v1.LineError
-	(*IngestResponse)(nil),           // 32: fedstream.v1.IngestResponse
-	(*TokenInfo)(nil),                // 33: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 34: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 35: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 36: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 37: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 38: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 39: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 40: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 41: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 42: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 43: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 44: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 45: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 46: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 47: fedstream.v1.RemoveRaftPeerResponse
-	nil,                              // 48: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 49: fedstream.v1.WorkerInfo.LabelsEntry
+	(*SlotRange)(nil),                // 8: fedstream.v1.SlotRange
+	(*SlotMap)(nil),                  // 9: fedstream.v1.SlotMap
+	(*WatchAssignmentsResponse)(nil), // 10: fedstream.v1.WatchAssignmentsResponse
+	(*TaskState)(nil),                // 11: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),       // 12: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),      // 13: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),            // 14: fedstream.v1.StatusRequest
+	(*Peer)(nil),                     // 15: fedstream.v1.Peer
+	(*StatusResponse)(nil),           // 16: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),               // 17: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),       // 18: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),      // 19: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),       // 20: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),      // 21: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                 // 22: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                // 23: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),       // 24: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),      // 25: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),          // 26: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),         // 27: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),        // 28: fedstream.v1.StopQueryResponse
+	(*SubscribeRequest)(nil),         // 29: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                // 30: fedstream.v1.StreamRef
+	(*Batch)(nil),                    // 31: fedstream.v1.Batch
+	(*IngestRequest)(nil),            // 32: fedstream.v1.IngestRequest
+	(*LineError)(nil),                // 33: fedstream.v1.LineError
+	(*IngestResponse)(nil),           // 34: fedstream.v1.IngestResponse
+	(*TokenInfo)(nil),                // 35: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 36: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 37: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 38: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 39: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 40: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 41: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 42: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 43: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 44: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 45: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 46: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 47: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 48: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 49: fedstream.v1.RemoveRaftPeerResponse
+	nil,                              // 50: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 51: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	48, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	6,  // 1: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	5,  // 2: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 3: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	9,  // 4: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	13, // 5: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	49, // 6: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	9,  // 7: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	15, // 8: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	20, // 9: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	21, // 10: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	28, // 11: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	31, // 12: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	33, // 13: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	33, // 14: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	13, // 15: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 16: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 17: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 18: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	10, // 19: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	42, // 20: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	12, // 21: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	16, // 22: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	18, // 23: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	22, // 24: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	24, // 25: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	25, // 26: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	44, // 27: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	46, // 28: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	27, // 29: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	30, // 30: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	34, // 31: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	36, // 32: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	38, // 33: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	40, // 34: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 35: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 36: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	8,  // 37: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	11, // 38: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	43, // 39: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	14, // 40: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	17, // 41: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	19, // 42: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	23, // 43: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	21, // 44: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	26, // 45: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	45, // 46: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	47, // 47: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	29, // 48: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	32, // 49: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	35, // 50: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	37, // 51: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	39, // 52: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	41, // 53: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	35, // [35:54] is the sub-list for method output_type
-	16, // [16:35] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	50, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
+	6,  // 2: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	9,  // 3: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	8,  // 4: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	5,  // 5: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	7,  // 6: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	11, // 7: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	15, // 8: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	51, // 9: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	11, // 10: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	17, // 11: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	22, // 12: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	23, // 13: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	30, // 14: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	33, // 15: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	35, // 16: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	35, // 17: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	15, // 18: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 19: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 20: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 21: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 22: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	44, // 23: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 24: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 25: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 26: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 27: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 28: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 29: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	46, // 30: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	48, // 31: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 32: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	32, // 33: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	36, // 34: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	38, // 35: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	40, // 36: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	42, // 37: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 38: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 39: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 40: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 41: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	45, // 42: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 43: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 44: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 45: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 46: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 47: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 48: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	47, // 49: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	49, // 50: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 51: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	34, // 52: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	37, // 53: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	39, // 54: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	41, // 55: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	43, // 56: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	38, // [38:57] is the sub-list for method output_type
+	19, // [19:38] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -3265,7 +3534,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   50,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

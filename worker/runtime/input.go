@@ -54,7 +54,7 @@ func (t *task) buildInputs() {
 			// each attempt rewrites it for the replica actually used.
 			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
 				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
-			}, t.spec.TaskID, false, 0)
+			}, t.spec.CopyID(), false, 0)
 			t.inputs = append(t.inputs, in)
 		}
 	}
@@ -152,6 +152,7 @@ func (in *input) run(ctx context.Context) {
 // the local task's buffer is the stream pl names.
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
 	in.sub.Ref().TaskId = pl.TaskID
+	in.sub.Ref().Generation = int32(pl.Generation)
 	local, lerr := in.t.r.LocalStream(in.sub.Ref())
 	var conn grpc.ClientConnInterface
 	if lerr != nil {
@@ -236,15 +237,15 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 			}
 			continue
 		}
-		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment}
+		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment, Generation: int32(pl.Generation)}
 		start := time.Now()
 		var err error
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.TaskID, in.sub.LastID)
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.sub.LastID)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.TaskID, in.sub.LastID)
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.sub.LastID)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {
@@ -303,7 +304,7 @@ func (in *input) placementsChanged() {
 		return
 	}
 	now, ok := in.t.placementOf(in.upstream, in.upPartition, in.current.TaskID)
-	if !ok || now.WorkerAddr != in.current.WorkerAddr {
+	if !ok || now.WorkerAddr != in.current.WorkerAddr || now.Generation != in.current.Generation {
 		in.cancelCur()
 		in.cancelCur = nil
 	}

@@ -46,8 +46,36 @@ type Placement struct {
 	TaskID, Fragment string
 	Partition        int
 	Replica          int
+	// Generation is the copy of the task placed there (see
+	// TaskSpec.Generation); a new copy is subscribed to afresh.
+	Generation int
 	// WorkerAddr is the DataPlane address of the worker running the task.
 	WorkerAddr string
+}
+
+// SlotRange is the hash slots First..Last (inclusive).
+type SlotRange struct{ First, Last int }
+
+// SlotMap is the replicated owner of each hash slot of a keyed fragment.
+type SlotMap struct {
+	// Epoch grows by one on every reassignment of the fragment's slots.
+	Epoch uint64
+	// Owner[s] is the partition owning slot s; len queryspec.NumSlots.
+	Owner []int32
+}
+
+// check returns an error unless the map covers every slot with one of
+// partitions partitions.
+func (m *SlotMap) check(partitions int) error {
+	if len(m.Owner) != queryspec.NumSlots {
+		return fmt.Errorf("slot map of epoch %d has %d slots, want %d", m.Epoch, len(m.Owner), queryspec.NumSlots)
+	}
+	for s, p := range m.Owner {
+		if p < 0 || int(p) >= partitions {
+			return fmt.Errorf("slot map of epoch %d gives slot %d to partition %d of %d", m.Epoch, s, p, partitions)
+		}
+	}
+	return nil
 }
 
 // TaskSpec is one task the worker must run, with what it needs to run it.
@@ -60,11 +88,37 @@ type TaskSpec struct {
 	Spec       *queryspec.Query
 	// Placements lists every task of the query (used to find upstreams).
 	Placements []Placement
+	// Generation numbers the copies of this task (1 for the first; each
+	// move or re-placement starts a new copy with the next one). A task
+	// whose generation changes is restarted; copies of other generations
+	// subscribe under another name (CopyID).
+	Generation int
+	// SlotEpoch and Slots are, for a task of a keyed fragment, the epoch
+	// of its fragment's slot map and the slots its partition owns.
+	SlotEpoch uint64
+	Slots     []SlotRange
+	// SlotMaps are the slot maps of the query's keyed fragments by
+	// fragment name: tasks route each key to the partition owning its
+	// slot. A keyed fragment without a map is routed by
+	// queryspec.PartitionOfSlot, the map every fragment starts with.
+	SlotMaps map[string]*SlotMap
+}
+
+// CopyID names this copy of the task in the data plane (its subscriber
+// identity): the task id for generation 1, "<task id>@g<generation>" for
+// later copies, so an old and a new copy are never taken for one another.
+func (s *TaskSpec) CopyID() string {
+	if s.Generation <= 1 {
+		return s.TaskID
+	}
+	return fmt.Sprintf("%s@g%d", s.TaskID, s.Generation)
 }
 
 // TaskState is the state of one task.
 type TaskState struct {
 	TaskID string
+	// Generation is the copy of the task the state is of.
+	Generation int
 	// State is one of StateStarting, StateRunning, StateStalled,
 	// StateFailed, StateStopped. Message is the reason for it (for
 	// StateStalled, what the task waits on), or a note ("input exhausted").
@@ -225,7 +279,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 	}
 	var stop []*task
 	for id, t := range r.tasks {
-		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex {
+		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex || s.Generation != t.spec.Generation {
 			stop = append(stop, t)
 			delete(r.tasks, id)
 		}
@@ -251,6 +305,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		if t, ok := r.tasks[id]; ok {
 			r.mu.Unlock()
 			t.updatePlacements(spec.Placements)
+			t.setSlotMaps(spec.SlotMaps)
 			continue
 		}
 		t, err := newTask(r, spec)
@@ -341,6 +396,9 @@ func (r *Runtime) LocalStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuff
 	t := r.task(ref.TaskId)
 	if t == nil || t.spec.Query != ref.Query {
 		return nil, fmt.Errorf("%w: no task %q of query %q runs on this worker", dataplane.ErrUnknownStream, ref.TaskId, ref.Query)
+	}
+	if ref.Generation != 0 && int(ref.Generation) != t.spec.Generation {
+		return nil, fmt.Errorf("%w: task %q runs here as generation %d, not %d", dataplane.ErrUnknownStream, ref.TaskId, t.spec.Generation, ref.Generation)
 	}
 	return t.output(ref.Consumer, int(ref.Partition))
 }

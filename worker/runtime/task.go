@@ -48,6 +48,27 @@ type route struct {
 	// samePartition: not keyed and as many partitions as this node, so
 	// partition p feeds partition p.
 	samePartition bool
+	// down is the downstream fragment; slots holds its replicated slot
+	// map when it is keyed (see partitionOf).
+	down  string
+	slots *routeSlots
+}
+
+// routeSlots holds the slot map a keyed route follows. The producer reads
+// it for every tuple while Apply may install a new epoch, hence the
+// atomic pointer; the lookup itself is one index into a flat array.
+type routeSlots struct {
+	m atomic.Pointer[SlotMap]
+}
+
+// partitionOf is the partition owning slot: from the replicated slot map,
+// or, while none has arrived (a coordinator of an older build), from the
+// formula every map starts from.
+func (rt *route) partitionOf(slot, n int) int {
+	if m := rt.slots.m.Load(); m != nil {
+		return int(m.Owner[slot])
+	}
+	return queryspec.PartitionOfSlot(slot, n)
 }
 
 // task is one running task. Its processing state (operator, output ids,
@@ -129,7 +150,7 @@ type placeKey struct {
 // newTask builds a task and its output buffers without starting it.
 func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	t := &task{r: r, spec: spec, state: StateStarting,
-		log: r.log.With("task", spec.TaskID), byConsumer: map[string][]*outStream{}}
+		log: r.log.With("task", spec.TaskID, "generation", spec.Generation), byConsumer: map[string][]*outStream{}}
 	if spec.Spec == nil {
 		return nil, fmt.Errorf("task %s: no query definition", spec.TaskID)
 	}
@@ -240,7 +261,10 @@ func (t *task) buildOutputs() error {
 		if down == nil {
 			return fmt.Errorf("downstream %q missing from the plan", name)
 		}
-		rt := route{samePartition: down.KeyFields == nil && down.Partitions == t.node.Partitions}
+		rt := route{samePartition: down.KeyFields == nil && down.Partitions == t.node.Partitions, down: name}
+		if down.KeyFields != nil {
+			rt.slots = &routeSlots{}
+		}
 		for _, f := range down.KeyFields {
 			i := t.node.Schema.Index(f)
 			if i < 0 {
@@ -263,7 +287,32 @@ func (t *task) buildOutputs() error {
 	if len(t.routes) == 1 && len(t.routes[0].parts) == 1 {
 		t.single = t.routes[0].parts[0]
 	}
+	t.setSlotMaps(t.spec.SlotMaps)
 	return nil
+}
+
+// setSlotMaps installs the slot map of every keyed downstream. A map that
+// does not fit the downstream (wrong size, or a partition the plan does
+// not have) is refused with an error in the log, and the route keeps what
+// it had.
+func (t *task) setSlotMaps(maps map[string]*SlotMap) {
+	for i := range t.routes {
+		rt := &t.routes[i]
+		if rt.slots == nil {
+			continue
+		}
+		m := maps[rt.down]
+		if m == nil {
+			continue
+		}
+		if err := m.check(len(rt.parts)); err != nil {
+			t.log.Error("slot map refused; routing keeps the previous one", "consumer", rt.down, "epoch", m.Epoch, "err", err)
+			continue
+		}
+		if old := rt.slots.m.Swap(m); old == nil || old.Epoch != m.Epoch {
+			t.log.Debug("slot map installed", "consumer", rt.down, "epoch", m.Epoch)
+		}
+	}
 }
 
 // output resolves a stream this task produces.
@@ -353,16 +402,16 @@ func (t *task) State() TaskState {
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
 	if t.state == StateRunning && t.stall != "" {
-		return TaskState{TaskID: t.spec.TaskID, State: StateStalled, Message: t.stall}
+		return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: StateStalled, Message: t.stall}
 	}
 	if t.state == StateRunning && t.overrun != "" {
 		msg := t.overrun
 		if t.message != "" {
 			msg = t.message + "; " + msg
 		}
-		return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: msg}
+		return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: msg}
 	}
-	return TaskState{TaskID: t.spec.TaskID, State: t.state, Message: t.message}
+	return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
 }
 
 // checkStall decides whether the task is stalled: an output's Append has
@@ -628,7 +677,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 		case len(rt.keyIdx) == 1 && rt.keyIdx[0] < len(tp.Values):
 			// One key field: hashed where it is, not copied first.
 			k := rt.keyIdx[0]
-			p = queryspec.PartitionOfSlot(queryspec.Slot(tp.Values[k:k+1]), n)
+			p = rt.partitionOf(queryspec.Slot(tp.Values[k:k+1]), n)
 		case rt.keyIdx != nil:
 			t.keyBuf = t.keyBuf[:0]
 			for _, k := range rt.keyIdx {
@@ -636,7 +685,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 					t.keyBuf = append(t.keyBuf, tp.Values[k])
 				}
 			}
-			p = queryspec.PartitionOfSlot(queryspec.Slot(t.keyBuf), n)
+			p = rt.partitionOf(queryspec.Slot(t.keyBuf), n)
 		case rt.samePartition:
 			p = t.spec.Partition
 		default:
