@@ -58,6 +58,12 @@ type TaskSpec struct {
 	Spec       *queryspec.Query
 	// Placements lists every task of the query (used to find upstreams).
 	Placements []Placement
+	// FromSnapshot, when set, starts the task from a snapshot of a copy
+	// of it (Runtime.SnapshotTask; same query, fragment and partition):
+	// with that copy's operator state, subscribed after its input
+	// positions, numbering output after its output positions. A snapshot
+	// that does not fit leaves the task in StateFailed with the reason.
+	FromSnapshot *TaskSnapshot
 }
 
 // TaskState is the state of one task.

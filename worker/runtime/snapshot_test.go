@@ -1,0 +1,210 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// moveTask re-places task id from one worker to another in the cluster's
+// specs, the copy starting from snap, and applies: the old copy stops
+// (its worker first), the new one starts, every other task learns the new
+// placement.
+func (c *cluster) moveTask(t *testing.T, id string, from, to *worker, snap *TaskSnapshot) {
+	t.Helper()
+	var moved TaskSpec
+	keep := c.specs[from][:0]
+	for _, s := range c.specs[from] {
+		if s.TaskID == id {
+			moved = s
+			continue
+		}
+		keep = append(keep, s)
+	}
+	if moved.TaskID == "" {
+		t.Fatalf("task %s is not on the worker it moves from", id)
+	}
+	c.specs[from] = keep
+	moved.FromSnapshot = snap
+	c.specs[to] = append(c.specs[to], moved)
+	var pls []Placement
+	for _, pl := range moved.Placements {
+		if pl.TaskID == id {
+			pl.WorkerAddr = to.addr
+		}
+		pls = append(pls, pl)
+	}
+	for _, w := range c.workers {
+		for i := range c.specs[w] {
+			c.specs[w][i].Placements = pls
+		}
+	}
+	from.rt.Apply(context.Background(), c.specs[from])
+	for _, w := range c.workers {
+		if w != from {
+			w.rt.Apply(context.Background(), c.specs[w])
+		}
+	}
+}
+
+// TestTaskMovesFromSnapshot runs a keyed aggregate (two partitions) under
+// paced load, takes a stop-and-copy snapshot of one partition's task
+// mid-stream, stops it and starts a copy on another worker from the
+// snapshot (encoded and decoded on the way). The sink's result stream is
+// identical, tuple for tuple (ids included), to a run without the move,
+// and matches the reference window by window and word by word: nothing
+// lost, nothing repeated.
+func TestTaskMovesFromSnapshot(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 20000) // about a second of paced input
+	place := func(string, int, int) int { return 0 }
+	const moving = "wc/counts/p0/r0"
+
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	unmoved.close(t)
+	sameResults(t, results(t, want, sinkSchema(t, unmoved.query)), reference(t, 20000))
+
+	c := newCluster(t, 2, yaml, place)
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	waitUntil(t, "the aggregate emitted some windows", func() bool {
+		tk := from.rt.task(moving)
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	snap, err := from.rt.SnapshotTask(ctx, moving, SnapshotOptions{Halt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Released == math.MaxInt64 || len(snap.Operator) < 100 {
+		t.Fatalf("snapshot at watermark %d with %d bytes of state: not mid-stream, the test would prove nothing", snap.Released, len(snap.Operator))
+	}
+	pending := 0
+	for _, in := range snap.Inputs {
+		pending += len(in.Pending)
+	}
+	enc, err := snap.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("snapshot: %d bytes (operator %d), watermark %d, inputs %+v, %d pending tuples, outputs %+v",
+		len(enc), len(snap.Operator), snap.Released, positions(snap.Inputs), pending, snap.Outputs)
+	var back TaskSnapshot
+	if err := back.UnmarshalBinary(enc); err != nil {
+		t.Fatal(err)
+	}
+	if err := from.rt.WaitTaken(ctx, moving, snap); err != nil {
+		t.Fatal(err)
+	}
+	c.moveTask(t, moving, from, to, &back)
+	got := c.tail(t, "wc/out/p0/r0")
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+	if tk := to.rt.task(moving); tk == nil || !tk.restored {
+		t.Fatalf("the moved task does not run on the new worker from the snapshot")
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+}
+
+func positions(ins []InputPosition) []string {
+	var out []string
+	for _, in := range ins {
+		out = append(out, fmt.Sprintf("%s[%d] after %d", in.Upstream, in.Partition, in.After))
+	}
+	return out
+}
+
+// TestSnapshotRefusals: sources cannot be snapshotted, unknown tasks are
+// named, and a snapshot that does not fit the task it is to start (another
+// partition) leaves that task failed with the reason.
+func TestSnapshotRefusals(t *testing.T) {
+	c := newCluster(t, 1, fmt.Sprintf(wordsQuery, 1, 0), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	w := c.workers[0]
+	ctx := context.Background()
+	if _, err := w.rt.SnapshotTask(ctx, "wc/lines/p0/r0", SnapshotOptions{}); !errors.Is(err, ErrNotSnapshottable) {
+		t.Fatalf("source snapshot: %v, want ErrNotSnapshottable", err)
+	}
+	if _, err := w.rt.SnapshotTask(ctx, "wc/nope/p0/r0", SnapshotOptions{}); !errors.Is(err, ErrUnknownTask) {
+		t.Fatalf("unknown task: %v, want ErrUnknownTask", err)
+	}
+	c.tail(t, "wc/out/p0/r0")
+	snap, err := w.rt.SnapshotTask(ctx, "wc/counts/p0/r0", SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec TaskSpec
+	for _, s := range c.specs[w] {
+		if s.TaskID == "wc/counts/p1/r0" {
+			spec = s
+		}
+	}
+	spec.FromSnapshot = snap
+	if _, err := newTask(w.rt, spec); !errors.Is(err, ErrSnapshotMismatch) {
+		t.Fatalf("start p1 from p0's snapshot: %v, want ErrSnapshotMismatch", err)
+	}
+	spec.Partition, spec.TaskID = 0, "wc/counts/p0/r1"
+	spec.FromSnapshot = &TaskSnapshot{Query: "wc", Fragment: "counts", Partition: 0, Operator: []byte("junk"), Inputs: snap.Inputs, Outputs: snap.Outputs}
+	if _, err := newTask(w.rt, spec); !errors.Is(err, ErrSnapshotMismatch) {
+		t.Fatalf("start from junk operator state: %v, want ErrSnapshotMismatch", err)
+	}
+}
+
+// TestTaskSnapshotEncoding: the encoding round-trips, and truncated or
+// corrupted bytes give ErrBadTaskSnapshot (or decode) without panicking.
+func TestTaskSnapshotEncoding(t *testing.T) {
+	s := &TaskSnapshot{TaskID: "q/f/p1/r0", Query: "q", Fragment: "f", Partition: 1, Operator: []byte("state"),
+		Released: -5, Seq: 77,
+		Inputs: []InputPosition{{Upstream: "up", Port: 1, Partition: 2, After: 99, Boundary: 40, Steps: []int64{30, 40},
+			Pending: []tuple.Tuple{{ID: 98, Type: tuple.Stable, STime: 41, Values: []tuple.Value{tuple.Str("a\x00b"), tuple.Int(-3), tuple.Float(2.5)}}}}},
+		Outputs: []OutputPosition{{Consumer: "", Partition: 1, LastID: 1234}, {Consumer: "down", Partition: 0}}}
+	enc, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back TaskSnapshot
+	if err := back.UnmarshalBinary(enc); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := back.MarshalBinary()
+	if !slices.Equal(enc, again) || back.TaskID != s.TaskID || back.Inputs[0].Pending[0].ID != 98 ||
+		back.Inputs[0].Pending[0].Values[0].S != "a\x00b" || back.Outputs[0].LastID != 1234 {
+		t.Fatalf("round trip changed the snapshot: %+v", back)
+	}
+	for n := range len(enc) {
+		if err := new(TaskSnapshot).UnmarshalBinary(enc[:n]); !errors.Is(err, ErrBadTaskSnapshot) {
+			t.Fatalf("%d of %d bytes: %v, want ErrBadTaskSnapshot", n, len(enc), err)
+		}
+	}
+	newer := slices.Clone(enc)
+	newer[len(taskSnapshotMagic)]++
+	if err := new(TaskSnapshot).UnmarshalBinary(newer); err == nil || !strings.Contains(err.Error(), "version") {
+		t.Fatalf("unknown version: %v", err)
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	for range 2000 {
+		bad := slices.Clone(enc)
+		bad[r.IntN(len(bad))] ^= byte(1 + r.IntN(255))
+		if err := new(TaskSnapshot).UnmarshalBinary(bad); err != nil && !errors.Is(err, ErrBadTaskSnapshot) {
+			t.Fatalf("corrupt snapshot: %v", err)
+		}
+	}
+}
