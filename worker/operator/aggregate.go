@@ -447,16 +447,28 @@ func (a *aggregate) Snapshot() ([]byte, error) {
 	e.uvarint(a.late)
 	starts := slices.Sorted(maps.Keys(a.windows))
 	e.uvarint(uint64(len(starts)))
+	var groups []keyedGroup
 	for _, s := range starts {
 		w := a.windows[s]
 		e.varint(s)
-		keys := slices.Sorted(maps.Keys(w.groups))
-		e.uvarint(uint64(len(keys)))
-		for _, k := range keys {
-			a.encodeGroup(e, k, w.groups[k])
+		// Groups with their keys, sorted: no map lookup per group after
+		// the sort (a third of the time with large state).
+		groups = slices.Grow(groups[:0], len(w.groups))
+		for k, g := range w.groups {
+			groups = append(groups, keyedGroup{k, g})
+		}
+		slices.SortFunc(groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
+		e.uvarint(uint64(len(groups)))
+		for _, kg := range groups {
+			a.encodeGroup(e, kg.key, kg.g)
 		}
 	}
 	return e.b, nil
+}
+
+type keyedGroup struct {
+	key string
+	g   *aggGroup
 }
 
 // encodeGroup writes one group: key encoding, tentative flag, accumulators.
@@ -522,6 +534,7 @@ func (a *aggregate) Restore(state []byte) error {
 	for range nw {
 		w := a.newWindow(d.varint())
 		ng := d.count(2)
+		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
 		for range ng {
 			key, g, err := a.decodeGroup(d)
 			if err != nil {

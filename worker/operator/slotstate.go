@@ -242,6 +242,7 @@ func (a *aggregate) RestoreSlots(data []byte) error {
 			return fmt.Errorf("%w: window at %d repeated or already closed at watermark %d", ErrBadSnapshot, w.start, watermark)
 		}
 		ng := d.count(2)
+		w.groups = make(map[string]*aggGroup, ng)
 		for range ng {
 			key, g, err := a.decodeGroup(d)
 			if err != nil {
