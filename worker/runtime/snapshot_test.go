@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -77,6 +79,16 @@ func TestTaskMovesFromSnapshot(t *testing.T) {
 	defer c.close(t)
 	c.apply()
 	from, to := c.workers[0], c.workers[1]
+	// Another subscriber holds the source's stream to the moving task, as
+	// a downstream replica would: the stream keeps what the task took, so
+	// the copy resumes from its position, not from what happens to be left.
+	src := from.rt.task("wc/lines/p0/r0")
+	held, err := src.output("counts", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Connect("holder")
+	defer held.Disconnect("holder")
 	waitUntil(t, "the aggregate emitted some windows", func() bool {
 		tk := from.rt.task(moving)
 		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
@@ -206,5 +218,92 @@ func TestTaskSnapshotEncoding(t *testing.T) {
 		if err := new(TaskSnapshot).UnmarshalBinary(bad); err != nil && !errors.Is(err, ErrBadTaskSnapshot) {
 			t.Fatalf("corrupt snapshot: %v", err)
 		}
+	}
+}
+
+// readStream reads a result stream at addr after id after, until the tuple
+// with id upTo (0: until the final boundary).
+func (c *cluster) readStream(t *testing.T, addr, task string, after, upTo uint64) []tuple.Tuple {
+	t.Helper()
+	conn, err := c.pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.query.Name, TaskId: task}, "", true, after)
+	var out []tuple.Tuple
+	for {
+		err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			for _, tp := range b.Tuples {
+				tp.Values = slices.Clone(tp.Values)
+				tuple.DetachStrings(tp.Values)
+				out = append(out, tp)
+				if tp.ID == upTo || upTo == 0 && tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			return out
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("read %s after %d: %v (states %v)", task, after, err, c.states())
+		}
+		time.Sleep(10 * time.Millisecond) // not started yet: retry
+	}
+}
+
+// TestSinkMovesFromSnapshot moves a sink mid-stream, a merging one (two
+// input partitions) and a pass-through one (a single input, forwarded as
+// it is): the old copy's result stream up to the snapshot followed by the
+// new copy's after it is the unmoved run's stream, ids included.
+func TestSinkMovesFromSnapshot(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		parallelism string
+	}{{"merging", "parallelism: 2"}, {"pass-through", "parallelism: 1"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			yaml := strings.Replace(fmt.Sprintf(wordsQuery, 1, 20000), "parallelism: 2", tc.parallelism, 1)
+			place := func(string, int, int) int { return 0 }
+			const sink = "wc/out/p0/r0"
+			unmoved := newCluster(t, 2, yaml, place)
+			unmoved.apply()
+			want := unmoved.tail(t, sink)
+			unmoved.close(t)
+
+			c := newCluster(t, 2, yaml, place)
+			defer c.close(t)
+			c.apply()
+			from, to := c.workers[0], c.workers[1]
+			waitUntil(t, "the sink has results", func() bool {
+				tk := from.rt.task(sink)
+				return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+			})
+			if tk := from.rt.task(sink); tk.passThrough != (tc.parallelism == "parallelism: 1") {
+				t.Fatalf("sink pass-through %v: the test does not test what it says", tk.passThrough)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			snap, err := from.rt.SnapshotTask(ctx, sink, SnapshotOptions{Halt: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := snap.Outputs[0].LastID
+			before := c.readStream(t, from.addr, sink, 0, last)
+			enc, _ := snap.MarshalBinary()
+			var back TaskSnapshot
+			if err := back.UnmarshalBinary(enc); err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("sink snapshot at output id %d, inputs %v, %d bytes", last, positions(snap.Inputs), len(enc))
+			c.moveTask(t, sink, from, to, &back)
+			after := c.readStream(t, to.addr, sink, last, 0)
+			got := append(before, after...)
+			if !sameTuples(got, want) {
+				t.Fatalf("the sink's stream around the move (%d + %d tuples) differs from the unmoved run's (%d)", len(before), len(after), len(want))
+			}
+		})
 	}
 }
