@@ -55,6 +55,9 @@ type merger struct {
 	// every later batch (unacknowledged, so the upstream keeps it for the
 	// copy that resumes from the snapshot) and take releases nothing.
 	halted bool
+	// cut, when below math.MaxInt64, is the stream time an aligned
+	// snapshot waits for: take releases no step above it (see atCut).
+	cut int64
 }
 
 // batchOwner is what a delivered batch's memory is handed back to once
@@ -116,7 +119,7 @@ type mergeRelease struct {
 }
 
 func newMerger(limit int) *merger {
-	return &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{})}
+	return &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{}), cut: math.MaxInt64}
 }
 
 // addInput registers an input stream and returns its index.
@@ -248,6 +251,20 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	wm := m.minBoundaryLocked()
+	if wm > m.cut {
+		// Release up to the highest step at or below the cut: any step
+		// below the minimum boundary may end a release, and releases go
+		// step by step, so the output is the same as without the cut.
+		capped := m.released
+		for _, in := range m.inputs {
+			for _, s := range in.steps {
+				if s <= m.cut && s > capped {
+					capped = s
+				}
+			}
+		}
+		wm = capped
+	}
 	if wm <= m.released || m.halted {
 		return nil, false
 	}
@@ -527,4 +544,29 @@ func (m *merger) install(st mergeState) error {
 		}
 	}
 	return nil
+}
+
+// setCut makes take release no step above cut (math.MaxInt64: no cut).
+func (m *merger) setCut(cut int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cut = cut
+}
+
+// atCut reports whether the merge has released every step at or below
+// its cut and none above: every input's boundary reached the cut (so no
+// step at or below it can still come) and none is left to release. past
+// reports that it released beyond the cut before the cut was set.
+func (m *merger) atCut() (at, past bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.released > m.cut {
+		return false, true
+	}
+	for _, in := range m.inputs {
+		if in.boundary < m.cut || len(in.steps) > 0 && in.steps[0] <= m.cut {
+			return false, false
+		}
+	}
+	return true, false
 }

@@ -101,7 +101,22 @@ type SnapshotOptions struct {
 	// that its downstreams can take everything up to the snapshot's output
 	// positions first (see WaitTaken).
 	Halt bool
+	// Aligned, with At, takes the snapshot exactly when the task has
+	// processed every release step (input boundary) at or below stream
+	// time At and none above: the task stops releasing past At, and the
+	// snapshot waits for all its inputs to reach At. Every partition of a
+	// fragment sees the same boundaries, so snapshots of several tasks
+	// aligned at one At share their watermark (TaskSnapshot.Released), as
+	// merging slot states requires (operator.SlotState): the cut a rescale
+	// needs. It requires Halt (the task stays held at the cut). A task
+	// already past At refuses (ErrCutPassed).
+	Aligned bool
+	At      int64
 }
+
+// ErrCutPassed means an aligned snapshot was asked of a task that has
+// already processed stream time beyond the requested cut.
+var ErrCutPassed = errors.New("task is already past the requested cut")
 
 // SnapshotTask captures a running operator or sink task's TaskSnapshot.
 // It waits, or until ctx ends, for the task to finish the release it is
@@ -113,7 +128,7 @@ func (r *Runtime) SnapshotTask(ctx context.Context, taskID string, opts Snapshot
 	if t == nil {
 		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, taskID)
 	}
-	return t.snapshot(ctx, opts.Halt)
+	return t.snapshot(ctx, opts)
 }
 
 // WaitTaken waits until every downstream subscriber of the task's output
@@ -164,14 +179,26 @@ func (t *task) lockProc(ctx context.Context) error {
 
 func (t *task) unlockProc() { <-t.proc }
 
-func (t *task) snapshot(ctx context.Context, halt bool) (*TaskSnapshot, error) {
+func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
 	if t.merge == nil || t.proc == nil {
 		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
-	if err := t.lockProc(ctx); err != nil {
+	if opts.Aligned {
+		if !opts.Halt {
+			return nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
+		}
+		if t.passThrough {
+			return nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
+		}
+		if err := t.waitCut(ctx, opts.At); err != nil {
+			return nil, err
+		}
+		// proc is held: capture below.
+	} else if err := t.lockProc(ctx); err != nil {
 		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
 	}
 	defer t.unlockProc()
+	halt := opts.Halt
 	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
 		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
 	}
@@ -215,6 +242,50 @@ func (t *task) snapshot(ctx context.Context, halt bool) (*TaskSnapshot, error) {
 		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
 	}
 	return s, nil
+}
+
+// waitCut holds the task's releases at stream time at and waits until it
+// processed every step up to it; it returns with proc held. On failure
+// the cut is lifted and proc not held.
+func (t *task) waitCut(ctx context.Context, at int64) error {
+	t.merge.setCut(at)
+	lift := func() {
+		t.merge.setCut(math.MaxInt64)
+		select {
+		case t.merge.wake <- struct{}{}:
+		default:
+		}
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := t.lockProc(ctx); err != nil {
+			lift()
+			return fmt.Errorf("task %s: aligned snapshot: %w", t.spec.TaskID, err)
+		}
+		reached, past := t.merge.atCut()
+		if past {
+			t.unlockProc()
+			lift()
+			return fmt.Errorf("%w: task %s, cut at %d", ErrCutPassed, t.spec.TaskID, at)
+		}
+		if reached {
+			return nil
+		}
+		t.unlockProc()
+		// Steps up to the cut may be waiting for release (an inline task
+		// releases on delivery; this wakes a merge goroutine).
+		select {
+		case t.merge.wake <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			lift()
+			return fmt.Errorf("task %s: aligned snapshot at %d: %w", t.spec.TaskID, at, ctx.Err())
+		case <-tick.C:
+		}
+	}
 }
 
 func (t *task) kind() string {

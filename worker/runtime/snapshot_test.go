@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/slots"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -305,5 +307,99 @@ func TestSinkMovesFromSnapshot(t *testing.T) {
 				t.Fatalf("the sink's stream around the move (%d + %d tuples) differs from the unmoved run's (%d)", len(before), len(after), len(want))
 			}
 		})
+	}
+}
+
+// TestAlignedSnapshotsForRescale cuts both partitions of a keyed aggregate
+// at one stream time (aligned, stop-and-copy): their snapshots share the
+// watermark, each holds state only in the slots its partition owns, and
+// their slot states merge into one operator (what a rescale 2 -> 1 does)
+// without conflict. Both copies then resume on another worker and the
+// sink's stream is the unmoved run's, ids included.
+func TestAlignedSnapshotsForRescale(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 10000) // 20000 lines: 2 s of paced input
+	place := func(string, int, int) int { return 0 }
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	unmoved.close(t)
+
+	c := newCluster(t, 2, yaml, place)
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	// Stream time mid-stream, and mid-window (2 ms windows), so that the
+	// open window holds state.
+	const cut = int64(901 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids := []string{"wc/counts/p0/r0", "wc/counts/p1/r0"}
+	snaps := make([]*TaskSnapshot, len(ids))
+	errs := make([]error, len(ids))
+	done := make(chan int)
+	for i, id := range ids {
+		go func() {
+			snaps[i], errs[i] = from.rt.SnapshotTask(ctx, id, SnapshotOptions{Halt: true, Aligned: true, At: cut})
+			done <- i
+		}()
+	}
+	for range ids {
+		<-done
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("%s: %v", ids[i], err)
+		}
+	}
+	if snaps[0].Released != snaps[1].Released || snaps[0].Released > cut || snaps[0].Released < cut-int64(time.Millisecond) {
+		t.Fatalf("aligned snapshots at watermarks %d and %d, cut %d", snaps[0].Released, snaps[1].Released, cut)
+	}
+
+	// The partitions' slot states merge into one operator.
+	plan, err := c.query.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := plan.Node("counts")
+	schema := plan.Node(node.Inputs[0]).Schema
+	merged, err := operator.New(node.Op, []*tuple.Schema{schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mst, _ := operator.SlotStateOf(merged)
+	for p, snap := range snaps {
+		op, err := operator.New(node.Op, []*tuple.Schema{schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := op.Restore(snap.Operator); err != nil {
+			t.Fatal(err)
+		}
+		st, ok := operator.SlotStateOf(op)
+		if !ok {
+			t.Fatal("the keyed aggregate has no slot state")
+		}
+		held := st.HeldSlots()
+		if held.IsEmpty() || !slots.OfPartition(p, 2).Contains(held) {
+			t.Fatalf("partition %d holds state in slots %s, owns %s", p, held, slots.OfPartition(p, 2))
+		}
+		data, err := st.SnapshotSlots(held)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := mst.RestoreSlots(data); err != nil {
+			t.Fatalf("merging partition %d's slots: %v", p, err)
+		}
+	}
+
+	for i, id := range ids {
+		if err := from.rt.WaitTaken(ctx, id, snaps[i]); err != nil {
+			t.Fatal(err)
+		}
+		c.moveTask(t, id, from, to, snaps[i])
+	}
+	got := c.tail(t, "wc/out/p0/r0")
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
 	}
 }
