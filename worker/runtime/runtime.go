@@ -63,6 +63,8 @@ type TaskSpec struct {
 	// with that copy's operator state, subscribed after its input
 	// positions, numbering output after its output positions. A snapshot
 	// that does not fit leaves the task in StateFailed with the reason.
+	// It is used when the task starts: a task of that id already running
+	// here is kept as it is (stop it first, as a move does).
 	FromSnapshot *TaskSnapshot
 }
 
