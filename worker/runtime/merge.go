@@ -533,7 +533,9 @@ func (m *merger) install(st mergeState) error {
 		in.lastID, in.boundary, in.steps = is.lastID, is.boundary, slices.Clone(is.steps)
 		in.queue, in.pending, in.unsorted = nil, 0, false
 		if len(is.pending) > 0 {
-			in.queueRun(is.pending, nil)
+			// A copy of the slice: the queue compacts runs in place, and one
+			// snapshot may start several tasks (the values are only read).
+			in.queueRun(slices.Clone(is.pending), nil)
 			last := int64(math.MinInt64)
 			for _, tp := range is.pending {
 				if tp.STime < last {

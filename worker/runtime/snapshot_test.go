@@ -175,7 +175,25 @@ func TestSnapshotRefusals(t *testing.T) {
 	if _, err := newTask(w.rt, spec); !errors.Is(err, ErrSnapshotMismatch) {
 		t.Fatalf("start p1 from p0's snapshot: %v, want ErrSnapshotMismatch", err)
 	}
-	spec.Partition, spec.TaskID = 0, "wc/counts/p0/r1"
+	spec.Partition, spec.TaskID, spec.Replica = 0, "wc/counts/p0/r1", 1
+	// A snapshot taken after the final boundary starts a task (another
+	// replica: any replica's state fits) with nothing left to do.
+	if snap.Released != math.MaxInt64 {
+		t.Fatalf("snapshot after the end at watermark %d", snap.Released)
+	}
+	spec.FromSnapshot = snap
+	done, err := newTask(w.rt, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done.start()
+	if st := done.State(); st.State != StateRunning || st.Message != "input exhausted" {
+		t.Fatalf("task restored after the end: %+v", st)
+	}
+	if st := done.outs[0].buf.Stats(); st.LastID != snap.Outputs[0].LastID {
+		t.Fatalf("restored output resumes at %d, snapshot says %d", st.LastID, snap.Outputs[0].LastID)
+	}
+	done.stop()
 	spec.FromSnapshot = &TaskSnapshot{Query: "wc", Fragment: "counts", Partition: 0, Operator: []byte("junk"), Inputs: snap.Inputs, Outputs: snap.Outputs}
 	if _, err := newTask(w.rt, spec); !errors.Is(err, ErrSnapshotMismatch) {
 		t.Fatalf("start from junk operator state: %v, want ErrSnapshotMismatch", err)

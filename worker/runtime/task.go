@@ -302,6 +302,11 @@ func (t *task) start() {
 	case t.gen != nil:
 		t.wg.Add(1)
 		go func() { defer t.wg.Done(); t.runGenerator() }()
+	case t.merge != nil && t.restored && t.merge.released == finalBoundary:
+		// Restored from a snapshot taken after its final boundary: there
+		// is nothing left to read or process.
+		t.setState(StateRunning, "input exhausted")
+		return
 	case t.merge != nil:
 		// A task restored from a snapshot may hold a release ready before
 		// any input delivers (the snapshot caught it between the arrival of
