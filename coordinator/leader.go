@@ -2,8 +2,8 @@ package coordinator
 
 import (
 	"context"
-	"fmt"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"

@@ -1056,3 +1056,26 @@ func (b *OutputBuffer) lastChunkWithRoom(id uint64, size int) *chunk {
 	b.chunks = append(b.chunks, c)
 	return c
 }
+
+// LastID is the id of the last tuple staged (0 before the first): after a
+// successful Flush, the last tuple of the stream.
+func (w *Writer) LastID() uint64 { return w.lastID }
+
+// ResumeAfter continues a stream that an earlier producer (a task this one
+// was restored from) wrote up to id: the next tuple staged gets id+1, and
+// a reader asking for tuples at or before id is told of a gap (they are
+// not here). The buffer must be empty and nothing staged.
+func (w *Writer) ResumeAfter(id uint64) error {
+	if len(w.offs) > 0 || w.lastID != 0 {
+		return fmt.Errorf("%w: resume after %d on a writer that staged up to %d", ErrIDOrder, id, w.lastID)
+	}
+	b := w.buf
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.count > 0 || b.lastID != 0 {
+		return fmt.Errorf("%w: resume after %d on a buffer holding up to %d", ErrIDOrder, id, b.lastID)
+	}
+	b.lastID, b.dropped = id, id
+	w.lastID, w.appendedID = id, id
+	return nil
+}

@@ -64,6 +64,11 @@ type aggGroup struct {
 type aggWindow struct {
 	start  int64
 	groups map[string]*aggGroup // by key encoding of keyVals
+	// bySlot indexes the keys of groups by their hash slot (keyed
+	// aggregates only, nil otherwise), so the state of a set of slots is
+	// found without scanning every group. It is maintained when a group
+	// is created (not per tuple) and holds exactly the keys of groups.
+	bySlot slotIndex
 }
 
 // aggregate is a windowed group-by aggregate on stime. Windows are aligned
@@ -83,6 +88,10 @@ type aggregate struct {
 	windows   map[int64]*aggWindow // by start
 	watermark int64                // highest Advance so far; math.MinInt64 before any
 	late      uint64
+	// keyed: the aggregate groups by key, so its state is split by hash
+	// slot (see SlotState); without group_by it has one group per window
+	// and its state is extract-all only.
+	keyed bool
 
 	lastWin *aggWindow // the window the previous tuple went to (tumbling fast path)
 	// Every stime in [rangeFrom, rangeTo) is in the windows kFrom..kTo
@@ -117,6 +126,7 @@ func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error)
 		}
 		names[g] = true
 		a.groupBy = append(a.groupBy, i)
+		a.keyed = true
 		checked[i] = true
 		fields = append(fields, in.Fields[i])
 	}
@@ -223,12 +233,20 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 	if t.STime < a.rangeFrom || t.STime >= a.rangeTo {
 		a.windowsOf(t.STime)
 	}
+	slot := -1 // computed once per tuple, when a group is created
 	for k := a.kFrom; k <= a.kTo; k++ {
 		w := a.window(k * a.slide)
 		g, ok := w.groups[string(a.keyBuf)]
 		if !ok {
 			g = a.newGroup(t)
-			w.groups[string(a.keyBuf)] = g
+			key := string(a.keyBuf)
+			w.groups[key] = g
+			if a.keyed {
+				if slot < 0 {
+					slot = queryspec.Slot(g.keyVals)
+				}
+				w.bySlot.add(slot, key)
+			}
 		}
 		a.accumulate(g, t)
 	}
@@ -262,10 +280,18 @@ func (a *aggregate) window(start int64) *aggWindow {
 	}
 	w, ok := a.windows[start]
 	if !ok {
-		w = &aggWindow{start: start, groups: map[string]*aggGroup{}}
+		w = a.newWindow(start)
 		a.windows[start] = w
 	}
 	a.lastWin = w
+	return w
+}
+
+func (a *aggregate) newWindow(start int64) *aggWindow {
+	w := &aggWindow{start: start, groups: map[string]*aggGroup{}}
+	if a.keyed {
+		w.bySlot = slotIndex{}
+	}
 	return w
 }
 
@@ -421,21 +447,54 @@ func (a *aggregate) Snapshot() ([]byte, error) {
 	e.uvarint(a.late)
 	starts := slices.Sorted(maps.Keys(a.windows))
 	e.uvarint(uint64(len(starts)))
+	var groups []keyedGroup
 	for _, s := range starts {
 		w := a.windows[s]
 		e.varint(s)
-		keys := slices.Sorted(maps.Keys(w.groups))
-		e.uvarint(uint64(len(keys)))
-		for _, k := range keys {
-			g := w.groups[k]
-			e.str(k)
-			e.bool(g.tentative)
-			for i := range a.specs {
-				a.encodeAcc(e, &a.specs[i], &g.accs[i])
-			}
+		// Groups with their keys, sorted: no map lookup per group after
+		// the sort (a third of the time with large state).
+		groups = slices.Grow(groups[:0], len(w.groups))
+		for k, g := range w.groups {
+			groups = append(groups, keyedGroup{k, g})
+		}
+		slices.SortFunc(groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
+		e.uvarint(uint64(len(groups)))
+		for _, kg := range groups {
+			a.encodeGroup(e, kg.key, kg.g)
 		}
 	}
 	return e.b, nil
+}
+
+type keyedGroup struct {
+	key string
+	g   *aggGroup
+}
+
+// encodeGroup writes one group: key encoding, tentative flag, accumulators.
+func (a *aggregate) encodeGroup(e *encoder, key string, g *aggGroup) {
+	e.str(key)
+	e.bool(g.tentative)
+	for i := range a.specs {
+		a.encodeAcc(e, &a.specs[i], &g.accs[i])
+	}
+}
+
+// decodeGroup reads what encodeGroup wrote.
+func (a *aggregate) decodeGroup(d *decoder) (string, *aggGroup, error) {
+	key := d.str()
+	g := &aggGroup{tentative: d.bool(), accs: make([]accumulator, len(a.specs))}
+	for i := range a.specs {
+		a.decodeAcc(d, &a.specs[i], &g.accs[i])
+	}
+	if d.err != nil {
+		return "", nil, d.err
+	}
+	var err error
+	if g.keyVals, err = decodeKey(key, len(a.groupBy)); err != nil {
+		return "", nil, err
+	}
+	return key, g, nil
 }
 
 func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
@@ -473,21 +532,18 @@ func (a *aggregate) Restore(state []byte) error {
 	windows := map[int64]*aggWindow{}
 	nw := d.count(2)
 	for range nw {
-		w := &aggWindow{start: d.varint(), groups: map[string]*aggGroup{}}
+		w := a.newWindow(d.varint())
 		ng := d.count(2)
+		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
 		for range ng {
-			key := d.str()
-			g := &aggGroup{tentative: d.bool(), accs: make([]accumulator, len(a.specs))}
-			for i := range a.specs {
-				a.decodeAcc(d, &a.specs[i], &g.accs[i])
-			}
-			if d.err != nil {
-				return d.err
-			}
-			if g.keyVals, err = decodeKey(key, len(a.groupBy)); err != nil {
+			key, g, err := a.decodeGroup(d)
+			if err != nil {
 				return err
 			}
 			w.groups[key] = g
+			if a.keyed {
+				w.bySlot.add(queryspec.Slot(g.keyVals), key)
+			}
 		}
 		windows[w.start] = w
 	}

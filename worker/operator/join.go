@@ -25,6 +25,13 @@ type joinGroup struct {
 
 type joinWindow struct {
 	groups map[string]*joinGroup // by key encoding of the `on` fields
+	// bySlot indexes the keys of groups by their hash slot (see
+	// aggWindow.bySlot): a join is always keyed.
+	bySlot slotIndex
+}
+
+func newJoinWindow() *joinWindow {
+	return &joinWindow{groups: map[string]*joinGroup{}, bySlot: slotIndex{}}
 }
 
 // join is a windowed equi-join: a left and a right tuple match when their
@@ -43,8 +50,9 @@ type join struct {
 	watermark int64
 	late      uint64
 
-	keyBuf []byte
-	out    tuple.Tuple
+	keyBuf  []byte
+	slotBuf []tuple.Value // the key values of a new group, for its slot
+	out     tuple.Tuple
 }
 
 func newJoin(def *queryspec.Operator, left, right *tuple.Schema) (*join, error) {
@@ -123,13 +131,19 @@ func (j *join) Process(port int, t *tuple.Tuple, out Emitter) error {
 	idx := floorDiv(t.STime, j.size)
 	w, ok := j.windows[idx]
 	if !ok {
-		w = &joinWindow{groups: map[string]*joinGroup{}}
+		w = newJoinWindow()
 		j.windows[idx] = w
 	}
 	g, ok := w.groups[string(j.keyBuf)]
 	if !ok {
 		g = &joinGroup{}
-		w.groups[string(j.keyBuf)] = g
+		key := string(j.keyBuf)
+		w.groups[key] = g
+		j.slotBuf = j.slotBuf[:0]
+		for _, i := range j.keys[port] {
+			j.slotBuf = append(j.slotBuf, t.Values[i])
+		}
+		w.bySlot.add(queryspec.Slot(j.slotBuf), key)
 	}
 	mine := storedTuple{stime: t.STime, tentative: t.Type == tuple.Tentative, values: make([]tuple.Value, schema.Len())}
 	for i := range mine.values {
@@ -193,20 +207,53 @@ func (j *join) Snapshot() ([]byte, error) {
 		keys := slices.Sorted(maps.Keys(w.groups))
 		e.uvarint(uint64(len(keys)))
 		for _, k := range keys {
-			e.str(k)
-			for _, side := range w.groups[k].sides {
-				e.uvarint(uint64(len(side)))
-				for _, st := range side {
-					e.varint(st.stime)
-					e.bool(st.tentative)
-					for _, v := range st.values {
-						e.value(v)
-					}
-				}
-			}
+			j.encodeGroup(e, k, w.groups[k])
 		}
 	}
 	return e.b, nil
+}
+
+// encodeGroup writes one group: key encoding, then each side's tuples.
+func (j *join) encodeGroup(e *encoder, key string, g *joinGroup) {
+	e.str(key)
+	for _, side := range g.sides {
+		e.uvarint(uint64(len(side)))
+		for _, st := range side {
+			e.varint(st.stime)
+			e.bool(st.tentative)
+			for _, v := range st.values {
+				e.value(v)
+			}
+		}
+	}
+}
+
+// decodeGroup reads what encodeGroup wrote and returns the group's key
+// with its slot (the hash slot of the key values).
+func (j *join) decodeGroup(d *decoder) (string, *joinGroup, int, error) {
+	key := d.str()
+	g := &joinGroup{}
+	for side := range g.sides {
+		n := d.count(2)
+		g.sides[side] = make([]storedTuple, n)
+		for i := range n {
+			st := &g.sides[side][i]
+			st.stime = d.varint()
+			st.tentative = d.bool()
+			st.values = make([]tuple.Value, j.schemas[side].Len())
+			for v := range st.values {
+				st.values[v] = d.value()
+			}
+		}
+	}
+	if d.err != nil {
+		return "", nil, 0, d.err
+	}
+	vals, err := decodeKey(key, len(j.keys[0]))
+	if err != nil {
+		return "", nil, 0, err
+	}
+	return key, g, queryspec.Slot(vals), nil
 }
 
 // Restore replaces all state with the snapshot's.
@@ -221,25 +268,15 @@ func (j *join) Restore(state []byte) error {
 	nw := d.count(2)
 	for range nw {
 		idx := d.varint()
-		w := &joinWindow{groups: map[string]*joinGroup{}}
+		w := newJoinWindow()
 		ng := d.count(3)
 		for range ng {
-			key := d.str()
-			g := &joinGroup{}
-			for side := range g.sides {
-				n := d.count(2)
-				g.sides[side] = make([]storedTuple, n)
-				for i := range n {
-					st := &g.sides[side][i]
-					st.stime = d.varint()
-					st.tentative = d.bool()
-					st.values = make([]tuple.Value, j.schemas[side].Len())
-					for v := range st.values {
-						st.values[v] = d.value()
-					}
-				}
+			key, g, slot, err := j.decodeGroup(d)
+			if err != nil {
+				return err
 			}
 			w.groups[key] = g
+			w.bySlot.add(slot, key)
 		}
 		windows[idx] = w
 	}

@@ -79,6 +79,15 @@ func (t *task) buildInputs() {
 // passBatch appends a received batch to a pass-through sink's result
 // stream as it is.
 func (t *task) passBatch(b *dataplane.Batch) error {
+	if err := t.lockProc(t.ctx); err != nil {
+		b.Release()
+		return err
+	}
+	defer t.unlockProc()
+	if t.halted.Load() {
+		b.Release()
+		return errHalted
+	}
 	first, offs, data := b.FirstID, b.Offsets, b.Encoded
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
@@ -91,6 +100,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
+	t.passLast = first + uint64(len(offs)) - 1
 	if last.Type == tuple.Boundary && last.STime == finalBoundary {
 		t.setState(StateRunning, "input exhausted")
 		return dataplane.ErrStopSubscription
@@ -373,25 +383,39 @@ func (t *task) processInline() error {
 // processed.
 func (t *task) processReleases(ctx context.Context, emitter operator.Emitter) (done bool, err error) {
 	for {
-		rel, ok := t.merge.take()
-		if !ok {
-			return false, nil
+		if err := t.lockProc(ctx); err != nil {
+			return false, err
 		}
-		t.busySince.Store(time.Now().UnixNano())
-		done, err := t.release(ctx, rel.runs, rel.steps, emitter)
-		t.busySince.Store(0)
-		// The operator and the outputs keep nothing of the released
-		// tuples (see operator.Emitter; outputs encode at once).
-		for _, b := range rel.finished {
-			b.Release()
-		}
-		if err == nil {
-			err = t.flush(ctx)
-		}
-		if err != nil || done {
+		done, more, err := t.processOne(ctx, emitter)
+		t.unlockProc()
+		if err != nil || done || !more {
 			return done, err
 		}
 	}
+}
+
+// processOne processes one release, if the merger has one and the task is
+// not halted; more reports that it had one. The caller holds proc.
+func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, more bool, err error) {
+	if t.halted.Load() {
+		return false, false, nil
+	}
+	rel, ok := t.merge.take()
+	if !ok {
+		return false, false, nil
+	}
+	t.busySince.Store(time.Now().UnixNano())
+	done, err = t.release(ctx, rel.runs, rel.steps, emitter)
+	t.busySince.Store(0)
+	// The operator and the outputs keep nothing of the released tuples
+	// (see operator.Emitter; outputs encode at once).
+	for _, b := range rel.finished {
+		b.Release()
+	}
+	if err == nil {
+		err = t.flush(ctx)
+	}
+	return done, true, err
 }
 
 // release feeds, for each step, the released tuples below it to the

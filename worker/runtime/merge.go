@@ -3,6 +3,7 @@ package runtime
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"math"
 	"slices"
 	"sync"
@@ -50,6 +51,13 @@ type merger struct {
 	// finished collects batches whose tuples have all left the queues
 	// since the last take (batches without data tuples included).
 	finished []batchOwner
+	// halted: a stop-and-copy snapshot captured the merge; add refuses
+	// every later batch (unacknowledged, so the upstream keeps it for the
+	// copy that resumes from the snapshot) and take releases nothing.
+	halted bool
+	// cut, when below math.MaxInt64, is the stream time an aligned
+	// snapshot waits for: take releases no step above it (see atCut).
+	cut int64
 }
 
 // batchOwner is what a delivered batch's memory is handed back to once
@@ -69,6 +77,10 @@ type mergeInput struct {
 	// unsorted says the queue is not in non-decreasing stime order (then
 	// take sorts; otherwise it merges the inputs' queues as they are).
 	unsorted bool
+	// lastID is the id of the last tuple added: every tuple up to it is
+	// processed or in queue. It is the input's position in a snapshot
+	// (the subscriber's own LastID moves only after a delivery returns).
+	lastID uint64
 }
 
 // pendingRun is a run of consecutive data tuples of one delivered batch.
@@ -107,7 +119,7 @@ type mergeRelease struct {
 }
 
 func newMerger(limit int) *merger {
-	return &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{})}
+	return &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{}), cut: math.MaxInt64}
 }
 
 // addInput registers an input stream and returns its index.
@@ -156,7 +168,7 @@ func (m *merger) minBoundaryLocked() int64 {
 func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner) error {
 	m.mu.Lock()
 	in := m.inputs[i]
-	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() {
+	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted {
 		ch := m.space
 		m.mu.Unlock()
 		select {
@@ -165,6 +177,13 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 			return ctx.Err()
 		}
 		m.mu.Lock()
+	}
+	if m.halted {
+		m.mu.Unlock()
+		return errHalted
+	}
+	if len(batch) > 0 {
+		in.lastID = batch[len(batch)-1].ID
 	}
 	var held *heldBatch
 	if owner != nil {
@@ -232,7 +251,21 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	wm := m.minBoundaryLocked()
-	if wm <= m.released {
+	if wm > m.cut {
+		// Release up to the highest step at or below the cut: any step
+		// below the minimum boundary may end a release, and releases go
+		// step by step, so the output is the same as without the cut.
+		capped := m.released
+		for _, in := range m.inputs {
+			for _, s := range in.steps {
+				if s <= m.cut && s > capped {
+					capped = s
+				}
+			}
+		}
+		wm = capped
+	}
+	if wm <= m.released || m.halted {
 		return nil, false
 	}
 	rel = &m.rel
@@ -433,4 +466,109 @@ func (m *merger) mergeSortedLocked(rel *mergeRelease, wm int64) {
 		clear(in.queue[rest:]) // drop references to released batches
 		in.queue = in.queue[:rest]
 	}
+}
+
+// mergeState is the merge's part of a task snapshot: the watermark of the
+// last release and, per input, its position and what it received and has
+// not released.
+type mergeState struct {
+	released int64
+	inputs   []mergeInputState
+}
+
+type mergeInputState struct {
+	port, upPartition int
+	lastID            uint64
+	boundary          int64
+	steps             []int64
+	// pending are the data tuples received and not released, in stream
+	// order, deep copies.
+	pending []tuple.Tuple
+}
+
+// capture copies the merge's state; with halt, the merge then refuses
+// every further batch and releases nothing more. Called between two
+// releases (the task's processing lock held), so what the operator
+// reflects is exactly everything received below released.
+func (m *merger) capture(halt bool) mergeState {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := mergeState{released: m.released}
+	for _, in := range m.inputs {
+		is := mergeInputState{port: in.port, upPartition: in.upPartition, lastID: in.lastID,
+			boundary: in.boundary, steps: slices.Clone(in.steps)}
+		for _, r := range in.queue {
+			for k := range r.tuples {
+				is.pending = append(is.pending, *r.tuples[k].Clone())
+			}
+		}
+		st.inputs = append(st.inputs, is)
+	}
+	if halt {
+		m.halted = true
+		close(m.space) // wake an add waiting for room: it refuses now
+		m.space = make(chan struct{})
+	}
+	return st
+}
+
+// install puts a captured state into a new merger whose inputs were added
+// in the same order (before any batch arrived).
+func (m *merger) install(st mergeState) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(st.inputs) != len(m.inputs) {
+		return fmt.Errorf("%w: snapshot has %d inputs, the task %d", ErrSnapshotMismatch, len(st.inputs), len(m.inputs))
+	}
+	for i, is := range st.inputs {
+		in := m.inputs[i]
+		if in.port != is.port || in.upPartition != is.upPartition {
+			return fmt.Errorf("%w: input %d is port %d partition %d in the snapshot, port %d partition %d in the task",
+				ErrSnapshotMismatch, i, is.port, is.upPartition, in.port, in.upPartition)
+		}
+	}
+	m.released = st.released
+	for i, is := range st.inputs {
+		in := m.inputs[i]
+		in.lastID, in.boundary, in.steps = is.lastID, is.boundary, slices.Clone(is.steps)
+		in.queue, in.pending, in.unsorted = nil, 0, false
+		if len(is.pending) > 0 {
+			// A copy of the slice: the queue compacts runs in place, and one
+			// snapshot may start several tasks (the values are only read).
+			in.queueRun(slices.Clone(is.pending), nil)
+			last := int64(math.MinInt64)
+			for _, tp := range is.pending {
+				if tp.STime < last {
+					in.unsorted = true
+				}
+				last = tp.STime
+			}
+		}
+	}
+	return nil
+}
+
+// setCut makes take release no step above cut (math.MaxInt64: no cut).
+func (m *merger) setCut(cut int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cut = cut
+}
+
+// atCut reports whether the merge has released every step at or below
+// its cut and none above: every input's boundary reached the cut (so no
+// step at or below it can still come) and none is left to release. past
+// reports that it released beyond the cut before the cut was set.
+func (m *merger) atCut() (at, past bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.released > m.cut {
+		return false, true
+	}
+	for _, in := range m.inputs {
+		if in.boundary < m.cut || len(in.steps) > 0 && in.steps[0] <= m.cut {
+			return false, false
+		}
+	}
+	return true, false
 }

@@ -102,6 +102,14 @@ type TaskSpec struct {
 	// slot. A keyed fragment without a map is routed by
 	// queryspec.PartitionOfSlot, the map every fragment starts with.
 	SlotMaps map[string]*SlotMap
+	// FromSnapshot, when set, starts the task from a snapshot of a copy
+	// of it (Runtime.SnapshotTask; same query, fragment and partition):
+	// with that copy's operator state, subscribed after its input
+	// positions, numbering output after its output positions. A snapshot
+	// that does not fit leaves the task in StateFailed with the reason.
+	// It is used when the task starts: a task of that id already running
+	// here is kept as it is (stop it first, as a move does).
+	FromSnapshot *TaskSnapshot
 }
 
 // CopyID names this copy of the task in the data plane (its subscriber

@@ -140,6 +140,20 @@ type task struct {
 	// cost budget (atomic: safe to read from any goroutine).
 	overBudget   atomic.Uint64
 	dropReported time.Time // when dropped last updated the message
+
+	// proc is the processing lock of operator and sink tasks (a channel,
+	// so that a snapshot waiting for it can give up): held while a release
+	// (or a pass-through batch) is processed, and by a snapshot, which
+	// therefore sees the task between two releases.
+	proc chan struct{}
+	// halted: a stop-and-copy snapshot was taken; the task processes
+	// nothing more (set under proc).
+	halted atomic.Bool
+	// passLast is the id of the last batch a pass-through sink adopted
+	// (under proc).
+	passLast uint64
+	// restored: the task starts from a snapshot (see restoreFrom).
+	restored bool
 }
 
 type placeKey struct {
@@ -208,6 +222,14 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	}
 	if t.node.Kind != queryspec.KindSource {
 		t.buildInputs()
+		t.proc = make(chan struct{}, 1)
+		if spec.FromSnapshot != nil {
+			if err := t.restoreFrom(spec.FromSnapshot); err != nil {
+				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+			}
+		}
+	} else if spec.FromSnapshot != nil {
+		return nil, fmt.Errorf("task %s: %w: a source cannot start from a snapshot yet", spec.TaskID, ErrNotSnapshottable)
 	}
 	// The context exists before the task is published to the runtime's
 	// map: an ingest request may reach the task before start runs.
@@ -329,8 +351,17 @@ func (t *task) start() {
 	case t.gen != nil:
 		t.wg.Add(1)
 		go func() { defer t.wg.Done(); t.runGenerator() }()
+	case t.merge != nil && t.restored && t.merge.released == finalBoundary:
+		// Restored from a snapshot taken after its final boundary: there
+		// is nothing left to read or process.
+		t.setState(StateRunning, "input exhausted")
+		return
 	case t.merge != nil:
-		if len(t.inputs) == 1 {
+		// A task restored from a snapshot may hold a release ready before
+		// any input delivers (the snapshot caught it between the arrival of
+		// a boundary and its release): the merge goroutine processes it at
+		// once, so such a task never processes inline.
+		if len(t.inputs) == 1 && !t.restored {
 			// The only input's goroutine processes what it delivers.
 			ctx := t.ctx
 			t.inlineEmit = operator.EmitFunc(func(tp *tuple.Tuple) { t.emitData(ctx, tp) })
@@ -355,6 +386,12 @@ func (t *task) start() {
 		if t.inlineEmit == nil {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); t.runMerge() }()
+		}
+		if t.restored {
+			select {
+			case t.merge.wake <- struct{}{}:
+			default:
+			}
 		}
 	}
 	t.setState(StateRunning, "")
@@ -420,6 +457,9 @@ func (t *task) State() TaskState {
 // with nothing to send, and a task whose inputs bring nothing, are not
 // stalled. Each change is logged once.
 func (t *task) checkStall(now time.Time, after time.Duration) {
+	if t.halted.Load() {
+		return // it is meant to stand still until it is stopped
+	}
 	t.stateMu.Lock()
 	running := t.state == StateRunning
 	t.stateMu.Unlock()

@@ -1,0 +1,550 @@
+package runtime
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// ErrUnknownTask means no task with the given id runs in this runtime.
+var ErrUnknownTask = errors.New("no such task in this runtime")
+
+// ErrNotSnapshottable means the task cannot be snapshotted: a source
+// (its position is its generator's or its ingest client's, not yet
+// captured), a task that failed, or one already halted by a snapshot.
+var ErrNotSnapshottable = errors.New("task cannot be snapshotted")
+
+// ErrSnapshotMismatch means a task snapshot does not fit the task asked to
+// start from it (another query, fragment or partition, other inputs or
+// outputs, another operator definition).
+var ErrSnapshotMismatch = errors.New("task snapshot does not fit the task")
+
+// ErrBadTaskSnapshot means encoded task snapshot bytes are truncated,
+// corrupt, or of an unknown format version.
+var ErrBadTaskSnapshot = errors.New("invalid task snapshot encoding")
+
+// errHalted ends an input whose task was halted by a stop-and-copy
+// snapshot: its batch is refused, hence not acknowledged.
+var errHalted = fmt.Errorf("%w: halted by a snapshot", errTaskEnded)
+
+// TaskSnapshot is a running task's state at one point between two
+// processed releases: its operators' state together with the input
+// positions that state reflects and the output positions it produced. A
+// copy of the task started from it (TaskSpec.FromSnapshot) subscribes
+// after those input positions and numbers its output after those output
+// positions, so that, fed the same input, it continues exactly as the
+// task would have: the same tuples with the same ids.
+//
+// The input position is where the task's acknowledgements stand: every
+// tuple up to After was received. Tuples received but not yet released
+// (waiting in the deterministic merge for the other inputs' boundaries)
+// are carried in Pending, since the upstream may already have discarded
+// them.
+type TaskSnapshot struct {
+	TaskID, Query, Fragment string
+	Partition, Replica      int
+	// Operator is the operators' state (operator.Operator.Snapshot of the
+	// fragment's chain); nil for a sink.
+	Operator []byte
+	// Released is the merge watermark of the last release: every input
+	// tuple with a lower stime was processed, and the operators advanced
+	// to it.
+	Released int64
+	// Seq is the number of data tuples the task routed (unkeyed outputs
+	// of several partitions spread tuples by it).
+	Seq     uint64
+	Inputs  []InputPosition
+	Outputs []OutputPosition
+}
+
+// InputPosition is one input stream's position in a TaskSnapshot.
+type InputPosition struct {
+	// Upstream is the upstream fragment, Partition its partition, Port
+	// the task's input port the stream feeds.
+	Upstream        string
+	Port, Partition int
+	// After is the id of the last tuple received: the copy subscribes
+	// after it.
+	After uint64
+	// Boundary is the latest boundary received; Steps the boundaries
+	// received above Released, increasing.
+	Boundary int64
+	Steps    []int64
+	// Pending are the data tuples received and not yet processed, in
+	// stream order, ids set.
+	Pending []tuple.Tuple
+}
+
+// OutputPosition is one output stream's position in a TaskSnapshot.
+type OutputPosition struct {
+	// Consumer is the downstream fragment ("" for a sink's result
+	// stream), Partition its partition.
+	Consumer  string
+	Partition int
+	// LastID is the id of the last tuple the task appended.
+	LastID uint64
+}
+
+// SnapshotOptions configures Runtime.SnapshotTask.
+type SnapshotOptions struct {
+	// Halt makes it stop-and-copy: the task processes nothing after the
+	// snapshot and refuses (does not acknowledge) further input, so its
+	// upstreams keep everything after the snapshot's input positions for
+	// the copy; its outputs stay readable until the task is stopped, so
+	// that its downstreams can take everything up to the snapshot's output
+	// positions first (see WaitTaken).
+	Halt bool
+	// Aligned, with At, takes the snapshot exactly when the task has
+	// processed every release step (input boundary) at or below stream
+	// time At and none above: the task stops releasing past At, and the
+	// snapshot waits for all its inputs to reach At. Every partition of a
+	// fragment sees the same boundaries, so snapshots of several tasks
+	// aligned at one At share their watermark (TaskSnapshot.Released), as
+	// merging slot states requires (operator.SlotState): the cut a rescale
+	// needs. It requires Halt (the task stays held at the cut). A task
+	// already past At refuses (ErrCutPassed).
+	Aligned bool
+	At      int64
+}
+
+// ErrCutPassed means an aligned snapshot was asked of a task that has
+// already processed stream time beyond the requested cut.
+var ErrCutPassed = errors.New("task is already past the requested cut")
+
+// SnapshotTask captures a running operator or sink task's TaskSnapshot.
+// It waits, or until ctx ends, for the task to finish the release it is
+// processing, and holds the task between two releases while it copies:
+// the state, the positions and the pending input are one consistent cut.
+// Sources cannot be snapshotted yet (ErrNotSnapshottable).
+func (r *Runtime) SnapshotTask(ctx context.Context, taskID string, opts SnapshotOptions) (*TaskSnapshot, error) {
+	t := r.task(taskID)
+	if t == nil {
+		return nil, fmt.Errorf("%w: %q", ErrUnknownTask, taskID)
+	}
+	return t.snapshot(ctx, opts)
+}
+
+// WaitTaken waits until every downstream subscriber of the task's output
+// streams has acknowledged them up to the snapshot's output positions, or
+// until ctx ends: then a copy started from the snapshot can replace the
+// task without a downstream missing a tuple only the task had. A sink's
+// result stream (a ring read by tails, never acknowledged) is not waited
+// for.
+func (r *Runtime) WaitTaken(ctx context.Context, taskID string, snap *TaskSnapshot) error {
+	t := r.task(taskID)
+	if t == nil {
+		return fmt.Errorf("%w: %q", ErrUnknownTask, taskID)
+	}
+	taken := func() bool {
+		for _, pos := range snap.Outputs {
+			buf, err := t.output(pos.Consumer, pos.Partition)
+			if err != nil || t.node.Kind == queryspec.KindSink {
+				continue
+			}
+			st := buf.Stats()
+			if pos.LastID > 0 && (st.Missing > 0 || st.Subscribers == 0 || st.LaggardAck < pos.LastID) {
+				return false
+			}
+		}
+		return true
+	}
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !taken() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("task %s: downstream has not taken its output up to the snapshot: %w", taskID, ctx.Err())
+		case <-tick.C:
+		}
+	}
+	return nil
+}
+
+// lockProc takes the task's processing lock, or gives up when ctx ends.
+func (t *task) lockProc(ctx context.Context) error {
+	select {
+	case t.proc <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (t *task) unlockProc() { <-t.proc }
+
+func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
+	if t.merge == nil || t.proc == nil {
+		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
+	}
+	if opts.Aligned {
+		if !opts.Halt {
+			return nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
+		}
+		if t.passThrough {
+			return nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
+		}
+		if err := t.waitCut(ctx, opts.At); err != nil {
+			return nil, err
+		}
+		// proc is held: capture below.
+	} else if err := t.lockProc(ctx); err != nil {
+		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
+	}
+	defer t.unlockProc()
+	halt := opts.Halt
+	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
+		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
+	}
+	if t.emitErr != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
+	}
+	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
+		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
+	if t.op != nil {
+		op, err := t.op.Snapshot()
+		if err != nil {
+			return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+		}
+		s.Operator = op
+	}
+	for _, o := range t.outs {
+		last := o.w.LastID()
+		if t.passThrough {
+			last = o.buf.Stats().LastID
+		} else if o.w.Staged() > 0 {
+			// Between releases every output is flushed.
+			return nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
+		}
+		s.Outputs = append(s.Outputs, OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: last})
+	}
+	if t.passThrough {
+		in := t.inputs[0]
+		s.Released = math.MinInt64
+		s.Inputs = []InputPosition{{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}}
+	} else {
+		ms := t.merge.capture(halt)
+		s.Released = ms.released
+		for i, is := range ms.inputs {
+			in := t.inputs[i]
+			s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: is.port, Partition: is.upPartition,
+				After: is.lastID, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
+		}
+	}
+	if halt {
+		t.halted.Store(true)
+		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
+	}
+	return s, nil
+}
+
+// waitCut holds the task's releases at stream time at and waits until it
+// processed every step up to it; it returns with proc held. On failure
+// the cut is lifted and proc not held.
+func (t *task) waitCut(ctx context.Context, at int64) error {
+	t.merge.setCut(at)
+	lift := func() {
+		t.merge.setCut(math.MaxInt64)
+		select {
+		case t.merge.wake <- struct{}{}:
+		default:
+		}
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := t.lockProc(ctx); err != nil {
+			lift()
+			return fmt.Errorf("task %s: aligned snapshot: %w", t.spec.TaskID, err)
+		}
+		reached, past := t.merge.atCut()
+		if past {
+			t.unlockProc()
+			lift()
+			return fmt.Errorf("%w: task %s, cut at %d", ErrCutPassed, t.spec.TaskID, at)
+		}
+		if reached {
+			return nil
+		}
+		t.unlockProc()
+		// Steps up to the cut may be waiting for release (an inline task
+		// releases on delivery; this wakes a merge goroutine).
+		select {
+		case t.merge.wake <- struct{}{}:
+		default:
+		}
+		select {
+		case <-ctx.Done():
+			lift()
+			return fmt.Errorf("task %s: aligned snapshot at %d: %w", t.spec.TaskID, at, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+func (t *task) kind() string {
+	if t.node == nil {
+		return "failed"
+	}
+	return string(t.node.Kind)
+}
+
+// restoreFrom makes a task built by newTask (not started) continue from
+// a snapshot of the same query, fragment and partition (any replica: all
+// replicas of a partition hold the same state at the same position).
+func (t *task) restoreFrom(s *TaskSnapshot) error {
+	if t.merge == nil {
+		return fmt.Errorf("%w: a %s task cannot start from a snapshot", ErrNotSnapshottable, t.kind())
+	}
+	if s.Query != t.spec.Query || s.Fragment != t.spec.Fragment || s.Partition != t.spec.Partition {
+		return fmt.Errorf("%w: snapshot of %s/%s/p%d, task %s", ErrSnapshotMismatch, s.Query, s.Fragment, s.Partition, t.spec.TaskID)
+	}
+	switch {
+	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
+		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
+	case t.op != nil:
+		if err := t.op.Restore(s.Operator); err != nil {
+			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
+		}
+	}
+	if len(s.Inputs) != len(t.inputs) {
+		return fmt.Errorf("%w: %d inputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Inputs), len(t.inputs))
+	}
+	ms := mergeState{released: s.Released}
+	for i, pos := range s.Inputs {
+		in := t.inputs[i]
+		if pos.Upstream != in.upstream || pos.Port != in.port || pos.Partition != in.upPartition {
+			return fmt.Errorf("%w: input %d is %s partition %d port %d in the snapshot, %s partition %d port %d in the task",
+				ErrSnapshotMismatch, i, pos.Upstream, pos.Partition, pos.Port, in.upstream, in.upPartition, in.port)
+		}
+		ms.inputs = append(ms.inputs, mergeInputState{port: pos.Port, upPartition: pos.Partition, lastID: pos.After,
+			boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
+	}
+	if len(s.Outputs) != len(t.outs) {
+		return fmt.Errorf("%w: %d outputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Outputs), len(t.outs))
+	}
+	for _, pos := range s.Outputs {
+		parts := t.byConsumer[pos.Consumer]
+		if pos.Partition < 0 || pos.Partition >= len(parts) || parts[pos.Partition] == nil {
+			return fmt.Errorf("%w: the task has no output to %q partition %d", ErrSnapshotMismatch, pos.Consumer, pos.Partition)
+		}
+	}
+	if t.passThrough {
+		if len(s.Inputs[0].Pending) > 0 {
+			return fmt.Errorf("%w: a pass-through sink holds no pending input", ErrSnapshotMismatch)
+		}
+		t.passLast = s.Inputs[0].After
+	} else if err := t.merge.install(ms); err != nil {
+		return err
+	}
+	for i, pos := range s.Inputs {
+		in := t.inputs[i]
+		ref := in.sub.Ref()
+		in.sub = dataplane.NewSubscriber(ref, t.spec.TaskID, false, pos.After)
+		switch {
+		case t.passThrough:
+			in.sub.DeliverEncoded()
+		case t.op == nil:
+			in.sub.KeepValuesPacked()
+		}
+	}
+	for _, pos := range s.Outputs {
+		o := t.byConsumer[pos.Consumer][pos.Partition]
+		if err := o.w.ResumeAfter(pos.LastID); err != nil {
+			return err
+		}
+	}
+	t.seq = s.Seq
+	t.restored = true
+	return nil
+}
+
+// Task snapshot encoding: "fsts", a version byte, then the fields in
+// declaration order; integers are varints, strings and byte strings
+// length-prefixed, pending tuples as (id, tuple encoding).
+const (
+	taskSnapshotMagic   = "fsts"
+	taskSnapshotVersion = 1
+)
+
+// MarshalBinary encodes the snapshot in the versioned format
+// UnmarshalBinary reads.
+func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
+	b := append([]byte(taskSnapshotMagic), taskSnapshotVersion)
+	str := func(v string) {
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
+	uv := func(v uint64) { b = binary.AppendUvarint(b, v) }
+	iv := func(v int64) { b = binary.AppendVarint(b, v) }
+	str(s.TaskID)
+	str(s.Query)
+	str(s.Fragment)
+	uv(uint64(s.Partition))
+	uv(uint64(s.Replica))
+	if s.Operator == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		str(string(s.Operator))
+	}
+	iv(s.Released)
+	uv(s.Seq)
+	uv(uint64(len(s.Inputs)))
+	for _, in := range s.Inputs {
+		str(in.Upstream)
+		uv(uint64(in.Port))
+		uv(uint64(in.Partition))
+		uv(in.After)
+		iv(in.Boundary)
+		uv(uint64(len(in.Steps)))
+		for _, st := range in.Steps {
+			iv(st)
+		}
+		uv(uint64(len(in.Pending)))
+		for k := range in.Pending {
+			uv(in.Pending[k].ID)
+			b = tuple.AppendTuple(b, &in.Pending[k])
+		}
+	}
+	uv(uint64(len(s.Outputs)))
+	for _, o := range s.Outputs {
+		str(o.Consumer)
+		uv(uint64(o.Partition))
+		uv(o.LastID)
+	}
+	return b, nil
+}
+
+// snapReader decodes a task snapshot; the first error sticks.
+type snapReader struct {
+	b   []byte
+	err error
+}
+
+func (r *snapReader) fail(what string) {
+	if r.err == nil {
+		r.err = fmt.Errorf("%w: truncated or corrupt %s", ErrBadTaskSnapshot, what)
+	}
+	r.b = nil
+}
+
+func (r *snapReader) uv(what string) uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *snapReader) iv(what string) int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.fail(what)
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// small reads a partition, replica or port number.
+func (r *snapReader) small(what string) int {
+	v := r.uv(what)
+	if v > math.MaxInt32 {
+		r.fail(what)
+		return 0
+	}
+	return int(v)
+}
+
+// count reads a collection length, which cannot exceed the bytes left
+// (each element takes at least one), so a corrupt length cannot force a
+// huge allocation.
+func (r *snapReader) count(what string) int {
+	v := r.uv(what)
+	if v > uint64(len(r.b)) {
+		r.fail(what)
+		return 0
+	}
+	return int(v)
+}
+
+func (r *snapReader) str(what string) string {
+	n := r.count(what)
+	if r.err != nil {
+		return ""
+	}
+	s := string(r.b[:n])
+	r.b = r.b[n:]
+	return s
+}
+
+// UnmarshalBinary decodes what MarshalBinary wrote. Pending tuples' values
+// are copies: nothing aliases data.
+func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
+	if len(data) < len(taskSnapshotMagic)+1 || string(data[:len(taskSnapshotMagic)]) != taskSnapshotMagic {
+		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
+	}
+	if v := data[len(taskSnapshotMagic)]; v != taskSnapshotVersion {
+		return fmt.Errorf("%w: format version %d, this build reads %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
+	}
+	r := &snapReader{b: data[len(taskSnapshotMagic)+1:]}
+	var out TaskSnapshot
+	out.TaskID, out.Query, out.Fragment = r.str("task id"), r.str("query"), r.str("fragment")
+	out.Partition, out.Replica = r.small("partition"), r.small("replica")
+	switch hasOp := r.count("operator flag"); {
+	case r.err != nil:
+	case hasOp == 1:
+		out.Operator = []byte(r.str("operator state"))
+	case hasOp != 0:
+		r.fail("operator flag")
+	}
+	out.Released = r.iv("released")
+	out.Seq = r.uv("sequence")
+	nIn := r.count("input count")
+	for range nIn {
+		in := InputPosition{Upstream: r.str("upstream"), Port: r.small("port"), Partition: r.small("upstream partition"),
+			After: r.uv("input position"), Boundary: r.iv("boundary")}
+		nSteps := r.count("step count")
+		for range nSteps {
+			in.Steps = append(in.Steps, r.iv("step"))
+		}
+		nPending := r.count("pending count")
+		for range nPending {
+			if r.err != nil {
+				break
+			}
+			var tp tuple.Tuple
+			tp.ID = r.uv("pending id")
+			n, err := tuple.DecodeTuple(r.b, &tp)
+			if err != nil {
+				r.fail(fmt.Sprintf("pending tuple (%v)", err))
+				break
+			}
+			tuple.DetachStrings(tp.Values)
+			r.b = r.b[n:]
+			in.Pending = append(in.Pending, tp)
+		}
+		out.Inputs = append(out.Inputs, in)
+	}
+	nOut := r.count("output count")
+	for range nOut {
+		out.Outputs = append(out.Outputs, OutputPosition{Consumer: r.str("consumer"), Partition: r.small("output partition"), LastID: r.uv("output position")})
+	}
+	if r.err != nil {
+		return r.err
+	}
+	if len(r.b) != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrBadTaskSnapshot, len(r.b))
+	}
+	*s = out
+	return nil
+}
