@@ -292,3 +292,20 @@ func (o *org) workerList(t *testing.T, i int) ([]workerJSON, error) {
 	err := cli(ctx, t, &ws, "workers", "--addr", o.grpc[i], "--token", o.adminToken)
 	return ws, err
 }
+
+// waitReady waits until coordinator 0 lists n workers, all ready.
+func (o *org) waitReady(t *testing.T, n int) {
+	t.Helper()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d ready workers", n), func() bool {
+		ws, err := o.workerList(t, 0)
+		if err != nil || len(ws) != n {
+			return false
+		}
+		for _, w := range ws {
+			if w.Status != "ready" {
+				return false
+			}
+		}
+		return true
+	})
+}

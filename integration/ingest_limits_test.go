@@ -25,10 +25,7 @@ func TestIngestRefusesBadLinesOneByOne(t *testing.T) {
 		t.Skip("starts real processes")
 	}
 	o := startOrg(t, 1, 1)
-	waitFor(t, 30*time.Second, "a ready worker", func() bool {
-		ws, err := o.workerList(t, 0)
-		return err == nil && len(ws) == 1 && ws[0].Status == "ready"
-	})
+	o.waitReady(t, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var sub struct{}
