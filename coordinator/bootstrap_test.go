@@ -214,19 +214,26 @@ func (c *testCluster) bootstrappers() []string {
 }
 
 // Five coordinators with bootstrap_expect 3 end in one cluster of five
-// voters with one leader and one state. In "staggered", c3-c5 form the
-// cluster first; c1 and c2, which sort before them, start once it has a
-// leader: they must ask, find it and be added, not bootstrap a cluster of
-// their own (before the probe they bootstrapped {c1, c3, c4}, a second
-// cluster with a leader of its own). In "together", all five start at once
-// and must agree on one bootstrap set.
+// voters with one leader and one state, whatever order they start in:
+//
+//   - together: all five at once; they must agree on one bootstrap set.
+//   - late: c3-c5 form the cluster; c1 and c2 (which sort first) start
+//     once it has a leader and are added by it.
+//   - late-leaderless: c3-c5 form the cluster, then c4 and c5 crash, so
+//     c3 alone has the cluster's state and no leader; c1 and c2 start and
+//     see three coordinators that expect 3. They must ask c3, learn that a
+//     cluster exists and wait; c4 and c5 come back from their data dirs
+//     and the cluster's leader adds c1 and c2. Before the probe, c1 and c2
+//     bootstrapped {c1, c2, c3} and elected a leader of a second cluster.
 func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		first []int // started first; the cluster has a leader before the rest start
+		name       string
+		first      []int // started first, until the cluster has a leader
+		leaderless bool  // then c4 and c5 crash while c1 and c2 start
 	}{
-		{"staggered", []int{2, 3, 4}},
-		{"together", []int{0, 1, 2, 3, 4}},
+		{name: "together", first: []int{0, 1, 2, 3, 4}},
+		{name: "late", first: []int{2, 3, 4}},
+		{name: "late-leaderless", first: []int{2, 3, 4}, leaderless: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newUnstartedCluster(t, 5, 3)
@@ -235,21 +242,52 @@ func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
 				c.startWatched(w, i)
 			}
 			c.leader()
+			if tc.leaderless {
+				// Wait until c3-c5 all hold the configuration, then crash
+				// c4 and c5 (no serf leave: they stay voters).
+				waitFor(t, 30*time.Second, "c3-c5 in every configuration", func() bool {
+					for i := 2; i < 5; i++ {
+						if v, _ := c.raftVoters(i); !slices.Equal(v, []string{"c3", "c4", "c5"}) {
+							return false
+						}
+					}
+					return true
+				})
+				for _, i := range []int{3, 4} {
+					_ = c.nodes[i].serf.Shutdown()
+					c.stop(i)
+				}
+				c.startWatched(w, 0)
+				c.startWatched(w, 1)
+				waitFor(t, 20*time.Second, "c1 and c2 seeing c1-c3 in serf", func() bool {
+					for _, i := range []int{0, 1} {
+						for _, name := range []string{"c1.acme", "c2.acme", "c3.acme"} {
+							if !c.serfSees(i, name) {
+								return false
+							}
+						}
+					}
+					return true
+				})
+				never(t, 3*time.Second, "c1 or c2 bootstrapped while a coordinator they see holds a cluster's state", func() bool {
+					return c.nodes[0].selfBootstrapped.Load() || c.nodes[1].selfBootstrapped.Load() ||
+						c.nodes[0].hasRaftState() || c.nodes[1].hasRaftState()
+				})
+				c.startWatched(w, 3)
+				c.startWatched(w, 4)
+			}
 			for i := range c.nodes {
 				if c.nodes[i] == nil {
 					c.startWatched(w, i)
 				}
 			}
 			c.waitOneCluster(60 * time.Second)
-			if tc.name == "staggered" {
-				// Some of c3-c5 bootstrapped (those that asked after one
-				// had, joined it); c1 and c2 joined.
-				got := c.bootstrappers()
-				if len(got) == 0 || slices.Contains(got, "c1") || slices.Contains(got, "c2") {
-					t.Errorf("nodes that bootstrapped: %v, want some of c3-c5 and neither c1 nor c2", got)
-				}
+			got := c.bootstrappers()
+			t.Logf("bootstrapped by %v", got)
+			if len(tc.first) < 5 && (slices.Contains(got, "c1") || slices.Contains(got, "c2")) {
+				// c1 and c2 started after the cluster formed: they join.
+				t.Errorf("nodes that bootstrapped: %v, want neither c1 nor c2", got)
 			}
-			t.Logf("bootstrapped by %v", c.bootstrappers())
 			// One replicated state: a write through each node reaches all.
 			for i := range c.nodes {
 				submit(t, c.admin(i), fmt.Sprintf("q%d", i), 1)
@@ -322,9 +360,10 @@ func TestWipedCoordinatorRejoins(t *testing.T) {
 }
 
 // Only a coordinator of the org may ask another for its Raft state: a
-// client certificate is refused (even with the admin token), as is a
-// coordinator certificate of another org's CA at the TLS handshake; the
-// org's own coordinator certificate gets an answer (the control).
+// client certificate is refused (even with the admin token, even in dev
+// mode), as is a worker's, and a coordinator certificate of another CA
+// fails the TLS handshake; the org's own coordinator certificate gets an
+// answer (the control).
 func TestRaftStateOnlyForCoordinators(t *testing.T) {
 	c := newTestCluster(t, 1, "jt", "at")
 	c.leader()
@@ -348,4 +387,31 @@ func TestRaftStateOnlyForCoordinators(t *testing.T) {
 	if resp.NodeId != "c1" || resp.LastIndex == 0 || resp.LeaderId != "c1" || !slices.Equal(resp.Configuration, []string{"c1"}) {
 		t.Fatalf("raft state %v", resp)
 	}
+
+	// Dev mode (no tokens) accepts every client, but not here.
+	dev := newTestCluster(t, 1, "", "")
+	dev.leader()
+	conn := dev.connAs(dev.cfgs[0].GRPCAddr, "", testCreds(t, dev.ca, rpc.RoleClient, "admin"))
+	if _, err := pb.NewCoordinatorPeerServiceClient(conn).RaftState(ctxT(t, 5*time.Second), &pb.RaftStateRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("dev mode, client certificate: %v, want PermissionDenied", err)
+	}
+}
+
+// In plaintext mode with tokens configured, coordinators cannot prove who
+// they are, yet must still be able to ask each other before bootstrapping:
+// three of them form one cluster (the probe is not refused for lack of a
+// token, which would keep them from ever bootstrapping).
+func TestPlaintextCoordinatorsBootstrap(t *testing.T) {
+	c := newUnstartedCluster(t, 3, 3)
+	w := watchLeaders(t)
+	for i := range c.cfgs {
+		c.cfgs[i].TLS, c.cfgs[i].CA, c.cfgs[i].GossipKey = nil, nil, nil
+		c.cfgs[i].InsecurePlaintext = true
+		c.cfgs[i].JoinToken, c.cfgs[i].AdminToken = "jt", "at"
+	}
+	for i := range c.nodes {
+		c.startWatched(w, i)
+	}
+	c.waitOneCluster(60 * time.Second)
+	w.check(t)
 }
