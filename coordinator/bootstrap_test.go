@@ -301,18 +301,28 @@ func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
 	}
 }
 
-// A follower that loses its data dir and restarts with the same id and
-// addresses rejoins the same cluster: it does not bootstrap (the others
-// answer that a cluster exists), the leader keeps it ("crashed": it never
-// left, so it is still in the configuration and Raft's replication refills
-// its empty log) or adds it again ("left": it left serf, so the leader
+// A follower that loses its data dir and restarts with the same id rejoins
+// the same cluster: it does not bootstrap (the others answer that a
+// cluster exists), the leader keeps it ("crashed": it never left, so it is
+// still in the configuration and Raft's replication refills its empty
+// log), moves it ("crashed-new-address": it comes back on another Raft
+// port, which the leader puts in the configuration once the node proves
+// its id there) or adds it again ("left": it left serf, so the leader
 // removed it), and it ends with the same state as the others. No term
 // ever has two leaders. Before the probe the wiped node bootstrapped a
-// configuration of its own.
+// configuration of its own; before the address update the moved node
+// never caught up.
 func TestWipedCoordinatorRejoins(t *testing.T) {
-	for _, crash := range []bool{true, false} {
-		name := map[bool]string{true: "crashed", false: "left"}[crash]
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		crash, newAddr bool
+	}{
+		{name: "crashed", crash: true},
+		{name: "crashed-new-address", crash: true, newAddr: true},
+		{name: "left"},
+	} {
+		crash := tc.crash
+		t.Run(tc.name, func(t *testing.T) {
 			c := newUnstartedCluster(t, 3, 3)
 			w := watchLeaders(t)
 			for i := range c.nodes {
@@ -340,6 +350,9 @@ func TestWipedCoordinatorRejoins(t *testing.T) {
 				t.Fatal(err)
 			}
 
+			if tc.newAddr {
+				c.cfgs[f].RaftAddr = "127.0.0.1:0"
+			}
 			c.startWatched(w, f)
 			c.waitOneCluster(60 * time.Second)
 			if c.nodes[f].selfBootstrapped.Load() {
