@@ -257,6 +257,12 @@ func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
 					_ = c.nodes[i].serf.Shutdown()
 					c.stop(i)
 				}
+				// If c3 led, it steps down once its lease runs out; until
+				// then it could still add c1 and c2 itself.
+				waitFor(t, 20*time.Second, "c3 without a leader", func() bool {
+					_, id := c.nodes[2].raft.LeaderWithID()
+					return !c.nodes[2].IsLeader() && id == ""
+				})
 				c.startWatched(w, 0)
 				c.startWatched(w, 1)
 				waitFor(t, 20*time.Second, "c1 and c2 seeing c1-c3 in serf", func() bool {
