@@ -56,6 +56,10 @@ type authenticator struct {
 	now    func() time.Time
 	// peerIdentity is rpc.PeerIdentity; tests replace it.
 	peerIdentity func(ctx context.Context) (rpc.Identity, bool)
+	// plaintext is set when the coordinator runs without TLS: no caller
+	// can prove it is a coordinator, so calls that need one are let
+	// through (as the plaintext Raft port lets anyone in).
+	plaintext bool
 }
 
 func newAuthenticator(org, joinToken, adminToken string, tokens func() *fsm.StateStore) *authenticator {
@@ -105,6 +109,9 @@ func (a *authenticator) check(ctx context.Context, method string) error {
 	if err != nil {
 		return status.Error(codes.PermissionDenied, err.Error())
 	}
+	if need == authz.NeedCoordinator {
+		return a.checkCoordinator(ctx, method)
+	}
 	if need == authz.NeedNone || a.devMode() {
 		return nil
 	}
@@ -123,6 +130,23 @@ func (a *authenticator) check(ctx context.Context, method string) error {
 		return status.Errorf(codes.Internal, "%s: check token: %v", method, err)
 	case !role.Allows(need):
 		return status.Errorf(codes.PermissionDenied, "%s: the token's role is %s: this call needs %s", method, role, need)
+	}
+	return nil
+}
+
+// checkCoordinator admits a call that needs a coordinator of the org: the
+// caller's verified certificate must say so, whatever tokens it carries
+// and even in dev mode (no token grants it).
+func (a *authenticator) checkCoordinator(ctx context.Context, method string) error {
+	if a.plaintext {
+		return nil
+	}
+	id, ok := a.peerIdentity(ctx)
+	if !ok {
+		return status.Errorf(codes.Unauthenticated, "%s: this call needs %s", method, authz.NeedCoordinator)
+	}
+	if id.Org != a.org || id.Role != rpc.RoleCoordinator {
+		return status.Errorf(codes.PermissionDenied, "%s: caller is %s: this call needs %s", method, id, authz.NeedCoordinator)
 	}
 	return nil
 }

@@ -194,94 +194,75 @@ func (s *Server) coordinatorAddrs() []string {
 }
 
 func (s *Server) handleSerfEvents(ctx context.Context) {
-	// Check once at start: bootstrap_expect=1 needs no other member.
-	s.maybeBootstrap()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case ev := <-s.serfEvents:
-			if me, ok := ev.(serf.MemberEvent); ok {
-				switch me.Type {
-				case serf.EventMemberJoin, serf.EventMemberUpdate:
-					s.maybeBootstrap()
-					if s.IsLeader() {
-						s.reconcileVoters()
-					}
-				case serf.EventMemberLeave, serf.EventMemberFailed, serf.EventMemberReap:
-					// The leader's reapVoters looks at once (a member
-					// that left is removed without waiting for its tick).
-					select {
-					case s.membersChanged <- struct{}{}:
-					default:
-					}
+			me, ok := ev.(serf.MemberEvent)
+			if !ok {
+				continue
+			}
+			// Any change of membership may complete (or spoil) the set
+			// a node bootstraps with; the loop decides (bootstrap.go).
+			s.kickBootstrap()
+			switch me.Type {
+			case serf.EventMemberJoin, serf.EventMemberUpdate:
+				if s.IsLeader() {
+					s.reconcileVoters()
+				}
+			case serf.EventMemberLeave, serf.EventMemberFailed, serf.EventMemberReap:
+				// The leader's reapVoters looks at once (a member
+				// that left is removed without waiting for its tick).
+				select {
+				case s.membersChanged <- struct{}{}:
+				default:
 				}
 			}
 		}
 	}
 }
 
-// maybeBootstrap bootstraps the cluster once bootstrap_expect coordinators
-// of this org (all expecting the same number) are alive in serf. Every node
-// computes the same configuration, so concurrent bootstraps agree.
-func (s *Server) maybeBootstrap() {
-	s.bootstrapMu.Lock()
-	defer s.bootstrapMu.Unlock()
-	if s.bootstrapped || s.cfg.BootstrapExpect == 0 {
-		return
-	}
-	var voters []raft.Server
-	for _, m := range s.orgCoordinators() {
-		if m.Expect != s.cfg.BootstrapExpect {
-			if m.Expect != 0 {
-				s.logger.Error("coordinator of this org expects a different cluster size; not counting it",
-					"member", m.Name, "its_expect", m.Expect, "our_expect", s.cfg.BootstrapExpect)
-			}
-			continue
-		}
-		if err := s.verifyCoordinator(m); err != nil {
-			s.logger.Warn("not counting serf member towards bootstrap", "member", m.Name, "err", err)
-			continue
-		}
-		voters = append(voters, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
-	}
-	if len(voters) < s.cfg.BootstrapExpect {
-		return
-	}
-	voters = voters[:s.cfg.BootstrapExpect]
-	err := s.raft.BootstrapCluster(raft.Configuration{Servers: voters}).Error()
-	if err != nil && err != raft.ErrCantBootstrap {
-		s.logger.Error("raft bootstrap failed", "err", err)
-		return
-	}
-	s.bootstrapped = true
-	s.logger.Info("raft cluster bootstrapped", "voters", len(voters))
-}
-
 // reconcileVoters adds coordinators of this org that serf sees but the Raft
-// configuration lacks (nodes started with bootstrap_expect 0, or beyond the
-// bootstrap set), once each has proved its identity. Only the leader calls it.
+// configuration lacks (nodes started with bootstrap_expect 0, beyond the
+// bootstrap set, or back after the leader removed them, with or without
+// their data dir), once each has proved its identity. A voter whose
+// proven Raft address changed (restarted elsewhere with the same id) gets
+// its new address. A voter already in the configuration at its address is
+// left alone even if it lost its data dir: Raft's replication finds its
+// log empty and sends it the log (or a snapshot) from the start. Only the
+// leader calls it.
 func (s *Server) reconcileVoters() {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		s.logger.Warn("reconcile voters: read raft configuration", "err", err)
 		return
 	}
-	known := map[raft.ServerID]bool{}
+	known := map[raft.ServerID]raft.ServerAddress{}
 	for _, srv := range cf.Configuration().Servers {
-		known[srv.ID] = true
+		known[srv.ID] = srv.Address
 	}
 	for _, m := range s.orgCoordinators() {
-		if known[raft.ServerID(m.ID)] || m.RaftAddr == "" {
+		if m.RaftAddr == "" || m.ID == s.cfg.NodeID {
+			continue
+		}
+		addr, isKnown := known[raft.ServerID(m.ID)]
+		if isKnown && addr == raft.ServerAddress(m.RaftAddr) {
 			continue
 		}
 		// Serf tags are claims: the member proves it is coordinator m.ID
-		// of this org before it gets a vote.
+		// of this org, at this Raft address, before it gets a vote (or
+		// moves an existing one there).
 		if err := s.verifyCoordinator(m); err != nil {
 			s.logger.Warn("not adding serf member as a raft voter", "member", m.Name, "err", err)
 			continue
 		}
-		s.logger.Info("adding coordinator to raft configuration", "member", m.Name)
+		if isKnown {
+			s.logger.Info("coordinator's raft address changed; updating the raft configuration", "member", m.Name, "from", addr, "to", m.RaftAddr)
+		} else {
+			s.logger.Info("adding coordinator to raft configuration", "member", m.Name)
+		}
+		// AddVoter with an id already present updates its address.
 		if err := s.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
 			s.logger.Warn("add voter failed", "member", m.Name, "err", err)
 		}

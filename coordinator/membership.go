@@ -20,6 +20,9 @@ import (
 //     leader) only after it proved, on its advertised Raft address, that
 //     it holds the org CA's certificate fedstream://ORG/coordinator/ID for
 //     the id it claims (verifyCoordinator).
+//   - A node without Raft state bootstraps only after every proven
+//     coordinator of the org it sees answered RaftState without any; if
+//     one has state, the node waits to be added (bootstrap.go).
 //   - A voter that left serf is removed at once; one that stays failed, or
 //     gone from serf, for Timings.DeadVoterTimeout is removed by the
 //     leader (reapVoters). Until then it still counts towards the quorum.

@@ -48,8 +48,20 @@ type Server struct {
 	// membersChanged wakes the leader's reapVoters when a member leaves or
 	// fails (buffered 1: a pending wake-up covers later ones).
 	membersChanged chan struct{}
-	bootstrapMu    sync.Mutex
-	bootstrapped   bool
+
+	// Bootstrap (bootstrap.go). bootstrapped is true once this node has
+	// Raft state or found a cluster that has; it is written by setupRaft,
+	// then only by the bootstrap loop.
+	bootstrapped bool
+	// bootstrapKick wakes the bootstrap loop when serf membership changes
+	// (buffered 1: a pending wake-up covers later ones).
+	bootstrapKick chan struct{}
+	// candidates is the sorted set of coordinator ids the bootstrap loop
+	// would bootstrap with, as of its current attempt (RaftState reports it).
+	candidates atomic.Pointer[[]string]
+	// selfBootstrapped records that this process bootstrapped a cluster
+	// (tests check that a node that should join did not).
+	selfBootstrapped atomic.Bool
 
 	grpcServer *grpc.Server
 	listener   net.Listener
@@ -88,6 +100,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.liveness = newLiveness()
 	s.membersChanged = make(chan struct{}, 1)
+	s.bootstrapKick = make(chan struct{}, 1)
 	return s, nil
 }
 
@@ -119,6 +132,7 @@ func (s *Server) Start() (err error) {
 	s.goRun(s.watchHalt)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.handleSerfEvents)
+	s.goRun(s.runBootstrap)
 	if len(s.cfg.Join) > 0 {
 		s.goRun(s.retryJoin)
 	}
@@ -284,6 +298,7 @@ func (s *Server) setupGRPC() error {
 	}
 	s.listener = lis
 	s.auth = newAuthenticator(s.cfg.Org, s.cfg.JoinToken, s.cfg.AdminToken, s.State)
+	s.auth.plaintext = s.cfg.TLS == nil
 	opts := rpc.ServerOptions()
 	if s.cfg.TLS != nil {
 		// Certificates are optional at the handshake only so that a new
@@ -299,6 +314,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})
+	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	s.wg.Add(1)

@@ -79,6 +79,12 @@ const (
 	NeedWriter
 	// NeedAdmin: admin only.
 	NeedAdmin
+	// NeedCoordinator: another coordinator of the org, proven by its
+	// coordinator certificate under mutual TLS. No token grants it, not
+	// even admin: these calls are between the org's coordinators only.
+	// (In plaintext mode nothing can be proven and the coordinator lets
+	// any caller make them, as its Raft port does.)
+	NeedCoordinator
 )
 
 // String describes the need for error messages.
@@ -98,6 +104,8 @@ func (n Need) String() string {
 		return "a token with role writer (or admin)"
 	case NeedAdmin:
 		return "a token with role admin"
+	case NeedCoordinator:
+		return "a coordinator certificate of the org"
 	}
 	return fmt.Sprintf("Need(%d)", uint8(n))
 }
@@ -110,6 +118,8 @@ func (r Role) Allows(n Need) bool {
 		return true
 	case NeedWorker:
 		return r == RoleWorker
+	case NeedCoordinator:
+		return false // a certificate, never a token role
 	}
 	if r == RoleAdmin {
 		return true
@@ -162,6 +172,9 @@ var Methods = map[string]Need{
 	// Tasks and clients talk to workers.
 	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
 	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+
+	// Coordinators of one org ask each other before bootstrapping.
+	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,
 
 	// Load balancers and orchestrators probe health without credentials.
 	healthpb.Health_Check_FullMethodName: NeedNone,

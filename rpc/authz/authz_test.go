@@ -16,6 +16,7 @@ var services = []grpc.ServiceDesc{
 	pb.AdminService_ServiceDesc,
 	pb.TokenService_ServiceDesc,
 	pb.DataPlane_ServiceDesc,
+	pb.CoordinatorPeerService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 }
 
@@ -68,6 +69,8 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.TokenService_RevokeToken_FullMethodName, admin: true},
 		{method: pb.DataPlane_Subscribe_FullMethodName, admin: true, worker: true, writer: true, reader: true},
 		{method: pb.DataPlane_Ingest_FullMethodName, admin: true, writer: true},
+		// No token role at all: a coordinator certificate.
+		{method: pb.CoordinatorPeerService_RaftState_FullMethodName},
 		{method: healthpb.Health_Check_FullMethodName, admin: true, worker: true, writer: true, reader: true, auditor: true, noone: true},
 	}
 	for _, r := range rows {

@@ -3123,6 +3123,145 @@ func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
 	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
+// Before it bootstraps, a coordinator asks every coordinator of its org it
+// sees for this. Only coordinators of the org may ask (their certificate,
+// under mutual TLS); the call is answered locally, never forwarded.
+type RaftStateRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RaftStateRequest) Reset() {
+	*x = RaftStateRequest{}
+	mi := &file_fedstream_proto_msgTypes[50]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaftStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaftStateRequest) ProtoMessage() {}
+
+func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[50]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
+func (*RaftStateRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
+}
+
+type RaftStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answering coordinator's node id.
+	NodeId string `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// Index of the last entry of its Raft log (0: empty log).
+	LastIndex uint64 `protobuf:"varint,2,opt,name=last_index,json=lastIndex,proto3" json:"last_index,omitempty"`
+	Term      uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	// Server ids of its latest Raft configuration (empty: it has none).
+	Configuration []string `protobuf:"bytes,4,rep,name=configuration,proto3" json:"configuration,omitempty"`
+	// The leader it knows, if any.
+	LeaderId string `protobuf:"bytes,5,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// Its bootstrap_expect.
+	BootstrapExpect int32 `protobuf:"varint,6,opt,name=bootstrap_expect,json=bootstrapExpect,proto3" json:"bootstrap_expect,omitempty"`
+	// The coordinator ids it would bootstrap with, sorted, as its bootstrap
+	// loop last computed them (empty when it has not, or does not
+	// bootstrap). Nodes bootstrap only when they all report the same set.
+	BootstrapCandidates []string `protobuf:"bytes,7,rep,name=bootstrap_candidates,json=bootstrapCandidates,proto3" json:"bootstrap_candidates,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *RaftStateResponse) Reset() {
+	*x = RaftStateResponse{}
+	mi := &file_fedstream_proto_msgTypes[51]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RaftStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RaftStateResponse) ProtoMessage() {}
+
+func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[51]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
+func (*RaftStateResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
+}
+
+func (x *RaftStateResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *RaftStateResponse) GetLastIndex() uint64 {
+	if x != nil {
+		return x.LastIndex
+	}
+	return 0
+}
+
+func (x *RaftStateResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *RaftStateResponse) GetConfiguration() []string {
+	if x != nil {
+		return x.Configuration
+	}
+	return nil
+}
+
+func (x *RaftStateResponse) GetLeaderId() string {
+	if x != nil {
+		return x.LeaderId
+	}
+	return ""
+}
+
+func (x *RaftStateResponse) GetBootstrapExpect() int32 {
+	if x != nil {
+		return x.BootstrapExpect
+	}
+	return 0
+}
+
+func (x *RaftStateResponse) GetBootstrapCandidates() []string {
+	if x != nil {
+		return x.BootstrapCandidates
+	}
+	return nil
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -3365,7 +3504,17 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tleader_id\x18\x02 \x01(\tR\bleaderId\"'\n" +
 	"\x15RemoveRaftPeerRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"\x18\n" +
-	"\x16RemoveRaftPeerResponse2\xc2\x03\n" +
+	"\x16RemoveRaftPeerResponse\"\x12\n" +
+	"\x10RaftStateRequest\"\x80\x02\n" +
+	"\x11RaftStateResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1d\n" +
+	"\n" +
+	"last_index\x18\x02 \x01(\x04R\tlastIndex\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12$\n" +
+	"\rconfiguration\x18\x04 \x03(\tR\rconfiguration\x12\x1b\n" +
+	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12)\n" +
+	"\x10bootstrap_expect\x18\x06 \x01(\x05R\x0fbootstrapExpect\x121\n" +
+	"\x14bootstrap_candidates\x18\a \x03(\tR\x13bootstrapCandidates2\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -3389,7 +3538,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"ListTokens\x12\x1f.fedstream.v1.ListTokensRequest\x1a .fedstream.v1.ListTokensResponse\x12R\n" +
 	"\vRevokeToken\x12 .fedstream.v1.RevokeTokenRequest\x1a!.fedstream.v1.RevokeTokenResponse\x12[\n" +
-	"\x0eAuthorizeToken\x12#.fedstream.v1.AuthorizeTokenRequest\x1a$.fedstream.v1.AuthorizeTokenResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\x0eAuthorizeToken\x12#.fedstream.v1.AuthorizeTokenRequest\x1a$.fedstream.v1.AuthorizeTokenResponse2f\n" +
+	"\x16CoordinatorPeerService\x12L\n" +
+	"\tRaftState\x12\x1e.fedstream.v1.RaftStateRequest\x1a\x1f.fedstream.v1.RaftStateResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -3403,7 +3554,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -3455,11 +3606,13 @@ var file_fedstream_proto_goTypes = []any{
 	(*ListRaftPeersResponse)(nil),    // 47: fedstream.v1.ListRaftPeersResponse
 	(*RemoveRaftPeerRequest)(nil),    // 48: fedstream.v1.RemoveRaftPeerRequest
 	(*RemoveRaftPeerResponse)(nil),   // 49: fedstream.v1.RemoveRaftPeerResponse
-	nil,                              // 50: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 51: fedstream.v1.WorkerInfo.LabelsEntry
+	(*RaftStateRequest)(nil),         // 50: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),        // 51: fedstream.v1.RaftStateResponse
+	nil,                              // 52: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 53: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	50, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	52, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	6,  // 2: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	9,  // 3: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
@@ -3468,7 +3621,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	7,  // 6: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	11, // 7: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	15, // 8: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	51, // 9: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	53, // 9: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	11, // 10: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	17, // 11: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	22, // 12: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -3497,27 +3650,29 @@ var file_fedstream_proto_depIdxs = []int32{
 	38, // 35: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
 	40, // 36: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
 	42, // 37: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 38: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 39: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 40: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 41: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	45, // 42: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 43: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 44: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 45: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 46: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 47: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 48: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	47, // 49: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	49, // 50: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 51: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	34, // 52: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	37, // 53: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	39, // 54: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	41, // 55: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	43, // 56: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	38, // [38:57] is the sub-list for method output_type
-	19, // [19:38] is the sub-list for method input_type
+	50, // 38: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	1,  // 39: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 40: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 41: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 42: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	45, // 43: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 44: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 45: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 46: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 47: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 48: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 49: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	47, // 50: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	49, // 51: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 52: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	34, // 53: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	37, // 54: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	39, // 55: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	41, // 56: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	43, // 57: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	51, // 58: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	39, // [39:59] is the sub-list for method output_type
+	19, // [19:39] is the sub-list for method input_type
 	19, // [19:19] is the sub-list for extension type_name
 	19, // [19:19] is the sub-list for extension extendee
 	0,  // [0:19] is the sub-list for field type_name
@@ -3534,9 +3689,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   54,
 			NumExtensions: 0,
-			NumServices:   4,
+			NumServices:   5,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

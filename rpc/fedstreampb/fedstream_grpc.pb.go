@@ -996,3 +996,106 @@ var TokenService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	CoordinatorPeerService_RaftState_FullMethodName = "/fedstream.v1.CoordinatorPeerService/RaftState"
+)
+
+// CoordinatorPeerServiceClient is the client API for CoordinatorPeerService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type CoordinatorPeerServiceClient interface {
+	RaftState(ctx context.Context, in *RaftStateRequest, opts ...grpc.CallOption) (*RaftStateResponse, error)
+}
+
+type coordinatorPeerServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewCoordinatorPeerServiceClient(cc grpc.ClientConnInterface) CoordinatorPeerServiceClient {
+	return &coordinatorPeerServiceClient{cc}
+}
+
+func (c *coordinatorPeerServiceClient) RaftState(ctx context.Context, in *RaftStateRequest, opts ...grpc.CallOption) (*RaftStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RaftStateResponse)
+	err := c.cc.Invoke(ctx, CoordinatorPeerService_RaftState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CoordinatorPeerServiceServer is the server API for CoordinatorPeerService service.
+// All implementations must embed UnimplementedCoordinatorPeerServiceServer
+// for forward compatibility.
+type CoordinatorPeerServiceServer interface {
+	RaftState(context.Context, *RaftStateRequest) (*RaftStateResponse, error)
+	mustEmbedUnimplementedCoordinatorPeerServiceServer()
+}
+
+// UnimplementedCoordinatorPeerServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedCoordinatorPeerServiceServer struct{}
+
+func (UnimplementedCoordinatorPeerServiceServer) RaftState(context.Context, *RaftStateRequest) (*RaftStateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method RaftState not implemented")
+}
+func (UnimplementedCoordinatorPeerServiceServer) mustEmbedUnimplementedCoordinatorPeerServiceServer() {
+}
+func (UnimplementedCoordinatorPeerServiceServer) testEmbeddedByValue() {}
+
+// UnsafeCoordinatorPeerServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to CoordinatorPeerServiceServer will
+// result in compilation errors.
+type UnsafeCoordinatorPeerServiceServer interface {
+	mustEmbedUnimplementedCoordinatorPeerServiceServer()
+}
+
+func RegisterCoordinatorPeerServiceServer(s grpc.ServiceRegistrar, srv CoordinatorPeerServiceServer) {
+	// If the following call pancis, it indicates UnimplementedCoordinatorPeerServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&CoordinatorPeerService_ServiceDesc, srv)
+}
+
+func _CoordinatorPeerService_RaftState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RaftStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CoordinatorPeerServiceServer).RaftState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: CoordinatorPeerService_RaftState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CoordinatorPeerServiceServer).RaftState(ctx, req.(*RaftStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// CoordinatorPeerService_ServiceDesc is the grpc.ServiceDesc for CoordinatorPeerService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var CoordinatorPeerService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.CoordinatorPeerService",
+	HandlerType: (*CoordinatorPeerServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "RaftState",
+			Handler:    _CoordinatorPeerService_RaftState_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
