@@ -162,6 +162,9 @@ var Methods = map[string]Need{
 	// Tasks and clients talk to workers.
 	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
 	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+	// A task's state goes only to another worker of the org (a move, a
+	// replica bootstrapping from its peer).
+	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
 
 	// Load balancers and orchestrators probe health without credentials.
 	healthpb.Health_Check_FullMethodName: NeedNone,

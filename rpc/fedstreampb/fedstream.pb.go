@@ -359,8 +359,13 @@ type Assignment struct {
 	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	// For a task of a keyed fragment: the slots it owns and the epoch of
 	// the fragment's slot map they come from (0 and empty otherwise).
-	SlotEpoch     uint64       `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
-	Slots         []*SlotRange `protobuf:"bytes,52,rep,name=slots,proto3" json:"slots,omitempty"`
+	SlotEpoch uint64       `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	Slots     []*SlotRange `protobuf:"bytes,52,rep,name=slots,proto3" json:"slots,omitempty"`
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// When set, this copy starts from a snapshot fetched from another copy
+	// of the task (FetchSnapshot): the old copy of a move, or a live peer
+	// replica after a worker was lost.
+	Bootstrap     *SnapshotSource `protobuf:"bytes,80,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -454,6 +459,13 @@ func (x *Assignment) GetSlotEpoch() uint64 {
 func (x *Assignment) GetSlots() []*SlotRange {
 	if x != nil {
 		return x.Slots
+	}
+	return nil
+}
+
+func (x *Assignment) GetBootstrap() *SnapshotSource {
+	if x != nil {
+		return x.Bootstrap
 	}
 	return nil
 }
@@ -2375,6 +2387,207 @@ func (x *IngestResponse) GetErrors() []*LineError {
 	return nil
 }
 
+// Where a new copy of a task takes its starting snapshot.
+type SnapshotSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The DataPlane address of the worker running the copy to snapshot.
+	WorkerAddr string `protobuf:"bytes,1,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
+	// The task id and generation of that copy (a peer replica has another
+	// task id than the copy it bootstraps).
+	TaskId     string `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Halt: stop-and-copy at the snapshot (a move: the old copy processes
+	// and acknowledges nothing more, and serves its output until stopped).
+	// Without it the copy keeps running (a peer replica).
+	Halt          bool `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSource) Reset() {
+	*x = SnapshotSource{}
+	mi := &file_fedstream_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSource) ProtoMessage() {}
+
+func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
+func (*SnapshotSource) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SnapshotSource) GetWorkerAddr() string {
+	if x != nil {
+		return x.WorkerAddr
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SnapshotSource) GetHalt() bool {
+	if x != nil {
+		return x.Halt
+	}
+	return false
+}
+
+// Asks a worker for a snapshot of one copy of a task it runs.
+type FetchSnapshotRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Query  string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	TaskId string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// The copy meant; a worker running another generation refuses
+	// (NotFound). 0: whichever copy runs there.
+	Generation    int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Halt          bool  `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSnapshotRequest) Reset() {
+	*x = FetchSnapshotRequest{}
+	mi := &file_fedstream_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSnapshotRequest) ProtoMessage() {}
+
+func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *FetchSnapshotRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *FetchSnapshotRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *FetchSnapshotRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *FetchSnapshotRequest) GetHalt() bool {
+	if x != nil {
+		return x.Halt
+	}
+	return false
+}
+
+// One piece of an encoded task snapshot (worker/runtime TaskSnapshot
+// encoding); the pieces concatenated in order are the snapshot. The first
+// carries the total size.
+type SnapshotChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	TotalBytes    uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_fedstream_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 // A token as `fedstream token list` shows it: never its secret.
 type TokenInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2392,7 +2605,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2617,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2630,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -2472,7 +2685,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2697,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2710,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -2546,7 +2759,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2771,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2784,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -2596,7 +2809,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2821,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2834,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 type ListTokensResponse struct {
@@ -2633,7 +2846,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +2858,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +2871,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2678,7 +2891,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +2903,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +2916,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -2728,7 +2941,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2953,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2966,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -2768,7 +2981,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +2993,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +3006,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -2814,7 +3027,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +3039,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +3052,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -2867,7 +3080,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +3092,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +3105,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -2919,7 +3132,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2931,7 +3144,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2944,7 +3157,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -2962,7 +3175,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3187,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3200,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 type ListRaftPeersResponse struct {
@@ -3001,7 +3214,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3226,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3239,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3052,7 +3265,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3277,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3290,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3095,7 +3308,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3320,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3333,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 var File_fedstream_proto protoreflect.FileDescriptor
@@ -3151,7 +3364,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\x9e\x02\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xda\x02\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -3166,7 +3379,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x12\x1d\n" +
 	"\n" +
 	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12-\n" +
-	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\"\xda\x01\n" +
+	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\x12:\n" +
+	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3325,7 +3539,26 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"]\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
-	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"\xa1\x01\n" +
+	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"~\n" +
+	"\x0eSnapshotSource\x12\x1f\n" +
+	"\vworker_addr\x18\x01 \x01(\tR\n" +
+	"workerAddr\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"y\n" +
+	"\x14FetchSnapshotRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"D\n" +
+	"\rSnapshotChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
+	"totalBytes\"\xa1\x01\n" +
 	"\tTokenInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +
@@ -3380,10 +3613,11 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bGetQuery\x12\x1d.fedstream.v1.GetQueryRequest\x1a\x17.fedstream.v1.QueryInfo\x12L\n" +
 	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse\x12X\n" +
 	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12[\n" +
-	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\x98\x01\n" +
+	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\xec\x01\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
-	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x012\xe4\x02\n" +
+	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
+	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
 	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
 	"\n" +
@@ -3403,7 +3637,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -3440,87 +3674,93 @@ var file_fedstream_proto_goTypes = []any{
 	(*IngestRequest)(nil),            // 32: fedstream.v1.IngestRequest
 	(*LineError)(nil),                // 33: fedstream.v1.LineError
 	(*IngestResponse)(nil),           // 34: fedstream.v1.IngestResponse
-	(*TokenInfo)(nil),                // 35: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 36: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 37: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 38: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 39: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 40: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 41: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 42: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 43: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 44: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 45: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 46: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 47: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 48: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 49: fedstream.v1.RemoveRaftPeerResponse
-	nil,                              // 50: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 51: fedstream.v1.WorkerInfo.LabelsEntry
+	(*SnapshotSource)(nil),           // 35: fedstream.v1.SnapshotSource
+	(*FetchSnapshotRequest)(nil),     // 36: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),            // 37: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 38: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 39: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 40: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 41: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 42: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 43: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 44: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 45: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 46: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 47: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 48: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 49: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 50: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 51: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 52: fedstream.v1.RemoveRaftPeerResponse
+	nil,                              // 53: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 54: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	50, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	53, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	6,  // 2: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	9,  // 3: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	8,  // 4: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	5,  // 5: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 6: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	11, // 7: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	15, // 8: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	51, // 9: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	11, // 10: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	17, // 11: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	22, // 12: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	23, // 13: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	30, // 14: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	33, // 15: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	35, // 16: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	35, // 17: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	15, // 18: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 19: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 20: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 21: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 22: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	44, // 23: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 24: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 25: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 26: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 27: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 28: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 29: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	46, // 30: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	48, // 31: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 32: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	32, // 33: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 34: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	38, // 35: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	40, // 36: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	42, // 37: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 38: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 39: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 40: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 41: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	45, // 42: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 43: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 44: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 45: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 46: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 47: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 48: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	47, // 49: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	49, // 50: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 51: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	34, // 52: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	37, // 53: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	39, // 54: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	41, // 55: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	43, // 56: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	38, // [38:57] is the sub-list for method output_type
-	19, // [19:38] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	35, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	9,  // 4: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	8,  // 5: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	5,  // 6: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	54, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	23, // 14: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	30, // 15: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	33, // 16: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	38, // 17: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	38, // 18: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	15, // 19: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 20: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 21: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 22: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 23: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	47, // 24: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 25: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 26: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 27: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 28: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 29: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 30: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	49, // 31: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	51, // 32: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 33: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	32, // 34: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	36, // 35: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	39, // 36: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	41, // 37: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	43, // 38: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	45, // 39: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 40: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 41: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 42: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 43: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	48, // 44: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 45: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 46: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 47: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 48: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 49: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 50: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	50, // 51: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	52, // 52: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 53: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	34, // 54: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	37, // 55: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	40, // 56: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	42, // 57: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	44, // 58: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	46, // 59: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	40, // [40:60] is the sub-list for method output_type
+	20, // [20:40] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -3534,7 +3774,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   52,
+			NumMessages:   55,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -649,8 +649,9 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	DataPlane_Subscribe_FullMethodName = "/fedstream.v1.DataPlane/Subscribe"
-	DataPlane_Ingest_FullMethodName    = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
+	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
 )
 
 // DataPlaneClient is the client API for DataPlane service.
@@ -659,6 +660,9 @@ const (
 type DataPlaneClient interface {
 	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, Batch], error)
 	Ingest(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[IngestRequest, IngestResponse], error)
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// Worker to worker only (the org's worker certificates).
+	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
 type dataPlaneClient struct {
@@ -695,12 +699,34 @@ func (c *dataPlaneClient) Ingest(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestClient = grpc.ClientStreamingClient[IngestRequest, IngestResponse]
 
+func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchSnapshotRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
+
 // DataPlaneServer is the server API for DataPlane service.
 // All implementations must embed UnimplementedDataPlaneServer
 // for forward compatibility.
 type DataPlaneServer interface {
 	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, Batch]) error
 	Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// Worker to worker only (the org's worker certificates).
+	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedDataPlaneServer()
 }
 
@@ -716,6 +742,9 @@ func (UnimplementedDataPlaneServer) Subscribe(grpc.BidiStreamingServer[Subscribe
 }
 func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Ingest not implemented")
+}
+func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
 }
 func (UnimplementedDataPlaneServer) mustEmbedUnimplementedDataPlaneServer() {}
 func (UnimplementedDataPlaneServer) testEmbeddedByValue()                   {}
@@ -752,6 +781,17 @@ func _DataPlane_Ingest_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestServer = grpc.ClientStreamingServer[IngestRequest, IngestResponse]
 
+func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServer).FetchSnapshot(m, &grpc.GenericServerStream[FetchSnapshotRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
+
 // DataPlane_ServiceDesc is the grpc.ServiceDesc for DataPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -770,6 +810,11 @@ var DataPlane_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Ingest",
 			Handler:       _DataPlane_Ingest_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "FetchSnapshot",
+			Handler:       _DataPlane_FetchSnapshot_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "fedstream.proto",

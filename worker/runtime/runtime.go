@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -177,6 +178,12 @@ type Options struct {
 	// its newest accepted record and the clock) a record may be dated
 	// (default DefaultMaxFuture).
 	MaxFuture time.Duration
+	// SnapshotChunkBytes is the size of the pieces FetchSnapshot streams
+	// a snapshot in (default SnapshotChunkBytes).
+	SnapshotChunkBytes int
+	// BootstrapTimeout bounds fetching a new copy's starting snapshot
+	// from another worker (TaskSpec.Bootstrap; default 60s).
+	BootstrapTimeout time.Duration
 }
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
@@ -204,6 +211,12 @@ func (o *Options) setDefaults() {
 	if o.MaxFuture <= 0 {
 		o.MaxFuture = DefaultMaxFuture
 	}
+	if o.SnapshotChunkBytes <= 0 {
+		o.SnapshotChunkBytes = SnapshotChunkBytes
+	}
+	if o.BootstrapTimeout <= 0 {
+		o.BootstrapTimeout = time.Minute
+	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)
 	}
@@ -216,6 +229,8 @@ type Runtime struct {
 	pool    *dataplane.Pool
 	ownPool bool
 	server  *dataplane.Server
+	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
+	snapshotsServed atomic.Uint64
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -268,7 +283,7 @@ func (r *Runtime) watch() {
 
 // Server is the DataPlane service serving this runtime's output streams
 // and ingest sources; register it on the worker's grpc.Server.
-func (r *Runtime) Server() fedstreampb.DataPlaneServer { return r.server }
+func (r *Runtime) Server() fedstreampb.DataPlaneServer { return dpServer{r.server, r} }
 
 // Apply makes the running tasks match desired: it starts new tasks, stops
 // tasks no longer desired (or whose query definition changed) and hands
