@@ -111,6 +111,23 @@ type TaskSpec struct {
 	// It is used when the task starts: a task of that id already running
 	// here is kept as it is (stop it first, as a move does).
 	FromSnapshot *TaskSnapshot
+	// Bootstrap, when set (and FromSnapshot is not), makes the task fetch
+	// its starting snapshot from another copy of its partition when it
+	// starts (FetchSnapshot): the old copy of a move (Halt), or a live
+	// peer replica after a worker was lost. If that copy cannot be reached
+	// the task starts without one and replays from its upstreams' buffers.
+	Bootstrap *SnapshotSource
+}
+
+// SnapshotSource names the copy of a task a new copy takes its starting
+// snapshot from.
+type SnapshotSource struct {
+	// WorkerAddr is the DataPlane address of the worker running it.
+	WorkerAddr string
+	TaskID     string
+	Generation int
+	// Halt: stop-and-copy (a move); see SnapshotOptions.Halt.
+	Halt bool
 }
 
 // CopyID names this copy of the task in the data plane (its subscriber
@@ -318,6 +335,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	r.bootstrap(ctx, want)
 	for _, id := range ids {
 		spec := want[id]
 		r.mu.Lock()
@@ -342,6 +360,52 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.start()
 			r.log.Info("task started", "task", id)
 		}
+	}
+}
+
+// bootstrap fetches, concurrently, the starting snapshot of every task of
+// want that is not running here yet and names a Bootstrap source, and
+// sets its FromSnapshot. A copy whose snapshot cannot be fetched starts
+// without one (replay), with a warning.
+func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	fetched := map[string]*TaskSnapshot{}
+	for id, spec := range want {
+		if spec.Bootstrap == nil || spec.FromSnapshot != nil || r.task(id) != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := spec.Bootstrap
+			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
+			defer cancel()
+			start := time.Now()
+			snap, err := func() (*TaskSnapshot, error) {
+				conn, err := r.pool.Conn(src.WorkerAddr)
+				if err != nil {
+					return nil, err
+				}
+				return FetchSnapshot(fctx, conn, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
+			}()
+			if err != nil {
+				r.log.Warn("task starts without a snapshot: replays from its upstreams' buffers", "task", id, "generation", spec.Generation,
+					"from", src.TaskID, "from_generation", src.Generation, "worker", src.WorkerAddr, "err", err)
+				return
+			}
+			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
+				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
+			mu.Lock()
+			fetched[id] = snap
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for id, snap := range fetched {
+		spec := want[id]
+		spec.FromSnapshot = snap
+		want[id] = spec
 	}
 }
 
