@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/fedstream/fedstream/rpc/authz"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 func invalid(format string, args ...any) error {
@@ -42,6 +43,9 @@ func (tx *writeTx) addHosts(queries stringSet, into stringSet) error {
 		for _, t := range tasks {
 			if t.WorkerID != "" {
 				into.add(t.WorkerID)
+			}
+			if t.MovingFrom != "" {
+				into.add(t.MovingFrom)
 			}
 		}
 	}
@@ -496,6 +500,14 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		updated.State = u.State
 		updated.Message = u.Message
 		updated.ModifyIndex = tx.index
+		if t.MovingFrom != "" && u.State == states.TaskRunning {
+			// The new copy of a live move runs: the old copy is done
+			// moving out; its worker stops it.
+			updated.MovingFrom, updated.MovingFromGeneration = "", 0
+			if err := tx.bumpAssignIndex(stringSet{t.MovingFrom: {}}); err != nil {
+				return nil, err
+			}
+		}
 		if err := tx.insert(TableTasks, &updated); err != nil {
 			return nil, err
 		}

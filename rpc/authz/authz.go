@@ -147,6 +147,8 @@ var Methods = map[string]Need{
 	pb.AdminService_GetQuery_FullMethodName:    NeedReader,
 	pb.AdminService_SubmitQuery_FullMethodName: NeedWriter,
 	pb.AdminService_StopQuery_FullMethodName:   NeedWriter,
+	// Moving a running task changes placements, as submitting does.
+	pb.AdminService_MoveTask_FullMethodName: NeedWriter,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

@@ -365,7 +365,11 @@ type Assignment struct {
 	// When set, this copy starts from a snapshot fetched from another copy
 	// of the task (FetchSnapshot): the old copy of a move, or a live peer
 	// replica after a worker was lost.
-	Bootstrap     *SnapshotSource `protobuf:"bytes,80,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	Bootstrap *SnapshotSource `protobuf:"bytes,80,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	// The old copy of a task in a live move, still run by its worker until
+	// the new copy reports running: it serves its output (and, once, its
+	// snapshot) and is then stopped.
+	MovingOut     bool `protobuf:"varint,81,opt,name=moving_out,json=movingOut,proto3" json:"moving_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -468,6 +472,13 @@ func (x *Assignment) GetBootstrap() *SnapshotSource {
 		return x.Bootstrap
 	}
 	return nil
+}
+
+func (x *Assignment) GetMovingOut() bool {
+	if x != nil {
+		return x.MovingOut
+	}
+	return false
 }
 
 // Where one task of a query runs; workers use these to find upstreams.
@@ -1553,8 +1564,11 @@ type TaskInfo struct {
 	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	// For a task of a keyed fragment: the epoch of the fragment's slot map
 	// and how many of its slots this task's partition owns.
-	SlotEpoch     uint64 `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
-	SlotCount     int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
+	SlotEpoch uint64 `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	SlotCount int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
+	// ---- live task moves (issue 9 item 3)
+	// During a live move: the worker still running the old copy.
+	MovingFrom    string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1664,6 +1678,13 @@ func (x *TaskInfo) GetSlotCount() int32 {
 		return x.SlotCount
 	}
 	return 0
+}
+
+func (x *TaskInfo) GetMovingFrom() string {
+	if x != nil {
+		return x.MovingFrom
+	}
+	return ""
 }
 
 type QueryInfo struct {
@@ -2462,6 +2483,130 @@ func (x *SnapshotSource) GetHalt() bool {
 	return false
 }
 
+// Moves one task to another worker while it runs: the new copy starts
+// from the old copy's snapshot and the old one stops once it runs.
+type MoveTaskRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Worker id (or name) to move it to.
+	ToWorker      string `protobuf:"bytes,2,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveTaskRequest) Reset() {
+	*x = MoveTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveTaskRequest) ProtoMessage() {}
+
+func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
+func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *MoveTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MoveTaskRequest) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+type MoveTaskResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	FromWorker string                 `protobuf:"bytes,2,opt,name=from_worker,json=fromWorker,proto3" json:"from_worker,omitempty"`
+	ToWorker   string                 `protobuf:"bytes,3,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	// The generation of the new copy.
+	Generation    int32 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveTaskResponse) Reset() {
+	*x = MoveTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveTaskResponse) ProtoMessage() {}
+
+func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
+func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *MoveTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetFromWorker() string {
+	if x != nil {
+		return x.FromWorker
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 // Asks a worker for a snapshot of one copy of a task it runs.
 type FetchSnapshotRequest struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -2477,7 +2622,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2489,7 +2634,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2502,7 +2647,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -2546,7 +2691,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2703,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2716,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -2605,7 +2750,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2617,7 +2762,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2630,7 +2775,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -2685,7 +2830,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2697,7 +2842,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2710,7 +2855,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -2759,7 +2904,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2771,7 +2916,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2784,7 +2929,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -2809,7 +2954,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2821,7 +2966,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2834,7 +2979,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 type ListTokensResponse struct {
@@ -2846,7 +2991,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2858,7 +3003,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2871,7 +3016,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2891,7 +3036,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2903,7 +3048,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2916,7 +3061,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -2941,7 +3086,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2953,7 +3098,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2966,7 +3111,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -2981,7 +3126,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2993,7 +3138,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3006,7 +3151,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3027,7 +3172,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3184,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3197,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -3080,7 +3225,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3092,7 +3237,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3105,7 +3250,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -3132,7 +3277,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3289,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +3302,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -3175,7 +3320,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3187,7 +3332,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3200,7 +3345,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 type ListRaftPeersResponse struct {
@@ -3214,7 +3359,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3226,7 +3371,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3239,7 +3384,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3265,7 +3410,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3277,7 +3422,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3290,7 +3435,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3308,7 +3453,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3320,7 +3465,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3333,7 +3478,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 var File_fedstream_proto protoreflect.FileDescriptor
@@ -3364,7 +3509,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xda\x02\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xf9\x02\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -3380,7 +3525,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12-\n" +
 	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\x12:\n" +
-	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\"\xda\x01\n" +
+	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\x12\x1d\n" +
+	"\n" +
+	"moving_out\x18Q \x01(\bR\tmovingOut\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3471,7 +3618,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xc3\x02\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe4\x02\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3488,7 +3635,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12\x1d\n" +
 	"\n" +
-	"slot_count\x184 \x01(\x05R\tslotCount\"\xd1\x01\n" +
+	"slot_count\x184 \x01(\x05R\tslotCount\x12\x1f\n" +
+	"\vmoving_from\x18P \x01(\tR\n" +
+	"movingFrom\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -3547,7 +3696,18 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
-	"\x04halt\x18\x04 \x01(\bR\x04halt\"y\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"G\n" +
+	"\x0fMoveTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
+	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"\x89\x01\n" +
+	"\x10MoveTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1f\n" +
+	"\vfrom_worker\x18\x02 \x01(\tR\n" +
+	"fromWorker\x12\x1b\n" +
+	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x05R\n" +
+	"generation\"y\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
@@ -3604,7 +3764,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x98\x05\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xe3\x05\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -3612,7 +3772,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vListQueries\x12 .fedstream.v1.ListQueriesRequest\x1a!.fedstream.v1.ListQueriesResponse\x12B\n" +
 	"\bGetQuery\x12\x1d.fedstream.v1.GetQueryRequest\x1a\x17.fedstream.v1.QueryInfo\x12L\n" +
 	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse\x12X\n" +
-	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12[\n" +
+	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12I\n" +
+	"\bMoveTask\x12\x1d.fedstream.v1.MoveTaskRequest\x1a\x1e.fedstream.v1.MoveTaskResponse\x12[\n" +
 	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\xec\x01\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
@@ -3637,7 +3798,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 55)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 57)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -3675,28 +3836,30 @@ var file_fedstream_proto_goTypes = []any{
 	(*LineError)(nil),                // 33: fedstream.v1.LineError
 	(*IngestResponse)(nil),           // 34: fedstream.v1.IngestResponse
 	(*SnapshotSource)(nil),           // 35: fedstream.v1.SnapshotSource
-	(*FetchSnapshotRequest)(nil),     // 36: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 37: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 38: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 39: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 40: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 41: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 42: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 43: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 44: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 45: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 46: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 47: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 48: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 49: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 50: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 51: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 52: fedstream.v1.RemoveRaftPeerResponse
-	nil,                              // 53: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 54: fedstream.v1.WorkerInfo.LabelsEntry
+	(*MoveTaskRequest)(nil),          // 36: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),         // 37: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),     // 38: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),            // 39: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 40: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 41: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 42: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 43: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 44: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 45: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 46: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 47: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 48: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 49: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 50: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 51: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 52: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 53: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 54: fedstream.v1.RemoveRaftPeerResponse
+	nil,                              // 55: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 56: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	53, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	55, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	35, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
@@ -3706,58 +3869,60 @@ var file_fedstream_proto_depIdxs = []int32{
 	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	54, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	56, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
 	23, // 14: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
 	30, // 15: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
 	33, // 16: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	38, // 17: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	38, // 18: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	40, // 17: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	40, // 18: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	15, // 19: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
 	0,  // 20: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
 	2,  // 21: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
 	4,  // 22: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
 	12, // 23: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	47, // 24: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	49, // 24: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
 	14, // 25: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
 	18, // 26: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
 	20, // 27: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
 	24, // 28: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
 	26, // 29: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
 	27, // 30: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	49, // 31: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	51, // 32: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 33: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	32, // 34: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 35: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	39, // 36: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	41, // 37: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	43, // 38: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	45, // 39: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	1,  // 40: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 41: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 42: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 43: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	48, // 44: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 45: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 46: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 47: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 48: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 49: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 50: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	50, // 51: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	52, // 52: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 53: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	34, // 54: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	37, // 55: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	40, // 56: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	42, // 57: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	44, // 58: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	46, // 59: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	40, // [40:60] is the sub-list for method output_type
-	20, // [20:40] is the sub-list for method input_type
+	51, // 31: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	36, // 32: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	53, // 33: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 34: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	32, // 35: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	38, // 36: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	41, // 37: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	43, // 38: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	45, // 39: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	47, // 40: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	1,  // 41: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 42: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 43: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 44: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	50, // 45: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 46: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 47: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 48: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 49: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 50: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 51: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	52, // 52: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	37, // 53: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	54, // 54: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 55: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	34, // 56: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	39, // 57: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	42, // 58: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	44, // 59: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	46, // 60: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	48, // 61: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	41, // [41:62] is the sub-list for method output_type
+	20, // [20:41] is the sub-list for method input_type
 	20, // [20:20] is the sub-list for extension type_name
 	20, // [20:20] is the sub-list for extension extendee
 	0,  // [0:20] is the sub-list for field type_name
@@ -3774,7 +3939,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   55,
+			NumMessages:   57,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

@@ -286,6 +286,7 @@ const (
 	AdminService_GetQuery_FullMethodName       = "/fedstream.v1.AdminService/GetQuery"
 	AdminService_StopQuery_FullMethodName      = "/fedstream.v1.AdminService/StopQuery"
 	AdminService_ListRaftPeers_FullMethodName  = "/fedstream.v1.AdminService/ListRaftPeers"
+	AdminService_MoveTask_FullMethodName       = "/fedstream.v1.AdminService/MoveTask"
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 )
 
@@ -301,6 +302,8 @@ type AdminServiceClient interface {
 	StopQuery(ctx context.Context, in *StopQueryRequest, opts ...grpc.CallOption) (*StopQueryResponse, error)
 	// Raft membership (operator raft list-peers / remove-peer).
 	ListRaftPeers(ctx context.Context, in *ListRaftPeersRequest, opts ...grpc.CallOption) (*ListRaftPeersResponse, error)
+	// ---- live task moves (issue 9 item 3)
+	MoveTask(ctx context.Context, in *MoveTaskRequest, opts ...grpc.CallOption) (*MoveTaskResponse, error)
 	RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error)
 }
 
@@ -382,6 +385,16 @@ func (c *adminServiceClient) ListRaftPeers(ctx context.Context, in *ListRaftPeer
 	return out, nil
 }
 
+func (c *adminServiceClient) MoveTask(ctx context.Context, in *MoveTaskRequest, opts ...grpc.CallOption) (*MoveTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveTaskResponse)
+	err := c.cc.Invoke(ctx, AdminService_MoveTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RemoveRaftPeerResponse)
@@ -404,6 +417,8 @@ type AdminServiceServer interface {
 	StopQuery(context.Context, *StopQueryRequest) (*StopQueryResponse, error)
 	// Raft membership (operator raft list-peers / remove-peer).
 	ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error)
+	// ---- live task moves (issue 9 item 3)
+	MoveTask(context.Context, *MoveTaskRequest) (*MoveTaskResponse, error)
 	RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
@@ -435,6 +450,9 @@ func (UnimplementedAdminServiceServer) StopQuery(context.Context, *StopQueryRequ
 }
 func (UnimplementedAdminServiceServer) ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListRaftPeers not implemented")
+}
+func (UnimplementedAdminServiceServer) MoveTask(context.Context, *MoveTaskRequest) (*MoveTaskResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveTask not implemented")
 }
 func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveRaftPeer not implemented")
@@ -586,6 +604,24 @@ func _AdminService_ListRaftPeers_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_MoveTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).MoveTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_MoveTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).MoveTask(ctx, req.(*MoveTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_RemoveRaftPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RemoveRaftPeerRequest)
 	if err := dec(in); err != nil {
@@ -638,6 +674,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRaftPeers",
 			Handler:    _AdminService_ListRaftPeers_Handler,
+		},
+		{
+			MethodName: "MoveTask",
+			Handler:    _AdminService_MoveTask_Handler,
 		},
 		{
 			MethodName: "RemoveRaftPeer",

@@ -81,6 +81,20 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	return nil
 }
 
+// retryableFetch reports whether a failed FetchSnapshot may succeed if
+// tried again: the transfer broke off, not a refusal of the serving
+// worker.
+func retryableFetch(err error) bool {
+	if errors.Is(err, ErrSnapshotTransfer) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
 // SnapshotsServed is how many task snapshots this runtime's FetchSnapshot
 // has served (moves out of it, peers bootstrapped from it).
 func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }

@@ -61,4 +61,22 @@ func TestFetchSnapshot(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("source: %v, want FailedPrecondition", err)
 	}
+	// A move's copy whose fetch broke off asks again: the halted task
+	// gives the same snapshot; a snapshot that would not halt is refused.
+	halted, err := FetchSnapshot(ctx, conn, &fedstreampb.FetchSnapshotRequest{Query: "wc", TaskId: "wc/counts/p0/r0", Halt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := FetchSnapshot(ctx, conn, &fedstreampb.FetchSnapshotRequest{Query: "wc", TaskId: "wc/counts/p0/r0", Halt: true})
+	if err != nil {
+		t.Fatalf("halt snapshot asked again: %v", err)
+	}
+	a, _ := halted.MarshalBinary()
+	b, _ := again.MarshalBinary()
+	if !bytes.Equal(a, b) {
+		t.Fatal("the halt snapshot asked again differs")
+	}
+	if _, err := FetchSnapshot(ctx, conn, &fedstreampb.FetchSnapshotRequest{Query: "wc", TaskId: "wc/counts/p0/r0"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("live snapshot of a halted task: %v, want FailedPrecondition", err)
+	}
 }

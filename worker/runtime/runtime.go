@@ -382,13 +382,23 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
 			defer cancel()
 			start := time.Now()
-			snap, err := func() (*TaskSnapshot, error) {
+			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
 					return nil, err
 				}
 				return FetchSnapshot(fctx, conn, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
-			}()
+			}
+			// A transfer that broke off is tried again (a halted copy gives
+			// the same snapshot again); a refusal is final.
+			snap, err := fetch()
+			for try := 1; err != nil && try < 3 && retryableFetch(err) && fctx.Err() == nil; try++ {
+				select {
+				case <-fctx.Done():
+				case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+				}
+				snap, err = fetch()
+			}
 			if err != nil {
 				r.log.Warn("task starts without a snapshot: replays from its upstreams' buffers", "task", id, "generation", spec.Generation,
 					"from", src.TaskID, "from_generation", src.Generation, "worker", src.WorkerAddr, "err", err)

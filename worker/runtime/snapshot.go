@@ -242,6 +242,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 	}
 	defer t.unlockProc()
 	halt := opts.Halt
+	if halt && !opts.Aligned && t.haltSnap != nil {
+		// Asked again (a move's copy retrying a fetch that broke off): the
+		// halted task has not moved since, so its snapshot is the same.
+		return t.haltSnap, nil
+	}
 	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
 		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
 	}
@@ -285,6 +290,9 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 		}
 	}
 	if halt {
+		if !opts.Aligned {
+			t.haltSnap = s
+		}
 		t.halted.Store(true)
 		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
 	}

@@ -149,6 +149,9 @@ type task struct {
 	// halted: a stop-and-copy snapshot was taken; the task processes
 	// nothing more (set under proc).
 	halted atomic.Bool
+	// haltSnap is the snapshot that halted the task (under proc): a
+	// stop-and-copy snapshot asked again returns it.
+	haltSnap *TaskSnapshot
 	// passLast is the id of the last batch a pass-through sink adopted
 	// (under proc).
 	passLast uint64
