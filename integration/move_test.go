@@ -276,3 +276,43 @@ func TestLiveTaskMove(t *testing.T) {
 		return true
 	})
 }
+
+// TestReplacementBootstrapsFromPeer stops a worker running a replica of a
+// keyed aggregate's partition while a replicated query runs: the leader
+// places the lost tasks again, and the replacement copies start from a
+// snapshot of their live peer replica (fetched from the peer's worker)
+// instead of replaying from the oldest buffered tuple. The sink's results
+// equal those of the query left alone.
+func TestReplacementBootstrapsFromPeer(t *testing.T) {
+	o := newLiveOrg(t, 3)
+	o.submit(t, "ref", 2)
+	want := o.results(t, "ref", nil)
+
+	o.submit(t, "rp", 2)
+	const lost = "rp/counts/p0/r0"
+	var victim, peerWorker string
+	stopped := make(chan struct{})
+	got := o.results(t, "rp", func(n int) {
+		if n < 200 || victim != "" {
+			return
+		}
+		victim = o.task(t, "rp", lost).WorkerId
+		peerWorker = o.task(t, "rp", "rp/counts/p0/r1").WorkerId
+		go func() { o.cancel[victim](); close(stopped) }()
+	})
+	if victim == "" {
+		t.Fatal("the query ended before the worker was stopped: the test would prove nothing")
+	}
+	<-stopped
+	sameResultMaps(t, got, want)
+	ti := o.task(t, "rp", lost)
+	if ti.WorkerId == victim || ti.Generation < 2 {
+		t.Fatalf("the lost task was not placed again: %+v", ti)
+	}
+	if n := o.workers[peerWorker].Runtime().SnapshotsServed(); n == 0 {
+		t.Fatalf("the peer replica's worker served no snapshot: the replacement replayed")
+	}
+	if rt := o.workers[ti.WorkerId].Runtime(); rt.Bootstraps() == 0 || !rt.StartedFromSnapshot(lost) {
+		t.Fatalf("the replacement of %s did not start from a fetched snapshot (%d bootstraps on its worker)", lost, rt.Bootstraps())
+	}
+}

@@ -95,6 +95,18 @@ func retryableFetch(err error) bool {
 	return false
 }
 
+// Bootstraps is how many tasks this runtime started from a snapshot
+// fetched from another worker (TaskSpec.Bootstrap).
+func (r *Runtime) Bootstraps() uint64 { return r.bootstraps.Load() }
+
+// StartedFromSnapshot reports whether the task with the given id runs
+// here from a snapshot (TaskSpec.FromSnapshot or Bootstrap), rather than
+// from the start of its upstreams' buffers.
+func (r *Runtime) StartedFromSnapshot(taskID string) bool {
+	t := r.task(taskID)
+	return t != nil && t.restored
+}
+
 // SnapshotsServed is how many task snapshots this runtime's FetchSnapshot
 // has served (moves out of it, peers bootstrapped from it).
 func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }

@@ -248,6 +248,8 @@ type Runtime struct {
 	server  *dataplane.Server
 	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
 	snapshotsServed atomic.Uint64
+	// bootstraps counts tasks started from a fetched snapshot.
+	bootstraps atomic.Uint64
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -413,6 +415,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 	}
 	wg.Wait()
 	for id, snap := range fetched {
+		r.bootstraps.Add(1)
 		spec := want[id]
 		spec.FromSnapshot = snap
 		want[id] = spec
