@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -314,5 +318,61 @@ func TestReplacementBootstrapsFromPeer(t *testing.T) {
 	}
 	if rt := o.workers[ti.WorkerId].Runtime(); rt.Bootstraps() == 0 || !rt.StartedFromSnapshot(lost) {
 		t.Fatalf("the replacement of %s did not start from a fetched snapshot (%d bootstraps on its worker)", lost, rt.Bootstraps())
+	}
+}
+
+// TestLiveSinkMove moves the sink while a tail reads it: the tail (which
+// follows the sink to wherever it runs, resuming after the last result it
+// took, as fedstream tail does) sees every result once, equal to the
+// query left alone.
+func TestLiveSinkMove(t *testing.T) {
+	o := newLiveOrg(t, 2)
+	o.submit(t, "ref", 1)
+	want := o.results(t, "ref", nil)
+
+	o.submit(t, "sk", 1)
+	const moving = "sk/out/p0/r0"
+	var from string
+	moved := make(chan error, 1)
+	got := o.results(t, "sk", func(n int) {
+		if n < 200 || from != "" {
+			return
+		}
+		from = o.task(t, "sk", moving).WorkerId
+		to := ""
+		for id := range o.workers {
+			if id != from {
+				to = id
+			}
+		}
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			_, err := o.admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: moving, ToWorker: to})
+			moved <- err
+		}()
+	})
+	if from == "" {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	if err := <-moved; err != nil {
+		t.Fatal(err)
+	}
+	sameResultMaps(t, got, want)
+	if ti := o.task(t, "sk", moving); ti.WorkerId == from || ti.Generation != 2 {
+		t.Fatalf("the sink did not move: %+v", ti)
+	}
+	if n := o.workers[from].Runtime().SnapshotsServed(); n != 1 {
+		t.Fatalf("the old worker served %d snapshots, want 1", n)
+	}
+	ctx := context.Background()
+	if _, err := o.admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: "sk/lines/p0/r0", ToWorker: from}); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "source") {
+		t.Errorf("moving a source: %v, want FailedPrecondition naming sources", err)
+	}
+	if _, err := o.admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: moving, ToWorker: "nobody"}); status.Code(err) != codes.NotFound {
+		t.Errorf("moving to an unknown worker: %v, want NotFound", err)
+	}
+	if _, err := o.admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: moving, ToWorker: o.task(t, "sk", moving).WorkerId}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("moving to the worker it runs on: %v, want InvalidArgument", err)
 	}
 }
