@@ -102,6 +102,22 @@ func resolveWorker(st *fsm.StateStore, idOrName string) (*fsm.Worker, error) {
 	return nil, status.Errorf(codes.InvalidArgument, "%d workers are named %q: give the worker id", len(byName), idOrName)
 }
 
+// haltMoves makes moves stop-and-copy: the old copy halts at the
+// snapshot. Live moves (false) leave it running while the new copy
+// starts and catches up; consumers read the old copy until the new one
+// runs (see consumerPlacement).
+var haltMoves = false
+
+// consumerPlacement is where the consumers of a task read it from: during
+// a live move the old copy, which runs until the new one has caught up
+// and reported running; otherwise where the task is placed.
+func consumerPlacement(t *fsm.Task) (worker string, generation int) {
+	if t.MovingFrom != "" && !haltMoves {
+		return t.MovingFrom, max(t.MovingFromGeneration, 1)
+	}
+	return t.WorkerID, t.Gen()
+}
+
 // bootstrapSource says where a task's new copy takes its starting
 // snapshot: from the old copy of a live move (halted), or, for a copy
 // placed again after its worker was lost (generation > 1), from a running
@@ -114,7 +130,7 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 	}
 	if t.MovingFrom != "" {
 		if addr := addrs[t.MovingFrom]; addr != "" {
-			return &pb.SnapshotSource{WorkerAddr: addr, TaskId: t.ID, Generation: int32(max(t.MovingFromGeneration, 1)), Halt: true}
+			return &pb.SnapshotSource{WorkerAddr: addr, TaskId: t.ID, Generation: int32(max(t.MovingFromGeneration, 1)), Halt: haltMoves}
 		}
 		return nil
 	}

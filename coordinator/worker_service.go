@@ -245,9 +245,10 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			if needed != nil && !needed[t.Fragment] {
 				continue
 			}
+			at, gen := consumerPlacement(t)
 			view.Tasks = append(view.Tasks, &pb.TaskPlacement{
 				TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
-				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID], Generation: int32(t.Gen()),
+				WorkerId: at, WorkerAddr: q.WorkerAddrs[at], Generation: int32(gen),
 			})
 		}
 		resp.Queries = append(resp.Queries, view)

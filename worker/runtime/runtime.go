@@ -250,6 +250,9 @@ type Runtime struct {
 	snapshotsServed atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
+	// afterFetch, when set (tests), runs after a bootstrap snapshot was
+	// fetched and before the task starts from it.
+	afterFetch func(*TaskSnapshot)
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -384,6 +387,10 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
 			defer cancel()
 			start := time.Now()
+			if !src.Halt {
+				// The copy keeps running: pin what follows its positions.
+				r.pinUpstreams(fctx, spec)
+			}
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
@@ -405,6 +412,9 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				r.log.Warn("task starts without a snapshot: replays from its upstreams' buffers", "task", id, "generation", spec.Generation,
 					"from", src.TaskID, "from_generation", src.Generation, "worker", src.WorkerAddr, "err", err)
 				return
+			}
+			if r.afterFetch != nil {
+				r.afterFetch(snap)
 			}
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
