@@ -82,6 +82,49 @@ func TestKilledWorkerReplicaBootstrapsFromPeer(t *testing.T) {
 	}
 	want := pacedWardReference(t)
 	o := startOrg(t, 1, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	w := startWard(ctx, t, o)
+	const lost, peer = "ward/per_patient/p0/r0", "ward/per_patient/p0/r1"
+	killed := ""
+	var peerProc *proc
+	got := w.results(t, len(want), func(n int) {
+		if killed == "" && n > len(want)/4 {
+			ts := w.tasks(t)
+			killed = ts[lost].Worker
+			peerProc = w.procOf(t, ts[peer].Worker)
+			w.procOf(t, killed).kill()
+		}
+	})
+	if killed == "" {
+		t.Fatal("the query ended before a worker was killed: the test would prove nothing")
+	}
+	sameWard(t, got, want)
+	now := w.tasks(t)[lost]
+	if now.Worker == killed || now.Generation < 2 {
+		t.Fatalf("the lost replica was not placed again: %+v", now)
+	}
+	repl := w.procOf(t, now.Worker)
+	waitFor(t, 10*time.Second, "the bootstrap in the logs", func() bool {
+		return strings.Contains(repl.out.String(), "task bootstraps from a snapshot") &&
+			strings.Contains(repl.out.String(), "from="+peer) &&
+			strings.Contains(peerProc.out.String(), "snapshot served")
+	})
+}
+
+// ward is the pacedWard query running on an org of processes, with a CLI
+// tail reading its results.
+type ward struct {
+	o      *org
+	ctx    context.Context
+	stdout *bufio.Scanner
+	stderr *lockedBuffer
+}
+
+// startWard waits for the org's 3 workers, submits pacedWard and starts
+// `fedstream tail ward --json`.
+func startWard(ctx context.Context, t *testing.T, o *org) *ward {
+	t.Helper()
 	waitFor(t, 30*time.Second, "3 ready workers", func() bool {
 		ws, err := o.workerList(t, 0)
 		if err != nil || len(ws) != 3 {
@@ -98,8 +141,6 @@ func TestKilledWorkerReplicaBootstrapsFromPeer(t *testing.T) {
 	if err := os.WriteFile(file, []byte(pacedWard), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
 	var sub struct{}
 	if err := cli(ctx, t, &sub, "query", "submit", file, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
 		t.Fatal(err)
@@ -109,92 +150,137 @@ func TestKilledWorkerReplicaBootstrapsFromPeer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr lockedBuffer
-	tail.Stderr = &stderr
+	w := &ward{o: o, ctx: ctx, stdout: bufio.NewScanner(stdout), stderr: &lockedBuffer{}}
+	tail.Stderr = w.stderr
 	if err := tail.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = tail.Process.Kill(); _ = tail.Wait() }()
+	t.Cleanup(func() { _ = tail.Process.Kill(); _ = tail.Wait() })
+	return w
+}
 
-	const lost, peer = "ward/per_patient/p0/r0", "ward/per_patient/p0/r1"
-	type taskJSON struct {
-		ID         string `json:"id"`
-		Worker     string `json:"worker"`
-		Generation int    `json:"generation"`
-	}
-	tasks := func() map[string]taskJSON {
-		var q struct {
-			Tasks []taskJSON `json:"tasks"`
-		}
-		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
-		defer qcancel()
-		if err := cli(qctx, t, &q, "query", "status", "ward", "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]taskJSON{}
-		for _, tk := range q.Tasks {
-			out[tk.ID] = tk
-		}
-		return out
-	}
-	procOf := func(workerID string) *proc {
-		ws, err := o.workerList(t, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, w := range ws {
-			if w.ID == workerID {
-				for _, p := range o.workers {
-					if strings.Contains(p.out.String(), "worker="+workerID) {
-						return p
-					}
-				}
-			}
-		}
-		t.Fatalf("no process for worker %s", workerID)
-		return nil
-	}
-
+// results reads the tail until it printed n results, calling each with
+// the count so far; a result printed twice fails the test.
+func (w *ward) results(t *testing.T, n int, each func(n int)) map[string]string {
+	t.Helper()
 	got := map[string]string{}
-	killed := ""
-	var peerProc *proc
-	sc := bufio.NewScanner(stdout)
-	for len(got) < len(want) && sc.Scan() {
+	for len(got) < n && w.stdout.Scan() {
 		var r map[string]any
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			t.Fatalf("tail printed a line that is not JSON: %q", sc.Text())
+		if err := json.Unmarshal(w.stdout.Bytes(), &r); err != nil {
+			t.Fatalf("tail printed a line that is not JSON: %q", w.stdout.Text())
 		}
 		key := fmt.Sprintf("%s@%s", r["patient"], r["window_end"])
 		if _, dup := got[key]; dup {
 			t.Fatalf("duplicate result for %s", key)
 		}
 		got[key] = fmt.Sprintf("n=%v hr=%v", r["n"], r["hr"])
-		if killed == "" && len(got) > len(want)/4 {
-			ts := tasks()
-			killed = ts[lost].Worker
-			peerProc = procOf(ts[peer].Worker)
-			procOf(killed).kill()
-		}
+		each(len(got))
 	}
-	if killed == "" {
-		t.Fatal("the query ended before a worker was killed: the test would prove nothing")
+	if len(got) < n {
+		t.Fatalf("tail ended after %d of %d results: %v\nstderr: %s", len(got), n, w.stdout.Err(), w.stderr.String())
 	}
-	if len(got) < len(want) {
-		t.Fatalf("tail ended after %d of %d results: %v\nstderr: %s", len(got), len(want), sc.Err(), stderr.String())
-	}
+	return got
+}
+
+func sameWard(t *testing.T, got, want map[string]string) {
+	t.Helper()
 	for k, v := range want {
 		if got[k] != v {
 			t.Fatalf("result %s: got %q, want %q (%d results)", k, got[k], v, len(want))
 		}
 	}
-	now := tasks()[lost]
-	if now.Worker == killed || now.Generation < 2 {
-		t.Fatalf("the lost replica was not placed again: %+v", now)
+}
+
+type wardTask struct {
+	ID         string `json:"id"`
+	Worker     string `json:"worker"`
+	Generation int    `json:"generation"`
+	MovingFrom string `json:"moving_from"`
+}
+
+// tasks is `query status ward --json`, by task id.
+func (w *ward) tasks(t *testing.T) map[string]wardTask {
+	t.Helper()
+	var q struct {
+		Tasks []wardTask `json:"tasks"`
 	}
-	repl := procOf(now.Worker)
-	waitFor(t, 10*time.Second, "the bootstrap in the logs", func() bool {
-		return strings.Contains(repl.out.String(), "task bootstraps from a snapshot") &&
-			strings.Contains(repl.out.String(), "from="+peer) &&
-			strings.Contains(peerProc.out.String(), "snapshot served")
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	if err := cli(ctx, t, &q, "query", "status", "ward", "--addr", w.o.grpc[0], "--token", w.o.adminToken); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]wardTask{}
+	for _, tk := range q.Tasks {
+		out[tk.ID] = tk
+	}
+	return out
+}
+
+// procOf is the process of a worker, found by the id it logged when it
+// registered.
+func (w *ward) procOf(t *testing.T, workerID string) *proc {
+	t.Helper()
+	for _, p := range w.o.workers {
+		if strings.Contains(p.out.String(), "worker="+workerID) {
+			return p
+		}
+	}
+	t.Fatalf("no process for worker %s", workerID)
+	return nil
+}
+
+// TestTaskMoveCommand moves a partition of the running keyed aggregate
+// with `fedstream task move` between worker processes while the CLI tail
+// reads: every result equals the reference, once. A move onto the worker
+// running the partition's other replica is refused with the reason.
+func TestTaskMoveCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	want := pacedWardReference(t)
+	o := startOrg(t, 1, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	w := startWard(ctx, t, o)
+	const moving, other = "ward/per_patient/p1/r0", "ward/per_patient/p1/r1"
+	var from, to string
+	got := w.results(t, len(want), func(n int) {
+		if from != "" || n < len(want)/4 {
+			return
+		}
+		ts := w.tasks(t)
+		from = ts[moving].Worker
+		ws, err := o.workerList(t, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, wk := range ws {
+			if wk.ID != from && wk.ID != ts[other].Worker {
+				to = wk.ID
+			}
+		}
+		if err := cli(ctx, t, &struct{}{}, "task", "move", moving, "--to", ts[other].Worker, "--addr", o.grpc[0], "--token", o.adminToken); err == nil || !strings.Contains(err.Error(), "already runs") {
+			t.Errorf("move onto the other replica's worker: %v, want a refusal naming the replica it runs", err)
+		}
+		var res struct {
+			Task       string `json:"task"`
+			From       string `json:"from_worker"`
+			To         string `json:"to_worker"`
+			Generation int    `json:"generation"`
+		}
+		if err := cli(ctx, t, &res, "task", "move", moving, "--to", to, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+			t.Fatal(err)
+		}
+		if res.Task != moving || res.From != from || res.To != to || res.Generation != 2 {
+			t.Fatalf("task move --json: %+v", res)
+		}
+	})
+	if from == "" {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	sameWard(t, got, want)
+	waitFor(t, 20*time.Second, "the move ended", func() bool {
+		tk := w.tasks(t)[moving]
+		return tk.Worker == to && tk.Generation == 2 && tk.MovingFrom == ""
 	})
 }
