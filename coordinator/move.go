@@ -62,8 +62,8 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	}
 	if q, err := st.Query(nil, t.Query); err == nil && q != nil {
 		if plan := s.plans.plan(q); plan != nil {
-			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource {
-				return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is a source: sources cannot be snapshotted yet, so they cannot move live", t.ID)
+			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Gen == nil {
+				return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is an ingest source: its clients send to its worker, so it cannot move", t.ID)
 			}
 		}
 	}
@@ -106,7 +106,7 @@ func resolveWorker(st *fsm.StateStore, idOrName string) (*fsm.Worker, error) {
 // snapshot. Live moves (false) leave it running while the new copy
 // starts and catches up; consumers read the old copy until the new one
 // runs (see consumerPlacement).
-var haltMoves = false
+const haltMoves = false
 
 // consumerPlacement is where the consumers of a task read it from: during
 // a live move the old copy, which runs until the new one has caught up

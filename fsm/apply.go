@@ -501,10 +501,15 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		updated.Message = u.Message
 		updated.ModifyIndex = tx.index
 		if t.MovingFrom != "" && u.State == states.TaskRunning {
-			// The new copy of a live move runs: the old copy is done
-			// moving out; its worker stops it.
+			// The new copy of a live move runs: consumers switch to it
+			// (every host of the query sees the placement change) and
+			// the old copy's worker stops it.
+			hosts := stringSet{t.MovingFrom: {}}
+			if err := tx.addHosts(stringSet{t.Query: {}}, hosts); err != nil {
+				return nil, err
+			}
 			updated.MovingFrom, updated.MovingFromGeneration = "", 0
-			if err := tx.bumpAssignIndex(stringSet{t.MovingFrom: {}}); err != nil {
+			if err := tx.bumpAssignIndex(hosts); err != nil {
 				return nil, err
 			}
 		}

@@ -54,6 +54,9 @@ func TestLiveMoveKeepsTheOldCopyUntilTheNewRuns(t *testing.T) {
 	if h.worker("a").AssignIndex == oldIdx {
 		t.Fatal("the old worker was not woken to stop its copy")
 	}
+	if h.worker("c").AssignIndex != h.worker("a").AssignIndex {
+		t.Fatal("a consumer's worker (c) was not woken to switch to the new copy")
+	}
 	if _, tasks, _, _ := h.state().WorkerAssignments(nil, "a"); len(tasks) != 0 {
 		t.Fatalf("old worker still assigned %+v", tasks)
 	}

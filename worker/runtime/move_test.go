@@ -192,3 +192,37 @@ func TestMoveWithoutHalt(t *testing.T) {
 		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
 	}
 }
+
+// TestSourceMovesLive moves the generator source of the query while it
+// runs: the new copy draws the records the old one had drawn, numbers its
+// output after the old one's, and continues; consumers switch after it
+// started. The sink's stream is identical to an unmoved run.
+func TestSourceMovesLive(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
+	place := func(string, int, int) int { return 0 }
+	const moving = "wc/lines/p0/r0"
+
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	unmoved.close(t)
+
+	c := newCluster(t, 2, yaml, place)
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	waitUntil(t, "the source emitted some records", func() bool {
+		tk := from.rt.task(moving)
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 1000
+	})
+	c.move(t, moving, from, to, false)
+	tk := to.rt.task(moving)
+	if tk == nil || !tk.restored || tk.genRestore == nil || tk.genRestore.records == 0 {
+		t.Fatal("the new copy of the source did not start from the snapshot")
+	}
+	got := c.tail(t, "wc/out/p0/r0")
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+}

@@ -63,6 +63,9 @@ type TaskSnapshot struct {
 	Seq     uint64
 	Inputs  []InputPosition
 	Outputs []OutputPosition
+	// SourceRecords is, for a generator source, the number of records
+	// drawn from its generator (Released is then its last boundary).
+	SourceRecords int64
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -223,6 +226,9 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
+	if t.gen != nil && t.genSnap != nil {
+		return t.snapshotSource(ctx, opts)
+	}
 	if t.merge == nil || t.proc == nil {
 		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
@@ -381,14 +387,8 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 		ms.inputs = append(ms.inputs, mergeInputState{port: pos.Port, upPartition: pos.Partition, lastID: pos.After,
 			boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
 	}
-	if len(s.Outputs) != len(t.outs) {
-		return fmt.Errorf("%w: %d outputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Outputs), len(t.outs))
-	}
-	for _, pos := range s.Outputs {
-		parts := t.byConsumer[pos.Consumer]
-		if pos.Partition < 0 || pos.Partition >= len(parts) || parts[pos.Partition] == nil {
-			return fmt.Errorf("%w: the task has no output to %q partition %d", ErrSnapshotMismatch, pos.Consumer, pos.Partition)
-		}
+	if err := t.checkOutputs(s); err != nil {
+		return err
 	}
 	if t.passThrough {
 		if len(s.Inputs[0].Pending) > 0 {
@@ -408,6 +408,35 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 		case t.op == nil:
 			in.sub.KeepValuesPacked()
 		}
+	}
+	if err := t.resumeOutputs(s); err != nil {
+		return err
+	}
+	t.seq = s.Seq
+	t.restored = true
+	return nil
+}
+
+// checkOutputs returns an error unless the snapshot's outputs are the
+// task's.
+func (t *task) checkOutputs(s *TaskSnapshot) error {
+	if len(s.Outputs) != len(t.outs) {
+		return fmt.Errorf("%w: %d outputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Outputs), len(t.outs))
+	}
+	for _, pos := range s.Outputs {
+		parts := t.byConsumer[pos.Consumer]
+		if pos.Partition < 0 || pos.Partition >= len(parts) || parts[pos.Partition] == nil {
+			return fmt.Errorf("%w: the task has no output to %q partition %d", ErrSnapshotMismatch, pos.Consumer, pos.Partition)
+		}
+	}
+	return nil
+}
+
+// resumeOutputs continues every output after the snapshot's position,
+// holding again its tail.
+func (t *task) resumeOutputs(s *TaskSnapshot) error {
+	if err := t.checkOutputs(s); err != nil {
+		return err
 	}
 	for _, pos := range s.Outputs {
 		o := t.byConsumer[pos.Consumer][pos.Partition]
@@ -431,8 +460,8 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 // Task snapshot encoding: "fsts", a version byte, then the fields in
 // declaration order; integers are varints, strings and byte strings
 // length-prefixed, pending tuples as (id, tuple encoding). Version 2 adds
-// each output's tail (first id, tuple lengths, bytes); version 1 is still
-// read.
+// each output's tail (first id, tuple lengths, bytes) and, last, a
+// source's record count; version 1 is still read.
 const (
 	taskSnapshotMagic   = "fsts"
 	taskSnapshotVersion = 2
@@ -494,6 +523,7 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 		}
 		str(string(o.Tail))
 	}
+	iv(s.SourceRecords)
 	return b, nil
 }
 
@@ -638,6 +668,9 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 			}
 		}
 		out.Outputs = append(out.Outputs, o)
+	}
+	if v >= 2 {
+		out.SourceRecords = r.iv("source records")
 	}
 	if r.err != nil {
 		return r.err
