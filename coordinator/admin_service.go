@@ -248,7 +248,7 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 	info := &pb.QueryInfo{Name: q.Name, Status: q.Status, Index: q.CreateIndex, Replicas: int32(q.Replicas), MaxDelay: q.MaxDelay, SpecJson: q.SpecJSON}
 	for _, t := range tasks {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
-			WorkerId: t.WorkerID, State: t.State, Message: t.Message, Generation: int32(t.Gen())}
+			WorkerId: t.WorkerID, State: t.State, Message: t.Message, Generation: int32(t.Gen()), MovingFrom: t.MovingFrom}
 		if m := slotMaps[t.Fragment]; m != nil {
 			ti.SlotEpoch = m.Epoch
 			for _, r := range m.SlotsOf(t.Partition) {

@@ -245,18 +245,30 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			if needed != nil && !needed[t.Fragment] {
 				continue
 			}
+			at, gen := consumerPlacement(t)
 			view.Tasks = append(view.Tasks, &pb.TaskPlacement{
 				TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
-				WorkerId: t.WorkerID, WorkerAddr: q.WorkerAddrs[t.WorkerID], Generation: int32(t.Gen()),
+				WorkerId: at, WorkerAddr: q.WorkerAddrs[at], Generation: int32(gen),
 			})
 		}
 		resp.Queries = append(resp.Queries, view)
+	}
+	views := map[string]*fsm.QueryView{}
+	for _, q := range queries {
+		views[q.Query.Name] = q
+	}
+	ready := func(id string) bool {
+		w, err := s.State().Worker(nil, id)
+		return err == nil && w != nil && w.Status == fsm.WorkerStatusReady
 	}
 	for _, t := range tasks {
 		a := &pb.Assignment{
 			TaskId: t.ID, Query: t.Query, Fragment: t.Fragment,
 			Partition: int32(t.Partition), Replica: int32(t.Replica), QueryIndex: queryIndex[t.Query],
-			Generation: int32(t.Gen()),
+			Generation: int32(t.Gen()), MovingOut: t.IsMovingOut(),
+		}
+		if q := views[t.Query]; q != nil {
+			a.Bootstrap = bootstrapSource(t, q.Tasks, q.WorkerAddrs, ready)
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {
 			a.SlotEpoch = m.Epoch

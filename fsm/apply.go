@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"github.com/fedstream/fedstream/rpc/authz"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 func invalid(format string, args ...any) error {
@@ -42,6 +43,9 @@ func (tx *writeTx) addHosts(queries stringSet, into stringSet) error {
 		for _, t := range tasks {
 			if t.WorkerID != "" {
 				into.add(t.WorkerID)
+			}
+			if t.MovingFrom != "" {
+				into.add(t.MovingFrom)
 			}
 		}
 	}
@@ -496,6 +500,19 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		updated.State = u.State
 		updated.Message = u.Message
 		updated.ModifyIndex = tx.index
+		if t.MovingFrom != "" && u.State == states.TaskRunning {
+			// The new copy of a live move runs: consumers switch to it
+			// (every host of the query sees the placement change) and
+			// the old copy's worker stops it.
+			hosts := stringSet{t.MovingFrom: {}}
+			if err := tx.addHosts(stringSet{t.Query: {}}, hosts); err != nil {
+				return nil, err
+			}
+			updated.MovingFrom, updated.MovingFromGeneration = "", 0
+			if err := tx.bumpAssignIndex(hosts); err != nil {
+				return nil, err
+			}
+		}
 		if err := tx.insert(TableTasks, &updated); err != nil {
 			return nil, err
 		}

@@ -150,6 +150,10 @@ type PlannedPlacement struct {
 	FromWorker     string `json:"from_worker"`
 	FromGeneration int    `json:"from_generation"`
 	ToWorker       string `json:"to_worker"`
+	// Live makes it a live move: the copy on FromWorker keeps running,
+	// moving out (Task.MovingFrom), until the new copy reports running;
+	// the new copy starts from its snapshot.
+	Live bool `json:"live,omitempty"`
 	// Message becomes the task's Message: for an unplaced task, why it
 	// waits.
 	Message string `json:"message,omitempty"`
@@ -421,6 +425,10 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 		if t.WorkerID != "" {
 			// The copy on t.WorkerID ends; the next one is a new copy.
 			updated.Generation++
+		}
+		updated.MovingFrom, updated.MovingFromGeneration = "", 0
+		if p.Live && t.WorkerID != "" && p.ToWorker != "" {
+			updated.MovingFrom, updated.MovingFromGeneration = t.WorkerID, t.Gen()
 		}
 		updated.WorkerID = p.ToWorker
 		updated.State = TaskStatePending

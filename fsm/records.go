@@ -89,11 +89,18 @@ type Task struct {
 	// re-placed after its worker was lost, unplaced), so an old and a new
 	// copy of one partition replica are told apart everywhere. 0 in
 	// records of older builds means 1 (see Gen).
-	Generation  int    `json:"generation,omitempty"`
-	State       string `json:"state"`
-	Message     string `json:"message"`
-	CreateIndex uint64 `json:"create_index"`
-	ModifyIndex uint64 `json:"modify_index"`
+	Generation int `json:"generation,omitempty"`
+	// MovingFrom is, during a live move (PlannedPlacement.Live), the
+	// worker still running the previous copy (generation
+	// MovingFromGeneration) "moving out": the new copy on WorkerID takes
+	// its starting snapshot from it, and it keeps serving its output until
+	// the new copy reports running, which clears both fields. "" otherwise.
+	MovingFrom           string `json:"moving_from,omitempty"`
+	MovingFromGeneration int    `json:"moving_from_generation,omitempty"`
+	State                string `json:"state"`
+	Message              string `json:"message"`
+	CreateIndex          uint64 `json:"create_index"`
+	ModifyIndex          uint64 `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.

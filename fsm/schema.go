@@ -28,14 +28,16 @@ const (
 
 // Index names.
 const (
-	indexID      = "id"
-	indexQuery   = "query"
-	indexWorker  = "worker"
-	indexPlaced  = "placed"
-	indexPartner = "partner"
-	indexOp      = "operator"
-	indexApplied = "index"
-	indexSecret  = "secret"
+	indexID     = "id"
+	indexQuery  = "query"
+	indexWorker = "worker"
+	// indexMovingFrom indexes tasks by Task.MovingFrom.
+	indexMovingFrom = "moving_from"
+	indexPlaced     = "placed"
+	indexPartner    = "partner"
+	indexOp         = "operator"
+	indexApplied    = "index"
+	indexSecret     = "secret"
 )
 
 func stateSchema() *memdb.DBSchema {
@@ -51,6 +53,8 @@ func stateSchema() *memdb.DBSchema {
 			indexQuery: {Name: indexQuery, Indexer: &memdb.StringFieldIndex{Field: "Query"}},
 			// Unplaced tasks (WorkerID "") are absent from this index.
 			indexWorker: {Name: indexWorker, AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "WorkerID"}},
+			// Only tasks in a live move are in this index.
+			indexMovingFrom: {Name: indexMovingFrom, AllowMissing: true, Indexer: &memdb.StringFieldIndex{Field: "MovingFrom"}},
 			indexPlaced: {Name: indexPlaced, Indexer: &memdb.ConditionalIndex{Conditional: func(obj any) (bool, error) {
 				t, ok := obj.(*Task)
 				if !ok {

@@ -284,6 +284,14 @@ func (s *StateStore) WorkerAssignments(ws memdb.WatchSet, workerID string) (uint
 	if err != nil {
 		return 0, nil, nil, err
 	}
+	// The old copies of live moves out of this worker still run here.
+	moving, err := list[Task](txn, nil, TableTasks, indexMovingFrom, workerID)
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	for _, t := range moving {
+		tasks = append(tasks, MovingOutCopy(t))
+	}
 	names := map[string]struct{}{}
 	for _, t := range tasks {
 		names[t.Query] = struct{}{}
@@ -314,26 +322,41 @@ func (s *StateStore) WorkerAssignments(ws memdb.WatchSet, workerID string) (uint
 		}
 		view := &QueryView{Query: q, Tasks: qtasks, WorkerAddrs: map[string]string{}, SlotMaps: maps}
 		for _, t := range qtasks {
-			if t.WorkerID == "" {
-				continue
-			}
-			addr, ok := addrs[t.WorkerID]
-			if !ok {
-				host, err := first[Worker](txn, nil, TableWorkers, t.WorkerID)
-				if err != nil {
-					return 0, nil, nil, err
+			// A live move's new copy fetches its snapshot from MovingFrom.
+			for _, id := range []string{t.WorkerID, t.MovingFrom} {
+				if id == "" {
+					continue
 				}
-				if host != nil {
-					addr = host.Addr
+				addr, ok := addrs[id]
+				if !ok {
+					host, err := first[Worker](txn, nil, TableWorkers, id)
+					if err != nil {
+						return 0, nil, nil, err
+					}
+					if host != nil {
+						addr = host.Addr
+					}
+					addrs[id] = addr
 				}
-				addrs[t.WorkerID] = addr
+				view.WorkerAddrs[id] = addr
 			}
-			view.WorkerAddrs[t.WorkerID] = addr
 		}
 		views = append(views, view)
 	}
 	return w.AssignIndex, tasks, views, nil
 }
+
+// MovingOutCopy is the old copy of a task in a live move, as its worker
+// (t.MovingFrom) runs it: placed there at generation MovingFromGeneration,
+// with MovingFrom equal to WorkerID, which marks a moving-out copy.
+func MovingOutCopy(t *Task) *Task {
+	c := *t
+	c.WorkerID, c.Generation = t.MovingFrom, t.MovingFromGeneration
+	return &c
+}
+
+// IsMovingOut reports whether t is a moving-out copy (MovingOutCopy).
+func (t *Task) IsMovingOut() bool { return t.MovingFrom != "" && t.MovingFrom == t.WorkerID }
 
 // BlockingQuery runs fn. If minIndex is 0 or the index fn returns is greater
 // than minIndex it returns at once. Otherwise it waits until the watch set fn

@@ -546,6 +546,9 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 			Spec: qi.spec, Placements: qi.placements, SlotMaps: qi.slotMaps,
 			Generation: int(max(a.Generation, 1)), SlotEpoch: a.SlotEpoch,
 		}
+		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
+			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}
+		}
 		for _, r := range a.Slots {
 			spec.Slots = append(spec.Slots, wrt.SlotRange{First: int(r.First), Last: int(r.Last)})
 		}

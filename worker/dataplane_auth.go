@@ -117,10 +117,12 @@ func (a *dataPlaneAuth) authorize(ctx context.Context, method string, first *pb.
 		}
 	case pb.DataPlane_Ingest_FullMethodName:
 		what = "ingesting records (fedstream ingest)"
+	case pb.DataPlane_FetchSnapshot_FullMethodName:
+		what = "fetching a task's snapshot (workers of the org only)"
 	}
 	role, err := a.callerRole(ctx, method, what, need)
 	if err == nil && !role.Allows(need) {
-		if need == authz.NeedWorker {
+		if need == authz.NeedWorker && method == pb.DataPlane_Subscribe_FullMethodName {
 			err = status.Errorf(codes.PermissionDenied, "%s: the caller's role is %s: an acknowledging subscription is for the org's workers only; clients subscribe with no_ack (as fedstream tail does)", method, role)
 		} else {
 			err = status.Errorf(codes.PermissionDenied, "%s: the token's role is %s: %s needs %s", method, role, what, need)

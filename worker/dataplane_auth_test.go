@@ -279,6 +279,27 @@ func TestDataPlaneAuth(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	fetch := func(token string) error {
+		stream, err := f.client(t, token).FetchSnapshot(context.Background(), &pb.FetchSnapshotRequest{Query: "q", TaskId: "q/up/p0/r0"})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		return err
+	}
+	t.Run("only the org's workers fetch task snapshots", func(t *testing.T) {
+		for _, tok := range []string{readerSecret, writerSecret, adminSecret} {
+			wantRefused(t, fetch(tok), codes.PermissionDenied, "fetching a task's snapshot")
+		}
+		wantRefused(t, fetch(""), codes.Unauthenticated)
+		f.identity.Store(&rpc.Identity{Org: "evil", Role: rpc.RoleWorker, Name: "w-2"})
+		wantRefused(t, fetch(""), codes.Unauthenticated)
+		f.identity.Store(&rpc.Identity{Org: "acme", Role: rpc.RoleWorker, Name: "w-2"})
+		defer f.identity.Store(nil)
+		// Past the authorisation, the fake data plane takes no snapshots.
+		if err := fetch(""); status.Code(err) != codes.Unimplemented {
+			t.Fatalf("a worker of the org: %v, want to reach the server (Unimplemented here)", err)
+		}
+	})
 	t.Run("revoked token is refused once the cache entry expires", func(t *testing.T) {
 		now := time.Now()
 		f.auth.tokens.now = func() time.Time { return now }

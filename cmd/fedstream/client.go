@@ -251,6 +251,9 @@ func queryJSON(q *pb.QueryInfo) map[string]any {
 		if t.SlotEpoch != 0 {
 			task["slot_epoch"], task["slots"] = t.SlotEpoch, t.SlotCount
 		}
+		if t.MovingFrom != "" {
+			task["moving_from"] = t.MovingFrom
+		}
 		tasks = append(tasks, task)
 	}
 	return map[string]any{"name": q.Name, "status": q.Status, "index": q.Index, "replicas": q.Replicas,

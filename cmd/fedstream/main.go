@@ -78,6 +78,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newStatusCmd(),
 		newWorkersCmd(),
 		newQueryCmd(),
+		newTaskCmd(),
 		newIngestCmd(),
 		newTailCmd(),
 		newTokenCmd(),

@@ -157,6 +157,8 @@ var Methods = map[string]Need{
 	pb.AdminService_GetQuery_FullMethodName:    NeedReader,
 	pb.AdminService_SubmitQuery_FullMethodName: NeedWriter,
 	pb.AdminService_StopQuery_FullMethodName:   NeedWriter,
+	// Moving a running task changes placements, as submitting does.
+	pb.AdminService_MoveTask_FullMethodName: NeedWriter,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.
@@ -172,6 +174,9 @@ var Methods = map[string]Need{
 	// Tasks and clients talk to workers.
 	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
 	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+	// A task's state goes only to another worker of the org (a move, a
+	// replica bootstrapping from its peer).
+	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

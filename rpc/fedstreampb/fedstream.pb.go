@@ -359,8 +359,17 @@ type Assignment struct {
 	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	// For a task of a keyed fragment: the slots it owns and the epoch of
 	// the fragment's slot map they come from (0 and empty otherwise).
-	SlotEpoch     uint64       `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
-	Slots         []*SlotRange `protobuf:"bytes,52,rep,name=slots,proto3" json:"slots,omitempty"`
+	SlotEpoch uint64       `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	Slots     []*SlotRange `protobuf:"bytes,52,rep,name=slots,proto3" json:"slots,omitempty"`
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// When set, this copy starts from a snapshot fetched from another copy
+	// of the task (FetchSnapshot): the old copy of a move, or a live peer
+	// replica after a worker was lost.
+	Bootstrap *SnapshotSource `protobuf:"bytes,80,opt,name=bootstrap,proto3" json:"bootstrap,omitempty"`
+	// The old copy of a task in a live move, still run by its worker until
+	// the new copy reports running: it serves its output (and, once, its
+	// snapshot) and is then stopped.
+	MovingOut     bool `protobuf:"varint,81,opt,name=moving_out,json=movingOut,proto3" json:"moving_out,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -456,6 +465,20 @@ func (x *Assignment) GetSlots() []*SlotRange {
 		return x.Slots
 	}
 	return nil
+}
+
+func (x *Assignment) GetBootstrap() *SnapshotSource {
+	if x != nil {
+		return x.Bootstrap
+	}
+	return nil
+}
+
+func (x *Assignment) GetMovingOut() bool {
+	if x != nil {
+		return x.MovingOut
+	}
+	return false
 }
 
 // Where one task of a query runs; workers use these to find upstreams.
@@ -1541,8 +1564,11 @@ type TaskInfo struct {
 	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
 	// For a task of a keyed fragment: the epoch of the fragment's slot map
 	// and how many of its slots this task's partition owns.
-	SlotEpoch     uint64 `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
-	SlotCount     int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
+	SlotEpoch uint64 `protobuf:"varint,51,opt,name=slot_epoch,json=slotEpoch,proto3" json:"slot_epoch,omitempty"`
+	SlotCount int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
+	// ---- live task moves (issue 9 item 3)
+	// During a live move: the worker still running the old copy.
+	MovingFrom    string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1652,6 +1678,13 @@ func (x *TaskInfo) GetSlotCount() int32 {
 		return x.SlotCount
 	}
 	return 0
+}
+
+func (x *TaskInfo) GetMovingFrom() string {
+	if x != nil {
+		return x.MovingFrom
+	}
+	return ""
 }
 
 type QueryInfo struct {
@@ -2375,6 +2408,331 @@ func (x *IngestResponse) GetErrors() []*LineError {
 	return nil
 }
 
+// Where a new copy of a task takes its starting snapshot.
+type SnapshotSource struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The DataPlane address of the worker running the copy to snapshot.
+	WorkerAddr string `protobuf:"bytes,1,opt,name=worker_addr,json=workerAddr,proto3" json:"worker_addr,omitempty"`
+	// The task id and generation of that copy (a peer replica has another
+	// task id than the copy it bootstraps).
+	TaskId     string `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	// Halt: stop-and-copy at the snapshot (a move: the old copy processes
+	// and acknowledges nothing more, and serves its output until stopped).
+	// Without it the copy keeps running (a peer replica).
+	Halt          bool `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSource) Reset() {
+	*x = SnapshotSource{}
+	mi := &file_fedstream_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSource) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSource) ProtoMessage() {}
+
+func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
+func (*SnapshotSource) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *SnapshotSource) GetWorkerAddr() string {
+	if x != nil {
+		return x.WorkerAddr
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *SnapshotSource) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *SnapshotSource) GetHalt() bool {
+	if x != nil {
+		return x.Halt
+	}
+	return false
+}
+
+// Moves one task to another worker while it runs: the new copy starts
+// from the old copy's snapshot and the old one stops once it runs.
+type MoveTaskRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// Worker id (or name) to move it to.
+	ToWorker      string `protobuf:"bytes,2,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveTaskRequest) Reset() {
+	*x = MoveTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveTaskRequest) ProtoMessage() {}
+
+func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
+func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *MoveTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MoveTaskRequest) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+type MoveTaskResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	TaskId     string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	FromWorker string                 `protobuf:"bytes,2,opt,name=from_worker,json=fromWorker,proto3" json:"from_worker,omitempty"`
+	ToWorker   string                 `protobuf:"bytes,3,opt,name=to_worker,json=toWorker,proto3" json:"to_worker,omitempty"`
+	// The generation of the new copy.
+	Generation    int32 `protobuf:"varint,4,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MoveTaskResponse) Reset() {
+	*x = MoveTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MoveTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MoveTaskResponse) ProtoMessage() {}
+
+func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
+func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *MoveTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetFromWorker() string {
+	if x != nil {
+		return x.FromWorker
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetToWorker() string {
+	if x != nil {
+		return x.ToWorker
+	}
+	return ""
+}
+
+func (x *MoveTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+// Asks a worker for a snapshot of one copy of a task it runs.
+type FetchSnapshotRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Query  string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	TaskId string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// The copy meant; a worker running another generation refuses
+	// (NotFound). 0: whichever copy runs there.
+	Generation    int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Halt          bool  `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSnapshotRequest) Reset() {
+	*x = FetchSnapshotRequest{}
+	mi := &file_fedstream_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSnapshotRequest) ProtoMessage() {}
+
+func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *FetchSnapshotRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *FetchSnapshotRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *FetchSnapshotRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *FetchSnapshotRequest) GetHalt() bool {
+	if x != nil {
+		return x.Halt
+	}
+	return false
+}
+
+// One piece of an encoded task snapshot (worker/runtime TaskSnapshot
+// encoding); the pieces concatenated in order are the snapshot. The first
+// carries the total size.
+type SnapshotChunk struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	TotalBytes    uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_fedstream_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
 // A token as `fedstream token list` shows it: never its secret.
 type TokenInfo struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2392,7 +2750,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2404,7 +2762,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2417,7 +2775,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -2472,7 +2830,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2484,7 +2842,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2497,7 +2855,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -2546,7 +2904,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2558,7 +2916,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2571,7 +2929,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -2596,7 +2954,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2608,7 +2966,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2621,7 +2979,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 type ListTokensResponse struct {
@@ -2633,7 +2991,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2645,7 +3003,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2658,7 +3016,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -2678,7 +3036,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2690,7 +3048,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2703,7 +3061,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -2728,7 +3086,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +3098,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +3111,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -2768,7 +3126,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2780,7 +3138,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2793,7 +3151,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -2814,7 +3172,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2826,7 +3184,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2839,7 +3197,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -2867,7 +3225,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +3237,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +3250,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -2919,7 +3277,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2931,7 +3289,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2944,7 +3302,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -2962,7 +3320,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2974,7 +3332,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2987,7 +3345,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 type ListRaftPeersResponse struct {
@@ -3001,7 +3359,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3371,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3384,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3052,7 +3410,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3064,7 +3422,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3077,7 +3435,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3095,7 +3453,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3107,7 +3465,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3120,7 +3478,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -3134,7 +3492,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3146,7 +3504,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3159,7 +3517,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 type RaftStateResponse struct {
@@ -3185,7 +3543,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3555,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3568,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -3290,7 +3648,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\x9e\x02\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xf9\x02\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -3305,7 +3663,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x12\x1d\n" +
 	"\n" +
 	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12-\n" +
-	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\"\xda\x01\n" +
+	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\x12:\n" +
+	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\x12\x1d\n" +
+	"\n" +
+	"moving_out\x18Q \x01(\bR\tmovingOut\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3396,7 +3757,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xc3\x02\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe4\x02\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -3413,7 +3774,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_epoch\x183 \x01(\x04R\tslotEpoch\x12\x1d\n" +
 	"\n" +
-	"slot_count\x184 \x01(\x05R\tslotCount\"\xd1\x01\n" +
+	"slot_count\x184 \x01(\x05R\tslotCount\x12\x1f\n" +
+	"\vmoving_from\x18P \x01(\tR\n" +
+	"movingFrom\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -3464,7 +3827,37 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05error\x18\x02 \x01(\tR\x05error\"]\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
-	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"\xa1\x01\n" +
+	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"~\n" +
+	"\x0eSnapshotSource\x12\x1f\n" +
+	"\vworker_addr\x18\x01 \x01(\tR\n" +
+	"workerAddr\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"G\n" +
+	"\x0fMoveTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
+	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"\x89\x01\n" +
+	"\x10MoveTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1f\n" +
+	"\vfrom_worker\x18\x02 \x01(\tR\n" +
+	"fromWorker\x12\x1b\n" +
+	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x04 \x01(\x05R\n" +
+	"generation\"y\n" +
+	"\x14FetchSnapshotRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"D\n" +
+	"\rSnapshotChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
+	"totalBytes\"\xa1\x01\n" +
 	"\tTokenInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +
@@ -3520,7 +3913,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x98\x05\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xe3\x05\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -3528,11 +3921,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vListQueries\x12 .fedstream.v1.ListQueriesRequest\x1a!.fedstream.v1.ListQueriesResponse\x12B\n" +
 	"\bGetQuery\x12\x1d.fedstream.v1.GetQueryRequest\x1a\x17.fedstream.v1.QueryInfo\x12L\n" +
 	"\tStopQuery\x12\x1e.fedstream.v1.StopQueryRequest\x1a\x1f.fedstream.v1.StopQueryResponse\x12X\n" +
-	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12[\n" +
-	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\x98\x01\n" +
+	"\rListRaftPeers\x12\".fedstream.v1.ListRaftPeersRequest\x1a#.fedstream.v1.ListRaftPeersResponse\x12I\n" +
+	"\bMoveTask\x12\x1d.fedstream.v1.MoveTaskRequest\x1a\x1e.fedstream.v1.MoveTaskResponse\x12[\n" +
+	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse2\xec\x01\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
-	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x012\xe4\x02\n" +
+	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
+	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
 	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
 	"\n" +
@@ -3554,7 +3949,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 54)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 59)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -3591,91 +3986,101 @@ var file_fedstream_proto_goTypes = []any{
 	(*IngestRequest)(nil),            // 32: fedstream.v1.IngestRequest
 	(*LineError)(nil),                // 33: fedstream.v1.LineError
 	(*IngestResponse)(nil),           // 34: fedstream.v1.IngestResponse
-	(*TokenInfo)(nil),                // 35: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 36: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 37: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 38: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 39: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 40: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 41: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 42: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 43: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 44: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 45: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 46: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 47: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 48: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 49: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 50: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 51: fedstream.v1.RaftStateResponse
-	nil,                              // 52: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 53: fedstream.v1.WorkerInfo.LabelsEntry
+	(*SnapshotSource)(nil),           // 35: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),          // 36: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),         // 37: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),     // 38: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),            // 39: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 40: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 41: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 42: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 43: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 44: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 45: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 46: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 47: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 48: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 49: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 50: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 51: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 52: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 53: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 54: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),         // 55: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),        // 56: fedstream.v1.RaftStateResponse
+	nil,                              // 57: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 58: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	52, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	57, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	6,  // 2: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	9,  // 3: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	8,  // 4: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	5,  // 5: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 6: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	11, // 7: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	15, // 8: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	53, // 9: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	11, // 10: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	17, // 11: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	22, // 12: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	23, // 13: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	30, // 14: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	33, // 15: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	35, // 16: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	35, // 17: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	15, // 18: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 19: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 20: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 21: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 22: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	44, // 23: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 24: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 25: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 26: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 27: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 28: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 29: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	46, // 30: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	48, // 31: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 32: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	32, // 33: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 34: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	38, // 35: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	40, // 36: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	42, // 37: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	50, // 38: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	1,  // 39: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 40: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 41: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 42: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	45, // 43: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 44: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 45: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 46: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 47: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 48: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 49: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	47, // 50: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	49, // 51: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 52: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	34, // 53: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	37, // 54: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	39, // 55: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	41, // 56: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	43, // 57: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	51, // 58: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	39, // [39:59] is the sub-list for method output_type
-	19, // [19:39] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	35, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	9,  // 4: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	8,  // 5: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	5,  // 6: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	58, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	23, // 14: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	30, // 15: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	33, // 16: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	40, // 17: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	40, // 18: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	15, // 19: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 20: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 21: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 22: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 23: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	49, // 24: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 25: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 26: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 27: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 28: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 29: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 30: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	51, // 31: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	36, // 32: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	53, // 33: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 34: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	32, // 35: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	38, // 36: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	41, // 37: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	43, // 38: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	45, // 39: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	47, // 40: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	55, // 41: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	1,  // 42: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 43: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 44: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 45: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	50, // 46: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 47: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 48: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 49: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 50: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 51: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 52: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	52, // 53: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	37, // 54: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	54, // 55: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 56: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	34, // 57: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	39, // 58: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	42, // 59: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	44, // 60: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	46, // 61: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	48, // 62: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	56, // 63: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	42, // [42:64] is the sub-list for method output_type
+	20, // [20:42] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -3689,7 +4094,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   54,
+			NumMessages:   59,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -286,6 +286,7 @@ const (
 	AdminService_GetQuery_FullMethodName       = "/fedstream.v1.AdminService/GetQuery"
 	AdminService_StopQuery_FullMethodName      = "/fedstream.v1.AdminService/StopQuery"
 	AdminService_ListRaftPeers_FullMethodName  = "/fedstream.v1.AdminService/ListRaftPeers"
+	AdminService_MoveTask_FullMethodName       = "/fedstream.v1.AdminService/MoveTask"
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 )
 
@@ -301,6 +302,8 @@ type AdminServiceClient interface {
 	StopQuery(ctx context.Context, in *StopQueryRequest, opts ...grpc.CallOption) (*StopQueryResponse, error)
 	// Raft membership (operator raft list-peers / remove-peer).
 	ListRaftPeers(ctx context.Context, in *ListRaftPeersRequest, opts ...grpc.CallOption) (*ListRaftPeersResponse, error)
+	// ---- live task moves (issue 9 item 3)
+	MoveTask(ctx context.Context, in *MoveTaskRequest, opts ...grpc.CallOption) (*MoveTaskResponse, error)
 	RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error)
 }
 
@@ -382,6 +385,16 @@ func (c *adminServiceClient) ListRaftPeers(ctx context.Context, in *ListRaftPeer
 	return out, nil
 }
 
+func (c *adminServiceClient) MoveTask(ctx context.Context, in *MoveTaskRequest, opts ...grpc.CallOption) (*MoveTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MoveTaskResponse)
+	err := c.cc.Invoke(ctx, AdminService_MoveTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RemoveRaftPeerResponse)
@@ -404,6 +417,8 @@ type AdminServiceServer interface {
 	StopQuery(context.Context, *StopQueryRequest) (*StopQueryResponse, error)
 	// Raft membership (operator raft list-peers / remove-peer).
 	ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error)
+	// ---- live task moves (issue 9 item 3)
+	MoveTask(context.Context, *MoveTaskRequest) (*MoveTaskResponse, error)
 	RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
@@ -435,6 +450,9 @@ func (UnimplementedAdminServiceServer) StopQuery(context.Context, *StopQueryRequ
 }
 func (UnimplementedAdminServiceServer) ListRaftPeers(context.Context, *ListRaftPeersRequest) (*ListRaftPeersResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ListRaftPeers not implemented")
+}
+func (UnimplementedAdminServiceServer) MoveTask(context.Context, *MoveTaskRequest) (*MoveTaskResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MoveTask not implemented")
 }
 func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveRaftPeer not implemented")
@@ -586,6 +604,24 @@ func _AdminService_ListRaftPeers_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_MoveTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MoveTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).MoveTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_MoveTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).MoveTask(ctx, req.(*MoveTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_RemoveRaftPeer_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RemoveRaftPeerRequest)
 	if err := dec(in); err != nil {
@@ -640,6 +676,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _AdminService_ListRaftPeers_Handler,
 		},
 		{
+			MethodName: "MoveTask",
+			Handler:    _AdminService_MoveTask_Handler,
+		},
+		{
 			MethodName: "RemoveRaftPeer",
 			Handler:    _AdminService_RemoveRaftPeer_Handler,
 		},
@@ -649,8 +689,9 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	DataPlane_Subscribe_FullMethodName = "/fedstream.v1.DataPlane/Subscribe"
-	DataPlane_Ingest_FullMethodName    = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
+	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
 )
 
 // DataPlaneClient is the client API for DataPlane service.
@@ -659,6 +700,9 @@ const (
 type DataPlaneClient interface {
 	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, Batch], error)
 	Ingest(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[IngestRequest, IngestResponse], error)
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// Worker to worker only (the org's worker certificates).
+	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
 type dataPlaneClient struct {
@@ -695,12 +739,34 @@ func (c *dataPlaneClient) Ingest(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestClient = grpc.ClientStreamingClient[IngestRequest, IngestResponse]
 
+func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchSnapshotRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
+
 // DataPlaneServer is the server API for DataPlane service.
 // All implementations must embed UnimplementedDataPlaneServer
 // for forward compatibility.
 type DataPlaneServer interface {
 	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, Batch]) error
 	Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error
+	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
+	// Worker to worker only (the org's worker certificates).
+	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedDataPlaneServer()
 }
 
@@ -716,6 +782,9 @@ func (UnimplementedDataPlaneServer) Subscribe(grpc.BidiStreamingServer[Subscribe
 }
 func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Ingest not implemented")
+}
+func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
 }
 func (UnimplementedDataPlaneServer) mustEmbedUnimplementedDataPlaneServer() {}
 func (UnimplementedDataPlaneServer) testEmbeddedByValue()                   {}
@@ -752,6 +821,17 @@ func _DataPlane_Ingest_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestServer = grpc.ClientStreamingServer[IngestRequest, IngestResponse]
 
+func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchSnapshotRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServer).FetchSnapshot(m, &grpc.GenericServerStream[FetchSnapshotRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
+
 // DataPlane_ServiceDesc is the grpc.ServiceDesc for DataPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -770,6 +850,11 @@ var DataPlane_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Ingest",
 			Handler:       _DataPlane_Ingest_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "FetchSnapshot",
+			Handler:       _DataPlane_FetchSnapshot_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "fedstream.proto",

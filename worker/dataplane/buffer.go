@@ -1061,6 +1061,26 @@ func (b *OutputBuffer) lastChunkWithRoom(id uint64, size int) *chunk {
 // successful Flush, the last tuple of the stream.
 func (w *Writer) LastID() uint64 { return w.lastID }
 
+// ResumeWith continues a stream that an earlier producer wrote up to the
+// last of the given tuples, holding those tuples again (encoded as Adopt
+// takes them, ids first...): readers that had not taken them yet find
+// them here, as they would have on the earlier producer. The buffer owns
+// both slices from then on. The buffer must be empty and nothing staged.
+func (w *Writer) ResumeWith(ctx context.Context, first uint64, offs []int, data []byte) error {
+	if len(offs) == 0 || first == 0 {
+		return fmt.Errorf("%w: resume with %d tuples from id %d", ErrIDOrder, len(offs), first)
+	}
+	if err := w.ResumeAfter(first - 1); err != nil {
+		return err
+	}
+	if err := w.buf.Adopt(ctx, first, offs, data); err != nil {
+		return err
+	}
+	last := first + uint64(len(offs)) - 1
+	w.lastID, w.appendedID = last, last
+	return nil
+}
+
 // ResumeAfter continues a stream that an earlier producer (a task this one
 // was restored from) wrote up to id: the next tuple staged gets id+1, and
 // a reader asking for tuples at or before id is told of a gap (they are

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -110,6 +111,23 @@ type TaskSpec struct {
 	// It is used when the task starts: a task of that id already running
 	// here is kept as it is (stop it first, as a move does).
 	FromSnapshot *TaskSnapshot
+	// Bootstrap, when set (and FromSnapshot is not), makes the task fetch
+	// its starting snapshot from another copy of its partition when it
+	// starts (FetchSnapshot): the old copy of a move (Halt), or a live
+	// peer replica after a worker was lost. If that copy cannot be reached
+	// the task starts without one and replays from its upstreams' buffers.
+	Bootstrap *SnapshotSource
+}
+
+// SnapshotSource names the copy of a task a new copy takes its starting
+// snapshot from.
+type SnapshotSource struct {
+	// WorkerAddr is the DataPlane address of the worker running it.
+	WorkerAddr string
+	TaskID     string
+	Generation int
+	// Halt: stop-and-copy (a move); see SnapshotOptions.Halt.
+	Halt bool
 }
 
 // CopyID names this copy of the task in the data plane (its subscriber
@@ -177,6 +195,12 @@ type Options struct {
 	// its newest accepted record and the clock) a record may be dated
 	// (default DefaultMaxFuture).
 	MaxFuture time.Duration
+	// SnapshotChunkBytes is the size of the pieces FetchSnapshot streams
+	// a snapshot in (default SnapshotChunkBytes).
+	SnapshotChunkBytes int
+	// BootstrapTimeout bounds fetching a new copy's starting snapshot
+	// from another worker (TaskSpec.Bootstrap; default 60s).
+	BootstrapTimeout time.Duration
 }
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
@@ -204,6 +228,12 @@ func (o *Options) setDefaults() {
 	if o.MaxFuture <= 0 {
 		o.MaxFuture = DefaultMaxFuture
 	}
+	if o.SnapshotChunkBytes <= 0 {
+		o.SnapshotChunkBytes = SnapshotChunkBytes
+	}
+	if o.BootstrapTimeout <= 0 {
+		o.BootstrapTimeout = time.Minute
+	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)
 	}
@@ -216,6 +246,13 @@ type Runtime struct {
 	pool    *dataplane.Pool
 	ownPool bool
 	server  *dataplane.Server
+	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
+	snapshotsServed atomic.Uint64
+	// bootstraps counts tasks started from a fetched snapshot.
+	bootstraps atomic.Uint64
+	// afterFetch, when set (tests), runs after a bootstrap snapshot was
+	// fetched and before the task starts from it.
+	afterFetch func(*TaskSnapshot)
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -268,7 +305,7 @@ func (r *Runtime) watch() {
 
 // Server is the DataPlane service serving this runtime's output streams
 // and ingest sources; register it on the worker's grpc.Server.
-func (r *Runtime) Server() fedstreampb.DataPlaneServer { return r.server }
+func (r *Runtime) Server() fedstreampb.DataPlaneServer { return dpServer{r.server, r} }
 
 // Apply makes the running tasks match desired: it starts new tasks, stops
 // tasks no longer desired (or whose query definition changed) and hands
@@ -303,6 +340,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
+	r.bootstrap(ctx, want)
 	for _, id := range ids {
 		spec := want[id]
 		r.mu.Lock()
@@ -327,6 +365,70 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.start()
 			r.log.Info("task started", "task", id)
 		}
+	}
+}
+
+// bootstrap fetches, concurrently, the starting snapshot of every task of
+// want that is not running here yet and names a Bootstrap source, and
+// sets its FromSnapshot. A copy whose snapshot cannot be fetched starts
+// without one (replay), with a warning.
+func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	fetched := map[string]*TaskSnapshot{}
+	for id, spec := range want {
+		if spec.Bootstrap == nil || spec.FromSnapshot != nil || r.task(id) != nil {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			src := spec.Bootstrap
+			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
+			defer cancel()
+			start := time.Now()
+			if !src.Halt {
+				// The copy keeps running: pin what follows its positions.
+				r.pinUpstreams(fctx, spec)
+			}
+			fetch := func() (*TaskSnapshot, error) {
+				conn, err := r.pool.Conn(src.WorkerAddr)
+				if err != nil {
+					return nil, err
+				}
+				return FetchSnapshot(fctx, conn, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
+			}
+			// A transfer that broke off is tried again (a halted copy gives
+			// the same snapshot again); a refusal is final.
+			snap, err := fetch()
+			for try := 1; err != nil && try < 3 && retryableFetch(err) && fctx.Err() == nil; try++ {
+				select {
+				case <-fctx.Done():
+				case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+				}
+				snap, err = fetch()
+			}
+			if err != nil {
+				r.log.Warn("task starts without a snapshot: replays from its upstreams' buffers", "task", id, "generation", spec.Generation,
+					"from", src.TaskID, "from_generation", src.Generation, "worker", src.WorkerAddr, "err", err)
+				return
+			}
+			if r.afterFetch != nil {
+				r.afterFetch(snap)
+			}
+			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
+				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
+			mu.Lock()
+			fetched[id] = snap
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for id, snap := range fetched {
+		r.bootstraps.Add(1)
+		spec := want[id]
+		spec.FromSnapshot = snap
+		want[id] = spec
 	}
 }
 

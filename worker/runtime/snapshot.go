@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -62,6 +63,9 @@ type TaskSnapshot struct {
 	Seq     uint64
 	Inputs  []InputPosition
 	Outputs []OutputPosition
+	// SourceRecords is, for a generator source, the number of records
+	// drawn from its generator (Released is then its last boundary).
+	SourceRecords int64
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -90,6 +94,48 @@ type OutputPosition struct {
 	Partition int
 	// LastID is the id of the last tuple the task appended.
 	LastID uint64
+	// The tuples TailFirst..LastID the output still held (encoded, tuple
+	// i at Tail[TailOffs[i]:]): not yet taken by every downstream. A copy
+	// started from the snapshot holds them again, so a downstream can
+	// switch to it at once, whatever it had taken, without draining the
+	// old copy first. Empty when the output held nothing.
+	TailFirst uint64
+	TailOffs  []int
+	Tail      []byte
+}
+
+// tailBytes bounds each read of an output's retained tuples.
+const tailBytes = 4 << 20
+
+// captureTail copies what buf still holds up to last (see
+// OutputPosition.Tail).
+func captureTail(buf *dataplane.OutputBuffer, pos *OutputPosition) error {
+	after := uint64(0)
+	for after < pos.LastID {
+		data, offs, base, first, _, _, err := buf.ReadIndexed(after, tailBytes)
+		if err != nil {
+			return err
+		}
+		if len(offs) == 0 {
+			return nil
+		}
+		if pos.Tail == nil {
+			pos.TailFirst = first
+		} else if first != after+1 {
+			return fmt.Errorf("output to %q partition %d: retained tuples jump from %d to %d", pos.Consumer, pos.Partition, after, first)
+		}
+		n := min(len(offs), int(pos.LastID-first)+1)
+		end := len(data)
+		if n < len(offs) {
+			end = offs[n] - base
+		}
+		for _, o := range offs[:n] {
+			pos.TailOffs = append(pos.TailOffs, len(pos.Tail)+o-base)
+		}
+		pos.Tail = append(pos.Tail, data[:end]...)
+		after = first + uint64(n) - 1
+	}
+	return nil
 }
 
 // SnapshotOptions configures Runtime.SnapshotTask.
@@ -180,6 +226,9 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
+	if t.gen != nil && t.genSnap != nil {
+		return t.snapshotSource(ctx, opts)
+	}
 	if t.merge == nil || t.proc == nil {
 		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
@@ -199,6 +248,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 	}
 	defer t.unlockProc()
 	halt := opts.Halt
+	if halt && !opts.Aligned && t.haltSnap != nil {
+		// Asked again (a move's copy retrying a fetch that broke off): the
+		// halted task has not moved since, so its snapshot is the same.
+		return t.haltSnap, nil
+	}
 	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
 		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
 	}
@@ -222,7 +276,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 			// Between releases every output is flushed.
 			return nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
 		}
-		s.Outputs = append(s.Outputs, OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: last})
+		pos := OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: last}
+		if err := captureTail(o.buf, &pos); err != nil {
+			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+		s.Outputs = append(s.Outputs, pos)
 	}
 	if t.passThrough {
 		in := t.inputs[0]
@@ -238,6 +296,9 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 		}
 	}
 	if halt {
+		if !opts.Aligned {
+			t.haltSnap = s
+		}
 		t.halted.Store(true)
 		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
 	}
@@ -326,14 +387,8 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 		ms.inputs = append(ms.inputs, mergeInputState{port: pos.Port, upPartition: pos.Partition, lastID: pos.After,
 			boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
 	}
-	if len(s.Outputs) != len(t.outs) {
-		return fmt.Errorf("%w: %d outputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Outputs), len(t.outs))
-	}
-	for _, pos := range s.Outputs {
-		parts := t.byConsumer[pos.Consumer]
-		if pos.Partition < 0 || pos.Partition >= len(parts) || parts[pos.Partition] == nil {
-			return fmt.Errorf("%w: the task has no output to %q partition %d", ErrSnapshotMismatch, pos.Consumer, pos.Partition)
-		}
+	if err := t.checkOutputs(s); err != nil {
+		return err
 	}
 	if t.passThrough {
 		if len(s.Inputs[0].Pending) > 0 {
@@ -354,9 +409,46 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 			in.sub.KeepValuesPacked()
 		}
 	}
+	if err := t.resumeOutputs(s); err != nil {
+		return err
+	}
+	t.seq = s.Seq
+	t.restored = true
+	return nil
+}
+
+// checkOutputs returns an error unless the snapshot's outputs are the
+// task's.
+func (t *task) checkOutputs(s *TaskSnapshot) error {
+	if len(s.Outputs) != len(t.outs) {
+		return fmt.Errorf("%w: %d outputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Outputs), len(t.outs))
+	}
+	for _, pos := range s.Outputs {
+		parts := t.byConsumer[pos.Consumer]
+		if pos.Partition < 0 || pos.Partition >= len(parts) || parts[pos.Partition] == nil {
+			return fmt.Errorf("%w: the task has no output to %q partition %d", ErrSnapshotMismatch, pos.Consumer, pos.Partition)
+		}
+	}
+	return nil
+}
+
+// resumeOutputs continues every output after the snapshot's position,
+// holding again its tail.
+func (t *task) resumeOutputs(s *TaskSnapshot) error {
+	if err := t.checkOutputs(s); err != nil {
+		return err
+	}
 	for _, pos := range s.Outputs {
 		o := t.byConsumer[pos.Consumer][pos.Partition]
-		if err := o.w.ResumeAfter(pos.LastID); err != nil {
+		if len(pos.TailOffs) > 0 {
+			if pos.TailFirst+uint64(len(pos.TailOffs))-1 != pos.LastID {
+				return fmt.Errorf("%w: output tail %d+%d does not end at %d", ErrSnapshotMismatch, pos.TailFirst, len(pos.TailOffs), pos.LastID)
+			}
+			// The buffer owns what it adopts: give it its own copy.
+			if err := o.w.ResumeWith(context.Background(), pos.TailFirst, slices.Clone(pos.TailOffs), slices.Clone(pos.Tail)); err != nil {
+				return err
+			}
+		} else if err := o.w.ResumeAfter(pos.LastID); err != nil {
 			return err
 		}
 	}
@@ -367,10 +459,12 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 
 // Task snapshot encoding: "fsts", a version byte, then the fields in
 // declaration order; integers are varints, strings and byte strings
-// length-prefixed, pending tuples as (id, tuple encoding).
+// length-prefixed, pending tuples as (id, tuple encoding). Version 2 adds
+// each output's tail (first id, tuple lengths, bytes) and, last, a
+// source's record count; version 1 is still read.
 const (
 	taskSnapshotMagic   = "fsts"
-	taskSnapshotVersion = 1
+	taskSnapshotVersion = 2
 )
 
 // MarshalBinary encodes the snapshot in the versioned format
@@ -418,7 +512,18 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 		str(o.Consumer)
 		uv(uint64(o.Partition))
 		uv(o.LastID)
+		uv(o.TailFirst)
+		uv(uint64(len(o.TailOffs)))
+		for i := range o.TailOffs {
+			end := len(o.Tail)
+			if i+1 < len(o.TailOffs) {
+				end = o.TailOffs[i+1]
+			}
+			uv(uint64(end - o.TailOffs[i]))
+		}
+		str(string(o.Tail))
 	}
+	iv(s.SourceRecords)
 	return b, nil
 }
 
@@ -493,8 +598,9 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 	if len(data) < len(taskSnapshotMagic)+1 || string(data[:len(taskSnapshotMagic)]) != taskSnapshotMagic {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
-	if v := data[len(taskSnapshotMagic)]; v != taskSnapshotVersion {
-		return fmt.Errorf("%w: format version %d, this build reads %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
+	v := data[len(taskSnapshotMagic)]
+	if v != 1 && v != taskSnapshotVersion {
+		return fmt.Errorf("%w: format version %d, this build reads 1 to %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
 	}
 	r := &snapReader{b: data[len(taskSnapshotMagic)+1:]}
 	var out TaskSnapshot
@@ -537,7 +643,34 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 	}
 	nOut := r.count("output count")
 	for range nOut {
-		out.Outputs = append(out.Outputs, OutputPosition{Consumer: r.str("consumer"), Partition: r.small("output partition"), LastID: r.uv("output position")})
+		o := OutputPosition{Consumer: r.str("consumer"), Partition: r.small("output partition"), LastID: r.uv("output position")}
+		if v >= 2 {
+			o.TailFirst = r.uv("tail start")
+			nTail := r.count("tail count")
+			lens := make([]int, 0, nTail)
+			total := 0
+			for range nTail {
+				n := r.count("tail tuple length")
+				lens = append(lens, n)
+				total += n
+			}
+			o.Tail = []byte(r.str("tail"))
+			if r.err == nil && len(o.Tail) != total {
+				r.fail("tail")
+			}
+			off := 0
+			for _, n := range lens {
+				o.TailOffs = append(o.TailOffs, off)
+				off += n
+			}
+			if len(o.Tail) == 0 {
+				o.Tail = nil
+			}
+		}
+		out.Outputs = append(out.Outputs, o)
+	}
+	if v >= 2 {
+		out.SourceRecords = r.iv("source records")
 	}
 	if r.err != nil {
 		return r.err

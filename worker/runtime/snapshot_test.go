@@ -145,7 +145,7 @@ func positions(ins []InputPosition) []string {
 	return out
 }
 
-// TestSnapshotRefusals: sources cannot be snapshotted, unknown tasks are
+// TestSnapshotRefusals: sources cannot halt at a snapshot, unknown tasks are
 // named, and a snapshot that does not fit the task it is to start (another
 // partition) leaves that task failed with the reason.
 func TestSnapshotRefusals(t *testing.T) {
@@ -154,8 +154,8 @@ func TestSnapshotRefusals(t *testing.T) {
 	c.apply()
 	w := c.workers[0]
 	ctx := context.Background()
-	if _, err := w.rt.SnapshotTask(ctx, "wc/lines/p0/r0", SnapshotOptions{}); !errors.Is(err, ErrNotSnapshottable) {
-		t.Fatalf("source snapshot: %v, want ErrNotSnapshottable", err)
+	if _, err := w.rt.SnapshotTask(ctx, "wc/lines/p0/r0", SnapshotOptions{Halt: true}); !errors.Is(err, ErrNotSnapshottable) {
+		t.Fatalf("stop-and-copy source snapshot: %v, want ErrNotSnapshottable", err)
 	}
 	if _, err := w.rt.SnapshotTask(ctx, "wc/nope/p0/r0", SnapshotOptions{}); !errors.Is(err, ErrUnknownTask) {
 		t.Fatalf("unknown task: %v, want ErrUnknownTask", err)

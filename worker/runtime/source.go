@@ -39,8 +39,38 @@ func (t *task) runGenerator() {
 		if timer != nil {
 			timer.Stop()
 		}
+		close(t.genDone)
 	}()
-	for t.gen.Next(&tp) {
+	if r := t.genRestore; r != nil {
+		// Started from a snapshot: the generator is deterministic, so
+		// drawing the records the snapshot's copy already emitted puts
+		// it where that copy was; pacing continues from there.
+		for range r.records {
+			if !t.gen.Next(&tp) {
+				break
+			}
+		}
+		t.genRecords, boundary = r.records, r.boundary
+		if boundary != math.MinInt64 {
+			if next = boundary + interval; next < boundary {
+				next = math.MaxInt64
+			}
+		}
+		if rate > 0 {
+			n = r.records
+			start = time.Now().Add(-time.Duration(n * int64(time.Second) / rate / speedup))
+		}
+	}
+	for {
+		select {
+		case req := <-t.genSnap:
+			req <- t.cutSource(ctx, boundary)
+		default:
+		}
+		if !t.gen.Next(&tp) {
+			break
+		}
+		t.genRecords++
 		if tp.STime < boundary {
 			// A generator must not go back in time; clamp so the boundary
 			// promise holds (deterministically, so replicas agree).
@@ -109,6 +139,95 @@ func (t *task) endWith(err error) {
 	if !t.stopping(err) {
 		t.fail(err)
 	}
+}
+
+// sourceCut is a generator source's position, taken by its own goroutine
+// between two records (see cutSource).
+type sourceCut struct {
+	snap *TaskSnapshot
+	err  error
+}
+
+// genPosition is where a generator source restored from a snapshot
+// resumes: after records records, the last BOUNDARY emitted at boundary.
+type genPosition struct {
+	records  int64
+	boundary int64
+}
+
+// cutSource flushes the source's outputs and captures its snapshot: the
+// records drawn so far, the last boundary, the output positions (with
+// what consumers have not yet taken). Run by the generator goroutine.
+func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
+	if err := t.flush(ctx); err != nil {
+		return sourceCut{err: err}
+	}
+	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
+		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
+		SourceRecords: t.genRecords}
+	if t.srcChain != nil {
+		op, err := t.srcChain.Snapshot()
+		if err != nil {
+			return sourceCut{err: fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)}
+		}
+		s.Operator = op
+	}
+	for _, o := range t.outs {
+		pos := OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: o.w.LastID()}
+		if err := captureTail(o.buf, &pos); err != nil {
+			return sourceCut{err: fmt.Errorf("task %s: %w", t.spec.TaskID, err)}
+		}
+		s.Outputs = append(s.Outputs, pos)
+	}
+	return sourceCut{snap: s}
+}
+
+// snapshotSource asks the generator goroutine for its cut. A source
+// cannot halt (a live move leaves it running until its new copy runs).
+func (t *task) snapshotSource(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
+	if opts.Halt || opts.Aligned {
+		return nil, fmt.Errorf("%w: a source snapshot cannot halt or align (%s)", ErrNotSnapshottable, t.spec.TaskID)
+	}
+	reply := make(chan sourceCut, 1)
+	select {
+	case t.genSnap <- reply:
+	case <-t.genDone:
+		return nil, fmt.Errorf("%w: source %s has ended", ErrNotSnapshottable, t.spec.TaskID)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, ctx.Err())
+	}
+	select {
+	case c := <-reply:
+		return c.snap, c.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, ctx.Err())
+	}
+}
+
+// restoreSource makes a generator source built by newTask continue from
+// a snapshot of a copy of it.
+func (t *task) restoreSource(s *TaskSnapshot) error {
+	if s.Query != t.spec.Query || s.Fragment != t.spec.Fragment || s.Partition != t.spec.Partition {
+		return fmt.Errorf("%w: snapshot of %s/%s/p%d, task %s", ErrSnapshotMismatch, s.Query, s.Fragment, s.Partition, t.spec.TaskID)
+	}
+	if len(s.Inputs) != 0 || s.SourceRecords < 0 {
+		return fmt.Errorf("%w: not a source's snapshot", ErrSnapshotMismatch)
+	}
+	if (t.srcChain == nil) != (s.Operator == nil) {
+		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.srcChain != nil)
+	}
+	if t.srcChain != nil {
+		if err := t.srcChain.Restore(s.Operator); err != nil {
+			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
+		}
+	}
+	if err := t.resumeOutputs(s); err != nil {
+		return err
+	}
+	t.genRestore = &genPosition{records: s.SourceRecords, boundary: s.Released}
+	t.seq = s.Seq
+	t.restored = true
+	return nil
 }
 
 func floorDiv(a, b int64) int64 {

@@ -149,11 +149,24 @@ type task struct {
 	// halted: a stop-and-copy snapshot was taken; the task processes
 	// nothing more (set under proc).
 	halted atomic.Bool
+	// haltSnap is the snapshot that halted the task (under proc): a
+	// stop-and-copy snapshot asked again returns it.
+	haltSnap *TaskSnapshot
 	// passLast is the id of the last batch a pass-through sink adopted
 	// (under proc).
 	passLast uint64
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
+
+	// Generator sources: genSnap carries snapshot requests to the
+	// generator goroutine, which serves them between two records;
+	// genDone closes when that goroutine ends. genRecords counts the
+	// records drawn (generator goroutine only); genRestore is where a
+	// source started from a snapshot resumes.
+	genSnap    chan chan sourceCut
+	genDone    chan struct{}
+	genRecords int64
+	genRestore *genPosition
 }
 
 type placeKey struct {
@@ -228,8 +241,15 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 			}
 		}
+	} else if t.gen != nil {
+		t.genSnap, t.genDone = make(chan chan sourceCut), make(chan struct{})
+		if spec.FromSnapshot != nil {
+			if err := t.restoreSource(spec.FromSnapshot); err != nil {
+				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+			}
+		}
 	} else if spec.FromSnapshot != nil {
-		return nil, fmt.Errorf("task %s: %w: a source cannot start from a snapshot yet", spec.TaskID, ErrNotSnapshottable)
+		return nil, fmt.Errorf("task %s: %w: an ingest source cannot start from a snapshot", spec.TaskID, ErrNotSnapshottable)
 	}
 	// The context exists before the task is published to the runtime's
 	// map: an ingest request may reach the task before start runs.

@@ -1,0 +1,150 @@
+package coordinator
+
+import (
+	"context"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+)
+
+// Live task moves (issue 9 item 3).
+//
+// MoveTask commits one plan through the plan applier: the task's next
+// generation is placed on the target worker, and the previous copy stays
+// assigned to its worker as a moving-out copy (fsm.Task.MovingFrom). The
+// new copy's assignment names the old copy as its bootstrap source with
+// halt: the new worker fetches a stop-and-copy snapshot from it
+// (DataPlane FetchSnapshot) and starts from it; the snapshot carries the
+// old copy's output not yet taken by every downstream, so downstreams
+// switch to the new copy as soon as the placement changes, each resuming
+// after the last tuple it took. When the new copy reports running, the
+// state machine clears MovingFrom and the old worker stops the old copy.
+// No tuple is lost (the new copy resumes after the snapshot's input
+// positions, and upstream buffers keep those tuples for the old copy's
+// subscriber, halted and not acknowledging, within its lease) and none is
+// processed twice (the old copy processes nothing after the snapshot).
+
+// MoveTask implements AdminService.MoveTask.
+func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (*pb.MoveTaskResponse, error) {
+	s := as.s
+	if req.TaskId == "" || req.ToWorker == "" {
+		return nil, status.Error(codes.InvalidArgument, "move: a task id and a target worker are required")
+	}
+	resp := &pb.MoveTaskResponse{}
+	if handled, err := s.leaderOrForward(ctx, adminMethod+"MoveTask", req, resp); handled {
+		return resp, err
+	}
+	st := s.State()
+	t, err := st.Task(nil, req.TaskId)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "move: %v", err)
+	}
+	if t == nil {
+		return nil, status.Errorf(codes.NotFound, "move: no task %q", req.TaskId)
+	}
+	if t.WorkerID == "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is not placed (%s): nothing runs to move", t.ID, t.Message)
+	}
+	if t.MovingFrom != "" {
+		return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is still moving from %s: wait until its new copy runs", t.ID, t.MovingFrom)
+	}
+	to, err := resolveWorker(st, req.ToWorker)
+	if err != nil {
+		return nil, err
+	}
+	if to.ID == t.WorkerID {
+		return nil, status.Errorf(codes.InvalidArgument, "move: task %s already runs on worker %s", t.ID, to.ID)
+	}
+	if q, err := st.Query(nil, t.Query); err == nil && q != nil {
+		if plan := s.plans.plan(q); plan != nil {
+			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Gen == nil {
+				return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is an ingest source: its clients send to its worker, so it cannot move", t.ID)
+			}
+		}
+	}
+	out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: st.LatestIndex(),
+		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to.ID, Live: true}}})
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "move %s: %v", t.ID, err)
+	}
+	if len(out.Result.Refused) > 0 {
+		return nil, status.Errorf(codes.FailedPrecondition, "move %s refused: %s", t.ID, out.Result.RefusedText())
+	}
+	return &pb.MoveTaskResponse{TaskId: t.ID, FromWorker: t.WorkerID, ToWorker: to.ID, Generation: int32(t.Gen() + 1)}, nil
+}
+
+// resolveWorker finds a worker by id, or by name when one worker has it.
+func resolveWorker(st *fsm.StateStore, idOrName string) (*fsm.Worker, error) {
+	workers, err := st.Workers(nil)
+	if err != nil {
+		return nil, status.Errorf(codes.Internal, "read workers: %v", err)
+	}
+	var byName []*fsm.Worker
+	for _, w := range workers {
+		if w.ID == idOrName {
+			return w, nil
+		}
+		if w.Name == idOrName {
+			byName = append(byName, w)
+		}
+	}
+	switch len(byName) {
+	case 1:
+		return byName[0], nil
+	case 0:
+		return nil, status.Errorf(codes.NotFound, "no worker with id or name %q", idOrName)
+	}
+	return nil, status.Errorf(codes.InvalidArgument, "%d workers are named %q: give the worker id", len(byName), idOrName)
+}
+
+// haltMoves makes moves stop-and-copy: the old copy halts at the
+// snapshot. Live moves (false) leave it running while the new copy
+// starts and catches up; consumers read the old copy until the new one
+// runs (see consumerPlacement).
+const haltMoves = false
+
+// consumerPlacement is where the consumers of a task read it from: during
+// a live move the old copy, which runs until the new one has caught up
+// and reported running; otherwise where the task is placed.
+func consumerPlacement(t *fsm.Task) (worker string, generation int) {
+	if t.MovingFrom != "" && !haltMoves {
+		return t.MovingFrom, max(t.MovingFromGeneration, 1)
+	}
+	return t.WorkerID, t.Gen()
+}
+
+// bootstrapSource says where a task's new copy takes its starting
+// snapshot: from the old copy of a live move (halted), or, for a copy
+// placed again after its worker was lost (generation > 1), from a running
+// peer replica of its partition (not halted). nil: no such copy (the task
+// replays from its upstreams' buffers). addrs maps worker ids to
+// data-plane addresses; ready says whether a worker is ready.
+func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, ready func(string) bool) *pb.SnapshotSource {
+	if t.IsMovingOut() {
+		return nil
+	}
+	if t.MovingFrom != "" {
+		if addr := addrs[t.MovingFrom]; addr != "" {
+			return &pb.SnapshotSource{WorkerAddr: addr, TaskId: t.ID, Generation: int32(max(t.MovingFromGeneration, 1)), Halt: haltMoves}
+		}
+		return nil
+	}
+	if t.Gen() <= 1 {
+		return nil
+	}
+	for _, p := range peers {
+		if p.ID == t.ID || p.Fragment != t.Fragment || p.Partition != t.Partition || p.WorkerID == "" || p.WorkerID == t.WorkerID {
+			continue
+		}
+		if p.State != states.TaskRunning || !ready(p.WorkerID) || addrs[p.WorkerID] == "" {
+			continue
+		}
+		return &pb.SnapshotSource{WorkerAddr: addrs[p.WorkerID], TaskId: p.ID, Generation: int32(p.Gen())}
+	}
+	return nil
+}

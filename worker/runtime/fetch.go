@@ -1,0 +1,153 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+)
+
+// SnapshotChunkBytes is the default size of the pieces FetchSnapshot
+// streams an encoded task snapshot in (Options.SnapshotChunkBytes): well
+// under the data plane's 16 MiB message
+// limit, so a snapshot of any size crosses as a sequence of messages and
+// neither side builds one giant message.
+const SnapshotChunkBytes = 1 << 20
+
+// MaxFetchedSnapshotBytes bounds the snapshot a worker accepts from a
+// peer, so a peer announcing a corrupt size cannot make it allocate
+// without bound.
+const MaxFetchedSnapshotBytes = 8 << 30
+
+// ErrSnapshotTransfer means a snapshot fetched from another worker did
+// not arrive whole: the peer announced no size or a size beyond
+// MaxFetchedSnapshotBytes, or sent more or fewer bytes than announced.
+var ErrSnapshotTransfer = errors.New("task snapshot transfer incomplete")
+
+// dpServer is the DataPlane service of a runtime: the data plane's
+// streams and ingest (dataplane.Server) plus task snapshots, which only
+// the runtime can take.
+type dpServer struct {
+	*dataplane.Server
+	r *Runtime
+}
+
+// FetchSnapshot takes a snapshot of the task copy the request names
+// (SnapshotTask; with Halt, stop-and-copy) and streams its encoding in
+// SnapshotChunkBytes pieces. Who may call it is the worker's business
+// (rpc/authz: the org's workers only).
+func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fedstreampb.DataPlane_FetchSnapshotServer) error {
+	ctx := stream.Context()
+	t := s.r.task(req.TaskId)
+	if t == nil || t.spec.Query != req.Query {
+		return status.Errorf(codes.NotFound, "no task %q of query %q runs on this worker", req.TaskId, req.Query)
+	}
+	if gen := max(t.spec.Generation, 1); req.Generation != 0 && int(req.Generation) != gen {
+		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
+	}
+	snap, err := t.snapshot(ctx, SnapshotOptions{Halt: req.Halt})
+	if err != nil {
+		if errors.Is(err, ErrNotSnapshottable) {
+			return status.Error(codes.FailedPrecondition, err.Error())
+		}
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	enc, err := snap.MarshalBinary()
+	if err != nil {
+		return status.Errorf(codes.Internal, "task %s: encode snapshot: %v", req.TaskId, err)
+	}
+	s.r.snapshotsServed.Add(1)
+	t.log.Info("snapshot served", "halt", req.Halt, "bytes", len(enc), "released", snap.Released)
+	size := s.r.opts.SnapshotChunkBytes
+	chunks := 0
+	for off := 0; off < len(enc); off += size {
+		chunk := &fedstreampb.SnapshotChunk{Data: enc[off:min(off+size, len(enc))]}
+		if off == 0 {
+			chunk.TotalBytes = uint64(len(enc))
+		}
+		if err := stream.Send(chunk); err != nil {
+			return err
+		}
+		chunks++
+	}
+	t.log.Debug("snapshot sent", "chunks", chunks)
+	return nil
+}
+
+// retryableFetch reports whether a failed FetchSnapshot may succeed if
+// tried again: the transfer broke off, not a refusal of the serving
+// worker.
+func retryableFetch(err error) bool {
+	if errors.Is(err, ErrSnapshotTransfer) {
+		return true
+	}
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled, codes.DeadlineExceeded, codes.Internal, codes.Unknown:
+		return true
+	}
+	return false
+}
+
+// Bootstraps is how many tasks this runtime started from a snapshot
+// fetched from another worker (TaskSpec.Bootstrap).
+func (r *Runtime) Bootstraps() uint64 { return r.bootstraps.Load() }
+
+// StartedFromSnapshot reports whether the task with the given id runs
+// here from a snapshot (TaskSpec.FromSnapshot or Bootstrap), rather than
+// from the start of its upstreams' buffers.
+func (r *Runtime) StartedFromSnapshot(taskID string) bool {
+	t := r.task(taskID)
+	return t != nil && t.restored
+}
+
+// SnapshotsServed is how many task snapshots this runtime's FetchSnapshot
+// has served (moves out of it, peers bootstrapped from it).
+func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }
+
+// FetchSnapshot asks the worker behind conn for a snapshot of one copy of
+// a task (see the DataPlane FetchSnapshot RPC) and decodes it.
+func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+	}
+	var enc []byte
+	var total uint64
+	for first := true; ; first = false {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+		}
+		if first {
+			total = chunk.TotalBytes
+			if total == 0 || total > MaxFetchedSnapshotBytes {
+				return nil, fmt.Errorf("%w: %s: announced size %d", ErrSnapshotTransfer, req.TaskId, total)
+			}
+			enc = make([]byte, 0, total)
+		}
+		if uint64(len(enc))+uint64(len(chunk.Data)) > total {
+			return nil, fmt.Errorf("%w: %s: more than the announced %d bytes", ErrSnapshotTransfer, req.TaskId, total)
+		}
+		enc = append(enc, chunk.Data...)
+	}
+	if uint64(len(enc)) != total || total == 0 {
+		return nil, fmt.Errorf("%w: %s: %d of %d bytes", ErrSnapshotTransfer, req.TaskId, len(enc), total)
+	}
+	var snap TaskSnapshot
+	if err := snap.UnmarshalBinary(enc); err != nil {
+		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+	}
+	return &snap, nil
+}
