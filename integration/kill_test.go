@@ -11,10 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/fedstream/fedstream/config/queryspec"
-	"github.com/fedstream/fedstream/worker/source"
-	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // pacedWard is the ward query paced to run for several seconds, so that
@@ -31,44 +27,6 @@ sinks:
   - {name: out, input: per_patient}
 `
 
-// pacedWardReference computes pacedWard's results from its generator.
-func pacedWardReference(t *testing.T) map[string]string {
-	t.Helper()
-	q, err := queryspec.Parse("ref.yaml", []byte(pacedWard))
-	if err != nil {
-		t.Fatal(err)
-	}
-	gen, err := source.NewGenerator(q.Sources[0].Gen, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := gen.Schema()
-	iPatient, iTemp, iHR := s.Index("patient"), s.Index("temperature"), s.Index("heart_rate")
-	type agg struct{ n, hr int64 }
-	windows := map[string]*agg{}
-	const size = int64(100 * time.Millisecond)
-	var tup tuple.Tuple
-	for gen.Next(&tup) {
-		if tup.Values[iTemp].F <= 37.0 {
-			continue
-		}
-		end := (tup.STime/size + 1) * size
-		key := fmt.Sprintf("%s@%s", tup.Values[iPatient].S, time.Unix(0, end).UTC().Format(time.RFC3339Nano))
-		a := windows[key]
-		if a == nil {
-			a = &agg{hr: tup.Values[iHR].I}
-			windows[key] = a
-		}
-		a.n++
-		a.hr = max(a.hr, tup.Values[iHR].I)
-	}
-	out := map[string]string{}
-	for k, a := range windows {
-		out[k] = fmt.Sprintf("n=%d hr=%d", a.n, a.hr)
-	}
-	return out
-}
-
 // TestKilledWorkerReplicaBootstrapsFromPeer: kill -9 of the worker
 // process running replica 0 of a keyed aggregate's partition while a
 // replicated query runs. The org places the lost tasks again; the
@@ -80,7 +38,7 @@ func TestKilledWorkerReplicaBootstrapsFromPeer(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	want := pacedWardReference(t)
+	want := wardReference(t, pacedWard, 100*time.Millisecond)
 	o := startOrg(t, 1, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
@@ -237,7 +195,7 @@ func TestTaskMoveCommand(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	want := pacedWardReference(t)
+	want := wardReference(t, pacedWard, 100*time.Millisecond)
 	o := startOrg(t, 1, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()

@@ -30,10 +30,12 @@ sinks:
   - {name: out, input: per_patient}
 `
 
-// reference computes the query's result directly from the generator.
-func vitalsReference(t *testing.T, limit int) map[string]string {
+// wardReference computes, straight from the generator of a ward query
+// (vitalsQuery's shape: feverish patients counted per tumbling window of
+// size), the result every sink row must match, keyed "patient@window end".
+func wardReference(t *testing.T, queryYAML string, size time.Duration) map[string]string {
 	t.Helper()
-	q, err := queryspec.Parse("ref.yaml", []byte(fmt.Sprintf(vitalsQuery, limit)))
+	q, err := queryspec.Parse("ref.yaml", []byte(queryYAML))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,13 +47,12 @@ func vitalsReference(t *testing.T, limit int) map[string]string {
 	iPatient, iTemp, iHR := s.Index("patient"), s.Index("temperature"), s.Index("heart_rate")
 	type agg struct{ n, hr int64 }
 	windows := map[string]*agg{}
-	const size = int64(time.Millisecond)
 	var tup tuple.Tuple
 	for gen.Next(&tup) {
 		if tup.Values[iTemp].F <= 37.0 {
 			continue
 		}
-		end := (tup.STime/size + 1) * size
+		end := (tup.STime/int64(size) + 1) * int64(size)
 		key := fmt.Sprintf("%s@%s", tup.Values[iPatient].S, time.Unix(0, end).UTC().Format(time.RFC3339Nano))
 		a := windows[key]
 		if a == nil {
@@ -76,7 +77,7 @@ func TestQueryEndToEndMatchesReference(t *testing.T) {
 		t.Skip("starts real processes")
 	}
 	const limit = 20000
-	want := vitalsReference(t, limit)
+	want := wardReference(t, fmt.Sprintf(vitalsQuery, limit), time.Millisecond)
 	if len(want) < 50 {
 		t.Fatalf("reference has only %d results; the test would prove little", len(want))
 	}
