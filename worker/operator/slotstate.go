@@ -163,6 +163,22 @@ func decodeSet(d *decoder) slots.Set {
 	return s
 }
 
+// openSlotSnapshot reads the header of a slot snapshot made for an
+// operator of signature (its watermark and slot set) and applies
+// SlotState's rules against the operator, which holds held at watermark
+// (empty: it holds no window). The decoder is left at the windows.
+func openSlotSnapshot(data []byte, signature string, held slots.Set, watermark int64, empty bool) (d *decoder, snapWatermark int64, set slots.Set, err error) {
+	if d, err = newDecoder(data, slotSignature(signature)); err != nil {
+		return nil, 0, set, err
+	}
+	snapWatermark = d.varint()
+	set = decodeSet(d)
+	if d.err != nil {
+		return nil, 0, set, d.err
+	}
+	return d, snapWatermark, set, checkRestore(held, set, watermark, snapWatermark, empty)
+}
+
 // checkRestore applies SlotState's rules: the snapshot's slots must not be
 // held, and its watermark must be the operator's unless the operator is
 // new (never advanced, holds nothing).
@@ -222,16 +238,8 @@ func (a *aggregate) RestoreSlots(data []byte) error {
 	if !a.keyed {
 		return fmt.Errorf("%w: aggregate without group_by", ErrNotKeyed)
 	}
-	d, err := newDecoder(data, slotSignature(a.signature))
+	d, watermark, set, err := openSlotSnapshot(data, a.signature, a.HeldSlots(), a.watermark, len(a.windows) == 0)
 	if err != nil {
-		return err
-	}
-	watermark := d.varint()
-	set := decodeSet(d)
-	if d.err != nil {
-		return d.err
-	}
-	if err := checkRestore(a.HeldSlots(), set, a.watermark, watermark, len(a.windows) == 0); err != nil {
 		return err
 	}
 	incoming := map[int64]*aggWindow{}
@@ -333,16 +341,8 @@ func (j *join) SnapshotSlots(s slots.Set) ([]byte, error) {
 }
 
 func (j *join) RestoreSlots(data []byte) error {
-	d, err := newDecoder(data, slotSignature(j.signature))
+	d, watermark, set, err := openSlotSnapshot(data, j.signature, j.HeldSlots(), j.watermark, len(j.windows) == 0)
 	if err != nil {
-		return err
-	}
-	watermark := d.varint()
-	set := decodeSet(d)
-	if d.err != nil {
-		return d.err
-	}
-	if err := checkRestore(j.HeldSlots(), set, j.watermark, watermark, len(j.windows) == 0); err != nil {
 		return err
 	}
 	incoming := map[int64]*joinWindow{}
