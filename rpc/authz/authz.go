@@ -158,7 +158,8 @@ var Methods = map[string]Need{
 	pb.AdminService_SubmitQuery_FullMethodName: NeedWriter,
 	pb.AdminService_StopQuery_FullMethodName:   NeedWriter,
 	// Moving a running task changes placements, as submitting does.
-	pb.AdminService_MoveTask_FullMethodName: NeedWriter,
+	pb.AdminService_MoveTask_FullMethodName:   NeedWriter,
+	pb.AdminService_QueryStats_FullMethodName: NeedReader,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

@@ -288,6 +288,7 @@ const (
 	AdminService_ListRaftPeers_FullMethodName  = "/fedstream.v1.AdminService/ListRaftPeers"
 	AdminService_MoveTask_FullMethodName       = "/fedstream.v1.AdminService/MoveTask"
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
+	AdminService_QueryStats_FullMethodName     = "/fedstream.v1.AdminService/QueryStats"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -305,6 +306,9 @@ type AdminServiceClient interface {
 	// ---- live task moves (issue 9 item 3)
 	MoveTask(ctx context.Context, in *MoveTaskRequest, opts ...grpc.CallOption) (*MoveTaskResponse, error)
 	RemoveRaftPeer(ctx context.Context, in *RemoveRaftPeerRequest, opts ...grpc.CallOption) (*RemoveRaftPeerResponse, error)
+	// ---- query statistics (issue 12): live per-task figures, served by the
+	// leader from what workers report; not replicated through Raft.
+	QueryStats(ctx context.Context, in *QueryStatsRequest, opts ...grpc.CallOption) (*QueryStatsResponse, error)
 }
 
 type adminServiceClient struct {
@@ -405,6 +409,16 @@ func (c *adminServiceClient) RemoveRaftPeer(ctx context.Context, in *RemoveRaftP
 	return out, nil
 }
 
+func (c *adminServiceClient) QueryStats(ctx context.Context, in *QueryStatsRequest, opts ...grpc.CallOption) (*QueryStatsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QueryStatsResponse)
+	err := c.cc.Invoke(ctx, AdminService_QueryStats_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -420,6 +434,9 @@ type AdminServiceServer interface {
 	// ---- live task moves (issue 9 item 3)
 	MoveTask(context.Context, *MoveTaskRequest) (*MoveTaskResponse, error)
 	RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error)
+	// ---- query statistics (issue 12): live per-task figures, served by the
+	// leader from what workers report; not replicated through Raft.
+	QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -456,6 +473,9 @@ func (UnimplementedAdminServiceServer) MoveTask(context.Context, *MoveTaskReques
 }
 func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRaftPeerRequest) (*RemoveRaftPeerResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RemoveRaftPeer not implemented")
+}
+func (UnimplementedAdminServiceServer) QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method QueryStats not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -640,6 +660,24 @@ func _AdminService_RemoveRaftPeer_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_QueryStats_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QueryStatsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).QueryStats(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_QueryStats_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).QueryStats(ctx, req.(*QueryStatsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -682,6 +720,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveRaftPeer",
 			Handler:    _AdminService_RemoveRaftPeer_Handler,
+		},
+		{
+			MethodName: "QueryStats",
+			Handler:    _AdminService_QueryStats_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
