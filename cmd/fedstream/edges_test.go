@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -318,5 +320,59 @@ func TestTailJSONEnvelope(t *testing.T) {
 	want := `{"sink":"out","id":7,"type":"STABLE","stime":"1970-01-01T00:01:00Z","values":{"id":"user-id","sink":-3,"type":"NaN","stime":"1970-01-01T00:00:00Z","a":"-Inf"}}` + "\n"
 	if b.String() != want {
 		t.Fatalf("tail --json printed\n%s want\n%s", b.String(), want)
+	}
+}
+
+// TestExampleCommandsExist: every fedstream command quoted in the
+// comments of examples/*.yaml names a real command with its positional
+// arguments and only flags it has (the ingest example named a --source
+// flag that never existed).
+func TestExampleCommandsExist(t *testing.T) {
+	files, err := filepath.Glob("../../examples/*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("examples: %v %v", files, err)
+	}
+	seen := 0
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			cmdline, ok := strings.CutPrefix(strings.TrimSpace(strings.TrimPrefix(line, "#")), "fedstream ")
+			if !ok || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			seen++
+			if i := strings.IndexAny(cmdline, "<|"); i >= 0 {
+				cmdline = cmdline[:i]
+			}
+			words := strings.Fields(cmdline)
+			cmd, rest, err := newRootCmd().Find(words)
+			if err != nil || !cmd.Runnable() {
+				t.Errorf("%s: %q: no such command (%v)", file, line, err)
+				continue
+			}
+			var positional []string
+			for _, w := range rest {
+				name, isFlag := strings.CutPrefix(w, "--")
+				if !isFlag {
+					positional = append(positional, w)
+					continue
+				}
+				name, _, _ = strings.Cut(name, "=")
+				if cmd.Flags().Lookup(name) == nil {
+					t.Errorf("%s: %q: fedstream %s has no flag --%s", file, line, cmd.Name(), name)
+				}
+			}
+			if cmd.Args != nil {
+				if err := cmd.Args(cmd, positional); err != nil {
+					t.Errorf("%s: %q: %v", file, line, err)
+				}
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no fedstream command found in the examples' comments")
 	}
 }
