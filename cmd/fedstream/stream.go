@@ -111,15 +111,17 @@ func (tl *tailer) run(ctx context.Context) error {
 		tl.activity = time.AfterFunc(tl.idle, func() { idled.Store(true); cancel() })
 		defer tl.activity.Stop()
 	}
+	defer func() {
+		if idled.Load() {
+			tl.note("no result for %s (--idle)", tl.idle)
+		}
+	}()
 	backoff := retry.Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}.New()
 	var notFoundSince time.Time
 	for ctx.Err() == nil {
 		err := tl.once(ctx)
 		switch {
-		case idled.Load():
-			tl.note("no result for %s (--idle)", tl.idle)
-			return nil
-		case ctx.Err() != nil:
+		case ctx.Err() != nil: // interrupted, or --idle passed
 			return nil
 		case errors.Is(err, errSinkEnded), errors.Is(err, errQueryStopped), errors.Is(err, errCountReached):
 			if !errors.Is(err, errCountReached) {
@@ -143,14 +145,8 @@ func (tl *tailer) run(ctx context.Context) error {
 			notFoundSince = time.Time{}
 		}
 		if backoff.Wait(ctx) != nil {
-			if idled.Load() {
-				tl.note("no result for %s (--idle)", tl.idle)
-			}
 			return nil
 		}
-	}
-	if idled.Load() {
-		tl.note("no result for %s (--idle)", tl.idle)
 	}
 	return nil
 }
