@@ -90,6 +90,11 @@ type aggregate struct {
 	// that would take one of their sums past the int64 range is dropped
 	// (ErrSumOverflow) instead of wrapping around.
 	intSums []int
+	// sumBound is at least the magnitude of every int running sum held
+	// (it never decreases): a tuple whose values' magnitudes stay within
+	// MaxInt64 - sumBound cannot overflow, so only the rare tuple that
+	// might is checked group by group (see mayOverflow).
+	sumBound uint64
 
 	windows   map[int64]*aggWindow // by start
 	watermark int64                // highest Advance so far; math.MinInt64 before any
@@ -242,7 +247,7 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 	if t.STime < a.rangeFrom || t.STime >= a.rangeTo {
 		a.windowsOf(t.STime)
 	}
-	if len(a.intSums) > 0 {
+	if len(a.intSums) > 0 && a.mayOverflow(t) {
 		if err := a.checkIntSums(t); err != nil {
 			return err
 		}
@@ -265,6 +270,26 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 		a.accumulate(g, t)
 	}
 	return nil
+}
+
+// mayOverflow is a cheap test that adding t to no group can overflow an
+// int sum: false when every value's magnitude fits under MaxInt64 minus
+// sumBound.
+func (a *aggregate) mayOverflow(t *tuple.Tuple) bool {
+	for _, i := range a.intSums {
+		if magnitude(t.Values[a.specs[i].field].I) > math.MaxInt64-min(a.sumBound, math.MaxInt64) {
+			return true
+		}
+	}
+	return false
+}
+
+// magnitude is |v| as a uint64 (exact for math.MinInt64 too).
+func magnitude(v int64) uint64 {
+	if v < 0 {
+		return uint64(-(v + 1)) + 1
+	}
+	return uint64(v)
 }
 
 // checkIntSums refuses a tuple that would take an int sum of its group,
@@ -363,6 +388,7 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 				acc.sumF += v.F
 			} else {
 				acc.sumI += v.I
+				a.sumBound = max(a.sumBound, magnitude(acc.sumI))
 			}
 		case aggMin:
 			if acc.count == 1 || compareValues(v, acc.ext) < 0 {
@@ -604,6 +630,7 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 			acc.sumF = d.f64()
 		} else {
 			acc.sumI = d.varint()
+			a.sumBound = max(a.sumBound, magnitude(acc.sumI))
 		}
 	case aggMin, aggMax:
 		acc.ext = d.value()

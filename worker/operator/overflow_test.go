@@ -50,3 +50,32 @@ func TestAggregateIntSumOverflow(t *testing.T) {
 		`STABLE@15["b" 1 -5 -5 t15]`,
 	})
 }
+
+// TestAggregateIntSumOverflowAfterRestore: a copy restored from a
+// snapshot knows how large its sums are, so it refuses the same tuple.
+func TestAggregateIntSumOverflowAfterRestore(t *testing.T) {
+	def := aggDef("10ns", "", []string{"src"}, "s=sum(port)")
+	op := mustNew(t, def, connSchema)
+	c := Collect()
+	if err := op.Process(0, conn(1, "a", math.MaxInt64-1, 0, true), c); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := op.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := mustNew(t, def, connSchema)
+	if err := copied.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	if err := copied.Process(0, conn(2, "a", 2, 0, true), c); !errors.Is(err, ErrSumOverflow) {
+		t.Fatalf("restored copy: %v", err)
+	}
+	if err := copied.Process(0, conn(2, "a", 1, 0, true), c); err != nil {
+		t.Fatal(err)
+	}
+	if err := copied.Advance(10, c); err != nil {
+		t.Fatal(err)
+	}
+	equalRows(t, c.Tuples, []string{`STABLE@10["a" 9223372036854775807 t10]`})
+}
