@@ -16,8 +16,11 @@ import (
 
 // TestIngestAndTailThroughTheCLI feeds examples/ingest-sample.jsonl plus one
 // bad line through `fedstream ingest`, as the README shows: the bad line is
-// refused by number and field (exit 2), the good ones are kept, and the
-// query's results arrive through `fedstream tail`.
+// refused by number and field (exit 2), the good ones are kept. Then
+// `fedstream ingest --close --json` ends the source, so the last window is
+// emitted without a later record to close it, and `fedstream tail --json`
+// prints every result, exactly as computed from the sample here, and exits
+// 0 by itself at the sink's end.
 func TestIngestAndTailThroughTheCLI(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
@@ -39,9 +42,7 @@ func TestIngestAndTailThroughTheCLI(t *testing.T) {
 	}
 	good := bytes.Count(sample, []byte("\n"))
 	bad := `{"time": "2024-05-01T12:00:00Z", "host": "web-1", "path": "/x", "status": "oops", "latency_ms": 1}` + "\n"
-	// A last line two minutes later closes the sample's windows.
-	closer := `{"time": "2024-05-01T12:30:00Z", "host": "web-9", "path": "/", "status": 200, "latency_ms": 1}` + "\n"
-	input := bad + string(sample) + closer
+	input := bad + string(sample)
 
 	// The source task may still be starting: retry until it accepts.
 	var out, stderr bytes.Buffer
@@ -62,32 +63,75 @@ func TestIngestAndTailThroughTheCLI(t *testing.T) {
 	if !strings.Contains(stderr.String(), `line 1: field "status": want int, got string "oops"`) {
 		t.Fatalf("bad line not named by number and field:\n%s", stderr.String())
 	}
-	if want := fmt.Sprintf("ingested %d of %d lines", good+1, good+2); !strings.Contains(out.String(), want) {
+	if want := fmt.Sprintf("ingested %d of %d lines", good, good+1); !strings.Contains(out.String(), want) {
 		t.Fatalf("ingest said %q, want %q", out.String(), want)
 	}
 
+	// Close the source, without lines, as JSON.
+	var closed struct {
+		Query    string `json:"query"`
+		Source   string `json:"source"`
+		Lines    int    `json:"lines"`
+		Accepted int    `json:"accepted"`
+		Refused  []any  `json:"refused"`
+		Replicas int    `json:"replicas"`
+		Closed   bool   `json:"closed"`
+	}
+	if err := cli(ctx, t, &closed, "ingest", "ingest", "requests", "--close", "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+		t.Fatal(err)
+	}
+	if !closed.Closed || closed.Lines != 0 || closed.Accepted != 0 || closed.Refused == nil || closed.Replicas != 1 || closed.Query != "ingest" || closed.Source != "requests" {
+		t.Fatalf("ingest --close --json printed %+v", closed)
+	}
+
+	// What the query computes, from the sample: per host and minute, the
+	// requests with status >= 500 or latency over 1000 ms.
+	want := map[string]int{}
+	for _, line := range strings.Split(strings.TrimSpace(string(sample)), "\n") {
+		var r struct {
+			Time    time.Time `json:"time"`
+			Host    string    `json:"host"`
+			Status  int       `json:"status"`
+			Latency float64   `json:"latency_ms"`
+		}
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Status >= 500 || r.Latency > 1000 {
+			end := r.Time.Truncate(time.Minute).Add(time.Minute).UTC().Format(time.RFC3339Nano)
+			want[r.Host+"@"+end]++
+		}
+	}
+
+	// tail prints every result and exits 0 at the sink's end.
 	tail := exec.CommandContext(ctx, binary(t), "tail", "ingest", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
-	stdout, err := tail.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
+	var tailOut, tailErr bytes.Buffer
+	tail.Stdout, tail.Stderr = &tailOut, &tailErr
+	if err := tail.Run(); err != nil {
+		t.Fatalf("tail after close: %v (want exit 0)\n%s", err, tailErr.String())
 	}
-	if err := tail.Start(); err != nil {
-		t.Fatal(err)
+	if !strings.Contains(tailErr.String(), "ended") {
+		t.Errorf("tail did not say why it ended: %q", tailErr.String())
 	}
-	defer func() { _ = tail.Process.Kill(); _ = tail.Wait() }()
-	sc := bufio.NewScanner(stdout)
-	hosts := map[string]bool{}
-	for len(hosts) < 3 && sc.Scan() {
-		var r map[string]any
+	got := map[string]int{}
+	sc := bufio.NewScanner(&tailOut)
+	for sc.Scan() {
+		var r struct {
+			Sink   string         `json:"sink"`
+			ID     uint64         `json:"id"`
+			Type   string         `json:"type"`
+			STime  string         `json:"stime"`
+			Values map[string]any `json:"values"`
+		}
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("tail printed %q", sc.Text())
 		}
-		if r["failures"].(float64) < 1 {
-			t.Fatalf("a failing_hosts row without failures: %s", sc.Text())
+		if r.Sink != "failing_hosts" || r.ID == 0 || r.Type != "STABLE" || r.STime != r.Values["window_end"] {
+			t.Fatalf("result envelope: %s", sc.Text())
 		}
-		hosts[r["host"].(string)] = true
+		got[fmt.Sprintf("%s@%s", r.Values["host"], r.Values["window_end"])] = int(r.Values["failures"].(float64))
 	}
-	if len(hosts) < 3 {
-		t.Fatalf("tail ended with hosts %v: %v", hosts, sc.Err())
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("tail printed %v, want %v", got, want)
 	}
 }

@@ -127,11 +127,12 @@ func (w *ward) results(t *testing.T, n int, each func(n int)) map[string]string 
 		if err := json.Unmarshal(w.stdout.Bytes(), &r); err != nil {
 			t.Fatalf("tail printed a line that is not JSON: %q", w.stdout.Text())
 		}
-		key := fmt.Sprintf("%s@%s", r["patient"], r["window_end"])
+		v, _ := r["values"].(map[string]any)
+		key := fmt.Sprintf("%s@%s", v["patient"], v["window_end"])
 		if _, dup := got[key]; dup {
 			t.Fatalf("duplicate result for %s", key)
 		}
-		got[key] = fmt.Sprintf("n=%v hr=%v", r["n"], r["hr"])
+		got[key] = fmt.Sprintf("n=%v hr=%v", v["n"], v["hr"])
 		each(len(got))
 	}
 	if len(got) < n {

@@ -125,11 +125,12 @@ func TestQueryEndToEndMatchesReference(t *testing.T) {
 			t.Fatalf("result ids not increasing: %v after %v", id, lastID)
 		}
 		lastID = id
-		key := fmt.Sprintf("%s@%s", r["patient"], r["window_end"])
+		v, _ := r["values"].(map[string]any)
+		key := fmt.Sprintf("%s@%s", v["patient"], v["window_end"])
 		if _, dup := got[key]; dup {
 			t.Fatalf("duplicate result for %s", key)
 		}
-		got[key] = fmt.Sprintf("n=%v hr=%v", r["n"], r["hr"])
+		got[key] = fmt.Sprintf("n=%v hr=%v", v["n"], v["hr"])
 	}
 	if len(got) < len(want) {
 		t.Fatalf("tail ended after %d of %d results: %v\nstderr: %s", len(got), len(want), sc.Err(), stderr.String())

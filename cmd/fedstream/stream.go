@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +10,10 @@ import (
 	"io"
 	"math"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,6 +27,10 @@ import (
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
+
+// errNoSuchNode: the query exists but has no sink (or source) of the
+// name asked for. Final: a query's nodes never change.
+var errNoSuchNode = errors.New("no such node")
 
 // resolveNode fetches a query and the schema of one of its nodes.
 func resolveNode(ctx context.Context, c pb.AdminServiceClient, query, node string, kind queryspec.NodeKind) (*pb.QueryInfo, *queryspec.Node, error) {
@@ -50,39 +57,92 @@ func resolveNode(ctx context.Context, c pb.AdminServiceClient, query, node strin
 	}
 	n := plan.Node(node)
 	if n == nil || n.Kind != kind {
-		return nil, nil, fmt.Errorf("query %s has no %s named %q (it has: %s)", query, kind, node, strings.Join(names, ", "))
+		return nil, nil, fmt.Errorf("%w: query %s has no %s named %q (it has: %s)", errNoSuchNode, query, kind, node, strings.Join(names, ", "))
 	}
 	return q, n, nil
 }
 
+// Why a tail ends without an error (exit 0).
+var (
+	// errSinkEnded: the sink's stream reached its final boundary (every
+	// source of the query ended: generators with a limit, closed ingest).
+	errSinkEnded = errors.New("sink ended")
+	// errQueryStopped: the query was stopped.
+	errQueryStopped = errors.New("query stopped")
+	// errCountReached: --count results were printed.
+	errCountReached = errors.New("count reached")
+)
+
+// followerGrace is how long tail retries a query that its coordinator
+// does not know when that coordinator is not the leader: a query just
+// submitted may not have reached a follower yet. The leader's "not found"
+// is final at once.
+const followerGrace = 3 * time.Second
+
 // tailer follows a sink's result stream, moving to another replica of the
 // sink when the one it reads fails; ids are identical across replicas, so
-// it resumes after the last id it printed.
+// it resumes after the last id it printed. It ends without an error when
+// the sink ends, the query is stopped, count results were printed, or no
+// result came for idle.
 type tailer struct {
 	flags  *clientFlags
 	query  string
 	sink   string
 	stable bool
 	print  func(t *tuple.Tuple, schema *tuple.Schema, sink string) error
-	// lastID is the last result id printed.
-	lastID uint64
+	// count > 0: stop after printing that many results. idle > 0: stop
+	// when no result was printed for that long.
+	count int
+	idle  time.Duration
+	// notes, when set, hears why a tail ended (stderr).
+	notes io.Writer
+	// lastID is the last result id printed; printed counts them.
+	lastID  uint64
+	printed int
+	// activity is reset on every result printed (idle only).
+	activity *time.Timer
 }
 
 func (tl *tailer) run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var idled atomic.Bool
+	if tl.idle > 0 {
+		tl.activity = time.AfterFunc(tl.idle, func() { idled.Store(true); cancel() })
+		defer tl.activity.Stop()
+	}
+	defer func() {
+		if idled.Load() {
+			tl.note("no result for %s (--idle)", tl.idle)
+		}
+	}()
 	backoff := retry.Policy{Initial: 200 * time.Millisecond, Max: 2 * time.Second}.New()
-	// A query just submitted through the leader may not have reached the
-	// coordinator we read from yet: "not found" is final only after a while.
-	notFoundUntil := time.Now().Add(10 * time.Second)
+	var notFoundSince time.Time
 	for ctx.Err() == nil {
 		err := tl.once(ctx)
-		if ctx.Err() != nil {
+		switch {
+		case ctx.Err() != nil: // interrupted, or --idle passed
 			return nil
-		}
-		if code := status.Code(err); code == codes.PermissionDenied || code == codes.Unauthenticated {
+		case errors.Is(err, errSinkEnded), errors.Is(err, errQueryStopped), errors.Is(err, errCountReached):
+			if !errors.Is(err, errCountReached) {
+				tl.note("%v", err)
+			}
+			return nil
+		case errors.Is(err, errNoSuchNode):
 			return err
 		}
-		if errors.Is(err, errNoSuchNode) && time.Now().After(notFoundUntil) {
+		if code := status.Code(err); code == codes.PermissionDenied || code == codes.Unauthenticated || code == codes.InvalidArgument {
 			return err
+		}
+		if status.Code(err) == codes.NotFound && strings.Contains(err.Error(), "no query named") {
+			if notFoundSince.IsZero() {
+				notFoundSince = time.Now()
+			}
+			if time.Since(notFoundSince) >= followerGrace || tl.askedLeader(ctx) {
+				return err
+			}
+		} else {
+			notFoundSince = time.Time{}
 		}
 		if backoff.Wait(ctx) != nil {
 			return nil
@@ -91,7 +151,23 @@ func (tl *tailer) run(ctx context.Context) error {
 	return nil
 }
 
-var errNoSuchNode = errors.New("no such node")
+func (tl *tailer) note(format string, args ...any) {
+	if tl.notes != nil {
+		fmt.Fprintf(tl.notes, "tail: "+format+"\n", args...)
+	}
+}
+
+// askedLeader reports whether the coordinator tail talks to is the
+// leader (whose answers are up to date).
+func (tl *tailer) askedLeader(ctx context.Context) bool {
+	c, cctx, done, err := tl.flags.admin(ctx)
+	if err != nil {
+		return false
+	}
+	defer done()
+	st, err := c.Status(cctx, &pb.StatusRequest{})
+	return err == nil && st.NodeId != "" && st.NodeId == st.LeaderId
+}
 
 func (tl *tailer) once(ctx context.Context) error {
 	c, cctx, done, err := tl.flags.admin(ctx)
@@ -101,10 +177,10 @@ func (tl *tailer) once(ctx context.Context) error {
 	q, node, err := resolveNode(cctx, c, tl.query, tl.sink, queryspec.KindSink)
 	done()
 	if err != nil {
-		if status.Code(err) == codes.NotFound || status.Code(err) == codes.Unknown {
-			return fmt.Errorf("%w: %v", errNoSuchNode, err)
-		}
 		return err
+	}
+	if q.Status == states.QueryStopped {
+		return fmt.Errorf("%w: query %s is stopped", errQueryStopped, tl.query)
 	}
 	var lastErr error = fmt.Errorf("no running replica of sink %s yet", node.Name)
 	for _, t := range q.Tasks {
@@ -112,8 +188,8 @@ func (tl *tailer) once(ctx context.Context) error {
 			continue
 		}
 		lastErr = tl.follow(ctx, t, node.Schema, node.Name)
-		if ctx.Err() != nil {
-			return nil
+		if ctx.Err() != nil || errors.Is(lastErr, errSinkEnded) || errors.Is(lastErr, errCountReached) {
+			return lastErr
 		}
 	}
 	return lastErr
@@ -157,10 +233,14 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		}
 		reader.Reset(b.Data, b.LastId-uint64(b.Count)+1)
 		for reader.Next(&tup) {
-			if tup.ID != 0 && tup.ID <= tl.lastID && tup.Type != tuple.Boundary {
+			if tup.Type == tuple.Boundary {
+				if tup.STime == math.MaxInt64 {
+					// The final boundary: nothing follows it.
+					return fmt.Errorf("%w: sink %s of query %s ended (its sources ended)", errSinkEnded, sink, tl.query)
+				}
 				continue
 			}
-			if tup.Type == tuple.Boundary {
+			if tup.ID != 0 && tup.ID <= tl.lastID {
 				continue
 			}
 			if tl.stable && tup.Type != tuple.Stable {
@@ -170,6 +250,13 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 				return err
 			}
 			tl.lastID = max(tl.lastID, tup.ID)
+			tl.printed++
+			if tl.activity != nil {
+				tl.activity.Reset(tl.idle)
+			}
+			if tl.count > 0 && tl.printed >= tl.count {
+				return errCountReached
+			}
 		}
 		if err := reader.Err(); err != nil {
 			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
@@ -211,35 +298,31 @@ func valueText(v tuple.Value) string {
 	}
 }
 
-// resultPrinter prints result tuples as JSON lines or readable text.
+// resultPrinter prints result tuples as JSON lines or readable text. A
+// JSON line is an envelope whose values sit under their own key, so a
+// field named like an envelope key (id, sink, type, stime) is never
+// overwritten:
+//
+//	{"sink":"alerts","id":41,"type":"STABLE","stime":"...Z","values":{"src":"10.0.0.1",...}}
+//
+// Keys come in that order, values in schema order. docs/QUERY.md
+// ("Reading results") documents the format.
 func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.Schema, sink string) error {
 	bw := bufio.NewWriter(w)
-	enc := json.NewEncoder(bw)
 	return func(t *tuple.Tuple, schema *tuple.Schema, sink string) error {
 		if asJSON {
-			obj := make(map[string]any, len(t.Values)+4)
-			obj["type"] = t.Type.String()
-			obj["id"] = t.ID
-			obj["sink"] = sink
-			for i, v := range t.Values {
-				name := fmt.Sprintf("f%d", i)
-				if schema != nil && i < schema.Len() {
-					name = schema.Fields[i].Name
-				}
-				obj[name] = valueJSON(v)
+			line, err := resultJSON(t, schema, sink)
+			if err != nil {
+				return err
 			}
-			if err := enc.Encode(obj); err != nil {
+			if _, err := bw.Write(append(line, '\n')); err != nil {
 				return err
 			}
 		} else {
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "%-9s #%-6d", t.Type, t.ID)
 			for i, v := range t.Values {
-				name := fmt.Sprintf("f%d", i)
-				if schema != nil && i < schema.Len() {
-					name = schema.Fields[i].Name
-				}
-				fmt.Fprintf(&sb, " %s=%s", name, valueText(v))
+				fmt.Fprintf(&sb, " %s=%s", fieldName(schema, i), valueText(v))
 			}
 			sb.WriteByte('\n')
 			if _, err := bw.WriteString(sb.String()); err != nil {
@@ -250,18 +333,93 @@ func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.
 	}
 }
 
+// fieldName is the name of a result's i-th value (f<i> beyond the schema).
+func fieldName(schema *tuple.Schema, i int) string {
+	if schema != nil && i < schema.Len() {
+		return schema.Fields[i].Name
+	}
+	return fmt.Sprintf("f%d", i)
+}
+
+// resultJSON is one result as a JSON object: the envelope (sink, id,
+// type, stime) and the values, in schema order, under "values".
+func resultJSON(t *tuple.Tuple, schema *tuple.Schema, sink string) ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	add := func(key string, v any) error {
+		if b.Len() > 1 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(key)
+		if err != nil {
+			return err
+		}
+		val, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(val)
+		return nil
+	}
+	stime := time.Unix(0, t.STime).UTC().Format(time.RFC3339Nano)
+	for _, kv := range []struct {
+		k string
+		v any
+	}{{"sink", sink}, {"id", t.ID}, {"type", t.Type.String()}, {"stime", stime}} {
+		if err := add(kv.k, kv.v); err != nil {
+			return nil, err
+		}
+	}
+	b.WriteString(`,"values":{`)
+	for i, v := range t.Values {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(fieldName(schema, i))
+		if err != nil {
+			return nil, err
+		}
+		val, err := json.Marshal(valueJSON(v))
+		if err != nil {
+			return nil, err
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(val)
+	}
+	b.WriteString("}}")
+	return b.Bytes(), nil
+}
+
 func newTailCmd() *cobra.Command {
 	var (
 		f      clientFlags
 		sink   string
 		stable bool
+		count  int
+		idle   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "tail QUERY",
 		Short: "Stream a query's results as they arrive",
 		Args:  cobra.ExactArgs(1),
+		Long: `Prints a query's results as they arrive, first what the sink still holds
+(its newest 65,536 results and boundaries at most), then each new one, moving
+to another replica of the sink if the one it reads fails.
+
+Exits 0 when the sink ends (every source of the query ended: a generator's
+limit, fedstream ingest --close), when the query is stopped, after --count
+results, or after --idle without a result. An unknown query or sink is an
+error (exit 1). --json prints one object per result, documented in
+docs/QUERY.md ("Reading results"):
+  {"sink":"...","id":12,"type":"STABLE","stime":"...","values":{...}}`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			tl := &tailer{flags: &f, query: args[0], sink: sink, stable: stable}
+			if count < 0 || idle < 0 {
+				return fmt.Errorf("--count and --idle must not be negative")
+			}
+			tl := &tailer{flags: &f, query: args[0], sink: sink, stable: stable, count: count, idle: idle, notes: cmd.ErrOrStderr()}
 			tl.print = resultPrinter(cmd.OutOrStdout(), f.json)
 			return tl.run(cmd.Context())
 		},
@@ -269,6 +427,8 @@ func newTailCmd() *cobra.Command {
 	f.register(cmd)
 	cmd.Flags().StringVar(&sink, "sink", "", "sink to follow (default: the query's first sink)")
 	cmd.Flags().BoolVar(&stable, "stable", false, "print only stable results (no tentative results or corrections)")
+	cmd.Flags().IntVar(&count, "count", 0, "exit 0 after printing this many results (0: no limit)")
+	cmd.Flags().DurationVar(&idle, "idle", 0, "exit 0 when no result arrived for this long (0: wait forever)")
 	return cmd
 }
 
@@ -276,25 +436,63 @@ func newIngestCmd() *cobra.Command {
 	var (
 		f         clientFlags
 		batchSize int
+		closeSrc  bool
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest QUERY SOURCE < file.jsonl",
 		Short: "Feed JSON lines from stdin into an ingest source of a query",
 		Long: `Reads one JSON object per line from standard input and sends them to every
 replica of the named ingest source. Each line is checked against the source's
-schema; a bad line is refused with its line number and field, and the good
-lines are still accepted. Exits 2 when any line was refused.`,
+schema and its lateness policy (allowed_lateness); a bad line is refused with
+its line number and field, and the good lines are still accepted. Exits 2
+when any line was refused.
+
+--close ends the source after the input (give </dev/null to close without
+sending lines): every remaining window is emitted, the sinks end (fedstream
+tail then exits 0), and later ingest into the source is refused. Closing a
+closed source is fine, so a failed close can be retried.
+
+--json prints {"query", "source", "lines", "accepted", "refused": [{"line",
+"error"}], "replicas", "closed"} on stdout instead of text.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			return ingest(cmd.Context(), &f, args[0], args[1], cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr(), batchSize)
+			if batchSize < 1 {
+				return fmt.Errorf("--batch must be at least 1")
+			}
+			return ingest(cmd.Context(), &f, ingestArgs{query: args[0], source: args[1], batch: batchSize, close: closeSrc},
+				cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f.register(cmd)
-	cmd.Flags().IntVar(&batchSize, "batch", 1000, "lines per message")
+	cmd.Flags().IntVar(&batchSize, "batch", 1000, "lines per message (lateness does not depend on it)")
+	cmd.Flags().BoolVar(&closeSrc, "close", false, "end the source after the input: emit every remaining window and end the sinks")
 	return cmd
 }
 
-func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Reader, out, errOut io.Writer, batchSize int) error {
+type ingestArgs struct {
+	query, source string
+	batch         int
+	close         bool
+}
+
+// ingestReport is what ingest prints with --json.
+type ingestReport struct {
+	Query    string        `json:"query"`
+	Source   string        `json:"source"`
+	Lines    uint64        `json:"lines"`
+	Accepted uint64        `json:"accepted"`
+	Refused  []refusedLine `json:"refused"`
+	Replicas int           `json:"replicas"`
+	Closed   bool          `json:"closed"`
+}
+
+type refusedLine struct {
+	Line  uint64 `json:"line"`
+	Error string `json:"error"`
+}
+
+func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out, errOut io.Writer) error {
+	query, source := a.query, a.source
 	c, cctx, done, err := f.admin(ctx)
 	if err != nil {
 		return err
@@ -339,19 +537,23 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		first    uint64 = 1
 		lineNo   uint64
 		sendErrs error
-		refused  []string // lines refused here, before sending
+		refused  []refusedLine // lines refused here, before sending
 	)
+	send := func(req *pb.IngestRequest) {
+		req.Query, req.Source = query, source
+		for i, s := range streams {
+			if err := s.Send(req); err != nil {
+				sendErrs = errors.Join(sendErrs, fmt.Errorf("send to %s: %w", addrs[i], err))
+			}
+		}
+	}
 	// A request carries consecutive lines; a line refused here is sent
 	// as an empty line so the worker's numbering stays the file's.
 	flush := func() {
 		if lines == 0 {
 			return
 		}
-		for i, s := range streams {
-			if err := s.Send(&pb.IngestRequest{Query: query, Source: source, Lines: buf, FirstLine: first}); err != nil {
-				sendErrs = errors.Join(sendErrs, fmt.Errorf("send to %s: %w", addrs[i], err))
-			}
-		}
+		send(&pb.IngestRequest{Lines: buf, FirstLine: first})
 		buf, lines, first = buf[:0:0], 0, lineNo+1
 	}
 	for {
@@ -367,22 +569,31 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 		}
 		lineNo++
 		if line == nil && size > 0 {
-			refused = append(refused, tooLongLine(lineNo, size))
+			refused = append(refused, refusedLine{Line: lineNo, Error: tooLongLine(lineNo, size)})
 		}
 		buf = append(buf, line...)
 		buf = append(buf, '\n')
 		lines++
-		if lines >= batchSize {
+		if lines >= a.batch {
 			flush()
 		}
 	}
 	flush()
+	if a.close {
+		send(&pb.IngestRequest{Close: true})
+	}
 	var resp *pb.IngestResponse
+	closed := a.close
 	for i, s := range streams {
 		r, err := s.CloseAndRecv()
 		if err != nil {
 			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: %w", addrs[i], explainIngestError(err)))
+			closed = false
 			continue
+		}
+		if a.close && !r.Closed {
+			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: the worker did not close the source (a worker of an older build ignores --close; upgrade it)", addrs[i]))
+			closed = false
 		}
 		if resp == nil {
 			resp = r
@@ -391,33 +602,44 @@ func ingest(ctx context.Context, f *clientFlags, query, source string, in io.Rea
 	if resp == nil {
 		return sendErrs
 	}
-	for _, msg := range refused {
-		fmt.Fprintln(errOut, msg)
-	}
-	workerRefused := 0
 	for _, le := range resp.Errors {
 		if le.Error == "" || strings.Contains(le.Error, "empty line") && isRefusedHere(refused, le.Line) {
 			continue // the placeholder of a line refused here
 		}
-		workerRefused++
-		fmt.Fprintln(errOut, le.Error) // the worker names the line and field
+		refused = append(refused, refusedLine{Line: le.Line, Error: le.Error}) // the worker names the line and field
 	}
-	fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", resp.Accepted, lineNo, query, source, len(streams))
+	sort.SliceStable(refused, func(i, j int) bool { return refused[i].Line < refused[j].Line })
+	if f.json {
+		rep := ingestReport{Query: query, Source: source, Lines: lineNo, Accepted: resp.Accepted,
+			Refused: refused, Replicas: len(streams), Closed: closed}
+		if rep.Refused == nil {
+			rep.Refused = []refusedLine{}
+		}
+		if err := printJSON(out, rep); err != nil {
+			return err
+		}
+	} else {
+		for _, r := range refused {
+			fmt.Fprintln(errOut, r.Error)
+		}
+		fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", resp.Accepted, lineNo, query, source, len(streams))
+		if closed {
+			fmt.Fprintf(out, "closed %s/%s: its remaining windows are emitted and its sinks end\n", query, source)
+		}
+	}
 	if sendErrs != nil {
 		return sendErrs
 	}
-	if n := workerRefused + len(refused); n > 0 {
+	if n := len(refused); n > 0 {
 		return &exitError{code: 2, err: fmt.Errorf("%d lines refused", n)}
 	}
 	return nil
 }
 
-// isRefusedHere reports whether line was refused by the CLI (its
-// messages start with "line N:").
-func isRefusedHere(refused []string, line uint64) bool {
-	prefix := fmt.Sprintf("line %d:", line)
-	for _, m := range refused {
-		if strings.HasPrefix(m, prefix) {
+// isRefusedHere reports whether line was refused by the CLI.
+func isRefusedHere(refused []refusedLine, line uint64) bool {
+	for _, r := range refused {
+		if r.Line == line {
 			return true
 		}
 	}

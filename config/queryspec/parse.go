@@ -40,8 +40,16 @@ func Parse(filename string, data []byte) (*Query, error) {
 	var q Query
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
+	// A type error (an unknown field, a value of the wrong shape) leaves
+	// the rest of the document decoded: validation still runs, so that
+	// one typo does not hide every other problem.
+	var shapeErrs []error
 	if err := dec.Decode(&q); err != nil {
-		return nil, syntaxError(filename, err, idx)
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return nil, syntaxError(filename, err, idx)
+		}
+		shapeErrs = unjoin(syntaxError(filename, err, idx))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err != io.EOF {
@@ -52,10 +60,36 @@ func Parse(filename string, data []byte) (*Query, error) {
 		return nil, &FieldError{File: filename, Line: line, Msg: "more than one YAML document: a file holds one query", kind: ErrSyntax}
 	}
 	q.lines = idx.lines
-	if err := q.Validate(filename); err != nil {
-		return nil, err
+	errs := append(shapeErrs, unjoin(q.Validate(filename))...)
+	if len(errs) > 0 {
+		sortByLine(errs)
+		return nil, errors.Join(errs...)
 	}
 	return &q, nil
+}
+
+// unjoin lists the errors errors.Join put together (nil gives none).
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}
+
+// sortByLine orders problems by their YAML line, keeping the order of
+// those on one line (or without one).
+func sortByLine(errs []error) {
+	line := func(err error) int {
+		var fe *FieldError
+		if errors.As(err, &fe) {
+			return fe.Line
+		}
+		return 0
+	}
+	sort.SliceStable(errs, func(i, j int) bool { return line(errs[i]) < line(errs[j]) })
 }
 
 // FromJSON reads the canonical JSON form (as stored in Raft and sent to
@@ -99,10 +133,22 @@ type lineIndex struct {
 	lines  map[string]int    // path -> line of its key (or list element)
 	byLine map[int][]string  // line -> paths starting on it
 	labels map[string]string // list element path -> its "name" value
+	// values: path -> its value's YAML tag and, for scalars, text
+	// ("!!seq", "!!str x"), to tell which key of a line a type error is
+	// about.
+	values map[string]string
 }
 
 func newLineIndex() *lineIndex {
-	return &lineIndex{lines: map[string]int{}, byLine: map[int][]string{}, labels: map[string]string{}}
+	return &lineIndex{lines: map[string]int{}, byLine: map[int][]string{}, labels: map[string]string{}, values: map[string]string{}}
+}
+
+// valueKey is how values records a node.
+func valueKey(n *yaml.Node) string {
+	if n.Kind == yaml.ScalarNode {
+		return n.ShortTag() + " " + n.Value
+	}
+	return n.ShortTag()
 }
 
 func (ix *lineIndex) record(p string, line int) {
@@ -125,6 +171,7 @@ func (ix *lineIndex) walk(n *yaml.Node, p string) {
 				child = p + "." + k.Value
 			}
 			ix.record(child, k.Line)
+			ix.values[child] = valueKey(v)
 			if k.Value == "name" && v.Kind == yaml.ScalarNode && strings.HasSuffix(p, "]") {
 				ix.labels[p] = v.Value
 			}
@@ -156,7 +203,7 @@ func (ix *lineIndex) display(p string) string {
 var (
 	yamlLineRE     = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 	unknownFieldRE = regexp.MustCompile(`^field (\S+) not found in type \S*?\.?(\w+)$`)
-	unmarshalRE    = regexp.MustCompile("^cannot unmarshal !!(\\w+) `(.*)` into (\\S+)$")
+	unmarshalRE    = regexp.MustCompile("^cannot unmarshal !!(\\w+) (?:`(.*)` )?into (\\S+)$")
 )
 
 func yamlTagName(tag string) string {
@@ -219,10 +266,30 @@ func syntaxError(filename string, err error, idx *lineIndex) error {
 				}
 			} else if ps := idx.byLine[fe.Line]; len(ps) == 1 {
 				fe.Path = idx.display(ps[0])
+			} else if um := unmarshalRE.FindStringSubmatch(fe.Msg); um != nil {
+				// Several keys on the line (a flow mapping): the one
+				// whose value has the offending tag (and text).
+				want := "!!" + um[1]
+				if um[2] != "" {
+					want += " " + um[2]
+				}
+				var match []string
+				for _, p := range ps {
+					if idx.values[p] == want {
+						match = append(match, p)
+					}
+				}
+				if len(match) == 1 {
+					fe.Path = idx.display(match[0])
+				}
 			}
 		}
 		if um := unmarshalRE.FindStringSubmatch(fe.Msg); um != nil {
-			fe.Msg = fmt.Sprintf("cannot use %s %q here: want %s", yamlTagName(um[1]), um[2], goTypeName(um[3]))
+			if um[2] == "" {
+				fe.Msg = fmt.Sprintf("cannot use a %s here: want %s", yamlTagName(um[1]), goTypeName(um[3]))
+			} else {
+				fe.Msg = fmt.Sprintf("cannot use %s %q here: want %s", yamlTagName(um[1]), um[2], goTypeName(um[3]))
+			}
 		}
 		out = append(out, fe)
 	}

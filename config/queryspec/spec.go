@@ -40,6 +40,10 @@ type Source struct {
 	Ingest bool       `yaml:"ingest,omitempty" json:"ingest,omitempty"`
 	// Parallelism is the number of source partitions (generators only).
 	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
+	// AllowedLateness (ingest sources, a Go duration; empty means 0) is
+	// how far behind the newest accepted record a record may be and still
+	// be accepted. See Source.Lateness.
+	AllowedLateness string `yaml:"allowed_lateness,omitempty" json:"allowed_lateness,omitempty"`
 }
 
 // Generator selects a deterministic built-in source.

@@ -120,6 +120,35 @@ func parseMaxDelay(s string) (time.Duration, bool, error) {
 	return d, false, nil
 }
 
+// Lateness is the source's allowed lateness: a record whose time is more
+// than this before the newest record the source accepted is refused as
+// late, and the source promises downstream (with its boundaries) no
+// record earlier than newest - Lateness. Zero (the default) means records
+// must come in non-decreasing time order. Call it on validated queries (an
+// invalid value yields 0).
+func (s *Source) Lateness() time.Duration {
+	d, err := parseLateness(s.AllowedLateness)
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+func parseLateness(s string) (time.Duration, error) {
+	switch strings.TrimSpace(s) {
+	case "", "0":
+		return 0, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a duration (want e.g. 0, 500ms, 5s, 2m)", s)
+	}
+	if d < 0 {
+		return 0, fmt.Errorf("%q is negative (want 0 or more)", s)
+	}
+	return d, nil
+}
+
 // applyDefaults fills in every optional field so that the canonical form is
 // explicit. Zero means "unset" for the numeric settings.
 func (q *Query) applyDefaults() {
@@ -322,6 +351,13 @@ func (a *analysis) checkSource(n *gnode) {
 	}
 	if s.Gen != nil {
 		a.checkGenerator(n)
+	}
+	if s.AllowedLateness != "" {
+		if _, err := parseLateness(s.AllowedLateness); err != nil {
+			ps.add(n.path.field("allowed_lateness"), "%v", err)
+		} else if !s.Ingest {
+			ps.add(n.path.field("allowed_lateness"), "only ingest sources have allowed_lateness (generators produce records in time order)")
+		}
 	}
 	if len(s.Schema) == 0 && (s.Gen == nil || generatorSchemas[s.Gen.Kind] != nil) {
 		ps.add(n.path.field("schema"), "required: at least one field (name: type)")

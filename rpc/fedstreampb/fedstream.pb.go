@@ -2477,7 +2477,13 @@ type IngestRequest struct {
 	// One JSON object per line.
 	Lines []byte `protobuf:"bytes,3,opt,name=lines,proto3" json:"lines,omitempty"`
 	// Number of the first line in `lines`, for error messages.
-	FirstLine     uint64 `protobuf:"varint,4,opt,name=first_line,json=firstLine,proto3" json:"first_line,omitempty"`
+	FirstLine uint64 `protobuf:"varint,4,opt,name=first_line,json=firstLine,proto3" json:"first_line,omitempty"`
+	// ---- end of ingest (issue 12 item 6)
+	// After this message's lines, end the source: it emits its final
+	// boundary, so every open window is emitted and the sinks end, and it
+	// refuses later lines (FailedPrecondition). Closing a closed source is
+	// a no-op, so a retried close is safe. Same role as ingest (writer).
+	Close         bool `protobuf:"varint,150,opt,name=close,proto3" json:"close,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2540,6 +2546,13 @@ func (x *IngestRequest) GetFirstLine() uint64 {
 	return 0
 }
 
+func (x *IngestRequest) GetClose() bool {
+	if x != nil {
+		return x.Close
+	}
+	return false
+}
+
 type LineError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Line          uint64                 `protobuf:"varint,1,opt,name=line,proto3" json:"line,omitempty"`
@@ -2593,9 +2606,13 @@ func (x *LineError) GetError() string {
 }
 
 type IngestResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Accepted      uint64                 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
-	Errors        []*LineError           `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Accepted uint64                 `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
+	Errors   []*LineError           `protobuf:"bytes,2,rep,name=errors,proto3" json:"errors,omitempty"`
+	// ---- end of ingest (issue 12 item 6)
+	// The source is closed (set when a request asked to close it). A client
+	// that asked and does not see it talks to a worker that ignores close.
+	Closed        bool `protobuf:"varint,150,opt,name=closed,proto3" json:"closed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2642,6 +2659,13 @@ func (x *IngestResponse) GetErrors() []*LineError {
 		return x.Errors
 	}
 	return nil
+}
+
+func (x *IngestResponse) GetClosed() bool {
+	if x != nil {
+		return x.Closed
+	}
+	return false
 }
 
 // Where a new copy of a task takes its starting snapshot.
@@ -4070,19 +4094,21 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
-	"\alast_id\x18\x03 \x01(\x04R\x06lastId\"r\n" +
+	"\alast_id\x18\x03 \x01(\x04R\x06lastId\"\x89\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
 	"\x05lines\x18\x03 \x01(\fR\x05lines\x12\x1d\n" +
 	"\n" +
-	"first_line\x18\x04 \x01(\x04R\tfirstLine\"5\n" +
+	"first_line\x18\x04 \x01(\x04R\tfirstLine\x12\x15\n" +
+	"\x05close\x18\x96\x01 \x01(\bR\x05close\"5\n" +
 	"\tLineError\x12\x12\n" +
 	"\x04line\x18\x01 \x01(\x04R\x04line\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"]\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"v\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
-	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\"~\n" +
+	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\x12\x17\n" +
+	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\"~\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +

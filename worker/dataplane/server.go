@@ -69,6 +69,11 @@ var ErrUnknownStream = errors.New("dataplane: unknown stream")
 // has no ingest task on this worker; the server answers codes.NotFound.
 var ErrUnknownSource = errors.New("dataplane: unknown ingest source")
 
+// ErrSourceClosed is returned by an IngestHandler for lines (a request
+// with no lines is not refused) sent to an ingest source that was closed (IngestRequest.close); the server answers
+// codes.FailedPrecondition.
+var ErrSourceClosed = errors.New("dataplane: ingest source is closed")
+
 // StreamResolver finds the output buffer a StreamRef names.
 type StreamResolver interface {
 	// ResolveStream returns the buffer of ref, or an error wrapping
@@ -83,6 +88,17 @@ type IngestHandler interface {
 	// lineErrs and do not stop the good ones; err (wrapping
 	// ErrUnknownSource when the source is not here) fails the whole call.
 	Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (accepted uint64, lineErrs []*fedstreampb.LineError, err error)
+}
+
+// IngestCloser is implemented by an IngestHandler whose sources can be
+// ended (IngestRequest.close). Without it the server refuses a close with
+// codes.Unimplemented.
+type IngestCloser interface {
+	// CloseIngest ends the source: its final boundary follows the lines
+	// accepted so far, and later lines fail with ErrSourceClosed. Closing a
+	// closed source succeeds. An error wrapping ErrUnknownSource means
+	// the source is not here.
+	CloseIngest(ctx context.Context, query, source string) error
 }
 
 // Server implements fedstreampb.DataPlaneServer on top of a StreamResolver
@@ -306,17 +322,35 @@ func (s *Server) Ingest(stream fedstreampb.DataPlane_IngestServer) error {
 		}
 		accepted, lineErrs, err := s.ingest.Ingest(stream.Context(), query, source, req.FirstLine, req.Lines)
 		if err != nil {
-			if errors.Is(err, ErrUnknownSource) {
-				return status.Error(codes.NotFound, err.Error())
-			}
-			if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
-				return err
-			}
-			return status.Error(codes.Internal, err.Error())
+			return ingestStatus(err)
 		}
 		resp.Accepted += accepted
 		if room := maxLineErrors - len(resp.Errors); room > 0 {
 			resp.Errors = append(resp.Errors, lineErrs[:min(room, len(lineErrs))]...)
 		}
+		if req.Close {
+			closer, ok := s.ingest.(IngestCloser)
+			if !ok {
+				return status.Error(codes.Unimplemented, "this worker cannot close ingest sources")
+			}
+			if err := closer.CloseIngest(stream.Context(), query, source); err != nil {
+				return ingestStatus(err)
+			}
+			resp.Closed = true
+		}
 	}
+}
+
+// ingestStatus turns an IngestHandler's error into the call's status.
+func ingestStatus(err error) error {
+	switch {
+	case errors.Is(err, ErrUnknownSource):
+		return status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, ErrSourceClosed):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return err
+	}
+	return status.Error(codes.Internal, err.Error())
 }

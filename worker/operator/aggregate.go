@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -84,6 +85,16 @@ type aggregate struct {
 	specs     []aggSpec
 	checked   []int // input fields whose kind Process verifies
 	signature string
+	name      string
+	// intSums are the specs that add up an int field (sum, avg): a tuple
+	// that would take one of their sums past the int64 range is dropped
+	// (ErrSumOverflow) instead of wrapping around.
+	intSums []int
+	// sumBound is at least the magnitude of every int running sum held
+	// (it never decreases): a tuple whose values' magnitudes stay within
+	// MaxInt64 - sumBound cannot overflow, so only the rare tuple that
+	// might is checked group by group (see mayOverflow).
+	sumBound uint64
 
 	windows   map[int64]*aggWindow // by start
 	watermark int64                // highest Advance so far; math.MinInt64 before any
@@ -112,7 +123,7 @@ func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error)
 	if len(def.Aggregates) == 0 {
 		return nil, defErr(def, ErrBadDefinition, "aggregates is required")
 	}
-	a := &aggregate{in: in, size: size, slide: slide, windows: map[int64]*aggWindow{}, watermark: math.MinInt64}
+	a := &aggregate{in: in, size: size, slide: slide, windows: map[int64]*aggWindow{}, watermark: math.MinInt64, name: def.Name}
 	var fields []tuple.Field
 	names := map[string]bool{WindowEndField: true}
 	checked := map[int]bool{}
@@ -141,6 +152,9 @@ func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error)
 		names[ne.Name] = true
 		if spec.field >= 0 {
 			checked[spec.field] = true
+		}
+		if (spec.fn == aggSum || spec.fn == aggAvg) && spec.kind == tuple.KindInt {
+			a.intSums = append(a.intSums, len(a.specs))
 		}
 		a.specs = append(a.specs, spec)
 		fields = append(fields, tuple.Field{Name: spec.name, Kind: spec.out})
@@ -233,6 +247,11 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 	if t.STime < a.rangeFrom || t.STime >= a.rangeTo {
 		a.windowsOf(t.STime)
 	}
+	if len(a.intSums) > 0 && a.mayOverflow(t) {
+		if err := a.checkIntSums(t); err != nil {
+			return err
+		}
+	}
 	slot := -1 // computed once per tuple, when a group is created
 	for k := a.kFrom; k <= a.kTo; k++ {
 		w := a.window(k * a.slide)
@@ -249,6 +268,54 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 			}
 		}
 		a.accumulate(g, t)
+	}
+	return nil
+}
+
+// mayOverflow is a cheap test that adding t to no group can overflow an
+// int sum: false when every value's magnitude fits under MaxInt64 minus
+// sumBound.
+func (a *aggregate) mayOverflow(t *tuple.Tuple) bool {
+	for _, i := range a.intSums {
+		if magnitude(t.Values[a.specs[i].field].I) > math.MaxInt64-min(a.sumBound, math.MaxInt64) {
+			return true
+		}
+	}
+	return false
+}
+
+// magnitude is |v| as a uint64 (exact for math.MinInt64 too).
+func magnitude(v int64) uint64 {
+	if v < 0 {
+		return uint64(-(v + 1)) + 1
+	}
+	return uint64(v)
+}
+
+// checkIntSums refuses a tuple that would take an int sum of its group,
+// in any of its windows, past the int64 range: the tuple is dropped from
+// the aggregate as a whole (every aggregate of the row stays over the
+// same tuples), and the error (wrapping ErrSumOverflow, hence ErrEval)
+// makes the task count, log and report it. Deterministic, so every
+// replica drops the same tuples. Run after windowsOf, before accumulating.
+func (a *aggregate) checkIntSums(t *tuple.Tuple) error {
+	for k := a.kFrom; k <= a.kTo; k++ {
+		w := a.windows[k*a.slide]
+		if w == nil {
+			continue
+		}
+		g := w.groups[string(a.keyBuf)]
+		if g == nil {
+			continue
+		}
+		for _, i := range a.intSums {
+			s := &a.specs[i]
+			sum, v := g.accs[i].sumI, t.Values[s.field].I
+			if r := sum + v; (v > 0 && r < sum) || (v < 0 && r > sum) {
+				return fmt.Errorf("%w: aggregate %s: %s = %s in the window ending %s: %d + %d is outside the int64 range; the tuple is dropped from the aggregate",
+					ErrSumOverflow, a.name, s.name, s.src, time.Unix(0, w.start+a.size).UTC().Format(time.RFC3339Nano), sum, v)
+			}
+		}
 	}
 	return nil
 }
@@ -321,6 +388,7 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 				acc.sumF += v.F
 			} else {
 				acc.sumI += v.I
+				a.sumBound = max(a.sumBound, magnitude(acc.sumI))
 			}
 		case aggMin:
 			if acc.count == 1 || compareValues(v, acc.ext) < 0 {
@@ -562,6 +630,7 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 			acc.sumF = d.f64()
 		} else {
 			acc.sumI = d.varint()
+			a.sumBound = max(a.sumBound, magnitude(acc.sumI))
 		}
 	case aggMin, aggMax:
 		acc.ext = d.value()

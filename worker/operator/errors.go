@@ -1,6 +1,9 @@
 package operator
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // ErrUnknownOperator is returned by New for an operator type it does not know.
 var ErrUnknownOperator = errors.New("unknown operator type")
@@ -33,6 +36,12 @@ var ErrNotData = errors.New("not a data tuple")
 // ErrEval is returned by Process when an expression fails at run time
 // (division by zero, result of an unexpected type, ...).
 var ErrEval = errors.New("expression evaluation failed")
+
+// ErrSumOverflow is returned (wrapped) by an aggregate's Process for a
+// tuple that would take an int sum (sum or avg of an int field) past the
+// int64 range; the tuple is not counted. It wraps ErrEval, so the task
+// drops, counts and reports the tuple like a failed expression.
+var ErrSumOverflow = fmt.Errorf("%w: int sum out of the int64 range", ErrEval)
 
 // ErrBadSnapshot is returned by Restore for state that is truncated,
 // corrupt, or was taken from an operator of a different definition.

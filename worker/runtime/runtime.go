@@ -11,6 +11,7 @@ package runtime
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -543,4 +544,25 @@ func (in ingester) Ingest(ctx context.Context, query, source string, firstLine u
 		}
 	}
 	return accepted, lineErrs, firstErr
+}
+
+// CloseIngest ends every ingest task of the source on this worker (see
+// dataplane.IngestCloser).
+func (in ingester) CloseIngest(ctx context.Context, query, source string) error {
+	in.r.mu.Lock()
+	var targets []*task
+	for _, t := range in.r.tasks {
+		if t.spec.Query == query && t.spec.Fragment == source && t.ingest != nil {
+			targets = append(targets, t)
+		}
+	}
+	in.r.mu.Unlock()
+	if len(targets) == 0 {
+		return fmt.Errorf("%w: no ingest task of source %q of query %q runs on this worker", dataplane.ErrUnknownSource, source, query)
+	}
+	var errs []error
+	for _, t := range targets {
+		errs = append(errs, t.closeIngest(ctx))
+	}
+	return errors.Join(errs...)
 }

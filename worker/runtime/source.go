@@ -10,7 +10,10 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -245,20 +248,63 @@ type ingestState struct {
 	parser interface {
 		Parse(lineNo uint64, line []byte, t *tuple.Tuple) error
 	}
-	// boundary is the stime of the last BOUNDARY emitted: a later record
-	// with a smaller stime is late and refused.
+	// arrival: the schema has no timestamp field, so a record's stime is
+	// its arrival time. Otherwise stime is the record's first timestamp
+	// field, whatever its value (the Unix epoch included).
+	arrival bool
+	// lateness is the source's allowed lateness (nanoseconds, >= 0).
+	lateness int64
+	// newest is the largest stime accepted (math.MinInt64 before the
+	// first record). A record earlier than newest - lateness is late.
+	newest int64
+	// boundary is the stime of the last BOUNDARY emitted: never above
+	// newest - lateness, so no record accepted later is below it.
 	boundary int64
-	tp       tuple.Tuple
+	// closed: the final boundary was emitted (IngestRequest.close); the
+	// source accepts no more lines.
+	closed bool
+	tp     tuple.Tuple
+}
+
+func newIngestState(node *queryspec.Node) *ingestState {
+	schema := node.HeadSchema()
+	st := &ingestState{parser: source.NewLineParser(schema), arrival: true,
+		newest: math.MinInt64, boundary: math.MinInt64}
+	for _, f := range schema.Fields {
+		if f.Kind == tuple.KindTimestamp {
+			st.arrival = false
+		}
+	}
+	if node.Source != nil {
+		st.lateness = int64(node.Source.Lateness())
+	}
+	return st
+}
+
+// floor is the smallest stime the source accepts now: newest - lateness
+// (saturating), and never below the last boundary.
+func (st *ingestState) floor() int64 {
+	f := int64(math.MinInt64)
+	if st.newest >= math.MinInt64+st.lateness {
+		f = st.newest - st.lateness
+	}
+	return max(f, st.boundary)
 }
 
 // ingestLines parses JSON lines into the source's stream. Good lines are
 // accepted even when others are bad; bad and late lines come back as
-// LineErrors naming the line. After the lines, a BOUNDARY at the largest
-// stime accepted so far tells downstream tasks that time has passed.
+// LineErrors naming the line. Lateness is judged per record, in line
+// order, whatever the batching: a record more than the source's
+// allowed_lateness before the newest accepted record is refused. After
+// the lines, a BOUNDARY at newest - allowed_lateness tells downstream
+// tasks that time has passed.
 func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.closed && len(lines) > 0 {
+		return 0, nil, fmt.Errorf("%w: source %s of query %s was closed (fedstream ingest --close) and accepts no more lines", dataplane.ErrSourceClosed, t.spec.Fragment, t.spec.Query)
+	}
 	// Stop on either the task stopping or the client going away.
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
@@ -267,7 +313,6 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 	var (
 		accepted uint64
 		errs     []*fedstreampb.LineError
-		maxSTime = st.boundary
 	)
 	lineNo := firstLine
 	for len(lines) > 0 {
@@ -287,17 +332,17 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: validUTF8(err.Error())})
 			continue
 		}
-		if tp.STime == 0 {
+		if st.arrival {
 			tp.STime = time.Now().UnixNano()
 		}
-		if msg := t.checkIngestTime(tp.STime, maxSTime); msg != "" {
+		if msg := t.checkIngestTime(tp.STime, st.newest); msg != "" {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf("line %d: %s; refused", no, msg)})
 			continue
 		}
-		if tp.STime < st.boundary {
+		if floor := st.floor(); tp.STime < floor {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf(
-				"line %d: late record: stime %s is before %s, already promised to downstream; refused",
-				no, time.Unix(0, tp.STime).UTC().Format(time.RFC3339Nano), time.Unix(0, st.boundary).UTC().Format(time.RFC3339Nano))})
+				"line %d: late record: time %s is before %s, more than the source's allowed_lateness (%s) behind the newest accepted record (%s); refused",
+				no, formatSTime(tp.STime), formatSTime(floor), time.Duration(st.lateness), formatSTime(st.newest))})
 			continue
 		}
 		// Values alias nothing the caller keeps: the buffer encodes them.
@@ -314,10 +359,10 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
 		accepted++
-		maxSTime = max(maxSTime, tp.STime)
+		st.newest = max(st.newest, tp.STime)
 	}
-	if maxSTime > st.boundary {
-		err := t.emitBoundary(ctx, maxSTime)
+	if b := st.floor(); b > st.boundary {
+		err := t.emitBoundary(ctx, b)
 		if err == nil {
 			err = t.flush(ctx)
 		}
@@ -325,9 +370,35 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 			t.discardStaged()
 			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
-		st.boundary = maxSTime
+		st.boundary = b
 	}
 	return accepted, errs, nil
+}
+
+// closeIngest ends an ingest source: its final boundary releases every
+// open window downstream and ends the sinks' result streams. Closing a
+// closed source does nothing.
+func (t *task) closeIngest(reqCtx context.Context) error {
+	st := t.ingest
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.closed {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	defer context.AfterFunc(reqCtx, cancel)()
+	err := t.emitBoundary(ctx, finalBoundary)
+	if err == nil {
+		err = t.flush(ctx)
+	}
+	if err != nil {
+		t.discardStaged()
+		return fmt.Errorf("close %s: %w", t.spec.TaskID, err)
+	}
+	st.closed, st.boundary = true, finalBoundary
+	t.setState(StateRunning, "input closed")
+	return nil
 }
 
 // checkIngestTime says why an ingested record's stime is refused ("" if

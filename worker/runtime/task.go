@@ -213,7 +213,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 			}
 		case src.Ingest:
-			t.ingest = &ingestState{parser: source.NewLineParser(t.node.HeadSchema()), boundary: math.MinInt64}
+			t.ingest = newIngestState(t.node)
 		default:
 			return nil, fmt.Errorf("task %s: source %q has neither generator nor ingest", spec.TaskID, src.Name)
 		}

@@ -62,8 +62,10 @@ func NewLineParser(schema *tuple.Schema) *LineParser {
 }
 
 // Parse fills t.Values and t.STime from one line; lineNo labels errors.
-// STime is the first timestamp field's value, or 0 when the schema has no
-// timestamp (the source then stamps arrival time).
+// STime is the first timestamp field's value, whatever it is (0, the Unix
+// epoch, is a time like any other), or 0 when the schema has no timestamp
+// field: the source then stamps the arrival time, and must decide that by
+// the schema, never by the value.
 func (p *LineParser) Parse(lineNo uint64, line []byte, t *tuple.Tuple) error {
 	line = bytes.TrimSpace(line)
 	if len(line) == 0 {
