@@ -8,9 +8,11 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
-// The API's JSON documents. Keys are those of the CLI's --json output
-// (fedstream status, workers, query status, query stats), with a few
-// additions the page needs (marked). Lists are never null.
+// The API's JSON documents. The CLI's --json output (fedstream status,
+// workers, query list, query status) prints these same documents, so a
+// script reads either; the API adds a few fields the page needs (marked).
+// TaskStats has the keys `fedstream query stats --json` prints. Lists are
+// never null.
 
 // Org is GET /api/org: the answering coordinator's view of the cluster.
 type Org struct {
@@ -69,10 +71,11 @@ type Worker struct {
 	Tasks      []string          `json:"tasks"`
 	TaskStates []TaskState       `json:"task_states"`
 	// Capacity is how many tasks placement may put on the worker
-	// (cores x tasks_per_core; 0: unbounded), and Load the share of it its
-	// tasks use (additions).
-	Capacity int     `json:"capacity"`
-	Load     float64 `json:"load"`
+	// (cores x tasks_per_core), and Load the share of it its tasks use
+	// (additions; left out when unbounded or unknown, as in the CLI's
+	// output).
+	Capacity int     `json:"capacity,omitempty"`
+	Load     float64 `json:"load,omitempty"`
 }
 
 // TaskState is a task's state as its worker reported it.

@@ -136,11 +136,12 @@ function renderWorkers(ws) {
     const states = Object.keys(counts).sort().map((s) => el('span', null, badge(s), ' ' + counts[s] + ' '));
     let load = '–';
     if (w.capacity > 0) {
+      const pct = Math.round((w.load || 0) * 100);
       // Set through the CSSOM: the page's policy refuses style attributes.
       const fill = el('span');
-      fill.style.width = Math.min(100, Math.round(w.load * 100)) + '%';
+      fill.style.width = Math.min(100, pct) + '%';
       load = el('span', { title: w.tasks.length + ' of ' + w.capacity + ' task places (' + ws.tasks_per_core + ' per core)' },
-        el('span', { class: 'bar' }, fill), ' ' + Math.round(w.load * 100) + '%');
+        el('span', { class: 'bar' }, fill), ' ' + pct + '%');
     }
     const labels = Object.entries(w.labels).map(([k, v]) => k + '=' + v).join(' ');
     return el('tr', { 'data-worker': w.id },
