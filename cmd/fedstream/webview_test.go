@@ -259,6 +259,9 @@ func TestWebViewInBrowser(t *testing.T) {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	path := filepath.Join(dir, "web-view.png")
 	if err := os.WriteFile(path, shot, 0o644); err != nil {
 		t.Fatal(err)

@@ -130,7 +130,8 @@ function renderOrg(org) {
 
 function renderWorkers(ws) {
   workerNames = new Map(ws.workers.map((w) => [w.id, w.name || w.id]));
-  const rows = ws.workers.map((w) => {
+  const sorted = [...ws.workers].sort((a, b) => (a.name || a.id).localeCompare(b.name || b.id));
+  const rows = sorted.map((w) => {
     const counts = {};
     for (const t of w.task_states) counts[t.state] = (counts[t.state] || 0) + 1;
     const states = Object.keys(counts).sort().map((s) => el('span', null, badge(s), ' ' + counts[s] + ' '));
@@ -257,12 +258,12 @@ function sparkline(samples) {
   const w = 240, h = 36;
   const s = svg('svg', { class: 'spark', viewBox: `0 0 ${w} ${h}`, width: w, height: h, 'aria-label': 'source throughput, last ' + HISTORY + ' s' });
   if (samples.length < 2) return s;
+  // From zero, so that the height reads as the rate; spread over the width
+  // until HISTORY samples have come.
   const top = Math.max(...samples, 1);
-  const pts = samples.map((v, i) => {
-    const x = (i / (HISTORY - 1)) * w;
-    const y = h - 2 - (v / top) * (h - 4);
-    return x.toFixed(1) + ',' + y.toFixed(1);
-  });
+  const step = w / (Math.max(samples.length, 2) - 1);
+  const pts = samples.map((v, i) => (i * step).toFixed(1) + ',' + (h - 1 - (v / top) * (h - 4)).toFixed(1));
+  s.appendChild(svg('polygon', { class: 'area', points: '0,' + h + ' ' + pts.join(' ') + ' ' + w + ',' + h }));
   s.appendChild(svg('polyline', { points: pts.join(' ') }));
   return s;
 }
