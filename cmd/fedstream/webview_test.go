@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,21 +20,9 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator/webui"
+	"github.com/fedstream/fedstream/internal/browsertest"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
-
-// chromiumPath is the browser the web view test drives: Debian's chromium
-// (.ci/run installs it), or FEDSTREAM_CHROMIUM.
-func chromiumPath(t *testing.T) string {
-	p := os.Getenv("FEDSTREAM_CHROMIUM")
-	if p == "" {
-		p = "/usr/bin/chromium"
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("the web view test needs a headless chromium at %s: install it (apt-get install -y chromium; .ci/run does) or set FEDSTREAM_CHROMIUM: %v", p, err)
-	}
-	return p
-}
 
 // figuresWhileUnimplemented passes a coordinator's QueryStats through, and
 // only while the coordinator answers Unimplemented (it does not collect
@@ -73,7 +60,7 @@ func (f *figuresWhileUnimplemented) QueryStats(ctx context.Context, name string)
 // console errors, the query's graph drawn with every fragment, stream and
 // task (with its worker), and a throughput figure that moves.
 func TestWebViewInBrowser(t *testing.T) {
-	browser := chromiumPath(t)
+	browsertest.Path(t) // fail at once, before starting an org, without a browser
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 
@@ -122,48 +109,9 @@ func TestWebViewInBrowser(t *testing.T) {
 		t.Fatalf("graph of the demo query: %+v", want.Graph)
 	}
 
-	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(browser),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1360, 1000),
-	)
-	defer cancelAlloc()
-	tab, cancelTab := chromedp.NewContext(alloc)
-	defer cancelTab()
-	// The first Run starts the browser: no timeout on it beyond ctx's.
-	if err := chromedp.Do(tab); err != nil {
-		t.Fatalf("start chromium (%s): %v", browser, err)
-	}
-
-	var (
-		mu       sync.Mutex
-		problems []string
-	)
-	consoleCtx, stopConsole := context.WithCancel(tab)
-	defer stopConsole()
-	messages := chromedp.Console(consoleCtx)
-	consoleDone := make(chan struct{})
-	go func() {
-		defer close(consoleDone)
-		for m, err := range messages {
-			if err != nil {
-				return
-			}
-			if m.Type == chromedp.ConsoleError || m.IsException() {
-				mu.Lock()
-				problems = append(problems, fmt.Sprintf("%s (%s:%d)", m, m.URL, m.Line))
-				mu.Unlock()
-			}
-		}
-	}()
-	defer func() { stopConsole(); <-consoleDone }()
-
+	browser := browsertest.Start(t, ctx, 1360, 1000)
+	defer browser.CheckConsole(t)
+	tab := browser.Ctx
 	if err := chromedp.Do(tab, chromedp.Navigate(srv.URL+"/")); err != nil {
 		t.Fatal(err)
 	}
@@ -268,11 +216,6 @@ func TestWebViewInBrowser(t *testing.T) {
 	}
 	t.Logf("screenshot: %s (set FEDSTREAM_TEST_ARTIFACTS to keep it)", path)
 
-	mu.Lock()
-	defer mu.Unlock()
-	if len(problems) > 0 {
-		t.Fatalf("the page wrote errors to the console:\n%s", strings.Join(problems, "\n"))
-	}
 }
 
 func getJSON(url string, v any) error {

@@ -37,14 +37,23 @@ type fakeSource struct {
 	spec     []byte
 	statsErr error
 	err      error
-	mu       sync.Mutex
-	tokens   []string
+	// requireToken, when set, is the one token the source accepts.
+	requireToken string
+	mu           sync.Mutex
+	tokens       []string
 }
 
 func (f *fakeSource) saw(ctx context.Context) error {
 	f.mu.Lock()
 	f.tokens = append(f.tokens, Token(ctx))
 	f.mu.Unlock()
+	switch tok := Token(ctx); {
+	case f.requireToken == "":
+	case tok == "":
+		return status.Error(codes.Unauthenticated, "missing token: this call needs a token with role reader")
+	case tok != f.requireToken:
+		return status.Error(codes.PermissionDenied, "wrong token: it matches no token of this org")
+	}
 	return f.err
 }
 
