@@ -50,7 +50,7 @@ func (f *figuresWhileUnimplemented) QueryStats(ctx context.Context, name string)
 	for i, t := range q.Tasks {
 		rate := 1000 + 37*n + float64(i)
 		out.Tasks = append(out.Tasks, &pb.TaskStats{Task: t.TaskId, Worker: t.WorkerId, InTps: rate, OutTps: rate,
-			Busy: 0.25, Queue: int64(i), BackpressureMsPerS: float64(int(n) % 60), ReportedAtMs: time.Now().UnixMilli()})
+			Busy: 0.25, Queue: int64(i), BackpressureMsPerS: float64(int(n) % 60), CpuSecondsPerS: 0.04, ReportedAtMs: time.Now().UnixMilli()})
 	}
 	return out, nil
 }

@@ -128,7 +128,7 @@ function renderOrg(org) {
 
 // ---- workers
 
-function renderWorkers(ws) {
+function renderWorkers(ws, cpu) {
   workerNames = new Map(ws.workers.map((w) => [w.id, w.name || w.id]));
   const sorted = [...ws.workers].sort((a, b) => (a.name || a.id).localeCompare(b.name || b.id));
   const rows = sorted.map((w) => {
@@ -151,10 +151,12 @@ function renderWorkers(ws) {
       el('td', null, badge(w.status)),
       el('td', { class: 'num' }, w.cores),
       el('td', null, load),
+      el('td', { class: 'num', title: 'CPU seconds per second used by its tasks, as they report' },
+        cpu.has(w.id) ? cpu.get(w.id).toFixed(2) + ' of ' + w.cores : '–'),
       el('td', { class: 'num' }, w.tasks.length),
       el('td', null, ...states));
   });
-  if (rows.length === 0) rows.push(el('tr', null, el('td', { colspan: 7, class: 'muted' }, 'no workers have registered')));
+  if (rows.length === 0) rows.push(el('tr', null, el('td', { colspan: 8, class: 'muted' }, 'no workers have registered')));
   document.getElementById('worker-rows').replaceChildren(...rows);
 }
 
@@ -324,21 +326,39 @@ function renderQuery(q, openTables) {
 
 const openTables = new Set();
 
-async function refreshQueries() {
+async function fetchQueries() {
   const list = await api('/api/queries');
   const names = list.queries.filter((q) => q.status !== 'stopped').map((q) => q.name);
-  const details = await Promise.all(names.map((n) => api('/api/queries/' + encodeURIComponent(n))));
+  return Promise.all(names.map((n) => api('/api/queries/' + encodeURIComponent(n))));
+}
+
+function renderQueries(details) {
   document.getElementById('queries-empty').hidden = details.length > 0;
   document.getElementById('query-list').replaceChildren(...details.map((q) => renderQuery(q, openTables)));
+  const names = details.map((q) => q.name);
   for (const name of [...history.keys()]) if (!names.includes(name)) history.delete(name);
+}
+
+// cpuByWorker sums the CPU seconds per second the queries' tasks report,
+// per worker; a worker none of whose tasks reported is absent.
+function cpuByWorker(details) {
+  const cpu = new Map();
+  for (const q of details) {
+    const workerOf = new Map(q.tasks.map((t) => [t.id, t.worker]));
+    for (const s of q.stats.tasks) {
+      const w = s.worker || workerOf.get(s.task);
+      if (w) cpu.set(w, (cpu.get(w) || 0) + (s.cpu_seconds_per_s || 0));
+    }
+  }
+  return cpu;
 }
 
 async function refresh() {
   try {
-    const [org, ws] = await Promise.all([api('/api/org'), api('/api/workers')]);
+    const [org, ws, details] = await Promise.all([api('/api/org'), api('/api/workers'), fetchQueries()]);
     renderOrg(org);
-    renderWorkers(ws);
-    await refreshQueries();
+    renderWorkers(ws, cpuByWorker(details));
+    renderQueries(details);
     showNotice('');
     document.getElementById('updated').textContent = '· updated ' + new Date().toLocaleTimeString();
   } catch (err) {
