@@ -39,6 +39,9 @@ type fakeSource struct {
 	err      error
 	// requireToken, when set, is the one token the source accepts.
 	requireToken string
+	// ghost is a query Queries lists and Query does not find, as when it
+	// is removed between the two reads.
+	ghost string
 	mu           sync.Mutex
 	tokens       []string
 }
@@ -82,7 +85,11 @@ func (f *fakeSource) Queries(ctx context.Context) (*pb.ListQueriesResponse, erro
 	}
 	q, _ := f.Query(ctx, "words")
 	q.SpecJson = nil
-	return &pb.ListQueriesResponse{Queries: []*pb.QueryInfo{q}}, nil
+	resp := &pb.ListQueriesResponse{Queries: []*pb.QueryInfo{q}}
+	if f.ghost != "" {
+		resp.Queries = append(resp.Queries, &pb.QueryInfo{Name: f.ghost, Status: "running"})
+	}
+	return resp, nil
 }
 
 func (f *fakeSource) Query(ctx context.Context, name string) (*pb.QueryInfo, error) {

@@ -329,7 +329,12 @@ const openTables = new Set();
 async function fetchQueries() {
   const list = await api('/api/queries');
   const names = list.queries.filter((q) => q.status !== 'stopped').map((q) => q.name);
-  return Promise.all(names.map((n) => api('/api/queries/' + encodeURIComponent(n))));
+  // A query stopped or replaced between the two reads is simply not shown.
+  const details = await Promise.all(names.map((n) => api('/api/queries/' + encodeURIComponent(n)).catch((err) => {
+    if (err instanceof APIError && err.status === 404) return null;
+    throw err;
+  })));
+  return details.filter((q) => q !== null);
 }
 
 function renderQueries(details) {
