@@ -41,9 +41,9 @@ type fakeSource struct {
 	requireToken string
 	// ghost is a query Queries lists and Query does not find, as when it
 	// is removed between the two reads.
-	ghost string
-	mu           sync.Mutex
-	tokens       []string
+	ghost  string
+	mu     sync.Mutex
+	tokens []string
 }
 
 func (f *fakeSource) saw(ctx context.Context) error {
