@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/internal/browsertest"
 )
@@ -84,4 +86,41 @@ func TestPageTakesATokenInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitUntil("the page to ask again", `(!document.getElementById('notice').hidden && sessionStorage.getItem('fedstream.token') === null) ? 'yes' : 'no'`)
+}
+
+// A coordinator that reports no per-task figures: the page draws the graph
+// and says "no figures" and why, without errors.
+func TestPageWithoutFiguresInBrowser(t *testing.T) {
+	src := newFake(t)
+	src.statsErr = status.Error(codes.Unimplemented, "method QueryStats not implemented")
+	srv := httptest.NewServer(Handler(src, nil))
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	browser := browsertest.Start(t, ctx, 1200, 900)
+	defer browser.CheckConsole(t)
+	if err := chromedp.Do(browser.Ctx, chromedp.Navigate(srv.URL+"/")); err != nil {
+		t.Fatal(err)
+	}
+	const js = `(() => {
+		const q = document.querySelector('[data-query="words"]');
+		if (!q || q.querySelectorAll('svg.graph g.frag').length !== 3) return '';
+		return q.querySelector('[data-query-tps]').textContent + ' | ' + q.querySelector('.query-head').textContent;
+	})()`
+	var got string
+	for {
+		var err error
+		got, err = chromedp.Run(browser.Ctx, chromedp.Evaluate[string](js))
+		if err == nil && got != "" {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting for the graph: %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if !strings.HasPrefix(got, "no figures | ") || !strings.Contains(got, "does not report per-task statistics") {
+		t.Errorf("query head without figures: %q", got)
+	}
 }
