@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/fedstream/fedstream/config"
+	"github.com/fedstream/fedstream/coordinator/webui"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
@@ -133,16 +134,7 @@ func newStatusCmd() *cobra.Command {
 		}
 		out := cmd.OutOrStdout()
 		if f.json {
-			peers := []map[string]string{}
-			for _, p := range st.Peers {
-				peers = append(peers, map[string]string{"id": p.Id, "addr": p.Addr, "suffrage": p.Suffrage})
-			}
-			return printJSON(out, map[string]any{
-				"org": st.Org, "node_id": st.NodeId, "state": st.State,
-				"leader_id": st.LeaderId, "leader_addr": st.LeaderAddr, "leader_grpc_addr": st.LeaderGrpcAddr,
-				"peers": peers, "last_index": st.LastIndex, "applied_index": st.AppliedIndex, "dev_mode": st.DevMode,
-				"insecure_plaintext": st.InsecurePlaintext,
-			})
+			return printJSON(out, webui.OrgView(st))
 		}
 		tw := newTable(out)
 		fmt.Fprintf(tw, "org\t%s\nnode\t%s (%s)\nleader\t%s raft=%s grpc=%s\nlast index\t%d (applied %d)\n",
@@ -188,20 +180,7 @@ func newWorkersCmd() *cobra.Command {
 		}
 		out := cmd.OutOrStdout()
 		if f.json {
-			list := []map[string]any{}
-			for _, w := range resp.Workers {
-				tasks := w.Tasks
-				if tasks == nil {
-					tasks = []string{}
-				}
-				states := []map[string]any{}
-				for _, st := range w.TaskStates {
-					states = append(states, map[string]any{"id": st.TaskId, "generation": st.Generation, "state": st.State, "reason": st.Message})
-				}
-				list = append(list, map[string]any{"id": w.Id, "org": w.Org, "addr": w.Addr, "status": w.Status,
-					"cores": w.Cores, "labels": w.Labels, "name": w.Name, "tasks": tasks, "task_states": states})
-			}
-			return printJSON(out, list)
+			return printJSON(out, webui.WorkersView(resp, 0).Workers)
 		}
 		tw := newTable(out)
 		fmt.Fprintln(tw, "ID\tNAME\tADDR\tSTATUS\tCORES\tTASKS")
@@ -243,23 +222,6 @@ func newQuerySubmitCmd() *cobra.Command {
 	})
 }
 
-func queryJSON(q *pb.QueryInfo) map[string]any {
-	tasks := []map[string]any{}
-	for _, t := range q.Tasks {
-		task := map[string]any{"id": t.TaskId, "generation": t.Generation, "fragment": t.Fragment, "partition": t.Partition,
-			"replica": t.Replica, "worker": t.WorkerId, "worker_addr": t.WorkerAddr, "state": t.State, "reason": t.Message, "message": t.Message}
-		if t.SlotEpoch != 0 {
-			task["slot_epoch"], task["slots"] = t.SlotEpoch, t.SlotCount
-		}
-		if t.MovingFrom != "" {
-			task["moving_from"] = t.MovingFrom
-		}
-		tasks = append(tasks, task)
-	}
-	return map[string]any{"name": q.Name, "status": q.Status, "index": q.Index, "replicas": q.Replicas,
-		"max_delay": q.MaxDelay, "tasks": tasks}
-}
-
 func newQueryListCmd() *cobra.Command {
 	return adminCmd(&cobra.Command{
 		Use:   "list",
@@ -271,9 +233,9 @@ func newQueryListCmd() *cobra.Command {
 			return err
 		}
 		if f.json {
-			list := []map[string]any{}
+			list := []webui.Query{}
 			for _, q := range resp.Queries {
-				list = append(list, queryJSON(q))
+				list = append(list, webui.QueryView(q))
 			}
 			return printJSON(cmd.OutOrStdout(), list)
 		}
@@ -303,7 +265,7 @@ func newQueryStatusCmd() *cobra.Command {
 			return err
 		}
 		if f.json {
-			return printJSON(cmd.OutOrStdout(), queryJSON(q))
+			return printJSON(cmd.OutOrStdout(), webui.QueryView(q))
 		}
 		fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s\n\n", q.Name, q.Status, q.Replicas, q.MaxDelay)
 		tw := newTable(cmd.OutOrStdout())

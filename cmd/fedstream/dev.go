@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -31,6 +33,8 @@ var demoQuery []byte
 type devFederation struct {
 	coords  []*coordinator.Server
 	workers []*worker.Worker
+	// ctx ends when the federation stops; cancel ends it.
+	ctx     context.Context
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	dataDir string
@@ -49,6 +53,7 @@ type devOptions struct {
 func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 	d := &devFederation{dataDir: o.dataDir, tlsDir: filepath.Join(o.dataDir, "tls")}
 	ctx, d.cancel = context.WithCancel(ctx)
+	d.ctx = ctx
 	// The org runs mutual TLS as a real one does, with a CA made for this
 	// run in the temp dir (the CLI can use it: --tls-dir).
 	var ids []string
@@ -221,6 +226,9 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				fed.stop()
 			}()
 			fed.printBanner(stderr)
+			if err := fed.serveWebView(stderr); err != nil {
+				return err
+			}
 			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
 			if err := fed.waitReady(ctx, f, 2); err != nil {
 				if ctx.Err() != nil {
@@ -280,4 +288,31 @@ func (d *devFederation) printBanner(w io.Writer) {
 	}
 	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr(), d.tlsDir)
 	fmt.Fprint(w, b.String())
+}
+
+// serveWebView serves the first coordinator's web view on a free loopback
+// port until the federation stops, and prints its address. (Once processes
+// have their own HTTP server, dev can print that server's address instead.)
+func (d *devFederation) serveWebView(stderr io.Writer) error {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return fmt.Errorf("web view: %w", err)
+	}
+	srv := &http.Server{Handler: d.coords[0].WebHandler(), ReadHeaderTimeout: 10 * time.Second}
+	d.wg.Add(2)
+	go func() {
+		defer d.wg.Done()
+		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintf(stderr, "web view stopped: %v\n", err)
+		}
+	}()
+	go func() {
+		defer d.wg.Done()
+		<-d.ctx.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}()
+	fmt.Fprintf(stderr, "web view: http://%s/\n", lis.Addr())
+	return nil
 }
