@@ -226,7 +226,7 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	if t.gen != nil && t.genSnap != nil {
+	if t.genSnap != nil {
 		return t.snapshotSource(ctx, opts)
 	}
 	if t.merge == nil || t.proc == nil {

@@ -1,0 +1,378 @@
+package runtime
+
+// Kafka sources and sinks (see docs/QUERY.md, "Kafka").
+//
+// A kafka source task reads one Kafka partition (source partition i reads
+// Kafka partition i) in offset order. Its stream is a function of the
+// partition's contents: each record becomes a tuple, and BOUNDARY tuples
+// follow stime exactly as a generator's do, so every replica produces the
+// same tuples with the same ids. Its position is the offset of the next
+// record: a snapshot carries it (TaskSnapshot.SourceRecords), taken by
+// the source goroutine between two polled batches like a generator's,
+// and a copy started from the snapshot reads from there.
+//
+// A kafka sink task of replica 0 writes the results of its result stream
+// to the topic, each group of results in one Kafka transaction, from a
+// goroutine that follows the stream (the sink's result ring). All copies
+// of a sink share one transactional id: a copy that starts fences the
+// older ones and then reads back the last result id committed, so it
+// writes exactly the results after it.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
+	"github.com/fedstream/fedstream/worker/kafka"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// kafkaSource is the state of a kafka source task (source goroutine only).
+type kafkaSource struct {
+	cfg    *queryspec.KafkaSource
+	start  kafka.Start
+	parser *source.LineParser
+	// hasTime: the schema has a timestamp field, which gives the stime;
+	// otherwise the Kafka record's timestamp does.
+	hasTime bool
+	tp      tuple.Tuple
+	// bad counts records skipped because their value does not fit the
+	// schema.
+	bad uint64
+}
+
+func newKafkaSource(t *task) (*kafkaSource, error) {
+	cfg := t.node.Source.Kafka
+	earliest, latest, off, err := queryspec.KafkaStartOffset(cfg.Start)
+	if err != nil {
+		return nil, err
+	}
+	schema := t.node.HeadSchema()
+	ks := &kafkaSource{cfg: cfg, start: kafka.Start{Earliest: earliest, Latest: latest, Offset: off}, parser: source.NewLineParser(schema)}
+	for _, f := range schema.Fields {
+		if f.Kind == tuple.KindTimestamp {
+			ks.hasTime = true
+		}
+	}
+	return ks, nil
+}
+
+type kafkaPoll struct {
+	recs []kafka.Record
+	err  error
+}
+
+// runKafka drives a kafka source task until it stops.
+func (t *task) runKafka() {
+	defer close(t.genDone)
+	ctx := t.ctx
+	ks := t.kafka
+	interval := int64(t.r.opts.BoundaryInterval)
+	boundary, next := int64(math.MinInt64), int64(math.MinInt64)
+	start := ks.start
+	if r := t.genRestore; r != nil {
+		// Started from a snapshot: read from the next offset it had not
+		// read, with the boundary it had emitted.
+		start = kafka.Start{Offset: r.records}
+		t.genRecords, boundary = r.records, r.boundary
+		if boundary != math.MinInt64 {
+			if next = boundary + interval; next < boundary {
+				next = math.MaxInt64
+			}
+		}
+	}
+	reader, err := kafka.NewReader(ks.cfg.Brokers, ks.cfg.Topic, int32(t.spec.Partition), start, t.log)
+	if err != nil {
+		t.fail(err)
+		return
+	}
+	defer reader.Close()
+	// One goroutine polls; this one emits and answers snapshot requests
+	// between two polled batches.
+	polls := make(chan kafkaPoll)
+	pctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for pctx.Err() == nil {
+			recs, err := reader.Poll(pctx)
+			if len(recs) == 0 && err == nil {
+				continue
+			}
+			select {
+			case polls <- kafkaPoll{recs, err}:
+			case <-pctx.Done():
+				return
+			}
+		}
+	}()
+	var lastWarn time.Time
+	for {
+		var p kafkaPoll
+		select {
+		case <-ctx.Done():
+			return
+		case req := <-t.genSnap:
+			req <- t.cutSource(ctx, boundary)
+			continue
+		case p = <-polls:
+		}
+		if p.err != nil && ctx.Err() == nil && time.Since(lastWarn) > 10*time.Second {
+			// franz-go keeps retrying; say so at most every 10s.
+			lastWarn = time.Now()
+			t.log.Warn("kafka source: fetch failed; retrying", "err", p.err)
+			t.noteWhileRunning(fmt.Sprintf("kafka: %v (retrying)", p.err))
+		}
+		for _, rec := range p.recs {
+			if rec.Offset < t.genRecords {
+				continue // read already (never twice)
+			}
+			tp := &ks.tp
+			if err := ks.parser.Parse(uint64(rec.Offset), rec.Value, tp); err != nil {
+				ks.badRecord(t, rec.Offset, err)
+				t.genRecords = rec.Offset + 1
+				continue
+			}
+			if !ks.hasTime {
+				tp.STime = rec.Timestamp.UnixNano()
+			}
+			if tp.STime < boundary {
+				// Behind time already promised downstream: counted at
+				// the boundary, deterministically (as a generator does).
+				tp.STime = boundary
+			}
+			if tp.STime >= next {
+				if b := floorDiv(tp.STime, interval) * interval; b > boundary {
+					if err := t.emitBoundary(ctx, b); err != nil {
+						t.endWith(err)
+						return
+					}
+					boundary = b
+				}
+				if next = boundary + interval; next < boundary {
+					next = math.MaxInt64
+				}
+			}
+			tp.Type = tuple.Stable
+			t.emitSource(ctx, tp)
+			if t.emitErr != nil {
+				t.endWith(t.emitErr)
+				return
+			}
+			t.genRecords = rec.Offset + 1
+		}
+		if err := t.flush(ctx); err != nil {
+			t.endWith(err)
+			return
+		}
+	}
+}
+
+// badRecord counts a record whose value does not fit the schema (skipped
+// the same way on every replica) and logs the first and every 10 000th.
+func (ks *kafkaSource) badRecord(t *task, offset int64, err error) {
+	ks.bad++
+	var le *source.LineError
+	msg := err.Error()
+	if errors.As(err, &le) {
+		msg = le.Msg
+		if le.Field != "" {
+			msg = fmt.Sprintf("field %q: %s", le.Field, le.Msg)
+		}
+	}
+	msg = fmt.Sprintf("kafka %s partition %d offset %d: %s", ks.cfg.Topic, t.spec.Partition, offset, msg)
+	if ks.bad == 1 || ks.bad%10000 == 0 {
+		t.log.Warn("kafka source: record skipped", "reason", msg, "skipped", ks.bad)
+	}
+	t.noteWhileRunning(fmt.Sprintf("kafka records skipped (value does not fit the schema): %d; last: %s", ks.bad, msg))
+}
+
+// kafkaSink writes a sink task's results to Kafka (replica 0 only).
+type kafkaSink struct {
+	w      *kafka.Writer
+	schema *tuple.Schema
+	keyIdx []int
+	// limit is how far (in result ids) the sink's result stream may run
+	// ahead of what is committed before the sink waits: the result ring
+	// must still hold what is not yet written.
+	limit uint64
+
+	written atomic.Uint64 // id of the last result committed to Kafka
+	mu      sync.Mutex
+	moved   chan struct{} // closed (and replaced) when written advances
+	// writes counts committed transactions (tests).
+	writes atomic.Uint64
+}
+
+// TransactionalID is the Kafka transactional id of a query's kafka sink:
+// the same for every copy and replica, so that one fences the others.
+func kafkaTransactionalID(query, sink string) string {
+	return "fedstream-" + query + "-" + sink
+}
+
+func newKafkaSink(t *task) (*kafkaSink, error) {
+	cfg := t.node.Sink.Kafka
+	ks := &kafkaSink{schema: t.node.Schema, limit: uint64(max(1, t.r.opts.SinkBufferTuples/2)), moved: make(chan struct{})}
+	for _, f := range cfg.Key {
+		i := ks.schema.Index(f)
+		if i < 0 {
+			return nil, fmt.Errorf("kafka sink %s: key field %q is not in its schema", t.node.Name, f)
+		}
+		ks.keyIdx = append(ks.keyIdx, i)
+	}
+	ks.w = kafka.NewWriter(kafka.WriterConfig{
+		Brokers: cfg.Brokers, Topic: cfg.Topic,
+		TransactionalID: kafkaTransactionalID(t.spec.Query, t.node.Name),
+		Sink:            t.spec.Query + "/" + t.node.Name,
+		Run:             t.spec.QueryIndex,
+		Log:             t.log,
+	})
+	return ks, nil
+}
+
+// advance records that results up to id are committed.
+func (ks *kafkaSink) advance(id uint64) {
+	ks.mu.Lock()
+	defer ks.mu.Unlock()
+	ks.written.Store(id)
+	close(ks.moved)
+	ks.moved = make(chan struct{})
+}
+
+// kafkaWaitRoom holds the sink's processing while its result stream, at last,
+// is more than limit results ahead of Kafka (backpressure: a slow or
+// unreachable Kafka slows the query instead of losing results).
+func (t *task) kafkaWaitRoom(ctx context.Context, last uint64) error {
+	ks := t.kafkaOut
+	if ks == nil {
+		return nil
+	}
+	for {
+		ks.mu.Lock()
+		ch := ks.moved
+		ks.mu.Unlock()
+		if last <= ks.written.Load()+ks.limit {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// runKafkaSink follows the sink's result stream and writes its results.
+func (t *task) runKafkaSink() {
+	ctx := t.ctx
+	ks := t.kafkaOut
+	buf := t.outs[0].buf
+	defer ks.w.Close()
+	backoff := retry.Policy{Initial: 100 * time.Millisecond, Max: 5 * time.Second}.New()
+	open := false
+	var (
+		outs    []kafka.Out
+		tp      tuple.Tuple
+		scratch []byte
+		failing bool
+	)
+	fail := func(what string, err error) bool {
+		if ctx.Err() != nil {
+			return false
+		}
+		t.log.Warn("kafka sink: "+what+"; retrying", "err", err)
+		t.noteWhileRunning(fmt.Sprintf("kafka: %s: %v (retrying)", what, err))
+		failing = true
+		ks.w.Close()
+		open = false
+		return backoff.Wait(ctx) == nil
+	}
+	for ctx.Err() == nil {
+		if !open {
+			last, err := ks.w.Open(ctx)
+			if err != nil {
+				if !fail("open", err) {
+					return
+				}
+				continue
+			}
+			open = true
+			ks.advance(last)
+			t.log.Info("kafka sink: writing after the last committed result", "topic", t.node.Sink.Kafka.Topic, "last_committed", last)
+		}
+		written := ks.written.Load()
+		data, offs, base, first, _, wait, err := buf.ReadIndexed(written, 1<<20)
+		if err != nil {
+			return // the buffer closed: the task stops
+		}
+		if len(offs) == 0 {
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return
+			}
+			continue
+		}
+		if first > written+1 {
+			// The result ring no longer holds them (a copy started from a
+			// snapshot far ahead of what was committed): say so loudly.
+			msg := fmt.Sprintf("kafka: results %d..%d were not written to the topic: the sink's result buffer no longer holds them", written+1, first-1)
+			t.log.Error("kafka sink: results lost", "first", written+1, "last", first-1)
+			t.noteWhileRunning(msg)
+			failing = false
+		}
+		outs = outs[:0]
+		scratch = scratch[:0]
+		type span struct{ k0, k1, v0, v1 int }
+		var spans []span
+		for i, o := range offs {
+			if _, err := tuple.DecodeTuple(data[o-base:], &tp); err != nil {
+				t.fail(fmt.Errorf("kafka sink: result %d: %w", first+uint64(i), err))
+				return
+			}
+			if !tp.Type.IsData() {
+				continue
+			}
+			var sp span
+			sp.k0 = len(scratch)
+			if len(ks.keyIdx) > 0 {
+				scratch = kafka.AppendJSON(scratch, ks.schema, tp.Values, ks.keyIdx)
+			}
+			sp.k1, sp.v0 = len(scratch), len(scratch)
+			scratch = kafka.AppendJSON(scratch, ks.schema, tp.Values, nil)
+			sp.v1 = len(scratch)
+			spans = append(spans, sp)
+			outs = append(outs, kafka.Out{ID: first + uint64(i)})
+		}
+		for i, sp := range spans {
+			if sp.k1 > sp.k0 {
+				outs[i].Key = scratch[sp.k0:sp.k1]
+			}
+			outs[i].Value = scratch[sp.v0:sp.v1]
+		}
+		if err := ks.w.Write(ctx, outs); err != nil {
+			if !fail("write", err) {
+				return
+			}
+			continue
+		}
+		if len(outs) > 0 {
+			ks.writes.Add(1)
+		}
+		backoff.Reset()
+		if failing {
+			failing = false
+			t.noteWhileRunning("")
+		}
+		ks.advance(first + uint64(len(offs)) - 1)
+	}
+}
