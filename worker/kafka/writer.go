@@ -21,6 +21,9 @@ const (
 	HeaderID   = "fedstream-id"
 )
 
+// endTimeout bounds ending (committing or aborting) one transaction.
+const endTimeout = 10 * time.Second
+
 // ErrReadBack means a Writer could not find the last result it committed
 // (the topic's tail could not be read to its end); nothing is written
 // until it can.
@@ -121,13 +124,16 @@ func (w *Writer) Write(ctx context.Context, outs []Out) error {
 			{Key: HeaderID, Value: strconv.AppendUint(nil, o.ID, 10)},
 		}}
 	}
+	// Ending a transaction is not cancelled with ctx (a cancelled commit
+	// leaves its outcome unknown; the next Open finds it out either way),
+	// but bounded, so that a stopping task does not wait on a dead broker.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), endTimeout)
+	defer cancel()
 	if err := w.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		_ = w.cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryAbort)
+		_ = w.cl.EndTransaction(ectx, kgo.TryAbort)
 		return fmt.Errorf("kafka sink %s: produce: %w", w.cfg.Sink, err)
 	}
-	// The commit is not cancelled with ctx: a cancelled commit leaves its
-	// outcome unknown (the next Open finds it out either way).
-	if err := w.cl.EndTransaction(context.WithoutCancel(ctx), kgo.TryCommit); err != nil {
+	if err := w.cl.EndTransaction(ectx, kgo.TryCommit); err != nil {
 		return fmt.Errorf("kafka sink %s: commit: %w", w.cfg.Sink, err)
 	}
 	return nil

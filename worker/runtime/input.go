@@ -89,12 +89,6 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 		return errHalted
 	}
 	first, offs, data := b.FirstID, b.Offsets, b.Encoded
-	// Before the batch joins the result stream, a kafka sink's writer
-	// must be within its limit of the stream's end.
-	if err := t.kafkaWaitRoom(t.ctx, first-1); err != nil {
-		b.Release()
-		return err
-	}
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
 	var last tuple.Tuple
@@ -304,16 +298,6 @@ func (t *task) sinkAppend(ctx context.Context, runs []mergedRun, ri, ti *int, st
 			}
 			if err := t.appendTo(ctx, o, tp); err != nil {
 				return err
-			}
-			if t.kafkaOut != nil && o.w.LastID() > t.kafkaOut.written.Load()+t.kafkaOut.limit {
-				// Kafka is behind: what is staged goes to the result
-				// stream, which the writer follows, and the sink waits.
-				if err := o.w.Flush(ctx); err != nil {
-					return err
-				}
-				if err := t.kafkaWaitRoom(ctx, o.w.LastID()); err != nil {
-					return err
-				}
 			}
 		}
 		*ri, *ti = *ri+1, 0

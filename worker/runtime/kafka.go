@@ -13,10 +13,10 @@ package runtime
 //
 // A kafka sink task of replica 0 writes the results of its result stream
 // to the topic, each group of results in one Kafka transaction, from a
-// goroutine that follows the stream (the sink's result ring). All copies
-// of a sink share one transactional id: a copy that starts fences the
-// older ones and then reads back the last result id committed, so it
-// writes exactly the results after it.
+// goroutine that follows the stream and acknowledges what Kafka committed
+// (see kafkaSinkBuffer). All copies of a sink share one transactional id:
+// a copy that starts fences the older ones and then reads back the last
+// result id committed, so it writes exactly the results after it.
 
 import (
 	"context"
@@ -29,6 +29,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/internal/retry"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/kafka"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -201,16 +202,35 @@ type kafkaSink struct {
 	w      *kafka.Writer
 	schema *tuple.Schema
 	keyIdx []int
-	// limit is how far (in result ids) the sink's result stream may run
-	// ahead of what is committed before the sink waits: the result ring
-	// must still hold what is not yet written.
-	limit uint64
-
-	written atomic.Uint64 // id of the last result committed to Kafka
-	mu      sync.Mutex
-	moved   chan struct{} // closed (and replaced) when written advances
+	// written is the id of the last result committed to Kafka (writer
+	// goroutine; read by tests).
+	written atomic.Uint64
 	// writes counts committed transactions (tests).
 	writes atomic.Uint64
+}
+
+// kafkaWriterName is the subscriber name under which a kafka sink's
+// writer holds and acknowledges the sink's result stream.
+const kafkaWriterName = "kafka-writer"
+
+// kafkaSinkBuffer is the result stream of a kafka sink's writing replica
+// (nil for any other task): not a ring, but a bounded buffer held by the
+// writer, which acknowledges what Kafka committed. Nothing is discarded
+// before it is written, and a slow or unreachable Kafka blocks the sink,
+// and through the data plane the query (backpressure), instead of losing
+// results. Tails read it as they read any stream.
+func (t *task) kafkaSinkBuffer() *dataplane.OutputBuffer {
+	if t.node.Kind != queryspec.KindSink || t.node.Sink.Kafka == nil || t.spec.Replica != 0 {
+		return nil
+	}
+	opts := t.r.opts.Buffer
+	opts.Ring = false
+	opts.ExpectedSubscribers = 1
+	opts.Logger = t.log.With("consumer", kafkaWriterName)
+	buf := dataplane.NewOutputBuffer(opts)
+	// Connected for the task's life: it is never overrun, only waited for.
+	buf.Connect(kafkaWriterName)
+	return buf
 }
 
 // TransactionalID is the Kafka transactional id of a query's kafka sink:
@@ -221,7 +241,7 @@ func kafkaTransactionalID(query, sink string) string {
 
 func newKafkaSink(t *task) (*kafkaSink, error) {
 	cfg := t.node.Sink.Kafka
-	ks := &kafkaSink{schema: t.node.Schema, limit: uint64(max(1, t.r.opts.SinkBufferTuples/2)), moved: make(chan struct{})}
+	ks := &kafkaSink{schema: t.node.Schema}
 	for _, f := range cfg.Key {
 		i := ks.schema.Index(f)
 		if i < 0 {
@@ -237,38 +257,6 @@ func newKafkaSink(t *task) (*kafkaSink, error) {
 		Log:             t.log,
 	})
 	return ks, nil
-}
-
-// advance records that results up to id are committed.
-func (ks *kafkaSink) advance(id uint64) {
-	ks.mu.Lock()
-	defer ks.mu.Unlock()
-	ks.written.Store(id)
-	close(ks.moved)
-	ks.moved = make(chan struct{})
-}
-
-// kafkaWaitRoom holds the sink's processing while its result stream, at last,
-// is more than limit results ahead of Kafka (backpressure: a slow or
-// unreachable Kafka slows the query instead of losing results).
-func (t *task) kafkaWaitRoom(ctx context.Context, last uint64) error {
-	ks := t.kafkaOut
-	if ks == nil {
-		return nil
-	}
-	for {
-		ks.mu.Lock()
-		ch := ks.moved
-		ks.mu.Unlock()
-		if last <= ks.written.Load()+ks.limit {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
 }
 
 // runKafkaSink follows the sink's result stream and writes its results.
@@ -306,10 +294,13 @@ func (t *task) runKafkaSink() {
 				continue
 			}
 			open = true
-			ks.advance(last)
+			ks.written.Store(last)
 			t.log.Info("kafka sink: writing after the last committed result", "topic", t.node.Sink.Kafka.Topic, "last_committed", last)
 		}
 		written := ks.written.Load()
+		// What Kafka has is taken (clamped to the stream's end: a copy
+		// replaying behind Kafka releases its results as they come).
+		buf.Ack(kafkaWriterName, written)
 		data, offs, base, first, _, wait, err := buf.ReadIndexed(written, 1<<20)
 		if err != nil {
 			return // the buffer closed: the task stops
@@ -323,9 +314,9 @@ func (t *task) runKafkaSink() {
 			continue
 		}
 		if first > written+1 {
-			// The result ring no longer holds them (a copy started from a
+			// The stream no longer holds them (a copy started from a
 			// snapshot far ahead of what was committed): say so loudly.
-			msg := fmt.Sprintf("kafka: results %d..%d were not written to the topic: the sink's result buffer no longer holds them", written+1, first-1)
+			msg := fmt.Sprintf("kafka: results %d..%d were not written to the topic: the sink's result stream no longer holds them", written+1, first-1)
 			t.log.Error("kafka sink: results lost", "first", written+1, "last", first-1)
 			t.noteWhileRunning(msg)
 			failing = false
@@ -359,6 +350,9 @@ func (t *task) runKafkaSink() {
 			}
 			outs[i].Value = scratch[sp.v0:sp.v1]
 		}
+		if hook := t.r.kafkaBeforeWrite; hook != nil {
+			hook()
+		}
 		if err := ks.w.Write(ctx, outs); err != nil {
 			if !fail("write", err) {
 				return
@@ -373,6 +367,8 @@ func (t *task) runKafkaSink() {
 			failing = false
 			t.noteWhileRunning("")
 		}
-		ks.advance(first + uint64(len(offs)) - 1)
+		last := first + uint64(len(offs)) - 1
+		ks.written.Store(last)
+		buf.Ack(kafkaWriterName, last)
 	}
 }

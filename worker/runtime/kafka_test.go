@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/kafka"
 )
 
@@ -280,11 +282,11 @@ func writtenBy(w *worker, id string) uint64 {
 }
 
 // TestKafkaSinkRestartWritesNothingTwice stops the sink with a
-// stop-and-copy snapshot once it has written results and starts it on
-// another worker from that snapshot: the copy holds again the results the
-// snapshot's stream had (already in Kafka), reads back the last result
-// committed and writes only what follows. Every result is in the topic
-// exactly once.
+// stop-and-copy snapshot taken while its writer was held back, lets the
+// old copy write what the snapshot holds unwritten, and starts the sink on
+// another worker from that snapshot: the copy holds again results that
+// are already in Kafka, reads back the last one committed and writes only
+// what follows. Every result is in the topic exactly once.
 func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	broker := startKafka(t)
 	const n, half = 600, 300
@@ -293,15 +295,33 @@ func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	}
 	c := kafkaCluster(t, broker, 1, 2, func(string, int, int) int { return 0 })
 	defer c.close(t)
-	c.apply()
 	from, to := c.workers[0], c.workers[1]
+	var holding atomic.Bool
+	release := make(chan struct{})
+	from.rt.kafkaBeforeWrite = func() {
+		if holding.Load() {
+			<-release
+		}
+	}
+	c.apply()
 	waitUntil(t, "the sink wrote results", func() bool { return writtenBy(from, kafkaSinkTask) > 20 })
+	holding.Store(true)
+	before := writtenBy(from, kafkaSinkTask)
+	for p := range 2 {
+		produce(t, broker, p, half, half+100, false)
+	}
+	buf := from.rt.task(kafkaSinkTask).outs[0].buf
+	waitUntil(t, "results wait to be written", func() bool { return buf.Stats().LastID > before+20 })
 	snap, err := from.rt.SnapshotTask(context.Background(), kafkaSinkTask, SnapshotOptions{Halt: true})
 	if err != nil {
 		t.Fatal(err)
 	}
+	if len(snap.Outputs[0].TailOffs) == 0 {
+		t.Fatal("the snapshot holds no unwritten results")
+	}
 	last := snap.Outputs[0].LastID
-	waitUntil(t, "the old copy wrote what its stream holds", func() bool { return writtenBy(from, kafkaSinkTask) >= last })
+	close(release)
+	waitUntil(t, "the old copy wrote what the snapshot holds", func() bool { return writtenBy(from, kafkaSinkTask) >= last })
 	enc, err := snap.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
@@ -310,10 +330,14 @@ func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	if err := dec.UnmarshalBinary(enc); err != nil {
 		t.Fatal(err)
 	}
+	committed := uint64(0)
+	for _, r := range readResults(t, broker) {
+		committed = max(committed, r.id)
+	}
 	c.moveTask(t, kafkaSinkTask, from, to, &dec)
-	waitUntil(t, "the new copy read back the last committed result", func() bool { return writtenBy(to, kafkaSinkTask) >= last })
+	waitUntil(t, "the new copy read back the last committed result", func() bool { return writtenBy(to, kafkaSinkTask) >= committed })
 	for p := range 2 {
-		produce(t, broker, p, half, n, true)
+		produce(t, broker, p, half+100, n, true)
 	}
 	want := kafkaReference(n)
 	checkKafkaResults(t, waitResults(t, broker, len(want)), want)
@@ -442,5 +466,29 @@ func TestKafkaSourceMovesLive(t *testing.T) {
 		if a[id] != v {
 			t.Fatalf("result %d: moved run %s, unmoved run %s", id, a[id], v)
 		}
+	}
+}
+
+// TestKafkaSinkBackpressure runs the query with buffers far smaller than
+// what it produces: the sink's result stream holds each result until
+// Kafka has committed it, and the sink waits instead of dropping any.
+func TestKafkaSinkBackpressure(t *testing.T) {
+	broker := startKafka(t)
+	const n = 600
+	for p := range 2 {
+		produce(t, broker, p, 0, n, true)
+	}
+	q, err := queryspec.Parse("kq.yaml", fmt.Appendf(nil, kafkaQuery, 1, broker, broker))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 },
+		Options{BoundaryInterval: time.Millisecond, SinkBufferTuples: 16, Buffer: dataplane.BufferOptions{MaxTuples: 64}})
+	defer c.close(t)
+	c.apply()
+	want := kafkaReference(n)
+	checkKafkaResults(t, waitResults(t, broker, len(want)), want)
+	if st := c.workers[0].rt.task(kafkaSinkTask).outs[0].buf.Stats(); st.Overrun != 0 {
+		t.Fatalf("the sink's stream overran %d results", st.Overrun)
 	}
 }

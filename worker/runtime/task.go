@@ -298,9 +298,13 @@ func failedTask(r *Runtime, spec TaskSpec, err error) *task {
 // result ring buffer of a sink.
 func (t *task) buildOutputs() error {
 	if t.node.Kind == queryspec.KindSink {
-		out := newOutStream("", t.spec.Partition, dataplane.NewOutputBuffer(dataplane.BufferOptions{
-			Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
-		}))
+		buf := t.kafkaSinkBuffer()
+		if buf == nil {
+			buf = dataplane.NewOutputBuffer(dataplane.BufferOptions{
+				Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
+			})
+		}
+		out := newOutStream("", t.spec.Partition, buf)
 		t.outs = []*outStream{out}
 		t.byConsumer[""] = make([]*outStream, t.spec.Partition+1)
 		t.byConsumer[""][t.spec.Partition] = out
