@@ -11,13 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/kafka"
+	"github.com/fedstream/fedstream/worker/kafka/kafkatest"
 )
 
 // kafkaQuery reads two partitions of "events", counts and sums per user
@@ -92,36 +89,27 @@ func kafkaReference(n int) map[string]string {
 }
 
 func startKafka(t *testing.T) string {
-	t.Helper()
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(2, "events"), kfake.SeedTopics(3, "results"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c.ListenAddrs()[0]
+	return kafkatest.Start(t, map[string]int32{"events": 2, "results": 3})
 }
 
 // produce writes events from..to-1 of partition p (and the closing record
 // when end is set).
 func produce(t *testing.T, broker string, p, from, to int, end bool) {
 	t.Helper()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.RecordPartitioner(kgo.ManualPartitioner()))
-	if err != nil {
-		t.Fatal(err)
+	if err := kafkatest.Produce(broker, "events", int32(p), eventValues(p, from, to, end)); err != nil {
+		t.Error(err)
 	}
-	defer cl.Close()
-	var recs []*kgo.Record
+}
+
+func eventValues(p, from, to int, end bool) [][]byte {
+	var vs [][]byte
 	for i := from; i < to; i++ {
-		recs = append(recs, &kgo.Record{Topic: "events", Partition: int32(p), Value: eventOf(p, i).json()})
+		vs = append(vs, eventOf(p, i).json())
 	}
 	if end {
-		recs = append(recs, &kgo.Record{Topic: "events", Partition: int32(p), Value: closing(p).json()})
+		vs = append(vs, closing(p).json())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-		t.Fatal(err)
-	}
+	return vs
 }
 
 // sinkRecord is one committed record of the results topic.
@@ -134,49 +122,14 @@ type sinkRecord struct {
 // readResults reads every committed record of the results topic.
 func readResults(t *testing.T, broker string) []sinkRecord {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cl, err := kgo.NewClient(kgo.SeedBrokers(broker), kgo.ConsumeTopics("results"),
-		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchIsolationLevel(kgo.ReadCommitted()),
-		kgo.KeepControlRecords(), kgo.FetchMaxWait(50*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
-	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, "results")
-	if err != nil {
-		t.Fatal(err)
-	}
-	remaining := map[int32]int64{}
-	ends.Each(func(o kadm.ListedOffset) {
-		if o.Offset > 0 {
-			remaining[o.Partition] = o.Offset
-		}
-	})
 	var out []sinkRecord
-	for len(remaining) > 0 {
-		fs := cl.PollFetches(ctx)
-		if ctx.Err() != nil {
-			t.Fatalf("reading results: %v (left %v)", ctx.Err(), remaining)
+	for _, r := range kafkatest.ReadCommitted(t, broker, "results") {
+		rec := sinkRecord{key: string(r.Key)}
+		rec.id, _ = strconv.ParseUint(r.Headers[kafka.HeaderID], 10, 64)
+		if err := json.Unmarshal(r.Value, &rec.value); err != nil {
+			t.Errorf("result value %q: %v", r.Value, err)
 		}
-		fs.EachRecord(func(r *kgo.Record) {
-			if end, ok := remaining[r.Partition]; ok && r.Offset >= end-1 {
-				delete(remaining, r.Partition)
-			}
-			if r.Offset >= ends["results"][r.Partition].Offset || r.Attrs.IsControl() {
-				return
-			}
-			rec := sinkRecord{key: string(r.Key)}
-			for _, h := range r.Headers {
-				if h.Key == kafka.HeaderID {
-					rec.id, _ = strconv.ParseUint(string(h.Value), 10, 64)
-				}
-			}
-			if err := json.Unmarshal(r.Value, &rec.value); err != nil {
-				t.Errorf("result value %q: %v", r.Value, err)
-			}
-			out = append(out, rec)
-		})
+		out = append(out, rec)
 	}
 	return out
 }
