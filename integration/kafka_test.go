@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,55 +79,8 @@ func TestKafkaQueryWithLiveMoves(t *testing.T) {
 			}
 		}
 	}
-	want := map[string]string{}
-	{
-		type acc struct{ n, total int64 }
-		m := map[string]*acc{}
-		for p := range 2 {
-			for i := range n {
-				ts, merchant, amount := payment(p, i)
-				k := fmt.Sprintf("%d %s", (ts/int64(time.Second)+1)*int64(time.Second), merchant)
-				if m[k] == nil {
-					m[k] = &acc{}
-				}
-				m[k].n++
-				m[k].total += amount
-			}
-		}
-		for k, a := range m {
-			want[k] = fmt.Sprintf("%d %d", a.n, a.total)
-		}
-	}
-	results := func() map[string]string {
-		got := map[string]string{}
-		ids := map[string]bool{}
-		for _, r := range kafkatest.ReadCommitted(t, broker, "totals") {
-			id := r.Headers[kafka.HeaderID]
-			if ids[id] {
-				t.Fatalf("result id %s written twice", id)
-			}
-			ids[id] = true
-			var v struct {
-				Merchant  string `json:"merchant"`
-				N         int64  `json:"n"`
-				Total     int64  `json:"total"`
-				WindowEnd string `json:"window_end"`
-			}
-			if err := json.Unmarshal(r.Value, &v); err != nil {
-				t.Fatalf("value %q: %v", r.Value, err)
-			}
-			end, err := time.Parse(time.RFC3339Nano, v.WindowEnd)
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := strconv.FormatInt(end.UnixNano(), 10) + " " + v.Merchant
-			if _, dup := got[k]; dup {
-				t.Fatalf("result %s written twice", k)
-			}
-			got[k] = fmt.Sprintf("%d %d", v.N, v.Total)
-		}
-		return got
-	}
+	want := payReference(n)
+	results := func() map[string]string { return payTotals(t, broker) }
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: fmt.Appendf(nil, kafkaOrgQuery, broker, broker), Filename: "pay.yaml"}); err != nil {
@@ -162,8 +118,71 @@ func TestKafkaQueryWithLiveMoves(t *testing.T) {
 	feed(300, 600, false)
 	move("pay/totals/p0/r0")
 	feed(600, n, true)
+	checkTotals(t, broker, want)
+}
+
+// payReference computes the totals of payments 0..n-1 of both
+// partitions: "window end (ns) merchant" -> "count total".
+func payReference(n int) map[string]string {
+	type acc struct{ n, total int64 }
+	m := map[string]*acc{}
+	for p := range 2 {
+		for i := range n {
+			ts, merchant, amount := payment(p, i)
+			k := fmt.Sprintf("%d %s", (ts/int64(time.Second)+1)*int64(time.Second), merchant)
+			if m[k] == nil {
+				m[k] = &acc{}
+			}
+			m[k].n++
+			m[k].total += amount
+		}
+	}
+	want := map[string]string{}
+	for k, a := range m {
+		want[k] = fmt.Sprintf("%d %d", a.n, a.total)
+	}
+	return want
+}
+
+// payTotals reads the committed totals, failing on any written twice.
+func payTotals(t *testing.T, broker string) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	ids := map[string]bool{}
+	for _, r := range kafkatest.ReadCommitted(t, broker, "totals") {
+		id := r.Headers[kafka.HeaderID]
+		if ids[id] {
+			t.Fatalf("result id %s written twice", id)
+		}
+		ids[id] = true
+		var v struct {
+			Merchant  string `json:"merchant"`
+			N         int64  `json:"n"`
+			Total     int64  `json:"total"`
+			WindowEnd string `json:"window_end"`
+		}
+		if err := json.Unmarshal(r.Value, &v); err != nil {
+			t.Fatalf("value %q: %v", r.Value, err)
+		}
+		end, err := time.Parse(time.RFC3339Nano, v.WindowEnd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := strconv.FormatInt(end.UnixNano(), 10) + " " + v.Merchant
+		if _, dup := got[k]; dup {
+			t.Fatalf("result %s written twice", k)
+		}
+		got[k] = fmt.Sprintf("%d %d", v.N, v.Total)
+	}
+	return got
+}
+
+// checkTotals waits until the totals topic holds every total of want and
+// compares them.
+func checkTotals(t *testing.T, broker string, want map[string]string) {
+	t.Helper()
 	var got map[string]string
-	waitFor(t, 60*time.Second, "every total in the topic", func() bool { got = results(); return len(got) >= len(want) })
+	waitFor(t, 60*time.Second, "every total in the topic", func() bool { got = payTotals(t, broker); return len(got) >= len(want) })
 	if len(got) != len(want) {
 		t.Fatalf("%d totals, want %d", len(got), len(want))
 	}
@@ -172,4 +191,72 @@ func TestKafkaQueryWithLiveMoves(t *testing.T) {
 			t.Fatalf("total %s: got %q, want %q", k, got[k], v)
 		}
 	}
+}
+
+// TestKafkaQueryThroughBinary submits a kafka query to an org of real
+// processes with the CLI, feeds its topic, moves the sink with
+// "fedstream task move", and checks the totals topic against the
+// reference: every total, each once.
+func TestKafkaQueryThroughBinary(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts real processes")
+	}
+	broker := kafkatest.Start(t, map[string]int32{"payments": 2, "totals": 3})
+	o := startOrg(t, 1, 3)
+	o.waitReady(t, 3)
+	file := filepath.Join(t.TempDir(), "pay.yaml")
+	if err := os.WriteFile(file, fmt.Appendf(nil, kafkaOrgQuery, broker, broker), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var sub struct {
+		Tasks int `json:"tasks"`
+	}
+	if err := cli(ctx, t, &sub, "query", "submit", file, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+		t.Fatal(err)
+	}
+	const n = 600
+	for p := range 2 {
+		if err := kafkatest.Produce(broker, "payments", int32(p), payments(p, 0, 300, false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 60*time.Second, "totals in the topic", func() bool { return len(payTotals(t, broker)) > 0 })
+	// Move the writing sink replica to the worker that runs no replica of it.
+	var status struct {
+		Tasks []struct {
+			TaskID   string `json:"id"`
+			WorkerID string `json:"worker"`
+		} `json:"tasks"`
+	}
+	if err := cli(ctx, t, &status, "query", "status", "pay", "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+		t.Fatal(err)
+	}
+	busy := map[string]bool{}
+	for _, ts := range status.Tasks {
+		if strings.HasPrefix(ts.TaskID, "pay/totals/") {
+			busy[ts.WorkerID] = true
+		}
+	}
+	ws, err := o.workerList(t, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	to := ""
+	for _, w := range ws {
+		if !busy[w.ID] {
+			to = w.ID
+		}
+	}
+	var moved map[string]any
+	if err := cli(ctx, t, &moved, "task", "move", "pay/totals/p0/r0", "--to", to, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+		t.Fatal(err)
+	}
+	for p := range 2 {
+		if err := kafkatest.Produce(broker, "payments", int32(p), payments(p, 300, n, true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkTotals(t, broker, payReference(n))
 }
