@@ -319,7 +319,7 @@ func (t *task) runKafkaSink() {
 			msg := fmt.Sprintf("kafka: results %d..%d were not written to the topic: the sink's result stream no longer holds them", written+1, first-1)
 			t.log.Error("kafka sink: results lost", "first", written+1, "last", first-1)
 			t.noteWhileRunning(msg)
-			failing = false
+			failing = false // the note stays: a later success does not clear it
 		}
 		outs = outs[:0]
 		scratch = scratch[:0]
