@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -90,6 +91,23 @@ func (r *Reader) Poll(ctx context.Context) ([]Record, error) {
 		out = append(out, Record{Offset: rec.Offset, Timestamp: rec.Timestamp, Key: rec.Key, Value: rec.Value})
 	})
 	return out, errors.Join(errs...)
+}
+
+// Check asks the brokers whether the reader's partition exists, so that
+// a missing topic or partition is reported instead of read from in
+// silence (a consumer simply waits for it).
+func (r *Reader) Check(ctx context.Context) error {
+	ends, err := kadm.NewClient(r.cl).ListEndOffsets(ctx, r.topic)
+	if err == nil {
+		err = ends.Error()
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrFetch, r.topic, err)
+	}
+	if _, ok := ends.Lookup(r.topic, r.partition); !ok {
+		return fmt.Errorf("%w: topic %s has no partition %d (have %d)", ErrFetch, r.topic, r.partition, len(ends[r.topic]))
+	}
+	return nil
 }
 
 // Close ends the reader's connections.

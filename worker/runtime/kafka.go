@@ -104,6 +104,22 @@ func (t *task) runKafka() {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		// A missing topic or partition is said (and checked again) rather
+		// than waited for in silence.
+		for pctx.Err() == nil {
+			err := reader.Check(pctx)
+			if err == nil {
+				break
+			}
+			select {
+			case polls <- kafkaPoll{err: err}:
+			case <-pctx.Done():
+				return
+			}
+			if !sleepCtx(pctx, 2*time.Second) {
+				return
+			}
+		}
 		for pctx.Err() == nil {
 			recs, err := reader.Poll(pctx)
 			if len(recs) == 0 && err == nil {
@@ -116,7 +132,10 @@ func (t *task) runKafka() {
 			}
 		}
 	}()
-	var lastWarn time.Time
+	var (
+		lastWarn time.Time
+		noted    bool // the task's message says fetching fails
+	)
 	for {
 		var p kafkaPoll
 		select {
@@ -131,7 +150,12 @@ func (t *task) runKafka() {
 			// franz-go keeps retrying; say so at most every 10s.
 			lastWarn = time.Now()
 			t.log.Warn("kafka source: fetch failed; retrying", "err", p.err)
-			t.noteWhileRunning(fmt.Sprintf("kafka: %v (retrying)", p.err))
+			t.noteWhileRunning(fmt.Sprintf("%v (retrying)", p.err))
+			noted = true
+		}
+		if p.err == nil && noted {
+			noted = false
+			t.noteWhileRunning("")
 		}
 		for _, rec := range p.recs {
 			if rec.Offset < t.genRecords {
@@ -278,7 +302,7 @@ func (t *task) runKafkaSink() {
 			return false
 		}
 		t.log.Warn("kafka sink: "+what+"; retrying", "err", err)
-		t.noteWhileRunning(fmt.Sprintf("kafka: %s: %v (retrying)", what, err))
+		t.noteWhileRunning(fmt.Sprintf("%v (retrying)", err))
 		failing = true
 		ks.w.Close()
 		open = false

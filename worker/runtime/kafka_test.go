@@ -445,3 +445,23 @@ func TestKafkaSinkBackpressure(t *testing.T) {
 		t.Fatalf("the sink's stream overran %d results", st.Overrun)
 	}
 }
+
+// TestKafkaMissingTopics: a source or a sink whose topic does not exist
+// says so in its task's message instead of waiting in silence.
+func TestKafkaMissingTopics(t *testing.T) {
+	broker := kafkatest.Start(t, map[string]int32{"other": 1})
+	c := kafkaCluster(t, broker, 1, 1, func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	for _, id := range []string{"kq/events/p0/r0", kafkaSinkTask} {
+		topic := "events"
+		if id == kafkaSinkTask {
+			topic = "results"
+		}
+		waitUntil(t, id+" reports its missing topic", func() bool {
+			st := c.workers[0].rt.task(id).State()
+			return st.State == StateRunning && strings.Contains(st.Message, "kafka") && strings.Contains(st.Message, topic)
+		})
+		t.Log(c.workers[0].rt.task(id).State().Message)
+	}
+}
