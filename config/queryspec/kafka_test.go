@@ -97,6 +97,10 @@ func TestKafkaSettings(t *testing.T) {
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("error %v\nwant it to contain %q", err, c.want)
 			}
+			// One problem, one error (a generator has its own schema too).
+			if n := strings.Count(err.Error(), "\n") + 1; n != 1 && c.name != "with generator" {
+				t.Fatalf("%d errors for one problem:\n%v", n, err)
+			}
 		})
 	}
 }

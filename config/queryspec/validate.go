@@ -133,7 +133,8 @@ func (q *Query) applyDefaults() {
 		s := &q.Sources[i]
 		if s.Kafka != nil {
 			s.Kafka.applyDefaults()
-			if s.Parallelism == 0 {
+			if s.Parallelism == 0 && s.Kafka.Partitions >= 1 && s.Kafka.Partitions <= MaxParallelism {
+				// Out of range is reported once, on kafka.partitions.
 				s.Parallelism = s.Kafka.Partitions
 			}
 		}
