@@ -425,24 +425,34 @@ func TestKafkaSourceMovesLive(t *testing.T) {
 // TestKafkaSinkBackpressure runs the query with buffers far smaller than
 // what it produces: the sink's result stream holds each result until
 // Kafka has committed it, and the sink waits instead of dropping any.
+// With an aggregate of one partition the sink passes its input's batches
+// through as they are; with two it merges and renumbers.
 func TestKafkaSinkBackpressure(t *testing.T) {
-	broker := startKafka(t)
-	const n = 600
-	for p := range 2 {
-		produce(t, broker, p, 0, n, true)
-	}
-	q, err := queryspec.Parse("kq.yaml", fmt.Appendf(nil, kafkaQuery, 1, broker, broker))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 },
-		Options{BoundaryInterval: time.Millisecond, SinkBufferTuples: 16, Buffer: dataplane.BufferOptions{MaxTuples: 64}})
-	defer c.close(t)
-	c.apply()
-	want := kafkaReference(n)
-	checkKafkaResults(t, waitResults(t, broker, len(want)), want)
-	if st := c.workers[0].rt.task(kafkaSinkTask).outs[0].buf.Stats(); st.Overrun != 0 {
-		t.Fatalf("the sink's stream overran %d results", st.Overrun)
+	for _, parallelism := range []int{1, 2} {
+		t.Run(fmt.Sprintf("aggregate_partitions_%d", parallelism), func(t *testing.T) {
+			broker := startKafka(t)
+			const n = 600
+			for p := range 2 {
+				produce(t, broker, p, 0, n, true)
+			}
+			yaml := strings.Replace(fmt.Sprintf(kafkaQuery, 1, broker, broker), "parallelism: 2\n", fmt.Sprintf("parallelism: %d\n", parallelism), 1)
+			q, err := queryspec.Parse("kq.yaml", []byte(yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 },
+				Options{BoundaryInterval: time.Millisecond, SinkBufferTuples: 16, Buffer: dataplane.BufferOptions{MaxTuples: 64}})
+			defer c.close(t)
+			c.apply()
+			if pass := c.workers[0].rt.task(kafkaSinkTask).passThrough; pass != (parallelism == 1) {
+				t.Fatalf("pass-through sink %v with %d aggregate partitions", pass, parallelism)
+			}
+			want := kafkaReference(n)
+			checkKafkaResults(t, waitResults(t, broker, len(want)), want)
+			if st := c.workers[0].rt.task(kafkaSinkTask).outs[0].buf.Stats(); st.Overrun != 0 {
+				t.Fatalf("the sink's stream overran %d results", st.Overrun)
+			}
+		})
 	}
 }
 
