@@ -229,8 +229,13 @@ type kafkaSink struct {
 	// written is the id of the last result committed to Kafka (writer
 	// goroutine; read by tests).
 	written atomic.Uint64
-	// writes counts committed transactions (tests).
-	writes atomic.Uint64
+	// writes counts committed transactions; gaps the times the stream
+	// lacked ids not yet committed (see runKafkaSink).
+	writes, gaps atomic.Uint64
+	// restoredAt is, for a copy started from a snapshot of the writing
+	// replica, how far that replica's writer had got (see
+	// TaskSnapshot.SourceRecords): the copy's stream starts after it.
+	restoredAt uint64
 }
 
 // kafkaWriterName is the subscriber name under which a kafka sink's
@@ -318,7 +323,9 @@ func (t *task) runKafkaSink() {
 				continue
 			}
 			open = true
-			ks.written.Store(last)
+			// Kafka holds every result up to last; up to restoredAt every
+			// id is in Kafka or is not a result (a boundary).
+			ks.written.Store(max(last, ks.restoredAt, ks.written.Load()))
 			t.log.Info("kafka sink: writing after the last committed result", "topic", t.node.Sink.Kafka.Topic, "last_committed", last)
 		}
 		written := ks.written.Load()
@@ -340,8 +347,9 @@ func (t *task) runKafkaSink() {
 		if first > written+1 {
 			// The stream no longer holds them (a copy started from a
 			// snapshot far ahead of what was committed): say so loudly.
-			msg := fmt.Sprintf("kafka: results %d..%d were not written to the topic: the sink's result stream no longer holds them", written+1, first-1)
-			t.log.Error("kafka sink: results lost", "first", written+1, "last", first-1)
+			msg := fmt.Sprintf("kafka: the results among ids %d..%d (if any: some may be boundaries) were not written to the topic: the sink's result stream no longer holds them", written+1, first-1)
+			t.log.Error("kafka sink: results may be lost", "first", written+1, "last", first-1)
+			ks.gaps.Add(1)
 			t.noteWhileRunning(msg)
 			failing = false // the note stays: a later success does not clear it
 		}
@@ -375,7 +383,7 @@ func (t *task) runKafkaSink() {
 			outs[i].Value = scratch[sp.v0:sp.v1]
 		}
 		if hook := t.r.kafkaBeforeWrite; hook != nil {
-			hook()
+			hook(ctx)
 		}
 		if err := ks.w.Write(ctx, outs); err != nil {
 			if !fail("write", err) {

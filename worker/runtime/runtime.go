@@ -255,7 +255,7 @@ type Runtime struct {
 	afterFetch func(*TaskSnapshot)
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
-	kafkaBeforeWrite func()
+	kafkaBeforeWrite func(context.Context)
 
 	mu     sync.Mutex
 	tasks  map[string]*task

@@ -251,6 +251,9 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			if err := t.restoreFrom(spec.FromSnapshot); err != nil {
 				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 			}
+			if t.kafkaOut != nil {
+				t.kafkaOut.restoredAt = uint64(max(spec.FromSnapshot.SourceRecords, 0))
+			}
 		}
 	} else if t.gen != nil || t.kafka != nil {
 		t.genSnap, t.genDone = make(chan chan sourceCut), make(chan struct{})
