@@ -93,21 +93,29 @@ func (r *Reader) Poll(ctx context.Context) ([]Record, error) {
 	return out, errors.Join(errs...)
 }
 
-// Check asks the brokers whether the reader's partition exists, so that
-// a missing topic or partition is reported instead of read from in
-// silence (a consumer simply waits for it).
-func (r *Reader) Check(ctx context.Context) error {
-	ends, err := kadm.NewClient(r.cl).ListEndOffsets(ctx, r.topic)
+// PartitionEnd asks the brokers for the end of a topic partition (its
+// last stable offset: where a read_committed reader starting at "latest"
+// begins). A missing topic or partition is an error wrapping ErrFetch,
+// so that it is reported instead of waited for in silence (a consumer
+// simply waits for it).
+func PartitionEnd(ctx context.Context, brokers []string, topic string, partition int32, log *slog.Logger) (int64, error) {
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.WithLogger(logger{log}))
+	if err != nil {
+		return 0, err
+	}
+	defer cl.Close()
+	ends, err := kadm.NewClient(cl).ListCommittedOffsets(ctx, topic)
 	if err == nil {
 		err = ends.Error()
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", ErrFetch, r.topic, err)
+		return 0, fmt.Errorf("%w: %s: %w", ErrFetch, topic, err)
 	}
-	if _, ok := ends.Lookup(r.topic, r.partition); !ok {
-		return fmt.Errorf("%w: topic %s has no partition %d (have %d)", ErrFetch, r.topic, r.partition, len(ends[r.topic]))
+	end, ok := ends.Lookup(topic, partition)
+	if !ok {
+		return 0, fmt.Errorf("%w: topic %s has no partition %d (it has %d)", ErrFetch, topic, partition, len(ends[topic]))
 	}
-	return nil
+	return end.Offset, nil
 }
 
 // Close ends the reader's connections.

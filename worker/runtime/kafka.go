@@ -65,9 +65,14 @@ func newKafkaSource(t *task) (*kafkaSource, error) {
 	return ks, nil
 }
 
+// kafkaPoll is what the poll goroutine hands the source goroutine:
+// records, an error to report, where a "latest" start resolved to, or a
+// fatal error.
 type kafkaPoll struct {
-	recs []kafka.Record
-	err  error
+	recs    []kafka.Record
+	err     error
+	startAt *int64
+	fatal   error
 }
 
 // runKafka drives a kafka source task until it stops.
@@ -78,56 +83,76 @@ func (t *task) runKafka() {
 	interval := int64(t.r.opts.BoundaryInterval)
 	boundary, next := int64(math.MinInt64), int64(math.MinInt64)
 	start := ks.start
-	if r := t.genRestore; r != nil {
+	// resolved: t.genRecords is the offset of the next record to read,
+	// which a snapshot carries. A "latest" start is resolved by asking the
+	// brokers first: a snapshot taken before any record arrived must name
+	// that offset, not the partition's beginning.
+	resolved := !start.Latest
+	switch r := t.genRestore; {
+	case r != nil:
 		// Started from a snapshot: read from the next offset it had not
 		// read, with the boundary it had emitted.
-		start = kafka.Start{Offset: r.records}
+		start, resolved = kafka.Start{Offset: r.records}, true
 		t.genRecords, boundary = r.records, r.boundary
 		if boundary != math.MinInt64 {
 			if next = boundary + interval; next < boundary {
 				next = math.MaxInt64
 			}
 		}
+	case !start.Earliest && !start.Latest:
+		t.genRecords = start.Offset
 	}
-	reader, err := kafka.NewReader(ks.cfg.Brokers, ks.cfg.Topic, int32(t.spec.Partition), start, t.log)
-	if err != nil {
-		t.fail(err)
-		return
-	}
-	defer reader.Close()
 	// One goroutine polls; this one emits and answers snapshot requests
 	// between two polled batches.
 	polls := make(chan kafkaPoll)
 	pctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
+	send := func(p kafkaPoll) bool {
+		select {
+		case polls <- p:
+			return true
+		case <-pctx.Done():
+			return false
+		}
+	}
+	findLatest := !resolved // read by the poll goroutine only
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		topic, part := ks.cfg.Topic, int32(t.spec.Partition)
 		// A missing topic or partition is said (and checked again) rather
 		// than waited for in silence.
-		for pctx.Err() == nil {
-			err := reader.Check(pctx)
-			if err == nil {
-				break
-			}
-			select {
-			case polls <- kafkaPoll{err: err}:
-			case <-pctx.Done():
+		for {
+			end, err := kafka.PartitionEnd(pctx, ks.cfg.Brokers, topic, part, t.log)
+			if pctx.Err() != nil {
 				return
 			}
-			if !sleepCtx(pctx, 2*time.Second) {
+			if err == nil {
+				if findLatest {
+					start = kafka.Start{Offset: end}
+					if !send(kafkaPoll{startAt: &end}) {
+						return
+					}
+				}
+				break
+			}
+			if !send(kafkaPoll{err: err}) || !sleepCtx(pctx, 2*time.Second) {
 				return
 			}
 		}
+		reader, err := kafka.NewReader(ks.cfg.Brokers, topic, part, start, t.log)
+		if err != nil {
+			send(kafkaPoll{fatal: err})
+			return
+		}
+		defer reader.Close()
 		for pctx.Err() == nil {
 			recs, err := reader.Poll(pctx)
 			if len(recs) == 0 && err == nil {
 				continue
 			}
-			select {
-			case polls <- kafkaPoll{recs, err}:
-			case <-pctx.Done():
+			if !send(kafkaPoll{recs: recs, err: err}) {
 				return
 			}
 		}
@@ -142,9 +167,21 @@ func (t *task) runKafka() {
 		case <-ctx.Done():
 			return
 		case req := <-t.genSnap:
+			if !resolved {
+				req <- sourceCut{err: fmt.Errorf("%w: kafka source %s has not found its start offset yet", ErrNotSnapshottable, t.spec.TaskID)}
+				continue
+			}
 			req <- t.cutSource(ctx, boundary)
 			continue
 		case p = <-polls:
+		}
+		switch {
+		case p.fatal != nil:
+			t.fail(p.fatal)
+			return
+		case p.startAt != nil:
+			t.genRecords, resolved = *p.startAt, true
+			continue
 		}
 		if p.err != nil && ctx.Err() == nil && time.Since(lastWarn) > 10*time.Second {
 			// franz-go keeps retrying; say so at most every 10s.

@@ -346,6 +346,48 @@ func TestKafkaSinkStopsBehindKafka(t *testing.T) {
 	noLossReported(t, to)
 }
 
+// TestKafkaSourceMovesBeforeItsFirstRecord moves kafka source tasks that
+// start at the end of their partitions (start: latest), or at an offset,
+// before any record arrives: the snapshot names that offset, not the
+// beginning of the partition, so the new copy does not read the records
+// before it, which the old copy never emitted.
+func TestKafkaSourceMovesBeforeItsFirstRecord(t *testing.T) {
+	for _, start := range []string{"latest", "50"} {
+		t.Run(start, func(t *testing.T) {
+			broker := startKafka(t)
+			const n, old = 400, 50
+			for p := range 2 {
+				produce(t, broker, p, 0, old, false) // offsets 0..49: before the start
+			}
+			yaml := strings.Replace(fmt.Sprintf(kafkaQuery, 1, broker, broker), "partitions: 2}", "partitions: 2, start: "+start+"}", 1)
+			q, err := queryspec.Parse("kq.yaml", []byte(yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := newClusterOpts(t, 2, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: time.Millisecond})
+			defer c.close(t)
+			c.apply()
+			from, to := c.workers[0], c.workers[1]
+			for p := range 2 {
+				id := fmt.Sprintf("kq/events/p%d/r0", p)
+				waitUntil(t, id+" knows where it starts", func() bool {
+					_, err := from.rt.SnapshotTask(context.Background(), id, SnapshotOptions{})
+					return err == nil
+				})
+				c.move(t, id, from, to, false)
+				if got := to.rt.task(id).genRestore.records; got != old {
+					t.Fatalf("%s resumed at offset %d, want %d", id, got, old)
+				}
+			}
+			for p := range 2 {
+				produce(t, broker, p, 0, n, true)
+			}
+			want := kafkaReference(n)
+			checkKafkaResults(t, waitResults(t, broker, len(want)), want)
+		})
+	}
+}
+
 // TestKafkaSinkDuplicateCopiesWriteOnce runs a second copy of the sink,
 // started from a snapshot of the first while the first goes on writing,
 // and feeds both for a while: each one's start fences the other (they
