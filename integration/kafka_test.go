@@ -260,3 +260,43 @@ func TestKafkaQueryThroughBinary(t *testing.T) {
 	}
 	checkTotals(t, broker, payReference(n))
 }
+
+// TestKafkaSinkWorkerLost stops the worker running the sink's writing
+// replica while payments arrive: the leader places it again, the new copy
+// starts from a snapshot of the other sink replica (which wrote nothing),
+// reads back the last committed total and writes the rest. The totals
+// topic holds exactly the reference totals, each once.
+func TestKafkaSinkWorkerLost(t *testing.T) {
+	broker := kafkatest.Start(t, map[string]int32{"payments": 2, "totals": 3})
+	o := newLiveOrg(t, 3)
+	const n = 900
+	feed := func(from, to int, last bool) {
+		t.Helper()
+		for p := range 2 {
+			if err := kafkatest.Produce(broker, "payments", int32(p), payments(p, from, to, last)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: fmt.Appendf(nil, kafkaOrgQuery, broker, broker), Filename: "pay.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const sink = "pay/totals/p0/r0"
+	feed(0, 300, false)
+	waitFor(t, 30*time.Second, "totals in the topic", func() bool { return len(payTotals(t, broker)) > 0 })
+	victim := o.task(t, "pay", sink).WorkerId
+	o.cancel[victim]()
+	feed(300, 600, false)
+	waitFor(t, 60*time.Second, "the sink placed again", func() bool {
+		ti := o.task(t, "pay", sink)
+		return ti.WorkerId != victim && ti.WorkerId != "" && ti.Generation >= 2 && ti.State == states.TaskRunning
+	})
+	feed(600, n, true)
+	checkTotals(t, broker, payReference(n))
+	ti := o.task(t, "pay", sink)
+	if rt := o.workers[ti.WorkerId].Runtime(); !rt.StartedFromSnapshot(sink) {
+		t.Fatalf("the new copy of %s did not start from its peer's snapshot", sink)
+	}
+}
