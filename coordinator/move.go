@@ -62,7 +62,7 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	}
 	if q, err := st.Query(nil, t.Query); err == nil && q != nil {
 		if plan := s.plans.plan(q); plan != nil {
-			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Gen == nil {
+			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Ingest {
 				return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is an ingest source: its clients send to its worker, so it cannot move", t.ID)
 			}
 		}

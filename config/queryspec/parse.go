@@ -300,7 +300,7 @@ func syntaxError(filename string, err error, idx *lineIndex) error {
 // about unknown fields ("want one of: ...").
 var knownFields = func() map[string]string {
 	m := map[string]string{}
-	for _, v := range []any{Query{}, Availability{}, Source{}, Generator{}, Operator{}, Window{}, Sink{}, Field{}, NamedExpr{}} {
+	for _, v := range []any{Query{}, Availability{}, Source{}, Generator{}, Operator{}, Window{}, Sink{}, Field{}, NamedExpr{}, KafkaSource{}, KafkaSink{}} {
 		t := reflect.TypeOf(v)
 		var names []string
 		for i := 0; i < t.NumField(); i++ {

@@ -32,18 +32,21 @@ type Availability struct {
 	MaxDelay string `yaml:"max_delay" json:"max_delay"`
 }
 
-// Source is an input stream: a built-in generator or ingest.
+// Source is an input stream: a built-in generator, ingest or a Kafka topic.
 type Source struct {
 	Name   string     `yaml:"name" json:"name"`
 	Schema Schema     `yaml:"schema" json:"schema"`
 	Gen    *Generator `yaml:"generator,omitempty" json:"generator,omitempty"`
 	Ingest bool       `yaml:"ingest,omitempty" json:"ingest,omitempty"`
-	// Parallelism is the number of source partitions (generators only).
+	// Parallelism is the number of source partitions (generators; a kafka
+	// source's is its partition count).
 	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
 	// AllowedLateness (ingest sources, a Go duration; empty means 0) is
 	// how far behind the newest accepted record a record may be and still
 	// be accepted. See Source.Lateness.
 	AllowedLateness string `yaml:"allowed_lateness,omitempty" json:"allowed_lateness,omitempty"`
+	// Kafka reads a Kafka topic (see kafka.go).
+	Kafka *KafkaSource `yaml:"kafka,omitempty" json:"kafka,omitempty"`
 }
 
 // Generator selects a deterministic built-in source.
@@ -128,6 +131,8 @@ type Exprs []NamedExpr
 type Sink struct {
 	Name  string `yaml:"name" json:"name"`
 	Input string `yaml:"input" json:"input"`
+	// Kafka also writes the sink's results to a Kafka topic (see kafka.go).
+	Kafka *KafkaSink `yaml:"kafka,omitempty" json:"kafka,omitempty"`
 }
 
 // UnmarshalYAML reads a schema written as a mapping `name: type` (the usual

@@ -103,7 +103,7 @@ func TestValidationErrors(t *testing.T) {
 		{name: "unknown operator field", edits: []edit{{"where: \"conns > 100\"", "wher: \"conns > 100\""}}, want: []string{"line 14: operators[1] (busy).wher: unknown field \"wher\""}},
 		{name: "unknown type", edits: []edit{{"port: int}", "port: integr}"}}, want: []string{"q.yaml: line 5: sources[0] (conns).schema.port: unknown type \"integr\" (want int, float, string, bool, timestamp, bytes)"}},
 		{name: "schema mismatch generator", edits: []edit{{"port: int}", "port: string}"}}, want: []string{"sources[0] (conns).schema: does not match the netmon generator's schema"}},
-		{name: "both generator and ingest", edits: []edit{{"rate: 5000, seed: 7}", "rate: 5000, seed: 7}\n    ingest: true"}}, want: []string{"sources[0] (conns): set exactly one of generator and ingest"}},
+		{name: "both generator and ingest", edits: []edit{{"rate: 5000, seed: 7}", "rate: 5000, seed: 7}\n    ingest: true"}}, want: []string{"sources[0] (conns): set exactly one of generator, ingest and kafka"}},
 		{name: "neither generator nor ingest", edits: []edit{{"    generator: {kind: netmon, monitors: 3, rate: 5000, seed: 7}\n", ""}}, want: []string{"sources[0] (conns): set exactly one of"}},
 		{name: "unknown generator", edits: []edit{{"kind: netmon", "kind: netmonx"}}, want: []string{"sources[0] (conns).generator.kind: unknown generator kind \"netmonx\""}},
 		{name: "negative rate", edits: []edit{{"rate: 5000", "rate: -5"}}, want: []string{"generator.rate: -5 is negative"}},

@@ -160,6 +160,13 @@ func (q *Query) applyDefaults() {
 	}
 	for i := range q.Sources {
 		s := &q.Sources[i]
+		if s.Kafka != nil {
+			s.Kafka.applyDefaults()
+			if s.Parallelism == 0 && s.Kafka.Partitions >= 1 && s.Kafka.Partitions <= MaxParallelism {
+				// Out of range is reported once, on kafka.partitions.
+				s.Parallelism = s.Kafka.Partitions
+			}
+		}
 		if s.Parallelism == 0 {
 			s.Parallelism = 1
 		}
@@ -173,6 +180,11 @@ func (q *Query) applyDefaults() {
 			if s.Gen.Kind == GenBlob && s.Gen.Size == 0 {
 				s.Gen.Size = DefaultBlobSize
 			}
+		}
+	}
+	for i := range q.Sinks {
+		if k := q.Sinks[i].Kafka; k != nil {
+			k.applyDefaults()
 		}
 	}
 	for i := range q.Operators {
@@ -259,6 +271,7 @@ func (q *Query) analyze(filename string) *analysis {
 			a.schemas[n.name] = a.inferSchema(n)
 		}
 		a.checkUsed()
+		a.checkKafkaSinkKeys()
 	}
 	return a
 }
@@ -333,6 +346,9 @@ func (a *analysis) collectNodes() {
 		} else {
 			n.inputs = []input{{name: s.Input, path: n.path.field("input")}}
 		}
+		if s.Kafka != nil {
+			a.checkKafkaSink(n)
+		}
 	}
 }
 
@@ -341,11 +357,11 @@ func (a *analysis) checkSource(n *gnode) {
 	if s.Parallelism < 1 || s.Parallelism > MaxParallelism {
 		ps.add(n.path.field("parallelism"), "%d is out of range (want 1..%d)", s.Parallelism, MaxParallelism)
 	}
-	switch {
-	case s.Gen != nil && s.Ingest:
-		ps.add(n.path, "set exactly one of generator and ingest, not both")
-	case s.Gen == nil && !s.Ingest:
-		ps.add(n.path, "set exactly one of generator (a built-in test source) and ingest: true")
+	switch kinds := btoi(s.Gen != nil) + btoi(s.Ingest) + btoi(s.Kafka != nil); {
+	case kinds > 1:
+		ps.add(n.path, "set exactly one of generator, ingest and kafka, not several")
+	case kinds == 0:
+		ps.add(n.path, "set exactly one of generator (a built-in test source), ingest: true and kafka (a Kafka topic)")
 	case s.Ingest && s.Parallelism > 1:
 		ps.add(n.path.field("parallelism"), "ingest sources have one partition; parallelism applies to generators")
 	}
@@ -356,8 +372,11 @@ func (a *analysis) checkSource(n *gnode) {
 		if _, err := parseLateness(s.AllowedLateness); err != nil {
 			ps.add(n.path.field("allowed_lateness"), "%v", err)
 		} else if !s.Ingest {
-			ps.add(n.path.field("allowed_lateness"), "only ingest sources have allowed_lateness (generators produce records in time order)")
+			ps.add(n.path.field("allowed_lateness"), "only ingest sources have allowed_lateness (generators and Kafka partitions produce records in time order)")
 		}
+	}
+	if s.Kafka != nil {
+		a.checkKafkaSource(n, a.q.lines == nil || a.q.lines[n.path.key+".parallelism"] != 0)
 	}
 	if len(s.Schema) == 0 && (s.Gen == nil || generatorSchemas[s.Gen.Kind] != nil) {
 		ps.add(n.path.field("schema"), "required: at least one field (name: type)")

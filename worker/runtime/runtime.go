@@ -254,6 +254,9 @@ type Runtime struct {
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
+	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
+	// writes a batch.
+	kafkaBeforeWrite func(context.Context)
 
 	mu     sync.Mutex
 	tasks  map[string]*task

@@ -64,7 +64,11 @@ type TaskSnapshot struct {
 	Inputs  []InputPosition
 	Outputs []OutputPosition
 	// SourceRecords is, for a generator source, the number of records
-	// drawn from its generator (Released is then its last boundary).
+	// drawn from its generator (Released is then its last boundary); for
+	// a kafka source, the offset of the next record to read; for a kafka
+	// sink's writing replica, the id up to which its writer had committed
+	// its result stream to Kafka (every id up to it is in Kafka or is not
+	// a result).
 	SourceRecords int64
 }
 
@@ -226,7 +230,7 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	if t.gen != nil && t.genSnap != nil {
+	if t.genSnap != nil {
 		return t.snapshotSource(ctx, opts)
 	}
 	if t.merge == nil || t.proc == nil {
@@ -281,6 +285,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
 		s.Outputs = append(s.Outputs, pos)
+	}
+	if t.kafkaOut != nil {
+		// Read after the tail: the writer stores its position before it
+		// acknowledges, so the tail starts at or below it.
+		s.SourceRecords = int64(t.kafkaOut.written.Load())
 	}
 	if t.passThrough {
 		in := t.inputs[0]

@@ -99,6 +99,8 @@ type task struct {
 	srcOut   sourceEmitter
 	gen      source.Generator // generator sources only
 	ingest   *ingestState     // ingest sources only
+	kafka    *kafkaSource     // kafka sources only (see kafka.go)
+	kafkaOut *kafkaSink       // kafka sinks, replica 0 only: writes results
 	merge    *merger          // operator and sink tasks
 	inputs   []*input
 	// inlineEmit is set when the task has a single input, whose goroutine
@@ -158,8 +160,8 @@ type task struct {
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
 
-	// Generator sources: genSnap carries snapshot requests to the
-	// generator goroutine, which serves them between two records;
+	// Generator and kafka sources: genSnap carries snapshot requests to
+	// the source goroutine, which serves them between two records;
 	// genDone closes when that goroutine ends. genRecords counts the
 	// records drawn (generator goroutine only); genRestore is where a
 	// source started from a snapshot resumes.
@@ -214,6 +216,10 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			}
 		case src.Ingest:
 			t.ingest = newIngestState(t.node)
+		case src.Kafka != nil:
+			if t.kafka, err = newKafkaSource(t); err != nil {
+				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+			}
 		default:
 			return nil, fmt.Errorf("task %s: source %q has neither generator nor ingest", spec.TaskID, src.Name)
 		}
@@ -230,6 +236,11 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 		}
 	case queryspec.KindSink:
+		if t.node.Sink.Kafka != nil && spec.Replica == 0 {
+			if t.kafkaOut, err = newKafkaSink(t); err != nil {
+				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
+			}
+		}
 	default:
 		return nil, fmt.Errorf("task %s: unknown node kind %q", spec.TaskID, t.node.Kind)
 	}
@@ -240,8 +251,11 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			if err := t.restoreFrom(spec.FromSnapshot); err != nil {
 				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 			}
+			if t.kafkaOut != nil {
+				t.kafkaOut.restoredAt = uint64(max(spec.FromSnapshot.SourceRecords, 0))
+			}
 		}
-	} else if t.gen != nil {
+	} else if t.gen != nil || t.kafka != nil {
 		t.genSnap, t.genDone = make(chan chan sourceCut), make(chan struct{})
 		if spec.FromSnapshot != nil {
 			if err := t.restoreSource(spec.FromSnapshot); err != nil {
@@ -287,9 +301,13 @@ func failedTask(r *Runtime, spec TaskSpec, err error) *task {
 // result ring buffer of a sink.
 func (t *task) buildOutputs() error {
 	if t.node.Kind == queryspec.KindSink {
-		out := newOutStream("", t.spec.Partition, dataplane.NewOutputBuffer(dataplane.BufferOptions{
-			Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
-		}))
+		buf := t.kafkaSinkBuffer()
+		if buf == nil {
+			buf = dataplane.NewOutputBuffer(dataplane.BufferOptions{
+				Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
+			})
+		}
+		out := newOutStream("", t.spec.Partition, buf)
 		t.outs = []*outStream{out}
 		t.byConsumer[""] = make([]*outStream, t.spec.Partition+1)
 		t.byConsumer[""][t.spec.Partition] = out
@@ -367,10 +385,17 @@ func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, 
 }
 
 func (t *task) start() {
+	if t.kafkaOut != nil {
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.runKafkaSink() }()
+	}
 	switch {
 	case t.gen != nil:
 		t.wg.Add(1)
 		go func() { defer t.wg.Done(); t.runGenerator() }()
+	case t.kafka != nil:
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.runKafka() }()
 	case t.merge != nil && t.restored && t.merge.released == finalBoundary:
 		// Restored from a snapshot taken after its final boundary: there
 		// is nothing left to read or process.
