@@ -87,6 +87,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newTLSCmd(),
 		newKeygenCmd(),
 		newOperatorCmd(),
+		newSimCmd(),
 	)
 	return root
 }

@@ -139,16 +139,23 @@ type Task struct {
 }
 
 // SettlePrice is the price of a move when the owner's marginal cost is
-// ownerMC and the partner quotes hostMC: the middle of what the owner can
-// pay (ownerMC - migrationCost) and what the partner needs (hostMC), so
-// both gain, clamped into [pmin, pmax]. ok is false when the clamped price
+// ownerMC and the partner quotes hostMC: between what the partner needs
+// (hostMC) and what the owner can pay (ownerMC - migrationCost), at
+// PriceSplit of the way up, clamped into [pmin, pmax]. Leaning towards the
+// owner's limit gives the partner room for more load (it accepts up to the
+// price), which moves an overloaded org's excess in fewer rounds; the
+// owner still gains on every unit it moves. ok is false when the clamped price
 // leaves one side without a gain: the owner offers only if its MC exceeds
 // price + migration cost, the partner accepts only below the price.
 func SettlePrice(ownerMC, hostMC, migrationCost, pmin, pmax float64) (price float64, ok bool) {
-	p := (ownerMC - migrationCost + hostMC) / 2
+	p := hostMC + PriceSplit*(ownerMC-migrationCost-hostMC)
 	p = math.Min(math.Max(p, pmin), pmax)
 	return p, hostMC < p && ownerMC > p+migrationCost
 }
+
+// PriceSplit is where between the partner's and the owner's marginal
+// cost SettlePrice puts the price (0: the partner's, 1: the owner's limit).
+const PriceSplit = 0.8
 
 // OfferInput is what the owner knows when it considers offering tasks to
 // one partner.
@@ -160,6 +167,10 @@ type OfferInput struct {
 	Load float64
 	// HostMarginal is the partner's quoted marginal cost at its load.
 	HostMarginal float64
+	// HostRoom is the load the partner says it would take at the settled
+	// price (Room); 0 or less means it did not say, and then only the
+	// contract's maximum bounds the offer.
+	HostRoom float64
 	// Hosted is the load of the owner's tasks the partner already hosts
 	// under this contract.
 	Hosted float64
@@ -183,18 +194,21 @@ type Offer struct {
 }
 
 // PlanOffer applies the offer rule. It settles the price from the two
-// marginal costs, then takes tasks in the given order while moving each one
-// still pays the owner (its cost per unit over the task's slice of load
-// exceeds price + migration cost), would still be accepted by the partner
-// (the partner's marginal cost with the extra load, estimated from its
-// quote, stays below the price) and fits the contract's maximum load. A
-// task that does not fit is skipped and smaller ones are tried.
+// marginal costs, then takes tasks in the given order as long as the
+// owner's marginal cost at the load it still carries exceeds price +
+// migration cost, skipping a task that does not fit in what the partner
+// said it would take (HostRoom) or in the contract's maximum load, or
+// whose class the contract excludes. The test is the marginal cost before
+// each task leaves, not the average over the task's slice of load: an org
+// just over its capacity with tasks that are large next to the band it is
+// over by still sheds one, instead of staying overloaded because the last
+// task's slice reaches down into cheap load.
 func PlanOffer(in OfferInput) (Offer, error) {
 	if err := in.Terms.check(in.Owner, in.Host, in.Now); err != nil {
 		return Offer{}, err
 	}
 	room := in.Terms.MaxLoad - in.Hosted
-	if room <= 0 {
+	if room <= 1e-12 {
 		return Offer{}, fmt.Errorf("%w: %s already hosts %.3g of %s's load under contract %s (max %.3g)", ErrOutsideTerms, in.Host, in.Hosted, in.Owner, in.Terms.ID, in.Terms.MaxLoad)
 	}
 	ownerMC := in.Cost.Marginal(in.Load)
@@ -202,19 +216,17 @@ func PlanOffer(in OfferInput) (Offer, error) {
 	if !ok {
 		return Offer{}, fmt.Errorf("%w: owner MC %.4g, partner MC %.4g, migration cost %.4g, prices [%.4g, %.4g]", ErrNotProfitable, ownerMC, in.HostMarginal, in.MigrationCost, in.Terms.PriceMin, in.Terms.PriceMax)
 	}
-	// The partner's marginal cost is estimated along the owner's own
-	// curve shifted to the partner's quote: with the M/M/1 cost both
-	// depend only on the share of capacity, and the partner decides for
-	// itself anyway (Accept). Here it only stops the owner from offering
-	// tasks the partner would surely refuse.
+	if in.HostRoom > 0 && in.HostRoom < room {
+		room = in.HostRoom
+	}
 	off := Offer{Contract: in.Terms.ID, Owner: in.Owner, Host: in.Host, Price: price}
 	x := in.Load
 	for _, t := range in.Tasks {
 		if !(t.Load > 0) || !in.Terms.AllowsClass(t.Class) || off.Load+t.Load > room+1e-12 {
 			continue
 		}
-		if AverageMarginal(in.Cost, x-t.Load, x) <= price+in.MigrationCost {
-			continue
+		if in.Cost.Marginal(x) <= price+in.MigrationCost {
+			break
 		}
 		off.Tasks = append(off.Tasks, t)
 		off.Load += t.Load
@@ -224,6 +236,32 @@ func PlanOffer(in OfferInput) (Offer, error) {
 		return Offer{}, fmt.Errorf("%w: no movable task of %s pays its move at price %.4g (owner MC %.4g, migration cost %.4g)", ErrNotProfitable, in.Owner, price, ownerMC, in.MigrationCost)
 	}
 	return off, nil
+}
+
+// Room is the partner's side of a quote: the most load it would take on
+// top of load before its marginal cost reaches price (found by bisection,
+// so any Cost works). The owner fills an offer up to it, so that an offer
+// of large tasks does not miss a partner with room for small ones.
+func Room(c Cost, load, price float64) float64 {
+	if c.Marginal(load) >= price {
+		return 0
+	}
+	lo, hi := 0.0, math.Max(c.Capacity(), 1)
+	for c.Marginal(load+hi) < price {
+		hi *= 2
+		if hi > 1e15 {
+			return hi
+		}
+	}
+	for range 60 {
+		mid := (lo + hi) / 2
+		if c.Marginal(load+mid) < price {
+			lo = mid
+		} else {
+			hi = mid
+		}
+	}
+	return lo
 }
 
 // AcceptInput is what the partner knows when an offer arrives.
@@ -358,14 +396,16 @@ type Policy struct {
 }
 
 // Suggested contract prices and policy, expressed as shares of capacity
-// under the M/M/1 cost: partners accept load up to 85% of T at the lowest
-// price and up to 105% at the highest; an org offers once it is above 95%
+// under the M/M/1 cost: partners accept load up to 90% of T at the lowest
+// price and up to 110% at the highest; an org offers once it is above 93%
 // of T; a moved task comes home once its owner would be below 80% of T
-// with it.
+// with it. `fedstream sim mpa` measured these (BENCHMARKS.md): a wider
+// band between accepting and offering damps noise further but leaves load
+// stuck next to partners that could have taken it.
 const (
-	SharePriceMin = 0.85
-	SharePriceMax = 1.05
-	ShareOffer    = 0.95
+	SharePriceMin = 0.90
+	SharePriceMax = 1.10
+	ShareOffer    = 0.93
 	ShareReturn   = 0.80
 )
 
@@ -381,6 +421,6 @@ func SuggestedPolicy(u float64) Policy {
 	return Policy{
 		MigrationCost: MarginalAtShare(ShareOffer, u) - pmin,
 		ReturnMargin:  pmin - MarginalAtShare(ShareReturn, u),
-		Smoothing:     0.3,
+		Smoothing:     0.15,
 	}
 }

@@ -66,9 +66,9 @@ func TestSettlePrice(t *testing.T) {
 		want                   float64
 		ok                     bool
 	}{
-		{"midpoint inside bounds", 30, 10, 4, 5, 40, 18, true},
+		{"between the two, leaning to the owner", 30, 10, 4, 5, 40, 22.8, true},
 		{"clamped to p_max, both still gain", 200, 5, 4, 10, 40, 40, true},
-		{"clamped to p_min, both still gain", 20, 1, 4, 10, 40, 10, true},
+		{"clamped to p_min, both still gain", 12, 1, 0, 10, 40, 10, true},
 		{"owner not above price plus migration", 13, 1, 4, 10, 40, 10, false},
 		{"partner not below clamped price", 200, 45, 4, 10, 40, 40, false},
 		{"fixed price", 30, 5, 4, 12, 12, 12, true},
@@ -190,9 +190,9 @@ func TestAccept(t *testing.T) {
 		want    []string
 	}{
 		{name: "idle partner takes all", want: []string{"t1", "t2", "t3"}},
-		{name: "partner stops below the price (85% of T at p_min)", edit: func(in *AcceptInput) { in.Load = 7.5 }, want: []string{"t3"}},
-		{name: "partner at the price line takes nothing", edit: func(in *AcceptInput) { in.Load = 8.5 }, wantErr: ErrNotProfitable},
-		{name: "higher price lets it take more", edit: func(in *AcceptInput) { in.Load = 7.5; in.Offer.Price = pmax }, want: []string{"t1", "t2"}},
+		{name: "partner stops below the price (90% of T at p_min)", edit: func(in *AcceptInput) { in.Load = 7.5 }, want: []string{"t2"}},
+		{name: "partner at the price line takes nothing", edit: func(in *AcceptInput) { in.Load = 8.8 }, wantErr: ErrNotProfitable},
+		{name: "higher price lets it take more", edit: func(in *AcceptInput) { in.Load = 7.6; in.Offer.Price = pmax }, want: []string{"t1", "t2"}},
 		{name: "price above p_max refused", edit: func(in *AcceptInput) { in.Offer.Price = pmax + 1 }, wantErr: ErrOutsideTerms},
 		{name: "price below p_min refused", edit: func(in *AcceptInput) { in.Offer.Price = pmin - 1 }, wantErr: ErrOutsideTerms},
 		{name: "max load", edit: func(in *AcceptInput) { in.Hosted = 48.5 }, want: []string{"t2", "t3"}},
