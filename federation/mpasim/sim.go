@@ -471,9 +471,9 @@ type market struct {
 	terms    []mpa.Terms
 	pol      mpa.Policy
 	rng      *rand.Rand
-	host     []int32     // per task: the org running it
-	via      []int32     // per task away from home: its contract, else -1
-	movedAt  []float64   // per task away: the load accounted to the contract
+	host     []int32   // per task: the org running it
+	via      []int32   // per task away from home: its contract, else -1
+	movedAt  []float64 // per task away: the load accounted to the contract
 	notice   []mpa.Homecoming
 	hosted   [][2]float64 // per contract: a's load at b, b's load at a
 	factor   []float64    // per owner: true load factor this period
