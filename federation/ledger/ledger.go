@@ -253,7 +253,7 @@ func Next(prev *Entry, s Signed, org string, key ed25519.PrivateKey) Entry {
 // Report is the outcome of Verify, the shape `fedstream ledger verify
 // --json` prints.
 type Report struct {
-	Entries int `json:"entries"`
+	Entries int  `json:"entries"`
 	Valid   bool `json:"valid"`
 	// FirstBad is the Seq of the first entry that fails, nil when all
 	// pass.
