@@ -279,16 +279,6 @@ func (o *Org) Propose(ctx context.Context, req ProposeRequest) (ContractDoc, err
 	if req.To == o.name {
 		return ContractDoc{}, fmt.Errorf("%w: an org cannot contract with itself (%s)", mpa.ErrBadTerms, req.To)
 	}
-	if !o.net.Known(req.To) {
-		return ContractDoc{}, fmt.Errorf("%w %q: it is not a member of the federation this org can reach", ErrUnknownOrg, req.To)
-	}
-	keys, err := o.Keys()
-	if err != nil {
-		return ContractDoc{}, err
-	}
-	if _, ok := keys[req.To]; !ok {
-		return ContractDoc{}, fmt.Errorf("%w %q: pin its key first", ErrNoPinnedKey, req.To)
-	}
 	now := o.now().UTC()
 	id, err := newID()
 	if err != nil {
@@ -298,6 +288,16 @@ func (o *Org) Propose(ctx context.Context, req ProposeRequest) (ContractDoc, err
 		Direction: dir, Tasks: req.Tasks, NotBefore: now, NotAfter: now.Add(req.ValidFor), Notice: req.Notice}
 	if err := t.MPA().Validate(); err != nil {
 		return ContractDoc{}, err
+	}
+	if !o.net.Known(req.To) {
+		return ContractDoc{}, fmt.Errorf("%w %q: it is not a member of the federation this org can reach", ErrUnknownOrg, req.To)
+	}
+	keys, err := o.Keys()
+	if err != nil {
+		return ContractDoc{}, err
+	}
+	if _, ok := keys[req.To]; !ok {
+		return ContractDoc{}, fmt.Errorf("%w %q: pin its key first", ErrNoPinnedKey, req.To)
 	}
 	r := contractRecord(t, now)
 	doc := ContractDoc{Terms: t, Status: StatusProposed, Signed: ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.key)}}}

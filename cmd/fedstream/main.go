@@ -88,6 +88,8 @@ Talk to an org:                            fedstream status | workers | query ..
 		newKeygenCmd(),
 		newOperatorCmd(),
 		newSimCmd(),
+		newLedgerCmd(),
+		newContractCmd(),
 	)
 	return root
 }
