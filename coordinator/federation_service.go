@@ -63,21 +63,22 @@ func (noPartners) Call(context.Context, string, federation.Message) (federation.
 }
 
 // ensureOrgIdentity records the org's public key as the ledger's first
-// entry on a new leader, retrying while the write fails for a passing
-// reason. A key that differs from the recorded identity is permanent:
-// logged, and this coordinator signs nothing.
+// entry on a new leader, retrying while the write fails. A key that
+// differs from the recorded identity is this coordinator's own, made at
+// its first start before it learnt the org's: syncOrgKey replaces it, and
+// until then this leader signs nothing.
 func (s *Server) ensureOrgIdentity(ctx context.Context) {
 	delay := 100 * time.Millisecond
+	warned := false
 	for {
 		err := s.fed.EnsureIdentity(ctx)
 		if err == nil {
 			return
 		}
-		if errors.Is(err, federation.ErrKeyMismatch) {
-			s.logger.Error("this coordinator's org signing key is not the org's; copy "+ledger.SigningKeyFile+" from the coordinator that created it", "err", err)
-			return
+		if !warned || !errors.Is(err, federation.ErrKeyMismatch) {
+			s.logger.Warn("recording the org identity failed; retrying", "err", err, "retry_in", delay)
+			warned = true
 		}
-		s.logger.Warn("recording the org identity failed; retrying", "err", err, "retry_in", delay)
 		select {
 		case <-ctx.Done():
 			return
@@ -207,4 +208,122 @@ func (fs *federationService) PinKey(ctx context.Context, req *pb.PinKeyRequest) 
 		return resp, err
 	}
 	return resp, fedStatus(fs.s.fed.Pin(ctx, req.Org, key))
+}
+
+// syncOrgKey runs on every coordinator: once the org's identity is in the
+// ledger and this coordinator's key is not it, it fetches the org's key
+// from another coordinator of the org (under mutual TLS, from a peer that
+// proves it is a coordinator of the org), checks it against the recorded
+// public key, stores it in the data directory (0600) and signs with it
+// from then on. Without mutual TLS the key is never sent: an operator
+// copies the file.
+func (s *Server) syncOrgKey(ctx context.Context) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	told := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		want, ok, err := s.fed.IdentityKey()
+		if err != nil || !ok {
+			continue
+		}
+		if want.Equal(s.fed.PublicKey()) {
+			return
+		}
+		if s.cfg.TLS == nil {
+			if !told {
+				s.logger.Error("this coordinator's org signing key is not the org's, and without mutual TLS it cannot fetch it: copy "+ledger.SigningKeyFile+" from another coordinator of the org into the data directory and restart",
+					"org_key", ledger.EncodePublicKey(want), "own_key", ledger.EncodePublicKey(s.fed.PublicKey()))
+				told = true
+			}
+			continue
+		}
+		key, from, err := s.fetchOrgKey(ctx, want)
+		if err != nil {
+			if !told {
+				s.logger.Warn("fetching the org signing key from another coordinator failed; retrying", "err", err)
+				told = true
+			}
+			continue
+		}
+		if err := ledger.ReplaceSigningKey(s.cfg.DataDir, key); err != nil {
+			s.logger.Error("storing the org signing key", "err", err)
+			continue
+		}
+		s.fed.SetKey(key)
+		s.logger.Info("fetched the org signing key", "from", from, "public_key", ledger.EncodePublicKey(want))
+		return
+	}
+}
+
+// fetchOrgKey asks the other voters for the org key whose public half is
+// want.
+func (s *Server) fetchOrgKey(ctx context.Context, want ed25519.PublicKey) (ed25519.PrivateKey, string, error) {
+	fut := s.raft.GetConfiguration()
+	if err := fut.Error(); err != nil {
+		return nil, "", err
+	}
+	var errs []error
+	for _, srv := range fut.Configuration().Servers {
+		id := string(srv.ID)
+		if id == s.cfg.NodeID {
+			continue
+		}
+		for _, addr := range s.grpcAddrsOf(id, string(srv.Address)) {
+			conn, err := s.forwarder.conn(addr, id)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			resp, err := pb.NewOrgKeyServiceClient(conn).FetchOrgKey(cctx, &pb.FetchOrgKeyRequest{})
+			cancel()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				continue
+			}
+			key, err := ledger.ParseSigningKey(resp.Pkcs8)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", id, err))
+				continue
+			}
+			if !key.Public().(ed25519.PublicKey).Equal(want) {
+				errs = append(errs, fmt.Errorf("%s sent a key that is not the org's identity", id))
+				continue
+			}
+			return key, id, nil
+		}
+	}
+	return nil, "", fmt.Errorf("no coordinator gave the org key: %w", errors.Join(errs...))
+}
+
+type orgKeyService struct {
+	pb.UnimplementedOrgKeyServiceServer
+	s *Server
+}
+
+// FetchOrgKey hands the org's signing key to another coordinator of the
+// org: the role table admits only a coordinator certificate of the org,
+// and without mutual TLS (where that proves nothing) it refuses.
+func (ks *orgKeyService) FetchOrgKey(ctx context.Context, _ *pb.FetchOrgKeyRequest) (*pb.FetchOrgKeyResponse, error) {
+	s := ks.s
+	if s.cfg.TLS == nil {
+		return nil, status.Error(codes.FailedPrecondition, "the org signing key is served only over mutual TLS; copy "+ledger.SigningKeyFile+" by hand")
+	}
+	want, ok, err := s.fed.IdentityKey()
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	if !ok || !want.Equal(s.fed.PublicKey()) {
+		return nil, status.Error(codes.FailedPrecondition, "this coordinator does not hold the org's signing key")
+	}
+	der, err := ledger.MarshalSigningKey(s.fed.SigningKey())
+	if err != nil {
+		return nil, status.Error(codes.Internal, err.Error())
+	}
+	return &pb.FetchOrgKeyResponse{Pkcs8: der}, nil
 }

@@ -128,3 +128,44 @@ func TestOrgIdentityAndLedgerService(t *testing.T) {
 		t.Fatalf("after restart: %v, %v", es[0].Record.Kind, es[1].Record.Kind)
 	}
 }
+
+// Three coordinators start with three keys of their own; once the first
+// leader records its key as the org's identity, the others fetch it over
+// mutual TLS, so whichever coordinator leads later signs as the org.
+func TestCoordinatorsShareTheOrgKey(t *testing.T) {
+	c := newTestCluster(t, 3, "join-secret", "admin-secret")
+	l := c.leader()
+	var want ed25519.PublicKey
+	waitFor(t, 20*time.Second, "the org identity", func() bool {
+		k, ok, err := c.nodes[l].fed.IdentityKey()
+		want = k
+		return err == nil && ok
+	})
+	waitFor(t, 30*time.Second, "every coordinator holding the org key", func() bool {
+		for i, n := range c.nodes {
+			if !n.fed.PublicKey().Equal(want) {
+				return false
+			}
+			k, created, err := ledger.LoadOrCreateSigningKey(c.cfgs[i].DataDir)
+			if err != nil || created || !k.Public().(ed25519.PublicKey).Equal(want) {
+				return false
+			}
+		}
+		return true
+	})
+	c.stop(l)
+	nl := c.leader()
+	admin := pb.NewFederationServiceClient(c.conn(nl, "admin-secret"))
+	pub, _, _ := ed25519.GenerateKey(rand.Reader)
+	if _, err := admin.PinKey(ctxT(t, 10*time.Second), &pb.PinKeyRequest{Org: "beta", Key: ledger.EncodePublicKey(pub)}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := admin.VerifyLedger(ctxT(t, 10*time.Second), &pb.VerifyLedgerRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep ledger.Report
+	if err := json.Unmarshal(resp.ReportJson, &rep); err != nil || !rep.Valid || rep.Entries != 2 {
+		t.Fatalf("ledger after a leader change: %s", resp.ReportJson)
+	}
+}

@@ -139,6 +139,7 @@ func (s *Server) Start() (err error) {
 	s.goRun(s.watchHalt)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.handleSerfEvents)
+	s.goRun(s.syncOrgKey)
 	s.goRun(s.runBootstrap)
 	if len(s.cfg.Join) > 0 {
 		s.goRun(s.retryJoin)
@@ -323,6 +324,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
+	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	s.wg.Add(1)

@@ -177,11 +177,49 @@ func NewOrg(name string, key ed25519.PrivateKey, store Store, net Transport, now
 	return &Org{name: name, key: key, store: store, net: net, now: now}
 }
 
+// SetKey replaces the signing key, for a coordinator that fetched the
+// org's key from another coordinator after starting with one of its own.
+func (o *Org) SetKey(key ed25519.PrivateKey) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.key = key
+}
+
+// IdentityKey returns the public key the org's ledger records as its
+// identity; ok is false while there is none.
+func (o *Org) IdentityKey() (key ed25519.PublicKey, ok bool, err error) {
+	es, err := o.entries()
+	if err != nil {
+		return nil, false, err
+	}
+	for _, e := range es {
+		if e.Record.Kind == ledger.KindIdentity && e.Record.A == o.name {
+			k, err := ledger.DecodePublicKey(e.Record.Fields[ledger.FieldKey])
+			if err != nil {
+				return nil, false, err
+			}
+			return k, true, nil
+		}
+	}
+	return nil, false, nil
+}
+
 // Name is the org's name.
 func (o *Org) Name() string { return o.name }
 
 // PublicKey is the org's public signing key.
-func (o *Org) PublicKey() ed25519.PublicKey { return o.key.Public().(ed25519.PublicKey) }
+func (o *Org) PublicKey() ed25519.PublicKey { return o.signingKey().Public().(ed25519.PublicKey) }
+
+// SigningKey is the org's private signing key, for handing it to another
+// coordinator of the org.
+func (o *Org) SigningKey() ed25519.PrivateKey { return o.signingKey() }
+
+// signingKey reads the key; callers that hold o.mu read o.key directly.
+func (o *Org) signingKey() ed25519.PrivateKey {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.key
+}
 
 // EnsureIdentity writes the org's identity record (its public key) as the
 // first ledger entry when the ledger is empty, and checks that an existing
@@ -194,7 +232,7 @@ func (o *Org) EnsureIdentity(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	mine := ledger.EncodePublicKey(o.PublicKey())
+	mine := ledger.EncodePublicKey(o.key.Public().(ed25519.PublicKey))
 	for _, e := range es {
 		if e.Record.Kind == ledger.KindIdentity && e.Record.A == o.name {
 			if e.Record.Fields[ledger.FieldKey] != mine {
@@ -300,7 +338,7 @@ func (o *Org) Propose(ctx context.Context, req ProposeRequest) (ContractDoc, err
 		return ContractDoc{}, fmt.Errorf("%w %q: pin its key first", ErrNoPinnedKey, req.To)
 	}
 	r := contractRecord(t, now)
-	doc := ContractDoc{Terms: t, Status: StatusProposed, Signed: ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.key)}}}
+	doc := ContractDoc{Terms: t, Status: StatusProposed, Signed: ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.signingKey())}}}
 	o.mu.Lock()
 	err = o.putContract(ctx, doc)
 	o.mu.Unlock()
@@ -354,7 +392,7 @@ func (o *Org) Accept(ctx context.Context, id string) (ContractDoc, error) {
 		return ContractDoc{}, err
 	}
 	signed := doc.Signed
-	signed.Signatures = append(append([]ledger.Signature(nil), signed.Signatures...), ledger.Sign(signed.Record, o.name, o.key))
+	signed.Signatures = append(append([]ledger.Signature(nil), signed.Signatures...), ledger.Sign(signed.Record, o.name, o.signingKey()))
 	ans, err := o.net.Call(ctx, doc.Terms.Proposer, Message{Kind: MsgAccept, From: o.name, Signed: &signed, Key: ledger.EncodePublicKey(o.PublicKey())})
 	if err != nil {
 		return ContractDoc{}, fmt.Errorf("sending the acceptance of %s to %s: %w (still pending; accept again)", id, doc.Terms.Proposer, err)
@@ -433,7 +471,7 @@ func (o *Org) CoSign(ctx context.Context, kind, contractID string, fields map[st
 		return ledger.Signed{}, err
 	}
 	r := ledger.Record{Kind: kind, ID: kind + "-" + strings.TrimPrefix(rid, "c-"), Contract: contractID, A: o.name, B: partner, Time: o.now().UTC(), Fields: fields}
-	signed := ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.key)}}
+	signed := ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.signingKey())}}
 	ans, err := o.net.Call(ctx, partner, Message{Kind: MsgCoSign, From: o.name, Signed: &signed})
 	if err != nil {
 		return ledger.Signed{}, fmt.Errorf("asking %s to countersign %s: %w", partner, kind, err)

@@ -94,6 +94,55 @@ func LoadOrCreateSigningKey(dir string) (key ed25519.PrivateKey, created bool, e
 	return priv, false, nil
 }
 
+// MarshalSigningKey is the PKCS#8 DER of a signing key.
+func MarshalSigningKey(k ed25519.PrivateKey) ([]byte, error) {
+	return x509.MarshalPKCS8PrivateKey(k)
+}
+
+// ParseSigningKey reads PKCS#8 DER holding an ed25519 key.
+func ParseSigningKey(der []byte) (ed25519.PrivateKey, error) {
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrKeyFile, err)
+	}
+	priv, ok := k.(ed25519.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("%w: a %T, want an ed25519 key", ErrKeyFile, k)
+	}
+	return priv, nil
+}
+
+// ReplaceSigningKey writes k as dir/org-signing.key (mode 0600) through a
+// temporary file and a rename, so a crash leaves the old or the new key,
+// never half of one.
+func ReplaceSigningKey(dir string, k ed25519.PrivateKey) error {
+	der, err := MarshalSigningKey(k)
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, SigningKeyFile+".tmp*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if _, err := tmp.Write(pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), filepath.Join(dir, SigningKeyFile))
+}
+
 // PublicKeyPEM is the form of a public key in a keys directory: a PEM
 // "PUBLIC KEY" block (PKIX), which openssl also reads.
 func PublicKeyPEM(k ed25519.PublicKey) []byte {

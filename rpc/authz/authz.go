@@ -190,6 +190,9 @@ var Methods = map[string]Need{
 	pb.FederationService_AnswerContract_FullMethodName:    NeedAdmin,
 	pb.FederationService_TerminateContract_FullMethodName: NeedAdmin,
 	pb.FederationService_PinKey_FullMethodName:            NeedAdmin,
+	// The org's private signing key, only to another coordinator of the
+	// org.
+	pb.OrgKeyService_FetchOrgKey_FullMethodName: NeedCoordinator,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

@@ -18,6 +18,7 @@ var services = []grpc.ServiceDesc{
 	pb.DataPlane_ServiceDesc,
 	pb.CoordinatorPeerService_ServiceDesc,
 	pb.FederationService_ServiceDesc,
+	pb.OrgKeyService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 }
 
@@ -80,6 +81,7 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.FederationService_PinKey_FullMethodName, admin: true},
 		// No token role at all: a coordinator certificate.
 		{method: pb.CoordinatorPeerService_RaftState_FullMethodName},
+		{method: pb.OrgKeyService_FetchOrgKey_FullMethodName},
 		{method: healthpb.Health_Check_FullMethodName, admin: true, worker: true, writer: true, reader: true, auditor: true, noone: true},
 	}
 	for _, r := range rows {

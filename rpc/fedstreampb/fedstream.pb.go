@@ -4460,6 +4460,92 @@ func (*PinKeyResponse) Descriptor() ([]byte, []int) {
 	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
+// A coordinator whose signing key is not the org's (it started with an
+// empty data directory after the org's key was recorded) fetches the org's
+// key from another coordinator of the org. Only coordinators of the org
+// may ask (their certificate, under mutual TLS); without mutual TLS the
+// key is never served and must be copied by hand.
+type FetchOrgKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchOrgKeyRequest) Reset() {
+	*x = FetchOrgKeyRequest{}
+	mi := &file_fedstream_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchOrgKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchOrgKeyRequest) ProtoMessage() {}
+
+func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
+func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
+}
+
+type FetchOrgKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The org's ed25519 signing key, PKCS#8 DER.
+	Pkcs8         []byte `protobuf:"bytes,1,opt,name=pkcs8,proto3" json:"pkcs8,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchOrgKeyResponse) Reset() {
+	*x = FetchOrgKeyResponse{}
+	mi := &file_fedstream_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchOrgKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchOrgKeyResponse) ProtoMessage() {}
+
+func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
+func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
+	if x != nil {
+		return x.Pkcs8
+	}
+	return nil
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -4800,7 +4886,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\rPinKeyRequest\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x10\n" +
 	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +
-	"\x0ePinKeyResponse2\xc2\x03\n" +
+	"\x0ePinKeyResponse\"\x14\n" +
+	"\x12FetchOrgKeyRequest\"+\n" +
+	"\x13FetchOrgKeyResponse\x12\x14\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs82\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -4839,7 +4928,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0fProposeContract\x12$.fedstream.v1.ProposeContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12U\n" +
 	"\x0eAnswerContract\x12#.fedstream.v1.AnswerContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12[\n" +
 	"\x11TerminateContract\x12&.fedstream.v1.TerminateContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12C\n" +
-	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponse2c\n" +
+	"\rOrgKeyService\x12R\n" +
+	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -4853,7 +4944,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 74)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -4927,11 +5018,13 @@ var file_fedstream_proto_goTypes = []any{
 	(*ContractResponse)(nil),         // 69: fedstream.v1.ContractResponse
 	(*PinKeyRequest)(nil),            // 70: fedstream.v1.PinKeyRequest
 	(*PinKeyResponse)(nil),           // 71: fedstream.v1.PinKeyResponse
-	nil,                              // 72: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 73: fedstream.v1.WorkerInfo.LabelsEntry
+	(*FetchOrgKeyRequest)(nil),       // 72: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),      // 73: fedstream.v1.FetchOrgKeyResponse
+	nil,                              // 74: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 75: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	72, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	74, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	38, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
@@ -4941,7 +5034,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	73, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	75, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -4982,38 +5075,40 @@ var file_fedstream_proto_depIdxs = []int32{
 	67, // 48: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
 	68, // 49: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
 	70, // 50: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	1,  // 51: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 52: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 53: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 54: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 55: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 56: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 57: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 58: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 59: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 60: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 61: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 62: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 63: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 64: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 65: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 66: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 67: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 68: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 69: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 70: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 71: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 72: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 73: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	61, // 74: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	63, // 75: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	65, // 76: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	69, // 77: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	69, // 78: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	69, // 79: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	71, // 80: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	51, // [51:81] is the sub-list for method output_type
-	21, // [21:51] is the sub-list for method input_type
+	72, // 51: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	1,  // 52: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 53: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 54: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 55: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	53, // 56: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 57: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 58: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 59: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 60: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 61: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 62: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	55, // 63: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	40, // 64: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	57, // 65: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 66: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	34, // 67: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	37, // 68: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 69: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45, // 70: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	47, // 71: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	49, // 72: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	51, // 73: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	59, // 74: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	61, // 75: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	63, // 76: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	65, // 77: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	69, // 78: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	69, // 79: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	69, // 80: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	71, // 81: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	73, // 82: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	52, // [52:83] is the sub-list for method output_type
+	21, // [21:52] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -5030,9 +5125,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   74,
+			NumMessages:   76,
 			NumExtensions: 0,
-			NumServices:   6,
+			NumServices:   7,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

@@ -1556,3 +1556,105 @@ var FederationService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	OrgKeyService_FetchOrgKey_FullMethodName = "/fedstream.v1.OrgKeyService/FetchOrgKey"
+)
+
+// OrgKeyServiceClient is the client API for OrgKeyService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type OrgKeyServiceClient interface {
+	FetchOrgKey(ctx context.Context, in *FetchOrgKeyRequest, opts ...grpc.CallOption) (*FetchOrgKeyResponse, error)
+}
+
+type orgKeyServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewOrgKeyServiceClient(cc grpc.ClientConnInterface) OrgKeyServiceClient {
+	return &orgKeyServiceClient{cc}
+}
+
+func (c *orgKeyServiceClient) FetchOrgKey(ctx context.Context, in *FetchOrgKeyRequest, opts ...grpc.CallOption) (*FetchOrgKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchOrgKeyResponse)
+	err := c.cc.Invoke(ctx, OrgKeyService_FetchOrgKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// OrgKeyServiceServer is the server API for OrgKeyService service.
+// All implementations must embed UnimplementedOrgKeyServiceServer
+// for forward compatibility.
+type OrgKeyServiceServer interface {
+	FetchOrgKey(context.Context, *FetchOrgKeyRequest) (*FetchOrgKeyResponse, error)
+	mustEmbedUnimplementedOrgKeyServiceServer()
+}
+
+// UnimplementedOrgKeyServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedOrgKeyServiceServer struct{}
+
+func (UnimplementedOrgKeyServiceServer) FetchOrgKey(context.Context, *FetchOrgKeyRequest) (*FetchOrgKeyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method FetchOrgKey not implemented")
+}
+func (UnimplementedOrgKeyServiceServer) mustEmbedUnimplementedOrgKeyServiceServer() {}
+func (UnimplementedOrgKeyServiceServer) testEmbeddedByValue()                       {}
+
+// UnsafeOrgKeyServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to OrgKeyServiceServer will
+// result in compilation errors.
+type UnsafeOrgKeyServiceServer interface {
+	mustEmbedUnimplementedOrgKeyServiceServer()
+}
+
+func RegisterOrgKeyServiceServer(s grpc.ServiceRegistrar, srv OrgKeyServiceServer) {
+	// If the following call pancis, it indicates UnimplementedOrgKeyServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&OrgKeyService_ServiceDesc, srv)
+}
+
+func _OrgKeyService_FetchOrgKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchOrgKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OrgKeyServiceServer).FetchOrgKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OrgKeyService_FetchOrgKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OrgKeyServiceServer).FetchOrgKey(ctx, req.(*FetchOrgKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// OrgKeyService_ServiceDesc is the grpc.ServiceDesc for OrgKeyService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var OrgKeyService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.OrgKeyService",
+	HandlerType: (*OrgKeyServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "FetchOrgKey",
+			Handler:    _OrgKeyService_FetchOrgKey_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
