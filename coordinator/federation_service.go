@@ -20,17 +20,18 @@ import (
 
 const federationMethod = "/fedstream.v1.FederationService/"
 
-// setupFederation loads the org's signing key from the data directory,
-// creating it (mode 0600) at the first start, and builds the org's
-// federation agent. The public key enters the org's Raft state when a
-// leader first runs ensureOrgIdentity.
+// setupFederation loads the signing key from the data directory, creating
+// one (mode 0600) at the first start, and builds the org's federation
+// agent. The first leader records its public key as the org's identity
+// (ensureOrgIdentity); the other coordinators then fetch that key
+// (syncOrgKey).
 func (s *Server) setupFederation() error {
 	key, created, err := ledger.LoadOrCreateSigningKey(s.cfg.DataDir)
 	if err != nil {
 		return fmt.Errorf("org signing key: %w", err)
 	}
 	if created {
-		s.logger.Info("created the org signing key; every coordinator of the org needs this same file in its data directory", "file", ledger.SigningKeyFile, "public_key", ledger.EncodePublicKey(key.Public().(ed25519.PublicKey)))
+		s.logger.Info("created a signing key; it becomes the org's if this coordinator is the first leader, otherwise the org's key replaces it", "file", ledger.SigningKeyFile, "public_key", ledger.EncodePublicKey(key.Public().(ed25519.PublicKey)))
 	}
 	s.fed = federation.NewOrg(s.cfg.Org, key, fedStore{s}, noPartners{}, nil)
 	return nil
