@@ -87,20 +87,8 @@ func newLedgerListCmd() *cobra.Command {
 		if err != nil {
 			return err
 		}
-		var out []ledger.Entry
-		for _, e := range es {
-			if partner != "" && e.Record.A != partner && e.Record.B != partner {
-				continue
-			}
-			if !from.IsZero() && e.Record.Time.Before(from) {
-				continue
-			}
-			out = append(out, e)
-		}
+		out := filterEntries(es, partner, from)
 		if f.json {
-			if out == nil {
-				out = []ledger.Entry{}
-			}
 			return printJSON(cmd.OutOrStdout(), out)
 		}
 		tw := newTable(cmd.OutOrStdout())
@@ -111,6 +99,22 @@ func newLedgerListCmd() *cobra.Command {
 		}
 		return tw.Flush()
 	})
+}
+
+// filterEntries keeps the entries naming partner (as A or B; "" keeps
+// all) at or after from (zero keeps all). Never nil, so --json prints [].
+func filterEntries(es []ledger.Entry, partner string, from time.Time) []ledger.Entry {
+	out := []ledger.Entry{}
+	for _, e := range es {
+		if partner != "" && e.Record.A != partner && e.Record.B != partner {
+			continue
+		}
+		if !from.IsZero() && e.Record.Time.Before(from) {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 func details(f map[string]string) string {

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -118,5 +119,48 @@ func TestBalances(t *testing.T) {
 	es[0].Record.Fields["amount"] = "lots"
 	if _, err := balances("alpha", es); err == nil {
 		t.Fatal("bad amount accepted")
+	}
+}
+
+func TestLedgerListFilters(t *testing.T) {
+	at := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
+	mk := func(seq uint64, a, b string, off time.Duration) ledger.Entry {
+		return ledger.Entry{Seq: seq, Signed: ledger.Signed{Record: ledger.Record{Kind: ledger.KindMove, ID: "m", A: a, B: b, Time: at.Add(off)}}}
+	}
+	es := []ledger.Entry{mk(1, "alpha", "", 0), mk(2, "alpha", "beta", time.Hour), mk(3, "gamma", "alpha", 2*time.Hour), mk(4, "beta", "alpha", 3*time.Hour)}
+	seqs := func(es []ledger.Entry) (out []uint64) {
+		for _, e := range es {
+			out = append(out, e.Seq)
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		partner string
+		since   time.Time
+		want    []uint64
+	}{
+		{"", time.Time{}, []uint64{1, 2, 3, 4}},
+		{"beta", time.Time{}, []uint64{2, 4}},
+		{"", at.Add(2 * time.Hour), []uint64{3, 4}},
+		{"beta", at.Add(2 * time.Hour), []uint64{4}},
+		{"delta", time.Time{}, nil},
+	} {
+		got := seqs(filterEntries(es, tc.partner, tc.since))
+		if fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("partner %q since %v: %v, want %v", tc.partner, tc.since, got, tc.want)
+		}
+	}
+	if got := filterEntries(es, "delta", time.Time{}); got == nil {
+		t.Error("no match must be an empty list, not null")
+	}
+	now := at.Add(10 * time.Hour)
+	if got, err := parseSince("24h", now); err != nil || !got.Equal(now.Add(-24*time.Hour)) {
+		t.Errorf("24h: %v %v", got, err)
+	}
+	if got, err := parseSince("2026-05-01T10:00:00Z", now); err != nil || !got.Equal(at.Add(time.Hour)) {
+		t.Errorf("RFC 3339: %v %v", got, err)
+	}
+	if _, err := parseSince("yesterday", now); err == nil {
+		t.Error("bad --since accepted")
 	}
 }
