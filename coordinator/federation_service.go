@@ -108,7 +108,8 @@ func fedStatus(err error) error {
 	case errors.Is(err, federation.ErrNoContract):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, federation.ErrUnknownOrg), errors.Is(err, federation.ErrNoPinnedKey),
-		errors.Is(err, federation.ErrContractState), errors.Is(err, federation.ErrKeyMismatch), errors.Is(err, federation.ErrRefused):
+		errors.Is(err, federation.ErrContractState), errors.Is(err, federation.ErrKeyMismatch), errors.Is(err, federation.ErrRefused),
+		errors.Is(err, mpa.ErrOutsideTerms):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())

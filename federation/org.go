@@ -466,6 +466,9 @@ func (o *Org) CoSign(ctx context.Context, kind, contractID string, fields map[st
 	if partner == o.name {
 		partner = doc.Terms.Proposer
 	}
+	if err := checkEvent(doc.Terms, kind, o.name, partner, o.now()); err != nil {
+		return ledger.Signed{}, err
+	}
 	rid, err := newID()
 	if err != nil {
 		return ledger.Signed{}, err
@@ -648,6 +651,9 @@ func (o *Org) receiveCoSign(ctx context.Context, m Message, refuse func(error) (
 	if p := doc.Terms.Partner; p != m.From && doc.Terms.Proposer != m.From {
 		return refuse(fmt.Errorf("%w: %s is not a party to contract %s", ErrContractState, m.From, r.Contract))
 	}
+	if err := checkEvent(doc.Terms, r.Kind, r.A, r.B, o.now()); err != nil {
+		return refuse(err)
+	}
 	keys, err := o.Keys()
 	if err != nil {
 		return Message{}, err
@@ -669,6 +675,24 @@ func (o *Org) receiveCoSign(ctx context.Context, m Message, refuse func(error) (
 		}
 	}
 	return Message{Kind: MsgOK, From: o.name, Signed: &signed}, nil
+}
+
+// checkEvent checks that a contract allows an event between a and b:
+// tasks of a may move to (and come back from, and be paid for at) b only
+// in a direction the contract allows, and a move only while it is in
+// force. A termination is always allowed between the parties.
+func checkEvent(t Terms, kind, a, b string, now time.Time) error {
+	switch kind {
+	case ledger.KindMove, ledger.KindReturn, ledger.KindSettlement:
+		m := t.MPA()
+		if !m.Allows(a, b) {
+			return fmt.Errorf("%w: contract %s (%s, proposed by %s) does not let %s's tasks run at %s", mpa.ErrOutsideTerms, t.ID, t.Direction, t.Proposer, a, b)
+		}
+		if kind == ledger.KindMove && !m.InForce(now) {
+			return fmt.Errorf("%w: contract %s is not in force at %s (valid until %s)", mpa.ErrOutsideTerms, t.ID, now.UTC().Format(time.RFC3339), t.NotAfter.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
 }
 
 func termsFromRecord(r ledger.Record) (Terms, error) {

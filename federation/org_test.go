@@ -420,3 +420,40 @@ func TestVerifyFindsTamperingInEitherCopy(t *testing.T) {
 		}
 	}
 }
+
+// Moves are recorded only in the direction the contract allows and only
+// while it is in force, whoever asks.
+func TestMovesOnlyUnderTheContract(t *testing.T) {
+	ctx := context.Background()
+	f := newFed(t, "alpha", "beta")
+	a, b := f.orgs["alpha"], f.orgs["beta"]
+	f.pin(t, "alpha", "beta")
+	doc, err := a.Propose(ctx, proposal("beta")) // direction out: alpha's tasks may run at beta
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Accept(ctx, doc.Terms.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CoSign(ctx, ledger.KindMove, doc.Terms.ID, map[string]string{"tasks": "x"}); err != nil {
+		t.Fatalf("allowed move: %v", err)
+	}
+	if _, err := b.CoSign(ctx, ledger.KindMove, doc.Terms.ID, map[string]string{"tasks": "y"}); !errors.Is(err, mpa.ErrOutsideTerms) {
+		t.Fatalf("beta moving its tasks under an out-only contract: %v", err)
+	}
+	// Beta's own check, in case alpha's side were skipped: a forged
+	// request from beta's point of view is refused too.
+	rec := ledger.Record{Kind: ledger.KindMove, ID: "m-x", Contract: doc.Terms.ID, A: "beta", B: "alpha", Time: f.now}
+	ans, err := a.Receive(ctx, Message{Kind: MsgCoSign, From: "beta", Signed: &ledger.Signed{Record: rec, Signatures: []ledger.Signature{ledger.Sign(rec, "beta", b.SigningKey())}}})
+	if err != nil || ans.Kind != MsgRefused || !strings.Contains(ans.Reason, "does not let beta's tasks run at alpha") {
+		t.Fatalf("alpha countersigning a reverse move: %+v %v", ans, err)
+	}
+	f.now = f.now.Add(25 * time.Hour)
+	if _, err := a.CoSign(ctx, ledger.KindMove, doc.Terms.ID, map[string]string{"tasks": "z"}); !errors.Is(err, mpa.ErrOutsideTerms) {
+		t.Fatalf("move after expiry: %v", err)
+	}
+	// Returning what was moved is still allowed after expiry.
+	if _, err := a.CoSign(ctx, ledger.KindReturn, doc.Terms.ID, map[string]string{"tasks": "x"}); err != nil {
+		t.Fatalf("return after expiry: %v", err)
+	}
+}
