@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -839,4 +840,22 @@ func (o *Org) Verify() (ledger.Report, error) {
 	keys := keysOf(es)
 	keys[o.name] = o.PublicKey()
 	return ledger.Verify(es, keys), nil
+}
+
+// SettlementFields are the fields of a settlement record for a period
+// [from, to) in which the payee hosted loadSeconds of the payer's load
+// (CPU seconds) at price per load unit per second: amount = loadSeconds x
+// price. `fedstream ledger balance` sums the amounts.
+func SettlementFields(loadSeconds, price float64, from, to time.Time) (map[string]string, error) {
+	if !(loadSeconds >= 0) || !(price >= 0) || math.IsInf(loadSeconds, 0) || math.IsInf(price, 0) {
+		return nil, fmt.Errorf("%w: settlement of %v load-seconds at %v: both must be finite and non-negative", ledger.ErrBadRecord, loadSeconds, price)
+	}
+	if !to.After(from) {
+		return nil, fmt.Errorf("%w: settlement period ends (%s) before it starts (%s)", ledger.ErrBadRecord, to.Format(time.RFC3339), from.Format(time.RFC3339))
+	}
+	f := func(x float64) string { return strconv.FormatFloat(x, 'g', -1, 64) }
+	return map[string]string{
+		"load_seconds": f(loadSeconds), "price": f(price), "amount": f(loadSeconds * price),
+		"from": from.UTC().Format(time.RFC3339Nano), "to": to.UTC().Format(time.RFC3339Nano),
+	}, nil
 }

@@ -197,8 +197,20 @@ func TestContractLifecycleBothSign(t *testing.T) {
 	if _, err := a.CoSign(ctx, ledger.KindReturn, id, map[string]string{"tasks": "q/f/0/0"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.CoSign(ctx, ledger.KindSettlement, id, map[string]string{"load_seconds": "90", "price": "20", "amount": "1800"}); err != nil {
+	fields, err := SettlementFields(90, 20, f.now, f.now.Add(time.Minute))
+	if err != nil || fields["amount"] != "1800" {
+		t.Fatalf("settlement fields %v %v", fields, err)
+	}
+	if _, err := a.CoSign(ctx, ledger.KindSettlement, id, fields); err != nil {
 		t.Fatal(err)
+	}
+	for _, bad := range [][2]float64{{-1, 20}, {90, -1}} {
+		if _, err := SettlementFields(bad[0], bad[1], f.now, f.now.Add(time.Minute)); !errors.Is(err, ledger.ErrBadRecord) {
+			t.Fatalf("settlement %v: %v", bad, err)
+		}
+	}
+	if _, err := SettlementFields(1, 1, f.now, f.now); !errors.Is(err, ledger.ErrBadRecord) {
+		t.Fatalf("empty period: %v", err)
 	}
 	if _, err := b.Terminate(ctx, id, "season over"); err != nil {
 		t.Fatal(err)
