@@ -420,15 +420,28 @@ func TestVerifyFindsTamperingInEitherCopy(t *testing.T) {
 		if rep := ledger.Verify(es, keys); !rep.Valid {
 			t.Fatalf("%s honest: %+v", o.Name(), rep)
 		}
-		// Alter the price of the second move in this copy.
-		bad := append([]ledger.Entry(nil), es...)
-		idx := len(bad) - 2
-		r := bad[idx].Record
-		r.Fields = map[string]string{"tasks": "t1", "price": "0"}
-		bad[idx].Record = r
-		rep := ledger.Verify(bad, keys)
-		if rep.Valid || *rep.FirstBad != uint64(idx+1) {
-			t.Fatalf("%s: altered entry %d: %+v", o.Name(), idx+1, rep)
+		idx := len(es) - 2 // the second of the three moves
+		for name, tamper := range map[string]func([]ledger.Entry){
+			"a field": func(bad []ledger.Entry) {
+				r := bad[idx].Record
+				r.Fields = map[string]string{"tasks": "t1", "price": "0"}
+				bad[idx].Record = r
+			},
+			"a signature": func(bad []ledger.Entry) {
+				sigs := append([]ledger.Signature(nil), bad[idx].Signatures...)
+				sig := append([]byte(nil), sigs[1].Sig...)
+				sig[10] ^= 0x40
+				sigs[1].Sig = sig
+				bad[idx].Signatures = sigs
+			},
+			"the order": func(bad []ledger.Entry) { bad[idx], bad[idx+1] = bad[idx+1], bad[idx] },
+		} {
+			bad := append([]ledger.Entry(nil), es...)
+			tamper(bad)
+			rep := ledger.Verify(bad, keys)
+			if rep.Valid || rep.FirstBad == nil || *rep.FirstBad != uint64(idx+1) {
+				t.Fatalf("%s's copy, %s altered at entry %d: %+v", o.Name(), name, idx+1, rep)
+			}
 		}
 	}
 }
