@@ -84,6 +84,13 @@ func TestAuthenticatorRoleTable(t *testing.T) {
 		authorize  = pb.TokenService_AuthorizeToken_FullMethodName
 		health     = healthpb.Health_Check_FullMethodName
 		notInTable = "/fedstream.v1.AdminService/DropEverything"
+		ledgerList = pb.FederationService_ListLedger_FullMethodName
+		ledgerVer  = pb.FederationService_VerifyLedger_FullMethodName
+		contracts  = pb.FederationService_ListContracts_FullMethodName
+		propose    = pb.FederationService_ProposeContract_FullMethodName
+		answer     = pb.FederationService_AnswerContract_FullMethodName
+		terminate  = pb.FederationService_TerminateContract_FullMethodName
+		pin        = pb.FederationService_PinKey_FullMethodName
 	)
 	cases := []struct {
 		name     string
@@ -117,6 +124,15 @@ func TestAuthenticatorRoleTable(t *testing.T) {
 
 		{name: "auditor may see status", token: "auditor-secret", method: status_, want: codes.OK},
 		{name: "auditor may not list queries", token: "auditor-secret", method: listQ, want: codes.PermissionDenied},
+		{name: "auditor may read the ledger", token: "auditor-secret", method: ledgerList, want: codes.OK},
+		{name: "auditor may verify the ledger", token: "auditor-secret", method: ledgerVer, want: codes.OK},
+		{name: "auditor may list contracts", token: "auditor-secret", method: contracts, want: codes.OK},
+		{name: "auditor may not propose a contract", token: "auditor-secret", method: propose, want: codes.PermissionDenied, wantMsg: []string{"role is auditor", "role admin"}},
+		{name: "auditor may not accept a contract", token: "auditor-secret", method: answer, want: codes.PermissionDenied, wantMsg: []string{"role is auditor"}},
+		{name: "auditor may not terminate a contract", token: "auditor-secret", method: terminate, want: codes.PermissionDenied, wantMsg: []string{"role is auditor"}},
+		{name: "auditor may not pin a key", token: "auditor-secret", method: pin, want: codes.PermissionDenied, wantMsg: []string{"role is auditor"}},
+		{name: "writer may not propose a contract", token: "writer-secret", method: propose, want: codes.PermissionDenied, wantMsg: []string{"role is writer", "role admin"}},
+		{name: "raft admin may propose a contract", token: "admin-raft-secret", method: propose, want: codes.OK},
 
 		{name: "join token may register", token: "join-secret", method: register, want: codes.OK},
 		{name: "join token may authorize tokens", token: "join-secret", method: authorize, want: codes.OK},

@@ -204,6 +204,9 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	defer s.leading.Store(false)
 
 	var wg sync.WaitGroup
+	// The org's signing identity enters its Raft state (issue 11).
+	wg.Add(1)
+	go func() { defer wg.Done(); s.ensureOrgIdentity(ctx) }()
 	wg.Add(5)
 	// The plan applier is the only writer of placements; it lives as long
 	// as these duties, and is installed before the loops that use it.

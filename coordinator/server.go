@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -36,6 +37,9 @@ type Server struct {
 
 	fsm  *fsm.FSM
 	raft *raft.Raft
+	// fed is the org's federation agent (signing identity, contracts,
+	// ledger); set up in Start.
+	fed *federation.Org
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
@@ -119,6 +123,9 @@ func (s *Server) Start() (err error) {
 	if s.fsm, err = fsm.New(s.logger.With("component", "fsm")); err != nil {
 		return err
 	}
+	if err := s.setupFederation(); err != nil {
+		return err
+	}
 	if err := s.setupRaft(); err != nil {
 		return err
 	}
@@ -132,6 +139,7 @@ func (s *Server) Start() (err error) {
 	s.goRun(s.watchHalt)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.handleSerfEvents)
+	s.goRun(s.syncOrgKey)
 	s.goRun(s.runBootstrap)
 	if len(s.cfg.Join) > 0 {
 		s.goRun(s.retryJoin)
@@ -315,6 +323,8 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
+	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
+	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	s.wg.Add(1)

@@ -87,6 +87,9 @@ Talk to an org:                            fedstream status | workers | query ..
 		newTLSCmd(),
 		newKeygenCmd(),
 		newOperatorCmd(),
+		newSimCmd(),
+		newLedgerCmd(),
+		newContractCmd(),
 	)
 	return root
 }

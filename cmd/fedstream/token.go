@@ -18,8 +18,9 @@ func newTokenCmd() *cobra.Command {
 		Long: `Tokens live in the org's replicated state; only the hash of a secret is
 stored. Roles: admin (everything, including tokens), writer (submit and stop
 queries, ingest, and everything a reader may), reader (status, workers, query
-list and status, tail), auditor (status only, until the ledger has its own
-calls), worker (an extra join token for workers).
+list and status, tail), auditor (status, and reading and verifying the
+federation ledger and contracts; no write), worker (an extra join token for
+workers).
 
 The join and admin tokens of the coordinator's configuration keep working:
 they bootstrap an org, whose first admin creates the other tokens.`,

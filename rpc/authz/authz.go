@@ -18,8 +18,8 @@ import (
 // Role is what a credential lets its holder do.
 //
 // admin > writer > reader: each includes the ones after it. auditor stands
-// apart: it is meant for the read-only ledger (which has no RPCs yet), and
-// until then may call Status and nothing else. worker is the role of the
+// apart: it may call Status and read and verify the federation ledger and
+// contracts, and nothing else (no query, worker or token call, no write). worker is the role of the
 // org's own worker processes (the join token, a token created with role
 // worker, or, with mutual TLS, a worker certificate of the org): it covers
 // the worker protocol and acknowledging data-plane subscriptions, and no
@@ -67,7 +67,8 @@ const (
 	NeedNone Need = iota
 	// NeedWorker: one of the org's workers (not even an admin).
 	NeedWorker
-	// NeedStatus: any client role, auditor included.
+	// NeedStatus: any client role, auditor included (status, and reading
+	// the federation ledger and contracts).
 	NeedStatus
 	// NeedReader: reader or above.
 	NeedReader
@@ -178,6 +179,20 @@ var Methods = map[string]Need{
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
+
+	// Federation (issue 11): auditors (and every client role) read and
+	// verify the ledger and the contracts; only an admin proposes,
+	// answers or terminates a contract, or pins a partner's key.
+	pb.FederationService_ListLedger_FullMethodName:        NeedStatus,
+	pb.FederationService_VerifyLedger_FullMethodName:      NeedStatus,
+	pb.FederationService_ListContracts_FullMethodName:     NeedStatus,
+	pb.FederationService_ProposeContract_FullMethodName:   NeedAdmin,
+	pb.FederationService_AnswerContract_FullMethodName:    NeedAdmin,
+	pb.FederationService_TerminateContract_FullMethodName: NeedAdmin,
+	pb.FederationService_PinKey_FullMethodName:            NeedAdmin,
+	// The org's private signing key, only to another coordinator of the
+	// org.
+	pb.OrgKeyService_FetchOrgKey_FullMethodName: NeedCoordinator,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

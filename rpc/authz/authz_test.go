@@ -17,6 +17,8 @@ var services = []grpc.ServiceDesc{
 	pb.TokenService_ServiceDesc,
 	pb.DataPlane_ServiceDesc,
 	pb.CoordinatorPeerService_ServiceDesc,
+	pb.FederationService_ServiceDesc,
+	pb.OrgKeyService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 }
 
@@ -69,8 +71,17 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.TokenService_RevokeToken_FullMethodName, admin: true},
 		{method: pb.DataPlane_Subscribe_FullMethodName, admin: true, worker: true, writer: true, reader: true},
 		{method: pb.DataPlane_Ingest_FullMethodName, admin: true, writer: true},
+		// Federation: auditors read and verify; every write is an admin's.
+		{method: pb.FederationService_ListLedger_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
+		{method: pb.FederationService_VerifyLedger_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
+		{method: pb.FederationService_ListContracts_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
+		{method: pb.FederationService_ProposeContract_FullMethodName, admin: true},
+		{method: pb.FederationService_AnswerContract_FullMethodName, admin: true},
+		{method: pb.FederationService_TerminateContract_FullMethodName, admin: true},
+		{method: pb.FederationService_PinKey_FullMethodName, admin: true},
 		// No token role at all: a coordinator certificate.
 		{method: pb.CoordinatorPeerService_RaftState_FullMethodName},
+		{method: pb.OrgKeyService_FetchOrgKey_FullMethodName},
 		{method: healthpb.Health_Check_FullMethodName, admin: true, worker: true, writer: true, reader: true, auditor: true, noone: true},
 	}
 	for _, r := range rows {

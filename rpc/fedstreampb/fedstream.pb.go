@@ -3880,6 +3880,696 @@ func (x *RaftStateResponse) GetBootstrapCandidates() []string {
 	return nil
 }
 
+// The org's federation state: its signing identity, the partner keys it
+// pinned, its contracts and its hash-chained, co-signed ledger. Records
+// travel as the JSON of package federation and federation/ledger (the
+// ledger export format), so that what a client verifies is byte for byte
+// what the coordinators stored. Reads are open to auditors; writes need
+// an admin.
+type ListLedgerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLedgerRequest) Reset() {
+	*x = ListLedgerRequest{}
+	mi := &file_fedstream_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLedgerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLedgerRequest) ProtoMessage() {}
+
+func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
+func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
+}
+
+type ListLedgerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The org whose ledger this is.
+	Org string `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	// JSON array of ledger entries, oldest first (the export format).
+	EntriesJson   []byte `protobuf:"bytes,2,opt,name=entries_json,json=entriesJson,proto3" json:"entries_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLedgerResponse) Reset() {
+	*x = ListLedgerResponse{}
+	mi := &file_fedstream_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLedgerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLedgerResponse) ProtoMessage() {}
+
+func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
+func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ListLedgerResponse) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *ListLedgerResponse) GetEntriesJson() []byte {
+	if x != nil {
+		return x.EntriesJson
+	}
+	return nil
+}
+
+type VerifyLedgerRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyLedgerRequest) Reset() {
+	*x = VerifyLedgerRequest{}
+	mi := &file_fedstream_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyLedgerRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyLedgerRequest) ProtoMessage() {}
+
+func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
+func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
+}
+
+type VerifyLedgerResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// JSON of the verification report: {"entries", "valid", "first_bad", "reason"}.
+	ReportJson    []byte `protobuf:"bytes,1,opt,name=report_json,json=reportJson,proto3" json:"report_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VerifyLedgerResponse) Reset() {
+	*x = VerifyLedgerResponse{}
+	mi := &file_fedstream_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VerifyLedgerResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VerifyLedgerResponse) ProtoMessage() {}
+
+func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
+func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *VerifyLedgerResponse) GetReportJson() []byte {
+	if x != nil {
+		return x.ReportJson
+	}
+	return nil
+}
+
+type ListContractsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContractsRequest) Reset() {
+	*x = ListContractsRequest{}
+	mi := &file_fedstream_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContractsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContractsRequest) ProtoMessage() {}
+
+func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
+func (*ListContractsRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
+}
+
+type ListContractsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// JSON of each contract (federation.ContractDoc), sorted by id.
+	ContractsJson [][]byte `protobuf:"bytes,1,rep,name=contracts_json,json=contractsJson,proto3" json:"contracts_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListContractsResponse) Reset() {
+	*x = ListContractsResponse{}
+	mi := &file_fedstream_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListContractsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListContractsResponse) ProtoMessage() {}
+
+func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
+func (*ListContractsResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *ListContractsResponse) GetContractsJson() [][]byte {
+	if x != nil {
+		return x.ContractsJson
+	}
+	return nil
+}
+
+type ProposeContractRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	To         string                 `protobuf:"bytes,1,opt,name=to,proto3" json:"to,omitempty"`
+	PriceMin   float64                `protobuf:"fixed64,2,opt,name=price_min,json=priceMin,proto3" json:"price_min,omitempty"`
+	PriceMax   float64                `protobuf:"fixed64,3,opt,name=price_max,json=priceMax,proto3" json:"price_max,omitempty"`
+	MaxLoad    float64                `protobuf:"fixed64,4,opt,name=max_load,json=maxLoad,proto3" json:"max_load,omitempty"`
+	ValidForMs int64                  `protobuf:"varint,5,opt,name=valid_for_ms,json=validForMs,proto3" json:"valid_for_ms,omitempty"`
+	// "out", "in" or "both" ("" = both).
+	Direction     string   `protobuf:"bytes,6,opt,name=direction,proto3" json:"direction,omitempty"`
+	Tasks         []string `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	NoticeMs      int64    `protobuf:"varint,8,opt,name=notice_ms,json=noticeMs,proto3" json:"notice_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ProposeContractRequest) Reset() {
+	*x = ProposeContractRequest{}
+	mi := &file_fedstream_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ProposeContractRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ProposeContractRequest) ProtoMessage() {}
+
+func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
+func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ProposeContractRequest) GetTo() string {
+	if x != nil {
+		return x.To
+	}
+	return ""
+}
+
+func (x *ProposeContractRequest) GetPriceMin() float64 {
+	if x != nil {
+		return x.PriceMin
+	}
+	return 0
+}
+
+func (x *ProposeContractRequest) GetPriceMax() float64 {
+	if x != nil {
+		return x.PriceMax
+	}
+	return 0
+}
+
+func (x *ProposeContractRequest) GetMaxLoad() float64 {
+	if x != nil {
+		return x.MaxLoad
+	}
+	return 0
+}
+
+func (x *ProposeContractRequest) GetValidForMs() int64 {
+	if x != nil {
+		return x.ValidForMs
+	}
+	return 0
+}
+
+func (x *ProposeContractRequest) GetDirection() string {
+	if x != nil {
+		return x.Direction
+	}
+	return ""
+}
+
+func (x *ProposeContractRequest) GetTasks() []string {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *ProposeContractRequest) GetNoticeMs() int64 {
+	if x != nil {
+		return x.NoticeMs
+	}
+	return 0
+}
+
+type AnswerContractRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Accept        bool                   `protobuf:"varint,2,opt,name=accept,proto3" json:"accept,omitempty"`
+	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AnswerContractRequest) Reset() {
+	*x = AnswerContractRequest{}
+	mi := &file_fedstream_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AnswerContractRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AnswerContractRequest) ProtoMessage() {}
+
+func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
+func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *AnswerContractRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AnswerContractRequest) GetAccept() bool {
+	if x != nil {
+		return x.Accept
+	}
+	return false
+}
+
+func (x *AnswerContractRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type TerminateContractRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TerminateContractRequest) Reset() {
+	*x = TerminateContractRequest{}
+	mi := &file_fedstream_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TerminateContractRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TerminateContractRequest) ProtoMessage() {}
+
+func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
+func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *TerminateContractRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TerminateContractRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type ContractResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ContractJson  []byte                 `protobuf:"bytes,1,opt,name=contract_json,json=contractJson,proto3" json:"contract_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContractResponse) Reset() {
+	*x = ContractResponse{}
+	mi := &file_fedstream_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContractResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContractResponse) ProtoMessage() {}
+
+func (x *ContractResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
+func (*ContractResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ContractResponse) GetContractJson() []byte {
+	if x != nil {
+		return x.ContractJson
+	}
+	return nil
+}
+
+type PinKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	// base64 of the 32-byte ed25519 public key.
+	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PinKeyRequest) Reset() {
+	*x = PinKeyRequest{}
+	mi := &file_fedstream_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PinKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PinKeyRequest) ProtoMessage() {}
+
+func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
+func (*PinKeyRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *PinKeyRequest) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *PinKeyRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+type PinKeyResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PinKeyResponse) Reset() {
+	*x = PinKeyResponse{}
+	mi := &file_fedstream_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PinKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PinKeyResponse) ProtoMessage() {}
+
+func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
+func (*PinKeyResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
+}
+
+// A coordinator whose signing key is not the org's (it started with an
+// empty data directory after the org's key was recorded) fetches the org's
+// key from another coordinator of the org. Only coordinators of the org
+// may ask (their certificate, under mutual TLS); without mutual TLS the
+// key is never served and must be copied by hand.
+type FetchOrgKeyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchOrgKeyRequest) Reset() {
+	*x = FetchOrgKeyRequest{}
+	mi := &file_fedstream_proto_msgTypes[72]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchOrgKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchOrgKeyRequest) ProtoMessage() {}
+
+func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[72]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
+func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
+}
+
+type FetchOrgKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The org's ed25519 signing key, PKCS#8 DER.
+	Pkcs8         []byte `protobuf:"bytes,1,opt,name=pkcs8,proto3" json:"pkcs8,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchOrgKeyResponse) Reset() {
+	*x = FetchOrgKeyResponse{}
+	mi := &file_fedstream_proto_msgTypes[73]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchOrgKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchOrgKeyResponse) ProtoMessage() {}
+
+func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[73]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
+func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
+}
+
+func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
+	if x != nil {
+		return x.Pkcs8
+	}
+	return nil
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -4188,7 +4878,44 @@ const file_fedstream_proto_rawDesc = "" +
 	"\rconfiguration\x18\x04 \x03(\tR\rconfiguration\x12\x1b\n" +
 	"\tleader_id\x18\x05 \x01(\tR\bleaderId\x12)\n" +
 	"\x10bootstrap_expect\x18\x06 \x01(\x05R\x0fbootstrapExpect\x121\n" +
-	"\x14bootstrap_candidates\x18\a \x03(\tR\x13bootstrapCandidates2\xc2\x03\n" +
+	"\x14bootstrap_candidates\x18\a \x03(\tR\x13bootstrapCandidates\"\x13\n" +
+	"\x11ListLedgerRequest\"I\n" +
+	"\x12ListLedgerResponse\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12!\n" +
+	"\fentries_json\x18\x02 \x01(\fR\ventriesJson\"\x15\n" +
+	"\x13VerifyLedgerRequest\"7\n" +
+	"\x14VerifyLedgerResponse\x12\x1f\n" +
+	"\vreport_json\x18\x01 \x01(\fR\n" +
+	"reportJson\"\x16\n" +
+	"\x14ListContractsRequest\">\n" +
+	"\x15ListContractsResponse\x12%\n" +
+	"\x0econtracts_json\x18\x01 \x03(\fR\rcontractsJson\"\xf0\x01\n" +
+	"\x16ProposeContractRequest\x12\x0e\n" +
+	"\x02to\x18\x01 \x01(\tR\x02to\x12\x1b\n" +
+	"\tprice_min\x18\x02 \x01(\x01R\bpriceMin\x12\x1b\n" +
+	"\tprice_max\x18\x03 \x01(\x01R\bpriceMax\x12\x19\n" +
+	"\bmax_load\x18\x04 \x01(\x01R\amaxLoad\x12 \n" +
+	"\fvalid_for_ms\x18\x05 \x01(\x03R\n" +
+	"validForMs\x12\x1c\n" +
+	"\tdirection\x18\x06 \x01(\tR\tdirection\x12\x14\n" +
+	"\x05tasks\x18\a \x03(\tR\x05tasks\x12\x1b\n" +
+	"\tnotice_ms\x18\b \x01(\x03R\bnoticeMs\"W\n" +
+	"\x15AnswerContractRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06accept\x18\x02 \x01(\bR\x06accept\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"B\n" +
+	"\x18TerminateContractRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
+	"\x10ContractResponse\x12#\n" +
+	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"3\n" +
+	"\rPinKeyRequest\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +
+	"\x0ePinKeyResponse\"\x14\n" +
+	"\x12FetchOrgKeyRequest\"+\n" +
+	"\x13FetchOrgKeyResponse\x12\x14\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs82\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -4218,7 +4945,18 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vRevokeToken\x12 .fedstream.v1.RevokeTokenRequest\x1a!.fedstream.v1.RevokeTokenResponse\x12[\n" +
 	"\x0eAuthorizeToken\x12#.fedstream.v1.AuthorizeTokenRequest\x1a$.fedstream.v1.AuthorizeTokenResponse2f\n" +
 	"\x16CoordinatorPeerService\x12L\n" +
-	"\tRaftState\x12\x1e.fedstream.v1.RaftStateRequest\x1a\x1f.fedstream.v1.RaftStateResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\tRaftState\x12\x1e.fedstream.v1.RaftStateRequest\x1a\x1f.fedstream.v1.RaftStateResponse2\xe7\x04\n" +
+	"\x11FederationService\x12O\n" +
+	"\n" +
+	"ListLedger\x12\x1f.fedstream.v1.ListLedgerRequest\x1a .fedstream.v1.ListLedgerResponse\x12U\n" +
+	"\fVerifyLedger\x12!.fedstream.v1.VerifyLedgerRequest\x1a\".fedstream.v1.VerifyLedgerResponse\x12X\n" +
+	"\rListContracts\x12\".fedstream.v1.ListContractsRequest\x1a#.fedstream.v1.ListContractsResponse\x12W\n" +
+	"\x0fProposeContract\x12$.fedstream.v1.ProposeContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12U\n" +
+	"\x0eAnswerContract\x12#.fedstream.v1.AnswerContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12[\n" +
+	"\x11TerminateContract\x12&.fedstream.v1.TerminateContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12C\n" +
+	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponse2c\n" +
+	"\rOrgKeyService\x12R\n" +
+	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -4232,7 +4970,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -4294,11 +5032,25 @@ var file_fedstream_proto_goTypes = []any{
 	(*RemoveRaftPeerResponse)(nil),   // 57: fedstream.v1.RemoveRaftPeerResponse
 	(*RaftStateRequest)(nil),         // 58: fedstream.v1.RaftStateRequest
 	(*RaftStateResponse)(nil),        // 59: fedstream.v1.RaftStateResponse
-	nil,                              // 60: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 61: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ListLedgerRequest)(nil),        // 60: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),       // 61: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),      // 62: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),     // 63: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),     // 64: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),    // 65: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),   // 66: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),    // 67: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil), // 68: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),         // 69: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),            // 70: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),           // 71: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),       // 72: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),      // 73: fedstream.v1.FetchOrgKeyResponse
+	nil,                              // 74: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 75: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	60, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	74, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	38, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
@@ -4308,7 +5060,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	61, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	75, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -4342,31 +5094,47 @@ var file_fedstream_proto_depIdxs = []int32{
 	48, // 41: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
 	50, // 42: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
 	58, // 43: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	1,  // 44: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 45: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 46: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 47: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 48: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 49: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 50: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 51: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 52: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 53: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 54: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 55: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 56: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 57: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 58: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 59: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 60: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 61: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 62: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 63: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 64: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 65: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 66: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	44, // [44:67] is the sub-list for method output_type
-	21, // [21:44] is the sub-list for method input_type
+	60, // 44: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	62, // 45: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	64, // 46: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	66, // 47: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	67, // 48: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	68, // 49: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	70, // 50: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	72, // 51: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	1,  // 52: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 53: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 54: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 55: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	53, // 56: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 57: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 58: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 59: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 60: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 61: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 62: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	55, // 63: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	40, // 64: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	57, // 65: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 66: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	34, // 67: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	37, // 68: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 69: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45, // 70: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	47, // 71: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	49, // 72: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	51, // 73: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	59, // 74: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	61, // 75: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	63, // 76: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	65, // 77: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	69, // 78: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	69, // 79: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	69, // 80: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	71, // 81: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	73, // 82: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	52, // [52:83] is the sub-list for method output_type
+	21, // [21:52] is the sub-list for method input_type
 	21, // [21:21] is the sub-list for extension type_name
 	21, // [21:21] is the sub-list for extension extendee
 	0,  // [0:21] is the sub-list for field type_name
@@ -4383,9 +5151,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   62,
+			NumMessages:   76,
 			NumExtensions: 0,
-			NumServices:   5,
+			NumServices:   7,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

@@ -1226,3 +1226,435 @@ var CoordinatorPeerService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	FederationService_ListLedger_FullMethodName        = "/fedstream.v1.FederationService/ListLedger"
+	FederationService_VerifyLedger_FullMethodName      = "/fedstream.v1.FederationService/VerifyLedger"
+	FederationService_ListContracts_FullMethodName     = "/fedstream.v1.FederationService/ListContracts"
+	FederationService_ProposeContract_FullMethodName   = "/fedstream.v1.FederationService/ProposeContract"
+	FederationService_AnswerContract_FullMethodName    = "/fedstream.v1.FederationService/AnswerContract"
+	FederationService_TerminateContract_FullMethodName = "/fedstream.v1.FederationService/TerminateContract"
+	FederationService_PinKey_FullMethodName            = "/fedstream.v1.FederationService/PinKey"
+)
+
+// FederationServiceClient is the client API for FederationService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type FederationServiceClient interface {
+	ListLedger(ctx context.Context, in *ListLedgerRequest, opts ...grpc.CallOption) (*ListLedgerResponse, error)
+	VerifyLedger(ctx context.Context, in *VerifyLedgerRequest, opts ...grpc.CallOption) (*VerifyLedgerResponse, error)
+	ListContracts(ctx context.Context, in *ListContractsRequest, opts ...grpc.CallOption) (*ListContractsResponse, error)
+	ProposeContract(ctx context.Context, in *ProposeContractRequest, opts ...grpc.CallOption) (*ContractResponse, error)
+	AnswerContract(ctx context.Context, in *AnswerContractRequest, opts ...grpc.CallOption) (*ContractResponse, error)
+	TerminateContract(ctx context.Context, in *TerminateContractRequest, opts ...grpc.CallOption) (*ContractResponse, error)
+	PinKey(ctx context.Context, in *PinKeyRequest, opts ...grpc.CallOption) (*PinKeyResponse, error)
+}
+
+type federationServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFederationServiceClient(cc grpc.ClientConnInterface) FederationServiceClient {
+	return &federationServiceClient{cc}
+}
+
+func (c *federationServiceClient) ListLedger(ctx context.Context, in *ListLedgerRequest, opts ...grpc.CallOption) (*ListLedgerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLedgerResponse)
+	err := c.cc.Invoke(ctx, FederationService_ListLedger_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) VerifyLedger(ctx context.Context, in *VerifyLedgerRequest, opts ...grpc.CallOption) (*VerifyLedgerResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(VerifyLedgerResponse)
+	err := c.cc.Invoke(ctx, FederationService_VerifyLedger_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) ListContracts(ctx context.Context, in *ListContractsRequest, opts ...grpc.CallOption) (*ListContractsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListContractsResponse)
+	err := c.cc.Invoke(ctx, FederationService_ListContracts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) ProposeContract(ctx context.Context, in *ProposeContractRequest, opts ...grpc.CallOption) (*ContractResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContractResponse)
+	err := c.cc.Invoke(ctx, FederationService_ProposeContract_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) AnswerContract(ctx context.Context, in *AnswerContractRequest, opts ...grpc.CallOption) (*ContractResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContractResponse)
+	err := c.cc.Invoke(ctx, FederationService_AnswerContract_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) TerminateContract(ctx context.Context, in *TerminateContractRequest, opts ...grpc.CallOption) (*ContractResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ContractResponse)
+	err := c.cc.Invoke(ctx, FederationService_TerminateContract_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationServiceClient) PinKey(ctx context.Context, in *PinKeyRequest, opts ...grpc.CallOption) (*PinKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PinKeyResponse)
+	err := c.cc.Invoke(ctx, FederationService_PinKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FederationServiceServer is the server API for FederationService service.
+// All implementations must embed UnimplementedFederationServiceServer
+// for forward compatibility.
+type FederationServiceServer interface {
+	ListLedger(context.Context, *ListLedgerRequest) (*ListLedgerResponse, error)
+	VerifyLedger(context.Context, *VerifyLedgerRequest) (*VerifyLedgerResponse, error)
+	ListContracts(context.Context, *ListContractsRequest) (*ListContractsResponse, error)
+	ProposeContract(context.Context, *ProposeContractRequest) (*ContractResponse, error)
+	AnswerContract(context.Context, *AnswerContractRequest) (*ContractResponse, error)
+	TerminateContract(context.Context, *TerminateContractRequest) (*ContractResponse, error)
+	PinKey(context.Context, *PinKeyRequest) (*PinKeyResponse, error)
+	mustEmbedUnimplementedFederationServiceServer()
+}
+
+// UnimplementedFederationServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFederationServiceServer struct{}
+
+func (UnimplementedFederationServiceServer) ListLedger(context.Context, *ListLedgerRequest) (*ListLedgerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListLedger not implemented")
+}
+func (UnimplementedFederationServiceServer) VerifyLedger(context.Context, *VerifyLedgerRequest) (*VerifyLedgerResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method VerifyLedger not implemented")
+}
+func (UnimplementedFederationServiceServer) ListContracts(context.Context, *ListContractsRequest) (*ListContractsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListContracts not implemented")
+}
+func (UnimplementedFederationServiceServer) ProposeContract(context.Context, *ProposeContractRequest) (*ContractResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ProposeContract not implemented")
+}
+func (UnimplementedFederationServiceServer) AnswerContract(context.Context, *AnswerContractRequest) (*ContractResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method AnswerContract not implemented")
+}
+func (UnimplementedFederationServiceServer) TerminateContract(context.Context, *TerminateContractRequest) (*ContractResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method TerminateContract not implemented")
+}
+func (UnimplementedFederationServiceServer) PinKey(context.Context, *PinKeyRequest) (*PinKeyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method PinKey not implemented")
+}
+func (UnimplementedFederationServiceServer) mustEmbedUnimplementedFederationServiceServer() {}
+func (UnimplementedFederationServiceServer) testEmbeddedByValue()                           {}
+
+// UnsafeFederationServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FederationServiceServer will
+// result in compilation errors.
+type UnsafeFederationServiceServer interface {
+	mustEmbedUnimplementedFederationServiceServer()
+}
+
+func RegisterFederationServiceServer(s grpc.ServiceRegistrar, srv FederationServiceServer) {
+	// If the following call pancis, it indicates UnimplementedFederationServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FederationService_ServiceDesc, srv)
+}
+
+func _FederationService_ListLedger_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLedgerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).ListLedger(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_ListLedger_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).ListLedger(ctx, req.(*ListLedgerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_VerifyLedger_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(VerifyLedgerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).VerifyLedger(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_VerifyLedger_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).VerifyLedger(ctx, req.(*VerifyLedgerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_ListContracts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListContractsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).ListContracts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_ListContracts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).ListContracts(ctx, req.(*ListContractsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_ProposeContract_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProposeContractRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).ProposeContract(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_ProposeContract_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).ProposeContract(ctx, req.(*ProposeContractRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_AnswerContract_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AnswerContractRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).AnswerContract(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_AnswerContract_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).AnswerContract(ctx, req.(*AnswerContractRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_TerminateContract_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TerminateContractRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).TerminateContract(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_TerminateContract_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).TerminateContract(ctx, req.(*TerminateContractRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationService_PinKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PinKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationServiceServer).PinKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationService_PinKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationServiceServer).PinKey(ctx, req.(*PinKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// FederationService_ServiceDesc is the grpc.ServiceDesc for FederationService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FederationService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.FederationService",
+	HandlerType: (*FederationServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ListLedger",
+			Handler:    _FederationService_ListLedger_Handler,
+		},
+		{
+			MethodName: "VerifyLedger",
+			Handler:    _FederationService_VerifyLedger_Handler,
+		},
+		{
+			MethodName: "ListContracts",
+			Handler:    _FederationService_ListContracts_Handler,
+		},
+		{
+			MethodName: "ProposeContract",
+			Handler:    _FederationService_ProposeContract_Handler,
+		},
+		{
+			MethodName: "AnswerContract",
+			Handler:    _FederationService_AnswerContract_Handler,
+		},
+		{
+			MethodName: "TerminateContract",
+			Handler:    _FederationService_TerminateContract_Handler,
+		},
+		{
+			MethodName: "PinKey",
+			Handler:    _FederationService_PinKey_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
+
+const (
+	OrgKeyService_FetchOrgKey_FullMethodName = "/fedstream.v1.OrgKeyService/FetchOrgKey"
+)
+
+// OrgKeyServiceClient is the client API for OrgKeyService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type OrgKeyServiceClient interface {
+	FetchOrgKey(ctx context.Context, in *FetchOrgKeyRequest, opts ...grpc.CallOption) (*FetchOrgKeyResponse, error)
+}
+
+type orgKeyServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewOrgKeyServiceClient(cc grpc.ClientConnInterface) OrgKeyServiceClient {
+	return &orgKeyServiceClient{cc}
+}
+
+func (c *orgKeyServiceClient) FetchOrgKey(ctx context.Context, in *FetchOrgKeyRequest, opts ...grpc.CallOption) (*FetchOrgKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchOrgKeyResponse)
+	err := c.cc.Invoke(ctx, OrgKeyService_FetchOrgKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// OrgKeyServiceServer is the server API for OrgKeyService service.
+// All implementations must embed UnimplementedOrgKeyServiceServer
+// for forward compatibility.
+type OrgKeyServiceServer interface {
+	FetchOrgKey(context.Context, *FetchOrgKeyRequest) (*FetchOrgKeyResponse, error)
+	mustEmbedUnimplementedOrgKeyServiceServer()
+}
+
+// UnimplementedOrgKeyServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedOrgKeyServiceServer struct{}
+
+func (UnimplementedOrgKeyServiceServer) FetchOrgKey(context.Context, *FetchOrgKeyRequest) (*FetchOrgKeyResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method FetchOrgKey not implemented")
+}
+func (UnimplementedOrgKeyServiceServer) mustEmbedUnimplementedOrgKeyServiceServer() {}
+func (UnimplementedOrgKeyServiceServer) testEmbeddedByValue()                       {}
+
+// UnsafeOrgKeyServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to OrgKeyServiceServer will
+// result in compilation errors.
+type UnsafeOrgKeyServiceServer interface {
+	mustEmbedUnimplementedOrgKeyServiceServer()
+}
+
+func RegisterOrgKeyServiceServer(s grpc.ServiceRegistrar, srv OrgKeyServiceServer) {
+	// If the following call pancis, it indicates UnimplementedOrgKeyServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&OrgKeyService_ServiceDesc, srv)
+}
+
+func _OrgKeyService_FetchOrgKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchOrgKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(OrgKeyServiceServer).FetchOrgKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: OrgKeyService_FetchOrgKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(OrgKeyServiceServer).FetchOrgKey(ctx, req.(*FetchOrgKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// OrgKeyService_ServiceDesc is the grpc.ServiceDesc for OrgKeyService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var OrgKeyService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.OrgKeyService",
+	HandlerType: (*OrgKeyServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "FetchOrgKey",
+			Handler:    _OrgKeyService_FetchOrgKey_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
