@@ -44,6 +44,17 @@ type devOptions struct {
 	workers      int
 	dataDir      string
 	logger       *slog.Logger
+	// noHTTP turns off the processes' HTTP servers (metrics, health),
+	// which dev otherwise runs on free loopback ports.
+	noHTTP bool
+}
+
+// httpAddr is the HTTP address each process of the dev org serves on.
+func (o devOptions) httpAddr() string {
+	if o.noHTTP {
+		return ""
+	}
+	return "127.0.0.1:0"
 }
 
 func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
@@ -83,7 +94,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
-				TLS: creds, CA: ca, GossipKey: gossip,
+				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
 				Timings: devTimings(), Logger: o.logger,
 			})
 		}
@@ -110,7 +121,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 			w, err = worker.New(worker.Config{
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
-				TLS: creds,
+				TLS: creds, HTTPAddr: o.httpAddr(),
 			})
 		}
 		if err == nil {
@@ -273,11 +284,20 @@ func (d *devFederation) printBanner(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, mutual TLS (CA and certificates in %s), auth: dev mode (no tokens)\n", "demo", d.dataDir, d.tlsDir)
 	for _, c := range d.coords {
-		fmt.Fprintf(&b, "  coordinator %s  grpc %s\n", c.NodeID(), c.GRPCAddr())
+		fmt.Fprintf(&b, "  coordinator %s  grpc %s%s\n", c.NodeID(), c.GRPCAddr(), httpText(c.HTTPAddr()))
 	}
 	for i, w := range d.workers {
-		fmt.Fprintf(&b, "  worker w%d       data plane %s\n", i+1, w.Addr())
+		fmt.Fprintf(&b, "  worker w%d       data plane %s%s\n", i+1, w.Addr(), httpText(w.HTTPAddr()))
 	}
 	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr(), d.tlsDir)
 	fmt.Fprint(w, b.String())
+}
+
+// httpText shows a process's HTTP address in the banner ("" when it has
+// none).
+func httpText(addr string) string {
+	if addr == "" {
+		return ""
+	}
+	return "  http http://" + addr + " (/metrics /healthz /readyz)"
 }

@@ -85,6 +85,7 @@ func (t *task) runGenerator() {
 					return
 				}
 				boundary = b
+				t.counters.busyUntilNow(t)
 			}
 			if next = boundary + interval; next < boundary {
 				next = math.MaxInt64 // no multiple of the interval above
@@ -103,6 +104,7 @@ func (t *task) runGenerator() {
 				}
 			}
 			if wait > time.Millisecond {
+				t.counters.busyUntilNow(t)
 				if timer == nil {
 					timer = time.NewTimer(wait)
 				} else {
@@ -113,6 +115,7 @@ func (t *task) runGenerator() {
 				case <-ctx.Done():
 					return
 				}
+				t.counters.resume(t)
 			}
 		}
 		tp.Type = tuple.Stable
@@ -269,6 +272,7 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		errs     []*fedstreampb.LineError
 		maxSTime = st.boundary
 	)
+	defer t.counters.ingested(&accepted, time.Now())
 	lineNo := firstLine
 	for len(lines) > 0 {
 		line := lines
