@@ -73,6 +73,8 @@ func refusalReason(r fsm.PlanRefusal) string {
 		return "slot_map"
 	case strings.HasPrefix(why, "stale plan"):
 		return "stale"
+	case strings.HasPrefix(why, "zone spread"):
+		return "zone_spread"
 	case strings.Contains(why, "does not exist"):
 		return "task_gone"
 	case strings.Contains(why, "not registered"), strings.Contains(why, ", not "):
@@ -81,8 +83,6 @@ func refusalReason(r fsm.PlanRefusal) string {
 		return "replica_conflict"
 	case strings.Contains(why, "at capacity"):
 		return "capacity"
-	case strings.HasPrefix(why, "zone spread"):
-		return "zone_spread"
 	}
 	return "other"
 }

@@ -86,9 +86,10 @@ func (l *liveStats) size() int {
 }
 
 // statsMaxAge is how old a worker's last report may be before its figures
-// are dropped: a few heartbeat intervals (a worker heartbeats every
-// quarter of the TTL).
-func (s *Server) statsMaxAge() time.Duration { return s.cfg.Timings.HeartbeatTTL }
+// are dropped: two heartbeat TTLs, some eight heartbeat intervals (a
+// worker heartbeats every quarter of the TTL, and is marked down after a
+// TTL without one).
+func (s *Server) statsMaxAge() time.Duration { return 2 * s.cfg.Timings.HeartbeatTTL }
 
 // LiveTaskStats returns the latest figures the workers reported for the
 // tasks of query (every query when query is ""), sorted by task and

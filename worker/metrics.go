@@ -159,7 +159,12 @@ type statsReading struct {
 // seen for the first time, or restarted since, reports its levels and no
 // rates yet). Only the heartbeat goroutine calls it.
 func (w *Worker) taskStatsReport(workerID string, now time.Time) []*pb.TaskStats {
-	stats := w.runtime.Stats()
+	return w.rates(workerID, w.runtime.Stats(), now)
+}
+
+// rates turns a reading of the tasks' figures into the report's rates
+// against the previous reading, and keeps it for the next.
+func (w *Worker) rates(workerID string, stats []wrt.TaskStats, now time.Time) []*pb.TaskStats {
 	next := make(map[string]statsReading, len(stats))
 	out := make([]*pb.TaskStats, 0, len(stats))
 	for _, s := range stats {

@@ -119,7 +119,7 @@ func newWorkerCmd() *cobra.Command {
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 				MaxFuture: maxFuture,
 				TLS:       creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
-				HTTPAddr:  c.HTTPAddr,
+				HTTPAddr: c.HTTPAddr,
 			})
 			if err != nil {
 				return err
