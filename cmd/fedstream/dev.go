@@ -196,6 +196,7 @@ func newDevCmd() *cobra.Command {
 		logLevel  string
 		queryFile string
 		noQuery   bool
+		noHTTP    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -221,7 +222,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				return err
 			}
 			defer os.RemoveAll(dir)
-			fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger})
+			fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP})
 			if err != nil {
 				return err
 			}
@@ -277,6 +278,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "log level of the embedded processes (logs go to stderr)")
 	cmd.Flags().StringVar(&queryFile, "query", "", "submit this query file instead of the demo")
 	cmd.Flags().BoolVar(&noQuery, "no-query", false, "start the org only")
+	cmd.Flags().BoolVar(&noHTTP, "no-http", false, "run no HTTP servers (metrics, health), which each process otherwise serves on a free loopback port")
 	return cmd
 }
 
