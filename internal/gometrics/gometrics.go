@@ -26,6 +26,9 @@ import (
 
 	metrics "github.com/hashicorp/go-metrics/compat"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil/promlint"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
 )
 
 // MaxSeries bounds how many series the bridge keeps: a key it has not
@@ -65,12 +68,15 @@ type Sink struct {
 	series   map[string]*series // name + "\xff" + label values
 	dropped  uint64
 	droppedD *prometheus.Desc
+	// rejected are names that break Prometheus conventions (see
+	// conventional): their updates are dropped.
+	rejected map[string]bool
 }
 
 // NewSink returns an empty sink (tests use their own; processes use
 // Install's).
 func NewSink() *Sink {
-	return &Sink{families: map[string]*family{}, series: map[string]*series{},
+	return &Sink{families: map[string]*family{}, series: map[string]*series{}, rejected: map[string]bool{},
 		droppedD: prometheus.NewDesc("fedstream_gometrics_dropped_total",
 			"go-metrics updates the bridge dropped (series beyond its bound, or label names differing from the first series of the same name).", nil, nil)}
 }
@@ -139,9 +145,20 @@ func (s *Sink) update(key []string, labels []metrics.Label, k kind, f func(*seri
 	if len(key) == 0 || legacyPeerKey(key, labels) {
 		return
 	}
-	name := Name(key)
+	name, scale := nameAndScale(key)
 	if k == kindCounter {
 		name += "_total"
+	}
+	if scale != 1 {
+		inner := f
+		f = func(se *series) {
+			// The update functions add or set float64(val): apply the
+			// unit's scale to what they changed.
+			before := *se
+			inner(se)
+			se.value = before.value + (se.value-before.value)*scale
+			se.sum = before.sum + (se.sum-before.sum)*scale
+		}
 	}
 	ls := append([]metrics.Label(nil), labels...)
 	sort.Slice(ls, func(i, j int) bool { return ls[i].Name < ls[j].Name })
@@ -156,10 +173,14 @@ func (s *Sink) update(key []string, labels []metrics.Label, k kind, f func(*seri
 	se := s.series[id]
 	if se == nil {
 		fam := s.families[name]
-		if fam == nil {
+		if fam == nil && !s.rejected[name] {
 			fam = &family{kind: k, names: names, desc: prometheus.NewDesc(name, help(key, k), names, nil)}
+			if !conventional(name, help(key, k), k, names) {
+				s.rejected[name] = true
+				fam = nil
+			}
 		}
-		if fam.kind != k || strings.Join(fam.names, ",") != strings.Join(names, ",") || len(s.series) >= MaxSeries {
+		if fam == nil || fam.kind != k || strings.Join(fam.names, ",") != strings.Join(names, ",") || len(s.series) >= MaxSeries {
 			s.dropped++
 			return
 		}
@@ -170,8 +191,30 @@ func (s *Sink) update(key []string, labels []metrics.Label, k kind, f func(*seri
 	f(se)
 }
 
+// conventional reports whether a new family passes promlint, so that the
+// bridge never serves a name Prometheus conventions reject (a library may
+// add keys in a later version). It runs once per family.
+func conventional(name, helpText string, k kind, labels []string) bool {
+	m := &dto.Metric{}
+	for _, l := range labels {
+		m.Label = append(m.Label, &dto.LabelPair{Name: proto.String(l), Value: proto.String("x")})
+	}
+	typ := map[kind]dto.MetricType{kindGauge: dto.MetricType_GAUGE, kindCounter: dto.MetricType_COUNTER, kindSummary: dto.MetricType_SUMMARY}[k]
+	switch k {
+	case kindGauge:
+		m.Gauge = &dto.Gauge{Value: proto.Float64(0)}
+	case kindCounter:
+		m.Counter = &dto.Counter{Value: proto.Float64(0)}
+	case kindSummary:
+		m.Summary = &dto.Summary{SampleCount: proto.Uint64(0), SampleSum: proto.Float64(0)}
+	}
+	mf := &dto.MetricFamily{Name: proto.String(name), Help: proto.String(helpText), Type: &typ, Metric: []*dto.Metric{m}}
+	problems, err := promlint.NewWithMetricFamilies([]*dto.MetricFamily{mf}).Lint()
+	return err == nil && len(problems) == 0
+}
+
 func help(key []string, k kind) string {
-	what := map[kind]string{kindGauge: "gauge", kindCounter: "counter", kindSummary: "samples (durations measured by go-metrics in seconds; values the library measures itself in its own unit)"}[k]
+	what := map[kind]string{kindGauge: "gauge", kindCounter: "counter", kindSummary: "samples (durations timed by go-metrics in seconds, a unit the key names in its base unit)"}[k]
 	return fmt.Sprintf("go-metrics %s %s, from hashicorp/%s.", what, strings.Join(key, "."), key[0])
 }
 
@@ -205,15 +248,54 @@ func (s *Sink) Collect(ch chan<- prometheus.Metric) {
 
 // Name turns a go-metrics key into a Prometheus metric name: each part in
 // snake_case, joined by underscores, with anything outside [a-z0-9_]
-// replaced by an underscore.
+// replaced by an underscore, and units in their base form (see
+// nameAndScale).
 func Name(key []string) string {
-	parts := make([]string, 0, len(key))
+	name, _ := nameAndScale(key)
+	return name
+}
+
+// baseUnits maps a unit word a key may hold to its Prometheus base unit
+// and the factor that converts a value into it ("adjustment-ms" becomes
+// adjustment_seconds, values times 0.001). Abbreviations and non-base
+// units in names are what Prometheus conventions (and promlint) reject.
+var baseUnits = map[string]struct {
+	base  string
+	scale float64
+}{
+	"ns": {"seconds", 1e-9}, "nanoseconds": {"seconds", 1e-9},
+	"us": {"seconds", 1e-6}, "microseconds": {"seconds", 1e-6},
+	"ms": {"seconds", 1e-3}, "milliseconds": {"seconds", 1e-3},
+	"s": {"seconds", 1}, "sec": {"seconds", 1}, "secs": {"seconds", 1},
+	"minutes": {"seconds", 60}, "hours": {"seconds", 3600}, "days": {"seconds", 86400},
+	"b": {"bytes", 1}, "kb": {"bytes", 1e3}, "mb": {"bytes", 1e6}, "gb": {"bytes", 1e9},
+	"kilobytes": {"bytes", 1e3}, "megabytes": {"bytes", 1e6}, "gigabytes": {"bytes", 1e9},
+	"kib": {"bytes", 1 << 10}, "mib": {"bytes", 1 << 20}, "gib": {"bytes", 1 << 30},
+}
+
+// ambiguous are one-letter words that read as unit abbreviations (metres,
+// hours, days) without saying which; they are spelled out as "x_unit".
+var ambiguous = map[string]bool{"m": true, "h": true, "d": true, "tb": true, "pb": true}
+
+// nameAndScale is Name with the factor that converts the key's values to
+// the base unit its name now states (1 when it states none).
+func nameAndScale(key []string) (string, float64) {
+	var words []string
+	scale := 1.0
 	for _, k := range key {
 		if p := snake(k); p != "" {
-			parts = append(parts, p)
+			words = append(words, strings.Split(p, "_")...)
 		}
 	}
-	return strings.Join(parts, "_")
+	for i, w := range words {
+		if u, ok := baseUnits[w]; ok {
+			words[i] = u.base
+			scale *= u.scale
+		} else if ambiguous[w] {
+			words[i] = w + "_unit"
+		}
+	}
+	return strings.Join(words, "_"), scale
 }
 
 // snake converts camelCase (and dashes, dots) to snake_case.

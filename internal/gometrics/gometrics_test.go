@@ -13,7 +13,8 @@ func TestName(t *testing.T) {
 	for key, want := range map[string]string{
 		"raft.commitTime":                  "raft_commit_time",
 		"raft.replication.appendEntries":   "raft_replication_append_entries",
-		"serf.coordinate.adjustment-ms":    "serf_coordinate_adjustment_ms",
+		"serf.coordinate.adjustment-ms":    "serf_coordinate_adjustment_seconds",
+		"x.sizeMB.h":                       "x_size_bytes_h_unit",
 		"memberlist.udp.received":          "memberlist_udp_received",
 		"raft.fsm.applyBatchNum":           "raft_fsm_apply_batch_num",
 		"serf.member.STATUS":               "serf_member_status",
@@ -41,6 +42,8 @@ func TestSinkServesLintFreeMetrics(t *testing.T) {
 	s.IncrCounter([]string{"raft", "replication", "appendEntries", "logs", "c2"}, 4) // legacy per-peer key: dropped
 	s.IncrCounterWithLabels([]string{"serf", "member", "join"}, 1, []metrics.Label{{Name: "network", Value: "lan"}})
 	s.IncrCounterWithLabels([]string{"serf", "member", "join"}, 1, nil) // other label names: dropped
+	s.AddSample([]string{"serf", "coordinate", "adjustment-ms"}, 250)   // in seconds: 0.25
+	s.SetGauge([]string{"raft", "gauge", "count"}, 1)                   // the type in its name, which promlint rejects: dropped
 
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(s)
@@ -63,9 +66,13 @@ raft_peers 3
 serf_member_join_total{network="lan"} 1
 # HELP fedstream_gometrics_dropped_total go-metrics updates the bridge dropped (series beyond its bound, or label names differing from the first series of the same name).
 # TYPE fedstream_gometrics_dropped_total counter
-fedstream_gometrics_dropped_total 1
+fedstream_gometrics_dropped_total 2
+# HELP serf_coordinate_adjustment_seconds go-metrics samples (durations timed by go-metrics in seconds, a unit the key names in its base unit) serf.coordinate.adjustment-ms, from hashicorp/serf.
+# TYPE serf_coordinate_adjustment_seconds summary
+serf_coordinate_adjustment_seconds_sum 0.25
+serf_coordinate_adjustment_seconds_count 1
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "raft_apply_total", "raft_peers", "serf_member_join_total", "fedstream_gometrics_dropped_total"); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "raft_apply_total", "raft_peers", "serf_member_join_total", "fedstream_gometrics_dropped_total", "serf_coordinate_adjustment_seconds"); err != nil {
 		t.Error(err)
 	}
 	n, err := testutil.GatherAndCount(reg, "raft_commit_time", "raft_replication_append_entries_rpc", "raft_replication_append_entries_logs_total")
