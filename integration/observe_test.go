@@ -198,6 +198,7 @@ func TestMetricsOfARunningQuery(t *testing.T) {
 	o := newObservedOrg(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
+	submitted := time.Now()
 	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(observeQuery), Filename: "obs.yaml"}); err != nil {
 		t.Fatal(err)
 	}
@@ -226,24 +227,25 @@ func TestMetricsOfARunningQuery(t *testing.T) {
 		in := counts("fedstream_task_input_tuples_total")
 		return in[source] > 0 && in[agg0]+in[agg1] > 0 && in[sink] > 0
 	})
-	in0, out0, at0 := counts("fedstream_task_input_tuples_total"), counts("fedstream_task_output_tuples_total"), time.Now()
-	// Wait for a couple of seconds' worth of records (by count, not by
-	// the clock), then compare the rate with the configured one.
-	waitFor(t, 60*time.Second, "the source drawing more records", func() bool {
-		return counts("fedstream_task_input_tuples_total")[source]-in0[source] >= 2*observeRate
+	// Wait for about four seconds' worth of records (by count, not by the
+	// clock), then compare the rates since the query was submitted with
+	// the configured one. The generator never runs ahead of its schedule
+	// (so this rate cannot exceed the configured one by much), and the
+	// time before its task started only lowers it a little.
+	waitFor(t, 60*time.Second, "the source drawing records", func() bool {
+		return counts("fedstream_task_input_tuples_total")[source] >= 4*observeRate
 	})
-	in1, out1, at1 := counts("fedstream_task_input_tuples_total"), counts("fedstream_task_output_tuples_total"), time.Now()
-	secs := at1.Sub(at0).Seconds()
-	plausible := func(what string, rate float64) {
-		// A wide factor: the machine may be loaded, and the generator
-		// catches up on its schedule after a delay.
-		if rate < observeRate/4 || rate > observeRate*4 {
+	in1, out1 := counts("fedstream_task_input_tuples_total"), counts("fedstream_task_output_tuples_total")
+	secs := time.Since(submitted).Seconds()
+	plausible := func(rate float64) bool { return rate >= observeRate/4 && rate <= observeRate*4 }
+	check := func(what string, rate float64) {
+		if !plausible(rate) {
 			t.Errorf("%s: %.0f tuples/s, implausible for a generator at %d/s", what, rate, observeRate)
 		}
 	}
-	plausible("source input", (in1[source]-in0[source])/secs)
-	plausible("source output", (out1[source]-out0[source])/secs)
-	plausible("aggregate input (both partitions)", (in1[agg0]+in1[agg1]-in0[agg0]-in0[agg1])/secs)
+	check("source input", in1[source]/secs)
+	check("source output", out1[source]/secs)
+	check("aggregate input (both partitions)", (in1[agg0]+in1[agg1])/secs)
 	for _, name := range []string{"fedstream_task_busy_seconds_total", "fedstream_dataplane_sent_bytes_total"} {
 		found := false
 		for _, w := range o.workers {
@@ -256,9 +258,11 @@ func TestMetricsOfARunningQuery(t *testing.T) {
 		}
 	}
 
-	// Query stats: the leader's view of the same figures.
+	// Query stats: the leader's view of the same figures, rates over one
+	// heartbeat interval (a short one, in which a generator catching up
+	// after a delay may burst: wait for a report in range).
 	var stats *pb.QueryStatsResponse
-	waitFor(t, 30*time.Second, "query stats with rates for every task", func() bool {
+	waitFor(t, 30*time.Second, "query stats with plausible rates for every task", func() bool {
 		resp, err := o.admin.QueryStats(context.Background(), &pb.QueryStatsRequest{Query: "obs"})
 		if err != nil {
 			t.Fatalf("query stats: %v", err)
@@ -272,17 +276,13 @@ func TestMetricsOfARunningQuery(t *testing.T) {
 				return false
 			}
 		}
-		if byTask[source].InTps == 0 || byTask[agg0].InTps+byTask[agg1].InTps == 0 {
+		if !plausible(byTask[source].InTps) || !plausible(byTask[agg0].InTps+byTask[agg1].InTps) {
 			return false
 		}
 		stats = resp
 		return true
 	})
 	for _, ts := range stats.Tasks {
-		switch ts.Task {
-		case source:
-			plausible("query stats: source in_tps", ts.InTps)
-		}
 		if ts.Busy < 0 || ts.Busy > 1 {
 			t.Errorf("query stats: %s busy %v, want a share of time", ts.Task, ts.Busy)
 		}
