@@ -50,6 +50,8 @@ type Coordinator struct {
 	GossipKeyFile string `mapstructure:"gossip-key-file"`
 	// DeadVoterTimeout: see coordinator.Timings.DeadVoterTimeout.
 	DeadVoterTimeout string `mapstructure:"dead-voter-timeout"`
+	// HTTPAddr serves /metrics, /healthz and /readyz ("" : none).
+	HTTPAddr string `mapstructure:"http-addr"`
 }
 
 // TLS names a process's TLS files: explicit files, or a directory written
@@ -91,6 +93,8 @@ type Worker struct {
 	// TLS: a worker needs only the org's CA (tls-ca, or ca.pem in
 	// tls-dir); the coordinators sign its certificate when it registers.
 	TLS TLS `mapstructure:",squash"`
+	// HTTPAddr serves /metrics, /healthz and /readyz ("" : none).
+	HTTPAddr string `mapstructure:"http-addr"`
 }
 
 // DefaultWorkerGCPercent is a worker's default GC target. A worker keeps a
@@ -134,6 +138,7 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("gossip-key-file", "", "file holding the org's base64 gossip key (fedstream keygen); required unless --insecure-plaintext")
 	fs.String("gossip-key", "", "the base64 gossip key itself; prefer --gossip-key-file or FEDSTREAM_GOSSIP_KEY (flags show in ps)")
 	fs.String("dead-voter-timeout", "72h", "remove a Raft voter that stays failed this long (one that leaves is removed at once)")
+	fs.String("http-addr", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this address (empty: off)")
 }
 
 // TLSFlags declares the TLS flags shared by every process; certName is
@@ -166,6 +171,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
 	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
 	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")
+	fs.String("http-addr", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this address (empty: off)")
 }
 
 // load merges file, environment and flags into out.

@@ -57,6 +57,10 @@ type Config struct {
 	// InsecurePlaintext runs every port without TLS: only for tests of
 	// that mode and for debugging; it is logged loudly and shown by status.
 	InsecurePlaintext bool
+	// HTTPAddr, when set, is where the coordinator serves /metrics,
+	// /healthz, /readyz and what is mounted with HandleHTTP (host:port;
+	// port 0 picks one).
+	HTTPAddr string
 
 	Timings Timings
 	Limits  Limits

@@ -117,6 +117,7 @@ func (s *Server) forwardTo(ctx context.Context, addrs []string, leaderID, method
 		out.Set(callerKey, id.String())
 	}
 	octx := metadata.NewOutgoingContext(ctx, out)
+	s.metrics.forwarded.WithLabelValues(methodName(method)).Inc()
 	var err error
 	for _, addr := range addrs {
 		var conn *grpc.ClientConn
@@ -149,6 +150,7 @@ func (s *Server) apply(ctx context.Context, t fsm.MessageType, body any) (*fsm.A
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
+	start := time.Now()
 	fut := s.raft.Apply(buf, timeout)
 	if err := fut.Error(); err != nil {
 		switch {
@@ -161,6 +163,7 @@ func (s *Server) apply(ctx context.Context, t fsm.MessageType, body any) (*fsm.A
 		}
 		return nil, status.Errorf(codes.Internal, "raft apply: %v", err)
 	}
+	s.metrics.commit.Observe(time.Since(start).Seconds())
 	res, ok := fut.Response().(*fsm.ApplyResult)
 	if !ok {
 		return nil, status.Errorf(codes.Internal, "unexpected FSM response %T", fut.Response())

@@ -141,6 +141,7 @@ func (s *Server) monitorLeadership(ctx context.Context) {
 			duties = nil
 		}
 		s.liveness.stop()
+		s.liveStats.forget()
 	}
 	defer stopLeading()
 	for {

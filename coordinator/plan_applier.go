@@ -158,6 +158,11 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 		}
 	}
 	out.Result.Refused = append(refused, out.Result.Refused...)
+	pa.s.metrics.plans.WithLabelValues(plan.Source).Inc()
+	pa.s.metrics.placed.Add(float64(len(out.Result.Placed)))
+	for _, r := range out.Result.Refused {
+		pa.s.metrics.refused.WithLabelValues(refusalReason(r)).Inc()
+	}
 	if len(out.Result.Placed) > 0 || len(out.Result.SlotMaps) > 0 {
 		s.logger.Info("plan applied", "source", plan.Source, "computed_at", plan.StateIndex, "index", out.Index,
 			"placed", len(out.Result.Placed), "slot_maps", out.Result.SlotMaps)

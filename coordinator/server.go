@@ -21,10 +21,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/internal/opshttp"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -69,7 +71,18 @@ type Server struct {
 
 	grpcServer *grpc.Server
 	listener   net.Listener
-	health     *health.Server
+	// health is the gRPC health service: SERVING only while the node is
+	// ready (see watchReadiness), NOT_SERVING before and after.
+	health *health.Server
+	// readyNow is the last readiness decision (watchReadiness).
+	readyNow atomic.Pointer[readyState]
+
+	// ops serves metrics, /healthz and /readyz over HTTP (and what others
+	// mount with HandleHTTP); metrics are the node's own instruments and
+	// liveStats the workers' latest per-task figures (leader only).
+	ops       *opshttp.Server
+	metrics   *coordMetrics
+	liveStats *liveStats
 
 	forwarder *forwarder
 	auth      *authenticator
@@ -103,6 +116,16 @@ func New(cfg Config) (*Server, error) {
 		cancel: cancel,
 	}
 	s.liveness = newLiveness()
+	s.liveStats = newLiveStats()
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	s.metrics = newCoordMetrics()
+	s.ops = opshttp.New(s.logger)
+	s.metrics.register(s.ops.Registry(), s)
+	s.ops.SetReady(s.readiness)
+	// The web view and its JSON API take the root; /metrics, /healthz and
+	// /readyz are more specific and keep their handlers.
+	s.ops.Handle("/", s.WebHandler())
 	s.membersChanged = make(chan struct{}, 1)
 	s.bootstrapKick = make(chan struct{}, 1)
 	return s, nil
@@ -136,6 +159,12 @@ func (s *Server) Start() (err error) {
 		return err
 	}
 	s.forwarder = newForwarder(s)
+	if s.cfg.HTTPAddr != "" {
+		if err := s.ops.Start(s.cfg.HTTPAddr); err != nil {
+			return err
+		}
+	}
+	s.goRun(s.watchReadiness)
 	s.goRun(s.watchHalt)
 	s.goRun(s.monitorLeadership)
 	s.goRun(s.handleSerfEvents)
@@ -152,7 +181,7 @@ func (s *Server) Start() (err error) {
 		mode = "dev (no tokens configured: every caller is accepted)"
 		s.logger.Warn("coordinator running in dev mode: no join or admin token configured, every caller is accepted")
 	}
-	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr,
+	s.logger.Info("coordinator started", "grpc", s.GRPCAddr(), "raft", s.cfg.RaftAddr, "serf", s.cfg.SerfAddr, "http", s.HTTPAddr(),
 		"bootstrap_expect", s.cfg.BootstrapExpect, "auth", mode, "mtls", s.cfg.TLS != nil)
 	return nil
 }
@@ -288,7 +317,7 @@ func (s *Server) setupRaft() error {
 		return fmt.Errorf("inspect raft state: %w", err)
 	}
 	s.bootstrapped = existing
-	s.raft, err = raft.NewRaft(rc, s.fsm, logs, s.boltStore, snaps, s.transport)
+	s.raft, err = raft.NewRaft(rc, timedFSM{s.fsm, s.metrics.fsmApply}, logs, s.boltStore, snaps, s.transport)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}
@@ -325,8 +354,8 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
-	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
+	reflection.Register(s.grpcServer)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
@@ -342,7 +371,13 @@ func (s *Server) setupGRPC() error {
 func (s *Server) Shutdown() error {
 	var err error
 	s.shutdownOnce.Do(func() {
+		s.health.Shutdown() // NOT_SERVING from here on
 		s.cancel()
+		closeCtx, cancelClose := context.WithTimeout(context.Background(), 2*time.Second)
+		if e := s.ops.Close(closeCtx); e != nil {
+			s.logger.Debug("closing the HTTP server", "err", e)
+		}
+		cancelClose()
 		if s.grpcServer != nil {
 			stopped := make(chan struct{})
 			go func() { s.grpcServer.GracefulStop(); close(stopped) }()

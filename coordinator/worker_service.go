@@ -160,6 +160,7 @@ func (ws *workerService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest
 		}
 	}
 	s.liveness.touch(w.ID, time.Now().Add(ttl))
+	s.liveStats.put(w.ID, req.TaskStats, time.Now())
 	return &pb.HeartbeatResponse{HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs()}, nil
 }
 

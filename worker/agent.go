@@ -15,14 +15,19 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/opshttp"
 	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -58,6 +63,9 @@ type Config struct {
 	TLS *tlsutil.Credentials
 	// InsecurePlaintext runs without TLS (tests of that mode, debugging).
 	InsecurePlaintext bool
+	// HTTPAddr, when set, is where the worker serves /metrics, /healthz
+	// and /readyz (host:port; port 0 picks one).
+	HTTPAddr string
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -79,6 +87,18 @@ type Worker struct {
 
 	lis  net.Listener
 	grpc *grpc.Server
+	// health is the data-plane port's gRPC health service: NOT_SERVING
+	// until the worker is registered and serves, and again once it stops.
+	health *health.Server
+	// serving is true while the data-plane server runs.
+	serving atomic.Bool
+	// bytes counts the data plane's network traffic; ops serves metrics
+	// and health over HTTP (see metrics.go).
+	bytes byteCounts
+	ops   *opshttp.Server
+	// lastStats is the previous reading of every task's figures, for the
+	// rates the heartbeat reports (heartbeat goroutine only).
+	lastStats map[string]statsReading
 
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
@@ -134,13 +154,21 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.JoinToken != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
+	// The data plane's client connections count their bytes.
+	dial = append(dial, grpc.WithContextDialer(w.bytes.dial))
 	w.pool = dataplane.NewPool(dial...)
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
+	w.health = health.NewServer()
+	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	w.ops = opshttp.New(w.logger)
+	w.ops.Registry().MustRegister(collector{w})
+	w.ops.SetReady(w.ready)
 	return w, nil
 }
 
-// Listen opens the data-plane listener, so Addr is known before Run.
+// Listen opens the data-plane listener, and the HTTP server when
+// Config.HTTPAddr is set, so Addr and HTTPAddr are known before Run.
 func (w *Worker) Listen() error {
 	if w.lis != nil {
 		return nil
@@ -149,7 +177,14 @@ func (w *Worker) Listen() error {
 	if err != nil {
 		return fmt.Errorf("worker listen on %s: %w", w.cfg.GRPCAddr, err)
 	}
-	w.lis = lis
+	if w.cfg.HTTPAddr != "" {
+		if err := w.ops.Start(w.cfg.HTTPAddr); err != nil {
+			_ = lis.Close()
+			return err
+		}
+		w.logger.Info("worker HTTP (metrics, health) listening", "http", w.ops.Addr())
+	}
+	w.lis = countingListener{lis, &w.bytes}
 	return nil
 }
 
@@ -192,8 +227,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.grpc = w.newServer()
 	var wg sync.WaitGroup
 	defer func() {
+		w.health.Shutdown() // NOT_SERVING from here on
 		closeCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = w.runtime.Close(closeCtx)
+		_ = w.ops.Close(closeCtx)
 		cancel()
 		_ = w.pool.Close()
 		w.grpc.Stop()
@@ -210,8 +247,11 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	wg.Add(1)
+	w.serving.Store(true)
+	w.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	go func() {
 		defer wg.Done()
+		defer w.serving.Store(false)
 		if err := w.grpc.Serve(w.lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) && ctx.Err() == nil {
 			w.logger.Error("data plane server stopped", "err", err)
 		}
@@ -241,6 +281,8 @@ func (w *Worker) newServer() *grpc.Server {
 	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))
 	srv := grpc.NewServer(opts...)
 	pb.RegisterDataPlaneServer(srv, w.runtime.Server())
+	healthpb.RegisterHealthServer(srv, w.health)
+	reflection.Register(srv)
 	return srv
 }
 
@@ -424,8 +466,9 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		if !sleepCtx(ctx, interval) {
 			return
 		}
+		req := &pb.HeartbeatRequest{WorkerId: id, TaskStats: w.taskStatsReport(id, time.Now())}
 		err := w.call(ctx, max(ttl/2, time.Second), func(ctx context.Context, c pb.WorkerServiceClient) error {
-			resp, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{WorkerId: id})
+			resp, err := c.Heartbeat(ctx, req)
 			if err == nil {
 				w.learn(resp.Coordinators)
 			}

@@ -66,7 +66,7 @@ func newCoordinatorCmd() *cobra.Command {
 				BootstrapExpect: c.BootstrapExpect, Join: c.Join, GossipKey: gkey,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
 				TLS: creds, CA: ca, WorkerCertTTL: certTTL, InsecurePlaintext: c.TLS.InsecurePlaintext,
-				Timings: timings, Logger: logger,
+				HTTPAddr: c.HTTPAddr, Timings: timings, Logger: logger,
 				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
 			if err != nil {
@@ -119,6 +119,7 @@ func newWorkerCmd() *cobra.Command {
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 				MaxFuture: maxFuture,
 				TLS:       creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
+				HTTPAddr: c.HTTPAddr,
 			})
 			if err != nil {
 				return err

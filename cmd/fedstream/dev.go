@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,6 +46,17 @@ type devOptions struct {
 	workers      int
 	dataDir      string
 	logger       *slog.Logger
+	// noHTTP turns off the processes' HTTP servers (metrics, health),
+	// which dev otherwise runs on free loopback ports.
+	noHTTP bool
+}
+
+// httpAddr is the HTTP address each process of the dev org serves on.
+func (o devOptions) httpAddr() string {
+	if o.noHTTP {
+		return ""
+	}
+	return "127.0.0.1:0"
 }
 
 func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
@@ -88,7 +97,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
-				TLS: creds, CA: ca, GossipKey: gossip,
+				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
 				Timings: devTimings(), Logger: o.logger,
 			})
 		}
@@ -115,7 +124,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 			w, err = worker.New(worker.Config{
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
-				TLS: creds,
+				TLS: creds, HTTPAddr: o.httpAddr(),
 			})
 		}
 		if err == nil {
@@ -190,6 +199,7 @@ func newDevCmd() *cobra.Command {
 		logLevel  string
 		queryFile string
 		noQuery   bool
+		noHTTP    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -215,7 +225,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				return err
 			}
 			defer os.RemoveAll(dir)
-			fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger})
+			fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP})
 			if err != nil {
 				return err
 			}
@@ -226,8 +236,8 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				fed.stop()
 			}()
 			fed.printBanner(stderr)
-			if err := fed.serveWebView(stderr); err != nil {
-				return err
+			if addr := fed.coords[0].HTTPAddr(); addr != "" {
+				fmt.Fprintf(stderr, "web view: http://%s/\n", addr)
 			}
 			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
 			if err := fed.waitReady(ctx, f, 2); err != nil {
@@ -274,6 +284,7 @@ lines with --json); where everything listens and the logs go to stderr.`,
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "log level of the embedded processes (logs go to stderr)")
 	cmd.Flags().StringVar(&queryFile, "query", "", "submit this query file instead of the demo")
 	cmd.Flags().BoolVar(&noQuery, "no-query", false, "start the org only")
+	cmd.Flags().BoolVar(&noHTTP, "no-http", false, "run no HTTP servers (metrics, health), which each process otherwise serves on a free loopback port")
 	return cmd
 }
 
@@ -281,38 +292,20 @@ func (d *devFederation) printBanner(w io.Writer) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, mutual TLS (CA and certificates in %s), auth: dev mode (no tokens)\n", "demo", d.dataDir, d.tlsDir)
 	for _, c := range d.coords {
-		fmt.Fprintf(&b, "  coordinator %s  grpc %s\n", c.NodeID(), c.GRPCAddr())
+		fmt.Fprintf(&b, "  coordinator %s  grpc %s%s\n", c.NodeID(), c.GRPCAddr(), httpText(c.HTTPAddr()))
 	}
 	for i, w := range d.workers {
-		fmt.Fprintf(&b, "  worker w%d       data plane %s\n", i+1, w.Addr())
+		fmt.Fprintf(&b, "  worker w%d       data plane %s%s\n", i+1, w.Addr(), httpText(w.HTTPAddr()))
 	}
 	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr(), d.tlsDir)
 	fmt.Fprint(w, b.String())
 }
 
-// serveWebView serves the first coordinator's web view on a free loopback
-// port until the federation stops, and prints its address. (Once processes
-// have their own HTTP server, dev can print that server's address instead.)
-func (d *devFederation) serveWebView(stderr io.Writer) error {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return fmt.Errorf("web view: %w", err)
+// httpText shows a process's HTTP address in the banner ("" when it has
+// none).
+func httpText(addr string) string {
+	if addr == "" {
+		return ""
 	}
-	srv := &http.Server{Handler: d.coords[0].WebHandler(), ReadHeaderTimeout: 10 * time.Second}
-	d.wg.Add(2)
-	go func() {
-		defer d.wg.Done()
-		if err := srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			fmt.Fprintf(stderr, "web view stopped: %v\n", err)
-		}
-	}()
-	go func() {
-		defer d.wg.Done()
-		<-d.ctx.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}()
-	fmt.Fprintf(stderr, "web view: http://%s/\n", lis.Addr())
-	return nil
+	return "  http http://" + addr + " (/metrics /healthz /readyz)"
 }

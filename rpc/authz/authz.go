@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
@@ -201,6 +203,10 @@ var Methods = map[string]Need{
 	healthpb.Health_Check_FullMethodName: NeedNone,
 	healthpb.Health_Watch_FullMethodName: NeedNone,
 	healthpb.Health_List_FullMethodName:  NeedNone,
+	// Server reflection lists and describes the services of a port: their
+	// schema is public (this repository's proto), it reveals no data.
+	reflectionv1.ServerReflection_ServerReflectionInfo_FullMethodName:      NeedNone,
+	reflectionv1alpha.ServerReflection_ServerReflectionInfo_FullMethodName: NeedNone,
 }
 
 // ErrMethodNotInTable is returned by MethodNeed for a method the table does

@@ -6,6 +6,8 @@ import (
 
 	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
@@ -20,6 +22,8 @@ var services = []grpc.ServiceDesc{
 	pb.FederationService_ServiceDesc,
 	pb.OrgKeyService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
+	reflectionv1.ServerReflection_ServiceDesc,
+	reflectionv1alpha.ServerReflection_ServiceDesc,
 }
 
 func TestEveryMethodHasANeed(t *testing.T) {

@@ -185,8 +185,12 @@ func (x *RegisterResponse) GetCertificate() []byte {
 }
 
 type HeartbeatRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	WorkerId      string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	WorkerId string                 `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// ---- query statistics (issue 12)
+	// The worker's per-task figures over its last heartbeat interval. The
+	// leader keeps the latest in memory (not in Raft) for QueryStats.
+	TaskStats     []*TaskStats `protobuf:"bytes,130,rep,name=task_stats,json=taskStats,proto3" json:"task_stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -226,6 +230,13 @@ func (x *HeartbeatRequest) GetWorkerId() string {
 		return x.WorkerId
 	}
 	return ""
+}
+
+func (x *HeartbeatRequest) GetTaskStats() []*TaskStats {
+	if x != nil {
+		return x.TaskStats
+	}
+	return nil
 }
 
 type HeartbeatResponse struct {
@@ -4589,9 +4600,11 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x02 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
 	"\fcoordinators\x18\x03 \x03(\tR\fcoordinators\x12 \n" +
-	"\vcertificate\x18\x14 \x01(\fR\vcertificate\"/\n" +
+	"\vcertificate\x18\x14 \x01(\fR\vcertificate\"h\n" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
-	"\tworker_id\x18\x01 \x01(\tR\bworkerId\"a\n" +
+	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x127\n" +
+	"\n" +
+	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"a\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x01 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
 	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"s\n" +
@@ -5051,93 +5064,94 @@ var file_fedstream_proto_goTypes = []any{
 }
 var file_fedstream_proto_depIdxs = []int32{
 	74, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	38, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
-	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	9,  // 4: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	8,  // 5: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	5,  // 6: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	75, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	23, // 14: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	30, // 15: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	33, // 16: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	36, // 17: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	43, // 18: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	43, // 19: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	15, // 20: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 21: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 22: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 23: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 24: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	52, // 25: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 26: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 27: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 28: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 29: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 30: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 31: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	54, // 32: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	39, // 33: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	56, // 34: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 35: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	32, // 36: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	35, // 37: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41, // 38: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44, // 39: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	46, // 40: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	48, // 41: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	50, // 42: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	58, // 43: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	60, // 44: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	62, // 45: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	64, // 46: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	66, // 47: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	67, // 48: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	68, // 49: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	70, // 50: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	72, // 51: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	1,  // 52: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 53: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 54: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 55: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 56: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 57: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 58: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 59: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 60: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 61: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 62: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 63: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 64: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 65: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 66: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 67: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 68: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 69: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 70: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 71: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 72: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 73: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 74: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	61, // 75: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	63, // 76: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	65, // 77: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	69, // 78: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	69, // 79: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	69, // 80: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	71, // 81: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	73, // 82: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	52, // [52:83] is the sub-list for method output_type
-	21, // [21:52] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	30, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	8,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
+	38, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	6,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	9,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	8,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	5,  // 7: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	7,  // 8: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	11, // 9: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	15, // 10: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	75, // 11: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	11, // 12: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	17, // 13: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	22, // 14: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	23, // 15: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	30, // 16: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	33, // 17: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	36, // 18: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	43, // 19: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	43, // 20: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	15, // 21: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 22: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 23: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 24: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 25: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	52, // 26: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 27: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 28: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 29: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 30: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 31: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 32: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	54, // 33: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	39, // 34: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	56, // 35: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 36: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	32, // 37: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	35, // 38: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41, // 39: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44, // 40: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	46, // 41: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	48, // 42: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	50, // 43: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	58, // 44: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	60, // 45: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	62, // 46: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	64, // 47: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	66, // 48: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	67, // 49: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	68, // 50: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	70, // 51: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	72, // 52: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	1,  // 53: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 54: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 55: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 56: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	53, // 57: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 58: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 59: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 60: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 61: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 62: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 63: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	55, // 64: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	40, // 65: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	57, // 66: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 67: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	34, // 68: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	37, // 69: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 70: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45, // 71: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	47, // 72: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	49, // 73: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	51, // 74: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	59, // 75: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	61, // 76: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	63, // 77: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	65, // 78: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	69, // 79: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	69, // 80: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	69, // 81: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	71, // 82: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	73, // 83: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	53, // [53:84] is the sub-list for method output_type
+	22, // [22:53] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -39,6 +40,11 @@ type input struct {
 	// that has one running: a replica the input starts reading from stops
 	// getting relayed acknowledgements, it gets real ones.
 	relays map[string]context.CancelFunc
+
+	// prev is the upstream copy the previous attempt read (run goroutine
+	// only); switches counts the attempts that read another one.
+	prev     Placement
+	switches atomic.Uint64
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -91,6 +97,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 	first, offs, data := b.FirstID, b.Offsets, b.Encoded
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
+	defer t.counters.passed(len(offs), time.Now())
 	var last tuple.Tuple
 	if _, err := tuple.DecodeHeader(data[offs[len(offs)-1]:], &last); err != nil {
 		t.endWith(err)
@@ -163,6 +170,7 @@ func (in *input) run(ctx context.Context) {
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
 	in.sub.Ref().TaskId = pl.TaskID
 	in.sub.Ref().Generation = int32(pl.Generation)
+	in.countSwitch(pl)
 	local, lerr := in.t.r.LocalStream(in.sub.Ref())
 	var conn grpc.ClientConnInterface
 	if lerr != nil {
@@ -404,9 +412,12 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	if !ok {
 		return false, false, nil
 	}
-	t.busySince.Store(time.Now().UnixNano())
+	start := time.Now()
+	blocked := t.blockedNanos()
+	t.busySince.Store(start.UnixNano())
 	done, err = t.release(ctx, rel.runs, rel.steps, emitter)
 	t.busySince.Store(0)
+	t.counters.released(t, rel.runs, start, blocked)
 	// The operator and the outputs keep nothing of the released tuples
 	// (see operator.Emitter; outputs encode at once).
 	for _, b := range rel.finished {

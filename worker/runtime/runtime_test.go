@@ -354,6 +354,15 @@ func TestInputFailover(t *testing.T) {
 	got := results(t, out, sinkSchema(t, c.query))
 	want := reference(t, 40000)
 	sameResults(t, got, want)
+	// The aggregate replica 0 read the stopped source replica and switched
+	// to the other one: its figures count that.
+	switches := uint64(0)
+	for _, s := range c.workers[0].rt.Stats() {
+		switches += s.Switches
+	}
+	if switches == 0 {
+		t.Error("no subscription switch counted after the upstream replica stopped")
+	}
 	if other := c.tail(t, "wc/out/p0/r1"); !sameTuples(out, other) {
 		t.Fatal("replicas differ after failover")
 	}

@@ -88,6 +88,7 @@ func (t *task) runGenerator() {
 					return
 				}
 				boundary = b
+				t.counters.busyUntilNow(t)
 			}
 			if next = boundary + interval; next < boundary {
 				next = math.MaxInt64 // no multiple of the interval above
@@ -106,6 +107,7 @@ func (t *task) runGenerator() {
 				}
 			}
 			if wait > time.Millisecond {
+				t.counters.busyUntilNow(t)
 				if timer == nil {
 					timer = time.NewTimer(wait)
 				} else {
@@ -116,6 +118,7 @@ func (t *task) runGenerator() {
 				case <-ctx.Done():
 					return
 				}
+				t.counters.resume(t)
 			}
 		}
 		tp.Type = tuple.Stable
@@ -314,6 +317,7 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		accepted uint64
 		errs     []*fedstreampb.LineError
 	)
+	defer t.counters.ingested(&accepted, time.Now())
 	lineNo := firstLine
 	for len(lines) > 0 {
 		line := lines

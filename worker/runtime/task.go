@@ -132,6 +132,9 @@ type task struct {
 	// busySince is when the task began processing its current release
 	// (unix nanoseconds; 0 when it is not processing).
 	busySince atomic.Int64
+	// Figures for metrics and query stats (see stats.go), updated once
+	// per release, batch or published step, never per tuple.
+	counters taskCounters
 
 	// Processing state.
 	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
@@ -785,6 +788,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 
 // emitBoundary sends a BOUNDARY with the given stime to every output.
 func (t *task) emitBoundary(ctx context.Context, stime int64) error {
+	t.publishCounts()
 	b := tuple.Tuple{Type: tuple.Boundary, STime: stime}
 	for _, o := range t.outs {
 		if err := t.appendTo(ctx, o, &b); err != nil {
@@ -815,6 +819,7 @@ func (t *task) discardStaged() {
 
 // flush appends every output's staged tuples to its buffer.
 func (t *task) flush(ctx context.Context) error {
+	t.publishCounts()
 	for _, o := range t.outs {
 		if err := o.w.Flush(ctx); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)

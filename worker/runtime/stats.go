@@ -1,0 +1,186 @@
+package runtime
+
+import (
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+)
+
+// TaskStats are one task's cumulative figures since it started here. They
+// are counters and current levels; rates come from the difference of two
+// readings (Prometheus does that, and so do the worker's reports to the
+// coordinators).
+type TaskStats struct {
+	TaskID, Query, Fragment string
+	Generation              int
+	// InTuples counts the data tuples the task took: from its inputs
+	// (operators and sinks; for a sink with a single input, boundary
+	// markers too), drawn from its generator, or ingested.
+	InTuples uint64
+	// OutTuples counts the data tuples it emitted (a tuple routed to
+	// several downstream fragments counts once).
+	OutTuples uint64
+	// BusyNanos is the time spent processing (releasing input through
+	// the operators, drawing records), without the time blocked on a full
+	// output buffer, which BlockedNanos counts.
+	BusyNanos, BlockedNanos int64
+	// Queue is the number of data tuples received and not yet processed.
+	Queue int
+	// OutputBytes is what the task's output buffers hold; Unacked the
+	// tuples of its output streams some downstream has not acknowledged
+	// yet (a sink's result ring is not counted: nobody acknowledges it).
+	OutputBytes, Unacked int64
+	// Switches counts the subscriptions that went to another copy of an
+	// upstream task than the one read before (a replica fail-over, a
+	// moved upstream).
+	Switches uint64
+}
+
+// taskCounters are a task's figures behind TaskStats. The counters are
+// atomics written by the task's producing goroutine once per release,
+// batch or step and read at any time; the marks belong to the generator
+// goroutine.
+type taskCounters struct {
+	in, out atomic.Uint64
+	busy    atomic.Int64
+
+	mark        time.Time // generator: start of the busy period being timed
+	markBlocked int64     // generator: blockedNanos at mark
+}
+
+// blockedNanos is the total time the task's outputs blocked it.
+func (t *task) blockedNanos() int64 {
+	var n int64
+	for _, o := range t.outs {
+		n += o.buf.BlockedNanos()
+	}
+	return n
+}
+
+// publishCounts makes the producing goroutine's own counts (tuples routed,
+// records drawn) readable by others. It runs at each flush and boundary.
+func (t *task) publishCounts() {
+	if t.node == nil {
+		return
+	}
+	if t.gen != nil {
+		t.counters.in.Store(uint64(max(t.genRecords, 0)))
+	}
+	if t.node.Kind != queryspec.KindSink {
+		t.counters.out.Store(t.seq)
+	}
+}
+
+// released accounts one processed release of an operator or sink task:
+// its data tuples, and the time since start less what its outputs blocked
+// it since blocked was read.
+func (c *taskCounters) released(t *task, runs []mergedRun, start time.Time, blocked int64) {
+	n := 0
+	for i := range runs {
+		n += len(runs[i].tuples)
+	}
+	c.in.Add(uint64(n))
+	if t.node.Kind == queryspec.KindSink {
+		c.out.Add(uint64(n)) // a sink passes its input on as its result
+	}
+	c.busy.Add(max(0, int64(time.Since(start))-(t.blockedNanos()-blocked)))
+}
+
+// passed accounts a batch a pass-through sink adopted at start.
+func (c *taskCounters) passed(n int, start time.Time) {
+	c.in.Add(uint64(n))
+	c.out.Add(uint64(n))
+	c.busy.Add(int64(time.Since(start)))
+}
+
+// ingested accounts an ingest request that accepted *accepted lines since
+// start.
+func (c *taskCounters) ingested(accepted *uint64, start time.Time) {
+	c.in.Add(*accepted)
+	c.busy.Add(int64(time.Since(start)))
+}
+
+// busyUntilNow adds the generator's busy time since its mark (less the
+// time its outputs blocked it meanwhile) and moves the mark to now.
+func (c *taskCounters) busyUntilNow(t *task) {
+	now, blocked := time.Now(), t.blockedNanos()
+	if !c.mark.IsZero() {
+		c.busy.Add(max(0, int64(now.Sub(c.mark))-(blocked-c.markBlocked)))
+	}
+	c.mark, c.markBlocked = now, blocked
+}
+
+// resume starts timing a busy period of the generator again after a
+// pacing wait.
+func (c *taskCounters) resume(t *task) {
+	c.mark, c.markBlocked = time.Now(), t.blockedNanos()
+}
+
+// countSwitch counts an attempt that reads another upstream copy than the
+// previous attempt did (not the first attempt, nor a retry of the same
+// copy).
+func (in *input) countSwitch(pl Placement) {
+	prev := in.prev
+	in.prev = pl
+	if prev.TaskID == "" {
+		return
+	}
+	if prev.TaskID != pl.TaskID || prev.WorkerAddr != pl.WorkerAddr || prev.Generation != pl.Generation {
+		in.switches.Add(1)
+	}
+}
+
+// pendingTuples is the number of data tuples queued in the merge.
+func (m *merger) pendingTuples() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, in := range m.inputs {
+		n += in.pending
+	}
+	return n
+}
+
+// stats reads the task's figures. It takes each output buffer's lock
+// briefly; it never waits for the task's processing.
+func (t *task) stats() TaskStats {
+	st := TaskStats{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment, Generation: t.spec.Generation,
+		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load(), BusyNanos: t.counters.busy.Load()}
+	if t.merge != nil {
+		st.Queue = t.merge.pendingTuples()
+	}
+	ring := t.node != nil && t.node.Kind == queryspec.KindSink
+	for _, o := range t.outs {
+		bs := o.buf.Stats()
+		st.BlockedNanos += bs.BlockedNanos
+		st.OutputBytes += int64(bs.Bytes)
+		if !ring {
+			st.Unacked += int64(bs.Tuples)
+		}
+	}
+	for _, in := range t.inputs {
+		st.Switches += in.switches.Load()
+	}
+	return st
+}
+
+// Stats reports the figures of every task running here, sorted by task
+// id. Metrics and the worker's reports read it; it costs the tasks
+// nothing but a brief lock of each output buffer and merge queue.
+func (r *Runtime) Stats() []TaskStats {
+	r.mu.Lock()
+	tasks := make([]*task, 0, len(r.tasks))
+	for _, t := range r.tasks {
+		tasks = append(tasks, t)
+	}
+	r.mu.Unlock()
+	out := make([]TaskStats, 0, len(tasks))
+	for _, t := range tasks {
+		out = append(out, t.stats())
+	}
+	slices.SortFunc(out, func(a, b TaskStats) int { return strings.Compare(a.TaskID, b.TaskID) })
+	return out
+}
