@@ -135,6 +135,14 @@ func runReportsEveryFigure(t *testing.T, plaintext bool) {
 			t.Errorf("%s = %v, want a positive number", k, fields[k])
 		}
 	}
+	if res.Timing == "" || len(res.EngineSettings) == 0 {
+		t.Errorf("timing %q and %d engine settings: the result must say how it was timed and configured", res.Timing, len(res.EngineSettings))
+	}
+	for _, s := range res.EngineSettings {
+		if s.Setting == "" || s.Bench == "" || s.Production == "" || s.Why == "" || s.Bench == s.Production {
+			t.Errorf("engine setting %+v: want what differs, both values and why", s)
+		}
+	}
 	if len(res.Scenarios) != 5 {
 		t.Errorf("%d scenarios, want 5", len(res.Scenarios))
 	}
@@ -206,33 +214,50 @@ func TestReceiveRecordsRejectsTornRecord(t *testing.T) {
 }
 
 // BenchmarkForwardInProcess runs the forward pipeline with both workers in
-// this process (for CPU profiles of the engine path):
+// this process, over mutual TLS as by default (for CPU profiles of the
+// engine path, and the process's CPU time per record of both sides):
 //
 //	go test -run '^$' -bench ForwardInProcess -cpuprofile cpu.out ./worker/benchmark/
 func BenchmarkForwardInProcess(b *testing.B) {
-	benchInProcess(b, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
+	benchInProcess(b, false, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
+}
+
+// BenchmarkForwardInProcessPlaintext is the same without TLS.
+func BenchmarkForwardInProcessPlaintext(b *testing.B) {
+	benchInProcess(b, true, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
 }
 
 // BenchmarkWordCountInProcess is the engine word count, in process.
 func BenchmarkWordCountInProcess(b *testing.B) {
-	benchInProcess(b, (*bench).engineWordCount)
+	benchInProcess(b, false, (*bench).engineWordCount)
 }
 
-func benchInProcess(b *testing.B, run func(*bench, context.Context, int64) (measurement, error)) {
-	s, err := start(b.Context(), Config{Records: 1, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+// benchInProcess reports the rate and the CPU time the process spent per
+// record (both workers together): on a loaded machine the CPU time moves
+// less than the rate, and its minimum over runs compares builds.
+func benchInProcess(b *testing.B, plaintext bool, run func(*bench, context.Context, int64) (measurement, error)) {
+	s, err := start(b.Context(), Config{Records: 1, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.stop()
 	const n = 200_000
+	var (
+		records int64
+		elapsed time.Duration
+		cpu     = processCPUNanos()
+	)
 	b.ResetTimer()
 	for b.Loop() {
 		m, err := run(s, b.Context(), n)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(m.perSecond(), "records/s")
+		records += m.records
+		elapsed += m.elapsed
 	}
+	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
+	b.ReportMetric(float64(processCPUNanos()-cpu)/float64(records), "cpu-ns/record")
 }
 
 // TestNextWordMatchesFields: the hand-written tokeniser splits like
