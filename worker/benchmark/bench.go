@@ -42,6 +42,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/benchreport"
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -93,6 +94,9 @@ type Config struct {
 	// data plane with certificates of a CA made for the run, the raw
 	// baselines over tls.Conn with the same certificates.
 	Plaintext bool
+	// Progress, when not nil, reports every sizing run and every measured
+	// round as it ends (the command's progress lines on stderr).
+	Progress *benchreport.Progress
 }
 
 // DefaultRounds is the default number of measured rounds.
@@ -300,6 +304,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			s.runs = append(s.runs, m)
 			b.log.Info("scenario done", "scenario", s.name, "round", r+1, "records", m.records,
 				"seconds", m.elapsed.Seconds(), "per_second", int64(m.perSecond()))
+			b.cfg.Progress.Step(s.name, r+1, rounds, fmt.Sprintf("%s  (%d in %.2fs)",
+				benchreport.Rate(m.perSecond(), unitOf(s.name)), m.records, m.elapsed.Seconds()))
 		}
 	}
 	// rates[name][r] is the rate of round r.
@@ -330,6 +336,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.WordcountRatio = medianRatio(rates["wordcount"], rates["handwritten_wordcount"])
 	res.BatchingGain = medianRatio(rates["forward"], rates["unbatched"])
 
+	b.cfg.Progress.Note("generators alone, then done")
 	genTime := min(b.cfg.Duration/10, 500*time.Millisecond)
 	if res.BlobGeneratorRPS, err = generatorRate(ctx, blobGenerator(0), genTime); err != nil {
 		return nil, err
@@ -338,6 +345,14 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	return res, nil
+}
+
+// unitOf is what a scenario's rate counts.
+func unitOf(scenario string) string {
+	if strings.Contains(scenario, "wordcount") {
+		return "lines"
+	}
+	return "records"
 }
 
 // median is the median of xs (the mean of the middle two for an even
@@ -489,6 +504,8 @@ func (b *bench) size(ctx context.Context, name string, pilot int64, run func(con
 			return 0, err
 		}
 		b.log.Debug("sizing run", "scenario", name, "records", n, "elapsed", m.elapsed)
+		b.cfg.Progress.Step(name, 0, 0, fmt.Sprintf("sizing: %d in %.2fs, %s", n, m.elapsed.Seconds(),
+			benchreport.Rate(m.perSecond(), unitOf(name))))
 		if m.elapsed >= b.cfg.Duration*7/10 {
 			return n, nil
 		}
@@ -811,4 +828,61 @@ func (r *Result) WriteText(w io.Writer) error {
 		r.GOMAXPROCS, r.NumCPU, r.RawTCPRecordBytes, r.ForwardRecordBytes)
 	_, err := w.Write(sb)
 	return err
+}
+
+// Floors of the ratios (issue 3), drawn on the plot.
+const (
+	ForwardRatioFloor   = 0.25
+	WordcountRatioFloor = 0.50
+	BatchingGainFloor   = 10
+)
+
+// Charts draws the run for --plot: each scenario's rate per round (log
+// scale: the rates differ by orders of magnitude), then each ratio per
+// round with its floor.
+func (r *Result) Charts() []benchreport.Chart {
+	transport := "mutual TLS 1.3"
+	if !r.TLS {
+		transport = "plaintext"
+	}
+	rates := benchreport.Chart{
+		Title:  fmt.Sprintf("bench dataplane: rate per round (%s)", transport),
+		YLabel: "records (lines) per second",
+		LogY:   true,
+	}
+	byName := map[string][]float64{}
+	for _, s := range r.Scenarios {
+		rates.Series = append(rates.Series, benchreport.Series{Name: s.Name, Y: s.Rounds})
+		byName[s.Name] = s.Rounds
+	}
+	perRound := func(a, b string) []float64 {
+		x, y := byName[a], byName[b]
+		if len(x) == 0 || len(x) != len(y) {
+			return nil
+		}
+		out := make([]float64, len(x))
+		for i := range x {
+			out[i] = ratio(x[i], y[i])
+		}
+		return out
+	}
+	ratios := benchreport.Chart{
+		Title:  "ratios per round",
+		YLabel: "ratio",
+		Series: []benchreport.Series{
+			{Name: "forward / raw TCP", Y: perRound("forward", "raw_tcp")},
+			{Name: "word count / hand-written", Y: perRound("wordcount", "handwritten_wordcount")},
+		},
+		Lines: []benchreport.Line{
+			{Name: fmt.Sprintf("forward floor %.2f", ForwardRatioFloor), Y: ForwardRatioFloor},
+			{Name: fmt.Sprintf("word count floor %.2f", WordcountRatioFloor), Y: WordcountRatioFloor},
+		},
+	}
+	gain := benchreport.Chart{
+		Title:  "batching gain per round",
+		YLabel: "batched / unbatched",
+		Series: []benchreport.Series{{Name: "forward / unbatched", Y: perRound("forward", "unbatched")}},
+		Lines:  []benchreport.Line{{Name: fmt.Sprintf("floor %d", BatchingGainFloor), Y: BatchingGainFloor}},
+	}
+	return []benchreport.Chart{rates, ratios, gain}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/fedstream/fedstream/internal/benchreport"
 
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
@@ -113,9 +116,32 @@ func TestRunReportsEveryFigure(t *testing.T) {
 }
 
 func runReportsEveryFigure(t *testing.T, plaintext bool) {
-	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext})
+	var progress bytes.Buffer
+	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext,
+		Progress: benchreport.NewProgress(&progress, "bench dataplane")})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One progress line per scenario and round (one round with Records
+	// set), and a plot of every figure.
+	for _, name := range ScenarioNames {
+		if !strings.Contains(progress.String(), name) || !strings.Contains(progress.String(), "round 1/1") {
+			t.Errorf("progress lacks %s's round:\n%s", name, progress.String())
+		}
+	}
+	charts := res.Charts()
+	if len(charts) != 3 || len(charts[0].Series) != len(ScenarioNames) {
+		t.Errorf("%d charts, the first with %d series; want 3, %d", len(charts), len(charts[0].Series), len(ScenarioNames))
+	}
+	for _, c := range charts {
+		for _, s := range c.Series {
+			if len(s.Y) != 1 || s.Y[0] <= 0 {
+				t.Errorf("chart %q series %q: %v, want one positive figure per round", c.Title, s.Name, s.Y)
+			}
+		}
+	}
+	if err := benchreport.EncodePNG(io.Discard, charts...); err != nil {
+		t.Errorf("plot: %v", err)
 	}
 	if res.TLS == plaintext {
 		t.Errorf("result says tls=%v for a run with plaintext=%v", res.TLS, plaintext)
