@@ -15,11 +15,11 @@ import (
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
-// Over mutual TLS with the TLS transport options (no gRPC read buffer:
-// frames are read straight out of the decrypted records, and 16 KiB
+// Over mutual TLS with the TLS transport options (a 1 KiB gRPC read buffer:
+// most of each frame is read straight out of the decrypted records; 16 KiB
 // frames straddle 16 KiB records), every batch arrives byte for byte as
 // the buffer holds it.
-func TestSubscribeOverTLSWithoutReadBuffer(t *testing.T) {
+func TestSubscribeOverTLSWithSmallReadBuffer(t *testing.T) {
 	ca, err := tlsutil.NewCA("acme")
 	if err != nil {
 		t.Fatal(err)
