@@ -179,14 +179,15 @@ func (c Chart) plot() (*plot.Plot, error) {
 		p.Y.Min, p.Y.Max = min(p.Y.Min, l.Y), max(p.Y.Max, l.Y)
 	}
 	// Headroom above the data for the legend (top left): one line of
-	// legend takes about 1/16 of the panel's height.
+	// legend takes about 1/16 of the panel's height; the legend must
+	// clear the data with a margin.
 	entries := float64(len(c.Series) + len(c.Lines))
 	if logY {
 		p.Y.Min /= 1.5
-		p.Y.Max *= math.Pow(p.Y.Max/p.Y.Min, entries/14)
+		p.Y.Max *= math.Pow(p.Y.Max/p.Y.Min, entries/10)
 	} else {
 		p.Y.Min = 0
-		p.Y.Max *= 1 + entries/12
+		p.Y.Max *= 1 + entries/8
 	}
 	return p, nil
 }
