@@ -193,7 +193,8 @@ func (c Chart) plot() (*plot.Plot, error) {
 }
 
 // siLogTicks marks 1, 2 and 5 times each power of ten, labelled with SI
-// prefixes (500k, 1M, 2M).
+// prefixes (500k, 1M, 2M); over a range too narrow for three of those, it
+// marks the linear axis's ticks instead.
 type siLogTicks struct{}
 
 func (siLogTicks) Ticks(lo, hi float64) []plot.Tick {
@@ -205,6 +206,9 @@ func (siLogTicks) Ticks(lo, hi float64) []plot.Tick {
 				ts = append(ts, plot.Tick{Value: v, Label: si(v)})
 			}
 		}
+	}
+	if len(ts) < 3 {
+		return siTicks{}.Ticks(lo, hi)
 	}
 	return ts
 }

@@ -70,3 +70,16 @@ func TestSI(t *testing.T) {
 		}
 	}
 }
+
+// A log axis over less than a decade still gets several labelled ticks.
+func TestLogTicksNarrowRange(t *testing.T) {
+	labelled := 0
+	for _, tk := range (siLogTicks{}).Ticks(2.3e6, 3.9e6) {
+		if tk.Label != "" {
+			labelled++
+		}
+	}
+	if labelled < 3 {
+		t.Fatalf("%d labelled ticks between 2.3M and 3.9M, want at least 3", labelled)
+	}
+}
