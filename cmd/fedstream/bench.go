@@ -43,7 +43,8 @@ func newBenchDataplaneCmd() *cobra.Command {
 		Use:   "dataplane",
 		Short: "Data-plane throughput across two local worker processes vs raw TCP baselines",
 		Long: `Runs, between two child worker processes on 127.0.0.1:
-  raw_tcp                100-byte records over one raw TCP connection (256 KiB buffered writes)
+  raw_tcp                100-byte records made by the blob generator (as forward's) over one raw
+                         TCP connection (256 KiB buffered writes)
   forward                engine query blob source -> map -> sink, source on worker 1, map and
                          sink on worker 2; the blob records encode to 100 bytes, as raw_tcp's
   wordcount              engine query words source -> split -> keyed exchange -> count() per
