@@ -148,6 +148,7 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.TLS != nil {
 		// Subscriptions go to other workers of the org only.
 		dial = append(dial, cfg.TLS.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
+		dial = append(dial, dataplane.TLSDialOptions()...)
 	}
 	// Tasks present the join token to the other workers' data planes: over
 	// plaintext it is what makes them workers there (see dataPlaneAuth).
@@ -277,6 +278,7 @@ func (w *Worker) newServer() *grpc.Server {
 	if w.cfg.TLS != nil {
 		// Other workers subscribe; clients (tail, ingest) too.
 		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient}}, false))
+		opts = append(opts, dataplane.TLSServerOptions()...)
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))
 	srv := grpc.NewServer(opts...)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/internal/benchreport"
 	"github.com/fedstream/fedstream/worker/benchmark"
 )
 
@@ -35,12 +36,15 @@ func newBenchDataplaneCmd() *cobra.Command {
 		profiles string
 		rounds   int
 		plain    bool
+		plotFile string
+		quiet    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dataplane",
 		Short: "Data-plane throughput across two local worker processes vs raw TCP baselines",
 		Long: `Runs, between two child worker processes on 127.0.0.1:
-  raw_tcp                100-byte records over one raw TCP connection (256 KiB buffered writes)
+  raw_tcp                100-byte records made by the blob generator (as forward's) over one raw
+                         TCP connection (256 KiB buffered writes)
   forward                engine query blob source -> map -> sink, source on worker 1, map and
                          sink on worker 2; the blob records encode to 100 bytes, as raw_tcp's
   wordcount              engine query words source -> split -> keyed exchange -> count() per
@@ -53,8 +57,16 @@ as inside an org; --plaintext runs both without TLS. Each scenario is first size
 last about --duration, then all of them run --rounds times, interleaved: rates
 are each scenario's median round, ratios the median of the ratios measured
 round by round (this machine's speed drifts between minutes, not within a
-round). The whole run usually takes about 5 x (rounds + 2) x --duration.`,
-		Example: "  fedstream bench dataplane\n  fedstream bench dataplane --json --duration 2s",
+round). The whole run usually takes about 5 x (rounds + 2) x --duration.
+
+While it runs it prints one progress line per sizing run and per measured
+round on stderr (scenario, round, elapsed time, rate); --quiet turns that
+off. --plot FILE draws each scenario's rate per round and the ratios per
+round, with their floors, into a PNG.
+
+The JSON says how every scenario is timed (timing) and where the bench's
+engines are configured unlike a production worker (engine_settings).`,
+		Example: "  fedstream bench dataplane\n  fedstream bench dataplane --json --duration 2s --plot dataplane.png",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if rounds <= 0 {
@@ -67,6 +79,10 @@ round). The whole run usually takes about 5 x (rounds + 2) x --duration.`,
 			if err != nil {
 				return err
 			}
+			var progress *benchreport.Progress
+			if !quiet {
+				progress = benchreport.NewProgress(cmd.ErrOrStderr(), "bench dataplane")
+			}
 			res, err := benchmark.Run(cmd.Context(), benchmark.Config{
 				Duration:  duration,
 				Launch:    launch,
@@ -74,9 +90,16 @@ round). The whole run usually takes about 5 x (rounds + 2) x --duration.`,
 				Only:      only,
 				Rounds:    rounds,
 				Plaintext: plain,
+				Progress:  progress,
 			})
 			if err != nil {
 				return err
+			}
+			if plotFile != "" {
+				if err := benchreport.WritePNG(plotFile, res.Charts()...); err != nil {
+					return err
+				}
+				progress.Note("plot written to %s", plotFile)
 			}
 			if asJSON {
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
@@ -91,6 +114,8 @@ round). The whole run usually takes about 5 x (rounds + 2) x --duration.`,
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these scenarios ("+strings.Join(benchmark.ScenarioNames, ", ")+")")
 	cmd.Flags().BoolVar(&plain, "plaintext", false, "run the data plane and the raw TCP baselines without TLS (default: mutual TLS 1.3 for both)")
 	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-worker-N.cpu")
+	cmd.Flags().StringVar(&plotFile, "plot", "", "write a PNG plot of each scenario's rate and the ratios per round to this file")
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")
 	return cmd
 }
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/fedstream/fedstream/internal/benchreport"
 
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
@@ -113,9 +116,32 @@ func TestRunReportsEveryFigure(t *testing.T) {
 }
 
 func runReportsEveryFigure(t *testing.T, plaintext bool) {
-	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext})
+	var progress bytes.Buffer
+	res, err := Run(t.Context(), Config{Records: 2000, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext,
+		Progress: benchreport.NewProgress(&progress, "bench dataplane")})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One progress line per scenario and round (one round with Records
+	// set), and a plot of every figure.
+	for _, name := range ScenarioNames {
+		if !strings.Contains(progress.String(), name) || !strings.Contains(progress.String(), "round 1/1") {
+			t.Errorf("progress lacks %s's round:\n%s", name, progress.String())
+		}
+	}
+	charts := res.Charts()
+	if len(charts) != 3 || len(charts[0].Series) != len(ScenarioNames) {
+		t.Errorf("%d charts, the first with %d series; want 3, %d", len(charts), len(charts[0].Series), len(ScenarioNames))
+	}
+	for _, c := range charts {
+		for _, s := range c.Series {
+			if len(s.Y) != 1 || s.Y[0] <= 0 {
+				t.Errorf("chart %q series %q: %v, want one positive figure per round", c.Title, s.Name, s.Y)
+			}
+		}
+	}
+	if err := benchreport.EncodePNG(io.Discard, charts...); err != nil {
+		t.Errorf("plot: %v", err)
 	}
 	if res.TLS == plaintext {
 		t.Errorf("result says tls=%v for a run with plaintext=%v", res.TLS, plaintext)
@@ -133,6 +159,14 @@ func runReportsEveryFigure(t *testing.T, plaintext bool) {
 		v, ok := fields[k].(float64)
 		if !ok || v <= 0 {
 			t.Errorf("%s = %v, want a positive number", k, fields[k])
+		}
+	}
+	if res.Timing == "" || len(res.EngineSettings) == 0 {
+		t.Errorf("timing %q and %d engine settings: the result must say how it was timed and configured", res.Timing, len(res.EngineSettings))
+	}
+	for _, s := range res.EngineSettings {
+		if s.Setting == "" || s.Bench == "" || s.Production == "" || s.Why == "" || s.Bench == s.Production {
+			t.Errorf("engine setting %+v: want what differs, both values and why", s)
 		}
 	}
 	if len(res.Scenarios) != 5 {
@@ -206,33 +240,50 @@ func TestReceiveRecordsRejectsTornRecord(t *testing.T) {
 }
 
 // BenchmarkForwardInProcess runs the forward pipeline with both workers in
-// this process (for CPU profiles of the engine path):
+// this process, over mutual TLS as by default (for CPU profiles of the
+// engine path, and the process's CPU time per record of both sides):
 //
 //	go test -run '^$' -bench ForwardInProcess -cpuprofile cpu.out ./worker/benchmark/
 func BenchmarkForwardInProcess(b *testing.B) {
-	benchInProcess(b, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
+	benchInProcess(b, false, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
+}
+
+// BenchmarkForwardInProcessPlaintext is the same without TLS.
+func BenchmarkForwardInProcessPlaintext(b *testing.B) {
+	benchInProcess(b, true, func(s *bench, ctx context.Context, n int64) (measurement, error) { return s.forward(ctx, n, false) })
 }
 
 // BenchmarkWordCountInProcess is the engine word count, in process.
 func BenchmarkWordCountInProcess(b *testing.B) {
-	benchInProcess(b, (*bench).engineWordCount)
+	benchInProcess(b, false, (*bench).engineWordCount)
 }
 
-func benchInProcess(b *testing.B, run func(*bench, context.Context, int64) (measurement, error)) {
-	s, err := start(b.Context(), Config{Records: 1, Launch: InProcessLauncher(testLogger()), Logger: testLogger()})
+// benchInProcess reports the rate and the CPU time the process spent per
+// record (both workers together): on a loaded machine the CPU time moves
+// less than the rate, and its minimum over runs compares builds.
+func benchInProcess(b *testing.B, plaintext bool, run func(*bench, context.Context, int64) (measurement, error)) {
+	s, err := start(b.Context(), Config{Records: 1, Launch: InProcessLauncher(testLogger()), Logger: testLogger(), Plaintext: plaintext})
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer s.stop()
 	const n = 200_000
+	var (
+		records int64
+		elapsed time.Duration
+		cpu     = processCPUNanos()
+	)
 	b.ResetTimer()
 	for b.Loop() {
 		m, err := run(s, b.Context(), n)
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.ReportMetric(m.perSecond(), "records/s")
+		records += m.records
+		elapsed += m.elapsed
 	}
+	b.ReportMetric(float64(records)/elapsed.Seconds(), "records/s")
+	b.ReportMetric(float64(processCPUNanos()-cpu)/float64(records), "cpu-ns/record")
 }
 
 // TestNextWordMatchesFields: the hand-written tokeniser splits like

@@ -44,9 +44,12 @@ const (
 	// returns the count and the wall time of EOF.
 	opTCPListen = "tcp_listen"
 	opTCPWait   = "tcp_wait"
-	// opTCPSend connects to Addr and writes Records records of RecordBytes
-	// bytes through a 256 KiB buffered writer; it returns when all are
-	// written, with StartNanos taken after the connection was made.
+	// opTCPSend generates Records records with the forward pipeline's blob
+	// generator, connects to Addr and writes each as a raw record of
+	// RecordBytes bytes through a 256 KiB buffered writer; it returns when
+	// all are written, with StartNanos taken when the request arrived
+	// (before connecting, as engine runs are timed from before their tasks
+	// start).
 	opTCPSend = "tcp_send"
 	// opWCListen accepts Partitions connections of the hand-written word
 	// count and counts the words they carry; opWCWait returns the counts

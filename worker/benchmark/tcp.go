@@ -64,11 +64,45 @@ func closeWrite(conn net.Conn) error {
 	return errors.Join(err, conn.Close())
 }
 
-// sendRecords writes n records of size bytes to addr through a buffered
-// writer.
+// Layout of a raw record: the marker, the blob generator's sequence
+// number and stime (8 bytes each, little endian), then as much of its
+// payload as fits (81 bytes, the blob default, in a 100-byte record; the
+// last 2 bytes stay zero). Records shorter than a field carry only the
+// fields that fit.
+const (
+	rawSeqAt     = 1
+	rawSTimeAt   = 9
+	rawPayloadAt = 17
+)
+
+// encodeRawRecord writes tp (a blob record) into rec.
+func encodeRawRecord(rec []byte, tp *tuple.Tuple) {
+	rec[0] = recordMarker
+	if len(rec) >= rawSTimeAt {
+		binary.LittleEndian.PutUint64(rec[rawSeqAt:], uint64(tp.Values[0].I))
+	}
+	if len(rec) >= rawPayloadAt {
+		binary.LittleEndian.PutUint64(rec[rawSTimeAt:], uint64(tp.STime))
+	}
+	if len(rec) > rawPayloadAt {
+		copy(rec[rawPayloadAt:], tp.Values[1].S)
+	}
+}
+
+// sendRecords generates n records with the forward pipeline's blob
+// generator and writes each, as a size-byte raw record, to addr through a
+// buffered writer: like the engine's source, it produces every record it
+// sends. StartNanos is taken when the request arrives, before the
+// connection is made, as the engine's runs are timed from before their
+// tasks start and connect.
 func sendRecords(ctx context.Context, addr string, n int64, size int, cfg *tls.Config) (response, error) {
+	start := time.Now()
 	if size < 1 || n < 0 {
 		return response{}, fmt.Errorf("tcp send: record size %d and count %d must be positive", size, n)
+	}
+	gen, err := source.NewGenerator(blobGenerator(n), 0)
+	if err != nil {
+		return response{}, fmt.Errorf("tcp send: %w", err)
 	}
 	conn, stop, err := dial(ctx, addr, cfg)
 	if err != nil {
@@ -76,17 +110,18 @@ func sendRecords(ctx context.Context, addr string, n int64, size int, cfg *tls.C
 	}
 	defer stop()
 	record := make([]byte, size)
-	for i := range record {
-		record[i] = byte('a' + i%26)
-	}
-	record[0] = recordMarker
 	bw := bufio.NewWriterSize(conn, tcpBufferBytes)
-	start := time.Now()
-	for range n {
+	var (
+		tp   tuple.Tuple
+		sent int64
+	)
+	for gen.Next(&tp) {
+		encodeRawRecord(record, &tp)
 		if _, err := bw.Write(record); err != nil {
 			_ = conn.Close()
 			return response{}, fmt.Errorf("tcp send: %w", err)
 		}
+		sent++
 	}
 	if err := bw.Flush(); err != nil {
 		_ = conn.Close()
@@ -95,11 +130,14 @@ func sendRecords(ctx context.Context, addr string, n int64, size int, cfg *tls.C
 	if err := closeWrite(conn); err != nil {
 		return response{}, fmt.Errorf("tcp send: %w", err)
 	}
-	return response{StartNanos: start.UnixNano(), Records: n, Bytes: n * int64(size)}, nil
+	return response{StartNanos: start.UnixNano(), Records: sent, Bytes: sent * int64(size)}, nil
 }
 
-// receiveRecords accepts one connection and counts the size-byte records
-// it carries until EOF; want (when > 0) is the count the sender announced.
+// receiveRecords accepts one connection and reads the size-byte records it
+// carries until EOF, checking each one's marker and (when the record has
+// room for it) that its sequence number follows the previous one's, as the
+// engine's reader checks ids; want (when > 0) is the count the sender
+// announced.
 func receiveRecords(ctx context.Context, lis net.Listener, size int, want int64) (response, error) {
 	if size < 1 {
 		return response{}, fmt.Errorf("tcp receive: record size %d must be positive", size)
@@ -111,6 +149,7 @@ func receiveRecords(ctx context.Context, lis net.Listener, size int, want int64)
 	defer conn.Close()
 	defer context.AfterFunc(ctx, func() { _ = conn.Close() })()
 	buf := make([]byte, tcpBufferBytes-tcpBufferBytes%size)
+	checkSeq := size >= rawSTimeAt
 	var resp response
 	for {
 		n, err := io.ReadFull(conn, buf)
@@ -120,6 +159,12 @@ func receiveRecords(ctx context.Context, lis net.Listener, size int, want int64)
 		for off := 0; off < n; off += size {
 			if buf[off] != recordMarker {
 				return response{}, fmt.Errorf("%w: record %d lacks its marker", ErrBadStream, resp.Records)
+			}
+			// The blob generator numbers its records from 0.
+			if checkSeq {
+				if seq := binary.LittleEndian.Uint64(buf[off+rawSeqAt:]); seq != uint64(resp.Records) {
+					return response{}, fmt.Errorf("%w: record %d carries sequence number %d", ErrBadStream, resp.Records, seq)
+				}
 			}
 			resp.Records++
 		}
@@ -160,6 +205,8 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 	if partitions < 1 || records < 0 {
 		return response{}, fmt.Errorf("wc send: partitions %d and records %d must be positive", partitions, records)
 	}
+	// Timed from the request, before connecting (see sendRecords).
+	start := time.Now()
 	gen, err := source.NewGenerator(wordsGenerator(records, seed), 0)
 	if err != nil {
 		return response{}, fmt.Errorf("wc send: %w", err)
@@ -186,7 +233,6 @@ func sendWordCount(ctx context.Context, addr string, records, seed int64, partit
 		frame  = make([]byte, 0, binary.MaxVarintLen64)
 		resp   response
 	)
-	start := time.Now()
 	for gen.Next(&tp) {
 		line := tp.Values[0].S
 		// The split operator's tokeniser: the same rules, no allocation.

@@ -28,10 +28,13 @@ import (
 // finalBoundary is the stime of the BOUNDARY that ends a finite stream.
 const finalBoundary = math.MaxInt64
 
-// Bounds of the sink's result ring in a bench worker.
+// Bounds of the sink's result ring in a bench worker, and the backoff of
+// its subscription retries (see engineSettings for production's).
 const (
 	sinkRingTuples = 1 << 20
 	sinkRingBytes  = 128 << 20
+	benchRetryMin  = time.Millisecond
+	benchRetryMax  = 10 * time.Millisecond
 )
 
 // ServeWorker runs a bench worker: a task runtime behind a DataPlane gRPC
@@ -137,6 +140,7 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	sopts := dataplane.ServerOptions()
 	if creds != nil {
 		sopts = append(sopts, creds.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}, false))
+		sopts = append(sopts, dataplane.TLSServerOptions()...)
 	}
 	e := &engine{
 		srv:   grpc.NewServer(sopts...),
@@ -151,7 +155,7 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	// between tasks keep the default tuple bound, which binds before the
 	// larger byte bound for records this small.
 	opts := runtime.Options{
-		Logger: logger, Pool: pool, RetryMin: time.Millisecond, RetryMax: 10 * time.Millisecond,
+		Logger: logger, Pool: pool, RetryMin: benchRetryMin, RetryMax: benchRetryMax,
 		SinkBufferTuples: sinkRingTuples,
 		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
 	}
@@ -220,6 +224,7 @@ func (w *benchWorker) hello(m *tlsMaterial) error {
 		}
 		peer := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
 		dial = append(dial, creds.DialOption(peer))
+		dial = append(dial, dataplane.TLSDialOptions()...)
 		w.tlsServer, w.tlsClient = creds.ServerConfig(peer, false), creds.ClientConfig(peer)
 	}
 	w.pool = dataplane.NewPool(dial...)
