@@ -75,7 +75,7 @@ type stageRep struct {
 	links  []*link
 	ckpt   []byte
 	dead   bool
-	inbox  []Event
+	inbox  []message
 	view   View
 	states []State // state after each tick
 	// progressAt[i]: first clock at which the output covered the
@@ -92,6 +92,13 @@ func (r *stageRep) name() string     { return fmt.Sprintf("%s/r%d", r.stage.name
 func (r *stageRep) entries() []entry { return r.log }
 func (r *stageRep) status() (State, int64) {
 	return r.m.State(), r.out.TentWatermark()
+}
+
+// message is a peer message, delivered one tick after it was sent (so
+// that two replicas can ask at the same time).
+type message struct {
+	at int64
+	ev Event
 }
 
 // stage is one fragment with one partition and k replicas reading the
@@ -294,7 +301,7 @@ func (r *stageRep) apply(acts []Action) {
 func (r *stageRep) send(to int, ev Event) {
 	peer := r.stage.reps[to]
 	if !peer.dead && !r.h.cut[peer.name()+"<"+r.name()] {
-		peer.inbox = append(peer.inbox, ev)
+		peer.inbox = append(peer.inbox, message{at: r.h.now + ms, ev: ev})
 	}
 }
 
@@ -333,9 +340,9 @@ func (h *harness) tick() {
 			if r.m.now == 0 && len(r.actionsTrace) == 0 {
 				r.apply(r.m.Start(h.now))
 			}
-			inbox := r.inbox
-			r.inbox = nil
-			for _, ev := range inbox {
+			for len(r.inbox) > 0 && r.inbox[0].at <= h.now {
+				ev := r.inbox[0].ev
+				r.inbox = r.inbox[1:]
 				r.apply(r.m.Step(h.now, ev))
 			}
 			for i := range st.inputs {
