@@ -284,6 +284,7 @@ type Machine struct {
 	availMax  int64
 
 	replaying  bool
+	replayed   bool // a replay chunk went out during this Step
 	replayTo   int64 // stable step the replay ends with
 	asking     bool
 	askedAt    int64
@@ -371,6 +372,7 @@ func (m *Machine) NextDeadline() int64 {
 // call's) and returns the actions to carry out, in order.
 func (m *Machine) Step(now int64, ev Event) []Action {
 	m.now = max(m.now, now)
+	m.replayed = false
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
@@ -819,6 +821,10 @@ func (m *Machine) startReplay(acts []Action) []Action {
 // replay releases up to ReplayChunk stable steps of the replay; at its
 // end, REC_DONE and back to normal processing.
 func (m *Machine) replay(acts []Action) []Action {
+	if m.replayed {
+		return acts // one chunk per event
+	}
+	m.replayed = true
 	steps := m.stepsIn(m.released, m.replayTo)
 	if n := m.cfg.ReplayChunk; n > 0 && len(steps) > n {
 		steps = steps[:n]
