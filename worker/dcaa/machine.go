@@ -284,7 +284,7 @@ type Machine struct {
 	availMax  int64
 
 	replaying  bool
-	replayed   bool // a replay chunk went out during this Step
+	replayed   bool  // a replay chunk went out during this Step
 	replayTo   int64 // stable step the replay ends with
 	asking     bool
 	askedAt    int64
