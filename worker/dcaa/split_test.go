@@ -124,3 +124,14 @@ sinks:
 		}
 	}
 }
+
+func TestStateProtoRoundTrip(t *testing.T) {
+	for _, s := range []State{Unknown, Stable, UpFailure, Stabilization} {
+		if got := StateFromProto(s.Proto()); got != s {
+			t.Fatalf("%v -> %v -> %v", s, s.Proto(), got)
+		}
+		if int32(s.Proto()) != int32(s) {
+			t.Fatalf("%v is %d in the proto, %d here", s, s.Proto(), s)
+		}
+	}
+}
