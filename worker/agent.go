@@ -58,6 +58,13 @@ type Config struct {
 	TLS *tlsutil.Credentials
 	// InsecurePlaintext runs without TLS (tests of that mode, debugging).
 	InsecurePlaintext bool
+	// Faults, when set, injects network faults into the data plane (its
+	// dials and its listener go through it); FaultsFile makes the worker
+	// create one and apply the fault specification in that file
+	// (dataplane.ParseFaults) whenever the file changes: failures by
+	// hand. Neither set: no hook at all.
+	Faults     *dataplane.Faults
+	FaultsFile string
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -134,6 +141,12 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.JoinToken != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
+	if cfg.FaultsFile != "" && cfg.Faults == nil {
+		w.cfg.Faults = dataplane.NewFaults()
+	}
+	if w.cfg.Faults != nil {
+		dial = append(dial, w.cfg.Faults.DialOption())
+	}
 	w.pool = dataplane.NewPool(dial...)
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
@@ -148,6 +161,9 @@ func (w *Worker) Listen() error {
 	lis, err := net.Listen("tcp", w.cfg.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("worker listen on %s: %w", w.cfg.GRPCAddr, err)
+	}
+	if w.cfg.Faults != nil {
+		lis = w.cfg.Faults.Listener(lis)
 	}
 	w.lis = lis
 	return nil
@@ -219,6 +235,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	loops := []func(context.Context){w.heartbeatLoop, w.watchLoop, w.reportLoop}
 	if w.cfg.TLS != nil {
 		loops = append(loops, w.renewLoop)
+	}
+	if w.cfg.FaultsFile != "" {
+		w.logger.Warn("FAULT INJECTION: the data plane obeys the fault file", "file", w.cfg.FaultsFile)
+		loops = append(loops, func(ctx context.Context) {
+			w.cfg.Faults.Watch(ctx, w.cfg.FaultsFile, 250*time.Millisecond, func(err error) {
+				w.logger.Error("fault file", "file", w.cfg.FaultsFile, "err", err)
+			})
+		})
 	}
 	var lw sync.WaitGroup
 	for _, l := range loops {
