@@ -355,15 +355,15 @@ func (m *Machine) NextDeadline() int64 {
 		}
 	}
 	for _, in := range m.inputs {
-		next = min(next, in.heard+int64(m.cfg.Detect))
+		next = min(next, in.heard+int64(m.cfg.Detect)+1) // silent past Detect
 	}
 	if m.asking {
-		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout))
+		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
 	} else if m.retryAt > m.now {
 		next = min(next, m.retryAt)
 	}
 	if m.grantedTo >= 0 {
-		next = min(next, m.grantedAt+int64(m.cfg.GrantLease))
+		next = min(next, m.grantedAt+int64(m.cfg.GrantLease)+1)
 	}
 	return next
 }
