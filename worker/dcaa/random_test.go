@@ -57,7 +57,7 @@ func TestRandomFailures(t *testing.T) {
 					}
 				}
 			}
-			sc := scenario{parts: 2, k: 2, endMs: 1400, runMs: 2200, build: oneStage(xBound, detect, 1 + rng.IntN(3)), script: script}
+			sc := scenario{parts: 2, k: 2, endMs: 1400, runMs: 2200, build: oneStage(xBound, detect, 1+rng.IntN(3)), script: script}
 			ref, got, _ := sc.run(t)
 			t.Logf("failures: %v; tentative tuples per replica: %d, %d", events, got.reps[0].view.Tentative, got.reps[1].view.Tentative)
 			checkStable(t, ref, got)
