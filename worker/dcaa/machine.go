@@ -266,6 +266,31 @@ type inputState struct {
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
 
+// addStable keeps stable in (stime, arrival) order: a tuple out of stime
+// order (an input with allowed lateness) goes after the last one with
+// the same or a lower stime, so releases find their range by binary
+// search instead of scanning everything kept since the checkpoint.
+func (in *inputState) addStable(t tuple.Tuple) {
+	n := len(in.stable)
+	if n == 0 || in.stable[n-1].STime <= t.STime {
+		in.stable = append(in.stable, t)
+		return
+	}
+	i := in.from(t.STime + 1)
+	in.stable = slices.Insert(in.stable, i, t)
+}
+
+// from is the index of the first stable tuple with stime >= st.
+func (in *inputState) from(st int64) int {
+	i, _ := slices.BinarySearchFunc(in.stable, st, func(t tuple.Tuple, st int64) int {
+		if t.STime < st {
+			return -1
+		}
+		return 1
+	})
+	return i
+}
+
 // availEntry: the furthest any input covered first reached At at clock
 // Since. A bucket below At has been available since then.
 type availEntry struct{ At, Since int64 }
@@ -418,7 +443,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 				in.late++
 				continue
 			}
-			in.stable = append(in.stable, t)
+			in.addStable(t)
 		case tuple.Boundary:
 			if t.ID != 0 && t.ID <= in.lastStable {
 				continue
@@ -666,10 +691,8 @@ func (m *Machine) stepsIn(from, to int64) []int64 {
 func (m *Machine) collect(from, to int64, tentative bool) Step {
 	st := Step{Advance: to}
 	for i, in := range m.inputs {
-		for _, t := range in.stable {
-			if t.STime >= from && t.STime < to {
-				st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
-			}
+		for _, t := range in.stable[in.from(from):in.from(to)] {
+			st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
 		}
 		if !tentative {
 			continue
@@ -701,14 +724,10 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 // dropBelow forgets stable data and steps below w (no replay needs them).
 func (m *Machine) dropBelow(w int64) {
 	for _, in := range m.inputs {
-		keep := in.stable[:0]
-		for _, t := range in.stable {
-			if t.STime >= w {
-				keep = append(keep, t)
-			}
-		}
-		clear(in.stable[len(keep):])
-		in.stable = keep
+		k := in.from(w)
+		rest := copy(in.stable, in.stable[k:])
+		clear(in.stable[rest:]) // drop references to released values
+		in.stable = in.stable[:rest]
 		n := 0
 		for n < len(in.steps) && in.steps[n] <= w {
 			n++
