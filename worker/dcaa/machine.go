@@ -17,6 +17,7 @@ package dcaa
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -90,18 +91,30 @@ type Config struct {
 	ReplayChunk int
 }
 
+// ErrConfig is wrapped by New's errors: the configuration is unusable.
+var ErrConfig = errors.New("dcaa: bad configuration")
+
 func (c *Config) validate() error {
+	if err := c.check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+func (c *Config) check() error {
 	switch {
 	case c.Replicas < 1 || c.ID < 0 || c.ID >= c.Replicas:
-		return fmt.Errorf("dcaa: replica %d of %d", c.ID, c.Replicas)
+		return fmt.Errorf("replica %d of %d", c.ID, c.Replicas)
 	case c.Detect <= 0:
-		return fmt.Errorf("dcaa: detection timeout %v must be positive", c.Detect)
+		return fmt.Errorf("detection timeout %v must be positive", c.Detect)
 	case c.Share < 0:
-		return fmt.Errorf("dcaa: share of X %v is negative", c.Share)
+		return fmt.Errorf("share of X %v is negative", c.Share)
+	case len(c.Inputs) == 0:
+		return fmt.Errorf("no inputs (a source task runs no merge)")
 	}
 	for i, k := range c.Inputs {
 		if k < 1 {
-			return fmt.Errorf("dcaa: input %d has %d upstream replicas", i, k)
+			return fmt.Errorf("input %d has %d upstream replicas", i, k)
 		}
 	}
 	if c.PermissionTimeout <= 0 {

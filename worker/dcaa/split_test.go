@@ -135,3 +135,24 @@ func TestStateProtoRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestNewRefusesBadConfig(t *testing.T) {
+	ok := Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: time.Second, Detect: time.Second}
+	if _, err := New(ok); err != nil {
+		t.Fatal(err)
+	}
+	for name, mod := range map[string]func(c *Config){
+		"id out of range":        func(c *Config) { c.ID = 2 },
+		"no replicas":            func(c *Config) { c.Replicas = 0 },
+		"no detection":           func(c *Config) { c.Detect = 0 },
+		"negative share":         func(c *Config) { c.Share = -1 },
+		"no inputs":              func(c *Config) { c.Inputs = nil },
+		"input without replicas": func(c *Config) { c.Inputs = []int{0} },
+	} {
+		c := ok
+		mod(&c)
+		if _, err := New(c); !errors.Is(err, ErrConfig) {
+			t.Fatalf("%s: err %v, want ErrConfig", name, err)
+		}
+	}
+}
