@@ -142,3 +142,15 @@ func PlanShares(p *queryspec.Plan) (map[string]time.Duration, error) {
 	}
 	return SplitDelay(x, nodes)
 }
+
+// MinDetect is the shortest detection timeout DetectTimeout gives: below
+// it a loaded machine's scheduling hiccups would read as failures.
+const MinDetect = 100 * time.Millisecond
+
+// DetectTimeout is the silence after which an input counts as failed,
+// from the boundary interval (boundaries are the heartbeats): four
+// intervals, so that a batch or two arriving late (a pause for garbage
+// collection, a busy CPU) is not a failure, and at least MinDetect.
+func DetectTimeout(boundaryInterval time.Duration) time.Duration {
+	return max(4*boundaryInterval, MinDetect)
+}

@@ -156,3 +156,16 @@ func TestNewRefusesBadConfig(t *testing.T) {
 		}
 	}
 }
+
+func TestDetectTimeout(t *testing.T) {
+	for _, tc := range []struct{ interval, want time.Duration }{
+		{50 * time.Millisecond, 200 * time.Millisecond},
+		{time.Second, 4 * time.Second},
+		{time.Millisecond, MinDetect},
+		{0, MinDetect},
+	} {
+		if got := DetectTimeout(tc.interval); got != tc.want {
+			t.Fatalf("DetectTimeout(%v) = %v, want %v", tc.interval, got, tc.want)
+		}
+	}
+}
