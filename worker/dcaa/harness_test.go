@@ -472,3 +472,15 @@ func addedLatency(st, ref *stage) int64 {
 	}
 	return worst
 }
+
+// replicaLatency is addedLatency for one replica of st on its own.
+func replicaLatency(r *stageRep, ref *stage) int64 {
+	worst := int64(0)
+	for i, refAt := range ref.reps[0].progressAt {
+		if i >= len(r.progressAt) {
+			return math.MaxInt64
+		}
+		worst = max(worst, r.progressAt[i]-refAt)
+	}
+	return worst
+}

@@ -125,6 +125,13 @@ func TestP1OneReplicaFails(t *testing.T) {
 			if lat := addedLatency(got, ref); lat > int64(xBound) {
 				t.Fatalf("added latency %v, bound X = %v", time.Duration(lat), xBound)
 			}
+			// Each live replica on its own keeps the bound too: the
+			// switch takes at most the detection timeout.
+			for _, r := range got.reps {
+				if lat := replicaLatency(r, ref); !r.dead && lat > int64(detect)+slack {
+					t.Fatalf("%s delayed %v, detection takes %v", r.name(), time.Duration(lat), detect)
+				}
+			}
 			if tc.name != "downstream replica killed" && got.reps[0].m.Subscribed(0) != 1 {
 				t.Fatalf("replica 0 still reads upstream replica %d of input 0", got.reps[0].m.Subscribed(0))
 			}
