@@ -90,6 +90,8 @@ type Worker struct {
 	// MaxFuture bounds how far ahead of an ingest source's time a record's
 	// time may be (see runtime.Options.MaxFuture).
 	MaxFuture string `mapstructure:"max-future"`
+	// FaultsFile: data-plane fault injection by hand (testing only).
+	FaultsFile string `mapstructure:"faults-file"`
 	// TLS: a worker needs only the org's CA (tls-ca, or ca.pem in
 	// tls-dir); the coordinators sign its certificate when it registers.
 	TLS TLS `mapstructure:",squash"`
@@ -168,6 +170,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
 	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
+	fs.String("faults-file", "", "TESTING ONLY: cut or hold data-plane links as this file says, re-read while it changes (lines: `cut ADDR [hold|reset]`, `cut-incoming [hold|reset]`; empty: no fault)")
 	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
 	fs.String("tls-ca", "", "org CA certificate (default: ca.pem in --tls-dir)")
 	fs.Bool("insecure-plaintext", false, "run WITHOUT TLS: unencrypted, unauthenticated connections (debugging only)")

@@ -66,6 +66,13 @@ type Config struct {
 	// HTTPAddr, when set, is where the worker serves /metrics, /healthz
 	// and /readyz (host:port; port 0 picks one).
 	HTTPAddr string
+	// Faults, when set, injects network faults into the data plane (its
+	// dials and its listener go through it); FaultsFile makes the worker
+	// create one and apply the fault specification in that file
+	// (dataplane.ParseFaults) whenever the file changes: failures by
+	// hand. Neither set: no hook at all.
+	Faults     *dataplane.Faults
+	FaultsFile string
 }
 
 // ErrNoCoordinators is returned when the worker is given no coordinator address.
@@ -155,8 +162,22 @@ func New(cfg Config) (*Worker, error) {
 	if cfg.JoinToken != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(rpc.BearerToken(cfg.JoinToken)))
 	}
-	// The data plane's client connections count their bytes.
-	dial = append(dial, grpc.WithContextDialer(w.bytes.dial))
+	if cfg.FaultsFile != "" && cfg.Faults == nil {
+		w.cfg.Faults = dataplane.NewFaults()
+	}
+	// The data plane's client connections count their bytes (after any
+	// injected fault, so a cut link counts nothing).
+	dialer := w.bytes.dial
+	if faults := w.cfg.Faults; faults != nil {
+		dialer = func(ctx context.Context, addr string) (net.Conn, error) {
+			conn, err := faults.Dial(ctx, addr)
+			if err != nil {
+				return nil, err
+			}
+			return countingConn{conn, &w.bytes}, nil
+		}
+	}
+	dial = append(dial, grpc.WithContextDialer(dialer))
 	w.pool = dataplane.NewPool(dial...)
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
@@ -184,6 +205,9 @@ func (w *Worker) Listen() error {
 			return err
 		}
 		w.logger.Info("worker HTTP (metrics, health) listening", "http", w.ops.Addr())
+	}
+	if w.cfg.Faults != nil {
+		lis = w.cfg.Faults.Listener(lis)
 	}
 	w.lis = countingListener{lis, &w.bytes}
 	return nil
@@ -260,6 +284,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	loops := []func(context.Context){w.heartbeatLoop, w.watchLoop, w.reportLoop}
 	if w.cfg.TLS != nil {
 		loops = append(loops, w.renewLoop)
+	}
+	if w.cfg.FaultsFile != "" {
+		w.logger.Warn("FAULT INJECTION: the data plane obeys the fault file", "file", w.cfg.FaultsFile)
+		loops = append(loops, func(ctx context.Context) {
+			w.cfg.Faults.Watch(ctx, w.cfg.FaultsFile, 250*time.Millisecond, func(err error) {
+				w.logger.Error("fault file", "file", w.cfg.FaultsFile, "err", err)
+			})
+		})
 	}
 	var lw sync.WaitGroup
 	for _, l := range loops {

@@ -25,6 +25,65 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// A task replica's state in DCAA, per output stream (every output stream
+// of a task has its state). Values match worker/dcaa.State.
+type ReplicaState int32
+
+const (
+	ReplicaState_REPLICA_STATE_UNSPECIFIED ReplicaState = 0
+	// Every input is live and stable; output is stable.
+	ReplicaState_REPLICA_STABLE ReplicaState = 1
+	// An input failed (silent, its upstream in UP_FAILURE, or tentative), or
+	// the output is tentative.
+	ReplicaState_REPLICA_UP_FAILURE ReplicaState = 2
+	// Restored its checkpoint and replays stable input: the output is UNDO,
+	// then corrections, then REC_DONE.
+	ReplicaState_REPLICA_STABILIZATION ReplicaState = 3
+)
+
+// Enum value maps for ReplicaState.
+var (
+	ReplicaState_name = map[int32]string{
+		0: "REPLICA_STATE_UNSPECIFIED",
+		1: "REPLICA_STABLE",
+		2: "REPLICA_UP_FAILURE",
+		3: "REPLICA_STABILIZATION",
+	}
+	ReplicaState_value = map[string]int32{
+		"REPLICA_STATE_UNSPECIFIED": 0,
+		"REPLICA_STABLE":            1,
+		"REPLICA_UP_FAILURE":        2,
+		"REPLICA_STABILIZATION":     3,
+	}
+)
+
+func (x ReplicaState) Enum() *ReplicaState {
+	p := new(ReplicaState)
+	*p = x
+	return p
+}
+
+func (x ReplicaState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaState) Descriptor() protoreflect.EnumDescriptor {
+	return file_fedstream_proto_enumTypes[0].Descriptor()
+}
+
+func (ReplicaState) Type() protoreflect.EnumType {
+	return &file_fedstream_proto_enumTypes[0]
+}
+
+func (x ReplicaState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaState.Descriptor instead.
+func (ReplicaState) EnumDescriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{0}
+}
+
 type RegisterRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Address on which the worker serves its DataPlane.
@@ -869,7 +928,14 @@ type TaskState struct {
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// ---- plans and slot ownership (issue 9)
 	// The generation of the copy the state belongs to (0: not said).
-	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	// ---- DCAA (issue 10)
+	// The task replica's DCAA state (UNSPECIFIED: the task does not run
+	// DCAA, or an older worker).
+	ReplicaState ReplicaState `protobuf:"varint,180,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
+	// The task's output is tentative now: released from incomplete input
+	// and not yet corrected.
+	Tentative     bool `protobuf:"varint,181,opt,name=tentative,proto3" json:"tentative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -930,6 +996,20 @@ func (x *TaskState) GetGeneration() int32 {
 		return x.Generation
 	}
 	return 0
+}
+
+func (x *TaskState) GetReplicaState() ReplicaState {
+	if x != nil {
+		return x.ReplicaState
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *TaskState) GetTentative() bool {
+	if x != nil {
+		return x.Tentative
+	}
+	return false
 }
 
 type ReportTasksRequest struct {
@@ -2421,12 +2501,19 @@ func (x *StreamRef) GetGeneration() int32 {
 
 // A batch of encoded tuples (see worker/tuple for the encoding).
 type Batch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
-	Count         uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
-	LastId        uint64                 `protobuf:"varint,3,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Data   []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Count  uint32                 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	LastId uint64                 `protobuf:"varint,3,opt,name=last_id,json=lastId,proto3" json:"last_id,omitempty"`
+	// ---- DCAA (issue 10): the producer's stream state, in band, as of the
+	// end of this batch. Absent (UNSPECIFIED, 0) on streams without DCAA.
+	ReplicaState ReplicaState `protobuf:"varint,180,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
+	// The producer released tentatively everything below this stime (ns);
+	// 0 while its output is stable. Boundaries are stable only, so this is
+	// how tentative progress travels.
+	TentativeWatermark int64 `protobuf:"zigzag64,181,opt,name=tentative_watermark,json=tentativeWatermark,proto3" json:"tentative_watermark,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -2476,6 +2563,20 @@ func (x *Batch) GetCount() uint32 {
 func (x *Batch) GetLastId() uint64 {
 	if x != nil {
 		return x.LastId
+	}
+	return 0
+}
+
+func (x *Batch) GetReplicaState() ReplicaState {
+	if x != nil {
+		return x.ReplicaState
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *Batch) GetTentativeWatermark() int64 {
+	if x != nil {
+		return x.TentativeWatermark
 	}
 	return 0
 }
@@ -4661,14 +4762,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"t\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xd5\x01\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"`\n" +
+	"generation\x12@\n" +
+	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x12\x1d\n" +
+	"\ttentative\x18\xb5\x01 \x01(\bR\ttentative\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStateR\x05tasks\"\x15\n" +
@@ -4793,11 +4896,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"J\n" +
+	"generation\"\xbe\x01\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
-	"\alast_id\x18\x03 \x01(\x04R\x06lastId\"\x89\x01\n" +
+	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
+	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
+	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\x89\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -4928,7 +5033,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0ePinKeyResponse\"\x14\n" +
 	"\x12FetchOrgKeyRequest\"+\n" +
 	"\x13FetchOrgKeyResponse\x12\x14\n" +
-	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs82\xc2\x03\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8*t\n" +
+	"\fReplicaState\x12\x1d\n" +
+	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
+	"\x12REPLICA_UP_FAILURE\x10\x02\x12\x19\n" +
+	"\x15REPLICA_STABILIZATION\x10\x032\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -4983,175 +5093,179 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
+var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
 var file_fedstream_proto_goTypes = []any{
-	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
-	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),         // 2: fedstream.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 3: fedstream.v1.HeartbeatResponse
-	(*WatchAssignmentsRequest)(nil),  // 4: fedstream.v1.WatchAssignmentsRequest
-	(*Assignment)(nil),               // 5: fedstream.v1.Assignment
-	(*TaskPlacement)(nil),            // 6: fedstream.v1.TaskPlacement
-	(*QueryView)(nil),                // 7: fedstream.v1.QueryView
-	(*SlotRange)(nil),                // 8: fedstream.v1.SlotRange
-	(*SlotMap)(nil),                  // 9: fedstream.v1.SlotMap
-	(*WatchAssignmentsResponse)(nil), // 10: fedstream.v1.WatchAssignmentsResponse
-	(*TaskState)(nil),                // 11: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),       // 12: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),      // 13: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),            // 14: fedstream.v1.StatusRequest
-	(*Peer)(nil),                     // 15: fedstream.v1.Peer
-	(*StatusResponse)(nil),           // 16: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),               // 17: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),       // 18: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 19: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),       // 20: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),      // 21: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                 // 22: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                // 23: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),       // 24: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),      // 25: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),          // 26: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),         // 27: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),        // 28: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),        // 29: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                // 30: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),       // 31: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),         // 32: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                // 33: fedstream.v1.StreamRef
-	(*Batch)(nil),                    // 34: fedstream.v1.Batch
-	(*IngestRequest)(nil),            // 35: fedstream.v1.IngestRequest
-	(*LineError)(nil),                // 36: fedstream.v1.LineError
-	(*IngestResponse)(nil),           // 37: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),           // 38: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),          // 39: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),         // 40: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),     // 41: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 42: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 43: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 44: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 45: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 46: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 47: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 48: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 49: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 50: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 51: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 52: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 53: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 54: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 55: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 56: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 57: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 58: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 59: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),        // 60: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),       // 61: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),      // 62: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),     // 63: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),     // 64: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),    // 65: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),   // 66: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),    // 67: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil), // 68: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),         // 69: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),            // 70: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),           // 71: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),       // 72: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),      // 73: fedstream.v1.FetchOrgKeyResponse
-	nil,                              // 74: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 75: fedstream.v1.WorkerInfo.LabelsEntry
+	(ReplicaState)(0),                // 0: fedstream.v1.ReplicaState
+	(*RegisterRequest)(nil),          // 1: fedstream.v1.RegisterRequest
+	(*RegisterResponse)(nil),         // 2: fedstream.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),         // 3: fedstream.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),        // 4: fedstream.v1.HeartbeatResponse
+	(*WatchAssignmentsRequest)(nil),  // 5: fedstream.v1.WatchAssignmentsRequest
+	(*Assignment)(nil),               // 6: fedstream.v1.Assignment
+	(*TaskPlacement)(nil),            // 7: fedstream.v1.TaskPlacement
+	(*QueryView)(nil),                // 8: fedstream.v1.QueryView
+	(*SlotRange)(nil),                // 9: fedstream.v1.SlotRange
+	(*SlotMap)(nil),                  // 10: fedstream.v1.SlotMap
+	(*WatchAssignmentsResponse)(nil), // 11: fedstream.v1.WatchAssignmentsResponse
+	(*TaskState)(nil),                // 12: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),       // 13: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),      // 14: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),            // 15: fedstream.v1.StatusRequest
+	(*Peer)(nil),                     // 16: fedstream.v1.Peer
+	(*StatusResponse)(nil),           // 17: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),               // 18: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),       // 19: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),      // 20: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),       // 21: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),      // 22: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                 // 23: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                // 24: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),       // 25: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),      // 26: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),          // 27: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),         // 28: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),        // 29: fedstream.v1.StopQueryResponse
+	(*QueryStatsRequest)(nil),        // 30: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                // 31: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),       // 32: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),         // 33: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                // 34: fedstream.v1.StreamRef
+	(*Batch)(nil),                    // 35: fedstream.v1.Batch
+	(*IngestRequest)(nil),            // 36: fedstream.v1.IngestRequest
+	(*LineError)(nil),                // 37: fedstream.v1.LineError
+	(*IngestResponse)(nil),           // 38: fedstream.v1.IngestResponse
+	(*SnapshotSource)(nil),           // 39: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),          // 40: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),         // 41: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),     // 42: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),            // 43: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 44: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 45: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 46: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 47: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 48: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 49: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 50: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 51: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 52: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 53: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 54: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 55: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 56: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 57: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 58: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),         // 59: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),        // 60: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),        // 61: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),       // 62: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),      // 63: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),     // 64: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),     // 65: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),    // 66: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),   // 67: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),    // 68: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil), // 69: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),         // 70: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),            // 71: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),           // 72: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),       // 73: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),      // 74: fedstream.v1.FetchOrgKeyResponse
+	nil,                              // 75: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 76: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	74, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	30, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
-	8,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	38, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
-	6,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	9,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	8,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	5,  // 7: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 8: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	11, // 9: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	15, // 10: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	75, // 11: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	11, // 12: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	17, // 13: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	22, // 14: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	23, // 15: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	30, // 16: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	33, // 17: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	36, // 18: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	43, // 19: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	43, // 20: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	15, // 21: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 22: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 23: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 24: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 25: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	52, // 26: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 27: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 28: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 29: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 30: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 31: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 32: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	54, // 33: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	39, // 34: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	56, // 35: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 36: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	32, // 37: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	35, // 38: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41, // 39: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44, // 40: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	46, // 41: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	48, // 42: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	50, // 43: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	58, // 44: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	60, // 45: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	62, // 46: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	64, // 47: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	66, // 48: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	67, // 49: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	68, // 50: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	70, // 51: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	72, // 52: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	1,  // 53: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 54: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 55: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 56: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 57: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 58: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 59: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 60: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 61: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 62: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 63: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 64: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 65: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 66: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 67: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 68: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 69: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 70: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 71: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 72: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 73: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 74: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 75: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	61, // 76: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	63, // 77: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	65, // 78: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	69, // 79: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	69, // 80: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	69, // 81: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	71, // 82: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	73, // 83: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	53, // [53:84] is the sub-list for method output_type
-	22, // [22:53] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	75, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
+	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	6,  // 7: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	8,  // 8: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	0,  // 9: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	12, // 10: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16, // 11: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	76, // 12: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12, // 13: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18, // 14: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	23, // 15: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24, // 16: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	31, // 17: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	34, // 18: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,  // 19: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	37, // 20: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	44, // 21: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	44, // 22: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16, // 23: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	1,  // 24: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,  // 25: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,  // 26: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13, // 27: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	53, // 28: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15, // 29: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19, // 30: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21, // 31: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25, // 32: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27, // 33: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28, // 34: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	55, // 35: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	40, // 36: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	57, // 37: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	30, // 38: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	33, // 39: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	36, // 40: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	42, // 41: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	45, // 42: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	47, // 43: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	49, // 44: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	51, // 45: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	59, // 46: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	61, // 47: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	63, // 48: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	65, // 49: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	67, // 50: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	68, // 51: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	69, // 52: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	71, // 53: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	73, // 54: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	2,  // 55: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 56: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 57: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 58: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	54, // 59: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 60: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 61: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 62: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 63: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 64: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 65: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	56, // 66: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 67: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	58, // 68: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 69: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	35, // 70: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 71: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43, // 72: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 73: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	48, // 74: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	50, // 75: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	52, // 76: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	60, // 77: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	62, // 78: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	64, // 79: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	66, // 80: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	70, // 81: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	70, // 82: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	70, // 83: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	72, // 84: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	74, // 85: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	55, // [55:86] is the sub-list for method output_type
+	24, // [24:55] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -5164,13 +5278,14 @@ func file_fedstream_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   76,
 			NumExtensions: 0,
 			NumServices:   7,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,
+		EnumInfos:         file_fedstream_proto_enumTypes,
 		MessageInfos:      file_fedstream_proto_msgTypes,
 	}.Build()
 	File_fedstream_proto = out.File

@@ -42,6 +42,9 @@ const (
 	batchFieldData   protowire.Number = 1
 	batchFieldCount  protowire.Number = 2
 	batchFieldLastID protowire.Number = 3
+	// DCAA in-band stream state (issue 10).
+	batchFieldReplicaState protowire.Number = 180
+	batchFieldTentWM       protowire.Number = 181
 )
 
 func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -60,6 +63,14 @@ func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b.LastId != 0 {
 		hdr = protowire.AppendTag(hdr, batchFieldLastID, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, b.LastId)
+	}
+	if b.ReplicaState != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldReplicaState, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, uint64(b.ReplicaState))
+	}
+	if b.TentativeWatermark != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldTentWM, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, protowire.EncodeZigZag(b.TentativeWatermark))
 	}
 	if len(b.Data) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(hdr)}, nil
@@ -127,6 +138,20 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 				return fmt.Errorf("%w: batch last id: %w", ErrProtocol, protowire.ParseError(n))
 			}
 			b.LastId = v
+			raw = raw[n:]
+		case num == batchFieldReplicaState && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch replica state: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.ReplicaState = fedstreampb.ReplicaState(int32(v))
+			raw = raw[n:]
+		case num == batchFieldTentWM && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch tentative watermark: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.TentativeWatermark = protowire.DecodeZigZag(v)
 			raw = raw[n:]
 		default:
 			// A field this version does not know: skip it.

@@ -1,0 +1,915 @@
+// Package dcaa is the per-task replica state machine of DCAA (delay,
+// process, correct): how one replica of a partition keeps answering when
+// some of its inputs fail, within its share of the query's bound X, and
+// how it corrects its tentative output afterwards so that the stable
+// output equals a failure-free run.
+//
+// The machine does no I/O and reads no clock: the caller passes every
+// event (tuples delivered on an input with the upstream's advertised
+// state, subscription failures, peer messages, ticks) together with the
+// current logical time, and gets back the actions to carry out (subscribe
+// elsewhere, checkpoint, release a merge step to the operators, restore
+// and replay, ask peers for permission...). The same inputs at the same
+// times always give the same actions, which is what the scripted tests
+// rely on. Output and View are the output-stage helpers (SOutput, and a
+// consumer's stable and current views).
+package dcaa
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// State is a replica's DCAA state (also advertised per output stream).
+type State uint8
+
+const (
+	// Unknown: no report yet (an upstream replica nobody heard from).
+	Unknown State = 0
+	// Stable: every input is live and stable; output is stable.
+	Stable State = 1
+	// UpFailure: some input failed (silent, its upstream in UP_FAILURE, or
+	// its data tentative), or the output is tentative.
+	UpFailure State = 2
+	// Stabilization: the replica restored its checkpoint and is replaying
+	// stable input; its output is UNDO followed by corrections.
+	Stabilization State = 3
+)
+
+func (s State) String() string {
+	switch s {
+	case Stable:
+		return "STABLE"
+	case UpFailure:
+		return "UP_FAILURE"
+	case Stabilization:
+		return "STABILIZATION"
+	case Unknown:
+		return "UNKNOWN"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// Config describes one replica of one partition.
+type Config struct {
+	// ID is this replica's number; peers are the other numbers below
+	// Replicas. Ties between peers go to the lower number.
+	ID, Replicas int
+	// Inputs has one entry per input stream (the runtime's merge inputs,
+	// in its order: by port, then upstream partition): the number of
+	// replicas of that upstream partition.
+	Inputs []int
+	// Share is this task's share of the query's X (see SplitDelay):
+	// the longest an available bucket waits for a failed input before it
+	// is released tentative. Strict (or StrictMode) never releases
+	// tentative.
+	Share time.Duration
+	// StrictMode blocks instead of releasing tentative results.
+	StrictMode bool
+	// Detect is the silence after which an input counts as failed
+	// (derived from the boundary interval by the caller). Required.
+	Detect time.Duration
+	// PermissionTimeout is how long a request for reconciliation waits
+	// for a peer's reply before that peer counts as granting (a peer
+	// that does not answer is presumed down). Default 4 x Detect.
+	PermissionTimeout time.Duration
+	// GrantLease is how long a granted permission binds this replica
+	// (it does not reconcile itself) without the peer's done notice.
+	// Default 20 x Detect.
+	GrantLease time.Duration
+	// Retry is the wait after a refused permission before asking again.
+	// Default Detect.
+	Retry time.Duration
+	// ReplayChunk bounds the steps replayed per event during
+	// stabilization (0: the whole replay at once).
+	ReplayChunk int
+}
+
+// ErrConfig is wrapped by New's errors: the configuration is unusable.
+var ErrConfig = errors.New("dcaa: bad configuration")
+
+func (c *Config) validate() error {
+	if err := c.check(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+func (c *Config) check() error {
+	switch {
+	case c.Replicas < 1 || c.ID < 0 || c.ID >= c.Replicas:
+		return fmt.Errorf("replica %d of %d", c.ID, c.Replicas)
+	case c.Detect <= 0:
+		return fmt.Errorf("detection timeout %v must be positive", c.Detect)
+	case c.Share < 0:
+		return fmt.Errorf("share of X %v is negative", c.Share)
+	case len(c.Inputs) == 0:
+		return fmt.Errorf("no inputs (a source task runs no merge)")
+	}
+	for i, k := range c.Inputs {
+		if k < 1 {
+			return fmt.Errorf("input %d has %d upstream replicas", i, k)
+		}
+	}
+	if c.PermissionTimeout <= 0 {
+		c.PermissionTimeout = 4 * c.Detect
+	}
+	if c.GrantLease <= 0 {
+		c.GrantLease = 20 * c.Detect
+	}
+	if c.Retry <= 0 {
+		c.Retry = c.Detect
+	}
+	if c.Share == Strict {
+		c.StrictMode = true
+	}
+	return nil
+}
+
+// Event is an input to Machine.Step.
+type Event interface{ isEvent() }
+
+// Deliver is a batch received on an input from the replica it is
+// subscribed to, in stream order, with the producer's in-band stream
+// state at the end of the batch. An empty Tuples is a heartbeat. The
+// machine keeps the tuples (their Values too): the caller must not
+// reuse them.
+type Deliver struct {
+	Input  int
+	Tuples []tuple.Tuple
+	// Upstream is the producing replica's advertised state.
+	Upstream State
+	// TentWatermark is the producer's tentative progress (it released
+	// tentatively everything below it); 0 when its output is stable.
+	TentWatermark int64
+}
+
+// SubscriptionFailed says the input's subscription ended with an error
+// (connection refused or reset, stream closed).
+type SubscriptionFailed struct{ Input int }
+
+// UpstreamStates is what the coordinator reports of each replica of the
+// input's upstream partition (index = replica number).
+type UpstreamStates struct {
+	Input  int
+	States []State
+}
+
+// PermissionRequest: peer From asks to reconcile.
+type PermissionRequest struct{ From int }
+
+// PermissionReply answers this replica's request.
+type PermissionReply struct {
+	From    int
+	Granted bool
+}
+
+// PeerDone: peer From finished (or gave up) reconciling, or withdraws
+// its request; a permission granted to it no longer binds.
+type PeerDone struct{ From int }
+
+// Tick only advances the clock (timeouts).
+type Tick struct{}
+
+func (Deliver) isEvent()            {}
+func (SubscriptionFailed) isEvent() {}
+func (UpstreamStates) isEvent()     {}
+func (PermissionRequest) isEvent()  {}
+func (PermissionReply) isEvent()    {}
+func (PeerDone) isEvent()           {}
+func (Tick) isEvent()               {}
+
+// Action is an output of Machine.Step, to carry out in order.
+type Action interface{ isAction() }
+
+// Subscribe (re)subscribes Input to upstream replica Replica, resuming
+// after the last stable id received on it.
+type Subscribe struct {
+	Input, Replica int
+	AfterID        uint64
+}
+
+// Checkpoint: snapshot the operators' state (and the output position)
+// now, before the first tentative tuple enters them.
+type Checkpoint struct{ Watermark int64 }
+
+// Release hands merge steps to the operators: for each step, its tuples
+// in order, then Advance(step.Advance) and a boundary on the output.
+// Tentative: the outputs it produces are tentative (Output.SetTentative).
+// Replay: the steps are the stable replay after a Restore.
+type Release struct {
+	Tentative, Replay bool
+	Steps             []Step
+}
+
+// Step is one release step.
+type Step struct {
+	Tuples  []Entry
+	Advance int64
+}
+
+// Entry is a released tuple and the input it came on.
+type Entry struct {
+	Input int
+	Tuple tuple.Tuple
+}
+
+// Restore: put the operators back to the last Checkpoint and emit UNDO
+// on the output (Output.Undo); stable replay follows.
+type Restore struct{}
+
+// RecDone: the corrections are complete (Output.RecDone).
+type RecDone struct{}
+
+// AskPermission asks every peer for permission to reconcile.
+type AskPermission struct{ Peers []int }
+
+// ReplyPermission answers peer To.
+type ReplyPermission struct {
+	To      int
+	Granted bool
+}
+
+// NotifyDone tells peers that this replica no longer reconciles (or no
+// longer asks): permissions they granted are released.
+type NotifyDone struct{ Peers []int }
+
+// StateChange reports a change of the replica's state (for the
+// coordinator and for in-band advertisement).
+type StateChange struct{ From, To State }
+
+func (Subscribe) isAction()       {}
+func (Checkpoint) isAction()      {}
+func (Release) isAction()         {}
+func (Restore) isAction()         {}
+func (RecDone) isAction()         {}
+func (AskPermission) isAction()   {}
+func (ReplyPermission) isAction() {}
+func (NotifyDone) isAction()      {}
+func (StateChange) isAction()     {}
+
+// inputState is one input stream.
+type inputState struct {
+	replica  int     // upstream replica subscribed to
+	upState  []State // advertised or reported state per upstream replica
+	suspect  []int64 // when each replica last failed us (0: never)
+	heard    int64   // last delivery
+	silent   bool    // failed: silent past Detect, or its subscription failed
+	failedUp bool    // the replica read advertises UP_FAILURE
+	// tentData: tentative data arrived since the last UNDO/REC_DONE or
+	// switch; the input's stream is not stable.
+	tentData bool
+	stableB  int64 // highest stable boundary
+	tentWM   int64 // tentative coverage advertised by the producer
+	// steps are the stable boundary values above the drop point.
+	steps []int64
+	// stable holds the stable data above the drop point (kept for replay
+	// while the operators hold tentative state), tent the tentative data
+	// not released yet.
+	stable, tent []tuple.Tuple
+	lastStable   uint64 // id of the last stable tuple or boundary received
+	late         uint64
+}
+
+func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
+
+// addStable keeps stable in (stime, arrival) order: a tuple out of stime
+// order (an input with allowed lateness) goes after the last one with
+// the same or a lower stime, so releases find their range by binary
+// search instead of scanning everything kept since the checkpoint.
+func (in *inputState) addStable(t tuple.Tuple) {
+	n := len(in.stable)
+	if n == 0 || in.stable[n-1].STime <= t.STime {
+		in.stable = append(in.stable, t)
+		return
+	}
+	i := in.from(t.STime + 1)
+	in.stable = slices.Insert(in.stable, i, t)
+}
+
+// from is the index of the first stable tuple with stime >= st.
+func (in *inputState) from(st int64) int {
+	i, _ := slices.BinarySearchFunc(in.stable, st, func(t tuple.Tuple, st int64) int {
+		if t.STime < st {
+			return -1
+		}
+		return 1
+	})
+	return i
+}
+
+// availEntry: the furthest any input covered first reached At at clock
+// Since. A bucket below At has been available since then.
+type availEntry struct{ At, Since int64 }
+
+// Machine is the DCAA state machine of one task replica.
+type Machine struct {
+	cfg    Config
+	inputs []*inputState
+	now    int64
+
+	released  int64 // watermark of the last release (R)
+	tentative bool  // the operators hold tentative state (checkpoint taken)
+	ckpt      int64 // R at the checkpoint
+	expired   bool  // this failure's first timer expired: no more waiting
+	avail     []availEntry
+	availMax  int64
+
+	replaying  bool
+	replayed   bool  // a replay chunk went out during this Step
+	replayTo   int64 // stable step the replay ends with
+	asking     bool
+	askedAt    int64
+	grants     map[int]bool
+	retryAt    int64
+	grantedTo  int // peer holding our permission, -1 none
+	grantedAt  int64
+	state      State
+	tentOut    uint64 // tentative steps released (figures)
+	stableOut  uint64
+	replayOut  uint64
+	recoveries uint64
+}
+
+// New builds the machine; Start gives its first subscriptions.
+func New(cfg Config) (*Machine, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	m := &Machine{cfg: cfg, released: math.MinInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
+	for _, k := range cfg.Inputs {
+		m.inputs = append(m.inputs, &inputState{upState: make([]State, k), suspect: make([]int64, k),
+			stableB: math.MinInt64, tentWM: math.MinInt64})
+	}
+	return m, nil
+}
+
+// Start subscribes every input (preferring the upstream replica with this
+// replica's number) at time now.
+func (m *Machine) Start(now int64) []Action {
+	m.now = now
+	var acts []Action
+	for i, in := range m.inputs {
+		in.heard = now
+		in.replica = m.choose(i)
+		acts = append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable})
+	}
+	return acts
+}
+
+// State is the replica's current state.
+func (m *Machine) State() State { return m.state }
+
+// Released is the watermark of the last release.
+func (m *Machine) Released() int64 { return m.released }
+
+// Tentative reports whether the operators hold tentative state.
+func (m *Machine) Tentative() bool { return m.tentative }
+
+// Subscribed is the upstream replica input i reads.
+func (m *Machine) Subscribed(i int) int { return m.inputs[i].replica }
+
+// Late counts stable tuples dropped on input i for arriving below what
+// was released already while not keeping state for a replay.
+func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }
+
+// NextDeadline is the earliest clock at which a Tick may change
+// something (a bucket's wait expiring, a silence timeout, a retry), or
+// math.MaxInt64.
+func (m *Machine) NextDeadline() int64 {
+	next := int64(math.MaxInt64)
+	if !m.cfg.StrictMode {
+		for _, e := range m.avail {
+			if e.At > m.released {
+				next = min(next, e.Since+int64(m.cfg.Share))
+				break
+			}
+		}
+	}
+	for _, in := range m.inputs {
+		next = min(next, in.heard+int64(m.cfg.Detect)+1) // silent past Detect
+	}
+	if m.asking {
+		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
+	} else if m.retryAt > m.now {
+		next = min(next, m.retryAt)
+	}
+	if m.grantedTo >= 0 {
+		next = min(next, m.grantedAt+int64(m.cfg.GrantLease)+1)
+	}
+	return next
+}
+
+// Step applies one event at clock now (never earlier than the previous
+// call's) and returns the actions to carry out, in order.
+func (m *Machine) Step(now int64, ev Event) []Action {
+	m.now = max(m.now, now)
+	m.replayed = false
+	var acts []Action
+	switch ev := ev.(type) {
+	case Deliver:
+		acts = m.deliver(ev, acts)
+	case SubscriptionFailed:
+		acts = m.inputFailed(ev.Input, acts)
+	case UpstreamStates:
+		in := m.inputs[ev.Input]
+		for r := range min(len(ev.States), len(in.upState)) {
+			if r != in.replica || ev.States[r] != Unknown {
+				in.upState[r] = ev.States[r]
+			}
+		}
+		acts = m.maybeSwitch(ev.Input, acts)
+	case PermissionRequest:
+		acts = m.request(ev.From, acts)
+	case PermissionReply:
+		acts = m.reply(ev, acts)
+	case PeerDone:
+		if m.grantedTo == ev.From {
+			m.grantedTo = -1
+		}
+	case Tick:
+	}
+	acts = m.timeouts(acts)
+	acts = m.progress(acts)
+	return m.updateState(acts)
+}
+
+func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
+	in := m.inputs[ev.Input]
+	in.heard, in.silent = m.now, false
+	drop := m.dropPoint()
+	for k := range ev.Tuples {
+		t := ev.Tuples[k]
+		switch t.Type {
+		case tuple.Stable:
+			if t.ID != 0 && t.ID <= in.lastStable {
+				continue // resent after a resubscription
+			}
+			in.lastStable = max(in.lastStable, t.ID)
+			if t.STime < drop {
+				in.late++
+				continue
+			}
+			in.addStable(t)
+		case tuple.Boundary:
+			if t.ID != 0 && t.ID <= in.lastStable {
+				continue
+			}
+			in.lastStable = max(in.lastStable, t.ID)
+			if t.STime > in.stableB {
+				in.stableB = t.STime
+				in.steps = append(in.steps, t.STime)
+			}
+		case tuple.Tentative:
+			in.tentData = true
+			if t.STime >= m.released {
+				in.tent = append(in.tent, t)
+			}
+		case tuple.Undo:
+			// The producer takes back its tentative tuples; corrections
+			// (stable) follow. Ours, not yet released, go.
+			in.tent, in.tentData, in.tentWM = nil, false, math.MinInt64
+		case tuple.RecDone:
+			in.tentData = false
+		}
+	}
+	if ev.TentWatermark > 0 {
+		in.tentWM = max(in.tentWM, ev.TentWatermark)
+	}
+	in.upState[in.replica] = ev.Upstream
+	in.failedUp = ev.Upstream == UpFailure
+	return m.maybeSwitch(ev.Input, acts)
+}
+
+// maybeSwitch moves an input whose replica advertises UP_FAILURE (or
+// STABILIZATION) to a better one the coordinator reports.
+func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
+	in := m.inputs[i]
+	cur := in.upState[in.replica]
+	if cur != UpFailure && cur != Stabilization {
+		return acts
+	}
+	best := m.choose(i)
+	if rank(in.upState[best]) < rank(cur) && !m.suspected(in, best) {
+		acts = m.switchTo(i, best, acts)
+	}
+	return acts
+}
+
+func (m *Machine) inputFailed(i int, acts []Action) []Action {
+	in := m.inputs[i]
+	in.silent = true
+	in.suspect[in.replica] = m.now
+	return m.switchTo(i, m.choose(i), acts)
+}
+
+// switchTo resubscribes input i to replica r after its last stable id:
+// what it had received tentatively and not released is dropped (the new
+// replica resends from the last stable tuple).
+func (m *Machine) switchTo(i, r int, acts []Action) []Action {
+	in := m.inputs[i]
+	in.replica, in.heard = r, m.now
+	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
+	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable})
+}
+
+// rank orders upstream replicas: STABLE, then unknown (presumed fine),
+// then UP_FAILURE, then STABILIZATION.
+func rank(s State) int {
+	switch s {
+	case Stable:
+		return 0
+	case Unknown:
+		return 1
+	case UpFailure:
+		return 2
+	}
+	return 3
+}
+
+func (m *Machine) suspected(in *inputState, r int) bool {
+	return in.suspect[r] != 0 && m.now-in.suspect[r] < 4*int64(m.cfg.Detect)
+}
+
+// choose picks the replica input i should read: not recently failed,
+// best state, then the nearest number from this replica's own (so
+// replica r reads upstream replica r when all is well). When every
+// replica failed recently, the one that failed longest ago.
+func (m *Machine) choose(i int) int {
+	in := m.inputs[i]
+	k := len(in.upState)
+	key := func(r int) [4]int64 {
+		var susp, when int64
+		if m.suspected(in, r) {
+			susp, when = 1, in.suspect[r]
+		}
+		return [4]int64{susp, when, int64(rank(in.upState[r])), int64(((r-m.cfg.ID)%k + k) % k)}
+	}
+	best := 0
+	for r := 1; r < k; r++ {
+		kr, kb := key(r), key(best)
+		if slices.Compare(kr[:], kb[:]) < 0 {
+			best = r
+		}
+	}
+	return best
+}
+
+// timeouts detects silent inputs and expired permissions.
+func (m *Machine) timeouts(acts []Action) []Action {
+	for i, in := range m.inputs {
+		if m.now-in.heard > int64(m.cfg.Detect) {
+			acts = m.inputFailed(i, acts)
+		}
+	}
+	if m.grantedTo >= 0 && m.now-m.grantedAt > int64(m.cfg.GrantLease) {
+		m.grantedTo = -1
+	}
+	if m.asking && m.now-m.askedAt > int64(m.cfg.PermissionTimeout) {
+		// Peers that did not answer are presumed down.
+		for _, p := range m.peers() {
+			m.grants[p] = true
+		}
+		acts = m.permitted(acts)
+	}
+	return acts
+}
+
+// dropPoint: stable data below it is no longer needed (released, and no
+// checkpoint to replay from).
+func (m *Machine) dropPoint() int64 {
+	if m.tentative || m.replaying {
+		return m.ckpt
+	}
+	return m.released
+}
+
+// stableWatermark is S: every input's stable boundary passed it.
+func (m *Machine) stableWatermark() int64 {
+	s := int64(math.MaxInt64)
+	for _, in := range m.inputs {
+		s = min(s, in.stableB)
+	}
+	return s
+}
+
+// progress releases what can be released and drives stabilization.
+func (m *Machine) progress(acts []Action) []Action {
+	if m.replaying {
+		acts = m.replay(acts)
+		if m.replaying {
+			return acts
+		}
+	}
+	// Availability: the furthest any input covers, and since when.
+	amax := int64(math.MinInt64)
+	for _, in := range m.inputs {
+		amax = max(amax, in.coverage())
+	}
+	if amax > m.availMax {
+		m.avail = append(m.avail, availEntry{At: amax, Since: m.now})
+		m.availMax = amax
+	}
+	s := m.stableWatermark()
+	if !m.tentative && s > m.released {
+		acts = m.release(acts, s, false)
+	}
+	m.trimAvail()
+	if !m.cfg.StrictMode {
+		// E: the furthest point available for at least the share.
+		e := int64(math.MinInt64)
+		for _, a := range m.avail {
+			if m.now-a.Since >= int64(m.cfg.Share) {
+				e = max(e, a.At)
+			}
+		}
+		if e > m.released || m.expired {
+			// Past the first expiry nothing waits: everything the live
+			// inputs cover goes too.
+			alive := int64(math.MaxInt64)
+			for _, in := range m.inputs {
+				if !in.silent {
+					alive = min(alive, in.coverage())
+				}
+			}
+			p := min(max(e, alive), amax)
+			if p > m.released {
+				if !m.tentative {
+					m.tentative, m.ckpt = true, m.released
+					acts = append(acts, Checkpoint{Watermark: m.released})
+				}
+				m.expired = true
+				acts = m.release(acts, p, true)
+				m.trimAvail()
+			}
+		}
+	}
+	return m.maybeStabilize(acts)
+}
+
+func (m *Machine) trimAvail() {
+	n := 0
+	for n < len(m.avail) && m.avail[n].At <= m.released {
+		n++
+	}
+	m.avail = append(m.avail[:0], m.avail[n:]...)
+}
+
+// release releases every step in (R, to]: the stable boundary values any
+// input brought in that range, and to itself. A tentative release takes
+// the tentative data too and keeps the stable data (for the replay).
+func (m *Machine) release(acts []Action, to int64, tentative bool) []Action {
+	steps := m.stepsIn(m.released, to)
+	if len(steps) == 0 || steps[len(steps)-1] != to {
+		steps = append(steps, to)
+	}
+	rel := Release{Tentative: tentative}
+	for _, s := range steps {
+		rel.Steps = append(rel.Steps, m.collect(m.released, s, tentative))
+		m.released = s
+	}
+	if tentative {
+		m.tentOut += uint64(len(steps))
+	} else {
+		m.stableOut += uint64(len(steps))
+		m.dropBelow(m.released)
+	}
+	return append(acts, rel)
+}
+
+// stepsIn returns the stable boundary values in (from, to], sorted, once.
+func (m *Machine) stepsIn(from, to int64) []int64 {
+	var steps []int64
+	for _, in := range m.inputs {
+		for _, s := range in.steps {
+			if s > from && s <= to {
+				steps = append(steps, s)
+			}
+		}
+	}
+	slices.Sort(steps)
+	return slices.Compact(steps)
+}
+
+// collect gathers the data in [from, to) in release order: (stime,
+// input, id). With tentative, tentative data too (removed), and every
+// tuple is marked tentative: the bucket is incomplete whatever each
+// tuple's own type.
+func (m *Machine) collect(from, to int64, tentative bool) Step {
+	st := Step{Advance: to}
+	for i, in := range m.inputs {
+		for _, t := range in.stable[in.from(from):in.from(to)] {
+			st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
+		}
+		if !tentative {
+			continue
+		}
+		keep := in.tent[:0]
+		for _, t := range in.tent {
+			switch {
+			case t.STime < from:
+			case t.STime < to:
+				st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
+			default:
+				keep = append(keep, t)
+			}
+		}
+		clear(in.tent[len(keep):])
+		in.tent = keep
+	}
+	slices.SortStableFunc(st.Tuples, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(a.Tuple.STime, b.Tuple.STime), cmp.Compare(a.Input, b.Input), cmp.Compare(a.Tuple.ID, b.Tuple.ID))
+	})
+	if tentative {
+		for k := range st.Tuples {
+			st.Tuples[k].Tuple.Type = tuple.Tentative
+		}
+	}
+	return st
+}
+
+// dropBelow forgets stable data and steps below w (no replay needs them).
+func (m *Machine) dropBelow(w int64) {
+	for _, in := range m.inputs {
+		k := in.from(w)
+		rest := copy(in.stable, in.stable[k:])
+		clear(in.stable[rest:]) // drop references to released values
+		in.stable = in.stable[:rest]
+		n := 0
+		for n < len(in.steps) && in.steps[n] <= w {
+			n++
+		}
+		in.steps = append(in.steps[:0], in.steps[n:]...)
+	}
+}
+
+func (m *Machine) peers() []int {
+	var p []int
+	for r := range m.cfg.Replicas {
+		if r != m.cfg.ID {
+			p = append(p, r)
+		}
+	}
+	return p
+}
+
+// readyToReconcile: the operators hold tentative state, every input is
+// live and stable, and stable input covers everything released.
+func (m *Machine) readyToReconcile() bool {
+	if !m.tentative || m.replaying {
+		return false
+	}
+	for _, in := range m.inputs {
+		if in.silent || in.tentData {
+			return false
+		}
+	}
+	return m.stableWatermark() >= m.released
+}
+
+func (m *Machine) maybeStabilize(acts []Action) []Action {
+	if !m.readyToReconcile() || m.asking || m.now < m.retryAt {
+		return acts
+	}
+	if m.grantedTo >= 0 {
+		return acts // a peer reconciles: keep serving
+	}
+	peers := m.peers()
+	if len(peers) == 0 {
+		return m.startReplay(acts)
+	}
+	m.asking, m.askedAt, m.grants = true, m.now, map[int]bool{}
+	return append(acts, AskPermission{Peers: peers})
+}
+
+// request answers a peer that asks to reconcile: no while this replica
+// reconciles, while it asks itself and has the lower number, or while
+// another peer holds its permission.
+func (m *Machine) request(from int, acts []Action) []Action {
+	deny := m.replaying || (m.asking && m.cfg.ID < from) || (m.grantedTo >= 0 && m.grantedTo != from)
+	if deny {
+		return append(acts, ReplyPermission{To: from, Granted: false})
+	}
+	m.grantedTo, m.grantedAt = from, m.now
+	if m.asking {
+		// Withdraw: the lower-numbered peer goes first. Release what
+		// other peers granted us.
+		m.asking, m.retryAt = false, m.now+int64(m.cfg.Retry)
+		acts = append(acts, NotifyDone{Peers: m.peers()})
+	}
+	return append(acts, ReplyPermission{To: from, Granted: true})
+}
+
+func (m *Machine) reply(ev PermissionReply, acts []Action) []Action {
+	if !m.asking {
+		return acts
+	}
+	if !ev.Granted {
+		m.asking, m.retryAt = false, m.now+int64(m.cfg.Retry)
+		return append(acts, NotifyDone{Peers: m.peers()})
+	}
+	m.grants[ev.From] = true
+	return m.permitted(acts)
+}
+
+// permitted starts reconciling once every peer granted, if still ready.
+func (m *Machine) permitted(acts []Action) []Action {
+	for _, p := range m.peers() {
+		if !m.grants[p] {
+			return acts
+		}
+	}
+	m.asking = false
+	if !m.readyToReconcile() {
+		m.retryAt = m.now + int64(m.cfg.Retry)
+		return append(acts, NotifyDone{Peers: m.peers()})
+	}
+	return m.startReplay(acts)
+}
+
+// startReplay restores the checkpoint and replays the stable input up to
+// the first stable step at or after the last tentative release.
+func (m *Machine) startReplay(acts []Action) []Action {
+	m.replayTo = m.released
+	if steps := m.stepsIn(m.released-1, math.MaxInt64); len(steps) > 0 {
+		m.replayTo = steps[0]
+	}
+	m.replaying, m.tentative = true, false
+	m.released = m.ckpt
+	for _, in := range m.inputs {
+		in.tent = nil
+	}
+	m.recoveries++
+	acts = append(acts, Restore{})
+	return m.replay(acts)
+}
+
+// replay releases up to ReplayChunk stable steps of the replay; at its
+// end, REC_DONE and back to normal processing.
+func (m *Machine) replay(acts []Action) []Action {
+	if m.replayed {
+		return acts // one chunk per event
+	}
+	m.replayed = true
+	steps := m.stepsIn(m.released, m.replayTo)
+	if n := m.cfg.ReplayChunk; n > 0 && len(steps) > n {
+		steps = steps[:n]
+	}
+	if len(steps) > 0 {
+		rel := Release{Replay: true}
+		for _, s := range steps {
+			rel.Steps = append(rel.Steps, m.collect(m.released, s, false))
+			m.released = s
+		}
+		m.replayOut += uint64(len(steps))
+		acts = append(acts, rel)
+	}
+	if m.released < m.replayTo {
+		return acts
+	}
+	m.replaying, m.expired = false, false
+	m.dropBelow(m.released)
+	acts = append(acts, RecDone{})
+	if len(m.peers()) > 0 {
+		acts = append(acts, NotifyDone{Peers: m.peers()})
+	}
+	return acts
+}
+
+// updateState recomputes the replica's state and reports a change.
+func (m *Machine) updateState(acts []Action) []Action {
+	s := Stable
+	switch {
+	case m.replaying:
+		s = Stabilization
+	case m.tentative:
+		s = UpFailure
+	default:
+		for _, in := range m.inputs {
+			if in.silent || in.failedUp || in.tentData {
+				s = UpFailure
+			}
+		}
+	}
+	if s != m.state {
+		acts = append(acts, StateChange{From: m.state, To: s})
+		m.state = s
+	}
+	return acts
+}
+
+// Figures are counters for status and tests.
+type Figures struct {
+	StableSteps, TentativeSteps, ReplayedSteps, Recoveries uint64
+}
+
+// Figures returns the machine's counters.
+func (m *Machine) Figures() Figures {
+	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries}
+}

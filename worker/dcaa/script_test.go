@@ -1,0 +1,267 @@
+package dcaa
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// Scripted interactions with one Machine (testdata/*.script). Each line
+// is a command at a clock time (milliseconds); the lines after it that
+// start with "> " are the actions it must return, in order (none: no
+// action). Blank lines and "#" comments are ignored.
+//
+//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [strict] [chunk=N]
+//	start T
+//	deliver T in=I [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
+//	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary,
+//	    u<id> UNDO back to id, r<id> REC_DONE
+//	fail T in=I
+//	states T in=I STATE,STATE...
+//	request T from=P | reply T from=P granted|denied | done T from=P
+//	tick T
+//	expect-state STATE
+//
+// Actions print as:
+//
+//	subscribe in=I r=R after=ID
+//	checkpoint at=MS
+//	release stable|tentative|replay MS[I:ID,...] ...
+//	restore | recdone | ask peers=P,.. | reply to=P granted|denied
+//	notify peers=P,.. | state FROM->TO
+func TestScripts(t *testing.T) {
+	files, err := filepath.Glob("testdata/*.script")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scripts: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) { runScript(t, f) })
+	}
+}
+
+func runScript(t *testing.T, path string) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *Machine
+	var got []string // actions of the last command not yet matched
+	lineNo := 0
+	cmdLine := ""
+	flush := func() {
+		if len(got) > 0 {
+			t.Fatalf("%s: after %q: unexpected actions:\n%s", path, cmdLine, strings.Join(got, "\n"))
+		}
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		lineNo++
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		if want, ok := strings.CutPrefix(line, "> "); ok {
+			if len(got) == 0 {
+				t.Fatalf("%s:%d: after %q: want %q, got no more actions", path, lineNo, cmdLine, want)
+			}
+			if got[0] != want {
+				t.Fatalf("%s:%d: after %q: want %q, got %q (then %q)", path, lineNo, cmdLine, want, got[0], got[1:])
+			}
+			got = got[1:]
+			continue
+		}
+		flush()
+		cmdLine = line
+		f := strings.Fields(line)
+		args := map[string]string{}
+		var rest []string
+		for _, a := range f[1:] {
+			if k, v, ok := strings.Cut(a, "="); ok {
+				args[k] = v
+			} else {
+				rest = append(rest, a)
+			}
+		}
+		now := int64(0)
+		if len(rest) > 0 {
+			if v, err := strconv.ParseInt(rest[0], 10, 64); err == nil {
+				now, rest = v*ms, rest[1:]
+			}
+		}
+		num := func(k string) int {
+			v, err := strconv.Atoi(args[k])
+			if err != nil {
+				t.Fatalf("%s:%d: %s=%q: %v", path, lineNo, k, args[k], err)
+			}
+			return v
+		}
+		var acts []Action
+		switch f[0] {
+		case "config":
+			cfg := Config{ID: num("id"), Replicas: num("replicas"), Detect: time.Duration(num("detect")) * time.Millisecond,
+				Share: time.Duration(num("share")) * time.Millisecond}
+			for _, k := range strings.Split(args["inputs"], ",") {
+				n, _ := strconv.Atoi(k)
+				cfg.Inputs = append(cfg.Inputs, n)
+			}
+			if _, ok := args["chunk"]; ok {
+				cfg.ReplayChunk = num("chunk")
+			}
+			for _, r := range rest {
+				if r == "strict" {
+					cfg.StrictMode = true
+				}
+			}
+			if m, err = New(cfg); err != nil {
+				t.Fatalf("%s:%d: %v", path, lineNo, err)
+			}
+			continue
+		case "start":
+			acts = m.Start(now)
+		case "deliver":
+			ev := Deliver{Input: num("in"), Upstream: parseState(t, args["state"])}
+			if _, ok := args["twm"]; ok {
+				ev.TentWatermark = int64(num("twm")) * ms
+			}
+			for _, tok := range rest {
+				ev.Tuples = append(ev.Tuples, parseTuple(t, tok))
+			}
+			acts = m.Step(now, ev)
+		case "fail":
+			acts = m.Step(now, SubscriptionFailed{Input: num("in")})
+		case "states":
+			ev := UpstreamStates{Input: num("in")}
+			for _, s := range strings.Split(rest[0], ",") {
+				ev.States = append(ev.States, parseState(t, s))
+			}
+			acts = m.Step(now, ev)
+		case "request":
+			acts = m.Step(now, PermissionRequest{From: num("from")})
+		case "reply":
+			acts = m.Step(now, PermissionReply{From: num("from"), Granted: len(rest) > 0 && rest[0] == "granted"})
+		case "done":
+			acts = m.Step(now, PeerDone{From: num("from")})
+		case "tick":
+			acts = m.Step(now, Tick{})
+		case "expect-state":
+			if s := m.State().String(); s != rest[0] {
+				t.Fatalf("%s:%d: state %s, want %s", path, lineNo, s, rest[0])
+			}
+			continue
+		default:
+			t.Fatalf("%s:%d: unknown command %q", path, lineNo, f[0])
+		}
+		got = renderActions(acts)
+	}
+	flush()
+}
+
+func parseState(t *testing.T, s string) State {
+	switch s {
+	case "", "STABLE":
+		return Stable
+	case "UP_FAILURE":
+		return UpFailure
+	case "STABILIZATION":
+		return Stabilization
+	case "UNKNOWN":
+		return Unknown
+	}
+	t.Fatalf("unknown state %q", s)
+	return 0
+}
+
+func parseTuple(t *testing.T, tok string) tuple.Tuple {
+	kind, rest := tok[0], tok[1:]
+	idS, stS, _ := strings.Cut(rest, "@")
+	id, err := strconv.ParseUint(idS, 10, 64)
+	if err != nil {
+		t.Fatalf("tuple %q: %v", tok, err)
+	}
+	var st int64
+	if stS != "" {
+		v, err := strconv.ParseInt(stS, 10, 64)
+		if err != nil {
+			t.Fatalf("tuple %q: %v", tok, err)
+		}
+		st = v * ms
+	}
+	types := map[byte]tuple.Type{'s': tuple.Stable, 't': tuple.Tentative, 'b': tuple.Boundary, 'u': tuple.Undo, 'r': tuple.RecDone}
+	typ, ok := types[kind]
+	if !ok {
+		t.Fatalf("tuple %q: unknown kind %q", tok, kind)
+	}
+	tp := tuple.Tuple{Type: typ, ID: id, STime: st}
+	if typ.IsData() {
+		tp.Values = []tuple.Value{tuple.Int(int64(id))}
+	}
+	return tp
+}
+
+func renderActions(acts []Action) []string {
+	var out []string
+	ints := func(v []int) string {
+		s := make([]string, len(v))
+		for i, x := range v {
+			s[i] = strconv.Itoa(x)
+		}
+		return strings.Join(s, ",")
+	}
+	for _, a := range acts {
+		switch a := a.(type) {
+		case Subscribe:
+			out = append(out, fmt.Sprintf("subscribe in=%d r=%d after=%d", a.Input, a.Replica, a.AfterID))
+		case Checkpoint:
+			out = append(out, fmt.Sprintf("checkpoint at=%s", msOf(a.Watermark)))
+		case Release:
+			kind := "stable"
+			switch {
+			case a.Replay:
+				kind = "replay"
+			case a.Tentative:
+				kind = "tentative"
+			}
+			var b strings.Builder
+			b.WriteString("release " + kind)
+			for _, s := range a.Steps {
+				var ids []string
+				for _, e := range s.Tuples {
+					ids = append(ids, fmt.Sprintf("%d:%d", e.Input, e.Tuple.ID))
+				}
+				fmt.Fprintf(&b, " %s[%s]", msOf(s.Advance), strings.Join(ids, ","))
+			}
+			out = append(out, b.String())
+		case Restore:
+			out = append(out, "restore")
+		case RecDone:
+			out = append(out, "recdone")
+		case AskPermission:
+			out = append(out, "ask peers="+ints(a.Peers))
+		case ReplyPermission:
+			g := "denied"
+			if a.Granted {
+				g = "granted"
+			}
+			out = append(out, fmt.Sprintf("reply to=%d %s", a.To, g))
+		case NotifyDone:
+			out = append(out, "notify peers="+ints(a.Peers))
+		case StateChange:
+			out = append(out, fmt.Sprintf("state %v->%v", a.From, a.To))
+		default:
+			out = append(out, fmt.Sprintf("%T", a))
+		}
+	}
+	return out
+}
+
+func msOf(ns int64) string {
+	if ns%ms == 0 {
+		return strconv.FormatInt(ns/ms, 10)
+	}
+	return fmt.Sprintf("%dns", ns)
+}

@@ -1,0 +1,156 @@
+package dcaa
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+)
+
+// ErrGraph means the graph handed to SplitDelay is not a DAG of known
+// nodes: an input names no node, or the inputs form a cycle.
+var ErrGraph = errors.New("dcaa: bad graph")
+
+// GraphNode is one fragment of a query graph for SplitDelay. Delays says
+// the fragment's input merge (SUnion) may hold data back under a failure:
+// every fragment with inputs does, except a sink that passes its single
+// input through unchanged.
+type GraphNode struct {
+	Name   string
+	Inputs []string
+	Delays bool
+}
+
+// Strict is the share of a query that never emits tentative results: no
+// timer ever expires.
+const Strict = time.Duration(1<<63 - 1)
+
+// SplitDelay divides the query's bound x among its delaying fragments so
+// that, on every path from a source to a sink, the shares of the
+// delaying fragments add up to at most x. A fragment gets
+// x / (the number of delaying fragments on the longest path through it):
+// every path p through it has at most that many, so each fragment on p
+// gets at most x/len(p) and p's total stays within x, while a fragment
+// off the longest path (a short branch) gets a larger share than the
+// plain x/longest. Shares round down (never above x in total).
+// Fragments that do not delay get 0. x == Strict gives every fragment
+// Strict; x <= 0 gives 0 (process at once).
+func SplitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, error) {
+	byName := make(map[string]*GraphNode, len(nodes))
+	for i := range nodes {
+		n := &nodes[i]
+		if n.Name == "" {
+			return nil, fmt.Errorf("%w: node %d has no name", ErrGraph, i)
+		}
+		if byName[n.Name] != nil {
+			return nil, fmt.Errorf("%w: node %q appears twice", ErrGraph, n.Name)
+		}
+		byName[n.Name] = n
+	}
+	outputs := map[string][]string{}
+	for _, n := range nodes {
+		for _, in := range n.Inputs {
+			if byName[in] == nil {
+				return nil, fmt.Errorf("%w: node %q reads %q, which is not in the graph", ErrGraph, n.Name, in)
+			}
+			outputs[in] = append(outputs[in], n.Name)
+		}
+	}
+	weight := func(n *GraphNode) int {
+		if n.Delays {
+			return 1
+		}
+		return 0
+	}
+	// up[n]: delaying fragments on the longest path from a source to n,
+	// n included; down[n]: from n to a sink, n included.
+	up, err := longest(nodes, byName, func(n *GraphNode) []string { return n.Inputs }, weight)
+	if err != nil {
+		return nil, err
+	}
+	down, err := longest(nodes, byName, func(n *GraphNode) []string { return outputs[n.Name] }, weight)
+	if err != nil {
+		return nil, err
+	}
+	shares := make(map[string]time.Duration, len(nodes))
+	for i := range nodes {
+		n := &nodes[i]
+		switch {
+		case !n.Delays:
+			shares[n.Name] = 0
+		case x == Strict:
+			shares[n.Name] = Strict
+		case x <= 0:
+			shares[n.Name] = 0
+		default:
+			// The path through n with the most delaying fragments has
+			// up + down - 1 of them (n is counted in both).
+			shares[n.Name] = x / time.Duration(up[n.Name]+down[n.Name]-1)
+		}
+	}
+	return shares, nil
+}
+
+// longest computes, for every node, the largest total weight of a path
+// ending at it following next (memoised depth-first search; a cycle is an
+// error).
+func longest(nodes []GraphNode, byName map[string]*GraphNode, next func(*GraphNode) []string, weight func(*GraphNode) int) (map[string]int, error) {
+	const visiting = -1
+	memo := make(map[string]int, len(nodes))
+	var visit func(n *GraphNode) (int, error)
+	visit = func(n *GraphNode) (int, error) {
+		switch v, ok := memo[n.Name]; {
+		case ok && v == visiting:
+			return 0, fmt.Errorf("%w: cycle through %q", ErrGraph, n.Name)
+		case ok:
+			return v, nil
+		}
+		memo[n.Name] = visiting
+		best := 0
+		for _, m := range next(n) {
+			v, err := visit(byName[m])
+			if err != nil {
+				return 0, err
+			}
+			best = max(best, v)
+		}
+		memo[n.Name] = best + weight(n)
+		return memo[n.Name], nil
+	}
+	for i := range nodes {
+		if _, err := visit(&nodes[i]); err != nil {
+			return nil, err
+		}
+	}
+	return memo, nil
+}
+
+// PlanShares is SplitDelay over a query's placed (fused) plan with the
+// query's own bound: availability.max_delay, Strict for "strict".
+func PlanShares(p *queryspec.Plan) (map[string]time.Duration, error) {
+	x, strict := p.Query.MaxDelayDuration()
+	if strict {
+		x = Strict
+	}
+	nodes := make([]GraphNode, 0, len(p.Nodes))
+	for _, n := range p.Nodes {
+		// A sink reading one partition passes it through (no merge).
+		passThrough := n.Kind == queryspec.KindSink && len(n.Inputs) == 1 && max(1, p.Node(n.Inputs[0]).Partitions) == 1
+		delays := n.Kind != queryspec.KindSource && !passThrough
+		nodes = append(nodes, GraphNode{Name: n.Name, Inputs: n.Inputs, Delays: delays})
+	}
+	return SplitDelay(x, nodes)
+}
+
+// MinDetect is the shortest detection timeout DetectTimeout gives: below
+// it a loaded machine's scheduling hiccups would read as failures.
+const MinDetect = 100 * time.Millisecond
+
+// DetectTimeout is the silence after which an input counts as failed,
+// from the boundary interval (boundaries are the heartbeats): four
+// intervals, so that a batch or two arriving late (a pause for garbage
+// collection, a busy CPU) is not a failure, and at least MinDetect.
+func DetectTimeout(boundaryInterval time.Duration) time.Duration {
+	return max(4*boundaryInterval, MinDetect)
+}
