@@ -214,7 +214,7 @@ func newWorkersCmd() *cobra.Command {
 
 func newQueryCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "query", Short: "Submit, list, inspect and stop continuous queries"}
-	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd())
+	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd(), newQueryScaleCmd())
 	return cmd
 }
 

@@ -160,6 +160,8 @@ var Methods = map[string]Need{
 	// Moving a running task changes placements, as submitting does.
 	pb.AdminService_MoveTask_FullMethodName:   NeedWriter,
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
+	// Rescaling a query changes placements and slot maps.
+	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.
@@ -178,6 +180,8 @@ var Methods = map[string]Need{
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
+	// Slot state handed over in a rescale: the org's workers only.
+	pb.DataPlane_FetchSlots_FullMethodName: NeedWorker,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

@@ -727,9 +727,17 @@ type SlotMap struct {
 	Epoch      uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Partitions int32                  `protobuf:"varint,3,opt,name=partitions,proto3" json:"partitions,omitempty"`
 	// Cover slots 0..4095 in order, each exactly once.
-	Ranges        []*SlotRange `protobuf:"bytes,4,rep,name=ranges,proto3" json:"ranges,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ranges []*SlotRange `protobuf:"bytes,4,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// ---- live rescaling (issue 9 item 4): the rescale under way, if any.
+	// next_epoch is 0 when none is. Once next_go is set, tuples with stime
+	// at or above cut are routed by next_ranges, older ones by ranges.
+	NextEpoch      uint64       `protobuf:"varint,110,opt,name=next_epoch,json=nextEpoch,proto3" json:"next_epoch,omitempty"`
+	NextPartitions int32        `protobuf:"varint,111,opt,name=next_partitions,json=nextPartitions,proto3" json:"next_partitions,omitempty"`
+	NextRanges     []*SlotRange `protobuf:"bytes,112,rep,name=next_ranges,json=nextRanges,proto3" json:"next_ranges,omitempty"`
+	NextGo         bool         `protobuf:"varint,113,opt,name=next_go,json=nextGo,proto3" json:"next_go,omitempty"`
+	Cut            int64        `protobuf:"varint,114,opt,name=cut,proto3" json:"cut,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SlotMap) Reset() {
@@ -788,6 +796,41 @@ func (x *SlotMap) GetRanges() []*SlotRange {
 		return x.Ranges
 	}
 	return nil
+}
+
+func (x *SlotMap) GetNextEpoch() uint64 {
+	if x != nil {
+		return x.NextEpoch
+	}
+	return 0
+}
+
+func (x *SlotMap) GetNextPartitions() int32 {
+	if x != nil {
+		return x.NextPartitions
+	}
+	return 0
+}
+
+func (x *SlotMap) GetNextRanges() []*SlotRange {
+	if x != nil {
+		return x.NextRanges
+	}
+	return nil
+}
+
+func (x *SlotMap) GetNextGo() bool {
+	if x != nil {
+		return x.NextGo
+	}
+	return false
+}
+
+func (x *SlotMap) GetCut() int64 {
+	if x != nil {
+		return x.Cut
+	}
+	return 0
 }
 
 type WatchAssignmentsResponse struct {
@@ -858,7 +901,14 @@ type TaskState struct {
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// ---- plans and slot ownership (issue 9)
 	// The generation of the copy the state belongs to (0: not said).
-	Generation    int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	Generation int32 `protobuf:"varint,50,opt,name=generation,proto3" json:"generation,omitempty"`
+	// ---- live rescaling (issue 9 item 4)
+	// The rescale epoch the copy holds for, the highest stream time it has
+	// produced or released (meaningful with prepared), and the epoch whose
+	// cut it has passed.
+	Prepared      uint64 `protobuf:"varint,110,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	Frontier      int64  `protobuf:"varint,111,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	CutDone       uint64 `protobuf:"varint,112,opt,name=cut_done,json=cutDone,proto3" json:"cut_done,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -917,6 +967,27 @@ func (x *TaskState) GetMessage() string {
 func (x *TaskState) GetGeneration() int32 {
 	if x != nil {
 		return x.Generation
+	}
+	return 0
+}
+
+func (x *TaskState) GetPrepared() uint64 {
+	if x != nil {
+		return x.Prepared
+	}
+	return 0
+}
+
+func (x *TaskState) GetFrontier() int64 {
+	if x != nil {
+		return x.Frontier
+	}
+	return 0
+}
+
+func (x *TaskState) GetCutDone() uint64 {
+	if x != nil {
+		return x.CutDone
 	}
 	return 0
 }
@@ -2914,6 +2985,236 @@ func (x *FetchSnapshotRequest) GetHalt() bool {
 	return false
 }
 
+// Changes the number of partitions of a keyed operator of a running query.
+type ScaleQueryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Query string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	// The keyed operator (fragment) to rescale.
+	Operator      string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Parallelism   int32  `protobuf:"varint,3,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleQueryRequest) Reset() {
+	*x = ScaleQueryRequest{}
+	mi := &file_fedstream_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleQueryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleQueryRequest) ProtoMessage() {}
+
+func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
+func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ScaleQueryRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *ScaleQueryRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *ScaleQueryRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+// The slot map after the rescale.
+type ScaleQueryResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Query      string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	Fragment   string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Partitions int32                  `protobuf:"varint,4,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	Ranges     []*SlotRange           `protobuf:"bytes,5,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// The stream time at which the slots changed owner (0 when nothing
+	// changed).
+	Cut           int64 `protobuf:"varint,6,opt,name=cut,proto3" json:"cut,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleQueryResponse) Reset() {
+	*x = ScaleQueryResponse{}
+	mi := &file_fedstream_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleQueryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleQueryResponse) ProtoMessage() {}
+
+func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
+func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ScaleQueryResponse) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *ScaleQueryResponse) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *ScaleQueryResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ScaleQueryResponse) GetPartitions() int32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *ScaleQueryResponse) GetRanges() []*SlotRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *ScaleQueryResponse) GetCut() int64 {
+	if x != nil {
+		return x.Cut
+	}
+	return 0
+}
+
+// Asks a worker for the state of the slots one copy of a keyed task handed
+// over at the cut of a rescale to epoch (operator SnapshotSlots encoding,
+// streamed as SnapshotChunk pieces). FailedPrecondition until the copy has
+// reached the cut.
+type FetchSlotsRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Query      string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	TaskId     string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The partition the slots go to (each new owner gets its own part).
+	ToPartition   int32 `protobuf:"varint,5,opt,name=to_partition,json=toPartition,proto3" json:"to_partition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSlotsRequest) Reset() {
+	*x = FetchSlotsRequest{}
+	mi := &file_fedstream_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSlotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSlotsRequest) ProtoMessage() {}
+
+func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
+func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *FetchSlotsRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *FetchSlotsRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *FetchSlotsRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *FetchSlotsRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FetchSlotsRequest) GetToPartition() int32 {
+	if x != nil {
+		return x.ToPartition
+	}
+	return 0
+}
+
 // One piece of an encoded task snapshot (worker/runtime TaskSnapshot
 // encoding); the pieces concatenated in order are the snapshot. The first
 // carries the total size.
@@ -2927,7 +3228,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2939,7 +3240,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2952,7 +3253,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -2986,7 +3287,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2998,7 +3299,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3011,7 +3312,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3066,7 +3367,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3078,7 +3379,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3091,7 +3392,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3140,7 +3441,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3152,7 +3453,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3165,7 +3466,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3190,7 +3491,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3503,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3215,7 +3516,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 type ListTokensResponse struct {
@@ -3227,7 +3528,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3239,7 +3540,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3252,7 +3553,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3272,7 +3573,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3284,7 +3585,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3297,7 +3598,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3322,7 +3623,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3334,7 +3635,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3347,7 +3648,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -3362,7 +3663,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3374,7 +3675,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3387,7 +3688,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3408,7 +3709,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3721,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3734,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -3461,7 +3762,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3473,7 +3774,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3486,7 +3787,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -3513,7 +3814,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3525,7 +3826,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3538,7 +3839,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -3556,7 +3857,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3568,7 +3869,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3581,7 +3882,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 type ListRaftPeersResponse struct {
@@ -3595,7 +3896,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3607,7 +3908,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3620,7 +3921,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3646,7 +3947,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3658,7 +3959,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3671,7 +3972,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3689,7 +3990,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3701,7 +4002,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3714,7 +4015,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -3728,7 +4029,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3740,7 +4041,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3753,7 +4054,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 type RaftStateResponse struct {
@@ -3779,7 +4080,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3791,7 +4092,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3804,7 +4105,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -3923,25 +4224,35 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
-	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\x8c\x01\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\xb9\x02\n" +
 	"\aSlotMap\x12\x1a\n" +
 	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x01(\x05R\n" +
 	"partitions\x12/\n" +
-	"\x06ranges\x18\x04 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\"\x9f\x01\n" +
+	"\x06ranges\x18\x04 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\x12\x1d\n" +
+	"\n" +
+	"next_epoch\x18n \x01(\x04R\tnextEpoch\x12'\n" +
+	"\x0fnext_partitions\x18o \x01(\x05R\x0enextPartitions\x128\n" +
+	"\vnext_ranges\x18p \x03(\v2\x17.fedstream.v1.SlotRangeR\n" +
+	"nextRanges\x12\x17\n" +
+	"\anext_go\x18q \x01(\bR\x06nextGo\x12\x10\n" +
+	"\x03cut\x18r \x01(\x03R\x03cut\"\x9f\x01\n" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"t\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xc7\x01\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"`\n" +
+	"generation\x12\x1a\n" +
+	"\bprepared\x18n \x01(\x04R\bprepared\x12\x1a\n" +
+	"\bfrontier\x18o \x01(\x03R\bfrontier\x12\x19\n" +
+	"\bcut_done\x18p \x01(\x04R\acutDone\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStateR\x05tasks\"\x15\n" +
@@ -4108,7 +4419,28 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
-	"\x04halt\x18\x04 \x01(\bR\x04halt\"D\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"g\n" +
+	"\x11ScaleQueryRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
+	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +
+	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\"\xbf\x01\n" +
+	"\x12ScaleQueryResponse\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
+	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x01(\x05R\n" +
+	"partitions\x12/\n" +
+	"\x06ranges\x18\x05 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\x12\x10\n" +
+	"\x03cut\x18\x06 \x01(\x03R\x03cut\"\x9b\x01\n" +
+	"\x11FetchSlotsRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
+	"\fto_partition\x18\x05 \x01(\x05R\vtoPartition\"D\n" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
 	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
@@ -4168,7 +4500,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xb4\x06\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x85\a\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -4180,11 +4512,15 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bMoveTask\x12\x1d.fedstream.v1.MoveTaskRequest\x1a\x1e.fedstream.v1.MoveTaskResponse\x12[\n" +
 	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse\x12O\n" +
 	"\n" +
-	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse2\xec\x01\n" +
+	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse\x12O\n" +
+	"\n" +
+	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\xba\x02\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
-	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
+	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x01\x12L\n" +
+	"\n" +
+	"FetchSlots\x12\x1f.fedstream.v1.FetchSlotsRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
 	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
 	"\n" +
@@ -4206,7 +4542,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_fedstream_proto_goTypes = []any{
 	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
 	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
@@ -4250,100 +4586,109 @@ var file_fedstream_proto_goTypes = []any{
 	(*MoveTaskRequest)(nil),          // 39: fedstream.v1.MoveTaskRequest
 	(*MoveTaskResponse)(nil),         // 40: fedstream.v1.MoveTaskResponse
 	(*FetchSnapshotRequest)(nil),     // 41: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 42: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 43: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 44: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 45: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 46: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 47: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 48: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 49: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 50: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 51: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 52: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 53: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 54: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 55: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 56: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 57: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 58: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 59: fedstream.v1.RaftStateResponse
-	nil,                              // 60: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 61: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ScaleQueryRequest)(nil),        // 42: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),       // 43: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),        // 44: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),            // 45: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 46: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 47: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 48: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 49: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 50: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 51: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 52: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 53: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 54: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 55: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 56: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 57: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 58: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 59: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 60: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),         // 61: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),        // 62: fedstream.v1.RaftStateResponse
+	nil,                              // 63: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 64: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	60, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	63, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	38, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	9,  // 4: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	8,  // 5: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	5,  // 6: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	61, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	23, // 14: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	30, // 15: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	33, // 16: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	36, // 17: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	43, // 18: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	43, // 19: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	15, // 20: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 21: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 22: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 23: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 24: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	52, // 25: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 26: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 27: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 28: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 29: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 30: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 31: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	54, // 32: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	39, // 33: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	56, // 34: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 35: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	32, // 36: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	35, // 37: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41, // 38: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44, // 39: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	46, // 40: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	48, // 41: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	50, // 42: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	58, // 43: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	1,  // 44: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 45: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 46: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 47: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 48: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 49: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 50: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 51: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 52: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 53: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 54: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 55: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 56: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 57: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 58: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 59: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 60: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 61: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 62: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 63: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 64: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 65: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 66: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	44, // [44:67] is the sub-list for method output_type
-	21, // [21:44] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	8,  // 6: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
+	5,  // 7: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	7,  // 8: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	11, // 9: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	15, // 10: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	64, // 11: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	11, // 12: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	17, // 13: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	22, // 14: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	23, // 15: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	30, // 16: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	33, // 17: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	36, // 18: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	8,  // 19: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	46, // 20: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	46, // 21: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	15, // 22: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	0,  // 23: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 24: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 25: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 26: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	55, // 27: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 28: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 29: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 30: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 31: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 32: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 33: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	57, // 34: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	39, // 35: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	59, // 36: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 37: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	42, // 38: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	32, // 39: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	35, // 40: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41, // 41: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44, // 42: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	47, // 43: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	49, // 44: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	51, // 45: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	53, // 46: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	61, // 47: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	1,  // 48: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 49: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 50: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 51: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	56, // 52: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 53: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 54: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 55: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 56: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 57: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 58: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	58, // 59: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	40, // 60: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	60, // 61: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 62: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	43, // 63: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	34, // 64: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	37, // 65: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	45, // 66: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45, // 67: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	48, // 68: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	50, // 69: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	52, // 70: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	54, // 71: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	62, // 72: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	48, // [48:73] is the sub-list for method output_type
+	23, // [23:48] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -4357,7 +4702,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   62,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   5,
 		},

@@ -47,15 +47,13 @@ func (t *task) buildInputs() {
 	t.merge = newMerger(t.r.opts.InputPendingTuples)
 	for port, up := range t.node.Inputs {
 		upNode := t.plan.Node(up)
-		for p := 0; p < max(1, upNode.Partitions); p++ {
-			in := &input{t: t, port: port, upstream: up, upPartition: p}
-			in.idx = t.merge.addInput(port, p)
-			// The stream is named by the upstream task id of replica 0;
-			// each attempt rewrites it for the replica actually used.
-			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
-				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
-			}, t.spec.CopyID(), false, 0)
-			t.inputs = append(t.inputs, in)
+		parts := max(1, upNode.Partitions)
+		if upNode.KeyFields != nil {
+			t.mayGrowInputs = true
+			parts = max(1, t.spec.SlotMaps[up].streams(upNode.Partitions))
+		}
+		for p := 0; p < parts; p++ {
+			t.inputs = append(t.inputs, t.newInput(port, up, p))
 		}
 	}
 	if t.op != nil {
@@ -66,7 +64,7 @@ func (t *task) buildInputs() {
 	// that stream as it is, same tuples and ids (as deterministic as the
 	// upstream's), and each received batch becomes part of it without a
 	// copy. With several, the merged tuples are renumbered and copied.
-	t.passThrough = len(t.inputs) == 1
+	t.passThrough = len(t.inputs) == 1 && !t.mayGrowInputs
 	for _, in := range t.inputs {
 		if t.passThrough {
 			in.sub.DeliverEncoded()
@@ -74,6 +72,19 @@ func (t *task) buildInputs() {
 			in.sub.KeepValuesPacked()
 		}
 	}
+}
+
+// newInput creates the input from partition p of upstream up on port and
+// registers it with the merger.
+func (t *task) newInput(port int, up string, p int) *input {
+	in := &input{t: t, port: port, upstream: up, upPartition: p}
+	in.idx = t.merge.addInput(port, p)
+	// The stream is named by the upstream task id of replica 0; each
+	// attempt rewrites it for the replica actually used.
+	in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
+		Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
+	}, t.spec.CopyID(), false, 0)
+	return in
 }
 
 // passBatch appends a received batch to a pass-through sink's result
