@@ -33,8 +33,10 @@ import (
 //     the highest frontier: no task has produced or released anything at
 //     or above it, so all of them switch at the same point of the stream.
 //  3. finish: once every task of the fragment has passed the cut (handed
-//     over and installed its slots), the new map replaces the old one,
-//     its epoch one more, and the tasks of removed partitions are deleted.
+//     over and installed its slots) and every downstream task has
+//     received the removed partitions' streams up to it, the new map
+//     replaces the old one, its epoch one more, and the tasks of removed
+//     partitions are deleted.
 //
 // A prepare that does not complete in time is aborted; after go the
 // rescale only goes forward.
@@ -74,8 +76,8 @@ type rescaleTarget struct {
 	cur      *fsm.SlotMap
 	replicas int
 	// involved are the fragments whose tasks take part: upstreams, the
-	// fragment, downstreams.
-	involved map[string]bool
+	// fragment, downstreams; downstream the last.
+	involved, downstream map[string]bool
 }
 
 func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
@@ -105,7 +107,7 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	if cur == nil || cur.QueryIndex != q.CreateIndex {
 		return nil, status.Errorf(codes.Unavailable, "scale: the slot map of %s is not created yet; try again", op)
 	}
-	t := &rescaleTarget{q: q, frag: op, cur: cur, replicas: max(q.Replicas, 1), involved: map[string]bool{op: true}}
+	t := &rescaleTarget{q: q, frag: op, cur: cur, replicas: max(q.Replicas, 1), involved: map[string]bool{op: true}, downstream: map[string]bool{}}
 	for _, in := range n.Inputs {
 		up := plan.Node(in)
 		if up != nil && up.Kind == queryspec.KindSource && up.Source != nil && up.Source.Gen == nil {
@@ -118,7 +120,7 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 		if d != nil && d.KeyFields == nil && d.Partitions > 1 && d.Partitions == cur.Partitions {
 			return nil, status.Errorf(codes.FailedPrecondition, "scale: downstream %s reads %s partition by partition (unkeyed, same parallelism): it cannot follow a rescale", down, op)
 		}
-		t.involved[down] = true
+		t.involved[down], t.downstream[down] = true, true
 	}
 	return t, nil
 }
@@ -226,9 +228,9 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 	// rescale only goes forward, also when the caller has gone.
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rescaleTimeout)
 	defer fcancel()
-	err = s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op }, func(t *fsm.Task) (bool, string) {
+	err = s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
-			return false, fmt.Sprintf("%s has not passed the cut of epoch %d", t.ID, epoch)
+			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
 		}
 		return true, ""
 	}, nil)

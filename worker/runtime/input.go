@@ -226,6 +226,20 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	return progressed, false, err
 }
 
+// taken is how far the input has taken its stream, as relayed to the
+// other upstream replicas: the subscriber's position, or the merger's
+// when further (the batch carrying the final boundary ends the
+// subscription before the subscriber records it; a partition a rescale
+// removed ends that way, and every replica it has must learn it was
+// taken).
+func (in *input) taken() uint64 {
+	n := in.sub.LastID()
+	if in.t.merge != nil && !in.t.passThrough {
+		n = max(n, in.t.merge.inputLastID(in.idx))
+	}
+	return n
+}
+
 // relayIdle is how often a relay looks again whether its upstream replica
 // needs it (it is the one read from, or has no placement yet).
 const relayIdle = 100 * time.Millisecond
@@ -262,11 +276,11 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		start := time.Now()
 		var err error
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.sub.LastID)
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.taken)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.sub.LastID)
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.taken)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {

@@ -598,6 +598,20 @@ func (m *merger) poke() {
 	}
 }
 
+// inputLastID returns the id of the last tuple input i received.
+func (m *merger) inputLastID(i int) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inputs[i].lastID
+}
+
+// inputBoundary returns the latest boundary input i received.
+func (m *merger) inputBoundary(i int) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inputs[i].boundary
+}
+
 // releasedAt returns the watermark of the last release.
 func (m *merger) releasedAt() int64 {
 	m.mu.Lock()

@@ -338,6 +338,35 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		if len(added) > 0 {
 			t.log.Info("rescale: reading added partitions", "fragment", f, "partitions", n.Partitions)
 		}
+		// The downstream has passed the cut once every removed
+		// partition's stream reached it: from then on it needs nothing
+		// more of them, and the rescale may finish (stop them).
+		var removed []*input
+		t.inMu.Lock()
+		for _, in := range t.inputs {
+			if in.upstream == f && in.upPartition >= n.Partitions {
+				removed = append(removed, in)
+			}
+		}
+		t.inMu.Unlock()
+		t.wg.Add(1)
+		go func() {
+			defer t.wg.Done()
+			tick := time.NewTicker(2 * time.Millisecond)
+			defer tick.Stop()
+			for _, in := range removed {
+				for t.merge.inputBoundary(in.idx) < n.Cut {
+					select {
+					case <-ctx.Done():
+						return
+					case <-tick.C:
+					}
+				}
+			}
+			t.rs.progMu.Lock()
+			t.rs.cutDone = n.Epoch
+			t.rs.progMu.Unlock()
+		}()
 	}
 	if own && t.merge != nil {
 		// The cut replaces the hold; the handover lifts it.
@@ -443,23 +472,26 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 			return
 		}
 	}
-	t.rs.progMu.Lock()
-	t.rs.cutDone = n.Epoch
-	t.rs.progMu.Unlock()
 	t.log.Info("rescale cut passed", "fragment", f, "epoch", n.Epoch, "cut", n.Cut, "slots_lost", lostAll.Len(), "from_partitions", froms)
 	if p >= n.Partitions {
 		// Removed: every slot is handed over; the output ends here and
-		// the task releases nothing more until it is stopped.
-		if err := t.emitBoundary(ctx, finalBoundary); err == nil {
+		// the task releases nothing more until it is stopped (the
+		// rescale's finish waits until its downstreams received that).
+		err := t.emitBoundary(ctx, finalBoundary)
+		if err == nil {
 			err = t.flush(ctx)
-			if err != nil && !t.stopping(err) {
-				t.fail(err)
-			}
+		}
+		if err != nil {
+			t.endWith(err)
+			return
 		}
 		t.noteWhileRunning("handed every slot over in a rescale; stops when the rescale finishes")
-		return
+	} else {
+		t.merge.liftCut()
 	}
-	t.merge.liftCut()
+	t.rs.progMu.Lock()
+	t.rs.cutDone = n.Epoch
+	t.rs.progMu.Unlock()
 }
 
 // fetchSlots gets, from a copy of partition from of fragment f (this

@@ -122,8 +122,8 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	gone.Next = &nx
 	rs.setMaps(&gone)
 	c.apply()
-	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag })
-	waitUntil(t, "every counts task passed the cut", func() bool {
+	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag || s.Fragment == "out" })
+	waitUntil(t, "every counts and out task passed the cut", func() bool {
 		for _, id := range own {
 			if st := rs.state(id); st.CutDone != next.Epoch {
 				if st.State == StateFailed {
