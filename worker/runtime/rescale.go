@@ -273,6 +273,7 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 				t.outMu.Lock()
 				for p := len(rt.parts); p < n.Partitions; p++ {
 					out := t.newOutput(f, p)
+					out.from = n.Cut
 					rt.parts = append(rt.parts, out)
 					t.outs = append(t.outs, out)
 				}

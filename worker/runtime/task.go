@@ -29,14 +29,18 @@ const finalBoundary = math.MaxInt64
 type outStream struct {
 	consumer  string
 	partition int
-	buf       *dataplane.OutputBuffer
+	// from is the lowest boundary the stream carries: a stream a rescale
+	// added starts at its cut, so that every replica of the task, whatever
+	// point it held at, produces the same stream, id for id.
+	from int64
+	buf  *dataplane.OutputBuffer
 	// w stages the output for buf: the producer flushes it after each
 	// release step, when it is full (a network batch), and before waiting.
 	w *dataplane.Writer
 }
 
 func newOutStream(consumer string, partition int, buf *dataplane.OutputBuffer) *outStream {
-	return &outStream{consumer: consumer, partition: partition, buf: buf, w: buf.NewWriter()}
+	return &outStream{consumer: consumer, partition: partition, from: math.MinInt64, buf: buf, w: buf.NewWriter()}
 }
 
 // route sends a task's data tuples to the partitions of one downstream node.
@@ -831,6 +835,9 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 		t.maxSTime = stime
 	}
 	for _, o := range t.outs {
+		if stime < o.from {
+			continue
+		}
 		if err := t.appendTo(ctx, o, &b); err != nil {
 			return err
 		}
