@@ -6,7 +6,6 @@ import (
 	"math"
 	"slices"
 	"sort"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
@@ -48,9 +47,6 @@ const MaxParallelism = 256
 // then to pass the cut.
 const rescaleTimeout = 2 * time.Minute
 
-// scaleMu serialises rescales on this leader: one at a time.
-var scaleMu sync.Mutex
-
 // ScaleQuery implements AdminService.ScaleQuery.
 func (as *adminService) ScaleQuery(ctx context.Context, req *pb.ScaleQueryRequest) (*pb.ScaleQueryResponse, error) {
 	s := as.s
@@ -64,8 +60,8 @@ func (as *adminService) ScaleQuery(ctx context.Context, req *pb.ScaleQueryReques
 	if handled, err := s.leaderOrForward(ctx, adminMethod+"ScaleQuery", req, resp); handled {
 		return resp, err
 	}
-	scaleMu.Lock()
-	defer scaleMu.Unlock()
+	s.scaleMu.Lock()
+	defer s.scaleMu.Unlock()
 	return s.rescale(ctx, req.Query, req.Operator, int(req.Parallelism))
 }
 

@@ -67,8 +67,9 @@ slot map (with --json: fragment, epoch and the slot ranges per partition).`,
 	cmd.Flags().IntVar(&parallelism, "parallelism", 0, "the number of partitions it should have")
 	if t := cmd.Flags().Lookup("timeout"); t != nil {
 		// A rescale waits for every task involved to reach the cut.
-		_ = t.Value.Set("2m")
-		t.DefValue = "2m0s"
+		if err := t.Value.Set("2m"); err == nil {
+			t.DefValue = "2m0s"
+		}
 	}
 	return cmd
 }
