@@ -113,7 +113,9 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	}
 	for _, down := range n.Outputs {
 		d := plan.Node(down)
-		if d != nil && d.KeyFields == nil && d.Partitions > 1 && d.Partitions == cur.Partitions {
+		// Such a downstream is fed partition p by partition p (the
+		// definitions' parallelism, which a rescale does not change).
+		if d != nil && d.KeyFields == nil && d.Partitions > 1 && d.Partitions == n.Partitions {
 			return nil, status.Errorf(codes.FailedPrecondition, "scale: downstream %s reads %s partition by partition (unkeyed, same parallelism): it cannot follow a rescale", down, op)
 		}
 		t.involved[down], t.downstream[down] = true, true
