@@ -204,7 +204,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	defer s.leading.Store(false)
 
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(6)
 	// The plan applier is the only writer of placements; it lives as long
 	// as these duties, and is installed before the loops that use it.
 	runApplier := s.startPlanApplier()
@@ -213,6 +213,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
+	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
 	wg.Wait()
 }
 

@@ -168,16 +168,7 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 			created = append(created, t.ID)
 		}
 	}
-	abort := func(why string) {
-		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-		defer cancel()
-		plan := fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
-			SlotMaps: []fsm.SlotMapUpdate{update(fsm.RescaleAbort, 0)}, RemoveTasks: created}
-		if _, err := s.submitPlan(actx, plan); err != nil {
-			s.logger.Error("rescale abort failed", "query", name, "fragment", op, "epoch", epoch, "err", err)
-		}
-		s.logger.Warn("rescale aborted", "query", name, "fragment", op, "epoch", epoch, "why", why)
-	}
+	abort := func(why string) { s.abortRescale(ctx, tg, epoch, created, why) }
 	out, err := s.submitPlan(ctx, prepare)
 	if err != nil {
 		if status.Code(err) == codes.FailedPrecondition {
@@ -224,9 +215,38 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 
 	// Finish: every task of the fragment passed the cut. From here the
 	// rescale only goes forward, also when the caller has gone.
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rescaleTimeout)
+	m, err := s.finishRescale(context.WithoutCancel(ctx), tg, epoch, parallelism)
+	if err != nil {
+		return nil, err
+	}
+	return mapResponse(m, cut), nil
+}
+
+// abortRescale drops a prepared rescale of tg's fragment to epoch and
+// deletes the tasks created for it.
+func (s *Server) abortRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, created []string, why string) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cur := tg.cur
+	plan := fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(), RemoveTasks: created,
+		SlotMaps: []fsm.SlotMapUpdate{{Query: cur.Query, Fragment: cur.Fragment, QueryIndex: cur.QueryIndex, ExpectedEpoch: cur.Epoch,
+			Partitions: cur.Partitions, Ranges: cur.Ranges, Phase: fsm.RescaleAbort}}}
+	if _, err := s.submitPlan(actx, plan); err != nil {
+		s.logger.Error("rescale abort failed", "query", cur.Query, "fragment", cur.Fragment, "epoch", epoch, "err", err)
+		return
+	}
+	s.logger.Warn("rescale aborted", "query", cur.Query, "fragment", cur.Fragment, "epoch", epoch, "why", why)
+}
+
+// finishRescale waits until every task of tg's fragment passed the cut of
+// the rescale to epoch and every downstream task received the removed
+// partitions' streams up to it, then installs the new map and deletes the
+// removed partitions' tasks.
+func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, parallelism int) (*fsm.SlotMap, error) {
+	name, op, cur := tg.q.Name, tg.frag, tg.cur
+	fctx, fcancel := context.WithTimeout(ctx, rescaleTimeout)
 	defer fcancel()
-	err = s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
+	err := s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
 		}
@@ -241,8 +261,14 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 			removed = append(removed, fsm.TaskID(name, op, p, r))
 		}
 	}
-	if out, err = s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
-		SlotMaps: []fsm.SlotMapUpdate{update(fsm.RescaleFinish, 0)}, RemoveTasks: removed}); err != nil {
+	finish := fsm.SlotMapUpdate{Query: name, Fragment: op, QueryIndex: tg.q.CreateIndex, ExpectedEpoch: cur.Epoch,
+		Partitions: parallelism, Ranges: fsm.ContiguousSlotMap(parallelism), Phase: fsm.RescaleFinish}
+	if cur.Next != nil {
+		finish.Ranges = cur.Next.Ranges
+	}
+	out, err := s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
+		SlotMaps: []fsm.SlotMapUpdate{finish}, RemoveTasks: removed})
+	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "scale %s/%s: finish: %v", name, op, err)
 	}
 	if len(out.Result.Refused) > 0 {
@@ -252,8 +278,47 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 	if err != nil || m == nil {
 		return nil, status.Errorf(codes.Internal, "scale %s/%s: read the new map: %v", name, op, err)
 	}
-	s.logger.Info("rescale finished", "query", name, "fragment", op, "epoch", m.Epoch, "partitions", m.Partitions, "cut", cut)
-	return mapResponse(m, cut), nil
+	s.logger.Info("rescale finished", "query", name, "fragment", op, "epoch", m.Epoch, "partitions", m.Partitions)
+	return m, nil
+}
+
+// resumeRescales takes over the rescales a previous leader left under way
+// (its leader duties call it once): one still being prepared is aborted
+// (its holds lift, its created tasks go), one past its go is finished.
+func (s *Server) resumeRescales(ctx context.Context) {
+	maps, err := s.State().SlotMaps(nil, "")
+	if err != nil {
+		s.logger.Error("cannot list slot maps to resume rescales", "err", err)
+		return
+	}
+	for _, m := range maps {
+		if m.Next == nil {
+			continue
+		}
+		s.scaleMu.Lock()
+		tg, err := s.rescaleTarget(m.Query, m.Fragment)
+		if err != nil || tg.cur.Next == nil {
+			s.scaleMu.Unlock()
+			continue
+		}
+		next := tg.cur.Next
+		if !next.Go {
+			var created []string
+			tasks, _ := s.State().TasksByQuery(nil, m.Query)
+			for _, t := range tasks {
+				if t.Fragment == m.Fragment && t.ScaleEpoch == next.Epoch {
+					created = append(created, t.ID)
+				}
+			}
+			s.abortRescale(ctx, tg, next.Epoch, created, "a previous leader left it prepared")
+		} else if _, err := s.finishRescale(ctx, tg, next.Epoch, next.Partitions); err != nil {
+			s.logger.Error("cannot finish the rescale a previous leader left", "query", m.Query, "fragment", m.Fragment, "epoch", next.Epoch, "err", err)
+		}
+		s.scaleMu.Unlock()
+		if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // waitTasks blocks until ok holds for every task of query that match
