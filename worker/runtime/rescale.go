@@ -193,6 +193,9 @@ func (t *task) applyRescale(ctx context.Context) {
 			t.liftHold()
 		case n == nil:
 			t.installRoutes(maps)
+			if up {
+				t.retireRemoved(f, m.Partitions)
+			}
 			t.rs.progMu.Lock()
 			for e := range t.rs.handoverEpochs {
 				if e <= m.Epoch {
@@ -205,6 +208,22 @@ func (t *task) applyRescale(ctx context.Context) {
 				}
 			}
 			t.rs.progMu.Unlock()
+		}
+	}
+}
+
+// retireRemoved stops appending to the task's streams to partitions of
+// fragment f at or above partitions (removed by a finished rescale): they
+// would only collect boundaries nobody reads.
+func (t *task) retireRemoved(f string, partitions int) {
+	if partitions <= 0 {
+		return
+	}
+	t.outMu.RLock()
+	defer t.outMu.RUnlock()
+	for _, o := range t.byConsumer[f] {
+		if o.partition >= partitions && !o.retired.Swap(true) {
+			t.log.Info("rescale: output to a removed partition retired", "consumer", f, "partition", o.partition)
 		}
 	}
 }

@@ -193,6 +193,14 @@ func testRescale(t *testing.T, replicas int) {
 	if cut2 <= cut1 {
 		t.Fatalf("cuts %d then %d: the second rescale did not come later in the stream", cut1, cut2)
 	}
+	// The source stops feeding the removed partitions' streams.
+	src := c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
+	waitUntil(t, "the source's streams to removed partitions retired", func() bool {
+		src.outMu.RLock()
+		defer src.outMu.RUnlock()
+		parts := src.byConsumer["counts"]
+		return len(parts) == 4 && parts[2].retired.Load() && parts[3].retired.Load() && !parts[1].retired.Load()
+	})
 	// Copies started from snapshots taken before the rescale removed
 	// partitions leave out the streams of those partitions: the source
 	// (four outputs to counts, two now) and the sink (four inputs) move.

@@ -33,7 +33,10 @@ type outStream struct {
 	// added starts at its cut, so that every replica of the task, whatever
 	// point it held at, produces the same stream, id for id.
 	from int64
-	buf  *dataplane.OutputBuffer
+	// retired: the partition the stream feeds was removed by a rescale;
+	// nothing is appended to it any more.
+	retired atomic.Bool
+	buf     *dataplane.OutputBuffer
 	// w stages the output for buf: the producer flushes it after each
 	// release step, when it is full (a network batch), and before waiting.
 	w *dataplane.Writer
@@ -835,7 +838,7 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 		t.maxSTime = stime
 	}
 	for _, o := range t.outs {
-		if stime < o.from {
+		if stime < o.from || o.retired.Load() {
 			continue
 		}
 		if err := t.appendTo(ctx, o, &b); err != nil {
