@@ -75,7 +75,10 @@ func liveRescale(t *testing.T, replicas int) {
 	got := o.results(t, "sc", func(n int) {
 		mu.Lock()
 		defer mu.Unlock()
-		if busy || started == len(steps) || n < 150*(started+1) {
+		// The first once results flow, the next as soon as the one
+		// before has finished: as much of the stream as possible is left
+		// for each.
+		if busy || started == len(steps) || n < 150 {
 			return
 		}
 		busy = true
@@ -163,7 +166,9 @@ func TestQueryScaleCommand(t *testing.T) {
 	var res []scaleJSON
 	steps := []int{4, 2}
 	got := w.results(t, len(want), func(n int) {
-		if len(res) == len(steps) || n < len(want)*(len(res)+1)/5 {
+		// The first once a sixth of the results came, the next right
+		// after it: as much of the stream as possible is left for each.
+		if len(res) == len(steps) || n < len(want)/6 {
 			return
 		}
 		res = append(res, scaleJSON{})
