@@ -134,7 +134,9 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 		}
 		return nil
 	}
-	if t.Gen() <= 1 {
+	if t.Gen() <= 1 || (t.ScaleEpoch != 0 && t.Gen() == int(t.ScaleEpoch)) {
+		// A first copy, or the first copy of a partition a rescale added:
+		// it starts empty and takes its slots at the rescale's cut.
 		return nil
 	}
 	for _, p := range peers {

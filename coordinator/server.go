@@ -93,6 +93,8 @@ type Server struct {
 	// applier is the running plan applier while this node leads (see
 	// startPlanApplier), nil otherwise.
 	applier atomic.Pointer[planApplier]
+	// scaleMu serialises rescales on this node: one at a time (rescale.go).
+	scaleMu sync.Mutex
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.

@@ -177,7 +177,8 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
-		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation)})
+		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone})
 	}
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
@@ -238,8 +239,12 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 				continue // left from an older definition
 			}
 			slotMaps[[2]string{m.Query, m.Fragment}] = m
-			view.SlotMaps = append(view.SlotMaps, &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
-				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)})
+			pm := &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
+				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)}
+			if n := m.Next; n != nil {
+				pm.NextEpoch, pm.NextPartitions, pm.NextRanges, pm.NextGo, pm.Cut = n.Epoch, int32(n.Partitions), slotRangesPB(n.Ranges), n.Go, n.Cut
+			}
+			view.SlotMaps = append(view.SlotMaps, pm)
 		}
 		needed := s.plans.neededFragments(q.Query, own[q.Query.Name])
 		for _, t := range q.Tasks {

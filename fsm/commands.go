@@ -174,6 +174,11 @@ type TaskStateUpdate struct {
 	// Generation is the copy that reports; a report of another generation
 	// than the task's current one is skipped. 0: not said (older workers).
 	Generation int `json:"generation,omitempty"`
+	// Rescale progress (see Task.Prepared, Frontier, CutDone); zero when
+	// no rescale is under way.
+	Prepared uint64 `json:"prepared,omitempty"`
+	Frontier int64  `json:"frontier,omitempty"`
+	CutDone  uint64 `json:"cut_done,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

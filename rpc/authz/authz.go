@@ -163,6 +163,8 @@ var Methods = map[string]Need{
 	// Moving a running task changes placements, as submitting does.
 	pb.AdminService_MoveTask_FullMethodName:   NeedWriter,
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
+	// Rescaling a query changes placements and slot maps.
+	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.
@@ -181,6 +183,8 @@ var Methods = map[string]Need{
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
+	// Slot state handed over in a rescale: the org's workers only.
+	pb.DataPlane_FetchSlots_FullMethodName: NeedWorker,
 
 	// Federation (issue 11): auditors (and every client role) read and
 	// verify the ledger and the contracts; only an admin proposes,

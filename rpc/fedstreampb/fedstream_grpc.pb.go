@@ -289,6 +289,7 @@ const (
 	AdminService_MoveTask_FullMethodName       = "/fedstream.v1.AdminService/MoveTask"
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 	AdminService_QueryStats_FullMethodName     = "/fedstream.v1.AdminService/QueryStats"
+	AdminService_ScaleQuery_FullMethodName     = "/fedstream.v1.AdminService/ScaleQuery"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -309,6 +310,8 @@ type AdminServiceClient interface {
 	// ---- query statistics (issue 12): live per-task figures, served by the
 	// leader from what workers report; not replicated through Raft.
 	QueryStats(ctx context.Context, in *QueryStatsRequest, opts ...grpc.CallOption) (*QueryStatsResponse, error)
+	// ---- live rescaling (issue 9 item 4)
+	ScaleQuery(ctx context.Context, in *ScaleQueryRequest, opts ...grpc.CallOption) (*ScaleQueryResponse, error)
 }
 
 type adminServiceClient struct {
@@ -419,6 +422,16 @@ func (c *adminServiceClient) QueryStats(ctx context.Context, in *QueryStatsReque
 	return out, nil
 }
 
+func (c *adminServiceClient) ScaleQuery(ctx context.Context, in *ScaleQueryRequest, opts ...grpc.CallOption) (*ScaleQueryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScaleQueryResponse)
+	err := c.cc.Invoke(ctx, AdminService_ScaleQuery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -437,6 +450,8 @@ type AdminServiceServer interface {
 	// ---- query statistics (issue 12): live per-task figures, served by the
 	// leader from what workers report; not replicated through Raft.
 	QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error)
+	// ---- live rescaling (issue 9 item 4)
+	ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -476,6 +491,9 @@ func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRa
 }
 func (UnimplementedAdminServiceServer) QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method QueryStats not implemented")
+}
+func (UnimplementedAdminServiceServer) ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ScaleQuery not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -678,6 +696,24 @@ func _AdminService_QueryStats_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ScaleQuery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScaleQueryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ScaleQuery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ScaleQuery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ScaleQuery(ctx, req.(*ScaleQueryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -725,6 +761,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "QueryStats",
 			Handler:    _AdminService_QueryStats_Handler,
 		},
+		{
+			MethodName: "ScaleQuery",
+			Handler:    _AdminService_ScaleQuery_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
@@ -734,6 +774,7 @@ const (
 	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
 	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
 	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
+	DataPlane_FetchSlots_FullMethodName    = "/fedstream.v1.DataPlane/FetchSlots"
 )
 
 // DataPlaneClient is the client API for DataPlane service.
@@ -745,6 +786,8 @@ type DataPlaneClient interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
+	// ---- live rescaling (issue 9 item 4); worker to worker only.
+	FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
 type dataPlaneClient struct {
@@ -800,6 +843,25 @@ func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
 
+func (c *dataPlaneClient) FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[3], DataPlane_FetchSlots_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchSlotsRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSlotsClient = grpc.ServerStreamingClient[SnapshotChunk]
+
 // DataPlaneServer is the server API for DataPlane service.
 // All implementations must embed UnimplementedDataPlaneServer
 // for forward compatibility.
@@ -809,6 +871,8 @@ type DataPlaneServer interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
+	// ---- live rescaling (issue 9 item 4); worker to worker only.
+	FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedDataPlaneServer()
 }
 
@@ -827,6 +891,9 @@ func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequ
 }
 func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
+}
+func (UnimplementedDataPlaneServer) FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method FetchSlots not implemented")
 }
 func (UnimplementedDataPlaneServer) mustEmbedUnimplementedDataPlaneServer() {}
 func (UnimplementedDataPlaneServer) testEmbeddedByValue()                   {}
@@ -874,6 +941,17 @@ func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
 
+func _DataPlane_FetchSlots_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchSlotsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServer).FetchSlots(m, &grpc.GenericServerStream[FetchSlotsRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSlotsServer = grpc.ServerStreamingServer[SnapshotChunk]
+
 // DataPlane_ServiceDesc is the grpc.ServiceDesc for DataPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -896,6 +974,11 @@ var DataPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "FetchSnapshot",
 			Handler:       _DataPlane_FetchSnapshot_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchSlots",
+			Handler:       _DataPlane_FetchSlots_Handler,
 			ServerStreams: true,
 		},
 	},

@@ -62,22 +62,74 @@ type SlotRange struct{ First, Last int }
 type SlotMap struct {
 	// Epoch grows by one on every reassignment of the fragment's slots.
 	Epoch uint64
+	// Partitions is the fragment's number of partitions under this map
+	// (0: not said; the query definition's parallelism).
+	Partitions int
 	// Owner[s] is the partition owning slot s; len queryspec.NumSlots.
 	Owner []int32
+	// Next is the live rescale under way, nil when none is (see
+	// docs/DATAPLANE.md, "Rescaling a keyed fragment").
+	Next *SlotMapNext
 }
 
-// check returns an error unless the map covers every slot with one of
-// partitions partitions.
+// SlotMapNext is a rescale of a keyed fragment in progress: the map it
+// moves to and, once Go, the cut: tuples with stime at or above Cut are
+// routed by Owner, older ones by the current map.
+type SlotMapNext struct {
+	Epoch      uint64
+	Partitions int
+	Owner      []int32
+	Go         bool
+	Cut        int64
+}
+
+// check returns an error unless the map (and the one it moves to) covers
+// every slot with one of partitions partitions.
 func (m *SlotMap) check(partitions int) error {
-	if len(m.Owner) != queryspec.NumSlots {
-		return fmt.Errorf("slot map of epoch %d has %d slots, want %d", m.Epoch, len(m.Owner), queryspec.NumSlots)
+	owners := [][]int32{m.Owner}
+	if m.Next != nil {
+		owners = append(owners, m.Next.Owner)
 	}
-	for s, p := range m.Owner {
-		if p < 0 || int(p) >= partitions {
-			return fmt.Errorf("slot map of epoch %d gives slot %d to partition %d of %d", m.Epoch, s, p, partitions)
+	for _, owner := range owners {
+		if len(owner) != queryspec.NumSlots {
+			return fmt.Errorf("slot map of epoch %d has %d slots, want %d", m.Epoch, len(owner), queryspec.NumSlots)
+		}
+		for s, p := range owner {
+			if p < 0 || int(p) >= partitions {
+				return fmt.Errorf("slot map of epoch %d gives slot %d to partition %d of %d", m.Epoch, s, p, partitions)
+			}
 		}
 	}
 	return nil
+}
+
+// partitions returns the number of partitions of the map's fragment that
+// run or are being created: both maps' during a rescale (the added ones
+// exist from prepare, the removed ones until finish), else the map's; def
+// when the map does not say.
+func (m *SlotMap) partitions(def int) int {
+	if m == nil || m.Partitions <= 0 {
+		return def
+	}
+	n := m.Partitions
+	if m.Next != nil {
+		n = max(n, m.Next.Partitions)
+	}
+	return n
+}
+
+// streams returns the number of partitions the fragment's upstreams
+// produce for and its downstreams read from: the map's, and from the go
+// of a rescale both maps' (streams of added partitions start at its cut).
+func (m *SlotMap) streams(def int) int {
+	if m == nil || m.Partitions <= 0 {
+		return def
+	}
+	n := m.Partitions
+	if m.Next != nil && m.Next.Go {
+		n = max(n, m.Next.Partitions)
+	}
+	return n
 }
 
 // TaskSpec is one task the worker must run, with what it needs to run it.
@@ -151,6 +203,12 @@ type TaskState struct {
 	// StateStalled, what the task waits on), or a note ("input exhausted").
 	State   string
 	Message string
+	// Rescale progress (see rescale.go): the epoch of the rescale the
+	// task holds for and its frontier there, and the epoch whose cut it
+	// has passed.
+	Prepared uint64
+	Frontier int64
+	CutDone  uint64
 }
 
 // Options configures a Runtime. Zero values mean the defaults.

@@ -383,6 +383,7 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
 		}
 	}
+	s = withoutRemovedStreams(s, t)
 	if len(s.Inputs) != len(t.inputs) {
 		return fmt.Errorf("%w: %d inputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Inputs), len(t.inputs))
 	}
@@ -426,6 +427,37 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	return nil
 }
 
+// withoutRemovedStreams returns s without the streams of partitions a
+// rescale removed since the snapshot's copy was built, which the task no
+// longer has: inputs from a removed upstream partition that ended (their
+// final boundary received, nothing pending), and outputs to a removed
+// partition of a keyed downstream. Anything else that does not fit is left
+// for the checks to refuse.
+func withoutRemovedStreams(s *TaskSnapshot, t *task) *TaskSnapshot {
+	has := map[string]int{} // upstream -> partitions read
+	for _, in := range t.inputs {
+		has[in.upstream] = max(has[in.upstream], in.upPartition+1)
+	}
+	out := *s
+	out.Inputs, out.Outputs = nil, nil
+	for _, in := range s.Inputs {
+		if n, ok := has[in.Upstream]; ok && in.Partition >= n && in.Boundary == finalBoundary && len(in.Pending) == 0 {
+			continue
+		}
+		out.Inputs = append(out.Inputs, in)
+	}
+	for _, o := range s.Outputs {
+		parts, ok := t.byConsumer[o.Consumer]
+		if ok && o.Consumer != "" && o.Partition >= len(parts) {
+			if down := t.plan.Node(o.Consumer); down != nil && down.KeyFields != nil {
+				continue
+			}
+		}
+		out.Outputs = append(out.Outputs, o)
+	}
+	return &out
+}
+
 // checkOutputs returns an error unless the snapshot's outputs are the
 // task's.
 func (t *task) checkOutputs(s *TaskSnapshot) error {
@@ -444,6 +476,7 @@ func (t *task) checkOutputs(s *TaskSnapshot) error {
 // resumeOutputs continues every output after the snapshot's position,
 // holding again its tail.
 func (t *task) resumeOutputs(s *TaskSnapshot) error {
+	s = withoutRemovedStreams(s, t)
 	if err := t.checkOutputs(s); err != nil {
 		return err
 	}

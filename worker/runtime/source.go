@@ -68,6 +68,8 @@ func (t *task) runGenerator() {
 		select {
 		case req := <-t.genSnap:
 			req <- t.cutSource(ctx, boundary)
+		case c := <-t.genCtl:
+			t.runGenCmd(ctx, c)
 		default:
 		}
 		if !t.gen.Next(&tp) {
@@ -137,6 +139,57 @@ func (t *task) runGenerator() {
 		return
 	}
 	t.setState(StateRunning, "input exhausted")
+}
+
+// genCmd is work for a generator source's goroutine, run between two
+// records (see Runtime rescales): f runs; then, if hold is not nil, the
+// goroutine draws nothing more, running further commands, until hold
+// closes or the task stops.
+type genCmd struct {
+	f    func()
+	hold <-chan struct{}
+	done chan struct{} // closed once f ran
+}
+
+func (t *task) runGenCmd(ctx context.Context, c genCmd) {
+	if c.f != nil {
+		c.f()
+	}
+	close(c.done)
+	if c.hold == nil {
+		return
+	}
+	for {
+		select {
+		case c2 := <-t.genCtl:
+			c2.hold = nil // one hold at a time
+			t.runGenCmd(ctx, c2)
+		case <-c.hold:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// onGenerator runs f on the generator goroutine between two records
+// (then holds it until hold closes, when hold is not nil) and waits until
+// f ran. It returns false when the generator has ended or ctx ended.
+func (t *task) onGenerator(ctx context.Context, f func(), hold <-chan struct{}) bool {
+	c := genCmd{f: f, hold: hold, done: make(chan struct{})}
+	select {
+	case t.genCtl <- c:
+	case <-t.genDone:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-c.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // endWith marks the task failed unless err only reports that it is being
