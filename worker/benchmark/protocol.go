@@ -57,6 +57,9 @@ const (
 	// them into words and hash-partitions the words over Partitions
 	// connections to Addr.
 	opWCSend = "wc_send"
+	// opStats reports the worker's snapshot figures: SnapshotBytes, the
+	// encoded bytes of the task snapshots its engine served (moves out).
+	opStats = "stats"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -72,6 +75,12 @@ type request struct {
 	RecordBytes int                `json:"record_bytes,omitempty"`
 	Seed        int64              `json:"seed,omitempty"`
 	Partitions  int                `json:"partitions,omitempty"`
+	// Rows makes a tail (opTailStart) return every result row, formatted,
+	// with the wall time it was read (bench move).
+	Rows bool `json:"rows,omitempty"`
+	// SourceSpeedup runs the worker's generator sources this many times
+	// faster than their rate (hello; runtime.Options.SourceSpeedup).
+	SourceSpeedup int `json:"source_speedup,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
 }
@@ -100,6 +109,12 @@ type response struct {
 	// Counts are the word counts (occurrences per word) a word count
 	// computed.
 	Counts map[string]int64 `json:"counts,omitempty"`
+	// Rows are a tail's result rows in stream order and RowNanos the wall
+	// time each was read (opTailStart with Rows).
+	Rows     []string `json:"rows,omitempty"`
+	RowNanos []int64  `json:"row_nanos,omitempty"`
+	// SnapshotBytes is what opStats reports.
+	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

@@ -64,6 +64,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return status.Errorf(codes.Internal, "task %s: encode snapshot: %v", req.TaskId, err)
 	}
 	s.r.snapshotsServed.Add(1)
+	s.r.snapshotBytes.Add(uint64(len(enc)))
 	t.log.Info("snapshot served", "halt", req.Halt, "bytes", len(enc), "released", snap.Released)
 	size := s.r.opts.SnapshotChunkBytes
 	chunks := 0
@@ -110,6 +111,10 @@ func (r *Runtime) StartedFromSnapshot(taskID string) bool {
 // SnapshotsServed is how many task snapshots this runtime's FetchSnapshot
 // has served (moves out of it, peers bootstrapped from it).
 func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }
+
+// SnapshotBytesServed is the total encoded size of the task snapshots this
+// runtime's FetchSnapshot has served.
+func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 
 // FetchSnapshot asks the worker behind conn for a snapshot of one copy of
 // a task (see the DataPlane FetchSnapshot RPC) and decodes it.

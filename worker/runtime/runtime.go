@@ -246,8 +246,10 @@ type Runtime struct {
 	pool    *dataplane.Pool
 	ownPool bool
 	server  *dataplane.Server
-	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
+	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed),
+	// snapshotBytes their encoded bytes (SnapshotBytesServed).
 	snapshotsServed atomic.Uint64
+	snapshotBytes   atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
