@@ -401,7 +401,10 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	for i, pos := range s.Inputs {
 		in := t.inputs[i]
 		ref := in.sub.Ref()
-		in.sub = dataplane.NewSubscriber(ref, t.spec.TaskID, false, pos.After)
+		// Under the copy's name (CopyID), as the registration that pinned
+		// the upstreams for it: under the task id it would be taken for
+		// the old copy, whose acknowledgements run past the snapshot.
+		in.sub = dataplane.NewSubscriber(ref, t.spec.CopyID(), false, pos.After)
 		switch {
 		case t.passThrough:
 			in.sub.DeliverEncoded()
