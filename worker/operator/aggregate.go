@@ -447,13 +447,14 @@ func (a *aggregate) Snapshot() ([]byte, error) {
 	e.uvarint(a.late)
 	starts := slices.Sorted(maps.Keys(a.windows))
 	e.uvarint(uint64(len(starts)))
-	var groups []keyedGroup
-	for _, s := range starts {
-		w := a.windows[s]
-		e.varint(s)
+	// Windows are encoded side by side (each reads only its own groups)
+	// and concatenated in start order.
+	encodeParallel(e, len(starts), func(i int, e *encoder) {
+		w := a.windows[starts[i]]
+		e.varint(w.start)
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
-		groups = slices.Grow(groups[:0], len(w.groups))
+		groups := make([]keyedGroup, 0, len(w.groups))
 		for k, g := range w.groups {
 			groups = append(groups, keyedGroup{k, g})
 		}
@@ -462,7 +463,7 @@ func (a *aggregate) Snapshot() ([]byte, error) {
 		for _, kg := range groups {
 			a.encodeGroup(e, kg.key, kg.g)
 		}
-	}
+	})
 	return e.b, nil
 }
 
