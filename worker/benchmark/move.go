@@ -85,6 +85,16 @@ type MoveResult struct {
 	// MoveRatio is LiveMoveMs over it.
 	TransferBoundMs float64 `json:"transfer_bound_ms"`
 	MoveRatio       float64 `json:"move_ratio"`
+	// Where each move's time went on the new copy's worker: registering
+	// with the upstreams (live only), fetching the snapshot (taking,
+	// encoding, sending, receiving, decoding), restoring the task from
+	// it. The rest of a move's time is applying placements and stopping
+	// the old copy.
+	LivePinMs         float64 `json:"live_pin_ms"`
+	LiveFetchMs       float64 `json:"live_fetch_ms"`
+	LiveRestoreMs     float64 `json:"live_restore_ms"`
+	StopCopyFetchMs   float64 `json:"stopcopy_fetch_ms"`
+	StopCopyRestoreMs float64 `json:"stopcopy_restore_ms"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
 	Lost       int `json:"lost"`
@@ -198,6 +208,13 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		return nil, err
 	}
 	m.progress("live move done in %s (consumers switched after %s)", live.stopped.Sub(live.start), live.switched.Sub(live.start))
+	boot, err := m.w[2].call(ctx, request{Op: opStats})
+	if err != nil {
+		return nil, err
+	}
+	if b := boot.Bootstrap; b != nil {
+		res.LivePinMs, res.LiveFetchMs, res.LiveRestoreMs = ms(b.Pin), ms(b.Fetch), ms(b.Restore)
+	}
 	if err := sleepCtx(ctx, cfg.Settle); err != nil {
 		return nil, err
 	}
@@ -218,6 +235,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	st, err := m.w[1].call(ctx, request{Op: opStats})
 	if err != nil {
 		return nil, err
+	}
+	if b := st.Bootstrap; b != nil {
+		res.StopCopyFetchMs, res.StopCopyRestoreMs = ms(b.Fetch), ms(b.Restore)
 	}
 	if st.SnapshotBytes == 0 {
 		return nil, fmt.Errorf("%w: worker 1 served no snapshot: the live move did not transfer state", ErrMoveBench)

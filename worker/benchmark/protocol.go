@@ -113,8 +113,11 @@ type response struct {
 	// time each was read (opTailStart with Rows).
 	Rows     []string `json:"rows,omitempty"`
 	RowNanos []int64  `json:"row_nanos,omitempty"`
-	// SnapshotBytes is what opStats reports.
-	SnapshotBytes uint64 `json:"snapshot_bytes,omitempty"`
+	// SnapshotBytes and Bootstrap are what opStats reports: the bytes of
+	// the snapshots the worker served, and the phases of the latest task
+	// start from a fetched snapshot on it.
+	SnapshotBytes uint64                   `json:"snapshot_bytes,omitempty"`
+	Bootstrap     *runtime.BootstrapTiming `json:"bootstrap,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

@@ -263,7 +263,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	case opCPU:
 		return response{}, nil
 	case opStats:
-		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed()}, nil
+		b := w.batched.rt.LastBootstrap()
+		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {

@@ -252,6 +252,9 @@ type Runtime struct {
 	snapshotBytes   atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
+	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
+	bootMu        sync.Mutex
+	lastBootstrap BootstrapTiming
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
@@ -356,7 +359,11 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.setSlotMaps(spec.SlotMaps)
 			continue
 		}
+		began := time.Now()
 		t, err := newTask(r, spec)
+		if err == nil && spec.Bootstrap != nil && spec.FromSnapshot != nil {
+			r.noteRestore(id, time.Since(began))
+		}
 		if err != nil {
 			r.log.Error("task cannot start", "task", id, "err", err)
 			t = failedTask(r, spec, err)
@@ -393,6 +400,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				// The copy keeps running: pin what follows its positions.
 				r.pinUpstreams(fctx, spec)
 			}
+			pinned := time.Now()
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
@@ -420,6 +428,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			}
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
+			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned)})
 			mu.Lock()
 			fetched[id] = snap
 			mu.Unlock()
@@ -545,4 +554,36 @@ func (in ingester) Ingest(ctx context.Context, query, source string, firstLine u
 		}
 	}
 	return accepted, lineErrs, firstErr
+}
+
+// BootstrapTiming is where the latest start of a task from a fetched
+// snapshot (TaskSpec.Bootstrap) spent its time.
+type BootstrapTiming struct {
+	Task string
+	// Pin is registering with the upstreams before a live snapshot,
+	// Fetch taking, sending, receiving and decoding the snapshot, Restore
+	// building the task from it (operator state installed).
+	Pin, Fetch, Restore time.Duration
+}
+
+// LastBootstrap reports the timing of the latest bootstrap (zero before
+// any).
+func (r *Runtime) LastBootstrap() BootstrapTiming {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	return r.lastBootstrap
+}
+
+func (r *Runtime) noteBootstrap(b BootstrapTiming) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	r.lastBootstrap = b
+}
+
+func (r *Runtime) noteRestore(task string, d time.Duration) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	if r.lastBootstrap.Task == task {
+		r.lastBootstrap.Restore = d
+	}
 }
