@@ -366,3 +366,37 @@ func TestCallerIdentityKeysAcks(t *testing.T) {
 		t.Fatalf("plaintext key %q, want the name", got)
 	}
 }
+
+// TestHeldBufferWaitsForSubscribers: the output of a copy that continues
+// another (a moved task) has no subscriber until its consumers switch to
+// it. Held (HoldUntilConnected), a full buffer blocks its producer well
+// past the overrun grace and discards nothing; the first subscriber to
+// connect ends the hold, and what it has not taken is there. (Without
+// the hold the producer discarded the oldest tuples after the grace: the
+// consumers that switched later missed them.)
+func TestHeldBufferWaitsForSubscribers(t *testing.T) {
+	const grace = 20 * time.Millisecond
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 10, OverrunGrace: grace, Lease: time.Minute})
+	b.HoldUntilConnected()
+	fill(t, b, 1, 10)
+	done := make(chan error, 1)
+	go func() { done <- b.Append(context.Background(), dataTuple(11, "x")) }()
+	waitFor(t, "producer blocked", func() bool { return b.Stats().BlockedAppends == 1 })
+	select {
+	case err := <-done:
+		t.Fatalf("append returned %v (stats %+v) while no subscriber had come", err, b.Stats())
+	case <-time.After(20 * grace):
+	}
+	if st := b.Stats(); st.Overrun != 0 || st.OldestID != 1 {
+		t.Fatalf("stats while held: %+v", st)
+	}
+	b.Connect("down")
+	defer b.Disconnect("down")
+	b.Ack("down", 1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.Overrun != 0 || st.OldestID != 2 {
+		t.Fatalf("stats after the subscriber came: %+v", st)
+	}
+}

@@ -129,6 +129,9 @@ type OutputBuffer struct {
 	lastID uint64
 	// dropped is the id of the newest discarded tuple (0: none).
 	dropped uint64
+	// holdUntil, when set, suspends the overrun rule until a subscriber
+	// connects or this time passes (HoldUntilConnected).
+	holdUntil time.Time
 	// subs are the acknowledging subscribers that hold the buffer: every
 	// connected one, and disconnected ones within their lease.
 	subs map[string]*subscriberState
@@ -366,6 +369,7 @@ func (b *OutputBuffer) truncateLocked(upTo uint64) {
 func (b *OutputBuffer) Connect(name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdUntil = time.Time{}
 	s := b.subLocked(name, time.Now())
 	s.conns++
 	s.overrun = false
@@ -386,6 +390,23 @@ func (b *OutputBuffer) Disconnect(name string) {
 		// so that it re-evaluates (and sets its timer).
 		b.wakeSpaceLocked()
 	}
+}
+
+// HoldUntilConnected suspends the overrun rule until a subscriber
+// connects, or for one Lease at most: a full buffer blocks its producer
+// rather than discard what no connected subscriber has taken. For the
+// output of a copy that continues another (a moved task): its consumers
+// are still reading the old copy and switch to it only later, so its
+// buffer has no subscriber at all for a while, and what it holds (the
+// old copy's untaken tail, and what the copy produces meanwhile) is
+// exactly what they will ask for. Ring buffers never wait and ignore it.
+func (b *OutputBuffer) HoldUntilConnected() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.opts.Ring {
+		return
+	}
+	b.holdUntil = time.Now().Add(b.opts.Lease)
 }
 
 // Register records an acknowledging subscriber by name (idempotent)
@@ -505,6 +526,17 @@ func (b *OutputBuffer) overrunLocked(now time.Time, size int) (wake time.Time) {
 		if end := b.created.Add(b.opts.Lease); wake.IsZero() || end.Before(wake) {
 			wake = end
 		}
+	}
+	if !b.holdUntil.IsZero() {
+		if now.Before(b.holdUntil) {
+			// Held for subscribers to come (HoldUntilConnected): flow
+			// control until one connects.
+			if wake.IsZero() || b.holdUntil.Before(wake) {
+				wake = b.holdUntil
+			}
+			return wake
+		}
+		b.holdUntil = time.Time{}
 	}
 	oldest := b.oldestLocked()
 	if b.count == 0 || oldest > l.connected {

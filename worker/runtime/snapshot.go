@@ -478,6 +478,10 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 		} else if err := o.w.ResumeAfter(pos.LastID); err != nil {
 			return err
 		}
+		// Its consumers still read the copy it continues, and switch
+		// later: until the first comes, a full buffer waits for them
+		// rather than discard what they will ask for.
+		o.buf.HoldUntilConnected()
 	}
 	t.seq = s.Seq
 	t.restored = true
