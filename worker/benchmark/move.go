@@ -248,6 +248,14 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	res.StopCopyGapMs = ms(longestGap(tail.RowNanos, stopCopy.start, stopCopy.switched))
 	res.NormalGapMs = ms(longestGap(tail.RowNanos, live.start.Add(-time.Second), live.start.Add(-moveSlide)))
 	res.GapRatio = safeRatio(res.LiveGapMs, res.StopCopyGapMs)
+	for _, mv := range []struct {
+		name string
+		t    moveTimes
+	}{{"live", live}, {"stop-and-copy", stopCopy}} {
+		gap, at := longestGapAt(tail.RowNanos, mv.t.start, mv.t.switched)
+		m.progress("%s move: longest gap %s, from %s after the request (consumers switched at %s, old copy stopped at %s)",
+			mv.name, gap.Round(time.Millisecond), at.Round(time.Millisecond), mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
+	}
 	res.LiveMoveMs = ms(live.stopped.Sub(live.start))
 	res.StopCopyMoveMs = ms(stopCopy.stopped.Sub(stopCopy.start))
 	res.TransferBoundMs = res.StateMB / res.LoopbackMBs * 1000
@@ -335,15 +343,15 @@ func (m *moveBench) on(addr string) []runtime.TaskSpec {
 // moveTimes are the instants of one move.
 type moveTimes struct {
 	start    time.Time // requested
-	stopped  time.Time // the new copy runs and the old copy is stopped
-	switched time.Time // every consumer was told to read the new copy
+	switched time.Time // the new copy caught up, every consumer was told to read it
+	stopped  time.Time // then the old copy stopped
 }
 
-// move moves the aggregate from worker from to worker to, as the
-// coordinator's move does (see runtime TaskSpec.Bootstrap): the next
-// generation is started on the target with the old copy as its bootstrap
-// source (halt: stop-and-copy), then the old copy is stopped and the
-// consumers are given the new placement.
+// move moves the aggregate from worker from to worker to (see runtime
+// TaskSpec.Bootstrap): the next generation is started on the target with
+// the old copy as its bootstrap source (halt: stop-and-copy); once it has
+// caught up with the old copy the consumers are given the new placement,
+// then the old copy is stopped.
 func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTimes, error) {
 	var t moveTimes
 	i := slices.IndexFunc(m.placements, func(pl runtime.Placement) bool { return pl.TaskID == m.aggID })
@@ -359,20 +367,52 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	if _, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}}); err != nil {
 		return t, err
 	}
+	// The new copy catches up: consumers switch once it has produced
+	// what the old copy has.
+	if err := m.caughtUp(ctx, from, to); err != nil {
+		return t, err
+	}
 	spec.Bootstrap = nil
 	m.specs[m.aggID] = spec
 	m.placements[i].WorkerAddr, m.placements[i].Generation = m.w[to].addr, spec.Generation
-	if _, err := m.w[from].call(ctx, request{Op: opApply, Tasks: m.on(m.w[from].addr)}); err != nil {
-		return t, err
-	}
-	t.stopped = time.Now()
 	for _, w := range []int{0, to} {
 		if _, err := m.w[w].call(ctx, request{Op: opApply, Tasks: m.on(m.w[w].addr)}); err != nil {
 			return t, err
 		}
 	}
 	t.switched = time.Now()
+	if _, err := m.w[from].call(ctx, request{Op: opApply, Tasks: m.on(m.w[from].addr)}); err != nil {
+		return t, err
+	}
+	t.stopped = time.Now()
 	return t, nil
+}
+
+// caughtUp waits until the aggregate's copy on worker to has appended as
+// much output as its copy on worker from (polled every millisecond).
+func (m *moveBench) caughtUp(ctx context.Context, from, to int) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	pos := func(w int) (uint64, error) {
+		r, err := m.w[w].call(ctx, request{Op: opOutputPos, Query: m.q.Name, Task: m.aggID, Consumer: "out"})
+		return r.LastID, err
+	}
+	for {
+		old, err := pos(from)
+		if err != nil {
+			return err
+		}
+		cur, err := pos(to)
+		if err != nil {
+			return err
+		}
+		if cur >= old {
+			return nil
+		}
+		if err := sleepCtx(ctx, time.Millisecond); err != nil {
+			return fmt.Errorf("%w: the new copy of %s did not catch up (%d of %d): %w", ErrMoveBench, m.aggID, cur, old, err)
+		}
+	}
 }
 
 // loopback measures raw TCP bandwidth from w1 to w0 over bytes bytes, the
@@ -438,15 +478,24 @@ sinks:
 // times (sorted) that overlaps [from, to]; the interval from the last
 // result before from to the first after to when none falls inside.
 func longestGap(times []int64, from, to time.Time) time.Duration {
+	d, _ := longestGapAt(times, from, to)
+	return d
+}
+
+// longestGapAt is longestGap and when that interval began, relative to
+// from.
+func longestGapAt(times []int64, from, to time.Time) (gap, at time.Duration) {
 	a, b := from.UnixNano(), to.UnixNano()
-	var longest int64
+	var longest, began int64
 	for i := 1; i < len(times); i++ {
 		if times[i] < a || times[i-1] > b {
 			continue
 		}
-		longest = max(longest, times[i]-times[i-1])
+		if d := times[i] - times[i-1]; d > longest {
+			longest, began = d, times[i-1]
+		}
 	}
-	return time.Duration(longest)
+	return time.Duration(longest), time.Duration(began - a)
 }
 
 // compareRows counts the rows of got missing from want (lost) and beyond

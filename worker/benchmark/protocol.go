@@ -60,6 +60,9 @@ const (
 	// opStats reports the worker's snapshot figures: SnapshotBytes, the
 	// encoded bytes of the task snapshots its engine served (moves out).
 	opStats = "stats"
+	// opOutputPos reports, as LastID, the id of the last tuple task Task
+	// of Query appended to its output stream to Consumer (partition 0).
+	opOutputPos = "output_pos"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -75,6 +78,8 @@ type request struct {
 	RecordBytes int                `json:"record_bytes,omitempty"`
 	Seed        int64              `json:"seed,omitempty"`
 	Partitions  int                `json:"partitions,omitempty"`
+	// Consumer names the output stream of opOutputPos.
+	Consumer string `json:"consumer,omitempty"`
 	// Rows makes a tail (opTailStart) return every result row, formatted,
 	// with the wall time it was read (bench move).
 	Rows bool `json:"rows,omitempty"`
@@ -113,6 +118,8 @@ type response struct {
 	// time each was read (opTailStart with Rows).
 	Rows     []string `json:"rows,omitempty"`
 	RowNanos []int64  `json:"row_nanos,omitempty"`
+	// LastID is what opOutputPos reports.
+	LastID uint64 `json:"last_id,omitempty"`
 	// SnapshotBytes and Bootstrap are what opStats reports: the bytes of
 	// the snapshots the worker served, and the phases of the latest task
 	// start from a fetched snapshot on it.

@@ -262,6 +262,12 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
 	case opCPU:
 		return response{}, nil
+	case opOutputPos:
+		buf, err := w.batched.rt.LocalStream(&fedstreampb.StreamRef{Query: req.Query, TaskId: req.Task, Consumer: req.Consumer})
+		if err != nil {
+			return response{}, err
+		}
+		return response{LastID: buf.Stats().LastID}, nil
 	case opStats:
 		b := w.batched.rt.LastBootstrap()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b}, nil

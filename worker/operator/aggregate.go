@@ -442,29 +442,73 @@ func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
 // Snapshot encodes watermark, late count and every open window in start
 // order, groups in key order, count_distinct members sorted.
 func (a *aggregate) Snapshot() ([]byte, error) {
-	e := newEncoder(a.signature)
-	e.varint(a.watermark)
-	e.uvarint(a.late)
+	return a.encodeViews(a.watermark, a.late, a.views(false)), nil
+}
+
+// windowView is one open window's groups, as Snapshot encodes them.
+type windowView struct {
+	start  int64
+	groups []keyedGroup
+}
+
+// views lists the open windows in start order with their groups (not yet
+// sorted); with copyGroups, each group is a copy that later processing
+// does not change (Freeze).
+func (a *aggregate) views(copyGroups bool) []windowView {
 	starts := slices.Sorted(maps.Keys(a.windows))
-	e.uvarint(uint64(len(starts)))
-	// Windows are encoded side by side (each reads only its own groups)
-	// and concatenated in start order.
-	encodeParallel(e, len(starts), func(i int, e *encoder) {
-		w := a.windows[starts[i]]
-		e.varint(w.start)
+	out := make([]windowView, len(starts))
+	for i, start := range starts {
+		w := a.windows[start]
+		v := windowView{start: start, groups: make([]keyedGroup, 0, len(w.groups))}
+		var gs []aggGroup
+		var accs []accumulator
+		if copyGroups {
+			// One allocation for the window's groups and one for their
+			// accumulators, instead of two per group.
+			gs = make([]aggGroup, len(w.groups))
+			accs = make([]accumulator, len(w.groups)*len(a.specs))
+		}
+		for k, g := range w.groups {
+			if copyGroups {
+				j := len(v.groups)
+				c := &gs[j]
+				c.keyVals, c.tentative = g.keyVals, g.tentative
+				c.accs = accs[j*len(a.specs) : (j+1)*len(a.specs) : (j+1)*len(a.specs)]
+				copy(c.accs, g.accs)
+				for x := range c.accs {
+					if d := c.accs[x].distinct; d != nil {
+						c.accs[x].distinct = maps.Clone(d)
+					}
+				}
+				g = c
+			}
+			v.groups = append(v.groups, keyedGroup{k, g})
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// encodeViews encodes watermark, late count and the windows: groups in
+// key order, count_distinct members sorted. Windows are encoded side by
+// side (each reads only its own groups) and concatenated in start order.
+func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) []byte {
+	e := newEncoder(a.signature)
+	e.varint(watermark)
+	e.uvarint(late)
+	e.uvarint(uint64(len(views)))
+	encodeParallel(e, len(views), func(i int, e *encoder) {
+		v := views[i]
+		e.varint(v.start)
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
-		groups := make([]keyedGroup, 0, len(w.groups))
-		for k, g := range w.groups {
-			groups = append(groups, keyedGroup{k, g})
-		}
-		slices.SortFunc(groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		e.uvarint(uint64(len(groups)))
-		for _, kg := range groups {
+		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
+		e.uvarint(uint64(len(v.groups)))
+		for _, kg := range v.groups {
 			a.encodeGroup(e, kg.key, kg.g)
 		}
 	})
-	return e.b, nil
+	return e.b
 }
 
 type keyedGroup struct {

@@ -2,7 +2,6 @@ package operator
 
 import (
 	"encoding/binary"
-	"maps"
 	"runtime"
 	"slices"
 	"sync"
@@ -56,35 +55,12 @@ func (c *chain) Freeze() func() ([]byte, error) {
 	}
 }
 
-// Freeze copies the windows and their groups (accumulators by value,
-// count_distinct member sets as new maps of the same strings); the copy is
-// encoded later by Snapshot.
+// Freeze copies the open windows' groups into lists (accumulators by
+// value, count_distinct member sets as new maps of the same strings; no
+// map of groups is rebuilt); the lists are sorted and encoded later.
 func (a *aggregate) Freeze() func() ([]byte, error) {
-	f := &aggregate{signature: a.signature, specs: a.specs, watermark: a.watermark, late: a.late,
-		windows: make(map[int64]*aggWindow, len(a.windows))}
-	for start, w := range a.windows {
-		fw := &aggWindow{start: start, groups: make(map[string]*aggGroup, len(w.groups))}
-		// One allocation for the window's groups and one for their
-		// accumulators, instead of two per group.
-		gs := make([]aggGroup, len(w.groups))
-		accs := make([]accumulator, len(w.groups)*len(a.specs))
-		i := 0
-		for k, g := range w.groups {
-			fg := &gs[i]
-			fg.keyVals, fg.tentative = g.keyVals, g.tentative
-			fg.accs = accs[i*len(a.specs) : (i+1)*len(a.specs) : (i+1)*len(a.specs)]
-			copy(fg.accs, g.accs)
-			for j := range fg.accs {
-				if d := fg.accs[j].distinct; d != nil {
-					fg.accs[j].distinct = maps.Clone(d)
-				}
-			}
-			fw.groups[k] = fg
-			i++
-		}
-		f.windows[start] = fw
-	}
-	return f.Snapshot
+	watermark, late, views := a.watermark, a.late, a.views(true)
+	return func() ([]byte, error) { return a.encodeViews(watermark, late, views), nil }
 }
 
 // encodeParallel runs encode(i, e) for i in 0..n-1, each into an encoder
