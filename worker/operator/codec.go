@@ -49,7 +49,11 @@ func appendKeyValue(b []byte, v tuple.Value) []byte {
 // decodeKey splits a key encoding back into n values. String values are
 // substrings of key, or copies when they contain an escaped 0x00.
 func decodeKey(key string, n int) ([]tuple.Value, error) {
-	vals := make([]tuple.Value, 0, n)
+	return decodeKeyInto(make([]tuple.Value, 0, n), key, n)
+}
+
+// decodeKeyInto is decodeKey appending to vals (empty, capacity n).
+func decodeKeyInto(vals []tuple.Value, key string, n int) ([]tuple.Value, error) {
 	for len(key) > 0 {
 		kind := tuple.Kind(key[0])
 		key = key[1:]

@@ -251,8 +251,9 @@ func (a *aggregate) RestoreSlots(data []byte) error {
 		}
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng)
+		var sl groupSlab
 		for range ng {
-			key, g, err := a.decodeGroup(d)
+			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
 				return err
 			}
