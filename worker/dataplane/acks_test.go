@@ -400,3 +400,45 @@ func TestHeldBufferWaitsForSubscribers(t *testing.T) {
 		t.Fatalf("stats after the subscriber came: %+v", st)
 	}
 }
+
+// TestLeaveForgetsSubscriber: a subscriber that leaves (a superseded
+// copy) holds nothing any more, at once instead of after its lease; one
+// whose subscription has not ended yet on the server's side is dropped
+// when it ends.
+func TestLeaveForgetsSubscriber(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{Lease: time.Hour})
+	b.Register("old")
+	b.Connect("new")
+	defer b.Disconnect("new")
+	fill(t, b, 1, 10)
+	b.Ack("new", 10)
+	if st := b.Stats(); st.Tuples != 10 || st.Laggard != "old" {
+		t.Fatalf("before the leave: %+v", st)
+	}
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	defer pool.Close()
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}
+	if err := Leave(context.Background(), conn, ref, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.Tuples != 0 || st.Subscribers != 1 {
+		t.Fatalf("after the leave the buffer still holds for it: %+v", st)
+	}
+	// Still connected when it leaves: dropped when its subscription ends.
+	b.Connect("late")
+	fill(t, b, 11, 15)
+	b.Ack("new", 15)
+	b.Forget("late")
+	if st := b.Stats(); st.Subscribers != 2 {
+		t.Fatalf("a connected subscriber was dropped at once: %+v", st)
+	}
+	b.Disconnect("late")
+	if st := b.Stats(); st.Subscribers != 1 || st.Tuples != 0 {
+		t.Fatalf("after its subscription ended: %+v", st)
+	}
+}

@@ -201,6 +201,9 @@ type subscriberState struct {
 	// overrun: tuples it had not acknowledged were discarded while it was
 	// not connected (warned once; cleared when it connects again).
 	overrun bool
+	// leaving: Forget came while it was still connected; it is dropped
+	// when its last subscription ends instead of starting a lease.
+	leaving bool
 }
 
 // Append adds t (its ID set by the producer) to the stream. While the
@@ -372,7 +375,7 @@ func (b *OutputBuffer) Connect(name string) {
 	b.holdUntil = time.Time{}
 	s := b.subLocked(name, time.Now())
 	s.conns++
-	s.overrun = false
+	s.overrun, s.leaving = false, false
 }
 
 // Disconnect records that one of the named subscriber's subscriptions
@@ -384,12 +387,40 @@ func (b *OutputBuffer) Disconnect(name string) {
 	if s == nil || s.conns == 0 {
 		return
 	}
-	if s.conns--; s.conns == 0 {
+	if s.conns--; s.conns == 0 && s.leaving && !b.closed {
+		b.forgetLocked(name)
+		return
+	}
+	if s.conns == 0 {
 		s.left = time.Now()
 		// Nothing waits on a lease's end but a blocked producer: wake it
 		// so that it re-evaluates (and sets its timer).
 		b.wakeSpaceLocked()
 	}
+}
+
+// Forget drops the named subscriber: it is gone for good (a superseded
+// copy), so it holds nothing for a lease, and what only it held may be
+// discarded. One still connected (its last subscription not yet ended on
+// this side) is dropped when that subscription ends.
+func (b *OutputBuffer) Forget(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.subs[name]
+	if s == nil || b.closed {
+		return
+	}
+	if s.conns > 0 {
+		s.leaving = true
+		return
+	}
+	b.forgetLocked(name)
+}
+
+func (b *OutputBuffer) forgetLocked(name string) {
+	delete(b.subs, name)
+	b.truncateLocked(b.lowLocked(time.Now()).all)
+	b.wakeSpaceLocked()
 }
 
 // HoldUntilConnected suspends the overrun rule until a subscriber

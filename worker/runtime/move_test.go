@@ -193,17 +193,20 @@ func TestMoveWithoutHalt(t *testing.T) {
 	}
 	// The new copy acknowledges under its own name (wc/counts/p0/r0@g2),
 	// the name that registered with the upstream for it before the
-	// snapshot, so that registration follows the copy's progress. (The
-	// copy used to subscribe under the old copy's name: the registration
-	// then held the upstream from before the snapshot until its lease
-	// ended.) What holds the upstream back in the end is the stopped old
-	// copy, within its lease.
+	// snapshot, so that registration follows the copy's progress; and the
+	// stopped old copy told the upstream it is gone. So the new copy alone
+	// holds the upstream. (The new copy used to subscribe under the old
+	// copy's name, leaving its registration to hold the upstream from
+	// before the snapshot for a lease; and the old copy held it for a
+	// lease after it stopped: a full buffer then stalls its producer for
+	// the overrun grace.)
 	up, err := from.rt.task("wc/lines/p0/r0").output("counts", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, "the new copy's acknowledgements pass the old copy's", func() bool {
-		return up.Stats().Laggard == moving
+	waitUntil(t, "the new copy alone holds the upstream", func() bool {
+		st := up.Stats()
+		return st.Subscribers == 1 && st.Laggard == moving+"@g2"
 	})
 }
 

@@ -327,11 +327,16 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		r.mu.Unlock()
 		return
 	}
-	var stop []*task
+	var stop, gone []*task
 	for id, t := range r.tasks {
 		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex || s.Generation != t.spec.Generation {
 			stop = append(stop, t)
 			delete(r.tasks, id)
+			if !ok || s.Generation != t.spec.Generation {
+				// This copy will never subscribe again: a new copy has
+				// another generation, hence another name.
+				gone = append(gone, t)
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -339,6 +344,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		t.stop()
 		r.log.Info("task stopped", "task", t.spec.TaskID)
 	}
+	r.leaveUpstreams(ctx, gone)
 
 	ids := make([]string, 0, len(want))
 	for id := range want {
@@ -586,4 +592,46 @@ func (r *Runtime) noteRestore(task string, d time.Duration) {
 	if r.lastBootstrap.Task == task {
 		r.lastBootstrap.Restore = d
 	}
+}
+
+// leaveTimeout bounds telling the upstreams of stopped copies that they
+// are gone (leaveUpstreams).
+const leaveTimeout = time.Second
+
+// leaveUpstreams tells every upstream replica of each stopped copy in
+// gone that the copy's subscriber is gone for good (dataplane.Leave), so
+// that no upstream holds its output for the copy for a lease: a moved
+// task's old copy would otherwise keep its upstreams' buffers filling for
+// that long, and a full buffer stalls its producer for the overrun grace.
+// Best effort, in parallel, bounded by leaveTimeout: an upstream that
+// cannot be told forgets the copy when its lease ends.
+func (r *Runtime) leaveUpstreams(ctx context.Context, gone []*task) {
+	ctx, cancel := context.WithTimeout(ctx, leaveTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, t := range gone {
+		name := t.spec.CopyID()
+		for _, in := range t.inputs {
+			for _, pl := range t.candidates(in.upstream, in.upPartition) {
+				ref := &fedstreampb.StreamRef{Query: t.spec.Query, TaskId: pl.TaskID, Partition: int32(t.spec.Partition),
+					Consumer: t.spec.Fragment, Generation: int32(pl.Generation)}
+				if local, err := r.LocalStream(ref); err == nil {
+					local.Forget(name)
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					conn, err := r.pool.Conn(pl.WorkerAddr)
+					if err == nil {
+						err = dataplane.Leave(ctx, conn, ref, name)
+					}
+					if err != nil {
+						r.log.Debug("could not tell an upstream that a stopped copy is gone", "task", name, "upstream", pl.TaskID, "err", err)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
 }
