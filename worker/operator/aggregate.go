@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"maps"
 	"math"
-	"runtime"
 	"slices"
 	"strings"
 
@@ -443,7 +442,7 @@ func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
 // Snapshot encodes watermark, late count and every open window in start
 // order, groups in key order, count_distinct members sorted.
 func (a *aggregate) Snapshot() ([]byte, error) {
-	return a.encodeViews(a.watermark, a.late, a.views(false), true), nil
+	return a.encodeViews(a.watermark, a.late, a.views(false)), nil
 }
 
 // windowView is one open window's groups, as Snapshot encodes them.
@@ -491,19 +490,14 @@ func (a *aggregate) views(copyGroups bool) []windowView {
 }
 
 // encodeViews encodes watermark, late count and the windows: groups in
-// key order, count_distinct members sorted. With parallel, windows are
-// encoded side by side (each reads only its own groups) and concatenated
-// in start order.
-func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView, parallel bool) []byte {
+// key order, count_distinct members sorted. Windows are encoded side by
+// side (each reads only its own groups) and concatenated in start order.
+func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) []byte {
 	e := newEncoder(a.signature)
 	e.varint(watermark)
 	e.uvarint(late)
 	e.uvarint(uint64(len(views)))
-	workers := 1
-	if parallel {
-		workers = runtime.GOMAXPROCS(0)
-	}
-	encodeParallel(e, len(views), workers, func(i int, e *encoder) {
+	encodeParallel(e, len(views), func(i int, e *encoder) {
 		v := views[i]
 		e.varint(v.start)
 		// Groups with their keys, sorted: no map lookup per group after

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"encoding/binary"
+	"runtime"
 	"slices"
 	"sync"
 )
@@ -56,20 +57,17 @@ func (c *chain) Freeze() func() ([]byte, error) {
 
 // Freeze copies the open windows' groups into lists (accumulators by
 // value, count_distinct member sets as new maps of the same strings; no
-// map of groups is rebuilt); the lists are sorted and encoded later, on
-// one goroutine: the task goes on processing meanwhile and keeps the
-// other cores (encoding on all of them took them from the task, a gap
-// in its output as long as the encoding on a 2-core machine).
+// map of groups is rebuilt); the lists are sorted and encoded later.
 func (a *aggregate) Freeze() func() ([]byte, error) {
 	watermark, late, views := a.watermark, a.late, a.views(true)
-	return func() ([]byte, error) { return a.encodeViews(watermark, late, views, false), nil }
+	return func() ([]byte, error) { return a.encodeViews(watermark, late, views), nil }
 }
 
 // encodeParallel runs encode(i, e) for i in 0..n-1, each into an encoder
-// of its own, on up to workers goroutines, and appends the results to
+// of its own, on up to GOMAXPROCS goroutines, and appends the results to
 // out in index order: the bytes a sequential loop would write.
-func encodeParallel(out *encoder, n, workers int, encode func(i int, e *encoder)) {
-	workers = min(n, workers)
+func encodeParallel(out *encoder, n int, encode func(i int, e *encoder)) {
+	workers := min(n, runtime.GOMAXPROCS(0))
 	if workers <= 1 {
 		for i := range n {
 			encode(i, out)
