@@ -533,6 +533,9 @@ type groupSlab struct {
 	gs   []aggGroup
 	accs []accumulator
 	vals []tuple.Value
+	// left is how many groups are still to come (the window's count): a
+	// block is never larger, so a small window allocates a small block.
+	left int
 }
 
 // slabGroups is the size of a groupSlab block: large enough that
@@ -542,10 +545,12 @@ const slabGroups = 4096
 
 func (sl *groupSlab) next(nAccs, nKeys int) *aggGroup {
 	if len(sl.gs) == 0 {
-		sl.gs = make([]aggGroup, slabGroups)
-		sl.accs = make([]accumulator, slabGroups*nAccs)
-		sl.vals = make([]tuple.Value, slabGroups*nKeys)
+		n := min(max(sl.left, 1), slabGroups)
+		sl.gs = make([]aggGroup, n)
+		sl.accs = make([]accumulator, n*nAccs)
+		sl.vals = make([]tuple.Value, n*nKeys)
 	}
+	sl.left--
 	g := &sl.gs[0]
 	sl.gs = sl.gs[1:]
 	g.accs, sl.accs = sl.accs[:nAccs:nAccs], sl.accs[nAccs:]
@@ -609,7 +614,7 @@ func (a *aggregate) Restore(state []byte) error {
 		w := a.newWindow(d.varint())
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
-		var sl groupSlab
+		sl := groupSlab{left: ng}
 		for range ng {
 			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {

@@ -3,6 +3,7 @@ package operator
 import (
 	"bytes"
 	"fmt"
+	goruntime "runtime"
 	"testing"
 
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -58,5 +59,35 @@ func TestFreezeIsSnapshotAtFreeze(t *testing.T) {
 				t.Fatal("the operator did not change after the freeze: the test proves nothing")
 			}
 		})
+	}
+}
+
+// TestRestoreOfSmallStateAllocatesLittle: restored groups come from
+// blocks (groupSlab), but a block is never larger than its window's
+// groups: restoring 40 windows of a few groups allocates kilobytes, not
+// a 4096-group block per window (tens of MB, as it did at first).
+func TestRestoreOfSmallStateAllocatesLittle(t *testing.T) {
+	op, err := New(aggDef("40ns", "1ns", []string{"src"}, "n=count()", "s=sum(port)"), []*tuple.Schema{connSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out discard
+	for i := range int64(120) {
+		if err := op.Process(0, conn(i/3, fmt.Sprintf("10.0.0.%d", i%3), i, 0, true), &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := op.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	if err := op.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	goruntime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("restoring %d bytes of snapshot (%d windows) allocated %d bytes", len(snap), len(op.(*aggregate).windows), n)
 	}
 }

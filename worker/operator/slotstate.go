@@ -251,7 +251,7 @@ func (a *aggregate) RestoreSlots(data []byte) error {
 		}
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng)
-		var sl groupSlab
+		sl := groupSlab{left: ng}
 		for range ng {
 			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
