@@ -2409,7 +2409,13 @@ type SubscribeRequest struct {
 	// buffer holds). A downstream replica keeps one to every upstream replica
 	// it does not read from, relaying how far it got, so each replica's
 	// buffer keeps what it might need after switching replicas.
-	AckOnly       bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
+	AckOnly bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
+	// ---- bench move and move hardening (issue 9, helper C)
+	// The subscriber is gone for good (a copy superseded by a newer
+	// generation, or no longer placed anywhere): the buffer forgets it at
+	// once instead of holding tuples for it for a lease. Sent alone, as the
+	// first and only request; the server answers by ending the stream.
+	Leave         bool `protobuf:"varint,120,opt,name=leave,proto3" json:"leave,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2482,6 +2488,13 @@ func (x *SubscribeRequest) GetNoAck() bool {
 func (x *SubscribeRequest) GetAckOnly() bool {
 	if x != nil {
 		return x.AckOnly
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetLeave() bool {
+	if x != nil {
+		return x.Leave
 	}
 	return false
 }
@@ -5189,7 +5202,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xc7\x01\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -5199,7 +5212,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
-	" \x01(\bR\aackOnly\"\x94\x01\n" +
+	" \x01(\bR\aackOnly\x12\x14\n" +
+	"\x05leave\x18x \x01(\bR\x05leave\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +

@@ -166,6 +166,13 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	}
 	ctx := stream.Context()
 	key := s.subscriberKey(ctx, first.Subscriber)
+	if first.Leave {
+		if first.Subscriber == "" {
+			return status.Error(codes.InvalidArgument, "a leave must name its subscriber")
+		}
+		buf.Forget(key)
+		return nil
+	}
 	if !first.NoAck {
 		buf.Connect(key)
 		defer buf.Disconnect(key)

@@ -510,28 +510,73 @@ func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
 // Snapshot encodes watermark, late count and every open window in start
 // order, groups in key order, count_distinct members sorted.
 func (a *aggregate) Snapshot() ([]byte, error) {
-	e := newEncoder(a.signature)
-	e.varint(a.watermark)
-	e.uvarint(a.late)
+	return a.encodeViews(a.watermark, a.late, a.views(false)), nil
+}
+
+// windowView is one open window's groups, as Snapshot encodes them.
+type windowView struct {
+	start  int64
+	groups []keyedGroup
+}
+
+// views lists the open windows in start order with their groups (not yet
+// sorted); with copyGroups, each group is a copy that later processing
+// does not change (Freeze).
+func (a *aggregate) views(copyGroups bool) []windowView {
 	starts := slices.Sorted(maps.Keys(a.windows))
-	e.uvarint(uint64(len(starts)))
-	var groups []keyedGroup
-	for _, s := range starts {
-		w := a.windows[s]
-		e.varint(s)
+	out := make([]windowView, len(starts))
+	for i, start := range starts {
+		w := a.windows[start]
+		v := windowView{start: start, groups: make([]keyedGroup, 0, len(w.groups))}
+		var gs []aggGroup
+		var accs []accumulator
+		if copyGroups {
+			// One allocation for the window's groups and one for their
+			// accumulators, instead of two per group.
+			gs = make([]aggGroup, len(w.groups))
+			accs = make([]accumulator, len(w.groups)*len(a.specs))
+		}
+		for k, g := range w.groups {
+			if copyGroups {
+				j := len(v.groups)
+				c := &gs[j]
+				c.keyVals, c.tentative = g.keyVals, g.tentative
+				c.accs = accs[j*len(a.specs) : (j+1)*len(a.specs) : (j+1)*len(a.specs)]
+				copy(c.accs, g.accs)
+				for x := range c.accs {
+					if d := c.accs[x].distinct; d != nil {
+						c.accs[x].distinct = maps.Clone(d)
+					}
+				}
+				g = c
+			}
+			v.groups = append(v.groups, keyedGroup{k, g})
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// encodeViews encodes watermark, late count and the windows: groups in
+// key order, count_distinct members sorted. Windows are encoded side by
+// side (each reads only its own groups) and concatenated in start order.
+func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) []byte {
+	e := newEncoder(a.signature)
+	e.varint(watermark)
+	e.uvarint(late)
+	e.uvarint(uint64(len(views)))
+	encodeParallel(e, len(views), func(i int, e *encoder) {
+		v := views[i]
+		e.varint(v.start)
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
-		groups = slices.Grow(groups[:0], len(w.groups))
-		for k, g := range w.groups {
-			groups = append(groups, keyedGroup{k, g})
-		}
-		slices.SortFunc(groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		e.uvarint(uint64(len(groups)))
-		for _, kg := range groups {
+		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
+		e.uvarint(uint64(len(v.groups)))
+		for _, kg := range v.groups {
 			a.encodeGroup(e, kg.key, kg.g)
 		}
-	}
-	return e.b, nil
+	})
+	return e.b
 }
 
 type keyedGroup struct {
@@ -548,10 +593,44 @@ func (a *aggregate) encodeGroup(e *encoder, key string, g *aggGroup) {
 	}
 }
 
-// decodeGroup reads what encodeGroup wrote.
-func (a *aggregate) decodeGroup(d *decoder) (string, *aggGroup, error) {
+// groupSlab hands out restored groups, their accumulators and key values
+// from blocks of slabGroups groups: three allocations per block instead
+// of three per group. A block is freed once none of its groups is held
+// (the groups of a window close together).
+type groupSlab struct {
+	gs   []aggGroup
+	accs []accumulator
+	vals []tuple.Value
+	// left is how many groups are still to come (the window's count): a
+	// block is never larger, so a small window allocates a small block.
+	left int
+}
+
+// slabGroups is the size of a groupSlab block: large enough that
+// allocation is no longer per group, small enough that a corrupt group
+// count (bounded by the snapshot's bytes) cannot make one block huge.
+const slabGroups = 4096
+
+func (sl *groupSlab) next(nAccs, nKeys int) *aggGroup {
+	if len(sl.gs) == 0 {
+		n := min(max(sl.left, 1), slabGroups)
+		sl.gs = make([]aggGroup, n)
+		sl.accs = make([]accumulator, n*nAccs)
+		sl.vals = make([]tuple.Value, n*nKeys)
+	}
+	sl.left--
+	g := &sl.gs[0]
+	sl.gs = sl.gs[1:]
+	g.accs, sl.accs = sl.accs[:nAccs:nAccs], sl.accs[nAccs:]
+	g.keyVals, sl.vals = sl.vals[:0:nKeys], sl.vals[nKeys:]
+	return g
+}
+
+// decodeGroup reads what encodeGroup wrote, into a group from sl.
+func (a *aggregate) decodeGroup(d *decoder, sl *groupSlab) (string, *aggGroup, error) {
 	key := d.str()
-	g := &aggGroup{tentative: d.bool(), accs: make([]accumulator, len(a.specs))}
+	g := sl.next(len(a.specs), len(a.groupBy))
+	g.tentative = d.bool()
 	for i := range a.specs {
 		a.decodeAcc(d, &a.specs[i], &g.accs[i])
 	}
@@ -559,7 +638,7 @@ func (a *aggregate) decodeGroup(d *decoder) (string, *aggGroup, error) {
 		return "", nil, d.err
 	}
 	var err error
-	if g.keyVals, err = decodeKey(key, len(a.groupBy)); err != nil {
+	if g.keyVals, err = decodeKeyInto(g.keyVals, key, len(a.groupBy)); err != nil {
 		return "", nil, err
 	}
 	return key, g, nil
@@ -603,8 +682,9 @@ func (a *aggregate) Restore(state []byte) error {
 		w := a.newWindow(d.varint())
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
+		sl := groupSlab{left: ng}
 		for range ng {
-			key, g, err := a.decodeGroup(d)
+			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
 				return err
 			}

@@ -46,9 +46,14 @@ func appendKeyValue(b []byte, v tuple.Value) []byte {
 	return b
 }
 
-// decodeKey splits a key encoding back into n values. Strings are copied.
+// decodeKey splits a key encoding back into n values. String values are
+// substrings of key, or copies when they contain an escaped 0x00.
 func decodeKey(key string, n int) ([]tuple.Value, error) {
-	vals := make([]tuple.Value, 0, n)
+	return decodeKeyInto(make([]tuple.Value, 0, n), key, n)
+}
+
+// decodeKeyInto is decodeKey appending to vals (empty, capacity n).
+func decodeKeyInto(vals []tuple.Value, key string, n int) ([]tuple.Value, error) {
 	for len(key) > 0 {
 		kind := tuple.Kind(key[0])
 		key = key[1:]
@@ -66,6 +71,13 @@ func decodeKey(key string, n int) ([]tuple.Value, error) {
 			vals = append(vals, tuple.Value{Kind: kind, F: math.Float64frombits(bits)})
 			key = key[8:]
 		case tuple.KindString, tuple.KindBytes:
+			// Without an escaped 0x00 the value is a substring of the key
+			// (keys are immutable strings): no copy.
+			if end := strings.IndexByte(key, 0); end >= 0 && end+1 < len(key) && key[end+1] == 0x01 {
+				vals = append(vals, tuple.Value{Kind: kind, S: key[:end]})
+				key = key[end+2:]
+				continue
+			}
 			var s []byte
 		scan:
 			for {
@@ -162,6 +174,12 @@ func (e *encoder) value(v tuple.Value) {
 type decoder struct {
 	b   []byte
 	err error
+	// whole is the snapshot as one string (copied once) and size its
+	// length: strings read (keys, members, values) are substrings of it
+	// rather than one allocation each. Restored state therefore shares
+	// that one copy, which is freed once none of its strings is held.
+	whole string
+	size  int
 }
 
 // newDecoder checks the header against the operator's signature.
@@ -172,7 +190,7 @@ func newDecoder(state []byte, signature string) (*decoder, error) {
 	if v := state[len(snapshotMagic)]; v != snapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrBadSnapshot, v, snapshotVersion)
 	}
-	d := &decoder{b: state[len(snapshotMagic)+1:]}
+	d := &decoder{b: state[len(snapshotMagic)+1:], whole: string(state), size: len(state)}
 	if got := d.str(); d.err != nil || got != signature {
 		return nil, fmt.Errorf("%w: taken from operator %q, restoring into %q", ErrBadSnapshot, got, signature)
 	}
@@ -255,7 +273,12 @@ func (d *decoder) str() string {
 		d.fail("string")
 		return ""
 	}
-	s := string(d.b[:n]) // copies: the snapshot buffer may be reused
+	var s string
+	if off := d.size - len(d.b); d.whole != "" {
+		s = d.whole[off : off+int(n)] // the snapshot buffer may be reused: never alias it
+	} else {
+		s = string(d.b[:n])
+	}
 	d.b = d.b[n:]
 	return s
 }

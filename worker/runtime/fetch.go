@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -52,6 +53,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if gen := max(t.spec.Generation, 1); req.Generation != 0 && int(req.Generation) != gen {
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
+	began := time.Now()
 	snap, err := t.snapshot(ctx, SnapshotOptions{Halt: req.Halt})
 	if err != nil {
 		if errors.Is(err, ErrNotSnapshottable) {
@@ -59,23 +61,28 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		}
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	enc, err := snap.MarshalBinary()
-	if err != nil {
-		return status.Errorf(codes.Internal, "task %s: encode snapshot: %v", req.TaskId, err)
-	}
+	head, op, rest := snap.marshalParts()
+	total := len(head) + len(op) + len(rest)
 	s.r.snapshotsServed.Add(1)
-	t.log.Info("snapshot served", "halt", req.Halt, "bytes", len(enc), "released", snap.Released)
+	s.r.snapshotBytes.Add(uint64(total))
+	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "took", time.Since(began))
+	// The parts are sent as they are, in pieces of at most size bytes
+	// (the operator state is not copied into one encoding first).
 	size := s.r.opts.SnapshotChunkBytes
 	chunks := 0
-	for off := 0; off < len(enc); off += size {
-		chunk := &fedstreampb.SnapshotChunk{Data: enc[off:min(off+size, len(enc))]}
-		if off == 0 {
-			chunk.TotalBytes = uint64(len(enc))
+	first := true
+	for _, part := range [][]byte{head, op, rest} {
+		for off := 0; off < len(part); off += size {
+			chunk := &fedstreampb.SnapshotChunk{Data: part[off:min(off+size, len(part))]}
+			if first {
+				chunk.TotalBytes = uint64(total)
+				first = false
+			}
+			if err := stream.Send(chunk); err != nil {
+				return err
+			}
+			chunks++
 		}
-		if err := stream.Send(chunk); err != nil {
-			return err
-		}
-		chunks++
 	}
 	t.log.Debug("snapshot sent", "chunks", chunks)
 	return nil
@@ -110,6 +117,10 @@ func (r *Runtime) StartedFromSnapshot(taskID string) bool {
 // SnapshotsServed is how many task snapshots this runtime's FetchSnapshot
 // has served (moves out of it, peers bootstrapped from it).
 func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }
+
+// SnapshotBytesServed is the total encoded size of the task snapshots this
+// runtime's FetchSnapshot has served.
+func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 
 // FetchSnapshot asks the worker behind conn for a snapshot of one copy of
 // a task (see the DataPlane FetchSnapshot RPC) and decodes it.
@@ -146,7 +157,8 @@ func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *feds
 		return nil, fmt.Errorf("%w: %s: %d of %d bytes", ErrSnapshotTransfer, req.TaskId, len(enc), total)
 	}
 	var snap TaskSnapshot
-	if err := snap.UnmarshalBinary(enc); err != nil {
+	// enc is ours alone: the snapshot may keep slices of it.
+	if err := snap.unmarshal(enc, true); err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
 	return &snap, nil

@@ -305,10 +305,15 @@ type Runtime struct {
 	pool    *dataplane.Pool
 	ownPool bool
 	server  *dataplane.Server
-	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
+	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed),
+	// snapshotBytes their encoded bytes (SnapshotBytesServed).
 	snapshotsServed atomic.Uint64
+	snapshotBytes   atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
+	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
+	bootMu        sync.Mutex
+	lastBootstrap BootstrapTiming
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
@@ -384,11 +389,16 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		r.mu.Unlock()
 		return
 	}
-	var stop []*task
+	var stop, gone []*task
 	for id, t := range r.tasks {
 		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex || s.Generation != t.spec.Generation {
 			stop = append(stop, t)
 			delete(r.tasks, id)
+			if !ok || s.Generation != t.spec.Generation {
+				// This copy will never subscribe again: a new copy has
+				// another generation, hence another name.
+				gone = append(gone, t)
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -396,6 +406,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		t.stop()
 		r.log.Info("task stopped", "task", t.spec.TaskID)
 	}
+	r.leaveUpstreams(ctx, gone)
 
 	ids := make([]string, 0, len(want))
 	for id := range want {
@@ -416,7 +427,11 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.setSlotMaps(spec.SlotMaps)
 			continue
 		}
+		began := time.Now()
 		t, err := newTask(r, spec)
+		if err == nil && spec.Bootstrap != nil && spec.FromSnapshot != nil {
+			r.noteRestore(id, time.Since(began))
+		}
 		if err != nil {
 			r.log.Error("task cannot start", "task", id, "err", err)
 			t = failedTask(r, spec, err)
@@ -453,6 +468,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				// The copy keeps running: pin what follows its positions.
 				r.pinUpstreams(fctx, spec)
 			}
+			pinned := time.Now()
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
@@ -480,6 +496,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			}
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
+			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned)})
 			mu.Lock()
 			fetched[id] = snap
 			mu.Unlock()
@@ -626,4 +643,78 @@ func (in ingester) CloseIngest(ctx context.Context, query, source string) error 
 		errs = append(errs, t.closeIngest(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+// BootstrapTiming is where the latest start of a task from a fetched
+// snapshot (TaskSpec.Bootstrap) spent its time.
+type BootstrapTiming struct {
+	Task string
+	// Pin is registering with the upstreams before a live snapshot,
+	// Fetch taking, sending, receiving and decoding the snapshot, Restore
+	// building the task from it (operator state installed).
+	Pin, Fetch, Restore time.Duration
+}
+
+// LastBootstrap reports the timing of the latest bootstrap (zero before
+// any).
+func (r *Runtime) LastBootstrap() BootstrapTiming {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	return r.lastBootstrap
+}
+
+func (r *Runtime) noteBootstrap(b BootstrapTiming) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	r.lastBootstrap = b
+}
+
+func (r *Runtime) noteRestore(task string, d time.Duration) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	if r.lastBootstrap.Task == task {
+		r.lastBootstrap.Restore = d
+	}
+}
+
+// leaveTimeout bounds telling the upstreams of stopped copies that they
+// are gone (leaveUpstreams).
+const leaveTimeout = time.Second
+
+// leaveUpstreams tells every upstream replica of each stopped copy in
+// gone that the copy's subscriber is gone for good (dataplane.Leave), so
+// that no upstream holds its output for the copy for a lease: a moved
+// task's old copy would otherwise keep its upstreams' buffers filling for
+// that long, and a full buffer stalls its producer for the overrun grace.
+// Best effort, in parallel, bounded by leaveTimeout: an upstream that
+// cannot be told forgets the copy when its lease ends.
+func (r *Runtime) leaveUpstreams(ctx context.Context, gone []*task) {
+	ctx, cancel := context.WithTimeout(ctx, leaveTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, t := range gone {
+		name := t.spec.CopyID()
+		for _, in := range t.inputs {
+			for _, pl := range t.candidates(in.upstream, in.upPartition) {
+				ref := &fedstreampb.StreamRef{Query: t.spec.Query, TaskId: pl.TaskID, Partition: int32(t.spec.Partition),
+					Consumer: t.spec.Fragment, Generation: int32(pl.Generation)}
+				if local, err := r.LocalStream(ref); err == nil {
+					local.Forget(name)
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					conn, err := r.pool.Conn(pl.WorkerAddr)
+					if err == nil {
+						err = dataplane.Leave(ctx, conn, ref, name)
+					}
+					if err != nil {
+						r.log.Debug("could not tell an upstream that a stopped copy is gone", "task", name, "upstream", pl.TaskID, "err", err)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -230,47 +231,70 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	if t.genSnap != nil {
-		return t.snapshotSource(ctx, opts)
+	s, encode, err := t.capture(ctx, opts)
+	if err != nil || encode == nil {
+		return s, err
+	}
+	// The task processes again while its captured state is encoded.
+	op, err := encode()
+	if err != nil {
+		return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	}
+	s.Operator = op
+	return s, nil
+}
+
+// capture takes the snapshot while holding the task between two
+// releases. For a snapshot that does not halt the task, the operators'
+// state is only frozen there (operator.FreezeOf): encode, when not nil,
+// encodes it into the snapshot's Operator after the task is released.
+func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([]byte, error), _ error) {
+	if t.genSnap != nil { // generator and kafka sources
+		s, err := t.snapshotSource(ctx, opts)
+		return s, nil, err
 	}
 	if t.merge == nil || t.proc == nil {
-		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
+		return nil, nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
 	if opts.Aligned {
 		if !opts.Halt {
-			return nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
+			return nil, nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
 		}
 		if t.passThrough {
-			return nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
+			return nil, nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
 		}
 		if err := t.waitCut(ctx, opts.At); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		// proc is held: capture below.
 	} else if err := t.lockProc(ctx); err != nil {
-		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
+		return nil, nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
 	}
 	defer t.unlockProc()
 	halt := opts.Halt
 	if halt && !opts.Aligned && t.haltSnap != nil {
 		// Asked again (a move's copy retrying a fetch that broke off): the
 		// halted task has not moved since, so its snapshot is the same.
-		return t.haltSnap, nil
+		return t.haltSnap, nil, nil
 	}
 	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
-		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
+		return nil, nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
 	}
 	if t.emitErr != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
+		return nil, nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
-	if t.op != nil {
+	if t.op != nil && halt {
+		// Halted, the task has nothing else to do: encode now, so that a
+		// second fetch of the same halted snapshot finds it complete.
 		op, err := t.op.Snapshot()
 		if err != nil {
-			return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+			return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
 		}
 		s.Operator = op
+	} else if t.op != nil {
+		encode = operator.FreezeOf(t.op)
 	}
 	for _, o := range t.outs {
 		last := o.w.LastID()
@@ -278,11 +302,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 			last = o.buf.Stats().LastID
 		} else if o.w.Staged() > 0 {
 			// Between releases every output is flushed.
-			return nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
+			return nil, nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
 		}
 		pos := OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: last}
 		if err := captureTail(o.buf, &pos); err != nil {
-			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			return nil, nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
 		s.Outputs = append(s.Outputs, pos)
 	}
@@ -311,7 +335,7 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 		t.halted.Store(true)
 		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
 	}
-	return s, nil
+	return s, encode, nil
 }
 
 // waitCut holds the task's releases at stream time at and waits until it
@@ -411,7 +435,10 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	for i, pos := range s.Inputs {
 		in := t.inputs[i]
 		ref := in.sub.Ref()
-		in.sub = dataplane.NewSubscriber(ref, t.spec.TaskID, false, pos.After)
+		// Under the copy's name (CopyID), as the registration that pinned
+		// the upstreams for it: under the task id it would be taken for
+		// the old copy, whose acknowledgements run past the snapshot.
+		in.sub = dataplane.NewSubscriber(ref, t.spec.CopyID(), false, pos.After)
 		switch {
 		case t.passThrough:
 			in.sub.DeliverEncoded()
@@ -493,6 +520,10 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 		} else if err := o.w.ResumeAfter(pos.LastID); err != nil {
 			return err
 		}
+		// Its consumers still read the copy it continues, and switch
+		// later: until the first comes, a full buffer waits for them
+		// rather than discard what they will ask for.
+		o.buf.HoldUntilConnected()
 	}
 	t.seq = s.Seq
 	t.restored = true
@@ -512,7 +543,30 @@ const (
 // MarshalBinary encodes the snapshot in the versioned format
 // UnmarshalBinary reads.
 func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
-	b := append([]byte(taskSnapshotMagic), taskSnapshotVersion)
+	head, op, rest := s.marshalParts()
+	return slices.Concat(head, op, rest), nil
+}
+
+// marshalParts is MarshalBinary's encoding in three consecutive parts:
+// the operator state itself is the middle one, not copied, so a snapshot
+// can be sent without building its encoding in one piece.
+func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
+	// The output tails are nearly all of rest: size it once (re-growing
+	// a slice of many MB costs more than encoding).
+	size := 256
+	for _, o := range s.Outputs {
+		size += len(o.Tail) + 4*len(o.TailOffs) + 64
+	}
+	for _, in := range s.Inputs {
+		size += 64 + 10*len(in.Steps) + 64*len(in.Pending)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, taskSnapshotMagic...)
+	b = append(b, taskSnapshotVersion)
+	bytesField := func(v []byte) {
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
 	str := func(v string) {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
@@ -528,7 +582,8 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 		b = append(b, 0)
 	} else {
 		b = append(b, 1)
-		str(string(s.Operator))
+		b = binary.AppendUvarint(b, uint64(len(s.Operator)))
+		head, op, b = b, s.Operator, make([]byte, 0, size)
 	}
 	iv(s.Released)
 	uv(s.Seq)
@@ -563,16 +618,22 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 			}
 			uv(uint64(end - o.TailOffs[i]))
 		}
-		str(string(o.Tail))
+		bytesField(o.Tail)
 	}
 	iv(s.SourceRecords)
-	return b, nil
+	if head == nil {
+		return b, nil, nil
+	}
+	return head, op, b
 }
 
 // snapReader decodes a task snapshot; the first error sticks.
 type snapReader struct {
 	b   []byte
 	err error
+	// alias: the operator state and output tails may be slices of b
+	// (the caller hands the encoding over).
+	alias bool
 }
 
 func (r *snapReader) fail(what string) {
@@ -634,9 +695,28 @@ func (r *snapReader) str(what string) string {
 	return s
 }
 
+// bytes reads a length-prefixed byte string: a copy, or a slice of the
+// input when the reader may alias it.
+func (r *snapReader) bytes(what string) []byte {
+	n := r.count(what)
+	if r.err != nil {
+		return nil
+	}
+	v := r.b[:n:n]
+	if !r.alias {
+		v = slices.Clone(v)
+	}
+	r.b = r.b[n:]
+	return v
+}
+
 // UnmarshalBinary decodes what MarshalBinary wrote. Pending tuples' values
 // are copies: nothing aliases data.
-func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
+func (s *TaskSnapshot) UnmarshalBinary(data []byte) error { return s.unmarshal(data, false) }
+
+// unmarshal is UnmarshalBinary; with alias, the operator state and the
+// output tails are slices of data, which the caller must not reuse.
+func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 	if len(data) < len(taskSnapshotMagic)+1 || string(data[:len(taskSnapshotMagic)]) != taskSnapshotMagic {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
@@ -644,14 +724,14 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 	if v != 1 && v != taskSnapshotVersion {
 		return fmt.Errorf("%w: format version %d, this build reads 1 to %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
 	}
-	r := &snapReader{b: data[len(taskSnapshotMagic)+1:]}
+	r := &snapReader{b: data[len(taskSnapshotMagic)+1:], alias: alias}
 	var out TaskSnapshot
 	out.TaskID, out.Query, out.Fragment = r.str("task id"), r.str("query"), r.str("fragment")
 	out.Partition, out.Replica = r.small("partition"), r.small("replica")
 	switch hasOp := r.count("operator flag"); {
 	case r.err != nil:
 	case hasOp == 1:
-		out.Operator = []byte(r.str("operator state"))
+		out.Operator = r.bytes("operator state")
 	case hasOp != 0:
 		r.fail("operator flag")
 	}
@@ -696,7 +776,7 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 				lens = append(lens, n)
 				total += n
 			}
-			o.Tail = []byte(r.str("tail"))
+			o.Tail = r.bytes("tail")
 			if r.err == nil && len(o.Tail) != total {
 				r.fail("tail")
 			}

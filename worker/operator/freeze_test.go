@@ -1,0 +1,93 @@
+package operator
+
+import (
+	"bytes"
+	"fmt"
+	goruntime "runtime"
+	"testing"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// TestFreezeIsSnapshotAtFreeze: the encoding a Freeze returns is the
+// snapshot of the state at the Freeze, byte for byte, however the
+// operator changes before the encoding runs (new groups, updated
+// accumulators and count_distinct sets in the same windows, windows
+// closed by Advance), for a lone aggregate and for a chain headed by one.
+func TestFreezeIsSnapshotAtFreeze(t *testing.T) {
+	defs := map[string][]string{
+		"keyed":   {"n=count()", "s=sum(port)", "a=avg(load)", "hi=max(src)", "d=count_distinct(port)"},
+		"unkeyed": {"n=count()", "d=count_distinct(src)"},
+	}
+	for name, aggs := range defs {
+		t.Run(name, func(t *testing.T) {
+			groupBy := []string{"src"}
+			if name == "unkeyed" {
+				groupBy = nil
+			}
+			op, err := New(aggDef("10ns", "5ns", groupBy, aggs...), []*tuple.Schema{connSchema})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out discard
+			feed := func(from, to int64) {
+				for i := from; i < to; i++ {
+					src := fmt.Sprintf("10.0.0.%d", i%7)
+					if err := op.Process(0, conn(i/3, src, i%11, float64(i), true), &out); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			feed(0, 60)
+			want, err := op.Snapshot()
+			if err != nil {
+				t.Fatal(err)
+			}
+			encode := FreezeOf(op)
+			feed(60, 120) // the same windows and groups, and new ones
+			if err := op.Advance(25, &out); err != nil {
+				t.Fatal(err)
+			}
+			got, err := encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Fatalf("the frozen encoding (%d bytes) is not the snapshot at the freeze (%d bytes)", len(got), len(want))
+			}
+			if now, _ := op.Snapshot(); bytes.Equal(now, want) {
+				t.Fatal("the operator did not change after the freeze: the test proves nothing")
+			}
+		})
+	}
+}
+
+// TestRestoreOfSmallStateAllocatesLittle: restored groups come from
+// blocks (groupSlab), but a block is never larger than its window's
+// groups: restoring 40 windows of a few groups allocates kilobytes, not
+// a 4096-group block per window (tens of MB, as it did at first).
+func TestRestoreOfSmallStateAllocatesLittle(t *testing.T) {
+	op, err := New(aggDef("40ns", "1ns", []string{"src"}, "n=count()", "s=sum(port)"), []*tuple.Schema{connSchema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out discard
+	for i := range int64(120) {
+		if err := op.Process(0, conn(i/3, fmt.Sprintf("10.0.0.%d", i%3), i, 0, true), &out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := op.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after goruntime.MemStats
+	goruntime.ReadMemStats(&before)
+	if err := op.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	goruntime.ReadMemStats(&after)
+	if n := after.TotalAlloc - before.TotalAlloc; n > 1<<20 {
+		t.Fatalf("restoring %d bytes of snapshot (%d windows) allocated %d bytes", len(snap), len(op.(*aggregate).windows), n)
+	}
+}
