@@ -4399,7 +4399,10 @@ type PinKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
 	// base64 of the 32-byte ed25519 public key.
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// PEM of the org's CA certificate, pinned with the key: cross-org
+	// connections from and to that org are verified against it alone.
+	CaPem         []byte `protobuf:"bytes,190,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4446,6 +4449,13 @@ func (x *PinKeyRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *PinKeyRequest) GetCaPem() []byte {
+	if x != nil {
+		return x.CaPem
+	}
+	return nil
 }
 
 type PinKeyResponse struct {
@@ -4566,6 +4576,236 @@ func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
 	if x != nil {
 		return x.Pkcs8
+	}
+	return nil
+}
+
+// FederationEnvelope carries one federation.Message (JSON) between the
+// leaders of two orgs. from_org is set only by a coordinator of the
+// receiving org that forwards the message to its leader: it names the org
+// whose pinned-CA certificate that coordinator verified.
+type FederationEnvelope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MessageJson   []byte                 `protobuf:"bytes,1,opt,name=message_json,json=messageJson,proto3" json:"message_json,omitempty"`
+	FromOrg       string                 `protobuf:"bytes,2,opt,name=from_org,json=fromOrg,proto3" json:"from_org,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationEnvelope) Reset() {
+	*x = FederationEnvelope{}
+	mi := &file_fedstream_proto_msgTypes[74]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationEnvelope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationEnvelope) ProtoMessage() {}
+
+func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[74]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
+func (*FederationEnvelope) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
+}
+
+func (x *FederationEnvelope) GetMessageJson() []byte {
+	if x != nil {
+		return x.MessageJson
+	}
+	return nil
+}
+
+func (x *FederationEnvelope) GetFromOrg() string {
+	if x != nil {
+		return x.FromOrg
+	}
+	return ""
+}
+
+type FederationMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersRequest) Reset() {
+	*x = FederationMembersRequest{}
+	mi := &file_fedstream_proto_msgTypes[75]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersRequest) ProtoMessage() {}
+
+func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[75]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
+func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
+}
+
+type FederationMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The coordinator's cross-org gRPC address.
+	Addr string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	// "alive", "failed", "left" (serf's view).
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Leader        bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Build         string `protobuf:"bytes,6,opt,name=build,proto3" json:"build,omitempty"`
+	Proto         string `protobuf:"bytes,7,opt,name=proto,proto3" json:"proto,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMember) Reset() {
+	*x = FederationMember{}
+	mi := &file_fedstream_proto_msgTypes[76]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMember) ProtoMessage() {}
+
+func (x *FederationMember) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[76]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
+func (*FederationMember) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
+}
+
+func (x *FederationMember) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *FederationMember) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FederationMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *FederationMember) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *FederationMember) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *FederationMember) GetBuild() string {
+	if x != nil {
+		return x.Build
+	}
+	return ""
+}
+
+func (x *FederationMember) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+type FederationMembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*FederationMember    `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersResponse) Reset() {
+	*x = FederationMembersResponse{}
+	mi := &file_fedstream_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersResponse) ProtoMessage() {}
+
+func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
+func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *FederationMembersResponse) GetMembers() []*FederationMember {
+	if x != nil {
+		return x.Members
 	}
 	return nil
 }
@@ -4908,14 +5148,29 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
 	"\x10ContractResponse\x12#\n" +
-	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"3\n" +
+	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"K\n" +
 	"\rPinKeyRequest\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06ca_pem\x18\xbe\x01 \x01(\fR\x05caPem\"\x10\n" +
 	"\x0ePinKeyResponse\"\x14\n" +
 	"\x12FetchOrgKeyRequest\"+\n" +
 	"\x13FetchOrgKeyResponse\x12\x14\n" +
-	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs82\xc2\x03\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8\"R\n" +
+	"\x12FederationEnvelope\x12!\n" +
+	"\fmessage_json\x18\x01 \x01(\fR\vmessageJson\x12\x19\n" +
+	"\bfrom_org\x18\x02 \x01(\tR\afromOrg\"\x1a\n" +
+	"\x18FederationMembersRequest\"\xa8\x01\n" +
+	"\x10FederationMember\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12\x14\n" +
+	"\x05build\x18\x06 \x01(\tR\x05build\x12\x14\n" +
+	"\x05proto\x18\a \x01(\tR\x05proto\"U\n" +
+	"\x19FederationMembersResponse\x128\n" +
+	"\amembers\x18\x01 \x03(\v2\x1e.fedstream.v1.FederationMemberR\amembers2\xc2\x03\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
@@ -4956,7 +5211,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x11TerminateContract\x12&.fedstream.v1.TerminateContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12C\n" +
 	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponse2c\n" +
 	"\rOrgKeyService\x12R\n" +
-	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponse2\xc2\x01\n" +
+	"\x15FederationPeerService\x12M\n" +
+	"\aDeliver\x12 .fedstream.v1.FederationEnvelope\x1a .fedstream.v1.FederationEnvelope\x12Z\n" +
+	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -4970,87 +5228,91 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 	return file_fedstream_proto_rawDescData
 }
 
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_fedstream_proto_goTypes = []any{
-	(*RegisterRequest)(nil),          // 0: fedstream.v1.RegisterRequest
-	(*RegisterResponse)(nil),         // 1: fedstream.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),         // 2: fedstream.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 3: fedstream.v1.HeartbeatResponse
-	(*WatchAssignmentsRequest)(nil),  // 4: fedstream.v1.WatchAssignmentsRequest
-	(*Assignment)(nil),               // 5: fedstream.v1.Assignment
-	(*TaskPlacement)(nil),            // 6: fedstream.v1.TaskPlacement
-	(*QueryView)(nil),                // 7: fedstream.v1.QueryView
-	(*SlotRange)(nil),                // 8: fedstream.v1.SlotRange
-	(*SlotMap)(nil),                  // 9: fedstream.v1.SlotMap
-	(*WatchAssignmentsResponse)(nil), // 10: fedstream.v1.WatchAssignmentsResponse
-	(*TaskState)(nil),                // 11: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),       // 12: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),      // 13: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),            // 14: fedstream.v1.StatusRequest
-	(*Peer)(nil),                     // 15: fedstream.v1.Peer
-	(*StatusResponse)(nil),           // 16: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),               // 17: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),       // 18: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 19: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),       // 20: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),      // 21: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                 // 22: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                // 23: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),       // 24: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),      // 25: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),          // 26: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),         // 27: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),        // 28: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),        // 29: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                // 30: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),       // 31: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),         // 32: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                // 33: fedstream.v1.StreamRef
-	(*Batch)(nil),                    // 34: fedstream.v1.Batch
-	(*IngestRequest)(nil),            // 35: fedstream.v1.IngestRequest
-	(*LineError)(nil),                // 36: fedstream.v1.LineError
-	(*IngestResponse)(nil),           // 37: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),           // 38: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),          // 39: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),         // 40: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),     // 41: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 42: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 43: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 44: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 45: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 46: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 47: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 48: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 49: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 50: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 51: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 52: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 53: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 54: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 55: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 56: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 57: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 58: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 59: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),        // 60: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),       // 61: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),      // 62: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),     // 63: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),     // 64: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),    // 65: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),   // 66: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),    // 67: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil), // 68: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),         // 69: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),            // 70: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),           // 71: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),       // 72: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),      // 73: fedstream.v1.FetchOrgKeyResponse
-	nil,                              // 74: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 75: fedstream.v1.WorkerInfo.LabelsEntry
+	(*RegisterRequest)(nil),           // 0: fedstream.v1.RegisterRequest
+	(*RegisterResponse)(nil),          // 1: fedstream.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),          // 2: fedstream.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 3: fedstream.v1.HeartbeatResponse
+	(*WatchAssignmentsRequest)(nil),   // 4: fedstream.v1.WatchAssignmentsRequest
+	(*Assignment)(nil),                // 5: fedstream.v1.Assignment
+	(*TaskPlacement)(nil),             // 6: fedstream.v1.TaskPlacement
+	(*QueryView)(nil),                 // 7: fedstream.v1.QueryView
+	(*SlotRange)(nil),                 // 8: fedstream.v1.SlotRange
+	(*SlotMap)(nil),                   // 9: fedstream.v1.SlotMap
+	(*WatchAssignmentsResponse)(nil),  // 10: fedstream.v1.WatchAssignmentsResponse
+	(*TaskState)(nil),                 // 11: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),        // 12: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),       // 13: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),             // 14: fedstream.v1.StatusRequest
+	(*Peer)(nil),                      // 15: fedstream.v1.Peer
+	(*StatusResponse)(nil),            // 16: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),                // 17: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),        // 18: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 19: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),        // 20: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),       // 21: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                  // 22: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                 // 23: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),        // 24: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),       // 25: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),           // 26: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),          // 27: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),         // 28: fedstream.v1.StopQueryResponse
+	(*QueryStatsRequest)(nil),         // 29: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 30: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),        // 31: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 32: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 33: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 34: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 35: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 36: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 37: fedstream.v1.IngestResponse
+	(*SnapshotSource)(nil),            // 38: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 39: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 40: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 41: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),             // 42: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 43: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 44: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 45: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 46: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 47: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 48: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 49: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 50: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 51: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 52: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 53: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 54: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 55: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 56: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 57: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 58: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 59: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 60: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 61: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 62: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 63: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 64: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 65: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 66: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 67: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 68: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 69: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 70: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 71: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 72: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 73: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 74: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 75: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 76: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 77: fedstream.v1.FederationMembersResponse
+	nil,                               // 78: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 79: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	74, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	78, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	8,  // 1: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	38, // 2: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	6,  // 3: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
@@ -5060,7 +5322,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	7,  // 7: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	11, // 8: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	15, // 9: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	75, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	79, // 10: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	11, // 11: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	17, // 12: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	22, // 13: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -5071,73 +5333,78 @@ var file_fedstream_proto_depIdxs = []int32{
 	43, // 18: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
 	43, // 19: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	15, // 20: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	0,  // 21: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	2,  // 22: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	4,  // 23: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	12, // 24: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	52, // 25: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	14, // 26: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	18, // 27: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	20, // 28: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	24, // 29: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	26, // 30: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	27, // 31: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	54, // 32: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	39, // 33: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	56, // 34: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	29, // 35: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	32, // 36: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	35, // 37: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41, // 38: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44, // 39: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	46, // 40: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	48, // 41: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	50, // 42: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	58, // 43: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	60, // 44: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	62, // 45: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	64, // 46: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	66, // 47: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	67, // 48: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	68, // 49: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	70, // 50: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	72, // 51: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	1,  // 52: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	3,  // 53: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	10, // 54: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	13, // 55: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	53, // 56: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	16, // 57: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	19, // 58: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	21, // 59: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	25, // 60: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	23, // 61: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	28, // 62: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	55, // 63: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	40, // 64: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	57, // 65: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	31, // 66: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	34, // 67: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	37, // 68: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 69: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45, // 70: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	47, // 71: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	49, // 72: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	51, // 73: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	59, // 74: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	61, // 75: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	63, // 76: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	65, // 77: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	69, // 78: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	69, // 79: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	69, // 80: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	71, // 81: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	73, // 82: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	52, // [52:83] is the sub-list for method output_type
-	21, // [21:52] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	76, // 21: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	0,  // 22: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	2,  // 23: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	4,  // 24: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	12, // 25: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	52, // 26: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	14, // 27: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	18, // 28: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	20, // 29: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	24, // 30: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	26, // 31: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	27, // 32: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	54, // 33: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	39, // 34: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	56, // 35: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	29, // 36: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	32, // 37: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	35, // 38: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41, // 39: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44, // 40: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	46, // 41: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	48, // 42: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	50, // 43: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	58, // 44: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	60, // 45: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	62, // 46: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	64, // 47: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	66, // 48: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	67, // 49: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	68, // 50: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	70, // 51: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	72, // 52: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	74, // 53: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	75, // 54: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	1,  // 55: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	3,  // 56: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	10, // 57: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	13, // 58: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	53, // 59: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	16, // 60: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	19, // 61: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	21, // 62: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	25, // 63: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	23, // 64: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	28, // 65: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	55, // 66: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	40, // 67: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	57, // 68: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	31, // 69: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	34, // 70: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	37, // 71: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 72: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45, // 73: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	47, // 74: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	49, // 75: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	51, // 76: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	59, // 77: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	61, // 78: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	63, // 79: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	65, // 80: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	69, // 81: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	69, // 82: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	69, // 83: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	71, // 84: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	73, // 85: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	74, // 86: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	77, // 87: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	55, // [55:88] is the sub-list for method output_type
+	22, // [22:55] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -5151,9 +5418,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   76,
+			NumMessages:   80,
 			NumExtensions: 0,
-			NumServices:   7,
+			NumServices:   8,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,
