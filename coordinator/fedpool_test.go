@@ -124,10 +124,14 @@ func crossOrgDial(t *testing.T, addr string, creds *tlsutil.Credentials) pb.Fede
 // a pin, a certificate from a wrong CA and a message that lies about its
 // sender are refused on the cross-org port; a killed org shows failed.
 func TestFederationPoolTwoOrgsContract(t *testing.T) {
+	start := time.Now()
+	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
+	defer step("end")
 	alpha := newFedOrg(t, "alpha", 3, nil)
 	beta := newFedOrg(t, "beta", 2, fedAddr(alpha))
 	gamma := newFedOrg(t, "gamma", 1, fedAddr(alpha))
 
+	step("orgs started")
 	al := alpha.leader()
 	var last []*pb.FederationMember
 	defer func() {
@@ -155,12 +159,14 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		}
 	}
 
+	step("// Before any pin,")
 	// Before any pin, a proposal is refused with the reason.
 	_, err := alpha.fedClient(al).ProposeContract(ctxT(t, 10*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pin") {
 		t.Fatalf("proposal before pinning: %v", err)
 	}
 
+	step("alpha.pin(beta)")
 	alpha.pin(beta)
 	beta.pin(alpha)
 	// A CA that is not beta's is refused as beta's pin.
@@ -176,6 +182,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	if err := json.Unmarshal(resp.ContractJson, &proposed); err != nil {
 		t.Fatal(err)
 	}
+	step("bl := beta.leader()")
 	bl := beta.leader()
 	waitFor(t, 10*time.Second, "the proposal pending at beta", func() bool {
 		for _, d := range contractsOf(t, beta.fedClient(bl)) {
@@ -188,6 +195,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	if _, err := beta.fedClient(bl).AnswerContract(ctxT(t, 20*time.Second), &pb.AnswerContractRequest{Id: proposed.Terms.ID, Accept: true}); err != nil {
 		t.Fatalf("accept: %v", err)
 	}
+	step("for _, org := range []*testClu")
 	for _, org := range []*testCluster{alpha, beta} {
 		l := org.leader()
 		cs := contractsOf(t, org.fedClient(l))
@@ -213,6 +221,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		}
 	}
 
+	step("// gamma pinned beta,")
 	// gamma pinned beta, beta did not pin gamma: beta's cross-org port
 	// refuses gamma at the handshake, so its proposal never arrives.
 	gamma.pin(beta)
@@ -224,6 +233,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("beta stored a contract from gamma: %+v", cs)
 	}
 
+	step("// Certificates presented")
 	// Certificates presented directly to every cross-org port of beta:
 	// gamma's (no pin), one naming alpha but from another CA, and a real
 	// alpha coordinator whose message claims to come from gamma.
@@ -260,6 +270,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 			t.Fatalf("beta node %d: answer %s %v", i, out.MessageJson, err)
 		}
 	}
+	step("// The org port refuses")
 	// The org port refuses a partner's certificate too (org CA only).
 	if _, err := pb.NewFederationPeerServiceClient(beta.connAs(beta.nodes[bl].GRPCAddr(), "", alphaCert)).Deliver(ctxT(t, 10*time.Second), &pb.FederationEnvelope{MessageJson: msg, FromOrg: "alpha"}); err == nil {
 		t.Fatal("beta's org port took a delivery from alpha's certificate")
@@ -268,6 +279,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("beta's contracts changed: %+v", cs)
 	}
 
+	step("// gamma dies without")
 	// gamma dies without leaving (its pool gossip stops as in a crash).
 	for _, n := range gamma.nodes {
 		if err := n.pool.serf.Shutdown(); err != nil {

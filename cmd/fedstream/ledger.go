@@ -459,17 +459,36 @@ func newContractTerminateCmd() *cobra.Command {
 }
 
 func newContractPinCmd() *cobra.Command {
-	return fedCmd(&cobra.Command{
-		Use:   "pin ORG KEY",
-		Short: "Pin a partner org's public signing key (base64, as 'ledger keys' prints it) before the first proposal (admin)",
-		Args:  cobra.ExactArgs(2),
+	var caFile string
+	cmd := fedCmd(&cobra.Command{
+		Use:   "pin ORG KEY [--ca CA.pem]",
+		Short: "Pin a partner org's public signing key (base64, as 'ledger keys' prints it) and CA certificate before the first proposal (admin)",
+		Long: `pin records a partner's public signing key and, with --ca, its CA certificate
+(the partner's ca.pem) in this org's ledger. Both operators pin each other,
+having exchanged these out of band, before the first proposal: the cross-org
+port admits only coordinators whose certificate the pinned CA signed, and a
+proposal is signed with the pinned key. A pin is never replaced.`,
+		Args: cobra.ExactArgs(2),
 	}, func(ctx context.Context, c pb.FederationServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
-		if _, err := c.PinKey(ctx, &pb.PinKeyRequest{Org: args[0], Key: args[1]}); err != nil {
+		var caPEM []byte
+		if caFile != "" {
+			var err error
+			if caPEM, err = os.ReadFile(caFile); err != nil {
+				return fmt.Errorf("--ca: %w", err)
+			}
+		}
+		if _, err := c.PinKey(ctx, &pb.PinKeyRequest{Org: args[0], Key: args[1], CaPem: caPEM}); err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "pinned %s's key\n", args[0])
+		what := "key"
+		if caPEM != nil {
+			what = "key and CA"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "pinned %s's %s\n", args[0], what)
 		return nil
 	})
+	cmd.Flags().StringVar(&caFile, "ca", "", "the partner's CA certificate (its ca.pem), for cross-org mutual TLS")
+	return cmd
 }
 
 func listContracts(ctx context.Context, c pb.FederationServiceClient) ([]federation.ContractDoc, error) {
