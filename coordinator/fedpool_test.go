@@ -27,7 +27,12 @@ var testFedKeyring = []byte("federation-keyring-0123456789abc")
 // federation pool through join (nil: it is the first).
 func newFedOrg(t *testing.T, org string, n int, join []string) *testCluster {
 	t.Helper()
-	c := newOrgTestCluster(t, org, n, "join-"+org, "admin-"+org, testTimings(), func(c *Config) {
+	// Raft's production clocks: six coordinators share a loaded test
+	// machine, and a leader lost mid-accept would only test retries.
+	tm := testTimings()
+	d := DefaultTimings()
+	tm.RaftHeartbeat, tm.RaftElection, tm.RaftLeaderLease = d.RaftHeartbeat, d.RaftElection, d.RaftLeaderLease
+	c := newOrgTestCluster(t, org, n, "join-"+org, "admin-"+org, tm, func(c *Config) {
 		c.Federation = FederationConfig{SerfAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", Join: join, Keyring: testFedKeyring}
 	})
 	// Ports are chosen at start, so the org's later coordinators join the
