@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/pem"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -117,6 +120,17 @@ func filterEntries(es []ledger.Entry, partner string, from time.Time) []ledger.E
 	return out
 }
 
+// caFingerprint is "sha256:" and the first 16 hex digits of the SHA-256
+// of a PEM certificate's DER (the PEM itself when it does not parse).
+func caFingerprint(p string) string {
+	block, _ := pem.Decode([]byte(p))
+	if block == nil {
+		return p
+	}
+	sum := sha256.Sum256(block.Bytes)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
 func details(f map[string]string) string {
 	keys := make([]string, 0, len(f))
 	for k := range f {
@@ -128,7 +142,13 @@ func details(f map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, k+"="+f[k])
+		v := f[k]
+		if k == federation.FieldCA {
+			// A pinned CA certificate is shown by its fingerprint; the
+			// JSON and the export hold the PEM.
+			v = caFingerprint(v)
+		}
+		parts = append(parts, k+"="+v)
 	}
 	if len(parts) == 0 {
 		return "-"
