@@ -251,6 +251,10 @@ func (p *fedPool) listen(addr string) error {
 	cfg.ClientAuth = tls.RequireAnyClientCert
 	cfg.VerifyConnection = func(cs tls.ConnectionState) error {
 		_, err := s.verifyPartnerCert(cs.PeerCertificates, x509.ExtKeyUsageClientAuth, "")
+		if err != nil {
+			// The client only learns "bad certificate"; the reason is here.
+			s.logger.Warn("refused a cross-org connection", "err", err)
+		}
 		return err
 	}
 	opts := append(rpc.ServerOptions(), grpc.Creds(credentials.NewTLS(cfg)))
