@@ -155,6 +155,7 @@ func (s *Server) setupFedPool() error {
 		conf.ReapInterval = time.Second
 		conf.ReconnectInterval = time.Second
 		conf.ReconnectTimeout = time.Hour
+		conf.LeavePropagateDelay = 4 * iv
 	}
 	ml.BindAddr, ml.BindPort = host, port
 	ml.AdvertiseAddr, ml.AdvertisePort = host, port

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,10 +132,23 @@ func crossOrgDial(t *testing.T, addr string, creds *tlsutil.Credentials) pb.Fede
 func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
-	defer step("end")
+	defer step("done")
 	alpha := newFedOrg(t, "alpha", 3, nil)
 	beta := newFedOrg(t, "beta", 2, fedAddr(alpha))
 	gamma := newFedOrg(t, "gamma", 1, fedAddr(alpha))
+	// Stop every coordinator at once (runs before each cluster's own
+	// cleanup, which then finds them stopped): each takes a second or two
+	// to leave its pools, which in sequence would dominate the test.
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, c := range []*testCluster{alpha, beta, gamma} {
+			for i := range c.nodes {
+				wg.Add(1)
+				go func() { defer wg.Done(); c.stop(i) }()
+			}
+		}
+		wg.Wait()
+	})
 
 	step("orgs started")
 	al := alpha.leader()
@@ -164,14 +178,14 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		}
 	}
 
-	step("// Before any pin,")
+	step("pool formed")
 	// Before any pin, a proposal is refused with the reason.
 	_, err := alpha.fedClient(al).ProposeContract(ctxT(t, 10*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pin") {
 		t.Fatalf("proposal before pinning: %v", err)
 	}
 
-	step("alpha.pin(beta)")
+	step("unpinned proposal refused")
 	alpha.pin(beta)
 	beta.pin(alpha)
 	// A CA that is not beta's is refused as beta's pin.
@@ -187,7 +201,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	if err := json.Unmarshal(resp.ContractJson, &proposed); err != nil {
 		t.Fatal(err)
 	}
-	step("bl := beta.leader()")
+	step("proposed")
 	bl := beta.leader()
 	waitFor(t, 10*time.Second, "the proposal pending at beta", func() bool {
 		for _, d := range contractsOf(t, beta.fedClient(bl)) {
@@ -200,7 +214,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	if _, err := beta.fedClient(bl).AnswerContract(ctxT(t, 20*time.Second), &pb.AnswerContractRequest{Id: proposed.Terms.ID, Accept: true}); err != nil {
 		t.Fatalf("accept: %v", err)
 	}
-	step("for _, org := range []*testClu")
+	step("accepted")
 	for _, org := range []*testCluster{alpha, beta} {
 		l := org.leader()
 		cs := contractsOf(t, org.fedClient(l))
@@ -226,7 +240,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		}
 	}
 
-	step("// gamma pinned beta,")
+	step("co-signed in both")
 	// gamma pinned beta, beta did not pin gamma: beta's cross-org port
 	// refuses gamma at the handshake, so its proposal never arrives.
 	gamma.pin(beta)
@@ -238,7 +252,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("beta stored a contract from gamma: %+v", cs)
 	}
 
-	step("// Certificates presented")
+	step("gamma refused")
 	// Certificates presented directly to every cross-org port of beta:
 	// gamma's (no pin), one naming alpha but from another CA, and a real
 	// alpha coordinator whose message claims to come from gamma.
@@ -275,7 +289,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 			t.Fatalf("beta node %d: answer %s %v", i, out.MessageJson, err)
 		}
 	}
-	step("// The org port refuses")
+	step("cross-org port refusals")
 	// The org port refuses a partner's certificate too (org CA only).
 	if _, err := pb.NewFederationPeerServiceClient(beta.connAs(beta.nodes[bl].GRPCAddr(), "", alphaCert)).Deliver(ctxT(t, 10*time.Second), &pb.FederationEnvelope{MessageJson: msg, FromOrg: "alpha"}); err == nil {
 		t.Fatal("beta's org port took a delivery from alpha's certificate")
@@ -284,7 +298,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("beta's contracts changed: %+v", cs)
 	}
 
-	step("// gamma dies without")
+	step("org port refusal")
 	// gamma dies without leaving (its pool gossip stops as in a crash).
 	for _, n := range gamma.nodes {
 		if err := n.pool.serf.Shutdown(); err != nil {
