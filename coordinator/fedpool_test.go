@@ -3,6 +3,7 @@ package coordinator
 import (
 	"crypto/tls"
 	"encoding/json"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -296,6 +297,28 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	}
 	if cs := contractsOf(t, beta.fedClient(bl)); len(cs) != 1 || cs[0].Status != federation.StatusActive {
 		t.Fatalf("beta's contracts changed: %+v", cs)
+	}
+
+	// The calling side checks the partner too: a server showing a
+	// certificate of another "beta" CA (an impostor at an address the pool
+	// advertised) is refused before anything is sent. The impostor takes
+	// any client, so a call that got through would meet Unimplemented.
+	impostor := testCreds(t, testCA(t, "beta"), rpc.RoleCoordinator, "c1")
+	icfg := impostor.ServerConfig(tlsutil.Peer{}, true)
+	icfg.ClientAuth, icfg.ClientCAs, icfg.VerifyConnection = tls.RequestClientCert, nil, nil
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	isrv := grpc.NewServer(grpc.Creds(credentials.NewTLS(icfg)))
+	go func() { _ = isrv.Serve(lis) }()
+	defer isrv.Stop()
+	iconn, err := alpha.nodes[alpha.leader()].pool.conn("beta", "c1", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pb.NewFederationPeerServiceClient(iconn).Deliver(ctxT(t, 10*time.Second), &pb.FederationEnvelope{MessageJson: msg}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("alpha called an impostor of beta: %v", err)
 	}
 
 	step("org port refusal")
