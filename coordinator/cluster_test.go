@@ -81,7 +81,13 @@ func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testClus
 
 func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings, ca: testCA(t, "acme")}
+	return newOrgTestCluster(t, "acme", n, joinToken, adminToken, timings, opts...)
+}
+
+// newOrgTestCluster starts n coordinators of org, with a CA of their own.
+func newOrgTestCluster(t testing.TB, org string, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, org: org, tokens: [2]string{joinToken, adminToken}, timings: timings, ca: testCA(t, org)}
 	csr, _, err := tlsutil.NewCSR()
 	if err != nil {
 		t.Fatal(err)

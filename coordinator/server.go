@@ -42,6 +42,9 @@ type Server struct {
 	// fed is the org's federation agent (signing identity, contracts,
 	// ledger); set up in Start.
 	fed *federation.Org
+	// pool is this coordinator's part in the federation pool (nil outside
+	// a federation); see fedpool.go.
+	pool *fedPool
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
@@ -159,6 +162,11 @@ func (s *Server) Start() (err error) {
 	}
 	if err := s.setupSerf(); err != nil {
 		return err
+	}
+	if s.pool != nil {
+		if err := s.setupFedPool(); err != nil {
+			return err
+		}
 	}
 	s.forwarder = newForwarder(s)
 	if s.cfg.HTTPAddr != "" {
@@ -356,6 +364,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
+	pb.RegisterFederationPeerServiceServer(s.grpcServer, &fedPeerService{s: s})
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	reflection.Register(s.grpcServer)
 	s.wg.Add(1)
@@ -388,6 +397,9 @@ func (s *Server) Shutdown() error {
 			case <-time.After(2 * time.Second):
 				s.grpcServer.Stop()
 			}
+		}
+		if s.pool != nil {
+			err = errors.Join(err, s.pool.close())
 		}
 		if s.serf != nil {
 			if e := s.serf.Leave(); e != nil {

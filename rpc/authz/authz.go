@@ -199,6 +199,13 @@ var Methods = map[string]Need{
 	// The org's private signing key, only to another coordinator of the
 	// org.
 	pb.OrgKeyService_FetchOrgKey_FullMethodName: NeedCoordinator,
+	// Federation pool and cross-org transport: on the org port, Deliver
+	// comes only from a coordinator of the org forwarding a partner's
+	// message to its leader (partners reach it on the cross-org port,
+	// which admits only certificates of a pinned partner CA); anyone who
+	// may see the org's status may list the federation's members.
+	pb.FederationPeerService_Deliver_FullMethodName: NeedCoordinator,
+	pb.FederationPeerService_Members_FullMethodName: NeedStatus,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

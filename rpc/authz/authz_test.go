@@ -21,6 +21,7 @@ var services = []grpc.ServiceDesc{
 	pb.CoordinatorPeerService_ServiceDesc,
 	pb.FederationService_ServiceDesc,
 	pb.OrgKeyService_ServiceDesc,
+	pb.FederationPeerService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 	reflectionv1.ServerReflection_ServiceDesc,
 	reflectionv1alpha.ServerReflection_ServiceDesc,

@@ -4825,7 +4825,10 @@ type PinKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
 	// base64 of the 32-byte ed25519 public key.
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// PEM of the org's CA certificate, pinned with the key: cross-org
+	// connections from and to that org are verified against it alone.
+	CaPem         []byte `protobuf:"bytes,190,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -4872,6 +4875,13 @@ func (x *PinKeyRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *PinKeyRequest) GetCaPem() []byte {
+	if x != nil {
+		return x.CaPem
+	}
+	return nil
 }
 
 type PinKeyResponse struct {
@@ -4992,6 +5002,236 @@ func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
 	if x != nil {
 		return x.Pkcs8
+	}
+	return nil
+}
+
+// FederationEnvelope carries one federation.Message (JSON) between the
+// leaders of two orgs. from_org is set only by a coordinator of the
+// receiving org that forwards the message to its leader: it names the org
+// whose pinned-CA certificate that coordinator verified.
+type FederationEnvelope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MessageJson   []byte                 `protobuf:"bytes,1,opt,name=message_json,json=messageJson,proto3" json:"message_json,omitempty"`
+	FromOrg       string                 `protobuf:"bytes,2,opt,name=from_org,json=fromOrg,proto3" json:"from_org,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationEnvelope) Reset() {
+	*x = FederationEnvelope{}
+	mi := &file_fedstream_proto_msgTypes[77]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationEnvelope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationEnvelope) ProtoMessage() {}
+
+func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[77]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
+func (*FederationEnvelope) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
+}
+
+func (x *FederationEnvelope) GetMessageJson() []byte {
+	if x != nil {
+		return x.MessageJson
+	}
+	return nil
+}
+
+func (x *FederationEnvelope) GetFromOrg() string {
+	if x != nil {
+		return x.FromOrg
+	}
+	return ""
+}
+
+type FederationMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersRequest) Reset() {
+	*x = FederationMembersRequest{}
+	mi := &file_fedstream_proto_msgTypes[78]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersRequest) ProtoMessage() {}
+
+func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[78]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
+func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
+}
+
+type FederationMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The coordinator's cross-org gRPC address.
+	Addr string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	// "alive", "failed", "left" (serf's view).
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Leader        bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Build         string `protobuf:"bytes,6,opt,name=build,proto3" json:"build,omitempty"`
+	Proto         string `protobuf:"bytes,7,opt,name=proto,proto3" json:"proto,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMember) Reset() {
+	*x = FederationMember{}
+	mi := &file_fedstream_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMember) ProtoMessage() {}
+
+func (x *FederationMember) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
+func (*FederationMember) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *FederationMember) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *FederationMember) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FederationMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *FederationMember) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *FederationMember) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *FederationMember) GetBuild() string {
+	if x != nil {
+		return x.Build
+	}
+	return ""
+}
+
+func (x *FederationMember) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+type FederationMembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*FederationMember    `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersResponse) Reset() {
+	*x = FederationMembersResponse{}
+	mi := &file_fedstream_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersResponse) ProtoMessage() {}
+
+func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
+func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
+}
+
+func (x *FederationMembersResponse) GetMembers() []*FederationMember {
+	if x != nil {
+		return x.Members
 	}
 	return nil
 }
@@ -5372,14 +5612,29 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
 	"\x10ContractResponse\x12#\n" +
-	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"3\n" +
+	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"K\n" +
 	"\rPinKeyRequest\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06ca_pem\x18\xbe\x01 \x01(\fR\x05caPem\"\x10\n" +
 	"\x0ePinKeyResponse\"\x14\n" +
 	"\x12FetchOrgKeyRequest\"+\n" +
 	"\x13FetchOrgKeyResponse\x12\x14\n" +
-	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8*t\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8\"R\n" +
+	"\x12FederationEnvelope\x12!\n" +
+	"\fmessage_json\x18\x01 \x01(\fR\vmessageJson\x12\x19\n" +
+	"\bfrom_org\x18\x02 \x01(\tR\afromOrg\"\x1a\n" +
+	"\x18FederationMembersRequest\"\xa8\x01\n" +
+	"\x10FederationMember\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12\x14\n" +
+	"\x05build\x18\x06 \x01(\tR\x05build\x12\x14\n" +
+	"\x05proto\x18\a \x01(\tR\x05proto\"U\n" +
+	"\x19FederationMembersResponse\x128\n" +
+	"\amembers\x18\x01 \x03(\v2\x1e.fedstream.v1.FederationMemberR\amembers*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -5429,7 +5684,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x11TerminateContract\x12&.fedstream.v1.TerminateContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12C\n" +
 	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponse2c\n" +
 	"\rOrgKeyService\x12R\n" +
-	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponse2\xc2\x01\n" +
+	"\x15FederationPeerService\x12M\n" +
+	"\aDeliver\x12 .fedstream.v1.FederationEnvelope\x1a .fedstream.v1.FederationEnvelope\x12Z\n" +
+	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -5444,91 +5702,95 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 79)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
 var file_fedstream_proto_goTypes = []any{
-	(ReplicaState)(0),                // 0: fedstream.v1.ReplicaState
-	(*RegisterRequest)(nil),          // 1: fedstream.v1.RegisterRequest
-	(*RegisterResponse)(nil),         // 2: fedstream.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),         // 3: fedstream.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 4: fedstream.v1.HeartbeatResponse
-	(*WatchAssignmentsRequest)(nil),  // 5: fedstream.v1.WatchAssignmentsRequest
-	(*Assignment)(nil),               // 6: fedstream.v1.Assignment
-	(*TaskPlacement)(nil),            // 7: fedstream.v1.TaskPlacement
-	(*QueryView)(nil),                // 8: fedstream.v1.QueryView
-	(*SlotRange)(nil),                // 9: fedstream.v1.SlotRange
-	(*SlotMap)(nil),                  // 10: fedstream.v1.SlotMap
-	(*WatchAssignmentsResponse)(nil), // 11: fedstream.v1.WatchAssignmentsResponse
-	(*TaskState)(nil),                // 12: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),       // 13: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),      // 14: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),            // 15: fedstream.v1.StatusRequest
-	(*Peer)(nil),                     // 16: fedstream.v1.Peer
-	(*StatusResponse)(nil),           // 17: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),               // 18: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),       // 19: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 20: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),       // 21: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),      // 22: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                 // 23: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                // 24: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),       // 25: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),      // 26: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),          // 27: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),         // 28: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),        // 29: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),        // 30: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                // 31: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),       // 32: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),         // 33: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                // 34: fedstream.v1.StreamRef
-	(*Batch)(nil),                    // 35: fedstream.v1.Batch
-	(*IngestRequest)(nil),            // 36: fedstream.v1.IngestRequest
-	(*LineError)(nil),                // 37: fedstream.v1.LineError
-	(*IngestResponse)(nil),           // 38: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),           // 39: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),          // 40: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),         // 41: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),     // 42: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),        // 43: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),       // 44: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),        // 45: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),            // 46: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 47: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 48: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 49: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 50: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 51: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 52: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 53: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 54: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 55: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 56: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 57: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 58: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 59: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 60: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 61: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 62: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 63: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),        // 64: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),       // 65: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),      // 66: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),     // 67: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),     // 68: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),    // 69: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),   // 70: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),    // 71: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil), // 72: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),         // 73: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),            // 74: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),           // 75: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),       // 76: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),      // 77: fedstream.v1.FetchOrgKeyResponse
-	nil,                              // 78: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 79: fedstream.v1.WorkerInfo.LabelsEntry
+	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
+	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
+	(*RegisterResponse)(nil),          // 2: fedstream.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),          // 3: fedstream.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 4: fedstream.v1.HeartbeatResponse
+	(*WatchAssignmentsRequest)(nil),   // 5: fedstream.v1.WatchAssignmentsRequest
+	(*Assignment)(nil),                // 6: fedstream.v1.Assignment
+	(*TaskPlacement)(nil),             // 7: fedstream.v1.TaskPlacement
+	(*QueryView)(nil),                 // 8: fedstream.v1.QueryView
+	(*SlotRange)(nil),                 // 9: fedstream.v1.SlotRange
+	(*SlotMap)(nil),                   // 10: fedstream.v1.SlotMap
+	(*WatchAssignmentsResponse)(nil),  // 11: fedstream.v1.WatchAssignmentsResponse
+	(*TaskState)(nil),                 // 12: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),        // 13: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),       // 14: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),             // 15: fedstream.v1.StatusRequest
+	(*Peer)(nil),                      // 16: fedstream.v1.Peer
+	(*StatusResponse)(nil),            // 17: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),                // 18: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),        // 19: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 20: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),        // 21: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),       // 22: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                  // 23: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                 // 24: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),        // 25: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),       // 26: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),           // 27: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),          // 28: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),         // 29: fedstream.v1.StopQueryResponse
+	(*QueryStatsRequest)(nil),         // 30: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 31: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),        // 32: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 33: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 34: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 35: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 36: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 37: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 38: fedstream.v1.IngestResponse
+	(*SnapshotSource)(nil),            // 39: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 40: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 41: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 42: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 43: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 44: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 45: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 46: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 47: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 48: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 49: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 50: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 51: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 52: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 53: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 54: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 55: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 56: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 57: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 58: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 59: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 60: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 61: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 62: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 63: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 64: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 65: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 66: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 67: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 68: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 69: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 70: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 71: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 72: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 73: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 74: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 75: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 76: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 77: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 78: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 79: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 80: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 81: fedstream.v1.FederationMembersResponse
+	nil,                               // 82: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 83: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	78, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	82, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
@@ -5541,7 +5803,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
 	12, // 11: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16, // 12: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	79, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	83, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 14: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 15: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -5554,77 +5816,82 @@ var file_fedstream_proto_depIdxs = []int32{
 	47, // 23: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
 	47, // 24: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	16, // 25: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	1,  // 26: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,  // 27: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,  // 28: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13, // 29: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	56, // 30: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15, // 31: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19, // 32: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21, // 33: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25, // 34: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27, // 35: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28, // 36: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	58, // 37: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 38: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	60, // 39: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 40: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	43, // 41: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	33, // 42: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 43: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	42, // 44: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 45: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	48, // 46: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	50, // 47: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	52, // 48: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	54, // 49: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	62, // 50: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	64, // 51: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	66, // 52: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	68, // 53: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	70, // 54: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	71, // 55: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	72, // 56: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	74, // 57: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	76, // 58: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	2,  // 59: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 60: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 61: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 62: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 63: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 64: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 65: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 66: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 67: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 68: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 69: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 70: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 71: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 72: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 73: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 74: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 75: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 76: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	46, // 77: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 78: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 79: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 80: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 81: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 82: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 83: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 84: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 85: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 86: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 87: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 88: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 89: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 90: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 91: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	59, // [59:92] is the sub-list for method output_type
-	26, // [26:59] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	80, // 26: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	1,  // 27: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,  // 28: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,  // 29: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13, // 30: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	56, // 31: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15, // 32: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19, // 33: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21, // 34: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25, // 35: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27, // 36: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28, // 37: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	58, // 38: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	40, // 39: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	60, // 40: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	30, // 41: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	43, // 42: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	33, // 43: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	36, // 44: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	42, // 45: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	45, // 46: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	48, // 47: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	50, // 48: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	52, // 49: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	54, // 50: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	62, // 51: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	64, // 52: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	66, // 53: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	68, // 54: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	70, // 55: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	71, // 56: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	72, // 57: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	74, // 58: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	76, // 59: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	78, // 60: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	79, // 61: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	2,  // 62: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 63: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 64: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 65: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	57, // 66: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 67: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 68: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 69: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 70: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 71: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 72: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	59, // 73: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 74: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	61, // 75: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 76: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	44, // 77: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	35, // 78: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 79: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	46, // 80: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 81: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	49, // 82: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	51, // 83: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	53, // 84: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	55, // 85: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	63, // 86: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	65, // 87: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	67, // 88: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	69, // 89: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	73, // 90: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	73, // 91: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	73, // 92: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	75, // 93: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	77, // 94: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	78, // 95: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	81, // 96: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	62, // [62:97] is the sub-list for method output_type
+	27, // [27:62] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -5638,9 +5905,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   79,
+			NumMessages:   83,
 			NumExtensions: 0,
-			NumServices:   7,
+			NumServices:   8,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

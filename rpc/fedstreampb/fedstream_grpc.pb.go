@@ -1741,3 +1741,153 @@ var OrgKeyService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	FederationPeerService_Deliver_FullMethodName = "/fedstream.v1.FederationPeerService/Deliver"
+	FederationPeerService_Members_FullMethodName = "/fedstream.v1.FederationPeerService/Members"
+)
+
+// FederationPeerServiceClient is the client API for FederationPeerService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type FederationPeerServiceClient interface {
+	// Deliver hands a message of a partner org to this org's leader. It is
+	// served on the cross-org port (mutual TLS against the pinned CA of the
+	// caller's org) and, for forwarding to the leader, on the org port to
+	// the org's own coordinators.
+	Deliver(ctx context.Context, in *FederationEnvelope, opts ...grpc.CallOption) (*FederationEnvelope, error)
+	// Members lists the coordinators of every org in the federation pool.
+	Members(ctx context.Context, in *FederationMembersRequest, opts ...grpc.CallOption) (*FederationMembersResponse, error)
+}
+
+type federationPeerServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFederationPeerServiceClient(cc grpc.ClientConnInterface) FederationPeerServiceClient {
+	return &federationPeerServiceClient{cc}
+}
+
+func (c *federationPeerServiceClient) Deliver(ctx context.Context, in *FederationEnvelope, opts ...grpc.CallOption) (*FederationEnvelope, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FederationEnvelope)
+	err := c.cc.Invoke(ctx, FederationPeerService_Deliver_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationPeerServiceClient) Members(ctx context.Context, in *FederationMembersRequest, opts ...grpc.CallOption) (*FederationMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FederationMembersResponse)
+	err := c.cc.Invoke(ctx, FederationPeerService_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FederationPeerServiceServer is the server API for FederationPeerService service.
+// All implementations must embed UnimplementedFederationPeerServiceServer
+// for forward compatibility.
+type FederationPeerServiceServer interface {
+	// Deliver hands a message of a partner org to this org's leader. It is
+	// served on the cross-org port (mutual TLS against the pinned CA of the
+	// caller's org) and, for forwarding to the leader, on the org port to
+	// the org's own coordinators.
+	Deliver(context.Context, *FederationEnvelope) (*FederationEnvelope, error)
+	// Members lists the coordinators of every org in the federation pool.
+	Members(context.Context, *FederationMembersRequest) (*FederationMembersResponse, error)
+	mustEmbedUnimplementedFederationPeerServiceServer()
+}
+
+// UnimplementedFederationPeerServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFederationPeerServiceServer struct{}
+
+func (UnimplementedFederationPeerServiceServer) Deliver(context.Context, *FederationEnvelope) (*FederationEnvelope, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Deliver not implemented")
+}
+func (UnimplementedFederationPeerServiceServer) Members(context.Context, *FederationMembersRequest) (*FederationMembersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedFederationPeerServiceServer) mustEmbedUnimplementedFederationPeerServiceServer() {}
+func (UnimplementedFederationPeerServiceServer) testEmbeddedByValue()                               {}
+
+// UnsafeFederationPeerServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FederationPeerServiceServer will
+// result in compilation errors.
+type UnsafeFederationPeerServiceServer interface {
+	mustEmbedUnimplementedFederationPeerServiceServer()
+}
+
+func RegisterFederationPeerServiceServer(s grpc.ServiceRegistrar, srv FederationPeerServiceServer) {
+	// If the following call pancis, it indicates UnimplementedFederationPeerServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FederationPeerService_ServiceDesc, srv)
+}
+
+func _FederationPeerService_Deliver_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FederationEnvelope)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationPeerServiceServer).Deliver(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationPeerService_Deliver_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationPeerServiceServer).Deliver(ctx, req.(*FederationEnvelope))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationPeerService_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FederationMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationPeerServiceServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationPeerService_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationPeerServiceServer).Members(ctx, req.(*FederationMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// FederationPeerService_ServiceDesc is the grpc.ServiceDesc for FederationPeerService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FederationPeerService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.FederationPeerService",
+	HandlerType: (*FederationPeerServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Deliver",
+			Handler:    _FederationPeerService_Deliver_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _FederationPeerService_Members_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
