@@ -128,7 +128,10 @@ func newMerger(limit int) *merger {
 }
 
 // addInput registers an input stream and returns its index.
+// A rescale adds inputs while the others run and read theirs.
 func (m *merger) addInput(port, upPartition int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.inputs = append(m.inputs, &mergeInput{port: port, upPartition: upPartition, boundary: math.MinInt64})
 	return len(m.inputs) - 1
 }

@@ -153,7 +153,12 @@ func (t *task) stats() TaskStats {
 		st.Queue = t.merge.pendingTuples()
 	}
 	ring := t.node != nil && t.node.Kind == queryspec.KindSink
-	for _, o := range t.outs {
+	// A rescale adds outputs and inputs while the task runs (under outMu
+	// and inMu).
+	t.outMu.RLock()
+	outs := slices.Clone(t.outs)
+	t.outMu.RUnlock()
+	for _, o := range outs {
 		bs := o.buf.Stats()
 		st.BlockedNanos += bs.BlockedNanos
 		st.OutputBytes += int64(bs.Bytes)
@@ -161,7 +166,10 @@ func (t *task) stats() TaskStats {
 			st.Unacked += int64(bs.Tuples)
 		}
 	}
-	for _, in := range t.inputs {
+	t.inMu.Lock()
+	inputs := slices.Clone(t.inputs)
+	t.inMu.Unlock()
+	for _, in := range inputs {
 		st.Switches += in.switches.Load()
 	}
 	return st
