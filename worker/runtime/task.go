@@ -302,7 +302,9 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			}
 		}
 	} else if spec.FromSnapshot != nil {
-		return nil, fmt.Errorf("task %s: %w: an ingest source cannot start from a snapshot", spec.TaskID, ErrNotSnapshottable)
+		if err := t.restoreIngest(spec.FromSnapshot); err != nil {
+			return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+		}
 	}
 	// The context exists before the task is published to the runtime's
 	// map: an ingest request may reach the task before start runs.

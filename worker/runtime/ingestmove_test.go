@@ -1,0 +1,310 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+)
+
+const ingestMoveQuery = `
+name: ing
+replicas: %d
+sources:
+  - name: events
+    schema: {time: timestamp, user: string, amount: int}
+    ingest: true
+operators:
+  - name: per_user
+    type: aggregate
+    input: events
+    window: {size: 1s}
+    group_by: [user]
+    aggregates: {n: "count()", total: "sum(amount)"}
+sinks:
+  - {name: out, input: per_user}
+`
+
+// ingestMoveInput is n records, 10ms of event time apart, over 7 users.
+func ingestMoveInput(n int) []string {
+	recs := make([]string, n)
+	for i := range n {
+		recs[i] = fmt.Sprintf(`{"time": %d, "user": "u%d", "amount": %d}`, int64(i+1)*10_000_000, i%7, i%5)
+	}
+	return recs
+}
+
+// ingestMoveReference is the per-window, per-user count and total the
+// input gives, as the sink prints them.
+func ingestMoveReference(n int) []string {
+	type key struct {
+		end  int64
+		user string
+	}
+	agg := map[key][2]int64{}
+	for i := range n {
+		ns := int64(i+1) * 10_000_000
+		k := key{(ns/1_000_000_000 + 1) * 1_000_000_000, fmt.Sprintf("u%d", i%7)}
+		v := agg[k]
+		v[0]++
+		v[1] += int64(i % 5)
+		agg[k] = v
+	}
+	var out []string
+	for k, v := range agg {
+		out = append(out, fmt.Sprintf("%s n=%d total=%d end=%d", k.user, v[0], v[1], k.end))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// sinkResults reads a sink replica to its end: one line per result.
+func sinkResults(t *testing.T, c *cluster, sink string) []string {
+	t.Helper()
+	var out []string
+	for _, tp := range sinkData(t, c, sink) {
+		out = append(out, fmt.Sprintf("%s n=%d total=%d end=%d", tp.Values[0].S, tp.Values[1].I, tp.Values[2].I, tp.Values[3].I))
+	}
+	slices.Sort(out)
+	return out
+}
+
+// addrBook is where the test says the source's copies run (the
+// coordinator's query status in a real cluster).
+type addrBook struct {
+	mu    sync.Mutex
+	addrs map[string]string
+}
+
+func (b *addrBook) set(id, addr string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.addrs[id] = addr
+}
+
+func (b *addrBook) resolve(context.Context) ([]dataplane.IngestCopy, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []dataplane.IngestCopy
+	for id, addr := range b.addrs {
+		out = append(out, dataplane.IngestCopy{TaskID: id, Addr: addr})
+	}
+	return out, nil
+}
+
+// TestIngestSourceMovesUnderLoad moves an ingest source's copy (with one
+// and with two replicas) while a client sends it lines continuously, and
+// checks every sink replica's results against a run without the move and
+// against the reference computed from the input: nothing lost, nothing
+// counted twice. The client only learns the new place by being refused by
+// the old copy (ErrSourceMoved) and asking again.
+func TestIngestSourceMovesUnderLoad(t *testing.T) {
+	const records, batch = 3000, 25
+	input := ingestMoveInput(records)
+	want := ingestMoveReference(records)
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+			yaml := fmt.Sprintf(ingestMoveQuery, replicas)
+			run := func(move bool) [][]string {
+				c := newCluster(t, 3, yaml, func(_ string, _, r int) int { return r })
+				defer c.close(t)
+				c.apply()
+				book := &addrBook{addrs: map[string]string{}}
+				for r := range replicas {
+					id := queryspec.TaskID("ing", "events", 0, r)
+					book.set(id, c.addrOf(id))
+				}
+				var notes []string
+				var notesMu sync.Mutex
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "ing", Source: "events", Producer: "test-producer",
+					Resolve: book.resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return c.pool.Conn(addr) },
+					Note: func(m string) { notesMu.Lock(); notes = append(notes, m); notesMu.Unlock() }})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer cl.Close()
+				sent := make(chan error, 1)
+				go func() {
+					for i := 0; i < records; i += batch {
+						if err := cl.Send(ctx, []byte(strings.Join(input[i:min(i+batch, records)], "\n")+"\n")); err != nil {
+							sent <- err
+							return
+						}
+					}
+					sent <- cl.CloseSource(ctx)
+				}()
+				moving := queryspec.TaskID("ing", "events", 0, 0)
+				if move {
+					from, to := c.workers[0], c.workers[2]
+					waitUntil(t, "the source took a good part of the input", func() bool {
+						tk := from.rt.task(moving)
+						return tk != nil && tk.outs[0].buf.Stats().LastID > records/4
+					})
+					c.move(t, moving, from, to, true)
+					book.set(moving, to.addr)
+				}
+				if err := <-sent; err != nil {
+					t.Fatalf("ingest: %v", err)
+				}
+				res := cl.Result()
+				if res.Accepted != records || len(res.Errors) != 0 || !res.Closed || res.Copies != replicas {
+					t.Fatalf("client result %+v, want %d accepted by %d copies and closed", res, records, replicas)
+				}
+				if move {
+					notesMu.Lock()
+					n := len(notes)
+					notesMu.Unlock()
+					if n == 0 {
+						t.Errorf("the client never reconnected: the move did not take the source away")
+					}
+					if tk := c.workers[2].rt.task(moving); tk == nil || !tk.restored {
+						t.Fatalf("the moved copy did not start from the snapshot")
+					}
+				}
+				var out [][]string
+				for r := range replicas {
+					out = append(out, sinkResults(t, c, queryspec.TaskID("ing", "out", 0, r)))
+				}
+				return out
+			}
+			unmoved := run(false)
+			moved := run(true)
+			for r := range replicas {
+				if !slices.Equal(unmoved[r], want) {
+					t.Fatalf("replica %d without a move: %d results, differs from the reference (%d)", r, len(unmoved[r]), len(want))
+				}
+				if !slices.Equal(moved[r], want) {
+					t.Fatalf("replica %d with the move: %d results differ from the reference (%d):\n%s", r, len(moved[r]), len(want), diffLines(moved[r], want))
+				}
+			}
+		})
+	}
+}
+
+// diffLines names the lines only one side has (for failure messages).
+func diffLines(got, want []string) string {
+	var b strings.Builder
+	for _, g := range got {
+		if !slices.Contains(want, g) {
+			fmt.Fprintf(&b, "  extra %s\n", g)
+		}
+	}
+	for _, w := range want {
+		if !slices.Contains(got, w) {
+			fmt.Fprintf(&b, "  missing %s\n", w)
+		}
+	}
+	return b.String()
+}
+
+// session sends requests on one IngestSession and returns the answers (or
+// the error that ended it).
+func session(t *testing.T, c *cluster, addr string, reqs ...*fedstreampb.IngestRequest) ([]*fedstreampb.IngestResponse, error) {
+	t.Helper()
+	conn, err := c.pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).IngestSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*fedstreampb.IngestResponse
+	for _, r := range reqs {
+		if err := stream.Send(r); err != nil {
+			_, err = stream.Recv()
+			return out, err
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			return out, err
+		}
+		out = append(out, resp)
+	}
+	return out, stream.CloseSend()
+}
+
+// TestIngestSessionSkipsDuplicates: a producer that reconnects and resends
+// lines the source already took (its acknowledgement was lost) has them
+// skipped by offset, a gap is refused, and the producer's offsets and
+// counts are in the source's state.
+func TestIngestSessionSkipsDuplicates(t *testing.T) {
+	c := newCluster(t, 1, fmt.Sprintf(ingestMoveQuery, 1), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	addr := c.workers[0].addr
+	recs := ingestMoveInput(8)
+	lines := func(first, last int) []byte { return []byte(strings.Join(recs[first-1:last], "\n") + "\n") }
+	hello := &fedstreampb.IngestRequest{Query: "ing", Source: "events", Producer: "p1"}
+	resps, err := session(t, c, addr, hello, &fedstreampb.IngestRequest{FirstLine: 1, Lines: lines(1, 3)})
+	if err != nil || len(resps) != 2 || resps[0].Acked != 0 || resps[1].Acked != 3 || resps[1].Accepted != 3 {
+		t.Fatalf("first session: %v %v", resps, err)
+	}
+	// Reconnect: the handshake says 3 lines were taken; resending 1-5
+	// takes only 4 and 5.
+	resps, err = session(t, c, addr, hello, &fedstreampb.IngestRequest{FirstLine: 1, Lines: lines(1, 5)})
+	if err != nil || len(resps) != 2 || resps[0].Acked != 3 || resps[1].Acked != 5 || resps[1].Accepted != 2 || resps[1].ProducerAccepted != 5 {
+		t.Fatalf("resending session: %v %v", resps, err)
+	}
+	// A gap (lines 7-8 while 6 is missing) is refused.
+	_, err = session(t, c, addr, hello, &fedstreampb.IngestRequest{FirstLine: 7, Lines: lines(7, 8)})
+	if status.Code(err) != codes.OutOfRange {
+		t.Fatalf("gap: %v, want OutOfRange", err)
+	}
+	// Another producer has its own offsets.
+	resps, err = session(t, c, addr, &fedstreampb.IngestRequest{Query: "ing", Source: "events", Producer: "p2", FirstLine: 1, Lines: lines(6, 8)},
+		&fedstreampb.IngestRequest{Close: true})
+	if err != nil || len(resps) != 2 || resps[0].Acked != 3 || resps[0].Accepted != 3 || !resps[1].Closed {
+		t.Fatalf("second producer: %v %v", resps, err)
+	}
+	got := sinkResults(t, c, queryspec.TaskID("ing", "out", 0, 0))
+	if want := ingestMoveReference(8); !slices.Equal(got, want) {
+		t.Fatalf("results:\n%s", diffLines(got, want))
+	}
+}
+
+// TestIngestSnapshotEncoding: an ingest source's position survives the
+// snapshot encoding, and a peer's (non-halting) snapshot is refused.
+func TestIngestSnapshotEncoding(t *testing.T) {
+	s := &TaskSnapshot{TaskID: "q/events/p0/r0", Query: "q", Fragment: "events", Released: 5, Seq: 9,
+		Ingest: &IngestPosition{Newest: 7, Boundary: 5, Closed: true, Producers: []IngestProducer{{ID: "a", Acked: 10, Accepted: 8}, {ID: "b", Acked: 3, Accepted: 3}}}}
+	enc, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got TaskSnapshot
+	if err := got.UnmarshalBinary(enc); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(*got.Ingest) != fmt.Sprint(*s.Ingest) {
+		t.Fatalf("decoded %+v, want %+v", *got.Ingest, *s.Ingest)
+	}
+	enc[len(enc)-1-len(appendIngestPosition(nil, s.Ingest))+1] = 'X'
+	if err := got.UnmarshalBinary(enc); err == nil {
+		t.Fatalf("a bad ingest section tag decoded")
+	}
+
+	c := newCluster(t, 1, fmt.Sprintf(ingestMoveQuery, 1), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	id := queryspec.TaskID("ing", "events", 0, 0)
+	waitUntil(t, "the source runs", func() bool { return c.workers[0].rt.task(id) != nil })
+	if _, err := c.workers[0].rt.SnapshotTask(context.Background(), id, SnapshotOptions{}); err == nil || !strings.Contains(err.Error(), "only to move") {
+		t.Fatalf("a live peer snapshot of an ingest source: %v", err)
+	}
+}
