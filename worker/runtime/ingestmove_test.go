@@ -36,6 +36,11 @@ sinks:
   - {name: out, input: per_user}
 `
 
+// lateIngestQuery is ingestMoveQuery with an hour of allowed lateness.
+func lateIngestQuery(replicas int) string {
+	return strings.Replace(fmt.Sprintf(ingestMoveQuery, replicas), "    ingest: true\n", "    ingest: true\n    allowed_lateness: 1h\n", 1)
+}
+
 // ingestMoveInput is n records, 10ms of event time apart, over 7 users.
 func ingestMoveInput(n int) []string {
 	recs := make([]string, n)
@@ -244,7 +249,7 @@ func session(t *testing.T, c *cluster, addr string, reqs ...*fedstreampb.IngestR
 // skipped by offset, a gap is refused, and the producer's offsets and
 // counts are in the source's state.
 func TestIngestSessionSkipsDuplicates(t *testing.T) {
-	c := newCluster(t, 1, fmt.Sprintf(ingestMoveQuery, 1), func(string, int, int) int { return 0 })
+	c := newCluster(t, 1, lateIngestQuery(1), func(string, int, int) int { return 0 })
 	defer c.close(t)
 	c.apply()
 	addr := c.workers[0].addr
@@ -306,5 +311,92 @@ func TestIngestSnapshotEncoding(t *testing.T) {
 	waitUntil(t, "the source runs", func() bool { return c.workers[0].rt.task(id) != nil })
 	if _, err := c.workers[0].rt.SnapshotTask(context.Background(), id, SnapshotOptions{}); err == nil || !strings.Contains(err.Error(), "only to move") {
 		t.Fatalf("a live peer snapshot of an ingest source: %v", err)
+	}
+}
+
+// lossyConn drops the answer to every third data request of a stream: the
+// copy took the lines, the client never hears it and its stream fails.
+type lossyConn struct {
+	grpc.ClientConnInterface
+	mu      sync.Mutex
+	answers int
+	dropped int
+}
+
+func (c *lossyConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := c.ClientConnInterface.NewStream(ctx, desc, method, opts...)
+	if err != nil {
+		return nil, err
+	}
+	return &lossyStream{ClientStream: s, c: c}, nil
+}
+
+type lossyStream struct {
+	grpc.ClientStream
+	c *lossyConn
+}
+
+func (s *lossyStream) RecvMsg(m any) error {
+	if err := s.ClientStream.RecvMsg(m); err != nil {
+		return err
+	}
+	resp, ok := m.(*fedstreampb.IngestResponse)
+	if !ok || resp.Acked == 0 {
+		return nil // a handshake
+	}
+	s.c.mu.Lock()
+	defer s.c.mu.Unlock()
+	if s.c.answers++; s.c.answers%3 == 0 {
+		s.c.dropped++
+		return status.Error(codes.Unavailable, "test: answer lost")
+	}
+	return nil
+}
+
+// TestIngestClientResendsAfterLostAnswers: answers lost after the source
+// took the lines make the client reconnect; the new session's handshake
+// tells it the copy has them, so it goes on after them (a copy that took
+// only part of a batch gets the batch again and skips the part by offset:
+// TestIngestSessionSkipsDuplicates). The results equal the reference.
+func TestIngestClientResendsAfterLostAnswers(t *testing.T) {
+	const records, batch = 600, 20
+	// With an hour of allowed lateness a line sent twice would be
+	// accepted twice: only its offset tells it apart.
+	c := newCluster(t, 1, lateIngestQuery(1), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	id := queryspec.TaskID("ing", "events", 0, 0)
+	book := &addrBook{addrs: map[string]string{id: c.addrOf(id)}}
+	lossy := &lossyConn{}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "ing", Source: "events", Producer: "lossy",
+		Resolve: book.resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) {
+			conn, err := c.pool.Conn(addr)
+			lossy.ClientConnInterface = conn
+			return lossy, err
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	input := ingestMoveInput(records)
+	for i := 0; i < records; i += batch {
+		if err := cl.Send(ctx, []byte(strings.Join(input[i:i+batch], "\n")+"\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.CloseSource(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lossy.dropped == 0 {
+		t.Fatal("no answer was lost: the test proves nothing")
+	}
+	if res := cl.Result(); res.Accepted != records {
+		t.Fatalf("accepted %d, want %d", res.Accepted, records)
+	}
+	got := sinkResults(t, c, queryspec.TaskID("ing", "out", 0, 0))
+	if want := ingestMoveReference(records); !slices.Equal(got, want) {
+		t.Fatalf("results:\n%s", diffLines(got, want))
 	}
 }
