@@ -118,9 +118,19 @@ func TestIngestSourceMovesUnderLoad(t *testing.T) {
 	const records, batch = 3000, 25
 	input := ingestMoveInput(records)
 	want := ingestMoveReference(records)
-	for _, replicas := range []int{1, 2} {
-		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+	for _, tc := range []struct {
+		replicas int
+		late     bool
+	}{{1, false}, {2, false}, {1, true}, {2, true}} {
+		replicas := tc.replicas
+		// Without lateness the boundaries move with every request (the
+		// snapshot carries the last one); with an hour of it, a line
+		// taken twice would be accepted twice.
+		t.Run(fmt.Sprintf("replicas=%d,lateness=%v", replicas, tc.late), func(t *testing.T) {
 			yaml := fmt.Sprintf(ingestMoveQuery, replicas)
+			if tc.late {
+				yaml = lateIngestQuery(replicas)
+			}
 			run := func(move bool) [][]string {
 				c := newCluster(t, 3, yaml, func(_ string, _, r int) int { return r })
 				defer c.close(t)
@@ -398,5 +408,53 @@ func TestIngestClientResendsAfterLostAnswers(t *testing.T) {
 	got := sinkResults(t, c, queryspec.TaskID("ing", "out", 0, 0))
 	if want := ingestMoveReference(records); !slices.Equal(got, want) {
 		t.Fatalf("results:\n%s", diffLines(got, want))
+	}
+}
+
+// TestIngestMoveKeepsLatenessAndClose: the moved copy judges lateness
+// against the newest record the old copy accepted, is closed if the old
+// one was, and keeps the producer's offset; the old copy refuses lines
+// and close after its snapshot.
+func TestIngestMoveKeepsLatenessAndClose(t *testing.T) {
+	c := newCluster(t, 2, fmt.Sprintf(ingestMoveQuery, 1), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	id := queryspec.TaskID("ing", "events", 0, 0)
+	from, to := c.workers[0], c.workers[1]
+	recs := ingestMoveInput(5)
+	hello := &fedstreampb.IngestRequest{Query: "ing", Source: "events", Producer: "p"}
+	if _, err := session(t, c, from.addr, hello, &fedstreampb.IngestRequest{FirstLine: 1, Lines: []byte(strings.Join(recs[:4], "\n") + "\n")}); err != nil {
+		t.Fatal(err)
+	}
+	c.move(t, id, from, to, true)
+	// The old copy was stopped by the move; its refusal is tested on a
+	// snapshot taken directly below.
+	resps, err := session(t, c, to.addr, hello, &fedstreampb.IngestRequest{FirstLine: 5, Lines: []byte(recs[0] + "\n" + recs[4] + "\n")})
+	if err != nil || len(resps) != 2 || resps[0].Acked != 4 || resps[1].Acked != 6 || resps[1].Accepted != 1 || len(resps[1].Errors) != 1 ||
+		!strings.Contains(resps[1].Errors[0].Error, "late record") || resps[1].Generation != 2 {
+		t.Fatalf("after the move: %v %v (want line 5 refused as late, line 6 accepted, by generation 2)", resps, err)
+	}
+	if _, err := session(t, c, to.addr, hello, &fedstreampb.IngestRequest{Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	// Moved again, closed: the copy stays closed and the snapshot halted
+	// the old copy (asked again, it gives the same snapshot).
+	snap, err := to.rt.SnapshotTask(context.Background(), id, SnapshotOptions{Halt: true})
+	if err != nil || snap.Ingest == nil || !snap.Ingest.Closed || len(snap.Ingest.Producers) != 1 || snap.Ingest.Producers[0].Acked != 6 {
+		t.Fatalf("snapshot of the moved copy: %+v %v", snap, err)
+	}
+	if again, err := to.rt.SnapshotTask(context.Background(), id, SnapshotOptions{Halt: true}); err != nil || again != snap {
+		t.Fatalf("second halting snapshot: %v, want the same", err)
+	}
+	if _, err := session(t, c, to.addr, hello, &fedstreampb.IngestRequest{FirstLine: 7, Lines: []byte(recs[4] + "\n")}); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "moved") {
+		t.Fatalf("lines to a snapshotted copy: %v, want Unavailable (moved)", err)
+	}
+	if _, err := session(t, c, to.addr, hello, &fedstreampb.IngestRequest{Close: true}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("close of a snapshotted copy: %v, want Unavailable (moved)", err)
+	}
+	third := c.workers[0]
+	c.move(t, id, to, third, true)
+	if _, err := session(t, c, third.addr, hello, &fedstreampb.IngestRequest{FirstLine: 7, Lines: []byte(recs[4] + "\n")}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("lines to the closed source after a second move: %v, want FailedPrecondition (closed)", err)
 	}
 }
