@@ -458,3 +458,33 @@ func TestIngestMoveKeepsLatenessAndClose(t *testing.T) {
 		t.Fatalf("lines to the closed source after a second move: %v, want FailedPrecondition (closed)", err)
 	}
 }
+
+// TestIngestMoveWithoutSnapshotFails: a moved ingest source whose old
+// copy's snapshot cannot be fetched fails instead of starting empty (it
+// would number its output from the start again and know no producer).
+func TestIngestMoveWithoutSnapshotFails(t *testing.T) {
+	c := newCluster(t, 2, fmt.Sprintf(ingestMoveQuery, 1), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	id := queryspec.TaskID("ing", "events", 0, 0)
+	to := c.workers[1]
+	var moved TaskSpec
+	for _, s := range c.specs[c.workers[0]] {
+		if s.TaskID == id {
+			moved = s
+		}
+	}
+	moved.Generation = 2
+	// Generation 5 does not run there: the fetch is refused.
+	moved.Bootstrap = &SnapshotSource{WorkerAddr: c.workers[0].addr, TaskID: id, Generation: 5, Halt: true}
+	to.rt.Apply(context.Background(), append(c.specs[to], moved))
+	for _, st := range to.rt.States() {
+		if st.TaskID == id {
+			if st.State != StateFailed || !strings.Contains(st.Message, "does not start empty") {
+				t.Fatalf("moved ingest source without its snapshot: %+v", st)
+			}
+			return
+		}
+	}
+	t.Fatalf("the moved copy is not in the runtime")
+}
