@@ -7,12 +7,21 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 const ingestMoveYAML = `
@@ -179,6 +188,153 @@ func TestIngestSourceMoveThroughTheCLI(t *testing.T) {
 	for k, v := range want {
 		if got[k] != v {
 			t.Fatalf("result %s: %q, want %q", k, got[k], v)
+		}
+	}
+}
+
+// TestLiveIngestSourceMove moves a replica of an ingest source with
+// AdminService.MoveTask in an in-process org over mutual TLS while a
+// dataplane.IngestClient (what fedstream ingest uses) sends lines without
+// pause, with one and with two replicas: the client finds the moved copy
+// through the coordinator's query status, and every sink replica's
+// results equal the counts computed from the input.
+func TestLiveIngestSourceMove(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) { liveIngestMove(t, replicas) })
+	}
+}
+
+func liveIngestMove(t *testing.T, replicas int) {
+	o := newLiveOrg(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	yaml := strings.Replace(ingestMoveYAML, "replicas: 2", fmt.Sprintf("replicas: %d", replicas), 1)
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: "im.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const moving = "im/events/p0/r0"
+	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
+		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "im"})
+		if err != nil {
+			return nil, err
+		}
+		var out []dataplane.IngestCopy
+		for _, ti := range q.Tasks {
+			if ti.Fragment == "events" && ti.WorkerAddr != "" {
+				out = append(out, dataplane.IngestCopy{TaskID: ti.TaskId, Addr: ti.WorkerAddr})
+			}
+		}
+		return out, nil
+	}
+	waitFor(t, 30*time.Second, "the source copies placed and running", func() bool {
+		q := o.query(t, "im")
+		running := 0
+		for _, ti := range q.Tasks {
+			if ti.Fragment == "events" && ti.State == states.TaskRunning {
+				running++
+			}
+		}
+		return running == replicas
+	})
+	var notes atomic.Int32
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "it",
+		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
+		Note: func(string) { notes.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const records, batch = 6000, 20
+	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	want := map[string]string{}
+	sums := map[string][2]int64{}
+	var input []string
+	for i := range records {
+		ns := base + int64(i)*10_000_000
+		input = append(input, fmt.Sprintf(`{"time": %d, "user": "u%d", "amount": %d}`, ns, i%7, i%5))
+		k := fmt.Sprintf("u%d@%d", i%7, (ns/1_000_000_000+1)*1_000_000_000)
+		s := sums[k]
+		s[0]++
+		s[1] += int64(i % 5)
+		sums[k] = s
+	}
+	for k, s := range sums {
+		want[k] = fmt.Sprintf("n=%d total=%d", s[0], s[1])
+	}
+	moved := make(chan error, 1)
+	from := o.task(t, "im", moving).WorkerId
+	for i := 0; i < records; i += batch {
+		if i == records/3 {
+			other := ""
+			if replicas > 1 {
+				other = o.task(t, "im", "im/events/p0/r1").WorkerId
+			}
+			to := ""
+			for id := range o.workers {
+				if id != from && id != other {
+					to = id
+				}
+			}
+			go func() {
+				_, err := o.admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: moving, ToWorker: to})
+				moved <- err
+			}()
+		}
+		if i == 2*records/3 {
+			// The rest goes only to the moved copy.
+			if err := <-moved; err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 30*time.Second, "the move ended", func() bool {
+				ti := o.task(t, "im", moving)
+				return ti.MovingFrom == "" && ti.WorkerId != from && ti.Generation == 2
+			})
+		}
+		if err := cl.Send(ctx, []byte(strings.Join(input[i:i+batch], "\n")+"\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.CloseSource(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res := cl.Result(); res.Accepted != records || !res.Closed || res.Copies != replicas {
+		t.Fatalf("client result %+v", res)
+	}
+	if notes.Load() == 0 {
+		t.Fatal("the client never reconnected: the move did not take the source away")
+	}
+	if n := o.workers[from].Runtime().SnapshotsServed(); n != 1 {
+		t.Fatalf("the old worker served %d snapshots, want 1", n)
+	}
+	for r := range replicas {
+		sink := fmt.Sprintf("im/out/p0/r%d", r)
+		got := map[string]string{}
+		sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
+		conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			for _, tp := range b.Tuples {
+				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+				if !tp.Type.IsData() {
+					continue
+				}
+				k := fmt.Sprintf("%s@%d", tp.Values[0].S, tp.Values[3].I)
+				if _, dup := got[k]; dup {
+					return fmt.Errorf("result %s emitted twice", k)
+				}
+				got[k] = fmt.Sprintf("n=%d total=%d", tp.Values[1].I, tp.Values[2].I)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("read %s: %v", sink, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("sink %s: %d results, want %d (they differ)", sink, len(got), len(want))
 		}
 	}
 }
