@@ -629,6 +629,9 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 	}
 	sendErrs = explainIngestError(sendErrs)
 	res := cl.Result()
+	if sendErrs != nil && res.Accepted == 0 && len(res.Errors) == 0 {
+		return sendErrs // nothing was taken: no report, only why
+	}
 	closed := a.close && res.Closed && sendErrs == nil
 	for _, le := range res.Errors {
 		if le.Error == "" || strings.Contains(le.Error, "empty line") && isRefusedHere(refused, le.Line) {
