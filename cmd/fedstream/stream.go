@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -565,13 +566,14 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 		conns[addr] = conn
 		return conn, nil
 	}
+	var notes sync.Mutex // the replicas' notes come from several goroutines
 	producer := a.producer
 	if producer == "" {
 		producer = rand.Text()
 	}
 	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: query, Source: source, Producer: producer,
 		Resolve: resolve, Conn: dial, RetryFor: a.retryFor,
-		Note: func(msg string) { fmt.Fprintln(errOut, msg) }})
+		Note: func(msg string) { notes.Lock(); defer notes.Unlock(); fmt.Fprintln(errOut, msg) }})
 	if err != nil {
 		return err
 	}

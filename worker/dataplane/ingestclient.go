@@ -40,7 +40,8 @@ type IngestClientConfig struct {
 	// gives up (default 2 minutes): a move takes the source away for the
 	// time its new copy needs to start.
 	RetryFor time.Duration
-	// Note, if set, is told why the client reconnects.
+	// Note, if set, is told why the client reconnects. Copies are fed
+	// at once, so it may be called from several goroutines together.
 	Note func(msg string)
 }
 
