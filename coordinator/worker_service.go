@@ -275,6 +275,9 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		}
 		if q := views[t.Query]; q != nil {
 			a.Bootstrap = bootstrapSource(t, q.Tasks, q.WorkerAddrs, ready)
+			if a.Bootstrap != nil && t.MovingFrom != "" && isIngestSource(&s.plans, q.Query, t.Fragment) {
+				a.Bootstrap.Halt = true // see isIngestSource
+			}
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {
 			a.SlotEpoch = m.Epoch

@@ -180,6 +180,8 @@ var Methods = map[string]Need{
 	// Tasks and clients talk to workers.
 	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
 	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+	// Resumable ingest (issue 9 item 3): the same lines, acknowledged.
+	pb.DataPlane_IngestSession_FullMethodName: NeedWriter,
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,

@@ -2679,7 +2679,14 @@ type IngestRequest struct {
 	// boundary, so every open window is emitted and the sinks end, and it
 	// refuses later lines (FailedPrecondition). Closing a closed source is
 	// a no-op, so a retried close is safe. Same role as ingest (writer).
-	Close         bool `protobuf:"varint,150,opt,name=close,proto3" json:"close,omitempty"`
+	Close bool `protobuf:"varint,150,opt,name=close,proto3" json:"close,omitempty"`
+	// ---- resumable ingest (issue 9 item 3: ingest sources move live)
+	// The producer (client session) the lines come from, first message
+	// only. With it, first_line is the producer's offset of the first line
+	// (1-based, consecutive over the whole session and across reconnects):
+	// a source copy skips lines at or below the offset it has taken from the
+	// producer and refuses a gap (OutOfRange).
+	Producer      string `protobuf:"bytes,220,opt,name=producer,proto3" json:"producer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2749,6 +2756,13 @@ func (x *IngestRequest) GetClose() bool {
 	return false
 }
 
+func (x *IngestRequest) GetProducer() string {
+	if x != nil {
+		return x.Producer
+	}
+	return ""
+}
+
 type LineError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Line          uint64                 `protobuf:"varint,1,opt,name=line,proto3" json:"line,omitempty"`
@@ -2808,7 +2822,16 @@ type IngestResponse struct {
 	// ---- end of ingest (issue 12 item 6)
 	// The source is closed (set when a request asked to close it). A client
 	// that asked and does not see it talks to a worker that ignores close.
-	Closed        bool `protobuf:"varint,150,opt,name=closed,proto3" json:"closed,omitempty"`
+	Closed bool `protobuf:"varint,150,opt,name=closed,proto3" json:"closed,omitempty"`
+	// ---- resumable ingest (issue 9 item 3), IngestSession answers only
+	// The producer's last line offset this source copy has taken (accepted
+	// or refused as bad): it is in the copy's state, and moves with it.
+	Acked uint64 `protobuf:"varint,220,opt,name=acked,proto3" json:"acked,omitempty"`
+	// Lines of the producer this copy accepted in total (whole session).
+	ProducerAccepted uint64 `protobuf:"varint,221,opt,name=producer_accepted,json=producerAccepted,proto3" json:"producer_accepted,omitempty"`
+	// The source task copy that answered.
+	TaskId        string `protobuf:"bytes,222,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation    int32  `protobuf:"varint,223,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2862,6 +2885,34 @@ func (x *IngestResponse) GetClosed() bool {
 		return x.Closed
 	}
 	return false
+}
+
+func (x *IngestResponse) GetAcked() uint64 {
+	if x != nil {
+		return x.Acked
+	}
+	return 0
+}
+
+func (x *IngestResponse) GetProducerAccepted() uint64 {
+	if x != nil {
+		return x.ProducerAccepted
+	}
+	return 0
+}
+
+func (x *IngestResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *IngestResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // Where a new copy of a task takes its starting snapshot.
@@ -5467,21 +5518,28 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
 	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
-	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\x89\x01\n" +
+	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
 	"\x05lines\x18\x03 \x01(\fR\x05lines\x12\x1d\n" +
 	"\n" +
 	"first_line\x18\x04 \x01(\x04R\tfirstLine\x12\x15\n" +
-	"\x05close\x18\x96\x01 \x01(\bR\x05close\"5\n" +
+	"\x05close\x18\x96\x01 \x01(\bR\x05close\x12\x1b\n" +
+	"\bproducer\x18\xdc\x01 \x01(\tR\bproducer\"5\n" +
 	"\tLineError\x12\x12\n" +
 	"\x04line\x18\x01 \x01(\x04R\x04line\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"v\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xf6\x01\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
 	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\x12\x17\n" +
-	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\"~\n" +
+	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\x12\x15\n" +
+	"\x05acked\x18\xdc\x01 \x01(\x04R\x05acked\x12,\n" +
+	"\x11producer_accepted\x18\xdd\x01 \x01(\x04R\x10producerAccepted\x12\x18\n" +
+	"\atask_id\x18\xde\x01 \x01(\tR\x06taskId\x12\x1f\n" +
+	"\n" +
+	"generation\x18\xdf\x01 \x01(\x05R\n" +
+	"generation\"~\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +
@@ -5659,10 +5717,11 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse\x12O\n" +
 	"\n" +
-	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\xba\x02\n" +
+	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\x8a\x03\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
-	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
+	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12N\n" +
+	"\rIngestSession\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x010\x01\x12R\n" +
 	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x01\x12L\n" +
 	"\n" +
 	"FetchSlots\x12\x1f.fedstream.v1.FetchSlotsRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
@@ -5835,60 +5894,62 @@ var file_fedstream_proto_depIdxs = []int32{
 	43, // 42: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
 	33, // 43: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
 	36, // 44: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	42, // 45: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 46: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	48, // 47: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	50, // 48: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	52, // 49: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	54, // 50: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	62, // 51: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	64, // 52: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	66, // 53: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	68, // 54: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	70, // 55: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	71, // 56: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	72, // 57: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	74, // 58: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	76, // 59: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	78, // 60: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	79, // 61: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	2,  // 62: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 63: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 64: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 65: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 66: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 67: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 68: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 69: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 70: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 71: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 72: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 73: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 74: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 75: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 76: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 77: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 78: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 79: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	46, // 80: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 81: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 82: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 83: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 84: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 85: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 86: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 87: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 88: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 89: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 90: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 91: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 92: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 93: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 94: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	78, // 95: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	81, // 96: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	62, // [62:97] is the sub-list for method output_type
-	27, // [27:62] is the sub-list for method input_type
+	36, // 45: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	42, // 46: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	45, // 47: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	48, // 48: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	50, // 49: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	52, // 50: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	54, // 51: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	62, // 52: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	64, // 53: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	66, // 54: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	68, // 55: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	70, // 56: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	71, // 57: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	72, // 58: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	74, // 59: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	76, // 60: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	78, // 61: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	79, // 62: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	2,  // 63: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 64: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 65: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 66: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	57, // 67: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 68: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 69: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 70: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 71: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 72: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 73: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	59, // 74: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 75: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	61, // 76: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 77: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	44, // 78: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	35, // 79: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 80: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	38, // 81: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	46, // 82: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 83: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	49, // 84: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	51, // 85: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	53, // 86: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	55, // 87: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	63, // 88: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	65, // 89: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	67, // 90: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	69, // 91: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	73, // 92: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	73, // 93: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	73, // 94: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	75, // 95: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	77, // 96: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	78, // 97: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	81, // 98: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	63, // [63:99] is the sub-list for method output_type
+	27, // [27:63] is the sub-list for method input_type
 	27, // [27:27] is the sub-list for extension type_name
 	27, // [27:27] is the sub-list for extension extendee
 	0,  // [0:27] is the sub-list for field type_name

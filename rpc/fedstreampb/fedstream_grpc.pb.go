@@ -773,6 +773,7 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 const (
 	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
 	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_IngestSession_FullMethodName = "/fedstream.v1.DataPlane/IngestSession"
 	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
 	DataPlane_FetchSlots_FullMethodName    = "/fedstream.v1.DataPlane/FetchSlots"
 )
@@ -783,6 +784,10 @@ const (
 type DataPlaneClient interface {
 	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, Batch], error)
 	Ingest(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[IngestRequest, IngestResponse], error)
+	// ---- resumable ingest (issue 9 item 3)
+	// Ingest with a producer id: one IngestResponse per IngestRequest, in
+	// order (per-batch acknowledgement). See docs/QUERY.md "Ingest".
+	IngestSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestRequest, IngestResponse], error)
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
@@ -824,9 +829,22 @@ func (c *dataPlaneClient) Ingest(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestClient = grpc.ClientStreamingClient[IngestRequest, IngestResponse]
 
+func (c *dataPlaneClient) IngestSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestRequest, IngestResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_IngestSession_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[IngestRequest, IngestResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_IngestSessionClient = grpc.BidiStreamingClient[IngestRequest, IngestResponse]
+
 func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[3], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -845,7 +863,7 @@ type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
 
 func (c *dataPlaneClient) FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[3], DataPlane_FetchSlots_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[4], DataPlane_FetchSlots_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -868,6 +886,10 @@ type DataPlane_FetchSlotsClient = grpc.ServerStreamingClient[SnapshotChunk]
 type DataPlaneServer interface {
 	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, Batch]) error
 	Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error
+	// ---- resumable ingest (issue 9 item 3)
+	// Ingest with a producer id: one IngestResponse per IngestRequest, in
+	// order (per-batch acknowledgement). See docs/QUERY.md "Ingest".
+	IngestSession(grpc.BidiStreamingServer[IngestRequest, IngestResponse]) error
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
@@ -888,6 +910,9 @@ func (UnimplementedDataPlaneServer) Subscribe(grpc.BidiStreamingServer[Subscribe
 }
 func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Ingest not implemented")
+}
+func (UnimplementedDataPlaneServer) IngestSession(grpc.BidiStreamingServer[IngestRequest, IngestResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method IngestSession not implemented")
 }
 func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
@@ -930,6 +955,13 @@ func _DataPlane_Ingest_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestServer = grpc.ClientStreamingServer[IngestRequest, IngestResponse]
 
+func _DataPlane_IngestSession_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DataPlaneServer).IngestSession(&grpc.GenericServerStream[IngestRequest, IngestResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_IngestSessionServer = grpc.BidiStreamingServer[IngestRequest, IngestResponse]
+
 func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(FetchSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -969,6 +1001,12 @@ var DataPlane_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Ingest",
 			Handler:       _DataPlane_Ingest_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "IngestSession",
+			Handler:       _DataPlane_IngestSession_Handler,
+			ServerStreams: true,
 			ClientStreams: true,
 		},
 		{

@@ -355,6 +355,10 @@ func ingestStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrSourceClosed):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ErrSourceMoved):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrIngestGap):
+		return status.Error(codes.OutOfRange, err.Error())
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		return err

@@ -595,7 +595,10 @@ func (r *Runtime) LocalStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuff
 // ingester routes Ingest requests to the worker's ingest source tasks.
 type ingester struct{ r *Runtime }
 
-func (in ingester) Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+// targets are the copies of the ingest source on this worker, by task
+// id. Normally one replica per worker; if several run here each gets the
+// lines and the first one answers.
+func (in ingester) targets(query, source string) []*task {
 	in.r.mu.Lock()
 	var targets []*task
 	for _, t := range in.r.tasks {
@@ -604,12 +607,15 @@ func (in ingester) Ingest(ctx context.Context, query, source string, firstLine u
 		}
 	}
 	in.r.mu.Unlock()
+	slices.SortFunc(targets, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
+	return targets
+}
+
+func (in ingester) Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+	targets := in.targets(query, source)
 	if len(targets) == 0 {
 		return 0, nil, fmt.Errorf("%w: no ingest task of source %q of query %q runs on this worker", dataplane.ErrUnknownSource, source, query)
 	}
-	// Normally one replica per worker; if several run here each gets the
-	// lines and the first one answers.
-	slices.SortFunc(targets, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
 	var (
 		accepted uint64
 		lineErrs []*fedstreampb.LineError

@@ -71,6 +71,9 @@ type TaskSnapshot struct {
 	// its result stream to Kafka (every id up to it is in Kafka or is not
 	// a result).
 	SourceRecords int64
+	// Ingest is an ingest source's position (see ingestmove.go); nil for
+	// every other task. Encoded as an optional trailing section.
+	Ingest *IngestPosition
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -251,6 +254,10 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([]byte, error), _ error) {
 	if t.genSnap != nil { // generator and kafka sources
 		s, err := t.snapshotSource(ctx, opts)
+		return s, nil, err
+	}
+	if t.ingest != nil {
+		s, err := t.snapshotIngest(ctx, opts)
 		return s, nil, err
 	}
 	if t.merge == nil || t.proc == nil {
@@ -621,6 +628,7 @@ func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
 		bytesField(o.Tail)
 	}
 	iv(s.SourceRecords)
+	b = appendIngestPosition(b, s.Ingest)
 	if head == nil {
 		return b, nil, nil
 	}
@@ -793,6 +801,9 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 	}
 	if v >= 2 {
 		out.SourceRecords = r.iv("source records")
+	}
+	if r.err == nil && len(r.b) > 0 {
+		out.Ingest = r.ingestPosition()
 	}
 	if r.err != nil {
 		return r.err

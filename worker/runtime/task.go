@@ -302,7 +302,13 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			}
 		}
 	} else if spec.FromSnapshot != nil {
-		return nil, fmt.Errorf("task %s: %w: an ingest source cannot start from a snapshot", spec.TaskID, ErrNotSnapshottable)
+		if err := t.restoreIngest(spec.FromSnapshot); err != nil {
+			return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+		}
+	} else if spec.Bootstrap != nil && spec.Bootstrap.Halt {
+		// The moved-from copy is halted: started empty, this copy would
+		// number its output from the start again and know no producer.
+		return nil, fmt.Errorf("task %s: %w: the snapshot of its previous copy (a move) could not be fetched, and an ingest source does not start empty in its place", spec.TaskID, ErrNotSnapshottable)
 	}
 	// The context exists before the task is published to the runtime's
 	// map: an ingest request may reach the task before start runs.
