@@ -227,6 +227,17 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			warnedGap = true
 		}
 		if count == 0 {
+			if !first.NoAck && after == first.AfterId && after > 0 {
+				// Nothing sent yet, and this replica has nothing after the
+				// subscriber's position: it is behind the replica the
+				// subscriber read before (replicas number their streams
+				// alike). The subscriber has everything up to AfterId,
+				// which is its acknowledgement here too (Ack clamps it to
+				// what this replica produced); otherwise a full buffer
+				// here would wait forever for an ack of tuples it never
+				// sends to this subscriber.
+				buf.Ack(key, after)
+			}
 			select {
 			case <-wait:
 			case <-ctx.Done():
