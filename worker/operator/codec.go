@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -184,13 +185,24 @@ type decoder struct {
 
 // newDecoder checks the header against the operator's signature.
 func newDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, string(state))
+}
+
+// newOwnedDecoder is newDecoder for a snapshot handed over to the
+// restored state (see RestoreOwned): its strings are substrings of state
+// itself, not of a copy.
+func newOwnedDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, unsafe.String(unsafe.SliceData(state), len(state)))
+}
+
+func newDecoderOf(state []byte, signature, whole string) (*decoder, error) {
 	if len(state) < len(snapshotMagic)+1 || string(state[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: missing header", ErrBadSnapshot)
 	}
 	if v := state[len(snapshotMagic)]; v != snapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrBadSnapshot, v, snapshotVersion)
 	}
-	d := &decoder{b: state[len(snapshotMagic)+1:], whole: string(state), size: len(state)}
+	d := &decoder{b: state[len(snapshotMagic)+1:], whole: whole, size: len(state)}
 	if got := d.str(); d.err != nil || got != signature {
 		return nil, fmt.Errorf("%w: taken from operator %q, restoring into %q", ErrBadSnapshot, got, signature)
 	}

@@ -17,10 +17,10 @@ import (
 
 // SnapshotChunkBytes is the default size of the pieces FetchSnapshot
 // streams an encoded task snapshot in (Options.SnapshotChunkBytes): well
-// under the data plane's 16 MiB message
-// limit, so a snapshot of any size crosses as a sequence of messages and
-// neither side builds one giant message.
-const SnapshotChunkBytes = 1 << 20
+// under the data plane's 16 MiB message limit, so a snapshot of any size
+// crosses as a sequence of messages and neither side builds one giant
+// message, and large enough that per-message costs do not count.
+const SnapshotChunkBytes = 4 << 20
 
 // MaxFetchedSnapshotBytes bounds the snapshot a worker accepts from a
 // peer, so a peer announcing a corrupt size cannot make it allocate
@@ -54,24 +54,28 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
 	began := time.Now()
-	snap, err := t.snapshot(ctx, SnapshotOptions{Halt: req.Halt})
+	snap, op, err := t.snapshotParts(ctx, SnapshotOptions{Halt: req.Halt})
 	if err != nil {
 		if errors.Is(err, ErrNotSnapshottable) {
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	head, op, rest := snap.marshalParts()
-	total := len(head) + len(op) + len(rest)
+	parts := snap.marshalParts(op)
+	total := 0
+	for _, p := range parts {
+		total += len(p)
+	}
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
 	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "took", time.Since(began))
 	// The parts are sent as they are, in pieces of at most size bytes
-	// (the operator state is not copied into one encoding first).
+	// (the operator state is not copied into one encoding first, and the
+	// data plane's codec sends each piece without copying it).
 	size := s.r.opts.SnapshotChunkBytes
 	chunks := 0
 	first := true
-	for _, part := range [][]byte{head, op, rest} {
+	for _, part := range parts {
 		for off := 0; off < len(part); off += size {
 			chunk := &fedstreampb.SnapshotChunk{Data: part[off:min(off+size, len(part))]}
 			if first {
@@ -127,39 +131,42 @@ func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req)
+	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req, dataplane.SnapshotCallOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
-	var enc []byte
+	// Each chunk's data is copied once, from the received frames into
+	// enc, allocated at the announced size.
+	chunk := dataplane.SnapshotChunkInto{MaxBytes: MaxFetchedSnapshotBytes}
 	var total uint64
 	for first := true; ; first = false {
-		chunk, err := stream.Recv()
+		err := stream.RecvMsg(&chunk)
 		if errors.Is(err, io.EOF) {
 			break
+		}
+		if errors.Is(err, dataplane.ErrSnapshotOverflow) {
+			return nil, fmt.Errorf("%w: %s: %v", ErrSnapshotTransfer, req.TaskId, err)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
+		if first && (chunk.TotalBytes == 0 || chunk.Dst == nil) {
+			return nil, fmt.Errorf("%w: %s: announced size %d", ErrSnapshotTransfer, req.TaskId, chunk.TotalBytes)
+		}
 		if first {
 			total = chunk.TotalBytes
-			if total == 0 || total > MaxFetchedSnapshotBytes {
-				return nil, fmt.Errorf("%w: %s: announced size %d", ErrSnapshotTransfer, req.TaskId, total)
-			}
-			enc = make([]byte, 0, total)
 		}
-		if uint64(len(enc))+uint64(len(chunk.Data)) > total {
-			return nil, fmt.Errorf("%w: %s: more than the announced %d bytes", ErrSnapshotTransfer, req.TaskId, total)
-		}
-		enc = append(enc, chunk.Data...)
 	}
+	enc := chunk.Dst
 	if uint64(len(enc)) != total || total == 0 {
 		return nil, fmt.Errorf("%w: %s: %d of %d bytes", ErrSnapshotTransfer, req.TaskId, len(enc), total)
 	}
 	var snap TaskSnapshot
-	// enc is ours alone: the snapshot may keep slices of it.
+	// enc is ours alone: the snapshot, and the operators restored from
+	// it, may keep slices of it.
 	if err := snap.unmarshal(enc, true); err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
+	snap.opOwned = true
 	return &snap, nil
 }

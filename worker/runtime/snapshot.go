@@ -71,6 +71,11 @@ type TaskSnapshot struct {
 	// its result stream to Kafka (every id up to it is in Kafka or is not
 	// a result).
 	SourceRecords int64
+
+	// opOwned: Operator is a buffer of the snapshot's own that nothing
+	// modifies (a fetched snapshot), so the restored operators may keep
+	// slices of it instead of copying it (operator.RestoreOwned).
+	opOwned bool
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -231,24 +236,36 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	s, encode, err := t.capture(ctx, opts)
-	if err != nil || encode == nil {
+	s, op, err := t.snapshotParts(ctx, opts)
+	if err != nil || op == nil {
 		return s, err
 	}
-	// The task processes again while its captured state is encoded.
-	op, err := encode()
-	if err != nil {
-		return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	joined := *s
+	joined.Operator = slices.Concat(op...)
+	return &joined, nil
+}
+
+// snapshotParts is snapshot with a live snapshot's operator state left
+// in the parts it was encoded in (operator.FreezePartsOf; op, nil when
+// s.Operator holds it), so that it can be sent without being joined. The
+// parts are never modified.
+func (t *task) snapshotParts(ctx context.Context, opts SnapshotOptions) (s *TaskSnapshot, op [][]byte, err error) {
+	s, encode, err := t.capture(ctx, opts)
+	if err != nil || encode == nil {
+		return s, nil, err
 	}
-	s.Operator = op
-	return s, nil
+	// The task processes again while its captured state is encoded.
+	if op, err = encode(); err != nil {
+		return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	}
+	return s, op, nil
 }
 
 // capture takes the snapshot while holding the task between two
 // releases. For a snapshot that does not halt the task, the operators'
-// state is only frozen there (operator.FreezeOf): encode, when not nil,
+// state is only frozen there (operator.FreezePartsOf): encode, when not nil,
 // encodes it into the snapshot's Operator after the task is released.
-func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([]byte, error), _ error) {
+func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([][]byte, error), _ error) {
 	if t.genSnap != nil { // generator and kafka sources
 		s, err := t.snapshotSource(ctx, opts)
 		return s, nil, err
@@ -294,7 +311,7 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		}
 		s.Operator = op
 	} else if t.op != nil {
-		encode = operator.FreezeOf(t.op)
+		encode = operator.FreezePartsOf(t.op)
 	}
 	for _, o := range t.outs {
 		last := o.w.LastID()
@@ -403,7 +420,11 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
 		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
 	case t.op != nil:
-		if err := t.op.Restore(s.Operator); err != nil {
+		restore := t.op.Restore
+		if s.opOwned {
+			restore = func(b []byte) error { return operator.RestoreOwned(t.op, b) }
+		}
+		if err := restore(s.Operator); err != nil {
 			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
 		}
 	}
@@ -543,14 +564,18 @@ const (
 // MarshalBinary encodes the snapshot in the versioned format
 // UnmarshalBinary reads.
 func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
-	head, op, rest := s.marshalParts()
-	return slices.Concat(head, op, rest), nil
+	return slices.Concat(s.marshalParts(nil)...), nil
 }
 
-// marshalParts is MarshalBinary's encoding in three consecutive parts:
-// the operator state itself is the middle one, not copied, so a snapshot
-// can be sent without building its encoding in one piece.
-func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
+// marshalParts is MarshalBinary's encoding in consecutive parts: the
+// operator state itself is not copied, so a snapshot can be sent without
+// building its encoding in one piece. With op not nil, the operator state
+// is op's parts joined (snapshotParts), not s.Operator.
+func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
+	if op == nil && s.Operator != nil {
+		op = [][]byte{s.Operator}
+	}
+	var head []byte
 	// The output tails are nearly all of rest: size it once (re-growing
 	// a slice of many MB costs more than encoding).
 	size := 256
@@ -578,12 +603,16 @@ func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
 	str(s.Fragment)
 	uv(uint64(s.Partition))
 	uv(uint64(s.Replica))
-	if s.Operator == nil {
+	if op == nil {
 		b = append(b, 0)
 	} else {
+		opSize := 0
+		for _, p := range op {
+			opSize += len(p)
+		}
 		b = append(b, 1)
-		b = binary.AppendUvarint(b, uint64(len(s.Operator)))
-		head, op, b = b, s.Operator, make([]byte, 0, size)
+		b = binary.AppendUvarint(b, uint64(opSize))
+		head, b = b, make([]byte, 0, size)
 	}
 	iv(s.Released)
 	uv(s.Seq)
@@ -622,9 +651,12 @@ func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
 	}
 	iv(s.SourceRecords)
 	if head == nil {
-		return b, nil, nil
+		return [][]byte{b}
 	}
-	return head, op, b
+	parts := make([][]byte, 0, len(op)+2)
+	parts = append(parts, head)
+	parts = append(parts, op...)
+	return append(parts, b)
 }
 
 // snapReader decodes a task snapshot; the first error sticks.
