@@ -253,8 +253,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		t    moveTimes
 	}{{"live", live}, {"stop-and-copy", stopCopy}} {
 		gap, at := longestGapAt(tail.RowNanos, mv.t.start, mv.t.switched)
-		m.progress("%s move: longest gap %s, from %s after the request (consumers switched at %s, old copy stopped at %s)",
-			mv.name, gap.Round(time.Millisecond), at.Round(time.Millisecond), mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
+		m.progress("%s move: longest gap %s, from %s after the request (new copy started at %s, consumers switched at %s, old copy stopped at %s)",
+			mv.name, gap.Round(time.Millisecond), at.Round(time.Millisecond), mv.t.started.Sub(mv.t.start).Round(time.Millisecond),
+			mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
 	}
 	res.LiveMoveMs = ms(live.stopped.Sub(live.start))
 	res.StopCopyMoveMs = ms(stopCopy.stopped.Sub(stopCopy.start))
@@ -343,6 +344,7 @@ func (m *moveBench) on(addr string) []runtime.TaskSpec {
 // moveTimes are the instants of one move.
 type moveTimes struct {
 	start    time.Time // requested
+	started  time.Time // the new copy runs from its snapshot (its worker answered the apply)
 	switched time.Time // the new copy caught up, every consumer was told to read it
 	stopped  time.Time // then the old copy stopped
 }
@@ -367,6 +369,7 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	if _, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}}); err != nil {
 		return t, err
 	}
+	t.started = time.Now()
 	// The new copy catches up: consumers switch once it has produced
 	// what the old copy has.
 	if err := m.caughtUp(ctx, from, to); err != nil {
@@ -397,6 +400,9 @@ func (m *moveBench) caughtUp(ctx context.Context, from, to int) error {
 		r, err := m.w[w].call(ctx, request{Op: opOutputPos, Query: m.q.Name, Task: m.aggID, Consumer: "out"})
 		return r.LastID, err
 	}
+	began := time.Now()
+	var first uint64
+	var trace []string
 	for {
 		old, err := pos(from)
 		if err != nil {
@@ -406,7 +412,15 @@ func (m *moveBench) caughtUp(ctx context.Context, from, to int) error {
 		if err != nil {
 			return err
 		}
+		if first == 0 {
+			first = cur
+		}
+		if len(trace) == 0 || cur != first && len(trace) < 12 {
+			trace = append(trace, fmt.Sprintf("%s:%d/%d", time.Since(began).Round(time.Millisecond), cur, old))
+			first = cur
+		}
 		if cur >= old {
+			m.progress("catch-up: %v", trace)
 			return nil
 		}
 		if err := sleepCtx(ctx, time.Millisecond); err != nil {

@@ -1,7 +1,6 @@
 package operator
 
 import (
-	"encoding/binary"
 	"fmt"
 	"maps"
 	"math"
@@ -560,50 +559,105 @@ func (a *aggregate) views(copyGroups bool) []windowView {
 
 // encodeViews encodes watermark, late count and the windows: groups in
 // key order, count_distinct members sorted. The encoding comes in parts:
-// the header, then one part per window in start order. Windows are
-// encoded side by side (each reads only its own groups), each into a
-// buffer sized for it up front, so no byte is copied twice.
+// the header, then one part per window in start order (see
+// prepareViews).
 func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) [][]byte {
+	enc := a.prepareViews(watermark, late, views)
+	parts := make([][]byte, 0, 1+len(views))
+	if err := enc.Write(func(p []byte) error { parts = append(parts, p); return nil }); err != nil {
+		panic(err) // unreachable: the emit function never fails
+	}
+	return parts
+}
+
+// prepareViews sorts the windows' groups and count_distinct members and
+// sizes each window's encoding exactly (on GOMAXPROCS goroutines); the
+// Encoding then writes each window into a buffer of that size, windows
+// side by side (each reads only its own groups), so no byte is copied
+// twice and the whole size is known before the first byte is written.
+func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowView) *Encoding {
 	e := newEncoder(a.signature)
 	e.varint(watermark)
 	e.uvarint(late)
 	e.uvarint(uint64(len(views)))
-	parts := make([][]byte, 1+len(views))
-	parts[0] = e.b
+	head := e.b
+	members := make([][][]string, len(views))
+	sizes := make([]int, len(views))
 	encodeParallel(len(views), func(i int) {
 		v := views[i]
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
 		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		e := encoder{b: make([]byte, 0, a.viewSize(v))}
-		e.varint(v.start)
-		e.uvarint(uint64(len(v.groups)))
-		for _, kg := range v.groups {
-			a.encodeGroup(&e, kg.key, kg.g)
+		members[i] = make([][]string, len(v.groups)*len(a.specs))
+		size := varintSize(v.start) + uvarintSize(uint64(len(v.groups)))
+		for k, kg := range v.groups {
+			size += uvarintSize(uint64(len(kg.key))) + len(kg.key) + 1
+			for x := range a.specs {
+				sorted := a.sortedMembers(&a.specs[x], &kg.g.accs[x])
+				members[i][k*len(a.specs)+x] = sorted
+				size += a.accSize(&a.specs[x], &kg.g.accs[x], sorted)
+			}
 		}
-		parts[1+i] = e.b
+		sizes[i] = size
 	})
-	return parts
-}
-
-// viewSize is an upper bound of a window's encoding: what encodeGroup
-// writes, varints counted at their longest.
-func (a *aggregate) viewSize(v windowView) int {
-	const varint = binary.MaxVarintLen64
-	size := 2 * varint
-	for _, kg := range v.groups {
-		size += varint + len(kg.key) + 1
-		for i := range a.specs {
-			size += 2*varint + 1 // count, then a sum or a value's kind and number
-			acc := &kg.g.accs[i]
-			switch a.specs[i].fn {
-			case aggMin, aggMax:
-				size += len(acc.ext.S)
-			case aggCountDistinct:
-				for m := range acc.distinct {
-					size += varint + len(m)
+	total := len(head)
+	for _, n := range sizes {
+		total += n
+	}
+	return &Encoding{Size: total, write: func(emit func([]byte) error) error {
+		if err := emit(head); err != nil {
+			return err
+		}
+		return writeParallel(len(views), func(i int) []byte {
+			v := views[i]
+			e := encoder{b: make([]byte, 0, sizes[i])}
+			e.varint(v.start)
+			e.uvarint(uint64(len(v.groups)))
+			for k, kg := range v.groups {
+				e.str(kg.key)
+				e.bool(kg.g.tentative)
+				for x := range a.specs {
+					a.encodeAccMembers(&e, &a.specs[x], &kg.g.accs[x], members[i][k*len(a.specs)+x])
 				}
 			}
+			if len(e.b) != sizes[i] {
+				panic(fmt.Sprintf("operator: window encoded in %d bytes, sized %d", len(e.b), sizes[i]))
+			}
+			return e.b
+		}, emit)
+	}}
+}
+
+// sortedMembers is a count_distinct accumulator's members, sorted (nil
+// for other functions).
+func (a *aggregate) sortedMembers(s *aggSpec, acc *accumulator) []string {
+	if s.fn != aggCountDistinct {
+		return nil
+	}
+	members := make([]string, 0, len(acc.distinct))
+	for m := range acc.distinct {
+		members = append(members, m)
+	}
+	slices.Sort(members)
+	return members
+}
+
+// accSize is the exact size of what encodeAccMembers writes.
+func (a *aggregate) accSize(s *aggSpec, acc *accumulator, members []string) int {
+	size := varintSize(acc.count)
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			size += 8
+		} else {
+			size += varintSize(acc.sumI)
+		}
+	case aggMin, aggMax:
+		size += valueSize(acc.ext)
+	case aggCountDistinct:
+		size += uvarintSize(uint64(len(members)))
+		for _, m := range members {
+			size += uvarintSize(uint64(len(m))) + len(m)
 		}
 	}
 	return size
@@ -675,6 +729,12 @@ func (a *aggregate) decodeGroup(d *decoder, sl *groupSlab) (string, *aggGroup, e
 }
 
 func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
+	a.encodeAccMembers(e, s, acc, a.sortedMembers(s, acc))
+}
+
+// encodeAccMembers is encodeAcc with a count_distinct accumulator's
+// members already sorted.
+func (a *aggregate) encodeAccMembers(e *encoder, s *aggSpec, acc *accumulator, members []string) {
 	e.varint(acc.count)
 	switch s.fn {
 	case aggSum, aggAvg:
@@ -686,11 +746,6 @@ func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
 	case aggMin, aggMax:
 		e.value(acc.ext)
 	case aggCountDistinct:
-		members := make([]string, 0, len(acc.distinct))
-		for m := range acc.distinct {
-			members = append(members, m)
-		}
-		slices.Sort(members)
 		e.uvarint(uint64(len(members)))
 		for _, m := range members {
 			e.str(m)

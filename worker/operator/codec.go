@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
 	"unsafe"
 
@@ -168,6 +169,29 @@ func (e *encoder) value(v tuple.Value) {
 	default:
 		e.varint(v.I)
 	}
+}
+
+// uvarintSize and varintSize are the lengths of the encoder's uvarint
+// and varint encodings of v.
+func uvarintSize(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
+func varintSize(v int64) int {
+	u := uint64(v) << 1
+	if v < 0 {
+		u = ^u
+	}
+	return uvarintSize(u)
+}
+
+// valueSize is the length of the encoder's encoding of v.
+func valueSize(v tuple.Value) int {
+	switch v.Kind {
+	case tuple.KindFloat:
+		return 1 + 8
+	case tuple.KindString, tuple.KindBytes:
+		return 1 + uvarintSize(uint64(len(v.S))) + len(v.S)
+	}
+	return 1 + varintSize(v.I)
 }
 
 // decoder reads a snapshot. The first error sticks; callers check err once

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
 )
 
 // SnapshotChunkBytes is the default size of the pieces FetchSnapshot
@@ -54,28 +55,34 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
 	began := time.Now()
-	snap, op, err := t.snapshotParts(ctx, SnapshotOptions{Halt: req.Halt})
+	snap, prepare, err := t.capture(ctx, SnapshotOptions{Halt: req.Halt})
+	var enc *operator.Encoding
+	if err == nil && prepare != nil {
+		// The task processes again while its captured state is sorted,
+		// sized and encoded.
+		if enc, err = prepare(); err != nil {
+			err = fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, ErrNotSnapshottable) {
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	parts := snap.marshalParts(op)
-	total := 0
-	for _, p := range parts {
-		total += len(p)
+	if enc == nil && snap.Operator != nil {
+		enc = operator.BytesEncoding(snap.Operator)
 	}
-	s.r.snapshotsServed.Add(1)
-	s.r.snapshotBytes.Add(uint64(total))
-	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "took", time.Since(began))
-	// The parts are sent as they are, in pieces of at most size bytes
-	// (the operator state is not copied into one encoding first, and the
-	// data plane's codec sends each piece without copying it).
+	head, rest := snap.marshalAround(enc != nil, encSize(enc))
+	total := len(head) + encSize(enc) + len(rest)
+	// Pieces of at most size bytes are sent as they are (the data plane's
+	// codec does not copy them), the operator state's as it is encoded:
+	// its size is known first, so the total is announced with the first
+	// piece and the transfer overlaps the encoding.
 	size := s.r.opts.SnapshotChunkBytes
 	chunks := 0
 	first := true
-	for _, part := range parts {
+	send := func(part []byte) error {
 		for off := 0; off < len(part); off += size {
 			chunk := &fedstreampb.SnapshotChunk{Data: part[off:min(off+size, len(part))]}
 			if first {
@@ -87,9 +94,35 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 			}
 			chunks++
 		}
+		return nil
 	}
-	t.log.Debug("snapshot sent", "chunks", chunks)
+	if err := send(head); err != nil {
+		return err
+	}
+	if enc != nil {
+		sent := 0
+		if err := enc.Write(func(p []byte) error { sent += len(p); return send(p) }); err != nil {
+			return err
+		}
+		if sent != enc.Size {
+			return status.Errorf(codes.Internal, "task %s: operator state encoded in %d bytes, announced %d", t.spec.TaskID, sent, enc.Size)
+		}
+	}
+	if err := send(rest); err != nil {
+		return err
+	}
+	s.r.snapshotsServed.Add(1)
+	s.r.snapshotBytes.Add(uint64(total))
+	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "took", time.Since(began))
 	return nil
+}
+
+// encSize is enc's size, 0 for nil.
+func encSize(enc *operator.Encoding) int {
+	if enc == nil {
+		return 0
+	}
+	return enc.Size
 }
 
 // retryableFetch reports whether a failed FetchSnapshot may succeed if

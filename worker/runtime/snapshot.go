@@ -250,12 +250,16 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 // s.Operator holds it), so that it can be sent without being joined. The
 // parts are never modified.
 func (t *task) snapshotParts(ctx context.Context, opts SnapshotOptions) (s *TaskSnapshot, op [][]byte, err error) {
-	s, encode, err := t.capture(ctx, opts)
-	if err != nil || encode == nil {
+	s, prepare, err := t.capture(ctx, opts)
+	if err != nil || prepare == nil {
 		return s, nil, err
 	}
 	// The task processes again while its captured state is encoded.
-	if op, err = encode(); err != nil {
+	enc, err := prepare()
+	if err == nil {
+		err = enc.Write(func(p []byte) error { op = append(op, p); return nil })
+	}
+	if err != nil {
 		return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
 	}
 	return s, op, nil
@@ -263,9 +267,9 @@ func (t *task) snapshotParts(ctx context.Context, opts SnapshotOptions) (s *Task
 
 // capture takes the snapshot while holding the task between two
 // releases. For a snapshot that does not halt the task, the operators'
-// state is only frozen there (operator.FreezePartsOf): encode, when not nil,
+// state is only frozen there (operator.FreezeEncodingOf): encode, when not nil,
 // encodes it into the snapshot's Operator after the task is released.
-func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([][]byte, error), _ error) {
+func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() (*operator.Encoding, error), _ error) {
 	if t.genSnap != nil { // generator and kafka sources
 		s, err := t.snapshotSource(ctx, opts)
 		return s, nil, err
@@ -311,7 +315,7 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		}
 		s.Operator = op
 	} else if t.op != nil {
-		encode = operator.FreezePartsOf(t.op)
+		encode = operator.FreezeEncodingOf(t.op)
 	}
 	for _, o := range t.outs {
 		last := o.w.LastID()
@@ -575,7 +579,24 @@ func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
 	if op == nil && s.Operator != nil {
 		op = [][]byte{s.Operator}
 	}
-	var head []byte
+	opSize := 0
+	for _, p := range op {
+		opSize += len(p)
+	}
+	head, rest := s.marshalAround(op != nil, opSize)
+	if op == nil {
+		return [][]byte{rest}
+	}
+	parts := make([][]byte, 0, len(op)+2)
+	parts = append(parts, head)
+	parts = append(parts, op...)
+	return append(parts, rest)
+}
+
+// marshalAround is the encoding before (head) and after (rest) an
+// operator state of opSize bytes; without one (hasOp false), rest is the
+// whole encoding.
+func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte) {
 	// The output tails are nearly all of rest: size it once (re-growing
 	// a slice of many MB costs more than encoding).
 	size := 256
@@ -603,13 +624,9 @@ func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
 	str(s.Fragment)
 	uv(uint64(s.Partition))
 	uv(uint64(s.Replica))
-	if op == nil {
+	if !hasOp {
 		b = append(b, 0)
 	} else {
-		opSize := 0
-		for _, p := range op {
-			opSize += len(p)
-		}
 		b = append(b, 1)
 		b = binary.AppendUvarint(b, uint64(opSize))
 		head, b = b, make([]byte, 0, size)
@@ -650,13 +667,7 @@ func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
 		bytesField(o.Tail)
 	}
 	iv(s.SourceRecords)
-	if head == nil {
-		return [][]byte{b}
-	}
-	parts := make([][]byte, 0, len(op)+2)
-	parts = append(parts, head)
-	parts = append(parts, op...)
-	return append(parts, b)
+	return head, b
 }
 
 // snapReader decodes a task snapshot; the first error sticks.
