@@ -306,7 +306,8 @@ func unmarshalChunkInto(data mem.BufferSlice, c *SnapshotChunkInto) error {
 				if c.TotalBytes > c.MaxBytes {
 					return fmt.Errorf("%w: announced size %d, at most %d", ErrSnapshotOverflow, c.TotalBytes, c.MaxBytes)
 				}
-				c.Dst = make([]byte, 0, c.TotalBytes)
+				// Not zeroed: only what is received is ever read.
+				c.Dst = allocUncleared(int(c.TotalBytes))[:0]
 			}
 		case num == chunkFieldData && typ == protowire.BytesType:
 			n, err := cur.varint()

@@ -610,7 +610,7 @@ func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowVie
 		}
 		return writeParallel(len(views), func(i int) []byte {
 			v := views[i]
-			e := encoder{b: make([]byte, 0, sizes[i])}
+			e := encoder{b: bufferOf(sizes[i])}
 			e.varint(v.start)
 			e.uvarint(uint64(len(v.groups)))
 			for k, kg := range v.groups {

@@ -171,6 +171,18 @@ func (e *encoder) value(v tuple.Value) {
 	}
 }
 
+// bufferOf returns an empty buffer of capacity n whose memory is not
+// zeroed first (a large state's encoding is written once: zeroing it
+// before would be one more pass over every byte). Only what is appended
+// is ever read.
+func bufferOf(n int) []byte {
+	n = max(n, 1)
+	var b strings.Builder
+	b.Grow(n) // allocates n bytes without zeroing them
+	b.WriteByte(0)
+	return unsafe.Slice(unsafe.StringData(b.String()), n)[:0]
+}
+
 // uvarintSize and varintSize are the lengths of the encoder's uvarint
 // and varint encodings of v.
 func uvarintSize(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
