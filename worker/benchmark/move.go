@@ -90,6 +90,14 @@ type MoveResult struct {
 	// encoding, sending, receiving, decoding), restoring the task from
 	// it. The rest of a move's time is applying placements and stopping
 	// the old copy.
+	// LiveStartMs is from the live move's request until the new copy
+	// runs from its snapshot (pin, fetch, restore and start), LiveCatchUpMs
+	// from then until it has produced what the old copy has, LiveSwitchMs
+	// from then until the old copy stopped (consumers told, old copy
+	// stopped): the three add up to LiveMoveMs.
+	LiveStartMs       float64 `json:"live_start_ms"`
+	LiveCatchUpMs     float64 `json:"live_catchup_ms"`
+	LiveSwitchMs      float64 `json:"live_switch_ms"`
 	LivePinMs         float64 `json:"live_pin_ms"`
 	LiveFetchMs       float64 `json:"live_fetch_ms"`
 	LiveRestoreMs     float64 `json:"live_restore_ms"`
@@ -258,6 +266,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
 	}
 	res.LiveMoveMs = ms(live.stopped.Sub(live.start))
+	res.LiveStartMs = ms(live.started.Sub(live.start))
+	res.LiveCatchUpMs = ms(live.caughtUp.Sub(live.started))
+	res.LiveSwitchMs = ms(live.stopped.Sub(live.caughtUp))
 	res.StopCopyMoveMs = ms(stopCopy.stopped.Sub(stopCopy.start))
 	res.TransferBoundMs = res.StateMB / res.LoopbackMBs * 1000
 	res.MoveRatio = safeRatio(res.LiveMoveMs, res.TransferBoundMs)
@@ -345,6 +356,7 @@ func (m *moveBench) on(addr string) []runtime.TaskSpec {
 type moveTimes struct {
 	start    time.Time // requested
 	started  time.Time // the new copy runs from its snapshot (its worker answered the apply)
+	caughtUp time.Time // the new copy has produced what the old copy has
 	switched time.Time // the new copy caught up, every consumer was told to read it
 	stopped  time.Time // then the old copy stopped
 }
@@ -375,6 +387,7 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	if err := m.caughtUp(ctx, from, to); err != nil {
 		return t, err
 	}
+	t.caughtUp = time.Now()
 	spec.Bootstrap = nil
 	m.specs[m.aggID] = spec
 	m.placements[i].WorkerAddr, m.placements[i].Generation = m.w[to].addr, spec.Generation
