@@ -56,6 +56,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	}
 	began := time.Now()
 	snap, prepare, err := t.capture(ctx, SnapshotOptions{Halt: req.Halt})
+	captured := time.Now()
 	var enc *operator.Encoding
 	if err == nil && prepare != nil {
 		// The task processes again while its captured state is sorted,
@@ -73,6 +74,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if enc == nil && snap.Operator != nil {
 		enc = operator.BytesEncoding(snap.Operator)
 	}
+	prepared := time.Now()
 	head, rest := snap.marshalAround(enc != nil, encSize(enc))
 	total := len(head) + encSize(enc) + len(rest)
 	// Pieces of at most size bytes are sent as they are (the data plane's
@@ -113,7 +115,8 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	}
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
-	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "took", time.Since(began))
+	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "took", time.Since(began),
+		"capture", captured.Sub(began), "prepare", prepared.Sub(captured), "encode_and_send", time.Since(prepared))
 	return nil
 }
 
@@ -172,6 +175,7 @@ func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *feds
 	// enc, allocated at the announced size.
 	chunk := dataplane.SnapshotChunkInto{MaxBytes: MaxFetchedSnapshotBytes}
 	var total uint64
+
 	for first := true; ; first = false {
 		err := stream.RecvMsg(&chunk)
 		if errors.Is(err, io.EOF) {
