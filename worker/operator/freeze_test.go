@@ -2,8 +2,10 @@ package operator
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	goruntime "runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -174,5 +176,53 @@ func TestEncodingIsSizedExactly(t *testing.T) {
 		if !bytes.Equal(a, want) || !bytes.Equal(b, want) {
 			t.Fatalf("chained %v: restored states differ from the snapshot (Restore %v, RestoreOwned %v)", chained, bytes.Equal(a, want), bytes.Equal(b, want))
 		}
+	}
+}
+
+// TestWriteParallelStopsAtEmitError: parts are emitted in index order
+// however the encoders finish, and an emit error (a snapshot stream that
+// broke off) ends Write with that error: nothing is emitted after it, and
+// no encoder runs once Write has returned.
+func TestWriteParallelStopsAtEmitError(t *testing.T) {
+	const n = 64
+	var encoded atomic.Int64
+	encode := func(i int) []byte {
+		encoded.Add(1)
+		if i%3 == 0 {
+			goruntime.Gosched() // finish out of order
+		}
+		return []byte{byte(i)}
+	}
+	var got []byte
+	if err := writeParallel(n, encode, func(p []byte) error { got = append(got, p...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range got {
+		if int(b) != i {
+			t.Fatalf("part %d emitted at position %d", b, i)
+		}
+	}
+	if len(got) != n {
+		t.Fatalf("%d parts emitted, want %d", len(got), n)
+	}
+	broken := errors.New("stream broke off")
+	encoded.Store(0)
+	emitted := 0
+	err := writeParallel(n, encode, func([]byte) error {
+		if emitted++; emitted == 3 {
+			return broken
+		}
+		return nil
+	})
+	if !errors.Is(err, broken) {
+		t.Fatalf("Write after an emit error: %v, want it", err)
+	}
+	if emitted != 3 {
+		t.Fatalf("%d parts emitted, want the emit error to end it at 3", emitted)
+	}
+	after := encoded.Load()
+	goruntime.Gosched()
+	if encoded.Load() != after {
+		t.Fatal("encoders still ran after Write returned")
 	}
 }
