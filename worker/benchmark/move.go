@@ -90,6 +90,14 @@ type MoveResult struct {
 	// encoding, sending, receiving, decoding), restoring the task from
 	// it. The rest of a move's time is applying placements and stopping
 	// the old copy.
+	// LiveStartMs is from the live move's request until the new copy
+	// runs from its snapshot (pin, fetch, restore and start), LiveCatchUpMs
+	// from then until it has produced what the old copy has, LiveSwitchMs
+	// from then until the old copy stopped (consumers told, old copy
+	// stopped): the three add up to LiveMoveMs.
+	LiveStartMs       float64 `json:"live_start_ms"`
+	LiveCatchUpMs     float64 `json:"live_catchup_ms"`
+	LiveSwitchMs      float64 `json:"live_switch_ms"`
 	LivePinMs         float64 `json:"live_pin_ms"`
 	LiveFetchMs       float64 `json:"live_fetch_ms"`
 	LiveRestoreMs     float64 `json:"live_restore_ms"`
@@ -253,10 +261,14 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		t    moveTimes
 	}{{"live", live}, {"stop-and-copy", stopCopy}} {
 		gap, at := longestGapAt(tail.RowNanos, mv.t.start, mv.t.switched)
-		m.progress("%s move: longest gap %s, from %s after the request (consumers switched at %s, old copy stopped at %s)",
-			mv.name, gap.Round(time.Millisecond), at.Round(time.Millisecond), mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
+		m.progress("%s move: longest gap %s, from %s after the request (new copy started at %s, consumers switched at %s, old copy stopped at %s)",
+			mv.name, gap.Round(time.Millisecond), at.Round(time.Millisecond), mv.t.started.Sub(mv.t.start).Round(time.Millisecond),
+			mv.t.switched.Sub(mv.t.start).Round(time.Millisecond), mv.t.stopped.Sub(mv.t.start).Round(time.Millisecond))
 	}
 	res.LiveMoveMs = ms(live.stopped.Sub(live.start))
+	res.LiveStartMs = ms(live.started.Sub(live.start))
+	res.LiveCatchUpMs = ms(live.caughtUp.Sub(live.started))
+	res.LiveSwitchMs = ms(live.stopped.Sub(live.caughtUp))
 	res.StopCopyMoveMs = ms(stopCopy.stopped.Sub(stopCopy.start))
 	res.TransferBoundMs = res.StateMB / res.LoopbackMBs * 1000
 	res.MoveRatio = safeRatio(res.LiveMoveMs, res.TransferBoundMs)
@@ -343,6 +355,8 @@ func (m *moveBench) on(addr string) []runtime.TaskSpec {
 // moveTimes are the instants of one move.
 type moveTimes struct {
 	start    time.Time // requested
+	started  time.Time // the new copy runs from its snapshot (its worker answered the apply)
+	caughtUp time.Time // the new copy has produced what the old copy has
 	switched time.Time // the new copy caught up, every consumer was told to read it
 	stopped  time.Time // then the old copy stopped
 }
@@ -367,11 +381,13 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	if _, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}}); err != nil {
 		return t, err
 	}
+	t.started = time.Now()
 	// The new copy catches up: consumers switch once it has produced
 	// what the old copy has.
 	if err := m.caughtUp(ctx, from, to); err != nil {
 		return t, err
 	}
+	t.caughtUp = time.Now()
 	spec.Bootstrap = nil
 	m.specs[m.aggID] = spec
 	m.placements[i].WorkerAddr, m.placements[i].Generation = m.w[to].addr, spec.Generation
@@ -397,6 +413,9 @@ func (m *moveBench) caughtUp(ctx context.Context, from, to int) error {
 		r, err := m.w[w].call(ctx, request{Op: opOutputPos, Query: m.q.Name, Task: m.aggID, Consumer: "out"})
 		return r.LastID, err
 	}
+	began := time.Now()
+	var first uint64
+	var trace []string
 	for {
 		old, err := pos(from)
 		if err != nil {
@@ -406,7 +425,15 @@ func (m *moveBench) caughtUp(ctx context.Context, from, to int) error {
 		if err != nil {
 			return err
 		}
+		if first == 0 {
+			first = cur
+		}
+		if len(trace) == 0 || cur != first && len(trace) < 12 {
+			trace = append(trace, fmt.Sprintf("%s:%d/%d", time.Since(began).Round(time.Millisecond), cur, old))
+			first = cur
+		}
 		if cur >= old {
+			m.progress("catch-up: %v", trace)
 			return nil
 		}
 		if err := sleepCtx(ctx, time.Millisecond); err != nil {

@@ -157,7 +157,7 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	opts := runtime.Options{
 		Logger: logger, Pool: pool, RetryMin: benchRetryMin, RetryMax: benchRetryMax,
 		SinkBufferTuples: sinkRingTuples, SourceSpeedup: speedup,
-		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
+		Buffer: dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
 	}
 	if !batching {
 		opts.MaxBatchBytes = 1 // every message carries exactly one tuple

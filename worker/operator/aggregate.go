@@ -510,7 +510,7 @@ func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
 // Snapshot encodes watermark, late count and every open window in start
 // order, groups in key order, count_distinct members sorted.
 func (a *aggregate) Snapshot() ([]byte, error) {
-	return a.encodeViews(a.watermark, a.late, a.views(false)), nil
+	return slices.Concat(a.encodeViews(a.watermark, a.late, a.views(false))...), nil
 }
 
 // windowView is one open window's groups, as Snapshot encodes them.
@@ -558,25 +558,109 @@ func (a *aggregate) views(copyGroups bool) []windowView {
 }
 
 // encodeViews encodes watermark, late count and the windows: groups in
-// key order, count_distinct members sorted. Windows are encoded side by
-// side (each reads only its own groups) and concatenated in start order.
-func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) []byte {
+// key order, count_distinct members sorted. The encoding comes in parts:
+// the header, then one part per window in start order (see
+// prepareViews).
+func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) [][]byte {
+	enc := a.prepareViews(watermark, late, views)
+	parts := make([][]byte, 0, 1+len(views))
+	if err := enc.Write(func(p []byte) error { parts = append(parts, p); return nil }); err != nil {
+		panic(err) // unreachable: the emit function never fails
+	}
+	return parts
+}
+
+// prepareViews sorts the windows' groups and count_distinct members and
+// sizes each window's encoding exactly (on GOMAXPROCS goroutines); the
+// Encoding then writes each window into a buffer of that size, windows
+// side by side (each reads only its own groups), so no byte is copied
+// twice and the whole size is known before the first byte is written.
+func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowView) *Encoding {
 	e := newEncoder(a.signature)
 	e.varint(watermark)
 	e.uvarint(late)
 	e.uvarint(uint64(len(views)))
-	encodeParallel(e, len(views), func(i int, e *encoder) {
+	head := e.b
+	members := make([][][]string, len(views))
+	sizes := make([]int, len(views))
+	encodeParallel(len(views), func(i int) {
 		v := views[i]
-		e.varint(v.start)
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
 		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		e.uvarint(uint64(len(v.groups)))
-		for _, kg := range v.groups {
-			a.encodeGroup(e, kg.key, kg.g)
+		members[i] = make([][]string, len(v.groups)*len(a.specs))
+		size := varintSize(v.start) + uvarintSize(uint64(len(v.groups)))
+		for k, kg := range v.groups {
+			size += uvarintSize(uint64(len(kg.key))) + len(kg.key) + 1
+			for x := range a.specs {
+				sorted := a.sortedMembers(&a.specs[x], &kg.g.accs[x])
+				members[i][k*len(a.specs)+x] = sorted
+				size += a.accSize(&a.specs[x], &kg.g.accs[x], sorted)
+			}
 		}
+		sizes[i] = size
 	})
-	return e.b
+	total := len(head)
+	for _, n := range sizes {
+		total += n
+	}
+	return &Encoding{Size: total, write: func(emit func([]byte) error) error {
+		if err := emit(head); err != nil {
+			return err
+		}
+		return writeParallel(len(views), func(i int) []byte {
+			v := views[i]
+			e := encoder{b: bufferOf(sizes[i])}
+			e.varint(v.start)
+			e.uvarint(uint64(len(v.groups)))
+			for k, kg := range v.groups {
+				e.str(kg.key)
+				e.bool(kg.g.tentative)
+				for x := range a.specs {
+					a.encodeAccMembers(&e, &a.specs[x], &kg.g.accs[x], members[i][k*len(a.specs)+x])
+				}
+			}
+			if len(e.b) != sizes[i] {
+				panic(fmt.Sprintf("operator: window encoded in %d bytes, sized %d", len(e.b), sizes[i]))
+			}
+			return e.b
+		}, emit)
+	}}
+}
+
+// sortedMembers is a count_distinct accumulator's members, sorted (nil
+// for other functions).
+func (a *aggregate) sortedMembers(s *aggSpec, acc *accumulator) []string {
+	if s.fn != aggCountDistinct {
+		return nil
+	}
+	members := make([]string, 0, len(acc.distinct))
+	for m := range acc.distinct {
+		members = append(members, m)
+	}
+	slices.Sort(members)
+	return members
+}
+
+// accSize is the exact size of what encodeAccMembers writes.
+func (a *aggregate) accSize(s *aggSpec, acc *accumulator, members []string) int {
+	size := varintSize(acc.count)
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			size += 8
+		} else {
+			size += varintSize(acc.sumI)
+		}
+	case aggMin, aggMax:
+		size += valueSize(acc.ext)
+	case aggCountDistinct:
+		size += uvarintSize(uint64(len(members)))
+		for _, m := range members {
+			size += uvarintSize(uint64(len(m))) + len(m)
+		}
+	}
+	return size
 }
 
 type keyedGroup struct {
@@ -645,6 +729,12 @@ func (a *aggregate) decodeGroup(d *decoder, sl *groupSlab) (string, *aggGroup, e
 }
 
 func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
+	a.encodeAccMembers(e, s, acc, a.sortedMembers(s, acc))
+}
+
+// encodeAccMembers is encodeAcc with a count_distinct accumulator's
+// members already sorted.
+func (a *aggregate) encodeAccMembers(e *encoder, s *aggSpec, acc *accumulator, members []string) {
 	e.varint(acc.count)
 	switch s.fn {
 	case aggSum, aggAvg:
@@ -656,11 +746,6 @@ func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
 	case aggMin, aggMax:
 		e.value(acc.ext)
 	case aggCountDistinct:
-		members := make([]string, 0, len(acc.distinct))
-		for m := range acc.distinct {
-			members = append(members, m)
-		}
-		slices.Sort(members)
 		e.uvarint(uint64(len(members)))
 		for _, m := range members {
 			e.str(m)
@@ -674,6 +759,19 @@ func (a *aggregate) Restore(state []byte) error {
 	if err != nil {
 		return err
 	}
+	return a.restore(d)
+}
+
+// restoreOwned is Restore from a snapshot handed over (RestoreOwned).
+func (a *aggregate) restoreOwned(state []byte) error {
+	d, err := newOwnedDecoder(state, a.signature)
+	if err != nil {
+		return err
+	}
+	return a.restore(d)
+}
+
+func (a *aggregate) restore(d *decoder) error {
 	watermark := d.varint()
 	late := d.uvarint()
 	windows := map[int64]*aggWindow{}

@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
+	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -169,6 +171,41 @@ func (e *encoder) value(v tuple.Value) {
 	}
 }
 
+// bufferOf returns an empty buffer of capacity n whose memory is not
+// zeroed first (a large state's encoding is written once: zeroing it
+// before would be one more pass over every byte). Only what is appended
+// is ever read.
+func bufferOf(n int) []byte {
+	n = max(n, 1)
+	var b strings.Builder
+	b.Grow(n) // allocates n bytes without zeroing them
+	b.WriteByte(0)
+	return unsafe.Slice(unsafe.StringData(b.String()), n)[:0]
+}
+
+// uvarintSize and varintSize are the lengths of the encoder's uvarint
+// and varint encodings of v.
+func uvarintSize(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
+func varintSize(v int64) int {
+	u := uint64(v) << 1
+	if v < 0 {
+		u = ^u
+	}
+	return uvarintSize(u)
+}
+
+// valueSize is the length of the encoder's encoding of v.
+func valueSize(v tuple.Value) int {
+	switch v.Kind {
+	case tuple.KindFloat:
+		return 1 + 8
+	case tuple.KindString, tuple.KindBytes:
+		return 1 + uvarintSize(uint64(len(v.S))) + len(v.S)
+	}
+	return 1 + varintSize(v.I)
+}
+
 // decoder reads a snapshot. The first error sticks; callers check err once
 // at the end (and before trusting a count to size an allocation).
 type decoder struct {
@@ -184,13 +221,24 @@ type decoder struct {
 
 // newDecoder checks the header against the operator's signature.
 func newDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, string(state))
+}
+
+// newOwnedDecoder is newDecoder for a snapshot handed over to the
+// restored state (see RestoreOwned): its strings are substrings of state
+// itself, not of a copy.
+func newOwnedDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, unsafe.String(unsafe.SliceData(state), len(state)))
+}
+
+func newDecoderOf(state []byte, signature, whole string) (*decoder, error) {
 	if len(state) < len(snapshotMagic)+1 || string(state[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: missing header", ErrBadSnapshot)
 	}
 	if v := state[len(snapshotMagic)]; v != snapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrBadSnapshot, v, snapshotVersion)
 	}
-	d := &decoder{b: state[len(snapshotMagic)+1:], whole: string(state), size: len(state)}
+	d := &decoder{b: state[len(snapshotMagic)+1:], whole: whole, size: len(state)}
 	if got := d.str(); d.err != nil || got != signature {
 		return nil, fmt.Errorf("%w: taken from operator %q, restoring into %q", ErrBadSnapshot, got, signature)
 	}

@@ -74,6 +74,11 @@ type TaskSnapshot struct {
 	// Ingest is an ingest source's position (see ingestmove.go); nil for
 	// every other task. Encoded as an optional trailing section.
 	Ingest *IngestPosition
+
+	// opOwned: Operator is a buffer of the snapshot's own that nothing
+	// modifies (a fetched snapshot), so the restored operators may keep
+	// slices of it instead of copying it (operator.RestoreOwned).
+	opOwned bool
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -234,24 +239,40 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	s, encode, err := t.capture(ctx, opts)
-	if err != nil || encode == nil {
+	s, op, err := t.snapshotParts(ctx, opts)
+	if err != nil || op == nil {
 		return s, err
 	}
-	// The task processes again while its captured state is encoded.
-	op, err := encode()
-	if err != nil {
-		return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	joined := *s
+	joined.Operator = slices.Concat(op...)
+	return &joined, nil
+}
+
+// snapshotParts is snapshot with a live snapshot's operator state left
+// in the parts it was encoded in (operator.FreezePartsOf; op, nil when
+// s.Operator holds it), so that it can be sent without being joined. The
+// parts are never modified.
+func (t *task) snapshotParts(ctx context.Context, opts SnapshotOptions) (s *TaskSnapshot, op [][]byte, err error) {
+	s, prepare, err := t.capture(ctx, opts)
+	if err != nil || prepare == nil {
+		return s, nil, err
 	}
-	s.Operator = op
-	return s, nil
+	// The task processes again while its captured state is encoded.
+	enc, err := prepare()
+	if err == nil {
+		err = enc.Write(func(p []byte) error { op = append(op, p); return nil })
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	}
+	return s, op, nil
 }
 
 // capture takes the snapshot while holding the task between two
 // releases. For a snapshot that does not halt the task, the operators'
-// state is only frozen there (operator.FreezeOf): encode, when not nil,
+// state is only frozen there (operator.FreezeEncodingOf): encode, when not nil,
 // encodes it into the snapshot's Operator after the task is released.
-func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() ([]byte, error), _ error) {
+func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() (*operator.Encoding, error), _ error) {
 	if t.genSnap != nil { // generator and kafka sources
 		s, err := t.snapshotSource(ctx, opts)
 		return s, nil, err
@@ -301,7 +322,7 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		}
 		s.Operator = op
 	} else if t.op != nil {
-		encode = operator.FreezeOf(t.op)
+		encode = operator.FreezeEncodingOf(t.op)
 	}
 	for _, o := range t.outs {
 		last := o.w.LastID()
@@ -410,7 +431,11 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
 		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
 	case t.op != nil:
-		if err := t.op.Restore(s.Operator); err != nil {
+		restore := t.op.Restore
+		if s.opOwned {
+			restore = func(b []byte) error { return operator.RestoreOwned(t.op, b) }
+		}
+		if err := restore(s.Operator); err != nil {
 			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
 		}
 	}
@@ -550,14 +575,35 @@ const (
 // MarshalBinary encodes the snapshot in the versioned format
 // UnmarshalBinary reads.
 func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
-	head, op, rest := s.marshalParts()
-	return slices.Concat(head, op, rest), nil
+	return slices.Concat(s.marshalParts(nil)...), nil
 }
 
-// marshalParts is MarshalBinary's encoding in three consecutive parts:
-// the operator state itself is the middle one, not copied, so a snapshot
-// can be sent without building its encoding in one piece.
-func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
+// marshalParts is MarshalBinary's encoding in consecutive parts: the
+// operator state itself is not copied, so a snapshot can be sent without
+// building its encoding in one piece. With op not nil, the operator state
+// is op's parts joined (snapshotParts), not s.Operator.
+func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
+	if op == nil && s.Operator != nil {
+		op = [][]byte{s.Operator}
+	}
+	opSize := 0
+	for _, p := range op {
+		opSize += len(p)
+	}
+	head, rest := s.marshalAround(op != nil, opSize)
+	if op == nil {
+		return [][]byte{rest}
+	}
+	parts := make([][]byte, 0, len(op)+2)
+	parts = append(parts, head)
+	parts = append(parts, op...)
+	return append(parts, rest)
+}
+
+// marshalAround is the encoding before (head) and after (rest) an
+// operator state of opSize bytes; without one (hasOp false), rest is the
+// whole encoding.
+func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte) {
 	// The output tails are nearly all of rest: size it once (re-growing
 	// a slice of many MB costs more than encoding).
 	size := 256
@@ -585,12 +631,12 @@ func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
 	str(s.Fragment)
 	uv(uint64(s.Partition))
 	uv(uint64(s.Replica))
-	if s.Operator == nil {
+	if !hasOp {
 		b = append(b, 0)
 	} else {
 		b = append(b, 1)
-		b = binary.AppendUvarint(b, uint64(len(s.Operator)))
-		head, op, b = b, s.Operator, make([]byte, 0, size)
+		b = binary.AppendUvarint(b, uint64(opSize))
+		head, b = b, make([]byte, 0, size)
 	}
 	iv(s.Released)
 	uv(s.Seq)
@@ -629,10 +675,7 @@ func (s *TaskSnapshot) marshalParts() (head, op, rest []byte) {
 	}
 	iv(s.SourceRecords)
 	b = appendIngestPosition(b, s.Ingest)
-	if head == nil {
-		return b, nil, nil
-	}
-	return head, op, b
+	return head, b
 }
 
 // snapReader decodes a task snapshot; the first error sticks.
