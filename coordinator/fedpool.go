@@ -147,14 +147,7 @@ func (s *Server) setupFedPool() error {
 	// Orgs are apart over a WAN; tests and dev shorten it like the org pool.
 	ml := memberlist.DefaultWANConfig()
 	if iv := s.cfg.Timings.GossipInterval; iv > 0 {
-		ml = memberlist.DefaultLocalConfig()
-		ml.GossipInterval = iv
-		ml.ProbeInterval = 4 * iv
-		ml.ProbeTimeout = 2 * iv
-		ml.SuspicionMult = 2
-		conf.ReapInterval = time.Second
-		conf.ReconnectInterval = time.Second
-		conf.ReconnectTimeout = time.Hour
+		ml = fastGossip(conf, iv)
 		conf.LeavePropagateDelay = 4 * iv
 	}
 	ml.BindAddr, ml.BindPort = host, port

@@ -513,18 +513,25 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 
 // States reports every task's state, sorted by task id.
 func (r *Runtime) States() []TaskState {
+	tasks := r.tasksByID()
+	out := make([]TaskState, 0, len(tasks))
+	for _, t := range tasks {
+		out = append(out, t.State())
+	}
+	return out
+}
+
+// tasksByID is every task running here, sorted by task id (what reports
+// list them by). The tasks are read outside r.mu.
+func (r *Runtime) tasksByID() []*task {
 	r.mu.Lock()
 	tasks := make([]*task, 0, len(r.tasks))
 	for _, t := range r.tasks {
 		tasks = append(tasks, t)
 	}
 	r.mu.Unlock()
-	out := make([]TaskState, 0, len(tasks))
-	for _, t := range tasks {
-		out = append(out, t.State())
-	}
-	slices.SortFunc(out, func(a, b TaskState) int { return strings.Compare(a.TaskID, b.TaskID) })
-	return out
+	slices.SortFunc(tasks, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
+	return tasks
 }
 
 // Close stops every task and waits for their goroutines, or until ctx

@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -179,16 +178,10 @@ func (t *task) stats() TaskStats {
 // id. Metrics and the worker's reports read it; it costs the tasks
 // nothing but a brief lock of each output buffer and merge queue.
 func (r *Runtime) Stats() []TaskStats {
-	r.mu.Lock()
-	tasks := make([]*task, 0, len(r.tasks))
-	for _, t := range r.tasks {
-		tasks = append(tasks, t)
-	}
-	r.mu.Unlock()
+	tasks := r.tasksByID()
 	out := make([]TaskStats, 0, len(tasks))
 	for _, t := range tasks {
 		out = append(out, t.stats())
 	}
-	slices.SortFunc(out, func(a, b TaskStats) int { return strings.Compare(a.TaskID, b.TaskID) })
 	return out
 }
