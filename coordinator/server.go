@@ -45,7 +45,7 @@ type Server struct {
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
-	transport *raft.NetworkTransport
+	transport *raftTransport
 	boltStore *raftboltdb.BoltStore
 	leaderCh  chan bool
 
@@ -278,8 +278,9 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
+	var nt *raft.NetworkTransport
 	if s.cfg.TLS == nil {
-		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+		nt, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
 	} else {
 		var layer *tlsStreamLayer
 		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
@@ -290,7 +291,7 @@ func (s *Server) setupRaft() error {
 			if h := s.cfg.hooks.raftStream; h != nil {
 				stream = h(layer)
 			}
-			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			nt = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
 			})
 		}
@@ -298,6 +299,7 @@ func (s *Server) setupRaft() error {
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
 	}
+	s.transport = newRaftTransport(nt)
 	// From here on the configured address is the real one (port 0 resolved).
 	s.cfg.RaftAddr = string(s.transport.LocalAddr())
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(s.cfg.DataDir, "snapshots"), 2, logging.HCLog(s.logger, "snapshots"))
@@ -396,10 +398,11 @@ func (s *Server) Shutdown() error {
 				err = errors.Join(err, e)
 			}
 		}
+		raftStopped := true
 		if s.raft != nil {
-			if e := s.raft.Shutdown().Error(); e != nil {
-				err = errors.Join(err, e)
-			}
+			var e error
+			raftStopped, e = s.shutdownRaft()
+			err = errors.Join(err, e)
 		}
 		if s.transport != nil {
 			if e := s.transport.Close(); e != nil {
@@ -410,11 +413,57 @@ func (s *Server) Shutdown() error {
 		if s.forwarder != nil {
 			s.forwarder.close()
 		}
-		if s.boltStore != nil {
+		// When raft did not stop, its goroutines may still touch the log
+		// store: it is left open rather than pulled from under them.
+		if s.boltStore != nil && raftStopped {
 			if e := s.boltStore.Close(); e != nil {
 				err = errors.Join(err, e)
 			}
 		}
 	})
 	return err
+}
+
+// Bounds on stopping Raft: raftShutdownGrace is how long raft.Shutdown
+// may take by itself; then the transport is closed, which frees any
+// replication goroutine blocked on a pipeline (see raftTransport), and
+// raft gets raftShutdownLimit more before Shutdown gives up on it.
+const (
+	raftShutdownGrace = 3 * time.Second
+	raftShutdownLimit = 30 * time.Second
+)
+
+// ErrRaftShutdownStuck means Raft's goroutines did not stop within
+// raftShutdownGrace+raftShutdownLimit even after its transport was closed;
+// the server is shut down otherwise, with its log store left open.
+var ErrRaftShutdownStuck = errors.New("raft did not stop after its transport was closed")
+
+// shutdownRaft stops Raft and waits for its goroutines, closing the
+// transport if they are not done within raftShutdownGrace. stopped is
+// false when they are still running after raftShutdownLimit more.
+func (s *Server) shutdownRaft() (stopped bool, err error) {
+	f := s.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }() // returns once raft's goroutines end
+	wait := func(d time.Duration) (bool, error) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case e := <-done:
+			return true, e
+		case <-t.C:
+			return false, nil
+		}
+	}
+	if ok, e := wait(raftShutdownGrace); ok {
+		return true, e
+	}
+	s.logger.Warn("raft is slow to stop; closing its transport to free blocked replication", "waited", raftShutdownGrace)
+	if s.transport != nil {
+		_ = s.transport.Close()
+	}
+	if ok, e := wait(raftShutdownLimit); ok {
+		return true, e
+	}
+	return false, ErrRaftShutdownStuck
 }
