@@ -45,7 +45,7 @@ type Server struct {
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
-	transport *raftTransport
+	transport *raft.NetworkTransport
 	boltStore *raftboltdb.BoltStore
 	leaderCh  chan bool
 
@@ -278,9 +278,24 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
-	var nt *raft.NetworkTransport
+	// MaxRPCsInFlight 1 turns off hashicorp/raft's pipelined replication
+	// (raft then replicates with one AppendEntries at a time per follower,
+	// batching entries, ample for a coordinator's write rate). The
+	// pipeline can wedge (hashicorp/raft issue 612): its sender, decoder
+	// and raft's pipelineDecode hand requests over unbuffered channels;
+	// when pipelineDecode stops (a newer term, a refused append) with a
+	// response in flight, the decoder and the next send block on each
+	// other for ever, no socket deadline frees them, and that follower is
+	// never replicated to again while raft.Shutdown waits on the goroutine
+	// for ever (seen as a hung TestBarrierFailureTransfersLeadership).
+	netCfg := func(stream raft.StreamLayer) *raft.NetworkTransportConfig {
+		return &raft.NetworkTransportConfig{
+			Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
+			Logger: logging.HCLog(s.logger, "raft-net"),
+		}
+	}
 	if s.cfg.TLS == nil {
-		nt, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+		s.transport, err = raft.NewTCPTransportWithConfig(s.cfg.RaftAddr, adv, netCfg(nil))
 	} else {
 		var layer *tlsStreamLayer
 		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
@@ -291,15 +306,12 @@ func (s *Server) setupRaft() error {
 			if h := s.cfg.hooks.raftStream; h != nil {
 				stream = h(layer)
 			}
-			nt = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
-			})
+			s.transport = raft.NewNetworkTransportWithConfig(netCfg(stream))
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("raft transport on %s: %w", s.cfg.RaftAddr, err)
 	}
-	s.transport = newRaftTransport(nt)
 	// From here on the configured address is the real one (port 0 resolved).
 	s.cfg.RaftAddr = string(s.transport.LocalAddr())
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(s.cfg.DataDir, "snapshots"), 2, logging.HCLog(s.logger, "snapshots"))
@@ -408,6 +420,9 @@ func (s *Server) Shutdown() error {
 			if e := s.transport.Close(); e != nil {
 				err = errors.Join(err, fmt.Errorf("close raft transport: %w", e))
 			}
+			// Close leaves pooled outgoing connections, and the handlers
+			// of incoming ones, open.
+			s.transport.CloseStreams()
 		}
 		s.wg.Wait()
 		if s.forwarder != nil {
@@ -425,9 +440,11 @@ func (s *Server) Shutdown() error {
 }
 
 // Bounds on stopping Raft: raftShutdownGrace is how long raft.Shutdown
-// may take by itself; then the transport is closed, which frees any
-// replication goroutine blocked on a pipeline (see raftTransport), and
-// raft gets raftShutdownLimit more before Shutdown gives up on it.
+// may take by itself; then the transport is closed (its listener, the
+// handlers of incoming connections and the pooled outgoing ones), which
+// fails RPCs waiting on them, and raft gets raftShutdownLimit more (RPCs
+// on connections in use end by their 10s deadline) before Shutdown gives
+// up on it rather than hang the process.
 const (
 	raftShutdownGrace = 3 * time.Second
 	raftShutdownLimit = 30 * time.Second
@@ -461,6 +478,7 @@ func (s *Server) shutdownRaft() (stopped bool, err error) {
 	s.logger.Warn("raft is slow to stop; closing its transport to free blocked replication", "waited", raftShutdownGrace)
 	if s.transport != nil {
 		_ = s.transport.Close()
+		s.transport.CloseStreams()
 	}
 	if ok, e := wait(raftShutdownLimit); ok {
 		return true, e
