@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/config/logging"
@@ -65,10 +67,14 @@ func testCA(t testing.TB, org string) *tlsutil.CA {
 	return ca
 }
 
+// testTimings keep tests quick but survive a loaded machine: a fake
+// worker heartbeats every HeartbeatTTL/6, so it is marked down only if it
+// (or the coordinator) is starved for over 1.6s; with a 600ms TTL a 0.5s
+// stall of a loaded 2-core machine marked healthy workers down.
 func testTimings() Timings {
 	tm := FastTimings()
-	tm.HeartbeatTTL = 600 * time.Millisecond
-	tm.LeaderGrace = 600 * time.Millisecond
+	tm.HeartbeatTTL = 2 * time.Second
+	tm.LeaderGrace = time.Second
 	tm.MaxWatchWait = 5 * time.Second
 	return tm
 }
@@ -260,9 +266,22 @@ func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWork
 	// of another worker replaces it (a restarted process).
 	fakeWorkerPort++
 	addr := fmt.Sprintf("127.0.0.1:%d", fakeWorkerPort)
-	resp, err := c.workers(node).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name})
-	if err != nil {
-		t.Fatalf("register %s: %v", name, err)
+	// Like a real worker, retry with the same idempotency key while the
+	// coordinators answer Unavailable: on a loaded machine leadership can
+	// change under a registration ("leadership lost while committing").
+	req := &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name}
+	var resp *pb.RegisterResponse
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		resp, err = c.workers(node).Register(ctxT(t, 10*time.Second), req)
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("register %s: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
 	}
 	var clients []pb.WorkerServiceClient
 	for i := range c.cfgs {

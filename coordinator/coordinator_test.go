@@ -26,13 +26,23 @@ sinks:
 
 func submit(t *testing.T, c pb.AdminServiceClient, name string, replicas int) *pb.SubmitQueryResponse {
 	t.Helper()
-	resp, err := c.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{
+	req := &pb.SubmitQueryRequest{
 		Yaml: []byte(fmt.Sprintf(wordsQuery, name, replicas)), Filename: name + ".yaml", IdempotencyKey: "submit-" + name,
-	})
-	if err != nil {
-		t.Fatalf("submit %s: %v", name, err)
 	}
-	return resp
+	// Retried with the same idempotency key while the answer is
+	// Unavailable, as a client does: on a loaded machine leadership can
+	// change under a write ("leadership lost while committing").
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := c.SubmitQuery(ctxT(t, 10*time.Second), req)
+		if err == nil {
+			return resp
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("submit %s: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
+	}
 }
 
 func queryNames(t *testing.T, c pb.AdminServiceClient) []string {
