@@ -71,6 +71,9 @@ func testCA(t testing.TB, org string) *tlsutil.CA {
 // worker heartbeats every HeartbeatTTL/6, so it is marked down only if it
 // (or the coordinator) is starved for over 1.6s; with a 600ms TTL a 0.5s
 // stall of a loaded 2-core machine marked healthy workers down.
+// minWait is the shortest deadline waitFor gives a condition.
+const minWait = 30 * time.Second
+
 func testTimings() Timings {
 	tm := FastTimings()
 	tm.HeartbeatTTL = 2 * time.Second
@@ -120,6 +123,20 @@ func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timin
 		}
 		c.start(i)
 	}
+	// start set each node's Join to the nodes started before it, so the
+	// first one has none; give it the others too. Without, a restarted c1
+	// (after a graceful leave nobody reconnects to it) sat alone in serf
+	// and never became a voter again (TestAdminAPILinearizable failed
+	// "waiting for the restarted coordinator a voter again" whenever c1
+	// was the leader it killed).
+	for i := range c.cfgs {
+		c.cfgs[i].Join = nil
+		for j := range c.cfgs {
+			if j != i {
+				c.cfgs[i].Join = append(c.cfgs[i].Join, c.cfgs[j].SerfAddr)
+			}
+		}
+	}
 	t.Cleanup(c.shutdown)
 	return c
 }
@@ -159,9 +176,13 @@ func (c *testCluster) shutdown() {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes. The deadline
+// is at least minWait: a loaded 2-core machine (CI, parallel packages)
+// can starve a cluster for seconds, and waiting longer only costs time
+// when the test fails anyway (absence is checked with never, not here).
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	timeout = max(timeout, minWait)
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
