@@ -78,6 +78,12 @@ func testTimings() Timings {
 	tm := FastTimings()
 	tm.HeartbeatTTL = 2 * time.Second
 	tm.LeaderGrace = time.Second
+	// Raft as deployed (DefaultTimings): with FastTimings' 200ms leader
+	// lease, a leader of a loaded 2-core machine stepped down whenever a
+	// stall kept it from hearing a quorum for 200ms, and tests' writes
+	// failed 'leadership lost while committing'.
+	d := DefaultTimings()
+	tm.RaftHeartbeat, tm.RaftElection, tm.RaftLeaderLease = d.RaftHeartbeat, d.RaftElection, d.RaftLeaderLease
 	tm.MaxWatchWait = 5 * time.Second
 	return tm
 }
