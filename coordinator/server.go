@@ -288,8 +288,24 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
+	// MaxRPCsInFlight 1 turns off hashicorp/raft's pipelined replication
+	// (raft then replicates with one AppendEntries at a time per follower,
+	// batching entries, ample for a coordinator's write rate). The
+	// pipeline can wedge (hashicorp/raft issue 612): its sender, decoder
+	// and raft's pipelineDecode hand requests over unbuffered channels;
+	// when pipelineDecode stops (a newer term, a refused append) with a
+	// response in flight, the decoder and the next send block on each
+	// other for ever, no socket deadline frees them, and that follower is
+	// never replicated to again while raft.Shutdown waits on the goroutine
+	// for ever (seen as a hung TestBarrierFailureTransfersLeadership).
+	netCfg := func(stream raft.StreamLayer) *raft.NetworkTransportConfig {
+		return &raft.NetworkTransportConfig{
+			Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
+			Logger: logging.HCLog(s.logger, "raft-net"),
+		}
+	}
 	if s.cfg.TLS == nil {
-		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+		s.transport, err = raft.NewTCPTransportWithConfig(s.cfg.RaftAddr, adv, netCfg(nil))
 	} else {
 		var layer *tlsStreamLayer
 		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
@@ -300,9 +316,7 @@ func (s *Server) setupRaft() error {
 			if h := s.cfg.hooks.raftStream; h != nil {
 				stream = h(layer)
 			}
-			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
-			})
+			s.transport = raft.NewNetworkTransportWithConfig(netCfg(stream))
 		}
 	}
 	if err != nil {
@@ -410,25 +424,78 @@ func (s *Server) Shutdown() error {
 				err = errors.Join(err, e)
 			}
 		}
+		raftStopped := true
 		if s.raft != nil {
-			if e := s.raft.Shutdown().Error(); e != nil {
-				err = errors.Join(err, e)
-			}
+			var e error
+			raftStopped, e = s.shutdownRaft()
+			err = errors.Join(err, e)
 		}
 		if s.transport != nil {
 			if e := s.transport.Close(); e != nil {
 				err = errors.Join(err, fmt.Errorf("close raft transport: %w", e))
 			}
+			// Close leaves pooled outgoing connections, and the handlers
+			// of incoming ones, open.
+			s.transport.CloseStreams()
 		}
 		s.wg.Wait()
 		if s.forwarder != nil {
 			s.forwarder.close()
 		}
-		if s.boltStore != nil {
+		// When raft did not stop, its goroutines may still touch the log
+		// store: it is left open rather than pulled from under them.
+		if s.boltStore != nil && raftStopped {
 			if e := s.boltStore.Close(); e != nil {
 				err = errors.Join(err, e)
 			}
 		}
 	})
 	return err
+}
+
+// Bounds on stopping Raft: raftShutdownGrace is how long raft.Shutdown
+// may take by itself; then the transport is closed (its listener, the
+// handlers of incoming connections and the pooled outgoing ones), which
+// fails RPCs waiting on them, and raft gets raftShutdownLimit more (RPCs
+// on connections in use end by their 10s deadline) before Shutdown gives
+// up on it rather than hang the process.
+const (
+	raftShutdownGrace = 3 * time.Second
+	raftShutdownLimit = 30 * time.Second
+)
+
+// ErrRaftShutdownStuck means Raft's goroutines did not stop within
+// raftShutdownGrace+raftShutdownLimit even after its transport was closed;
+// the server is shut down otherwise, with its log store left open.
+var ErrRaftShutdownStuck = errors.New("raft did not stop after its transport was closed")
+
+// shutdownRaft stops Raft and waits for its goroutines, closing the
+// transport if they are not done within raftShutdownGrace. stopped is
+// false when they are still running after raftShutdownLimit more.
+func (s *Server) shutdownRaft() (stopped bool, err error) {
+	f := s.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }() // returns once raft's goroutines end
+	wait := func(d time.Duration) (bool, error) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case e := <-done:
+			return true, e
+		case <-t.C:
+			return false, nil
+		}
+	}
+	if ok, e := wait(raftShutdownGrace); ok {
+		return true, e
+	}
+	s.logger.Warn("raft is slow to stop; closing its transport to free blocked replication", "waited", raftShutdownGrace)
+	if s.transport != nil {
+		_ = s.transport.Close()
+		s.transport.CloseStreams()
+	}
+	if ok, e := wait(raftShutdownLimit); ok {
+		return true, e
+	}
+	return false, ErrRaftShutdownStuck
 }
