@@ -622,6 +622,10 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 			Partition: int(a.Partition), Replica: int(a.Replica), QueryIndex: a.QueryIndex,
 			Spec: qi.spec, Placements: qi.placements, SlotMaps: qi.slotMaps,
 			Generation: int(max(a.Generation, 1)), SlotEpoch: a.SlotEpoch,
+			// The old copy of a live move, or its new copy (whose
+			// bootstrap source is a copy of the same task; a peer
+			// replica's has another id).
+			InMove: a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
 		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}
@@ -680,8 +684,12 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		for _, st := range w.runtime.States() {
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
-				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
-					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone})
+				ts := &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
+					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone}
+				if st.InMove {
+					ts.MovePosition = &st.Position
+				}
+				changed = append(changed, ts)
 			}
 		}
 		if len(changed) == 0 {
