@@ -200,6 +200,8 @@ func (s *Server) boundMoveCatchUps(ctx context.Context) {
 		seen := map[string]bool{}
 		for _, t := range tasks {
 			if t.MovingFrom == "" || !t.MoveCatchUp || t.State != states.TaskRunning {
+				// (A stalled new copy ends its move at once: see
+				// fsm maybeEndMove.)
 				continue
 			}
 			key := fmt.Sprintf("%s@%d", t.ID, t.Gen())

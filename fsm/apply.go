@@ -530,7 +530,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		}
 		// A position matters only during a move (a copy may still report
 		// one until its assignment shows the move ended).
-		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition)
+		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
 		if t.State == u.State && t.Message == u.Message && t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos {
 			continue
 		}
@@ -540,7 +540,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
 		if t.MovingFrom != "" && u.MovePosition != nil {
 			pos := *u.MovePosition
-			updated.MovePosition = &pos
+			updated.MovePosition, updated.MoveBlocked = &pos, u.MoveBlocked
 		}
 		updated.ModifyIndex = tx.index
 		if err := tx.maybeEndMove(&updated, false); err != nil {
@@ -556,13 +556,19 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 
 // maybeEndMove ends the live move of t (not yet inserted) if its new copy
 // runs and, for a catch-up move, its output position has reached the old
-// copy's (or force): consumers switch to the new copy (every host of the
-// query sees the placement change) and the old copy's worker stops it.
+// copy's, or it can go no further (its output is blocked, or it stalls),
+// or force: consumers switch to the new copy (every host of the query
+// sees the placement change) and the old copy's worker stops it.
 func (tx *writeTx) maybeEndMove(t *Task, force bool) error {
-	if t.MovingFrom == "" || t.MovingFrom == t.WorkerID || t.State != states.TaskRunning {
+	if t.MovingFrom == "" || t.MovingFrom == t.WorkerID {
 		return nil
 	}
-	if t.MoveCatchUp && !force && (t.MovePosition == nil || t.MovingFromPosition == nil || *t.MovePosition < *t.MovingFromPosition) {
+	switch {
+	case t.State == states.TaskStalled && t.MoveCatchUp:
+		// Most likely blocked on an output no consumer reads yet.
+	case t.State != states.TaskRunning:
+		return nil
+	case t.MoveCatchUp && !force && !t.MoveBlocked && (t.MovePosition == nil || t.MovingFromPosition == nil || *t.MovePosition < *t.MovingFromPosition):
 		return nil
 	}
 	hosts := stringSet{t.MovingFrom: {}}

@@ -184,6 +184,9 @@ type TaskStateUpdate struct {
 	// moving-out copy (the worker and generation of Task.MovingFrom) is
 	// recorded for it too.
 	MovePosition *uint64 `json:"move_position,omitempty"`
+	// MoveBlocked: the copy's output is full and blocked (no consumer
+	// reads it yet): it can go no further until consumers switch to it.
+	MoveBlocked bool `json:"move_blocked,omitempty"`
 	// SwitchMove ends the live move of the task now, caught up or not:
 	// the leader's bound on a new copy's catch-up (the other fields are
 	// then ignored). Protocol 5.

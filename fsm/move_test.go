@@ -165,4 +165,25 @@ func TestCatchUpMoveSwitchesOnlyOnceTheNewCopyCaughtUp(t *testing.T) {
 	if tk := get(); tk.MovingFrom != "" || tk.State != states.TaskRunning {
 		t.Fatalf("SwitchMove did not end the move: %+v", tk)
 	}
+
+	// A new copy whose output is blocked (full, no consumer yet), or that
+	// stalls, goes no further: the move ends behind.
+	move("a", "b", 4)
+	report("a", 4, states.TaskRunning, pos(900))
+	report("b", 5, states.TaskRunning, pos(700))
+	h.mustApply(UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "b",
+		States: []TaskStateUpdate{{TaskID: id, State: states.TaskRunning, Generation: 5, MovePosition: pos(750), MoveBlocked: true}}})
+	if tk := get(); tk.MovingFrom != "" || !tk.MoveBlocked {
+		t.Fatalf("a blocked new copy did not end its move: %+v", tk)
+	}
+	move("b", "c", 5)
+	report("b", 5, states.TaskRunning, pos(900))
+	report("c", 6, states.TaskRunning, pos(700))
+	if tk := get(); tk.MovingFrom != "b" || tk.MoveBlocked {
+		t.Fatalf("the move ended behind, or kept the last move's blocked flag: %+v", tk)
+	}
+	report("c", 6, states.TaskStalled, pos(700))
+	if tk := get(); tk.MovingFrom != "" {
+		t.Fatalf("a stalled new copy did not end its move: %+v", tk)
+	}
 }

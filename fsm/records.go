@@ -125,8 +125,11 @@ type Task struct {
 	MoveCatchUp        bool    `json:"move_catch_up,omitempty"`
 	MovePosition       *uint64 `json:"move_position,omitempty"`
 	MovingFromPosition *uint64 `json:"moving_from_position,omitempty"`
-	CreateIndex        uint64  `json:"create_index"`
-	ModifyIndex        uint64  `json:"modify_index"`
+	// MoveBlocked: the new copy reported its output blocked (full, no
+	// consumer yet): it cannot catch up further, so the move ends.
+	MoveBlocked bool   `json:"move_blocked,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.

@@ -687,7 +687,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 				ts := &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
 					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone}
 				if st.InMove {
-					ts.MovePosition = &st.Position
+					ts.MovePosition, ts.MoveBlocked = &st.Position, st.Blocked
 				}
 				changed = append(changed, ts)
 			}

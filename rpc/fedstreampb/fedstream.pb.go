@@ -991,7 +991,11 @@ type TaskState struct {
 	// id of the last tuple appended), set only while the copy takes part in
 	// a live move (moving out, or the new copy catching up): consumers
 	// switch to the new copy once its position reaches the old copy's.
-	MovePosition  *uint64 `protobuf:"varint,230,opt,name=move_position,json=movePosition,proto3,oneof" json:"move_position,omitempty"`
+	MovePosition *uint64 `protobuf:"varint,230,opt,name=move_position,json=movePosition,proto3,oneof" json:"move_position,omitempty"`
+	// An append to one of the copy's outputs is blocked (full, and no
+	// consumer reads this copy yet): it cannot go further until consumers
+	// switch to it, so they switch now.
+	MoveBlocked   bool `protobuf:"varint,231,opt,name=move_blocked,json=moveBlocked,proto3" json:"move_blocked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1094,6 +1098,13 @@ func (x *TaskState) GetMovePosition() uint64 {
 		return *x.MovePosition
 	}
 	return 0
+}
+
+func (x *TaskState) GetMoveBlocked() bool {
+	if x != nil {
+		return x.MoveBlocked
+	}
+	return false
 }
 
 type ReportTasksRequest struct {
@@ -5387,7 +5398,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xe5\x02\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\x89\x03\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -5400,7 +5411,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bprepared\x18n \x01(\x04R\bprepared\x12\x1a\n" +
 	"\bfrontier\x18o \x01(\x03R\bfrontier\x12\x19\n" +
 	"\bcut_done\x18p \x01(\x04R\acutDone\x12)\n" +
-	"\rmove_position\x18\xe6\x01 \x01(\x04H\x00R\fmovePosition\x88\x01\x01B\x10\n" +
+	"\rmove_position\x18\xe6\x01 \x01(\x04H\x00R\fmovePosition\x88\x01\x01\x12\"\n" +
+	"\fmove_blocked\x18\xe7\x01 \x01(\bR\vmoveBlockedB\x10\n" +
 	"\x0e_move_position\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +

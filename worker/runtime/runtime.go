@@ -222,6 +222,9 @@ type TaskState struct {
 	// an old and a new copy compare. 0 when not InMove.
 	InMove   bool
 	Position uint64
+	// Blocked (with InMove): an append to one of its outputs is blocked
+	// (the output is full): the copy goes no further until it is read.
+	Blocked bool
 }
 
 // Options configures a Runtime. Zero values mean the defaults.

@@ -562,12 +562,15 @@ func (t *task) fail(err error) {
 // State reports the task's state.
 func (t *task) State() TaskState {
 	var pos uint64
+	var blocked bool
 	inMove := t.inMove.Load()
 	if inMove {
 		// Before stateMu: outMu is never taken under it.
 		t.outMu.RLock()
 		for _, o := range t.outs {
-			pos += o.buf.Stats().LastID
+			st := o.buf.Stats()
+			pos += st.LastID
+			blocked = blocked || !st.BlockedSince.IsZero()
 		}
 		t.outMu.RUnlock()
 	}
@@ -575,7 +578,7 @@ func (t *task) State() TaskState {
 	defer t.stateMu.Unlock()
 	st := TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
 	st.Prepared, st.Frontier, st.CutDone = t.rs.progress()
-	st.InMove, st.Position = inMove, pos
+	st.InMove, st.Position, st.Blocked = inMove, pos, blocked
 	switch {
 	case t.state == StateRunning && t.stall != "":
 		st.State, st.Message = StateStalled, t.stall
