@@ -541,6 +541,11 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		if t.MovingFrom != "" && u.MovePosition != nil {
 			pos := *u.MovePosition
 			updated.MovePosition, updated.MoveBlocked = &pos, u.MoveBlocked
+		} else if t.MovingFrom != "" && u.State == states.TaskRunning {
+			// A running new copy without a position (a worker of an
+			// older build, or a copy started without the old one's
+			// snapshot) cannot be compared: the move ends on running.
+			updated.MoveCatchUp = false
 		}
 		updated.ModifyIndex = tx.index
 		if err := tx.maybeEndMove(&updated, false); err != nil {

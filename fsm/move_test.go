@@ -186,4 +186,13 @@ func TestCatchUpMoveSwitchesOnlyOnceTheNewCopyCaughtUp(t *testing.T) {
 	if tk := get(); tk.MovingFrom != "" {
 		t.Fatalf("a stalled new copy did not end its move: %+v", tk)
 	}
+
+	// A running new copy that reports no position (an older worker)
+	// cannot be compared: its move ends on running, as before.
+	move("c", "a", 6)
+	report("c", 6, states.TaskRunning, pos(900))
+	report("a", 7, states.TaskRunning, nil)
+	if tk := get(); tk.MovingFrom != "" {
+		t.Fatalf("a new copy without positions did not end its move on running: %+v", tk)
+	}
 }
