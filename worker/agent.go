@@ -674,14 +674,23 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 	return owner, nil
 }
 
-// reportLoop tells the org about task state changes.
+// reportLoop tells the org about task state changes: every 250ms, or
+// every 50ms while a task here takes part in a live move, whose consumers
+// switch once the coordinator sees the new copy's position reach the old
+// copy's (a stale position of the old copy would switch them to a new
+// copy still behind what they have read).
 func (w *Worker) reportLoop(ctx context.Context) {
 	last := map[string]wrt.TaskState{}
-	for sleepCtx(ctx, 250*time.Millisecond) {
+	interval := 250 * time.Millisecond
+	for sleepCtx(ctx, interval) {
 		id, _, epoch := w.identity()
 		cur := map[string]wrt.TaskState{}
 		var changed []*pb.TaskState
+		interval = 250 * time.Millisecond
 		for _, st := range w.runtime.States() {
+			if st.InMove {
+				interval = 50 * time.Millisecond
+			}
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
 				ts := &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
