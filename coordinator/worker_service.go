@@ -178,7 +178,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
 		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
-			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone})
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked})
 	}
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
