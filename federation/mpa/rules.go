@@ -393,6 +393,20 @@ type Policy struct {
 	ReturnMargin float64
 	// Smoothing is the EWMA weight of a new load sample.
 	Smoothing float64
+	// OverloadPenalty is the step an org adds to its marginal cost past
+	// its capacity (Overload). It must exceed MigrationCost for a move
+	// from an org just over capacity to a partner just under it to pay;
+	// 0 means no step.
+	OverloadPenalty float64
+}
+
+// Cost returns base with the policy's overload step (base itself when
+// the step is 0 or less).
+func (p Policy) Cost(base Cost) Cost {
+	if !(p.OverloadPenalty > 0) {
+		return base
+	}
+	return Overload{Base: base, Penalty: p.OverloadPenalty}
 }
 
 // Suggested contract prices and policy, expressed as shares of capacity
@@ -401,12 +415,17 @@ type Policy struct {
 // of T; a moved task comes home once its owner would be below 80% of T
 // with it. `fedstream sim mpa` measured these (BENCHMARKS.md): a wider
 // band between accepting and offering damps noise further but leaves load
-// stuck next to partners that could have taken it.
+// stuck next to partners that could have taken it. The overload step is
+// OverloadFactor times the migration cost: past capacity an org values
+// shedding a load unit that much more than a partner just under capacity
+// values keeping its headroom.
 const (
 	SharePriceMin = 0.90
 	SharePriceMax = 1.10
 	ShareOffer    = 0.93
 	ShareReturn   = 0.80
+	// OverloadFactor sizes the suggested overload step in migration costs.
+	OverloadFactor = 4.0
 )
 
 // SuggestedPrices returns [p_min, p_max] for target utilisation u.
@@ -418,9 +437,11 @@ func SuggestedPrices(u float64) (pmin, pmax float64) {
 // utilisation u.
 func SuggestedPolicy(u float64) Policy {
 	pmin, _ := SuggestedPrices(u)
+	mig := MarginalAtShare(ShareOffer, u) - pmin
 	return Policy{
-		MigrationCost: MarginalAtShare(ShareOffer, u) - pmin,
-		ReturnMargin:  pmin - MarginalAtShare(ShareReturn, u),
-		Smoothing:     0.15,
+		MigrationCost:   mig,
+		ReturnMargin:    pmin - MarginalAtShare(ShareReturn, u),
+		Smoothing:       0.15,
+		OverloadPenalty: OverloadFactor * mig,
 	}
 }
