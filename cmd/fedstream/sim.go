@@ -76,6 +76,8 @@ and the moves per org per period under +-noise load variation afterwards.`,
 	f.Float64Var(&cfg.ShareReturn, "share-return", cfg.ShareReturn, "a moved task comes home once its owner would be under this share of capacity with it")
 	f.Float64Var(&cfg.ShareFixed, "share-fixed", cfg.ShareFixed, "fixed contracts' price is the marginal cost at this share of capacity")
 	f.Float64Var(&cfg.Smoothing, "smoothing", cfg.Smoothing, "EWMA weight of a new load sample in the orgs' load measurement")
+	f.Float64Var(&cfg.MaxLoadShare, "max-load-share", cfg.MaxLoadShare, "each contract's max load is this share of the smaller partner's capacity")
+	f.Float64Var(&cfg.OverloadFactor, "overload-factor", cfg.OverloadFactor, "step of every org's marginal cost at its capacity, in migration costs (0: none)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }
