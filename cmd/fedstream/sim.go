@@ -78,6 +78,7 @@ and the moves per org per period under +-noise load variation afterwards.`,
 	f.Float64Var(&cfg.Smoothing, "smoothing", cfg.Smoothing, "EWMA weight of a new load sample in the orgs' load measurement")
 	f.Float64Var(&cfg.MaxLoadShare, "max-load-share", cfg.MaxLoadShare, "each contract's max load is this share of the smaller partner's capacity")
 	f.Float64Var(&cfg.OverloadFactor, "overload-factor", cfg.OverloadFactor, "step of every org's marginal cost at its capacity, in migration costs (0: none)")
+	f.BoolVar(&cfg.NoCeiling, "no-ceiling", cfg.NoCeiling, "partners accept without the ceiling of capacity plus what they could pass on (to measure the ceiling)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

@@ -276,6 +276,22 @@ type AcceptInput struct {
 	Hosted float64
 	Offer  Offer
 	Now    time.Time
+	// Ceiling, when above 0, is the most load the partner carries after
+	// accepting (see AcceptCeiling); 0 sets none.
+	Ceiling float64
+}
+
+// AcceptCeiling is how much load a partner should carry at most after
+// accepting: its capacity plus what it could still pass on, that is the
+// load of its own tasks at home that its other contracts have room for.
+// A high price may tempt a partner above its capacity; it gets back under
+// only by moving its own tasks out, since guests go home only when their
+// owner wants them. A partner that accepts past what it can pass on is
+// left over capacity with guests it cannot return, which is where the
+// bounded rules without this ceiling ended in the runs that missed an
+// allocation the central bound found at large load spreads.
+func AcceptCeiling(capacity, ownMovable, partnerRoom float64) float64 {
+	return capacity + math.Max(0, math.Min(ownMovable, partnerRoom))
 }
 
 // Accept applies the accept rule: the offer must be for this partner under
@@ -305,7 +321,7 @@ func Accept(in AcceptInput) ([]Task, error) {
 		if !(t.Load > 0) || !in.Terms.AllowsClass(t.Class) || hosted+t.Load > in.Terms.MaxLoad+1e-12 {
 			continue
 		}
-		if in.Cost.Marginal(y+t.Load) >= o.Price {
+		if in.Cost.Marginal(y+t.Load) >= o.Price || (in.Ceiling > 0 && y+t.Load > in.Ceiling+1e-12) {
 			continue
 		}
 		took = append(took, t)

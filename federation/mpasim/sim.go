@@ -68,6 +68,9 @@ type Config struct {
 	ShareFixed float64 `json:"share_fixed"`
 	// Smoothing is the EWMA weight of a new load sample.
 	Smoothing float64 `json:"smoothing"`
+	// NoCeiling turns off the partners' accept ceiling (mpa.AcceptCeiling),
+	// to measure what it does.
+	NoCeiling bool `json:"no_ceiling"`
 	// MaxLoadShare sizes each contract's max load: this share of the
 	// smaller partner's capacity.
 	MaxLoadShare float64 `json:"max_load_share"`
@@ -440,6 +443,7 @@ func (w *world) optimal() runStats {
 // [pmin, pmax] (equal bounds: fixed price).
 func (w *world) market(cfg Config, pmin, pmax float64, pol mpa.Policy, run uint64) runStats {
 	m := newMarket(w, pmin, pmax, pol, rand.New(rand.NewPCG(cfg.Seed^0x9e3779b97f4a7c15, run)))
+	m.noCeiling = cfg.NoCeiling
 	rs := runStats{accRounds: -1}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if ok, _ := w.acceptable(m.load); ok {
@@ -482,22 +486,23 @@ func (w *world) market(cfg Config, pmin, pmax float64, pol mpa.Policy, run uint6
 
 // market is the state of one strategy's run.
 type market struct {
-	w        *world
-	cost     []mpa.Cost // per org: the base cost with the policy's overload step
-	terms    []mpa.Terms
-	pol      mpa.Policy
-	rng      *rand.Rand
-	host     []int32   // per task: the org running it
-	via      []int32   // per task away from home: its contract, else -1
-	movedAt  []float64 // per task away: the load accounted to the contract
-	notice   []mpa.Homecoming
-	hosted   [][2]float64 // per contract: a's load at b, b's load at a
-	factor   []float64    // per owner: true load factor this period
-	smooth   []mpa.Smoother
-	load     []float64 // per org: true load
-	meas     []float64 // per org: smoothed measured load
-	minOffer float64   // the lowest MC at which any contract can pay a move
-	scratch  []mpa.Task
+	w         *world
+	cost      []mpa.Cost // per org: the base cost with the policy's overload step
+	terms     []mpa.Terms
+	pol       mpa.Policy
+	rng       *rand.Rand
+	host      []int32   // per task: the org running it
+	via       []int32   // per task away from home: its contract, else -1
+	movedAt   []float64 // per task away: the load accounted to the contract
+	notice    []mpa.Homecoming
+	hosted    [][2]float64 // per contract: a's load at b, b's load at a
+	factor    []float64    // per owner: true load factor this period
+	smooth    []mpa.Smoother
+	load      []float64 // per org: true load
+	meas      []float64 // per org: smoothed measured load
+	minOffer  float64   // the lowest MC at which any contract can pay a move
+	noCeiling bool
+	scratch   []mpa.Task
 }
 
 func newMarket(w *world, pmin, pmax float64, pol mpa.Policy, rng *rand.Rand) *market {
@@ -632,7 +637,7 @@ func (m *market) offers(i int32, now time.Time) int {
 			continue
 		}
 		took, err := mpa.Accept(mpa.AcceptInput{Host: m.w.name[j], Terms: m.terms[c], Cost: m.cost[j], Load: m.meas[j],
-			Hosted: m.hosted[c][side], Offer: off, Now: now})
+			Hosted: m.hosted[c][side], Offer: off, Now: now, Ceiling: m.ceiling(j, c)})
 		if err != nil {
 			continue
 		}
@@ -644,4 +649,26 @@ func (m *market) offers(i int32, now time.Time) int {
 		}
 	}
 	return moves
+}
+
+// ceiling is org j's accept ceiling for an offer under contract c: its
+// capacity plus its own tasks at home, as far as its other contracts have
+// room for them (mpa.AcceptCeiling). Off when Config.NoCeiling.
+func (m *market) ceiling(j, c int32) float64 {
+	if m.noCeiling {
+		return 0
+	}
+	own := 0.0
+	for _, t := range m.w.own[j] {
+		if m.host[t] == j {
+			own += m.measLoad(t)
+		}
+	}
+	room := 0.0
+	for _, k := range m.w.adj[j] {
+		if k != c {
+			room += math.Max(0, m.w.contracts[k].maxLoad-m.hosted[k][m.side(k, j)])
+		}
+	}
+	return mpa.AcceptCeiling(m.w.capa[j], own, room)
 }
