@@ -27,8 +27,9 @@ func newSimMPACmd() *cobra.Command {
 		Use:   "mpa",
 		Short: "Compare load sharing between orgs: none, fixed-price, bounded-price contracts and the central optimum",
 		Long: `Simulates --runs random federations of --orgs orgs, each with --contracts contracts
-to random partners, random capacities, and loads such that total load / total
-capacity is --load. Each federation is run under four strategies:
+to random partners (max load --max-load-share of the smaller partner's capacity),
+random capacities, and loads spread +-spread around --load, scaled so that total
+load / total capacity is --load. Each federation is run under four strategies:
   none     no sharing
   fixed    contracts with one fixed price, the federation/mpa decision rules
   bounded  contracts with a price range, the same rules (the load manager's)

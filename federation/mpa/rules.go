@@ -427,7 +427,8 @@ func (p Policy) Cost(base Cost) Cost {
 
 // Suggested contract prices and policy, expressed as shares of capacity
 // under the M/M/1 cost: partners accept load up to 90% of T at the lowest
-// price and up to 110% at the highest; an org offers once it is above 93%
+// price and up to 110% at the highest (about 109% with the suggested
+// overload step, whose 10 they must also be paid); an org offers once it is above 93%
 // of T; a moved task comes home once its owner would be below 80% of T
 // with it. `fedstream sim mpa` measured these (BENCHMARKS.md): a wider
 // band between accepting and offering damps noise further but leaves load
