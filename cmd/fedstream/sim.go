@@ -27,8 +27,9 @@ func newSimMPACmd() *cobra.Command {
 		Use:   "mpa",
 		Short: "Compare load sharing between orgs: none, fixed-price, bounded-price contracts and the central optimum",
 		Long: `Simulates --runs random federations of --orgs orgs, each with --contracts contracts
-to random partners, random capacities, and loads such that total load / total
-capacity is --load. Each federation is run under four strategies:
+to random partners (max load --max-load-share of the smaller partner's capacity),
+random capacities, and loads spread +-spread around --load, scaled so that total
+load / total capacity is --load. Each federation is run under four strategies:
   none     no sharing
   fixed    contracts with one fixed price, the federation/mpa decision rules
   bounded  contracts with a price range, the same rules (the load manager's)
@@ -76,6 +77,9 @@ and the moves per org per period under +-noise load variation afterwards.`,
 	f.Float64Var(&cfg.ShareReturn, "share-return", cfg.ShareReturn, "a moved task comes home once its owner would be under this share of capacity with it")
 	f.Float64Var(&cfg.ShareFixed, "share-fixed", cfg.ShareFixed, "fixed contracts' price is the marginal cost at this share of capacity")
 	f.Float64Var(&cfg.Smoothing, "smoothing", cfg.Smoothing, "EWMA weight of a new load sample in the orgs' load measurement")
+	f.Float64Var(&cfg.MaxLoadShare, "max-load-share", cfg.MaxLoadShare, "each contract's max load is this share of the smaller partner's capacity")
+	f.Float64Var(&cfg.OverloadFactor, "overload-factor", cfg.OverloadFactor, "step of every org's marginal cost at its capacity, in migration costs (0: none)")
+	f.BoolVar(&cfg.NoCeiling, "no-ceiling", cfg.NoCeiling, "partners accept without the ceiling of capacity plus what they could pass on (to measure the ceiling)")
 	f.BoolVar(&asJSON, "json", false, "print one JSON object")
 	return cmd
 }

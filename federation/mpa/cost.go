@@ -129,3 +129,53 @@ func AverageMarginal(c Cost, a, b float64) float64 {
 	}
 	return (c.Value(b) - c.Value(a)) / (b - a)
 }
+
+// Overload is a cost with a step in its marginal cost at capacity: past T
+// every load unit costs Penalty more than under Base. It models the price
+// of breaking the org's target (a service level missed, a queue that no
+// longer drains) that a smooth curve alone does not: with Base only, an
+// org just over T and a partner just under it have nearly the same
+// marginal cost, so a move between them cannot pay its migration cost and
+// the overload stays. With the step, an org over T always values shedding
+// load above what any partner under T asks for it (when Penalty exceeds
+// the migration cost), and a partner accepts load only up to its own T
+// unless the price pays its step too. The function stays convex (the
+// marginal cost only jumps upwards) and increasing, as every rule needs.
+type Overload struct {
+	Base    Cost
+	Penalty float64 // marginal cost added past Base.Capacity(), >= 0
+}
+
+// NewOverload wraps base with a marginal-cost step of penalty at its
+// capacity.
+func NewOverload(base Cost, penalty float64) (Overload, error) {
+	if base == nil {
+		return Overload{}, fmt.Errorf("%w: no base cost", ErrBadCost)
+	}
+	if !(penalty >= 0) || math.IsInf(penalty, 0) {
+		return Overload{}, fmt.Errorf("%w: overload penalty %v must be a non-negative number", ErrBadCost, penalty)
+	}
+	return Overload{Base: base, Penalty: penalty}, nil
+}
+
+// Capacity implements Cost.
+func (c Overload) Capacity() float64 { return c.Base.Capacity() }
+
+// Value implements Cost.
+func (c Overload) Value(x float64) float64 {
+	v := c.Base.Value(x)
+	if t := c.Base.Capacity(); x > t {
+		v += c.Penalty * (x - t)
+	}
+	return v
+}
+
+// Marginal implements Cost. At exactly T it is the base's: the step
+// belongs to load past capacity.
+func (c Overload) Marginal(x float64) float64 {
+	m := c.Base.Marginal(x)
+	if x > c.Base.Capacity() {
+		m += c.Penalty
+	}
+	return m
+}

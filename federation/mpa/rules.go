@@ -276,6 +276,22 @@ type AcceptInput struct {
 	Hosted float64
 	Offer  Offer
 	Now    time.Time
+	// Ceiling, when above 0, is the most load the partner carries after
+	// accepting (see AcceptCeiling); 0 sets none.
+	Ceiling float64
+}
+
+// AcceptCeiling is how much load a partner should carry at most after
+// accepting: its capacity plus what it could still pass on, that is the
+// load of its own tasks at home that its other contracts have room for.
+// A high price may tempt a partner above its capacity; it gets back under
+// only by moving its own tasks out, since guests go home only when their
+// owner wants them. A partner that accepts past what it can pass on is
+// left over capacity with guests it cannot return, which is where the
+// bounded rules without this ceiling ended in the runs that missed an
+// allocation the central bound found at large load spreads.
+func AcceptCeiling(capacity, ownMovable, partnerRoom float64) float64 {
+	return capacity + math.Max(0, math.Min(ownMovable, partnerRoom))
 }
 
 // Accept applies the accept rule: the offer must be for this partner under
@@ -305,7 +321,7 @@ func Accept(in AcceptInput) ([]Task, error) {
 		if !(t.Load > 0) || !in.Terms.AllowsClass(t.Class) || hosted+t.Load > in.Terms.MaxLoad+1e-12 {
 			continue
 		}
-		if in.Cost.Marginal(y+t.Load) >= o.Price {
+		if in.Cost.Marginal(y+t.Load) >= o.Price || (in.Ceiling > 0 && y+t.Load > in.Ceiling+1e-12) {
 			continue
 		}
 		took = append(took, t)
@@ -393,20 +409,40 @@ type Policy struct {
 	ReturnMargin float64
 	// Smoothing is the EWMA weight of a new load sample.
 	Smoothing float64
+	// OverloadPenalty is the step an org adds to its marginal cost past
+	// its capacity (Overload). It must exceed MigrationCost for a move
+	// from an org just over capacity to a partner just under it to pay;
+	// 0 means no step.
+	OverloadPenalty float64
+}
+
+// Cost returns base with the policy's overload step (base itself when
+// the step is 0 or less).
+func (p Policy) Cost(base Cost) Cost {
+	if !(p.OverloadPenalty > 0) {
+		return base
+	}
+	return Overload{Base: base, Penalty: p.OverloadPenalty}
 }
 
 // Suggested contract prices and policy, expressed as shares of capacity
 // under the M/M/1 cost: partners accept load up to 90% of T at the lowest
-// price and up to 110% at the highest; an org offers once it is above 93%
+// price and up to 110% at the highest (about 109% with the suggested
+// overload step, whose 10 they must also be paid); an org offers once it is above 93%
 // of T; a moved task comes home once its owner would be below 80% of T
 // with it. `fedstream sim mpa` measured these (BENCHMARKS.md): a wider
 // band between accepting and offering damps noise further but leaves load
-// stuck next to partners that could have taken it.
+// stuck next to partners that could have taken it. The overload step is
+// OverloadFactor times the migration cost: past capacity an org values
+// shedding a load unit that much more than a partner just under capacity
+// values keeping its headroom.
 const (
 	SharePriceMin = 0.90
 	SharePriceMax = 1.10
 	ShareOffer    = 0.93
 	ShareReturn   = 0.80
+	// OverloadFactor sizes the suggested overload step in migration costs.
+	OverloadFactor = 4.0
 )
 
 // SuggestedPrices returns [p_min, p_max] for target utilisation u.
@@ -418,9 +454,11 @@ func SuggestedPrices(u float64) (pmin, pmax float64) {
 // utilisation u.
 func SuggestedPolicy(u float64) Policy {
 	pmin, _ := SuggestedPrices(u)
+	mig := MarginalAtShare(ShareOffer, u) - pmin
 	return Policy{
-		MigrationCost: MarginalAtShare(ShareOffer, u) - pmin,
-		ReturnMargin:  pmin - MarginalAtShare(ShareReturn, u),
-		Smoothing:     0.15,
+		MigrationCost:   mig,
+		ReturnMargin:    pmin - MarginalAtShare(ShareReturn, u),
+		Smoothing:       0.15,
+		OverloadPenalty: OverloadFactor * mig,
 	}
 }

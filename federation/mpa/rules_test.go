@@ -201,6 +201,13 @@ func TestAccept(t *testing.T) {
 		{name: "direction out only, partner's tasks may not come", edit: func(in *AcceptInput) {
 			in.Terms.Direction = DirIn
 		}, wantErr: ErrOutsideTerms},
+		{name: "a high price tempts it past capacity", edit: func(in *AcceptInput) { in.Load = 8.9; in.Offer.Price = pmax }, want: []string{"t1"}},
+		{name: "the ceiling keeps it within what it can pass on", edit: func(in *AcceptInput) {
+			in.Load, in.Offer.Price, in.Ceiling = 8.9, pmax, 10.5
+		}, want: []string{"t2", "t3"}},
+		{name: "nothing fits under the ceiling", edit: func(in *AcceptInput) {
+			in.Load, in.Offer.Price, in.Ceiling = 8.9, pmax, 9.2
+		}, wantErr: ErrNotProfitable},
 		{name: "offer for someone else", edit: func(in *AcceptInput) { in.Host = "c" }, wantErr: ErrOutsideTerms},
 		{name: "other contract", edit: func(in *AcceptInput) { in.Offer.Contract = "c9" }, wantErr: ErrOutsideTerms},
 	} {
@@ -320,5 +327,21 @@ func TestSmoothingDampsNoise(t *testing.T) {
 	}
 	if raw == 0 {
 		t.Fatal("the unsmoothed check never fired: the test cannot tell smoothing from no noise")
+	}
+}
+
+func TestAcceptCeiling(t *testing.T) {
+	for _, tc := range []struct {
+		capacity, own, room, want float64
+	}{
+		{10, 0, 5, 10},  // nothing of its own to pass on: capacity
+		{10, 3, 5, 13},  // all its own tasks fit in its other contracts
+		{10, 3, 1, 11},  // its other contracts take only 1
+		{10, 3, 0, 10},  // they are full
+		{10, 3, -2, 10}, // a negative room counts as none
+	} {
+		if got := AcceptCeiling(tc.capacity, tc.own, tc.room); got != tc.want {
+			t.Errorf("AcceptCeiling(%v, %v, %v) = %v, want %v", tc.capacity, tc.own, tc.room, got, tc.want)
+		}
 	}
 }

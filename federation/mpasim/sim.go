@@ -68,6 +68,16 @@ type Config struct {
 	ShareFixed float64 `json:"share_fixed"`
 	// Smoothing is the EWMA weight of a new load sample.
 	Smoothing float64 `json:"smoothing"`
+	// NoCeiling turns off the partners' accept ceiling (mpa.AcceptCeiling),
+	// to measure what it does.
+	NoCeiling bool `json:"no_ceiling"`
+	// MaxLoadShare sizes each contract's max load: this share of the
+	// smaller partner's capacity.
+	MaxLoadShare float64 `json:"max_load_share"`
+	// OverloadFactor sizes the step of every org's marginal cost at its
+	// capacity (mpa.Overload) in migration costs; 0 leaves the plain
+	// M/M/1 cost.
+	OverloadFactor float64 `json:"overload_factor"`
 }
 
 // DefaultConfig is the configuration `fedstream sim mpa` starts from.
@@ -75,7 +85,7 @@ func DefaultConfig() Config {
 	return Config{Orgs: 200, Contracts: 4, Load: 0.8, Runs: 20, Seed: 1, Spread: 0.5,
 		MaxRounds: 30, Within: 10, NoisePeriods: 40, Noise: 0.1,
 		SharePriceMin: mpa.SharePriceMin, SharePriceMax: mpa.SharePriceMax, ShareOffer: mpa.ShareOffer, ShareReturn: mpa.ShareReturn, ShareFixed: mpa.SharePriceMin,
-		Smoothing: mpa.SuggestedPolicy(mpa.DefaultUtilisation).Smoothing}
+		Smoothing: mpa.SuggestedPolicy(mpa.DefaultUtilisation).Smoothing, MaxLoadShare: 0.5, OverloadFactor: mpa.OverloadFactor}
 }
 
 // Validate checks the ranges.
@@ -99,6 +109,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: smoothing %v: want (0, 1]", ErrBadConfig, c.Smoothing)
 	case c.NoisePeriods < 0 || !(c.Noise >= 0 && c.Noise < 1):
 		return fmt.Errorf("%w: noise periods %d, noise %v", ErrBadConfig, c.NoisePeriods, c.Noise)
+	case !(c.MaxLoadShare > 0 && c.MaxLoadShare <= 10):
+		return fmt.Errorf("%w: --max-load-share %v: want (0, 10]", ErrBadConfig, c.MaxLoadShare)
+	case !(c.OverloadFactor >= 0 && c.OverloadFactor <= 1000):
+		return fmt.Errorf("%w: --overload-factor %v: want [0, 1000]", ErrBadConfig, c.OverloadFactor)
 	case !(c.ShareReturn > 0 && c.ShareReturn < c.SharePriceMin && c.SharePriceMin < c.ShareOffer && c.SharePriceMin <= c.SharePriceMax && c.SharePriceMax < 1.18):
 		return fmt.Errorf("%w: price shares: want 0 < return (%v) < p_min (%v) < offer (%v), p_min <= p_max (%v) < 1.18", ErrBadConfig, c.ShareReturn, c.SharePriceMin, c.ShareOffer, c.SharePriceMax)
 	}
@@ -139,14 +153,15 @@ type Result struct {
 	PriceMax      float64 `json:"price_max"`
 	PriceFixed    float64 `json:"price_fixed"`
 	MigrationCost float64 `json:"migration_cost"`
-	Seconds       float64 `json:"seconds"`
+	// OverloadPenalty is the step of the orgs' marginal cost at capacity.
+	OverloadPenalty float64 `json:"overload_penalty"`
+	Seconds         float64 `json:"seconds"`
 }
 
 // Simulation constants, documented in docs/FEDERATION.md.
 const (
 	capMin, capMax   = 10.0, 100.0 // an org's capacity T, load units
 	taskMin, taskMax = 0.2, 2.0    // a task's load
-	maxLoadShare     = 0.3         // contract max load: this share of the smaller partner's T
 	period           = 10 * time.Second
 	notice           = 3 * period
 )
@@ -163,7 +178,8 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 	pol.MigrationCost = mpa.MarginalAtShare(cfg.ShareOffer, u) - pmin
 	pol.ReturnMargin = pmin - mpa.MarginalAtShare(cfg.ShareReturn, u)
 	pol.Smoothing = cfg.Smoothing
-	res := Result{Config: cfg, PriceMin: pmin, PriceMax: pmax, PriceFixed: mpa.MarginalAtShare(cfg.ShareFixed, u), MigrationCost: pol.MigrationCost, Strategies: map[string]Stats{}}
+	pol.OverloadPenalty = cfg.OverloadFactor * pol.MigrationCost
+	res := Result{Config: cfg, PriceMin: pmin, PriceMax: pmax, PriceFixed: mpa.MarginalAtShare(cfg.ShareFixed, u), MigrationCost: pol.MigrationCost, OverloadPenalty: pol.OverloadPenalty, Strategies: map[string]Stats{}}
 	per := map[string][]runStats{}
 	for r := 0; r < cfg.Runs; r++ {
 		if err := ctx.Err(); err != nil {
@@ -231,7 +247,8 @@ type world struct {
 	n         int
 	overall   bool // total load above total capacity
 	name      []string
-	cost      []mpa.MM1
+	cost      []mpa.MM1 // per org: the base cost (a market adds its policy's overload step)
+	capa      []float64 // per org: capacity T
 	taskOwner []int32
 	taskLoad  []float64
 	taskID    []string
@@ -249,12 +266,13 @@ type contract struct {
 func newWorld(cfg Config, run uint64) *world {
 	rng := rand.New(rand.NewPCG(cfg.Seed, run))
 	n := cfg.Orgs
-	w := &world{n: n, overall: cfg.Load > 1, name: make([]string, n), cost: make([]mpa.MM1, n), own: make([][]int32, n), adj: make([][]int32, n)}
+	w := &world{n: n, overall: cfg.Load > 1, name: make([]string, n), cost: make([]mpa.MM1, n), capa: make([]float64, n), own: make([][]int32, n), adj: make([][]int32, n)}
 	loads := make([]float64, n)
 	var totalT, totalL float64
 	for i := range n {
 		w.name[i] = "org" + strconv.Itoa(i)
 		t := capMin + rng.Float64()*(capMax-capMin)
+		w.capa[i] = t
 		w.cost[i] = mpa.MM1{T: t, U: mpa.DefaultUtilisation}
 		loads[i] = t * cfg.Load * (1 - cfg.Spread + 2*cfg.Spread*rng.Float64())
 		totalT += t
@@ -298,7 +316,7 @@ func newWorld(cfg Config, run uint64) *world {
 		}
 		seen[[2]int32{a, b}] = true
 		ci := int32(len(w.contracts))
-		ml := maxLoadShare * math.Min(w.cost[a].T, w.cost[b].T)
+		ml := cfg.MaxLoadShare * math.Min(w.capa[a], w.capa[b])
 		w.contracts = append(w.contracts, contract{a: a, b: b, maxLoad: ml, id: "c" + strconv.Itoa(int(ci))})
 		w.adj[a] = append(w.adj[a], ci)
 		w.adj[b] = append(w.adj[b], ci)
@@ -317,7 +335,7 @@ func (w *world) ownLoad(i int) float64 {
 func (w *world) acceptable(load []float64) (bool, float64) {
 	ok, over := true, 0
 	for i := range w.n {
-		t := w.cost[i].T
+		t := w.capa[i]
 		if load[i] > t+1e-9 {
 			over++
 			if !w.overall {
@@ -360,7 +378,7 @@ func (w *world) optimal() runStats {
 	g := newFlowNet(w.n + 2)
 	var need float64
 	for i := range w.n {
-		d := w.ownLoad(i) - w.cost[i].T
+		d := w.ownLoad(i) - w.capa[i]
 		if d > 0 {
 			g.addEdge(s, i, d)
 			if !w.overall {
@@ -425,6 +443,7 @@ func (w *world) optimal() runStats {
 // [pmin, pmax] (equal bounds: fixed price).
 func (w *world) market(cfg Config, pmin, pmax float64, pol mpa.Policy, run uint64) runStats {
 	m := newMarket(w, pmin, pmax, pol, rand.New(rand.NewPCG(cfg.Seed^0x9e3779b97f4a7c15, run)))
+	m.noCeiling = cfg.NoCeiling
 	rs := runStats{accRounds: -1}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	if ok, _ := w.acceptable(m.load); ok {
@@ -467,21 +486,23 @@ func (w *world) market(cfg Config, pmin, pmax float64, pol mpa.Policy, run uint6
 
 // market is the state of one strategy's run.
 type market struct {
-	w        *world
-	terms    []mpa.Terms
-	pol      mpa.Policy
-	rng      *rand.Rand
-	host     []int32   // per task: the org running it
-	via      []int32   // per task away from home: its contract, else -1
-	movedAt  []float64 // per task away: the load accounted to the contract
-	notice   []mpa.Homecoming
-	hosted   [][2]float64 // per contract: a's load at b, b's load at a
-	factor   []float64    // per owner: true load factor this period
-	smooth   []mpa.Smoother
-	load     []float64 // per org: true load
-	meas     []float64 // per org: smoothed measured load
-	minOffer float64   // the lowest MC at which any contract can pay a move
-	scratch  []mpa.Task
+	w         *world
+	cost      []mpa.Cost // per org: the base cost with the policy's overload step
+	terms     []mpa.Terms
+	pol       mpa.Policy
+	rng       *rand.Rand
+	host      []int32   // per task: the org running it
+	via       []int32   // per task away from home: its contract, else -1
+	movedAt   []float64 // per task away: the load accounted to the contract
+	notice    []mpa.Homecoming
+	hosted    [][2]float64 // per contract: a's load at b, b's load at a
+	factor    []float64    // per owner: true load factor this period
+	smooth    []mpa.Smoother
+	load      []float64 // per org: true load
+	meas      []float64 // per org: smoothed measured load
+	minOffer  float64   // the lowest MC at which any contract can pay a move
+	noCeiling bool
+	scratch   []mpa.Task
 }
 
 func newMarket(w *world, pmin, pmax float64, pol mpa.Policy, rng *rand.Rand) *market {
@@ -499,7 +520,9 @@ func newMarket(w *world, pmin, pmax float64, pol mpa.Policy, rng *rand.Rand) *ma
 		m.host[t] = w.taskOwner[t]
 		m.via[t] = -1
 	}
+	m.cost = make([]mpa.Cost, w.n)
 	for o := range w.n {
+		m.cost[o] = pol.Cost(w.cost[o])
 		m.factor[o] = 1
 		m.smooth[o] = mpa.Smoother{Alpha: pol.Smoothing}
 		m.smooth[o].Add(1)
@@ -563,7 +586,7 @@ func (m *market) returns(i int32, now time.Time) int {
 		}
 		c := m.via[t]
 		task := mpa.Task{ID: m.w.taskID[t], Load: m.measLoad(t)}
-		wants := mpa.WantsBack(m.w.cost[i], m.meas[i], task, m.terms[c], m.pol.ReturnMargin)
+		wants := mpa.WantsBack(m.cost[i], m.meas[i], task, m.terms[c], m.pol.ReturnMargin)
 		if m.notice[t].Step(wants, now, m.terms[c].Notice) {
 			m.hosted[c][m.side(c, i)] -= m.movedAt[t]
 			m.move(t, i, -1, 0)
@@ -574,7 +597,7 @@ func (m *market) returns(i int32, now time.Time) int {
 }
 
 func (m *market) offers(i int32, now time.Time) int {
-	cost := m.w.cost[i]
+	cost := m.cost[i]
 	if cost.Marginal(m.meas[i]) <= m.minOffer {
 		return 0
 	}
@@ -585,7 +608,7 @@ func (m *market) offers(i int32, now time.Time) int {
 		}
 		return m.w.contracts[c].a
 	}
-	mc := func(j int32) float64 { return m.w.cost[j].Marginal(m.meas[j]) }
+	mc := func(j int32) float64 { return m.cost[j].Marginal(m.meas[j]) }
 	sort.Slice(cs, func(a, b int) bool { return mc(partner(cs[a])) < mc(partner(cs[b])) })
 	moves := 0
 	for _, c := range cs {
@@ -607,14 +630,14 @@ func (m *market) offers(i int32, now time.Time) int {
 		if !ok {
 			continue
 		}
-		room := mpa.Room(m.w.cost[j], m.meas[j], price)
+		room := mpa.Room(m.cost[j], m.meas[j], price)
 		off, err := mpa.PlanOffer(mpa.OfferInput{Owner: m.w.name[i], Host: m.w.name[j], Terms: m.terms[c], Cost: cost, Load: m.meas[i],
 			HostMarginal: hostMC, HostRoom: room, Hosted: m.hosted[c][side], Tasks: m.scratch, MigrationCost: m.pol.MigrationCost, Now: now})
 		if err != nil {
 			continue
 		}
-		took, err := mpa.Accept(mpa.AcceptInput{Host: m.w.name[j], Terms: m.terms[c], Cost: m.w.cost[j], Load: m.meas[j],
-			Hosted: m.hosted[c][side], Offer: off, Now: now})
+		took, err := mpa.Accept(mpa.AcceptInput{Host: m.w.name[j], Terms: m.terms[c], Cost: m.cost[j], Load: m.meas[j],
+			Hosted: m.hosted[c][side], Offer: off, Now: now, Ceiling: m.ceiling(j, c)})
 		if err != nil {
 			continue
 		}
@@ -626,4 +649,26 @@ func (m *market) offers(i int32, now time.Time) int {
 		}
 	}
 	return moves
+}
+
+// ceiling is org j's accept ceiling for an offer under contract c: its
+// capacity plus its own tasks at home, as far as its other contracts have
+// room for them (mpa.AcceptCeiling). Off when Config.NoCeiling.
+func (m *market) ceiling(j, c int32) float64 {
+	if m.noCeiling {
+		return 0
+	}
+	own := 0.0
+	for _, t := range m.w.own[j] {
+		if m.host[t] == j {
+			own += m.measLoad(t)
+		}
+	}
+	room := 0.0
+	for _, k := range m.w.adj[j] {
+		if k != c {
+			room += math.Max(0, m.w.contracts[k].maxLoad-m.hosted[k][m.side(k, j)])
+		}
+	}
+	return mpa.AcceptCeiling(m.w.capa[j], own, room)
 }
