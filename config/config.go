@@ -80,10 +80,13 @@ type Federation struct {
 // Period. Zero values take the defaults (0.8, mm1, 5s, 1m, and the
 // migration cost and return margin matching the suggested prices).
 type FederationLoad struct {
-	TargetUtilisation float64       `mapstructure:"target-utilisation"`
-	Cost              string        `mapstructure:"cost"`
-	Period            time.Duration `mapstructure:"period"`
-	SettleEvery       time.Duration `mapstructure:"settle-every"`
+	TargetUtilisation float64 `mapstructure:"target-utilisation"`
+	// Cores, when positive, replaces the ready workers' cores in the
+	// capacity (an org lending fedstream only part of its machines).
+	Cores       float64       `mapstructure:"cores"`
+	Cost        string        `mapstructure:"cost"`
+	Period      time.Duration `mapstructure:"period"`
+	SettleEvery time.Duration `mapstructure:"settle-every"`
 	// MigrationCost and ReturnMargin, when set, replace the suggested
 	// ones (in price units).
 	MigrationCost float64 `mapstructure:"migration-cost"`

@@ -155,7 +155,7 @@ func setWorkerGC(percent int) {
 // manager's configuration (zero values take its defaults).
 func loadConfig(l config.FederationLoad) loadmgr.Config {
 	a := l.AutoAccept
-	c := loadmgr.Config{Utilisation: l.TargetUtilisation, Cost: l.Cost, Period: l.Period, SettleEvery: l.SettleEvery,
+	c := loadmgr.Config{Utilisation: l.TargetUtilisation, Cores: l.Cores, Cost: l.Cost, Period: l.Period, SettleEvery: l.SettleEvery,
 		AutoAccept: loadmgr.AutoAccept{From: a.From, PriceMinAtLeast: a.PriceMinAtLeast, PriceMaxAtMost: a.PriceMaxAtMost,
 			MaxLoadAtMost: a.MaxLoadAtMost, MaxValidity: a.MaxValidity}}
 	if l.MigrationCost != 0 || l.ReturnMargin != 0 {

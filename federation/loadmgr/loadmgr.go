@@ -117,6 +117,11 @@ type Config struct {
 	// Utilisation is the target utilisation U: capacity T is the workers'
 	// cores times U (default mpa.DefaultUtilisation).
 	Utilisation float64
+	// Cores, when positive, replaces the ready workers' cores in the
+	// capacity: an org that lends fedstream only part of its machines
+	// (and `fedstream dev`, which makes one org small so that its demo
+	// load exceeds its capacity).
+	Cores float64
 	// Cost names the cost function of load; "mm1" (the default) is the
 	// only one (mpa.MM1).
 	Cost string
@@ -155,6 +160,9 @@ func (c Config) Defaults() (Config, error) {
 	}
 	if c.SettleEvery == 0 {
 		c.SettleEvery = time.Minute
+	}
+	if c.Cores < 0 || math.IsInf(c.Cores, 0) || math.IsNaN(c.Cores) {
+		return c, fmt.Errorf("%w: cores %v must be a non-negative number", ErrConfig, c.Cores)
 	}
 	if c.Period < 0 || c.SettleEvery < 0 || c.Reserve < 0 || c.MoveTimeout < 0 {
 		return c, fmt.Errorf("%w: durations must be positive (period %s, settle every %s)", ErrConfig, c.Period, c.SettleEvery)
@@ -373,6 +381,9 @@ func (m *Manager) placements(ps map[string]Placement) []Placement {
 // the workers report them.
 func (m *Manager) measure(view ledgerView, now time.Time) (float64, bool) {
 	s := m.sample()
+	if m.cfg.Cores > 0 {
+		s.Cores = m.cfg.Cores
+	}
 	raw, seen := 0.0, map[string]bool{}
 	for _, t := range s.Tasks {
 		if _, away := view.out[t.ID]; away || seen[t.ID] {

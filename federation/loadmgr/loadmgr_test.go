@@ -183,7 +183,7 @@ func TestQuotesOnlyFromContractPartners(t *testing.T) {
 		return ans
 	}
 	f.w.addTasks("beta", 7, 1, "q") // 7 of capacity 8
-	for range 30 { // let the smoothed load rise
+	for range 30 {                  // let the smoothed load rise
 		f.step(period)
 	}
 	pmin, pmax := mpa.SuggestedPrices(mpa.DefaultUtilisation)
