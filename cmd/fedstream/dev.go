@@ -109,7 +109,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
 				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
-				Timings: devTimings(), Logger: o.logger.With("org", o.org),
+				Timings: devTimings(), Logger: o.logger,
 			}
 			if f := o.federation; f != nil {
 				cfg.Federation = *f
@@ -275,10 +275,7 @@ lines with --json); where everything listens and the logs go to stderr.
 				// The whole federation stops at once: peers reporting each
 				// other gone is expected now, not news.
 				level.Set(slog.LevelError + 4)
-				for _, p := range partners {
-					p.stop()
-				}
-				fed.stop()
+				stopDevOrgs(append([]*devFederation{fed}, partners...))
 			}()
 			fed.printBanner(stderr)
 			for _, p := range partners {

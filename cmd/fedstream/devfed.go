@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/fedstream/fedstream/coordinator"
@@ -67,11 +68,7 @@ func startDevFederation(ctx context.Context, o devOptions) ([]*devFederation, er
 	}
 	var orgs []*devFederation
 	var join []string
-	stopAll := func() {
-		for _, d := range orgs {
-			d.stop()
-		}
-	}
+	stopAll := func() { stopDevOrgs(orgs) }
 	for _, name := range devOrgs {
 		oo := o
 		oo.org = name
@@ -243,4 +240,15 @@ watch:  bin/fedstream load --addr %s --tls-dir %s
         bin/fedstream members --addr %s --tls-dir %s
 `, devAlphaCores, a.addr, a.tls.dir, a.addr, a.tls.dir, a.addr, a.tls.dir, a.addr, a.tls.dir)
 	return nil
+}
+
+// stopDevOrgs stops the orgs at once: each waits for its coordinators to
+// leave their pools, which need not wait for the other orgs.
+func stopDevOrgs(orgs []*devFederation) {
+	var wg sync.WaitGroup
+	for _, d := range orgs {
+		wg.Add(1)
+		go func() { defer wg.Done(); d.stop() }()
+	}
+	wg.Wait()
 }
