@@ -735,7 +735,7 @@ func (m *Manager) ReceiveLoad(_ context.Context, doc federation.ContractDoc, msg
 // settle co-signs, for every contract under which this org's tasks ran
 // at the partner since the last settlement, what it owes: the recorded
 // load of each task times the seconds it was away, times the price of its
-// move (one settlement record per price).
+// move.
 func (m *Manager) settle(ctx context.Context, view ledgerView, now time.Time, note func(string, ...any)) {
 	me := m.org.Name()
 	contracts := map[string]time.Time{} // contract -> start of the period to settle
@@ -765,26 +765,32 @@ func (m *Manager) settle(ctx context.Context, view ledgerView, now time.Time, no
 		if !now.After(from) {
 			continue
 		}
-		byPrice := accrued(view.history, me, id, from, now)
-		prices := make([]float64, 0, len(byPrice))
-		for p := range byPrice {
-			prices = append(prices, p)
+		// One record per contract and period, so a period is settled
+		// whole or not at all: its price is the load-weighted average of
+		// the moves' prices, which makes amount = load-seconds x price the
+		// exact sum over the tasks.
+		loadSeconds, amount := 0.0, 0.0
+		for price, ls := range accrued(view.history, me, id, from, now) {
+			loadSeconds += ls
+			amount += ls * price
 		}
-		slices.Sort(prices)
-		for _, price := range prices {
-			fields, err := federation.SettlementFields(byPrice[price], price, from, now)
-			if err != nil {
-				note("settlement under %s: %v", id, err)
-				continue
-			}
-			if _, err := m.org.CoSign(ctx, ledger.KindSettlement, id, fields); err != nil {
-				note("settlement under %s not co-signed (retried next time): %v", id, err)
-				continue
-			}
-			m.mu.Lock()
-			m.status.Settlements++
-			m.mu.Unlock()
-			note("settled %.4g load-seconds at %.4g under %s", byPrice[price], price, id)
+		if !(loadSeconds > 0) {
+			continue
 		}
+		price := amount / loadSeconds
+		fields, err := federation.SettlementFields(loadSeconds, price, from, now)
+		if err != nil {
+			note("settlement under %s: %v", id, err)
+			continue
+		}
+		if _, err := m.org.CoSign(ctx, ledger.KindSettlement, id, fields); err != nil {
+			note("settlement under %s not co-signed (retried next time): %v", id, err)
+			continue
+		}
+		m.mu.Lock()
+		m.status.Settlements++
+		m.mu.Unlock()
+		m.log.Info("settled with a partner", "contract", id, "load_seconds", loadSeconds, "price", price, "amount", amount)
+		note("settled %.4g load-seconds at %.4g under %s", loadSeconds, price, id)
 	}
 }

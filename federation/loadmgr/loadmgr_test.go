@@ -353,11 +353,9 @@ func TestSettlementsAreCoSignedAndVerify(t *testing.T) {
 		}
 		want += num(mv.Fields[FieldLoad]) * num(mv.Fields[FieldPrice]) * to.Sub(since).Seconds()
 	}
-	got := 0.0
-	for _, s := range sets {
-		if s.Fields["from"] == sets[0].Fields["from"] {
-			got += num(s.Fields["amount"])
-		}
+	got := num(s.Fields["amount"])
+	if ls, p := num(s.Fields["load_seconds"]), num(s.Fields["price"]); math.Abs(ls*p-got) > 1e-9*got {
+		t.Fatalf("amount %v is not load_seconds %v x price %v", got, ls, p)
 	}
 	if s.A != "alpha" || s.B != "beta" || s.Contract != id || math.Abs(got-want) > 1e-6*want {
 		t.Fatalf("settlement %+v: amount %v, want %v", s, got, want)
@@ -485,5 +483,25 @@ func TestLoopSpreadsOverloadToPartners(t *testing.T) {
 	}
 	if f.w.running("delta") != 0 {
 		t.Fatalf("delta, without a contract, got load")
+	}
+}
+
+// A settlement charges each task for the part of the period it was away:
+// from its move (or the period's start) to its return (or the period's
+// end), at its move's price.
+func TestAccruedOverlap(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 9, 0, 0, 0, time.UTC)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	h := []Placement{
+		{Task: "a", Owner: "alpha", Contract: "c", Load: 2, Price: 10, Since: at(-30)},                // away all period: 60 s
+		{Task: "b", Owner: "alpha", Contract: "c", Load: 1, Price: 10, Since: at(10), Until: at(40)},  // 30 s
+		{Task: "c", Owner: "alpha", Contract: "c", Load: 1, Price: 20, Since: at(50)},                 // 10 s
+		{Task: "d", Owner: "alpha", Contract: "c", Load: 1, Price: 20, Since: at(-60), Until: at(-1)}, // before: 0
+		{Task: "e", Owner: "alpha", Contract: "other", Load: 5, Price: 10, Since: at(0)},
+		{Task: "f", Owner: "beta", Contract: "c", Load: 5, Price: 10, Since: at(0)},
+	}
+	got := accrued(h, "alpha", "c", at(0), at(60))
+	if len(got) != 2 || got[10] != 2*60+30 || got[20] != 10 {
+		t.Fatalf("accrued %v", got)
 	}
 }
