@@ -505,3 +505,31 @@ func TestAccruedOverlap(t *testing.T) {
 		t.Fatalf("accrued %v", got)
 	}
 }
+
+// Once an overload has been shed, +-10% noise on the owner's load moves
+// nothing more either way: the returns line sits well below the offer
+// line, so a task that left does not come back and leave again.
+func TestNoiseAfterSheddingMovesNothing(t *testing.T) {
+	f := newFed(t, false, testConfig(), map[string]float64{"alpha": 10, "beta": 10})
+	f.contract("alpha", "beta", terms(func(r *federation.ProposeRequest) { r.Notice = 10 * time.Second }))
+	f.w.addTasks("alpha", 20, 0.5, "q") // 10 = 125% of 8
+	f.w.addTasks("beta", 8, 0.5, "q")   // 4 = 50%
+	for range 20 {
+		f.step(period)
+	}
+	settled := len(f.movers["alpha"].moves())
+	if settled == 0 {
+		t.Fatalf("the overload was not shed: %q", f.mgrs["alpha"].Status().Last)
+	}
+	x := uint32(99)
+	for range 60 {
+		x = x*1664525 + 1013904223
+		f.w.mu.Lock()
+		f.w.noise["alpha"] = 0.9 + 0.2*float64(x>>8)/float64(1<<24)
+		f.w.mu.Unlock()
+		f.step(period)
+	}
+	if m := f.movers["alpha"].moves(); len(m) != settled {
+		t.Fatalf("noise after shedding made %d more moves or returns: %v", len(m)-settled, m[settled:])
+	}
+}
