@@ -170,6 +170,8 @@ type fakeMover struct {
 	// log lists "move TASK PARTNER CONTRACT" and "return TASK".
 	log  []string
 	fail error
+	// after runs after each move the mover made.
+	after func()
 }
 
 func (f *fakeMover) MigrateTaskOut(_ context.Context, taskID, partnerOrg, contractID string) error {
@@ -185,6 +187,9 @@ func (f *fakeMover) MigrateTaskOut(_ context.Context, taskID, partnerOrg, contra
 	}
 	f.w.at[taskID] = partnerOrg
 	f.log = append(f.log, fmt.Sprintf("move %s %s %s", taskID, partnerOrg, contractID))
+	if f.after != nil {
+		f.after()
+	}
 	return nil
 }
 

@@ -363,9 +363,26 @@ func TestSettlementsAreCoSignedAndVerify(t *testing.T) {
 	if n := len(f.records("beta", ledger.KindSettlement)); n != len(sets) {
 		t.Fatalf("beta holds %d settlements, alpha %d", n, len(sets))
 	}
+	keysDir := t.TempDir()
+	if err := ledger.WriteKeyDir(keysDir, f.keys()); err != nil {
+		t.Fatal(err)
+	}
 	for _, org := range []string{"alpha", "beta"} {
 		es, _ := f.orgs[org].Entries()
-		if rep := ledger.Verify(es, f.keys()); !rep.Valid {
+		// As `ledger export` then `ledger verify --file F --keys DIR` do.
+		data, err := ledger.MarshalEntries(es)
+		if err != nil {
+			t.Fatal(err)
+		}
+		back, err := ledger.UnmarshalEntries(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := ledger.LoadKeyDir(keysDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep := ledger.Verify(back, keys); !rep.Valid {
 			t.Fatalf("%s: %+v", org, rep)
 		}
 		// Tampering with a settlement's amount is caught.
@@ -531,5 +548,47 @@ func TestNoiseAfterSheddingMovesNothing(t *testing.T) {
 	}
 	if m := f.movers["alpha"].moves(); len(m) != settled {
 		t.Fatalf("noise after shedding made %d more moves or returns: %v", len(m)-settled, m[settled:])
+	}
+}
+
+// A move whose record could not be co-signed (the partner became
+// unreachable right after the task moved) is recorded once the partner is
+// back, and the task is not moved twice meanwhile.
+func TestUnrecordedMoveIsRecordedLater(t *testing.T) {
+	f := newFed(t, false, testConfig(), map[string]float64{"alpha": 10, "beta": 10})
+	f.contract("alpha", "beta", terms(nil))
+	f.w.addTasks("alpha", 12, 1, "q")
+	f.step(period) // beta measures
+	cut := func(v bool) {
+		f.net.mu.Lock()
+		f.net.cut["beta"] = v
+		f.net.mu.Unlock()
+	}
+	f.movers["alpha"].after = func() { cut(true) }
+	f.step(period)
+	moved := len(f.movers["alpha"].moves())
+	if moved == 0 {
+		t.Fatalf("nothing moved: %q", f.mgrs["alpha"].Status().Last)
+	}
+	if n := len(f.records("alpha", ledger.KindMove)); n != 0 {
+		t.Fatalf("%d moves recorded while beta was cut off", n)
+	}
+	f.movers["alpha"].after = nil
+	f.step(period)
+	if len(f.movers["alpha"].moves()) != moved {
+		t.Fatalf("moves while beta was unreachable: %v", f.movers["alpha"].moves())
+	}
+	cut(false)
+	f.step(period)
+	for _, org := range []string{"alpha", "beta"} {
+		recorded := map[string]bool{}
+		for _, r := range f.records(org, ledger.KindMove) {
+			recorded[r.Fields[FieldTask]] = true
+		}
+		for _, mv := range f.movers["alpha"].moves()[:moved] {
+			if task := strings.Fields(mv)[1]; !recorded[task] {
+				t.Fatalf("%s's ledger lacks the move of %s after beta came back", org, task)
+			}
+		}
 	}
 }
