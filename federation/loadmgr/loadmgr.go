@@ -732,6 +732,17 @@ func (m *Manager) ReceiveLoad(_ context.Context, doc federation.ContractDoc, msg
 	return refuse(fmt.Errorf("unknown load message %q", msg.Kind))
 }
 
+// Expecting reports whether this org accepted task of owner under
+// contract in an offer whose move has not been recorded yet: the host side
+// of a cross-org move can check with it that the task it is asked to run
+// is one its load manager took.
+func (m *Manager) Expecting(owner, contract, task string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.reserved[task]
+	return ok && r.owner == owner && r.contract == contract && m.org.Now().Before(r.until)
+}
+
 // settle co-signs, for every contract under which this org's tasks ran
 // at the partner since the last settlement, what it owes: the recorded
 // load of each task times the seconds it was away, times the price of its

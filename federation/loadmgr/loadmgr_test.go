@@ -197,6 +197,9 @@ func TestQuotesOnlyFromContractPartners(t *testing.T) {
 	if ans := offer(pmax, 8); ans.Kind != federation.MsgOK || len(ans.Load.Tasks) != 6 {
 		t.Fatalf("offer of 8 under max load 6: %+v", ans)
 	}
+	if b := f.mgrs["beta"]; !b.Expecting("alpha", id, "alpha/xa") || b.Expecting("gamma", id, "alpha/xa") || b.Expecting("alpha", id, "alpha/xh") {
+		t.Fatalf("beta expects the wrong tasks")
+	}
 	if ans := offer(pmax, 1); ans.Kind != federation.MsgRefused {
 		t.Fatalf("offer past the max load with 6 reserved: %+v", ans)
 	}
