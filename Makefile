@@ -25,10 +25,10 @@ org-tls: build
 	test -f examples/org/tls/ca.pem || ./$(BIN) tls init --org acme --out examples/org/tls
 	test -f examples/org/tls/gossip.key || (umask 077 && ./$(BIN) keygen > examples/org/tls/gossip.key)
 
-## federation-tls: CAs, certificates and gossip keys of the two example orgs in
+## federation-tls: CAs, certificates and gossip keys of the three example orgs in
 ## examples/federation, and the federation pool's key (not committed)
 federation-tls: build
-	for org in alpha beta; do \
+	for org in alpha beta gamma; do \
 	  test -f examples/federation/tls/$$org/ca.pem || ./$(BIN) tls init --org $$org --out examples/federation/tls/$$org --coordinators c1; \
 	  test -f examples/federation/tls/$$org/gossip.key || (umask 077 && ./$(BIN) keygen > examples/federation/tls/$$org/gossip.key); \
 	done

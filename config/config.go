@@ -70,6 +70,42 @@ type Federation struct {
 	// key, which must differ from the org's gossip key.
 	KeyringFile string `mapstructure:"keyring-file"`
 	Keyring     string `mapstructure:"keyring"`
+	// Load tunes the org's load manager (federation.load).
+	Load FederationLoad `mapstructure:"load"`
+}
+
+// FederationLoad tunes the load manager on the org's leader: capacity is
+// the ready workers' cores times TargetUtilisation; the cost function of
+// load gives the marginal cost compared with contract prices every
+// Period. Zero values take the defaults (0.8, mm1, 5s, 1m, and the
+// migration cost and return margin matching the suggested prices).
+type FederationLoad struct {
+	TargetUtilisation float64 `mapstructure:"target-utilisation"`
+	// Cores, when positive, replaces the ready workers' cores in the
+	// capacity (an org lending fedstream only part of its machines).
+	Cores       float64       `mapstructure:"cores"`
+	Cost        string        `mapstructure:"cost"`
+	Period      time.Duration `mapstructure:"period"`
+	SettleEvery time.Duration `mapstructure:"settle-every"`
+	// MigrationCost and ReturnMargin, when set, replace the suggested
+	// ones (in price units).
+	MigrationCost float64 `mapstructure:"migration-cost"`
+	ReturnMargin  float64 `mapstructure:"return-margin"`
+	// AutoAccept accepts partners' proposals without an operator.
+	AutoAccept AutoAccept `mapstructure:"auto-accept"`
+}
+
+// AutoAccept is the policy under which a coordinator accepts contract
+// proposals: from the listed orgs only, with p_min at least
+// PriceMinAtLeast where this org hosts, p_max at most PriceMaxAtMost
+// where its tasks go out (0: any), max load at most MaxLoadAtMost (0:
+// any), valid for at most MaxValidity (0: any).
+type AutoAccept struct {
+	From            []string      `mapstructure:"from"`
+	PriceMinAtLeast float64       `mapstructure:"price-min-at-least"`
+	PriceMaxAtMost  float64       `mapstructure:"price-max-at-most"`
+	MaxLoadAtMost   float64       `mapstructure:"max-load-at-most"`
+	MaxValidity     time.Duration `mapstructure:"max-validity"`
 }
 
 // TLS names a process's TLS files: explicit files, or a directory written
@@ -164,6 +200,11 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.StringSlice("federation.join", nil, "federation pool addresses of coordinators of any org (comma separated)")
 	fs.String("federation.keyring-file", "", "file holding the federation pool's base64 gossip key (fedstream keygen; not the org's gossip key)")
 	fs.String("federation.keyring", "", "the federation pool's base64 gossip key itself; prefer --federation.keyring-file")
+	fs.Float64("federation.load.target-utilisation", 0.8, "capacity = ready workers' cores x this; the load manager offers load to partners above it")
+	fs.String("federation.load.cost", "mm1", "cost function of load (mm1: M/M/1-like, rising steeply near capacity)")
+	fs.Duration("federation.load.period", 5*time.Second, "how often the load manager measures, offers and brings tasks home")
+	fs.Duration("federation.load.settle-every", time.Minute, "how often the org settles what it owes partners for hosting its tasks")
+	fs.StringSlice("federation.load.auto-accept.from", nil, "accept contract proposals from these orgs without an operator (within the auto-accept bounds)")
 }
 
 // TLSFlags declares the TLS flags shared by every process; certName is
@@ -235,6 +276,7 @@ func LoadCoordinator(fs *pflag.FlagSet) (*Coordinator, error) {
 	}
 	c.Join = splitList(c.Join)
 	c.Federation.Join = splitList(c.Federation.Join)
+	c.Federation.Load.AutoAccept.From = splitList(c.Federation.Load.AutoAccept.From)
 	if err := tokenFromFile("join-token", &c.JoinToken, c.JoinTokenFile); err != nil {
 		return nil, err
 	}

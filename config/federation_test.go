@@ -46,3 +46,40 @@ func TestLoadCoordinatorFederation(t *testing.T) {
 		t.Fatalf("from the environment: %+v", c.Federation)
 	}
 }
+
+// The load manager's section (federation.load) reads from YAML, nested
+// auto-accept included, and from flags.
+func TestLoadCoordinatorFederationLoad(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "c.yaml")
+	yaml := `org: alpha
+federation:
+  load:
+    target-utilisation: 0.7
+    cores: 0.05
+    period: 2s
+    settle-every: 30s
+    migration-cost: 3
+    auto-accept:
+      from: [beta, gamma]
+      price-min-at-least: 12.7
+      max-validity: 720h
+`
+	if err := os.WriteFile(file, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	fs := pflag.NewFlagSet("coordinator", pflag.ContinueOnError)
+	CoordinatorFlags(fs)
+	if err := fs.Parse([]string{"--config", file, "--federation.load.period", "3s"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := LoadCoordinator(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := c.Federation.Load
+	if l.TargetUtilisation != 0.7 || l.Cores != 0.05 || l.Period.String() != "3s" || l.SettleEvery.String() != "30s" || l.MigrationCost != 3 ||
+		!slices.Equal(l.AutoAccept.From, []string{"beta", "gamma"}) || l.AutoAccept.PriceMinAtLeast != 12.7 || l.AutoAccept.MaxValidity.String() != "720h0m0s" {
+		t.Fatalf("load section: %+v", l)
+	}
+}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/federation"
+	"github.com/fedstream/fedstream/federation/loadmgr"
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
@@ -56,6 +57,9 @@ type FederationConfig struct {
 	// Keyring encrypts and authenticates the federation pool's gossip (16,
 	// 24 or 32 bytes, distinct from the org's gossip key).
 	Keyring []byte
+	// Load tunes the org's load manager (federation.load: target
+	// utilisation, cost function, load period, auto-accept policy).
+	Load loadmgr.Config
 }
 
 // Enabled reports whether the coordinator joins a federation pool.
@@ -69,6 +73,9 @@ func (f FederationConfig) validate(c *Config) []error {
 		return nil
 	}
 	var errs []error
+	if _, err := f.Load.Defaults(); err != nil {
+		errs = append(errs, fmt.Errorf("federation.load: %w", err))
+	}
 	for name, addr := range map[string]string{"federation.bind": f.SerfAddr, "federation.grpc-addr": f.GRPCAddr} {
 		if addr == "" {
 			errs = append(errs, fmt.Errorf("%s is required in a federation", name))

@@ -359,6 +359,8 @@ func TestFederationConfigValidation(t *testing.T) {
 		"no keyring":               {func(c *Config) { c.Federation.Keyring = nil }, "keyring-file is required"},
 		"no cross-org port":        {func(c *Config) { c.Federation.GRPCAddr = "" }, "federation.grpc-addr is required"},
 		"join without bind":        {func(c *Config) { c.Federation.SerfAddr = "" }, "without federation.bind"},
+		"utilisation of 1":         {func(c *Config) { c.Federation.Load.Utilisation = 1 }, "federation.load: invalid load manager setting: target utilisation 1"},
+		"unknown cost function":    {func(c *Config) { c.Federation.Load.Cost = "linear" }, `cost function "linear"`},
 		"plaintext": {func(c *Config) {
 			c.TLS, c.InsecurePlaintext = nil, true
 		}, "needs mutual TLS"},

@@ -208,6 +208,12 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	// The org's signing identity enters its Raft state (issue 11).
 	wg.Add(1)
 	go func() { defer wg.Done(); s.ensureOrgIdentity(ctx) }()
+	if s.load != nil {
+		// The load manager moves this org's tasks to partners and back
+		// (issue 11 item 5).
+		wg.Add(1)
+		go func() { defer wg.Done(); s.load.Run(ctx) }()
+	}
 	wg.Add(7)
 	// The plan applier is the only writer of placements; it lives as long
 	// as these duties, and is installed before the loops that use it.

@@ -127,6 +127,9 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 		descHasLeader, descVoters, descTableRows, descReady, descLiveStats} {
 		ch <- d
 	}
+	for _, d := range loadDescs {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -156,6 +159,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descVoters, float64(n))
 		}
 	}
+	s.collectLoad(gauge)
 	if s.fsm != nil {
 		if rows, err := s.State().TableRows(); err == nil {
 			for table, n := range rows {

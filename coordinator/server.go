@@ -25,6 +25,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/federation"
+	"github.com/fedstream/fedstream/federation/loadmgr"
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/internal/opshttp"
 	"github.com/fedstream/fedstream/rpc"
@@ -45,6 +46,9 @@ type Server struct {
 	// pool is this coordinator's part in the federation pool (nil outside
 	// a federation); see fedpool.go.
 	pool *fedPool
+	// load is the org's load manager (nil outside a federation); it runs
+	// while this coordinator leads.
+	load *loadmgr.Manager
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
@@ -152,6 +156,9 @@ func (s *Server) Start() (err error) {
 		return err
 	}
 	if err := s.setupFederation(); err != nil {
+		return err
+	}
+	if err := s.setupLoadManager(); err != nil {
 		return err
 	}
 	if err := s.setupRaft(); err != nil {
@@ -378,6 +385,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
+	pb.RegisterLoadServiceServer(s.grpcServer, &loadService{s: s})
 	pb.RegisterFederationPeerServiceServer(s.grpcServer, &fedPeerService{s: s})
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	reflection.Register(s.grpcServer)

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/federation/ledger"
@@ -88,6 +89,32 @@ type Message struct {
 	Key string `json:"key,omitempty"`
 	// Reason explains a rejection or a refusal.
 	Reason string `json:"reason,omitempty"`
+	// Load carries the load manager's quotes and offers (MsgQuote,
+	// MsgOffer) and their answers.
+	Load *LoadMessage `json:"load,omitempty"`
+}
+
+// LoadMessage is the body of the load manager's messages between two
+// contract partners. An owner asks for a quote (its marginal cost and
+// migration cost), the partner answers with its marginal cost, the price
+// it would settle and the load it would take at that price; the owner
+// then offers tasks at a price, and the partner answers with the tasks it
+// accepts.
+type LoadMessage struct {
+	Contract      string     `json:"contract"`
+	OwnerMarginal float64    `json:"owner_marginal,omitempty"`
+	MigrationCost float64    `json:"migration_cost,omitempty"`
+	HostMarginal  float64    `json:"host_marginal,omitempty"`
+	Room          float64    `json:"room,omitempty"`
+	Price         float64    `json:"price,omitempty"`
+	Tasks         []mpa.Task `json:"tasks,omitempty"`
+}
+
+// LoadHandler answers a partner's quote and offer messages: the org's
+// load manager. doc is the active contract the message names, already
+// checked to be one between this org and m.From.
+type LoadHandler interface {
+	ReceiveLoad(ctx context.Context, doc ContractDoc, m Message) (Message, error)
 }
 
 // Message kinds.
@@ -96,6 +123,8 @@ const (
 	MsgAccept  = "accept"  // Signed: the contract record signed by both
 	MsgReject  = "reject"  // Signed: the contract record (unsigned by the sender)
 	MsgCoSign  = "cosign"  // Signed: a record of an active contract signed by its A
+	MsgQuote   = "quote"   // Load: contract, owner's marginal and migration cost; answered MsgOK with the partner's quote
+	MsgOffer   = "offer"   // Load: contract, price and tasks offered; answered MsgOK with the tasks accepted
 	MsgOK      = "ok"      // answer; Signed carries the partner's countersignature for MsgCoSign
 	MsgRefused = "refused" // answer; Reason says why
 )
@@ -167,7 +196,37 @@ type Org struct {
 	// mu serialises ledger appends and contract transitions, so the
 	// chain read before an append is still the head when it applies.
 	mu sync.Mutex
+
+	// load answers quotes and offers; nil refuses them.
+	load atomic.Pointer[LoadHandler]
 }
+
+// SetLoadHandler installs the org's load manager as the receiver of
+// partners' quotes and offers (nil: refuse them).
+func (o *Org) SetLoadHandler(h LoadHandler) {
+	if h == nil {
+		o.load.Store(nil)
+		return
+	}
+	o.load.Store(&h)
+}
+
+// Call sends a load manager's message to partner org and returns its
+// answer; a refusal comes back as an error wrapping ErrRefused.
+func (o *Org) Call(ctx context.Context, to string, m Message) (Message, error) {
+	m.From = o.name
+	ans, err := o.net.Call(ctx, to, m)
+	if err != nil {
+		return Message{}, err
+	}
+	if ans.Kind != MsgOK {
+		return Message{}, fmt.Errorf("%w: %s: %s", ErrRefused, to, ans.Reason)
+	}
+	return ans, nil
+}
+
+// Now is the org's clock.
+func (o *Org) Now() time.Time { return o.now() }
 
 // NewOrg returns the agent of org name with signing key key. now may be
 // nil (time.Now).
@@ -517,6 +576,9 @@ func (o *Org) Receive(ctx context.Context, m Message) (Message, error) {
 	refuse := func(err error) (Message, error) {
 		return Message{Kind: MsgRefused, From: o.name, Reason: err.Error()}, nil
 	}
+	if m.Kind == MsgQuote || m.Kind == MsgOffer {
+		return o.receiveLoad(ctx, m, refuse)
+	}
 	if m.Signed == nil {
 		return refuse(fmt.Errorf("%w: %s message without a record", ledger.ErrBadRecord, m.Kind))
 	}
@@ -548,6 +610,30 @@ func (o *Org) Receive(ctx context.Context, m Message) (Message, error) {
 		return o.receiveCoSign(ctx, m, refuse)
 	}
 	return refuse(fmt.Errorf("unknown message kind %q", m.Kind))
+}
+
+// receiveLoad hands a quote or an offer to the load manager once the
+// contract it names is active and between this org and the sender: load
+// is only ever discussed with a contract partner.
+func (o *Org) receiveLoad(ctx context.Context, m Message, refuse func(error) (Message, error)) (Message, error) {
+	if m.Load == nil {
+		return refuse(fmt.Errorf("%w: %s message without a body", ledger.ErrBadRecord, m.Kind))
+	}
+	doc, err := o.Contract(m.Load.Contract)
+	if err != nil {
+		return refuse(err)
+	}
+	if doc.Status != StatusActive {
+		return refuse(fmt.Errorf("%w: contract %s is %s", ErrContractState, doc.Terms.ID, doc.Status))
+	}
+	if p := doc.Terms; !(p.Proposer == m.From && p.Partner == o.name) && !(p.Partner == m.From && p.Proposer == o.name) {
+		return refuse(fmt.Errorf("%w: contract %s is not between %s and %s", ErrContractState, doc.Terms.ID, m.From, o.name))
+	}
+	h := o.load.Load()
+	if h == nil {
+		return refuse(fmt.Errorf("%w: %s runs no load manager", ErrRefused, o.name))
+	}
+	return (*h).ReceiveLoad(ctx, doc, m)
 }
 
 func (o *Org) receivePropose(ctx context.Context, m Message, refuse func(error) (Message, error)) (Message, error) {

@@ -12,6 +12,8 @@ import (
 	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator"
+	"github.com/fedstream/fedstream/federation/loadmgr"
+	"github.com/fedstream/fedstream/federation/mpa"
 	"github.com/fedstream/fedstream/worker"
 )
 
@@ -73,6 +75,7 @@ func newCoordinatorCmd() *cobra.Command {
 				HTTPAddr: c.HTTPAddr, Timings: timings, Logger: logger,
 				Federation: coordinator.FederationConfig{
 					SerfAddr: c.Federation.Bind, GRPCAddr: c.Federation.GRPCAddr, Join: c.Federation.Join, Keyring: fkey,
+					Load: loadConfig(c.Federation.Load),
 				},
 				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
@@ -146,4 +149,28 @@ func setWorkerGC(percent int) {
 		return
 	}
 	debug.SetGCPercent(percent)
+}
+
+// loadConfig converts the federation.load section into the load
+// manager's configuration (zero values take its defaults).
+func loadConfig(l config.FederationLoad) loadmgr.Config {
+	a := l.AutoAccept
+	c := loadmgr.Config{Utilisation: l.TargetUtilisation, Cores: l.Cores, Cost: l.Cost, Period: l.Period, SettleEvery: l.SettleEvery,
+		AutoAccept: loadmgr.AutoAccept{From: a.From, PriceMinAtLeast: a.PriceMinAtLeast, PriceMaxAtMost: a.PriceMaxAtMost,
+			MaxLoadAtMost: a.MaxLoadAtMost, MaxValidity: a.MaxValidity}}
+	if l.MigrationCost != 0 || l.ReturnMargin != 0 {
+		u := l.TargetUtilisation
+		if u == 0 {
+			u = mpa.DefaultUtilisation
+		}
+		p := mpa.SuggestedPolicy(u)
+		if l.MigrationCost != 0 {
+			p.MigrationCost = l.MigrationCost
+		}
+		if l.ReturnMargin != 0 {
+			p.ReturnMargin = l.ReturnMargin
+		}
+		c.Policy = &p
+	}
+	return c
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,7 @@ var demoQuery []byte
 
 // devFederation is an org of coordinators and workers in one process.
 type devFederation struct {
+	org     string
 	coords  []*coordinator.Server
 	workers []*worker.Worker
 	// ctx ends when the federation stops; cancel ends it.
@@ -49,6 +51,9 @@ type devOptions struct {
 	// noHTTP turns off the processes' HTTP servers (metrics, health),
 	// which dev otherwise runs on free loopback ports.
 	noHTTP bool
+	// federation, when set, places every coordinator of the org in this
+	// federation pool (its addresses are chosen here: port 0).
+	federation *coordinator.FederationConfig
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -60,7 +65,10 @@ func (o devOptions) httpAddr() string {
 }
 
 func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
-	d := &devFederation{dataDir: o.dataDir, tlsDir: filepath.Join(o.dataDir, "tls")}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	d := &devFederation{org: o.org, dataDir: o.dataDir, tlsDir: filepath.Join(o.dataDir, "tls")}
 	ctx, d.cancel = context.WithCancel(ctx)
 	d.ctx = ctx
 	// The org runs mutual TLS as a real one does, with a CA made for this
@@ -86,20 +94,29 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 	}
 	// Port 0 everywhere: the OS picks free ports and the coordinators
 	// advertise the real ones; later nodes join the first through serf.
-	var join []string
+	var join, fedJoin []string
+	if o.federation != nil {
+		fedJoin = o.federation.Join
+	}
 	for i := 0; i < o.coordinators; i++ {
 		id := ids[i]
 		_, certFile, keyFile := tlsutil.Paths(d.tlsDir, "", "", "", rpc.RoleCoordinator, id)
 		creds, err := tlsutil.Load(caFile, certFile, keyFile)
 		var srv *coordinator.Server
 		if err == nil {
-			srv, err = coordinator.New(coordinator.Config{
+			cfg := coordinator.Config{
 				Org: o.org, NodeID: id, DataDir: fmt.Sprintf("%s/%s", o.dataDir, id),
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
 				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
 				Timings: devTimings(), Logger: o.logger,
-			})
+			}
+			if f := o.federation; f != nil {
+				cfg.Federation = *f
+				cfg.Federation.SerfAddr, cfg.Federation.GRPCAddr = "127.0.0.1:0", "127.0.0.1:0"
+				cfg.Federation.Join = slices.Clone(fedJoin)
+			}
+			srv, err = coordinator.New(cfg)
 		}
 		if err == nil {
 			err = srv.Start()
@@ -110,6 +127,9 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 		}
 		d.coords = append(d.coords, srv)
 		join = append(join, srv.SerfAddr())
+		if a := srv.FederationSerfAddr(); a != "" {
+			fedJoin = append(fedJoin, a)
+		}
 	}
 	var grpcAddrs []string
 	for _, c := range d.coords {
@@ -200,14 +220,20 @@ func newDevCmd() *cobra.Command {
 		queryFile string
 		noQuery   bool
 		noHTTP    bool
+		orgs      int
 	)
 	cmd := &cobra.Command{
 		Use:   "dev",
-		Short: "Run a whole org (3 coordinators, 2 workers) in one process and show a demo query's results",
-		Long: `dev starts an org of 3 coordinators and 2 workers on free loopback ports with a
-temporary data dir, submits the network-monitoring demo query (or --query FILE)
-and prints its results until Ctrl-C or --duration. Results go to stdout (JSON
-lines with --json); where everything listens and the logs go to stderr.`,
+		Short: "Run a whole federation (3 orgs of 3 coordinators and 2 workers) in one process and show a demo query's results",
+		Long: `dev starts three orgs, alpha, beta and gamma, each of 3 coordinators and 2
+workers with its own CA, on free loopback ports with a temporary data dir, in
+one federation pool. Each org pins the others' keys and CAs, alpha proposes
+contracts to beta and gamma and beta to gamma, and the partners' auto-accept
+policies accept them. The network-monitoring demo query (or --query FILE) runs
+in alpha, whose load manager counts a capacity small enough for the demo to
+exceed it. Results print until Ctrl-C or --duration. Results go to stdout (JSON
+lines with --json); where everything listens and the logs go to stderr.
+--orgs 1 starts the single org "demo" instead.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -225,28 +251,58 @@ lines with --json); where everything listens and the logs go to stderr.`,
 				return err
 			}
 			defer os.RemoveAll(dir)
-			fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP})
-			if err != nil {
-				return err
+			opts := devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP}
+			var fed *devFederation
+			var partners []*devFederation
+			if orgs == 3 {
+				all, err := startDevFederation(context.WithoutCancel(ctx), opts)
+				if err != nil {
+					return err
+				}
+				fed, partners = all[0], all[1:]
+			} else if orgs == 1 {
+				if fed, err = startDev(context.WithoutCancel(ctx), opts); err != nil {
+					return err
+				}
+			} else {
+				return fmt.Errorf("--orgs %d: want 1 (one org) or 3 (a federation)", orgs)
 			}
+			var bg sync.WaitGroup
+			bgCtx, bgCancel := context.WithCancel(ctx)
 			defer func() {
-				// The whole org stops at once: peers reporting each other
-				// gone is expected now, not news.
+				bgCancel()
+				bg.Wait()
+				// The whole federation stops at once: peers reporting each
+				// other gone is expected now, not news.
 				level.Set(slog.LevelError + 4)
-				fed.stop()
+				stopDevOrgs(append([]*devFederation{fed}, partners...))
 			}()
 			fed.printBanner(stderr)
+			for _, p := range partners {
+				p.printBanner(stderr)
+			}
 			if addr := fed.coords[0].HTTPAddr(); addr != "" {
 				fmt.Fprintf(stderr, "web view: http://%s/\n", addr)
 			}
 			f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
+			if len(partners) > 0 {
+				// Trust and contracts come up beside the demo, so the
+				// first results do not wait for them.
+				bg.Add(1)
+				go func() {
+					defer bg.Done()
+					if err := setUpDevPartners(bgCtx, fed, partners, stderr); err != nil && bgCtx.Err() == nil {
+						fmt.Fprintf(stderr, "setting up the federation's contracts failed: %v\n", err)
+					}
+				}()
+			}
 			if err := fed.waitReady(ctx, f, 2); err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				return err
 			}
-			fmt.Fprintln(stderr, "org demo is up: leader elected, 2 workers ready")
+			fmt.Fprintf(stderr, "org %s is up: leader elected, 2 workers ready\n", fed.org)
 			if noQuery {
 				<-ctx.Done()
 				return nil
@@ -284,13 +340,14 @@ lines with --json); where everything listens and the logs go to stderr.`,
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "log level of the embedded processes (logs go to stderr)")
 	cmd.Flags().StringVar(&queryFile, "query", "", "submit this query file instead of the demo")
 	cmd.Flags().BoolVar(&noQuery, "no-query", false, "start the org only")
+	cmd.Flags().IntVar(&orgs, "orgs", 3, "3: a federation of orgs alpha, beta and gamma with contracts between them, the demo in alpha; 1: one org, demo")
 	cmd.Flags().BoolVar(&noHTTP, "no-http", false, "run no HTTP servers (metrics, health), which each process otherwise serves on a free loopback port")
 	return cmd
 }
 
 func (d *devFederation) printBanner(w io.Writer) {
 	var b strings.Builder
-	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, mutual TLS (CA and certificates in %s), auth: dev mode (no tokens)\n", "demo", d.dataDir, d.tlsDir)
+	fmt.Fprintf(&b, "fedstream dev: org %q, data in %s, mutual TLS (CA and certificates in %s), auth: dev mode (no tokens)\n", d.org, d.dataDir, d.tlsDir)
 	for _, c := range d.coords {
 		fmt.Fprintf(&b, "  coordinator %s  grpc %s%s\n", c.NodeID(), c.GRPCAddr(), httpText(c.HTTPAddr()))
 	}

@@ -208,6 +208,9 @@ var Methods = map[string]Need{
 	// may see the org's status may list the federation's members.
 	pb.FederationPeerService_Deliver_FullMethodName: NeedCoordinator,
 	pb.FederationPeerService_Members_FullMethodName: NeedStatus,
+	// The load manager's status (load, capacity, moved tasks): whoever
+	// may see the org's status.
+	pb.LoadService_LoadStatus_FullMethodName: NeedStatus,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

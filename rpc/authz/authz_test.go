@@ -22,6 +22,7 @@ var services = []grpc.ServiceDesc{
 	pb.FederationService_ServiceDesc,
 	pb.OrgKeyService_ServiceDesc,
 	pb.FederationPeerService_ServiceDesc,
+	pb.LoadService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 	reflectionv1.ServerReflection_ServiceDesc,
 	reflectionv1alpha.ServerReflection_ServiceDesc,
@@ -85,6 +86,7 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.FederationService_AnswerContract_FullMethodName, admin: true},
 		{method: pb.FederationService_TerminateContract_FullMethodName, admin: true},
 		{method: pb.FederationService_PinKey_FullMethodName, admin: true},
+		{method: pb.LoadService_LoadStatus_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
 		// No token role at all: a coordinator certificate.
 		{method: pb.CoordinatorPeerService_RaftState_FullMethodName},
 		{method: pb.OrgKeyService_FetchOrgKey_FullMethodName},

@@ -5311,6 +5311,97 @@ func (x *FederationMembersResponse) GetMembers() []*FederationMember {
 	return nil
 }
 
+type LoadStatusRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadStatusRequest) Reset() {
+	*x = LoadStatusRequest{}
+	mi := &file_fedstream_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadStatusRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadStatusRequest) ProtoMessage() {}
+
+func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadStatusRequest.ProtoReflect.Descriptor instead.
+func (*LoadStatusRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
+}
+
+// LoadStatusResponse is the org leader's load manager status: its load,
+// capacity and marginal cost, the tasks at partners and hosted for them
+// (JSON of loadmgr.Status). enabled is false outside a federation.
+type LoadStatusResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	StatusJson    []byte                 `protobuf:"bytes,2,opt,name=status_json,json=statusJson,proto3" json:"status_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LoadStatusResponse) Reset() {
+	*x = LoadStatusResponse{}
+	mi := &file_fedstream_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LoadStatusResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LoadStatusResponse) ProtoMessage() {}
+
+func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LoadStatusResponse.ProtoReflect.Descriptor instead.
+func (*LoadStatusResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *LoadStatusResponse) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *LoadStatusResponse) GetStatusJson() []byte {
+	if x != nil {
+		return x.StatusJson
+	}
+	return nil
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -5719,7 +5810,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05build\x18\x06 \x01(\tR\x05build\x12\x14\n" +
 	"\x05proto\x18\a \x01(\tR\x05proto\"U\n" +
 	"\x19FederationMembersResponse\x128\n" +
-	"\amembers\x18\x01 \x03(\v2\x1e.fedstream.v1.FederationMemberR\amembers*t\n" +
+	"\amembers\x18\x01 \x03(\v2\x1e.fedstream.v1.FederationMemberR\amembers\"\x13\n" +
+	"\x11LoadStatusRequest\"O\n" +
+	"\x12LoadStatusResponse\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1f\n" +
+	"\vstatus_json\x18\x02 \x01(\fR\n" +
+	"statusJson*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -5773,7 +5869,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponse2\xc2\x01\n" +
 	"\x15FederationPeerService\x12M\n" +
 	"\aDeliver\x12 .fedstream.v1.FederationEnvelope\x1a .fedstream.v1.FederationEnvelope\x12Z\n" +
-	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponse2^\n" +
+	"\vLoadService\x12O\n" +
+	"\n" +
+	"LoadStatus\x12\x1f.fedstream.v1.LoadStatusRequest\x1a .fedstream.v1.LoadStatusResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -5788,7 +5887,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -5872,11 +5971,13 @@ var file_fedstream_proto_goTypes = []any{
 	(*FederationMembersRequest)(nil),  // 79: fedstream.v1.FederationMembersRequest
 	(*FederationMember)(nil),          // 80: fedstream.v1.FederationMember
 	(*FederationMembersResponse)(nil), // 81: fedstream.v1.FederationMembersResponse
-	nil,                               // 82: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 83: fedstream.v1.WorkerInfo.LabelsEntry
+	(*LoadStatusRequest)(nil),         // 82: fedstream.v1.LoadStatusRequest
+	(*LoadStatusResponse)(nil),        // 83: fedstream.v1.LoadStatusResponse
+	nil,                               // 84: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 85: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	82, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	84, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
@@ -5889,7 +5990,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
 	12, // 11: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16, // 12: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	83, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	85, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 14: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 15: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
@@ -5939,44 +6040,46 @@ var file_fedstream_proto_depIdxs = []int32{
 	76, // 60: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
 	78, // 61: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
 	79, // 62: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	2,  // 63: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 64: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 65: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 66: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 67: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 68: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 69: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 70: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 71: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 72: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 73: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 74: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 75: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 76: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 77: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 78: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 79: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 80: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	38, // 81: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	46, // 82: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 83: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 84: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 85: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 86: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 87: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 88: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 89: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 90: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 91: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 92: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 93: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 94: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 95: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 96: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	78, // 97: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	81, // 98: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	63, // [63:99] is the sub-list for method output_type
-	27, // [27:63] is the sub-list for method input_type
+	82, // 63: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	2,  // 64: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 65: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 66: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 67: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	57, // 68: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 69: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 70: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 71: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 72: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 73: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 74: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	59, // 75: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 76: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	61, // 77: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 78: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	44, // 79: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	35, // 80: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 81: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	38, // 82: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	46, // 83: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 84: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	49, // 85: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	51, // 86: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	53, // 87: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	55, // 88: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	63, // 89: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	65, // 90: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	67, // 91: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	69, // 92: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	73, // 93: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	73, // 94: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	73, // 95: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	75, // 96: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	77, // 97: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	78, // 98: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	81, // 99: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	83, // 100: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	64, // [64:101] is the sub-list for method output_type
+	27, // [27:64] is the sub-list for method input_type
 	27, // [27:27] is the sub-list for extension type_name
 	27, // [27:27] is the sub-list for extension extendee
 	0,  // [0:27] is the sub-list for field type_name
@@ -5994,9 +6097,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   83,
+			NumMessages:   85,
 			NumExtensions: 0,
-			NumServices:   8,
+			NumServices:   9,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

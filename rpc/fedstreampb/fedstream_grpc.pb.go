@@ -1929,3 +1929,105 @@ var FederationPeerService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	LoadService_LoadStatus_FullMethodName = "/fedstream.v1.LoadService/LoadStatus"
+)
+
+// LoadServiceClient is the client API for LoadService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type LoadServiceClient interface {
+	LoadStatus(ctx context.Context, in *LoadStatusRequest, opts ...grpc.CallOption) (*LoadStatusResponse, error)
+}
+
+type loadServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewLoadServiceClient(cc grpc.ClientConnInterface) LoadServiceClient {
+	return &loadServiceClient{cc}
+}
+
+func (c *loadServiceClient) LoadStatus(ctx context.Context, in *LoadStatusRequest, opts ...grpc.CallOption) (*LoadStatusResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LoadStatusResponse)
+	err := c.cc.Invoke(ctx, LoadService_LoadStatus_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// LoadServiceServer is the server API for LoadService service.
+// All implementations must embed UnimplementedLoadServiceServer
+// for forward compatibility.
+type LoadServiceServer interface {
+	LoadStatus(context.Context, *LoadStatusRequest) (*LoadStatusResponse, error)
+	mustEmbedUnimplementedLoadServiceServer()
+}
+
+// UnimplementedLoadServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedLoadServiceServer struct{}
+
+func (UnimplementedLoadServiceServer) LoadStatus(context.Context, *LoadStatusRequest) (*LoadStatusResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method LoadStatus not implemented")
+}
+func (UnimplementedLoadServiceServer) mustEmbedUnimplementedLoadServiceServer() {}
+func (UnimplementedLoadServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafeLoadServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to LoadServiceServer will
+// result in compilation errors.
+type UnsafeLoadServiceServer interface {
+	mustEmbedUnimplementedLoadServiceServer()
+}
+
+func RegisterLoadServiceServer(s grpc.ServiceRegistrar, srv LoadServiceServer) {
+	// If the following call pancis, it indicates UnimplementedLoadServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&LoadService_ServiceDesc, srv)
+}
+
+func _LoadService_LoadStatus_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LoadStatusRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(LoadServiceServer).LoadStatus(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: LoadService_LoadStatus_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(LoadServiceServer).LoadStatus(ctx, req.(*LoadStatusRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// LoadService_ServiceDesc is the grpc.ServiceDesc for LoadService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var LoadService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.LoadService",
+	HandlerType: (*LoadServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "LoadStatus",
+			Handler:    _LoadService_LoadStatus_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
