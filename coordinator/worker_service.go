@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -233,6 +234,13 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
+		if rc := q.Query.Reconfig; rc != nil {
+			b, err := json.Marshal(rc)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "encode reconfiguration of %q: %v", q.Query.Name, err)
+			}
+			view.ReconfigJson = b
+		}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex
 		for _, m := range q.SlotMaps {
 			if m.QueryIndex != q.Query.CreateIndex {
@@ -277,6 +285,11 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			a.Bootstrap = bootstrapSource(t, q.Tasks, q.WorkerAddrs, ready)
 			if a.Bootstrap != nil && t.MovingFrom != "" && isIngestSource(&s.plans, q.Query, t.Fragment) {
 				a.Bootstrap.Halt = true // see isIngestSource
+			}
+		}
+		if q := views[t.Query]; q != nil && q.Query.Reconfig != nil {
+			if plan := s.plans.plan(q.Query); plan != nil {
+				a.MarkersExpected = int32(markersExpected(plan, t.Fragment, q.SlotMaps))
 			}
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {
