@@ -178,8 +178,15 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
-		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
-			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked})
+		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
+		if rp := t.Reconfig; rp != nil {
+			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier = true, rp.Acked, rp.Level, rp.Frontier
+			for _, m := range rp.Markers {
+				u.ReconfigMarkers = append(u.ReconfigMarkers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
+			}
+		}
+		upd.States = append(upd.States, u)
 	}
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
