@@ -181,6 +181,10 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 		// from a snapshot, or after a move, starts here).
 		t.raiseLevel(done)
 	}
+	if t.maxSTime != math.MinInt64 {
+		// Reported with the acknowledgement: the cut goes above it.
+		r.frontier.Store(t.maxSTime)
+	}
 	r.loading.Store(loading)
 	r.acked.Store(rc.Latest())
 	r.reported.Store(true)
