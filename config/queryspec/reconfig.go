@@ -60,7 +60,7 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			continue
 		}
 		if a.Type == "aggregate" || a.Type == "join" {
-			bad("operator %q: a %s is stateful; changing it (state migration) is not supported yet", a.Name, a.Type)
+			bad("operator %q: stateful operators (%s) keep one state for every version; changing one (state migration) is not supported yet", a.Name, a.Type)
 			continue
 		}
 		changed = append(changed, a.Name)
