@@ -508,3 +508,31 @@ func TestReconfigAggregateUpgradedMidWindow(t *testing.T) {
 		t.Fatalf("windows by version tag %v: the upgrade did not happen mid-stream", tags)
 	}
 }
+
+// TestReconfigTaskMovedDuringUpgrade moves b to another worker (a live
+// move: the new copy starts from the old one's snapshot) while a plan is
+// under way: the new copy runs both versions, reaches the plan's level
+// from the markers that follow, and the output stays consistent, nothing
+// lost or duplicated.
+func TestReconfigTaskMovedDuringUpgrade(t *testing.T) {
+	const limit = 3000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	r.switchAll(300 * time.Millisecond)
+	r.c.liveMove(t, "rc/b/p0/r0", r.c.workers[2], r.c.workers[0])
+	if v := r.versionsOf("rc/b/p0/r0", 0); len(v) == 0 || v[len(v)-1] != 2 {
+		t.Fatalf("the moved copy of b runs versions %v", v)
+	}
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("the moved copy of b runs %v after the markers, want [2]", v)
+	}
+	r.complete()
+	<-done
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("paths %v", paths)
+	}
+}
