@@ -694,7 +694,18 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 func (w *Worker) reportLoop(ctx context.Context) {
 	last := map[string]wrt.TaskState{}
 	interval := 250 * time.Millisecond
-	for sleepCtx(ctx, interval) {
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-w.runtime.ProgressChanged():
+			// A reconfiguration step: the coordinator waits for it.
+		}
+		// Reset discards a value the timer may hold (Go 1.23 timers).
+		timer.Reset(interval)
 		id, _, epoch := w.identity()
 		cur := map[string]wrt.TaskState{}
 		var changed []*pb.TaskState

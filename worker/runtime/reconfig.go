@@ -188,6 +188,7 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	r.loading.Store(loading)
 	r.acked.Store(rc.Latest())
 	r.reported.Store(true)
+	t.r.noteProgress()
 	return nil
 }
 
@@ -303,6 +304,7 @@ func (t *task) raiseLevel(level uint64) {
 		}
 	}
 	r.lvl.Store(level)
+	t.r.noteProgress()
 }
 
 // reconfigStep runs at every release step of an operator or sink task,

@@ -357,6 +357,10 @@ type Runtime struct {
 	tasks  map[string]*task
 	closed bool
 
+	// progress has capacity one: a pending signal that some task's
+	// reconfiguration progress changed (see ProgressChanged).
+	progress chan struct{}
+
 	// The stall watchdog (see watch) runs until stopWatch closes.
 	stopWatch chan struct{}
 	watchDone chan struct{}
@@ -365,7 +369,7 @@ type Runtime struct {
 // New returns a Runtime with no tasks.
 func New(opts Options) *Runtime {
 	opts.setDefaults()
-	r := &Runtime{opts: opts, log: opts.Logger, pool: opts.Pool, tasks: make(map[string]*task)}
+	r := &Runtime{opts: opts, log: opts.Logger, pool: opts.Pool, tasks: make(map[string]*task), progress: make(chan struct{}, 1)}
 	if r.pool == nil {
 		r.pool = dataplane.NewPool()
 		r.ownPool = true
@@ -375,6 +379,19 @@ func New(opts Options) *Runtime {
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
 	go r.watch()
 	return r
+}
+
+// ProgressChanged signals (at most one pending signal) that some task
+// acknowledged a reconfiguration plan or reached a new marker level: the
+// worker reports at once instead of at its next interval, since the
+// coordinator advances the plan on those reports.
+func (r *Runtime) ProgressChanged() <-chan struct{} { return r.progress }
+
+func (r *Runtime) noteProgress() {
+	select {
+	case r.progress <- struct{}{}:
+	default:
+	}
 }
 
 // watch checks every task for stalls a few times per StallAfter until the
