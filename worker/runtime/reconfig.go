@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"sync/atomic"
@@ -86,6 +87,20 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 		return
 	}
 	t.rc.pending.Store(rc)
+	if t.genCtl != nil {
+		// A generator installs it before its next record; one that is
+		// held (a rescale, the quiescent baseline) takes it now.
+		c := genCmd{f: func() {
+			if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+				t.emitErr = err
+			}
+		}, done: make(chan struct{})}
+		select {
+		case t.genCtl <- c:
+			<-c.done
+		default:
+		}
+	}
 	if t.proc == nil {
 		return
 	}
@@ -447,4 +462,25 @@ func (t *task) reconfigProgress(st *TaskState) {
 	case r.markers.Load() != nil:
 		st.ReconfigMarkers = *r.markers.Load()
 	}
+}
+
+// PauseSources holds every generator source task of query on this runtime
+// between two records, for the quiescent reconfiguration strategy (pause,
+// drain, swap, resume), which exists only as the baseline the live one is
+// measured against. It returns the lowest and the highest stream time the
+// held sources produced (everything downstream drains up to the lowest)
+// and a function that resumes them (call it once).
+func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int64, resume func()) {
+	low, high = math.MaxInt64, math.MinInt64
+	hold := make(chan struct{})
+	for _, t := range r.tasksByID() {
+		if t.spec.Query != query || t.gen == nil || t.genCtl == nil {
+			continue
+		}
+		var f int64
+		if t.onGenerator(ctx, func() { f = t.maxSTime }, hold) {
+			low, high = min(low, f), max(high, f)
+		}
+	}
+	return low, high, func() { close(hold) }
 }
