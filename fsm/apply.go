@@ -247,6 +247,7 @@ func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
 		updated.WorkerID = ""
 		// The copy on the deleted worker is gone: the next is a new one.
 		updated.Generation = t.Gen() + 1
+		updated.resetReconfig()
 		updated.State = TaskStatePending
 		updated.Message = fmt.Sprintf("worker %s deleted", r.WorkerID)
 		if r.reason != "" {
@@ -453,6 +454,7 @@ func (r *PlaceTasksRequest) apply(tx *writeTx) (any, error) {
 		}
 		updated := *t
 		updated.WorkerID = m.workerID
+		updated.resetReconfig() // another copy now
 		updated.State = TaskStatePending
 		updated.Message = m.message
 		updated.ModifyIndex = tx.index

@@ -244,6 +244,15 @@ func (r *ReconfigureQueryRequest) apply(tx *writeTx) (any, error) {
 	return p.Epoch, tx.bumpAssignIndex(hosts)
 }
 
+// resetReconfig forgets the reconfiguration progress a task's previous
+// copy reported: a new copy (another generation) reports its own. Keeping
+// the old copy's level could complete a plan (and remove old versions
+// everywhere) while the new copy still replays tuples of an older epoch
+// from its upstreams' buffers.
+func (t *Task) resetReconfig() {
+	t.ReconfigAcked, t.ReconfigLevel, t.ReconfigFrontier, t.ReconfigMarkers = 0, 0, 0, nil
+}
+
 // advanceReconfig moves the query's plans to their next phase where every
 // task's reports allow it, and tells the query's workers (assignment
 // views) when something changed. changed reports whether it did.

@@ -120,3 +120,36 @@ func TestReconfigRefusedPlanChangesNothing(t *testing.T) {
 	delete(after, "index")
 	requireSameState(t, before, after)
 }
+
+// TestReconfigNewCopyReportsItsOwnProgress: a task placed elsewhere (a new
+// copy) forgets the progress its previous copy reported, so a plan cannot
+// complete on the old copy's level while the new one still catches up.
+func TestReconfigNewCopyReportsItsOwnProgress(t *testing.T) {
+	h := newHarness(t)
+	reconfigQuery(t, h)
+	h.mustApply(ReconfigureQueryType, ReconfigureQueryRequest{Query: "q", Plan: ReconfigPlan{Epoch: 1, SwitchMargin: 1,
+		Changes: []OperatorChange{{Operator: "f", Version: 2}}}})
+	report(t, h, "a", "q/src/p0/r0", 1, 0, 10)
+	report(t, h, "b", "q/f/p0/r0", 1, 0, 10)
+	report(t, h, "a", "q/src/p0/r0", 1, 1, 20)
+	report(t, h, "b", "q/f/p0/r0", 1, 0, 20)
+	r := planResult(t, h.apply(ApplyPlanType, ApplyPlanRequest{Source: PlanSourceMove,
+		Placements: []PlannedPlacement{{TaskID: "q/f/p0/r0", FromWorker: "b", FromGeneration: 1, ToWorker: "a"}}}))
+	if len(r.Placed) != 1 {
+		t.Fatalf("move not placed: %+v", r)
+	}
+	if tk, _ := h.state().Task(nil, "q/f/p0/r0"); tk.ReconfigAcked != 0 || tk.ReconfigLevel != 0 {
+		t.Fatalf("the new copy kept the old copy's progress: %+v", tk)
+	}
+	// The old copy's late report of its level is not the task's.
+	h.mustApply(UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "b", States: []TaskStateUpdate{{
+		TaskID: "q/f/p0/r0", State: states.TaskRunning, Generation: 1, Reconfig: true, ReconfigAcked: 1, ReconfigLevel: 1}}})
+	if plans(t, h).Completed() != 0 {
+		t.Fatal("completed on the old copy's report")
+	}
+	h.mustApply(UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "a", States: []TaskStateUpdate{{
+		TaskID: "q/f/p0/r0", State: states.TaskRunning, Generation: 2, Reconfig: true, ReconfigAcked: 1, ReconfigLevel: 1}}})
+	if plans(t, h).Completed() != 1 {
+		t.Fatal("not completed once the new copy reported its level")
+	}
+}
