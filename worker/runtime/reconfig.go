@@ -179,13 +179,20 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 			t.op = operator.Chain(r.members...)
 		}
 	}
+	known := len(r.cuts)
 	r.cuts = r.cuts[:0]
 	loading := false
 	for _, p := range rc.Plans {
 		if p.Phase == fsm.ReconfigLoading {
 			loading = true
-		} else {
-			r.cuts = append(r.cuts, epochCut{p.Epoch, p.Cut})
+			continue
+		}
+		r.cuts = append(r.cuts, epochCut{p.Epoch, p.Cut})
+		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
+			// Every tuple is still processed by one configuration, but
+			// this source switches later than its replicas may have.
+			t.log.Warn("reconfiguration cut learned after passing it: switching at the next boundary (a larger --switch-margin avoids it)",
+				"epoch", p.Epoch, "cut", p.Cut, "frontier", t.maxSTime)
 		}
 	}
 	r.dynamic = rc.Tracking == fsm.TrackingDynamic
