@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -177,8 +178,15 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
-		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
-			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked})
+		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
+		if rp := t.Reconfig; rp != nil {
+			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier = true, rp.Acked, rp.Level, rp.Frontier
+			for _, m := range rp.Markers {
+				u.ReconfigMarkers = append(u.ReconfigMarkers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
+			}
+		}
+		upd.States = append(upd.States, u)
 	}
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
@@ -233,6 +241,13 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
+		if rc := q.Query.Reconfig; rc != nil {
+			b, err := json.Marshal(rc)
+			if err != nil {
+				return nil, status.Errorf(codes.Internal, "encode reconfiguration of %q: %v", q.Query.Name, err)
+			}
+			view.ReconfigJson = b
+		}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex
 		for _, m := range q.SlotMaps {
 			if m.QueryIndex != q.Query.CreateIndex {
@@ -277,6 +292,11 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			a.Bootstrap = bootstrapSource(t, q.Tasks, q.WorkerAddrs, ready)
 			if a.Bootstrap != nil && t.MovingFrom != "" && isIngestSource(&s.plans, q.Query, t.Fragment) {
 				a.Bootstrap.Halt = true // see isIngestSource
+			}
+		}
+		if q := views[t.Query]; q != nil && q.Query.Reconfig != nil {
+			if plan := s.plans.plan(q.Query); plan != nil {
+				a.MarkersExpected = int32(markersExpected(plan, t.Fragment, q.SlotMaps))
 			}
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {

@@ -3,6 +3,7 @@ package fsm
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 
 	"github.com/fedstream/fedstream/rpc/authz"
@@ -246,6 +247,7 @@ func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
 		updated.WorkerID = ""
 		// The copy on the deleted worker is gone: the next is a new one.
 		updated.Generation = t.Gen() + 1
+		updated.resetReconfig()
 		updated.State = TaskStatePending
 		updated.Message = fmt.Sprintf("worker %s deleted", r.WorkerID)
 		if r.reason != "" {
@@ -452,6 +454,7 @@ func (r *PlaceTasksRequest) apply(tx *writeTx) (any, error) {
 		}
 		updated := *t
 		updated.WorkerID = m.workerID
+		updated.resetReconfig() // another copy now
 		updated.State = TaskStatePending
 		updated.Message = m.message
 		updated.ModifyIndex = tx.index
@@ -483,6 +486,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		}
 	}
 	result := &UpdateTaskStatesResult{}
+	reconfigured := stringSet{}
 	for _, u := range r.States {
 		t, err := txFirst[Task](tx, TableTasks, u.TaskID)
 		if err != nil {
@@ -531,10 +535,19 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		// A position matters only during a move (a copy may still report
 		// one until its assignment shows the move ended).
 		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
-		if t.State == u.State && t.Message == u.Message && t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos {
+		sameReconfig := !u.Reconfig || (t.ReconfigAcked == u.ReconfigAcked && t.ReconfigLevel == u.ReconfigLevel &&
+			t.ReconfigFrontier == u.ReconfigFrontier && slices.Equal(t.ReconfigMarkers, u.ReconfigMarkers))
+		if t.State == u.State && t.Message == u.Message && t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos && sameReconfig {
 			continue
 		}
 		updated := *t
+		if u.Reconfig {
+			updated.ReconfigAcked, updated.ReconfigLevel, updated.ReconfigFrontier = u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier
+			updated.ReconfigMarkers = slices.Clone(u.ReconfigMarkers)
+			if !sameReconfig {
+				reconfigured.add(t.Query)
+			}
+		}
 		updated.State = u.State
 		updated.Message = u.Message
 		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
@@ -555,6 +568,11 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 			return nil, err
 		}
 		result.Updated++
+	}
+	for _, q := range reconfigured.sorted() {
+		if _, err := tx.advanceReconfig(q); err != nil {
+			return nil, err
+		}
 	}
 	return result, nil
 }

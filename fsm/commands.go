@@ -42,6 +42,14 @@ const (
 	ApplyPlanType MessageType = 40
 )
 
+// Command types of live reconfiguration (issue 13), from 60 so that no
+// other work's additions collide with them.
+const (
+	// ReconfigureQueryType carries a ReconfigureQueryRequest: one
+	// reconfiguration plan (new operator versions) for a running query.
+	ReconfigureQueryType MessageType = 60
+)
+
 var messageTypeNames = map[MessageType]string{
 	RegisterWorkerType:        "RegisterWorker",
 	SetWorkerStatusType:       "SetWorkerStatus",
@@ -57,6 +65,7 @@ var messageTypeNames = map[MessageType]string{
 	RecordHealthActionType:    "RecordHealthAction",
 	RevokeTokenType:           "RevokeToken",
 	ApplyPlanType:             "ApplyPlan",
+	ReconfigureQueryType:      "ReconfigureQuery",
 }
 
 // String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".
@@ -191,6 +200,14 @@ type TaskStateUpdate struct {
 	// the leader's bound on a new copy's catch-up (the other fields are
 	// then ignored). Protocol 5.
 	SwitchMove bool `json:"switch_move,omitempty"`
+	// Live reconfiguration progress (see Task.ReconfigAcked); a report
+	// with Reconfig false leaves the task's progress as it is (workers of
+	// older builds). Protocol 6.
+	Reconfig         bool              `json:"reconfig,omitempty"`
+	ReconfigAcked    uint64            `json:"reconfig_acked,omitempty"`
+	ReconfigLevel    uint64            `json:"reconfig_level,omitempty"`
+	ReconfigFrontier int64             `json:"reconfig_frontier,omitempty"`
+	ReconfigMarkers  []ReconfigMarkers `json:"reconfig_markers,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

@@ -263,6 +263,22 @@ func TestCommands(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "reconfigure query",
+			steps: []step{
+				submitQ1,
+				{typ: ReconfigureQueryType, body: ReconfigureQueryRequest{Query: "q1", Plan: ReconfigPlan{Epoch: 1,
+					Changes: []OperatorChange{{Operator: "f0", Version: 2, SpecJSON: []byte(`{"name":"f0"}`)}}}}},
+				{typ: ReconfigureQueryType, body: ReconfigureQueryRequest{Query: "q1", Plan: ReconfigPlan{Epoch: 1,
+					Changes: []OperatorChange{{Operator: "f0", Version: 2}}}}, wantErr: ErrInvalidRequest},
+			},
+			check: func(t *testing.T, h *harness) {
+				q, _ := h.state().Query(nil, "q1")
+				if q.Reconfig == nil || q.Reconfig.Latest() != 1 || q.Reconfig.Plans[0].Phase != ReconfigLoading {
+					t.Fatalf("reconfig = %+v", q.Reconfig)
+				}
+			},
+		},
 	}
 	covered := map[MessageType]bool{}
 	for _, tc := range cases {

@@ -604,6 +604,7 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 			// The copy on t.WorkerID ends; the next one is a new copy.
 			updated.Generation++
 		}
+		updated.resetReconfig()
 		updated.endMove()
 		if p.Live && t.WorkerID != "" && p.ToWorker != "" {
 			updated.MovingFrom, updated.MovingFromGeneration = t.WorkerID, t.Gen()

@@ -66,13 +66,16 @@ type Worker struct {
 
 // Query is a continuous query's definition.
 type Query struct {
-	Name        string `json:"name"`
-	SpecJSON    []byte `json:"spec_json,omitempty"`
-	Status      string `json:"status"` // QueryStatusRunning | QueryStatusStopped
-	Replicas    int    `json:"replicas"`
-	MaxDelay    string `json:"max_delay"`
-	CreateIndex uint64 `json:"create_index"`
-	ModifyIndex uint64 `json:"modify_index"`
+	Name     string `json:"name"`
+	SpecJSON []byte `json:"spec_json,omitempty"`
+	Status   string `json:"status"` // QueryStatusRunning | QueryStatusStopped
+	Replicas int    `json:"replicas"`
+	MaxDelay string `json:"max_delay"`
+	// Reconfig is the query's live reconfiguration state (plans and the
+	// versions they introduced); nil until the first plan (issue 13).
+	Reconfig    *QueryReconfig `json:"reconfig,omitempty"`
+	CreateIndex uint64         `json:"create_index"`
+	ModifyIndex uint64         `json:"modify_index"`
 }
 
 // Task is one copy of one fragment of a query: the unit of placement.
@@ -127,9 +130,18 @@ type Task struct {
 	MovingFromPosition *uint64 `json:"moving_from_position,omitempty"`
 	// MoveBlocked: the new copy reported its output blocked (full, no
 	// consumer yet): it cannot catch up further, so the move ends.
-	MoveBlocked bool   `json:"move_blocked,omitempty"`
-	CreateIndex uint64 `json:"create_index"`
-	ModifyIndex uint64 `json:"modify_index"`
+	MoveBlocked bool `json:"move_blocked,omitempty"`
+	// Live reconfiguration progress the copy reported (see
+	// QueryReconfig): the newest epoch whose versions it has loaded, the
+	// newest epoch whose markers it has from every upstream instance, the
+	// highest stream time it has produced, and its marker counts for the
+	// epochs above ReconfigLevel.
+	ReconfigAcked    uint64            `json:"reconfig_acked,omitempty"`
+	ReconfigLevel    uint64            `json:"reconfig_level,omitempty"`
+	ReconfigFrontier int64             `json:"reconfig_frontier,omitempty"`
+	ReconfigMarkers  []ReconfigMarkers `json:"reconfig_markers,omitempty"`
+	CreateIndex      uint64            `json:"create_index"`
+	ModifyIndex      uint64            `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.

@@ -54,6 +54,8 @@ type liveOrg struct {
 	cancel  map[string]context.CancelFunc
 	admin   pb.AdminServiceClient
 	pool    *dataplane.Pool
+	// reconfig is the live reconfiguration service (issue 13).
+	reconfig pb.ReconfigServiceClient
 }
 
 func newLiveOrg(t *testing.T, workers int) *liveOrg {
@@ -75,6 +77,7 @@ func newLiveOrg(t *testing.T, workers int) *liveOrg {
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	o.admin = pb.NewAdminServiceClient(conn)
+	o.reconfig = pb.NewReconfigServiceClient(conn)
 	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
 	t.Cleanup(func() { _ = o.pool.Close() })
 	for i := range workers {

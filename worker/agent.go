@@ -5,6 +5,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/internal/opshttp"
 	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
@@ -582,6 +584,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 		spec       *queryspec.Query
 		placements []wrt.Placement
 		slotMaps   map[string]*wrt.SlotMap
+		reconfig   *fsm.QueryReconfig
 	}
 	queries := map[string]*qinfo{}
 	var errs []error
@@ -592,6 +595,14 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 			continue
 		}
 		qi := &qinfo{spec: spec}
+		if len(q.ReconfigJson) > 0 {
+			var rc fsm.QueryReconfig
+			if err := json.Unmarshal(q.ReconfigJson, &rc); err != nil {
+				errs = append(errs, fmt.Errorf("query %s: reconfiguration: %w", q.Name, err))
+				continue
+			}
+			qi.reconfig = &rc
+		}
 		for _, t := range q.Tasks {
 			qi.placements = append(qi.placements, wrt.Placement{
 				TaskID: t.TaskId, Fragment: t.Fragment, Partition: int(t.Partition), Replica: int(t.Replica),
@@ -625,7 +636,8 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 			// The old copy of a live move, or its new copy (whose
 			// bootstrap source is a copy of the same task; a peer
 			// replica's has another id).
-			InMove: a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
+			InMove:   a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
+			Reconfig: qi.reconfig, MarkersExpected: int(a.MarkersExpected),
 		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}
@@ -682,7 +694,18 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 func (w *Worker) reportLoop(ctx context.Context) {
 	last := map[string]wrt.TaskState{}
 	interval := 250 * time.Millisecond
-	for sleepCtx(ctx, interval) {
+	timer := time.NewTimer(interval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-w.runtime.ProgressChanged():
+			// A reconfiguration step: the coordinator waits for it.
+		}
+		// Reset discards a value the timer may hold (Go 1.23 timers).
+		timer.Reset(interval)
 		id, _, epoch := w.identity()
 		cur := map[string]wrt.TaskState{}
 		var changed []*pb.TaskState
@@ -697,6 +720,14 @@ func (w *Worker) reportLoop(ctx context.Context) {
 					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone}
 				if st.InMove {
 					ts.MovePosition, ts.MoveBlocked = &st.Position, st.Blocked
+				}
+				if st.Reconfig {
+					ts.Reconfig = &pb.ReconfigProgress{Acked: st.ReconfigAcked, Level: st.ReconfigLevel, Frontier: st.ReconfigFrontier}
+					for _, m := range st.ReconfigMarkers {
+						if m.Epoch != 0 {
+							ts.Reconfig.Markers = append(ts.Reconfig.Markers, &pb.ReconfigMarkers{Epoch: m.Epoch, Seen: int32(m.Seen), Expected: int32(m.Expected)})
+						}
+					}
 				}
 				changed = append(changed, ts)
 			}

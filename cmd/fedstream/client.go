@@ -212,7 +212,8 @@ func newWorkersCmd() *cobra.Command {
 
 func newQueryCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "query", Short: "Submit, list, inspect and stop continuous queries"}
-	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd(), newQueryStatsCmd(), newQueryScaleCmd())
+	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd(), newQueryStatsCmd(), newQueryScaleCmd(),
+		newQueryUpdateCmd(), newQueryVersionsCmd())
 	return cmd
 }
 

@@ -376,6 +376,13 @@ func resultJSON(t *tuple.Tuple, schema *tuple.Schema, sink string) ([]byte, erro
 			return nil, err
 		}
 	}
+	if t.Version != 0 {
+		// The configuration (epoch) whose versions produced the result
+		// (live reconfiguration); absent while the query has none.
+		if err := add("version", t.Version); err != nil {
+			return nil, err
+		}
+	}
 	b.WriteString(`,"values":{`)
 	for i, v := range t.Values {
 		if i > 0 {

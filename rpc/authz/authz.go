@@ -165,6 +165,9 @@ var Methods = map[string]Need{
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
 	// Rescaling a query changes placements and slot maps.
 	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
+	// Live reconfiguration (issue 13): a plan changes what a query runs.
+	pb.ReconfigService_UpdateQuery_FullMethodName:   NeedWriter,
+	pb.ReconfigService_QueryVersions_FullMethodName: NeedReader,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

@@ -439,9 +439,13 @@ type Assignment struct {
 	// The old copy of a task in a live move, still run by its worker until
 	// the new copy reports running: it serves its output (and, once, its
 	// snapshot) and is then stopped.
-	MovingOut     bool `protobuf:"varint,81,opt,name=moving_out,json=movingOut,proto3" json:"moving_out,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	MovingOut bool `protobuf:"varint,81,opt,name=moving_out,json=movingOut,proto3" json:"moving_out,omitempty"`
+	// ---- live reconfiguration (issue 13)
+	// How many reconfiguration markers the task gets per epoch: one per
+	// upstream instance (partition) it reads.
+	MarkersExpected int32 `protobuf:"varint,290,opt,name=markers_expected,json=markersExpected,proto3" json:"markers_expected,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -551,6 +555,13 @@ func (x *Assignment) GetMovingOut() bool {
 	return false
 }
 
+func (x *Assignment) GetMarkersExpected() int32 {
+	if x != nil {
+		return x.MarkersExpected
+	}
+	return 0
+}
+
 // Where one task of a query runs; workers use these to find upstreams.
 type TaskPlacement struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
@@ -658,7 +669,12 @@ type QueryView struct {
 	// ---- plans and slot ownership (issue 9)
 	// The slot map of every keyed fragment of the query: upstream tasks
 	// route each key to the partition owning its slot.
-	SlotMaps      []*SlotMap `protobuf:"bytes,50,rep,name=slot_maps,json=slotMaps,proto3" json:"slot_maps,omitempty"`
+	SlotMaps []*SlotMap `protobuf:"bytes,50,rep,name=slot_maps,json=slotMaps,proto3" json:"slot_maps,omitempty"`
+	// ---- live reconfiguration (issue 13)
+	// The JSON of the query's reconfiguration state (fsm.QueryReconfig):
+	// its plans, the operator versions they introduced, their phases and
+	// cuts. Empty while the query has no plan.
+	ReconfigJson  []byte `protobuf:"bytes,290,opt,name=reconfig_json,json=reconfigJson,proto3" json:"reconfig_json,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -724,6 +740,13 @@ func (x *QueryView) GetTasks() []*TaskPlacement {
 func (x *QueryView) GetSlotMaps() []*SlotMap {
 	if x != nil {
 		return x.SlotMaps
+	}
+	return nil
+}
+
+func (x *QueryView) GetReconfigJson() []byte {
+	if x != nil {
+		return x.ReconfigJson
 	}
 	return nil
 }
@@ -995,7 +1018,9 @@ type TaskState struct {
 	// An append to one of the copy's outputs is blocked (full, and no
 	// consumer reads this copy yet): it cannot go further until consumers
 	// switch to it, so they switch now.
-	MoveBlocked   bool `protobuf:"varint,231,opt,name=move_blocked,json=moveBlocked,proto3" json:"move_blocked,omitempty"`
+	MoveBlocked bool `protobuf:"varint,231,opt,name=move_blocked,json=moveBlocked,proto3" json:"move_blocked,omitempty"`
+	// ---- live reconfiguration (issue 13)
+	Reconfig      *ReconfigProgress `protobuf:"bytes,290,opt,name=reconfig,proto3" json:"reconfig,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1105,6 +1130,13 @@ func (x *TaskState) GetMoveBlocked() bool {
 		return x.MoveBlocked
 	}
 	return false
+}
+
+func (x *TaskState) GetReconfig() *ReconfigProgress {
+	if x != nil {
+		return x.Reconfig
+	}
+	return nil
 }
 
 type ReportTasksRequest struct {
@@ -5402,6 +5434,719 @@ func (x *LoadStatusResponse) GetStatusJson() []byte {
 	return nil
 }
 
+// A task's progress in its query's reconfiguration plans.
+type ReconfigProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The newest epoch whose operator versions the task has loaded.
+	Acked uint64 `protobuf:"varint,1,opt,name=acked,proto3" json:"acked,omitempty"`
+	// The newest epoch whose markers the task has from every upstream
+	// instance (its old versions for older epochs are removed).
+	Level uint64 `protobuf:"varint,2,opt,name=level,proto3" json:"level,omitempty"`
+	// The highest stream time the task has produced or released.
+	Frontier int64 `protobuf:"varint,3,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	// Marker counts of the epochs above level.
+	Markers       []*ReconfigMarkers `protobuf:"bytes,4,rep,name=markers,proto3" json:"markers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigProgress) Reset() {
+	*x = ReconfigProgress{}
+	mi := &file_fedstream_proto_msgTypes[83]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigProgress) ProtoMessage() {}
+
+func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[83]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigProgress.ProtoReflect.Descriptor instead.
+func (*ReconfigProgress) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
+}
+
+func (x *ReconfigProgress) GetAcked() uint64 {
+	if x != nil {
+		return x.Acked
+	}
+	return 0
+}
+
+func (x *ReconfigProgress) GetLevel() uint64 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+func (x *ReconfigProgress) GetFrontier() int64 {
+	if x != nil {
+		return x.Frontier
+	}
+	return 0
+}
+
+func (x *ReconfigProgress) GetMarkers() []*ReconfigMarkers {
+	if x != nil {
+		return x.Markers
+	}
+	return nil
+}
+
+type ReconfigMarkers struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Seen          int32                  `protobuf:"varint,2,opt,name=seen,proto3" json:"seen,omitempty"`
+	Expected      int32                  `protobuf:"varint,3,opt,name=expected,proto3" json:"expected,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigMarkers) Reset() {
+	*x = ReconfigMarkers{}
+	mi := &file_fedstream_proto_msgTypes[84]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigMarkers) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigMarkers) ProtoMessage() {}
+
+func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[84]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
+func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
+}
+
+func (x *ReconfigMarkers) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReconfigMarkers) GetSeen() int32 {
+	if x != nil {
+		return x.Seen
+	}
+	return 0
+}
+
+func (x *ReconfigMarkers) GetExpected() int32 {
+	if x != nil {
+		return x.Expected
+	}
+	return 0
+}
+
+type UpdateQueryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The whole query YAML with some operators' definitions changed.
+	Yaml     []byte `protobuf:"bytes,1,opt,name=yaml,proto3" json:"yaml,omitempty"`
+	Filename string `protobuf:"bytes,2,opt,name=filename,proto3" json:"filename,omitempty"`
+	// "live" (default); "quiescent" is refused (not built).
+	Strategy string `protobuf:"bytes,3,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	// "static" or "dynamic" version tracking; empty keeps the query's.
+	Tracking       string `protobuf:"bytes,4,opt,name=tracking,proto3" json:"tracking,omitempty"`
+	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	// Stream time between the highest reported frontier and the cut at
+	// which sources switch; 0: the default (2 s).
+	SwitchMarginMs int64 `protobuf:"varint,6,opt,name=switch_margin_ms,json=switchMarginMs,proto3" json:"switch_margin_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *UpdateQueryRequest) Reset() {
+	*x = UpdateQueryRequest{}
+	mi := &file_fedstream_proto_msgTypes[85]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateQueryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateQueryRequest) ProtoMessage() {}
+
+func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[85]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
+func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{85}
+}
+
+func (x *UpdateQueryRequest) GetYaml() []byte {
+	if x != nil {
+		return x.Yaml
+	}
+	return nil
+}
+
+func (x *UpdateQueryRequest) GetFilename() string {
+	if x != nil {
+		return x.Filename
+	}
+	return ""
+}
+
+func (x *UpdateQueryRequest) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+func (x *UpdateQueryRequest) GetTracking() string {
+	if x != nil {
+		return x.Tracking
+	}
+	return ""
+}
+
+func (x *UpdateQueryRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+func (x *UpdateQueryRequest) GetSwitchMarginMs() int64 {
+	if x != nil {
+		return x.SwitchMarginMs
+	}
+	return 0
+}
+
+type OperatorVersionChange struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Operator      string                 `protobuf:"bytes,1,opt,name=operator,proto3" json:"operator,omitempty"`
+	Version       int32                  `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperatorVersionChange) Reset() {
+	*x = OperatorVersionChange{}
+	mi := &file_fedstream_proto_msgTypes[86]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperatorVersionChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperatorVersionChange) ProtoMessage() {}
+
+func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[86]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
+func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{86}
+}
+
+func (x *OperatorVersionChange) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *OperatorVersionChange) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+type UpdateQueryResponse struct {
+	state         protoimpl.MessageState   `protogen:"open.v1"`
+	Name          string                   `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Epoch         uint64                   `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Changes       []*OperatorVersionChange `protobuf:"bytes,3,rep,name=changes,proto3" json:"changes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateQueryResponse) Reset() {
+	*x = UpdateQueryResponse{}
+	mi := &file_fedstream_proto_msgTypes[87]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateQueryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateQueryResponse) ProtoMessage() {}
+
+func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[87]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
+func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{87}
+}
+
+func (x *UpdateQueryResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateQueryResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *UpdateQueryResponse) GetChanges() []*OperatorVersionChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+type QueryVersionsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryVersionsRequest) Reset() {
+	*x = QueryVersionsRequest{}
+	mi := &file_fedstream_proto_msgTypes[88]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryVersionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryVersionsRequest) ProtoMessage() {}
+
+func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[88]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
+func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{88}
+}
+
+func (x *QueryVersionsRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type VersionInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Version int32                  `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	Active  bool                   `protobuf:"varint,2,opt,name=active,proto3" json:"active,omitempty"`
+	// The epoch whose plan introduced the version (0: as submitted).
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Tasks running the operator, and how many have loaded this version.
+	Tasks      int32 `protobuf:"varint,4,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	TasksAcked int32 `protobuf:"varint,5,opt,name=tasks_acked,json=tasksAcked,proto3" json:"tasks_acked,omitempty"`
+	// Markers the operator's tasks expect for the version's epoch, and how
+	// many have arrived.
+	MarkersExpected int32 `protobuf:"varint,6,opt,name=markers_expected,json=markersExpected,proto3" json:"markers_expected,omitempty"`
+	MarkersSeen     int32 `protobuf:"varint,7,opt,name=markers_seen,json=markersSeen,proto3" json:"markers_seen,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *VersionInfo) Reset() {
+	*x = VersionInfo{}
+	mi := &file_fedstream_proto_msgTypes[89]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionInfo) ProtoMessage() {}
+
+func (x *VersionInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[89]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
+func (*VersionInfo) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{89}
+}
+
+func (x *VersionInfo) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *VersionInfo) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *VersionInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *VersionInfo) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *VersionInfo) GetTasksAcked() int32 {
+	if x != nil {
+		return x.TasksAcked
+	}
+	return 0
+}
+
+func (x *VersionInfo) GetMarkersExpected() int32 {
+	if x != nil {
+		return x.MarkersExpected
+	}
+	return 0
+}
+
+func (x *VersionInfo) GetMarkersSeen() int32 {
+	if x != nil {
+		return x.MarkersSeen
+	}
+	return 0
+}
+
+type OperatorVersions struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Operator      string                 `protobuf:"bytes,1,opt,name=operator,proto3" json:"operator,omitempty"`
+	Versions      []*VersionInfo         `protobuf:"bytes,2,rep,name=versions,proto3" json:"versions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OperatorVersions) Reset() {
+	*x = OperatorVersions{}
+	mi := &file_fedstream_proto_msgTypes[90]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OperatorVersions) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OperatorVersions) ProtoMessage() {}
+
+func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[90]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
+func (*OperatorVersions) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{90}
+}
+
+func (x *OperatorVersions) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *OperatorVersions) GetVersions() []*VersionInfo {
+	if x != nil {
+		return x.Versions
+	}
+	return nil
+}
+
+type ReconfigPlanInfo struct {
+	state           protoimpl.MessageState   `protogen:"open.v1"`
+	Epoch           uint64                   `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Phase           string                   `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	Cut             int64                    `protobuf:"varint,3,opt,name=cut,proto3" json:"cut,omitempty"`
+	Changes         []*OperatorVersionChange `protobuf:"bytes,4,rep,name=changes,proto3" json:"changes,omitempty"`
+	Tasks           int32                    `protobuf:"varint,5,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	TasksAcked      int32                    `protobuf:"varint,6,opt,name=tasks_acked,json=tasksAcked,proto3" json:"tasks_acked,omitempty"`
+	MarkersExpected int32                    `protobuf:"varint,7,opt,name=markers_expected,json=markersExpected,proto3" json:"markers_expected,omitempty"`
+	MarkersSeen     int32                    `protobuf:"varint,8,opt,name=markers_seen,json=markersSeen,proto3" json:"markers_seen,omitempty"`
+	// Tasks holding the plan because they are not placed or their worker
+	// is not ready.
+	Disconnected  []string `protobuf:"bytes,9,rep,name=disconnected,proto3" json:"disconnected,omitempty"`
+	Strategy      string   `protobuf:"bytes,10,opt,name=strategy,proto3" json:"strategy,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigPlanInfo) Reset() {
+	*x = ReconfigPlanInfo{}
+	mi := &file_fedstream_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigPlanInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigPlanInfo) ProtoMessage() {}
+
+func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
+func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *ReconfigPlanInfo) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ReconfigPlanInfo) GetCut() int64 {
+	if x != nil {
+		return x.Cut
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetChanges() []*OperatorVersionChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *ReconfigPlanInfo) GetTasks() int32 {
+	if x != nil {
+		return x.Tasks
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetTasksAcked() int32 {
+	if x != nil {
+		return x.TasksAcked
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetMarkersExpected() int32 {
+	if x != nil {
+		return x.MarkersExpected
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetMarkersSeen() int32 {
+	if x != nil {
+		return x.MarkersSeen
+	}
+	return 0
+}
+
+func (x *ReconfigPlanInfo) GetDisconnected() []string {
+	if x != nil {
+		return x.Disconnected
+	}
+	return nil
+}
+
+func (x *ReconfigPlanInfo) GetStrategy() string {
+	if x != nil {
+		return x.Strategy
+	}
+	return ""
+}
+
+type QueryVersionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Tracking      string                 `protobuf:"bytes,2,opt,name=tracking,proto3" json:"tracking,omitempty"`
+	Operators     []*OperatorVersions    `protobuf:"bytes,3,rep,name=operators,proto3" json:"operators,omitempty"`
+	Plans         []*ReconfigPlanInfo    `protobuf:"bytes,4,rep,name=plans,proto3" json:"plans,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QueryVersionsResponse) Reset() {
+	*x = QueryVersionsResponse{}
+	mi := &file_fedstream_proto_msgTypes[92]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QueryVersionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QueryVersionsResponse) ProtoMessage() {}
+
+func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[92]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
+func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
+}
+
+func (x *QueryVersionsResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *QueryVersionsResponse) GetTracking() string {
+	if x != nil {
+		return x.Tracking
+	}
+	return ""
+}
+
+func (x *QueryVersionsResponse) GetOperators() []*OperatorVersions {
+	if x != nil {
+		return x.Operators
+	}
+	return nil
+}
+
+func (x *QueryVersionsResponse) GetPlans() []*ReconfigPlanInfo {
+	if x != nil {
+		return x.Plans
+	}
+	return nil
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -5432,7 +6177,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xf9\x02\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xa5\x03\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -5450,7 +6195,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05slots\x184 \x03(\v2\x17.fedstream.v1.SlotRangeR\x05slots\x12:\n" +
 	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\x12\x1d\n" +
 	"\n" +
-	"moving_out\x18Q \x01(\bR\tmovingOut\"\xda\x01\n" +
+	"moving_out\x18Q \x01(\bR\tmovingOut\x12*\n" +
+	"\x10markers_expected\x18\xa2\x02 \x01(\x05R\x0fmarkersExpected\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -5461,13 +6207,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"workerAddr\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xb9\x01\n" +
+	"generation\"\xdf\x01\n" +
 	"\tQueryView\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x1b\n" +
 	"\tspec_json\x18\x03 \x01(\fR\bspecJson\x121\n" +
 	"\x05tasks\x18\x04 \x03(\v2\x1b.fedstream.v1.TaskPlacementR\x05tasks\x122\n" +
-	"\tslot_maps\x182 \x03(\v2\x15.fedstream.v1.SlotMapR\bslotMaps\"S\n" +
+	"\tslot_maps\x182 \x03(\v2\x15.fedstream.v1.SlotMapR\bslotMaps\x12$\n" +
+	"\rreconfig_json\x18\xa2\x02 \x01(\fR\freconfigJson\"S\n" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
@@ -5489,7 +6236,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\x89\x03\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xc6\x03\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -5503,7 +6250,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bfrontier\x18o \x01(\x03R\bfrontier\x12\x19\n" +
 	"\bcut_done\x18p \x01(\x04R\acutDone\x12)\n" +
 	"\rmove_position\x18\xe6\x01 \x01(\x04H\x00R\fmovePosition\x88\x01\x01\x12\"\n" +
-	"\fmove_blocked\x18\xe7\x01 \x01(\bR\vmoveBlockedB\x10\n" +
+	"\fmove_blocked\x18\xe7\x01 \x01(\bR\vmoveBlocked\x12;\n" +
+	"\breconfig\x18\xa2\x02 \x01(\v2\x1e.fedstream.v1.ReconfigProgressR\breconfigB\x10\n" +
 	"\x0e_move_position\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
@@ -5815,7 +6563,62 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x12LoadStatusResponse\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1f\n" +
 	"\vstatus_json\x18\x02 \x01(\fR\n" +
-	"statusJson*t\n" +
+	"statusJson\"\x93\x01\n" +
+	"\x10ReconfigProgress\x12\x14\n" +
+	"\x05acked\x18\x01 \x01(\x04R\x05acked\x12\x14\n" +
+	"\x05level\x18\x02 \x01(\x04R\x05level\x12\x1a\n" +
+	"\bfrontier\x18\x03 \x01(\x03R\bfrontier\x127\n" +
+	"\amarkers\x18\x04 \x03(\v2\x1d.fedstream.v1.ReconfigMarkersR\amarkers\"W\n" +
+	"\x0fReconfigMarkers\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04seen\x18\x02 \x01(\x05R\x04seen\x12\x1a\n" +
+	"\bexpected\x18\x03 \x01(\x05R\bexpected\"\xcf\x01\n" +
+	"\x12UpdateQueryRequest\x12\x12\n" +
+	"\x04yaml\x18\x01 \x01(\fR\x04yaml\x12\x1a\n" +
+	"\bfilename\x18\x02 \x01(\tR\bfilename\x12\x1a\n" +
+	"\bstrategy\x18\x03 \x01(\tR\bstrategy\x12\x1a\n" +
+	"\btracking\x18\x04 \x01(\tR\btracking\x12'\n" +
+	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12(\n" +
+	"\x10switch_margin_ms\x18\x06 \x01(\x03R\x0eswitchMarginMs\"M\n" +
+	"\x15OperatorVersionChange\x12\x1a\n" +
+	"\boperator\x18\x01 \x01(\tR\boperator\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x05R\aversion\"~\n" +
+	"\x13UpdateQueryResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12=\n" +
+	"\achanges\x18\x03 \x03(\v2#.fedstream.v1.OperatorVersionChangeR\achanges\"*\n" +
+	"\x14QueryVersionsRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\xda\x01\n" +
+	"\vVersionInfo\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x05R\aversion\x12\x16\n" +
+	"\x06active\x18\x02 \x01(\bR\x06active\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05tasks\x18\x04 \x01(\x05R\x05tasks\x12\x1f\n" +
+	"\vtasks_acked\x18\x05 \x01(\x05R\n" +
+	"tasksAcked\x12)\n" +
+	"\x10markers_expected\x18\x06 \x01(\x05R\x0fmarkersExpected\x12!\n" +
+	"\fmarkers_seen\x18\a \x01(\x05R\vmarkersSeen\"e\n" +
+	"\x10OperatorVersions\x12\x1a\n" +
+	"\boperator\x18\x01 \x01(\tR\boperator\x125\n" +
+	"\bversions\x18\x02 \x03(\v2\x19.fedstream.v1.VersionInfoR\bversions\"\xd4\x02\n" +
+	"\x10ReconfigPlanInfo\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x10\n" +
+	"\x03cut\x18\x03 \x01(\x03R\x03cut\x12=\n" +
+	"\achanges\x18\x04 \x03(\v2#.fedstream.v1.OperatorVersionChangeR\achanges\x12\x14\n" +
+	"\x05tasks\x18\x05 \x01(\x05R\x05tasks\x12\x1f\n" +
+	"\vtasks_acked\x18\x06 \x01(\x05R\n" +
+	"tasksAcked\x12)\n" +
+	"\x10markers_expected\x18\a \x01(\x05R\x0fmarkersExpected\x12!\n" +
+	"\fmarkers_seen\x18\b \x01(\x05R\vmarkersSeen\x12\"\n" +
+	"\fdisconnected\x18\t \x03(\tR\fdisconnected\x12\x1a\n" +
+	"\bstrategy\x18\n" +
+	" \x01(\tR\bstrategy\"\xbb\x01\n" +
+	"\x15QueryVersionsResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\btracking\x18\x02 \x01(\tR\btracking\x12<\n" +
+	"\toperators\x18\x03 \x03(\v2\x1e.fedstream.v1.OperatorVersionsR\toperators\x124\n" +
+	"\x05plans\x18\x04 \x03(\v2\x1e.fedstream.v1.ReconfigPlanInfoR\x05plans*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -5872,7 +6675,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponse2^\n" +
 	"\vLoadService\x12O\n" +
 	"\n" +
-	"LoadStatus\x12\x1f.fedstream.v1.LoadStatusRequest\x1a .fedstream.v1.LoadStatusResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"LoadStatus\x12\x1f.fedstream.v1.LoadStatusRequest\x1a .fedstream.v1.LoadStatusResponse2\xbf\x01\n" +
+	"\x0fReconfigService\x12R\n" +
+	"\vUpdateQuery\x12 .fedstream.v1.UpdateQueryRequest\x1a!.fedstream.v1.UpdateQueryResponse\x12X\n" +
+	"\rQueryVersions\x12\".fedstream.v1.QueryVersionsRequest\x1a#.fedstream.v1.QueryVersionsResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -5887,7 +6693,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -5973,11 +6779,21 @@ var file_fedstream_proto_goTypes = []any{
 	(*FederationMembersResponse)(nil), // 81: fedstream.v1.FederationMembersResponse
 	(*LoadStatusRequest)(nil),         // 82: fedstream.v1.LoadStatusRequest
 	(*LoadStatusResponse)(nil),        // 83: fedstream.v1.LoadStatusResponse
-	nil,                               // 84: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 85: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ReconfigProgress)(nil),          // 84: fedstream.v1.ReconfigProgress
+	(*ReconfigMarkers)(nil),           // 85: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 86: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 87: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 88: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 89: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 90: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 91: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 92: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 93: fedstream.v1.QueryVersionsResponse
+	nil,                               // 94: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 95: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	84, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	94, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
@@ -5988,101 +6804,112 @@ var file_fedstream_proto_depIdxs = []int32{
 	6,  // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	8,  // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	12, // 11: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	16, // 12: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	85, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	12, // 14: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	18, // 15: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24, // 17: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	31, // 18: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	34, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,  // 20: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	37, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,  // 22: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	47, // 23: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	47, // 24: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16, // 25: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	80, // 26: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	1,  // 27: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,  // 28: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,  // 29: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13, // 30: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	56, // 31: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15, // 32: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19, // 33: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21, // 34: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25, // 35: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27, // 36: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28, // 37: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	58, // 38: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 39: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	60, // 40: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 41: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	43, // 42: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	33, // 43: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 44: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 45: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	42, // 46: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 47: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	48, // 48: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	50, // 49: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	52, // 50: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	54, // 51: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	62, // 52: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	64, // 53: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	66, // 54: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	68, // 55: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	70, // 56: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	71, // 57: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	72, // 58: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	74, // 59: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	76, // 60: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	78, // 61: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	79, // 62: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	82, // 63: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	2,  // 64: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 65: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 66: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 67: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 68: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 69: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 70: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 71: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 72: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 73: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 74: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 75: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 76: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 77: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 78: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 79: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 80: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 81: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	38, // 82: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	46, // 83: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 84: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 85: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 86: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 87: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 88: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 89: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 90: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 91: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 92: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 93: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 94: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 95: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 96: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 97: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	78, // 98: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	81, // 99: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	83, // 100: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	64, // [64:101] is the sub-list for method output_type
-	27, // [27:64] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	84, // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	12, // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16, // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	95, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12, // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18, // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	23, // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24, // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	31, // 19: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	34, // 20: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,  // 21: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	37, // 22: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,  // 23: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	47, // 24: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	47, // 25: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16, // 26: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	80, // 27: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	85, // 28: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	87, // 29: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	90, // 30: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	87, // 31: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	91, // 32: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	92, // 33: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	1,  // 34: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,  // 35: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,  // 36: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13, // 37: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	56, // 38: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15, // 39: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19, // 40: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21, // 41: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25, // 42: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27, // 43: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28, // 44: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	58, // 45: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	40, // 46: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	60, // 47: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	30, // 48: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	43, // 49: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	33, // 50: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	36, // 51: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	36, // 52: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	42, // 53: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	45, // 54: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	48, // 55: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	50, // 56: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	52, // 57: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	54, // 58: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	62, // 59: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	64, // 60: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	66, // 61: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	68, // 62: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	70, // 63: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	71, // 64: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	72, // 65: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	74, // 66: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	76, // 67: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	78, // 68: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	79, // 69: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	82, // 70: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	86, // 71: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	89, // 72: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	2,  // 73: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 74: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 75: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 76: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	57, // 77: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 78: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 79: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 80: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 81: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 82: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 83: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	59, // 84: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 85: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	61, // 86: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 87: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	44, // 88: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	35, // 89: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 90: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	38, // 91: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	46, // 92: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 93: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	49, // 94: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	51, // 95: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	53, // 96: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	55, // 97: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	63, // 98: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	65, // 99: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	67, // 100: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	69, // 101: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	73, // 102: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	73, // 103: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	73, // 104: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	75, // 105: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	77, // 106: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	78, // 107: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	81, // 108: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	83, // 109: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	88, // 110: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	93, // 111: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	73, // [73:112] is the sub-list for method output_type
+	34, // [34:73] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -6097,9 +6924,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   85,
+			NumMessages:   95,
 			NumExtensions: 0,
-			NumServices:   9,
+			NumServices:   10,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

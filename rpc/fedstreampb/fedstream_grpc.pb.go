@@ -2031,3 +2031,147 @@ var LoadService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
 }
+
+const (
+	ReconfigService_UpdateQuery_FullMethodName   = "/fedstream.v1.ReconfigService/UpdateQuery"
+	ReconfigService_QueryVersions_FullMethodName = "/fedstream.v1.ReconfigService/QueryVersions"
+)
+
+// ReconfigServiceClient is the client API for ReconfigService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type ReconfigServiceClient interface {
+	// UpdateQuery commits one reconfiguration plan: new versions of the
+	// operators whose definitions changed.
+	UpdateQuery(ctx context.Context, in *UpdateQueryRequest, opts ...grpc.CallOption) (*UpdateQueryResponse, error)
+	QueryVersions(ctx context.Context, in *QueryVersionsRequest, opts ...grpc.CallOption) (*QueryVersionsResponse, error)
+}
+
+type reconfigServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewReconfigServiceClient(cc grpc.ClientConnInterface) ReconfigServiceClient {
+	return &reconfigServiceClient{cc}
+}
+
+func (c *reconfigServiceClient) UpdateQuery(ctx context.Context, in *UpdateQueryRequest, opts ...grpc.CallOption) (*UpdateQueryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateQueryResponse)
+	err := c.cc.Invoke(ctx, ReconfigService_UpdateQuery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *reconfigServiceClient) QueryVersions(ctx context.Context, in *QueryVersionsRequest, opts ...grpc.CallOption) (*QueryVersionsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(QueryVersionsResponse)
+	err := c.cc.Invoke(ctx, ReconfigService_QueryVersions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ReconfigServiceServer is the server API for ReconfigService service.
+// All implementations must embed UnimplementedReconfigServiceServer
+// for forward compatibility.
+type ReconfigServiceServer interface {
+	// UpdateQuery commits one reconfiguration plan: new versions of the
+	// operators whose definitions changed.
+	UpdateQuery(context.Context, *UpdateQueryRequest) (*UpdateQueryResponse, error)
+	QueryVersions(context.Context, *QueryVersionsRequest) (*QueryVersionsResponse, error)
+	mustEmbedUnimplementedReconfigServiceServer()
+}
+
+// UnimplementedReconfigServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedReconfigServiceServer struct{}
+
+func (UnimplementedReconfigServiceServer) UpdateQuery(context.Context, *UpdateQueryRequest) (*UpdateQueryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method UpdateQuery not implemented")
+}
+func (UnimplementedReconfigServiceServer) QueryVersions(context.Context, *QueryVersionsRequest) (*QueryVersionsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method QueryVersions not implemented")
+}
+func (UnimplementedReconfigServiceServer) mustEmbedUnimplementedReconfigServiceServer() {}
+func (UnimplementedReconfigServiceServer) testEmbeddedByValue()                         {}
+
+// UnsafeReconfigServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to ReconfigServiceServer will
+// result in compilation errors.
+type UnsafeReconfigServiceServer interface {
+	mustEmbedUnimplementedReconfigServiceServer()
+}
+
+func RegisterReconfigServiceServer(s grpc.ServiceRegistrar, srv ReconfigServiceServer) {
+	// If the following call pancis, it indicates UnimplementedReconfigServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&ReconfigService_ServiceDesc, srv)
+}
+
+func _ReconfigService_UpdateQuery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateQueryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReconfigServiceServer).UpdateQuery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReconfigService_UpdateQuery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReconfigServiceServer).UpdateQuery(ctx, req.(*UpdateQueryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _ReconfigService_QueryVersions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(QueryVersionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ReconfigServiceServer).QueryVersions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: ReconfigService_QueryVersions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ReconfigServiceServer).QueryVersions(ctx, req.(*QueryVersionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// ReconfigService_ServiceDesc is the grpc.ServiceDesc for ReconfigService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var ReconfigService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.ReconfigService",
+	HandlerType: (*ReconfigServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "UpdateQuery",
+			Handler:    _ReconfigService_UpdateQuery_Handler,
+		},
+		{
+			MethodName: "QueryVersions",
+			Handler:    _ReconfigService_QueryVersions_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}

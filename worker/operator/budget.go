@@ -16,6 +16,12 @@ func each(op Operator, fn func(Operator)) {
 		}
 		return
 	}
+	if v, ok := op.(*Versioned); ok {
+		for _, ver := range v.Versions() {
+			each(v.insts[ver], fn)
+		}
+		return
+	}
 	if op != nil {
 		fn(op)
 	}

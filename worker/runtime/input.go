@@ -119,6 +119,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
 	t.passLast = first + uint64(len(offs)) - 1
+	t.passLevel(&last)
 	if last.Type == tuple.Boundary && last.STime == finalBoundary {
 		t.setState(StateRunning, "input exhausted")
 		return dataplane.ErrStopSubscription
@@ -433,6 +434,9 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	if t.halted.Load() {
 		return false, false, nil
 	}
+	if err := t.pollReconfig(); err != nil {
+		return false, false, err
+	}
 	rel, ok := t.merge.take()
 	if !ok {
 		return false, false, nil
@@ -499,6 +503,7 @@ func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emi
 				return false, t.emitErr
 			}
 		}
+		t.reconfigStep(step)
 		if err := t.emitBoundary(ctx, step); err != nil {
 			return false, err
 		}

@@ -86,6 +86,19 @@ type mergeInput struct {
 	// processed or in queue. It is the input's position in a snapshot
 	// (the subscriber's own LastID moves only after a delivery returns).
 	lastID uint64
+	// Live reconfiguration: every boundary carries its producer's marker
+	// level (tuple.Version: the newest epoch whose markers it has passed
+	// on). marks are the rises not yet released, level the input's level
+	// as of the last release (see levelAt).
+	marks     []inputMark
+	markLevel uint64
+	level     uint64
+}
+
+// inputMark is a boundary that raised an input's marker level.
+type inputMark struct {
+	stime int64
+	level uint64
 }
 
 // pendingRun is a run of consecutive data tuples of one delivered batch.
@@ -219,6 +232,10 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 		if start >= 0 {
 			in.queueRun(batch[start:k], held)
 			start = -1
+		}
+		if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
+			in.markLevel = tp.Version
+			in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
 		}
 		if tp.Type == tuple.Boundary && tp.STime > in.boundary {
 			in.boundary = tp.STime
@@ -645,4 +662,43 @@ func (m *merger) atCut() (at, past bool) {
 		}
 	}
 	return true, false
+}
+
+// levelAt returns, once the release step `step` is processed, each
+// input's marker level and the task's (their minimum). A marker raises an
+// input's level only at a step above its stime, when every tuple that came
+// before it on that input (stime at most the marker's) has been processed;
+// at the final step, every marker counts. Steps depend on the streams
+// only, so replicas rise at the same step.
+func (m *merger) levelAt(step int64, levels []uint64) (uint64, []uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	low := uint64(math.MaxUint64)
+	levels = levels[:0]
+	for _, in := range m.inputs {
+		n := 0
+		for n < len(in.marks) && (in.marks[n].stime < step || step == math.MaxInt64) {
+			in.level = in.marks[n].level
+			n++
+		}
+		in.marks = append(in.marks[:0], in.marks[n:]...)
+		low = min(low, in.level)
+		levels = append(levels, in.level)
+	}
+	if len(m.inputs) == 0 {
+		low = 0
+	}
+	return low, levels
+}
+
+// receivedLevels returns each input's marker level as received (released
+// or not).
+func (m *merger) receivedLevels() []uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]uint64, len(m.inputs))
+	for i, in := range m.inputs {
+		out[i] = in.markLevel
+	}
+	return out
 }

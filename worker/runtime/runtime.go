@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -175,6 +176,11 @@ type TaskSpec struct {
 	// then carries its output Position, against which the coordinator
 	// measures the new copy's catch-up. It may change while the task runs.
 	InMove bool
+	// Reconfig is the query's live reconfiguration state (nil while it
+	// has no plan), and MarkersExpected how many markers the task gets per
+	// epoch (one per upstream instance), as the coordinator counts them.
+	Reconfig        *fsm.QueryReconfig
+	MarkersExpected int
 }
 
 // SnapshotSource names the copy of a task a new copy takes its starting
@@ -225,6 +231,16 @@ type TaskState struct {
 	// Blocked (with InMove): an append to one of its outputs is blocked
 	// (the output is full): the copy goes no further until it is read.
 	Blocked bool
+	// Live reconfiguration progress (see reconfig.go), set once the task
+	// has a reconfiguration: the newest epoch whose versions it loaded,
+	// the newest whose markers it has from every input, its frontier
+	// (while a plan waits to switch) and its marker counts above its
+	// level.
+	Reconfig         bool
+	ReconfigAcked    uint64
+	ReconfigLevel    uint64
+	ReconfigFrontier int64
+	ReconfigMarkers  [reportedMarkers]fsm.ReconfigMarkers
 }
 
 // Options configures a Runtime. Zero values mean the defaults.
@@ -341,6 +357,10 @@ type Runtime struct {
 	tasks  map[string]*task
 	closed bool
 
+	// progress has capacity one: a pending signal that some task's
+	// reconfiguration progress changed (see ProgressChanged).
+	progress chan struct{}
+
 	// The stall watchdog (see watch) runs until stopWatch closes.
 	stopWatch chan struct{}
 	watchDone chan struct{}
@@ -349,7 +369,7 @@ type Runtime struct {
 // New returns a Runtime with no tasks.
 func New(opts Options) *Runtime {
 	opts.setDefaults()
-	r := &Runtime{opts: opts, log: opts.Logger, pool: opts.Pool, tasks: make(map[string]*task)}
+	r := &Runtime{opts: opts, log: opts.Logger, pool: opts.Pool, tasks: make(map[string]*task), progress: make(chan struct{}, 1)}
 	if r.pool == nil {
 		r.pool = dataplane.NewPool()
 		r.ownPool = true
@@ -359,6 +379,19 @@ func New(opts Options) *Runtime {
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
 	go r.watch()
 	return r
+}
+
+// ProgressChanged signals (at most one pending signal) that some task
+// acknowledged a reconfiguration plan or reached a new marker level: the
+// worker reports at once instead of at its next interval, since the
+// coordinator advances the plan on those reports.
+func (r *Runtime) ProgressChanged() <-chan struct{} { return r.progress }
+
+func (r *Runtime) noteProgress() {
+	select {
+	case r.progress <- struct{}{}:
+	default:
+	}
 }
 
 // watch checks every task for stalls a few times per StallAfter until the
@@ -441,6 +474,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			r.mu.Unlock()
 			t.updatePlacements(spec.Placements)
 			t.setSlotMaps(spec.SlotMaps)
+			t.setReconfig(spec.Reconfig, spec.MarkersExpected)
 			t.inMove.Store(spec.InMove)
 			continue
 		}

@@ -156,6 +156,8 @@ type task struct {
 	inMu sync.Mutex
 	// rs is the task's part in live rescales (rescale.go).
 	rs rescaleState
+	// rc is the task's part in live reconfigurations (reconfig.go).
+	rc reconfigState
 	// mayGrowInputs: an upstream is keyed, so a rescale may add input
 	// streams; the task then neither processes inline nor passes its
 	// input through (both assume one input for good).
@@ -320,6 +322,16 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	operator.StopOn(t.op, t.ctx.Done())
 	operator.StopOn(t.srcChain, t.ctx.Done())
+	if rc := spec.Reconfig; rc != nil {
+		// Started during or after a reconfiguration (or moved): it runs
+		// the versions of every configuration still in use.
+		t.rc.expected.Store(int64(spec.MarkersExpected))
+		t.rc.pending.Store(rc)
+		if err := t.installReconfig(rc); err != nil {
+			t.cancel()
+			return nil, err
+		}
+	}
 	return t, nil
 }
 
@@ -579,6 +591,7 @@ func (t *task) State() TaskState {
 	st := TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
 	st.Prepared, st.Frontier, st.CutDone = t.rs.progress()
 	st.InMove, st.Position, st.Blocked = inMove, pos, blocked
+	t.reconfigProgress(&st)
 	switch {
 	case t.state == StateRunning && t.stall != "":
 		st.State, st.Message = StateStalled, t.stall
@@ -794,6 +807,7 @@ func (e *sourceEmitter) Emit(tp *tuple.Tuple) { e.t.emitData(e.ctx, tp) }
 // time drops the tuple, as in an operator task (the same way on every
 // replica); any other operator error is kept in t.emitErr.
 func (t *task) emitSource(ctx context.Context, tp *tuple.Tuple) {
+	t.tagSource(tp)
 	if t.srcChain == nil {
 		t.emitData(ctx, tp)
 		return
@@ -847,6 +861,9 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 	if tp.Type == 0 {
 		tp.Type = tuple.Stable
 	}
+	if t.rc.on {
+		t.tagOut(tp)
+	}
 	if tp.STime > t.maxSTime {
 		t.maxSTime = tp.STime
 	}
@@ -890,7 +907,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 // emitBoundary sends a BOUNDARY with the given stime to every output.
 func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 	t.publishCounts()
-	b := tuple.Tuple{Type: tuple.Boundary, STime: stime}
+	b := tuple.Tuple{Type: tuple.Boundary, STime: stime, Version: t.boundaryLevel(stime)}
 	if stime != finalBoundary && stime > t.maxSTime {
 		t.maxSTime = stime
 	}

@@ -1,0 +1,104 @@
+package queryspec
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+)
+
+// ErrNotReconfigurable means a new definition of a running query changes
+// something a live reconfiguration cannot change (its graph, its sources
+// or sinks, the state of a stateful operator, or what crosses the
+// network between fragments).
+var ErrNotReconfigurable = errors.New("not a live reconfiguration")
+
+// ReconfigChanges compares the definition of a running query (cur) with a
+// new one (next, validated) and returns the operators whose definitions
+// differ, in declaration order. Only the definitions of stateless
+// operators (filter, map, split, union) may change, and only so that
+// every fragment keeps its output schema (tuples in flight between
+// fragments stay readable by every version); the graph (operator names,
+// types, inputs, parallelism), the sources, the sinks, replicas and
+// availability must stay as they are. Stateful operators (aggregate,
+// join) keep their definition: their state is shared by every version of
+// the query. Every problem is reported, each naming the operator.
+func ReconfigChanges(cur, next *Query) ([]string, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s", ErrNotReconfigurable, fmt.Sprintf(format, args...)))
+	}
+	if cur.Name != next.Name {
+		bad("the query is named %q, the running one %q", next.Name, cur.Name)
+	}
+	if cur.Replicas != next.Replicas || cur.Availability != next.Availability {
+		bad("replicas and availability must stay as they are")
+	}
+	if !sameJSON(cur.Sources, next.Sources) {
+		bad("sources must stay as they are")
+	}
+	if !sameJSON(cur.Sinks, next.Sinks) {
+		bad("sinks must stay as they are")
+	}
+	if len(cur.Operators) != len(next.Operators) {
+		bad("the query has %d operators, the running one %d: operators cannot be added or removed", len(next.Operators), len(cur.Operators))
+		return nil, errors.Join(errs...)
+	}
+	var changed []string
+	for i := range cur.Operators {
+		a, b := &cur.Operators[i], &next.Operators[i]
+		if a.Name != b.Name {
+			bad("operator %d is %q, in the running query %q: operators cannot be renamed or reordered", i+1, b.Name, a.Name)
+			continue
+		}
+		if sameJSON(a, b) {
+			continue
+		}
+		if a.Type != b.Type || a.Input != b.Input || !slices.Equal(a.Inputs, b.Inputs) || a.Left != b.Left || a.Right != b.Right || a.Parallelism != b.Parallelism {
+			bad("operator %q: its type, inputs and parallelism must stay as they are", a.Name)
+			continue
+		}
+		if a.Type == "aggregate" || a.Type == "join" {
+			bad("operator %q: stateful operators (%s) keep one state for every version; changing one (state migration) is not supported yet", a.Name, a.Type)
+			continue
+		}
+		changed = append(changed, a.Name)
+	}
+	if len(errs) == 0 {
+		cp, err1 := cur.FusedPlan()
+		np, err2 := next.FusedPlan()
+		if err := errors.Join(err1, err2); err != nil {
+			return nil, err
+		}
+		for _, n := range cp.Nodes {
+			m := np.Node(n.Name)
+			if m == nil || !reflect.DeepEqual(n.Schema.Fields, m.Schema.Fields) {
+				bad("fragment %q: its output schema would change (what crosses the network must stay readable by every version)", n.Name)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	if len(changed) == 0 {
+		return nil, fmt.Errorf("%w: no operator's definition changed", ErrNotReconfigurable)
+	}
+	return changed, nil
+}
+
+// OperatorByName returns the named operator's definition, or nil.
+func (q *Query) OperatorByName(name string) *Operator {
+	for i := range q.Operators {
+		if q.Operators[i].Name == name {
+			return &q.Operators[i]
+		}
+	}
+	return nil
+}
+
+func sameJSON(a, b any) bool {
+	x, err1 := json.Marshal(a)
+	y, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(x) == string(y)
+}

@@ -1,0 +1,52 @@
+package queryspec
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+const reconfigBase = `name: r
+sources:
+  - {name: s, generator: {kind: words, rate: 10, seed: 1}}
+operators:
+  - {name: m, type: map, input: s, fields: {line: line, n: "len(line)"}}
+  - {name: f, type: filter, input: m, where: "n > 3"}
+  - {name: agg, type: aggregate, input: f, window: {size: 1s}, aggregates: {c: "count()"}}
+sinks:
+  - {name: out, input: agg}
+`
+
+func mustParse(t *testing.T, y string) *Query {
+	t.Helper()
+	q, err := Parse("r.yaml", []byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return q
+}
+
+// TestReconfigChanges: changed stateless operators are listed; a change of
+// a stateful operator, of the graph or of a fragment's output schema is
+// refused with ErrNotReconfigurable, naming the operator.
+func TestReconfigChanges(t *testing.T) {
+	cur := mustParse(t, reconfigBase)
+	got, err := ReconfigChanges(cur, mustParse(t, strings.NewReplacer(`"n > 3"`, `"n > 4"`, `"len(line)"`, `"len(line) + 1"`).Replace(reconfigBase)))
+	if err != nil || !slices.Equal(got, []string{"m", "f"}) {
+		t.Fatalf("changes = %v, %v", got, err)
+	}
+	for name, y := range map[string]string{
+		"stateful":     strings.Replace(reconfigBase, "size: 1s", "size: 2s", 1),
+		"schema":       strings.Replace(reconfigBase, `n: "len(line)"}`, `n: "len(line)", x: "1"}`, 1),
+		"nothing":      reconfigBase,
+		"parallelism":  strings.Replace(reconfigBase, `where: "n > 3"}`, `where: "n > 3", parallelism: 2}`, 1),
+		"renamed":      strings.Replace(reconfigBase, "name: r\n", "name: r2\n", 1),
+		"sink changed": strings.Replace(reconfigBase, "{name: out, input: agg}", "{name: out2, input: agg}", 1),
+	} {
+		_, err := ReconfigChanges(cur, mustParse(t, y))
+		if !errors.Is(err, ErrNotReconfigurable) {
+			t.Errorf("%s: %v, want ErrNotReconfigurable", name, err)
+		}
+	}
+}

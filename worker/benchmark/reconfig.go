@@ -1,0 +1,778 @@
+package benchmark
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/internal/benchreport"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/runtime"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// ErrReconfigBench means the reconfiguration benchmark could not produce
+// a measurement (a task failed, a plan did not complete in time).
+var ErrReconfigBench = errors.New("benchmark: reconfig")
+
+// The hospital scenario: patient vitals from Sources partitions (32
+// patients each) at Rate records/s each. scored (fused into the sources)
+// scores sepsis, flag (its own task, reading every partition) labels
+// the result. Version N of scored uses the SIRS criteria when N is odd,
+// qSOFA when even, and marks its output cN; version N of flag expects cN
+// and labels the tuple vN, MIXED otherwise: the two depend on each other,
+// so a tuple that met scored and flag of different versions shows.
+const reconfigBenchYAML = `name: sepsis
+sources:
+  - name: ward
+    parallelism: %d
+    schema: {time: timestamp, patient: string, temperature: float, heart_rate: int, resp_rate: int, bp_sys: int, bp_dia: int}
+    generator: {kind: vitals, rate: %d, seed: 11, limit: %d}
+operators:
+  - name: scored
+    type: map
+    input: ward
+    parallelism: %d
+    fields: {time: time, patient: patient, score: "%s", crit: "'c%d'"}
+  - name: flag
+    type: map
+    input: scored
+    fields: {time: time, patient: patient, score: score, sepsis: "score >= 2", path: "crit == 'c%d' ? 'v%d' : 'MIXED'"}
+sinks:
+  - {name: alerts, input: flag}
+`
+
+const (
+	sirsScore  = "(temperature > 38.0 || temperature < 36.0 ? 1 : 0) + (heart_rate > 90 ? 1 : 0) + (resp_rate > 20 ? 1 : 0)"
+	qsofaScore = "(resp_rate >= 22 ? 1 : 0) + (bp_sys <= 100 ? 1 : 0)"
+)
+
+func reconfigBenchQuery(sources, rate int, limit int64, v int) string {
+	score := sirsScore
+	if v%2 == 0 {
+		score = qsofaScore
+	}
+	return fmt.Sprintf(reconfigBenchYAML, sources, rate, limit, sources, score, v, v, v)
+}
+
+// ReconfigConfig configures RunReconfig.
+type ReconfigConfig struct {
+	// Sources and Rate: source partitions and records/s each (default
+	// 10 x 1500 = 15,000/s, 320 patients).
+	Sources int
+	Rate    int
+	// Updates per strategy (default 3), one every Spacing (default 1.5s)
+	// after a Warmup (default 2s).
+	Updates int
+	Spacing time.Duration
+	Warmup  time.Duration
+	// Margin is the live strategy's switch margin (default 100ms).
+	Margin time.Duration
+	// OverheadRecords per source partition in each unpaced overhead run
+	// (default 40,000).
+	OverheadRecords int64
+	Logger          *slog.Logger
+	Progress        io.Writer
+}
+
+func (c *ReconfigConfig) defaults() {
+	if c.Sources <= 0 {
+		c.Sources = 10
+	}
+	if c.Rate <= 0 {
+		c.Rate = 1500
+	}
+	if c.Updates <= 0 {
+		c.Updates = 3
+	}
+	if c.Spacing <= 0 {
+		c.Spacing = 1500 * time.Millisecond
+	}
+	if c.Warmup <= 0 {
+		c.Warmup = 2 * time.Second
+	}
+	if c.Margin <= 0 {
+		c.Margin = 100 * time.Millisecond
+	}
+	if c.Progress == nil {
+		c.Progress = io.Discard
+	}
+	if c.OverheadRecords <= 0 {
+		c.OverheadRecords = 40000
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+// StrategyResult is one strategy's figures. Times are milliseconds.
+type StrategyResult struct {
+	// UpdateMs: live, plan given to the tasks -> every task acknowledged
+	// (versions loaded beside the old ones); quiescent, pause -> resume
+	// (drained and swapped).
+	UpdateMsP50 float64 `json:"update_ms_p50"`
+	UpdateMsMax float64 `json:"update_ms_max"`
+	// ThroughputDip is 1 - (worst 100 ms bucket of sink results in the
+	// second after an update) / (mean bucket of the second before), the
+	// worst over the updates.
+	ThroughputDip      float64 `json:"throughput_dip"`
+	LatencyP99MsDuring float64 `json:"latency_p99_ms_during"`
+	LatencyP99MsBefore float64 `json:"latency_p99_ms_before"`
+	// Buckets are the results per 100 ms and their p99 latency, for the
+	// plot; UpdatesAtMs when each update began (ms from the run's start).
+	Buckets     []ReconfigBucket `json:"buckets,omitempty"`
+	UpdatesAtMs []float64        `json:"updates_at_ms,omitempty"`
+	Mixed       int              `json:"mixed_version_tuples"`
+	LostOrDup   int              `json:"lost_or_duplicated"`
+	Paths       map[string]int   `json:"paths"`
+}
+
+// ReconfigBucket is 100 ms of sink results.
+type ReconfigBucket struct {
+	AtMs      float64 `json:"at_ms"`
+	Tuples    int     `json:"tuples"`
+	LatencyMs float64 `json:"latency_p99_ms"`
+}
+
+// ReconfigResult is what `bench reconfig --json` prints.
+type ReconfigResult struct {
+	Live      StrategyResult `json:"live"`
+	Quiescent StrategyResult `json:"quiescent"`
+	// Overheads: 1 - throughput with tracking (a completed plan, every
+	// stateless operator versioned) / throughput without, unpaced sources.
+	OverheadStatic  float64 `json:"overhead_static"`
+	OverheadDynamic float64 `json:"overhead_dynamic"`
+	// ReconnectMs: an upstream cut off during an update is healed; from
+	// then until the task behind the cut has all its markers.
+	ReconnectMs float64 `json:"reconnect_ms"`
+	// Over both strategies' runs.
+	MixedVersionTuples int `json:"mixed_version_tuples"`
+	LostOrDuplicated   int `json:"lost_or_duplicated"`
+	// Scope says what the figures measure (in-process runtimes, plan
+	// phases driven directly, no Raft).
+	Scope string `json:"scope"`
+}
+
+// reconfigCluster runs the scenario's tasks on three in-process runtimes
+// with data-plane servers on loopback: source partitions alternate
+// between workers 0 and 1, flag and the sink on worker 2, which dials
+// through faults.
+type reconfigCluster struct {
+	cfg     ReconfigConfig
+	limit   int64
+	q       *queryspec.Query
+	plan    *queryspec.Plan
+	rts     [3]*runtime.Runtime
+	addrs   [3]string
+	srvs    [3]*grpc.Server
+	pools   [2]*dataplane.Pool
+	faults  *dataplane.Faults
+	specs   [3][]runtime.TaskSpec
+	rc      fsm.QueryReconfig
+	started time.Time
+
+	mu       sync.Mutex
+	recv     []reconfigRecv
+	boundary int64
+	tailDone chan struct{}
+	tailErr  error
+}
+
+type reconfigRecv struct {
+	at      time.Duration
+	stime   int64
+	key     string
+	path    string
+	version uint64
+}
+
+func startReconfigCluster(ctx context.Context, cfg ReconfigConfig, rate int, limit int64, tracking string) (*reconfigCluster, error) {
+	q, err := queryspec.Parse("sepsis.yaml", []byte(reconfigBenchQuery(cfg.Sources, rate, limit, 1)))
+	if err != nil {
+		return nil, err
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		return nil, err
+	}
+	c := &reconfigCluster{cfg: cfg, limit: limit, q: q, plan: plan, faults: dataplane.NewFaults(), rc: fsm.QueryReconfig{Tracking: tracking}, boundary: math.MinInt64}
+	// The pool behind the faults reconnects within milliseconds of a
+	// heal; with gRPC's default backoff (1 s at first) reconnect_ms would
+	// measure that backoff, not the markers.
+	fast := grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
+		Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 50 * time.Millisecond}})
+	c.pools = [2]*dataplane.Pool{dataplane.NewPool(), dataplane.NewPool(c.faults.DialOption(), fast)}
+	for i := range c.rts {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			c.close()
+			return nil, err
+		}
+		pool := c.pools[0]
+		if i == 2 {
+			pool = c.pools[1]
+		}
+		c.rts[i] = runtime.New(runtime.Options{Logger: cfg.Logger, Pool: pool, BoundaryInterval: 5 * time.Millisecond,
+			RetryMin: 5 * time.Millisecond, RetryMax: 50 * time.Millisecond})
+		c.addrs[i] = lis.Addr().String()
+		c.srvs[i] = grpc.NewServer(dataplane.ServerOptions()...)
+		fedstreampb.RegisterDataPlaneServer(c.srvs[i], c.rts[i].Server())
+		go func() { _ = c.srvs[i].Serve(lis) }()
+	}
+	var pls []runtime.Placement
+	at := map[string]int{}
+	for _, n := range plan.Nodes {
+		for p := range n.Partitions {
+			w := 2
+			if n.Kind == queryspec.KindSource {
+				w = p % 2
+			}
+			id := queryspec.TaskID(q.Name, n.Name, p, 0)
+			pls = append(pls, runtime.Placement{TaskID: id, Fragment: n.Name, Partition: p, WorkerAddr: c.addrs[w]})
+			at[id] = w
+		}
+	}
+	for _, pl := range pls {
+		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], runtime.TaskSpec{TaskID: pl.TaskID, Query: q.Name,
+			Fragment: pl.Fragment, Partition: pl.Partition, QueryIndex: 1, Spec: q, Placements: pls})
+	}
+	return c, nil
+}
+
+// begin starts the tasks and the tail.
+func (c *reconfigCluster) begin(ctx context.Context) {
+	c.started = time.Now()
+	c.apply(ctx)
+	c.tailDone = make(chan struct{})
+	go c.tail(ctx)
+}
+
+func (c *reconfigCluster) apply(ctx context.Context) {
+	for i, rt := range c.rts {
+		rt.Apply(ctx, c.specs[i])
+	}
+}
+
+func (c *reconfigCluster) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, rt := range c.rts {
+		if rt != nil {
+			_ = rt.Close(ctx)
+		}
+		if c.srvs[i] != nil {
+			c.srvs[i].Stop()
+		}
+	}
+	for _, p := range c.pools {
+		if p != nil {
+			_ = p.Close()
+		}
+	}
+}
+
+// tail reads the sink's results to the final boundary.
+func (c *reconfigCluster) tail(ctx context.Context) {
+	defer close(c.tailDone)
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.q.Name, TaskId: c.q.Name + "/alerts/p0/r0"}, "", true, 0)
+	sch := c.plan.Node("alerts").Schema
+	ti, pi, sc, pa := sch.Index("time"), sch.Index("patient"), sch.Index("score"), sch.Index("path")
+	for ctx.Err() == nil {
+		conn, err := c.pools[0].Conn(c.addrs[2])
+		if err != nil {
+			c.tailErr = err
+			return
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			now := time.Since(c.started)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			for _, tp := range b.Tuples {
+				if tp.Type == tuple.Boundary {
+					if tp.STime == math.MaxInt64 {
+						return dataplane.ErrStopSubscription
+					}
+					c.boundary = max(c.boundary, tp.STime)
+					continue
+				}
+				if !tp.Type.IsData() {
+					continue
+				}
+				c.recv = append(c.recv, reconfigRecv{at: now, stime: tp.STime, path: tp.Values[pa].S, version: tp.Version,
+					key: fmt.Sprintf("%d/%s/%d", tp.Values[ti].I, tp.Values[pi].S, tp.Values[sc].I)})
+			}
+			return nil
+		})
+		if err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// publish hands every task the reconfiguration state.
+func (c *reconfigCluster) publish(ctx context.Context) {
+	c.setSpecs()
+	c.apply(ctx)
+}
+
+// setSpecs puts the reconfiguration state into every task's spec.
+func (c *reconfigCluster) setSpecs() {
+	rc := c.rc
+	rc.Plans = slices.Clone(c.rc.Plans)
+	for w := range c.specs {
+		for i := range c.specs[w] {
+			n := 0
+			for _, in := range c.plan.Node(c.specs[w][i].Fragment).Inputs {
+				n += c.plan.Node(in).Partitions
+			}
+			c.specs[w][i].Reconfig, c.specs[w][i].MarkersExpected = &rc, n
+		}
+	}
+}
+
+// commit adds the plan giving scored and flag version v and publishes it.
+func (c *reconfigCluster) commit(ctx context.Context, v int, phase string, cut int64) error {
+	if err := c.addPlan(v, phase, cut); err != nil {
+		return err
+	}
+	c.publish(ctx)
+	return nil
+}
+
+func (c *reconfigCluster) addPlan(v int, phase string, cut int64) error {
+	q, err := queryspec.Parse("sepsis.yaml", []byte(reconfigBenchQuery(c.cfg.Sources, c.q.Sources[0].Gen.Rate, c.limit, v)))
+	if err != nil {
+		return err
+	}
+	spec, err := q.CanonicalJSON()
+	if err != nil {
+		return err
+	}
+	p := fsm.ReconfigPlan{Epoch: uint64(len(c.rc.Plans) + 1), SpecJSON: spec, Phase: phase, Cut: cut}
+	for _, op := range []string{"scored", "flag"} {
+		def, err := json.Marshal(q.OperatorByName(op))
+		if err != nil {
+			return err
+		}
+		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
+	}
+	c.rc.Plans = append(c.rc.Plans, p)
+	return nil
+}
+
+func (c *reconfigCluster) states() ([]runtime.TaskState, error) {
+	var all []runtime.TaskState
+	for _, rt := range c.rts {
+		for _, st := range rt.States() {
+			if st.State == runtime.StateFailed {
+				return nil, fmt.Errorf("%w: task %s failed: %s", ErrReconfigBench, st.TaskID, st.Message)
+			}
+			all = append(all, st)
+		}
+	}
+	return all, nil
+}
+
+// waitTasks polls the tasks' states until cond holds for all of them.
+func (c *reconfigCluster) waitTasks(ctx context.Context, what string, cond func(runtime.TaskState) bool) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		sts, err := c.states()
+		if err != nil {
+			return err
+		}
+		ok := len(sts) > 0
+		for _, st := range sts {
+			ok = ok && cond(st)
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%w: timed out waiting for %s", ErrReconfigBench, what)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+}
+
+// liveUpdate runs one live plan and returns its update time.
+func (c *reconfigCluster) liveUpdate(ctx context.Context, v int) (time.Duration, error) {
+	start := time.Now()
+	if err := c.commit(ctx, v, fsm.ReconfigLoading, 0); err != nil {
+		return 0, err
+	}
+	e := uint64(len(c.rc.Plans))
+	frontier := int64(math.MinInt64)
+	if err := c.waitTasks(ctx, "acknowledgements", func(st runtime.TaskState) bool {
+		frontier = max(frontier, st.ReconfigFrontier)
+		return st.Reconfig && st.ReconfigAcked >= e
+	}); err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	c.rc.Plans[e-1].Phase, c.rc.Plans[e-1].Cut = fsm.ReconfigSwitched, frontier+int64(c.cfg.Margin)
+	c.publish(ctx)
+	if err := c.waitTasks(ctx, "markers", func(st runtime.TaskState) bool { return st.ReconfigLevel >= e }); err != nil {
+		return 0, err
+	}
+	c.rc.Plans[e-1].Phase = fsm.ReconfigComplete
+	c.publish(ctx)
+	return took, nil
+}
+
+// quiescentUpdate pauses the sources, waits until the sink has everything
+// they sent up to their last boundary, swaps the versions (switching at
+// the pause point) and resumes.
+func (c *reconfigCluster) quiescentUpdate(ctx context.Context, v int) (time.Duration, error) {
+	start := time.Now()
+	low, frontier := int64(math.MaxInt64), int64(math.MinInt64)
+	var resumes []func()
+	for _, rt := range c.rts[:2] {
+		lo, hi, resume := rt.PauseSources(ctx, c.q.Name)
+		low, frontier = min(low, lo), max(frontier, hi)
+		resumes = append(resumes, resume)
+	}
+	resume := func() {
+		for _, r := range resumes {
+			r()
+		}
+	}
+	// Every source's last boundary is at or above the lowest frontier's
+	// boundary: the sink releases up to it once everything sent is
+	// processed.
+	last := low / int64(5*time.Millisecond) * int64(5*time.Millisecond)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c.mu.Lock()
+		b := c.boundary
+		c.mu.Unlock()
+		if b >= last {
+			break
+		}
+		if time.Now().After(deadline) {
+			resume()
+			return 0, fmt.Errorf("%w: the sink did not drain", ErrReconfigBench)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	if err := c.commit(ctx, v, fsm.ReconfigSwitched, frontier+1); err != nil {
+		resume()
+		return 0, err
+	}
+	e := uint64(len(c.rc.Plans))
+	if err := c.waitTasks(ctx, "versions loaded", func(st runtime.TaskState) bool { return st.Reconfig && st.ReconfigAcked >= e }); err != nil {
+		resume()
+		return 0, err
+	}
+	resume()
+	took := time.Since(start)
+	if err := c.waitTasks(ctx, "markers", func(st runtime.TaskState) bool { return st.ReconfigLevel >= e }); err != nil {
+		return 0, err
+	}
+	c.rc.Plans[e-1].Phase = fsm.ReconfigComplete
+	c.publish(ctx)
+	return took, nil
+}
+
+func (c *reconfigCluster) waitEnd(ctx context.Context) error {
+	select {
+	case <-c.tailDone:
+		return c.tailErr
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(2 * time.Minute):
+		return fmt.Errorf("%w: the stream did not end", ErrReconfigBench)
+	}
+}
+
+// reference is the multiset of result keys the generators make.
+func (c *reconfigCluster) reference() (map[string]int, error) {
+	want := map[string]int{}
+	for p := range c.cfg.Sources {
+		gen, err := source.NewGenerator(c.q.Sources[0].Gen, p)
+		if err != nil {
+			return nil, err
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			// The key is (time, patient, score); score depends on the
+			// version, so it is compared without it below.
+			want[fmt.Sprintf("%d/%s", tp.Values[0].I, tp.Values[1].S)]++
+		}
+	}
+	return want, nil
+}
+
+// analyse fills a strategy's figures from the sink's results.
+func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration) (StrategyResult, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	res := StrategyResult{Paths: map[string]int{}}
+	want, err := c.reference()
+	if err != nil {
+		return res, err
+	}
+	got := map[string]int{}
+	const bucket = 100 * time.Millisecond
+	nb := 0
+	for _, r := range c.recv {
+		nb = max(nb, int(r.at/bucket)+1)
+	}
+	counts := make([]int, nb)
+	lats := make([][]float64, nb)
+	for _, r := range c.recv {
+		k := r.key[:strings.LastIndexByte(r.key, '/')]
+		got[k]++
+		res.Paths[r.path]++
+		if r.path == "MIXED" || r.path != fmt.Sprintf("v%d", r.version+1) {
+			res.Mixed++
+		}
+		b := int(r.at / bucket)
+		counts[b]++
+		// Generators pace stime from their start (stime 0): latency is
+		// arrival minus the record's due time.
+		lats[b] = append(lats[b], float64(r.at-time.Duration(r.stime))/float64(time.Millisecond))
+	}
+	for k, n := range want {
+		res.LostOrDup += absInt(got[k] - n)
+	}
+	for k, n := range got {
+		if _, ok := want[k]; !ok {
+			res.LostOrDup += n
+		}
+	}
+	for b := range counts {
+		res.Buckets = append(res.Buckets, ReconfigBucket{AtMs: float64(time.Duration(b) * bucket / time.Millisecond), Tuples: counts[b], LatencyMs: p99(lats[b])})
+	}
+	var during, before []float64
+	for _, u := range updates {
+		res.UpdatesAtMs = append(res.UpdatesAtMs, float64(u)/float64(time.Millisecond))
+		ub := int(u / bucket)
+		base, n := 0.0, 0
+		for b := max(ub-10, 0); b < ub && b < len(counts); b++ {
+			base += float64(counts[b])
+			n++
+			before = append(before, lats[b]...)
+		}
+		worst := math.MaxFloat64
+		for b := ub; b < ub+10 && b < len(counts); b++ {
+			worst = min(worst, float64(counts[b]))
+			during = append(during, lats[b]...)
+		}
+		if n > 0 && base > 0 && worst != math.MaxFloat64 {
+			res.ThroughputDip = max(res.ThroughputDip, 1-worst/(base/float64(n)))
+		}
+	}
+	res.LatencyP99MsDuring, res.LatencyP99MsBefore = p99(during), p99(before)
+	ms := make([]float64, len(took))
+	for i, d := range took {
+		ms[i] = float64(d) / float64(time.Millisecond)
+	}
+	res.UpdateMsP50 = median(ms)
+	if len(ms) > 0 {
+		res.UpdateMsMax = slices.Max(ms)
+	}
+	return res, nil
+}
+
+func absInt(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+func p99(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	sort.Float64s(s)
+	return s[min(len(s)-1, int(math.Ceil(0.99*float64(len(s))))-1)]
+}
+
+// runStrategy runs the paced scenario with Updates updates by one
+// strategy.
+func runStrategy(ctx context.Context, cfg ReconfigConfig, quiescent bool) (StrategyResult, error) {
+	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + time.Second
+	limit := int64(total.Seconds() * float64(cfg.Rate))
+	c, err := startReconfigCluster(ctx, cfg, cfg.Rate, limit, fsm.TrackingStatic)
+	if err != nil {
+		return StrategyResult{}, err
+	}
+	defer c.close()
+	c.begin(ctx)
+	var at, took []time.Duration
+	for i := range cfg.Updates {
+		due := cfg.Warmup + time.Duration(i)*cfg.Spacing
+		if wait := due - time.Since(c.started); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return StrategyResult{}, ctx.Err()
+			}
+		}
+		at = append(at, time.Since(c.started))
+		var d time.Duration
+		if quiescent {
+			d, err = c.quiescentUpdate(ctx, i+2)
+		} else {
+			d, err = c.liveUpdate(ctx, i+2)
+		}
+		if err != nil {
+			return StrategyResult{}, err
+		}
+		took = append(took, d)
+	}
+	if err := c.waitEnd(ctx); err != nil {
+		return StrategyResult{}, err
+	}
+	return c.analyse(at, took)
+}
+
+// throughput runs the scenario unpaced with tracking off ("") or with one
+// completed plan under the given tracking, and returns results per second.
+func throughput(ctx context.Context, cfg ReconfigConfig, tracking string, records int64) (float64, error) {
+	c, err := startReconfigCluster(ctx, cfg, 0, records, tracking)
+	if err != nil {
+		return 0, err
+	}
+	defer c.close()
+	if tracking != "" {
+		// A plan already complete when the tasks start: every stateless
+		// operator runs versioned, tags travel, nothing switches.
+		if err := c.addPlan(2, fsm.ReconfigComplete, math.MinInt64+1); err != nil {
+			return 0, err
+		}
+		c.setSpecs()
+	}
+	start := time.Now()
+	c.begin(ctx)
+	if err := c.waitEnd(ctx); err != nil {
+		return 0, err
+	}
+	return float64(records*int64(cfg.Sources)) / time.Since(start).Seconds(), nil
+}
+
+// reconnect cuts source worker 1 off flag's worker, runs a live plan
+// until both source workers passed the cut, heals, and measures until
+// every task has the plan's markers.
+func reconnect(ctx context.Context, cfg ReconfigConfig) (time.Duration, error) {
+	limit := int64((cfg.Warmup + 2*cfg.Spacing + 2*time.Second).Seconds() * float64(cfg.Rate))
+	c, err := startReconfigCluster(ctx, cfg, cfg.Rate, limit, fsm.TrackingStatic)
+	if err != nil {
+		return 0, err
+	}
+	defer c.close()
+	c.begin(ctx)
+	time.Sleep(cfg.Warmup / 2)
+	c.faults.CutOutgoing(c.addrs[1], dataplane.Reset)
+	if err := c.commit(ctx, 2, fsm.ReconfigLoading, 0); err != nil {
+		return 0, err
+	}
+	frontier := int64(math.MinInt64)
+	if err := c.waitTasks(ctx, "acknowledgements", func(st runtime.TaskState) bool {
+		frontier = max(frontier, st.ReconfigFrontier)
+		return st.Reconfig && st.ReconfigAcked >= 1
+	}); err != nil {
+		return 0, err
+	}
+	c.rc.Plans[0].Phase, c.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(cfg.Margin)
+	c.publish(ctx)
+	if err := c.waitTasks(ctx, "sources past the cut", func(st runtime.TaskState) bool {
+		return !strings.Contains(st.TaskID, "/ward/") || st.ReconfigLevel >= 1
+	}); err != nil {
+		return 0, err
+	}
+	healed := time.Now()
+	c.faults.HealAll()
+	if err := c.waitTasks(ctx, "markers after the reconnect", func(st runtime.TaskState) bool { return st.ReconfigLevel >= 1 }); err != nil {
+		return 0, err
+	}
+	took := time.Since(healed)
+	return took, c.waitEnd(ctx)
+}
+
+// RunReconfig runs the reconfiguration benchmark: the live and the
+// quiescent strategy on the hospital scenario, the steady overhead of
+// version tracking, and the completion time after a reconnect.
+func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, error) {
+	cfg.defaults()
+	prog := benchreport.NewProgress(cfg.Progress, "reconfig")
+	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS (the link cut for reconnect_ms reconnects with a 5-50 ms backoff, not gRPC's default 1 s); plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (add those for a deployed org: see TestLiveReconfiguration)"}
+	var err error
+	prog.Step("live", 1, 1, "")
+	if res.Live, err = runStrategy(ctx, cfg, false); err != nil {
+		return nil, err
+	}
+	prog.Step("quiescent", 1, 1, "")
+	if res.Quiescent, err = runStrategy(ctx, cfg, true); err != nil {
+		return nil, err
+	}
+	prog.Step("overhead", 1, 1, "")
+	records := cfg.OverheadRecords
+	var off, st, dyn []float64
+	for range 3 {
+		for _, m := range []struct {
+			tracking string
+			into     *[]float64
+		}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}} {
+			r, err := throughput(ctx, cfg, m.tracking, records)
+			if err != nil {
+				return nil, err
+			}
+			*m.into = append(*m.into, r)
+		}
+	}
+	res.OverheadStatic, res.OverheadDynamic = 1-median(st)/median(off), 1-median(dyn)/median(off)
+	prog.Step("reconnect", 1, 1, "")
+	d, err := reconnect(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res.ReconnectMs = float64(d) / float64(time.Millisecond)
+	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
+	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
+	return res, nil
+}
+
+// Charts plots, for both strategies, sink results per second in each
+// 100 ms bucket and their p99 latency (x: the bucket's number from the
+// run's start; the updates begin at UpdatesAtMs).
+func (r *ReconfigResult) Charts() []benchreport.Chart {
+	series := func(name string, s StrategyResult, lat bool) benchreport.Series {
+		out := benchreport.Series{Name: name}
+		for _, b := range s.Buckets {
+			if lat {
+				out.Y = append(out.Y, b.LatencyMs)
+			} else {
+				out.Y = append(out.Y, float64(b.Tuples)*10)
+			}
+		}
+		return out
+	}
+	return []benchreport.Chart{
+		{Title: "sink throughput around the updates", YLabel: "results/s", XLabel: "100 ms bucket",
+			Series: []benchreport.Series{series("live", r.Live, false), series("quiescent", r.Quiescent, false)}},
+		{Title: "p99 latency around the updates", YLabel: "ms", XLabel: "100 ms bucket",
+			Series: []benchreport.Series{series("live", r.Live, true), series("quiescent", r.Quiescent, true)}},
+	}
+}

@@ -1,0 +1,493 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync/atomic"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// Live reconfiguration in a task (issue 13; fsm.QueryReconfig has the
+// protocol).
+//
+// Every stateless operator of the task's fragment runs as an
+// operator.Versioned: the versions of every configuration still in use,
+// side by side, chosen per tuple by its tag (the epoch of its
+// configuration). Nothing stops, drains or pauses: a plan's versions are
+// built when the task learns the plan, installed between two releases
+// (or two source records), and acknowledged.
+//
+// Markers: every BOUNDARY a task sends carries its level (tuple.Version),
+// the newest epoch whose markers it has from all its inputs; a source's
+// level is the epoch it produces under, which switches at each plan's
+// cut. A task's level rises at a release step once every input's marker
+// of that epoch was released (merger.levelAt): no tuple of an older epoch
+// can arrive any more, so the versions only older epochs used are
+// removed. An upstream that is disconnected sends no marker, which holds
+// the level (and the removal) until it is back. Levels and cuts depend on
+// the streams only, so replicas decide alike.
+//
+// Stateful operators (aggregate, join) are not versioned: one state
+// serves every version of the query. What they emit is tagged with the
+// task's level (the configuration downstream of them). With dynamic
+// tracking a task clears the tag (0) of what it sends while no operator
+// downstream of it has more than one active version; a receiver reads 0
+// as its own level.
+type reconfigState struct {
+	// pending is the newest reconfiguration the task was given (Apply);
+	// the producer installs it.
+	pending  atomic.Pointer[fsm.QueryReconfig]
+	expected atomic.Int64
+
+	// Producer-owned.
+	on      bool
+	cur     *fsm.QueryReconfig
+	members []operator.Operator
+	names   []string
+	vers    []*operator.Versioned // by member; nil for stateful members
+	plans   map[uint64]*queryspec.Plan
+	level   uint64
+	cuts    []epochCut // switched plans, by epoch
+	dynamic bool
+	depends bool
+	levels  []uint64
+
+	// Reported (read by State on any goroutine).
+	reported atomic.Bool
+	acked    atomic.Uint64
+	lvl      atomic.Uint64
+	frontier atomic.Int64
+	loading  atomic.Bool
+	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+}
+
+// reportedMarkers is how many epochs above its level a task reports
+// marker counts for.
+const reportedMarkers = 4
+
+type epochCut struct {
+	epoch uint64
+	cut   int64
+}
+
+// setReconfig hands the task the query's reconfiguration state (Apply).
+// An operator or sink task idle between releases installs it at once; a
+// busy one, and a source, at its next release or record.
+func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
+	if rc == nil {
+		return
+	}
+	t.rc.expected.Store(int64(expected))
+	if old := t.rc.pending.Load(); old != nil && old.Latest() == rc.Latest() && samePhases(old, rc) {
+		return
+	}
+	t.rc.pending.Store(rc)
+	if t.genCtl != nil {
+		// A generator installs it before its next record; one that is
+		// held (a rescale, the quiescent baseline) takes it now.
+		c := genCmd{f: func() {
+			if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+				t.emitErr = err
+			}
+		}, done: make(chan struct{})}
+		select {
+		case t.genCtl <- c:
+			<-c.done
+		default:
+		}
+	}
+	if t.proc == nil {
+		return
+	}
+	select {
+	case t.proc <- struct{}{}:
+		if err := t.pollReconfig(); err != nil {
+			t.fail(err)
+		}
+		<-t.proc
+	default:
+	}
+}
+
+func samePhases(a, b *fsm.QueryReconfig) bool {
+	if len(a.Plans) != len(b.Plans) || a.Tracking != b.Tracking {
+		return false
+	}
+	for i := range a.Plans {
+		if a.Plans[i].Phase != b.Plans[i].Phase || a.Plans[i].Cut != b.Plans[i].Cut {
+			return false
+		}
+	}
+	return true
+}
+
+// pollReconfig installs a pending reconfiguration (producer only).
+func (t *task) pollReconfig() error {
+	p := t.rc.pending.Load()
+	if p == nil || p == t.rc.cur {
+		return nil
+	}
+	return t.installReconfig(p)
+}
+
+// installReconfig loads the versions of every epoch the task does not
+// run yet, beside the ones it runs, and takes the plans' cuts and phases.
+func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
+	r := &t.rc
+	source := t.node.Kind == queryspec.KindSource
+	if !r.on {
+		base, names := t.op, t.node.Members
+		switch t.node.Kind {
+		case queryspec.KindSource:
+			base, names = t.srcChain, t.node.Members[1:]
+		case queryspec.KindSink:
+			base, names = nil, nil
+		}
+		r.members = operator.ChainMembers(base)
+		if len(r.members) != len(names) {
+			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
+		}
+		r.names = names
+		r.vers = make([]*operator.Versioned, len(r.members))
+		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
+		for i, op := range r.members {
+			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
+				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
+				r.members[i] = r.vers[i]
+			}
+		}
+	}
+	for i, v := range r.vers {
+		if v == nil {
+			continue
+		}
+		for e := v.Latest() + 1; e <= rc.Latest(); e++ {
+			if err := v.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+				return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			}
+		}
+	}
+	if len(r.members) > 0 {
+		if source {
+			t.srcChain = operator.Chain(r.members...)
+		} else {
+			t.op = operator.Chain(r.members...)
+		}
+	}
+	known := len(r.cuts)
+	r.cuts = r.cuts[:0]
+	loading := false
+	for _, p := range rc.Plans {
+		if p.Phase == fsm.ReconfigLoading {
+			loading = true
+			continue
+		}
+		r.cuts = append(r.cuts, epochCut{p.Epoch, p.Cut})
+		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
+			// Every tuple is still processed by one configuration, but
+			// this source switches later than its replicas may have.
+			t.log.Warn("reconfiguration cut learned after passing it: switching at the next boundary (a larger --switch-margin avoids it)",
+				"epoch", p.Epoch, "cut", p.Cut, "frontier", t.maxSTime)
+		}
+	}
+	r.dynamic = rc.Tracking == fsm.TrackingDynamic
+	r.depends = t.downstreamDepends(rc)
+	r.cur, r.on = rc, true
+	if done := rc.Completed(); done > r.level {
+		// Completed everywhere: no older tuple exists (a copy started
+		// from a snapshot, or after a move, starts here).
+		t.raiseLevel(done)
+	}
+	if t.maxSTime != math.MinInt64 {
+		// Reported with the acknowledgement: the cut goes above it.
+		r.frontier.Store(t.maxSTime)
+	}
+	r.loading.Store(loading)
+	r.acked.Store(rc.Latest())
+	r.reported.Store(true)
+	t.r.noteProgress()
+	return nil
+}
+
+// memberDef is the definition of the task's i-th operator in plan.
+func (t *task) memberDef(plan *queryspec.Plan, i int) *queryspec.Operator {
+	n := plan.Node(t.spec.Fragment)
+	if n == nil {
+		return nil
+	}
+	if n.Kind == queryspec.KindOperator {
+		if i == 0 {
+			return n.Op
+		}
+		i--
+	}
+	if i < len(n.Chain) {
+		return n.Chain[i]
+	}
+	return nil
+}
+
+// buildMember builds the task's i-th operator as configuration e defines
+// it, with the input schemas of that configuration.
+func (t *task) buildMember(rc *fsm.QueryReconfig, e uint64, i int) (operator.Operator, error) {
+	plan, err := t.rc.planOf(rc, e)
+	if err != nil {
+		return nil, err
+	}
+	n := plan.Node(t.spec.Fragment)
+	def := t.memberDef(plan, i)
+	if n == nil || def == nil {
+		return nil, fmt.Errorf("epoch %d has no operator %d in fragment %q", e, i, t.spec.Fragment)
+	}
+	var schemas []*tuple.Schema
+	if n.Kind == queryspec.KindOperator && i == 0 {
+		for _, in := range n.Inputs {
+			schemas = append(schemas, plan.Node(in).Schema)
+		}
+	} else {
+		j := i
+		if n.Kind == queryspec.KindOperator {
+			j--
+		}
+		schemas = []*tuple.Schema{n.ChainInputs[j]}
+	}
+	op, err := operator.New(def, schemas)
+	if err != nil {
+		return nil, err
+	}
+	if t.ctx != nil {
+		operator.StopOn(op, t.ctx.Done())
+	}
+	return op, nil
+}
+
+func (r *reconfigState) planOf(rc *fsm.QueryReconfig, e uint64) (*queryspec.Plan, error) {
+	if p := r.plans[e]; p != nil {
+		return p, nil
+	}
+	if e == 0 || e > uint64(len(rc.Plans)) {
+		return nil, fmt.Errorf("no configuration of epoch %d", e)
+	}
+	q, err := queryspec.FromJSON(rc.Plans[e-1].SpecJSON)
+	if err != nil {
+		return nil, fmt.Errorf("configuration of epoch %d: %w", e, err)
+	}
+	p, err := q.FusedPlan()
+	if err != nil {
+		return nil, fmt.Errorf("configuration of epoch %d: %w", e, err)
+	}
+	r.plans[e] = p
+	return p, nil
+}
+
+// downstreamDepends reports whether an operator of a fragment downstream
+// of this task's has more than one active version (dynamic tracking then
+// keeps the tags of what this task sends).
+func (t *task) downstreamDepends(rc *fsm.QueryReconfig) bool {
+	seen := map[string]bool{}
+	queue := append([]string(nil), t.node.Outputs...)
+	for len(queue) > 0 {
+		f := queue[0]
+		queue = queue[1:]
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		n := t.plan.Node(f)
+		if n == nil {
+			continue
+		}
+		for _, m := range n.Members {
+			if len(rc.ActiveVersions(m)) > 1 {
+				return true
+			}
+		}
+		queue = append(queue, n.Outputs...)
+	}
+	return false
+}
+
+// raiseLevel records that no tuple of an epoch below level can arrive:
+// versions only older epochs used are removed.
+func (t *task) raiseLevel(level uint64) {
+	r := &t.rc
+	if level <= r.level {
+		return
+	}
+	r.level = level
+	for _, v := range r.vers {
+		if v != nil {
+			v.SetFloor(level)
+		}
+	}
+	r.lvl.Store(level)
+	t.r.noteProgress()
+}
+
+// reconfigStep runs at every release step of an operator or sink task,
+// once the tuples below it are processed: the task's level as its inputs'
+// released markers allow, and the marker counts it reports.
+func (t *task) reconfigStep(step int64) {
+	r := &t.rc
+	if !r.on {
+		return
+	}
+	lv, levels := t.merge.levelAt(step, r.levels)
+	r.levels = levels
+	t.raiseLevel(lv)
+	t.noteMarkers(levels)
+}
+
+// noteMarkers keeps, for the epochs above the task's level, how many
+// inputs (upstream instances) have passed their markers.
+func (t *task) noteMarkers(levels []uint64) {
+	r := &t.rc
+	m := r.markerCounts(levels, r.level, r.cur.Latest())
+	if old := r.markers.Load(); old == nil || *old != m {
+		r.markers.Store(&m)
+	}
+}
+
+// markerCounts counts, for the epochs above level up to latest, the
+// inputs whose marker level reached them.
+func (r *reconfigState) markerCounts(levels []uint64, level, latest uint64) [reportedMarkers]fsm.ReconfigMarkers {
+	var m [reportedMarkers]fsm.ReconfigMarkers
+	expected := int(r.expected.Load())
+	if expected == 0 {
+		expected = len(levels)
+	}
+	for k := range m {
+		e := level + 1 + uint64(k)
+		if e > latest {
+			break
+		}
+		seen := 0
+		for _, l := range levels {
+			if l >= e {
+				seen++
+			}
+		}
+		m[k] = fsm.ReconfigMarkers{Epoch: e, Seen: seen, Expected: expected}
+	}
+	return m
+}
+
+// sourceEpoch is the epoch a source produces a tuple of stream time stime
+// under: that of the latest switched plan whose cut it has reached.
+func (r *reconfigState) sourceEpoch(stime int64) uint64 {
+	e := r.cur.Completed()
+	for _, c := range r.cuts {
+		if stime >= c.cut {
+			e = max(e, c.epoch)
+		}
+	}
+	return e
+}
+
+// tagSource tags a record a source produced (producer only).
+func (t *task) tagSource(tp *tuple.Tuple) {
+	if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+		t.emitErr = err
+	}
+	if t.rc.on {
+		tp.Version = t.rc.sourceEpoch(tp.STime)
+	}
+}
+
+// boundaryLevel is the marker level a boundary at stime carries, raising
+// a source's level as it passes a cut.
+func (t *task) boundaryLevel(stime int64) uint64 {
+	r := &t.rc
+	if t.node.Kind == queryspec.KindSource {
+		if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+			t.emitErr = err
+		}
+		if !r.on {
+			return 0
+		}
+		if stime != math.MaxInt64 {
+			r.frontier.Store(stime)
+		}
+		t.raiseLevel(r.sourceEpoch(stime))
+		return r.level
+	}
+	if r.on && stime != math.MaxInt64 {
+		r.frontier.Store(stime)
+	}
+	return r.level
+}
+
+// tagOut sets the tag of a tuple the task sends: never below its level
+// (what a stateful operator emits carries none), and 0 under dynamic
+// tracking when nothing downstream depends on it.
+func (t *task) tagOut(tp *tuple.Tuple) {
+	r := &t.rc
+	if tp.Version < r.level {
+		tp.Version = r.level
+	}
+	if r.dynamic && !r.depends {
+		tp.Version = 0
+	}
+}
+
+// passLevel follows the marker level of a sink that passes its single
+// input through: the level of the last boundary of each batch.
+func (t *task) passLevel(last *tuple.Tuple) {
+	if err := t.pollReconfig(); err != nil {
+		t.fail(err)
+	}
+	if !t.rc.on || last.Type != tuple.Boundary {
+		return
+	}
+	t.raiseLevel(last.Version)
+	lv := []uint64{last.Version}
+	t.noteMarkers(lv)
+}
+
+// reconfigProgress fills the reconfiguration fields of a task's state.
+func (t *task) reconfigProgress(st *TaskState) {
+	r := &t.rc
+	if !r.reported.Load() {
+		return
+	}
+	st.Reconfig = true
+	st.ReconfigAcked, st.ReconfigLevel = r.acked.Load(), r.lvl.Load()
+	if r.loading.Load() {
+		// Only while a plan waits to switch: the cut goes above it.
+		st.ReconfigFrontier = r.frontier.Load()
+	}
+	switch {
+	case t.merge != nil && !t.passThrough:
+		// Markers count as they arrive; the level (and the removal)
+		// waits until what came before them is processed.
+		st.ReconfigMarkers = r.markerCounts(t.merge.receivedLevels(), st.ReconfigLevel, st.ReconfigAcked)
+	case r.markers.Load() != nil:
+		st.ReconfigMarkers = *r.markers.Load()
+	}
+}
+
+// PauseSources holds every generator source task of query on this runtime
+// between two records, for the quiescent reconfiguration strategy (pause,
+// drain, swap, resume), which exists only as the baseline the live one is
+// measured against. It returns the lowest and the highest stream time the
+// held sources produced (everything downstream drains up to the lowest)
+// and a function that resumes them (call it once).
+func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int64, resume func()) {
+	low, high = math.MaxInt64, math.MinInt64
+	hold := make(chan struct{})
+	for _, t := range r.tasksByID() {
+		if t.spec.Query != query || t.gen == nil || t.genCtl == nil {
+			continue
+		}
+		var f int64
+		if t.onGenerator(ctx, func() { f = t.maxSTime }, hold) {
+			low, high = min(low, f), max(high, f)
+		}
+	}
+	return low, high, func() { close(hold) }
+}

@@ -1,0 +1,538 @@
+package runtime
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// reconfigYAML: two source partitions with a map fused into them (a), a
+// map in its own task reading both partitions (b), a sink. a and b depend
+// on each other: version N of a adds N*1000 to k, version N of b labels
+// the tuple vN only if k carries N*1000, MIXED otherwise. A tuple that met
+// a and b of different versions is labelled MIXED.
+const reconfigYAML = `name: rc
+sources:
+  - {name: lines, parallelism: 2, generator: {kind: words, rate: %d, seed: 5, limit: %d}}
+operators:
+  - {name: a, type: map, input: lines, parallelism: 2, fields: {line: line, k: "len(line) + 1000"}}
+  - {name: b, type: map, input: a, fields: {line: line, k: k, path: "k - len(line) == 1000 ? 'v1' : 'MIXED'"}}
+sinks:
+  - {name: out, input: b}
+`
+
+// versionYAML is reconfigYAML with a and b at version v.
+func versionYAML(base string, v int) string {
+	s := strings.ReplaceAll(base, "1000", fmt.Sprint(v*1000))
+	return strings.ReplaceAll(s, "'v1'", fmt.Sprintf("'v%d'", v))
+}
+
+type reconfigRun struct {
+	t      *testing.T
+	c      *cluster
+	yaml   string
+	faults *dataplane.Faults
+	rc     fsm.QueryReconfig
+	plan   *queryspec.Plan
+	tasks  int
+	// version gives the query's YAML at version v of its operators.
+	version func(v int) string
+	changed []string
+
+	mu  sync.Mutex
+	out []tuple.Tuple
+	n   int
+}
+
+// startReconfigRun runs the query over three workers: source partition p
+// on worker p, b and the sink on worker 2, which dials through faults.
+func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
+	t.Helper()
+	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{BoundaryInterval: 5 * time.Millisecond, StallAfter: 30 * time.Second}
+	shared := dataplane.NewPool()
+	faults := dataplane.NewFaults()
+	faulty := dataplane.NewPool(faults.DialOption())
+	t.Cleanup(func() { faulty.Close() })
+	c := &cluster{pool: shared, query: q, specs: map[*worker][]TaskSpec{}}
+	c.workers = []*worker{startWorkerOpts(t, shared, opts), startWorkerOpts(t, shared, opts), startWorkerOpts(t, faulty, opts)}
+	t.Cleanup(func() { c.close(t) })
+	var placements []Placement
+	at := map[string]*worker{}
+	for _, node := range plan.Nodes {
+		for p := range node.Partitions {
+			w := c.workers[2]
+			if node.Kind == queryspec.KindSource {
+				w = c.workers[p]
+			}
+			id := queryspec.TaskID(q.Name, node.Name, p, 0)
+			placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, WorkerAddr: w.addr})
+			at[id] = w
+		}
+	}
+	for _, pl := range placements {
+		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
+			Fragment: pl.Fragment, Partition: pl.Partition, QueryIndex: 1, Spec: q, Placements: placements})
+	}
+	r := &reconfigRun{t: t, c: c, yaml: yaml, faults: faults, rc: fsm.QueryReconfig{Tracking: tracking}, plan: plan, tasks: len(placements),
+		version: func(v int) string { return versionYAML(yaml, v) }, changed: []string{"a", "b"}}
+	c.apply()
+	return r
+}
+
+// tail reads the sink's result stream to its end in the background.
+func (r *reconfigRun) tail() (done <-chan struct{}) {
+	ch := make(chan struct{})
+	conn, err := r.c.pool.Conn(r.c.workers[2].addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	go func() {
+		defer close(ch)
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: "rc/out/p0/r0"}, "", true, 0)
+		for ctx.Err() == nil {
+			err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+				r.mu.Lock()
+				defer r.mu.Unlock()
+				for _, tp := range b.Tuples {
+					tp.Values = slices.Clone(tp.Values)
+					r.out = append(r.out, tp)
+					if tp.Type.IsData() {
+						r.n++
+					}
+				}
+				if last := b.Tuples[len(b.Tuples)-1]; last.Type == tuple.Boundary && last.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+				return nil
+			})
+			if err == nil {
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return ch
+}
+
+func (r *reconfigRun) received() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n
+}
+
+// publish gives every task the current reconfiguration state, as the
+// coordinator's assignments would.
+func (r *reconfigRun) publish() {
+	rc := r.rc
+	rc.Plans = slices.Clone(r.rc.Plans)
+	for _, specs := range r.c.specs {
+		for i := range specs {
+			specs[i].Reconfig = &rc
+			n := 0
+			for _, in := range r.plan.Node(specs[i].Fragment).Inputs {
+				n += r.plan.Node(in).Partitions
+			}
+			specs[i].MarkersExpected = n
+		}
+	}
+	r.c.apply()
+}
+
+// commit adds a plan giving a and b version v (loading).
+func (r *reconfigRun) commit(v int) {
+	r.t.Helper()
+	q, err := queryspec.Parse("rc.yaml", []byte(r.version(v)))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	spec, err := q.CanonicalJSON()
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading}
+	for _, op := range r.changed {
+		def, _ := json.Marshal(q.OperatorByName(op))
+		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
+	}
+	r.rc.Plans = append(r.rc.Plans, p)
+	r.publish()
+	waitUntil(r.t, "every task acknowledged", func() bool {
+		sts := r.states()
+		for _, st := range sts {
+			if !st.Reconfig || st.ReconfigAcked < p.Epoch {
+				return false
+			}
+		}
+		return len(sts) == r.tasks
+	})
+}
+
+func (r *reconfigRun) states() map[string]TaskState {
+	out := map[string]TaskState{}
+	for _, st := range r.c.states() {
+		if st.State == StateFailed {
+			r.t.Fatalf("task %s failed: %s", st.TaskID, st.Message)
+		}
+		out[st.TaskID] = st
+	}
+	return out
+}
+
+// switchAll waits for every task to acknowledge every plan, then switches
+// them at cuts gap apart above the highest frontier (as the coordinator
+// does when the last task acknowledged).
+func (r *reconfigRun) switchAll(gap time.Duration) {
+	r.t.Helper()
+	latest := uint64(len(r.rc.Plans))
+	frontier := int64(math.MinInt64)
+	waitUntil(r.t, "every task acknowledged", func() bool {
+		frontier = math.MinInt64
+		sts := r.states()
+		for _, st := range sts {
+			if !st.Reconfig || st.ReconfigAcked < latest {
+				return false
+			}
+			frontier = max(frontier, st.ReconfigFrontier)
+		}
+		return len(sts) == r.tasks
+	})
+	for i := range r.rc.Plans {
+		if r.rc.Plans[i].Phase == fsm.ReconfigLoading {
+			r.rc.Plans[i].Phase, r.rc.Plans[i].Cut = fsm.ReconfigSwitched, frontier+int64(i+1)*int64(gap)
+		}
+	}
+	r.publish()
+}
+
+func (r *reconfigRun) level(id string) uint64 { return r.states()[id].ReconfigLevel }
+
+// waitLevel waits until every task has the markers of epoch e.
+func (r *reconfigRun) waitLevel(e uint64) {
+	r.t.Helper()
+	waitUntil(r.t, fmt.Sprintf("every task at level %d", e), func() bool {
+		for _, st := range r.states() {
+			if st.ReconfigLevel < e {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func (r *reconfigRun) complete() {
+	for i := range r.rc.Plans {
+		r.rc.Plans[i].Phase = fsm.ReconfigComplete
+	}
+	r.publish()
+}
+
+// versionsOf lists the versions task id runs of its operator i.
+func (r *reconfigRun) versionsOf(id string, i int) []int {
+	r.t.Helper()
+	for _, w := range r.c.workers {
+		if tk := w.rt.task(id); tk != nil {
+			if err := tk.lockProc(context.Background()); err != nil {
+				r.t.Fatal(err)
+			}
+			defer tk.unlockProc()
+			if i >= len(tk.rc.vers) || tk.rc.vers[i] == nil {
+				r.t.Fatalf("task %s operator %d is not versioned", id, i)
+			}
+			return tk.rc.vers[i].Versions()
+		}
+	}
+	r.t.Fatalf("no task %s", id)
+	return nil
+}
+
+// check compares the output with the generator's lines (none lost or
+// duplicated) and checks every output tuple's version path. It returns
+// how many tuples each version path processed.
+func (r *reconfigRun) check(limit int, static bool) map[string]int {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var want []string
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: int64(limit), Rate: 1}, p)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			want = append(want, tp.Values[0].S)
+		}
+	}
+	var got []string
+	paths := map[string]int{}
+	for _, tp := range r.out {
+		if !tp.Type.IsData() {
+			continue
+		}
+		line, k, path := tp.Values[0].S, tp.Values[1].I, tp.Values[2].S
+		got = append(got, line)
+		paths[path]++
+		if path == "MIXED" {
+			r.t.Fatalf("tuple %d (%q, k %d, tag %d) met a and b of different versions", tp.ID, line, k, tp.Version)
+		}
+		if static && path != fmt.Sprintf("v%d", tp.Version+1) {
+			r.t.Fatalf("tuple %d: path %s but version tag %d", tp.ID, path, tp.Version)
+		}
+	}
+	sort.Strings(want)
+	sort.Strings(got)
+	if !slices.Equal(got, want) {
+		r.t.Fatalf("output has %d tuples, the generators %d: lost or duplicated tuples", len(got), len(want))
+	}
+	return paths
+}
+
+// TestReconfigUpgradeUnderLoad upgrades two dependent operators (a, fused
+// into both source partitions, and b, in its own task reading both) while
+// tuples flow: no tuple meets a and b of different versions, the tag of
+// every output names the versions that processed it, and none is lost or
+// duplicated. Once every task has the markers of both upstream instances
+// the old versions are gone.
+func TestReconfigUpgradeUnderLoad(t *testing.T) {
+	const limit = 3000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("b runs versions %v while the plan loads, want [1 2]", v)
+	}
+	r.switchAll(100 * time.Millisecond)
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("b runs versions %v after every marker arrived, want [2]", v)
+	}
+	r.complete()
+	<-done
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
+	}
+}
+
+// TestReconfigThreeVersionsCoexist commits a second plan before the first
+// switched: b runs v1, v2 and v3 side by side, and every tuple is
+// processed by one of the three consistent paths.
+func TestReconfigThreeVersionsCoexist(t *testing.T) {
+	const limit = 3000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	r.commit(3)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{1, 2, 3}) {
+		t.Fatalf("b runs versions %v, want [1 2 3]", v)
+	}
+	r.switchAll(100 * time.Millisecond)
+	r.waitLevel(2)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{3}) {
+		t.Fatalf("b runs versions %v after both plans' markers, want [3]", v)
+	}
+	r.complete()
+	<-done
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v3"] == 0 {
+		t.Fatalf("paths %v", paths)
+	}
+}
+
+// TestReconfigDisconnectedUpstreamDelaysRemoval: source partition 1 is
+// cut off from b during the upgrade. b gets partition 0's marker only, so
+// it keeps the old version; once the link heals partition 1's marker
+// arrives and the old version is removed. Nothing is lost or mixed.
+func TestReconfigDisconnectedUpstreamDelaysRemoval(t *testing.T) {
+	const limit = 3000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	r.faults.CutOutgoing(r.c.workers[1].addr, dataplane.Reset)
+	r.switchAll(100 * time.Millisecond)
+	waitUntil(t, "both sources past the cut, b with one marker of two", func() bool {
+		st := r.states()
+		m := st["rc/b/p0/r0"].ReconfigMarkers[0]
+		return st["rc/lines/p0/r0"].ReconfigLevel == 1 && st["rc/lines/p1/r0"].ReconfigLevel == 1 && m.Epoch == 1 && m.Seen == 1 && m.Expected == 2
+	})
+	if lv := r.level("rc/b/p0/r0"); lv != 0 {
+		t.Fatalf("b reached level %d without partition 1's marker", lv)
+	}
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("b removed its old version while an upstream was disconnected: %v", v)
+	}
+	r.faults.HealAll()
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("b runs %v after the upstream reconnected, want [2]", v)
+	}
+	r.complete()
+	<-done
+	r.check(limit, true)
+}
+
+// TestReconfigDynamicTracking: with dynamic tracking what leaves b (no
+// operator downstream) carries no tag, and paths stay consistent.
+func TestReconfigDynamicTracking(t *testing.T) {
+	const limit = 2000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingDynamic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	r.switchAll(100 * time.Millisecond)
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	paths := r.check(limit, false)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("paths %v", paths)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, tp := range r.out {
+		if tp.Type.IsData() && tp.Version != 0 {
+			t.Fatalf("tuple %d left b tagged %d under dynamic tracking", tp.ID, tp.Version)
+		}
+	}
+}
+
+// aggregateYAML: a (fused into the sources) feeds a windowed aggregate
+// whose task also runs b (fused after it). Version 2 of a and b compute
+// the same values by other expressions: state compatible, so the
+// aggregate's windows are shared by both versions.
+const aggregateYAML = `name: rc
+sources:
+  - {name: lines, parallelism: 2, generator: {kind: words, rate: 2000, seed: 5, limit: %d}}
+operators:
+  - {name: a, type: map, input: lines, parallelism: 2, fields: {n: "len(line)"}}
+  - {name: per_window, type: aggregate, input: a, window: {size: 200ms}, aggregates: {cnt: "count()", total: "sum(n)"}}
+  - {name: b, type: map, input: per_window, fields: {cnt: cnt, total: total, window_end: window_end}}
+sinks:
+  - {name: out, input: b}
+`
+
+// TestReconfigAggregateUpgradedMidWindow upgrades the operators before
+// and after a windowed aggregate while its windows are open: every
+// window's count and total equal those computed from the generators with
+// one version throughout (the state is shared, neither reset nor counted
+// twice).
+func TestReconfigAggregateUpgradedMidWindow(t *testing.T) {
+	const limit = 3000
+	yaml := fmt.Sprintf(aggregateYAML, limit)
+	r := startReconfigRun(t, yaml, fsm.TrackingStatic)
+	r.version = func(v int) string {
+		s := strings.Replace(yaml, `n: "len(line)"`, `n: "len(line) * 2 - len(line)"`, 1)
+		return strings.Replace(s, "total: total,", "total: total + 0,", 1)
+	}
+	if fr := r.plan.Node("b"); fr.Name != "per_window" {
+		t.Fatalf("b runs in fragment %q, want the aggregate's", fr.Name)
+	}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	r.commit(2)
+	if v := r.versionsOf("rc/per_window/p0/r0", 1); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("the aggregate task runs b versions %v, want [1 2]", v)
+	}
+	r.switchAll(50 * time.Millisecond)
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	type agg struct{ cnt, total int64 }
+	want := map[int64]agg{}
+	const size = int64(200 * time.Millisecond)
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: limit, Rate: 2000}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			end := (tp.STime/size + 1) * size
+			a := want[end]
+			a.cnt++
+			a.total += int64(len(tp.Values[0].S))
+			want[end] = a
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := map[int64]agg{}
+	tags := map[uint64]int{}
+	for _, tp := range r.out {
+		if !tp.Type.IsData() {
+			continue
+		}
+		end := tp.Values[2].I
+		if _, dup := got[end]; dup {
+			t.Fatalf("window %d emitted twice", end)
+		}
+		got[end] = agg{tp.Values[0].I, tp.Values[1].I}
+		tags[tp.Version]++
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d windows, want %d", len(got), len(want))
+	}
+	for end, w := range want {
+		if got[end] != w {
+			t.Fatalf("window %d: got %+v, want %+v", end, got[end], w)
+		}
+	}
+	if tags[0] == 0 || tags[1] == 0 {
+		t.Fatalf("windows by version tag %v: the upgrade did not happen mid-stream", tags)
+	}
+}
+
+// TestReconfigTaskMovedDuringUpgrade moves b to another worker (a live
+// move: the new copy starts from the old one's snapshot) while a plan is
+// under way: the new copy runs both versions, reaches the plan's level
+// from the markers that follow, and the output stays consistent, nothing
+// lost or duplicated.
+func TestReconfigTaskMovedDuringUpgrade(t *testing.T) {
+	const limit = 3000
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.commit(2)
+	r.switchAll(300 * time.Millisecond)
+	r.c.liveMove(t, "rc/b/p0/r0", r.c.workers[2], r.c.workers[0])
+	if v := r.versionsOf("rc/b/p0/r0", 0); len(v) == 0 || v[len(v)-1] != 2 {
+		t.Fatalf("the moved copy of b runs versions %v", v)
+	}
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("the moved copy of b runs %v after the markers, want [2]", v)
+	}
+	r.complete()
+	<-done
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("paths %v", paths)
+	}
+}
