@@ -42,7 +42,18 @@ const (
 	ApplyPlanType MessageType = 40
 )
 
+// Command types of cross-org migration (issue 11 item 6), in their own
+// block so that types other work appends never collide with them.
+const (
+	// UpsertHostedTaskType carries an UpsertHostedTaskRequest.
+	UpsertHostedTaskType MessageType = 70
+	// DeleteHostedTaskType carries a DeleteHostedTaskRequest.
+	DeleteHostedTaskType MessageType = 71
+)
+
 var messageTypeNames = map[MessageType]string{
+	UpsertHostedTaskType:      "UpsertHostedTask",
+	DeleteHostedTaskType:      "DeleteHostedTask",
 	RegisterWorkerType:        "RegisterWorker",
 	SetWorkerStatusType:       "SetWorkerStatus",
 	SubmitQueryType:           "SubmitQuery",
@@ -253,4 +264,21 @@ type AppendLedgerEntryRequest struct {
 // RecordHealthActionRequest creates or replaces a health action. Value: nil.
 type RecordHealthActionRequest struct {
 	Action HealthAction `json:"action"`
+}
+
+// UpsertHostedTaskRequest creates or replaces a hosted-task record. With
+// IfGeneration > 0 it applies only while the stored record's generation
+// is IfGeneration (ErrHostedStale otherwise), so a late report of an
+// older copy cannot overwrite a newer move. Value: nil.
+type UpsertHostedTaskRequest struct {
+	Task         HostedTask `json:"task"`
+	IfGeneration int        `json:"if_generation,omitempty"`
+}
+
+// DeleteHostedTaskRequest removes a hosted-task record; with
+// IfGeneration > 0 only while its generation is that. Deleting a record
+// that does not exist does nothing. Value: nil.
+type DeleteHostedTaskRequest struct {
+	ID           string `json:"id"`
+	IfGeneration int    `json:"if_generation,omitempty"`
 }

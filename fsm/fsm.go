@@ -81,6 +81,8 @@ var commandDecoders = map[MessageType]func() command{
 	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
 	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
+	UpsertHostedTaskType:      func() command { return &UpsertHostedTaskRequest{} },
+	DeleteHostedTaskType:      func() command { return &DeleteHostedTaskRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown
