@@ -379,6 +379,10 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
 	pb.RegisterFederationPeerServiceServer(s.grpcServer, &fedPeerService{s: s})
+	if s.pool != nil {
+		// The org's workers read partners' streams through it.
+		pb.RegisterDataPlaneServer(s.grpcServer, &xorgData{s: s})
+	}
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	reflection.Register(s.grpcServer)
 	s.wg.Add(1)
