@@ -49,11 +49,14 @@ const (
 	UpsertHostedTaskType MessageType = 70
 	// DeleteHostedTaskType carries a DeleteHostedTaskRequest.
 	DeleteHostedTaskType MessageType = 71
+	// AbortMoveType carries an AbortMoveRequest.
+	AbortMoveType MessageType = 72
 )
 
 var messageTypeNames = map[MessageType]string{
 	UpsertHostedTaskType:      "UpsertHostedTask",
 	DeleteHostedTaskType:      "DeleteHostedTask",
+	AbortMoveType:             "AbortMove",
 	RegisterWorkerType:        "RegisterWorker",
 	SetWorkerStatusType:       "SetWorkerStatus",
 	SubmitQueryType:           "SubmitQuery",
@@ -281,4 +284,17 @@ type UpsertHostedTaskRequest struct {
 type DeleteHostedTaskRequest struct {
 	ID           string `json:"id"`
 	IfGeneration int    `json:"if_generation,omitempty"`
+}
+
+// AbortMoveRequest undoes a live move that has not ended: the task goes
+// back to the worker and generation of its old copy (MovingFrom), which
+// never stopped and which its consumers still read, and the new copy is
+// no longer placed. It applies only while the task is still moving with
+// its new copy at Generation (ErrNotMoving otherwise), so it cannot race
+// the end of the move: whichever commits first wins. Cross-org migration
+// uses it to roll back a move its partner did not complete. Value: nil.
+type AbortMoveRequest struct {
+	TaskID     string `json:"task_id"`
+	Generation int    `json:"generation"`
+	Reason     string `json:"reason,omitempty"`
 }

@@ -300,6 +300,27 @@ func TestCommands(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "abort move",
+			steps: []step{
+				submitQ1, // index 5
+				{typ: ApplyPlanType, body: ApplyPlanRequest{Source: PlanSourceMove, Placements: []PlannedPlacement{
+					{TaskID: "q1/f0/p0/r0", FromWorker: "a", FromGeneration: 1, ToWorker: "c", Live: true, CatchUp: true}}}},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 1}, wantErr: ErrNotMoving},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r1", Generation: 1}, wantErr: ErrNotMoving},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 2, Reason: "partner gone"}},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 2}, wantErr: ErrNotMoving},
+			},
+			check: func(t *testing.T, h *harness) {
+				tk, _ := h.state().Task(nil, "q1/f0/p0/r0")
+				if tk.WorkerID != "a" || tk.Gen() != 1 || tk.MovingFrom != "" || tk.MoveCatchUp {
+					t.Fatalf("aborted move left %+v", tk)
+				}
+				if c := h.worker("c"); c.AssignIndex != h.index-1 {
+					t.Fatalf("c's assignments not bumped by the abort: %+v (index %d)", c, h.index)
+				}
+			},
+		},
 	}
 	covered := map[MessageType]bool{}
 	for _, tc := range cases {

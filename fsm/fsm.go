@@ -83,6 +83,7 @@ var commandDecoders = map[MessageType]func() command{
 	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
 	UpsertHostedTaskType:      func() command { return &UpsertHostedTaskRequest{} },
 	DeleteHostedTaskType:      func() command { return &DeleteHostedTaskRequest{} },
+	AbortMoveType:             func() command { return &AbortMoveRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

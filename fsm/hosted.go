@@ -83,3 +83,25 @@ func (s *StateStore) HostedTasks(ws memdb.WatchSet) ([]*HostedTask, error) {
 func (s *StateStore) HostedTask(ws memdb.WatchSet, owner, taskID string) (*HostedTask, error) {
 	return first[HostedTask](s.readTxn(ws), ws, TableHostedTasks, HostedTaskID(owner, taskID))
 }
+
+func (r *AbortMoveRequest) apply(tx *writeTx) (any, error) {
+	t, err := txFirst[Task](tx, TableTasks, r.TaskID)
+	if err != nil {
+		return nil, err
+	}
+	if t == nil || t.MovingFrom == "" || t.MovingFrom == t.WorkerID || t.Gen() != r.Generation {
+		return nil, fmt.Errorf("%w: %s generation %d", ErrNotMoving, r.TaskID, r.Generation)
+	}
+	affected := stringSet{}
+	affected.add(t.WorkerID)
+	affected.add(t.MovingFrom)
+	updated := *t
+	updated.WorkerID, updated.Generation = t.MovingFrom, max(t.MovingFromGeneration, 1)
+	updated.endMove()
+	updated.State, updated.Message = TaskStatePending, "move aborted: "+r.Reason
+	updated.ModifyIndex = tx.index
+	if err := tx.insert(TableTasks, &updated); err != nil {
+		return nil, err
+	}
+	return nil, tx.bumpAssignIndex(affected)
+}

@@ -26,7 +26,7 @@ package fsm
 //	   the leader plans a catch-up move only when every coordinator speaks
 //	   5, so an older build never holds a task with MoveCatchUp.
 //	6: hosted tasks of cross-org migration (UpsertHostedTaskType,
-//	   DeleteHostedTaskType).
+//	   DeleteHostedTaskType) and AbortMoveType.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
@@ -55,6 +55,7 @@ var commandProtocol = map[MessageType]int{
 	ApplyPlanType:             3,
 	UpsertHostedTaskType:      6,
 	DeleteHostedTaskType:      6,
+	AbortMoveType:             6,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false
