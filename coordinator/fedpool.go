@@ -530,7 +530,13 @@ func (ps *fedPeerService) Deliver(ctx context.Context, req *pb.FederationEnvelop
 	if handled, err := s.leaderOrForward(ctx, fedPeerMethod+"Deliver", fwd, resp); handled {
 		return resp, err
 	}
-	ans, err := s.fed.Receive(ctx, m)
+	var ans federation.Message
+	var err error
+	if federation.IsMigration(m.Kind) {
+		ans, err = s.receiveMigration(ctx, m)
+	} else {
+		ans, err = s.fed.Receive(ctx, m)
+	}
 	if err != nil {
 		return nil, fedStatus(err)
 	}

@@ -219,6 +219,10 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
 	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
+	// Cross-org migration: both sides of every partner's moves.
+	wg.Add(2)
+	go func() { defer wg.Done(); s.syncPartners(ctx) }()
+	go func() { defer wg.Done(); s.expireHosted(ctx) }()
 	wg.Wait()
 }
 

@@ -48,7 +48,9 @@ func newPlacer(workers []*fsm.Worker, tasks []*fsm.Task) *placer {
 	}
 	readySet := map[string]bool{}
 	for _, w := range workers {
-		if w.Status == statusReady {
+		// A partner org's worker record takes only the tasks moved there
+		// under a contract (xorg_move.go), never an ordinary placement.
+		if w.Status == statusReady && !isPartnerWorker(w) {
 			p.ready = append(p.ready, w)
 			readySet[w.ID] = true
 			p.zoneOf[w.ID] = w.Labels[zoneLabel]

@@ -86,6 +86,8 @@ type Server struct {
 	ops       *opshttp.Server
 	metrics   *coordMetrics
 	liveStats *liveStats
+	// xorg is the leader's volatile state of cross-org migration.
+	xorg xorgMemory
 
 	forwarder *forwarder
 	auth      *authenticator

@@ -151,11 +151,16 @@ type xorgData struct {
 // route says where a call for (query, task, generation) goes: to a
 // worker of this org (workerAddr) or to a partner org (partner). caller
 // is the calling org on the data port, "" on the org port.
-func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partner string, err error) {
+//
+// toGen is the generation to ask the worker for: the one asked, except
+// for a partner reading an upstream of a task it hosts, which does not
+// know the owner's generations (it asks for whichever copy the owner's
+// consumers read).
+func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partner string, toGen int, err error) {
 	st := s.State()
 	hosted, err := st.HostedTasks(nil)
 	if err != nil {
-		return "", "", status.Error(codes.Internal, err.Error())
+		return "", "", 0, status.Error(codes.Internal, err.Error())
 	}
 	workerAddrOf := func(id string) (string, error) {
 		w, err := st.Worker(nil, id)
@@ -175,15 +180,15 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 				break // this org's own workers never read a hosted copy through the relay
 			}
 			if h.WorkerID == "" {
-				return "", "", status.Errorf(codes.Unavailable, "hosted task %s is not placed yet", taskID)
+				return "", "", 0, status.Errorf(codes.Unavailable, "hosted task %s is not placed yet", taskID)
 			}
 			addr, err := workerAddrOf(h.WorkerID)
-			return addr, "", err
+			return addr, "", gen, err
 		}
 	}
 	t, err := st.Task(nil, taskID)
 	if err != nil {
-		return "", "", status.Error(codes.Internal, err.Error())
+		return "", "", 0, status.Error(codes.Internal, err.Error())
 	}
 	if t != nil && t.Query == query {
 		if caller == "" {
@@ -191,10 +196,10 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 			// partner goes through the relay.
 			for _, h := range hosted {
 				if h.Owner == s.cfg.Org && h.TaskID == taskID && (gen == 0 || gen == h.Generation) {
-					return "", h.Host, nil
+					return "", h.Host, gen, nil
 				}
 			}
-			return "", "", status.Errorf(codes.NotFound, "%v: task %s generation %d does not run at a partner", errNoRoute, taskID, gen)
+			return "", "", 0, status.Errorf(codes.NotFound, "%v: task %s generation %d does not run at a partner", errNoRoute, taskID, gen)
 		}
 		entitled := false
 		for _, h := range hosted {
@@ -203,30 +208,38 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 			}
 		}
 		if !entitled {
-			return "", "", status.Errorf(codes.PermissionDenied, "%v: org %s hosts no task of query %s", errNoRoute, caller, query)
+			return "", "", 0, status.Errorf(codes.PermissionDenied, "%v: org %s hosts no task of query %s", errNoRoute, caller, query)
 		}
 		at, atGen := consumerPlacement(t)
-		switch gen {
-		case 0, atGen:
-		case t.Gen():
+		hostedThere := false
+		for _, h := range hosted {
+			hostedThere = hostedThere || (h.Owner == s.cfg.Org && h.Host == caller && h.TaskID == taskID)
+		}
+		switch {
+		case gen == atGen:
+		case hostedThere && gen == t.Gen():
 			at = t.WorkerID
-		case t.MovingFromGeneration:
+		case hostedThere && gen == t.MovingFromGeneration:
 			at = t.MovingFrom
-		default:
-			return "", "", status.Errorf(codes.NotFound, "task %s has no copy of generation %d", taskID, gen)
+		case hostedThere:
+			return "", "", 0, status.Errorf(codes.NotFound, "task %s has no copy of generation %d", taskID, gen)
 		}
 		addr, err := workerAddrOf(at)
-		return addr, "", err
+		toGen := gen
+		if !hostedThere {
+			toGen = atGen
+		}
+		return addr, "", toGen, err
 	}
 	if caller == "" {
 		// An upstream of a task this org hosts: it runs at the owner.
 		for _, h := range hosted {
 			if h.Host == s.cfg.Org && h.Query == query {
-				return "", h.Owner, nil
+				return "", h.Owner, gen, nil
 			}
 		}
 	}
-	return "", "", status.Errorf(codes.NotFound, "%v: no task %s of query %s", errNoRoute, taskID, query)
+	return "", "", 0, status.Errorf(codes.NotFound, "%v: no task %s of query %s", errNoRoute, taskID, query)
 }
 
 // callerOrg is the org of the call's caller on the data port ("" on the
@@ -242,20 +255,22 @@ func (x *xorgData) callerOrg(ctx context.Context) (string, error) {
 	return id.Org, nil
 }
 
-// target dials where a call goes.
-func (x *xorgData) target(ctx context.Context, query, taskID string, gen int) (*grpc.ClientConn, error) {
+// target dials where a call goes, and says which generation to ask for.
+func (x *xorgData) target(ctx context.Context, query, taskID string, gen int) (*grpc.ClientConn, int, error) {
 	caller, err := x.callerOrg(ctx)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	addr, partner, err := x.s.route(caller, query, taskID, gen)
+	addr, partner, toGen, err := x.s.route(caller, query, taskID, gen)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if partner != "" {
-		return x.s.pool.dataConn(ctx, partner)
+		c, err := x.s.pool.dataConn(ctx, partner)
+		return c, toGen, err
 	}
-	return x.s.pool.workerConn(addr)
+	c, err := x.s.pool.workerConn(addr)
+	return c, toGen, err
 }
 
 func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
@@ -267,10 +282,11 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 	if first.Stream == nil {
 		return status.Error(codes.InvalidArgument, "subscribe: the first request names the stream")
 	}
-	conn, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation))
+	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation))
 	if err != nil {
 		return err
 	}
+	first.Stream.Generation = int32(gen)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	out, err := pb.NewDataPlaneClient(conn).Subscribe(ctx)
@@ -311,10 +327,11 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 
 func (x *xorgData) FetchSnapshot(req *pb.FetchSnapshotRequest, in pb.DataPlane_FetchSnapshotServer) error {
 	ctx := in.Context()
-	conn, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation))
+	conn, gen, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation))
 	if err != nil {
 		return err
 	}
+	req.Generation = int32(gen)
 	out, err := pb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req)
 	if err != nil {
 		return relayErr(err)

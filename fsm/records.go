@@ -282,11 +282,27 @@ type HostedTask struct {
 	// SpecJSON is, at the host, the owner's query definition (the host
 	// runs one task of a query it does not own).
 	SpecJSON []byte `json:"spec_json,omitempty"`
+	// At the host, what its worker needs to run a task of a query it does
+	// not own: the generation of the owner's copy to take the starting
+	// snapshot from (SourceGeneration), every task of the query (Peers,
+	// to find upstreams and count downstream replicas) and the slot maps
+	// of its keyed fragments as the owner had them when the task moved.
+	SourceGeneration int          `json:"source_generation,omitempty"`
+	Peers            []HostedPeer `json:"peers,omitempty"`
+	SlotMaps         []SlotMap    `json:"slot_maps,omitempty"`
 	// State and Message are what the host's worker last reported.
 	State       string `json:"state,omitempty"`
 	Message     string `json:"message,omitempty"`
 	CreateIndex uint64 `json:"create_index"`
 	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// HostedPeer is one task of a hosted task's query, as the host sees it.
+type HostedPeer struct {
+	TaskID    string `json:"task_id"`
+	Fragment  string `json:"fragment"`
+	Partition int    `json:"partition"`
+	Replica   int    `json:"replica"`
 }
 
 // HostedTaskID is the id of the hosted-task record of owner's task.

@@ -1,0 +1,339 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/federation"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
+	fsworker "github.com/fedstream/fedstream/worker"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// Cross-org migration tests run two in-process orgs, each one coordinator
+// and two workers (mutual TLS, a federation pool, pinned CAs and a
+// contract), and move a partition of a keyed aggregate between them
+// while its query runs. (They import the worker package: only the real
+// runtime shows that a stream survives the move.)
+
+// xorgQuery: paced generated words into a keyed aggregate of two
+// partitions; %d is the number of records (0: endless).
+const xorgQuery = `
+name: %s
+replicas: %d
+sources:
+  - name: lines
+    generator: {kind: words, seed: 7, limit: %d, rate: 20000}
+operators:
+  - name: firsts
+    type: map
+    input: lines
+    fields: {word: "split(line, ' ')[0]", n: "len(split(line, ' '))"}
+  - {name: long, type: filter, input: firsts, where: "n > 7"}
+  - name: counts
+    type: aggregate
+    input: long
+    window: {size: 20ms}
+    group_by: [word]
+    aggregates: {cnt: "count()", total: "sum(n)"}
+    parallelism: 2
+sinks:
+  - {name: out, input: counts}
+`
+
+type xorgOrg struct {
+	*testCluster
+	workers []*fsworker.Worker
+	stopW   []func()
+	pool    *dataplane.Pool
+}
+
+func newXorgOrg(t *testing.T, org string, join []string) *xorgOrg {
+	t.Helper()
+	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join)}
+	client := testCreds(t, o.ca, rpc.RoleClient, "ops")
+	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}), grpc.WithPerRPCCredentials(rpc.BearerToken(o.tokens[1])))
+	t.Cleanup(func() { _ = o.pool.Close() })
+	for i := range 2 {
+		creds, err := tlsutil.New(o.ca.CertPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := fsworker.New(fsworker.Config{Org: org, Name: fmt.Sprintf("%s-w%d", org, i+1), Coordinators: []string{o.cfgs[0].GRPCAddr}, Cores: 4,
+			Logger: logging.Discard(), TLS: creds, JoinToken: o.tokens[0], BoundaryInterval: 5 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = w.Run(ctx) }()
+		var once sync.Once
+		stop := func() { once.Do(func() { cancel(); <-done }) }
+		t.Cleanup(stop)
+		o.workers = append(o.workers, w)
+		o.stopW = append(o.stopW, stop)
+	}
+	waitFor(t, 30*time.Second, org+"'s workers ready", func() bool {
+		ws, err := o.nodes[0].State().Workers(nil)
+		if err != nil {
+			return false
+		}
+		ready := 0
+		for _, w := range ws {
+			if w.Status == states.WorkerReady && !isPartnerWorker(w) {
+				ready++
+			}
+		}
+		return ready == 2
+	})
+	return o
+}
+
+// xorgPair starts alpha and beta, pins each in the other and makes a
+// contract letting alpha's tasks run at beta; it returns its id.
+func xorgPair(t *testing.T) (alpha, beta *xorgOrg, contract string) {
+	alpha = newXorgOrg(t, "alpha", nil)
+	beta = newXorgOrg(t, "beta", fedAddr(alpha.testCluster))
+	t.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, o := range []*xorgOrg{alpha, beta} {
+			for _, stop := range o.stopW {
+				wg.Add(1)
+				go func() { defer wg.Done(); stop() }()
+			}
+		}
+		wg.Wait()
+		for _, o := range []*xorgOrg{alpha, beta} {
+			wg.Add(1)
+			go func() { defer wg.Done(); o.stop(0) }()
+		}
+		wg.Wait()
+	})
+	alpha.pin(beta.testCluster)
+	beta.pin(alpha.testCluster)
+	waitFor(t, 30*time.Second, "beta alive in alpha's pool", func() bool { return alpha.nodes[0].pool.Known("beta") })
+	resp, err := alpha.fedClient(0).ProposeContract(ctxT(t, 20*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 100, ValidForMs: 3600_000, Direction: "out"})
+	if err != nil {
+		t.Fatalf("propose: %v", err)
+	}
+	var d federation.ContractDoc
+	if err := json.Unmarshal(resp.ContractJson, &d); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the proposal at beta", func() bool {
+		_, err := beta.nodes[0].fed.Contract(d.Terms.ID)
+		return err == nil
+	})
+	if _, err := beta.fedClient(0).AnswerContract(ctxT(t, 20*time.Second), &pb.AnswerContractRequest{Id: d.Terms.ID, Accept: true}); err != nil {
+		t.Fatalf("accept: %v", err)
+	}
+	waitFor(t, 10*time.Second, "the contract active at alpha", func() bool {
+		_, err := alpha.nodes[0].activeContractWith("beta", time.Now())
+		return err == nil
+	})
+	return alpha, beta, d.Terms.ID
+}
+
+func (o *xorgOrg) submit(t *testing.T, name string, replicas, limit int) {
+	t.Helper()
+	if _, err := o.admin(0).SubmitQuery(ctxT(t, 20*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(xorgQuery, name, replicas, limit)), Filename: name + ".yaml"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (o *xorgOrg) task(t *testing.T, id string) *fsm.Task {
+	t.Helper()
+	tk, err := o.nodes[0].State().Task(nil, id)
+	if err != nil || tk == nil {
+		t.Fatalf("task %s: %v %v", id, tk, err)
+	}
+	return tk
+}
+
+// results tails the sink (replica 0) to its final boundary: results by
+// window and word; seen is called with the count after each batch. A
+// window emitted twice fails.
+func (o *xorgOrg) results(t *testing.T, query string, seen func(n int)) map[string]string {
+	t.Helper()
+	spec, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(xorgQuery, query, 1, 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := spec.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := plan.Node("out").Schema
+	word, cnt, total, end := schema.Index("word"), schema.Index("cnt"), schema.Index("total"), schema.Index("window_end")
+	sink := query + "/out/p0/r0"
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	got := map[string]string{}
+	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: query, TaskId: sink}, "", true, 0)
+	for {
+		tk := o.task(t, sink)
+		w, _ := o.nodes[0].State().Worker(nil, tk.WorkerID)
+		if w == nil {
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		conn, err := o.pool.Conn(w.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			for _, tp := range b.Tuples {
+				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+				if !tp.Type.IsData() {
+					continue
+				}
+				k := fmt.Sprintf("%d/%s", tp.Values[end].I, tp.Values[word].S)
+				if _, dup := got[k]; dup {
+					return fmt.Errorf("window %s emitted twice", k)
+				}
+				got[k] = fmt.Sprintf("cnt=%d total=%d", tp.Values[cnt].I, tp.Values[total].I)
+			}
+			if seen != nil {
+				seen(len(got))
+			}
+			return nil
+		})
+		if err == nil {
+			return got
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("tail %s: %v", sink, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the sink is not running yet: retry
+	}
+}
+
+func sameResults(t *testing.T, got, want map[string]string) {
+	t.Helper()
+	if len(want) == 0 {
+		t.Fatal("the reference run has no results: the test would prove nothing")
+	}
+	missing, wrong := 0, 0
+	for k, v := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			missing++
+		case g != v:
+			wrong++
+			if wrong < 5 {
+				t.Errorf("window/word %s: got %s, want %s", k, g, v)
+			}
+		}
+	}
+	if missing > 0 || wrong > 0 || len(got) != len(want) {
+		t.Fatalf("%d results, want %d: %d missing, %d differ", len(got), len(want), missing, wrong)
+	}
+}
+
+// copies counts the running copies of task over every worker of orgs.
+func copies(task string, orgs ...*xorgOrg) (n int, where []string) {
+	for _, o := range orgs {
+		for _, w := range o.workers {
+			for _, st := range w.Runtime().States() {
+				if st.TaskID == task {
+					n++
+					where = append(where, fmt.Sprintf("%s@g%d(%s)", w.ID(), st.Generation, st.State))
+				}
+			}
+		}
+	}
+	return n, where
+}
+
+// A partition of a keyed aggregate moves to the partner org mid-stream
+// and, later in the same run, comes home; the sink's results equal, window
+// by window and word by word, those of the same query left alone. The
+// partner's copy starts from the snapshot of alpha's running copy
+// (fetched across orgs) and both directions switch consumers across the
+// orgs' data ports.
+func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
+	alpha, beta, contract := xorgPair(t)
+	const limit = 100000
+	alpha.submit(t, "ref", 1, limit)
+	want := alpha.results(t, "ref", nil)
+
+	const moving = "xm/counts/p0/r0"
+	alpha.submit(t, "xm", 1, limit)
+	var started bool
+	var seen atomic.Int64
+	done := make(chan error, 1)
+	got := alpha.results(t, "xm", func(n int) {
+		seen.Store(int64(n))
+		if n < 100 || started {
+			return
+		}
+		started = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
+				done <- fmt.Errorf("migrate: %w", err)
+				return
+			}
+			if at := alpha.nodes[0].TasksAtPartners(); at[moving] != "beta" {
+				done <- fmt.Errorf("tasks at partners %v", at)
+				return
+			}
+			if n, where := copies(moving, beta); n != 1 {
+				done <- fmt.Errorf("beta runs %d copies: %v", n, where)
+				return
+			}
+			// Results keep coming while the partition runs at beta.
+			at := seen.Load()
+			for seen.Load() < at+200 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			done <- alpha.nodes[0].ReturnTaskHome(ctx, moving)
+		}()
+	})
+	if !started {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameResults(t, got, want)
+	// Each new copy started from its predecessor's snapshot, fetched
+	// across the orgs.
+	served := func(o *xorgOrg) (n uint64) {
+		for _, w := range o.workers {
+			n += w.Runtime().SnapshotsServed()
+		}
+		return n
+	}
+	if a, b := served(alpha), served(beta); a != 1 || b != 1 {
+		t.Fatalf("snapshots served: alpha %d, beta %d; want 1 each (out, then back)", a, b)
+	}
+	tk := alpha.task(t, moving)
+	if tk.Gen() != 3 || tk.WorkerID == partnerWorkerID("beta") || tk.MovingFrom != "" {
+		t.Fatalf("after a move out and back the task is %+v, want generation 3 at home", tk)
+	}
+	waitFor(t, 20*time.Second, "beta drops its copy", func() bool {
+		n, _ := copies(moving, beta)
+		hs, _ := beta.nodes[0].State().HostedTasks(nil)
+		return n == 0 && len(hs) == 0 && len(alpha.nodes[0].TasksAtPartners()) == 0
+	})
+}
