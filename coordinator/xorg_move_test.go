@@ -337,3 +337,127 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 		return n == 0 && len(hs) == 0 && len(alpha.nodes[0].TasksAtPartners()) == 0
 	})
 }
+
+// partition cuts every cross-org connection of o (its control and data
+// ports stop; its org and gossip keep working), as a network partition
+// between the orgs would.
+func (o *xorgOrg) partition() {
+	o.nodes[0].pool.server.Stop()
+	o.nodes[0].pool.dataServer.Stop()
+}
+
+// A partition between the orgs right after beta agreed to host a task,
+// before its copy took over: the move rolls back (the old copy never
+// stopped, consumers never left it), beta drops its copy once alpha has
+// been silent for the partner timeout, and the task runs exactly once,
+// at alpha, with the results of a run left alone.
+func TestCrossOrgMovePartitioned(t *testing.T) {
+	alpha, beta, contract := xorgPair(t)
+	const limit = 100000
+	alpha.submit(t, "ref", 1, limit)
+	want := alpha.results(t, "ref", nil)
+
+	const moving = "xp/counts/p0/r0"
+	alpha.submit(t, "xp", 1, limit)
+	var started bool
+	done := make(chan error, 1)
+	got := alpha.results(t, "xp", func(n int) {
+		if n < 100 || started {
+			return
+		}
+		started = true
+		from := alpha.task(t, moving).WorkerID
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			done <- alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract)
+		}()
+		// Cut the orgs apart as soon as beta records the task.
+		waitFor(t, 20*time.Second, "beta hosts the task", func() bool {
+			h, err := beta.nodes[0].State().HostedTask(nil, "alpha", moving)
+			return err == nil && h != nil
+		})
+		beta.partition()
+		alpha.partition()
+		go func() {
+			err := <-done
+			if err == nil {
+				done <- fmt.Errorf("the move completed across a partition")
+				return
+			}
+			if tk := alpha.task(t, moving); tk.WorkerID != from || tk.Gen() != 1 || tk.MovingFrom != "" {
+				done <- fmt.Errorf("after the rollback the task is %+v, want on %s at generation 1", tk, from)
+				return
+			}
+			done <- nil
+		}()
+	})
+	if !started {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameResults(t, got, want)
+	waitFor(t, 30*time.Second, "beta drops its copy; one copy runs, at alpha", func() bool {
+		hs, _ := beta.nodes[0].State().HostedTasks(nil)
+		nb, _ := copies(moving, beta)
+		return len(hs) == 0 && nb == 0 && len(alpha.nodes[0].TasksAtPartners()) == 0
+	})
+}
+
+// A partner that dies with a task of alpha running there: alpha declares
+// it dead (failed in the pool, or unreachable past the partner timeout),
+// its partner worker goes down and the task is placed at home again,
+// from a snapshot of its live peer replica; the results equal a run left
+// alone.
+func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
+	alpha, beta, contract := xorgPair(t)
+	const limit = 160000
+	alpha.submit(t, "ref", 2, limit)
+	want := alpha.results(t, "ref", nil)
+
+	const moving = "xd/counts/p0/r0"
+	alpha.submit(t, "xd", 2, limit)
+	var started bool
+	var seen atomic.Int64
+	done := make(chan error, 1)
+	got := alpha.results(t, "xd", func(n int) {
+		seen.Store(int64(n))
+		if n < 100 || started {
+			return
+		}
+		started = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
+				done <- err
+				return
+			}
+			at := seen.Load()
+			for seen.Load() < at+100 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			// beta dies: workers and coordinator, without leaving the pool.
+			for _, stop := range beta.stopW {
+				stop()
+			}
+			_ = beta.nodes[0].pool.serf.Shutdown()
+			beta.stop(0)
+			done <- nil
+		}()
+	})
+	if !started {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "the task back at alpha, running", func() bool {
+		tk := alpha.task(t, moving)
+		n, _ := copies(moving, alpha)
+		return tk.WorkerID != partnerWorkerID("beta") && tk.State == states.TaskRunning && n == 1 && len(alpha.nodes[0].TasksAtPartners()) == 0
+	})
+	sameResults(t, got, want)
+}
