@@ -282,6 +282,14 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 	if first.Stream == nil {
 		return status.Error(codes.InvalidArgument, "subscribe: the first request names the stream")
 	}
+	if !x.crossOrg && !first.NoAck {
+		// As on a worker: an acknowledgement releases tuples for every
+		// consumer, so only a task (a worker of the org) may send one;
+		// the role table admits readers to Subscribe for no_ack tails.
+		if id, ok := rpc.PeerIdentity(ctx); !ok || id.Org != x.s.cfg.Org || id.Role != rpc.RoleWorker {
+			return status.Error(codes.PermissionDenied, "subscribe: an acknowledging subscription is for the org's workers only; clients subscribe with no_ack")
+		}
+	}
 	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation))
 	if err != nil {
 		return err

@@ -107,6 +107,21 @@ func TestCrossOrgDataPortNeedsAContract(t *testing.T) {
 	if code := subscribeVia(t, addr, betaCoord); code != codes.NotFound {
 		t.Fatalf("beta with a contract: %v, want NotFound from the relay", code)
 	}
+	// The org port's relay takes acknowledgements from workers only: a
+	// client (even an admin) tails with no_ack.
+	client := pb.NewDataPlaneClient(alpha.connAs(alpha.nodes[alpha.leader()].GRPCAddr(), alpha.tokens[1], testCreds(t, alpha.ca, rpc.RoleClient, "ops")))
+	for noAck, want := range map[bool]codes.Code{false: codes.PermissionDenied, true: codes.NotFound} {
+		sub, err := client.Subscribe(ctxT(t, 10*time.Second))
+		if err == nil {
+			err = sub.Send(&pb.SubscribeRequest{Stream: &pb.StreamRef{Query: "q", TaskId: "q/f/p0/r0", Consumer: "g"}, Subscriber: "x", NoAck: noAck})
+		}
+		if err == nil {
+			_, err = sub.Recv()
+		}
+		if status.Code(err) != want {
+			t.Fatalf("a client's subscription (no_ack %v) on the org port: %v, want %v", noAck, err, want)
+		}
+	}
 	for name, creds := range map[string]*tlsutil.Credentials{
 		"gamma's coordinator (pinned, no contract)": testCreds(t, gamma.ca, rpc.RoleCoordinator, "c1"),
 		"beta from a CA that is not the pinned one": testCreds(t, testCA(t, "beta"), rpc.RoleCoordinator, "c1"),
