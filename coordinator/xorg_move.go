@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -920,4 +923,67 @@ func hostedStateText(h *fsm.HostedTask) string {
 		return "returning from org " + h.Host
 	}
 	return "at org " + h.Host
+}
+
+// MigrateTask implements AdminService.MigrateTask (fedstream task move
+// --to-org) on the leader.
+func (as *adminService) MigrateTask(ctx context.Context, req *pb.MigrateTaskRequest) (*pb.MigrateTaskResponse, error) {
+	if req.TaskId == "" || req.ToOrg == "" || req.Contract == "" {
+		return nil, status.Error(codes.InvalidArgument, "move across orgs: a task id, a partner org and a contract id are required")
+	}
+	resp := &pb.MigrateTaskResponse{}
+	if handled, err := as.s.leaderOrForward(ctx, adminMethod+"MigrateTask", req, resp); handled {
+		return resp, err
+	}
+	if err := as.s.MigrateTaskOut(ctx, req.TaskId, req.ToOrg, req.Contract); err != nil {
+		return nil, migrationStatus(err)
+	}
+	t, err := as.s.State().Task(nil, req.TaskId)
+	if err != nil || t == nil {
+		return nil, status.Errorf(codes.Internal, "move %s: read it back: %v", req.TaskId, err)
+	}
+	return &pb.MigrateTaskResponse{TaskId: t.ID, Org: req.ToOrg, Generation: int32(t.Gen())}, nil
+}
+
+// ReturnTask implements AdminService.ReturnTask (fedstream task return).
+func (as *adminService) ReturnTask(ctx context.Context, req *pb.ReturnTaskRequest) (*pb.ReturnTaskResponse, error) {
+	if req.TaskId == "" {
+		return nil, status.Error(codes.InvalidArgument, "return: a task id is required")
+	}
+	resp := &pb.ReturnTaskResponse{}
+	if handled, err := as.s.leaderOrForward(ctx, adminMethod+"ReturnTask", req, resp); handled {
+		return resp, err
+	}
+	if err := as.s.ReturnTaskHome(ctx, req.TaskId); err != nil {
+		return nil, migrationStatus(err)
+	}
+	t, err := as.s.State().Task(nil, req.TaskId)
+	if err != nil || t == nil {
+		return nil, status.Errorf(codes.Internal, "return %s: read it back: %v", req.TaskId, err)
+	}
+	return &pb.ReturnTaskResponse{TaskId: t.ID, WorkerId: t.WorkerID, Generation: int32(t.Gen())}, nil
+}
+
+// migrationStatus maps a migration's error to a gRPC status.
+func migrationStatus(err error) error {
+	switch {
+	case errors.Is(err, ErrNoPlanApplier), errors.Is(err, errNoCrossOrgTransport):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return status.FromContextError(err).Err()
+	case errors.Is(err, federation.ErrNoContract):
+		return status.Error(codes.NotFound, err.Error())
+	}
+	return status.Error(codes.FailedPrecondition, err.Error())
+}
+
+// placedAt fills where a task at a partner runs, for status.
+func placedAt(ti *pb.TaskInfo, hosted map[string]*fsm.HostedTask) {
+	if h := hosted[ti.TaskId]; h != nil {
+		ti.Org, ti.OrgPhase = h.Host, h.Phase
+		ti.WorkerAddr = ""
+		if ti.Message == "" {
+			ti.Message = hostedStateText(h)
+		}
+	}
 }

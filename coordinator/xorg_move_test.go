@@ -289,13 +289,25 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
-				done <- fmt.Errorf("migrate: %w", err)
+			// Through the admin API, as fedstream task move --to-org does.
+			if resp, err := alpha.admin(0).MigrateTask(ctx, &pb.MigrateTaskRequest{TaskId: moving, ToOrg: "beta", Contract: contract}); err != nil || resp.Generation != 2 {
+				done <- fmt.Errorf("migrate: %v %v", resp, err)
 				return
 			}
 			if at := alpha.nodes[0].TasksAtPartners(); at[moving] != "beta" {
 				done <- fmt.Errorf("tasks at partners %v", at)
 				return
+			}
+			q, err := alpha.admin(0).GetQuery(ctx, &pb.GetQueryRequest{Name: "xm"})
+			if err != nil {
+				done <- err
+				return
+			}
+			for _, ti := range q.Tasks {
+				if want := map[bool]string{true: "beta", false: ""}[ti.TaskId == moving]; ti.Org != want || (want != "" && ti.OrgPhase != fsm.HostedRunning) {
+					done <- fmt.Errorf("query status shows %s at org %q (%s), want %q", ti.TaskId, ti.Org, ti.OrgPhase, want)
+					return
+				}
 			}
 			if n, where := copies(moving, beta); n != 1 {
 				done <- fmt.Errorf("beta runs %d copies: %v", n, where)
@@ -306,7 +318,8 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			for seen.Load() < at+200 && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
-			done <- alpha.nodes[0].ReturnTaskHome(ctx, moving)
+			_, err = alpha.admin(0).ReturnTask(ctx, &pb.ReturnTaskRequest{TaskId: moving})
+			done <- err
 		}()
 	})
 	if !started {

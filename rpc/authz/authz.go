@@ -165,6 +165,10 @@ var Methods = map[string]Need{
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
 	// Rescaling a query changes placements and slot maps.
 	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
+	// Cross-org migration (issue 11 item 6): load moved to a partner is
+	// paid for under a contract, so it is the contract writers' (admin).
+	pb.AdminService_MigrateTask_FullMethodName: NeedAdmin,
+	pb.AdminService_ReturnTask_FullMethodName:  NeedAdmin,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

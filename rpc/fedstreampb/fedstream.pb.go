@@ -1754,7 +1754,13 @@ type TaskInfo struct {
 	SlotCount int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
 	// ---- live task moves (issue 9 item 3)
 	// During a live move: the worker still running the old copy.
-	MovingFrom    string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	MovingFrom string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	// ---- cross-org migration (issue 11 item 6)
+	// The partner org the task runs at (or moves to, or returns from);
+	// empty when it runs at home.
+	Org string `protobuf:"bytes,270,opt,name=org,proto3" json:"org,omitempty"`
+	// moving, running or returning; empty at home.
+	OrgPhase      string `protobuf:"bytes,271,opt,name=org_phase,json=orgPhase,proto3" json:"org_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1869,6 +1875,20 @@ func (x *TaskInfo) GetSlotCount() int32 {
 func (x *TaskInfo) GetMovingFrom() string {
 	if x != nil {
 		return x.MovingFrom
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetOrgPhase() string {
+	if x != nil {
+		return x.OrgPhase
 	}
 	return ""
 }
@@ -2177,6 +2197,235 @@ func (*StopQueryResponse) Descriptor() ([]byte, []int) {
 	return file_fedstream_proto_rawDescGZIP(), []int{28}
 }
 
+// Moves a running task to a partner org under a contract; answers once
+// the partner runs it and every consumer reads the partner's copy, or
+// with an error after rolling the move back.
+type MigrateTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	ToOrg         string                 `protobuf:"bytes,2,opt,name=to_org,json=toOrg,proto3" json:"to_org,omitempty"`
+	Contract      string                 `protobuf:"bytes,3,opt,name=contract,proto3" json:"contract,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateTaskRequest) Reset() {
+	*x = MigrateTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateTaskRequest) ProtoMessage() {}
+
+func (x *MigrateTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateTaskRequest.ProtoReflect.Descriptor instead.
+func (*MigrateTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *MigrateTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MigrateTaskRequest) GetToOrg() string {
+	if x != nil {
+		return x.ToOrg
+	}
+	return ""
+}
+
+func (x *MigrateTaskRequest) GetContract() string {
+	if x != nil {
+		return x.Contract
+	}
+	return ""
+}
+
+type MigrateTaskResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Org    string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
+	// The generation of the partner's copy.
+	Generation    int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateTaskResponse) Reset() {
+	*x = MigrateTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateTaskResponse) ProtoMessage() {}
+
+func (x *MigrateTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateTaskResponse.ProtoReflect.Descriptor instead.
+func (*MigrateTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *MigrateTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MigrateTaskResponse) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *MigrateTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+// Moves a task running at a partner org back home.
+type ReturnTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnTaskRequest) Reset() {
+	*x = ReturnTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnTaskRequest) ProtoMessage() {}
+
+func (x *ReturnTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnTaskRequest.ProtoReflect.Descriptor instead.
+func (*ReturnTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReturnTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+type ReturnTaskResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	WorkerId      string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Generation    int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnTaskResponse) Reset() {
+	*x = ReturnTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnTaskResponse) ProtoMessage() {}
+
+func (x *ReturnTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnTaskResponse.ProtoReflect.Descriptor instead.
+func (*ReturnTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReturnTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReturnTaskResponse) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ReturnTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type QueryStatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Query         string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
@@ -2186,7 +2435,7 @@ type QueryStatsRequest struct {
 
 func (x *QueryStatsRequest) Reset() {
 	*x = QueryStatsRequest{}
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2198,7 +2447,7 @@ func (x *QueryStatsRequest) String() string {
 func (*QueryStatsRequest) ProtoMessage() {}
 
 func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2211,7 +2460,7 @@ func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsRequest.ProtoReflect.Descriptor instead.
 func (*QueryStatsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{29}
+	return file_fedstream_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *QueryStatsRequest) GetQuery() string {
@@ -2249,7 +2498,7 @@ type TaskStats struct {
 
 func (x *TaskStats) Reset() {
 	*x = TaskStats{}
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2261,7 +2510,7 @@ func (x *TaskStats) String() string {
 func (*TaskStats) ProtoMessage() {}
 
 func (x *TaskStats) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2274,7 +2523,7 @@ func (x *TaskStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskStats.ProtoReflect.Descriptor instead.
 func (*TaskStats) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{30}
+	return file_fedstream_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TaskStats) GetTask() string {
@@ -2371,7 +2620,7 @@ type QueryStatsResponse struct {
 
 func (x *QueryStatsResponse) Reset() {
 	*x = QueryStatsResponse{}
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2383,7 +2632,7 @@ func (x *QueryStatsResponse) String() string {
 func (*QueryStatsResponse) ProtoMessage() {}
 
 func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2396,7 +2645,7 @@ func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsResponse.ProtoReflect.Descriptor instead.
 func (*QueryStatsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{31}
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *QueryStatsResponse) GetQuery() string {
@@ -2446,7 +2695,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2458,7 +2707,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2471,7 +2720,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{32}
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SubscribeRequest) GetStream() *StreamRef {
@@ -2544,7 +2793,7 @@ type StreamRef struct {
 
 func (x *StreamRef) Reset() {
 	*x = StreamRef{}
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2556,7 +2805,7 @@ func (x *StreamRef) String() string {
 func (*StreamRef) ProtoMessage() {}
 
 func (x *StreamRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2569,7 +2818,7 @@ func (x *StreamRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRef.ProtoReflect.Descriptor instead.
 func (*StreamRef) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{33}
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StreamRef) GetQuery() string {
@@ -2626,7 +2875,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2638,7 +2887,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2651,7 +2900,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{34}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Batch) GetData() []byte {
@@ -2717,7 +2966,7 @@ type IngestRequest struct {
 
 func (x *IngestRequest) Reset() {
 	*x = IngestRequest{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2729,7 +2978,7 @@ func (x *IngestRequest) String() string {
 func (*IngestRequest) ProtoMessage() {}
 
 func (x *IngestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2742,7 +2991,7 @@ func (x *IngestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestRequest.ProtoReflect.Descriptor instead.
 func (*IngestRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *IngestRequest) GetQuery() string {
@@ -2797,7 +3046,7 @@ type LineError struct {
 
 func (x *LineError) Reset() {
 	*x = LineError{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2809,7 +3058,7 @@ func (x *LineError) String() string {
 func (*LineError) ProtoMessage() {}
 
 func (x *LineError) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2822,7 +3071,7 @@ func (x *LineError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineError.ProtoReflect.Descriptor instead.
 func (*LineError) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LineError) GetLine() uint64 {
@@ -2862,7 +3111,7 @@ type IngestResponse struct {
 
 func (x *IngestResponse) Reset() {
 	*x = IngestResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2874,7 +3123,7 @@ func (x *IngestResponse) String() string {
 func (*IngestResponse) ProtoMessage() {}
 
 func (x *IngestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2887,7 +3136,7 @@ func (x *IngestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestResponse.ProtoReflect.Descriptor instead.
 func (*IngestResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *IngestResponse) GetAccepted() uint64 {
@@ -2958,7 +3207,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2970,7 +3219,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2983,7 +3232,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -3027,7 +3276,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3039,7 +3288,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3052,7 +3301,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -3082,7 +3331,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3094,7 +3343,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3107,7 +3356,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -3153,7 +3402,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3165,7 +3414,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3178,7 +3427,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -3222,7 +3471,7 @@ type ScaleQueryRequest struct {
 
 func (x *ScaleQueryRequest) Reset() {
 	*x = ScaleQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3483,7 @@ func (x *ScaleQueryRequest) String() string {
 func (*ScaleQueryRequest) ProtoMessage() {}
 
 func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3496,7 @@ func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
 func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ScaleQueryRequest) GetQuery() string {
@@ -3288,7 +3537,7 @@ type ScaleQueryResponse struct {
 
 func (x *ScaleQueryResponse) Reset() {
 	*x = ScaleQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3300,7 +3549,7 @@ func (x *ScaleQueryResponse) String() string {
 func (*ScaleQueryResponse) ProtoMessage() {}
 
 func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3313,7 +3562,7 @@ func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
 func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ScaleQueryResponse) GetQuery() string {
@@ -3376,7 +3625,7 @@ type FetchSlotsRequest struct {
 
 func (x *FetchSlotsRequest) Reset() {
 	*x = FetchSlotsRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3388,7 +3637,7 @@ func (x *FetchSlotsRequest) String() string {
 func (*FetchSlotsRequest) ProtoMessage() {}
 
 func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3401,7 +3650,7 @@ func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
 func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FetchSlotsRequest) GetQuery() string {
@@ -3452,7 +3701,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3464,7 +3713,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3477,7 +3726,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3511,7 +3760,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3523,7 +3772,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3536,7 +3785,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3591,7 +3840,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3603,7 +3852,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3616,7 +3865,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3665,7 +3914,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3677,7 +3926,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3690,7 +3939,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3715,7 +3964,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3727,7 +3976,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3740,7 +3989,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 type ListTokensResponse struct {
@@ -3752,7 +4001,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3764,7 +4013,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3777,7 +4026,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3797,7 +4046,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3809,7 +4058,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3822,7 +4071,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3847,7 +4096,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3859,7 +4108,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3872,7 +4121,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -3887,7 +4136,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3899,7 +4148,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3912,7 +4161,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3933,7 +4182,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3945,7 +4194,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3958,7 +4207,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -3986,7 +4235,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3998,7 +4247,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4011,7 +4260,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -4038,7 +4287,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4050,7 +4299,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4063,7 +4312,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -4081,7 +4330,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4093,7 +4342,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4106,7 +4355,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 type ListRaftPeersResponse struct {
@@ -4120,7 +4369,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4132,7 +4381,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4145,7 +4394,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -4171,7 +4420,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4183,7 +4432,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4196,7 +4445,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -4214,7 +4463,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4226,7 +4475,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4239,7 +4488,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -4253,7 +4502,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4265,7 +4514,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4278,7 +4527,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 type RaftStateResponse struct {
@@ -4304,7 +4553,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4316,7 +4565,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4329,7 +4578,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4395,7 +4644,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4407,7 +4656,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4420,7 +4669,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 type ListLedgerResponse struct {
@@ -4435,7 +4684,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4447,7 +4696,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4460,7 +4709,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4485,7 +4734,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4497,7 +4746,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4510,7 +4759,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 type VerifyLedgerResponse struct {
@@ -4523,7 +4772,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4535,7 +4784,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4548,7 +4797,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -4566,7 +4815,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4578,7 +4827,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4591,7 +4840,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 type ListContractsResponse struct {
@@ -4604,7 +4853,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4616,7 +4865,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4629,7 +4878,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -4656,7 +4905,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +4917,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +4930,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -4751,7 +5000,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4763,7 +5012,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4776,7 +5025,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -4810,7 +5059,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4822,7 +5071,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4835,7 +5084,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -4861,7 +5110,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4873,7 +5122,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4886,7 +5135,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -4910,7 +5159,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4922,7 +5171,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4935,7 +5184,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -4967,7 +5216,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4979,7 +5228,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4992,7 +5241,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -5008,7 +5257,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5020,7 +5269,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5033,7 +5282,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
 }
 
 type FetchOrgKeyResponse struct {
@@ -5046,7 +5295,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5058,7 +5307,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5071,7 +5320,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{76}
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -5095,7 +5344,7 @@ type FederationEnvelope struct {
 
 func (x *FederationEnvelope) Reset() {
 	*x = FederationEnvelope{}
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5107,7 +5356,7 @@ func (x *FederationEnvelope) String() string {
 func (*FederationEnvelope) ProtoMessage() {}
 
 func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5120,7 +5369,7 @@ func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
 func (*FederationEnvelope) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{77}
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *FederationEnvelope) GetMessageJson() []byte {
@@ -5145,7 +5394,7 @@ type FederationMembersRequest struct {
 
 func (x *FederationMembersRequest) Reset() {
 	*x = FederationMembersRequest{}
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5157,7 +5406,7 @@ func (x *FederationMembersRequest) String() string {
 func (*FederationMembersRequest) ProtoMessage() {}
 
 func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5170,7 +5419,7 @@ func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
 func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{78}
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
 }
 
 type FederationMember struct {
@@ -5190,7 +5439,7 @@ type FederationMember struct {
 
 func (x *FederationMember) Reset() {
 	*x = FederationMember{}
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5202,7 +5451,7 @@ func (x *FederationMember) String() string {
 func (*FederationMember) ProtoMessage() {}
 
 func (x *FederationMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5215,7 +5464,7 @@ func (x *FederationMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
 func (*FederationMember) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{79}
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *FederationMember) GetOrg() string {
@@ -5276,7 +5525,7 @@ type FederationMembersResponse struct {
 
 func (x *FederationMembersResponse) Reset() {
 	*x = FederationMembersResponse{}
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5288,7 +5537,7 @@ func (x *FederationMembersResponse) String() string {
 func (*FederationMembersResponse) ProtoMessage() {}
 
 func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5301,7 +5550,7 @@ func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
 func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{80}
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *FederationMembersResponse) GetMembers() []*FederationMember {
@@ -5465,7 +5714,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe4\x02\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\x95\x03\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -5484,7 +5733,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_count\x184 \x01(\x05R\tslotCount\x12\x1f\n" +
 	"\vmoving_from\x18P \x01(\tR\n" +
-	"movingFrom\"\xd1\x01\n" +
+	"movingFrom\x12\x11\n" +
+	"\x03org\x18\x8e\x02 \x01(\tR\x03org\x12\x1c\n" +
+	"\torg_phase\x18\x8f\x02 \x01(\tR\borgPhase\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -5501,7 +5752,25 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10StopQueryRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"\x13\n" +
-	"\x11StopQueryResponse\")\n" +
+	"\x11StopQueryResponse\"`\n" +
+	"\x12MigrateTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x15\n" +
+	"\x06to_org\x18\x02 \x01(\tR\x05toOrg\x12\x1a\n" +
+	"\bcontract\x18\x03 \x01(\tR\bcontract\"`\n" +
+	"\x13MigrateTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
+	"\x03org\x18\x02 \x01(\tR\x03org\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\",\n" +
+	"\x11ReturnTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"j\n" +
+	"\x12ReturnTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
+	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\"\xa1\x03\n" +
 	"\tTaskStats\x12\x12\n" +
@@ -5730,7 +5999,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x85\a\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xaa\b\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -5744,7 +6013,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse\x12O\n" +
 	"\n" +
-	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\x8a\x03\n" +
+	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse\x12R\n" +
+	"\vMigrateTask\x12 .fedstream.v1.MigrateTaskRequest\x1a!.fedstream.v1.MigrateTaskResponse\x12O\n" +
+	"\n" +
+	"ReturnTask\x12\x1f.fedstream.v1.ReturnTaskRequest\x1a .fedstream.v1.ReturnTaskResponse2\x8a\x03\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12N\n" +
@@ -5788,7 +6060,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 83)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 87)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -5820,66 +6092,70 @@ var file_fedstream_proto_goTypes = []any{
 	(*GetQueryRequest)(nil),           // 27: fedstream.v1.GetQueryRequest
 	(*StopQueryRequest)(nil),          // 28: fedstream.v1.StopQueryRequest
 	(*StopQueryResponse)(nil),         // 29: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),         // 30: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                 // 31: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),        // 32: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),          // 33: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                 // 34: fedstream.v1.StreamRef
-	(*Batch)(nil),                     // 35: fedstream.v1.Batch
-	(*IngestRequest)(nil),             // 36: fedstream.v1.IngestRequest
-	(*LineError)(nil),                 // 37: fedstream.v1.LineError
-	(*IngestResponse)(nil),            // 38: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),            // 39: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),           // 40: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),          // 41: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),      // 42: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),         // 43: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),        // 44: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),         // 45: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),             // 46: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                 // 47: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),        // 48: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),       // 49: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),         // 50: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),        // 51: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),        // 52: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),       // 53: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),     // 54: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),    // 55: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),   // 56: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 57: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),      // 58: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),     // 59: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),     // 60: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),    // 61: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),          // 62: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),         // 63: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),         // 64: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),        // 65: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),       // 66: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),      // 67: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),      // 68: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),     // 69: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),    // 70: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),     // 71: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil),  // 72: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),          // 73: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),             // 74: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),            // 75: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),        // 76: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),       // 77: fedstream.v1.FetchOrgKeyResponse
-	(*FederationEnvelope)(nil),        // 78: fedstream.v1.FederationEnvelope
-	(*FederationMembersRequest)(nil),  // 79: fedstream.v1.FederationMembersRequest
-	(*FederationMember)(nil),          // 80: fedstream.v1.FederationMember
-	(*FederationMembersResponse)(nil), // 81: fedstream.v1.FederationMembersResponse
-	nil,                               // 82: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 83: fedstream.v1.WorkerInfo.LabelsEntry
+	(*MigrateTaskRequest)(nil),        // 30: fedstream.v1.MigrateTaskRequest
+	(*MigrateTaskResponse)(nil),       // 31: fedstream.v1.MigrateTaskResponse
+	(*ReturnTaskRequest)(nil),         // 32: fedstream.v1.ReturnTaskRequest
+	(*ReturnTaskResponse)(nil),        // 33: fedstream.v1.ReturnTaskResponse
+	(*QueryStatsRequest)(nil),         // 34: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 35: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),        // 36: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 37: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 38: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 39: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 40: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 41: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 42: fedstream.v1.IngestResponse
+	(*SnapshotSource)(nil),            // 43: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 44: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 45: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 46: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 47: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 48: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 49: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 50: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 51: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 52: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 53: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 54: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 55: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 56: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 57: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 58: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 59: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 60: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 61: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 62: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 63: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 64: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 65: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 66: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 67: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 68: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 69: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 70: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 71: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 72: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 73: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 74: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 75: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 76: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 77: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 78: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 79: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 80: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 81: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 82: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 83: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 84: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 85: fedstream.v1.FederationMembersResponse
+	nil,                               // 86: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 87: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	82, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	86, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	35, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	43, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
@@ -5889,94 +6165,98 @@ var file_fedstream_proto_depIdxs = []int32{
 	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
 	12, // 11: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16, // 12: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	83, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	87, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 14: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 15: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
 	24, // 17: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	31, // 18: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	34, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	35, // 18: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	38, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
 	0,  // 20: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	37, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	41, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
 	9,  // 22: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	47, // 23: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	47, // 24: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	51, // 23: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	51, // 24: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	16, // 25: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	80, // 26: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	84, // 26: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
 	1,  // 27: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
 	3,  // 28: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
 	5,  // 29: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
 	13, // 30: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	56, // 31: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	60, // 31: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
 	15, // 32: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
 	19, // 33: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
 	21, // 34: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
 	25, // 35: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
 	27, // 36: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
 	28, // 37: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	58, // 38: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 39: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	60, // 40: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 41: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	43, // 42: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	33, // 43: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 44: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 45: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	42, // 46: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 47: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	48, // 48: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	50, // 49: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	52, // 50: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	54, // 51: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	62, // 52: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	64, // 53: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	66, // 54: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	68, // 55: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	70, // 56: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	71, // 57: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	72, // 58: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	74, // 59: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	76, // 60: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	78, // 61: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	79, // 62: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	2,  // 63: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 64: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 65: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 66: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 67: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 68: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 69: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 70: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 71: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 72: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 73: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 74: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 75: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 76: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 77: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 78: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 79: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 80: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	38, // 81: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	46, // 82: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 83: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 84: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 85: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 86: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 87: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 88: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 89: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 90: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 91: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 92: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 93: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 94: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 95: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 96: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	78, // 97: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	81, // 98: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	63, // [63:99] is the sub-list for method output_type
-	27, // [27:63] is the sub-list for method input_type
+	62, // 38: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	44, // 39: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	64, // 40: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34, // 41: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	47, // 42: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30, // 43: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32, // 44: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	37, // 45: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	40, // 46: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	40, // 47: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	46, // 48: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	49, // 49: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	52, // 50: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	54, // 51: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	56, // 52: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	58, // 53: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	66, // 54: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	68, // 55: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	70, // 56: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	72, // 57: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	74, // 58: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	75, // 59: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	76, // 60: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	78, // 61: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	80, // 62: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	82, // 63: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	83, // 64: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	2,  // 65: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 66: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 67: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 68: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	61, // 69: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 70: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 71: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 72: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 73: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 74: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 75: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	63, // 76: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	45, // 77: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	65, // 78: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	36, // 79: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	48, // 80: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31, // 81: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33, // 82: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	39, // 83: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	42, // 84: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 85: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	50, // 86: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	50, // 87: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	53, // 88: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	55, // 89: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	57, // 90: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	59, // 91: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	67, // 92: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	69, // 93: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	71, // 94: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	73, // 95: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	77, // 96: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	77, // 97: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	77, // 98: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	79, // 99: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	81, // 100: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	82, // 101: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	85, // 102: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	65, // [65:103] is the sub-list for method output_type
+	27, // [27:65] is the sub-list for method input_type
 	27, // [27:27] is the sub-list for extension type_name
 	27, // [27:27] is the sub-list for extension extendee
 	0,  // [0:27] is the sub-list for field type_name
@@ -5994,7 +6274,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   83,
+			NumMessages:   87,
 			NumExtensions: 0,
 			NumServices:   8,
 		},
