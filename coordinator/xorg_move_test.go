@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -311,6 +313,11 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			}
 			if n, where := copies(moving, beta); n != 1 {
 				done <- fmt.Errorf("beta runs %d copies: %v", n, where)
+				return
+			}
+			// A rescale would not reach the copy at beta: refused.
+			if _, err := alpha.admin(0).ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "xm", Operator: "counts", Parallelism: 3}); status.Code(err) != codes.FailedPrecondition {
+				done <- fmt.Errorf("rescaling a query with a task at a partner: %v", err)
 				return
 			}
 			// Results keep coming while the partition runs at beta.
