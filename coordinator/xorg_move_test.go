@@ -315,6 +315,25 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 				done <- fmt.Errorf("beta runs %d copies: %v", n, where)
 				return
 			}
+			// What alpha's data port lets beta read: the upstreams of the
+			// query it hosts a task of, not another query's streams; and
+			// nothing for an org that hosts nothing.
+			if _, _, _, err := alpha.nodes[0].route("beta", "xm", "xm/lines/p0/r0", 0); err != nil {
+				done <- fmt.Errorf("beta reading the upstream of its hosted task: %v", err)
+				return
+			}
+			if _, _, _, err := alpha.nodes[0].route("beta", "ref", "ref/lines/p0/r0", 0); status.Code(err) != codes.PermissionDenied {
+				done <- fmt.Errorf("beta reading a query it hosts nothing of: %v", err)
+				return
+			}
+			if _, _, _, err := alpha.nodes[0].route("gamma", "xm", "xm/lines/p0/r0", 0); status.Code(err) != codes.PermissionDenied {
+				done <- fmt.Errorf("gamma reading a query it hosts nothing of: %v", err)
+				return
+			}
+			if _, partner, _, err := alpha.nodes[0].route("", "xm", moving, 2); err != nil || partner != "beta" {
+				done <- fmt.Errorf("alpha's workers reading the moved task: %q %v", partner, err)
+				return
+			}
 			// A rescale would not reach the copy at beta: refused.
 			if _, err := alpha.admin(0).ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "xm", Operator: "counts", Parallelism: 3}); status.Code(err) != codes.FailedPrecondition {
 				done <- fmt.Errorf("rescaling a query with a task at a partner: %v", err)
@@ -373,7 +392,7 @@ func (o *xorgOrg) partition() {
 // at alpha, with the results of a run left alone.
 func TestCrossOrgMovePartitioned(t *testing.T) {
 	alpha, beta, contract := xorgPair(t)
-	const limit = 100000
+	const limit = 60000
 	alpha.submit(t, "ref", 1, limit)
 	want := alpha.results(t, "ref", nil)
 
@@ -433,7 +452,7 @@ func TestCrossOrgMovePartitioned(t *testing.T) {
 // alone.
 func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 	alpha, beta, contract := xorgPair(t)
-	const limit = 160000
+	const limit = 120000
 	alpha.submit(t, "ref", 2, limit)
 	want := alpha.results(t, "ref", nil)
 
