@@ -39,7 +39,8 @@ import (
 // The data port (tag feddp) admits, during the TLS handshake, only a
 // coordinator certificate of another org that verifies against the CA
 // this org pinned for that org *and* with which this org holds an active
-// contract in force: an org without a contract (even a pinned one), a
+// contract in force (or, once it ended, still a task in either
+// direction, to bring home): an org without a contract (even a pinned one), a
 // certificate another CA signed, and this org's own certificates never
 // reach a handler. Behind the handshake each call is checked against the
 // hosted-task records in this org's Raft state: a partner reads only the
@@ -114,10 +115,26 @@ func (s *Server) verifyDataPartner(chain []*x509.Certificate, usage x509.ExtKeyU
 	if err != nil {
 		return rpc.Identity{}, err
 	}
-	if _, err := s.activeContractWith(id.Org, time.Now()); err != nil {
+	if _, err := s.activeContractWith(id.Org, time.Now()); err != nil && !s.hostsWith(id.Org) {
 		return rpc.Identity{}, fmt.Errorf("%w: %v", errCrossOrgRefused, err)
 	}
 	return id, nil
+}
+
+// hostsWith reports whether a task of this org runs at org or one of
+// org's runs here: after its contract ended, a task still has to come
+// home from its last state, through the data port.
+func (s *Server) hostsWith(org string) bool {
+	hs, err := s.State().HostedTasks(nil)
+	if err != nil {
+		return false
+	}
+	for _, h := range hs {
+		if (h.Owner == org && h.Host == s.cfg.Org) || (h.Owner == s.cfg.Org && h.Host == org) {
+			return true
+		}
+	}
+	return false
 }
 
 // activeContractWith returns an active contract with org that is in

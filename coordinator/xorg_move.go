@@ -523,6 +523,12 @@ func (s *Server) syncPartners(ctx context.Context) {
 	lastOK := map[string]time.Time{}
 	tick := time.NewTicker(syncInterval)
 	defer tick.Stop()
+	// Returns of tasks whose contract ended, one at a time per task; this
+	// loop owns their goroutines.
+	var returns sync.WaitGroup
+	defer returns.Wait()
+	var returningMu sync.Mutex
+	returning := map[string]bool{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -551,6 +557,25 @@ func (s *Server) syncPartners(ctx context.Context) {
 				continue
 			}
 			byHost[h.Host] = append(byHost[h.Host], h)
+			if t.WorkerID == pw && t.MovingFrom == "" && h.Phase == fsm.HostedRunning && !s.contractInForce(h.Contract) {
+				returningMu.Lock()
+				busy := returning[h.TaskID]
+				returning[h.TaskID] = true
+				returningMu.Unlock()
+				if !busy {
+					s.logger.Info("the contract a task runs at a partner under has ended: bringing it home", "task", h.TaskID, "org", h.Host, "contract", h.Contract)
+					returns.Add(1)
+					go func(id string) {
+						defer returns.Done()
+						if err := s.ReturnTaskHome(ctx, id); err != nil && ctx.Err() == nil {
+							s.logger.Warn("returning a task whose contract ended; will retry", "task", id, "err", err)
+						}
+						returningMu.Lock()
+						delete(returning, id)
+						returningMu.Unlock()
+					}(h.TaskID)
+				}
+			}
 		}
 		for org := range lastOK {
 			if len(byHost[org]) == 0 {
@@ -573,6 +598,12 @@ func (s *Server) syncPartners(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// contractInForce reports whether contract id is active and in force.
+func (s *Server) contractInForce(id string) bool {
+	doc, err := s.fed.Contract(id)
+	return err == nil && doc.Status == federation.StatusActive && doc.Terms.MPA().InForce(time.Now())
 }
 
 // syncWith runs one sync with partner org.

@@ -266,8 +266,10 @@ func copies(task string, orgs ...*xorgOrg) (n int, where []string) {
 }
 
 // A partition of a keyed aggregate moves to the partner org mid-stream
-// and, later in the same run, comes home; the sink's results equal, window
-// by window and word by word, those of the same query left alone. The
+// and, later in the same run, comes home; then it moves out again and
+// comes home by itself when the contract is terminated. The sink's
+// results equal, window by window and word by word, those of the same
+// query left alone. The
 // partner's copy starts from the snapshot of alpha's running copy
 // (fetched across orgs) and both directions switch consumers across the
 // orgs' data ports.
@@ -344,8 +346,38 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			for seen.Load() < at+200 && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
-			_, err = alpha.admin(0).ReturnTask(ctx, &pb.ReturnTaskRequest{TaskId: moving})
-			done <- err
+			if _, err := alpha.admin(0).ReturnTask(ctx, &pb.ReturnTaskRequest{TaskId: moving}); err != nil {
+				done <- fmt.Errorf("return: %w", err)
+				return
+			}
+			// Out again, then the contract ends: the task comes home by
+			// itself.
+			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
+				done <- fmt.Errorf("second move: %w", err)
+				return
+			}
+			if _, err := alpha.fedClient(0).TerminateContract(ctx, &pb.TerminateContractRequest{Id: contract, Reason: "test"}); err != nil {
+				done <- fmt.Errorf("terminate: %w", err)
+				return
+			}
+			// New connections from here on: the data ports admit the orgs
+			// for the task still to come home, without a contract.
+			for _, o := range []*xorgOrg{alpha, beta} {
+				p := o.nodes[0].pool
+				p.mu.Lock()
+				for k, c := range p.conns {
+					_ = c.Close()
+					delete(p.conns, k)
+				}
+				p.mu.Unlock()
+			}
+			for ctx.Err() == nil {
+				if tk, err := alpha.nodes[0].State().Task(nil, moving); err == nil && tk.Gen() == 5 && tk.MovingFrom == "" && tk.WorkerID != partnerWorkerID("beta") {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			done <- ctx.Err()
 		}()
 	})
 	if !started {
@@ -363,11 +395,11 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 		}
 		return n
 	}
-	if a, b := served(alpha), served(beta); a != 1 || b != 1 {
-		t.Fatalf("snapshots served: alpha %d, beta %d; want 1 each (out, then back)", a, b)
+	if a, b := served(alpha), served(beta); a != 2 || b != 2 {
+		t.Fatalf("snapshots served: alpha %d, beta %d; want 2 each (out, back, out, back)", a, b)
 	}
 	tk := alpha.task(t, moving)
-	if tk.Gen() != 3 || tk.WorkerID == partnerWorkerID("beta") || tk.MovingFrom != "" {
+	if tk.Gen() != 5 || tk.WorkerID == partnerWorkerID("beta") || tk.MovingFrom != "" {
 		t.Fatalf("after a move out and back the task is %+v, want generation 3 at home", tk)
 	}
 	waitFor(t, 20*time.Second, "beta drops its copy", func() bool {
