@@ -162,6 +162,7 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 		return nil, status.Errorf(codes.Internal, "scale: %v", err)
 	}
 	placer := newPlacer(workers, tasks)
+	placer.reserve(s.hostedLoad())
 	prepare := fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: st.LatestIndex(), SlotMaps: []fsm.SlotMapUpdate{update(fsm.RescalePrepare, 0)}}
 	var created []string
 	for p := cur.Partitions; p < parallelism; p++ {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -728,9 +727,6 @@ func (s *Server) hostTask(ctx context.Context, owner string, req hostRequest) (s
 	if req.Class != "" {
 		classes = []string{req.Class}
 	}
-	if _, err := s.contractFor(h.Contract, owner, s.cfg.Org, classes, h.Load, h.TaskID); err != nil {
-		return "", err
-	}
 	st := s.State()
 	if q, err := st.Query(nil, h.Query); err != nil {
 		return "", err
@@ -741,7 +737,6 @@ func (s *Server) hostTask(ctx context.Context, owner string, req hostRequest) (s
 	if err != nil {
 		return "", err
 	}
-	perWorker := map[string]int{}
 	for _, o := range hs {
 		if o.Host == s.cfg.Org && o.Query == h.Query && o.Owner != owner {
 			return "", fmt.Errorf("org %s hosts a query named %s for %s already", s.cfg.Org, h.Query, o.Owner)
@@ -750,48 +745,45 @@ func (s *Server) hostTask(ctx context.Context, owner string, req hostRequest) (s
 			s.xorg.touch(owner, time.Now())
 			return o.WorkerID, nil // a retried request
 		}
-		if o.WorkerID != "" {
-			perWorker[o.WorkerID]++
-		}
 	}
-	workers, err := st.Workers(nil)
+	// The checks, the pick and the commit run in the plan applier's turn:
+	// no plan places a task between them, and the applier's capacity
+	// checks count the hosted task from then on.
+	var picked string
+	err = s.inApplier(ctx, func(ctx context.Context) error {
+		// The contract's max load is checked in the same turn, so two
+		// requests under one contract cannot both fit in its last room.
+		if _, err := s.contractFor(h.Contract, owner, s.cfg.Org, classes, h.Load, h.TaskID); err != nil {
+			return err
+		}
+		workers, err := st.Workers(nil)
+		if err != nil {
+			return err
+		}
+		tasks, err := st.Tasks(nil)
+		if err != nil {
+			return err
+		}
+		p := newPlacer(workers, tasks)
+		p.reserve(s.hostedLoad())
+		t := &fsm.Task{ID: h.TaskID, Query: owner + "/" + h.Query, Fragment: h.Fragment, Partition: h.Partition, Replica: h.Replica}
+		w, why := p.pick(t)
+		if w == "" {
+			return fmt.Errorf("org %s cannot place %s: %s", s.cfg.Org, h.TaskID, why)
+		}
+		h.WorkerID, h.Phase, h.State, h.Message = w, fsm.HostedMoving, "", ""
+		if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: h}); err != nil {
+			return err
+		}
+		picked = w
+		return nil
+	})
 	if err != nil {
-		return "", err
-	}
-	tasks, err := st.Tasks(nil)
-	if err != nil {
-		return "", err
-	}
-	for _, t := range tasks {
-		if t.WorkerID != "" {
-			perWorker[t.WorkerID]++
-		}
-	}
-	var best *fsm.Worker
-	var bestLoad float64
-	sort.Slice(workers, func(i, j int) bool { return workers[i].ID < workers[j].ID })
-	for _, w := range workers {
-		if w.Status != statusReady || isPartnerWorker(w) {
-			continue
-		}
-		cores := max(int(w.Cores), 1)
-		if perWorker[w.ID] >= cores*tasksPerCore {
-			continue
-		}
-		if l := float64(perWorker[w.ID]) / float64(cores); best == nil || l < bestLoad {
-			best, bestLoad = w, l
-		}
-	}
-	if best == nil {
-		return "", fmt.Errorf("org %s has no ready worker with room for %s", s.cfg.Org, h.TaskID)
-	}
-	h.WorkerID, h.Phase, h.State, h.Message = best.ID, fsm.HostedMoving, "", ""
-	if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: h}); err != nil {
 		return "", err
 	}
 	s.xorg.touch(owner, time.Now())
-	s.logger.Info("hosting a partner's task", "owner", owner, "task", h.TaskID, "generation", h.Generation, "worker", best.ID, "contract", h.Contract)
-	return best.ID, nil
+	s.logger.Info("hosting a partner's task", "owner", owner, "task", h.TaskID, "generation", h.Generation, "worker", picked, "contract", h.Contract)
+	return picked, nil
 }
 
 // syncHosted answers an owner's sync: drops the tasks it no longer
@@ -831,6 +823,22 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 		}
 	}
 	return ans, nil
+}
+
+// hostedLoad counts, per worker of this org, the partners' tasks it
+// hosts.
+func (s *Server) hostedLoad() map[string]int {
+	out := map[string]int{}
+	hs, err := s.State().HostedTasks(nil)
+	if err != nil {
+		return out
+	}
+	for _, h := range hs {
+		if h.Host == s.cfg.Org && h.WorkerID != "" {
+			out[h.WorkerID]++
+		}
+	}
+	return out
 }
 
 // expireHosted is a leader duty of the host side: the tasks of an owner

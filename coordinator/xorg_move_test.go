@@ -532,3 +532,24 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 	})
 	sameResults(t, got, want)
 }
+
+// Partners' tasks hosted on a worker take its capacity: the placer does
+// not fill a worker the hosted tasks already fill, and never places on
+// the record standing for a partner org.
+func TestPlacerCountsHostedTasksAndSkipsPartners(t *testing.T) {
+	workers := []*fsm.Worker{
+		{ID: "w1", Cores: 1, Status: statusReady},
+		{ID: partnerWorkerID("beta"), Cores: 1 << 16, Status: statusReady, Labels: map[string]string{partnerLabel: "beta"}},
+	}
+	task := &fsm.Task{ID: "q/f/p0/r0", Query: "q", Fragment: "f"}
+	if w, _ := newPlacer(workers, nil).pick(task); w != "w1" {
+		t.Fatalf("an empty w1 was not picked: %q", w)
+	}
+	p := newPlacer(workers, nil)
+	p.reserve(map[string]int{"w1": tasksPerCore})
+	if w, why := p.pick(task); w != "" {
+		t.Fatalf("picked %q, full with hosted tasks (and the partner record is never a choice)", w)
+	} else if why == "" {
+		t.Fatal("no reason given")
+	}
+}
