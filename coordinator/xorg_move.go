@@ -99,6 +99,13 @@ type hostedReport struct {
 
 type syncAnswer struct {
 	Reports []hostedReport `json:"reports"`
+	// Lost lists tasks the owner listed that no longer run here: their
+	// worker went down (the record is dropped), or the host dropped them
+	// earlier (its owner was silent past the partner timeout). The owner
+	// brings them home. A task still moving is never reported lost: the
+	// host request may not have arrived yet (the move rolls back by
+	// itself if it never does).
+	Lost []syncItem `json:"lost,omitempty"`
 }
 
 // xorgMemory is the leader's volatile state of cross-org migration: lost
@@ -644,7 +651,58 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 			s.logger.Warn("applying a partner's task reports", "org", org, "err", err)
 		}
 	}
+	for _, it := range out.Lost {
+		s.lostAtPartner(ctx, org, it.TaskID, it.Generation)
+	}
 	return nil
+}
+
+// lostAtPartner brings home a task whose copy at org is gone while org
+// itself is alive: a move to it rolls back, a return from it ends, and
+// a task running there is placed at home again, as after the loss of a
+// worker (from a live peer replica's snapshot, or replaying).
+//
+// gen is the generation of the copy lost; an answer about an older copy
+// (a sync that listed a task before it moved again) changes nothing.
+func (s *Server) lostAtPartner(ctx context.Context, org, taskID string, gen int) {
+	pw := partnerWorkerID(org)
+	rec, err := s.State().HostedTask(nil, s.cfg.Org, taskID)
+	if err != nil || rec == nil || rec.Host != org || rec.Generation != gen {
+		return
+	}
+	t, err := s.State().Task(nil, taskID)
+	if err != nil || t == nil {
+		return
+	}
+	if (t.WorkerID == pw && t.Gen() != gen) || (t.MovingFrom == pw && t.MovingFromGeneration != gen) {
+		return
+	}
+	s.logger.Warn("a task's copy at a partner is gone: bringing it home", "task", taskID, "org", org)
+	switch {
+	case t.WorkerID == pw && t.MovingFrom != "":
+		err = s.applyCmd(ctx, fsm.AbortMoveType, fsm.AbortMoveRequest{TaskID: t.ID, Generation: t.Gen(), Reason: "its copy at " + org + " is gone"})
+	case t.MovingFrom == pw:
+		err = s.applyCmd(ctx, fsm.UpdateTaskStatesType, fsm.UpdateTaskStatesRequest{WorkerID: t.WorkerID,
+			States: []fsm.TaskStateUpdate{{TaskID: t.ID, Generation: t.Gen(), State: t.State, SwitchMove: true}}})
+	case t.WorkerID == pw:
+		workers, e1 := s.State().Workers(nil)
+		tasks, e2 := s.State().Tasks(nil)
+		if err = errors.Join(e1, e2); err != nil {
+			break
+		}
+		p := newPlacer(workers, tasks)
+		p.reserve(s.hostedLoad())
+		to, why := p.pick(t)
+		var out *planOutcome
+		out, err = s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceReplace, StateIndex: s.State().LatestIndex(),
+			Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: pw, FromGeneration: t.Gen(), ToWorker: to, Message: why}}})
+		if err == nil && len(out.Result.Refused) > 0 {
+			err = errors.New(out.Result.RefusedText())
+		}
+	}
+	if err != nil && ctx.Err() == nil {
+		s.logger.Warn("bringing home a task lost at a partner; the next sync retries", "task", taskID, "err", err)
+	}
 }
 
 // partnerDead brings org's tasks home: moves out not yet ended are
@@ -799,16 +857,28 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 		return syncAnswer{}, err
 	}
 	var ans syncAnswer
+	here := map[string]bool{}
 	for _, h := range hs {
 		if h.Owner != owner || h.Host != s.cfg.Org {
 			continue
 		}
+		here[h.TaskID] = true
 		it, ok := want[h.TaskID]
 		if !ok || it.Generation != h.Generation {
 			s.logger.Info("the owner no longer runs this task here: dropping it", "owner", owner, "task", h.TaskID, "generation", h.Generation)
 			if err := s.applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: h.ID, IfGeneration: h.Generation}); err != nil {
 				return syncAnswer{}, err
 			}
+			continue
+		}
+		if w, err := s.State().Worker(nil, h.WorkerID); err != nil {
+			return syncAnswer{}, err
+		} else if w == nil || w.Status == statusDown {
+			s.logger.Warn("the worker of a hosted task is gone: dropping the task (its owner places it at home)", "owner", owner, "task", h.TaskID, "worker", h.WorkerID)
+			if err := s.applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: h.ID, IfGeneration: h.Generation}); err != nil {
+				return syncAnswer{}, err
+			}
+			ans.Lost = append(ans.Lost, syncItem{TaskID: h.TaskID, Generation: h.Generation})
 			continue
 		}
 		if it.Phase != h.Phase && (it.Phase == fsm.HostedRunning || it.Phase == fsm.HostedReturning) {
@@ -820,6 +890,11 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 		}
 		if r, ok := s.xorg.lastReport(h.ID); ok && r.Generation == h.Generation {
 			ans.Reports = append(ans.Reports, r)
+		}
+	}
+	for _, it := range req.Tasks {
+		if !here[it.TaskID] && it.Phase != fsm.HostedMoving {
+			ans.Lost = append(ans.Lost, it)
 		}
 	}
 	return ans, nil

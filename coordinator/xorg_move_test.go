@@ -477,14 +477,16 @@ func TestCrossOrgMovePartitioned(t *testing.T) {
 	})
 }
 
-// A partner that dies with a task of alpha running there: alpha declares
+// A partner's worker that dies with a task of alpha running there: the
+// partner reports the task lost and alpha places it at home again. Then
+// a partner that dies with a task of alpha running there: alpha declares
 // it dead (failed in the pool, or unreachable past the partner timeout),
 // its partner worker goes down and the task is placed at home again,
 // from a snapshot of its live peer replica; the results equal a run left
 // alone.
 func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 	alpha, beta, contract := xorgPair(t)
-	const limit = 120000
+	const limit = 200000
 	alpha.submit(t, "ref", 2, limit)
 	want := alpha.results(t, "ref", nil)
 
@@ -510,7 +512,31 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 			for seen.Load() < at+100 && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
-			// beta dies: workers and coordinator, without leaving the pool.
+			// First the beta worker running the task dies: beta lives
+			// on and reports the task lost; alpha places it at home.
+			for i, w := range beta.workers {
+				for _, st := range w.Runtime().States() {
+					if st.TaskID == moving {
+						beta.stopW[i]()
+					}
+				}
+			}
+			for ctx.Err() == nil {
+				tk, err := alpha.nodes[0].State().Task(nil, moving)
+				if err == nil && tk.Gen() == 3 && tk.WorkerID != partnerWorkerID("beta") && tk.State == states.TaskRunning {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
+				done <- fmt.Errorf("second move, to beta's other worker: %w", err)
+				return
+			}
+			at = seen.Load()
+			for seen.Load() < at+100 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			// Then beta dies: workers and coordinator, without leaving the pool.
 			for _, stop := range beta.stopW {
 				stop()
 			}
@@ -528,7 +554,7 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 	waitFor(t, 30*time.Second, "the task back at alpha, running", func() bool {
 		tk := alpha.task(t, moving)
 		n, _ := copies(moving, alpha)
-		return tk.WorkerID != partnerWorkerID("beta") && tk.State == states.TaskRunning && n == 1 && len(alpha.nodes[0].TasksAtPartners()) == 0
+		return tk.Gen() == 5 && tk.WorkerID != partnerWorkerID("beta") && tk.State == states.TaskRunning && n == 1 && len(alpha.nodes[0].TasksAtPartners()) == 0
 	})
 	sameResults(t, got, want)
 }
