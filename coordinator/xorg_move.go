@@ -1094,8 +1094,9 @@ func migrationStatus(err error) error {
 // placedAt fills where a task at a partner runs, for status.
 func placedAt(ti *pb.TaskInfo, hosted map[string]*fsm.HostedTask) {
 	if h := hosted[ti.TaskId]; h != nil {
+		// WorkerAddr stays the partner worker's: this org's coordinator
+		// relaying the task's streams (fedstream tail reads a sink there).
 		ti.Org, ti.OrgPhase = h.Host, h.Phase
-		ti.WorkerAddr = ""
 		if ti.Message == "" {
 			ti.Message = hostedStateText(h)
 		}

@@ -69,7 +69,8 @@ func newXorgOrg(t *testing.T, org string, join []string) *xorgOrg {
 	t.Helper()
 	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join)}
 	client := testCreds(t, o.ca, rpc.RoleClient, "ops")
-	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}), grpc.WithPerRPCCredentials(rpc.BearerToken(o.tokens[1])))
+	// Tails read a worker, or a coordinator relaying a sink at a partner.
+	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleCoordinator}}), grpc.WithPerRPCCredentials(rpc.BearerToken(o.tokens[1])))
 	t.Cleanup(func() { _ = o.pool.Close() })
 	for i := range 2 {
 		creds, err := tlsutil.New(o.ca.CertPEM)
@@ -577,5 +578,42 @@ func TestPlacerCountsHostedTasksAndSkipsPartners(t *testing.T) {
 		t.Fatalf("picked %q, full with hosted tasks (and the partner record is never a choice)", w)
 	} else if why == "" {
 		t.Fatal("no reason given")
+	}
+}
+
+// The sink moves to the partner mid-stream: its results are read (as
+// fedstream tail does, with a reader's token and no acknowledgements)
+// through this org's coordinator, which relays them from the partner;
+// they equal a run left alone.
+func TestCrossOrgSinkAtPartnerIsTailed(t *testing.T) {
+	alpha, beta, contract := xorgPair(t)
+	const limit = 60000
+	alpha.submit(t, "ref", 1, limit)
+	want := alpha.results(t, "ref", nil)
+
+	const moving = "xs/out/p0/r0"
+	alpha.submit(t, "xs", 1, limit)
+	var started bool
+	done := make(chan error, 1)
+	got := alpha.results(t, "xs", func(n int) {
+		if n < 100 || started {
+			return
+		}
+		started = true
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			done <- alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract)
+		}()
+	})
+	if !started {
+		t.Fatal("the query ended before the move: the test would prove nothing")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameResults(t, got, want)
+	if n, where := copies(moving, beta); n != 1 {
+		t.Fatalf("beta runs %d copies of the sink: %v", n, where)
 	}
 }

@@ -69,10 +69,18 @@ type dataPlaneAuth struct {
 // what describes the call for messages ("reading results").
 func (a *dataPlaneAuth) callerRole(ctx context.Context, method, what string, need authz.Need) (authz.Role, error) {
 	id, overTLS := a.peerIdentity(ctx)
-	if overTLS && id.Org == a.org && (id.Role == rpc.RoleWorker || id.Role == rpc.RoleCoordinator) {
-		// A coordinator of the org relays a partner org's reads of the
-		// tasks it hosts or runs for it (cross-org migration): it acts
-		// for a task, as a worker does.
+	if overTLS && id.Org == a.org && id.Role == rpc.RoleWorker {
+		return authz.RoleWorker, nil
+	}
+	if overTLS && id.Org == a.org && id.Role == rpc.RoleCoordinator {
+		// A coordinator of the org relays reads of a task at a partner
+		// org, or a partner's reads of a task hosted here (cross-org
+		// migration): for a task it acts as a worker (acknowledging
+		// subscriptions, snapshots), for a tail as a reader (the first
+		// coordinator checked the client's token). Never a writer.
+		if need == authz.NeedReader {
+			return authz.RoleReader, nil
+		}
 		return authz.RoleWorker, nil
 	}
 	secret := rpc.TokenFromContext(ctx)
