@@ -64,6 +64,10 @@ type Federation struct {
 	Bind string `mapstructure:"bind"`
 	// GRPCAddr is the cross-org gRPC port partners call.
 	GRPCAddr string `mapstructure:"grpc-addr"`
+	// DataAddr is the cross-org data port through which partners'
+	// coordinators relay the streams of moved tasks (empty: a free port
+	// on grpc-addr's host, advertised in the pool).
+	DataAddr string `mapstructure:"data-addr"`
 	// Join lists federation pool addresses of coordinators of any org.
 	Join []string `mapstructure:"join"`
 	// KeyringFile (or Keyring, base64) holds the federation pool's gossip
@@ -197,6 +201,7 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("http-addr", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this address (empty: off)")
 	fs.String("federation.bind", "", "federation pool gossip address (empty: the org is in no federation)")
 	fs.String("federation.grpc-addr", "", "cross-org gRPC address partners' coordinators call (mutual TLS against the CA pinned for them)")
+	fs.String("federation.data-addr", "", "cross-org data-plane address: streams of tasks moved between orgs, relayed by the coordinators (empty: a free port on grpc-addr's host)")
 	fs.StringSlice("federation.join", nil, "federation pool addresses of coordinators of any org (comma separated)")
 	fs.String("federation.keyring-file", "", "file holding the federation pool's base64 gossip key (fedstream keygen; not the org's gossip key)")
 	fs.String("federation.keyring", "", "the federation pool's base64 gossip key itself; prefer --federation.keyring-file")

@@ -162,7 +162,7 @@ func (s *Server) placeQuery(ctx context.Context, name string) {
 		return
 	}
 	var mine []fsm.PlannedPlacement
-	for _, p := range replace(workers, all) {
+	for _, p := range replace(workers, all, s.hostedLoad()) {
 		if t, _ := s.State().Task(nil, p.TaskID); t != nil && t.Query == name {
 			mine = append(mine, p)
 		}
@@ -246,6 +246,16 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		}
 	}
 	info := &pb.QueryInfo{Name: q.Name, Status: q.Status, Index: q.CreateIndex, Replicas: int32(q.Replicas), MaxDelay: q.MaxDelay, SpecJson: q.SpecJSON}
+	hostedList, err := st.HostedTasks(nil)
+	if err != nil {
+		return nil, err
+	}
+	atPartners := map[string]*fsm.HostedTask{} // this org's tasks at partners
+	for _, h := range hostedList {
+		if h.Owner == as.s.cfg.Org && h.Query == q.Name {
+			atPartners[h.TaskID] = h
+		}
+	}
 	for _, t := range tasks {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
 			WorkerId: t.WorkerID, State: t.State, Message: t.Message, Generation: int32(t.Gen()), MovingFrom: t.MovingFrom}
@@ -279,6 +289,7 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		} else {
 			ti.State = states.TaskPending
 		}
+		placedAt(ti, atPartners)
 		info.Tasks = append(info.Tasks, ti)
 	}
 	return info, nil

@@ -154,6 +154,11 @@ type Timings struct {
 	// catch up (its input is faster than it) must not keep the old copy
 	// running for ever.
 	MoveCatchUpBound time.Duration
+	// PartnerTimeout is how long a partner org may stay unreachable (or
+	// failed in the federation pool) before the tasks it hosts for this
+	// org are placed at home again, and before the tasks this org hosts
+	// for it are dropped (cross-org migration).
+	PartnerTimeout time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
@@ -171,6 +176,7 @@ func DefaultTimings() Timings {
 		RemoveDownWorkersAfter: time.Hour,
 		LeaderSetupTimeout:     30 * time.Second,
 		MoveCatchUpBound:       30 * time.Second,
+		PartnerTimeout:         15 * time.Second,
 	}
 }
 
@@ -188,6 +194,7 @@ func FastTimings() Timings {
 
 		LeaderSetupTimeout: 5 * time.Second,
 		MoveCatchUpBound:   30 * time.Second,
+		PartnerTimeout:     3 * time.Second,
 	}
 }
 
@@ -209,6 +216,7 @@ func (t *Timings) fill() {
 	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
 	set(&t.LeaderSetupTimeout, d.LeaderSetupTimeout)
 	set(&t.MoveCatchUpBound, d.MoveCatchUpBound)
+	set(&t.PartnerTimeout, d.PartnerTimeout)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.

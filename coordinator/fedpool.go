@@ -54,6 +54,10 @@ type FederationConfig struct {
 	GRPCAddr string
 	// Join lists federation pool addresses of coordinators of any org.
 	Join []string
+	// DataAddr is the cross-org data port (federation.data-addr): partners'
+	// coordinators relay data-plane streams through it. "" picks a free
+	// port on GRPCAddr's host; the pool advertises it either way.
+	DataAddr string
 	// Keyring encrypts and authenticates the federation pool's gossip (16,
 	// 24 or 32 bytes, distinct from the org's gossip key).
 	Keyring []byte
@@ -126,6 +130,9 @@ type fedPool struct {
 	serf     *serf.Serf
 	server   *grpc.Server
 	listener net.Listener
+	// dataServer serves the cross-org data port (xorg_dataplane.go).
+	dataServer   *grpc.Server
+	dataListener net.Listener
 
 	mu    sync.Mutex
 	conns map[string]*grpc.ClientConn // org@addr
@@ -137,6 +144,9 @@ func (s *Server) setupFedPool() error {
 	f := s.cfg.Federation
 	p := s.pool
 	if err := p.listen(f.GRPCAddr); err != nil {
+		return err
+	}
+	if err := p.listenData(); err != nil {
 		return err
 	}
 	host, portStr, err := net.SplitHostPort(f.SerfAddr)
@@ -184,7 +194,7 @@ func (p *fedPool) tags(leader bool) map[string]string {
 	}
 	return map[string]string{
 		tagOrg: s.cfg.Org, tagRole: roleCoordinator, tagID: s.cfg.NodeID,
-		tagFedGRPC: p.listener.Addr().String(), tagLeader: l,
+		tagFedGRPC: p.listener.Addr().String(), tagFedData: p.dataListener.Addr().String(), tagLeader: l,
 		tagProto: strconv.Itoa(fsm.ProtocolVersion), tagBuild: buildVersion(),
 	}
 }
@@ -445,7 +455,7 @@ func (p *fedPool) conn(org, node, addr string) (*grpc.ClientConn, error) {
 		}
 		return nil
 	}
-	c, err := rpc.Dial(addr, "", grpc.WithTransportCredentials(credentials.NewTLS(cfg)))
+	c, err := rpc.Dial(addr, "", grpc.WithTransportCredentials(credentials.NewTLS(cfg)), relayCallSize)
 	if err != nil {
 		return nil, err
 	}
@@ -455,13 +465,16 @@ func (p *fedPool) conn(org, node, addr string) (*grpc.ClientConn, error) {
 
 func (p *fedPool) close() error {
 	var err error
-	if p.server != nil {
+	for _, srv := range []*grpc.Server{p.server, p.dataServer} {
+		if srv == nil {
+			continue
+		}
 		stopped := make(chan struct{})
-		go func() { p.server.GracefulStop(); close(stopped) }()
+		go func() { srv.GracefulStop(); close(stopped) }()
 		select {
 		case <-stopped:
 		case <-time.After(2 * time.Second):
-			p.server.Stop()
+			srv.Stop()
 		}
 	}
 	if p.serf != nil {
@@ -524,7 +537,13 @@ func (ps *fedPeerService) Deliver(ctx context.Context, req *pb.FederationEnvelop
 	if handled, err := s.leaderOrForward(ctx, fedPeerMethod+"Deliver", fwd, resp); handled {
 		return resp, err
 	}
-	ans, err := s.fed.Receive(ctx, m)
+	var ans federation.Message
+	var err error
+	if federation.IsMigration(m.Kind) {
+		ans, err = s.receiveMigration(ctx, m)
+	} else {
+		ans, err = s.fed.Receive(ctx, m)
+	}
 	if err != nil {
 		return nil, fedStatus(err)
 	}

@@ -225,6 +225,10 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
 	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
+	// Cross-org migration: both sides of every partner's moves.
+	wg.Add(2)
+	go func() { defer wg.Done(); s.syncPartners(ctx) }()
+	go func() { defer wg.Done(); s.expireHosted(ctx) }()
 	wg.Wait()
 }
 
@@ -405,7 +409,7 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			s.logger.Error("scheduler cannot read the state", "err", err)
 			continue
 		}
-		moves := replace(workers, tasks)
+		moves := replace(workers, tasks, s.hostedLoad())
 		if len(moves) == 0 && len(s.missingSlotMaps()) == 0 {
 			continue
 		}

@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,32 +19,15 @@ import (
 // CPU figures and its capacity from their cores, and moves tasks to
 // contract partners and back (package federation/loadmgr).
 
-// errCrossOrgMoveMissing: this build has no cross-org task move yet, so
-// the load manager cannot move a task.
-var errCrossOrgMoveMissing = errors.New("this build cannot move a task to another org yet (cross-org migration is not wired in)")
-
-// noCrossOrgMove is the Mover until the cross-org task move is wired in:
-// it refuses every move, so the manager measures, quotes, answers offers
-// and auto-accepts contracts, but moves nothing.
-type noCrossOrgMove struct{}
-
-func (noCrossOrgMove) MigrateTaskOut(context.Context, string, string, string) error {
-	return errCrossOrgMoveMissing
-}
-func (noCrossOrgMove) ReturnTaskHome(context.Context, string) error { return errCrossOrgMoveMissing }
-func (noCrossOrgMove) TasksAtPartners() map[string]string           { return nil }
-
 // setupLoadManager builds the org's load manager (in a federation only)
 // and makes it the receiver of partners' quotes and offers.
 func (s *Server) setupLoadManager() error {
 	if !s.cfg.Federation.Enabled() {
 		return nil
 	}
-	// WIRING POINT (issue 11 item 6): once Server has MigrateTaskOut,
-	// ReturnTaskHome and TasksAtPartners (the cross-org live task move),
-	// pass s here instead of noCrossOrgMove{}.
-	var mover loadmgr.Mover = noCrossOrgMove{}
-	m, err := loadmgr.New(s.cfg.Federation.Load, s.fed, s.loadSample, mover, s.logger)
+	// The server itself moves tasks across orgs (MigrateTaskOut,
+	// ReturnTaskHome: the live task move through a partner's Raft).
+	m, err := loadmgr.New(s.cfg.Federation.Load, s.fed, s.loadSample, s, s.logger)
 	if err != nil {
 		return fmt.Errorf("federation.load: %w", err)
 	}

@@ -64,6 +64,9 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	if err != nil {
 		return nil, err
 	}
+	if isPartnerWorker(to) {
+		return nil, status.Errorf(codes.InvalidArgument, "move: %s stands for partner org %s: move a task there with task move --to-org", to.ID, to.Labels[partnerLabel])
+	}
 	if to.ID == t.WorkerID {
 		return nil, status.Errorf(codes.InvalidArgument, "move: task %s already runs on worker %s", t.ID, to.ID)
 	}

@@ -46,7 +46,11 @@ type planReply struct {
 }
 
 type planRequest struct {
-	plan  fsm.ApplyPlanRequest
+	plan fsm.ApplyPlanRequest
+	// step, when set, runs in the applier's turn instead of a plan: a
+	// placement the plan format does not carry (a partner's task hosted
+	// here, xorg_move.go), serialised with every plan.
+	step  func(ctx context.Context) error
 	reply chan planReply // buffered: the applier never blocks on it
 }
 
@@ -79,6 +83,10 @@ func (pa *planApplier) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case req := <-pa.queue:
+			if req.step != nil {
+				req.reply <- planReply{nil, req.step(ctx)}
+				continue
+			}
 			out, err := pa.apply(ctx, req.plan)
 			req.reply <- planReply{out, err}
 		}
@@ -109,6 +117,30 @@ func (s *Server) submitPlan(ctx context.Context, plan fsm.ApplyPlanRequest) (*pl
 	}
 }
 
+// inApplier runs step in the plan applier's turn, so that what it reads
+// and commits cannot interleave with a plan. Errors: ErrNoPlanApplier,
+// ctx's error, or step's.
+func (s *Server) inApplier(ctx context.Context, step func(ctx context.Context) error) error {
+	pa := s.applier.Load()
+	if pa == nil {
+		return ErrNoPlanApplier
+	}
+	req := planRequest{step: step, reply: make(chan planReply, 1)}
+	select {
+	case pa.queue <- req:
+	case <-pa.done:
+		return ErrNoPlanApplier
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case r := <-req.reply:
+		return r.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // apply re-checks one plan against the current state and commits its
 // valid part.
 func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*planOutcome, error) {
@@ -130,6 +162,10 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 		}
 	}
 	check := newPlanCheck(workers, tasks, tasksPerCore)
+	// Partners' tasks hosted here take capacity too.
+	for w, n := range s.hostedLoad() {
+		check.load[w] += n
+	}
 	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore, ZoneLabel: zoneLabel,
 		NewTasks: plan.NewTasks, RemoveTasks: plan.RemoveTasks}
 	for _, nt := range plan.NewTasks {

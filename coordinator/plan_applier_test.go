@@ -250,7 +250,7 @@ func TestSchedulerPlacement(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			moves := replace(tc.workers, tc.tasks)
+			moves := replace(tc.workers, tc.tasks, nil)
 			check := newPlanCheck(tc.workers, tc.tasks, tasksPerCore)
 			placed, why := map[string]string{}, map[string]string{}
 			for _, tk := range tc.tasks {

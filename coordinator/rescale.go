@@ -60,6 +60,15 @@ func (as *adminService) ScaleQuery(ctx context.Context, req *pb.ScaleQueryReques
 	if handled, err := s.leaderOrForward(ctx, adminMethod+"ScaleQuery", req, resp); handled {
 		return resp, err
 	}
+	// A task at a partner runs with the slot maps it moved with, and the
+	// rescale's holds and cut do not reach it.
+	if hs, err := s.State().HostedTasks(nil); err == nil {
+		for _, h := range hs {
+			if h.Owner == s.cfg.Org && h.Query == req.Query {
+				return nil, status.Errorf(codes.FailedPrecondition, "scale: task %s of query %s runs at org %s: bring it home first (fedstream task return)", h.TaskID, req.Query, h.Host)
+			}
+		}
+	}
 	s.scaleMu.Lock()
 	defer s.scaleMu.Unlock()
 	return s.rescale(ctx, req.Query, req.Operator, int(req.Parallelism))
@@ -153,6 +162,7 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 		return nil, status.Errorf(codes.Internal, "scale: %v", err)
 	}
 	placer := newPlacer(workers, tasks)
+	placer.reserve(s.hostedLoad())
 	prepare := fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: st.LatestIndex(), SlotMaps: []fsm.SlotMapUpdate{update(fsm.RescalePrepare, 0)}}
 	var created []string
 	for p := cur.Partitions; p < parallelism; p++ {

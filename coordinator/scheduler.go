@@ -48,7 +48,9 @@ func newPlacer(workers []*fsm.Worker, tasks []*fsm.Task) *placer {
 	}
 	readySet := map[string]bool{}
 	for _, w := range workers {
-		if w.Status == statusReady {
+		// A partner org's worker record takes only the tasks moved there
+		// under a contract (xorg_move.go), never an ordinary placement.
+		if w.Status == statusReady && !isPartnerWorker(w) {
 			p.ready = append(p.ready, w)
 			readySet[w.ID] = true
 			p.zoneOf[w.ID] = w.Labels[zoneLabel]
@@ -61,6 +63,14 @@ func newPlacer(workers []*fsm.Worker, tasks []*fsm.Task) *placer {
 		}
 	}
 	return p
+}
+
+// reserve counts tasks placed outside the org's task table (partners'
+// tasks hosted here) against their workers' capacity.
+func (p *placer) reserve(perWorker map[string]int) {
+	for w, n := range perWorker {
+		p.load[w] += n
+	}
 }
 
 func keyOf(t *fsm.Task) partitionKey { return partitionKey{t.Query, t.Fragment, t.Partition} }
@@ -134,7 +144,10 @@ func (p *placer) whyNot(hosting, full int) string {
 // generation it was seen. A task that fits nowhere is unassigned from its
 // down worker (so status shows it pending) with a message saying why, and
 // retried on the next change. Tasks on an unknown worker stay.
-func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.PlannedPlacement {
+//
+// hosted counts, per worker, partners' tasks hosted there (they take
+// capacity like the org's own).
+func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int) []fsm.PlannedPlacement {
 	keep := map[string]bool{}
 	for _, w := range workers {
 		if w.Status == statusReady || w.Status == statusUnknown {
@@ -142,6 +155,7 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task) []fsm.PlannedPlacement {
 		}
 	}
 	p := newPlacer(workers, tasks)
+	p.reserve(hosted)
 	var moves []fsm.PlannedPlacement
 	for _, t := range tasks {
 		if t.WorkerID != "" && keep[t.WorkerID] {

@@ -90,6 +90,8 @@ type Server struct {
 	ops       *opshttp.Server
 	metrics   *coordMetrics
 	liveStats *liveStats
+	// xorg is the leader's volatile state of cross-org migration.
+	xorg xorgMemory
 
 	forwarder *forwarder
 	auth      *authenticator
@@ -388,6 +390,10 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
 	pb.RegisterLoadServiceServer(s.grpcServer, &loadService{s: s})
 	pb.RegisterFederationPeerServiceServer(s.grpcServer, &fedPeerService{s: s})
+	if s.pool != nil {
+		// The org's workers read partners' streams through it.
+		pb.RegisterDataPlaneServer(s.grpcServer, &xorgData{s: s})
+	}
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	reflection.Register(s.grpcServer)
 	s.wg.Add(1)

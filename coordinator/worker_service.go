@@ -177,7 +177,13 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		return nil, errUnknownWorker(req.WorkerId)
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
-	for _, t := range req.Tasks {
+	// Copies of partners' tasks hosted here report to the leader's
+	// memory, which the partner reads at its next sync.
+	reports := s.takeHostedReports(req.WorkerId, req.Tasks)
+	if len(reports) == 0 && len(req.Tasks) > 0 {
+		return resp, nil
+	}
+	for _, t := range reports {
 		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
 			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
 		if rp := t.Reconfig; rp != nil {
@@ -305,6 +311,7 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		}
 		resp.Assignments = append(resp.Assignments, a)
 	}
+	s.hostedAssignments(req.WorkerId, resp)
 	return resp, nil
 }
 

@@ -89,6 +89,10 @@ type Message struct {
 	Key string `json:"key,omitempty"`
 	// Reason explains a rejection or a refusal.
 	Reason string `json:"reason,omitempty"`
+	// Body carries the request or answer of a message kind that is not
+	// about a ledger record (cross-org migration, handled by the
+	// coordinator: see IsMigration).
+	Body json.RawMessage `json:"body,omitempty"`
 	// Load carries the load manager's quotes and offers (MsgQuote,
 	// MsgOffer) and their answers.
 	Load *LoadMessage `json:"load,omitempty"`
@@ -116,6 +120,10 @@ type LoadMessage struct {
 type LoadHandler interface {
 	ReceiveLoad(ctx context.Context, doc ContractDoc, m Message) (Message, error)
 }
+
+// IsMigration reports whether a message kind belongs to cross-org
+// migration (the coordinator handles those, not Org.Receive).
+func IsMigration(kind string) bool { return strings.HasPrefix(kind, "xorg-") }
 
 // Message kinds.
 const (

@@ -50,7 +50,21 @@ const (
 	ReconfigureQueryType MessageType = 60
 )
 
+// Command types of cross-org migration (issue 11 item 6), in their own
+// block so that types other work appends never collide with them.
+const (
+	// UpsertHostedTaskType carries an UpsertHostedTaskRequest.
+	UpsertHostedTaskType MessageType = 70
+	// DeleteHostedTaskType carries a DeleteHostedTaskRequest.
+	DeleteHostedTaskType MessageType = 71
+	// AbortMoveType carries an AbortMoveRequest.
+	AbortMoveType MessageType = 72
+)
+
 var messageTypeNames = map[MessageType]string{
+	UpsertHostedTaskType:      "UpsertHostedTask",
+	DeleteHostedTaskType:      "DeleteHostedTask",
+	AbortMoveType:             "AbortMove",
 	RegisterWorkerType:        "RegisterWorker",
 	SetWorkerStatusType:       "SetWorkerStatus",
 	SubmitQueryType:           "SubmitQuery",
@@ -270,4 +284,34 @@ type AppendLedgerEntryRequest struct {
 // RecordHealthActionRequest creates or replaces a health action. Value: nil.
 type RecordHealthActionRequest struct {
 	Action HealthAction `json:"action"`
+}
+
+// UpsertHostedTaskRequest creates or replaces a hosted-task record. With
+// IfGeneration > 0 it applies only while the stored record's generation
+// is IfGeneration (ErrHostedStale otherwise), so a late report of an
+// older copy cannot overwrite a newer move. Value: nil.
+type UpsertHostedTaskRequest struct {
+	Task         HostedTask `json:"task"`
+	IfGeneration int        `json:"if_generation,omitempty"`
+}
+
+// DeleteHostedTaskRequest removes a hosted-task record; with
+// IfGeneration > 0 only while its generation is that. Deleting a record
+// that does not exist does nothing. Value: nil.
+type DeleteHostedTaskRequest struct {
+	ID           string `json:"id"`
+	IfGeneration int    `json:"if_generation,omitempty"`
+}
+
+// AbortMoveRequest undoes a live move that has not ended: the task goes
+// back to the worker and generation of its old copy (MovingFrom), which
+// never stopped and which its consumers still read, and the new copy is
+// no longer placed. It applies only while the task is still moving with
+// its new copy at Generation (ErrNotMoving otherwise), so it cannot race
+// the end of the move: whichever commits first wins. Cross-org migration
+// uses it to roll back a move its partner did not complete. Value: nil.
+type AbortMoveRequest struct {
+	TaskID     string `json:"task_id"`
+	Generation int    `json:"generation"`
+	Reason     string `json:"reason,omitempty"`
 }

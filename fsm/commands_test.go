@@ -279,6 +279,64 @@ func TestCommands(t *testing.T) {
 				}
 			},
 		},
+		{
+			name: "hosted tasks",
+			steps: []step{
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: HostedTaskID("alpha", "q9/f/p0/r0"), Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r0", Generation: 2, WorkerID: "a", Phase: HostedMoving, Since: 7, Load: 0.5, SpecJSON: []byte(`{}`)}}},
+				// stale generation, unknown worker, owner = host, bad phase, bad id
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{IfGeneration: 1, Task: HostedTask{ID: HostedTaskID("alpha", "q9/f/p0/r0"), Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r0", Generation: 3, Phase: HostedRunning}}, wantErr: ErrHostedStale},
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: HostedTaskID("alpha", "q9/f/p0/r1"), Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r1", Generation: 2, WorkerID: "zz", Phase: HostedMoving}}, wantErr: ErrWorkerNotFound},
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: HostedTaskID("beta", "q9/f/p0/r1"), Owner: "beta", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r1", Generation: 2, Phase: HostedMoving}}, wantErr: ErrInvalidRequest},
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: HostedTaskID("alpha", "q9/f/p0/r1"), Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r1", Generation: 2, Phase: "flying"}}, wantErr: ErrInvalidRequest},
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: "x", Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r1", Generation: 2, Phase: HostedMoving}}, wantErr: ErrInvalidRequest},
+				// the move ends: the copy runs on b now
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{IfGeneration: 2, Task: HostedTask{ID: HostedTaskID("alpha", "q9/f/p0/r0"), Owner: "alpha", Host: "beta", Contract: "c1",
+					Query: "q9", TaskID: "q9/f/p0/r0", Generation: 2, WorkerID: "b", Phase: HostedRunning, Since: 7, Load: 0.5}}},
+				{typ: DeleteHostedTaskType, body: DeleteHostedTaskRequest{ID: HostedTaskID("alpha", "q9/f/p0/r0"), IfGeneration: 1}, wantErr: ErrHostedStale},
+				{typ: UpsertHostedTaskType, body: UpsertHostedTaskRequest{Task: HostedTask{ID: HostedTaskID("gamma", "q7/f/p0/r0"), Owner: "gamma", Host: "beta", Contract: "c2",
+					Query: "q7", TaskID: "q7/f/p0/r0", Generation: 1, WorkerID: "c", Phase: HostedRunning}}},
+				{typ: DeleteHostedTaskType, body: DeleteHostedTaskRequest{ID: HostedTaskID("gamma", "q7/f/p0/r0")}},
+				{typ: DeleteHostedTaskType, body: DeleteHostedTaskRequest{ID: "nothing"}},
+			},
+			check: func(t *testing.T, h *harness) {
+				hs, _ := h.state().HostedTasks(nil)
+				if len(hs) != 1 || hs[0].WorkerID != "b" || hs[0].Phase != HostedRunning || hs[0].Contract != "c1" || hs[0].Load != 0.5 {
+					t.Fatalf("hosted %+v", hs)
+				}
+				// a lost its hosted copy, b gained it, c gained and lost one:
+				// each one's assignments changed.
+				if a, b, c := h.worker("a"), h.worker("b"), h.worker("c"); a.AssignIndex <= 4 || b.AssignIndex <= 4 || c.AssignIndex <= 4 {
+					t.Fatalf("assign indexes a %d b %d c %d", a.AssignIndex, b.AssignIndex, c.AssignIndex)
+				}
+			},
+		},
+		{
+			name: "abort move",
+			steps: []step{
+				submitQ1, // index 5
+				{typ: ApplyPlanType, body: ApplyPlanRequest{Source: PlanSourceMove, Placements: []PlannedPlacement{
+					{TaskID: "q1/f0/p0/r0", FromWorker: "a", FromGeneration: 1, ToWorker: "c", Live: true, CatchUp: true}}}},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 1}, wantErr: ErrNotMoving},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r1", Generation: 1}, wantErr: ErrNotMoving},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 2, Reason: "partner gone"}},
+				{typ: AbortMoveType, body: AbortMoveRequest{TaskID: "q1/f0/p0/r0", Generation: 2}, wantErr: ErrNotMoving},
+			},
+			check: func(t *testing.T, h *harness) {
+				tk, _ := h.state().Task(nil, "q1/f0/p0/r0")
+				if tk.WorkerID != "a" || tk.Gen() != 1 || tk.MovingFrom != "" || tk.MoveCatchUp {
+					t.Fatalf("aborted move left %+v", tk)
+				}
+				if c := h.worker("c"); c.AssignIndex != h.index-1 {
+					t.Fatalf("c's assignments not bumped by the abort: %+v (index %d)", c, h.index)
+				}
+			},
+		},
 	}
 	covered := map[MessageType]bool{}
 	for _, tc := range cases {

@@ -51,3 +51,12 @@ var ErrTokenExists = errors.New("token already exists")
 // ErrTokenNotFound is returned when a command names a token that does not
 // exist (never created, or revoked).
 var ErrTokenNotFound = errors.New("token not found")
+
+// ErrHostedStale is returned when a hosted-task command names a
+// generation the stored record no longer has (a newer move replaced it).
+var ErrHostedStale = errors.New("hosted task record has another generation")
+
+// ErrNotMoving is returned when an AbortMove names a task that is not in
+// a live move with a new copy of that generation (the move ended, or
+// another one replaced it).
+var ErrNotMoving = errors.New("task is not moving with a new copy of that generation")

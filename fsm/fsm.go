@@ -82,6 +82,9 @@ var commandDecoders = map[MessageType]func() command{
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
 	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
 	ReconfigureQueryType:      func() command { return &ReconfigureQueryRequest{} },
+	UpsertHostedTaskType:      func() command { return &UpsertHostedTaskRequest{} },
+	DeleteHostedTaskType:      func() command { return &DeleteHostedTaskRequest{} },
+	AbortMoveType:             func() command { return &AbortMoveRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

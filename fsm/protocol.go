@@ -28,10 +28,12 @@ package fsm
 //	6: ReconfigureQueryType (live reconfiguration plans) and the
 //	   reconfiguration progress of task reports, which only matters once
 //	   a query has a plan (so an older build never meets it).
+//	7: hosted tasks of cross-org migration (UpsertHostedTaskType,
+//	   DeleteHostedTaskType) and AbortMoveType.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 6
+const ProtocolVersion = 7
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.
@@ -55,6 +57,9 @@ var commandProtocol = map[MessageType]int{
 	RevokeTokenType:           1,
 	ApplyPlanType:             3,
 	ReconfigureQueryType:      6,
+	UpsertHostedTaskType:      7,
+	DeleteHostedTaskType:      7,
+	AbortMoveType:             7,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false

@@ -245,3 +245,77 @@ type tableIndexEntry struct {
 	Table string `json:"table"`
 	Index uint64 `json:"index"`
 }
+
+// Phases of a hosted task (cross-org migration).
+const (
+	// HostedMoving: the host's copy is being started from the owner's
+	// running copy; the owner's copy still serves every consumer.
+	HostedMoving = "moving"
+	// HostedRunning: the host's copy runs and the owner's consumers read
+	// it; the owner's copy has stopped.
+	HostedRunning = "running"
+	// HostedReturning: the owner is starting a copy at home from the
+	// host's copy; the host's copy still serves every consumer.
+	HostedReturning = "returning"
+)
+
+// HostedTask is one task of an owner org running at a partner (host)
+// org under a contract. Both orgs record it in their own Raft state: the
+// owner to know where its task runs and to bring it home if the host
+// dies; the host to run it on one of its workers (WorkerID) and to know
+// whose streams its cross-org data-plane port may relay. It also holds
+// what a ledger entry of the move needs: the contract, the task, when it
+// started and the load it carries.
+type HostedTask struct {
+	// ID is HostedTaskID(Owner, TaskID).
+	ID        string `json:"id"`
+	Owner     string `json:"owner"`
+	Host      string `json:"host"`
+	Contract  string `json:"contract"`
+	Query     string `json:"query"`
+	TaskID    string `json:"task_id"`
+	Fragment  string `json:"fragment"`
+	Partition int    `json:"partition"`
+	Replica   int    `json:"replica"`
+	// Generation is the generation of the copy at the host (the owner's
+	// copy it started from has Generation-1 or less).
+	Generation int `json:"generation"`
+	// WorkerID is, at the host, the worker running the copy; "" at the
+	// owner and while unplaced.
+	WorkerID string `json:"worker_id,omitempty"`
+	// Phase is HostedMoving, HostedRunning or HostedReturning.
+	Phase string `json:"phase"`
+	// Since is when the move started (Unix nanoseconds, the owner's
+	// leader's clock).
+	Since int64 `json:"since"`
+	// Load is the load (cores busy) the owner declared for the task when
+	// it moved it, counted against the contract's max load.
+	Load float64 `json:"load"`
+	// SpecJSON is, at the host, the owner's query definition (the host
+	// runs one task of a query it does not own).
+	SpecJSON []byte `json:"spec_json,omitempty"`
+	// At the host, what its worker needs to run a task of a query it does
+	// not own: the generation of the owner's copy to take the starting
+	// snapshot from (SourceGeneration), every task of the query (Peers,
+	// to find upstreams and count downstream replicas) and the slot maps
+	// of its keyed fragments as the owner had them when the task moved.
+	SourceGeneration int          `json:"source_generation,omitempty"`
+	Peers            []HostedPeer `json:"peers,omitempty"`
+	SlotMaps         []SlotMap    `json:"slot_maps,omitempty"`
+	// State and Message are what the host's worker last reported.
+	State       string `json:"state,omitempty"`
+	Message     string `json:"message,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
+}
+
+// HostedPeer is one task of a hosted task's query, as the host sees it.
+type HostedPeer struct {
+	TaskID    string `json:"task_id"`
+	Fragment  string `json:"fragment"`
+	Partition int    `json:"partition"`
+	Replica   int    `json:"replica"`
+}
+
+// HostedTaskID is the id of the hosted-task record of owner's task.
+func HostedTaskID(owner, taskID string) string { return owner + "|" + taskID }

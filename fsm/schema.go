@@ -18,6 +18,8 @@ const (
 	TableHealthActions    = "health_actions"
 	TableIdempotency      = "idempotency"
 	TableSlotMaps         = "slot_maps"
+	// TableHostedTasks holds HostedTask records (cross-org migration).
+	TableHostedTasks = "hosted_tasks"
 
 	// tableIndexes holds tableIndexEntry rows; it is internal.
 	tableIndexes = "index"
@@ -90,6 +92,10 @@ func stateSchema() *memdb.DBSchema {
 			// Non-unique: memdb orders equal values by primary key, so pruning
 			// "oldest first" is deterministic.
 			indexApplied: {Name: indexApplied, Indexer: &memdb.UintFieldIndex{Field: "Index"}},
+		}},
+		TableHostedTasks: {Name: TableHostedTasks, Indexes: map[string]*memdb.IndexSchema{
+			indexID:    {Name: indexID, Unique: true, Indexer: &memdb.StringFieldIndex{Field: "ID"}},
+			indexQuery: {Name: indexQuery, Indexer: &memdb.StringFieldIndex{Field: "Query"}},
 		}},
 		TableSlotMaps: {Name: TableSlotMaps, Indexes: map[string]*memdb.IndexSchema{
 			indexID: {Name: indexID, Unique: true, Indexer: &memdb.CompoundIndex{Indexes: []memdb.Indexer{

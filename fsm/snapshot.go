@@ -77,6 +77,7 @@ var snapshotKinds = []snapshotKind{
 	{"health_action", TableHealthActions, decodeRecord[HealthAction]},
 	{"idempotency", TableIdempotency, decodeRecord[IdempotencyRecord]},
 	{"slot_map", TableSlotMaps, decodeRecord[SlotMap]},
+	{"hosted_task", TableHostedTasks, decodeRecord[HostedTask]},
 	{"table_index", tableIndexes, decodeRecord[tableIndexEntry]},
 }
 

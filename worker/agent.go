@@ -155,8 +155,10 @@ func New(cfg Config) (*Worker, error) {
 	}
 	var dial []grpc.DialOption
 	if cfg.TLS != nil {
-		// Subscriptions go to other workers of the org only.
-		dial = append(dial, cfg.TLS.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
+		// Subscriptions go to other workers of the org, and to a
+		// coordinator of the org for a stream of a task at a partner org
+		// (the coordinators relay the cross-org data plane).
+		dial = append(dial, cfg.TLS.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleCoordinator}}))
 		dial = append(dial, dataplane.TLSDialOptions()...)
 	}
 	// Tasks present the join token to the other workers' data planes: over
@@ -310,8 +312,9 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) newServer() *grpc.Server {
 	opts := append(dataplane.ServerOptions(), rpc.ServerOptions()...)
 	if w.cfg.TLS != nil {
-		// Other workers subscribe; clients (tail, ingest) too.
-		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient}}, false))
+		// Other workers subscribe; clients (tail, ingest) too; and the
+		// org's coordinators, relaying a partner org's reads.
+		opts = append(opts, w.cfg.TLS.ServerOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleClient, rpc.RoleCoordinator}}, false))
 		opts = append(opts, dataplane.TLSServerOptions()...)
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(w.dpAuth.unary), grpc.ChainStreamInterceptor(w.dpAuth.stream))

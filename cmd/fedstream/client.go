@@ -292,7 +292,13 @@ func newQueryStatusCmd() *cobra.Command {
 		fmt.Fprintln(tw, "TASK\tGEN\tWORKER\tADDR\tSTATE\tMESSAGE")
 		sort.Slice(q.Tasks, func(i, j int) bool { return q.Tasks[i].TaskId < q.Tasks[j].TaskId })
 		for _, t := range q.Tasks {
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), orNone(t.WorkerId), t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
+			where := orNone(t.WorkerId)
+			if t.Org != "" {
+				// At a partner org (cross-org migration): its workers are
+				// not this org's to name.
+				where = "org " + t.Org
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), where, t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
 		}
 		return tw.Flush()
 	})

@@ -74,7 +74,7 @@ func newCoordinatorCmd() *cobra.Command {
 				TLS: creds, CA: ca, WorkerCertTTL: certTTL, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				HTTPAddr: c.HTTPAddr, Timings: timings, Logger: logger,
 				Federation: coordinator.FederationConfig{
-					SerfAddr: c.Federation.Bind, GRPCAddr: c.Federation.GRPCAddr, Join: c.Federation.Join, Keyring: fkey,
+					SerfAddr: c.Federation.Bind, GRPCAddr: c.Federation.GRPCAddr, DataAddr: c.Federation.DataAddr, Join: c.Federation.Join, Keyring: fkey,
 					Load: loadConfig(c.Federation.Load),
 				},
 				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},

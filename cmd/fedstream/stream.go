@@ -200,7 +200,12 @@ func (tl *tailer) once(ctx context.Context) error {
 }
 
 func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Schema, sink string) error {
-	opts, err := tl.flags.tls.dialOption(rpc.RoleWorker)
+	roles := []string{rpc.RoleWorker}
+	if t.Org != "" {
+		// A sink at a partner org: a coordinator of this org relays it.
+		roles = append(roles, rpc.RoleCoordinator)
+	}
+	opts, err := tl.flags.tls.dialOption(roles...)
 	if err != nil {
 		return err
 	}

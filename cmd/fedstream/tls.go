@@ -134,7 +134,7 @@ func (t *clientTLS) register(cmd *cobra.Command) {
 }
 
 // dialOption is the transport credential for a server of role.
-func (t *clientTLS) dialOption(role string) ([]grpc.DialOption, error) {
+func (t *clientTLS) dialOption(roles ...string) ([]grpc.DialOption, error) {
 	if t.insecure {
 		return nil, nil
 	}
@@ -149,7 +149,7 @@ func (t *clientTLS) dialOption(role string) ([]grpc.DialOption, error) {
 		}
 		t.creds = creds
 	}
-	return []grpc.DialOption{t.creds.DialOption(tlsutil.Peer{Roles: []string{role}})}, nil
+	return []grpc.DialOption{t.creds.DialOption(tlsutil.Peer{Roles: roles})}, nil
 }
 
 // parseTTL reads a positive duration flag.

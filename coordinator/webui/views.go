@@ -138,6 +138,10 @@ type Task struct {
 	SlotEpoch  uint64 `json:"slot_epoch,omitempty"`
 	Slots      int32  `json:"slots,omitempty"`
 	MovingFrom string `json:"moving_from,omitempty"`
+	// Org is the partner org the task runs at (cross-org migration), and
+	// OrgPhase moving, running or returning; empty at home.
+	Org      string `json:"org,omitempty"`
+	OrgPhase string `json:"org_phase,omitempty"`
 }
 
 // QueryView converts a query answer (its spec is left out).
@@ -146,7 +150,7 @@ func QueryView(q *pb.QueryInfo) Query {
 	for _, t := range q.Tasks {
 		out.Tasks = append(out.Tasks, Task{ID: t.TaskId, Generation: t.Generation, Fragment: t.Fragment, Partition: t.Partition,
 			Replica: t.Replica, Worker: t.WorkerId, WorkerAddr: t.WorkerAddr, State: t.State, Reason: t.Message, Message: t.Message,
-			SlotEpoch: t.SlotEpoch, Slots: t.SlotCount, MovingFrom: t.MovingFrom})
+			SlotEpoch: t.SlotEpoch, Slots: t.SlotCount, MovingFrom: t.MovingFrom, Org: t.Org, OrgPhase: t.OrgPhase})
 	}
 	sort.Slice(out.Tasks, func(i, j int) bool { return out.Tasks[i].ID < out.Tasks[j].ID })
 	return out

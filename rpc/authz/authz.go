@@ -168,6 +168,10 @@ var Methods = map[string]Need{
 	// Live reconfiguration (issue 13): a plan changes what a query runs.
 	pb.ReconfigService_UpdateQuery_FullMethodName:   NeedWriter,
 	pb.ReconfigService_QueryVersions_FullMethodName: NeedReader,
+	// Cross-org migration (issue 11 item 6): load moved to a partner is
+	// paid for under a contract, so it is the contract writers' (admin).
+	pb.AdminService_MigrateTask_FullMethodName: NeedAdmin,
+	pb.AdminService_ReturnTask_FullMethodName:  NeedAdmin,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

@@ -84,6 +84,8 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.FederationService_VerifyLedger_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
 		{method: pb.FederationService_ListContracts_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
 		{method: pb.FederationService_ProposeContract_FullMethodName, admin: true},
+		{method: pb.AdminService_MigrateTask_FullMethodName, admin: true},
+		{method: pb.AdminService_ReturnTask_FullMethodName, admin: true},
 		{method: pb.FederationService_AnswerContract_FullMethodName, admin: true},
 		{method: pb.FederationService_TerminateContract_FullMethodName, admin: true},
 		{method: pb.FederationService_PinKey_FullMethodName, admin: true},

@@ -1786,7 +1786,13 @@ type TaskInfo struct {
 	SlotCount int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
 	// ---- live task moves (issue 9 item 3)
 	// During a live move: the worker still running the old copy.
-	MovingFrom    string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	MovingFrom string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	// ---- cross-org migration (issue 11 item 6)
+	// The partner org the task runs at (or moves to, or returns from);
+	// empty when it runs at home.
+	Org string `protobuf:"bytes,270,opt,name=org,proto3" json:"org,omitempty"`
+	// moving, running or returning; empty at home.
+	OrgPhase      string `protobuf:"bytes,271,opt,name=org_phase,json=orgPhase,proto3" json:"org_phase,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1901,6 +1907,20 @@ func (x *TaskInfo) GetSlotCount() int32 {
 func (x *TaskInfo) GetMovingFrom() string {
 	if x != nil {
 		return x.MovingFrom
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *TaskInfo) GetOrgPhase() string {
+	if x != nil {
+		return x.OrgPhase
 	}
 	return ""
 }
@@ -2209,6 +2229,235 @@ func (*StopQueryResponse) Descriptor() ([]byte, []int) {
 	return file_fedstream_proto_rawDescGZIP(), []int{28}
 }
 
+// Moves a running task to a partner org under a contract; answers once
+// the partner runs it and every consumer reads the partner's copy, or
+// with an error after rolling the move back.
+type MigrateTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	ToOrg         string                 `protobuf:"bytes,2,opt,name=to_org,json=toOrg,proto3" json:"to_org,omitempty"`
+	Contract      string                 `protobuf:"bytes,3,opt,name=contract,proto3" json:"contract,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateTaskRequest) Reset() {
+	*x = MigrateTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateTaskRequest) ProtoMessage() {}
+
+func (x *MigrateTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateTaskRequest.ProtoReflect.Descriptor instead.
+func (*MigrateTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *MigrateTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MigrateTaskRequest) GetToOrg() string {
+	if x != nil {
+		return x.ToOrg
+	}
+	return ""
+}
+
+func (x *MigrateTaskRequest) GetContract() string {
+	if x != nil {
+		return x.Contract
+	}
+	return ""
+}
+
+type MigrateTaskResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Org    string                 `protobuf:"bytes,2,opt,name=org,proto3" json:"org,omitempty"`
+	// The generation of the partner's copy.
+	Generation    int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateTaskResponse) Reset() {
+	*x = MigrateTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateTaskResponse) ProtoMessage() {}
+
+func (x *MigrateTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateTaskResponse.ProtoReflect.Descriptor instead.
+func (*MigrateTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *MigrateTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *MigrateTaskResponse) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *MigrateTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+// Moves a task running at a partner org back home.
+type ReturnTaskRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnTaskRequest) Reset() {
+	*x = ReturnTaskRequest{}
+	mi := &file_fedstream_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnTaskRequest) ProtoMessage() {}
+
+func (x *ReturnTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnTaskRequest.ProtoReflect.Descriptor instead.
+func (*ReturnTaskRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReturnTaskRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+type ReturnTaskResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TaskId        string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	WorkerId      string                 `protobuf:"bytes,2,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	Generation    int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReturnTaskResponse) Reset() {
+	*x = ReturnTaskResponse{}
+	mi := &file_fedstream_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReturnTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReturnTaskResponse) ProtoMessage() {}
+
+func (x *ReturnTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReturnTaskResponse.ProtoReflect.Descriptor instead.
+func (*ReturnTaskResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ReturnTaskResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReturnTaskResponse) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *ReturnTaskResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
 type QueryStatsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Query         string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
@@ -2218,7 +2467,7 @@ type QueryStatsRequest struct {
 
 func (x *QueryStatsRequest) Reset() {
 	*x = QueryStatsRequest{}
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2230,7 +2479,7 @@ func (x *QueryStatsRequest) String() string {
 func (*QueryStatsRequest) ProtoMessage() {}
 
 func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2243,7 +2492,7 @@ func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsRequest.ProtoReflect.Descriptor instead.
 func (*QueryStatsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{29}
+	return file_fedstream_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *QueryStatsRequest) GetQuery() string {
@@ -2281,7 +2530,7 @@ type TaskStats struct {
 
 func (x *TaskStats) Reset() {
 	*x = TaskStats{}
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2293,7 +2542,7 @@ func (x *TaskStats) String() string {
 func (*TaskStats) ProtoMessage() {}
 
 func (x *TaskStats) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2306,7 +2555,7 @@ func (x *TaskStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskStats.ProtoReflect.Descriptor instead.
 func (*TaskStats) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{30}
+	return file_fedstream_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TaskStats) GetTask() string {
@@ -2403,7 +2652,7 @@ type QueryStatsResponse struct {
 
 func (x *QueryStatsResponse) Reset() {
 	*x = QueryStatsResponse{}
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2415,7 +2664,7 @@ func (x *QueryStatsResponse) String() string {
 func (*QueryStatsResponse) ProtoMessage() {}
 
 func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2428,7 +2677,7 @@ func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsResponse.ProtoReflect.Descriptor instead.
 func (*QueryStatsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{31}
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *QueryStatsResponse) GetQuery() string {
@@ -2478,7 +2727,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2490,7 +2739,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2503,7 +2752,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{32}
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SubscribeRequest) GetStream() *StreamRef {
@@ -2576,7 +2825,7 @@ type StreamRef struct {
 
 func (x *StreamRef) Reset() {
 	*x = StreamRef{}
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2588,7 +2837,7 @@ func (x *StreamRef) String() string {
 func (*StreamRef) ProtoMessage() {}
 
 func (x *StreamRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2601,7 +2850,7 @@ func (x *StreamRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRef.ProtoReflect.Descriptor instead.
 func (*StreamRef) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{33}
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *StreamRef) GetQuery() string {
@@ -2658,7 +2907,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2670,7 +2919,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2683,7 +2932,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{34}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *Batch) GetData() []byte {
@@ -2749,7 +2998,7 @@ type IngestRequest struct {
 
 func (x *IngestRequest) Reset() {
 	*x = IngestRequest{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2761,7 +3010,7 @@ func (x *IngestRequest) String() string {
 func (*IngestRequest) ProtoMessage() {}
 
 func (x *IngestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2774,7 +3023,7 @@ func (x *IngestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestRequest.ProtoReflect.Descriptor instead.
 func (*IngestRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *IngestRequest) GetQuery() string {
@@ -2829,7 +3078,7 @@ type LineError struct {
 
 func (x *LineError) Reset() {
 	*x = LineError{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2841,7 +3090,7 @@ func (x *LineError) String() string {
 func (*LineError) ProtoMessage() {}
 
 func (x *LineError) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2854,7 +3103,7 @@ func (x *LineError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineError.ProtoReflect.Descriptor instead.
 func (*LineError) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *LineError) GetLine() uint64 {
@@ -2894,7 +3143,7 @@ type IngestResponse struct {
 
 func (x *IngestResponse) Reset() {
 	*x = IngestResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2906,7 +3155,7 @@ func (x *IngestResponse) String() string {
 func (*IngestResponse) ProtoMessage() {}
 
 func (x *IngestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2919,7 +3168,7 @@ func (x *IngestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestResponse.ProtoReflect.Descriptor instead.
 func (*IngestResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *IngestResponse) GetAccepted() uint64 {
@@ -2990,7 +3239,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3002,7 +3251,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3015,7 +3264,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -3059,7 +3308,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3071,7 +3320,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3084,7 +3333,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -3114,7 +3363,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3126,7 +3375,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3139,7 +3388,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -3185,7 +3434,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3446,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3459,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -3254,7 +3503,7 @@ type ScaleQueryRequest struct {
 
 func (x *ScaleQueryRequest) Reset() {
 	*x = ScaleQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3266,7 +3515,7 @@ func (x *ScaleQueryRequest) String() string {
 func (*ScaleQueryRequest) ProtoMessage() {}
 
 func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3279,7 +3528,7 @@ func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
 func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *ScaleQueryRequest) GetQuery() string {
@@ -3320,7 +3569,7 @@ type ScaleQueryResponse struct {
 
 func (x *ScaleQueryResponse) Reset() {
 	*x = ScaleQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3332,7 +3581,7 @@ func (x *ScaleQueryResponse) String() string {
 func (*ScaleQueryResponse) ProtoMessage() {}
 
 func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3345,7 +3594,7 @@ func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
 func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ScaleQueryResponse) GetQuery() string {
@@ -3408,7 +3657,7 @@ type FetchSlotsRequest struct {
 
 func (x *FetchSlotsRequest) Reset() {
 	*x = FetchSlotsRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3420,7 +3669,7 @@ func (x *FetchSlotsRequest) String() string {
 func (*FetchSlotsRequest) ProtoMessage() {}
 
 func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3433,7 +3682,7 @@ func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
 func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FetchSlotsRequest) GetQuery() string {
@@ -3484,7 +3733,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3496,7 +3745,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3509,7 +3758,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3543,7 +3792,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3555,7 +3804,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3568,7 +3817,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3623,7 +3872,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3635,7 +3884,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3648,7 +3897,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3697,7 +3946,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3709,7 +3958,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3722,7 +3971,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3747,7 +3996,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3759,7 +4008,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3772,7 +4021,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 type ListTokensResponse struct {
@@ -3784,7 +4033,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3796,7 +4045,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3809,7 +4058,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3829,7 +4078,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3841,7 +4090,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3854,7 +4103,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3879,7 +4128,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3891,7 +4140,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3904,7 +4153,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -3919,7 +4168,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3931,7 +4180,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3944,7 +4193,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3965,7 +4214,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3977,7 +4226,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3990,7 +4239,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -4018,7 +4267,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4030,7 +4279,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4043,7 +4292,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -4070,7 +4319,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4082,7 +4331,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4095,7 +4344,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -4113,7 +4362,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4125,7 +4374,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4138,7 +4387,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 type ListRaftPeersResponse struct {
@@ -4152,7 +4401,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4164,7 +4413,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4177,7 +4426,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -4203,7 +4452,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4215,7 +4464,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4228,7 +4477,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -4246,7 +4495,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4258,7 +4507,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4271,7 +4520,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -4285,7 +4534,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4297,7 +4546,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4310,7 +4559,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 type RaftStateResponse struct {
@@ -4336,7 +4585,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4348,7 +4597,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4361,7 +4610,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4427,7 +4676,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4439,7 +4688,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4452,7 +4701,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 type ListLedgerResponse struct {
@@ -4467,7 +4716,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4479,7 +4728,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4492,7 +4741,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4517,7 +4766,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4529,7 +4778,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4542,7 +4791,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 type VerifyLedgerResponse struct {
@@ -4555,7 +4804,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4567,7 +4816,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4580,7 +4829,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -4598,7 +4847,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4610,7 +4859,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4623,7 +4872,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 type ListContractsResponse struct {
@@ -4636,7 +4885,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4648,7 +4897,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4661,7 +4910,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -4688,7 +4937,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4700,7 +4949,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4713,7 +4962,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -4783,7 +5032,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4795,7 +5044,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4808,7 +5057,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -4842,7 +5091,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4854,7 +5103,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4867,7 +5116,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -4893,7 +5142,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4905,7 +5154,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4918,7 +5167,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -4942,7 +5191,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4954,7 +5203,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4967,7 +5216,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -4999,7 +5248,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5011,7 +5260,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5024,7 +5273,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -5040,7 +5289,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5052,7 +5301,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5065,7 +5314,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
 }
 
 type FetchOrgKeyResponse struct {
@@ -5078,7 +5327,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5090,7 +5339,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5103,7 +5352,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{76}
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -5127,7 +5376,7 @@ type FederationEnvelope struct {
 
 func (x *FederationEnvelope) Reset() {
 	*x = FederationEnvelope{}
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5139,7 +5388,7 @@ func (x *FederationEnvelope) String() string {
 func (*FederationEnvelope) ProtoMessage() {}
 
 func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5152,7 +5401,7 @@ func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
 func (*FederationEnvelope) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{77}
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
 }
 
 func (x *FederationEnvelope) GetMessageJson() []byte {
@@ -5177,7 +5426,7 @@ type FederationMembersRequest struct {
 
 func (x *FederationMembersRequest) Reset() {
 	*x = FederationMembersRequest{}
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5189,7 +5438,7 @@ func (x *FederationMembersRequest) String() string {
 func (*FederationMembersRequest) ProtoMessage() {}
 
 func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5202,7 +5451,7 @@ func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
 func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{78}
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
 }
 
 type FederationMember struct {
@@ -5222,7 +5471,7 @@ type FederationMember struct {
 
 func (x *FederationMember) Reset() {
 	*x = FederationMember{}
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5234,7 +5483,7 @@ func (x *FederationMember) String() string {
 func (*FederationMember) ProtoMessage() {}
 
 func (x *FederationMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5247,7 +5496,7 @@ func (x *FederationMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
 func (*FederationMember) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{79}
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *FederationMember) GetOrg() string {
@@ -5308,7 +5557,7 @@ type FederationMembersResponse struct {
 
 func (x *FederationMembersResponse) Reset() {
 	*x = FederationMembersResponse{}
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5320,7 +5569,7 @@ func (x *FederationMembersResponse) String() string {
 func (*FederationMembersResponse) ProtoMessage() {}
 
 func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5333,7 +5582,7 @@ func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
 func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{80}
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *FederationMembersResponse) GetMembers() []*FederationMember {
@@ -5351,7 +5600,7 @@ type LoadStatusRequest struct {
 
 func (x *LoadStatusRequest) Reset() {
 	*x = LoadStatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5363,7 +5612,7 @@ func (x *LoadStatusRequest) String() string {
 func (*LoadStatusRequest) ProtoMessage() {}
 
 func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5376,7 +5625,7 @@ func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusRequest.ProtoReflect.Descriptor instead.
 func (*LoadStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{81}
+	return file_fedstream_proto_rawDescGZIP(), []int{85}
 }
 
 // LoadStatusResponse is the org leader's load manager status: its load,
@@ -5392,7 +5641,7 @@ type LoadStatusResponse struct {
 
 func (x *LoadStatusResponse) Reset() {
 	*x = LoadStatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5404,7 +5653,7 @@ func (x *LoadStatusResponse) String() string {
 func (*LoadStatusResponse) ProtoMessage() {}
 
 func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5417,7 +5666,7 @@ func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusResponse.ProtoReflect.Descriptor instead.
 func (*LoadStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{82}
+	return file_fedstream_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *LoadStatusResponse) GetEnabled() bool {
@@ -5452,7 +5701,7 @@ type ReconfigProgress struct {
 
 func (x *ReconfigProgress) Reset() {
 	*x = ReconfigProgress{}
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5464,7 +5713,7 @@ func (x *ReconfigProgress) String() string {
 func (*ReconfigProgress) ProtoMessage() {}
 
 func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5477,7 +5726,7 @@ func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigProgress.ProtoReflect.Descriptor instead.
 func (*ReconfigProgress) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{83}
+	return file_fedstream_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *ReconfigProgress) GetAcked() uint64 {
@@ -5519,7 +5768,7 @@ type ReconfigMarkers struct {
 
 func (x *ReconfigMarkers) Reset() {
 	*x = ReconfigMarkers{}
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5531,7 +5780,7 @@ func (x *ReconfigMarkers) String() string {
 func (*ReconfigMarkers) ProtoMessage() {}
 
 func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5544,7 +5793,7 @@ func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
 func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{84}
+	return file_fedstream_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *ReconfigMarkers) GetEpoch() uint64 {
@@ -5587,7 +5836,7 @@ type UpdateQueryRequest struct {
 
 func (x *UpdateQueryRequest) Reset() {
 	*x = UpdateQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5599,7 +5848,7 @@ func (x *UpdateQueryRequest) String() string {
 func (*UpdateQueryRequest) ProtoMessage() {}
 
 func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5612,7 +5861,7 @@ func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{85}
+	return file_fedstream_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *UpdateQueryRequest) GetYaml() []byte {
@@ -5667,7 +5916,7 @@ type OperatorVersionChange struct {
 
 func (x *OperatorVersionChange) Reset() {
 	*x = OperatorVersionChange{}
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5679,7 +5928,7 @@ func (x *OperatorVersionChange) String() string {
 func (*OperatorVersionChange) ProtoMessage() {}
 
 func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5692,7 +5941,7 @@ func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
 func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{86}
+	return file_fedstream_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *OperatorVersionChange) GetOperator() string {
@@ -5720,7 +5969,7 @@ type UpdateQueryResponse struct {
 
 func (x *UpdateQueryResponse) Reset() {
 	*x = UpdateQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5732,7 +5981,7 @@ func (x *UpdateQueryResponse) String() string {
 func (*UpdateQueryResponse) ProtoMessage() {}
 
 func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5745,7 +5994,7 @@ func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{87}
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *UpdateQueryResponse) GetName() string {
@@ -5778,7 +6027,7 @@ type QueryVersionsRequest struct {
 
 func (x *QueryVersionsRequest) Reset() {
 	*x = QueryVersionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5790,7 +6039,7 @@ func (x *QueryVersionsRequest) String() string {
 func (*QueryVersionsRequest) ProtoMessage() {}
 
 func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5803,7 +6052,7 @@ func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
 func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{88}
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *QueryVersionsRequest) GetName() string {
@@ -5832,7 +6081,7 @@ type VersionInfo struct {
 
 func (x *VersionInfo) Reset() {
 	*x = VersionInfo{}
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5844,7 +6093,7 @@ func (x *VersionInfo) String() string {
 func (*VersionInfo) ProtoMessage() {}
 
 func (x *VersionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5857,7 +6106,7 @@ func (x *VersionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
 func (*VersionInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{89}
+	return file_fedstream_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *VersionInfo) GetVersion() int32 {
@@ -5919,7 +6168,7 @@ type OperatorVersions struct {
 
 func (x *OperatorVersions) Reset() {
 	*x = OperatorVersions{}
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5931,7 +6180,7 @@ func (x *OperatorVersions) String() string {
 func (*OperatorVersions) ProtoMessage() {}
 
 func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5944,7 +6193,7 @@ func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
 func (*OperatorVersions) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{90}
+	return file_fedstream_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *OperatorVersions) GetOperator() string {
@@ -5981,7 +6230,7 @@ type ReconfigPlanInfo struct {
 
 func (x *ReconfigPlanInfo) Reset() {
 	*x = ReconfigPlanInfo{}
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5993,7 +6242,7 @@ func (x *ReconfigPlanInfo) String() string {
 func (*ReconfigPlanInfo) ProtoMessage() {}
 
 func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6006,7 +6255,7 @@ func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
 func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{91}
+	return file_fedstream_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *ReconfigPlanInfo) GetEpoch() uint64 {
@@ -6091,7 +6340,7 @@ type QueryVersionsResponse struct {
 
 func (x *QueryVersionsResponse) Reset() {
 	*x = QueryVersionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6103,7 +6352,7 @@ func (x *QueryVersionsResponse) String() string {
 func (*QueryVersionsResponse) ProtoMessage() {}
 
 func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6116,7 +6365,7 @@ func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
 func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{92}
+	return file_fedstream_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *QueryVersionsResponse) GetName() string {
@@ -6304,7 +6553,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe4\x02\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\x95\x03\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -6323,7 +6572,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_count\x184 \x01(\x05R\tslotCount\x12\x1f\n" +
 	"\vmoving_from\x18P \x01(\tR\n" +
-	"movingFrom\"\xd1\x01\n" +
+	"movingFrom\x12\x11\n" +
+	"\x03org\x18\x8e\x02 \x01(\tR\x03org\x12\x1c\n" +
+	"\torg_phase\x18\x8f\x02 \x01(\tR\borgPhase\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -6340,7 +6591,25 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10StopQueryRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12'\n" +
 	"\x0fidempotency_key\x18\x02 \x01(\tR\x0eidempotencyKey\"\x13\n" +
-	"\x11StopQueryResponse\")\n" +
+	"\x11StopQueryResponse\"`\n" +
+	"\x12MigrateTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x15\n" +
+	"\x06to_org\x18\x02 \x01(\tR\x05toOrg\x12\x1a\n" +
+	"\bcontract\x18\x03 \x01(\tR\bcontract\"`\n" +
+	"\x13MigrateTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x10\n" +
+	"\x03org\x18\x02 \x01(\tR\x03org\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\",\n" +
+	"\x11ReturnTaskRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\"j\n" +
+	"\x12ReturnTaskResponse\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
+	"\tworker_id\x18\x02 \x01(\tR\bworkerId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\"\xa1\x03\n" +
 	"\tTaskStats\x12\x12\n" +
@@ -6629,7 +6898,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x85\a\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xaa\b\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -6643,7 +6912,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse\x12O\n" +
 	"\n" +
-	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\x8a\x03\n" +
+	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse\x12R\n" +
+	"\vMigrateTask\x12 .fedstream.v1.MigrateTaskRequest\x1a!.fedstream.v1.MigrateTaskResponse\x12O\n" +
+	"\n" +
+	"ReturnTask\x12\x1f.fedstream.v1.ReturnTaskRequest\x1a .fedstream.v1.ReturnTaskResponse2\x8a\x03\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12N\n" +
@@ -6693,7 +6965,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 95)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -6725,78 +6997,82 @@ var file_fedstream_proto_goTypes = []any{
 	(*GetQueryRequest)(nil),           // 27: fedstream.v1.GetQueryRequest
 	(*StopQueryRequest)(nil),          // 28: fedstream.v1.StopQueryRequest
 	(*StopQueryResponse)(nil),         // 29: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),         // 30: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                 // 31: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),        // 32: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),          // 33: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                 // 34: fedstream.v1.StreamRef
-	(*Batch)(nil),                     // 35: fedstream.v1.Batch
-	(*IngestRequest)(nil),             // 36: fedstream.v1.IngestRequest
-	(*LineError)(nil),                 // 37: fedstream.v1.LineError
-	(*IngestResponse)(nil),            // 38: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),            // 39: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),           // 40: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),          // 41: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),      // 42: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),         // 43: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),        // 44: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),         // 45: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),             // 46: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                 // 47: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),        // 48: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),       // 49: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),         // 50: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),        // 51: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),        // 52: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),       // 53: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),     // 54: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),    // 55: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),   // 56: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 57: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),      // 58: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),     // 59: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),     // 60: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),    // 61: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),          // 62: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),         // 63: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),         // 64: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),        // 65: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),       // 66: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),      // 67: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),      // 68: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),     // 69: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),    // 70: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),     // 71: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil),  // 72: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),          // 73: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),             // 74: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),            // 75: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),        // 76: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),       // 77: fedstream.v1.FetchOrgKeyResponse
-	(*FederationEnvelope)(nil),        // 78: fedstream.v1.FederationEnvelope
-	(*FederationMembersRequest)(nil),  // 79: fedstream.v1.FederationMembersRequest
-	(*FederationMember)(nil),          // 80: fedstream.v1.FederationMember
-	(*FederationMembersResponse)(nil), // 81: fedstream.v1.FederationMembersResponse
-	(*LoadStatusRequest)(nil),         // 82: fedstream.v1.LoadStatusRequest
-	(*LoadStatusResponse)(nil),        // 83: fedstream.v1.LoadStatusResponse
-	(*ReconfigProgress)(nil),          // 84: fedstream.v1.ReconfigProgress
-	(*ReconfigMarkers)(nil),           // 85: fedstream.v1.ReconfigMarkers
-	(*UpdateQueryRequest)(nil),        // 86: fedstream.v1.UpdateQueryRequest
-	(*OperatorVersionChange)(nil),     // 87: fedstream.v1.OperatorVersionChange
-	(*UpdateQueryResponse)(nil),       // 88: fedstream.v1.UpdateQueryResponse
-	(*QueryVersionsRequest)(nil),      // 89: fedstream.v1.QueryVersionsRequest
-	(*VersionInfo)(nil),               // 90: fedstream.v1.VersionInfo
-	(*OperatorVersions)(nil),          // 91: fedstream.v1.OperatorVersions
-	(*ReconfigPlanInfo)(nil),          // 92: fedstream.v1.ReconfigPlanInfo
-	(*QueryVersionsResponse)(nil),     // 93: fedstream.v1.QueryVersionsResponse
-	nil,                               // 94: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 95: fedstream.v1.WorkerInfo.LabelsEntry
+	(*MigrateTaskRequest)(nil),        // 30: fedstream.v1.MigrateTaskRequest
+	(*MigrateTaskResponse)(nil),       // 31: fedstream.v1.MigrateTaskResponse
+	(*ReturnTaskRequest)(nil),         // 32: fedstream.v1.ReturnTaskRequest
+	(*ReturnTaskResponse)(nil),        // 33: fedstream.v1.ReturnTaskResponse
+	(*QueryStatsRequest)(nil),         // 34: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 35: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),        // 36: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 37: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 38: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 39: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 40: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 41: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 42: fedstream.v1.IngestResponse
+	(*SnapshotSource)(nil),            // 43: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 44: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 45: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 46: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 47: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 48: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 49: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 50: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 51: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 52: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 53: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 54: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 55: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 56: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 57: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 58: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 59: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 60: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 61: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 62: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 63: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 64: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 65: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 66: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 67: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 68: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 69: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 70: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 71: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 72: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 73: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 74: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 75: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 76: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 77: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 78: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 79: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 80: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 81: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 82: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 83: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 84: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 85: fedstream.v1.FederationMembersResponse
+	(*LoadStatusRequest)(nil),         // 86: fedstream.v1.LoadStatusRequest
+	(*LoadStatusResponse)(nil),        // 87: fedstream.v1.LoadStatusResponse
+	(*ReconfigProgress)(nil),          // 88: fedstream.v1.ReconfigProgress
+	(*ReconfigMarkers)(nil),           // 89: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 90: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 91: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 92: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 93: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 94: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 95: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 96: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 97: fedstream.v1.QueryVersionsResponse
+	nil,                               // 98: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 99: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	94, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	98, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	35, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	43, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
@@ -6804,109 +7080,113 @@ var file_fedstream_proto_depIdxs = []int32{
 	6,  // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	8,  // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	84, // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	88, // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
 	12, // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16, // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	95, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	99, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	23, // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
 	24, // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	31, // 19: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	34, // 20: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	35, // 19: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	38, // 20: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
 	0,  // 21: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	37, // 22: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	41, // 22: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
 	9,  // 23: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	47, // 24: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	47, // 25: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	51, // 24: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	51, // 25: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	16, // 26: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	80, // 27: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	85, // 28: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	87, // 29: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	90, // 30: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	87, // 31: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	91, // 32: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	92, // 33: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	84, // 27: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	89, // 28: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	91, // 29: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	94, // 30: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	91, // 31: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	95, // 32: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	96, // 33: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
 	1,  // 34: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
 	3,  // 35: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
 	5,  // 36: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
 	13, // 37: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	56, // 38: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	60, // 38: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
 	15, // 39: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
 	19, // 40: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
 	21, // 41: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
 	25, // 42: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
 	27, // 43: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
 	28, // 44: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	58, // 45: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 46: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	60, // 47: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 48: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	43, // 49: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	33, // 50: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 51: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	36, // 52: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	42, // 53: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 54: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	48, // 55: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	50, // 56: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	52, // 57: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	54, // 58: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	62, // 59: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	64, // 60: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	66, // 61: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	68, // 62: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	70, // 63: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	71, // 64: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	72, // 65: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	74, // 66: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	76, // 67: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	78, // 68: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	79, // 69: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	82, // 70: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	86, // 71: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	89, // 72: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	2,  // 73: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 74: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 75: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 76: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	57, // 77: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 78: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 79: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 80: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 81: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 82: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 83: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	59, // 84: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 85: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	61, // 86: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 87: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	44, // 88: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	35, // 89: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 90: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	38, // 91: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	46, // 92: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 93: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	49, // 94: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	51, // 95: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	53, // 96: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	55, // 97: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	63, // 98: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	65, // 99: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	67, // 100: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	69, // 101: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	73, // 102: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	73, // 103: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	73, // 104: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	75, // 105: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	77, // 106: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	78, // 107: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	81, // 108: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	83, // 109: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	88, // 110: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	93, // 111: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	73, // [73:112] is the sub-list for method output_type
-	34, // [34:73] is the sub-list for method input_type
+	62, // 45: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	44, // 46: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	64, // 47: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34, // 48: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	47, // 49: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30, // 50: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32, // 51: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	37, // 52: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	40, // 53: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	40, // 54: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	46, // 55: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	49, // 56: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	52, // 57: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	54, // 58: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	56, // 59: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	58, // 60: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	66, // 61: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	68, // 62: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	70, // 63: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	72, // 64: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	74, // 65: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	75, // 66: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	76, // 67: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	78, // 68: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	80, // 69: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	82, // 70: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	83, // 71: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	86, // 72: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	90, // 73: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	93, // 74: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	2,  // 75: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 76: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 77: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 78: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	61, // 79: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 80: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 81: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 82: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 83: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 84: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 85: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	63, // 86: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	45, // 87: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	65, // 88: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	36, // 89: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	48, // 90: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31, // 91: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33, // 92: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	39, // 93: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	42, // 94: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42, // 95: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	50, // 96: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	50, // 97: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	53, // 98: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	55, // 99: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	57, // 100: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	59, // 101: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	67, // 102: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	69, // 103: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	71, // 104: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	73, // 105: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	77, // 106: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	77, // 107: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	77, // 108: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	79, // 109: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	81, // 110: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	82, // 111: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	85, // 112: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	87, // 113: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	92, // 114: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	97, // 115: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	75, // [75:116] is the sub-list for method output_type
+	34, // [34:75] is the sub-list for method input_type
 	34, // [34:34] is the sub-list for extension type_name
 	34, // [34:34] is the sub-list for extension extendee
 	0,  // [0:34] is the sub-list for field type_name
@@ -6924,7 +7204,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   95,
+			NumMessages:   99,
 			NumExtensions: 0,
 			NumServices:   10,
 		},

@@ -290,6 +290,8 @@ const (
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 	AdminService_QueryStats_FullMethodName     = "/fedstream.v1.AdminService/QueryStats"
 	AdminService_ScaleQuery_FullMethodName     = "/fedstream.v1.AdminService/ScaleQuery"
+	AdminService_MigrateTask_FullMethodName    = "/fedstream.v1.AdminService/MigrateTask"
+	AdminService_ReturnTask_FullMethodName     = "/fedstream.v1.AdminService/ReturnTask"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -312,6 +314,9 @@ type AdminServiceClient interface {
 	QueryStats(ctx context.Context, in *QueryStatsRequest, opts ...grpc.CallOption) (*QueryStatsResponse, error)
 	// ---- live rescaling (issue 9 item 4)
 	ScaleQuery(ctx context.Context, in *ScaleQueryRequest, opts ...grpc.CallOption) (*ScaleQueryResponse, error)
+	// ---- cross-org migration (issue 11 item 6)
+	MigrateTask(ctx context.Context, in *MigrateTaskRequest, opts ...grpc.CallOption) (*MigrateTaskResponse, error)
+	ReturnTask(ctx context.Context, in *ReturnTaskRequest, opts ...grpc.CallOption) (*ReturnTaskResponse, error)
 }
 
 type adminServiceClient struct {
@@ -432,6 +437,26 @@ func (c *adminServiceClient) ScaleQuery(ctx context.Context, in *ScaleQueryReque
 	return out, nil
 }
 
+func (c *adminServiceClient) MigrateTask(ctx context.Context, in *MigrateTaskRequest, opts ...grpc.CallOption) (*MigrateTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MigrateTaskResponse)
+	err := c.cc.Invoke(ctx, AdminService_MigrateTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ReturnTask(ctx context.Context, in *ReturnTaskRequest, opts ...grpc.CallOption) (*ReturnTaskResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReturnTaskResponse)
+	err := c.cc.Invoke(ctx, AdminService_ReturnTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -452,6 +477,9 @@ type AdminServiceServer interface {
 	QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error)
 	// ---- live rescaling (issue 9 item 4)
 	ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error)
+	// ---- cross-org migration (issue 11 item 6)
+	MigrateTask(context.Context, *MigrateTaskRequest) (*MigrateTaskResponse, error)
+	ReturnTask(context.Context, *ReturnTaskRequest) (*ReturnTaskResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -494,6 +522,12 @@ func (UnimplementedAdminServiceServer) QueryStats(context.Context, *QueryStatsRe
 }
 func (UnimplementedAdminServiceServer) ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ScaleQuery not implemented")
+}
+func (UnimplementedAdminServiceServer) MigrateTask(context.Context, *MigrateTaskRequest) (*MigrateTaskResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method MigrateTask not implemented")
+}
+func (UnimplementedAdminServiceServer) ReturnTask(context.Context, *ReturnTaskRequest) (*ReturnTaskResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ReturnTask not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -714,6 +748,42 @@ func _AdminService_ScaleQuery_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_MigrateTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MigrateTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).MigrateTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_MigrateTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).MigrateTask(ctx, req.(*MigrateTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ReturnTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReturnTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ReturnTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ReturnTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ReturnTask(ctx, req.(*ReturnTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -764,6 +834,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ScaleQuery",
 			Handler:    _AdminService_ScaleQuery_Handler,
+		},
+		{
+			MethodName: "MigrateTask",
+			Handler:    _AdminService_MigrateTask_Handler,
+		},
+		{
+			MethodName: "ReturnTask",
+			Handler:    _AdminService_ReturnTask_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
