@@ -2,6 +2,8 @@ package operator
 
 import (
 	"errors"
+	"fmt"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -140,5 +142,50 @@ func TestMapKindMismatch(t *testing.T) {
 			// The operator still works after the rejected tuple.
 			equalRows(t, run(t, op, []event{in(0, conn(6, "b", 7, 1, false))}), []string{tc.after})
 		})
+	}
+}
+
+// TestProjectionCopiesEveryValueField: the projection fast path copies a
+// value field by field (see mapOp.project); every field of tuple.Value,
+// including any added later, must reach the output. Each field of each
+// input value is set (through reflection, so a new field is covered
+// too) and the output must equal the input but for the kind.
+func TestProjectionCopiesEveryValueField(t *testing.T) {
+	op := mustNew(t, &queryspec.Operator{Name: "m", Type: "map", Fields: queryspec.Exprs{
+		{Name: "a", Expr: "load"}, {Name: "b", Expr: "src"}, {Name: "c", Expr: "time"},
+	}}, connSchema)
+	in := conn(5, "a", 22, 0.5, true)
+	for i := range in.Values {
+		v := reflect.ValueOf(&in.Values[i]).Elem()
+		for f := range v.NumField() {
+			if v.Type().Field(f).Name == "Kind" {
+				continue
+			}
+			switch fv := v.Field(f); fv.Kind() {
+			case reflect.Int64:
+				fv.SetInt(int64(100*i + f))
+			case reflect.Float64:
+				fv.SetFloat(float64(100*i+f) + 0.5)
+			case reflect.String:
+				fv.SetString(fmt.Sprintf("field %d of value %d", f, i))
+			default:
+				t.Fatalf("tuple.Value field %s has kind %s: extend this test and mapOp.project", v.Type().Field(f).Name, fv.Kind())
+			}
+		}
+	}
+	c := Collect()
+	if err := op.Process(0, in, c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Tuples) != 1 {
+		t.Fatalf("%d outputs, want 1", len(c.Tuples))
+	}
+	got := c.Tuples[0].Values
+	for i, from := range []int{3, 1, 0} {
+		want := in.Values[from]
+		want.Kind = op.OutputSchema().Fields[i].Kind
+		if got[i] != want {
+			t.Errorf("output field %d = %+v, want %+v", i, got[i], want)
+		}
 	}
 }

@@ -135,8 +135,14 @@ func (m *mapOp) project(t *tuple.Tuple, out Emitter) error {
 			}
 			return fmt.Errorf("%w: field %q is %s, schema says %s", ErrTypeMismatch, m.in.Fields[c.from].Name, v.Kind, c.inKind)
 		}
-		dst[i] = *v
-		dst[i].Kind = c.outKind
+		// Field by field, not as one struct copy: the source's values
+		// were usually just written field by field (by a generator or a
+		// decoder), and the struct copy's 16-byte loads over those
+		// narrower pending stores cannot be forwarded from the store
+		// buffer; the stall was 6 % of the sending worker's CPU in the
+		// forward benchmark.
+		d := &dst[i]
+		d.Kind, d.I, d.F, d.S = c.outKind, v.I, v.F, v.S
 	}
 	m.out.Type, m.out.ID, m.out.STime, m.out.Version = t.Type, t.ID, t.STime, t.Version
 	out.Emit(&m.out)

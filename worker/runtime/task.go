@@ -201,8 +201,15 @@ type task struct {
 	// genDone closes when that goroutine ends. genRecords counts the
 	// records drawn (generator goroutine only); genRestore is where a
 	// source started from a snapshot resumes.
-	genSnap    chan chan sourceCut
-	genCtl     chan genCmd
+	genSnap chan chan sourceCut
+	genCtl  chan genCmd
+	// genWaiting counts the goroutines offering a request on genSnap or
+	// genCtl (raised before the send, lowered after it). A generator
+	// source reads it once per record and looks at the channels only
+	// when it is not zero: even its two non-blocking receives cost a few
+	// nanoseconds a record, 4.5 % of the sending worker's CPU in the
+	// forward benchmark.
+	genWaiting atomic.Int32
 	genDone    chan struct{}
 	genRecords int64
 	genRestore *genPosition
