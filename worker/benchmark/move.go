@@ -24,19 +24,25 @@ const DefaultMoveStateMB = 64
 // The move benchmark's query: a blob source whose records carry a
 // distinct member (the record number before a 1000-byte payload) and a
 // key of 16 values, counted per key by count_distinct over sliding
-// windows of 2 s every 50 ms. Every member is held by each of the 40
+// windows of 2 s every 5 ms. Every member is held by each of the 400
 // open windows, so the state is large (about moveStateFactor seconds of
-// input bytes) while the output stays small (16 rows per 50 ms): the sink
+// input bytes) while the output stays small (16 rows per 5 ms): the sink
 // sees a result every slide, which is what a gap is measured against.
+// The sources' boundaries come every moveSlide too (the default interval
+// is 50 ms), so a window closes, and a result appears, every 5 ms: the
+// output rhythm is fine enough that a pause of a few milliseconds a move
+// adds shows, instead of hiding inside a 50 ms slide.
 const (
 	movePayload     = 1000
 	moveKeys        = 16
 	moveWindow      = 2 * time.Second
-	moveSlide       = 50 * time.Millisecond
+	moveSlide       = 5 * time.Millisecond
 	moveMemberBytes = movePayload + 10 // key encoding of one member
+	// moveWindows is how many windows are open at once.
+	moveWindows = int(moveWindow / moveSlide)
 	// moveStateFactor is Σ over the open windows of the input seconds
 	// each holds: window k of n = size/slide holds k slides.
-	moveStateFactor = 0.05 * 40 * 41 / 2
+	moveStateFactor = float64(moveSlide) / float64(time.Second) * float64(moveWindows*(moveWindows+1)) / 2
 	// moveReferenceSpeedup runs the unmoved reference run this many times
 	// faster than real time (same stimes, same results).
 	moveReferenceSpeedup = 4
@@ -153,7 +159,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		}
 		cfg.Launch = l
 	}
-	rate := max(200, int(float64(cfg.StateMB<<20)/(moveMemberBytes*moveStateFactor)))
+	rate := max(20, int(float64(cfg.StateMB<<20)/(moveMemberBytes*moveStateFactor)))
 	records := int64(rate) * int64(cfg.Duration/time.Millisecond) / 1000
 	res := &MoveResult{TargetStateMB: cfg.StateMB, Rate: rate, Records: records}
 	m := &moveBench{cfg: cfg}
@@ -174,7 +180,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		resp, err := m.w[i].call(ctx, request{Op: opHello})
+		resp, err := m.w[i].call(ctx, request{Op: opHello, BoundaryInterval: moveSlide})
 		if err != nil {
 			m.stop()
 			return nil, err
@@ -286,7 +292,7 @@ func (m *moveBench) referenceRun(ctx context.Context, rate int, records int64) (
 	}
 	w := newWorkerClient("bench-move-reference", p)
 	defer func() { _ = p.Stop() }()
-	resp, err := w.call(ctx, request{Op: opHello, SourceSpeedup: moveReferenceSpeedup})
+	resp, err := w.call(ctx, request{Op: opHello, SourceSpeedup: moveReferenceSpeedup, BoundaryInterval: moveSlide})
 	if err != nil {
 		return nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/fedstream/fedstream/worker/runtime"
 )
@@ -89,6 +90,9 @@ type request struct {
 	// SourceSpeedup runs the worker's generator sources this many times
 	// faster than their rate (hello; runtime.Options.SourceSpeedup).
 	SourceSpeedup int `json:"source_speedup,omitempty"`
+	// BoundaryInterval is the stime spacing of the sources' boundaries
+	// (hello; runtime.Options.BoundaryInterval, 0: its default of 50 ms).
+	BoundaryInterval time.Duration `json:"boundary_interval,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
 }

@@ -276,6 +276,12 @@ type Options struct {
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
+	// Bulk configures fast snapshot transfer: snapshots served and
+	// fetched over connections of their own (see BulkOptions). Zero:
+	// this runtime serves snapshots over the FetchSnapshot stream only,
+	// and fetches them over plaintext connections from workers that
+	// offer them.
+	Bulk BulkOptions
 }
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
@@ -325,6 +331,9 @@ type Runtime struct {
 	// snapshotBytes their encoded bytes (SnapshotBytesServed).
 	snapshotsServed atomic.Uint64
 	snapshotBytes   atomic.Uint64
+	// bulkServed counts the snapshots served over a connection of their
+	// own (SnapshotsServedBulk).
+	bulkServed atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
 	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
@@ -336,6 +345,10 @@ type Runtime struct {
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
+	// bulkSrv serves snapshots over connections of their own (nil: not
+	// offered); bulkCli fetches them so (nil: never asked for).
+	bulkSrv *bulkServer
+	bulkCli *bulkClient
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -356,6 +369,12 @@ func New(opts Options) *Runtime {
 	}
 	sopts := append([]dataplane.ServerOption{dataplane.WithMaxBatchBytes(opts.MaxBatchBytes)}, opts.ServerOptions...)
 	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, sopts...)
+	var err error
+	if r.bulkSrv, err = newBulkServer(opts.Bulk.Listener, opts.Bulk.ServerTLS, r.log); err != nil {
+		r.log.Error("fast snapshot transfer not offered", "err", err)
+		_ = opts.Bulk.Listener.Close()
+	}
+	r.bulkCli = newBulkClient(opts.Bulk)
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
 	go r.watch()
 	return r
@@ -492,7 +511,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				if err != nil {
 					return nil, err
 				}
-				return FetchSnapshot(fctx, conn, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
+				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
 			}
 			// A transfer that broke off is tried again (a halted copy gives
 			// the same snapshot again); a refusal is final.
@@ -566,6 +585,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	close(r.stopWatch)
 	<-r.watchDone
+	r.bulkSrv.close()
 
 	done := make(chan struct{})
 	go func() {
