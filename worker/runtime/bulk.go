@@ -221,6 +221,25 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 	return nil
 }
 
+// ServeBulk makes the runtime serve snapshots over connections accepted
+// on lis (see BulkOptions.Listener, ServerTLS), from now until Close,
+// which closes lis. It may be called once, and not after Close.
+func (r *Runtime) ServeBulk(lis net.Listener, serverTLS *tls.Config) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed || r.bulkSrv.Load() != nil {
+		_ = lis.Close()
+		return errors.New("runtime: bulk snapshot listener after Close, or twice")
+	}
+	b, err := newBulkServer(lis, serverTLS, r.log)
+	if err != nil {
+		_ = lis.Close()
+		return err
+	}
+	r.bulkSrv.Store(b)
+	return nil
+}
+
 // bulkClient fetches snapshots over offered connections.
 type bulkClient struct {
 	cfg  *tls.Config

@@ -98,16 +98,17 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return emit(rest)
 	}
 	chunks := 0
-	bulk := req.Bulk && s.r.bulkSrv != nil
+	bsrv := s.r.bulkSrv.Load()
+	bulk := req.Bulk && bsrv != nil
 	if bulk {
 		// Over a connection of its own (bulk.go): the offer, then the
 		// bytes there.
-		token, conns, cancel, err := s.r.bulkSrv.offer()
+		token, conns, cancel, err := bsrv.offer()
 		if err != nil {
 			return status.Error(codes.Unavailable, err.Error())
 		}
 		defer cancel()
-		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: s.r.bulkSrv.port, BulkToken: token}); err != nil {
+		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
 			return err
 		}
 		if err := serveBulk(ctx, conns, write); err != nil {

@@ -347,7 +347,7 @@ type Runtime struct {
 	kafkaBeforeWrite func(context.Context)
 	// bulkSrv serves snapshots over connections of their own (nil: not
 	// offered); bulkCli fetches them so (nil: never asked for).
-	bulkSrv *bulkServer
+	bulkSrv atomic.Pointer[bulkServer]
 	bulkCli *bulkClient
 
 	mu     sync.Mutex
@@ -369,10 +369,10 @@ func New(opts Options) *Runtime {
 	}
 	sopts := append([]dataplane.ServerOption{dataplane.WithMaxBatchBytes(opts.MaxBatchBytes)}, opts.ServerOptions...)
 	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, sopts...)
-	var err error
-	if r.bulkSrv, err = newBulkServer(opts.Bulk.Listener, opts.Bulk.ServerTLS, r.log); err != nil {
-		r.log.Error("fast snapshot transfer not offered", "err", err)
-		_ = opts.Bulk.Listener.Close()
+	if opts.Bulk.Listener != nil {
+		if err := r.ServeBulk(opts.Bulk.Listener, opts.Bulk.ServerTLS); err != nil {
+			r.log.Error("fast snapshot transfer not offered", "err", err)
+		}
 	}
 	r.bulkCli = newBulkClient(opts.Bulk)
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
@@ -585,7 +585,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	close(r.stopWatch)
 	<-r.watchDone
-	r.bulkSrv.close()
+	r.bulkSrv.Load().close()
 
 	done := make(chan struct{})
 	go func() {
