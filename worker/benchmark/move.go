@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/runtime"
 )
 
@@ -59,8 +61,13 @@ type MoveConfig struct {
 	// Settle is how long the query runs undisturbed after the state is
 	// built and between the two moves (default 2s).
 	Settle time.Duration
-	Launch Launcher
-	Logger *slog.Logger
+	// Plaintext runs the workers' data plane, their snapshot transfers and
+	// the raw loopback baseline without TLS. By default all three use
+	// mutual TLS 1.3, as an org does: the move and the baseline it is
+	// compared with pay the same encryption.
+	Plaintext bool
+	Launch    Launcher
+	Logger    *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -72,8 +79,12 @@ type MoveResult struct {
 	StateMB       float64 `json:"state_mb"`
 	TargetStateMB int     `json:"target_state_mb"`
 	// LoopbackMBs is raw loopback TCP bandwidth (MiB/s) between two of the
-	// run's worker processes, sending as many bytes as the state.
+	// run's worker processes, sending as many bytes as the state, over a
+	// TLS connection made like the data plane's unless TLS is false.
 	LoopbackMBs float64 `json:"loopback_mb_s"`
+	// TLS says whether the data plane, the snapshot transfers and the
+	// loopback baseline ran over mutual TLS (the default) or plaintext.
+	TLS bool `json:"tls"`
 	// LiveGapMs and StopCopyGapMs are the longest intervals without a
 	// result at the sink around each move (from the move's request until
 	// every consumer reads the new copy, and the first result after).
@@ -109,6 +120,18 @@ type MoveResult struct {
 	LiveRestoreMs     float64 `json:"live_restore_ms"`
 	StopCopyFetchMs   float64 `json:"stopcopy_fetch_ms"`
 	StopCopyRestoreMs float64 `json:"stopcopy_restore_ms"`
+	// The serving side of each fetch (the old copy's worker): the task
+	// held while its state was captured, sorting and sizing the captured
+	// state, then encoding and sending it (overlapped) until the last
+	// byte was written; Bulk says whether the bytes crossed over a
+	// connection of their own (runtime.BulkOptions) rather than the
+	// FetchSnapshot stream.
+	LiveCaptureMs     float64 `json:"live_capture_ms"`
+	LivePrepareMs     float64 `json:"live_prepare_ms"`
+	LiveSendMs        float64 `json:"live_send_ms"`
+	LiveBulk          bool    `json:"live_bulk"`
+	StopCopyCaptureMs float64 `json:"stopcopy_capture_ms"`
+	StopCopySendMs    float64 `json:"stopcopy_send_ms"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
 	Lost       int `json:"lost"`
@@ -161,7 +184,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	}
 	rate := max(20, int(float64(cfg.StateMB<<20)/(moveMemberBytes*moveStateFactor)))
 	records := int64(rate) * int64(cfg.Duration/time.Millisecond) / 1000
-	res := &MoveResult{TargetStateMB: cfg.StateMB, Rate: rate, Records: records}
+	res := &MoveResult{TargetStateMB: cfg.StateMB, Rate: rate, Records: records, TLS: !cfg.Plaintext}
 	m := &moveBench{cfg: cfg}
 
 	// The reference: the same input, unmoved, on a worker of its own,
@@ -172,6 +195,12 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		return nil, err
 	}
 
+	var ca *tlsutil.CA
+	if !cfg.Plaintext {
+		if ca, err = tlsutil.NewCA("bench"); err != nil {
+			return nil, err
+		}
+	}
 	for i := range m.w {
 		name := fmt.Sprintf("bench-move-worker-%d", i)
 		p, err := cfg.Launch(ctx, name)
@@ -180,7 +209,16 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		resp, err := m.w[i].call(ctx, request{Op: opHello, BoundaryInterval: moveSlide})
+		hello := request{Op: opHello, BoundaryInterval: moveSlide}
+		if ca != nil {
+			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: name}, []string{"127.0.0.1"}, 24*time.Hour)
+			if err != nil {
+				m.stop()
+				return nil, err
+			}
+			hello.TLS = &tlsMaterial{CA: ca.CertPEM, Cert: cert, Key: key}
+		}
+		resp, err := m.w[i].call(ctx, hello)
 		if err != nil {
 			m.stop()
 			return nil, err
@@ -192,7 +230,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	if res.LoopbackMBs, err = m.loopback(ctx, cfg.StateMB<<20); err != nil {
 		return nil, err
 	}
-	m.progress("loopback TCP: %.0f MB/s", res.LoopbackMBs)
+	m.progress("loopback TCP (%s): %.0f MB/s", map[bool]string{true: "mutual TLS", false: "plaintext"}[res.TLS], res.LoopbackMBs)
 
 	if m.q, err = moveQuery("move", rate, records); err != nil {
 		return nil, err
@@ -252,6 +290,16 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	}
 	if b := st.Bootstrap; b != nil {
 		res.StopCopyFetchMs, res.StopCopyRestoreMs = ms(b.Fetch), ms(b.Restore)
+	}
+	if sv := st.Served; sv != nil {
+		res.LiveCaptureMs, res.LivePrepareMs, res.LiveSendMs, res.LiveBulk = ms(sv.Capture), ms(sv.Prepare), ms(sv.Send), sv.Bulk
+	}
+	st2, err := m.w[2].call(ctx, request{Op: opStats})
+	if err != nil {
+		return nil, err
+	}
+	if sv := st2.Served; sv != nil {
+		res.StopCopyCaptureMs, res.StopCopySendMs = ms(sv.Capture), ms(sv.Send)
 	}
 	if st.SnapshotBytes == 0 {
 		return nil, fmt.Errorf("%w: worker 1 served no snapshot: the live move did not transfer state", ErrMoveBench)
@@ -384,10 +432,13 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	spec.Generation = old.Generation + 1
 	spec.Bootstrap = &runtime.SnapshotSource{WorkerAddr: old.WorkerAddr, TaskID: m.aggID, Generation: old.Generation, Halt: halt}
 	t.start = time.Now()
-	if _, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}}); err != nil {
+	ap, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}})
+	if err != nil {
 		return t, err
 	}
 	t.started = time.Now()
+	m.progress("new copy applied: request to apply %s, apply %s, answer %s", time.Unix(0, ap.StartNanos).Sub(t.start).Round(time.Millisecond),
+		time.Duration(ap.EndNanos-ap.StartNanos).Round(time.Millisecond), t.started.Sub(time.Unix(0, ap.EndNanos)).Round(time.Millisecond))
 	// The new copy catches up: consumers switch once it has produced
 	// what the old copy has.
 	if err := m.caughtUp(ctx, from, to); err != nil {

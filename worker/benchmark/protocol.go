@@ -132,6 +132,9 @@ type response struct {
 	// start from a fetched snapshot on it.
 	SnapshotBytes uint64                   `json:"snapshot_bytes,omitempty"`
 	Bootstrap     *runtime.BootstrapTiming `json:"bootstrap,omitempty"`
+	// Served is the timing of the latest snapshot the worker served
+	// (opStats).
+	Served *runtime.ServeTiming `json:"served,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

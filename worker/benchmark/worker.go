@@ -287,8 +287,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		}
 		return response{LastID: buf.Stats().LastID}, nil
 	case opStats:
-		b := w.batched.rt.LastBootstrap()
-		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b}, nil
+		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
+		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
@@ -308,7 +308,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 				return response{}, fmt.Errorf("task %s failed: %s", st.TaskID, st.Message)
 			}
 		}
-		return response{StartNanos: start.UnixNano()}, nil
+		return response{StartNanos: start.UnixNano(), EndNanos: time.Now().UnixNano()}, nil
 	case opTailStart:
 		spec, ok := w.specs[req.Task]
 		if !ok {

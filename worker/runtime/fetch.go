@@ -143,6 +143,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if bulk {
 		s.r.bulkServed.Add(1)
 	}
+	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: time.Since(prepared)})
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
 	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "bulk", bulk, "took", time.Since(began),

@@ -339,6 +339,8 @@ type Runtime struct {
 	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
 	bootMu        sync.Mutex
 	lastBootstrap BootstrapTiming
+	// lastServed is the timing of the latest snapshot served (LastServed).
+	lastServed ServeTiming
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
@@ -718,6 +720,33 @@ func (r *Runtime) noteBootstrap(b BootstrapTiming) {
 	r.bootMu.Lock()
 	defer r.bootMu.Unlock()
 	r.lastBootstrap = b
+}
+
+// ServeTiming is where the latest snapshot this runtime served
+// (FetchSnapshot) spent its time.
+type ServeTiming struct {
+	Task  string
+	Bytes int
+	// Bulk: sent over a connection of its own (BulkOptions).
+	Bulk bool
+	// Capture is the task held while its state was captured, Prepare
+	// sorting and sizing the captured state, Send encoding and sending
+	// it (they overlap) until the last byte was written.
+	Capture, Prepare, Send time.Duration
+}
+
+// LastServed reports the timing of the latest snapshot served (zero
+// before any).
+func (r *Runtime) LastServed() ServeTiming {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	return r.lastServed
+}
+
+func (r *Runtime) noteServed(s ServeTiming) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	r.lastServed = s
 }
 
 func (r *Runtime) noteRestore(task string, d time.Duration) {
