@@ -48,6 +48,10 @@ type BulkOptions struct {
 	// Dial opens a connection to a peer's bulk listener (nil: a plain
 	// net.Dialer). Fault injection and byte counting wrap it.
 	Dial func(ctx context.Context, addr string) (net.Conn, error)
+	// DialTimeout bounds connecting to a peer's bulk listener before the
+	// fetch falls back to the stream (default 5s): a port a firewall
+	// drops silently must not hold the fetch for its whole deadline.
+	DialTimeout time.Duration
 	// Disabled makes the runtime fetch snapshots over the FetchSnapshot
 	// stream only (never asking for a connection of their own).
 	Disabled bool
@@ -60,11 +64,13 @@ var ErrBulkRefused = errors.New("bulk snapshot connection refused: unknown or ex
 // bulkTokenBytes is the size of a transfer token: random, so unguessable.
 const bulkTokenBytes = 16
 
-// bulkHandshakeTimeout bounds a connection's TLS handshake and token, and
-// bulkAcceptTimeout how long an offer waits for its connection.
+// bulkHandshakeTimeout bounds a connection's TLS handshake and token,
+// bulkAcceptTimeout how long an offer waits for its connection, and
+// defaultBulkDialTimeout is BulkOptions.DialTimeout's default.
 const (
-	bulkHandshakeTimeout = 10 * time.Second
-	bulkAcceptTimeout    = 10 * time.Second
+	bulkHandshakeTimeout   = 10 * time.Second
+	bulkAcceptTimeout      = 10 * time.Second
+	defaultBulkDialTimeout = 5 * time.Second
 )
 
 // bulkServer accepts bulk connections and hands each to the FetchSnapshot
@@ -242,8 +248,9 @@ func (r *Runtime) ServeBulk(lis net.Listener, serverTLS *tls.Config) error {
 
 // bulkClient fetches snapshots over offered connections.
 type bulkClient struct {
-	cfg  *tls.Config
-	dial func(ctx context.Context, addr string) (net.Conn, error)
+	cfg         *tls.Config
+	dial        func(ctx context.Context, addr string) (net.Conn, error)
+	dialTimeout time.Duration
 }
 
 func newBulkClient(o BulkOptions) *bulkClient {
@@ -255,7 +262,11 @@ func newBulkClient(o BulkOptions) *bulkClient {
 		var d net.Dialer
 		dial = func(ctx context.Context, addr string) (net.Conn, error) { return d.DialContext(ctx, "tcp", addr) }
 	}
-	return &bulkClient{cfg: o.ClientTLS, dial: dial}
+	timeout := o.DialTimeout
+	if timeout <= 0 {
+		timeout = defaultBulkDialTimeout
+	}
+	return &bulkClient{cfg: o.ClientTLS, dial: dial, dialTimeout: timeout}
 }
 
 // errBulkConnect means the offered connection could not be made; the
@@ -270,7 +281,11 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 		return fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
 	}
 	addr := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
-	raw, err := c.dial(ctx, addr)
+	// A port that a firewall drops silently must not hold the fetch for
+	// its whole deadline: the stream is the fallback.
+	dctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
+	raw, err := c.dial(dctx, addr)
+	cancel()
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}

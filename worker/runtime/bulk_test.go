@@ -21,8 +21,9 @@ import (
 
 // TestFetchSnapshotBulk: a worker that offers fast snapshot transfer sends
 // a snapshot over a connection of its own, and it arrives equal to the
-// snapshot taken locally; a fetcher that cannot make that connection gets
-// it over the stream instead, and so does one that does not ask.
+// snapshot taken locally; a fetcher that cannot make that connection (it
+// is refused, or never answers) gets it over the stream instead, and so
+// does one that does not ask.
 func TestFetchSnapshotBulk(t *testing.T) {
 	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
 	if err != nil {
@@ -55,6 +56,10 @@ func TestFetchSnapshotBulk(t *testing.T) {
 		{"bulk connection refused", BulkOptions{Dial: func(context.Context, string) (net.Conn, error) {
 			return nil, errors.New("no route")
 		}}, 1},
+		{"bulk connection never answers", BulkOptions{DialTimeout: 50 * time.Millisecond, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+			<-ctx.Done() // a port a firewall drops silently
+			return nil, ctx.Err()
+		}}, 1},
 		{"not asked", BulkOptions{Disabled: true}, 1},
 	} {
 		fetcher := New(Options{Logger: log, Pool: c.pool, Bulk: tc.bulk})
@@ -73,8 +78,8 @@ func TestFetchSnapshotBulk(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := w.rt.SnapshotsServed(); n != 3 {
-		t.Fatalf("SnapshotsServed = %d, want 3", n)
+	if n := w.rt.SnapshotsServed(); n != 4 {
+		t.Fatalf("SnapshotsServed = %d, want 4", n)
 	}
 }
 
