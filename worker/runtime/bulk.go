@@ -216,8 +216,14 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	if err := write(func(p []byte) error {
-		_, err := conn.Write(p)
-		return err
+		for len(p) > 0 {
+			n := min(len(p), bulkWriteBytes)
+			if _, err := conn.Write(p[:n]); err != nil {
+				return err
+			}
+			p = p[n:]
+		}
+		return nil
 	}); err != nil {
 		return err
 	}
@@ -245,6 +251,14 @@ func (r *Runtime) ServeBulk(lis net.Listener, serverTLS *tls.Config) error {
 	r.bulkSrv.Store(b)
 	return nil
 }
+
+// bulkWriteBytes bounds one write to a bulk connection. A halted
+// snapshot is one part of its whole size: written at once over TLS, every
+// record of it would be gathered into one buffer of that size (tlsutil
+// sends the records of one write in one system call), encrypting
+// everything before sending anything. Large enough that a write's fixed
+// costs do not count.
+const bulkWriteBytes = 512 << 10
 
 // bulkClient fetches snapshots over offered connections.
 type bulkClient struct {

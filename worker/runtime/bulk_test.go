@@ -218,3 +218,36 @@ func TestBulkTLS(t *testing.T) {
 		withdraw()
 	}
 }
+
+// writeSizes is a connection that records the size of every write.
+type writeSizes struct {
+	net.Conn
+	sizes []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) { w.sizes = append(w.sizes, len(p)); return len(p), nil }
+func (w *writeSizes) Close() error                { return nil }
+
+// TestServeBulkWritesInPieces: a part of many MB (a halted snapshot's
+// whole state) reaches the connection in writes of at most bulkWriteBytes,
+// so that over TLS it is not encrypted into one buffer of its size before
+// anything is sent.
+func TestServeBulkWritesInPieces(t *testing.T) {
+	conn := &writeSizes{}
+	conns := make(chan net.Conn, 1)
+	conns <- conn
+	part := make([]byte, 5*bulkWriteBytes+7)
+	if err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range conn.sizes {
+		if n > bulkWriteBytes {
+			t.Fatalf("a write of %d bytes, want at most %d", n, bulkWriteBytes)
+		}
+		total += n
+	}
+	if total != len(part) {
+		t.Fatalf("%d bytes written, want %d", total, len(part))
+	}
+}
