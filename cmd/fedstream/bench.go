@@ -126,6 +126,7 @@ func newBenchMoveCmd() *cobra.Command {
 		duration time.Duration
 		logLevel string
 		plain    bool
+		stream   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "move",
@@ -153,12 +154,13 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 				return err
 			}
 			res, err := benchmark.RunMove(cmd.Context(), benchmark.MoveConfig{
-				StateMB:   stateMB,
-				Duration:  duration,
-				Plaintext: plain,
-				Launch:    launch,
-				Logger:    logging.Stderr(logLevel),
-				Progress:  cmd.ErrOrStderr(),
+				StateMB:         stateMB,
+				Duration:        duration,
+				Plaintext:       plain,
+				StreamSnapshots: stream,
+				Launch:          launch,
+				Logger:          logging.Stderr(logLevel),
+				Progress:        cmd.ErrOrStderr(),
 			})
 			if err != nil {
 				return err
@@ -175,6 +177,7 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 	cmd.Flags().IntVar(&stateMB, "state-mb", benchmark.DefaultMoveStateMB, "state held by the moved aggregate, in MB")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "length of the generated input (default: enough for both moves)")
 	cmd.Flags().BoolVar(&plain, "plaintext", false, "run the data plane, the snapshot transfers and the raw TCP baseline without TLS (default: mutual TLS 1.3 for all)")
+	cmd.Flags().BoolVar(&stream, "stream-snapshots", false, "fetch snapshots over the FetchSnapshot gRPC stream, not a connection of their own (for comparison)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
 	return cmd
 }

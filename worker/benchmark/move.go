@@ -66,8 +66,12 @@ type MoveConfig struct {
 	// mutual TLS 1.3, as an org does: the move and the baseline it is
 	// compared with pay the same encryption.
 	Plaintext bool
-	Launch    Launcher
-	Logger    *slog.Logger
+	// StreamSnapshots fetches the snapshots over the FetchSnapshot stream
+	// instead of a connection of their own (runtime.BulkOptions), to
+	// compare the two.
+	StreamSnapshots bool
+	Launch          Launcher
+	Logger          *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -209,7 +213,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		hello := request{Op: opHello, BoundaryInterval: moveSlide}
+		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots}
 		if ca != nil {
 			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: name}, []string{"127.0.0.1"}, 24*time.Hour)
 			if err != nil {

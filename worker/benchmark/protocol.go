@@ -93,6 +93,10 @@ type request struct {
 	// BoundaryInterval is the stime spacing of the sources' boundaries
 	// (hello; runtime.Options.BoundaryInterval, 0: its default of 50 ms).
 	BoundaryInterval time.Duration `json:"boundary_interval,omitempty"`
+	// StreamSnapshots makes the worker fetch snapshots over the
+	// FetchSnapshot stream only, never over a connection of their own
+	// (hello; runtime.BulkOptions.Disabled): for comparisons.
+	StreamSnapshots bool `json:"stream_snapshots,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
 }

@@ -169,7 +169,7 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 		_ = lis.Close()
 		return nil, fmt.Errorf("bench worker: listen: %w", err)
 	}
-	opts.Bulk.Listener = bulk
+	opts.Bulk.Listener, opts.Bulk.Disabled = bulk, hello.StreamSnapshots
 	if creds != nil {
 		peer := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
 		opts.Bulk.ServerTLS, opts.Bulk.ClientTLS = creds.ServerConfig(peer, false), creds.ClientConfig(peer)

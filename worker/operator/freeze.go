@@ -183,6 +183,7 @@ func encodeParallel(n int, encode func(i int)) {
 					return
 				}
 				encode(mine)
+				runtime.Gosched() // as in writeParallel
 			}
 		}()
 	}
@@ -225,6 +226,12 @@ func writeParallel(n int, encode func(i int) []byte, emit func([]byte) error) er
 				}
 				parts[mine] = encode(mine)
 				close(done[mine])
+				// A live snapshot is encoded while its task goes on: let
+				// the task's goroutines, woken by new input, run between
+				// two parts instead of waiting for the scheduler to
+				// preempt an encoder (up to 10 ms, a pause in the task's
+				// output where both cores encode).
+				runtime.Gosched()
 			}
 		}()
 	}
