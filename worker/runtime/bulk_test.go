@@ -225,8 +225,11 @@ type writeSizes struct {
 	sizes []int
 }
 
-func (w *writeSizes) Write(p []byte) (int, error) { w.sizes = append(w.sizes, len(p)); return len(p), nil }
-func (w *writeSizes) Close() error                { return nil }
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.sizes = append(w.sizes, len(p))
+	return len(p), nil
+}
+func (w *writeSizes) Close() error { return nil }
 
 // TestServeBulkWritesInPieces: a part of many MB (a halted snapshot's
 // whole state) reaches the connection in writes of at most bulkWriteBytes,
