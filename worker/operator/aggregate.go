@@ -628,13 +628,16 @@ func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowVie
 	for _, n := range sizes {
 		total += n
 	}
-	return &Encoding{Size: total, write: func(emit func([]byte) error) error {
+	return &Encoding{Size: total, write: func(emit func([]byte) error, transient bool) error {
 		if err := emit(head); err != nil {
 			return err
 		}
-		return writeParallel(len(views), func(i int) []byte {
+		return writeParallel(len(views), transient, func(i int, buf []byte) []byte {
 			v := views[i]
-			e := encoder{b: bufferOf(sizes[i])}
+			if cap(buf) < sizes[i] {
+				buf = bufferOf(sizes[i])
+			}
+			e := encoder{b: buf[:0]}
 			e.varint(v.start)
 			e.uvarint(uint64(len(v.groups)))
 			for k, kg := range v.groups {

@@ -82,13 +82,23 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	// state's as it is encoded: its size is known first, so the total is
 	// announced before the first part and the transfer overlaps the
 	// encoding.
-	write := func(emit func([]byte) error) error {
+	// With transient, emit keeps no part once it returns (a bulk
+	// connection's writes copy them), so the encoding reuses a few
+	// buffers instead of allocating the state's whole size.
+	write := func(emit func([]byte) error, transient bool) error {
 		if err := emit(head); err != nil {
 			return err
 		}
 		if enc != nil {
 			sent := 0
-			if err := enc.Write(func(p []byte) error { sent += len(p); return emit(p) }); err != nil {
+			counted := func(p []byte) error { sent += len(p); return emit(p) }
+			var err error
+			if transient {
+				err = enc.WriteTransient(counted)
+			} else {
+				err = enc.Write(counted)
+			}
+			if err != nil {
 				return err
 			}
 			if sent != enc.Size {
@@ -111,7 +121,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
 			return err
 		}
-		if err := serveBulk(ctx, conns, write); err != nil {
+		if err := serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
 			if status.Code(err) == codes.Internal {
 				return err
 			}
@@ -136,7 +146,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 			}
 			return nil
 		}
-		if err := write(send); err != nil {
+		if err := write(send, false); err != nil {
 			return err
 		}
 	}
