@@ -52,6 +52,12 @@ type accumulator struct {
 	sumF     float64
 	ext      tuple.Value
 	distinct map[string]struct{}
+	// distinctShared: distinct is shared with a frozen copy of the state
+	// (Freeze), which reads it while it is encoded: it is cloned before
+	// the next member is added, so the task never writes a map a frozen
+	// copy reads, and the freeze itself, which holds the task, clones
+	// nothing.
+	distinctShared bool
 }
 
 // aggGroup is one group of one window. keyVals are deep copies.
@@ -425,6 +431,9 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 				acc.distinct = map[string]struct{}{}
 			}
 			if _, ok := acc.distinct[string(m.enc)]; !ok {
+				if acc.distinctShared {
+					acc.distinct, acc.distinctShared = maps.Clone(acc.distinct), false
+				}
 				if m.str == "" { // a key encoding is never empty
 					m.str = string(m.enc)
 				}
@@ -567,9 +576,11 @@ func (a *aggregate) views(copyGroups bool) []windowView {
 				c.keyVals, c.tentative = g.keyVals, g.tentative
 				c.accs = accs[j*len(a.specs) : (j+1)*len(a.specs) : (j+1)*len(a.specs)]
 				copy(c.accs, g.accs)
-				for x := range c.accs {
-					if d := c.accs[x].distinct; d != nil {
-						c.accs[x].distinct = maps.Clone(d)
+				// count_distinct sets are shared, not cloned here: the
+				// task clones one before it adds to it (distinctShared).
+				for x := range g.accs {
+					if g.accs[x].distinct != nil {
+						g.accs[x].distinctShared = true
 					}
 				}
 				g = c

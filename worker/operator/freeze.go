@@ -160,8 +160,9 @@ func (c *chain) freezeEncoding() func() (*Encoding, error) {
 }
 
 // Freeze copies the open windows' groups into lists (accumulators by
-// value, count_distinct member sets as new maps of the same strings; no
-// map of groups is rebuilt); the lists are sorted and encoded later.
+// value; count_distinct member sets shared, the task cloning one before
+// it next adds to it; no map of groups is rebuilt); the lists are sorted
+// and encoded later.
 func (a *aggregate) Freeze() func() ([]byte, error) { return FreezeOf(a) }
 
 // freezeEncoding is Freeze with the encoding as an Encoding: the header,
