@@ -85,6 +85,9 @@ type bulkServer struct {
 
 	mu      sync.Mutex
 	pending map[string]chan net.Conn
+	// shaking are the connections between accept and their token, which
+	// close closes so that it need not wait for their deadline.
+	shaking map[net.Conn]bool
 	closed  bool
 	wg      sync.WaitGroup
 }
@@ -102,7 +105,7 @@ func newBulkServer(lis net.Listener, cfg *tls.Config, log interface{ Warn(string
 	if err != nil || port == 0 {
 		return nil, fmt.Errorf("bulk listener address %s: no port", lis.Addr())
 	}
-	b := &bulkServer{lis: lis, cfg: cfg, port: uint32(port), log: log, pending: map[string]chan net.Conn{}}
+	b := &bulkServer{lis: lis, cfg: cfg, port: uint32(port), log: log, pending: map[string]chan net.Conn{}, shaking: map[net.Conn]bool{}}
 	b.wg.Add(1)
 	go b.accept()
 	return b, nil
@@ -122,11 +125,26 @@ func (b *bulkServer) accept() {
 			}
 			return
 		}
+		b.mu.Lock()
+		if b.closed {
+			b.mu.Unlock()
+			_ = c.Close()
+			return
+		}
+		b.shaking[c] = true
 		b.wg.Add(1)
+		b.mu.Unlock()
 		go func() {
 			defer b.wg.Done()
-			if err := b.handshake(c); err != nil {
+			err := b.handshake(c)
+			b.mu.Lock()
+			delete(b.shaking, c)
+			closed := b.closed
+			b.mu.Unlock()
+			if err != nil {
 				_ = c.Close()
+			}
+			if err != nil && !closed {
 				b.log.Warn("bulk snapshot connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		}()
@@ -194,6 +212,9 @@ func (b *bulkServer) close() {
 	}
 	b.mu.Lock()
 	b.closed = true
+	for c := range b.shaking {
+		_ = c.Close()
+	}
 	b.mu.Unlock()
 	_ = b.lis.Close()
 	b.wg.Wait()

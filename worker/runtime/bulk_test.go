@@ -254,3 +254,44 @@ func TestServeBulkWritesInPieces(t *testing.T) {
 		t.Fatalf("%d bytes written, want %d", total, len(part))
 	}
 }
+
+// TestBulkCloseDoesNotWaitForSilentConnections: a connection that never
+// presents its token does not hold the runtime's Close for the handshake
+// deadline (bulkHandshakeTimeout): close closes it.
+func TestBulkCloseDoesNotWaitForSilentConnections(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b, err := newBulkServer(lis, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Wait until the server holds the connection.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b.mu.Lock()
+		n := len(b.shaking)
+		b.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was never accepted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { b.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(bulkHandshakeTimeout / 2):
+		t.Fatalf("close waited for a silent connection's handshake deadline (%s)", bulkHandshakeTimeout)
+	}
+}
