@@ -276,6 +276,11 @@ func liveMoveDuringRun(t *testing.T, query, moving string) {
 	if n := o.workers[from].Runtime().SnapshotsServed(); n != 1 {
 		t.Fatalf("the old worker served %d snapshots, want 1", n)
 	}
+	// Over a connection of its own (fast snapshot transfer, mutual TLS
+	// with the workers' certificates), not the FetchSnapshot stream.
+	if n := o.workers[from].Runtime().SnapshotsServedBulk(); n != 1 {
+		t.Fatalf("the old worker served %d snapshots over a bulk connection, want 1", n)
+	}
 	waitFor(t, 20*time.Second, "the move ends and the old copy stops", func() bool {
 		ti := o.task(t, query, moving)
 		if ti.MovingFrom != "" || ti.WorkerId == from || ti.Generation != 2 {

@@ -5,6 +5,7 @@ package worker
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -183,8 +184,16 @@ func New(cfg Config) (*Worker, error) {
 	}
 	dial = append(dial, grpc.WithContextDialer(dialer))
 	w.pool = dataplane.NewPool(dial...)
+	// Snapshots (moves, replicas bootstrapping from a peer) are fetched
+	// over connections of their own where the serving worker offers one
+	// (runtime.BulkOptions): the same TLS, faults and byte counting as the
+	// data plane's connections.
+	bulk := wrt.BulkOptions{Dial: dialer}
+	if cfg.TLS != nil {
+		bulk.ClientTLS = cfg.TLS.ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}})
+	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
-		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}})
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}, Bulk: bulk})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)
@@ -214,7 +223,38 @@ func (w *Worker) Listen() error {
 		lis = w.cfg.Faults.Listener(lis)
 	}
 	w.lis = countingListener{lis, &w.bytes}
+	w.serveBulk()
 	return nil
+}
+
+// serveBulk offers fast snapshot transfer (runtime.BulkOptions) on an
+// ephemeral port of the data plane's host: other workers of the org that
+// fetch a snapshot from this one connect there, with a worker certificate
+// under mutual TLS, and present the one-time token their authorized
+// FetchSnapshot call received. Without it (the port cannot be opened)
+// snapshots cross over the FetchSnapshot stream, as they do to a fetcher
+// that cannot reach the port.
+func (w *Worker) serveBulk() {
+	host, _, err := net.SplitHostPort(w.cfg.GRPCAddr)
+	if err == nil {
+		var lis net.Listener
+		if lis, err = net.Listen("tcp", net.JoinHostPort(host, "0")); err == nil {
+			if w.cfg.Faults != nil {
+				lis = w.cfg.Faults.Listener(lis)
+			}
+			var cfg *tls.Config
+			if w.cfg.TLS != nil {
+				// The org's workers only, as FetchSnapshot (rpc/authz).
+				cfg = w.cfg.TLS.ServerConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}, false)
+			}
+			err = w.runtime.ServeBulk(countingListener{lis, &w.bytes}, cfg)
+			if err == nil {
+				w.logger.Info("fast snapshot transfer listening", "addr", lis.Addr().String())
+				return
+			}
+		}
+	}
+	w.logger.Warn("fast snapshot transfer not offered: snapshots cross over the data plane stream", "err", err)
 }
 
 // Addr is the data-plane address.

@@ -125,12 +125,15 @@ func newBenchMoveCmd() *cobra.Command {
 		stateMB  int
 		duration time.Duration
 		logLevel string
+		plain    bool
+		stream   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "move",
 		Short: "Move a keyed aggregate holding --state-mb MB live and by stop-and-copy, and compare",
-		Long: `Runs, on child worker processes on 127.0.0.1 (plaintext), a query whose keyed
-aggregate (count_distinct over 2 s windows sliding every 50 ms) holds about
+		Long: `Runs, on child worker processes on 127.0.0.1 (mutual TLS 1.3 unless
+--plaintext), a query whose keyed aggregate (count_distinct over 2 s windows
+sliding every 5 ms, sources' boundaries every 5 ms) holds about
 --state-mb MB of state under steady generated load, and moves its task
   (a) live: the new copy starts from a snapshot of the running old copy, then
       consumers switch and the old copy stops, and
@@ -138,8 +141,8 @@ aggregate (count_distinct over 2 s windows sliding every 50 ms) holds about
       from it, consumers switch,
 in the same run. Results are compared row by row with an unmoved reference run of
 the same input (lost, duplicated). Raw loopback TCP bandwidth is measured in the
-same run over as many bytes as the state (transfer_bound_ms). Progress goes to
-stderr; the result to stdout.`,
+same run over as many bytes as the state, over TLS like the data plane's unless
+--plaintext (transfer_bound_ms). Progress goes to stderr; the result to stdout.`,
 		Example: "  fedstream bench move --state-mb 64 --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -151,11 +154,13 @@ stderr; the result to stdout.`,
 				return err
 			}
 			res, err := benchmark.RunMove(cmd.Context(), benchmark.MoveConfig{
-				StateMB:  stateMB,
-				Duration: duration,
-				Launch:   launch,
-				Logger:   logging.Stderr(logLevel),
-				Progress: cmd.ErrOrStderr(),
+				StateMB:         stateMB,
+				Duration:        duration,
+				Plaintext:       plain,
+				StreamSnapshots: stream,
+				Launch:          launch,
+				Logger:          logging.Stderr(logLevel),
+				Progress:        cmd.ErrOrStderr(),
 			})
 			if err != nil {
 				return err
@@ -171,6 +176,8 @@ stderr; the result to stdout.`,
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object on one line")
 	cmd.Flags().IntVar(&stateMB, "state-mb", benchmark.DefaultMoveStateMB, "state held by the moved aggregate, in MB")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "length of the generated input (default: enough for both moves)")
+	cmd.Flags().BoolVar(&plain, "plaintext", false, "run the data plane, the snapshot transfers and the raw TCP baseline without TLS (default: mutual TLS 1.3 for all)")
+	cmd.Flags().BoolVar(&stream, "stream-snapshots", false, "fetch snapshots over the FetchSnapshot gRPC stream, not a connection of their own (for comparison)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
 	return cmd
 }

@@ -3426,8 +3426,13 @@ type FetchSnapshotRequest struct {
 	TaskId string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
 	// The copy meant; a worker running another generation refuses
 	// (NotFound). 0: whichever copy runs there.
-	Generation    int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
-	Halt          bool  `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	Generation int32 `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Halt       bool  `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	// The caller can receive the snapshot's bytes over a connection of
+	// their own (fast snapshot transfer): a server that offers it answers
+	// with one SnapshotChunk carrying bulk_port and bulk_token instead of
+	// the data.
+	Bulk          bool `protobuf:"varint,245,opt,name=bulk,proto3" json:"bulk,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3486,6 +3491,13 @@ func (x *FetchSnapshotRequest) GetGeneration() int32 {
 func (x *FetchSnapshotRequest) GetHalt() bool {
 	if x != nil {
 		return x.Halt
+	}
+	return false
+}
+
+func (x *FetchSnapshotRequest) GetBulk() bool {
+	if x != nil {
+		return x.Bulk
 	}
 	return false
 }
@@ -3724,9 +3736,15 @@ func (x *FetchSlotsRequest) GetToPartition() int32 {
 // encoding); the pieces concatenated in order are the snapshot. The first
 // carries the total size.
 type SnapshotChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
-	TotalBytes    uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Data       []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	TotalBytes uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	// Fast snapshot transfer (FetchSnapshotRequest.bulk): the total_bytes
+	// bytes of the snapshot are sent over a connection the caller opens to
+	// bulk_port on the host it called (TLS like the data plane's), presenting
+	// bulk_token first; the call ends once they were sent.
+	BulkPort      uint32 `protobuf:"varint,246,opt,name=bulk_port,json=bulkPort,proto3" json:"bulk_port,omitempty"`
+	BulkToken     []byte `protobuf:"bytes,247,opt,name=bulk_token,json=bulkToken,proto3" json:"bulk_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3773,6 +3791,20 @@ func (x *SnapshotChunk) GetTotalBytes() uint64 {
 		return x.TotalBytes
 	}
 	return 0
+}
+
+func (x *SnapshotChunk) GetBulkPort() uint32 {
+	if x != nil {
+		return x.BulkPort
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetBulkToken() []byte {
+	if x != nil {
+		return x.BulkToken
+	}
+	return nil
 }
 
 // A token as `fedstream token list` shows it: never its secret.
@@ -6693,14 +6725,15 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05R\n" +
-	"generation\"y\n" +
+	"generation\"\x8e\x01\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
-	"\x04halt\x18\x04 \x01(\bR\x04halt\"g\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x13\n" +
+	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\"g\n" +
 	"\x11ScaleQueryRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +
@@ -6721,11 +6754,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
-	"\fto_partition\x18\x05 \x01(\x05R\vtoPartition\"D\n" +
+	"\fto_partition\x18\x05 \x01(\x05R\vtoPartition\"\x82\x01\n" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
 	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
-	"totalBytes\"\xa1\x01\n" +
+	"totalBytes\x12\x1c\n" +
+	"\tbulk_port\x18\xf6\x01 \x01(\rR\bbulkPort\x12\x1e\n" +
+	"\n" +
+	"bulk_token\x18\xf7\x01 \x01(\fR\tbulkToken\"\xa1\x01\n" +
 	"\tTokenInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04role\x18\x02 \x01(\tR\x04role\x12 \n" +

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker/runtime"
 )
 
@@ -24,19 +26,25 @@ const DefaultMoveStateMB = 64
 // The move benchmark's query: a blob source whose records carry a
 // distinct member (the record number before a 1000-byte payload) and a
 // key of 16 values, counted per key by count_distinct over sliding
-// windows of 2 s every 50 ms. Every member is held by each of the 40
+// windows of 2 s every 5 ms. Every member is held by each of the 400
 // open windows, so the state is large (about moveStateFactor seconds of
-// input bytes) while the output stays small (16 rows per 50 ms): the sink
+// input bytes) while the output stays small (16 rows per 5 ms): the sink
 // sees a result every slide, which is what a gap is measured against.
+// The sources' boundaries come every moveSlide too (the default interval
+// is 50 ms), so a window closes, and a result appears, every 5 ms: the
+// output rhythm is fine enough that a pause of a few milliseconds a move
+// adds shows, instead of hiding inside a 50 ms slide.
 const (
 	movePayload     = 1000
 	moveKeys        = 16
 	moveWindow      = 2 * time.Second
-	moveSlide       = 50 * time.Millisecond
+	moveSlide       = 5 * time.Millisecond
 	moveMemberBytes = movePayload + 10 // key encoding of one member
+	// moveWindows is how many windows are open at once.
+	moveWindows = int(moveWindow / moveSlide)
 	// moveStateFactor is Σ over the open windows of the input seconds
 	// each holds: window k of n = size/slide holds k slides.
-	moveStateFactor = 0.05 * 40 * 41 / 2
+	moveStateFactor = float64(moveSlide) / float64(time.Second) * float64(moveWindows*(moveWindows+1)) / 2
 	// moveReferenceSpeedup runs the unmoved reference run this many times
 	// faster than real time (same stimes, same results).
 	moveReferenceSpeedup = 4
@@ -53,8 +61,17 @@ type MoveConfig struct {
 	// Settle is how long the query runs undisturbed after the state is
 	// built and between the two moves (default 2s).
 	Settle time.Duration
-	Launch Launcher
-	Logger *slog.Logger
+	// Plaintext runs the workers' data plane, their snapshot transfers and
+	// the raw loopback baseline without TLS. By default all three use
+	// mutual TLS 1.3, as an org does: the move and the baseline it is
+	// compared with pay the same encryption.
+	Plaintext bool
+	// StreamSnapshots fetches the snapshots over the FetchSnapshot stream
+	// instead of a connection of their own (runtime.BulkOptions), to
+	// compare the two.
+	StreamSnapshots bool
+	Launch          Launcher
+	Logger          *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -66,8 +83,12 @@ type MoveResult struct {
 	StateMB       float64 `json:"state_mb"`
 	TargetStateMB int     `json:"target_state_mb"`
 	// LoopbackMBs is raw loopback TCP bandwidth (MiB/s) between two of the
-	// run's worker processes, sending as many bytes as the state.
+	// run's worker processes, sending as many bytes as the state, over a
+	// TLS connection made like the data plane's unless TLS is false.
 	LoopbackMBs float64 `json:"loopback_mb_s"`
+	// TLS says whether the data plane, the snapshot transfers and the
+	// loopback baseline ran over mutual TLS (the default) or plaintext.
+	TLS bool `json:"tls"`
 	// LiveGapMs and StopCopyGapMs are the longest intervals without a
 	// result at the sink around each move (from the move's request until
 	// every consumer reads the new copy, and the first result after).
@@ -103,6 +124,18 @@ type MoveResult struct {
 	LiveRestoreMs     float64 `json:"live_restore_ms"`
 	StopCopyFetchMs   float64 `json:"stopcopy_fetch_ms"`
 	StopCopyRestoreMs float64 `json:"stopcopy_restore_ms"`
+	// The serving side of each fetch (the old copy's worker): the task
+	// held while its state was captured, sorting and sizing the captured
+	// state, then encoding and sending it (overlapped) until the last
+	// byte was written; Bulk says whether the bytes crossed over a
+	// connection of their own (runtime.BulkOptions) rather than the
+	// FetchSnapshot stream.
+	LiveCaptureMs     float64 `json:"live_capture_ms"`
+	LivePrepareMs     float64 `json:"live_prepare_ms"`
+	LiveSendMs        float64 `json:"live_send_ms"`
+	LiveBulk          bool    `json:"live_bulk"`
+	StopCopyCaptureMs float64 `json:"stopcopy_capture_ms"`
+	StopCopySendMs    float64 `json:"stopcopy_send_ms"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
 	Lost       int `json:"lost"`
@@ -153,9 +186,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		}
 		cfg.Launch = l
 	}
-	rate := max(200, int(float64(cfg.StateMB<<20)/(moveMemberBytes*moveStateFactor)))
+	rate := max(20, int(float64(cfg.StateMB<<20)/(moveMemberBytes*moveStateFactor)))
 	records := int64(rate) * int64(cfg.Duration/time.Millisecond) / 1000
-	res := &MoveResult{TargetStateMB: cfg.StateMB, Rate: rate, Records: records}
+	res := &MoveResult{TargetStateMB: cfg.StateMB, Rate: rate, Records: records, TLS: !cfg.Plaintext}
 	m := &moveBench{cfg: cfg}
 
 	// The reference: the same input, unmoved, on a worker of its own,
@@ -166,6 +199,12 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		return nil, err
 	}
 
+	var ca *tlsutil.CA
+	if !cfg.Plaintext {
+		if ca, err = tlsutil.NewCA("bench"); err != nil {
+			return nil, err
+		}
+	}
 	for i := range m.w {
 		name := fmt.Sprintf("bench-move-worker-%d", i)
 		p, err := cfg.Launch(ctx, name)
@@ -174,7 +213,16 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		resp, err := m.w[i].call(ctx, request{Op: opHello})
+		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots}
+		if ca != nil {
+			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: name}, []string{"127.0.0.1"}, 24*time.Hour)
+			if err != nil {
+				m.stop()
+				return nil, err
+			}
+			hello.TLS = &tlsMaterial{CA: ca.CertPEM, Cert: cert, Key: key}
+		}
+		resp, err := m.w[i].call(ctx, hello)
 		if err != nil {
 			m.stop()
 			return nil, err
@@ -186,7 +234,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	if res.LoopbackMBs, err = m.loopback(ctx, cfg.StateMB<<20); err != nil {
 		return nil, err
 	}
-	m.progress("loopback TCP: %.0f MB/s", res.LoopbackMBs)
+	m.progress("loopback TCP (%s): %.0f MB/s", map[bool]string{true: "mutual TLS", false: "plaintext"}[res.TLS], res.LoopbackMBs)
 
 	if m.q, err = moveQuery("move", rate, records); err != nil {
 		return nil, err
@@ -247,6 +295,16 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	if b := st.Bootstrap; b != nil {
 		res.StopCopyFetchMs, res.StopCopyRestoreMs = ms(b.Fetch), ms(b.Restore)
 	}
+	if sv := st.Served; sv != nil {
+		res.LiveCaptureMs, res.LivePrepareMs, res.LiveSendMs, res.LiveBulk = ms(sv.Capture), ms(sv.Prepare), ms(sv.Send), sv.Bulk
+	}
+	st2, err := m.w[2].call(ctx, request{Op: opStats})
+	if err != nil {
+		return nil, err
+	}
+	if sv := st2.Served; sv != nil {
+		res.StopCopyCaptureMs, res.StopCopySendMs = ms(sv.Capture), ms(sv.Send)
+	}
 	if st.SnapshotBytes == 0 {
 		return nil, fmt.Errorf("%w: worker 1 served no snapshot: the live move did not transfer state", ErrMoveBench)
 	}
@@ -286,7 +344,7 @@ func (m *moveBench) referenceRun(ctx context.Context, rate int, records int64) (
 	}
 	w := newWorkerClient("bench-move-reference", p)
 	defer func() { _ = p.Stop() }()
-	resp, err := w.call(ctx, request{Op: opHello, SourceSpeedup: moveReferenceSpeedup})
+	resp, err := w.call(ctx, request{Op: opHello, SourceSpeedup: moveReferenceSpeedup, BoundaryInterval: moveSlide})
 	if err != nil {
 		return nil, err
 	}
@@ -378,10 +436,13 @@ func (m *moveBench) move(ctx context.Context, from, to int, halt bool) (moveTime
 	spec.Generation = old.Generation + 1
 	spec.Bootstrap = &runtime.SnapshotSource{WorkerAddr: old.WorkerAddr, TaskID: m.aggID, Generation: old.Generation, Halt: halt}
 	t.start = time.Now()
-	if _, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}}); err != nil {
+	ap, err := m.w[to].call(ctx, request{Op: opApply, Tasks: []runtime.TaskSpec{spec}})
+	if err != nil {
 		return t, err
 	}
 	t.started = time.Now()
+	m.progress("new copy applied: request to apply %s, apply %s, answer %s", time.Unix(0, ap.StartNanos).Sub(t.start).Round(time.Millisecond),
+		time.Duration(ap.EndNanos-ap.StartNanos).Round(time.Millisecond), t.started.Sub(time.Unix(0, ap.EndNanos)).Round(time.Millisecond))
 	// The new copy catches up: consumers switch once it has produced
 	// what the old copy has.
 	if err := m.caughtUp(ctx, from, to); err != nil {

@@ -24,6 +24,10 @@ func TestMoveInProcess(t *testing.T) {
 	if res.StateMB <= 0 || res.LoopbackMBs <= 0 || res.LiveMoveMs <= 0 || res.StopCopyMoveMs <= 0 || res.StopCopyGapMs <= 0 || res.MoveRatio <= 0 {
 		t.Fatalf("a figure is missing: %+v", *res)
 	}
+	// Like an org: mutual TLS, the snapshot over a connection of its own.
+	if !res.TLS || !res.LiveBulk {
+		t.Fatalf("tls %v, live snapshot over a bulk connection %v: want both", res.TLS, res.LiveBulk)
+	}
 	if !strings.Contains(progress.String(), "live move done") {
 		t.Fatalf("no progress reported:\n%s", progress.String())
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/fedstream/fedstream/worker/runtime"
 )
@@ -89,6 +90,13 @@ type request struct {
 	// SourceSpeedup runs the worker's generator sources this many times
 	// faster than their rate (hello; runtime.Options.SourceSpeedup).
 	SourceSpeedup int `json:"source_speedup,omitempty"`
+	// BoundaryInterval is the stime spacing of the sources' boundaries
+	// (hello; runtime.Options.BoundaryInterval, 0: its default of 50 ms).
+	BoundaryInterval time.Duration `json:"boundary_interval,omitempty"`
+	// StreamSnapshots makes the worker fetch snapshots over the
+	// FetchSnapshot stream only, never over a connection of their own
+	// (hello; runtime.BulkOptions.Disabled): for comparisons.
+	StreamSnapshots bool `json:"stream_snapshots,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
 }
@@ -128,6 +136,9 @@ type response struct {
 	// start from a fetched snapshot on it.
 	SnapshotBytes uint64                   `json:"snapshot_bytes,omitempty"`
 	Bootstrap     *runtime.BootstrapTiming `json:"bootstrap,omitempty"`
+	// Served is the timing of the latest snapshot the worker served
+	// (opStats).
+	Served *runtime.ServeTiming `json:"served,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

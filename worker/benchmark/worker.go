@@ -132,7 +132,7 @@ type engine struct {
 
 // newEngine starts a runtime and its DataPlane server on a free loopback
 // port. Without batching, every task-to-task message carries one tuple.
-func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials, speedup int) (*engine, error) {
+func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials, hello request) (*engine, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("bench worker: listen: %w", err)
@@ -156,11 +156,23 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	// larger byte bound for records this small.
 	opts := runtime.Options{
 		Logger: logger, Pool: pool, RetryMin: benchRetryMin, RetryMax: benchRetryMax,
-		SinkBufferTuples: sinkRingTuples, SourceSpeedup: speedup,
+		SinkBufferTuples: sinkRingTuples, SourceSpeedup: hello.SourceSpeedup, BoundaryInterval: hello.BoundaryInterval,
 		Buffer: dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
 	}
 	if !batching {
 		opts.MaxBatchBytes = 1 // every message carries exactly one tuple
+	}
+	// Snapshots cross over connections of their own, as a worker's do
+	// (see runtime.BulkOptions), with the same TLS as the data plane.
+	bulk, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = lis.Close()
+		return nil, fmt.Errorf("bench worker: listen: %w", err)
+	}
+	opts.Bulk.Listener, opts.Bulk.Disabled = bulk, hello.StreamSnapshots
+	if creds != nil {
+		peer := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
+		opts.Bulk.ServerTLS, opts.Bulk.ClientTLS = creds.ServerConfig(peer, false), creds.ClientConfig(peer)
 	}
 	e.rt = runtime.New(opts)
 	fedstreampb.RegisterDataPlaneServer(e.srv, e.rt.Server())
@@ -207,8 +219,9 @@ func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
 	}, nil
 }
 
-// hello starts the engines, with mutual TLS when m is not nil.
-func (w *benchWorker) hello(m *tlsMaterial, speedup int) error {
+// hello starts the engines, with mutual TLS when hello.TLS is set.
+func (w *benchWorker) hello(hello request) error {
+	m := hello.TLS
 	if w.batched != nil {
 		return errors.New("hello: the engines are already started")
 	}
@@ -229,10 +242,10 @@ func (w *benchWorker) hello(m *tlsMaterial, speedup int) error {
 	}
 	w.pool = dataplane.NewPool(dial...)
 	var err error
-	if w.batched, err = newEngine(w.log, w.pool, true, creds, speedup); err != nil {
+	if w.batched, err = newEngine(w.log, w.pool, true, creds, hello); err != nil {
 		return err
 	}
-	if w.unbatched, err = newEngine(w.log, w.pool, false, creds, speedup); err != nil {
+	if w.unbatched, err = newEngine(w.log, w.pool, false, creds, hello); err != nil {
 		return err
 	}
 	w.active = w.batched
@@ -261,7 +274,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	}
 	switch req.Op {
 	case opHello:
-		if err := w.hello(req.TLS, req.SourceSpeedup); err != nil {
+		if err := w.hello(req); err != nil {
 			return response{}, err
 		}
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
@@ -274,8 +287,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		}
 		return response{LastID: buf.Stats().LastID}, nil
 	case opStats:
-		b := w.batched.rt.LastBootstrap()
-		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b}, nil
+		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
+		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
@@ -295,7 +308,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 				return response{}, fmt.Errorf("task %s failed: %s", st.TaskID, st.Message)
 			}
 		}
-		return response{StartNanos: start.UnixNano()}, nil
+		return response{StartNanos: start.UnixNano(), EndNanos: time.Now().UnixNano()}, nil
 	case opTailStart:
 		spec, ok := w.specs[req.Task]
 		if !ok {

@@ -240,6 +240,9 @@ func ownedCopy(data mem.BufferSlice) []byte {
 const (
 	chunkFieldData  protowire.Number = 1
 	chunkFieldTotal protowire.Number = 2
+	// Fast snapshot transfer's offer (see runtime's bulk transfer).
+	chunkFieldBulkPort  protowire.Number = 246
+	chunkFieldBulkToken protowire.Number = 247
 )
 
 // marshalChunk encodes a SnapshotChunk without copying Data: a small
@@ -251,6 +254,14 @@ func marshalChunk(c *fedstreampb.SnapshotChunk) mem.BufferSlice {
 	if c.TotalBytes != 0 {
 		hdr = protowire.AppendTag(hdr, chunkFieldTotal, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, c.TotalBytes)
+	}
+	if c.BulkPort != 0 {
+		hdr = protowire.AppendTag(hdr, chunkFieldBulkPort, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, uint64(c.BulkPort))
+	}
+	if len(c.BulkToken) > 0 {
+		hdr = protowire.AppendTag(hdr, chunkFieldBulkToken, protowire.BytesType)
+		hdr = protowire.AppendBytes(hdr, c.BulkToken)
 	}
 	if len(c.Data) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(hdr)}
@@ -272,7 +283,14 @@ type SnapshotChunkInto struct {
 	TotalBytes uint64
 	Dst        []byte
 	MaxBytes   uint64
+	// BulkPort and BulkToken are the chunk's offer of a connection of its
+	// own for the snapshot's bytes (0 and nil when absent).
+	BulkPort  uint32
+	BulkToken []byte
 }
+
+// maxBulkToken bounds the token of a bulk transfer offer.
+const maxBulkToken = 64
 
 // ErrSnapshotOverflow means a snapshot chunk carried more bytes than
 // the snapshot's announced size leaves room for.
@@ -287,7 +305,7 @@ func unmarshalChunkInto(data mem.BufferSlice, c *SnapshotChunkInto) error {
 			cur.bufs = append(cur.bufs, d)
 		}
 	}
-	c.TotalBytes = 0
+	c.TotalBytes, c.BulkPort, c.BulkToken = 0, 0, nil
 	// early holds data that came before the total (a peer that encodes
 	// fields in number order) while Dst is not allocated yet.
 	var early []byte
@@ -308,6 +326,27 @@ func unmarshalChunkInto(data mem.BufferSlice, c *SnapshotChunkInto) error {
 				}
 				// Not zeroed: only what is received is ever read.
 				c.Dst = allocUncleared(int(c.TotalBytes))[:0]
+			}
+		case num == chunkFieldBulkPort && typ == protowire.VarintType:
+			v, err := cur.varint()
+			if err != nil {
+				return err
+			}
+			if v == 0 || v > 65535 {
+				return fmt.Errorf("%w: snapshot chunk offers port %d", ErrProtocol, v)
+			}
+			c.BulkPort = uint32(v)
+		case num == chunkFieldBulkToken && typ == protowire.BytesType:
+			n, err := cur.varint()
+			if err != nil {
+				return err
+			}
+			if n > maxBulkToken || n > uint64(cur.len()) {
+				return fmt.Errorf("%w: snapshot chunk token of %d bytes", ErrProtocol, n)
+			}
+			c.BulkToken = make([]byte, n)
+			if err := cur.read(c.BulkToken); err != nil {
+				return err
 			}
 		case num == chunkFieldData && typ == protowire.BytesType:
 			n, err := cur.varint()

@@ -101,3 +101,42 @@ func TestSnapshotChunkCodec(t *testing.T) {
 		t.Fatalf("a truncated chunk: %v, want ErrProtocol", err)
 	}
 }
+
+// TestSnapshotChunkBulkOffer: the offer of a connection of its own for a
+// snapshot's bytes (port and token, with the total) crosses in the
+// standard encoding and is read, frames split anywhere, by
+// SnapshotChunkInto, which allocates the buffer the bytes will fill; an
+// impossible port and an oversized token are refused.
+func TestSnapshotChunkBulkOffer(t *testing.T) {
+	c := newBatchCodec()
+	offer := &fedstreampb.SnapshotChunk{TotalBytes: 1 << 20, BulkPort: 40123, BulkToken: bytes.Repeat([]byte{7}, 16)}
+	bs, err := c.Marshal(offer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wire := bs.Materialize()
+	var std fedstreampb.SnapshotChunk
+	if err := proto.Unmarshal(wire, &std); err != nil || !proto.Equal(&std, offer) {
+		t.Fatalf("the standard decoder reads %v (%v), sent %v", &std, err, offer)
+	}
+	into := SnapshotChunkInto{MaxBytes: 2 << 20}
+	if err := c.Unmarshal(pieces(wire, 3), &into); err != nil {
+		t.Fatal(err)
+	}
+	if into.TotalBytes != 1<<20 || into.BulkPort != 40123 || !bytes.Equal(into.BulkToken, offer.BulkToken) || cap(into.Dst) != 1<<20 || len(into.Dst) != 0 {
+		t.Fatalf("offer read as total %d, port %d, token %x, buffer %d/%d", into.TotalBytes, into.BulkPort, into.BulkToken, len(into.Dst), cap(into.Dst))
+	}
+	for _, bad := range []*fedstreampb.SnapshotChunk{
+		{TotalBytes: 10, BulkPort: 70000, BulkToken: []byte{1}},
+		{TotalBytes: 10, BulkPort: 1, BulkToken: make([]byte, maxBulkToken+1)},
+	} {
+		wire, err := proto.Marshal(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		into := SnapshotChunkInto{MaxBytes: 100}
+		if err := c.Unmarshal(pieces(wire, 5), &into); !errors.Is(err, ErrProtocol) {
+			t.Fatalf("offer %v: %v, want ErrProtocol", bad, err)
+		}
+	}
+}

@@ -52,6 +52,12 @@ type accumulator struct {
 	sumF     float64
 	ext      tuple.Value
 	distinct map[string]struct{}
+	// distinctShared: distinct is shared with a frozen copy of the state
+	// (Freeze), which reads it while it is encoded: it is cloned before
+	// the next member is added, so the task never writes a map a frozen
+	// copy reads, and the freeze itself, which holds the task, clones
+	// nothing.
+	distinctShared bool
 }
 
 // aggGroup is one group of one window. keyVals are deep copies.
@@ -111,8 +117,22 @@ type aggregate struct {
 	// Empty (from == to) until the first tuple.
 	rangeFrom, rangeTo, kFrom, kTo int64
 	keyBuf                         []byte
-	valBuf                         []byte
-	out                            tuple.Tuple
+	// members holds, per aggregate (count_distinct only), the current
+	// tuple's member: its key encoding computed once per tuple, and the
+	// string allocated once, on its first insertion, and shared by every
+	// window the tuple goes to (a 2 s window sliding every 5 ms puts each
+	// tuple in 400 windows: one encoding and one allocation instead of
+	// 400 of each).
+	members []tupleMember
+	out     tuple.Tuple
+}
+
+// tupleMember is the current tuple's count_distinct member (see
+// aggregate.members); done is false until it is encoded for this tuple.
+type tupleMember struct {
+	enc  []byte
+	str  string
+	done bool
 }
 
 func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error) {
@@ -159,6 +179,7 @@ func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error)
 		a.specs = append(a.specs, spec)
 		fields = append(fields, tuple.Field{Name: spec.name, Kind: spec.out})
 	}
+	a.members = make([]tupleMember, len(a.specs))
 	fields = append(fields, tuple.Field{Name: WindowEndField, Kind: tuple.KindTimestamp})
 	for i := range checked {
 		a.checked = append(a.checked, i)
@@ -251,6 +272,9 @@ func (a *aggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
 		if err := a.checkIntSums(t); err != nil {
 			return err
 		}
+	}
+	for i := range a.members {
+		a.members[i].done = false
 	}
 	slot := -1 // computed once per tuple, when a group is created
 	for k := a.kFrom; k <= a.kTo; k++ {
@@ -399,12 +423,21 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 				acc.ext = cloneValue(v)
 			}
 		case aggCountDistinct:
-			a.valBuf = appendKeyValue(a.valBuf[:0], v)
+			m := &a.members[i]
+			if !m.done {
+				m.enc, m.str, m.done = appendKeyValue(m.enc[:0], v), "", true
+			}
 			if acc.distinct == nil {
 				acc.distinct = map[string]struct{}{}
 			}
-			if _, ok := acc.distinct[string(a.valBuf)]; !ok {
-				acc.distinct[string(a.valBuf)] = struct{}{}
+			if _, ok := acc.distinct[string(m.enc)]; !ok {
+				if acc.distinctShared {
+					acc.distinct, acc.distinctShared = maps.Clone(acc.distinct), false
+				}
+				if m.str == "" { // a key encoding is never empty
+					m.str = string(m.enc)
+				}
+				acc.distinct[m.str] = struct{}{}
 			}
 		}
 	}
@@ -543,9 +576,11 @@ func (a *aggregate) views(copyGroups bool) []windowView {
 				c.keyVals, c.tentative = g.keyVals, g.tentative
 				c.accs = accs[j*len(a.specs) : (j+1)*len(a.specs) : (j+1)*len(a.specs)]
 				copy(c.accs, g.accs)
-				for x := range c.accs {
-					if d := c.accs[x].distinct; d != nil {
-						c.accs[x].distinct = maps.Clone(d)
+				// count_distinct sets are shared, not cloned here: the
+				// task clones one before it adds to it (distinctShared).
+				for x := range g.accs {
+					if g.accs[x].distinct != nil {
+						g.accs[x].distinctShared = true
 					}
 				}
 				g = c
@@ -604,13 +639,16 @@ func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowVie
 	for _, n := range sizes {
 		total += n
 	}
-	return &Encoding{Size: total, write: func(emit func([]byte) error) error {
+	return &Encoding{Size: total, write: func(emit func([]byte) error, transient bool) error {
 		if err := emit(head); err != nil {
 			return err
 		}
-		return writeParallel(len(views), func(i int) []byte {
+		return writeParallel(len(views), transient, func(i int, buf []byte) []byte {
 			v := views[i]
-			e := encoder{b: bufferOf(sizes[i])}
+			if cap(buf) < sizes[i] {
+				buf = bufferOf(sizes[i])
+			}
+			e := encoder{b: buf[:0]}
 			e.varint(v.start)
 			e.uvarint(uint64(len(v.groups)))
 			for k, kg := range v.groups {

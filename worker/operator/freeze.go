@@ -49,19 +49,29 @@ func FreezeOf(op Operator) func() ([]byte, error) {
 // sent, instead of being gathered into one buffer.
 type Encoding struct {
 	// Size is the encoding's length: the parts Write emits add up to it.
-	Size  int
-	write func(emit func([]byte) error) error
+	Size int
+	// write emits the parts; with transient, a part is only valid until
+	// emit returns (its buffer may be reused for a later part).
+	write func(emit func([]byte) error, transient bool) error
 }
 
 // Write calls emit with each consecutive part of the encoding
 // (concatenated, byte for byte Snapshot's encoding at the freeze), in
 // order, and stops at the first error emit returns. The parts are never
-// modified afterwards: emit may keep them. Call it once.
-func (e *Encoding) Write(emit func([]byte) error) error { return e.write(emit) }
+// modified afterwards: emit may keep them. Call it, or WriteTransient,
+// once.
+func (e *Encoding) Write(emit func([]byte) error) error { return e.write(emit, false) }
+
+// WriteTransient is Write for an emit that keeps no part once it returns
+// (it copies or sends it): the encoding may then reuse a few buffers for
+// all its parts instead of allocating one per part, so a large state is
+// encoded through memory that stays in cache, without allocating (and
+// making the garbage collector reclaim) its whole size.
+func (e *Encoding) WriteTransient(emit func([]byte) error) error { return e.write(emit, true) }
 
 // BytesEncoding is the Encoding of a state already encoded.
 func BytesEncoding(b []byte) *Encoding {
-	return &Encoding{Size: len(b), write: func(emit func([]byte) error) error { return emit(b) }}
+	return &Encoding{Size: len(b), write: func(emit func([]byte) error, _ bool) error { return emit(b) }}
 }
 
 // encodingFreezer is a Freezer whose frozen state is encoded as an
@@ -133,14 +143,14 @@ func (c *chain) freezeEncoding() func() (*Encoding, error) {
 			encs[i] = enc
 			size += uvarintSize(uint64(enc.Size)) + enc.Size
 		}
-		return &Encoding{Size: size, write: func(emit func([]byte) error) error {
+		return &Encoding{Size: size, write: func(emit func([]byte) error, transient bool) error {
 			prefix := binary.AppendUvarint(nil, uint64(len(encs)))
 			for _, enc := range encs {
 				if err := emit(binary.AppendUvarint(prefix, uint64(enc.Size))); err != nil {
 					return err
 				}
 				prefix = nil
-				if err := enc.Write(emit); err != nil {
+				if err := enc.write(emit, transient); err != nil {
 					return err
 				}
 			}
@@ -150,8 +160,9 @@ func (c *chain) freezeEncoding() func() (*Encoding, error) {
 }
 
 // Freeze copies the open windows' groups into lists (accumulators by
-// value, count_distinct member sets as new maps of the same strings; no
-// map of groups is rebuilt); the lists are sorted and encoded later.
+// value; count_distinct member sets shared, the task cloning one before
+// it next adds to it; no map of groups is rebuilt); the lists are sorted
+// and encoded later.
 func (a *aggregate) Freeze() func() ([]byte, error) { return FreezeOf(a) }
 
 // freezeEncoding is Freeze with the encoding as an Encoding: the header,
@@ -183,6 +194,7 @@ func encodeParallel(n int, encode func(i int)) {
 					return
 				}
 				encode(mine)
+				runtime.Gosched() // as in writeParallel
 			}
 		}()
 	}
@@ -193,13 +205,21 @@ func encodeParallel(n int, encode func(i int)) {
 // goroutines and emits them in index order, each as soon as it and all
 // before it are encoded, so that emitting (sending) overlaps encoding. It
 // stops encoding at the first error of emit, and returns once every
-// goroutine it started has returned.
-func writeParallel(n int, encode func(i int) []byte, emit func([]byte) error) error {
+// goroutine it started has returned. encode(i, buf) appends part i to
+// buf[:0] (nil: a buffer of its own). With reuse, the parts are encoded
+// into a few buffers that go round: a part's buffer is encoded into again
+// once emit has returned (transient parts, Encoding.WriteTransient).
+func writeParallel(n int, reuse bool, encode func(i int, buf []byte) []byte, emit func([]byte) error) error {
 	workers := min(n, runtime.GOMAXPROCS(0))
 	if workers <= 1 {
+		var buf []byte
 		for i := range n {
-			if err := emit(encode(i)); err != nil {
+			p := encode(i, buf)
+			if err := emit(p); err != nil {
 				return err
+			}
+			if reuse {
+				buf = p
 			}
 		}
 		return nil
@@ -209,22 +229,51 @@ func writeParallel(n int, encode func(i int) []byte, emit func([]byte) error) er
 	for i := range done {
 		done[i] = make(chan struct{})
 	}
+	// free holds the buffers an encoder may take (reuse): one per
+	// encoder and one more, so that an encoder can go on while the part
+	// before is emitted.
+	var free chan []byte
+	if reuse {
+		free = make(chan []byte, workers+1)
+		for range workers + 1 {
+			free <- nil
+		}
+	}
 	var next atomic.Int64
 	var stop atomic.Bool
+	quit := make(chan struct{})
 	var wg sync.WaitGroup
 	defer wg.Wait()
+	defer close(quit)
 	defer stop.Store(true)
 	for range workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for !stop.Load() {
+				var buf []byte
+				if reuse {
+					// Taken before the part: parts are handed out in
+					// order, so the buffers go to the earliest parts and
+					// the emitter never waits for one.
+					select {
+					case buf = <-free:
+					case <-quit:
+						return
+					}
+				}
 				mine := int(next.Add(1) - 1)
 				if mine >= n {
 					return
 				}
-				parts[mine] = encode(mine)
+				parts[mine] = encode(mine, buf)
 				close(done[mine])
+				// A live snapshot is encoded while its task goes on: let
+				// the task's goroutines, woken by new input, run between
+				// two parts instead of waiting for the scheduler to
+				// preempt an encoder (up to 10 ms, a pause in the task's
+				// output where both cores encode).
+				runtime.Gosched()
 			}
 		}()
 	}
@@ -232,6 +281,9 @@ func writeParallel(n int, encode func(i int) []byte, emit func([]byte) error) er
 		<-done[i]
 		if err := emit(parts[i]); err != nil {
 			return err
+		}
+		if reuse {
+			free <- parts[i]
 		}
 		parts[i] = nil
 	}

@@ -132,6 +132,7 @@ func TestEncodingIsSizedExactly(t *testing.T) {
 			t.Fatal(err)
 		}
 		prepare := FreezeEncodingOf(op)
+		prepareTransient := FreezeEncodingOf(op)
 		if err := op.Process(0, conn(30, "later", 1, 1, true), &out); err != nil {
 			t.Fatal(err)
 		}
@@ -150,6 +151,19 @@ func TestEncodingIsSizedExactly(t *testing.T) {
 		}
 		if parts < 3 {
 			t.Fatalf("chained %v: %d parts: the windows were not written one by one", chained, parts)
+		}
+		// Written with transient parts (buffers reused), byte for byte the
+		// same.
+		encT, err := prepareTransient()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotT []byte
+		if err := encT.WriteTransient(func(p []byte) error { gotT = append(gotT, p...); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(gotT, want) {
+			t.Fatalf("chained %v: transient encoding of %d bytes differs from the snapshot at the freeze (%d bytes)", chained, len(gotT), len(want))
 		}
 		copied, err := New(aggDef("10ns", "5ns", []string{"ok"}, aggs...), []*tuple.Schema{connSchema})
 		if err != nil {
@@ -182,47 +196,114 @@ func TestEncodingIsSizedExactly(t *testing.T) {
 // TestWriteParallelStopsAtEmitError: parts are emitted in index order
 // however the encoders finish, and an emit error (a snapshot stream that
 // broke off) ends Write with that error: nothing is emitted after it, and
-// no encoder runs once Write has returned.
+// no encoder runs once Write has returned. With reuse (transient parts),
+// the same holds and the parts are encoded into a few buffers that go
+// round instead of one each.
 func TestWriteParallelStopsAtEmitError(t *testing.T) {
-	const n = 64
-	var encoded atomic.Int64
-	encode := func(i int) []byte {
-		encoded.Add(1)
-		if i%3 == 0 {
-			goruntime.Gosched() // finish out of order
+	for _, reuse := range []bool{false, true} {
+		const n = 64
+		var encoded atomic.Int64
+		encode := func(i int, buf []byte) []byte {
+			encoded.Add(1)
+			if i%3 == 0 {
+				goruntime.Gosched() // finish out of order
+			}
+			return append(buf[:0], byte(i), byte(i))
 		}
-		return []byte{byte(i)}
+		var got []byte
+		buffers := map[*byte]bool{}
+		if err := writeParallel(n, reuse, encode, func(p []byte) error {
+			got = append(got, p[0])
+			if p[1] != p[0] {
+				t.Errorf("reuse %v: part %d overwritten before it was emitted", reuse, p[0])
+			}
+			buffers[&p[0]] = true
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for i, b := range got {
+			if int(b) != i {
+				t.Fatalf("reuse %v: part %d emitted at position %d", reuse, b, i)
+			}
+		}
+		if len(got) != n {
+			t.Fatalf("reuse %v: %d parts emitted, want %d", reuse, len(got), n)
+		}
+		if most := goruntime.GOMAXPROCS(0) + 1; reuse && len(buffers) > most {
+			t.Fatalf("%d buffers for %d transient parts, want at most %d", len(buffers), n, most)
+		}
+		broken := errors.New("stream broke off")
+		encoded.Store(0)
+		emitted := 0
+		err := writeParallel(n, reuse, encode, func([]byte) error {
+			if emitted++; emitted == 3 {
+				return broken
+			}
+			return nil
+		})
+		if !errors.Is(err, broken) {
+			t.Fatalf("reuse %v: Write after an emit error: %v, want it", reuse, err)
+		}
+		if emitted != 3 {
+			t.Fatalf("reuse %v: %d parts emitted, want the emit error to end it at 3", reuse, emitted)
+		}
+		after := encoded.Load()
+		goruntime.Gosched()
+		if encoded.Load() != after {
+			t.Fatalf("reuse %v: encoders still ran after Write returned", reuse)
+		}
 	}
-	var got []byte
-	if err := writeParallel(n, encode, func(p []byte) error { got = append(got, p...); return nil }); err != nil {
+}
+
+// TestFreezeSharesDistinctSets: freezing an aggregate (which holds its
+// task) copies no count_distinct set; the task clones a set before it
+// adds to it, so the frozen encoding is still the state at the freeze
+// after members were added to every group.
+func TestFreezeSharesDistinctSets(t *testing.T) {
+	const groups = 500
+	op, err := New(aggDef("1h", "", []string{"port"}, "d=count_distinct(src)"), []*tuple.Schema{connSchema})
+	if err != nil {
 		t.Fatal(err)
 	}
-	for i, b := range got {
-		if int(b) != i {
-			t.Fatalf("part %d emitted at position %d", b, i)
+	var out discard
+	add := func(round int) {
+		for g := range groups {
+			if err := op.Process(0, conn(int64(round), fmt.Sprintf("m%d-%d", round, g), int64(g), 0, true), &out); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	if len(got) != n {
-		t.Fatalf("%d parts emitted, want %d", len(got), n)
+	add(0)
+	add(1)
+	want, err := op.Snapshot()
+	if err != nil {
+		t.Fatal(err)
 	}
-	broken := errors.New("stream broke off")
-	encoded.Store(0)
-	emitted := 0
-	err := writeParallel(n, encode, func([]byte) error {
-		if emitted++; emitted == 3 {
-			return broken
+	if allocs := testing.AllocsPerRun(5, func() { FreezeEncodingOf(op) }); allocs > groups/10 {
+		t.Fatalf("%.0f allocations to freeze %d groups: their count_distinct sets are copied", allocs, groups)
+	}
+	prepare := FreezeEncodingOf(op)
+	// Encoded while the task goes on adding to every group's set (go
+	// test -race: the task never writes a map the encoding reads).
+	var got []byte
+	encoded := make(chan error, 1)
+	go func() {
+		enc, err := prepare()
+		if err == nil {
+			err = enc.Write(func(p []byte) error { got = append(got, p...); return nil })
 		}
-		return nil
-	})
-	if !errors.Is(err, broken) {
-		t.Fatalf("Write after an emit error: %v, want it", err)
+		encoded <- err
+	}()
+	add(2)
+	if err := <-encoded; err != nil {
+		t.Fatal(err)
 	}
-	if emitted != 3 {
-		t.Fatalf("%d parts emitted, want the emit error to end it at 3", emitted)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("frozen encoding of %d bytes differs from the state at the freeze (%d bytes): a set shared with the frozen copy was written", len(got), len(want))
 	}
-	after := encoded.Load()
-	goruntime.Gosched()
-	if encoded.Load() != after {
-		t.Fatal("encoders still ran after Write returned")
+	now, _ := op.Snapshot()
+	if bytes.Equal(now, want) {
+		t.Fatal("the members added after the freeze are missing from the live state")
 	}
 }

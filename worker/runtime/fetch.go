@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -77,45 +78,85 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	prepared := time.Now()
 	head, rest := snap.marshalAround(enc != nil, encSize(enc))
 	total := len(head) + encSize(enc) + len(rest)
-	// Pieces of at most size bytes are sent as they are (the data plane's
-	// codec does not copy them), the operator state's as it is encoded:
-	// its size is known first, so the total is announced with the first
-	// piece and the transfer overlaps the encoding.
-	size := s.r.opts.SnapshotChunkBytes
-	chunks := 0
-	first := true
-	send := func(part []byte) error {
-		for off := 0; off < len(part); off += size {
-			chunk := &fedstreampb.SnapshotChunk{Data: part[off:min(off+size, len(part))]}
-			if first {
-				chunk.TotalBytes = uint64(total)
-				first = false
-			}
-			if err := stream.Send(chunk); err != nil {
-				return err
-			}
-			chunks++
-		}
-		return nil
-	}
-	if err := send(head); err != nil {
-		return err
-	}
-	if enc != nil {
-		sent := 0
-		if err := enc.Write(func(p []byte) error { sent += len(p); return send(p) }); err != nil {
+	// write emits the whole encoding in consecutive parts, the operator
+	// state's as it is encoded: its size is known first, so the total is
+	// announced before the first part and the transfer overlaps the
+	// encoding.
+	// With transient, emit keeps no part once it returns (a bulk
+	// connection's writes copy them), so the encoding reuses a few
+	// buffers instead of allocating the state's whole size.
+	write := func(emit func([]byte) error, transient bool) error {
+		if err := emit(head); err != nil {
 			return err
 		}
-		if sent != enc.Size {
-			return status.Errorf(codes.Internal, "task %s: operator state encoded in %d bytes, announced %d", t.spec.TaskID, sent, enc.Size)
+		if enc != nil {
+			sent := 0
+			counted := func(p []byte) error { sent += len(p); return emit(p) }
+			var err error
+			if transient {
+				err = enc.WriteTransient(counted)
+			} else {
+				err = enc.Write(counted)
+			}
+			if err != nil {
+				return err
+			}
+			if sent != enc.Size {
+				return status.Errorf(codes.Internal, "task %s: operator state encoded in %d bytes, announced %d", t.spec.TaskID, sent, enc.Size)
+			}
+		}
+		return emit(rest)
+	}
+	chunks := 0
+	bsrv := s.r.bulkSrv.Load()
+	bulk := req.Bulk && bsrv != nil
+	if bulk {
+		// Over a connection of its own (bulk.go): the offer, then the
+		// bytes there.
+		token, conns, cancel, err := bsrv.offer()
+		if err != nil {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		defer cancel()
+		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
+			return err
+		}
+		if err := serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
+			if status.Code(err) == codes.Internal {
+				return err
+			}
+			return status.Errorf(codes.Unavailable, "task %s: snapshot over the bulk connection: %v", t.spec.TaskID, err)
+		}
+	} else {
+		// Pieces of at most size bytes are sent as they are (the data
+		// plane's codec does not copy them).
+		size := s.r.opts.SnapshotChunkBytes
+		first := true
+		send := func(part []byte) error {
+			for off := 0; off < len(part); off += size {
+				chunk := &fedstreampb.SnapshotChunk{Data: part[off:min(off+size, len(part))]}
+				if first {
+					chunk.TotalBytes = uint64(total)
+					first = false
+				}
+				if err := stream.Send(chunk); err != nil {
+					return err
+				}
+				chunks++
+			}
+			return nil
+		}
+		if err := write(send, false); err != nil {
+			return err
 		}
 	}
-	if err := send(rest); err != nil {
-		return err
+	if bulk {
+		s.r.bulkServed.Add(1)
 	}
+	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: time.Since(prepared)})
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
-	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "took", time.Since(began),
+	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "bulk", bulk, "took", time.Since(began),
 		"capture", captured.Sub(began), "prepare", prepared.Sub(captured), "encode_and_send", time.Since(prepared))
 	return nil
 }
@@ -158,15 +199,39 @@ func (r *Runtime) StartedFromSnapshot(taskID string) bool {
 // has served (moves out of it, peers bootstrapped from it).
 func (r *Runtime) SnapshotsServed() uint64 { return r.snapshotsServed.Load() }
 
+// SnapshotsServedBulk is how many of SnapshotsServed crossed over a
+// connection of their own (fast snapshot transfer, BulkOptions).
+func (r *Runtime) SnapshotsServedBulk() uint64 { return r.bulkServed.Load() }
+
 // SnapshotBytesServed is the total encoded size of the task snapshots this
 // runtime's FetchSnapshot has served.
 func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 
 // FetchSnapshot asks the worker behind conn for a snapshot of one copy of
-// a task (see the DataPlane FetchSnapshot RPC) and decodes it.
+// a task (see the DataPlane FetchSnapshot RPC) and decodes it. Its bytes
+// come over the call's stream (Runtime fetches them over a connection of
+// their own where the serving worker offers one: fetchSnapshot).
 func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
+	return fetchSnapshot(ctx, conn, "", req, nil)
+}
+
+// fetchSnapshot is FetchSnapshot from the worker at addr asking, with
+// bulk, for the bytes over a connection of their own (bulk.go). When that
+// connection cannot be made, it fetches again over the stream.
+func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
+	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli)
+	if errors.Is(err, errBulkConnect) && ctx.Err() == nil {
+		r.log.Warn("fast snapshot transfer failed: fetching over the data plane stream", "task", req.TaskId, "worker", addr, "err", err)
+		snap, err = fetchSnapshot(ctx, conn, addr, req, nil)
+	}
+	return snap, err
+}
+
+func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient) (*TaskSnapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	req = proto.CloneOf(req)
+	req.Bulk = bulk != nil
 	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req, dataplane.SnapshotCallOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
@@ -193,6 +258,30 @@ func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *feds
 		if first {
 			total = chunk.TotalBytes
 		}
+		if chunk.BulkPort == 0 {
+			continue
+		}
+		// The bytes come over a connection of their own: only the first
+		// message may offer it, and only when asked.
+		if !first || bulk == nil || len(chunk.Dst) != 0 {
+			return nil, fmt.Errorf("%w: %s: unexpected offer of a bulk connection", ErrSnapshotTransfer, req.TaskId)
+		}
+		dst := chunk.Dst[:total]
+		if err := bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst); err != nil {
+			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+		}
+		chunk.Dst = dst
+		// The call ends once the server has written everything; an
+		// error there (or more data) means the bytes are not to be
+		// trusted.
+		var extra dataplane.SnapshotChunkInto
+		if err := stream.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+			if err == nil {
+				err = errors.New("data after the bulk transfer")
+			}
+			return nil, fmt.Errorf("%w: %s: %w", ErrSnapshotTransfer, req.TaskId, err)
+		}
+		break
 	}
 	enc := chunk.Dst
 	if uint64(len(enc)) != total || total == 0 {

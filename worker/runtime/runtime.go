@@ -292,6 +292,12 @@ type Options struct {
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
+	// Bulk configures fast snapshot transfer: snapshots served and
+	// fetched over connections of their own (see BulkOptions). Zero:
+	// this runtime serves snapshots over the FetchSnapshot stream only,
+	// and fetches them over plaintext connections from workers that
+	// offer them.
+	Bulk BulkOptions
 }
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
@@ -341,17 +347,26 @@ type Runtime struct {
 	// snapshotBytes their encoded bytes (SnapshotBytesServed).
 	snapshotsServed atomic.Uint64
 	snapshotBytes   atomic.Uint64
+	// bulkServed counts the snapshots served over a connection of their
+	// own (SnapshotsServedBulk).
+	bulkServed atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
 	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
 	bootMu        sync.Mutex
 	lastBootstrap BootstrapTiming
+	// lastServed is the timing of the latest snapshot served (LastServed).
+	lastServed ServeTiming
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
+	// bulkSrv serves snapshots over connections of their own (nil: not
+	// offered); bulkCli fetches them so (nil: never asked for).
+	bulkSrv atomic.Pointer[bulkServer]
+	bulkCli *bulkClient
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -376,6 +391,12 @@ func New(opts Options) *Runtime {
 	}
 	sopts := append([]dataplane.ServerOption{dataplane.WithMaxBatchBytes(opts.MaxBatchBytes)}, opts.ServerOptions...)
 	r.server = dataplane.NewServer(resolver{r}, ingester{r}, r.log, sopts...)
+	if opts.Bulk.Listener != nil {
+		if err := r.ServeBulk(opts.Bulk.Listener, opts.Bulk.ServerTLS); err != nil {
+			r.log.Error("fast snapshot transfer not offered", "err", err)
+		}
+	}
+	r.bulkCli = newBulkClient(opts.Bulk)
 	r.stopWatch, r.watchDone = make(chan struct{}), make(chan struct{})
 	go r.watch()
 	return r
@@ -526,7 +547,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				if err != nil {
 					return nil, err
 				}
-				return FetchSnapshot(fctx, conn, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
+				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
 			}
 			// A transfer that broke off is tried again (a halted copy gives
 			// the same snapshot again); a refusal is final.
@@ -600,6 +621,7 @@ func (r *Runtime) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	close(r.stopWatch)
 	<-r.watchDone
+	r.bulkSrv.Load().close()
 
 	done := make(chan struct{})
 	go func() {
@@ -732,6 +754,33 @@ func (r *Runtime) noteBootstrap(b BootstrapTiming) {
 	r.bootMu.Lock()
 	defer r.bootMu.Unlock()
 	r.lastBootstrap = b
+}
+
+// ServeTiming is where the latest snapshot this runtime served
+// (FetchSnapshot) spent its time.
+type ServeTiming struct {
+	Task  string
+	Bytes int
+	// Bulk: sent over a connection of its own (BulkOptions).
+	Bulk bool
+	// Capture is the task held while its state was captured, Prepare
+	// sorting and sizing the captured state, Send encoding and sending
+	// it (they overlap) until the last byte was written.
+	Capture, Prepare, Send time.Duration
+}
+
+// LastServed reports the timing of the latest snapshot served (zero
+// before any).
+func (r *Runtime) LastServed() ServeTiming {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	return r.lastServed
+}
+
+func (r *Runtime) noteServed(s ServeTiming) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	r.lastServed = s
 }
 
 func (r *Runtime) noteRestore(task string, d time.Duration) {

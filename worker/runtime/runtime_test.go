@@ -70,6 +70,12 @@ func startWorkerOpts(t testing.TB, pool *dataplane.Pool, opts Options) *worker {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	opts.Logger, opts.Pool = log, pool
+	if opts.Bulk.Listener == nil && !opts.Bulk.Disabled {
+		// Snapshots cross over connections of their own, as a worker's do.
+		if opts.Bulk.Listener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	w := &worker{
 		rt:   New(opts),
 		addr: lis.Addr().String(),

@@ -1,0 +1,297 @@
+package runtime
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/tlsutil"
+)
+
+// TestFetchSnapshotBulk: a worker that offers fast snapshot transfer sends
+// a snapshot over a connection of its own, and it arrives equal to the
+// snapshot taken locally; a fetcher that cannot make that connection (it
+// is refused, or never answers) gets it over the stream instead, and so
+// does one that does not ask.
+func TestFetchSnapshotBulk(t *testing.T) {
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: time.Millisecond})
+	defer c.close(t)
+	c.apply()
+	c.tail(t, "wc/out/p0/r0") // the whole input processed: the state no longer changes
+	w := c.workers[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	local, err := w.rt.SnapshotTask(ctx, "wc/counts/p0/r0", SnapshotOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := local.MarshalBinary()
+	conn, err := c.pool.Conn(w.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	req := &fedstreampb.FetchSnapshotRequest{Query: "wc", TaskId: "wc/counts/p0/r0", Generation: 1}
+	for _, tc := range []struct {
+		name     string
+		bulk     BulkOptions
+		wantBulk uint64 // snapshots served in bulk after the fetch
+	}{
+		{"bulk", BulkOptions{}, 1},
+		{"bulk connection refused", BulkOptions{Dial: func(context.Context, string) (net.Conn, error) {
+			return nil, errors.New("no route")
+		}}, 1},
+		{"bulk connection never answers", BulkOptions{DialTimeout: 50 * time.Millisecond, Dial: func(ctx context.Context, _ string) (net.Conn, error) {
+			<-ctx.Done() // a port a firewall drops silently
+			return nil, ctx.Err()
+		}}, 1},
+		{"not asked", BulkOptions{Disabled: true}, 1},
+	} {
+		fetcher := New(Options{Logger: log, Pool: c.pool, Bulk: tc.bulk})
+		got, err := fetcher.fetchSnapshot(ctx, conn, w.addr, req)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		enc, _ := got.MarshalBinary()
+		if !bytes.Equal(enc, want) {
+			t.Fatalf("%s: fetched snapshot (%d bytes) differs from the local one (%d bytes)", tc.name, len(enc), len(want))
+		}
+		if n := w.rt.SnapshotsServedBulk(); n != tc.wantBulk {
+			t.Fatalf("%s: %d snapshots served in bulk, want %d", tc.name, n, tc.wantBulk)
+		}
+		if err := fetcher.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := w.rt.SnapshotsServed(); n != 4 {
+		t.Fatalf("SnapshotsServed = %d, want 4", n)
+	}
+}
+
+// TestBulkTokens: a bulk connection is handed to the offer whose token it
+// presents, once; an unknown token, a token used twice and a withdrawn
+// offer are refused (the connection is closed without a byte).
+func TestBulkTokens(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b, err := newBulkServer(lis, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	present := func(token []byte) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(token); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	refused := func(what string, c net.Conn) {
+		t.Helper()
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil || n != 0 {
+			t.Fatalf("%s: connection not refused (read %d, %v)", what, n, err)
+		} else if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("%s: connection left open", what)
+		}
+	}
+	token, conns, cancel, err := b.offer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknown := make([]byte, bulkTokenBytes)
+	_, _ = rand.Read(unknown)
+	refused("unknown token", present(unknown))
+	c := present(token)
+	defer c.Close()
+	select {
+	case got := <-conns:
+		defer got.Close()
+		if _, err := got.Write([]byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		buf := make([]byte, 1)
+		if _, err := io.ReadFull(c, buf); err != nil || buf[0] != 'x' {
+			t.Fatalf("the handed-over connection does not reach the client: %q %v", buf, err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the connection presenting the token was not handed over")
+	}
+	refused("token used twice", present(token))
+	cancel()
+	token2, _, cancel2, err := b.offer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel2()
+	refused("withdrawn offer", present(token2))
+}
+
+// TestBulkTLS: over TLS, a bulk connection needs a worker certificate of
+// the org, as FetchSnapshot does; a client's certificate is refused.
+func TestBulkTLS(t *testing.T) {
+	ca, err := tlsutil.NewCA("org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds := func(role, name string) *tlsutil.Credentials {
+		cert, key, err := ca.Issue(rpc.Identity{Org: "org", Role: role, Name: name}, []string{"127.0.0.1"}, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := tlsutil.New(ca.CertPEM)
+		if err == nil {
+			err = c.SetCertificate(cert, key)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	workers := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b, err := newBulkServer(lis, creds(rpc.RoleWorker, "server").ServerConfig(workers, false), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	data := make([]byte, 3<<20)
+	_, _ = rand.Read(data)
+	for _, tc := range []struct {
+		role string
+		ok   bool
+	}{{rpc.RoleWorker, true}, {rpc.RoleClient, false}} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		token, conns, withdraw, err := b.offer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		served := make(chan error, 1)
+		go func() {
+			served <- serveBulk(ctx, conns, func(emit func([]byte) error) error {
+				if err := emit(data[:1<<20]); err != nil {
+					return err
+				}
+				return emit(data[1<<20:])
+			})
+		}()
+		cli := newBulkClient(BulkOptions{ClientTLS: creds(tc.role, "fetcher").ClientConfig(workers)})
+		dst := make([]byte, len(data))
+		err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst)
+		if tc.ok && (err != nil || !bytes.Equal(dst, data)) {
+			t.Fatalf("worker certificate: %v (equal %v)", err, bytes.Equal(dst, data))
+		}
+		if !tc.ok && err == nil {
+			t.Fatalf("%s certificate: the snapshot's bytes were received", tc.role)
+		}
+		cancel()
+		if err := <-served; tc.ok && err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+		withdraw()
+	}
+}
+
+// writeSizes is a connection that records the size of every write.
+type writeSizes struct {
+	net.Conn
+	sizes []int
+}
+
+func (w *writeSizes) Write(p []byte) (int, error) {
+	w.sizes = append(w.sizes, len(p))
+	return len(p), nil
+}
+func (w *writeSizes) Close() error { return nil }
+
+// TestServeBulkWritesInPieces: a part of many MB (a halted snapshot's
+// whole state) reaches the connection in writes of at most bulkWriteBytes,
+// so that over TLS it is not encrypted into one buffer of its size before
+// anything is sent.
+func TestServeBulkWritesInPieces(t *testing.T) {
+	conn := &writeSizes{}
+	conns := make(chan net.Conn, 1)
+	conns <- conn
+	part := make([]byte, 5*bulkWriteBytes+7)
+	if err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
+		t.Fatal(err)
+	}
+	total := 0
+	for _, n := range conn.sizes {
+		if n > bulkWriteBytes {
+			t.Fatalf("a write of %d bytes, want at most %d", n, bulkWriteBytes)
+		}
+		total += n
+	}
+	if total != len(part) {
+		t.Fatalf("%d bytes written, want %d", total, len(part))
+	}
+}
+
+// TestBulkCloseDoesNotWaitForSilentConnections: a connection that never
+// presents its token does not hold the runtime's Close for the handshake
+// deadline (bulkHandshakeTimeout): close closes it.
+func TestBulkCloseDoesNotWaitForSilentConnections(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b, err := newBulkServer(lis, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Wait until the server holds the connection.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		b.mu.Lock()
+		n := len(b.shaking)
+		b.mu.Unlock()
+		if n == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was never accepted")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { b.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(bulkHandshakeTimeout / 2):
+		t.Fatalf("close waited for a silent connection's handshake deadline (%s)", bulkHandshakeTimeout)
+	}
+}
