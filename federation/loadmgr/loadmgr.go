@@ -259,11 +259,8 @@ type pendingRecord struct {
 
 // New returns the manager of org. sample measures the org; mover moves
 // tasks across orgs.
-//
-// WIRING POINT (issue 11 item 6): the coordinator passes its Server as
-// mover once the cross-org task move is merged; until then it passes a
-// Mover that refuses every move, and the manager only measures, quotes,
-// answers offers and auto-accepts.
+// The coordinator passes its Server as mover (the cross-org live task
+// move).
 func New(cfg Config, org *federation.Org, sample Sampler, mover Mover, log *slog.Logger) (*Manager, error) {
 	cfg, err := cfg.Defaults()
 	if err != nil {
