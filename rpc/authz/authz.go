@@ -165,6 +165,9 @@ var Methods = map[string]Need{
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
 	// Rescaling a query changes placements and slot maps.
 	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
+	// The health manager's action log and blacklist are read-only views.
+	pb.HealthService_Actions_FullMethodName:   NeedReader,
+	pb.HealthService_Blacklist_FullMethodName: NeedReader,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.
