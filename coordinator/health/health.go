@@ -279,10 +279,14 @@ func latest(f *Fragment, n int) []Sample {
 }
 
 // blockedMs is the mean blocked time per instance of f in one sample.
-func blockedMs(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.BlockedMs }) }
+func blockedMs(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.BlockedMs })
+}
 
 // queueMean is the mean queue per instance of one sample.
-func queueMean(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Queue }) }
+func queueMean(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.Queue })
+}
 
 // sampleAt returns f's sample nearest to at (by index from the end:
 // samples of the fragments of one query are taken together).
