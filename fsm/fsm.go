@@ -81,6 +81,7 @@ var commandDecoders = map[MessageType]func() command{
 	RecordHealthActionType:    func() command { return &RecordHealthActionRequest{} },
 	RevokeTokenType:           func() command { return &RevokeTokenRequest{} },
 	ApplyPlanType:             func() command { return &ApplyPlanRequest{} },
+	HealthLogType:             func() command { return &HealthLogRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

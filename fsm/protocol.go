@@ -25,10 +25,12 @@ package fsm
 //	   of task reports, TaskStateUpdate.SwitchMove). No new command type:
 //	   the leader plans a catch-up move only when every coordinator speaks
 //	   5, so an older build never holds a task with MoveCatchUp.
+//	6: HealthLogType (the health manager's action log with evaluated
+//	   outcomes).
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 5
+const ProtocolVersion = 6
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.
@@ -51,6 +53,7 @@ var commandProtocol = map[MessageType]int{
 	RecordHealthActionType:    1,
 	RevokeTokenType:           1,
 	ApplyPlanType:             3,
+	HealthLogType:             6,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false
