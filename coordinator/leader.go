@@ -219,6 +219,8 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
 	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.runHealth(ctx) }()
 	wg.Wait()
 }
 

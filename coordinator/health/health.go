@@ -59,7 +59,8 @@ type Fragment struct {
 	// Scalable: a keyed operator, which live rescaling can resize.
 	Scalable bool
 	// Source: a source fragment; SourceRate is its configured rate in
-	// tuples per second over all its partitions (0: unknown).
+	// records per second over all its partitions (0: unknown), before the
+	// operators fused into it.
 	Source     bool
 	SourceRate float64
 	// Sink: its input rate is the query's throughput.

@@ -46,7 +46,9 @@ func selectivity(f *Fragment) float64 {
 // blocked (at most tenfold).
 func sourceDemand(f *Fragment) float64 {
 	if f.SourceRate > 0 {
-		return f.SourceRate
+		// Records drawn per second, through the operators fused into the
+		// source.
+		return f.SourceRate * selectivity(f)
 	}
 	if len(f.Samples) == 0 {
 		return 0

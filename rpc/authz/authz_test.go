@@ -22,6 +22,7 @@ var services = []grpc.ServiceDesc{
 	pb.FederationService_ServiceDesc,
 	pb.OrgKeyService_ServiceDesc,
 	pb.FederationPeerService_ServiceDesc,
+	pb.HealthService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 	reflectionv1.ServerReflection_ServiceDesc,
 	reflectionv1alpha.ServerReflection_ServiceDesc,
