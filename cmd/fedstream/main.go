@@ -91,6 +91,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newLedgerCmd(),
 		newContractCmd(),
 		newMembersCmd(),
+		newHealthCmd(),
 	)
 	return root
 }
