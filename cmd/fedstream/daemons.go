@@ -73,7 +73,7 @@ func newCoordinatorCmd() *cobra.Command {
 			}
 			srv, err := coordinator.New(coordinator.Config{
 				Health: hc,
-				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
+				Org:    c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
 				BootstrapExpect: c.BootstrapExpect, Join: c.Join, GossipKey: gkey,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
