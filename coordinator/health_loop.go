@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"strings"
 	"time"
@@ -253,7 +254,7 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 		}
 		newest = max(newest, ts.ReportedAtMs)
 		byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
-			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS})
+			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
 	}
 	if complete && newest > hq.lastReport {
 		hq.lastReport = newest
@@ -333,6 +334,14 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	pc := *l.cfg.Policy
 	syms, below, why := health.Detect(q, pc)
 	ds := health.Diagnose(q, syms, below, why, pc)
+	if l.s.logger.Enabled(ctx, slog.LevelDebug) {
+		for _, f := range q.Fragments {
+			if n := len(f.Samples); n > 0 {
+				l.s.logger.Debug("health: window", "query", name, "fragment", f.Name, "samples", n, "last", fmt.Sprintf("%+v", f.Samples[n-1].Instances))
+			}
+		}
+		l.s.logger.Debug("health: step", "query", name, "symptoms", fmt.Sprintf("%+v", syms), "diagnoses", fmt.Sprintf("%+v", ds))
+	}
 	if len(ds) == 0 {
 		return
 	}
@@ -345,7 +354,7 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		hq.alerted[key] = now
 		l.s.logger.Warn("health: diagnosis without a resolver", "query", name, "fragment", a.Diagnosis.Fragment,
 			"diagnosis", a.Diagnosis.Name, "why", a.Diagnosis.Why, "skipped", strings.Join(a.Skipped, "; "))
-		l.record(ctx, name, q, a, fsm.HealthAlert, "no resolver: "+strings.Join(a.Skipped, "; "), now)
+		l.record(ctx, name, q, a, fsm.HealthAlert, "no resolver could act", now)
 	}
 	if chosen == nil {
 		return

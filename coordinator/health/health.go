@@ -44,6 +44,11 @@ type Instance struct {
 	Queue float64
 	// BlockedMs is the time per second blocked on a full output buffer.
 	BlockedMs float64
+	// Unacked are the tuples of its output streams its consumers have not
+	// acknowledged yet. Consumers pull, so the backlog in front of a slow
+	// consumer lives in its upstream's output buffer: until that buffer is
+	// full (and the upstream blocks), this is where it shows.
+	Unacked float64
 }
 
 // Sample is one reading of every instance of a fragment.
@@ -284,6 +289,12 @@ func blockedMs(s Sample) float64 {
 	return mean(s.Instances, func(i Instance) float64 { return i.BlockedMs })
 }
 
+// unackedMean is the mean of the tuples held for consumers per instance
+// of one sample.
+func unackedMean(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.Unacked })
+}
+
 // queueMean is the mean queue per instance of one sample.
 func queueMean(s Sample) float64 {
 	return mean(s.Instances, func(i Instance) float64 { return i.Queue })
@@ -367,16 +378,29 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 				get(d).add(SymBackpressure, fmt.Sprintf("upstream %s blocked %.0f ms/s on its output", f.Name, blockedMs(recent[len(recent)-1])))
 			}
 		}
+		// The backlog a fragment holds for its consumers, too, is a queue
+		// in front of the downstream that holds it back.
+		if len(f.Downstreams) > 0 {
+			if d := bottleneckOf(q, f); d != "" {
+				if all(recent, func(s Sample) bool { return unackedMean(s) > c.QueueHigh }) && !draining(recent, unackedMean) {
+					get(d).add(SymLargeQueue, fmt.Sprintf("upstream %s holds %.0f tuples per instance not yet taken", f.Name, unackedMean(recent[len(recent)-1])))
+				}
+				if len(recent) >= 2 && growing(recent, unackedMean) && unackedMean(recent[len(recent)-1])-unackedMean(recent[0]) > c.QueueSkewMin {
+					get(d).add(SymGrowingQueue, fmt.Sprintf("tuples upstream %s holds not yet taken grew from %.0f to %.0f per instance", f.Name,
+						unackedMean(recent[0]), unackedMean(recent[len(recent)-1])))
+				}
+			}
+		}
 		if f.Source {
 			continue
 		}
 		// Large queue: above QueueHigh per instance in each latest sample.
-		if all(recent, func(s Sample) bool { return queueMean(s) > c.QueueHigh }) {
+		if all(recent, func(s Sample) bool { return queueMean(s) > c.QueueHigh }) && !draining(recent, queueMean) {
 			get(f.Name).add(SymLargeQueue, fmt.Sprintf("queue %.0f tuples per instance", queueMean(recent[len(recent)-1])))
 		}
 		// Growing queue: strictly growing over the latest samples, by
 		// more than QueueSkewMin in all.
-		if len(recent) >= 2 && growing(recent) && queueMean(recent[len(recent)-1])-queueMean(recent[0]) > c.QueueSkewMin {
+		if len(recent) >= 2 && growing(recent, queueMean) && queueMean(recent[len(recent)-1])-queueMean(recent[0]) > c.QueueSkewMin {
 			get(f.Name).add(SymGrowingQueue, fmt.Sprintf("queue grew from %.0f to %.0f per instance", queueMean(recent[0]), queueMean(recent[len(recent)-1])))
 		}
 		// Skews: one partition's window mean above the others'.
@@ -454,10 +478,16 @@ func all[T any](xs []T, f func(T) bool) bool {
 	return true
 }
 
-// growing reports whether the mean queue grows from each sample to the next.
-func growing(ss []Sample) bool {
+// draining reports whether v fell over the samples: a large backlog that
+// shrinks is being worked off, which is no symptom.
+func draining(ss []Sample, v func(Sample) float64) bool {
+	return len(ss) >= 2 && v(ss[len(ss)-1]) < v(ss[0])
+}
+
+// growing reports whether v grows from each sample to the next.
+func growing(ss []Sample, v func(Sample) float64) bool {
 	for i := 1; i < len(ss); i++ {
-		if queueMean(ss[i]) <= queueMean(ss[i-1]) {
+		if v(ss[i]) <= v(ss[i-1]) {
 			return false
 		}
 	}

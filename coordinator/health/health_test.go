@@ -75,6 +75,11 @@ func TestDetectors(t *testing.T) {
 		{"growing queue", pipeline(6, 2, calmSrc, func(k, p int) Instance {
 			return Instance{InRate: 500, Busy: 0.9, Queue: float64(100 + 300*k)}
 		}, calmSink), []string{SymGrowingQueue}, false},
+		{"backlog held upstream, growing", pipeline(6, 2, func(k, p int) Instance {
+			return Instance{OutRate: 2000, Busy: 0.02, Unacked: float64(300 * k)}
+		}, busyOp, calmSink), []string{SymGrowingQueue}, false},
+		{"backlog held upstream, large", pipeline(6, 2, steady(Instance{OutRate: 1000, Busy: 0.1, Unacked: 5000}), busyOp, calmSink), []string{SymLargeQueue}, false},
+		{"backlog held upstream, steady and small", pipeline(6, 2, steady(Instance{OutRate: 1000, Busy: 0.1, Unacked: 400}), calmOp, calmSink), nil, false},
 		{"queue skew", pipeline(6, 3, calmSrc, func(k, p int) Instance {
 			if p == 1 {
 				return Instance{InRate: 300, Busy: 0.9, Queue: 900}
@@ -204,6 +209,29 @@ func TestScaleUpInOneStep(t *testing.T) {
 		if dec == nil || dec.Action != ActScaleUp || dec.From != 1 || dec.To < 10 || dec.To > 11 {
 			t.Fatalf("source rate %v: decision %+v, want scale_up 1 -> 10 or 11 (optimum 10)", rate, dec)
 		}
+	}
+}
+
+// TestNoScaleUpBeyondDemand: a fragment that still shows a backlog but
+// already has the instances its demand needs (the backlog of an earlier
+// shortage, still growing for a moment) is not scaled further; a large
+// backlog that shrinks is no symptom at all.
+func TestNoScaleUpBeyondDemand(t *testing.T) {
+	c := DefaultConfig()
+	// 3 instances of true rate 1000/s (busy 0.7 at 700/s), demand 2000/s.
+	src := func(k, p int) Instance { return Instance{OutRate: 2000, Busy: 0.02, Unacked: float64(5000 + 300*k)} }
+	op := steady(Instance{InRate: 700, OutRate: 700, Busy: 0.7})
+	q := pipeline(6, 3, src, op, calmSink)
+	q.Fragments[0].SourceRate = 2000
+	syms, below, why := Detect(q, c)
+	ds := Diagnose(q, syms, below, why, c)
+	dec, alerts := Choose(q, ds, c, allowAll)
+	if len(ds) != 1 || ds[0].Name != DiagUnderProvisioned || dec != nil || len(alerts) != 1 || !strings.Contains(strings.Join(alerts[0].Skipped, ";"), "needs 3 instances") {
+		t.Fatalf("diagnoses %+v decision %+v alerts %+v, want under-provisioned left alone (3 instances suffice)", ds, dec, alerts)
+	}
+	shrinking := pipeline(6, 3, func(k, p int) Instance { return Instance{OutRate: 2000, Busy: 0.02, Unacked: float64(9000 - 1000*k)} }, op, calmSink)
+	if syms, _, _ := Detect(shrinking, c); len(symptomsOf(syms, "op")) != 0 {
+		t.Fatalf("a draining backlog gave symptoms %+v", syms)
 	}
 }
 

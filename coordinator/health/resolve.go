@@ -185,15 +185,19 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 			return false, "too little useful time in the window to know its true processing rate"
 		}
 		want := demand[f.Name]
-		dec.From = f.Parallelism
 		if act == ActScaleUp {
 			n := Needed(want, rate, c.TargetUtil, c.MaxParallelism)
-			// A bottleneck needs at least one more instance, whatever the
-			// (possibly throttled) estimate says.
-			dec.To = max(n, f.Parallelism+1)
-			if dec.To > c.MaxParallelism {
-				return false, fmt.Sprintf("already at the maximum parallelism %d", c.MaxParallelism)
+			if n <= f.Parallelism {
+				// DS2 trusts its model: more instances than the demand
+				// needs would be overshoot (a backlog left by an earlier
+				// shortage drains on its own).
+				if f.Parallelism >= c.MaxParallelism {
+					return false, fmt.Sprintf("already at the maximum parallelism %d", c.MaxParallelism)
+				}
+				return false, fmt.Sprintf("demand %.0f tuples/s needs %d instances at %.0f%% busy with a true rate of %.0f: it has %d",
+					want, n, c.TargetUtil*100, rate, f.Parallelism)
 			}
+			dec.From, dec.To = f.Parallelism, n
 			dec.Why = fmt.Sprintf("demand %.0f tuples/s, true rate %.0f tuples/s per instance at %.0f%% target busy: %d instances", want, rate, c.TargetUtil*100, n)
 			return true, ""
 		}
@@ -201,7 +205,7 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 		if n >= f.Parallelism {
 			return false, fmt.Sprintf("demand %.0f tuples/s needs %d instances at %.0f%% busy: no fewer than now", want, n, c.DownUtil*100)
 		}
-		dec.To = n
+		dec.From, dec.To = f.Parallelism, n
 		dec.Why = fmt.Sprintf("demand %.0f tuples/s, true rate %.0f tuples/s per instance at %.0f%% busy: %d instances", want, rate, c.DownUtil*100, n)
 		return true, ""
 	case ActMove:
@@ -220,6 +224,9 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 type Metrics struct {
 	Throughput  float64 `json:"throughput"`
 	UpBlockedMs float64 `json:"up_blocked_ms"`
+	// UpUnacked: the most tuples per instance an upstream holds not yet
+	// taken.
+	UpUnacked   float64 `json:"up_unacked"`
 	Queue       float64 `json:"queue"`
 	Busy        float64 `json:"busy"`
 	Parallelism int     `json:"parallelism"`
@@ -265,6 +272,7 @@ func Measure(q *Query, frag string, c Config) Metrics {
 	for _, u := range f.Upstreams {
 		if uf := q.Fragment(u); uf != nil {
 			m.UpBlockedMs = max(m.UpBlockedMs, mean(uf.Samples, blockedMs))
+			m.UpUnacked = max(m.UpUnacked, mean(uf.Samples, unackedMean))
 		}
 	}
 	rates := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
@@ -283,7 +291,7 @@ func Measure(q *Query, frag string, c Config) Metrics {
 // no longer large, an SLO met) or the throughput rose by a tenth; a scale
 // down when it brought no pressure back and kept the throughput.
 func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Config) (improved bool, why string) {
-	calm := after.UpBlockedMs <= c.BackpressureMs && after.Queue <= c.QueueHigh
+	calm := after.UpBlockedMs <= c.BackpressureMs && after.Queue <= c.QueueHigh && after.UpUnacked <= c.QueueHigh
 	if action == ActScaleDown {
 		if calm && after.Throughput >= before.Throughput*0.9 {
 			return true, fmt.Sprintf("no backpressure after it, throughput %.0f/s (was %.0f/s)", after.Throughput, before.Throughput)
