@@ -46,7 +46,7 @@ sinks:
 // at one partition, takes 1000 tuples per second at most (1ms per tuple)
 // while its source sends 2000: the source blocks on it. The leader's
 // health manager diagnoses it as under-provisioned and scales it up in
-// one step to what the true processing rate calls for (3 at 95% busy),
+// one step to what the true processing rate calls for (3 at 97% busy),
 // through the live rescale, while the query runs; every result equals
 // the reference run's (no cost, two partitions, never rescaled).
 func TestHealthScalesUpUnderBackpressure(t *testing.T) {

@@ -133,7 +133,7 @@ type Config struct {
 // DefaultConfig returns the thresholds the loop uses unless configured.
 func DefaultConfig() Config {
 	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.25,
-		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.95, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256}
+		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256}
 }
 
 // Symptom names.
