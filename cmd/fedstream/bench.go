@@ -23,7 +23,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Measure the engine on this machine",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd())
+	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd(), newBenchScalingCmd())
 	return cmd
 }
 

@@ -107,8 +107,12 @@ type Config struct {
 	// QueueHigh: a mean queue per instance above it is large.
 	QueueHigh float64
 	// SkewRatio: an instance whose rate (or queue) is above SkewRatio
-	// times the median of the others is skewed; below SimilarRatio its
-	// rate is similar.
+	// times the median of the others is skewed. The instance with the
+	// larger queue has a similar rate (slow instance) up to SimilarRatio
+	// times the others' median, a higher one (data skew) above it: under
+	// backpressure every instance is held to what the slowest takes, so a
+	// slow instance runs at the others' rate while a hot one runs faster
+	// by its extra share of the keys.
 	SkewRatio, SimilarRatio float64
 	// QueueSkewMin: a queue below it is never a skewed one.
 	QueueSkewMin float64
@@ -132,7 +136,7 @@ type Config struct {
 
 // DefaultConfig returns the thresholds the loop uses unless configured.
 func DefaultConfig() Config {
-	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.25,
+	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05,
 		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256}
 }
 
@@ -516,9 +520,9 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 		d := Diagnosis{Fragment: s.Fragment, Partition: -1, Symptoms: s.Names(), Why: strings.Join(s.Why, "; ")}
 		pressure := s.Has(SymBackpressure) || s.Has(SymLargeQueue) || s.Has(SymGrowingQueue)
 		switch {
-		case pressure && s.Has(SymQueueSkew) && s.Has(SymRateSkew) && s.Outlier >= 0:
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && !similarRate(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
-		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && similarRate(q.Fragment(s.Fragment), s.Outlier, c):
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
 		case pressure:
 			d.Name = DiagUnderProvisioned

@@ -43,7 +43,10 @@ func selectivity(f *Fragment) float64 {
 
 // sourceDemand is what a source would emit unblocked: its configured rate
 // when known, else its output rate scaled up by the share of time it was
-// blocked (at most tenfold).
+// blocked, at most doubled. A blocked source may be catching up with a
+// backlog, which says nothing of the rate it must sustain: without a
+// known rate, scaling goes at most twice as far per step as what flows
+// now, and takes a few steps instead of one.
 func sourceDemand(f *Fragment) float64 {
 	if f.SourceRate > 0 {
 		// Records drawn per second, through the operators fused into the
@@ -61,7 +64,7 @@ func sourceDemand(f *Fragment) float64 {
 		blocked += mean(s.Instances, func(i Instance) float64 { return i.BlockedMs })
 	}
 	n := float64(len(f.Samples))
-	free := max(0.1, 1-blocked/n/1000)
+	free := max(0.5, 1-blocked/n/1000)
 	return out / n / free
 }
 
