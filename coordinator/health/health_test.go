@@ -168,6 +168,12 @@ func TestDiagnosers(t *testing.T) {
 			}
 			return Instance{InRate: 300, Busy: 0.4, Queue: 100}
 		}, calmSink), 0, DiagDataSkew, 0},
+		{"10% more keys: a larger queue at a 10% higher rate is data skew", pipeline(6, 3, blocked, func(k, p int) Instance {
+			if p == 1 {
+				return Instance{InRate: 1000, Busy: 1, Queue: 3000}
+			}
+			return Instance{InRate: 909, Busy: 0.91, Queue: 100}
+		}, calmSink), 0, DiagDataSkew, 1},
 		{"idle: over-provisioned", pipeline(6, 4, calmSrc, steady(Instance{InRate: 250, Busy: 0.1}), calmSink), 0, DiagOverProvisioned, -1},
 		{"throughput below the SLO without backpressure", pipeline(6, 2, calmSrc, calmOp, calmSink), 5000, DiagSLOViolated, -1},
 		{"calm", pipeline(6, 2, calmSrc, calmOp, calmSink), 0, "", -1},
