@@ -318,12 +318,26 @@ func (l *healthLoop) allowed(query string) health.Allowed {
 // blacklist evaluates the query's pairs from the action log.
 func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
 	acts, _ := l.s.State().HealthActions(nil, query)
-	return blacklistOf(acts, l.cfg.FailureRatio, l.cfg.MinEvaluated)
+	return blacklistOf(l.s.State(), acts, l.cfg.FailureRatio, l.cfg.MinEvaluated)
 }
 
-func blacklistOf(acts []*fsm.HealthAction, ratio float64, minEvaluated int) map[health.Pair]health.PairRecord {
+// blacklistOf counts the pairs of the logged actions. Only the actions of
+// a query's current definition count: resubmitting a query starts its
+// record afresh.
+func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) map[health.Pair]health.PairRecord {
+	since := map[string]uint64{}
 	logged := make([]health.Logged, 0, len(acts))
 	for _, a := range acts {
+		from, ok := since[a.Query]
+		if !ok {
+			if q, err := st.Query(nil, a.Query); err == nil && q != nil {
+				from = q.CreateIndex
+			}
+			since[a.Query] = from
+		}
+		if a.CreateIndex < from {
+			continue
+		}
 		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
 	}
 	return health.Blacklist(logged, ratio, minEvaluated)
@@ -358,6 +372,13 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	}
 	if chosen == nil {
 		return
+	}
+	if chosen.Action == health.ActScaleUp || chosen.Action == health.ActScaleDown {
+		// A rescale someone else started is no failure of this pair:
+		// wait for it to end.
+		if m, err := l.s.State().SlotMap(nil, name, chosen.Diagnosis.Fragment); err != nil || m != nil && m.Next != nil {
+			return
+		}
 	}
 	id := l.record(ctx, name, q, *chosen, fsm.HealthPending, chosen.Why, now)
 	if id == "" {

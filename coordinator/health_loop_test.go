@@ -155,4 +155,19 @@ func TestHealthBlacklistAndLeaderChange(t *testing.T) {
 	if err != nil || len(resp.Actions) != len(after) {
 		t.Fatalf("Actions: %d, %v", len(resp.Actions), err)
 	}
+
+	// Resubmitted, the query starts with a clean record: nothing reports
+	// on it any more, so the loop takes no new action meanwhile.
+	cancel()
+	wg.Wait()
+	if _, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "hq"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.admin(nl).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	bl, err = (&healthService{s: ns}).Blacklist(context.Background(), &pb.HealthBlacklistRequest{Query: "hq"})
+	if err != nil || len(bl.Pairs) != 0 {
+		t.Fatalf("blacklist of the resubmitted query %+v, %v: want no pairs", bl, err)
+	}
 }

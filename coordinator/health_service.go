@@ -55,7 +55,7 @@ func (h *healthService) Blacklist(_ context.Context, req *pb.HealthBlacklistRequ
 	cfg := h.s.cfg.Health
 	cfg.fill()
 	resp := &pb.HealthBlacklistResponse{FailureRatio: cfg.FailureRatio, MinEvaluated: int32(cfg.MinEvaluated)}
-	for p, r := range blacklistOf(acts, cfg.FailureRatio, cfg.MinEvaluated) {
+	for p, r := range blacklistOf(h.s.State(), acts, cfg.FailureRatio, cfg.MinEvaluated) {
 		resp.Pairs = append(resp.Pairs, &pb.HealthPair{Query: p.Query, Diagnosis: p.Diagnosis, Action: p.Action,
 			Evaluated: int32(r.Evaluated), Failed: int32(r.Failed), Blacklisted: r.Blacklisted})
 	}
