@@ -193,17 +193,17 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 			// A new definition: nothing of the old one's figures applies.
 			*hq = healthQuery{window: map[string][]health.Sample{}, alerted: map[string]time.Time{}, defIndex: q.CreateIndex, pending: hq.pending, quietUntil: hq.quietUntil}
 		}
-		hq2 := l.sample(q, plan, hq)
-		if hq2 == nil {
+		view := l.sample(q, plan, hq)
+		if view == nil {
 			continue
 		}
 		if hq.pending != nil && !now.Before(hq.pending.due) {
-			l.evaluate(ctx, q.Name, hq, hq2, now)
+			l.evaluate(ctx, q.Name, hq, view, now)
 		}
 		if now.Before(hq.quietUntil) || hq.pending != nil {
 			continue
 		}
-		l.decide(ctx, q.Name, hq, hq2, now)
+		l.decide(ctx, q.Name, hq, view, now)
 	}
 	for name, hq := range l.queries {
 		if seen[name] || ctx.Err() != nil {
