@@ -171,3 +171,77 @@ func TestHealthBlacklistAndLeaderChange(t *testing.T) {
 		t.Fatalf("blacklist of the resubmitted query %+v, %v: want no pairs", bl, err)
 	}
 }
+
+// TestHealthMovesASlowInstance: one partition of a keyed aggregate holds a
+// larger queue at the others' rate while the source is blocked: the loop
+// diagnoses a slow instance and moves it, live, to another worker through
+// the plan applier (the placement shows the new worker, the old one as
+// moving_from).
+func TestHealthMovesASlowInstance(t *testing.T) {
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 2
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.Health = HealthConfig{Interval: 100 * time.Millisecond, Settle: time.Minute, Policy: &p}
+	})
+	defer c.shutdown()
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	for _, name := range []string{"w1", "w2", "w3"} {
+		c.startWorker(t, 0, name)
+	}
+	q := strings.Replace(healthTestQuery, `aggregates: {n: "count()"}}`, `aggregates: {n: "count()"}, parallelism: 2}`, 1)
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(q), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const slow = "hq/per_line/p1/r0"
+	var from string
+	waitFor(t, 30*time.Second, "the tasks placed", func() bool {
+		tk, _ := s.State().Task(nil, slow)
+		if tk == nil || tk.WorkerID == "" {
+			return false
+		}
+		from = tk.WorkerID
+		return true
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				ms := now.UnixMilli()
+				s.liveStats.put("w-fake", []*pb.TaskStats{
+					{Task: "hq/text/p0/r0", InTps: 670, OutTps: 670, Busy: 0.1, BackpressureMsPerS: 700, ReportedAtMs: ms},
+					{Task: "hq/per_line/p0/r0", InTps: 340, OutTps: 340, Busy: 0.6, Queue: 100, ReportedAtMs: ms},
+					{Task: slow, InTps: 330, OutTps: 330, Busy: 1, Queue: 3000, ReportedAtMs: ms},
+					{Task: "hq/out/p0/r0", InTps: 670, OutTps: 670, Busy: 0.05, ReportedAtMs: ms},
+				}, now)
+			}
+		}
+	}()
+	var move *fsm.HealthAction
+	// The entry is written before the move is carried out.
+	waitFor(t, 60*time.Second, "a move in the action log, then carried out", func() bool {
+		for _, a := range healthActions(t, s) {
+			if a.Action == health.ActMove {
+				move = a
+			}
+		}
+		tk, _ := s.State().Task(nil, slow)
+		return move != nil && tk != nil && tk.WorkerID != from
+	})
+	if move.Diagnosis != health.DiagSlowInstance || move.Fragment != "per_line" || move.Outcome != fsm.HealthPending || !strings.Contains(move.Detail, "partition 1") {
+		t.Fatalf("move entry %+v, want a pending move of partition 1 for a slow instance", move)
+	}
+	tk, _ := s.State().Task(nil, slow)
+	if tk.WorkerID == from || tk.MovingFrom != from || tk.Gen() != 2 {
+		t.Fatalf("task after the move: worker %s moving from %s generation %d, want a new worker, moving from %s, generation 2", tk.WorkerID, tk.MovingFrom, tk.Gen(), from)
+	}
+}
