@@ -55,6 +55,21 @@ type Coordinator struct {
 	// Federation places the coordinator in the federation pool (YAML
 	// section federation:, flags --federation.KEY).
 	Federation Federation `mapstructure:"federation"`
+	// Health configures the health manager (YAML section health:, flags
+	// --health.KEY).
+	Health Health `mapstructure:"health"`
+}
+
+// Health configures the health manager's policy loop on the org leader.
+type Health struct {
+	// Off turns the loop off; All makes it watch every query, not only
+	// those whose definition sets autoscale or an slo.
+	Off bool `mapstructure:"off"`
+	All bool `mapstructure:"all"`
+	// Interval between two steps of the loop and Settle after an action
+	// (Go durations).
+	Interval string `mapstructure:"interval"`
+	Settle   string `mapstructure:"settle"`
 }
 
 // Federation is the coordinator's place in the federation pool. Bind
@@ -199,6 +214,10 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("gossip-key", "", "the base64 gossip key itself; prefer --gossip-key-file or FEDSTREAM_GOSSIP_KEY (flags show in ps)")
 	fs.String("dead-voter-timeout", "72h", "remove a Raft voter that stays failed this long (one that leaves is removed at once)")
 	fs.String("http-addr", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this address (empty: off)")
+	fs.Bool("health.off", false, "turn the health manager off on this coordinator")
+	fs.Bool("health.all", false, "let the health manager look after every query (default: only queries with autoscale: true or an slo)")
+	fs.String("health.interval", "1s", "time between two steps of the health manager's policy loop")
+	fs.String("health.settle", "30s", "time after a health action before it is evaluated and before another action on the same query")
 	fs.String("federation.bind", "", "federation pool gossip address (empty: the org is in no federation)")
 	fs.String("federation.grpc-addr", "", "cross-org gRPC address partners' coordinators call (mutual TLS against the CA pinned for them)")
 	fs.String("federation.data-addr", "", "cross-org data-plane address: streams of tasks moved between orgs, relayed by the coordinators (empty: a free port on grpc-addr's host)")

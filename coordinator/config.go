@@ -68,7 +68,10 @@ type Config struct {
 
 	Timings Timings
 	Limits  Limits
-	Logger  *slog.Logger
+	// Health configures the health manager's policy loop on the leader
+	// (health_loop.go).
+	Health HealthConfig
+	Logger *slog.Logger
 
 	// hooks are fault-injection seams for in-package tests; nil in
 	// production.

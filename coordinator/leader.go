@@ -229,6 +229,8 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	wg.Add(2)
 	go func() { defer wg.Done(); s.syncPartners(ctx) }()
 	go func() { defer wg.Done(); s.expireHosted(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.runHealth(ctx) }()
 	wg.Wait()
 }
 

@@ -24,6 +24,9 @@ type coordMetrics struct {
 	plans     *prometheus.CounterVec
 	placed    prometheus.Counter
 	refused   *prometheus.CounterVec
+	// health: the health manager's actions and alerts, by diagnosis and
+	// action (health_loop.go).
+	health *prometheus.CounterVec
 }
 
 // Latency buckets from 0.5 ms to about 4 s: a loopback commit takes a
@@ -58,11 +61,15 @@ func newCoordMetrics() *coordMetrics {
 			Name: "fedstream_plan_refusals_total",
 			Help: "Placements and slot map changes the plan applier (or the state machine) refused, by reason.",
 		}, []string{"reason"}),
+		health: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fedstream_health_actions_total",
+			Help: "Entries the health manager added to its action log, by diagnosis, action and outcome at the time (pending: carried out and waiting for evaluation; alert: a diagnosis no resolver could act on; failed).",
+		}, []string{"diagnosis", "action", "outcome"}),
 	}
 }
 
 func (m *coordMetrics) register(reg prometheus.Registerer, s *Server) {
-	reg.MustRegister(m.commit, m.fsmApply, m.forwarded, m.plans, m.placed, m.refused, collector{s}, gometrics.Install())
+	reg.MustRegister(m.commit, m.fsmApply, m.forwarded, m.plans, m.placed, m.refused, m.health, collector{s}, gometrics.Install())
 }
 
 // refusalReason classifies a refusal's text into a bounded label value.

@@ -384,6 +384,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterWorkerServiceServer(s.grpcServer, &workerService{s: s})
 	pb.RegisterAdminServiceServer(s.grpcServer, &adminService{s: s})
 	pb.RegisterReconfigServiceServer(s.grpcServer, &reconfigService{s: s})
+	pb.RegisterHealthServiceServer(s.grpcServer, &healthService{s: s})
 	pb.RegisterTokenServiceServer(s.grpcServer, &tokenService{s: s})
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})

@@ -321,7 +321,7 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if err := s.ensurePartnerWorker(ctx, partnerOrg); err != nil {
 		return fmt.Errorf("move %s to %s: partner worker: %w", taskID, partnerOrg, err)
 	}
-	if err := s.checkProtocol(6, "a cross-org move"); err != nil {
+	if err := s.checkProtocol(7, "a cross-org move"); err != nil {
 		return err
 	}
 	pw, gen := partnerWorkerID(partnerOrg), t.Gen()

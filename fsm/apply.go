@@ -751,3 +751,33 @@ func (r *RecordHealthActionRequest) apply(tx *writeTx) (any, error) {
 	a.ModifyIndex = tx.index
 	return nil, tx.insert(TableHealthActions, &a)
 }
+
+func (r *HealthLogRequest) apply(tx *writeTx) (any, error) {
+	a := r.Action
+	existing, err := txFirst[HealthAction](tx, TableHealthActions, a.ID)
+	if err != nil {
+		return nil, err
+	}
+	if existing != nil {
+		if existing.Outcome != HealthPending {
+			return nil, invalid("health log: action %s is already %s: an action is evaluated once", a.ID, existing.Outcome)
+		}
+		if !healthFinal(a.Outcome) || a.Outcome == HealthAlert || a.EvaluatedAtMs <= 0 {
+			return nil, invalid("health log: evaluation of %s needs a final outcome (improved, not_improved, failed) and evaluated_at_ms, got %q at %d",
+				a.ID, a.Outcome, a.EvaluatedAtMs)
+		}
+		updated := *existing
+		updated.Outcome, updated.OutcomeDetail, updated.EvaluatedAtMs = a.Outcome, a.OutcomeDetail, a.EvaluatedAtMs
+		updated.ModifyIndex = tx.index
+		return nil, tx.insert(TableHealthActions, &updated)
+	}
+	if a.ID == "" || a.Query == "" || a.Fragment == "" || a.Diagnosis == "" || a.Action == "" || a.AtMs <= 0 {
+		return nil, invalid("health log: id %q, query %q, fragment %q, diagnosis %q, action %q and at_ms %d must all be set",
+			a.ID, a.Query, a.Fragment, a.Diagnosis, a.Action, a.AtMs)
+	}
+	if a.Outcome != HealthPending && a.Outcome != HealthAlert && a.Outcome != HealthFailed {
+		return nil, invalid("health log: a new action's outcome must be pending, alert or failed, got %q", a.Outcome)
+	}
+	a.CreateIndex, a.ModifyIndex = tx.index, tx.index
+	return nil, tx.insert(TableHealthActions, &a)
+}

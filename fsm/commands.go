@@ -61,6 +61,13 @@ const (
 	AbortMoveType MessageType = 72
 )
 
+// Command types of the health manager (issue 14).
+const (
+	// HealthLogType carries a HealthLogRequest: an entry of the health
+	// manager's action log, or its evaluated outcome.
+	HealthLogType MessageType = 46
+)
+
 var messageTypeNames = map[MessageType]string{
 	UpsertHostedTaskType:      "UpsertHostedTask",
 	DeleteHostedTaskType:      "DeleteHostedTask",
@@ -80,6 +87,7 @@ var messageTypeNames = map[MessageType]string{
 	RevokeTokenType:           "RevokeToken",
 	ApplyPlanType:             "ApplyPlan",
 	ReconfigureQueryType:      "ReconfigureQuery",
+	HealthLogType:             "HealthLog",
 }
 
 // String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".
@@ -279,6 +287,18 @@ type UpsertContractRequest struct {
 // the caller's. Value: the entry's Seq (uint64).
 type AppendLedgerEntryRequest struct {
 	Entry LedgerEntry `json:"entry"`
+}
+
+// HealthLogRequest records an action of the health manager in the action
+// log, or the evaluation of one recorded before. A new entry needs ID,
+// Query, Fragment, Diagnosis, Action, AtMs and an Outcome (pending for an
+// action to evaluate; alert, or failed when it could not be carried out,
+// are final at once). An entry already in the log may only go from
+// pending to a final outcome, with EvaluatedAtMs, and keeps everything
+// else: an action is evaluated once and the log is never rewritten.
+// ErrInvalidRequest otherwise. Value: nil. Protocol 6.
+type HealthLogRequest struct {
+	Action HealthAction `json:"action"`
 }
 
 // RecordHealthActionRequest creates or replaces a health action. Value: nil.

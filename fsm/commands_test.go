@@ -233,13 +233,15 @@ func TestCommands(t *testing.T) {
 				{typ: AppendLedgerEntryType, body: AppendLedgerEntryRequest{Entry: LedgerEntry{Seq: 3, PrevHash: "bad", Hash: "h3", Kind: "move"}}, wantErr: ErrLedgerChain},
 				{typ: AppendLedgerEntryType, body: AppendLedgerEntryRequest{Entry: LedgerEntry{Seq: 5, PrevHash: "h2", Hash: "h3", Kind: "move"}}, wantErr: ErrLedgerChain},
 				{typ: RecordHealthActionType, body: RecordHealthActionRequest{Action: HealthAction{ID: "h1", Query: "q1", Diagnosis: "slow", Action: "move"}}},
+				{typ: HealthLogType, body: HealthLogRequest{Action: HealthAction{ID: "h2", Query: "q1", Fragment: "f0", Diagnosis: "slow_instance", Action: "move", AtMs: 1, Outcome: HealthPending}}},
+				{typ: HealthLogType, body: HealthLogRequest{Action: HealthAction{ID: "h3", Query: "q1", Outcome: HealthPending}}, wantErr: ErrInvalidRequest},
 			},
 			check: func(t *testing.T, h *harness) {
 				vs, _ := h.state().OperatorVersions(nil, "filter")
 				cs, _ := h.state().ContractsByPartner(nil, "org2")
 				ls, _ := h.state().LedgerEntries(nil, 2)
 				as, _ := h.state().HealthActions(nil, "q1")
-				if len(vs) != 2 || len(cs) != 1 || len(ls) != 1 || ls[0].Hash != "h2" || len(as) != 1 {
+				if len(vs) != 2 || len(cs) != 1 || len(ls) != 1 || ls[0].Hash != "h2" || len(as) != 2 {
 					t.Fatalf("versions %d contracts %d ledger %+v actions %d", len(vs), len(cs), ls, len(as))
 				}
 			},

@@ -85,6 +85,7 @@ var commandDecoders = map[MessageType]func() command{
 	UpsertHostedTaskType:      func() command { return &UpsertHostedTaskRequest{} },
 	DeleteHostedTaskType:      func() command { return &DeleteHostedTaskRequest{} },
 	AbortMoveType:             func() command { return &AbortMoveRequest{} },
+	HealthLogType:             func() command { return &HealthLogRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

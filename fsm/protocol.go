@@ -30,10 +30,12 @@ package fsm
 //	   a query has a plan (so an older build never meets it).
 //	7: hosted tasks of cross-org migration (UpsertHostedTaskType,
 //	   DeleteHostedTaskType) and AbortMoveType.
+//	8: HealthLogType (the health manager's action log with evaluated
+//	   outcomes).
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 7
+const ProtocolVersion = 8
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.
@@ -60,6 +62,7 @@ var commandProtocol = map[MessageType]int{
 	UpsertHostedTaskType:      7,
 	DeleteHostedTaskType:      7,
 	AbortMoveType:             7,
+	HealthLogType:             8,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false

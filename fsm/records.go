@@ -218,15 +218,48 @@ type LedgerEntry struct {
 	CreateIndex uint64 `json:"create_index"`
 }
 
-// HealthAction is one diagnosis and repair of the health manager.
+// HealthAction is one diagnosis and repair of the health manager: its
+// action log entry. The fields after Detail are written only by
+// HealthLogRequest (protocol 6).
 type HealthAction struct {
-	ID          string `json:"id"`
-	Query       string `json:"query"`
-	Diagnosis   string `json:"diagnosis"`
-	Action      string `json:"action"`
-	Detail      string `json:"detail"`
-	CreateIndex uint64 `json:"create_index"`
-	ModifyIndex uint64 `json:"modify_index"`
+	ID        string `json:"id"`
+	Query     string `json:"query"`
+	Diagnosis string `json:"diagnosis"`
+	Action    string `json:"action"`
+	Detail    string `json:"detail"`
+	// Fragment acted on, the symptoms seen (in words), when the action was
+	// decided (Unix ms, the leader's clock) and the figures behind it
+	// (JSON of coordinator/health.Metrics).
+	Fragment string `json:"fragment,omitempty"`
+	Symptoms string `json:"symptoms,omitempty"`
+	AtMs     int64  `json:"at_ms,omitempty"`
+	Metrics  string `json:"metrics,omitempty"`
+	// FromParallelism and ToParallelism of a scaling action.
+	FromParallelism int `json:"from_parallelism,omitempty"`
+	ToParallelism   int `json:"to_parallelism,omitempty"`
+	// Outcome is HealthPending until the action is evaluated after its
+	// settling time, then one of the final outcomes (see
+	// HealthLogRequest); OutcomeDetail says why, EvaluatedAtMs when.
+	Outcome       string `json:"outcome,omitempty"`
+	OutcomeDetail string `json:"outcome_detail,omitempty"`
+	EvaluatedAtMs int64  `json:"evaluated_at_ms,omitempty"`
+	CreateIndex   uint64 `json:"create_index"`
+	ModifyIndex   uint64 `json:"modify_index"`
+}
+
+// Outcomes of a health action.
+const (
+	HealthPending     = "pending"
+	HealthImproved    = "improved"
+	HealthNotImproved = "not_improved"
+	HealthFailed      = "failed"
+	HealthAlert       = "alert"
+)
+
+// healthFinal reports whether an outcome is final (an evaluated action or
+// an alert).
+func healthFinal(o string) bool {
+	return o == HealthImproved || o == HealthNotImproved || o == HealthFailed || o == HealthAlert
 }
 
 // IdempotencyRecord remembers the result of a command applied with an

@@ -28,6 +28,12 @@ type inProcessOrg struct {
 // for the test; they sign the workers' certificates, valid certTTL (0:
 // the default).
 func newInProcessOrg(t *testing.T, n int, certTTL ...time.Duration) *inProcessOrg {
+	return newInProcessOrgWith(t, n, nil, certTTL...)
+}
+
+// newInProcessOrgWith is newInProcessOrg with opt applied to each
+// coordinator's configuration before it starts (nil: none).
+func newInProcessOrgWith(t *testing.T, n int, opt func(*coordinator.Config), certTTL ...time.Duration) *inProcessOrg {
 	ca, err := tlsutil.NewCA("acme")
 	if err != nil {
 		t.Fatal(err)
@@ -46,6 +52,9 @@ func newInProcessOrg(t *testing.T, n int, certTTL ...time.Duration) *inProcessOr
 		})
 		if len(certTTL) > 0 {
 			o.cfgs[i].WorkerCertTTL = certTTL[0]
+		}
+		if opt != nil {
+			opt(&o.cfgs[i])
 		}
 	}
 	o.nodes = make([]*coordinator.Server, n)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/coordinator"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
@@ -58,8 +59,12 @@ type liveOrg struct {
 	reconfig pb.ReconfigServiceClient
 }
 
-func newLiveOrg(t *testing.T, workers int) *liveOrg {
-	o := &liveOrg{inProcessOrg: newInProcessOrg(t, 1), workers: map[string]*worker.Worker{}, cancel: map[string]context.CancelFunc{}}
+func newLiveOrg(t *testing.T, workers int) *liveOrg { return newLiveOrgWith(t, workers, nil) }
+
+// newLiveOrgWith is newLiveOrg with opt applied to the coordinator's
+// configuration (nil: none).
+func newLiveOrgWith(t *testing.T, workers int, opt func(*coordinator.Config)) *liveOrg {
+	o := &liveOrg{inProcessOrg: newInProcessOrgWith(t, 1, opt), workers: map[string]*worker.Worker{}, cancel: map[string]context.CancelFunc{}}
 	client, err := tlsutil.New(o.ca.CertPEM)
 	if err != nil {
 		t.Fatal(err)

@@ -159,7 +159,29 @@ type statsReading struct {
 // seen for the first time, or restarted since, reports its levels and no
 // rates yet). Only the heartbeat goroutine calls it.
 func (w *Worker) taskStatsReport(workerID string, now time.Time) []*pb.TaskStats {
-	return w.rates(workerID, w.runtime.Stats(), now)
+	return withKeySamples(w.rates(workerID, w.runtime.Stats(), now), w.runtime.TakeKeySamples())
+}
+
+// withKeySamples adds to each task's report the key slots it sampled since
+// the previous report (the health manager's data-skew sensor).
+func withKeySamples(report []*pb.TaskStats, samples []wrt.KeySamples) []*pb.TaskStats {
+	byTask := make(map[string]wrt.KeySamples, len(samples))
+	for _, ks := range samples {
+		byTask[ks.TaskID] = ks
+	}
+	for _, ts := range report {
+		ks, ok := byTask[ts.Task]
+		if !ok {
+			continue
+		}
+		for _, k := range ks.Top {
+			ts.KeySample = append(ts.KeySample, &pb.HealthKeySample{Fragment: k.Fragment, Slot: int32(k.Slot), Count: k.Count})
+		}
+		for _, n := range ks.Sampled {
+			ts.KeysSampled += n
+		}
+	}
+	return report
 }
 
 // rates turns a reading of the tasks' figures into the report's rates

@@ -66,8 +66,16 @@ func newCoordinatorCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			hc := coordinator.HealthConfig{Off: c.Health.Off, All: c.Health.All}
+			if hc.Interval, err = parseTTL("health.interval", c.Health.Interval); err != nil {
+				return err
+			}
+			if hc.Settle, err = parseTTL("health.settle", c.Health.Settle); err != nil {
+				return err
+			}
 			srv, err := coordinator.New(coordinator.Config{
-				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
+				Health: hc,
+				Org:    c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
 				BootstrapExpect: c.BootstrapExpect, Join: c.Join, GossipKey: gkey,
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,

@@ -92,6 +92,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newContractCmd(),
 		newMembersCmd(),
 		newLoadCmd(),
+		newHealthCmd(),
 	)
 	return root
 }

@@ -6,6 +6,7 @@ package queryspec
 
 import (
 	"fmt"
+	"time"
 
 	"gopkg.in/yaml.v3"
 )
@@ -18,11 +19,23 @@ type Query struct {
 	Sources      []Source     `yaml:"sources" json:"sources"`
 	Operators    []Operator   `yaml:"operators" json:"operators"`
 	Sinks        []Sink       `yaml:"sinks" json:"sinks"`
+	// SLO are the query's objectives for the health manager.
+	SLO *SLO `yaml:"slo,omitempty" json:"slo,omitempty"`
+	// Autoscale lets the org leader's health manager rescale and move the
+	// query's tasks (a query with an SLO is watched too).
+	Autoscale bool `yaml:"autoscale,omitempty" json:"autoscale,omitempty"`
 
 	// lines maps a field path ("operators[2].where") to its line in the
 	// YAML file, so that validation errors can point at the source. It is
 	// only set by Parse and never serialised.
 	lines map[string]int
+}
+
+// SLO are a query's service level objectives.
+type SLO struct {
+	// Throughput is the rate, in tuples per second into the query's
+	// sinks, the query must sustain.
+	Throughput float64 `yaml:"throughput" json:"throughput"`
 }
 
 // Availability is the query's DCAA bound X.
@@ -110,6 +123,26 @@ type Operator struct {
 	Lower bool `yaml:"lower,omitempty" json:"lower,omitempty"`
 	// Parallelism is the number of partitions (default 1).
 	Parallelism int `yaml:"parallelism,omitempty" json:"parallelism,omitempty"`
+	// Cost is a processing time each input tuple costs the operator on
+	// top of its work (a Go duration, at most MaxOperatorCost): a
+	// calibrated load for tests and benchmarks of the health manager.
+	Cost string `yaml:"cost,omitempty" json:"cost,omitempty"`
+}
+
+// MaxOperatorCost bounds Operator.Cost.
+const MaxOperatorCost = 100 * time.Millisecond
+
+// CostDuration is the operator's Cost (0 when unset or invalid: validation
+// refuses an invalid one).
+func (op *Operator) CostDuration() time.Duration {
+	if op == nil || op.Cost == "" {
+		return 0
+	}
+	d, err := time.ParseDuration(op.Cost)
+	if err != nil || d < 0 {
+		return 0
+	}
+	return d
 }
 
 // Window is a tumbling (slide empty or equal to size) or sliding window on stime.

@@ -98,6 +98,8 @@ func TestValidationErrors(t *testing.T) {
 		{name: "replicas too many", edits: []edit{{"name: q\n", "name: q\nreplicas: 6\n"}}, want: []string{"line 3: replicas: 6 is out of range (want 1..5)"}},
 		{name: "replicas negative", edits: []edit{{"name: q\n", "name: q\nreplicas: -1\n"}}, want: []string{"replicas: -1 is out of range"}},
 		{name: "bad max_delay", edits: []edit{{"name: q\n", "name: q\navailability: {max_delay: soon}\n"}}, want: []string{"availability.max_delay:", `"soon" is not a duration`}},
+		{name: "slo without a rate", edits: []edit{{"name: q\n", "name: q\nslo: {throughput: 0}\n"}}, want: []string{"slo.throughput: 0: want a positive rate"}},
+		{name: "bad operator cost", edits: []edit{{"where: \"conns > 100\"", "where: \"conns > 100\", cost: 1s"}}, want: []string{"operators[1] (busy).cost: \"1s\" is not a duration in 0..100ms"}},
 		{name: "negative max_delay", edits: []edit{{"name: q\n", "name: q\navailability: {max_delay: -1s}\n"}}, want: []string{"availability.max_delay:", "negative"}},
 		{name: "unknown top field", edits: []edit{{"name: q\n", "name: q\nreplica: 2\n"}}, want: []string{"q.yaml: line 3: replica: unknown field \"replica\"", "want one of:", "replicas"}},
 		{name: "unknown operator field", edits: []edit{{"where: \"conns > 100\"", "wher: \"conns > 100\""}}, want: []string{"line 14: operators[1] (busy).wher: unknown field \"wher\""}},

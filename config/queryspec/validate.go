@@ -290,6 +290,9 @@ func (a *analysis) checkTop() {
 	if _, _, err := parseMaxDelay(q.Availability.MaxDelay); err != nil {
 		ps.add(rootPath("availability").field("max_delay"), "%v", err)
 	}
+	if q.SLO != nil && (q.SLO.Throughput <= 0 || math.IsNaN(q.SLO.Throughput) || math.IsInf(q.SLO.Throughput, 0)) {
+		ps.add(rootPath("slo").field("throughput"), "%v: want a positive rate in tuples per second", q.SLO.Throughput)
+	}
 	if len(q.Sources) == 0 {
 		ps.add(rootPath("sources"), "required: at least one source")
 	}
@@ -470,6 +473,11 @@ func (a *analysis) checkOperator(n *gnode) {
 	}
 	if op.Parallelism < 1 || op.Parallelism > MaxParallelism {
 		ps.add(n.path.field("parallelism"), "%d is out of range (want 1..%d)", op.Parallelism, MaxParallelism)
+	}
+	if op.Cost != "" {
+		if d, err := time.ParseDuration(op.Cost); err != nil || d < 0 || d > MaxOperatorCost {
+			ps.add(n.path.field("cost"), "%q is not a duration in 0..%s (such as 200us)", op.Cost, MaxOperatorCost)
+		}
 	}
 	for _, f := range setFields(op) {
 		if !contains(allowed, f) {

@@ -172,6 +172,9 @@ var Methods = map[string]Need{
 	// paid for under a contract, so it is the contract writers' (admin).
 	pb.AdminService_MigrateTask_FullMethodName: NeedAdmin,
 	pb.AdminService_ReturnTask_FullMethodName:  NeedAdmin,
+	// The health manager's action log and blacklist are read-only views.
+	pb.HealthService_Actions_FullMethodName:   NeedReader,
+	pb.HealthService_Blacklist_FullMethodName: NeedReader,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.

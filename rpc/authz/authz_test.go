@@ -24,6 +24,7 @@ var services = []grpc.ServiceDesc{
 	pb.FederationPeerService_ServiceDesc,
 	pb.LoadService_ServiceDesc,
 	pb.ReconfigService_ServiceDesc,
+	pb.HealthService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 	reflectionv1.ServerReflection_ServiceDesc,
 	reflectionv1alpha.ServerReflection_ServiceDesc,

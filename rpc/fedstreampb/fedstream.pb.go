@@ -2523,7 +2523,12 @@ type TaskStats struct {
 	// sums per org).
 	CpuSecondsPerS float64 `protobuf:"fixed64,11,opt,name=cpu_seconds_per_s,json=cpuSecondsPerS,proto3" json:"cpu_seconds_per_s,omitempty"`
 	// Unix milliseconds of the report the figures come from.
-	ReportedAtMs  int64 `protobuf:"varint,12,opt,name=reported_at_ms,json=reportedAtMs,proto3" json:"reported_at_ms,omitempty"`
+	ReportedAtMs int64 `protobuf:"varint,12,opt,name=reported_at_ms,json=reportedAtMs,proto3" json:"reported_at_ms,omitempty"`
+	// Health manager: the most frequent key slots among a sample of the
+	// tuples the task sent to keyed downstream fragments since its previous
+	// report (HealthKeySample), and how many tuples were sampled in all.
+	KeySample     []*HealthKeySample `protobuf:"bytes,300,rep,name=key_sample,json=keySample,proto3" json:"key_sample,omitempty"`
+	KeysSampled   uint64             `protobuf:"varint,301,opt,name=keys_sampled,json=keysSampled,proto3" json:"keys_sampled,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2638,6 +2643,20 @@ func (x *TaskStats) GetCpuSecondsPerS() float64 {
 func (x *TaskStats) GetReportedAtMs() int64 {
 	if x != nil {
 		return x.ReportedAtMs
+	}
+	return 0
+}
+
+func (x *TaskStats) GetKeySample() []*HealthKeySample {
+	if x != nil {
+		return x.KeySample
+	}
+	return nil
+}
+
+func (x *TaskStats) GetKeysSampled() uint64 {
+	if x != nil {
+		return x.KeysSampled
 	}
 	return 0
 }
@@ -6428,6 +6447,506 @@ func (x *QueryVersionsResponse) GetPlans() []*ReconfigPlanInfo {
 	return nil
 }
 
+// One sampled key slot: of the tuples a task sent to fragment, count of the
+// sampled ones had a key in slot.
+type HealthKeySample struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fragment      string                 `protobuf:"bytes,1,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Slot          int32                  `protobuf:"varint,2,opt,name=slot,proto3" json:"slot,omitempty"`
+	Count         uint64                 `protobuf:"varint,3,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthKeySample) Reset() {
+	*x = HealthKeySample{}
+	mi := &file_fedstream_proto_msgTypes[97]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthKeySample) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthKeySample) ProtoMessage() {}
+
+func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[97]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthKeySample.ProtoReflect.Descriptor instead.
+func (*HealthKeySample) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{97}
+}
+
+func (x *HealthKeySample) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *HealthKeySample) GetSlot() int32 {
+	if x != nil {
+		return x.Slot
+	}
+	return 0
+}
+
+func (x *HealthKeySample) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// One action of the health manager, as the action log holds it.
+type HealthAction struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Id       string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Query    string                 `protobuf:"bytes,2,opt,name=query,proto3" json:"query,omitempty"`
+	Fragment string                 `protobuf:"bytes,3,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	// The diagnosis ("under_provisioned", "slow_instance", "data_skew",
+	// "over_provisioned", "slo_violated") and the action taken ("scale_up",
+	// "scale_down", "move", ...).
+	Diagnosis string `protobuf:"bytes,4,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
+	Action    string `protobuf:"bytes,5,opt,name=action,proto3" json:"action,omitempty"`
+	// The symptoms seen and what was done, in words.
+	Symptoms string `protobuf:"bytes,6,opt,name=symptoms,proto3" json:"symptoms,omitempty"`
+	Detail   string `protobuf:"bytes,7,opt,name=detail,proto3" json:"detail,omitempty"`
+	// Unix milliseconds when the action was decided.
+	AtMs int64 `protobuf:"varint,8,opt,name=at_ms,json=atMs,proto3" json:"at_ms,omitempty"`
+	// The figures behind the diagnosis (per-instance true rates, queues,
+	// backpressure), as JSON text.
+	Metrics string `protobuf:"bytes,9,opt,name=metrics,proto3" json:"metrics,omitempty"`
+	// "pending" until evaluated after the settling time, then "improved",
+	// "not_improved" or "failed" (the action could not be carried out).
+	Outcome         string `protobuf:"bytes,10,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	OutcomeDetail   string `protobuf:"bytes,11,opt,name=outcome_detail,json=outcomeDetail,proto3" json:"outcome_detail,omitempty"`
+	EvaluatedAtMs   int64  `protobuf:"varint,12,opt,name=evaluated_at_ms,json=evaluatedAtMs,proto3" json:"evaluated_at_ms,omitempty"`
+	FromParallelism int32  `protobuf:"varint,13,opt,name=from_parallelism,json=fromParallelism,proto3" json:"from_parallelism,omitempty"`
+	ToParallelism   int32  `protobuf:"varint,14,opt,name=to_parallelism,json=toParallelism,proto3" json:"to_parallelism,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *HealthAction) Reset() {
+	*x = HealthAction{}
+	mi := &file_fedstream_proto_msgTypes[98]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthAction) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthAction) ProtoMessage() {}
+
+func (x *HealthAction) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[98]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthAction.ProtoReflect.Descriptor instead.
+func (*HealthAction) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{98}
+}
+
+func (x *HealthAction) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *HealthAction) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *HealthAction) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *HealthAction) GetDiagnosis() string {
+	if x != nil {
+		return x.Diagnosis
+	}
+	return ""
+}
+
+func (x *HealthAction) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *HealthAction) GetSymptoms() string {
+	if x != nil {
+		return x.Symptoms
+	}
+	return ""
+}
+
+func (x *HealthAction) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+func (x *HealthAction) GetAtMs() int64 {
+	if x != nil {
+		return x.AtMs
+	}
+	return 0
+}
+
+func (x *HealthAction) GetMetrics() string {
+	if x != nil {
+		return x.Metrics
+	}
+	return ""
+}
+
+func (x *HealthAction) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *HealthAction) GetOutcomeDetail() string {
+	if x != nil {
+		return x.OutcomeDetail
+	}
+	return ""
+}
+
+func (x *HealthAction) GetEvaluatedAtMs() int64 {
+	if x != nil {
+		return x.EvaluatedAtMs
+	}
+	return 0
+}
+
+func (x *HealthAction) GetFromParallelism() int32 {
+	if x != nil {
+		return x.FromParallelism
+	}
+	return 0
+}
+
+func (x *HealthAction) GetToParallelism() int32 {
+	if x != nil {
+		return x.ToParallelism
+	}
+	return 0
+}
+
+type HealthActionsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this query's actions ("" for every query).
+	Query         string `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthActionsRequest) Reset() {
+	*x = HealthActionsRequest{}
+	mi := &file_fedstream_proto_msgTypes[99]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthActionsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthActionsRequest) ProtoMessage() {}
+
+func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[99]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthActionsRequest.ProtoReflect.Descriptor instead.
+func (*HealthActionsRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{99}
+}
+
+func (x *HealthActionsRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+type HealthActionsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Actions       []*HealthAction        `protobuf:"bytes,1,rep,name=actions,proto3" json:"actions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthActionsResponse) Reset() {
+	*x = HealthActionsResponse{}
+	mi := &file_fedstream_proto_msgTypes[100]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthActionsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthActionsResponse) ProtoMessage() {}
+
+func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[100]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthActionsResponse.ProtoReflect.Descriptor instead.
+func (*HealthActionsResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{100}
+}
+
+func (x *HealthActionsResponse) GetActions() []*HealthAction {
+	if x != nil {
+		return x.Actions
+	}
+	return nil
+}
+
+type HealthBlacklistRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Query         string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthBlacklistRequest) Reset() {
+	*x = HealthBlacklistRequest{}
+	mi := &file_fedstream_proto_msgTypes[101]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthBlacklistRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthBlacklistRequest) ProtoMessage() {}
+
+func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[101]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthBlacklistRequest.ProtoReflect.Descriptor instead.
+func (*HealthBlacklistRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{101}
+}
+
+func (x *HealthBlacklistRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+// A diagnosis/action pair of one query with its evaluated record.
+type HealthPair struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Query         string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	Diagnosis     string                 `protobuf:"bytes,2,opt,name=diagnosis,proto3" json:"diagnosis,omitempty"`
+	Action        string                 `protobuf:"bytes,3,opt,name=action,proto3" json:"action,omitempty"`
+	Evaluated     int32                  `protobuf:"varint,4,opt,name=evaluated,proto3" json:"evaluated,omitempty"`
+	Failed        int32                  `protobuf:"varint,5,opt,name=failed,proto3" json:"failed,omitempty"`
+	Blacklisted   bool                   `protobuf:"varint,6,opt,name=blacklisted,proto3" json:"blacklisted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthPair) Reset() {
+	*x = HealthPair{}
+	mi := &file_fedstream_proto_msgTypes[102]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthPair) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthPair) ProtoMessage() {}
+
+func (x *HealthPair) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[102]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthPair.ProtoReflect.Descriptor instead.
+func (*HealthPair) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{102}
+}
+
+func (x *HealthPair) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *HealthPair) GetDiagnosis() string {
+	if x != nil {
+		return x.Diagnosis
+	}
+	return ""
+}
+
+func (x *HealthPair) GetAction() string {
+	if x != nil {
+		return x.Action
+	}
+	return ""
+}
+
+func (x *HealthPair) GetEvaluated() int32 {
+	if x != nil {
+		return x.Evaluated
+	}
+	return 0
+}
+
+func (x *HealthPair) GetFailed() int32 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *HealthPair) GetBlacklisted() bool {
+	if x != nil {
+		return x.Blacklisted
+	}
+	return false
+}
+
+type HealthBlacklistResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Every pair with an evaluated action; blacklisted ones are skipped by
+	// the resolver choice.
+	Pairs         []*HealthPair `protobuf:"bytes,1,rep,name=pairs,proto3" json:"pairs,omitempty"`
+	FailureRatio  float64       `protobuf:"fixed64,2,opt,name=failure_ratio,json=failureRatio,proto3" json:"failure_ratio,omitempty"`
+	MinEvaluated  int32         `protobuf:"varint,3,opt,name=min_evaluated,json=minEvaluated,proto3" json:"min_evaluated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthBlacklistResponse) Reset() {
+	*x = HealthBlacklistResponse{}
+	mi := &file_fedstream_proto_msgTypes[103]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthBlacklistResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthBlacklistResponse) ProtoMessage() {}
+
+func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[103]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthBlacklistResponse.ProtoReflect.Descriptor instead.
+func (*HealthBlacklistResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{103}
+}
+
+func (x *HealthBlacklistResponse) GetPairs() []*HealthPair {
+	if x != nil {
+		return x.Pairs
+	}
+	return nil
+}
+
+func (x *HealthBlacklistResponse) GetFailureRatio() float64 {
+	if x != nil {
+		return x.FailureRatio
+	}
+	return 0
+}
+
+func (x *HealthBlacklistResponse) GetMinEvaluated() int32 {
+	if x != nil {
+		return x.MinEvaluated
+	}
+	return 0
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -6643,7 +7162,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\"\xa1\x03\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\x84\x04\n" +
 	"\tTaskStats\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
@@ -6657,7 +7176,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x15subscription_switches\x18\n" +
 	" \x01(\x03R\x14subscriptionSwitches\x12)\n" +
 	"\x11cpu_seconds_per_s\x18\v \x01(\x01R\x0ecpuSecondsPerS\x12$\n" +
-	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\"Y\n" +
+	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\x12=\n" +
+	"\n" +
+	"key_sample\x18\xac\x02 \x03(\v2\x1d.fedstream.v1.HealthKeySampleR\tkeySample\x12\"\n" +
+	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
@@ -6923,7 +7445,45 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\btracking\x18\x02 \x01(\tR\btracking\x12<\n" +
 	"\toperators\x18\x03 \x03(\v2\x1e.fedstream.v1.OperatorVersionsR\toperators\x124\n" +
-	"\x05plans\x18\x04 \x03(\v2\x1e.fedstream.v1.ReconfigPlanInfoR\x05plans*t\n" +
+	"\x05plans\x18\x04 \x03(\v2\x1e.fedstream.v1.ReconfigPlanInfoR\x05plans\"W\n" +
+	"\x0fHealthKeySample\x12\x1a\n" +
+	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x12\n" +
+	"\x04slot\x18\x02 \x01(\x05R\x04slot\x12\x14\n" +
+	"\x05count\x18\x03 \x01(\x04R\x05count\"\xa4\x03\n" +
+	"\fHealthAction\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
+	"\x05query\x18\x02 \x01(\tR\x05query\x12\x1a\n" +
+	"\bfragment\x18\x03 \x01(\tR\bfragment\x12\x1c\n" +
+	"\tdiagnosis\x18\x04 \x01(\tR\tdiagnosis\x12\x16\n" +
+	"\x06action\x18\x05 \x01(\tR\x06action\x12\x1a\n" +
+	"\bsymptoms\x18\x06 \x01(\tR\bsymptoms\x12\x16\n" +
+	"\x06detail\x18\a \x01(\tR\x06detail\x12\x13\n" +
+	"\x05at_ms\x18\b \x01(\x03R\x04atMs\x12\x18\n" +
+	"\ametrics\x18\t \x01(\tR\ametrics\x12\x18\n" +
+	"\aoutcome\x18\n" +
+	" \x01(\tR\aoutcome\x12%\n" +
+	"\x0eoutcome_detail\x18\v \x01(\tR\routcomeDetail\x12&\n" +
+	"\x0fevaluated_at_ms\x18\f \x01(\x03R\revaluatedAtMs\x12)\n" +
+	"\x10from_parallelism\x18\r \x01(\x05R\x0ffromParallelism\x12%\n" +
+	"\x0eto_parallelism\x18\x0e \x01(\x05R\rtoParallelism\",\n" +
+	"\x14HealthActionsRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"M\n" +
+	"\x15HealthActionsResponse\x124\n" +
+	"\aactions\x18\x01 \x03(\v2\x1a.fedstream.v1.HealthActionR\aactions\".\n" +
+	"\x16HealthBlacklistRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\xb0\x01\n" +
+	"\n" +
+	"HealthPair\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1c\n" +
+	"\tdiagnosis\x18\x02 \x01(\tR\tdiagnosis\x12\x16\n" +
+	"\x06action\x18\x03 \x01(\tR\x06action\x12\x1c\n" +
+	"\tevaluated\x18\x04 \x01(\x05R\tevaluated\x12\x16\n" +
+	"\x06failed\x18\x05 \x01(\x05R\x06failed\x12 \n" +
+	"\vblacklisted\x18\x06 \x01(\bR\vblacklisted\"\x93\x01\n" +
+	"\x17HealthBlacklistResponse\x12.\n" +
+	"\x05pairs\x18\x01 \x03(\v2\x18.fedstream.v1.HealthPairR\x05pairs\x12#\n" +
+	"\rfailure_ratio\x18\x02 \x01(\x01R\ffailureRatio\x12#\n" +
+	"\rmin_evaluated\x18\x03 \x01(\x05R\fminEvaluated*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -6986,7 +7546,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"LoadStatus\x12\x1f.fedstream.v1.LoadStatusRequest\x1a .fedstream.v1.LoadStatusResponse2\xbf\x01\n" +
 	"\x0fReconfigService\x12R\n" +
 	"\vUpdateQuery\x12 .fedstream.v1.UpdateQueryRequest\x1a!.fedstream.v1.UpdateQueryResponse\x12X\n" +
-	"\rQueryVersions\x12\".fedstream.v1.QueryVersionsRequest\x1a#.fedstream.v1.QueryVersionsResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\rQueryVersions\x12\".fedstream.v1.QueryVersionsRequest\x1a#.fedstream.v1.QueryVersionsResponse2\xbd\x01\n" +
+	"\rHealthService\x12R\n" +
+	"\aActions\x12\".fedstream.v1.HealthActionsRequest\x1a#.fedstream.v1.HealthActionsResponse\x12X\n" +
+	"\tBlacklist\x12$.fedstream.v1.HealthBlacklistRequest\x1a%.fedstream.v1.HealthBlacklistResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -7001,7 +7564,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 99)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -7101,131 +7664,145 @@ var file_fedstream_proto_goTypes = []any{
 	(*OperatorVersions)(nil),          // 95: fedstream.v1.OperatorVersions
 	(*ReconfigPlanInfo)(nil),          // 96: fedstream.v1.ReconfigPlanInfo
 	(*QueryVersionsResponse)(nil),     // 97: fedstream.v1.QueryVersionsResponse
-	nil,                               // 98: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 99: fedstream.v1.WorkerInfo.LabelsEntry
+	(*HealthKeySample)(nil),           // 98: fedstream.v1.HealthKeySample
+	(*HealthAction)(nil),              // 99: fedstream.v1.HealthAction
+	(*HealthActionsRequest)(nil),      // 100: fedstream.v1.HealthActionsRequest
+	(*HealthActionsResponse)(nil),     // 101: fedstream.v1.HealthActionsResponse
+	(*HealthBlacklistRequest)(nil),    // 102: fedstream.v1.HealthBlacklistRequest
+	(*HealthPair)(nil),                // 103: fedstream.v1.HealthPair
+	(*HealthBlacklistResponse)(nil),   // 104: fedstream.v1.HealthBlacklistResponse
+	nil,                               // 105: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 106: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	98, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	35, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
-	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	43, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
-	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	9,  // 7: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
-	6,  // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	8,  // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	88, // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
-	12, // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	16, // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	99, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	12, // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	18, // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	23, // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24, // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	35, // 19: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	38, // 20: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,  // 21: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	41, // 22: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,  // 23: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	51, // 24: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	51, // 25: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16, // 26: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	84, // 27: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	89, // 28: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	91, // 29: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	94, // 30: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	91, // 31: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	95, // 32: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	96, // 33: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	1,  // 34: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,  // 35: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,  // 36: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13, // 37: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	60, // 38: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15, // 39: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19, // 40: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21, // 41: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25, // 42: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27, // 43: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28, // 44: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	62, // 45: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	44, // 46: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	64, // 47: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34, // 48: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	47, // 49: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30, // 50: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32, // 51: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	37, // 52: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	40, // 53: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	40, // 54: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	46, // 55: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	49, // 56: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	52, // 57: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	54, // 58: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	56, // 59: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	58, // 60: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	66, // 61: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	68, // 62: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	70, // 63: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	72, // 64: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	74, // 65: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	75, // 66: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	76, // 67: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	78, // 68: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	80, // 69: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	82, // 70: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	83, // 71: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	86, // 72: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	90, // 73: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	93, // 74: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	2,  // 75: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 76: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 77: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 78: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	61, // 79: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 80: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 81: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 82: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 83: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 84: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 85: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	63, // 86: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	45, // 87: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	65, // 88: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	36, // 89: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	48, // 90: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31, // 91: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33, // 92: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	39, // 93: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	42, // 94: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42, // 95: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	50, // 96: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	50, // 97: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	53, // 98: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	55, // 99: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	57, // 100: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	59, // 101: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	67, // 102: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	69, // 103: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	71, // 104: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	73, // 105: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	77, // 106: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	77, // 107: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	77, // 108: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	79, // 109: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	81, // 110: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	82, // 111: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	85, // 112: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	87, // 113: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	92, // 114: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	97, // 115: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	75, // [75:116] is the sub-list for method output_type
-	34, // [34:75] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	105, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
+	43,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	7,   // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	10,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	9,   // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	9,   // 7: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
+	6,   // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	8,   // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	0,   // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	88,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	12,  // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16,  // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	106, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12,  // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18,  // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	23,  // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24,  // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	98,  // 19: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	35,  // 20: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	38,  // 21: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 22: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	41,  // 23: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 24: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	51,  // 25: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	51,  // 26: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 27: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	84,  // 28: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	89,  // 29: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	91,  // 30: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	94,  // 31: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	91,  // 32: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	95,  // 33: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	96,  // 34: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	99,  // 35: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	103, // 36: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	1,   // 37: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 38: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 39: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 40: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	60,  // 41: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 42: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 43: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 44: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 45: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 46: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 47: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	62,  // 48: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	44,  // 49: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	64,  // 50: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 51: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	47,  // 52: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 53: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 54: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	37,  // 55: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	40,  // 56: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	40,  // 57: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	46,  // 58: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	49,  // 59: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	52,  // 60: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	54,  // 61: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	56,  // 62: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	58,  // 63: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	66,  // 64: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	68,  // 65: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	70,  // 66: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	72,  // 67: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	74,  // 68: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	75,  // 69: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	76,  // 70: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	78,  // 71: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	80,  // 72: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	82,  // 73: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	83,  // 74: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	86,  // 75: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	90,  // 76: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	93,  // 77: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	100, // 78: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	102, // 79: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 80: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 81: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 82: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 83: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	61,  // 84: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 85: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 86: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 87: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 88: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 89: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 90: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	63,  // 91: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	45,  // 92: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	65,  // 93: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	36,  // 94: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	48,  // 95: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 96: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 97: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	39,  // 98: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	42,  // 99: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42,  // 100: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	50,  // 101: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	50,  // 102: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	53,  // 103: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	55,  // 104: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	57,  // 105: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	59,  // 106: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	67,  // 107: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	69,  // 108: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	71,  // 109: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	73,  // 110: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	77,  // 111: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	77,  // 112: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	77,  // 113: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	79,  // 114: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	81,  // 115: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	82,  // 116: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	85,  // 117: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	87,  // 118: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	92,  // 119: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	97,  // 120: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	101, // 121: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	104, // 122: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	80,  // [80:123] is the sub-list for method output_type
+	37,  // [37:80] is the sub-list for method input_type
+	37,  // [37:37] is the sub-list for extension type_name
+	37,  // [37:37] is the sub-list for extension extendee
+	0,   // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -7240,9 +7817,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   99,
+			NumMessages:   106,
 			NumExtensions: 0,
-			NumServices:   10,
+			NumServices:   11,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

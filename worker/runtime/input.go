@@ -445,6 +445,9 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	blocked := t.blockedNanos()
 	t.busySince.Store(start.UnixNano())
 	done, err = t.release(ctx, rel.runs, rel.steps, emitter)
+	if err == nil {
+		err = t.spendCost(ctx, rel.runs)
+	}
 	t.busySince.Store(0)
 	t.counters.released(t, rel.runs, start, blocked)
 	// The operator and the outputs keep nothing of the released tuples
@@ -512,4 +515,31 @@ func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emi
 		}
 	}
 	return false, nil
+}
+
+// spendCost spends the operator's configured per-tuple cost (queryspec
+// Operator.Cost) on a processed release: the time counts as busy, as real
+// work would, so a test or benchmark can give an operator a calibrated
+// processing rate. It waits on a timer, not the CPU, and returns early
+// (with the context's error) when the task stops.
+func (t *task) spendCost(ctx context.Context, runs []mergedRun) error {
+	if t.node == nil || t.node.Op == nil || t.node.Op.Cost == "" {
+		return nil
+	}
+	n := 0
+	for i := range runs {
+		n += len(runs[i].tuples)
+	}
+	d := time.Duration(n) * t.node.Op.CostDuration()
+	if d <= 0 {
+		return nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }

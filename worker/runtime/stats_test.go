@@ -36,6 +36,30 @@ func TestTaskStatsCountExactly(t *testing.T) {
 		}
 	}
 	src, p0, p1, sink := stats["wc/lines/p0/r0"], stats["wc/counts/p0/r0"], stats["wc/counts/p1/r0"], stats["wc/out/p0/r0"]
+	// The source sampled one tuple in keySampleEvery of those it routed to
+	// the keyed aggregate, and a second take finds nothing new.
+	var samples []KeySamples
+	for _, w := range c.workers {
+		samples = append(samples, w.rt.TakeKeySamples()...)
+	}
+	if len(samples) != 1 || samples[0].TaskID != "wc/lines/p0/r0" || samples[0].Sampled["counts"] != src.OutTuples/keySampleEvery {
+		t.Errorf("key samples %+v, want the source's %d sampled tuples to counts", samples, src.OutTuples/keySampleEvery)
+	} else {
+		top := samples[0].Top
+		if len(top) == 0 || len(top) > keySampleTop || top[0].Fragment != "counts" {
+			t.Errorf("top sampled slots %+v", top)
+		}
+		for i := 1; i < len(top); i++ {
+			if top[i].Count > top[i-1].Count {
+				t.Errorf("top sampled slots not by count: %+v", top)
+			}
+		}
+	}
+	for _, w := range c.workers {
+		if again := w.rt.TakeKeySamples(); len(again) != 0 {
+			t.Errorf("a second take found %+v", again)
+		}
+	}
 	if src.InTuples != 20000 {
 		t.Errorf("source drew %d records, the generator's limit is 20000", src.InTuples)
 	}

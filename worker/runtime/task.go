@@ -146,6 +146,9 @@ type task struct {
 	// Figures for metrics and query stats (see stats.go), updated once
 	// per release, batch or published step, never per tuple.
 	counters taskCounters
+	// keys samples the slots of the keys routed to keyed downstreams
+	// (keysample.go).
+	keys keySampler
 
 	// outMu guards outs and byConsumer against the producer adding
 	// outputs (a rescale adding partitions downstream) while other
@@ -875,6 +878,9 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 		t.maxSTime = tp.STime
 	}
 	t.seq++
+	if t.seq&(keySampleEvery-1) == 0 && t.single == nil {
+		t.sampleKeys(tp)
+	}
 	if t.single != nil {
 		if err := t.appendTo(ctx, t.single, tp); err != nil {
 			t.emitErr = err

@@ -1,0 +1,581 @@
+// Package health is the health manager's policy: symptom detectors,
+// diagnosers, the resolver choice and a DS2-style scaling resolver. It
+// does no I/O and keeps no clock: the coordinator's policy loop
+// (coordinator/health_loop.go) feeds it windows of the per-task figures the
+// workers report and carries out what it decides through the plan applier.
+//
+// The flow, for one query and one window of samples:
+//
+//	Detect  -> Symptoms per fragment (backpressure, large or growing
+//	           queue, rate skew, queue skew, idle capacity) and the query's
+//	           throughput against its SLO;
+//	Diagnose -> at most one Diagnosis per fragment, from the symptom set as
+//	           in Dhalion's table (similar rates and queues: under-provisioned;
+//	           one instance with a larger queue at a similar rate: slow
+//	           instance; one with a larger queue and a higher rate: data
+//	           skew), plus over-provisioned and SLO violated;
+//	Resolve -> the first resolver of the diagnosis whose diagnosis/action
+//	           pair is not blacklisted, with its parameters (for scaling:
+//	           the parallelism DS2's true processing rates call for).
+//
+// Everything is a pure function of its inputs, so each step is tested on
+// recorded windows.
+package health
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Instance is one task's figures in one report.
+type Instance struct {
+	Task      string
+	Partition int
+	Worker    string
+	// InRate and OutRate are tuples per second taken and emitted.
+	InRate, OutRate float64
+	// Busy is the share of wall time spent processing (useful time), 0..1.
+	Busy float64
+	// Queue is the number of tuples received and not yet processed.
+	Queue float64
+	// BlockedMs is the time per second blocked on a full output buffer.
+	BlockedMs float64
+	// Unacked are the tuples of its output streams its consumers have not
+	// acknowledged yet. Consumers pull, so the backlog in front of a slow
+	// consumer lives in its upstream's output buffer: until that buffer is
+	// full (and the upstream blocks), this is where it shows.
+	Unacked float64
+}
+
+// Sample is one reading of every instance of a fragment.
+type Sample struct {
+	At        time.Time
+	Instances []Instance
+}
+
+// Fragment is a window of samples of one fragment, oldest first, with
+// what the policy must know of its place in the query.
+type Fragment struct {
+	Name string
+	// Scalable: a keyed operator, which live rescaling can resize.
+	Scalable bool
+	// Source: a source fragment; SourceRate is its configured rate in
+	// records per second over all its partitions (0: unknown), before the
+	// operators fused into it.
+	Source     bool
+	SourceRate float64
+	// Sink: its input rate is the query's throughput.
+	Sink        bool
+	Parallelism int
+	Upstreams   []string
+	Downstreams []string
+	Samples     []Sample
+}
+
+// Query is what the policy sees of one query.
+type Query struct {
+	Name string
+	// SLO is the throughput (tuples per second into its sinks) the query
+	// must sustain; 0: none.
+	SLO       float64
+	Fragments []Fragment
+}
+
+// Fragment returns the fragment named name, or nil.
+func (q *Query) Fragment(name string) *Fragment {
+	for i := range q.Fragments {
+		if q.Fragments[i].Name == name {
+			return &q.Fragments[i]
+		}
+	}
+	return nil
+}
+
+// Config holds the thresholds of the detectors and the resolvers. The
+// zero value is not useful; DefaultConfig gives tested values.
+type Config struct {
+	// MinSamples is how many samples a window needs before any detector
+	// speaks; Persist how many of the latest must all show a symptom.
+	MinSamples, Persist int
+	// BackpressureMs: upstream blocked time (ms per second, averaged over
+	// an upstream's instances) above which a fragment is a bottleneck.
+	BackpressureMs float64
+	// QueueHigh: a mean queue per instance above it is large.
+	QueueHigh float64
+	// SkewRatio: an instance whose rate (or queue) is above SkewRatio
+	// times the median of the others is skewed. The instance with the
+	// larger queue has a similar rate (slow instance) up to SimilarRatio
+	// times the others' median, a higher one (data skew) above it: under
+	// backpressure every instance is held to what the slowest takes, so a
+	// slow instance runs at the others' rate while a hot one runs faster
+	// by its extra share of the keys.
+	SkewRatio, SimilarRatio float64
+	// QueueSkewMin: a queue below it is never a skewed one.
+	QueueSkewMin float64
+	// IdleBusy: a fragment whose instances all stay below this busy share
+	// for the whole window, with no backpressure and small queues, has
+	// idle capacity.
+	IdleBusy float64
+	// TargetUtil is the busy share the scaling resolver sizes instances
+	// for when scaling up; DownUtil when scaling down (lower, so that a
+	// scale-down never lands next to the scale-up threshold).
+	TargetUtil, DownUtil float64
+	// SLOMargin: throughput below SLO*(1-SLOMargin) violates the SLO.
+	SLOMargin float64
+	// MinBusy: below this total useful time (seconds over the window) a
+	// fragment's true processing rate is not trusted (rate/busy of an
+	// almost idle task is noise).
+	MinBusy float64
+	// MaxParallelism bounds what the resolver asks for.
+	MaxParallelism int
+}
+
+// DefaultConfig returns the thresholds the loop uses unless configured.
+func DefaultConfig() Config {
+	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05,
+		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256}
+}
+
+// Symptom names.
+const (
+	SymBackpressure = "backpressure"
+	SymLargeQueue   = "large_queue"
+	SymGrowingQueue = "growing_queue"
+	SymRateSkew     = "rate_skew"
+	SymQueueSkew    = "queue_skew"
+	SymIdle         = "idle_capacity"
+	SymBelowSLO     = "throughput_below_slo"
+)
+
+// Symptoms are what the detectors found on one fragment.
+type Symptoms struct {
+	Fragment string
+	Set      map[string]bool
+	// Outlier is the instance (partition) with the skewed queue or rate,
+	// -1 when none.
+	Outlier int
+	// Why says in words what was seen.
+	Why []string
+}
+
+func (s *Symptoms) add(name, why string) {
+	if s.Set == nil {
+		s.Set = map[string]bool{}
+	}
+	s.Set[name] = true
+	s.Why = append(s.Why, why)
+}
+
+// Has reports whether the symptom was detected.
+func (s Symptoms) Has(name string) bool { return s.Set[name] }
+
+// Names lists the detected symptoms, sorted.
+func (s Symptoms) Names() []string {
+	out := make([]string, 0, len(s.Set))
+	for n := range s.Set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Diagnosis names.
+const (
+	DiagUnderProvisioned = "under_provisioned"
+	DiagSlowInstance     = "slow_instance"
+	DiagDataSkew         = "data_skew"
+	DiagOverProvisioned  = "over_provisioned"
+	DiagSLOViolated      = "slo_violated"
+)
+
+// Action names. ActRebalanceSlots, ActScaleSources and ActOffload name
+// resolvers that are not carried out yet (see Resolvers): the loop logs
+// their diagnosis as an alert instead of acting.
+const (
+	ActScaleUp        = "scale_up"
+	ActScaleDown      = "scale_down"
+	ActMove           = "move"
+	ActRebalanceSlots = "rebalance_slots"
+	ActScaleSources   = "scale_sources"
+	// ActOffload hands tasks to a contract partner through the
+	// bounded-price mechanism when the org lacks capacity: the hook the
+	// federation load manager is to fill (OffloadHook in the loop).
+	ActOffload = "offload"
+)
+
+// Resolvers lists, per diagnosis, the actions to try in order; the choice
+// skips blacklisted pairs and actions the loop cannot carry out.
+var Resolvers = map[string][]string{
+	DiagUnderProvisioned: {ActScaleUp, ActOffload},
+	DiagSlowInstance:     {ActMove, ActScaleUp},
+	DiagDataSkew:         {ActRebalanceSlots, ActScaleUp},
+	DiagOverProvisioned:  {ActScaleDown},
+	DiagSLOViolated:      {ActScaleUp, ActScaleSources, ActOffload},
+}
+
+// mean returns the mean of f over xs (0 for none).
+func mean[T any](xs []T, f func(T) float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range xs {
+		s += f(x)
+	}
+	return s / float64(len(xs))
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// perPartition averages f over the window for each partition.
+func perPartition(f *Fragment, samples []Sample, get func(Instance) float64) map[int]float64 {
+	sum, n := map[int]float64{}, map[int]int{}
+	for _, s := range samples {
+		for _, in := range s.Instances {
+			sum[in.Partition] += get(in)
+			n[in.Partition]++
+		}
+	}
+	for p := range sum {
+		sum[p] /= float64(n[p])
+	}
+	return sum
+}
+
+// outlier returns the partition whose value is above ratio times the
+// median of the others (and above floor), or -1.
+func outlier(vals map[int]float64, ratio, floor float64) int {
+	if len(vals) < 2 {
+		return -1
+	}
+	best, bestV := -1, math.Inf(-1)
+	for p, v := range vals {
+		if v > bestV || v == bestV && p < best {
+			best, bestV = p, v
+		}
+	}
+	var others []float64
+	for p, v := range vals {
+		if p != best {
+			others = append(others, v)
+		}
+	}
+	if m := median(others); bestV > floor && bestV > ratio*m {
+		return best
+	}
+	return -1
+}
+
+// latest returns the last n samples of f (all when fewer).
+func latest(f *Fragment, n int) []Sample {
+	if n <= 0 || n > len(f.Samples) {
+		n = len(f.Samples)
+	}
+	return f.Samples[len(f.Samples)-n:]
+}
+
+// blockedMs is the mean blocked time per instance of f in one sample.
+func blockedMs(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.BlockedMs })
+}
+
+// unackedMean is the mean of the tuples held for consumers per instance
+// of one sample.
+func unackedMean(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.Unacked })
+}
+
+// queueMean is the mean queue per instance of one sample.
+func queueMean(s Sample) float64 {
+	return mean(s.Instances, func(i Instance) float64 { return i.Queue })
+}
+
+// sampleAt returns f's sample nearest to at (by index from the end:
+// samples of the fragments of one query are taken together).
+func sampleFromEnd(f *Fragment, k int) (Sample, bool) {
+	if k >= len(f.Samples) {
+		return Sample{}, false
+	}
+	return f.Samples[len(f.Samples)-1-k], true
+}
+
+// bottleneckOf returns, for an upstream fragment that blocks, the
+// downstream that holds it back: the busiest one over the window.
+func bottleneckOf(q *Query, up *Fragment) string {
+	best, bestBusy := "", -1.0
+	for _, d := range up.Downstreams {
+		df := q.Fragment(d)
+		if df == nil {
+			continue
+		}
+		b := 0.0
+		for _, s := range df.Samples {
+			b += mean(s.Instances, func(i Instance) float64 { return i.Busy })
+		}
+		if b > bestBusy {
+			best, bestBusy = d, b
+		}
+	}
+	return best
+}
+
+// Throughput is the query's rate into its sinks in one sample, counted
+// back k samples from the end; ok is false without sinks or samples.
+func Throughput(q *Query, k int) (float64, bool) {
+	total, any := 0.0, false
+	for i := range q.Fragments {
+		f := &q.Fragments[i]
+		if !f.Sink {
+			continue
+		}
+		s, ok := sampleFromEnd(f, k)
+		if !ok {
+			return 0, false
+		}
+		any = true
+		for _, in := range s.Instances {
+			total += in.InRate
+		}
+	}
+	return total, any
+}
+
+// Detect runs every detector over the query's window. It returns the
+// symptoms of each fragment that has any (sorted by fragment) and whether
+// the query's throughput is below its SLO.
+func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
+	enough := func(f *Fragment) bool { return len(f.Samples) >= c.MinSamples }
+	byFrag := map[string]*Symptoms{}
+	get := func(name string) *Symptoms {
+		s := byFrag[name]
+		if s == nil {
+			s = &Symptoms{Fragment: name, Outlier: -1}
+			byFrag[name] = s
+		}
+		return s
+	}
+	for i := range q.Fragments {
+		f := &q.Fragments[i]
+		if !enough(f) {
+			continue
+		}
+		recent := latest(f, c.Persist)
+		// Backpressure: the fragment blocks on its outputs in each of the
+		// latest samples; the symptom belongs to the downstream that holds
+		// it back.
+		if len(f.Downstreams) > 0 && all(recent, func(s Sample) bool { return blockedMs(s) > c.BackpressureMs }) {
+			if d := bottleneckOf(q, f); d != "" {
+				get(d).add(SymBackpressure, fmt.Sprintf("upstream %s blocked %.0f ms/s on its output", f.Name, blockedMs(recent[len(recent)-1])))
+			}
+		}
+		// The backlog a fragment holds for its consumers, too, is a queue
+		// in front of the downstream that holds it back.
+		if len(f.Downstreams) > 0 {
+			if d := bottleneckOf(q, f); d != "" {
+				if all(recent, func(s Sample) bool { return unackedMean(s) > c.QueueHigh }) && !draining(recent, unackedMean) {
+					get(d).add(SymLargeQueue, fmt.Sprintf("upstream %s holds %.0f tuples per instance not yet taken", f.Name, unackedMean(recent[len(recent)-1])))
+				}
+				if len(recent) >= 2 && growing(recent, unackedMean) && unackedMean(recent[len(recent)-1])-unackedMean(recent[0]) > c.QueueSkewMin {
+					get(d).add(SymGrowingQueue, fmt.Sprintf("tuples upstream %s holds not yet taken grew from %.0f to %.0f per instance", f.Name,
+						unackedMean(recent[0]), unackedMean(recent[len(recent)-1])))
+				}
+			}
+		}
+		if f.Source {
+			continue
+		}
+		// Large queue: above QueueHigh per instance in each latest sample.
+		if all(recent, func(s Sample) bool { return queueMean(s) > c.QueueHigh }) && !draining(recent, queueMean) {
+			get(f.Name).add(SymLargeQueue, fmt.Sprintf("queue %.0f tuples per instance", queueMean(recent[len(recent)-1])))
+		}
+		// Growing queue: strictly growing over the latest samples, by
+		// more than QueueSkewMin in all.
+		if len(recent) >= 2 && growing(recent, queueMean) && queueMean(recent[len(recent)-1])-queueMean(recent[0]) > c.QueueSkewMin {
+			get(f.Name).add(SymGrowingQueue, fmt.Sprintf("queue grew from %.0f to %.0f per instance", queueMean(recent[0]), queueMean(recent[len(recent)-1])))
+		}
+		// Skews: one partition's window mean above the others'.
+		win := latest(f, 0)
+		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.Queue }), c.SkewRatio, c.QueueSkewMin); p >= 0 {
+			s := get(f.Name)
+			s.add(SymQueueSkew, fmt.Sprintf("partition %d holds a larger queue than the others", p))
+			s.Outlier = p
+		}
+		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.InRate }), c.SkewRatio, 0); p >= 0 {
+			s := get(f.Name)
+			s.add(SymRateSkew, fmt.Sprintf("partition %d takes more tuples per second than the others", p))
+			if s.Outlier < 0 {
+				s.Outlier = p
+			}
+		}
+		// Idle capacity: every instance under IdleBusy in every sample of
+		// the window, no blocked upstream, small queues; only where there
+		// is an instance to spare.
+		if f.Parallelism > 1 && len(win) >= c.MinSamples && all(win, func(s Sample) bool {
+			return len(s.Instances) > 0 && queueMean(s) <= c.QueueHigh/10 &&
+				all(s.Instances, func(i Instance) bool { return i.Busy < c.IdleBusy })
+		}) {
+			get(f.Name).add(SymIdle, fmt.Sprintf("every instance under %.0f%% busy for the whole window", c.IdleBusy*100))
+		}
+	}
+	// A backlog anywhere cancels idle capacity everywhere: never scale
+	// down in the middle of a backlog.
+	backlog := false
+	for _, s := range byFrag {
+		if s.Has(SymBackpressure) || s.Has(SymLargeQueue) || s.Has(SymGrowingQueue) {
+			backlog = true
+		}
+	}
+	if q.SLO > 0 {
+		below := c.Persist > 0
+		last := 0.0
+		for k := 0; k < max(c.Persist, 1); k++ {
+			tp, ok := Throughput(q, k)
+			if k == 0 {
+				last = tp
+			}
+			if !ok || tp >= q.SLO*(1-c.SLOMargin) {
+				below = false
+				break
+			}
+		}
+		if below {
+			belowSLO, why = true, fmt.Sprintf("throughput %.0f/s below the SLO %.0f/s", last, q.SLO)
+		}
+	}
+	// Nor while the SLO is missed.
+	if backlog || belowSLO {
+		for _, s := range byFrag {
+			if s.Has(SymIdle) {
+				delete(s.Set, SymIdle)
+			}
+		}
+	}
+	for _, s := range byFrag {
+		if len(s.Set) > 0 {
+			out = append(out, *s)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Fragment < out[j].Fragment })
+	return out, belowSLO, why
+}
+
+func all[T any](xs []T, f func(T) bool) bool {
+	for _, x := range xs {
+		if !f(x) {
+			return false
+		}
+	}
+	return true
+}
+
+// draining reports whether v fell over the samples: a large backlog that
+// shrinks is being worked off, which is no symptom.
+func draining(ss []Sample, v func(Sample) float64) bool {
+	return len(ss) >= 2 && v(ss[len(ss)-1]) < v(ss[0])
+}
+
+// growing reports whether v grows from each sample to the next.
+func growing(ss []Sample, v func(Sample) float64) bool {
+	for i := 1; i < len(ss); i++ {
+		if v(ss[i]) <= v(ss[i-1]) {
+			return false
+		}
+	}
+	return true
+}
+
+// Diagnosis is one explanation of a fragment's symptoms.
+type Diagnosis struct {
+	Name     string
+	Fragment string
+	// Partition is the slow or hot instance (slow instance, data skew),
+	// -1 otherwise.
+	Partition int
+	Symptoms  []string
+	Why       string
+}
+
+// Diagnose turns symptoms into at most one diagnosis per fragment
+// (Dhalion's table), plus an SLO violation when the throughput is below
+// the SLO and no fragment is already diagnosed as a bottleneck. Sorted by
+// fragment.
+func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config) []Diagnosis {
+	var out []Diagnosis
+	bottleneck := false
+	for _, s := range syms {
+		d := Diagnosis{Fragment: s.Fragment, Partition: -1, Symptoms: s.Names(), Why: strings.Join(s.Why, "; ")}
+		pressure := s.Has(SymBackpressure) || s.Has(SymLargeQueue) || s.Has(SymGrowingQueue)
+		switch {
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && !similarRate(q.Fragment(s.Fragment), s.Outlier, c):
+			d.Name, d.Partition = DiagDataSkew, s.Outlier
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
+			d.Name, d.Partition = DiagSlowInstance, s.Outlier
+		case pressure:
+			d.Name = DiagUnderProvisioned
+		case s.Has(SymIdle) && q.Fragment(s.Fragment) != nil && q.Fragment(s.Fragment).Scalable:
+			d.Name = DiagOverProvisioned
+		default:
+			continue
+		}
+		if pressure {
+			bottleneck = true
+		}
+		out = append(out, d)
+	}
+	if belowSLO && !bottleneck {
+		// The busiest scalable fragment is what limits the throughput.
+		if f := busiest(q); f != "" {
+			out = append(out, Diagnosis{Name: DiagSLOViolated, Fragment: f, Partition: -1, Symptoms: []string{SymBelowSLO}, Why: sloWhy})
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Fragment < out[j].Fragment })
+	return out
+}
+
+// similarRate reports whether partition p's input rate is within
+// SimilarRatio of the median of the other partitions.
+func similarRate(f *Fragment, p int, c Config) bool {
+	if f == nil {
+		return false
+	}
+	rates := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	var others []float64
+	for q, v := range rates {
+		if q != p {
+			others = append(others, v)
+		}
+	}
+	m := median(others)
+	return m > 0 && rates[p] <= c.SimilarRatio*m
+}
+
+// busiest returns the scalable fragment with the highest mean busy share,
+// "" when none.
+func busiest(q *Query) string {
+	best, bestB := "", -1.0
+	for i := range q.Fragments {
+		f := &q.Fragments[i]
+		if !f.Scalable || len(f.Samples) == 0 {
+			continue
+		}
+		b := mean(f.Samples, func(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Busy }) })
+		if b > bestB {
+			best, bestB = f.Name, b
+		}
+	}
+	return best
+}

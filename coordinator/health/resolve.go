@@ -1,0 +1,370 @@
+package health
+
+import (
+	"fmt"
+	"math"
+	"sort"
+)
+
+// TrueRate is DS2's true processing rate of one instance of f: the tuples
+// it takes per second of useful time (input rate divided by busy share),
+// from the window's totals. ok is false when the window holds too little
+// useful time for the rate to mean anything (c.MinBusy): an almost idle
+// task's rate/busy is noise and would overestimate what it can do.
+func TrueRate(f *Fragment, c Config) (perInstance float64, ok bool) {
+	in, busy := 0.0, 0.0
+	for _, s := range f.Samples {
+		for _, i := range s.Instances {
+			in += i.InRate
+			busy += i.Busy
+		}
+	}
+	if busy < c.MinBusy || in <= 0 {
+		return 0, false
+	}
+	return in / busy, true
+}
+
+// selectivity is f's output per input tuple over the window (1 when it
+// took nothing).
+func selectivity(f *Fragment) float64 {
+	in, out := 0.0, 0.0
+	for _, s := range f.Samples {
+		for _, i := range s.Instances {
+			in += i.InRate
+			out += i.OutRate
+		}
+	}
+	if in <= 0 {
+		return 1
+	}
+	return out / in
+}
+
+// sourceDemand is what a source would emit unblocked: its configured rate
+// when known, else its output rate scaled up by the share of time it was
+// blocked, at most doubled. A blocked source may be catching up with a
+// backlog, which says nothing of the rate it must sustain: without a
+// known rate, scaling goes at most twice as far per step as what flows
+// now, and takes a few steps instead of one.
+func sourceDemand(f *Fragment) float64 {
+	if f.SourceRate > 0 {
+		// Records drawn per second, through the operators fused into the
+		// source.
+		return f.SourceRate * selectivity(f)
+	}
+	if len(f.Samples) == 0 {
+		return 0
+	}
+	out, blocked := 0.0, 0.0
+	for _, s := range f.Samples {
+		for _, i := range s.Instances {
+			out += i.OutRate
+		}
+		blocked += mean(s.Instances, func(i Instance) float64 { return i.BlockedMs })
+	}
+	n := float64(len(f.Samples))
+	free := max(0.5, 1-blocked/n/1000)
+	return out / n / free
+}
+
+// Demand propagates the sources' demand through the query, DS2's way: the
+// target input rate of each fragment is the sum of its upstreams' target
+// output rates, a fragment's target output its target input times its
+// observed selectivity. Fragments are visited once their upstreams are.
+func Demand(q *Query) map[string]float64 {
+	in, out := map[string]float64{}, map[string]float64{}
+	done := map[string]bool{}
+	for progress := true; progress; {
+		progress = false
+		for i := range q.Fragments {
+			f := &q.Fragments[i]
+			if done[f.Name] {
+				continue
+			}
+			ready := true
+			for _, u := range f.Upstreams {
+				if q.Fragment(u) != nil && !done[u] {
+					ready = false
+				}
+			}
+			if !ready {
+				continue
+			}
+			if f.Source || len(f.Upstreams) == 0 {
+				out[f.Name] = sourceDemand(f)
+			} else {
+				for _, u := range f.Upstreams {
+					in[f.Name] += out[u]
+				}
+				out[f.Name] = in[f.Name] * selectivity(f)
+			}
+			done[f.Name], progress = true, true
+		}
+	}
+	return in
+}
+
+// Needed is the parallelism that serves demand at util busy share with
+// instances of the given true rate, within 1..maxP.
+func Needed(demand, trueRate, util float64, maxP int) int {
+	if trueRate <= 0 || util <= 0 {
+		return 1
+	}
+	n := int(math.Ceil(demand/(trueRate*util) - 1e-9))
+	return min(max(n, 1), maxP)
+}
+
+// Decision is the resolver choice for one query: one action (nil when
+// none), and the diagnoses for which no action could be taken, which the
+// loop reports as alerts.
+type Decision struct {
+	Diagnosis Diagnosis
+	Action    string
+	// From and To are the fragment's parallelism before and after a
+	// scaling action.
+	From, To int
+	// Why explains the parameters (the DS2 figures for scaling).
+	Why string
+	// Skipped says which resolvers were passed over and why.
+	Skipped []string
+}
+
+// Allowed reports whether a diagnosis/action pair may be used for the
+// query, and why not (blacklisted, or no way to carry it out here).
+type Allowed func(diagnosis, action string) (ok bool, why string)
+
+// priority orders diagnoses: relieve a bottleneck before saving capacity.
+var priority = map[string]int{DiagSlowInstance: 0, DiagDataSkew: 1, DiagUnderProvisioned: 2, DiagSLOViolated: 3, DiagOverProvisioned: 4}
+
+// Choose picks the action for a query: the diagnoses in priority order,
+// for each its resolvers in order, skipping pairs allowed refuses and
+// scaling that would change nothing. The first workable one wins (one
+// intrusive action at a time); the diagnoses left without any are
+// returned as alerts.
+func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decision, alerts []Decision) {
+	sorted := append([]Diagnosis(nil), ds...)
+	sort.SliceStable(sorted, func(i, j int) bool { return priority[sorted[i].Name] < priority[sorted[j].Name] })
+	demand := Demand(q)
+	for _, d := range sorted {
+		dec := Decision{Diagnosis: d}
+		for _, act := range Resolvers[d.Name] {
+			if ok, why := allowed(d.Name, act); !ok {
+				dec.Skipped = append(dec.Skipped, act+": "+why)
+				continue
+			}
+			if ok, why := fill(q, &dec, act, demand, c); !ok {
+				dec.Skipped = append(dec.Skipped, act+": "+why)
+				continue
+			}
+			dec.Action = act
+			break
+		}
+		if dec.Action == "" {
+			alerts = append(alerts, dec)
+			continue
+		}
+		if chosen == nil {
+			c := dec
+			chosen = &c
+		}
+	}
+	return chosen, alerts
+}
+
+// fill sets the parameters of act for dec, or says why it does not apply.
+func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Config) (bool, string) {
+	f := q.Fragment(dec.Diagnosis.Fragment)
+	if f == nil {
+		return false, "unknown fragment"
+	}
+	switch act {
+	case ActScaleUp, ActScaleDown:
+		if !f.Scalable {
+			return false, "not a keyed operator: it cannot be rescaled"
+		}
+		rate, ok := TrueRate(f, c)
+		if !ok {
+			return false, "too little useful time in the window to know its true processing rate"
+		}
+		want := demand[f.Name]
+		if act == ActScaleUp {
+			n := Needed(want, rate, c.TargetUtil, c.MaxParallelism)
+			if n <= f.Parallelism {
+				// DS2 trusts its model: more instances than the demand
+				// needs would be overshoot (a backlog left by an earlier
+				// shortage drains on its own).
+				if f.Parallelism >= c.MaxParallelism {
+					return false, fmt.Sprintf("already at the maximum parallelism %d", c.MaxParallelism)
+				}
+				return false, fmt.Sprintf("demand %.0f tuples/s needs %d instances at %.0f%% busy with a true rate of %.0f: it has %d",
+					want, n, c.TargetUtil*100, rate, f.Parallelism)
+			}
+			dec.From, dec.To = f.Parallelism, n
+			dec.Why = fmt.Sprintf("demand %.0f tuples/s, true rate %.0f tuples/s per instance at %.0f%% target busy: %d instances", want, rate, c.TargetUtil*100, n)
+			return true, ""
+		}
+		n := Needed(want, rate, c.DownUtil, c.MaxParallelism)
+		if n >= f.Parallelism {
+			return false, fmt.Sprintf("demand %.0f tuples/s needs %d instances at %.0f%% busy: no fewer than now", want, n, c.DownUtil*100)
+		}
+		dec.From, dec.To = f.Parallelism, n
+		dec.Why = fmt.Sprintf("demand %.0f tuples/s, true rate %.0f tuples/s per instance at %.0f%% busy: %d instances", want, rate, c.DownUtil*100, n)
+		return true, ""
+	case ActMove:
+		if dec.Diagnosis.Partition < 0 {
+			return false, "no single instance to move"
+		}
+		dec.Why = fmt.Sprintf("move partition %d of %s to another worker", dec.Diagnosis.Partition, f.Name)
+		return true, ""
+	}
+	return false, "no resolver carries it out in this build"
+}
+
+// Metrics are the figures an action is judged by, over a window: the
+// query's throughput and, for the fragment acted on, its upstreams' mean
+// blocked time, its mean queue and mean busy share.
+type Metrics struct {
+	Throughput  float64 `json:"throughput"`
+	UpBlockedMs float64 `json:"up_blocked_ms"`
+	// UpUnacked: the most tuples per instance an upstream holds not yet
+	// taken.
+	UpUnacked   float64 `json:"up_unacked"`
+	Queue       float64 `json:"queue"`
+	Busy        float64 `json:"busy"`
+	Parallelism int     `json:"parallelism"`
+	// TrueRate per instance (tuples per useful second), 0 when unknown.
+	TrueRate float64 `json:"true_rate"`
+	// Instances are the fragment's per-partition window means.
+	Instances []InstanceMeans `json:"instances,omitempty"`
+}
+
+// InstanceMeans are one partition's window means.
+type InstanceMeans struct {
+	Partition int     `json:"partition"`
+	InRate    float64 `json:"in_rate"`
+	Busy      float64 `json:"busy"`
+	Queue     float64 `json:"queue"`
+}
+
+// Measure takes the Metrics of fragment frag of q over its window.
+func Measure(q *Query, frag string, c Config) Metrics {
+	var m Metrics
+	n := 0
+	for k := 0; ; k++ {
+		tp, ok := Throughput(q, k)
+		if !ok {
+			break
+		}
+		m.Throughput += tp
+		n++
+	}
+	if n > 0 {
+		m.Throughput /= float64(n)
+	}
+	f := q.Fragment(frag)
+	if f == nil {
+		return m
+	}
+	m.Parallelism = f.Parallelism
+	if r, ok := TrueRate(f, c); ok {
+		m.TrueRate = r
+	}
+	m.Queue = mean(f.Samples, queueMean)
+	m.Busy = mean(f.Samples, func(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Busy }) })
+	for _, u := range f.Upstreams {
+		if uf := q.Fragment(u); uf != nil {
+			m.UpBlockedMs = max(m.UpBlockedMs, mean(uf.Samples, blockedMs))
+			m.UpUnacked = max(m.UpUnacked, mean(uf.Samples, unackedMean))
+		}
+	}
+	rates := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	queue := perPartition(f, f.Samples, func(i Instance) float64 { return i.Queue })
+	for p := range rates {
+		m.Instances = append(m.Instances, InstanceMeans{Partition: p, InRate: rates[p], Busy: busy[p], Queue: queue[p]})
+	}
+	sort.Slice(m.Instances, func(i, j int) bool { return m.Instances[i].Partition < m.Instances[j].Partition })
+	return m
+}
+
+// Evaluate judges an action after its settling time from the metrics
+// before it and after: a repair (scale up, move, ...) improved things when
+// the pressure it addressed is gone (upstreams no longer blocked, queue
+// no longer large, an SLO met) or the throughput rose by a tenth; a scale
+// down when it brought no pressure back and kept the throughput.
+func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Config) (improved bool, why string) {
+	calm := after.UpBlockedMs <= c.BackpressureMs && after.Queue <= c.QueueHigh && after.UpUnacked <= c.QueueHigh
+	if action == ActScaleDown {
+		if calm && after.Throughput >= before.Throughput*0.9 {
+			return true, fmt.Sprintf("no backpressure after it, throughput %.0f/s (was %.0f/s)", after.Throughput, before.Throughput)
+		}
+		return false, fmt.Sprintf("backpressure or lost throughput after it: upstream blocked %.0f ms/s, queue %.0f, throughput %.0f/s (was %.0f/s)",
+			after.UpBlockedMs, after.Queue, after.Throughput, before.Throughput)
+	}
+	if diagnosis == DiagSLOViolated && slo > 0 {
+		calm = after.Throughput >= slo*(1-c.SLOMargin)
+	}
+	switch {
+	case calm:
+		return true, fmt.Sprintf("symptom gone: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
+			after.UpBlockedMs, before.UpBlockedMs, after.Queue, before.Queue, after.Throughput, before.Throughput)
+	case after.Throughput > before.Throughput*1.1:
+		return true, fmt.Sprintf("throughput rose to %.0f/s from %.0f/s", after.Throughput, before.Throughput)
+	}
+	return false, fmt.Sprintf("symptom still there: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
+		after.UpBlockedMs, before.UpBlockedMs, after.Queue, before.Queue, after.Throughput, before.Throughput)
+}
+
+// Outcome values of an action in the log.
+const (
+	OutcomePending     = "pending"
+	OutcomeImproved    = "improved"
+	OutcomeNotImproved = "not_improved"
+	// OutcomeFailed: the action could not be carried out (the rescale or
+	// move was refused or aborted).
+	OutcomeFailed = "failed"
+	// OutcomeAlert: a diagnosis no resolver could act on, logged once.
+	OutcomeAlert = "alert"
+)
+
+// Pair is a diagnosis/action pair of one query.
+type Pair struct{ Query, Diagnosis, Action string }
+
+// PairRecord is a pair's evaluated actions and how many of them failed.
+type PairRecord struct {
+	Evaluated, Failed int
+	Blacklisted       bool
+}
+
+// Logged is what the blacklist needs of one logged action.
+type Logged struct {
+	Pair
+	Outcome string
+}
+
+// Blacklist counts each pair's evaluated actions from the log. A pair is
+// blacklisted once it has at least minEvaluated evaluated actions and the
+// share of them that failed (not improved, or could not be carried out)
+// reaches ratio.
+func Blacklist(log []Logged, ratio float64, minEvaluated int) map[Pair]PairRecord {
+	out := map[Pair]PairRecord{}
+	for _, l := range log {
+		switch l.Outcome {
+		case OutcomeImproved, OutcomeNotImproved, OutcomeFailed:
+		default:
+			continue
+		}
+		r := out[l.Pair]
+		r.Evaluated++
+		if l.Outcome != OutcomeImproved {
+			r.Failed++
+		}
+		out[l.Pair] = r
+	}
+	for p, r := range out {
+		r.Blacklisted = r.Evaluated >= max(minEvaluated, 1) && float64(r.Failed) >= ratio*float64(r.Evaluated)
+		out[p] = r
+	}
+	return out
+}

@@ -1,0 +1,543 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/coordinator/health"
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// The health manager's policy loop (issue 14). It runs on the org leader
+// as one of its duties: every Interval it reads the workers' latest
+// per-task figures (LiveTaskStats), keeps a window of samples per
+// fragment of each watched query, and runs the policy of package health
+// over it. The one action chosen is written to the action log in Raft
+// (pending) and carried out through the live rescale or the live move,
+// both of which change placements only through the plan applier. The
+// query then settles for Settle: no other action on it, and the window
+// starts again; after it the action is evaluated against the figures it
+// was taken on, and the evaluation goes to the log. The blacklist is
+// computed from the log, so it survives a change of leader as the log
+// does; a new leader adopts the pending actions it finds and evaluates
+// them after a settling time of its own.
+
+// HealthConfig configures the health manager's loop.
+type HealthConfig struct {
+	// Off turns the loop off on this coordinator.
+	Off bool
+	// All watches every running query. Otherwise (the default) only the
+	// queries whose definition asks: autoscale: true, or an slo section.
+	All bool
+	// Interval is the time between two steps of the loop (default 1s);
+	// Settle the time after an action before it is evaluated and before
+	// another action on the same query (default 30s).
+	Interval, Settle time.Duration
+	// Window is the number of samples kept per fragment (default 10, at
+	// least the policy's MinSamples).
+	Window int
+	// FailureRatio and MinEvaluated: a diagnosis/action pair of a query
+	// with at least MinEvaluated evaluated actions, of which at least
+	// FailureRatio failed, is blacklisted (defaults 0.5 and 1).
+	FailureRatio float64
+	MinEvaluated int
+	// Policy holds the detectors' and resolvers' thresholds (nil:
+	// health.DefaultConfig()).
+	Policy *health.Config
+	// Offload is the last resolver of an under-provisioned fragment or a
+	// missed SLO when the org lacks capacity: hand tasks of the fragment
+	// to a contract partner through the bounded-price mechanism. nil (the
+	// default in this build): offloading is not available, and the
+	// resolver is skipped.
+	Offload OffloadHook
+}
+
+// OffloadHook offloads work of a fragment of a query to a partner org.
+type OffloadHook func(ctx context.Context, query, fragment string) error
+
+func (h *HealthConfig) fill() {
+	if h.Interval <= 0 {
+		h.Interval = time.Second
+	}
+	if h.Settle <= 0 {
+		h.Settle = 30 * time.Second
+	}
+	if h.Policy == nil {
+		p := health.DefaultConfig()
+		h.Policy = &p
+	}
+	if h.Window <= 0 {
+		h.Window = 10
+	}
+	h.Window = max(h.Window, h.Policy.MinSamples)
+	if h.FailureRatio <= 0 {
+		h.FailureRatio = 0.5
+	}
+	if h.MinEvaluated <= 0 {
+		h.MinEvaluated = 1
+	}
+}
+
+// healthQuery is the loop's state for one watched query.
+type healthQuery struct {
+	// window: fragment -> samples, oldest first.
+	window map[string][]health.Sample
+	// lastReport is the newest report already sampled (Unix ms).
+	lastReport int64
+	// quietUntil: no action before (settling after the last one).
+	quietUntil time.Time
+	pending    *pendingHealth
+	// alerted: fragment/diagnosis -> when last logged as an alert.
+	alerted map[string]time.Time
+	// defIndex is the definition the state belongs to.
+	defIndex uint64
+}
+
+// pendingHealth is an action waiting for its evaluation.
+type pendingHealth struct {
+	id, fragment, diagnosis, action string
+	before                          health.Metrics
+	due                             time.Time
+}
+
+// healthLoop is the leader's policy loop; one per leadership.
+type healthLoop struct {
+	s       *Server
+	cfg     HealthConfig
+	queries map[string]*healthQuery
+	seq     int
+}
+
+// runHealth runs the policy loop until ctx ends (leadership lost).
+func (s *Server) runHealth(ctx context.Context) {
+	cfg := s.cfg.Health
+	if cfg.Off {
+		return
+	}
+	cfg.fill()
+	l := &healthLoop{s: s, cfg: cfg, queries: map[string]*healthQuery{}}
+	l.adoptPending(time.Now())
+	t := time.NewTicker(cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			l.step(ctx, now)
+		}
+	}
+}
+
+// adoptPending takes over the actions a previous leader logged and did
+// not evaluate: they are evaluated after a settling time from now, against
+// the figures logged with them.
+func (l *healthLoop) adoptPending(now time.Time) {
+	acts, err := l.s.State().HealthActions(nil, "")
+	if err != nil {
+		return
+	}
+	for _, a := range acts {
+		if a.Outcome != fsm.HealthPending {
+			continue
+		}
+		var before health.Metrics
+		_ = json.Unmarshal([]byte(a.Metrics), &before) // zero figures: judged on what follows alone
+		hq := l.query(a.Query)
+		hq.pending = &pendingHealth{id: a.ID, fragment: a.Fragment, diagnosis: a.Diagnosis, action: a.Action, before: before, due: now.Add(l.cfg.Settle)}
+		hq.quietUntil = hq.pending.due
+		l.s.logger.Info("health: adopted a pending action", "id", a.ID, "query", a.Query, "action", a.Action)
+	}
+}
+
+func (l *healthLoop) query(name string) *healthQuery {
+	hq := l.queries[name]
+	if hq == nil {
+		hq = &healthQuery{window: map[string][]health.Sample{}, alerted: map[string]time.Time{}}
+		l.queries[name] = hq
+	}
+	return hq
+}
+
+// watched reports whether the loop looks after the query.
+func (l *healthLoop) watched(spec *queryspec.Query) bool {
+	return l.cfg.All || spec.Autoscale || spec.SLO != nil
+}
+
+// step runs one round of the loop over every watched query.
+func (l *healthLoop) step(ctx context.Context, now time.Time) {
+	qs, err := l.s.State().Queries(nil)
+	if err != nil {
+		return
+	}
+	seen := map[string]bool{}
+	for _, q := range qs {
+		if q.Status != fsm.QueryStatusRunning || ctx.Err() != nil {
+			continue
+		}
+		plan := l.s.plans.plan(q)
+		if plan == nil || !l.watched(plan.Query) {
+			continue
+		}
+		seen[q.Name] = true
+		hq := l.query(q.Name)
+		if hq.defIndex != q.CreateIndex {
+			// A new definition: nothing of the old one's figures applies.
+			*hq = healthQuery{window: map[string][]health.Sample{}, alerted: map[string]time.Time{}, defIndex: q.CreateIndex, pending: hq.pending, quietUntil: hq.quietUntil}
+		}
+		view := l.sample(q, plan, hq)
+		if view == nil {
+			continue
+		}
+		if hq.pending != nil && !now.Before(hq.pending.due) {
+			l.evaluate(ctx, q.Name, hq, view, now)
+		}
+		if now.Before(hq.quietUntil) || hq.pending != nil {
+			continue
+		}
+		l.decide(ctx, q.Name, hq, view, now)
+	}
+	for name, hq := range l.queries {
+		if seen[name] || ctx.Err() != nil {
+			continue
+		}
+		// A query stopped (or no longer watched) before its action could
+		// be judged: say so rather than leave the action pending.
+		if p := hq.pending; p != nil {
+			l.evaluated(ctx, p.id, fsm.HealthNotImproved, "the query stopped or is no longer watched before the action could be evaluated", now)
+		}
+		delete(l.queries, name)
+	}
+}
+
+// sample adds the latest reports of q's tasks to its window when they are
+// new, and returns the policy's view of the query (nil when there is not
+// yet a full sample).
+func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery) *health.Query {
+	tasks, err := l.s.State().TasksByQuery(nil, q.Name)
+	if err != nil {
+		return nil
+	}
+	rows := map[string]*pb.TaskStats{}
+	for _, ts := range l.s.LiveTaskStats(q.Name) {
+		rows[ts.Task+"\x00"+ts.Worker] = ts
+		if rows[ts.Task] == nil || ts.ReportedAtMs > rows[ts.Task].ReportedAtMs {
+			rows[ts.Task] = ts
+		}
+	}
+	// Replica 0 of each partition stands for its partition: replicas
+	// process the same input.
+	byFrag := map[string][]health.Instance{}
+	parallelism := map[string]int{}
+	var newest int64
+	complete := true
+	for _, t := range tasks {
+		if t.Replica != 0 {
+			continue
+		}
+		parallelism[t.Fragment]++
+		ts := rows[t.ID+"\x00"+t.WorkerID]
+		if ts == nil {
+			ts = rows[t.ID]
+		}
+		if ts == nil || ts.ReportedAtMs == 0 {
+			complete = false
+			continue
+		}
+		newest = max(newest, ts.ReportedAtMs)
+		byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
+			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
+	}
+	if complete && newest > hq.lastReport {
+		hq.lastReport = newest
+		at := time.UnixMilli(newest)
+		for frag, ins := range byFrag {
+			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })
+			w := append(hq.window[frag], health.Sample{At: at, Instances: ins})
+			if len(w) > l.cfg.Window {
+				w = w[len(w)-l.cfg.Window:]
+			}
+			hq.window[frag] = w
+		}
+	}
+	if !complete {
+		return nil
+	}
+	hqv := &health.Query{Name: q.Name}
+	if plan.Query.SLO != nil {
+		hqv.SLO = plan.Query.SLO.Throughput
+	}
+	for _, n := range plan.Nodes {
+		f := health.Fragment{Name: n.Name, Parallelism: parallelism[n.Name], Upstreams: n.Inputs, Downstreams: n.Outputs,
+			Samples: hq.window[n.Name]}
+		switch n.Kind {
+		case queryspec.KindSource:
+			f.Source = true
+			if n.Source != nil && n.Source.Gen != nil && n.Source.Gen.Rate > 0 {
+				f.SourceRate = float64(n.Source.Gen.Rate * n.Partitions)
+			}
+		case queryspec.KindSink:
+			f.Sink = true
+		case queryspec.KindOperator:
+			f.Scalable = n.KeyFields != nil
+		}
+		hqv.Fragments = append(hqv.Fragments, f)
+	}
+	return hqv
+}
+
+// allowed is the resolver filter: blacklisted pairs and actions this
+// coordinator cannot carry out are skipped.
+func (l *healthLoop) allowed(query string) health.Allowed {
+	bl := l.blacklist(query)
+	return func(diag, act string) (bool, string) {
+		if r := bl[health.Pair{Query: query, Diagnosis: diag, Action: act}]; r.Blacklisted {
+			return false, fmt.Sprintf("blacklisted (%d of %d evaluated actions failed)", r.Failed, r.Evaluated)
+		}
+		switch act {
+		case health.ActScaleUp, health.ActScaleDown, health.ActMove:
+			return true, ""
+		case health.ActOffload:
+			if l.cfg.Offload == nil {
+				return false, "no partner offload configured (HealthConfig.Offload)"
+			}
+			return true, ""
+		}
+		return false, "not carried out by this build"
+	}
+}
+
+// blacklist evaluates the query's pairs from the action log.
+func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
+	acts, _ := l.s.State().HealthActions(nil, query)
+	return blacklistOf(l.s.State(), acts, l.cfg.FailureRatio, l.cfg.MinEvaluated)
+}
+
+// blacklistOf counts the pairs of the logged actions. Only the actions of
+// a query's current definition count: resubmitting a query starts its
+// record afresh.
+func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) map[health.Pair]health.PairRecord {
+	since := map[string]uint64{}
+	logged := make([]health.Logged, 0, len(acts))
+	for _, a := range acts {
+		from, ok := since[a.Query]
+		if !ok {
+			if q, err := st.Query(nil, a.Query); err == nil && q != nil {
+				from = q.CreateIndex
+			}
+			since[a.Query] = from
+		}
+		if a.CreateIndex < from {
+			continue
+		}
+		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
+	}
+	return health.Blacklist(logged, ratio, minEvaluated)
+}
+
+// decide runs the policy on a query and carries out its choice.
+func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q *health.Query, now time.Time) {
+	pc := *l.cfg.Policy
+	syms, below, why := health.Detect(q, pc)
+	ds := health.Diagnose(q, syms, below, why, pc)
+	if l.s.logger.Enabled(ctx, slog.LevelDebug) {
+		for _, f := range q.Fragments {
+			if n := len(f.Samples); n > 0 {
+				l.s.logger.Debug("health: window", "query", name, "fragment", f.Name, "samples", n, "last", fmt.Sprintf("%+v", f.Samples[n-1].Instances))
+			}
+		}
+		l.s.logger.Debug("health: step", "query", name, "symptoms", fmt.Sprintf("%+v", syms), "diagnoses", fmt.Sprintf("%+v", ds))
+	}
+	if len(ds) == 0 {
+		return
+	}
+	chosen, alerts := health.Choose(q, ds, pc, l.allowed(name))
+	for _, a := range alerts {
+		key := a.Diagnosis.Fragment + "/" + a.Diagnosis.Name
+		if last, ok := hq.alerted[key]; ok && now.Sub(last) < 10*l.cfg.Settle {
+			continue
+		}
+		hq.alerted[key] = now
+		l.s.logger.Warn("health: diagnosis without a resolver", "query", name, "fragment", a.Diagnosis.Fragment,
+			"diagnosis", a.Diagnosis.Name, "why", a.Diagnosis.Why, "skipped", strings.Join(a.Skipped, "; "))
+		l.record(ctx, name, q, a, fsm.HealthAlert, "no resolver could act", now)
+	}
+	if chosen == nil {
+		return
+	}
+	if chosen.Action == health.ActScaleUp || chosen.Action == health.ActScaleDown {
+		// A rescale someone else started is no failure of this pair:
+		// wait for it to end.
+		if m, err := l.s.State().SlotMap(nil, name, chosen.Diagnosis.Fragment); err != nil || m != nil && m.Next != nil {
+			return
+		}
+	}
+	id := l.record(ctx, name, q, *chosen, fsm.HealthPending, chosen.Why, now)
+	if id == "" {
+		return // not logged (no leader, older coordinators): no action either
+	}
+	before := health.Measure(q, chosen.Diagnosis.Fragment, pc)
+	l.s.logger.Info("health: acting", "query", name, "fragment", chosen.Diagnosis.Fragment, "diagnosis", chosen.Diagnosis.Name,
+		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
+	err := l.carryOut(ctx, name, q, *chosen)
+	done := time.Now()
+	if err != nil {
+		l.s.logger.Warn("health: action failed", "query", name, "action", chosen.Action, "err", err)
+		l.evaluated(ctx, id, fsm.HealthFailed, err.Error(), done)
+		hq.quietUntil = done.Add(l.cfg.Settle)
+		return
+	}
+	hq.pending = &pendingHealth{id: id, fragment: chosen.Diagnosis.Fragment, diagnosis: chosen.Diagnosis.Name, action: chosen.Action,
+		before: before, due: done.Add(l.cfg.Settle)}
+	hq.quietUntil = hq.pending.due
+	// The figures from before the action say nothing of after it.
+	hq.window = map[string][]health.Sample{}
+}
+
+// carryOut performs a decision through the live rescale, the live move or
+// the offload hook.
+func (l *healthLoop) carryOut(ctx context.Context, name string, q *health.Query, d health.Decision) error {
+	s := l.s
+	switch d.Action {
+	case health.ActScaleUp, health.ActScaleDown:
+		s.scaleMu.Lock()
+		defer s.scaleMu.Unlock()
+		_, err := s.rescale(ctx, name, d.Diagnosis.Fragment, d.To)
+		return err
+	case health.ActMove:
+		id := fsm.TaskID(name, d.Diagnosis.Fragment, d.Diagnosis.Partition, 0)
+		to, err := l.moveTarget(id)
+		if err != nil {
+			return err
+		}
+		_, err = (&adminService{s: s}).MoveTask(ctx, &pb.MoveTaskRequest{TaskId: id, ToWorker: to})
+		return err
+	case health.ActOffload:
+		if l.cfg.Offload == nil {
+			return errors.New("no offload hook")
+		}
+		return l.cfg.Offload(ctx, name, d.Diagnosis.Fragment)
+	}
+	return fmt.Errorf("action %s is not carried out by this build", d.Action)
+}
+
+// moveTarget picks the ready worker with the fewest tasks other than the
+// one the task runs on and those running another replica of its
+// partition (the plan applier checks the placement again).
+func (l *healthLoop) moveTarget(taskID string) (string, error) {
+	st := l.s.State()
+	t, err := st.Task(nil, taskID)
+	if err != nil || t == nil {
+		return "", fmt.Errorf("task %s not found", taskID)
+	}
+	workers, err := st.Workers(nil)
+	if err != nil {
+		return "", err
+	}
+	tasks, err := st.Tasks(nil)
+	if err != nil {
+		return "", err
+	}
+	load, sibling := map[string]int{}, map[string]bool{}
+	for _, o := range tasks {
+		load[o.WorkerID]++
+		if o.Query == t.Query && o.Fragment == t.Fragment && o.Partition == t.Partition {
+			sibling[o.WorkerID] = true
+		}
+	}
+	best := ""
+	for _, w := range workers {
+		if w.Status != fsm.WorkerStatusReady || sibling[w.ID] {
+			continue
+		}
+		if best == "" || load[w.ID] < load[best] || load[w.ID] == load[best] && w.ID < best {
+			best = w.ID
+		}
+	}
+	if best == "" {
+		return "", fmt.Errorf("no other ready worker to move %s to", taskID)
+	}
+	return best, nil
+}
+
+// record writes a decision to the action log and returns its id ("" when
+// it could not be written).
+func (l *healthLoop) record(ctx context.Context, name string, q *health.Query, d health.Decision, outcome, detail string, now time.Time) string {
+	l.seq++
+	id := fmt.Sprintf("%s-%d-%d", name, now.UnixMilli(), l.seq)
+	m, _ := json.Marshal(health.Measure(q, d.Diagnosis.Fragment, *l.cfg.Policy))
+	symptoms := strings.Join(d.Diagnosis.Symptoms, ",")
+	if d.Diagnosis.Why != "" {
+		symptoms += ": " + d.Diagnosis.Why
+	}
+	if len(d.Skipped) > 0 {
+		detail += " (skipped: " + strings.Join(d.Skipped, "; ") + ")"
+	}
+	act := d.Action
+	if act == "" {
+		act = "none"
+	}
+	a := fsm.HealthAction{ID: id, Query: name, Fragment: d.Diagnosis.Fragment, Diagnosis: d.Diagnosis.Name, Action: act,
+		Detail: detail, Symptoms: symptoms, AtMs: now.UnixMilli(), Metrics: string(m), FromParallelism: d.From, ToParallelism: d.To, Outcome: outcome}
+	if d.Diagnosis.Partition >= 0 {
+		a.Detail = fmt.Sprintf("partition %d: %s", d.Diagnosis.Partition, a.Detail)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := l.s.apply(cctx, fsm.HealthLogType, fsm.HealthLogRequest{Action: a})
+	if err == nil && res.Err != nil {
+		err = res.Err
+	}
+	if err != nil {
+		l.s.logger.Warn("health: action log not written", "query", name, "err", err)
+		return ""
+	}
+	l.s.metrics.health.WithLabelValues(a.Diagnosis, a.Action, outcome).Inc()
+	return id
+}
+
+// evaluated writes an action's outcome to the log.
+func (l *healthLoop) evaluated(ctx context.Context, id, outcome, detail string, at time.Time) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := l.s.apply(cctx, fsm.HealthLogType, fsm.HealthLogRequest{Action: fsm.HealthAction{ID: id, Outcome: outcome, OutcomeDetail: detail, EvaluatedAtMs: at.UnixMilli()}})
+	if err == nil && res.Err != nil {
+		err = res.Err
+	}
+	if err != nil {
+		l.s.logger.Warn("health: evaluation not written", "id", id, "err", err)
+	}
+}
+
+// evaluate judges the query's pending action once its window after the
+// action is long enough (or, failing that, two settling times late).
+func (l *healthLoop) evaluate(ctx context.Context, name string, hq *healthQuery, q *health.Query, now time.Time) {
+	p := hq.pending
+	pc := *l.cfg.Policy
+	f := q.Fragment(p.fragment)
+	if f == nil {
+		hq.pending = nil
+		l.evaluated(ctx, p.id, fsm.HealthNotImproved, "the fragment is gone", now)
+		return
+	}
+	if len(f.Samples) < pc.MinSamples && now.Before(p.due.Add(2*l.cfg.Settle)) {
+		return
+	}
+	after := health.Measure(q, p.fragment, pc)
+	ok, why := health.Evaluate(p.action, p.diagnosis, p.before, after, q.SLO, pc)
+	outcome := fsm.HealthNotImproved
+	if ok {
+		outcome = fsm.HealthImproved
+	}
+	l.s.logger.Info("health: action evaluated", "query", name, "id", p.id, "action", p.action, "outcome", outcome, "why", why)
+	l.evaluated(ctx, p.id, outcome, why, now)
+	hq.pending = nil
+}
