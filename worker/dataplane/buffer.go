@@ -161,6 +161,8 @@ type OutputBuffer struct {
 	// blocked is the number of Appends currently waiting for room.
 	blocked int
 	scratch []byte
+	// inband is the DCAA state the stream advertises (see inband.go).
+	inband inBand
 }
 
 // NewOutputBuffer returns an empty buffer.

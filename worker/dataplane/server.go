@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -220,13 +221,28 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			warnedGap = true
 		}
 		if count == 0 {
+			var hb <-chan time.Time
+			stop := func() bool { return false }
+			if !first.NoAck {
+				hb, stop = heartbeatTimer(buf)
+			}
 			select {
 			case <-wait:
+			case <-hb:
+				// Nothing to send for a heartbeat interval: say so, with
+				// the state, so the subscriber knows this replica lives.
+				st, wm := buf.StreamState()
+				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm}); err != nil {
+					return err
+				}
 			case <-ctx.Done():
+				stop()
 				return ctx.Err()
 			case err := <-recvErr:
+				stop()
 				return err
 			}
+			stop()
 			continue
 		}
 		select {
@@ -235,7 +251,8 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		default:
 		}
 		sent.Store(last)
-		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last}); err != nil {
+		st, wm := buf.StreamState()
+		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm}); err != nil {
 			return err
 		}
 		after = last

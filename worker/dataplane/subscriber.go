@@ -111,6 +111,9 @@ type Subscriber struct {
 	// index: deliver only the batch's encoding and index (DeliverEncoded).
 	packed, reuseMessages, index bool
 	last                         atomic.Uint64
+	// onState, when set, hears every received batch's in-band state
+	// (see OnStreamState).
+	onState StateFunc
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -268,6 +271,16 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return err
 		}
 		msg := &rb.Batch
+		if s.onState != nil {
+			s.onState(msg.ReplicaState, msg.TentativeWatermark)
+		}
+		if msg.Count == 0 {
+			if rb.buf != nil {
+				sharedDirtyPool.Put(rb.buf)
+				rb.buf = nil
+			}
+			continue // a heartbeat
+		}
 		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, s.last.Load())
 		if err != nil {
 			return err
@@ -340,12 +353,24 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
 		}
 		if count == 0 {
+			var hb <-chan time.Time
+			stop := func() bool { return false }
+			if s.onState != nil {
+				hb, stop = heartbeatTimer(buf)
+			}
 			select {
 			case <-wait:
+			case <-hb:
+				s.onState(buf.StreamState())
 			case <-ctx.Done():
+				stop()
 				return ctx.Err()
 			}
+			stop()
 			continue
+		}
+		if s.onState != nil {
+			s.onState(buf.StreamState())
 		}
 		b, err := dec.decode(data, count, last, s.last.Load())
 		if err != nil {
