@@ -45,6 +45,9 @@ type input struct {
 	// only); switches counts the attempts that read another one.
 	prev     Placement
 	switches atomic.Uint64
+	// health is failure detection's view of the live attempt (DCAA
+	// queries only; see dcaa.go).
+	health inputHealth
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -137,6 +140,10 @@ func (in *input) run(ctx context.Context) {
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
 			}
+			if in.health.silenced.Swap(false) {
+				// Failure detection cancelled it: that replica failed.
+				moved, err = false, fmt.Errorf("%w (replica %d, %s)", errSilent, pl.Replica, pl.WorkerAddr)
+			}
 		}
 		if ctx.Err() != nil {
 			return
@@ -180,6 +187,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in.health.heard.Store(time.Now().UnixNano())
 	in.mu.Lock()
 	in.current, in.cancelCur = pl, cancel
 	if stop := in.relays[pl.TaskID]; stop != nil {
@@ -194,6 +202,8 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}()
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
+		in.health.busy.Store(true)
+		defer in.health.delivering()
 		if in.t.passThrough {
 			return in.t.passBatch(b)
 		}

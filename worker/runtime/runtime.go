@@ -24,6 +24,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/dcaa"
 )
 
 // Task states reported by States (spelled in rpc/states, which the
@@ -151,6 +152,10 @@ type TaskState struct {
 	// StateStalled, what the task waits on), or a note ("input exhausted").
 	State   string
 	Message string
+	// Replica is the task's DCAA replica state (UNSPECIFIED when its
+	// query has no replicas); Tentative says its output is tentative now.
+	Replica   fedstreampb.ReplicaState
+	Tentative bool
 }
 
 // Options configures a Runtime. Zero values mean the defaults.
@@ -199,6 +204,12 @@ type Options struct {
 	// SnapshotChunkBytes is the size of the pieces FetchSnapshot streams
 	// a snapshot in (default SnapshotChunkBytes).
 	SnapshotChunkBytes int
+	// DetectTimeout is how long an input of a query with replicas may
+	// hear nothing from the upstream replica it reads (no data, no
+	// heartbeat) before it takes that replica for failed and moves to
+	// another (default dcaa.DetectTimeout(BoundaryInterval); output
+	// streams of such queries send a heartbeat every BoundaryInterval).
+	DetectTimeout time.Duration
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
@@ -234,6 +245,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.BootstrapTimeout <= 0 {
 		o.BootstrapTimeout = time.Minute
+	}
+	if o.DetectTimeout <= 0 {
+		o.DetectTimeout = dcaa.DetectTimeout(o.BoundaryInterval)
 	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
@@ -162,6 +163,9 @@ type task struct {
 	passLast uint64
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
+	// replicaState is the task's DCAA replica state
+	// (fedstreampb.ReplicaState; unset when the query has no replicas).
+	replicaState atomic.Int32
 
 	// Generator and kafka sources: genSnap carries snapshot requests to
 	// the source goroutine, which serves them between two records;
@@ -272,6 +276,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	// map: an ingest request may reach the task before start runs.
 	// Stopping the task aborts an expression evaluation in progress, so
 	// stop never waits on a slow predicate.
+	t.setupDCAA()
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	operator.StopOn(t.op, t.ctx.Done())
 	operator.StopOn(t.srcChain, t.ctx.Done())
@@ -435,6 +440,10 @@ func (t *task) start() {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); t.runMerge() }()
 		}
+		if t.dcaaOn() {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); t.watchInputs(t.ctx) }()
+		}
 		if t.restored {
 			select {
 			case t.merge.wake <- struct{}{}:
@@ -482,8 +491,14 @@ func (t *task) fail(err error) {
 	t.setState(StateFailed, err.Error())
 }
 
-// State reports the task's state.
+// State reports the task's state, with its DCAA replica state.
 func (t *task) State() TaskState {
+	st := t.state0()
+	st.Replica = fedstreampb.ReplicaState(t.replicaState.Load())
+	return st
+}
+
+func (t *task) state0() TaskState {
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
 	if t.state == StateRunning && t.stall != "" {

@@ -1,0 +1,151 @@
+package runtime
+
+import (
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// dcaaRig runs a replicated generator -> sink query on three workers:
+// source replica r on worker r, the sink's replica 1 beside source 1, and
+// the sink's replica 0 on worker 2, which dials the data plane through
+// faults (so its links to the sources can be cut).
+type dcaaRig struct {
+	c      *cluster
+	faults *dataplane.Faults
+	q      *queryspec.Query
+}
+
+func newDCAARig(t *testing.T, limit int) *dcaaRig {
+	t.Helper()
+	q, err := queryspec.Parse("p.yaml", []byte(`name: p
+replicas: 2
+availability: {max_delay: 2s}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 3, limit: `+strconv.Itoa(limit)+`}}
+sinks:
+  - {name: out, input: lines}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{BoundaryInterval: 10 * time.Millisecond, StallAfter: 5 * time.Second, DetectTimeout: 150 * time.Millisecond}
+	shared := dataplane.NewPool()
+	faults := dataplane.NewFaults()
+	faulty := dataplane.NewPool(faults.DialOption())
+	t.Cleanup(func() { faulty.Close() })
+	c := &cluster{pool: shared, query: q, specs: map[*worker][]TaskSpec{}}
+	c.workers = []*worker{startWorkerOpts(t, shared, opts), startWorkerOpts(t, shared, opts), startWorkerOpts(t, faulty, opts)}
+	t.Cleanup(func() { c.close(t) })
+	at := map[string]*worker{}
+	var placements []Placement
+	for _, node := range plan.Nodes {
+		for r := range q.Replicas {
+			w := c.workers[r]
+			if node.Kind == queryspec.KindSink && r == 0 {
+				w = c.workers[2]
+			}
+			id := queryspec.TaskID(q.Name, node.Name, 0, r)
+			placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Replica: r, WorkerAddr: w.addr})
+			at[id] = w
+		}
+	}
+	for _, pl := range placements {
+		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
+			Fragment: pl.Fragment, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
+	}
+	c.apply()
+	return &dcaaRig{c: c, faults: faults, q: q}
+}
+
+// replicaState is the replica state task id reports.
+func (g *dcaaRig) replicaState(id string) fedstreampb.ReplicaState {
+	for _, st := range g.c.states() {
+		if st.TaskID == id {
+			return st.Replica
+		}
+	}
+	return -1
+}
+
+// sameStableTuples fails unless got equals want tuple for tuple.
+func sameStableTuples(t *testing.T, got, want []tuple.Tuple, min int) {
+	t.Helper()
+	if len(got) != len(want) || len(want) < min {
+		t.Fatalf("got %d tuples, reference %d (want >= %d)", len(got), len(want), min)
+	}
+	for i := range want {
+		g, w := &got[i], &want[i]
+		if g.ID != w.ID || g.Type != w.Type || g.STime != w.STime || !slices.Equal(g.Values, w.Values) {
+			t.Fatalf("tuple %d: got %+v, reference %+v", i, *g, *w)
+		}
+		if g.Type == tuple.Tentative || g.Type == tuple.Undo || g.Type == tuple.RecDone {
+			t.Fatalf("tuple %d is %v: a replica failure must give no tentative output", i, g.Type)
+		}
+	}
+}
+
+// P1 with a silent failure: the link from the upstream replica a
+// downstream replica reads is held (no error, bytes just stop, as in a
+// network partition or a paused process). Failure detection notices the
+// silence (heartbeats stop) and the downstream moves to the other
+// replica; its output equals the other replica's, tuple for tuple, with
+// nothing tentative. Before failure detection, a held link was never
+// noticed and the downstream waited forever.
+func TestHeldLinkDetectedBySilence(t *testing.T) {
+	g := newDCAARig(t, 6000)
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	waitUntil(t, "sink replica 0 reading source replica 0", func() bool { return g.faults.BytesFrom(up0) > 16<<10 })
+	before := g.faults.BytesFrom(up1)
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+
+	got := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0))
+	want := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1))
+	if moved := g.faults.BytesFrom(up1) - before; moved < 16<<10 {
+		t.Fatalf("only %d bytes came from source replica 1 after the cut: the sink did not switch", moved)
+	}
+	sameStableTuples(t, got, want, 6000)
+	g.faults.HealAll()
+}
+
+// Every replica of the upstream silent for a while: the downstream
+// replica reports UP_FAILURE while it hears from none, STABLE again once
+// the links heal, and its output equals a failure-free replica's, tuple
+// for tuple, with nothing tentative (this wiring does not release
+// tentative results yet: it waits, as `strict` would).
+func TestAllUpstreamReplicasSilentThenHealed(t *testing.T) {
+	g := newDCAARig(t, 8000)
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	sink0 := queryspec.TaskID(g.q.Name, "out", 0, 0)
+	waitUntil(t, "sink replica 0 reading and stable", func() bool {
+		return g.faults.BytesFrom(up0) > 16<<10 && g.replicaState(sink0) == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+	g.faults.CutOutgoing(up1, dataplane.Hold)
+	waitUntil(t, "sink replica 0 in UP_FAILURE", func() bool {
+		return g.replicaState(sink0) == fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	})
+	// The source replicas themselves are fine.
+	for r := range 2 {
+		if st := g.replicaState(queryspec.TaskID(g.q.Name, "lines", 0, r)); st != fedstreampb.ReplicaState_REPLICA_STABLE {
+			t.Fatalf("source replica %d reports %v", r, st)
+		}
+	}
+	g.faults.HealAll()
+	got := g.c.tail(t, sink0)
+	want := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1))
+	sameStableTuples(t, got, want, 8000)
+	waitUntil(t, "sink replica 0 STABLE again", func() bool {
+		return g.replicaState(sink0) == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+}
