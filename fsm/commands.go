@@ -174,6 +174,11 @@ type TaskStateUpdate struct {
 	// Generation is the copy that reports; a report of another generation
 	// than the task's current one is skipped. 0: not said (older workers).
 	Generation int `json:"generation,omitempty"`
+	// ReplicaState is the task replica's DCAA state ("REPLICA_STABLE",
+	// "REPLICA_UP_FAILURE", "REPLICA_STABILIZATION"; "" when its query
+	// has no replicas) and Tentative whether its output is tentative now.
+	ReplicaState string `json:"replica_state,omitempty"`
+	Tentative    bool   `json:"tentative,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

@@ -99,8 +99,12 @@ type Task struct {
 	MovingFromGeneration int    `json:"moving_from_generation,omitempty"`
 	State                string `json:"state"`
 	Message              string `json:"message"`
-	CreateIndex          uint64 `json:"create_index"`
-	ModifyIndex          uint64 `json:"modify_index"`
+	// ReplicaState and Tentative are the DCAA state last reported (see
+	// TaskStateUpdate).
+	ReplicaState string `json:"replica_state,omitempty"`
+	Tentative    bool   `json:"tentative,omitempty"`
+	CreateIndex  uint64 `json:"create_index"`
+	ModifyIndex  uint64 `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.

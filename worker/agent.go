@@ -663,7 +663,8 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		for _, st := range w.runtime.States() {
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
-				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation)})
+				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
+					ReplicaState: st.Replica, Tentative: st.Tentative})
 			}
 		}
 		if len(changed) == 0 {

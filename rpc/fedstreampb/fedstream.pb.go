@@ -1659,7 +1659,13 @@ type TaskInfo struct {
 	SlotCount int32  `protobuf:"varint,52,opt,name=slot_count,json=slotCount,proto3" json:"slot_count,omitempty"`
 	// ---- live task moves (issue 9 item 3)
 	// During a live move: the worker still running the old copy.
-	MovingFrom    string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	MovingFrom string `protobuf:"bytes,80,opt,name=moving_from,json=movingFrom,proto3" json:"moving_from,omitempty"`
+	// ---- DCAA wiring (issue 10)
+	// The task replica's DCAA state as last reported (UNSPECIFIED: its
+	// query has no replicas, or no report yet), and whether its output is
+	// tentative now.
+	ReplicaState  ReplicaState `protobuf:"varint,200,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
+	Tentative     bool         `protobuf:"varint,201,opt,name=tentative,proto3" json:"tentative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1776,6 +1782,20 @@ func (x *TaskInfo) GetMovingFrom() string {
 		return x.MovingFrom
 	}
 	return ""
+}
+
+func (x *TaskInfo) GetReplicaState() ReplicaState {
+	if x != nil {
+		return x.ReplicaState
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *TaskInfo) GetTentative() bool {
+	if x != nil {
+		return x.Tentative
+	}
+	return false
 }
 
 type QueryInfo struct {
@@ -4823,7 +4843,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xe4\x02\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xc5\x03\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -4842,7 +4862,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"slot_count\x184 \x01(\x05R\tslotCount\x12\x1f\n" +
 	"\vmoving_from\x18P \x01(\tR\n" +
-	"movingFrom\"\xd1\x01\n" +
+	"movingFrom\x12@\n" +
+	"\rreplica_state\x18\xc8\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x12\x1d\n" +
+	"\ttentative\x18\xc9\x01 \x01(\bR\ttentative\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -5190,82 +5212,83 @@ var file_fedstream_proto_depIdxs = []int32{
 	76, // 12: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 13: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 14: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	23, // 15: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24, // 16: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	31, // 17: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	34, // 18: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,  // 19: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	37, // 20: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	44, // 21: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	44, // 22: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16, // 23: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	1,  // 24: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,  // 25: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,  // 26: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13, // 27: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	53, // 28: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15, // 29: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19, // 30: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21, // 31: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25, // 32: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27, // 33: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28, // 34: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	55, // 35: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 36: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	57, // 37: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 38: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	33, // 39: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 40: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	42, // 41: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 42: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	47, // 43: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	49, // 44: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	51, // 45: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	59, // 46: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	61, // 47: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	63, // 48: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	65, // 49: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	67, // 50: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	68, // 51: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	69, // 52: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	71, // 53: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	73, // 54: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	2,  // 55: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 56: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 57: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 58: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	54, // 59: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 60: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 61: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 62: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 63: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 64: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 65: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	56, // 66: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 67: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	58, // 68: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 69: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	35, // 70: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 71: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	43, // 72: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 73: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	48, // 74: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	50, // 75: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	52, // 76: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	60, // 77: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	62, // 78: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	64, // 79: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	66, // 80: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	70, // 81: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	70, // 82: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	70, // 83: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	72, // 84: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	74, // 85: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	55, // [55:86] is the sub-list for method output_type
-	24, // [24:55] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	0,  // 15: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24, // 17: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	31, // 18: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	34, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,  // 20: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	37, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	44, // 22: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	44, // 23: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16, // 24: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	1,  // 25: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,  // 26: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,  // 27: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13, // 28: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	53, // 29: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15, // 30: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19, // 31: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21, // 32: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25, // 33: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27, // 34: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28, // 35: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	55, // 36: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	40, // 37: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	57, // 38: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	30, // 39: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	33, // 40: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	36, // 41: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	42, // 42: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	45, // 43: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	47, // 44: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	49, // 45: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	51, // 46: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	59, // 47: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	61, // 48: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	63, // 49: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	65, // 50: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	67, // 51: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	68, // 52: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	69, // 53: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	71, // 54: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	73, // 55: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	2,  // 56: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 57: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 58: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 59: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	54, // 60: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 61: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 62: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 63: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 64: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 65: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 66: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	56, // 67: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	41, // 68: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	58, // 69: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 70: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	35, // 71: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 72: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43, // 73: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	46, // 74: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	48, // 75: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	50, // 76: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	52, // 77: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	60, // 78: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	62, // 79: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	64, // 80: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	66, // 81: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	70, // 82: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	70, // 83: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	70, // 84: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	72, // 85: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	74, // 86: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	56, // [56:87] is the sub-list for method output_type
+	25, // [25:56] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
