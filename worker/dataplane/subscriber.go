@@ -141,6 +141,11 @@ func (s *Subscriber) KeepValuesPacked() { s.packed, s.reuseMessages = true, true
 // Call it before Run.
 func (s *Subscriber) DeliverEncoded() { s.packed, s.index = true, true }
 
+// ResumeAfter makes the next Run resume after id (a DCAA consumer going
+// back to the last stable tuple it took when it moves to another
+// replica). Not while Run runs.
+func (s *Subscriber) ResumeAfter(id uint64) { s.last.Store(id) }
+
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
 

@@ -39,8 +39,10 @@ type inputHealth struct {
 	// heard is when the live attempt last heard its upstream replica
 	// (unix nanoseconds): a batch or a heartbeat, or the attempt's start.
 	heard atomic.Int64
-	// upState is the state the replica read advertises.
+	// upState and tentWM are the state and tentative watermark the
+	// replica read advertises.
 	upState atomic.Int32
+	tentWM  atomic.Int64
 	// silent: the input's last attempt ended for silence and the next
 	// one has not heard its replica yet.
 	silent atomic.Bool
@@ -54,10 +56,14 @@ type inputHealth struct {
 }
 
 // heardFrom is the input's subscriber's OnStreamState callback.
-func (in *input) heardFrom(st fedstreampb.ReplicaState, _ int64) {
+func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64) {
 	in.health.heard.Store(time.Now().UnixNano())
 	in.health.upState.Store(int32(st))
+	in.health.tentWM.Store(wm)
 	in.health.silent.Store(false)
+	if d := in.t.dm; d != nil {
+		d.heartbeat(in, st, wm)
+	}
 }
 
 // delivering ends a delivery: the input listens again, counting from now.
@@ -92,6 +98,19 @@ func (t *task) setupDCAA() {
 	}
 	for _, in := range t.inputs {
 		in.sub.OnStreamState(in.heardFrom)
+	}
+	if t.usesMachine() {
+		d, err := newDCAARun(t)
+		if err != nil {
+			// The plan was validated: a share cannot fail to split. Keep
+			// the stable-only merge rather than fail the task.
+			t.log.Error("DCAA machine not started; the task merges its inputs without it", "err", err)
+			return
+		}
+		t.dm = d
+		for _, in := range t.inputs {
+			in.targetWake = make(chan struct{}, 1)
+		}
 	}
 }
 

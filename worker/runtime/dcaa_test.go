@@ -149,3 +149,179 @@ func TestAllUpstreamReplicasSilentThenHealed(t *testing.T) {
 		return g.replicaState(sink0) == fedstreampb.ReplicaState_REPLICA_STABLE
 	})
 }
+
+// aggRig runs a two-partition source into a replicated windowed
+// aggregate and its sink, on four workers: source partition 0's replicas
+// on workers 0 and 1, partition 1's both on worker 3, the aggregate's and
+// sink's replica 1 on worker 1 and their replica 0 on worker 2, which
+// dials the data plane through faults. Cutting worker 2's links to
+// workers 0 and 1 makes every replica of source partition 0 unreachable
+// for aggregate replica 0, while partition 1 stays live: the aggregate
+// has data it could release, the case DCAA is about. Replica 1 runs
+// without failures: its sink's output is the reference.
+func newAggRig(t *testing.T, maxDelay string, limit int) *dcaaRig {
+	t.Helper()
+	q, err := queryspec.Parse("agg.yaml", []byte(`name: agg
+replicas: 2
+availability: {max_delay: `+maxDelay+`}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: `+strconv.Itoa(limit)+`}, parallelism: 2}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 100ms}, aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options{BoundaryInterval: 10 * time.Millisecond, StallAfter: 5 * time.Second, DetectTimeout: 150 * time.Millisecond}
+	shared := dataplane.NewPool()
+	faults := dataplane.NewFaults()
+	faulty := dataplane.NewPool(faults.DialOption())
+	t.Cleanup(func() { faulty.Close() })
+	c := &cluster{pool: shared, query: q, specs: map[*worker][]TaskSpec{}}
+	c.workers = []*worker{startWorkerOpts(t, shared, opts), startWorkerOpts(t, shared, opts),
+		startWorkerOpts(t, faulty, opts), startWorkerOpts(t, shared, opts)}
+	t.Cleanup(func() { c.close(t) })
+	at := map[string]*worker{}
+	var placements []Placement
+	for _, node := range plan.Nodes {
+		for p := range max(1, node.Partitions) {
+			for r := range q.Replicas {
+				var w *worker
+				switch {
+				case node.Kind == queryspec.KindSource && p == 1:
+					w = c.workers[3]
+				case node.Kind == queryspec.KindSource:
+					w = c.workers[r]
+				case r == 0:
+					w = c.workers[2]
+				default:
+					w = c.workers[1]
+				}
+				id := queryspec.TaskID(q.Name, node.Name, p, r)
+				placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, Replica: r, WorkerAddr: w.addr})
+				at[id] = w
+			}
+		}
+	}
+	for _, pl := range placements {
+		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
+			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
+	}
+	c.apply()
+	return &dcaaRig{c: c, faults: faults, q: q}
+}
+
+func (g *dcaaRig) taskState(id string) TaskState {
+	for _, st := range g.c.states() {
+		if st.TaskID == id {
+			return st
+		}
+	}
+	return TaskState{}
+}
+
+// view is what a consumer of a sink's result stream makes of it: UNDO
+// carries in its STime the position of the last stable tuple it keeps.
+type view struct {
+	stable                     []tuple.Tuple
+	tentative, undos, recDones int
+}
+
+func viewOf(ts []tuple.Tuple) view {
+	var v view
+	for _, tp := range ts {
+		switch tp.Type {
+		case tuple.Tentative:
+			v.tentative++
+		case tuple.Undo:
+			v.undos++
+		case tuple.RecDone:
+			v.recDones++
+		default:
+			v.stable = append(v.stable, tp)
+		}
+	}
+	return v
+}
+
+// sameStable fails unless the stable streams hold the same tuples in the
+// same order (ids aside: they are stream positions, and corrections take
+// new ones).
+func sameStable(t *testing.T, got, want []tuple.Tuple, min int) {
+	t.Helper()
+	if len(got) != len(want) || len(want) < min {
+		t.Fatalf("stable output: %d tuples, reference %d (want >= %d)", len(got), len(want), min)
+	}
+	for i := range want {
+		g, w := &got[i], &want[i]
+		if g.Type != w.Type || g.STime != w.STime || !slices.Equal(g.Values, w.Values) {
+			t.Fatalf("stable tuple %d: got %+v, reference %+v", i, *g, *w)
+		}
+	}
+}
+
+// P3: every replica of one upstream partition unreachable for longer
+// than X. The aggregate replica that lost it releases what its live input
+// brings as TENTATIVE once X has passed (checkpointing first), and after
+// the links heal restores its checkpoint, replays the stable input and
+// sends UNDO, the corrections and REC_DONE: its sink's stable output then
+// equals the failure-free replica's, in order.
+func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
+	g := newAggRig(t, "300ms", 16000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
+		return g.faults.BytesFrom(up0) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+	g.faults.CutOutgoing(up1, dataplane.Hold)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(agg0).Tentative })
+	if st := g.taskState(agg0).Replica; st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE {
+		t.Fatalf("tentative aggregate replica reports %v", st)
+	}
+	g.faults.HealAll()
+	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
+	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
+	t.Logf("replica 0: %d stable, %d tentative, %d UNDO, %d REC_DONE; reference %d stable", len(got.stable), got.tentative, got.undos, got.recDones, len(want.stable))
+	if got.tentative == 0 || got.undos == 0 || got.recDones == 0 {
+		t.Fatalf("replica 0's output: %d tentative, %d UNDO, %d REC_DONE: want tentative results then corrections", got.tentative, got.undos, got.recDones)
+	}
+	if want.tentative+want.undos+want.recDones != 0 {
+		t.Fatalf("the failure-free replica's output holds %d tentative, %d UNDO, %d REC_DONE", want.tentative, want.undos, want.recDones)
+	}
+	sameStable(t, got.stable, want.stable, 40)
+	waitUntil(t, "aggregate replica 0 STABLE again", func() bool {
+		st := g.taskState(agg0)
+		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
+	})
+}
+
+// P2: every replica of one upstream partition unreachable for less than
+// X: the aggregate detects the failure (UP_FAILURE) but releases nothing
+// tentative, and its output equals the failure-free replica's.
+func TestDCAAShortFailureCostsNothing(t *testing.T) {
+	g := newAggRig(t, "5s", 16000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
+		return g.faults.BytesFrom(up0) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+	g.faults.CutOutgoing(up1, dataplane.Hold)
+	waitUntil(t, "aggregate replica 0 detecting the failure", func() bool {
+		return g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	})
+	g.faults.HealAll()
+	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
+	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
+	if got.tentative+got.undos+got.recDones != 0 {
+		t.Fatalf("a failure shorter than X gave %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
+	}
+	sameStable(t, got.stable, want.stable, 40)
+}

@@ -45,6 +45,10 @@ type input struct {
 	// only); switches counts the attempts that read another one.
 	prev     Placement
 	switches atomic.Uint64
+	// target is the upstream replica the DCAA machine wants read;
+	// targetWake signals a new one (machine mode only, see dcaa_run.go).
+	target     dcaaTarget
+	targetWake chan struct{}
 	// health is failure detection's view of the live attempt (DCAA
 	// queries only; see dcaa.go).
 	health inputHealth
@@ -204,6 +208,9 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		progressed = true
 		in.health.busy.Store(true)
 		defer in.health.delivering()
+		if in.t.dm != nil {
+			return in.t.dm.deliver(ctx, in, b)
+		}
 		if in.t.passThrough {
 			return in.t.passBatch(b)
 		}

@@ -166,6 +166,11 @@ type task struct {
 	// replicaState is the task's DCAA replica state
 	// (fedstreampb.ReplicaState; unset when the query has no replicas).
 	replicaState atomic.Int32
+	// tentative: the task's output is tentative now (DCAA machine).
+	tentative atomic.Bool
+	// dm drives an operator task of a replicated query through its DCAA
+	// machine (nil otherwise; see dcaa_run.go).
+	dm *dcaaRun
 
 	// Generator and kafka sources: genSnap carries snapshot requests to
 	// the source goroutine, which serves them between two records;
@@ -409,6 +414,14 @@ func (t *task) start() {
 		// is nothing left to read or process.
 		t.setState(StateRunning, "input exhausted")
 		return
+	case t.dm != nil:
+		for _, in := range t.inputs {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); in.runMachine(t.ctx, t.dm) }()
+		}
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.dm.run(t.ctx) }()
+		t.startRelays()
 	case t.merge != nil:
 		// A task restored from a snapshot may hold a release ready before
 		// any input delivers (the snapshot caught it between the arrival of
@@ -423,19 +436,7 @@ func (t *task) start() {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); in.run(t.ctx) }()
 		}
-		if replicas := t.plan.Query.Replicas; replicas > 1 {
-			// Every replica of each upstream partition hears how far this
-			// task got (see input.relay), until the task stops: after the
-			// input's end too, so that a replica behind the one read from
-			// still learns that everything was taken.
-			for _, in := range t.inputs {
-				log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
-				for r := range replicas {
-					t.wg.Add(1)
-					go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
-				}
-			}
-		}
+		t.startRelays()
 		if t.inlineEmit == nil {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); t.runMerge() }()
@@ -452,6 +453,25 @@ func (t *task) start() {
 		}
 	}
 	t.setState(StateRunning, "")
+}
+
+// startRelays starts the ack relays of a replicated query's task: every
+// replica of each upstream partition hears how far this task got (see
+// input.relay), until the task stops: after the input's end too, so that
+// a replica behind the one read from still learns that everything was
+// taken.
+func (t *task) startRelays() {
+	replicas := t.plan.Query.Replicas
+	if replicas <= 1 {
+		return
+	}
+	for _, in := range t.inputs {
+		log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+		for r := range replicas {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
+		}
+	}
 }
 
 // stop cancels the task, closes its buffers (which ends the subscriptions
@@ -495,6 +515,7 @@ func (t *task) fail(err error) {
 func (t *task) State() TaskState {
 	st := t.state0()
 	st.Replica = fedstreampb.ReplicaState(t.replicaState.Load())
+	st.Tentative = t.tentative.Load()
 	return st
 }
 

@@ -1,0 +1,415 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/dcaa"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// dcaaRun drives an operator task of a replicated query through its DCAA
+// machine (worker/dcaa) instead of the stable-only merger: the inputs
+// hand every batch and heartbeat to it, the machine decides which
+// upstream replica each input reads, when a bucket waiting for a failed
+// input is released tentative (after the task's share of X), when to
+// checkpoint the operator (its Snapshot, before the first tentative tuple
+// enters it) and when to restore it and replay the stable input; this
+// goroutine carries out those decisions on the operator and the outputs.
+//
+// Output streams keep numbering stream positions (transport ids:
+// subscriptions resume and acknowledge by them). Tentative tuples take
+// positions like any other; UNDO carries, in its STime, the position of
+// the last stable tuple of that stream (everything after it is taken
+// back); the corrections and REC_DONE follow at new positions (see
+// docs/DATAPLANE.md).
+type dcaaRun struct {
+	t      *task
+	m      *dcaa.Machine
+	events chan dcaaEvent
+	origin time.Time
+
+	// Processing state (the run goroutine only).
+	checkpoint []byte
+	emitType   tuple.Type
+	tentWM     int64
+	// lastStable is, per output stream, the position of its last stable
+	// tuple or boundary: an UNDO's target.
+	lastStable []uint64
+	ended      []bool
+	done       bool
+}
+
+// dcaaEvent is an input's event for the machine, or the end of an input
+// (ended >= 0: its final boundary was delivered).
+type dcaaEvent struct {
+	ev    dcaa.Event
+	ended int
+}
+
+// dcaaTarget is the upstream replica the machine wants an input to read.
+type dcaaTarget struct {
+	set     bool
+	replica int
+	after   uint64
+	// seq counts targets: an attempt ended by a new target is no failure.
+	seq uint64
+}
+
+// usesMachine reports whether the task runs its DCAA machine: operator
+// tasks of replicated queries. (Sinks keep passing their input through
+// or merging it; their inputs still detect failures, see dcaa.go.)
+func (t *task) usesMachine() bool {
+	return t.dcaaOn() && t.node.Kind == queryspec.KindOperator && t.op != nil
+}
+
+// newDCAARun builds the machine of an operator task of a replicated
+// query. The task's share of X comes from the query's plan.
+func newDCAARun(t *task) (*dcaaRun, error) {
+	shares, err := dcaa.PlanShares(t.plan)
+	if err != nil {
+		return nil, err
+	}
+	ks := make([]int, len(t.inputs))
+	for i := range ks {
+		ks[i] = max(1, t.plan.Query.Replicas)
+	}
+	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
+		Share: shares[t.node.Name], Detect: t.detectTimeout()})
+	if err != nil {
+		return nil, err
+	}
+	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
+		lastStable: make([]uint64, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable}
+	return d, nil
+}
+
+func (d *dcaaRun) now() int64 { return int64(time.Since(d.origin)) }
+
+// post hands an event to the run goroutine.
+func (d *dcaaRun) post(ctx context.Context, ev dcaaEvent) error {
+	select {
+	case d.events <- ev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// deliver is an input's delivery in machine mode: the batch's tuples go
+// to the machine (which keeps them: the batch is not released).
+func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) error {
+	ts := b.Tuples
+	st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
+	wm := in.health.tentWM.Load()
+	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1}); err != nil {
+		return err
+	}
+	if last := &ts[len(ts)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
+		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
+			return err
+		}
+		return dataplane.ErrStopSubscription
+	}
+	return nil
+}
+
+// heartbeat passes a heartbeat's state to the machine; dropped when the
+// machine is busy (then other events keep it informed).
+func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64) {
+	select {
+	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm}, ended: -1}:
+	default:
+	}
+}
+
+// run is the task's process goroutine in machine mode.
+func (d *dcaaRun) run(ctx context.Context) {
+	t := d.t
+	if err := d.do(ctx, d.m.Start(d.now())); err != nil {
+		t.endWith(err)
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		wait := time.Duration(d.m.NextDeadline() - d.now())
+		if wait > time.Hour {
+			wait = time.Hour
+		}
+		timer.Reset(max(wait, 0))
+		var ev dcaa.Event = dcaa.Tick{}
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-d.events:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			if e.ended >= 0 {
+				d.ended[e.ended] = true
+				continue
+			}
+			ev = e.ev
+		case <-timer.C:
+		}
+		now := d.now()
+		// An input that delivered its final boundary is complete, not
+		// silent: keep it alive for the machine.
+		for i, e := range d.ended {
+			if e {
+				if err := d.do(ctx, d.m.Step(now, dcaa.Deliver{Input: i, Upstream: dcaa.Stable})); err != nil {
+					t.endWith(err)
+					return
+				}
+			}
+		}
+		if err := d.do(ctx, d.m.Step(now, ev)); err != nil {
+			t.endWith(err)
+			return
+		}
+		if d.done {
+			t.setState(StateRunning, "input exhausted")
+			return
+		}
+	}
+}
+
+// do carries out the machine's actions in order.
+func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
+	t := d.t
+	var granted []int
+	for _, a := range acts {
+		switch a := a.(type) {
+		case dcaa.Subscribe:
+			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
+		case dcaa.Checkpoint:
+			snap, err := t.op.Snapshot()
+			if err != nil {
+				return fmt.Errorf("dcaa checkpoint of %s: %w", t.node.Name, err)
+			}
+			d.checkpoint = snap
+		case dcaa.Release:
+			if err := d.release(ctx, a); err != nil {
+				return err
+			}
+		case dcaa.Restore:
+			if err := d.restore(ctx); err != nil {
+				return err
+			}
+		case dcaa.RecDone:
+			if err := d.mark(ctx, tuple.RecDone); err != nil {
+				return err
+			}
+		case dcaa.StateChange:
+			t.log.Info("replica state", "from", a.From.String(), "to", a.To.String())
+			d.advertise()
+		case dcaa.AskPermission:
+			// The permission protocol between peer replicas needs a
+			// data-plane RPC that is not wired yet: every peer is taken
+			// to grant at once, so replicas may reconcile at the same
+			// time (each still corrects its own output exactly).
+			granted = append(granted, a.Peers...)
+		case dcaa.ReplyPermission, dcaa.NotifyDone:
+			// Peers never ask (see AskPermission).
+		}
+	}
+	for _, p := range granted {
+		if err := d.do(ctx, d.m.Step(d.now(), dcaa.PermissionReply{From: p, Granted: true})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// advertise publishes the replica state and tentative progress on the
+// outputs and in the task's report.
+func (d *dcaaRun) advertise() {
+	st := d.m.State().Proto()
+	wm := int64(0)
+	if d.m.Tentative() {
+		wm = d.tentWM
+	}
+	d.t.replicaState.Store(int32(st))
+	d.t.tentative.Store(d.m.Tentative())
+	for _, o := range d.t.outs {
+		o.buf.SetStreamState(st, wm)
+	}
+}
+
+// release processes merge steps: the tuples through the operator, then
+// Advance, then (stable steps only) a boundary on every output.
+func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
+	t := d.t
+	d.emitType = tuple.Stable
+	if rel.Tentative {
+		d.emitType = tuple.Tentative
+	}
+	em := operator.EmitFunc(func(tp *tuple.Tuple) {
+		tp.Type = d.emitType
+		t.emitData(ctx, tp)
+	})
+	for _, st := range rel.Steps {
+		for k := range st.Tuples {
+			e := &st.Tuples[k]
+			if err := t.op.Process(t.inputs[e.Input].port, &e.Tuple, em); err != nil {
+				if !errors.Is(err, operator.ErrEval) {
+					return fmt.Errorf("operator %s: %w", t.node.Name, err)
+				}
+				t.dropped(err)
+			}
+			if t.emitErr != nil {
+				return t.emitErr
+			}
+		}
+		if err := t.op.Advance(st.Advance, em); err != nil {
+			return fmt.Errorf("operator %s: advance to %d: %w", t.node.Name, st.Advance, err)
+		}
+		if t.emitErr != nil {
+			return t.emitErr
+		}
+		if rel.Tentative {
+			d.tentWM = max(d.tentWM, st.Advance)
+			continue
+		}
+		if err := t.emitBoundary(ctx, st.Advance); err != nil {
+			return err
+		}
+		if st.Advance == finalBoundary {
+			d.done = true
+		}
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	if rel.Tentative {
+		d.advertise()
+		return nil
+	}
+	for i, o := range t.outs {
+		d.lastStable[i] = o.w.LastID()
+	}
+	return nil
+}
+
+// restore puts the operator back to the checkpoint and takes back, on
+// every output, everything after its last stable tuple (UNDO).
+func (d *dcaaRun) restore(ctx context.Context) error {
+	t := d.t
+	if err := t.op.Restore(d.checkpoint); err != nil {
+		return fmt.Errorf("dcaa restore of %s: %w", t.node.Name, err)
+	}
+	d.tentWM = 0
+	return d.mark(ctx, tuple.Undo)
+}
+
+// mark appends an UNDO (target: each stream's last stable position, in
+// STime) or a REC_DONE to every output and flushes.
+func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
+	t := d.t
+	for i, o := range t.outs {
+		mk := tuple.Tuple{Type: typ}
+		if typ == tuple.Undo {
+			mk.STime = int64(d.lastStable[i])
+		}
+		if err := t.appendTo(ctx, o, &mk); err != nil {
+			return err
+		}
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	if typ == tuple.RecDone {
+		// REC_DONE is not stable data, but nothing after it is taken
+		// back by a later UNDO either: the stream is stable up to it.
+		for i, o := range t.outs {
+			d.lastStable[i] = o.w.LastID()
+		}
+	}
+	d.advertise()
+	return nil
+}
+
+// retarget makes the input read replica r after id after (the machine's
+// Subscribe): a live attempt elsewhere is cancelled.
+func (in *input) retarget(r int, after uint64) {
+	in.mu.Lock()
+	in.target = dcaaTarget{set: true, replica: r, after: after, seq: in.target.seq + 1}
+	if in.cancelCur != nil && in.current.Replica != r {
+		in.cancelCur()
+		in.cancelCur = nil
+	}
+	in.mu.Unlock()
+	select {
+	case in.targetWake <- struct{}{}:
+	default:
+	}
+}
+
+// runMachine is input.run in machine mode: it reads the replica the
+// machine chose and reports failed subscriptions to it, which chooses
+// again.
+func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
+	opts := in.t.r.opts
+	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
+	for ctx.Err() == nil {
+		in.mu.Lock()
+		tg := in.target
+		in.mu.Unlock()
+		if !tg.set {
+			select {
+			case <-in.targetWake:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		var err error
+		pl, ok := in.t.replicaPlacement(in.upstream, in.upPartition, tg.replica)
+		if !ok {
+			err = fmt.Errorf("no placement known for %s partition %d replica %d", in.upstream, in.upPartition, tg.replica)
+		} else {
+			if tg.after < in.sub.LastID() {
+				in.sub.ResumeAfter(tg.after)
+			}
+			var progressed bool
+			progressed, _, err = in.attempt(ctx, pl)
+			if err == nil || errors.Is(err, errTaskEnded) {
+				return
+			}
+			if progressed {
+				backoff.Reset()
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		in.mu.Lock()
+		retargeted := in.target.seq != tg.seq
+		in.mu.Unlock()
+		if retargeted {
+			continue // the machine chose another replica meanwhile
+		}
+		log.Debug("subscription failed; the machine chooses again", "err", err, "replica", tg.replica)
+		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx}, ended: -1}) != nil {
+			return
+		}
+		select {
+		case <-in.targetWake:
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff.Next()):
+		}
+	}
+}
