@@ -321,6 +321,9 @@ func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.
 		} else {
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "%-9s #%-6d", t.Type, t.ID)
+			if t.Type == tuple.Undo {
+				fmt.Fprintf(&sb, " takes back every result after #%d", uint64(t.STime))
+			}
 			for i, v := range t.Values {
 				fmt.Fprintf(&sb, " %s=%s", fieldName(schema, i), valueText(v))
 			}
@@ -364,10 +367,16 @@ func resultJSON(t *tuple.Tuple, schema *tuple.Schema, sink string) ([]byte, erro
 		return nil
 	}
 	stime := time.Unix(0, t.STime).UTC().Format(time.RFC3339Nano)
-	for _, kv := range []struct {
+	kvs := []struct {
 		k string
 		v any
-	}{{"sink", sink}, {"id", t.ID}, {"type", t.Type.String()}, {"stime", stime}} {
+	}{{"sink", sink}, {"id", t.ID}, {"type", t.Type.String()}, {"stime", stime}}
+	if t.Type == tuple.Undo {
+		// An UNDO takes back every result after id undo_to (DCAA); its
+		// STime carries that id.
+		kvs[3].k, kvs[3].v = "undo_to", uint64(t.STime)
+	}
+	for _, kv := range kvs {
 		if err := add(kv.k, kv.v); err != nil {
 			return nil, err
 		}
@@ -427,6 +436,7 @@ docs/QUERY.md ("Reading results"):
 	f.register(cmd)
 	cmd.Flags().StringVar(&sink, "sink", "", "sink to follow (default: the query's first sink)")
 	cmd.Flags().BoolVar(&stable, "stable", false, "print only stable results (no tentative results or corrections)")
+	cmd.Flags().BoolVar(&stable, "stable-only", false, "same as --stable: only final results, in order")
 	cmd.Flags().IntVar(&count, "count", 0, "exit 0 after printing this many results (0: no limit)")
 	cmd.Flags().DurationVar(&idle, "idle", 0, "exit 0 when no result arrived for this long (0: wait forever)")
 	return cmd
