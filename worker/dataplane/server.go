@@ -221,6 +221,16 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			warnedGap = true
 		}
 		if count == 0 {
+			if !first.NoAck && after == first.AfterId && after > 0 {
+				// Nothing sent yet, and this replica has nothing after
+				// the subscriber's position: it is behind the replica
+				// the subscriber read before. The subscriber has
+				// everything up to AfterId, which is its acknowledgement
+				// here too (clamped to what this replica produced), or
+				// a full buffer would wait forever for an ack of tuples
+				// it never sends.
+				buf.Ack(key, after)
+			}
 			var hb <-chan time.Time
 			stop := func() bool { return false }
 			if !first.NoAck {

@@ -352,10 +352,17 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		defer buf.Disconnect(s.name)
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
+	start := s.last.Load()
 	for {
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
+		}
+		if count == 0 && !s.noAck && start > 0 && s.last.Load() == start {
+			// As Server.Subscribe: the position this subscription
+			// starts from is its acknowledgement (clamped) while this
+			// replica is behind it.
+			buf.Ack(s.name, start)
 		}
 		if count == 0 {
 			var hb <-chan time.Time

@@ -139,8 +139,10 @@ func (d *dcaaRun) run(ctx context.Context) {
 	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	detect := t.detectTimeout()
 	for {
-		wait := time.Duration(d.m.NextDeadline() - d.now())
+		deadline := d.m.NextDeadline()
+		wait := time.Duration(deadline - d.now())
 		if wait > time.Hour {
 			wait = time.Hour
 		}
@@ -162,6 +164,27 @@ func (d *dcaaRun) run(ctx context.Context) {
 			}
 			ev = e.ev
 		case <-timer.C:
+			// A deadline passed: events that arrived meanwhile go
+			// first (the inputs may be alive; this goroutine was busy).
+			select {
+			case e := <-d.events:
+				if e.ended >= 0 {
+					d.ended[e.ended] = true
+					continue
+				}
+				ev = e.ev
+			default:
+			}
+		}
+		if late := d.now() - deadline; late > int64(detect/2) {
+			// Woken long after the deadline: this goroutine (or the
+			// whole process) could not run for a while, and what it did
+			// not hear meanwhile says nothing of the upstreams. Listen
+			// afresh before timing anything out.
+			if err := d.listenAfresh(ctx); err != nil {
+				t.endWith(err)
+				return
+			}
 		}
 		now := d.now()
 		// An input that delivered its final boundary is complete, not
@@ -183,6 +206,24 @@ func (d *dcaaRun) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// listenAfresh tells the machine that every input with a live
+// subscription is heard from now, in the state its replica advertised.
+func (d *dcaaRun) listenAfresh(ctx context.Context) error {
+	for i, in := range d.t.inputs {
+		in.mu.Lock()
+		live := in.cancelCur != nil && in.current.Replica == in.target.replica
+		in.mu.Unlock()
+		if !live || d.ended[i] {
+			continue
+		}
+		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
+		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, TentWatermark: in.health.tentWM.Load()})); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // do carries out the machine's actions in order.
