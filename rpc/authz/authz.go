@@ -181,6 +181,8 @@ var Methods = map[string]Need{
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
+	// DCAA permission between peer replicas: workers only.
+	pb.DataPlane_Reconcile_FullMethodName: NeedWorker,
 
 	// Federation (issue 11): auditors (and every client role) read and
 	// verify the ledger and the contracts; only an admin proposes,

@@ -2800,6 +2800,124 @@ func (x *IngestResponse) GetClosed() bool {
 	return false
 }
 
+// A replica's message to a peer replica of the same task partition.
+type ReconcileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The peer replica addressed (its task id and generation).
+	TaskId     string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32  `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The replica number of the sender.
+	From int32 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	// false: "may I reconcile?"; true: "I no longer reconcile (or ask)",
+	// which releases a permission the peer granted.
+	Done          bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileRequest) Reset() {
+	*x = ReconcileRequest{}
+	mi := &file_fedstream_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileRequest) ProtoMessage() {}
+
+func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *ReconcileRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReconcileRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReconcileRequest) GetFrom() int32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ReconcileRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type ReconcileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answer to a request (always false for done).
+	Granted       bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileResponse) Reset() {
+	*x = ReconcileResponse{}
+	mi := &file_fedstream_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileResponse) ProtoMessage() {}
+
+func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
+func (*ReconcileResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ReconcileResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
 // Where a new copy of a task takes its starting snapshot.
 type SnapshotSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2819,7 +2937,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2831,7 +2949,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2844,7 +2962,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -2888,7 +3006,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2900,7 +3018,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2913,7 +3031,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -2943,7 +3061,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3073,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3086,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -3014,7 +3132,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3026,7 +3144,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3039,7 +3157,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -3083,7 +3201,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3095,7 +3213,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3108,7 +3226,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3142,7 +3260,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3154,7 +3272,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3167,7 +3285,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3222,7 +3340,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3234,7 +3352,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3247,7 +3365,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3296,7 +3414,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3308,7 +3426,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3321,7 +3439,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3346,7 +3464,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3358,7 +3476,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3371,7 +3489,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 type ListTokensResponse struct {
@@ -3383,7 +3501,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3395,7 +3513,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3408,7 +3526,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3428,7 +3546,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3440,7 +3558,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3453,7 +3571,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3478,7 +3596,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3490,7 +3608,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3503,7 +3621,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -3518,7 +3636,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3530,7 +3648,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3543,7 +3661,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3564,7 +3682,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3576,7 +3694,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3589,7 +3707,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -3617,7 +3735,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3629,7 +3747,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3642,7 +3760,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -3669,7 +3787,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3681,7 +3799,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3694,7 +3812,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -3712,7 +3830,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3724,7 +3842,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3737,7 +3855,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 type ListRaftPeersResponse struct {
@@ -3751,7 +3869,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3763,7 +3881,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3776,7 +3894,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3802,7 +3920,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3814,7 +3932,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3827,7 +3945,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3845,7 +3963,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3857,7 +3975,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3870,7 +3988,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -3884,7 +4002,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3896,7 +4014,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3909,7 +4027,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 type RaftStateResponse struct {
@@ -3935,7 +4053,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3947,7 +4065,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3960,7 +4078,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4026,7 +4144,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4038,7 +4156,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4051,7 +4169,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 type ListLedgerResponse struct {
@@ -4066,7 +4184,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4078,7 +4196,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4091,7 +4209,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4116,7 +4234,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4128,7 +4246,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4141,7 +4259,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 type VerifyLedgerResponse struct {
@@ -4154,7 +4272,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4166,7 +4284,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4179,7 +4297,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -4197,7 +4315,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4209,7 +4327,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4222,7 +4340,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 type ListContractsResponse struct {
@@ -4235,7 +4353,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4247,7 +4365,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4260,7 +4378,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -4287,7 +4405,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4299,7 +4417,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4312,7 +4430,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -4382,7 +4500,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4394,7 +4512,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4407,7 +4525,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -4441,7 +4559,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4453,7 +4571,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4466,7 +4584,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -4492,7 +4610,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4504,7 +4622,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4517,7 +4635,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -4538,7 +4656,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4550,7 +4668,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4563,7 +4681,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -4588,7 +4706,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4600,7 +4718,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4613,7 +4731,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -4629,7 +4747,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4641,7 +4759,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4654,7 +4772,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 type FetchOrgKeyResponse struct {
@@ -4667,7 +4785,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4679,7 +4797,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4692,7 +4810,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -4938,7 +5056,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
 	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\x12\x17\n" +
-	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\"~\n" +
+	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\"s\n" +
+	"\x10ReconcileRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x05R\x04from\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\"-\n" +
+	"\x11ReconcileResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\"~\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +
@@ -5078,11 +5205,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bMoveTask\x12\x1d.fedstream.v1.MoveTaskRequest\x1a\x1e.fedstream.v1.MoveTaskResponse\x12[\n" +
 	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse\x12O\n" +
 	"\n" +
-	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse2\xec\x01\n" +
+	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse2\xba\x02\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
-	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
+	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x01\x12L\n" +
+	"\tReconcile\x12\x1e.fedstream.v1.ReconcileRequest\x1a\x1f.fedstream.v1.ReconcileResponse2\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
 	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
 	"\n" +
@@ -5116,7 +5244,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 76)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),          // 1: fedstream.v1.RegisterRequest
@@ -5157,50 +5285,52 @@ var file_fedstream_proto_goTypes = []any{
 	(*IngestRequest)(nil),            // 36: fedstream.v1.IngestRequest
 	(*LineError)(nil),                // 37: fedstream.v1.LineError
 	(*IngestResponse)(nil),           // 38: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),           // 39: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),          // 40: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),         // 41: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),     // 42: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 43: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 44: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 45: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 46: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 47: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 48: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 49: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 50: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 51: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 52: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 53: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 54: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 55: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 56: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 57: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 58: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 59: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 60: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),        // 61: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),       // 62: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),      // 63: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),     // 64: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),     // 65: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),    // 66: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),   // 67: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),    // 68: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil), // 69: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),         // 70: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),            // 71: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),           // 72: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),       // 73: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),      // 74: fedstream.v1.FetchOrgKeyResponse
-	nil,                              // 75: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 76: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ReconcileRequest)(nil),         // 39: fedstream.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),        // 40: fedstream.v1.ReconcileResponse
+	(*SnapshotSource)(nil),           // 41: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),          // 42: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),         // 43: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),     // 44: fedstream.v1.FetchSnapshotRequest
+	(*SnapshotChunk)(nil),            // 45: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                // 46: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),       // 47: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),      // 48: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),        // 49: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),       // 50: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),       // 51: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),      // 52: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),    // 53: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),   // 54: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),  // 55: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil), // 56: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),     // 57: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),    // 58: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),    // 59: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),   // 60: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),         // 61: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),        // 62: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),        // 63: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),       // 64: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),      // 65: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),     // 66: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),     // 67: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),    // 68: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),   // 69: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),    // 70: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil), // 71: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),         // 72: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),            // 73: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),           // 74: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),       // 75: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),      // 76: fedstream.v1.FetchOrgKeyResponse
+	nil,                              // 77: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                              // 78: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	75, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	77, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	39, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	41, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
@@ -5209,7 +5339,7 @@ var file_fedstream_proto_depIdxs = []int32{
 	0,  // 9: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
 	12, // 10: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16, // 11: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	76, // 12: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	78, // 12: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12, // 13: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18, // 14: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	0,  // 15: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
@@ -5219,73 +5349,75 @@ var file_fedstream_proto_depIdxs = []int32{
 	34, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
 	0,  // 20: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
 	37, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	44, // 22: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	44, // 23: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	46, // 22: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	46, // 23: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
 	16, // 24: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
 	1,  // 25: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
 	3,  // 26: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
 	5,  // 27: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
 	13, // 28: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	53, // 29: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	55, // 29: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
 	15, // 30: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
 	19, // 31: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
 	21, // 32: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
 	25, // 33: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
 	27, // 34: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
 	28, // 35: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	55, // 36: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	40, // 37: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	57, // 38: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	57, // 36: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	42, // 37: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	59, // 38: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
 	30, // 39: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
 	33, // 40: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
 	36, // 41: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	42, // 42: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45, // 43: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	47, // 44: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	49, // 45: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	51, // 46: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	59, // 47: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	61, // 48: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	63, // 49: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	65, // 50: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	67, // 51: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	68, // 52: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	69, // 53: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	71, // 54: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	73, // 55: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	2,  // 56: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 57: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 58: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 59: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	54, // 60: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 61: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 62: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 63: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 64: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 65: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 66: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	56, // 67: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	41, // 68: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	58, // 69: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 70: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	35, // 71: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 72: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	43, // 73: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46, // 74: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	48, // 75: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	50, // 76: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	52, // 77: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	60, // 78: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	62, // 79: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	64, // 80: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	66, // 81: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	70, // 82: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	70, // 83: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	70, // 84: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	72, // 85: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	74, // 86: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	56, // [56:87] is the sub-list for method output_type
-	25, // [25:56] is the sub-list for method input_type
+	44, // 42: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	39, // 43: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	47, // 44: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	49, // 45: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	51, // 46: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	53, // 47: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	61, // 48: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	63, // 49: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	65, // 50: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	67, // 51: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	69, // 52: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	70, // 53: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	71, // 54: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	73, // 55: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	75, // 56: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	2,  // 57: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 58: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 59: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 60: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	56, // 61: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 62: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 63: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 64: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 65: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 66: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 67: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	58, // 68: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	43, // 69: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	60, // 70: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 71: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	35, // 72: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 73: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	45, // 74: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	40, // 75: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	48, // 76: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	50, // 77: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	52, // 78: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	54, // 79: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	62, // 80: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	64, // 81: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	66, // 82: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	68, // 83: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	72, // 84: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	72, // 85: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	72, // 86: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	74, // 87: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	76, // 88: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	57, // [57:89] is the sub-list for method output_type
+	25, // [25:57] is the sub-list for method input_type
 	25, // [25:25] is the sub-list for extension type_name
 	25, // [25:25] is the sub-list for extension extendee
 	0,  // [0:25] is the sub-list for field type_name
@@ -5302,7 +5434,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   76,
+			NumMessages:   78,
 			NumExtensions: 0,
 			NumServices:   7,
 		},

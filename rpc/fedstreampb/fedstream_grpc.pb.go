@@ -734,6 +734,7 @@ const (
 	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
 	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
 	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
+	DataPlane_Reconcile_FullMethodName     = "/fedstream.v1.DataPlane/Reconcile"
 )
 
 // DataPlaneClient is the client API for DataPlane service.
@@ -745,6 +746,10 @@ type DataPlaneClient interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
+	// ---- DCAA peer permission (issue 10)
+	// Worker to worker only: one replica of a partition asks its peers
+	// before it reconciles, and tells them when it is done.
+	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 }
 
 type dataPlaneClient struct {
@@ -800,6 +805,16 @@ func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
 
+func (c *dataPlaneClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileResponse)
+	err := c.cc.Invoke(ctx, DataPlane_Reconcile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DataPlaneServer is the server API for DataPlane service.
 // All implementations must embed UnimplementedDataPlaneServer
 // for forward compatibility.
@@ -809,6 +824,10 @@ type DataPlaneServer interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
+	// ---- DCAA peer permission (issue 10)
+	// Worker to worker only: one replica of a partition asks its peers
+	// before it reconciles, and tells them when it is done.
+	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	mustEmbedUnimplementedDataPlaneServer()
 }
 
@@ -827,6 +846,9 @@ func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequ
 }
 func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
+}
+func (UnimplementedDataPlaneServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Reconcile not implemented")
 }
 func (UnimplementedDataPlaneServer) mustEmbedUnimplementedDataPlaneServer() {}
 func (UnimplementedDataPlaneServer) testEmbeddedByValue()                   {}
@@ -874,13 +896,36 @@ func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
 
+func _DataPlane_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServer).Reconcile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DataPlane_Reconcile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServer).Reconcile(ctx, req.(*ReconcileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DataPlane_ServiceDesc is the grpc.ServiceDesc for DataPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var DataPlane_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "fedstream.v1.DataPlane",
 	HandlerType: (*DataPlaneServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Reconcile",
+			Handler:    _DataPlane_Reconcile_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Subscribe",

@@ -45,6 +45,10 @@ type dcaaRun struct {
 	lastStable []uint64
 	ended      []bool
 	done       bool
+	// replyTo holds, by peer, the channel of a permission request being
+	// answered (see Reconcile).
+	replyTo map[int]chan bool
+	peers   peerFigures
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -52,6 +56,8 @@ type dcaaRun struct {
 type dcaaEvent struct {
 	ev    dcaa.Event
 	ended int
+	// reply receives the machine's answer to a PermissionRequest.
+	reply chan bool
 }
 
 // dcaaTarget is the upstream replica the machine wants an input to read.
@@ -87,7 +93,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		return nil, err
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
-		lastStable: make([]uint64, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable}
+		lastStable: make([]uint64, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
 	return d, nil
 }
 
@@ -100,6 +106,8 @@ func (d *dcaaRun) post(ctx context.Context, ev dcaaEvent) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
+	case <-d.t.ctx.Done():
+		return d.t.ctx.Err()
 	}
 }
 
@@ -162,7 +170,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 				d.ended[e.ended] = true
 				continue
 			}
-			ev = e.ev
+			ev = d.take(e)
 		case <-timer.C:
 			// A deadline passed: events that arrived meanwhile go
 			// first (the inputs may be alive; this goroutine was busy).
@@ -172,7 +180,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 					d.ended[e.ended] = true
 					continue
 				}
-				ev = e.ev
+				ev = d.take(e)
 			default:
 			}
 		}
@@ -226,10 +234,17 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 	return nil
 }
 
+// take unpacks an event, noting where a permission request's answer goes.
+func (d *dcaaRun) take(e dcaaEvent) dcaa.Event {
+	if req, ok := e.ev.(dcaa.PermissionRequest); ok && e.reply != nil {
+		d.replyTo[req.From] = e.reply
+	}
+	return e.ev
+}
+
 // do carries out the machine's actions in order.
 func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	t := d.t
-	var granted []int
 	for _, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
@@ -256,18 +271,14 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 			t.log.Info("replica state", "from", a.From.String(), "to", a.To.String())
 			d.advertise()
 		case dcaa.AskPermission:
-			// The permission protocol between peer replicas needs a
-			// data-plane RPC that is not wired yet: every peer is taken
-			// to grant at once, so replicas may reconcile at the same
-			// time (each still corrects its own output exactly).
-			granted = append(granted, a.Peers...)
-		case dcaa.ReplyPermission, dcaa.NotifyDone:
-			// Peers never ask (see AskPermission).
-		}
-	}
-	for _, p := range granted {
-		if err := d.do(ctx, d.m.Step(d.now(), dcaa.PermissionReply{From: p, Granted: true})); err != nil {
-			return err
+			d.messagePeers(a.Peers, false)
+		case dcaa.NotifyDone:
+			d.messagePeers(a.Peers, true)
+		case dcaa.ReplyPermission:
+			if ch := d.replyTo[a.To]; ch != nil {
+				ch <- a.Granted
+				delete(d.replyTo, a.To)
+			}
 		}
 	}
 	return nil

@@ -300,6 +300,13 @@ func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
 		st := g.taskState(agg0)
 		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
 	})
+	// Replica 0 reconciled with its peer's permission, asked over the
+	// data plane.
+	r0 := g.c.workers[2].rt.task(agg0).dm
+	r1 := g.c.workers[1].rt.task(queryspec.TaskID(g.q.Name, "counts", 0, 1)).dm
+	if r0.peers.granted.Load() == 0 || r1.peers.served.Load() == 0 {
+		t.Fatalf("permission: replica 0 was granted %d times, replica 1 served %d requests", r0.peers.granted.Load(), r1.peers.served.Load())
+	}
 }
 
 // P2: every replica of one upstream partition unreachable for less than
