@@ -98,6 +98,7 @@ func (t *task) setupDCAA() {
 	}
 	for _, in := range t.inputs {
 		in.sub.OnStreamState(in.heardFrom)
+		in.watched = true
 	}
 	if t.usesMachine() {
 		d, err := newDCAARun(t)

@@ -332,3 +332,29 @@ func TestDCAAShortFailureCostsNothing(t *testing.T) {
 	}
 	sameStable(t, got.stable, want.stable, 40)
 }
+
+// P1 with real workers: the upstream replica the aggregate's replica 0
+// reads goes silent (its link held: a failed or paused worker looks the
+// same). The machine detects it and moves to the other replica within
+// the detection timeout, far below X: no tentative result, and the
+// output equals the failure-free replica's.
+func TestDCAAOneReplicaLostNoTentative(t *testing.T) {
+	g := newAggRig(t, "5s", 16000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	waitUntil(t, "aggregate replica 0 reading partition 0 from replica 0", func() bool {
+		return g.faults.BytesFrom(up0) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	before := g.faults.BytesFrom(up1)
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
+	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
+	if moved := g.faults.BytesFrom(up1) - before; moved < 8<<10 {
+		t.Fatalf("only %d bytes came from source replica 1 after the cut: the aggregate did not switch", moved)
+	}
+	if got.tentative+got.undos+got.recDones != 0 {
+		t.Fatalf("losing one replica gave %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
+	}
+	sameStable(t, got.stable, want.stable, 40)
+	g.faults.HealAll()
+}

@@ -52,6 +52,9 @@ type input struct {
 	// health is failure detection's view of the live attempt (DCAA
 	// queries only; see dcaa.go).
 	health inputHealth
+	// watched: failure detection watches this input (a replicated
+	// query's; set before the task starts).
+	watched bool
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -206,8 +209,10 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}()
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
-		in.health.busy.Store(true)
-		defer in.health.delivering()
+		if in.watched {
+			in.health.busy.Store(true)
+			defer in.health.delivering()
+		}
 		if in.t.dm != nil {
 			return in.t.dm.deliver(ctx, in, b)
 		}
