@@ -108,6 +108,12 @@ func (t *task) setupDCAA() {
 			t.log.Error("DCAA machine not started; the task merges its inputs without it", "err", err)
 			return
 		}
+		if s := t.spec.FromSnapshot; s != nil {
+			if err := d.resume(s); err != nil {
+				t.log.Error("DCAA machine not resumed from the snapshot; the task merges its inputs without it", "err", err)
+				return
+			}
+		}
 		t.dm = d
 		for _, in := range t.inputs {
 			in.targetWake = make(chan struct{}, 1)

@@ -58,6 +58,8 @@ type dcaaEvent struct {
 	ended int
 	// reply receives the machine's answer to a PermissionRequest.
 	reply chan bool
+	// processed, when set, is closed once the machine took the event.
+	processed chan struct{}
 }
 
 // dcaaTarget is the upstream replica the machine wants an input to read.
@@ -117,8 +119,25 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	ts := b.Tuples
 	st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
 	wm := in.health.tentWM.Load()
-	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1}); err != nil {
+	if d.t.halted.Load() {
+		return errHalted // unacknowledged: the copy resumes before it
+	}
+	// The input waits until the machine took the batch, so that what the
+	// subscription acknowledges is always in the machine's state (as a
+	// task snapshot captures it), never only queued.
+	processed := make(chan struct{})
+	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
 		return err
+	}
+	select {
+	case <-processed:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.t.ctx.Done():
+		return d.t.ctx.Err()
+	}
+	if d.t.halted.Load() {
+		return errHalted
 	}
 	if last := &ts[len(ts)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
@@ -156,6 +175,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		}
 		timer.Reset(max(wait, 0))
 		var ev dcaa.Event = dcaa.Tick{}
+		var processed chan struct{}
 		select {
 		case <-ctx.Done():
 			return
@@ -171,6 +191,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 				continue
 			}
 			ev = d.take(e)
+			processed = e.processed
 		case <-timer.C:
 			// A deadline passed: events that arrived meanwhile go
 			// first (the inputs may be alive; this goroutine was busy).
@@ -181,31 +202,19 @@ func (d *dcaaRun) run(ctx context.Context) {
 					continue
 				}
 				ev = d.take(e)
+				processed = e.processed
 			default:
 			}
 		}
-		if late := d.now() - deadline; late > int64(detect/2) {
-			// Woken long after the deadline: this goroutine (or the
-			// whole process) could not run for a while, and what it did
-			// not hear meanwhile says nothing of the upstreams. Listen
-			// afresh before timing anything out.
-			if err := d.listenAfresh(ctx); err != nil {
-				t.endWith(err)
-				return
-			}
+		if err := t.lockProc(ctx); err != nil {
+			return
 		}
-		now := d.now()
-		// An input that delivered its final boundary is complete, not
-		// silent: keep it alive for the machine.
-		for i, e := range d.ended {
-			if e {
-				if err := d.do(ctx, d.m.Step(now, dcaa.Deliver{Input: i, Upstream: dcaa.Stable})); err != nil {
-					t.endWith(err)
-					return
-				}
-			}
+		err := d.step(ctx, ev, deadline, detect)
+		t.unlockProc()
+		if processed != nil {
+			close(processed)
 		}
-		if err := d.do(ctx, d.m.Step(now, ev)); err != nil {
+		if err != nil {
 			t.endWith(err)
 			return
 		}
@@ -214,6 +223,36 @@ func (d *dcaaRun) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// step hands one event to the machine and carries out its actions; the
+// caller holds proc (a snapshot sees the machine between two events).
+func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detect time.Duration) error {
+	if d.t.halted.Load() {
+		return nil // stop-and-copy: nothing more is processed
+	}
+	{
+		if late := d.now() - deadline; late > int64(detect/2) {
+			// Woken long after the deadline: this goroutine (or the
+			// whole process) could not run for a while, and what it did
+			// not hear meanwhile says nothing of the upstreams. Listen
+			// afresh before timing anything out.
+			if err := d.listenAfresh(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	now := d.now()
+	// An input that delivered its final boundary is complete, not
+	// silent: keep it alive for the machine.
+	for i, e := range d.ended {
+		if e {
+			if err := d.do(ctx, d.m.Step(now, dcaa.Deliver{Input: i, Upstream: dcaa.Stable})); err != nil {
+				return err
+			}
+		}
+	}
+	return d.do(ctx, d.m.Step(now, ev))
 }
 
 // listenAfresh tells the machine that every input with a live
@@ -464,4 +503,34 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 		case <-time.After(backoff.Next()):
 		}
 	}
+}
+
+// capture fills a task snapshot's merge part from the machine (the
+// caller holds proc): the release watermark and, per input, the last
+// stable id taken, the stable boundaries above the watermark and the
+// stable data not yet released. A replica holding tentative state is not
+// captured (a copy could not correct it): ErrNotSnapshottable until it is
+// stable again.
+func (d *dcaaRun) capture(s *TaskSnapshot) error {
+	released, ins, err := d.m.Capture()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, d.t.spec.TaskID, err)
+	}
+	s.Released = released
+	s.Inputs = s.Inputs[:0]
+	for i, c := range ins {
+		in := d.t.inputs[i]
+		s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: in.port, Partition: in.upPartition,
+			After: c.LastStable, Boundary: c.StableBoundary, Steps: c.Steps, Pending: c.Pending})
+	}
+	return nil
+}
+
+// resume starts the machine from a task snapshot (before the task starts).
+func (d *dcaaRun) resume(s *TaskSnapshot) error {
+	ins := make([]dcaa.InputCapture, len(s.Inputs))
+	for i, p := range s.Inputs {
+		ins[i] = dcaa.InputCapture{LastStable: p.After, StableBoundary: p.Boundary, Steps: p.Steps, Pending: p.Pending}
+	}
+	return d.m.Resume(s.Released, ins)
 }

@@ -1,8 +1,13 @@
 package runtime
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -357,4 +362,80 @@ func TestDCAAOneReplicaLostNoTentative(t *testing.T) {
 	}
 	sameStable(t, got.stable, want.stable, 40)
 	g.faults.HealAll()
+}
+
+// A DCAA operator task (replicated query) moves from a stop-and-copy
+// snapshot: the snapshot takes the machine's inputs (last stable ids,
+// stable data not yet released) instead of the unused merger's, so the
+// copy resumes exactly: the sink's stream equals an unmoved run's, tuple
+// for tuple. Before the machine was captured, the copy resumed from the
+// start of its inputs on top of the restored state.
+func TestDCAATaskMovesFromSnapshot(t *testing.T) {
+	// Windows much wider than a release step: the snapshot catches open
+	// windows, so input processed twice (or missed) would change results.
+	yaml := strings.Replace(fmt.Sprintf(wordsQuery, 2, 20000), "size: 2ms", "size: 200ms", 1)
+	place := func(string, int, int) int { return 0 }
+	const moving = "wc/counts/p0/r0"
+
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	// The moving task's own output: a replicated sink may read the other
+	// replica, so the copy's stream is compared too (ids are positions:
+	// a copy that processed anything twice or missed anything ends
+	// elsewhere).
+	wantLast := finalOutputID(t, unmoved.workers[0].rt.task(moving))
+	unmoved.close(t)
+
+	c := newCluster(t, 2, yaml, place)
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	if tk := from.rt.task(moving); tk == nil || tk.dm == nil {
+		t.Fatal("the replicated aggregate does not run the DCAA machine")
+	}
+	// Another subscriber holds the source's stream to the moving task:
+	// the stream keeps what the task took, so the copy must resume from
+	// its snapshot's position, not from what happens to be left.
+	held, err := from.rt.task("wc/lines/p0/r0").output("counts", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Connect("holder")
+	defer held.Disconnect("holder")
+	waitUntil(t, "the aggregate emitted some windows", func() bool {
+		tk := from.rt.task(moving)
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	snap, err := from.rt.SnapshotTask(ctx, moving, SnapshotOptions{Halt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Released == math.MaxInt64 || len(snap.Operator) < 100 {
+		t.Fatalf("snapshot at watermark %d with %d bytes of state: not mid-stream", snap.Released, len(snap.Operator))
+	}
+	if err := from.rt.WaitTaken(ctx, moving, snap); err != nil {
+		t.Fatal(err)
+	}
+	c.moveTask(t, moving, from, to, snap)
+	got := c.tail(t, "wc/out/p0/r0")
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+	if last := finalOutputID(t, to.rt.task(moving)); last != wantLast {
+		t.Fatalf("the moved copy's output ends at id %d, an unmoved run's at %d", last, wantLast)
+	}
+	if _, err := to.rt.SnapshotTask(ctx, moving, SnapshotOptions{Halt: true, Aligned: true, At: 1}); !errors.Is(err, ErrNotSnapshottable) {
+		t.Fatalf("an aligned snapshot of a DCAA task: %v, want ErrNotSnapshottable", err)
+	}
+}
+
+// finalOutputID waits until the task processed its input to the end and
+// returns the last id of its first output.
+func finalOutputID(t *testing.T, tk *task) uint64 {
+	t.Helper()
+	waitUntil(t, tk.spec.TaskID+" exhausting its input", func() bool { return tk.State().Message == "input exhausted" })
+	return tk.outs[0].buf.Stats().LastID
 }

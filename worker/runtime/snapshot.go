@@ -236,6 +236,9 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 	if t.merge == nil || t.proc == nil {
 		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
+	if t.dm != nil && opts.Aligned {
+		return nil, fmt.Errorf("%w: %s runs DCAA, whose merge cannot be aligned at a stream time yet", ErrNotSnapshottable, t.spec.TaskID)
+	}
 	if opts.Aligned {
 		if !opts.Halt {
 			return nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
@@ -291,7 +294,12 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 		// acknowledges, so the tail starts at or below it.
 		s.SourceRecords = int64(t.kafkaOut.written.Load())
 	}
-	if t.passThrough {
+	if t.dm != nil {
+		// A DCAA operator task: its machine holds the inputs' state.
+		if err := t.dm.capture(s); err != nil {
+			return nil, err
+		}
+	} else if t.passThrough {
 		in := t.inputs[0]
 		s.Released = math.MinInt64
 		s.Inputs = []InputPosition{{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}}
