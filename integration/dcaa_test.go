@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -52,6 +53,14 @@ func TestHeldLinkBetweenWorkerProcesses(t *testing.T) {
 		t.Fatal("the query ended before the link was held: the test would prove nothing")
 	}
 	sameWard(t, got, want)
+	waitFor(t, 10*time.Second, "a consumer in some worker's log taking the held replica for failed", func() bool {
+		for _, p := range o.workers {
+			if strings.Contains(p.out.String(), "silent past the detection timeout") {
+				return true
+			}
+		}
+		return false
+	})
 	_ = os.WriteFile(faults, nil, 0o644)
 
 	var q struct {
