@@ -231,15 +231,13 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 	if d.t.halted.Load() {
 		return nil // stop-and-copy: nothing more is processed
 	}
-	{
-		if late := d.now() - deadline; late > int64(detect/2) {
-			// Woken long after the deadline: this goroutine (or the
-			// whole process) could not run for a while, and what it did
-			// not hear meanwhile says nothing of the upstreams. Listen
-			// afresh before timing anything out.
-			if err := d.listenAfresh(ctx); err != nil {
-				return err
-			}
+	if late := d.now() - deadline; late > int64(detect/2) {
+		// Woken long after the deadline: this goroutine (or the whole
+		// process) could not run for a while, and what it did not hear
+		// meanwhile says nothing of the upstreams. Listen afresh before
+		// timing anything out.
+		if err := d.listenAfresh(ctx); err != nil {
+			return err
 		}
 	}
 	now := d.now()
