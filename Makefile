@@ -4,7 +4,7 @@ BIN       := bin/fedstream
 PKGS      := ./...
 export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
 
-.PHONY: all build run test org-tls test-short bench pgo proto vet fmt clean
+.PHONY: all build run test org-tls federation-tls test-short bench pgo proto vet fmt clean
 
 all: build
 
@@ -24,6 +24,15 @@ test:
 org-tls: build
 	test -f examples/org/tls/ca.pem || ./$(BIN) tls init --org acme --out examples/org/tls
 	test -f examples/org/tls/gossip.key || (umask 077 && ./$(BIN) keygen > examples/org/tls/gossip.key)
+
+## federation-tls: CAs, certificates and gossip keys of the two example orgs in
+## examples/federation, and the federation pool's key (not committed)
+federation-tls: build
+	for org in alpha beta; do \
+	  test -f examples/federation/tls/$$org/ca.pem || ./$(BIN) tls init --org $$org --out examples/federation/tls/$$org --coordinators c1; \
+	  test -f examples/federation/tls/$$org/gossip.key || (umask 077 && ./$(BIN) keygen > examples/federation/tls/$$org/gossip.key); \
+	done
+	test -f examples/federation/tls/federation.key || (umask 077 && ./$(BIN) keygen > examples/federation/tls/federation.key)
 
 test-short:
 	$(GO) test -short -count=1 $(PKGS)

@@ -52,6 +52,24 @@ type Coordinator struct {
 	DeadVoterTimeout string `mapstructure:"dead-voter-timeout"`
 	// HTTPAddr serves /metrics, /healthz and /readyz ("" : none).
 	HTTPAddr string `mapstructure:"http-addr"`
+	// Federation places the coordinator in the federation pool (YAML
+	// section federation:, flags --federation.KEY).
+	Federation Federation `mapstructure:"federation"`
+}
+
+// Federation is the coordinator's place in the federation pool. Bind
+// empty: the org is in no federation.
+type Federation struct {
+	// Bind is the federation pool's gossip address.
+	Bind string `mapstructure:"bind"`
+	// GRPCAddr is the cross-org gRPC port partners call.
+	GRPCAddr string `mapstructure:"grpc-addr"`
+	// Join lists federation pool addresses of coordinators of any org.
+	Join []string `mapstructure:"join"`
+	// KeyringFile (or Keyring, base64) holds the federation pool's gossip
+	// key, which must differ from the org's gossip key.
+	KeyringFile string `mapstructure:"keyring-file"`
+	Keyring     string `mapstructure:"keyring"`
 }
 
 // TLS names a process's TLS files: explicit files, or a directory written
@@ -141,6 +159,11 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.String("gossip-key", "", "the base64 gossip key itself; prefer --gossip-key-file or FEDSTREAM_GOSSIP_KEY (flags show in ps)")
 	fs.String("dead-voter-timeout", "72h", "remove a Raft voter that stays failed this long (one that leaves is removed at once)")
 	fs.String("http-addr", "", "serve Prometheus /metrics, /healthz and /readyz over HTTP on this address (empty: off)")
+	fs.String("federation.bind", "", "federation pool gossip address (empty: the org is in no federation)")
+	fs.String("federation.grpc-addr", "", "cross-org gRPC address partners' coordinators call (mutual TLS against the CA pinned for them)")
+	fs.StringSlice("federation.join", nil, "federation pool addresses of coordinators of any org (comma separated)")
+	fs.String("federation.keyring-file", "", "file holding the federation pool's base64 gossip key (fedstream keygen; not the org's gossip key)")
+	fs.String("federation.keyring", "", "the federation pool's base64 gossip key itself; prefer --federation.keyring-file")
 }
 
 // TLSFlags declares the TLS flags shared by every process; certName is
@@ -181,7 +204,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 func load(fs *pflag.FlagSet, out any) error {
 	v := viper.New()
 	v.SetEnvPrefix("FEDSTREAM")
-	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	v.SetEnvKeyReplacer(strings.NewReplacer("-", "_", ".", "_"))
 	v.AutomaticEnv()
 	if err := v.BindPFlags(fs); err != nil {
 		return err
@@ -211,6 +234,7 @@ func LoadCoordinator(fs *pflag.FlagSet) (*Coordinator, error) {
 		return nil, err
 	}
 	c.Join = splitList(c.Join)
+	c.Federation.Join = splitList(c.Federation.Join)
 	if err := tokenFromFile("join-token", &c.JoinToken, c.JoinTokenFile); err != nil {
 		return nil, err
 	}

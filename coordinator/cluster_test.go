@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/config/logging"
@@ -65,10 +67,23 @@ func testCA(t testing.TB, org string) *tlsutil.CA {
 	return ca
 }
 
+// testTimings keep tests quick but survive a loaded machine: a fake
+// worker heartbeats every HeartbeatTTL/6, so it is marked down only if it
+// (or the coordinator) is starved for over 1.6s; with a 600ms TTL a 0.5s
+// stall of a loaded 2-core machine marked healthy workers down.
+// minWait is the shortest deadline waitFor gives a condition.
+const minWait = 30 * time.Second
+
 func testTimings() Timings {
 	tm := FastTimings()
-	tm.HeartbeatTTL = 600 * time.Millisecond
-	tm.LeaderGrace = 600 * time.Millisecond
+	tm.HeartbeatTTL = 2 * time.Second
+	tm.LeaderGrace = time.Second
+	// Raft as deployed (DefaultTimings): with FastTimings' 200ms leader
+	// lease, a leader of a loaded 2-core machine stepped down whenever a
+	// stall kept it from hearing a quorum for 200ms, and tests' writes
+	// failed 'leadership lost while committing'.
+	d := DefaultTimings()
+	tm.RaftHeartbeat, tm.RaftElection, tm.RaftLeaderLease = d.RaftHeartbeat, d.RaftElection, d.RaftLeaderLease
 	tm.MaxWatchWait = 5 * time.Second
 	return tm
 }
@@ -81,7 +96,13 @@ func newTestCluster(t testing.TB, n int, joinToken, adminToken string) *testClus
 
 func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
 	t.Helper()
-	c := &testCluster{t: t, org: "acme", tokens: [2]string{joinToken, adminToken}, timings: timings, ca: testCA(t, "acme")}
+	return newOrgTestCluster(t, "acme", n, joinToken, adminToken, timings, opts...)
+}
+
+// newOrgTestCluster starts n coordinators of org, with a CA of their own.
+func newOrgTestCluster(t testing.TB, org string, n int, joinToken, adminToken string, timings Timings, opts ...func(*Config)) *testCluster {
+	t.Helper()
+	c := &testCluster{t: t, org: org, tokens: [2]string{joinToken, adminToken}, timings: timings, ca: testCA(t, org)}
 	csr, _, err := tlsutil.NewCSR()
 	if err != nil {
 		t.Fatal(err)
@@ -113,6 +134,20 @@ func newTestClusterWith(t testing.TB, n int, joinToken, adminToken string, timin
 			c.cfgs[i].Join = []string{c.cfgs[0].SerfAddr}
 		}
 		c.start(i)
+	}
+	// start set each node's Join to the nodes started before it, so the
+	// first one has none; give it the others too. Without, a restarted c1
+	// (after a graceful leave nobody reconnects to it) sat alone in serf
+	// and never became a voter again (TestAdminAPILinearizable failed
+	// "waiting for the restarted coordinator a voter again" whenever c1
+	// was the leader it killed).
+	for i := range c.cfgs {
+		c.cfgs[i].Join = nil
+		for j := range c.cfgs {
+			if j != i {
+				c.cfgs[i].Join = append(c.cfgs[i].Join, c.cfgs[j].SerfAddr)
+			}
+		}
 	}
 	t.Cleanup(c.shutdown)
 	return c
@@ -153,9 +188,13 @@ func (c *testCluster) shutdown() {
 	}
 }
 
-// waitFor polls cond until it holds or the deadline passes.
+// waitFor polls cond until it holds or the deadline passes. The deadline
+// is at least minWait: a loaded 2-core machine (CI, parallel packages)
+// can starve a cluster for seconds, and waiting longer only costs time
+// when the test fails anyway (absence is checked with never, not here).
 func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	timeout = max(timeout, minWait)
 	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
@@ -260,9 +299,22 @@ func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWork
 	// of another worker replaces it (a restarted process).
 	fakeWorkerPort++
 	addr := fmt.Sprintf("127.0.0.1:%d", fakeWorkerPort)
-	resp, err := c.workers(node).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name})
-	if err != nil {
-		t.Fatalf("register %s: %v", name, err)
+	// Like a real worker, retry with the same idempotency key while the
+	// coordinators answer Unavailable: on a loaded machine leadership can
+	// change under a registration ("leadership lost while committing").
+	req := &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name}
+	var resp *pb.RegisterResponse
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var err error
+		resp, err = c.workers(node).Register(ctxT(t, 10*time.Second), req)
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			t.Fatalf("register %s: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
 	}
 	var clients []pb.WorkerServiceClient
 	for i := range c.cfgs {

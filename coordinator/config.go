@@ -62,6 +62,10 @@ type Config struct {
 	// port 0 picks one).
 	HTTPAddr string
 
+	// Federation places the coordinator in the federation pool (see
+	// FederationConfig); zero: in no federation.
+	Federation FederationConfig
+
 	Timings Timings
 	Limits  Limits
 	Logger  *slog.Logger
@@ -253,6 +257,7 @@ func (c *Config) validate() error {
 	case len(c.GossipKey) != 0 && len(c.GossipKey) != 16 && len(c.GossipKey) != 24 && len(c.GossipKey) != 32:
 		errs = append(errs, fmt.Errorf("gossip key is %d bytes: want 32 (16 or 24 also work); fedstream keygen makes one", len(c.GossipKey)))
 	}
+	errs = append(errs, c.Federation.validate(c)...)
 	if c.WorkerCertTTL <= 0 {
 		c.WorkerCertTTL = tlsutil.DefaultWorkerValidity
 	}

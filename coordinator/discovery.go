@@ -78,14 +78,7 @@ func (s *Server) setupSerf() error {
 	}
 	ml := memberlist.DefaultLANConfig()
 	if iv := s.cfg.Timings.GossipInterval; iv > 0 {
-		ml = memberlist.DefaultLocalConfig()
-		ml.GossipInterval = iv
-		ml.ProbeInterval = 4 * iv
-		ml.ProbeTimeout = 2 * iv
-		ml.SuspicionMult = 2
-		conf.ReapInterval = time.Second
-		conf.ReconnectInterval = time.Second
-		conf.ReconnectTimeout = time.Hour
+		ml = fastGossip(conf, iv)
 	}
 	ml.BindAddr = host
 	ml.BindPort = port
@@ -267,4 +260,20 @@ func (s *Server) reconcileVoters() {
 			s.logger.Warn("add voter failed", "member", m.Name, "err", err)
 		}
 	}
+}
+
+// fastGossip is the memberlist configuration of a pool gossiping every
+// iv (tests and dev shorten gossip so that failures show in a second, not
+// the libraries' LAN or WAN defaults), with conf's reaping and
+// reconnection scaled to match.
+func fastGossip(conf *serf.Config, iv time.Duration) *memberlist.Config {
+	ml := memberlist.DefaultLocalConfig()
+	ml.GossipInterval = iv
+	ml.ProbeInterval = 4 * iv
+	ml.ProbeTimeout = 2 * iv
+	ml.SuspicionMult = 2
+	conf.ReapInterval = time.Second
+	conf.ReconnectInterval = time.Second
+	conf.ReconnectTimeout = time.Hour
+	return ml
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -33,7 +34,13 @@ func (s *Server) setupFederation() error {
 	if created {
 		s.logger.Info("created a signing key; it becomes the org's if this coordinator is the first leader, otherwise the org's key replaces it", "file", ledger.SigningKeyFile, "public_key", ledger.EncodePublicKey(key.Public().(ed25519.PublicKey)))
 	}
-	s.fed = federation.NewOrg(s.cfg.Org, key, fedStore{s}, noPartners{}, nil)
+	var partners federation.Transport = noPartners{}
+	if s.cfg.Federation.Enabled() {
+		// Started by setupFedPool; it reads s.fed only once serving.
+		s.pool = &fedPool{s: s, conns: map[string]*grpc.ClientConn{}}
+		partners = s.pool
+	}
+	s.fed = federation.NewOrg(s.cfg.Org, key, fedStore{s}, partners, nil)
 	return nil
 }
 
@@ -50,12 +57,12 @@ func (f fedStore) Apply(ctx context.Context, t fsm.MessageType, body any) (any, 
 	return res.Value, res.Err
 }
 
-// errNoCrossOrgTransport: the federation gossip pool and cross-org gRPC
-// connections are not built yet, so no partner org can be reached.
-var errNoCrossOrgTransport = errors.New("cross-org connections are not available in this build")
+// errNoCrossOrgTransport: this coordinator is in no federation pool, so no
+// partner org can be reached.
+var errNoCrossOrgTransport = errors.New("this coordinator is in no federation (federation.bind is not set)")
 
-// noPartners is the Transport until cross-org connections exist: it knows
-// no org, so proposals fail with federation.ErrUnknownOrg.
+// noPartners is the Transport of a coordinator outside any federation: it
+// knows no org, so proposals fail with federation.ErrUnknownOrg.
 type noPartners struct{}
 
 func (noPartners) Known(string) bool { return false }
@@ -103,13 +110,13 @@ func fedStatus(err error) error {
 		return err
 	}
 	switch {
-	case errors.Is(err, mpa.ErrBadTerms), errors.Is(err, ledger.ErrBadRecord):
+	case errors.Is(err, mpa.ErrBadTerms), errors.Is(err, ledger.ErrBadRecord), errors.Is(err, federation.ErrBadCA):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, federation.ErrNoContract):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, federation.ErrUnknownOrg), errors.Is(err, federation.ErrNoPinnedKey),
 		errors.Is(err, federation.ErrContractState), errors.Is(err, federation.ErrKeyMismatch), errors.Is(err, federation.ErrRefused),
-		errors.Is(err, mpa.ErrOutsideTerms):
+		errors.Is(err, mpa.ErrOutsideTerms), errors.Is(err, federation.ErrNoPinnedCA):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
@@ -209,7 +216,7 @@ func (fs *federationService) PinKey(ctx context.Context, req *pb.PinKeyRequest) 
 	if handled, err := fs.s.leaderOrForward(ctx, federationMethod+"PinKey", req, resp); handled {
 		return resp, err
 	}
-	return resp, fedStatus(fs.s.fed.Pin(ctx, req.Org, key))
+	return resp, fedStatus(fs.s.fed.PinWithCA(ctx, req.Org, key, req.CaPem))
 }
 
 // syncOrgKey runs on every coordinator: once the org's identity is in the

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -142,22 +143,31 @@ func fsmState(t *testing.T, s *Server) []byte {
 func waitSameState(t *testing.T, c *testCluster, timeout time.Duration) []byte {
 	t.Helper()
 	var ref []byte
-	waitFor(t, timeout, "every node holding the same state", func() bool {
+	deadline := time.Now().Add(timeout)
+	for {
 		ref = nil
+		same := true
+		var seen []string
 		for _, n := range c.nodes {
 			if n == nil {
 				continue
 			}
 			st := fsmState(t, n)
+			seen = append(seen, fmt.Sprintf("%s: raft %s applied %d last %d, state %d bytes", n.NodeID(), n.Raft().State(), n.Raft().AppliedIndex(), n.Raft().LastIndex(), len(st)))
 			if ref == nil {
 				ref = st
 			} else if !bytes.Equal(ref, st) {
-				return false
+				same = false
 			}
 		}
-		return true
-	})
-	return ref
+		if same {
+			return ref
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for every node holding the same state: %s", timeout, strings.Join(seen, "; "))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // leaderOtherThan waits until a node other than old leads with its duties

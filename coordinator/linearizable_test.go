@@ -183,9 +183,18 @@ func TestAdminAPILinearizable(t *testing.T) {
 	c.start(l)
 	// A coordinator that shut down left serf and was removed as a voter;
 	// wait until it is one again, or partitioning a leader of two voters
-	// would leave no quorum at all.
-	waitFor(t, 30*time.Second, "the restarted coordinator a voter again", func() bool {
-		return len(c.raftServers(c.leader())) == len(c.cfgs)
+	// would leave no quorum at all. Every node must hold the configuration
+	// naming it: the leader lists it as soon as it appends the change, and
+	// isolating the leader before a follower has it left that follower
+	// with a configuration of two voters, one of them the isolated leader,
+	// so nobody could be elected (seen on a loaded machine).
+	waitFor(t, 30*time.Second, "the restarted coordinator a voter again on every node", func() bool {
+		for i := range c.nodes {
+			if len(c.raftServers(i)) != len(c.cfgs) {
+				return false
+			}
+		}
+		return true
 	})
 	nl := c.leader()
 	p.isolate(c, nl, true) // partition the current leader

@@ -212,12 +212,19 @@ func TestRaftPortRefusesOutsiders(t *testing.T) {
 			}
 		}
 	}
-	never(t, 2*time.Second, "term changed after outsiders' RequestVotes", func() bool {
-		return c.nodes[l].raft.CurrentTerm() != term || c.nodes[f].raft.CurrentTerm() != term
+	// A node that considered a request adopts its term (term+100) and,
+	// if it led, steps down. Natural elections on a loaded machine raise
+	// the term by one each and may also move leadership (they made this
+	// test fail as 'the leader lost its leadership'), so the check is that
+	// no node reached the outsiders' term.
+	never(t, 2*time.Second, "a node took the outsiders' term", func() bool {
+		for _, n := range c.nodes {
+			if n.raft.CurrentTerm() >= term+100 {
+				return true
+			}
+		}
+		return false
 	})
-	if !c.nodes[l].IsLeader() {
-		t.Fatal("the leader lost its leadership")
-	}
 }
 
 // A member with the gossip key that claims the leader's node id (and its

@@ -60,13 +60,6 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	if to.ID == t.WorkerID {
 		return nil, status.Errorf(codes.InvalidArgument, "move: task %s already runs on worker %s", t.ID, to.ID)
 	}
-	if q, err := st.Query(nil, t.Query); err == nil && q != nil {
-		if plan := s.plans.plan(q); plan != nil {
-			if n := plan.Node(t.Fragment); n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Ingest {
-				return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is an ingest source: its clients send to its worker, so it cannot move", t.ID)
-			}
-		}
-	}
 	out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: st.LatestIndex(),
 		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to.ID, Live: true}}})
 	if err != nil {
@@ -76,6 +69,22 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 		return nil, status.Errorf(codes.FailedPrecondition, "move %s refused: %s", t.ID, out.Result.RefusedText())
 	}
 	return &pb.MoveTaskResponse{TaskId: t.ID, FromWorker: t.WorkerID, ToWorker: to.ID, Generation: int32(t.Gen() + 1)}, nil
+}
+
+// isIngestSource reports whether fragment of query q is an ingest source.
+// Such a source moves stop-and-copy (its bootstrap halts it): the old copy
+// takes no line after the snapshot, and its clients resend to the new
+// copy from their last acknowledged offset (docs/QUERY.md, "Ingest").
+func isIngestSource(plans *planCache, q *fsm.Query, fragment string) bool {
+	if q == nil {
+		return false
+	}
+	plan := plans.plan(q)
+	if plan == nil {
+		return false
+	}
+	n := plan.Node(fragment)
+	return n != nil && n.Kind == queryspec.KindSource && n.Source != nil && n.Source.Ingest
 }
 
 // resolveWorker finds a worker by id, or by name when one worker has it.
@@ -134,7 +143,9 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 		}
 		return nil
 	}
-	if t.Gen() <= 1 {
+	if t.Gen() <= 1 || (t.ScaleEpoch != 0 && t.Gen() == int(t.ScaleEpoch)) {
+		// A first copy, or the first copy of a partition a rescale added:
+		// it starts empty and takes its slots at the rescale's cut.
 		return nil
 	}
 	for _, p := range peers {

@@ -122,8 +122,23 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 	if err != nil {
 		return nil, fmt.Errorf("plan from %s: read tasks: %w", plan.Source, err)
 	}
+	if need := plan.Protocol(); need > 3 {
+		// An older coordinator would ignore the plan's newer fields and
+		// apply it differently: propose it only once every one knows them.
+		if err := s.checkProtocol(need, fmt.Sprintf("a %s plan with live moves or rescale steps", plan.Source)); err != nil {
+			return nil, err
+		}
+	}
 	check := newPlanCheck(workers, tasks, tasksPerCore)
-	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore, ZoneLabel: zoneLabel}
+	valid := fsm.ApplyPlanRequest{Source: plan.Source, StateIndex: plan.StateIndex, TasksPerCore: tasksPerCore, ZoneLabel: zoneLabel,
+		NewTasks: plan.NewTasks, RemoveTasks: plan.RemoveTasks}
+	for _, nt := range plan.NewTasks {
+		id := fsm.TaskID(nt.Query, nt.Fragment, nt.Partition, nt.Replica)
+		if check.tasks[id] == nil {
+			check.tasks[id] = &fsm.Task{ID: id, Query: nt.Query, Fragment: nt.Fragment, Partition: nt.Partition, Replica: nt.Replica,
+				Generation: max(int(nt.ScaleEpoch), 1), ScaleEpoch: nt.ScaleEpoch}
+		}
+	}
 	var refused []fsm.PlanRefusal
 	for _, p := range plan.Placements {
 		if why := check.check(p); why != "" {
@@ -142,7 +157,7 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 	refused = append(refused, mapRefusals...)
 
 	out := &planOutcome{Result: &fsm.PlanResult{}}
-	if len(valid.Placements) > 0 || len(valid.SlotMaps) > 0 {
+	if len(valid.Placements) > 0 || len(valid.SlotMaps) > 0 || len(valid.NewTasks) > 0 || len(valid.RemoveTasks) > 0 {
 		res, err := s.apply(ctx, fsm.ApplyPlanType, valid)
 		if err != nil {
 			s.logger.Error("committing plan failed", "source", plan.Source, "err", err)
@@ -202,11 +217,17 @@ func (pa *planApplier) slotMaps(updates []fsm.SlotMapUpdate) ([]fsm.SlotMapUpdat
 			}
 			if why == "" {
 				epoch := uint64(0)
-				if m, _ := st.SlotMap(nil, u.Query, u.Fragment); m != nil && m.QueryIndex == q.CreateIndex {
+				m, _ := st.SlotMap(nil, u.Query, u.Fragment)
+				if m != nil && m.QueryIndex != q.CreateIndex {
+					m = nil
+				}
+				if m != nil {
 					epoch = m.Epoch
 				}
 				if epoch != u.ExpectedEpoch {
 					why = fmt.Sprintf("stale plan: the slot map of %s is at epoch %d, the plan expected epoch %d (another plan changed it first)", u.Fragment, epoch, u.ExpectedEpoch)
+				} else {
+					why = fsm.RescalePhaseCheck(m, &u)
 				}
 			}
 		}

@@ -42,6 +42,9 @@ type Server struct {
 	// fed is the org's federation agent (signing identity, contracts,
 	// ledger); set up in Start.
 	fed *federation.Org
+	// pool is this coordinator's part in the federation pool (nil outside
+	// a federation); see fedpool.go.
+	pool *fedPool
 	// raftRef is raft for the transport's goroutines, which may dial
 	// before NewRaft has returned.
 	raftRef   atomic.Pointer[raft.Raft]
@@ -93,6 +96,8 @@ type Server struct {
 	// applier is the running plan applier while this node leads (see
 	// startPlanApplier), nil otherwise.
 	applier atomic.Pointer[planApplier]
+	// scaleMu serialises rescales on this node: one at a time (rescale.go).
+	scaleMu sync.Mutex
 
 	// ctx is cancelled by Shutdown; every goroutine the server starts
 	// watches it and is counted in wg.
@@ -157,6 +162,11 @@ func (s *Server) Start() (err error) {
 	}
 	if err := s.setupSerf(); err != nil {
 		return err
+	}
+	if s.pool != nil {
+		if err := s.setupFedPool(); err != nil {
+			return err
+		}
 	}
 	s.forwarder = newForwarder(s)
 	if s.cfg.HTTPAddr != "" {
@@ -278,8 +288,24 @@ func (s *Server) setupRaft() error {
 	if advertise.Port == 0 {
 		adv = nil // port 0: advertise the port the OS picks
 	}
+	// MaxRPCsInFlight 1 turns off hashicorp/raft's pipelined replication
+	// (raft then replicates with one AppendEntries at a time per follower,
+	// batching entries, ample for a coordinator's write rate). The
+	// pipeline can wedge (hashicorp/raft issue 612): its sender, decoder
+	// and raft's pipelineDecode hand requests over unbuffered channels;
+	// when pipelineDecode stops (a newer term, a refused append) with a
+	// response in flight, the decoder and the next send block on each
+	// other for ever, no socket deadline frees them, and that follower is
+	// never replicated to again while raft.Shutdown waits on the goroutine
+	// for ever (seen as a hung TestBarrierFailureTransfersLeadership).
+	netCfg := func(stream raft.StreamLayer) *raft.NetworkTransportConfig {
+		return &raft.NetworkTransportConfig{
+			Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, MaxRPCsInFlight: 1,
+			Logger: logging.HCLog(s.logger, "raft-net"),
+		}
+	}
 	if s.cfg.TLS == nil {
-		s.transport, err = raft.NewTCPTransportWithLogger(s.cfg.RaftAddr, adv, 3, 10*time.Second, logging.HCLog(s.logger, "raft-net"))
+		s.transport, err = raft.NewTCPTransportWithConfig(s.cfg.RaftAddr, adv, netCfg(nil))
 	} else {
 		var layer *tlsStreamLayer
 		if layer, err = newTLSStreamLayer(s.cfg.RaftAddr, s.cfg.TLS, s.raftIDOf); err == nil {
@@ -290,9 +316,7 @@ func (s *Server) setupRaft() error {
 			if h := s.cfg.hooks.raftStream; h != nil {
 				stream = h(layer)
 			}
-			s.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: logging.HCLog(s.logger, "raft-net"),
-			})
+			s.transport = raft.NewNetworkTransportWithConfig(netCfg(stream))
 		}
 	}
 	if err != nil {
@@ -354,6 +378,7 @@ func (s *Server) setupGRPC() error {
 	pb.RegisterCoordinatorPeerServiceServer(s.grpcServer, &peerService{s: s})
 	pb.RegisterFederationServiceServer(s.grpcServer, &federationService{s: s})
 	pb.RegisterOrgKeyServiceServer(s.grpcServer, &orgKeyService{s: s})
+	pb.RegisterFederationPeerServiceServer(s.grpcServer, &fedPeerService{s: s})
 	healthpb.RegisterHealthServer(s.grpcServer, s.health)
 	reflection.Register(s.grpcServer)
 	s.wg.Add(1)
@@ -387,6 +412,9 @@ func (s *Server) Shutdown() error {
 				s.grpcServer.Stop()
 			}
 		}
+		if s.pool != nil {
+			err = errors.Join(err, s.pool.close())
+		}
 		if s.serf != nil {
 			if e := s.serf.Leave(); e != nil {
 				// Not fatal: the others detect the failure instead.
@@ -396,25 +424,78 @@ func (s *Server) Shutdown() error {
 				err = errors.Join(err, e)
 			}
 		}
+		raftStopped := true
 		if s.raft != nil {
-			if e := s.raft.Shutdown().Error(); e != nil {
-				err = errors.Join(err, e)
-			}
+			var e error
+			raftStopped, e = s.shutdownRaft()
+			err = errors.Join(err, e)
 		}
 		if s.transport != nil {
 			if e := s.transport.Close(); e != nil {
 				err = errors.Join(err, fmt.Errorf("close raft transport: %w", e))
 			}
+			// Close leaves pooled outgoing connections, and the handlers
+			// of incoming ones, open.
+			s.transport.CloseStreams()
 		}
 		s.wg.Wait()
 		if s.forwarder != nil {
 			s.forwarder.close()
 		}
-		if s.boltStore != nil {
+		// When raft did not stop, its goroutines may still touch the log
+		// store: it is left open rather than pulled from under them.
+		if s.boltStore != nil && raftStopped {
 			if e := s.boltStore.Close(); e != nil {
 				err = errors.Join(err, e)
 			}
 		}
 	})
 	return err
+}
+
+// Bounds on stopping Raft: raftShutdownGrace is how long raft.Shutdown
+// may take by itself; then the transport is closed (its listener, the
+// handlers of incoming connections and the pooled outgoing ones), which
+// fails RPCs waiting on them, and raft gets raftShutdownLimit more (RPCs
+// on connections in use end by their 10s deadline) before Shutdown gives
+// up on it rather than hang the process.
+const (
+	raftShutdownGrace = 3 * time.Second
+	raftShutdownLimit = 30 * time.Second
+)
+
+// ErrRaftShutdownStuck means Raft's goroutines did not stop within
+// raftShutdownGrace+raftShutdownLimit even after its transport was closed;
+// the server is shut down otherwise, with its log store left open.
+var ErrRaftShutdownStuck = errors.New("raft did not stop after its transport was closed")
+
+// shutdownRaft stops Raft and waits for its goroutines, closing the
+// transport if they are not done within raftShutdownGrace. stopped is
+// false when they are still running after raftShutdownLimit more.
+func (s *Server) shutdownRaft() (stopped bool, err error) {
+	f := s.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }() // returns once raft's goroutines end
+	wait := func(d time.Duration) (bool, error) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case e := <-done:
+			return true, e
+		case <-t.C:
+			return false, nil
+		}
+	}
+	if ok, e := wait(raftShutdownGrace); ok {
+		return true, e
+	}
+	s.logger.Warn("raft is slow to stop; closing its transport to free blocked replication", "waited", raftShutdownGrace)
+	if s.transport != nil {
+		_ = s.transport.Close()
+		s.transport.CloseStreams()
+	}
+	if ok, e := wait(raftShutdownLimit); ok {
+		return true, e
+	}
+	return false, ErrRaftShutdownStuck
 }

@@ -177,7 +177,8 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
-		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative}
+		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative,
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone}
 		if t.ReplicaState != pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
 			u.ReplicaState = t.ReplicaState.String()
 		}
@@ -242,8 +243,12 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 				continue // left from an older definition
 			}
 			slotMaps[[2]string{m.Query, m.Fragment}] = m
-			view.SlotMaps = append(view.SlotMaps, &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
-				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)})
+			pm := &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
+				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)}
+			if n := m.Next; n != nil {
+				pm.NextEpoch, pm.NextPartitions, pm.NextRanges, pm.NextGo, pm.Cut = n.Epoch, int32(n.Partitions), slotRangesPB(n.Ranges), n.Go, n.Cut
+			}
+			view.SlotMaps = append(view.SlotMaps, pm)
 		}
 		needed := s.plans.neededFragments(q.Query, own[q.Query.Name])
 		for _, t := range q.Tasks {
@@ -274,6 +279,9 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		}
 		if q := views[t.Query]; q != nil {
 			a.Bootstrap = bootstrapSource(t, q.Tasks, q.WorkerAddrs, ready)
+			if a.Bootstrap != nil && t.MovingFrom != "" && isIngestSource(&s.plans, q.Query, t.Fragment) {
+				a.Bootstrap.Halt = true // see isIngestSource
+			}
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {
 			a.SlotEpoch = m.Epoch

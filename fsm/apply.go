@@ -493,13 +493,15 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 			result.Skipped = append(result.Skipped, u.TaskID)
 			continue
 		}
-		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative {
+		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative &&
+			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone {
 			continue
 		}
 		updated := *t
 		updated.State = u.State
 		updated.Message = u.Message
 		updated.ReplicaState, updated.Tentative = u.ReplicaState, u.Tentative
+		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
 		updated.ModifyIndex = tx.index
 		if t.MovingFrom != "" && u.State == states.TaskRunning {
 			// The new copy of a live move runs: consumers switch to it

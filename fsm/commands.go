@@ -179,6 +179,11 @@ type TaskStateUpdate struct {
 	// has no replicas) and Tentative whether its output is tentative now.
 	ReplicaState string `json:"replica_state,omitempty"`
 	Tentative    bool   `json:"tentative,omitempty"`
+	// Rescale progress (see Task.Prepared, Frontier, CutDone); zero when
+	// no rescale is under way.
+	Prepared uint64 `json:"prepared,omitempty"`
+	Frontier int64  `json:"frontier,omitempty"`
+	CutDone  uint64 `json:"cut_done,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

@@ -66,10 +66,46 @@ type SlotMap struct {
 	Partitions int    `json:"partitions"`
 	Epoch      uint64 `json:"epoch"`
 	// Ranges cover 0..NumSlots-1 in order, each slot exactly once.
-	Ranges      []SlotRange `json:"ranges"`
-	CreateIndex uint64      `json:"create_index"`
-	ModifyIndex uint64      `json:"modify_index"`
+	Ranges []SlotRange `json:"ranges"`
+	// Next is the rescale under way, nil when none is (see SlotMapNext).
+	Next        *SlotMapNext `json:"next,omitempty"`
+	CreateIndex uint64       `json:"create_index"`
+	ModifyIndex uint64       `json:"modify_index"`
 }
+
+// SlotMapNext is a live rescale of a keyed fragment in progress: the map
+// it moves to (epoch Epoch = the map's epoch + 1) and, once every task
+// involved holds, the cut. Phases, each one plan:
+//
+//   - prepare: Next is set (Go false). Every task that routes to the
+//     fragment, runs it, or reads it stops producing and releasing where
+//     it is and reports its frontier (Task.Prepared, Task.Frontier);
+//     tasks of added partitions are created and placed.
+//   - go: Cut is a stream time above every reported frontier. Upstream
+//     tasks route a tuple by Ranges when its stime is at or above Cut and
+//     by the current map below it; the fragment's tasks release exactly
+//     the tuples below Cut, hand the slots they lose to their new owners
+//     and install the slots they gain, then continue (Task.CutDone).
+//   - finish: the map becomes Next (its epoch, partitions and ranges),
+//     Next is cleared and the tasks of removed partitions are deleted.
+//
+// A prepare that cannot complete is aborted (Next cleared) before go;
+// after go the rescale only goes forward.
+type SlotMapNext struct {
+	Epoch      uint64      `json:"epoch"`
+	Partitions int         `json:"partitions"`
+	Ranges     []SlotRange `json:"ranges"`
+	Go         bool        `json:"go,omitempty"`
+	Cut        int64       `json:"cut,omitempty"`
+}
+
+// Slot map update phases (SlotMapUpdate.Phase); "" replaces the map.
+const (
+	RescalePrepare = "prepare"
+	RescaleGo      = "go"
+	RescaleFinish  = "finish"
+	RescaleAbort   = "abort"
+)
 
 // Owners expands the map into one partition per slot (len NumSlots).
 func (m *SlotMap) Owners() []int {
@@ -169,6 +205,24 @@ type SlotMapUpdate struct {
 	ExpectedEpoch uint64      `json:"expected_epoch"`
 	Partitions    int         `json:"partitions"`
 	Ranges        []SlotRange `json:"ranges"`
+	// Phase makes the update a step of a live rescale (Rescale*; see
+	// SlotMapNext): prepare sets Next to Partitions and Ranges, go sets
+	// its Cut, finish installs it, abort drops it. ExpectedEpoch is the
+	// current map's epoch in every phase.
+	Phase string `json:"phase,omitempty"`
+	Cut   int64  `json:"cut,omitempty"`
+}
+
+// PlannedTask is a task a plan creates (a partition a rescale adds),
+// unplaced: a placement of the same plan places it.
+type PlannedTask struct {
+	Query     string `json:"query"`
+	Fragment  string `json:"fragment"`
+	Partition int    `json:"partition"`
+	Replica   int    `json:"replica"`
+	// ScaleEpoch is the slot-map epoch the task is created for; its first
+	// copy has that generation (see Task.ScaleEpoch).
+	ScaleEpoch uint64 `json:"scale_epoch"`
 }
 
 // ApplyPlanRequest is a plan as the leader's plan applier commits it:
@@ -181,9 +235,14 @@ type ApplyPlanRequest struct {
 	Source string `json:"source"`
 	// StateIndex is the state index (StateStore.LatestIndex) the plan was
 	// computed at; informational, for logs.
-	StateIndex uint64             `json:"state_index"`
+	StateIndex uint64 `json:"state_index"`
+	// NewTasks are created (unplaced) before the placements apply.
+	NewTasks   []PlannedTask      `json:"new_tasks,omitempty"`
 	Placements []PlannedPlacement `json:"placements,omitempty"`
 	SlotMaps   []SlotMapUpdate    `json:"slot_maps,omitempty"`
+	// RemoveTasks are deleted after the slot maps apply (the partitions a
+	// finished rescale removed).
+	RemoveTasks []string `json:"remove_tasks,omitempty"`
 	// TasksPerCore bounds the tasks a worker may run per core it reported
 	// (at least one core counts); 0 leaves capacity unchecked. Carried in
 	// the entry so that every node checks the same bound.
@@ -191,6 +250,27 @@ type ApplyPlanRequest struct {
 	// ZoneLabel is the worker label replicas of a partition spread over;
 	// "" leaves zone spread unchecked.
 	ZoneLabel string `json:"zone_label,omitempty"`
+}
+
+// Protocol returns the replication protocol a coordinator needs to apply
+// the plan exactly as the leader does: fields added after protocol 3
+// (live moves, rescale phases, created and removed tasks) would be
+// ignored by an older build, which would then hold another state.
+func (r *ApplyPlanRequest) Protocol() int {
+	if len(r.NewTasks) > 0 || len(r.RemoveTasks) > 0 {
+		return 4
+	}
+	for _, p := range r.Placements {
+		if p.Live {
+			return 4
+		}
+	}
+	for _, u := range r.SlotMaps {
+		if u.Phase != "" {
+			return 4
+		}
+	}
+	return 3
 }
 
 // PlanRefusal is one refused part of a plan.
@@ -213,9 +293,13 @@ func (r PlanRefusal) String() string {
 type PlanResult struct {
 	// Placed lists the tasks whose worker changed, in plan order.
 	Placed []string `json:"placed,omitempty"`
-	// SlotMaps lists the slot maps written, as "query/fragment@epoch".
-	SlotMaps []string      `json:"slot_maps,omitempty"`
-	Refused  []PlanRefusal `json:"refused,omitempty"`
+	// SlotMaps lists the slot maps written, as "query/fragment@epoch",
+	// followed by " (rescale PHASE)" for a rescale step.
+	SlotMaps []string `json:"slot_maps,omitempty"`
+	// Created and Removed list the tasks the plan created and deleted.
+	Created []string      `json:"created,omitempty"`
+	Removed []string      `json:"removed,omitempty"`
+	Refused []PlanRefusal `json:"refused,omitempty"`
 }
 
 // RefusedText joins the refusals for a log line or an error.
@@ -365,7 +449,67 @@ func (tx *writeTx) checkSlotMap(u *SlotMapUpdate) (string, uint64, error) {
 	if u.ExpectedEpoch != epoch {
 		return fmt.Sprintf("stale plan: the slot map of %s is at epoch %d, the plan expected epoch %d (another plan changed it first)", u.Fragment, epoch, u.ExpectedEpoch), 0, nil
 	}
+	if why := RescalePhaseCheck(cur, u); why != "" {
+		return why, 0, nil
+	}
 	return "", epoch + 1, nil
+}
+
+// RescalePhaseCheck returns why a slot map update's rescale phase does not
+// follow from the current map cur ("" if it does; cur nil: no map).
+func RescalePhaseCheck(cur *SlotMap, u *SlotMapUpdate) string {
+	var next *SlotMapNext
+	if cur != nil {
+		next = cur.Next
+	}
+	switch u.Phase {
+	case "":
+		if next != nil {
+			return fmt.Sprintf("a rescale of %s to epoch %d is under way", u.Fragment, next.Epoch)
+		}
+	case RescalePrepare:
+		if cur == nil {
+			return fmt.Sprintf("fragment %s has no slot map to rescale yet", u.Fragment)
+		}
+		if next != nil {
+			return fmt.Sprintf("a rescale of %s to epoch %d is already under way", u.Fragment, next.Epoch)
+		}
+	case RescaleGo, RescaleAbort:
+		if next == nil || next.Go {
+			return fmt.Sprintf("no rescale of %s is being prepared", u.Fragment)
+		}
+	case RescaleFinish:
+		if next == nil || !next.Go {
+			return fmt.Sprintf("no rescale of %s has passed its cut", u.Fragment)
+		}
+	default:
+		return fmt.Sprintf("unknown rescale phase %q", u.Phase)
+	}
+	return ""
+}
+
+// nextSlotMap returns the map u makes of cur at index (epoch: the epoch a
+// plain replacement gets).
+func nextSlotMap(cur *SlotMap, u *SlotMapUpdate, epoch, index uint64) *SlotMap {
+	if u.Phase == "" {
+		return &SlotMap{Query: u.Query, Fragment: u.Fragment, QueryIndex: u.QueryIndex, Partitions: u.Partitions,
+			Epoch: epoch, Ranges: append([]SlotRange(nil), u.Ranges...), CreateIndex: index, ModifyIndex: index}
+	}
+	m := *cur
+	m.ModifyIndex = index
+	switch u.Phase {
+	case RescalePrepare:
+		m.Next = &SlotMapNext{Epoch: cur.Epoch + 1, Partitions: u.Partitions, Ranges: append([]SlotRange(nil), u.Ranges...)}
+	case RescaleGo:
+		n := *cur.Next
+		n.Go, n.Cut = true, u.Cut
+		m.Next = &n
+	case RescaleFinish:
+		m.Epoch, m.Partitions, m.Ranges, m.Next = cur.Next.Epoch, cur.Next.Partitions, cur.Next.Ranges, nil
+	case RescaleAbort:
+		m.Next = nil
+	}
+	return &m
 }
 
 func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
@@ -389,12 +533,39 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 	for _, u := range r.SlotMaps {
 		queries.add(u.Query)
 	}
+	for _, nt := range r.NewTasks {
+		queries.add(nt.Query)
+	}
+	for _, id := range r.RemoveTasks {
+		if t, err := txFirst[Task](tx, TableTasks, id); err != nil {
+			return nil, err
+		} else if t != nil {
+			queries.add(t.Query)
+		}
+	}
 	affected := stringSet{}
 	if err := tx.addHosts(queries, affected); err != nil {
 		return nil, err
 	}
 	res := &PlanResult{}
 	viewChanged := false
+	for _, nt := range r.NewTasks {
+		why, err := tx.checkNewTask(nt)
+		if err != nil {
+			return nil, err
+		}
+		if why != "" {
+			res.Refused = append(res.Refused, PlanRefusal{TaskID: TaskID(nt.Query, nt.Fragment, nt.Partition, nt.Replica), Reason: why})
+			continue
+		}
+		t := &Task{ID: TaskID(nt.Query, nt.Fragment, nt.Partition, nt.Replica), Query: nt.Query, Fragment: nt.Fragment,
+			Partition: nt.Partition, Replica: nt.Replica, Generation: max(int(nt.ScaleEpoch), 1), ScaleEpoch: nt.ScaleEpoch,
+			State: TaskStatePending, CreateIndex: tx.index, ModifyIndex: tx.index}
+		if err := tx.insert(TableTasks, t); err != nil {
+			return nil, err
+		}
+		res.Created = append(res.Created, t.ID)
+	}
 	for i := range r.Placements {
 		p := &r.Placements[i]
 		why, t, err := tx.checkPlacement(p, r.TasksPerCore, r.ZoneLabel)
@@ -450,12 +621,29 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 			res.Refused = append(res.Refused, PlanRefusal{Query: u.Query, Fragment: u.Fragment, Reason: why})
 			continue
 		}
-		m := &SlotMap{Query: u.Query, Fragment: u.Fragment, QueryIndex: u.QueryIndex, Partitions: u.Partitions,
-			Epoch: epoch, Ranges: append([]SlotRange(nil), u.Ranges...), CreateIndex: tx.index, ModifyIndex: tx.index}
+		cur, err := txFirst[SlotMap](tx, TableSlotMaps, u.Query, u.Fragment)
+		if err != nil {
+			return nil, err
+		}
+		m := nextSlotMap(cur, u, epoch, tx.index)
 		if err := tx.insert(TableSlotMaps, m); err != nil {
 			return nil, err
 		}
-		res.SlotMaps = append(res.SlotMaps, fmt.Sprintf("%s/%s@%d", m.Query, m.Fragment, m.Epoch))
+		res.SlotMaps = append(res.SlotMaps, fmt.Sprintf("%s/%s@%d", m.Query, m.Fragment, m.Epoch)+phaseNote(u.Phase))
+		viewChanged = true
+	}
+	for _, id := range r.RemoveTasks {
+		t, err := txFirst[Task](tx, TableTasks, id)
+		if err != nil {
+			return nil, err
+		}
+		if t == nil {
+			continue
+		}
+		if err := tx.delete(TableTasks, t); err != nil {
+			return nil, err
+		}
+		res.Removed = append(res.Removed, id)
 		viewChanged = true
 	}
 	if !viewChanged {
@@ -465,6 +653,35 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 		return nil, err
 	}
 	return res, tx.bumpAssignIndex(affected)
+}
+
+func phaseNote(phase string) string {
+	if phase == "" {
+		return ""
+	}
+	return " (rescale " + phase + ")"
+}
+
+// checkNewTask returns why a task cannot be created ("" if it can).
+func (tx *writeTx) checkNewTask(nt PlannedTask) (string, error) {
+	q, err := txFirst[Query](tx, TableQueries, nt.Query)
+	if err != nil {
+		return "", err
+	}
+	if q == nil || q.Status != QueryStatusRunning {
+		return fmt.Sprintf("query %s is not running", nt.Query), nil
+	}
+	if nt.Fragment == "" || nt.Partition < 0 || nt.Replica < 0 || nt.ScaleEpoch == 0 {
+		return fmt.Sprintf("task %s/p%d/r%d: a created task needs a fragment, a partition and replica >= 0 and the epoch it is for", nt.Fragment, nt.Partition, nt.Replica), nil
+	}
+	t, err := txFirst[Task](tx, TableTasks, TaskID(nt.Query, nt.Fragment, nt.Partition, nt.Replica))
+	if err != nil {
+		return "", err
+	}
+	if t != nil {
+		return fmt.Sprintf("task %s already exists", t.ID), nil
+	}
+	return "", nil
 }
 
 // setTaskMessage changes only a task's Message.

@@ -15,10 +15,15 @@ package fsm
 //	   cannot be applied halts the node) and the protocol tag itself.
 //	3: ApplyPlanType (the plan applier's placements and slot maps), the
 //	   slot-map table and task generations.
+//	4: fields of ApplyPlanRequest an older build would ignore (and so
+//	   apply differently): live placements (PlannedPlacement.Live), live
+//	   rescales (SlotMapUpdate.Phase and Cut, NewTasks, RemoveTasks) and
+//	   the rescale progress of task reports. No new command type: the
+//	   leader checks ApplyPlanRequest.Protocol before proposing a plan.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 3
+const ProtocolVersion = 4
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.

@@ -103,8 +103,20 @@ type Task struct {
 	// TaskStateUpdate).
 	ReplicaState string `json:"replica_state,omitempty"`
 	Tentative    bool   `json:"tentative,omitempty"`
-	CreateIndex  uint64 `json:"create_index"`
-	ModifyIndex  uint64 `json:"modify_index"`
+	// ScaleEpoch is, for a task a rescale created (a partition added),
+	// the slot-map epoch it was created for; its first copy has that
+	// generation and starts empty, taking its slots at the rescale's cut
+	// (it has no peer to bootstrap from). 0 for tasks created on submit.
+	ScaleEpoch uint64 `json:"scale_epoch,omitempty"`
+	// Rescale progress the copy reported (see SlotMapNext): Prepared is
+	// the epoch of the rescale it holds for, Frontier the highest stream
+	// time it has produced or released, CutDone the epoch whose cut it
+	// has passed (slots handed over and installed).
+	Prepared    uint64 `json:"prepared,omitempty"`
+	Frontier    int64  `json:"frontier,omitempty"`
+	CutDone     uint64 `json:"cut_done,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.

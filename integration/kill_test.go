@@ -83,6 +83,13 @@ type ward struct {
 // `fedstream tail ward --json`.
 func startWard(ctx context.Context, t *testing.T, o *org) *ward {
 	t.Helper()
+	return startWardQuery(ctx, t, o, pacedWard)
+}
+
+// startWardQuery is startWard for a variant of the ward query (named
+// ward).
+func startWardQuery(ctx context.Context, t *testing.T, o *org, query string) *ward {
+	t.Helper()
 	waitFor(t, 30*time.Second, "3 ready workers", func() bool {
 		ws, err := o.workerList(t, 0)
 		if err != nil || len(ws) != 3 {
@@ -96,7 +103,7 @@ func startWard(ctx context.Context, t *testing.T, o *org) *ward {
 		return true
 	})
 	file := filepath.Join(t.TempDir(), "ward.yaml")
-	if err := os.WriteFile(file, []byte(pacedWard), 0o644); err != nil {
+	if err := os.WriteFile(file, []byte(query), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var sub struct{}

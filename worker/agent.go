@@ -634,11 +634,28 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 	return specs, errors.Join(errs...)
 }
 
-// slotMapOf expands a slot map from its ranges into one owner per slot.
+// slotMapOf expands a slot map from its ranges into one owner per slot,
+// with the rescale under way if there is one.
 func slotMapOf(m *pb.SlotMap) (*wrt.SlotMap, error) {
+	owner, err := ownersOf(m, m.Ranges)
+	if err != nil {
+		return nil, err
+	}
+	sm := &wrt.SlotMap{Epoch: m.Epoch, Partitions: int(m.Partitions), Owner: owner}
+	if m.NextEpoch != 0 {
+		next, err := ownersOf(m, m.NextRanges)
+		if err != nil {
+			return nil, fmt.Errorf("rescale to epoch %d: %w", m.NextEpoch, err)
+		}
+		sm.Next = &wrt.SlotMapNext{Epoch: m.NextEpoch, Partitions: int(m.NextPartitions), Owner: next, Go: m.NextGo, Cut: m.Cut}
+	}
+	return sm, nil
+}
+
+func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 	owner := make([]int32, queryspec.NumSlots)
 	next := uint32(0)
-	for _, r := range m.Ranges {
+	for _, r := range ranges {
 		if r.First != next || r.Last < r.First || r.Last >= queryspec.NumSlots {
 			return nil, fmt.Errorf("slot map of %s (epoch %d): range %d..%d does not continue from slot %d", m.Fragment, m.Epoch, r.First, r.Last, next)
 		}
@@ -650,7 +667,7 @@ func slotMapOf(m *pb.SlotMap) (*wrt.SlotMap, error) {
 	if next != queryspec.NumSlots {
 		return nil, fmt.Errorf("slot map of %s (epoch %d) covers slots 0..%d of %d", m.Fragment, m.Epoch, int(next)-1, queryspec.NumSlots)
 	}
-	return &wrt.SlotMap{Epoch: m.Epoch, Owner: owner}, nil
+	return owner, nil
 }
 
 // reportLoop tells the org about task state changes.
@@ -664,7 +681,8 @@ func (w *Worker) reportLoop(ctx context.Context) {
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
 				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
-					ReplicaState: st.Replica, Tentative: st.Tentative})
+					ReplicaState: st.Replica, Tentative: st.Tentative,
+					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone})
 			}
 		}
 		if len(changed) == 0 {

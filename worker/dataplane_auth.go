@@ -115,7 +115,7 @@ func (a *dataPlaneAuth) authorize(ctx context.Context, method string, first *pb.
 		} else {
 			need = authz.NeedReader
 		}
-	case pb.DataPlane_Ingest_FullMethodName:
+	case pb.DataPlane_Ingest_FullMethodName, pb.DataPlane_IngestSession_FullMethodName:
 		what = "ingesting records (fedstream ingest)"
 	case pb.DataPlane_FetchSnapshot_FullMethodName:
 		what = "fetching a task's snapshot (workers of the org only)"

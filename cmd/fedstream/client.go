@@ -193,7 +193,7 @@ func newWorkersCmd() *cobra.Command {
 
 func newQueryCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "query", Short: "Submit, list, inspect and stop continuous queries"}
-	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd(), newQueryStatsCmd())
+	cmd.AddCommand(newQuerySubmitCmd(), newQueryListCmd(), newQueryStatusCmd(), newQueryStopCmd(), newQueryStatsCmd(), newQueryScaleCmd())
 	return cmd
 }
 

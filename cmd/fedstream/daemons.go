@@ -60,6 +60,10 @@ func newCoordinatorCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			fkey, err := federationKeyring(c)
+			if err != nil {
+				return err
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Org: c.Org, NodeID: c.NodeID, DataDir: c.DataDir,
 				GRPCAddr: c.GRPCAddr, RaftAddr: c.RaftAddr, SerfAddr: c.SerfAddr,
@@ -67,6 +71,9 @@ func newCoordinatorCmd() *cobra.Command {
 				JoinToken: c.JoinToken, AdminToken: c.AdminToken,
 				TLS: creds, CA: ca, WorkerCertTTL: certTTL, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				HTTPAddr: c.HTTPAddr, Timings: timings, Logger: logger,
+				Federation: coordinator.FederationConfig{
+					SerfAddr: c.Federation.Bind, GRPCAddr: c.Federation.GRPCAddr, Join: c.Federation.Join, Keyring: fkey,
+				},
 				Limits: coordinator.Limits{MaxTasksPerQuery: c.MaxTasksPerQuery, MaxTasksPerOrg: c.MaxTasksPerOrg},
 			})
 			if err != nil {

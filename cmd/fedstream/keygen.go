@@ -67,3 +67,28 @@ func gossipKey(c *config.Coordinator) ([]byte, error) {
 	}
 	return key, nil
 }
+
+// federationKeyring reads the federation pool's gossip key from
+// federation.keyring-file or federation.keyring (base64).
+func federationKeyring(c *config.Coordinator) ([]byte, error) {
+	v, src := c.Federation.Keyring, "federation.keyring"
+	if f := c.Federation.KeyringFile; f != "" {
+		if v != "" {
+			return nil, errors.New("give federation.keyring-file or federation.keyring, not both")
+		}
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("federation keyring: %w", err)
+		}
+		v, src = string(data), f
+	}
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return nil, nil
+	}
+	key, err := base64.StdEncoding.DecodeString(v)
+	if err != nil {
+		return nil, fmt.Errorf("federation keyring in %s is not base64 (fedstream keygen makes one): %w", src, err)
+	}
+	return key, nil
+}

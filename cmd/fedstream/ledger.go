@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"os"
@@ -117,6 +120,17 @@ func filterEntries(es []ledger.Entry, partner string, from time.Time) []ledger.E
 	return out
 }
 
+// caFingerprint is "sha256:" and the first 16 hex digits of the SHA-256
+// of a PEM certificate's DER (the PEM itself when it does not parse).
+func caFingerprint(p string) string {
+	block, _ := pem.Decode([]byte(p))
+	if block == nil {
+		return p
+	}
+	sum := sha256.Sum256(block.Bytes)
+	return "sha256:" + hex.EncodeToString(sum[:8])
+}
+
 func details(f map[string]string) string {
 	keys := make([]string, 0, len(f))
 	for k := range f {
@@ -128,7 +142,13 @@ func details(f map[string]string) string {
 	sort.Strings(keys)
 	parts := make([]string, 0, len(keys))
 	for _, k := range keys {
-		parts = append(parts, k+"="+f[k])
+		v := f[k]
+		if k == federation.FieldCA {
+			// A pinned CA certificate is shown by its fingerprint; the
+			// JSON and the export hold the PEM.
+			v = caFingerprint(v)
+		}
+		parts = append(parts, k+"="+v)
 	}
 	if len(parts) == 0 {
 		return "-"
@@ -459,17 +479,36 @@ func newContractTerminateCmd() *cobra.Command {
 }
 
 func newContractPinCmd() *cobra.Command {
-	return fedCmd(&cobra.Command{
-		Use:   "pin ORG KEY",
-		Short: "Pin a partner org's public signing key (base64, as 'ledger keys' prints it) before the first proposal (admin)",
-		Args:  cobra.ExactArgs(2),
+	var caFile string
+	cmd := fedCmd(&cobra.Command{
+		Use:   "pin ORG KEY [--ca CA.pem]",
+		Short: "Pin a partner org's public signing key (base64, as 'ledger keys' prints it) and CA certificate before the first proposal (admin)",
+		Long: `pin records a partner's public signing key and, with --ca, its CA certificate
+(the partner's ca.pem) in this org's ledger. Both operators pin each other,
+having exchanged these out of band, before the first proposal: the cross-org
+port admits only coordinators whose certificate the pinned CA signed, and a
+proposal is signed with the pinned key. A pin is never replaced.`,
+		Args: cobra.ExactArgs(2),
 	}, func(ctx context.Context, c pb.FederationServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
-		if _, err := c.PinKey(ctx, &pb.PinKeyRequest{Org: args[0], Key: args[1]}); err != nil {
+		var caPEM []byte
+		if caFile != "" {
+			var err error
+			if caPEM, err = os.ReadFile(caFile); err != nil {
+				return fmt.Errorf("--ca: %w", err)
+			}
+		}
+		if _, err := c.PinKey(ctx, &pb.PinKeyRequest{Org: args[0], Key: args[1], CaPem: caPEM}); err != nil {
 			return err
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "pinned %s's key\n", args[0])
+		what := "key"
+		if caPEM != nil {
+			what = "key and CA"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "pinned %s's %s\n", args[0], what)
 		return nil
 	})
+	cmd.Flags().StringVar(&caFile, "ca", "", "the partner's CA certificate (its ca.pem), for cross-org mutual TLS")
+	return cmd
 }
 
 func listContracts(ctx context.Context, c pb.FederationServiceClient) ([]federation.ContractDoc, error) {

@@ -90,6 +90,7 @@ Talk to an org:                            fedstream status | workers | query ..
 		newSimCmd(),
 		newLedgerCmd(),
 		newContractCmd(),
+		newMembersCmd(),
 	)
 	return root
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,10 +14,12 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -25,6 +28,7 @@ import (
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -447,6 +451,8 @@ func newIngestCmd() *cobra.Command {
 		f         clientFlags
 		batchSize int
 		closeSrc  bool
+		producer  string
+		retryFor  time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "ingest QUERY SOURCE < file.jsonl",
@@ -462,6 +468,13 @@ sending lines): every remaining window is emitted, the sinks end (fedstream
 tail then exits 0), and later ingest into the source is refused. Closing a
 closed source is fine, so a failed close can be retried.
 
+Lines are numbered over the run (the producer's offsets) and every replica
+acknowledges each batch; a replica whose stream ends or fails (the source
+task moved: fedstream task move, or its worker restarted) is looked up
+again and sent the lines after the last it acknowledged, so none is lost
+or taken twice (--retry-for bounds the wait). Running again with the same
+--producer and the same input skips the lines the source already took.
+
 --json prints {"query", "source", "lines", "accepted", "refused": [{"line",
 "error"}], "replicas", "closed"} on stdout instead of text.`,
 		Args: cobra.ExactArgs(2),
@@ -469,13 +482,18 @@ closed source is fine, so a failed close can be retried.
 			if batchSize < 1 {
 				return fmt.Errorf("--batch must be at least 1")
 			}
-			return ingest(cmd.Context(), &f, ingestArgs{query: args[0], source: args[1], batch: batchSize, close: closeSrc},
+			if retryFor <= 0 {
+				return fmt.Errorf("--retry-for must be positive")
+			}
+			return ingest(cmd.Context(), &f, ingestArgs{query: args[0], source: args[1], batch: batchSize, close: closeSrc, producer: producer, retryFor: retryFor},
 				cmd.InOrStdin(), cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f.register(cmd)
 	cmd.Flags().IntVar(&batchSize, "batch", 1000, "lines per message (lateness does not depend on it)")
 	cmd.Flags().BoolVar(&closeSrc, "close", false, "end the source after the input: emit every remaining window and end the sinks")
+	cmd.Flags().StringVar(&producer, "producer", "", "session id for the source's offsets (default: random); the same id and input resend safely")
+	cmd.Flags().DurationVar(&retryFor, "retry-for", 2*time.Minute, "how long to keep trying a source copy that cannot be reached (a move, a worker restart)")
 	return cmd
 }
 
@@ -483,6 +501,10 @@ type ingestArgs struct {
 	query, source string
 	batch         int
 	close         bool
+	// producer names the session (random when empty); retryFor bounds
+	// how long a source copy may stay unreachable (a move).
+	producer string
+	retryFor time.Duration
 }
 
 // ingestReport is what ingest prints with --json.
@@ -507,7 +529,7 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 	if err != nil {
 		return err
 	}
-	q, node, err := resolveNode(cctx, c, query, source, queryspec.KindSource)
+	_, node, err := resolveNode(cctx, c, query, source, queryspec.KindSource)
 	done()
 	if err != nil {
 		return err
@@ -515,56 +537,75 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 	if node.Source == nil || !node.Source.Ingest {
 		return fmt.Errorf("source %s of query %s is a generator, not an ingest source", source, query)
 	}
-	var streams []pb.DataPlane_IngestClient
-	var addrs []string
-	for _, t := range q.Tasks {
-		if t.Fragment != node.Name || t.WorkerAddr == "" {
-			continue
+	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
+		c, cctx, done, err := f.admin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer done()
+		q, err := c.GetQuery(cctx, &pb.GetQueryRequest{Name: query})
+		if err != nil {
+			return nil, err
+		}
+		var copies []dataplane.IngestCopy
+		for _, t := range q.Tasks {
+			if t.Fragment == node.Name && t.WorkerAddr != "" {
+				copies = append(copies, dataplane.IngestCopy{TaskID: t.TaskId, Addr: t.WorkerAddr})
+			}
+		}
+		return copies, nil
+	}
+	conns := map[string]*grpc.ClientConn{}
+	defer func() {
+		for _, conn := range conns {
+			conn.Close()
+		}
+	}()
+	dial := func(addr string) (grpc.ClientConnInterface, error) {
+		if conn := conns[addr]; conn != nil {
+			return conn, nil
 		}
 		opts, err := f.tls.dialOption(rpc.RoleWorker)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		conn, err := rpc.Dial(t.WorkerAddr, f.token, opts...)
+		conn, err := rpc.Dial(addr, f.token, opts...)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		defer conn.Close()
-		s, err := pb.NewDataPlaneClient(conn).Ingest(ctx)
-		if err != nil {
-			return fmt.Errorf("ingest to %s: %w", t.WorkerAddr, err)
-		}
-		streams = append(streams, s)
-		addrs = append(addrs, t.WorkerAddr)
+		conns[addr] = conn
+		return conn, nil
 	}
-	if len(streams) == 0 {
-		return fmt.Errorf("source %s of query %s is not running on any worker yet", source, query)
+	var notes sync.Mutex // the replicas' notes come from several goroutines
+	producer := a.producer
+	if producer == "" {
+		producer = rand.Text()
 	}
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: query, Source: source, Producer: producer,
+		Resolve: resolve, Conn: dial, RetryFor: a.retryFor,
+		Note: func(msg string) { notes.Lock(); defer notes.Unlock(); fmt.Fprintln(errOut, msg) }})
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
 	lr := newLineReader(in, ingestMaxLine)
 	var (
 		buf      []byte
 		lines    int
-		first    uint64 = 1
 		lineNo   uint64
-		sendErrs error
 		refused  []refusedLine // lines refused here, before sending
+		sendErrs error
 	)
-	send := func(req *pb.IngestRequest) {
-		req.Query, req.Source = query, source
-		for i, s := range streams {
-			if err := s.Send(req); err != nil {
-				sendErrs = errors.Join(sendErrs, fmt.Errorf("send to %s: %w", addrs[i], err))
-			}
-		}
-	}
 	// A request carries consecutive lines; a line refused here is sent
-	// as an empty line so the worker's numbering stays the file's.
-	flush := func() {
+	// as an empty line so the worker's numbering (the producer's
+	// offsets) stays the file's.
+	flush := func() error {
 		if lines == 0 {
-			return
+			return nil
 		}
-		send(&pb.IngestRequest{Lines: buf, FirstLine: first})
-		buf, lines, first = buf[:0:0], 0, lineNo+1
+		err := cl.Send(ctx, buf)
+		buf, lines = buf[:0:0], 0
+		return err
 	}
 	for {
 		line, size, err := lr.next()
@@ -575,7 +616,9 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 			return fmt.Errorf("read stdin at line %d: %w", lineNo+1, err)
 		}
 		if len(buf)+len(line)+1 > ingestBatchBytes {
-			flush()
+			if sendErrs = flush(); sendErrs != nil {
+				break
+			}
 		}
 		lineNo++
 		if line == nil && size > 0 {
@@ -585,34 +628,24 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 		buf = append(buf, '\n')
 		lines++
 		if lines >= a.batch {
-			flush()
+			if sendErrs = flush(); sendErrs != nil {
+				break
+			}
 		}
 	}
-	flush()
-	if a.close {
-		send(&pb.IngestRequest{Close: true})
+	if sendErrs == nil {
+		sendErrs = flush()
 	}
-	var resp *pb.IngestResponse
-	closed := a.close
-	for i, s := range streams {
-		r, err := s.CloseAndRecv()
-		if err != nil {
-			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: %w", addrs[i], explainIngestError(err)))
-			closed = false
-			continue
-		}
-		if a.close && !r.Closed {
-			sendErrs = errors.Join(sendErrs, fmt.Errorf("ingest at %s: the worker did not close the source (a worker of an older build ignores --close; upgrade it)", addrs[i]))
-			closed = false
-		}
-		if resp == nil {
-			resp = r
-		}
+	if sendErrs == nil && a.close {
+		sendErrs = cl.CloseSource(ctx)
 	}
-	if resp == nil {
-		return sendErrs
+	sendErrs = explainIngestError(sendErrs)
+	res := cl.Result()
+	if sendErrs != nil && res.Accepted == 0 && len(res.Errors) == 0 {
+		return sendErrs // nothing was taken: no report, only why
 	}
-	for _, le := range resp.Errors {
+	closed := a.close && res.Closed && sendErrs == nil
+	for _, le := range res.Errors {
 		if le.Error == "" || strings.Contains(le.Error, "empty line") && isRefusedHere(refused, le.Line) {
 			continue // the placeholder of a line refused here
 		}
@@ -620,8 +653,8 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 	}
 	sort.SliceStable(refused, func(i, j int) bool { return refused[i].Line < refused[j].Line })
 	if f.json {
-		rep := ingestReport{Query: query, Source: source, Lines: lineNo, Accepted: resp.Accepted,
-			Refused: refused, Replicas: len(streams), Closed: closed}
+		rep := ingestReport{Query: query, Source: source, Lines: lineNo, Accepted: res.Accepted,
+			Refused: refused, Replicas: res.Copies, Closed: closed}
 		if rep.Refused == nil {
 			rep.Refused = []refusedLine{}
 		}
@@ -632,7 +665,7 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 		for _, r := range refused {
 			fmt.Fprintln(errOut, r.Error)
 		}
-		fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", resp.Accepted, lineNo, query, source, len(streams))
+		fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", res.Accepted, lineNo, query, source, res.Copies)
 		if closed {
 			fmt.Fprintf(out, "closed %s/%s: its remaining windows are emitted and its sinks end\n", query, source)
 		}
@@ -660,8 +693,14 @@ func isRefusedHere(refused []refusedLine, line uint64) bool {
 // over its size limit (the CLI keeps under it; an older or differently
 // built worker may have a smaller one).
 func explainIngestError(err error) error {
+	if err == nil {
+		return nil
+	}
 	if status.Code(err) == codes.ResourceExhausted && strings.Contains(err.Error(), "larger than max") {
 		return fmt.Errorf("%w (the worker's gRPC receive limit for one message: send fewer lines per message with --batch, and split records larger than the limit)", err)
+	}
+	if status.Code(err) == codes.Unimplemented {
+		return fmt.Errorf("%w (a worker of an older build has no resumable ingest (IngestSession) or ignores --close; upgrade it)", err)
 	}
 	return err
 }

@@ -21,10 +21,13 @@ func newTaskMoveCmd() *cobra.Command {
 	cmd := adminCmd(&cobra.Command{
 		Use:   "move TASK --to WORKER",
 		Short: "Move a running task to another worker without stopping its query",
-		Long: `Move a running task (an operator or a sink: sources cannot move yet) to another
-worker while its query runs. The new copy starts from a snapshot of the old
-copy's state and positions; downstream tasks switch to it; the old copy stops
-once the new one runs. WORKER is a worker id or a unique worker name.`,
+		Long: `Move a running task (an operator, a sink or a source: generator, kafka or
+ingest) to another worker while its query runs. The new copy starts from a
+snapshot of the old copy's state and positions; downstream tasks switch to it;
+the old copy stops once the new one runs. WORKER is a worker id or a unique
+worker name. An ingest source's old copy refuses lines from its snapshot on:
+fedstream ingest then resends, from the last line each replica acknowledged,
+to where the source runs now.`,
 		Args: cobra.ExactArgs(1),
 	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
 		if to == "" {

@@ -6,54 +6,19 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator/webui"
 	"github.com/fedstream/fedstream/internal/browsertest"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
-
-// figuresWhileUnimplemented passes a coordinator's QueryStats through, and
-// only while the coordinator answers Unimplemented (it does not collect
-// per-task figures yet) stands in with figures that change on every call,
-// so that the page's live updating is still exercised. Once QueryStats is
-// implemented, the real figures reach the page and the test checks those.
-type figuresWhileUnimplemented struct {
-	webui.Source
-	calls    atomic.Int64
-	standsIn atomic.Bool
-}
-
-func (f *figuresWhileUnimplemented) QueryStats(ctx context.Context, name string) (*pb.QueryStatsResponse, error) {
-	resp, err := f.Source.QueryStats(ctx, name)
-	if status.Code(err) != codes.Unimplemented {
-		return resp, err
-	}
-	f.standsIn.Store(true)
-	q, err := f.Source.Query(ctx, name)
-	if err != nil {
-		return nil, err
-	}
-	n := float64(f.calls.Add(1))
-	out := &pb.QueryStatsResponse{Query: name}
-	for i, t := range q.Tasks {
-		rate := 1000 + 37*n + float64(i)
-		out.Tasks = append(out.Tasks, &pb.TaskStats{Task: t.TaskId, Worker: t.WorkerId, InTps: rate, OutTps: rate,
-			Busy: 0.25, Queue: int64(i), BackpressureMsPerS: float64(int(n) % 60), CpuSecondsPerS: 0.04, ReportedAtMs: time.Now().UnixMilli()})
-	}
-	return out, nil
-}
 
 // TestWebViewInBrowser runs the dev org with the demo query, opens the web
 // view in headless chromium and checks what a user would look at: no
@@ -86,9 +51,12 @@ func TestWebViewInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	src := &figuresWhileUnimplemented{Source: fed.coords[0].WebSource()}
-	srv := httptest.NewServer(webui.Handler(src, logger))
-	defer srv.Close()
+	// The page as the coordinator serves it on its own HTTP server, with
+	// the per-task figures its workers report (QueryStats).
+	if fed.coords[0].HTTPAddr() == "" {
+		t.Fatal("the dev coordinator serves no HTTP")
+	}
+	srv := struct{ URL string }{URL: "http://" + fed.coords[0].HTTPAddr()}
 
 	// What the page must draw, from the API it reads, once every task is
 	// placed on a worker.
@@ -197,9 +165,6 @@ func TestWebViewInBrowser(t *testing.T) {
 		return strings.HasSuffix(later.Total, "tuples/s") && later != first
 	})
 	t.Logf("throughput shown: %q, then %q", first.Total, later.Total)
-	if src.standsIn.Load() {
-		t.Logf("the coordinator's QueryStats is unimplemented: the figures were the test's stand-in")
-	}
 
 	// A few seconds of history in the throughput line, for the picture.
 	waitFor(t, ctx, "the throughput line to have a few points", func() bool {

@@ -860,7 +860,12 @@ func (a *analysis) sourceSchema(n *gnode) *tuple.Schema {
 			ok = false
 			continue
 		}
-		f.Type = k.String() // canonical spelling
+		// Canonical spelling. A query already canonical (every spec after
+		// Parse) is only read here: workers plan one shared spec from
+		// several goroutines.
+		if c := k.String(); f.Type != c {
+			f.Type = c
+		}
 		fields = append(fields, tuple.Field{Name: f.Name, Kind: k})
 	}
 	if !ok {

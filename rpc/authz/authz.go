@@ -163,6 +163,8 @@ var Methods = map[string]Need{
 	// Moving a running task changes placements, as submitting does.
 	pb.AdminService_MoveTask_FullMethodName:   NeedWriter,
 	pb.AdminService_QueryStats_FullMethodName: NeedReader,
+	// Rescaling a query changes placements and slot maps.
+	pb.AdminService_ScaleQuery_FullMethodName: NeedWriter,
 
 	// Raft membership: anyone who may read the org may see it; only an
 	// admin may change it.
@@ -178,11 +180,15 @@ var Methods = map[string]Need{
 	// Tasks and clients talk to workers.
 	pb.DataPlane_Subscribe_FullMethodName: NeedSubscriber,
 	pb.DataPlane_Ingest_FullMethodName:    NeedWriter,
+	// Resumable ingest (issue 9 item 3): the same lines, acknowledged.
+	pb.DataPlane_IngestSession_FullMethodName: NeedWriter,
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
 	// DCAA permission between peer replicas: workers only.
 	pb.DataPlane_Reconcile_FullMethodName: NeedWorker,
+	// Slot state handed over in a rescale: the org's workers only.
+	pb.DataPlane_FetchSlots_FullMethodName: NeedWorker,
 
 	// Federation (issue 11): auditors (and every client role) read and
 	// verify the ledger and the contracts; only an admin proposes,
@@ -197,6 +203,13 @@ var Methods = map[string]Need{
 	// The org's private signing key, only to another coordinator of the
 	// org.
 	pb.OrgKeyService_FetchOrgKey_FullMethodName: NeedCoordinator,
+	// Federation pool and cross-org transport: on the org port, Deliver
+	// comes only from a coordinator of the org forwarding a partner's
+	// message to its leader (partners reach it on the cross-org port,
+	// which admits only certificates of a pinned partner CA); anyone who
+	// may see the org's status may list the federation's members.
+	pb.FederationPeerService_Deliver_FullMethodName: NeedCoordinator,
+	pb.FederationPeerService_Members_FullMethodName: NeedStatus,
 
 	// Coordinators of one org ask each other before bootstrapping.
 	pb.CoordinatorPeerService_RaftState_FullMethodName: NeedCoordinator,

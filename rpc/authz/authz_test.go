@@ -21,6 +21,7 @@ var services = []grpc.ServiceDesc{
 	pb.CoordinatorPeerService_ServiceDesc,
 	pb.FederationService_ServiceDesc,
 	pb.OrgKeyService_ServiceDesc,
+	pb.FederationPeerService_ServiceDesc,
 	healthpb.Health_ServiceDesc,
 	reflectionv1.ServerReflection_ServiceDesc,
 	reflectionv1alpha.ServerReflection_ServiceDesc,
@@ -75,6 +76,7 @@ func TestRoleTable(t *testing.T) {
 		{method: pb.TokenService_RevokeToken_FullMethodName, admin: true},
 		{method: pb.DataPlane_Subscribe_FullMethodName, admin: true, worker: true, writer: true, reader: true},
 		{method: pb.DataPlane_Ingest_FullMethodName, admin: true, writer: true},
+		{method: pb.DataPlane_IngestSession_FullMethodName, admin: true, writer: true},
 		// Federation: auditors read and verify; every write is an admin's.
 		{method: pb.FederationService_ListLedger_FullMethodName, admin: true, writer: true, reader: true, auditor: true},
 		{method: pb.FederationService_VerifyLedger_FullMethodName, admin: true, writer: true, reader: true, auditor: true},

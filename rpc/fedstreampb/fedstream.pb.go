@@ -797,9 +797,17 @@ type SlotMap struct {
 	Epoch      uint64                 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Partitions int32                  `protobuf:"varint,3,opt,name=partitions,proto3" json:"partitions,omitempty"`
 	// Cover slots 0..4095 in order, each exactly once.
-	Ranges        []*SlotRange `protobuf:"bytes,4,rep,name=ranges,proto3" json:"ranges,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Ranges []*SlotRange `protobuf:"bytes,4,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// ---- live rescaling (issue 9 item 4): the rescale under way, if any.
+	// next_epoch is 0 when none is. Once next_go is set, tuples with stime
+	// at or above cut are routed by next_ranges, older ones by ranges.
+	NextEpoch      uint64       `protobuf:"varint,110,opt,name=next_epoch,json=nextEpoch,proto3" json:"next_epoch,omitempty"`
+	NextPartitions int32        `protobuf:"varint,111,opt,name=next_partitions,json=nextPartitions,proto3" json:"next_partitions,omitempty"`
+	NextRanges     []*SlotRange `protobuf:"bytes,112,rep,name=next_ranges,json=nextRanges,proto3" json:"next_ranges,omitempty"`
+	NextGo         bool         `protobuf:"varint,113,opt,name=next_go,json=nextGo,proto3" json:"next_go,omitempty"`
+	Cut            int64        `protobuf:"varint,114,opt,name=cut,proto3" json:"cut,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SlotMap) Reset() {
@@ -858,6 +866,41 @@ func (x *SlotMap) GetRanges() []*SlotRange {
 		return x.Ranges
 	}
 	return nil
+}
+
+func (x *SlotMap) GetNextEpoch() uint64 {
+	if x != nil {
+		return x.NextEpoch
+	}
+	return 0
+}
+
+func (x *SlotMap) GetNextPartitions() int32 {
+	if x != nil {
+		return x.NextPartitions
+	}
+	return 0
+}
+
+func (x *SlotMap) GetNextRanges() []*SlotRange {
+	if x != nil {
+		return x.NextRanges
+	}
+	return nil
+}
+
+func (x *SlotMap) GetNextGo() bool {
+	if x != nil {
+		return x.NextGo
+	}
+	return false
+}
+
+func (x *SlotMap) GetCut() int64 {
+	if x != nil {
+		return x.Cut
+	}
+	return 0
 }
 
 type WatchAssignmentsResponse struct {
@@ -935,7 +978,14 @@ type TaskState struct {
 	ReplicaState ReplicaState `protobuf:"varint,180,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
 	// The task's output is tentative now: released from incomplete input
 	// and not yet corrected.
-	Tentative     bool `protobuf:"varint,181,opt,name=tentative,proto3" json:"tentative,omitempty"`
+	Tentative bool `protobuf:"varint,181,opt,name=tentative,proto3" json:"tentative,omitempty"`
+	// ---- live rescaling (issue 9 item 4)
+	// The rescale epoch the copy holds for, the highest stream time it has
+	// produced or released (meaningful with prepared), and the epoch whose
+	// cut it has passed.
+	Prepared      uint64 `protobuf:"varint,110,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	Frontier      int64  `protobuf:"varint,111,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	CutDone       uint64 `protobuf:"varint,112,opt,name=cut_done,json=cutDone,proto3" json:"cut_done,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1010,6 +1060,27 @@ func (x *TaskState) GetTentative() bool {
 		return x.Tentative
 	}
 	return false
+}
+
+func (x *TaskState) GetPrepared() uint64 {
+	if x != nil {
+		return x.Prepared
+	}
+	return 0
+}
+
+func (x *TaskState) GetFrontier() int64 {
+	if x != nil {
+		return x.Frontier
+	}
+	return 0
+}
+
+func (x *TaskState) GetCutDone() uint64 {
+	if x != nil {
+		return x.CutDone
+	}
+	return 0
 }
 
 type ReportTasksRequest struct {
@@ -2358,7 +2429,13 @@ type SubscribeRequest struct {
 	// buffer holds). A downstream replica keeps one to every upstream replica
 	// it does not read from, relaying how far it got, so each replica's
 	// buffer keeps what it might need after switching replicas.
-	AckOnly       bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
+	AckOnly bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
+	// ---- bench move and move hardening (issue 9, helper C)
+	// The subscriber is gone for good (a copy superseded by a newer
+	// generation, or no longer placed anywhere): the buffer forgets it at
+	// once instead of holding tuples for it for a lease. Sent alone, as the
+	// first and only request; the server answers by ending the stream.
+	Leave         bool `protobuf:"varint,120,opt,name=leave,proto3" json:"leave,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2431,6 +2508,13 @@ func (x *SubscribeRequest) GetNoAck() bool {
 func (x *SubscribeRequest) GetAckOnly() bool {
 	if x != nil {
 		return x.AckOnly
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetLeave() bool {
+	if x != nil {
+		return x.Leave
 	}
 	return false
 }
@@ -2615,7 +2699,14 @@ type IngestRequest struct {
 	// boundary, so every open window is emitted and the sinks end, and it
 	// refuses later lines (FailedPrecondition). Closing a closed source is
 	// a no-op, so a retried close is safe. Same role as ingest (writer).
-	Close         bool `protobuf:"varint,150,opt,name=close,proto3" json:"close,omitempty"`
+	Close bool `protobuf:"varint,150,opt,name=close,proto3" json:"close,omitempty"`
+	// ---- resumable ingest (issue 9 item 3: ingest sources move live)
+	// The producer (client session) the lines come from, first message
+	// only. With it, first_line is the producer's offset of the first line
+	// (1-based, consecutive over the whole session and across reconnects):
+	// a source copy skips lines at or below the offset it has taken from the
+	// producer and refuses a gap (OutOfRange).
+	Producer      string `protobuf:"bytes,220,opt,name=producer,proto3" json:"producer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2685,6 +2776,13 @@ func (x *IngestRequest) GetClose() bool {
 	return false
 }
 
+func (x *IngestRequest) GetProducer() string {
+	if x != nil {
+		return x.Producer
+	}
+	return ""
+}
+
 type LineError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Line          uint64                 `protobuf:"varint,1,opt,name=line,proto3" json:"line,omitempty"`
@@ -2744,7 +2842,16 @@ type IngestResponse struct {
 	// ---- end of ingest (issue 12 item 6)
 	// The source is closed (set when a request asked to close it). A client
 	// that asked and does not see it talks to a worker that ignores close.
-	Closed        bool `protobuf:"varint,150,opt,name=closed,proto3" json:"closed,omitempty"`
+	Closed bool `protobuf:"varint,150,opt,name=closed,proto3" json:"closed,omitempty"`
+	// ---- resumable ingest (issue 9 item 3), IngestSession answers only
+	// The producer's last line offset this source copy has taken (accepted
+	// or refused as bad): it is in the copy's state, and moves with it.
+	Acked uint64 `protobuf:"varint,220,opt,name=acked,proto3" json:"acked,omitempty"`
+	// Lines of the producer this copy accepted in total (whole session).
+	ProducerAccepted uint64 `protobuf:"varint,221,opt,name=producer_accepted,json=producerAccepted,proto3" json:"producer_accepted,omitempty"`
+	// The source task copy that answered.
+	TaskId        string `protobuf:"bytes,222,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation    int32  `protobuf:"varint,223,opt,name=generation,proto3" json:"generation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2798,6 +2905,34 @@ func (x *IngestResponse) GetClosed() bool {
 		return x.Closed
 	}
 	return false
+}
+
+func (x *IngestResponse) GetAcked() uint64 {
+	if x != nil {
+		return x.Acked
+	}
+	return 0
+}
+
+func (x *IngestResponse) GetProducerAccepted() uint64 {
+	if x != nil {
+		return x.ProducerAccepted
+	}
+	return 0
+}
+
+func (x *IngestResponse) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *IngestResponse) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
 }
 
 // A replica's message to a peer replica of the same task partition.
@@ -3188,6 +3323,236 @@ func (x *FetchSnapshotRequest) GetHalt() bool {
 	return false
 }
 
+// Changes the number of partitions of a keyed operator of a running query.
+type ScaleQueryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Query string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	// The keyed operator (fragment) to rescale.
+	Operator      string `protobuf:"bytes,2,opt,name=operator,proto3" json:"operator,omitempty"`
+	Parallelism   int32  `protobuf:"varint,3,opt,name=parallelism,proto3" json:"parallelism,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleQueryRequest) Reset() {
+	*x = ScaleQueryRequest{}
+	mi := &file_fedstream_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleQueryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleQueryRequest) ProtoMessage() {}
+
+func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
+func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ScaleQueryRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *ScaleQueryRequest) GetOperator() string {
+	if x != nil {
+		return x.Operator
+	}
+	return ""
+}
+
+func (x *ScaleQueryRequest) GetParallelism() int32 {
+	if x != nil {
+		return x.Parallelism
+	}
+	return 0
+}
+
+// The slot map after the rescale.
+type ScaleQueryResponse struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Query      string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	Fragment   string                 `protobuf:"bytes,2,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Partitions int32                  `protobuf:"varint,4,opt,name=partitions,proto3" json:"partitions,omitempty"`
+	Ranges     []*SlotRange           `protobuf:"bytes,5,rep,name=ranges,proto3" json:"ranges,omitempty"`
+	// The stream time at which the slots changed owner (0 when nothing
+	// changed).
+	Cut           int64 `protobuf:"varint,6,opt,name=cut,proto3" json:"cut,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScaleQueryResponse) Reset() {
+	*x = ScaleQueryResponse{}
+	mi := &file_fedstream_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScaleQueryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScaleQueryResponse) ProtoMessage() {}
+
+func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
+func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *ScaleQueryResponse) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *ScaleQueryResponse) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *ScaleQueryResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ScaleQueryResponse) GetPartitions() int32 {
+	if x != nil {
+		return x.Partitions
+	}
+	return 0
+}
+
+func (x *ScaleQueryResponse) GetRanges() []*SlotRange {
+	if x != nil {
+		return x.Ranges
+	}
+	return nil
+}
+
+func (x *ScaleQueryResponse) GetCut() int64 {
+	if x != nil {
+		return x.Cut
+	}
+	return 0
+}
+
+// Asks a worker for the state of the slots one copy of a keyed task handed
+// over at the cut of a rescale to epoch (operator SnapshotSlots encoding,
+// streamed as SnapshotChunk pieces). FailedPrecondition until the copy has
+// reached the cut.
+type FetchSlotsRequest struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Query      string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	TaskId     string                 `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32                  `protobuf:"varint,3,opt,name=generation,proto3" json:"generation,omitempty"`
+	Epoch      uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The partition the slots go to (each new owner gets its own part).
+	ToPartition   int32 `protobuf:"varint,5,opt,name=to_partition,json=toPartition,proto3" json:"to_partition,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchSlotsRequest) Reset() {
+	*x = FetchSlotsRequest{}
+	mi := &file_fedstream_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchSlotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchSlotsRequest) ProtoMessage() {}
+
+func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
+func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *FetchSlotsRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *FetchSlotsRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *FetchSlotsRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *FetchSlotsRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *FetchSlotsRequest) GetToPartition() int32 {
+	if x != nil {
+		return x.ToPartition
+	}
+	return 0
+}
+
 // One piece of an encoded task snapshot (worker/runtime TaskSnapshot
 // encoding); the pieces concatenated in order are the snapshot. The first
 // carries the total size.
@@ -3201,7 +3566,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3213,7 +3578,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3226,7 +3591,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3260,7 +3625,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3272,7 +3637,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3285,7 +3650,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3340,7 +3705,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3352,7 +3717,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3365,7 +3730,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3414,7 +3779,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3426,7 +3791,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3439,7 +3804,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -3464,7 +3829,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3476,7 +3841,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3489,7 +3854,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 type ListTokensResponse struct {
@@ -3501,7 +3866,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3513,7 +3878,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3526,7 +3891,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -3546,7 +3911,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3558,7 +3923,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3571,7 +3936,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -3596,7 +3961,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3608,7 +3973,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3621,7 +3986,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -3636,7 +4001,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3648,7 +4013,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3661,7 +4026,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -3682,7 +4047,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3694,7 +4059,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3707,7 +4072,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -3735,7 +4100,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3747,7 +4112,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3760,7 +4125,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -3787,7 +4152,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3799,7 +4164,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3812,7 +4177,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -3830,7 +4195,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3842,7 +4207,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3855,7 +4220,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 type ListRaftPeersResponse struct {
@@ -3869,7 +4234,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3881,7 +4246,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3894,7 +4259,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -3920,7 +4285,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3932,7 +4297,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3945,7 +4310,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -3963,7 +4328,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3975,7 +4340,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3988,7 +4353,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -4002,7 +4367,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4014,7 +4379,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4027,7 +4392,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 type RaftStateResponse struct {
@@ -4053,7 +4418,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4065,7 +4430,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4078,7 +4443,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4144,7 +4509,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4156,7 +4521,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4169,7 +4534,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 type ListLedgerResponse struct {
@@ -4184,7 +4549,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4196,7 +4561,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4209,7 +4574,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4234,7 +4599,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4246,7 +4611,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4259,7 +4624,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 type VerifyLedgerResponse struct {
@@ -4272,7 +4637,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4284,7 +4649,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4297,7 +4662,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -4315,7 +4680,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4327,7 +4692,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4340,7 +4705,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 type ListContractsResponse struct {
@@ -4353,7 +4718,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4365,7 +4730,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4378,7 +4743,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -4405,7 +4770,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4417,7 +4782,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4430,7 +4795,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -4500,7 +4865,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4512,7 +4877,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4525,7 +4890,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -4559,7 +4924,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4571,7 +4936,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4584,7 +4949,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -4610,7 +4975,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4622,7 +4987,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4635,7 +5000,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -4649,14 +5014,17 @@ type PinKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
 	// base64 of the 32-byte ed25519 public key.
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// PEM of the org's CA certificate, pinned with the key: cross-org
+	// connections from and to that org are verified against it alone.
+	CaPem         []byte `protobuf:"bytes,190,opt,name=ca_pem,json=caPem,proto3" json:"ca_pem,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +5036,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +5049,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -4698,6 +5066,13 @@ func (x *PinKeyRequest) GetKey() string {
 	return ""
 }
 
+func (x *PinKeyRequest) GetCaPem() []byte {
+	if x != nil {
+		return x.CaPem
+	}
+	return nil
+}
+
 type PinKeyResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -4706,7 +5081,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4718,7 +5093,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4731,7 +5106,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -4747,7 +5122,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4759,7 +5134,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4772,7 +5147,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 type FetchOrgKeyResponse struct {
@@ -4785,7 +5160,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4797,7 +5172,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4810,12 +5185,242 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
 	if x != nil {
 		return x.Pkcs8
+	}
+	return nil
+}
+
+// FederationEnvelope carries one federation.Message (JSON) between the
+// leaders of two orgs. from_org is set only by a coordinator of the
+// receiving org that forwards the message to its leader: it names the org
+// whose pinned-CA certificate that coordinator verified.
+type FederationEnvelope struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	MessageJson   []byte                 `protobuf:"bytes,1,opt,name=message_json,json=messageJson,proto3" json:"message_json,omitempty"`
+	FromOrg       string                 `protobuf:"bytes,2,opt,name=from_org,json=fromOrg,proto3" json:"from_org,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationEnvelope) Reset() {
+	*x = FederationEnvelope{}
+	mi := &file_fedstream_proto_msgTypes[79]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationEnvelope) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationEnvelope) ProtoMessage() {}
+
+func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[79]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
+func (*FederationEnvelope) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
+}
+
+func (x *FederationEnvelope) GetMessageJson() []byte {
+	if x != nil {
+		return x.MessageJson
+	}
+	return nil
+}
+
+func (x *FederationEnvelope) GetFromOrg() string {
+	if x != nil {
+		return x.FromOrg
+	}
+	return ""
+}
+
+type FederationMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersRequest) Reset() {
+	*x = FederationMembersRequest{}
+	mi := &file_fedstream_proto_msgTypes[80]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersRequest) ProtoMessage() {}
+
+func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[80]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
+func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
+}
+
+type FederationMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Org   string                 `protobuf:"bytes,1,opt,name=org,proto3" json:"org,omitempty"`
+	Node  string                 `protobuf:"bytes,2,opt,name=node,proto3" json:"node,omitempty"`
+	// The coordinator's cross-org gRPC address.
+	Addr string `protobuf:"bytes,3,opt,name=addr,proto3" json:"addr,omitempty"`
+	// "alive", "failed", "left" (serf's view).
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Leader        bool   `protobuf:"varint,5,opt,name=leader,proto3" json:"leader,omitempty"`
+	Build         string `protobuf:"bytes,6,opt,name=build,proto3" json:"build,omitempty"`
+	Proto         string `protobuf:"bytes,7,opt,name=proto,proto3" json:"proto,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMember) Reset() {
+	*x = FederationMember{}
+	mi := &file_fedstream_proto_msgTypes[81]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMember) ProtoMessage() {}
+
+func (x *FederationMember) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[81]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
+func (*FederationMember) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
+}
+
+func (x *FederationMember) GetOrg() string {
+	if x != nil {
+		return x.Org
+	}
+	return ""
+}
+
+func (x *FederationMember) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *FederationMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *FederationMember) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *FederationMember) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *FederationMember) GetBuild() string {
+	if x != nil {
+		return x.Build
+	}
+	return ""
+}
+
+func (x *FederationMember) GetProto() string {
+	if x != nil {
+		return x.Proto
+	}
+	return ""
+}
+
+type FederationMembersResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Members       []*FederationMember    `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FederationMembersResponse) Reset() {
+	*x = FederationMembersResponse{}
+	mi := &file_fedstream_proto_msgTypes[82]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FederationMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FederationMembersResponse) ProtoMessage() {}
+
+func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[82]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
+func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
+}
+
+func (x *FederationMembersResponse) GetMembers() []*FederationMember {
+	if x != nil {
+		return x.Members
 	}
 	return nil
 }
@@ -4889,18 +5494,25 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
-	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\x8c\x01\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\xb9\x02\n" +
 	"\aSlotMap\x12\x1a\n" +
 	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
 	"\n" +
 	"partitions\x18\x03 \x01(\x05R\n" +
 	"partitions\x12/\n" +
-	"\x06ranges\x18\x04 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\"\x9f\x01\n" +
+	"\x06ranges\x18\x04 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\x12\x1d\n" +
+	"\n" +
+	"next_epoch\x18n \x01(\x04R\tnextEpoch\x12'\n" +
+	"\x0fnext_partitions\x18o \x01(\x05R\x0enextPartitions\x128\n" +
+	"\vnext_ranges\x18p \x03(\v2\x17.fedstream.v1.SlotRangeR\n" +
+	"nextRanges\x12\x17\n" +
+	"\anext_go\x18q \x01(\bR\x06nextGo\x12\x10\n" +
+	"\x03cut\x18r \x01(\x03R\x03cut\"\x9f\x01\n" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xd5\x01\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xa8\x02\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -4909,7 +5521,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x182 \x01(\x05R\n" +
 	"generation\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x12\x1d\n" +
-	"\ttentative\x18\xb5\x01 \x01(\bR\ttentative\"`\n" +
+	"\ttentative\x18\xb5\x01 \x01(\bR\ttentative\x12\x1a\n" +
+	"\bprepared\x18n \x01(\x04R\bprepared\x12\x1a\n" +
+	"\bfrontier\x18o \x01(\x03R\bfrontier\x12\x19\n" +
+	"\bcut_done\x18p \x01(\x04R\acutDone\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStateR\x05tasks\"\x15\n" +
@@ -5018,7 +5633,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xc7\x01\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -5028,7 +5643,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
-	" \x01(\bR\aackOnly\"\x94\x01\n" +
+	" \x01(\bR\aackOnly\x12\x14\n" +
+	"\x05leave\x18x \x01(\bR\x05leave\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
@@ -5042,21 +5658,28 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
 	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
-	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\x89\x01\n" +
+	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
 	"\x05lines\x18\x03 \x01(\fR\x05lines\x12\x1d\n" +
 	"\n" +
 	"first_line\x18\x04 \x01(\x04R\tfirstLine\x12\x15\n" +
-	"\x05close\x18\x96\x01 \x01(\bR\x05close\"5\n" +
+	"\x05close\x18\x96\x01 \x01(\bR\x05close\x12\x1b\n" +
+	"\bproducer\x18\xdc\x01 \x01(\tR\bproducer\"5\n" +
 	"\tLineError\x12\x12\n" +
 	"\x04line\x18\x01 \x01(\x04R\x04line\x12\x14\n" +
-	"\x05error\x18\x02 \x01(\tR\x05error\"v\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\"\xf6\x01\n" +
 	"\x0eIngestResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\x04R\baccepted\x12/\n" +
 	"\x06errors\x18\x02 \x03(\v2\x17.fedstream.v1.LineErrorR\x06errors\x12\x17\n" +
-	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\"s\n" +
+	"\x06closed\x18\x96\x01 \x01(\bR\x06closed\x12\x15\n" +
+	"\x05acked\x18\xdc\x01 \x01(\x04R\x05acked\x12,\n" +
+	"\x11producer_accepted\x18\xdd\x01 \x01(\x04R\x10producerAccepted\x12\x18\n" +
+	"\atask_id\x18\xde\x01 \x01(\tR\x06taskId\x12\x1f\n" +
+	"\n" +
+	"generation\x18\xdf\x01 \x01(\x05R\n" +
+	"generation\"s\n" +
 	"\x10ReconcileRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1e\n" +
 	"\n" +
@@ -5091,7 +5714,28 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
-	"\x04halt\x18\x04 \x01(\bR\x04halt\"D\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\"g\n" +
+	"\x11ScaleQueryRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
+	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +
+	"\vparallelism\x18\x03 \x01(\x05R\vparallelism\"\xbf\x01\n" +
+	"\x12ScaleQueryResponse\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
+	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1e\n" +
+	"\n" +
+	"partitions\x18\x04 \x01(\x05R\n" +
+	"partitions\x12/\n" +
+	"\x06ranges\x18\x05 \x03(\v2\x17.fedstream.v1.SlotRangeR\x06ranges\x12\x10\n" +
+	"\x03cut\x18\x06 \x01(\x03R\x03cut\"\x9b\x01\n" +
+	"\x11FetchSlotsRequest\x12\x14\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
+	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x03 \x01(\x05R\n" +
+	"generation\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12!\n" +
+	"\fto_partition\x18\x05 \x01(\x05R\vtoPartition\"D\n" +
 	"\rSnapshotChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x1f\n" +
 	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
@@ -5175,14 +5819,29 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
 	"\x10ContractResponse\x12#\n" +
-	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"3\n" +
+	"\rcontract_json\x18\x01 \x01(\fR\fcontractJson\"K\n" +
 	"\rPinKeyRequest\x12\x10\n" +
 	"\x03org\x18\x01 \x01(\tR\x03org\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\x10\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12\x16\n" +
+	"\x06ca_pem\x18\xbe\x01 \x01(\fR\x05caPem\"\x10\n" +
 	"\x0ePinKeyResponse\"\x14\n" +
 	"\x12FetchOrgKeyRequest\"+\n" +
 	"\x13FetchOrgKeyResponse\x12\x14\n" +
-	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8*t\n" +
+	"\x05pkcs8\x18\x01 \x01(\fR\x05pkcs8\"R\n" +
+	"\x12FederationEnvelope\x12!\n" +
+	"\fmessage_json\x18\x01 \x01(\fR\vmessageJson\x12\x19\n" +
+	"\bfrom_org\x18\x02 \x01(\tR\afromOrg\"\x1a\n" +
+	"\x18FederationMembersRequest\"\xa8\x01\n" +
+	"\x10FederationMember\x12\x10\n" +
+	"\x03org\x18\x01 \x01(\tR\x03org\x12\x12\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\x12\x12\n" +
+	"\x04addr\x18\x03 \x01(\tR\x04addr\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
+	"\x06leader\x18\x05 \x01(\bR\x06leader\x12\x14\n" +
+	"\x05build\x18\x06 \x01(\tR\x05build\x12\x14\n" +
+	"\x05proto\x18\a \x01(\tR\x05proto\"U\n" +
+	"\x19FederationMembersResponse\x128\n" +
+	"\amembers\x18\x01 \x03(\v2\x1e.fedstream.v1.FederationMemberR\amembers*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -5193,7 +5852,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
 	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
-	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xb4\x06\n" +
+	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\x85\a\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
 	"\vListWorkers\x12 .fedstream.v1.ListWorkersRequest\x1a!.fedstream.v1.ListWorkersResponse\x12R\n" +
@@ -5205,12 +5864,17 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bMoveTask\x12\x1d.fedstream.v1.MoveTaskRequest\x1a\x1e.fedstream.v1.MoveTaskResponse\x12[\n" +
 	"\x0eRemoveRaftPeer\x12#.fedstream.v1.RemoveRaftPeerRequest\x1a$.fedstream.v1.RemoveRaftPeerResponse\x12O\n" +
 	"\n" +
-	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse2\xba\x02\n" +
+	"QueryStats\x12\x1f.fedstream.v1.QueryStatsRequest\x1a .fedstream.v1.QueryStatsResponse\x12O\n" +
+	"\n" +
+	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse2\xd8\x03\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
-	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12R\n" +
+	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12N\n" +
+	"\rIngestSession\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x010\x01\x12R\n" +
 	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x01\x12L\n" +
-	"\tReconcile\x12\x1e.fedstream.v1.ReconcileRequest\x1a\x1f.fedstream.v1.ReconcileResponse2\xe4\x02\n" +
+	"\tReconcile\x12\x1e.fedstream.v1.ReconcileRequest\x1a\x1f.fedstream.v1.ReconcileResponse\x12L\n" +
+	"\n" +
+	"FetchSlots\x12\x1f.fedstream.v1.FetchSlotsRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
 	"\vCreateToken\x12 .fedstream.v1.CreateTokenRequest\x1a!.fedstream.v1.CreateTokenResponse\x12O\n" +
 	"\n" +
@@ -5229,7 +5893,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x11TerminateContract\x12&.fedstream.v1.TerminateContractRequest\x1a\x1e.fedstream.v1.ContractResponse\x12C\n" +
 	"\x06PinKey\x12\x1b.fedstream.v1.PinKeyRequest\x1a\x1c.fedstream.v1.PinKeyResponse2c\n" +
 	"\rOrgKeyService\x12R\n" +
-	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
+	"\vFetchOrgKey\x12 .fedstream.v1.FetchOrgKeyRequest\x1a!.fedstream.v1.FetchOrgKeyResponse2\xc2\x01\n" +
+	"\x15FederationPeerService\x12M\n" +
+	"\aDeliver\x12 .fedstream.v1.FederationEnvelope\x1a .fedstream.v1.FederationEnvelope\x12Z\n" +
+	"\aMembers\x12&.fedstream.v1.FederationMembersRequest\x1a'.fedstream.v1.FederationMembersResponseB0Z.github.com/fedstream/fedstream/rpc/fedstreampbb\x06proto3"
 
 var (
 	file_fedstream_proto_rawDescOnce sync.Once
@@ -5244,183 +5911,203 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 78)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 85)
 var file_fedstream_proto_goTypes = []any{
-	(ReplicaState)(0),                // 0: fedstream.v1.ReplicaState
-	(*RegisterRequest)(nil),          // 1: fedstream.v1.RegisterRequest
-	(*RegisterResponse)(nil),         // 2: fedstream.v1.RegisterResponse
-	(*HeartbeatRequest)(nil),         // 3: fedstream.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),        // 4: fedstream.v1.HeartbeatResponse
-	(*WatchAssignmentsRequest)(nil),  // 5: fedstream.v1.WatchAssignmentsRequest
-	(*Assignment)(nil),               // 6: fedstream.v1.Assignment
-	(*TaskPlacement)(nil),            // 7: fedstream.v1.TaskPlacement
-	(*QueryView)(nil),                // 8: fedstream.v1.QueryView
-	(*SlotRange)(nil),                // 9: fedstream.v1.SlotRange
-	(*SlotMap)(nil),                  // 10: fedstream.v1.SlotMap
-	(*WatchAssignmentsResponse)(nil), // 11: fedstream.v1.WatchAssignmentsResponse
-	(*TaskState)(nil),                // 12: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),       // 13: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),      // 14: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),            // 15: fedstream.v1.StatusRequest
-	(*Peer)(nil),                     // 16: fedstream.v1.Peer
-	(*StatusResponse)(nil),           // 17: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),               // 18: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),       // 19: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),      // 20: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),       // 21: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),      // 22: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                 // 23: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                // 24: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),       // 25: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),      // 26: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),          // 27: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),         // 28: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),        // 29: fedstream.v1.StopQueryResponse
-	(*QueryStatsRequest)(nil),        // 30: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                // 31: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),       // 32: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),         // 33: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                // 34: fedstream.v1.StreamRef
-	(*Batch)(nil),                    // 35: fedstream.v1.Batch
-	(*IngestRequest)(nil),            // 36: fedstream.v1.IngestRequest
-	(*LineError)(nil),                // 37: fedstream.v1.LineError
-	(*IngestResponse)(nil),           // 38: fedstream.v1.IngestResponse
-	(*ReconcileRequest)(nil),         // 39: fedstream.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),        // 40: fedstream.v1.ReconcileResponse
-	(*SnapshotSource)(nil),           // 41: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),          // 42: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),         // 43: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),     // 44: fedstream.v1.FetchSnapshotRequest
-	(*SnapshotChunk)(nil),            // 45: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                // 46: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),       // 47: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),      // 48: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),        // 49: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),       // 50: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),       // 51: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),      // 52: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),    // 53: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),   // 54: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),  // 55: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil), // 56: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),     // 57: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),    // 58: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),    // 59: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),   // 60: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),         // 61: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),        // 62: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),        // 63: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),       // 64: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),      // 65: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),     // 66: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),     // 67: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),    // 68: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),   // 69: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),    // 70: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil), // 71: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),         // 72: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),            // 73: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),           // 74: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),       // 75: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),      // 76: fedstream.v1.FetchOrgKeyResponse
-	nil,                              // 77: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                              // 78: fedstream.v1.WorkerInfo.LabelsEntry
+	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
+	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
+	(*RegisterResponse)(nil),          // 2: fedstream.v1.RegisterResponse
+	(*HeartbeatRequest)(nil),          // 3: fedstream.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 4: fedstream.v1.HeartbeatResponse
+	(*WatchAssignmentsRequest)(nil),   // 5: fedstream.v1.WatchAssignmentsRequest
+	(*Assignment)(nil),                // 6: fedstream.v1.Assignment
+	(*TaskPlacement)(nil),             // 7: fedstream.v1.TaskPlacement
+	(*QueryView)(nil),                 // 8: fedstream.v1.QueryView
+	(*SlotRange)(nil),                 // 9: fedstream.v1.SlotRange
+	(*SlotMap)(nil),                   // 10: fedstream.v1.SlotMap
+	(*WatchAssignmentsResponse)(nil),  // 11: fedstream.v1.WatchAssignmentsResponse
+	(*TaskState)(nil),                 // 12: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),        // 13: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),       // 14: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),             // 15: fedstream.v1.StatusRequest
+	(*Peer)(nil),                      // 16: fedstream.v1.Peer
+	(*StatusResponse)(nil),            // 17: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),                // 18: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),        // 19: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 20: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),        // 21: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),       // 22: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                  // 23: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                 // 24: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),        // 25: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),       // 26: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),           // 27: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),          // 28: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),         // 29: fedstream.v1.StopQueryResponse
+	(*QueryStatsRequest)(nil),         // 30: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 31: fedstream.v1.TaskStats
+	(*QueryStatsResponse)(nil),        // 32: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 33: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 34: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 35: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 36: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 37: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 38: fedstream.v1.IngestResponse
+	(*ReconcileRequest)(nil),          // 39: fedstream.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),         // 40: fedstream.v1.ReconcileResponse
+	(*SnapshotSource)(nil),            // 41: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 42: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 43: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 44: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 45: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 46: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 47: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 48: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 49: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 50: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 51: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 52: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 53: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 54: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 55: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 56: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 57: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 58: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 59: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 60: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 61: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 62: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 63: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 64: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 65: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 66: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 67: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 68: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 69: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 70: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 71: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 72: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 73: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 74: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 75: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 76: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 77: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 78: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 79: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 80: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 81: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 82: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 83: fedstream.v1.FederationMembersResponse
+	nil,                               // 84: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 85: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	77, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	84, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	31, // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,  // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	41, // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,  // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10, // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,  // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	6,  // 7: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	8,  // 8: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	0,  // 9: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	12, // 10: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	16, // 11: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	78, // 12: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	12, // 13: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	18, // 14: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	0,  // 15: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
-	23, // 16: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24, // 17: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	31, // 18: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	34, // 19: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,  // 20: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	37, // 21: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	46, // 22: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	46, // 23: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16, // 24: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	1,  // 25: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,  // 26: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,  // 27: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13, // 28: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	55, // 29: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15, // 30: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19, // 31: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21, // 32: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25, // 33: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27, // 34: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28, // 35: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	57, // 36: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	42, // 37: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	59, // 38: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	30, // 39: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	33, // 40: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	36, // 41: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	44, // 42: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	39, // 43: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	47, // 44: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	49, // 45: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	51, // 46: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	53, // 47: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	61, // 48: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	63, // 49: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	65, // 50: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	67, // 51: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	69, // 52: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	70, // 53: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	71, // 54: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	73, // 55: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	75, // 56: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	2,  // 57: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,  // 58: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11, // 59: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14, // 60: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	56, // 61: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17, // 62: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20, // 63: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22, // 64: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26, // 65: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24, // 66: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29, // 67: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	58, // 68: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	43, // 69: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	60, // 70: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	32, // 71: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	35, // 72: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	38, // 73: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	45, // 74: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	40, // 75: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	48, // 76: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	50, // 77: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	52, // 78: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	54, // 79: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	62, // 80: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	64, // 81: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	66, // 82: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	68, // 83: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	72, // 84: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	72, // 85: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	72, // 86: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	74, // 87: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	76, // 88: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	57, // [57:89] is the sub-list for method output_type
-	25, // [25:57] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	9,  // 7: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
+	6,  // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	8,  // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	0,  // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	12, // 11: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16, // 12: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	85, // 13: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12, // 14: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18, // 15: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	0,  // 16: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23, // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24, // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	31, // 19: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	34, // 20: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,  // 21: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	37, // 22: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,  // 23: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	49, // 24: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	49, // 25: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16, // 26: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	82, // 27: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	1,  // 28: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,  // 29: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,  // 30: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13, // 31: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	58, // 32: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15, // 33: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19, // 34: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21, // 35: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25, // 36: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27, // 37: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28, // 38: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	60, // 39: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	42, // 40: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	62, // 41: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	30, // 42: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	45, // 43: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	33, // 44: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	36, // 45: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	36, // 46: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	44, // 47: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	39, // 48: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	47, // 49: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	50, // 50: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	52, // 51: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	54, // 52: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	56, // 53: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	64, // 54: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	66, // 55: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	68, // 56: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	70, // 57: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	72, // 58: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	73, // 59: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	74, // 60: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	76, // 61: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	78, // 62: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	80, // 63: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	81, // 64: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	2,  // 65: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,  // 66: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11, // 67: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14, // 68: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	59, // 69: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17, // 70: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20, // 71: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22, // 72: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26, // 73: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24, // 74: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29, // 75: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	61, // 76: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	43, // 77: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	63, // 78: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	32, // 79: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	46, // 80: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	35, // 81: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	38, // 82: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	38, // 83: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	48, // 84: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	40, // 85: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	48, // 86: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	51, // 87: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	53, // 88: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	55, // 89: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	57, // 90: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	65, // 91: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	67, // 92: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	69, // 93: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	71, // 94: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	75, // 95: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	75, // 96: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	75, // 97: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	77, // 98: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	79, // 99: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	80, // 100: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	83, // 101: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	65, // [65:102] is the sub-list for method output_type
+	28, // [28:65] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -5434,9 +6121,9 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   78,
+			NumMessages:   85,
 			NumExtensions: 0,
-			NumServices:   7,
+			NumServices:   8,
 		},
 		GoTypes:           file_fedstream_proto_goTypes,
 		DependencyIndexes: file_fedstream_proto_depIdxs,

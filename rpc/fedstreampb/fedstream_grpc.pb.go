@@ -289,6 +289,7 @@ const (
 	AdminService_MoveTask_FullMethodName       = "/fedstream.v1.AdminService/MoveTask"
 	AdminService_RemoveRaftPeer_FullMethodName = "/fedstream.v1.AdminService/RemoveRaftPeer"
 	AdminService_QueryStats_FullMethodName     = "/fedstream.v1.AdminService/QueryStats"
+	AdminService_ScaleQuery_FullMethodName     = "/fedstream.v1.AdminService/ScaleQuery"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -309,6 +310,8 @@ type AdminServiceClient interface {
 	// ---- query statistics (issue 12): live per-task figures, served by the
 	// leader from what workers report; not replicated through Raft.
 	QueryStats(ctx context.Context, in *QueryStatsRequest, opts ...grpc.CallOption) (*QueryStatsResponse, error)
+	// ---- live rescaling (issue 9 item 4)
+	ScaleQuery(ctx context.Context, in *ScaleQueryRequest, opts ...grpc.CallOption) (*ScaleQueryResponse, error)
 }
 
 type adminServiceClient struct {
@@ -419,6 +422,16 @@ func (c *adminServiceClient) QueryStats(ctx context.Context, in *QueryStatsReque
 	return out, nil
 }
 
+func (c *adminServiceClient) ScaleQuery(ctx context.Context, in *ScaleQueryRequest, opts ...grpc.CallOption) (*ScaleQueryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScaleQueryResponse)
+	err := c.cc.Invoke(ctx, AdminService_ScaleQuery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -437,6 +450,8 @@ type AdminServiceServer interface {
 	// ---- query statistics (issue 12): live per-task figures, served by the
 	// leader from what workers report; not replicated through Raft.
 	QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error)
+	// ---- live rescaling (issue 9 item 4)
+	ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -476,6 +491,9 @@ func (UnimplementedAdminServiceServer) RemoveRaftPeer(context.Context, *RemoveRa
 }
 func (UnimplementedAdminServiceServer) QueryStats(context.Context, *QueryStatsRequest) (*QueryStatsResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method QueryStats not implemented")
+}
+func (UnimplementedAdminServiceServer) ScaleQuery(context.Context, *ScaleQueryRequest) (*ScaleQueryResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ScaleQuery not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -678,6 +696,24 @@ func _AdminService_QueryStats_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ScaleQuery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScaleQueryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ScaleQuery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ScaleQuery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ScaleQuery(ctx, req.(*ScaleQueryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -725,6 +761,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "QueryStats",
 			Handler:    _AdminService_QueryStats_Handler,
 		},
+		{
+			MethodName: "ScaleQuery",
+			Handler:    _AdminService_ScaleQuery_Handler,
+		},
 	},
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "fedstream.proto",
@@ -733,8 +773,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 const (
 	DataPlane_Subscribe_FullMethodName     = "/fedstream.v1.DataPlane/Subscribe"
 	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
+	DataPlane_IngestSession_FullMethodName = "/fedstream.v1.DataPlane/IngestSession"
 	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
 	DataPlane_Reconcile_FullMethodName     = "/fedstream.v1.DataPlane/Reconcile"
+	DataPlane_FetchSlots_FullMethodName    = "/fedstream.v1.DataPlane/FetchSlots"
 )
 
 // DataPlaneClient is the client API for DataPlane service.
@@ -743,6 +785,10 @@ const (
 type DataPlaneClient interface {
 	Subscribe(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SubscribeRequest, Batch], error)
 	Ingest(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[IngestRequest, IngestResponse], error)
+	// ---- resumable ingest (issue 9 item 3)
+	// Ingest with a producer id: one IngestResponse per IngestRequest, in
+	// order (per-batch acknowledgement). See docs/QUERY.md "Ingest".
+	IngestSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestRequest, IngestResponse], error)
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
@@ -750,6 +796,8 @@ type DataPlaneClient interface {
 	// Worker to worker only: one replica of a partition asks its peers
 	// before it reconciles, and tells them when it is done.
 	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
+	// ---- live rescaling (issue 9 item 4); worker to worker only.
+	FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
 
 type dataPlaneClient struct {
@@ -786,9 +834,22 @@ func (c *dataPlaneClient) Ingest(ctx context.Context, opts ...grpc.CallOption) (
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestClient = grpc.ClientStreamingClient[IngestRequest, IngestResponse]
 
+func (c *dataPlaneClient) IngestSession(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[IngestRequest, IngestResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_IngestSession_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[IngestRequest, IngestResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_IngestSessionClient = grpc.BidiStreamingClient[IngestRequest, IngestResponse]
+
 func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[2], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[3], DataPlane_FetchSnapshot_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -815,12 +876,35 @@ func (c *dataPlaneClient) Reconcile(ctx context.Context, in *ReconcileRequest, o
 	return out, nil
 }
 
+func (c *dataPlaneClient) FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[4], DataPlane_FetchSlots_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchSlotsRequest, SnapshotChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSlotsClient = grpc.ServerStreamingClient[SnapshotChunk]
+
 // DataPlaneServer is the server API for DataPlane service.
 // All implementations must embed UnimplementedDataPlaneServer
 // for forward compatibility.
 type DataPlaneServer interface {
 	Subscribe(grpc.BidiStreamingServer[SubscribeRequest, Batch]) error
 	Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error
+	// ---- resumable ingest (issue 9 item 3)
+	// Ingest with a producer id: one IngestResponse per IngestRequest, in
+	// order (per-batch acknowledgement). See docs/QUERY.md "Ingest".
+	IngestSession(grpc.BidiStreamingServer[IngestRequest, IngestResponse]) error
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
@@ -828,6 +912,8 @@ type DataPlaneServer interface {
 	// Worker to worker only: one replica of a partition asks its peers
 	// before it reconciles, and tells them when it is done.
 	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
+	// ---- live rescaling (issue 9 item 4); worker to worker only.
+	FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedDataPlaneServer()
 }
 
@@ -844,11 +930,17 @@ func (UnimplementedDataPlaneServer) Subscribe(grpc.BidiStreamingServer[Subscribe
 func (UnimplementedDataPlaneServer) Ingest(grpc.ClientStreamingServer[IngestRequest, IngestResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Ingest not implemented")
 }
+func (UnimplementedDataPlaneServer) IngestSession(grpc.BidiStreamingServer[IngestRequest, IngestResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method IngestSession not implemented")
+}
 func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
 }
 func (UnimplementedDataPlaneServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Reconcile not implemented")
+}
+func (UnimplementedDataPlaneServer) FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
+	return status.Errorf(codes.Unimplemented, "method FetchSlots not implemented")
 }
 func (UnimplementedDataPlaneServer) mustEmbedUnimplementedDataPlaneServer() {}
 func (UnimplementedDataPlaneServer) testEmbeddedByValue()                   {}
@@ -885,6 +977,13 @@ func _DataPlane_Ingest_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_IngestServer = grpc.ClientStreamingServer[IngestRequest, IngestResponse]
 
+func _DataPlane_IngestSession_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DataPlaneServer).IngestSession(&grpc.GenericServerStream[IngestRequest, IngestResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_IngestSessionServer = grpc.BidiStreamingServer[IngestRequest, IngestResponse]
+
 func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(FetchSnapshotRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -914,6 +1013,17 @@ func _DataPlane_Reconcile_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DataPlane_FetchSlots_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchSlotsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DataPlaneServer).FetchSlots(m, &grpc.GenericServerStream[FetchSlotsRequest, SnapshotChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DataPlane_FetchSlotsServer = grpc.ServerStreamingServer[SnapshotChunk]
+
 // DataPlane_ServiceDesc is the grpc.ServiceDesc for DataPlane service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -939,8 +1049,19 @@ var DataPlane_ServiceDesc = grpc.ServiceDesc{
 			ClientStreams: true,
 		},
 		{
+			StreamName:    "IngestSession",
+			Handler:       _DataPlane_IngestSession_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
 			StreamName:    "FetchSnapshot",
 			Handler:       _DataPlane_FetchSnapshot_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchSlots",
+			Handler:       _DataPlane_FetchSlots_Handler,
 			ServerStreams: true,
 		},
 	},
@@ -1698,6 +1819,156 @@ var OrgKeyService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "FetchOrgKey",
 			Handler:    _OrgKeyService_FetchOrgKey_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "fedstream.proto",
+}
+
+const (
+	FederationPeerService_Deliver_FullMethodName = "/fedstream.v1.FederationPeerService/Deliver"
+	FederationPeerService_Members_FullMethodName = "/fedstream.v1.FederationPeerService/Members"
+)
+
+// FederationPeerServiceClient is the client API for FederationPeerService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+type FederationPeerServiceClient interface {
+	// Deliver hands a message of a partner org to this org's leader. It is
+	// served on the cross-org port (mutual TLS against the pinned CA of the
+	// caller's org) and, for forwarding to the leader, on the org port to
+	// the org's own coordinators.
+	Deliver(ctx context.Context, in *FederationEnvelope, opts ...grpc.CallOption) (*FederationEnvelope, error)
+	// Members lists the coordinators of every org in the federation pool.
+	Members(ctx context.Context, in *FederationMembersRequest, opts ...grpc.CallOption) (*FederationMembersResponse, error)
+}
+
+type federationPeerServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewFederationPeerServiceClient(cc grpc.ClientConnInterface) FederationPeerServiceClient {
+	return &federationPeerServiceClient{cc}
+}
+
+func (c *federationPeerServiceClient) Deliver(ctx context.Context, in *FederationEnvelope, opts ...grpc.CallOption) (*FederationEnvelope, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FederationEnvelope)
+	err := c.cc.Invoke(ctx, FederationPeerService_Deliver_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *federationPeerServiceClient) Members(ctx context.Context, in *FederationMembersRequest, opts ...grpc.CallOption) (*FederationMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FederationMembersResponse)
+	err := c.cc.Invoke(ctx, FederationPeerService_Members_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// FederationPeerServiceServer is the server API for FederationPeerService service.
+// All implementations must embed UnimplementedFederationPeerServiceServer
+// for forward compatibility.
+type FederationPeerServiceServer interface {
+	// Deliver hands a message of a partner org to this org's leader. It is
+	// served on the cross-org port (mutual TLS against the pinned CA of the
+	// caller's org) and, for forwarding to the leader, on the org port to
+	// the org's own coordinators.
+	Deliver(context.Context, *FederationEnvelope) (*FederationEnvelope, error)
+	// Members lists the coordinators of every org in the federation pool.
+	Members(context.Context, *FederationMembersRequest) (*FederationMembersResponse, error)
+	mustEmbedUnimplementedFederationPeerServiceServer()
+}
+
+// UnimplementedFederationPeerServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedFederationPeerServiceServer struct{}
+
+func (UnimplementedFederationPeerServiceServer) Deliver(context.Context, *FederationEnvelope) (*FederationEnvelope, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Deliver not implemented")
+}
+func (UnimplementedFederationPeerServiceServer) Members(context.Context, *FederationMembersRequest) (*FederationMembersResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Members not implemented")
+}
+func (UnimplementedFederationPeerServiceServer) mustEmbedUnimplementedFederationPeerServiceServer() {}
+func (UnimplementedFederationPeerServiceServer) testEmbeddedByValue()                               {}
+
+// UnsafeFederationPeerServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to FederationPeerServiceServer will
+// result in compilation errors.
+type UnsafeFederationPeerServiceServer interface {
+	mustEmbedUnimplementedFederationPeerServiceServer()
+}
+
+func RegisterFederationPeerServiceServer(s grpc.ServiceRegistrar, srv FederationPeerServiceServer) {
+	// If the following call pancis, it indicates UnimplementedFederationPeerServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&FederationPeerService_ServiceDesc, srv)
+}
+
+func _FederationPeerService_Deliver_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FederationEnvelope)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationPeerServiceServer).Deliver(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationPeerService_Deliver_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationPeerServiceServer).Deliver(ctx, req.(*FederationEnvelope))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _FederationPeerService_Members_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FederationMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(FederationPeerServiceServer).Members(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: FederationPeerService_Members_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(FederationPeerServiceServer).Members(ctx, req.(*FederationMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// FederationPeerService_ServiceDesc is the grpc.ServiceDesc for FederationPeerService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var FederationPeerService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "fedstream.v1.FederationPeerService",
+	HandlerType: (*FederationPeerServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Deliver",
+			Handler:    _FederationPeerService_Deliver_Handler,
+		},
+		{
+			MethodName: "Members",
+			Handler:    _FederationPeerService_Members_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

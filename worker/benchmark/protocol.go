@@ -60,6 +60,12 @@ const (
 	// them into words and hash-partitions the words over Partitions
 	// connections to Addr.
 	opWCSend = "wc_send"
+	// opStats reports the worker's snapshot figures: SnapshotBytes, the
+	// encoded bytes of the task snapshots its engine served (moves out).
+	opStats = "stats"
+	// opOutputPos reports, as LastID, the id of the last tuple task Task
+	// of Query appended to its output stream to Consumer (partition 0).
+	opOutputPos = "output_pos"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -75,6 +81,14 @@ type request struct {
 	RecordBytes int                `json:"record_bytes,omitempty"`
 	Seed        int64              `json:"seed,omitempty"`
 	Partitions  int                `json:"partitions,omitempty"`
+	// Consumer names the output stream of opOutputPos.
+	Consumer string `json:"consumer,omitempty"`
+	// Rows makes a tail (opTailStart) return every result row, formatted,
+	// with the wall time it was read (bench move).
+	Rows bool `json:"rows,omitempty"`
+	// SourceSpeedup runs the worker's generator sources this many times
+	// faster than their rate (hello; runtime.Options.SourceSpeedup).
+	SourceSpeedup int `json:"source_speedup,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
 }
@@ -103,6 +117,17 @@ type response struct {
 	// Counts are the word counts (occurrences per word) a word count
 	// computed.
 	Counts map[string]int64 `json:"counts,omitempty"`
+	// Rows are a tail's result rows in stream order and RowNanos the wall
+	// time each was read (opTailStart with Rows).
+	Rows     []string `json:"rows,omitempty"`
+	RowNanos []int64  `json:"row_nanos,omitempty"`
+	// LastID is what opOutputPos reports.
+	LastID uint64 `json:"last_id,omitempty"`
+	// SnapshotBytes and Bootstrap are what opStats reports: the bytes of
+	// the snapshots the worker served, and the phases of the latest task
+	// start from a fetched snapshot on it.
+	SnapshotBytes uint64                   `json:"snapshot_bytes,omitempty"`
+	Bootstrap     *runtime.BootstrapTiming `json:"bootstrap,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

@@ -132,7 +132,7 @@ type engine struct {
 
 // newEngine starts a runtime and its DataPlane server on a free loopback
 // port. Without batching, every task-to-task message carries one tuple.
-func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials) (*engine, error) {
+func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials, speedup int) (*engine, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("bench worker: listen: %w", err)
@@ -156,8 +156,8 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	// larger byte bound for records this small.
 	opts := runtime.Options{
 		Logger: logger, Pool: pool, RetryMin: benchRetryMin, RetryMax: benchRetryMax,
-		SinkBufferTuples: sinkRingTuples,
-		Buffer:           dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
+		SinkBufferTuples: sinkRingTuples, SourceSpeedup: speedup,
+		Buffer: dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
 	}
 	if !batching {
 		opts.MaxBatchBytes = 1 // every message carries exactly one tuple
@@ -208,7 +208,7 @@ func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
 }
 
 // hello starts the engines, with mutual TLS when m is not nil.
-func (w *benchWorker) hello(m *tlsMaterial) error {
+func (w *benchWorker) hello(m *tlsMaterial, speedup int) error {
 	if w.batched != nil {
 		return errors.New("hello: the engines are already started")
 	}
@@ -229,10 +229,10 @@ func (w *benchWorker) hello(m *tlsMaterial) error {
 	}
 	w.pool = dataplane.NewPool(dial...)
 	var err error
-	if w.batched, err = newEngine(w.log, w.pool, true, creds); err != nil {
+	if w.batched, err = newEngine(w.log, w.pool, true, creds, speedup); err != nil {
 		return err
 	}
-	if w.unbatched, err = newEngine(w.log, w.pool, false, creds); err != nil {
+	if w.unbatched, err = newEngine(w.log, w.pool, false, creds, speedup); err != nil {
 		return err
 	}
 	w.active = w.batched
@@ -261,12 +261,21 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	}
 	switch req.Op {
 	case opHello:
-		if err := w.hello(req.TLS); err != nil {
+		if err := w.hello(req.TLS, req.SourceSpeedup); err != nil {
 			return response{}, err
 		}
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
 	case opCPU:
 		return response{}, nil
+	case opOutputPos:
+		buf, err := w.batched.rt.LocalStream(&fedstreampb.StreamRef{Query: req.Query, TaskId: req.Task, Consumer: req.Consumer})
+		if err != nil {
+			return response{}, err
+		}
+		return response{LastID: buf.Stats().LastID}, nil
+	case opStats:
+		b := w.batched.rt.LastBootstrap()
+		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
@@ -293,7 +302,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 			return response{}, fmt.Errorf("tail: no task %q was applied here", req.Task)
 		}
 		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
-			return w.tail(ctx, w.active, spec, req.Collect)
+			return w.tail(ctx, w.active, spec, req.Collect, req.Rows)
 		})
 	case opTCPListen:
 		return w.listenJob("tcp", func(ctx context.Context, lis net.Listener) (response, error) {
@@ -371,7 +380,7 @@ func (w *benchWorker) waitJob(ctx context.Context, kind string) (response, error
 // task on this worker and counts its data tuples until the final boundary.
 // The result stream is a ring: a tail that fell behind would miss tuples,
 // which the id check reports instead of under-counting.
-func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec, collect bool) (response, error) {
+func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec, collect, rows bool) (response, error) {
 	plan, err := spec.Spec.FusedPlan()
 	if err != nil {
 		return response{}, err
@@ -381,6 +390,7 @@ func (w *benchWorker) tail(ctx context.Context, e *engine, spec runtime.TaskSpec
 		return response{}, fmt.Errorf("tail: task %s is not a sink", spec.TaskID)
 	}
 	var counter resultCounter
+	counter.rows = rows
 	if collect {
 		if err := counter.collectWords(node.Schema); err != nil {
 			return response{}, fmt.Errorf("tail %s: %w", spec.TaskID, err)
@@ -462,6 +472,8 @@ type resultCounter struct {
 	// Field positions of the word and its count when collecting counts.
 	wordIdx, countIdx int
 	collect           bool
+	// rows: keep every data tuple, formatted (response.Rows).
+	rows bool
 }
 
 // wordField and countField are the result fields of the word count query.
@@ -517,11 +529,19 @@ func (c *resultCounter) run(ctx context.Context, buf *dataplane.OutputBuffer) er
 		// Data bytes: the whole read less the other tuples, which are
 		// rare (boundaries), so data tuples cost a type check each.
 		c.resp.Bytes += int64(len(data))
+		now := time.Now().UnixNano()
 		for i := range offs {
 			at := offs[i] - base
 			switch typ := tuple.PeekType(data[at:]); {
 			case typ.IsData():
 				c.resp.Records++
+				if c.rows {
+					if _, err := tuple.DecodeTuple(data[at:], &tp); err != nil {
+						return err
+					}
+					c.resp.Rows = append(c.resp.Rows, formatRow(&tp))
+					c.resp.RowNanos = append(c.resp.RowNanos, now)
+				}
 				if c.collect {
 					if err := c.collectCount(data[at:], &tp); err != nil {
 						return err
@@ -559,6 +579,24 @@ func (c *resultCounter) collectCount(enc []byte, tp *tuple.Tuple) error {
 	// Strings alias the ring: the map key must be a copy.
 	c.resp.Counts[strings.Clone(tp.Values[c.wordIdx].S)] += asInt(tp.Values[c.countIdx])
 	return nil
+}
+
+// formatRow renders a result tuple's stime and values: two rows are the
+// same result exactly when they format the same.
+func formatRow(tp *tuple.Tuple) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%d", tp.STime)
+	for _, v := range tp.Values {
+		switch v.Kind {
+		case tuple.KindFloat:
+			fmt.Fprintf(&sb, "|%g", v.F)
+		case tuple.KindString, tuple.KindBytes:
+			fmt.Fprintf(&sb, "|%q", v.S)
+		default:
+			fmt.Fprintf(&sb, "|%d", v.I)
+		}
+	}
+	return sb.String()
 }
 
 func asInt(v tuple.Value) int64 {

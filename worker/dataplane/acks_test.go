@@ -366,3 +366,79 @@ func TestCallerIdentityKeysAcks(t *testing.T) {
 		t.Fatalf("plaintext key %q, want the name", got)
 	}
 }
+
+// TestHeldBufferWaitsForSubscribers: the output of a copy that continues
+// another (a moved task) has no subscriber until its consumers switch to
+// it. Held (HoldUntilConnected), a full buffer blocks its producer well
+// past the overrun grace and discards nothing; the first subscriber to
+// connect ends the hold, and what it has not taken is there. (Without
+// the hold the producer discarded the oldest tuples after the grace: the
+// consumers that switched later missed them.)
+func TestHeldBufferWaitsForSubscribers(t *testing.T) {
+	const grace = 20 * time.Millisecond
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 10, OverrunGrace: grace, Lease: time.Minute})
+	b.HoldUntilConnected()
+	fill(t, b, 1, 10)
+	done := make(chan error, 1)
+	go func() { done <- b.Append(context.Background(), dataTuple(11, "x")) }()
+	waitFor(t, "producer blocked", func() bool { return b.Stats().BlockedAppends == 1 })
+	select {
+	case err := <-done:
+		t.Fatalf("append returned %v (stats %+v) while no subscriber had come", err, b.Stats())
+	case <-time.After(20 * grace):
+	}
+	if st := b.Stats(); st.Overrun != 0 || st.OldestID != 1 {
+		t.Fatalf("stats while held: %+v", st)
+	}
+	b.Connect("down")
+	defer b.Disconnect("down")
+	b.Ack("down", 1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.Overrun != 0 || st.OldestID != 2 {
+		t.Fatalf("stats after the subscriber came: %+v", st)
+	}
+}
+
+// TestLeaveForgetsSubscriber: a subscriber that leaves (a superseded
+// copy) holds nothing any more, at once instead of after its lease; one
+// whose subscription has not ended yet on the server's side is dropped
+// when it ends.
+func TestLeaveForgetsSubscriber(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{Lease: time.Hour})
+	b.Register("old")
+	b.Connect("new")
+	defer b.Disconnect("new")
+	fill(t, b, 1, 10)
+	b.Ack("new", 10)
+	if st := b.Stats(); st.Tuples != 10 || st.Laggard != "old" {
+		t.Fatalf("before the leave: %+v", st)
+	}
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	defer pool.Close()
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := &fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}
+	if err := Leave(context.Background(), conn, ref, "old"); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.Tuples != 0 || st.Subscribers != 1 {
+		t.Fatalf("after the leave the buffer still holds for it: %+v", st)
+	}
+	// Still connected when it leaves: dropped when its subscription ends.
+	b.Connect("late")
+	fill(t, b, 11, 15)
+	b.Ack("new", 15)
+	b.Forget("late")
+	if st := b.Stats(); st.Subscribers != 2 {
+		t.Fatalf("a connected subscriber was dropped at once: %+v", st)
+	}
+	b.Disconnect("late")
+	if st := b.Stats(); st.Subscribers != 1 || st.Tuples != 0 {
+		t.Fatalf("after its subscription ended: %+v", st)
+	}
+}

@@ -129,6 +129,9 @@ type OutputBuffer struct {
 	lastID uint64
 	// dropped is the id of the newest discarded tuple (0: none).
 	dropped uint64
+	// holdUntil, when set, suspends the overrun rule until a subscriber
+	// connects or this time passes (HoldUntilConnected).
+	holdUntil time.Time
 	// subs are the acknowledging subscribers that hold the buffer: every
 	// connected one, and disconnected ones within their lease.
 	subs map[string]*subscriberState
@@ -200,6 +203,9 @@ type subscriberState struct {
 	// overrun: tuples it had not acknowledged were discarded while it was
 	// not connected (warned once; cleared when it connects again).
 	overrun bool
+	// leaving: Forget came while it was still connected; it is dropped
+	// when its last subscription ends instead of starting a lease.
+	leaving bool
 }
 
 // Append adds t (its ID set by the producer) to the stream. While the
@@ -368,9 +374,10 @@ func (b *OutputBuffer) truncateLocked(upTo uint64) {
 func (b *OutputBuffer) Connect(name string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.holdUntil = time.Time{}
 	s := b.subLocked(name, time.Now())
 	s.conns++
-	s.overrun = false
+	s.overrun, s.leaving = false, false
 }
 
 // Disconnect records that one of the named subscriber's subscriptions
@@ -382,12 +389,57 @@ func (b *OutputBuffer) Disconnect(name string) {
 	if s == nil || s.conns == 0 {
 		return
 	}
-	if s.conns--; s.conns == 0 {
+	if s.conns--; s.conns == 0 && s.leaving && !b.closed {
+		b.forgetLocked(name)
+		return
+	}
+	if s.conns == 0 {
 		s.left = time.Now()
 		// Nothing waits on a lease's end but a blocked producer: wake it
 		// so that it re-evaluates (and sets its timer).
 		b.wakeSpaceLocked()
 	}
+}
+
+// Forget drops the named subscriber: it is gone for good (a superseded
+// copy), so it holds nothing for a lease, and what only it held may be
+// discarded. One still connected (its last subscription not yet ended on
+// this side) is dropped when that subscription ends.
+func (b *OutputBuffer) Forget(name string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := b.subs[name]
+	if s == nil || b.closed {
+		return
+	}
+	if s.conns > 0 {
+		s.leaving = true
+		return
+	}
+	b.forgetLocked(name)
+}
+
+func (b *OutputBuffer) forgetLocked(name string) {
+	delete(b.subs, name)
+	b.truncateLocked(b.lowLocked(time.Now()).all)
+	b.wakeSpaceLocked()
+}
+
+// HoldUntilConnected suspends the overrun rule until a subscriber
+// connects, or for one Lease at most: a full buffer blocks its producer
+// rather than discard what no connected subscriber has taken. For the
+// output of a copy that continues another (a moved task): its consumers
+// are still reading the old copy and switch to it only later, so its
+// buffer has no subscriber at all for a while, and what it holds (the
+// old copy's untaken tail, and what the copy produces meanwhile) is
+// exactly what they will ask for. Ring buffers never wait and ignore it.
+func (b *OutputBuffer) HoldUntilConnected() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.opts.Ring {
+		return
+	}
+	b.holdUntil = time.Now().Add(b.opts.Lease)
 }
 
 // Register records an acknowledging subscriber by name (idempotent)
@@ -507,6 +559,17 @@ func (b *OutputBuffer) overrunLocked(now time.Time, size int) (wake time.Time) {
 		if end := b.created.Add(b.opts.Lease); wake.IsZero() || end.Before(wake) {
 			wake = end
 		}
+	}
+	if !b.holdUntil.IsZero() {
+		if now.Before(b.holdUntil) {
+			// Held for subscribers to come (HoldUntilConnected): flow
+			// control until one connects.
+			if wake.IsZero() || b.holdUntil.Before(wake) {
+				wake = b.holdUntil
+			}
+			return wake
+		}
+		b.holdUntil = time.Time{}
 	}
 	oldest := b.oldestLocked()
 	if b.count == 0 || oldest > l.connected {

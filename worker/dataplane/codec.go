@@ -1,10 +1,12 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"math/bits"
 	"sync"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	_ "google.golang.org/grpc/encoding/proto" // registers the "proto" codec batchCodec delegates to
 	"google.golang.org/grpc/mem"
@@ -50,6 +52,9 @@ const (
 func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	b, ok := v.(*fedstreampb.Batch)
 	if !ok {
+		if chunk, ok := v.(*fedstreampb.SnapshotChunk); ok {
+			return marshalChunk(chunk), nil
+		}
 		return c.fallback.Marshal(v)
 	}
 	// Fields in any order are valid protobuf: the small ones first, then
@@ -99,6 +104,9 @@ func (c batchCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		rb.buf = sharedDirtyPool.Get(data.Len())
 		data.CopyTo(*rb.buf)
 		return unmarshalBatch(*rb.buf, &rb.Batch)
+	}
+	if chunk, ok := v.(*SnapshotChunkInto); ok {
+		return unmarshalChunkInto(data, chunk)
 	}
 	b, ok := v.(*fedstreampb.Batch)
 	if !ok {
@@ -226,4 +234,205 @@ func ownedCopy(data mem.BufferSlice) []byte {
 	out := allocUncleared(data.Len())
 	data.CopyTo(out)
 	return out
+}
+
+// Protobuf field numbers of SnapshotChunk (rpc/fedstream.proto).
+const (
+	chunkFieldData  protowire.Number = 1
+	chunkFieldTotal protowire.Number = 2
+)
+
+// marshalChunk encodes a SnapshotChunk without copying Data: a small
+// header (total_bytes, then data's key and length) and Data itself. A
+// snapshot's bytes are never modified once encoded, so gRPC may hold
+// them until they are written.
+func marshalChunk(c *fedstreampb.SnapshotChunk) mem.BufferSlice {
+	hdr := make([]byte, 0, 24)
+	if c.TotalBytes != 0 {
+		hdr = protowire.AppendTag(hdr, chunkFieldTotal, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, c.TotalBytes)
+	}
+	if len(c.Data) == 0 {
+		return mem.BufferSlice{mem.SliceBuffer(hdr)}
+	}
+	hdr = protowire.AppendTag(hdr, chunkFieldData, protowire.BytesType)
+	hdr = protowire.AppendVarint(hdr, uint64(len(c.Data)))
+	return mem.BufferSlice{mem.SliceBuffer(hdr), mem.SliceBuffer(c.Data)}
+}
+
+// SnapshotChunkInto receives a SnapshotChunk message (RecvMsg of a
+// FetchSnapshot stream called with SnapshotCallOptions) straight into a
+// buffer: its data is copied once, from the received frames to the end
+// of Dst, which must have the room for it (cap(Dst)-len(Dst)). While Dst
+// is nil, a chunk announcing TotalBytes (the first) allocates Dst with
+// that capacity, if it is at most MaxBytes. A chunk with more data than
+// the room left is refused (ErrSnapshotOverflow).
+type SnapshotChunkInto struct {
+	// TotalBytes is the chunk's total_bytes (0 when absent).
+	TotalBytes uint64
+	Dst        []byte
+	MaxBytes   uint64
+}
+
+// ErrSnapshotOverflow means a snapshot chunk carried more bytes than
+// the snapshot's announced size leaves room for.
+var ErrSnapshotOverflow = errors.New("dataplane: snapshot chunk beyond the announced size")
+
+// unmarshalChunkInto decodes a SnapshotChunk from the received frames
+// into c (see SnapshotChunkInto).
+func unmarshalChunkInto(data mem.BufferSlice, c *SnapshotChunkInto) error {
+	cur := frameCursor{}
+	for _, b := range data {
+		if d := b.ReadOnlyData(); len(d) > 0 {
+			cur.bufs = append(cur.bufs, d)
+		}
+	}
+	c.TotalBytes = 0
+	// early holds data that came before the total (a peer that encodes
+	// fields in number order) while Dst is not allocated yet.
+	var early []byte
+	for !cur.empty() {
+		tag, err := cur.varint()
+		if err != nil {
+			return err
+		}
+		num, typ := protowire.DecodeTag(tag)
+		switch {
+		case num == chunkFieldTotal && typ == protowire.VarintType:
+			if c.TotalBytes, err = cur.varint(); err != nil {
+				return err
+			}
+			if c.Dst == nil && c.TotalBytes > 0 {
+				if c.TotalBytes > c.MaxBytes {
+					return fmt.Errorf("%w: announced size %d, at most %d", ErrSnapshotOverflow, c.TotalBytes, c.MaxBytes)
+				}
+				// Not zeroed: only what is received is ever read.
+				c.Dst = allocUncleared(int(c.TotalBytes))[:0]
+			}
+		case num == chunkFieldData && typ == protowire.BytesType:
+			n, err := cur.varint()
+			if err != nil {
+				return err
+			}
+			if c.Dst == nil && early == nil && n <= uint64(cur.len()) {
+				early = make([]byte, n)
+				if err := cur.read(early); err != nil {
+					return err
+				}
+				continue
+			}
+			if n > uint64(cap(c.Dst)-len(c.Dst)) {
+				return fmt.Errorf("%w: %d bytes, room for %d", ErrSnapshotOverflow, n, cap(c.Dst)-len(c.Dst))
+			}
+			end := len(c.Dst) + int(n)
+			if err := cur.read(c.Dst[len(c.Dst):end]); err != nil {
+				return err
+			}
+			c.Dst = c.Dst[:end]
+		default:
+			var skip uint64
+			switch typ {
+			case protowire.VarintType:
+				_, err = cur.varint()
+			case protowire.Fixed32Type:
+				skip = 4
+			case protowire.Fixed64Type:
+				skip = 8
+			case protowire.BytesType:
+				skip, err = cur.varint()
+			default:
+				return fmt.Errorf("%w: snapshot chunk field %d of wire type %d", ErrProtocol, num, typ)
+			}
+			if err == nil {
+				err = cur.skip(skip)
+			}
+			if err != nil {
+				return err
+			}
+		}
+	}
+	if early != nil {
+		if uint64(len(early)) > uint64(cap(c.Dst)-len(c.Dst)) {
+			return fmt.Errorf("%w: %d bytes, room for %d", ErrSnapshotOverflow, len(early), cap(c.Dst)-len(c.Dst))
+		}
+		c.Dst = append(c.Dst, early...)
+	}
+	return nil
+}
+
+// frameCursor reads a message spread over several received buffers.
+type frameCursor struct{ bufs [][]byte }
+
+var errChunkTruncated = fmt.Errorf("%w: truncated snapshot chunk", ErrProtocol)
+
+func (f *frameCursor) empty() bool { return len(f.bufs) == 0 }
+
+func (f *frameCursor) len() int {
+	n := 0
+	for _, b := range f.bufs {
+		n += len(b)
+	}
+	return n
+}
+
+func (f *frameCursor) byte() (byte, error) {
+	if len(f.bufs) == 0 {
+		return 0, errChunkTruncated
+	}
+	v := f.bufs[0][0]
+	if f.bufs[0] = f.bufs[0][1:]; len(f.bufs[0]) == 0 {
+		f.bufs = f.bufs[1:]
+	}
+	return v, nil
+}
+
+func (f *frameCursor) varint() (uint64, error) {
+	var v uint64
+	for shift := uint(0); shift < 64; shift += 7 {
+		b, err := f.byte()
+		if err != nil {
+			return 0, err
+		}
+		v |= uint64(b&0x7f) << shift
+		if b < 0x80 {
+			return v, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: snapshot chunk varint overflows", ErrProtocol)
+}
+
+// read fills dst.
+func (f *frameCursor) read(dst []byte) error {
+	for len(dst) > 0 {
+		if len(f.bufs) == 0 {
+			return errChunkTruncated
+		}
+		n := copy(dst, f.bufs[0])
+		dst = dst[n:]
+		if f.bufs[0] = f.bufs[0][n:]; len(f.bufs[0]) == 0 {
+			f.bufs = f.bufs[1:]
+		}
+	}
+	return nil
+}
+
+func (f *frameCursor) skip(n uint64) error {
+	for n > 0 {
+		if len(f.bufs) == 0 {
+			return errChunkTruncated
+		}
+		k := min(n, uint64(len(f.bufs[0])))
+		if f.bufs[0] = f.bufs[0][k:]; len(f.bufs[0]) == 0 {
+			f.bufs = f.bufs[1:]
+		}
+		n -= k
+	}
+	return nil
+}
+
+// SnapshotCallOptions are the call options of a FetchSnapshot call whose
+// chunks are received with SnapshotChunkInto: the data plane's codec,
+// whatever the connection's default, and messages up to MaxMessageBytes.
+func SnapshotCallOptions() []grpc.CallOption {
+	return []grpc.CallOption{grpc.ForceCodecV2(newBatchCodec()), grpc.MaxCallRecvMsgSize(maxMessageSize)}
 }

@@ -167,6 +167,13 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	}
 	ctx := stream.Context()
 	key := s.subscriberKey(ctx, first.Subscriber)
+	if first.Leave {
+		if first.Subscriber == "" {
+			return status.Error(codes.InvalidArgument, "a leave must name its subscriber")
+		}
+		buf.Forget(key)
+		return nil
+	}
 	if !first.NoAck {
 		buf.Connect(key)
 		defer buf.Disconnect(key)
@@ -375,6 +382,10 @@ func ingestStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrSourceClosed):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ErrSourceMoved):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrIngestGap):
+		return status.Error(codes.OutOfRange, err.Error())
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		return err

@@ -698,3 +698,25 @@ func Subscribe(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstrea
 	err := s.Run(ctx, conn, deliver)
 	return s.LastID(), err
 }
+
+// Leave tells the producer behind conn that subscriber name of stream ref
+// is gone for good (see OutputBuffer.Forget): it stops holding tuples for
+// it. A subscriber with a live subscription there is not forgotten.
+func Leave(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, Leave: true}); err != nil {
+		return recvError(stream, err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		return err
+	}
+	if _, err := stream.Recv(); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	return nil
+}

@@ -510,28 +510,157 @@ func (a *aggregate) OutputSchema() *tuple.Schema { return a.outSch }
 // Snapshot encodes watermark, late count and every open window in start
 // order, groups in key order, count_distinct members sorted.
 func (a *aggregate) Snapshot() ([]byte, error) {
-	e := newEncoder(a.signature)
-	e.varint(a.watermark)
-	e.uvarint(a.late)
+	return slices.Concat(a.encodeViews(a.watermark, a.late, a.views(false))...), nil
+}
+
+// windowView is one open window's groups, as Snapshot encodes them.
+type windowView struct {
+	start  int64
+	groups []keyedGroup
+}
+
+// views lists the open windows in start order with their groups (not yet
+// sorted); with copyGroups, each group is a copy that later processing
+// does not change (Freeze).
+func (a *aggregate) views(copyGroups bool) []windowView {
 	starts := slices.Sorted(maps.Keys(a.windows))
-	e.uvarint(uint64(len(starts)))
-	var groups []keyedGroup
-	for _, s := range starts {
-		w := a.windows[s]
-		e.varint(s)
+	out := make([]windowView, len(starts))
+	for i, start := range starts {
+		w := a.windows[start]
+		v := windowView{start: start, groups: make([]keyedGroup, 0, len(w.groups))}
+		var gs []aggGroup
+		var accs []accumulator
+		if copyGroups {
+			// One allocation for the window's groups and one for their
+			// accumulators, instead of two per group.
+			gs = make([]aggGroup, len(w.groups))
+			accs = make([]accumulator, len(w.groups)*len(a.specs))
+		}
+		for k, g := range w.groups {
+			if copyGroups {
+				j := len(v.groups)
+				c := &gs[j]
+				c.keyVals, c.tentative = g.keyVals, g.tentative
+				c.accs = accs[j*len(a.specs) : (j+1)*len(a.specs) : (j+1)*len(a.specs)]
+				copy(c.accs, g.accs)
+				for x := range c.accs {
+					if d := c.accs[x].distinct; d != nil {
+						c.accs[x].distinct = maps.Clone(d)
+					}
+				}
+				g = c
+			}
+			v.groups = append(v.groups, keyedGroup{k, g})
+		}
+		out[i] = v
+	}
+	return out
+}
+
+// encodeViews encodes watermark, late count and the windows: groups in
+// key order, count_distinct members sorted. The encoding comes in parts:
+// the header, then one part per window in start order (see
+// prepareViews).
+func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView) [][]byte {
+	enc := a.prepareViews(watermark, late, views)
+	parts := make([][]byte, 0, 1+len(views))
+	if err := enc.Write(func(p []byte) error { parts = append(parts, p); return nil }); err != nil {
+		panic(err) // unreachable: the emit function never fails
+	}
+	return parts
+}
+
+// prepareViews sorts the windows' groups and count_distinct members and
+// sizes each window's encoding exactly (on GOMAXPROCS goroutines); the
+// Encoding then writes each window into a buffer of that size, windows
+// side by side (each reads only its own groups), so no byte is copied
+// twice and the whole size is known before the first byte is written.
+func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowView) *Encoding {
+	e := newEncoder(a.signature)
+	e.varint(watermark)
+	e.uvarint(late)
+	e.uvarint(uint64(len(views)))
+	head := e.b
+	members := make([][][]string, len(views))
+	sizes := make([]int, len(views))
+	encodeParallel(len(views), func(i int) {
+		v := views[i]
 		// Groups with their keys, sorted: no map lookup per group after
 		// the sort (a third of the time with large state).
-		groups = slices.Grow(groups[:0], len(w.groups))
-		for k, g := range w.groups {
-			groups = append(groups, keyedGroup{k, g})
+		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
+		members[i] = make([][]string, len(v.groups)*len(a.specs))
+		size := varintSize(v.start) + uvarintSize(uint64(len(v.groups)))
+		for k, kg := range v.groups {
+			size += uvarintSize(uint64(len(kg.key))) + len(kg.key) + 1
+			for x := range a.specs {
+				sorted := a.sortedMembers(&a.specs[x], &kg.g.accs[x])
+				members[i][k*len(a.specs)+x] = sorted
+				size += a.accSize(&a.specs[x], &kg.g.accs[x], sorted)
+			}
 		}
-		slices.SortFunc(groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		e.uvarint(uint64(len(groups)))
-		for _, kg := range groups {
-			a.encodeGroup(e, kg.key, kg.g)
+		sizes[i] = size
+	})
+	total := len(head)
+	for _, n := range sizes {
+		total += n
+	}
+	return &Encoding{Size: total, write: func(emit func([]byte) error) error {
+		if err := emit(head); err != nil {
+			return err
+		}
+		return writeParallel(len(views), func(i int) []byte {
+			v := views[i]
+			e := encoder{b: bufferOf(sizes[i])}
+			e.varint(v.start)
+			e.uvarint(uint64(len(v.groups)))
+			for k, kg := range v.groups {
+				e.str(kg.key)
+				e.bool(kg.g.tentative)
+				for x := range a.specs {
+					a.encodeAccMembers(&e, &a.specs[x], &kg.g.accs[x], members[i][k*len(a.specs)+x])
+				}
+			}
+			if len(e.b) != sizes[i] {
+				panic(fmt.Sprintf("operator: window encoded in %d bytes, sized %d", len(e.b), sizes[i]))
+			}
+			return e.b
+		}, emit)
+	}}
+}
+
+// sortedMembers is a count_distinct accumulator's members, sorted (nil
+// for other functions).
+func (a *aggregate) sortedMembers(s *aggSpec, acc *accumulator) []string {
+	if s.fn != aggCountDistinct {
+		return nil
+	}
+	members := make([]string, 0, len(acc.distinct))
+	for m := range acc.distinct {
+		members = append(members, m)
+	}
+	slices.Sort(members)
+	return members
+}
+
+// accSize is the exact size of what encodeAccMembers writes.
+func (a *aggregate) accSize(s *aggSpec, acc *accumulator, members []string) int {
+	size := varintSize(acc.count)
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			size += 8
+		} else {
+			size += varintSize(acc.sumI)
+		}
+	case aggMin, aggMax:
+		size += valueSize(acc.ext)
+	case aggCountDistinct:
+		size += uvarintSize(uint64(len(members)))
+		for _, m := range members {
+			size += uvarintSize(uint64(len(m))) + len(m)
 		}
 	}
-	return e.b, nil
+	return size
 }
 
 type keyedGroup struct {
@@ -548,10 +677,44 @@ func (a *aggregate) encodeGroup(e *encoder, key string, g *aggGroup) {
 	}
 }
 
-// decodeGroup reads what encodeGroup wrote.
-func (a *aggregate) decodeGroup(d *decoder) (string, *aggGroup, error) {
+// groupSlab hands out restored groups, their accumulators and key values
+// from blocks of slabGroups groups: three allocations per block instead
+// of three per group. A block is freed once none of its groups is held
+// (the groups of a window close together).
+type groupSlab struct {
+	gs   []aggGroup
+	accs []accumulator
+	vals []tuple.Value
+	// left is how many groups are still to come (the window's count): a
+	// block is never larger, so a small window allocates a small block.
+	left int
+}
+
+// slabGroups is the size of a groupSlab block: large enough that
+// allocation is no longer per group, small enough that a corrupt group
+// count (bounded by the snapshot's bytes) cannot make one block huge.
+const slabGroups = 4096
+
+func (sl *groupSlab) next(nAccs, nKeys int) *aggGroup {
+	if len(sl.gs) == 0 {
+		n := min(max(sl.left, 1), slabGroups)
+		sl.gs = make([]aggGroup, n)
+		sl.accs = make([]accumulator, n*nAccs)
+		sl.vals = make([]tuple.Value, n*nKeys)
+	}
+	sl.left--
+	g := &sl.gs[0]
+	sl.gs = sl.gs[1:]
+	g.accs, sl.accs = sl.accs[:nAccs:nAccs], sl.accs[nAccs:]
+	g.keyVals, sl.vals = sl.vals[:0:nKeys], sl.vals[nKeys:]
+	return g
+}
+
+// decodeGroup reads what encodeGroup wrote, into a group from sl.
+func (a *aggregate) decodeGroup(d *decoder, sl *groupSlab) (string, *aggGroup, error) {
 	key := d.str()
-	g := &aggGroup{tentative: d.bool(), accs: make([]accumulator, len(a.specs))}
+	g := sl.next(len(a.specs), len(a.groupBy))
+	g.tentative = d.bool()
 	for i := range a.specs {
 		a.decodeAcc(d, &a.specs[i], &g.accs[i])
 	}
@@ -559,13 +722,19 @@ func (a *aggregate) decodeGroup(d *decoder) (string, *aggGroup, error) {
 		return "", nil, d.err
 	}
 	var err error
-	if g.keyVals, err = decodeKey(key, len(a.groupBy)); err != nil {
+	if g.keyVals, err = decodeKeyInto(g.keyVals, key, len(a.groupBy)); err != nil {
 		return "", nil, err
 	}
 	return key, g, nil
 }
 
 func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
+	a.encodeAccMembers(e, s, acc, a.sortedMembers(s, acc))
+}
+
+// encodeAccMembers is encodeAcc with a count_distinct accumulator's
+// members already sorted.
+func (a *aggregate) encodeAccMembers(e *encoder, s *aggSpec, acc *accumulator, members []string) {
 	e.varint(acc.count)
 	switch s.fn {
 	case aggSum, aggAvg:
@@ -577,11 +746,6 @@ func (a *aggregate) encodeAcc(e *encoder, s *aggSpec, acc *accumulator) {
 	case aggMin, aggMax:
 		e.value(acc.ext)
 	case aggCountDistinct:
-		members := make([]string, 0, len(acc.distinct))
-		for m := range acc.distinct {
-			members = append(members, m)
-		}
-		slices.Sort(members)
 		e.uvarint(uint64(len(members)))
 		for _, m := range members {
 			e.str(m)
@@ -595,6 +759,19 @@ func (a *aggregate) Restore(state []byte) error {
 	if err != nil {
 		return err
 	}
+	return a.restore(d)
+}
+
+// restoreOwned is Restore from a snapshot handed over (RestoreOwned).
+func (a *aggregate) restoreOwned(state []byte) error {
+	d, err := newOwnedDecoder(state, a.signature)
+	if err != nil {
+		return err
+	}
+	return a.restore(d)
+}
+
+func (a *aggregate) restore(d *decoder) error {
 	watermark := d.varint()
 	late := d.uvarint()
 	windows := map[int64]*aggWindow{}
@@ -603,8 +780,9 @@ func (a *aggregate) Restore(state []byte) error {
 		w := a.newWindow(d.varint())
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
+		sl := groupSlab{left: ng}
 		for range ng {
-			key, g, err := a.decodeGroup(d)
+			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
 				return err
 			}

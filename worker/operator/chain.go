@@ -93,7 +93,13 @@ func (c *chain) Snapshot() ([]byte, error) {
 	return buf, nil
 }
 
-func (c *chain) Restore(state []byte) error {
+func (c *chain) Restore(state []byte) error { return c.restore(state, false) }
+
+// restoreOwned is Restore from a snapshot handed over (RestoreOwned):
+// each member restores its part owned.
+func (c *chain) restoreOwned(state []byte) error { return c.restore(state, true) }
+
+func (c *chain) restore(state []byte, owned bool) error {
 	n, k := binary.Uvarint(state)
 	if k <= 0 || n != uint64(len(c.ops)) {
 		return fmt.Errorf("%w: chain of %d operators, snapshot holds %d", ErrBadSnapshot, len(c.ops), n)
@@ -114,7 +120,11 @@ func (c *chain) Restore(state []byte) error {
 	// Restore only once every part parsed, so a bad snapshot changes nothing
 	// it can detect up front.
 	for i, op := range c.ops {
-		if err := op.Restore(parts[i]); err != nil {
+		restore := op.Restore
+		if owned {
+			restore = func(b []byte) error { return RestoreOwned(op, b) }
+		}
+		if err := restore(parts[i]); err != nil {
 			return fmt.Errorf("chain member %d: %w", i, err)
 		}
 	}

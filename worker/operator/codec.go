@@ -4,7 +4,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"strings"
+	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -46,9 +48,14 @@ func appendKeyValue(b []byte, v tuple.Value) []byte {
 	return b
 }
 
-// decodeKey splits a key encoding back into n values. Strings are copied.
+// decodeKey splits a key encoding back into n values. String values are
+// substrings of key, or copies when they contain an escaped 0x00.
 func decodeKey(key string, n int) ([]tuple.Value, error) {
-	vals := make([]tuple.Value, 0, n)
+	return decodeKeyInto(make([]tuple.Value, 0, n), key, n)
+}
+
+// decodeKeyInto is decodeKey appending to vals (empty, capacity n).
+func decodeKeyInto(vals []tuple.Value, key string, n int) ([]tuple.Value, error) {
 	for len(key) > 0 {
 		kind := tuple.Kind(key[0])
 		key = key[1:]
@@ -66,6 +73,13 @@ func decodeKey(key string, n int) ([]tuple.Value, error) {
 			vals = append(vals, tuple.Value{Kind: kind, F: math.Float64frombits(bits)})
 			key = key[8:]
 		case tuple.KindString, tuple.KindBytes:
+			// Without an escaped 0x00 the value is a substring of the key
+			// (keys are immutable strings): no copy.
+			if end := strings.IndexByte(key, 0); end >= 0 && end+1 < len(key) && key[end+1] == 0x01 {
+				vals = append(vals, tuple.Value{Kind: kind, S: key[:end]})
+				key = key[end+2:]
+				continue
+			}
 			var s []byte
 		scan:
 			for {
@@ -157,22 +171,74 @@ func (e *encoder) value(v tuple.Value) {
 	}
 }
 
+// bufferOf returns an empty buffer of capacity n whose memory is not
+// zeroed first (a large state's encoding is written once: zeroing it
+// before would be one more pass over every byte). Only what is appended
+// is ever read.
+func bufferOf(n int) []byte {
+	n = max(n, 1)
+	var b strings.Builder
+	b.Grow(n) // allocates n bytes without zeroing them
+	b.WriteByte(0)
+	return unsafe.Slice(unsafe.StringData(b.String()), n)[:0]
+}
+
+// uvarintSize and varintSize are the lengths of the encoder's uvarint
+// and varint encodings of v.
+func uvarintSize(v uint64) int { return (bits.Len64(v|1) + 6) / 7 }
+
+func varintSize(v int64) int {
+	u := uint64(v) << 1
+	if v < 0 {
+		u = ^u
+	}
+	return uvarintSize(u)
+}
+
+// valueSize is the length of the encoder's encoding of v.
+func valueSize(v tuple.Value) int {
+	switch v.Kind {
+	case tuple.KindFloat:
+		return 1 + 8
+	case tuple.KindString, tuple.KindBytes:
+		return 1 + uvarintSize(uint64(len(v.S))) + len(v.S)
+	}
+	return 1 + varintSize(v.I)
+}
+
 // decoder reads a snapshot. The first error sticks; callers check err once
 // at the end (and before trusting a count to size an allocation).
 type decoder struct {
 	b   []byte
 	err error
+	// whole is the snapshot as one string (copied once) and size its
+	// length: strings read (keys, members, values) are substrings of it
+	// rather than one allocation each. Restored state therefore shares
+	// that one copy, which is freed once none of its strings is held.
+	whole string
+	size  int
 }
 
 // newDecoder checks the header against the operator's signature.
 func newDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, string(state))
+}
+
+// newOwnedDecoder is newDecoder for a snapshot handed over to the
+// restored state (see RestoreOwned): its strings are substrings of state
+// itself, not of a copy.
+func newOwnedDecoder(state []byte, signature string) (*decoder, error) {
+	return newDecoderOf(state, signature, unsafe.String(unsafe.SliceData(state), len(state)))
+}
+
+func newDecoderOf(state []byte, signature, whole string) (*decoder, error) {
 	if len(state) < len(snapshotMagic)+1 || string(state[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: missing header", ErrBadSnapshot)
 	}
 	if v := state[len(snapshotMagic)]; v != snapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrBadSnapshot, v, snapshotVersion)
 	}
-	d := &decoder{b: state[len(snapshotMagic)+1:]}
+	d := &decoder{b: state[len(snapshotMagic)+1:], whole: whole, size: len(state)}
 	if got := d.str(); d.err != nil || got != signature {
 		return nil, fmt.Errorf("%w: taken from operator %q, restoring into %q", ErrBadSnapshot, got, signature)
 	}
@@ -255,7 +321,12 @@ func (d *decoder) str() string {
 		d.fail("string")
 		return ""
 	}
-	s := string(d.b[:n]) // copies: the snapshot buffer may be reused
+	var s string
+	if off := d.size - len(d.b); d.whole != "" {
+		s = d.whole[off : off+int(n)] // the snapshot buffer may be reused: never alias it
+	} else {
+		s = string(d.b[:n])
+	}
 	d.b = d.b[n:]
 	return s
 }

@@ -251,8 +251,9 @@ func (a *aggregate) RestoreSlots(data []byte) error {
 		}
 		ng := d.count(2)
 		w.groups = make(map[string]*aggGroup, ng)
+		sl := groupSlab{left: ng}
 		for range ng {
-			key, g, err := a.decodeGroup(d)
+			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
 				return err
 			}

@@ -63,15 +63,13 @@ func (t *task) buildInputs() {
 	t.merge = newMerger(t.r.opts.InputPendingTuples)
 	for port, up := range t.node.Inputs {
 		upNode := t.plan.Node(up)
-		for p := 0; p < max(1, upNode.Partitions); p++ {
-			in := &input{t: t, port: port, upstream: up, upPartition: p}
-			in.idx = t.merge.addInput(port, p)
-			// The stream is named by the upstream task id of replica 0;
-			// each attempt rewrites it for the replica actually used.
-			in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
-				Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
-			}, t.spec.CopyID(), false, 0)
-			t.inputs = append(t.inputs, in)
+		parts := max(1, upNode.Partitions)
+		if upNode.KeyFields != nil {
+			t.mayGrowInputs = true
+			parts = max(1, t.spec.SlotMaps[up].streams(upNode.Partitions))
+		}
+		for p := 0; p < parts; p++ {
+			t.inputs = append(t.inputs, t.newInput(port, up, p))
 		}
 	}
 	if t.op != nil {
@@ -82,7 +80,7 @@ func (t *task) buildInputs() {
 	// that stream as it is, same tuples and ids (as deterministic as the
 	// upstream's), and each received batch becomes part of it without a
 	// copy. With several, the merged tuples are renumbered and copied.
-	t.passThrough = len(t.inputs) == 1
+	t.passThrough = len(t.inputs) == 1 && !t.mayGrowInputs
 	for _, in := range t.inputs {
 		if t.passThrough {
 			in.sub.DeliverEncoded()
@@ -90,6 +88,19 @@ func (t *task) buildInputs() {
 			in.sub.KeepValuesPacked()
 		}
 	}
+}
+
+// newInput creates the input from partition p of upstream up on port and
+// registers it with the merger.
+func (t *task) newInput(port int, up string, p int) *input {
+	in := &input{t: t, port: port, upstream: up, upPartition: p}
+	in.idx = t.merge.addInput(port, p)
+	// The stream is named by the upstream task id of replica 0; each
+	// attempt rewrites it for the replica actually used.
+	in.sub = dataplane.NewSubscriber(&fedstreampb.StreamRef{
+		Query: t.spec.Query, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment,
+	}, t.spec.CopyID(), false, 0)
+	return in
 }
 
 // passBatch appends a received batch to a pass-through sink's result
@@ -245,6 +256,20 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	return progressed, false, err
 }
 
+// taken is how far the input has taken its stream, as relayed to the
+// other upstream replicas: the subscriber's position, or the merger's
+// when further (the batch carrying the final boundary ends the
+// subscription before the subscriber records it; a partition a rescale
+// removed ends that way, and every replica it has must learn it was
+// taken).
+func (in *input) taken() uint64 {
+	n := in.sub.LastID()
+	if in.t.merge != nil && !in.t.passThrough {
+		n = max(n, in.t.merge.inputLastID(in.idx))
+	}
+	return n
+}
+
 // relayIdle is how often a relay looks again whether its upstream replica
 // needs it (it is the one read from, or has no placement yet).
 const relayIdle = 100 * time.Millisecond
@@ -281,11 +306,11 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		start := time.Now()
 		var err error
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.sub.LastID)
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.taken)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.sub.LastID)
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.taken)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {

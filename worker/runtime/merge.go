@@ -58,6 +58,11 @@ type merger struct {
 	// cut, when below math.MaxInt64, is the stream time an aligned
 	// snapshot waits for: take releases no step above it (see atCut).
 	cut int64
+	// cutStep makes the cut itself a release step once every input is
+	// past it: a rescale's cut, where the task must have processed
+	// exactly the tuples below the cut (see rescale.go). Every replica
+	// sets the same cut, so they release the same steps.
+	cutStep bool
 }
 
 // batchOwner is what a delivered batch's memory is handed back to once
@@ -123,7 +128,10 @@ func newMerger(limit int) *merger {
 }
 
 // addInput registers an input stream and returns its index.
+// A rescale adds inputs while the others run and read theirs.
 func (m *merger) addInput(port, upPartition int) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.inputs = append(m.inputs, &mergeInput{port: port, upPartition: upPartition, boundary: math.MinInt64})
 	return len(m.inputs) - 1
 }
@@ -214,7 +222,12 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 		}
 		if tp.Type == tuple.Boundary && tp.STime > in.boundary {
 			in.boundary = tp.STime
-			in.steps = append(in.steps, tp.STime)
+			// An input added to a running merge (a partition a rescale
+			// added) may bring boundaries the merge released already:
+			// they are no step.
+			if tp.STime > m.released {
+				in.steps = append(in.steps, tp.STime)
+			}
 			advanced = true
 		}
 		// UNDO and REC_DONE belong to DCAA corrections, not stable mode.
@@ -251,7 +264,10 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	wm := m.minBoundaryLocked()
-	if wm > m.cut {
+	forced := false
+	if wm > m.cut && m.cutStep && m.cut > m.released {
+		wm, forced = m.cut, true
+	} else if wm > m.cut {
 		// Release up to the highest step at or below the cut: any step
 		// below the minimum boundary may end a release, and releases go
 		// step by step, so the output is the same as without the cut.
@@ -277,6 +293,9 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 		}
 		steps = append(steps, in.steps[:n]...)
 		in.steps = append(in.steps[:0], in.steps[n:]...)
+	}
+	if forced {
+		steps = append(steps, wm)
 	}
 	slices.Sort(steps)
 	rel.steps = slices.Compact(steps)
@@ -546,6 +565,61 @@ func (m *merger) install(st mergeState) error {
 		}
 	}
 	return nil
+}
+
+// hold makes take release nothing more (a cut at the last release) and
+// returns that release's watermark.
+func (m *merger) hold() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.cut, m.cutStep = m.released, false
+	return m.released
+}
+
+// setRescaleCut makes take release up to cut and stop there, with cut
+// itself a release step (see cutStep).
+func (m *merger) setRescaleCut(cut int64) {
+	m.mu.Lock()
+	m.cut, m.cutStep = cut, true
+	m.mu.Unlock()
+	m.poke()
+}
+
+// liftCut removes any cut or hold and wakes the processing.
+func (m *merger) liftCut() {
+	m.mu.Lock()
+	m.cut, m.cutStep = math.MaxInt64, false
+	m.mu.Unlock()
+	m.poke()
+}
+
+// poke wakes the process goroutine.
+func (m *merger) poke() {
+	select {
+	case m.wake <- struct{}{}:
+	default:
+	}
+}
+
+// inputLastID returns the id of the last tuple input i received.
+func (m *merger) inputLastID(i int) uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inputs[i].lastID
+}
+
+// inputBoundary returns the latest boundary input i received.
+func (m *merger) inputBoundary(i int) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.inputs[i].boundary
+}
+
+// releasedAt returns the watermark of the last release.
+func (m *merger) releasedAt() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.released
 }
 
 // setCut makes take release no step above cut (math.MaxInt64: no cut).

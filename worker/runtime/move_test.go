@@ -191,6 +191,23 @@ func TestMoveWithoutHalt(t *testing.T) {
 	if !sameTuples(got, want) {
 		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
 	}
+	// The new copy acknowledges under its own name (wc/counts/p0/r0@g2),
+	// the name that registered with the upstream for it before the
+	// snapshot, so that registration follows the copy's progress; and the
+	// stopped old copy told the upstream it is gone. So the new copy alone
+	// holds the upstream. (The new copy used to subscribe under the old
+	// copy's name, leaving its registration to hold the upstream from
+	// before the snapshot for a lease; and the old copy held it for a
+	// lease after it stopped: a full buffer then stalls its producer for
+	// the overrun grace.)
+	up, err := from.rt.task("wc/lines/p0/r0").output("counts", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the new copy alone holds the upstream", func() bool {
+		st := up.Stats()
+		return st.Subscribers == 1 && st.Laggard == moving+"@g2"
+	})
 }
 
 // TestSourceMovesLive moves the generator source of the query while it
@@ -224,5 +241,52 @@ func TestSourceMovesLive(t *testing.T) {
 	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
 	if !sameTuples(got, want) {
 		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+}
+
+// TestPinAcknowledgesNothing: registering a new copy with its upstreams
+// before a live snapshot (pinUpstreams) must hold every tuple the
+// upstream still has, not only those after the first batch the
+// registration received. (The registration used to acknowledge that
+// batch: a live move whose old copy had not yet received those tuples
+// when its snapshot was taken lost them, and bench move counted lost
+// and duplicated windows.)
+func TestPinAcknowledgesNothing(t *testing.T) {
+	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 1, 20000), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	const moving = "wc/counts/p0/r0"
+	src := from.rt.task("wc/lines/p0/r0")
+	if src == nil {
+		t.Fatal("no source task")
+	}
+	buf, err := src.output("counts", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A holder keeps the buffer from here: the registration's first
+	// batch then carries many tuples.
+	buf.Register("holder")
+	waitUntil(t, "the upstream holds tuples", func() bool { return buf.Stats().Tuples > 500 })
+	oldest := buf.Stats().OldestID
+	var spec TaskSpec
+	for _, s := range c.specs[from] {
+		if s.TaskID == moving {
+			spec = s
+		}
+	}
+	spec.Generation = 2
+	to.rt.pinUpstreams(context.Background(), spec)
+	// The registration's subscription has ended once only the old copy
+	// is connected; the server applies a subscription's acknowledgements
+	// before it counts it gone.
+	waitUntil(t, "the registration's subscription ended", func() bool { return buf.Stats().Connected == 1 })
+	// Release the holder: what the buffer keeps now is what the old copy
+	// and the registration hold.
+	buf.Ack("holder", buf.Stats().LastID)
+	if st := buf.Stats(); st.OldestID > oldest {
+		t.Fatalf("after the registration the upstream discarded up to %d (oldest was %d): the registration acknowledged tuples (laggard %s at %d)",
+			st.OldestID-1, oldest, st.Laggard, st.LaggardAck)
 	}
 }

@@ -16,6 +16,10 @@ import (
 // the subscription opened.
 const pinWait = 500 * time.Millisecond
 
+// errPinned ends a pinning subscription at its first batch without
+// acknowledging it.
+var errPinned = errors.New("pinned")
+
 // pinUpstreams registers the copy spec describes as a subscriber of every
 // replica of every upstream stream it will read, before its starting
 // snapshot is taken from a copy that keeps running (a live move, a peer
@@ -23,7 +27,7 @@ const pinWait = 500 * time.Millisecond
 // not acknowledged, so whatever the snapshot's input positions turn out to
 // be, the tuples after them are still there when the copy subscribes. The
 // registration is a subscription under the copy's name from the start
-// that takes one batch and acknowledges nothing; the subscriber then holds
+// that receives one batch and acknowledges nothing (not even that batch); the subscriber then holds
 // the buffer for one lease, or until the copy's own subscriptions (under
 // the same name) acknowledge. It returns once every stream is pinned or
 // given up on; failures only weaken the guarantee, so they are logged.
@@ -51,8 +55,14 @@ func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
 				defer cancel()
 				conn, err := r.pool.Conn(pl.WorkerAddr)
 				if err == nil {
+					// The batch is refused (errPinned), never acknowledged:
+					// acknowledging it would let the upstream discard
+					// tuples the snapshot may not reflect yet.
 					sub := dataplane.NewSubscriber(ref, spec.CopyID(), false, 0)
-					err = sub.Run(pctx, conn, func(context.Context, *dataplane.Batch) error { return dataplane.ErrStopSubscription })
+					err = sub.Run(pctx, conn, func(context.Context, *dataplane.Batch) error { return errPinned })
+				}
+				if errors.Is(err, errPinned) {
+					err = nil
 				}
 				if err != nil && !errors.Is(err, context.DeadlineExceeded) && pctx.Err() == nil {
 					r.log.Warn("could not register with an upstream before the snapshot", "task", spec.TaskID,

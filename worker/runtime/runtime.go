@@ -63,22 +63,74 @@ type SlotRange struct{ First, Last int }
 type SlotMap struct {
 	// Epoch grows by one on every reassignment of the fragment's slots.
 	Epoch uint64
+	// Partitions is the fragment's number of partitions under this map
+	// (0: not said; the query definition's parallelism).
+	Partitions int
 	// Owner[s] is the partition owning slot s; len queryspec.NumSlots.
 	Owner []int32
+	// Next is the live rescale under way, nil when none is (see
+	// docs/DATAPLANE.md, "Rescaling a keyed fragment").
+	Next *SlotMapNext
 }
 
-// check returns an error unless the map covers every slot with one of
-// partitions partitions.
+// SlotMapNext is a rescale of a keyed fragment in progress: the map it
+// moves to and, once Go, the cut: tuples with stime at or above Cut are
+// routed by Owner, older ones by the current map.
+type SlotMapNext struct {
+	Epoch      uint64
+	Partitions int
+	Owner      []int32
+	Go         bool
+	Cut        int64
+}
+
+// check returns an error unless the map (and the one it moves to) covers
+// every slot with one of partitions partitions.
 func (m *SlotMap) check(partitions int) error {
-	if len(m.Owner) != queryspec.NumSlots {
-		return fmt.Errorf("slot map of epoch %d has %d slots, want %d", m.Epoch, len(m.Owner), queryspec.NumSlots)
+	owners := [][]int32{m.Owner}
+	if m.Next != nil {
+		owners = append(owners, m.Next.Owner)
 	}
-	for s, p := range m.Owner {
-		if p < 0 || int(p) >= partitions {
-			return fmt.Errorf("slot map of epoch %d gives slot %d to partition %d of %d", m.Epoch, s, p, partitions)
+	for _, owner := range owners {
+		if len(owner) != queryspec.NumSlots {
+			return fmt.Errorf("slot map of epoch %d has %d slots, want %d", m.Epoch, len(owner), queryspec.NumSlots)
+		}
+		for s, p := range owner {
+			if p < 0 || int(p) >= partitions {
+				return fmt.Errorf("slot map of epoch %d gives slot %d to partition %d of %d", m.Epoch, s, p, partitions)
+			}
 		}
 	}
 	return nil
+}
+
+// partitions returns the number of partitions of the map's fragment that
+// run or are being created: both maps' during a rescale (the added ones
+// exist from prepare, the removed ones until finish), else the map's; def
+// when the map does not say.
+func (m *SlotMap) partitions(def int) int {
+	if m == nil || m.Partitions <= 0 {
+		return def
+	}
+	n := m.Partitions
+	if m.Next != nil {
+		n = max(n, m.Next.Partitions)
+	}
+	return n
+}
+
+// streams returns the number of partitions the fragment's upstreams
+// produce for and its downstreams read from: the map's, and from the go
+// of a rescale both maps' (streams of added partitions start at its cut).
+func (m *SlotMap) streams(def int) int {
+	if m == nil || m.Partitions <= 0 {
+		return def
+	}
+	n := m.Partitions
+	if m.Next != nil && m.Next.Go {
+		n = max(n, m.Next.Partitions)
+	}
+	return n
 }
 
 // TaskSpec is one task the worker must run, with what it needs to run it.
@@ -156,6 +208,12 @@ type TaskState struct {
 	// query has no replicas); Tentative says its output is tentative now.
 	Replica   fedstreampb.ReplicaState
 	Tentative bool
+	// Rescale progress (see rescale.go): the epoch of the rescale the
+	// task holds for and its frontier there, and the epoch whose cut it
+	// has passed.
+	Prepared uint64
+	Frontier int64
+	CutDone  uint64
 }
 
 // Options configures a Runtime. Zero values mean the defaults.
@@ -261,10 +319,15 @@ type Runtime struct {
 	pool    *dataplane.Pool
 	ownPool bool
 	server  *dataplane.Server
-	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed).
+	// snapshotsServed counts FetchSnapshot answers (see SnapshotsServed),
+	// snapshotBytes their encoded bytes (SnapshotBytesServed).
 	snapshotsServed atomic.Uint64
+	snapshotBytes   atomic.Uint64
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
+	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
+	bootMu        sync.Mutex
+	lastBootstrap BootstrapTiming
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
@@ -340,11 +403,16 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		r.mu.Unlock()
 		return
 	}
-	var stop []*task
+	var stop, gone []*task
 	for id, t := range r.tasks {
 		if s, ok := want[id]; !ok || s.QueryIndex != t.spec.QueryIndex || s.Generation != t.spec.Generation {
 			stop = append(stop, t)
 			delete(r.tasks, id)
+			if !ok || s.Generation != t.spec.Generation {
+				// This copy will never subscribe again: a new copy has
+				// another generation, hence another name.
+				gone = append(gone, t)
+			}
 		}
 	}
 	r.mu.Unlock()
@@ -352,6 +420,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		t.stop()
 		r.log.Info("task stopped", "task", t.spec.TaskID)
 	}
+	r.leaveUpstreams(ctx, gone)
 
 	ids := make([]string, 0, len(want))
 	for id := range want {
@@ -372,7 +441,11 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.setSlotMaps(spec.SlotMaps)
 			continue
 		}
+		began := time.Now()
 		t, err := newTask(r, spec)
+		if err == nil && spec.Bootstrap != nil && spec.FromSnapshot != nil {
+			r.noteRestore(id, time.Since(began))
+		}
 		if err != nil {
 			r.log.Error("task cannot start", "task", id, "err", err)
 			t = failedTask(r, spec, err)
@@ -409,6 +482,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				// The copy keeps running: pin what follows its positions.
 				r.pinUpstreams(fctx, spec)
 			}
+			pinned := time.Now()
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
@@ -436,6 +510,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			}
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
+			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned)})
 			mu.Lock()
 			fetched[id] = snap
 			mu.Unlock()
@@ -452,18 +527,25 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 
 // States reports every task's state, sorted by task id.
 func (r *Runtime) States() []TaskState {
+	tasks := r.tasksByID()
+	out := make([]TaskState, 0, len(tasks))
+	for _, t := range tasks {
+		out = append(out, t.State())
+	}
+	return out
+}
+
+// tasksByID is every task running here, sorted by task id (what reports
+// list them by). The tasks are read outside r.mu.
+func (r *Runtime) tasksByID() []*task {
 	r.mu.Lock()
 	tasks := make([]*task, 0, len(r.tasks))
 	for _, t := range r.tasks {
 		tasks = append(tasks, t)
 	}
 	r.mu.Unlock()
-	out := make([]TaskState, 0, len(tasks))
-	for _, t := range tasks {
-		out = append(out, t.State())
-	}
-	slices.SortFunc(out, func(a, b TaskState) int { return strings.Compare(a.TaskID, b.TaskID) })
-	return out
+	slices.SortFunc(tasks, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
+	return tasks
 }
 
 // Close stops every task and waits for their goroutines, or until ctx
@@ -534,7 +616,10 @@ func (r *Runtime) LocalStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuff
 // ingester routes Ingest requests to the worker's ingest source tasks.
 type ingester struct{ r *Runtime }
 
-func (in ingester) Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+// targets are the copies of the ingest source on this worker, by task
+// id. Normally one replica per worker; if several run here each gets the
+// lines and the first one answers.
+func (in ingester) targets(query, source string) []*task {
 	in.r.mu.Lock()
 	var targets []*task
 	for _, t := range in.r.tasks {
@@ -543,12 +628,15 @@ func (in ingester) Ingest(ctx context.Context, query, source string, firstLine u
 		}
 	}
 	in.r.mu.Unlock()
+	slices.SortFunc(targets, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
+	return targets
+}
+
+func (in ingester) Ingest(ctx context.Context, query, source string, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+	targets := in.targets(query, source)
 	if len(targets) == 0 {
 		return 0, nil, fmt.Errorf("%w: no ingest task of source %q of query %q runs on this worker", dataplane.ErrUnknownSource, source, query)
 	}
-	// Normally one replica per worker; if several run here each gets the
-	// lines and the first one answers.
-	slices.SortFunc(targets, func(a, b *task) int { return strings.Compare(a.spec.TaskID, b.spec.TaskID) })
 	var (
 		accepted uint64
 		lineErrs []*fedstreampb.LineError
@@ -582,4 +670,78 @@ func (in ingester) CloseIngest(ctx context.Context, query, source string) error 
 		errs = append(errs, t.closeIngest(ctx))
 	}
 	return errors.Join(errs...)
+}
+
+// BootstrapTiming is where the latest start of a task from a fetched
+// snapshot (TaskSpec.Bootstrap) spent its time.
+type BootstrapTiming struct {
+	Task string
+	// Pin is registering with the upstreams before a live snapshot,
+	// Fetch taking, sending, receiving and decoding the snapshot, Restore
+	// building the task from it (operator state installed).
+	Pin, Fetch, Restore time.Duration
+}
+
+// LastBootstrap reports the timing of the latest bootstrap (zero before
+// any).
+func (r *Runtime) LastBootstrap() BootstrapTiming {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	return r.lastBootstrap
+}
+
+func (r *Runtime) noteBootstrap(b BootstrapTiming) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	r.lastBootstrap = b
+}
+
+func (r *Runtime) noteRestore(task string, d time.Duration) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	if r.lastBootstrap.Task == task {
+		r.lastBootstrap.Restore = d
+	}
+}
+
+// leaveTimeout bounds telling the upstreams of stopped copies that they
+// are gone (leaveUpstreams).
+const leaveTimeout = time.Second
+
+// leaveUpstreams tells every upstream replica of each stopped copy in
+// gone that the copy's subscriber is gone for good (dataplane.Leave), so
+// that no upstream holds its output for the copy for a lease: a moved
+// task's old copy would otherwise keep its upstreams' buffers filling for
+// that long, and a full buffer stalls its producer for the overrun grace.
+// Best effort, in parallel, bounded by leaveTimeout: an upstream that
+// cannot be told forgets the copy when its lease ends.
+func (r *Runtime) leaveUpstreams(ctx context.Context, gone []*task) {
+	ctx, cancel := context.WithTimeout(ctx, leaveTimeout)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, t := range gone {
+		name := t.spec.CopyID()
+		for _, in := range t.inputs {
+			for _, pl := range t.candidates(in.upstream, in.upPartition) {
+				ref := &fedstreampb.StreamRef{Query: t.spec.Query, TaskId: pl.TaskID, Partition: int32(t.spec.Partition),
+					Consumer: t.spec.Fragment, Generation: int32(pl.Generation)}
+				if local, err := r.LocalStream(ref); err == nil {
+					local.Forget(name)
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					conn, err := r.pool.Conn(pl.WorkerAddr)
+					if err == nil {
+						err = dataplane.Leave(ctx, conn, ref, name)
+					}
+					if err != nil {
+						r.log.Debug("could not tell an upstream that a stopped copy is gone", "task", name, "upstream", pl.TaskID, "err", err)
+					}
+				}()
+			}
+		}
+	}
+	wg.Wait()
 }

@@ -185,7 +185,7 @@ func BenchmarkPartitionOf(b *testing.B) {
 		b.Run(bc.name, func(b *testing.B) {
 			sum := 0
 			for i := range b.N {
-				sum += bc.rt.partitionOf(i&(queryspec.NumSlots-1), 4)
+				sum += bc.rt.partitionOf(i&(queryspec.NumSlots-1), 4, 0)
 			}
 			if sum < 0 {
 				b.Fatal(sum)

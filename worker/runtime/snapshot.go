@@ -11,6 +11,7 @@ import (
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -70,6 +71,14 @@ type TaskSnapshot struct {
 	// its result stream to Kafka (every id up to it is in Kafka or is not
 	// a result).
 	SourceRecords int64
+	// Ingest is an ingest source's position (see ingestmove.go); nil for
+	// every other task. Encoded as an optional trailing section.
+	Ingest *IngestPosition
+
+	// opOwned: Operator is a buffer of the snapshot's own that nothing
+	// modifies (a fetched snapshot), so the restored operators may keep
+	// slices of it instead of copying it (operator.RestoreOwned).
+	opOwned bool
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -230,50 +239,93 @@ func (t *task) lockProc(ctx context.Context) error {
 func (t *task) unlockProc() { <-t.proc }
 
 func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapshot, error) {
-	if t.genSnap != nil {
-		return t.snapshotSource(ctx, opts)
+	s, op, err := t.snapshotParts(ctx, opts)
+	if err != nil || op == nil {
+		return s, err
+	}
+	joined := *s
+	joined.Operator = slices.Concat(op...)
+	return &joined, nil
+}
+
+// snapshotParts is snapshot with a live snapshot's operator state left
+// in the parts it was encoded in (operator.FreezePartsOf; op, nil when
+// s.Operator holds it), so that it can be sent without being joined. The
+// parts are never modified.
+func (t *task) snapshotParts(ctx context.Context, opts SnapshotOptions) (s *TaskSnapshot, op [][]byte, err error) {
+	s, prepare, err := t.capture(ctx, opts)
+	if err != nil || prepare == nil {
+		return s, nil, err
+	}
+	// The task processes again while its captured state is encoded.
+	enc, err := prepare()
+	if err == nil {
+		err = enc.Write(func(p []byte) error { op = append(op, p); return nil })
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+	}
+	return s, op, nil
+}
+
+// capture takes the snapshot while holding the task between two
+// releases. For a snapshot that does not halt the task, the operators'
+// state is only frozen there (operator.FreezeEncodingOf): encode, when not nil,
+// encodes it into the snapshot's Operator after the task is released.
+func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapshot, encode func() (*operator.Encoding, error), _ error) {
+	if t.genSnap != nil { // generator and kafka sources
+		s, err := t.snapshotSource(ctx, opts)
+		return s, nil, err
+	}
+	if t.ingest != nil {
+		s, err := t.snapshotIngest(ctx, opts)
+		return s, nil, err
 	}
 	if t.merge == nil || t.proc == nil {
-		return nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
+		return nil, nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
 	if t.dm != nil && opts.Aligned {
-		return nil, fmt.Errorf("%w: %s runs DCAA, whose merge cannot be aligned at a stream time yet", ErrNotSnapshottable, t.spec.TaskID)
+		return nil, nil, fmt.Errorf("%w: %s runs DCAA, whose merge cannot be aligned at a stream time yet", ErrNotSnapshottable, t.spec.TaskID)
 	}
 	if opts.Aligned {
 		if !opts.Halt {
-			return nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
+			return nil, nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
 		}
 		if t.passThrough {
-			return nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
+			return nil, nil, fmt.Errorf("%w: a pass-through sink has no merge to align", ErrNotSnapshottable)
 		}
 		if err := t.waitCut(ctx, opts.At); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		// proc is held: capture below.
 	} else if err := t.lockProc(ctx); err != nil {
-		return nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
+		return nil, nil, fmt.Errorf("task %s: snapshot: %w", t.spec.TaskID, err)
 	}
 	defer t.unlockProc()
 	halt := opts.Halt
 	if halt && !opts.Aligned && t.haltSnap != nil {
 		// Asked again (a move's copy retrying a fetch that broke off): the
 		// halted task has not moved since, so its snapshot is the same.
-		return t.haltSnap, nil
+		return t.haltSnap, nil, nil
 	}
 	if st := t.State(); t.halted.Load() || st.State == StateFailed || st.State == StateStopped {
-		return nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
+		return nil, nil, fmt.Errorf("%w: %s is %s (halted %v)", ErrNotSnapshottable, t.spec.TaskID, st.State, t.halted.Load())
 	}
 	if t.emitErr != nil {
-		return nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
+		return nil, nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
-	if t.op != nil {
+	if t.op != nil && halt {
+		// Halted, the task has nothing else to do: encode now, so that a
+		// second fetch of the same halted snapshot finds it complete.
 		op, err := t.op.Snapshot()
 		if err != nil {
-			return nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
+			return nil, nil, fmt.Errorf("task %s: operator snapshot: %w", t.spec.TaskID, err)
 		}
 		s.Operator = op
+	} else if t.op != nil {
+		encode = operator.FreezeEncodingOf(t.op)
 	}
 	for _, o := range t.outs {
 		last := o.w.LastID()
@@ -281,11 +333,11 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 			last = o.buf.Stats().LastID
 		} else if o.w.Staged() > 0 {
 			// Between releases every output is flushed.
-			return nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
+			return nil, nil, fmt.Errorf("%w: %s: output to %q partition %d has unflushed tuples", ErrNotSnapshottable, t.spec.TaskID, o.consumer, o.partition)
 		}
 		pos := OutputPosition{Consumer: o.consumer, Partition: o.partition, LastID: last}
 		if err := captureTail(o.buf, &pos); err != nil {
-			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			return nil, nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
 		s.Outputs = append(s.Outputs, pos)
 	}
@@ -297,7 +349,7 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 	if t.dm != nil {
 		// A DCAA operator task: its machine holds the inputs' state.
 		if err := t.dm.capture(s); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	} else if t.passThrough {
 		in := t.inputs[0]
@@ -319,7 +371,7 @@ func (t *task) snapshot(ctx context.Context, opts SnapshotOptions) (*TaskSnapsho
 		t.halted.Store(true)
 		t.noteWhileRunning("halted by a stop-and-copy snapshot: processes nothing more, serves its output until stopped")
 	}
-	return s, nil
+	return s, encode, nil
 }
 
 // waitCut holds the task's releases at stream time at and waits until it
@@ -387,10 +439,15 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
 		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
 	case t.op != nil:
-		if err := t.op.Restore(s.Operator); err != nil {
+		restore := t.op.Restore
+		if s.opOwned {
+			restore = func(b []byte) error { return operator.RestoreOwned(t.op, b) }
+		}
+		if err := restore(s.Operator); err != nil {
 			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
 		}
 	}
+	s = withoutRemovedStreams(s, t)
 	if len(s.Inputs) != len(t.inputs) {
 		return fmt.Errorf("%w: %d inputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Inputs), len(t.inputs))
 	}
@@ -418,7 +475,10 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	for i, pos := range s.Inputs {
 		in := t.inputs[i]
 		ref := in.sub.Ref()
-		in.sub = dataplane.NewSubscriber(ref, t.spec.TaskID, false, pos.After)
+		// Under the copy's name (CopyID), as the registration that pinned
+		// the upstreams for it: under the task id it would be taken for
+		// the old copy, whose acknowledgements run past the snapshot.
+		in.sub = dataplane.NewSubscriber(ref, t.spec.CopyID(), false, pos.After)
 		switch {
 		case t.passThrough:
 			in.sub.DeliverEncoded()
@@ -432,6 +492,37 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	t.seq = s.Seq
 	t.restored = true
 	return nil
+}
+
+// withoutRemovedStreams returns s without the streams of partitions a
+// rescale removed since the snapshot's copy was built, which the task no
+// longer has: inputs from a removed upstream partition that ended (their
+// final boundary received, nothing pending), and outputs to a removed
+// partition of a keyed downstream. Anything else that does not fit is left
+// for the checks to refuse.
+func withoutRemovedStreams(s *TaskSnapshot, t *task) *TaskSnapshot {
+	has := map[string]int{} // upstream -> partitions read
+	for _, in := range t.inputs {
+		has[in.upstream] = max(has[in.upstream], in.upPartition+1)
+	}
+	out := *s
+	out.Inputs, out.Outputs = nil, nil
+	for _, in := range s.Inputs {
+		if n, ok := has[in.Upstream]; ok && in.Partition >= n && in.Boundary == finalBoundary && len(in.Pending) == 0 {
+			continue
+		}
+		out.Inputs = append(out.Inputs, in)
+	}
+	for _, o := range s.Outputs {
+		parts, ok := t.byConsumer[o.Consumer]
+		if ok && o.Consumer != "" && o.Partition >= len(parts) {
+			if down := t.plan.Node(o.Consumer); down != nil && down.KeyFields != nil {
+				continue
+			}
+		}
+		out.Outputs = append(out.Outputs, o)
+	}
+	return &out
 }
 
 // checkOutputs returns an error unless the snapshot's outputs are the
@@ -452,6 +543,7 @@ func (t *task) checkOutputs(s *TaskSnapshot) error {
 // resumeOutputs continues every output after the snapshot's position,
 // holding again its tail.
 func (t *task) resumeOutputs(s *TaskSnapshot) error {
+	s = withoutRemovedStreams(s, t)
 	if err := t.checkOutputs(s); err != nil {
 		return err
 	}
@@ -468,6 +560,10 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 		} else if err := o.w.ResumeAfter(pos.LastID); err != nil {
 			return err
 		}
+		// Its consumers still read the copy it continues, and switch
+		// later: until the first comes, a full buffer waits for them
+		// rather than discard what they will ask for.
+		o.buf.HoldUntilConnected()
 	}
 	t.seq = s.Seq
 	t.restored = true
@@ -487,7 +583,51 @@ const (
 // MarshalBinary encodes the snapshot in the versioned format
 // UnmarshalBinary reads.
 func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
-	b := append([]byte(taskSnapshotMagic), taskSnapshotVersion)
+	return slices.Concat(s.marshalParts(nil)...), nil
+}
+
+// marshalParts is MarshalBinary's encoding in consecutive parts: the
+// operator state itself is not copied, so a snapshot can be sent without
+// building its encoding in one piece. With op not nil, the operator state
+// is op's parts joined (snapshotParts), not s.Operator.
+func (s *TaskSnapshot) marshalParts(op [][]byte) [][]byte {
+	if op == nil && s.Operator != nil {
+		op = [][]byte{s.Operator}
+	}
+	opSize := 0
+	for _, p := range op {
+		opSize += len(p)
+	}
+	head, rest := s.marshalAround(op != nil, opSize)
+	if op == nil {
+		return [][]byte{rest}
+	}
+	parts := make([][]byte, 0, len(op)+2)
+	parts = append(parts, head)
+	parts = append(parts, op...)
+	return append(parts, rest)
+}
+
+// marshalAround is the encoding before (head) and after (rest) an
+// operator state of opSize bytes; without one (hasOp false), rest is the
+// whole encoding.
+func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte) {
+	// The output tails are nearly all of rest: size it once (re-growing
+	// a slice of many MB costs more than encoding).
+	size := 256
+	for _, o := range s.Outputs {
+		size += len(o.Tail) + 4*len(o.TailOffs) + 64
+	}
+	for _, in := range s.Inputs {
+		size += 64 + 10*len(in.Steps) + 64*len(in.Pending)
+	}
+	b := make([]byte, 0, size)
+	b = append(b, taskSnapshotMagic...)
+	b = append(b, taskSnapshotVersion)
+	bytesField := func(v []byte) {
+		b = binary.AppendUvarint(b, uint64(len(v)))
+		b = append(b, v...)
+	}
 	str := func(v string) {
 		b = binary.AppendUvarint(b, uint64(len(v)))
 		b = append(b, v...)
@@ -499,11 +639,12 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 	str(s.Fragment)
 	uv(uint64(s.Partition))
 	uv(uint64(s.Replica))
-	if s.Operator == nil {
+	if !hasOp {
 		b = append(b, 0)
 	} else {
 		b = append(b, 1)
-		str(string(s.Operator))
+		b = binary.AppendUvarint(b, uint64(opSize))
+		head, b = b, make([]byte, 0, size)
 	}
 	iv(s.Released)
 	uv(s.Seq)
@@ -538,16 +679,20 @@ func (s *TaskSnapshot) MarshalBinary() ([]byte, error) {
 			}
 			uv(uint64(end - o.TailOffs[i]))
 		}
-		str(string(o.Tail))
+		bytesField(o.Tail)
 	}
 	iv(s.SourceRecords)
-	return b, nil
+	b = appendIngestPosition(b, s.Ingest)
+	return head, b
 }
 
 // snapReader decodes a task snapshot; the first error sticks.
 type snapReader struct {
 	b   []byte
 	err error
+	// alias: the operator state and output tails may be slices of b
+	// (the caller hands the encoding over).
+	alias bool
 }
 
 func (r *snapReader) fail(what string) {
@@ -609,9 +754,28 @@ func (r *snapReader) str(what string) string {
 	return s
 }
 
+// bytes reads a length-prefixed byte string: a copy, or a slice of the
+// input when the reader may alias it.
+func (r *snapReader) bytes(what string) []byte {
+	n := r.count(what)
+	if r.err != nil {
+		return nil
+	}
+	v := r.b[:n:n]
+	if !r.alias {
+		v = slices.Clone(v)
+	}
+	r.b = r.b[n:]
+	return v
+}
+
 // UnmarshalBinary decodes what MarshalBinary wrote. Pending tuples' values
 // are copies: nothing aliases data.
-func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
+func (s *TaskSnapshot) UnmarshalBinary(data []byte) error { return s.unmarshal(data, false) }
+
+// unmarshal is UnmarshalBinary; with alias, the operator state and the
+// output tails are slices of data, which the caller must not reuse.
+func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 	if len(data) < len(taskSnapshotMagic)+1 || string(data[:len(taskSnapshotMagic)]) != taskSnapshotMagic {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
@@ -619,14 +783,14 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 	if v != 1 && v != taskSnapshotVersion {
 		return fmt.Errorf("%w: format version %d, this build reads 1 to %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
 	}
-	r := &snapReader{b: data[len(taskSnapshotMagic)+1:]}
+	r := &snapReader{b: data[len(taskSnapshotMagic)+1:], alias: alias}
 	var out TaskSnapshot
 	out.TaskID, out.Query, out.Fragment = r.str("task id"), r.str("query"), r.str("fragment")
 	out.Partition, out.Replica = r.small("partition"), r.small("replica")
 	switch hasOp := r.count("operator flag"); {
 	case r.err != nil:
 	case hasOp == 1:
-		out.Operator = []byte(r.str("operator state"))
+		out.Operator = r.bytes("operator state")
 	case hasOp != 0:
 		r.fail("operator flag")
 	}
@@ -671,7 +835,7 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 				lens = append(lens, n)
 				total += n
 			}
-			o.Tail = []byte(r.str("tail"))
+			o.Tail = r.bytes("tail")
 			if r.err == nil && len(o.Tail) != total {
 				r.fail("tail")
 			}
@@ -688,6 +852,9 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error {
 	}
 	if v >= 2 {
 		out.SourceRecords = r.iv("source records")
+	}
+	if r.err == nil && len(r.b) > 0 {
+		out.Ingest = r.ingestPosition()
 	}
 	if r.err != nil {
 		return r.err

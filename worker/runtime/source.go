@@ -68,6 +68,8 @@ func (t *task) runGenerator() {
 		select {
 		case req := <-t.genSnap:
 			req <- t.cutSource(ctx, boundary)
+		case c := <-t.genCtl:
+			t.runGenCmd(ctx, c)
 		default:
 		}
 		if !t.gen.Next(&tp) {
@@ -137,6 +139,57 @@ func (t *task) runGenerator() {
 		return
 	}
 	t.setState(StateRunning, "input exhausted")
+}
+
+// genCmd is work for a generator source's goroutine, run between two
+// records (see Runtime rescales): f runs; then, if hold is not nil, the
+// goroutine draws nothing more, running further commands, until hold
+// closes or the task stops.
+type genCmd struct {
+	f    func()
+	hold <-chan struct{}
+	done chan struct{} // closed once f ran
+}
+
+func (t *task) runGenCmd(ctx context.Context, c genCmd) {
+	if c.f != nil {
+		c.f()
+	}
+	close(c.done)
+	if c.hold == nil {
+		return
+	}
+	for {
+		select {
+		case c2 := <-t.genCtl:
+			c2.hold = nil // one hold at a time
+			t.runGenCmd(ctx, c2)
+		case <-c.hold:
+			return
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// onGenerator runs f on the generator goroutine between two records
+// (then holds it until hold closes, when hold is not nil) and waits until
+// f ran. It returns false when the generator has ended or ctx ended.
+func (t *task) onGenerator(ctx context.Context, f func(), hold <-chan struct{}) bool {
+	c := genCmd{f: f, hold: hold, done: make(chan struct{})}
+	select {
+	case t.genCtl <- c:
+	case <-t.genDone:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case <-c.done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // endWith marks the task failed unless err only reports that it is being
@@ -267,6 +320,16 @@ type ingestState struct {
 	// source accepts no more lines.
 	closed bool
 	tp     tuple.Tuple
+	// producers is what each producer (IngestRequest.producer) has
+	// given this copy; it is part of the snapshot (see ingestmove.go).
+	producers map[string]*ingestProducer
+	// uses orders producers by last use, to evict the oldest.
+	uses uint64
+	// movedOut is the snapshot a move took of this copy: from then on it
+	// takes no line and no close (dataplane.ErrSourceMoved), so the new
+	// copy, started from the snapshot, is the only one to go on. A fetch
+	// asked again (the transfer broke off) gets the same snapshot.
+	movedOut *TaskSnapshot
 }
 
 func newIngestState(node *queryspec.Node) *ingestState {
@@ -305,18 +368,26 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.movedOut != nil {
+		return 0, nil, t.movedErr()
+	}
+	accepted, errs, _, err := t.ingestLocked(reqCtx, firstLine, lines)
+	return accepted, errs, err
+}
+
+// ingestLocked is ingestLines with st.mu held. last is the number of the
+// last line taken (accepted or refused as bad), firstLine-1 if none.
+func (t *task) ingestLocked(reqCtx context.Context, firstLine uint64, lines []byte) (accepted uint64, errs []*fedstreampb.LineError, last uint64, _ error) {
+	st := t.ingest
+	last = firstLine - 1
 	if st.closed && len(lines) > 0 {
-		return 0, nil, fmt.Errorf("%w: source %s of query %s was closed (fedstream ingest --close) and accepts no more lines", dataplane.ErrSourceClosed, t.spec.Fragment, t.spec.Query)
+		return 0, nil, last, fmt.Errorf("%w: source %s of query %s was closed (fedstream ingest --close) and accepts no more lines", dataplane.ErrSourceClosed, t.spec.Fragment, t.spec.Query)
 	}
 	// Stop on either the task stopping or the client going away.
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
 	defer context.AfterFunc(reqCtx, cancel)()
 
-	var (
-		accepted uint64
-		errs     []*fedstreampb.LineError
-	)
 	defer t.counters.ingested(&accepted, time.Now())
 	lineNo := firstLine
 	for len(lines) > 0 {
@@ -334,6 +405,7 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		tp := &st.tp
 		if err := st.parser.Parse(no, line, tp); err != nil {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: validUTF8(err.Error())})
+			last = no
 			continue
 		}
 		if st.arrival {
@@ -341,12 +413,14 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		}
 		if msg := t.checkIngestTime(tp.STime, st.newest); msg != "" {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf("line %d: %s; refused", no, msg)})
+			last = no
 			continue
 		}
 		if floor := st.floor(); tp.STime < floor {
 			errs = append(errs, &fedstreampb.LineError{Line: no, Error: fmt.Sprintf(
 				"line %d: late record: time %s is before %s, more than the source's allowed_lateness (%s) behind the newest accepted record (%s); refused",
 				no, formatSTime(tp.STime), formatSTime(floor), time.Duration(st.lateness), formatSTime(st.newest))})
+			last = no
 			continue
 		}
 		// Values alias nothing the caller keeps: the buffer encodes them.
@@ -360,9 +434,10 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		if err := t.emitErr; err != nil {
 			t.emitErr = nil // the next request may succeed
 			t.discardStaged()
-			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
+			return accepted, errs, last, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
 		accepted++
+		last = no
 		st.newest = max(st.newest, tp.STime)
 	}
 	if b := st.floor(); b > st.boundary {
@@ -372,11 +447,11 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 		}
 		if err != nil {
 			t.discardStaged()
-			return accepted, errs, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
+			return accepted, errs, last, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
 		}
 		st.boundary = b
 	}
-	return accepted, errs, nil
+	return accepted, errs, last, nil
 }
 
 // closeIngest ends an ingest source: its final boundary releases every
@@ -386,6 +461,15 @@ func (t *task) closeIngest(reqCtx context.Context) error {
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.movedOut != nil {
+		return t.movedErr()
+	}
+	return t.closeLocked(reqCtx)
+}
+
+// closeLocked is closeIngest with st.mu held.
+func (t *task) closeLocked(reqCtx context.Context) error {
+	st := t.ingest
 	if st.closed {
 		return nil
 	}

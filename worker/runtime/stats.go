@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -153,7 +152,12 @@ func (t *task) stats() TaskStats {
 		st.Queue = t.merge.pendingTuples()
 	}
 	ring := t.node != nil && t.node.Kind == queryspec.KindSink
-	for _, o := range t.outs {
+	// A rescale adds outputs and inputs while the task runs (under outMu
+	// and inMu).
+	t.outMu.RLock()
+	outs := slices.Clone(t.outs)
+	t.outMu.RUnlock()
+	for _, o := range outs {
 		bs := o.buf.Stats()
 		st.BlockedNanos += bs.BlockedNanos
 		st.OutputBytes += int64(bs.Bytes)
@@ -161,7 +165,10 @@ func (t *task) stats() TaskStats {
 			st.Unacked += int64(bs.Tuples)
 		}
 	}
-	for _, in := range t.inputs {
+	t.inMu.Lock()
+	inputs := slices.Clone(t.inputs)
+	t.inMu.Unlock()
+	for _, in := range inputs {
 		st.Switches += in.switches.Load()
 	}
 	return st
@@ -171,16 +178,10 @@ func (t *task) stats() TaskStats {
 // id. Metrics and the worker's reports read it; it costs the tasks
 // nothing but a brief lock of each output buffer and merge queue.
 func (r *Runtime) Stats() []TaskStats {
-	r.mu.Lock()
-	tasks := make([]*task, 0, len(r.tasks))
-	for _, t := range r.tasks {
-		tasks = append(tasks, t)
-	}
-	r.mu.Unlock()
+	tasks := r.tasksByID()
 	out := make([]TaskStats, 0, len(tasks))
 	for _, t := range tasks {
 		out = append(out, t.stats())
 	}
-	slices.SortFunc(out, func(a, b TaskStats) int { return strings.Compare(a.TaskID, b.TaskID) })
 	return out
 }

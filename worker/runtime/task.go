@@ -30,14 +30,21 @@ const finalBoundary = math.MaxInt64
 type outStream struct {
 	consumer  string
 	partition int
-	buf       *dataplane.OutputBuffer
+	// from is the lowest boundary the stream carries: a stream a rescale
+	// added starts at its cut, so that every replica of the task, whatever
+	// point it held at, produces the same stream, id for id.
+	from int64
+	// retired: the partition the stream feeds was removed by a rescale;
+	// nothing is appended to it any more.
+	retired atomic.Bool
+	buf     *dataplane.OutputBuffer
 	// w stages the output for buf: the producer flushes it after each
 	// release step, when it is full (a network batch), and before waiting.
 	w *dataplane.Writer
 }
 
 func newOutStream(consumer string, partition int, buf *dataplane.OutputBuffer) *outStream {
-	return &outStream{consumer: consumer, partition: partition, buf: buf, w: buf.NewWriter()}
+	return &outStream{consumer: consumer, partition: partition, from: math.MinInt64, buf: buf, w: buf.NewWriter()}
 }
 
 // route sends a task's data tuples to the partitions of one downstream node.
@@ -62,11 +69,15 @@ type routeSlots struct {
 	m atomic.Pointer[SlotMap]
 }
 
-// partitionOf is the partition owning slot: from the replicated slot map,
-// or, while none has arrived (a coordinator of an older build), from the
-// formula every map starts from.
-func (rt *route) partitionOf(slot, n int) int {
+// partitionOf is the partition owning slot for a tuple of stream time
+// stime: from the replicated slot map (during a rescale past its go, the
+// new map from the cut on), or, while none has arrived (a coordinator of
+// an older build), from the formula every map starts from.
+func (rt *route) partitionOf(slot, n int, stime int64) int {
 	if m := rt.slots.m.Load(); m != nil {
+		if nx := m.Next; nx != nil && nx.Go && stime >= nx.Cut {
+			return int(nx.Owner[slot])
+		}
 		return int(m.Owner[slot])
 	}
 	return queryspec.PartitionOfSlot(slot, n)
@@ -137,7 +148,24 @@ type task struct {
 	// per release, batch or published step, never per tuple.
 	counters taskCounters
 
+	// outMu guards outs and byConsumer against the producer adding
+	// outputs (a rescale adding partitions downstream) while other
+	// goroutines read them; the producer itself reads them without it.
+	outMu sync.RWMutex
+	// inMu guards inputs against an input being added (a rescale adding
+	// partitions upstream) while the watchdog reads them.
+	inMu sync.Mutex
+	// rs is the task's part in live rescales (rescale.go).
+	rs rescaleState
+	// mayGrowInputs: an upstream is keyed, so a rescale may add input
+	// streams; the task then neither processes inline nor passes its
+	// input through (both assume one input for good).
+	mayGrowInputs bool
+
 	// Processing state.
+	// maxSTime is the highest stime the task has routed or sent as a
+	// boundary (producer only): its frontier when a rescale holds it.
+	maxSTime  int64
 	seq       uint64 // data tuples routed so far (spreads unkeyed tuples)
 	keyBuf    []tuple.Value
 	emitErr   error
@@ -178,6 +206,7 @@ type task struct {
 	// records drawn (generator goroutine only); genRestore is where a
 	// source started from a snapshot resumes.
 	genSnap    chan chan sourceCut
+	genCtl     chan genCmd
 	genDone    chan struct{}
 	genRecords int64
 	genRestore *genPosition
@@ -206,9 +235,11 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	if t.node == nil {
 		return nil, fmt.Errorf("task %s: query %q has no fragment %q", spec.TaskID, spec.Query, spec.Fragment)
 	}
-	if spec.Partition < 0 || spec.Partition >= t.node.Partitions {
-		return nil, fmt.Errorf("task %s: partition %d out of range (fragment %q has %d)", spec.TaskID, spec.Partition, spec.Fragment, t.node.Partitions)
+	if n := spec.SlotMaps[spec.Fragment].partitions(t.node.Partitions); spec.Partition < 0 || spec.Partition >= n {
+		return nil, fmt.Errorf("task %s: partition %d out of range (fragment %q has %d)", spec.TaskID, spec.Partition, spec.Fragment, n)
 	}
+	t.maxSTime = math.MinInt64
+	t.rs.maps.Store(&spec.SlotMaps)
 	t.setPlacements(spec.Placements)
 	if err := t.buildOutputs(); err != nil {
 		return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
@@ -269,13 +300,24 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		}
 	} else if t.gen != nil || t.kafka != nil {
 		t.genSnap, t.genDone = make(chan chan sourceCut), make(chan struct{})
+		if t.gen != nil {
+			// Rescale holds run on the generator goroutine; a kafka source
+			// cannot hold (a rescale of what it feeds is refused).
+			t.genCtl = make(chan genCmd)
+		}
 		if spec.FromSnapshot != nil {
 			if err := t.restoreSource(spec.FromSnapshot); err != nil {
 				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 			}
 		}
 	} else if spec.FromSnapshot != nil {
-		return nil, fmt.Errorf("task %s: %w: an ingest source cannot start from a snapshot", spec.TaskID, ErrNotSnapshottable)
+		if err := t.restoreIngest(spec.FromSnapshot); err != nil {
+			return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+		}
+	} else if spec.Bootstrap != nil && spec.Bootstrap.Halt {
+		// The moved-from copy is halted: started empty, this copy would
+		// number its output from the start again and know no producer.
+		return nil, fmt.Errorf("task %s: %w: the snapshot of its previous copy (a move) could not be fetched, and an ingest source does not start empty in its place", spec.TaskID, ErrNotSnapshottable)
 	}
 	// The context exists before the task is published to the runtime's
 	// map: an ingest request may reach the task before start runs.
@@ -328,7 +370,6 @@ func (t *task) buildOutputs() error {
 		t.single = out
 		return nil
 	}
-	replicas := max(1, t.plan.Query.Replicas)
 	for _, name := range t.node.Outputs {
 		down := t.plan.Node(name)
 		if down == nil {
@@ -345,30 +386,51 @@ func (t *task) buildOutputs() error {
 			}
 			rt.keyIdx = append(rt.keyIdx, i)
 		}
-		for p := 0; p < max(1, down.Partitions); p++ {
-			opts := t.r.opts.Buffer
-			opts.Ring = false
-			opts.ExpectedSubscribers = replicas
-			opts.Logger = t.log.With("consumer", name, "partition", p)
-			out := newOutStream(name, p, dataplane.NewOutputBuffer(opts))
+		parts := max(1, down.Partitions)
+		if down.KeyFields != nil {
+			parts = max(1, t.spec.SlotMaps[name].streams(down.Partitions))
+		}
+		for p := 0; p < parts; p++ {
+			out := t.newOutput(name, p)
 			rt.parts = append(rt.parts, out)
 			t.outs = append(t.outs, out)
 		}
 		t.byConsumer[name] = rt.parts
 		t.routes = append(t.routes, rt)
 	}
-	if len(t.routes) == 1 && len(t.routes[0].parts) == 1 {
+	if len(t.routes) == 1 && len(t.routes[0].parts) == 1 && t.routes[0].slots == nil {
+		// One output for good (a keyed downstream may be rescaled).
 		t.single = t.routes[0].parts[0]
 	}
-	t.setSlotMaps(t.spec.SlotMaps)
+	t.installRoutes(t.spec.SlotMaps)
 	return nil
 }
 
-// setSlotMaps installs the slot map of every keyed downstream. A map that
+// newOutput creates the output buffer of one downstream partition.
+func (t *task) newOutput(consumer string, p int) *outStream {
+	opts := t.r.opts.Buffer
+	opts.Ring = false
+	opts.ExpectedSubscribers = max(1, t.plan.Query.Replicas)
+	opts.Logger = t.log.With("consumer", consumer, "partition", p)
+	return newOutStream(consumer, p, dataplane.NewOutputBuffer(opts))
+}
+
+// setSlotMaps installs the slot map of every keyed downstream and takes
+// the task's part in any rescale under way (see rescale.go). A map that
 // does not fit the downstream (wrong size, or a partition the plan does
 // not have) is refused with an error in the log, and the route keeps what
-// it had.
+// it had; a map whose rescale has passed its go is installed by the
+// rescale step, which adds the outputs it needs first.
 func (t *task) setSlotMaps(maps map[string]*SlotMap) {
+	if t.node != nil {
+		t.rs.maps.Store(&maps)
+		t.rescaleStep()
+	}
+	t.installRoutes(maps)
+}
+
+// installRoutes installs the maps that fit the routes' outputs.
+func (t *task) installRoutes(maps map[string]*SlotMap) {
 	for i := range t.routes {
 		rt := &t.routes[i]
 		if rt.slots == nil {
@@ -378,7 +440,13 @@ func (t *task) setSlotMaps(maps map[string]*SlotMap) {
 		if m == nil {
 			continue
 		}
-		if err := m.check(len(rt.parts)); err != nil {
+		t.outMu.RLock()
+		parts := len(rt.parts)
+		t.outMu.RUnlock()
+		if m.Next != nil && m.Next.Go && m.Next.Partitions > parts {
+			continue // the rescale step adds the outputs, then installs it
+		}
+		if err := m.check(parts); err != nil {
 			t.log.Error("slot map refused; routing keeps the previous one", "consumer", rt.down, "epoch", m.Epoch, "err", err)
 			continue
 		}
@@ -390,7 +458,9 @@ func (t *task) setSlotMaps(maps map[string]*SlotMap) {
 
 // output resolves a stream this task produces.
 func (t *task) output(consumer string, partition int) (*dataplane.OutputBuffer, error) {
+	t.outMu.RLock()
 	parts := t.byConsumer[consumer]
+	t.outMu.RUnlock()
 	if partition < 0 || partition >= len(parts) || parts[partition] == nil {
 		return nil, fmt.Errorf("%w: task %q has no output to consumer %q partition %d", dataplane.ErrUnknownStream, t.spec.TaskID, consumer, partition)
 	}
@@ -427,7 +497,7 @@ func (t *task) start() {
 		// any input delivers (the snapshot caught it between the arrival of
 		// a boundary and its release): the merge goroutine processes it at
 		// once, so such a task never processes inline.
-		if len(t.inputs) == 1 && !t.restored {
+		if len(t.inputs) == 1 && !t.restored && !t.mayGrowInputs {
 			// The only input's goroutine processes what it delivers.
 			ctx := t.ctx
 			t.inlineEmit = operator.EmitFunc(func(tp *tuple.Tuple) { t.emitData(ctx, tp) })
@@ -453,6 +523,7 @@ func (t *task) start() {
 		}
 	}
 	t.setState(StateRunning, "")
+	t.rescaleStep()
 }
 
 // startRelays starts the ack relays of a replicated query's task: every
@@ -480,7 +551,10 @@ func (t *task) stop() {
 	if t.cancel != nil {
 		t.cancel()
 	}
-	for _, o := range t.outs {
+	t.outMu.RLock()
+	outs := t.outs
+	t.outMu.RUnlock()
+	for _, o := range outs {
 		o.buf.Close()
 	}
 	t.wg.Wait()
@@ -522,17 +596,18 @@ func (t *task) State() TaskState {
 func (t *task) state0() TaskState {
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
-	if t.state == StateRunning && t.stall != "" {
-		return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: StateStalled, Message: t.stall}
-	}
-	if t.state == StateRunning && t.overrun != "" {
-		msg := t.overrun
-		if t.message != "" {
-			msg = t.message + "; " + msg
+	st := TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
+	st.Prepared, st.Frontier, st.CutDone = t.rs.progress()
+	switch {
+	case t.state == StateRunning && t.stall != "":
+		st.State, st.Message = StateStalled, t.stall
+	case t.state == StateRunning && t.overrun != "":
+		if st.Message != "" {
+			st.Message += "; "
 		}
-		return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: msg}
+		st.Message += t.overrun
 	}
-	return TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
+	return st
 }
 
 // checkStall decides whether the task is stalled: an output's Append has
@@ -553,7 +628,10 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	var out uint64
 	key, reason := "", ""
 	var overrun []string
-	for _, o := range t.outs {
+	t.outMu.RLock()
+	outs := t.outs
+	t.outMu.RUnlock()
+	for _, o := range outs {
 		st := o.buf.Stats()
 		out += st.LastID
 		if st.Overrunning {
@@ -570,8 +648,11 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 		key = "processing"
 		reason = fmt.Sprintf("processing one release has not finished for %s", roughly(now.Sub(time.Unix(0, busy))))
 	}
-	in := make([]uint64, len(t.inputs))
-	for i, inp := range t.inputs {
+	t.inMu.Lock()
+	inputs := t.inputs
+	t.inMu.Unlock()
+	in := make([]uint64, len(inputs))
+	for i, inp := range inputs {
 		in[i] = inp.sub.LastID()
 	}
 	if out != t.watchOut || t.watchOutAt.IsZero() {
@@ -581,8 +662,8 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 		// all since the output last moved: the merge waits for it.
 		var idle []string
 		for _, i := range t.merge.waiting() {
-			if in[i] == t.watchIn[i] {
-				idle = append(idle, fmt.Sprintf("%s partition %d", t.inputs[i].upstream, t.inputs[i].upPartition))
+			if i < len(in) && i < len(t.watchIn) && in[i] == t.watchIn[i] {
+				idle = append(idle, fmt.Sprintf("%s partition %d", inputs[i].upstream, inputs[i].upPartition))
 			}
 		}
 		if len(idle) > 0 {
@@ -785,6 +866,9 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 	if tp.Type == 0 {
 		tp.Type = tuple.Stable
 	}
+	if tp.STime > t.maxSTime {
+		t.maxSTime = tp.STime
+	}
 	t.seq++
 	if t.single != nil {
 		if err := t.appendTo(ctx, t.single, tp); err != nil {
@@ -801,7 +885,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 		case len(rt.keyIdx) == 1 && rt.keyIdx[0] < len(tp.Values):
 			// One key field: hashed where it is, not copied first.
 			k := rt.keyIdx[0]
-			p = rt.partitionOf(queryspec.Slot(tp.Values[k:k+1]), n)
+			p = rt.partitionOf(queryspec.Slot(tp.Values[k:k+1]), n, tp.STime)
 		case rt.keyIdx != nil:
 			t.keyBuf = t.keyBuf[:0]
 			for _, k := range rt.keyIdx {
@@ -809,7 +893,7 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 					t.keyBuf = append(t.keyBuf, tp.Values[k])
 				}
 			}
-			p = rt.partitionOf(queryspec.Slot(t.keyBuf), n)
+			p = rt.partitionOf(queryspec.Slot(t.keyBuf), n, tp.STime)
 		case rt.samePartition:
 			p = t.spec.Partition
 		default:
@@ -826,7 +910,13 @@ func (t *task) emitData(ctx context.Context, tp *tuple.Tuple) {
 func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 	t.publishCounts()
 	b := tuple.Tuple{Type: tuple.Boundary, STime: stime}
+	if stime != finalBoundary && stime > t.maxSTime {
+		t.maxSTime = stime
+	}
 	for _, o := range t.outs {
+		if stime < o.from || o.retired.Load() {
+			continue
+		}
 		if err := t.appendTo(ctx, o, &b); err != nil {
 			return err
 		}

@@ -1,0 +1,118 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// TestPlanFieldsWaitForEveryCoordinator: a plan using fields an older
+// build would ignore (a live move here) is refused while a coordinator
+// advertises protocol 3, naming it, and proposed once it advertises the
+// current protocol; a plan without them goes through meanwhile.
+func TestPlanFieldsWaitForEveryCoordinator(t *testing.T) {
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	s := c.nodes[l]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	old := (l + 1) % 3
+	setProto := func(v int) {
+		t.Helper()
+		nt := map[string]string{}
+		for k, val := range c.nodes[old].serf.LocalMember().Tags {
+			nt[k] = val
+		}
+		nt[tagProto] = strconv.Itoa(v)
+		if err := c.nodes[old].serf.SetTags(nt); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 15*time.Second, "the tag to spread", func() bool {
+			v2, err := s.coordinatorProtocols()
+			return err == nil && v2[c.cfgs[old].NodeID] == v
+		})
+	}
+	live := fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, Placements: []fsm.PlannedPlacement{{TaskID: "q/f/p0/r0", FromGeneration: 1, ToWorker: "w", Live: true}}}
+	plain := live
+	plain.Placements = []fsm.PlannedPlacement{{TaskID: "q/f/p0/r0", FromGeneration: 1, ToWorker: "w"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	setProto(3)
+	if _, err := s.submitPlan(ctx, live); !errors.Is(err, ErrCommandNotSupported) {
+		t.Fatalf("live move with a protocol-3 coordinator: %v, want ErrCommandNotSupported", err)
+	}
+	if _, err := s.submitPlan(ctx, plain); err != nil {
+		t.Fatalf("plain plan with a protocol-3 coordinator: %v", err)
+	}
+	setProto(fsm.ProtocolVersion)
+	out, err := s.submitPlan(ctx, live)
+	if err != nil || len(out.Result.Refused) != 1 {
+		t.Fatalf("live move once every coordinator upgraded: %+v, %v (want the unknown task refused)", out, err)
+	}
+}
+
+const rescaleQuery = `name: kq
+sources:
+  - {name: text, generator: {kind: words, rate: 100, seed: 1}}
+operators:
+  - {name: per_line, type: aggregate, input: text, window: {size: 1s}, group_by: [line], aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: per_line}
+`
+
+// TestLeaderResumesRescales: a rescale a previous leader left prepared is
+// aborted by the next leader's duties (the map's next dropped, the tasks
+// created for it deleted), and ScaleQuery refuses what cannot rescale.
+func TestLeaderResumesRescales(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	admin := c.admin(0)
+	if _, err := admin.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(rescaleQuery), Filename: "kq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	var m *fsm.SlotMap
+	waitFor(t, 20*time.Second, "the slot map created", func() bool {
+		m, _ = s.State().SlotMap(nil, "kq", "per_line")
+		return m != nil
+	})
+	for _, tc := range []struct {
+		op   string
+		n    int32
+		want codes.Code
+	}{{"text", 2, codes.FailedPrecondition}, {"nope", 2, codes.NotFound}, {"per_line", 0, codes.InvalidArgument}, {"per_line", MaxParallelism + 1, codes.InvalidArgument}} {
+		if _, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: "kq", Operator: tc.op, Parallelism: tc.n}); status.Code(err) != tc.want {
+			t.Errorf("scale %s to %d: %v, want %v", tc.op, tc.n, err, tc.want)
+		}
+	}
+	// What a leader lost right after its prepare leaves behind.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	prep := fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale,
+		NewTasks: []fsm.PlannedTask{{Query: "kq", Fragment: "per_line", Partition: 1, Replica: 0, ScaleEpoch: m.Epoch + 1}},
+		SlotMaps: []fsm.SlotMapUpdate{{Query: "kq", Fragment: "per_line", QueryIndex: m.QueryIndex, ExpectedEpoch: m.Epoch,
+			Partitions: 2, Ranges: fsm.ContiguousSlotMap(2), Phase: fsm.RescalePrepare}}}
+	if out, err := s.submitPlan(ctx, prep); err != nil || len(out.Result.Refused) > 0 {
+		t.Fatalf("prepare: %+v, %v", out, err)
+	}
+	if m, _ = s.State().SlotMap(nil, "kq", "per_line"); m.Next == nil {
+		t.Fatal("prepare not applied")
+	}
+	if _, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: "kq", Operator: "per_line", Parallelism: 3}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("scale while a rescale is under way: %v, want FailedPrecondition", err)
+	}
+	s.resumeRescales(ctx)
+	if m, _ = s.State().SlotMap(nil, "kq", "per_line"); m.Next != nil || m.Partitions != 1 {
+		t.Fatalf("after resume: %+v next %+v", m, m.Next)
+	}
+	if tk, _ := s.State().Task(nil, fsm.TaskID("kq", "per_line", 1, 0)); tk != nil {
+		t.Fatalf("the task created for the abandoned rescale is still there: %+v", tk)
+	}
+}

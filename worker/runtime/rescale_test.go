@@ -1,0 +1,258 @@
+package runtime
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/slots"
+)
+
+// rescaler plays the coordinator's part in a rescale of the "counts"
+// fragment of a cluster's query: the three phases of fsm.SlotMapNext,
+// with the tasks of added partitions placed on the workers in turn.
+type rescaler struct {
+	c          *cluster
+	frag       string
+	partitions int
+	epoch      uint64
+	owner      []int32
+}
+
+func contiguous(n int) []int32 {
+	owner := make([]int32, queryspec.NumSlots)
+	for p := range n {
+		for s := range slots.OfPartition(p, n).Slots() {
+			owner[s] = int32(p)
+		}
+	}
+	return owner
+}
+
+// setMaps gives every task the map.
+func (rs *rescaler) setMaps(m *SlotMap) {
+	for _, w := range rs.c.workers {
+		for i := range rs.c.specs[w] {
+			rs.c.specs[w][i].SlotMaps = map[string]*SlotMap{rs.frag: m}
+		}
+	}
+}
+
+// involved lists the tasks that take part: lines (upstream), counts, out.
+func (rs *rescaler) tasks(match func(*TaskSpec) bool) []string {
+	var ids []string
+	for _, w := range rs.c.workers {
+		for _, s := range rs.c.specs[w] {
+			if match(&s) {
+				ids = append(ids, s.TaskID)
+			}
+		}
+	}
+	return ids
+}
+
+func (rs *rescaler) state(id string) TaskState {
+	for _, st := range rs.c.states() {
+		if st.TaskID == id {
+			return st
+		}
+	}
+	return TaskState{}
+}
+
+// scale rescales to n partitions while the query runs and returns the cut.
+func (rs *rescaler) scale(t *testing.T, n int) int64 {
+	t.Helper()
+	c := rs.c
+	old := &SlotMap{Epoch: rs.epoch, Partitions: rs.partitions, Owner: rs.owner}
+	next := &SlotMapNext{Epoch: rs.epoch + 1, Partitions: n, Owner: contiguous(n)}
+	replicas := max(1, c.query.Replicas)
+	// Prepare: tasks of added partitions, the new map as Next.
+	var pls []Placement
+	pls = append(pls, c.specs[c.workers[0]][0].Placements...)
+	var added []TaskSpec
+	for p := rs.partitions; p < n; p++ {
+		for r := range replicas {
+			w := (p + r) % len(c.workers)
+			id := queryspec.TaskID(c.query.Name, rs.frag, p, r)
+			pls = append(pls, Placement{TaskID: id, Fragment: rs.frag, Partition: p, Replica: r, Generation: int(next.Epoch), WorkerAddr: c.workers[w].addr})
+			added = append(added, TaskSpec{TaskID: id, Query: c.query.Name, Fragment: rs.frag, Partition: p, Replica: r,
+				QueryIndex: 1, Spec: c.query, Generation: int(next.Epoch)})
+		}
+	}
+	for _, s := range added {
+		for _, pl := range pls {
+			if pl.TaskID == s.TaskID {
+				for _, w := range c.workers {
+					if w.addr == pl.WorkerAddr {
+						c.specs[w] = append(c.specs[w], s)
+					}
+				}
+			}
+		}
+	}
+	for _, w := range c.workers {
+		for i := range c.specs[w] {
+			c.specs[w][i].Placements = pls
+		}
+	}
+	prep := *old
+	prep.Next = next
+	rs.setMaps(&prep)
+	c.apply()
+	involved := rs.tasks(func(*TaskSpec) bool { return true })
+	cut := int64(math.MinInt64)
+	waitUntil(t, "every task holds for the rescale", func() bool {
+		cut = math.MinInt64
+		for _, id := range involved {
+			st := rs.state(id)
+			if st.Prepared != next.Epoch {
+				return false
+			}
+			cut = max(cut, st.Frontier)
+		}
+		return true
+	})
+	cut++
+	// Go.
+	gone := *old
+	nx := *next
+	nx.Go, nx.Cut = true, cut
+	gone.Next = &nx
+	rs.setMaps(&gone)
+	c.apply()
+	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag || s.Fragment == "out" })
+	waitUntil(t, "every counts and out task passed the cut", func() bool {
+		for _, id := range own {
+			if st := rs.state(id); st.CutDone != next.Epoch {
+				if st.State == StateFailed {
+					t.Fatalf("task %s failed: %s", id, st.Message)
+				}
+				return false
+			}
+		}
+		return true
+	})
+	// Finish: the new map; removed partitions' tasks stop.
+	rs.epoch, rs.partitions, rs.owner = next.Epoch, n, next.Owner
+	rs.setMaps(&SlotMap{Epoch: rs.epoch, Partitions: n, Owner: rs.owner})
+	var keep []Placement
+	for _, pl := range pls {
+		if pl.Fragment != rs.frag || pl.Partition < n {
+			keep = append(keep, pl)
+		}
+	}
+	for _, w := range c.workers {
+		specs := c.specs[w][:0]
+		for _, s := range c.specs[w] {
+			if s.Fragment != rs.frag || s.Partition < n {
+				s.Placements = keep
+				specs = append(specs, s)
+			}
+		}
+		c.specs[w] = specs
+	}
+	c.apply()
+	return cut
+}
+
+// TestRescaleKeyedAggregate rescales the keyed aggregate 1 -> 4 -> 2
+// partitions while paced input flows, through the runtimes' FetchSlots
+// between two workers. Every window of every word equals the reference
+// computed from the generator, once: nothing lost, nothing counted
+// twice.
+func TestRescaleKeyedAggregate(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+			testRescale(t, replicas)
+		})
+	}
+}
+
+func testRescale(t *testing.T, replicas int) {
+	const rate = 4000
+	yaml := fmt.Sprintf(wordsQuery, replicas, rate)
+	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1")
+	c := newCluster(t, 2, yaml, func(node string, p, r int) int { return p + r })
+	defer c.close(t)
+	rs := &rescaler{c: c, frag: "counts", partitions: 1, epoch: 1, owner: contiguous(1)}
+	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
+	c.apply()
+	sink := queryspec.TaskID("wc", "out", 0, 0)
+	waitUntil(t, "the aggregate emitted some windows", func() bool {
+		tk := c.workers[0].rt.task(queryspec.TaskID("wc", "counts", 0, 0))
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 100
+	})
+	cut1 := rs.scale(t, 4)
+	waitUntil(t, "the rescaled aggregate emitted more windows", func() bool {
+		tk := c.workers[1].rt.task(queryspec.TaskID("wc", "counts", 1, 0))
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 20
+	})
+	cut2 := rs.scale(t, 2)
+	if cut2 <= cut1 {
+		t.Fatalf("cuts %d then %d: the second rescale did not come later in the stream", cut1, cut2)
+	}
+	// The source stops feeding the removed partitions' streams.
+	src := c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
+	waitUntil(t, "the source's streams to removed partitions retired", func() bool {
+		src.outMu.RLock()
+		defer src.outMu.RUnlock()
+		parts := src.byConsumer["counts"]
+		return len(parts) == 4 && parts[2].retired.Load() && parts[3].retired.Load() && !parts[1].retired.Load()
+	})
+	// Copies started from snapshots taken before the rescale removed
+	// partitions leave out the streams of those partitions: the source
+	// (four outputs to counts, two now) and the sink (four inputs) move.
+	c.move(t, queryspec.TaskID("wc", "lines", 0, 0), c.workers[0], c.workers[1], false)
+	c.move(t, sink, c.workers[0], c.workers[1], true)
+	got := c.tail(t, sink)
+	want := reference(t, rate)
+	res := results(t, got, sinkSchema(t, c.query))
+	sameResults(t, res, want)
+	// The rescales happened while windows were still to come.
+	after := 0
+	for _, tp := range got {
+		if tp.Type.IsData() && tp.STime > cut2 {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no result after the second cut %d: the rescale did not happen under load", cut2)
+	}
+	if replicas > 1 {
+		other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
+		if !sameTuples(got, other) {
+			for i := range got {
+				if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
+					t.Logf("first difference at %d: %+v vs %+v (cuts %d %d)", i, got[i], other[i], cut1, cut2)
+					break
+				}
+			}
+			t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
+		}
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+}
+
+func replaceOnce(t *testing.T, s, old, new string) string {
+	t.Helper()
+	i := indexOf(s, old)
+	if i < 0 {
+		t.Fatalf("%q not in the query", old)
+	}
+	return s[:i] + new + s[i+len(old):]
+}
+
+func indexOf(s, sub string) int {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return i
+		}
+	}
+	return -1
+}
