@@ -35,3 +35,6 @@ package dcaa
 // the data plane (an empty batch with the state after every boundary
 // interval without data). The machine still keeps the stable input since
 // its checkpoint without bound.
+//
+// Rescaling: the runtime holds and cuts the machine (Machine.SetCut)
+// instead of the stable merger; see worker/runtime/rescale.go.

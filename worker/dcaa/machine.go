@@ -314,7 +314,11 @@ type Machine struct {
 	inputs []*inputState
 	now    int64
 
-	released  int64 // watermark of the last release (R)
+	released int64 // watermark of the last release (R)
+	// cut bounds releases (math.MaxInt64: none): nothing above it is
+	// released, and while it is set nothing is released tentatively (a
+	// rescale's hold and cut; see SetCut).
+	cut       int64
 	tentative bool  // the operators hold tentative state (checkpoint taken)
 	ckpt      int64 // R at the checkpoint
 	expired   bool  // this failure's first timer expired: no more waiting
@@ -342,7 +346,7 @@ func New(cfg Config) (*Machine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Machine{cfg: cfg, released: math.MinInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
+	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
 	for _, k := range cfg.Inputs {
 		m.inputs = append(m.inputs, &inputState{upState: make([]State, k), suspect: make([]int64, k),
 			stableB: math.MinInt64, tentWM: math.MinInt64})
@@ -366,6 +370,36 @@ func (m *Machine) Start(now int64) []Action {
 // State is the replica's current state.
 func (m *Machine) State() State { return m.state }
 
+// ErrNotStable means a cut was asked of a replica whose operators hold
+// tentative state (or that is replaying its stable input), which a cut
+// must not hand on. The caller waits until the replica is stable again.
+var ErrNotStable = errors.New("replica is not stable")
+
+// SetCut bounds the releases at stream time cut: no step above it is
+// released, the stable release that reaches it has cut itself as its
+// last step, and nothing is released tentatively while a cut is set (an
+// input failing meanwhile blocks the task, as in strict mode, until the
+// cut is lifted). SetCut(Released()) holds the replica where it is.
+// It is refused with ErrNotStable while the operators hold tentative
+// state or the replica replays (STABILIZATION), and when cut is below
+// what was released. (An input merely failed is no reason: everything
+// released so far is stable.)
+// math.MaxInt64 lifts the cut (always allowed).
+func (m *Machine) SetCut(cut int64) error {
+	if cut == math.MaxInt64 {
+		m.cut = cut
+		return nil
+	}
+	if m.tentative || m.replaying {
+		return fmt.Errorf("%w: %s", ErrNotStable, m.state)
+	}
+	if cut < m.released {
+		return fmt.Errorf("dcaa: cut %d below the released watermark %d", cut, m.released)
+	}
+	m.cut = cut
+	return nil
+}
+
 // Released is the watermark of the last release.
 func (m *Machine) Released() int64 { return m.released }
 
@@ -384,7 +418,7 @@ func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }
 // math.MaxInt64.
 func (m *Machine) NextDeadline() int64 {
 	next := int64(math.MaxInt64)
-	if !m.cfg.StrictMode {
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
 		for _, e := range m.avail {
 			if e.At > m.released {
 				next = min(next, e.Since+int64(m.cfg.Share))
@@ -616,12 +650,12 @@ func (m *Machine) progress(acts []Action) []Action {
 		m.avail = append(m.avail, availEntry{At: amax, Since: m.now})
 		m.availMax = amax
 	}
-	s := m.stableWatermark()
+	s := min(m.stableWatermark(), m.cut)
 	if !m.tentative && s > m.released {
 		acts = m.release(acts, s, false)
 	}
 	m.trimAvail()
-	if !m.cfg.StrictMode {
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {

@@ -385,10 +385,19 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 		d.advertise()
 		return nil
 	}
+	d.growOutputs()
 	for i, o := range t.outs {
 		d.lastStable[i] = o.w.LastID()
 	}
 	return nil
+}
+
+// growOutputs follows outputs a rescale added (to new partitions of a
+// downstream fragment, from its cut on): nothing on them is stable yet.
+func (d *dcaaRun) growOutputs() {
+	for len(d.lastStable) < len(d.t.outs) {
+		d.lastStable = append(d.lastStable, 0)
+	}
 }
 
 // restore puts the operator back to the checkpoint and takes back, on
@@ -406,6 +415,7 @@ func (d *dcaaRun) restore(ctx context.Context) error {
 // STime) or a REC_DONE to every output and flushes.
 func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
 	t := d.t
+	d.growOutputs()
 	for i, o := range t.outs {
 		mk := tuple.Tuple{Type: typ}
 		if typ == tuple.Undo {
@@ -531,4 +541,65 @@ func (d *dcaaRun) resume(s *TaskSnapshot) error {
 		ins[i] = dcaa.InputCapture{LastStable: p.After, StableBoundary: p.Boundary, Steps: p.Steps, Pending: p.Pending}
 	}
 	return d.m.Resume(s.Released, ins)
+}
+
+// poke wakes the run goroutine (a cut was set or lifted: the machine may
+// release now). A full event queue wakes it anyway.
+func (d *dcaaRun) poke() {
+	select {
+	case d.events <- dcaaEvent{ev: dcaa.Tick{}, ended: -1}:
+	default:
+	}
+}
+
+// holdForRescale holds the machine where it is for a rescale of fragment
+// f to epoch (see task.hold) and returns its release watermark. A replica
+// whose operators hold tentative state cannot hand state on at a cut, so
+// the hold waits (logged once) until the replica is stable again, as
+// long as that rescale is still the one prepared; ok is false when the
+// wait ends otherwise (ctx done, the rescale aborted or replaced).
+func (d *dcaaRun) holdForRescale(ctx context.Context, f string, epoch uint64) (released int64, ok bool) {
+	t := d.t
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	waited := false
+	for {
+		if err := t.lockProc(ctx); err != nil {
+			return 0, false
+		}
+		err := d.m.SetCut(d.m.Released())
+		released = max(d.m.Released(), t.maxSTime)
+		t.unlockProc()
+		if err == nil {
+			if waited {
+				t.log.Info("rescale: replica stable again; holding", "fragment", f, "epoch", epoch)
+			}
+			return released, true
+		}
+		if !errors.Is(err, dcaa.ErrNotStable) {
+			t.log.Error("rescale: this DCAA task cannot hold", "fragment", f, "epoch", epoch, "err", err)
+			return 0, false
+		}
+		if !waited {
+			t.log.Warn("rescale: this replica holds tentative results; the hold waits until it is stable again", "fragment", f, "epoch", epoch, "err", err)
+			waited = true
+		}
+		if mp := t.rs.maps.Load(); mp == nil || (*mp)[f] == nil || (*mp)[f].Next == nil || (*mp)[f].Next.Epoch != epoch {
+			t.log.Info("rescale: no longer prepared while waiting to hold", "fragment", f, "epoch", epoch)
+			return 0, false
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-tick.C:
+		}
+	}
+}
+
+// setCut sets (or, with math.MaxInt64, lifts) the machine's cut and wakes
+// it; the caller holds proc.
+func (d *dcaaRun) setCut(cut int64) error {
+	err := d.m.SetCut(cut)
+	d.poke()
+	return err
 }
