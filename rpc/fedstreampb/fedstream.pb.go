@@ -2616,8 +2616,15 @@ type Batch struct {
 	// 0 while its output is stable. Boundaries are stable only, so this is
 	// how tentative progress travels.
 	TentativeWatermark int64 `protobuf:"zigzag64,181,opt,name=tentative_watermark,json=tentativeWatermark,proto3" json:"tentative_watermark,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// ---- DCAA stable ids (issue 10): how many of the stream's positions
+	// up to last_id hold tuples outside its stable view (tentative, UNDO,
+	// REC_DONE). last_id - position_offset is the stable id of the
+	// stream's last stable tuple or boundary up to last_id: the count of
+	// those, the same on every replica of the producer. 0 (absent) on a
+	// stream that never went tentative.
+	PositionOffset uint64 `protobuf:"varint,200,opt,name=position_offset,json=positionOffset,proto3" json:"position_offset,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -2681,6 +2688,13 @@ func (x *Batch) GetReplicaState() ReplicaState {
 func (x *Batch) GetTentativeWatermark() int64 {
 	if x != nil {
 		return x.TentativeWatermark
+	}
+	return 0
+}
+
+func (x *Batch) GetPositionOffset() uint64 {
+	if x != nil {
+		return x.PositionOffset
 	}
 	return 0
 }
@@ -5652,13 +5666,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xbe\x01\n" +
+	"generation\"\xe8\x01\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
 	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
-	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\xa6\x01\n" +
+	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\x12(\n" +
+	"\x0fposition_offset\x18\xc8\x01 \x01(\x04R\x0epositionOffset\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +

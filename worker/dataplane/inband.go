@@ -1,6 +1,8 @@
 package dataplane
 
 import (
+	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -59,4 +61,107 @@ func heartbeatTimer(buf *OutputBuffer) (<-chan time.Time, func() bool) {
 	}
 	t := time.NewTimer(hb)
 	return t.C, t.Stop
+}
+
+// PosRange is the positions From..To of a stream, both included.
+type PosRange struct{ From, To uint64 }
+
+// MarkNonStable records that positions from..to (both included) of the
+// stream hold tuples outside its stable view: tentative tuples, UNDO,
+// REC_DONE (DCAA). Replicas of a producer number their streams alike
+// until one of them corrects its output; from then on a position means
+// different tuples on different replicas, but the stable id (the count of
+// stable tuples and boundaries up to a position: the position minus its
+// offset, see PositionOffset) means the same everywhere. Ranges are
+// marked in increasing order.
+func (b *OutputBuffer) MarkNonStable(from, to uint64) {
+	if from == 0 || to < from {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := len(b.nonStable); n > 0 {
+		last := &b.nonStable[n-1]
+		if from <= last.To {
+			from = last.To + 1 // marked already
+			if to < from {
+				return
+			}
+		}
+		if from == last.To+1 {
+			last.To = to
+			return
+		}
+	}
+	b.nonStable = append(b.nonStable, PosRange{from, to})
+}
+
+// PositionOffset is how many positions up to p hold tuples outside the
+// stream's stable view (0 on a stream that never went tentative).
+func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	off := b.nsBase
+	for _, r := range b.nonStable {
+		if r.From > p {
+			break
+		}
+		off += min(r.To, p) - r.From + 1
+	}
+	return off
+}
+
+// NonStableFrom returns the offset at position p-1 and the ranges at or
+// after p: what a copy of the stream continuing from p needs (a task
+// snapshot's output tail).
+func (b *OutputBuffer) NonStableFrom(p uint64) (base uint64, ranges []PosRange) {
+	base = b.PositionOffset(p - min(p, 1))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.nonStable {
+		if r.To >= p {
+			r.From = max(r.From, p)
+			ranges = append(ranges, r)
+		}
+	}
+	return base, ranges
+}
+
+// RestoreNonStable sets what NonStableFrom returned on a new copy of the
+// stream (before anything is appended to it): base positions before the
+// first range are non-stable, and ranges.
+func (b *OutputBuffer) RestoreNonStable(base uint64, ranges []PosRange) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nsBase = base
+	b.nonStable = slices.Clone(ranges)
+}
+
+// BeginNonStable marks every position from from on as outside the stable
+// view until EndNonStable: a producer going tentative does so before it
+// appends its first tentative tuple, so no batch is ever sent with an
+// offset that does not count it yet.
+func (b *OutputBuffer) BeginNonStable(from uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := len(b.nonStable); n > 0 && b.nonStable[n-1].To == math.MaxUint64 {
+		return // open already
+	}
+	b.nonStable = append(b.nonStable, PosRange{from, math.MaxUint64})
+}
+
+// EndNonStable closes the range BeginNonStable opened at position to
+// (included).
+func (b *OutputBuffer) EndNonStable(to uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.nonStable)
+	if n == 0 || b.nonStable[n-1].To != math.MaxUint64 {
+		return
+	}
+	if to < b.nonStable[n-1].From {
+		b.nonStable = b.nonStable[:n-1]
+		return
+	}
+	b.nonStable[n-1].To = to
 }

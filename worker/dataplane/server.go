@@ -269,7 +269,8 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		}
 		sent.Store(last)
 		st, wm := buf.StreamState()
-		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm}); err != nil {
+		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
+			PositionOffset: buf.PositionOffset(last)}); err != nil {
 			return err
 		}
 		after = last

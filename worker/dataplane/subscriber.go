@@ -37,6 +37,10 @@ type Batch struct {
 	// FirstID and LastID are the ids of the first and last tuple
 	// delivered; the ids in between are consecutive.
 	FirstID, LastID uint64
+	// Offset is the producer's position offset at LastID (see
+	// OutputBuffer.MarkNonStable): LastID-Offset is the stable id of the
+	// stream's last stable tuple or boundary up to LastID.
+	Offset uint64
 	// For a subscriber that keeps values packed (KeepValuesPacked) or
 	// delivers encodings (DeliverEncoded): Encoded holds the delivered
 	// tuples as they were received, tuple i starting at Offsets[i]. With
@@ -290,6 +294,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		if err != nil {
 			return err
 		}
+		b.Offset = msg.PositionOffset
 		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}
@@ -402,6 +407,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		}
 		// b belongs to deliver from now on (it may Release it).
 		lastID := b.LastID
+		b.Offset = buf.PositionOffset(lastID)
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr

@@ -31,7 +31,11 @@ package dcaa
 // numbering stream positions (transport and acknowledgement), UNDO
 // carries the position of the stream's last stable tuple (in its STime on
 // the wire), and corrections take new positions. Output's own stable
-// numbering is therefore not used by the runtime. Heartbeats are sent by
+// numbering is therefore not used by the runtime. Each batch carries the
+// producer's position offset (positions outside the stable view so far),
+// from which a consuming operator task renumbers its input by stable id:
+// the Machine sees stable ids (Deliver, Subscribe.AfterID, Capture), the
+// same on every upstream replica (worker/runtime stableIDs). Heartbeats are sent by
 // the data plane (an empty batch with the state after every boundary
 // interval without data). The machine still keeps the stable input since
 // its checkpoint without bound.

@@ -43,8 +43,11 @@ type dcaaRun struct {
 	// lastStable is, per output stream, the position of its last stable
 	// tuple or boundary: an UNDO's target.
 	lastStable []uint64
-	ended      []bool
-	done       bool
+	// nsOpen is, per output stream, whether a range of positions outside
+	// its stable view is open (tentative tuples appended, no UNDO yet).
+	nsOpen []bool
+	ended  []bool
+	done   bool
 	// replyTo holds, by peer, the channel of a permission request being
 	// answered (see Reconcile).
 	replyTo map[int]chan bool
@@ -95,7 +98,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		return nil, err
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
-		lastStable: make([]uint64, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
+		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
 	return d, nil
 }
 
@@ -122,6 +125,10 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	if d.t.halted.Load() {
 		return errHalted // unacknowledged: the copy resumes before it
 	}
+	stableLast, err := stableIDs(b)
+	if err != nil {
+		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
+	}
 	// The input waits until the machine took the batch, so that what the
 	// subscription acknowledges is always in the machine's state (as a
 	// task snapshot captures it), never only queued.
@@ -139,6 +146,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	if d.t.halted.Load() {
 		return errHalted
 	}
+	in.stableTaken.Store(stableLast)
 	if last := &ts[len(ts)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
 			return err
@@ -343,6 +351,16 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 	d.emitType = tuple.Stable
 	if rel.Tentative {
 		d.emitType = tuple.Tentative
+		// Everything appended from now until the UNDO is outside the
+		// stable view: say so before any of it can be sent (see
+		// dataplane.OutputBuffer.MarkNonStable).
+		d.growOutputs()
+		for i, o := range t.outs {
+			if !d.nsOpen[i] {
+				o.buf.BeginNonStable(o.w.LastID() + 1)
+				d.nsOpen[i] = true
+			}
+		}
 	}
 	em := operator.EmitFunc(func(tp *tuple.Tuple) {
 		tp.Type = d.emitType
@@ -397,6 +415,7 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 func (d *dcaaRun) growOutputs() {
 	for len(d.lastStable) < len(d.t.outs) {
 		d.lastStable = append(d.lastStable, 0)
+		d.nsOpen = append(d.nsOpen, false)
 	}
 }
 
@@ -420,6 +439,14 @@ func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
 		mk := tuple.Tuple{Type: typ}
 		if typ == tuple.Undo {
 			mk.STime = int64(d.lastStable[i])
+		}
+		// The marker is outside the stable view; an UNDO ends the range
+		// the tentative tuples opened.
+		if next := o.w.LastID() + 1; d.nsOpen[i] {
+			o.buf.EndNonStable(next)
+			d.nsOpen[i] = false
+		} else {
+			o.buf.MarkNonStable(next, next)
 		}
 		if err := t.appendTo(ctx, o, &mk); err != nil {
 			return err
@@ -602,4 +629,44 @@ func (d *dcaaRun) setCut(cut int64) error {
 	err := d.m.SetCut(cut)
 	d.poke()
 	return err
+}
+
+// stableIDs renumbers a batch's stable tuples and boundaries by stable id
+// (the count of the stream's stable tuples and boundaries up to each:
+// its position less the positions outside the stable view before it,
+// which the producer sends as the batch's offset) and returns the stable
+// id of the stream's last stable tuple up to the batch's end.
+//
+// Replicas of an upstream number their streams alike only until one of
+// them corrects its output (tentative tuples, UNDO, REC_DONE take
+// positions on that replica alone); stable ids stay alike. The machine
+// keeps, resumes from and acknowledges to other replicas by stable id, so
+// a switch to another replica after a correction neither skips nor
+// repeats a stable tuple: the subscription resumes at the stable id as a
+// position (never beyond the replica's position of that stable id, which
+// is at least the id), the tuples up to that stable id are dropped as
+// duplicates, and an ack relayed to another replica acknowledges only
+// positions at or before it there.
+func stableIDs(b *dataplane.Batch) (uint64, error) {
+	if b.Offset > b.LastID {
+		return 0, fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, b.Offset, b.LastID)
+	}
+	last := b.LastID - b.Offset
+	n := uint64(0)
+	for k := range b.Tuples {
+		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			n++
+		}
+	}
+	if n > last {
+		return 0, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last)
+	}
+	s := last - n
+	for k := range b.Tuples {
+		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			s++
+			b.Tuples[k].ID = s
+		}
+	}
+	return last, nil
 }

@@ -26,7 +26,10 @@ import (
 // partition at a time and moves to another when the subscription fails,
 // resuming after the last id received.
 type input struct {
-	t           *task
+	t *task
+	// stableTaken is, for a DCAA operator task, the stable id of the last
+	// stable tuple the machine took from this input (see stableIDs).
+	stableTaken atomic.Uint64
 	idx         int // index in the merger
 	port        int
 	upstream    string // upstream node (fragment)
@@ -263,6 +266,11 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 // removed ends that way, and every replica it has must learn it was
 // taken).
 func (in *input) taken() uint64 {
+	if in.t.dm != nil {
+		// Positions of the replica read mean other tuples on the others
+		// after a correction; stable ids do not (see stableIDs).
+		return in.stableTaken.Load()
+	}
 	n := in.sub.LastID()
 	if in.t.merge != nil && !in.t.passThrough {
 		n = max(n, in.t.merge.inputLastID(in.idx))

@@ -115,6 +115,15 @@ type OutputPosition struct {
 	TailFirst uint64
 	TailOffs  []int
 	Tail      []byte
+	// NSBase and NonStable are the stream's positions outside its stable
+	// view (DCAA corrections) that a copy continuing it needs: NSBase
+	// counts those before the tail (or before LastID+1 without a tail),
+	// NonStable are the ranges from there on (see
+	// dataplane.OutputBuffer.MarkNonStable). Without them a copy of a
+	// producer that corrected its output would give its consumers wrong
+	// stable ids.
+	NSBase    uint64
+	NonStable []dataplane.PosRange
 }
 
 // tailBytes bounds each read of an output's retained tuples.
@@ -339,6 +348,11 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		if err := captureTail(o.buf, &pos); err != nil {
 			return nil, nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
+		from := pos.LastID + 1
+		if len(pos.TailOffs) > 0 {
+			from = pos.TailFirst
+		}
+		pos.NSBase, pos.NonStable = o.buf.NonStableFrom(from)
 		s.Outputs = append(s.Outputs, pos)
 	}
 	if t.kafkaOut != nil {
@@ -549,6 +563,7 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 	}
 	for _, pos := range s.Outputs {
 		o := t.byConsumer[pos.Consumer][pos.Partition]
+		o.buf.RestoreNonStable(pos.NSBase, pos.NonStable)
 		if len(pos.TailOffs) > 0 {
 			if pos.TailFirst+uint64(len(pos.TailOffs))-1 != pos.LastID {
 				return fmt.Errorf("%w: output tail %d+%d does not end at %d", ErrSnapshotMismatch, pos.TailFirst, len(pos.TailOffs), pos.LastID)
@@ -574,10 +589,12 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 // declaration order; integers are varints, strings and byte strings
 // length-prefixed, pending tuples as (id, tuple encoding). Version 2 adds
 // each output's tail (first id, tuple lengths, bytes) and, last, a
-// source's record count; version 1 is still read.
+// source's record count; version 3 each output's positions outside its
+// stable view (base, ranges) after its tail; versions 1 and 2 are still
+// read.
 const (
 	taskSnapshotMagic   = "fsts"
-	taskSnapshotVersion = 2
+	taskSnapshotVersion = 3
 )
 
 // MarshalBinary encodes the snapshot in the versioned format
@@ -680,6 +697,12 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 			uv(uint64(end - o.TailOffs[i]))
 		}
 		bytesField(o.Tail)
+		uv(o.NSBase)
+		uv(uint64(len(o.NonStable)))
+		for _, r := range o.NonStable {
+			uv(r.From)
+			uv(r.To)
+		}
 	}
 	iv(s.SourceRecords)
 	b = appendIngestPosition(b, s.Ingest)
@@ -780,7 +803,7 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
 	v := data[len(taskSnapshotMagic)]
-	if v != 1 && v != taskSnapshotVersion {
+	if v < 1 || v > taskSnapshotVersion {
 		return fmt.Errorf("%w: format version %d, this build reads 1 to %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
 	}
 	r := &snapReader{b: data[len(taskSnapshotMagic)+1:], alias: alias}
@@ -846,6 +869,13 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 			}
 			if len(o.Tail) == 0 {
 				o.Tail = nil
+			}
+		}
+		if v >= 3 {
+			o.NSBase = r.uv("non-stable base")
+			nr := r.count("non-stable ranges")
+			for range nr {
+				o.NonStable = append(o.NonStable, dataplane.PosRange{From: r.uv("non-stable from"), To: r.uv("non-stable to")})
 			}
 		}
 		out.Outputs = append(out.Outputs, o)
