@@ -148,6 +148,12 @@ type Timings struct {
 	// (barrier, marking workers unknown) before it gives leadership away
 	// rather than stay a leader that does nothing.
 	LeaderSetupTimeout time.Duration
+	// MoveCatchUpBound bounds how long a live move waits, once its new
+	// copy runs, for that copy to catch up with the old one before
+	// consumers switch to it anyway (logged): a new copy that cannot
+	// catch up (its input is faster than it) must not keep the old copy
+	// running for ever.
+	MoveCatchUpBound time.Duration
 }
 
 // DefaultTimings suit a real deployment on a LAN.
@@ -164,6 +170,7 @@ func DefaultTimings() Timings {
 
 		RemoveDownWorkersAfter: time.Hour,
 		LeaderSetupTimeout:     30 * time.Second,
+		MoveCatchUpBound:       30 * time.Second,
 	}
 }
 
@@ -180,6 +187,7 @@ func FastTimings() Timings {
 		GossipInterval:  100 * time.Millisecond,
 
 		LeaderSetupTimeout: 5 * time.Second,
+		MoveCatchUpBound:   30 * time.Second,
 	}
 }
 
@@ -200,6 +208,7 @@ func (t *Timings) fill() {
 	set(&t.RemoveDownWorkersAfter, d.RemoveDownWorkersAfter)
 	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
 	set(&t.LeaderSetupTimeout, d.LeaderSetupTimeout)
+	set(&t.MoveCatchUpBound, d.MoveCatchUpBound)
 }
 
 // ErrInvalidConfig is returned by New when the configuration cannot work.

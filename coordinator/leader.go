@@ -208,7 +208,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	// The org's signing identity enters its Raft state (issue 11).
 	wg.Add(1)
 	go func() { defer wg.Done(); s.ensureOrgIdentity(ctx) }()
-	wg.Add(6)
+	wg.Add(7)
 	// The plan applier is the only writer of placements; it lives as long
 	// as these duties, and is installed before the loops that use it.
 	runApplier := s.startPlanApplier()
@@ -218,6 +218,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
+	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
 	wg.Wait()
 }
 

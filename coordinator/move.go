@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -21,9 +23,14 @@ import (
 // halt: the new worker fetches a stop-and-copy snapshot from it
 // (DataPlane FetchSnapshot) and starts from it; the snapshot carries the
 // old copy's output not yet taken by every downstream, so downstreams
-// switch to the new copy as soon as the placement changes, each resuming
-// after the last tuple it took. When the new copy reports running, the
-// state machine clears MovingFrom and the old worker stops the old copy.
+// switch to the new copy when the placement changes, each resuming after
+// the last tuple it took. Until then they read the old copy, which keeps
+// running (see consumerPlacement). Both copies report their output
+// position during the move; when the new copy runs and its position has
+// reached the old copy's (fsm.Task.MoveCatchUp), the state machine clears
+// MovingFrom: consumers switch to a copy that has already produced what
+// they would otherwise wait for, and the old worker stops the old copy.
+// The wait is bounded (Timings.MoveCatchUpBound, boundMoveCatchUps).
 // No tuple is lost (the new copy resumes after the snapshot's input
 // positions, and upstream buffers keep those tuples for the old copy's
 // subscriber, halted and not acknowledging, within its lease) and none is
@@ -60,8 +67,11 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	if to.ID == t.WorkerID {
 		return nil, status.Errorf(codes.InvalidArgument, "move: task %s already runs on worker %s", t.ID, to.ID)
 	}
+	// Consumers switch once the new copy has caught up, when every
+	// coordinator knows how (protocol 5); otherwise as soon as it runs.
+	catchUp := s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil
 	out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: st.LatestIndex(),
-		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to.ID, Live: true}}})
+		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to.ID, Live: true, CatchUp: catchUp}}})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "move %s: %v", t.ID, err)
 	}
@@ -158,4 +168,76 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 		return &pb.SnapshotSource{WorkerAddr: addrs[p.WorkerID], TaskId: p.ID, Generation: int32(p.Gen())}
 	}
 	return nil
+}
+
+// catchUpProtocol is the replication protocol that knows catch-up moves
+// (fsm.PlannedPlacement.CatchUp).
+const catchUpProtocol = 5
+
+// boundMoveCatchUps is a leader duty: a catch-up move whose new copy has
+// run for Timings.MoveCatchUpBound without catching up with the old copy
+// ends anyway (consumers switch, the old copy stops; logged), so a new
+// copy that cannot catch up never keeps both copies running. The clock of
+// each move starts when this leader first sees its new copy running (a
+// new leader starts it again: the bound is per leader, at most doubled).
+func (s *Server) boundMoveCatchUps(ctx context.Context) {
+	bound := s.cfg.Timings.MoveCatchUpBound
+	tick := min(bound/4, time.Second)
+	runningSince := map[string]time.Time{} // task id@generation -> first seen running
+	ticker := time.NewTicker(tick)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		tasks, err := s.State().Tasks(nil)
+		if err != nil {
+			s.logger.Error("move catch-up bound: read tasks", "err", err)
+			continue
+		}
+		seen := map[string]bool{}
+		for _, t := range tasks {
+			if t.MovingFrom == "" || !t.MoveCatchUp || t.State != states.TaskRunning {
+				// (A stalled new copy ends its move at once: see
+				// fsm maybeEndMove.)
+				continue
+			}
+			key := fmt.Sprintf("%s@%d", t.ID, t.Gen())
+			seen[key] = true
+			since, ok := runningSince[key]
+			if !ok {
+				runningSince[key] = time.Now()
+				continue
+			}
+			if time.Since(since) < bound {
+				continue
+			}
+			s.logger.Warn("live move: the new copy has not caught up with the old one within the bound; switching consumers to it anyway",
+				"task", t.ID, "generation", t.Gen(), "from", t.MovingFrom, "to", t.WorkerID, "bound", bound,
+				"position", posText(t.MovePosition), "old_position", posText(t.MovingFromPosition))
+			upd := fsm.UpdateTaskStatesRequest{WorkerID: t.WorkerID,
+				States: []fsm.TaskStateUpdate{{TaskID: t.ID, Generation: t.Gen(), State: t.State, SwitchMove: true}}}
+			res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
+			if err == nil && res.Err != nil {
+				err = res.Err
+			}
+			if err != nil {
+				s.logger.Error("live move: ending the move after its catch-up bound failed; will retry", "task", t.ID, "err", err)
+			}
+		}
+		for key := range runningSince {
+			if !seen[key] {
+				delete(runningSince, key)
+			}
+		}
+	}
+}
+
+func posText(p *uint64) string {
+	if p == nil {
+		return "none"
+	}
+	return fmt.Sprint(*p)
 }

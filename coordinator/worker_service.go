@@ -178,7 +178,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	for _, t := range req.Tasks {
 		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative,
-			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone}
+			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
 		if t.ReplicaState != pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
 			u.ReplicaState = t.ReplicaState.String()
 		}

@@ -488,13 +488,51 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		if t != nil && t.MovingFrom != "" && t.MovingFrom != t.WorkerID && t.MovingFrom == r.WorkerID && u.Generation == t.MovingFromGeneration {
+			// The moving-out copy of a live move: only its position counts
+			// (the new copy's catch-up is measured against it).
+			if u.MovePosition == nil || (t.MovingFromPosition != nil && *t.MovingFromPosition == *u.MovePosition) {
+				continue
+			}
+			updated := *t
+			pos := *u.MovePosition
+			updated.MovingFromPosition = &pos
+			updated.ModifyIndex = tx.index
+			if err := tx.maybeEndMove(&updated, false); err != nil {
+				return nil, err
+			}
+			if err := tx.insert(TableTasks, &updated); err != nil {
+				return nil, err
+			}
+			result.Updated++
+			continue
+		}
 		if t == nil || t.WorkerID != r.WorkerID || (u.Generation != 0 && u.Generation != t.Gen()) {
 			// Not (or no longer) this copy: an older generation's report.
 			result.Skipped = append(result.Skipped, u.TaskID)
 			continue
 		}
+		if u.SwitchMove {
+			// The leader's bound on a catch-up: end the move as it is.
+			if t.MovingFrom == "" || t.State != states.TaskRunning {
+				continue
+			}
+			updated := *t
+			updated.ModifyIndex = tx.index
+			if err := tx.maybeEndMove(&updated, true); err != nil {
+				return nil, err
+			}
+			if err := tx.insert(TableTasks, &updated); err != nil {
+				return nil, err
+			}
+			result.Updated++
+			continue
+		}
+		// A position matters only during a move (a copy may still report
+		// one until its assignment shows the move ended).
+		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
 		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative &&
-			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone {
+			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos {
 			continue
 		}
 		updated := *t
@@ -502,19 +540,18 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		updated.Message = u.Message
 		updated.ReplicaState, updated.Tentative = u.ReplicaState, u.Tentative
 		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
+		if t.MovingFrom != "" && u.MovePosition != nil {
+			pos := *u.MovePosition
+			updated.MovePosition, updated.MoveBlocked = &pos, u.MoveBlocked
+		} else if t.MovingFrom != "" && u.State == states.TaskRunning {
+			// A running new copy without a position (a worker of an
+			// older build, or a copy started without the old one's
+			// snapshot) cannot be compared: the move ends on running.
+			updated.MoveCatchUp = false
+		}
 		updated.ModifyIndex = tx.index
-		if t.MovingFrom != "" && u.State == states.TaskRunning {
-			// The new copy of a live move runs: consumers switch to it
-			// (every host of the query sees the placement change) and
-			// the old copy's worker stops it.
-			hosts := stringSet{t.MovingFrom: {}}
-			if err := tx.addHosts(stringSet{t.Query: {}}, hosts); err != nil {
-				return nil, err
-			}
-			updated.MovingFrom, updated.MovingFromGeneration = "", 0
-			if err := tx.bumpAssignIndex(hosts); err != nil {
-				return nil, err
-			}
+		if err := tx.maybeEndMove(&updated, false); err != nil {
+			return nil, err
 		}
 		if err := tx.insert(TableTasks, &updated); err != nil {
 			return nil, err
@@ -522,6 +559,32 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		result.Updated++
 	}
 	return result, nil
+}
+
+// maybeEndMove ends the live move of t (not yet inserted) if its new copy
+// runs and, for a catch-up move, its output position has reached the old
+// copy's, or it can go no further (its output is blocked, or it stalls),
+// or force: consumers switch to the new copy (every host of the query
+// sees the placement change) and the old copy's worker stops it.
+func (tx *writeTx) maybeEndMove(t *Task, force bool) error {
+	if t.MovingFrom == "" || t.MovingFrom == t.WorkerID {
+		return nil
+	}
+	switch {
+	case t.State == states.TaskStalled && t.MoveCatchUp:
+		// Most likely blocked on an output no consumer reads yet.
+	case t.State != states.TaskRunning:
+		return nil
+	case t.MoveCatchUp && !force && !t.MoveBlocked && (t.MovePosition == nil || t.MovingFromPosition == nil || *t.MovePosition < *t.MovingFromPosition):
+		return nil
+	}
+	hosts := stringSet{t.MovingFrom: {}}
+	if err := tx.addHosts(stringSet{t.Query: {}}, hosts); err != nil {
+		return err
+	}
+	// The positions stay: they show where the switch happened.
+	t.MovingFrom, t.MovingFromGeneration, t.MoveCatchUp = "", 0, false
+	return tx.bumpAssignIndex(hosts)
 }
 
 func isSecretHash(s string) bool {

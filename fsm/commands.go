@@ -184,6 +184,18 @@ type TaskStateUpdate struct {
 	Prepared uint64 `json:"prepared,omitempty"`
 	Frontier int64  `json:"frontier,omitempty"`
 	CutDone  uint64 `json:"cut_done,omitempty"`
+	// MovePosition is the copy's output position while it takes part in a
+	// live move (see Task.MoveCatchUp); nil otherwise. A report of the
+	// moving-out copy (the worker and generation of Task.MovingFrom) is
+	// recorded for it too.
+	MovePosition *uint64 `json:"move_position,omitempty"`
+	// MoveBlocked: the copy's output is full and blocked (no consumer
+	// reads it yet): it can go no further until consumers switch to it.
+	MoveBlocked bool `json:"move_blocked,omitempty"`
+	// SwitchMove ends the live move of the task now, caught up or not:
+	// the leader's bound on a new copy's catch-up (the other fields are
+	// then ignored). Protocol 5.
+	SwitchMove bool `json:"switch_move,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only

@@ -190,6 +190,9 @@ type PlannedPlacement struct {
 	// moving out (Task.MovingFrom), until the new copy reports running;
 	// the new copy starts from its snapshot.
 	Live bool `json:"live,omitempty"`
+	// CatchUp (with Live) keeps the old copy serving consumers until the
+	// new copy has also caught up with it (Task.MoveCatchUp). Protocol 5.
+	CatchUp bool `json:"catch_up,omitempty"`
 	// Message becomes the task's Message: for an unplaced task, why it
 	// waits.
 	Message string `json:"message,omitempty"`
@@ -257,20 +260,24 @@ type ApplyPlanRequest struct {
 // (live moves, rescale phases, created and removed tasks) would be
 // ignored by an older build, which would then hold another state.
 func (r *ApplyPlanRequest) Protocol() int {
+	v := 3
 	if len(r.NewTasks) > 0 || len(r.RemoveTasks) > 0 {
-		return 4
+		v = 4
 	}
 	for _, p := range r.Placements {
+		if p.CatchUp {
+			return 5
+		}
 		if p.Live {
-			return 4
+			v = 4
 		}
 	}
 	for _, u := range r.SlotMaps {
 		if u.Phase != "" {
-			return 4
+			v = 4
 		}
 	}
-	return 3
+	return v
 }
 
 // PlanRefusal is one refused part of a plan.
@@ -597,9 +604,10 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 			// The copy on t.WorkerID ends; the next one is a new copy.
 			updated.Generation++
 		}
-		updated.MovingFrom, updated.MovingFromGeneration = "", 0
+		updated.endMove()
 		if p.Live && t.WorkerID != "" && p.ToWorker != "" {
 			updated.MovingFrom, updated.MovingFromGeneration = t.WorkerID, t.Gen()
+			updated.MoveCatchUp = p.CatchUp
 		}
 		updated.WorkerID = p.ToWorker
 		updated.State = TaskStatePending

@@ -20,10 +20,15 @@ package fsm
 //	   rescales (SlotMapUpdate.Phase and Cut, NewTasks, RemoveTasks) and
 //	   the rescale progress of task reports. No new command type: the
 //	   leader checks ApplyPlanRequest.Protocol before proposing a plan.
+//	5: live moves that switch consumers only once the new copy has caught
+//	   up (PlannedPlacement.CatchUp, Task.MoveCatchUp, the move positions
+//	   of task reports, TaskStateUpdate.SwitchMove). No new command type:
+//	   the leader plans a catch-up move only when every coordinator speaks
+//	   5, so an older build never holds a task with MoveCatchUp.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 4
+const ProtocolVersion = 5
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.

@@ -94,7 +94,8 @@ type Task struct {
 	// worker still running the previous copy (generation
 	// MovingFromGeneration) "moving out": the new copy on WorkerID takes
 	// its starting snapshot from it, and it keeps serving its output until
-	// the new copy reports running, which clears both fields. "" otherwise.
+	// the new copy reports running (and, with MoveCatchUp, has caught up),
+	// which clears both fields. "" otherwise.
 	MovingFrom           string `json:"moving_from,omitempty"`
 	MovingFromGeneration int    `json:"moving_from_generation,omitempty"`
 	State                string `json:"state"`
@@ -112,9 +113,25 @@ type Task struct {
 	// the epoch of the rescale it holds for, Frontier the highest stream
 	// time it has produced or released, CutDone the epoch whose cut it
 	// has passed (slots handed over and installed).
-	Prepared    uint64 `json:"prepared,omitempty"`
-	Frontier    int64  `json:"frontier,omitempty"`
-	CutDone     uint64 `json:"cut_done,omitempty"`
+	Prepared uint64 `json:"prepared,omitempty"`
+	Frontier int64  `json:"frontier,omitempty"`
+	CutDone  uint64 `json:"cut_done,omitempty"`
+	// MoveCatchUp makes a live move (MovingFrom set) end only once the new
+	// copy has caught up with the old one: it runs and its output position
+	// (MovePosition) has reached the old copy's (MovingFromPosition), so
+	// consumers switch without waiting for the new copy to replay what
+	// the old one already produced. Without it (moves planned before
+	// protocol 5) the move ends as soon as the new copy runs. The leader
+	// bounds the wait (TaskStateUpdate.SwitchMove). The positions are the
+	// latest each copy reported during the move (nil: none yet); once the
+	// move has ended they stay as they were at the switch (for status and
+	// checks) until the task is placed again.
+	MoveCatchUp        bool    `json:"move_catch_up,omitempty"`
+	MovePosition       *uint64 `json:"move_position,omitempty"`
+	MovingFromPosition *uint64 `json:"moving_from_position,omitempty"`
+	// MoveBlocked: the new copy reported its output blocked (full, no
+	// consumer yet): it cannot catch up further, so the move ends.
+	MoveBlocked bool   `json:"move_blocked,omitempty"`
 	CreateIndex uint64 `json:"create_index"`
 	ModifyIndex uint64 `json:"modify_index"`
 }

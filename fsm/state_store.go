@@ -355,6 +355,12 @@ func MovingOutCopy(t *Task) *Task {
 	return &c
 }
 
+// endMove clears the fields of a live move.
+func (t *Task) endMove() {
+	t.MovingFrom, t.MovingFromGeneration = "", 0
+	t.MoveCatchUp, t.MovePosition, t.MovingFromPosition, t.MoveBlocked = false, nil, nil, false
+}
+
 // IsMovingOut reports whether t is a moving-out copy (MovingOutCopy).
 func (t *Task) IsMovingOut() bool { return t.MovingFrom != "" && t.MovingFrom == t.WorkerID }
 

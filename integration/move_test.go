@@ -285,6 +285,24 @@ func liveMoveDuringRun(t *testing.T, query, moving string) {
 		}
 		return true
 	})
+	// Consumers switched only once the new copy had caught up: both copies
+	// reported their output position during the move, and the new copy's
+	// had reached the old copy's when the move ended (the state machine
+	// keeps both as they were at the switch).
+	tk, err := o.nodes[0].State().Task(nil, moving)
+	if err != nil || tk == nil {
+		t.Fatalf("task %s in the coordinator's state: %v %v", moving, tk, err)
+	}
+	if tk.MovePosition == nil || tk.MovingFromPosition == nil {
+		t.Fatalf("the move ended without positions of both copies (new %v, old %v): it did not wait for the catch-up", tk.MovePosition, tk.MovingFromPosition)
+	}
+	if tk.MoveBlocked {
+		// Legitimate on a starved machine: the new copy's output filled
+		// before any consumer read it, so it could go no further.
+		t.Logf("the new copy's output was blocked at the switch (position %d, old copy %d)", *tk.MovePosition, *tk.MovingFromPosition)
+	} else if *tk.MovePosition < *tk.MovingFromPosition || *tk.MovingFromPosition == 0 {
+		t.Fatalf("consumers switched to the new copy at output position %d, behind the old copy's %d", *tk.MovePosition, *tk.MovingFromPosition)
+	}
 }
 
 // TestReplacementBootstrapsFromPeer stops a worker running a replica of a

@@ -1,11 +1,14 @@
 package integration
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -348,5 +351,77 @@ func TestHealthAndReflection(t *testing.T) {
 	}
 	if code := httpStatus(o.coord.HTTPAddr(), "/healthz"); code != http.StatusOK {
 		t.Errorf("coordinator /healthz: %d", code)
+	}
+}
+
+// TestDemoMetrics scrapes `fedstream dev` as a user runs it (`make run`):
+// the demo query on its three coordinators and two workers. The
+// coordinator's and both workers' /metrics pass promlint, and the demo's
+// three generators (2000 records/s each) show input rates plausible
+// against that: counted by the tuples drawn, not by the clock, so a slow
+// machine only makes the test wait longer.
+func TestDemoMetrics(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary(t), "dev", "--duration", "90s", "--json")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout = io.Discard
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); _ = cmd.Wait() }()
+	// The banner names every process's HTTP address: "  coordinator c1
+	// grpc ADDR  http http://ADDR (...)" and "  worker w1 ...".
+	var coordHTTP string
+	var workerHTTP []string
+	lines := bufio.NewScanner(stderr)
+	for lines.Scan() && len(workerHTTP) < 2 {
+		f := strings.Fields(lines.Text())
+		i := slices.Index(f, "http")
+		if i < 0 || i+1 >= len(f) || len(f) < 2 {
+			continue
+		}
+		addr := strings.TrimPrefix(f[i+1], "http://")
+		switch {
+		case f[0] == "coordinator" && coordHTTP == "":
+			coordHTTP = addr
+		case f[0] == "worker":
+			workerHTTP = append(workerHTTP, addr)
+		}
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	if coordHTTP == "" || len(workerHTTP) != 2 {
+		t.Fatalf("dev's banner named coordinator %q and workers %v", coordHTTP, workerHTTP)
+	}
+	drawn := func() float64 {
+		n := 0.0
+		for _, w := range workerHTTP {
+			for task, v := range taskValues(scrape(t, w), "fedstream_task_input_tuples_total") {
+				if strings.HasPrefix(task, "netmon/m") { // m1, m2, m3: both replicas
+					n += v
+				}
+			}
+		}
+		return n
+	}
+	waitFor(t, 90*time.Second, "the demo's generators drawing records", func() bool { return drawn() > 0 })
+	start, n0 := time.Now(), drawn()
+	// 3 generators x 2 replicas x 2000 records/s: wait for four seconds'
+	// worth, then the rate over the wait must be plausible (a generator
+	// never runs ahead of its schedule, so it cannot be far above).
+	const rate = 3 * 2 * 2000
+	waitFor(t, 90*time.Second, "four seconds of demo input", func() bool { return drawn()-n0 >= 4*rate })
+	if got := (drawn() - n0) / time.Since(start).Seconds(); got > 2*rate || got < rate/8 {
+		t.Fatalf("demo sources drew %.0f records/s, want about %d", got, rate)
+	}
+	fams := scrape(t, coordHTTP)
+	if fams["fedstream_raft_state"] == nil {
+		t.Fatal("the coordinator's /metrics has no fedstream_raft_state")
 	}
 }

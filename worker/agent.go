@@ -622,6 +622,10 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 			Partition: int(a.Partition), Replica: int(a.Replica), QueryIndex: a.QueryIndex,
 			Spec: qi.spec, Placements: qi.placements, SlotMaps: qi.slotMaps,
 			Generation: int(max(a.Generation, 1)), SlotEpoch: a.SlotEpoch,
+			// The old copy of a live move, or its new copy (whose
+			// bootstrap source is a copy of the same task; a peer
+			// replica's has another id).
+			InMove: a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
 		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}
@@ -670,19 +674,32 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 	return owner, nil
 }
 
-// reportLoop tells the org about task state changes.
+// reportLoop tells the org about task state changes: every 250ms, or
+// every 50ms while a task here takes part in a live move, whose consumers
+// switch once the coordinator sees the new copy's position reach the old
+// copy's (a stale position of the old copy would switch them to a new
+// copy still behind what they have read).
 func (w *Worker) reportLoop(ctx context.Context) {
 	last := map[string]wrt.TaskState{}
-	for sleepCtx(ctx, 250*time.Millisecond) {
+	interval := 250 * time.Millisecond
+	for sleepCtx(ctx, interval) {
 		id, _, epoch := w.identity()
 		cur := map[string]wrt.TaskState{}
 		var changed []*pb.TaskState
+		interval = 250 * time.Millisecond
 		for _, st := range w.runtime.States() {
+			if st.InMove {
+				interval = 50 * time.Millisecond
+			}
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
-				changed = append(changed, &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
+				ts := &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
 					ReplicaState: st.Replica, Tentative: st.Tentative,
-					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone})
+					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone}
+				if st.InMove {
+					ts.MovePosition, ts.MoveBlocked = &st.Position, st.Blocked
+				}
+				changed = append(changed, ts)
 			}
 		}
 		if len(changed) == 0 {

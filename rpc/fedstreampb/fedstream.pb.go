@@ -983,9 +983,19 @@ type TaskState struct {
 	// The rescale epoch the copy holds for, the highest stream time it has
 	// produced or released (meaningful with prepared), and the epoch whose
 	// cut it has passed.
-	Prepared      uint64 `protobuf:"varint,110,opt,name=prepared,proto3" json:"prepared,omitempty"`
-	Frontier      int64  `protobuf:"varint,111,opt,name=frontier,proto3" json:"frontier,omitempty"`
-	CutDone       uint64 `protobuf:"varint,112,opt,name=cut_done,json=cutDone,proto3" json:"cut_done,omitempty"`
+	Prepared uint64 `protobuf:"varint,110,opt,name=prepared,proto3" json:"prepared,omitempty"`
+	Frontier int64  `protobuf:"varint,111,opt,name=frontier,proto3" json:"frontier,omitempty"`
+	CutDone  uint64 `protobuf:"varint,112,opt,name=cut_done,json=cutDone,proto3" json:"cut_done,omitempty"`
+	// ---- live move switch (issue 9 item 3)
+	// The copy's output position (the sum over its output streams of the
+	// id of the last tuple appended), set only while the copy takes part in
+	// a live move (moving out, or the new copy catching up): consumers
+	// switch to the new copy once its position reaches the old copy's.
+	MovePosition *uint64 `protobuf:"varint,230,opt,name=move_position,json=movePosition,proto3,oneof" json:"move_position,omitempty"`
+	// An append to one of the copy's outputs is blocked (full, and no
+	// consumer reads this copy yet): it cannot go further until consumers
+	// switch to it, so they switch now.
+	MoveBlocked   bool `protobuf:"varint,231,opt,name=move_blocked,json=moveBlocked,proto3" json:"move_blocked,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1081,6 +1091,20 @@ func (x *TaskState) GetCutDone() uint64 {
 		return x.CutDone
 	}
 	return 0
+}
+
+func (x *TaskState) GetMovePosition() uint64 {
+	if x != nil && x.MovePosition != nil {
+		return *x.MovePosition
+	}
+	return 0
+}
+
+func (x *TaskState) GetMoveBlocked() bool {
+	if x != nil {
+		return x.MoveBlocked
+	}
+	return false
 }
 
 type ReportTasksRequest struct {
@@ -5526,7 +5550,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xa8\x02\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\x89\x03\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -5538,7 +5562,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\ttentative\x18\xb5\x01 \x01(\bR\ttentative\x12\x1a\n" +
 	"\bprepared\x18n \x01(\x04R\bprepared\x12\x1a\n" +
 	"\bfrontier\x18o \x01(\x03R\bfrontier\x12\x19\n" +
-	"\bcut_done\x18p \x01(\x04R\acutDone\"`\n" +
+	"\bcut_done\x18p \x01(\x04R\acutDone\x12)\n" +
+	"\rmove_position\x18\xe6\x01 \x01(\x04H\x00R\fmovePosition\x88\x01\x01\x12\"\n" +
+	"\fmove_blocked\x18\xe7\x01 \x01(\bR\vmoveBlockedB\x10\n" +
+	"\x0e_move_position\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStateR\x05tasks\"\x15\n" +
@@ -6130,6 +6157,7 @@ func file_fedstream_proto_init() {
 	if File_fedstream_proto != nil {
 		return
 	}
+	file_fedstream_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

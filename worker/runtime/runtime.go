@@ -171,6 +171,11 @@ type TaskSpec struct {
 	// peer replica after a worker was lost. If that copy cannot be reached
 	// the task starts without one and replays from its upstreams' buffers.
 	Bootstrap *SnapshotSource
+	// InMove: this copy takes part in a live move (the old copy moving
+	// out, or the new copy until consumers switch to it). Its TaskState
+	// then carries its output Position, against which the coordinator
+	// measures the new copy's catch-up. It may change while the task runs.
+	InMove bool
 }
 
 // SnapshotSource names the copy of a task a new copy takes its starting
@@ -214,6 +219,17 @@ type TaskState struct {
 	Prepared uint64
 	Frontier int64
 	CutDone  uint64
+	// InMove and Position: the task takes part in a live move
+	// (TaskSpec.InMove) and its output position is Position, the sum over
+	// its output streams of the id of the last tuple appended. Output ids
+	// continue across copies (a copy started from a snapshot numbers its
+	// output after the snapshot's output positions), so the positions of
+	// an old and a new copy compare. 0 when not InMove.
+	InMove   bool
+	Position uint64
+	// Blocked (with InMove): an append to one of its outputs is blocked
+	// (the output is full): the copy goes no further until it is read.
+	Blocked bool
 }
 
 // Options configures a Runtime. Zero values mean the defaults.
@@ -439,6 +455,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			r.mu.Unlock()
 			t.updatePlacements(spec.Placements)
 			t.setSlotMaps(spec.SlotMaps)
+			t.inMove.Store(spec.InMove)
 			continue
 		}
 		began := time.Now()
@@ -450,6 +467,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			r.log.Error("task cannot start", "task", id, "err", err)
 			t = failedTask(r, spec, err)
 		}
+		t.inMove.Store(spec.InMove)
 		r.tasks[id] = t
 		r.mu.Unlock()
 		if err == nil {

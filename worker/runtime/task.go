@@ -199,6 +199,9 @@ type task struct {
 	// dm drives an operator task of a replicated query through its DCAA
 	// machine (nil otherwise; see dcaa_run.go).
 	dm *dcaaRun
+	// inMove: the copy takes part in a live move (TaskSpec.InMove; set by
+	// Apply, read by State).
+	inMove atomic.Bool
 
 	// Generator and kafka sources: genSnap carries snapshot requests to
 	// the source goroutine, which serves them between two records;
@@ -594,10 +597,24 @@ func (t *task) State() TaskState {
 }
 
 func (t *task) state0() TaskState {
+	var pos uint64
+	var blocked bool
+	inMove := t.inMove.Load()
+	if inMove {
+		// Before stateMu: outMu is never taken under it.
+		t.outMu.RLock()
+		for _, o := range t.outs {
+			st := o.buf.Stats()
+			pos += st.LastID
+			blocked = blocked || !st.BlockedSince.IsZero()
+		}
+		t.outMu.RUnlock()
+	}
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
 	st := TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
 	st.Prepared, st.Frontier, st.CutDone = t.rs.progress()
+	st.InMove, st.Position, st.Blocked = inMove, pos, blocked
 	switch {
 	case t.state == StateRunning && t.stall != "":
 		st.State, st.Message = StateStalled, t.stall

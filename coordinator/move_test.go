@@ -1,0 +1,56 @@
+package coordinator
+
+import (
+	"testing"
+	"time"
+
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+)
+
+// TestCatchUpMoveEndsAfterItsBound: a live move waits for its new copy
+// to catch up with the old one (MoveTask plans it with CatchUp when every
+// coordinator speaks protocol 5); a new copy that runs but stays behind
+// is switched to anyway once Timings.MoveCatchUpBound has passed, and the
+// positions at the switch show it had not caught up.
+func TestCatchUpMoveEndsAfterItsBound(t *testing.T) {
+	tm := testTimings()
+	tm.MoveCatchUpBound = time.Second
+	c := newTestClusterWith(t, 1, "", "", tm)
+	l := c.leader()
+	w1 := c.startWorker(t, l, "w1")
+	submit(t, c.admin(l), "mb", 1)
+	tasks := workerStatus(t, c.admin(l))[w1.id].Tasks
+	if len(tasks) == 0 {
+		t.Fatal("no task placed on w1")
+	}
+	task := tasks[0]
+	w2 := c.startWorker(t, l, "w2")
+	if _, err := c.admin(l).MoveTask(ctxT(t, 10*time.Second), &pb.MoveTaskRequest{TaskId: task, ToWorker: w2.id}); err != nil {
+		t.Fatal(err)
+	}
+	st := c.nodes[l].State()
+	if tk, err := st.Task(nil, task); err != nil || tk == nil || !tk.MoveCatchUp || tk.MovingFrom != w1.id {
+		t.Fatalf("the live move is not a catch-up move: %+v %v", tk, err)
+	}
+	report := func(worker string, gen int32, pos uint64) {
+		t.Helper()
+		if _, err := c.workers(l).ReportTasks(ctxT(t, 5*time.Second), &pb.ReportTasksRequest{WorkerId: worker,
+			Tasks: []*pb.TaskState{{TaskId: task, State: states.TaskRunning, Generation: gen, MovePosition: &pos}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report(w1.id, 1, 100) // the old copy is at 100
+	report(w2.id, 2, 10)  // the new copy runs, far behind, and stays so
+	if tk, _ := st.Task(nil, task); tk.MovingFrom != w1.id {
+		t.Fatalf("the move ended before the new copy caught up: %+v", tk)
+	}
+	waitFor(t, minWait, "the bound ends the move", func() bool {
+		tk, err := st.Task(nil, task)
+		return err == nil && tk != nil && tk.MovingFrom == ""
+	})
+	tk, _ := st.Task(nil, task)
+	if tk.MovePosition == nil || tk.MovingFromPosition == nil || *tk.MovePosition != 10 || *tk.MovingFromPosition != 100 || tk.State != states.TaskRunning {
+		t.Fatalf("after the bound: %+v", tk)
+	}
+}
