@@ -105,6 +105,25 @@ func printJSON(w io.Writer, v any) error {
 
 func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
+// serviceCmd completes a client command that calls one gRPC service of a
+// coordinator: it registers the client flags, dials (mutual TLS, token)
+// and bounds the call by --timeout.
+func serviceCmd[C any](cmd *cobra.Command, newClient func(grpc.ClientConnInterface) C, run func(ctx context.Context, c C, f *clientFlags, cmd *cobra.Command, args []string) error) *cobra.Command {
+	f := &clientFlags{}
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		conn, err := f.dial()
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
+		defer cancel()
+		return run(ctx, newClient(conn), f, cmd, args)
+	}
+	f.register(cmd)
+	return cmd
+}
+
 // adminCmd completes a client command that calls one coordinator's admin
 // API: it registers the shared client flags, dials, bounds the call with
 // --timeout, and hands the client to run.

@@ -22,21 +22,9 @@ import (
 )
 
 // fedCmd completes a client command that calls a coordinator's
-// federation API (see adminCmd).
+// federation API (see serviceCmd).
 func fedCmd(cmd *cobra.Command, run func(ctx context.Context, c pb.FederationServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error) *cobra.Command {
-	f := &clientFlags{}
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		conn, err := f.dial()
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
-		defer cancel()
-		return run(ctx, pb.NewFederationServiceClient(conn), f, cmd, args)
-	}
-	f.register(cmd)
-	return cmd
+	return serviceCmd(cmd, pb.NewFederationServiceClient, run)
 }
 
 func newLedgerCmd() *cobra.Command {

@@ -45,21 +45,9 @@ func expiresText(ms int64) string {
 	return time.UnixMilli(ms).UTC().Format(time.RFC3339)
 }
 
-// tokenCmd is adminCmd for the token service.
+// tokenCmd is serviceCmd for the token service.
 func tokenCmd(cmd *cobra.Command, run func(ctx context.Context, c pb.TokenServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error) *cobra.Command {
-	f := &clientFlags{}
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		conn, err := f.dial()
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
-		defer cancel()
-		return run(ctx, pb.NewTokenServiceClient(conn), f, cmd, args)
-	}
-	f.register(cmd)
-	return cmd
+	return serviceCmd(cmd, pb.NewTokenServiceClient, run)
 }
 
 func newTokenCreateCmd() *cobra.Command {
