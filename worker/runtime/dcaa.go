@@ -2,7 +2,9 @@ package runtime
 
 import (
 	"context"
+
 	"errors"
+	"github.com/fedstream/fedstream/config/queryspec"
 	"sync/atomic"
 	"time"
 
@@ -100,6 +102,10 @@ func (t *task) setupDCAA() {
 		in.sub.OnStreamState(in.heardFrom)
 		in.watched = true
 	}
+	if t.node.Kind == queryspec.KindSink && !t.passThrough {
+		// A merging sink: its tentative part (see dcaa_sink.go).
+		t.newMergeView()
+	}
 	if t.usesMachine() {
 		d, err := newDCAARun(t)
 		if err != nil {
@@ -168,6 +174,10 @@ func (t *task) watchInputs(ctx context.Context) {
 // inputs and advertises a change on its outputs.
 func (t *task) updateReplicaState() {
 	st := fedstreampb.ReplicaState_REPLICA_STABLE
+	if t.tentative.Load() {
+		// A sink whose results are tentative now.
+		st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	}
 	for _, in := range t.inputs {
 		if in.failed() {
 			st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE

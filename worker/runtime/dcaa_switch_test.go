@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -9,7 +8,6 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
-	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // chainRig is aggRig with a DCAA operator (a filter that keeps every
@@ -143,27 +141,9 @@ func TestDCAASwitchAfterCorrection(t *testing.T) {
 	if want.tentative+want.undos+want.recDones != 0 {
 		t.Fatalf("the failure-free replica's output holds %d tentative, %d UNDO, %d REC_DONE", want.tentative, want.undos, want.recDones)
 	}
-	// The sink merges the filter's two partitions, and a merging sink does
-	// not handle UNDO yet (docs/DATAPLANE.md, "Not done yet"): a window a
-	// filter partition corrected may show twice. Every window is one
-	// distinct tuple, so later copies are dropped before comparing; a
-	// skipped tuple or boundary, or one out of order, still fails.
-	sameStable(t, firstCopies(got.stable), firstCopies(want.stable), 40)
-}
-
-// firstCopies drops data tuples equal (stime and values) to an earlier one.
-func firstCopies(ts []tuple.Tuple) []tuple.Tuple {
-	var out []tuple.Tuple
-	seen := map[string]bool{}
-	for _, tp := range ts {
-		if tp.Type == tuple.Stable {
-			k := fmt.Sprint(tp.STime, tp.Values)
-			if seen[k] {
-				continue
-			}
-			seen[k] = true
-		}
-		out = append(out, tp)
-	}
-	return out
+	// The sink merges the filter's two partitions: its stable view is the
+	// merge of theirs (a merging sink takes only stable tuples into its
+	// merge, by stable id), so a window a filter partition corrected shows
+	// once, in order.
+	sameStable(t, got.stable, want.stable, 40)
 }

@@ -58,6 +58,11 @@ type input struct {
 	// watched: failure detection watches this input (a replicated
 	// query's; set before the task starts).
 	watched bool
+	// lastOff is the position offset at the end of the last batch of the
+	// current attempt (offKnown: one came); a merging sink of a
+	// replicated query only (see filterDCAA).
+	lastOff  uint64
+	offKnown bool
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -157,6 +162,13 @@ func (in *input) run(ctx context.Context) {
 			err = fmt.Errorf("no placement known for %s partition %d", in.upstream, in.upPartition)
 		} else {
 			pl := cands[attempt%len(cands)]
+			if in.t.mv != nil || in.t.passDCAA() {
+				// A DCAA sink resumes by stable id (see stableIDs): the
+				// replica read next may number its stream otherwise.
+				if s := in.stableTaken.Load(); s < in.sub.LastID() {
+					in.sub.ResumeAfter(s)
+				}
+			}
 			progressed, moved, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
@@ -221,6 +233,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		in.cancelCur = nil
 		in.mu.Unlock()
 	}()
+	fresh := true // the attempt's first batch
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
 		if in.watched {
@@ -230,8 +243,22 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		if in.t.dm != nil {
 			return in.t.dm.deliver(ctx, in, b)
 		}
+		first := fresh
+		fresh = false
 		if in.t.passThrough {
+			if in.t.dcaaOn() {
+				return in.t.passBatchDCAA(b, first)
+			}
 			return in.t.passBatch(b)
+		}
+		if in.t.mv != nil {
+			if err := in.mergeDCAA(ctx, b, first); err != nil {
+				return err
+			}
+			if len(b.Tuples) == 0 {
+				b.Release() // nothing stable in it
+				return nil
+			}
 		}
 		// The merger hands b back (Release) once the task is done with its
 		// tuples: read what is needed of it before.
@@ -266,7 +293,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 // removed ends that way, and every replica it has must learn it was
 // taken).
 func (in *input) taken() uint64 {
-	if in.t.dm != nil {
+	if in.t.dm != nil || in.t.mv != nil || in.t.passDCAA() {
 		// Positions of the replica read mean other tuples on the others
 		// after a correction; stable ids do not (see stableIDs).
 		return in.stableTaken.Load()
@@ -470,6 +497,12 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	start := time.Now()
 	blocked := t.blockedNanos()
 	t.busySince.Store(start.UnixNano())
+	if t.mv != nil {
+		// Tentative results go before stable ones are appended.
+		if err := t.beforeStable(ctx); err != nil {
+			return false, true, err
+		}
+	}
 	done, err = t.release(ctx, rel.runs, rel.steps, emitter)
 	t.busySince.Store(0)
 	t.counters.released(t, rel.runs, start, blocked)
@@ -480,6 +513,9 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	}
 	if err == nil {
 		err = t.flush(ctx)
+	}
+	if err == nil && t.mv != nil {
+		err = t.syncTentative(ctx)
 	}
 	return done, true, err
 }

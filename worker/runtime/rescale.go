@@ -362,6 +362,9 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		t.inMu.Lock()
 		t.inputs = append(t.inputs, added...)
 		t.inMu.Unlock()
+		if t.mv != nil {
+			t.mv.grow(len(t.inputs))
+		}
 		t.unlockProc()
 		for _, in := range added {
 			t.wg.Add(1)

@@ -323,6 +323,9 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 	if t.emitErr != nil {
 		return nil, nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
 	}
+	if t.sinkTentativeHeld() {
+		return nil, nil, fmt.Errorf("%w: %s: its results are tentative now (a copy could not take them back)", ErrNotSnapshottable, t.spec.TaskID)
+	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
 	if t.op != nil && halt {
@@ -368,14 +371,23 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 	} else if t.passThrough {
 		in := t.inputs[0]
 		s.Released = math.MinInt64
-		s.Inputs = []InputPosition{{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}}
+		pos := InputPosition{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}
+		if t.passDCAA() {
+			// By stable id (see passView).
+			pos.After, pos.Boundary = t.pv.stable, t.pv.stableB
+		}
+		s.Inputs = []InputPosition{pos}
 	} else {
 		ms := t.merge.capture(halt)
 		s.Released = ms.released
 		for i, is := range ms.inputs {
 			in := t.inputs[i]
+			after := is.lastID
+			if t.mv != nil {
+				after = in.stableTaken.Load() // by stable id (see filterDCAA)
+			}
 			s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: is.port, Partition: is.upPartition,
-				After: is.lastID, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
+				After: after, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
 		}
 	}
 	if halt {
@@ -502,6 +514,12 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	}
 	if err := t.resumeOutputs(s); err != nil {
 		return err
+	}
+	for i, pos := range s.Inputs {
+		t.inputs[i].stableTaken.Store(pos.After)
+	}
+	if t.passThrough {
+		t.restorePassView(s.Inputs[0].After, s.Inputs[0].Boundary, t.outs[0].buf.Stats().LastID)
 	}
 	t.seq = s.Seq
 	t.restored = true

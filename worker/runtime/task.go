@@ -189,6 +189,11 @@ type task struct {
 	// passLast is the id of the last batch a pass-through sink adopted
 	// (under proc).
 	passLast uint64
+	// pv is a pass-through sink's view of its input in a replicated
+	// query (under proc); mv a merging sink's tentative part (nil
+	// otherwise). See dcaa_sink.go.
+	pv passView
+	mv *mergeView
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
 	// replicaState is the task's DCAA replica state
