@@ -41,6 +41,16 @@ func newFaultRig(t *testing.T, q *queryspec.Query, n int, faulty []int, opts Opt
 		c.workers = append(c.workers, startWorkerOpts(t, pool, opts))
 	}
 	t.Cleanup(func() { c.close(t) })
+	g.dcaaRig = &dcaaRig{c: c, q: q}
+	g.place(t, q, plan, place)
+	return g
+}
+
+// place adds q's tasks to the rig's workers (another query sharing them,
+// too; the caller applies).
+func (g *faultRig) place(t *testing.T, q *queryspec.Query, plan *queryspec.Plan, place func(node string, p, r int) int) {
+	t.Helper()
+	c := g.c
 	at := map[string]*worker{}
 	var placements []Placement
 	for _, node := range plan.Nodes {
@@ -57,8 +67,6 @@ func newFaultRig(t *testing.T, q *queryspec.Query, n int, faulty []int, opts Opt
 		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
 			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
-	g.dcaaRig = &dcaaRig{c: c, q: q}
-	return g
 }
 
 // cut holds (or resets) every link from worker from to the workers to.

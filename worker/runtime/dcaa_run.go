@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -38,8 +39,13 @@ type dcaaRun struct {
 
 	// Processing state (the run goroutine only).
 	checkpoint []byte
-	emitType   tuple.Type
-	tentWM     int64
+	// ckptSeq is the task's routing sequence at the checkpoint: unkeyed
+	// tuples to several downstream partitions are spread by it, so the
+	// corrections must be routed from the same point as a failure-free
+	// run's (see task.emitData).
+	ckptSeq  uint64
+	emitType tuple.Type
+	tentWM   int64
 	// lastStable is, per output stream, the position of its last stable
 	// tuple or boundary: an UNDO's target.
 	lastStable []uint64
@@ -147,7 +153,9 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		return errHalted
 	}
 	in.stableTaken.Store(stableLast)
-	if last := &ts[len(ts)-1]; last.Type == tuple.Boundary && last.STime == finalBoundary {
+	// The final boundary ends the stream, wherever it is in the batch (a
+	// producer's REC_DONE may follow it).
+	if slices.ContainsFunc(ts, func(tp tuple.Tuple) bool { return tp.Type == tuple.Boundary && tp.STime == finalBoundary }) {
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
 			return err
 		}
@@ -299,7 +307,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 			if err != nil {
 				return fmt.Errorf("dcaa checkpoint of %s: %w", t.node.Name, err)
 			}
-			d.checkpoint = snap
+			d.checkpoint, d.ckptSeq = snap, t.seq
 		case dcaa.Release:
 			if err := d.release(ctx, a); err != nil {
 				return err
@@ -426,6 +434,7 @@ func (d *dcaaRun) restore(ctx context.Context) error {
 	if err := t.op.Restore(d.checkpoint); err != nil {
 		return fmt.Errorf("dcaa restore of %s: %w", t.node.Name, err)
 	}
+	t.seq = d.ckptSeq
 	d.tentWM = 0
 	return d.mark(ctx, tuple.Undo)
 }

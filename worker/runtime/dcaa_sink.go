@@ -117,9 +117,17 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 		if lastHdr.Type == tuple.Boundary {
 			v.stableB = lastHdr.STime
 		}
-	} else if err := t.passSlow(buf, first, last, off, offs, data, undo); err != nil {
-		t.endWith(err)
-		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	} else {
+		final, err := t.passSlow(buf, first, last, off, offs, data, undo)
+		if err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+		if final {
+			// A producer's REC_DONE may follow its final boundary in the
+			// same batch: the stream ends at the boundary all the same.
+			lastHdr = tuple.Tuple{Type: tuple.Boundary, STime: finalBoundary}
+		}
 	}
 	v.lastOff, v.offKnown = off, true
 	t.passLast = last
@@ -142,8 +150,9 @@ func (v *passView) undo() []byte {
 
 // passSlow passes a batch that holds tuples outside the stable view, or
 // stable ones taken already (a resumption by stable id resends them), or
-// follows a correction: tuple by tuple (see passView).
-func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, offs []int, data, undo []byte) error {
+// follows a correction: tuple by tuple (see passView). final reports the
+// final boundary: nothing after it is passed.
+func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, offs []int, data, undo []byte) (final bool, err error) {
 	v := &t.pv
 	n := uint64(0)
 	for _, o := range offs {
@@ -152,7 +161,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		}
 	}
 	if n > last-off {
-		return fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last-off)
+		return false, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last-off)
 	}
 	sid := last - off - n
 	start := v.pos + 1
@@ -177,7 +186,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		enc := data[o:end]
 		var h tuple.Tuple
 		if _, err := tuple.DecodeHeader(enc, &h); err != nil {
-			return fmt.Errorf("result %d: %w", first+uint64(i), err)
+			return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
 		}
 		switch h.Type {
 		case tuple.Stable, tuple.Boundary:
@@ -194,6 +203,9 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			v.stable, v.lastStablePos = sid, v.pos
 			if h.Type == tuple.Boundary {
 				v.stableB = h.STime
+				if h.STime == finalBoundary {
+					final = true
+				}
 				if v.switchRec {
 					v.hdr = tuple.Tuple{Type: tuple.RecDone}
 					put(tuple.AppendTuple(nil, &v.hdr), false)
@@ -216,11 +228,14 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				v.recOpen, v.switchRec, v.lastStablePos = false, false, v.pos
 			}
 		}
+		if final {
+			break
+		}
 	}
 	if len(outOffs) == 0 {
-		return nil
+		return final, nil
 	}
-	return buf.Adopt(t.ctx, start, outOffs, out)
+	return final, buf.Adopt(t.ctx, start, outOffs, out)
 }
 
 // restorePassView sets a restored pass-through sink's view from its

@@ -1,0 +1,171 @@
+package runtime
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// failureFree runs the property rig's query without any failure and
+// returns its sink's stable output (the reference).
+func failureFree(t *testing.T, maxDelay string, limit int) []tuple.Tuple {
+	t.Helper()
+	q := propQuery(t, "agg", maxDelay, limit)
+	c := newClusterOpts(t, 2, q, func(_ string, p, r int) int { return p + r }, dcaaOpts)
+	defer c.close(t)
+	c.apply()
+	v := viewOf(c.tail(t, propSink0))
+	if v.tentative+v.undos+v.recDones != 0 {
+		t.Fatalf("the failure-free run gave %d tentative, %d UNDO, %d REC_DONE", v.tentative, v.undos, v.recDones)
+	}
+	return v.stable
+}
+
+// P4, two simultaneous failures: at one instant every replica of source
+// partition 0 becomes unreachable for the aggregate's replica 0 (which
+// goes tentative past X) and the sink's replica 0 loses the aggregate
+// replica it reads (it moves to the other). After healing, both sinks'
+// stable outputs equal the reference.
+func TestDCAATwoSimultaneousFailures(t *testing.T) {
+	g := newPropRig(t, "300ms", 16000)
+	g.readingStable(t)
+	g.cut(2, dataplane.Hold, 0, 1)
+	g.cut(4, dataplane.Reset, 2)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	g.faults[4].HealAll()
+	g.compare(t)
+}
+
+// P4, a second failure during stabilization: the aggregate's replica 0
+// goes tentative, its links heal, and as soon as it stops being tentative
+// (it reconciles: asks its peer, restores, replays) the same links fail
+// again, long enough for tentative results once more; after the second
+// healing its sink's stable output equals the reference.
+func TestDCAASecondFailureDuringStabilization(t *testing.T) {
+	g := newPropRig(t, "300ms", 24000)
+	g.readingStable(t)
+	agg := g.task(propAgg0)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	g.faults[2].HealAll()
+	waitUntil(t, "aggregate replica 0 reconciling", func() bool {
+		return agg.replicaState.Load() == int32(fedstreampb.ReplicaState_REPLICA_STABILIZATION) || !agg.tentative.Load()
+	})
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 tentative again", func() bool { return agg.dm.m.Figures().Recoveries >= 1 && agg.tentative.Load() })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	got := g.compare(t)
+	if got.undos < 2 {
+		t.Fatalf("sink replica 0 saw %d UNDO: want one correction per failure", got.undos)
+	}
+}
+
+// P6: every replica of the aggregate loses source partition 0 for longer
+// than X; both release tentative results, and after healing they
+// reconcile one at a time (peer permission): while one replica is in
+// STABILIZATION the other is not, so one of them always produces. Both
+// sinks' stable outputs then equal a failure-free run's.
+func TestDCAAOneReplicaKeepsProducingDuringStabilization(t *testing.T) {
+	const limit = 16000
+	want := failureFree(t, "5s", limit)
+	g := newFaultRig(t, propQuery(t, "agg", "300ms", limit), 6, []int{2, 4, 5}, dcaaOpts, propPlace(true))
+	g.c.apply()
+	g.readingStable(t)
+	a0, a1 := g.task(propAgg0), g.task(propAgg1)
+	var both atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		stab := int32(fedstreampb.ReplicaState_REPLICA_STABILIZATION)
+		tick := time.NewTicker(200 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if a0.replicaState.Load() == stab && a1.replicaState.Load() == stab {
+				both.Store(true)
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	g.cut(2, dataplane.Hold, 0, 1)
+	g.cut(5, dataplane.Hold, 0, 1)
+	waitUntil(t, "both aggregate replicas tentative", func() bool { return a0.tentative.Load() && a1.tentative.Load() })
+	g.faults[2].HealAll()
+	g.faults[5].HealAll()
+	g.stableAgain(t, propAgg0)
+	g.stableAgain(t, propAgg1)
+	if both.Load() {
+		t.Fatal("both replicas of the aggregate were in STABILIZATION at once")
+	}
+	if a0.dm.m.Figures().Recoveries == 0 || a1.dm.m.Figures().Recoveries == 0 {
+		t.Fatalf("recoveries: replica 0 %d, replica 1 %d: want both to correct", a0.dm.m.Figures().Recoveries, a1.dm.m.Figures().Recoveries)
+	}
+	for _, id := range []string{propSink0, propSink1} {
+		v := viewOf(g.c.tail(t, id))
+		if v.tentative == 0 {
+			t.Fatalf("%s: no tentative result although every replica failed", id)
+		}
+		sameStable(t, v.stable, want, 40)
+	}
+}
+
+// max_delay: 0 with real workers: nothing waits. A failure of every
+// replica of one source partition gives tentative results at once (and
+// so does mere skew between live inputs); after healing the stable
+// output of both sinks equals a failure-free run's.
+func TestDCAAMaxDelayZero(t *testing.T) {
+	want := failureFree(t, "5s", 16000)
+	g := newPropRig(t, "0s", 16000)
+	g.readingStable(t)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	got := g.compare(t)
+	if got.tentative == 0 {
+		t.Fatal("max_delay 0: no tentative result during the failure")
+	}
+	sameStable(t, got.stable, want, 40)
+}
+
+// strict with real workers: never tentative. Every replica of one source
+// partition unreachable while the live partition's data piles up: the
+// aggregate's replica 0 reports UP_FAILURE and releases nothing
+// tentative (it blocks); after healing its sink's output equals the
+// reference with no tentative result, UNDO or REC_DONE.
+func TestDCAAStrictNeverTentative(t *testing.T) {
+	g := newPropRig(t, "strict", 16000)
+	g.readingStable(t)
+	agg := g.task(propAgg0)
+	sink1 := g.task(propSink1)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 in UP_FAILURE", func() bool {
+		return g.taskState(propAgg0).Replica == fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	})
+	// The failure-free replica moves on by more than a second of windows
+	// meanwhile (X would long have passed for any duration).
+	from := sink1.outs[0].buf.Stats().LastID
+	waitUntil(t, "the failure-free replica moving on", func() bool { return sink1.outs[0].buf.Stats().LastID > from+30 })
+	if agg.tentative.Load() || agg.dm.m.Figures().TentativeSteps != 0 {
+		t.Fatal("strict: the aggregate released tentative results")
+	}
+	g.faults[2].HealAll()
+	got := g.compare(t)
+	if got.tentative+got.undos+got.recDones != 0 {
+		t.Fatalf("strict: %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
+	}
+}
