@@ -169,3 +169,51 @@ func TestDCAAStrictNeverTentative(t *testing.T) {
 		t.Fatalf("strict: %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
 	}
 }
+
+// P5: two queries with different X share the workers (and the cut
+// links). Every replica of one source partition becomes unreachable for
+// both aggregates' replica 0: the query with X = 300ms releases tentative
+// results, the one with X = 20s does not while its X has not passed (it
+// waits); after healing both sinks of each query agree, stable tuple for
+// stable tuple.
+func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
+	const slowX = 20 * time.Second
+	fast := propQuery(t, "fast", "300ms", 16000)
+	slow := propQuery(t, "slow", slowX.String(), 16000)
+	g := newFaultRig(t, fast, 6, []int{2, 4, 5}, dcaaOpts, propPlace(false))
+	plan, err := slow.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.place(t, slow, plan, propPlace(false))
+	g.c.apply()
+	fastAgg, slowAgg := g.task("fast/counts/p0/r0"), g.task("slow/counts/p0/r0")
+	waitUntil(t, "both aggregates' replica 0 reading partition 0, stable", func() bool {
+		return g.faults[2].BytesFrom(g.c.workers[0].addr) > 16<<10 &&
+			g.taskState("fast/counts/p0/r0").Replica == fedstreampb.ReplicaState_REPLICA_STABLE &&
+			g.taskState("slow/counts/p0/r0").Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	cutAt := time.Now()
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "the fast query tentative for a while", func() bool { return fastAgg.dm.m.Figures().TentativeSteps >= 20 })
+	slowTentative := slowAgg.tentative.Load() || slowAgg.dm.m.Figures().TentativeSteps > 0
+	if elapsed := time.Since(cutAt); elapsed < slowX && slowTentative {
+		t.Fatalf("the query with X = %v released tentative results %v after the failure", slowX, elapsed)
+	}
+	if st := g.taskState("slow/counts/p0/r0").Replica; st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE {
+		t.Fatalf("the slow query's aggregate reports %v during the failure", st)
+	}
+	g.faults[2].HealAll()
+	for _, q := range []string{"fast", "slow"} {
+		got := viewOf(g.c.tail(t, q+"/out/p0/r0"))
+		want := viewOf(g.c.tail(t, q+"/out/p0/r1"))
+		t.Logf("%s: sink replica 0 %d stable, %d tentative, %d UNDO", q, len(got.stable), got.tentative, got.undos)
+		sameStable(t, got.stable, want.stable, 40)
+		if q == "fast" && got.tentative == 0 {
+			t.Fatal("the fast query's sink saw no tentative result")
+		}
+		if q == "slow" && got.tentative+got.undos != 0 {
+			t.Fatalf("the slow query's sink saw %d tentative results, %d UNDO", got.tentative, got.undos)
+		}
+	}
+}
