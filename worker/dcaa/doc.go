@@ -1,7 +1,9 @@
 package dcaa
 
 // Wiring into the task runtime (done for operator tasks: see
-// worker/runtime/dcaa_run.go and docs/DATAPLANE.md).
+// worker/runtime/dcaa_run.go and docs/DATAPLANE.md; sinks run no machine
+// and keep a consumer's view of their input instead, see
+// worker/runtime/dcaa_sink.go).
 //
 // One Machine per task with inputs, one Output per task (its output
 // streams share the state). The runtime calls Step with the wall clock
@@ -38,7 +40,7 @@ package dcaa
 // same on every upstream replica (worker/runtime stableIDs). Heartbeats are sent by
 // the data plane (an empty batch with the state after every boundary
 // interval without data). The machine still keeps the stable input since
-// its checkpoint without bound.
+// its checkpoint without bound (no bound yet: issue 10's P7).
 //
 // Rescaling: the runtime holds and cuts the machine (Machine.SetCut)
 // instead of the stable merger; see worker/runtime/rescale.go.
