@@ -59,7 +59,7 @@ func TestDCAASecondFailureDuringStabilization(t *testing.T) {
 		return agg.replicaState.Load() == int32(fedstreampb.ReplicaState_REPLICA_STABILIZATION) || !agg.tentative.Load()
 	})
 	g.cut(2, dataplane.Hold, 0, 1)
-	waitUntil(t, "aggregate replica 0 tentative again", func() bool { return agg.dm.m.Figures().Recoveries >= 1 && agg.tentative.Load() })
+	waitUntil(t, "aggregate replica 0 tentative again", func() bool { return agg.dm.restores.Load() >= 1 && agg.tentative.Load() })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
 	got := g.compare(t)
@@ -111,8 +111,8 @@ func TestDCAAOneReplicaKeepsProducingDuringStabilization(t *testing.T) {
 	if both.Load() {
 		t.Fatal("both replicas of the aggregate were in STABILIZATION at once")
 	}
-	if a0.dm.m.Figures().Recoveries == 0 || a1.dm.m.Figures().Recoveries == 0 {
-		t.Fatalf("recoveries: replica 0 %d, replica 1 %d: want both to correct", a0.dm.m.Figures().Recoveries, a1.dm.m.Figures().Recoveries)
+	if a0.dm.restores.Load() == 0 || a1.dm.restores.Load() == 0 {
+		t.Fatalf("recoveries: replica 0 %d, replica 1 %d: want both to correct", a0.dm.restores.Load(), a1.dm.restores.Load())
 	}
 	for _, id := range []string{propSink0, propSink1} {
 		v := viewOf(g.c.tail(t, id))
@@ -131,8 +131,10 @@ func TestDCAAMaxDelayZero(t *testing.T) {
 	want := failureFree(t, "5s", 16000)
 	g := newPropRig(t, "0s", 16000)
 	g.readingStable(t)
+	agg := g.task(propAgg0)
+	before := agg.dm.tentSteps.Load() // skew alone releases tentatively
 	g.cut(2, dataplane.Hold, 0, 1)
-	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return agg.dm.tentSteps.Load() > before+5 })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
 	got := g.compare(t)
@@ -160,7 +162,7 @@ func TestDCAAStrictNeverTentative(t *testing.T) {
 	// meanwhile (X would long have passed for any duration).
 	from := sink1.outs[0].buf.Stats().LastID
 	waitUntil(t, "the failure-free replica moving on", func() bool { return sink1.outs[0].buf.Stats().LastID > from+30 })
-	if agg.tentative.Load() || agg.dm.m.Figures().TentativeSteps != 0 {
+	if agg.tentative.Load() || agg.dm.tentSteps.Load() != 0 {
 		t.Fatal("strict: the aggregate released tentative results")
 	}
 	g.faults[2].HealAll()
@@ -195,13 +197,10 @@ func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
 	})
 	cutAt := time.Now()
 	g.cut(2, dataplane.Hold, 0, 1)
-	waitUntil(t, "the fast query tentative for a while", func() bool { return fastAgg.dm.m.Figures().TentativeSteps >= 20 })
-	slowTentative := slowAgg.tentative.Load() || slowAgg.dm.m.Figures().TentativeSteps > 0
+	waitUntil(t, "the fast query tentative for a while", func() bool { return fastAgg.dm.tentSteps.Load() >= 20 })
+	slowTentative := slowAgg.tentative.Load() || slowAgg.dm.tentSteps.Load() > 0
 	if elapsed := time.Since(cutAt); elapsed < slowX && slowTentative {
 		t.Fatalf("the query with X = %v released tentative results %v after the failure", slowX, elapsed)
-	}
-	if st := g.taskState("slow/counts/p0/r0").Replica; st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE {
-		t.Fatalf("the slow query's aggregate reports %v during the failure", st)
 	}
 	g.faults[2].HealAll()
 	for _, q := range []string{"fast", "slow"} {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -58,6 +59,9 @@ type dcaaRun struct {
 	// answered (see Reconcile).
 	replyTo map[int]chan bool
 	peers   peerFigures
+	// tentSteps counts the steps released tentatively, restores the
+	// corrections started (figures, readable from any goroutine).
+	tentSteps, restores atomic.Uint64
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -408,6 +412,7 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 		return err
 	}
 	if rel.Tentative {
+		d.tentSteps.Add(uint64(len(rel.Steps)))
 		d.advertise()
 		return nil
 	}
@@ -435,6 +440,7 @@ func (d *dcaaRun) restore(ctx context.Context) error {
 		return fmt.Errorf("dcaa restore of %s: %w", t.node.Name, err)
 	}
 	t.seq = d.ckptSeq
+	d.restores.Add(1)
 	d.tentWM = 0
 	return d.mark(ctx, tuple.Undo)
 }
