@@ -1,6 +1,9 @@
 package runtime
 
 import (
+	"context"
+	"math"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -8,6 +11,7 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // chainRig is aggRig with a DCAA operator (a filter that keeps every
@@ -149,4 +153,81 @@ func TestDCAASwitchAfterCorrection(t *testing.T) {
 	// merge, by stable id), so a window a filter partition corrected shows
 	// once, in order.
 	sameStable(t, got.stable, want.stable, 40)
+}
+
+// After a correction the aggregate's replicas route the same stable
+// windows to the same filter partitions: a DCAA checkpoint keeps the
+// routing sequence that spreads unkeyed tuples over the downstream's
+// partitions, and the restore puts it back. Without it, the tentative
+// windows moved the sequence on replica 0 alone, its corrected windows
+// went to other partitions than replica 1's, and the partition streams
+// had different stable views (a consumer switching replicas by stable id
+// then skipped or repeated windows).
+func TestDCAACorrectionRoutesLikeFailureFreeRun(t *testing.T) {
+	g := newChainRig(t, 16000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	agg1 := queryspec.TaskID(g.q.Name, "counts", 0, 1)
+	// Hold every output of both replicas from the start: the streams are
+	// read whole at the end.
+	var bufs [2][2]*dataplane.OutputBuffer
+	for r, id := range []string{agg0, agg1} {
+		w := g.c.workers[2]
+		if r == 1 {
+			w = g.c.workers[1]
+		}
+		for p := range 2 {
+			b, err := w.rt.task(id).output("keep", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Connect("holder")
+			bufs[r][p] = b
+		}
+	}
+	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
+		return g.faults.BytesFrom(up0) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	g.faults.CutOutgoing(up0, dataplane.Hold)
+	g.faults.CutOutgoing(up1, dataplane.Hold)
+	tk0 := g.c.workers[2].rt.task(agg0)
+	waitUntil(t, "aggregate replica 0 tentative", func() bool { return tk0.dm.tentSteps.Load() > 3 })
+	g.faults.HealAll()
+	for p := range 2 {
+		a := stableView(t, bufs[0][p])
+		b := stableView(t, bufs[1][p])
+		if len(a) < 10 {
+			t.Fatalf("partition %d: %d stable tuples", p, len(a))
+		}
+		sameStable(t, a, b, 10)
+	}
+	if tk0.dm.restores.Load() == 0 {
+		t.Fatal("aggregate replica 0 corrected nothing")
+	}
+}
+
+// stableView reads a held output buffer from its start to its final
+// boundary and returns its stable tuples and boundaries.
+func stableView(t *testing.T, buf *dataplane.OutputBuffer) []tuple.Tuple {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{}, "", true, 0)
+	var out []tuple.Tuple
+	err := sub.RunLocal(ctx, buf, func(_ context.Context, b *dataplane.Batch) error {
+		for _, tp := range b.Tuples {
+			if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
+				tp.Values = slices.Clone(tp.Values)
+				out = append(out, tp)
+			}
+			if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+				return dataplane.ErrStopSubscription
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	return out
 }
