@@ -114,7 +114,6 @@ func TestDCAAPassSinkSwitchAfterCorrection(t *testing.T) {
 	g.readingStable(t)
 	g.cut(2, dataplane.Hold, 0, 1)
 	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
-	waitUntil(t, "the sink's results tentative", func() bool { return g.task(propSink0).tentative.Load() })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
 	agg := g.task(propAgg0).outs[0].buf
