@@ -40,7 +40,7 @@ package dcaa
 // same on every upstream replica (worker/runtime stableIDs). Heartbeats are sent by
 // the data plane (an empty batch with the state after every boundary
 // interval without data). The machine still keeps the stable input since
-// its checkpoint without bound (no bound yet: issue 10's P7).
+// its checkpoint up to Config.KeepLimit (see Machine.bound).
 //
 // Rescaling: the runtime holds and cuts the machine (Machine.SetCut)
 // instead of the stable merger; see worker/runtime/rescale.go.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -60,8 +61,13 @@ type dcaaRun struct {
 	replyTo map[int]chan bool
 	peers   peerFigures
 	// tentSteps counts the steps released tentatively, restores the
-	// corrections started (figures, readable from any goroutine).
-	tentSteps, restores atomic.Uint64
+	// corrections started, shed the stable tuples dropped for the bound on
+	// what a replay keeps, keptMax the most kept at once after a bound
+	// (figures, readable from any goroutine).
+	tentSteps, restores, shed, keptMax atomic.Uint64
+	// lostFrom, lostTo: the results a correction could not make exact
+	// (stream times; see lost), for tests.
+	lostFrom, lostTo atomic.Int64
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -103,7 +109,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		ks[i] = max(1, t.plan.Query.Replicas)
 	}
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
-		Share: shares[t.node.Name], Detect: t.detectTimeout()})
+		Share: shares[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
@@ -230,6 +236,9 @@ func (d *dcaaRun) run(ctx context.Context) {
 			return
 		}
 		err := d.step(ctx, ev, deadline, detect)
+		f := d.m.Figures()
+		d.shed.Store(f.Shed)
+		d.keptMax.Store(uint64(f.KeptMax))
 		t.unlockProc()
 		if processed != nil {
 			close(processed)
@@ -317,6 +326,9 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 				return err
 			}
 		case dcaa.Restore:
+			if a.LostTo > a.LostFrom {
+				d.lost(a)
+			}
 			if err := d.restore(ctx); err != nil {
 				return err
 			}
@@ -430,6 +442,44 @@ func (d *dcaaRun) growOutputs() {
 		d.lastStable = append(d.lastStable, 0)
 		d.nsOpen = append(d.nsOpen, false)
 	}
+}
+
+// lost notes a correction that cannot make every result exact: the
+// stable input in [a.LostFrom, a.LostTo) went for the bound on what a
+// replay keeps. Results that depended on it (for a windowed operator,
+// those of windows that overlap the range) keep what the replay gives
+// them; the task's status says which from now on, and the worker logs
+// it.
+func (d *dcaaRun) lost(a dcaa.Restore) {
+	t := d.t
+	to := a.LostTo
+	if w := windowOf(t.node); w > 0 && to < math.MaxInt64-int64(w) {
+		to += int64(w) // windows that began before LostTo end up to W later
+	}
+	from := time.Unix(0, a.LostFrom).UTC().Format(time.RFC3339Nano)
+	if a.LostFrom == math.MinInt64 {
+		from = "the start"
+	}
+	note := fmt.Sprintf("results with stream time from %s to %s could not be corrected: a failure outlasted the input kept for the replay (%d tuples); later results are exact",
+		from, time.Unix(0, to).UTC().Format(time.RFC3339Nano), t.r.opts.DCAAKeepTuples)
+	t.log.Warn("DCAA correction incomplete", "from", a.LostFrom, "to", to, "keep_tuples", t.r.opts.DCAAKeepTuples)
+	d.lostFrom.Store(a.LostFrom)
+	d.lostTo.Store(to)
+	t.stateMu.Lock()
+	t.uncorrected = note
+	t.stateMu.Unlock()
+}
+
+// windowOf is the window size of a windowed operator (0 otherwise).
+func windowOf(n *queryspec.Node) time.Duration {
+	if n == nil || n.Op == nil || n.Op.Window == nil {
+		return 0
+	}
+	d, err := time.ParseDuration(n.Op.Window.Size)
+	if err != nil {
+		return 0
+	}
+	return d
 }
 
 // restore puts the operator back to the checkpoint and takes back, on

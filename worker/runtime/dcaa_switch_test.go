@@ -46,7 +46,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{BoundaryInterval: 10 * time.Millisecond, StallAfter: 5 * time.Second, DetectTimeout: 150 * time.Millisecond}
+	opts := dcaaOpts
 	shared := dataplane.NewPool()
 	faults, downFaults := dataplane.NewFaults(), dataplane.NewFaults()
 	faulty, downFaulty := dataplane.NewPool(faults.DialOption()), dataplane.NewPool(downFaults.DialOption())

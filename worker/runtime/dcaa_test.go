@@ -44,7 +44,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{BoundaryInterval: 10 * time.Millisecond, StallAfter: 5 * time.Second, DetectTimeout: 150 * time.Millisecond}
+	opts := dcaaOpts
 	shared := dataplane.NewPool()
 	faults := dataplane.NewFaults()
 	faulty := dataplane.NewPool(faults.DialOption())
@@ -183,7 +183,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{BoundaryInterval: 10 * time.Millisecond, StallAfter: 5 * time.Second, DetectTimeout: 150 * time.Millisecond}
+	opts := dcaaOpts
 	shared := dataplane.NewPool()
 	faults := dataplane.NewFaults()
 	faulty := dataplane.NewPool(faults.DialOption())

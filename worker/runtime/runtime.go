@@ -284,10 +284,20 @@ type Options struct {
 	// another (default dcaa.DetectTimeout(BoundaryInterval); output
 	// streams of such queries send a heartbeat every BoundaryInterval).
 	DetectTimeout time.Duration
+	// DCAAKeepTuples bounds the stable input a DCAA operator task keeps
+	// for its replay while its results are tentative (default
+	// DefaultDCAAKeepTuples; see dcaa.Config.KeepLimit): past it a long
+	// failure's oldest input goes, and the task's status names the
+	// results its correction could not make exact.
+	DCAAKeepTuples int
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
 }
+
+// DefaultDCAAKeepTuples is the default of Options.DCAAKeepTuples: as
+// many tuples as an output buffer holds by default.
+const DefaultDCAAKeepTuples = 256 << 10
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
 const DefaultMaxFuture = time.Hour
@@ -322,6 +332,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.DetectTimeout <= 0 {
 		o.DetectTimeout = dcaa.DetectTimeout(o.BoundaryInterval)
+	}
+	if o.DCAAKeepTuples <= 0 {
+		o.DCAAKeepTuples = DefaultDCAAKeepTuples
 	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)

@@ -133,6 +133,9 @@ type task struct {
 	// is not connected has not taken. Both are set by the watchdog (see
 	// checkStall).
 	stall, overrun string
+	// uncorrected names the results a DCAA correction could not make
+	// exact (see dcaaRun.lost); it stays in the status message.
+	uncorrected string
 
 	// Watchdog state, touched only by the runtime's watch goroutine: the
 	// outputs' id total when it last moved and when, and what each input
@@ -628,6 +631,12 @@ func (t *task) state0() TaskState {
 			st.Message += "; "
 		}
 		st.Message += t.overrun
+	}
+	if t.uncorrected != "" {
+		if st.Message != "" {
+			st.Message += "; "
+		}
+		st.Message += t.uncorrected
 	}
 	return st
 }
