@@ -104,7 +104,9 @@ func TestDCAAOneReplicaKeepsProducingDuringStabilization(t *testing.T) {
 	defer func() { close(stop); wg.Wait() }()
 	g.cut(2, dataplane.Hold, 0, 1)
 	g.cut(5, dataplane.Hold, 0, 1)
-	waitUntil(t, "both aggregate replicas tentative", func() bool { return a0.tentative.Load() && a1.tentative.Load() })
+	// Tentative steps covering more than a window (10ms steps, 100ms
+	// windows) on both: tentative windows were emitted.
+	waitUntil(t, "both aggregate replicas tentative", func() bool { return a0.dm.tentSteps.Load() >= 15 && a1.dm.tentSteps.Load() >= 15 })
 	g.faults[2].HealAll()
 	g.faults[5].HealAll()
 	g.stableAgain(t, propAgg0)
@@ -137,7 +139,7 @@ func TestDCAAMaxDelayZero(t *testing.T) {
 	agg := g.task(propAgg0)
 	before := agg.dm.tentSteps.Load() // skew alone releases tentatively
 	g.cut(2, dataplane.Hold, 0, 1)
-	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return agg.dm.tentSteps.Load() > before+5 })
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return agg.dm.tentSteps.Load() > before+15 })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
 	got := g.compare(t)

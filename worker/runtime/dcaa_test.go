@@ -286,7 +286,10 @@ func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
 	})
 	g.faults.CutOutgoing(up0, dataplane.Hold)
 	g.faults.CutOutgoing(up1, dataplane.Hold)
-	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(agg0).Tentative })
+	// Tentative release steps covering more than a window (10ms steps,
+	// 100ms windows), so that tentative windows were emitted.
+	tk0 := g.c.workers[2].rt.task(agg0)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return tk0.dm.tentSteps.Load() >= 15 })
 	if st := g.taskState(agg0).Replica; st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE {
 		t.Fatalf("tentative aggregate replica reports %v", st)
 	}
