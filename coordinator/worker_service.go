@@ -184,13 +184,16 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		return resp, nil
 	}
 	for _, t := range reports {
-		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation),
+		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative,
 			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
 		if rp := t.Reconfig; rp != nil {
 			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier = true, rp.Acked, rp.Level, rp.Frontier
 			for _, m := range rp.Markers {
 				u.ReconfigMarkers = append(u.ReconfigMarkers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
 			}
+		}
+		if t.ReplicaState != pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
+			u.ReplicaState = t.ReplicaState.String()
 		}
 		upd.States = append(upd.States, u)
 	}

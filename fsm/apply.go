@@ -537,7 +537,8 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
 		sameReconfig := !u.Reconfig || (t.ReconfigAcked == u.ReconfigAcked && t.ReconfigLevel == u.ReconfigLevel &&
 			t.ReconfigFrontier == u.ReconfigFrontier && slices.Equal(t.ReconfigMarkers, u.ReconfigMarkers))
-		if t.State == u.State && t.Message == u.Message && t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos && sameReconfig {
+		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative &&
+			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos && sameReconfig {
 			continue
 		}
 		updated := *t
@@ -550,6 +551,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		}
 		updated.State = u.State
 		updated.Message = u.Message
+		updated.ReplicaState, updated.Tentative = u.ReplicaState, u.Tentative
 		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
 		if t.MovingFrom != "" && u.MovePosition != nil {
 			pos := *u.MovePosition

@@ -205,6 +205,11 @@ type TaskStateUpdate struct {
 	// Generation is the copy that reports; a report of another generation
 	// than the task's current one is skipped. 0: not said (older workers).
 	Generation int `json:"generation,omitempty"`
+	// ReplicaState is the task replica's DCAA state ("REPLICA_STABLE",
+	// "REPLICA_UP_FAILURE", "REPLICA_STABILIZATION"; "" when its query
+	// has no replicas) and Tentative whether its output is tentative now.
+	ReplicaState string `json:"replica_state,omitempty"`
+	Tentative    bool   `json:"tentative,omitempty"`
 	// Rescale progress (see Task.Prepared, Frontier, CutDone); zero when
 	// no rescale is under way.
 	Prepared uint64 `json:"prepared,omitempty"`

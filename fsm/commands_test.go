@@ -169,12 +169,19 @@ func TestCommands(t *testing.T) {
 				}}},
 				{typ: UpdateTaskStatesType, body: UpdateTaskStatesRequest{WorkerID: "zz"}, wantErr: ErrWorkerNotFound},
 				{typ: UpdateTaskStatesType, body: UpdateTaskStatesRequest{WorkerID: "a", States: []TaskStateUpdate{{TaskID: "q1/f0/p0/r0"}}}, wantErr: ErrInvalidRequest},
+				// Only the DCAA state changes: recorded too.
+				{typ: UpdateTaskStatesType, body: UpdateTaskStatesRequest{WorkerID: "a", States: []TaskStateUpdate{
+					{TaskID: "q1/f0/p0/r0", State: "running", Message: "ok", ReplicaState: "REPLICA_UP_FAILURE", Tentative: true},
+				}}},
 			},
 			check: func(t *testing.T, h *harness) {
 				a, _ := h.state().Task(nil, "q1/f0/p0/r0")
 				b, _ := h.state().Task(nil, "q1/f0/p0/r1")
 				if a.State != "running" || a.Message != "ok" || b.State != TaskStatePending {
 					t.Fatalf("tasks = %+v, %+v", a, b)
+				}
+				if a.ReplicaState != "REPLICA_UP_FAILURE" || !a.Tentative {
+					t.Fatalf("DCAA state not recorded: %+v", a)
 				}
 				if w := h.worker("a"); w.AssignIndex != 5 {
 					t.Fatalf("state report changed AssignIndex: %+v", w)

@@ -103,6 +103,10 @@ type Task struct {
 	MovingFromGeneration int    `json:"moving_from_generation,omitempty"`
 	State                string `json:"state"`
 	Message              string `json:"message"`
+	// ReplicaState and Tentative are the DCAA state last reported (see
+	// TaskStateUpdate).
+	ReplicaState string `json:"replica_state,omitempty"`
+	Tentative    bool   `json:"tentative,omitempty"`
 	// ScaleEpoch is, for a task a rescale created (a partition added),
 	// the slot-map epoch it was created for; its first copy has that
 	// generation and starts empty, taking its slots at the rescale's cut

@@ -287,9 +287,18 @@ func newQueryStatusCmd() *cobra.Command {
 		if f.json {
 			return printJSON(cmd.OutOrStdout(), webui.QueryView(q))
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s\n\n", q.Name, q.Status, q.Replicas, q.MaxDelay)
+		view := webui.QueryView(q)
+		results := "stable"
+		if view.Tentative {
+			results = "TENTATIVE (corrections will follow)"
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "query %s: %s, replicas %d, max_delay %s", q.Name, q.Status, q.Replicas, q.MaxDelay)
+		if q.Replicas > 1 {
+			fmt.Fprintf(cmd.OutOrStdout(), ", results %s", results)
+		}
+		fmt.Fprint(cmd.OutOrStdout(), "\n\n")
 		tw := newTable(cmd.OutOrStdout())
-		fmt.Fprintln(tw, "TASK\tGEN\tWORKER\tADDR\tSTATE\tMESSAGE")
+		fmt.Fprintln(tw, "TASK\tGEN\tWORKER\tADDR\tSTATE\tREPLICA\tMESSAGE")
 		sort.Slice(q.Tasks, func(i, j int) bool { return q.Tasks[i].TaskId < q.Tasks[j].TaskId })
 		for _, t := range q.Tasks {
 			where := orNone(t.WorkerId)
@@ -298,7 +307,11 @@ func newQueryStatusCmd() *cobra.Command {
 				// not this org's to name.
 				where = "org " + t.Org
 			}
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), where, t.WorkerAddr, t.State, strings.TrimSpace(t.Message))
+			replica := orNone(webui.ReplicaStateName(t.ReplicaState))
+			if t.Tentative {
+				replica += " (tentative)"
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), where, t.WorkerAddr, t.State, replica, strings.TrimSpace(t.Message))
 		}
 		return tw.Flush()
 	})

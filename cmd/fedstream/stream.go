@@ -84,8 +84,8 @@ var (
 const followerGrace = 3 * time.Second
 
 // tailer follows a sink's result stream, moving to another replica of the
-// sink when the one it reads fails; ids are identical across replicas, so
-// it resumes after the last id it printed. It ends without an error when
+// sink when the one it reads fails; stable ids are identical across
+// replicas, so it resumes after the last one it took (see batch). It ends without an error when
 // the sink ends, the query is stopped, count results were printed, or no
 // result came for idle.
 type tailer struct {
@@ -100,9 +100,15 @@ type tailer struct {
 	idle  time.Duration
 	// notes, when set, hears why a tail ended (stderr).
 	notes io.Writer
-	// lastID is the last result id printed; printed counts them.
+	// lastID is the stable id of the last stable result or boundary
+	// taken (see batch); printed counts the lines printed.
 	lastID  uint64
 	printed int
+	// tentOpen: tentative results were taken (tentN of them) after lastID
+	// and not taken back; recOpen: an UNDO was taken and its REC_DONE not
+	// yet; fresh: the next batch is a subscription's first.
+	tentOpen, recOpen, fresh bool
+	tentN                    uint64
 	// activity is reset on every result printed (idle only).
 	activity *time.Timer
 }
@@ -231,6 +237,8 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 	}
 	var tup tuple.Tuple
 	reader := tuple.NewBatchReader(nil, 0)
+	tl.fresh = true
+	var ts []tuple.Tuple
 	for {
 		b, err := stream.Recv()
 		if err != nil {
@@ -241,36 +249,139 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 			return fmt.Errorf("results from %s: a batch of %d tuples ending with id %d", t.WorkerAddr, b.Count, b.LastId)
 		}
 		reader.Reset(b.Data, b.LastId-uint64(b.Count)+1)
+		ts = ts[:0]
 		for reader.Next(&tup) {
-			if tup.Type == tuple.Boundary {
-				if tup.STime == math.MaxInt64 {
+			ts = append(ts, *tup.Clone())
+		}
+		if err := reader.Err(); err != nil {
+			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
+		}
+		if err := tl.batch(ts, b.LastId, b.PositionOffset, schema, sink); err != nil {
+			if errors.Is(err, dataplane.ErrProtocol) {
+				err = fmt.Errorf("results from %s: %w", t.WorkerAddr, err)
+			}
+			return err
+		}
+	}
+}
+
+// batch prints one batch of a sink's result stream (ts, ending at
+// position last, with the stream's position offset there).
+//
+// Replicas of a sink have the same stable view (stable results and
+// boundaries, in order) but, after a correction, not the same positions:
+// tentative results, UNDO and REC_DONE take positions on one replica
+// only. tail therefore numbers what it prints by stable id, the count of
+// stable results and boundaries up to each (its position less the
+// positions outside the stable view, which every batch carries), the same
+// on every replica and the id a failure-free run gives the same result;
+// it resumes after the last stable id it took, as a position (never
+// beyond that result on any replica), and skips what it took already.
+// Tentative results are numbered after the last stable id, an UNDO says
+// which stable id it goes back to (undo_to), REC_DONE carries the last
+// stable id. When it moves to another replica while tentative results
+// are shown, it prints an UNDO itself: what the next replica holds
+// replaces them.
+func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Schema, sink string) error {
+	if offset > last {
+		return fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, offset, last)
+	}
+	n := uint64(0)
+	for k := range ts {
+		if tp := ts[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			n++
+		}
+	}
+	if n > last-offset {
+		return fmt.Errorf("%w: %d stable results in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last-offset)
+	}
+	sid := last - offset - n
+	undo := func() error {
+		tl.tentOpen, tl.recOpen = false, true
+		if tl.stable {
+			return nil
+		}
+		return tl.emit(&tuple.Tuple{Type: tuple.Undo, ID: tl.lastID, STime: int64(tl.lastID)}, schema, sink)
+	}
+	if tl.fresh {
+		tl.fresh = false
+		if tl.tentOpen {
+			if err := undo(); err != nil {
+				return err
+			}
+		}
+	}
+	for k := range ts {
+		tp := &ts[k]
+		switch tp.Type {
+		case tuple.Stable, tuple.Boundary:
+			sid++
+			if sid <= tl.lastID {
+				continue // taken already
+			}
+			if tl.tentOpen {
+				if err := undo(); err != nil {
+					return err
+				}
+			}
+			tl.lastID = sid
+			if tp.Type == tuple.Boundary {
+				if tp.STime == math.MaxInt64 {
 					// The final boundary: nothing follows it.
 					return fmt.Errorf("%w: sink %s of query %s ended (its sources ended)", errSinkEnded, sink, tl.query)
 				}
 				continue
 			}
-			if tup.ID != 0 && tup.ID <= tl.lastID {
+			tp.ID = sid
+		case tuple.Tentative:
+			if !tl.tentOpen {
+				tl.tentN = 0
+			}
+			tl.tentOpen = true
+			tl.tentN++
+			tp.ID = tl.lastID + tl.tentN
+			if tl.stable {
 				continue
 			}
-			if tl.stable && tup.Type != tuple.Stable {
+		case tuple.Undo:
+			if tl.tentOpen {
+				if err := undo(); err != nil {
+					return err
+				}
+			}
+			continue
+		case tuple.RecDone:
+			if !tl.recOpen || tl.tentOpen {
 				continue
 			}
-			if err := tl.print(&tup, schema, sink); err != nil {
-				return err
+			tl.recOpen = false
+			tp.ID = tl.lastID
+			if tl.stable {
+				continue
 			}
-			tl.lastID = max(tl.lastID, tup.ID)
-			tl.printed++
-			if tl.activity != nil {
-				tl.activity.Reset(tl.idle)
-			}
-			if tl.count > 0 && tl.printed >= tl.count {
-				return errCountReached
-			}
+		default:
+			continue
 		}
-		if err := reader.Err(); err != nil {
-			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
+		if err := tl.emit(tp, schema, sink); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// emit prints one line and counts it.
+func (tl *tailer) emit(tp *tuple.Tuple, schema *tuple.Schema, sink string) error {
+	if err := tl.print(tp, schema, sink); err != nil {
+		return err
+	}
+	tl.printed++
+	if tl.activity != nil {
+		tl.activity.Reset(tl.idle)
+	}
+	if tl.count > 0 && tl.printed >= tl.count {
+		return errCountReached
+	}
+	return nil
 }
 
 // valueJSON renders a value for JSON output.
@@ -330,6 +441,9 @@ func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.
 		} else {
 			var sb strings.Builder
 			fmt.Fprintf(&sb, "%-9s #%-6d", t.Type, t.ID)
+			if t.Type == tuple.Undo {
+				fmt.Fprintf(&sb, " takes back every result after #%d", uint64(t.STime))
+			}
 			for i, v := range t.Values {
 				fmt.Fprintf(&sb, " %s=%s", fieldName(schema, i), valueText(v))
 			}
@@ -373,10 +487,16 @@ func resultJSON(t *tuple.Tuple, schema *tuple.Schema, sink string) ([]byte, erro
 		return nil
 	}
 	stime := time.Unix(0, t.STime).UTC().Format(time.RFC3339Nano)
-	for _, kv := range []struct {
+	kvs := []struct {
 		k string
 		v any
-	}{{"sink", sink}, {"id", t.ID}, {"type", t.Type.String()}, {"stime", stime}} {
+	}{{"sink", sink}, {"id", t.ID}, {"type", t.Type.String()}, {"stime", stime}}
+	if t.Type == tuple.Undo {
+		// An UNDO takes back every result after id undo_to (DCAA); its
+		// STime carries that id.
+		kvs[3].k, kvs[3].v = "undo_to", uint64(t.STime)
+	}
+	for _, kv := range kvs {
 		if err := add(kv.k, kv.v); err != nil {
 			return nil, err
 		}
@@ -443,6 +563,7 @@ docs/QUERY.md ("Reading results"):
 	f.register(cmd)
 	cmd.Flags().StringVar(&sink, "sink", "", "sink to follow (default: the query's first sink)")
 	cmd.Flags().BoolVar(&stable, "stable", false, "print only stable results (no tentative results or corrections)")
+	cmd.Flags().BoolVar(&stable, "stable-only", false, "same as --stable: only final results, in order")
 	cmd.Flags().IntVar(&count, "count", 0, "exit 0 after printing this many results (0: no limit)")
 	cmd.Flags().DurationVar(&idle, "idle", 0, "exit 0 when no result arrived for this long (0: wait forever)")
 	return cmd

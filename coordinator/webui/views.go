@@ -121,6 +121,9 @@ type Query struct {
 	Replicas int32  `json:"replicas"`
 	MaxDelay string `json:"max_delay"`
 	Tasks    []Task `json:"tasks"`
+	// Tentative: some task's output is tentative now, so the query's
+	// results are too (until corrected).
+	Tentative bool `json:"tentative"`
 }
 
 // Task is one task of a query and where it runs.
@@ -142,6 +145,19 @@ type Task struct {
 	// OrgPhase moving, running or returning; empty at home.
 	Org      string `json:"org,omitempty"`
 	OrgPhase string `json:"org_phase,omitempty"`
+	// ReplicaState is the task replica's DCAA state ("STABLE",
+	// "UP_FAILURE", "STABILIZATION"; omitted when its query has no
+	// replicas) and Tentative whether its output is tentative now.
+	ReplicaState string `json:"replica_state,omitempty"`
+	Tentative    bool   `json:"tentative,omitempty"`
+}
+
+// ReplicaStateName is how a DCAA replica state shows ("" when unset).
+func ReplicaStateName(s pb.ReplicaState) string {
+	if s == pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
+		return ""
+	}
+	return strings.TrimPrefix(s.String(), "REPLICA_")
 }
 
 // QueryView converts a query answer (its spec is left out).
@@ -150,7 +166,9 @@ func QueryView(q *pb.QueryInfo) Query {
 	for _, t := range q.Tasks {
 		out.Tasks = append(out.Tasks, Task{ID: t.TaskId, Generation: t.Generation, Fragment: t.Fragment, Partition: t.Partition,
 			Replica: t.Replica, Worker: t.WorkerId, WorkerAddr: t.WorkerAddr, State: t.State, Reason: t.Message, Message: t.Message,
-			SlotEpoch: t.SlotEpoch, Slots: t.SlotCount, MovingFrom: t.MovingFrom, Org: t.Org, OrgPhase: t.OrgPhase})
+			SlotEpoch: t.SlotEpoch, Slots: t.SlotCount, MovingFrom: t.MovingFrom, Org: t.Org, OrgPhase: t.OrgPhase,
+			ReplicaState: ReplicaStateName(t.ReplicaState), Tentative: t.Tentative})
+		out.Tentative = out.Tentative || t.Tentative
 	}
 	sort.Slice(out.Tasks, func(i, j int) bool { return out.Tasks[i].ID < out.Tasks[j].ID })
 	return out

@@ -195,6 +195,8 @@ var Methods = map[string]Need{
 	// A task's state goes only to another worker of the org (a move, a
 	// replica bootstrapping from its peer).
 	pb.DataPlane_FetchSnapshot_FullMethodName: NeedWorker,
+	// DCAA permission between peer replicas: workers only.
+	pb.DataPlane_Reconcile_FullMethodName: NeedWorker,
 	// Slot state handed over in a rescale: the org's workers only.
 	pb.DataPlane_FetchSlots_FullMethodName: NeedWorker,
 

@@ -1792,7 +1792,13 @@ type TaskInfo struct {
 	// empty when it runs at home.
 	Org string `protobuf:"bytes,270,opt,name=org,proto3" json:"org,omitempty"`
 	// moving, running or returning; empty at home.
-	OrgPhase      string `protobuf:"bytes,271,opt,name=org_phase,json=orgPhase,proto3" json:"org_phase,omitempty"`
+	OrgPhase string `protobuf:"bytes,271,opt,name=org_phase,json=orgPhase,proto3" json:"org_phase,omitempty"`
+	// ---- DCAA wiring (issue 10)
+	// The task replica's DCAA state as last reported (UNSPECIFIED: its
+	// query has no replicas, or no report yet), and whether its output is
+	// tentative now.
+	ReplicaState  ReplicaState `protobuf:"varint,200,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
+	Tentative     bool         `protobuf:"varint,201,opt,name=tentative,proto3" json:"tentative,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1923,6 +1929,20 @@ func (x *TaskInfo) GetOrgPhase() string {
 		return x.OrgPhase
 	}
 	return ""
+}
+
+func (x *TaskInfo) GetReplicaState() ReplicaState {
+	if x != nil {
+		return x.ReplicaState
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *TaskInfo) GetTentative() bool {
+	if x != nil {
+		return x.Tentative
+	}
+	return false
 }
 
 type QueryInfo struct {
@@ -2920,8 +2940,15 @@ type Batch struct {
 	// 0 while its output is stable. Boundaries are stable only, so this is
 	// how tentative progress travels.
 	TentativeWatermark int64 `protobuf:"zigzag64,181,opt,name=tentative_watermark,json=tentativeWatermark,proto3" json:"tentative_watermark,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// ---- DCAA stable ids (issue 10): how many of the stream's positions
+	// up to last_id hold tuples outside its stable view (tentative, UNDO,
+	// REC_DONE). last_id - position_offset is the stable id of the
+	// stream's last stable tuple or boundary up to last_id: the count of
+	// those, the same on every replica of the producer. 0 (absent) on a
+	// stream that never went tentative.
+	PositionOffset uint64 `protobuf:"varint,200,opt,name=position_offset,json=positionOffset,proto3" json:"position_offset,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -2985,6 +3012,13 @@ func (x *Batch) GetReplicaState() ReplicaState {
 func (x *Batch) GetTentativeWatermark() int64 {
 	if x != nil {
 		return x.TentativeWatermark
+	}
+	return 0
+}
+
+func (x *Batch) GetPositionOffset() uint64 {
+	if x != nil {
+		return x.PositionOffset
 	}
 	return 0
 }
@@ -3239,6 +3273,124 @@ func (x *IngestResponse) GetGeneration() int32 {
 	return 0
 }
 
+// A replica's message to a peer replica of the same task partition.
+type ReconcileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The peer replica addressed (its task id and generation).
+	TaskId     string `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	Generation int32  `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	// The replica number of the sender.
+	From int32 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	// false: "may I reconcile?"; true: "I no longer reconcile (or ask)",
+	// which releases a permission the peer granted.
+	Done          bool `protobuf:"varint,4,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileRequest) Reset() {
+	*x = ReconcileRequest{}
+	mi := &file_fedstream_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileRequest) ProtoMessage() {}
+
+func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
+func (*ReconcileRequest) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *ReconcileRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReconcileRequest) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReconcileRequest) GetFrom() int32 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ReconcileRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type ReconcileResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The answer to a request (always false for done).
+	Granted       bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconcileResponse) Reset() {
+	*x = ReconcileResponse{}
+	mi := &file_fedstream_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconcileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconcileResponse) ProtoMessage() {}
+
+func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
+func (*ReconcileResponse) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ReconcileResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
 // Where a new copy of a task takes its starting snapshot.
 type SnapshotSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -3258,7 +3410,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3270,7 +3422,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3283,7 +3435,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -3327,7 +3479,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3339,7 +3491,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3352,7 +3504,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -3382,7 +3534,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3394,7 +3546,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3407,7 +3559,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -3458,7 +3610,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3470,7 +3622,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3483,7 +3635,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -3534,7 +3686,7 @@ type ScaleQueryRequest struct {
 
 func (x *ScaleQueryRequest) Reset() {
 	*x = ScaleQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3698,7 @@ func (x *ScaleQueryRequest) String() string {
 func (*ScaleQueryRequest) ProtoMessage() {}
 
 func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3711,7 @@ func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
 func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ScaleQueryRequest) GetQuery() string {
@@ -3600,7 +3752,7 @@ type ScaleQueryResponse struct {
 
 func (x *ScaleQueryResponse) Reset() {
 	*x = ScaleQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3612,7 +3764,7 @@ func (x *ScaleQueryResponse) String() string {
 func (*ScaleQueryResponse) ProtoMessage() {}
 
 func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3625,7 +3777,7 @@ func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
 func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ScaleQueryResponse) GetQuery() string {
@@ -3688,7 +3840,7 @@ type FetchSlotsRequest struct {
 
 func (x *FetchSlotsRequest) Reset() {
 	*x = FetchSlotsRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3700,7 +3852,7 @@ func (x *FetchSlotsRequest) String() string {
 func (*FetchSlotsRequest) ProtoMessage() {}
 
 func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3713,7 +3865,7 @@ func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
 func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *FetchSlotsRequest) GetQuery() string {
@@ -3770,7 +3922,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3782,7 +3934,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3795,7 +3947,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -3843,7 +3995,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3855,7 +4007,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3868,7 +4020,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -3923,7 +4075,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3935,7 +4087,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3948,7 +4100,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -3997,7 +4149,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4009,7 +4161,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4022,7 +4174,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -4047,7 +4199,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4059,7 +4211,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4072,7 +4224,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 type ListTokensResponse struct {
@@ -4084,7 +4236,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4096,7 +4248,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4109,7 +4261,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4129,7 +4281,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4141,7 +4293,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4154,7 +4306,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4179,7 +4331,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4191,7 +4343,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4204,7 +4356,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -4219,7 +4371,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4231,7 +4383,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4244,7 +4396,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -4265,7 +4417,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4277,7 +4429,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4290,7 +4442,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -4318,7 +4470,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4330,7 +4482,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4343,7 +4495,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -4370,7 +4522,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4382,7 +4534,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4395,7 +4547,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -4413,7 +4565,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4425,7 +4577,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4438,7 +4590,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 type ListRaftPeersResponse struct {
@@ -4452,7 +4604,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4464,7 +4616,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4477,7 +4629,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -4503,7 +4655,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4515,7 +4667,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4528,7 +4680,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -4546,7 +4698,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4558,7 +4710,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4571,7 +4723,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -4585,7 +4737,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4597,7 +4749,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4610,7 +4762,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 type RaftStateResponse struct {
@@ -4636,7 +4788,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4648,7 +4800,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4661,7 +4813,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4727,7 +4879,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4739,7 +4891,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4752,7 +4904,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 type ListLedgerResponse struct {
@@ -4767,7 +4919,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4779,7 +4931,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4792,7 +4944,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4817,7 +4969,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4829,7 +4981,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4842,7 +4994,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 type VerifyLedgerResponse struct {
@@ -4855,7 +5007,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4867,7 +5019,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4880,7 +5032,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -4898,7 +5050,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4910,7 +5062,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4923,7 +5075,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 type ListContractsResponse struct {
@@ -4936,7 +5088,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4948,7 +5100,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4961,7 +5113,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -4988,7 +5140,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5000,7 +5152,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5013,7 +5165,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -5083,7 +5235,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5095,7 +5247,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5108,7 +5260,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -5142,7 +5294,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5154,7 +5306,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5167,7 +5319,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -5193,7 +5345,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5205,7 +5357,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5218,7 +5370,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{76}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -5242,7 +5394,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5254,7 +5406,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5267,7 +5419,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{77}
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -5299,7 +5451,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5311,7 +5463,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5324,7 +5476,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{78}
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -5340,7 +5492,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5352,7 +5504,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5365,7 +5517,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{79}
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
 }
 
 type FetchOrgKeyResponse struct {
@@ -5378,7 +5530,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5390,7 +5542,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5403,7 +5555,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{80}
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -5427,7 +5579,7 @@ type FederationEnvelope struct {
 
 func (x *FederationEnvelope) Reset() {
 	*x = FederationEnvelope{}
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5439,7 +5591,7 @@ func (x *FederationEnvelope) String() string {
 func (*FederationEnvelope) ProtoMessage() {}
 
 func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5452,7 +5604,7 @@ func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
 func (*FederationEnvelope) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{81}
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *FederationEnvelope) GetMessageJson() []byte {
@@ -5477,7 +5629,7 @@ type FederationMembersRequest struct {
 
 func (x *FederationMembersRequest) Reset() {
 	*x = FederationMembersRequest{}
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5489,7 +5641,7 @@ func (x *FederationMembersRequest) String() string {
 func (*FederationMembersRequest) ProtoMessage() {}
 
 func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5502,7 +5654,7 @@ func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
 func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{82}
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
 }
 
 type FederationMember struct {
@@ -5522,7 +5674,7 @@ type FederationMember struct {
 
 func (x *FederationMember) Reset() {
 	*x = FederationMember{}
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5534,7 +5686,7 @@ func (x *FederationMember) String() string {
 func (*FederationMember) ProtoMessage() {}
 
 func (x *FederationMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5547,7 +5699,7 @@ func (x *FederationMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
 func (*FederationMember) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{83}
+	return file_fedstream_proto_rawDescGZIP(), []int{85}
 }
 
 func (x *FederationMember) GetOrg() string {
@@ -5608,7 +5760,7 @@ type FederationMembersResponse struct {
 
 func (x *FederationMembersResponse) Reset() {
 	*x = FederationMembersResponse{}
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5620,7 +5772,7 @@ func (x *FederationMembersResponse) String() string {
 func (*FederationMembersResponse) ProtoMessage() {}
 
 func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5633,7 +5785,7 @@ func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
 func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{84}
+	return file_fedstream_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *FederationMembersResponse) GetMembers() []*FederationMember {
@@ -5651,7 +5803,7 @@ type LoadStatusRequest struct {
 
 func (x *LoadStatusRequest) Reset() {
 	*x = LoadStatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5663,7 +5815,7 @@ func (x *LoadStatusRequest) String() string {
 func (*LoadStatusRequest) ProtoMessage() {}
 
 func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5676,7 +5828,7 @@ func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusRequest.ProtoReflect.Descriptor instead.
 func (*LoadStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{85}
+	return file_fedstream_proto_rawDescGZIP(), []int{87}
 }
 
 // LoadStatusResponse is the org leader's load manager status: its load,
@@ -5692,7 +5844,7 @@ type LoadStatusResponse struct {
 
 func (x *LoadStatusResponse) Reset() {
 	*x = LoadStatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5704,7 +5856,7 @@ func (x *LoadStatusResponse) String() string {
 func (*LoadStatusResponse) ProtoMessage() {}
 
 func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5717,7 +5869,7 @@ func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusResponse.ProtoReflect.Descriptor instead.
 func (*LoadStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{86}
+	return file_fedstream_proto_rawDescGZIP(), []int{88}
 }
 
 func (x *LoadStatusResponse) GetEnabled() bool {
@@ -5752,7 +5904,7 @@ type ReconfigProgress struct {
 
 func (x *ReconfigProgress) Reset() {
 	*x = ReconfigProgress{}
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5764,7 +5916,7 @@ func (x *ReconfigProgress) String() string {
 func (*ReconfigProgress) ProtoMessage() {}
 
 func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5777,7 +5929,7 @@ func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigProgress.ProtoReflect.Descriptor instead.
 func (*ReconfigProgress) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{87}
+	return file_fedstream_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *ReconfigProgress) GetAcked() uint64 {
@@ -5819,7 +5971,7 @@ type ReconfigMarkers struct {
 
 func (x *ReconfigMarkers) Reset() {
 	*x = ReconfigMarkers{}
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5831,7 +5983,7 @@ func (x *ReconfigMarkers) String() string {
 func (*ReconfigMarkers) ProtoMessage() {}
 
 func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5844,7 +5996,7 @@ func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
 func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{88}
+	return file_fedstream_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReconfigMarkers) GetEpoch() uint64 {
@@ -5887,7 +6039,7 @@ type UpdateQueryRequest struct {
 
 func (x *UpdateQueryRequest) Reset() {
 	*x = UpdateQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5899,7 +6051,7 @@ func (x *UpdateQueryRequest) String() string {
 func (*UpdateQueryRequest) ProtoMessage() {}
 
 func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5912,7 +6064,7 @@ func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{89}
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *UpdateQueryRequest) GetYaml() []byte {
@@ -5967,7 +6119,7 @@ type OperatorVersionChange struct {
 
 func (x *OperatorVersionChange) Reset() {
 	*x = OperatorVersionChange{}
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5979,7 +6131,7 @@ func (x *OperatorVersionChange) String() string {
 func (*OperatorVersionChange) ProtoMessage() {}
 
 func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5992,7 +6144,7 @@ func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
 func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{90}
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *OperatorVersionChange) GetOperator() string {
@@ -6020,7 +6172,7 @@ type UpdateQueryResponse struct {
 
 func (x *UpdateQueryResponse) Reset() {
 	*x = UpdateQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6032,7 +6184,7 @@ func (x *UpdateQueryResponse) String() string {
 func (*UpdateQueryResponse) ProtoMessage() {}
 
 func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6045,7 +6197,7 @@ func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{91}
+	return file_fedstream_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *UpdateQueryResponse) GetName() string {
@@ -6078,7 +6230,7 @@ type QueryVersionsRequest struct {
 
 func (x *QueryVersionsRequest) Reset() {
 	*x = QueryVersionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6090,7 +6242,7 @@ func (x *QueryVersionsRequest) String() string {
 func (*QueryVersionsRequest) ProtoMessage() {}
 
 func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6103,7 +6255,7 @@ func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
 func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{92}
+	return file_fedstream_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *QueryVersionsRequest) GetName() string {
@@ -6132,7 +6284,7 @@ type VersionInfo struct {
 
 func (x *VersionInfo) Reset() {
 	*x = VersionInfo{}
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6144,7 +6296,7 @@ func (x *VersionInfo) String() string {
 func (*VersionInfo) ProtoMessage() {}
 
 func (x *VersionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6157,7 +6309,7 @@ func (x *VersionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
 func (*VersionInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{93}
+	return file_fedstream_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *VersionInfo) GetVersion() int32 {
@@ -6219,7 +6371,7 @@ type OperatorVersions struct {
 
 func (x *OperatorVersions) Reset() {
 	*x = OperatorVersions{}
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6231,7 +6383,7 @@ func (x *OperatorVersions) String() string {
 func (*OperatorVersions) ProtoMessage() {}
 
 func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6244,7 +6396,7 @@ func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
 func (*OperatorVersions) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{94}
+	return file_fedstream_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *OperatorVersions) GetOperator() string {
@@ -6281,7 +6433,7 @@ type ReconfigPlanInfo struct {
 
 func (x *ReconfigPlanInfo) Reset() {
 	*x = ReconfigPlanInfo{}
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6293,7 +6445,7 @@ func (x *ReconfigPlanInfo) String() string {
 func (*ReconfigPlanInfo) ProtoMessage() {}
 
 func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6306,7 +6458,7 @@ func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
 func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{95}
+	return file_fedstream_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *ReconfigPlanInfo) GetEpoch() uint64 {
@@ -6391,7 +6543,7 @@ type QueryVersionsResponse struct {
 
 func (x *QueryVersionsResponse) Reset() {
 	*x = QueryVersionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6403,7 +6555,7 @@ func (x *QueryVersionsResponse) String() string {
 func (*QueryVersionsResponse) ProtoMessage() {}
 
 func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6416,7 +6568,7 @@ func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
 func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{96}
+	return file_fedstream_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *QueryVersionsResponse) GetName() string {
@@ -6460,7 +6612,7 @@ type HealthKeySample struct {
 
 func (x *HealthKeySample) Reset() {
 	*x = HealthKeySample{}
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6472,7 +6624,7 @@ func (x *HealthKeySample) String() string {
 func (*HealthKeySample) ProtoMessage() {}
 
 func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6485,7 +6637,7 @@ func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthKeySample.ProtoReflect.Descriptor instead.
 func (*HealthKeySample) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{97}
+	return file_fedstream_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *HealthKeySample) GetFragment() string {
@@ -6541,7 +6693,7 @@ type HealthAction struct {
 
 func (x *HealthAction) Reset() {
 	*x = HealthAction{}
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6553,7 +6705,7 @@ func (x *HealthAction) String() string {
 func (*HealthAction) ProtoMessage() {}
 
 func (x *HealthAction) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6566,7 +6718,7 @@ func (x *HealthAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthAction.ProtoReflect.Descriptor instead.
 func (*HealthAction) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{98}
+	return file_fedstream_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *HealthAction) GetId() string {
@@ -6677,7 +6829,7 @@ type HealthActionsRequest struct {
 
 func (x *HealthActionsRequest) Reset() {
 	*x = HealthActionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6689,7 +6841,7 @@ func (x *HealthActionsRequest) String() string {
 func (*HealthActionsRequest) ProtoMessage() {}
 
 func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6702,7 +6854,7 @@ func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsRequest.ProtoReflect.Descriptor instead.
 func (*HealthActionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{99}
+	return file_fedstream_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *HealthActionsRequest) GetQuery() string {
@@ -6721,7 +6873,7 @@ type HealthActionsResponse struct {
 
 func (x *HealthActionsResponse) Reset() {
 	*x = HealthActionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6733,7 +6885,7 @@ func (x *HealthActionsResponse) String() string {
 func (*HealthActionsResponse) ProtoMessage() {}
 
 func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6746,7 +6898,7 @@ func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsResponse.ProtoReflect.Descriptor instead.
 func (*HealthActionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{100}
+	return file_fedstream_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *HealthActionsResponse) GetActions() []*HealthAction {
@@ -6765,7 +6917,7 @@ type HealthBlacklistRequest struct {
 
 func (x *HealthBlacklistRequest) Reset() {
 	*x = HealthBlacklistRequest{}
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6777,7 +6929,7 @@ func (x *HealthBlacklistRequest) String() string {
 func (*HealthBlacklistRequest) ProtoMessage() {}
 
 func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6790,7 +6942,7 @@ func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistRequest.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{101}
+	return file_fedstream_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *HealthBlacklistRequest) GetQuery() string {
@@ -6815,7 +6967,7 @@ type HealthPair struct {
 
 func (x *HealthPair) Reset() {
 	*x = HealthPair{}
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6827,7 +6979,7 @@ func (x *HealthPair) String() string {
 func (*HealthPair) ProtoMessage() {}
 
 func (x *HealthPair) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6840,7 +6992,7 @@ func (x *HealthPair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPair.ProtoReflect.Descriptor instead.
 func (*HealthPair) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{102}
+	return file_fedstream_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *HealthPair) GetQuery() string {
@@ -6898,7 +7050,7 @@ type HealthBlacklistResponse struct {
 
 func (x *HealthBlacklistResponse) Reset() {
 	*x = HealthBlacklistResponse{}
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6910,7 +7062,7 @@ func (x *HealthBlacklistResponse) String() string {
 func (*HealthBlacklistResponse) ProtoMessage() {}
 
 func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6923,7 +7075,7 @@ func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistResponse.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{103}
+	return file_fedstream_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *HealthBlacklistResponse) GetPairs() []*HealthPair {
@@ -7104,7 +7256,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\x95\x03\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xf6\x03\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -7125,7 +7277,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vmoving_from\x18P \x01(\tR\n" +
 	"movingFrom\x12\x11\n" +
 	"\x03org\x18\x8e\x02 \x01(\tR\x03org\x12\x1c\n" +
-	"\torg_phase\x18\x8f\x02 \x01(\tR\borgPhase\"\xd1\x01\n" +
+	"\torg_phase\x18\x8f\x02 \x01(\tR\borgPhase\x12@\n" +
+	"\rreplica_state\x18\xc8\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x12\x1d\n" +
+	"\ttentative\x18\xc9\x01 \x01(\bR\ttentative\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +
@@ -7201,13 +7355,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xbe\x01\n" +
+	"generation\"\xe8\x01\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
 	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
-	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\"\xa6\x01\n" +
+	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\x12(\n" +
+	"\x0fposition_offset\x18\xc8\x01 \x01(\x04R\x0epositionOffset\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +
@@ -7228,7 +7383,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\atask_id\x18\xde\x01 \x01(\tR\x06taskId\x12\x1f\n" +
 	"\n" +
 	"generation\x18\xdf\x01 \x01(\x05R\n" +
-	"generation\"~\n" +
+	"generation\"s\n" +
+	"\x10ReconcileRequest\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x05R\n" +
+	"generation\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x05R\x04from\x12\x12\n" +
+	"\x04done\x18\x04 \x01(\bR\x04done\"-\n" +
+	"\x11ReconcileResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\"~\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +
@@ -7511,12 +7675,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"ScaleQuery\x12\x1f.fedstream.v1.ScaleQueryRequest\x1a .fedstream.v1.ScaleQueryResponse\x12R\n" +
 	"\vMigrateTask\x12 .fedstream.v1.MigrateTaskRequest\x1a!.fedstream.v1.MigrateTaskResponse\x12O\n" +
 	"\n" +
-	"ReturnTask\x12\x1f.fedstream.v1.ReturnTaskRequest\x1a .fedstream.v1.ReturnTaskResponse2\x8a\x03\n" +
+	"ReturnTask\x12\x1f.fedstream.v1.ReturnTaskRequest\x1a .fedstream.v1.ReturnTaskResponse2\xd8\x03\n" +
 	"\tDataPlane\x12D\n" +
 	"\tSubscribe\x12\x1e.fedstream.v1.SubscribeRequest\x1a\x13.fedstream.v1.Batch(\x010\x01\x12E\n" +
 	"\x06Ingest\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x01\x12N\n" +
 	"\rIngestSession\x12\x1b.fedstream.v1.IngestRequest\x1a\x1c.fedstream.v1.IngestResponse(\x010\x01\x12R\n" +
 	"\rFetchSnapshot\x12\".fedstream.v1.FetchSnapshotRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x01\x12L\n" +
+	"\tReconcile\x12\x1e.fedstream.v1.ReconcileRequest\x1a\x1f.fedstream.v1.ReconcileResponse\x12L\n" +
 	"\n" +
 	"FetchSlots\x12\x1f.fedstream.v1.FetchSlotsRequest\x1a\x1b.fedstream.v1.SnapshotChunk0\x012\xe4\x02\n" +
 	"\fTokenService\x12R\n" +
@@ -7564,7 +7729,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 106)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -7609,76 +7774,78 @@ var file_fedstream_proto_goTypes = []any{
 	(*IngestRequest)(nil),             // 40: fedstream.v1.IngestRequest
 	(*LineError)(nil),                 // 41: fedstream.v1.LineError
 	(*IngestResponse)(nil),            // 42: fedstream.v1.IngestResponse
-	(*SnapshotSource)(nil),            // 43: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),           // 44: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),          // 45: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),      // 46: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),         // 47: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),        // 48: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),         // 49: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),             // 50: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                 // 51: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),        // 52: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),       // 53: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),         // 54: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),        // 55: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),        // 56: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),       // 57: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),     // 58: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),    // 59: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),   // 60: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 61: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),      // 62: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),     // 63: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),     // 64: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),    // 65: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),          // 66: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),         // 67: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),         // 68: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),        // 69: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),       // 70: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),      // 71: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),      // 72: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),     // 73: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),    // 74: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),     // 75: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil),  // 76: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),          // 77: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),             // 78: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),            // 79: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),        // 80: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),       // 81: fedstream.v1.FetchOrgKeyResponse
-	(*FederationEnvelope)(nil),        // 82: fedstream.v1.FederationEnvelope
-	(*FederationMembersRequest)(nil),  // 83: fedstream.v1.FederationMembersRequest
-	(*FederationMember)(nil),          // 84: fedstream.v1.FederationMember
-	(*FederationMembersResponse)(nil), // 85: fedstream.v1.FederationMembersResponse
-	(*LoadStatusRequest)(nil),         // 86: fedstream.v1.LoadStatusRequest
-	(*LoadStatusResponse)(nil),        // 87: fedstream.v1.LoadStatusResponse
-	(*ReconfigProgress)(nil),          // 88: fedstream.v1.ReconfigProgress
-	(*ReconfigMarkers)(nil),           // 89: fedstream.v1.ReconfigMarkers
-	(*UpdateQueryRequest)(nil),        // 90: fedstream.v1.UpdateQueryRequest
-	(*OperatorVersionChange)(nil),     // 91: fedstream.v1.OperatorVersionChange
-	(*UpdateQueryResponse)(nil),       // 92: fedstream.v1.UpdateQueryResponse
-	(*QueryVersionsRequest)(nil),      // 93: fedstream.v1.QueryVersionsRequest
-	(*VersionInfo)(nil),               // 94: fedstream.v1.VersionInfo
-	(*OperatorVersions)(nil),          // 95: fedstream.v1.OperatorVersions
-	(*ReconfigPlanInfo)(nil),          // 96: fedstream.v1.ReconfigPlanInfo
-	(*QueryVersionsResponse)(nil),     // 97: fedstream.v1.QueryVersionsResponse
-	(*HealthKeySample)(nil),           // 98: fedstream.v1.HealthKeySample
-	(*HealthAction)(nil),              // 99: fedstream.v1.HealthAction
-	(*HealthActionsRequest)(nil),      // 100: fedstream.v1.HealthActionsRequest
-	(*HealthActionsResponse)(nil),     // 101: fedstream.v1.HealthActionsResponse
-	(*HealthBlacklistRequest)(nil),    // 102: fedstream.v1.HealthBlacklistRequest
-	(*HealthPair)(nil),                // 103: fedstream.v1.HealthPair
-	(*HealthBlacklistResponse)(nil),   // 104: fedstream.v1.HealthBlacklistResponse
-	nil,                               // 105: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 106: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ReconcileRequest)(nil),          // 43: fedstream.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),         // 44: fedstream.v1.ReconcileResponse
+	(*SnapshotSource)(nil),            // 45: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 46: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 47: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 48: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 49: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 50: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 51: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 52: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 53: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 54: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 55: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 56: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 57: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 58: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 59: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 60: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 61: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 62: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 63: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 64: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 65: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 66: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 67: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 68: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 69: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 70: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 71: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 72: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 73: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 74: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 75: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 76: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 77: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 78: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 79: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 80: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 81: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 82: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 83: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 84: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 85: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 86: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 87: fedstream.v1.FederationMembersResponse
+	(*LoadStatusRequest)(nil),         // 88: fedstream.v1.LoadStatusRequest
+	(*LoadStatusResponse)(nil),        // 89: fedstream.v1.LoadStatusResponse
+	(*ReconfigProgress)(nil),          // 90: fedstream.v1.ReconfigProgress
+	(*ReconfigMarkers)(nil),           // 91: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 92: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 93: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 94: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 95: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 96: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 97: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 98: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 99: fedstream.v1.QueryVersionsResponse
+	(*HealthKeySample)(nil),           // 100: fedstream.v1.HealthKeySample
+	(*HealthAction)(nil),              // 101: fedstream.v1.HealthAction
+	(*HealthActionsRequest)(nil),      // 102: fedstream.v1.HealthActionsRequest
+	(*HealthActionsResponse)(nil),     // 103: fedstream.v1.HealthActionsResponse
+	(*HealthBlacklistRequest)(nil),    // 104: fedstream.v1.HealthBlacklistRequest
+	(*HealthPair)(nil),                // 105: fedstream.v1.HealthPair
+	(*HealthBlacklistResponse)(nil),   // 106: fedstream.v1.HealthBlacklistResponse
+	nil,                               // 107: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 108: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	105, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	107, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	43,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	45,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,   // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,   // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
@@ -7686,123 +7853,126 @@ var file_fedstream_proto_depIdxs = []int32{
 	6,   // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	8,   // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	0,   // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	88,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	90,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
 	12,  // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16,  // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	106, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	108, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12,  // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18,  // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	23,  // 17: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24,  // 18: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	98,  // 19: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
-	35,  // 20: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	38,  // 21: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,   // 22: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	41,  // 23: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,   // 24: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	51,  // 25: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	51,  // 26: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16,  // 27: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	84,  // 28: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	89,  // 29: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	91,  // 30: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	94,  // 31: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	91,  // 32: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	95,  // 33: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	96,  // 34: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	99,  // 35: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
-	103, // 36: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
-	1,   // 37: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,   // 38: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,   // 39: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13,  // 40: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	60,  // 41: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15,  // 42: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19,  // 43: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21,  // 44: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25,  // 45: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27,  // 46: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28,  // 47: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	62,  // 48: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	44,  // 49: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	64,  // 50: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34,  // 51: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	47,  // 52: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30,  // 53: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32,  // 54: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	37,  // 55: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	40,  // 56: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	40,  // 57: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	46,  // 58: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	49,  // 59: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	52,  // 60: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	54,  // 61: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	56,  // 62: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	58,  // 63: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	66,  // 64: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	68,  // 65: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	70,  // 66: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	72,  // 67: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	74,  // 68: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	75,  // 69: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	76,  // 70: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	78,  // 71: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	80,  // 72: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	82,  // 73: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	83,  // 74: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	86,  // 75: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	90,  // 76: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	93,  // 77: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	100, // 78: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	102, // 79: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 80: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 81: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 82: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14,  // 83: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	61,  // 84: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17,  // 85: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20,  // 86: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22,  // 87: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26,  // 88: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24,  // 89: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29,  // 90: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	63,  // 91: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	45,  // 92: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	65,  // 93: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	36,  // 94: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	48,  // 95: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31,  // 96: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33,  // 97: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	39,  // 98: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	42,  // 99: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42,  // 100: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	50,  // 101: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	50,  // 102: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	53,  // 103: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	55,  // 104: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	57,  // 105: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	59,  // 106: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	67,  // 107: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	69,  // 108: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	71,  // 109: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	73,  // 110: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	77,  // 111: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	77,  // 112: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	77,  // 113: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	79,  // 114: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	81,  // 115: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	82,  // 116: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	85,  // 117: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	87,  // 118: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	92,  // 119: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	97,  // 120: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	101, // 121: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	104, // 122: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	80,  // [80:123] is the sub-list for method output_type
-	37,  // [37:80] is the sub-list for method input_type
-	37,  // [37:37] is the sub-list for extension type_name
-	37,  // [37:37] is the sub-list for extension extendee
-	0,   // [0:37] is the sub-list for field type_name
+	0,   // 17: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23,  // 18: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24,  // 19: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	100, // 20: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	35,  // 21: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	38,  // 22: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 23: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	41,  // 24: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 25: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	53,  // 26: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	53,  // 27: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 28: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	86,  // 29: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	91,  // 30: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	93,  // 31: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	96,  // 32: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	93,  // 33: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	97,  // 34: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	98,  // 35: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	101, // 36: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	105, // 37: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	1,   // 38: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 39: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 40: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 41: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	62,  // 42: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 43: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 44: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 45: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 46: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 47: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 48: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	64,  // 49: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	46,  // 50: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	66,  // 51: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 52: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	49,  // 53: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 54: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 55: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	37,  // 56: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	40,  // 57: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	40,  // 58: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	48,  // 59: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	43,  // 60: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	51,  // 61: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	54,  // 62: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	56,  // 63: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	58,  // 64: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	60,  // 65: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	68,  // 66: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	70,  // 67: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	72,  // 68: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	74,  // 69: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	76,  // 70: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	77,  // 71: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	78,  // 72: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	80,  // 73: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	82,  // 74: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	84,  // 75: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	85,  // 76: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	88,  // 77: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	92,  // 78: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	95,  // 79: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	102, // 80: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	104, // 81: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 82: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 83: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 84: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 85: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	63,  // 86: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 87: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 88: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 89: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 90: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 91: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 92: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	65,  // 93: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	47,  // 94: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	67,  // 95: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	36,  // 96: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	50,  // 97: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 98: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 99: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	39,  // 100: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	42,  // 101: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	42,  // 102: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	52,  // 103: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	44,  // 104: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	52,  // 105: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	55,  // 106: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	57,  // 107: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	59,  // 108: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	61,  // 109: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	69,  // 110: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	71,  // 111: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	73,  // 112: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	75,  // 113: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	79,  // 114: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	79,  // 115: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	79,  // 116: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	81,  // 117: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	83,  // 118: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	84,  // 119: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	87,  // 120: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	89,  // 121: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	94,  // 122: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	99,  // 123: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	103, // 124: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	106, // 125: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	82,  // [82:126] is the sub-list for method output_type
+	38,  // [38:82] is the sub-list for method input_type
+	38,  // [38:38] is the sub-list for extension type_name
+	38,  // [38:38] is the sub-list for extension extendee
+	0,   // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -7817,7 +7987,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   106,
+			NumMessages:   108,
 			NumExtensions: 0,
 			NumServices:   11,
 		},

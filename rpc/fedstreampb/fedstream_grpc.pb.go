@@ -853,6 +853,7 @@ const (
 	DataPlane_Ingest_FullMethodName        = "/fedstream.v1.DataPlane/Ingest"
 	DataPlane_IngestSession_FullMethodName = "/fedstream.v1.DataPlane/IngestSession"
 	DataPlane_FetchSnapshot_FullMethodName = "/fedstream.v1.DataPlane/FetchSnapshot"
+	DataPlane_Reconcile_FullMethodName     = "/fedstream.v1.DataPlane/Reconcile"
 	DataPlane_FetchSlots_FullMethodName    = "/fedstream.v1.DataPlane/FetchSlots"
 )
 
@@ -869,6 +870,10 @@ type DataPlaneClient interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(ctx context.Context, in *FetchSnapshotRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
+	// ---- DCAA peer permission (issue 10)
+	// Worker to worker only: one replica of a partition asks its peers
+	// before it reconciles, and tells them when it is done.
+	Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error)
 	// ---- live rescaling (issue 9 item 4); worker to worker only.
 	FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error)
 }
@@ -939,6 +944,16 @@ func (c *dataPlaneClient) FetchSnapshot(ctx context.Context, in *FetchSnapshotRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotClient = grpc.ServerStreamingClient[SnapshotChunk]
 
+func (c *dataPlaneClient) Reconcile(ctx context.Context, in *ReconcileRequest, opts ...grpc.CallOption) (*ReconcileResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReconcileResponse)
+	err := c.cc.Invoke(ctx, DataPlane_Reconcile_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *dataPlaneClient) FetchSlots(ctx context.Context, in *FetchSlotsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SnapshotChunk], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	stream, err := c.cc.NewStream(ctx, &DataPlane_ServiceDesc.Streams[4], DataPlane_FetchSlots_FullMethodName, cOpts...)
@@ -971,6 +986,10 @@ type DataPlaneServer interface {
 	// ---- live task moves and peer bootstrap (issue 9 items 3 and 5)
 	// Worker to worker only (the org's worker certificates).
 	FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
+	// ---- DCAA peer permission (issue 10)
+	// Worker to worker only: one replica of a partition asks its peers
+	// before it reconciles, and tells them when it is done.
+	Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error)
 	// ---- live rescaling (issue 9 item 4); worker to worker only.
 	FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error
 	mustEmbedUnimplementedDataPlaneServer()
@@ -994,6 +1013,9 @@ func (UnimplementedDataPlaneServer) IngestSession(grpc.BidiStreamingServer[Inges
 }
 func (UnimplementedDataPlaneServer) FetchSnapshot(*FetchSnapshotRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSnapshot not implemented")
+}
+func (UnimplementedDataPlaneServer) Reconcile(context.Context, *ReconcileRequest) (*ReconcileResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Reconcile not implemented")
 }
 func (UnimplementedDataPlaneServer) FetchSlots(*FetchSlotsRequest, grpc.ServerStreamingServer[SnapshotChunk]) error {
 	return status.Errorf(codes.Unimplemented, "method FetchSlots not implemented")
@@ -1051,6 +1073,24 @@ func _DataPlane_FetchSnapshot_Handler(srv interface{}, stream grpc.ServerStream)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type DataPlane_FetchSnapshotServer = grpc.ServerStreamingServer[SnapshotChunk]
 
+func _DataPlane_Reconcile_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReconcileRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DataPlaneServer).Reconcile(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DataPlane_Reconcile_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DataPlaneServer).Reconcile(ctx, req.(*ReconcileRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _DataPlane_FetchSlots_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(FetchSlotsRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -1068,7 +1108,12 @@ type DataPlane_FetchSlotsServer = grpc.ServerStreamingServer[SnapshotChunk]
 var DataPlane_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "fedstream.v1.DataPlane",
 	HandlerType: (*DataPlaneServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Reconcile",
+			Handler:    _DataPlane_Reconcile_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Subscribe",

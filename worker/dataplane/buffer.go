@@ -164,6 +164,13 @@ type OutputBuffer struct {
 	// blocked is the number of Appends currently waiting for room.
 	blocked int
 	scratch []byte
+	// inband is the DCAA state the stream advertises (see inband.go).
+	inband inBand
+	// nonStable are the ranges of positions holding tuples outside the
+	// stream's stable view (see MarkNonStable), sorted and disjoint,
+	// under mu; nsBase counts such positions below the first range kept.
+	nonStable []PosRange
+	nsBase    uint64
 }
 
 // NewOutputBuffer returns an empty buffer.

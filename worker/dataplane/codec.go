@@ -47,6 +47,7 @@ const (
 	// DCAA in-band stream state (issue 10).
 	batchFieldReplicaState protowire.Number = 180
 	batchFieldTentWM       protowire.Number = 181
+	batchFieldPosOffset    protowire.Number = 200
 )
 
 func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -76,6 +77,10 @@ func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b.TentativeWatermark != 0 {
 		hdr = protowire.AppendTag(hdr, batchFieldTentWM, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, protowire.EncodeZigZag(b.TentativeWatermark))
+	}
+	if b.PositionOffset != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldPosOffset, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, b.PositionOffset)
 	}
 	if len(b.Data) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(hdr)}, nil
@@ -146,6 +151,13 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 				return fmt.Errorf("%w: batch last id: %w", ErrProtocol, protowire.ParseError(n))
 			}
 			b.LastId = v
+			raw = raw[n:]
+		case num == batchFieldPosOffset && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch position offset: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.PositionOffset = v
 			raw = raw[n:]
 		case num == batchFieldReplicaState && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(raw)

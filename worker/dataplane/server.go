@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -228,23 +229,37 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		}
 		if count == 0 {
 			if !first.NoAck && after == first.AfterId && after > 0 {
-				// Nothing sent yet, and this replica has nothing after the
-				// subscriber's position: it is behind the replica the
-				// subscriber read before (replicas number their streams
-				// alike). The subscriber has everything up to AfterId,
-				// which is its acknowledgement here too (Ack clamps it to
-				// what this replica produced); otherwise a full buffer
-				// here would wait forever for an ack of tuples it never
-				// sends to this subscriber.
+				// Nothing sent yet, and this replica has nothing after
+				// the subscriber's position: it is behind the replica
+				// the subscriber read before. The subscriber has
+				// everything up to AfterId, which is its acknowledgement
+				// here too (clamped to what this replica produced), or
+				// a full buffer would wait forever for an ack of tuples
+				// it never sends.
 				buf.Ack(key, after)
+			}
+			var hb <-chan time.Time
+			stop := func() bool { return false }
+			if !first.NoAck {
+				hb, stop = heartbeatTimer(buf)
 			}
 			select {
 			case <-wait:
+			case <-hb:
+				// Nothing to send for a heartbeat interval: say so, with
+				// the state, so the subscriber knows this replica lives.
+				st, wm := buf.StreamState()
+				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm}); err != nil {
+					return err
+				}
 			case <-ctx.Done():
+				stop()
 				return ctx.Err()
 			case err := <-recvErr:
+				stop()
 				return err
 			}
+			stop()
 			continue
 		}
 		select {
@@ -253,7 +268,9 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		default:
 		}
 		sent.Store(last)
-		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last}); err != nil {
+		st, wm := buf.StreamState()
+		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
+			PositionOffset: buf.PositionOffset(last)}); err != nil {
 			return err
 		}
 		after = last

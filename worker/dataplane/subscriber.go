@@ -37,6 +37,10 @@ type Batch struct {
 	// FirstID and LastID are the ids of the first and last tuple
 	// delivered; the ids in between are consecutive.
 	FirstID, LastID uint64
+	// Offset is the producer's position offset at LastID (see
+	// OutputBuffer.MarkNonStable): LastID-Offset is the stable id of the
+	// stream's last stable tuple or boundary up to LastID.
+	Offset uint64
 	// For a subscriber that keeps values packed (KeepValuesPacked) or
 	// delivers encodings (DeliverEncoded): Encoded holds the delivered
 	// tuples as they were received, tuple i starting at Offsets[i]. With
@@ -111,6 +115,9 @@ type Subscriber struct {
 	// index: deliver only the batch's encoding and index (DeliverEncoded).
 	packed, reuseMessages, index bool
 	last                         atomic.Uint64
+	// onState, when set, hears every received batch's in-band state
+	// (see OnStreamState).
+	onState StateFunc
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -137,6 +144,11 @@ func (s *Subscriber) KeepValuesPacked() { s.packed, s.reuseMessages = true, true
 // passing its one input through). The three are the consumer's to keep.
 // Call it before Run.
 func (s *Subscriber) DeliverEncoded() { s.packed, s.index = true, true }
+
+// ResumeAfter makes the next Run resume after id (a DCAA consumer going
+// back to the last stable tuple it took when it moves to another
+// replica). Not while Run runs.
+func (s *Subscriber) ResumeAfter(id uint64) { s.last.Store(id) }
 
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
@@ -268,10 +280,21 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return err
 		}
 		msg := &rb.Batch
+		if s.onState != nil {
+			s.onState(msg.ReplicaState, msg.TentativeWatermark)
+		}
+		if msg.Count == 0 {
+			if rb.buf != nil {
+				sharedDirtyPool.Put(rb.buf)
+				rb.buf = nil
+			}
+			continue // a heartbeat
+		}
 		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, s.last.Load())
 		if err != nil {
 			return err
 		}
+		b.Offset = msg.PositionOffset
 		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}
@@ -334,18 +357,37 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		defer buf.Disconnect(s.name)
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
+	start := s.last.Load()
 	for {
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
 		}
+		if count == 0 && !s.noAck && start > 0 && s.last.Load() == start {
+			// As Server.Subscribe: the position this subscription
+			// starts from is its acknowledgement (clamped) while this
+			// replica is behind it.
+			buf.Ack(s.name, start)
+		}
 		if count == 0 {
+			var hb <-chan time.Time
+			stop := func() bool { return false }
+			if s.onState != nil {
+				hb, stop = heartbeatTimer(buf)
+			}
 			select {
 			case <-wait:
+			case <-hb:
+				s.onState(buf.StreamState())
 			case <-ctx.Done():
+				stop()
 				return ctx.Err()
 			}
+			stop()
 			continue
+		}
+		if s.onState != nil {
+			s.onState(buf.StreamState())
 		}
 		b, err := dec.decode(data, count, last, s.last.Load())
 		if err != nil {
@@ -365,6 +407,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		}
 		// b belongs to deliver from now on (it may Release it).
 		lastID := b.LastID
+		b.Offset = buf.PositionOffset(lastID)
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr

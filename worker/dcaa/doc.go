@@ -1,6 +1,9 @@
 package dcaa
 
-// Wiring into the task runtime (not done yet; notes for it).
+// Wiring into the task runtime (done for operator tasks: see
+// worker/runtime/dcaa_run.go and docs/DATAPLANE.md; sinks run no machine
+// and keep a consumer's view of their input instead, see
+// worker/runtime/dcaa_sink.go).
 //
 // One Machine per task with inputs, one Output per task (its output
 // streams share the state). The runtime calls Step with the wall clock
@@ -26,12 +29,18 @@ package dcaa
 //   - StateChange: report in TaskState.replica_state and set on every
 //     batch of the task's outputs (with Output.TentWatermark).
 //
-// Open points for that wiring: Output numbers the stable stream (UNDO
-// resets the numbering, so corrected tuples reuse the ids of the tentative
-// ones they replace) while output buffers number stream positions; the
-// buffers need to keep positions for transport and acknowledgement and
-// carry the stable id alongside, or start a new position range after each
-// UNDO. A producer whose output is tentative and has nothing to send must
-// still send heartbeat batches (its state and tentative watermark), or
-// its consumers will take it for silent. The machine keeps the stable
-// input since its checkpoint without bound.
+// The open point of ids was settled for positions: output buffers keep
+// numbering stream positions (transport and acknowledgement), UNDO
+// carries the position of the stream's last stable tuple (in its STime on
+// the wire), and corrections take new positions. Output's own stable
+// numbering is therefore not used by the runtime. Each batch carries the
+// producer's position offset (positions outside the stable view so far),
+// from which a consuming operator task renumbers its input by stable id:
+// the Machine sees stable ids (Deliver, Subscribe.AfterID, Capture), the
+// same on every upstream replica (worker/runtime stableIDs). Heartbeats are sent by
+// the data plane (an empty batch with the state after every boundary
+// interval without data). The machine still keeps the stable input since
+// its checkpoint up to Config.KeepLimit (see Machine.bound).
+//
+// Rescaling: the runtime holds and cuts the machine (Machine.SetCut)
+// instead of the stable merger; see worker/runtime/rescale.go.

@@ -89,6 +89,13 @@ type Config struct {
 	// ReplayChunk bounds the steps replayed per event during
 	// stabilization (0: the whole replay at once).
 	ReplayChunk int
+	// KeepLimit bounds the stable tuples kept for the replay while the
+	// operators hold tentative state (0: no bound). Past it the oldest
+	// are dropped (whole release steps): the replay then cannot correct
+	// the results that depended on them, which the Restore action names
+	// (LostFrom, LostTo); operators whose state only depends on recent
+	// input (windows) produce exact results again after the lost range.
+	KeepLimit int
 }
 
 // ErrConfig is wrapped by New's errors: the configuration is unusable.
@@ -221,8 +228,11 @@ type Entry struct {
 }
 
 // Restore: put the operators back to the last Checkpoint and emit UNDO
-// on the output (Output.Undo); stable replay follows.
-type Restore struct{}
+// on the output (Output.Undo); stable replay follows. When the input kept
+// for the replay went over Config.KeepLimit, the stable input with stime
+// in [LostFrom, LostTo) was dropped (LostTo > LostFrom): results that
+// depend on it are not corrected.
+type Restore struct{ LostFrom, LostTo int64 }
 
 // RecDone: the corrections are complete (Output.RecDone).
 type RecDone struct{}
@@ -314,7 +324,11 @@ type Machine struct {
 	inputs []*inputState
 	now    int64
 
-	released  int64 // watermark of the last release (R)
+	released int64 // watermark of the last release (R)
+	// cut bounds releases (math.MaxInt64: none): nothing above it is
+	// released, and while it is set nothing is released tentatively (a
+	// rescale's hold and cut; see SetCut).
+	cut       int64
 	tentative bool  // the operators hold tentative state (checkpoint taken)
 	ckpt      int64 // R at the checkpoint
 	expired   bool  // this failure's first timer expired: no more waiting
@@ -335,6 +349,13 @@ type Machine struct {
 	stableOut  uint64
 	replayOut  uint64
 	recoveries uint64
+	// lostFrom, lostTo: the stable input in [lostFrom, lostTo) was dropped
+	// for KeepLimit during this failure (lostTo == lostFrom: none);
+	// shed counts the tuples dropped, keptMax the most kept at once after
+	// a bound (figures).
+	lostFrom, lostTo int64
+	shed             uint64
+	keptMax          int
 }
 
 // New builds the machine; Start gives its first subscriptions.
@@ -342,7 +363,7 @@ func New(cfg Config) (*Machine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Machine{cfg: cfg, released: math.MinInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
+	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
 	for _, k := range cfg.Inputs {
 		m.inputs = append(m.inputs, &inputState{upState: make([]State, k), suspect: make([]int64, k),
 			stableB: math.MinInt64, tentWM: math.MinInt64})
@@ -366,6 +387,36 @@ func (m *Machine) Start(now int64) []Action {
 // State is the replica's current state.
 func (m *Machine) State() State { return m.state }
 
+// ErrNotStable means a cut was asked of a replica whose operators hold
+// tentative state (or that is replaying its stable input), which a cut
+// must not hand on. The caller waits until the replica is stable again.
+var ErrNotStable = errors.New("replica is not stable")
+
+// SetCut bounds the releases at stream time cut: no step above it is
+// released, the stable release that reaches it has cut itself as its
+// last step, and nothing is released tentatively while a cut is set (an
+// input failing meanwhile blocks the task, as in strict mode, until the
+// cut is lifted). SetCut(Released()) holds the replica where it is.
+// It is refused with ErrNotStable while the operators hold tentative
+// state or the replica replays (STABILIZATION), and when cut is below
+// what was released. (An input merely failed is no reason: everything
+// released so far is stable.)
+// math.MaxInt64 lifts the cut (always allowed).
+func (m *Machine) SetCut(cut int64) error {
+	if cut == math.MaxInt64 {
+		m.cut = cut
+		return nil
+	}
+	if m.tentative || m.replaying {
+		return fmt.Errorf("%w: %s", ErrNotStable, m.state)
+	}
+	if cut < m.released {
+		return fmt.Errorf("dcaa: cut %d below the released watermark %d", cut, m.released)
+	}
+	m.cut = cut
+	return nil
+}
+
 // Released is the watermark of the last release.
 func (m *Machine) Released() int64 { return m.released }
 
@@ -384,7 +435,7 @@ func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }
 // math.MaxInt64.
 func (m *Machine) NextDeadline() int64 {
 	next := int64(math.MaxInt64)
-	if !m.cfg.StrictMode {
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
 		for _, e := range m.avail {
 			if e.At > m.released {
 				next = min(next, e.Since+int64(m.cfg.Share))
@@ -452,7 +503,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 				continue // resent after a resubscription
 			}
 			in.lastStable = max(in.lastStable, t.ID)
-			if t.STime < drop {
+			if t.STime < drop || m.lostTo > m.lostFrom && t.STime < m.lostTo {
 				in.late++
 				continue
 			}
@@ -581,6 +632,66 @@ func (m *Machine) timeouts(acts []Action) []Action {
 	return acts
 }
 
+// kept is the number of stable tuples kept for the replay only: those
+// below the release watermark (what is not released yet waits at most
+// the share of X, and is not counted).
+func (m *Machine) kept() int {
+	n := 0
+	for _, in := range m.inputs {
+		n += in.from(m.released)
+	}
+	return n
+}
+
+// bound keeps the stable input kept for the replay within KeepLimit:
+// past it, the oldest release steps' data goes, down to half the limit,
+// and the replay will not correct what depended on it.
+func (m *Machine) bound() {
+	n := m.kept()
+	if n <= m.cfg.KeepLimit {
+		m.keptMax = max(m.keptMax, n)
+		return
+	}
+	// The first stable step above which at most half the limit is kept,
+	// among those released (tentatively) already: what was not released
+	// yet is never dropped.
+	steps := m.stepsIn(m.ckpt, m.released)
+	cut := int64(math.MinInt64)
+	for _, st := range steps {
+		left := 0
+		for _, in := range m.inputs {
+			left += in.from(m.released) - in.from(st)
+		}
+		cut = st
+		if left <= m.cfg.KeepLimit/2 {
+			break
+		}
+	}
+	if cut == math.MinInt64 {
+		return // no stable step yet: nothing can be dropped whole
+	}
+	if m.lostTo <= m.lostFrom {
+		m.lostFrom = m.ckpt
+	}
+	m.lostTo = max(m.lostTo, cut)
+	for _, in := range m.inputs {
+		k := in.from(cut)
+		rest := copy(in.stable, in.stable[k:])
+		clear(in.stable[rest:])
+		in.stable = in.stable[:rest]
+		// The steps below the cut go too (the cut itself stays: the
+		// replay releases from there).
+		n := 0
+		for n < len(in.steps) && in.steps[n] < cut {
+			n++
+		}
+		in.steps = append(in.steps[:0], in.steps[n:]...)
+	}
+	after := m.kept()
+	m.shed += uint64(n - after)
+	m.keptMax = max(m.keptMax, after)
+}
+
 // dropPoint: stable data below it is no longer needed (released, and no
 // checkpoint to replay from).
 func (m *Machine) dropPoint() int64 {
@@ -616,12 +727,12 @@ func (m *Machine) progress(acts []Action) []Action {
 		m.avail = append(m.avail, availEntry{At: amax, Since: m.now})
 		m.availMax = amax
 	}
-	s := m.stableWatermark()
+	s := min(m.stableWatermark(), m.cut)
 	if !m.tentative && s > m.released {
 		acts = m.release(acts, s, false)
 	}
 	m.trimAvail()
-	if !m.cfg.StrictMode {
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {
@@ -647,6 +758,9 @@ func (m *Machine) progress(acts []Action) []Action {
 				m.expired = true
 				acts = m.release(acts, p, true)
 				m.trimAvail()
+				if m.cfg.KeepLimit > 0 {
+					m.bound()
+				}
 			}
 		}
 	}
@@ -846,7 +960,7 @@ func (m *Machine) startReplay(acts []Action) []Action {
 		in.tent = nil
 	}
 	m.recoveries++
-	acts = append(acts, Restore{})
+	acts = append(acts, Restore{LostFrom: m.lostFrom, LostTo: m.lostTo})
 	return m.replay(acts)
 }
 
@@ -874,6 +988,7 @@ func (m *Machine) replay(acts []Action) []Action {
 		return acts
 	}
 	m.replaying, m.expired = false, false
+	m.lostFrom, m.lostTo = 0, 0
 	m.dropBelow(m.released)
 	acts = append(acts, RecDone{})
 	if len(m.peers()) > 0 {
@@ -907,9 +1022,14 @@ func (m *Machine) updateState(acts []Action) []Action {
 // Figures are counters for status and tests.
 type Figures struct {
 	StableSteps, TentativeSteps, ReplayedSteps, Recoveries uint64
+	// Shed counts stable tuples dropped for KeepLimit; KeptMax is the
+	// most stable tuples kept at once for a replay after a bound.
+	Shed    uint64
+	KeptMax int
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
-	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries}
+	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
+		Shed: m.shed, KeptMax: m.keptMax}
 }

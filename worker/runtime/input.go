@@ -26,7 +26,10 @@ import (
 // partition at a time and moves to another when the subscription fails,
 // resuming after the last id received.
 type input struct {
-	t           *task
+	t *task
+	// stableTaken is, for a DCAA operator task, the stable id of the last
+	// stable tuple the machine took from this input (see stableIDs).
+	stableTaken atomic.Uint64
 	idx         int // index in the merger
 	port        int
 	upstream    string // upstream node (fragment)
@@ -45,6 +48,21 @@ type input struct {
 	// only); switches counts the attempts that read another one.
 	prev     Placement
 	switches atomic.Uint64
+	// target is the upstream replica the DCAA machine wants read;
+	// targetWake signals a new one (machine mode only, see dcaa_run.go).
+	target     dcaaTarget
+	targetWake chan struct{}
+	// health is failure detection's view of the live attempt (DCAA
+	// queries only; see dcaa.go).
+	health inputHealth
+	// watched: failure detection watches this input (a replicated
+	// query's; set before the task starts).
+	watched bool
+	// lastOff is the position offset at the end of the last batch of the
+	// current attempt (offKnown: one came); a merging sink of a
+	// replicated query only (see filterDCAA).
+	lastOff  uint64
+	offKnown bool
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -145,9 +163,20 @@ func (in *input) run(ctx context.Context) {
 			err = fmt.Errorf("no placement known for %s partition %d", in.upstream, in.upPartition)
 		} else {
 			pl := cands[attempt%len(cands)]
+			if in.t.mv != nil || in.t.passDCAA() {
+				// A DCAA sink resumes by stable id (see stableIDs): the
+				// replica read next may number its stream otherwise.
+				if s := in.stableTaken.Load(); s < in.sub.LastID() {
+					in.sub.ResumeAfter(s)
+				}
+			}
 			progressed, moved, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
+			}
+			if in.health.silenced.Swap(false) {
+				// Failure detection cancelled it: that replica failed.
+				moved, err = false, fmt.Errorf("%w (replica %d, %s)", errSilent, pl.Replica, pl.WorkerAddr)
 			}
 		}
 		if ctx.Err() != nil {
@@ -192,6 +221,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in.health.heard.Store(time.Now().UnixNano())
 	in.mu.Lock()
 	in.current, in.cancelCur = pl, cancel
 	if stop := in.relays[pl.TaskID]; stop != nil {
@@ -204,10 +234,32 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		in.cancelCur = nil
 		in.mu.Unlock()
 	}()
+	fresh := true // the attempt's first batch
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
+		if in.watched {
+			in.health.busy.Store(true)
+			defer in.health.delivering()
+		}
+		if in.t.dm != nil {
+			return in.t.dm.deliver(ctx, in, b)
+		}
+		first := fresh
+		fresh = false
 		if in.t.passThrough {
+			if in.t.dcaaOn() {
+				return in.t.passBatchDCAA(b, first)
+			}
 			return in.t.passBatch(b)
+		}
+		if in.t.mv != nil {
+			if err := in.mergeDCAA(ctx, b, first); err != nil {
+				return err
+			}
+			if len(b.Tuples) == 0 {
+				b.Release() // nothing stable in it
+				return nil
+			}
 		}
 		// The merger hands b back (Release) once the task is done with its
 		// tuples: read what is needed of it before.
@@ -242,6 +294,11 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 // removed ends that way, and every replica it has must learn it was
 // taken).
 func (in *input) taken() uint64 {
+	if in.t.dm != nil || in.t.mv != nil || in.t.passDCAA() {
+		// Positions of the replica read mean other tuples on the others
+		// after a correction; stable ids do not (see stableIDs).
+		return in.stableTaken.Load()
+	}
 	n := in.sub.LastID()
 	if in.t.merge != nil && !in.t.passThrough {
 		n = max(n, in.t.merge.inputLastID(in.idx))
@@ -444,6 +501,12 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	start := time.Now()
 	blocked := t.blockedNanos()
 	t.busySince.Store(start.UnixNano())
+	if t.mv != nil {
+		// Tentative results go before stable ones are appended.
+		if err := t.beforeStable(ctx); err != nil {
+			return false, true, err
+		}
+	}
 	done, err = t.release(ctx, rel.runs, rel.steps, emitter)
 	if err == nil {
 		err = t.spendCost(ctx, rel.runs)
@@ -457,6 +520,9 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	}
 	if err == nil {
 		err = t.flush(ctx)
+	}
+	if err == nil && t.mv != nil {
+		err = t.syncTentative(ctx)
 	}
 	return done, true, err
 }

@@ -17,6 +17,13 @@ package runtime
 // (see kafkaSinkBuffer). All copies of a sink share one transactional id:
 // a copy that starts fences the older ones and then reads back the last
 // result id committed, so it writes exactly the results after it.
+//
+// In a replicated query (DCAA) the writer writes stable results only:
+// tentative results, UNDO and REC_DONE never reach the topic, so the topic
+// holds exactly a failure-free run's results, once each, later when a
+// failure makes them wait for corrections. A result's id in Kafka is its
+// stable id (the count of stable results and boundaries up to it; its
+// position in a query without replicas).
 
 import (
 	"context"
@@ -273,6 +280,11 @@ type kafkaSink struct {
 	// replica, how far that replica's writer had got (see
 	// TaskSnapshot.SourceRecords): the copy's stream starts after it.
 	restoredAt uint64
+	// writtenSID is the stable id of the last result committed (writer
+	// goroutine): results are identified in Kafka by stable id, the same
+	// on every copy and replica whatever corrections took positions (see
+	// stableIDs); equal to the position in a query without replicas.
+	writtenSID uint64
 }
 
 // kafkaWriterName is the subscriber name under which a kafka sink's
@@ -360,9 +372,15 @@ func (t *task) runKafkaSink() {
 				continue
 			}
 			open = true
-			// Kafka holds every result up to last; up to restoredAt every
-			// id is in Kafka or is not a result (a boundary).
-			ks.written.Store(max(last, ks.restoredAt, ks.written.Load()))
+			// Kafka holds every result up to stable id last; up to
+			// restoredAt every position is in Kafka or is not a result.
+			// A stable id read as a position is never beyond that
+			// result's position (see stableIDs): reading after it
+			// skips nothing, and what Kafka has is recognised by stable
+			// id below.
+			ra := ks.restoredAt
+			ks.writtenSID = max(ks.writtenSID, last, ra-min(ra, buf.PositionOffset(ra)))
+			ks.written.Store(max(last, ra, ks.written.Load()))
 			t.log.Info("kafka sink: writing after the last committed result", "topic", t.node.Sink.Kafka.Topic, "last_committed", last)
 		}
 		written := ks.written.Load()
@@ -394,13 +412,28 @@ func (t *task) runKafkaSink() {
 		scratch = scratch[:0]
 		type span struct{ k0, k1, v0, v1 int }
 		var spans []span
+		last := first + uint64(len(offs)) - 1
+		// Stable ids: the stable id of the batch's last stable tuple
+		// less the stable tuples and boundaries in it, counted on.
+		sid := last - min(last, buf.PositionOffset(last))
+		for _, o := range offs {
+			if typ := tuple.PeekType(data[o-base:]); typ == tuple.Stable || typ == tuple.Boundary {
+				sid--
+			}
+		}
 		for i, o := range offs {
 			if _, err := tuple.DecodeTuple(data[o-base:], &tp); err != nil {
 				t.fail(fmt.Errorf("kafka sink: result %d: %w", first+uint64(i), err))
 				return
 			}
-			if !tp.Type.IsData() {
-				continue
+			if tp.Type == tuple.Boundary {
+				sid++
+			}
+			if tp.Type != tuple.Stable {
+				continue // tentative results and corrections stay out
+			}
+			if sid++; sid <= ks.writtenSID {
+				continue // in Kafka already
 			}
 			var sp span
 			sp.k0 = len(scratch)
@@ -411,7 +444,7 @@ func (t *task) runKafkaSink() {
 			scratch = kafka.AppendJSON(scratch, ks.schema, tp.Values, nil)
 			sp.v1 = len(scratch)
 			spans = append(spans, sp)
-			outs = append(outs, kafka.Out{ID: first + uint64(i)})
+			outs = append(outs, kafka.Out{ID: sid})
 		}
 		for i, sp := range spans {
 			if sp.k1 > sp.k0 {
@@ -430,13 +463,13 @@ func (t *task) runKafkaSink() {
 		}
 		if len(outs) > 0 {
 			ks.writes.Add(1)
+			ks.writtenSID = outs[len(outs)-1].ID
 		}
 		backoff.Reset()
 		if failing {
 			failing = false
 			t.noteWhileRunning("")
 		}
-		last := first + uint64(len(offs)) - 1
 		ks.written.Store(last)
 		buf.Ack(kafkaWriterName, last)
 	}

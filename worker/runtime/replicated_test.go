@@ -127,7 +127,10 @@ func tailQuietly(c *cluster, sinkTask string, quiet time.Duration) ([]tuple.Tupl
 			defer mu.Unlock()
 			last = time.Now()
 			for _, tp := range b.Tuples {
-				if tp.Type.IsData() {
+				// The final results: a replicated query runs DCAA, and
+				// a replica that took an input for failed may have sent
+				// tentative results and their corrections meanwhile.
+				if tp.Type == tuple.Stable {
 					tp.Values = slices.Clone(tp.Values)
 					out = append(out, tp)
 				}

@@ -232,6 +232,19 @@ func (t *task) retireRemoved(f string, partitions int) {
 func (t *task) hold(ctx context.Context, f string, epoch uint64) bool {
 	var frontier int64
 	switch {
+	case t.dm != nil:
+		// A DCAA operator task: its machine releases, not the merger.
+		if _, _, down := t.roles(f); down {
+			// Its machine has a fixed set of inputs: it cannot read
+			// partitions a rescale adds.
+			t.log.Error("rescale: a DCAA task cannot read a rescaled fragment's new partitions yet; the rescale will not go ahead", "fragment", f, "epoch", epoch)
+			return false
+		}
+		released, ok := t.dm.holdForRescale(ctx, f, epoch)
+		if !ok {
+			return false
+		}
+		frontier = released
 	case t.merge != nil && t.proc != nil:
 		if err := t.lockProc(ctx); err != nil {
 			return false
@@ -269,7 +282,13 @@ func (t *task) hold(ctx context.Context, f string, epoch uint64) bool {
 
 // liftHold lets a held task go on.
 func (t *task) liftHold() {
-	if t.merge != nil {
+	switch {
+	case t.dm != nil:
+		if t.lockProc(t.ctx) == nil {
+			_ = t.dm.setCut(math.MaxInt64) // lifting is never refused
+			t.unlockProc()
+		}
+	case t.merge != nil:
 		t.merge.liftCut()
 	}
 	if t.rs.lift != nil {
@@ -343,6 +362,9 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		t.inMu.Lock()
 		t.inputs = append(t.inputs, added...)
 		t.inMu.Unlock()
+		if t.mv != nil {
+			t.mv.grow(len(t.inputs))
+		}
 		t.unlockProc()
 		for _, in := range added {
 			t.wg.Add(1)
@@ -390,7 +412,20 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 	}
 	if own && t.merge != nil {
 		// The cut replaces the hold; the handover lifts it.
-		t.merge.setRescaleCut(n.Cut)
+		if t.dm != nil {
+			if err := t.lockProc(ctx); err != nil {
+				return false
+			}
+			err := t.dm.setCut(n.Cut)
+			t.unlockProc()
+			if err != nil {
+				// Held since the prepare, it released nothing tentative.
+				t.fail(fmt.Errorf("rescale of %s to epoch %d: cut at %d: %w", f, n.Epoch, n.Cut, err))
+				return false
+			}
+		} else {
+			t.merge.setRescaleCut(n.Cut)
+		}
 		if t.rs.lift != nil {
 			close(t.rs.lift)
 			t.rs.lift = nil
@@ -416,11 +451,11 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 		if err := t.lockProc(ctx); err != nil {
 			return
 		}
-		if t.merge.releasedAt() >= n.Cut {
+		if t.releasedAt() >= n.Cut {
 			break // proc held
 		}
 		t.unlockProc()
-		t.merge.poke()
+		t.pokeRelease()
 		select {
 		case <-ctx.Done():
 			return
@@ -428,8 +463,8 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 		}
 	}
 	defer t.unlockProc()
-	if t.merge.releasedAt() != n.Cut {
-		t.fail(fmt.Errorf("rescale of %s to epoch %d: released up to %d, past the cut %d", f, n.Epoch, t.merge.releasedAt(), n.Cut))
+	if t.releasedAt() != n.Cut {
+		t.fail(fmt.Errorf("rescale of %s to epoch %d: released up to %d, past the cut %d", f, n.Epoch, t.releasedAt(), n.Cut))
 		return
 	}
 	ss, ok := operator.SlotStateOf(t.op)
@@ -506,6 +541,8 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 			return
 		}
 		t.noteWhileRunning("handed every slot over in a rescale; stops when the rescale finishes")
+	} else if t.dm != nil {
+		_ = t.dm.setCut(math.MaxInt64) // proc held; lifting is never refused
 	} else {
 		t.merge.liftCut()
 	}
@@ -618,4 +655,22 @@ func FetchSlots(ctx context.Context, conn grpc.ClientConnInterface, req *fedstre
 		}
 		data = append(data, msg.Data...)
 	}
+}
+
+// releasedAt is the watermark of the task's last release: its DCAA
+// machine's, or its merger's. The caller holds proc for a DCAA task.
+func (t *task) releasedAt() int64 {
+	if t.dm != nil {
+		return t.dm.m.Released()
+	}
+	return t.merge.releasedAt()
+}
+
+// pokeRelease wakes whatever releases the task's input.
+func (t *task) pokeRelease() {
+	if t.dm != nil {
+		t.dm.poke()
+		return
+	}
+	t.merge.poke()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/dcaa"
 )
 
 // Task states reported by States (spelled in rpc/states, which the
@@ -214,6 +215,10 @@ type TaskState struct {
 	// StateStalled, what the task waits on), or a note ("input exhausted").
 	State   string
 	Message string
+	// Replica is the task's DCAA replica state (UNSPECIFIED when its
+	// query has no replicas); Tentative says its output is tentative now.
+	Replica   fedstreampb.ReplicaState
+	Tentative bool
 	// Rescale progress (see rescale.go): the epoch of the rescale the
 	// task holds for and its frontier there, and the epoch whose cut it
 	// has passed.
@@ -289,6 +294,18 @@ type Options struct {
 	// SnapshotChunkBytes is the size of the pieces FetchSnapshot streams
 	// a snapshot in (default SnapshotChunkBytes).
 	SnapshotChunkBytes int
+	// DetectTimeout is how long an input of a query with replicas may
+	// hear nothing from the upstream replica it reads (no data, no
+	// heartbeat) before it takes that replica for failed and moves to
+	// another (default dcaa.DetectTimeout(BoundaryInterval); output
+	// streams of such queries send a heartbeat every BoundaryInterval).
+	DetectTimeout time.Duration
+	// DCAAKeepTuples bounds the stable input a DCAA operator task keeps
+	// for its replay while its results are tentative (default
+	// DefaultDCAAKeepTuples; see dcaa.Config.KeepLimit): past it a long
+	// failure's oldest input goes, and the task's status names the
+	// results its correction could not make exact.
+	DCAAKeepTuples int
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
@@ -299,6 +316,10 @@ type Options struct {
 	// offer them.
 	Bulk BulkOptions
 }
+
+// DefaultDCAAKeepTuples is the default of Options.DCAAKeepTuples: as
+// many tuples as an output buffer holds by default.
+const DefaultDCAAKeepTuples = 256 << 10
 
 // DefaultMaxFuture is the default of Options.MaxFuture.
 const DefaultMaxFuture = time.Hour
@@ -330,6 +351,12 @@ func (o *Options) setDefaults() {
 	}
 	if o.BootstrapTimeout <= 0 {
 		o.BootstrapTimeout = time.Minute
+	}
+	if o.DetectTimeout <= 0 {
+		o.DetectTimeout = dcaa.DetectTimeout(o.BoundaryInterval)
+	}
+	if o.DCAAKeepTuples <= 0 {
+		o.DCAAKeepTuples = DefaultDCAAKeepTuples
 	}
 	if o.RetryMax < o.RetryMin {
 		o.RetryMax = max(time.Second, o.RetryMin)

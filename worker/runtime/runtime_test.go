@@ -164,9 +164,11 @@ func (c *cluster) close(t testing.TB) {
 
 func (c *cluster) addrOf(taskID string) string {
 	for _, specs := range c.specs {
-		for _, pl := range specs[0].Placements {
-			if pl.TaskID == taskID {
-				return pl.WorkerAddr
+		for _, spec := range specs {
+			for _, pl := range spec.Placements {
+				if pl.TaskID == taskID {
+					return pl.WorkerAddr
+				}
 			}
 		}
 	}
@@ -182,13 +184,19 @@ func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.query.Name, TaskId: sinkTask}, "", true, 0)
+	query := c.query.Name
+	if q, _, ok := strings.Cut(sinkTask, "/"); ok {
+		query = q // the task id names its query (another may share the cluster)
+	}
+	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: query, TaskId: sinkTask}, "", true, 0)
 	var out []tuple.Tuple
 	for {
 		err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
-			out = append(out, b.Tuples...)
-			if last := b.Tuples[len(b.Tuples)-1]; last.Type == tuple.Boundary && last.STime == math.MaxInt64 {
-				return dataplane.ErrStopSubscription
+			for _, tp := range b.Tuples {
+				out = append(out, tp)
+				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription // whatever follows (a REC_DONE)
+				}
 			}
 			return nil
 		})

@@ -115,6 +115,15 @@ type OutputPosition struct {
 	TailFirst uint64
 	TailOffs  []int
 	Tail      []byte
+	// NSBase and NonStable are the stream's positions outside its stable
+	// view (DCAA corrections) that a copy continuing it needs: NSBase
+	// counts those before the tail (or before LastID+1 without a tail),
+	// NonStable are the ranges from there on (see
+	// dataplane.OutputBuffer.MarkNonStable). Without them a copy of a
+	// producer that corrected its output would give its consumers wrong
+	// stable ids.
+	NSBase    uint64
+	NonStable []dataplane.PosRange
 }
 
 // tailBytes bounds each read of an output's retained tuples.
@@ -284,6 +293,9 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 	if t.merge == nil || t.proc == nil {
 		return nil, nil, fmt.Errorf("%w: %s is a %s task", ErrNotSnapshottable, t.spec.TaskID, t.kind())
 	}
+	if t.dm != nil && opts.Aligned {
+		return nil, nil, fmt.Errorf("%w: %s runs DCAA, whose merge cannot be aligned at a stream time yet", ErrNotSnapshottable, t.spec.TaskID)
+	}
 	if opts.Aligned {
 		if !opts.Halt {
 			return nil, nil, fmt.Errorf("%w: an aligned snapshot must halt the task", ErrNotSnapshottable)
@@ -311,6 +323,9 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 	if t.emitErr != nil {
 		return nil, nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
 	}
+	if t.sinkTentativeHeld() {
+		return nil, nil, fmt.Errorf("%w: %s: its results are tentative now (a copy could not take them back)", ErrNotSnapshottable, t.spec.TaskID)
+	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
 	if t.op != nil && halt {
@@ -336,6 +351,11 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		if err := captureTail(o.buf, &pos); err != nil {
 			return nil, nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
+		from := pos.LastID + 1
+		if len(pos.TailOffs) > 0 {
+			from = pos.TailFirst
+		}
+		pos.NSBase, pos.NonStable = o.buf.NonStableFrom(from)
 		s.Outputs = append(s.Outputs, pos)
 	}
 	if t.kafkaOut != nil {
@@ -343,17 +363,31 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		// acknowledges, so the tail starts at or below it.
 		s.SourceRecords = int64(t.kafkaOut.written.Load())
 	}
-	if t.passThrough {
+	if t.dm != nil {
+		// A DCAA operator task: its machine holds the inputs' state.
+		if err := t.dm.capture(s); err != nil {
+			return nil, nil, err
+		}
+	} else if t.passThrough {
 		in := t.inputs[0]
 		s.Released = math.MinInt64
-		s.Inputs = []InputPosition{{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}}
+		pos := InputPosition{Upstream: in.upstream, Port: in.port, Partition: in.upPartition, After: t.passLast, Boundary: math.MinInt64}
+		if t.passDCAA() {
+			// By stable id (see passView).
+			pos.After, pos.Boundary = t.pv.stable, t.pv.stableB
+		}
+		s.Inputs = []InputPosition{pos}
 	} else {
 		ms := t.merge.capture(halt)
 		s.Released = ms.released
 		for i, is := range ms.inputs {
 			in := t.inputs[i]
+			after := is.lastID
+			if t.mv != nil {
+				after = in.stableTaken.Load() // by stable id (see filterDCAA)
+			}
 			s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: is.port, Partition: is.upPartition,
-				After: is.lastID, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
+				After: after, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
 		}
 	}
 	if halt {
@@ -481,6 +515,12 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	if err := t.resumeOutputs(s); err != nil {
 		return err
 	}
+	for i, pos := range s.Inputs {
+		t.inputs[i].stableTaken.Store(pos.After)
+	}
+	if t.passThrough {
+		t.restorePassView(s.Inputs[0].After, s.Inputs[0].Boundary, t.outs[0].buf.Stats().LastID)
+	}
 	t.seq = s.Seq
 	t.restored = true
 	return nil
@@ -541,6 +581,7 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 	}
 	for _, pos := range s.Outputs {
 		o := t.byConsumer[pos.Consumer][pos.Partition]
+		o.buf.RestoreNonStable(pos.NSBase, pos.NonStable)
 		if len(pos.TailOffs) > 0 {
 			if pos.TailFirst+uint64(len(pos.TailOffs))-1 != pos.LastID {
 				return fmt.Errorf("%w: output tail %d+%d does not end at %d", ErrSnapshotMismatch, pos.TailFirst, len(pos.TailOffs), pos.LastID)
@@ -566,10 +607,12 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 // declaration order; integers are varints, strings and byte strings
 // length-prefixed, pending tuples as (id, tuple encoding). Version 2 adds
 // each output's tail (first id, tuple lengths, bytes) and, last, a
-// source's record count; version 1 is still read.
+// source's record count; version 3 each output's positions outside its
+// stable view (base, ranges) after its tail; versions 1 and 2 are still
+// read.
 const (
 	taskSnapshotMagic   = "fsts"
-	taskSnapshotVersion = 2
+	taskSnapshotVersion = 3
 )
 
 // MarshalBinary encodes the snapshot in the versioned format
@@ -672,6 +715,12 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 			uv(uint64(end - o.TailOffs[i]))
 		}
 		bytesField(o.Tail)
+		uv(o.NSBase)
+		uv(uint64(len(o.NonStable)))
+		for _, r := range o.NonStable {
+			uv(r.From)
+			uv(r.To)
+		}
 	}
 	iv(s.SourceRecords)
 	b = appendIngestPosition(b, s.Ingest)
@@ -772,7 +821,7 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
 	v := data[len(taskSnapshotMagic)]
-	if v != 1 && v != taskSnapshotVersion {
+	if v < 1 || v > taskSnapshotVersion {
 		return fmt.Errorf("%w: format version %d, this build reads 1 to %d", ErrBadTaskSnapshot, v, taskSnapshotVersion)
 	}
 	r := &snapReader{b: data[len(taskSnapshotMagic)+1:], alias: alias}
@@ -838,6 +887,13 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 			}
 			if len(o.Tail) == 0 {
 				o.Tail = nil
+			}
+		}
+		if v >= 3 {
+			o.NSBase = r.uv("non-stable base")
+			nr := r.count("non-stable ranges")
+			for range nr {
+				o.NonStable = append(o.NonStable, dataplane.PosRange{From: r.uv("non-stable from"), To: r.uv("non-stable to")})
 			}
 		}
 		out.Outputs = append(out.Outputs, o)

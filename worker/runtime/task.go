@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/operator"
 	"github.com/fedstream/fedstream/worker/source"
@@ -132,6 +133,9 @@ type task struct {
 	// is not connected has not taken. Both are set by the watchdog (see
 	// checkStall).
 	stall, overrun string
+	// uncorrected names the results a DCAA correction could not make
+	// exact (see dcaaRun.lost); it stays in the status message.
+	uncorrected string
 
 	// Watchdog state, touched only by the runtime's watch goroutine: the
 	// outputs' id total when it last moved and when, and what each input
@@ -193,8 +197,21 @@ type task struct {
 	// passLast is the id of the last batch a pass-through sink adopted
 	// (under proc).
 	passLast uint64
+	// pv is a pass-through sink's view of its input in a replicated
+	// query (under proc); mv a merging sink's tentative part (nil
+	// otherwise). See dcaa_sink.go.
+	pv passView
+	mv *mergeView
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
+	// replicaState is the task's DCAA replica state
+	// (fedstreampb.ReplicaState; unset when the query has no replicas).
+	replicaState atomic.Int32
+	// tentative: the task's output is tentative now (DCAA machine).
+	tentative atomic.Bool
+	// dm drives an operator task of a replicated query through its DCAA
+	// machine (nil otherwise; see dcaa_run.go).
+	dm *dcaaRun
 	// inMove: the copy takes part in a live move (TaskSpec.InMove; set by
 	// Apply, read by State).
 	inMove atomic.Bool
@@ -329,6 +346,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	// map: an ingest request may reach the task before start runs.
 	// Stopping the task aborts an expression evaluation in progress, so
 	// stop never waits on a slow predicate.
+	t.setupDCAA()
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	operator.StopOn(t.op, t.ctx.Done())
 	operator.StopOn(t.srcChain, t.ctx.Done())
@@ -499,6 +517,14 @@ func (t *task) start() {
 		// is nothing left to read or process.
 		t.setState(StateRunning, "input exhausted")
 		return
+	case t.dm != nil:
+		for _, in := range t.inputs {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); in.runMachine(t.ctx, t.dm) }()
+		}
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.dm.run(t.ctx) }()
+		t.startRelays()
 	case t.merge != nil:
 		// A task restored from a snapshot may hold a release ready before
 		// any input delivers (the snapshot caught it between the arrival of
@@ -513,22 +539,14 @@ func (t *task) start() {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); in.run(t.ctx) }()
 		}
-		if replicas := t.plan.Query.Replicas; replicas > 1 {
-			// Every replica of each upstream partition hears how far this
-			// task got (see input.relay), until the task stops: after the
-			// input's end too, so that a replica behind the one read from
-			// still learns that everything was taken.
-			for _, in := range t.inputs {
-				log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
-				for r := range replicas {
-					t.wg.Add(1)
-					go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
-				}
-			}
-		}
+		t.startRelays()
 		if t.inlineEmit == nil {
 			t.wg.Add(1)
 			go func() { defer t.wg.Done(); t.runMerge() }()
+		}
+		if t.dcaaOn() {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); t.watchInputs(t.ctx) }()
 		}
 		if t.restored {
 			select {
@@ -539,6 +557,25 @@ func (t *task) start() {
 	}
 	t.setState(StateRunning, "")
 	t.rescaleStep()
+}
+
+// startRelays starts the ack relays of a replicated query's task: every
+// replica of each upstream partition hears how far this task got (see
+// input.relay), until the task stops: after the input's end too, so that
+// a replica behind the one read from still learns that everything was
+// taken.
+func (t *task) startRelays() {
+	replicas := t.plan.Query.Replicas
+	if replicas <= 1 {
+		return
+	}
+	for _, in := range t.inputs {
+		log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+		for r := range replicas {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); in.relay(t.ctx, r, log) }()
+		}
+	}
 }
 
 // stop cancels the task, closes its buffers (which ends the subscriptions
@@ -581,8 +618,15 @@ func (t *task) fail(err error) {
 	t.setState(StateFailed, err.Error())
 }
 
-// State reports the task's state.
+// State reports the task's state, with its DCAA replica state.
 func (t *task) State() TaskState {
+	st := t.state0()
+	st.Replica = fedstreampb.ReplicaState(t.replicaState.Load())
+	st.Tentative = t.tentative.Load()
+	return st
+}
+
+func (t *task) state0() TaskState {
 	var pos uint64
 	var blocked bool
 	inMove := t.inMove.Load()
@@ -610,6 +654,12 @@ func (t *task) State() TaskState {
 			st.Message += "; "
 		}
 		st.Message += t.overrun
+	}
+	if t.uncorrected != "" {
+		if st.Message != "" {
+			st.Message += "; "
+		}
+		st.Message += t.uncorrected
 	}
 	return st
 }

@@ -1,0 +1,167 @@
+package dataplane
+
+import (
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// inBand is the DCAA state an output stream advertises to its
+// subscribers: stamped on every batch sent, and sent alone (a heartbeat:
+// a batch without tuples) when the stream has had nothing to send for a
+// heartbeat interval, so that a subscriber which hears nothing at all for
+// longer than its detection timeout can take the producer for failed
+// (process paused, link held, worker gone). Streams of queries without
+// replicas have no heartbeat and send the state unset, as before.
+type inBand struct {
+	state     atomic.Int32 // fedstreampb.ReplicaState
+	tentWM    atomic.Int64
+	heartbeat atomic.Int64 // nanoseconds; 0: no heartbeats
+}
+
+// SetHeartbeat makes the stream send a heartbeat batch to each
+// acknowledging data subscription after every interval every without
+// data (0 turns heartbeats off). Tail clients get none.
+func (b *OutputBuffer) SetHeartbeat(every time.Duration) { b.inband.heartbeat.Store(int64(every)) }
+
+// Heartbeat is the heartbeat interval (0: none).
+func (b *OutputBuffer) Heartbeat() time.Duration { return time.Duration(b.inband.heartbeat.Load()) }
+
+// SetStreamState sets the producer's replica state and tentative
+// watermark advertised from now on (see fedstreampb.Batch).
+func (b *OutputBuffer) SetStreamState(st fedstreampb.ReplicaState, tentWM int64) {
+	b.inband.tentWM.Store(tentWM)
+	b.inband.state.Store(int32(st))
+}
+
+// StreamState is the advertised replica state and tentative watermark.
+func (b *OutputBuffer) StreamState() (fedstreampb.ReplicaState, int64) {
+	return fedstreampb.ReplicaState(b.inband.state.Load()), b.inband.tentWM.Load()
+}
+
+// StateFunc receives the producer's advertised state with every batch a
+// subscription receives, heartbeats included (see OnStreamState).
+type StateFunc func(st fedstreampb.ReplicaState, tentWM int64)
+
+// OnStreamState makes the subscriber call fn for every message it
+// receives (before delivering its tuples), and, on a local stream, once
+// per heartbeat interval while it waits for data: the caller learns that
+// the producer is alive and what state it advertises. Call it before Run.
+func (s *Subscriber) OnStreamState(fn StateFunc) { s.onState = fn }
+
+// heartbeatTimer returns a channel firing after buf's heartbeat interval
+// (nil when it has none) and its stop function.
+func heartbeatTimer(buf *OutputBuffer) (<-chan time.Time, func() bool) {
+	hb := buf.Heartbeat()
+	if hb <= 0 {
+		return nil, func() bool { return false }
+	}
+	t := time.NewTimer(hb)
+	return t.C, t.Stop
+}
+
+// PosRange is the positions From..To of a stream, both included.
+type PosRange struct{ From, To uint64 }
+
+// MarkNonStable records that positions from..to (both included) of the
+// stream hold tuples outside its stable view: tentative tuples, UNDO,
+// REC_DONE (DCAA). Replicas of a producer number their streams alike
+// until one of them corrects its output; from then on a position means
+// different tuples on different replicas, but the stable id (the count of
+// stable tuples and boundaries up to a position: the position minus its
+// offset, see PositionOffset) means the same everywhere. Ranges are
+// marked in increasing order.
+func (b *OutputBuffer) MarkNonStable(from, to uint64) {
+	if from == 0 || to < from {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := len(b.nonStable); n > 0 {
+		last := &b.nonStable[n-1]
+		if from <= last.To {
+			from = last.To + 1 // marked already
+			if to < from {
+				return
+			}
+		}
+		if from == last.To+1 {
+			last.To = to
+			return
+		}
+	}
+	b.nonStable = append(b.nonStable, PosRange{from, to})
+}
+
+// PositionOffset is how many positions up to p hold tuples outside the
+// stream's stable view (0 on a stream that never went tentative).
+func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	off := b.nsBase
+	for _, r := range b.nonStable {
+		if r.From > p {
+			break
+		}
+		off += min(r.To, p) - r.From + 1
+	}
+	return off
+}
+
+// NonStableFrom returns the offset at position p-1 and the ranges at or
+// after p: what a copy of the stream continuing from p needs (a task
+// snapshot's output tail).
+func (b *OutputBuffer) NonStableFrom(p uint64) (base uint64, ranges []PosRange) {
+	base = b.PositionOffset(p - min(p, 1))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, r := range b.nonStable {
+		if r.To >= p {
+			r.From = max(r.From, p)
+			ranges = append(ranges, r)
+		}
+	}
+	return base, ranges
+}
+
+// RestoreNonStable sets what NonStableFrom returned on a new copy of the
+// stream (before anything is appended to it): base positions before the
+// first range are non-stable, and ranges.
+func (b *OutputBuffer) RestoreNonStable(base uint64, ranges []PosRange) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.nsBase = base
+	b.nonStable = slices.Clone(ranges)
+}
+
+// BeginNonStable marks every position from from on as outside the stable
+// view until EndNonStable: a producer going tentative does so before it
+// appends its first tentative tuple, so no batch is ever sent with an
+// offset that does not count it yet.
+func (b *OutputBuffer) BeginNonStable(from uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := len(b.nonStable); n > 0 && b.nonStable[n-1].To == math.MaxUint64 {
+		return // open already
+	}
+	b.nonStable = append(b.nonStable, PosRange{from, math.MaxUint64})
+}
+
+// EndNonStable closes the range BeginNonStable opened at position to
+// (included).
+func (b *OutputBuffer) EndNonStable(to uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.nonStable)
+	if n == 0 || b.nonStable[n-1].To != math.MaxUint64 {
+		return
+	}
+	if to < b.nonStable[n-1].From {
+		b.nonStable = b.nonStable[:n-1]
+		return
+	}
+	b.nonStable[n-1].To = to
+}

@@ -1,0 +1,48 @@
+package dataplane
+
+import (
+	"slices"
+	"testing"
+)
+
+// Positions outside the stable view: offsets count them up to a position,
+// an open range counts everything appended since it opened, and a copy
+// continuing the stream from a position gets the same offsets from there.
+func TestPositionOffsets(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	if got := b.PositionOffset(100); got != 0 {
+		t.Fatalf("a stream never tentative: offset %d", got)
+	}
+	b.BeginNonStable(11) // tentative tuples from 11 on
+	if got := b.PositionOffset(13); got != 3 {
+		t.Fatalf("open range at 13: offset %d, want 3", got)
+	}
+	b.EndNonStable(14)      // UNDO at 14
+	b.MarkNonStable(20, 20) // REC_DONE at 20
+	b.MarkNonStable(20, 20) // marked twice: once
+	b.MarkNonStable(21, 21) // an UNDO right after: merged
+	want := map[uint64]uint64{10: 0, 11: 1, 14: 4, 19: 4, 20: 5, 21: 6, 100: 6}
+	for p, w := range want {
+		if got := b.PositionOffset(p); got != w {
+			t.Errorf("offset at %d: %d, want %d", p, got, w)
+		}
+	}
+	base, ranges := b.NonStableFrom(13)
+	if base != 2 || !slices.Equal(ranges, []PosRange{{13, 14}, {20, 21}}) {
+		t.Fatalf("from 13: base %d ranges %v", base, ranges)
+	}
+	c := NewOutputBuffer(BufferOptions{})
+	c.RestoreNonStable(base, ranges)
+	for p, w := range want {
+		if p < 12 {
+			continue
+		}
+		if got := c.PositionOffset(p); got != w {
+			t.Errorf("copy: offset at %d: %d, want %d", p, got, w)
+		}
+	}
+	b.EndNonStable(30) // nothing open: no effect
+	if got := b.PositionOffset(100); got != 6 {
+		t.Fatalf("after a stray end: offset %d, want 6", got)
+	}
+}

@@ -1,0 +1,194 @@
+package runtime
+
+import (
+	"context"
+
+	"errors"
+	"github.com/fedstream/fedstream/config/queryspec"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+)
+
+// DCAA wiring (issue 10; see docs/DATAPLANE.md). A query with replicas
+// runs every output stream with heartbeats and its replica state in band,
+// and every input with failure detection: an input that hears nothing
+// from the upstream replica it reads (no batch, no heartbeat) for the
+// detection timeout takes that replica for failed and moves to another,
+// as it does when a subscription fails. The task's replica state is
+// UP_FAILURE while one of its inputs is failed (silent and not yet heard
+// from the next replica) or reads a replica that advertises UP_FAILURE or
+// STABILIZATION, STABLE otherwise; it is advertised on the task's outputs
+// and reported with the task's state.
+
+// errSilent ends an attempt whose upstream replica went silent past the
+// detection timeout.
+var errSilent = errors.New("upstream replica silent past the detection timeout")
+
+// dcaaOn reports whether the task's query runs DCAA (it has replicas).
+func (t *task) dcaaOn() bool { return t.plan != nil && t.plan.Query.Replicas > 1 }
+
+// detectTimeout is the silence after which an input counts as failed.
+func (t *task) detectTimeout() time.Duration {
+	return t.r.opts.DetectTimeout
+}
+
+// inputHealth is what failure detection knows of an input's live
+// attempt. Written by the subscription's goroutine (heard, upState) and
+// the watchdog (silent), read by both.
+type inputHealth struct {
+	// heard is when the live attempt last heard its upstream replica
+	// (unix nanoseconds): a batch or a heartbeat, or the attempt's start.
+	heard atomic.Int64
+	// upState and tentWM are the state and tentative watermark the
+	// replica read advertises.
+	upState atomic.Int32
+	tentWM  atomic.Int64
+	// silent: the input's last attempt ended for silence and the next
+	// one has not heard its replica yet.
+	silent atomic.Bool
+	// busy: the input is handing a batch to the task (which may wait for
+	// room: then the input reads nothing, and that is the task's doing,
+	// not the upstream's silence).
+	busy atomic.Bool
+	// silenced: the watchdog cancelled the live attempt for silence
+	// (taken by run, which then moves to another replica).
+	silenced atomic.Bool
+}
+
+// heardFrom is the input's subscriber's OnStreamState callback.
+func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64) {
+	in.health.heard.Store(time.Now().UnixNano())
+	in.health.upState.Store(int32(st))
+	in.health.tentWM.Store(wm)
+	in.health.silent.Store(false)
+	if d := in.t.dm; d != nil {
+		d.heartbeat(in, st, wm)
+	}
+}
+
+// delivering ends a delivery: the input listens again, counting from now.
+func (h *inputHealth) delivering() {
+	h.heard.Store(time.Now().UnixNano())
+	h.busy.Store(false)
+}
+
+// failed reports whether the input counts as failed for the task's
+// replica state.
+func (in *input) failed() bool {
+	if in.health.silent.Load() {
+		return true
+	}
+	switch fedstreampb.ReplicaState(in.health.upState.Load()) {
+	case fedstreampb.ReplicaState_REPLICA_UP_FAILURE, fedstreampb.ReplicaState_REPLICA_STABILIZATION:
+		return true
+	}
+	return false
+}
+
+// setupDCAA turns on heartbeats and the in-band state on the task's
+// outputs, and the state callback on its inputs. Called by newTask.
+func (t *task) setupDCAA() {
+	if !t.dcaaOn() {
+		return
+	}
+	t.replicaState.Store(int32(fedstreampb.ReplicaState_REPLICA_STABLE))
+	for _, o := range t.outs {
+		o.buf.SetHeartbeat(t.r.opts.BoundaryInterval)
+		o.buf.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	}
+	for _, in := range t.inputs {
+		in.sub.OnStreamState(in.heardFrom)
+		in.watched = true
+	}
+	if t.node.Kind == queryspec.KindSink && !t.passThrough {
+		// A merging sink: its tentative part (see dcaa_sink.go).
+		t.newMergeView()
+	}
+	if t.usesMachine() {
+		d, err := newDCAARun(t)
+		if err != nil {
+			// The plan was validated: a share cannot fail to split. Keep
+			// the stable-only merge rather than fail the task.
+			t.log.Error("DCAA machine not started; the task merges its inputs without it", "err", err)
+			return
+		}
+		if s := t.spec.FromSnapshot; s != nil {
+			if err := d.resume(s); err != nil {
+				t.log.Error("DCAA machine not resumed from the snapshot; the task merges its inputs without it", "err", err)
+				return
+			}
+		}
+		t.dm = d
+		for _, in := range t.inputs {
+			in.targetWake = make(chan struct{}, 1)
+		}
+	}
+}
+
+// watchInputs is the task's failure detector (one goroutine per task
+// with inputs in a DCAA query, owned by the task): it cancels an attempt
+// whose replica has been silent past the detection timeout and keeps the
+// task's replica state current.
+func (t *task) watchInputs(ctx context.Context) {
+	detect := t.detectTimeout()
+	every := max(detect/8, time.Millisecond)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	last := time.Now().UnixNano()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		now := time.Now().UnixNano()
+		if late := now - last; late > int64(detect/2) {
+			// This process itself stood still (paused, starved of CPU):
+			// what it did not hear meanwhile says nothing of the
+			// upstream. Listen afresh.
+			for _, in := range t.inputs {
+				in.health.heard.Store(now)
+			}
+		}
+		last = now
+		for _, in := range t.inputs {
+			if in.health.busy.Load() || now-in.health.heard.Load() <= int64(detect) {
+				continue
+			}
+			in.mu.Lock()
+			if in.cancelCur != nil {
+				in.health.silenced.Store(true)
+				in.health.silent.Store(true)
+				in.cancelCur()
+				in.cancelCur = nil
+			}
+			in.mu.Unlock()
+		}
+		t.updateReplicaState()
+	}
+}
+
+// updateReplicaState recomputes the task's replica state from its
+// inputs and advertises a change on its outputs.
+func (t *task) updateReplicaState() {
+	st := fedstreampb.ReplicaState_REPLICA_STABLE
+	if t.tentative.Load() {
+		// A sink whose results are tentative now.
+		st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	}
+	for _, in := range t.inputs {
+		if in.failed() {
+			st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+		}
+	}
+	if old := fedstreampb.ReplicaState(t.replicaState.Swap(int32(st))); old == st {
+		return
+	} else {
+		t.log.Info("replica state", "from", old.String(), "to", st.String())
+	}
+	for _, o := range t.outs {
+		o.buf.SetStreamState(st, 0)
+	}
+}

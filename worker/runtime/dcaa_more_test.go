@@ -1,0 +1,267 @@
+package runtime
+
+import (
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// failureFree runs the property rig's query without any failure and
+// returns its sink's stable output (the reference).
+func failureFree(t *testing.T, maxDelay string, limit int) []tuple.Tuple {
+	t.Helper()
+	q := propQuery(t, "agg", maxDelay, limit)
+	c := newClusterOpts(t, 2, q, func(_ string, p, r int) int { return p + r }, dcaaOpts)
+	defer c.close(t)
+	c.apply()
+	v := viewOf(c.tail(t, propSink0))
+	if v.tentative+v.undos+v.recDones != 0 {
+		t.Fatalf("the failure-free run gave %d tentative, %d UNDO, %d REC_DONE", v.tentative, v.undos, v.recDones)
+	}
+	return v.stable
+}
+
+// P4, two simultaneous failures: at one instant every replica of source
+// partition 0 becomes unreachable for the aggregate's replica 0 (which
+// goes tentative past X) and the sink's replica 0 loses the aggregate
+// replica it reads (it moves to the other). After healing, both sinks'
+// stable outputs equal the reference.
+func TestDCAATwoSimultaneousFailures(t *testing.T) {
+	g := newPropRig(t, "300ms", 16000)
+	g.readingStable(t)
+	g.cut(2, dataplane.Hold, 0, 1)
+	g.cut(4, dataplane.Reset, 2)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	g.faults[4].HealAll()
+	g.compare(t)
+}
+
+// P4, a second failure during stabilization: the aggregate's replica 0
+// goes tentative, its links heal, and as soon as it stops being tentative
+// (it reconciles: asks its peer, restores, replays) the same links fail
+// again, long enough for tentative results once more; after the second
+// healing its sink's stable output equals the reference.
+func TestDCAASecondFailureDuringStabilization(t *testing.T) {
+	g := newPropRig(t, "300ms", 24000)
+	g.readingStable(t)
+	agg := g.task(propAgg0)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return g.taskState(propAgg0).Tentative })
+	g.faults[2].HealAll()
+	waitUntil(t, "aggregate replica 0 reconciling", func() bool {
+		return agg.replicaState.Load() == int32(fedstreampb.ReplicaState_REPLICA_STABILIZATION) || !agg.tentative.Load()
+	})
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 tentative again", func() bool { return agg.dm.restores.Load() >= 1 && agg.tentative.Load() })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	g.compare(t)
+	if n := agg.dm.restores.Load(); n < 2 {
+		t.Fatalf("aggregate replica 0 corrected %d times: want one correction per failure", n)
+	}
+}
+
+// P6: every replica of the aggregate loses source partition 0 for longer
+// than X; both release tentative results, and after healing they
+// reconcile one at a time (peer permission): while one replica is in
+// STABILIZATION the other is not, so one of them always produces. Both
+// sinks' stable outputs then equal a failure-free run's.
+func TestDCAAOneReplicaKeepsProducingDuringStabilization(t *testing.T) {
+	const limit = 16000
+	want := failureFree(t, "5s", limit)
+	g := newFaultRig(t, propQuery(t, "agg", "300ms", limit), 6, []int{2, 4, 5}, dcaaOpts, propPlace(true))
+	g.c.apply()
+	g.readingStable(t)
+	a0, a1 := g.task(propAgg0), g.task(propAgg1)
+	var both atomic.Bool
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		stab := int32(fedstreampb.ReplicaState_REPLICA_STABILIZATION)
+		tick := time.NewTicker(200 * time.Microsecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			if a0.replicaState.Load() == stab && a1.replicaState.Load() == stab {
+				both.Store(true)
+			}
+		}
+	}()
+	defer func() { close(stop); wg.Wait() }()
+	g.cut(2, dataplane.Hold, 0, 1)
+	g.cut(5, dataplane.Hold, 0, 1)
+	// Tentative steps covering more than a window (10ms steps, 100ms
+	// windows) on both: tentative windows were emitted.
+	waitUntil(t, "both aggregate replicas tentative", func() bool { return a0.dm.tentSteps.Load() >= 15 && a1.dm.tentSteps.Load() >= 15 })
+	g.faults[2].HealAll()
+	g.faults[5].HealAll()
+	g.stableAgain(t, propAgg0)
+	g.stableAgain(t, propAgg1)
+	if both.Load() {
+		t.Fatal("both replicas of the aggregate were in STABILIZATION at once")
+	}
+	if a0.dm.restores.Load() == 0 || a1.dm.restores.Load() == 0 {
+		t.Fatalf("recoveries: replica 0 %d, replica 1 %d: want both to correct", a0.dm.restores.Load(), a1.dm.restores.Load())
+	}
+	for _, id := range []string{propSink0, propSink1} {
+		v := viewOf(g.c.tail(t, id))
+		if v.tentative == 0 {
+			t.Fatalf("%s: no tentative result although every replica failed", id)
+		}
+		sameStable(t, v.stable, want, 40)
+	}
+}
+
+// max_delay: 0 with real workers: nothing waits. A failure of every
+// replica of one source partition gives tentative results at once (and
+// so does mere skew between live inputs); after healing the stable
+// output of both sinks equals a failure-free run's.
+func TestDCAAMaxDelayZero(t *testing.T) {
+	want := failureFree(t, "5s", 16000)
+	g := newPropRig(t, "0s", 16000)
+	// Skew alone makes max_delay 0 tentative now and then: wait for data,
+	// not for a STABLE moment.
+	waitUntil(t, "aggregate replica 0 reading partition 0", func() bool { return g.faults[2].BytesFrom(g.c.workers[0].addr) > 8<<10 })
+	agg := g.task(propAgg0)
+	before := agg.dm.tentSteps.Load() // skew alone releases tentatively
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return agg.dm.tentSteps.Load() > before+15 })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	got := g.compare(t)
+	if got.tentative == 0 {
+		t.Fatal("max_delay 0: no tentative result during the failure")
+	}
+	sameStable(t, got.stable, want, 40)
+}
+
+// strict with real workers: never tentative. Every replica of one source
+// partition unreachable while the live partition's data piles up: the
+// aggregate's replica 0 reports UP_FAILURE and releases nothing
+// tentative (it blocks); after healing its sink's output equals the
+// reference with no tentative result, UNDO or REC_DONE.
+func TestDCAAStrictNeverTentative(t *testing.T) {
+	g := newPropRig(t, "strict", 16000)
+	g.readingStable(t)
+	agg := g.task(propAgg0)
+	sink1 := g.task(propSink1)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 in UP_FAILURE", func() bool {
+		return g.taskState(propAgg0).Replica == fedstreampb.ReplicaState_REPLICA_UP_FAILURE
+	})
+	// The failure-free replica moves on by more than a second of windows
+	// meanwhile (X would long have passed for any duration).
+	from := sink1.outs[0].buf.Stats().LastID
+	waitUntil(t, "the failure-free replica moving on", func() bool { return sink1.outs[0].buf.Stats().LastID > from+30 })
+	if agg.tentative.Load() || agg.dm.tentSteps.Load() != 0 {
+		t.Fatal("strict: the aggregate released tentative results")
+	}
+	g.faults[2].HealAll()
+	got := g.compare(t)
+	if got.tentative+got.undos+got.recDones != 0 {
+		t.Fatalf("strict: %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
+	}
+}
+
+// P5: two queries with different X share the workers (and the cut
+// links). Every replica of one source partition becomes unreachable for
+// both aggregates' replica 0: the query with X = 300ms releases tentative
+// results, the one with X = 20s does not while its X has not passed (it
+// waits); after healing both sinks of each query agree, stable tuple for
+// stable tuple.
+func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
+	const slowX = 20 * time.Second
+	fast := propQuery(t, "fast", "300ms", 16000)
+	slow := propQuery(t, "slow", slowX.String(), 16000)
+	g := newFaultRig(t, fast, 6, []int{2, 4, 5}, dcaaOpts, propPlace(false))
+	plan, err := slow.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.place(t, slow, plan, propPlace(false))
+	g.c.apply()
+	fastAgg, slowAgg := g.task("fast/counts/p0/r0"), g.task("slow/counts/p0/r0")
+	waitUntil(t, "both aggregates' replica 0 reading partition 0, stable", func() bool {
+		return g.faults[2].BytesFrom(g.c.workers[0].addr) > 16<<10 &&
+			g.taskState("fast/counts/p0/r0").Replica == fedstreampb.ReplicaState_REPLICA_STABLE &&
+			g.taskState("slow/counts/p0/r0").Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	cutAt := time.Now()
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "the fast query tentative for a while", func() bool { return fastAgg.dm.tentSteps.Load() >= 20 })
+	slowTentative := slowAgg.tentative.Load() || slowAgg.dm.tentSteps.Load() > 0
+	if elapsed := time.Since(cutAt); elapsed < slowX && slowTentative {
+		t.Fatalf("the query with X = %v released tentative results %v after the failure", slowX, elapsed)
+	}
+	g.faults[2].HealAll()
+	for _, q := range []string{"fast", "slow"} {
+		got := viewOf(g.c.tail(t, q+"/out/p0/r0"))
+		want := viewOf(g.c.tail(t, q+"/out/p0/r1"))
+		t.Logf("%s: sink replica 0 %d stable, %d tentative, %d UNDO", q, len(got.stable), got.tentative, got.undos)
+		sameStable(t, got.stable, want.stable, 40)
+		if q == "fast" && got.tentative == 0 {
+			t.Fatal("the fast query's sink saw no tentative result")
+		}
+		if q == "slow" && got.tentative+got.undos != 0 {
+			t.Fatalf("the slow query's sink saw %d tentative results, %d UNDO", got.tentative, got.undos)
+		}
+	}
+}
+
+// P7: a failure longer than the bound on the input a task keeps for its
+// replay. The aggregate's replica 0 keeps at most DCAAKeepTuples stable
+// tuples while its results are tentative (the oldest go, whole release
+// steps), so its memory stays within the bound however long the failure;
+// after healing, its correction cannot make the windows that overlapped
+// the dropped input exact, and its status names them (by stream time);
+// every result outside that range, before and after, equals the
+// failure-free replica's: the windowed query converges.
+func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
+	const keep = 300
+	opts := dcaaOpts
+	opts.DCAAKeepTuples = keep
+	g := newFaultRig(t, propQuery(t, "agg", "300ms", 16000), 6, []int{2, 4, 5}, opts, propPlace(false))
+	g.c.apply()
+	g.readingStable(t)
+	agg := g.task(propAgg0)
+	g.cut(2, dataplane.Hold, 0, 1)
+	waitUntil(t, "aggregate replica 0 dropping kept input", func() bool { return agg.dm.shed.Load() > 3*keep })
+	g.faults[2].HealAll()
+	g.stableAgain(t, propAgg0)
+	if m := agg.dm.keptMax.Load(); m > keep {
+		t.Fatalf("the aggregate kept %d stable tuples for its replay, bound %d", m, keep)
+	}
+	msg := g.taskState(propAgg0).Message
+	if !strings.Contains(msg, "could not be corrected") {
+		t.Fatalf("the aggregate's status does not name the results it could not correct: %q", msg)
+	}
+	from, to := agg.dm.lostFrom.Load(), agg.dm.lostTo.Load()
+	got := viewOf(g.c.tail(t, propSink0))
+	want := viewOf(g.c.tail(t, propSink1))
+	outside := func(ts []tuple.Tuple, after bool) []tuple.Tuple {
+		var out []tuple.Tuple
+		for _, tp := range ts {
+			if after && tp.STime >= to || !after && tp.STime < from {
+				out = append(out, tp)
+			}
+		}
+		return out
+	}
+	t.Logf("uncorrected range [%d, %d); %d of %d stable tuples after it; status %q", from, to, len(outside(want.stable, true)), len(want.stable), msg)
+	sameStable(t, outside(got.stable, false), outside(want.stable, false), 1)
+	sameStable(t, outside(got.stable, true), outside(want.stable, true), 40)
+}

@@ -1,0 +1,737 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/retry"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/dcaa"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// dcaaRun drives an operator task of a replicated query through its DCAA
+// machine (worker/dcaa) instead of the stable-only merger: the inputs
+// hand every batch and heartbeat to it, the machine decides which
+// upstream replica each input reads, when a bucket waiting for a failed
+// input is released tentative (after the task's share of X), when to
+// checkpoint the operator (its Snapshot, before the first tentative tuple
+// enters it) and when to restore it and replay the stable input; this
+// goroutine carries out those decisions on the operator and the outputs.
+//
+// Output streams keep numbering stream positions (transport ids:
+// subscriptions resume and acknowledge by them). Tentative tuples take
+// positions like any other; UNDO carries, in its STime, the position of
+// the last stable tuple of that stream (everything after it is taken
+// back); the corrections and REC_DONE follow at new positions (see
+// docs/DATAPLANE.md).
+type dcaaRun struct {
+	t      *task
+	m      *dcaa.Machine
+	events chan dcaaEvent
+	origin time.Time
+
+	// Processing state (the run goroutine only).
+	checkpoint []byte
+	// ckptSeq is the task's routing sequence at the checkpoint: unkeyed
+	// tuples to several downstream partitions are spread by it, so the
+	// corrections must be routed from the same point as a failure-free
+	// run's (see task.emitData).
+	ckptSeq  uint64
+	emitType tuple.Type
+	tentWM   int64
+	// lastStable is, per output stream, the position of its last stable
+	// tuple or boundary: an UNDO's target.
+	lastStable []uint64
+	// nsOpen is, per output stream, whether a range of positions outside
+	// its stable view is open (tentative tuples appended, no UNDO yet).
+	nsOpen []bool
+	ended  []bool
+	done   bool
+	// replyTo holds, by peer, the channel of a permission request being
+	// answered (see Reconcile).
+	replyTo map[int]chan bool
+	peers   peerFigures
+	// tentSteps counts the steps released tentatively, restores the
+	// corrections started, shed the stable tuples dropped for the bound on
+	// what a replay keeps, keptMax the most kept at once after a bound
+	// (figures, readable from any goroutine).
+	tentSteps, restores, shed, keptMax atomic.Uint64
+	// lostFrom, lostTo: the results a correction could not make exact
+	// (stream times; see lost), for tests.
+	lostFrom, lostTo atomic.Int64
+}
+
+// dcaaEvent is an input's event for the machine, or the end of an input
+// (ended >= 0: its final boundary was delivered).
+type dcaaEvent struct {
+	ev    dcaa.Event
+	ended int
+	// reply receives the machine's answer to a PermissionRequest.
+	reply chan bool
+	// processed, when set, is closed once the machine took the event.
+	processed chan struct{}
+}
+
+// dcaaTarget is the upstream replica the machine wants an input to read.
+type dcaaTarget struct {
+	set     bool
+	replica int
+	after   uint64
+	// seq counts targets: an attempt ended by a new target is no failure.
+	seq uint64
+}
+
+// usesMachine reports whether the task runs its DCAA machine: operator
+// tasks of replicated queries. (Sinks keep passing their input through
+// or merging it; their inputs still detect failures, see dcaa.go.)
+func (t *task) usesMachine() bool {
+	return t.dcaaOn() && t.node.Kind == queryspec.KindOperator && t.op != nil
+}
+
+// newDCAARun builds the machine of an operator task of a replicated
+// query. The task's share of X comes from the query's plan.
+func newDCAARun(t *task) (*dcaaRun, error) {
+	shares, err := dcaa.PlanShares(t.plan)
+	if err != nil {
+		return nil, err
+	}
+	ks := make([]int, len(t.inputs))
+	for i := range ks {
+		ks[i] = max(1, t.plan.Query.Replicas)
+	}
+	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
+		Share: shares[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
+	if err != nil {
+		return nil, err
+	}
+	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
+		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
+	return d, nil
+}
+
+func (d *dcaaRun) now() int64 { return int64(time.Since(d.origin)) }
+
+// post hands an event to the run goroutine.
+func (d *dcaaRun) post(ctx context.Context, ev dcaaEvent) error {
+	select {
+	case d.events <- ev:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.t.ctx.Done():
+		return d.t.ctx.Err()
+	}
+}
+
+// deliver is an input's delivery in machine mode: the batch's tuples go
+// to the machine (which keeps them: the batch is not released).
+func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) error {
+	ts := b.Tuples
+	st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
+	wm := in.health.tentWM.Load()
+	if d.t.halted.Load() {
+		return errHalted // unacknowledged: the copy resumes before it
+	}
+	stableLast, err := stableIDs(b)
+	if err != nil {
+		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
+	}
+	// The input waits until the machine took the batch, so that what the
+	// subscription acknowledges is always in the machine's state (as a
+	// task snapshot captures it), never only queued.
+	processed := make(chan struct{})
+	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
+		return err
+	}
+	select {
+	case <-processed:
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.t.ctx.Done():
+		return d.t.ctx.Err()
+	}
+	if d.t.halted.Load() {
+		return errHalted
+	}
+	in.stableTaken.Store(stableLast)
+	// The final boundary ends the stream, wherever it is in the batch (a
+	// producer's REC_DONE may follow it).
+	if slices.ContainsFunc(ts, func(tp tuple.Tuple) bool { return tp.Type == tuple.Boundary && tp.STime == finalBoundary }) {
+		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
+			return err
+		}
+		return dataplane.ErrStopSubscription
+	}
+	return nil
+}
+
+// heartbeat passes a heartbeat's state to the machine; dropped when the
+// machine is busy (then other events keep it informed).
+func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64) {
+	select {
+	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm}, ended: -1}:
+	default:
+	}
+}
+
+// run is the task's process goroutine in machine mode.
+func (d *dcaaRun) run(ctx context.Context) {
+	t := d.t
+	if err := d.do(ctx, d.m.Start(d.now())); err != nil {
+		t.endWith(err)
+		return
+	}
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	detect := t.detectTimeout()
+	for {
+		deadline := d.m.NextDeadline()
+		wait := time.Duration(deadline - d.now())
+		if wait > time.Hour {
+			wait = time.Hour
+		}
+		timer.Reset(max(wait, 0))
+		var ev dcaa.Event = dcaa.Tick{}
+		var processed chan struct{}
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-d.events:
+			if !timer.Stop() {
+				select {
+				case <-timer.C:
+				default:
+				}
+			}
+			if e.ended >= 0 {
+				d.ended[e.ended] = true
+				continue
+			}
+			ev = d.take(e)
+			processed = e.processed
+		case <-timer.C:
+			// A deadline passed: events that arrived meanwhile go
+			// first (the inputs may be alive; this goroutine was busy).
+			select {
+			case e := <-d.events:
+				if e.ended >= 0 {
+					d.ended[e.ended] = true
+					continue
+				}
+				ev = d.take(e)
+				processed = e.processed
+			default:
+			}
+		}
+		if err := t.lockProc(ctx); err != nil {
+			return
+		}
+		err := d.step(ctx, ev, deadline, detect)
+		f := d.m.Figures()
+		d.shed.Store(f.Shed)
+		d.keptMax.Store(uint64(f.KeptMax))
+		t.unlockProc()
+		if processed != nil {
+			close(processed)
+		}
+		if err != nil {
+			t.endWith(err)
+			return
+		}
+		if d.done {
+			t.setState(StateRunning, "input exhausted")
+			return
+		}
+	}
+}
+
+// step hands one event to the machine and carries out its actions; the
+// caller holds proc (a snapshot sees the machine between two events).
+func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detect time.Duration) error {
+	if d.t.halted.Load() {
+		return nil // stop-and-copy: nothing more is processed
+	}
+	if late := d.now() - deadline; late > int64(detect/2) {
+		// Woken long after the deadline: this goroutine (or the whole
+		// process) could not run for a while, and what it did not hear
+		// meanwhile says nothing of the upstreams. Listen afresh before
+		// timing anything out.
+		if err := d.listenAfresh(ctx); err != nil {
+			return err
+		}
+	}
+	now := d.now()
+	// An input that delivered its final boundary is complete, not
+	// silent: keep it alive for the machine.
+	for i, e := range d.ended {
+		if e {
+			if err := d.do(ctx, d.m.Step(now, dcaa.Deliver{Input: i, Upstream: dcaa.Stable})); err != nil {
+				return err
+			}
+		}
+	}
+	return d.do(ctx, d.m.Step(now, ev))
+}
+
+// listenAfresh tells the machine that every input with a live
+// subscription is heard from now, in the state its replica advertised.
+func (d *dcaaRun) listenAfresh(ctx context.Context) error {
+	for i, in := range d.t.inputs {
+		in.mu.Lock()
+		live := in.cancelCur != nil && in.current.Replica == in.target.replica
+		in.mu.Unlock()
+		if !live || d.ended[i] {
+			continue
+		}
+		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
+		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, TentWatermark: in.health.tentWM.Load()})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// take unpacks an event, noting where a permission request's answer goes.
+func (d *dcaaRun) take(e dcaaEvent) dcaa.Event {
+	if req, ok := e.ev.(dcaa.PermissionRequest); ok && e.reply != nil {
+		d.replyTo[req.From] = e.reply
+	}
+	return e.ev
+}
+
+// do carries out the machine's actions in order.
+func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
+	t := d.t
+	for _, a := range acts {
+		switch a := a.(type) {
+		case dcaa.Subscribe:
+			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
+		case dcaa.Checkpoint:
+			snap, err := t.op.Snapshot()
+			if err != nil {
+				return fmt.Errorf("dcaa checkpoint of %s: %w", t.node.Name, err)
+			}
+			d.checkpoint, d.ckptSeq = snap, t.seq
+		case dcaa.Release:
+			if err := d.release(ctx, a); err != nil {
+				return err
+			}
+		case dcaa.Restore:
+			if a.LostTo > a.LostFrom {
+				d.lost(a)
+			}
+			if err := d.restore(ctx); err != nil {
+				return err
+			}
+		case dcaa.RecDone:
+			if err := d.mark(ctx, tuple.RecDone); err != nil {
+				return err
+			}
+		case dcaa.StateChange:
+			t.log.Info("replica state", "from", a.From.String(), "to", a.To.String())
+			d.advertise()
+		case dcaa.AskPermission:
+			d.messagePeers(a.Peers, false)
+		case dcaa.NotifyDone:
+			d.messagePeers(a.Peers, true)
+		case dcaa.ReplyPermission:
+			if ch := d.replyTo[a.To]; ch != nil {
+				ch <- a.Granted
+				delete(d.replyTo, a.To)
+			}
+		}
+	}
+	return nil
+}
+
+// advertise publishes the replica state and tentative progress on the
+// outputs and in the task's report.
+func (d *dcaaRun) advertise() {
+	st := d.m.State().Proto()
+	wm := int64(0)
+	if d.m.Tentative() {
+		wm = d.tentWM
+	}
+	d.t.replicaState.Store(int32(st))
+	d.t.tentative.Store(d.m.Tentative())
+	for _, o := range d.t.outs {
+		o.buf.SetStreamState(st, wm)
+	}
+}
+
+// release processes merge steps: the tuples through the operator, then
+// Advance, then (stable steps only) a boundary on every output.
+func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
+	t := d.t
+	d.emitType = tuple.Stable
+	if rel.Tentative {
+		d.emitType = tuple.Tentative
+		// Everything appended from now until the UNDO is outside the
+		// stable view: say so before any of it can be sent (see
+		// dataplane.OutputBuffer.MarkNonStable).
+		d.growOutputs()
+		for i, o := range t.outs {
+			if !d.nsOpen[i] {
+				o.buf.BeginNonStable(o.w.LastID() + 1)
+				d.nsOpen[i] = true
+			}
+		}
+	}
+	em := operator.EmitFunc(func(tp *tuple.Tuple) {
+		tp.Type = d.emitType
+		t.emitData(ctx, tp)
+	})
+	for _, st := range rel.Steps {
+		for k := range st.Tuples {
+			e := &st.Tuples[k]
+			if err := t.op.Process(t.inputs[e.Input].port, &e.Tuple, em); err != nil {
+				if !errors.Is(err, operator.ErrEval) {
+					return fmt.Errorf("operator %s: %w", t.node.Name, err)
+				}
+				t.dropped(err)
+			}
+			if t.emitErr != nil {
+				return t.emitErr
+			}
+		}
+		if err := t.op.Advance(st.Advance, em); err != nil {
+			return fmt.Errorf("operator %s: advance to %d: %w", t.node.Name, st.Advance, err)
+		}
+		if t.emitErr != nil {
+			return t.emitErr
+		}
+		if rel.Tentative {
+			d.tentWM = max(d.tentWM, st.Advance)
+			continue
+		}
+		if err := t.emitBoundary(ctx, st.Advance); err != nil {
+			return err
+		}
+		if st.Advance == finalBoundary {
+			d.done = true
+		}
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	if rel.Tentative {
+		d.tentSteps.Add(uint64(len(rel.Steps)))
+		d.advertise()
+		return nil
+	}
+	d.growOutputs()
+	for i, o := range t.outs {
+		d.lastStable[i] = o.w.LastID()
+	}
+	return nil
+}
+
+// growOutputs follows outputs a rescale added (to new partitions of a
+// downstream fragment, from its cut on): nothing on them is stable yet.
+func (d *dcaaRun) growOutputs() {
+	for len(d.lastStable) < len(d.t.outs) {
+		d.lastStable = append(d.lastStable, 0)
+		d.nsOpen = append(d.nsOpen, false)
+	}
+}
+
+// lost notes a correction that cannot make every result exact: the
+// stable input in [a.LostFrom, a.LostTo) went for the bound on what a
+// replay keeps. Results that depended on it (for a windowed operator,
+// those of windows that overlap the range) keep what the replay gives
+// them; the task's status says which from now on, and the worker logs
+// it.
+func (d *dcaaRun) lost(a dcaa.Restore) {
+	t := d.t
+	to := a.LostTo
+	if w := windowOf(t.node); w > 0 && to < math.MaxInt64-int64(w) {
+		to += int64(w) // windows that began before LostTo end up to W later
+	}
+	from := time.Unix(0, a.LostFrom).UTC().Format(time.RFC3339Nano)
+	if a.LostFrom == math.MinInt64 {
+		from = "the start"
+	}
+	note := fmt.Sprintf("results with stream time from %s to %s could not be corrected: a failure outlasted the input kept for the replay (%d tuples); later results are exact",
+		from, time.Unix(0, to).UTC().Format(time.RFC3339Nano), t.r.opts.DCAAKeepTuples)
+	t.log.Warn("DCAA correction incomplete", "from", a.LostFrom, "to", to, "keep_tuples", t.r.opts.DCAAKeepTuples)
+	d.lostFrom.Store(a.LostFrom)
+	d.lostTo.Store(to)
+	t.stateMu.Lock()
+	t.uncorrected = note
+	t.stateMu.Unlock()
+}
+
+// windowOf is the window size of a windowed operator (0 otherwise).
+func windowOf(n *queryspec.Node) time.Duration {
+	if n == nil || n.Op == nil || n.Op.Window == nil {
+		return 0
+	}
+	d, err := time.ParseDuration(n.Op.Window.Size)
+	if err != nil {
+		return 0
+	}
+	return d
+}
+
+// restore puts the operator back to the checkpoint and takes back, on
+// every output, everything after its last stable tuple (UNDO).
+func (d *dcaaRun) restore(ctx context.Context) error {
+	t := d.t
+	if err := t.op.Restore(d.checkpoint); err != nil {
+		return fmt.Errorf("dcaa restore of %s: %w", t.node.Name, err)
+	}
+	t.seq = d.ckptSeq
+	d.restores.Add(1)
+	d.tentWM = 0
+	return d.mark(ctx, tuple.Undo)
+}
+
+// mark appends an UNDO (target: each stream's last stable position, in
+// STime) or a REC_DONE to every output and flushes.
+func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
+	t := d.t
+	d.growOutputs()
+	for i, o := range t.outs {
+		mk := tuple.Tuple{Type: typ}
+		if typ == tuple.Undo {
+			mk.STime = int64(d.lastStable[i])
+		}
+		// The marker is outside the stable view; an UNDO ends the range
+		// the tentative tuples opened.
+		if next := o.w.LastID() + 1; d.nsOpen[i] {
+			o.buf.EndNonStable(next)
+			d.nsOpen[i] = false
+		} else {
+			o.buf.MarkNonStable(next, next)
+		}
+		if err := t.appendTo(ctx, o, &mk); err != nil {
+			return err
+		}
+	}
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	if typ == tuple.RecDone {
+		// REC_DONE is not stable data, but nothing after it is taken
+		// back by a later UNDO either: the stream is stable up to it.
+		for i, o := range t.outs {
+			d.lastStable[i] = o.w.LastID()
+		}
+	}
+	d.advertise()
+	return nil
+}
+
+// retarget makes the input read replica r after id after (the machine's
+// Subscribe): a live attempt elsewhere is cancelled.
+func (in *input) retarget(r int, after uint64) {
+	in.mu.Lock()
+	in.target = dcaaTarget{set: true, replica: r, after: after, seq: in.target.seq + 1}
+	if in.cancelCur != nil && in.current.Replica != r {
+		in.cancelCur()
+		in.cancelCur = nil
+	}
+	in.mu.Unlock()
+	select {
+	case in.targetWake <- struct{}{}:
+	default:
+	}
+}
+
+// runMachine is input.run in machine mode: it reads the replica the
+// machine chose and reports failed subscriptions to it, which chooses
+// again.
+func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
+	opts := in.t.r.opts
+	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
+	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
+	for ctx.Err() == nil {
+		in.mu.Lock()
+		tg := in.target
+		in.mu.Unlock()
+		if !tg.set {
+			select {
+			case <-in.targetWake:
+				continue
+			case <-ctx.Done():
+				return
+			}
+		}
+		var err error
+		pl, ok := in.t.replicaPlacement(in.upstream, in.upPartition, tg.replica)
+		if !ok {
+			err = fmt.Errorf("no placement known for %s partition %d replica %d", in.upstream, in.upPartition, tg.replica)
+		} else {
+			if tg.after < in.sub.LastID() {
+				in.sub.ResumeAfter(tg.after)
+			}
+			var progressed bool
+			progressed, _, err = in.attempt(ctx, pl)
+			if err == nil || errors.Is(err, errTaskEnded) {
+				return
+			}
+			if progressed {
+				backoff.Reset()
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		in.mu.Lock()
+		retargeted := in.target.seq != tg.seq
+		in.mu.Unlock()
+		if retargeted {
+			continue // the machine chose another replica meanwhile
+		}
+		log.Debug("subscription failed; the machine chooses again", "err", err, "replica", tg.replica)
+		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx}, ended: -1}) != nil {
+			return
+		}
+		select {
+		case <-in.targetWake:
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff.Next()):
+		}
+	}
+}
+
+// capture fills a task snapshot's merge part from the machine (the
+// caller holds proc): the release watermark and, per input, the last
+// stable id taken, the stable boundaries above the watermark and the
+// stable data not yet released. A replica holding tentative state is not
+// captured (a copy could not correct it): ErrNotSnapshottable until it is
+// stable again.
+func (d *dcaaRun) capture(s *TaskSnapshot) error {
+	released, ins, err := d.m.Capture()
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, d.t.spec.TaskID, err)
+	}
+	s.Released = released
+	s.Inputs = s.Inputs[:0]
+	for i, c := range ins {
+		in := d.t.inputs[i]
+		s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: in.port, Partition: in.upPartition,
+			After: c.LastStable, Boundary: c.StableBoundary, Steps: c.Steps, Pending: c.Pending})
+	}
+	return nil
+}
+
+// resume starts the machine from a task snapshot (before the task starts).
+func (d *dcaaRun) resume(s *TaskSnapshot) error {
+	ins := make([]dcaa.InputCapture, len(s.Inputs))
+	for i, p := range s.Inputs {
+		ins[i] = dcaa.InputCapture{LastStable: p.After, StableBoundary: p.Boundary, Steps: p.Steps, Pending: p.Pending}
+	}
+	return d.m.Resume(s.Released, ins)
+}
+
+// poke wakes the run goroutine (a cut was set or lifted: the machine may
+// release now). A full event queue wakes it anyway.
+func (d *dcaaRun) poke() {
+	select {
+	case d.events <- dcaaEvent{ev: dcaa.Tick{}, ended: -1}:
+	default:
+	}
+}
+
+// holdForRescale holds the machine where it is for a rescale of fragment
+// f to epoch (see task.hold) and returns its release watermark. A replica
+// whose operators hold tentative state cannot hand state on at a cut, so
+// the hold waits (logged once) until the replica is stable again, as
+// long as that rescale is still the one prepared; ok is false when the
+// wait ends otherwise (ctx done, the rescale aborted or replaced).
+func (d *dcaaRun) holdForRescale(ctx context.Context, f string, epoch uint64) (released int64, ok bool) {
+	t := d.t
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	waited := false
+	for {
+		if err := t.lockProc(ctx); err != nil {
+			return 0, false
+		}
+		err := d.m.SetCut(d.m.Released())
+		released = max(d.m.Released(), t.maxSTime)
+		t.unlockProc()
+		if err == nil {
+			if waited {
+				t.log.Info("rescale: replica stable again; holding", "fragment", f, "epoch", epoch)
+			}
+			return released, true
+		}
+		if !errors.Is(err, dcaa.ErrNotStable) {
+			t.log.Error("rescale: this DCAA task cannot hold", "fragment", f, "epoch", epoch, "err", err)
+			return 0, false
+		}
+		if !waited {
+			t.log.Warn("rescale: this replica holds tentative results; the hold waits until it is stable again", "fragment", f, "epoch", epoch, "err", err)
+			waited = true
+		}
+		if mp := t.rs.maps.Load(); mp == nil || (*mp)[f] == nil || (*mp)[f].Next == nil || (*mp)[f].Next.Epoch != epoch {
+			t.log.Info("rescale: no longer prepared while waiting to hold", "fragment", f, "epoch", epoch)
+			return 0, false
+		}
+		select {
+		case <-ctx.Done():
+			return 0, false
+		case <-tick.C:
+		}
+	}
+}
+
+// setCut sets (or, with math.MaxInt64, lifts) the machine's cut and wakes
+// it; the caller holds proc.
+func (d *dcaaRun) setCut(cut int64) error {
+	err := d.m.SetCut(cut)
+	d.poke()
+	return err
+}
+
+// stableIDs renumbers a batch's stable tuples and boundaries by stable id
+// (the count of the stream's stable tuples and boundaries up to each:
+// its position less the positions outside the stable view before it,
+// which the producer sends as the batch's offset) and returns the stable
+// id of the stream's last stable tuple up to the batch's end.
+//
+// Replicas of an upstream number their streams alike only until one of
+// them corrects its output (tentative tuples, UNDO, REC_DONE take
+// positions on that replica alone); stable ids stay alike. The machine
+// keeps, resumes from and acknowledges to other replicas by stable id, so
+// a switch to another replica after a correction neither skips nor
+// repeats a stable tuple: the subscription resumes at the stable id as a
+// position (never beyond the replica's position of that stable id, which
+// is at least the id), the tuples up to that stable id are dropped as
+// duplicates, and an ack relayed to another replica acknowledges only
+// positions at or before it there.
+func stableIDs(b *dataplane.Batch) (uint64, error) {
+	if b.Offset > b.LastID {
+		return 0, fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, b.Offset, b.LastID)
+	}
+	last := b.LastID - b.Offset
+	n := uint64(0)
+	for k := range b.Tuples {
+		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			n++
+		}
+	}
+	if n > last {
+		return 0, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last)
+	}
+	s := last - n
+	for k := range b.Tuples {
+		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			s++
+			b.Tuples[k].ID = s
+		}
+	}
+	return last, nil
+}

@@ -1,0 +1,480 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// Sinks of replicated queries (DCAA, see docs/DATAPLANE.md). A sink runs
+// no DCAA machine: it adds no delay of its own, so what it receives
+// tentatively goes out at once, marked TENTATIVE. Its result stream is a
+// consumer's view of its input made into a stream:
+//
+//   - its stable view (stable tuples and boundaries, in order) is its
+//     inputs' stable views, passed through or merged deterministically, so
+//     it is a failure-free run's output tuple for tuple, and the same on
+//     every replica of the sink;
+//   - after its last stable tuple come the tentative tuples that are
+//     current (not taken back by their producer, not yet covered by stable
+//     results); whenever one of those has to go (its producer's UNDO, a
+//     switch of upstream replica, stable results arriving), the sink
+//     appends an UNDO back to its last stable position and sends again
+//     the tentative tuples that are still current; once nothing tentative
+//     is left after a correction, REC_DONE.
+//
+// Positions outside the stable view are marked on the result stream
+// (OutputBuffer.MarkNonStable), so its batches carry the position offset
+// and a reader (tail, another replica's consumer) resumes by stable id.
+// Inputs resume by stable id too: a sink switching replicas of an
+// upstream that corrected its output neither skips nor repeats.
+
+// passView is a pass-through sink's view of its only input stream
+// (replicated queries only; under proc).
+type passView struct {
+	// stable is the stable id of the last stable tuple or boundary taken
+	// (also in input.stableTaken, for the ack relays); stableB the stime
+	// of the last stable boundary taken.
+	stable  uint64
+	stableB int64
+	// pos is the last position of the sink's result stream;
+	// lastStablePos the position an UNDO goes back to (its last stable
+	// tuple, boundary or REC_DONE).
+	pos, lastStablePos uint64
+	// tentOpen: the result stream holds tentative tuples after
+	// lastStablePos that were not taken back. recOpen: an UNDO went out
+	// and its REC_DONE has not. switchRec: the sink took back tentative
+	// tuples itself (a switch of replicas); it ends that correction with
+	// REC_DONE after the next stable boundary.
+	tentOpen, recOpen, switchRec bool
+	// lastOff is the position offset at the end of the last batch of the
+	// current attempt (offKnown: one came): a batch with the same offset
+	// holds no tuple outside the stable view.
+	lastOff  uint64
+	offKnown bool
+	// scratch for rebuilt batches.
+	hdr tuple.Tuple
+}
+
+// passDCAA reports whether the task is a pass-through sink of a
+// replicated query (then passView applies).
+func (t *task) passDCAA() bool { return t.passThrough && t.dcaaOn() }
+
+// passBatchDCAA is passBatch for a replicated query: b came from the
+// input's current attempt (fresh: its first batch).
+func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
+	if err := t.lockProc(t.ctx); err != nil {
+		b.Release()
+		return err
+	}
+	defer t.unlockProc()
+	if t.halted.Load() {
+		b.Release()
+		return errHalted
+	}
+	first, last, off, offs, data := b.FirstID, b.LastID, b.Offset, b.Offsets, b.Encoded
+	b.Offsets, b.Encoded = nil, nil
+	b.Release()
+	defer t.counters.passed(len(offs), time.Now())
+	v := &t.pv
+	buf := t.outs[0].buf
+	var undo []byte // an UNDO the sink sends itself before the batch
+	if fresh {
+		v.offKnown = false
+		if v.tentOpen {
+			// Another attempt (maybe another replica): what the last one
+			// sent tentatively is not current any more.
+			undo = v.undo()
+			v.switchRec = true
+		}
+	}
+	var lastHdr tuple.Tuple
+	if _, err := tuple.DecodeHeader(data[offs[len(offs)-1]:], &lastHdr); err != nil {
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	if off > last {
+		err := fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, off, last)
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	clean := (off == 0 || v.offKnown && off == v.lastOff) && first > off && first-off == v.stable+1
+	if clean && undo == nil && !v.tentOpen && !v.recOpen && !v.switchRec {
+		// The all-stable case: the batch is the next part of the stable
+		// stream, adopted as it is (at the sink's own next position).
+		if err := buf.Adopt(t.ctx, v.pos+1, offs, data); err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+		v.pos += uint64(len(offs))
+		v.lastStablePos = v.pos
+		v.stable = last - off
+		if lastHdr.Type == tuple.Boundary {
+			v.stableB = lastHdr.STime
+		}
+	} else {
+		final, err := t.passSlow(buf, first, last, off, offs, data, undo)
+		if err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+		if final {
+			// A producer's REC_DONE may follow its final boundary in the
+			// same batch: the stream ends at the boundary all the same.
+			lastHdr = tuple.Tuple{Type: tuple.Boundary, STime: finalBoundary}
+		}
+	}
+	v.lastOff, v.offKnown = off, true
+	t.passLast = last
+	t.inputs[0].stableTaken.Store(v.stable)
+	t.tentative.Store(v.tentOpen)
+	if lastHdr.Type == tuple.Boundary && lastHdr.STime == finalBoundary {
+		t.setState(StateRunning, "input exhausted")
+		return dataplane.ErrStopSubscription
+	}
+	return nil
+}
+
+// undo encodes an UNDO back to the last stable position (the caller
+// appends it outside the stable view).
+func (v *passView) undo() []byte {
+	v.hdr = tuple.Tuple{Type: tuple.Undo, STime: int64(v.lastStablePos)}
+	v.tentOpen, v.recOpen = false, true
+	return tuple.AppendTuple(nil, &v.hdr)
+}
+
+// passSlow passes a batch that holds tuples outside the stable view, or
+// stable ones taken already (a resumption by stable id resends them), or
+// follows a correction: tuple by tuple (see passView). final reports the
+// final boundary: nothing after it is passed.
+func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, offs []int, data, undo []byte) (final bool, err error) {
+	v := &t.pv
+	n := uint64(0)
+	for _, o := range offs {
+		if tp := tuple.PeekType(data[o:]); tp == tuple.Stable || tp == tuple.Boundary {
+			n++
+		}
+	}
+	if n > last-off {
+		return false, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last-off)
+	}
+	sid := last - off - n
+	start := v.pos + 1
+	var out []byte
+	var outOffs []int
+	put := func(enc []byte, stable bool) {
+		v.pos++
+		if !stable {
+			buf.MarkNonStable(v.pos, v.pos)
+		}
+		outOffs = append(outOffs, len(out))
+		out = append(out, enc...)
+	}
+	if undo != nil {
+		put(undo, false)
+	}
+	for i, o := range offs {
+		end := len(data)
+		if i+1 < len(offs) {
+			end = offs[i+1]
+		}
+		enc := data[o:end]
+		var h tuple.Tuple
+		if _, err := tuple.DecodeHeader(enc, &h); err != nil {
+			return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
+		}
+		switch h.Type {
+		case tuple.Stable, tuple.Boundary:
+			sid++
+			if sid <= v.stable {
+				continue // taken already (resent after a resumption)
+			}
+			if v.tentOpen {
+				// Stable after tentative without an UNDO: take them back
+				// first, so an UNDO never goes below a stable tuple.
+				put(v.undo(), false)
+			}
+			put(enc, true)
+			v.stable, v.lastStablePos = sid, v.pos
+			if h.Type == tuple.Boundary {
+				v.stableB = h.STime
+				if h.STime == finalBoundary {
+					final = true
+				}
+				if v.switchRec {
+					v.hdr = tuple.Tuple{Type: tuple.RecDone}
+					put(tuple.AppendTuple(nil, &v.hdr), false)
+					v.switchRec, v.recOpen, v.lastStablePos = false, false, v.pos
+				}
+			}
+		case tuple.Tentative:
+			if h.STime < v.stableB {
+				continue // covered by stable results already
+			}
+			put(enc, false)
+			v.tentOpen = true
+		case tuple.Undo:
+			if v.tentOpen {
+				put(v.undo(), false)
+			}
+		case tuple.RecDone:
+			if v.recOpen && !v.tentOpen {
+				put(enc, false)
+				v.recOpen, v.switchRec, v.lastStablePos = false, false, v.pos
+			}
+		}
+		if final {
+			break
+		}
+	}
+	if len(outOffs) == 0 {
+		return final, nil
+	}
+	return final, buf.Adopt(t.ctx, start, outOffs, out)
+}
+
+// restorePassView sets a restored pass-through sink's view from its
+// snapshot: its input resumes after stable id after; its stream ends at
+// pos with nothing tentative (a sink holding tentative results is not
+// snapshotted).
+func (t *task) restorePassView(after uint64, boundary int64, pos uint64) {
+	t.pv = passView{stable: after, stableB: boundary, pos: pos, lastStablePos: pos}
+	t.inputs[0].stableTaken.Store(after)
+}
+
+// mergeView is a merging sink's tentative part (replicated queries
+// only): the stable merge is the merger's, fed only the inputs' stable
+// tuples and boundaries (renumbered by stable id, duplicates dropped);
+// the tentative tuples each input brought, current ones only, are kept
+// here and go out at once (see sync).
+type mergeView struct {
+	mu sync.Mutex // guards tent, dirty
+	// tent holds, per input, its current tentative tuples (copies) in
+	// arrival order; dirty: some were taken back since the last sync.
+	tent  [][]tuple.Tuple
+	dirty bool
+	// Under proc: emitted are the tentative tuples the result stream
+	// holds after lastStablePos (not taken back), as (input, index in
+	// tent at the time) pairs' tuples; recOpen: an UNDO went out, its
+	// REC_DONE has not.
+	emitted       []tuple.Tuple
+	lastStablePos uint64
+	recOpen       bool
+}
+
+// mergeDCAA reports whether the task is a merging sink of a replicated
+// query (then mergeView applies).
+func (t *task) mergeDCAA() bool { return t.mv != nil }
+
+// filterDCAA prepares a batch for a merging sink's merger: stable tuples
+// and boundaries, renumbered by stable id, those taken already dropped;
+// tentative tuples, UNDO and REC_DONE go to the view. fresh: the
+// attempt's first batch (what the input had tentatively is no longer
+// current: another replica may be read now). It reports whether the view
+// changed (sync it).
+func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err error) {
+	mv := in.t.mv
+	if fresh {
+		in.offKnown = false
+		mv.mu.Lock()
+		if len(mv.tent[in.idx]) > 0 {
+			mv.tent[in.idx], mv.dirty, changed = nil, true, true
+		}
+		mv.mu.Unlock()
+	}
+	taken := in.stableTaken.Load()
+	if off := b.Offset; (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
+		// Nothing outside the stable view, nothing taken twice: as it is.
+		in.lastOff, in.offKnown = off, true
+		in.stableTaken.Store(b.LastID - off)
+		return changed, nil
+	}
+	if _, err := stableIDs(b); err != nil {
+		return changed, err
+	}
+	in.lastOff, in.offKnown = b.Offset, true
+	released := in.t.merge.releasedAt()
+	kept := b.Tuples[:0]
+	mv.mu.Lock()
+	for _, tp := range b.Tuples {
+		switch tp.Type {
+		case tuple.Stable, tuple.Boundary:
+			if tp.ID <= taken {
+				continue
+			}
+			taken = tp.ID
+			kept = append(kept, tp)
+		case tuple.Tentative:
+			if tp.STime >= released {
+				mv.tent[in.idx] = append(mv.tent[in.idx], *tp.Clone())
+				changed = true
+			}
+		case tuple.Undo:
+			if len(mv.tent[in.idx]) > 0 {
+				mv.tent[in.idx], mv.dirty, changed = nil, true, true
+			}
+		}
+	}
+	mv.mu.Unlock()
+	clear(b.Tuples[len(kept):])
+	b.Tuples = kept
+	in.stableTaken.Store(taken)
+	return changed, nil
+}
+
+// syncTentative brings the result stream's tentative part up to date
+// (the caller holds proc): tentative tuples that arrived are appended;
+// when some that went out are no longer current (taken back, or covered
+// by the stable release up to released), the sink sends UNDO back to its
+// last stable position and the current ones again; once a correction
+// leaves nothing tentative, REC_DONE.
+func (t *task) syncTentative(ctx context.Context) error {
+	mv := t.mv
+	released := t.merge.releasedAt()
+	mv.mu.Lock()
+	var cur []tuple.Tuple
+	for i, ts := range mv.tent {
+		keep := ts[:0]
+		for _, tp := range ts {
+			if tp.STime >= released {
+				keep = append(keep, tp)
+			} else {
+				mv.dirty = true
+			}
+		}
+		clear(ts[len(keep):])
+		mv.tent[i] = keep
+		cur = append(cur, keep...)
+	}
+	dirty := mv.dirty
+	mv.dirty = false
+	mv.mu.Unlock()
+	if !dirty && len(cur) == len(mv.emitted) && (len(cur) > 0 || !mv.recOpen) && prefixOf(mv.emitted, cur) {
+		return nil // nothing changed
+	}
+	o := t.outs[0]
+	if dirty || !prefixOf(mv.emitted, cur) {
+		if len(mv.emitted) > 0 {
+			if err := t.appendNonStable(ctx, o, &tuple.Tuple{Type: tuple.Undo, STime: int64(mv.lastStablePos)}); err != nil {
+				return err
+			}
+			mv.emitted, mv.recOpen = mv.emitted[:0], true
+		}
+	}
+	if len(mv.emitted) == 0 && len(cur) > 0 {
+		mv.lastStablePos = o.w.LastID()
+	}
+	for k := len(mv.emitted); k < len(cur); k++ {
+		tp := cur[k]
+		tp.Type = tuple.Tentative
+		if err := t.appendNonStable(ctx, o, &tp); err != nil {
+			return err
+		}
+		mv.emitted = append(mv.emitted, cur[k])
+	}
+	if len(cur) == 0 && mv.recOpen {
+		if err := t.appendNonStable(ctx, o, &tuple.Tuple{Type: tuple.RecDone}); err != nil {
+			return err
+		}
+		mv.recOpen = false
+	}
+	t.tentative.Store(len(mv.emitted) > 0)
+	return t.flush(ctx)
+}
+
+// beforeStable takes back the tentative tuples the result stream holds
+// before a stable release appends to it (an UNDO never goes below a
+// stable tuple); the caller holds proc and syncs after the release.
+func (t *task) beforeStable(ctx context.Context) error {
+	mv := t.mv
+	if len(mv.emitted) == 0 {
+		return nil
+	}
+	if err := t.appendNonStable(ctx, t.outs[0], &tuple.Tuple{Type: tuple.Undo, STime: int64(mv.lastStablePos)}); err != nil {
+		return err
+	}
+	mv.emitted, mv.recOpen = mv.emitted[:0], true
+	mv.mu.Lock()
+	mv.dirty = true
+	mv.mu.Unlock()
+	return nil
+}
+
+// appendNonStable appends tp to o marked outside the stable view.
+func (t *task) appendNonStable(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
+	next := o.w.LastID() + 1
+	o.buf.MarkNonStable(next, next)
+	return t.appendTo(ctx, o, tp)
+}
+
+// prefixOf reports whether a is a prefix of b (same tuples: stime, input
+// order and values; the view keeps them by copy).
+func prefixOf(a, b []tuple.Tuple) bool {
+	if len(a) > len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].STime != b[i].STime || a[i].ID != b[i].ID || !slices.Equal(a[i].Values, b[i].Values) {
+			return false
+		}
+	}
+	return true
+}
+
+// newMergeView sets a merging sink of a replicated query up.
+func (t *task) newMergeView() {
+	t.mv = &mergeView{tent: make([][]tuple.Tuple, len(t.inputs))}
+}
+
+// growMergeView follows inputs a rescale added.
+func (mv *mergeView) grow(n int) {
+	mv.mu.Lock()
+	defer mv.mu.Unlock()
+	for len(mv.tent) < n {
+		mv.tent = append(mv.tent, nil)
+	}
+}
+
+// sinkTentativeHeld reports whether a sink's result stream holds
+// tentative results or an open correction (it is then not snapshotted: a
+// copy could not take them back).
+func (t *task) sinkTentativeHeld() bool {
+	if t.passDCAA() {
+		return t.pv.tentOpen || t.pv.recOpen || t.pv.switchRec
+	}
+	if t.mv != nil {
+		return len(t.mv.emitted) > 0 || t.mv.recOpen
+	}
+	return false
+}
+
+// mergeDCAA is a merging sink's delivery in a replicated query, before
+// the merger takes b: see filterDCAA; a changed tentative part goes out
+// at once.
+func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) error {
+	changed, err := in.filterDCAA(b, fresh)
+	if err != nil {
+		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
+	}
+	if !changed {
+		return nil
+	}
+	t := in.t
+	if err := t.lockProc(ctx); err != nil {
+		return err
+	}
+	defer t.unlockProc()
+	if t.halted.Load() {
+		return nil
+	}
+	if err := t.syncTentative(t.ctx); err != nil {
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	return nil
+}

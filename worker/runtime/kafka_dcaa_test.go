@@ -1,0 +1,68 @@
+package runtime
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
+)
+
+// A kafka sink of a replicated query writes stable results only: the
+// aggregate replica its writing replica reads loses every replica of one
+// source partition for longer than X, releases tentative windows (which
+// reach the sink's result stream, marked) and later corrects them; the
+// topic holds exactly the reference results, each once, identified by
+// stable id. Before, the writer wrote tentative results too: windows
+// twice, with wrong counts.
+func TestKafkaSinkWritesStableResultsOnly(t *testing.T) {
+	broker := startKafka(t)
+	const n, cutAt, healAt = 600, 200, 450
+	for p := range 2 {
+		produce(t, broker, p, 0, cutAt, false)
+	}
+	yaml := strings.Replace(fmt.Sprintf(kafkaQuery, 2, broker, broker), "replicas: 2", "replicas: 2\navailability: {max_delay: 300ms}", 1)
+	q := mustParse(t, yaml)
+	// Worker 2 (faulty) runs the aggregate's partition 0 replica 0; source
+	// partition 0's replicas are on workers 0 and 1, partition 1's on
+	// worker 3 with the writing sink replica.
+	g := newFaultRig(t, q, 4, []int{2}, dcaaOpts, func(node string, p, r int) int {
+		switch {
+		case node == "events" && p == 0:
+			return r
+		case node == "events":
+			return 3
+		case r == 1:
+			return 1
+		case node == "per_user" && p == 0:
+			return 2
+		}
+		return 3
+	})
+	g.c.apply()
+	agg := queryspec.TaskID(q.Name, "per_user", 0, 0)
+	waitUntil(t, "the sink wrote results", func() bool { return writtenBy(g.c.workers[3], kafkaSinkTask) > 0 })
+	g.cut(2, dataplane.Hold, 0, 1)
+	for p := range 2 {
+		produce(t, broker, p, cutAt, healAt, false)
+	}
+	waitUntil(t, "the sink's results tentative", func() bool { return g.task(kafkaSinkTask).tentative.Load() })
+	if !g.taskState(agg).Tentative {
+		t.Fatalf("the aggregate's replica 0 is not tentative: %+v", g.taskState(agg))
+	}
+	g.faults[2].HealAll()
+	for p := range 2 {
+		produce(t, broker, p, healAt, n, true)
+	}
+	want := kafkaReference(n)
+	checkKafkaResults(t, waitResults(t, broker, len(want)), want)
+	// The stream (which never ends: Kafka sources do not) holds positions
+	// outside its stable view: tentative results, UNDO, REC_DONE.
+	buf := g.task(kafkaSinkTask).outs[0].buf
+	if off := buf.PositionOffset(buf.Stats().LastID); off < 3 {
+		t.Fatalf("the writing sink's stream holds %d positions outside its stable view: no failure was corrected", off)
+	}
+	checkKafkaResults(t, readResults(t, broker), want)
+	noLossReported(t, g.c.workers[3])
+}
