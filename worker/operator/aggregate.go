@@ -70,6 +70,9 @@ type aggWindow struct {
 	// found without scanning every group. It is maintained when a group
 	// is created (not per tuple) and holds exactly the keys of groups.
 	bySlot slotIndex
+	// epoch is the newest configuration whose tuples the window holds
+	// (VersionedAggregate only; 0 otherwise).
+	epoch uint64
 }
 
 // aggregate is a windowed group-by aggregate on stime. Windows are aligned
@@ -113,6 +116,9 @@ type aggregate struct {
 	keyBuf                         []byte
 	valBuf                         []byte
 	out                            tuple.Tuple
+	// cols, when not nil, are the specs a tuple updates (the functions of
+	// the version processing it, VersionedAggregate); nil: all of them.
+	cols []int
 }
 
 func newAggregate(def *queryspec.Operator, in *tuple.Schema) (*aggregate, error) {
@@ -374,7 +380,15 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 	if t.Type == tuple.Tentative {
 		g.tentative = true
 	}
-	for i := range a.specs {
+	n := len(a.specs)
+	if a.cols != nil {
+		n = len(a.cols)
+	}
+	for j := range n {
+		i := j
+		if a.cols != nil {
+			i = a.cols[j]
+		}
 		s := &a.specs[i]
 		acc := &g.accs[i]
 		acc.count++
@@ -437,8 +451,15 @@ func compareValues(x, y tuple.Value) int {
 // groups sorted by key encoding, and drops them. A watermark below the
 // highest one seen is ignored.
 func (a *aggregate) Advance(watermark int64, out Emitter) error {
+	a.advance(watermark, func(w *aggWindow) { a.emitWindow(w, out) })
+	return nil
+}
+
+// advance raises the watermark and hands every window it closes to emit,
+// oldest first, then drops it.
+func (a *aggregate) advance(watermark int64, emit func(*aggWindow)) {
 	if watermark <= a.watermark {
-		return nil
+		return
 	}
 	a.watermark = watermark
 	var closed []int64
@@ -450,13 +471,12 @@ func (a *aggregate) Advance(watermark int64, out Emitter) error {
 	slices.Sort(closed)
 	for _, start := range closed {
 		w := a.windows[start]
-		a.emitWindow(w, out)
+		emit(w)
 		delete(a.windows, start)
 		if a.lastWin == w {
 			a.lastWin = nil
 		}
 	}
-	return nil
 }
 
 func (a *aggregate) emitWindow(w *aggWindow, out Emitter) {

@@ -49,7 +49,7 @@ type reconfigState struct {
 	cur     *fsm.QueryReconfig
 	members []operator.Operator
 	names   []string
-	vers    []*operator.Versioned // by member; nil for stateful members
+	vers    []versionSet // by member; nil for a stateful member no plan changed
 	plans   map[uint64]*queryspec.Plan
 	level   uint64
 	cuts    []epochCut // switched plans, by epoch
@@ -64,6 +64,17 @@ type reconfigState struct {
 	frontier atomic.Int64
 	loading  atomic.Bool
 	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+}
+
+// versionSet is a member operator run as versions side by side:
+// operator.Versioned (stateless) or operator.VersionedAggregate (one
+// shared state).
+type versionSet interface {
+	operator.Operator
+	Latest() uint64
+	AddEpoch(version int, build func() (operator.Operator, error)) error
+	SetFloor(floor uint64)
+	Versions() []int
 }
 
 // reportedMarkers is how many epochs above its level a task reports
@@ -153,12 +164,19 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
 		}
 		r.names = names
-		r.vers = make([]*operator.Versioned, len(r.members))
+		r.vers = make([]versionSet, len(r.members))
 		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
 		for i, op := range r.members {
 			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
 				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
 				r.members[i] = r.vers[i]
+			}
+		}
+	}
+	for i := range r.vers {
+		if r.vers[i] == nil {
+			if err := t.versionStateful(rc, i); err != nil {
+				return err
 			}
 		}
 	}
@@ -212,6 +230,44 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	r.reported.Store(true)
 	t.r.noteProgress()
 	return nil
+}
+
+// versionStateful starts running the task's i-th operator, a stateful
+// one, as versions over its state once a plan changes it (an aggregate;
+// the validation refuses other stateful changes). Until then it is not
+// versioned at all: what works without a change of it is untouched. Its
+// state is kept in place; epochs are added by the caller, and versions
+// below the task's level removed.
+func (t *task) versionStateful(rc *fsm.QueryReconfig, i int) error {
+	r := &t.rc
+	def := t.memberDef(t.plan, i)
+	if def == nil || def.Type != "aggregate" || !changedBy(rc, r.names[i]) {
+		return nil
+	}
+	va, err := operator.NewVersionedAggregate(r.names[i], r.members[i], 1, 0)
+	if err != nil {
+		return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+	}
+	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
+		if err := va.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+			return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+	}
+	va.SetFloor(r.level)
+	r.vers[i], r.members[i] = va, va
+	return nil
+}
+
+// changedBy reports whether a plan of rc changes operator op.
+func changedBy(rc *fsm.QueryReconfig, op string) bool {
+	for _, p := range rc.Plans {
+		for _, c := range p.Changes {
+			if c.Operator == op {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // memberDef is the definition of the task's i-th operator in plan.
