@@ -62,6 +62,14 @@ type reconfigRun struct {
 // on worker p, b and the sink on worker 2, which dials through faults.
 func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 	t.Helper()
+	return startReconfigRunReplicas(t, yaml, tracking, 1)
+}
+
+// startReconfigRunReplicas is startReconfigRun with replicas of every
+// task: replica 1 of a source partition on the other source worker, of
+// the other tasks on worker 1.
+func startReconfigRunReplicas(t *testing.T, yaml, tracking string, replicas int) *reconfigRun {
+	t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -82,18 +90,20 @@ func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 	at := map[string]*worker{}
 	for _, node := range plan.Nodes {
 		for p := range node.Partitions {
-			w := c.workers[2]
-			if node.Kind == queryspec.KindSource {
-				w = c.workers[p]
+			for rep := range replicas {
+				w := c.workers[2-rep]
+				if node.Kind == queryspec.KindSource {
+					w = c.workers[(p+rep)%2]
+				}
+				id := queryspec.TaskID(q.Name, node.Name, p, rep)
+				placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, Replica: rep, WorkerAddr: w.addr})
+				at[id] = w
 			}
-			id := queryspec.TaskID(q.Name, node.Name, p, 0)
-			placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, WorkerAddr: w.addr})
-			at[id] = w
 		}
 	}
 	for _, pl := range placements {
 		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
-			Fragment: pl.Fragment, Partition: pl.Partition, QueryIndex: 1, Spec: q, Placements: placements})
+			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
 	r := &reconfigRun{t: t, c: c, yaml: yaml, faults: faults, rc: fsm.QueryReconfig{Tracking: tracking}, plan: plan, tasks: len(placements),
 		version: func(v int) string { return versionYAML(yaml, v) }, changed: []string{"a", "b"}}
@@ -103,8 +113,14 @@ func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 
 // tail reads the sink's result stream to its end in the background.
 func (r *reconfigRun) tail() (done <-chan struct{}) {
+	return r.tailOf("rc/out/p0/r0", &r.out)
+}
+
+// tailOf reads the result stream of sink task id into *dst (under r.mu)
+// to its end in the background.
+func (r *reconfigRun) tailOf(id string, dst *[]tuple.Tuple) (done <-chan struct{}) {
 	ch := make(chan struct{})
-	conn, err := r.c.pool.Conn(r.c.workers[2].addr)
+	conn, err := r.c.pool.Conn(r.c.addrOf(id))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -112,15 +128,15 @@ func (r *reconfigRun) tail() (done <-chan struct{}) {
 		defer close(ch)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: "rc/out/p0/r0"}, "", true, 0)
+		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: id}, "", true, 0)
 		for ctx.Err() == nil {
 			err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				for _, tp := range b.Tuples {
 					tp.Values = slices.Clone(tp.Values)
-					r.out = append(r.out, tp)
-					if tp.Type.IsData() {
+					*dst = append(*dst, tp)
+					if tp.Type.IsData() && dst == &r.out {
 						r.n++
 					}
 				}
@@ -565,13 +581,16 @@ func statefulV2(yaml string) string {
 // epoch; 0 when none of the group's), each window's rows come from one
 // version and carry its tag (b of the same version), and no row is lost
 // or duplicated. The reference is computed from the generators and the
-// plan's cut alone.
+// plan's cut alone. Every task has two replicas, which load the plan at
+// different moments: their outputs are identical, tags included.
 func TestReconfigStatefulAggregateMigrated(t *testing.T) {
 	const limit = 3000
 	yaml := fmt.Sprintf(statefulYAML, limit)
-	r := startReconfigRun(t, yaml, fsm.TrackingStatic)
+	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
 	r.version = func(v int) string { return statefulV2(yaml) }
 	r.changed = []string{"per_window", "b"}
+	var replica1 []tuple.Tuple
+	done1 := r.tailOf("rc/out/p0/r1", &replica1)
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
 	r.commit(2)
@@ -585,6 +604,7 @@ func TestReconfigStatefulAggregateMigrated(t *testing.T) {
 	}
 	r.complete()
 	<-done
+	<-done1
 	cut := r.rc.Plans[0].Cut
 
 	type key struct{ end, g int64 }
@@ -665,5 +685,18 @@ func TestReconfigStatefulAggregateMigrated(t *testing.T) {
 	}
 	if tags[0] == 0 || tags[1] == 0 {
 		t.Fatalf("rows by tag %v: the upgrade did not happen mid-stream", tags)
+	}
+	data := func(ts []tuple.Tuple) []tuple.Tuple {
+		return slices.DeleteFunc(slices.Clone(ts), func(tp tuple.Tuple) bool { return !tp.Type.IsData() })
+	}
+	r0, r1 := data(r.out), data(replica1)
+	if len(r0) != len(r1) {
+		t.Fatalf("replica 0 produced %d rows, replica 1 %d", len(r0), len(r1))
+	}
+	for i := range r0 {
+		a, b := r0[i], r1[i]
+		if a.ID != b.ID || a.STime != b.STime || a.Version != b.Version || !slices.Equal(a.Values, b.Values) {
+			t.Fatalf("row %d differs between replicas: %+v and %+v", i, a, b)
+		}
 	}
 }
