@@ -298,3 +298,39 @@ func TestVersionedAggregateReplicasAgree(t *testing.T) {
 		t.Fatal("a snapshot with version 2's columns restored into version 1 alone")
 	}
 }
+
+// TestVersionedAggregateSlotState: an upgraded keyed aggregate still
+// moves by slots (rescale): its shared state, every column, goes to a
+// copy that loaded the same versions, which then emits what the original
+// would.
+func TestVersionedAggregateSlotState(t *testing.T) {
+	def1 := vaggDef("c", "count()", "s", "sum(n)")
+	def2 := vaggDef("c", "count()", "hi", "max(n)")
+	ev := vaggStream(5)
+	whole := runVagg(t, newVagg(t, def1), ev, def2, 100)
+
+	half := slices.IndexFunc(ev, func(e vaggEvent) bool { return e.stime >= 600 })
+	a := newVagg(t, def1)
+	first := runVagg(t, a, ev[:half], def2, 100)
+	ss, ok := SlotStateOf(a)
+	if !ok {
+		t.Fatal("an upgraded keyed aggregate has no slot state: it could not be rescaled")
+	}
+	data, err := ss.SnapshotSlots(ss.HeldSlots())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newVagg(t, def1)
+	if err := b.AddEpoch(2, vaggBuild(def2)); err != nil {
+		t.Fatal(err)
+	}
+	b.SetFloor(1)
+	bs, _ := SlotStateOf(b)
+	if err := bs.RestoreSlots(data); err != nil {
+		t.Fatal(err)
+	}
+	moved := append(first, runVagg(t, b, ev[half:], def2, 0)...)
+	if !slices.EqualFunc(whole, moved, func(a, b tuple.Tuple) bool { return slices.Equal(a.Values, b.Values) && a.Version == b.Version }) {
+		t.Fatal("the copy given the slots' state emits other rows than the original")
+	}
+}
