@@ -56,6 +56,11 @@ type VersionedAggregate struct {
 	byEpoch []int
 	floor   uint64
 	em      taggedEmitter
+	// base is the signature and column count of the aggregate wrapped
+	// (version 1, before any migration): Restore also takes a snapshot of
+	// it unversioned, taken before its task loaded a plan changing it.
+	baseSig  string
+	baseCols int
 }
 
 // aggView is one version of the aggregate over the shared columns.
@@ -72,7 +77,7 @@ func NewVersionedAggregate(name string, op Operator, version int, epoch uint64) 
 	if !ok {
 		return nil, fmt.Errorf("operator %q: %w: %T is not an aggregate", name, ErrNotMigratable, op)
 	}
-	v := &VersionedAggregate{name: name, st: a, views: map[int]*aggView{}}
+	v := &VersionedAggregate{name: name, st: a, views: map[int]*aggView{}, baseSig: a.signature, baseCols: len(a.specs)}
 	cols := make([]int, len(a.specs))
 	for i := range cols {
 		cols[i] = i
@@ -293,6 +298,9 @@ func (v *VersionedAggregate) Restore(state []byte) error {
 	st := v.st
 	d, err := newDecoder(state, "versioned "+st.signature)
 	if err != nil {
+		if plain, perr := newDecoder(state, v.baseSig); perr == nil && plain.err == nil {
+			return v.restoreUnversioned(state)
+		}
 		return err
 	}
 	epochs := map[int64]uint64{}
@@ -309,6 +317,29 @@ func (v *VersionedAggregate) Restore(state []byte) error {
 	}
 	for s, w := range st.windows {
 		w.epoch = epochs[s]
+	}
+	return nil
+}
+
+// restoreUnversioned restores a snapshot of the aggregate as it ran
+// before any plan changed it (every window of epoch 0): into its
+// original columns, the columns added since appended empty, as a
+// migration at load would have.
+func (v *VersionedAggregate) restoreUnversioned(state []byte) error {
+	st := v.st
+	specs, sig := st.specs, st.signature
+	st.specs, st.signature = specs[:v.baseCols], v.baseSig
+	err := st.Restore(state)
+	st.specs, st.signature = specs, sig
+	if err != nil {
+		return err
+	}
+	if added := len(specs) - v.baseCols; added > 0 {
+		for _, w := range st.windows {
+			for _, g := range w.groups {
+				g.accs = append(g.accs[:len(g.accs):len(g.accs)], make([]accumulator, added)...)
+			}
+		}
 	}
 	return nil
 }

@@ -334,3 +334,46 @@ func TestVersionedAggregateSlotState(t *testing.T) {
 		t.Fatal("the copy given the slots' state emits other rows than the original")
 	}
 }
+
+// TestVersionedAggregateRestoresUnversioned: a copy that loaded a plan
+// changing the aggregate restores a snapshot its original took before
+// loading it (the unversioned aggregate), and continues exactly as a
+// copy that loaded the plan at that point.
+func TestVersionedAggregateRestoresUnversioned(t *testing.T) {
+	def1 := vaggDef("c", "count()", "s", "sum(n)")
+	def2 := vaggDef("c", "count()", "hi", "max(n)")
+	ev := vaggStream(6)
+	// Before the first tuple of epoch 1 (250), inside the window [200, 300).
+	half := slices.IndexFunc(ev, func(e vaggEvent) bool { return e.stime >= 240 })
+	want := runVagg(t, newVagg(t, def1), ev, def2, 240)
+
+	plain := mustNew(t, def1, vaggSchema)
+	var first []tuple.Tuple
+	for _, e := range ev[:half] {
+		em := EmitFunc(func(tp *tuple.Tuple) { c := *tp; c.Values = slices.Clone(tp.Values); first = append(first, c) })
+		var err error
+		if e.adv {
+			err = plain.Advance(e.stime, em)
+		} else {
+			err = plain.Process(0, &tuple.Tuple{Type: tuple.Stable, STime: e.stime, Version: e.tag, Values: []tuple.Value{tuple.Int(e.g), tuple.Int(e.n), tuple.Str(e.w)}}, em)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	snap, err := plain.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := newVagg(t, def1)
+	if err := b.AddEpoch(2, vaggBuild(def2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	got := append(first, runVagg(t, b, ev[half:], def2, 0)...)
+	if !slices.EqualFunc(got, want, func(a, b tuple.Tuple) bool { return slices.Equal(a.Values, b.Values) && a.Version == b.Version }) {
+		t.Fatal("restored from the unversioned snapshot, the copy emits other rows")
+	}
+}

@@ -32,9 +32,13 @@ import (
 // the level (and the removal) until it is back. Levels and cuts depend on
 // the streams only, so replicas decide alike.
 //
-// Stateful operators (aggregate, join) are not versioned: one state
-// serves every version of the query. What they emit is tagged with the
-// task's level (the configuration downstream of them). With dynamic
+// A stateful operator no plan changed (an aggregate or join) is not
+// versioned: one state serves every version of the query, and what it
+// emits is tagged with the task's level (the configuration downstream of
+// it). An aggregate a plan changes runs, from then on, as an
+// operator.VersionedAggregate: its versions share its state, a tuple
+// updates it through the version of its tag, and a window's rows come
+// from one version and carry its tag (versionStateful). With dynamic
 // tracking a task clears the tag (0) of what it sends while no operator
 // downstream of it has more than one active version; a receiver reads 0
 // as its own level.
