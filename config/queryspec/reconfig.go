@@ -62,7 +62,9 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			continue
 		}
 		if a.Type == "join" {
-			bad("operator %q: a join keeps one state for every version; changing one (state migration) is not supported yet", a.Name)
+			// A join's definition is its window and keys, which shape its
+			// buffered state: no change of it can be migrated.
+			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys)", a.Name)
 			continue
 		}
 		if a.Type == "aggregate" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.GroupBy, b.GroupBy)) {

@@ -380,15 +380,15 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 	if t.Type == tuple.Tentative {
 		g.tentative = true
 	}
-	n := len(a.specs)
 	if a.cols != nil {
-		n = len(a.cols)
-	}
-	for j := range n {
-		i := j
-		if a.cols != nil {
-			i = a.cols[j]
+		// A version's functions only (VersionedAggregate); the loop
+		// below stays the unversioned hot path.
+		for _, i := range a.cols {
+			a.accumulateSpec(&a.specs[i], &g.accs[i], t)
 		}
+		return
+	}
+	for i := range a.specs {
 		s := &a.specs[i]
 		acc := &g.accs[i]
 		acc.count++
@@ -420,6 +420,41 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 			if _, ok := acc.distinct[string(a.valBuf)]; !ok {
 				acc.distinct[string(a.valBuf)] = struct{}{}
 			}
+		}
+	}
+}
+
+// accumulateSpec adds t to one accumulator, as accumulate's loop does
+// (kept inline there: it is the hot path).
+func (a *aggregate) accumulateSpec(s *aggSpec, acc *accumulator, t *tuple.Tuple) {
+	acc.count++
+	if s.field < 0 {
+		return
+	}
+	v := t.Values[s.field]
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			acc.sumF += v.F
+		} else {
+			acc.sumI += v.I
+			a.sumBound = max(a.sumBound, magnitude(acc.sumI))
+		}
+	case aggMin:
+		if acc.count == 1 || compareValues(v, acc.ext) < 0 {
+			acc.ext = cloneValue(v)
+		}
+	case aggMax:
+		if acc.count == 1 || compareValues(v, acc.ext) > 0 {
+			acc.ext = cloneValue(v)
+		}
+	case aggCountDistinct:
+		a.valBuf = appendKeyValue(a.valBuf[:0], v)
+		if acc.distinct == nil {
+			acc.distinct = map[string]struct{}{}
+		}
+		if _, ok := acc.distinct[string(a.valBuf)]; !ok {
+			acc.distinct[string(a.valBuf)] = struct{}{}
 		}
 	}
 }
