@@ -119,8 +119,15 @@ func newVagg(t *testing.T, def *queryspec.Operator) *VersionedAggregate {
 // and drops functions (no new state); upgraded mid-window, every
 // window's totals equal those of one version run throughout.
 func TestVersionedAggregateSharedStateExact(t *testing.T) {
+	for _, slide := range []string{"", "25ns"} {
+		t.Run("slide="+slide, func(t *testing.T) { testSharedStateExact(t, slide) })
+	}
+}
+
+func testSharedStateExact(t *testing.T, slide string) {
 	def1 := vaggDef("c", "count()", "s", "sum(n)", "hi", "max(n)")
 	def2 := vaggDef("total", "sum(n)", "cnt", "count()")
+	def1.Window.Slide, def2.Window.Slide = slide, slide
 	ev := vaggStream(1)
 	got := runVagg(t, newVagg(t, def1), ev, def2, 120)
 	one := newVagg(t, def1)
