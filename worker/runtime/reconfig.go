@@ -38,7 +38,7 @@ import (
 // it). An aggregate a plan changes runs, from then on, as an
 // operator.VersionedAggregate: its versions share its state, a tuple
 // updates it through the version of its tag, and a window's rows come
-// from one version and carry its tag (versionStateful). With dynamic
+// from one version and carry its tag (wrapStateful). With dynamic
 // tracking a task clears the tag (0) of what it sends while no operator
 // downstream of it has more than one active version; a receiver reads 0
 // as its own level.
@@ -50,6 +50,7 @@ type reconfigState struct {
 
 	// Producer-owned.
 	on      bool
+	loaded  bool // members and vers set up (loadVersions)
 	cur     *fsm.QueryReconfig
 	members []operator.Operator
 	names   []string
@@ -155,51 +156,8 @@ func (t *task) pollReconfig() error {
 func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	r := &t.rc
 	source := t.node.Kind == queryspec.KindSource
-	if !r.on {
-		base, names := t.op, t.node.Members
-		switch t.node.Kind {
-		case queryspec.KindSource:
-			base, names = t.srcChain, t.node.Members[1:]
-		case queryspec.KindSink:
-			base, names = nil, nil
-		}
-		r.members = operator.ChainMembers(base)
-		if len(r.members) != len(names) {
-			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
-		}
-		r.names = names
-		r.vers = make([]versionSet, len(r.members))
-		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
-		for i, op := range r.members {
-			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
-				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
-				r.members[i] = r.vers[i]
-			}
-		}
-	}
-	for i := range r.vers {
-		if r.vers[i] == nil {
-			if err := t.versionStateful(rc, i); err != nil {
-				return err
-			}
-		}
-	}
-	for i, v := range r.vers {
-		if v == nil {
-			continue
-		}
-		for e := v.Latest() + 1; e <= rc.Latest(); e++ {
-			if err := v.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
-				return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
-			}
-		}
-	}
-	if len(r.members) > 0 {
-		if source {
-			t.srcChain = operator.Chain(r.members...)
-		} else {
-			t.op = operator.Chain(r.members...)
-		}
+	if err := t.loadVersions(rc); err != nil {
+		return err
 	}
 	known := len(r.cuts)
 	r.cuts = r.cuts[:0]
@@ -236,30 +194,89 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	return nil
 }
 
-// versionStateful starts running the task's i-th operator, a stateful
-// one, as versions over its state once a plan changes it (an aggregate;
-// the validation refuses other stateful changes). Until then it is not
-// versioned at all: what works without a change of it is untouched. Its
-// state is kept in place; epochs are added by the caller, and versions
-// below the task's level removed.
-func (t *task) versionStateful(rc *fsm.QueryReconfig, i int) error {
+// loadVersions builds the versions of every epoch of rc the task does not
+// run yet, beside the ones it runs (producer only, or before the task
+// starts: a task started from a snapshot loads them before restoring it,
+// since the snapshot holds the state of the versions its original ran).
+func (t *task) loadVersions(rc *fsm.QueryReconfig) error {
 	r := &t.rc
-	def := t.memberDef(t.plan, i)
-	if def == nil || def.Type != "aggregate" || !changedBy(rc, r.names[i]) {
-		return nil
-	}
-	va, err := operator.NewVersionedAggregate(r.names[i], r.members[i], 1, 0)
-	if err != nil {
-		return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
-	}
-	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
-		if err := va.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
-			return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+	source := t.node.Kind == queryspec.KindSource
+	if !r.loaded {
+		base, names := t.op, t.node.Members
+		switch t.node.Kind {
+		case queryspec.KindSource:
+			base, names = t.srcChain, t.node.Members[1:]
+		case queryspec.KindSink:
+			base, names = nil, nil
+		}
+		r.members = operator.ChainMembers(base)
+		if len(r.members) != len(names) {
+			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
+		}
+		r.names, r.loaded = names, true
+		r.vers = make([]versionSet, len(r.members))
+		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
+		for i, op := range r.members {
+			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
+				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
+				r.members[i] = r.vers[i]
+			}
 		}
 	}
-	va.SetFloor(r.level)
-	r.vers[i], r.members[i] = va, va
+	for i := range r.vers {
+		if r.vers[i] != nil {
+			continue
+		}
+		v, err := t.wrapStateful(rc, r.members[i], r.names[i], i)
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			v.SetFloor(r.level)
+			r.vers[i], r.members[i] = v, v
+		}
+	}
+	for i, v := range r.vers {
+		if v == nil {
+			continue
+		}
+		for e := v.Latest() + 1; e <= rc.Latest(); e++ {
+			if err := v.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+				return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			}
+		}
+	}
+	if len(r.members) > 0 {
+		if source {
+			t.srcChain = operator.Chain(r.members...)
+		} else {
+			t.op = operator.Chain(r.members...)
+		}
+	}
 	return nil
+}
+
+// wrapStateful returns the task's i-th operator op, a stateful one, run
+// as versions over its state when a plan of rc changes it (an
+// aggregate; the validation refuses other stateful changes), or nil.
+// Until a plan changes it, it is not versioned at all: what works without
+// such a change is untouched. The state is kept in place; the epochs up
+// to rc's latest are added.
+func (t *task) wrapStateful(rc *fsm.QueryReconfig, op operator.Operator, name string, i int) (versionSet, error) {
+	def := t.memberDef(t.plan, i)
+	if def == nil || def.Type != "aggregate" || !changedBy(rc, name) {
+		return nil, nil
+	}
+	va, err := operator.NewVersionedAggregate(name, op, 1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+	}
+	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
+		if err := va.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+	}
+	return va, nil
 }
 
 // changedBy reports whether a plan of rc changes operator op.
