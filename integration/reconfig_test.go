@@ -179,3 +179,138 @@ func (o *liveOrg) tailRaw(t *testing.T, sink string, seen func(n int)) []tuple.T
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// reconfigAggQuery: a windowed aggregate per group g with b fused after
+// it; reconfigAggV2 changes the aggregate's functions (renamed,
+// reordered, max(n) added) and b reads the new one.
+const reconfigAggQuery = `name: rq
+replicas: 2
+sources:
+  - {name: lines, parallelism: 2, generator: {kind: words, rate: 2000, seed: 5, limit: %d}}
+operators:
+  - {name: a, type: map, input: lines, parallelism: 2, fields: {n: "len(line)", g: "len(line) %% 3"}}
+  - {name: per_window, type: aggregate, input: a, window: {size: 200ms}, group_by: [g], aggregates: {cnt: "count()", total: "sum(n)"}}
+  - {name: b, type: map, input: per_window, fields: {g: g, cnt: cnt, total: total, extra: "0 - 1", window_end: window_end}}
+sinks:
+  - {name: out, input: b}
+`
+
+func reconfigAggV2(yaml string) string {
+	s := strings.Replace(yaml, `aggregates: {cnt: "count()", total: "sum(n)"}`, `aggregates: {sum_n: "sum(n)", cnt: "count()", longest: "max(n)"}`, 1)
+	return strings.Replace(s, `total: total, extra: "0 - 1"`, `total: sum_n, extra: longest`, 1)
+}
+
+// TestLiveReconfigurationAggregate upgrades a windowed aggregate itself
+// (a new function, read by the operator after it) through
+// ReconfigService.UpdateQuery in one org while tuples flow: every row's
+// shared functions equal the one-version totals, the new one follows the
+// migration rule (its epoch's tuples only), each row's tag names the
+// version that produced it, no row is lost or duplicated, and the two
+// sink replicas agree row for row. A change of its window is refused.
+func TestLiveReconfigurationAggregate(t *testing.T) {
+	const limit = 4000
+	o := newLiveOrg(t, 2)
+	base := fmt.Sprintf(reconfigAggQuery, limit)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(base), Filename: "rq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := o.reconfig.UpdateQuery(ctx, &pb.UpdateQueryRequest{Yaml: []byte(strings.Replace(base, "size: 200ms", "size: 400ms", 1)), Filename: "rq.yaml"}); err == nil || !strings.Contains(err.Error(), `"per_window"`) {
+		t.Fatalf("window change: %v, want a refusal naming per_window", err)
+	}
+	var (
+		wg      sync.WaitGroup
+		started bool
+		cut     int64
+	)
+	out0 := o.tailRaw(t, "rq/out/p0/r0", func(n int) {
+		if n > 2 && !started {
+			started = true
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigAggV2(base)), Filename: "rq.yaml", SwitchMarginMs: 300})
+				if err != nil {
+					t.Errorf("update: %v", err)
+					return
+				}
+				waitFor(t, 30*time.Second, "plan complete", func() bool {
+					vs, err := o.reconfig.QueryVersions(context.Background(), &pb.QueryVersionsRequest{Name: "rq"})
+					if err != nil || len(vs.Plans) < int(resp.Epoch) {
+						return false
+					}
+					cut = vs.Plans[resp.Epoch-1].Cut
+					return vs.Plans[resp.Epoch-1].Phase == "complete"
+				})
+			}()
+		}
+	})
+	wg.Wait()
+	out1 := o.tailRaw(t, "rq/out/p0/r1", nil)
+	if cut == 0 {
+		t.Fatal("no cut")
+	}
+
+	type key struct{ end, g int64 }
+	type ref struct{ cnt, total, maxNew int64 }
+	want := map[key]*ref{}
+	windowNew := map[int64]bool{}
+	const size = int64(200 * time.Millisecond)
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: limit, Rate: 2000}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			n := int64(len(tp.Values[0].S))
+			k := key{(tp.STime/size + 1) * size, n % 3}
+			w := want[k]
+			if w == nil {
+				w = &ref{}
+				want[k] = w
+			}
+			w.cnt++
+			w.total += n
+			if tp.STime >= cut {
+				w.maxNew = max(w.maxNew, n)
+				windowNew[k.end] = true
+			}
+		}
+	}
+	got := map[key]bool{}
+	tags := map[uint64]int{}
+	for _, tp := range out0 {
+		if !tp.Type.IsData() {
+			continue
+		}
+		g, cnt, total, extra, end := tp.Values[0].I, tp.Values[1].I, tp.Values[2].I, tp.Values[3].I, tp.Values[4].I
+		k := key{end, g}
+		w := want[k]
+		if w == nil || got[k] {
+			t.Fatalf("row %+v: not in the reference, or emitted twice", k)
+		}
+		got[k] = true
+		tags[tp.Version]++
+		if cnt != w.cnt || total != w.total {
+			t.Fatalf("row %+v (tag %d): cnt %d total %d, want %d %d", k, tp.Version, cnt, total, w.cnt, w.total)
+		}
+		if (tp.Version == 0 && (extra != -1 || windowNew[end])) || (tp.Version == 1 && extra != w.maxNew) || tp.Version > 1 {
+			t.Fatalf("row %+v: tag %d extra %d (window holds new-epoch tuples %v, max over them %d)", k, tp.Version, extra, windowNew[end], w.maxNew)
+		}
+	}
+	if len(got) != len(want) || tags[0] == 0 || tags[1] == 0 {
+		t.Fatalf("%d rows of %d, by tag %v", len(got), len(want), tags)
+	}
+	if len(out0) != len(out1) {
+		t.Fatalf("sink replicas have %d and %d tuples", len(out0), len(out1))
+	}
+	for i := range out0 {
+		a, b := &out0[i], &out1[i]
+		if a.ID != b.ID || a.Version != b.Version || a.Type != b.Type || !slices.Equal(a.Values, b.Values) {
+			t.Fatalf("tuple %d differs between the replicas: %+v / %+v", i, *a, *b)
+		}
+	}
+	t.Logf("rows by tag %v, cut %d", tags, cut)
+}

@@ -16,14 +16,16 @@ var ErrNotReconfigurable = errors.New("not a live reconfiguration")
 
 // ReconfigChanges compares the definition of a running query (cur) with a
 // new one (next, validated) and returns the operators whose definitions
-// differ, in declaration order. Only the definitions of stateless
-// operators (filter, map, split, union) may change, and only so that
+// differ, in declaration order. The definitions of stateless operators
+// (filter, map, split, union) and the aggregates (functions) of an
+// aggregate may change, and only so that
 // every fragment keeps its output schema (tuples in flight between
 // fragments stay readable by every version); the graph (operator names,
 // types, inputs, parallelism), the sources, the sinks, replicas and
-// availability must stay as they are. Stateful operators (aggregate,
-// join) keep their definition: their state is shared by every version of
-// the query. Every problem is reported, each naming the operator.
+// availability must stay as they are. An aggregate keeps its window and
+// group_by (its versions share its windows and groups, which cannot be
+// migrated to others); a join keeps its whole definition. Every problem
+// is reported, each naming the operator.
 func ReconfigChanges(cur, next *Query) ([]string, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -59,8 +61,17 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			bad("operator %q: its type, inputs and parallelism must stay as they are", a.Name)
 			continue
 		}
-		if a.Type == "aggregate" || a.Type == "join" {
-			bad("operator %q: stateful operators (%s) keep one state for every version; changing one (state migration) is not supported yet", a.Name, a.Type)
+		if a.Type == "join" {
+			// A join's definition is its window and keys, which shape its
+			// buffered state: no change of it can be migrated.
+			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys)", a.Name)
+			continue
+		}
+		if a.Type == "aggregate" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.GroupBy, b.GroupBy)) {
+			// The versions of an aggregate share its windows and groups;
+			// only the functions over them may change (see
+			// operator.VersionedAggregate).
+			bad("operator %q: an aggregate's window and group_by cannot change (its open windows cannot be migrated to other windows or groups); only its aggregates may", a.Name)
 			continue
 		}
 		changed = append(changed, a.Name)

@@ -38,6 +38,7 @@ func TestReconfigChanges(t *testing.T) {
 	}
 	for name, y := range map[string]string{
 		"stateful":     strings.Replace(reconfigBase, "size: 1s", "size: 2s", 1),
+		"group_by":     strings.Replace(reconfigBase, "window: {size: 1s}", "window: {size: 1s}, group_by: [n]", 1),
 		"schema":       strings.Replace(reconfigBase, `n: "len(line)"}`, `n: "len(line)", x: "1"}`, 1),
 		"nothing":      reconfigBase,
 		"parallelism":  strings.Replace(reconfigBase, `where: "n > 3"}`, `where: "n > 3", parallelism: 2}`, 1),
@@ -48,5 +49,24 @@ func TestReconfigChanges(t *testing.T) {
 		if !errors.Is(err, ErrNotReconfigurable) {
 			t.Errorf("%s: %v, want ErrNotReconfigurable", name, err)
 		}
+	}
+}
+
+// TestReconfigChangesAggregateFunctions: an aggregate's functions may
+// change (its versions share its windows and groups) as long as its
+// fragment's output schema stays; its window and group_by may not, and
+// the error names it.
+func TestReconfigChangesAggregateFunctions(t *testing.T) {
+	base := strings.Replace(reconfigBase, "{name: out, input: agg}", "{name: out, input: proj}", 1)
+	base = strings.Replace(base, "sinks:", "  - {name: proj, type: map, input: agg, fields: {c: c}}\nsinks:", 1)
+	cur := mustParse(t, base)
+	next := strings.NewReplacer(`aggregates: {c: "count()"}`, `aggregates: {c: "count()", m: "max(n)"}`, "fields: {c: c}", "fields: {c: c + m}").Replace(base)
+	got, err := ReconfigChanges(cur, mustParse(t, next))
+	if err != nil || !slices.Equal(got, []string{"agg", "proj"}) {
+		t.Fatalf("changes = %v, %v", got, err)
+	}
+	_, err = ReconfigChanges(cur, mustParse(t, strings.Replace(base, "size: 1s", "size: 2s", 1)))
+	if !errors.Is(err, ErrNotReconfigurable) || !strings.Contains(err.Error(), `"agg"`) {
+		t.Fatalf("window change: %v", err)
 	}
 }

@@ -76,6 +76,9 @@ type aggWindow struct {
 	// found without scanning every group. It is maintained when a group
 	// is created (not per tuple) and holds exactly the keys of groups.
 	bySlot slotIndex
+	// epoch is the newest configuration whose tuples the window holds
+	// (VersionedAggregate only; 0 otherwise).
+	epoch uint64
 }
 
 // aggregate is a windowed group-by aggregate on stime. Windows are aligned
@@ -125,6 +128,9 @@ type aggregate struct {
 	// 400 of each).
 	members []tupleMember
 	out     tuple.Tuple
+	// cols, when not nil, are the specs a tuple updates (the functions of
+	// the version processing it, VersionedAggregate); nil: all of them.
+	cols []int
 }
 
 // tupleMember is the current tuple's count_distinct member (see
@@ -398,6 +404,14 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 	if t.Type == tuple.Tentative {
 		g.tentative = true
 	}
+	if a.cols != nil {
+		// A version's functions only (VersionedAggregate); the loop
+		// below stays the unversioned hot path.
+		for _, i := range a.cols {
+			a.accumulateSpec(&a.specs[i], &g.accs[i], t)
+		}
+		return
+	}
 	for i := range a.specs {
 		s := &a.specs[i]
 		acc := &g.accs[i]
@@ -443,6 +457,47 @@ func (a *aggregate) accumulate(g *aggGroup, t *tuple.Tuple) {
 	}
 }
 
+// accumulateSpec adds t to one accumulator, as accumulate's loop does
+// (kept inline there: it is the hot path).
+func (a *aggregate) accumulateSpec(s *aggSpec, acc *accumulator, t *tuple.Tuple) {
+	acc.count++
+	if s.field < 0 {
+		return
+	}
+	v := t.Values[s.field]
+	switch s.fn {
+	case aggSum, aggAvg:
+		if s.kind == tuple.KindFloat {
+			acc.sumF += v.F
+		} else {
+			acc.sumI += v.I
+			a.sumBound = max(a.sumBound, magnitude(acc.sumI))
+		}
+	case aggMin:
+		if acc.count == 1 || compareValues(v, acc.ext) < 0 {
+			acc.ext = cloneValue(v)
+		}
+	case aggMax:
+		if acc.count == 1 || compareValues(v, acc.ext) > 0 {
+			acc.ext = cloneValue(v)
+		}
+	case aggCountDistinct:
+		var buf [64]byte
+		enc := appendKeyValue(buf[:0], v)
+		if acc.distinct == nil {
+			acc.distinct = map[string]struct{}{}
+		}
+		if _, ok := acc.distinct[string(enc)]; !ok {
+			// A set shared with a snapshot being taken is copied before
+			// its first change, as in accumulate.
+			if acc.distinctShared {
+				acc.distinct, acc.distinctShared = maps.Clone(acc.distinct), false
+			}
+			acc.distinct[string(enc)] = struct{}{}
+		}
+	}
+}
+
 // compareValues orders two values of the same kind.
 func compareValues(x, y tuple.Value) int {
 	switch x.Kind {
@@ -470,8 +525,15 @@ func compareValues(x, y tuple.Value) int {
 // groups sorted by key encoding, and drops them. A watermark below the
 // highest one seen is ignored.
 func (a *aggregate) Advance(watermark int64, out Emitter) error {
+	a.advance(watermark, func(w *aggWindow) { a.emitWindow(w, out) })
+	return nil
+}
+
+// advance raises the watermark and hands every window it closes to emit,
+// oldest first, then drops it.
+func (a *aggregate) advance(watermark int64, emit func(*aggWindow)) {
 	if watermark <= a.watermark {
-		return nil
+		return
 	}
 	a.watermark = watermark
 	var closed []int64
@@ -483,13 +545,12 @@ func (a *aggregate) Advance(watermark int64, out Emitter) error {
 	slices.Sort(closed)
 	for _, start := range closed {
 		w := a.windows[start]
-		a.emitWindow(w, out)
+		emit(w)
 		delete(a.windows, start)
 		if a.lastWin == w {
 			a.lastWin = nil
 		}
 	}
-	return nil
 }
 
 func (a *aggregate) emitWindow(w *aggWindow, out Emitter) {

@@ -341,6 +341,10 @@ func (d *decoder) value() tuple.Value {
 	case tuple.KindInt, tuple.KindTimestamp, tuple.KindBool:
 		return tuple.Value{Kind: kind, I: d.varint()}
 	case tuple.KindInvalid:
+		// The encoder writes a zero varint after the kind (the min or max
+		// of an accumulator no tuple updated: a function a version added
+		// to a live aggregate, VersionedAggregate).
+		d.varint()
 		return tuple.Value{}
 	}
 	d.fail("value kind")

@@ -93,6 +93,14 @@ func SlotStateOf(op Operator) (st SlotState, ok bool) {
 		}
 	case *join:
 		return o, true
+	case *VersionedAggregate:
+		// The shared state, every column: a copy that loaded the same
+		// versions has the same signature. Window epochs are not part of
+		// it (a slot state installed during a plan gives its windows the
+		// floor's version).
+		if o.st.keyed {
+			return o.st, true
+		}
 	}
 	return nil, false
 }

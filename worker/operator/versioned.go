@@ -127,13 +127,22 @@ func (v *Versioned) Advance(watermark int64, out Emitter) error {
 // share; the format is the unversioned operator's).
 func (v *Versioned) Snapshot() ([]byte, error) { return v.newest().Snapshot() }
 
+// Restore takes a snapshot of any loaded version: a stateless operator's
+// snapshot only names it, and a copy may load versions its original did
+// not (or no longer) run, whose signatures differ (another input schema
+// behind a changed aggregate). Refused only if no version accepts it.
 func (v *Versioned) Restore(state []byte) error {
-	for _, op := range v.insts {
-		if err := op.Restore(state); err != nil {
-			return err
+	var first error
+	for _, ver := range v.Versions() {
+		err := v.insts[ver].Restore(state)
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
 		}
 	}
-	return nil
+	return first
 }
 
 func (v *Versioned) OutputSchema() *tuple.Schema { return v.newest().OutputSchema() }

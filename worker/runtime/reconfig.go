@@ -32,9 +32,13 @@ import (
 // the level (and the removal) until it is back. Levels and cuts depend on
 // the streams only, so replicas decide alike.
 //
-// Stateful operators (aggregate, join) are not versioned: one state
-// serves every version of the query. What they emit is tagged with the
-// task's level (the configuration downstream of them). With dynamic
+// A stateful operator no plan changed (an aggregate or join) is not
+// versioned: one state serves every version of the query, and what it
+// emits is tagged with the task's level (the configuration downstream of
+// it). An aggregate a plan changes runs, from then on, as an
+// operator.VersionedAggregate: its versions share its state, a tuple
+// updates it through the version of its tag, and a window's rows come
+// from one version and carry its tag (wrapStateful). With dynamic
 // tracking a task clears the tag (0) of what it sends while no operator
 // downstream of it has more than one active version; a receiver reads 0
 // as its own level.
@@ -46,10 +50,11 @@ type reconfigState struct {
 
 	// Producer-owned.
 	on      bool
+	loaded  bool // members and vers set up (loadVersions)
 	cur     *fsm.QueryReconfig
 	members []operator.Operator
 	names   []string
-	vers    []*operator.Versioned // by member; nil for stateful members
+	vers    []versionSet // by member; nil for a stateful member no plan changed
 	plans   map[uint64]*queryspec.Plan
 	level   uint64
 	cuts    []epochCut // switched plans, by epoch
@@ -64,6 +69,17 @@ type reconfigState struct {
 	frontier atomic.Int64
 	loading  atomic.Bool
 	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+}
+
+// versionSet is a member operator run as versions side by side:
+// operator.Versioned (stateless) or operator.VersionedAggregate (one
+// shared state).
+type versionSet interface {
+	operator.Operator
+	Latest() uint64
+	AddEpoch(version int, build func() (operator.Operator, error)) error
+	SetFloor(floor uint64)
+	Versions() []int
 }
 
 // reportedMarkers is how many epochs above its level a task reports
@@ -140,44 +156,8 @@ func (t *task) pollReconfig() error {
 func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	r := &t.rc
 	source := t.node.Kind == queryspec.KindSource
-	if !r.on {
-		base, names := t.op, t.node.Members
-		switch t.node.Kind {
-		case queryspec.KindSource:
-			base, names = t.srcChain, t.node.Members[1:]
-		case queryspec.KindSink:
-			base, names = nil, nil
-		}
-		r.members = operator.ChainMembers(base)
-		if len(r.members) != len(names) {
-			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
-		}
-		r.names = names
-		r.vers = make([]*operator.Versioned, len(r.members))
-		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
-		for i, op := range r.members {
-			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
-				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
-				r.members[i] = r.vers[i]
-			}
-		}
-	}
-	for i, v := range r.vers {
-		if v == nil {
-			continue
-		}
-		for e := v.Latest() + 1; e <= rc.Latest(); e++ {
-			if err := v.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
-				return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
-			}
-		}
-	}
-	if len(r.members) > 0 {
-		if source {
-			t.srcChain = operator.Chain(r.members...)
-		} else {
-			t.op = operator.Chain(r.members...)
-		}
+	if err := t.loadVersions(rc); err != nil {
+		return err
 	}
 	known := len(r.cuts)
 	r.cuts = r.cuts[:0]
@@ -212,6 +192,103 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	r.reported.Store(true)
 	t.r.noteProgress()
 	return nil
+}
+
+// loadVersions builds the versions of every epoch of rc the task does not
+// run yet, beside the ones it runs (producer only, or before the task
+// starts: a task started from a snapshot loads them before restoring it,
+// since the snapshot holds the state of the versions its original ran).
+func (t *task) loadVersions(rc *fsm.QueryReconfig) error {
+	r := &t.rc
+	source := t.node.Kind == queryspec.KindSource
+	if !r.loaded {
+		base, names := t.op, t.node.Members
+		switch t.node.Kind {
+		case queryspec.KindSource:
+			base, names = t.srcChain, t.node.Members[1:]
+		case queryspec.KindSink:
+			base, names = nil, nil
+		}
+		r.members = operator.ChainMembers(base)
+		if len(r.members) != len(names) {
+			return fmt.Errorf("task %s: %d operators for members %v", t.spec.TaskID, len(r.members), names)
+		}
+		r.names, r.loaded = names, true
+		r.vers = make([]versionSet, len(r.members))
+		r.plans = map[uint64]*queryspec.Plan{0: t.plan}
+		for i, op := range r.members {
+			if def := t.memberDef(t.plan, i); def != nil && operator.Stateless(def.Type) {
+				r.vers[i] = operator.NewVersioned(names[i], op, 1, 0)
+				r.members[i] = r.vers[i]
+			}
+		}
+	}
+	for i := range r.vers {
+		if r.vers[i] != nil {
+			continue
+		}
+		v, err := t.wrapStateful(rc, r.members[i], r.names[i], i)
+		if err != nil {
+			return err
+		}
+		if v != nil {
+			v.SetFloor(r.level)
+			r.vers[i], r.members[i] = v, v
+		}
+	}
+	for i, v := range r.vers {
+		if v == nil {
+			continue
+		}
+		for e := v.Latest() + 1; e <= rc.Latest(); e++ {
+			if err := v.AddEpoch(rc.VersionOf(r.names[i], e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+				return fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			}
+		}
+	}
+	if len(r.members) > 0 {
+		if source {
+			t.srcChain = operator.Chain(r.members...)
+		} else {
+			t.op = operator.Chain(r.members...)
+		}
+	}
+	return nil
+}
+
+// wrapStateful returns the task's i-th operator op, a stateful one, run
+// as versions over its state when a plan of rc changes it (an
+// aggregate; the validation refuses other stateful changes), or nil.
+// Until a plan changes it, it is not versioned at all: what works without
+// such a change is untouched. The state is kept in place; the epochs up
+// to rc's latest are added.
+func (t *task) wrapStateful(rc *fsm.QueryReconfig, op operator.Operator, name string, i int) (versionSet, error) {
+	def := t.memberDef(t.plan, i)
+	if def == nil || def.Type != "aggregate" || !changedBy(rc, name) {
+		return nil, nil
+	}
+	va, err := operator.NewVersionedAggregate(name, op, 1, 0)
+	if err != nil {
+		return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+	}
+	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
+		if err := va.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+	}
+	return va, nil
+}
+
+// changedBy reports whether a plan of rc changes operator op.
+func changedBy(rc *fsm.QueryReconfig, op string) bool {
+	for _, p := range rc.Plans {
+		for _, c := range p.Changes {
+			if c.Operator == op {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // memberDef is the definition of the task's i-th operator in plan.

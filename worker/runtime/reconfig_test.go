@@ -62,6 +62,14 @@ type reconfigRun struct {
 // on worker p, b and the sink on worker 2, which dials through faults.
 func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 	t.Helper()
+	return startReconfigRunReplicas(t, yaml, tracking, 1)
+}
+
+// startReconfigRunReplicas is startReconfigRun with replicas of every
+// task: replica 1 of a source partition on the other source worker, of
+// the other tasks on worker 1.
+func startReconfigRunReplicas(t *testing.T, yaml, tracking string, replicas int) *reconfigRun {
+	t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -82,18 +90,20 @@ func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 	at := map[string]*worker{}
 	for _, node := range plan.Nodes {
 		for p := range node.Partitions {
-			w := c.workers[2]
-			if node.Kind == queryspec.KindSource {
-				w = c.workers[p]
+			for rep := range replicas {
+				w := c.workers[2-rep]
+				if node.Kind == queryspec.KindSource {
+					w = c.workers[(p+rep)%2]
+				}
+				id := queryspec.TaskID(q.Name, node.Name, p, rep)
+				placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, Replica: rep, WorkerAddr: w.addr})
+				at[id] = w
 			}
-			id := queryspec.TaskID(q.Name, node.Name, p, 0)
-			placements = append(placements, Placement{TaskID: id, Fragment: node.Name, Partition: p, WorkerAddr: w.addr})
-			at[id] = w
 		}
 	}
 	for _, pl := range placements {
 		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
-			Fragment: pl.Fragment, Partition: pl.Partition, QueryIndex: 1, Spec: q, Placements: placements})
+			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
 	r := &reconfigRun{t: t, c: c, yaml: yaml, faults: faults, rc: fsm.QueryReconfig{Tracking: tracking}, plan: plan, tasks: len(placements),
 		version: func(v int) string { return versionYAML(yaml, v) }, changed: []string{"a", "b"}}
@@ -103,8 +113,14 @@ func startReconfigRun(t *testing.T, yaml, tracking string) *reconfigRun {
 
 // tail reads the sink's result stream to its end in the background.
 func (r *reconfigRun) tail() (done <-chan struct{}) {
+	return r.tailOf("rc/out/p0/r0", &r.out)
+}
+
+// tailOf reads the result stream of sink task id into *dst (under r.mu)
+// to its end in the background.
+func (r *reconfigRun) tailOf(id string, dst *[]tuple.Tuple) (done <-chan struct{}) {
 	ch := make(chan struct{})
-	conn, err := r.c.pool.Conn(r.c.workers[2].addr)
+	conn, err := r.c.pool.Conn(r.c.addrOf(id))
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -112,15 +128,15 @@ func (r *reconfigRun) tail() (done <-chan struct{}) {
 		defer close(ch)
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: "rc/out/p0/r0"}, "", true, 0)
+		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: id}, "", true, 0)
 		for ctx.Err() == nil {
 			err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
 				r.mu.Lock()
 				defer r.mu.Unlock()
 				for _, tp := range b.Tuples {
 					tp.Values = slices.Clone(tp.Values)
-					r.out = append(r.out, tp)
-					if tp.Type.IsData() {
+					*dst = append(*dst, tp)
+					if tp.Type.IsData() && dst == &r.out {
 						r.n++
 					}
 				}
@@ -535,4 +551,223 @@ func TestReconfigTaskMovedDuringUpgrade(t *testing.T) {
 	if paths["v1"] == 0 || paths["v2"] == 0 {
 		t.Fatalf("paths %v", paths)
 	}
+}
+
+// statefulYAML: a windowed aggregate per group g, followed by b in its
+// task. Version 2 (statefulV2) changes the aggregate's shape: it renames
+// and reorders its functions and adds max(n); b then reports it as extra
+// (-1 in version 1).
+const statefulYAML = `name: rc
+sources:
+  - {name: lines, parallelism: 2, generator: {kind: words, rate: 2000, seed: 5, limit: %d}}
+operators:
+  - {name: a, type: map, input: lines, parallelism: 2, fields: {n: "len(line)", g: "len(line) %% 3"}}
+  - {name: per_window, type: aggregate, input: a, window: {size: 200ms}, group_by: [g], aggregates: {cnt: "count()", total: "sum(n)"}}
+  - {name: b, type: map, input: per_window, fields: {g: g, cnt: cnt, total: total, extra: "0 - 1", window_end: window_end}}
+sinks:
+  - {name: out, input: b}
+`
+
+func statefulV2(yaml string) string {
+	s := strings.Replace(yaml, `aggregates: {cnt: "count()", total: "sum(n)"}`, `aggregates: {sum_n: "sum(n)", cnt: "count()", longest: "max(n)"}`, 1)
+	return strings.Replace(s, `total: total, extra: "0 - 1"`, `total: sum_n, extra: longest`, 1)
+}
+
+// TestReconfigStatefulAggregateMigrated upgrades a windowed aggregate
+// itself while tuples flow, mid-window, with b after it depending on its
+// new function: the functions both versions have stay exact over every
+// window (as if one version had run throughout), the new one follows the
+// documented migration rule (it covers the tuples tagged with the new
+// epoch; 0 when none of the group's), each window's rows come from one
+// version and carry its tag (b of the same version), and no row is lost
+// or duplicated. The reference is computed from the generators and the
+// plan's cut alone. Every task has two replicas, which load the plan at
+// different moments: their outputs are identical, tags included.
+func TestReconfigStatefulAggregateMigrated(t *testing.T) {
+	const limit = 3000
+	yaml := fmt.Sprintf(statefulYAML, limit)
+	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
+	r.version = func(v int) string { return statefulV2(yaml) }
+	r.changed = []string{"per_window", "b"}
+	var replica1 []tuple.Tuple
+	done1 := r.tailOf("rc/out/p0/r1", &replica1)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	r.commit(2)
+	if v := r.versionsOf("rc/per_window/p0/r0", 0); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("the aggregate runs versions %v while the plan loads, want [1 2]", v)
+	}
+	r.switchAll(50 * time.Millisecond)
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/per_window/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("the aggregate runs versions %v after the markers, want [2]", v)
+	}
+	r.complete()
+	<-done
+	<-done1
+	r.checkStateful(limit, replica1)
+}
+
+// checkStateful checks the rows of a statefulYAML run upgraded by one
+// plan against the reference from the generators and the plan's cut
+// (see TestReconfigStatefulAggregateMigrated), and, with replica1, that
+// the second sink replica's rows are the same.
+func (r *reconfigRun) checkStateful(limit int64, replica1 []tuple.Tuple) {
+	t := r.t
+	t.Helper()
+	cut := r.rc.Plans[0].Cut
+
+	type key struct{ end, g int64 }
+	type ref struct {
+		cnt, total, maxNew int64
+		anyNew, anyOld     bool
+	}
+	want := map[key]*ref{}
+	windowNew := map[int64]bool{}
+	const size = int64(200 * time.Millisecond)
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: limit, Rate: 2000}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			n := int64(len(tp.Values[0].S))
+			k := key{(tp.STime/size + 1) * size, n % 3}
+			w := want[k]
+			if w == nil {
+				w = &ref{}
+				want[k] = w
+			}
+			w.cnt++
+			w.total += n
+			if tp.STime >= cut {
+				w.anyNew, w.maxNew = true, max(w.maxNew, n)
+				windowNew[k.end] = true
+			} else {
+				w.anyOld = true
+			}
+		}
+	}
+	straddled := 0
+	for _, w := range want {
+		if w.anyNew && w.anyOld {
+			straddled++
+		}
+	}
+	if straddled == 0 {
+		t.Fatalf("no group of a window holds tuples from both sides of the cut %d: not upgraded mid-window", cut)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := map[key]bool{}
+	tags := map[uint64]int{}
+	for _, tp := range r.out {
+		if !tp.Type.IsData() {
+			continue
+		}
+		g, cnt, total, extra, end := tp.Values[0].I, tp.Values[1].I, tp.Values[2].I, tp.Values[3].I, tp.Values[4].I
+		k := key{end, g}
+		w := want[k]
+		if w == nil || got[k] {
+			t.Fatalf("row %+v: not in the reference, or emitted twice", k)
+		}
+		got[k] = true
+		tag := tp.Version
+		if r.rc.Tracking == fsm.TrackingDynamic {
+			// Tags cleared where nothing downstream depends on them: the
+			// version is b's, read from extra (-1 only in version 1).
+			if tag != 0 {
+				t.Fatalf("row %+v left the aggregate's task tagged %d under dynamic tracking", k, tag)
+			}
+			if extra != -1 {
+				tag = 1
+			}
+		}
+		tags[tag]++
+		if cnt != w.cnt || total != w.total {
+			t.Fatalf("row %+v (tag %d): cnt %d total %d, want %d %d (one version throughout)", k, tag, cnt, total, w.cnt, w.total)
+		}
+		switch tag {
+		case 0:
+			if extra != -1 || windowNew[end] {
+				t.Fatalf("row %+v: tag 0 with extra %d, window holds new-epoch tuples %v", k, extra, windowNew[end])
+			}
+		case 1:
+			if extra != w.maxNew {
+				t.Fatalf("row %+v: longest %d, want %d (max over the new epoch's tuples)", k, extra, w.maxNew)
+			}
+		default:
+			t.Fatalf("row %+v: tag %d", k, tag)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d rows, want %d: lost rows", len(got), len(want))
+	}
+	if tags[0] == 0 || tags[1] == 0 {
+		t.Fatalf("rows by tag %v: the upgrade did not happen mid-stream", tags)
+	}
+	if replica1 == nil {
+		return
+	}
+	data := func(ts []tuple.Tuple) []tuple.Tuple {
+		return slices.DeleteFunc(slices.Clone(ts), func(tp tuple.Tuple) bool { return !tp.Type.IsData() })
+	}
+	r0, r1 := data(r.out), data(replica1)
+	if len(r0) != len(r1) {
+		t.Fatalf("replica 0 produced %d rows, replica 1 %d", len(r0), len(r1))
+	}
+	for i := range r0 {
+		a, b := r0[i], r1[i]
+		if a.ID != b.ID || a.STime != b.STime || a.Version != b.Version || !slices.Equal(a.Values, b.Values) {
+			t.Fatalf("row %d differs between replicas: %+v and %+v", i, a, b)
+		}
+	}
+}
+
+// TestReconfigStatefulAggregateMovedDuringUpgrade moves the upgraded
+// aggregate's task (a live move: the new copy starts from the old one's
+// snapshot, shared state, added column and window epochs included) after
+// the sources passed the cut: its rows still match the reference.
+func TestReconfigStatefulAggregateMovedDuringUpgrade(t *testing.T) {
+	const limit = 3000
+	yaml := fmt.Sprintf(statefulYAML, limit)
+	r := startReconfigRun(t, yaml, fsm.TrackingStatic)
+	r.version = func(v int) string { return statefulV2(yaml) }
+	r.changed = []string{"per_window", "b"}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	r.commit(2)
+	r.switchAll(50 * time.Millisecond)
+	waitUntil(t, "both sources past the cut", func() bool {
+		st := r.states()
+		return st["rc/lines/p0/r0"].ReconfigLevel == 1 && st["rc/lines/p1/r0"].ReconfigLevel == 1
+	})
+	r.c.liveMove(t, "rc/per_window/p0/r0", r.c.workers[2], r.c.workers[0])
+	if v := r.versionsOf("rc/per_window/p0/r0", 0); len(v) == 0 || v[len(v)-1] != 2 {
+		t.Fatalf("the moved copy of the aggregate runs versions %v", v)
+	}
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	r.checkStateful(limit, nil)
+}
+
+// TestReconfigStatefulAggregateDynamicTracking: the aggregate upgrade
+// under dynamic tracking (tags kept up to the aggregate, which depends on
+// them, cleared after it) follows the same rules.
+func TestReconfigStatefulAggregateDynamicTracking(t *testing.T) {
+	const limit = 3000
+	yaml := fmt.Sprintf(statefulYAML, limit)
+	r := startReconfigRun(t, yaml, fsm.TrackingDynamic)
+	r.version = func(v int) string { return statefulV2(yaml) }
+	r.changed = []string{"per_window", "b"}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	r.commit(2)
+	r.switchAll(50 * time.Millisecond)
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	r.checkStateful(limit, nil)
 }

@@ -314,6 +314,14 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		t.buildInputs()
 		t.proc = make(chan struct{}, 1)
 		if spec.FromSnapshot != nil {
+			if rc := spec.Reconfig; rc != nil {
+				// The snapshot holds the state of the versions its
+				// original ran (an aggregate a plan changed: their shared
+				// state).
+				if err := t.loadVersions(rc); err != nil {
+					return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
+				}
+			}
 			if err := t.restoreFrom(spec.FromSnapshot); err != nil {
 				return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 			}
