@@ -132,7 +132,7 @@ type engine struct {
 
 // newEngine starts a runtime and its DataPlane server on a free loopback
 // port. Without batching, every task-to-task message carries one tuple.
-func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials, speedup int) (*engine, error) {
+func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *tlsutil.Credentials, speedup int, boundary time.Duration) (*engine, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("bench worker: listen: %w", err)
@@ -156,7 +156,7 @@ func newEngine(logger *slog.Logger, pool *dataplane.Pool, batching bool, creds *
 	// larger byte bound for records this small.
 	opts := runtime.Options{
 		Logger: logger, Pool: pool, RetryMin: benchRetryMin, RetryMax: benchRetryMax,
-		SinkBufferTuples: sinkRingTuples, SourceSpeedup: speedup,
+		SinkBufferTuples: sinkRingTuples, SourceSpeedup: speedup, BoundaryInterval: boundary,
 		Buffer: dataplane.BufferOptions{MaxBytes: sinkRingBytes, MaxTuples: dataplane.DefaultMaxTuples},
 	}
 	if !batching {
@@ -197,6 +197,9 @@ type benchWorker struct {
 	// tlsServer and tlsClient wrap the raw TCP baselines' connections
 	// when the bench runs with TLS (nil: plaintext).
 	tlsServer, tlsClient *tls.Config
+	// faults cuts the engines' outgoing data-plane links (hello with
+	// Faults; nil: no fault injection hook).
+	faults *dataplane.Faults
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
@@ -207,8 +210,9 @@ func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
 	}, nil
 }
 
-// hello starts the engines, with mutual TLS when m is not nil.
-func (w *benchWorker) hello(m *tlsMaterial, speedup int) error {
+// hello starts the engines, with mutual TLS when req.TLS is not nil.
+func (w *benchWorker) hello(req request) error {
+	m, speedup := req.TLS, req.SourceSpeedup
 	if w.batched != nil {
 		return errors.New("hello: the engines are already started")
 	}
@@ -227,12 +231,17 @@ func (w *benchWorker) hello(m *tlsMaterial, speedup int) error {
 		dial = append(dial, dataplane.TLSDialOptions()...)
 		w.tlsServer, w.tlsClient = creds.ServerConfig(peer, false), creds.ClientConfig(peer)
 	}
+	if req.Faults {
+		w.faults = dataplane.NewFaults()
+		dial = append(dial, w.faults.DialOption())
+	}
 	w.pool = dataplane.NewPool(dial...)
+	boundary := time.Duration(req.BoundaryMs) * time.Millisecond
 	var err error
-	if w.batched, err = newEngine(w.log, w.pool, true, creds, speedup); err != nil {
+	if w.batched, err = newEngine(w.log, w.pool, true, creds, speedup, boundary); err != nil {
 		return err
 	}
-	if w.unbatched, err = newEngine(w.log, w.pool, false, creds, speedup); err != nil {
+	if w.unbatched, err = newEngine(w.log, w.pool, false, creds, speedup, boundary); err != nil {
 		return err
 	}
 	w.active = w.batched
@@ -261,7 +270,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	}
 	switch req.Op {
 	case opHello:
-		if err := w.hello(req.TLS, req.SourceSpeedup); err != nil {
+		if err := w.hello(req); err != nil {
 			return response{}, err
 		}
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
@@ -312,6 +321,19 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		return w.listenJob("wc", func(ctx context.Context, lis net.Listener) (response, error) {
 			return receiveWordCount(ctx, lis, req.Partitions)
 		})
+	case opEventsStart:
+		spec, ok := w.specs[req.Task]
+		if !ok {
+			return response{}, fmt.Errorf("events: no task %q was applied here", req.Task)
+		}
+		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
+			return w.events(ctx, w.active, spec)
+		})
+	case opFaults:
+		if w.faults == nil {
+			return response{}, errors.New("faults: the worker was started without fault injection (hello faults)")
+		}
+		return response{}, w.faults.Set(req.Spec)
 	case opTailWait:
 		return w.waitJob(ctx, "tail")
 	case opTCPWait:
