@@ -115,8 +115,7 @@ type DCAARow struct {
 	StableMatchesReference bool   `json:"stable_matches_reference"`
 	Mismatch               string `json:"mismatch,omitempty"`
 	StableResults          int    `json:"stable_results"`
-	// PeerMatchesReference: the same for the sink replica whose inputs
-	// were never cut.
+	// PeerMatchesReference: the same for the other sink replica.
 	PeerMatchesReference bool `json:"peer_matches_reference"`
 }
 
@@ -150,6 +149,13 @@ type DCAAResult struct {
 	K2RecordsPerCPUSec  float64 `json:"k2_records_per_cpu_s"`
 	K1RecordsPerSec     float64 `json:"k1_records_per_s"`
 	K2RecordsPerSec     float64 `json:"k2_records_per_s"`
+	// SaturationTentative counts the tentative results and UNDOs the
+	// sinks of the k = 2 saturation runs emitted: with sources as fast as
+	// they can, one partition running ahead of another by more than a
+	// task's share of X looks like a failed input, and the corrections
+	// that follow are part of what replication costs there.
+	SaturationTentative int `json:"saturation_tentative"`
+	SaturationUndos     int `json:"saturation_undos"`
 	// SwitchMs is the longest interval without output (results or
 	// boundaries) at a sink replica whose upstream replica was killed
 	// (SIGKILL: its connections reset, so the failure is detected at
@@ -198,25 +204,26 @@ type dcaaBench struct {
 //   - A failure-free reference run with one replica (no DCAA), sped up,
 //     gives the reference results and Rate.
 //   - For each strategy and each D: a fresh run of the query with
-//     replicas 2; after Warmup the measured worker's links to both
-//     replicas of source partition 0 are held (bytes stop, nothing
-//     fails: a silent partition) for D, then healed. The measured
-//     replica's aggregate keeps live input from the two other source
-//     partitions, so it has data to release: within X (DCAA) or at once
-//     (immediate) it releases tentative results, corrected after the
-//     heal.
+//     replicas 2; after Warmup the links from both replicas' workers to
+//     both replicas of source partition 0 are held (bytes stop, nothing
+//     fails: a silent partition) for D, then healed, so no replica of
+//     any task can reach that upstream. The aggregates keep live input
+//     from the two other source partitions, so they have data to
+//     release: within X (DCAA) or at once (immediate) they release
+//     tentative results, corrected after the heal. Sink replica 0 is
+//     measured.
 //   - The largest added latency of a row is the maximum, over the
-//     reference's result stream times s, of answer_measured(s) −
-//     answer_peer(s), where answer_r(s) is the wall time at which sink
-//     replica r first emitted any result, tentative or stable, with
+//     reference's result stream times s, of lag(s) − normal, where
+//     lag(s) = answer(s) − s, answer(s) is the wall time at which the
+//     measured sink first emitted any result, tentative or stable, with
 //     stream time ≥ s (results come in stream time order, so this is
-//     when the answer for s or a later one was first shown), and the
-//     peer is the sink replica of the same run whose inputs were never
-//     cut. So it is the delay the failure added to the first answer for
-//     each moment of the input, whether that answer was tentative or
-//     final; a result the failure made impossible (its input was cut)
-//     is not waited for, as DCAA promises an answer within X for what
-//     is available, and its correction is checked by the stable view.
+//     when the answer for s or a later one was first shown), and normal
+//     is the median lag before the failure in the same run (see
+//     maxAddedLatency). So it is the delay the failure added to the
+//     first answer for each moment of the input, tentative or final; a
+//     result the failure made impossible (its input was cut) is not
+//     waited for, as DCAA promises an answer within X for what is
+//     available, and its correction is checked by the stable view.
 //   - switch_ms: a run in which the process of one replica of source
 //     partition 0 is killed (see DCAAResult.SwitchMs).
 //   - Replication overhead: k = 1 and k = 2 (DCAA with X) at saturation.
@@ -294,7 +301,7 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 			return nil, err
 		}
 		b.w[i] = newWorkerClient(name, p)
-		resp, err := b.w[i].call(ctx, request{Op: opHello, Faults: i == measured, BoundaryMs: int(cfg.Boundary / time.Millisecond)})
+		resp, err := b.w[i].call(ctx, request{Op: opHello, Faults: i == measured || i == peer, BoundaryMs: int(cfg.Boundary / time.Millisecond)})
 		if err != nil {
 			b.stop()
 			return nil, err
@@ -527,14 +534,14 @@ func (b *dcaaBench) failureRun(ctx context.Context, strategy string, dOverX floa
 		return row, err
 	}
 	cut := fmt.Sprintf("cut %s hold\ncut %s hold\n", b.w[srcR0].addr, b.w[srcR1].addr)
-	if _, err := b.w[measured].call(ctx, request{Op: opFaults, Spec: cut}); err != nil {
+	if err := b.faults(ctx, cut); err != nil {
 		return row, err
 	}
 	cutAt := time.Now()
 	if err := sleepCtx(ctx, d-time.Since(cutAt)); err != nil {
 		return row, err
 	}
-	if _, err := b.w[measured].call(ctx, request{Op: opFaults, Spec: ""}); err != nil {
+	if err := b.faults(ctx, ""); err != nil {
 		return row, err
 	}
 	row.DMs = ms(time.Since(cutAt))
@@ -555,8 +562,19 @@ func (b *dcaaBench) failureRun(ctx context.Context, strategy string, dOverX floa
 	if p, err := stableRows(evs[1]); err == nil {
 		row.PeerMatchesReference = compareStable(p.rows, ref) == ""
 	}
-	row.MaxAddedLatencyMs = ms(maxAddedLatency(evs[0], evs[1], ref))
+	row.MaxAddedLatencyMs = ms(maxAddedLatency(evs[0], ref, cutAt))
 	return row, nil
+}
+
+// faults sets the cut links of both replicas' workers (measured and
+// peer) to spec.
+func (b *dcaaBench) faults(ctx context.Context, spec string) error {
+	for _, w := range []int{measured, peer} {
+		if _, err := b.w[w].call(ctx, request{Op: opFaults, Spec: spec}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // switchRun kills the process of replica 0 of source partition 0, which
@@ -605,13 +623,15 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	var cpu, wall [3][]float64 // by k
 	for round := 1; round <= b.cfg.SaturationRounds; round++ {
 		for _, k := range []int{1, 2} {
-			perCPU, perSec, err := b.saturation(ctx, k, n)
+			perCPU, perSec, tent, undos, err := b.saturation(ctx, k, n)
 			if err != nil {
 				return err
 			}
+			res.SaturationTentative += tent
+			res.SaturationUndos += undos
 			cpu[k], wall[k] = append(cpu[k], perCPU), append(wall[k], perSec)
 			b.cfg.Progress.Step(fmt.Sprintf("saturation k=%d", k), round, b.cfg.SaturationRounds,
-				fmt.Sprintf("%s per CPU-second per replica, %s", benchreport.Rate(perCPU, "records"), benchreport.Rate(perSec, "records")))
+				fmt.Sprintf("%s per CPU-second per replica, %s, %d tentative results, %d UNDO", benchreport.Rate(perCPU, "records"), benchreport.Rate(perSec, "records"), tent, undos))
 		}
 	}
 	round1 := func(v float64) float64 { return math.Round(v) }
@@ -623,11 +643,12 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 
 // saturation runs the query with k replicas on n records per source
 // partition, as fast as possible, and returns the records per CPU-second
-// of the worker processes per replica, and per second of wall time.
-func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, perSec float64, err error) {
+// of the worker processes per replica, per second of wall time, and the
+// tentative results and UNDOs its sinks emitted.
+func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, perSec float64, tentative, undos int, err error) {
 	q, err := dcaaQuery(b.nextName("dcaasat"), k, b.cfg.X.String(), 0, n)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	cpu := func() (int64, error) {
 		var sum int64
@@ -642,7 +663,7 @@ func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, per
 	}
 	before, err := cpu()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	start := time.Now()
 	tails := []int{0}
@@ -651,22 +672,30 @@ func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, per
 		tails, workers = []int{0, 1}, []int{measured, peer}
 	}
 	if err := b.apply(ctx, q, tails...); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	evs, err := b.wait(ctx, workers...)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	var end int64
 	for _, e := range evs {
 		if len(e) == 0 {
-			return 0, 0, fmt.Errorf("%w: saturation run with %d replicas: a sink produced nothing", ErrDCAABench, k)
+			return 0, 0, 0, 0, fmt.Errorf("%w: saturation run with %d replicas: a sink produced nothing", ErrDCAABench, k)
 		}
 		end = max(end, e[len(e)-1].Nanos)
+		for _, ev := range e {
+			switch ev.Type {
+			case tuple.Tentative:
+				tentative++
+			case tuple.Undo:
+				undos++
+			}
+		}
 	}
 	after, err := cpu()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, 0, err
 	}
 	records := float64(n * dcaaMonitors)
 	if used := time.Duration(after - before); used > 0 {
@@ -675,7 +704,7 @@ func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, per
 	if d := time.Duration(end - start.UnixNano()); d > 0 {
 		perSec = records / d.Seconds()
 	}
-	return perCPU, perSec, nil
+	return perCPU, perSec, tentative, undos, nil
 }
 
 func (b *dcaaBench) stop() {
@@ -730,11 +759,15 @@ func compareStable(got, want []string) string {
 }
 
 // maxAddedLatency is the largest added latency of a run (see RunDCAA):
-// over the reference's result stream times s, the largest
-// answer(measured, s) − answer(peer, s). A stream time the peer never
-// answered is skipped; one the measured replica never answered counts
-// up to its last event.
-func maxAddedLatency(measuredEvs, peerEvs []streamEvent, ref []string) time.Duration {
+// over the reference's result stream times s, the largest lag(s) −
+// normal, where lag(s) = answer(s) − s is how long after its stream time
+// the measured sink first answered s, and normal is the median lag of
+// the stream times answered before the failure began (at cut). Stream
+// times are the generators' (record n at n/rate seconds), and the
+// sources run at their rate from their start, so the lag is the start
+// offset plus the pipeline's latency, steady without failures. A stream
+// time never answered counts until the sink's last event.
+func maxAddedLatency(evs []streamEvent, ref []string, cut time.Time) time.Duration {
 	var stimes []int64
 	for _, r := range ref {
 		s, _, _ := strings.Cut(r, "|")
@@ -745,17 +778,28 @@ func maxAddedLatency(measuredEvs, peerEvs []streamEvent, ref []string) time.Dura
 	}
 	sort.Slice(stimes, func(i, j int) bool { return stimes[i] < stimes[j] })
 	stimes = slices.Compact(stimes)
-	am, ap := answers(measuredEvs, stimes), answers(peerEvs, stimes)
+	if len(evs) == 0 || len(stimes) == 0 {
+		return 0
+	}
+	at := answers(evs, stimes)
+	var before []int64
+	for i, s := range stimes {
+		if at[i] != 0 && at[i] < cut.UnixNano() {
+			before = append(before, at[i]-s)
+		}
+	}
+	if len(before) == 0 {
+		return 0
+	}
+	slices.Sort(before)
+	normal := before[len(before)/2]
 	var worst time.Duration
-	for i := range stimes {
-		if ap[i] == 0 {
-			continue
+	for i, s := range stimes {
+		a := at[i]
+		if a == 0 {
+			a = evs[len(evs)-1].Nanos
 		}
-		at := am[i]
-		if at == 0 && len(measuredEvs) > 0 {
-			at = measuredEvs[len(measuredEvs)-1].Nanos
-		}
-		worst = max(worst, time.Duration(at-ap[i]))
+		worst = max(worst, time.Duration(a-s-normal))
 	}
 	return worst
 }
