@@ -29,6 +29,7 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/dcaa"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -247,7 +248,7 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 			if tup.ID != 0 && tup.ID <= tl.lastID {
 				continue
 			}
-			if tl.stable && tup.Type != tuple.Stable {
+			if tl.stable && !dcaa.InStableView(tup.Type) {
 				continue
 			}
 			if err := tl.print(&tup, schema, sink); err != nil {
