@@ -766,7 +766,9 @@ func compareStable(got, want []string) string {
 // times are the generators' (record n at n/rate seconds), and the
 // sources run at their rate from their start, so the lag is the start
 // offset plus the pipeline's latency, steady without failures. A stream
-// time never answered counts until the sink's last event.
+// time never answered counts until the sink's last event; without any
+// answer before the failure, the smallest lag of the run is the normal
+// one.
 func maxAddedLatency(evs []streamEvent, ref []string, cut time.Time) time.Duration {
 	var stimes []int64
 	for _, r := range ref {
@@ -782,17 +784,27 @@ func maxAddedLatency(evs []streamEvent, ref []string, cut time.Time) time.Durati
 		return 0
 	}
 	at := answers(evs, stimes)
-	var before []int64
+	var before, all []int64
 	for i, s := range stimes {
-		if at[i] != 0 && at[i] < cut.UnixNano() {
+		if at[i] == 0 {
+			continue
+		}
+		all = append(all, at[i]-s)
+		if at[i] < cut.UnixNano() {
 			before = append(before, at[i]-s)
 		}
 	}
-	if len(before) == 0 {
-		return 0
+	if len(all) == 0 {
+		return time.Duration(evs[len(evs)-1].Nanos - evs[0].Nanos)
 	}
-	slices.Sort(before)
-	normal := before[len(before)/2]
+	// Without answers before the failure (the output was stalled from
+	// the start), the smallest lag of the run stands for the normal one:
+	// that can only make the added latency larger.
+	normal := slices.Min(all)
+	if len(before) > 0 {
+		slices.Sort(before)
+		normal = before[len(before)/2]
+	}
 	var worst time.Duration
 	for i, s := range stimes {
 		a := at[i]
