@@ -213,7 +213,11 @@ func newBenchDCAACmd() *cobra.Command {
 		dOverX   []float64
 		logLevel string
 		plotFile string
+		profiles string
 		quiet    bool
+		strats   []string
+		noSwitch bool
+		noOver   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "dcaa",
@@ -241,7 +245,7 @@ strategies into a PNG.`,
 			if x <= 0 {
 				return fmt.Errorf("--x %s: want a positive duration such as 500ms", x)
 			}
-			launch, err := benchmark.DefaultLauncher()
+			launch, err := benchmark.ProfilingLauncher(profiles)
 			if err != nil {
 				return err
 			}
@@ -250,7 +254,8 @@ strategies into a PNG.`,
 				progress = benchreport.NewProgress(cmd.ErrOrStderr(), "bench dcaa")
 			}
 			res, err := benchmark.RunDCAA(cmd.Context(), benchmark.DCAAConfig{
-				X: x, DOverX: dOverX, Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
+				X: x, DOverX: dOverX, Strategies: strats, SkipSwitch: noSwitch, SkipOverhead: noOver,
+				Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
 			})
 			if err != nil {
 				return err
@@ -272,6 +277,10 @@ strategies into a PNG.`,
 	cmd.Flags().Float64SliceVar(&dOverX, "d-over-x", benchmark.DefaultDCAADOverX, "failure durations, as multiples of X")
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "log level of the benchmark and its workers (debug, info, warn, error)")
 	cmd.Flags().StringVar(&plotFile, "plot", "", "write a PNG of tentative results against D/X for both strategies to this file")
+	cmd.Flags().StringSliceVar(&strats, "strategies", nil, "strategies to run (dcaa, immediate; default both)")
+	cmd.Flags().BoolVar(&noSwitch, "no-switch", false, "leave out the kill run (switch_ms)")
+	cmd.Flags().BoolVar(&noOver, "no-overhead", false, "leave out the saturation runs (replication_overhead)")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-dcaa-worker-N.cpu")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")
 	return cmd
 }

@@ -50,9 +50,10 @@ func (r *DCAAResult) WriteText(w io.Writer) error {
 		benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"),
 		benchreport.Rate(r.K1RecordsPerSec, "records"), benchreport.Rate(r.K2RecordsPerSec, "records"), r.SaturationTentative, r.SaturationUndos)
 	fmt.Fprintf(tw, "switch %.0f ms (normal rhythm %.0f ms, %d tentative after the kill)\n\n", r.SwitchMs, r.NormalGapMs, r.SwitchTentative)
-	fmt.Fprintln(tw, "strategy\tD/X\tD ms\ttentative\tbound\tUNDO\tmax added latency ms\tstable = reference")
+	fmt.Fprintln(tw, "strategy\tD/X\tD ms\ttentative\tafter heal\tbound\tUNDO\tcorrected ms\tmax added latency ms\tstable = reference")
 	for _, row := range r.Rows {
-		fmt.Fprintf(tw, "%s\t%g\t%.0f\t%d\t%.0f\t%d\t%.0f\t%t\n", row.Strategy, row.DOverX, row.DMs, row.Tentative, row.TentativeBound, row.Undos, row.MaxAddedLatencyMs, row.StableMatchesReference)
+		fmt.Fprintf(tw, "%s\t%g\t%.0f\t%d\t%d\t%.0f\t%d\t%.0f\t%.0f\t%t\n", row.Strategy, row.DOverX, row.DMs, row.Tentative, row.TentativeAfterHeal,
+			row.TentativeBound, row.Undos, row.CorrectedMs, row.MaxAddedLatencyMs, row.StableMatchesReference)
 	}
 	fmt.Fprintln(tw)
 	for _, f := range r.Floors {
