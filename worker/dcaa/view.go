@@ -44,6 +44,7 @@ type viewEntry struct {
 	pos    uint64
 	seq    int // the how-many-th Add (from 0)
 	stable bool
+	typ    tuple.Type
 }
 
 // Add reads the next tuple of the stream (t.ID its position). It
@@ -66,13 +67,13 @@ func (v *StableView) Add(t *tuple.Tuple) error {
 		}
 		for _, e := range v.kept[cut:] {
 			if e.stable {
-				return fmt.Errorf("%w: the UNDO at position %d goes back to %d, after stable position %d", ErrStableRetracted, t.ID, to, e.pos)
+				return fmt.Errorf("%w: the UNDO at position %d goes back to %d, after the %v at position %d", ErrStableRetracted, t.ID, to, e.typ, e.pos)
 			}
 		}
 		v.kept = v.kept[:cut]
 		return nil
 	}
-	v.kept = append(v.kept, viewEntry{pos: t.ID, seq: seq, stable: InStableView(t.Type)})
+	v.kept = append(v.kept, viewEntry{pos: t.ID, seq: seq, stable: InStableView(t.Type), typ: t.Type})
 	return nil
 }
 
