@@ -48,6 +48,9 @@ type dcaaRun struct {
 	nsOpen []bool
 	ended  []bool
 	done   bool
+	// recDoneSent: this replay's REC_DONE went out before the final
+	// boundary; the machine's RecDone action is done already.
+	recDoneSent bool
 	// replyTo holds, by peer, the channel of a permission request being
 	// answered (see Reconcile).
 	replyTo map[int]chan bool
@@ -290,7 +293,7 @@ func (d *dcaaRun) take(e dcaaEvent) dcaa.Event {
 // do carries out the machine's actions in order.
 func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	t := d.t
-	for _, a := range acts {
+	for i, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
 			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
@@ -301,7 +304,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 			}
 			d.checkpoint = snap
 		case dcaa.Release:
-			if err := d.release(ctx, a); err != nil {
+			if err := d.release(ctx, a, recDoneIn(acts[i+1:])); err != nil {
 				return err
 			}
 		case dcaa.Restore:
@@ -309,6 +312,11 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 				return err
 			}
 		case dcaa.RecDone:
+			if d.recDoneSent {
+				// Sent before the final boundary (see release).
+				d.recDoneSent = false
+				continue
+			}
 			if err := d.mark(ctx, tuple.RecDone); err != nil {
 				return err
 			}
@@ -344,9 +352,25 @@ func (d *dcaaRun) advertise() {
 	}
 }
 
+// recDoneIn reports whether acts hold a RecDone.
+func recDoneIn(acts []dcaa.Action) bool {
+	for _, a := range acts {
+		if _, ok := a.(dcaa.RecDone); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // release processes merge steps: the tuples through the operator, then
 // Advance, then (stable steps only) a boundary on every output.
-func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
+//
+// Nothing follows a stream's final boundary: consumers take a batch
+// ending with it for the end of the stream (sinks, DCAA inputs, tail).
+// So when a replay's corrections reach the final boundary and the
+// machine ends them (recDone: a RecDone follows this release), REC_DONE
+// goes out just before the final boundary instead of after it.
+func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) error {
 	t := d.t
 	d.emitType = tuple.Stable
 	if rel.Tentative {
@@ -388,6 +412,12 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 		if rel.Tentative {
 			d.tentWM = max(d.tentWM, st.Advance)
 			continue
+		}
+		if st.Advance == finalBoundary && recDone {
+			if err := d.mark(ctx, tuple.RecDone); err != nil {
+				return err
+			}
+			d.recDoneSent = true
 		}
 		if err := t.emitBoundary(ctx, st.Advance); err != nil {
 			return err

@@ -439,3 +439,33 @@ func finalOutputID(t *testing.T, tk *task) uint64 {
 	waitUntil(t, tk.spec.TaskID+" exhausting its input", func() bool { return tk.State().Message == "input exhausted" })
 	return tk.outs[0].buf.Stats().LastID
 }
+
+// max_delay 0 without any failure: the aggregate releases whatever is
+// there at once, tentatively whenever its inputs are not level, and
+// corrects itself right after. At the end of the input a correction
+// replays up to the final boundary; its REC_DONE used to follow the final
+// boundary, so consumers, which take a batch ending with the final
+// boundary for the end of the stream, never saw the end: the sinks never
+// finished and the tail below timed out. Now REC_DONE comes just before
+// the final boundary, the streams end, and the stable output equals the
+// other replica's.
+func TestDCAAImmediateStreamsEnd(t *testing.T) {
+	g := newAggRig(t, "0", 8000)
+	got := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0))
+	want := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1))
+	for _, ts := range [][]tuple.Tuple{got, want} {
+		for i, tp := range ts {
+			if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 && i != len(ts)-1 {
+				t.Fatalf("%v follows the final boundary", ts[i+1].Type)
+			}
+		}
+	}
+	g0, g1 := viewOf(got), viewOf(want)
+	t.Logf("replica 0: %d stable, %d tentative, %d UNDO; replica 1: %d stable, %d tentative, %d UNDO",
+		len(g0.stable), g0.tentative, g0.undos, len(g1.stable), g1.tentative, g1.undos)
+	sameStable(t, g0.stable, g1.stable, 20)
+	waitUntil(t, "both sinks done", func() bool {
+		return g.taskState(queryspec.TaskID(g.q.Name, "out", 0, 0)).Message == "input exhausted" &&
+			g.taskState(queryspec.TaskID(g.q.Name, "out", 0, 1)).Message == "input exhausted"
+	})
+}
