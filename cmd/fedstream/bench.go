@@ -230,8 +230,9 @@ host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
                they can: replication_overhead = 1 - throughput(k=2)/throughput(k=1),
                per CPU-second and per replica
   failures     for each strategy (dcaa: max_delay X; immediate: max_delay 0) and
-               each D in --d-over-x: a fresh run in which one replica's worker
-               loses both replicas of one source partition (links held) for D:
+               each D in --d-over-x: a fresh run in which the workers of both
+               replicas lose both replicas of one source partition (links held)
+               for D, then get them back:
                tentative results, the largest added latency of any answer, and
                whether the stable output (UNDOs applied) equals the reference
   switch       the worker of one source replica killed (SIGKILL): how long the
