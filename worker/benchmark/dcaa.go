@@ -106,9 +106,9 @@ type DCAARow struct {
 	Undos     int `json:"undos"`
 	RecDones  int `json:"rec_dones"`
 	// TentativeAfterHeal counts the tentative results that arrived after
-	// the links were healed (the replicas were still stabilizing), and
-	// CorrectedMs is from the heal to the last REC_DONE (the stable
-	// output complete again; 0 without corrections).
+	// the links were healed (the replicas were still stabilizing, or went
+	// tentative again), and CorrectedMs is from the heal to the first
+	// REC_DONE after it (the failure's corrections done; 0: none).
 	TentativeAfterHeal int     `json:"tentative_after_heal"`
 	CorrectedMs        float64 `json:"corrected_ms"`
 	// TentativeBound is the floor's bound 1.1 × rate × (D − 0.9X) for a
@@ -565,8 +565,8 @@ func (b *dcaaBench) failureRun(ctx context.Context, strategy string, dOverX floa
 		case ev.Nanos < healedAt.UnixNano():
 		case ev.Type == tuple.Tentative:
 			row.TentativeAfterHeal++
-		case ev.Type == tuple.RecDone:
-			row.CorrectedMs = ms(time.Duration(ev.Nanos - healedAt.UnixNano()))
+		case ev.Type == tuple.RecDone && row.CorrectedMs == 0:
+			row.CorrectedMs = max(ms(time.Duration(ev.Nanos-healedAt.UnixNano())), 0.01)
 		}
 	}
 	got, err := stableRows(evs[0])
