@@ -181,13 +181,14 @@ type DCAAResult struct {
 	ReferenceResults int `json:"reference_results"`
 }
 
-// dcaaWorkers: the bench's worker processes. Source partition 0's
-// replicas run on srcR0 and srcR1 alone, so that cutting the measured
-// worker's links to those two makes every replica of that upstream
-// unreachable for it (and killing srcR0 kills one replica only). The
-// other source partitions and the unaffected replica of every operator
-// and sink run on peer; the measured replica of every operator and the
-// sink on measured, the one with fault injection.
+// The bench's worker processes. Source partition 0's replicas run on
+// srcR0 and srcR1 alone, so that cutting a worker's links to those two
+// makes every replica of that upstream unreachable for it (and killing
+// srcR0 kills one replica only). The other source partitions and
+// replica 1 of every operator and of the sink run on peer; replica 0 of
+// every operator and of the sink (the measured one) on measured. Both
+// peer and measured have fault injection: a failure cuts both, so that no
+// replica can move to an upstream replica that still has the partition.
 const (
 	srcR0 = iota
 	srcR1
