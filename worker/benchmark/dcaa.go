@@ -164,8 +164,9 @@ type DCAAResult struct {
 	SaturationTentative int `json:"saturation_tentative"`
 	SaturationUndos     int `json:"saturation_undos"`
 	// SwitchMs is the longest interval without output (results or
-	// boundaries) at a sink replica whose upstream replica was killed
-	// (SIGKILL: its connections reset, so the failure is detected at
+	// boundaries) at sink replica 0 when the worker of the source replica
+	// its aggregate reads (replica 0 of source partition 0) is killed
+	// (SIGKILL: the connections reset, so the failure is detected at
 	// once), over the interval from the kill to a detection timeout plus
 	// X after it: the time from the failure until output resumed from
 	// the other upstream replica, bounded below by the output's own
