@@ -279,6 +279,12 @@ type inputState struct {
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
 
+// failed: the input is silent past the detection timeout (or its
+// subscription failed), the replica it reads advertises UP_FAILURE, or
+// its data is tentative. Only then may a bucket missing its data be
+// released without it.
+func (in *inputState) failed() bool { return in.silent || in.failedUp || in.tentData }
+
 // addStable keeps stable in (stime, arrival) order: a tuple out of stime
 // order (an input with allowed lateness) goes after the last one with
 // the same or a lower stime, so releases find their range by binary
@@ -655,7 +661,22 @@ func (m *Machine) progress(acts []Action) []Action {
 		acts = m.release(acts, s, false)
 	}
 	m.trimAvail()
-	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
+	// Only a failure releases tentatively. An input that is alive but
+	// behind (it delivers data or heartbeats, and its upstream is
+	// stable) is not failed: its buckets wait for it, however long, as
+	// ordinary processing latency, whatever the share (even 0). Once the
+	// operators hold tentative state everything goes tentative anyway,
+	// up to what the live inputs cover.
+	healthy := int64(math.MaxInt64) // what the inputs not failed cover
+	failing := false
+	for _, in := range m.inputs {
+		if in.failed() {
+			failing = true
+		} else {
+			healthy = min(healthy, in.coverage())
+		}
+	}
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (failing || m.tentative) {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {
@@ -664,15 +685,16 @@ func (m *Machine) progress(acts []Action) []Action {
 			}
 		}
 		if e > m.released || m.expired {
-			// Past the first expiry nothing waits: everything the live
-			// inputs cover goes too.
+			// Past the first expiry nothing waits for a failed input:
+			// everything the live inputs cover goes too. A live input
+			// that is not failed is still waited for.
 			alive := int64(math.MaxInt64)
 			for _, in := range m.inputs {
 				if !in.silent {
 					alive = min(alive, in.coverage())
 				}
 			}
-			p := min(max(e, alive), amax)
+			p := min(max(e, alive), amax, healthy)
 			if p > m.released {
 				if !m.tentative {
 					m.tentative, m.ckpt = true, m.released
