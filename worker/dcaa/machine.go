@@ -424,7 +424,11 @@ func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }
 // math.MaxInt64.
 func (m *Machine) NextDeadline() int64 {
 	next := int64(math.MaxInt64)
-	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
+	// A bucket's wait only runs out while an input is failed (or the
+	// operators are tentative already; see progress): a deadline for an
+	// input merely behind would be in the past and wake the caller in a
+	// loop for nothing.
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.tentative || m.failing()) {
 		for _, e := range m.avail {
 			if e.At > m.released {
 				next = min(next, e.Since+int64(m.cfg.Share))
@@ -621,6 +625,16 @@ func (m *Machine) timeouts(acts []Action) []Action {
 	return acts
 }
 
+// failing reports whether some input is failed.
+func (m *Machine) failing() bool {
+	for _, in := range m.inputs {
+		if in.failed() {
+			return true
+		}
+	}
+	return false
+}
+
 // dropPoint: stable data below it is no longer needed (released, and no
 // checkpoint to replay from).
 func (m *Machine) dropPoint() int64 {
@@ -668,15 +682,12 @@ func (m *Machine) progress(acts []Action) []Action {
 	// operators hold tentative state everything goes tentative anyway,
 	// up to what the live inputs cover.
 	healthy := int64(math.MaxInt64) // what the inputs not failed cover
-	failing := false
 	for _, in := range m.inputs {
-		if in.failed() {
-			failing = true
-		} else {
+		if !in.failed() {
 			healthy = min(healthy, in.coverage())
 		}
 	}
-	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (failing || m.tentative) {
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.failing() || m.tentative) {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {
