@@ -151,7 +151,9 @@ type Deliver struct {
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
-// (connection refused or reset, stream closed).
+// (connection refused or reset, stream closed): the machine moves the
+// input to another replica. The input counts as failed only once it has
+// heard nothing past the detection timeout.
 type SubscriptionFailed struct{ Input int }
 
 // UpstreamStates is what the coordinator reports of each replica of the
@@ -460,7 +462,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	case Deliver:
 		acts = m.deliver(ev, acts)
 	case SubscriptionFailed:
-		acts = m.inputFailed(ev.Input, acts)
+		acts = m.subscriptionFailed(ev.Input, acts)
 	case UpstreamStates:
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
@@ -546,6 +548,25 @@ func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 	return acts
 }
 
+// subscriptionFailed: the replica input i reads refused or dropped the
+// subscription (killed, not running yet, unreachable). That replica is
+// suspected and the input moves to another at once, but the input itself
+// is not failed: it fails only when it hears nothing past the detection
+// timeout, counted from its last delivery (not from the switch). So an
+// upstream replica killed while another serves costs nothing, and
+// neither does an upstream task that starts a little after this one.
+func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
+	in := m.inputs[i]
+	in.suspect[in.replica] = m.now
+	heard := in.heard
+	acts = m.switchTo(i, m.choose(i), acts)
+	in.heard = heard
+	return acts
+}
+
+// inputFailed: input i was silent past the detection timeout. It is
+// failed until it delivers again, and tries another replica (the next
+// try gets a full detection timeout).
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.silent = true
