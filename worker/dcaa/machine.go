@@ -75,6 +75,12 @@ type Config struct {
 	// Detect is the silence after which an input counts as failed
 	// (derived from the boundary interval by the caller). Required.
 	Detect time.Duration
+	// StartGrace is the silence after which an input that has heard
+	// nothing at all since Start counts as failed: the upstream tasks of
+	// a query start at different times (on a loaded machine hundreds of
+	// milliseconds apart), and an upstream that has not started yet is
+	// not an upstream that failed. Default 10 x Detect.
+	StartGrace time.Duration
 	// PermissionTimeout is how long a request for reconciliation waits
 	// for a peer's reply before that peer counts as granting (a peer
 	// that does not answer is presumed down). Default 4 x Detect.
@@ -125,6 +131,9 @@ func (c *Config) check() error {
 	}
 	if c.Retry <= 0 {
 		c.Retry = c.Detect
+	}
+	if c.StartGrace < c.Detect {
+		c.StartGrace = 10 * c.Detect
 	}
 	if c.Share == Strict {
 		c.StrictMode = true
@@ -262,6 +271,7 @@ type inputState struct {
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
 	heard    int64   // last delivery
+	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
 	failedUp bool    // the replica read advertises UP_FAILURE
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
@@ -439,7 +449,7 @@ func (m *Machine) NextDeadline() int64 {
 		}
 	}
 	for _, in := range m.inputs {
-		next = min(next, in.heard+int64(m.cfg.Detect)+1) // silent past Detect
+		next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
 	}
 	if m.asking {
 		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
@@ -488,7 +498,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
-	in.heard, in.silent = m.now, false
+	in.heard, in.silent, in.spoke = m.now, false, true
 	drop := m.dropPoint()
 	for k := range ev.Tuples {
 		t := ev.Tuples[k]
@@ -626,10 +636,19 @@ func (m *Machine) choose(i int) int {
 	return best
 }
 
+// silenceLimit is how long input in may stay silent before it fails:
+// Detect, or StartGrace while it has heard nothing since Start.
+func (m *Machine) silenceLimit(in *inputState) int64 {
+	if in.spoke {
+		return int64(m.cfg.Detect)
+	}
+	return int64(m.cfg.StartGrace)
+}
+
 // timeouts detects silent inputs and expired permissions.
 func (m *Machine) timeouts(acts []Action) []Action {
 	for i, in := range m.inputs {
-		if m.now-in.heard > int64(m.cfg.Detect) {
+		if m.now-in.heard > m.silenceLimit(in) {
 			acts = m.inputFailed(i, acts)
 		}
 	}
