@@ -44,3 +44,38 @@ func TestNoDeadlineForALaggingInput(t *testing.T) {
 		}
 	}
 }
+
+// Alive vouches for inputs the caller heard (their batches still queued
+// for the machine) without timing out the others first: after a gap of
+// 100 ms (detection 30 ms) in which the machine took no event, vouching
+// for both inputs and stepping leaves both live and the replica STABLE.
+// Stepping a heartbeat per input instead times out the second input
+// during the first input's step.
+func TestAliveVouchesWithoutTimingOut(t *testing.T) {
+	cfg := Config{ID: 0, Replicas: 2, Inputs: []int{2, 2}, Share: 10 * time.Millisecond, Detect: 30 * time.Millisecond}
+	boundary := []tuple.Tuple{{Type: tuple.Boundary, ID: 1, STime: 10 * ms}}
+	m, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start(0)
+	m.Step(5*ms, Deliver{Input: 0, Tuples: boundary, Upstream: Stable})
+	m.Step(5*ms, Deliver{Input: 1, Tuples: boundary, Upstream: Stable})
+	m.Alive(0, 100*ms)
+	m.Alive(1, 100*ms)
+	if acts := m.Step(100*ms, Tick{}); len(acts) != 0 {
+		t.Fatalf("after vouching for both inputs: %s", renderActions(acts))
+	}
+	if m.State() != Stable || m.Subscribed(0) != 0 || m.Subscribed(1) != 0 {
+		t.Fatalf("state %v, inputs read replicas %d and %d", m.State(), m.Subscribed(0), m.Subscribed(1))
+	}
+	// The way the runtime did it before: one heartbeat step per input.
+	m2, _ := New(cfg)
+	m2.Start(0)
+	m2.Step(5*ms, Deliver{Input: 0, Tuples: boundary, Upstream: Stable})
+	m2.Step(5*ms, Deliver{Input: 1, Tuples: boundary, Upstream: Stable})
+	acts := m2.Step(100*ms, Deliver{Input: 0, Upstream: Stable})
+	if len(acts) == 0 {
+		t.Fatalf("a heartbeat step for input 0 alone left input 1 untimed: the comparison above proves nothing")
+	}
+}

@@ -388,6 +388,18 @@ func (m *Machine) Start(now int64) []Action {
 // State is the replica's current state.
 func (m *Machine) State() State { return m.state }
 
+// Alive tells the machine that input i's subscription heard its replica
+// at clock now (a batch the machine has not taken yet, a heartbeat): it
+// is not silent. It returns no action and runs no timeout, so the caller
+// can vouch for several inputs before the next Step times any of them out
+// (a Step per input would time out the inputs not vouched for yet). It
+// does not end a failure already detected: that takes a delivery.
+func (m *Machine) Alive(i int, now int64) {
+	m.now = max(m.now, now)
+	in := m.inputs[i]
+	in.heard = max(in.heard, m.now)
+}
+
 // ErrNotStable means a cut was asked of a replica whose operators hold
 // tentative state (or that is replaying its stable input), which a cut
 // must not hand on. The caller waits until the replica is stable again.

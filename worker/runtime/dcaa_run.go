@@ -251,6 +251,16 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 			return err
 		}
 	}
+	if d.now() >= deadline {
+		// A timeout may fire. The machine hears an input only when it
+		// takes the input's events, which it does not while this
+		// goroutine is busy (a long release, an output waiting for room
+		// downstream): first tell it of every input that its own
+		// subscription heard within the detection timeout (or that is
+		// handing it a batch), so that only inputs silent on the wire
+		// time out.
+		d.confirmHeard(detect)
+	}
 	now := d.now()
 	// An input that delivered its final boundary is complete, not
 	// silent: keep it alive for the machine.
@@ -267,11 +277,20 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 // listenAfresh tells the machine that every input with a live
 // subscription is heard from now, in the state its replica advertised.
 func (d *dcaaRun) listenAfresh(ctx context.Context) error {
+	var live []bool
 	for i, in := range d.t.inputs {
 		in.mu.Lock()
-		live := in.cancelCur != nil && in.current.Replica == in.target.replica
+		l := in.cancelCur != nil && in.current.Replica == in.target.replica && !d.ended[i]
 		in.mu.Unlock()
-		if !live || d.ended[i] {
+		live = append(live, l)
+		if l {
+			// All of them first: a Step for one input times out the
+			// others not heard yet.
+			d.m.Alive(i, d.now())
+		}
+	}
+	for i, in := range d.t.inputs {
+		if !live[i] {
 			continue
 		}
 		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
@@ -280,6 +299,32 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// confirmHeard vouches to the machine (Machine.Alive, all inputs before
+// any timeout runs) for every input which its subscription heard from
+// within detect (a batch or a heartbeat, see heardFrom), or which is
+// handing the task a batch.
+func (d *dcaaRun) confirmHeard(detect time.Duration) {
+	wall, now := time.Now().UnixNano(), d.now()
+	for i, in := range d.t.inputs {
+		if !d.ended[i] && in.heardWithin(wall, detect) {
+			d.m.Alive(i, now)
+		}
+	}
+}
+
+// heardWithin reports whether the input's live subscription, reading the
+// replica the machine chose, heard its replica within detect of wall
+// (unix nanoseconds) or is handing the task a batch.
+func (in *input) heardWithin(wall int64, detect time.Duration) bool {
+	in.mu.Lock()
+	live := in.cancelCur != nil && in.current.Replica == in.target.replica
+	in.mu.Unlock()
+	if !live || in.health.silent.Load() {
+		return false
+	}
+	return in.health.busy.Load() || wall-in.health.heard.Load() <= int64(detect)
 }
 
 // take unpacks an event, noting where a permission request's answer goes.
