@@ -469,3 +469,32 @@ func TestDCAAImmediateStreamsEnd(t *testing.T) {
 			g.taskState(queryspec.TaskID(g.q.Name, "out", 0, 1)).Message == "input exhausted"
 	})
 }
+
+// The failure detector's periodic state update leaves a machine-run
+// task's advertised state alone: the machine owns it. Before, a task
+// holding tentative state (UP_FAILURE, with its tentative watermark)
+// whose inputs were all fine again was re-advertised as STABLE with
+// watermark 0 on every watchdog tick, between the machine's own
+// advertisements.
+func TestDCAAWatchdogLeavesMachineStateAlone(t *testing.T) {
+	g := newAggRig(t, "5s", 40000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	waitUntil(t, "aggregate replica 0 running, stable", func() bool {
+		return g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	tk := g.c.workers[2].rt.task(agg0)
+	if tk == nil || tk.dm == nil {
+		t.Fatalf("aggregate replica 0 runs no DCAA machine")
+	}
+	// What the machine advertises while its operators are tentative.
+	tk.replicaState.Store(int32(fedstreampb.ReplicaState_REPLICA_UP_FAILURE))
+	for _, o := range tk.outs {
+		o.buf.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, 12345)
+	}
+	tk.updateReplicaState()
+	for _, o := range tk.outs {
+		if st, wm := o.buf.StreamState(); st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE || wm != 12345 {
+			t.Fatalf("after the watchdog's update the output advertises %v, watermark %d: want UP_FAILURE, 12345", st, wm)
+		}
+	}
+}
