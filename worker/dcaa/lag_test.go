@@ -79,3 +79,33 @@ func TestAliveVouchesWithoutTimingOut(t *testing.T) {
 		t.Fatalf("a heartbeat step for input 0 alone left input 1 untimed: the comparison above proves nothing")
 	}
 }
+
+// One input failed, another alive but behind: the bucket's wait has run
+// out, but its release waits for the live input. No deadline may name
+// that expired wait (the caller would spin until the live input moves).
+func TestNoSpinWhileALiveInputHoldsATentativeRelease(t *testing.T) {
+	for _, share := range []time.Duration{0, 20 * time.Millisecond} {
+		m, err := New(Config{ID: 0, Replicas: 1, Inputs: []int{1, 1, 1}, Share: share, Detect: 30 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(0)
+		b := func(id uint64, at int64) []tuple.Tuple {
+			return []tuple.Tuple{{Type: tuple.Boundary, ID: id, STime: at * ms}}
+		}
+		// Input 2 delivers once, then is silent (failed at 36 ms); input
+		// 0 runs ahead, input 1 lags behind it, both live.
+		m.Step(5*ms, Deliver{Input: 2, Tuples: b(1, 10), Upstream: Stable})
+		for k := int64(1); k <= 8; k++ {
+			now := 20 * k * ms
+			m.Step(now, Deliver{Input: 0, Tuples: b(uint64(k), 100*k), Upstream: Stable})
+			m.Step(now, Deliver{Input: 1, Tuples: b(uint64(k), 10*k), Upstream: Stable})
+			if d := m.NextDeadline(); d <= now {
+				t.Fatalf("share %v: at %d ms the next deadline is %d ms: the caller would spin", share, now/ms, d/ms)
+			}
+		}
+		if m.State() != UpFailure || !m.Tentative() || m.Released() != 80*ms {
+			t.Fatalf("share %v: state %v, tentative %v, released %d ms: want UP_FAILURE, tentative up to the live input behind (80 ms)", share, m.State(), m.Tentative(), m.Released()/ms)
+		}
+	}
+}

@@ -453,9 +453,14 @@ func (m *Machine) NextDeadline() int64 {
 	// input merely behind would be in the past and wake the caller in a
 	// loop for nothing.
 	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.tentative || m.failing()) {
+		// Only waits still running: one that ran out at or before the
+		// last Step was weighed there already, and what held its bucket
+		// back (an input behind that is not failed) changes with an
+		// event, not with time; naming it would wake the caller in a
+		// loop.
 		for _, e := range m.avail {
-			if e.At > m.released {
-				next = min(next, e.Since+int64(m.cfg.Share))
+			if d := e.Since + int64(m.cfg.Share); e.At > m.released && d > m.now {
+				next = min(next, d)
 				break
 			}
 		}
