@@ -440,11 +440,13 @@ func finalOutputID(t *testing.T, tk *task) uint64 {
 	return tk.outs[0].buf.Stats().LastID
 }
 
-// max_delay 0 without any failure: the aggregate releases whatever is
-// there at once, tentatively whenever its inputs are not level, and
-// corrects itself right after. At the end of the input a correction
-// replays up to the final boundary; its REC_DONE used to follow the final
-// boundary, so consumers, which take a batch ending with the final
+// max_delay 0 without any failure: the aggregate waits for no failed
+// input, and an input merely behind is no failure, so the output is
+// normally all stable (it used to go tentative whenever its inputs were
+// not level and correct itself right after; a starved process can still
+// make an input silent past the detection timeout, which is a failure).
+// When a correction replays up to the final boundary, its REC_DONE used
+// to follow the final boundary, so consumers, which take a batch ending with the final
 // boundary for the end of the stream, never saw the end: the sinks never
 // finished and the tail below timed out. Now REC_DONE comes just before
 // the final boundary, the streams end, and the stable output equals the
