@@ -23,7 +23,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Measure the engine on this machine",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd(), newBenchReconfigCmd(), newBenchScalingCmd())
+	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd(), newBenchReconfigCmd(), newBenchScalingCmd(), newBenchDCAACmd())
 	return cmd
 }
 
@@ -210,5 +210,85 @@ func newBenchWorkerCmd() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level")
 	cmd.Flags().StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the worker's life to this file")
+	return cmd
+}
+
+func newBenchDCAACmd() *cobra.Command {
+	var (
+		asJSON   bool
+		x        time.Duration
+		dOverX   []float64
+		logLevel string
+		plotFile string
+		profiles string
+		quiet    bool
+		strats   []string
+		noSwitch bool
+		noOver   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "dcaa",
+		Short: "Failures of every replica of one upstream for D = 0.5X..7X: tentative results, added latency, corrections",
+		Long: `Runs the network-monitoring query (three monitor partitions, per-host counts
+over 100 ms windows in two partitions, busy and probing filters joined on the
+host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
+  reference    the query with one replica and no failure: the reference results
+  saturation   the query with one replica, then two (DCAA), sources as fast as
+               they can: replication_overhead = 1 - throughput(k=2)/throughput(k=1),
+               per CPU-second and per replica
+  failures     for each strategy (dcaa: max_delay X; immediate: max_delay 0) and
+               each D in --d-over-x: a fresh run in which the workers of both
+               replicas lose both replicas of one source partition (links held)
+               for D, then get them back:
+               tentative results, the largest added latency of any answer, and
+               whether the stable output (UNDOs applied) equals the reference
+  switch       the worker of one source replica killed (SIGKILL): how long the
+               downstream sink's output stalled (switch_ms)
+and checks the floors of issue 10 (floors[]). Progress goes to stderr; the
+result to stdout. --plot FILE draws tentative results against D/X for both
+strategies into a PNG.`,
+		Example: "  fedstream bench dcaa --json --plot dcaa.png",
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if x <= 0 {
+				return fmt.Errorf("--x %s: want a positive duration such as 500ms", x)
+			}
+			launch, err := benchmark.ProfilingLauncher(profiles)
+			if err != nil {
+				return err
+			}
+			var progress *benchreport.Progress
+			if !quiet {
+				progress = benchreport.NewProgress(cmd.ErrOrStderr(), "bench dcaa")
+			}
+			res, err := benchmark.RunDCAA(cmd.Context(), benchmark.DCAAConfig{
+				X: x, DOverX: dOverX, Strategies: strats, SkipSwitch: noSwitch, SkipOverhead: noOver,
+				Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
+			})
+			if err != nil {
+				return err
+			}
+			if plotFile != "" {
+				if err := benchreport.WritePNG(plotFile, res.Charts()...); err != nil {
+					return err
+				}
+				progress.Note("plot written to %s", plotFile)
+			}
+			if asJSON {
+				return json.NewEncoder(cmd.OutOrStdout()).Encode(res)
+			}
+			return res.WriteText(cmd.OutOrStdout())
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	cmd.Flags().DurationVar(&x, "x", benchmark.DefaultDCAAX, "X: the DCAA strategy's max_delay")
+	cmd.Flags().Float64SliceVar(&dOverX, "d-over-x", benchmark.DefaultDCAADOverX, "failure durations, as multiples of X")
+	cmd.Flags().StringVar(&logLevel, "log-level", "error", "log level of the benchmark and its workers (debug, info, warn, error)")
+	cmd.Flags().StringVar(&plotFile, "plot", "", "write a PNG of tentative results against D/X for both strategies to this file")
+	cmd.Flags().StringSliceVar(&strats, "strategies", nil, "strategies to run (dcaa, immediate; default both)")
+	cmd.Flags().BoolVar(&noSwitch, "no-switch", false, "leave out the kill run (switch_ms)")
+	cmd.Flags().BoolVar(&noOver, "no-overhead", false, "leave out the saturation runs (replication_overhead)")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-dcaa-worker-N.cpu")
+	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")
 	return cmd
 }

@@ -18,10 +18,12 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// Series is one line of a chart: Y[i] is the figure of round i+1.
+// Series is one line of a chart: Y[i] is the figure of round i+1, or,
+// when X is set (as long as Y), the figure at X[i].
 type Series struct {
 	Name string
 	Y    []float64
+	X    []float64
 }
 
 // Line is a horizontal reference line (a floor, a goal).
@@ -144,6 +146,7 @@ func (c Chart) plot() (*plot.Plot, error) {
 	}
 	p.Add(plotter.NewGrid())
 	rounds := 0
+	valued := false // some series has its own X values
 	for i, s := range c.Series {
 		if len(s.Y) == 0 {
 			continue
@@ -152,6 +155,9 @@ func (c Chart) plot() (*plot.Plot, error) {
 		xys := make(plotter.XYs, len(s.Y))
 		for r, y := range s.Y {
 			xys[r] = plotter.XY{X: float64(r + 1), Y: y}
+			if len(s.X) == len(s.Y) {
+				xys[r].X, valued = s.X[r], true
+			}
 		}
 		line, points, err := plotter.NewLinePoints(xys)
 		if err != nil {
@@ -172,9 +178,11 @@ func (c Chart) plot() (*plot.Plot, error) {
 		p.Add(ref)
 		p.Legend.Add(l.Name, ref)
 	}
-	// Whole rounds on the X axis, with a little room either side.
-	p.X.Min, p.X.Max = 0.8, float64(rounds)+0.2
-	p.X.Tick.Marker = roundTicks{}
+	if !valued {
+		// Whole rounds on the X axis, with a little room either side.
+		p.X.Min, p.X.Max = 0.8, float64(rounds)+0.2
+		p.X.Tick.Marker = roundTicks{}
+	}
 	for _, l := range c.Lines {
 		p.Y.Min, p.Y.Max = min(p.Y.Min, l.Y), max(p.Y.Max, l.Y)
 	}

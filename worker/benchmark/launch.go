@@ -19,11 +19,14 @@ const stopGrace = 3 * time.Second
 
 // WorkerProcess is a running bench worker: In carries requests to it, Out
 // its responses. Stop ends it and releases everything it holds; it is
-// idempotent and safe to call concurrently.
+// idempotent and safe to call concurrently. Kill ends it abruptly, as a
+// crash would (SIGKILL for a child process: its connections reset at
+// once, nothing is closed in order); Stop is still to be called after.
 type WorkerProcess struct {
 	In   io.WriteCloser
 	Out  io.Reader
 	Stop func() error
+	Kill func() error
 }
 
 // Launcher starts one bench worker named name (for messages).
@@ -73,10 +76,14 @@ func ExecLauncher(stderr io.Writer, argv ...string) Launcher {
 			})
 			return stopErr
 		}
+		kill := func() error {
+			killGroup(cmd.Process)
+			return nil
+		}
 		// A cancelled run must not leave the child behind even if the
 		// caller forgets Stop.
 		context.AfterFunc(ctx, func() { _ = stop() })
-		return &WorkerProcess{In: in, Out: out, Stop: stop}, nil
+		return &WorkerProcess{In: in, Out: out, Stop: stop, Kill: kill}, nil
 	}
 }
 
@@ -106,7 +113,10 @@ func InProcessLauncher(logger *slog.Logger) Launcher {
 			})
 			return stopErr
 		}
-		return &WorkerProcess{In: reqW, Out: respR, Stop: stop}, nil
+		// In-process there is no process to kill: Kill stops the worker,
+		// which closes its server and connections (less abrupt than a
+		// crash, the same for its consumers: their subscriptions fail).
+		return &WorkerProcess{In: reqW, Out: respR, Stop: stop, Kill: stop}, nil
 	}
 }
 

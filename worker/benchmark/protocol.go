@@ -67,6 +67,16 @@ const (
 	// opOutputPos reports, as LastID, the id of the last tuple task Task
 	// of Query appended to its output stream to Consumer (partition 0).
 	opOutputPos = "output_pos"
+	// opEventsStart follows the result stream of sink task Task (no ack)
+	// as opTailStart does, but records every tuple of it (stable and
+	// tentative results, UNDO, REC_DONE, boundaries) with the wall time it
+	// was read, until the final boundary; opTailWait returns them as
+	// Events (bench dcaa).
+	opEventsStart = "events_start"
+	// opFaults replaces the worker's cut data-plane links by those of Spec
+	// (dataplane.ParseFaults; empty heals every link). Only for a worker
+	// whose hello asked for Faults.
+	opFaults = "faults"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -99,6 +109,11 @@ type request struct {
 	StreamSnapshots bool `json:"stream_snapshots,omitempty"`
 	// TLS is the worker's certificate material (hello; nil: plaintext).
 	TLS *tlsMaterial `json:"tls,omitempty"`
+	// Faults gives the worker's data plane a fault injection hook
+	// (hello; opFaults drives it).
+	Faults bool `json:"faults,omitempty"`
+	// Spec is the fault specification of opFaults.
+	Spec string `json:"spec,omitempty"`
 }
 
 // tlsMaterial is a bench worker's TLS identity, made by the parent.
@@ -131,6 +146,8 @@ type response struct {
 	RowNanos []int64  `json:"row_nanos,omitempty"`
 	// LastID is what opOutputPos reports.
 	LastID uint64 `json:"last_id,omitempty"`
+	// Events are what an events tail read (opEventsStart), in order.
+	Events []streamEvent `json:"events,omitempty"`
 	// SnapshotBytes and Bootstrap are what opStats reports: the bytes of
 	// the snapshots the worker served, and the phases of the latest task
 	// start from a fetched snapshot on it.

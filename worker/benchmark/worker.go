@@ -209,6 +209,9 @@ type benchWorker struct {
 	// tlsServer and tlsClient wrap the raw TCP baselines' connections
 	// when the bench runs with TLS (nil: plaintext).
 	tlsServer, tlsClient *tls.Config
+	// faults cuts the engines' outgoing data-plane links (hello with
+	// Faults; nil: no fault injection hook).
+	faults *dataplane.Faults
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
@@ -239,6 +242,10 @@ func (w *benchWorker) hello(hello request) error {
 		dial = append(dial, creds.DialOption(peer))
 		dial = append(dial, dataplane.TLSDialOptions()...)
 		w.tlsServer, w.tlsClient = creds.ServerConfig(peer, false), creds.ClientConfig(peer)
+	}
+	if hello.Faults {
+		w.faults = dataplane.NewFaults()
+		dial = append(dial, w.faults.DialOption())
 	}
 	w.pool = dataplane.NewPool(dial...)
 	var err error
@@ -325,6 +332,19 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		return w.listenJob("wc", func(ctx context.Context, lis net.Listener) (response, error) {
 			return receiveWordCount(ctx, lis, req.Partitions)
 		})
+	case opEventsStart:
+		spec, ok := w.specs[req.Task]
+		if !ok {
+			return response{}, fmt.Errorf("events: no task %q was applied here", req.Task)
+		}
+		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
+			return w.events(ctx, w.active, spec)
+		})
+	case opFaults:
+		if w.faults == nil {
+			return response{}, errors.New("faults: the worker was started without fault injection (hello faults)")
+		}
+		return response{}, w.faults.Set(req.Spec)
 	case opTailWait:
 		return w.waitJob(ctx, "tail")
 	case opTCPWait:

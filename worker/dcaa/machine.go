@@ -75,6 +75,12 @@ type Config struct {
 	// Detect is the silence after which an input counts as failed
 	// (derived from the boundary interval by the caller). Required.
 	Detect time.Duration
+	// StartGrace is the silence after which an input that has heard
+	// nothing at all since Start counts as failed: the upstream tasks of
+	// a query start at different times (on a loaded machine hundreds of
+	// milliseconds apart), and an upstream that has not started yet is
+	// not an upstream that failed. Default 10 x Detect.
+	StartGrace time.Duration
 	// PermissionTimeout is how long a request for reconciliation waits
 	// for a peer's reply before that peer counts as granting (a peer
 	// that does not answer is presumed down). Default 4 x Detect.
@@ -133,6 +139,9 @@ func (c *Config) check() error {
 	if c.Retry <= 0 {
 		c.Retry = c.Detect
 	}
+	if c.StartGrace < c.Detect {
+		c.StartGrace = 10 * c.Detect
+	}
 	if c.Share == Strict {
 		c.StrictMode = true
 	}
@@ -158,7 +167,9 @@ type Deliver struct {
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
-// (connection refused or reset, stream closed).
+// (connection refused or reset, stream closed): the machine moves the
+// input to another replica. The input counts as failed only once it has
+// heard nothing past the detection timeout.
 type SubscriptionFailed struct{ Input int }
 
 // UpstreamStates is what the coordinator reports of each replica of the
@@ -270,6 +281,7 @@ type inputState struct {
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
 	heard    int64   // last delivery
+	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
 	failedUp bool    // the replica read advertises UP_FAILURE
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
@@ -288,6 +300,12 @@ type inputState struct {
 }
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
+
+// failed: the input is silent past the detection timeout (or its
+// subscription failed), the replica it reads advertises UP_FAILURE, or
+// its data is tentative. Only then may a bucket missing its data be
+// released without it.
+func (in *inputState) failed() bool { return in.silent || in.failedUp || in.tentData }
 
 // addStable keeps stable in (stime, arrival) order: a tuple out of stime
 // order (an input with allowed lateness) goes after the last one with
@@ -387,6 +405,18 @@ func (m *Machine) Start(now int64) []Action {
 // State is the replica's current state.
 func (m *Machine) State() State { return m.state }
 
+// Alive tells the machine that input i's subscription heard its replica
+// at clock now (a batch the machine has not taken yet, a heartbeat): it
+// is not silent. It returns no action and runs no timeout, so the caller
+// can vouch for several inputs before the next Step times any of them out
+// (a Step per input would time out the inputs not vouched for yet). It
+// does not end a failure already detected: that takes a delivery.
+func (m *Machine) Alive(i int, now int64) {
+	m.now = max(m.now, now)
+	in := m.inputs[i]
+	in.heard = max(in.heard, m.now)
+}
+
 // ErrNotStable means a cut was asked of a replica whose operators hold
 // tentative state (or that is replaying its stable input), which a cut
 // must not hand on. The caller waits until the replica is stable again.
@@ -435,16 +465,25 @@ func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }
 // math.MaxInt64.
 func (m *Machine) NextDeadline() int64 {
 	next := int64(math.MaxInt64)
-	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
+	// A bucket's wait only runs out while an input is failed (or the
+	// operators are tentative already; see progress): a deadline for an
+	// input merely behind would be in the past and wake the caller in a
+	// loop for nothing.
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.tentative || m.failing()) {
+		// Only waits still running: one that ran out at or before the
+		// last Step was weighed there already, and what held its bucket
+		// back (an input behind that is not failed) changes with an
+		// event, not with time; naming it would wake the caller in a
+		// loop.
 		for _, e := range m.avail {
-			if e.At > m.released {
-				next = min(next, e.Since+int64(m.cfg.Share))
+			if d := e.Since + int64(m.cfg.Share); e.At > m.released && d > m.now {
+				next = min(next, d)
 				break
 			}
 		}
 	}
 	for _, in := range m.inputs {
-		next = min(next, in.heard+int64(m.cfg.Detect)+1) // silent past Detect
+		next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
 	}
 	if m.asking {
 		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
@@ -467,7 +506,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	case Deliver:
 		acts = m.deliver(ev, acts)
 	case SubscriptionFailed:
-		acts = m.inputFailed(ev.Input, acts)
+		acts = m.subscriptionFailed(ev.Input, acts)
 	case UpstreamStates:
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
@@ -493,7 +532,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
-	in.heard, in.silent = m.now, false
+	in.heard, in.silent, in.spoke = m.now, false, true
 	drop := m.dropPoint()
 	for k := range ev.Tuples {
 		t := ev.Tuples[k]
@@ -553,6 +592,25 @@ func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 	return acts
 }
 
+// subscriptionFailed: the replica input i reads refused or dropped the
+// subscription (killed, not running yet, unreachable). That replica is
+// suspected and the input moves to another at once, but the input itself
+// is not failed: it fails only when it hears nothing past the detection
+// timeout, counted from its last delivery (not from the switch). So an
+// upstream replica killed while another serves costs nothing, and
+// neither does an upstream task that starts a little after this one.
+func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
+	in := m.inputs[i]
+	in.suspect[in.replica] = m.now
+	heard := in.heard
+	acts = m.switchTo(i, m.choose(i), acts)
+	in.heard = heard
+	return acts
+}
+
+// inputFailed: input i was silent past the detection timeout. It is
+// failed until it delivers again, and tries another replica (the next
+// try gets a full detection timeout).
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.silent = true
@@ -612,10 +670,19 @@ func (m *Machine) choose(i int) int {
 	return best
 }
 
+// silenceLimit is how long input in may stay silent before it fails:
+// Detect, or StartGrace while it has heard nothing since Start.
+func (m *Machine) silenceLimit(in *inputState) int64 {
+	if in.spoke {
+		return int64(m.cfg.Detect)
+	}
+	return int64(m.cfg.StartGrace)
+}
+
 // timeouts detects silent inputs and expired permissions.
 func (m *Machine) timeouts(acts []Action) []Action {
 	for i, in := range m.inputs {
-		if m.now-in.heard > int64(m.cfg.Detect) {
+		if m.now-in.heard > m.silenceLimit(in) {
 			acts = m.inputFailed(i, acts)
 		}
 	}
@@ -692,6 +759,16 @@ func (m *Machine) bound() {
 	m.keptMax = max(m.keptMax, after)
 }
 
+// failing reports whether some input is failed.
+func (m *Machine) failing() bool {
+	for _, in := range m.inputs {
+		if in.failed() {
+			return true
+		}
+	}
+	return false
+}
+
 // dropPoint: stable data below it is no longer needed (released, and no
 // checkpoint to replay from).
 func (m *Machine) dropPoint() int64 {
@@ -732,7 +809,19 @@ func (m *Machine) progress(acts []Action) []Action {
 		acts = m.release(acts, s, false)
 	}
 	m.trimAvail()
-	if !m.cfg.StrictMode && m.cut == math.MaxInt64 {
+	// Only a failure releases tentatively. An input that is alive but
+	// behind (it delivers data or heartbeats, and its upstream is
+	// stable) is not failed: its buckets wait for it, however long, as
+	// ordinary processing latency, whatever the share (even 0). Once the
+	// operators hold tentative state everything goes tentative anyway,
+	// up to what the live inputs cover.
+	healthy := int64(math.MaxInt64) // what the inputs not failed cover
+	for _, in := range m.inputs {
+		if !in.failed() {
+			healthy = min(healthy, in.coverage())
+		}
+	}
+	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.failing() || m.tentative) {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {
@@ -741,15 +830,16 @@ func (m *Machine) progress(acts []Action) []Action {
 			}
 		}
 		if e > m.released || m.expired {
-			// Past the first expiry nothing waits: everything the live
-			// inputs cover goes too.
+			// Past the first expiry nothing waits for a failed input:
+			// everything the live inputs cover goes too. A live input
+			// that is not failed is still waited for.
 			alive := int64(math.MaxInt64)
 			for _, in := range m.inputs {
 				if !in.silent {
 					alive = min(alive, in.coverage())
 				}
 			}
-			p := min(max(e, alive), amax)
+			p := min(max(e, alive), amax, healthy)
 			if p > m.released {
 				if !m.tentative {
 					m.tentative, m.ckpt = true, m.released

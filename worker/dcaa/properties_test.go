@@ -392,22 +392,29 @@ func TestStrictBlocks(t *testing.T) {
 	}
 }
 
-// max_delay 0: nothing waits. A bucket one input has and the other not
-// yet is released tentative at once, so even the skew between two live
-// inputs gives tentative results (corrected right after); a failure gives
-// tentative output on the same tick. The stable output is still exactly
-// that of a query with X > 0 and no failure.
+// max_delay 0: nothing waits for a failed input. Without a failure
+// nothing is tentative (the skew between two live inputs is no failure);
+// a failure gives tentative output as soon as it is detected, so the
+// added latency is the detection timeout. The stable output is still
+// exactly that of a query with X > 0 and no failure.
 func TestZeroDelayReleasesAtOnce(t *testing.T) {
 	sc := scenario{parts: 2, k: 2, endMs: 800, runMs: 1100, build: oneStage(0, detect, 0), refBuild: oneStage(xBound, detect, 0),
 		script: func(h *harness, st *stage) { h.cutSource(st, 0, 300, 400) }}
 	ref, got, _ := sc.run(t)
 	for _, r := range got.reps {
-		if r.firstTentAt < 0 {
-			t.Fatalf("%s emitted nothing tentative", r.name())
+		if r.firstTentAt < 300*ms {
+			t.Fatalf("%s: first tentative tuple at %d ms, before the failure at 300 ms (or none)", r.name(), r.firstTentAt/ms)
 		}
 	}
 	checkStable(t, ref, got)
-	if lat := addedLatency(got, ref); lat > slack {
-		t.Fatalf("added latency %v with max_delay 0", time.Duration(lat))
+	if lat := addedLatency(got, ref); lat > int64(detect)+slack {
+		t.Fatalf("added latency %v with max_delay 0 (detection %v)", time.Duration(lat), detect)
 	}
+	// No failure: nothing tentative at all.
+	sc.script = nil
+	_, got, _ = sc.run(t)
+	if n := tentatives(got); n != 0 {
+		t.Fatalf("no failure, max_delay 0: %d tentative tuples, want none", n)
+	}
+	checkStable(t, ref, got)
 }

@@ -171,8 +171,22 @@ func (t *task) watchInputs(ctx context.Context) {
 }
 
 // updateReplicaState recomputes the task's replica state from its
-// inputs and advertises a change on its outputs.
+// inputs and advertises a change on its outputs. A task run by its DCAA
+// machine is left alone: the machine owns its state (it is UP_FAILURE
+// while its operators hold tentative state even with every input fine,
+// and advertises its tentative watermark with it), and this would
+// overwrite it with STABLE and watermark 0 between the machine's own
+// advertisements, so consumers saw it flap.
 func (t *task) updateReplicaState() {
+	if t.dm != nil {
+		return
+	}
+	t.inputsReplicaState()
+}
+
+// inputsReplicaState is updateReplicaState for a task without a
+// machine (sinks): UP_FAILURE while an input is failed.
+func (t *task) inputsReplicaState() {
 	st := fedstreampb.ReplicaState_REPLICA_STABLE
 	if t.tentative.Load() {
 		// A sink whose results are tentative now.

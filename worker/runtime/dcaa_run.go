@@ -56,6 +56,9 @@ type dcaaRun struct {
 	nsOpen []bool
 	ended  []bool
 	done   bool
+	// recDoneSent: this replay's REC_DONE went out before the final
+	// boundary; the machine's RecDone action is done already.
+	recDoneSent bool
 	// replyTo holds, by peer, the channel of a permission request being
 	// answered (see Reconcile).
 	replyTo map[int]chan bool
@@ -269,6 +272,16 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 			return err
 		}
 	}
+	if d.now() >= deadline {
+		// A timeout may fire. The machine hears an input only when it
+		// takes the input's events, which it does not while this
+		// goroutine is busy (a long release, an output waiting for room
+		// downstream): first tell it of every input that its own
+		// subscription heard within the detection timeout (or that is
+		// handing it a batch), so that only inputs silent on the wire
+		// time out.
+		d.confirmHeard(detect)
+	}
 	now := d.now()
 	// An input that delivered its final boundary is complete, not
 	// silent: keep it alive for the machine.
@@ -285,11 +298,20 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 // listenAfresh tells the machine that every input with a live
 // subscription is heard from now, in the state its replica advertised.
 func (d *dcaaRun) listenAfresh(ctx context.Context) error {
+	var live []bool
 	for i, in := range d.t.inputs {
 		in.mu.Lock()
-		live := in.cancelCur != nil && in.current.Replica == in.target.replica
+		l := in.cancelCur != nil && in.current.Replica == in.target.replica && !d.ended[i]
 		in.mu.Unlock()
-		if !live || d.ended[i] {
+		live = append(live, l)
+		if l {
+			// All of them first: a Step for one input times out the
+			// others not heard yet.
+			d.m.Alive(i, d.now())
+		}
+	}
+	for i, in := range d.t.inputs {
+		if !live[i] {
 			continue
 		}
 		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
@@ -298,6 +320,32 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// confirmHeard vouches to the machine (Machine.Alive, all inputs before
+// any timeout runs) for every input which its subscription heard from
+// within detect (a batch or a heartbeat, see heardFrom), or which is
+// handing the task a batch.
+func (d *dcaaRun) confirmHeard(detect time.Duration) {
+	wall, now := time.Now().UnixNano(), d.now()
+	for i, in := range d.t.inputs {
+		if !d.ended[i] && in.heardWithin(wall, detect) {
+			d.m.Alive(i, now)
+		}
+	}
+}
+
+// heardWithin reports whether the input's live subscription, reading the
+// replica the machine chose, heard its replica within detect of wall
+// (unix nanoseconds) or is handing the task a batch.
+func (in *input) heardWithin(wall int64, detect time.Duration) bool {
+	in.mu.Lock()
+	live := in.cancelCur != nil && in.current.Replica == in.target.replica
+	in.mu.Unlock()
+	if !live || in.health.silent.Load() {
+		return false
+	}
+	return in.health.busy.Load() || wall-in.health.heard.Load() <= int64(detect)
 }
 
 // take unpacks an event, noting where a permission request's answer goes.
@@ -311,7 +359,7 @@ func (d *dcaaRun) take(e dcaaEvent) dcaa.Event {
 // do carries out the machine's actions in order.
 func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	t := d.t
-	for _, a := range acts {
+	for i, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
 			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
@@ -322,7 +370,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 			}
 			d.checkpoint, d.ckptSeq = snap, t.seq
 		case dcaa.Release:
-			if err := d.release(ctx, a); err != nil {
+			if err := d.release(ctx, a, recDoneIn(acts[i+1:])); err != nil {
 				return err
 			}
 		case dcaa.Restore:
@@ -333,6 +381,11 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 				return err
 			}
 		case dcaa.RecDone:
+			if d.recDoneSent {
+				// Sent before the final boundary (see release).
+				d.recDoneSent = false
+				continue
+			}
 			if err := d.mark(ctx, tuple.RecDone); err != nil {
 				return err
 			}
@@ -368,9 +421,25 @@ func (d *dcaaRun) advertise() {
 	}
 }
 
+// recDoneIn reports whether acts hold a RecDone.
+func recDoneIn(acts []dcaa.Action) bool {
+	for _, a := range acts {
+		if _, ok := a.(dcaa.RecDone); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // release processes merge steps: the tuples through the operator, then
 // Advance, then (stable steps only) a boundary on every output.
-func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
+//
+// Nothing follows a stream's final boundary: consumers take a batch
+// ending with it for the end of the stream (sinks, DCAA inputs, tail).
+// So when a replay's corrections reach the final boundary and the
+// machine ends them (recDone: a RecDone follows this release), REC_DONE
+// goes out just before the final boundary instead of after it.
+func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) error {
 	t := d.t
 	d.emitType = tuple.Stable
 	if rel.Tentative {
@@ -412,6 +481,12 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release) error {
 		if rel.Tentative {
 			d.tentWM = max(d.tentWM, st.Advance)
 			continue
+		}
+		if st.Advance == finalBoundary && recDone {
+			if err := d.mark(ctx, tuple.RecDone); err != nil {
+				return err
+			}
+			d.recDoneSent = true
 		}
 		if err := t.emitBoundary(ctx, st.Advance); err != nil {
 			return err

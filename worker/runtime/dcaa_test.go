@@ -448,3 +448,64 @@ func finalOutputID(t *testing.T, tk *task) uint64 {
 	last := b.Stats().LastID
 	return last - b.PositionOffset(last)
 }
+
+// max_delay 0 without any failure: the aggregate waits for no failed
+// input, and an input merely behind is no failure, so the output is
+// normally all stable (it used to go tentative whenever its inputs were
+// not level and correct itself right after; a starved process can still
+// make an input silent past the detection timeout, which is a failure).
+// When a correction replays up to the final boundary, its REC_DONE used
+// to follow the final boundary, so consumers, which take a batch ending with the final
+// boundary for the end of the stream, never saw the end: the sinks never
+// finished and the tail below timed out. Now REC_DONE comes just before
+// the final boundary, the streams end, and the stable output equals the
+// other replica's.
+func TestDCAAImmediateStreamsEnd(t *testing.T) {
+	g := newAggRig(t, "0", 8000)
+	got := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0))
+	want := g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1))
+	for _, ts := range [][]tuple.Tuple{got, want} {
+		for i, tp := range ts {
+			if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 && i != len(ts)-1 {
+				t.Fatalf("%v follows the final boundary", ts[i+1].Type)
+			}
+		}
+	}
+	g0, g1 := viewOf(got), viewOf(want)
+	t.Logf("replica 0: %d stable, %d tentative, %d UNDO; replica 1: %d stable, %d tentative, %d UNDO",
+		len(g0.stable), g0.tentative, g0.undos, len(g1.stable), g1.tentative, g1.undos)
+	sameStable(t, g0.stable, g1.stable, 20)
+	waitUntil(t, "both sinks done", func() bool {
+		return g.taskState(queryspec.TaskID(g.q.Name, "out", 0, 0)).Message == "input exhausted" &&
+			g.taskState(queryspec.TaskID(g.q.Name, "out", 0, 1)).Message == "input exhausted"
+	})
+}
+
+// The failure detector's periodic state update leaves a machine-run
+// task's advertised state alone: the machine owns it. Before, a task
+// holding tentative state (UP_FAILURE, with its tentative watermark)
+// whose inputs were all fine again was re-advertised as STABLE with
+// watermark 0 on every watchdog tick, between the machine's own
+// advertisements.
+func TestDCAAWatchdogLeavesMachineStateAlone(t *testing.T) {
+	g := newAggRig(t, "5s", 40000)
+	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	waitUntil(t, "aggregate replica 0 running, stable", func() bool {
+		return g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	tk := g.c.workers[2].rt.task(agg0)
+	if tk == nil || tk.dm == nil {
+		t.Fatalf("aggregate replica 0 runs no DCAA machine")
+	}
+	// What the machine advertises while its operators are tentative.
+	tk.replicaState.Store(int32(fedstreampb.ReplicaState_REPLICA_UP_FAILURE))
+	for _, o := range tk.outs {
+		o.buf.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, 12345)
+	}
+	tk.updateReplicaState()
+	for _, o := range tk.outs {
+		if st, wm := o.buf.StreamState(); st != fedstreampb.ReplicaState_REPLICA_UP_FAILURE || wm != 12345 {
+			t.Fatalf("after the watchdog's update the output advertises %v, watermark %d: want UP_FAILURE, 12345", st, wm)
+		}
+	}
+}

@@ -1,0 +1,896 @@
+package benchmark
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/internal/benchreport"
+	"github.com/fedstream/fedstream/worker/dcaa"
+	"github.com/fedstream/fedstream/worker/runtime"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// ErrDCAABench means the DCAA benchmark could not produce a measurement.
+var ErrDCAABench = errors.New("benchmark: dcaa")
+
+// Strategies of bench dcaa: DCAA with the configured X, and "process
+// immediately" (max_delay 0: nothing waits, anything not yet stable is
+// released tentatively and corrected later).
+const (
+	StrategyDCAA      = "dcaa"
+	StrategyImmediate = "immediate"
+)
+
+// Defaults of bench dcaa (DCAAConfig).
+var (
+	DefaultDCAAX        = 500 * time.Millisecond
+	DefaultDCAABoundary = 50 * time.Millisecond
+	DefaultDCAADOverX   = []float64{0.5, 1, 2, 4, 7}
+)
+
+// The bench's query, the network monitor of examples/netmon.yaml made
+// fast: three monitor partitions of connection records, counted per
+// source host over 100 ms windows (connections and distinct ports) in two
+// partitions, two filters (busy, probing) joined on the host. The
+// thresholds keep every window's scanners (about 7 connections to 7
+// ports per window each at the default rate) and no background host.
+//
+// One difference from the example: a last unkeyed map (alert, one
+// partition) between the join and the sink. Sinks behind a keyed
+// fragment merge its partitions, and merging sinks do not yet handle
+// UNDO (docs/DATAPLANE.md "Not done yet"); behind the map the sink passes
+// its single input stream through, tentative results, UNDO and REC_DONE
+// included, as a DCAA operator task produced them.
+const (
+	dcaaWindow    = 100 * time.Millisecond
+	dcaaJoin      = 50 * time.Millisecond // joins each window's busy and probing rows, not the neighbours'
+	dcaaThreshold = 3
+	dcaaMonitors  = 3
+	// dcaaReferenceSpeedup runs the failure-free reference run this many
+	// times faster than real time (same stimes, same results).
+	dcaaReferenceSpeedup = 4
+)
+
+// DCAAConfig configures RunDCAA. Zero fields take the defaults.
+type DCAAConfig struct {
+	// X is the DCAA strategy's max_delay (default 500ms).
+	X time.Duration
+	// Boundary is the workers' boundary interval, their heartbeat period
+	// (default 50ms); the detection timeout follows from it
+	// (dcaa.DetectTimeout).
+	Boundary time.Duration
+	// DOverX are the failure durations, as multiples of X (default 0.5,
+	// 1, 2, 4, 7).
+	DOverX []float64
+	// Strategies to run (default dcaa and immediate).
+	Strategies []string
+	// Rate is each of the three source partitions' records per second
+	// (default 2000).
+	Rate int
+	// Warmup is how long a run goes before its failure (default 1.5s);
+	// Recover how long it goes on after the longest failure (default 3s).
+	// Every run's input lasts Warmup + max(DOverX)·X + Recover.
+	Warmup, Recover time.Duration
+	// SaturationRecords is each source partition's input in the
+	// replication overhead runs, generated as fast as possible (default
+	// 200000).
+	SaturationRecords int64
+	// SaturationRounds: each replication overhead run (k = 1, k = 2) is
+	// repeated this many times, interleaved (default 2); the best of each
+	// is used.
+	SaturationRounds int
+	// SkipSwitch leaves out the kill run (switch_ms); SkipOverhead the
+	// saturation runs (replication_overhead).
+	SkipSwitch, SkipOverhead bool
+	Launch                   Launcher
+	Logger                   *slog.Logger
+	Progress                 *benchreport.Progress
+}
+
+// DCAARow is one failure of one strategy.
+type DCAARow struct {
+	Strategy string  `json:"strategy"`
+	DOverX   float64 `json:"d_over_x"`
+	DMs      float64 `json:"d_ms"`
+	// Tentative counts the tentative results the measured sink replica
+	// emitted; Undos and RecDones its corrections.
+	Tentative int `json:"tentative"`
+	Undos     int `json:"undos"`
+	RecDones  int `json:"rec_dones"`
+	// TentativeAfterHeal counts the tentative results that arrived after
+	// the links were healed (the replicas were still stabilizing, or went
+	// tentative again), and CorrectedMs is from the heal to the first
+	// REC_DONE after it (the failure's corrections done; 0: none).
+	TentativeAfterHeal int     `json:"tentative_after_heal"`
+	CorrectedMs        float64 `json:"corrected_ms"`
+	// TentativeBound is the floor's bound 1.1 × rate × (D − 0.9X) for a
+	// DCAA row with D > X (0 otherwise).
+	TentativeBound float64 `json:"tentative_bound,omitempty"`
+	// MaxAddedLatencyMs: see RunDCAA.
+	MaxAddedLatencyMs float64 `json:"max_added_latency_ms"`
+	// StableMatchesReference: the measured replica's stable view (UNDOs
+	// applied, dcaa.StableView) holds exactly the reference run's
+	// results, in order; Mismatch says where it differs first.
+	StableMatchesReference bool   `json:"stable_matches_reference"`
+	Mismatch               string `json:"mismatch,omitempty"`
+	StableResults          int    `json:"stable_results"`
+	// PeerMatchesReference: the same for the other sink replica.
+	PeerMatchesReference bool `json:"peer_matches_reference"`
+}
+
+// DCAAFloor is one of issue 10's floors and whether this run met it.
+type DCAAFloor struct {
+	Name  string `json:"name"`
+	Holds bool   `json:"holds"`
+	// Detail gives the figures behind it.
+	Detail string `json:"detail"`
+}
+
+// DCAAResult is what `bench dcaa --json` prints. Times are milliseconds.
+type DCAAResult struct {
+	XMs        float64 `json:"x_ms"`
+	BoundaryMs float64 `json:"boundary_ms"`
+	DetectMs   float64 `json:"detect_ms"`
+	// Rate is the reference run's results per second of stream time at
+	// the sink: the rate at which tentative results can appear, which the
+	// floor on tentative tuples is stated in. InputRate is the records
+	// per second of the three source partitions together.
+	Rate      float64 `json:"rate"`
+	InputRate int     `json:"input_rate"`
+	// ReplicationOverhead is 1 − throughput(k = 2, SUnion) /
+	// throughput(k = 1) at saturation, with throughput counted per CPU
+	// second of the worker processes and per replica: the k = 2 run does
+	// every record twice on the same two-core machine, so its wall-clock
+	// rate says how busy the machine is, not what replication costs.
+	// The wall-clock rates are given too.
+	ReplicationOverhead float64 `json:"replication_overhead"`
+	K1RecordsPerCPUSec  float64 `json:"k1_records_per_cpu_s"`
+	K2RecordsPerCPUSec  float64 `json:"k2_records_per_cpu_s"`
+	K1RecordsPerSec     float64 `json:"k1_records_per_s"`
+	K2RecordsPerSec     float64 `json:"k2_records_per_s"`
+	// SaturationTentative counts the tentative results and UNDOs the
+	// sinks of the k = 2 saturation runs emitted: with sources as fast as
+	// they can, one partition running ahead of another by more than a
+	// task's share of X looks like a failed input, and the corrections
+	// that follow are part of what replication costs there.
+	SaturationTentative int `json:"saturation_tentative"`
+	SaturationUndos     int `json:"saturation_undos"`
+	// SwitchMs is the longest interval without output (results or
+	// boundaries) at sink replica 0 when the worker of the source replica
+	// its aggregate reads (replica 0 of source partition 0) is killed
+	// (SIGKILL: the connections reset, so the failure is detected at
+	// once), over the interval from the kill to a detection timeout plus
+	// X after it: the time from the failure until output resumed from
+	// the other upstream replica, bounded below by the output's own
+	// rhythm, NormalGapMs (the same measure over the second before the
+	// kill). SwitchTentative counts tentative results after the kill
+	// (P1: none).
+	SwitchMs        float64     `json:"switch_ms"`
+	NormalGapMs     float64     `json:"normal_gap_ms"`
+	SwitchTentative int         `json:"switch_tentative"`
+	Rows            []DCAARow   `json:"rows"`
+	Floors          []DCAAFloor `json:"floors"`
+	// ReferenceResults is the failure-free reference run's result count.
+	ReferenceResults int `json:"reference_results"`
+}
+
+// The bench's worker processes. Source partition 0's replicas run on
+// srcR0 and srcR1 alone, so that cutting a worker's links to those two
+// makes every replica of that upstream unreachable for it (and killing
+// srcR0 kills one replica only). The other source partitions and
+// replica 1 of every operator and of the sink run on peer; replica 0 of
+// every operator and of the sink (the measured one) on measured. Both
+// peer and measured have fault injection: a failure cuts both, so that no
+// replica can move to an upstream replica that still has the partition.
+const (
+	srcR0 = iota
+	srcR1
+	peer
+	measured
+	dcaaProcesses
+)
+
+type dcaaBench struct {
+	cfg DCAAConfig
+	w   [dcaaProcesses]*workerClient
+	// specs are the last applied query's tasks per worker.
+	specs [dcaaProcesses][]runtime.TaskSpec
+	q     *queryspec.Query
+	runs  int
+}
+
+// RunDCAA runs the Borealis-style DCAA experiment on the network
+// monitoring query with two replicas (see DCAAResult and DCAARow):
+//
+//   - A failure-free reference run with one replica (no DCAA), sped up,
+//     gives the reference results and Rate.
+//   - For each strategy and each D: a fresh run of the query with
+//     replicas 2; after Warmup the links from both replicas' workers to
+//     both replicas of source partition 0 are held (bytes stop, nothing
+//     fails: a silent partition) for D, then healed, so no replica of
+//     any task can reach that upstream. The aggregates keep live input
+//     from the two other source partitions, so they have data to
+//     release: within X (DCAA) or at once (immediate) they release
+//     tentative results, corrected after the heal. Sink replica 0 is
+//     measured.
+//   - The largest added latency of a row is the maximum, over the
+//     reference's result stream times s, of lag(s) − normal, where
+//     lag(s) = answer(s) − s, answer(s) is the wall time at which the
+//     measured sink first emitted any result, tentative or stable, with
+//     stream time ≥ s (results come in stream time order, so this is
+//     when the answer for s or a later one was first shown), and normal
+//     is the median lag before the failure in the same run (see
+//     maxAddedLatency). So it is the delay the failure added to the
+//     first answer for each moment of the input, tentative or final; a
+//     result the failure made impossible (its input was cut) is not
+//     waited for, as DCAA promises an answer within X for what is
+//     available, and its correction is checked by the stable view.
+//   - switch_ms: a run in which the process of one replica of source
+//     partition 0 is killed (see DCAAResult.SwitchMs).
+//   - Replication overhead: k = 1 and k = 2 (DCAA with X) at saturation.
+func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
+	if cfg.X <= 0 {
+		cfg.X = DefaultDCAAX
+	}
+	if cfg.Boundary <= 0 {
+		cfg.Boundary = DefaultDCAABoundary
+	}
+	if len(cfg.DOverX) == 0 {
+		cfg.DOverX = DefaultDCAADOverX
+	}
+	if len(cfg.Strategies) == 0 {
+		cfg.Strategies = []string{StrategyDCAA, StrategyImmediate}
+	}
+	for _, s := range cfg.Strategies {
+		if s != StrategyDCAA && s != StrategyImmediate {
+			return nil, fmt.Errorf("%w: strategy %q (want %s or %s)", ErrDCAABench, s, StrategyDCAA, StrategyImmediate)
+		}
+	}
+	for _, d := range cfg.DOverX {
+		if d <= 0 || d > 100 {
+			return nil, fmt.Errorf("%w: failure duration %g X: want more than 0 and at most 100", ErrDCAABench, d)
+		}
+	}
+	if cfg.Rate <= 0 {
+		cfg.Rate = 2000
+	}
+	if cfg.Warmup <= 0 {
+		cfg.Warmup = 1500 * time.Millisecond
+	}
+	if cfg.Recover <= 0 {
+		cfg.Recover = 3 * time.Second
+	}
+	if cfg.SaturationRecords <= 0 {
+		cfg.SaturationRecords = 200_000
+	}
+	if cfg.SaturationRounds <= 0 {
+		cfg.SaturationRounds = 2
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Launch == nil {
+		l, err := DefaultLauncher()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Launch = l
+	}
+	res := &DCAAResult{
+		XMs: ms(cfg.X), BoundaryMs: ms(cfg.Boundary), DetectMs: ms(dcaa.DetectTimeout(cfg.Boundary)),
+		InputRate: cfg.Rate * dcaaMonitors,
+	}
+	b := &dcaaBench{cfg: cfg}
+	// Every run's input: long enough for the longest failure.
+	streamTime := cfg.Warmup + time.Duration(slices.Max(cfg.DOverX)*float64(cfg.X)) + cfg.Recover
+	records := int64(cfg.Rate) * int64(streamTime/time.Millisecond) / 1000
+
+	cfg.Progress.Note("reference run: one replica, %d records per source partition at %d/s, %dx speed", records, cfg.Rate, dcaaReferenceSpeedup)
+	ref, err := b.reference(ctx, records)
+	if err != nil {
+		return nil, err
+	}
+	res.ReferenceResults = len(ref)
+	res.Rate = math.Round(float64(len(ref))/streamTime.Seconds()*10) / 10
+	cfg.Progress.Note("reference: %d results (%.1f/s)", len(ref), res.Rate)
+
+	for i := range b.w {
+		name := fmt.Sprintf("bench-dcaa-worker-%d", i)
+		p, err := cfg.Launch(ctx, name)
+		if err != nil {
+			b.stop()
+			return nil, err
+		}
+		b.w[i] = newWorkerClient(name, p)
+		resp, err := b.w[i].call(ctx, request{Op: opHello, Faults: i == measured || i == peer, BoundaryInterval: cfg.Boundary})
+		if err != nil {
+			b.stop()
+			return nil, err
+		}
+		b.w[i].addr = resp.Addr
+	}
+	defer b.stop()
+
+	if !cfg.SkipOverhead {
+		if err := b.overhead(ctx, res); err != nil {
+			return nil, err
+		}
+	}
+	for _, strategy := range cfg.Strategies {
+		for _, d := range cfg.DOverX {
+			row, err := b.failureRun(ctx, strategy, d, records, ref)
+			if err != nil {
+				return nil, err
+			}
+			if strategy == StrategyDCAA && d > 1 {
+				row.TentativeBound = math.Round(1.1*res.Rate*(row.DMs-0.9*res.XMs)/1000*10) / 10
+			}
+			cfg.Progress.Step(strategy, 0, 0, fmt.Sprintf("D = %gX: %d tentative (%d after the heal), %d UNDO, corrected %.0f ms after the heal, max added latency %.0f ms, stable matches reference: %t (peer: %t)",
+				d, row.Tentative, row.TentativeAfterHeal, row.Undos, row.CorrectedMs, row.MaxAddedLatencyMs, row.StableMatchesReference, row.PeerMatchesReference))
+			if row.Mismatch != "" {
+				cfg.Progress.Note("  %s", row.Mismatch)
+			}
+			res.Rows = append(res.Rows, row)
+		}
+	}
+	if !cfg.SkipSwitch {
+		if err := b.switchRun(ctx, records, res); err != nil {
+			return nil, err
+		}
+	}
+	res.Floors = dcaaFloors(res, !cfg.SkipSwitch, !cfg.SkipOverhead)
+	return res, nil
+}
+
+// dcaaQuery is the bench's query (see dcaaWindow).
+func dcaaQuery(name string, replicas int, maxDelay string, rate int, records int64) (*queryspec.Query, error) {
+	return queryspec.Parse(name+".yaml", fmt.Appendf(nil, `
+name: %s
+replicas: %d
+availability: {max_delay: "%s"}
+sources:
+  - name: conns
+    generator: {kind: netmon, monitors: %d, rate: %d, seed: %d, limit: %d}
+    parallelism: %d
+operators:
+  - name: per_src
+    type: aggregate
+    input: conns
+    window: {size: %s}
+    group_by: [src]
+    aggregates: {conns: "count()", ports: "count_distinct(port)"}
+    parallelism: 2
+  - {name: busy, type: filter, input: per_src, where: "conns > %d", parallelism: 2}
+  - {name: probing, type: filter, input: per_src, where: "ports > %d", parallelism: 2}
+  - {name: both, type: join, left: busy, right: probing, on: [src], window: {size: %s}, parallelism: 2}
+  - {name: alert, type: map, input: both, fields: {src: src, conns: conns, ports: ports, window_end: window_end}}
+sinks:
+  - {name: alerts, input: alert}
+`, name, replicas, maxDelay, dcaaMonitors, rate, benchSeed, records, dcaaMonitors, dcaaWindow, dcaaThreshold, dcaaThreshold, dcaaJoin))
+}
+
+// dcaaWhere is the placement of the bench's tasks (see srcR0).
+func dcaaWhere(n *queryspec.Node, partition, replica int) int {
+	switch {
+	case n.Kind == queryspec.KindSource && partition == 0 && replica == 0:
+		return srcR0
+	case n.Kind == queryspec.KindSource && partition == 0:
+		return srcR1
+	case n.Kind == queryspec.KindSource, replica == 1:
+		return peer
+	}
+	return measured
+}
+
+// specsFor places every task of q: where gives each task's worker
+// index, addrs the workers' addresses. It returns each worker's tasks.
+func specsFor(q *queryspec.Query, where func(n *queryspec.Node, partition, replica int) int, addrs []string) ([][]runtime.TaskSpec, error) {
+	plan, err := q.FusedPlan()
+	if err != nil {
+		return nil, err
+	}
+	var (
+		placements []runtime.Placement
+		owner      []int
+	)
+	for _, node := range plan.Nodes {
+		for p := range max(1, node.Partitions) {
+			for r := range max(1, q.Replicas) {
+				w := where(node, p, r)
+				placements = append(placements, runtime.Placement{
+					TaskID: queryspec.TaskID(q.Name, node.Name, p, r), Fragment: node.Name,
+					Partition: p, Replica: r, WorkerAddr: addrs[w],
+				})
+				owner = append(owner, w)
+			}
+		}
+	}
+	out := make([][]runtime.TaskSpec, len(addrs))
+	for i, pl := range placements {
+		out[owner[i]] = append(out[owner[i]], runtime.TaskSpec{
+			TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Partition: pl.Partition,
+			Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements,
+		})
+	}
+	return out, nil
+}
+
+// sinkID is the task id of the bench query's sink replica r.
+func (b *dcaaBench) sinkID(r int) string { return queryspec.TaskID(b.q.Name, "alerts", 0, r) }
+
+// reference runs the query with one replica, every task on a worker of its
+// own running sources faster than real time, and returns its results.
+func (b *dcaaBench) reference(ctx context.Context, records int64) ([]string, error) {
+	p, err := b.cfg.Launch(ctx, "bench-dcaa-reference")
+	if err != nil {
+		return nil, err
+	}
+	w := newWorkerClient("bench-dcaa-reference", p)
+	defer func() { _ = p.Stop() }()
+	resp, err := w.call(ctx, request{Op: opHello, SourceSpeedup: dcaaReferenceSpeedup, BoundaryInterval: b.cfg.Boundary})
+	if err != nil {
+		return nil, err
+	}
+	if b.q, err = dcaaQuery("dcaaref", 1, "0", b.cfg.Rate, records); err != nil {
+		return nil, err
+	}
+	specs, err := specsFor(b.q, func(*queryspec.Node, int, int) int { return 0 }, []string{resp.Addr})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.call(ctx, request{Op: opApply, Tasks: specs[0]}); err != nil {
+		return nil, err
+	}
+	if _, err := w.call(ctx, request{Op: opEventsStart, Task: b.sinkID(0)}); err != nil {
+		return nil, err
+	}
+	tail, err := w.call(ctx, request{Op: opTailWait})
+	if err != nil {
+		return nil, err
+	}
+	view, err := stableRows(tail.Events)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the reference run: %w", ErrDCAABench, err)
+	}
+	if len(view.rows) == 0 {
+		return nil, fmt.Errorf("%w: the reference run produced no results", ErrDCAABench)
+	}
+	if view.tentative+view.undos != 0 {
+		return nil, fmt.Errorf("%w: the reference run (one replica) produced %d tentative results and %d UNDO", ErrDCAABench, view.tentative, view.undos)
+	}
+	return view.rows, nil
+}
+
+// apply starts query q on the bench's workers (measured first, the
+// sources last) and follows the sinks named in tails (replica numbers)
+// with events tails.
+func (b *dcaaBench) apply(ctx context.Context, q *queryspec.Query, tails ...int) error {
+	b.q = q
+	addrs := make([]string, len(b.w))
+	for i, w := range b.w {
+		addrs[i] = w.addr
+	}
+	where := dcaaWhere
+	specs, err := specsFor(q, where, addrs)
+	if err != nil {
+		return err
+	}
+	for _, i := range []int{measured, peer, srcR1, srcR0} {
+		b.specs[i] = specs[i]
+		if _, err := b.w[i].call(ctx, request{Op: opApply, Tasks: specs[i]}); err != nil {
+			return err
+		}
+	}
+	for _, r := range tails {
+		w := measured
+		if r == 1 {
+			w = peer
+		}
+		if _, err := b.w[w].call(ctx, request{Op: opEventsStart, Task: b.sinkID(r)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wait returns the events the tails of the sinks of replica 0 (on
+// measured) and 1 (on peer) read.
+func (b *dcaaBench) wait(ctx context.Context, workers ...int) ([][]streamEvent, error) {
+	var out [][]streamEvent
+	for _, w := range workers {
+		r, err := b.w[w].call(ctx, request{Op: opTailWait})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r.Events)
+	}
+	return out, nil
+}
+
+func (b *dcaaBench) nextName(prefix string) string {
+	b.runs++
+	return fmt.Sprintf("%s%d", prefix, b.runs)
+}
+
+// maxDelay is the query's availability.max_delay for a strategy.
+func (b *dcaaBench) maxDelay(strategy string) string {
+	if strategy == StrategyImmediate {
+		return "0"
+	}
+	return b.cfg.X.String()
+}
+
+// failureRun runs the query once with every replica of source partition 0
+// unreachable for the measured worker for dOverX·X (see RunDCAA).
+func (b *dcaaBench) failureRun(ctx context.Context, strategy string, dOverX float64, records int64, ref []string) (DCAARow, error) {
+	row := DCAARow{Strategy: strategy, DOverX: dOverX}
+	d := time.Duration(dOverX * float64(b.cfg.X))
+	q, err := dcaaQuery(b.nextName("dcaa"), 2, b.maxDelay(strategy), b.cfg.Rate, records)
+	if err != nil {
+		return row, err
+	}
+	began := time.Now()
+	if err := b.apply(ctx, q, 0, 1); err != nil {
+		return row, err
+	}
+	if err := sleepCtx(ctx, b.cfg.Warmup-time.Since(began)); err != nil {
+		return row, err
+	}
+	cut := fmt.Sprintf("cut %s hold\ncut %s hold\n", b.w[srcR0].addr, b.w[srcR1].addr)
+	if err := b.faults(ctx, cut); err != nil {
+		return row, err
+	}
+	cutAt := time.Now()
+	if err := sleepCtx(ctx, d-time.Since(cutAt)); err != nil {
+		return row, err
+	}
+	if err := b.faults(ctx, ""); err != nil {
+		return row, err
+	}
+	healedAt := time.Now()
+	row.DMs = ms(healedAt.Sub(cutAt))
+	b.cfg.Progress.Note("%s D = %gX: links held for %.0f ms, healed; waiting for the end of the input", strategy, dOverX, row.DMs)
+	evs, err := b.wait(ctx, measured, peer)
+	if err != nil {
+		return row, err
+	}
+	for _, ev := range evs[0] {
+		switch {
+		case ev.Nanos < healedAt.UnixNano():
+		case ev.Type == tuple.Tentative:
+			row.TentativeAfterHeal++
+		case ev.Type == tuple.RecDone && row.CorrectedMs == 0:
+			row.CorrectedMs = max(ms(time.Duration(ev.Nanos-healedAt.UnixNano())), 0.01)
+		}
+	}
+	got, err := stableRows(evs[0])
+	row.Tentative, row.Undos, row.RecDones = got.tentative, got.undos, got.recDones
+	if err != nil {
+		row.Mismatch = err.Error()
+	} else {
+		row.StableResults = len(got.rows)
+		row.Mismatch = compareStable(got.rows, ref)
+		row.StableMatchesReference = row.Mismatch == ""
+	}
+	if p, err := stableRows(evs[1]); err == nil {
+		row.PeerMatchesReference = compareStable(p.rows, ref) == ""
+	}
+	row.MaxAddedLatencyMs = ms(maxAddedLatency(evs[0], ref, cutAt))
+	return row, nil
+}
+
+// faults sets the cut links of both replicas' workers (measured and
+// peer) to spec.
+func (b *dcaaBench) faults(ctx context.Context, spec string) error {
+	for _, w := range []int{measured, peer} {
+		if _, err := b.w[w].call(ctx, request{Op: opFaults, Spec: spec}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// switchRun kills the process of replica 0 of source partition 0, which
+// the measured replica reads, and measures how long the measured sink's
+// output stalled (DCAAResult.SwitchMs). It runs last: that worker is gone
+// after it.
+func (b *dcaaBench) switchRun(ctx context.Context, records int64, res *DCAAResult) error {
+	q, err := dcaaQuery(b.nextName("dcaakill"), 2, b.cfg.X.String(), b.cfg.Rate, records)
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	if err := b.apply(ctx, q, 0); err != nil {
+		return err
+	}
+	if err := sleepCtx(ctx, b.cfg.Warmup-time.Since(began)); err != nil {
+		return err
+	}
+	b.cfg.Progress.Note("killing the worker of source partition 0, replica 0 (SIGKILL)")
+	killedAt := time.Now()
+	if err := b.w[srcR0].proc.Kill(); err != nil {
+		return err
+	}
+	evs, err := b.wait(ctx, measured)
+	if err != nil {
+		return err
+	}
+	var times []int64
+	for _, ev := range evs[0] {
+		times = append(times, ev.Nanos)
+		if ev.Type == tuple.Tentative && ev.Nanos >= killedAt.UnixNano() {
+			res.SwitchTentative++
+		}
+	}
+	res.SwitchMs = ms(longestGap(times, killedAt, killedAt.Add(dcaa.DetectTimeout(b.cfg.Boundary)+b.cfg.X)))
+	res.NormalGapMs = ms(longestGap(times, killedAt.Add(-time.Second), killedAt.Add(-time.Millisecond)))
+	b.cfg.Progress.Step("switch", 0, 0, fmt.Sprintf("output stalled %.0f ms after the kill (normal rhythm %.0f ms), %d tentative", res.SwitchMs, res.NormalGapMs, res.SwitchTentative))
+	return nil
+}
+
+// overhead measures the replication overhead at saturation: the query
+// with one replica, then with two (DCAA with X), sources as fast as they
+// can, SaturationRounds times each, interleaved.
+func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
+	n := b.cfg.SaturationRecords
+	var cpu, wall [3][]float64 // by k
+	for round := 1; round <= b.cfg.SaturationRounds; round++ {
+		for _, k := range []int{1, 2} {
+			perCPU, perSec, tent, undos, err := b.saturation(ctx, k, n)
+			if err != nil {
+				return err
+			}
+			res.SaturationTentative += tent
+			res.SaturationUndos += undos
+			cpu[k], wall[k] = append(cpu[k], perCPU), append(wall[k], perSec)
+			b.cfg.Progress.Step(fmt.Sprintf("saturation k=%d", k), round, b.cfg.SaturationRounds,
+				fmt.Sprintf("%s per CPU-second per replica, %s, %d tentative results, %d UNDO", benchreport.Rate(perCPU, "records"), benchreport.Rate(perSec, "records"), tent, undos))
+		}
+	}
+	round1 := func(v float64) float64 { return math.Round(v) }
+	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = round1(slices.Max(cpu[1])), round1(slices.Max(cpu[2]))
+	res.K1RecordsPerSec, res.K2RecordsPerSec = round1(slices.Max(wall[1])), round1(slices.Max(wall[2]))
+	res.ReplicationOverhead = math.Round((1-res.K2RecordsPerCPUSec/res.K1RecordsPerCPUSec)*1000) / 1000
+	return nil
+}
+
+// saturation runs the query with k replicas on n records per source
+// partition, as fast as possible, and returns the records per CPU-second
+// of the worker processes per replica, per second of wall time, and the
+// tentative results and UNDOs its sinks emitted.
+func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (perCPU, perSec float64, tentative, undos int, err error) {
+	q, err := dcaaQuery(b.nextName("dcaasat"), k, b.cfg.X.String(), 0, n)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	cpu := func() (int64, error) {
+		var sum int64
+		for _, w := range b.w {
+			r, err := w.call(ctx, request{Op: opCPU})
+			if err != nil {
+				return 0, err
+			}
+			sum += r.CPUNanos
+		}
+		return sum, nil
+	}
+	before, err := cpu()
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	start := time.Now()
+	tails := []int{0}
+	workers := []int{measured}
+	if k == 2 {
+		tails, workers = []int{0, 1}, []int{measured, peer}
+	}
+	if err := b.apply(ctx, q, tails...); err != nil {
+		return 0, 0, 0, 0, err
+	}
+	evs, err := b.wait(ctx, workers...)
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	var end int64
+	for _, e := range evs {
+		if len(e) == 0 {
+			return 0, 0, 0, 0, fmt.Errorf("%w: saturation run with %d replicas: a sink produced nothing", ErrDCAABench, k)
+		}
+		end = max(end, e[len(e)-1].Nanos)
+		for _, ev := range e {
+			switch ev.Type {
+			case tuple.Tentative:
+				tentative++
+			case tuple.Undo:
+				undos++
+			}
+		}
+	}
+	after, err := cpu()
+	if err != nil {
+		return 0, 0, 0, 0, err
+	}
+	records := float64(n * dcaaMonitors)
+	if used := time.Duration(after - before); used > 0 {
+		perCPU = float64(k) * records / used.Seconds()
+	}
+	if d := time.Duration(end - start.UnixNano()); d > 0 {
+		perSec = records / d.Seconds()
+	}
+	return perCPU, perSec, tentative, undos, nil
+}
+
+func (b *dcaaBench) stop() {
+	for _, w := range b.w {
+		if w != nil {
+			if err := w.proc.Stop(); err != nil {
+				b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
+			}
+		}
+	}
+}
+
+// stableView is what a run's events make of a sink's stream: the rows
+// of its stable view in order (dcaa.StableView), and what else it carried.
+type stableView struct {
+	rows                       []string
+	tentative, undos, recDones int
+}
+
+func stableRows(evs []streamEvent) (stableView, error) {
+	var (
+		v  dcaa.StableView
+		sv stableView
+	)
+	for _, ev := range evs {
+		t := tuple.Tuple{ID: ev.ID, Type: ev.Type, STime: ev.STime}
+		if err := v.Add(&t); err != nil {
+			sv.tentative, sv.undos, sv.recDones = v.Tentative, v.Undos, v.RecDones
+			return sv, err
+		}
+	}
+	sv.tentative, sv.undos, sv.recDones = v.Tentative, v.Undos, v.RecDones
+	for _, i := range v.Stable() {
+		if evs[i].Type == tuple.Stable {
+			sv.rows = append(sv.rows, evs[i].Row)
+		}
+	}
+	return sv, nil
+}
+
+// compareStable says where got first differs from want ("" when equal).
+func compareStable(got, want []string) string {
+	for i := range min(len(got), len(want)) {
+		if got[i] != want[i] {
+			return fmt.Sprintf("stable result %d: %s, reference %s", i, got[i], want[i])
+		}
+	}
+	if len(got) != len(want) {
+		return fmt.Sprintf("%d stable results, reference %d", len(got), len(want))
+	}
+	return ""
+}
+
+// maxAddedLatency is the largest added latency of a run (see RunDCAA):
+// over the reference's result stream times s, the largest lag(s) −
+// normal, where lag(s) = answer(s) − s is how long after its stream time
+// the measured sink first answered s, and normal is the median lag of
+// the stream times answered before the failure began (at cut). Stream
+// times are the generators' (record n at n/rate seconds), and the
+// sources run at their rate from their start, so the lag is the start
+// offset plus the pipeline's latency, steady without failures. A stream
+// time never answered counts until the sink's last event; without any
+// answer before the failure, the smallest lag of the run is the normal
+// one.
+func maxAddedLatency(evs []streamEvent, ref []string, cut time.Time) time.Duration {
+	var stimes []int64
+	for _, r := range ref {
+		s, _, _ := strings.Cut(r, "|")
+		var v int64
+		if _, err := fmt.Sscan(s, &v); err == nil {
+			stimes = append(stimes, v)
+		}
+	}
+	sort.Slice(stimes, func(i, j int) bool { return stimes[i] < stimes[j] })
+	stimes = slices.Compact(stimes)
+	if len(evs) == 0 || len(stimes) == 0 {
+		return 0
+	}
+	at := answers(evs, stimes)
+	var before, all []int64
+	for i, s := range stimes {
+		if at[i] == 0 {
+			continue
+		}
+		all = append(all, at[i]-s)
+		if at[i] < cut.UnixNano() {
+			before = append(before, at[i]-s)
+		}
+	}
+	if len(all) == 0 {
+		return time.Duration(evs[len(evs)-1].Nanos - evs[0].Nanos)
+	}
+	// Without answers before the failure (the output was stalled from
+	// the start), the smallest lag of the run stands for the normal one:
+	// that can only make the added latency larger.
+	normal := slices.Min(all)
+	if len(before) > 0 {
+		slices.Sort(before)
+		normal = before[len(before)/2]
+	}
+	var worst time.Duration
+	for i, s := range stimes {
+		a := at[i]
+		if a == 0 {
+			a = evs[len(evs)-1].Nanos
+		}
+		worst = max(worst, time.Duration(a-s-normal))
+	}
+	return worst
+}
+
+// answers returns, for each of the increasing stream times, the wall time
+// of the first result (stable or tentative) in evs with a stream time at
+// or above it (0: none).
+func answers(evs []streamEvent, stimes []int64) []int64 {
+	out := make([]int64, len(stimes))
+	i := 0
+	for _, ev := range evs {
+		if !ev.Type.IsData() {
+			continue
+		}
+		for i < len(stimes) && stimes[i] <= ev.STime {
+			out[i] = ev.Nanos
+			i++
+		}
+	}
+	return out
+}
+
+// dcaaFloors checks issue 10's floors on a result.
+func dcaaFloors(res *DCAAResult, switched, overhead bool) []DCAAFloor {
+	var floors []DCAAFloor
+	add := func(name string, holds bool, format string, args ...any) {
+		floors = append(floors, DCAAFloor{Name: name, Holds: holds, Detail: fmt.Sprintf(format, args...)})
+	}
+	zero, bound, latency, stable := true, true, true, true
+	var zeroD, boundD, latD, stableD []string
+	for _, r := range res.Rows {
+		if !r.StableMatchesReference {
+			stable = false
+			stableD = append(stableD, fmt.Sprintf("%s %gX", r.Strategy, r.DOverX))
+		}
+		if r.Strategy != StrategyDCAA {
+			continue
+		}
+		if r.DOverX < 0.9 {
+			zero = zero && r.Tentative == 0
+			zeroD = append(zeroD, fmt.Sprintf("%gX: %d", r.DOverX, r.Tentative))
+		}
+		if r.DOverX > 1 {
+			bound = bound && float64(r.Tentative) <= r.TentativeBound
+			boundD = append(boundD, fmt.Sprintf("%gX: %d <= %.0f", r.DOverX, r.Tentative, r.TentativeBound))
+		}
+		latency = latency && r.MaxAddedLatencyMs <= res.XMs+res.BoundaryMs
+		latD = append(latD, fmt.Sprintf("%gX: %.0f", r.DOverX, r.MaxAddedLatencyMs))
+	}
+	add("zero tentative for D < 0.9X (dcaa)", zero, "%s", strings.Join(zeroD, ", "))
+	add("tentative <= 1.1 x rate x (D - 0.9X) for D > X (dcaa)", bound, "%s", strings.Join(boundD, ", "))
+	add("max added latency <= X + one boundary interval (dcaa)", latency, "bound %.0f ms; %s", res.XMs+res.BoundaryMs, strings.Join(latD, ", "))
+	add("stable output matches the reference in every row", stable, "rows differing: %d %s", len(stableD), strings.Join(stableD, ", "))
+	if switched {
+		add("switch_ms <= 2 boundary intervals", res.SwitchMs <= 2*res.BoundaryMs, "%.0f ms, bound %.0f ms", res.SwitchMs, 2*res.BoundaryMs)
+	}
+	if overhead {
+		add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10, "%.1f%%", res.ReplicationOverhead*100)
+	}
+	return floors
+}

@@ -1,0 +1,67 @@
+package benchmark
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+
+	"github.com/fedstream/fedstream/internal/benchreport"
+)
+
+// Charts draws tentative results against D/X for each strategy, with the
+// floor's bound 1.1 × rate × (D − 0.9X) where it applies (D > X).
+func (r *DCAAResult) Charts() []benchreport.Chart {
+	c := benchreport.Chart{
+		Title:  fmt.Sprintf("bench dcaa: tentative results vs failure duration (X = %.0f ms, %.0f results/s)", r.XMs, r.Rate),
+		XLabel: "D / X",
+		YLabel: "tentative results",
+	}
+	index := map[string]int{} // strategy -> its series in c.Series
+	var bound benchreport.Series
+	bound.Name = "floor: 1.1 x rate x (D - 0.9X)"
+	for _, row := range r.Rows {
+		i, ok := index[row.Strategy]
+		if !ok {
+			i = len(c.Series)
+			index[row.Strategy] = i
+			c.Series = append(c.Series, benchreport.Series{Name: row.Strategy})
+		}
+		s := &c.Series[i]
+		s.X = append(s.X, row.DOverX)
+		s.Y = append(s.Y, float64(row.Tentative))
+		if row.TentativeBound > 0 {
+			bound.X = append(bound.X, row.DOverX)
+			bound.Y = append(bound.Y, row.TentativeBound)
+		}
+	}
+	if len(bound.Y) > 0 {
+		c.Series = append(c.Series, bound)
+	}
+	return []benchreport.Chart{c}
+}
+
+// WriteText prints the result for people: the figures, one line per row,
+// and the floors.
+func (r *DCAAResult) WriteText(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "X %.0f ms, boundary interval %.0f ms, detection %.0f ms; input %d records/s, %.1f results/s (reference: %d results)\n",
+		r.XMs, r.BoundaryMs, r.DetectMs, r.InputRate, r.Rate, r.ReferenceResults)
+	fmt.Fprintf(tw, "replication overhead %.1f%% (k=1 %s, k=2 %s per CPU-second per replica; wall clock %s, %s; k=2 sinks: %d tentative, %d UNDO)\n", r.ReplicationOverhead*100,
+		benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"),
+		benchreport.Rate(r.K1RecordsPerSec, "records"), benchreport.Rate(r.K2RecordsPerSec, "records"), r.SaturationTentative, r.SaturationUndos)
+	fmt.Fprintf(tw, "switch %.0f ms (normal rhythm %.0f ms, %d tentative after the kill)\n\n", r.SwitchMs, r.NormalGapMs, r.SwitchTentative)
+	fmt.Fprintln(tw, "strategy\tD/X\tD ms\ttentative\tafter heal\tbound\tUNDO\tcorrected ms\tmax added latency ms\tstable = reference")
+	for _, row := range r.Rows {
+		fmt.Fprintf(tw, "%s\t%g\t%.0f\t%d\t%d\t%.0f\t%d\t%.0f\t%.0f\t%t\n", row.Strategy, row.DOverX, row.DMs, row.Tentative, row.TentativeAfterHeal,
+			row.TentativeBound, row.Undos, row.CorrectedMs, row.MaxAddedLatencyMs, row.StableMatchesReference)
+	}
+	fmt.Fprintln(tw)
+	for _, f := range r.Floors {
+		mark := "holds"
+		if !f.Holds {
+			mark = "FAILS"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", mark, f.Name, f.Detail)
+	}
+	return tw.Flush()
+}
