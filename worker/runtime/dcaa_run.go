@@ -152,6 +152,10 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// subscription acknowledges is always in the machine's state (as a
 	// task snapshot captures it), never only queued.
 	processed := make(chan struct{})
+	// Live reconfiguration's markers ride on the boundaries (an upstream
+	// may send them before this task hears of the plan); the levels rise
+	// at the machine's stable steps (release).
+	d.t.merge.noteMarks(in.idx, ts)
 	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
 		return err
 	}
@@ -488,6 +492,7 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 			}
 			d.recDoneSent = true
 		}
+		t.reconfigStep(st.Advance)
 		if err := t.emitBoundary(ctx, st.Advance); err != nil {
 			return err
 		}

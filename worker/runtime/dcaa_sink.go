@@ -131,6 +131,12 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	}
 	v.lastOff, v.offKnown = off, true
 	t.passLast = last
+	// Live reconfiguration: the sink's level follows the newest marker
+	// level among the batch's boundaries (its last tuple may be an UNDO,
+	// a REC_DONE or a tentative result).
+	if lvl, ok := boundaryLevel(offs, data); ok {
+		t.passLevel(&tuple.Tuple{Type: tuple.Boundary, Version: lvl})
+	}
 	t.inputs[0].stableTaken.Store(v.stable)
 	t.tentative.Store(v.tentOpen)
 	if lastHdr.Type == tuple.Boundary && lastHdr.STime == finalBoundary {
@@ -477,4 +483,20 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
 	return nil
+}
+
+// boundaryLevel returns the highest marker level (tuple.Version) among the
+// boundaries of an encoded batch; ok is false when it holds none.
+func boundaryLevel(offs []int, data []byte) (level uint64, ok bool) {
+	for _, o := range offs {
+		if tuple.PeekType(data[o:]) != tuple.Boundary {
+			continue
+		}
+		var h tuple.Tuple
+		if _, err := tuple.DecodeHeader(data[o:], &h); err != nil {
+			continue
+		}
+		level, ok = max(level, h.Version), true
+	}
+	return level, ok
 }

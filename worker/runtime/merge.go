@@ -691,6 +691,23 @@ func (m *merger) levelAt(step int64, levels []uint64) (uint64, []uint64) {
 	return low, levels
 }
 
+// noteMarks records the marker-level rises among the boundaries of a batch
+// of input i without queueing anything: for a task whose DCAA machine
+// releases the input instead of the merger (the machine's stable steps
+// then call levelAt as the merger's do).
+func (m *merger) noteMarks(i int, batch []tuple.Tuple) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	in := m.inputs[i]
+	for k := range batch {
+		tp := &batch[k]
+		if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
+			in.markLevel = tp.Version
+			in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
+		}
+	}
+}
+
 // receivedLevels returns each input's marker level as received (released
 // or not).
 func (m *merger) receivedLevels() []uint64 {
