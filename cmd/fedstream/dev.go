@@ -54,6 +54,9 @@ type devOptions struct {
 	// federation, when set, places every coordinator of the org in this
 	// federation pool (its addresses are chosen here: port 0).
 	federation *coordinator.FederationConfig
+	// alphaCores, in a dev federation, is the capacity in cores alpha's
+	// load manager counts (0: devAlphaCores).
+	alphaCores float64
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.

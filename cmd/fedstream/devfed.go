@@ -43,7 +43,8 @@ var devContracts = []devContract{{"alpha", "beta", "out"}, {"alpha", "gamma", "o
 // devLoadConfig is the load manager of org name in the dev federation:
 // short periods so a newcomer sees moves within seconds, and every other
 // dev org's proposals accepted automatically within the suggested prices.
-func devLoadConfig(name string) loadmgr.Config {
+// alphaCores, when above 0, replaces devAlphaCores.
+func devLoadConfig(name string, alphaCores float64) loadmgr.Config {
 	pmin, pmax := mpa.SuggestedPrices(mpa.DefaultUtilisation)
 	var from []string
 	for _, o := range devOrgs {
@@ -55,6 +56,9 @@ func devLoadConfig(name string) loadmgr.Config {
 		AutoAccept: loadmgr.AutoAccept{From: from, PriceMinAtLeast: pmin, PriceMaxAtMost: pmax, MaxLoadAtMost: 4, MaxValidity: 48 * time.Hour}}
 	if name == devOrgs[0] {
 		c.Cores = devAlphaCores
+		if alphaCores > 0 {
+			c.Cores = alphaCores
+		}
 	}
 	return c
 }
@@ -73,7 +77,7 @@ func startDevFederation(ctx context.Context, o devOptions) ([]*devFederation, er
 		oo := o
 		oo.org = name
 		oo.dataDir = filepath.Join(o.dataDir, name)
-		oo.federation = &coordinator.FederationConfig{Join: join, Keyring: keyring, Load: devLoadConfig(name)}
+		oo.federation = &coordinator.FederationConfig{Join: join, Keyring: keyring, Load: devLoadConfig(name, o.alphaCores)}
 		d, err := startDev(ctx, oo)
 		if err != nil {
 			stopAll()
