@@ -95,6 +95,15 @@ type mergeInput struct {
 	level     uint64
 }
 
+// noteMark records tp if it is a boundary that raises the input's marker
+// level (the caller holds the merger's lock).
+func (in *mergeInput) noteMark(tp *tuple.Tuple) {
+	if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
+		in.markLevel = tp.Version
+		in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
+	}
+}
+
 // inputMark is a boundary that raised an input's marker level.
 type inputMark struct {
 	stime int64
@@ -233,10 +242,7 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 			in.queueRun(batch[start:k], held)
 			start = -1
 		}
-		if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
-			in.markLevel = tp.Version
-			in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
-		}
+		in.noteMark(tp)
 		if tp.Type == tuple.Boundary && tp.STime > in.boundary {
 			in.boundary = tp.STime
 			// An input added to a running merge (a partition a rescale
@@ -700,11 +706,7 @@ func (m *merger) noteMarks(i int, batch []tuple.Tuple) {
 	defer m.mu.Unlock()
 	in := m.inputs[i]
 	for k := range batch {
-		tp := &batch[k]
-		if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
-			in.markLevel = tp.Version
-			in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
-		}
+		in.noteMark(&batch[k])
 	}
 }
 
