@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
@@ -455,8 +456,17 @@ func (r *reconfigState) markerCounts(levels []uint64, level, latest uint64) [rep
 }
 
 // sourceEpoch is the epoch a source produces a tuple of stream time stime
-// under: that of the latest switched plan whose cut it has reached.
+// under: that of the latest switched plan whose cut it has reached, and
+// never below the source's level (an idle source that switched before
+// its time reached the cut, see idleSwitch, tags everything after its
+// marker with the new epoch whatever its stime).
 func (r *reconfigState) sourceEpoch(stime int64) uint64 {
+	return max(r.cutEpoch(stime), r.level)
+}
+
+// cutEpoch is the epoch of the latest switched plan whose cut stime
+// reached (or the newest complete plan's).
+func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	e := r.cur.Completed()
 	for _, c := range r.cuts {
 		if stime >= c.cut {
@@ -567,4 +577,106 @@ func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int
 		}
 	}
 	return low, high, func() { close(hold) }
+}
+
+// earlyLevel is the level a source's snapshot carries
+// (TaskSnapshot.SourceLevel): its level if it switched before its last
+// boundary reached the plan's cut (idleSwitch), which the copy could not
+// tell from that boundary; 0 otherwise.
+func (r *reconfigState) earlyLevel(boundary int64) uint64 {
+	if !r.on {
+		return 0
+	}
+	if r.cutEpoch(boundary) >= r.level {
+		return 0
+	}
+	return r.level
+}
+
+// switchedAbove is the newest switched plan's epoch when it is above the
+// task's level (0 otherwise): the epoch an idle source switches to.
+func (r *reconfigState) switchedAbove() uint64 {
+	var e uint64
+	for _, c := range r.cuts {
+		e = max(e, c.epoch)
+	}
+	if e <= r.level {
+		return 0
+	}
+	return e
+}
+
+// idleSwitch switches an idle push source (ingest, kafka) to the newest
+// switched plan without waiting for its stream time to reach the cut,
+// which a source that produces nothing never does (it would hold the
+// plan's markers, and the removal of the old versions downstream, for as
+// long as it is idle). Producer only (an ingest source's mutex held, a
+// kafka source's goroutine).
+//
+// The marker is a boundary at `at`, which must be at least the stime of
+// every tuple the source sent (a marker raises a downstream input's level
+// at the first release step above it, once everything sent before it is
+// processed) and a promise the source keeps (nothing later below it).
+// From the marker on, every tuple is tagged with the new epoch whatever
+// its stime (sourceEpoch never goes below the level). It returns whether
+// it switched.
+func (t *task) idleSwitch(ctx context.Context, at int64) (bool, error) {
+	r := &t.rc
+	if !r.on {
+		return false, nil
+	}
+	e := r.switchedAbove()
+	if e == 0 {
+		return false, nil
+	}
+	t.raiseLevel(e)
+	if err := t.emitBoundary(ctx, at); err != nil {
+		return false, err
+	}
+	return true, t.flush(ctx)
+}
+
+// idleTicks drives an ingest source between requests (its own goroutine,
+// stopped with the task): every boundary interval it installs a pending
+// reconfiguration (an idle source would otherwise never acknowledge a
+// plan, holding it in loading for the whole query), and when no request
+// came for a whole interval while a switched plan waits above its level,
+// it switches (idleSwitch) with its marker at the newest stime it
+// accepted: its floor rises there, so from then on a record behind the
+// newest is late even within allowed_lateness.
+func (t *task) idleTicks(ctx context.Context) {
+	st := t.ingest
+	tick := time.NewTicker(t.r.opts.BoundaryInterval)
+	defer tick.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if t.rc.pending.Load() == nil {
+			continue // the query was never reconfigured
+		}
+		st.mu.Lock()
+		idle := st.requests == seen
+		seen = st.requests
+		if st.movedOut == nil && !st.closed {
+			if err := t.pollReconfig(); err != nil {
+				st.mu.Unlock()
+				t.fail(err)
+				return
+			}
+			if idle {
+				at := max(st.boundary, st.newest, math.MinInt64+1)
+				switched, err := t.idleSwitch(ctx, at)
+				if err != nil {
+					t.discardStaged()
+				} else if switched {
+					st.boundary = at
+				}
+			}
+		}
+		st.mu.Unlock()
+	}
 }
