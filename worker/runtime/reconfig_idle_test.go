@@ -1,0 +1,245 @@
+package runtime
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/kafka/kafkatest"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// idleSourceYAML: a push source (%s: its definition) with a map fused into
+// it that labels each tuple with its version ('v1'), and a sink.
+const idleSourceYAML = `name: rc
+sources:
+  - name: events
+    schema: {time: timestamp, user: string, amount: int}
+%s
+operators:
+  - {name: label, type: map, input: events, fields: {user: user, amount: amount, path: "'v1'"}}
+sinks:
+  - {name: out, input: label}
+`
+
+// startIdleRun runs yaml's tasks on one worker, with `label` the operator
+// plans change.
+func startIdleRun(t *testing.T, yaml string) *reconfigRun {
+	t.Helper()
+	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: 5 * time.Millisecond})
+	t.Cleanup(func() { c.close(t) })
+	r := &reconfigRun{t: t, c: c, yaml: yaml, rc: fsm.QueryReconfig{Tracking: fsm.TrackingStatic}, plan: plan, tasks: len(c.specs[c.workers[0]]),
+		version: func(v int) string { return strings.ReplaceAll(yaml, "'v1'", fmt.Sprintf("'v%d'", v)) }, changed: []string{"label"}}
+	c.apply()
+	return r
+}
+
+// checkIdlePaths checks that the sink's data tuples are the users want in
+// order, each labelled by the version its tag names, and returns the
+// labels.
+func (r *reconfigRun) checkIdlePaths(want []string) []string {
+	r.t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var users, paths []string
+	for _, tp := range r.out {
+		if !tp.Type.IsData() {
+			continue
+		}
+		users, paths = append(users, tp.Values[0].S), append(paths, tp.Values[2].S)
+		if p := tp.Values[2].S; p != fmt.Sprintf("v%d", tp.Version+1) {
+			r.t.Fatalf("tuple %s: path %s but version tag %d", tp.Values[0].S, p, tp.Version)
+		}
+	}
+	if !slices.Equal(users, want) {
+		r.t.Fatalf("sink got %v, want %v", users, want)
+	}
+	return paths
+}
+
+// TestReconfigIdleIngestSourceSwitches: an ingest source that receives
+// nothing while a plan is committed and switched still acknowledges the
+// plan and emits its marker (before, it did so only with its next
+// request: an idle source held the plan in loading). The cut is an hour
+// of stream time ahead, yet the records that come after the switch are
+// processed by the new version: the source's marker was sent.
+func TestReconfigIdleIngestSourceSwitches(t *testing.T) {
+	r := startIdleRun(t, fmt.Sprintf(idleSourceYAML, "    ingest: true"))
+	addr := r.c.workers[0].addr
+	req := func(first uint64, recs ...string) *fedstreampb.IngestRequest {
+		return &fedstreampb.IngestRequest{Query: "rc", Source: "events", FirstLine: first, Lines: []byte(strings.Join(recs, "\n") + "\n")}
+	}
+	rec := func(sec int, user string) string {
+		return fmt.Sprintf(`{"time": %d, "user": %q, "amount": 1}`, int64(sec)*int64(time.Second), user)
+	}
+	done := r.tail()
+	if _, err := ingestReqs(t, r.c, addr, req(1, rec(1, "a"), rec(2, "b"), rec(3, "c"))); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the first records at the sink", func() bool { return r.received() == 3 })
+	r.commit(2)            // waits for every task's acknowledgement
+	r.switchAll(time.Hour) // far beyond anything the source will produce
+	r.waitLevel(1)         // every task has the source's marker
+	src := r.c.workers[0].rt.task("rc/events/p0/r0")
+	src.ingest.mu.Lock() // the ingest source's producer lock
+	v := src.rc.vers[0].Versions()
+	src.ingest.mu.Unlock()
+	if !slices.Equal(v, []int{2}) {
+		t.Fatalf("the source runs versions %v of label after its marker, want [2]", v)
+	}
+	resp, err := ingestReqs(t, r.c, addr, req(4, rec(4, "d"), rec(5, "e")), &fedstreampb.IngestRequest{Close: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Accepted != 2 || len(resp.Errors) != 0 {
+		t.Fatalf("response %+v", resp)
+	}
+	<-done
+	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
+		t.Fatalf("paths %v", got)
+	}
+}
+
+// TestReconfigIdleKafkaSourceSwitches is the same for a kafka source whose
+// partition has no new record during the update.
+func TestReconfigIdleKafkaSourceSwitches(t *testing.T) {
+	broker := kafkatest.Start(t, map[string]int32{"events": 1})
+	r := startIdleRun(t, fmt.Sprintf(idleSourceYAML, fmt.Sprintf("    kafka: {brokers: [%q], topic: events, partitions: 1}", broker)))
+	value := func(sec int64, user string) []byte {
+		return fmt.Appendf(nil, `{"time": %d, "user": %q, "amount": 1}`, kafkaEpoch+sec*int64(time.Second), user)
+	}
+	if err := kafkatest.Produce(broker, "events", 0, [][]byte{value(1, "a"), value(2, "b"), value(3, "c")}); err != nil {
+		t.Fatal(err)
+	}
+	sink := r.c.workers[0].rt.task("rc/out/p0/r0")
+	dataAtSink := func(n int) func() bool {
+		return func() bool {
+			last := sink.outs[0].buf.Stats().LastID
+			if last == 0 {
+				return false
+			}
+			ts := r.c.readStream(t, r.c.workers[0].addr, "rc/out/p0/r0", 0, last)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			r.out, r.n = ts, 0
+			for _, tp := range ts {
+				if tp.Type.IsData() {
+					r.n++
+				}
+			}
+			return r.n == n
+		}
+	}
+	waitUntil(t, "the first records at the sink", dataAtSink(3))
+	r.commit(2)
+	r.switchAll(time.Hour)
+	r.waitLevel(1)
+	if err := kafkatest.Produce(broker, "events", 0, [][]byte{value(4, "d"), value(5, "e")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the later records at the sink", dataAtSink(5))
+	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
+		t.Fatalf("paths %v", got)
+	}
+}
+
+// TestReconfigUpgradeDuringDCAAFailure upgrades a and b (reconfigYAML,
+// two replicas, availability within 200ms) while b's replica 0 has lost
+// every replica of source partition 1 (its links to their worker held
+// from before the plan until after the switch): it releases tentative
+// results meanwhile, without partition 1's marker, so it keeps the old
+// version. After the heal it corrects itself and gets the marker. The
+// stable output of sink replica 0 (read through the failure) holds every
+// generated line once, each tuple with a consistent version path, and
+// equals replica 1's (which no failure touched), tags included.
+func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
+	const limit = 6000
+	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: 200ms}\n", 1)
+	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Source partition 0 on worker 0, partition 1 on worker 3 (both
+	// replicas each), b's replica 0 on worker 1 (its links can be held),
+	// replica 1 on worker 2, the sinks on worker 4.
+	g := newFaultRig(t, q, 5, []int{1}, dcaaOpts, func(node string, p, rep int) int {
+		switch {
+		case node == "lines":
+			return 3 * p
+		case node == "b":
+			return 1 + rep
+		}
+		return 4
+	})
+	r := &reconfigRun{t: t, c: g.c, yaml: yaml, rc: fsm.QueryReconfig{Tracking: fsm.TrackingStatic}, plan: plan,
+		version: func(v int) string { return versionYAML(yaml, v) }, changed: []string{"a", "b"}}
+	for _, specs := range g.c.specs {
+		r.tasks += len(specs)
+	}
+	g.c.apply()
+	var replica1 []tuple.Tuple
+	done1 := r.tailOf("rc/out/p0/r1", &replica1)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	const b0 = "rc/b/p0/r0"
+	g.cut(1, dataplane.Hold, 3)
+	waitUntil(t, "b's replica 0 releasing tentative results", func() bool { return g.taskState(b0).Tentative })
+	r.commit(2)
+	r.switchAll(100 * time.Millisecond)
+	waitUntil(t, "every task but b's replica 0 at level 1", func() bool {
+		for id, st := range r.states() {
+			if id != b0 && id != "rc/out/p0/r0" && st.ReconfigLevel < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if st := g.taskState(b0); st.ReconfigLevel != 0 || !st.Tentative {
+		t.Fatalf("b's replica 0 at level %d (tentative %v) without partition 1's marker", st.ReconfigLevel, st.Tentative)
+	}
+	if v := r.versionsOf(b0, 0); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("b's replica 0 removed its old version while an upstream was cut off: %v", v)
+	}
+	g.faults[1].HealAll()
+	g.stableAgain(t, b0)
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	<-done1
+	got := viewOf(r.out)
+	if got.tentative == 0 || got.undos == 0 {
+		t.Fatalf("sink replica 0 saw %d tentative tuples and %d UNDOs: the failure did not reach it", got.tentative, got.undos)
+	}
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
+	}
+	want := viewOf(replica1).stable
+	if len(got.stable) != len(want) {
+		t.Fatalf("sink replica 0: %d stable tuples, replica 1 %d", len(got.stable), len(want))
+	}
+	for i := range want {
+		a, b := got.stable[i], want[i]
+		if a.Type != b.Type || a.STime != b.STime || a.Version != b.Version || !slices.Equal(a.Values, b.Values) {
+			t.Fatalf("stable tuple %d: replica 0 %+v, replica 1 %+v", i, a, b)
+		}
+	}
+}
