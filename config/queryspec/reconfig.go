@@ -17,15 +17,15 @@ var ErrNotReconfigurable = errors.New("not a live reconfiguration")
 // ReconfigChanges compares the definition of a running query (cur) with a
 // new one (next, validated) and returns the operators whose definitions
 // differ, in declaration order. The definitions of stateless operators
-// (filter, map, split, union) and the aggregates (functions) of an
-// aggregate may change, and only so that
+// (filter, map, split, union) and of an aggregate (its functions, window
+// and group_by) may change, and only so that
 // every fragment keeps its output schema (tuples in flight between
 // fragments stay readable by every version); the graph (operator names,
 // types, inputs, parallelism), the sources, the sinks, replicas and
-// availability must stay as they are. An aggregate keeps its window and
-// group_by (its versions share its windows and groups, which cannot be
-// migrated to others); a join keeps its whole definition. Every problem
-// is reported, each naming the operator.
+// availability must stay as they are. A join keeps its whole definition
+// (its window and keys: what else a join does is a filter or map after
+// it, versioned as such). Every problem is reported, each naming the
+// operator.
 func ReconfigChanges(cur, next *Query) ([]string, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -67,13 +67,11 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys)", a.Name)
 			continue
 		}
-		if a.Type == "aggregate" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.GroupBy, b.GroupBy)) {
-			// The versions of an aggregate share its windows and groups;
-			// only the functions over them may change (see
-			// operator.VersionedAggregate).
-			bad("operator %q: an aggregate's window and group_by cannot change (its open windows cannot be migrated to other windows or groups); only its aggregates may", a.Name)
-			continue
-		}
+		// An aggregate's versions with its window and group_by share its
+		// windows and groups (operator.VersionedAggregate); a version with
+		// another window or group_by runs a state of its own from the
+		// switch on, while the old one finishes its open windows
+		// (operator.StagedAggregate).
 		changed = append(changed, a.Name)
 	}
 	if len(errs) == 0 {

@@ -101,6 +101,12 @@ func SlotStateOf(op Operator) (st SlotState, ok bool) {
 		if o.st.keyed {
 			return o.st, true
 		}
+	case *StagedAggregate:
+		// Only while it runs one state shape (a rescale waits for the
+		// stages of a reshaping plan to come down to one).
+		if len(o.stages) == 1 && o.stages[0].va.st.keyed {
+			return o.stages[0].va.st, true
+		}
 	}
 	return nil, false
 }

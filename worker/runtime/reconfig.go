@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -59,6 +61,7 @@ type reconfigState struct {
 	plans   map[uint64]*queryspec.Plan
 	level   uint64
 	cuts    []epochCut // switched plans, by epoch
+	aligned map[uint64]alignedCut
 	dynamic bool
 	depends bool
 	levels  []uint64
@@ -168,7 +171,7 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 			loading = true
 			continue
 		}
-		r.cuts = append(r.cuts, epochCut{p.Epoch, p.Cut})
+		r.cuts = append(r.cuts, epochCut{p.Epoch, r.alignedCut(rc, p)})
 		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
 			// Every tuple is still processed by one configuration, but
 			// this source switches later than its replicas may have.
@@ -268,16 +271,71 @@ func (t *task) wrapStateful(rc *fsm.QueryReconfig, op operator.Operator, name st
 	if def == nil || def.Type != "aggregate" || !changedBy(rc, name) {
 		return nil, nil
 	}
-	va, err := operator.NewVersionedAggregate(name, op, 1, 0)
+	base, err := operator.NewVersionedAggregate(name, op, 1, 0)
 	if err != nil {
 		return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 	}
+	va := operator.NewStagedAggregate(base)
 	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
 		if err := va.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
 			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
 	}
 	return va, nil
+}
+
+// alignedCut is where sources switch to plan p: its cut, rounded up to a
+// window boundary of every aggregate the plan reshapes (another window
+// or group_by), so that no window of the old shape or the new one
+// straddles the switch (operator.StagedAggregate). Every task computes
+// it from the plans alone, so all agree.
+func (r *reconfigState) alignedCut(rc *fsm.QueryReconfig, p fsm.ReconfigPlan) int64 {
+	if c, ok := r.aligned[p.Epoch]; ok && c.cut == p.Cut {
+		return c.aligned
+	}
+	var slides []int64
+	prev, err1 := r.planOf(rc, p.Epoch-1)
+	next, err2 := r.planOf(rc, p.Epoch)
+	if err1 == nil && err2 == nil {
+		for _, c := range p.Changes {
+			a, b := prev.Query.OperatorByName(c.Operator), next.Query.OperatorByName(c.Operator)
+			if a == nil || b == nil || a.Type != "aggregate" || sameShape(a, b) {
+				continue
+			}
+			slides = append(slides, windowSlide(a), windowSlide(b))
+		}
+	}
+	cut := operator.AlignCut(p.Cut, slides)
+	if r.aligned == nil {
+		r.aligned = map[uint64]alignedCut{}
+	}
+	r.aligned[p.Epoch] = alignedCut{p.Cut, cut}
+	return cut
+}
+
+type alignedCut struct{ cut, aligned int64 }
+
+// sameShape reports whether two definitions of an aggregate have the same
+// window and group_by (their versions then share one state).
+func sameShape(a, b *queryspec.Operator) bool {
+	return reflect.DeepEqual(a.Window, b.Window) && slices.Equal(a.GroupBy, b.GroupBy)
+}
+
+// windowSlide is an aggregate's window slide (its size when tumbling), 0
+// if it does not parse (validated definitions always do).
+func windowSlide(def *queryspec.Operator) int64 {
+	if def.Window == nil {
+		return 0
+	}
+	s := def.Window.Slide
+	if s == "" {
+		s = def.Window.Size
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0
+	}
+	return int64(d)
 }
 
 // changedBy reports whether a plan of rc changes operator op.

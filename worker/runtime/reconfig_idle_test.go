@@ -12,6 +12,8 @@ import (
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/kafka/kafkatest"
+	"github.com/fedstream/fedstream/worker/operator"
+	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -241,5 +243,96 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 		if a.Type != b.Type || a.STime != b.STime || a.Version != b.Version || !slices.Equal(a.Values, b.Values) {
 			t.Fatalf("stable tuple %d: replica 0 %+v, replica 1 %+v", i, a, b)
 		}
+	}
+}
+
+// windowV2 is statefulYAML with per_window's tumbling window doubled (a
+// new state shape) and b labelling its rows -2 instead of -1.
+func windowV2(yaml string) string {
+	s := strings.Replace(yaml, "window: {size: 200ms}", "window: {size: 400ms}", 1)
+	return strings.Replace(s, `extra: "0 - 1"`, `extra: "0 - 2"`, 1)
+}
+
+// TestReconfigAggregateWindowChanged upgrades an aggregate to another
+// window size mid-stream (and b after it): the new version runs a state
+// of its own from the switch, which the workers align to a boundary of
+// both windows, while the old version's windows finish with the tuples
+// before it. Every row is exact (the reference splits the generators'
+// tuples at the aligned cut: 200ms windows before, 400ms after), comes
+// from one version with the tag naming it (b's label agrees), and none
+// is lost or duplicated; once every marker arrived the old stage is gone.
+func TestReconfigAggregateWindowChanged(t *testing.T) {
+	const limit = 6000
+	yaml := fmt.Sprintf(statefulYAML, limit)
+	r := startReconfigRun(t, yaml, fsm.TrackingStatic)
+	r.version = func(v int) string { return windowV2(yaml) }
+	r.changed = []string{"per_window", "b"}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	r.commit(2)
+	r.switchAll(50 * time.Millisecond)
+	r.waitLevel(1)
+	waitUntil(t, "the old window's stage dropped", func() bool {
+		return slices.Equal(r.versionsOf("rc/per_window/p0/r0", 0), []int{2})
+	})
+	r.complete()
+	<-done
+
+	const small, large = int64(200 * time.Millisecond), int64(400 * time.Millisecond)
+	cut := operator.AlignCut(r.rc.Plans[0].Cut, []int64{small, large})
+	if cut%large != 0 || cut < r.rc.Plans[0].Cut {
+		t.Fatalf("aligned cut %d from %d", cut, r.rc.Plans[0].Cut)
+	}
+	type key struct{ end, g int64 }
+	type ref struct{ cnt, total int64 }
+	want := map[key]*ref{}
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: limit, Rate: 2000}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			n := int64(len(tp.Values[0].S))
+			size := small
+			if tp.STime >= cut {
+				size = large
+			}
+			k := key{(tp.STime/size + 1) * size, n % 3}
+			if want[k] == nil {
+				want[k] = &ref{}
+			}
+			want[k].cnt++
+			want[k].total += n
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	got := map[key]bool{}
+	tags := map[uint64]int{}
+	for _, tp := range r.out {
+		if tp.Type != tuple.Stable {
+			continue
+		}
+		g, cnt, total, extra, end := tp.Values[0].I, tp.Values[1].I, tp.Values[2].I, tp.Values[3].I, tp.Values[4].I
+		k := key{end, g}
+		w := want[k]
+		if w == nil || got[k] {
+			t.Fatalf("row %+v (tag %d): not in the reference, or emitted twice", k, tp.Version)
+		}
+		got[k] = true
+		tags[tp.Version]++
+		if cnt != w.cnt || total != w.total {
+			t.Fatalf("row %+v (tag %d): cnt %d total %d, want %d %d", k, tp.Version, cnt, total, w.cnt, w.total)
+		}
+		if wantTag := map[bool]uint64{true: 0, false: 1}[end <= cut]; tp.Version != wantTag || extra != -1-int64(wantTag) {
+			t.Fatalf("row %+v: tag %d, label %d; the window ends at %d, the cut is %d", k, tp.Version, extra, end, cut)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d rows, want %d: lost rows", len(got), len(want))
+	}
+	if tags[0] == 0 || tags[1] == 0 {
+		t.Fatalf("rows by tag %v: the upgrade did not happen mid-stream", tags)
 	}
 }
