@@ -22,10 +22,9 @@ var ErrNotReconfigurable = errors.New("not a live reconfiguration")
 // every fragment keeps its output schema (tuples in flight between
 // fragments stay readable by every version); the graph (operator names,
 // types, inputs, parallelism), the sources, the sinks, replicas and
-// availability must stay as they are. A join keeps its whole definition
-// (its window and keys: what else a join does is a filter or map after
-// it, versioned as such). Every problem is reported, each naming the
-// operator.
+// availability must stay as they are. A join keeps its window and keys
+// (its versions share its buffered tuples); its where may change. Every
+// problem is reported, each naming the operator.
 func ReconfigChanges(cur, next *Query) ([]string, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -61,10 +60,11 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			bad("operator %q: its type, inputs and parallelism must stay as they are", a.Name)
 			continue
 		}
-		if a.Type == "join" {
-			// A join's definition is its window and keys, which shape its
-			// buffered state: no change of it can be migrated.
-			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys)", a.Name)
+		if a.Type == "join" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.On, b.On)) {
+			// A join's window and keys shape its buffered tuples; its
+			// versions share them, so only its `where` may change (see
+			// operator.VersionedJoin).
+			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys); only its where may", a.Name)
 			continue
 		}
 		// An aggregate's versions with its window and group_by share its

@@ -72,7 +72,7 @@ func TestReconfigChangesAggregateFunctions(t *testing.T) {
 }
 
 // TestReconfigChangesJoinRefused: a join's window or keys cannot change,
-// and the error names it.
+// and the error names it; its where can.
 func TestReconfigChangesJoinRefused(t *testing.T) {
 	base := `name: j
 sources:
@@ -87,5 +87,10 @@ sinks:
 	_, err := ReconfigChanges(cur, mustParse(t, strings.Replace(base, "size: 1s", "size: 2s", 1)))
 	if !errors.Is(err, ErrNotReconfigurable) || !strings.Contains(err.Error(), `"both"`) {
 		t.Fatalf("join window change: %v", err)
+	}
+	// Its predicate may change: its versions share the buffers.
+	got, err := ReconfigChanges(cur, mustParse(t, strings.Replace(base, "window: {size: 1s}}", `window: {size: 1s}, where: "line != right_line"}`, 1)))
+	if err != nil || !slices.Equal(got, []string{"both"}) {
+		t.Fatalf("join where change: %v, %v", got, err)
 	}
 }

@@ -101,6 +101,10 @@ func SlotStateOf(op Operator) (st SlotState, ok bool) {
 		if o.st.keyed {
 			return o.st, true
 		}
+	case *VersionedJoin:
+		// The shared buffers; the tuples' configurations are not part of
+		// a slot state (installed ones count as the floor's).
+		return o.j, true
 	case *StagedAggregate:
 		// Only while it runs one state shape (a rescale waits for the
 		// stages of a reshaping plan to come down to one).

@@ -261,14 +261,30 @@ func (t *task) loadVersions(rc *fsm.QueryReconfig) error {
 }
 
 // wrapStateful returns the task's i-th operator op, a stateful one, run
-// as versions over its state when a plan of rc changes it (an
-// aggregate; the validation refuses other stateful changes), or nil.
+// as versions over its state when a plan of rc changes it (an aggregate,
+// staged when a version reshapes it; a join, whose versions share its
+// buffers), or nil.
 // Until a plan changes it, it is not versioned at all: what works without
 // such a change is untouched. The state is kept in place; the epochs up
 // to rc's latest are added.
 func (t *task) wrapStateful(rc *fsm.QueryReconfig, op operator.Operator, name string, i int) (versionSet, error) {
 	def := t.memberDef(t.plan, i)
-	if def == nil || def.Type != "aggregate" || !changedBy(rc, name) {
+	if def == nil || !changedBy(rc, name) {
+		return nil, nil
+	}
+	if def.Type == "join" {
+		vj, err := operator.NewVersionedJoin(name, op, 1, 0)
+		if err != nil {
+			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+		for e := vj.Latest() + 1; e <= rc.Latest(); e++ {
+			if err := vj.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+				return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			}
+		}
+		return vj, nil
+	}
+	if def.Type != "aggregate" {
 		return nil, nil
 	}
 	base, err := operator.NewVersionedAggregate(name, op, 1, 0)

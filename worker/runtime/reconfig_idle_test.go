@@ -336,3 +336,109 @@ func TestReconfigAggregateWindowChanged(t *testing.T) {
 		t.Fatalf("rows by tag %v: the upgrade did not happen mid-stream", tags)
 	}
 }
+
+// joinYAML: two generated streams keyed by their lines' length mod 7,
+// joined in 100ms windows with a predicate, and a map after the join
+// (fused into its task) labelling each pair with its version.
+const joinYAML = `name: rc
+sources:
+  - {name: ls, generator: {kind: words, rate: 500, seed: 5, limit: %[1]d}}
+  - {name: rs, generator: {kind: words, rate: 500, seed: 6, limit: %[1]d}}
+operators:
+  - {name: lm, type: map, input: ls, fields: {line: line, k: "len(line) %% 7", n: "len(line)"}}
+  - {name: rm, type: map, input: rs, fields: {line: line, k: "len(line) %% 7", m: "len(line)"}}
+  - {name: both, type: join, left: lm, right: rm, on: [k], window: {size: 100ms}, where: "n + m > 60"}
+  - {name: label, type: map, input: both, fields: {l: line, r: right_line, path: "'v1'"}}
+sinks:
+  - {name: out, input: label}
+`
+
+// joinV2 is joinYAML with the join's predicate written otherwise (the same
+// pairs) and the label at v2.
+func joinV2(yaml string) string {
+	s := strings.Replace(yaml, `where: "n + m > 60"`, `where: "m > 60 - n"`, 1)
+	return strings.Replace(s, "'v1'", "'v2'", 1)
+}
+
+// TestReconfigJoinUpgradedMidStream upgrades a join's predicate (and the
+// map after it) while tuples flow: its versions share its buffered
+// tuples, so the windows open at the switch keep both sides. The new
+// predicate selects the same pairs, so the output is exactly the
+// reference's (every pair once, computed from the generators); each
+// pair's label names the version its tag selects, both versions produced
+// pairs, and the old version is gone once the markers arrived.
+func TestReconfigJoinUpgradedMidStream(t *testing.T) {
+	const limit = 1500
+	yaml := fmt.Sprintf(joinYAML, limit)
+	r := startReconfigRun(t, yaml, fsm.TrackingStatic)
+	r.version = func(v int) string { return joinV2(yaml) }
+	r.changed = []string{"both", "label"}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 200 })
+	r.commit(2)
+	if v := r.versionsOf("rc/both/p0/r0", 0); !slices.Equal(v, []int{1, 2}) {
+		t.Fatalf("the join runs versions %v while the plan loads, want [1 2]", v)
+	}
+	r.switchAll(50 * time.Millisecond)
+	r.waitLevel(1)
+	if v := r.versionsOf("rc/both/p0/r0", 0); !slices.Equal(v, []int{2}) {
+		t.Fatalf("the join runs versions %v after the markers, want [2]", v)
+	}
+	r.complete()
+	<-done
+
+	type rec struct {
+		stime int64
+		line  string
+	}
+	read := func(seed int64) []rec {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: seed, Limit: limit, Rate: 500}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []rec
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			out = append(out, rec{tp.STime, tp.Values[0].S})
+		}
+		return out
+	}
+	const size = int64(100 * time.Millisecond)
+	type wk struct{ w, k int64 }
+	rights := map[wk][]string{}
+	for _, x := range read(6) {
+		k := wk{floorDiv(x.stime, size), int64(len(x.line) % 7)}
+		rights[k] = append(rights[k], x.line)
+	}
+	var want []string
+	for _, x := range read(5) {
+		for _, rl := range rights[wk{floorDiv(x.stime, size), int64(len(x.line) % 7)}] {
+			if len(x.line)+len(rl) > 60 {
+				want = append(want, x.line+"|"+rl)
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var got []string
+	paths := map[string]int{}
+	for _, tp := range r.out {
+		if tp.Type != tuple.Stable {
+			continue
+		}
+		got = append(got, tp.Values[0].S+"|"+tp.Values[1].S)
+		path := tp.Values[2].S
+		paths[path]++
+		if path != fmt.Sprintf("v%d", tp.Version+1) {
+			t.Fatalf("pair %d: label %s but tag %d", tp.ID, path, tp.Version)
+		}
+	}
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Fatalf("%d pairs, the reference %d: lost, extra or duplicated pairs", len(got), len(want))
+	}
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("pairs by version %v: the upgrade did not happen mid-stream", paths)
+	}
+}
