@@ -17,8 +17,9 @@ var ErrNotReconfigurable = errors.New("not a live reconfiguration")
 // ReconfigChanges compares the definition of a running query (cur) with a
 // new one (next, validated) and returns the operators whose definitions
 // differ, in declaration order. The definitions of stateless operators
-// (filter, map, split, union) and of an aggregate (its functions, window
-// and group_by) may change, and only so that
+// (filter, map, split, union), of an aggregate (its functions and window;
+// not its group_by, which routes its input) and of a join (its where) may
+// change, and only so that
 // every fragment keeps its output schema (tuples in flight between
 // fragments stay readable by every version); the graph (operator names,
 // types, inputs, parallelism), the sources, the sinks, replicas and
@@ -67,11 +68,17 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys); only its where may", a.Name)
 			continue
 		}
-		// An aggregate's versions with its window and group_by share its
-		// windows and groups (operator.VersionedAggregate); a version with
-		// another window or group_by runs a state of its own from the
-		// switch on, while the old one finishes its open windows
-		// (operator.StagedAggregate).
+		if a.Type == "aggregate" && !slices.Equal(a.GroupBy, b.GroupBy) {
+			// The group_by keys also route the aggregate's input to its
+			// partitions and hash slots, which every upstream task and
+			// the slot maps fix for the query's life.
+			bad("operator %q: an aggregate's group_by cannot change (it decides how the aggregate's input is partitioned and routed, which a running query keeps); its window and aggregates may", a.Name)
+			continue
+		}
+		// An aggregate's versions with its window share its windows and
+		// groups (operator.VersionedAggregate); a version with another
+		// window runs a state of its own from the switch on, while the old
+		// one finishes its open windows (operator.StagedAggregate).
 		changed = append(changed, a.Name)
 	}
 	if len(errs) == 0 {

@@ -69,6 +69,13 @@ func TestReconfigChangesAggregateFunctions(t *testing.T) {
 	if err != nil || !slices.Equal(got, []string{"agg"}) {
 		t.Fatalf("window change: %v, %v", got, err)
 	}
+	// Other groups: refused (group_by routes the input), naming the
+	// operator.
+	grouped := strings.Replace(base, "window: {size: 1s}", "window: {size: 1s}, group_by: [n]", 1)
+	_, err = ReconfigChanges(mustParse(t, grouped), mustParse(t, strings.Replace(grouped, "group_by: [n]", "group_by: [line]", 1)))
+	if err == nil || !strings.Contains(err.Error(), `"agg"`) || !strings.Contains(err.Error(), "group_by cannot change") {
+		t.Fatalf("group_by change: %v", err)
+	}
 }
 
 // TestReconfigChangesJoinRefused: a join's window or keys cannot change,

@@ -106,11 +106,14 @@ func SlotStateOf(op Operator) (st SlotState, ok bool) {
 		// a slot state (installed ones count as the floor's).
 		return o.j, true
 	case *StagedAggregate:
-		// Only while it runs one state shape (a rescale waits for the
-		// stages of a reshaping plan to come down to one).
-		if len(o.stages) == 1 && o.stages[0].va.st.keyed {
+		if !o.stages[len(o.stages)-1].va.st.keyed {
+			return nil, false
+		}
+		if len(o.stages) == 1 {
 			return o.stages[0].va.st, true
 		}
+		// Every stage's groups of the slots (the watermark is shared).
+		return stagedSlots{o}, true
 	}
 	return nil, false
 }

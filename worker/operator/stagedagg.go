@@ -6,12 +6,14 @@ import (
 	"slices"
 	"time"
 
+	"github.com/fedstream/fedstream/slots"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // StagedAggregate runs the versions of one aggregate whose state shape
 // changed (another window or group_by: live reconfiguration, issue 13
-// item 5). Versions with the same window and group_by share one state as
+// item 5; query validation lets only the window change, the group_by
+// routing the input). Versions with the same window and group_by share one state as
 // a VersionedAggregate; a version with another shape starts a new
 // **stage**: a state of its own, empty when the version is loaded, which
 // only tuples of its configurations update. Rules, all decided by the
@@ -29,8 +31,13 @@ import (
 //     window is exact: the workers align a plan's cut to the windows of
 //     the aggregates it reshapes (AlignCut). Otherwise a window of either
 //     stage that straddles the cut holds only the tuples of its own side.
+//   - Every stage holds the same keys' groups by hash slot: a rescale
+//     hands over each stage's groups of the moved slots (stagedSlots).
 //   - A stage all of whose configurations are older than the floor gets
-//     no tuple any more; it is dropped once its last window was emitted.
+//     no tuple any more; once its last window was emitted it is inactive
+//     (its versions are no longer listed). It stays, empty, so that every
+//     copy that loaded the same versions has the same stages (snapshots
+//     and slot hand-overs match stage for stage).
 //
 // Like every operator it is driven by one goroutine; AddEpoch and
 // SetFloor must be called on it (or while it does not process).
@@ -118,8 +125,7 @@ func (s *StagedAggregate) AddEpoch(version int, build func() (Operator, error)) 
 }
 
 // SetFloor says no tuple of an epoch below floor can arrive any more:
-// each stage drops the versions only older epochs used, and a stage none
-// of whose epochs remains goes once its windows are emitted.
+// each stage drops the versions only older epochs used.
 func (s *StagedAggregate) SetFloor(floor uint64) {
 	if floor <= s.floor {
 		return
@@ -128,28 +134,21 @@ func (s *StagedAggregate) SetFloor(floor uint64) {
 	for _, st := range s.stages {
 		st.va.SetFloor(min(s.floor, st.va.Latest()))
 	}
-	s.dropFinished()
 }
 
-// dropFinished removes the stages below the floor whose windows were all
-// emitted (never the last stage).
-func (s *StagedAggregate) dropFinished() {
-	for len(s.stages) > 1 {
-		st, next := s.stages[0], s.stages[1]
-		if next.from > s.floor || len(st.va.st.windows) > 0 {
-			return
-		}
-		s.stages = s.stages[1:]
-		for e := range s.byEpoch {
-			s.byEpoch[e] = max(s.byEpoch[e]-1, 0)
-		}
-	}
+// active reports whether stage i may still emit: a configuration of it is
+// at or above the floor, or it holds open windows.
+func (s *StagedAggregate) active(i int) bool {
+	return i == len(s.stages)-1 || s.stages[i+1].from > s.floor || len(s.stages[i].va.st.windows) > 0
 }
 
-// Versions lists the loaded versions of every stage, ascending.
+// Versions lists the loaded versions of the active stages, ascending.
 func (s *StagedAggregate) Versions() []int {
 	var out []int
-	for _, st := range s.stages {
+	for i, st := range s.stages {
+		if !s.active(i) {
+			continue
+		}
 		for _, v := range st.va.Versions() {
 			if !slices.Contains(out, v) {
 				out = append(out, v)
@@ -160,8 +159,16 @@ func (s *StagedAggregate) Versions() []int {
 	return out
 }
 
-// Stages is the number of state shapes the operator runs.
-func (s *StagedAggregate) Stages() int { return len(s.stages) }
+// Stages is the number of active state shapes.
+func (s *StagedAggregate) Stages() int {
+	n := 0
+	for i := range s.stages {
+		if s.active(i) {
+			n++
+		}
+	}
+	return n
+}
 
 // Process hands the tuple to the stage of its configuration.
 func (s *StagedAggregate) Process(port int, t *tuple.Tuple, out Emitter) error {
@@ -179,7 +186,6 @@ func (s *StagedAggregate) Advance(watermark int64, out Emitter) error {
 			return err
 		}
 	}
-	s.dropFinished()
 	return nil
 }
 
@@ -216,14 +222,14 @@ func (s *StagedAggregate) Snapshot() ([]byte, error) {
 	return e.b, nil
 }
 
-// ErrStagesDiffer means a staged aggregate's snapshot holds a stage the
-// restoring copy did not load (it loaded other versions).
+// ErrStagesDiffer means a staged aggregate's snapshot holds other stages
+// than the restoring copy loaded (it loaded other versions).
 var ErrStagesDiffer = errors.New("the snapshot's state shapes are not the ones loaded")
 
-// Restore takes a snapshot of an operator that loaded the same versions:
-// a staged one (stages it had dropped are dropped here too), or one taken
-// before the version reshaping it was loaded (the first stage's state;
-// the later stages start empty, as at load).
+// Restore takes a snapshot of an operator that loaded the same versions
+// (the same stages), or one taken before the version reshaping it was
+// loaded (the first stage's state; the later stages start empty, as at
+// load).
 func (s *StagedAggregate) Restore(state []byte) error {
 	d, err := newDecoder(state, stagedMagic)
 	if err != nil {
@@ -231,43 +237,93 @@ func (s *StagedAggregate) Restore(state []byte) error {
 	}
 	floor := d.uvarint()
 	n := d.count(2)
-	type part struct {
-		from uint64
-		b    []byte
+	if d.err == nil && n != len(s.stages) {
+		return fmt.Errorf("%w: operator %q: %d stages, %d loaded", ErrStagesDiffer, s.name, n, len(s.stages))
 	}
-	var parts []part
-	for range n {
-		parts = append(parts, part{d.uvarint(), []byte(d.str())})
-	}
-	if err := d.finish(); err != nil {
-		return err
-	}
-	if len(parts) == 0 {
-		return fmt.Errorf("%w: no stage", ErrStagesDiffer)
-	}
-	// Stages older than the snapshot's first were dropped by the
-	// original: every window emitted, no tuple of theirs to come.
-	keep := slices.IndexFunc(s.stages, func(st *aggStage) bool { return st.from == parts[0].from })
-	if keep < 0 || len(s.stages)-keep != len(parts) {
-		return fmt.Errorf("%w: operator %q", ErrStagesDiffer, s.name)
-	}
-	for i, p := range parts {
-		st := s.stages[keep+i]
-		if st.from != p.from {
-			return fmt.Errorf("%w: operator %q", ErrStagesDiffer, s.name)
+	for _, st := range s.stages {
+		from, b := d.uvarint(), d.str()
+		if d.err != nil {
+			return d.err
 		}
-		if err := st.va.Restore(p.b); err != nil {
+		if from != st.from {
+			return fmt.Errorf("%w: operator %q: a stage from epoch %d, loaded %d", ErrStagesDiffer, s.name, from, st.from)
+		}
+		if err := st.va.Restore([]byte(b)); err != nil {
 			return err
 		}
 	}
-	s.stages = s.stages[keep:]
-	for e := range s.byEpoch {
-		s.byEpoch[e] = max(s.byEpoch[e]-keep, 0)
+	if err := d.finish(); err != nil {
+		return err
 	}
 	if floor > s.floor {
 		s.SetFloor(floor)
 	}
 	return nil
+}
+
+// stagedSlots is the slot state of a StagedAggregate of several stages:
+// every stage's groups of the slots, stage for stage (every copy that
+// loaded the same versions has the same stages).
+type stagedSlots struct{ s *StagedAggregate }
+
+func (x stagedSlots) HeldSlots() slots.Set {
+	var out slots.Set
+	for _, st := range x.s.stages {
+		out = out.Union(st.va.st.HeldSlots())
+	}
+	return out
+}
+
+func (x stagedSlots) SnapshotSlots(set slots.Set) ([]byte, error) {
+	e := newEncoder(stagedMagic + " slots")
+	e.uvarint(uint64(len(x.s.stages)))
+	for _, st := range x.s.stages {
+		b, err := st.va.st.SnapshotSlots(set)
+		if err != nil {
+			return nil, err
+		}
+		e.uvarint(st.from)
+		e.str(string(b))
+	}
+	return e.b, nil
+}
+
+// RestoreSlots installs every stage's part; on error nothing changes
+// (each part is checked by a trial decode first: the stages' own
+// RestoreSlots change nothing on error, and all are restored only once
+// the layout matches).
+func (x stagedSlots) RestoreSlots(data []byte) error {
+	d, err := newDecoder(data, stagedMagic+" slots")
+	if err != nil {
+		return err
+	}
+	n := d.count(2)
+	if d.err == nil && n != len(x.s.stages) {
+		return fmt.Errorf("%w: operator %q: %d stages, %d loaded", ErrStagesDiffer, x.s.name, n, len(x.s.stages))
+	}
+	parts := make([][]byte, 0, n)
+	for _, st := range x.s.stages {
+		from, b := d.uvarint(), d.str()
+		if d.err == nil && from != st.from {
+			return fmt.Errorf("%w: operator %q: a stage from epoch %d, loaded %d", ErrStagesDiffer, x.s.name, from, st.from)
+		}
+		parts = append(parts, []byte(b))
+	}
+	if err := d.finish(); err != nil {
+		return err
+	}
+	for i, st := range x.s.stages {
+		if err := st.va.st.RestoreSlots(parts[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (x stagedSlots) DropSlots(set slots.Set) {
+	for _, st := range x.s.stages {
+		st.va.st.DropSlots(set)
+	}
 }
 
 // AlignCut rounds a plan's cut up to the next boundary of the windows of

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/slots"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -176,5 +177,93 @@ func TestAlignCut(t *testing.T) {
 		if got := AlignCut(c.cut, c.slides); got != c.want {
 			t.Errorf("AlignCut(%d, %v) = %d, want %d", c.cut, c.slides, got, c.want)
 		}
+	}
+}
+
+// TestStagedAggregateSlotHandOver: while two window shapes run (a keyed
+// aggregate whose window doubled), the state of half the slots moves to
+// another copy (a rescale's hand-over, stage for stage); the rows of the
+// two copies together are those of one copy that kept everything.
+func TestStagedAggregateSlotHandOver(t *testing.T) {
+	def1 := vaggDef("c", "count()", "s", "sum(n)")
+	def2 := vaggDef("c", "count()", "s", "sum(n)")
+	def2.Window = &queryspec.Window{Size: "200ns"}
+	build := func() *StagedAggregate {
+		op, err := vaggBuild(def1)()
+		if err != nil {
+			t.Fatal(err)
+		}
+		va, err := NewVersionedAggregate("agg", op, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := NewStagedAggregate(va)
+		if err := s.AddEpoch(2, vaggBuild(def2)); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	run := func(split bool) []string {
+		a, b := build(), build()
+		var out []string
+		em := EmitFunc(func(tp *tuple.Tuple) { out = append(out, row(*tp)+"#"+string(rune('0'+tp.Version))) })
+		moved := slots.Of(queryspec.Slot([]tuple.Value{tuple.Int(1)}))
+		handed := false
+		for st := int64(0); st < 1000; st++ {
+			if st%50 == 0 && st > 0 {
+				for _, x := range []*StagedAggregate{a, b} {
+					if err := x.Advance(st, em); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if split && st == 450 {
+					// Both stages hold windows of the moved slot: the old
+					// one [400, 500), the new one [400, 600).
+					for i, stg := range a.stages {
+						if !stg.va.st.HeldSlots().Contains(moved) {
+							t.Fatalf("stage %d holds nothing of the moved slot", i)
+						}
+					}
+					sa, _ := SlotStateOf(a)
+					sb, _ := SlotStateOf(b)
+					data, err := sa.SnapshotSlots(moved)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := sb.RestoreSlots(data); err != nil {
+						t.Fatal(err)
+					}
+					sa.DropSlots(moved)
+					handed = true
+				}
+			}
+			if st%3 != 0 {
+				continue
+			}
+			tag := uint64(0)
+			if st >= 480 || st >= 350 && st%2 == 0 {
+				tag = 1
+			}
+			g := (st / 6) % 2
+			tp := tuple.Tuple{Type: tuple.Stable, STime: st, Version: tag, Values: []tuple.Value{tuple.Int(g), tuple.Int(st % 7), tuple.Str("x")}}
+			x := a
+			if handed && g == 1 {
+				x = b
+			}
+			if err := x.Process(0, &tp, em); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, x := range []*StagedAggregate{a, b} {
+			if err := x.Advance(2000, em); err != nil {
+				t.Fatal(err)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	one, two := run(false), run(true)
+	if !slices.Equal(one, two) || len(one) == 0 {
+		t.Fatalf("one copy:\n%v\ntwo copies after a hand-over:\n%v", one, two)
 	}
 }
