@@ -22,7 +22,7 @@ sinks:
 `
 
 // TestUpdateQueryCommitsOnePlan: an update that cannot be applied live
-// (bad YAML, a stateful operator changed, an operator added, nothing
+// (bad YAML, an operator's input changed, an operator added, nothing
 // changed, the quiescent strategy) changes nothing; a valid one commits a
 // plan with a new version of the changed operator, and a second plan
 // gives it a third version while the first is still under way.
@@ -44,7 +44,7 @@ func TestUpdateQueryCommitsOnePlan(t *testing.T) {
 		code           codes.Code
 	}{
 		"parse error":     {strings.Replace(reconfigQuery, "temperature > 38.0", "temperature >", 1), "", codes.InvalidArgument},
-		"stateful change": {strings.Replace(reconfigQuery, "size: 1s", "size: 2s", 1), "", codes.InvalidArgument},
+		"input changed":   {strings.Replace(reconfigQuery, "input: hot, window", "input: vitals, window", 1), "", codes.InvalidArgument},
 		"nothing changed": {reconfigQuery, "", codes.InvalidArgument},
 		"operator added": {strings.Replace(reconfigQuery, "sinks:", "  - {name: extra, type: filter, input: vitals, where: \"true\"}\nsinks:", 1) +
 			"  - {name: out2, input: extra}\n", "", codes.InvalidArgument},

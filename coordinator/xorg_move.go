@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,6 +82,10 @@ type syncItem struct {
 	TaskID     string `json:"task_id"`
 	Generation int    `json:"generation"`
 	Phase      string `json:"phase"`
+	// Reconfig and MarkersExpected: the owner's reconfiguration state of
+	// the task's query and the task's marker count (fsm.HostedTask).
+	Reconfig        json.RawMessage `json:"reconfig,omitempty"`
+	MarkersExpected int             `json:"markers_expected,omitempty"`
 }
 
 type syncRequest struct {
@@ -95,6 +100,18 @@ type hostedReport struct {
 	Message      string  `json:"message,omitempty"`
 	MovePosition *uint64 `json:"move_position,omitempty"`
 	MoveBlocked  bool    `json:"move_blocked,omitempty"`
+	// Reconfig is the copy's live reconfiguration progress (nil: none
+	// reported), which the owner's plans wait for like any task's.
+	Reconfig *hostedReconfig `json:"reconfig,omitempty"`
+}
+
+// hostedReconfig is a hosted copy's reconfiguration progress (see
+// fsm.TaskStateUpdate).
+type hostedReconfig struct {
+	Acked    uint64                `json:"acked"`
+	Level    uint64                `json:"level"`
+	Frontier int64                 `json:"frontier,omitempty"`
+	Markers  []fsm.ReconfigMarkers `json:"markers,omitempty"`
 }
 
 type syncAnswer struct {
@@ -344,6 +361,7 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	}
 	// The host needs the query to run one of its tasks.
 	rec.SpecJSON = q.SpecJSON
+	rec.ReconfigJSON, rec.MarkersExpected = s.hostedReconfig(q, t.Fragment)
 	qtasks, err := st.TasksByQuery(nil, t.Query)
 	if err != nil {
 		return rollback(err)
@@ -395,7 +413,7 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 			return fmt.Errorf("move %s to %s: the task was removed (query stopped)", taskID, partnerOrg)
 		case cur.WorkerID == pw && cur.Gen() == gen+1 && cur.MovingFrom == "":
 			rec.Phase = fsm.HostedRunning
-			rec.SpecJSON, rec.Peers, rec.SlotMaps = nil, nil, nil
+			rec.SpecJSON, rec.Peers, rec.SlotMaps, rec.ReconfigJSON, rec.MarkersExpected = nil, nil, nil, nil, 0
 			if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: rec, IfGeneration: gen + 1}); err != nil {
 				s.logger.Warn("cross-org move: recording the move's end", "task", t.ID, "err", err)
 			}
@@ -616,7 +634,11 @@ func (s *Server) contractInForce(id string) bool {
 func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTask) error {
 	req := syncRequest{}
 	for _, h := range recs {
-		req.Tasks = append(req.Tasks, syncItem{TaskID: h.TaskID, Generation: h.Generation, Phase: h.Phase})
+		it := syncItem{TaskID: h.TaskID, Generation: h.Generation, Phase: h.Phase}
+		if q, err := s.State().Query(nil, h.Query); err == nil && q != nil {
+			it.Reconfig, it.MarkersExpected = s.hostedReconfig(q, h.Fragment)
+		}
+		req.Tasks = append(req.Tasks, it)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -643,8 +665,12 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 		if r.State == "" {
 			continue
 		}
-		upd.States = append(upd.States, fsm.TaskStateUpdate{TaskID: r.TaskID, Generation: r.Generation, State: r.State,
-			Message: r.Message, MovePosition: r.MovePosition, MoveBlocked: r.MoveBlocked})
+		u := fsm.TaskStateUpdate{TaskID: r.TaskID, Generation: r.Generation, State: r.State,
+			Message: r.Message, MovePosition: r.MovePosition, MoveBlocked: r.MoveBlocked}
+		if rp := r.Reconfig; rp != nil {
+			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier, u.ReconfigMarkers = true, rp.Acked, rp.Level, rp.Frontier, rp.Markers
+		}
+		upd.States = append(upd.States, u)
 	}
 	if len(upd.States) > 0 {
 		if err := s.applyCmd(ctx, fsm.UpdateTaskStatesType, upd); err != nil {
@@ -881,9 +907,16 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 			ans.Lost = append(ans.Lost, syncItem{TaskID: h.TaskID, Generation: h.Generation})
 			continue
 		}
-		if it.Phase != h.Phase && (it.Phase == fsm.HostedRunning || it.Phase == fsm.HostedReturning) {
+		phase := it.Phase != h.Phase && (it.Phase == fsm.HostedRunning || it.Phase == fsm.HostedReturning)
+		reconfig := !bytes.Equal(it.Reconfig, h.ReconfigJSON) || it.MarkersExpected != h.MarkersExpected
+		if phase || reconfig {
+			// A plan the owner committed (or advanced) since: the copy
+			// loads it from its assignment.
 			upd := *h
-			upd.Phase = it.Phase
+			if phase {
+				upd.Phase = it.Phase
+			}
+			upd.ReconfigJSON, upd.MarkersExpected = it.Reconfig, it.MarkersExpected
 			if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: upd, IfGeneration: h.Generation}); err != nil {
 				return syncAnswer{}, err
 			}
@@ -977,8 +1010,15 @@ func (s *Server) takeHostedReports(workerID string, in []*pb.TaskState) []*pb.Ta
 			continue
 		}
 		if int(t.Generation) == h.Generation {
-			s.xorg.report(h.ID, hostedReport{TaskID: t.TaskId, Generation: int(t.Generation), State: t.State, Message: t.Message,
-				MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked})
+			r := hostedReport{TaskID: t.TaskId, Generation: int(t.Generation), State: t.State, Message: t.Message,
+				MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
+			if rp := t.Reconfig; rp != nil {
+				r.Reconfig = &hostedReconfig{Acked: rp.Acked, Level: rp.Level, Frontier: rp.Frontier}
+				for _, m := range rp.Markers {
+					r.Reconfig.Markers = append(r.Reconfig.Markers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
+				}
+			}
+			s.xorg.report(h.ID, r)
 		}
 	}
 	return rest
@@ -1002,7 +1042,8 @@ func (s *Server) hostedAssignments(worker string, resp *pb.WatchAssignmentsRespo
 		if h.Phase == fsm.HostedMoving {
 			a.Bootstrap = &pb.SnapshotSource{WorkerAddr: relay, TaskId: h.TaskID, Generation: int32(h.SourceGeneration)}
 		}
-		view := &pb.QueryView{Name: h.Query, Index: h.CreateIndex, SpecJson: h.SpecJSON}
+		view := &pb.QueryView{Name: h.Query, Index: h.CreateIndex, SpecJson: h.SpecJSON, ReconfigJson: h.ReconfigJSON}
+		a.MarkersExpected = int32(h.MarkersExpected)
 		for _, p := range h.Peers {
 			if p.TaskID == h.TaskID {
 				continue
@@ -1025,6 +1066,31 @@ func (s *Server) hostedAssignments(worker string, resp *pb.WatchAssignmentsRespo
 		resp.Assignments = append(resp.Assignments, a)
 		resp.Queries = append(resp.Queries, view)
 	}
+}
+
+// hostedReconfig is what a partner hosting a task of query q (fragment)
+// needs of its live reconfiguration: the state's JSON (nil without one)
+// and the task's marker count.
+func (s *Server) hostedReconfig(q *fsm.Query, fragment string) ([]byte, int) {
+	if q.Reconfig == nil {
+		return nil, 0
+	}
+	b, err := json.Marshal(q.Reconfig)
+	if err != nil {
+		return nil, 0
+	}
+	n := 0
+	if plan := s.plans.plan(q); plan != nil {
+		maps, _ := s.State().SlotMaps(nil, q.Name)
+		var cur []*fsm.SlotMap
+		for _, m := range maps {
+			if m.QueryIndex == q.CreateIndex {
+				cur = append(cur, m)
+			}
+		}
+		n = markersExpected(plan, fragment, cur)
+	}
+	return b, n
 }
 
 // hostedStateText is where a task runs, for status: the partner org for

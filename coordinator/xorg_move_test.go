@@ -173,7 +173,14 @@ func (o *xorgOrg) task(t *testing.T, id string) *fsm.Task {
 // window emitted twice fails.
 func (o *xorgOrg) results(t *testing.T, query string, seen func(n int)) map[string]string {
 	t.Helper()
-	spec, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(xorgQuery, query, 1, 1)))
+	return o.resultsOf(t, query, fmt.Sprintf(xorgQuery, query, 1, 1), seen)
+}
+
+// resultsOf is results for a query whose YAML is yaml (its sink has the
+// fields word, cnt, total and window_end).
+func (o *xorgOrg) resultsOf(t *testing.T, query, yaml string, seen func(n int)) map[string]string {
+	t.Helper()
+	spec, err := queryspec.Parse("q.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -339,6 +339,13 @@ type HostedTask struct {
 	SourceGeneration int          `json:"source_generation,omitempty"`
 	Peers            []HostedPeer `json:"peers,omitempty"`
 	SlotMaps         []SlotMap    `json:"slot_maps,omitempty"`
+	// ReconfigJSON is, at the host, the owner's live reconfiguration
+	// state of the query (QueryReconfig JSON; nil without one) and
+	// MarkersExpected how many markers per epoch the task gets: the
+	// owner sends both with the move and with every sync, so the copy runs
+	// the query's versions like the owner's tasks.
+	ReconfigJSON    []byte `json:"reconfig_json,omitempty"`
+	MarkersExpected int    `json:"markers_expected,omitempty"`
 	// State and Message are what the host's worker last reported.
 	State       string `json:"state,omitempty"`
 	Message     string `json:"message,omitempty"`

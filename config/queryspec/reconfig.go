@@ -17,15 +17,15 @@ var ErrNotReconfigurable = errors.New("not a live reconfiguration")
 // ReconfigChanges compares the definition of a running query (cur) with a
 // new one (next, validated) and returns the operators whose definitions
 // differ, in declaration order. The definitions of stateless operators
-// (filter, map, split, union) and the aggregates (functions) of an
-// aggregate may change, and only so that
+// (filter, map, split, union), of an aggregate (its functions and window;
+// not its group_by, which routes its input) and of a join (its where) may
+// change, and only so that
 // every fragment keeps its output schema (tuples in flight between
 // fragments stay readable by every version); the graph (operator names,
 // types, inputs, parallelism), the sources, the sinks, replicas and
-// availability must stay as they are. An aggregate keeps its window and
-// group_by (its versions share its windows and groups, which cannot be
-// migrated to others); a join keeps its whole definition. Every problem
-// is reported, each naming the operator.
+// availability must stay as they are. A join keeps its window and keys
+// (its versions share its buffered tuples); its where may change. Every
+// problem is reported, each naming the operator.
 func ReconfigChanges(cur, next *Query) ([]string, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -61,19 +61,24 @@ func ReconfigChanges(cur, next *Query) ([]string, error) {
 			bad("operator %q: its type, inputs and parallelism must stay as they are", a.Name)
 			continue
 		}
-		if a.Type == "join" {
-			// A join's definition is its window and keys, which shape its
-			// buffered state: no change of it can be migrated.
-			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys)", a.Name)
+		if a.Type == "join" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.On, b.On)) {
+			// A join's window and keys shape its buffered tuples; its
+			// versions share them, so only its `where` may change (see
+			// operator.VersionedJoin).
+			bad("operator %q: a join's window and keys cannot change (its buffered tuples cannot be migrated to other windows or keys); only its where may", a.Name)
 			continue
 		}
-		if a.Type == "aggregate" && (!sameJSON(a.Window, b.Window) || !slices.Equal(a.GroupBy, b.GroupBy)) {
-			// The versions of an aggregate share its windows and groups;
-			// only the functions over them may change (see
-			// operator.VersionedAggregate).
-			bad("operator %q: an aggregate's window and group_by cannot change (its open windows cannot be migrated to other windows or groups); only its aggregates may", a.Name)
+		if a.Type == "aggregate" && !slices.Equal(a.GroupBy, b.GroupBy) {
+			// The group_by keys also route the aggregate's input to its
+			// partitions and hash slots, which every upstream task and
+			// the slot maps fix for the query's life.
+			bad("operator %q: an aggregate's group_by cannot change (it decides how the aggregate's input is partitioned and routed, which a running query keeps); its window and aggregates may", a.Name)
 			continue
 		}
+		// An aggregate's versions with its window share its windows and
+		// groups (operator.VersionedAggregate); a version with another
+		// window runs a state of its own from the switch on, while the old
+		// one finishes its open windows (operator.StagedAggregate).
 		changed = append(changed, a.Name)
 	}
 	if len(errs) == 0 {

@@ -37,7 +37,6 @@ func TestReconfigChanges(t *testing.T) {
 		t.Fatalf("changes = %v, %v", got, err)
 	}
 	for name, y := range map[string]string{
-		"stateful":     strings.Replace(reconfigBase, "size: 1s", "size: 2s", 1),
 		"group_by":     strings.Replace(reconfigBase, "window: {size: 1s}", "window: {size: 1s}, group_by: [n]", 1),
 		"schema":       strings.Replace(reconfigBase, `n: "len(line)"}`, `n: "len(line)", x: "1"}`, 1),
 		"nothing":      reconfigBase,
@@ -65,8 +64,40 @@ func TestReconfigChangesAggregateFunctions(t *testing.T) {
 	if err != nil || !slices.Equal(got, []string{"agg", "proj"}) {
 		t.Fatalf("changes = %v, %v", got, err)
 	}
-	_, err = ReconfigChanges(cur, mustParse(t, strings.Replace(base, "size: 1s", "size: 2s", 1)))
-	if !errors.Is(err, ErrNotReconfigurable) || !strings.Contains(err.Error(), `"agg"`) {
-		t.Fatalf("window change: %v", err)
+	// Another window is a new state shape (operator.StagedAggregate).
+	got, err = ReconfigChanges(cur, mustParse(t, strings.Replace(base, "size: 1s", "size: 2s", 1)))
+	if err != nil || !slices.Equal(got, []string{"agg"}) {
+		t.Fatalf("window change: %v, %v", got, err)
+	}
+	// Other groups: refused (group_by routes the input), naming the
+	// operator.
+	grouped := strings.Replace(base, "window: {size: 1s}", "window: {size: 1s}, group_by: [n]", 1)
+	_, err = ReconfigChanges(mustParse(t, grouped), mustParse(t, strings.Replace(grouped, "group_by: [n]", "group_by: [line]", 1)))
+	if err == nil || !strings.Contains(err.Error(), `"agg"`) || !strings.Contains(err.Error(), "group_by cannot change") {
+		t.Fatalf("group_by change: %v", err)
+	}
+}
+
+// TestReconfigChangesJoinRefused: a join's window or keys cannot change,
+// and the error names it; its where can.
+func TestReconfigChangesJoinRefused(t *testing.T) {
+	base := `name: j
+sources:
+  - {name: s, generator: {kind: words, rate: 10, seed: 1}}
+operators:
+  - {name: m, type: map, input: s, fields: {line: line, n: "len(line)"}}
+  - {name: both, type: join, left: m, right: m, on: [n], window: {size: 1s}}
+sinks:
+  - {name: out, input: both}
+`
+	cur := mustParse(t, base)
+	_, err := ReconfigChanges(cur, mustParse(t, strings.Replace(base, "size: 1s", "size: 2s", 1)))
+	if !errors.Is(err, ErrNotReconfigurable) || !strings.Contains(err.Error(), `"both"`) {
+		t.Fatalf("join window change: %v", err)
+	}
+	// Its predicate may change: its versions share the buffers.
+	got, err := ReconfigChanges(cur, mustParse(t, strings.Replace(base, "window: {size: 1s}}", `window: {size: 1s}, where: "line != right_line"}`, 1)))
+	if err != nil || !slices.Equal(got, []string{"both"}) {
+		t.Fatalf("join where change: %v, %v", got, err)
 	}
 }

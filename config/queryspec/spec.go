@@ -103,7 +103,8 @@ type Operator struct {
 	// Left and Right name the join's inputs.
 	Left  string `yaml:"left,omitempty" json:"left,omitempty"`
 	Right string `yaml:"right,omitempty" json:"right,omitempty"`
-	// Where is the filter predicate (expression yielding bool).
+	// Where is the filter predicate (expression yielding bool); on a
+	// join, an optional predicate over each matched pair's output fields.
 	Where string `yaml:"where,omitempty" json:"where,omitempty"`
 	// Fields are the map projections, output name -> expression, in order.
 	Fields Exprs `yaml:"fields,omitempty" json:"fields,omitempty"`

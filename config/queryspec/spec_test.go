@@ -186,6 +186,16 @@ operators:
 sinks:
   - {name: out, input: j}
 `, want: []string{"operators[0] (j).on[0]: unknown field \"z\" on the left", "operators[0] (j).window.slide: join windows are tumbling"}},
+		{name: "join where over an unknown field", yaml: `
+name: q
+sources:
+  - {name: a, schema: {k: int, x: int}, ingest: true}
+  - {name: b, schema: {k: int, y: int}, ingest: true}
+operators:
+  - {name: j, type: join, left: a, right: b, on: [k], window: {size: 10s}, where: "x > z"}
+sinks:
+  - {name: out, input: j}
+`, want: []string{"operators[0] (j).where:"}},
 		{name: "map expression type", yaml: `
 name: q
 sources:

@@ -454,7 +454,7 @@ var operatorFields = map[string][]string{
 	OpSplit:     {"input", "field", "as", "lower"},
 	OpUnion:     {"inputs"},
 	OpAggregate: {"input", "window", "group_by", "aggregates"},
-	OpJoin:      {"left", "right", "on", "window"},
+	OpJoin:      {"left", "right", "on", "window", "where"},
 }
 
 func operatorTypes() string { return "filter, map, split, union, aggregate or join" }
@@ -1018,7 +1018,15 @@ func (a *analysis) joinSchema(n *gnode, left, right *tuple.Schema) *tuple.Schema
 		taken[name] = true
 		fields = append(fields, tuple.Field{Name: name, Kind: f.Kind})
 	}
-	return tuple.NewSchema(fields)
+	out := tuple.NewSchema(fields)
+	if op.Where != "" {
+		// A predicate over the pair: over the join's output fields.
+		if _, err := compileWhere(op.Where, out, n.op.Name); err != nil {
+			ps.add(n.path.field("where"), "%v", err)
+			return nil
+		}
+	}
+	return out
 }
 
 func sameSchema(a, b *tuple.Schema) bool {

@@ -15,6 +15,10 @@ type storedTuple struct {
 	stime     int64
 	tentative bool
 	values    []tuple.Value
+	// epoch is the configuration the tuple belongs to (its tag, under a
+	// VersionedJoin; 0 otherwise): a pair is produced by the version of
+	// the newer of its two tuples' configurations.
+	epoch uint64
 }
 
 // joinGroup holds both sides' tuples of one key in one window, in arrival
@@ -53,6 +57,42 @@ type join struct {
 	keyBuf  []byte
 	slotBuf []tuple.Value // the key values of a new group, for its slot
 	out     tuple.Tuple
+
+	// where is the optional predicate over a matched pair's output (nil:
+	// every pair); pred is the one in use (a VersionedJoin sets the
+	// version's before each tuple).
+	where, pred *joinPredicate
+	// Under a VersionedJoin: epochOf is the configuration of the tuple in
+	// process, versions the predicate of a configuration's version.
+	epochOf  uint64
+	versions func(epoch uint64) *joinPredicate
+}
+
+// joinPredicate is a join's `where`, compiled over its output schema.
+type joinPredicate struct {
+	env  *exprEnv
+	expr *compiledExpr
+}
+
+// keep evaluates the predicate on an output pair; an evaluation error
+// drops the pair, as a filter's would drop the tuple.
+func (p *joinPredicate) keep(t *tuple.Tuple) (bool, error) {
+	if err := p.env.bind(t); err != nil {
+		return false, err
+	}
+	return p.env.evalBool(p.expr, t)
+}
+
+func newJoinPredicate(def *queryspec.Operator, out *tuple.Schema) (*joinPredicate, error) {
+	if def.Where == "" {
+		return nil, nil
+	}
+	env := newExprEnv(out)
+	e, err := env.compile(def.Where, true)
+	if err != nil {
+		return nil, fmt.Errorf("operator %q (join): where %q: %w: %w", def.Name, def.Where, ErrBadExpression, err)
+	}
+	return &joinPredicate{env: env, expr: e}, nil
 }
 
 func newJoin(def *queryspec.Operator, left, right *tuple.Schema) (*join, error) {
@@ -106,6 +146,10 @@ func newJoin(def *queryspec.Operator, left, right *tuple.Schema) (*join, error) 
 	j.outSch = tuple.NewSchema(fields)
 	j.out.Values = make([]tuple.Value, 0, len(fields))
 	j.signature = fmt.Sprintf("join%s%s on=%v size=%d", schemaSignature(left), schemaSignature(right), def.On, size)
+	if j.where, err = newJoinPredicate(def, j.outSch); err != nil {
+		return nil, err
+	}
+	j.pred = j.where
 	return j, nil
 }
 
@@ -145,23 +189,38 @@ func (j *join) Process(port int, t *tuple.Tuple, out Emitter) error {
 		}
 		w.bySlot.add(queryspec.Slot(j.slotBuf), key)
 	}
-	mine := storedTuple{stime: t.STime, tentative: t.Type == tuple.Tentative, values: make([]tuple.Value, schema.Len())}
+	mine := storedTuple{stime: t.STime, tentative: t.Type == tuple.Tentative, values: make([]tuple.Value, schema.Len()), epoch: j.epochOf}
 	for i := range mine.values {
 		mine.values[i] = cloneValue(t.Values[i])
 	}
 	g.sides[port] = append(g.sides[port], mine)
+	var failed error
 	for i := range g.sides[1-port] {
 		other := &g.sides[1-port][i]
-		if port == 0 {
-			j.emit(&mine, other, t.Version, out)
-		} else {
-			j.emit(other, &mine, t.Version, out)
+		version := t.Version
+		if j.versions != nil {
+			version = max(mine.epoch, other.epoch)
+			j.pred = j.versions(version)
 		}
+		var err error
+		if port == 0 {
+			err = j.emit(&mine, other, version, out)
+		} else {
+			err = j.emit(other, &mine, version, out)
+		}
+		if err != nil && failed == nil {
+			failed = err
+		}
+	}
+	if failed != nil {
+		// The pairs whose predicate failed are dropped (counted by the
+		// task, as a filter's); the tuple itself is stored.
+		return fmt.Errorf("where: %w", failed)
 	}
 	return nil
 }
 
-func (j *join) emit(left, right *storedTuple, version uint64, out Emitter) {
+func (j *join) emit(left, right *storedTuple, version uint64, out Emitter) error {
 	vals := append(j.out.Values[:0], left.values...)
 	for _, i := range j.rightKeep {
 		vals = append(vals, right.values[i])
@@ -170,7 +229,14 @@ func (j *join) emit(left, right *storedTuple, version uint64, out Emitter) {
 	if left.tentative || right.tentative {
 		j.out.Type = tuple.Tentative
 	}
+	if j.pred != nil {
+		keep, err := j.pred.keep(&j.out)
+		if err != nil || !keep {
+			return err
+		}
+	}
 	out.Emit(&j.out)
+	return nil
 }
 
 // Advance drops every window that ended at or before watermark.

@@ -101,6 +101,19 @@ func SlotStateOf(op Operator) (st SlotState, ok bool) {
 		if o.st.keyed {
 			return o.st, true
 		}
+	case *VersionedJoin:
+		// The shared buffers; the tuples' configurations are not part of
+		// a slot state (installed ones count as the floor's).
+		return o.j, true
+	case *StagedAggregate:
+		if !o.stages[len(o.stages)-1].va.st.keyed {
+			return nil, false
+		}
+		if len(o.stages) == 1 {
+			return o.stages[0].va.st, true
+		}
+		// Every stage's groups of the slots (the watermark is shared).
+		return stagedSlots{o}, true
 	}
 	return nil, false
 }

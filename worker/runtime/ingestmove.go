@@ -138,7 +138,7 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: st.boundary,
-		Ingest: &IngestPosition{Newest: st.newest, Boundary: st.boundary, Closed: st.closed}}
+		Ingest: &IngestPosition{Newest: st.newest, Boundary: st.boundary, Closed: st.closed}, SourceLevel: t.rc.earlyLevel(st.boundary)}
 	for id, p := range st.producers {
 		s.Ingest.Producers = append(s.Ingest.Producers, IngestProducer{ID: id, Acked: p.acked, Accepted: p.accepted})
 	}

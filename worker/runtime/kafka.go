@@ -167,12 +167,44 @@ func (t *task) runKafka() {
 	var (
 		lastWarn time.Time
 		noted    bool // the task's message says fetching fails
+		// polled: records came since the last tick (an idle source
+		// switches to a reconfiguration plan on its own, see idleSwitch).
+		polled bool
 	)
+	tick := time.NewTicker(t.r.opts.BoundaryInterval)
+	defer tick.Stop()
 	for {
 		var p kafkaPoll
 		select {
 		case <-ctx.Done():
 			return
+		case <-tick.C:
+			idle := !polled
+			polled = false
+			if t.rc.pending.Load() == nil {
+				continue // the query was never reconfigured
+			}
+			if err := t.pollReconfig(); err != nil {
+				t.fail(err)
+				return
+			}
+			if idle && resolved {
+				// The marker goes above every stime sent; a record
+				// behind it later is counted at it, as any late record.
+				at := max(boundary, t.maxSTime, math.MinInt64+1)
+				switched, err := t.idleSwitch(ctx, at)
+				if err != nil {
+					t.endWith(err)
+					return
+				}
+				if switched {
+					boundary = at
+					if next = boundary + interval; next < boundary {
+						next = math.MaxInt64
+					}
+				}
+			}
+			continue
 		case req := <-t.genSnap:
 			if !resolved {
 				req <- sourceCut{err: fmt.Errorf("%w: kafka source %s has not found its start offset yet", ErrNotSnapshottable, t.spec.TaskID)}
@@ -201,6 +233,7 @@ func (t *task) runKafka() {
 			noted = false
 			t.noteWhileRunning("")
 		}
+		polled = polled || len(p.recs) > 0
 		for _, rec := range p.recs {
 			if rec.Offset < t.genRecords {
 				continue // read already (never twice)

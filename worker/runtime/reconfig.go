@@ -4,7 +4,10 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
@@ -58,6 +61,7 @@ type reconfigState struct {
 	plans   map[uint64]*queryspec.Plan
 	level   uint64
 	cuts    []epochCut // switched plans, by epoch
+	aligned map[uint64]alignedCut
 	dynamic bool
 	depends bool
 	levels  []uint64
@@ -167,7 +171,7 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 			loading = true
 			continue
 		}
-		r.cuts = append(r.cuts, epochCut{p.Epoch, p.Cut})
+		r.cuts = append(r.cuts, epochCut{p.Epoch, r.alignedCut(rc, p)})
 		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
 			// Every tuple is still processed by one configuration, but
 			// this source switches later than its replicas may have.
@@ -257,26 +261,97 @@ func (t *task) loadVersions(rc *fsm.QueryReconfig) error {
 }
 
 // wrapStateful returns the task's i-th operator op, a stateful one, run
-// as versions over its state when a plan of rc changes it (an
-// aggregate; the validation refuses other stateful changes), or nil.
+// as versions over its state when a plan of rc changes it (an aggregate,
+// staged when a version reshapes it; a join, whose versions share its
+// buffers), or nil.
 // Until a plan changes it, it is not versioned at all: what works without
 // such a change is untouched. The state is kept in place; the epochs up
 // to rc's latest are added.
 func (t *task) wrapStateful(rc *fsm.QueryReconfig, op operator.Operator, name string, i int) (versionSet, error) {
 	def := t.memberDef(t.plan, i)
-	if def == nil || def.Type != "aggregate" || !changedBy(rc, name) {
+	if def == nil || !changedBy(rc, name) {
 		return nil, nil
 	}
-	va, err := operator.NewVersionedAggregate(name, op, 1, 0)
+	if def.Type == "join" {
+		vj, err := operator.NewVersionedJoin(name, op, 1, 0)
+		if err != nil {
+			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+		}
+		for e := vj.Latest() + 1; e <= rc.Latest(); e++ {
+			if err := vj.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
+				return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
+			}
+		}
+		return vj, nil
+	}
+	if def.Type != "aggregate" {
+		return nil, nil
+	}
+	base, err := operator.NewVersionedAggregate(name, op, 1, 0)
 	if err != nil {
 		return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 	}
+	va := operator.NewStagedAggregate(base)
 	for e := va.Latest() + 1; e <= rc.Latest(); e++ {
 		if err := va.AddEpoch(rc.VersionOf(name, e), func() (operator.Operator, error) { return t.buildMember(rc, e, i) }); err != nil {
 			return nil, fmt.Errorf("task %s: %w", t.spec.TaskID, err)
 		}
 	}
 	return va, nil
+}
+
+// alignedCut is where sources switch to plan p: its cut, rounded up to a
+// window boundary of every aggregate the plan reshapes (another window
+// or group_by), so that no window of the old shape or the new one
+// straddles the switch (operator.StagedAggregate). Every task computes
+// it from the plans alone, so all agree.
+func (r *reconfigState) alignedCut(rc *fsm.QueryReconfig, p fsm.ReconfigPlan) int64 {
+	if c, ok := r.aligned[p.Epoch]; ok && c.cut == p.Cut {
+		return c.aligned
+	}
+	var slides []int64
+	prev, err1 := r.planOf(rc, p.Epoch-1)
+	next, err2 := r.planOf(rc, p.Epoch)
+	if err1 == nil && err2 == nil {
+		for _, c := range p.Changes {
+			a, b := prev.Query.OperatorByName(c.Operator), next.Query.OperatorByName(c.Operator)
+			if a == nil || b == nil || a.Type != "aggregate" || sameShape(a, b) {
+				continue
+			}
+			slides = append(slides, windowSlide(a), windowSlide(b))
+		}
+	}
+	cut := operator.AlignCut(p.Cut, slides)
+	if r.aligned == nil {
+		r.aligned = map[uint64]alignedCut{}
+	}
+	r.aligned[p.Epoch] = alignedCut{p.Cut, cut}
+	return cut
+}
+
+type alignedCut struct{ cut, aligned int64 }
+
+// sameShape reports whether two definitions of an aggregate have the same
+// window and group_by (their versions then share one state).
+func sameShape(a, b *queryspec.Operator) bool {
+	return reflect.DeepEqual(a.Window, b.Window) && slices.Equal(a.GroupBy, b.GroupBy)
+}
+
+// windowSlide is an aggregate's window slide (its size when tumbling), 0
+// if it does not parse (validated definitions always do).
+func windowSlide(def *queryspec.Operator) int64 {
+	if def.Window == nil {
+		return 0
+	}
+	s := def.Window.Slide
+	if s == "" {
+		s = def.Window.Size
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0
+	}
+	return int64(d)
 }
 
 // changedBy reports whether a plan of rc changes operator op.
@@ -455,8 +530,17 @@ func (r *reconfigState) markerCounts(levels []uint64, level, latest uint64) [rep
 }
 
 // sourceEpoch is the epoch a source produces a tuple of stream time stime
-// under: that of the latest switched plan whose cut it has reached.
+// under: that of the latest switched plan whose cut it has reached, and
+// never below the source's level (an idle source that switched before
+// its time reached the cut, see idleSwitch, tags everything after its
+// marker with the new epoch whatever its stime).
 func (r *reconfigState) sourceEpoch(stime int64) uint64 {
+	return max(r.cutEpoch(stime), r.level)
+}
+
+// cutEpoch is the epoch of the latest switched plan whose cut stime
+// reached (or the newest complete plan's).
+func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	e := r.cur.Completed()
 	for _, c := range r.cuts {
 		if stime >= c.cut {
@@ -567,4 +651,106 @@ func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int
 		}
 	}
 	return low, high, func() { close(hold) }
+}
+
+// earlyLevel is the level a source's snapshot carries
+// (TaskSnapshot.SourceLevel): its level if it switched before its last
+// boundary reached the plan's cut (idleSwitch), which the copy could not
+// tell from that boundary; 0 otherwise.
+func (r *reconfigState) earlyLevel(boundary int64) uint64 {
+	if !r.on {
+		return 0
+	}
+	if r.cutEpoch(boundary) >= r.level {
+		return 0
+	}
+	return r.level
+}
+
+// switchedAbove is the newest switched plan's epoch when it is above the
+// task's level (0 otherwise): the epoch an idle source switches to.
+func (r *reconfigState) switchedAbove() uint64 {
+	var e uint64
+	for _, c := range r.cuts {
+		e = max(e, c.epoch)
+	}
+	if e <= r.level {
+		return 0
+	}
+	return e
+}
+
+// idleSwitch switches an idle push source (ingest, kafka) to the newest
+// switched plan without waiting for its stream time to reach the cut,
+// which a source that produces nothing never does (it would hold the
+// plan's markers, and the removal of the old versions downstream, for as
+// long as it is idle). Producer only (an ingest source's mutex held, a
+// kafka source's goroutine).
+//
+// The marker is a boundary at `at`, which must be at least the stime of
+// every tuple the source sent (a marker raises a downstream input's level
+// at the first release step above it, once everything sent before it is
+// processed) and a promise the source keeps (nothing later below it).
+// From the marker on, every tuple is tagged with the new epoch whatever
+// its stime (sourceEpoch never goes below the level). It returns whether
+// it switched.
+func (t *task) idleSwitch(ctx context.Context, at int64) (bool, error) {
+	r := &t.rc
+	if !r.on {
+		return false, nil
+	}
+	e := r.switchedAbove()
+	if e == 0 {
+		return false, nil
+	}
+	t.raiseLevel(e)
+	if err := t.emitBoundary(ctx, at); err != nil {
+		return false, err
+	}
+	return true, t.flush(ctx)
+}
+
+// idleTicks drives an ingest source between requests (its own goroutine,
+// stopped with the task): every boundary interval it installs a pending
+// reconfiguration (an idle source would otherwise never acknowledge a
+// plan, holding it in loading for the whole query), and when no request
+// came for a whole interval while a switched plan waits above its level,
+// it switches (idleSwitch) with its marker at the newest stime it
+// accepted: its floor rises there, so from then on a record behind the
+// newest is late even within allowed_lateness.
+func (t *task) idleTicks(ctx context.Context) {
+	st := t.ingest
+	tick := time.NewTicker(t.r.opts.BoundaryInterval)
+	defer tick.Stop()
+	var seen uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if t.rc.pending.Load() == nil {
+			continue // the query was never reconfigured
+		}
+		st.mu.Lock()
+		idle := st.requests == seen
+		seen = st.requests
+		if st.movedOut == nil && !st.closed {
+			if err := t.pollReconfig(); err != nil {
+				st.mu.Unlock()
+				t.fail(err)
+				return
+			}
+			if idle {
+				at := max(st.boundary, st.newest, math.MinInt64+1)
+				switched, err := t.idleSwitch(ctx, at)
+				if err != nil {
+					t.discardStaged()
+				} else if switched {
+					st.boundary = at
+				}
+			}
+		}
+		st.mu.Unlock()
+	}
 }

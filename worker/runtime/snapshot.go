@@ -74,6 +74,12 @@ type TaskSnapshot struct {
 	// Ingest is an ingest source's position (see ingestmove.go); nil for
 	// every other task. Encoded as an optional trailing section.
 	Ingest *IngestPosition
+	// SourceLevel is, for a source, the newest reconfiguration epoch it
+	// produces under when it switched before its stream time reached the
+	// plan's cut (an idle source, see idleSwitch): the copy tags every
+	// later tuple with at least it. 0 otherwise. Encoded as an optional
+	// trailing section.
+	SourceLevel uint64
 
 	// opOwned: Operator is a buffer of the snapshot's own that nothing
 	// modifies (a fetched snapshot), so the restored operators may keep
@@ -724,8 +730,16 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 	}
 	iv(s.SourceRecords)
 	b = appendIngestPosition(b, s.Ingest)
+	if s.SourceLevel > 0 {
+		b = append(b, levelSectionTag)
+		b = binary.AppendUvarint(b, s.SourceLevel)
+	}
 	return head, b
 }
+
+// levelSectionTag starts the optional trailing section holding
+// TaskSnapshot.SourceLevel (after the ingest section, if any).
+const levelSectionTag = 'L'
 
 // snapReader decodes a task snapshot; the first error sticks.
 type snapReader struct {
@@ -901,8 +915,12 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 	if v >= 2 {
 		out.SourceRecords = r.iv("source records")
 	}
-	if r.err == nil && len(r.b) > 0 {
+	if r.err == nil && len(r.b) > 0 && r.b[0] == ingestSectionTag {
 		out.Ingest = r.ingestPosition()
+	}
+	if r.err == nil && len(r.b) > 0 && r.b[0] == levelSectionTag {
+		r.b = r.b[1:]
+		out.SourceLevel = r.uv("source level")
 	}
 	if r.err != nil {
 		return r.err

@@ -245,7 +245,7 @@ func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
-		SourceRecords: t.genRecords}
+		SourceRecords: t.genRecords, SourceLevel: t.rc.earlyLevel(boundary)}
 	if t.srcChain != nil {
 		op, err := t.srcChain.Snapshot()
 		if err != nil {
@@ -358,6 +358,10 @@ type ingestState struct {
 	producers map[string]*ingestProducer
 	// uses orders producers by last use, to evict the oldest.
 	uses uint64
+	// requests counts the ingest calls that produced (lines or a
+	// boundary): an idle source switches to a reconfiguration plan on its
+	// own (idleTicks).
+	requests uint64
 	// movedOut is the snapshot a move took of this copy: from then on it
 	// takes no line and no close (dataplane.ErrSourceMoved), so the new
 	// copy, started from the snapshot, is the only one to go on. A fetch
@@ -413,6 +417,7 @@ func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byt
 func (t *task) ingestLocked(reqCtx context.Context, firstLine uint64, lines []byte) (accepted uint64, errs []*fedstreampb.LineError, last uint64, _ error) {
 	st := t.ingest
 	last = firstLine - 1
+	st.requests++
 	if st.closed && len(lines) > 0 {
 		return 0, nil, last, fmt.Errorf("%w: source %s of query %s was closed (fedstream ingest --close) and accepts no more lines", dataplane.ErrSourceClosed, t.spec.Fragment, t.spec.Query)
 	}

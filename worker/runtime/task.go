@@ -367,6 +367,10 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			t.cancel()
 			return nil, err
 		}
+		if s := spec.FromSnapshot; s != nil && s.SourceLevel > 0 {
+			// Its original switched early (idle): so does the copy.
+			t.raiseLevel(s.SourceLevel)
+		}
 	}
 	return t, nil
 }
@@ -562,6 +566,10 @@ func (t *task) start() {
 			default:
 			}
 		}
+	}
+	if t.ingest != nil {
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.idleTicks(t.ctx) }()
 	}
 	t.setState(StateRunning, "")
 	t.rescaleStep()
