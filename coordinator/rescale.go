@@ -133,6 +133,16 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 }
 
 func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) (*pb.ScaleQueryResponse, error) {
+	return s.rescaleTo(ctx, name, op, parallelism, nil, 0)
+}
+
+// rescaleTo changes op's slot map to parallelism partitions owning ranges
+// (nil: contiguous ranges, and nothing to do when the number of
+// partitions stays). A rebalance keeps the partitions and gives ranges
+// other owners: the same three phases move the slots and their state.
+// expectEpoch, when not 0, is the epoch the caller planned from: a map
+// changed since is refused as stale. The caller holds scaleMu.
+func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int, ranges []fsm.SlotRange, expectEpoch uint64) (*pb.ScaleQueryResponse, error) {
 	tg, err := s.rescaleTarget(name, op)
 	if err != nil {
 		return nil, err
@@ -141,11 +151,21 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 	if cur.Next != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "scale: a rescale of %s to epoch %d is already under way", op, cur.Next.Epoch)
 	}
-	if parallelism == cur.Partitions {
+	if expectEpoch != 0 && cur.Epoch != expectEpoch {
+		return nil, status.Errorf(codes.FailedPrecondition, "scale: stale: the slot map of %s is at epoch %d, planned from epoch %d", op, cur.Epoch, expectEpoch)
+	}
+	if ranges == nil {
+		if parallelism == cur.Partitions {
+			return mapResponse(cur, 0), nil
+		}
+		ranges = fsm.ContiguousSlotMap(parallelism)
+	} else if parallelism == cur.Partitions && slices.Equal(ranges, cur.Ranges) {
 		return mapResponse(cur, 0), nil
 	}
+	if why := fsm.CheckSlotRanges(ranges, parallelism); why != "" {
+		return nil, status.Errorf(codes.InvalidArgument, "scale: %s", why)
+	}
 	epoch := cur.Epoch + 1
-	ranges := fsm.ContiguousSlotMap(parallelism)
 	update := func(phase string, cut int64) fsm.SlotMapUpdate {
 		return fsm.SlotMapUpdate{Query: name, Fragment: op, QueryIndex: tg.q.CreateIndex, ExpectedEpoch: cur.Epoch,
 			Partitions: parallelism, Ranges: ranges, Phase: phase, Cut: cut}
@@ -273,7 +293,11 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 	}
 	finish := fsm.SlotMapUpdate{Query: name, Fragment: op, QueryIndex: tg.q.CreateIndex, ExpectedEpoch: cur.Epoch,
 		Partitions: parallelism, Ranges: fsm.ContiguousSlotMap(parallelism), Phase: fsm.RescaleFinish}
-	if cur.Next != nil {
+	// The map being finished is the one prepared (tg.cur may have been
+	// read before the prepare: a rebalance's ranges are not contiguous).
+	if m, err := s.State().SlotMap(nil, name, op); err == nil && m != nil && m.Next != nil && m.Next.Epoch == epoch {
+		finish.Ranges = m.Next.Ranges
+	} else if cur.Next != nil {
 		finish.Ranges = cur.Next.Ranges
 	}
 	out, err := s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
