@@ -541,6 +541,14 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
 		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
+		case pressure && s.Has(SymRateSkew) && s.Outlier >= 0:
+			// Consumers pull: the backlog in front of a hot partition
+			// may sit in its upstreams' output buffers (counted per
+			// upstream, not per partition) rather than in its own queue.
+			// A backlog with one partition far faster than the others
+			// (past SkewRatio, where a slow one runs at their pace or
+			// slower) is that partition's extra keys.
+			d.Name, d.Partition = DiagDataSkew, s.Outlier
 		case pressure:
 			d.Name = DiagUnderProvisioned
 		case s.Has(SymIdle) && q.Fragment(s.Fragment) != nil && q.Fragment(s.Fragment).Scalable:
