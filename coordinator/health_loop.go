@@ -131,15 +131,11 @@ type healthLoop struct {
 
 // runHealth runs the policy loop until ctx ends (leadership lost).
 func (s *Server) runHealth(ctx context.Context) {
-	cfg := s.cfg.Health
-	if cfg.Off {
+	if s.cfg.Health.Off {
 		return
 	}
-	cfg.fill()
-	if cfg.Offload == nil && s.load != nil {
-		cfg.Offload = loadOffloader{s}
-	}
-	l := &healthLoop{s: s, cfg: cfg, queries: map[string]*healthQuery{}}
+	l := s.newHealthLoop(s.cfg.Health)
+	cfg := l.cfg
 	l.adoptPending(time.Now())
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
@@ -151,6 +147,16 @@ func (s *Server) runHealth(ctx context.Context) {
 			l.step(ctx, now)
 		}
 	}
+}
+
+// newHealthLoop returns a loop with cfg's defaults filled in and, in a
+// federation, the load manager as its offloader.
+func (s *Server) newHealthLoop(cfg HealthConfig) *healthLoop {
+	cfg.fill()
+	if cfg.Offload == nil && s.load != nil {
+		cfg.Offload = loadOffloader{s}
+	}
+	return &healthLoop{s: s, cfg: cfg, queries: map[string]*healthQuery{}}
 }
 
 // adoptPending takes over the actions a previous leader logged and did
