@@ -184,3 +184,63 @@ func TestHealthOffloadsOnlyUnderContract(t *testing.T) {
 		})
 	}
 }
+
+// TestHealthSLOSourcesAlert: a query missing its throughput SLO whose
+// operators idle and whose source is not held back is limited by its
+// source: no operator is scaled (DS2 finds them large enough) and, since
+// no build rescales a source live, the diagnosis ends as an alert that
+// names the rate and partitions the source would need and what is
+// missing.
+func TestHealthSLOSourcesAlert(t *testing.T) {
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 2
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.Health = HealthConfig{Interval: 100 * time.Millisecond, Settle: time.Second, Policy: &p}
+	})
+	defer c.shutdown()
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	y := strings.Replace(healthTestQuery, "autoscale: true", "slo: {throughput: 5000}", 1)
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(y), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		tk := time.NewTicker(100 * time.Millisecond)
+		defer tk.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tk.C:
+				ms := now.UnixMilli()
+				s.liveStats.put("w-fake", []*pb.TaskStats{
+					{Task: "hq/text/p0/r0", InTps: 100, OutTps: 100, Busy: 0.1, ReportedAtMs: ms},
+					{Task: "hq/per_line/p0/r0", InTps: 100, OutTps: 100, Busy: 0.2, ReportedAtMs: ms},
+					{Task: "hq/out/p0/r0", InTps: 100, OutTps: 100, Busy: 0.05, ReportedAtMs: ms},
+				}, now)
+			}
+		}
+	}()
+	var alert *fsm.HealthAction
+	waitFor(t, 30*time.Second, "an alert for the missed SLO", func() bool {
+		for _, a := range healthActions(t, s) {
+			if a.Outcome == fsm.HealthAlert {
+				alert = a
+				return true
+			}
+		}
+		return false
+	})
+	for _, want := range []string{"scale_sources: sources cannot be rescaled while the query runs", "sources text from 100 to 5000 tuples/s (1 -> 50 partitions"} {
+		if alert.Diagnosis != health.DiagSLOViolated || !strings.Contains(alert.Detail, want) {
+			t.Fatalf("alert %+v: want slo_violated naming %q", alert, want)
+		}
+	}
+	for _, a := range healthActions(t, s) {
+		if a.Outcome != fsm.HealthAlert {
+			t.Fatalf("action %+v: a source-bound SLO miss must change nothing", a)
+		}
+	}
+}

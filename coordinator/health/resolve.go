@@ -237,12 +237,14 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 			return false, why
 		}
 		moved := 0.0
-		for _, m := range moves {
+		list := make([]string, len(moves))
+		for i, m := range moves {
 			moved += m.Rate
+			list[i] = fmt.Sprintf("%d->p%d", m.Slot, m.To)
 		}
 		dec.Slots, dec.From, dec.To = moves, f.Parallelism, f.Parallelism
-		dec.Why = fmt.Sprintf("%d hash slots (%.0f tuples/s by the key samples) from partition %d to less loaded partitions; estimated loads after: %s",
-			len(moves), moved, dec.Diagnosis.Partition, fmtLoads(loads))
+		dec.Why = fmt.Sprintf("%d hash slots (%.0f tuples/s by the key samples) from partition %d to less loaded partitions (%s); estimated loads after: %s",
+			len(moves), moved, dec.Diagnosis.Partition, strings.Join(list, " "), fmtLoads(loads))
 		return true, ""
 	case ActScaleSources:
 		return sourcesFor(q, dec, c)
@@ -317,6 +319,11 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 		}
 		out := mean(f.Samples, func(s Sample) float64 { return sum(s.Instances, func(i Instance) float64 { return i.OutRate }) })
 		part := fmt.Sprintf("%s from %.0f to %.0f tuples/s", f.Name, out, out*factor)
+		if b := mean(f.Samples, func(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Busy }) }); b > c.TargetUtil {
+			// The operators fused into the source (a split, a map) take
+			// its time: it needs more partitions, not a higher rate.
+			part += fmt.Sprintf(", busy %.0f%%", b*100)
+		}
 		if f.SourceRate > 0 && f.Parallelism > 0 {
 			per := f.SourceRate / float64(f.Parallelism)
 			want := Needed(f.SourceRate*factor, per, 1, c.MaxParallelism)
