@@ -216,16 +216,27 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 	wctx, cancel := context.WithTimeout(ctx, rescaleTimeout)
 	defer cancel()
 	var cut int64 = math.MinInt64
+	ended := ""
 	err = s.waitTasks(wctx, name, func(t *fsm.Task) bool { return tg.involved[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.WorkerID == "" || t.Prepared < epoch {
 			return false, fmt.Sprintf("%s has not reported holding for epoch %d", t.ID, epoch)
 		}
 		cut = max(cut, t.Frontier)
+		if t.Frontier == math.MaxInt64 && ended == "" {
+			ended = t.ID
+		}
 		return true, ""
-	}, func() { cut = math.MinInt64 })
+	}, func() { cut, ended = math.MinInt64, "" })
 	if err != nil {
 		abort(err.Error())
 		return nil, status.Errorf(codes.DeadlineExceeded, "scale %s/%s: aborted: %v", name, op, err)
+	}
+	if ended != "" {
+		// A task that released the end of its stream has no point below
+		// which it could stop and hand slots over: the cut would be the
+		// end of the stream, which the others never release "below".
+		abort(ended + " released the end of its stream")
+		return nil, status.Errorf(codes.FailedPrecondition, "scale %s/%s: %s has released the end of its stream (a finite source ended): nothing is left to rescale", name, op, ended)
 	}
 	if cut < math.MaxInt64-1 {
 		cut++
@@ -245,7 +256,7 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 
 	// Finish: every task of the fragment passed the cut. From here the
 	// rescale only goes forward, also when the caller has gone.
-	m, err := s.finishRescale(context.WithoutCancel(ctx), tg, epoch, parallelism)
+	m, err := s.finishRescale(ctx, tg, epoch, parallelism)
 	if err != nil {
 		return nil, err
 	}
@@ -272,10 +283,16 @@ func (s *Server) abortRescale(ctx context.Context, tg *rescaleTarget, epoch uint
 // the rescale to epoch and every downstream task received the removed
 // partitions' streams up to it, then installs the new map and deletes the
 // removed partitions' tasks.
+//
+// It goes on when ctx ends (the caller has gone: a rescale past its go
+// only goes forward) but not past the server's shutdown: the next leader
+// finishes it (resumeRescales), and a shutdown must not wait for tasks
+// that may never report again.
 func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, parallelism int) (*fsm.SlotMap, error) {
 	name, op, cur := tg.q.Name, tg.frag, tg.cur
-	fctx, fcancel := context.WithTimeout(ctx, rescaleTimeout)
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rescaleTimeout)
 	defer fcancel()
+	defer context.AfterFunc(s.ctx, fcancel)()
 	err := s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
