@@ -20,7 +20,11 @@ import (
 //
 // The estimate is relative, so it holds under backpressure too (every
 // partition is then held to the pace of the hot one, in proportion to
-// its share of the keys). Load in slots no upstream reported (outside
+// its share of the keys). It is rough where the reports say less: an
+// upstream routing to two keyed fragments reports one sampled total for
+// both (shares come out low: fewer slots move), and a report the loop
+// reads in two samples (another worker reported in between) counts
+// twice, in the total as in its slots. Load in slots no upstream reported (outside
 // each report's most frequent ones) stays where it is; a slot hotter than
 // the gap between the hot partition and the least loaded one is never
 // moved: it would only move the hot spot.
