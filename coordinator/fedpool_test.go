@@ -27,7 +27,7 @@ var testFedKeyring = []byte("federation-keyring-0123456789abc")
 
 // newFedOrg starts org as an n-coordinator cluster that also joins the
 // federation pool through join (nil: it is the first).
-func newFedOrg(t *testing.T, org string, n int, join []string) *testCluster {
+func newFedOrg(t *testing.T, org string, n int, join []string, opts ...func(*Config)) *testCluster {
 	t.Helper()
 	// Raft's production clocks: six coordinators share a loaded test
 	// machine, and a leader lost mid-accept would only test retries.
@@ -36,6 +36,9 @@ func newFedOrg(t *testing.T, org string, n int, join []string) *testCluster {
 	tm.RaftHeartbeat, tm.RaftElection, tm.RaftLeaderLease = d.RaftHeartbeat, d.RaftElection, d.RaftLeaderLease
 	c := newOrgTestCluster(t, org, n, "join-"+org, "admin-"+org, tm, func(c *Config) {
 		c.Federation = FederationConfig{SerfAddr: "127.0.0.1:0", GRPCAddr: "127.0.0.1:0", Join: join, Keyring: testFedKeyring}
+		for _, o := range opts {
+			o(c)
+		}
 	})
 	// Ports are chosen at start, so the org's later coordinators join the
 	// first one's pool here (a deployment lists them in federation.join).

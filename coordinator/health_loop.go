@@ -54,14 +54,24 @@ type HealthConfig struct {
 	Policy *health.Config
 	// Offload is the last resolver of an under-provisioned fragment or a
 	// missed SLO when the org lacks capacity: hand tasks of the fragment
-	// to a contract partner through the bounded-price mechanism. nil (the
-	// default in this build): offloading is not available, and the
-	// resolver is skipped.
-	Offload OffloadHook
+	// to a contract partner through the bounded-price mechanism. nil: the
+	// federation's load manager when the coordinator is in a federation
+	// (loadOffloader), else offloading is not available and the resolver
+	// is skipped.
+	Offload Offloader
 }
 
-// OffloadHook offloads work of a fragment of a query to a partner org.
-type OffloadHook func(ctx context.Context, query, fragment string) error
+// Offloader hands work of a query to contract partners.
+type Offloader interface {
+	// Available reports whether an offload could happen at all now (a
+	// contract in force lets this org's tasks run at a partner), and
+	// why not.
+	Available(now time.Time) (bool, string)
+	// Offload offers the tasks of fragment of query running at home to
+	// contract partners; it returns what moved, or an error when nothing
+	// did (no contract, not profitable, refused).
+	Offload(ctx context.Context, query, fragment string) (detail string, err error)
+}
 
 func (h *HealthConfig) fill() {
 	if h.Interval <= 0 {
@@ -106,6 +116,9 @@ type pendingHealth struct {
 	id, fragment, diagnosis, action string
 	before                          health.Metrics
 	due                             time.Time
+	// done says what the action did when that is known only once it is
+	// carried out (the tasks an offload moved): it heads the evaluation.
+	done string
 }
 
 // healthLoop is the leader's policy loop; one per leadership.
@@ -118,12 +131,11 @@ type healthLoop struct {
 
 // runHealth runs the policy loop until ctx ends (leadership lost).
 func (s *Server) runHealth(ctx context.Context) {
-	cfg := s.cfg.Health
-	if cfg.Off {
+	if s.cfg.Health.Off {
 		return
 	}
-	cfg.fill()
-	l := &healthLoop{s: s, cfg: cfg, queries: map[string]*healthQuery{}}
+	l := s.newHealthLoop(s.cfg.Health)
+	cfg := l.cfg
 	l.adoptPending(time.Now())
 	t := time.NewTicker(cfg.Interval)
 	defer t.Stop()
@@ -135,6 +147,16 @@ func (s *Server) runHealth(ctx context.Context) {
 			l.step(ctx, now)
 		}
 	}
+}
+
+// newHealthLoop returns a loop with cfg's defaults filled in and, in a
+// federation, the load manager as its offloader.
+func (s *Server) newHealthLoop(cfg HealthConfig) *healthLoop {
+	cfg.fill()
+	if cfg.Offload == nil && s.load != nil {
+		cfg.Offload = loadOffloader{s}
+	}
+	return &healthLoop{s: s, cfg: cfg, queries: map[string]*healthQuery{}}
 }
 
 // adoptPending takes over the actions a previous leader logged and did
@@ -236,6 +258,9 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 	// Replica 0 of each partition stands for its partition: replicas
 	// process the same input.
 	byFrag := map[string][]health.Instance{}
+	// keys: downstream fragment -> slot -> sampled tuples routed to it;
+	// keysSampled: the tuples its upstreams sampled in all.
+	keys, keysSampled := map[string]map[int]float64{}, map[string]float64{}
 	parallelism := map[string]int{}
 	var newest int64
 	complete := true
@@ -253,6 +278,19 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 			continue
 		}
 		newest = max(newest, ts.ReportedAtMs)
+		to := map[string]bool{}
+		for _, k := range ts.KeySample {
+			m := keys[k.Fragment]
+			if m == nil {
+				m = map[int]float64{}
+				keys[k.Fragment] = m
+			}
+			m[int(k.Slot)] += float64(k.Count)
+			to[k.Fragment] = true
+		}
+		for f := range to {
+			keysSampled[f] += float64(ts.KeysSampled)
+		}
 		byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
 			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
 	}
@@ -261,7 +299,7 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 		at := time.UnixMilli(newest)
 		for frag, ins := range byFrag {
 			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })
-			w := append(hq.window[frag], health.Sample{At: at, Instances: ins})
+			w := append(hq.window[frag], health.Sample{At: at, Instances: ins, Keys: keys[frag], KeysSampled: keysSampled[frag]})
 			if len(w) > l.cfg.Window {
 				w = w[len(w)-l.cfg.Window:]
 			}
@@ -288,6 +326,9 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 			f.Sink = true
 		case queryspec.KindOperator:
 			f.Scalable = n.KeyFields != nil
+			if m, err := l.s.State().SlotMap(nil, q.Name, n.Name); f.Scalable && err == nil && m != nil && m.Next == nil && m.QueryIndex == q.CreateIndex {
+				f.Owners = m.Owners()
+			}
 		}
 		hqv.Fragments = append(hqv.Fragments, f)
 	}
@@ -296,23 +337,83 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 
 // allowed is the resolver filter: blacklisted pairs and actions this
 // coordinator cannot carry out are skipped.
-func (l *healthLoop) allowed(query string) health.Allowed {
+func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 	bl := l.blacklist(query)
+	away := l.awayTask(query)
 	return func(diag, act string) (bool, string) {
 		if r := bl[health.Pair{Query: query, Diagnosis: diag, Action: act}]; r.Blacklisted {
 			return false, fmt.Sprintf("blacklisted (%d of %d evaluated actions failed)", r.Failed, r.Evaluated)
 		}
 		switch act {
-		case health.ActScaleUp, health.ActScaleDown, health.ActMove:
-			return true, ""
-		case health.ActOffload:
-			if l.cfg.Offload == nil {
-				return false, "no partner offload configured (HealthConfig.Offload)"
+		case health.ActScaleUp, health.ActScaleDown, health.ActRebalanceSlots:
+			if away != "" {
+				// The rescale's holds and cut do not reach a task at a
+				// partner, which runs with the slot maps it moved with.
+				return false, fmt.Sprintf("task %s of the query runs at a partner: no rescale until it is home", away)
 			}
 			return true, ""
+		case health.ActMove:
+			return true, ""
+		case health.ActScaleSources:
+			return false, errNoLiveSourceScaling
+		case health.ActOffload:
+			if l.cfg.Offload == nil {
+				return false, "no partner offload: the coordinator is not in a federation"
+			}
+			return l.cfg.Offload.Available(now)
 		}
 		return false, "not carried out by this build"
 	}
+}
+
+// errNoLiveSourceScaling is why a missed SLO whose sources are the
+// bottleneck ends as an alert: what is missing to scale sources live.
+const errNoLiveSourceScaling = "sources cannot be rescaled while the query runs: a source's partitions are its data " +
+	"(a generator partition is its own seeded stream at its configured rate, an ingest or kafka partition the producers' stream), " +
+	"live reconfiguration refuses changes to sources and the live rescale resizes keyed operators only; resubmit the query with more source partitions or a higher rate"
+
+// awayTask names a task of query that runs at (or is moving to) a
+// partner, "" when none does.
+func (l *healthLoop) awayTask(query string) string {
+	hs, err := l.s.State().HostedTasks(nil)
+	if err != nil {
+		return ""
+	}
+	for _, h := range hs {
+		if h.Owner == l.s.cfg.Org && h.Query == query {
+			return h.TaskID
+		}
+	}
+	return ""
+}
+
+// fits reports whether the org's workers can take more instances (each
+// with the query's replicas) of a fragment of query, and if not why.
+func (l *healthLoop) fits(query, fragment string, from, to int) (bool, string) {
+	st := l.s.State()
+	workers, err := st.Workers(nil)
+	if err != nil {
+		return true, ""
+	}
+	tasks, err := st.Tasks(nil)
+	if err != nil {
+		return true, ""
+	}
+	q, err := st.Query(nil, query)
+	if err != nil || q == nil {
+		return true, ""
+	}
+	placer := newPlacer(workers, tasks)
+	placer.reserve(l.s.hostedLoad())
+	for p := from; p < to; p++ {
+		for r := range max(q.Replicas, 1) {
+			t := &fsm.Task{ID: fsm.TaskID(query, fragment, p, r), Query: query, Fragment: fragment, Partition: p, Replica: r}
+			if w, why := placer.pick(t); w == "" {
+				return false, fmt.Sprintf("the org lacks capacity: no worker can take partition %d of %d more: %s", p, to-from, why)
+			}
+		}
+	}
+	return true, ""
 }
 
 // blacklist evaluates the query's pairs from the action log.
@@ -359,7 +460,26 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	if len(ds) == 0 {
 		return
 	}
-	chosen, alerts := health.Choose(q, ds, pc, l.allowed(name))
+	allowed := l.allowed(name, now)
+	chosen, alerts := health.Choose(q, ds, pc, allowed)
+	if chosen != nil && chosen.Action == health.ActScaleUp && l.cfg.Offload != nil {
+		// With a partner to offload to, a scale-up the org cannot place
+		// is not tried (and failed, and blacklisted): the next resolver
+		// is chosen at once.
+		if ok, why := l.fits(name, chosen.Diagnosis.Fragment, chosen.From, chosen.To); !ok {
+			frag := chosen.Diagnosis.Fragment
+			chosen, alerts = health.Choose(q, ds, pc, func(diag, act string) (bool, string) {
+				if act == health.ActScaleUp {
+					for _, d := range ds {
+						if d.Name == diag && d.Fragment == frag {
+							return false, why
+						}
+					}
+				}
+				return allowed(diag, act)
+			})
+		}
+	}
 	for _, a := range alerts {
 		key := a.Diagnosis.Fragment + "/" + a.Diagnosis.Name
 		if last, ok := hq.alerted[key]; ok && now.Sub(last) < 10*l.cfg.Settle {
@@ -373,7 +493,7 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	if chosen == nil {
 		return
 	}
-	if chosen.Action == health.ActScaleUp || chosen.Action == health.ActScaleDown {
+	if chosen.Action == health.ActScaleUp || chosen.Action == health.ActScaleDown || chosen.Action == health.ActRebalanceSlots {
 		// A rescale someone else started is no failure of this pair:
 		// wait for it to end.
 		if m, err := l.s.State().SlotMap(nil, name, chosen.Diagnosis.Fragment); err != nil || m != nil && m.Next != nil {
@@ -387,7 +507,7 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	before := health.Measure(q, chosen.Diagnosis.Fragment, pc)
 	l.s.logger.Info("health: acting", "query", name, "fragment", chosen.Diagnosis.Fragment, "diagnosis", chosen.Diagnosis.Name,
 		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
-	err := l.carryOut(ctx, name, q, *chosen)
+	did, err := l.carryOut(ctx, name, q, *chosen)
 	done := time.Now()
 	if err != nil {
 		l.s.logger.Warn("health: action failed", "query", name, "action", chosen.Action, "err", err)
@@ -396,37 +516,70 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		return
 	}
 	hq.pending = &pendingHealth{id: id, fragment: chosen.Diagnosis.Fragment, diagnosis: chosen.Diagnosis.Name, action: chosen.Action,
-		before: before, due: done.Add(l.cfg.Settle)}
+		before: before, due: done.Add(l.cfg.Settle), done: did}
 	hq.quietUntil = hq.pending.due
 	// The figures from before the action say nothing of after it.
 	hq.window = map[string][]health.Sample{}
 }
 
-// carryOut performs a decision through the live rescale, the live move or
-// the offload hook.
-func (l *healthLoop) carryOut(ctx context.Context, name string, q *health.Query, d health.Decision) error {
+// carryOut performs a decision through the live rescale (a rebalance
+// too: the same partitions, other owners for the moved slots), the live
+// move or the offloader. did says what it did when only carrying it out
+// tells (the tasks an offload moved).
+func (l *healthLoop) carryOut(ctx context.Context, name string, q *health.Query, d health.Decision) (did string, err error) {
 	s := l.s
 	switch d.Action {
 	case health.ActScaleUp, health.ActScaleDown:
 		s.scaleMu.Lock()
 		defer s.scaleMu.Unlock()
 		_, err := s.rescale(ctx, name, d.Diagnosis.Fragment, d.To)
-		return err
+		return "", err
+	case health.ActRebalanceSlots:
+		s.scaleMu.Lock()
+		defer s.scaleMu.Unlock()
+		return "", l.rebalance(ctx, name, d)
 	case health.ActMove:
 		id := fsm.TaskID(name, d.Diagnosis.Fragment, d.Diagnosis.Partition, 0)
 		to, err := l.moveTarget(id)
 		if err != nil {
-			return err
+			return "", err
 		}
 		_, err = (&adminService{s: s}).MoveTask(ctx, &pb.MoveTaskRequest{TaskId: id, ToWorker: to})
-		return err
+		return "", err
 	case health.ActOffload:
 		if l.cfg.Offload == nil {
-			return errors.New("no offload hook")
+			return "", errors.New("no offloader")
 		}
-		return l.cfg.Offload(ctx, name, d.Diagnosis.Fragment)
+		return l.cfg.Offload.Offload(ctx, name, d.Diagnosis.Fragment)
 	}
-	return fmt.Errorf("action %s is not carried out by this build", d.Action)
+	return "", fmt.Errorf("action %s is not carried out by this build", d.Action)
+}
+
+// rebalance gives the decision's slots their new owners through the live
+// rescale, the number of partitions unchanged. The moves were planned on
+// the map the window saw: a slot owned by another partition now (the map
+// changed since) refuses the whole rebalance as stale. scaleMu is held.
+func (l *healthLoop) rebalance(ctx context.Context, name string, d health.Decision) error {
+	frag := d.Diagnosis.Fragment
+	cur, err := l.s.State().SlotMap(nil, name, frag)
+	if err != nil || cur == nil {
+		return fmt.Errorf("rebalance %s/%s: no slot map", name, frag)
+	}
+	if cur.Next != nil {
+		return fmt.Errorf("rebalance %s/%s: a rescale to epoch %d is under way", name, frag, cur.Next.Epoch)
+	}
+	owners := cur.Owners()
+	for _, m := range d.Slots {
+		if m.Slot < 0 || m.Slot >= len(owners) || m.To < 0 || m.To >= cur.Partitions {
+			return fmt.Errorf("rebalance %s/%s: slot %d to partition %d is out of range", name, frag, m.Slot, m.To)
+		}
+		if owners[m.Slot] != m.From {
+			return fmt.Errorf("rebalance %s/%s: stale: slot %d belongs to partition %d now, planned from %d", name, frag, m.Slot, owners[m.Slot], m.From)
+		}
+		owners[m.Slot] = m.To
+	}
+	_, err = l.s.rescaleTo(ctx, name, frag, cur.Partitions, fsm.RangesOf(owners), cur.Epoch)
+	return err
 }
 
 // moveTarget picks the ready worker with the fewest tasks other than the
@@ -533,6 +686,9 @@ func (l *healthLoop) evaluate(ctx context.Context, name string, hq *healthQuery,
 	}
 	after := health.Measure(q, p.fragment, pc)
 	ok, why := health.Evaluate(p.action, p.diagnosis, p.before, after, q.SLO, pc)
+	if p.done != "" {
+		why = p.done + "; " + why
+	}
 	outcome := fsm.HealthNotImproved
 	if ok {
 		outcome = fsm.HealthImproved

@@ -3,7 +3,10 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
@@ -123,4 +126,49 @@ func (s *Server) collectLoad(gauge func(d *prometheus.Desc, v float64, labels ..
 	gauge(descFedMC, st.MarginalCost)
 	gauge(descFedAway, float64(len(st.Out)))
 	gauge(descFedHosted, float64(len(st.In)))
+}
+
+// loadOffloader is the health manager's offloader in a federation: the
+// load manager's offer rule, for the tasks of one fragment (health
+// HealthConfig.Offload).
+type loadOffloader struct{ s *Server }
+
+// Available: a contract in force lets this org's tasks run at a partner.
+func (o loadOffloader) Available(time.Time) (bool, string) {
+	if o.s.load == nil {
+		return false, "no load manager: the coordinator is not in a federation"
+	}
+	return o.s.load.CanOffload()
+}
+
+// Offload offers the fragment's tasks running at home (every replica of
+// every partition) to contract partners through the load manager: a task
+// moves only under a valid contract whose price the offer rule finds
+// profitable, and each move is co-signed into the ledger.
+func (o loadOffloader) Offload(ctx context.Context, query, fragment string) (string, error) {
+	if o.s.load == nil {
+		return "", errors.New("no load manager: the coordinator is not in a federation")
+	}
+	tasks, err := o.s.State().TasksByQuery(nil, query)
+	if err != nil {
+		return "", err
+	}
+	var ids []string
+	for _, t := range tasks {
+		if t.Fragment == fragment && t.WorkerID != "" && !strings.HasPrefix(t.WorkerID, partnerWorkerID("")) {
+			ids = append(ids, t.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return "", fmt.Errorf("%w: no task of %s/%s runs at home", loadmgr.ErrNoOffload, query, fragment)
+	}
+	moved, err := o.s.load.Offload(ctx, ids)
+	if err != nil {
+		return "", err
+	}
+	parts := make([]string, len(moved))
+	for i, m := range moved {
+		parts[i] = fmt.Sprintf("%s to %s under contract %s at price %.4g (load %.3g)", m.Task, m.Partner, m.Contract, m.Price, m.Load)
+	}
+	return "offloaded " + strings.Join(parts, ", "), nil
 }

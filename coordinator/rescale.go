@@ -133,6 +133,16 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 }
 
 func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) (*pb.ScaleQueryResponse, error) {
+	return s.rescaleTo(ctx, name, op, parallelism, nil, 0)
+}
+
+// rescaleTo changes op's slot map to parallelism partitions owning ranges
+// (nil: contiguous ranges, and nothing to do when the number of
+// partitions stays). A rebalance keeps the partitions and gives ranges
+// other owners: the same three phases move the slots and their state.
+// expectEpoch, when not 0, is the epoch the caller planned from: a map
+// changed since is refused as stale. The caller holds scaleMu.
+func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int, ranges []fsm.SlotRange, expectEpoch uint64) (*pb.ScaleQueryResponse, error) {
 	tg, err := s.rescaleTarget(name, op)
 	if err != nil {
 		return nil, err
@@ -141,11 +151,21 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 	if cur.Next != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "scale: a rescale of %s to epoch %d is already under way", op, cur.Next.Epoch)
 	}
-	if parallelism == cur.Partitions {
+	if expectEpoch != 0 && cur.Epoch != expectEpoch {
+		return nil, status.Errorf(codes.FailedPrecondition, "scale: stale: the slot map of %s is at epoch %d, planned from epoch %d", op, cur.Epoch, expectEpoch)
+	}
+	if ranges == nil {
+		if parallelism == cur.Partitions {
+			return mapResponse(cur, 0), nil
+		}
+		ranges = fsm.ContiguousSlotMap(parallelism)
+	} else if parallelism == cur.Partitions && slices.Equal(ranges, cur.Ranges) {
 		return mapResponse(cur, 0), nil
 	}
+	if why := fsm.CheckSlotRanges(ranges, parallelism); why != "" {
+		return nil, status.Errorf(codes.InvalidArgument, "scale: %s", why)
+	}
 	epoch := cur.Epoch + 1
-	ranges := fsm.ContiguousSlotMap(parallelism)
 	update := func(phase string, cut int64) fsm.SlotMapUpdate {
 		return fsm.SlotMapUpdate{Query: name, Fragment: op, QueryIndex: tg.q.CreateIndex, ExpectedEpoch: cur.Epoch,
 			Partitions: parallelism, Ranges: ranges, Phase: phase, Cut: cut}
@@ -196,16 +216,27 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 	wctx, cancel := context.WithTimeout(ctx, rescaleTimeout)
 	defer cancel()
 	var cut int64 = math.MinInt64
+	ended := ""
 	err = s.waitTasks(wctx, name, func(t *fsm.Task) bool { return tg.involved[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.WorkerID == "" || t.Prepared < epoch {
 			return false, fmt.Sprintf("%s has not reported holding for epoch %d", t.ID, epoch)
 		}
 		cut = max(cut, t.Frontier)
+		if t.Frontier == math.MaxInt64 && ended == "" {
+			ended = t.ID
+		}
 		return true, ""
-	}, func() { cut = math.MinInt64 })
+	}, func() { cut, ended = math.MinInt64, "" })
 	if err != nil {
 		abort(err.Error())
 		return nil, status.Errorf(codes.DeadlineExceeded, "scale %s/%s: aborted: %v", name, op, err)
+	}
+	if ended != "" {
+		// A task that released the end of its stream has no point below
+		// which it could stop and hand slots over: the cut would be the
+		// end of the stream, which the others never release "below".
+		abort(ended + " released the end of its stream")
+		return nil, status.Errorf(codes.FailedPrecondition, "scale %s/%s: %s has released the end of its stream (a finite source ended): nothing is left to rescale", name, op, ended)
 	}
 	if cut < math.MaxInt64-1 {
 		cut++
@@ -225,7 +256,7 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 
 	// Finish: every task of the fragment passed the cut. From here the
 	// rescale only goes forward, also when the caller has gone.
-	m, err := s.finishRescale(context.WithoutCancel(ctx), tg, epoch, parallelism)
+	m, err := s.finishRescale(ctx, tg, epoch, parallelism)
 	if err != nil {
 		return nil, err
 	}
@@ -252,10 +283,16 @@ func (s *Server) abortRescale(ctx context.Context, tg *rescaleTarget, epoch uint
 // the rescale to epoch and every downstream task received the removed
 // partitions' streams up to it, then installs the new map and deletes the
 // removed partitions' tasks.
+//
+// It goes on when ctx ends (the caller has gone: a rescale past its go
+// only goes forward) but not past the server's shutdown: the next leader
+// finishes it (resumeRescales), and a shutdown must not wait for tasks
+// that may never report again.
 func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, parallelism int) (*fsm.SlotMap, error) {
 	name, op, cur := tg.q.Name, tg.frag, tg.cur
-	fctx, fcancel := context.WithTimeout(ctx, rescaleTimeout)
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rescaleTimeout)
 	defer fcancel()
+	defer context.AfterFunc(s.ctx, fcancel)()
 	err := s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
@@ -273,7 +310,11 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 	}
 	finish := fsm.SlotMapUpdate{Query: name, Fragment: op, QueryIndex: tg.q.CreateIndex, ExpectedEpoch: cur.Epoch,
 		Partitions: parallelism, Ranges: fsm.ContiguousSlotMap(parallelism), Phase: fsm.RescaleFinish}
-	if cur.Next != nil {
+	// The map being finished is the one prepared (tg.cur may have been
+	// read before the prepare: a rebalance's ranges are not contiguous).
+	if m, err := s.State().SlotMap(nil, name, op); err == nil && m != nil && m.Next != nil && m.Next.Epoch == epoch {
+		finish.Ranges = m.Next.Ranges
+	} else if cur.Next != nil {
 		finish.Ranges = cur.Next.Ranges
 	}
 	out, err := s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),

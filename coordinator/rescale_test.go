@@ -116,3 +116,52 @@ func TestLeaderResumesRescales(t *testing.T) {
 		t.Fatalf("the task created for the abandoned rescale is still there: %+v", tk)
 	}
 }
+
+// TestRescaleFinishEndsAtShutdown: a rescale past its go waits for every
+// task to pass the cut, also after its caller has gone; a coordinator
+// shutting down does not wait for that (up to the rescale's two-minute
+// timeout, holding the leader's duties and so the shutdown): the next
+// leader finishes it.
+func TestRescaleFinishEndsAtShutdown(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(rescaleQuery), Filename: "kq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	var m *fsm.SlotMap
+	waitFor(t, 20*time.Second, "the slot map created", func() bool {
+		m, _ = s.State().SlotMap(nil, "kq", "per_line")
+		return m != nil
+	})
+	tg, err := s.rescaleTarget("kq", "per_line")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A rescale to 1 partition with other owners, prepared and past its
+	// go, that no task will ever report having passed (no workers).
+	ranges := []fsm.SlotRange{{First: 0, Last: fsm.NumSlots - 1, Partition: 0}}
+	ctx := ctxT(t, 20*time.Second)
+	for _, phase := range []string{fsm.RescalePrepare, fsm.RescaleGo} {
+		u := fsm.SlotMapUpdate{Query: "kq", Fragment: "per_line", QueryIndex: m.QueryIndex, ExpectedEpoch: m.Epoch, Partitions: 1, Ranges: ranges, Phase: phase, Cut: 1}
+		if out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, SlotMaps: []fsm.SlotMapUpdate{u}}); err != nil || len(out.Result.Refused) > 0 {
+			t.Fatalf("%s: %+v, %v", phase, out, err)
+		}
+	}
+	gone, cancel := context.WithCancel(context.Background())
+	cancel() // the caller has gone
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.finishRescale(gone, tg, m.Epoch+1, 1)
+		done <- err
+	}()
+	c.shutdown()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the finish succeeded without any task passing the cut")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the rescale's finish still waits 30 s after the shutdown")
+	}
+}

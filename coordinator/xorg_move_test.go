@@ -65,9 +65,9 @@ type xorgOrg struct {
 	pool    *dataplane.Pool
 }
 
-func newXorgOrg(t *testing.T, org string, join []string) *xorgOrg {
+func newXorgOrg(t *testing.T, org string, join []string, opts ...func(*Config)) *xorgOrg {
 	t.Helper()
-	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join)}
+	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join, opts...)}
 	client := testCreds(t, o.ca, rpc.RoleClient, "ops")
 	// Tails read a worker, or a coordinator relaying a sink at a partner.
 	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleCoordinator}}), grpc.WithPerRPCCredentials(rpc.BearerToken(o.tokens[1])))

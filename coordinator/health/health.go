@@ -55,6 +55,13 @@ type Instance struct {
 type Sample struct {
 	At        time.Time
 	Instances []Instance
+	// Keys are the key slots the fragment's upstream tasks sampled among
+	// the tuples they routed to it since their previous report (slot ->
+	// sampled tuples; each report names only its most frequent slots),
+	// and KeysSampled how many tuples those tasks sampled in all. Only
+	// keyed fragments have them (the data-skew resolver, Rebalance).
+	Keys        map[int]float64
+	KeysSampled float64
 }
 
 // Fragment is a window of samples of one fragment, oldest first, with
@@ -71,6 +78,9 @@ type Fragment struct {
 	// Sink: its input rate is the query's throughput.
 	Sink        bool
 	Parallelism int
+	// Owners is a keyed fragment's slot map: the partition owning each
+	// hash slot (nil when unknown, or while a rescale is under way).
+	Owners      []int
 	Upstreams   []string
 	Downstreams []string
 	Samples     []Sample
@@ -132,12 +142,17 @@ type Config struct {
 	MinBusy float64
 	// MaxParallelism bounds what the resolver asks for.
 	MaxParallelism int
+	// RebalanceTolerance: the data-skew resolver moves slots until the
+	// hot partition's estimated load is within this factor of the mean
+	// (at least 1).
+	RebalanceTolerance float64
 }
 
 // DefaultConfig returns the thresholds the loop uses unless configured.
 func DefaultConfig() Config {
 	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05,
-		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256}
+		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256,
+		RebalanceTolerance: 1.1}
 }
 
 // Symptom names.
@@ -192,18 +207,20 @@ const (
 	DiagSLOViolated      = "slo_violated"
 )
 
-// Action names. ActRebalanceSlots, ActScaleSources and ActOffload name
-// resolvers that are not carried out yet (see Resolvers): the loop logs
-// their diagnosis as an alert instead of acting.
+// Action names. The loop carries out each one it allows (see Allowed);
+// ActScaleSources is chosen only to say what the sources would need: no
+// build rescales a source live yet, so its diagnosis ends as an alert.
 const (
-	ActScaleUp        = "scale_up"
-	ActScaleDown      = "scale_down"
-	ActMove           = "move"
+	ActScaleUp   = "scale_up"
+	ActScaleDown = "scale_down"
+	ActMove      = "move"
+	// ActRebalanceSlots gives hash slots of a hot partition to less
+	// loaded ones (Rebalance), through the live rescale.
 	ActRebalanceSlots = "rebalance_slots"
 	ActScaleSources   = "scale_sources"
 	// ActOffload hands tasks to a contract partner through the
-	// bounded-price mechanism when the org lacks capacity: the hook the
-	// federation load manager is to fill (OffloadHook in the loop).
+	// bounded-price mechanism when the org lacks capacity (the federation
+	// load manager, through the loop's Offloader).
 	ActOffload = "offload"
 )
 
@@ -524,6 +541,14 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
 		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
+		case pressure && s.Has(SymRateSkew) && s.Outlier >= 0:
+			// Consumers pull: the backlog in front of a hot partition
+			// may sit in its upstreams' output buffers (counted per
+			// upstream, not per partition) rather than in its own queue.
+			// A backlog with one partition far faster than the others
+			// (past SkewRatio, where a slow one runs at their pace or
+			// slower) is that partition's extra keys.
+			d.Name, d.Partition = DiagDataSkew, s.Outlier
 		case pressure:
 			d.Name = DiagUnderProvisioned
 		case s.Has(SymIdle) && q.Fragment(s.Fragment) != nil && q.Fragment(s.Fragment).Scalable:

@@ -174,6 +174,14 @@ func TestDiagnosers(t *testing.T) {
 			}
 			return Instance{InRate: 909, Busy: 0.91, Queue: 100}
 		}, calmSink), 0, DiagDataSkew, 1},
+		{"backlog held upstream, one partition far faster: data skew", pipeline(6, 3, func(k, p int) Instance {
+			return Instance{OutRate: 1200, Busy: 0.05, Unacked: float64(500 + 300*k)}
+		}, func(k, p int) Instance {
+			if p == 0 {
+				return Instance{InRate: 600, Busy: 0.6, Queue: 2}
+			}
+			return Instance{InRate: 300, Busy: 0.45, Queue: 1}
+		}, calmSink), 0, DiagDataSkew, 0},
 		{"idle: over-provisioned", pipeline(6, 4, calmSrc, steady(Instance{InRate: 250, Busy: 0.1}), calmSink), 0, DiagOverProvisioned, -1},
 		{"throughput below the SLO without backpressure", pipeline(6, 2, calmSrc, calmOp, calmSink), 5000, DiagSLOViolated, -1},
 		{"calm", pipeline(6, 2, calmSrc, calmOp, calmSink), 0, "", -1},

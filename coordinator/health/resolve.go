@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // TrueRate is DS2's true processing rate of one instance of f: the tuples
@@ -126,6 +127,9 @@ type Decision struct {
 	From, To int
 	// Why explains the parameters (the DS2 figures for scaling).
 	Why string
+	// Slots are the slot moves of a rebalance (ActRebalanceSlots), by
+	// slot.
+	Slots []SlotMove
 	// Skipped says which resolvers were passed over and why.
 	Skipped []string
 }
@@ -150,6 +154,13 @@ func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decisi
 		dec := Decision{Diagnosis: d}
 		for _, act := range Resolvers[d.Name] {
 			if ok, why := allowed(d.Name, act); !ok {
+				// Say what the action would have done: an alert then
+				// names what is missing (the sources' rate an SLO needs).
+				if probe := dec; act == ActScaleSources {
+					if ok, _ := fill(q, &probe, act, demand, c); ok {
+						why += " (needed: " + probe.Why + ")"
+					}
+				}
 				dec.Skipped = append(dec.Skipped, act+": "+why)
 				continue
 			}
@@ -217,8 +228,122 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 		}
 		dec.Why = fmt.Sprintf("move partition %d of %s to another worker", dec.Diagnosis.Partition, f.Name)
 		return true, ""
+	case ActRebalanceSlots:
+		if dec.Diagnosis.Partition < 0 {
+			return false, "no hot partition"
+		}
+		moves, loads, ok, why := Rebalance(f, dec.Diagnosis.Partition, c)
+		if !ok {
+			return false, why
+		}
+		moved := 0.0
+		list := make([]string, len(moves))
+		for i, m := range moves {
+			moved += m.Rate
+			list[i] = fmt.Sprintf("%d->p%d", m.Slot, m.To)
+		}
+		dec.Slots, dec.From, dec.To = moves, f.Parallelism, f.Parallelism
+		dec.Why = fmt.Sprintf("%d hash slots (%.0f tuples/s by the key samples) from partition %d to less loaded partitions (%s); estimated loads after: %s",
+			len(moves), moved, dec.Diagnosis.Partition, strings.Join(list, " "), fmtLoads(loads))
+		return true, ""
+	case ActScaleSources:
+		return sourcesFor(q, dec, c)
+	case ActOffload:
+		// Offloading helps only a fragment that needs more instances than
+		// it has (and did not get them: a scale-up was skipped, the org
+		// lacking capacity or the pair being blacklisted).
+		if !f.Scalable {
+			return false, "not a keyed operator"
+		}
+		rate, ok := TrueRate(f, c)
+		if !ok {
+			return false, "too little useful time in the window to know its true processing rate"
+		}
+		want := demand[f.Name]
+		n := Needed(want, rate, c.TargetUtil, c.MaxParallelism)
+		if n <= f.Parallelism {
+			return false, fmt.Sprintf("demand %.0f tuples/s needs %d instances, it has %d: more capacity would not help", want, n, f.Parallelism)
+		}
+		dec.From, dec.To = f.Parallelism, n
+		dec.Why = fmt.Sprintf("demand %.0f tuples/s needs %d instances of %s at a true rate of %.0f, it has %d: offer its tasks to a contract partner",
+			want, n, f.Name, rate, f.Parallelism)
+		return true, ""
 	}
 	return false, "no resolver carries it out in this build"
+}
+
+func fmtLoads(loads map[int]float64) string {
+	ps := make([]int, 0, len(loads))
+	for p := range loads {
+		ps = append(ps, p)
+	}
+	sort.Ints(ps)
+	parts := make([]string, len(ps))
+	for i, p := range ps {
+		parts[i] = fmt.Sprintf("p%d %.0f/s", p, loads[p])
+	}
+	return strings.Join(parts, ", ")
+}
+
+// sourcesFor sizes the sources for a missed throughput SLO: when no
+// source is held back (none blocked past BackpressureMs in the window),
+// the sources are what limits the query, and they must send SLO /
+// throughput times what they send now. A source with a configured rate
+// per partition needs that many more partitions.
+func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
+	if q.SLO <= 0 {
+		return false, "no throughput SLO"
+	}
+	tp, n := 0.0, 0
+	for k := 0; ; k++ {
+		v, ok := Throughput(q, k)
+		if !ok {
+			break
+		}
+		tp += v
+		n++
+	}
+	if n == 0 || tp <= 0 {
+		return false, "no throughput measured"
+	}
+	tp /= float64(n)
+	factor := q.SLO / tp
+	var parts []string
+	for i := range q.Fragments {
+		f := &q.Fragments[i]
+		if !f.Source {
+			continue
+		}
+		if b := mean(f.Samples, blockedMs); b > c.BackpressureMs {
+			return false, fmt.Sprintf("source %s is held back (blocked %.0f ms/s): the sources are not the bottleneck", f.Name, b)
+		}
+		out := mean(f.Samples, func(s Sample) float64 { return sum(s.Instances, func(i Instance) float64 { return i.OutRate }) })
+		part := fmt.Sprintf("%s from %.0f to %.0f tuples/s", f.Name, out, out*factor)
+		if b := mean(f.Samples, func(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Busy }) }); b > c.TargetUtil {
+			// The operators fused into the source (a split, a map) take
+			// its time: it needs more partitions, not a higher rate.
+			part += fmt.Sprintf(", busy %.0f%%", b*100)
+		}
+		if f.SourceRate > 0 && f.Parallelism > 0 {
+			per := f.SourceRate / float64(f.Parallelism)
+			want := Needed(f.SourceRate*factor, per, 1, c.MaxParallelism)
+			part += fmt.Sprintf(" (%d -> %d partitions at %.0f records/s each)", f.Parallelism, want, per)
+		}
+		parts = append(parts, part)
+	}
+	if len(parts) == 0 {
+		return false, "no source in the query"
+	}
+	dec.Why = fmt.Sprintf("throughput %.0f/s for an SLO of %.0f/s: sources %s", tp, q.SLO, strings.Join(parts, "; "))
+	return true, ""
+}
+
+func sum[T any](xs []T, f func(T) float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += f(x)
+	}
+	return s
 }
 
 // Metrics are the figures an action is judged by, over a window: the

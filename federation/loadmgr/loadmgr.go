@@ -24,6 +24,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -329,7 +330,7 @@ func (m *Manager) Step(ctx context.Context) {
 	x, ok := m.measure(view, now)
 	if ok {
 		x = m.returns(ctx, view, x, now, note)
-		m.offers(ctx, view, x, now, note)
+		m.offers(ctx, view, x, now, note, nil)
 	} else {
 		note("no workers: capacity 0, nothing offered or quoted")
 	}
@@ -580,9 +581,73 @@ type quote struct {
 	hostMC, room float64
 }
 
+// ErrNoOffload: an offload moved nothing (no contract in force allows
+// it, the offer rule does not hold at any contract's price, or partners
+// refused); the error says which.
+var ErrNoOffload = errors.New("nothing offloaded")
+
+// Offloaded is one task an offload moved to a partner.
+type Offloaded struct {
+	Task, Partner, Contract string
+	Price, Load             float64
+}
+
+// CanOffload reports whether a contract in force lets this org's tasks
+// run at a partner now, and why not.
+func (m *Manager) CanOffload() (bool, string) {
+	me, now := m.org.Name(), m.org.Now()
+	for _, c := range m.contracts() {
+		t := c.Terms
+		if c.Status == federation.StatusActive && t.MPA().InForce(now) && t.MPA().Allows(me, partnerOf(me, t)) {
+			return true, ""
+		}
+	}
+	return false, "no contract in force lets " + me + "'s tasks run at a partner"
+}
+
+// Offload runs the offer rule now for the given tasks only (the health
+// manager's offload: a fragment the org has no capacity to scale), with
+// the same bounded-price decisions, co-signed ledger records and limits
+// as a load period: a task moves only to a partner holding an active
+// contract in force, when this org's marginal cost exceeds the settled
+// price plus the migration cost, within the contract's load bound. Tasks
+// with no measured load are not offered. It returns the tasks moved, or
+// ErrNoOffload with the reasons.
+func (m *Manager) Offload(ctx context.Context, tasks []string) ([]Offloaded, error) {
+	m.step.Lock()
+	defer m.step.Unlock()
+	now := m.org.Now()
+	var notes []string
+	note := func(format string, args ...any) {
+		line := fmt.Sprintf(format, args...)
+		notes = append(notes, line)
+		m.log.Debug(line)
+	}
+	view, err := m.view()
+	if err != nil {
+		return nil, err
+	}
+	x, ok := m.measure(view, now)
+	if !ok {
+		return nil, fmt.Errorf("%w: %w (no workers)", ErrNoOffload, ErrNotMeasured)
+	}
+	only := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		only[t] = true
+	}
+	moved := m.offers(ctx, view, x, now, note, only)
+	if len(moved) == 0 {
+		if len(notes) == 0 {
+			notes = append(notes, "no contract in force lets "+m.org.Name()+"'s tasks run at a partner")
+		}
+		return nil, fmt.Errorf("%w: %s", ErrNoOffload, strings.Join(notes, "; "))
+	}
+	return moved, nil
+}
+
 // offers applies the offer rule to every partner, cheapest first, and
-// moves what they accept.
-func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now time.Time, note func(string, ...any)) {
+// moves what they accept, of the tasks in only when it is not nil.
+func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now time.Time, note func(string, ...any), only map[string]bool) (moved []Offloaded) {
 	me := m.org.Name()
 	m.mu.Lock()
 	cost := m.cost
@@ -597,7 +662,12 @@ func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now ti
 			continue
 		}
 		if ownerMC <= t.PriceMin+mig {
-			continue // the offer rule cannot hold at any price of this contract
+			// The offer rule cannot hold at any price of this contract
+			// (said only when asked to offload: a calm period says nothing).
+			if only != nil {
+				note("not offered under %s: marginal cost %.4g is not above the lowest price %.4g plus the migration cost %.4g", t.ID, ownerMC, t.PriceMin, mig)
+			}
+			continue
 		}
 		partner := partnerOf(me, t)
 		ans, err := m.org.Call(ctx, partner, federation.Message{Kind: federation.MsgQuote,
@@ -613,6 +683,12 @@ func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now ti
 	})
 	away := m.mover.TasksAtPartners()
 	tasks := m.movable(view, away)
+	if only != nil {
+		tasks = slices.DeleteFunc(tasks, func(t mpa.Task) bool { return !only[t.ID] })
+		if len(tasks) == 0 {
+			note("none of the %d tasks to offload runs here with a measured load", len(only))
+		}
+	}
 	for _, q := range quotes {
 		if len(tasks) == 0 {
 			break
@@ -647,6 +723,7 @@ func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now ti
 			m.smooth.Shift(-task.Load)
 			m.status.Moves++
 			m.mu.Unlock()
+			moved = append(moved, Offloaded{Task: task.ID, Partner: q.partner, Contract: t.ID, Price: off.Price, Load: task.Load})
 			fields := map[string]string{FieldTask: task.ID, FieldClass: task.Class, FieldLoad: fmtF(task.Load), FieldPrice: fmtF(off.Price)}
 			if err := m.record(ctx, task.ID, ledger.KindMove, t.ID, fields); err != nil {
 				note("%s moved to %s, recording it failed (retried): %v", task.ID, q.partner, err)
@@ -656,6 +733,7 @@ func (m *Manager) offers(ctx context.Context, view ledgerView, x float64, now ti
 			note("%s moved to %s at %.4g (load %.3g)", task.ID, q.partner, off.Price, task.Load)
 		}
 	}
+	return moved
 }
 
 // movable lists this org's own tasks running at home, the largest first:

@@ -1,0 +1,178 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/coordinator"
+	"github.com/fedstream/fedstream/coordinator/health"
+	"github.com/fedstream/fedstream/fsm"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// skewQuery: generated lines keyed by one of 16 words chosen by the
+// line's length (about a sixteenth of the lines each), into a keyed
+// aggregate of 3 partitions costing %s a tuple. %s is the list of the 16
+// words, %s "autoscale: true" or nothing.
+const skewQuery = `
+name: %s
+%s
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: 12000, rate: 2000}
+operators:
+  - name: keyed
+    type: map
+    input: lines
+    fields: {word: "%s[len(line) %% 16]", n: "len(split(line, ' '))"}
+  - name: counts
+    type: aggregate
+    input: keyed
+    window: {size: 20ms}
+    group_by: [word]
+    aggregates: {cnt: "count()", total: "sum(n)"}
+    parallelism: 3
+    cost: %s
+sinks:
+  - {name: out, input: counts}
+`
+
+// skewedKeys returns 16 words in distinct slots: the first ten owned by
+// partition 0 of 3 under the initial map, three by partition 1 and three
+// by partition 2.
+func skewedKeys(t *testing.T) (words []string, slotOf map[string]int) {
+	t.Helper()
+	want := []int{10, 3, 3}
+	byPart := make([][]string, 3)
+	slotOf = map[string]int{}
+	used := map[int]bool{}
+	for i := 0; len(byPart[0]) < want[0] || len(byPart[1]) < want[1] || len(byPart[2]) < want[2]; i++ {
+		w := fmt.Sprintf("key%d", i)
+		s := queryspec.Slot([]tuple.Value{tuple.Str(w)})
+		p := queryspec.PartitionOfSlot(s, 3)
+		if used[s] || len(byPart[p]) >= want[p] {
+			continue
+		}
+		used[s] = true
+		slotOf[w] = s
+		byPart[p] = append(byPart[p], w)
+	}
+	return append(append(byPart[0], byPart[1]...), byPart[2]...), slotOf
+}
+
+// TestHealthRebalancesDataSkew runs a keyed aggregate of 3 partitions,
+// each taking at most 1000 tuples per second (1ms a tuple), behind a
+// 2000 tuples/s source whose keys are skewed: 10 of 16 equally frequent
+// keys hash to partition 0 (1250/s, more than it can take), 3 to each of
+// the others. The source blocks on partition 0. The health manager
+// diagnoses data skew on partition 0 from its larger queue at a higher
+// rate, and moves some of its hot slots, chosen from the key samples the
+// source sends, to the other partitions through the live rescale (the
+// partitions unchanged, the slot map's epoch one more); no partition then
+// holds more hot keys than it can take, and every result equals, window by
+// window, that of a run without cost or rebalancing.
+func TestHealthRebalancesDataSkew(t *testing.T) {
+	words, slotOf := skewedKeys(t)
+	list := `['` + strings.Join(words, `','`) + `']`
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 2
+	o := newLiveOrgWith(t, 3, func(c *coordinator.Config) {
+		// One rebalance in the stream's life. A second one, taken as the
+		// finite stream ends, stalled a partition about once in eight
+		// runs (worker runtime, not fixed here): a partition that neither
+		// gained nor lost slots never passed a cut set in the stream's
+		// last milliseconds; a partition still working off its backlog
+		// did not resume after a prepare aborted because the others had
+		// released the end of their streams.
+		c.Health = coordinator.HealthConfig{Interval: 200 * time.Millisecond, Settle: 10 * time.Second, Policy: &p}
+	})
+	submit := func(name, extra, cost string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		y := fmt.Sprintf(skewQuery, name, extra, list, cost)
+		if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(y), Filename: name + ".yaml"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both at once: the reference's sink holds its output until it is
+	// read (its windows do not depend on when).
+	submit("ref", "", "0s")
+	submit("sk", "autoscale: true", "1ms")
+	got := o.results(t, "sk", nil)
+	want := o.results(t, "ref", nil)
+	sameResultMaps(t, got, want)
+
+	hc := o.healthClient(t)
+	resp, err := hc.Actions(context.Background(), &pb.HealthActionsRequest{Query: "sk"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rb *pb.HealthAction
+	for _, a := range resp.Actions {
+		t.Logf("action: %s %s %s %d -> %d %s (%s) %s", a.Fragment, a.Diagnosis, a.Action, a.FromParallelism, a.ToParallelism, a.Outcome, a.Detail, a.OutcomeDetail)
+		if a.Action == health.ActRebalanceSlots && rb == nil {
+			rb = a
+		}
+	}
+	if rb == nil {
+		t.Fatalf("no rebalance in the action log: %+v", resp.Actions)
+	}
+	if rb.Fragment != "counts" || rb.Diagnosis != health.DiagDataSkew || rb.FromParallelism != 3 || rb.ToParallelism != 3 || rb.Outcome == fsm.HealthFailed {
+		t.Fatalf("first rebalance %+v", rb)
+	}
+	// The map after it: still 3 partitions, a later epoch, and partition
+	// 0 keeps no more hot keys than one instance takes at 2000/s (1000/s
+	// = 8 keys of 125/s).
+	m, err := o.nodes[0].State().SlotMap(nil, "sk", "counts")
+	if err != nil || m == nil {
+		t.Fatalf("slot map: %v %v", m, err)
+	}
+	owners := m.Owners()
+	perPart := map[int]int{}
+	for _, w := range words {
+		perPart[owners[slotOf[w]]]++
+	}
+	t.Logf("slot map epoch %d, hot keys per partition %v", m.Epoch, perPart)
+	if m.Partitions != 3 || m.Epoch < 2 || perPart[0] > 8 || perPart[0] == 10 {
+		t.Fatalf("slot map epoch %d at %d partitions, hot keys per partition %v: want partition 0 relieved", m.Epoch, m.Partitions, perPart)
+	}
+	for p, n := range perPart {
+		if n > 8 {
+			t.Fatalf("partition %d holds %d hot keys after the rebalance: %v", p, n, perPart)
+		}
+	}
+}
+
+// TestRescaleAfterTheEndIsRefused: once a finite query's stream has
+// ended (its aggregate released the end of its stream), a rescale has no
+// point to cut at: it is refused at once instead of holding every task
+// until the rescale's timeout (a health action taken near the end of a
+// finite query did that, stalling the sink for two minutes).
+func TestRescaleAfterTheEndIsRefused(t *testing.T) {
+	o := newLiveOrg(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(moveQuery, "done", 1)), Filename: "done.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := o.results(t, "done", nil); len(got) == 0 {
+		t.Fatal("no results")
+	}
+	_, err := o.admin.ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "done", Operator: "counts", Parallelism: 3})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "end of its stream") {
+		t.Fatalf("rescale after the end: %v, want FailedPrecondition naming the end of the stream", err)
+	}
+	m, err := o.nodes[0].State().SlotMap(nil, "done", "counts")
+	if err != nil || m == nil || m.Next != nil || m.Partitions != 2 || m.Epoch != 1 {
+		t.Fatalf("slot map after the refused rescale: %+v %v", m, err)
+	}
+}
