@@ -264,4 +264,18 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	t.Logf("uncorrected range [%d, %d); %d of %d stable tuples after it; status %q", from, to, len(outside(want.stable, true)), len(want.stable), msg)
 	sameStable(t, outside(got.stable, false), outside(want.stable, false), 1)
 	sameStable(t, outside(got.stable, true), outside(want.stable, true), 40)
+	// The sink's stream says it too, once, with the range (issue 10
+	// item 5): the aggregate's record passed through the sink.
+	if len(got.uncorrectable) != 1 {
+		t.Fatalf("the sink's stream carried %d UNCORRECTABLE records, want 1: %+v", len(got.uncorrectable), got.uncorrectable)
+	}
+	if f, to2, ok := tuple.UncorrectableRange(&got.uncorrectable[0]); !ok || f != from || to2 != to {
+		t.Fatalf("the sink's UNCORRECTABLE record names [%d, %d) (ok %v), want [%d, %d)", f, to2, ok, from, to)
+	}
+	if len(want.uncorrectable) != 0 {
+		t.Fatalf("the other sink, whose aggregate lost nothing, carried %d UNCORRECTABLE records", len(want.uncorrectable))
+	}
+	if msg := g.taskState(propSink0).Message; !strings.Contains(msg, "could not be corrected") {
+		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
+	}
 }

@@ -233,6 +233,17 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				put(enc, false)
 				v.recOpen, v.switchRec, v.lastStablePos = false, false, v.pos
 			}
+		case tuple.Uncorrectable:
+			// Passed once per range (both replicas of the upstream send
+			// one, a resumption resends it); never taken back.
+			var mk tuple.Tuple
+			if _, err := tuple.DecodeTuple(enc, &mk); err != nil {
+				return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
+			}
+			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
+				t.noteUncorrectable(from, to)
+				put(enc, false)
+			}
 		}
 		if final {
 			break
@@ -283,7 +294,7 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 // attempt's first batch (what the input had tentatively is no longer
 // current: another replica may be read now). It reports whether the view
 // changed (sync it).
-func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err error) {
+func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, err error) {
 	mv := in.t.mv
 	if fresh {
 		in.offKnown = false
@@ -298,10 +309,10 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err e
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
 		in.stableTaken.Store(b.LastID - off)
-		return changed, nil
+		return changed, nil, nil
 	}
 	if _, err := stableIDs(b); err != nil {
-		return changed, err
+		return changed, nil, err
 	}
 	in.lastOff, in.offKnown = b.Offset, true
 	released := in.t.merge.releasedAt()
@@ -324,13 +335,17 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err e
 			if len(mv.tent[in.idx]) > 0 {
 				mv.tent[in.idx], mv.dirty, changed = nil, true, true
 			}
+		case tuple.Uncorrectable:
+			if from, to, ok := tuple.UncorrectableRange(&tp); ok {
+				marks = append(marks, [2]int64{from, to})
+			}
 		}
 	}
 	mv.mu.Unlock()
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
 	in.stableTaken.Store(taken)
-	return changed, nil
+	return changed, marks, nil
 }
 
 // syncTentative brings the result stream's tentative part up to date
@@ -463,11 +478,11 @@ func (t *task) sinkTentativeHeld() bool {
 // the merger takes b: see filterDCAA; a changed tentative part goes out
 // at once.
 func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) error {
-	changed, err := in.filterDCAA(b, fresh)
+	changed, marks, err := in.filterDCAA(b, fresh)
 	if err != nil {
 		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
 	}
-	if !changed {
+	if !changed && len(marks) == 0 {
 		return nil
 	}
 	t := in.t
@@ -476,6 +491,15 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 	}
 	defer t.unlockProc()
 	if t.halted.Load() {
+		return nil
+	}
+	for _, r := range marks {
+		if err := t.sinkUncorrectable(t.ctx, r[0], r[1]); err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+	}
+	if !changed {
 		return nil
 	}
 	if err := t.syncTentative(t.ctx); err != nil {

@@ -1,0 +1,19 @@
+package tuple
+
+// UncorrectableMarker builds the record saying that the results with
+// stream time in [from, to) could not be corrected (see Uncorrectable).
+// from may be math.MinInt64: from the start of the stream.
+func UncorrectableMarker(from, to int64) Tuple {
+	return Tuple{Type: Uncorrectable, STime: from, Values: []Value{Timestamp(from), Timestamp(to)}}
+}
+
+// UncorrectableRange reads the range of a marker built by
+// UncorrectableMarker from its decoded values; ok is false when t is not
+// such a marker (another type, or values of another shape: a consumer
+// then shows it without a range rather than fail).
+func UncorrectableRange(t *Tuple) (from, to int64, ok bool) {
+	if t.Type != Uncorrectable || len(t.Values) != 2 || t.Values[0].Kind != KindTimestamp || t.Values[1].Kind != KindTimestamp {
+		return 0, 0, false
+	}
+	return t.Values[0].I, t.Values[1].I, true
+}
