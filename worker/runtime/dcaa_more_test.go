@@ -231,20 +231,65 @@ func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
 // every result outside that range, before and after, equals the
 // failure-free replica's: the windowed query converges.
 func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
-	const keep = 300
+	const keep, pending, bufTuples = 300, 200, 20000
 	opts := dcaaOpts
 	opts.DCAAKeepTuples = keep
+	// The live input's data waits for the failed one up to X (300ms,
+	// about 600 tuples): past this bound it is held back by flow control.
+	opts.InputPendingTuples = pending
+	opts.Buffer.MaxTuples = bufTuples
 	g := newFaultRig(t, propQuery(t, "agg", "300ms", 16000), 6, []int{2, 4, 5}, opts, propPlace(false))
 	g.c.apply()
 	g.readingStable(t)
 	agg := g.task(propAgg0)
+	// Memory is sampled throughout (buffer lengths, not process RSS):
+	// every output buffer of the query and the aggregate's machine.
+	ids := []string{"agg/lines/p0/r0", "agg/lines/p0/r1", "agg/lines/p1/r0", "agg/lines/p1/r1", propAgg0, propAgg1, propSink0, propSink1}
+	var bufMax atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, id := range ids {
+				for _, o := range g.task(id).outs {
+					if n := int64(o.buf.Stats().Tuples); n > bufMax.Load() {
+						bufMax.Store(n)
+					}
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
 	g.cut(2, dataplane.Hold, 0, 1)
 	waitUntil(t, "aggregate replica 0 dropping kept input", func() bool { return agg.dm.shed.Load() > 3*keep })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
+	close(stop)
+	wg.Wait()
 	if m := agg.dm.keptMax.Load(); m > keep {
 		t.Fatalf("the aggregate kept %d stable tuples for its replay, bound %d", m, keep)
 	}
+	// Soft bound: an input stops taking batches once the bound is
+	// reached, so it goes over by less than one batch.
+	if w, b := agg.dm.wait.max.Load(), agg.dm.wait.batchMax.Load(); w >= pending+b {
+		t.Fatalf("the aggregate held %d tuples of one input waiting for release, bound %d (+ a batch of at most %d)", w, pending, b)
+	}
+	if !agg.dm.wait.held.Load() {
+		t.Fatal("the aggregate's live input was never held back: the test's failure did not reach the bound")
+	}
+	if m := bufMax.Load(); m > bufTuples {
+		t.Fatalf("an output buffer held %d tuples, bound %d", m, bufTuples)
+	}
+	t.Logf("most held: replay %d (bound %d), waiting %d (bound %d), output buffer %d (bound %d)",
+		agg.dm.keptMax.Load(), keep, agg.dm.wait.max.Load(), pending, bufMax.Load(), bufTuples)
 	msg := g.taskState(propAgg0).Message
 	if !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the aggregate's status does not name the results it could not correct: %q", msg)

@@ -71,6 +71,8 @@ type dcaaRun struct {
 	// lostFrom, lostTo: the results a correction could not make exact
 	// (stream times; see lost), for tests.
 	lostFrom, lostTo atomic.Int64
+	// wait bounds the input waiting in the machine (dcaa_bound.go).
+	wait waitState
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -118,6 +120,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
 		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
+	d.wait.over = make([]atomic.Bool, len(t.inputs))
 	return d, nil
 }
 
@@ -151,6 +154,12 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// The input waits until the machine took the batch, so that what the
 	// subscription acknowledges is always in the machine's state (as a
 	// task snapshot captures it), never only queued.
+	if err := d.waitRoom(ctx, in.idx); err != nil {
+		return err
+	}
+	if n := uint64(len(ts)); n > d.wait.batchMax.Load() {
+		d.wait.batchMax.Store(n)
+	}
 	processed := make(chan struct{})
 	// Live reconfiguration's markers ride on the boundaries (an upstream
 	// may send them before this task hears of the plan); the levels rise
@@ -252,6 +261,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
 		d.keptMax.Store(uint64(f.KeptMax))
+		d.noteWaiting()
 		t.unlockProc()
 		if processed != nil {
 			close(processed)

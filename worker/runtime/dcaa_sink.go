@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -282,6 +283,9 @@ type mergeView struct {
 	emitted       []tuple.Tuple
 	lastStablePos uint64
 	recOpen       bool
+	// skipped counts the tentative tuples not kept for the bound (see
+	// filterDCAA); tentMax is the most any input's tent held (figures).
+	skipped, tentMax atomic.Uint64
 }
 
 // mergeDCAA reports whether the task is a merging sink of a replicated
@@ -327,9 +331,21 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 			taken = tp.ID
 			kept = append(kept, tp)
 		case tuple.Tentative:
-			if tp.STime >= released {
-				mv.tent[in.idx] = append(mv.tent[in.idx], *tp.Clone())
-				changed = true
+			if tp.STime < released {
+				continue
+			}
+			// Bounded per input (InputPendingTuples): past it, during a
+			// long failure, later tentative results of this input are not
+			// shown; the ones shown stay current until the stable results
+			// replace them, so nothing is taken back for the bound.
+			if len(mv.tent[in.idx]) >= in.t.r.opts.InputPendingTuples {
+				mv.skipped.Add(1)
+				continue
+			}
+			mv.tent[in.idx] = append(mv.tent[in.idx], *tp.Clone())
+			changed = true
+			if n := uint64(len(mv.tent[in.idx])); n > mv.tentMax.Load() {
+				mv.tentMax.Store(n)
 			}
 		case tuple.Undo:
 			if len(mv.tent[in.idx]) > 0 {
