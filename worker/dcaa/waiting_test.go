@@ -7,7 +7,6 @@ import (
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
-
 // A long failure of an input that brings boundaries but little data: the
 // stable steps kept for the replay count towards KeepLimit, so they stay
 // within it too. Before, only data tuples counted, and the steps of a
