@@ -127,6 +127,14 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 		if d != nil && d.KeyFields == nil && d.Partitions > 1 && d.Partitions == n.Partitions {
 			return nil, status.Errorf(codes.FailedPrecondition, "scale: downstream %s reads %s partition by partition (unkeyed, same parallelism): it cannot follow a rescale", down, op)
 		}
+		// In a query with replicas, an operator runs its DCAA machine,
+		// whose inputs are fixed when the task starts: it cannot take
+		// the streams of partitions a rescale adds, and would refuse to
+		// hold, so the rescale would wait for it until aborted. Sinks
+		// (which merge without a machine) follow a rescale.
+		if d != nil && d.Kind == queryspec.KindOperator && q.Replicas > 1 {
+			return nil, status.Errorf(codes.FailedPrecondition, "scale: query %s runs with replicas %d and its operator %s reads %s: a replicated operator cannot yet follow a rescale of its input (its inputs are fixed while it runs); only operators read by sinks alone rescale in a replicated query", name, q.Replicas, down, op)
+		}
 		t.involved[down], t.downstream[down] = true, true
 	}
 	return t, nil
