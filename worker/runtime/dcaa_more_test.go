@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -229,8 +230,28 @@ func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
 // after healing, its correction cannot make the windows that overlapped
 // the dropped input exact, and its status names them (by stream time);
 // every result outside that range, before and after, equals the
-// failure-free replica's: the windowed query converges.
+// failure-free replica's: the windowed query converges. The sink passes
+// the aggregate's output through here; in the keyed variant it merges.
 func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
+	t.Run("pass-through sink", func(t *testing.T) {
+		testFailureLongerThanReplayBound(t, propQuery(t, "agg", "300ms", 16000))
+	})
+	t.Run("merging sink", func(t *testing.T) {
+		testFailureLongerThanReplayBound(t, mustParse(t, `name: kagg
+replicas: 2
+availability: {max_delay: 300ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 16000}, parallelism: 2}
+operators:
+  - {name: firsts, type: map, input: lines, fields: {word: "split(line, ' ')[0]"}, parallelism: 2}
+  - {name: counts, type: aggregate, input: firsts, window: {size: 100ms}, group_by: [word], aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`))
+	})
+}
+
+func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query) {
 	const keep, pending, bufTuples = 300, 200, 20000
 	opts := dcaaOpts
 	opts.DCAAKeepTuples = keep
@@ -238,13 +259,23 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	// about 600 tuples): past this bound it is held back by flow control.
 	opts.InputPendingTuples = pending
 	opts.Buffer.MaxTuples = bufTuples
-	g := newFaultRig(t, propQuery(t, "agg", "300ms", 16000), 6, []int{2, 4, 5}, opts, propPlace(false))
+	g := newFaultRig(t, q, 6, []int{2, 4, 5}, opts, propPlace(false))
 	g.c.apply()
-	g.readingStable(t)
-	agg := g.task(propAgg0)
+	id := func(node string, r int) string { return queryspec.TaskID(q.Name, node, 0, r) }
+	agg0, sink0, sink1 := id("counts", 0), id("out", 0), id("out", 1)
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
+		return g.faults[2].BytesFrom(g.c.workers[0].addr) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	agg := g.task(agg0)
 	// Memory is sampled throughout (buffer lengths, not process RSS):
 	// every output buffer of the query and the aggregate's machine.
-	ids := []string{"agg/lines/p0/r0", "agg/lines/p0/r1", "agg/lines/p1/r0", "agg/lines/p1/r1", propAgg0, propAgg1, propSink0, propSink1}
+	var ids []string
+	for _, st := range g.c.states() {
+		ids = append(ids, st.TaskID)
+	}
+	if len(ids) != 8 {
+		t.Fatalf("tasks %v: want 8 (2 source partitions, aggregate and sink, 2 replicas each)", ids)
+	}
 	var bufMax atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -271,7 +302,7 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	g.cut(2, dataplane.Hold, 0, 1)
 	waitUntil(t, "aggregate replica 0 dropping kept input", func() bool { return agg.dm.shed.Load() > 3*keep })
 	g.faults[2].HealAll()
-	g.stableAgain(t, propAgg0)
+	g.stableAgain(t, agg0)
 	close(stop)
 	wg.Wait()
 	if m := agg.dm.keptMax.Load(); m > keep {
@@ -285,18 +316,21 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	if !agg.dm.wait.held.Load() {
 		t.Fatal("the aggregate's live input was never held back: the test's failure did not reach the bound")
 	}
+	if mv := g.task(sink0).mv; mv != nil && mv.tentMax.Load() > pending {
+		t.Fatalf("the merging sink kept %d current tentative results of one input, bound %d", mv.tentMax.Load(), pending)
+	}
 	if m := bufMax.Load(); m > bufTuples {
 		t.Fatalf("an output buffer held %d tuples, bound %d", m, bufTuples)
 	}
 	t.Logf("most held: replay %d (bound %d), waiting %d (bound %d), output buffer %d (bound %d)",
 		agg.dm.keptMax.Load(), keep, agg.dm.wait.max.Load(), pending, bufMax.Load(), bufTuples)
-	msg := g.taskState(propAgg0).Message
+	msg := g.taskState(agg0).Message
 	if !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the aggregate's status does not name the results it could not correct: %q", msg)
 	}
 	from, to := agg.dm.lostFrom.Load(), agg.dm.lostTo.Load()
-	got := viewOf(g.c.tail(t, propSink0))
-	want := viewOf(g.c.tail(t, propSink1))
+	got := viewOf(g.c.tail(t, sink0))
+	want := viewOf(g.c.tail(t, sink1))
 	outside := func(ts []tuple.Tuple, after bool) []tuple.Tuple {
 		var out []tuple.Tuple
 		for _, tp := range ts {
@@ -320,7 +354,7 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	if len(want.uncorrectable) != 0 {
 		t.Fatalf("the other sink, whose aggregate lost nothing, carried %d UNCORRECTABLE records", len(want.uncorrectable))
 	}
-	if msg := g.taskState(propSink0).Message; !strings.Contains(msg, "could not be corrected") {
+	if msg := g.taskState(sink0).Message; !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
 	}
 }
