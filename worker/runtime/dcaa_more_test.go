@@ -304,11 +304,17 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 		defer tick.Stop()
 		for {
 			for _, id := range ids {
-				for _, o := range g.task(id).outs {
+				tk := g.task(id)
+				if tk == nil {
+					continue // not (or no longer) running
+				}
+				tk.outMu.RLock()
+				for _, o := range tk.outs {
 					if n := int64(o.buf.Stats().Tuples); n > bufMax.Load() {
 						bufMax.Store(n)
 					}
 				}
+				tk.outMu.RUnlock()
 			}
 			select {
 			case <-stop:
