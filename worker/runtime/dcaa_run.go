@@ -181,6 +181,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	}
 	in.stableTaken.Store(stableLast)
 	if len(marks) > 0 {
+		in.diverged.Store(true)
 		if err := d.relayUncorrectable(ctx, marks); err != nil {
 			return err
 		}

@@ -241,6 +241,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			if _, err := tuple.DecodeTuple(enc, &mk); err != nil {
 				return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
 			}
+			t.inputs[0].diverged.Store(true)
 			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
 				t.noteUncorrectable(from, to)
 				put(enc, false)
@@ -500,6 +501,9 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 	}
 	if !changed && len(marks) == 0 {
 		return nil
+	}
+	if len(marks) > 0 {
+		in.diverged.Store(true)
 	}
 	t := in.t
 	if err := t.lockProc(ctx); err != nil {
