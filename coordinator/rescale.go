@@ -85,6 +85,15 @@ type rescaleTarget struct {
 	involved, downstream map[string]bool
 }
 
+// allowReplicatedRescale lifts the refusal to rescale a query with
+// replicas (see rescaleTarget): under heavy CPU load a rescale of a
+// replicated query was seen to lose a few results (about one run in
+// thirty of TestRescaleKeyedAggregate/replicas=2 at load 8-11, cause not
+// found), so fedstream refuses it rather than break its promise of exact
+// stable results. Set by tests of the rules that still apply once it is
+// lifted.
+var allowReplicatedRescale = false
+
 func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	st := s.State()
 	q, err := st.Query(nil, name)
@@ -111,6 +120,9 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	}
 	if cur == nil || cur.QueryIndex != q.CreateIndex {
 		return nil, status.Errorf(codes.Unavailable, "scale: the slot map of %s is not created yet; try again", op)
+	}
+	if q.Replicas > 1 && !allowReplicatedRescale {
+		return nil, status.Errorf(codes.FailedPrecondition, "scale: query %s runs with replicas %d: rescaling a replicated query is refused for now (under heavy load a rescale was seen to lose a few results; see docs/DATAPLANE.md, \"Not done yet\"); submit it with replicas 1 to rescale it", name, q.Replicas)
 	}
 	t := &rescaleTarget{q: q, frag: op, cur: cur, replicas: max(q.Replicas, 1), involved: map[string]bool{op: true}, downstream: map[string]bool{}}
 	for _, in := range n.Inputs {

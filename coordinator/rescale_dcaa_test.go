@@ -10,13 +10,14 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// A replicated query's keyed operator read by another operator: that
-// operator runs a DCAA machine with fixed inputs, which cannot follow a
-// rescale, so ScaleQuery refuses at once with a reason, instead of
-// preparing a rescale that waits for a hold that never comes until it
-// is aborted. The same operator read only by a sink is not refused for
-// that reason.
-func TestScaleRefusesReplicatedOperatorReader(t *testing.T) {
+// Rescaling a query with replicas is refused at once, with the reason
+// (allowReplicatedRescale). Once that refusal is lifted, a keyed operator
+// read by another operator is still refused: that operator runs a DCAA
+// machine with fixed inputs, which cannot follow a rescale, so the
+// prepared rescale would wait for a hold that never comes until it is
+// aborted. The same operator read only by a sink is not refused for that
+// reason.
+func TestScaleReplicatedQueryRefused(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
@@ -49,12 +50,21 @@ sinks:
 			return m != nil
 		})
 	}
-	_, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: "chain", Operator: "per_line", Parallelism: 2})
-	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "replicated operator") || !strings.Contains(err.Error(), "total") {
+	scale := func(query string) error {
+		_, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: query, Operator: "per_line", Parallelism: 2})
+		return err
+	}
+	for _, name := range []string{"chain", "direct"} {
+		if err := scale(name); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "rescaling a replicated query is refused") {
+			t.Fatalf("scale of replicated query %s: %v, want FailedPrecondition saying why", name, err)
+		}
+	}
+	allowReplicatedRescale = true
+	defer func() { allowReplicatedRescale = false }()
+	if err := scale("chain"); status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "replicated operator") || !strings.Contains(err.Error(), "total") {
 		t.Fatalf("scale of an operator a replicated operator reads: %v, want FailedPrecondition naming total", err)
 	}
-	ctx := ctxT(t, 10*time.Second)
-	if _, err := admin.ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "direct", Operator: "per_line", Parallelism: 2}); err != nil && strings.Contains(err.Error(), "replicated operator") {
+	if err := scale("direct"); err != nil && strings.Contains(err.Error(), "replicated operator") {
 		t.Fatalf("scale of an operator only a sink reads refused as read by a replicated operator: %v", err)
 	}
 }
