@@ -160,6 +160,12 @@ type Worker struct {
 	StallAfter      time.Duration `mapstructure:"stall-after"`
 	SubscriberLease time.Duration `mapstructure:"subscriber-lease"`
 	OverrunGrace    time.Duration `mapstructure:"overrun-grace"`
+	// DCAAKeepTuples bounds the input a replicated query's task keeps for
+	// a correction's replay, InputPendingTuples the tuples each input of a
+	// task holds waiting for release (0: the runtime's defaults; see
+	// runtime.Options).
+	DCAAKeepTuples     int `mapstructure:"dcaa-keep-tuples"`
+	InputPendingTuples int `mapstructure:"input-pending-tuples"`
 	// MaxFuture bounds how far ahead of an ingest source's time a record's
 	// time may be (see runtime.Options.MaxFuture).
 	MaxFuture string `mapstructure:"max-future"`
@@ -183,6 +189,9 @@ const DefaultWorkerGCPercent = 400
 
 // ErrDuration means a duration setting is out of range.
 var ErrDuration = errors.New("bad duration setting")
+
+// ErrCount means a count setting (a bound in tuples) is out of range.
+var ErrCount = errors.New("bad count setting")
 
 // ErrGCPercent means a gc-percent setting is not a positive percentage.
 var ErrGCPercent = errors.New("gc-percent must be a positive percentage")
@@ -257,6 +266,8 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("stall-after", 30*time.Second, "report a task stalled when it has something to do and has not moved for this long")
 	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
+	fs.Int("dcaa-keep-tuples", 256<<10, "replicated queries: the most input tuples a task keeps for correcting its tentative results; past it the oldest go and the results that depended on them are reported uncorrectable")
+	fs.Int("input-pending-tuples", 64<<10, "the most tuples each input of a task holds waiting for release; past it the input takes nothing more until some is released (flow control)")
 	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
 	fs.String("faults-file", "", "TESTING ONLY: cut or hold data-plane links as this file says, re-read while it changes (lines: `cut ADDR [hold|reset]`, `cut-incoming [hold|reset]`; empty: no fault)")
 	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
@@ -322,6 +333,11 @@ func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
 	}
 	if w.GCPercent <= 0 {
 		return nil, fmt.Errorf("%w, got %d", ErrGCPercent, w.GCPercent)
+	}
+	for name, n := range map[string]int{"dcaa-keep-tuples": w.DCAAKeepTuples, "input-pending-tuples": w.InputPendingTuples} {
+		if n < 0 {
+			return nil, fmt.Errorf("%w: %s must not be negative, got %d", ErrCount, name, n)
+		}
 	}
 	for name, d := range map[string]time.Duration{"stall-after": w.StallAfter, "subscriber-lease": w.SubscriberLease, "overrun-grace": w.OverrunGrace} {
 		if d < 0 {

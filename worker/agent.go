@@ -57,6 +57,9 @@ type Config struct {
 	// StallAfter, SubscriberLease and OverrunGrace tune the task runtime
 	// (zero: its defaults; see runtime.Options and dataplane.BufferOptions).
 	StallAfter, SubscriberLease, OverrunGrace time.Duration
+	// DCAAKeepTuples and InputPendingTuples bound what a task holds (zero:
+	// the runtime's defaults; see runtime.Options).
+	DCAAKeepTuples, InputPendingTuples int
 	// MaxFuture bounds how far ahead of an ingest source's time a record
 	// may be dated (0: runtime.DefaultMaxFuture).
 	MaxFuture time.Duration
@@ -193,6 +196,7 @@ func New(cfg Config) (*Worker, error) {
 		bulk.ClientTLS = cfg.TLS.ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}})
 	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
+		DCAAKeepTuples: cfg.DCAAKeepTuples, InputPendingTuples: cfg.InputPendingTuples,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}, Bulk: bulk})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)

@@ -109,6 +109,11 @@ type tailer struct {
 	// yet; fresh: the next batch is a subscription's first.
 	tentOpen, recOpen, fresh bool
 	tentN                    uint64
+	// uncorrectable holds the ranges of the UNCORRECTABLE records
+	// printed (each once: both replicas of the sink carry them, a
+	// resumption resends them); at most maxTailUncorrectable, the
+	// oldest forgotten first.
+	uncorrectable [][2]int64
 	// activity is reset on every result printed (idle only).
 	activity *time.Timer
 }
@@ -350,6 +355,12 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 				}
 			}
 			continue
+		case tuple.Uncorrectable:
+			// Printed with --stable-only too: it is about final results.
+			if !tl.newUncorrectable(tp) {
+				continue
+			}
+			tp.ID = tl.lastID
 		case tuple.RecDone:
 			if !tl.recOpen || tl.tentOpen {
 				continue
@@ -367,6 +378,37 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 		}
 	}
 	return nil
+}
+
+// maxTailUncorrectable bounds the UNCORRECTABLE ranges a tail remembers.
+const maxTailUncorrectable = 16
+
+// newUncorrectable reports whether tp, an UNCORRECTABLE record, names a
+// range not printed yet (and records it). A record without a readable
+// range is printed.
+func (tl *tailer) newUncorrectable(tp *tuple.Tuple) bool {
+	from, to, ok := tuple.UncorrectableRange(tp)
+	if !ok {
+		return true
+	}
+	for _, r := range tl.uncorrectable {
+		if r[0] <= from && to <= r[1] {
+			return false
+		}
+	}
+	if len(tl.uncorrectable) == maxTailUncorrectable {
+		tl.uncorrectable = tl.uncorrectable[1:]
+	}
+	tl.uncorrectable = append(tl.uncorrectable, [2]int64{from, to})
+	return true
+}
+
+// rangeTime renders one end of an UNCORRECTABLE range.
+func rangeTime(ns int64) string {
+	if ns == math.MinInt64 {
+		return "start"
+	}
+	return time.Unix(0, ns).UTC().Format(time.RFC3339Nano)
 }
 
 // emit prints one line and counts it.
@@ -444,6 +486,13 @@ func resultPrinter(w io.Writer, asJSON bool) func(t *tuple.Tuple, schema *tuple.
 			if t.Type == tuple.Undo {
 				fmt.Fprintf(&sb, " takes back every result after #%d", uint64(t.STime))
 			}
+			if from, to, ok := tuple.UncorrectableRange(t); ok {
+				fmt.Fprintf(&sb, " !!! results with stream time from %s to %s could not be corrected (a failure outlasted the replay bound); later results are exact\n", rangeTime(from), rangeTime(to))
+				if _, err := bw.WriteString(sb.String()); err != nil {
+					return err
+				}
+				return bw.Flush()
+			}
 			for i, v := range t.Values {
 				fmt.Fprintf(&sb, " %s=%s", fieldName(schema, i), valueText(v))
 			}
@@ -495,6 +544,24 @@ func resultJSON(t *tuple.Tuple, schema *tuple.Schema, sink string) ([]byte, erro
 		// An UNDO takes back every result after id undo_to (DCAA); its
 		// STime carries that id.
 		kvs[3].k, kvs[3].v = "undo_to", uint64(t.STime)
+	}
+	if from, to, ok := tuple.UncorrectableRange(t); ok {
+		// The results with stream time in [from, to) could not be
+		// corrected (DCAA); the record has no values of the schema.
+		kvs = append(kvs[:3], struct {
+			k string
+			v any
+		}{"from", rangeTime(from)}, struct {
+			k string
+			v any
+		}{"to", rangeTime(to)})
+		for _, kv := range kvs {
+			if err := add(kv.k, kv.v); err != nil {
+				return nil, err
+			}
+		}
+		b.WriteString(`,"values":{}}`)
+		return b.Bytes(), nil
 	}
 	for _, kv := range kvs {
 		if err := add(kv.k, kv.v); err != nil {

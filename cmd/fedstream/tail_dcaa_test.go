@@ -127,3 +127,41 @@ func TestTailResumesByStableID(t *testing.T) {
 		})
 	}
 }
+
+// tail prints an UNCORRECTABLE record once, marked, with its range, in
+// --json as type UNCORRECTABLE with from and to, and with --stable-only
+// too (it concerns final results); a second copy of the same range (the
+// other replica's, resent after a resumption) is not printed again.
+func TestTailPrintsUncorrectable(t *testing.T) {
+	const from, to = int64(1_000_000_000), int64(2_000_000_000)
+	for _, stable := range []bool{false, true} {
+		var out bytes.Buffer
+		tl := &tailer{stable: stable, print: resultPrinter(&out, true)}
+		mk := func() tuple.Tuple { return tuple.UncorrectableMarker(from, to) }
+		st := tuple.Tuple{Type: tuple.Stable, STime: 5, Values: []tuple.Value{tuple.Int(5)}}
+		// Positions 1..4: stable, marker, stable, marker again; two
+		// positions outside the stable view.
+		if err := tl.batch([]tuple.Tuple{st, mk(), st, mk()}, 4, 2, nil, "out"); err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 3 {
+			t.Fatalf("stable-only %v: %d lines, want 3 (two results, one record): %q", stable, len(lines), out.String())
+		}
+		var m map[string]any
+		if err := json.Unmarshal([]byte(lines[1]), &m); err != nil {
+			t.Fatal(err)
+		}
+		if m["type"] != "UNCORRECTABLE" || m["from"] != "1970-01-01T00:00:01Z" || m["to"] != "1970-01-01T00:00:02Z" || m["id"] != float64(1) {
+			t.Fatalf("stable-only %v: record line %s", stable, lines[1])
+		}
+	}
+	var out bytes.Buffer
+	mk := tuple.UncorrectableMarker(from, to)
+	if err := resultPrinter(&out, false)(&mk, nil, "out"); err != nil {
+		t.Fatal(err)
+	}
+	if s := out.String(); !strings.HasPrefix(s, "UNCORRECTABLE") || !strings.Contains(s, "could not be corrected") || !strings.Contains(s, "1970-01-01T00:00:02Z") {
+		t.Fatalf("text line %q does not mark the record with its range", s)
+	}
+}

@@ -700,12 +700,14 @@ func (m *Machine) timeouts(acts []Action) []Action {
 }
 
 // kept is the number of stable tuples kept for the replay only: those
-// below the release watermark (what is not released yet waits at most
-// the share of X, and is not counted).
+// below the release watermark, the stable steps (boundaries) among them
+// counted as tuples, so that a long failure of sparse input is bounded
+// too. What is not released yet is not counted: it is bounded per input
+// by the runtime's flow control (WaitingOver).
 func (m *Machine) kept() int {
 	n := 0
 	for _, in := range m.inputs {
-		n += in.from(m.released)
+		n += in.from(m.released) + in.stepsBelow(m.released)
 	}
 	return n
 }
@@ -727,7 +729,7 @@ func (m *Machine) bound() {
 	for _, st := range steps {
 		left := 0
 		for _, in := range m.inputs {
-			left += in.from(m.released) - in.from(st)
+			left += in.from(m.released) - in.from(st) + in.stepsBelow(m.released) - in.stepsBelow(st)
 		}
 		cut = st
 		if left <= m.cfg.KeepLimit/2 {

@@ -99,6 +99,9 @@ func (o *Output) TentWatermark() int64 {
 type View struct {
 	Stable, Current          []tuple.Tuple
 	Tentative, Undos, Recdns int
+	// Uncorrectable holds the UNCORRECTABLE records (copies): outside
+	// both views, never taken back.
+	Uncorrectable []tuple.Tuple
 }
 
 // Apply adds one tuple of the stream (copied).
@@ -114,6 +117,9 @@ func (v *View) Apply(t *tuple.Tuple) {
 		return
 	case tuple.RecDone:
 		v.Recdns++
+		return
+	case tuple.Uncorrectable:
+		v.Uncorrectable = append(v.Uncorrectable, *t.Clone())
 		return
 	case tuple.Tentative:
 		v.Tentative++

@@ -36,8 +36,9 @@ func InStableView(typ tuple.Type) bool { return typ == tuple.Stable || typ == tu
 type StableView struct {
 	kept []viewEntry
 	n    int
-	// Tentative, Undos and RecDones count what the stream carried.
-	Tentative, Undos, RecDones int
+	// Tentative, Undos, RecDones and Uncorrectable count what the stream
+	// carried.
+	Tentative, Undos, RecDones, Uncorrectable int
 }
 
 type viewEntry struct {
@@ -58,6 +59,8 @@ func (v *StableView) Add(t *tuple.Tuple) error {
 		v.Tentative++
 	case tuple.RecDone:
 		v.RecDones++
+	case tuple.Uncorrectable:
+		v.Uncorrectable++
 	case tuple.Undo:
 		v.Undos++
 		to := uint64(t.STime)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -229,29 +230,151 @@ func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
 // after healing, its correction cannot make the windows that overlapped
 // the dropped input exact, and its status names them (by stream time);
 // every result outside that range, before and after, equals the
-// failure-free replica's: the windowed query converges.
+// failure-free replica's: the windowed query converges. The sink passes
+// the aggregate's output through here; in the keyed variant it merges.
 func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
-	const keep = 300
+	t.Run("pass-through sink", func(t *testing.T) {
+		testFailureLongerThanReplayBound(t, propQuery(t, "agg", "300ms", 16000), 0)
+	})
+	t.Run("merging sink", func(t *testing.T) {
+		testFailureLongerThanReplayBound(t, mustParse(t, `name: kagg
+replicas: 2
+availability: {max_delay: 300ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 16000}, parallelism: 2}
+operators:
+  - {name: firsts, type: map, input: lines, fields: {word: "split(line, ' ')[0]"}, parallelism: 2}
+  - {name: counts, type: aggregate, input: firsts, window: {size: 100ms}, group_by: [word], aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`), 0)
+	})
+	// The aggregate's record is relayed by a windowed operator behind
+	// it, its range widened by that operator's window.
+	t.Run("relayed downstream", func(t *testing.T) {
+		testFailureLongerThanReplayBound(t, mustParse(t, `name: chain
+replicas: 2
+availability: {max_delay: 300ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 16000}, parallelism: 2}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 100ms}, aggregates: {n: "count()"}}
+  - {name: total, type: aggregate, input: counts, window: {size: 200ms}, aggregates: {windows: "count()", n: "sum(n)"}}
+sinks:
+  - {name: out, input: total}
+`), 200*time.Millisecond)
+	})
+}
+
+// widen is the window of an operator between the aggregate that loses
+// input and the sink (0: none): the sink's results are uncorrectable
+// that much longer.
+func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen time.Duration) {
+	const keep, pending, bufTuples = 300, 200, 1000
 	opts := dcaaOpts
 	opts.DCAAKeepTuples = keep
-	g := newFaultRig(t, propQuery(t, "agg", "300ms", 16000), 6, []int{2, 4, 5}, opts, propPlace(false))
+	// The live input's data waits for the failed one up to X (300ms,
+	// about 600 tuples): past this bound it is held back by flow control.
+	opts.InputPendingTuples = pending
+	// Output buffers smaller than the sink's result stream: they reach
+	// their bound during the failure. In the keyed variant the lossy
+	// replica's correction gives fewer results than the exact replica,
+	// so stable ids no longer match across them; before the ack relays
+	// of a diverged input acknowledged everything, the exact replica
+	// kept the difference for the lossy replica's sink and, that being
+	// more than its buffer, blocked for good at the end.
+	opts.Buffer.MaxTuples = bufTuples
+	g := newFaultRig(t, q, 6, []int{2, 4, 5}, opts, propPlace(false))
 	g.c.apply()
-	g.readingStable(t)
-	agg := g.task(propAgg0)
+	id := func(node string, r int) string { return queryspec.TaskID(q.Name, node, 0, r) }
+	agg0, sink0, sink1 := id("counts", 0), id("out", 0), id("out", 1)
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
+		return g.faults[2].BytesFrom(g.c.workers[0].addr) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	agg := g.task(agg0)
+	// Memory is sampled throughout (buffer lengths, not process RSS):
+	// every output buffer of the query and the aggregate's machine.
+	var ids []string
+	for _, st := range g.c.states() {
+		ids = append(ids, st.TaskID)
+	}
+	if len(ids) < 8 {
+		t.Fatalf("tasks %v: want at least 8 (2 source partitions, aggregate and sink, 2 replicas each)", ids)
+	}
+	var bufMax atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			for _, id := range ids {
+				tk := g.task(id)
+				if tk == nil {
+					continue // not (or no longer) running
+				}
+				tk.outMu.RLock()
+				for _, o := range tk.outs {
+					if n := int64(o.buf.Stats().Tuples); n > bufMax.Load() {
+						bufMax.Store(n)
+					}
+				}
+				tk.outMu.RUnlock()
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	if widen > 0 {
+		// The operator behind the aggregate (worker 4) reads the lossy
+		// replica 0 alone: its link to replica 1 (worker 1) is cut,
+		// otherwise it would move to that replica, which loses nothing.
+		g.cut(4, dataplane.Reset, 1)
+	}
 	g.cut(2, dataplane.Hold, 0, 1)
 	waitUntil(t, "aggregate replica 0 dropping kept input", func() bool { return agg.dm.shed.Load() > 3*keep })
 	g.faults[2].HealAll()
-	g.stableAgain(t, propAgg0)
+	g.stableAgain(t, agg0)
+	if widen > 0 {
+		// It relays the record once it takes the aggregate's correction.
+		waitUntil(t, "the operator behind the aggregate naming the results it could not correct", func() bool {
+			return strings.Contains(g.taskState(id("total", 0)).Message, "could not be corrected")
+		})
+		g.stableAgain(t, id("total", 0))
+	}
+	close(stop)
+	wg.Wait()
 	if m := agg.dm.keptMax.Load(); m > keep {
 		t.Fatalf("the aggregate kept %d stable tuples for its replay, bound %d", m, keep)
 	}
-	msg := g.taskState(propAgg0).Message
+	// Soft bound: an input stops taking batches once the bound is
+	// reached, so it goes over by less than one batch.
+	if w, b := agg.dm.wait.max.Load(), agg.dm.wait.batchMax.Load(); w >= pending+b {
+		t.Fatalf("the aggregate held %d tuples of one input waiting for release, bound %d (+ a batch of at most %d)", w, pending, b)
+	}
+	if !agg.dm.wait.held.Load() {
+		t.Fatal("the aggregate's live input was never held back: the test's failure did not reach the bound")
+	}
+	if mv := g.task(sink0).mv; mv != nil && mv.tentMax.Load() > pending {
+		t.Fatalf("the merging sink kept %d current tentative results of one input, bound %d", mv.tentMax.Load(), pending)
+	}
+	if m := bufMax.Load(); m > bufTuples {
+		t.Fatalf("an output buffer held %d tuples, bound %d", m, bufTuples)
+	}
+	t.Logf("most held: replay %d (bound %d), waiting %d (bound %d), output buffer %d (bound %d)",
+		agg.dm.keptMax.Load(), keep, agg.dm.wait.max.Load(), pending, bufMax.Load(), bufTuples)
+	msg := g.taskState(agg0).Message
 	if !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the aggregate's status does not name the results it could not correct: %q", msg)
 	}
-	from, to := agg.dm.lostFrom.Load(), agg.dm.lostTo.Load()
-	got := viewOf(g.c.tail(t, propSink0))
-	want := viewOf(g.c.tail(t, propSink1))
+	from, to := agg.dm.lostFrom.Load(), agg.dm.lostTo.Load()+int64(widen)
+	got := viewOf(g.c.tail(t, sink0))
+	want := viewOf(g.c.tail(t, sink1))
 	outside := func(ts []tuple.Tuple, after bool) []tuple.Tuple {
 		var out []tuple.Tuple
 		for _, tp := range ts {
@@ -264,4 +387,18 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 	t.Logf("uncorrected range [%d, %d); %d of %d stable tuples after it; status %q", from, to, len(outside(want.stable, true)), len(want.stable), msg)
 	sameStable(t, outside(got.stable, false), outside(want.stable, false), 1)
 	sameStable(t, outside(got.stable, true), outside(want.stable, true), 40)
+	// The sink's stream says it too, once, with the range (issue 10
+	// item 5): the aggregate's record passed through the sink.
+	if len(got.uncorrectable) != 1 {
+		t.Fatalf("the sink's stream carried %d UNCORRECTABLE records, want 1: %+v", len(got.uncorrectable), got.uncorrectable)
+	}
+	if f, to2, ok := tuple.UncorrectableRange(&got.uncorrectable[0]); !ok || f != from || to2 != to {
+		t.Fatalf("the sink's UNCORRECTABLE record names [%d, %d) (ok %v), want [%d, %d)", f, to2, ok, from, to)
+	}
+	if len(want.uncorrectable) != 0 {
+		t.Fatalf("the other sink, whose aggregate lost nothing, carried %d UNCORRECTABLE records", len(want.uncorrectable))
+	}
+	if msg := g.taskState(sink0).Message; !strings.Contains(msg, "could not be corrected") {
+		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
+	}
 }

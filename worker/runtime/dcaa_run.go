@@ -71,6 +71,8 @@ type dcaaRun struct {
 	// lostFrom, lostTo: the results a correction could not make exact
 	// (stream times; see lost), for tests.
 	lostFrom, lostTo atomic.Int64
+	// wait bounds the input waiting in the machine (dcaa_bound.go).
+	wait waitState
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -118,6 +120,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
 		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
+	d.wait.over = make([]atomic.Bool, len(t.inputs))
 	return d, nil
 }
 
@@ -151,11 +154,18 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// The input waits until the machine took the batch, so that what the
 	// subscription acknowledges is always in the machine's state (as a
 	// task snapshot captures it), never only queued.
+	if err := d.waitRoom(ctx, in.idx); err != nil {
+		return err
+	}
+	if n := uint64(len(ts)); n > d.wait.batchMax.Load() {
+		d.wait.batchMax.Store(n)
+	}
 	processed := make(chan struct{})
 	// Live reconfiguration's markers ride on the boundaries (an upstream
 	// may send them before this task hears of the plan); the levels rise
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
+	marks := markersOf(ts)
 	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
 		return err
 	}
@@ -170,6 +180,12 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		return errHalted
 	}
 	in.stableTaken.Store(stableLast)
+	if len(marks) > 0 {
+		in.diverged.Store(true)
+		if err := d.relayUncorrectable(ctx, marks); err != nil {
+			return err
+		}
+	}
 	// The final boundary ends the stream, wherever it is in the batch (a
 	// producer's REC_DONE may follow it).
 	if slices.ContainsFunc(ts, func(tp tuple.Tuple) bool { return tp.Type == tuple.Boundary && tp.STime == finalBoundary }) {
@@ -246,6 +262,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
 		d.keptMax.Store(uint64(f.KeptMax))
+		d.noteWaiting()
 		t.unlockProc()
 		if processed != nil {
 			close(processed)
@@ -383,6 +400,14 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 			}
 			if err := d.restore(ctx); err != nil {
 				return err
+			}
+			if a.LostTo > a.LostFrom {
+				// After the UNDO (which never takes it back): the
+				// consumers learn which results stay as the replay makes
+				// them.
+				if err := d.putUncorrectable(ctx, d.lostFrom.Load(), d.lostTo.Load()); err != nil {
+					return err
+				}
 			}
 		case dcaa.RecDone:
 			if d.recDoneSent {
@@ -536,12 +561,7 @@ func (d *dcaaRun) lost(a dcaa.Restore) {
 	if w := windowOf(t.node); w > 0 && to < math.MaxInt64-int64(w) {
 		to += int64(w) // windows that began before LostTo end up to W later
 	}
-	from := time.Unix(0, a.LostFrom).UTC().Format(time.RFC3339Nano)
-	if a.LostFrom == math.MinInt64 {
-		from = "the start"
-	}
-	note := fmt.Sprintf("results with stream time from %s to %s could not be corrected: a failure outlasted the input kept for the replay (%d tuples); later results are exact",
-		from, time.Unix(0, to).UTC().Format(time.RFC3339Nano), t.r.opts.DCAAKeepTuples)
+	note := uncorrectableNote(a.LostFrom, to, fmt.Sprintf("a failure outlasted the input kept for the replay (%d tuples)", t.r.opts.DCAAKeepTuples))
 	t.log.Warn("DCAA correction incomplete", "from", a.LostFrom, "to", to, "keep_tuples", t.r.opts.DCAAKeepTuples)
 	d.lostFrom.Store(a.LostFrom)
 	d.lostTo.Store(to)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -233,6 +234,18 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				put(enc, false)
 				v.recOpen, v.switchRec, v.lastStablePos = false, false, v.pos
 			}
+		case tuple.Uncorrectable:
+			// Passed once per range (both replicas of the upstream send
+			// one, a resumption resends it); never taken back.
+			var mk tuple.Tuple
+			if _, err := tuple.DecodeTuple(enc, &mk); err != nil {
+				return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
+			}
+			t.inputs[0].diverged.Store(true)
+			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
+				t.noteUncorrectable(from, to)
+				put(enc, false)
+			}
 		}
 		if final {
 			break
@@ -271,6 +284,9 @@ type mergeView struct {
 	emitted       []tuple.Tuple
 	lastStablePos uint64
 	recOpen       bool
+	// skipped counts the tentative tuples not kept for the bound (see
+	// filterDCAA); tentMax is the most any input's tent held (figures).
+	skipped, tentMax atomic.Uint64
 }
 
 // mergeDCAA reports whether the task is a merging sink of a replicated
@@ -283,7 +299,7 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 // attempt's first batch (what the input had tentatively is no longer
 // current: another replica may be read now). It reports whether the view
 // changed (sync it).
-func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err error) {
+func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, err error) {
 	mv := in.t.mv
 	if fresh {
 		in.offKnown = false
@@ -298,10 +314,10 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err e
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
 		in.stableTaken.Store(b.LastID - off)
-		return changed, nil
+		return changed, nil, nil
 	}
 	if _, err := stableIDs(b); err != nil {
-		return changed, err
+		return changed, nil, err
 	}
 	in.lastOff, in.offKnown = b.Offset, true
 	released := in.t.merge.releasedAt()
@@ -316,13 +332,29 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err e
 			taken = tp.ID
 			kept = append(kept, tp)
 		case tuple.Tentative:
-			if tp.STime >= released {
-				mv.tent[in.idx] = append(mv.tent[in.idx], *tp.Clone())
-				changed = true
+			if tp.STime < released {
+				continue
+			}
+			// Bounded per input (InputPendingTuples): past it, during a
+			// long failure, later tentative results of this input are not
+			// shown; the ones shown stay current until the stable results
+			// replace them, so nothing is taken back for the bound.
+			if len(mv.tent[in.idx]) >= in.t.r.opts.InputPendingTuples {
+				mv.skipped.Add(1)
+				continue
+			}
+			mv.tent[in.idx] = append(mv.tent[in.idx], *tp.Clone())
+			changed = true
+			if n := uint64(len(mv.tent[in.idx])); n > mv.tentMax.Load() {
+				mv.tentMax.Store(n)
 			}
 		case tuple.Undo:
 			if len(mv.tent[in.idx]) > 0 {
 				mv.tent[in.idx], mv.dirty, changed = nil, true, true
+			}
+		case tuple.Uncorrectable:
+			if from, to, ok := tuple.UncorrectableRange(&tp); ok {
+				marks = append(marks, [2]int64{from, to})
 			}
 		}
 	}
@@ -330,7 +362,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, err e
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
 	in.stableTaken.Store(taken)
-	return changed, nil
+	return changed, marks, nil
 }
 
 // syncTentative brings the result stream's tentative part up to date
@@ -463,12 +495,15 @@ func (t *task) sinkTentativeHeld() bool {
 // the merger takes b: see filterDCAA; a changed tentative part goes out
 // at once.
 func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) error {
-	changed, err := in.filterDCAA(b, fresh)
+	changed, marks, err := in.filterDCAA(b, fresh)
 	if err != nil {
 		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
 	}
-	if !changed {
+	if !changed && len(marks) == 0 {
 		return nil
+	}
+	if len(marks) > 0 {
+		in.diverged.Store(true)
 	}
 	t := in.t
 	if err := t.lockProc(ctx); err != nil {
@@ -476,6 +511,15 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 	}
 	defer t.unlockProc()
 	if t.halted.Load() {
+		return nil
+	}
+	for _, r := range marks {
+		if err := t.sinkUncorrectable(t.ctx, r[0], r[1]); err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+	}
+	if !changed {
 		return nil
 	}
 	if err := t.syncTentative(t.ctx); err != nil {

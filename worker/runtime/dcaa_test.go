@@ -236,6 +236,8 @@ func (g *dcaaRig) taskState(id string) TaskState {
 type view struct {
 	stable                     []tuple.Tuple
 	tentative, undos, recDones int
+	// uncorrectable: the UNCORRECTABLE records (outside the stable view).
+	uncorrectable []tuple.Tuple
 }
 
 func viewOf(ts []tuple.Tuple) view {
@@ -248,6 +250,8 @@ func viewOf(ts []tuple.Tuple) view {
 			v.undos++
 		case tuple.RecDone:
 			v.recDones++
+		case tuple.Uncorrectable:
+			v.uncorrectable = append(v.uncorrectable, tp)
 		default:
 			v.stable = append(v.stable, tp)
 		}

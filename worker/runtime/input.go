@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,10 @@ type input struct {
 	// stableTaken is, for a DCAA operator task, the stable id of the last
 	// stable tuple the machine took from this input (see stableIDs).
 	stableTaken atomic.Uint64
+	// diverged: the replica this input read sent an UNCORRECTABLE record
+	// (dcaa_uncorrectable.go); stable ids of that upstream's replicas no
+	// longer match, and the ack relays acknowledge everything.
+	diverged    atomic.Bool
 	idx         int // index in the merger
 	port        int
 	upstream    string // upstream node (fragment)
@@ -294,6 +299,13 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 // removed ends that way, and every replica it has must learn it was
 // taken).
 func (in *input) taken() uint64 {
+	if in.diverged.Load() {
+		// The other replicas number other results by the same stable
+		// ids now: holding them by this input's ids could hold one back
+		// for ever; they keep nothing for it instead (clamped to what
+		// each produced).
+		return math.MaxUint64
+	}
 	if in.t.dm != nil || in.t.mv != nil || in.t.passDCAA() {
 		// Positions of the replica read mean other tuples on the others
 		// after a correction; stable ids do not (see stableIDs).

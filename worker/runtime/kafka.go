@@ -309,6 +309,11 @@ type kafkaSink struct {
 	// writes counts committed transactions; gaps the times the stream
 	// lacked ids not yet committed (see runKafkaSink).
 	writes, gaps atomic.Uint64
+	// uncorrectable counts the UNCORRECTABLE records the result stream
+	// carried (DCAA: results written as a replay past its bound made
+	// them; see dcaa_uncorrectable.go). They are logged, not written:
+	// the topic holds results only.
+	uncorrectable atomic.Uint64
 	// restoredAt is, for a copy started from a snapshot of the writing
 	// replica, how far that replica's writer had got (see
 	// TaskSnapshot.SourceRecords): the copy's stream starts after it.
@@ -461,6 +466,12 @@ func (t *task) runKafkaSink() {
 			}
 			if tp.Type == tuple.Boundary {
 				sid++
+			}
+			if tp.Type == tuple.Uncorrectable {
+				ks.uncorrectable.Add(1)
+				from, to, _ := tuple.UncorrectableRange(&tp)
+				t.log.Warn("kafka sink: results written to the topic could not be corrected (a DCAA failure outlasted the replay bound)",
+					"from", time.Unix(0, from).UTC(), "to", time.Unix(0, to).UTC(), "count", ks.uncorrectable.Load())
 			}
 			if tp.Type != tuple.Stable {
 				continue // tentative results and corrections stay out

@@ -66,3 +66,54 @@ func TestKafkaSinkWritesStableResultsOnly(t *testing.T) {
 	checkKafkaResults(t, readResults(t, broker), want)
 	noLossReported(t, g.c.workers[3])
 }
+
+// A failure longer than the replay bound, with a kafka sink: the
+// aggregate's correction cannot make every result exact, and its
+// UNCORRECTABLE record reaches the writing sink's result stream, where
+// the writer counts it (and logs it) instead of writing it to the topic;
+// the sink's status names the range.
+func TestKafkaSinkCountsUncorrectable(t *testing.T) {
+	broker := startKafka(t)
+	const n, cutAt, healAt = 600, 200, 450
+	for p := range 2 {
+		produce(t, broker, p, 0, cutAt, false)
+	}
+	yaml := strings.Replace(fmt.Sprintf(kafkaQuery, 2, broker, broker), "replicas: 2", "replicas: 2\navailability: {max_delay: 300ms}", 1)
+	q := mustParse(t, yaml)
+	opts := dcaaOpts
+	opts.DCAAKeepTuples = 20
+	g := newFaultRig(t, q, 4, []int{2}, opts, func(node string, p, r int) int {
+		switch {
+		case node == "events" && p == 0:
+			return r
+		case node == "events":
+			return 3
+		case r == 1:
+			return 1
+		case node == "per_user" && p == 0:
+			return 2
+		}
+		return 3
+	})
+	g.c.apply()
+	agg := queryspec.TaskID(q.Name, "per_user", 0, 0)
+	waitUntil(t, "the sink wrote results", func() bool { return writtenBy(g.c.workers[3], kafkaSinkTask) > 0 })
+	g.cut(2, dataplane.Hold, 0, 1)
+	for p := range 2 {
+		produce(t, broker, p, cutAt, healAt, false)
+	}
+	aggTask := g.task(agg)
+	waitUntil(t, "the aggregate dropping kept input", func() bool { return aggTask.dm.shed.Load() > 0 })
+	g.faults[2].HealAll()
+	for p := range 2 {
+		produce(t, broker, p, healAt, n, true)
+	}
+	ks := g.task(kafkaSinkTask).kafkaOut
+	waitUntil(t, "the kafka writer counting the UNCORRECTABLE record", func() bool { return ks.uncorrectable.Load() > 0 })
+	waitUntil(t, "the sink naming the uncorrectable results", func() bool {
+		return strings.Contains(g.taskState(kafkaSinkTask).Message, "could not be corrected")
+	})
+	if c := ks.uncorrectable.Load(); c != 1 {
+		t.Fatalf("the writer counted %d UNCORRECTABLE records, want 1 (one range)", c)
+	}
+}

@@ -136,6 +136,9 @@ type task struct {
 	// uncorrected names the results a DCAA correction could not make
 	// exact (see dcaaRun.lost); it stays in the status message.
 	uncorrected string
+	// unc is the uncorrectable ranges put on the outputs already (see
+	// dcaa_uncorrectable.go).
+	unc uncorrectableSeen
 
 	// Watchdog state, touched only by the runtime's watch goroutine: the
 	// outputs' id total when it last moved and when, and what each input

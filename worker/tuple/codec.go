@@ -469,7 +469,7 @@ func decodeHeader(src []byte, t *Tuple) (frame []byte, countAt, off int, count u
 		return nil, 0, 0, 0, fmt.Errorf("%w: type", ErrTruncated)
 	}
 	typ := Type(src[off])
-	if typ < Stable || typ > RecDone {
+	if typ < Stable || typ > lastType {
 		return nil, 0, 0, 0, fmt.Errorf("%w: type byte %d", ErrBadType, src[off])
 	}
 	t.Type = typ
@@ -533,7 +533,7 @@ func shortHeader(src []byte, t *Tuple) int {
 	size := int(src[0])
 	h := (*[11]byte)(src[1:12])
 	typ := Type(h[0])
-	if size < 11 || size >= 0x80 || size >= len(src) || typ < Stable || typ > RecDone || h[9] >= 0x80 || int(h[10]) > size-11 {
+	if size < 11 || size >= 0x80 || size >= len(src) || typ < Stable || typ > lastType || h[9] >= 0x80 || int(h[10]) > size-11 {
 		return 0
 	}
 	t.Type = typ

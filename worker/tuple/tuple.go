@@ -22,7 +22,17 @@ const (
 	Undo Type = 4
 	// RecDone marks the end of a correction sequence.
 	RecDone Type = 5
+	// Uncorrectable says that some results of the stream could not be
+	// corrected (DCAA: a failure outlasted what was kept for the replay).
+	// It is outside the stable view like UNDO and REC_DONE, but never
+	// taken back: a consumer showing only final results shows it too. Its
+	// values are two timestamps, the stream-time range [from, to) of the
+	// results concerned (see UncorrectableRange); its STime is from.
+	Uncorrectable Type = 6
 )
+
+// lastType is the highest type byte this build knows.
+const lastType = Uncorrectable
 
 func (t Type) String() string {
 	switch t {
@@ -36,6 +46,8 @@ func (t Type) String() string {
 		return "UNDO"
 	case RecDone:
 		return "REC_DONE"
+	case Uncorrectable:
+		return "UNCORRECTABLE"
 	}
 	return fmt.Sprintf("Type(%d)", uint8(t))
 }

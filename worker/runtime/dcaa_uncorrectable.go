@@ -1,0 +1,157 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// Results that could not be corrected (DCAA, docs/DATAPLANE.md "Failures
+// longer than the replay bound"). When a correction cannot make every
+// result exact (an operator task dropped stable input kept for its
+// replay, past DCAAKeepTuples), the task says so in its status and puts
+// an UNCORRECTABLE record (tuple.UncorrectableMarker: the stream-time
+// range of the results concerned) on every output stream, outside the
+// stable view. Every task downstream relays it on its own outputs, the
+// range widened by its own window (a window overlapping the range is
+// not exact either), and notes it in its status; a sink puts it on its
+// result stream, where `fedstream tail` prints it (with --stable-only
+// too: it is about final results) and a Kafka sink logs and counts it.
+// So a query never loses a correction silently.
+
+// maxUncorrectableSeen bounds the ranges a task remembers having put on
+// its outputs (to relay each once, although both replicas of an upstream
+// send their own and a resumption resends them); past it the oldest is
+// forgotten, and a marker of that range coming again is relayed again (a
+// duplicate record, never a missing one).
+const maxUncorrectableSeen = 16
+
+// uncorrectableSeen is the ranges a task put on its outputs already.
+type uncorrectableSeen struct {
+	mu     sync.Mutex
+	ranges [][2]int64
+}
+
+// add records [from, to) and reports whether it was new (not within a
+// range recorded already).
+func (s *uncorrectableSeen) add(from, to int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.ranges {
+		if r[0] <= from && to <= r[1] {
+			return false
+		}
+	}
+	if len(s.ranges) == maxUncorrectableSeen {
+		s.ranges = append(s.ranges[:0], s.ranges[1:]...)
+	}
+	s.ranges = append(s.ranges, [2]int64{from, to})
+	return true
+}
+
+// uncorrectableNote is the status text naming results that could not be
+// corrected.
+func uncorrectableNote(from, to int64, cause string) string {
+	f := "the start"
+	if from != math.MinInt64 {
+		f = time.Unix(0, from).UTC().Format(time.RFC3339Nano)
+	}
+	return fmt.Sprintf("results with stream time from %s to %s could not be corrected: %s; later results are exact",
+		f, time.Unix(0, to).UTC().Format(time.RFC3339Nano), cause)
+}
+
+// noteUncorrectable sets the task's status note for a range an upstream
+// reported (an operator task's own loss is noted by dcaaRun.lost).
+func (t *task) noteUncorrectable(from, to int64) {
+	note := uncorrectableNote(from, to, "an upstream's failure outlasted the input kept for its replay")
+	t.log.Warn("DCAA results not corrected upstream", "from", from, "to", to)
+	t.stateMu.Lock()
+	t.uncorrected = note
+	t.stateMu.Unlock()
+}
+
+// widen is the range of a task's results that depend on input results
+// in [from, to): for a windowed operator, up to one window later.
+func (t *task) widen(from, to int64) (int64, int64) {
+	if w := windowOf(t.node); w > 0 && to < math.MaxInt64-int64(w) {
+		to += int64(w)
+	}
+	return from, to
+}
+
+// markersOf returns the ranges of the UNCORRECTABLE records among ts.
+func markersOf(ts []tuple.Tuple) [][2]int64 {
+	var out [][2]int64
+	for k := range ts {
+		if ts[k].Type != tuple.Uncorrectable {
+			continue
+		}
+		if from, to, ok := tuple.UncorrectableRange(&ts[k]); ok {
+			out = append(out, [2]int64{from, to})
+		}
+	}
+	return out
+}
+
+// putUncorrectable appends the record of [from, to) to every output
+// stream of an operator task run by its machine, outside the stable
+// view, unless it went out already (the caller holds proc).
+func (d *dcaaRun) putUncorrectable(ctx context.Context, from, to int64) error {
+	t := d.t
+	if !t.unc.add(from, to) {
+		return nil
+	}
+	d.growOutputs()
+	for i, o := range t.outs {
+		if !d.nsOpen[i] {
+			// An open range (tentative output) covers it already.
+			next := o.w.LastID() + 1
+			o.buf.MarkNonStable(next, next)
+		}
+		mk := tuple.UncorrectableMarker(from, to)
+		if err := t.appendTo(ctx, o, &mk); err != nil {
+			return err
+		}
+	}
+	return t.flush(ctx)
+}
+
+// relayUncorrectable puts the records an input delivered (ranges) on an
+// operator task's outputs, widened by its window, and notes them.
+func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64) error {
+	t := d.t
+	if err := t.lockProc(ctx); err != nil {
+		return err
+	}
+	defer t.unlockProc()
+	if t.halted.Load() {
+		return nil
+	}
+	for _, r := range ranges {
+		from, to := t.widen(r[0], r[1])
+		if err := d.putUncorrectable(t.ctx, from, to); err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+		t.noteUncorrectable(from, to)
+	}
+	return nil
+}
+
+// sinkUncorrectable appends the record of [from, to) to a merging sink's
+// result stream unless it went out already (the caller holds proc).
+func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
+	if !t.unc.add(from, to) {
+		return nil
+	}
+	t.noteUncorrectable(from, to)
+	mk := tuple.UncorrectableMarker(from, to)
+	if err := t.appendNonStable(ctx, t.outs[0], &mk); err != nil {
+		return err
+	}
+	return t.flush(ctx)
+}
