@@ -55,6 +55,9 @@ const (
 	dcaaJoin      = 50 * time.Millisecond // joins each window's busy and probing rows, not the neighbours'
 	dcaaThreshold = 3
 	dcaaMonitors  = 3
+	// minPinnedCPUUse: below this CPU use per replica, a pinned
+	// overhead run says that the replicas did not have their CPUs.
+	minPinnedCPUUse = 0.8
 	// dcaaSaturationTimeout bounds one replication overhead run.
 	dcaaSaturationTimeout = 3 * time.Minute
 	// dcaaReferenceSpeedup runs the failure-free reference run this many
@@ -786,6 +789,10 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = best(cpu[1]), best(cpu[2])
 	res.K1RecordsPerSec, res.K2RecordsPerSec = best(sink[1]), best(sink[2])
 	res.K1CPUUse, res.K2CPUUse = use[1], use[2]
+	if res.OverheadMethod == OverheadPinned && min(res.K1CPUUse, res.K2CPUUse) < minPinnedCPUUse {
+		res.OverheadNote += fmt.Sprintf("; the pinned replicas did not get their CPUs (CPU use per replica %.2f with k=1, %.2f with k=2: other work on the machine), so the sink figure measures that work too: compare cpu_overhead, or run on a quiet machine",
+			res.K1CPUUse, res.K2CPUUse)
+	}
 	ratio := func(k2, k1 float64) float64 { return math.Round((1-k2/k1)*1000) / 1000 }
 	res.CPUOverhead = ratio(res.K2RecordsPerCPUSec, res.K1RecordsPerCPUSec)
 	res.SinkOverhead = ratio(res.K2RecordsPerSec, res.K1RecordsPerSec)
