@@ -5,7 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/internal/benchreport"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // TestDCAAInProcess runs a reduced bench dcaa (one failure of 2X per
@@ -41,10 +43,68 @@ func TestDCAAInProcess(t *testing.T) {
 			t.Errorf("dcaa, D = 2X: %d tentative, %d UNDO: want tentative results, then corrections", r.Tentative, r.Undos)
 		}
 	}
-	if res.ReferenceResults == 0 || res.Rate <= 0 || res.K1RecordsPerCPUSec <= 0 || res.K2RecordsPerCPUSec <= 0 {
+	if res.ReferenceResults == 0 || res.Rate <= 0 || res.K1RecordsPerCPUSec <= 0 || res.K2RecordsPerCPUSec <= 0 || res.K1RecordsPerSec <= 0 || res.K2RecordsPerSec <= 0 {
 		t.Fatalf("a figure is missing: %+v", *res)
+	}
+	// In-process workers cannot be pinned: the overhead says so and
+	// falls back to CPU time; both replicas produced the k = 1 output.
+	if res.OverheadMethod != OverheadCPUTime || res.ReplicationOverhead != res.CPUOverhead || res.OverheadNote == "" {
+		t.Errorf("in-process overhead: method %q, %g (cpu %g), note %q; want the CPU time fallback, stated", res.OverheadMethod, res.ReplicationOverhead, res.CPUOverhead, res.OverheadNote)
+	}
+	if !res.SaturationOutputsMatch || res.SaturationResults == 0 {
+		t.Errorf("saturation outputs: match %t (%s), %d results", res.SaturationOutputsMatch, res.SaturationMismatch, res.SaturationResults)
 	}
 	if len(res.Floors) == 0 {
 		t.Fatal("no floors checked")
+	}
+}
+
+// TestDCAASaturationPlacement: in the overhead runs each replica runs on
+// worker processes of its own (the pair pinned to one CPU): every task of
+// replica 0 on srcR0 or measured, every task of replica 1 on srcR1 or
+// peer, sources apart from the rest.
+func TestDCAASaturationPlacement(t *testing.T) {
+	q, err := dcaaQuery("place", 2, "500ms", 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range plan.Nodes {
+		for p := range max(1, n.Partitions) {
+			for r := range 2 {
+				w := dcaaSaturationWhere(n, p, r)
+				want := [2][2]int{{measured, srcR0}, {peer, srcR1}}[r][btoi(n.Kind == queryspec.KindSource)]
+				if w != want {
+					t.Errorf("%s partition %d replica %d on worker %d, want %d", n.Name, p, r, w, want)
+				}
+			}
+		}
+	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestSinkThroughput: every input record over the time from the start to
+// the final boundary; no final boundary is an error.
+func TestSinkThroughput(t *testing.T) {
+	start := time.Unix(100, 0)
+	evs := []streamEvent{
+		{Type: tuple.Boundary, STime: 5, Nanos: start.Add(time.Second).UnixNano()},
+		{Type: tuple.Boundary, STime: finalBoundary, Nanos: start.Add(3 * time.Second).UnixNano()},
+	}
+	got, err := sinkThroughput(evs, 1000, start)
+	if err != nil || got != 1000 {
+		t.Fatalf("sinkThroughput = %g, %v; want 1000 (3000 records in 3 s)", got, err)
+	}
+	if _, err := sinkThroughput(evs[:1], 1000, start); err == nil {
+		t.Fatal("no final boundary: no error")
 	}
 }

@@ -27,6 +27,9 @@ type WorkerProcess struct {
 	Out  io.Reader
 	Stop func() error
 	Kill func() error
+	// Pid is the worker's process id (0: it runs inside this process,
+	// InProcessLauncher), for benches that pin a worker to a CPU.
+	Pid int
 }
 
 // Launcher starts one bench worker named name (for messages).
@@ -83,7 +86,7 @@ func ExecLauncher(stderr io.Writer, argv ...string) Launcher {
 		// A cancelled run must not leave the child behind even if the
 		// caller forgets Stop.
 		context.AfterFunc(ctx, func() { _ = stop() })
-		return &WorkerProcess{In: in, Out: out, Stop: stop, Kill: kill}, nil
+		return &WorkerProcess{In: in, Out: out, Stop: stop, Kill: kill, Pid: cmd.Process.Pid}, nil
 	}
 }
 

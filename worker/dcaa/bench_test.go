@@ -2,6 +2,7 @@ package dcaa
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -53,4 +54,46 @@ func benchLongFailure(b *testing.B, batches int) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batches*per), "ns/tuple")
+}
+
+// BenchmarkStableRelease: two inputs, every batch stable, 1000 tuples per
+// input per release step (a boundary interval at saturation holds tens of
+// thousands): the all-stable path's cost per tuple through the machine.
+func BenchmarkStableRelease(b *testing.B) {
+	const per, steps = 1000, 20
+	batches := make([][2][]tuple.Tuple, steps)
+	for k := range steps {
+		for i := range 2 {
+			var ts []tuple.Tuple
+			for j := range per {
+				ts = append(ts, tuple.Tuple{Type: tuple.Stable, ID: uint64(k*(per+1) + j + 1), STime: int64(k*per*2 + j*2 + i)})
+			}
+			ts = append(ts, tuple.Tuple{Type: tuple.Boundary, ID: uint64((k + 1) * (per + 1)), STime: int64((k + 1) * per * 2)})
+			batches[k][i] = ts
+		}
+	}
+	b.ResetTimer()
+	for range b.N {
+		m, err := New(Config{ID: 0, Replicas: 2, Inputs: []int{2, 2}, Share: 10 * time.Millisecond, Detect: time.Hour})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m.Start(0)
+		released := 0
+		for k := range steps {
+			for i := range 2 {
+				for _, a := range m.Step(int64(k+1), Deliver{Input: i, Tuples: slices.Clone(batches[k][i]), Upstream: Stable}) {
+					if r, ok := a.(Release); ok {
+						for _, st := range r.Steps {
+							released += len(st.Tuples)
+						}
+					}
+				}
+			}
+		}
+		if released != steps*per*2 {
+			b.Fatalf("%d tuples released, want %d", released, steps*per*2)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*steps*per*2), "ns/tuple")
 }

@@ -226,7 +226,9 @@ type Release struct {
 	Steps             []Step
 }
 
-// Step is one release step.
+// Step is one release step. Its Tuples are valid until the next Step:
+// the caller processes a Release before it steps the machine again, and
+// the machine reuses their memory.
 type Step struct {
 	Tuples  []Entry
 	Advance int64
@@ -374,6 +376,9 @@ type Machine struct {
 	lostFrom, lostTo int64
 	shed             uint64
 	keptMax          int
+	// scratch holds the released tuples of the current Step's releases
+	// (Step.Tuples alias it), reused from one Step to the next.
+	scratch []Entry
 }
 
 // New builds the machine; Start gives its first subscriptions.
@@ -501,6 +506,7 @@ func (m *Machine) NextDeadline() int64 {
 func (m *Machine) Step(now int64, ev Event) []Action {
 	m.now = max(m.now, now)
 	m.replayed = false
+	m.resetScratch()
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
@@ -534,8 +540,20 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
 	in.heard, in.silent, in.spoke = m.now, false, true
 	drop := m.dropPoint()
-	for k := range ev.Tuples {
+	for k := 0; k < len(ev.Tuples); k++ {
 		t := ev.Tuples[k]
+		if t.Type == tuple.Stable {
+			// The common case, a run of stable tuples in order past
+			// everything kept and released, goes in one append.
+			j := k + 1
+			for j < len(ev.Tuples) && ev.Tuples[j].Type == tuple.Stable {
+				j++
+			}
+			if m.appendStable(in, ev.Tuples[k:j], drop) {
+				k = j - 1
+				continue
+			}
+		}
 		switch t.Type {
 		case tuple.Stable:
 			if t.ID != 0 && t.ID <= in.lastStable {
@@ -575,6 +593,30 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in.upState[in.replica] = ev.Upstream
 	in.failedUp = ev.Upstream == UpFailure
 	return m.maybeSwitch(ev.Input, acts)
+}
+
+// appendStable keeps ts, stable tuples received on in, with one append
+// when each of them would be kept as it comes (new ids, increasing; not
+// below drop nor in a range lost for KeepLimit; in stime order from the
+// last one kept): then it reports true. Otherwise it keeps nothing, and
+// deliver takes the tuples one by one.
+func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64) bool {
+	id := in.lastStable
+	st := int64(math.MinInt64)
+	if n := len(in.stable); n > 0 {
+		st = in.stable[n-1].STime
+	}
+	lost := m.lostTo > m.lostFrom
+	for k := range ts {
+		t := &ts[k]
+		if t.ID <= id || t.STime < st || t.STime < drop || lost && t.STime < m.lostTo {
+			return false
+		}
+		id, st = t.ID, t.STime
+	}
+	in.stable = append(in.stable, ts...)
+	in.lastStable = id
+	return true
 }
 
 // maybeSwitch moves an input whose replica advertises UP_FAILURE (or
@@ -907,37 +949,97 @@ func (m *Machine) stepsIn(from, to int64) []int64 {
 // input, id). With tentative, tentative data too (removed), and every
 // tuple is marked tentative: the bucket is incomplete whatever each
 // tuple's own type.
+//
+// Each input's stable data is kept in (stime, arrival) order, and ids
+// increase with arrival on a stream, so the stable ranges are already in
+// release order: a k-way merge of them gives the order a sort would, in
+// one pass, into memory the machine reuses from one Step to the next
+// (m.scratch; this is every stable tuple's path, so it allocates nothing
+// once warm). Only tentative data, kept in arrival order, needs the sort.
 func (m *Machine) collect(from, to int64, tentative bool) Step {
 	st := Step{Advance: to}
-	for i, in := range m.inputs {
-		for _, t := range in.stable[in.from(from):in.from(to)] {
-			st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
-		}
-		if !tentative {
-			continue
-		}
-		keep := in.tent[:0]
-		for _, t := range in.tent {
-			switch {
-			case t.STime < from:
-			case t.STime < to:
-				st.Tuples = append(st.Tuples, Entry{Input: i, Tuple: t})
-			default:
-				keep = append(keep, t)
-			}
-		}
-		clear(in.tent[len(keep):])
-		in.tent = keep
+	var (
+		ranges [8][]tuple.Tuple
+		rs     = ranges[:0]
+	)
+	if len(m.inputs) > len(ranges) {
+		rs = make([][]tuple.Tuple, 0, len(m.inputs))
 	}
-	slices.SortStableFunc(st.Tuples, func(a, b Entry) int {
-		return cmp.Or(cmp.Compare(a.Tuple.STime, b.Tuple.STime), cmp.Compare(a.Input, b.Input), cmp.Compare(a.Tuple.ID, b.Tuple.ID))
-	})
+	for _, in := range m.inputs {
+		rs = append(rs, in.stable[in.from(from):in.from(to)])
+	}
+	start := len(m.scratch)
+	m.scratch = mergeRanges(m.scratch, rs)
 	if tentative {
+		for i, in := range m.inputs {
+			keep := in.tent[:0]
+			for _, t := range in.tent {
+				switch {
+				case t.STime < from:
+				case t.STime < to:
+					m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
+				default:
+					keep = append(keep, t)
+				}
+			}
+			clear(in.tent[len(keep):])
+			in.tent = keep
+		}
+	}
+	// Full slice expression: appending to a step never overwrites the
+	// next one.
+	st.Tuples = m.scratch[start:len(m.scratch):len(m.scratch)]
+	if tentative {
+		slices.SortStableFunc(st.Tuples, func(a, b Entry) int {
+			return cmp.Or(cmp.Compare(a.Tuple.STime, b.Tuple.STime), cmp.Compare(a.Input, b.Input), cmp.Compare(a.Tuple.ID, b.Tuple.ID))
+		})
 		for k := range st.Tuples {
 			st.Tuples[k].Tuple.Type = tuple.Tentative
 		}
 	}
 	return st
+}
+
+// mergeRanges appends to dst the tuples of rs (rs[i] is input i's, each
+// in release order) merged in (stime, input) order, consuming rs: the
+// input with the first head gives its tuples for as long as they precede
+// every other input's head.
+func mergeRanges(dst []Entry, rs [][]tuple.Tuple) []Entry {
+	for {
+		best, next := -1, -1
+		for i, r := range rs {
+			if len(r) == 0 {
+				continue
+			}
+			// Ties on stime go to the lower input, which comes first.
+			switch {
+			case best < 0:
+				best = i
+			case r[0].STime < rs[best][0].STime:
+				best, next = i, best
+			case next < 0 || r[0].STime < rs[next][0].STime:
+				next = i
+			}
+		}
+		if best < 0 {
+			return dst
+		}
+		r := rs[best]
+		end := len(r)
+		if next >= 0 {
+			// Up to the first tuple the next input's head precedes
+			// (an equal stime of a higher input goes after).
+			limit := rs[next][0].STime
+			end = 1
+			for end < len(r) && (r[end].STime < limit || r[end].STime == limit && best < next) {
+				end++
+			}
+		}
+		for k := range r[:end] {
+			dst = append(dst, Entry{Input: best, Tuple: r[k]})
+		}
+		rs[best] = r[end:]
+	}
 }
 
 // dropBelow forgets stable data and steps below w (no replay needs them).
@@ -1109,6 +1211,20 @@ func (m *Machine) updateState(acts []Action) []Action {
 		m.state = s
 	}
 	return acts
+}
+
+// resetScratch reuses the memory of the previous Step's releases (see
+// Step). The tuples there are cleared, so that released values are not
+// kept alive by it; a scratch made large by a long release (a replay)
+// goes.
+func (m *Machine) resetScratch() {
+	const keep = 1 << 17 // entries (11.5 MB)
+	if cap(m.scratch) > keep {
+		m.scratch = nil
+		return
+	}
+	clear(m.scratch)
+	m.scratch = m.scratch[:0]
 }
 
 // Figures are counters for status and tests.

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -147,7 +146,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	if d.t.halted.Load() {
 		return errHalted // unacknowledged: the copy resumes before it
 	}
-	stableLast, err := stableIDs(b)
+	stableLast, final, err := renumberStable(b)
 	if err != nil {
 		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
 	}
@@ -188,7 +187,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	}
 	// The final boundary ends the stream, wherever it is in the batch (a
 	// producer's REC_DONE may follow it).
-	if slices.ContainsFunc(ts, func(tp tuple.Tuple) bool { return tp.Type == tuple.Boundary && tp.STime == finalBoundary }) {
+	if final {
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
 			return err
 		}
@@ -800,7 +799,8 @@ func (d *dcaaRun) setCut(cut int64) error {
 // (the count of the stream's stable tuples and boundaries up to each:
 // its position less the positions outside the stable view before it,
 // which the producer sends as the batch's offset) and returns the stable
-// id of the stream's last stable tuple up to the batch's end.
+// id of the stream's last stable tuple up to the batch's end. One pass,
+// from the end.
 //
 // Replicas of an upstream number their streams alike only until one of
 // them corrects its output (tentative tuples, UNDO, REC_DONE take
@@ -813,25 +813,37 @@ func (d *dcaaRun) setCut(cut int64) error {
 // duplicates, and an ack relayed to another replica acknowledges only
 // positions at or before it there.
 func stableIDs(b *dataplane.Batch) (uint64, error) {
+	last, _, err := renumberStable(b)
+	return last, err
+}
+
+// renumberStable is stableIDs that also reports whether the batch holds
+// the stream's final boundary.
+func renumberStable(b *dataplane.Batch) (last uint64, final bool, err error) {
 	if b.Offset > b.LastID {
-		return 0, fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, b.Offset, b.LastID)
+		return 0, false, fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, b.Offset, b.LastID)
 	}
-	last := b.LastID - b.Offset
-	n := uint64(0)
-	for k := range b.Tuples {
-		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
-			n++
+	last = b.LastID - b.Offset
+	s := last
+	for k := len(b.Tuples) - 1; k >= 0; k-- {
+		tp := &b.Tuples[k]
+		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
+			continue
+		}
+		if s == 0 {
+			n := 0
+			for j := range b.Tuples {
+				if t := b.Tuples[j].Type; t == tuple.Stable || t == tuple.Boundary {
+					n++
+				}
+			}
+			return 0, false, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last)
+		}
+		tp.ID = s
+		s--
+		if tp.Type == tuple.Boundary && tp.STime == finalBoundary {
+			final = true
 		}
 	}
-	if n > last {
-		return 0, fmt.Errorf("%w: %d stable tuples in a batch whose stable id ends at %d", dataplane.ErrProtocol, n, last)
-	}
-	s := last - n
-	for k := range b.Tuples {
-		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
-			s++
-			b.Tuples[k].ID = s
-		}
-	}
-	return last, nil
+	return last, final, nil
 }
