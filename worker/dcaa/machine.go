@@ -164,13 +164,26 @@ type Deliver struct {
 	// TentWatermark is the producer's tentative progress (it released
 	// tentatively everything below it); 0 when its output is stable.
 	TentWatermark int64
+	// Attempt is the Subscribe.Attempt of the subscription that received
+	// the batch (0: whichever is current). A batch of an attempt the
+	// machine has replaced since (it moved the input to another replica
+	// while the batch was on its way) is ignored: its tuples would come
+	// again from the new replica, and tentative tuples, which have no
+	// stable id to drop duplicates by, would be processed twice.
+	Attempt uint64
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
 // (connection refused or reset, stream closed): the machine moves the
 // input to another replica. The input counts as failed only once it has
 // heard nothing past the detection timeout.
-type SubscriptionFailed struct{ Input int }
+type SubscriptionFailed struct {
+	Input int
+	// Attempt is the failed subscription's Subscribe.Attempt (0: the
+	// current one); the failure of an attempt already replaced is
+	// ignored.
+	Attempt uint64
+}
 
 // UpstreamStates is what the coordinator reports of each replica of the
 // input's upstream partition (index = replica number).
@@ -207,10 +220,13 @@ func (Tick) isEvent()               {}
 type Action interface{ isAction() }
 
 // Subscribe (re)subscribes Input to upstream replica Replica, resuming
-// after the last stable id received on it.
+// after the last stable id received on it. Attempt numbers the input's
+// subscriptions (1, 2, ...): the caller passes it back with what that
+// subscription delivers (Deliver.Attempt, SubscriptionFailed.Attempt).
 type Subscribe struct {
 	Input, Replica int
 	AfterID        uint64
+	Attempt        uint64
 }
 
 // Checkpoint: snapshot the operators' state (and the output position)
@@ -278,6 +294,7 @@ func (StateChange) isAction()     {}
 // inputState is one input stream.
 type inputState struct {
 	replica  int     // upstream replica subscribed to
+	attempt  uint64  // the current subscription's Subscribe.Attempt
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
 	heard    int64   // last delivery
@@ -301,11 +318,24 @@ type inputState struct {
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
 
+// EndOfStream is the stream time of a stream's final boundary: nothing
+// follows it.
+const EndOfStream = math.MaxInt64
+
+// ended: the input's final boundary came (stable: the producer ends its
+// stream only once its output is stable). A finished upstream is not a
+// failed one: the input is complete, never silent (its producer sends
+// nothing more), never read elsewhere, and whatever state its producer
+// last advertised no longer matters.
+func (in *inputState) ended() bool { return in.stableB == EndOfStream }
+
 // failed: the input is silent past the detection timeout (or its
 // subscription failed), the replica it reads advertises UP_FAILURE, or
-// its data is tentative. Only then may a bucket missing its data be
-// released without it.
-func (in *inputState) failed() bool { return in.silent || in.failedUp || in.tentData }
+// its data is tentative, and it has not ended. Only then may a bucket
+// missing its data be released without it.
+func (in *inputState) failed() bool {
+	return !in.ended() && (in.silent || in.failedUp || in.tentData)
+}
 
 // addStable keeps stable in (stime, arrival) order: a tuple out of stime
 // order (an input with allowed lateness) goes after the last one with
@@ -349,9 +379,11 @@ type Machine struct {
 	cut       int64
 	tentative bool  // the operators hold tentative state (checkpoint taken)
 	ckpt      int64 // R at the checkpoint
-	expired   bool  // this failure's first timer expired: no more waiting
-	avail     []availEntry
-	availMax  int64
+	// expired: this failure's first timer expired, and no more waiting
+	// while some input is still failed.
+	expired  bool
+	avail    []availEntry
+	availMax int64
 
 	replaying  bool
 	replayed   bool  // a replay chunk went out during this Step
@@ -397,7 +429,8 @@ func (m *Machine) Start(now int64) []Action {
 	for i, in := range m.inputs {
 		in.heard = now
 		in.replica = m.choose(i)
-		acts = append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable})
+		in.attempt++
+		acts = append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt})
 	}
 	return acts
 }
@@ -483,7 +516,9 @@ func (m *Machine) NextDeadline() int64 {
 		}
 	}
 	for _, in := range m.inputs {
-		next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
+		if !in.ended() {
+			next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
+		}
 	}
 	if m.asking {
 		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
@@ -504,9 +539,13 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
-		acts = m.deliver(ev, acts)
+		if m.current(ev.Input, ev.Attempt) {
+			acts = m.deliver(ev, acts)
+		}
 	case SubscriptionFailed:
-		acts = m.subscriptionFailed(ev.Input, acts)
+		if m.current(ev.Input, ev.Attempt) {
+			acts = m.subscriptionFailed(ev.Input, acts)
+		}
 	case UpstreamStates:
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
@@ -523,11 +562,20 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 		if m.grantedTo == ev.From {
 			m.grantedTo = -1
 		}
+		// A peer no longer reconciles: ask again now rather than after
+		// the retry delay (a refusal only meant that peer went first).
+		m.retryAt = 0
 	case Tick:
 	}
 	acts = m.timeouts(acts)
 	acts = m.progress(acts)
 	return m.updateState(acts)
+}
+
+// current reports whether attempt is input i's current subscription (0
+// stands for it).
+func (m *Machine) current(i int, attempt uint64) bool {
+	return attempt == 0 || attempt == m.inputs[i].attempt
 }
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
@@ -582,7 +630,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	cur := in.upState[in.replica]
-	if cur != UpFailure && cur != Stabilization {
+	if in.ended() || cur != UpFailure && cur != Stabilization {
 		return acts
 	}
 	best := m.choose(i)
@@ -601,6 +649,9 @@ func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 // neither does an upstream task that starts a little after this one.
 func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
+	if in.ended() {
+		return acts // complete: nothing more to read anywhere
+	}
 	in.suspect[in.replica] = m.now
 	heard := in.heard
 	acts = m.switchTo(i, m.choose(i), acts)
@@ -625,7 +676,8 @@ func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.replica, in.heard = r, m.now
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
-	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable})
+	in.attempt++
+	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.attempt})
 }
 
 // rank orders upstream replicas: STABLE, then unknown (presumed fine),
@@ -682,7 +734,7 @@ func (m *Machine) silenceLimit(in *inputState) int64 {
 // timeouts detects silent inputs and expired permissions.
 func (m *Machine) timeouts(acts []Action) []Action {
 	for i, in := range m.inputs {
-		if m.now-in.heard > m.silenceLimit(in) {
+		if !in.ended() && m.now-in.heard > m.silenceLimit(in) {
 			acts = m.inputFailed(i, acts)
 		}
 	}
@@ -795,10 +847,15 @@ func (m *Machine) progress(acts []Action) []Action {
 			return acts
 		}
 	}
-	// Availability: the furthest any input covers, and since when.
+	// Availability: the furthest any input covers, and since when. An
+	// input that ended covers everything but brings nothing: it makes no
+	// bucket available (else a failure of another input would release
+	// tentatively up to the end of the stream at once).
 	amax := int64(math.MinInt64)
 	for _, in := range m.inputs {
-		amax = max(amax, in.coverage())
+		if !in.ended() {
+			amax = max(amax, in.coverage())
+		}
 	}
 	if amax > m.availMax {
 		m.avail = append(m.avail, availEntry{At: amax, Since: m.now})
@@ -821,6 +878,15 @@ func (m *Machine) progress(acts []Action) []Action {
 			healthy = min(healthy, in.coverage())
 		}
 	}
+	if !m.failing() {
+		// The failure is over: every input is back and stable (its
+		// upstream corrected, or never went tentative). What is not
+		// released yet waits again, at most the share, for this
+		// replica's reconciliation, which releases it stable; released
+		// tentatively at once (as during the failure), it was tentative
+		// output the failure no longer explained, and a correction more.
+		m.expired = false
+	}
 	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.failing() || m.tentative) {
 		// E: the furthest point available for at least the share.
 		e := int64(math.MinInt64)
@@ -830,16 +896,22 @@ func (m *Machine) progress(acts []Action) []Action {
 			}
 		}
 		if e > m.released || m.expired {
-			// Past the first expiry nothing waits for a failed input:
-			// everything the live inputs cover goes too. A live input
-			// that is not failed is still waited for.
+			// Past the first expiry nothing waits for a silent input:
+			// everything the others cover goes too. An input that is
+			// not silent is still waited for, even one whose data is
+			// tentative: its data for the bucket is on its way (its
+			// producer releases within its own share), and released
+			// without it, the bucket's tuples would be dropped as late
+			// when they came. (A join whose two sides were both
+			// tentative got one side only, and produced nothing for the
+			// whole failure.)
 			alive := int64(math.MaxInt64)
 			for _, in := range m.inputs {
 				if !in.silent {
 					alive = min(alive, in.coverage())
 				}
 			}
-			p := min(max(e, alive), amax, healthy)
+			p := min(amax, alive, healthy)
 			if p > m.released {
 				if !m.tentative {
 					m.tentative, m.ckpt = true, m.released
@@ -970,7 +1042,7 @@ func (m *Machine) readyToReconcile() bool {
 		return false
 	}
 	for _, in := range m.inputs {
-		if in.silent || in.tentData {
+		if !in.ended() && (in.silent || in.tentData) {
 			return false
 		}
 	}
@@ -1097,7 +1169,7 @@ func (m *Machine) updateState(acts []Action) []Action {
 		s = UpFailure
 	default:
 		for _, in := range m.inputs {
-			if in.silent || in.failedUp || in.tentData {
+			if in.failed() {
 				s = UpFailure
 			}
 		}

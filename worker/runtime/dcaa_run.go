@@ -89,6 +89,9 @@ type dcaaTarget struct {
 	set     bool
 	replica int
 	after   uint64
+	// attempt is the machine's number for the subscription (see
+	// input.attempt).
+	attempt uint64
 	// seq counts targets: an attempt ended by a new target is no failure.
 	seq uint64
 }
@@ -156,7 +159,8 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// may send them before this task hears of the plan); the levels rise
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
-	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
+	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load()}
+	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err
 	}
 	select {
@@ -168,6 +172,12 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	}
 	if d.t.halted.Load() {
 		return errHalted
+	}
+	if in.replaced() {
+		// The machine moved the input to another subscription before it
+		// took this batch, and ignored it: what this one brought (its
+		// final boundary too) comes from the next. Unacknowledged.
+		return errReplaced
 	}
 	in.stableTaken.Store(stableLast)
 	// The final boundary ends the stream, wherever it is in the batch (a
@@ -181,11 +191,32 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	return nil
 }
 
+// errReplaced ends a subscription whose batch the machine ignored: it had
+// moved the input to another attempt (see dcaa.Deliver.Attempt).
+var errReplaced = errors.New("dcaa: subscription replaced by the machine")
+
+// replaced reports whether the machine wants another attempt than the
+// running one.
+func (in *input) replaced() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.target.attempt != in.machineAttempt.Load()
+}
+
 // heartbeat passes a heartbeat's state to the machine; dropped when the
-// machine is busy (then other events keep it informed).
-func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64) {
+// machine is busy (then other events keep it informed). Only a heartbeat
+// (a message without tuples) carries its tentative watermark to the
+// machine: a batch's watermark covers the batch's own tuples, which reach
+// the machine with it (deliver); handed over before them, it let the
+// machine release past tuples it had not got yet, and then drop them as
+// late (with max_delay 0, nearly every tentative tuple of a downstream
+// task).
+func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64, beat bool) {
+	if !beat {
+		return // the batch's own delivery follows
+	}
 	select {
-	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm}, ended: -1}:
+	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm, Attempt: in.machineAttempt.Load()}, ended: -1}:
 	default:
 	}
 }
@@ -256,7 +287,29 @@ func (d *dcaaRun) run(ctx context.Context) {
 		}
 		if d.done {
 			t.setState(StateRunning, "input exhausted")
+			d.finished(ctx)
 			return
+		}
+	}
+}
+
+// finished serves the machine's events once its output ended: a replica
+// that has finished never reconciles again, so it grants every peer's
+// request at once (a peer still correcting its end of the stream would
+// otherwise wait for the permission timeout), and hands back whatever
+// else comes (an input's last delivery) without looking at it.
+func (d *dcaaRun) finished(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-d.events:
+			if e.reply != nil {
+				e.reply <- true
+			}
+			if e.processed != nil {
+				close(e.processed)
+			}
 		}
 	}
 }
@@ -305,7 +358,7 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 	var live []bool
 	for i, in := range d.t.inputs {
 		in.mu.Lock()
-		l := in.cancelCur != nil && in.current.Replica == in.target.replica && !d.ended[i]
+		l := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt && !d.ended[i]
 		in.mu.Unlock()
 		live = append(live, l)
 		if l {
@@ -318,8 +371,11 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 		if !live[i] {
 			continue
 		}
+		// No tentative watermark: the one last heard may be a batch's,
+		// whose tuples may not have reached the machine yet (see
+		// heartbeat).
 		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
-		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, TentWatermark: in.health.tentWM.Load()})); err != nil {
+		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, Attempt: in.machineAttempt.Load()})); err != nil {
 			return err
 		}
 	}
@@ -344,7 +400,7 @@ func (d *dcaaRun) confirmHeard(detect time.Duration) {
 // (unix nanoseconds) or is handing the task a batch.
 func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	in.mu.Lock()
-	live := in.cancelCur != nil && in.current.Replica == in.target.replica
+	live := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt
 	in.mu.Unlock()
 	if !live || in.health.silent.Load() {
 		return false
@@ -366,7 +422,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	for i, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
-			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
+			t.inputs[a.Input].retarget(a.Replica, a.AfterID, a.Attempt)
 		case dcaa.Checkpoint:
 			snap, err := t.op.Snapshot()
 			if err != nil {
@@ -612,11 +668,12 @@ func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
 }
 
 // retarget makes the input read replica r after id after (the machine's
-// Subscribe): a live attempt elsewhere is cancelled.
-func (in *input) retarget(r int, after uint64) {
+// Subscribe, its attempt number attempt): the live attempt is cancelled
+// (the machine ignores what it still delivers).
+func (in *input) retarget(r int, after, attempt uint64) {
 	in.mu.Lock()
-	in.target = dcaaTarget{set: true, replica: r, after: after, seq: in.target.seq + 1}
-	if in.cancelCur != nil && in.current.Replica != r {
+	in.target = dcaaTarget{set: true, replica: r, after: after, attempt: attempt, seq: in.target.seq + 1}
+	if in.cancelCur != nil {
 		in.cancelCur()
 		in.cancelCur = nil
 	}
@@ -654,6 +711,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			if tg.after < in.sub.LastID() {
 				in.sub.ResumeAfter(tg.after)
 			}
+			in.machineAttempt.Store(tg.attempt)
 			var progressed bool
 			progressed, _, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
@@ -673,7 +731,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			continue // the machine chose another replica meanwhile
 		}
 		log.Debug("subscription failed; the machine chooses again", "err", err, "replica", tg.replica)
-		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx}, ended: -1}) != nil {
+		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx, Attempt: tg.attempt}, ended: -1}) != nil {
 			return
 		}
 		select {
