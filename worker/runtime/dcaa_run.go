@@ -110,12 +110,16 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	budgets, err := dcaa.PlanBudgets(t.plan)
+	if err != nil {
+		return nil, err
+	}
 	ks := make([]int, len(t.inputs))
 	for i := range ks {
 		ks[i] = max(1, t.plan.Query.Replicas)
 	}
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
-		Share: shares[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
+		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
