@@ -42,14 +42,43 @@ func (b *OutputBuffer) StreamState() (fedstreampb.ReplicaState, int64) {
 	return fedstreampb.ReplicaState(b.inband.state.Load()), b.inband.tentWM.Load()
 }
 
+// stateUpTo is the state to send with the stream's tuples up to position
+// last (a heartbeat: up to the subscriber's position). The tentative
+// watermark says the subscriber has every tentative tuple below it, so it
+// must not cover a tuple after last: a producer appends its tentative
+// tuples and then raises the watermark, so a watermark read while tuples
+// follow last may cover them (a consumer releasing up to it would then
+// take them for late and drop them). Then no watermark is sent (0: no
+// news); the message that ends at the buffer's end carries it. The lock
+// is only taken while the stream is tentative.
+func (b *OutputBuffer) stateUpTo(last uint64) (fedstreampb.ReplicaState, int64) {
+	st, wm := b.StreamState()
+	if wm == 0 {
+		return st, 0
+	}
+	// Read after the watermark: a tuple the watermark covers was
+	// appended before it was set, so it is counted here.
+	b.mu.Lock()
+	more := b.lastID > last
+	b.mu.Unlock()
+	if more {
+		wm = 0
+	}
+	return st, wm
+}
+
 // StateFunc receives the producer's advertised state with every batch a
-// subscription receives, heartbeats included (see OnStreamState).
-type StateFunc func(st fedstreampb.ReplicaState, tentWM int64)
+// subscription receives, heartbeats included (heartbeat: a message
+// without tuples; see OnStreamState).
+type StateFunc func(st fedstreampb.ReplicaState, tentWM int64, heartbeat bool)
 
 // OnStreamState makes the subscriber call fn for every message it
 // receives (before delivering its tuples), and, on a local stream, once
 // per heartbeat interval while it waits for data: the caller learns that
-// the producer is alive and what state it advertises. Call it before Run.
+// the producer is alive and what state it advertises. A batch's tentative
+// watermark covers that batch's tuples and those before it, never later
+// ones (see stateUpTo): a caller must not act on it before the batch is
+// delivered. Call it before Run.
 func (s *Subscriber) OnStreamState(fn StateFunc) { s.onState = fn }
 
 // heartbeatTimer returns a channel firing after buf's heartbeat interval

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +18,7 @@ type stateLog struct {
 	wm     int64
 }
 
-func (l *stateLog) on(st fedstreampb.ReplicaState, wm int64) {
+func (l *stateLog) on(st fedstreampb.ReplicaState, wm int64, _ bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.heard++
@@ -106,6 +107,102 @@ func TestHeartbeatsCarryStreamState(t *testing.T) {
 			}
 			cancel()
 			<-done
+		})
+	}
+}
+
+// A batch's tentative watermark never covers tuples after the batch: the
+// producer appends its tentative tuples and then raises the watermark, so
+// a watermark read while later tuples wait in the buffer may cover them.
+// A DCAA consumer releases tentatively up to the watermark and drops what
+// comes below it later as late: reading the watermark after the batch
+// (as the stream did) lost every tuple of the batches that followed it.
+// Only the message ending at the buffer's end (or a heartbeat with
+// nothing left) carries it.
+func TestTentativeWatermarkNeverAheadOfTuples(t *testing.T) {
+	const n = 20000 // several batches, remote and local
+	for _, local := range []bool{false, true} {
+		name := "remote"
+		if local {
+			name = "local"
+		}
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			buf := NewOutputBuffer(BufferOptions{})
+			buf.SetHeartbeat(5 * time.Millisecond)
+			for i := range uint64(n) {
+				if err := buf.Append(ctx, dataTuple(i+1, "tentative")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			buf.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, 42)
+			sub := NewSubscriber(&fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}, "down-0", false, 0)
+			var (
+				mu     sync.Mutex
+				taken  uint64 // delivered so far
+				wmAt   []uint64
+				beats  int
+				ahead  []string
+				pendWM int64
+			)
+			sub.OnStreamState(func(_ fedstreampb.ReplicaState, wm int64, beat bool) {
+				mu.Lock()
+				defer mu.Unlock()
+				if beat {
+					beats++
+					if wm == 42 && taken == n {
+						wmAt = append(wmAt, taken)
+					}
+					if wm != 0 && taken < n {
+						ahead = append(ahead, fmt.Sprintf("heartbeat with watermark after %d of %d tuples", taken, n))
+					}
+					return
+				}
+				pendWM = wm
+			})
+			done := make(chan error, 1)
+			deliver := func(ctx context.Context, b *Batch) error {
+				mu.Lock()
+				defer mu.Unlock()
+				taken = b.LastID
+				if pendWM != 0 {
+					wmAt = append(wmAt, b.LastID)
+					if b.LastID < n {
+						ahead = append(ahead, fmt.Sprintf("batch ending at %d of %d with the watermark", b.LastID, n))
+					}
+				}
+				return nil
+			}
+			go func() {
+				if local {
+					done <- sub.RunLocal(ctx, buf, deliver)
+					return
+				}
+				pool := NewPool()
+				defer pool.Close()
+				conn, err := pool.Conn(startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": buf}}))
+				if err != nil {
+					done <- err
+					return
+				}
+				done <- sub.Run(ctx, conn, deliver)
+			}()
+			waitFor(t, "every tuple and a heartbeat after them", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return taken == n && beats > 0
+			})
+			cancel()
+			<-done
+			mu.Lock()
+			defer mu.Unlock()
+			if len(ahead) > 0 {
+				t.Fatalf("the watermark came ahead of its tuples: %v", ahead)
+			}
+			if len(wmAt) == 0 {
+				t.Fatal("the watermark never came")
+			}
 		})
 	}
 }

@@ -248,7 +248,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			case <-hb:
 				// Nothing to send for a heartbeat interval: say so, with
 				// the state, so the subscriber knows this replica lives.
-				st, wm := buf.StreamState()
+				st, wm := buf.stateUpTo(after)
 				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm}); err != nil {
 					return err
 				}
@@ -268,7 +268,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		default:
 		}
 		sent.Store(last)
-		st, wm := buf.StreamState()
+		st, wm := buf.stateUpTo(last)
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
 			PositionOffset: buf.PositionOffset(last)}); err != nil {
 			return err

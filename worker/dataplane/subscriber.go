@@ -281,7 +281,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}
 		msg := &rb.Batch
 		if s.onState != nil {
-			s.onState(msg.ReplicaState, msg.TentativeWatermark)
+			s.onState(msg.ReplicaState, msg.TentativeWatermark, msg.Count == 0)
 		}
 		if msg.Count == 0 {
 			if rb.buf != nil {
@@ -378,7 +378,8 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			select {
 			case <-wait:
 			case <-hb:
-				s.onState(buf.StreamState())
+				st, wm := buf.stateUpTo(s.last.Load())
+				s.onState(st, wm, true)
 			case <-ctx.Done():
 				stop()
 				return ctx.Err()
@@ -387,7 +388,8 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 			continue
 		}
 		if s.onState != nil {
-			s.onState(buf.StreamState())
+			st, wm := buf.stateUpTo(last)
+			s.onState(st, wm, false)
 		}
 		b, err := dec.decode(data, count, last, s.last.Load())
 		if err != nil {

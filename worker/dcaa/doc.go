@@ -14,8 +14,9 @@ package dcaa
 // carries out the actions in order:
 //
 //   - Subscribe: cancel the input's attempt and subscribe to that replica
-//     after AfterID (today input.run rotates replicas by itself; with DCAA
-//     the machine chooses).
+//     after AfterID, tagging what the new subscription delivers (Deliver,
+//     SubscriptionFailed) with its Attempt, so that a batch the replaced
+//     one still hands over is ignored.
 //   - Checkpoint: snapshot the operators (the snapshot mechanism of
 //     moves) together with Output.LastStable.
 //   - Release: for each step, Process its tuples (Entry.Input is the

@@ -70,6 +70,12 @@ type Config struct {
 	// is released tentative. Strict (or StrictMode) never releases
 	// tentative.
 	Share time.Duration
+	// Budget is the part of X spent on the longest path from a source
+	// up to and including this task (the shares of the delaying tasks on
+	// it; see PlanBudgets): a bucket is never held past its stream time
+	// plus the normal lag plus Budget, so that data another failure made
+	// late (a backlog) is not delayed a share again (0: Share).
+	Budget time.Duration
 	// StrictMode blocks instead of releasing tentative results.
 	StrictMode bool
 	// Detect is the silence after which an input counts as failed
@@ -145,6 +151,9 @@ func (c *Config) check() error {
 	if c.Share == Strict {
 		c.StrictMode = true
 	}
+	if c.Budget < c.Share {
+		c.Budget = c.Share
+	}
 	return nil
 }
 
@@ -164,13 +173,26 @@ type Deliver struct {
 	// TentWatermark is the producer's tentative progress (it released
 	// tentatively everything below it); 0 when its output is stable.
 	TentWatermark int64
+	// Attempt is the Subscribe.Attempt of the subscription that received
+	// the batch (0: whichever is current). A batch of an attempt the
+	// machine has replaced since (it moved the input to another replica
+	// while the batch was on its way) is ignored: its tuples would come
+	// again from the new replica, and tentative tuples, which have no
+	// stable id to drop duplicates by, would be processed twice.
+	Attempt uint64
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
 // (connection refused or reset, stream closed): the machine moves the
 // input to another replica. The input counts as failed only once it has
 // heard nothing past the detection timeout.
-type SubscriptionFailed struct{ Input int }
+type SubscriptionFailed struct {
+	Input int
+	// Attempt is the failed subscription's Subscribe.Attempt (0: the
+	// current one); the failure of an attempt already replaced is
+	// ignored.
+	Attempt uint64
+}
 
 // UpstreamStates is what the coordinator reports of each replica of the
 // input's upstream partition (index = replica number).
@@ -207,10 +229,13 @@ func (Tick) isEvent()               {}
 type Action interface{ isAction() }
 
 // Subscribe (re)subscribes Input to upstream replica Replica, resuming
-// after the last stable id received on it.
+// after the last stable id received on it. Attempt numbers the input's
+// subscriptions (1, 2, ...): the caller passes it back with what that
+// subscription delivers (Deliver.Attempt, SubscriptionFailed.Attempt).
 type Subscribe struct {
 	Input, Replica int
 	AfterID        uint64
+	Attempt        uint64
 }
 
 // Checkpoint: snapshot the operators' state (and the output position)
@@ -280,6 +305,7 @@ func (StateChange) isAction()     {}
 // inputState is one input stream.
 type inputState struct {
 	replica  int     // upstream replica subscribed to
+	attempt  uint64  // the current subscription's Subscribe.Attempt
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
 	heard    int64   // last delivery
@@ -303,11 +329,24 @@ type inputState struct {
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
 
+// EndOfStream is the stream time of a stream's final boundary: nothing
+// follows it.
+const EndOfStream = math.MaxInt64
+
+// ended: the input's final boundary came (stable: the producer ends its
+// stream only once its output is stable). A finished upstream is not a
+// failed one: the input is complete, never silent (its producer sends
+// nothing more), never read elsewhere, and whatever state its producer
+// last advertised no longer matters.
+func (in *inputState) ended() bool { return in.stableB == EndOfStream }
+
 // failed: the input is silent past the detection timeout (or its
 // subscription failed), the replica it reads advertises UP_FAILURE, or
-// its data is tentative. Only then may a bucket missing its data be
-// released without it.
-func (in *inputState) failed() bool { return in.silent || in.failedUp || in.tentData }
+// its data is tentative, and it has not ended. Only then may a bucket
+// missing its data be released without it.
+func (in *inputState) failed() bool {
+	return !in.ended() && (in.silent || in.failedUp || in.tentData)
+}
 
 // addStable keeps stable in (stime, arrival) order: a tuple out of stime
 // order (an input with allowed lateness) goes after the last one with
@@ -351,9 +390,13 @@ type Machine struct {
 	cut       int64
 	tentative bool  // the operators hold tentative state (checkpoint taken)
 	ckpt      int64 // R at the checkpoint
-	expired   bool  // this failure's first timer expired: no more waiting
 	avail     []availEntry
 	availMax  int64
+	// lag is the least (clock - stream time) seen when the availability
+	// rose (lagKnown: seen once): how soon after its stream time a bucket
+	// is available without failures.
+	lag      int64
+	lagKnown bool
 
 	replaying  bool
 	replayed   bool  // a replay chunk went out during this Step
@@ -402,7 +445,8 @@ func (m *Machine) Start(now int64) []Action {
 	for i, in := range m.inputs {
 		in.heard = now
 		in.replica = m.choose(i)
-		acts = append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable})
+		in.attempt++
+		acts = append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt})
 	}
 	return acts
 }
@@ -481,14 +525,16 @@ func (m *Machine) NextDeadline() int64 {
 		// event, not with time; naming it would wake the caller in a
 		// loop.
 		for _, e := range m.avail {
-			if d := e.Since + int64(m.cfg.Share); e.At > m.released && d > m.now {
+			if d := m.due(e); e.At > m.released && d > m.now {
 				next = min(next, d)
 				break
 			}
 		}
 	}
 	for _, in := range m.inputs {
-		next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
+		if !in.ended() {
+			next = min(next, in.heard+m.silenceLimit(in)+1) // silent past Detect
+		}
 	}
 	if m.asking {
 		next = min(next, m.askedAt+int64(m.cfg.PermissionTimeout)+1)
@@ -510,9 +556,13 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
-		acts = m.deliver(ev, acts)
+		if m.current(ev.Input, ev.Attempt) {
+			acts = m.deliver(ev, acts)
+		}
 	case SubscriptionFailed:
-		acts = m.subscriptionFailed(ev.Input, acts)
+		if m.current(ev.Input, ev.Attempt) {
+			acts = m.subscriptionFailed(ev.Input, acts)
+		}
 	case UpstreamStates:
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
@@ -529,11 +579,20 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 		if m.grantedTo == ev.From {
 			m.grantedTo = -1
 		}
+		// A peer no longer reconciles: ask again now rather than after
+		// the retry delay (a refusal only meant that peer went first).
+		m.retryAt = 0
 	case Tick:
 	}
 	acts = m.timeouts(acts)
 	acts = m.progress(acts)
 	return m.updateState(acts)
+}
+
+// current reports whether attempt is input i's current subscription (0
+// stands for it).
+func (m *Machine) current(i int, attempt uint64) bool {
+	return attempt == 0 || attempt == m.inputs[i].attempt
 }
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
@@ -624,7 +683,7 @@ func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64) boo
 func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	cur := in.upState[in.replica]
-	if cur != UpFailure && cur != Stabilization {
+	if in.ended() || cur != UpFailure && cur != Stabilization {
 		return acts
 	}
 	best := m.choose(i)
@@ -643,6 +702,9 @@ func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 // neither does an upstream task that starts a little after this one.
 func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
+	if in.ended() {
+		return acts // complete: nothing more to read anywhere
+	}
 	in.suspect[in.replica] = m.now
 	heard := in.heard
 	acts = m.switchTo(i, m.choose(i), acts)
@@ -667,7 +729,8 @@ func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.replica, in.heard = r, m.now
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
-	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable})
+	in.attempt++
+	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.attempt})
 }
 
 // rank orders upstream replicas: STABLE, then unknown (presumed fine),
@@ -724,7 +787,7 @@ func (m *Machine) silenceLimit(in *inputState) int64 {
 // timeouts detects silent inputs and expired permissions.
 func (m *Machine) timeouts(acts []Action) []Action {
 	for i, in := range m.inputs {
-		if m.now-in.heard > m.silenceLimit(in) {
+		if !in.ended() && m.now-in.heard > m.silenceLimit(in) {
 			acts = m.inputFailed(i, acts)
 		}
 	}
@@ -839,14 +902,28 @@ func (m *Machine) progress(acts []Action) []Action {
 			return acts
 		}
 	}
-	// Availability: the furthest any input covers, and since when.
+	// Availability: the furthest any input covers, and since when. An
+	// input that ended covers everything but brings nothing: it makes no
+	// bucket available (else a failure of another input would release
+	// tentatively up to the end of the stream at once).
 	amax := int64(math.MinInt64)
 	for _, in := range m.inputs {
-		amax = max(amax, in.coverage())
+		if !in.ended() {
+			amax = max(amax, in.coverage())
+		}
 	}
 	if amax > m.availMax {
+		// One entry per stable step in the range that became available
+		// at once (a backlog): each step's own stream time bounds its
+		// wait (see due).
+		for _, st := range m.stepsIn(max(m.availMax, m.released), amax-1) {
+			m.avail = append(m.avail, availEntry{At: st, Since: m.now})
+		}
 		m.avail = append(m.avail, availEntry{At: amax, Since: m.now})
 		m.availMax = amax
+		if l := m.now - amax; !m.lagKnown || l < m.lag {
+			m.lag, m.lagKnown = l, true
+		}
 	}
 	s := min(m.stableWatermark(), m.cut)
 	if !m.tentative && s > m.released {
@@ -866,30 +943,41 @@ func (m *Machine) progress(acts []Action) []Action {
 		}
 	}
 	if !m.cfg.StrictMode && m.cut == math.MaxInt64 && (m.failing() || m.tentative) {
-		// E: the furthest point available for at least the share.
+		// E: the furthest point whose wait ran out (see due). Every
+		// bucket waits on its own: during a failure the output follows
+		// its input at a lag of at most the share and never falls
+		// further behind, and the buckets that came within the share
+		// before the failed input is back (or, after a heal, before
+		// this replica's reconciliation) still go out stable. Releasing
+		// everything at once after the first expiry made them
+		// tentative too: about X's worth of tentative results more per
+		// failure (bench dcaa, D = 2X: 57 against a bound of 49).
 		e := int64(math.MinInt64)
 		for _, a := range m.avail {
-			if m.now-a.Since >= int64(m.cfg.Share) {
+			if m.due(a) <= m.now {
 				e = max(e, a.At)
 			}
 		}
-		if e > m.released || m.expired {
-			// Past the first expiry nothing waits for a failed input:
-			// everything the live inputs cover goes too. A live input
-			// that is not failed is still waited for.
+		if e > m.released {
+			// Only a silent input is not waited for. An input that
+			// delivers is, even one whose data is tentative: its data
+			// for the bucket is on its way (its producer releases within
+			// its own share), and released without it, the bucket's
+			// tuples would be dropped as late when they came. (A join
+			// whose two sides were both tentative got one side only,
+			// and produced nothing for the whole failure.)
 			alive := int64(math.MaxInt64)
 			for _, in := range m.inputs {
 				if !in.silent {
 					alive = min(alive, in.coverage())
 				}
 			}
-			p := min(max(e, alive), amax, healthy)
+			p := min(e, alive, healthy)
 			if p > m.released {
 				if !m.tentative {
 					m.tentative, m.ckpt = true, m.released
 					acts = append(acts, Checkpoint{Watermark: m.released})
 				}
-				m.expired = true
 				acts = m.release(acts, p, true)
 				m.trimAvail()
 				if m.cfg.KeepLimit > 0 {
@@ -898,7 +986,41 @@ func (m *Machine) progress(acts []Action) []Action {
 			}
 		}
 	}
-	return m.maybeStabilize(acts)
+	acts = m.maybeStabilize(acts)
+	if s := min(m.stableWatermark(), m.cut); !m.tentative && !m.replaying && s > m.released {
+		// Reconciled just now (a replica alone in its partition needs no
+		// permission): what waited goes out stable at once.
+		acts = m.release(acts, s, false)
+	}
+	return acts
+}
+
+// due is when the wait of the buckets below a.At runs out: the share
+// after some input covered them, and never later than their stream time
+// plus the normal lag plus the budget of X spent up to this task. The
+// second bound counts only for data that comes late (a backlog that an
+// earlier or another failure held back): it has waited already, and
+// delayed a share more it would come out later than X after a
+// failure-free run's result. Data from an upstream that waited its own
+// share is not late by this measure (the budget includes that share).
+func (m *Machine) due(a availEntry) int64 {
+	d := satAdd(a.Since, int64(m.cfg.Share))
+	if m.lagKnown {
+		d = min(d, satAdd(satAdd(a.At, m.lag), int64(m.cfg.Budget)))
+	}
+	return d
+}
+
+// satAdd is a+b, saturated at the int64 range.
+func satAdd(a, b int64) int64 {
+	switch s := a + b; {
+	case b > 0 && s < a:
+		return math.MaxInt64
+	case b < 0 && s > a:
+		return math.MinInt64
+	default:
+		return s
+	}
 }
 
 func (m *Machine) trimAvail() {
@@ -1074,7 +1196,7 @@ func (m *Machine) readyToReconcile() bool {
 		return false
 	}
 	for _, in := range m.inputs {
-		if in.silent || in.tentData {
+		if !in.ended() && (in.silent || in.tentData) {
 			return false
 		}
 	}
@@ -1181,7 +1303,7 @@ func (m *Machine) replay(acts []Action) []Action {
 	if m.released < m.replayTo {
 		return acts
 	}
-	m.replaying, m.expired = false, false
+	m.replaying = false
 	m.lostFrom, m.lostTo = 0, 0
 	m.dropBelow(m.released)
 	acts = append(acts, RecDone{})
@@ -1201,7 +1323,7 @@ func (m *Machine) updateState(acts []Action) []Action {
 		s = UpFailure
 	default:
 		for _, in := range m.inputs {
-			if in.silent || in.failedUp || in.tentData {
+			if in.failed() {
 				s = UpFailure
 			}
 		}

@@ -2,6 +2,7 @@ package dcaa
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,10 +20,12 @@ import (
 //
 //	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [strict] [chunk=N]
 //	start T
-//	deliver T in=I [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
-//	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary,
-//	    u<id> UNDO back to id, r<id> REC_DONE
-//	fail T in=I
+//	deliver T in=I [att=N] [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
+//	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary
+//	    (b<id>@end: the final boundary, end of stream), u<id> UNDO back to
+//	    id, r<id> REC_DONE; att: the subscription attempt that received it
+//	    (Subscribe.Attempt; default the current one)
+//	fail T in=I [att=N]
 //	states T in=I STATE,STATE...
 //	request T from=P | reply T from=P granted|denied | done T from=P
 //	tick T
@@ -128,12 +131,19 @@ func runScript(t *testing.T, path string) {
 			if _, ok := args["twm"]; ok {
 				ev.TentWatermark = int64(num("twm")) * ms
 			}
+			if _, ok := args["att"]; ok {
+				ev.Attempt = uint64(num("att"))
+			}
 			for _, tok := range rest {
 				ev.Tuples = append(ev.Tuples, parseTuple(t, tok))
 			}
 			acts = m.Step(now, ev)
 		case "fail":
-			acts = m.Step(now, SubscriptionFailed{Input: num("in")})
+			ev := SubscriptionFailed{Input: num("in")}
+			if _, ok := args["att"]; ok {
+				ev.Attempt = uint64(num("att"))
+			}
+			acts = m.Step(now, ev)
 		case "states":
 			ev := UpstreamStates{Input: num("in")}
 			for _, s := range strings.Split(rest[0], ",") {
@@ -184,7 +194,9 @@ func parseTuple(t *testing.T, tok string) tuple.Tuple {
 		t.Fatalf("tuple %q: %v", tok, err)
 	}
 	var st int64
-	if stS != "" {
+	if stS == "end" {
+		st = math.MaxInt64
+	} else if stS != "" {
 		v, err := strconv.ParseInt(stS, 10, 64)
 		if err != nil {
 			t.Fatalf("tuple %q: %v", tok, err)
@@ -260,6 +272,9 @@ func renderActions(acts []Action) []string {
 }
 
 func msOf(ns int64) string {
+	if ns == math.MaxInt64 {
+		return "end"
+	}
 	if ns%ms == 0 {
 		return strconv.FormatInt(ns/ms, 10)
 	}

@@ -37,14 +37,40 @@ const Strict = time.Duration(1<<63 - 1)
 // Fragments that do not delay get 0. x == Strict gives every fragment
 // Strict; x <= 0 gives 0 (process at once).
 func SplitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, error) {
+	shares, _, err := splitDelay(x, nodes)
+	return shares, err
+}
+
+// SplitBudgets is SplitDelay's companion: each delaying fragment's
+// budget, the part of x spent on the longest path from a source up to
+// and including it (its share times the delaying fragments on that path;
+// Config.Budget). Strict and 0 as in SplitDelay.
+func SplitBudgets(x time.Duration, nodes []GraphNode) (map[string]time.Duration, error) {
+	shares, up, err := splitDelay(x, nodes)
+	if err != nil {
+		return nil, err
+	}
+	budgets := make(map[string]time.Duration, len(shares))
+	for name, sh := range shares {
+		switch {
+		case sh == Strict || sh == 0:
+			budgets[name] = sh
+		default:
+			budgets[name] = sh * time.Duration(up[name])
+		}
+	}
+	return budgets, nil
+}
+
+func splitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, map[string]int, error) {
 	byName := make(map[string]*GraphNode, len(nodes))
 	for i := range nodes {
 		n := &nodes[i]
 		if n.Name == "" {
-			return nil, fmt.Errorf("%w: node %d has no name", ErrGraph, i)
+			return nil, nil, fmt.Errorf("%w: node %d has no name", ErrGraph, i)
 		}
 		if byName[n.Name] != nil {
-			return nil, fmt.Errorf("%w: node %q appears twice", ErrGraph, n.Name)
+			return nil, nil, fmt.Errorf("%w: node %q appears twice", ErrGraph, n.Name)
 		}
 		byName[n.Name] = n
 	}
@@ -52,7 +78,7 @@ func SplitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, e
 	for _, n := range nodes {
 		for _, in := range n.Inputs {
 			if byName[in] == nil {
-				return nil, fmt.Errorf("%w: node %q reads %q, which is not in the graph", ErrGraph, n.Name, in)
+				return nil, nil, fmt.Errorf("%w: node %q reads %q, which is not in the graph", ErrGraph, n.Name, in)
 			}
 			outputs[in] = append(outputs[in], n.Name)
 		}
@@ -67,11 +93,11 @@ func SplitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, e
 	// n included; down[n]: from n to a sink, n included.
 	up, err := longest(nodes, byName, func(n *GraphNode) []string { return n.Inputs }, weight)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	down, err := longest(nodes, byName, func(n *GraphNode) []string { return outputs[n.Name] }, weight)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	shares := make(map[string]time.Duration, len(nodes))
 	for i := range nodes {
@@ -89,7 +115,7 @@ func SplitDelay(x time.Duration, nodes []GraphNode) (map[string]time.Duration, e
 			shares[n.Name] = x / time.Duration(up[n.Name]+down[n.Name]-1)
 		}
 	}
-	return shares, nil
+	return shares, up, nil
 }
 
 // longest computes, for every node, the largest total weight of a path
@@ -129,6 +155,18 @@ func longest(nodes []GraphNode, byName map[string]*GraphNode, next func(*GraphNo
 // PlanShares is SplitDelay over a query's placed (fused) plan with the
 // query's own bound: availability.max_delay, Strict for "strict".
 func PlanShares(p *queryspec.Plan) (map[string]time.Duration, error) {
+	x, nodes := planGraph(p)
+	return SplitDelay(x, nodes)
+}
+
+// PlanBudgets is SplitBudgets over a query's plan (see PlanShares).
+func PlanBudgets(p *queryspec.Plan) (map[string]time.Duration, error) {
+	x, nodes := planGraph(p)
+	return SplitBudgets(x, nodes)
+}
+
+// planGraph is a plan's bound and delaying graph.
+func planGraph(p *queryspec.Plan) (time.Duration, []GraphNode) {
 	x, strict := p.Query.MaxDelayDuration()
 	if strict {
 		x = Strict
@@ -140,7 +178,7 @@ func PlanShares(p *queryspec.Plan) (map[string]time.Duration, error) {
 		delays := n.Kind != queryspec.KindSource && !passThrough
 		nodes = append(nodes, GraphNode{Name: n.Name, Inputs: n.Inputs, Delays: delays})
 	}
-	return SplitDelay(x, nodes)
+	return x, nodes
 }
 
 // MinDetect is the shortest detection timeout DetectTimeout gives: below

@@ -46,6 +46,28 @@ func TestSplitDelay(t *testing.T) {
 	}
 }
 
+// A fragment's budget is the X spent up to and including it on the
+// longest path to it: its share times the delaying fragments on that
+// path, never more than X.
+func TestSplitBudgets(t *testing.T) {
+	const X = 1200 * time.Millisecond
+	diamond := []GraphNode{{Name: "s1"}, {Name: "s2"},
+		{Name: "a", Inputs: []string{"s1"}, Delays: true}, {Name: "b", Inputs: []string{"a"}, Delays: true},
+		{Name: "c", Inputs: []string{"b"}, Delays: true}, {Name: "j", Inputs: []string{"c", "s2"}, Delays: true},
+		{Name: "side", Inputs: []string{"s2"}, Delays: true}}
+	got, err := SplitBudgets(X, diamond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]time.Duration{"s1": 0, "s2": 0, "a": X / 4, "b": X / 2, "c": 3 * X / 4, "j": X, "side": X}
+	if !maps.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
+	}
+	if got, _ := SplitBudgets(Strict, diamond); got["j"] != Strict {
+		t.Fatalf("strict: %v", got)
+	}
+}
+
 // Every source-to-sink path's shares add up to at most X, on a graph
 // where a naive per-node split (by each node's own depth) would not.
 func TestSplitDelayPathsWithinX(t *testing.T) {

@@ -58,13 +58,13 @@ type inputHealth struct {
 }
 
 // heardFrom is the input's subscriber's OnStreamState callback.
-func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64) {
+func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64, beat bool) {
 	in.health.heard.Store(time.Now().UnixNano())
 	in.health.upState.Store(int32(st))
 	in.health.tentWM.Store(wm)
 	in.health.silent.Store(false)
 	if d := in.t.dm; d != nil {
-		d.heartbeat(in, st, wm)
+		d.heartbeat(in, st, wm, beat)
 	}
 }
 

@@ -90,6 +90,9 @@ type dcaaTarget struct {
 	set     bool
 	replica int
 	after   uint64
+	// attempt is the machine's number for the subscription (see
+	// input.attempt).
+	attempt uint64
 	// seq counts targets: an attempt ended by a new target is no failure.
 	seq uint64
 }
@@ -108,12 +111,16 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	if err != nil {
 		return nil, err
 	}
+	budgets, err := dcaa.PlanBudgets(t.plan)
+	if err != nil {
+		return nil, err
+	}
 	ks := make([]int, len(t.inputs))
 	for i := range ks {
 		ks[i] = max(1, t.plan.Query.Replicas)
 	}
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
-		Share: shares[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
+		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +172,8 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
 	marks := markersOf(ts)
-	if err := d.post(ctx, dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm}, ended: -1, processed: processed}); err != nil {
+	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load()}
+	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err
 	}
 	select {
@@ -177,6 +185,12 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	}
 	if d.t.halted.Load() {
 		return errHalted
+	}
+	if in.replaced() {
+		// The machine moved the input to another subscription before it
+		// took this batch, and ignored it: what this one brought (its
+		// final boundary too) comes from the next. Unacknowledged.
+		return errReplaced
 	}
 	in.stableTaken.Store(stableLast)
 	if len(marks) > 0 {
@@ -196,11 +210,32 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	return nil
 }
 
+// errReplaced ends a subscription whose batch the machine ignored: it had
+// moved the input to another attempt (see dcaa.Deliver.Attempt).
+var errReplaced = errors.New("dcaa: subscription replaced by the machine")
+
+// replaced reports whether the machine wants another attempt than the
+// running one.
+func (in *input) replaced() bool {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.target.attempt != in.machineAttempt.Load()
+}
+
 // heartbeat passes a heartbeat's state to the machine; dropped when the
-// machine is busy (then other events keep it informed).
-func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64) {
+// machine is busy (then other events keep it informed). Only a heartbeat
+// (a message without tuples) carries its tentative watermark to the
+// machine: a batch's watermark covers the batch's own tuples, which reach
+// the machine with it (deliver); handed over before them, it let the
+// machine release past tuples it had not got yet, and then drop them as
+// late (with max_delay 0, nearly every tentative tuple of a downstream
+// task).
+func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64, beat bool) {
+	if !beat {
+		return // the batch's own delivery follows
+	}
 	select {
-	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm}, ended: -1}:
+	case d.events <- dcaaEvent{ev: dcaa.Deliver{Input: in.idx, Upstream: dcaa.StateFromProto(st), TentWatermark: wm, Attempt: in.machineAttempt.Load()}, ended: -1}:
 	default:
 	}
 }
@@ -272,7 +307,29 @@ func (d *dcaaRun) run(ctx context.Context) {
 		}
 		if d.done {
 			t.setState(StateRunning, "input exhausted")
+			d.finished(ctx)
 			return
+		}
+	}
+}
+
+// finished serves the machine's events once its output ended: a replica
+// that has finished never reconciles again, so it grants every peer's
+// request at once (a peer still correcting its end of the stream would
+// otherwise wait for the permission timeout), and hands back whatever
+// else comes (an input's last delivery) without looking at it.
+func (d *dcaaRun) finished(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e := <-d.events:
+			if e.reply != nil {
+				e.reply <- true
+			}
+			if e.processed != nil {
+				close(e.processed)
+			}
 		}
 	}
 }
@@ -321,7 +378,7 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 	var live []bool
 	for i, in := range d.t.inputs {
 		in.mu.Lock()
-		l := in.cancelCur != nil && in.current.Replica == in.target.replica && !d.ended[i]
+		l := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt && !d.ended[i]
 		in.mu.Unlock()
 		live = append(live, l)
 		if l {
@@ -334,8 +391,11 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 		if !live[i] {
 			continue
 		}
+		// No tentative watermark: the one last heard may be a batch's,
+		// whose tuples may not have reached the machine yet (see
+		// heartbeat).
 		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
-		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, TentWatermark: in.health.tentWM.Load()})); err != nil {
+		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, Attempt: in.machineAttempt.Load()})); err != nil {
 			return err
 		}
 	}
@@ -360,7 +420,7 @@ func (d *dcaaRun) confirmHeard(detect time.Duration) {
 // (unix nanoseconds) or is handing the task a batch.
 func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	in.mu.Lock()
-	live := in.cancelCur != nil && in.current.Replica == in.target.replica
+	live := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt
 	in.mu.Unlock()
 	if !live || in.health.silent.Load() {
 		return false
@@ -382,7 +442,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	for i, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
-			t.inputs[a.Input].retarget(a.Replica, a.AfterID)
+			t.inputs[a.Input].retarget(a.Replica, a.AfterID, a.Attempt)
 		case dcaa.Checkpoint:
 			snap, err := t.op.Snapshot()
 			if err != nil {
@@ -631,11 +691,12 @@ func (d *dcaaRun) mark(ctx context.Context, typ tuple.Type) error {
 }
 
 // retarget makes the input read replica r after id after (the machine's
-// Subscribe): a live attempt elsewhere is cancelled.
-func (in *input) retarget(r int, after uint64) {
+// Subscribe, its attempt number attempt): the live attempt is cancelled
+// (the machine ignores what it still delivers).
+func (in *input) retarget(r int, after, attempt uint64) {
 	in.mu.Lock()
-	in.target = dcaaTarget{set: true, replica: r, after: after, seq: in.target.seq + 1}
-	if in.cancelCur != nil && in.current.Replica != r {
+	in.target = dcaaTarget{set: true, replica: r, after: after, attempt: attempt, seq: in.target.seq + 1}
+	if in.cancelCur != nil {
 		in.cancelCur()
 		in.cancelCur = nil
 	}
@@ -673,6 +734,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			if tg.after < in.sub.LastID() {
 				in.sub.ResumeAfter(tg.after)
 			}
+			in.machineAttempt.Store(tg.attempt)
 			var progressed bool
 			progressed, _, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
@@ -692,7 +754,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			continue // the machine chose another replica meanwhile
 		}
 		log.Debug("subscription failed; the machine chooses again", "err", err, "replica", tg.replica)
-		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx}, ended: -1}) != nil {
+		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx, Attempt: tg.attempt}, ended: -1}) != nil {
 			return
 		}
 		select {

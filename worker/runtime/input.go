@@ -57,6 +57,11 @@ type input struct {
 	// targetWake signals a new one (machine mode only, see dcaa_run.go).
 	target     dcaaTarget
 	targetWake chan struct{}
+	// machineAttempt is the machine's attempt number
+	// (dcaa.Subscribe.Attempt) of the subscription running now: what it
+	// delivers is tagged with it, so the machine ignores a batch that a
+	// subscription it replaced hands over late (machine mode only).
+	machineAttempt atomic.Uint64
 	// health is failure detection's view of the live attempt (DCAA
 	// queries only; see dcaa.go).
 	health inputHealth
