@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/tlsutil"
+	"github.com/fedstream/fedstream/worker/operator"
 )
 
 // Fast snapshot transfer. A snapshot's bytes are the bulk of a move, and
@@ -223,14 +224,14 @@ func (b *bulkServer) close() {
 // serveBulk waits for the connection of an offer and writes the parts
 // (emitted by write) to it, or gives up when ctx ends or nobody came
 // within bulkAcceptTimeout.
-func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func([]byte) error) error) error {
+func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func([]byte) error) error) (firstSent time.Time, _ error) {
 	var conn net.Conn
 	select {
 	case conn = <-conns:
 	case <-ctx.Done():
-		return ctx.Err()
+		return firstSent, ctx.Err()
 	case <-time.After(bulkAcceptTimeout):
-		return errors.New("the fetching worker did not connect for the snapshot's bytes")
+		return firstSent, errors.New("the fetching worker did not connect for the snapshot's bytes")
 	}
 	defer conn.Close()
 	// A call that ends (the caller gave up) unblocks a write.
@@ -239,6 +240,9 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 	if err := write(func(p []byte) error {
 		for len(p) > 0 {
 			n := min(len(p), bulkWriteBytes)
+			if firstSent.IsZero() {
+				firstSent = time.Now()
+			}
 			if _, err := conn.Write(p[:n]); err != nil {
 				return err
 			}
@@ -246,12 +250,12 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 		}
 		return nil
 	}); err != nil {
-		return err
+		return firstSent, err
 	}
 	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
+		return firstSent, cw.CloseWrite()
 	}
-	return nil
+	return firstSent, nil
 }
 
 // ServeBulk makes the runtime serve snapshots over connections accepted
@@ -308,9 +312,15 @@ func newBulkClient(o BulkOptions) *bulkClient {
 // fetch is then made again without asking for one.
 var errBulkConnect = errors.New("cannot connect for the snapshot's bytes")
 
+// bulkNotifyBytes is how far the bytes received may run ahead of what an
+// Incoming was told has arrived: a few TLS records, so that a restore
+// decoding them is woken per batch of records rather than per record.
+const bulkNotifyBytes = 64 << 10
+
 // receive connects to port on workerAddr's host, presents token and reads
-// exactly len(dst) bytes into dst.
-func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte) error {
+// exactly len(dst) bytes into dst, telling in (when not nil, over dst) as
+// they arrive and fo (when not nil) when the first and last came.
+func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, in *operator.Incoming, fo *fetchOpts) error {
 	host, _, err := net.SplitHostPort(workerAddr)
 	if err != nil {
 		return fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
@@ -344,11 +354,37 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	if _, err := conn.Write(token); err != nil {
 		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}
-	if _, err := io.ReadFull(conn, dst); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	got, told := 0, 0
+	for got < len(dst) {
+		n, err := conn.Read(dst[got:])
+		if n > 0 && got == 0 && fo != nil {
+			fo.firstByte = time.Now()
 		}
-		return fmt.Errorf("%w: %d bytes over the bulk connection: %w", ErrSnapshotTransfer, len(dst), err)
+		got += n
+		if in != nil && (got-told >= bulkNotifyBytes || got == len(dst)) {
+			in.Arrived(got)
+			told = got
+		}
+		if got == len(dst) {
+			break
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			} else {
+				err = fmt.Errorf("%w: %d of %d bytes over the bulk connection: %w", ErrSnapshotTransfer, got, len(dst), err)
+			}
+			if in != nil {
+				in.Fail(err)
+			}
+			return err
+		}
+	}
+	if fo != nil {
+		fo.lastByte = time.Now()
 	}
 	return nil
 }

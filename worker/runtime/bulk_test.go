@@ -63,7 +63,7 @@ func TestFetchSnapshotBulk(t *testing.T) {
 		{"not asked", BulkOptions{Disabled: true}, 1},
 	} {
 		fetcher := New(Options{Logger: log, Pool: c.pool, Bulk: tc.bulk})
-		got, err := fetcher.fetchSnapshot(ctx, conn, w.addr, req)
+		got, err := fetcher.fetchSnapshot(ctx, conn, w.addr, req, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -195,16 +195,17 @@ func TestBulkTLS(t *testing.T) {
 		}
 		served := make(chan error, 1)
 		go func() {
-			served <- serveBulk(ctx, conns, func(emit func([]byte) error) error {
+			_, err := serveBulk(ctx, conns, func(emit func([]byte) error) error {
 				if err := emit(data[:1<<20]); err != nil {
 					return err
 				}
 				return emit(data[1<<20:])
 			})
+			served <- err
 		}()
 		cli := newBulkClient(BulkOptions{ClientTLS: creds(tc.role, "fetcher").ClientConfig(workers)})
 		dst := make([]byte, len(data))
-		err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst)
+		err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst, nil, nil)
 		if tc.ok && (err != nil || !bytes.Equal(dst, data)) {
 			t.Fatalf("worker certificate: %v (equal %v)", err, bytes.Equal(dst, data))
 		}
@@ -240,7 +241,7 @@ func TestServeBulkWritesInPieces(t *testing.T) {
 	conns := make(chan net.Conn, 1)
 	conns <- conn
 	part := make([]byte, 5*bulkWriteBytes+7)
-	if err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
+	if _, err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
 		t.Fatal(err)
 	}
 	total := 0

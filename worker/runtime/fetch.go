@@ -108,6 +108,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return emit(rest)
 	}
 	chunks := 0
+	var firstSent time.Time
 	bsrv := s.r.bulkSrv.Load()
 	bulk := req.Bulk && bsrv != nil
 	if bulk {
@@ -121,7 +122,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
 			return err
 		}
-		if err := serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
+		if firstSent, err = serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
 			if status.Code(err) == codes.Internal {
 				return err
 			}
@@ -138,6 +139,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 				if first {
 					chunk.TotalBytes = uint64(total)
 					first = false
+					firstSent = time.Now()
 				}
 				if err := stream.Send(chunk); err != nil {
 					return err
@@ -153,7 +155,9 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if bulk {
 		s.r.bulkServed.Add(1)
 	}
-	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: time.Since(prepared)})
+	lastSent := time.Now()
+	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: lastSent.Sub(prepared),
+		Began: began, Captured: captured, Prepared: prepared, FirstSent: firstSent, LastSent: lastSent})
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
 	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "bulk", bulk, "took", time.Since(began),
@@ -212,22 +216,46 @@ func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 // come over the call's stream (Runtime fetches them over a connection of
 // their own where the serving worker offers one: fetchSnapshot).
 func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
-	return fetchSnapshot(ctx, conn, "", req, nil)
+	return fetchSnapshot(ctx, conn, "", req, nil, nil)
 }
 
 // fetchSnapshot is FetchSnapshot from the worker at addr asking, with
 // bulk, for the bytes over a connection of their own (bulk.go). When that
 // connection cannot be made, it fetches again over the stream.
-func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
-	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli)
+func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, fo *fetchOpts) (*TaskSnapshot, error) {
+	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli, fo)
 	if errors.Is(err, errBulkConnect) && ctx.Err() == nil {
 		r.log.Warn("fast snapshot transfer failed: fetching over the data plane stream", "task", req.TaskId, "worker", addr, "err", err)
-		snap, err = fetchSnapshot(ctx, conn, addr, req, nil)
+		snap, err = fetchSnapshot(ctx, conn, addr, req, nil, fo)
+	}
+	if fo != nil && fo.earlyErr != nil && err == nil {
+		r.log.Warn("restoring the operator state while it arrived failed: restoring it from the whole snapshot", "task", req.TaskId, "err", fo.earlyErr)
 	}
 	return snap, err
 }
 
-func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient) (*TaskSnapshot, error) {
+// fetchOpts are what a bootstrap adds to a fetch (all optional): restoring
+// the operator state while it arrives, and when the bytes came.
+type fetchOpts struct {
+	// restore, when set, runs on a goroutine of its own once the bytes
+	// start to come over a bulk connection, and restores the task's
+	// operators from them as they arrive (restoreEarly). What it returns
+	// is the snapshot's early when the fetch succeeds; its error (earlyErr)
+	// only means the task restores from the whole snapshot instead.
+	restore func(in *operator.Incoming) (*earlyOp, error)
+
+	// Set by the fetch (the last attempt): the first and last byte of the
+	// snapshot arrived, it was decoded (its operator state installed, when
+	// early), earlyErr why restoring while it arrived failed.
+	firstByte, lastByte, decoded time.Time
+	earlyErr                     error
+}
+
+// errFetchEnded ends the wait of an early restore for bytes that will not
+// come: the fetch gave up.
+var errFetchEnded = errors.New("snapshot fetch ended")
+
+func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient, fo *fetchOpts) (*TaskSnapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req = proto.CloneOf(req)
@@ -240,6 +268,12 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	// enc, allocated at the announced size.
 	chunk := dataplane.SnapshotChunkInto{MaxBytes: MaxFetchedSnapshotBytes}
 	var total uint64
+	if fo != nil {
+		fo.firstByte, fo.lastByte, fo.decoded, fo.earlyErr = time.Time{}, time.Time{}, time.Time{}, nil
+	}
+	// waitEarly waits for the restore of the operator state while it
+	// arrived (fetchOpts.restore), when one runs.
+	var waitEarly func() (*earlyOp, error)
 
 	for first := true; ; first = false {
 		err := stream.RecvMsg(&chunk)
@@ -259,6 +293,9 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 			total = chunk.TotalBytes
 		}
 		if chunk.BulkPort == 0 {
+			if fo != nil && len(chunk.Dst) > 0 && fo.firstByte.IsZero() {
+				fo.firstByte = time.Now()
+			}
 			continue
 		}
 		// The bytes come over a connection of their own: only the first
@@ -267,7 +304,29 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 			return nil, fmt.Errorf("%w: %s: unexpected offer of a bulk connection", ErrSnapshotTransfer, req.TaskId)
 		}
 		dst := chunk.Dst[:total]
-		if err := bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst); err != nil {
+		var in *operator.Incoming
+		if fo != nil && fo.restore != nil {
+			// The operator state is restored while it arrives, on a
+			// goroutine that ends once every byte is there or the fetch
+			// gives up (Fail); the fetch waits for it before it returns.
+			in = operator.NewIncoming(dst)
+			done := make(chan struct{})
+			var op *earlyOp
+			var opErr error
+			go func() {
+				defer close(done)
+				op, opErr = fo.restore(in)
+			}()
+			defer func() {
+				in.Fail(errFetchEnded)
+				<-done
+			}()
+			waitEarly = func() (*earlyOp, error) {
+				<-done
+				return op, opErr
+			}
+		}
+		if err := bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst, in, fo); err != nil {
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
 		chunk.Dst = dst
@@ -284,6 +343,9 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		break
 	}
 	enc := chunk.Dst
+	if fo != nil && fo.lastByte.IsZero() {
+		fo.lastByte = time.Now()
+	}
 	if uint64(len(enc)) != total || total == 0 {
 		return nil, fmt.Errorf("%w: %s: %d of %d bytes", ErrSnapshotTransfer, req.TaskId, len(enc), total)
 	}
@@ -294,5 +356,19 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
 	snap.opOwned = true
+	if waitEarly != nil {
+		early, err := waitEarly()
+		switch {
+		case err != nil:
+			fo.earlyErr = err
+		case early != nil && early.opSize != len(snap.Operator):
+			fo.earlyErr = fmt.Errorf("%w: operator state of %d bytes restored while it arrived, %d in the snapshot", ErrBadTaskSnapshot, early.opSize, len(snap.Operator))
+		default:
+			snap.early = early
+		}
+	}
+	if fo != nil {
+		fo.decoded = time.Now()
+	}
 	return &snap, nil
 }
