@@ -914,7 +914,12 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 	case aggCountDistinct:
 		n := d.count(1)
 		if n > 0 {
-			acc.distinct = make(map[string]struct{}, n)
+			// Room to grow: a restored task goes on adding members (a
+			// moved copy catching up adds to every open window at once),
+			// and a set made for exactly n would soon grow, rehashing
+			// every member (BenchmarkProcessAfterRestore: a third more
+			// CPU for a moved copy's first 200 ms of input).
+			acc.distinct = make(map[string]struct{}, n+n/4+8)
 		}
 		for range n {
 			acc.distinct[d.str()] = struct{}{}
