@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -318,12 +319,16 @@ var errBulkConnect = errors.New("cannot connect for the snapshot's bytes")
 const bulkNotifyBytes = 64 << 10
 
 // receive connects to port on workerAddr's host, presents token and reads
-// exactly len(dst) bytes into dst, telling in (when not nil, over dst) as
-// they arrive and fo (when not nil) when the first and last came.
-func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, in *operator.Incoming, fo *fetchOpts) error {
+// exactly len(dst) bytes into dst; with dst nil (an inline offer), first
+// their size (8 bytes, big-endian, at most MaxFetchedSnapshotBytes) and
+// then the bytes into a buffer of that size. It returns the buffer.
+// started, when not nil, is called with the buffer before the first byte
+// of it is read, and returns an Incoming over it to tell as the bytes
+// arrive (or nil); fo (when not nil) learns when the first and last came.
+func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, started func([]byte) *operator.Incoming, fo *fetchOpts) ([]byte, error) {
 	host, _, err := net.SplitHostPort(workerAddr)
 	if err != nil {
-		return fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
+		return nil, fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
 	}
 	addr := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	// A port that a firewall drops silently must not hold the fetch for
@@ -332,7 +337,7 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	raw, err := c.dial(dctx, addr)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}
 	conn := raw
 	if c.cfg != nil {
@@ -344,7 +349,7 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 		cancel()
 		if err != nil {
 			_ = raw.Close()
-			return fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
+			return nil, fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
 		}
 		conn = tc
 	}
@@ -352,7 +357,25 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	if _, err := conn.Write(token); err != nil {
-		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+	}
+	if dst == nil {
+		var size [8]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: the size over the bulk connection: %w", ErrSnapshotTransfer, err)
+		}
+		n := binary.BigEndian.Uint64(size[:])
+		if n == 0 || n > MaxFetchedSnapshotBytes {
+			return nil, fmt.Errorf("%w: announced size %d", ErrSnapshotTransfer, n)
+		}
+		dst = make([]byte, n)
+	}
+	var in *operator.Incoming
+	if started != nil {
+		in = started(dst)
 	}
 	got, told := 0, 0
 	for got < len(dst) {
@@ -380,11 +403,11 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 			if in != nil {
 				in.Fail(err)
 			}
-			return err
+			return nil, err
 		}
 	}
 	if fo != nil {
 		fo.lastByte = time.Now()
 	}
-	return nil
+	return dst, nil
 }

@@ -17,6 +17,9 @@ import (
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestFetchSnapshotBulk: a worker that offers fast snapshot transfer sends
@@ -80,6 +83,21 @@ func TestFetchSnapshotBulk(t *testing.T) {
 	}
 	if n := w.rt.SnapshotsServed(); n != 4 {
 		t.Fatalf("SnapshotsServed = %d, want 4", n)
+	}
+	// The offer of a bulk connection goes out before the snapshot is
+	// taken (the size follows on the connection): a refusal after it (a
+	// halted task cannot be snapshotted again live) reaches the fetcher as
+	// the serving worker's answer, not as a broken transfer to retry.
+	fetcher := New(Options{Logger: log, Pool: c.pool})
+	defer fetcher.Close(ctx)
+	halt := proto.CloneOf(req)
+	halt.Halt = true
+	if _, err := fetcher.fetchSnapshot(ctx, conn, w.addr, halt, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fetcher.fetchSnapshot(ctx, conn, w.addr, req, nil)
+	if status.Code(err) != codes.FailedPrecondition || retryableFetch(err) {
+		t.Fatalf("live snapshot of a halted task: %v, want FailedPrecondition (not retryable)", err)
 	}
 }
 
@@ -205,7 +223,7 @@ func TestBulkTLS(t *testing.T) {
 		}()
 		cli := newBulkClient(BulkOptions{ClientTLS: creds(tc.role, "fetcher").ClientConfig(workers)})
 		dst := make([]byte, len(data))
-		err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst, nil, nil)
+		dst, err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst, nil, nil)
 		if tc.ok && (err != nil || !bytes.Equal(dst, data)) {
 			t.Fatalf("worker certificate: %v (equal %v)", err, bytes.Equal(dst, data))
 		}

@@ -35,9 +35,10 @@ func (c *cutConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	c.got = append(c.got, p[:n]...)
-	if c.limit == 0 {
-		if off, size, has, herr := snapshotHead(c.got); herr == nil && has {
-			c.limit = max(off+size/2, len(c.got))
+	// The snapshot follows its size (8 bytes: the offer is inline).
+	if c.limit == 0 && len(c.got) > 8 {
+		if off, size, has, herr := snapshotHead(c.got[8:]); herr == nil && has {
+			c.limit = max(8+off+size/2, len(c.got))
 			c.opSize.Store(int64(size))
 		}
 	}

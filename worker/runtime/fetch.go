@@ -2,9 +2,11 @@ package runtime
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,6 +58,29 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
 	began := time.Now()
+	bsrv := s.r.bulkSrv.Load()
+	bulk := req.Bulk && bsrv != nil
+	// inline: the offer goes out first, the size comes on the connection,
+	// so the caller connects (TLS handshake included) while the state is
+	// captured and sized.
+	inline := bulk && req.BulkSizeInline
+	var (
+		token   []byte
+		conns   <-chan net.Conn
+		release func()
+	)
+	if bulk {
+		var err error
+		if token, conns, release, err = bsrv.offer(); err != nil {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		defer release()
+	}
+	if inline {
+		if err := stream.Send(&fedstreampb.SnapshotChunk{BulkPort: bsrv.port, BulkToken: token}); err != nil {
+			return err
+		}
+	}
 	snap, prepare, err := t.capture(ctx, SnapshotOptions{Halt: req.Halt})
 	captured := time.Now()
 	var enc *operator.Encoding
@@ -109,20 +134,23 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	}
 	chunks := 0
 	var firstSent time.Time
-	bsrv := s.r.bulkSrv.Load()
-	bulk := req.Bulk && bsrv != nil
 	if bulk {
-		// Over a connection of its own (bulk.go): the offer, then the
-		// bytes there.
-		token, conns, cancel, err := bsrv.offer()
-		if err != nil {
-			return status.Error(codes.Unavailable, err.Error())
+		// Over a connection of its own (bulk.go): the offer (made above
+		// when inline), then the bytes there, after their size when
+		// inline.
+		if !inline {
+			if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
+				return err
+			}
 		}
-		defer cancel()
-		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
-			return err
-		}
-		if firstSent, err = serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
+		if firstSent, err = serveBulk(ctx, conns, func(emit func([]byte) error) error {
+			if inline {
+				if err := emit(binary.BigEndian.AppendUint64(nil, uint64(total))); err != nil {
+					return err
+				}
+			}
+			return write(emit, true)
+		}); err != nil {
 			if status.Code(err) == codes.Internal {
 				return err
 			}
@@ -260,6 +288,7 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	defer cancel()
 	req = proto.CloneOf(req)
 	req.Bulk = bulk != nil
+	req.BulkSizeInline = bulk != nil
 	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req, dataplane.SnapshotCallOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
@@ -272,8 +301,14 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		fo.firstByte, fo.lastByte, fo.decoded, fo.earlyErr = time.Time{}, time.Time{}, time.Time{}, nil
 	}
 	// waitEarly waits for the restore of the operator state while it
-	// arrived (fetchOpts.restore), when one runs.
+	// arrived (fetchOpts.restore), when one runs; stopEarly ends it.
 	var waitEarly func() (*earlyOp, error)
+	var stopEarly func()
+	defer func() {
+		if stopEarly != nil {
+			stopEarly()
+		}
+	}()
 
 	for first := true; ; first = false {
 		err := stream.RecvMsg(&chunk)
@@ -286,7 +321,10 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		if err != nil {
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
-		if first && (chunk.TotalBytes == 0 || chunk.Dst == nil) {
+		// An offer of a bulk connection may leave the size to it (asked
+		// for with BulkSizeInline).
+		inline := first && chunk.BulkPort != 0 && chunk.TotalBytes == 0 && chunk.Dst == nil
+		if first && !inline && (chunk.TotalBytes == 0 || chunk.Dst == nil) {
 			return nil, fmt.Errorf("%w: %s: announced size %d", ErrSnapshotTransfer, req.TaskId, chunk.TotalBytes)
 		}
 		if first {
@@ -303,32 +341,50 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		if !first || bulk == nil || len(chunk.Dst) != 0 {
 			return nil, fmt.Errorf("%w: %s: unexpected offer of a bulk connection", ErrSnapshotTransfer, req.TaskId)
 		}
-		dst := chunk.Dst[:total]
-		var in *operator.Incoming
+		var dst []byte
+		if !inline {
+			dst = chunk.Dst[:total]
+		}
+		// started is called once the buffer is there: the operator state
+		// is then restored while it arrives (fetchOpts.restore), on a
+		// goroutine that ends once every byte is there or the fetch gives
+		// up (Fail); the fetch waits for it before it returns.
+		var started func(dst []byte) *operator.Incoming
 		if fo != nil && fo.restore != nil {
-			// The operator state is restored while it arrives, on a
-			// goroutine that ends once every byte is there or the fetch
-			// gives up (Fail); the fetch waits for it before it returns.
-			in = operator.NewIncoming(dst)
-			done := make(chan struct{})
-			var op *earlyOp
-			var opErr error
-			go func() {
-				defer close(done)
-				op, opErr = fo.restore(in)
-			}()
-			defer func() {
-				in.Fail(errFetchEnded)
-				<-done
-			}()
-			waitEarly = func() (*earlyOp, error) {
-				<-done
-				return op, opErr
+			started = func(dst []byte) *operator.Incoming {
+				in := operator.NewIncoming(dst)
+				done := make(chan struct{})
+				var op *earlyOp
+				var opErr error
+				go func() {
+					defer close(done)
+					op, opErr = fo.restore(in)
+				}()
+				stopEarly = func() {
+					in.Fail(errFetchEnded)
+					<-done
+				}
+				waitEarly = func() (*earlyOp, error) {
+					<-done
+					return op, opErr
+				}
+				return in
 			}
 		}
-		if err := bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst, in, fo); err != nil {
+		dst, err = bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst, started, fo)
+		if err != nil {
+			if !errors.Is(err, errBulkConnect) && ctx.Err() == nil {
+				// The serving worker may have refused after its offer
+				// (an inline offer goes out before the snapshot is
+				// taken): its answer says why.
+				var extra dataplane.SnapshotChunkInto
+				if serr := stream.RecvMsg(&extra); serr != nil && !errors.Is(serr, io.EOF) && status.Code(serr) != codes.Unavailable {
+					return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, serr)
+				}
+			}
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
+		total = uint64(len(dst))
 		chunk.Dst = dst
 		// The call ends once the server has written everything; an
 		// error there (or more data) means the bytes are not to be
