@@ -300,8 +300,8 @@ func TestPinAcknowledgesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A holder keeps the buffer from here: the registration's first
-	// batch then carries many tuples.
+	// A holder keeps the buffer from here: the registration finds many
+	// tuples it must neither read nor acknowledge.
 	buf.Register("holder")
 	waitUntil(t, "the upstream holds tuples", func() bool { return buf.Stats().Tuples > 500 })
 	oldest := buf.Stats().OldestID
