@@ -3603,9 +3603,14 @@ type FetchSnapshotRequest struct {
 	// their own (fast snapshot transfer): a server that offers it answers
 	// with one SnapshotChunk carrying bulk_port and bulk_token instead of
 	// the data.
-	Bulk          bool `protobuf:"varint,245,opt,name=bulk,proto3" json:"bulk,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Bulk bool `protobuf:"varint,245,opt,name=bulk,proto3" json:"bulk,omitempty"`
+	// With bulk: the caller also takes an offer made before the snapshot is
+	// taken, without total_bytes, the size then coming first on the bulk
+	// connection (8 bytes, big-endian): it connects while the serving
+	// worker captures and sizes the state.
+	BulkSizeInline bool `protobuf:"varint,320,opt,name=bulk_size_inline,json=bulkSizeInline,proto3" json:"bulk_size_inline,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FetchSnapshotRequest) Reset() {
@@ -3669,6 +3674,13 @@ func (x *FetchSnapshotRequest) GetHalt() bool {
 func (x *FetchSnapshotRequest) GetBulk() bool {
 	if x != nil {
 		return x.Bulk
+	}
+	return false
+}
+
+func (x *FetchSnapshotRequest) GetBulkSizeInline() bool {
+	if x != nil {
+		return x.BulkSizeInline
 	}
 	return false
 }
@@ -7411,7 +7423,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05R\n" +
-	"generation\"\x8e\x01\n" +
+	"generation\"\xb9\x01\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
@@ -7419,7 +7431,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
 	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x13\n" +
-	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\"g\n" +
+	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\x12)\n" +
+	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\"g\n" +
 	"\x11ScaleQueryRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +

@@ -136,6 +136,14 @@ type MoveResult struct {
 	LiveBulk          bool    `json:"live_bulk"`
 	StopCopyCaptureMs float64 `json:"stopcopy_capture_ms"`
 	StopCopySendMs    float64 `json:"stopcopy_send_ms"`
+	// LivePhasesMs splits the live move into consecutive phases, from the
+	// request to the old copy stopped (they add up to LiveMoveMs), from
+	// the instants the two workers recorded (one machine, one clock).
+	LivePhasesMs *MovePhases `json:"live_phases_ms,omitempty"`
+	// LiveStreamed says whether the new copy restored the operator state
+	// while its bytes arrived (runtime: restoring while the snapshot
+	// arrives) rather than after the last one.
+	LiveStreamed bool `json:"live_streamed"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
 	Lost       int `json:"lost"`
@@ -144,6 +152,48 @@ type MoveResult struct {
 	// Rate is the source's records per second; Records its input.
 	Rate    int   `json:"rate"`
 	Records int64 `json:"records"`
+}
+
+// MovePhases are the consecutive phases of a live move, in milliseconds.
+type MovePhases struct {
+	// Apply: the request reached the new copy's worker; Pin: it
+	// registered with the upstreams; Snapshot: the fetch reached the old
+	// copy, which was held while its state was captured; Prepare: the
+	// captured state was sorted and sized; Connect: the transfer was
+	// offered and its connection made, until the first byte was written;
+	// Transfer: until the last byte arrived; Decode: until the snapshot
+	// was decoded with its operator state installed (restored while the
+	// bytes arrived, or after them); Restore: the task built from it;
+	// Start: the task started (its inputs subscribe); CatchUp: the new
+	// copy produced what the old copy has; Switch: every consumer told
+	// to read the new copy; Stop: the old copy stopped.
+	Apply    float64 `json:"apply"`
+	Pin      float64 `json:"pin"`
+	Snapshot float64 `json:"snapshot"`
+	Prepare  float64 `json:"prepare"`
+	Connect  float64 `json:"connect"`
+	Transfer float64 `json:"transfer"`
+	Decode   float64 `json:"decode"`
+	Restore  float64 `json:"restore"`
+	Start    float64 `json:"start"`
+	CatchUp  float64 `json:"catch_up"`
+	Switch   float64 `json:"switch"`
+	Stop     float64 `json:"stop"`
+}
+
+// livePhases splits a move into MovePhases from its instants, the new
+// copy's bootstrap and the old copy's serving; nil when an instant is
+// missing (a worker that recorded none).
+func livePhases(mv moveTimes, b runtime.BootstrapTiming, sv runtime.ServeTiming) *MovePhases {
+	at := []time.Time{mv.start, b.Began, b.Pinned, sv.Captured, sv.Prepared, sv.FirstSent, b.LastByte, b.Decoded, b.Restored, b.Started, mv.caughtUp, mv.switched, mv.stopped}
+	for _, t := range at {
+		if t.IsZero() {
+			return nil
+		}
+	}
+	d := func(i int) float64 { return ms(at[i+1].Sub(at[i])) }
+	return &MovePhases{Apply: d(0), Pin: d(1), Snapshot: d(2), Prepare: d(3), Connect: d(4), Transfer: d(5), Decode: d(6),
+		Restore: d(7), Start: d(8), CatchUp: d(9), Switch: d(10), Stop: d(11)}
 }
 
 // moveBench is one run's three worker processes: w0 runs the source and
@@ -268,8 +318,10 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	if err != nil {
 		return nil, err
 	}
+	var liveBoot runtime.BootstrapTiming
 	if b := boot.Bootstrap; b != nil {
-		res.LivePinMs, res.LiveFetchMs, res.LiveRestoreMs = ms(b.Pin), ms(b.Fetch), ms(b.Restore)
+		liveBoot = *b
+		res.LivePinMs, res.LiveFetchMs, res.LiveRestoreMs, res.LiveStreamed = ms(b.Pin), ms(b.Fetch), ms(b.Restore), b.Streamed
 	}
 	if err := sleepCtx(ctx, cfg.Settle); err != nil {
 		return nil, err
@@ -297,6 +349,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	}
 	if sv := st.Served; sv != nil {
 		res.LiveCaptureMs, res.LivePrepareMs, res.LiveSendMs, res.LiveBulk = ms(sv.Capture), ms(sv.Prepare), ms(sv.Send), sv.Bulk
+		res.LivePhasesMs = livePhases(live, liveBoot, *sv)
 	}
 	st2, err := m.w[2].call(ctx, request{Op: opStats})
 	if err != nil {

@@ -442,3 +442,35 @@ func TestLeaveForgetsSubscriber(t *testing.T) {
 		t.Fatalf("after its subscription ended: %+v", st)
 	}
 }
+
+// TestRegisterHoldsWithoutReading: Register returns once the producer has
+// registered the subscriber, also when its buffer holds nothing (a
+// registration that waited for a first batch waited for its deadline
+// there), reads and acknowledges nothing, and from then on the buffer
+// keeps what the registered subscriber has not acknowledged.
+func TestRegisterHoldsWithoutReading(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	defer pool.Close()
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ref := &fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}
+	if err := Register(ctx, conn, ref, "down/copy"); err != nil {
+		t.Fatalf("register with an empty buffer: %v", err)
+	}
+	if st := b.Stats(); st.Subscribers != 1 || st.Connected != 0 {
+		t.Fatalf("after the registration: %+v, want one subscriber, none connected", st)
+	}
+	fill(t, b, 1, 10)
+	if st := b.Stats(); st.Tuples != 10 || st.OldestID != 1 {
+		t.Fatalf("the registered subscriber did not hold the buffer: %+v", st)
+	}
+	if err := Register(ctx, conn, &fedstreampb.StreamRef{Query: "q", TaskId: "nope", Consumer: "down"}, "down/copy"); status.Code(err) != codes.NotFound {
+		t.Fatalf("register with an unknown stream: %v, want NotFound", err)
+	}
+}

@@ -728,3 +728,35 @@ func Leave(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.
 	}
 	return nil
 }
+
+// Register makes name a subscriber of the stream ref names on the worker
+// behind conn, from what its buffer holds now, without reading or
+// acknowledging anything: from then on the buffer keeps every tuple name
+// has not acknowledged, for one lease or until a subscription under name
+// acknowledges (a copy of a task registering before its starting
+// snapshot). It is an ack-only subscription that ends at once: it returns
+// nil once the producer's worker has registered name, whether or not the
+// buffer holds anything.
+func Register(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true}); err != nil {
+		return recvError(stream, err)
+	}
+	if err := stream.CloseSend(); err != nil {
+		return err
+	}
+	// The server sends nothing on an ack-only subscription; it ends it
+	// (nil status) once it has read the half-close, after registering.
+	if _, err := stream.Recv(); err != io.EOF {
+		if err == nil {
+			err = errors.New("dataplane: data on an ack-only subscription")
+		}
+		return err
+	}
+	return nil
+}

@@ -666,32 +666,28 @@ func (a *aggregate) encodeViews(watermark int64, late uint64, views []windowView
 	return parts
 }
 
-// prepareViews sorts the windows' groups and count_distinct members and
-// sizes each window's encoding exactly (on GOMAXPROCS goroutines); the
-// Encoding then writes each window into a buffer of that size, windows
-// side by side (each reads only its own groups), so no byte is copied
-// twice and the whole size is known before the first byte is written.
+// prepareViews sizes each window's encoding exactly (on GOMAXPROCS
+// goroutines), which needs no sorting: the size of a set of members does
+// not depend on their order. The Encoding then writes each window into a
+// buffer of that size, windows side by side (each reads only its own
+// groups), sorting its groups and count_distinct members first, so the
+// sorting runs while earlier windows are sent instead of before the
+// first byte; no byte is copied twice and the whole size is known before
+// the first byte is written.
 func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowView) *Encoding {
 	e := newEncoder(a.signature)
 	e.varint(watermark)
 	e.uvarint(late)
 	e.uvarint(uint64(len(views)))
 	head := e.b
-	members := make([][][]string, len(views))
 	sizes := make([]int, len(views))
 	encodeParallel(len(views), func(i int) {
 		v := views[i]
-		// Groups with their keys, sorted: no map lookup per group after
-		// the sort (a third of the time with large state).
-		slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
-		members[i] = make([][]string, len(v.groups)*len(a.specs))
 		size := varintSize(v.start) + uvarintSize(uint64(len(v.groups)))
-		for k, kg := range v.groups {
+		for _, kg := range v.groups {
 			size += uvarintSize(uint64(len(kg.key))) + len(kg.key) + 1
 			for x := range a.specs {
-				sorted := a.sortedMembers(&a.specs[x], &kg.g.accs[x])
-				members[i][k*len(a.specs)+x] = sorted
-				size += a.accSize(&a.specs[x], &kg.g.accs[x], sorted)
+				size += a.accSize(&a.specs[x], &kg.g.accs[x])
 			}
 		}
 		sizes[i] = size
@@ -706,17 +702,22 @@ func (a *aggregate) prepareViews(watermark int64, late uint64, views []windowVie
 		}
 		return writeParallel(len(views), transient, func(i int, buf []byte) []byte {
 			v := views[i]
+			// Groups with their keys, sorted: no map lookup per group
+			// after the sort.
+			slices.SortFunc(v.groups, func(x, y keyedGroup) int { return strings.Compare(x.key, y.key) })
 			if cap(buf) < sizes[i] {
 				buf = bufferOf(sizes[i])
 			}
 			e := encoder{b: buf[:0]}
 			e.varint(v.start)
 			e.uvarint(uint64(len(v.groups)))
-			for k, kg := range v.groups {
+			var members []string
+			for _, kg := range v.groups {
 				e.str(kg.key)
 				e.bool(kg.g.tentative)
 				for x := range a.specs {
-					a.encodeAccMembers(&e, &a.specs[x], &kg.g.accs[x], members[i][k*len(a.specs)+x])
+					members = a.appendSortedMembers(members[:0], &a.specs[x], &kg.g.accs[x])
+					a.encodeAccMembers(&e, &a.specs[x], &kg.g.accs[x], members)
 				}
 			}
 			if len(e.b) != sizes[i] {
@@ -733,7 +734,14 @@ func (a *aggregate) sortedMembers(s *aggSpec, acc *accumulator) []string {
 	if s.fn != aggCountDistinct {
 		return nil
 	}
-	members := make([]string, 0, len(acc.distinct))
+	return a.appendSortedMembers(make([]string, 0, len(acc.distinct)), s, acc)
+}
+
+// appendSortedMembers is sortedMembers appended to members (reused).
+func (a *aggregate) appendSortedMembers(members []string, s *aggSpec, acc *accumulator) []string {
+	if s.fn != aggCountDistinct {
+		return members
+	}
 	for m := range acc.distinct {
 		members = append(members, m)
 	}
@@ -742,7 +750,7 @@ func (a *aggregate) sortedMembers(s *aggSpec, acc *accumulator) []string {
 }
 
 // accSize is the exact size of what encodeAccMembers writes.
-func (a *aggregate) accSize(s *aggSpec, acc *accumulator, members []string) int {
+func (a *aggregate) accSize(s *aggSpec, acc *accumulator) int {
 	size := varintSize(acc.count)
 	switch s.fn {
 	case aggSum, aggAvg:
@@ -754,8 +762,8 @@ func (a *aggregate) accSize(s *aggSpec, acc *accumulator, members []string) int 
 	case aggMin, aggMax:
 		size += valueSize(acc.ext)
 	case aggCountDistinct:
-		size += uvarintSize(uint64(len(members)))
-		for _, m := range members {
+		size += uvarintSize(uint64(len(acc.distinct)))
+		for m := range acc.distinct {
 			size += uvarintSize(uint64(len(m))) + len(m)
 		}
 	}
@@ -914,7 +922,12 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 	case aggCountDistinct:
 		n := d.count(1)
 		if n > 0 {
-			acc.distinct = make(map[string]struct{}, n)
+			// Room to grow: a restored task goes on adding members (a
+			// moved copy catching up adds to every open window at once),
+			// and a set made for exactly n would soon grow, rehashing
+			// every member (BenchmarkProcessAfterRestore: a third more
+			// CPU for a moved copy's first 200 ms of input).
+			acc.distinct = make(map[string]struct{}, n+n/4+8)
 		}
 		for range n {
 			acc.distinct[d.str()] = struct{}{}

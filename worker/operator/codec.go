@@ -217,6 +217,38 @@ type decoder struct {
 	// that one copy, which is freed once none of its strings is held.
 	whole string
 	size  int
+	// end is where b ends in the state: size, unless the state is still
+	// arriving (in set, restoreIncoming), when b holds only what has
+	// arrived and a read beyond it waits for more (more).
+	end   int
+	state []byte
+	in    *view
+}
+
+// off is the position of b in the state.
+func (d *decoder) off() int { return d.end - len(d.b) }
+
+// more waits until at least n bytes past the read position have arrived
+// (fewer at the state's end) and extends b to all that has: false when the
+// state is not arriving or is complete, or its transfer broke off (then
+// d.err says so).
+func (d *decoder) more(n int) bool {
+	if d.in == nil || d.end == d.size || d.err != nil {
+		return false
+	}
+	off := d.off()
+	got, err := d.in.wait(off + n)
+	if got > d.end {
+		d.b, d.end = d.state[off:got], got
+	}
+	if err != nil && got < off+n {
+		if d.err == nil {
+			d.err = err
+		}
+		d.b = nil
+		return false
+	}
+	return true
 }
 
 // newDecoder checks the header against the operator's signature.
@@ -238,7 +270,7 @@ func newDecoderOf(state []byte, signature, whole string) (*decoder, error) {
 	if v := state[len(snapshotMagic)]; v != snapshotVersion {
 		return nil, fmt.Errorf("%w: format version %d, want %d", ErrBadSnapshot, v, snapshotVersion)
 	}
-	d := &decoder{b: state[len(snapshotMagic)+1:], whole: whole, size: len(state)}
+	d := &decoder{b: state[len(snapshotMagic)+1:], whole: whole, size: len(state), end: len(state)}
 	if got := d.str(); d.err != nil || got != signature {
 		return nil, fmt.Errorf("%w: taken from operator %q, restoring into %q", ErrBadSnapshot, got, signature)
 	}
@@ -254,6 +286,9 @@ func (d *decoder) fail(what string) {
 
 func (d *decoder) uvarint() uint64 {
 	v, n := binary.Uvarint(d.b)
+	if n == 0 && d.more(binary.MaxVarintLen64) {
+		v, n = binary.Uvarint(d.b)
+	}
 	if n <= 0 {
 		d.fail("unsigned integer")
 		return 0
@@ -273,7 +308,7 @@ func (d *decoder) count(minSize int) int {
 	if minSize < 1 {
 		minSize = 1
 	}
-	if v > uint64(len(d.b)/minSize) {
+	if v > uint64((d.size-d.off())/minSize) {
 		d.fail("collection length")
 		return 0
 	}
@@ -282,6 +317,9 @@ func (d *decoder) count(minSize int) int {
 
 func (d *decoder) varint() int64 {
 	v, n := binary.Varint(d.b)
+	if n == 0 && d.more(binary.MaxVarintLen64) {
+		v, n = binary.Varint(d.b)
+	}
 	if n <= 0 {
 		d.fail("integer")
 		return 0
@@ -291,7 +329,7 @@ func (d *decoder) varint() int64 {
 }
 
 func (d *decoder) byte() byte {
-	if len(d.b) < 1 {
+	if len(d.b) < 1 && !d.more(1) || len(d.b) < 1 {
 		d.fail("byte")
 		return 0
 	}
@@ -303,7 +341,7 @@ func (d *decoder) byte() byte {
 func (d *decoder) bool() bool { return d.byte() != 0 }
 
 func (d *decoder) f64() float64 {
-	if len(d.b) < 8 {
+	if len(d.b) < 8 && !d.more(8) || len(d.b) < 8 {
 		d.fail("float")
 		return 0
 	}
@@ -317,12 +355,12 @@ func (d *decoder) str() string {
 	if d.err != nil {
 		return ""
 	}
-	if n > uint64(len(d.b)) {
+	if n > uint64(len(d.b)) && (n > uint64(d.size-d.off()) || !d.more(int(n)) || n > uint64(len(d.b))) {
 		d.fail("string")
 		return ""
 	}
 	var s string
-	if off := d.size - len(d.b); d.whole != "" {
+	if off := d.off(); d.whole != "" {
 		s = d.whole[off : off+int(n)] // the snapshot buffer may be reused: never alias it
 	} else {
 		s = string(d.b[:n])
@@ -356,8 +394,8 @@ func (d *decoder) finish() error {
 	if d.err != nil {
 		return d.err
 	}
-	if len(d.b) != 0 {
-		return fmt.Errorf("%w: %d trailing bytes", ErrBadSnapshot, len(d.b))
+	if n := d.size - d.off(); n != 0 {
+		return fmt.Errorf("%w: %d trailing bytes", ErrBadSnapshot, n)
 	}
 	return nil
 }

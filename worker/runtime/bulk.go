@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/tlsutil"
+	"github.com/fedstream/fedstream/worker/operator"
 )
 
 // Fast snapshot transfer. A snapshot's bytes are the bulk of a move, and
@@ -223,14 +225,14 @@ func (b *bulkServer) close() {
 // serveBulk waits for the connection of an offer and writes the parts
 // (emitted by write) to it, or gives up when ctx ends or nobody came
 // within bulkAcceptTimeout.
-func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func([]byte) error) error) error {
+func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func([]byte) error) error) (firstSent time.Time, _ error) {
 	var conn net.Conn
 	select {
 	case conn = <-conns:
 	case <-ctx.Done():
-		return ctx.Err()
+		return firstSent, ctx.Err()
 	case <-time.After(bulkAcceptTimeout):
-		return errors.New("the fetching worker did not connect for the snapshot's bytes")
+		return firstSent, errors.New("the fetching worker did not connect for the snapshot's bytes")
 	}
 	defer conn.Close()
 	// A call that ends (the caller gave up) unblocks a write.
@@ -239,6 +241,9 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 	if err := write(func(p []byte) error {
 		for len(p) > 0 {
 			n := min(len(p), bulkWriteBytes)
+			if firstSent.IsZero() {
+				firstSent = time.Now()
+			}
 			if _, err := conn.Write(p[:n]); err != nil {
 				return err
 			}
@@ -246,12 +251,12 @@ func serveBulk(ctx context.Context, conns <-chan net.Conn, write func(emit func(
 		}
 		return nil
 	}); err != nil {
-		return err
+		return firstSent, err
 	}
 	if cw, ok := conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
+		return firstSent, cw.CloseWrite()
 	}
-	return nil
+	return firstSent, nil
 }
 
 // ServeBulk makes the runtime serve snapshots over connections accepted
@@ -308,12 +313,22 @@ func newBulkClient(o BulkOptions) *bulkClient {
 // fetch is then made again without asking for one.
 var errBulkConnect = errors.New("cannot connect for the snapshot's bytes")
 
+// bulkNotifyBytes is how far the bytes received may run ahead of what an
+// Incoming was told has arrived: a few TLS records, so that a restore
+// decoding them is woken per batch of records rather than per record.
+const bulkNotifyBytes = 64 << 10
+
 // receive connects to port on workerAddr's host, presents token and reads
-// exactly len(dst) bytes into dst.
-func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte) error {
+// exactly len(dst) bytes into dst; with dst nil (an inline offer), first
+// their size (8 bytes, big-endian, at most MaxFetchedSnapshotBytes) and
+// then the bytes into a buffer of that size. It returns the buffer.
+// started, when not nil, is called with the buffer before the first byte
+// of it is read, and returns an Incoming over it to tell as the bytes
+// arrive (or nil); fo (when not nil) learns when the first and last came.
+func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, started func([]byte) *operator.Incoming, fo *fetchOpts) ([]byte, error) {
 	host, _, err := net.SplitHostPort(workerAddr)
 	if err != nil {
-		return fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
+		return nil, fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
 	}
 	addr := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	// A port that a firewall drops silently must not hold the fetch for
@@ -322,7 +337,7 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	raw, err := c.dial(dctx, addr)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}
 	conn := raw
 	if c.cfg != nil {
@@ -334,7 +349,7 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 		cancel()
 		if err != nil {
 			_ = raw.Close()
-			return fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
+			return nil, fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
 		}
 		conn = tc
 	}
@@ -342,13 +357,57 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
 	defer stop()
 	if _, err := conn.Write(token); err != nil {
-		return fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}
-	if _, err := io.ReadFull(conn, dst); err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
+	if dst == nil {
+		var size [8]byte
+		if _, err := io.ReadFull(conn, size[:]); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("%w: the size over the bulk connection: %w", ErrSnapshotTransfer, err)
 		}
-		return fmt.Errorf("%w: %d bytes over the bulk connection: %w", ErrSnapshotTransfer, len(dst), err)
+		n := binary.BigEndian.Uint64(size[:])
+		if n == 0 || n > MaxFetchedSnapshotBytes {
+			return nil, fmt.Errorf("%w: announced size %d", ErrSnapshotTransfer, n)
+		}
+		dst = make([]byte, n)
 	}
-	return nil
+	var in *operator.Incoming
+	if started != nil {
+		in = started(dst)
+	}
+	got, told := 0, 0
+	for got < len(dst) {
+		n, err := conn.Read(dst[got:])
+		if n > 0 && got == 0 && fo != nil {
+			fo.firstByte = time.Now()
+		}
+		got += n
+		if in != nil && (got-told >= bulkNotifyBytes || got == len(dst)) {
+			in.Arrived(got)
+			told = got
+		}
+		if got == len(dst) {
+			break
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			} else {
+				err = fmt.Errorf("%w: %d of %d bytes over the bulk connection: %w", ErrSnapshotTransfer, got, len(dst), err)
+			}
+			if in != nil {
+				in.Fail(err)
+			}
+			return nil, err
+		}
+	}
+	if fo != nil {
+		fo.lastByte = time.Now()
+	}
+	return dst, nil
 }

@@ -17,6 +17,9 @@ import (
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // TestFetchSnapshotBulk: a worker that offers fast snapshot transfer sends
@@ -63,7 +66,7 @@ func TestFetchSnapshotBulk(t *testing.T) {
 		{"not asked", BulkOptions{Disabled: true}, 1},
 	} {
 		fetcher := New(Options{Logger: log, Pool: c.pool, Bulk: tc.bulk})
-		got, err := fetcher.fetchSnapshot(ctx, conn, w.addr, req)
+		got, err := fetcher.fetchSnapshot(ctx, conn, w.addr, req, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -80,6 +83,21 @@ func TestFetchSnapshotBulk(t *testing.T) {
 	}
 	if n := w.rt.SnapshotsServed(); n != 4 {
 		t.Fatalf("SnapshotsServed = %d, want 4", n)
+	}
+	// The offer of a bulk connection goes out before the snapshot is
+	// taken (the size follows on the connection): a refusal after it (a
+	// halted task cannot be snapshotted again live) reaches the fetcher as
+	// the serving worker's answer, not as a broken transfer to retry.
+	fetcher := New(Options{Logger: log, Pool: c.pool})
+	defer fetcher.Close(ctx)
+	halt := proto.CloneOf(req)
+	halt.Halt = true
+	if _, err := fetcher.fetchSnapshot(ctx, conn, w.addr, halt, nil); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fetcher.fetchSnapshot(ctx, conn, w.addr, req, nil)
+	if status.Code(err) != codes.FailedPrecondition || retryableFetch(err) {
+		t.Fatalf("live snapshot of a halted task: %v, want FailedPrecondition (not retryable)", err)
 	}
 }
 
@@ -195,16 +213,17 @@ func TestBulkTLS(t *testing.T) {
 		}
 		served := make(chan error, 1)
 		go func() {
-			served <- serveBulk(ctx, conns, func(emit func([]byte) error) error {
+			_, err := serveBulk(ctx, conns, func(emit func([]byte) error) error {
 				if err := emit(data[:1<<20]); err != nil {
 					return err
 				}
 				return emit(data[1<<20:])
 			})
+			served <- err
 		}()
 		cli := newBulkClient(BulkOptions{ClientTLS: creds(tc.role, "fetcher").ClientConfig(workers)})
 		dst := make([]byte, len(data))
-		err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst)
+		dst, err = cli.receive(ctx, "127.0.0.1:1", b.port, token, dst, nil, nil)
 		if tc.ok && (err != nil || !bytes.Equal(dst, data)) {
 			t.Fatalf("worker certificate: %v (equal %v)", err, bytes.Equal(dst, data))
 		}
@@ -240,7 +259,7 @@ func TestServeBulkWritesInPieces(t *testing.T) {
 	conns := make(chan net.Conn, 1)
 	conns <- conn
 	part := make([]byte, 5*bulkWriteBytes+7)
-	if err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
+	if _, err := serveBulk(context.Background(), conns, func(emit func([]byte) error) error { return emit(part) }); err != nil {
 		t.Fatal(err)
 	}
 	total := 0

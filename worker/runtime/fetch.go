@@ -2,9 +2,11 @@ package runtime
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -56,6 +58,29 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
 	began := time.Now()
+	bsrv := s.r.bulkSrv.Load()
+	bulk := req.Bulk && bsrv != nil
+	// inline: the offer goes out first, the size comes on the connection,
+	// so the caller connects (TLS handshake included) while the state is
+	// captured and sized.
+	inline := bulk && req.BulkSizeInline
+	var (
+		token   []byte
+		conns   <-chan net.Conn
+		release func()
+	)
+	if bulk {
+		var err error
+		if token, conns, release, err = bsrv.offer(); err != nil {
+			return status.Error(codes.Unavailable, err.Error())
+		}
+		defer release()
+	}
+	if inline {
+		if err := stream.Send(&fedstreampb.SnapshotChunk{BulkPort: bsrv.port, BulkToken: token}); err != nil {
+			return err
+		}
+	}
 	snap, prepare, err := t.capture(ctx, SnapshotOptions{Halt: req.Halt})
 	captured := time.Now()
 	var enc *operator.Encoding
@@ -108,20 +133,24 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		return emit(rest)
 	}
 	chunks := 0
-	bsrv := s.r.bulkSrv.Load()
-	bulk := req.Bulk && bsrv != nil
+	var firstSent time.Time
 	if bulk {
-		// Over a connection of its own (bulk.go): the offer, then the
-		// bytes there.
-		token, conns, cancel, err := bsrv.offer()
-		if err != nil {
-			return status.Error(codes.Unavailable, err.Error())
+		// Over a connection of its own (bulk.go): the offer (made above
+		// when inline), then the bytes there, after their size when
+		// inline.
+		if !inline {
+			if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
+				return err
+			}
 		}
-		defer cancel()
-		if err := stream.Send(&fedstreampb.SnapshotChunk{TotalBytes: uint64(total), BulkPort: bsrv.port, BulkToken: token}); err != nil {
-			return err
-		}
-		if err := serveBulk(ctx, conns, func(emit func([]byte) error) error { return write(emit, true) }); err != nil {
+		if firstSent, err = serveBulk(ctx, conns, func(emit func([]byte) error) error {
+			if inline {
+				if err := emit(binary.BigEndian.AppendUint64(nil, uint64(total))); err != nil {
+					return err
+				}
+			}
+			return write(emit, true)
+		}); err != nil {
 			if status.Code(err) == codes.Internal {
 				return err
 			}
@@ -138,6 +167,7 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 				if first {
 					chunk.TotalBytes = uint64(total)
 					first = false
+					firstSent = time.Now()
 				}
 				if err := stream.Send(chunk); err != nil {
 					return err
@@ -153,7 +183,9 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if bulk {
 		s.r.bulkServed.Add(1)
 	}
-	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: time.Since(prepared)})
+	lastSent := time.Now()
+	s.r.noteServed(ServeTiming{Task: t.spec.TaskID, Bytes: total, Bulk: bulk, Capture: captured.Sub(began), Prepare: prepared.Sub(captured), Send: lastSent.Sub(prepared),
+		Began: began, Captured: captured, Prepared: prepared, FirstSent: firstSent, LastSent: lastSent})
 	s.r.snapshotsServed.Add(1)
 	s.r.snapshotBytes.Add(uint64(total))
 	t.log.Info("snapshot served", "halt", req.Halt, "bytes", total, "released", snap.Released, "chunks", chunks, "bulk", bulk, "took", time.Since(began),
@@ -212,26 +244,51 @@ func (r *Runtime) SnapshotBytesServed() uint64 { return r.snapshotBytes.Load() }
 // come over the call's stream (Runtime fetches them over a connection of
 // their own where the serving worker offers one: fetchSnapshot).
 func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
-	return fetchSnapshot(ctx, conn, "", req, nil)
+	return fetchSnapshot(ctx, conn, "", req, nil, nil)
 }
 
 // fetchSnapshot is FetchSnapshot from the worker at addr asking, with
 // bulk, for the bytes over a connection of their own (bulk.go). When that
 // connection cannot be made, it fetches again over the stream.
-func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest) (*TaskSnapshot, error) {
-	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli)
+func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, fo *fetchOpts) (*TaskSnapshot, error) {
+	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli, fo)
 	if errors.Is(err, errBulkConnect) && ctx.Err() == nil {
 		r.log.Warn("fast snapshot transfer failed: fetching over the data plane stream", "task", req.TaskId, "worker", addr, "err", err)
-		snap, err = fetchSnapshot(ctx, conn, addr, req, nil)
+		snap, err = fetchSnapshot(ctx, conn, addr, req, nil, fo)
+	}
+	if fo != nil && fo.earlyErr != nil && err == nil {
+		r.log.Warn("restoring the operator state while it arrived failed: restoring it from the whole snapshot", "task", req.TaskId, "err", fo.earlyErr)
 	}
 	return snap, err
 }
 
-func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient) (*TaskSnapshot, error) {
+// fetchOpts are what a bootstrap adds to a fetch (all optional): restoring
+// the operator state while it arrives, and when the bytes came.
+type fetchOpts struct {
+	// restore, when set, runs on a goroutine of its own once the bytes
+	// start to come over a bulk connection, and restores the task's
+	// operators from them as they arrive (restoreEarly). What it returns
+	// is the snapshot's early when the fetch succeeds; its error (earlyErr)
+	// only means the task restores from the whole snapshot instead.
+	restore func(in *operator.Incoming) (*earlyOp, error)
+
+	// Set by the fetch (the last attempt): the first and last byte of the
+	// snapshot arrived, it was decoded (its operator state installed, when
+	// early), earlyErr why restoring while it arrived failed.
+	firstByte, lastByte, decoded time.Time
+	earlyErr                     error
+}
+
+// errFetchEnded ends the wait of an early restore for bytes that will not
+// come: the fetch gave up.
+var errFetchEnded = errors.New("snapshot fetch ended")
+
+func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient, fo *fetchOpts) (*TaskSnapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	req = proto.CloneOf(req)
 	req.Bulk = bulk != nil
+	req.BulkSizeInline = bulk != nil
 	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req, dataplane.SnapshotCallOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
@@ -240,6 +297,18 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	// enc, allocated at the announced size.
 	chunk := dataplane.SnapshotChunkInto{MaxBytes: MaxFetchedSnapshotBytes}
 	var total uint64
+	if fo != nil {
+		fo.firstByte, fo.lastByte, fo.decoded, fo.earlyErr = time.Time{}, time.Time{}, time.Time{}, nil
+	}
+	// waitEarly waits for the restore of the operator state while it
+	// arrived (fetchOpts.restore), when one runs; stopEarly ends it.
+	var waitEarly func() (*earlyOp, error)
+	var stopEarly func()
+	defer func() {
+		if stopEarly != nil {
+			stopEarly()
+		}
+	}()
 
 	for first := true; ; first = false {
 		err := stream.RecvMsg(&chunk)
@@ -252,13 +321,19 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		if err != nil {
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
-		if first && (chunk.TotalBytes == 0 || chunk.Dst == nil) {
+		// An offer of a bulk connection may leave the size to it (asked
+		// for with BulkSizeInline).
+		inline := first && chunk.BulkPort != 0 && chunk.TotalBytes == 0 && chunk.Dst == nil
+		if first && !inline && (chunk.TotalBytes == 0 || chunk.Dst == nil) {
 			return nil, fmt.Errorf("%w: %s: announced size %d", ErrSnapshotTransfer, req.TaskId, chunk.TotalBytes)
 		}
 		if first {
 			total = chunk.TotalBytes
 		}
 		if chunk.BulkPort == 0 {
+			if fo != nil && len(chunk.Dst) > 0 && fo.firstByte.IsZero() {
+				fo.firstByte = time.Now()
+			}
 			continue
 		}
 		// The bytes come over a connection of their own: only the first
@@ -266,10 +341,50 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		if !first || bulk == nil || len(chunk.Dst) != 0 {
 			return nil, fmt.Errorf("%w: %s: unexpected offer of a bulk connection", ErrSnapshotTransfer, req.TaskId)
 		}
-		dst := chunk.Dst[:total]
-		if err := bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst); err != nil {
+		var dst []byte
+		if !inline {
+			dst = chunk.Dst[:total]
+		}
+		// started is called once the buffer is there: the operator state
+		// is then restored while it arrives (fetchOpts.restore), on a
+		// goroutine that ends once every byte is there or the fetch gives
+		// up (Fail); the fetch waits for it before it returns.
+		var started func(dst []byte) *operator.Incoming
+		if fo != nil && fo.restore != nil {
+			started = func(dst []byte) *operator.Incoming {
+				in := operator.NewIncoming(dst)
+				done := make(chan struct{})
+				var op *earlyOp
+				var opErr error
+				go func() {
+					defer close(done)
+					op, opErr = fo.restore(in)
+				}()
+				stopEarly = func() {
+					in.Fail(errFetchEnded)
+					<-done
+				}
+				waitEarly = func() (*earlyOp, error) {
+					<-done
+					return op, opErr
+				}
+				return in
+			}
+		}
+		dst, err = bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst, started, fo)
+		if err != nil {
+			if !errors.Is(err, errBulkConnect) && ctx.Err() == nil {
+				// The serving worker may have refused after its offer
+				// (an inline offer goes out before the snapshot is
+				// taken): its answer says why.
+				var extra dataplane.SnapshotChunkInto
+				if serr := stream.RecvMsg(&extra); serr != nil && !errors.Is(serr, io.EOF) && status.Code(serr) != codes.Unavailable {
+					return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, serr)
+				}
+			}
 			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 		}
+		total = uint64(len(dst))
 		chunk.Dst = dst
 		// The call ends once the server has written everything; an
 		// error there (or more data) means the bytes are not to be
@@ -284,6 +399,9 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		break
 	}
 	enc := chunk.Dst
+	if fo != nil && fo.lastByte.IsZero() {
+		fo.lastByte = time.Now()
+	}
 	if uint64(len(enc)) != total || total == 0 {
 		return nil, fmt.Errorf("%w: %s: %d of %d bytes", ErrSnapshotTransfer, req.TaskId, len(enc), total)
 	}
@@ -294,5 +412,19 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
 	snap.opOwned = true
+	if waitEarly != nil {
+		early, err := waitEarly()
+		switch {
+		case err != nil:
+			fo.earlyErr = err
+		case early != nil && early.opSize != len(snap.Operator):
+			fo.earlyErr = fmt.Errorf("%w: operator state of %d bytes restored while it arrived, %d in the snapshot", ErrBadTaskSnapshot, early.opSize, len(snap.Operator))
+		default:
+			snap.early = early
+		}
+	}
+	if fo != nil {
+		fo.decoded = time.Now()
+	}
 	return &snap, nil
 }

@@ -300,8 +300,8 @@ func TestPinAcknowledgesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A holder keeps the buffer from here: the registration's first
-	// batch then carries many tuples.
+	// A holder keeps the buffer from here: the registration finds many
+	// tuples it must neither read nor acknowledge.
 	buf.Register("holder")
 	waitUntil(t, "the upstream holds tuples", func() bool { return buf.Stats().Tuples > 500 })
 	oldest := buf.Stats().OldestID
@@ -323,5 +323,61 @@ func TestPinAcknowledgesNothing(t *testing.T) {
 	if st := buf.Stats(); st.OldestID > oldest {
 		t.Fatalf("after the registration the upstream discarded up to %d (oldest was %d): the registration acknowledged tuples (laggard %s at %d)",
 			st.OldestID-1, oldest, st.Laggard, st.LaggardAck)
+	}
+}
+
+// TestStopAndCopyOfReplicatedConsumer: a stop-and-copy move of one
+// replica of a sink whose other replica reads the same upstream, with the
+// old copy stopped (and gone from its upstreams) before the new copy has
+// subscribed. The other replica goes on acknowledging, so only the new
+// copy's own registration, made before the snapshot, keeps the tuples
+// after the snapshot's position: the result stays exact. (Before the
+// bootstrap of a stop-and-copy move pinned its upstreams too, the
+// upstream discarded them here and the sink lost windows: the cause of
+// TestRescaleKeyedAggregate's "got N result rows, want 13880" in about
+// one run of four, whose sink moves that way at the end.)
+func TestStopAndCopyOfReplicatedConsumer(t *testing.T) {
+	const rate = 4000
+	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 2, rate), func(node string, p, r int) int { return p + r })
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	const moving = "wc/out/p0/r0"
+	counts := from.rt.task("wc/counts/p0/r0")
+	waitUntil(t, "the aggregate emitted some windows", func() bool {
+		return counts.outs[0].buf.Stats().LastID > 100
+	})
+	up, err := counts.output("out", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var keep []TaskSpec
+	for _, s := range c.specs[from] {
+		if s.TaskID != moving {
+			keep = append(keep, s)
+		}
+	}
+	discarded := make(chan bool, 1)
+	to.rt.afterFetch = func(snap *TaskSnapshot) {
+		// The old copy stops and leaves its upstreams before the new
+		// copy subscribes; then the other replica's acknowledgements
+		// move on, until the upstream either discarded past the
+		// snapshot's position or has produced well beyond it.
+		from.rt.Apply(context.Background(), keep)
+		after := snap.Inputs[0].After
+		waitUntil(t, "the stream moves on past the snapshot", func() bool {
+			st := up.Stats()
+			return st.OldestID > after+1 || st.LastID > after+300
+		})
+		discarded <- up.Stats().OldestID > after+1
+	}
+	c.move(t, moving, from, to, true)
+	if <-discarded {
+		t.Errorf("the upstream discarded tuples after the snapshot's position before the new copy subscribed")
+	}
+	got := c.tail(t, moving)
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, rate))
+	if other := c.tail(t, "wc/out/p0/r1"); !sameTuples(got, other) {
+		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
 	}
 }

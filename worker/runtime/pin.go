@@ -2,7 +2,6 @@ package runtime
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"time"
 
@@ -11,14 +10,8 @@ import (
 )
 
 // pinWait bounds how long pinning one upstream stream waits for the
-// upstream to confirm the subscription by sending a batch: an upstream
-// with nothing buffered sends none, but it registered the subscriber when
-// the subscription opened.
+// upstream to confirm the registration.
 const pinWait = 500 * time.Millisecond
-
-// errPinned ends a pinning subscription at its first batch without
-// acknowledging it.
-var errPinned = errors.New("pinned")
 
 // pinUpstreams registers the copy spec describes as a subscriber of every
 // replica of every upstream stream it will read, before its starting
@@ -26,10 +19,10 @@ var errPinned = errors.New("pinned")
 // replica): from then on those buffers keep every tuple the new copy has
 // not acknowledged, so whatever the snapshot's input positions turn out to
 // be, the tuples after them are still there when the copy subscribes. The
-// registration is a subscription under the copy's name from the start
-// that receives one batch and acknowledges nothing (not even that batch); the subscriber then holds
-// the buffer for one lease, or until the copy's own subscriptions (under
-// the same name) acknowledge. It returns once every stream is pinned or
+// registration (dataplane.Register) is an ack-only subscription under the
+// copy's name that ends at once, reading and acknowledging nothing; the
+// subscriber then holds the buffer for one lease, or until the copy's own
+// subscriptions (under the same name) acknowledge. It returns once every stream is pinned or
 // given up on; failures only weaken the guarantee, so they are logged.
 func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
 	t, err := newTask(r, TaskSpec{TaskID: spec.TaskID, Query: spec.Query, Fragment: spec.Fragment, Partition: spec.Partition,
@@ -55,16 +48,13 @@ func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
 				defer cancel()
 				conn, err := r.pool.Conn(pl.WorkerAddr)
 				if err == nil {
-					// The batch is refused (errPinned), never acknowledged:
-					// acknowledging it would let the upstream discard
-					// tuples the snapshot may not reflect yet.
-					sub := dataplane.NewSubscriber(ref, spec.CopyID(), false, 0)
-					err = sub.Run(pctx, conn, func(context.Context, *dataplane.Batch) error { return errPinned })
+					// Registered without reading: nothing crosses, nothing
+					// is acknowledged (that would let the upstream discard
+					// tuples the snapshot may not reflect yet), and an
+					// upstream with nothing buffered answers at once.
+					err = dataplane.Register(pctx, conn, ref, spec.CopyID())
 				}
-				if errors.Is(err, errPinned) {
-					err = nil
-				}
-				if err != nil && !errors.Is(err, context.DeadlineExceeded) && pctx.Err() == nil {
+				if err != nil && pctx.Err() == nil {
 					r.log.Warn("could not register with an upstream before the snapshot", "task", spec.TaskID,
 						"upstream", pl.TaskID, "worker", pl.WorkerAddr, "err", err)
 				}

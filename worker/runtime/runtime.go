@@ -26,6 +26,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/dcaa"
+	"github.com/fedstream/fedstream/worker/operator"
 )
 
 // Task states reported by States (spelled in rpc/states, which the
@@ -528,8 +529,9 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		}
 		began := time.Now()
 		t, err := newTask(r, spec)
-		if err == nil && spec.Bootstrap != nil && spec.FromSnapshot != nil {
-			r.noteRestore(id, time.Since(began))
+		timed := err == nil && spec.Bootstrap != nil && spec.FromSnapshot != nil
+		if timed {
+			r.noteRestore(id, time.Since(began), time.Now())
 		}
 		if err != nil {
 			r.log.Error("task cannot start", "task", id, "err", err)
@@ -540,6 +542,9 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 		r.mu.Unlock()
 		if err == nil {
 			t.start()
+			if timed {
+				r.noteStarted(id, time.Now())
+			}
 			r.log.Info("task started", "task", id)
 		}
 	}
@@ -564,17 +569,25 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
 			defer cancel()
 			start := time.Now()
-			if !src.Halt {
-				// The copy keeps running: pin what follows its positions.
-				r.pinUpstreams(fctx, spec)
-			}
+			// Pin what follows the snapshot's positions. A copy that keeps
+			// running acknowledges past them at once. A halted one holds
+			// them only while it is registered: the caller may stop it
+			// (and it leaves its upstreams) before this copy has
+			// subscribed, and a replica of the consumer reading the same
+			// upstream would then let the upstream discard tuples this
+			// copy still needs.
+			r.pinUpstreams(fctx, spec)
 			pinned := time.Now()
+			fo := &fetchOpts{}
+			if canRestoreEarly(spec) {
+				fo.restore = func(in *operator.Incoming) (*earlyOp, error) { return restoreEarly(spec, in) }
+			}
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
 				if err != nil {
 					return nil, err
 				}
-				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt})
+				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt}, fo)
 			}
 			// A transfer that broke off is tried again (a halted copy gives
 			// the same snapshot again); a refusal is final.
@@ -596,7 +609,8 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			}
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
-			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned)})
+			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned),
+				Began: start, Pinned: pinned, FirstByte: fo.firstByte, LastByte: fo.lastByte, Decoded: fo.decoded, Streamed: snap.early != nil})
 			mu.Lock()
 			fetched[id] = snap
 			mu.Unlock()
@@ -767,6 +781,16 @@ type BootstrapTiming struct {
 	// Fetch taking, sending, receiving and decoding the snapshot, Restore
 	// building the task from it (operator state installed).
 	Pin, Fetch, Restore time.Duration
+	// The instants of the bootstrap, in order (wall clock, comparable with
+	// the serving worker's ServeTiming on one machine): the apply that
+	// asked for it began, the upstreams were pinned, the first and last
+	// byte of the snapshot arrived, the snapshot was decoded with its
+	// operator state installed (during the transfer when Streamed), the
+	// task was built from it, and started (subscribing to its upstreams).
+	Began, Pinned, FirstByte, LastByte, Decoded, Restored, Started time.Time
+	// Streamed: the operator state was restored while its bytes arrived
+	// (operator.RestoreIncoming), not after the last one.
+	Streamed bool
 }
 
 // LastBootstrap reports the timing of the latest bootstrap (zero before
@@ -794,6 +818,10 @@ type ServeTiming struct {
 	// sorting and sizing the captured state, Send encoding and sending
 	// it (they overlap) until the last byte was written.
 	Capture, Prepare, Send time.Duration
+	// The same as instants (wall clock): the call began, the state was
+	// captured (the task released), prepared, the first and the last byte
+	// written.
+	Began, Captured, Prepared, FirstSent, LastSent time.Time
 }
 
 // LastServed reports the timing of the latest snapshot served (zero
@@ -810,11 +838,19 @@ func (r *Runtime) noteServed(s ServeTiming) {
 	r.lastServed = s
 }
 
-func (r *Runtime) noteRestore(task string, d time.Duration) {
+func (r *Runtime) noteRestore(task string, d time.Duration, restored time.Time) {
 	r.bootMu.Lock()
 	defer r.bootMu.Unlock()
 	if r.lastBootstrap.Task == task {
-		r.lastBootstrap.Restore = d
+		r.lastBootstrap.Restore, r.lastBootstrap.Restored = d, restored
+	}
+}
+
+func (r *Runtime) noteStarted(task string, started time.Time) {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	if r.lastBootstrap.Task == task {
+		r.lastBootstrap.Started = started
 	}
 }
 

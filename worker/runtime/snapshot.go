@@ -85,6 +85,10 @@ type TaskSnapshot struct {
 	// modifies (a fetched snapshot), so the restored operators may keep
 	// slices of it instead of copying it (operator.RestoreOwned).
 	opOwned bool
+	// early, when set, is the task's operators already restored from
+	// Operator while it was fetched (restoreEarly): the task adopts them
+	// instead of building and restoring its own.
+	early *earlyOp
 }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
@@ -470,6 +474,8 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	switch {
 	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
 		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
+	case t.op != nil && s.early != nil && s.early.op == t.op:
+		// Restored while the snapshot arrived (newTask adopted it).
 	case t.op != nil:
 		restore := t.op.Restore
 		if s.opOwned {

@@ -251,9 +251,14 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		return nil, fmt.Errorf("task %s: no query definition", spec.TaskID)
 	}
 	// The fused plan is the one placed and run: a fragment may chain
-	// stateless operators after its head.
-	plan, err := spec.Spec.FusedPlan()
-	if err != nil {
+	// stateless operators after its head. Operators restored while the
+	// snapshot arrived (earlyOp) come with the plan they were built from.
+	early := spec.FromSnapshot.earlyFor(spec)
+	var plan *queryspec.Plan
+	var err error
+	if early != nil {
+		plan = early.plan
+	} else if plan, err = spec.Spec.FusedPlan(); err != nil {
 		return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 	}
 	t.plan = plan
@@ -293,15 +298,9 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			return nil, fmt.Errorf("task %s: source %q has neither generator nor ingest", spec.TaskID, src.Name)
 		}
 	case queryspec.KindOperator:
-		schemas := make([]*tuple.Schema, len(t.node.Inputs))
-		for i, in := range t.node.Inputs {
-			schemas[i] = plan.Node(in).Schema
-		}
-		head, err := operator.New(t.node.Op, schemas)
-		if err != nil {
-			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
-		}
-		if t.op, err = withChain(head, t.node); err != nil {
+		if early != nil {
+			t.op = early.op
+		} else if t.op, err = operatorOf(plan, t.node); err != nil {
 			return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 		}
 	case queryspec.KindSink:
@@ -376,6 +375,20 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		}
 	}
 	return t, nil
+}
+
+// operatorOf builds an operator fragment's operators: its head and the
+// operators chained after it.
+func operatorOf(plan *queryspec.Plan, node *queryspec.Node) (operator.Operator, error) {
+	schemas := make([]*tuple.Schema, len(node.Inputs))
+	for i, in := range node.Inputs {
+		schemas[i] = plan.Node(in).Schema
+	}
+	head, err := operator.New(node.Op, schemas)
+	if err != nil {
+		return nil, err
+	}
+	return withChain(head, node)
 }
 
 // withChain builds the operators fused after a fragment's head and chains

@@ -1,0 +1,125 @@
+package operator
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// BenchmarkProcessAfterRestore: the first input an aggregate processes
+// after it was restored from a snapshot (a moved task catching up), with
+// the state of `bench move` (count_distinct of 1 KB members over 400
+// sliding windows, 16 groups), against the same input into the state
+// that was never snapshotted.
+func BenchmarkProcessAfterRestore(b *testing.B) {
+	def := aggDef("2s", "5ms", []string{"port"}, "n=count()", "d=count_distinct(src)")
+	const rate = 165 // records per second, as bench move at 64 MB
+	payload := strings.Repeat("x", 1000)
+	rec := func(i int) *tuple.Tuple {
+		st := int64(i) * int64(1e9) / rate
+		return &tuple.Tuple{Type: tuple.Stable, STime: st, Values: []tuple.Value{tuple.Timestamp(st), tuple.Str(fmt.Sprint(i) + payload),
+			tuple.Int(int64(i % 16)), tuple.Float(0), tuple.Bool(true)}}
+	}
+	build := func(b *testing.B) (Operator, int) {
+		op, err := New(def, []*tuple.Schema{connSchema})
+		if err != nil {
+			b.Fatal(err)
+		}
+		out := Collect()
+		n := 2 * rate * 2
+		for i := range n {
+			if err := op.Process(0, rec(i), out); err != nil {
+				b.Fatal(err)
+			}
+			_ = op.Advance(rec(i).STime, out)
+		}
+		return op, n
+	}
+	catchUp := func(b *testing.B, op Operator, from int) {
+		out := Collect()
+		for i := from; i < from+33; i++ {
+			_ = op.Process(0, rec(i), out)
+			_ = op.Advance(rec(i).STime, out)
+		}
+	}
+	for _, restored := range []bool{false, true} {
+		b.Run(fmt.Sprintf("restored=%v", restored), func(b *testing.B) {
+			var cpu time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				op, n := build(b)
+				if restored {
+					snap, _ := op.Snapshot()
+					fresh, _ := New(def, []*tuple.Schema{connSchema})
+					if err := RestoreOwned(fresh, snap); err != nil {
+						b.Fatal(err)
+					}
+					op = fresh
+				}
+				b.StartTimer()
+				before := cpuTime()
+				catchUp(b, op, n)
+				cpu += cpuTime() - before
+			}
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/op")
+		})
+	}
+}
+
+// cpuTime is the process's CPU time (user and system): less sensitive
+// than wall time to other processes on a shared machine.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkMoveStateCodec: encoding (WriteTransient, as a bulk transfer
+// does) and restoring (RestoreOwned) the state of `bench move` at 64 MB,
+// in process CPU time per MB: what a live move's transfer costs its two
+// workers beyond the bytes' encryption.
+func BenchmarkMoveStateCodec(b *testing.B) {
+	def := aggDef("2s", "5ms", []string{"port"}, "n=count()", "d=count_distinct(src)")
+	const rate = 165
+	payload := strings.Repeat("x", 1000)
+	op, err := New(def, []*tuple.Schema{connSchema})
+	if err != nil {
+		b.Fatal(err)
+	}
+	out := Collect()
+	for i := range 4 * rate {
+		st := int64(i) * int64(1e9) / rate
+		tp := &tuple.Tuple{Type: tuple.Stable, STime: st, Values: []tuple.Value{tuple.Timestamp(st), tuple.Str(fmt.Sprint(i) + payload),
+			tuple.Int(int64(i % 16)), tuple.Float(0), tuple.Bool(true)}}
+		_ = op.Process(0, tp, out)
+		_ = op.Advance(st, out)
+		out.Tuples = out.Tuples[:0]
+	}
+	snap, _ := op.Snapshot()
+	mb := float64(len(snap)) / (1 << 20)
+	b.Run("encode", func(b *testing.B) {
+		var cpu time.Duration
+		for b.Loop() {
+			before := cpuTime()
+			enc, _ := FreezeEncodingOf(op)()
+			_ = enc.WriteTransient(func([]byte) error { return nil })
+			cpu += cpuTime() - before
+		}
+		b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+		b.ReportMetric(mb, "MB")
+	})
+	b.Run("restore", func(b *testing.B) {
+		var cpu time.Duration
+		for b.Loop() {
+			fresh, _ := New(def, []*tuple.Schema{connSchema})
+			before := cpuTime()
+			_ = RestoreOwned(fresh, snap)
+			cpu += cpuTime() - before
+		}
+		b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
+	})
+}

@@ -1,0 +1,142 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+)
+
+// cutConn is a connection carrying a task snapshot whose reads fail
+// halfway through the snapshot's operator state: a transfer cut in the
+// middle of what the new copy restores while it arrives.
+type cutConn struct {
+	net.Conn
+	got   []byte
+	limit int // 0 until the head is parsed
+	// opSize is the operator state's size once known.
+	opSize *atomic.Int64
+}
+
+func (c *cutConn) Read(p []byte) (int, error) {
+	if c.limit > 0 && len(c.got) >= c.limit {
+		_ = c.Conn.Close()
+		return 0, errors.New("connection cut by the test")
+	}
+	if c.limit > 0 {
+		p = p[:min(len(p), c.limit-len(c.got))]
+	} else {
+		p = p[:min(len(p), 64)] // small reads until the head is known
+	}
+	n, err := c.Conn.Read(p)
+	c.got = append(c.got, p[:n]...)
+	// The snapshot follows its size (8 bytes: the offer is inline).
+	if c.limit == 0 && len(c.got) > 8 {
+		if off, size, has, herr := snapshotHead(c.got[8:]); herr == nil && has {
+			c.limit = max(8+off+size/2, len(c.got))
+			c.opSize.Store(int64(size))
+		}
+	}
+	return n, err
+}
+
+// TestMoveRestoresWhileTransferring: the new copy of a moved aggregate
+// restores its operator state while the bytes arrive over the bulk
+// connection (BootstrapTiming.Streamed); when that connection is cut in
+// the middle of the state, the half-restored operators are dropped, the
+// fetch is tried again and restores into new ones, and the sink's stream
+// is identical to an unmoved run's: nothing lost, nothing twice.
+func TestMoveRestoresWhileTransferring(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
+	place := func(string, int, int) int { return 0 }
+	const moving = "wc/counts/p0/r0"
+	q, err := queryspec.Parse("q.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	unmoved.close(t)
+
+	// The first bulk connection is cut in the middle of the operator
+	// state; the next ones are whole.
+	var dials, cuts atomic.Int32
+	var opSize atomic.Int64
+	dial := func(ctx context.Context, addr string) (net.Conn, error) {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil || dials.Add(1) > 1 {
+			return c, err
+		}
+		cuts.Add(1)
+		return &cutConn{Conn: c, opSize: &opSize}, nil
+	}
+	c := newClusterOpts(t, 2, q, place, Options{BoundaryInterval: time.Millisecond, Bulk: BulkOptions{Dial: dial}})
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	waitUntil(t, "the aggregate emitted some windows", func() bool {
+		tk := from.rt.task(moving)
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+	})
+	c.move(t, moving, from, to, true)
+	if cuts.Load() != 1 || dials.Load() < 2 {
+		t.Fatalf("%d bulk connections, %d cut: the test did not cut a transfer and retry (snapshot of %d bytes)", dials.Load(), cuts.Load(), from.rt.LastServed().Bytes)
+	}
+	if opSize.Load() < 100 {
+		t.Fatalf("an operator state of %d bytes: too small for a cut in its middle to prove anything", opSize.Load())
+	}
+	if b := to.rt.LastBootstrap(); !b.Streamed || b.LastByte.IsZero() || b.Decoded.Before(b.LastByte) {
+		t.Fatalf("the new copy did not restore while the bytes arrived: %+v", b)
+	}
+	got := c.tail(t, "wc/out/p0/r0")
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+}
+
+// TestSnapshotHead: the operator state's place found in the head of an
+// encoded task snapshot is where the whole decoding finds it, for every
+// prefix long enough, and a shorter prefix says it is short.
+func TestSnapshotHead(t *testing.T) {
+	s := &TaskSnapshot{TaskID: "q/agg/p3/r1", Query: "q", Fragment: "agg", Partition: 3, Replica: 1,
+		Operator: []byte("operator state bytes"), Released: 7, Seq: 9}
+	enc, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dec TaskSnapshot
+	if err := dec.unmarshal(enc, true); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n <= len(enc); n++ {
+		off, size, has, err := snapshotHead(enc[:n])
+		if errors.Is(err, errHeadShort) {
+			continue
+		}
+		if err != nil || !has || string(enc[off:off+size]) != string(dec.Operator) {
+			t.Fatalf("prefix %d: head says %d+%d (%v, %v)", n, off, size, has, err)
+		}
+		if n < off {
+			t.Fatalf("prefix %d: head parsed before its end (%d)", n, off)
+		}
+	}
+	s.Operator = nil
+	enc, _ = s.MarshalBinary()
+	if _, _, has, err := snapshotHead(enc); err != nil || has {
+		t.Fatalf("snapshot without operator state: has %v, %v", has, err)
+	}
+}
