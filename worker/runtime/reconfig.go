@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
@@ -567,4 +568,59 @@ func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int
 		}
 	}
 	return low, high, func() { close(hold) }
+}
+
+// quiescentEpoch is the epoch of a quiescent plan (the baseline strategy:
+// pause the sources, drain, swap, resume) that a generator source must
+// hold for after emitting a boundary at stime: a switched plan whose cut
+// the boundary reached and that is not complete yet (0: none). The
+// boundary is the source's marker of that epoch; the source produces
+// nothing at or above the cut until every task has its markers (the plan
+// is complete): by then everything produced before the pause has been
+// processed (drained) and the older versions are removed (swapped).
+// Cuts and phases come from Raft, so every replica holds at the same
+// boundary and produces the same stream (producer only).
+func (t *task) quiescentEpoch(stime int64) uint64 {
+	r := &t.rc
+	if !r.on || r.cur == nil || stime == finalBoundary {
+		return 0
+	}
+	for _, p := range r.cur.Plans {
+		if p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigSwitched && stime >= p.Cut {
+			return p.Epoch
+		}
+	}
+	return 0
+}
+
+// holdQuiescent flushes the source's outputs (its marker goes out) and
+// holds the generator until the quiescent plan of epoch e is complete or
+// the task stops, installing the reconfigurations it is handed meanwhile
+// and running other generator commands (snapshots, rescales).
+func (t *task) holdQuiescent(ctx context.Context, e uint64) error {
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	t.counters.busyUntilNow(t)
+	defer t.counters.resume(t)
+	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e)
+	// setReconfig hands a held generator the new state through genCtl;
+	// the ticker covers one stored while the generator was busy.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if err := t.pollReconfig(); err != nil {
+			return err
+		}
+		if t.rc.cur.Completed() >= e {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case c := <-t.genCtl:
+			t.runGenCmd(ctx, c)
+		case <-tick.C:
+		}
+	}
 }

@@ -102,6 +102,14 @@ func (t *task) runGenerator() {
 				}
 				boundary = b
 				t.counters.busyUntilNow(t)
+				if e := t.quiescentEpoch(b); e != 0 {
+					// The quiescent baseline: nothing at or above the
+					// cut until the plan is complete.
+					if err := t.holdQuiescent(ctx, e); err != nil {
+						t.endWith(err)
+						return
+					}
+				}
 			}
 			if next = boundary + interval; next < boundary {
 				next = math.MaxInt64 // no multiple of the interval above
