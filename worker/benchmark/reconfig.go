@@ -39,7 +39,7 @@ var ErrReconfigBench = errors.New("benchmark: reconfig")
 // qSOFA when even, and marks its output cN; version N of flag expects cN
 // and labels the tuple vN, MIXED otherwise: the two depend on each other,
 // so a tuple that met scored and flag of different versions shows.
-const reconfigBenchYAML = `name: sepsis
+const reconfigBenchYAML = `name: %s
 sources:
   - name: ward
     parallelism: %d
@@ -65,11 +65,18 @@ const (
 )
 
 func reconfigBenchQuery(sources, rate int, limit int64, v int) string {
+	return ReconfigQuery("sepsis", sources, rate, limit, v)
+}
+
+// ReconfigQuery is the hospital scenario's query named name in version
+// v of its two dependent operators: sources partitions of 32 patients,
+// rate vitals/s each (0: as fast as possible), limit records each.
+func ReconfigQuery(name string, sources, rate int, limit int64, v int) string {
 	score := sirsScore
 	if v%2 == 0 {
 		score = qsofaScore
 	}
-	return fmt.Sprintf(reconfigBenchYAML, sources, rate, limit, sources, score, v, v, v)
+	return fmt.Sprintf(reconfigBenchYAML, name, sources, rate, limit, sources, score, v, v, v)
 }
 
 // ReconfigConfig configures RunReconfig.
@@ -88,11 +95,27 @@ type ReconfigConfig struct {
 	// OverheadRecords per source partition in each unpaced overhead run
 	// (default 40,000).
 	OverheadRecords int64
-	Logger          *slog.Logger
-	Progress        io.Writer
+	// In an org (the default of `bench reconfig`): ThroughputRuns runs of
+	// each tracking mode (default 3), each measured over ThroughputWindow
+	// (default 2s) after ThroughputSettle (default 1s).
+	ThroughputRuns   int
+	ThroughputWindow time.Duration
+	ThroughputSettle time.Duration
+	Logger           *slog.Logger
+	Progress         io.Writer
 }
 
-func (c *ReconfigConfig) defaults() {
+// Defaults fills the zero fields with their defaults.
+func (c *ReconfigConfig) Defaults() {
+	if c.ThroughputRuns <= 0 {
+		c.ThroughputRuns = 3
+	}
+	if c.ThroughputWindow <= 0 {
+		c.ThroughputWindow = 2 * time.Second
+	}
+	if c.ThroughputSettle <= 0 {
+		c.ThroughputSettle = time.Second
+	}
 	if c.Sources <= 0 {
 		c.Sources = 10
 	}
@@ -132,9 +155,13 @@ type StrategyResult struct {
 	// ThroughputDip is 1 - (worst 100 ms bucket of sink results in the
 	// second after an update) / (mean bucket of the second before), the
 	// worst over the updates.
-	ThroughputDip      float64 `json:"throughput_dip"`
-	LatencyP99MsDuring float64 `json:"latency_p99_ms_during"`
-	LatencyP99MsBefore float64 `json:"latency_p99_ms_before"`
+	ThroughputDip float64 `json:"throughput_dip"`
+	// ThroughputDipControl is the same statistic taken a second before
+	// each update (where the spacing leaves room), where nothing changes:
+	// the noise of 100 ms buckets on this machine (-1: not measured).
+	ThroughputDipControl float64 `json:"throughput_dip_control"`
+	LatencyP99MsDuring   float64 `json:"latency_p99_ms_during"`
+	LatencyP99MsBefore   float64 `json:"latency_p99_ms_before"`
 	// Buckets are the results per 100 ms and their p99 latency, for the
 	// plot; UpdatesAtMs when each update began (ms from the run's start).
 	Buckets     []ReconfigBucket `json:"buckets,omitempty"`
@@ -159,6 +186,9 @@ type ReconfigResult struct {
 	// stateless operator versioned) / throughput without, unpaced sources.
 	OverheadStatic  float64 `json:"overhead_static"`
 	OverheadDynamic float64 `json:"overhead_dynamic"`
+	// ThroughputOff is the unpaced sink throughput (results/s) with
+	// tracking off that the overheads are relative to (org runs only).
+	ThroughputOff float64 `json:"throughput_off,omitempty"`
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`
@@ -189,18 +219,30 @@ type reconfigCluster struct {
 	started time.Time
 
 	mu       sync.Mutex
-	recv     []reconfigRecv
+	recv     []ReconfigRecord
 	boundary int64
 	tailDone chan struct{}
 	tailErr  error
 }
 
-type reconfigRecv struct {
-	at      time.Duration
-	stime   int64
-	key     string
-	path    string
-	version uint64
+// ReconfigRecord is one result the sink produced: when it arrived (since
+// the run's start), its stream time, its key (time/patient/score), the
+// version path its operators wrote and its version tag.
+type ReconfigRecord struct {
+	At      time.Duration
+	STime   int64
+	Key     string
+	Path    string
+	Version uint64
+}
+
+// ReconfigRecorder turns the sink's tuples (schema sch) into records.
+func ReconfigRecorder(sch *tuple.Schema) func(at time.Duration, tp *tuple.Tuple) ReconfigRecord {
+	ti, pi, sc, pa := sch.Index("time"), sch.Index("patient"), sch.Index("score"), sch.Index("path")
+	return func(at time.Duration, tp *tuple.Tuple) ReconfigRecord {
+		return ReconfigRecord{At: at, STime: tp.STime, Path: tp.Values[pa].S, Version: tp.Version,
+			Key: fmt.Sprintf("%d/%s/%d", tp.Values[ti].I, tp.Values[pi].S, tp.Values[sc].I)}
+	}
 }
 
 func startReconfigCluster(ctx context.Context, cfg ReconfigConfig, rate int, limit int64, tracking string) (*reconfigCluster, error) {
@@ -292,8 +334,7 @@ func (c *reconfigCluster) close() {
 func (c *reconfigCluster) tail(ctx context.Context) {
 	defer close(c.tailDone)
 	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.q.Name, TaskId: c.q.Name + "/alerts/p0/r0"}, "", true, 0)
-	sch := c.plan.Node("alerts").Schema
-	ti, pi, sc, pa := sch.Index("time"), sch.Index("patient"), sch.Index("score"), sch.Index("path")
+	record := ReconfigRecorder(c.plan.Node("alerts").Schema)
 	for ctx.Err() == nil {
 		conn, err := c.pools[0].Conn(c.addrs[2])
 		if err != nil {
@@ -315,8 +356,7 @@ func (c *reconfigCluster) tail(ctx context.Context) {
 				if !tp.Type.IsData() {
 					continue
 				}
-				c.recv = append(c.recv, reconfigRecv{at: now, stime: tp.STime, path: tp.Values[pa].S, version: tp.Version,
-					key: fmt.Sprintf("%d/%s/%d", tp.Values[ti].I, tp.Values[pi].S, tp.Values[sc].I)})
+				c.recv = append(c.recv, record(now, &tp))
 			}
 			return nil
 		})
@@ -503,11 +543,12 @@ func (c *reconfigCluster) waitEnd(ctx context.Context) error {
 	}
 }
 
-// reference is the multiset of result keys the generators make.
-func (c *reconfigCluster) reference() (map[string]int, error) {
+// ReconfigReference is the multiset of result keys (time/patient) the
+// generators of query q (one source) make.
+func ReconfigReference(q *queryspec.Query) (map[string]int, error) {
 	want := map[string]int{}
-	for p := range c.cfg.Sources {
-		gen, err := source.NewGenerator(c.q.Sources[0].Gen, p)
+	for p := range q.Sources[0].Parallelism {
+		gen, err := source.NewGenerator(q.Sources[0].Gen, p)
 		if err != nil {
 			return nil, err
 		}
@@ -521,35 +562,43 @@ func (c *reconfigCluster) reference() (map[string]int, error) {
 	return want, nil
 }
 
-// analyse fills a strategy's figures from the sink's results.
 func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration) (StrategyResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	res := StrategyResult{Paths: map[string]int{}}
-	want, err := c.reference()
+	want, err := ReconfigReference(c.q)
 	if err != nil {
-		return res, err
+		return StrategyResult{}, err
 	}
+	return AnalyseReconfig(want, c.recv, 0, updates, took), nil
+}
+
+// AnalyseReconfig fills a strategy's figures from the sink's records:
+// want is the reference (ReconfigReference), origin the wall time (since
+// the run's start) of stream time 0, so a record's latency is At - origin
+// - STime; updates are when each update began and took how long each
+// took.
+func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Duration, updates, took []time.Duration) StrategyResult {
+	res := StrategyResult{Paths: map[string]int{}}
 	got := map[string]int{}
 	const bucket = 100 * time.Millisecond
 	nb := 0
-	for _, r := range c.recv {
-		nb = max(nb, int(r.at/bucket)+1)
+	for _, r := range recv {
+		nb = max(nb, int(r.At/bucket)+1)
 	}
 	counts := make([]int, nb)
 	lats := make([][]float64, nb)
-	for _, r := range c.recv {
-		k := r.key[:strings.LastIndexByte(r.key, '/')]
+	for _, r := range recv {
+		k := r.Key[:strings.LastIndexByte(r.Key, '/')]
 		got[k]++
-		res.Paths[r.path]++
-		if r.path == "MIXED" || r.path != fmt.Sprintf("v%d", r.version+1) {
+		res.Paths[r.Path]++
+		if r.Path == "MIXED" || r.Path != fmt.Sprintf("v%d", r.Version+1) {
 			res.Mixed++
 		}
-		b := int(r.at / bucket)
+		b := int(r.At / bucket)
 		counts[b]++
-		// Generators pace stime from their start (stime 0): latency is
-		// arrival minus the record's due time.
-		lats[b] = append(lats[b], float64(r.at-time.Duration(r.stime))/float64(time.Millisecond))
+		// Generators pace stime from their start: latency is arrival
+		// minus the record's due time.
+		lats[b] = append(lats[b], float64(r.At-origin-time.Duration(r.STime))/float64(time.Millisecond))
 	}
 	for k, n := range want {
 		res.LostOrDup += absInt(got[k] - n)
@@ -562,24 +611,46 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 	for b := range counts {
 		res.Buckets = append(res.Buckets, ReconfigBucket{AtMs: float64(time.Duration(b) * bucket / time.Millisecond), Tuples: counts[b], LatencyMs: p99(lats[b])})
 	}
-	var during, before []float64
-	for _, u := range updates {
-		res.UpdatesAtMs = append(res.UpdatesAtMs, float64(u)/float64(time.Millisecond))
-		ub := int(u / bucket)
+	// dip is 1 - the worst bucket of the second from bucket ub on over
+	// the mean bucket of the second before (-1: not enough buckets).
+	dip := func(ub int) float64 {
 		base, n := 0.0, 0
 		for b := max(ub-10, 0); b < ub && b < len(counts); b++ {
 			base += float64(counts[b])
 			n++
-			before = append(before, lats[b]...)
 		}
 		worst := math.MaxFloat64
 		for b := ub; b < ub+10 && b < len(counts); b++ {
 			worst = min(worst, float64(counts[b]))
+		}
+		if n < 10 || base == 0 || worst == math.MaxFloat64 {
+			return -1
+		}
+		return max(0, 1-worst/(base/float64(n)))
+	}
+	var during, before []float64
+	prevEnd := time.Duration(0)
+	res.ThroughputDipControl = -1
+	for _, u := range updates {
+		res.UpdatesAtMs = append(res.UpdatesAtMs, float64(u)/float64(time.Millisecond))
+		ub := int(u / bucket)
+		for b := max(ub-10, 0); b < ub && b < len(counts); b++ {
+			before = append(before, lats[b]...)
+		}
+		for b := ub; b < ub+10 && b < len(counts); b++ {
 			during = append(during, lats[b]...)
 		}
-		if n > 0 && base > 0 && worst != math.MaxFloat64 {
-			res.ThroughputDip = max(res.ThroughputDip, 1-worst/(base/float64(n)))
+		if d := dip(ub); d >= 0 {
+			res.ThroughputDip = max(res.ThroughputDip, d)
 		}
+		// The same statistic a second before the update, where nothing
+		// changes: the noise the dip is to be read against.
+		if c := u - time.Second; c-time.Second >= prevEnd {
+			if d := dip(int(c / bucket)); d >= 0 {
+				res.ThroughputDipControl = max(res.ThroughputDipControl, d)
+			}
+		}
+		prevEnd = u + time.Second
 	}
 	res.LatencyP99MsDuring, res.LatencyP99MsBefore = p99(during), p99(before)
 	ms := make([]float64, len(took))
@@ -590,7 +661,7 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 	if len(ms) > 0 {
 		res.UpdateMsMax = slices.Max(ms)
 	}
-	return res, nil
+	return res
 }
 
 func absInt(x int) int {
@@ -715,7 +786,7 @@ func reconnect(ctx context.Context, cfg ReconfigConfig) (time.Duration, error) {
 // quiescent strategy on the hospital scenario, the steady overhead of
 // version tracking, and the completion time after a reconnect.
 func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, error) {
-	cfg.defaults()
+	cfg.Defaults()
 	prog := benchreport.NewProgress(cfg.Progress, "reconfig")
 	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS (the link cut for reconnect_ms reconnects with a 5-50 ms backoff, not gRPC's default 1 s); plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (add those for a deployed org: see TestLiveReconfiguration)"}
 	var err error

@@ -593,31 +593,46 @@ func (t *task) quiescentEpoch(stime int64) uint64 {
 	return 0
 }
 
-// holdQuiescent flushes the source's outputs (its marker goes out) and
-// holds the generator until the quiescent plan of epoch e is complete or
-// the task stops, installing the reconfigurations it is handed meanwhile
-// and running other generator commands (snapshots, rescales).
-func (t *task) holdQuiescent(ctx context.Context, e uint64) error {
+// holdQuiescent runs after the source emitted its marker of the
+// quiescent plan of epoch e, a boundary at marker: it emits boundaries at
+// marker+1, marker+2, ... one per fragment of the query, flushes and holds
+// the generator until the plan is complete or the task stops, installing
+// the reconfigurations it is handed meanwhile and running other generator
+// commands (snapshots, rescales). It returns the last boundary emitted,
+// below which no record may follow (records are clamped up to it).
+//
+// A task's level rises at a release step above its inputs' markers, so
+// with nothing above the marker the first task downstream would wait for
+// ever; each boundary one nanosecond higher lets one more stage pass it.
+// Their number depends on the plan only, so replicas emit the same.
+func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64, error) {
+	last := marker
+	for range len(t.plan.Nodes) {
+		last++
+		if err := t.emitBoundary(ctx, last); err != nil {
+			return last, err
+		}
+	}
 	if err := t.flush(ctx); err != nil {
-		return err
+		return last, err
 	}
 	t.counters.busyUntilNow(t)
 	defer t.counters.resume(t)
-	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e)
+	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e, "marker", marker)
 	// setReconfig hands a held generator the new state through genCtl;
 	// the ticker covers one stored while the generator was busy.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		if err := t.pollReconfig(); err != nil {
-			return err
+			return last, err
 		}
 		if t.rc.cur.Completed() >= e {
-			return nil
+			return last, nil
 		}
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return last, ctx.Err()
 		case c := <-t.genCtl:
 			t.runGenCmd(ctx, c)
 		case <-tick.C:

@@ -95,6 +95,7 @@ func (t *task) runGenerator() {
 		// The division runs only once stime reaches the next multiple of
 		// the interval (next), not for every record.
 		if tp.STime >= next {
+			var err error
 			if b := floorDiv(tp.STime, interval) * interval; b > boundary {
 				if err := t.emitBoundary(ctx, b); err != nil {
 					t.endWith(err)
@@ -105,10 +106,11 @@ func (t *task) runGenerator() {
 				if e := t.quiescentEpoch(b); e != 0 {
 					// The quiescent baseline: nothing at or above the
 					// cut until the plan is complete.
-					if err := t.holdQuiescent(ctx, e); err != nil {
+					if boundary, err = t.holdQuiescent(ctx, e, b); err != nil {
 						t.endWith(err)
 						return
 					}
+					tp.STime = max(tp.STime, boundary)
 				}
 			}
 			if next = boundary + interval; next < boundary {
