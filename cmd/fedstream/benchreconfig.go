@@ -92,6 +92,12 @@ do, without Raft or assignment watches.`,
 			}{{"live", res.Live}, {"quiescent", res.Quiescent}} {
 				fmt.Fprintf(w, "%-9s update p50 %7.1f ms  max %7.1f ms  throughput dip %5.1f%% (%5.1f%% without an update)  p99 latency %6.1f ms during (%6.1f before)\n",
 					s.name, s.r.UpdateMsP50, s.r.UpdateMsMax, 100*s.r.ThroughputDip, 100*s.r.ThroughputDipControl, s.r.LatencyP99MsDuring, s.r.LatencyP99MsBefore)
+				if s.r.LongestGapMs > 0 {
+					fmt.Fprintf(w, "%-9s longest time without a result around an update: %.1f ms\n", "", s.r.LongestGapMs)
+				}
+			}
+			if res.OverheadBasis != "" {
+				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
 			}
 			fmt.Fprintf(w, "tracking overhead: static %.1f%%, dynamic %.1f%%\nreconnect completion: %.1f ms\nmixed-version tuples: %d, lost or duplicated: %d\n(%s)\n",
 				100*res.OverheadStatic, 100*res.OverheadDynamic, res.ReconnectMs, res.MixedVersionTuples, res.LostOrDuplicated, res.Scope)

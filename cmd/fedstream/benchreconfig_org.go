@@ -37,11 +37,11 @@ import (
 var errOrgBench = errors.New("bench reconfig")
 
 // orgBenchScope is ReconfigResult.Scope for the org benchmark.
-const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the sources' pause at the cut -> the first result past it at the sink"
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the longest time without a result at the sink around the update (its sources hold at the cut until the plan completes)"
 
 // orgMargin is the switch margin of the benchmark's plans: above the
 // time the switched phase takes to reach the sources on a loaded machine.
-const orgMargin = 250 * time.Millisecond
+const orgMargin = 500 * time.Millisecond
 
 type reconfigOrg struct {
 	fed    *devFederation
@@ -149,13 +149,27 @@ func (o *reconfigOrg) submit(ctx context.Context, name, yaml string) (*orgRun, e
 	return r, nil
 }
 
-// end stops the query and the run's goroutines.
+// end stops the query and the run's goroutines, and waits until no
+// worker runs its tasks any more (they would share the CPU with the
+// next run's).
 func (r *orgRun) end() {
 	r.stop()
 	r.wg.Wait()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	_, _ = r.o.admin.StopQuery(ctx, &pb.StopQueryRequest{Name: r.name})
+	for ctx.Err() == nil {
+		running := false
+		for _, w := range r.o.fed.workers {
+			for _, st := range w.Runtime().States() {
+				running = running || strings.HasPrefix(st.TaskID, r.name+"/")
+			}
+		}
+		if !running {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // sinkAddr is the worker running the sink's first replica, once placed.
@@ -365,41 +379,55 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	org := origin(r.recv)
-	var took []time.Duration
-	for _, e := range epochs {
+	var took, gaps []time.Duration
+	for i, e := range epochs {
 		pt := r.plans[e]
+		// The longest time without a result at the sink from the update
+		// until a second after its plan completed: a quiescent update's
+		// pause (its sources hold at the cut until the plan completes:
+		// drained, swapped, resumed), a live one's none.
+		gap := longestGap(r.recv, at[i], pt.complete.Sub(r.start)+time.Second)
+		gaps = append(gaps, gap)
 		if strategy == fsm.StrategyLive {
 			took = append(took, pt.switched.Sub(pt.committed))
-			continue
+		} else {
+			took = append(took, gap)
 		}
-		// The sources hold at the cut (stream time) until the plan is
-		// complete: from the pause to the first result past the cut.
-		resume := time.Duration(math.MaxInt64)
-		for _, rc := range r.recv {
-			if rc.STime >= pt.cut {
-				resume = min(resume, rc.At)
-			}
-		}
-		if resume == math.MaxInt64 {
-			return none, fmt.Errorf("%w: %s: no result past the cut of plan %d", errOrgBench, name, e)
-		}
-		took = append(took, resume-org-time.Duration(pt.cut))
 	}
-	return benchmark.AnalyseReconfig(want, r.recv, org, at, took), nil
+	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	for _, g := range gaps {
+		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
+	}
+	return res, nil
 }
 
-// orgThroughput runs the scenario unpaced in the org, with tracking off
-// ("": no plan) or with one plan of the given tracking completed first,
-// and returns the sink's results per second over a window after it.
-func orgThroughput(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, tracking string, run int) (float64, error) {
-	name := fmt.Sprintf("sepsis-thr-%s-%d", strings.TrimPrefix(tracking, ""), run)
-	if tracking == "" {
-		name = fmt.Sprintf("sepsis-thr-off-%d", run)
+// longestGap is the longest interval between two results (or from to
+// the first) arriving between from and to.
+func longestGap(recv []benchmark.ReconfigRecord, from, to time.Duration) time.Duration {
+	var gap time.Duration
+	last := from
+	for _, rc := range recv {
+		if rc.At < from || rc.At > to {
+			continue
+		}
+		gap = max(gap, rc.At-last)
+		last = rc.At
 	}
+	return gap
+}
+
+// orgCost runs the scenario paced in the org, with tracking off ("": no
+// plan) or with one plan of the given tracking completed first, and
+// returns the process's CPU time per sink result over a window after it.
+func orgCost(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, tracking string, run int) (time.Duration, error) {
+	mode := tracking
+	if mode == "" {
+		mode = "off"
+	}
+	name := fmt.Sprintf("sepsis-cost-%s-%d", mode, run)
 	// Long enough never to end inside the window.
-	const limit = 1 << 40
-	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, 0, limit, 1))
+	limit := int64((cfg.ThroughputSettle + cfg.ThroughputWindow + 30*time.Second).Seconds() * float64(cfg.Rate))
+	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 1))
 	if err != nil {
 		return 0, err
 	}
@@ -408,7 +436,7 @@ func orgThroughput(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCo
 		return 0, err
 	}
 	if tracking != "" {
-		e, err := r.update(ctx, benchmark.ReconfigQuery(name, cfg.Sources, 0, limit, 2), fsm.StrategyLive, tracking, time.Millisecond)
+		e, err := r.update(ctx, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 2), fsm.StrategyLive, tracking, orgMargin)
 		if err != nil {
 			return 0, err
 		}
@@ -416,23 +444,28 @@ func orgThroughput(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCo
 			return 0, err
 		}
 	}
-	// Every variant measures the same stretch of its run after settling.
-	from := time.Since(r.start) + cfg.ThroughputSettle
-	to := from + cfg.ThroughputWindow
 	select {
-	case <-time.After(time.Until(r.start.Add(to))):
+	case <-time.After(cfg.ThroughputSettle):
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, rc := range r.recv {
-		if rc.At >= from && rc.At < to {
-			n++
-		}
+	count := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.recv)
 	}
-	return float64(n) / cfg.ThroughputWindow.Seconds(), nil
+	n0, cpu0 := count(), benchmark.ProcessCPU()
+	select {
+	case <-time.After(cfg.ThroughputWindow):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n, cpu := count()-n0, benchmark.ProcessCPU()-cpu0
+	if n <= 0 || cpu <= 0 {
+		return 0, fmt.Errorf("%w: %s: %d results, %v CPU in the window", errOrgBench, name, n, cpu)
+	}
+	cfg.Logger.Debug("cost run", "query", name, "results", n, "cpu", cpu)
+	return cpu / time.Duration(n), nil
 }
 
 // orgReconnect cuts the link from the worker running flag to a worker
@@ -497,9 +530,9 @@ func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCon
 	}); err != nil {
 		return 0, err
 	}
-	// Cut for a while, as a link failure is: the connection's backoff
-	// has grown.
-	time.Sleep(500 * time.Millisecond)
+	// Cut a little longer, as a link failure is: the connection's
+	// reconnect backoff has grown to its longest.
+	time.Sleep(200 * time.Millisecond)
 	if levels(func(_ string, l uint64) bool { return l >= e }) {
 		return 0, fmt.Errorf("%w: the plan completed across the cut link", errOrgBench)
 	}
@@ -540,15 +573,16 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 			tracking string
 			into     *[]float64
 		}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}} {
-			v, err := orgThroughput(ctx, o, cfg, m.tracking, i)
+			v, err := orgCost(ctx, o, cfg, m.tracking, i)
 			if err != nil {
 				return nil, err
 			}
-			*m.into = append(*m.into, v)
+			*m.into = append(*m.into, float64(v))
 		}
 	}
-	res.OverheadStatic, res.OverheadDynamic = 1-medianOf(st)/medianOf(off), 1-medianOf(dyn)/medianOf(off)
-	res.ThroughputOff = medianOf(off)
+	res.OverheadStatic, res.OverheadDynamic = 1-medianOf(off)/medianOf(st), 1-medianOf(off)/medianOf(dyn)
+	res.CPUMicrosPerResultOff = medianOf(off) / 1e3
+	res.OverheadBasis = fmt.Sprintf("process CPU time per result at %d results/s, median of %d runs each: 1 - off/tracking", cfg.Sources*cfg.Rate, cfg.ThroughputRuns)
 	prog.Step("reconnect", 1, 1, "")
 	d, err := orgReconnect(ctx, o, cfg)
 	if err != nil {

@@ -96,8 +96,9 @@ type ReconfigConfig struct {
 	// (default 40,000).
 	OverheadRecords int64
 	// In an org (the default of `bench reconfig`): ThroughputRuns runs of
-	// each tracking mode (default 3), each measured over ThroughputWindow
-	// (default 2s) after ThroughputSettle (default 1s).
+	// each tracking mode (default 3), each measuring CPU time per result
+	// over ThroughputWindow (default 3s) after ThroughputSettle (default
+	// 1s).
 	ThroughputRuns   int
 	ThroughputWindow time.Duration
 	ThroughputSettle time.Duration
@@ -111,7 +112,7 @@ func (c *ReconfigConfig) Defaults() {
 		c.ThroughputRuns = 3
 	}
 	if c.ThroughputWindow <= 0 {
-		c.ThroughputWindow = 2 * time.Second
+		c.ThroughputWindow = 3 * time.Second
 	}
 	if c.ThroughputSettle <= 0 {
 		c.ThroughputSettle = time.Second
@@ -162,6 +163,10 @@ type StrategyResult struct {
 	ThroughputDipControl float64 `json:"throughput_dip_control"`
 	LatencyP99MsDuring   float64 `json:"latency_p99_ms_during"`
 	LatencyP99MsBefore   float64 `json:"latency_p99_ms_before"`
+	// LongestGapMs is the longest time without a result at the sink
+	// from an update until a second after its plan completed, the worst
+	// over the updates (org runs only).
+	LongestGapMs float64 `json:"longest_gap_ms,omitempty"`
 	// Buckets are the results per 100 ms and their p99 latency, for the
 	// plot; UpdatesAtMs when each update began (ms from the run's start).
 	Buckets     []ReconfigBucket `json:"buckets,omitempty"`
@@ -186,9 +191,14 @@ type ReconfigResult struct {
 	// stateless operator versioned) / throughput without, unpaced sources.
 	OverheadStatic  float64 `json:"overhead_static"`
 	OverheadDynamic float64 `json:"overhead_dynamic"`
-	// ThroughputOff is the unpaced sink throughput (results/s) with
-	// tracking off that the overheads are relative to (org runs only).
-	ThroughputOff float64 `json:"throughput_off,omitempty"`
+	// OverheadBasis says how the overheads were measured. In an org:
+	// the process's CPU time per sink result at the scenario's paced
+	// rate, CPUMicrosPerResultOff with tracking off (the overhead is 1 -
+	// that over the same with tracking: the throughput lost when the CPU
+	// is the limit), which a machine shared with other work measures far
+	// more steadily than an unpaced run's throughput.
+	OverheadBasis         string  `json:"overhead_basis,omitempty"`
+	CPUMicrosPerResultOff float64 `json:"cpu_us_per_result_off,omitempty"`
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`
@@ -824,6 +834,10 @@ func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, erro
 	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
 	return res, nil
 }
+
+// ProcessCPU is the CPU time (user and system) this process has used (0
+// where the platform does not say).
+func ProcessCPU() time.Duration { return time.Duration(processCPUNanos()) }
 
 // Charts plots, for both strategies, sink results per second in each
 // 100 ms bucket and their p99 latency (x: the bucket's number from the
