@@ -83,6 +83,11 @@ func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryR
 	}
 	epoch := q.Reconfig.Latest() + 1
 	plan := fsm.ReconfigPlan{Epoch: epoch, Strategy: strategy, SpecJSON: spec, SwitchMargin: req.SwitchMarginMs * int64(time.Millisecond)}
+	if strategy == fsm.StrategyQuiescent && plan.SwitchMargin == 0 {
+		// The sources are held from when they learn the plan, so none
+		// can pass a cut just above what they produced.
+		plan.SwitchMargin = 1
+	}
 	for _, op := range changed {
 		def, err := json.Marshal(next.OperatorByName(op))
 		if err != nil {

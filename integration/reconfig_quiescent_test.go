@@ -42,7 +42,7 @@ func TestQuiescentReconfiguration(t *testing.T) {
 		started = true
 		go func() {
 			resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigVersion(base, 2)),
-				Filename: "rq.yaml", SwitchMarginMs: 300, Strategy: "quiescent"})
+				Filename: "rq.yaml", Strategy: "quiescent"})
 			if err != nil {
 				done <- err.Error()
 				return

@@ -37,7 +37,7 @@ import (
 var errOrgBench = errors.New("bench reconfig")
 
 // orgBenchScope is ReconfigResult.Scope for the org benchmark.
-const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the longest time without a result at the sink around the update (its sources hold at the cut until the plan completes)"
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the longest time without a result at the sink around the update (its sources hold from when they learn the plan until it completes)"
 
 // orgMargin is the switch margin of the benchmark's plans: above the
 // time the switched phase takes to reach the sources on a loaded machine.
@@ -102,6 +102,8 @@ func (o *reconfigOrg) close() {
 type planTimes struct {
 	committed, switched, complete time.Time
 	cut                           int64
+	// firstAck is when the first task's acknowledgement was applied.
+	firstAck time.Time
 }
 
 // orgRun is one query of the scenario in the org.
@@ -239,6 +241,7 @@ func (r *orgRun) watch(ctx context.Context) {
 	for ctx.Err() == nil {
 		ws := memdb.NewWatchSet()
 		q, err := st.State().Query(ws, r.name)
+		tasks, _ := st.State().TasksByQuery(ws, r.name)
 		now := time.Now()
 		if err == nil && q != nil && q.Reconfig != nil {
 			r.mu.Lock()
@@ -247,6 +250,11 @@ func (r *orgRun) watch(ctx context.Context) {
 				if pt == nil {
 					pt = &planTimes{committed: now}
 					r.plans[p.Epoch] = pt
+				}
+				for _, t := range tasks {
+					if t.ReconfigAcked >= p.Epoch && pt.firstAck.IsZero() {
+						pt.firstAck = now
+					}
 				}
 				if p.Phase != fsm.ReconfigLoading && pt.switched.IsZero() {
 					pt.switched, pt.cut = now, p.Cut
@@ -295,7 +303,7 @@ func (r *orgRun) update(ctx context.Context, yaml, strategy, tracking string, ma
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	resp, err := r.o.rcs.UpdateQuery(cctx, &pb.UpdateQueryRequest{Yaml: []byte(yaml), Filename: r.name + ".yaml",
-		Strategy: strategy, Tracking: tracking, SwitchMarginMs: max(1, margin.Milliseconds())})
+		Strategy: strategy, Tracking: tracking, SwitchMarginMs: margin.Milliseconds()})
 	if err != nil {
 		return 0, fmt.Errorf("%w: update %s: %w", errOrgBench, r.name, err)
 	}
@@ -361,7 +369,11 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 			}
 		}
 		at = append(at, time.Since(r.start))
-		e, err := r.update(ctx, yaml(i+2), strategy, fsm.TrackingStatic, orgMargin)
+		margin := orgMargin
+		if strategy == fsm.StrategyQuiescent {
+			margin = 0 // the sources hold from the plan's commit: none
+		}
+		e, err := r.update(ctx, yaml(i+2), strategy, fsm.TrackingStatic, margin)
 		if err != nil {
 			return none, err
 		}
@@ -388,6 +400,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		// drained, swapped, resumed), a live one's none.
 		gap := longestGap(r.recv, at[i], pt.complete.Sub(r.start)+time.Second)
 		gaps = append(gaps, gap)
+		cfg.Logger.Debug("plan", "query", name, "epoch", e, "first_ack", pt.firstAck.Sub(pt.committed), "switched", pt.switched.Sub(pt.committed),
+			"complete", pt.complete.Sub(pt.committed), "longest_gap", gap)
 		if strategy == fsm.StrategyLive {
 			took = append(took, pt.switched.Sub(pt.committed))
 		} else {

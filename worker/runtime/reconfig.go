@@ -62,6 +62,9 @@ type reconfigState struct {
 	dynamic bool
 	depends bool
 	levels  []uint64
+	// quiescentLoading: a quiescent plan is loading (a generator source
+	// holds, holdSourceLoading).
+	quiescentLoading bool
 
 	// Reported (read by State on any goroutine).
 	reported atomic.Bool
@@ -187,6 +190,10 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	if t.maxSTime != math.MinInt64 {
 		// Reported with the acknowledgement: the cut goes above it.
 		r.frontier.Store(t.maxSTime)
+	}
+	r.quiescentLoading = false
+	for _, p := range rc.Plans {
+		r.quiescentLoading = r.quiescentLoading || (p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigLoading)
 	}
 	r.loading.Store(loading)
 	r.acked.Store(rc.Latest())
@@ -472,6 +479,9 @@ func (t *task) tagSource(tp *tuple.Tuple) {
 	if err := t.pollReconfig(); err != nil && t.emitErr == nil {
 		t.emitErr = err
 	}
+	if t.rc.quiescentLoading {
+		t.holdSourceLoading()
+	}
 	if t.rc.on {
 		tp.Version = t.rc.sourceEpoch(tp.STime)
 	}
@@ -570,16 +580,21 @@ func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int
 	return low, high, func() { close(hold) }
 }
 
-// quiescentEpoch is the epoch of a quiescent plan (the baseline strategy:
-// pause the sources, drain, swap, resume) that a generator source must
-// hold for after emitting a boundary at stime: a switched plan whose cut
-// the boundary reached and that is not complete yet (0: none). The
-// boundary is the source's marker of that epoch; the source produces
-// nothing at or above the cut until every task has its markers (the plan
-// is complete): by then everything produced before the pause has been
-// processed (drained) and the older versions are removed (swapped).
-// Cuts and phases come from Raft, so every replica holds at the same
-// boundary and produces the same stream (producer only).
+// The quiescent strategy (the comparison baseline: pause the sources,
+// drain, swap, resume) in a generator source: it holds from when it
+// learns the plan while the plan loads (holdSourceLoading); once every
+// task acknowledged, the plan's cut is just above what the sources
+// produced (the plan's margin), and each source produces up to it,
+// emits its marker and holds again until the plan is complete
+// (holdQuiescent): by then everything produced before the pause has been
+// processed (drained) and the older versions are removed (swapped); then
+// it resumes under the new versions. Cuts and phases come from Raft, so
+// every replica holds at the same boundary and produces the same stream.
+//
+// quiescentEpoch is the epoch of a quiescent plan that a generator source
+// must hold for after emitting a boundary at stime: a switched plan whose
+// cut the boundary reached and that is not complete yet (0: none); the
+// boundary is the source's marker of that epoch (producer only).
 func (t *task) quiescentEpoch(stime int64) uint64 {
 	r := &t.rc
 	if !r.on || r.cur == nil || stime == finalBoundary {
@@ -616,23 +631,52 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 	if err := t.flush(ctx); err != nil {
 		return last, err
 	}
+	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e, "marker", marker)
+	return last, t.holdUntil(ctx, func() bool { return t.rc.cur.Completed() >= e })
+}
+
+// holdSourceLoading holds a generator source, before it tags and emits
+// its next record, while a quiescent plan is loading: the stream stops
+// as soon as the plan is learned, before its versions are loaded and
+// acknowledged (the task acknowledged already, with the frontier the cut
+// goes above). A pause changes no record or boundary, only when they
+// come, so replicas still produce the same stream.
+func (t *task) holdSourceLoading() {
+	if !t.rc.quiescentLoading || t.genCtl == nil || t.ctx == nil {
+		return
+	}
+	if err := t.flush(t.ctx); err != nil {
+		if t.emitErr == nil {
+			t.emitErr = err
+		}
+		return
+	}
+	if err := t.holdUntil(t.ctx, func() bool { return !t.rc.quiescentLoading }); err != nil && t.emitErr == nil {
+		t.emitErr = err
+	}
+}
+
+// holdUntil holds a generator source until done holds or ctx ends,
+// installing the reconfigurations it is handed meanwhile and running
+// other generator commands (snapshots, rescales) (generator goroutine
+// only).
+func (t *task) holdUntil(ctx context.Context, done func() bool) error {
 	t.counters.busyUntilNow(t)
 	defer t.counters.resume(t)
-	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e, "marker", marker)
 	// setReconfig hands a held generator the new state through genCtl;
 	// the ticker covers one stored while the generator was busy.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		if err := t.pollReconfig(); err != nil {
-			return last, err
+			return err
 		}
-		if t.rc.cur.Completed() >= e {
-			return last, nil
+		if done() {
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return last, ctx.Err()
+			return ctx.Err()
 		case c := <-t.genCtl:
 			t.runGenCmd(ctx, c)
 		case <-tick.C:
