@@ -202,6 +202,9 @@ type ReconfigResult struct {
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`
+	// ReconnectCutMs is how long the link was cut (org runs): what piled
+	// up meanwhile is processed within ReconnectMs.
+	ReconnectCutMs float64 `json:"reconnect_cut_ms,omitempty"`
 	// Over both strategies' runs.
 	MixedVersionTuples int `json:"mixed_version_tuples"`
 	LostOrDuplicated   int `json:"lost_or_duplicated"`
