@@ -41,8 +41,10 @@ or lost or duplicated (both must be 0).
 Each update is a plan committed through the coordinator (query update), learned by
 the workers from their assignments. The live update time is from the plan's
 commit in Raft until every task's acknowledgement is applied in Raft; the
-quiescent one from the sources' pause at the cut until the first result past it
-reaches the sink (the stream drained, the versions swapped, the sources resumed).
+quiescent one is the longest time without a result at the sink around the update
+(the sources pause from when they learn the plan until it has loaded, the stream
+drained and the versions swapped). The tracking overheads compare the process's
+CPU time per result at the paced rate with and without a completed plan.
 
 --in-process runs the older variant instead: three runtimes over loopback gRPC
 without TLS, the benchmark driving the plan phases as the coordinator's rules

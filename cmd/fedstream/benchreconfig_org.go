@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -471,6 +472,8 @@ func orgCost(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, 
 		defer r.mu.Unlock()
 		return len(r.recv)
 	}
+	// Garbage the earlier runs left is not this run's cost.
+	runtime.GC()
 	n0, cpu0 := count(), benchmark.ProcessCPU()
 	select {
 	case <-time.After(cfg.ThroughputWindow):
@@ -585,11 +588,16 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	}
 	prog.Step("overhead", 1, 1, "")
 	var off, st, dyn []float64
+	modes := []struct {
+		tracking string
+		into     *[]float64
+	}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}}
 	for i := range cfg.ThroughputRuns {
-		for _, m := range []struct {
-			tracking string
-			into     *[]float64
-		}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}} {
+		// Each round in another order: a mode measured first (after the
+		// strategies' runs, or after another round) is not always the
+		// same.
+		for k := range modes {
+			m := modes[(i+k)%len(modes)]
 			v, err := orgCost(ctx, o, cfg, m.tracking, i)
 			if err != nil {
 				return nil, err
