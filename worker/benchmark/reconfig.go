@@ -843,12 +843,13 @@ func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, erro
 func ProcessCPU() time.Duration { return time.Duration(processCPUNanos()) }
 
 // Charts plots, for both strategies, sink results per second in each
-// 100 ms bucket and their p99 latency (x: the bucket's number from the
-// run's start; the updates begin at UpdatesAtMs).
+// 100 ms bucket and their p99 latency against the time since the run's
+// start (the updates begin at UpdatesAtMs, listed in the titles).
 func (r *ReconfigResult) Charts() []benchreport.Chart {
 	series := func(name string, s StrategyResult, lat bool) benchreport.Series {
 		out := benchreport.Series{Name: name}
 		for _, b := range s.Buckets {
+			out.X = append(out.X, b.AtMs/1000)
 			if lat {
 				out.Y = append(out.Y, b.LatencyMs)
 			} else {
@@ -857,10 +858,18 @@ func (r *ReconfigResult) Charts() []benchreport.Chart {
 		}
 		return out
 	}
+	at := func(s StrategyResult) string {
+		var parts []string
+		for _, u := range s.UpdatesAtMs {
+			parts = append(parts, fmt.Sprintf("%.1f", u/1000))
+		}
+		return strings.Join(parts, ", ")
+	}
+	updates := fmt.Sprintf("updates at %s s (live), %s s (quiescent)", at(r.Live), at(r.Quiescent))
 	return []benchreport.Chart{
-		{Title: "sink throughput around the updates", YLabel: "results/s", XLabel: "100 ms bucket",
+		{Title: "sink throughput per 100 ms; " + updates, YLabel: "results/s", XLabel: "s since the run's start",
 			Series: []benchreport.Series{series("live", r.Live, false), series("quiescent", r.Quiescent, false)}},
-		{Title: "p99 latency around the updates", YLabel: "ms", XLabel: "100 ms bucket",
+		{Title: "p99 latency per 100 ms", YLabel: "ms", XLabel: "s since the run's start",
 			Series: []benchreport.Series{series("live", r.Live, true), series("quiescent", r.Quiescent, true)}},
 	}
 }
