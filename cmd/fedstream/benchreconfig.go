@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/internal/benchreport"
 	"github.com/fedstream/fedstream/worker/benchmark"
@@ -72,6 +73,9 @@ do, without Raft or assignment watches.`,
 				if cfg.Warmup <= 0 {
 					cfg.Warmup = 2500 * time.Millisecond
 				}
+				// The org's workers share this process: collect garbage
+				// as a deployed worker process does.
+				setWorkerGC(config.DefaultWorkerGCPercent)
 				res, err = runReconfigOrg(cmd.Context(), cfg)
 			}
 			if err != nil {
