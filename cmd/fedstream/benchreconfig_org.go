@@ -413,6 +413,13 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		}
 	}
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
+	for _, e := range epochs {
+		pt := r.plans[e]
+		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
+		res.SwitchedMs = append(res.SwitchedMs, ms(pt.switched.Sub(pt.committed)))
+		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
+	}
 	for _, g := range gaps {
 		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
 	}

@@ -163,6 +163,12 @@ type StrategyResult struct {
 	ThroughputDipControl float64 `json:"throughput_dip_control"`
 	LatencyP99MsDuring   float64 `json:"latency_p99_ms_during"`
 	LatencyP99MsBefore   float64 `json:"latency_p99_ms_before"`
+	// Per update in an org, from the plan's commit in Raft: when the
+	// first task's acknowledgement was applied, when the last one's was
+	// (the plan switched), and when the plan completed.
+	FirstAckMs []float64 `json:"first_ack_ms,omitempty"`
+	SwitchedMs []float64 `json:"switched_ms,omitempty"`
+	CompleteMs []float64 `json:"complete_ms,omitempty"`
 	// LongestGapMs is the longest time without a result at the sink
 	// from an update until a second after its plan completed, the worst
 	// over the updates (org runs only).
