@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
@@ -274,12 +273,7 @@ func startReconfigCluster(ctx context.Context, cfg ReconfigConfig, rate int, lim
 		return nil, err
 	}
 	c := &reconfigCluster{cfg: cfg, limit: limit, q: q, plan: plan, faults: dataplane.NewFaults(), rc: fsm.QueryReconfig{Tracking: tracking}, boundary: math.MinInt64}
-	// The pool behind the faults reconnects within milliseconds of a
-	// heal; with gRPC's default backoff (1 s at first) reconnect_ms would
-	// measure that backoff, not the markers.
-	fast := grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
-		Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 50 * time.Millisecond}})
-	c.pools = [2]*dataplane.Pool{dataplane.NewPool(), dataplane.NewPool(c.faults.DialOption(), fast)}
+	c.pools = [2]*dataplane.Pool{dataplane.NewPool(), dataplane.NewPool(c.faults.DialOption())}
 	for i := range c.rts {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -807,7 +801,7 @@ func reconnect(ctx context.Context, cfg ReconfigConfig) (time.Duration, error) {
 func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, error) {
 	cfg.Defaults()
 	prog := benchreport.NewProgress(cfg.Progress, "reconfig")
-	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS (the link cut for reconnect_ms reconnects with a 5-50 ms backoff, not gRPC's default 1 s); plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (add those for a deployed org: see TestLiveReconfiguration)"}
+	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS; plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (the default, without --in-process, runs a real org)"}
 	var err error
 	prog.Step("live", 1, 1, "")
 	if res.Live, err = runStrategy(ctx, cfg, false); err != nil {
