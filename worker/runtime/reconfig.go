@@ -499,9 +499,6 @@ func (t *task) tagSource(tp *tuple.Tuple) {
 	if err := t.pollReconfig(); err != nil && t.emitErr == nil {
 		t.emitErr = err
 	}
-	if t.rc.quiescentLoading {
-		t.holdSourceLoading()
-	}
 	if t.rc.on {
 		tp.Version = t.rc.sourceEpoch(tp.STime)
 	}
@@ -652,7 +649,7 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 		return last, err
 	}
 	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e, "marker", marker)
-	return last, t.holdUntil(ctx, func() bool { return t.rc.cur.Completed() >= e })
+	return last, t.holdUntil(ctx, last, func() bool { return t.rc.cur.Completed() >= e })
 }
 
 // holdSourceLoading holds a generator source, before it tags and emits
@@ -660,27 +657,23 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 // as soon as the plan is learned, before its versions are loaded and
 // acknowledged (the task acknowledged already, with the frontier the cut
 // goes above). A pause changes no record or boundary, only when they
-// come, so replicas still produce the same stream.
-func (t *task) holdSourceLoading() {
-	if !t.rc.quiescentLoading || t.genCtl == nil || t.ctx == nil {
-		return
+// come, so replicas still produce the same stream. boundary is the last
+// boundary the source emitted (generator goroutine only).
+func (t *task) holdSourceLoading(ctx context.Context, boundary int64) error {
+	if err := t.pollReconfig(); err != nil || !t.rc.quiescentLoading {
+		return err
 	}
-	if err := t.flush(t.ctx); err != nil {
-		if t.emitErr == nil {
-			t.emitErr = err
-		}
-		return
+	if err := t.flush(ctx); err != nil {
+		return err
 	}
-	if err := t.holdUntil(t.ctx, func() bool { return !t.rc.quiescentLoading }); err != nil && t.emitErr == nil {
-		t.emitErr = err
-	}
+	return t.holdUntil(ctx, boundary, func() bool { return !t.rc.quiescentLoading })
 }
 
 // holdUntil holds a generator source until done holds or ctx ends,
-// installing the reconfigurations it is handed meanwhile and running
-// other generator commands (snapshots, rescales) (generator goroutine
-// only).
-func (t *task) holdUntil(ctx context.Context, done func() bool) error {
+// installing the reconfigurations it is handed meanwhile and serving
+// snapshot requests (at boundary, the last boundary it emitted) and
+// other generator commands (rescales) (generator goroutine only).
+func (t *task) holdUntil(ctx context.Context, boundary int64, done func() bool) error {
 	t.counters.busyUntilNow(t)
 	defer t.counters.resume(t)
 	// setReconfig hands a held generator the new state through genCtl;
@@ -699,6 +692,8 @@ func (t *task) holdUntil(ctx context.Context, done func() bool) error {
 			return ctx.Err()
 		case c := <-t.genCtl:
 			t.runGenCmd(ctx, c)
+		case req := <-t.genSnap:
+			req <- t.cutSource(ctx, boundary)
 		case <-tick.C:
 		}
 	}

@@ -145,6 +145,13 @@ func (t *task) runGenerator() {
 			}
 		}
 		tp.Type = tuple.Stable
+		if t.rc.on || t.rc.pending.Load() != nil {
+			// The quiescent baseline: nothing while its plan loads.
+			if err := t.holdSourceLoading(ctx, boundary); err != nil {
+				t.endWith(err)
+				return
+			}
+		}
 		t.emitSource(ctx, &tp)
 		if t.emitErr != nil {
 			t.endWith(t.emitErr)
