@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
 )
 
 // TestReconfigVersionsBuiltOffTheProducer: a running task handed a plan
@@ -12,6 +14,7 @@ import (
 // compiling the expressions paused the task's stream (a source's pause
 // holds up every task merging it): once every task acknowledged, no
 // task's producer built an operator, and each took every prebuilt one.
+// The tasks of a runtime share one parse of the epoch's configuration.
 // The upgrade still completes with no mixed, lost or duplicated tuple.
 func TestReconfigVersionsBuiltOffTheProducer(t *testing.T) {
 	const limit = 3000
@@ -20,6 +23,19 @@ func TestReconfigVersionsBuiltOffTheProducer(t *testing.T) {
 	waitUntil(t, "results flowing", func() bool { return r.received() > 200 })
 	r.commit(2)
 	for _, w := range r.c.workers {
+		// The epoch's plan was parsed once for all the tasks here.
+		var shared *queryspec.Plan
+		for _, tk := range w.rt.tasksByID() {
+			p := tk.rc.pre.plan(1)
+			if p == nil {
+				t.Fatalf("task %s: no prebuilt plan of epoch 1", tk.spec.TaskID)
+			}
+			if shared == nil {
+				shared = p
+			} else if p != shared {
+				t.Errorf("task %s parsed epoch 1's plan again", tk.spec.TaskID)
+			}
+		}
 		for _, tk := range w.rt.tasksByID() {
 			if n := tk.rc.pre.producerBuilds.Load(); n != 0 {
 				t.Errorf("task %s: its producer built %d operators", tk.spec.TaskID, n)
