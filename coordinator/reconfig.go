@@ -27,12 +27,6 @@ type reconfigService struct {
 	s *Server
 }
 
-// Reconfiguration strategies.
-const (
-	strategyLive      = "live"
-	strategyQuiescent = "quiescent"
-)
-
 // UpdateQuery implements ReconfigService.UpdateQuery.
 func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryRequest) (*pb.UpdateQueryResponse, error) {
 	s := rs.s
@@ -44,12 +38,13 @@ func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryR
 	if err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	switch req.Strategy {
-	case "", strategyLive:
-	case strategyQuiescent:
-		return nil, status.Error(codes.Unimplemented, "update: the quiescent strategy (the benchmark's baseline) is not built yet; use --strategy live")
+	strategy := req.Strategy
+	switch strategy {
+	case "":
+		strategy = fsm.StrategyLive
+	case fsm.StrategyLive, fsm.StrategyQuiescent:
 	default:
-		return nil, status.Errorf(codes.InvalidArgument, "update: strategy %q is not %q or %q", req.Strategy, strategyLive, strategyQuiescent)
+		return nil, status.Errorf(codes.InvalidArgument, "update: strategy %q is not %q or %q", req.Strategy, fsm.StrategyLive, fsm.StrategyQuiescent)
 	}
 	switch req.Tracking {
 	case "", fsm.TrackingStatic, fsm.TrackingDynamic:
@@ -87,7 +82,12 @@ func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryR
 		return nil, status.Errorf(codes.Internal, "encode query: %v", err)
 	}
 	epoch := q.Reconfig.Latest() + 1
-	plan := fsm.ReconfigPlan{Epoch: epoch, Strategy: strategyLive, SpecJSON: spec, SwitchMargin: req.SwitchMarginMs * int64(time.Millisecond)}
+	plan := fsm.ReconfigPlan{Epoch: epoch, Strategy: strategy, SpecJSON: spec, SwitchMargin: req.SwitchMarginMs * int64(time.Millisecond)}
+	if strategy == fsm.StrategyQuiescent && plan.SwitchMargin == 0 {
+		// The sources are held from when they learn the plan, so none
+		// can pass a cut just above what they produced.
+		plan.SwitchMargin = 1
+	}
 	for _, op := range changed {
 		def, err := json.Marshal(next.OperatorByName(op))
 		if err != nil {

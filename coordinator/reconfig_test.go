@@ -23,9 +23,10 @@ sinks:
 
 // TestUpdateQueryCommitsOnePlan: an update that cannot be applied live
 // (bad YAML, an operator's input changed, an operator added, nothing
-// changed, the quiescent strategy) changes nothing; a valid one commits a
+// changed, an unknown strategy) changes nothing; a valid one commits a
 // plan with a new version of the changed operator, and a second plan
-// gives it a third version while the first is still under way.
+// gives it a third version while the first is still under way; each
+// keeps the strategy it was committed with.
 func TestUpdateQueryCommitsOnePlan(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
@@ -48,7 +49,7 @@ func TestUpdateQueryCommitsOnePlan(t *testing.T) {
 		"nothing changed": {reconfigQuery, "", codes.InvalidArgument},
 		"operator added": {strings.Replace(reconfigQuery, "sinks:", "  - {name: extra, type: filter, input: vitals, where: \"true\"}\nsinks:", 1) +
 			"  - {name: out2, input: extra}\n", "", codes.InvalidArgument},
-		"quiescent":     {strings.Replace(reconfigQuery, "38.0", "39.0", 1), "quiescent", codes.Unimplemented},
+		"strategy":      {strings.Replace(reconfigQuery, "38.0", "39.0", 1), "blocking", codes.InvalidArgument},
 		"unknown query": {strings.Replace(strings.Replace(reconfigQuery, "38.0", "39.0", 1), "name: rq", "name: nope", 1), "", codes.NotFound},
 	}
 	for name, b := range bad {
@@ -69,14 +70,14 @@ func TestUpdateQueryCommitsOnePlan(t *testing.T) {
 		t.Fatalf("first plan: %+v", resp)
 	}
 	v3 := strings.Replace(reconfigQuery, "38.0", "37.5", 1)
-	if resp, err = rcs.UpdateQuery(ctxT(t, 10*time.Second), &pb.UpdateQueryRequest{Yaml: []byte(v3), Filename: "rq.yaml"}); err != nil || resp.Epoch != 2 || resp.Changes[0].Version != 3 {
+	if resp, err = rcs.UpdateQuery(ctxT(t, 10*time.Second), &pb.UpdateQueryRequest{Yaml: []byte(v3), Filename: "rq.yaml", Strategy: "quiescent"}); err != nil || resp.Epoch != 2 || resp.Changes[0].Version != 3 {
 		t.Fatalf("second plan: %+v %v", resp, err)
 	}
 	vs, err := rcs.QueryVersions(ctxT(t, 10*time.Second), &pb.QueryVersionsRequest{Name: "rq"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if vs.Tracking != "dynamic" || len(vs.Plans) != 2 || vs.Plans[0].Phase != "loading" {
+	if vs.Tracking != "dynamic" || len(vs.Plans) != 2 || vs.Plans[0].Phase != "loading" || vs.Plans[0].Strategy != "live" || vs.Plans[1].Strategy != "quiescent" {
 		t.Fatalf("versions: %+v", vs)
 	}
 	for _, o := range vs.Operators {

@@ -40,6 +40,17 @@ const (
 	ReconfigComplete = "complete"
 )
 
+// Reconfiguration strategies (ReconfigPlan.Strategy).
+const (
+	// StrategyLive: versions side by side, nothing stops.
+	StrategyLive = "live"
+	// StrategyQuiescent is the comparison baseline: generator sources hold
+	// at the plan's cut (after emitting their marker) until the plan is
+	// complete, so the stream drains before the versions swap, then
+	// resume. Nothing else differs: the phases advance by the same rules.
+	StrategyQuiescent = "quiescent"
+)
+
 // Version tracking modes of a query (QueryReconfig.Tracking).
 const (
 	// TrackingStatic: a tuple keeps the epoch of the configuration its
@@ -66,7 +77,7 @@ type QueryReconfig struct {
 // ReconfigPlan is one reconfiguration plan: the epoch it starts.
 type ReconfigPlan struct {
 	Epoch uint64 `json:"epoch"`
-	// Strategy is "live" (the only one the engine runs).
+	// Strategy is StrategyLive or StrategyQuiescent.
 	Strategy string           `json:"strategy,omitempty"`
 	Changes  []OperatorChange `json:"changes"`
 	// SpecJSON is the canonical query spec of this epoch's configuration.
@@ -216,7 +227,7 @@ func (r *ReconfigureQueryRequest) apply(tx *writeTx) (any, error) {
 		p.SwitchMargin = DefaultSwitchMargin
 	}
 	if p.Strategy == "" {
-		p.Strategy = "live"
+		p.Strategy = StrategyLive
 	}
 	p.Phase, p.Cut, p.CommittedAt, p.SwitchIndex, p.CompleteIndex = ReconfigLoading, 0, r.At, 0, 0
 	rc.Plans = append(rc.Plans, p)

@@ -3,9 +3,11 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fedstream/fedstream/config"
 	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/internal/benchreport"
 	"github.com/fedstream/fedstream/worker/benchmark"
@@ -19,12 +21,15 @@ func newBenchReconfigCmd() *cobra.Command {
 		sources  int
 		rate     int
 		updates  int
+		spacing  time.Duration
+		inProc   bool
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
 		Short: "Live reconfiguration vs the quiescent baseline on the hospital scenario",
 		Long: `Runs the hospital scenario (--sources partitions of 32 patients, --rate vitals
-per second each: 15,000/s by default) on three in-process runtimes and upgrades
+per second each: 15,000/s by default) in an org started in this process (one
+coordinator with its Raft log, three workers, mutual TLS everywhere) and upgrades
 two dependent operators (sepsis by SIRS, then qSOFA, then SIRS again) --updates
 times, once with the live strategy (versions side by side, no pause) and once with
 the quiescent baseline (pause the sources, drain, swap, resume). It reports each
@@ -34,16 +39,45 @@ of static and dynamic version tracking, the completion time after an upstream
 cut off during an update reconnects, and the tuples processed by mixed versions
 or lost or duplicated (both must be 0).
 
-Scope: the runtimes talk over loopback gRPC without TLS and the benchmark drives
-the plan phases as the coordinator's rules do, without Raft or assignment
-watches; a deployed org adds those (see docs/RECONFIG.md).`,
+Each update is a plan committed through the coordinator (query update), learned by
+the workers from their assignments. The live update time is from the plan's
+commit in Raft until every task's acknowledgement is applied in Raft; the
+quiescent one is the longest time without a result at the sink around the update
+(the sources pause from when they learn the plan until it has loaded, the stream
+drained and the versions swapped). The tracking overheads compare the process's
+CPU time per result at the paced rate with and without a completed plan.
+
+--in-process runs the older variant instead: three runtimes over loopback gRPC
+without TLS, the benchmark driving the plan phases as the coordinator's rules
+do, without Raft or assignment watches.`,
 		Example: "  fedstream bench reconfig --json --plot reconfig.png",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			res, err := benchmark.RunReconfig(cmd.Context(), benchmark.ReconfigConfig{
-				Sources: sources, Rate: rate, Updates: updates,
+			cfg := benchmark.ReconfigConfig{
+				Sources: sources, Rate: rate, Updates: updates, Spacing: spacing,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
-			})
+			}
+			var (
+				res *benchmark.ReconfigResult
+				err error
+			)
+			if inProc {
+				res, err = benchmark.RunReconfig(cmd.Context(), cfg)
+			} else {
+				if cfg.Spacing <= 0 {
+					// A second before each update is the dip's
+					// baseline, a second after it the dip, and the
+					// second before that the noise control.
+					cfg.Spacing = 3 * time.Second
+				}
+				if cfg.Warmup <= 0 {
+					cfg.Warmup = 2500 * time.Millisecond
+				}
+				// The org's workers share this process: collect garbage
+				// as a deployed worker process does.
+				setWorkerGC(config.DefaultWorkerGCPercent)
+				res, err = runReconfigOrg(cmd.Context(), cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -62,8 +96,14 @@ watches; a deployed org adds those (see docs/RECONFIG.md).`,
 				name string
 				r    benchmark.StrategyResult
 			}{{"live", res.Live}, {"quiescent", res.Quiescent}} {
-				fmt.Fprintf(w, "%-9s update p50 %7.1f ms  max %7.1f ms  throughput dip %5.1f%%  p99 latency %6.1f ms during (%6.1f before)\n",
-					s.name, s.r.UpdateMsP50, s.r.UpdateMsMax, 100*s.r.ThroughputDip, s.r.LatencyP99MsDuring, s.r.LatencyP99MsBefore)
+				fmt.Fprintf(w, "%-9s update p50 %7.1f ms  max %7.1f ms  throughput dip %5.1f%% (%5.1f%% without an update)  p99 latency %6.1f ms during (%6.1f before)\n",
+					s.name, s.r.UpdateMsP50, s.r.UpdateMsMax, 100*s.r.ThroughputDip, 100*s.r.ThroughputDipControl, s.r.LatencyP99MsDuring, s.r.LatencyP99MsBefore)
+				if s.r.LongestGapMs > 0 {
+					fmt.Fprintf(w, "%-9s longest time without a result around an update: %.1f ms\n", "", s.r.LongestGapMs)
+				}
+			}
+			if res.OverheadBasis != "" {
+				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
 			}
 			fmt.Fprintf(w, "tracking overhead: static %.1f%%, dynamic %.1f%%\nreconnect completion: %.1f ms\nmixed-version tuples: %d, lost or duplicated: %d\n(%s)\n",
 				100*res.OverheadStatic, 100*res.OverheadDynamic, res.ReconnectMs, res.MixedVersionTuples, res.LostOrDuplicated, res.Scope)
@@ -76,5 +116,7 @@ watches; a deployed org adds those (see docs/RECONFIG.md).`,
 	cmd.Flags().IntVar(&sources, "sources", 10, "source partitions (32 patients each)")
 	cmd.Flags().IntVar(&rate, "rate", 1500, "vitals per second per source partition")
 	cmd.Flags().IntVar(&updates, "updates", 3, "updates per strategy")
+	cmd.Flags().DurationVar(&spacing, "spacing", 0, "time between two updates (default 3s in an org, 1.5s in process)")
+	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }

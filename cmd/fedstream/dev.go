@@ -23,6 +23,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker"
+	"github.com/fedstream/fedstream/worker/dataplane"
 )
 
 //go:embed demo-netmon.yaml
@@ -57,6 +58,11 @@ type devOptions struct {
 	// alphaCores, in a dev federation, is the capacity in cores alpha's
 	// load manager counts (0: devAlphaCores).
 	alphaCores float64
+	// boundaryInterval is the workers' source boundary interval (0: the
+	// default); workerFaults[i], when set, injects network faults into
+	// worker i's data plane (benchmarks cut links with it).
+	boundaryInterval time.Duration
+	workerFaults     []*dataplane.Faults
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -144,10 +150,14 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 		creds, err := tlsutil.Load(caFile, "", "")
 		var w *worker.Worker
 		if err == nil {
+			var faults *dataplane.Faults
+			if i < len(o.workerFaults) {
+				faults = o.workerFaults[i]
+			}
 			w, err = worker.New(worker.Config{
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
-				TLS: creds, HTTPAddr: o.httpAddr(),
+				TLS: creds, HTTPAddr: o.httpAddr(), BoundaryInterval: o.boundaryInterval, Faults: faults,
 			})
 		}
 		if err == nil {

@@ -53,9 +53,9 @@ cannot be applied live changes nothing. Follow the plan with
 		fmt.Fprintf(cmd.OutOrStdout(), "query %s: reconfiguration plan %d committed (%s)\n", resp.Name, resp.Epoch, strings.Join(parts, ", "))
 		return nil
 	})
-	cmd.Flags().StringVar(&strategy, "strategy", "live", "live (versions side by side, no pause); quiescent is the benchmark baseline and is not built yet")
+	cmd.Flags().StringVar(&strategy, "strategy", "live", "live (versions side by side, no pause) or quiescent (the comparison baseline: the sources pause from when they learn the plan until it has loaded, the stream drained and the versions swapped)")
 	cmd.Flags().StringVar(&tracking, "tracking", "", "version tracking: static or dynamic (default: keep the query's, static at first)")
-	cmd.Flags().DurationVar(&margin, "switch-margin", 0, "stream time between the highest reported frontier and the sources' switch (default 2s)")
+	cmd.Flags().DurationVar(&margin, "switch-margin", 0, "stream time between the highest reported frontier and the sources' switch (default 2s live, none quiescent)")
 	return cmd
 }
 

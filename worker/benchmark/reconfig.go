@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
@@ -39,7 +38,7 @@ var ErrReconfigBench = errors.New("benchmark: reconfig")
 // qSOFA when even, and marks its output cN; version N of flag expects cN
 // and labels the tuple vN, MIXED otherwise: the two depend on each other,
 // so a tuple that met scored and flag of different versions shows.
-const reconfigBenchYAML = `name: sepsis
+const reconfigBenchYAML = `name: %s
 sources:
   - name: ward
     parallelism: %d
@@ -65,11 +64,18 @@ const (
 )
 
 func reconfigBenchQuery(sources, rate int, limit int64, v int) string {
+	return ReconfigQuery("sepsis", sources, rate, limit, v)
+}
+
+// ReconfigQuery is the hospital scenario's query named name in version
+// v of its two dependent operators: sources partitions of 32 patients,
+// rate vitals/s each (0: as fast as possible), limit records each.
+func ReconfigQuery(name string, sources, rate int, limit int64, v int) string {
 	score := sirsScore
 	if v%2 == 0 {
 		score = qsofaScore
 	}
-	return fmt.Sprintf(reconfigBenchYAML, sources, rate, limit, sources, score, v, v, v)
+	return fmt.Sprintf(reconfigBenchYAML, name, sources, rate, limit, sources, score, v, v, v)
 }
 
 // ReconfigConfig configures RunReconfig.
@@ -88,11 +94,28 @@ type ReconfigConfig struct {
 	// OverheadRecords per source partition in each unpaced overhead run
 	// (default 40,000).
 	OverheadRecords int64
-	Logger          *slog.Logger
-	Progress        io.Writer
+	// ThroughputRuns runs of each tracking mode (default 3); in an org
+	// (the default of `bench reconfig`) each measures CPU time per result
+	// over ThroughputWindow (default 3s) after ThroughputSettle (default
+	// 1s).
+	ThroughputRuns   int
+	ThroughputWindow time.Duration
+	ThroughputSettle time.Duration
+	Logger           *slog.Logger
+	Progress         io.Writer
 }
 
-func (c *ReconfigConfig) defaults() {
+// Defaults fills the zero fields with their defaults.
+func (c *ReconfigConfig) Defaults() {
+	if c.ThroughputRuns <= 0 {
+		c.ThroughputRuns = 3
+	}
+	if c.ThroughputWindow <= 0 {
+		c.ThroughputWindow = 3 * time.Second
+	}
+	if c.ThroughputSettle <= 0 {
+		c.ThroughputSettle = time.Second
+	}
 	if c.Sources <= 0 {
 		c.Sources = 10
 	}
@@ -132,9 +155,23 @@ type StrategyResult struct {
 	// ThroughputDip is 1 - (worst 100 ms bucket of sink results in the
 	// second after an update) / (mean bucket of the second before), the
 	// worst over the updates.
-	ThroughputDip      float64 `json:"throughput_dip"`
-	LatencyP99MsDuring float64 `json:"latency_p99_ms_during"`
-	LatencyP99MsBefore float64 `json:"latency_p99_ms_before"`
+	ThroughputDip float64 `json:"throughput_dip"`
+	// ThroughputDipControl is the same statistic taken a second before
+	// each update (where the spacing leaves room), where nothing changes:
+	// the noise of 100 ms buckets on this machine (-1: not measured).
+	ThroughputDipControl float64 `json:"throughput_dip_control"`
+	LatencyP99MsDuring   float64 `json:"latency_p99_ms_during"`
+	LatencyP99MsBefore   float64 `json:"latency_p99_ms_before"`
+	// Per update in an org, from the plan's commit in Raft: when the
+	// first task's acknowledgement was applied, when the last one's was
+	// (the plan switched), and when the plan completed.
+	FirstAckMs []float64 `json:"first_ack_ms,omitempty"`
+	SwitchedMs []float64 `json:"switched_ms,omitempty"`
+	CompleteMs []float64 `json:"complete_ms,omitempty"`
+	// LongestGapMs is the longest time without a result at the sink
+	// from an update until a second after its plan completed, the worst
+	// over the updates (org runs only).
+	LongestGapMs float64 `json:"longest_gap_ms,omitempty"`
 	// Buckets are the results per 100 ms and their p99 latency, for the
 	// plot; UpdatesAtMs when each update began (ms from the run's start).
 	Buckets     []ReconfigBucket `json:"buckets,omitempty"`
@@ -159,9 +196,20 @@ type ReconfigResult struct {
 	// stateless operator versioned) / throughput without, unpaced sources.
 	OverheadStatic  float64 `json:"overhead_static"`
 	OverheadDynamic float64 `json:"overhead_dynamic"`
+	// OverheadBasis says how the overheads were measured. In an org:
+	// the process's CPU time per sink result at the scenario's paced
+	// rate, CPUMicrosPerResultOff with tracking off (the overhead is 1 -
+	// that over the same with tracking: the throughput lost when the CPU
+	// is the limit), which a machine shared with other work measures far
+	// more steadily than an unpaced run's throughput.
+	OverheadBasis         string  `json:"overhead_basis,omitempty"`
+	CPUMicrosPerResultOff float64 `json:"cpu_us_per_result_off,omitempty"`
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`
+	// ReconnectCutMs is how long the link was cut (org runs): what piled
+	// up meanwhile is processed within ReconnectMs.
+	ReconnectCutMs float64 `json:"reconnect_cut_ms,omitempty"`
 	// Over both strategies' runs.
 	MixedVersionTuples int `json:"mixed_version_tuples"`
 	LostOrDuplicated   int `json:"lost_or_duplicated"`
@@ -189,18 +237,30 @@ type reconfigCluster struct {
 	started time.Time
 
 	mu       sync.Mutex
-	recv     []reconfigRecv
+	recv     []ReconfigRecord
 	boundary int64
 	tailDone chan struct{}
 	tailErr  error
 }
 
-type reconfigRecv struct {
-	at      time.Duration
-	stime   int64
-	key     string
-	path    string
-	version uint64
+// ReconfigRecord is one result the sink produced: when it arrived (since
+// the run's start), its stream time, its key (time/patient/score), the
+// version path its operators wrote and its version tag.
+type ReconfigRecord struct {
+	At      time.Duration
+	STime   int64
+	Key     string
+	Path    string
+	Version uint64
+}
+
+// ReconfigRecorder turns the sink's tuples (schema sch) into records.
+func ReconfigRecorder(sch *tuple.Schema) func(at time.Duration, tp *tuple.Tuple) ReconfigRecord {
+	ti, pi, sc, pa := sch.Index("time"), sch.Index("patient"), sch.Index("score"), sch.Index("path")
+	return func(at time.Duration, tp *tuple.Tuple) ReconfigRecord {
+		return ReconfigRecord{At: at, STime: tp.STime, Path: tp.Values[pa].S, Version: tp.Version,
+			Key: fmt.Sprintf("%d/%s/%d", tp.Values[ti].I, tp.Values[pi].S, tp.Values[sc].I)}
+	}
 }
 
 func startReconfigCluster(ctx context.Context, cfg ReconfigConfig, rate int, limit int64, tracking string) (*reconfigCluster, error) {
@@ -213,12 +273,7 @@ func startReconfigCluster(ctx context.Context, cfg ReconfigConfig, rate int, lim
 		return nil, err
 	}
 	c := &reconfigCluster{cfg: cfg, limit: limit, q: q, plan: plan, faults: dataplane.NewFaults(), rc: fsm.QueryReconfig{Tracking: tracking}, boundary: math.MinInt64}
-	// The pool behind the faults reconnects within milliseconds of a
-	// heal; with gRPC's default backoff (1 s at first) reconnect_ms would
-	// measure that backoff, not the markers.
-	fast := grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: time.Second,
-		Backoff: backoff.Config{BaseDelay: 5 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 50 * time.Millisecond}})
-	c.pools = [2]*dataplane.Pool{dataplane.NewPool(), dataplane.NewPool(c.faults.DialOption(), fast)}
+	c.pools = [2]*dataplane.Pool{dataplane.NewPool(), dataplane.NewPool(c.faults.DialOption())}
 	for i := range c.rts {
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -292,8 +347,7 @@ func (c *reconfigCluster) close() {
 func (c *reconfigCluster) tail(ctx context.Context) {
 	defer close(c.tailDone)
 	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: c.q.Name, TaskId: c.q.Name + "/alerts/p0/r0"}, "", true, 0)
-	sch := c.plan.Node("alerts").Schema
-	ti, pi, sc, pa := sch.Index("time"), sch.Index("patient"), sch.Index("score"), sch.Index("path")
+	record := ReconfigRecorder(c.plan.Node("alerts").Schema)
 	for ctx.Err() == nil {
 		conn, err := c.pools[0].Conn(c.addrs[2])
 		if err != nil {
@@ -315,8 +369,7 @@ func (c *reconfigCluster) tail(ctx context.Context) {
 				if !tp.Type.IsData() {
 					continue
 				}
-				c.recv = append(c.recv, reconfigRecv{at: now, stime: tp.STime, path: tp.Values[pa].S, version: tp.Version,
-					key: fmt.Sprintf("%d/%s/%d", tp.Values[ti].I, tp.Values[pi].S, tp.Values[sc].I)})
+				c.recv = append(c.recv, record(now, &tp))
 			}
 			return nil
 		})
@@ -503,11 +556,12 @@ func (c *reconfigCluster) waitEnd(ctx context.Context) error {
 	}
 }
 
-// reference is the multiset of result keys the generators make.
-func (c *reconfigCluster) reference() (map[string]int, error) {
+// ReconfigReference is the multiset of result keys (time/patient) the
+// generators of query q (one source) make.
+func ReconfigReference(q *queryspec.Query) (map[string]int, error) {
 	want := map[string]int{}
-	for p := range c.cfg.Sources {
-		gen, err := source.NewGenerator(c.q.Sources[0].Gen, p)
+	for p := range q.Sources[0].Parallelism {
+		gen, err := source.NewGenerator(q.Sources[0].Gen, p)
 		if err != nil {
 			return nil, err
 		}
@@ -521,35 +575,43 @@ func (c *reconfigCluster) reference() (map[string]int, error) {
 	return want, nil
 }
 
-// analyse fills a strategy's figures from the sink's results.
 func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration) (StrategyResult, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	res := StrategyResult{Paths: map[string]int{}}
-	want, err := c.reference()
+	want, err := ReconfigReference(c.q)
 	if err != nil {
-		return res, err
+		return StrategyResult{}, err
 	}
+	return AnalyseReconfig(want, c.recv, 0, updates, took), nil
+}
+
+// AnalyseReconfig fills a strategy's figures from the sink's records:
+// want is the reference (ReconfigReference), origin the wall time (since
+// the run's start) of stream time 0, so a record's latency is At - origin
+// - STime; updates are when each update began and took how long each
+// took.
+func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Duration, updates, took []time.Duration) StrategyResult {
+	res := StrategyResult{Paths: map[string]int{}}
 	got := map[string]int{}
 	const bucket = 100 * time.Millisecond
 	nb := 0
-	for _, r := range c.recv {
-		nb = max(nb, int(r.at/bucket)+1)
+	for _, r := range recv {
+		nb = max(nb, int(r.At/bucket)+1)
 	}
 	counts := make([]int, nb)
 	lats := make([][]float64, nb)
-	for _, r := range c.recv {
-		k := r.key[:strings.LastIndexByte(r.key, '/')]
+	for _, r := range recv {
+		k := r.Key[:strings.LastIndexByte(r.Key, '/')]
 		got[k]++
-		res.Paths[r.path]++
-		if r.path == "MIXED" || r.path != fmt.Sprintf("v%d", r.version+1) {
+		res.Paths[r.Path]++
+		if r.Path == "MIXED" || r.Path != fmt.Sprintf("v%d", r.Version+1) {
 			res.Mixed++
 		}
-		b := int(r.at / bucket)
+		b := int(r.At / bucket)
 		counts[b]++
-		// Generators pace stime from their start (stime 0): latency is
-		// arrival minus the record's due time.
-		lats[b] = append(lats[b], float64(r.at-time.Duration(r.stime))/float64(time.Millisecond))
+		// Generators pace stime from their start: latency is arrival
+		// minus the record's due time.
+		lats[b] = append(lats[b], float64(r.At-origin-time.Duration(r.STime))/float64(time.Millisecond))
 	}
 	for k, n := range want {
 		res.LostOrDup += absInt(got[k] - n)
@@ -562,24 +624,46 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 	for b := range counts {
 		res.Buckets = append(res.Buckets, ReconfigBucket{AtMs: float64(time.Duration(b) * bucket / time.Millisecond), Tuples: counts[b], LatencyMs: p99(lats[b])})
 	}
-	var during, before []float64
-	for _, u := range updates {
-		res.UpdatesAtMs = append(res.UpdatesAtMs, float64(u)/float64(time.Millisecond))
-		ub := int(u / bucket)
+	// dip is 1 - the worst bucket of the second from bucket ub on over
+	// the mean bucket of the second before (-1: not enough buckets).
+	dip := func(ub int) float64 {
 		base, n := 0.0, 0
 		for b := max(ub-10, 0); b < ub && b < len(counts); b++ {
 			base += float64(counts[b])
 			n++
-			before = append(before, lats[b]...)
 		}
 		worst := math.MaxFloat64
 		for b := ub; b < ub+10 && b < len(counts); b++ {
 			worst = min(worst, float64(counts[b]))
+		}
+		if n < 10 || base == 0 || worst == math.MaxFloat64 {
+			return -1
+		}
+		return max(0, 1-worst/(base/float64(n)))
+	}
+	var during, before []float64
+	prevEnd := time.Duration(0)
+	res.ThroughputDipControl = -1
+	for _, u := range updates {
+		res.UpdatesAtMs = append(res.UpdatesAtMs, float64(u)/float64(time.Millisecond))
+		ub := int(u / bucket)
+		for b := max(ub-10, 0); b < ub && b < len(counts); b++ {
+			before = append(before, lats[b]...)
+		}
+		for b := ub; b < ub+10 && b < len(counts); b++ {
 			during = append(during, lats[b]...)
 		}
-		if n > 0 && base > 0 && worst != math.MaxFloat64 {
-			res.ThroughputDip = max(res.ThroughputDip, 1-worst/(base/float64(n)))
+		if d := dip(ub); d >= 0 {
+			res.ThroughputDip = max(res.ThroughputDip, d)
 		}
+		// The same statistic a second before the update, where nothing
+		// changes: the noise the dip is to be read against.
+		if c := u - time.Second; c-time.Second >= prevEnd {
+			if d := dip(int(c / bucket)); d >= 0 {
+				res.ThroughputDipControl = max(res.ThroughputDipControl, d)
+			}
+		}
+		prevEnd = u + time.Second
 	}
 	res.LatencyP99MsDuring, res.LatencyP99MsBefore = p99(during), p99(before)
 	ms := make([]float64, len(took))
@@ -590,7 +674,7 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 	if len(ms) > 0 {
 		res.UpdateMsMax = slices.Max(ms)
 	}
-	return res, nil
+	return res
 }
 
 func absInt(x int) int {
@@ -707,17 +791,16 @@ func reconnect(ctx context.Context, cfg ReconfigConfig) (time.Duration, error) {
 	if err := c.waitTasks(ctx, "markers after the reconnect", func(st runtime.TaskState) bool { return st.ReconfigLevel >= 1 }); err != nil {
 		return 0, err
 	}
-	took := time.Since(healed)
-	return took, c.waitEnd(ctx)
+	return time.Since(healed), nil
 }
 
 // RunReconfig runs the reconfiguration benchmark: the live and the
 // quiescent strategy on the hospital scenario, the steady overhead of
 // version tracking, and the completion time after a reconnect.
 func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, error) {
-	cfg.defaults()
+	cfg.Defaults()
 	prog := benchreport.NewProgress(cfg.Progress, "reconfig")
-	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS (the link cut for reconnect_ms reconnects with a 5-50 ms backoff, not gRPC's default 1 s); plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (add those for a deployed org: see TestLiveReconfiguration)"}
+	res := &ReconfigResult{Scope: "in-process runtimes over loopback gRPC without TLS; plan phases driven by the benchmark as the coordinator's rules do, without Raft or assignment watches (the default, without --in-process, runs a real org)"}
 	var err error
 	prog.Step("live", 1, 1, "")
 	if res.Live, err = runStrategy(ctx, cfg, false); err != nil {
@@ -730,7 +813,7 @@ func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, erro
 	prog.Step("overhead", 1, 1, "")
 	records := cfg.OverheadRecords
 	var off, st, dyn []float64
-	for range 3 {
+	for range cfg.ThroughputRuns {
 		for _, m := range []struct {
 			tracking string
 			into     *[]float64
@@ -754,13 +837,18 @@ func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, erro
 	return res, nil
 }
 
+// ProcessCPU is the CPU time (user and system) this process has used (0
+// where the platform does not say).
+func ProcessCPU() time.Duration { return time.Duration(processCPUNanos()) }
+
 // Charts plots, for both strategies, sink results per second in each
-// 100 ms bucket and their p99 latency (x: the bucket's number from the
-// run's start; the updates begin at UpdatesAtMs).
+// 100 ms bucket and their p99 latency against the time since the run's
+// start (the updates begin at UpdatesAtMs, listed in the titles).
 func (r *ReconfigResult) Charts() []benchreport.Chart {
 	series := func(name string, s StrategyResult, lat bool) benchreport.Series {
 		out := benchreport.Series{Name: name}
 		for _, b := range s.Buckets {
+			out.X = append(out.X, b.AtMs/1000)
 			if lat {
 				out.Y = append(out.Y, b.LatencyMs)
 			} else {
@@ -769,10 +857,18 @@ func (r *ReconfigResult) Charts() []benchreport.Chart {
 		}
 		return out
 	}
+	at := func(s StrategyResult) string {
+		var parts []string
+		for _, u := range s.UpdatesAtMs {
+			parts = append(parts, fmt.Sprintf("%.1f", u/1000))
+		}
+		return strings.Join(parts, ", ")
+	}
+	updates := fmt.Sprintf("updates at %s s (live), %s s (quiescent)", at(r.Live), at(r.Quiescent))
 	return []benchreport.Chart{
-		{Title: "sink throughput around the updates", YLabel: "results/s", XLabel: "100 ms bucket",
+		{Title: "sink throughput per 100 ms; " + updates, YLabel: "results/s", XLabel: "s since the run's start",
 			Series: []benchreport.Series{series("live", r.Live, false), series("quiescent", r.Quiescent, false)}},
-		{Title: "p99 latency around the updates", YLabel: "ms", XLabel: "100 ms bucket",
+		{Title: "p99 latency per 100 ms", YLabel: "ms", XLabel: "s since the run's start",
 			Series: []benchreport.Series{series("live", r.Live, true), series("quiescent", r.Quiescent, true)}},
 	}
 }

@@ -14,7 +14,7 @@ func TestReconfigBenchSmall(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	res, err := RunReconfig(ctx, ReconfigConfig{Sources: 2, Rate: 1000, Updates: 1, Warmup: 500 * time.Millisecond,
-		Spacing: 700 * time.Millisecond, OverheadRecords: 2000, Logger: testLogger()})
+		Spacing: 700 * time.Millisecond, OverheadRecords: 2000, ThroughputRuns: 1, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,15 @@
 package dataplane
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/experimental"
 )
@@ -46,10 +50,25 @@ func ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// Reconnect backoff of data-plane connections. gRPC's default starts at
+// 1 s and grows to 120 s: a link that returns after a cut would carry
+// nothing for up to that long, holding back the tuples and markers behind
+// it (a reconfiguration plan waits for them). A connection to a peer
+// that does not answer is retried at most every reconnectMaxDelay; each
+// retry is one dial per peer address (not per subscription), bounded by
+// the connect timeout when the peer's packets are dropped.
+const (
+	reconnectBaseDelay  = 5 * time.Millisecond
+	reconnectMaxDelay   = 20 * time.Millisecond
+	reconnectMinTimeout = 20 * time.Second
+)
+
 // DialOptions are the client options for data-plane connections
 // (plaintext; callers append credentials when TLS is configured).
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
+		grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: reconnectMinTimeout,
+			Backoff: backoff.Config{BaseDelay: reconnectBaseDelay, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay}}),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		experimental.WithBufferPool(sharedDirtyPool),
 		grpc.WithInitialWindowSize(streamWindow),
@@ -135,4 +154,24 @@ func (p *Pool) Close() error {
 		delete(p.conns, addr)
 	}
 	return errors.Join(errs...)
+}
+
+// WaitReady waits until conn becomes ready after not being ready, or
+// until d has passed or ctx ends: a failed subscription retries as soon
+// as its peer is reachable again instead of sleeping its whole backoff.
+// A connection already ready (the failure was not the link's) waits d.
+func WaitReady(ctx context.Context, conn *grpc.ClientConn, d time.Duration) {
+	wctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	st := conn.GetState()
+	if st == connectivity.Ready {
+		<-wctx.Done()
+		return
+	}
+	conn.Connect() // an idle connection dials only when asked
+	for conn.WaitForStateChange(wctx, st) {
+		if st = conn.GetState(); st == connectivity.Ready {
+			return
+		}
+	}
 }

@@ -206,10 +206,32 @@ func (in *input) run(ctx context.Context) {
 		if moved {
 			continue
 		}
-		if backoff.Wait(ctx) != nil {
+		if in.waitRetry(ctx, backoff, cands, attempt) != nil {
 			return
 		}
 	}
+}
+
+// waitRetry waits before the next attempt, which reads replica
+// cands[attempt]: the backoff's delay, cut short once a connection to
+// that replica's worker that was down is up again (its marker and the
+// tuples before it then arrive within the reconnect backoff of the
+// pool, not this one's).
+func (in *input) waitRetry(ctx context.Context, b *retry.Backoff, cands []Placement, attempt int) error {
+	d := b.Next()
+	if len(cands) == 0 {
+		return retry.Sleep(ctx, d)
+	}
+	pl := cands[attempt%len(cands)]
+	if in.t.r.task(pl.TaskID) != nil || in.t.r.pool == nil {
+		return retry.Sleep(ctx, d) // read locally: no connection
+	}
+	conn, err := in.t.r.pool.Conn(pl.WorkerAddr)
+	if err != nil {
+		return retry.Sleep(ctx, d)
+	}
+	dataplane.WaitReady(ctx, conn, d)
+	return ctx.Err()
 }
 
 // attempt runs one subscription to replica pl. moved reports that it was

@@ -378,6 +378,9 @@ type Runtime struct {
 	// bulkServed counts the snapshots served over a connection of their
 	// own (SnapshotsServedBulk).
 	bulkServed atomic.Uint64
+	// epochPlans: reconfiguration epochs' plans, parsed once for all the
+	// tasks here (reconfig.go).
+	epochPlans planCache
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
 	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).

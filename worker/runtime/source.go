@@ -95,6 +95,7 @@ func (t *task) runGenerator() {
 		// The division runs only once stime reaches the next multiple of
 		// the interval (next), not for every record.
 		if tp.STime >= next {
+			var err error
 			if b := floorDiv(tp.STime, interval) * interval; b > boundary {
 				if err := t.emitBoundary(ctx, b); err != nil {
 					t.endWith(err)
@@ -102,6 +103,15 @@ func (t *task) runGenerator() {
 				}
 				boundary = b
 				t.counters.busyUntilNow(t)
+				if e := t.quiescentEpoch(b); e != 0 {
+					// The quiescent baseline: nothing at or above the
+					// cut until the plan is complete.
+					if boundary, err = t.holdQuiescent(ctx, e, b); err != nil {
+						t.endWith(err)
+						return
+					}
+					tp.STime = max(tp.STime, boundary)
+				}
 			}
 			if next = boundary + interval; next < boundary {
 				next = math.MaxInt64 // no multiple of the interval above
@@ -135,6 +145,13 @@ func (t *task) runGenerator() {
 			}
 		}
 		tp.Type = tuple.Stable
+		if t.rc.on || t.rc.pending.Load() != nil {
+			// The quiescent baseline: nothing while its plan loads.
+			if err := t.holdSourceLoading(ctx, boundary); err != nil {
+				t.endWith(err)
+				return
+			}
+		}
 		t.emitSource(ctx, &tp)
 		if t.emitErr != nil {
 			t.endWith(t.emitErr)

@@ -1,0 +1,637 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-memdb"
+	"google.golang.org/grpc"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/internal/benchreport"
+	"github.com/fedstream/fedstream/rpc"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/benchmark"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// `bench reconfig` in a real org: one coordinator (Raft, bbolt log) and
+// three workers in this process, every connection over mutual TLS, as
+// `fedstream dev` runs them. Plans go through ReconfigService.UpdateQuery
+// and advance as the workers report; the benchmark only watches: the
+// coordinator's state (when each plan was committed, switched and
+// completed in Raft) and the sink's results (over the data plane, with a
+// client certificate).
+
+// errOrgBench means the org benchmark could not produce a measurement.
+var errOrgBench = errors.New("bench reconfig")
+
+// orgBenchScope is ReconfigResult.Scope for the org benchmark.
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the longest time without a result at the sink around the update (its sources hold from when they learn the plan until it completes)"
+
+// orgMargin is the switch margin of the benchmark's plans: above the
+// time the switched phase takes to reach the sources on a loaded machine.
+const orgMargin = 500 * time.Millisecond
+
+// reconnectMargin is the switch margin of the reconnect measurement.
+const reconnectMargin = 100 * time.Millisecond
+
+type reconfigOrg struct {
+	fed    *devFederation
+	dir    string
+	faults []*dataplane.Faults
+	conn   *grpc.ClientConn
+	admin  pb.AdminServiceClient
+	rcs    pb.ReconfigServiceClient
+	pool   *dataplane.Pool
+}
+
+func startReconfigOrg(ctx context.Context, logger *slog.Logger) (*reconfigOrg, error) {
+	dir, err := os.MkdirTemp("", "fedstream-bench-reconfig-")
+	if err != nil {
+		return nil, err
+	}
+	o := &reconfigOrg{dir: dir, faults: []*dataplane.Faults{dataplane.NewFaults(), dataplane.NewFaults(), dataplane.NewFaults()}}
+	o.fed, err = startDev(ctx, devOptions{org: "bench", coordinators: 1, workers: 3, dataDir: dir, logger: logger, noHTTP: true,
+		boundaryInterval: 5 * time.Millisecond, workerFaults: o.faults})
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	f := o.fed.client()
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	if err := o.fed.waitReady(wctx, f, 3); err != nil {
+		o.close()
+		return nil, fmt.Errorf("%w: the org did not get ready: %w", errOrgBench, err)
+	}
+	if o.conn, err = f.dial(); err != nil {
+		o.close()
+		return nil, err
+	}
+	o.admin, o.rcs = pb.NewAdminServiceClient(o.conn), pb.NewReconfigServiceClient(o.conn)
+	dp, err := f.tls.dialOption(rpc.RoleWorker)
+	if err != nil {
+		o.close()
+		return nil, err
+	}
+	o.pool = dataplane.NewPool(append(dp, dataplane.TLSDialOptions()...)...)
+	return o, nil
+}
+
+func (o *reconfigOrg) close() {
+	if o.pool != nil {
+		_ = o.pool.Close()
+	}
+	if o.conn != nil {
+		_ = o.conn.Close()
+	}
+	o.fed.stop()
+	_ = os.RemoveAll(o.dir)
+}
+
+// planTimes is when the coordinator's state showed a plan committed,
+// switched (every task acknowledged) and complete.
+type planTimes struct {
+	committed, switched, complete time.Time
+	cut                           int64
+	// firstAck is when the first task's acknowledgement was applied.
+	firstAck time.Time
+}
+
+// orgRun is one query of the scenario in the org.
+type orgRun struct {
+	o     *reconfigOrg
+	name  string
+	q     *queryspec.Query
+	start time.Time
+
+	mu    sync.Mutex
+	recv  []benchmark.ReconfigRecord
+	plans map[uint64]*planTimes
+	// phaseSeen is signalled whenever the watcher records a phase.
+	phaseSeen chan struct{}
+
+	tailDone chan struct{}
+	tailErr  error
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+}
+
+// submit starts query yaml (named name) and follows its sink and its
+// reconfiguration state.
+func (o *reconfigOrg) submit(ctx context.Context, name, yaml string) (*orgRun, error) {
+	q, err := queryspec.Parse(name+".yaml", []byte(yaml))
+	if err != nil {
+		return nil, err
+	}
+	plan, err := q.FusedPlan()
+	if err != nil {
+		return nil, err
+	}
+	r := &orgRun{o: o, name: name, q: q, plans: map[uint64]*planTimes{}, phaseSeen: make(chan struct{}, 1), tailDone: make(chan struct{})}
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	r.start = time.Now()
+	if _, err := o.admin.SubmitQuery(cctx, &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: name + ".yaml"}); err != nil {
+		return nil, fmt.Errorf("%w: submit %s: %w", errOrgBench, name, err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	r.stop = stop
+	r.wg.Add(2)
+	go func() { defer r.wg.Done(); r.watch(rctx) }()
+	go func() { defer r.wg.Done(); r.tail(rctx, benchmark.ReconfigRecorder(plan.Node("alerts").Schema)) }()
+	return r, nil
+}
+
+// end stops the query and the run's goroutines, and waits until no
+// worker runs its tasks any more (they would share the CPU with the
+// next run's).
+func (r *orgRun) end() {
+	r.stop()
+	r.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, _ = r.o.admin.StopQuery(ctx, &pb.StopQueryRequest{Name: r.name})
+	for ctx.Err() == nil {
+		running := false
+		for _, w := range r.o.fed.workers {
+			for _, st := range w.Runtime().States() {
+				running = running || strings.HasPrefix(st.TaskID, r.name+"/")
+			}
+		}
+		if !running {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sinkAddr is the worker running the sink's first replica, once placed.
+func (r *orgRun) sinkAddr(ctx context.Context) (string, error) {
+	id := queryspec.TaskID(r.name, "alerts", 0, 0)
+	for {
+		if qi, err := r.o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: r.name}); err == nil {
+			for _, t := range qi.Tasks {
+				if t.TaskId == id && t.WorkerAddr != "" {
+					return t.WorkerAddr, nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// tail reads the sink's results to the final boundary.
+func (r *orgRun) tail(ctx context.Context, record func(time.Duration, *tuple.Tuple) benchmark.ReconfigRecord) {
+	defer close(r.tailDone)
+	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: r.name, TaskId: queryspec.TaskID(r.name, "alerts", 0, 0)}, "", true, 0)
+	for ctx.Err() == nil {
+		addr, err := r.sinkAddr(ctx)
+		if err != nil {
+			r.tailErr = err
+			return
+		}
+		conn, err := r.o.pool.Conn(addr)
+		if err != nil {
+			r.tailErr = err
+			return
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			now := time.Since(r.start)
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			for i := range b.Tuples {
+				tp := &b.Tuples[i]
+				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+				if tp.Type.IsData() {
+					r.recv = append(r.recv, record(now, tp))
+				}
+			}
+			return nil
+		})
+		if err == nil {
+			return
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	r.tailErr = ctx.Err()
+}
+
+// watch records when the coordinator's state shows each plan's phases:
+// a blocking read of the query's record, woken by every change.
+func (r *orgRun) watch(ctx context.Context) {
+	st := r.o.fed.coords[0]
+	for ctx.Err() == nil {
+		ws := memdb.NewWatchSet()
+		q, err := st.State().Query(ws, r.name)
+		tasks, _ := st.State().TasksByQuery(ws, r.name)
+		now := time.Now()
+		if err == nil && q != nil && q.Reconfig != nil {
+			r.mu.Lock()
+			for _, p := range q.Reconfig.Plans {
+				pt := r.plans[p.Epoch]
+				if pt == nil {
+					pt = &planTimes{committed: now}
+					r.plans[p.Epoch] = pt
+				}
+				for _, t := range tasks {
+					if t.ReconfigAcked >= p.Epoch && pt.firstAck.IsZero() {
+						pt.firstAck = now
+					}
+				}
+				if p.Phase != fsm.ReconfigLoading && pt.switched.IsZero() {
+					pt.switched, pt.cut = now, p.Cut
+				}
+				if p.Phase == fsm.ReconfigComplete && pt.complete.IsZero() {
+					pt.complete = now
+				}
+			}
+			r.mu.Unlock()
+			select {
+			case r.phaseSeen <- struct{}{}:
+			default:
+			}
+		}
+		if err := ws.WatchCtx(ctx); err != nil {
+			return
+		}
+	}
+}
+
+// waitFor waits until cond (under r.mu) holds.
+func (r *orgRun) waitFor(ctx context.Context, what string, limit time.Duration, cond func() bool) error {
+	deadline := time.NewTimer(limit)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		ok := cond()
+		r.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-deadline.C:
+			return fmt.Errorf("%w: %s: timed out waiting for %s", errOrgBench, r.name, what)
+		case <-r.phaseSeen:
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// update commits version v of the query through UpdateQuery and returns
+// its epoch.
+func (r *orgRun) update(ctx context.Context, yaml, strategy, tracking string, margin time.Duration) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	resp, err := r.o.rcs.UpdateQuery(cctx, &pb.UpdateQueryRequest{Yaml: []byte(yaml), Filename: r.name + ".yaml",
+		Strategy: strategy, Tracking: tracking, SwitchMarginMs: margin.Milliseconds()})
+	if err != nil {
+		return 0, fmt.Errorf("%w: update %s: %w", errOrgBench, r.name, err)
+	}
+	return resp.Epoch, nil
+}
+
+func (r *orgRun) complete(ctx context.Context, e uint64) error {
+	return r.waitFor(ctx, fmt.Sprintf("plan %d complete", e), 60*time.Second, func() bool {
+		pt := r.plans[e]
+		return pt != nil && !pt.complete.IsZero()
+	})
+}
+
+func (r *orgRun) waitEnd(ctx context.Context) error {
+	select {
+	case <-r.tailDone:
+		return r.tailErr
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(3 * time.Minute):
+		return fmt.Errorf("%w: %s: the stream did not end", errOrgBench, r.name)
+	}
+}
+
+// origin estimates the wall time (since the run's start) of stream time
+// 0: the generators pace stime from when their tasks start, which the
+// benchmark does not see, so the least (arrival - stime) over the results
+// stands for it. Latencies are then above the least one observed (a
+// millisecond or two).
+func origin(recv []benchmark.ReconfigRecord) time.Duration {
+	o := time.Duration(math.MaxInt64)
+	for _, rc := range recv {
+		o = min(o, rc.At-time.Duration(rc.STime))
+	}
+	return o
+}
+
+// orgStrategy runs the paced scenario with cfg.Updates updates by one
+// strategy in the org.
+func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, strategy string) (benchmark.StrategyResult, error) {
+	var none benchmark.StrategyResult
+	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 1500*time.Millisecond
+	limit := int64(total.Seconds() * float64(cfg.Rate))
+	name := "sepsis-" + strategy
+	yaml := func(v int) string { return benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, v) }
+	r, err := o.submit(ctx, name, yaml(1))
+	if err != nil {
+		return none, err
+	}
+	defer r.end()
+	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
+		return none, err
+	}
+	first := time.Now()
+	var at []time.Duration
+	var epochs []uint64
+	for i := range cfg.Updates {
+		if wait := time.Until(first.Add(cfg.Warmup + time.Duration(i)*cfg.Spacing)); wait > 0 {
+			select {
+			case <-time.After(wait):
+			case <-ctx.Done():
+				return none, ctx.Err()
+			}
+		}
+		at = append(at, time.Since(r.start))
+		margin := orgMargin
+		if strategy == fsm.StrategyQuiescent {
+			margin = 0 // the sources hold from the plan's commit: none
+		}
+		e, err := r.update(ctx, yaml(i+2), strategy, fsm.TrackingStatic, margin)
+		if err != nil {
+			return none, err
+		}
+		if err := r.complete(ctx, e); err != nil {
+			return none, err
+		}
+		epochs = append(epochs, e)
+	}
+	if err := r.waitEnd(ctx); err != nil {
+		return none, err
+	}
+	want, err := benchmark.ReconfigReference(r.q)
+	if err != nil {
+		return none, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var took, gaps []time.Duration
+	for i, e := range epochs {
+		pt := r.plans[e]
+		// The longest time without a result at the sink from the update
+		// until a second after its plan completed: a quiescent update's
+		// pause (its sources hold at the cut until the plan completes:
+		// drained, swapped, resumed), a live one's none.
+		gap := longestGap(r.recv, at[i], pt.complete.Sub(r.start)+time.Second)
+		gaps = append(gaps, gap)
+		cfg.Logger.Debug("plan", "query", name, "epoch", e, "first_ack", pt.firstAck.Sub(pt.committed), "switched", pt.switched.Sub(pt.committed),
+			"complete", pt.complete.Sub(pt.committed), "longest_gap", gap)
+		if strategy == fsm.StrategyLive {
+			took = append(took, pt.switched.Sub(pt.committed))
+		} else {
+			took = append(took, gap)
+		}
+	}
+	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
+	for _, e := range epochs {
+		pt := r.plans[e]
+		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
+		res.SwitchedMs = append(res.SwitchedMs, ms(pt.switched.Sub(pt.committed)))
+		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
+	}
+	for _, g := range gaps {
+		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
+	}
+	return res, nil
+}
+
+// longestGap is the longest interval between two results (or from to
+// the first) arriving between from and to.
+func longestGap(recv []benchmark.ReconfigRecord, from, to time.Duration) time.Duration {
+	var gap time.Duration
+	last := from
+	for _, rc := range recv {
+		if rc.At < from || rc.At > to {
+			continue
+		}
+		gap = max(gap, rc.At-last)
+		last = rc.At
+	}
+	return gap
+}
+
+// orgCost runs the scenario paced in the org, with tracking off ("": no
+// plan) or with one plan of the given tracking completed first, and
+// returns the process's CPU time per sink result over a window after it.
+func orgCost(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, tracking string, run int) (time.Duration, error) {
+	mode := tracking
+	if mode == "" {
+		mode = "off"
+	}
+	name := fmt.Sprintf("sepsis-cost-%s-%d", mode, run)
+	// Long enough never to end inside the window.
+	limit := int64((cfg.ThroughputSettle + cfg.ThroughputWindow + 30*time.Second).Seconds() * float64(cfg.Rate))
+	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 1))
+	if err != nil {
+		return 0, err
+	}
+	defer r.end()
+	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
+		return 0, err
+	}
+	if tracking != "" {
+		e, err := r.update(ctx, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 2), fsm.StrategyLive, tracking, orgMargin)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.complete(ctx, e); err != nil {
+			return 0, err
+		}
+	}
+	select {
+	case <-time.After(cfg.ThroughputSettle):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	count := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.recv)
+	}
+	// Garbage the earlier runs left is not this run's cost.
+	runtime.GC()
+	n0, cpu0 := count(), benchmark.ProcessCPU()
+	select {
+	case <-time.After(cfg.ThroughputWindow):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n, cpu := count()-n0, benchmark.ProcessCPU()-cpu0
+	if n <= 0 || cpu <= 0 {
+		return 0, fmt.Errorf("%w: %s: %d results, %v CPU in the window", errOrgBench, name, n, cpu)
+	}
+	cfg.Logger.Debug("cost run", "query", name, "results", n, "cpu", cpu)
+	return cpu / time.Duration(n), nil
+}
+
+// orgReconnect cuts the link from the worker running flag to a worker
+// running source partitions, commits a live plan, waits until every
+// source passed the cut, heals the link and measures until every task of
+// the query has the plan's markers (its level, read from the runtimes).
+func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (took, down time.Duration, err error) {
+	name := "sepsis-reconnect"
+	limit := int64((cfg.Warmup + 30*time.Second).Seconds() * float64(cfg.Rate))
+	yaml := func(v int) string { return benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, v) }
+	r, err := o.submit(ctx, name, yaml(1))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer r.end()
+	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
+		return 0, 0, err
+	}
+	// Which worker runs flag, which run sources.
+	flagW, srcW := -1, -1
+	for i, w := range o.fed.workers {
+		for _, st := range w.Runtime().States() {
+			switch {
+			case strings.HasPrefix(st.TaskID, name+"/flag/"):
+				flagW = i
+			case strings.HasPrefix(st.TaskID, name+"/ward/"):
+				srcW = max(srcW, i)
+			}
+		}
+	}
+	if flagW == srcW {
+		for i, w := range o.fed.workers {
+			for _, st := range w.Runtime().States() {
+				if i != flagW && strings.HasPrefix(st.TaskID, name+"/ward/") {
+					srcW = i
+				}
+			}
+		}
+	}
+	if flagW < 0 || srcW < 0 || flagW == srcW {
+		return 0, 0, fmt.Errorf("%w: no source runs apart from flag (flag on worker %d)", errOrgBench, flagW)
+	}
+	cut := time.Now()
+	o.faults[flagW].CutOutgoing(o.fed.workers[srcW].Addr(), dataplane.Reset)
+	defer o.faults[flagW].HealAll()
+	// A short margin: the cut-off partitions' results wait in flag's
+	// merge from the cut on (it releases in stream-time order), and all
+	// of that backlog is processed after the link returns.
+	e, err := r.update(ctx, yaml(2), fsm.StrategyLive, fsm.TrackingStatic, reconnectMargin)
+	if err != nil {
+		return 0, 0, err
+	}
+	levels := func(cond func(id string, level uint64) bool) bool {
+		ok := true
+		for _, w := range o.fed.workers {
+			for _, st := range w.Runtime().States() {
+				if strings.HasPrefix(st.TaskID, name+"/") {
+					ok = ok && st.Reconfig && cond(st.TaskID, st.ReconfigLevel)
+				}
+			}
+		}
+		return ok
+	}
+	if err := r.waitFor(ctx, "the sources past the cut", 30*time.Second, func() bool {
+		return levels(func(id string, l uint64) bool { return !strings.Contains(id, "/ward/") || l >= e })
+	}); err != nil {
+		return 0, 0, err
+	}
+	if levels(func(_ string, l uint64) bool { return l >= e }) {
+		return 0, 0, fmt.Errorf("%w: the plan completed across the cut link", errOrgBench)
+	}
+	healed := time.Now()
+	o.faults[flagW].HealAll()
+	for !levels(func(_ string, l uint64) bool { return l >= e }) {
+		if time.Since(healed) > 30*time.Second {
+			return 0, 0, fmt.Errorf("%w: the markers did not arrive after the link returned", errOrgBench)
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
+	return time.Since(healed), healed.Sub(cut), nil
+}
+
+// runReconfigOrg runs the whole benchmark in an org.
+func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchmark.ReconfigResult, error) {
+	cfg.Defaults()
+	prog := benchreport.NewProgress(cfg.Progress, "reconfig")
+	o, err := startReconfigOrg(ctx, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
+	defer o.close()
+	res := &benchmark.ReconfigResult{Scope: orgBenchScope}
+	prog.Step("live", 1, 1, "")
+	if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
+		return nil, err
+	}
+	prog.Step("quiescent", 1, 1, "")
+	if res.Quiescent, err = orgStrategy(ctx, o, cfg, fsm.StrategyQuiescent); err != nil {
+		return nil, err
+	}
+	prog.Step("overhead", 1, 1, "")
+	var off, st, dyn []float64
+	modes := []struct {
+		tracking string
+		into     *[]float64
+	}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}}
+	for i := range cfg.ThroughputRuns {
+		// Each round in another order: a mode measured first (after the
+		// strategies' runs, or after another round) is not always the
+		// same.
+		for k := range modes {
+			m := modes[(i+k)%len(modes)]
+			v, err := orgCost(ctx, o, cfg, m.tracking, i)
+			if err != nil {
+				return nil, err
+			}
+			*m.into = append(*m.into, float64(v))
+		}
+	}
+	res.OverheadStatic, res.OverheadDynamic = 1-medianOf(off)/medianOf(st), 1-medianOf(off)/medianOf(dyn)
+	res.CPUMicrosPerResultOff = medianOf(off) / 1e3
+	res.OverheadBasis = fmt.Sprintf("process CPU time per result at %d results/s, median of %d runs each: 1 - off/tracking", cfg.Sources*cfg.Rate, cfg.ThroughputRuns)
+	prog.Step("reconnect", 1, 1, "")
+	d, down, err := orgReconnect(ctx, o, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res.ReconnectMs = float64(d) / float64(time.Millisecond)
+	res.ReconnectCutMs = float64(down) / float64(time.Millisecond)
+	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
+	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
+	return res, nil
+}
+
+func medianOf(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}

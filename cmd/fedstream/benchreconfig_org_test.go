@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/benchmark"
+)
+
+// TestReconfigBenchOrgSmall runs `bench reconfig` in its org on a small
+// scenario: both strategies update through the coordinator with no
+// result processed by mixed versions, lost or duplicated, each version
+// path present, and every figure produced (the quiescent update is a
+// pause at the sink, the reconnect completes after the link returns).
+func TestReconfigBenchOrgSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts an org in process")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := runReconfigOrg(ctx, benchmark.ReconfigConfig{Sources: 2, Rate: 500, Updates: 1, Warmup: 600 * time.Millisecond,
+		Spacing: time.Second, ThroughputRuns: 1, ThroughputSettle: 100 * time.Millisecond, ThroughputWindow: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.MixedVersionTuples != 0 || res.LostOrDuplicated != 0 {
+		t.Fatalf("mixed %d, lost or duplicated %d", res.MixedVersionTuples, res.LostOrDuplicated)
+	}
+	for name, s := range map[string]benchmark.StrategyResult{"live": res.Live, "quiescent": res.Quiescent} {
+		if s.UpdateMsP50 <= 0 || s.Paths["v1"] == 0 || s.Paths["v2"] == 0 || len(s.Buckets) == 0 || s.LongestGapMs <= 0 {
+			t.Fatalf("%s: %+v", name, s)
+		}
+	}
+	if res.ReconnectMs <= 0 || res.ReconnectCutMs <= 0 || res.CPUMicrosPerResultOff <= 0 {
+		t.Fatalf("reconnect %v ms after a cut of %v ms; %v µs per result", res.ReconnectMs, res.ReconnectCutMs, res.CPUMicrosPerResultOff)
+	}
+}

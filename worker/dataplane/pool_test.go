@@ -1,0 +1,60 @@
+package dataplane
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+)
+
+// TestPoolRedialsQuickly: a data-plane connection to a peer that does not
+// answer keeps redialing at the pool's short reconnect backoff, so a link
+// that returns is used within milliseconds. With gRPC's default backoff
+// (1 s, growing 1.6x) the tenth attempt comes after more than a minute;
+// here the test waits for it for 20 s. Once the peer answers, WaitReady
+// returns as soon as the connection is ready.
+func TestPoolRedialsQuickly(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	var attempts atomic.Int64
+	var down atomic.Bool
+	down.Store(true)
+	p := NewPool(grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		attempts.Add(1)
+		if down.Load() {
+			return nil, errors.New("link cut")
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}))
+	defer p.Close()
+	conn, err := p.Conn(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Connect()
+	deadline := time.Now().Add(20 * time.Second)
+	for attempts.Load() < 10 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d dial attempts in 20 s: the reconnect backoff is too long", attempts.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	down.Store(false)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	WaitReady(ctx, conn, 20*time.Second)
+	if st := conn.GetState(); st != connectivity.Ready {
+		t.Fatalf("connection %v after the link returned", st)
+	}
+}
