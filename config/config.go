@@ -160,6 +160,9 @@ type Worker struct {
 	StallAfter      time.Duration `mapstructure:"stall-after"`
 	SubscriberLease time.Duration `mapstructure:"subscriber-lease"`
 	OverrunGrace    time.Duration `mapstructure:"overrun-grace"`
+	// SensorWindow is the window over which every task's figures are
+	// measured for the health manager and sent to the leader.
+	SensorWindow time.Duration `mapstructure:"sensor-window"`
 	// MaxFuture bounds how far ahead of an ingest source's time a record's
 	// time may be (see runtime.Options.MaxFuture).
 	MaxFuture string `mapstructure:"max-future"`
@@ -257,6 +260,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("stall-after", 30*time.Second, "report a task stalled when it has something to do and has not moved for this long")
 	fs.Duration("subscriber-lease", 30*time.Second, "how long a downstream subscriber that went away still holds an output buffer")
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
+	fs.Duration("sensor-window", time.Second, "measure every task's rates, busy share, backpressure and key sample over windows this long, each sent to the org's leader as it closes (the health manager's sensors)")
 	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
 	fs.String("faults-file", "", "TESTING ONLY: cut or hold data-plane links as this file says, re-read while it changes (lines: `cut ADDR [hold|reset]`, `cut-incoming [hold|reset]`; empty: no fault)")
 	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
@@ -322,6 +326,9 @@ func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
 	}
 	if w.GCPercent <= 0 {
 		return nil, fmt.Errorf("%w, got %d", ErrGCPercent, w.GCPercent)
+	}
+	if w.SensorWindow < 0 || w.SensorWindow > 0 && w.SensorWindow < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: sensor-window must be at least 10ms, got %s", ErrDuration, w.SensorWindow)
 	}
 	for name, d := range map[string]time.Duration{"stall-after": w.StallAfter, "subscriber-lease": w.SubscriberLease, "overrun-grace": w.OverrunGrace} {
 		if d < 0 {

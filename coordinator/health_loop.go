@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"time"
 
@@ -90,8 +89,9 @@ func (h *HealthConfig) fill() {
 type healthQuery struct {
 	// window: fragment -> samples, oldest first.
 	window map[string][]health.Sample
-	// lastReport is the newest report already sampled (Unix ms).
-	lastReport int64
+	// seen: task id -> the newest sensor window already sampled (Unix
+	// ms of its end).
+	seen map[string]int64
 	// quietUntil: no action before (settling after the last one).
 	quietUntil time.Time
 	pending    *pendingHealth
@@ -235,9 +235,8 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 	}
 	// Replica 0 of each partition stands for its partition: replicas
 	// process the same input.
-	byFrag := map[string][]health.Instance{}
 	parallelism := map[string]int{}
-	var newest int64
+	var picked []reportedTask
 	complete := true
 	for _, t := range tasks {
 		if t.Replica != 0 {
@@ -252,21 +251,10 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 			complete = false
 			continue
 		}
-		newest = max(newest, ts.ReportedAtMs)
-		byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
-			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
+		picked = append(picked, reportedTask{task: t, worker: ts.Worker})
 	}
-	if complete && newest > hq.lastReport {
-		hq.lastReport = newest
-		at := time.UnixMilli(newest)
-		for frag, ins := range byFrag {
-			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })
-			w := append(hq.window[frag], health.Sample{At: at, Instances: ins})
-			if len(w) > l.cfg.Window {
-				w = w[len(w)-l.cfg.Window:]
-			}
-			hq.window[frag] = w
-		}
+	if complete {
+		l.addWindows(hq, picked)
 	}
 	if !complete {
 		return nil

@@ -135,7 +135,7 @@ func newWorkerCmd() *cobra.Command {
 				Org: c.Org, Name: c.Name, Coordinators: c.Coordinators, GRPCAddr: c.GRPCAddr,
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
-				MaxFuture: maxFuture, FaultsFile: c.FaultsFile,
+				SensorWindow: c.SensorWindow, MaxFuture: maxFuture, FaultsFile: c.FaultsFile,
 				TLS: creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				HTTPAddr: c.HTTPAddr,
 			})

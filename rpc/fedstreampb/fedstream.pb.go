@@ -249,6 +249,9 @@ type HeartbeatRequest struct {
 	// ---- query statistics (issue 12)
 	// The worker's per-task figures over its last heartbeat interval. The
 	// leader keeps the latest in memory (not in Raft) for QueryStats.
+	// Since the one-second sensors: one entry per task and sensor window
+	// closed since the last delivered heartbeat (TaskStats.window_ms),
+	// oldest first, or each task's latest window again when none closed.
 	TaskStats     []*TaskStats `protobuf:"bytes,130,rep,name=task_stats,json=taskStats,proto3" json:"task_stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2547,8 +2550,16 @@ type TaskStats struct {
 	// Health manager: the most frequent key slots among a sample of the
 	// tuples the task sent to keyed downstream fragments since its previous
 	// report (HealthKeySample), and how many tuples were sampled in all.
-	KeySample     []*HealthKeySample `protobuf:"bytes,300,rep,name=key_sample,json=keySample,proto3" json:"key_sample,omitempty"`
-	KeysSampled   uint64             `protobuf:"varint,301,opt,name=keys_sampled,json=keysSampled,proto3" json:"keys_sampled,omitempty"`
+	KeySample   []*HealthKeySample `protobuf:"bytes,300,rep,name=key_sample,json=keySample,proto3" json:"key_sample,omitempty"`
+	KeysSampled uint64             `protobuf:"varint,301,opt,name=keys_sampled,json=keysSampled,proto3" json:"keys_sampled,omitempty"`
+	// ---- one-second sensors (issue 14, helper hsense)
+	// The length of the sensor window the rates, busy share, backpressure
+	// and key sample cover, ending at reported_at_ms (the worker's
+	// --sensor-window, 1 s by default). A heartbeat carries every window of
+	// a task closed since the previous delivered heartbeat, oldest first,
+	// and is sent as soon as a window closes. 0 from an older worker: the
+	// figures cover its heartbeat interval.
+	WindowMs      int64 `protobuf:"varint,390,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2677,6 +2688,13 @@ func (x *TaskStats) GetKeySample() []*HealthKeySample {
 func (x *TaskStats) GetKeysSampled() uint64 {
 	if x != nil {
 		return x.KeysSampled
+	}
+	return 0
+}
+
+func (x *TaskStats) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
 	}
 	return 0
 }
@@ -7316,7 +7334,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\"\x84\x04\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\xa2\x04\n" +
 	"\tTaskStats\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
@@ -7333,7 +7351,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\x12=\n" +
 	"\n" +
 	"key_sample\x18\xac\x02 \x03(\v2\x1d.fedstream.v1.HealthKeySampleR\tkeySample\x12\"\n" +
-	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\"Y\n" +
+	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\x12\x1c\n" +
+	"\twindow_ms\x18\x86\x03 \x01(\x03R\bwindowMs\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
