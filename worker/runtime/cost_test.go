@@ -2,8 +2,11 @@ package runtime
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // TestCostClockAddsUpExactly: cost waits that wake up late are paid back
@@ -72,4 +75,53 @@ sinks:
 		t.Fatalf("aggregate busy %s for %d tuples at 1 ms each", time.Duration(st.BusyNanos), st.InTuples)
 	}
 	t.Logf("true rate %.0f tuples per busy second (calibrated 1000)", float64(st.InTuples)/(float64(st.BusyNanos)/1e9))
+}
+
+// TestCostTaskReleasesStepByStep: the merge of a task with a calibrated
+// cost releases one step at a time, however far its input is ahead, and
+// a release forced up to a rescale's cut goes step by step as well: a
+// backlog is worked through in releases of one boundary interval, each
+// followed by its cost and a flush, instead of one release sleeping for
+// all of it (which stalled a splitter ten times too small for 30 s and
+// more in bench scaling's real-org run).
+func TestCostTaskReleasesStepByStep(t *testing.T) {
+	m := newMerger(1 << 20)
+	m.oneStep = true
+	m.addInput(0, 0)
+	var batch []tuple.Tuple
+	id := uint64(0)
+	for st := int64(1); st < 40; st++ {
+		id++
+		batch = append(batch, tuple.Tuple{Type: tuple.Stable, ID: id, STime: st})
+		if st%10 == 0 {
+			id++
+			batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: id, STime: st})
+		}
+	}
+	id++
+	batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: id, STime: 40})
+	if err := m.add(context.Background(), 0, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	m.cut, m.cutStep = 25, true
+	m.mu.Unlock()
+	var got [][]int64
+	var sizes []int
+	for {
+		rel, ok := m.take()
+		if !ok {
+			break
+		}
+		n := 0
+		for _, r := range rel.runs {
+			n += len(r.tuples)
+		}
+		got = append(got, slices.Clone(rel.steps))
+		sizes = append(sizes, n)
+	}
+	want := [][]int64{{10}, {20}, {25}}
+	if !slices.EqualFunc(got, want, slices.Equal[[]int64]) || !slices.Equal(sizes, []int{9, 10, 5}) {
+		t.Fatalf("releases %v of %v tuples, want %v of [9 10 5]", got, sizes, want)
+	}
 }

@@ -69,6 +69,7 @@ type input struct {
 // partition).
 func (t *task) buildInputs() {
 	t.merge = newMerger(t.r.opts.InputPendingTuples)
+	t.merge.oneStep = t.node.Op != nil && t.node.Op.CostDuration() > 0
 	for port, up := range t.node.Inputs {
 		upNode := t.plan.Node(up)
 		parts := max(1, upNode.Partitions)
