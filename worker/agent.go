@@ -74,6 +74,9 @@ type Config struct {
 	// over windows this long and sent to the leader as each closes (0:
 	// DefaultSensorWindow, one second).
 	SensorWindow time.Duration
+	// BufferTuples bounds each output stream's buffer in tuples (0: the
+	// data plane's default, dataplane.DefaultMaxTuples).
+	BufferTuples int
 	// Faults, when set, injects network faults into the data plane (its
 	// dials and its listener go through it); FaultsFile makes the worker
 	// create one and apply the fault specification in that file
@@ -205,7 +208,7 @@ func New(cfg Config) (*Worker, error) {
 		bulk.ClientTLS = cfg.TLS.ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}})
 	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
-		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}, Bulk: bulk})
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)

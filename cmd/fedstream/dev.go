@@ -57,6 +57,12 @@ type devOptions struct {
 	// alphaCores, in a dev federation, is the capacity in cores alpha's
 	// load manager counts (0: devAlphaCores).
 	alphaCores float64
+	// health configures the coordinators' health manager (the zero value:
+	// its defaults); sensorWindow the workers' sensor window (0: 1 s).
+	health       coordinator.HealthConfig
+	sensorWindow time.Duration
+	// bufferTuples bounds the workers' output buffers (0: the default).
+	bufferTuples int
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -112,7 +118,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
 				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
-				Timings: devTimings(), Logger: o.logger,
+				Timings: devTimings(), Logger: o.logger, Health: o.health,
 			}
 			if f := o.federation; f != nil {
 				cfg.Federation = *f
@@ -147,7 +153,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 			w, err = worker.New(worker.Config{
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
-				TLS: creds, HTTPAddr: o.httpAddr(),
+				TLS: creds, HTTPAddr: o.httpAddr(), SensorWindow: o.sensorWindow, BufferTuples: o.bufferTuples,
 			})
 		}
 		if err == nil {
