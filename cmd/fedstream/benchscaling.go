@@ -91,7 +91,7 @@ at once in the model):
 				}
 				fmt.Fprintf(w, "wordcount (real org): %d steps, last at %.1f s: %s, over-provisioned %.1f%%, converged %v\n", real.Steps, real.Seconds, strings.Join(fin, ", "), real.Overprovision*100, real.Converged)
 				for _, a := range real.Actions {
-					fmt.Fprintf(w, "  %6.1f s  %-8s %-18s %-10s %d -> %d  true rate %.0f/s  %s\n", a.AtS, a.Fragment, a.Diagnosis, a.Action, a.From, a.To, a.TrueRate, a.Outcome)
+					fmt.Fprintf(w, "  %6.1f s  %-8s %-18s %-10s %d -> %d  true rate %.0f/s  %s (judged at %.1f s)\n", a.AtS, a.Fragment, a.Diagnosis, a.Action, a.From, a.To, a.TrueRate, a.Outcome, a.EvaluatedS)
 				}
 				fmt.Fprintf(w, "  calibration: %s\n  load average at start %s, at end %s\n", real.Calibration.Note, real.LoadAvg["start"], real.LoadAvg["end"])
 			}

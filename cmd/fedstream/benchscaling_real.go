@@ -119,6 +119,10 @@ type RealAction struct {
 	From      int     `json:"from"`
 	To        int     `json:"to"`
 	Outcome   string  `json:"outcome"`
+	// EvaluatedS is when the outcome was judged: a settling time after
+	// the action was carried out (a rescale returns once finished), 0
+	// while pending.
+	EvaluatedS float64 `json:"evaluated_s"`
 	// TrueRate is the true processing rate per instance the policy
 	// measured (tuples per useful second), against the calibrated
 	// capacity in Calibration.
@@ -259,6 +263,9 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 			at := time.UnixMilli(a.AtMs).Sub(start).Seconds()
 			r.Actions = append(r.Actions, RealAction{AtS: math.Round(at*10) / 10, Fragment: a.Fragment, Diagnosis: a.Diagnosis, Action: a.Action,
 				From: int(a.FromParallelism), To: int(a.ToParallelism), Outcome: a.Outcome, TrueRate: math.Round(m.TrueRate)})
+			if a.EvaluatedAtMs > 0 {
+				r.Actions[len(r.Actions)-1].EvaluatedS = math.Round(time.UnixMilli(a.EvaluatedAtMs).Sub(start).Seconds()*10) / 10
+			}
 			r.Steps++
 			r.Seconds = math.Round(at*10) / 10
 			pending = pending || a.Outcome == "pending"
