@@ -254,8 +254,13 @@ func (s *Server) abortRescale(ctx context.Context, tg *rescaleTarget, epoch uint
 // removed partitions' tasks.
 func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, parallelism int) (*fsm.SlotMap, error) {
 	name, op, cur := tg.q.Name, tg.frag, tg.cur
+	// A rescale past its go outlives its caller (ctx may carry no
+	// cancellation), but not the coordinator: Shutdown ends the wait, and
+	// the next leader finishes it (resumeRescales). Without this a
+	// coordinator shut down during a finish waited up to rescaleTimeout.
 	fctx, fcancel := context.WithTimeout(ctx, rescaleTimeout)
 	defer fcancel()
+	defer context.AfterFunc(s.ctx, fcancel)()
 	err := s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)

@@ -116,3 +116,37 @@ func TestLeaderResumesRescales(t *testing.T) {
 		t.Fatalf("the task created for the abandoned rescale is still there: %+v", tk)
 	}
 }
+
+// TestShutdownEndsARescaleFinish: a coordinator shut down while a rescale
+// waits for its tasks to pass the cut (the health loop's rescale, whose
+// finish outlives its caller) stops at once instead of waiting out the
+// rescale's two minutes; the next leader finishes it.
+func TestShutdownEndsARescaleFinish(t *testing.T) {
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(rescaleQuery), Filename: "kq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	var m *fsm.SlotMap
+	waitFor(t, 20*time.Second, "the slot map created", func() bool {
+		m, _ = s.State().SlotMap(nil, "kq", "per_line")
+		return m != nil
+	})
+	tg, err := s.rescaleTarget("kq", "per_line")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	// No worker runs the tasks: none will ever report passing the cut.
+	go func() { _, err := s.finishRescale(context.WithoutCancel(context.Background()), tg, m.Epoch+1, 2); done <- err }()
+	_ = s.Shutdown()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("a finish without any task past the cut succeeded")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("finishRescale still waiting 30 s after Shutdown")
+	}
+}
