@@ -54,13 +54,26 @@ func (l *healthLoop) addWindows(hq *healthQuery, tasks []reportedTask) {
 		}
 	}
 	for _, round := range rounds {
+		// What the upstreams hold for each partition is queued for it
+		// too: a partition takes only what it processes, so the backlog
+		// in front of one slow partition waits in its upstreams' buffers.
+		held := map[string]map[int]int64{}
+		for _, ts := range round {
+			for _, h := range ts.Held {
+				if held[h.Fragment] == nil {
+					held[h.Fragment] = map[int]int64{}
+				}
+				held[h.Fragment][int(h.Partition)] += h.Tuples
+			}
+		}
 		byFrag := map[string][]health.Instance{}
 		var at int64
 		for i, ts := range round {
 			t := tasks[i].task
 			at = max(at, ts.ReportedAtMs)
 			byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
-				InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
+				InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue + held[t.Fragment][t.Partition]),
+				BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
 		}
 		for frag, ins := range byFrag {
 			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })

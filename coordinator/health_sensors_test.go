@@ -117,3 +117,29 @@ func TestHealthLoopSamplesEveryWindow(t *testing.T) {
 		t.Fatalf("reports without a window length: %+v", old.window)
 	}
 }
+
+// TestHeldBacklogCountsAsQueue: what an upstream holds for one partition
+// (a slow one, which takes only what it processes) is part of that
+// partition's queue in the samples, so the queue skew that tells a slow
+// instance shows although the backlog waits upstream.
+func TestHeldBacklogCountsAsQueue(t *testing.T) {
+	s := &Server{liveStats: newLiveStats()}
+	l := &healthLoop{s: s, cfg: HealthConfig{Window: 10}, queries: map[string]*healthQuery{}}
+	l.cfg.fill()
+	hq := l.query("q")
+	tasks := []reportedTask{
+		{task: &fsm.Task{ID: "q/src/p0/r0", Fragment: "src", WorkerID: "w1"}, worker: "w1"},
+		{task: &fsm.Task{ID: "q/op/p0/r0", Fragment: "op", Partition: 0, WorkerID: "w1"}, worker: "w1"},
+		{task: &fsm.Task{ID: "q/op/p1/r0", Fragment: "op", Partition: 1, WorkerID: "w1"}, worker: "w1"},
+	}
+	src := win("q/src/p0/r0", 1, 0)
+	src.Held = []*pb.HealthHeldBacklog{{Fragment: "op", Partition: 1, Tuples: 1800}, {Fragment: "op", Partition: 0, Tuples: 20}}
+	p0, p1 := win("q/op/p0/r0", 1, 400), win("q/op/p1/r0", 1, 400)
+	p0.Queue, p1.Queue = 5, 30
+	s.liveStats.put("w1", []*pb.TaskStats{src, p0, p1}, time.Now())
+	l.addWindows(hq, tasks)
+	op := hq.window["op"]
+	if len(op) != 1 || op[0].Instances[0].Queue != 25 || op[0].Instances[1].Queue != 1830 {
+		t.Fatalf("op samples %+v, want queues 5+20 and 30+1800", op)
+	}
+}

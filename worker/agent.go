@@ -77,6 +77,9 @@ type Config struct {
 	// BufferTuples bounds each output stream's buffer in tuples (0: the
 	// data plane's default, dataplane.DefaultMaxTuples).
 	BufferTuples int
+	// CostScale multiplies the calibrated cost of every operator run here
+	// (0: 1): a slow machine, for benchmarks of the health manager.
+	CostScale float64
 	// Faults, when set, injects network faults into the data plane (its
 	// dials and its listener go through it); FaultsFile makes the worker
 	// create one and apply the fault specification in that file
@@ -208,7 +211,7 @@ func New(cfg Config) (*Worker, error) {
 		bulk.ClientTLS = cfg.TLS.ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleWorker}})
 	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
-		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk})
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk, CostScale: cfg.CostScale})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)

@@ -129,6 +129,10 @@ func (s *sensors) rates(workerID string, stats []wrt.TaskStats, now time.Time) [
 			CpuSecondsPerS:     busy,
 			BackpressureMsPerS: float64(st.BlockedNanos-p.s.BlockedNanos) / 1e6 / secs,
 		})
+		for _, h := range st.Held {
+			ts := out[len(out)-1]
+			ts.Held = append(ts.Held, &pb.HealthHeldBacklog{Fragment: h.Fragment, Partition: int32(h.Partition), Tuples: h.Tuples})
+		}
 	}
 	s.last = next
 	return out

@@ -21,6 +21,7 @@ type scalingReport struct {
 	LoadChange         sim.LoadChange  `json:"load_change"`
 	Noise              sim.Noise       `json:"noise"`
 	Diagnoses          []sim.Diagnosed `json:"diagnoses"`
+	DiagnosesReal      []RealDiagnosed `json:"diagnoses_real,omitempty"`
 	Recovery           sim.Recovery    `json:"blacklist_recovery"`
 	Model              string          `json:"model"`
 }
@@ -34,6 +35,7 @@ func newBenchScalingCmd() *cobra.Command {
 		settle    time.Duration
 		timeout   time.Duration
 		logLevel  string
+		faults    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "scaling",
@@ -80,6 +82,16 @@ at once in the model):
 				}
 				out.Wordcount, out.WordcountSimulated = real, &r.Wordcount
 			}
+			if faults {
+				for _, slow := range []float64{0.25, 0.5, 1} {
+					d, err := runRealSlowInstance(cmd.Context(), realOptions{settle: settle, timeout: 2 * time.Minute,
+						logger: logging.Stderr(logLevel), progress: cmd.ErrOrStderr()}, slow)
+					if err != nil {
+						return fmt.Errorf("real-org %s: %w", d.Injected, err)
+					}
+					out.DiagnosesReal = append(out.DiagnosesReal, d)
+				}
+			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), out)
 			}
@@ -115,6 +127,9 @@ at once in the model):
 				}
 				fmt.Fprintf(w, "diagnosis:   %-20s -> %s\n", d.Injected, got)
 			}
+			for _, d := range out.DiagnosesReal {
+				fmt.Fprintf(w, "diagnosis (real org): %-20s -> %s of partition %d (slow: %d), %s: %s at %.1f s\n", d.Injected, d.Diagnosed, d.DiagnosedPartition, d.SlowPartition, d.Action, d.Outcome, d.AtS)
+			}
 			fmt.Fprintf(w, "blacklist:   %s (recovered: %v)\n", strings.Join(r.Recovery.Actions, ", "), r.Recovery.Recovered)
 			fmt.Fprintf(w, "model:       %s\n", r.Model)
 			return nil
@@ -126,6 +141,7 @@ at once in the model):
 	cmd.Flags().IntVar(&sentences, "sentences", defaultRealSentences, "real org: sentences per second from the source (DS2's rates are scaled by this over 1M/min)")
 	cmd.Flags().DurationVar(&settle, "real-settle", defaultRealSettle, "real org: the health manager's settling time after an action")
 	cmd.Flags().DurationVar(&timeout, "real-timeout", defaultRealTimeout, "real org: give up after this long")
+	cmd.Flags().BoolVar(&faults, "real-faults", false, "also run scenario (c)'s slow instances (25/50/100%) on real orgs of 4 workers, one of them slow (about a minute each)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "real org: log level of its processes (logs go to stderr)")
 	return cmd
 }

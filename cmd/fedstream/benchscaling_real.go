@@ -290,8 +290,10 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 		return nil, err
 	}
 	r.Final = map[string]int{}
+	// Partitions that own slots: a rescale's new partitions exist from
+	// its prepare on, but take part only once it finished.
 	for _, t := range q.Tasks {
-		if t.Replica == 0 && (t.Fragment == "splitter" || t.Fragment == "counter") {
+		if t.Replica == 0 && (t.Fragment == "splitter" || t.Fragment == "counter") && t.SlotCount > 0 {
 			r.Final[t.Fragment]++
 		}
 	}
@@ -322,4 +324,171 @@ func loadAvg() string {
 		return ""
 	}
 	return strings.Join(f[:3], " ")
+}
+
+// Scenario (c) on a real org: a keyed operator of 4 instances at 95% of
+// their calibrated capacity (1900 lines/s, 2 ms a line, keyed by line),
+// one of which runs on a worker whose costs are slowed (each tuple costs
+// it 25%, 50% or 100% more). The worker is the org's fourth; the bench
+// moves the operator's instances so that exactly one runs on it.
+const realSlowQuery = `
+name: slow
+autoscale: true
+sources:
+  - name: lines
+    generator: {kind: words, seed: 7, rate: 1900}
+operators:
+  - name: op
+    type: aggregate
+    input: lines
+    window: {size: 50ms}
+    group_by: [line]
+    aggregates: {n: "count()"}
+    parallelism: 4
+    cost: 2ms
+sinks:
+  - {name: out, input: op}
+`
+
+// RealDiagnosed is one injected fault on the real org and the first
+// diagnosis the health manager made, its action and its outcome.
+type RealDiagnosed struct {
+	Injected  string  `json:"injected"`
+	Diagnosed string  `json:"diagnosed"`
+	Action    string  `json:"action"`
+	Outcome   string  `json:"outcome"`
+	AtS       float64 `json:"at_s"`
+	Detail    string  `json:"detail,omitempty"`
+	// SlowPartition is the partition run by the slow worker;
+	// DiagnosedPartition the one the diagnosis named (-1: none).
+	SlowPartition      int `json:"slow_partition"`
+	DiagnosedPartition int `json:"diagnosed_partition"`
+}
+
+// runRealSlowInstance runs scenario (c) for one slowdown (0.25: each
+// tuple costs 25% more on the slow worker).
+func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (RealDiagnosed, error) {
+	res := RealDiagnosed{Injected: fmt.Sprintf("slow instance %.0f%%", slow*100)}
+	progress := func(format string, args ...any) {
+		if o.progress != nil {
+			fmt.Fprintf(o.progress, "bench scaling: real org, %s: "+format+"\n", append([]any{res.Injected}, args...)...)
+		}
+	}
+	dir, err := os.MkdirTemp("", "fedstream-bench-slow-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	const workers = 4
+	fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "bench", coordinators: 1, workers: workers, dataDir: dir,
+		logger: o.logger, noHTTP: true, health: coordinator.HealthConfig{Interval: time.Second, Settle: o.settle}, sensorWindow: time.Second,
+		bufferTuples: realBufferTuples, lastCostScale: 1 + slow})
+	if err != nil {
+		return res, err
+	}
+	defer fed.stop()
+	f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
+	if err := fed.waitReady(ctx, f, workers); err != nil {
+		return res, err
+	}
+	conn, err := f.dial()
+	if err != nil {
+		return res, err
+	}
+	defer conn.Close()
+	admin, hc := pb.NewAdminServiceClient(conn), pb.NewHealthServiceClient(conn)
+	call := func(fn func(ctx context.Context) error) error {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		return fn(cctx)
+	}
+	if err := call(func(ctx context.Context) error {
+		_, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(realSlowQuery), Filename: "slow.yaml"})
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("submit: %w", err)
+	}
+	slowID := fed.workers[workers-1].ID()
+	// Exactly one instance of op on the slow worker: move the others
+	// off it, or one onto it.
+	var q *pb.QueryInfo
+	if err := call(func(ctx context.Context) error {
+		var err error
+		q, err = admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "slow"})
+		return err
+	}); err != nil {
+		return res, err
+	}
+	var onSlow, elsewhere []*pb.TaskInfo
+	for _, t := range q.Tasks {
+		if t.Fragment != "op" {
+			continue
+		}
+		if t.WorkerId == slowID {
+			onSlow = append(onSlow, t)
+		} else {
+			elsewhere = append(elsewhere, t)
+		}
+	}
+	var moves [][2]string // task, to worker
+	res.SlowPartition, res.DiagnosedPartition = -1, -1
+	switch {
+	case len(onSlow) == 0 && len(elsewhere) > 0:
+		moves = append(moves, [2]string{elsewhere[0].TaskId, slowID})
+		res.SlowPartition = int(elsewhere[0].Partition)
+	case len(onSlow) > 1:
+		for i, t := range onSlow[1:] {
+			moves = append(moves, [2]string{t.TaskId, fed.workers[i%(workers-1)].ID()})
+		}
+		fallthrough
+	case len(onSlow) == 1:
+		res.SlowPartition = int(onSlow[0].Partition)
+	}
+	for _, m := range moves {
+		if err := call(func(ctx context.Context) error {
+			_, err := admin.MoveTask(ctx, &pb.MoveTaskRequest{TaskId: m[0], ToWorker: m[1]})
+			return err
+		}); err != nil {
+			return res, fmt.Errorf("move %s to %s: %w", m[0], m[1], err)
+		}
+	}
+	start := time.Now()
+	progress("running, one instance of 4 on the slow worker (%d moves to get there)", len(moves))
+	deadline := start.Add(o.timeout)
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return res, ctx.Err()
+		case <-time.After(time.Second):
+		}
+		var resp *pb.HealthActionsResponse
+		if err := call(func(ctx context.Context) error {
+			var err error
+			resp, err = hc.Actions(ctx, &pb.HealthActionsRequest{Query: "slow"})
+			return err
+		}); err != nil {
+			continue
+		}
+		var a *pb.HealthAction
+		for _, x := range resp.Actions {
+			if x.Fragment == "op" {
+				a = x
+				break
+			}
+		}
+		if a == nil {
+			continue
+		}
+		res.Diagnosed, res.Action, res.Outcome, res.Detail = a.Diagnosis, a.Action, a.Outcome, a.Detail
+		if _, err := fmt.Sscanf(a.Detail, "partition %d:", &res.DiagnosedPartition); err != nil {
+			res.DiagnosedPartition = -1
+		}
+		res.AtS = math.Round(time.UnixMilli(a.AtMs).Sub(start).Seconds()*10) / 10
+		if a.Outcome != "pending" {
+			progress("%.1f s: %s, %s: %s", res.AtS, a.Diagnosis, a.Action, a.Outcome)
+			return res, nil
+		}
+	}
+	progress("timed out after %s (first action: %q %q %q)", o.timeout, res.Diagnosed, res.Action, res.Outcome)
+	return res, nil
 }

@@ -63,6 +63,9 @@ type devOptions struct {
 	sensorWindow time.Duration
 	// bufferTuples bounds the workers' output buffers (0: the default).
 	bufferTuples int
+	// lastCostScale, when set, makes the last worker slow: it multiplies
+	// the calibrated cost of the operators it runs.
+	lastCostScale float64
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -154,6 +157,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
 				TLS: creds, HTTPAddr: o.httpAddr(), SensorWindow: o.sensorWindow, BufferTuples: o.bufferTuples,
+				CostScale: map[bool]float64{true: o.lastCostScale}[i == o.workers-1],
 			})
 		}
 		if err == nil {

@@ -598,7 +598,11 @@ func (t *task) spendCost(ctx context.Context, runs []mergedRun) error {
 	for i := range runs {
 		n += len(runs[i].tuples)
 	}
-	return t.cost.spend(ctx, time.Duration(n)*t.node.Op.CostDuration(), sleepTimer)
+	d := time.Duration(n) * t.node.Op.CostDuration()
+	if f := t.r.opts.CostScale; f > 0 {
+		d = time.Duration(float64(d) * f)
+	}
+	return t.cost.spend(ctx, d, sleepTimer)
 }
 
 // costClock makes a series of cost waits add up to what they owe: a timer
