@@ -139,7 +139,10 @@ func TestShutdownEndsARescaleFinish(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	// No worker runs the tasks: none will ever report passing the cut.
-	go func() { _, err := s.finishRescale(context.WithoutCancel(context.Background()), tg, m.Epoch+1, 2); done <- err }()
+	go func() {
+		_, err := s.finishRescale(context.WithoutCancel(context.Background()), tg, m.Epoch+1, 2)
+		done <- err
+	}()
 	_ = s.Shutdown()
 	select {
 	case err := <-done:
