@@ -43,3 +43,33 @@ func TestBackpressureBelongsToTheBottleneck(t *testing.T) {
 		t.Fatalf("decision %+v (diagnoses %+v), want the splitter scaled up to 11", dec, ds)
 	}
 }
+
+// TestDrainingQueueIsNoSlowInstance: one partition's larger queue that is
+// shrinking sample after sample (the backlog a rescale left in front of
+// it, worked off) is no queue skew, so no slow instance is diagnosed and
+// moved (bench scaling's real-org word count moved a splitter so after
+// its rescale); the same queue holding is one.
+func TestDrainingQueueIsNoSlowInstance(t *testing.T) {
+	c := DefaultConfig()
+	op := func(q func(k int) float64) gen {
+		return func(k, p int) Instance {
+			if p == 1 {
+				return Instance{InRate: 330, OutRate: 330, Busy: 1, Queue: q(k)}
+			}
+			return Instance{InRate: 340, OutRate: 340, Busy: 0.6, Queue: 100}
+		}
+	}
+	drain := pipeline(6, 3, blocked, op(func(k int) float64 { return 3000 - 300*float64(k) }), calmSink)
+	syms, _, _ := Detect(drain, c)
+	for _, sy := range symptomsOf(syms, "op") {
+		if sy == SymQueueSkew {
+			t.Fatalf("draining queue taken for queue skew: %v", symptomsOf(syms, "op"))
+		}
+	}
+	hold := pipeline(6, 3, blocked, op(func(int) float64 { return 3000 }), calmSink)
+	syms, below, why := Detect(hold, c)
+	ds := Diagnose(hold, syms, below, why, c)
+	if len(ds) != 1 || ds[0].Name != DiagSlowInstance || ds[0].Partition != 1 {
+		t.Fatalf("holding queue: %+v, want partition 1 slow", ds)
+	}
+}

@@ -432,7 +432,11 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 		}
 		// Skews: one partition's window mean above the others'.
 		win := latest(f, 0)
-		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.Queue }), c.SkewRatio, c.QueueSkewMin); p >= 0 {
+		// A larger queue that is draining (a backlog left by a rescale or
+		// a burst, worked off by an instance that keeps up) is no slow or
+		// hot instance: theirs hold or grow.
+		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.Queue }), c.SkewRatio, c.QueueSkewMin); p >= 0 &&
+			!draining(recent, func(s Sample) float64 { return partitionQueue(s, p) }) {
 			s := get(f.Name)
 			s.add(SymQueueSkew, fmt.Sprintf("partition %d holds a larger queue than the others", p))
 			s.Outlier = p
@@ -509,6 +513,16 @@ func all[T any](xs []T, f func(T) bool) bool {
 // shrinks is being worked off, which is no symptom.
 func draining(ss []Sample, v func(Sample) float64) bool {
 	return len(ss) >= 2 && v(ss[len(ss)-1]) < v(ss[0])
+}
+
+// partitionQueue is the queue of partition p in s (0 if absent).
+func partitionQueue(s Sample, p int) float64 {
+	for _, in := range s.Instances {
+		if in.Partition == p {
+			return in.Queue
+		}
+	}
+	return 0
 }
 
 // growing reports whether v grows from each sample to the next.
