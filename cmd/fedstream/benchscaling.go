@@ -91,6 +91,14 @@ at once in the model):
 					}
 					out.DiagnosesReal = append(out.DiagnosesReal, d)
 				}
+				for _, skew := range []float64{0.05, 0.1, 0.2, 0.5} {
+					d, err := runRealSkew(cmd.Context(), realOptions{settle: settle, timeout: time.Minute,
+						logger: logging.Stderr(logLevel), progress: cmd.ErrOrStderr()}, skew)
+					if err != nil {
+						return fmt.Errorf("real-org %s: %w", d.Injected, err)
+					}
+					out.DiagnosesReal = append(out.DiagnosesReal, d)
+				}
 			}
 			if asJSON {
 				return printJSON(cmd.OutOrStdout(), out)
@@ -128,7 +136,7 @@ at once in the model):
 				fmt.Fprintf(w, "diagnosis:   %-20s -> %s\n", d.Injected, got)
 			}
 			for _, d := range out.DiagnosesReal {
-				fmt.Fprintf(w, "diagnosis (real org): %-20s -> %s of partition %d (slow: %d), %s: %s at %.1f s\n", d.Injected, d.Diagnosed, d.DiagnosedPartition, d.SlowPartition, d.Action, d.Outcome, d.AtS)
+				fmt.Fprintf(w, "diagnosis (real org): %-20s -> %s of partition %d (injected at %d), %s: %s at %.1f s\n", d.Injected, d.Diagnosed, d.DiagnosedPartition, d.SlowPartition, d.Action, d.Outcome, d.AtS)
 			}
 			fmt.Fprintf(w, "blacklist:   %s (recovered: %v)\n", strings.Join(r.Recovery.Actions, ", "), r.Recovery.Recovered)
 			fmt.Fprintf(w, "model:       %s\n", r.Model)
@@ -141,7 +149,7 @@ at once in the model):
 	cmd.Flags().IntVar(&sentences, "sentences", defaultRealSentences, "real org: sentences per second from the source (DS2's rates are scaled by this over 1M/min)")
 	cmd.Flags().DurationVar(&settle, "real-settle", defaultRealSettle, "real org: the health manager's settling time after an action")
 	cmd.Flags().DurationVar(&timeout, "real-timeout", defaultRealTimeout, "real org: give up after this long")
-	cmd.Flags().BoolVar(&faults, "real-faults", false, "also run scenario (c)'s slow instances (25/50/100%) on real orgs of 4 workers, one of them slow (about a minute each)")
+	cmd.Flags().BoolVar(&faults, "real-faults", false, "also run scenario (c) on real orgs of 4 workers: slow instances (25/50/100%, one worker slow) and data skew (5-50%), about 45 s each")
 	cmd.Flags().StringVar(&logLevel, "log-level", "error", "real org: log level of its processes (logs go to stderr)")
 	return cmd
 }

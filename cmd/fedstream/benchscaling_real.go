@@ -369,6 +369,14 @@ type RealDiagnosed struct {
 // tuple costs 25% more on the slow worker).
 func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (RealDiagnosed, error) {
 	res := RealDiagnosed{Injected: fmt.Sprintf("slow instance %.0f%%", slow*100)}
+	return runRealFault(ctx, o, res, realSlowQuery, "slow", slow)
+}
+
+// runRealFault runs query (named name, whose keyed operator of 4
+// instances is op) on a 4-worker org and reports the first diagnosis made
+// on op. slow > 0 makes the fourth worker slow by that much and puts one
+// instance of op on it.
+func runRealFault(ctx context.Context, o realOptions, res RealDiagnosed, query, name string, slow float64) (RealDiagnosed, error) {
 	progress := func(format string, args ...any) {
 		if o.progress != nil {
 			fmt.Fprintf(o.progress, "bench scaling: real org, %s: "+format+"\n", append([]any{res.Injected}, args...)...)
@@ -382,7 +390,7 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 	const workers = 4
 	fed, err := startDev(context.WithoutCancel(ctx), devOptions{org: "bench", coordinators: 1, workers: workers, dataDir: dir,
 		logger: o.logger, noHTTP: true, health: coordinator.HealthConfig{Interval: time.Second, Settle: o.settle}, sensorWindow: time.Second,
-		bufferTuples: realBufferTuples, lastCostScale: 1 + slow})
+		bufferTuples: realBufferTuples, lastCostScale: map[bool]float64{true: 1 + slow}[slow > 0]})
 	if err != nil {
 		return res, err
 	}
@@ -403,7 +411,7 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 		return fn(cctx)
 	}
 	if err := call(func(ctx context.Context) error {
-		_, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(realSlowQuery), Filename: "slow.yaml"})
+		_, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(query), Filename: name + ".yaml"})
 		return err
 	}); err != nil {
 		return res, fmt.Errorf("submit: %w", err)
@@ -414,7 +422,7 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 	var q *pb.QueryInfo
 	if err := call(func(ctx context.Context) error {
 		var err error
-		q, err = admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "slow"})
+		q, err = admin.GetQuery(ctx, &pb.GetQueryRequest{Name: name})
 		return err
 	}); err != nil {
 		return res, err
@@ -431,8 +439,9 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 		}
 	}
 	var moves [][2]string // task, to worker
-	res.SlowPartition, res.DiagnosedPartition = -1, -1
+	res.DiagnosedPartition = -1
 	switch {
+	case slow <= 0:
 	case len(onSlow) == 0 && len(elsewhere) > 0:
 		moves = append(moves, [2]string{elsewhere[0].TaskId, slowID})
 		res.SlowPartition = int(elsewhere[0].Partition)
@@ -453,7 +462,11 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 		}
 	}
 	start := time.Now()
-	progress("running, one instance of 4 on the slow worker (%d moves to get there)", len(moves))
+	if slow > 0 {
+		progress("running, one instance of 4 on the slow worker (%d moves to get there)", len(moves))
+	} else {
+		progress("running")
+	}
 	deadline := start.Add(o.timeout)
 	for time.Now().Before(deadline) {
 		select {
@@ -464,7 +477,7 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 		var resp *pb.HealthActionsResponse
 		if err := call(func(ctx context.Context) error {
 			var err error
-			resp, err = hc.Actions(ctx, &pb.HealthActionsRequest{Query: "slow"})
+			resp, err = hc.Actions(ctx, &pb.HealthActionsRequest{Query: name})
 			return err
 		}); err != nil {
 			continue
@@ -491,4 +504,84 @@ func runRealSlowInstance(ctx context.Context, o realOptions, slow float64) (Real
 	}
 	progress("timed out after %s (first action: %q %q %q)", o.timeout, res.Diagnosed, res.Action, res.Outcome)
 	return res, nil
+}
+
+// Data skew on a real org: the same operator of 4 instances, keyed by k,
+// where k is the line, except for the lines whose length modulo 97 is
+// below a threshold, which all get the key "hot": the partition owning
+// "hot" receives more tuples than the others. The threshold is chosen
+// from the generator's own lines for the skew asked for, and the skew
+// reached is reported.
+const realSkewQuery = `
+name: skew
+autoscale: true
+sources:
+  - name: lines
+    generator: {kind: words, seed: 7, rate: %d}
+operators:
+  - name: keyed
+    type: map
+    input: lines
+    fields: {k: "len(line) %% 97 < %d ? 'hot' : line"}
+  - name: op
+    type: aggregate
+    input: keyed
+    window: {size: 50ms}
+    group_by: [k]
+    aggregates: {n: "count()"}
+    parallelism: 4
+    cost: 2ms
+sinks:
+  - {name: out, input: op}
+`
+
+// skewThreshold picks the threshold of realSkewQuery whose hot share
+// comes closest to skew more tuples for the hot partition than for the
+// others, and returns the skew reached and the hot partition.
+func skewThreshold(skew float64) (threshold int, reached float64, hot int, err error) {
+	g, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 7}, 0)
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	const n = 50000
+	var t tuple.Tuple
+	var residues [97]int
+	for range n {
+		if !g.Next(&t) {
+			return 0, 0, 0, fmt.Errorf("the words generator stopped")
+		}
+		residues[len(t.Values[0].S)%97]++
+	}
+	hot = queryspec.PartitionOfSlot(queryspec.Slot([]tuple.Value{tuple.Str("hot")}), 4)
+	best := math.Inf(1)
+	cum := 0
+	for th := 0; th <= 97; th++ {
+		f := float64(cum) / n
+		// The hot partition gets f plus its quarter of the rest.
+		got := (f + (1-f)/4) / ((1 - f) / 4)
+		if d := math.Abs(got - 1 - skew); d < best {
+			best, threshold, reached = d, th, got-1
+		}
+		if th < 97 {
+			cum += residues[th]
+		}
+	}
+	return threshold, reached, hot, nil
+}
+
+// runRealSkew runs scenario (c)'s data skew for one skew (0.1: the hot
+// partition receives 10% more tuples than each other one) at 95% of the
+// operator's capacity, as the model does.
+func runRealSkew(ctx context.Context, o realOptions, skew float64) (RealDiagnosed, error) {
+	res := RealDiagnosed{Injected: fmt.Sprintf("data skew %.0f%%", skew*100), SlowPartition: -1, DiagnosedPartition: -1}
+	th, reached, hot, err := skewThreshold(skew)
+	if err != nil {
+		return res, err
+	}
+	res.Injected = fmt.Sprintf("data skew %.0f%% (reached %.1f%%)", skew*100, reached*100)
+	res.SlowPartition = hot
+	// 95% of 4 instances of 500 tuples/s; the hot one takes (1+s)/(4+s)
+	// of it, more than it can from a skew of about 5.3%.
+	y := fmt.Sprintf(realSkewQuery, 1900, th)
+	return runRealFault(ctx, o, res, y, "skew", 0)
 }

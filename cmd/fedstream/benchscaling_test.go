@@ -31,3 +31,18 @@ func TestRealCalibrationKeepsDS2Ratios(t *testing.T) {
 		t.Fatal("50 sentences/s (a 200 ms splitter cost) accepted")
 	}
 }
+
+// TestSkewThreshold: the data-skew query's threshold is chosen from the
+// generator's lines so that the hot partition receives about the skew
+// asked for more than each other one.
+func TestSkewThreshold(t *testing.T) {
+	for _, skew := range []float64{0.1, 0.2, 0.5} {
+		th, reached, hot, err := skewThreshold(skew)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if th <= 0 || hot < 0 || hot > 3 || math.Abs(reached-skew) > 0.05 {
+			t.Errorf("skew %.2f: threshold %d, reached %.3f, hot partition %d", skew, th, reached, hot)
+		}
+	}
+}
