@@ -48,7 +48,10 @@ that, counters of a twentieth of its words: the optimum is 10 + 20), both
 starting at parallelism 1, with the health loop's one-second sensors, policy
 and live rescale. It stops once the manager has acted and stayed quiet for a
 settling time and more after its last evaluation (about a minute and a half
-with the default --real-settle), or after --real-timeout.
+with the default --real-settle), or after --real-timeout. --real-faults adds
+scenario (c) on real orgs of 4 workers (diagnoses_real): one instance of a
+keyed operator at 95% load on a worker whose costs are 25/50/100% higher,
+then data skew of 5-50%, 45-60 s each.
 
 Then runs the policy (detectors, diagnosers, resolver choice, DS2 sizing,
 settling, evaluation and blacklist) against a fluid model of a query, one
@@ -145,7 +148,7 @@ at once in the model):
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "seed of the noise scenario")
-	cmd.Flags().BoolVar(&simOnly, "sim-only", false, "run only the model (no real org; under a second)")
+	cmd.Flags().BoolVar(&simOnly, "sim-only", false, "skip the real-org word count (the model alone runs in under a second; --real-faults still runs its real orgs)")
 	cmd.Flags().IntVar(&sentences, "sentences", defaultRealSentences, "real org: sentences per second from the source (DS2's rates are scaled by this over 1M/min)")
 	cmd.Flags().DurationVar(&settle, "real-settle", defaultRealSettle, "real org: the health manager's settling time after an action")
 	cmd.Flags().DurationVar(&timeout, "real-timeout", defaultRealTimeout, "real org: give up after this long")
