@@ -166,6 +166,9 @@ type Worker struct {
 	// runtime.Options).
 	DCAAKeepTuples     int `mapstructure:"dcaa-keep-tuples"`
 	InputPendingTuples int `mapstructure:"input-pending-tuples"`
+	// SensorWindow is the window over which every task's figures are
+	// measured for the health manager and sent to the leader.
+	SensorWindow time.Duration `mapstructure:"sensor-window"`
 	// MaxFuture bounds how far ahead of an ingest source's time a record's
 	// time may be (see runtime.Options.MaxFuture).
 	MaxFuture string `mapstructure:"max-future"`
@@ -268,6 +271,7 @@ func WorkerFlags(fs *pflag.FlagSet) {
 	fs.Duration("overrun-grace", 3*time.Second, "how long a full output buffer held only by disconnected or missing subscribers waits before discarding their oldest tuples")
 	fs.Int("dcaa-keep-tuples", 256<<10, "replicated queries: the most input tuples a task keeps for correcting its tentative results; past it the oldest go and the results that depended on them are reported uncorrectable")
 	fs.Int("input-pending-tuples", 64<<10, "the most tuples each input of a task holds waiting for release; past it the input takes nothing more until some is released (flow control)")
+	fs.Duration("sensor-window", time.Second, "measure every task's rates, busy share, backpressure and key sample over windows this long, each sent to the org's leader as it closes (the health manager's sensors)")
 	fs.String("max-future", "1h", "refuse ingested records dated further ahead than this of the source's time (newest accepted record, or the clock if later)")
 	fs.String("faults-file", "", "TESTING ONLY: cut or hold data-plane links as this file says, re-read while it changes (lines: `cut ADDR [hold|reset]`, `cut-incoming [hold|reset]`; empty: no fault)")
 	fs.String("tls-dir", "", "directory holding the org's ca.pem (fedstream tls init); the worker gets its own certificate when it registers")
@@ -338,6 +342,9 @@ func LoadWorker(fs *pflag.FlagSet) (*Worker, error) {
 		if n < 0 {
 			return nil, fmt.Errorf("%w: %s must not be negative, got %d", ErrCount, name, n)
 		}
+	}
+	if w.SensorWindow < 0 || w.SensorWindow > 0 && w.SensorWindow < 10*time.Millisecond {
+		return nil, fmt.Errorf("%w: sensor-window must be at least 10ms, got %s", ErrDuration, w.SensorWindow)
 	}
 	for name, d := range map[string]time.Duration{"stall-after": w.StallAfter, "subscriber-lease": w.SubscriberLease, "overrun-grace": w.OverrunGrace} {
 		if d < 0 {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
 	"strings"
 	"time"
 
@@ -100,8 +99,9 @@ func (h *HealthConfig) fill() {
 type healthQuery struct {
 	// window: fragment -> samples, oldest first.
 	window map[string][]health.Sample
-	// lastReport is the newest report already sampled (Unix ms).
-	lastReport int64
+	// seen: task id -> the newest sensor window already sampled (Unix
+	// ms of its end).
+	seen map[string]int64
 	// quietUntil: no action before (settling after the last one).
 	quietUntil time.Time
 	pending    *pendingHealth
@@ -257,12 +257,8 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 	}
 	// Replica 0 of each partition stands for its partition: replicas
 	// process the same input.
-	byFrag := map[string][]health.Instance{}
-	// keys: downstream fragment -> slot -> sampled tuples routed to it;
-	// keysSampled: the tuples its upstreams sampled in all.
-	keys, keysSampled := map[string]map[int]float64{}, map[string]float64{}
 	parallelism := map[string]int{}
-	var newest int64
+	var picked []reportedTask
 	complete := true
 	for _, t := range tasks {
 		if t.Replica != 0 {
@@ -277,34 +273,10 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 			complete = false
 			continue
 		}
-		newest = max(newest, ts.ReportedAtMs)
-		to := map[string]bool{}
-		for _, k := range ts.KeySample {
-			m := keys[k.Fragment]
-			if m == nil {
-				m = map[int]float64{}
-				keys[k.Fragment] = m
-			}
-			m[int(k.Slot)] += float64(k.Count)
-			to[k.Fragment] = true
-		}
-		for f := range to {
-			keysSampled[f] += float64(ts.KeysSampled)
-		}
-		byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
-			InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue), BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
+		picked = append(picked, reportedTask{task: t, worker: ts.Worker})
 	}
-	if complete && newest > hq.lastReport {
-		hq.lastReport = newest
-		at := time.UnixMilli(newest)
-		for frag, ins := range byFrag {
-			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })
-			w := append(hq.window[frag], health.Sample{At: at, Instances: ins, Keys: keys[frag], KeysSampled: keysSampled[frag]})
-			if len(w) > l.cfg.Window {
-				w = w[len(w)-l.cfg.Window:]
-			}
-			hq.window[frag] = w
-		}
+	if complete {
+		l.addWindows(hq, picked)
 	}
 	if !complete {
 		return nil

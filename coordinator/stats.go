@@ -27,24 +27,68 @@ type liveStats struct {
 type workerStats struct {
 	at    time.Time
 	tasks map[string]*pb.TaskStats
+	// hist holds each task's sensor windows, oldest first, at most
+	// statsHistory (the health loop reads every window once, whatever
+	// its own interval).
+	hist map[string][]*pb.TaskStats
 }
+
+// statsHistory bounds the windows kept per task: half a minute of
+// one-second windows.
+const statsHistory = 30
 
 func newLiveStats() *liveStats { return &liveStats{byWorker: map[string]workerStats{}} }
 
-// put replaces what a worker reported before with its new report.
+// put replaces what a worker reported before with its new report. A
+// report may hold several windows of a task (TaskStats.window_ms), oldest
+// first: the newest stands for the task, and every window newer than the
+// ones already kept joins the task's history. Tasks missing from the
+// report are gone from the worker.
 func (l *liveStats) put(worker string, tasks []*pb.TaskStats, now time.Time) {
 	m := make(map[string]*pb.TaskStats, len(tasks))
+	byTask := map[string][]*pb.TaskStats{}
 	for _, t := range tasks {
 		if t.GetTask() == "" {
 			continue
 		}
 		c := proto.Clone(t).(*pb.TaskStats)
 		c.Worker = worker // the reporter, whatever the report says
-		m[t.Task] = c
+		if p := m[t.Task]; p == nil || c.ReportedAtMs >= p.ReportedAtMs {
+			m[t.Task] = c
+		}
+		byTask[t.Task] = append(byTask[t.Task], c)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.byWorker[worker] = workerStats{at: now, tasks: m}
+	prev := l.byWorker[worker].hist
+	hist := make(map[string][]*pb.TaskStats, len(byTask))
+	for id, list := range byTask {
+		h := prev[id]
+		for _, c := range list {
+			if n := len(h); c.ReportedAtMs > 0 && (n == 0 || c.ReportedAtMs > h[n-1].ReportedAtMs) {
+				h = append(h, c)
+			}
+		}
+		if len(h) > statsHistory {
+			h = append([]*pb.TaskStats(nil), h[len(h)-statsHistory:]...)
+		}
+		hist[id] = h
+	}
+	l.byWorker[worker] = workerStats{at: now, tasks: m, hist: hist}
+}
+
+// windows returns clones of the windows worker reported for task after
+// afterMs (Unix ms), oldest first.
+func (l *liveStats) windows(task, worker string, afterMs int64) []*pb.TaskStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []*pb.TaskStats
+	for _, w := range l.byWorker[worker].hist[task] {
+		if w.ReportedAtMs > afterMs {
+			out = append(out, proto.Clone(w).(*pb.TaskStats))
+		}
+	}
+	return out
 }
 
 // forget drops every report (leadership lost).

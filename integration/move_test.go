@@ -90,8 +90,11 @@ func newLiveOrgWith(t *testing.T, workers int, opt func(*coordinator.Config)) *l
 		if err != nil {
 			t.Fatal(err)
 		}
+		// Sensor windows of a quarter second: the health manager's tests
+		// see a sample per heartbeat of the 1 s TTL, as before the
+		// one-second sensors.
 		w, err := worker.New(worker.Config{Org: "acme", Name: fmt.Sprintf("w%d", i+1), Coordinators: o.grpcAddrs(), Cores: 4,
-			Logger: logging.Discard(), TLS: creds, BoundaryInterval: 5 * time.Millisecond})
+			Logger: logging.Discard(), TLS: creds, BoundaryInterval: 5 * time.Millisecond, SensorWindow: 250 * time.Millisecond})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -72,6 +72,17 @@ type Config struct {
 	// HTTPAddr, when set, is where the worker serves /metrics, /healthz
 	// and /readyz (host:port; port 0 picks one).
 	HTTPAddr string
+	// SensorWindow is the window of the health manager's sensors: every
+	// task's rates, busy share, backpressure and key sample are measured
+	// over windows this long and sent to the leader as each closes (0:
+	// DefaultSensorWindow, one second).
+	SensorWindow time.Duration
+	// BufferTuples bounds each output stream's buffer in tuples (0: the
+	// data plane's default, dataplane.DefaultMaxTuples).
+	BufferTuples int
+	// CostScale multiplies the calibrated cost of every operator run here
+	// (0: 1): a slow machine, for benchmarks of the health manager.
+	CostScale float64
 	// Faults, when set, injects network faults into the data plane (its
 	// dials and its listener go through it); FaultsFile makes the worker
 	// create one and apply the fault specification in that file
@@ -109,9 +120,9 @@ type Worker struct {
 	// and health over HTTP (see metrics.go).
 	bytes byteCounts
 	ops   *opshttp.Server
-	// lastStats is the previous reading of every task's figures, for the
-	// rates the heartbeat reports (heartbeat goroutine only).
-	lastStats map[string]statsReading
+	// sensors hold the tasks' figures per sensor window until a heartbeat
+	// delivers them (sensors.go).
+	sensors *sensors
 
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
@@ -132,6 +143,12 @@ func New(cfg Config) (*Worker, error) {
 		}
 		return nil, errors.New("both TLS credentials and insecure-plaintext given: choose one")
 	}
+	if cfg.SensorWindow < 0 {
+		return nil, fmt.Errorf("sensor window %s: want a positive duration such as 1s", cfg.SensorWindow)
+	}
+	if cfg.SensorWindow == 0 {
+		cfg.SensorWindow = DefaultSensorWindow
+	}
 	if cfg.GRPCAddr == "" {
 		cfg.GRPCAddr = "127.0.0.1:0"
 	}
@@ -148,10 +165,11 @@ func New(cfg Config) (*Worker, error) {
 		cfg.WatchWait = 30 * time.Second
 	}
 	w := &Worker{
-		cfg:    cfg,
-		logger: cfg.Logger.With("org", cfg.Org, "worker_name", cfg.Name),
-		conns:  map[string]*grpc.ClientConn{},
-		coords: append([]string(nil), cfg.Coordinators...),
+		cfg:     cfg,
+		logger:  cfg.Logger.With("org", cfg.Org, "worker_name", cfg.Name),
+		conns:   map[string]*grpc.ClientConn{},
+		coords:  append([]string(nil), cfg.Coordinators...),
+		sensors: newSensors(cfg.SensorWindow),
 	}
 	w.dpAuth = &dataPlaneAuth{
 		org: cfg.Org, joinToken: cfg.JoinToken, open: cfg.JoinToken == "",
@@ -197,7 +215,7 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		DCAAKeepTuples: cfg.DCAAKeepTuples, InputPendingTuples: cfg.InputPendingTuples,
-		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace}, Bulk: bulk})
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk, CostScale: cfg.CostScale})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)
@@ -329,7 +347,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			w.logger.Error("data plane server stopped", "err", err)
 		}
 	}()
-	loops := []func(context.Context){w.heartbeatLoop, w.watchLoop, w.reportLoop}
+	loops := []func(context.Context){w.sensorLoop, w.heartbeatLoop, w.watchLoop, w.reportLoop}
 	if w.cfg.TLS != nil {
 		loops = append(loops, w.renewLoop)
 	}
@@ -546,10 +564,19 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	for {
 		id, ttl, epoch := w.identity()
 		interval := max(ttl/4, 50*time.Millisecond)
-		if !sleepCtx(ctx, interval) {
+		// A heartbeat goes at least every quarter of the TTL, and as soon
+		// as a sensor window closes, so the leader sees every window.
+		timer := time.NewTimer(interval)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
 			return
+		case <-timer.C:
+		case <-w.sensors.closed:
+			timer.Stop()
 		}
-		req := &pb.HeartbeatRequest{WorkerId: id, TaskStats: w.taskStatsReport(id, time.Now())}
+		stats, rounds := w.sensors.report()
+		req := &pb.HeartbeatRequest{WorkerId: id, TaskStats: stats}
 		err := w.call(ctx, max(ttl/2, time.Second), func(ctx context.Context, c pb.WorkerServiceClient) error {
 			resp, err := c.Heartbeat(ctx, req)
 			if err == nil {
@@ -559,6 +586,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 		})
 		switch {
 		case err == nil:
+			w.sensors.delivered(rounds)
 		case status.Code(err) == codes.NotFound:
 			w.reregister(ctx, epoch)
 		case ctx.Err() == nil:

@@ -5,11 +5,9 @@ import (
 	"net"
 	"net/http"
 	"sync/atomic"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	wrt "github.com/fedstream/fedstream/worker/runtime"
 )
 
@@ -146,73 +144,4 @@ func (w *Worker) ready() (bool, string) {
 		return false, "data plane not serving"
 	}
 	return true, ""
-}
-
-// statsReading is one reading of a task's figures and when it was taken.
-type statsReading struct {
-	s  wrt.TaskStats
-	at time.Time
-}
-
-// taskStatsReport turns the tasks' figures into the per-task rates the
-// heartbeat carries: differences against the previous reading (a task
-// seen for the first time, or restarted since, reports its levels and no
-// rates yet). Only the heartbeat goroutine calls it.
-func (w *Worker) taskStatsReport(workerID string, now time.Time) []*pb.TaskStats {
-	return withKeySamples(w.rates(workerID, w.runtime.Stats(), now), w.runtime.TakeKeySamples())
-}
-
-// withKeySamples adds to each task's report the key slots it sampled since
-// the previous report (the health manager's data-skew sensor).
-func withKeySamples(report []*pb.TaskStats, samples []wrt.KeySamples) []*pb.TaskStats {
-	byTask := make(map[string]wrt.KeySamples, len(samples))
-	for _, ks := range samples {
-		byTask[ks.TaskID] = ks
-	}
-	for _, ts := range report {
-		ks, ok := byTask[ts.Task]
-		if !ok {
-			continue
-		}
-		for _, k := range ks.Top {
-			ts.KeySample = append(ts.KeySample, &pb.HealthKeySample{Fragment: k.Fragment, Slot: int32(k.Slot), Count: k.Count})
-		}
-		for _, n := range ks.Sampled {
-			ts.KeysSampled += n
-		}
-	}
-	return report
-}
-
-// rates turns a reading of the tasks' figures into the report's rates
-// against the previous reading, and keeps it for the next.
-func (w *Worker) rates(workerID string, stats []wrt.TaskStats, now time.Time) []*pb.TaskStats {
-	next := make(map[string]statsReading, len(stats))
-	out := make([]*pb.TaskStats, 0, len(stats))
-	for _, s := range stats {
-		next[s.TaskID] = statsReading{s: s, at: now}
-		ts := &pb.TaskStats{Task: s.TaskID, Worker: workerID, Queue: int64(s.Queue), OutputBufferBytes: s.OutputBytes,
-			UnackedTuples: s.Unacked, SubscriptionSwitches: int64(s.Switches), ReportedAtMs: now.UnixMilli()}
-		if p, ok := w.lastStats[s.TaskID]; ok && rateable(p.s, s) {
-			if secs := now.Sub(p.at).Seconds(); secs > 0 {
-				ts.InTps = float64(s.InTuples-p.s.InTuples) / secs
-				ts.OutTps = float64(s.OutTuples-p.s.OutTuples) / secs
-				ts.Busy = min(1, float64(s.BusyNanos-p.s.BusyNanos)/1e9/secs)
-				ts.BackpressureMsPerS = float64(s.BlockedNanos-p.s.BlockedNanos) / 1e6 / secs
-				// Processing time is the CPU a task uses, near enough: a
-				// task processes on one goroutine.
-				ts.CpuSecondsPerS = ts.Busy
-			}
-		}
-		out = append(out, ts)
-	}
-	w.lastStats = next
-	return out
-}
-
-// rateable reports whether two readings of a task are of the same copy
-// with counters that only grew.
-func rateable(a, b wrt.TaskStats) bool {
-	return a.Generation == b.Generation && b.InTuples >= a.InTuples && b.OutTuples >= a.OutTuples &&
-		b.BusyNanos >= a.BusyNanos && b.BlockedNanos >= a.BlockedNanos
 }

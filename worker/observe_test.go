@@ -76,17 +76,17 @@ func TestTaskStatsReportRates(t *testing.T) {
 	if rateable(b, c) {
 		t.Fatal("readings of two generations taken as one copy")
 	}
-	w := &Worker{lastStats: map[string]statsReading{a.TaskID: {s: a, at: time.Unix(100, 0)}}}
+	w := &sensors{last: map[string]statsReading{a.TaskID: {s: a, at: time.Unix(100, 0)}}}
 	got := w.rates("w-1", []wrt.TaskStats{b}, time.Unix(102, 0))
 	if len(got) != 1 {
 		t.Fatalf("report: %v", got)
 	}
 	r := got[0]
-	if r.InTps != 100 || r.OutTps != 50 || r.Busy != 0.25 || r.BackpressureMsPerS != 100 || r.Worker != "w-1" {
+	if r.InTps != 100 || r.OutTps != 50 || r.Busy != 0.25 || r.BackpressureMsPerS != 100 || r.Worker != "w-1" || r.WindowMs != 2000 {
 		t.Fatalf("rates %v, want 100 in/s, 50 out/s, busy 0.25, 100 ms/s blocked", r)
 	}
 	got = w.rates("w-1", []wrt.TaskStats{c}, time.Unix(104, 0))
-	if got[0].InTps != 0 || got[0].ReportedAtMs != 104000 {
-		t.Fatalf("restarted task: %v, want no rate yet", got[0])
+	if len(got) != 0 {
+		t.Fatalf("restarted task: %v, want no window yet", got)
 	}
 }

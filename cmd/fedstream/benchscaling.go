@@ -4,29 +4,63 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/coordinator/health/sim"
 )
 
+// scalingReport is what `fedstream bench scaling --json` prints: the
+// model's report, with the word count measured on a real org in
+// wordcount (and the model's in wordcount_simulated) unless --sim-only.
+type scalingReport struct {
+	Wordcount          any             `json:"wordcount"`
+	WordcountSimulated *sim.Wordcount  `json:"wordcount_simulated,omitempty"`
+	LoadChange         sim.LoadChange  `json:"load_change"`
+	Noise              sim.Noise       `json:"noise"`
+	Diagnoses          []sim.Diagnosed `json:"diagnoses"`
+	DiagnosesReal      []RealDiagnosed `json:"diagnoses_real,omitempty"`
+	Recovery           sim.Recovery    `json:"blacklist_recovery"`
+	Model              string          `json:"model"`
+}
+
 func newBenchScalingCmd() *cobra.Command {
 	var (
-		asJSON bool
-		seed   int64
+		asJSON    bool
+		seed      int64
+		simOnly   bool
+		sentences int
+		settle    time.Duration
+		timeout   time.Duration
+		logLevel  string
+		faults    bool
 	)
 	cmd := &cobra.Command{
 		Use:   "scaling",
-		Short: "The health manager's policy on simulated scaling scenarios (DS2 word count, load changes, faults, noise)",
-		Long: `Runs the health manager's policy (detectors, diagnosers, resolver choice, DS2
-sizing, settling, evaluation and blacklist) against a fluid model of a query,
-one sample per simulated second, with the loop's defaults (10-sample window,
-30 s settling). It measures the policy, not the runtime: a rescale takes
-effect at once in the model.
+		Short: "The health manager on DS2's word count on a real in-process org, and its policy on simulated scenarios (load changes, faults, noise)",
+		Long: `Runs DS2's word count on a real org in this process (a coordinator with Raft
+and its health manager, 3 workers over mutual TLS): a source of sentences, a
+splitter and a counter whose per-tuple costs give them DS2's capacities scaled
+to this machine (--sentences a second from the source, splitters of a tenth of
+that, counters of a twentieth of its words: the optimum is 10 + 20), both
+starting at parallelism 1, with the health loop's one-second sensors, policy
+and live rescale. It stops once the manager has acted and stayed quiet for a
+settling time and more after its last evaluation (about a minute and a half
+with the default --real-settle), or after --real-timeout. --real-faults adds
+scenario (c) on real orgs of 4 workers (diagnoses_real): one instance of a
+keyed operator at 95% load on a worker whose costs are 25/50/100% higher,
+then data skew of 5-50%, 45-60 s each.
 
-  wordcount    DS2's word count: 1M sentences/min, splitters of 100K sentences/min,
-               counters of 1M words/min, 20 words a sentence, from 1 splitter and
-               1 counter; the optimum is 10 + 20
+Then runs the policy (detectors, diagnosers, resolver choice, DS2 sizing,
+settling, evaluation and blacklist) against a fluid model of a query, one
+sample per simulated second, with the loop's defaults (10-sample window, 30 s
+settling), which measures the policy, not the runtime (a rescale takes effect
+at once in the model):
+
+  wordcount    the same word count in the model (wordcount_simulated in the JSON
+               unless --sim-only)
   load_change  the same converged, then the load drops 20% for 10 minutes and
                rises 30% for 10 minutes
   diagnoses    a keyed operator of 4 instances at 95% load with one instance slowed
@@ -37,10 +71,53 @@ effect at once in the model.
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			r := sim.RunAll(seed)
+			out := scalingReport{Wordcount: r.Wordcount, LoadChange: r.LoadChange, Noise: r.Noise, Diagnoses: r.Diagnoses, Recovery: r.Recovery, Model: r.Model}
+			var real *RealWordcount
+			if !simOnly {
+				if sentences <= 0 || settle <= 0 || timeout <= 0 {
+					return fmt.Errorf("--sentences, --real-settle and --real-timeout must be positive")
+				}
+				var err error
+				real, err = runRealWordcount(cmd.Context(), realOptions{sentences: sentences, settle: settle, timeout: timeout,
+					logger: logging.Stderr(logLevel), progress: cmd.ErrOrStderr()})
+				if err != nil {
+					return fmt.Errorf("real-org word count: %w", err)
+				}
+				out.Wordcount, out.WordcountSimulated = real, &r.Wordcount
+			}
+			if faults {
+				for _, slow := range []float64{0.25, 0.5, 1} {
+					d, err := runRealSlowInstance(cmd.Context(), realOptions{settle: settle, timeout: 2 * time.Minute,
+						logger: logging.Stderr(logLevel), progress: cmd.ErrOrStderr()}, slow)
+					if err != nil {
+						return fmt.Errorf("real-org %s: %w", d.Injected, err)
+					}
+					out.DiagnosesReal = append(out.DiagnosesReal, d)
+				}
+				for _, skew := range []float64{0.05, 0.1, 0.2, 0.5} {
+					d, err := runRealSkew(cmd.Context(), realOptions{settle: settle, timeout: time.Minute,
+						logger: logging.Stderr(logLevel), progress: cmd.ErrOrStderr()}, skew)
+					if err != nil {
+						return fmt.Errorf("real-org %s: %w", d.Injected, err)
+					}
+					out.DiagnosesReal = append(out.DiagnosesReal, d)
+				}
+			}
 			if asJSON {
-				return printJSON(cmd.OutOrStdout(), r)
+				return printJSON(cmd.OutOrStdout(), out)
 			}
 			w := cmd.OutOrStdout()
+			if real != nil {
+				var fin []string
+				for _, op := range []string{"counter", "splitter"} {
+					fin = append(fin, fmt.Sprintf("%s %d (optimum %d)", op, real.Final[op], real.Optimal[op]))
+				}
+				fmt.Fprintf(w, "wordcount (real org): %d steps, last at %.1f s: %s, over-provisioned %.1f%%, converged %v\n", real.Steps, real.Seconds, strings.Join(fin, ", "), real.Overprovision*100, real.Converged)
+				for _, a := range real.Actions {
+					fmt.Fprintf(w, "  %6.1f s  %-8s %-18s %-10s %d -> %d  true rate %.0f/s  %s (judged at %.1f s)\n", a.AtS, a.Fragment, a.Diagnosis, a.Action, a.From, a.To, a.TrueRate, a.Outcome, a.EvaluatedS)
+				}
+				fmt.Fprintf(w, "  calibration: %s\n  load average at start %s, at end %s\n", real.Calibration.Note, real.LoadAvg["start"], real.LoadAvg["end"])
+			}
 			wc := r.Wordcount
 			var ops []string
 			for op := range wc.Optimal {
@@ -51,7 +128,7 @@ effect at once in the model.
 			for _, op := range ops {
 				fin = append(fin, fmt.Sprintf("%s %d (optimum %d)", op, wc.Final[op], wc.Optimal[op]))
 			}
-			fmt.Fprintf(w, "wordcount:   %d steps, last at %d s: %s, over-provisioned %.1f%%\n", wc.Steps, wc.Seconds, strings.Join(fin, ", "), wc.Overprovision*100)
+			fmt.Fprintf(w, "wordcount (model): %d steps, last at %d s: %s, over-provisioned %.1f%%\n", wc.Steps, wc.Seconds, strings.Join(fin, ", "), wc.Overprovision*100)
 			fmt.Fprintf(w, "load change: %d actions after converging, %d oscillations\n", r.LoadChange.Actions, r.LoadChange.Oscillations)
 			fmt.Fprintf(w, "noise:       %d actions over %d simulated seconds\n", r.Noise.Actions, r.Noise.SimulatedS)
 			for _, d := range r.Diagnoses {
@@ -61,6 +138,9 @@ effect at once in the model.
 				}
 				fmt.Fprintf(w, "diagnosis:   %-20s -> %s\n", d.Injected, got)
 			}
+			for _, d := range out.DiagnosesReal {
+				fmt.Fprintf(w, "diagnosis (real org): %-20s -> %s of partition %d (injected at %d), %s: %s at %.1f s\n", d.Injected, d.Diagnosed, d.DiagnosedPartition, d.SlowPartition, d.Action, d.Outcome, d.AtS)
+			}
 			fmt.Fprintf(w, "blacklist:   %s (recovered: %v)\n", strings.Join(r.Recovery.Actions, ", "), r.Recovery.Recovered)
 			fmt.Fprintf(w, "model:       %s\n", r.Model)
 			return nil
@@ -68,5 +148,11 @@ effect at once in the model.
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "seed of the noise scenario")
+	cmd.Flags().BoolVar(&simOnly, "sim-only", false, "skip the real-org word count (the model alone runs in under a second; --real-faults still runs its real orgs)")
+	cmd.Flags().IntVar(&sentences, "sentences", defaultRealSentences, "real org: sentences per second from the source (DS2's rates are scaled by this over 1M/min)")
+	cmd.Flags().DurationVar(&settle, "real-settle", defaultRealSettle, "real org: the health manager's settling time after an action")
+	cmd.Flags().DurationVar(&timeout, "real-timeout", defaultRealTimeout, "real org: give up after this long")
+	cmd.Flags().BoolVar(&faults, "real-faults", false, "also run scenario (c) on real orgs of 4 workers: slow instances (25/50/100%, one worker slow) and data skew (5-50%), about 45 s each")
+	cmd.Flags().StringVar(&logLevel, "log-level", "error", "real org: log level of its processes (logs go to stderr)")
 	return cmd
 }

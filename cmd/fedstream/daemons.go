@@ -136,7 +136,7 @@ func newWorkerCmd() *cobra.Command {
 				Cores: c.Cores, Labels: c.Labels, JoinToken: c.JoinToken, Logger: logger,
 				StallAfter: c.StallAfter, SubscriberLease: c.SubscriberLease, OverrunGrace: c.OverrunGrace,
 				DCAAKeepTuples: c.DCAAKeepTuples, InputPendingTuples: c.InputPendingTuples,
-				MaxFuture: maxFuture, FaultsFile: c.FaultsFile,
+				SensorWindow: c.SensorWindow, MaxFuture: maxFuture, FaultsFile: c.FaultsFile,
 				TLS: creds, InsecurePlaintext: c.TLS.InsecurePlaintext,
 				HTTPAddr: c.HTTPAddr,
 			})

@@ -63,6 +63,15 @@ type devOptions struct {
 	// worker i's data plane (benchmarks cut links with it).
 	boundaryInterval time.Duration
 	workerFaults     []*dataplane.Faults
+	// health configures the coordinators' health manager (the zero value:
+	// its defaults); sensorWindow the workers' sensor window (0: 1 s).
+	health       coordinator.HealthConfig
+	sensorWindow time.Duration
+	// bufferTuples bounds the workers' output buffers (0: the default).
+	bufferTuples int
+	// lastCostScale, when set, makes the last worker slow: it multiplies
+	// the calibrated cost of the operators it runs.
+	lastCostScale float64
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -118,7 +127,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
 				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
-				Timings: devTimings(), Logger: o.logger,
+				Timings: devTimings(), Logger: o.logger, Health: o.health,
 			}
 			if f := o.federation; f != nil {
 				cfg.Federation = *f
@@ -158,6 +167,8 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Org: o.org, Name: fmt.Sprintf("w%d", i+1), Coordinators: grpcAddrs,
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
 				TLS: creds, HTTPAddr: o.httpAddr(), BoundaryInterval: o.boundaryInterval, Faults: faults,
+				SensorWindow: o.sensorWindow, BufferTuples: o.bufferTuples,
+				CostScale: map[bool]float64{true: o.lastCostScale}[i == o.workers-1],
 			})
 		}
 		if err == nil {

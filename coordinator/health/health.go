@@ -330,6 +330,15 @@ func sampleFromEnd(f *Fragment, k int) (Sample, bool) {
 	return f.Samples[len(f.Samples)-1-k], true
 }
 
+// blocking reports whether f blocked on its outputs in each of its
+// latest samples.
+func blocking(f *Fragment, c Config) bool {
+	if f == nil || len(f.Downstreams) == 0 || len(f.Samples) < c.Persist {
+		return false
+	}
+	return all(latest(f, c.Persist), func(s Sample) bool { return blockedMs(s) > c.BackpressureMs })
+}
+
 // bottleneckOf returns, for an upstream fragment that blocks, the
 // downstream that holds it back: the busiest one over the window.
 func bottleneckOf(q *Query, up *Fragment) string {
@@ -391,18 +400,32 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 			continue
 		}
 		recent := latest(f, c.Persist)
+		// The downstream that holds f back, unless it is itself held back
+		// by its own downstream (blocked on its output in each latest
+		// sample): then it has time to spare and is no bottleneck, and
+		// the symptom goes to the fragment that holds it back, seen when
+		// its turn comes. Without this, of two operators in a row both
+		// too small, the upstream one was diagnosed under-provisioned too,
+		// could be scaled first, and its scale-up, which cannot raise the
+		// throughput the downstream one caps, was judged a failure.
+		held := ""
+		if len(f.Downstreams) > 0 {
+			if d := bottleneckOf(q, f); d != "" && !blocking(q.Fragment(d), c) {
+				held = d
+			}
+		}
 		// Backpressure: the fragment blocks on its outputs in each of the
 		// latest samples; the symptom belongs to the downstream that holds
 		// it back.
 		if len(f.Downstreams) > 0 && all(recent, func(s Sample) bool { return blockedMs(s) > c.BackpressureMs }) {
-			if d := bottleneckOf(q, f); d != "" {
+			if d := held; d != "" {
 				get(d).add(SymBackpressure, fmt.Sprintf("upstream %s blocked %.0f ms/s on its output", f.Name, blockedMs(recent[len(recent)-1])))
 			}
 		}
 		// The backlog a fragment holds for its consumers, too, is a queue
 		// in front of the downstream that holds it back.
 		if len(f.Downstreams) > 0 {
-			if d := bottleneckOf(q, f); d != "" {
+			if d := held; d != "" {
 				if all(recent, func(s Sample) bool { return unackedMean(s) > c.QueueHigh }) && !draining(recent, unackedMean) {
 					get(d).add(SymLargeQueue, fmt.Sprintf("upstream %s holds %.0f tuples per instance not yet taken", f.Name, unackedMean(recent[len(recent)-1])))
 				}
@@ -426,7 +449,11 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 		}
 		// Skews: one partition's window mean above the others'.
 		win := latest(f, 0)
-		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.Queue }), c.SkewRatio, c.QueueSkewMin); p >= 0 {
+		// A larger queue that is draining (a backlog left by a rescale or
+		// a burst, worked off by an instance that keeps up) is no slow or
+		// hot instance: theirs hold or grow.
+		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.Queue }), c.SkewRatio, c.QueueSkewMin); p >= 0 &&
+			!draining(recent, func(s Sample) float64 { return partitionQueue(s, p) }) {
 			s := get(f.Name)
 			s.add(SymQueueSkew, fmt.Sprintf("partition %d holds a larger queue than the others", p))
 			s.Outlier = p
@@ -503,6 +530,16 @@ func all[T any](xs []T, f func(T) bool) bool {
 // shrinks is being worked off, which is no symptom.
 func draining(ss []Sample, v func(Sample) float64) bool {
 	return len(ss) >= 2 && v(ss[len(ss)-1]) < v(ss[0])
+}
+
+// partitionQueue is the queue of partition p in s (0 if absent).
+func partitionQueue(s Sample, p int) float64 {
+	for _, in := range s.Instances {
+		if in.Partition == p {
+			return in.Queue
+		}
+	}
+	return 0
 }
 
 // growing reports whether v grows from each sample to the next.

@@ -249,6 +249,9 @@ type HeartbeatRequest struct {
 	// ---- query statistics (issue 12)
 	// The worker's per-task figures over its last heartbeat interval. The
 	// leader keeps the latest in memory (not in Raft) for QueryStats.
+	// Since the one-second sensors: one entry per task and sensor window
+	// closed since the last delivered heartbeat (TaskStats.window_ms),
+	// oldest first, or each task's latest window again when none closed.
 	TaskStats     []*TaskStats `protobuf:"bytes,130,rep,name=task_stats,json=taskStats,proto3" json:"task_stats,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2547,8 +2550,20 @@ type TaskStats struct {
 	// Health manager: the most frequent key slots among a sample of the
 	// tuples the task sent to keyed downstream fragments since its previous
 	// report (HealthKeySample), and how many tuples were sampled in all.
-	KeySample     []*HealthKeySample `protobuf:"bytes,300,rep,name=key_sample,json=keySample,proto3" json:"key_sample,omitempty"`
-	KeysSampled   uint64             `protobuf:"varint,301,opt,name=keys_sampled,json=keysSampled,proto3" json:"keys_sampled,omitempty"`
+	KeySample   []*HealthKeySample `protobuf:"bytes,300,rep,name=key_sample,json=keySample,proto3" json:"key_sample,omitempty"`
+	KeysSampled uint64             `protobuf:"varint,301,opt,name=keys_sampled,json=keysSampled,proto3" json:"keys_sampled,omitempty"`
+	// ---- one-second sensors (issue 14, helper hsense)
+	// The length of the sensor window the rates, busy share, backpressure
+	// and key sample cover, ending at reported_at_ms (the worker's
+	// --sensor-window, 1 s by default). A heartbeat carries every window of
+	// a task closed since the previous delivered heartbeat, oldest first,
+	// and is sent as soon as a window closes. 0 from an older worker: the
+	// figures cover its heartbeat interval.
+	WindowMs int64 `protobuf:"varint,390,opt,name=window_ms,json=windowMs,proto3" json:"window_ms,omitempty"`
+	// unacked_tuples stream by stream, at the window's end: what the task
+	// holds for each downstream partition (partitions it holds nothing
+	// for are left out). The backlog in front of one slow partition.
+	Held          []*HealthHeldBacklog `protobuf:"bytes,391,rep,name=held,proto3" json:"held,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2681,6 +2696,83 @@ func (x *TaskStats) GetKeysSampled() uint64 {
 	return 0
 }
 
+func (x *TaskStats) GetWindowMs() int64 {
+	if x != nil {
+		return x.WindowMs
+	}
+	return 0
+}
+
+func (x *TaskStats) GetHeld() []*HealthHeldBacklog {
+	if x != nil {
+		return x.Held
+	}
+	return nil
+}
+
+// ---- one-second sensors (issue 14, helper hsense)
+// Tuples a task holds, not yet acknowledged, for one downstream
+// partition.
+type HealthHeldBacklog struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fragment      string                 `protobuf:"bytes,1,opt,name=fragment,proto3" json:"fragment,omitempty"`
+	Partition     int32                  `protobuf:"varint,2,opt,name=partition,proto3" json:"partition,omitempty"`
+	Tuples        int64                  `protobuf:"varint,3,opt,name=tuples,proto3" json:"tuples,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HealthHeldBacklog) Reset() {
+	*x = HealthHeldBacklog{}
+	mi := &file_fedstream_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HealthHeldBacklog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HealthHeldBacklog) ProtoMessage() {}
+
+func (x *HealthHeldBacklog) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HealthHeldBacklog.ProtoReflect.Descriptor instead.
+func (*HealthHeldBacklog) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *HealthHeldBacklog) GetFragment() string {
+	if x != nil {
+		return x.Fragment
+	}
+	return ""
+}
+
+func (x *HealthHeldBacklog) GetPartition() int32 {
+	if x != nil {
+		return x.Partition
+	}
+	return 0
+}
+
+func (x *HealthHeldBacklog) GetTuples() int64 {
+	if x != nil {
+		return x.Tuples
+	}
+	return 0
+}
+
 type QueryStatsResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Query         string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
@@ -2691,7 +2783,7 @@ type QueryStatsResponse struct {
 
 func (x *QueryStatsResponse) Reset() {
 	*x = QueryStatsResponse{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2703,7 +2795,7 @@ func (x *QueryStatsResponse) String() string {
 func (*QueryStatsResponse) ProtoMessage() {}
 
 func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2716,7 +2808,7 @@ func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsResponse.ProtoReflect.Descriptor instead.
 func (*QueryStatsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *QueryStatsResponse) GetQuery() string {
@@ -2766,7 +2858,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2778,7 +2870,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2791,7 +2883,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SubscribeRequest) GetStream() *StreamRef {
@@ -2864,7 +2956,7 @@ type StreamRef struct {
 
 func (x *StreamRef) Reset() {
 	*x = StreamRef{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2876,7 +2968,7 @@ func (x *StreamRef) String() string {
 func (*StreamRef) ProtoMessage() {}
 
 func (x *StreamRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2889,7 +2981,7 @@ func (x *StreamRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRef.ProtoReflect.Descriptor instead.
 func (*StreamRef) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StreamRef) GetQuery() string {
@@ -2953,7 +3045,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2965,7 +3057,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2978,7 +3070,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Batch) GetData() []byte {
@@ -3051,7 +3143,7 @@ type IngestRequest struct {
 
 func (x *IngestRequest) Reset() {
 	*x = IngestRequest{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3063,7 +3155,7 @@ func (x *IngestRequest) String() string {
 func (*IngestRequest) ProtoMessage() {}
 
 func (x *IngestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3076,7 +3168,7 @@ func (x *IngestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestRequest.ProtoReflect.Descriptor instead.
 func (*IngestRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *IngestRequest) GetQuery() string {
@@ -3131,7 +3223,7 @@ type LineError struct {
 
 func (x *LineError) Reset() {
 	*x = LineError{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3143,7 +3235,7 @@ func (x *LineError) String() string {
 func (*LineError) ProtoMessage() {}
 
 func (x *LineError) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3156,7 +3248,7 @@ func (x *LineError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineError.ProtoReflect.Descriptor instead.
 func (*LineError) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LineError) GetLine() uint64 {
@@ -3196,7 +3288,7 @@ type IngestResponse struct {
 
 func (x *IngestResponse) Reset() {
 	*x = IngestResponse{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3208,7 +3300,7 @@ func (x *IngestResponse) String() string {
 func (*IngestResponse) ProtoMessage() {}
 
 func (x *IngestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3221,7 +3313,7 @@ func (x *IngestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestResponse.ProtoReflect.Descriptor instead.
 func (*IngestResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *IngestResponse) GetAccepted() uint64 {
@@ -3290,7 +3382,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3302,7 +3394,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3315,7 +3407,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReconcileRequest) GetTaskId() string {
@@ -3356,7 +3448,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3460,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3473,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReconcileResponse) GetGranted() bool {
@@ -3410,7 +3502,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3422,7 +3514,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3435,7 +3527,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -3479,7 +3571,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3491,7 +3583,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3504,7 +3596,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -3534,7 +3626,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3546,7 +3638,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3559,7 +3651,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -3615,7 +3707,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3627,7 +3719,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3640,7 +3732,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -3698,7 +3790,7 @@ type ScaleQueryRequest struct {
 
 func (x *ScaleQueryRequest) Reset() {
 	*x = ScaleQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3710,7 +3802,7 @@ func (x *ScaleQueryRequest) String() string {
 func (*ScaleQueryRequest) ProtoMessage() {}
 
 func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3723,7 +3815,7 @@ func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
 func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ScaleQueryRequest) GetQuery() string {
@@ -3764,7 +3856,7 @@ type ScaleQueryResponse struct {
 
 func (x *ScaleQueryResponse) Reset() {
 	*x = ScaleQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3776,7 +3868,7 @@ func (x *ScaleQueryResponse) String() string {
 func (*ScaleQueryResponse) ProtoMessage() {}
 
 func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3789,7 +3881,7 @@ func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
 func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ScaleQueryResponse) GetQuery() string {
@@ -3852,7 +3944,7 @@ type FetchSlotsRequest struct {
 
 func (x *FetchSlotsRequest) Reset() {
 	*x = FetchSlotsRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3864,7 +3956,7 @@ func (x *FetchSlotsRequest) String() string {
 func (*FetchSlotsRequest) ProtoMessage() {}
 
 func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3877,7 +3969,7 @@ func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
 func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FetchSlotsRequest) GetQuery() string {
@@ -3934,7 +4026,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3946,7 +4038,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3959,7 +4051,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -4007,7 +4099,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4019,7 +4111,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4032,7 +4124,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4087,7 +4179,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4099,7 +4191,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4112,7 +4204,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -4161,7 +4253,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4173,7 +4265,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4186,7 +4278,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -4211,7 +4303,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4223,7 +4315,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4328,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 type ListTokensResponse struct {
@@ -4248,7 +4340,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4260,7 +4352,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4273,7 +4365,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4293,7 +4385,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4305,7 +4397,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4318,7 +4410,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4343,7 +4435,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4355,7 +4447,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4368,7 +4460,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -4383,7 +4475,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4395,7 +4487,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4408,7 +4500,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -4429,7 +4521,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4441,7 +4533,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4454,7 +4546,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -4482,7 +4574,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4494,7 +4586,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4507,7 +4599,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -4534,7 +4626,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4546,7 +4638,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4559,7 +4651,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -4577,7 +4669,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4589,7 +4681,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4602,7 +4694,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 type ListRaftPeersResponse struct {
@@ -4616,7 +4708,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4628,7 +4720,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4641,7 +4733,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -4667,7 +4759,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4679,7 +4771,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4692,7 +4784,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -4710,7 +4802,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4722,7 +4814,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4735,7 +4827,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -4749,7 +4841,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4761,7 +4853,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4774,7 +4866,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 type RaftStateResponse struct {
@@ -4800,7 +4892,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4812,7 +4904,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4825,7 +4917,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -4891,7 +4983,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4903,7 +4995,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4916,7 +5008,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 type ListLedgerResponse struct {
@@ -4931,7 +5023,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4943,7 +5035,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4956,7 +5048,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -4981,7 +5073,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4993,7 +5085,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5006,7 +5098,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 type VerifyLedgerResponse struct {
@@ -5019,7 +5111,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5031,7 +5123,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5044,7 +5136,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -5062,7 +5154,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5074,7 +5166,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5087,7 +5179,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 type ListContractsResponse struct {
@@ -5100,7 +5192,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5112,7 +5204,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5125,7 +5217,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -5152,7 +5244,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5164,7 +5256,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5177,7 +5269,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -5247,7 +5339,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5259,7 +5351,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5272,7 +5364,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{76}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -5306,7 +5398,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5318,7 +5410,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5331,7 +5423,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{77}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -5357,7 +5449,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5369,7 +5461,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5382,7 +5474,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{78}
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -5406,7 +5498,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5418,7 +5510,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5431,7 +5523,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{79}
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -5463,7 +5555,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5475,7 +5567,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5488,7 +5580,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{80}
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -5504,7 +5596,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5516,7 +5608,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5529,7 +5621,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{81}
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
 }
 
 type FetchOrgKeyResponse struct {
@@ -5542,7 +5634,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5554,7 +5646,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5567,7 +5659,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{82}
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -5591,7 +5683,7 @@ type FederationEnvelope struct {
 
 func (x *FederationEnvelope) Reset() {
 	*x = FederationEnvelope{}
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5603,7 +5695,7 @@ func (x *FederationEnvelope) String() string {
 func (*FederationEnvelope) ProtoMessage() {}
 
 func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5616,7 +5708,7 @@ func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
 func (*FederationEnvelope) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{83}
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *FederationEnvelope) GetMessageJson() []byte {
@@ -5641,7 +5733,7 @@ type FederationMembersRequest struct {
 
 func (x *FederationMembersRequest) Reset() {
 	*x = FederationMembersRequest{}
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5653,7 +5745,7 @@ func (x *FederationMembersRequest) String() string {
 func (*FederationMembersRequest) ProtoMessage() {}
 
 func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5666,7 +5758,7 @@ func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
 func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{84}
+	return file_fedstream_proto_rawDescGZIP(), []int{85}
 }
 
 type FederationMember struct {
@@ -5686,7 +5778,7 @@ type FederationMember struct {
 
 func (x *FederationMember) Reset() {
 	*x = FederationMember{}
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5698,7 +5790,7 @@ func (x *FederationMember) String() string {
 func (*FederationMember) ProtoMessage() {}
 
 func (x *FederationMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5711,7 +5803,7 @@ func (x *FederationMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
 func (*FederationMember) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{85}
+	return file_fedstream_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *FederationMember) GetOrg() string {
@@ -5772,7 +5864,7 @@ type FederationMembersResponse struct {
 
 func (x *FederationMembersResponse) Reset() {
 	*x = FederationMembersResponse{}
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5784,7 +5876,7 @@ func (x *FederationMembersResponse) String() string {
 func (*FederationMembersResponse) ProtoMessage() {}
 
 func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5797,7 +5889,7 @@ func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
 func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{86}
+	return file_fedstream_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *FederationMembersResponse) GetMembers() []*FederationMember {
@@ -5815,7 +5907,7 @@ type LoadStatusRequest struct {
 
 func (x *LoadStatusRequest) Reset() {
 	*x = LoadStatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5827,7 +5919,7 @@ func (x *LoadStatusRequest) String() string {
 func (*LoadStatusRequest) ProtoMessage() {}
 
 func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5840,7 +5932,7 @@ func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusRequest.ProtoReflect.Descriptor instead.
 func (*LoadStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{87}
+	return file_fedstream_proto_rawDescGZIP(), []int{88}
 }
 
 // LoadStatusResponse is the org leader's load manager status: its load,
@@ -5856,7 +5948,7 @@ type LoadStatusResponse struct {
 
 func (x *LoadStatusResponse) Reset() {
 	*x = LoadStatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5868,7 +5960,7 @@ func (x *LoadStatusResponse) String() string {
 func (*LoadStatusResponse) ProtoMessage() {}
 
 func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5881,7 +5973,7 @@ func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusResponse.ProtoReflect.Descriptor instead.
 func (*LoadStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{88}
+	return file_fedstream_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *LoadStatusResponse) GetEnabled() bool {
@@ -5916,7 +6008,7 @@ type ReconfigProgress struct {
 
 func (x *ReconfigProgress) Reset() {
 	*x = ReconfigProgress{}
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5928,7 +6020,7 @@ func (x *ReconfigProgress) String() string {
 func (*ReconfigProgress) ProtoMessage() {}
 
 func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5941,7 +6033,7 @@ func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigProgress.ProtoReflect.Descriptor instead.
 func (*ReconfigProgress) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{89}
+	return file_fedstream_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReconfigProgress) GetAcked() uint64 {
@@ -5983,7 +6075,7 @@ type ReconfigMarkers struct {
 
 func (x *ReconfigMarkers) Reset() {
 	*x = ReconfigMarkers{}
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5995,7 +6087,7 @@ func (x *ReconfigMarkers) String() string {
 func (*ReconfigMarkers) ProtoMessage() {}
 
 func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6008,7 +6100,7 @@ func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
 func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{90}
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ReconfigMarkers) GetEpoch() uint64 {
@@ -6051,7 +6143,7 @@ type UpdateQueryRequest struct {
 
 func (x *UpdateQueryRequest) Reset() {
 	*x = UpdateQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6063,7 +6155,7 @@ func (x *UpdateQueryRequest) String() string {
 func (*UpdateQueryRequest) ProtoMessage() {}
 
 func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6076,7 +6168,7 @@ func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{91}
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *UpdateQueryRequest) GetYaml() []byte {
@@ -6131,7 +6223,7 @@ type OperatorVersionChange struct {
 
 func (x *OperatorVersionChange) Reset() {
 	*x = OperatorVersionChange{}
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6143,7 +6235,7 @@ func (x *OperatorVersionChange) String() string {
 func (*OperatorVersionChange) ProtoMessage() {}
 
 func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6156,7 +6248,7 @@ func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
 func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{92}
+	return file_fedstream_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *OperatorVersionChange) GetOperator() string {
@@ -6184,7 +6276,7 @@ type UpdateQueryResponse struct {
 
 func (x *UpdateQueryResponse) Reset() {
 	*x = UpdateQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6196,7 +6288,7 @@ func (x *UpdateQueryResponse) String() string {
 func (*UpdateQueryResponse) ProtoMessage() {}
 
 func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6209,7 +6301,7 @@ func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{93}
+	return file_fedstream_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *UpdateQueryResponse) GetName() string {
@@ -6242,7 +6334,7 @@ type QueryVersionsRequest struct {
 
 func (x *QueryVersionsRequest) Reset() {
 	*x = QueryVersionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6254,7 +6346,7 @@ func (x *QueryVersionsRequest) String() string {
 func (*QueryVersionsRequest) ProtoMessage() {}
 
 func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6267,7 +6359,7 @@ func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
 func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{94}
+	return file_fedstream_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *QueryVersionsRequest) GetName() string {
@@ -6296,7 +6388,7 @@ type VersionInfo struct {
 
 func (x *VersionInfo) Reset() {
 	*x = VersionInfo{}
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6308,7 +6400,7 @@ func (x *VersionInfo) String() string {
 func (*VersionInfo) ProtoMessage() {}
 
 func (x *VersionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6321,7 +6413,7 @@ func (x *VersionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
 func (*VersionInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{95}
+	return file_fedstream_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *VersionInfo) GetVersion() int32 {
@@ -6383,7 +6475,7 @@ type OperatorVersions struct {
 
 func (x *OperatorVersions) Reset() {
 	*x = OperatorVersions{}
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6395,7 +6487,7 @@ func (x *OperatorVersions) String() string {
 func (*OperatorVersions) ProtoMessage() {}
 
 func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6408,7 +6500,7 @@ func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
 func (*OperatorVersions) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{96}
+	return file_fedstream_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *OperatorVersions) GetOperator() string {
@@ -6445,7 +6537,7 @@ type ReconfigPlanInfo struct {
 
 func (x *ReconfigPlanInfo) Reset() {
 	*x = ReconfigPlanInfo{}
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6457,7 +6549,7 @@ func (x *ReconfigPlanInfo) String() string {
 func (*ReconfigPlanInfo) ProtoMessage() {}
 
 func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6470,7 +6562,7 @@ func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
 func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{97}
+	return file_fedstream_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ReconfigPlanInfo) GetEpoch() uint64 {
@@ -6555,7 +6647,7 @@ type QueryVersionsResponse struct {
 
 func (x *QueryVersionsResponse) Reset() {
 	*x = QueryVersionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6567,7 +6659,7 @@ func (x *QueryVersionsResponse) String() string {
 func (*QueryVersionsResponse) ProtoMessage() {}
 
 func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6580,7 +6672,7 @@ func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
 func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{98}
+	return file_fedstream_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *QueryVersionsResponse) GetName() string {
@@ -6624,7 +6716,7 @@ type HealthKeySample struct {
 
 func (x *HealthKeySample) Reset() {
 	*x = HealthKeySample{}
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6636,7 +6728,7 @@ func (x *HealthKeySample) String() string {
 func (*HealthKeySample) ProtoMessage() {}
 
 func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6649,7 +6741,7 @@ func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthKeySample.ProtoReflect.Descriptor instead.
 func (*HealthKeySample) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{99}
+	return file_fedstream_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *HealthKeySample) GetFragment() string {
@@ -6705,7 +6797,7 @@ type HealthAction struct {
 
 func (x *HealthAction) Reset() {
 	*x = HealthAction{}
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6717,7 +6809,7 @@ func (x *HealthAction) String() string {
 func (*HealthAction) ProtoMessage() {}
 
 func (x *HealthAction) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6730,7 +6822,7 @@ func (x *HealthAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthAction.ProtoReflect.Descriptor instead.
 func (*HealthAction) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{100}
+	return file_fedstream_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *HealthAction) GetId() string {
@@ -6841,7 +6933,7 @@ type HealthActionsRequest struct {
 
 func (x *HealthActionsRequest) Reset() {
 	*x = HealthActionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6853,7 +6945,7 @@ func (x *HealthActionsRequest) String() string {
 func (*HealthActionsRequest) ProtoMessage() {}
 
 func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6866,7 +6958,7 @@ func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsRequest.ProtoReflect.Descriptor instead.
 func (*HealthActionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{101}
+	return file_fedstream_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *HealthActionsRequest) GetQuery() string {
@@ -6885,7 +6977,7 @@ type HealthActionsResponse struct {
 
 func (x *HealthActionsResponse) Reset() {
 	*x = HealthActionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6897,7 +6989,7 @@ func (x *HealthActionsResponse) String() string {
 func (*HealthActionsResponse) ProtoMessage() {}
 
 func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6910,7 +7002,7 @@ func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsResponse.ProtoReflect.Descriptor instead.
 func (*HealthActionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{102}
+	return file_fedstream_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *HealthActionsResponse) GetActions() []*HealthAction {
@@ -6929,7 +7021,7 @@ type HealthBlacklistRequest struct {
 
 func (x *HealthBlacklistRequest) Reset() {
 	*x = HealthBlacklistRequest{}
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6941,7 +7033,7 @@ func (x *HealthBlacklistRequest) String() string {
 func (*HealthBlacklistRequest) ProtoMessage() {}
 
 func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6954,7 +7046,7 @@ func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistRequest.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{103}
+	return file_fedstream_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *HealthBlacklistRequest) GetQuery() string {
@@ -6979,7 +7071,7 @@ type HealthPair struct {
 
 func (x *HealthPair) Reset() {
 	*x = HealthPair{}
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6991,7 +7083,7 @@ func (x *HealthPair) String() string {
 func (*HealthPair) ProtoMessage() {}
 
 func (x *HealthPair) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7004,7 +7096,7 @@ func (x *HealthPair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPair.ProtoReflect.Descriptor instead.
 func (*HealthPair) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{104}
+	return file_fedstream_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *HealthPair) GetQuery() string {
@@ -7062,7 +7154,7 @@ type HealthBlacklistResponse struct {
 
 func (x *HealthBlacklistResponse) Reset() {
 	*x = HealthBlacklistResponse{}
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7074,7 +7166,7 @@ func (x *HealthBlacklistResponse) String() string {
 func (*HealthBlacklistResponse) ProtoMessage() {}
 
 func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7087,7 +7179,7 @@ func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistResponse.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{105}
+	return file_fedstream_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *HealthBlacklistResponse) GetPairs() []*HealthPair {
@@ -7328,7 +7420,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\"\x84\x04\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\xd8\x04\n" +
 	"\tTaskStats\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
@@ -7345,7 +7437,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x0ereported_at_ms\x18\f \x01(\x03R\freportedAtMs\x12=\n" +
 	"\n" +
 	"key_sample\x18\xac\x02 \x03(\v2\x1d.fedstream.v1.HealthKeySampleR\tkeySample\x12\"\n" +
-	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\"Y\n" +
+	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\x12\x1c\n" +
+	"\twindow_ms\x18\x86\x03 \x01(\x03R\bwindowMs\x124\n" +
+	"\x04held\x18\x87\x03 \x03(\v2\x1f.fedstream.v1.HealthHeldBacklogR\x04held\"e\n" +
+	"\x11HealthHeldBacklog\x12\x1a\n" +
+	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x1c\n" +
+	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x16\n" +
+	"\x06tuples\x18\x03 \x01(\x03R\x06tuples\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
 	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
@@ -7742,7 +7840,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 108)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -7780,85 +7878,86 @@ var file_fedstream_proto_goTypes = []any{
 	(*ReturnTaskResponse)(nil),        // 33: fedstream.v1.ReturnTaskResponse
 	(*QueryStatsRequest)(nil),         // 34: fedstream.v1.QueryStatsRequest
 	(*TaskStats)(nil),                 // 35: fedstream.v1.TaskStats
-	(*QueryStatsResponse)(nil),        // 36: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),          // 37: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                 // 38: fedstream.v1.StreamRef
-	(*Batch)(nil),                     // 39: fedstream.v1.Batch
-	(*IngestRequest)(nil),             // 40: fedstream.v1.IngestRequest
-	(*LineError)(nil),                 // 41: fedstream.v1.LineError
-	(*IngestResponse)(nil),            // 42: fedstream.v1.IngestResponse
-	(*ReconcileRequest)(nil),          // 43: fedstream.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),         // 44: fedstream.v1.ReconcileResponse
-	(*SnapshotSource)(nil),            // 45: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),           // 46: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),          // 47: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),      // 48: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),         // 49: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),        // 50: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),         // 51: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),             // 52: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                 // 53: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),        // 54: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),       // 55: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),         // 56: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),        // 57: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),        // 58: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),       // 59: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),     // 60: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),    // 61: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),   // 62: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 63: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),      // 64: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),     // 65: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),     // 66: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),    // 67: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),          // 68: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),         // 69: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),         // 70: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),        // 71: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),       // 72: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),      // 73: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),      // 74: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),     // 75: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),    // 76: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),     // 77: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil),  // 78: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),          // 79: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),             // 80: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),            // 81: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),        // 82: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),       // 83: fedstream.v1.FetchOrgKeyResponse
-	(*FederationEnvelope)(nil),        // 84: fedstream.v1.FederationEnvelope
-	(*FederationMembersRequest)(nil),  // 85: fedstream.v1.FederationMembersRequest
-	(*FederationMember)(nil),          // 86: fedstream.v1.FederationMember
-	(*FederationMembersResponse)(nil), // 87: fedstream.v1.FederationMembersResponse
-	(*LoadStatusRequest)(nil),         // 88: fedstream.v1.LoadStatusRequest
-	(*LoadStatusResponse)(nil),        // 89: fedstream.v1.LoadStatusResponse
-	(*ReconfigProgress)(nil),          // 90: fedstream.v1.ReconfigProgress
-	(*ReconfigMarkers)(nil),           // 91: fedstream.v1.ReconfigMarkers
-	(*UpdateQueryRequest)(nil),        // 92: fedstream.v1.UpdateQueryRequest
-	(*OperatorVersionChange)(nil),     // 93: fedstream.v1.OperatorVersionChange
-	(*UpdateQueryResponse)(nil),       // 94: fedstream.v1.UpdateQueryResponse
-	(*QueryVersionsRequest)(nil),      // 95: fedstream.v1.QueryVersionsRequest
-	(*VersionInfo)(nil),               // 96: fedstream.v1.VersionInfo
-	(*OperatorVersions)(nil),          // 97: fedstream.v1.OperatorVersions
-	(*ReconfigPlanInfo)(nil),          // 98: fedstream.v1.ReconfigPlanInfo
-	(*QueryVersionsResponse)(nil),     // 99: fedstream.v1.QueryVersionsResponse
-	(*HealthKeySample)(nil),           // 100: fedstream.v1.HealthKeySample
-	(*HealthAction)(nil),              // 101: fedstream.v1.HealthAction
-	(*HealthActionsRequest)(nil),      // 102: fedstream.v1.HealthActionsRequest
-	(*HealthActionsResponse)(nil),     // 103: fedstream.v1.HealthActionsResponse
-	(*HealthBlacklistRequest)(nil),    // 104: fedstream.v1.HealthBlacklistRequest
-	(*HealthPair)(nil),                // 105: fedstream.v1.HealthPair
-	(*HealthBlacklistResponse)(nil),   // 106: fedstream.v1.HealthBlacklistResponse
-	nil,                               // 107: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 108: fedstream.v1.WorkerInfo.LabelsEntry
+	(*HealthHeldBacklog)(nil),         // 36: fedstream.v1.HealthHeldBacklog
+	(*QueryStatsResponse)(nil),        // 37: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 38: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 39: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 40: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 41: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 42: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 43: fedstream.v1.IngestResponse
+	(*ReconcileRequest)(nil),          // 44: fedstream.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),         // 45: fedstream.v1.ReconcileResponse
+	(*SnapshotSource)(nil),            // 46: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 47: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 48: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 49: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 50: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 51: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 52: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 53: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 54: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 55: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 56: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 57: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 58: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 59: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 60: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 61: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 62: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 63: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 64: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 65: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 66: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 67: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 68: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 69: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 70: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 71: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 72: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 73: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 74: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 75: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 76: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 77: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 78: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 79: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 80: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 81: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 82: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 83: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 84: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 85: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 86: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 87: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 88: fedstream.v1.FederationMembersResponse
+	(*LoadStatusRequest)(nil),         // 89: fedstream.v1.LoadStatusRequest
+	(*LoadStatusResponse)(nil),        // 90: fedstream.v1.LoadStatusResponse
+	(*ReconfigProgress)(nil),          // 91: fedstream.v1.ReconfigProgress
+	(*ReconfigMarkers)(nil),           // 92: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 93: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 94: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 95: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 96: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 97: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 98: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 99: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 100: fedstream.v1.QueryVersionsResponse
+	(*HealthKeySample)(nil),           // 101: fedstream.v1.HealthKeySample
+	(*HealthAction)(nil),              // 102: fedstream.v1.HealthAction
+	(*HealthActionsRequest)(nil),      // 103: fedstream.v1.HealthActionsRequest
+	(*HealthActionsResponse)(nil),     // 104: fedstream.v1.HealthActionsResponse
+	(*HealthBlacklistRequest)(nil),    // 105: fedstream.v1.HealthBlacklistRequest
+	(*HealthPair)(nil),                // 106: fedstream.v1.HealthPair
+	(*HealthBlacklistResponse)(nil),   // 107: fedstream.v1.HealthBlacklistResponse
+	nil,                               // 108: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 109: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	107, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	108, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	45,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	46,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,   // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,   // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
@@ -7866,126 +7965,127 @@ var file_fedstream_proto_depIdxs = []int32{
 	6,   // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	8,   // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
 	0,   // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	90,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	91,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
 	12,  // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
 	16,  // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	108, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	109, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
 	12,  // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
 	18,  // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
 	0,   // 17: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
 	23,  // 18: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
 	24,  // 19: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	100, // 20: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
-	35,  // 21: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	38,  // 22: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,   // 23: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	41,  // 24: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,   // 25: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	53,  // 26: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	53,  // 27: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16,  // 28: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	86,  // 29: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	91,  // 30: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	93,  // 31: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	96,  // 32: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	93,  // 33: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	97,  // 34: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	98,  // 35: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	101, // 36: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
-	105, // 37: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
-	1,   // 38: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,   // 39: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,   // 40: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13,  // 41: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	62,  // 42: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15,  // 43: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19,  // 44: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21,  // 45: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25,  // 46: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27,  // 47: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28,  // 48: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	64,  // 49: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	46,  // 50: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	66,  // 51: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34,  // 52: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	49,  // 53: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30,  // 54: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32,  // 55: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	37,  // 56: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	40,  // 57: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	40,  // 58: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	48,  // 59: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	43,  // 60: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	51,  // 61: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	54,  // 62: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	56,  // 63: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	58,  // 64: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	60,  // 65: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	68,  // 66: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	70,  // 67: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	72,  // 68: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	74,  // 69: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	76,  // 70: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	77,  // 71: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	78,  // 72: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	80,  // 73: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	82,  // 74: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	84,  // 75: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	85,  // 76: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	88,  // 77: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	92,  // 78: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	95,  // 79: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	102, // 80: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	104, // 81: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 82: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 83: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 84: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14,  // 85: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	63,  // 86: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17,  // 87: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20,  // 88: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22,  // 89: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26,  // 90: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24,  // 91: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29,  // 92: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	65,  // 93: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	47,  // 94: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	67,  // 95: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	36,  // 96: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	50,  // 97: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31,  // 98: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33,  // 99: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	39,  // 100: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	42,  // 101: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	42,  // 102: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	52,  // 103: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	44,  // 104: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	52,  // 105: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	55,  // 106: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	57,  // 107: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	59,  // 108: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	61,  // 109: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	69,  // 110: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	71,  // 111: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	73,  // 112: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	75,  // 113: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	79,  // 114: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	79,  // 115: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	79,  // 116: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	81,  // 117: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	83,  // 118: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	84,  // 119: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	87,  // 120: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	89,  // 121: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	94,  // 122: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	99,  // 123: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	103, // 124: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	106, // 125: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	82,  // [82:126] is the sub-list for method output_type
-	38,  // [38:82] is the sub-list for method input_type
-	38,  // [38:38] is the sub-list for extension type_name
-	38,  // [38:38] is the sub-list for extension extendee
-	0,   // [0:38] is the sub-list for field type_name
+	101, // 20: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	36,  // 21: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
+	35,  // 22: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	39,  // 23: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 24: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	42,  // 25: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 26: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	54,  // 27: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	54,  // 28: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 29: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	87,  // 30: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	92,  // 31: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	94,  // 32: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	97,  // 33: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	94,  // 34: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	98,  // 35: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	99,  // 36: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	102, // 37: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	106, // 38: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	1,   // 39: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 40: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 41: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 42: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	63,  // 43: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 44: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 45: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 46: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 47: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 48: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 49: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	65,  // 50: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	47,  // 51: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	67,  // 52: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 53: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	50,  // 54: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 55: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 56: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	38,  // 57: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	41,  // 58: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41,  // 59: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	49,  // 60: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44,  // 61: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	52,  // 62: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	55,  // 63: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	57,  // 64: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	59,  // 65: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	61,  // 66: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	69,  // 67: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	71,  // 68: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	73,  // 69: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	75,  // 70: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	77,  // 71: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	78,  // 72: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	79,  // 73: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	81,  // 74: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	83,  // 75: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	85,  // 76: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	86,  // 77: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	89,  // 78: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	93,  // 79: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	96,  // 80: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	103, // 81: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	105, // 82: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 83: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 84: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 85: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 86: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	64,  // 87: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 88: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 89: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 90: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 91: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 92: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 93: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	66,  // 94: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	48,  // 95: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	68,  // 96: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	37,  // 97: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	51,  // 98: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 99: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 100: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	40,  // 101: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	43,  // 102: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43,  // 103: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	53,  // 104: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45,  // 105: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	53,  // 106: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	56,  // 107: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	58,  // 108: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	60,  // 109: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	62,  // 110: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	70,  // 111: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	72,  // 112: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	74,  // 113: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	76,  // 114: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	80,  // 115: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 116: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 117: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	82,  // 118: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	84,  // 119: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	85,  // 120: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	88,  // 121: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	90,  // 122: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	95,  // 123: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	100, // 124: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	104, // 125: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	107, // 126: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	83,  // [83:127] is the sub-list for method output_type
+	39,  // [39:83] is the sub-list for method input_type
+	39,  // [39:39] is the sub-list for extension type_name
+	39,  // [39:39] is the sub-list for extension extendee
+	0,   // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -8000,7 +8100,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   108,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   11,
 		},

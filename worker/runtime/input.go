@@ -79,6 +79,7 @@ type input struct {
 // partition).
 func (t *task) buildInputs() {
 	t.merge = newMerger(t.r.opts.InputPendingTuples)
+	t.merge.oneStep = t.node.Op != nil && t.node.Op.CostDuration() > 0
 	for port, up := range t.node.Inputs {
 		upNode := t.plan.Node(up)
 		parts := max(1, upNode.Partitions)
@@ -625,7 +626,8 @@ func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emi
 // spendCost spends the operator's configured per-tuple cost (queryspec
 // Operator.Cost) on a processed release: the time counts as busy, as real
 // work would, so a test or benchmark can give an operator a calibrated
-// processing rate. It waits on a timer, not the CPU, and returns early
+// processing rate. It waits on a timer, not the CPU (a benchmark of
+// dozens of instances on a few cores could not spin), and returns early
 // (with the context's error) when the task stops.
 func (t *task) spendCost(ctx context.Context, runs []mergedRun) error {
 	if t.node == nil || t.node.Op == nil || t.node.Op.Cost == "" {
@@ -636,15 +638,51 @@ func (t *task) spendCost(ctx context.Context, runs []mergedRun) error {
 		n += len(runs[i].tuples)
 	}
 	d := time.Duration(n) * t.node.Op.CostDuration()
+	if f := t.r.opts.CostScale; f > 0 {
+		d = time.Duration(float64(d) * f)
+	}
+	return t.cost.spend(ctx, d, sleepTimer)
+}
+
+// costClock makes a series of cost waits add up to what they owe: a timer
+// wakes late (by tens of microseconds on an idle machine, by milliseconds
+// on a loaded one), which at one wait per release of a few tuples made an
+// operator calibrated at 1 ms a tuple take 1.2 ms (830 tuples per second,
+// not 1000). Each wait measures how long it really slept and carries the
+// difference into the next one, so n tuples cost n times the cost plus at
+// most one late wake-up, and the operator's true processing rate is its
+// calibrated one.
+type costClock struct {
+	// debt is what is owed and not slept yet; negative after a late
+	// wake-up (the next waits are that much shorter).
+	debt time.Duration
+}
+
+// spend waits what is owed for d more of cost, using sleep, which reports
+// how long it really slept.
+func (c *costClock) spend(ctx context.Context, d time.Duration, sleep func(context.Context, time.Duration) (time.Duration, error)) error {
 	if d <= 0 {
 		return nil
 	}
+	c.debt += d
+	if c.debt <= 0 {
+		return nil
+	}
+	slept, err := sleep(ctx, c.debt)
+	c.debt -= slept
+	return err
+}
+
+// sleepTimer waits d on a timer (or until ctx ends) and says how long it
+// waited.
+func sleepTimer(ctx context.Context, d time.Duration) (time.Duration, error) {
+	start := time.Now()
 	tm := time.NewTimer(d)
 	defer tm.Stop()
 	select {
 	case <-tm.C:
-		return nil
+		return time.Since(start), nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return time.Since(start), ctx.Err()
 	}
 }

@@ -39,6 +39,13 @@ type merger struct {
 	released int64
 	// limit is the soft bound on pending tuples per input (see add).
 	limit int
+	// oneStep makes every release end at the first step it could end at
+	// (one boundary interval of input), not the highest: set for a task
+	// whose operator has a calibrated cost, which it spends after each
+	// release, so that a backlog is worked through release by release
+	// (outputs flushed, holds for a rescale seen) instead of in one
+	// release that sleeps for all of it.
+	oneStep bool
 	// wake has capacity one: a pending signal for the process goroutine.
 	wake chan struct{}
 	// space is closed (and replaced) after each release to wake inputs
@@ -306,6 +313,22 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	}
 	if wm <= m.released || m.halted {
 		return nil, false
+	}
+	if m.oneStep {
+		// Any step below the minimum boundary may end a release (as the
+		// cut above does): the output is the same. The release forced up
+		// to a cut goes step by step too; the last one ends at the cut.
+		first := wm
+		for _, in := range m.inputs {
+			for _, s := range in.steps {
+				if s > m.released && s < first {
+					first = s
+				}
+			}
+		}
+		if first < wm {
+			wm, forced = first, false
+		}
 	}
 	rel = &m.rel
 	steps := rel.steps[:0]

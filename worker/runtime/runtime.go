@@ -259,6 +259,11 @@ type Options struct {
 	// subscriber Lease and OverrunGrace; the runtime sets
 	// ExpectedSubscribers, Ring and Logger itself.
 	Buffer dataplane.BufferOptions
+	// CostScale multiplies every operator's calibrated cost on this
+	// runtime (0: 1): a slow machine for benchmarks of the health
+	// manager (queryspec Operator.Cost is itself for tests and
+	// benchmarks).
+	CostScale float64
 	// ServerOptions configure the DataPlane server further (e.g.
 	// dataplane.WithCallerIdentity; by default acknowledgements are keyed
 	// by the verified client certificate when there is one).

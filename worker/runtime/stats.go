@@ -36,6 +36,19 @@ type TaskStats struct {
 	// upstream task than the one read before (a replica fail-over, a
 	// moved upstream).
 	Switches uint64
+	// Held is Unacked stream by stream: the tuples of its output each
+	// downstream partition has not acknowledged (streams holding none are
+	// left out). A backlog in front of one slow partition shows here,
+	// not in that partition's own queue: it takes what it processes.
+	Held []HeldBacklog
+}
+
+// HeldBacklog is what a task holds, not yet acknowledged, for one
+// downstream partition.
+type HeldBacklog struct {
+	Fragment  string
+	Partition int
+	Tuples    int64
 }
 
 // taskCounters are a task's figures behind TaskStats. The counters are
@@ -163,6 +176,9 @@ func (t *task) stats() TaskStats {
 		st.OutputBytes += int64(bs.Bytes)
 		if !ring {
 			st.Unacked += int64(bs.Tuples)
+			if bs.Tuples > 0 {
+				st.Held = append(st.Held, HeldBacklog{Fragment: o.consumer, Partition: o.partition, Tuples: int64(bs.Tuples)})
+			}
 		}
 	}
 	t.inMu.Lock()

@@ -86,6 +86,16 @@ func TestTaskStatsCountExactly(t *testing.T) {
 	if p0.BusyNanos <= 0 || src.BusyNanos <= 0 {
 		t.Errorf("busy time: source %d ns, aggregate %d ns", src.BusyNanos, p0.BusyNanos)
 	}
+	var held int64
+	for _, h := range src.Held {
+		if h.Fragment != "counts" || h.Partition < 0 || h.Partition > 1 || h.Tuples <= 0 {
+			t.Errorf("held backlog %+v", h)
+		}
+		held += h.Tuples
+	}
+	if held != src.Unacked {
+		t.Errorf("held stream by stream %d, unacked %d", held, src.Unacked)
+	}
 	if src.Unacked < 0 || p0.Queue != 0 {
 		t.Errorf("levels after the end: source unacked %d, aggregate queue %d", src.Unacked, p0.Queue)
 	}

@@ -150,6 +150,9 @@ type task struct {
 	// busySince is when the task began processing its current release
 	// (unix nanoseconds; 0 when it is not processing).
 	busySince atomic.Int64
+	// cost keeps the operator's calibrated per-tuple cost exact over time
+	// (producer goroutine only; see spendCost).
+	cost costClock
 	// Figures for metrics and query stats (see stats.go), updated once
 	// per release, batch or published step, never per tuple.
 	counters taskCounters

@@ -1,0 +1,127 @@
+package runtime
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// TestCostClockAddsUpExactly: cost waits that wake up late are paid back
+// by the next ones, so n waits of d cost n*d plus at most one late
+// wake-up, however late each is (each wait here sleeps 0.4 ms too long;
+// waiting d each time, as before, made 100 waits of 1 ms cost 140 ms).
+func TestCostClockAddsUpExactly(t *testing.T) {
+	var c costClock
+	var total time.Duration
+	late := func(_ context.Context, d time.Duration) (time.Duration, error) {
+		total += d + 400*time.Microsecond
+		return d + 400*time.Microsecond, nil
+	}
+	for range 100 {
+		if err := c.spend(context.Background(), time.Millisecond, late); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if total < 100*time.Millisecond || total > 100*time.Millisecond+400*time.Microsecond {
+		t.Fatalf("100 waits of 1 ms slept %s, want 100 ms plus at most one late wake-up", total)
+	}
+	// A zero cost owes nothing.
+	before := total
+	_ = c.spend(context.Background(), 0, late)
+	if total != before {
+		t.Fatal("a zero cost slept")
+	}
+}
+
+// TestCostCountsAsBusy: an operator's calibrated cost is a wait, and the
+// busy-time sensor counts it: the keyed aggregate's busy time is at least
+// its tuples times the cost, so its true processing rate (tuples per busy
+// second, what the health manager sizes by) is at most the calibrated
+// 1/cost.
+func TestCostCountsAsBusy(t *testing.T) {
+	const q = `
+name: wc
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: 400}
+operators:
+  - name: counts
+    type: aggregate
+    input: lines
+    window: {size: 2ms}
+    group_by: [line]
+    aggregates: {cnt: "count()"}
+    cost: 1ms
+sinks:
+  - {name: out, input: counts}
+`
+	c := newCluster(t, 1, q, func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	_ = c.tail(t, "wc/out/p0/r0")
+	var st TaskStats
+	waitUntil(t, "the aggregate took every line", func() bool {
+		for _, s := range c.workers[0].rt.Stats() {
+			if s.TaskID == "wc/counts/p0/r0" {
+				st = s
+			}
+		}
+		return st.InTuples == 400
+	})
+	if st.BusyNanos < int64(st.InTuples)*int64(time.Millisecond) {
+		t.Fatalf("aggregate busy %s for %d tuples at 1 ms each", time.Duration(st.BusyNanos), st.InTuples)
+	}
+	t.Logf("true rate %.0f tuples per busy second (calibrated 1000)", float64(st.InTuples)/(float64(st.BusyNanos)/1e9))
+}
+
+// TestCostTaskReleasesStepByStep: the merge of a task with a calibrated
+// cost releases one step at a time, however far its input is ahead, and
+// a release forced up to a rescale's cut goes step by step as well: a
+// backlog is worked through in releases of one boundary interval, each
+// followed by its cost and a flush, instead of one release sleeping for
+// all of it (which stalled a splitter ten times too small for 30 s and
+// more in bench scaling's real-org run).
+func TestCostTaskReleasesStepByStep(t *testing.T) {
+	m := newMerger(1 << 20)
+	m.oneStep = true
+	m.addInput(0, 0)
+	var batch []tuple.Tuple
+	id := uint64(0)
+	for st := int64(1); st < 40; st++ {
+		id++
+		batch = append(batch, tuple.Tuple{Type: tuple.Stable, ID: id, STime: st})
+		if st%10 == 0 {
+			id++
+			batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: id, STime: st})
+		}
+	}
+	id++
+	batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: id, STime: 40})
+	if err := m.add(context.Background(), 0, batch, nil); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	m.cut, m.cutStep = 25, true
+	m.mu.Unlock()
+	var got [][]int64
+	var sizes []int
+	for {
+		rel, ok := m.take()
+		if !ok {
+			break
+		}
+		n := 0
+		for _, r := range rel.runs {
+			n += len(r.tuples)
+		}
+		got = append(got, slices.Clone(rel.steps))
+		sizes = append(sizes, n)
+	}
+	want := [][]int64{{10}, {20}, {25}}
+	if !slices.EqualFunc(got, want, slices.Equal[[]int64]) || !slices.Equal(sizes, []int{9, 10, 5}) {
+		t.Fatalf("releases %v of %v tuples, want %v of [9 10 5]", got, sizes, want)
+	}
+}
