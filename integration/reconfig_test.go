@@ -206,7 +206,8 @@ func reconfigAggV2(yaml string) string {
 // shared functions equal the one-version totals, the new one follows the
 // migration rule (its epoch's tuples only), each row's tag names the
 // version that produced it, no row is lost or duplicated, and the two
-// sink replicas agree row for row. A change of its window is refused.
+// sink replicas agree row for row. A change of its group_by is refused
+// (its keys route the tuples to partitions).
 func TestLiveReconfigurationAggregate(t *testing.T) {
 	const limit = 4000
 	o := newLiveOrg(t, 2)
@@ -216,8 +217,8 @@ func TestLiveReconfigurationAggregate(t *testing.T) {
 	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(base), Filename: "rq.yaml"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := o.reconfig.UpdateQuery(ctx, &pb.UpdateQueryRequest{Yaml: []byte(strings.Replace(base, "size: 200ms", "size: 400ms", 1)), Filename: "rq.yaml"}); err == nil || !strings.Contains(err.Error(), `"per_window"`) {
-		t.Fatalf("window change: %v, want a refusal naming per_window", err)
+	if _, err := o.reconfig.UpdateQuery(ctx, &pb.UpdateQueryRequest{Yaml: []byte(strings.Replace(base, "group_by: [g]", "group_by: [g, n]", 1)), Filename: "rq.yaml"}); err == nil || !strings.Contains(err.Error(), `"per_window"`) {
+		t.Fatalf("group_by change: %v, want a refusal naming per_window", err)
 	}
 	var (
 		wg      sync.WaitGroup
