@@ -112,7 +112,7 @@ at once in the model):
 				for _, op := range []string{"counter", "splitter"} {
 					fin = append(fin, fmt.Sprintf("%s %d (optimum %d)", op, real.Final[op], real.Optimal[op]))
 				}
-				fmt.Fprintf(w, "wordcount (real org): %d steps, last at %.1f s: %s, over-provisioned %.1f%%, converged %v\n", real.Steps, real.Seconds, strings.Join(fin, ", "), real.Overprovision*100, real.Converged)
+				fmt.Fprintf(w, "wordcount (real org): %d scaling steps, last at %.1f s: %s, over-provisioned %.1f%%, converged %v; %d slot rebalances\n", real.Steps, real.Seconds, strings.Join(fin, ", "), real.Overprovision*100, real.Converged, real.Rebalances)
 				for _, a := range real.Actions {
 					fmt.Fprintf(w, "  %6.1f s  %-8s %-18s %-10s %d -> %d  true rate %.0f/s  %s (judged at %.1f s)\n", a.AtS, a.Fragment, a.Diagnosis, a.Action, a.From, a.To, a.TrueRate, a.Outcome, a.EvaluatedS)
 				}

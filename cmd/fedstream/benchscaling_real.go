@@ -95,9 +95,16 @@ sinks:
 // RealWordcount is the word count measured on a real org.
 type RealWordcount struct {
 	// Mode is "real_org" (or "simulated" when only the model ran).
-	Mode          string         `json:"mode"`
+	Mode string `json:"mode"`
+	// Steps counts the policy's actions that changed an operator's
+	// parallelism, and Seconds is when the last of them was taken: the
+	// figures DS2 and Dhalion are compared on. Rebalances counts the slot
+	// rebalances (data skew: a word's frequency makes its counter
+	// partition hotter than the others) taken in the same run, which move
+	// slots and change no parallelism; they are in Actions too.
 	Steps         int            `json:"steps"`
 	Seconds       float64        `json:"seconds"`
+	Rebalances    int            `json:"rebalances"`
 	Final         map[string]int `json:"final"`
 	Optimal       map[string]int `json:"optimal"`
 	Overprovision float64        `json:"overprovision"`
@@ -252,7 +259,8 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 			progress("reading the action log: %v", err)
 			continue
 		}
-		r.Actions, r.Steps, r.Seconds = r.Actions[:0], 0, 0
+		r.Actions, r.Steps, r.Seconds, r.Rebalances = r.Actions[:0], 0, 0, 0
+		acted := false
 		pending := false
 		for _, a := range resp.Actions {
 			if a.Action == "none" {
@@ -266,8 +274,13 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 			if a.EvaluatedAtMs > 0 {
 				r.Actions[len(r.Actions)-1].EvaluatedS = math.Round(time.UnixMilli(a.EvaluatedAtMs).Sub(start).Seconds()*10) / 10
 			}
-			r.Steps++
-			r.Seconds = math.Round(at*10) / 10
+			acted = true
+			if a.FromParallelism != a.ToParallelism {
+				r.Steps++
+				r.Seconds = math.Round(at*10) / 10
+			} else {
+				r.Rebalances++
+			}
 			pending = pending || a.Outcome == "pending"
 			if seen[a.Id] != a.Outcome {
 				seen[a.Id] = a.Outcome
@@ -275,7 +288,7 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 				progress("%.1f s: %s %s %s %d -> %d (true rate %.0f/s per instance): %s", at, a.Fragment, a.Diagnosis, a.Action, a.FromParallelism, a.ToParallelism, m.TrueRate, a.Outcome)
 			}
 		}
-		if !pending && r.Steps > 0 && time.Since(lastChange) > quiet {
+		if !pending && acted && time.Since(lastChange) > quiet {
 			break
 		}
 		if time.Now().After(deadline) {
