@@ -85,14 +85,13 @@ func TestHealthRebalancesDataSkew(t *testing.T) {
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	o := newLiveOrgWith(t, 3, func(c *coordinator.Config) {
-		// One rebalance in the stream's life. A second one, taken as the
-		// finite stream ends, stalled a partition about once in eight
-		// runs (worker runtime, not fixed here): a partition that neither
-		// gained nor lost slots never passed a cut set in the stream's
-		// last milliseconds; a partition still working off its backlog
-		// did not resume after a prepare aborted because the others had
-		// released the end of their streams.
-		c.Health = coordinator.HealthConfig{Interval: 200 * time.Millisecond, Settle: 10 * time.Second, Policy: &p}
+		// A settle short enough for a second rebalance, often taken as
+		// the finite stream ends: its prepare then meets partitions that
+		// received the end of their input while they held (once a stall,
+		// see the runtime's TestRescaleCutAfterTheEnd and
+		// TestRescaleAbortAfterTheEnd), or is aborted because one had
+		// released its end already.
+		c.Health = coordinator.HealthConfig{Interval: 200 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}
 	})
 	submit := func(name, extra, cost string) {
 		t.Helper()

@@ -166,6 +166,9 @@ func (in *input) run(ctx context.Context) {
 	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
 	attempt := 0
 	for ctx.Err() == nil {
+		if in.t.inlineDone() {
+			return // the end was processed by a rescale's lift (kickRelease)
+		}
 		cands := in.t.candidates(in.upstream, in.upPartition)
 		var err error
 		progressed := false
@@ -446,6 +449,17 @@ func (in *input) placementsChanged() {
 	}
 	now, ok := in.t.placementOf(in.upstream, in.upPartition, in.current.TaskID)
 	if !ok || now.WorkerAddr != in.current.WorkerAddr || now.Generation != in.current.Generation {
+		in.cancelCur()
+		in.cancelCur = nil
+	}
+}
+
+// stopAttempt ends the input's live subscription, if any: the task has
+// processed the end of its stream (see kickRelease), and run returns.
+func (in *input) stopAttempt() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.cancelCur != nil {
 		in.cancelCur()
 		in.cancelCur = nil
 	}

@@ -290,6 +290,7 @@ func (t *task) liftHold() {
 		}
 	case t.merge != nil:
 		t.merge.liftCut()
+		t.kickRelease()
 	}
 	if t.rs.lift != nil {
 		close(t.rs.lift)
@@ -443,34 +444,42 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 // loses to their new owners, installs the slots it gains from their old
 // owners, and goes on (a partition the rescale removes ends its output).
 func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
+	if t.passCut(ctx, f, m) {
+		t.kickRelease()
+	}
+}
+
+// passCut is handOver up to lifting the cut (under proc); lifted reports
+// that the task goes on from the cut, with releases to process.
+func (t *task) passCut(ctx context.Context, f string, m *SlotMap) (lifted bool) {
 	n := m.Next
 	p := t.spec.Partition
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		if err := t.lockProc(ctx); err != nil {
-			return
+			return false
 		}
 		if t.releasedAt() >= n.Cut {
 			break // proc held
 		}
 		t.unlockProc()
-		t.pokeRelease()
+		t.kickRelease()
 		select {
 		case <-ctx.Done():
-			return
+			return false
 		case <-tick.C:
 		}
 	}
 	defer t.unlockProc()
 	if t.releasedAt() != n.Cut {
 		t.fail(fmt.Errorf("rescale of %s to epoch %d: released up to %d, past the cut %d", f, n.Epoch, t.releasedAt(), n.Cut))
-		return
+		return false
 	}
 	ss, ok := operator.SlotStateOf(t.op)
 	if !ok {
 		t.fail(fmt.Errorf("rescale of %s: %w", f, operator.ErrNotKeyed))
-		return
+		return false
 	}
 	// Lost slots, by new owner.
 	lost := map[int]slots.Set{}
@@ -495,7 +504,7 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 		data, err := ss.SnapshotSlots(set)
 		if err != nil {
 			t.fail(fmt.Errorf("rescale of %s: snapshot of slots for partition %d: %w", f, to, err))
-			return
+			return false
 		}
 		handed[handoverKey{n.Epoch, to}] = data
 	}
@@ -520,11 +529,11 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 			if ctx.Err() == nil {
 				t.fail(fmt.Errorf("rescale of %s: slots from partition %d: %w", f, from, err))
 			}
-			return
+			return false
 		}
 		if err := ss.RestoreSlots(data); err != nil {
 			t.fail(fmt.Errorf("rescale of %s: install slots from partition %d: %w", f, from, err))
-			return
+			return false
 		}
 	}
 	t.log.Info("rescale cut passed", "fragment", f, "epoch", n.Epoch, "cut", n.Cut, "slots_lost", lostAll.Len(), "from_partitions", froms)
@@ -538,17 +547,19 @@ func (t *task) handOver(ctx context.Context, f string, m *SlotMap) {
 		}
 		if err != nil {
 			t.endWith(err)
-			return
+			return false
 		}
 		t.noteWhileRunning("handed every slot over in a rescale; stops when the rescale finishes")
 	} else if t.dm != nil {
 		_ = t.dm.setCut(math.MaxInt64) // proc held; lifting is never refused
 	} else {
 		t.merge.liftCut()
+		lifted = true
 	}
 	t.rs.progMu.Lock()
 	t.rs.cutDone = n.Epoch
 	t.rs.progMu.Unlock()
+	return lifted
 }
 
 // fetchSlots gets, from a copy of partition from of fragment f (this
@@ -673,4 +684,44 @@ func (t *task) pokeRelease() {
 		return
 	}
 	t.merge.poke()
+}
+
+// kickRelease makes the task release what its merger holds ready after a
+// hold or cut changed, and returns once that is done or handed on. The
+// caller must not hold proc.
+//
+// A task with a single input processes inline: only a delivery makes it
+// release (nobody reads the merger's wake channel). A hold that comes
+// once the input has delivered the end of its stream keeps the rest
+// unreleased, and when the hold is lifted or becomes a cut no delivery
+// follows: the stream is complete. So once the input has delivered the
+// final boundary, the lifter processes the releases itself (under proc,
+// as a delivery would; no more input comes, so that work is bounded).
+// Before it, a delivery still comes, and the input processes (a delivery
+// that added the final boundary before the caller changed the hold is
+// seen here, by the merger's lock order). When the releases reach the
+// final boundary, the input's subscription, which would wait forever on
+// a stream that has ended, is ended too.
+func (t *task) kickRelease() {
+	if t.inlineEmit == nil || t.dm != nil || t.merge.inputBoundary(0) != finalBoundary {
+		t.pokeRelease()
+		return
+	}
+	done, err := t.processReleases(t.ctx, t.inlineEmit)
+	if err != nil {
+		t.endWith(err)
+		return
+	}
+	if done {
+		t.setState(StateRunning, "input exhausted")
+		for _, in := range t.inputs {
+			in.stopAttempt()
+		}
+	}
+}
+
+// inlineDone reports that the task processes inline and released its
+// final boundary: its only input has nothing more to read.
+func (t *task) inlineDone() bool {
+	return t.inlineEmit != nil && t.merge != nil && t.merge.releasedAt() == finalBoundary
 }
