@@ -394,7 +394,10 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 			in := t.inputs[i]
 			after := is.lastID
 			if t.mv != nil {
-				after = in.stableTaken.Load() // by stable id (see filterDCAA)
+				// By stable id, as far as the merger took (see
+				// mergeInput.stable): not input.stableTaken, which a
+				// delivery moves after the merger's add returns.
+				after = is.stable
 			}
 			s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: is.port, Partition: is.upPartition,
 				After: after, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
@@ -497,7 +500,7 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 				ErrSnapshotMismatch, i, pos.Upstream, pos.Partition, pos.Port, in.upstream, in.upPartition, in.port)
 		}
 		ms.inputs = append(ms.inputs, mergeInputState{port: pos.Port, upPartition: pos.Partition, lastID: pos.After,
-			boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
+			stable: pos.After, boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
 	}
 	if err := t.checkOutputs(s); err != nil {
 		return err
