@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -490,7 +491,11 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	}
 	s = withoutRemovedStreams(s, t)
 	if len(s.Inputs) != len(t.inputs) {
-		return fmt.Errorf("%w: %d inputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Inputs), len(t.inputs))
+		var ins []string
+		for _, in := range s.Inputs {
+			ins = append(ins, fmt.Sprintf("%s/p%d (boundary %d, %d pending)", in.Upstream, in.Partition, in.Boundary, len(in.Pending)))
+		}
+		return fmt.Errorf("%w: %d inputs in the snapshot (%s), %d in the task", ErrSnapshotMismatch, len(s.Inputs), strings.Join(ins, ", "), len(t.inputs))
 	}
 	ms := mergeState{released: s.Released}
 	for i, pos := range s.Inputs {
