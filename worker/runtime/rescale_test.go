@@ -149,6 +149,13 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 			ins := slices.Clone(tk.inputs)
 			tk.inMu.Unlock()
 			for _, in := range ins {
+				if tk.dcaaOn() && !in.watched {
+					// Unwatched, failure detection found it silent after
+					// each detection timeout and cut its attempt: the
+					// input reconnected every ~100 ms, and a cut attempt
+					// could drop a batch the merge was waiting to take.
+					t.Fatalf("%s: input from %s partition %d is not watched (no failure detection, no stream state)", tk.spec.TaskID, in.upstream, in.upPartition)
+				}
 				if in.upstream == rs.frag && in.upPartition >= n {
 					if b := tk.merge.inputBoundary(in.idx); b != finalBoundary {
 						t.Fatalf("%s reported the cut of epoch %d passed with removed partition %d's stream at boundary %d, not ended", tk.spec.TaskID, next.Epoch, in.upPartition, b)
