@@ -30,7 +30,7 @@ func TestMergingSinkSnapshotWhileAddWaits(t *testing.T) {
 }
 
 func testMergingSinkSnapshotWhileAddWaits(t *testing.T, halt bool) {
-	const rate = 4000
+	const rate = 10000 // the 20000 lines in two seconds
 	q := mustParse(t, fmt.Sprintf(wordsQuery, 2, rate))
 	opts := dcaaOpts
 	opts.InputPendingTuples = 8
