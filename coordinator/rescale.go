@@ -85,15 +85,6 @@ type rescaleTarget struct {
 	involved, downstream map[string]bool
 }
 
-// allowReplicatedRescale lifts the refusal to rescale a query with
-// replicas (see refuseReplicated): under heavy CPU load a rescale of a
-// replicated query was seen to lose a few results (about one run in
-// thirty of TestRescaleKeyedAggregate/replicas=2 at load 8-11, cause not
-// found), so fedstream refuses it rather than break its promise of exact
-// stable results. Set by tests of the rules that still apply once it is
-// lifted.
-var allowReplicatedRescale = false
-
 func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	st := s.State()
 	q, err := st.Query(nil, name)
@@ -141,16 +132,13 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	return t, nil
 }
 
-// refuseReplicated refuses a new rescale of a query with replicas (not
-// the resumption of one a previous leader started: that must still be
-// aborted or finished).
+// refuseReplicated refuses a new rescale of a query with replicas whose
+// fragment a replicated operator reads (not the resumption of one a
+// previous leader started: that must still be aborted or finished).
 func (s *Server) refuseReplicated(tg *rescaleTarget) error {
 	q := tg.q
 	if q.Replicas <= 1 {
 		return nil
-	}
-	if !allowReplicatedRescale {
-		return status.Errorf(codes.FailedPrecondition, "scale: query %s runs with replicas %d: rescaling a replicated query is refused for now (under heavy load a rescale was seen to lose a few results; see docs/DATAPLANE.md, \"Not done yet\"); submit it with replicas 1 to rescale it", q.Name, q.Replicas)
 	}
 	// An operator of a replicated query runs its DCAA machine, whose
 	// inputs are fixed when the task starts: it cannot take the streams

@@ -100,7 +100,7 @@ func TestCostTaskReleasesStepByStep(t *testing.T) {
 	}
 	id++
 	batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: id, STime: 40})
-	if err := m.add(context.Background(), 0, batch, nil); err != nil {
+	if err := m.add(context.Background(), 0, batch, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	m.mu.Lock()

@@ -87,6 +87,13 @@ func (in *input) failed() bool {
 	return false
 }
 
+// watch makes failure detection and the in-band state cover in
+// (every input of a DCAA task, those a rescale adds too).
+func (in *input) watch() {
+	in.sub.OnStreamState(in.heardFrom)
+	in.watched = true
+}
+
 // setupDCAA turns on heartbeats and the in-band state on the task's
 // outputs, and the state callback on its inputs. Called by newTask.
 func (t *task) setupDCAA() {
@@ -99,8 +106,7 @@ func (t *task) setupDCAA() {
 		o.buf.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
 	}
 	for _, in := range t.inputs {
-		in.sub.OnStreamState(in.heardFrom)
-		in.watched = true
+		in.watch()
 	}
 	if t.node.Kind == queryspec.KindSink && !t.passThrough {
 		// A merging sink: its tentative part (see dcaa_sink.go).
@@ -148,12 +154,12 @@ func (t *task) watchInputs(ctx context.Context) {
 			// This process itself stood still (paused, starved of CPU):
 			// what it did not hear meanwhile says nothing of the
 			// upstream. Listen afresh.
-			for _, in := range t.inputs {
+			for _, in := range t.inputsNow() {
 				in.health.heard.Store(now)
 			}
 		}
 		last = now
-		for _, in := range t.inputs {
+		for _, in := range t.inputsNow() {
 			if in.health.busy.Load() || now-in.health.heard.Load() <= int64(detect) {
 				continue
 			}
@@ -192,7 +198,7 @@ func (t *task) inputsReplicaState() {
 		// A sink whose results are tentative now.
 		st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE
 	}
-	for _, in := range t.inputs {
+	for _, in := range t.inputsNow() {
 		if in.failed() {
 			st = fedstreampb.ReplicaState_REPLICA_UP_FAILURE
 		}

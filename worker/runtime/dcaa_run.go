@@ -251,7 +251,14 @@ func (d *dcaaRun) run(ctx context.Context) {
 	defer timer.Stop()
 	detect := t.detectTimeout()
 	for {
+		// Under proc: a rescale's hold or cut (setCut, holdForRescale)
+		// changes the machine from another goroutine, under proc, and
+		// pokes this one to read the deadline again.
+		if err := t.lockProc(ctx); err != nil {
+			return
+		}
 		deadline := d.m.NextDeadline()
+		t.unlockProc()
 		wait := time.Duration(deadline - d.now())
 		if wait > time.Hour {
 			wait = time.Hour

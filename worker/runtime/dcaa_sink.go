@@ -298,8 +298,13 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 // tentative tuples, UNDO and REC_DONE go to the view. fresh: the
 // attempt's first batch (what the input had tentatively is no longer
 // current: another replica may be read now). It reports whether the view
-// changed (sync it).
-func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, err error) {
+// changed (sync it) and taken, the stable id of the batch's last stable
+// tuple or boundary kept (the input's stable id once the merger took
+// the batch). input.stableTaken is not moved here: the merger may wait
+// for room, or the attempt end, before it takes the batch, and until
+// then the batch is not taken (a snapshot, a resumption, the ack relays
+// go by what the merger holds; see mergeInput.stable).
+func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, taken uint64, err error) {
 	mv := in.t.mv
 	if fresh {
 		in.offKnown = false
@@ -309,15 +314,14 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 		}
 		mv.mu.Unlock()
 	}
-	taken := in.stableTaken.Load()
+	taken = in.stableTaken.Load()
 	if off := b.Offset; (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
-		in.stableTaken.Store(b.LastID - off)
-		return changed, nil, nil
+		return changed, nil, b.LastID - off, nil
 	}
 	if _, err := stableIDs(b); err != nil {
-		return changed, nil, err
+		return changed, nil, 0, err
 	}
 	in.lastOff, in.offKnown = b.Offset, true
 	released := in.t.merge.releasedAt()
@@ -361,8 +365,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	mv.mu.Unlock()
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
-	in.stableTaken.Store(taken)
-	return changed, marks, nil
+	return changed, marks, taken, nil
 }
 
 // syncTentative brings the result stream's tentative part up to date
@@ -492,41 +495,41 @@ func (t *task) sinkTentativeHeld() bool {
 }
 
 // mergeDCAA is a merging sink's delivery in a replicated query, before
-// the merger takes b: see filterDCAA; a changed tentative part goes out
-// at once.
-func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) error {
-	changed, marks, err := in.filterDCAA(b, fresh)
+// the merger takes b: see filterDCAA (taken is its stable id for the
+// merger); a changed tentative part goes out at once.
+func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) (taken uint64, err error) {
+	changed, marks, taken, err := in.filterDCAA(b, fresh)
 	if err != nil {
-		return fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
+		return 0, fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
 	}
 	if !changed && len(marks) == 0 {
-		return nil
+		return taken, nil
 	}
 	if len(marks) > 0 {
 		in.diverged.Store(true)
 	}
 	t := in.t
 	if err := t.lockProc(ctx); err != nil {
-		return err
+		return 0, err
 	}
 	defer t.unlockProc()
 	if t.halted.Load() {
-		return nil
+		return taken, nil
 	}
 	for _, r := range marks {
 		if err := t.sinkUncorrectable(t.ctx, r[0], r[1]); err != nil {
 			t.endWith(err)
-			return fmt.Errorf("%w: %w", errTaskEnded, err)
+			return 0, fmt.Errorf("%w: %w", errTaskEnded, err)
 		}
 	}
 	if !changed {
-		return nil
+		return taken, nil
 	}
 	if err := t.syncTentative(t.ctx); err != nil {
 		t.endWith(err)
-		return fmt.Errorf("%w: %w", errTaskEnded, err)
+		return 0, fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
-	return nil
+	return taken, nil
 }
 
 // boundaryLevel returns the highest marker level (tuple.Version) among the

@@ -288,8 +288,10 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 			}
 			return in.t.passBatch(b)
 		}
+		var stable uint64 // merging sink of a replicated query: see filterDCAA
 		if in.t.mv != nil {
-			if err := in.mergeDCAA(ctx, b, first); err != nil {
+			var err error
+			if stable, err = in.mergeDCAA(ctx, b, first); err != nil {
 				return err
 			}
 			if len(b.Tuples) == 0 {
@@ -301,8 +303,12 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		// tuples: read what is needed of it before.
 		last := &b.Tuples[len(b.Tuples)-1]
 		final := last.Type == tuple.Boundary && last.STime == finalBoundary
-		if err := in.t.merge.add(ctx, in.idx, b.Tuples, b); err != nil {
+		if err := in.t.merge.add(ctx, in.idx, b.Tuples, b, stable); err != nil {
 			return err
+		}
+		if stable != 0 {
+			// Taken only now: see filterDCAA.
+			in.stableTaken.Store(stable)
 		}
 		if in.t.inlineEmit != nil {
 			return in.t.processInline()

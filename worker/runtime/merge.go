@@ -70,6 +70,9 @@ type merger struct {
 	// exactly the tuples below the cut (see rescale.go). Every replica
 	// sets the same cut, so they release the same steps.
 	cutStep bool
+	// addWaits counts the adds waiting for room now (inputs held back by
+	// the merge's bound).
+	addWaits int
 }
 
 // batchOwner is what a delivered batch's memory is handed back to once
@@ -93,6 +96,12 @@ type mergeInput struct {
 	// processed or in queue. It is the input's position in a snapshot
 	// (the subscriber's own LastID moves only after a delivery returns).
 	lastID uint64
+	// stable is, for a merging sink of a replicated query, the stable id
+	// of the last stable tuple or boundary added (see filterDCAA): its
+	// input position in a snapshot. Set with the batch under mu, so a
+	// capture never sees a stable id whose batch the merge has not taken
+	// (an add waiting for room, or cancelled while it waits).
+	stable uint64
 	// Live reconfiguration: every boundary carries its producer's marker
 	// level (tuple.Version: the newest epoch whose markers it has passed
 	// on). marks are the rises not yet released, level the input's level
@@ -201,19 +210,25 @@ func (m *merger) minBoundaryLocked() int64 {
 // the caller must not use batch once add returned. To bound memory add
 // waits while input i already holds limit pending tuples and is ahead of
 // the slowest input; the slowest input is never held back, so the merge
-// always makes progress.
-func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner) error {
+// always makes progress. stable, when not 0, is the batch's last stable
+// id (a merging sink of a replicated query, see mergeInput.stable).
+func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner, stable uint64) error {
 	m.mu.Lock()
 	in := m.inputs[i]
 	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted {
 		ch := m.space
+		m.addWaits++
 		m.mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
+			m.mu.Lock()
+			m.addWaits--
+			m.mu.Unlock()
 			return ctx.Err()
 		}
 		m.mu.Lock()
+		m.addWaits--
 	}
 	if m.halted {
 		m.mu.Unlock()
@@ -221,6 +236,9 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 	}
 	if len(batch) > 0 {
 		in.lastID = batch[len(batch)-1].ID
+	}
+	if stable != 0 {
+		in.stable = stable
 	}
 	var held *heldBatch
 	if owner != nil {
@@ -544,6 +562,7 @@ type mergeState struct {
 type mergeInputState struct {
 	port, upPartition int
 	lastID            uint64
+	stable            uint64 // see mergeInput.stable
 	boundary          int64
 	steps             []int64
 	// pending are the data tuples received and not released, in stream
@@ -560,7 +579,7 @@ func (m *merger) capture(halt bool) mergeState {
 	defer m.mu.Unlock()
 	st := mergeState{released: m.released}
 	for _, in := range m.inputs {
-		is := mergeInputState{port: in.port, upPartition: in.upPartition, lastID: in.lastID,
+		is := mergeInputState{port: in.port, upPartition: in.upPartition, lastID: in.lastID, stable: in.stable,
 			boundary: in.boundary, steps: slices.Clone(in.steps)}
 		for _, r := range in.queue {
 			for k := range r.tuples {
@@ -595,7 +614,7 @@ func (m *merger) install(st mergeState) error {
 	m.released = st.released
 	for i, is := range st.inputs {
 		in := m.inputs[i]
-		in.lastID, in.boundary, in.steps = is.lastID, is.boundary, slices.Clone(is.steps)
+		in.lastID, in.stable, in.boundary, in.steps = is.lastID, is.stable, is.boundary, slices.Clone(is.steps)
 		in.queue, in.pending, in.unsorted = nil, 0, false
 		if len(is.pending) > 0 {
 			// A copy of the slice: the queue compacts runs in place, and one
@@ -645,6 +664,13 @@ func (m *merger) poke() {
 	case m.wake <- struct{}{}:
 	default:
 	}
+}
+
+// addsWaiting is how many adds wait for room now.
+func (m *merger) addsWaiting() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addWaits
 }
 
 // inputLastID returns the id of the last tuple input i received.

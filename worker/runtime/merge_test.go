@@ -64,7 +64,7 @@ func TestMergerReleaseOrder(t *testing.T) {
 					batch = append(batch, tuple.Tuple{Type: tuple.Boundary, ID: ids[i], STime: bound})
 					owner := &testOwner{}
 					owners = append(owners, ownedBatch{owner: owner, tuples: batch})
-					if err := m.add(context.Background(), i, batch, owner); err != nil {
+					if err := m.add(context.Background(), i, batch, owner, 0); err != nil {
 						t.Fatal(err)
 					}
 				}

@@ -358,6 +358,9 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			if t.op == nil {
 				in.sub.KeepValuesPacked()
 			}
+			if t.dcaaOn() {
+				in.watch() // as the inputs the task started with
+			}
 			added = append(added, in)
 		}
 		t.inMu.Lock()
@@ -382,8 +385,13 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			t.log.Info("rescale: reading added partitions", "fragment", f, "partitions", n.Partitions)
 		}
 		// The downstream has passed the cut once every removed
-		// partition's stream reached it: from then on it needs nothing
-		// more of them, and the rescale may finish (stop them).
+		// partition's stream ended here (its final boundary, which the
+		// removed task emits right after the cut): from then on it needs
+		// nothing more of them, and the rescale may finish (stop them).
+		// Reaching the cut is not enough: a removed task stopped before
+		// its final boundary arrived left the input waiting for a stream
+		// that never ends, the merge stalled at it, and a snapshot of the
+		// task held an input its copy no longer has.
 		var removed []*input
 		t.inMu.Lock()
 		for _, in := range t.inputs {
@@ -398,7 +406,7 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			tick := time.NewTicker(2 * time.Millisecond)
 			defer tick.Stop()
 			for _, in := range removed {
-				for t.merge.inputBoundary(in.idx) < n.Cut {
+				for t.merge.inputBoundary(in.idx) < finalBoundary {
 					select {
 					case <-ctx.Done():
 						return

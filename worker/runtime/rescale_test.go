@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -134,6 +135,35 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 		}
 		return true
 	})
+	// A downstream that passed the cut has every removed partition's
+	// stream to its end: the finish stops those tasks, and a final
+	// boundary not received by then never comes (the merge would stall
+	// at that input, and a snapshot of the task would hold an input its
+	// copy no longer has).
+	for _, w := range c.workers {
+		for _, tk := range w.rt.tasksByID() {
+			if tk.spec.Fragment != "out" {
+				continue
+			}
+			tk.inMu.Lock()
+			ins := slices.Clone(tk.inputs)
+			tk.inMu.Unlock()
+			for _, in := range ins {
+				if tk.dcaaOn() && !in.watched {
+					// Unwatched, failure detection found it silent after
+					// each detection timeout and cut its attempt: the
+					// input reconnected every ~100 ms, and a cut attempt
+					// could drop a batch the merge was waiting to take.
+					t.Fatalf("%s: input from %s partition %d is not watched (no failure detection, no stream state)", tk.spec.TaskID, in.upstream, in.upPartition)
+				}
+				if in.upstream == rs.frag && in.upPartition >= n {
+					if b := tk.merge.inputBoundary(in.idx); b != finalBoundary {
+						t.Fatalf("%s reported the cut of epoch %d passed with removed partition %d's stream at boundary %d, not ended", tk.spec.TaskID, next.Epoch, in.upPartition, b)
+					}
+				}
+			}
+		}
+	}
 	// Finish: the new map; removed partitions' tasks stop.
 	rs.epoch, rs.partitions, rs.owner = next.Epoch, n, next.Owner
 	rs.setMaps(&SlotMap{Epoch: rs.epoch, Partitions: n, Owner: rs.owner})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -394,7 +395,10 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 			in := t.inputs[i]
 			after := is.lastID
 			if t.mv != nil {
-				after = in.stableTaken.Load() // by stable id (see filterDCAA)
+				// By stable id, as far as the merger took (see
+				// mergeInput.stable): not input.stableTaken, which a
+				// delivery moves after the merger's add returns.
+				after = is.stable
 			}
 			s.Inputs = append(s.Inputs, InputPosition{Upstream: in.upstream, Port: is.port, Partition: is.upPartition,
 				After: after, Boundary: is.boundary, Steps: is.steps, Pending: is.pending})
@@ -487,7 +491,11 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	}
 	s = withoutRemovedStreams(s, t)
 	if len(s.Inputs) != len(t.inputs) {
-		return fmt.Errorf("%w: %d inputs in the snapshot, %d in the task", ErrSnapshotMismatch, len(s.Inputs), len(t.inputs))
+		var ins []string
+		for _, in := range s.Inputs {
+			ins = append(ins, fmt.Sprintf("%s/p%d (boundary %d, %d pending)", in.Upstream, in.Partition, in.Boundary, len(in.Pending)))
+		}
+		return fmt.Errorf("%w: %d inputs in the snapshot (%s), %d in the task", ErrSnapshotMismatch, len(s.Inputs), strings.Join(ins, ", "), len(t.inputs))
 	}
 	ms := mergeState{released: s.Released}
 	for i, pos := range s.Inputs {
@@ -497,7 +505,7 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 				ErrSnapshotMismatch, i, pos.Upstream, pos.Partition, pos.Port, in.upstream, in.upPartition, in.port)
 		}
 		ms.inputs = append(ms.inputs, mergeInputState{port: pos.Port, upPartition: pos.Partition, lastID: pos.After,
-			boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
+			stable: pos.After, boundary: pos.Boundary, steps: pos.Steps, pending: pos.Pending})
 	}
 	if err := t.checkOutputs(s); err != nil {
 		return err

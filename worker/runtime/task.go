@@ -838,9 +838,19 @@ func (t *task) setPlacements(pls []Placement) {
 // current upstream moved or vanished resubscribe.
 func (t *task) updatePlacements(pls []Placement) {
 	t.setPlacements(pls)
-	for _, in := range t.inputs {
+	for _, in := range t.inputsNow() {
 		in.placementsChanged()
 	}
+}
+
+// inputsNow returns the task's inputs for a goroutine other than the
+// one that adds them (a rescale appends under inMu; reading t.inputs
+// unguarded meanwhile could see the new length before the new element,
+// a nil input).
+func (t *task) inputsNow() []*input {
+	t.inMu.Lock()
+	defer t.inMu.Unlock()
+	return t.inputs
 }
 
 // candidates lists the replicas of an upstream partition in the order they
