@@ -312,9 +312,9 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 	bl := l.blacklist(query)
 	away := l.awayTask(query)
-	return func(diag, act string) (bool, string) {
-		if r := bl[health.Pair{Query: query, Diagnosis: diag, Action: act}]; r.Blacklisted {
-			return false, fmt.Sprintf("blacklisted (%d of %d evaluated actions failed)", r.Failed, r.Evaluated)
+	return func(frag, diag, act string) (bool, string) {
+		if r := bl.For(health.Pair{Query: query, Fragment: frag, Diagnosis: diag, Action: act}); r.Blacklisted {
+			return false, fmt.Sprintf("blacklisted on %s (%d of %d evaluated actions failed)", frag, r.Failed, r.Evaluated)
 		}
 		switch act {
 		case health.ActScaleUp, health.ActScaleDown, health.ActRebalanceSlots:
@@ -389,7 +389,7 @@ func (l *healthLoop) fits(query, fragment string, from, to int) (bool, string) {
 }
 
 // blacklist evaluates the query's pairs from the action log.
-func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
+func (l *healthLoop) blacklist(query string) health.Records {
 	acts, _ := l.s.State().HealthActions(nil, query)
 	return blacklistOf(l.s.State(), acts, l.cfg.FailureRatio, l.cfg.MinEvaluated)
 }
@@ -397,7 +397,7 @@ func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
 // blacklistOf counts the pairs of the logged actions. Only the actions of
 // a query's current definition count: resubmitting a query starts its
 // record afresh.
-func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) map[health.Pair]health.PairRecord {
+func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) health.Records {
 	since := map[string]uint64{}
 	logged := make([]health.Logged, 0, len(acts))
 	for _, a := range acts {
@@ -411,7 +411,7 @@ func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, mi
 		if a.CreateIndex < from {
 			continue
 		}
-		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
+		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Fragment: a.Fragment, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
 	}
 	return health.Blacklist(logged, ratio, minEvaluated)
 }
@@ -440,15 +440,11 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		// is chosen at once.
 		if ok, why := l.fits(name, chosen.Diagnosis.Fragment, chosen.From, chosen.To); !ok {
 			frag := chosen.Diagnosis.Fragment
-			chosen, alerts = health.Choose(q, ds, pc, func(diag, act string) (bool, string) {
-				if act == health.ActScaleUp {
-					for _, d := range ds {
-						if d.Name == diag && d.Fragment == frag {
-							return false, why
-						}
-					}
+			chosen, alerts = health.Choose(q, ds, pc, func(f, diag, act string) (bool, string) {
+				if act == health.ActScaleUp && f == frag {
+					return false, why
 				}
-				return allowed(diag, act)
+				return allowed(f, diag, act)
 			})
 		}
 	}
