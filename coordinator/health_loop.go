@@ -127,6 +127,27 @@ type healthLoop struct {
 	cfg     HealthConfig
 	queries map[string]*healthQuery
 	seq     int
+	// underWay, when set, replaces the slot-map check of rescaleUnderWay
+	// (tests).
+	underWay func(query, fragment string) bool
+}
+
+// isRescale reports whether action is carried out by the live rescale.
+func isRescale(action string) bool {
+	return action == health.ActScaleUp || action == health.ActScaleDown || action == health.ActRebalanceSlots
+}
+
+// rescaleUnderWay reports whether a rescale of fragment of query is
+// prepared or past its go and not finished. A rescale past its go only
+// goes forward (finishRescale, or the next leader's resumeRescales): an
+// action whose rescale is still under way has not completed, so it is
+// neither failed nor ready to be judged.
+func (l *healthLoop) rescaleUnderWay(query, fragment string) bool {
+	if l.underWay != nil {
+		return l.underWay(query, fragment)
+	}
+	m, err := l.s.State().SlotMap(nil, query, fragment)
+	return err == nil && m != nil && m.Next != nil
 }
 
 // runHealth runs the policy loop until ctx ends (leadership lost).
@@ -477,6 +498,15 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
 	did, err := l.carryOut(ctx, name, q, *chosen)
 	done := time.Now()
+	if err != nil && isRescale(chosen.Action) && l.rescaleUnderWay(name, chosen.Diagnosis.Fragment) {
+		// The rescale passed its go but its tasks had not all passed the
+		// cut within the rescale's limit (a backlogged operator works
+		// through its backlog at its old pace first): it is still under
+		// way, not failed. It stays pending; evaluate waits for it to
+		// finish and then for the settling time.
+		l.s.logger.Info("health: rescale still under way, evaluated once it finishes", "query", name, "action", chosen.Action, "err", err)
+		did, err = "the rescale outlasted its wait ("+err.Error()+")", nil
+	}
 	if err != nil {
 		l.s.logger.Warn("health: action failed", "query", name, "action", chosen.Action, "err", err)
 		l.evaluated(ctx, id, fsm.HealthFailed, err.Error(), done)
@@ -647,6 +677,15 @@ func (l *healthLoop) evaluate(ctx context.Context, name string, hq *healthQuery,
 	if f == nil {
 		hq.pending = nil
 		l.evaluated(ctx, p.id, fsm.HealthNotImproved, "the fragment is gone", now)
+		return
+	}
+	if isRescale(p.action) && l.rescaleUnderWay(name, p.fragment) {
+		// Not completed yet (the rescale of an adopted action, or one
+		// that outlasted the loop's wait): judge it a settling time after
+		// it finishes, on figures from after it.
+		p.due = now.Add(l.cfg.Settle)
+		hq.quietUntil = p.due
+		hq.window = map[string][]health.Sample{}
 		return
 	}
 	if len(f.Samples) < pc.MinSamples && now.Before(p.due.Add(2*l.cfg.Settle)) {
