@@ -127,6 +127,27 @@ type healthLoop struct {
 	cfg     HealthConfig
 	queries map[string]*healthQuery
 	seq     int
+	// underWay, when set, replaces the slot-map check of rescaleUnderWay
+	// (tests).
+	underWay func(query, fragment string) bool
+}
+
+// isRescale reports whether action is carried out by the live rescale.
+func isRescale(action string) bool {
+	return action == health.ActScaleUp || action == health.ActScaleDown || action == health.ActRebalanceSlots
+}
+
+// rescaleUnderWay reports whether a rescale of fragment of query is
+// prepared or past its go and not finished. A rescale past its go only
+// goes forward (finishRescale, or the next leader's resumeRescales): an
+// action whose rescale is still under way has not completed, so it is
+// neither failed nor ready to be judged.
+func (l *healthLoop) rescaleUnderWay(query, fragment string) bool {
+	if l.underWay != nil {
+		return l.underWay(query, fragment)
+	}
+	m, err := l.s.State().SlotMap(nil, query, fragment)
+	return err == nil && m != nil && m.Next != nil
 }
 
 // runHealth runs the policy loop until ctx ends (leadership lost).
@@ -312,9 +333,9 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 	bl := l.blacklist(query)
 	away := l.awayTask(query)
-	return func(diag, act string) (bool, string) {
-		if r := bl[health.Pair{Query: query, Diagnosis: diag, Action: act}]; r.Blacklisted {
-			return false, fmt.Sprintf("blacklisted (%d of %d evaluated actions failed)", r.Failed, r.Evaluated)
+	return func(frag, diag, act string) (bool, string) {
+		if r := bl.For(health.Pair{Query: query, Fragment: frag, Diagnosis: diag, Action: act}); r.Blacklisted {
+			return false, fmt.Sprintf("blacklisted on %s (%d of %d evaluated actions failed)", frag, r.Failed, r.Evaluated)
 		}
 		switch act {
 		case health.ActScaleUp, health.ActScaleDown, health.ActRebalanceSlots:
@@ -389,7 +410,7 @@ func (l *healthLoop) fits(query, fragment string, from, to int) (bool, string) {
 }
 
 // blacklist evaluates the query's pairs from the action log.
-func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
+func (l *healthLoop) blacklist(query string) health.Records {
 	acts, _ := l.s.State().HealthActions(nil, query)
 	return blacklistOf(l.s.State(), acts, l.cfg.FailureRatio, l.cfg.MinEvaluated)
 }
@@ -397,7 +418,7 @@ func (l *healthLoop) blacklist(query string) map[health.Pair]health.PairRecord {
 // blacklistOf counts the pairs of the logged actions. Only the actions of
 // a query's current definition count: resubmitting a query starts its
 // record afresh.
-func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) map[health.Pair]health.PairRecord {
+func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, minEvaluated int) health.Records {
 	since := map[string]uint64{}
 	logged := make([]health.Logged, 0, len(acts))
 	for _, a := range acts {
@@ -411,7 +432,7 @@ func blacklistOf(st *fsm.StateStore, acts []*fsm.HealthAction, ratio float64, mi
 		if a.CreateIndex < from {
 			continue
 		}
-		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
+		logged = append(logged, health.Logged{Pair: health.Pair{Query: a.Query, Fragment: a.Fragment, Diagnosis: a.Diagnosis, Action: a.Action}, Outcome: a.Outcome})
 	}
 	return health.Blacklist(logged, ratio, minEvaluated)
 }
@@ -440,15 +461,11 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		// is chosen at once.
 		if ok, why := l.fits(name, chosen.Diagnosis.Fragment, chosen.From, chosen.To); !ok {
 			frag := chosen.Diagnosis.Fragment
-			chosen, alerts = health.Choose(q, ds, pc, func(diag, act string) (bool, string) {
-				if act == health.ActScaleUp {
-					for _, d := range ds {
-						if d.Name == diag && d.Fragment == frag {
-							return false, why
-						}
-					}
+			chosen, alerts = health.Choose(q, ds, pc, func(f, diag, act string) (bool, string) {
+				if act == health.ActScaleUp && f == frag {
+					return false, why
 				}
-				return allowed(diag, act)
+				return allowed(f, diag, act)
 			})
 		}
 	}
@@ -481,6 +498,15 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
 	did, err := l.carryOut(ctx, name, q, *chosen)
 	done := time.Now()
+	if err != nil && isRescale(chosen.Action) && l.rescaleUnderWay(name, chosen.Diagnosis.Fragment) {
+		// The rescale passed its go but its tasks had not all passed the
+		// cut within the rescale's limit (a backlogged operator works
+		// through its backlog at its old pace first): it is still under
+		// way, not failed. It stays pending; evaluate waits for it to
+		// finish and then for the settling time.
+		l.s.logger.Info("health: rescale still under way, evaluated once it finishes", "query", name, "action", chosen.Action, "err", err)
+		did, err = "the rescale outlasted its wait ("+err.Error()+")", nil
+	}
 	if err != nil {
 		l.s.logger.Warn("health: action failed", "query", name, "action", chosen.Action, "err", err)
 		l.evaluated(ctx, id, fsm.HealthFailed, err.Error(), done)
@@ -651,6 +677,15 @@ func (l *healthLoop) evaluate(ctx context.Context, name string, hq *healthQuery,
 	if f == nil {
 		hq.pending = nil
 		l.evaluated(ctx, p.id, fsm.HealthNotImproved, "the fragment is gone", now)
+		return
+	}
+	if isRescale(p.action) && l.rescaleUnderWay(name, p.fragment) {
+		// Not completed yet (the rescale of an adopted action, or one
+		// that outlasted the loop's wait): judge it a settling time after
+		// it finishes, on figures from after it.
+		p.due = now.Add(l.cfg.Settle)
+		hq.quietUntil = p.due
+		hq.window = map[string][]health.Sample{}
 		return
 	}
 	if len(f.Samples) < pc.MinSamples && now.Before(p.due.Add(2*l.cfg.Settle)) {

@@ -116,7 +116,7 @@ func TestHealthBlacklistAndLeaderChange(t *testing.T) {
 		}
 	}
 	bl, err := (&healthService{s: s}).Blacklist(context.Background(), &pb.HealthBlacklistRequest{Query: "hq"})
-	if err != nil || len(bl.Pairs) != 1 || !bl.Pairs[0].Blacklisted || bl.Pairs[0].Action != health.ActScaleUp {
+	if err != nil || len(bl.Pairs) != 1 || !bl.Pairs[0].Blacklisted || bl.Pairs[0].Action != health.ActScaleUp || bl.Pairs[0].Query != "hq/per_line" {
 		t.Fatalf("blacklist %+v, %v", bl, err)
 	}
 

@@ -56,7 +56,15 @@ func (h *healthService) Blacklist(_ context.Context, req *pb.HealthBlacklistRequ
 	cfg.fill()
 	resp := &pb.HealthBlacklistResponse{FailureRatio: cfg.FailureRatio, MinEvaluated: int32(cfg.MinEvaluated)}
 	for p, r := range blacklistOf(h.s.State(), acts, cfg.FailureRatio, cfg.MinEvaluated) {
-		resp.Pairs = append(resp.Pairs, &pb.HealthPair{Query: p.Query, Diagnosis: p.Diagnosis, Action: p.Action,
+		// No proto change: the operator a pair is scoped to rides in the
+		// query field as "query/operator" (names hold no '/'; task ids
+		// join them so); a query-wide pair (older log entries) is the
+		// query name alone.
+		q := p.Query
+		if p.Fragment != "" {
+			q += "/" + p.Fragment
+		}
+		resp.Pairs = append(resp.Pairs, &pb.HealthPair{Query: q, Diagnosis: p.Diagnosis, Action: p.Action,
 			Evaluated: int32(r.Evaluated), Failed: int32(r.Failed), Blacklisted: r.Blacklisted})
 	}
 	sort.Slice(resp.Pairs, func(i, j int) bool {

@@ -123,6 +123,7 @@ func newHealthBlacklistCmd() *cobra.Command {
 		if f.json {
 			type pair struct {
 				Query       string `json:"query"`
+				Operator    string `json:"operator"`
 				Diagnosis   string `json:"diagnosis"`
 				Action      string `json:"action"`
 				Evaluated   int32  `json:"evaluated"`
@@ -135,7 +136,8 @@ func newHealthBlacklistCmd() *cobra.Command {
 				Pairs        []pair  `json:"pairs"`
 			}{FailureRatio: resp.FailureRatio, MinEvaluated: resp.MinEvaluated, Pairs: []pair{}}
 			for _, p := range resp.Pairs {
-				out.Pairs = append(out.Pairs, pair{p.Query, p.Diagnosis, p.Action, p.Evaluated, p.Failed, p.Blacklisted})
+				q, op := pairScope(p.Query)
+				out.Pairs = append(out.Pairs, pair{q, op, p.Diagnosis, p.Action, p.Evaluated, p.Failed, p.Blacklisted})
 			}
 			return printJSON(cmd.OutOrStdout(), out)
 		}
@@ -146,10 +148,22 @@ func newHealthBlacklistCmd() *cobra.Command {
 			return nil
 		}
 		tw := newTable(cmd.OutOrStdout())
-		fmt.Fprintln(tw, "QUERY\tDIAGNOSIS\tACTION\tEVALUATED\tFAILED\tBLACKLISTED")
+		fmt.Fprintln(tw, "QUERY\tOPERATOR\tDIAGNOSIS\tACTION\tEVALUATED\tFAILED\tBLACKLISTED")
 		for _, p := range resp.Pairs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%d\t%v\n", p.Query, p.Diagnosis, p.Action, p.Evaluated, p.Failed, p.Blacklisted)
+			q, op := pairScope(p.Query)
+			if op == "" {
+				op = "*"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%v\n", q, op, p.Diagnosis, p.Action, p.Evaluated, p.Failed, p.Blacklisted)
 		}
 		return tw.Flush()
 	})
+}
+
+// pairScope splits a blacklist pair's scope, "query/operator", into its
+// query and operator; a query-wide pair (an action logged without an
+// operator) has operator "".
+func pairScope(scope string) (query, operator string) {
+	query, operator, _ = strings.Cut(scope, "/")
+	return query, operator
 }

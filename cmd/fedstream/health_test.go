@@ -90,3 +90,13 @@ func TestHealthCommands(t *testing.T) {
 		t.Fatalf("health blacklist --json: %q (%v)", out, err)
 	}
 }
+
+// TestPairScope: a blacklist pair's scope names its query and operator;
+// a query-wide pair (an older log entry without an operator) has none.
+func TestPairScope(t *testing.T) {
+	for _, tc := range []struct{ in, q, op string }{{"wc/splitter", "wc", "splitter"}, {"wc", "wc", ""}} {
+		if q, op := pairScope(tc.in); q != tc.q || op != tc.op {
+			t.Errorf("pairScope(%q) = %q, %q; want %q, %q", tc.in, q, op, tc.q, tc.op)
+		}
+	}
+}

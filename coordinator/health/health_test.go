@@ -203,7 +203,7 @@ func TestDiagnosers(t *testing.T) {
 	}
 }
 
-func allowAll(string, string) (bool, string) { return true, "" }
+func allowAll(string, string, string) (bool, string) { return true, "" }
 
 // TestScaleUpInOneStep: DS2's true rates size a throttled bottleneck in
 // one step from what it can do per useful second and what the source
@@ -295,7 +295,7 @@ func TestChooseSkipsBlacklisted(t *testing.T) {
 	if dec == nil || dec.Action != ActMove || dec.Diagnosis.Partition != 2 {
 		t.Fatalf("decision %+v, want move of partition 2", dec)
 	}
-	noMove := func(d, a string) (bool, string) {
+	noMove := func(_, d, a string) (bool, string) {
 		if d == DiagSlowInstance && a == ActMove {
 			return false, "blacklisted"
 		}
@@ -305,7 +305,7 @@ func TestChooseSkipsBlacklisted(t *testing.T) {
 	if dec == nil || dec.Action != ActScaleUp || len(dec.Skipped) != 1 || !strings.Contains(dec.Skipped[0], "blacklisted") {
 		t.Fatalf("decision %+v, want scale_up with move skipped as blacklisted", dec)
 	}
-	none := func(string, string) (bool, string) { return false, "blacklisted" }
+	none := func(string, string, string) (bool, string) { return false, "blacklisted" }
 	dec, alerts := Choose(q, ds, c, none)
 	if dec != nil || len(alerts) != 1 || alerts[0].Diagnosis.Name != DiagSlowInstance {
 		t.Fatalf("decision %+v alerts %+v, want no action and one alert", dec, alerts)
@@ -383,13 +383,83 @@ func TestBlacklist(t *testing.T) {
 		{other, OutcomeImproved},
 	}
 	bl := Blacklist(log, 0.5, 1)
-	if r := bl[p]; !r.Blacklisted || r.Evaluated != 1 || r.Failed != 1 {
+	if r := bl.For(p); !r.Blacklisted || r.Evaluated != 1 || r.Failed != 1 {
 		t.Errorf("failing pair %+v, want blacklisted after 1 of 1 failed", r)
 	}
-	if r := bl[other]; r.Blacklisted || r.Evaluated != 3 || r.Failed != 1 {
+	if r := bl.For(other); r.Blacklisted || r.Evaluated != 3 || r.Failed != 1 {
 		t.Errorf("mostly working pair %+v", r)
 	}
-	if r := Blacklist(log, 0.5, 2)[p]; r.Blacklisted {
+	if r := Blacklist(log, 0.5, 2).For(p); r.Blacklisted {
 		t.Errorf("blacklisted with fewer evaluated actions than required: %+v", r)
 	}
+}
+
+// TestBlacklistPerFragment: a pair is scoped to the operator its action
+// addressed (a failing scale-up of the splitter leaves scaling the
+// counter allowed), and a logged action without a fragment (older log
+// entries) still counts against every operator of its query.
+func TestBlacklistPerFragment(t *testing.T) {
+	at := func(frag string) Pair {
+		return Pair{Query: "wc", Fragment: frag, Diagnosis: DiagUnderProvisioned, Action: ActScaleUp}
+	}
+	type want struct {
+		evaluated, failed int
+		blacklisted       bool
+	}
+	cases := []struct {
+		name string
+		log  []Logged
+		ask  Pair
+		want want
+	}{
+		{"failed elsewhere", []Logged{{at("splitter"), OutcomeFailed}}, at("counter"), want{0, 0, false}},
+		{"failed here", []Logged{{at("splitter"), OutcomeFailed}}, at("splitter"), want{1, 1, true}},
+		{"other query", []Logged{{Pair{Query: "other", Fragment: "counter", Diagnosis: DiagUnderProvisioned, Action: ActScaleUp}, OutcomeFailed}}, at("counter"), want{0, 0, false}},
+		{"improved elsewhere, failed here", []Logged{{at("counter"), OutcomeImproved}, {at("splitter"), OutcomeNotImproved}}, at("splitter"), want{1, 1, true}},
+		{"old entry without fragment", []Logged{{at(""), OutcomeNotImproved}}, at("counter"), want{1, 1, true}},
+		{"old entry and own record", []Logged{{at(""), OutcomeNotImproved}, {at("counter"), OutcomeImproved}, {at("counter"), OutcomeImproved}}, at("counter"), want{3, 1, false}},
+		{"pending does not count", []Logged{{at("counter"), OutcomePending}}, at("counter"), want{0, 0, false}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Blacklist(tc.log, 0.5, 1).For(tc.ask)
+			if got := (want{r.Evaluated, r.Failed, r.Blacklisted}); got != tc.want {
+				t.Errorf("%+v: got %+v, want %+v", tc.ask, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestChooseSkipsBlacklistOnItsFragmentOnly: with scale-ups of one
+// operator blacklisted, an under-provisioned other operator is still
+// scaled up.
+func TestChooseSkipsBlacklistOnItsFragmentOnly(t *testing.T) {
+	bl := Blacklist([]Logged{{Pair{Query: "q", Fragment: "other", Diagnosis: DiagUnderProvisioned, Action: ActScaleUp}, OutcomeFailed}}, 0.5, 1)
+	allowed := func(frag, diag, act string) (bool, string) {
+		if bl.For(Pair{Query: "q", Fragment: frag, Diagnosis: diag, Action: act}).Blacklisted {
+			return false, "blacklisted"
+		}
+		return true, ""
+	}
+	q, c := underProvisionedQuery()
+	syms, below, why := Detect(q, c)
+	ds := Diagnose(q, syms, below, why, c)
+	dec, _ := Choose(q, ds, c, allowed)
+	if dec == nil || dec.Action != ActScaleUp {
+		t.Fatalf("decision %+v (diagnoses %+v), want a scale-up", dec, ds)
+	}
+	bl = Blacklist([]Logged{{Pair{Query: "q", Fragment: dec.Diagnosis.Fragment, Diagnosis: DiagUnderProvisioned, Action: ActScaleUp}, OutcomeFailed}}, 0.5, 1)
+	if dec, _ := Choose(q, ds, c, allowed); dec != nil && dec.Action == ActScaleUp {
+		t.Fatalf("scale-up chosen on %s though blacklisted there: %+v", dec.Diagnosis.Fragment, dec)
+	}
+}
+
+// underProvisionedQuery is a source throttled by one operator instance
+// that takes 1000 tuples/s while the source wants 10000/s.
+func underProvisionedQuery() (*Query, Config) {
+	src := steady(Instance{OutRate: 1000, Busy: 0.1, BlockedMs: 900})
+	op := steady(Instance{InRate: 1000, OutRate: 1000, Busy: 1, Queue: 200})
+	q := pipeline(6, 1, src, op, steady(Instance{InRate: 1000}))
+	q.Fragments[0].SourceRate = 10000
+	return q, DefaultConfig()
 }

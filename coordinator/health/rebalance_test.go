@@ -116,7 +116,7 @@ func TestSLOSourcesAndOffload(t *testing.T) {
 	q.Fragments[0].SourceRate = 1000
 	syms, below, why := Detect(q, c)
 	ds := Diagnose(q, syms, below, why, c)
-	noSources := func(d, a string) (bool, string) {
+	noSources := func(_, d, a string) (bool, string) {
 		if a == ActScaleSources {
 			return false, "sources cannot be rescaled live"
 		}
@@ -140,7 +140,7 @@ func TestSLOSourcesAndOffload(t *testing.T) {
 	up := pipeline(6, 1, blocked, busyOp, calmSink)
 	up.Fragments[0].SourceRate = 2000
 	syms, below, why = Detect(up, c)
-	noScale := func(d, a string) (bool, string) {
+	noScale := func(_, d, a string) (bool, string) {
 		if a == ActScaleUp {
 			return false, "the org lacks capacity"
 		}

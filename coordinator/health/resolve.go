@@ -134,9 +134,10 @@ type Decision struct {
 	Skipped []string
 }
 
-// Allowed reports whether a diagnosis/action pair may be used for the
-// query, and why not (blacklisted, or no way to carry it out here).
-type Allowed func(diagnosis, action string) (ok bool, why string)
+// Allowed reports whether a diagnosis/action pair may be used on a
+// fragment of the query, and why not (blacklisted, or no way to carry it
+// out here).
+type Allowed func(fragment, diagnosis, action string) (ok bool, why string)
 
 // priority orders diagnoses: relieve a bottleneck before saving capacity.
 var priority = map[string]int{DiagSlowInstance: 0, DiagDataSkew: 1, DiagUnderProvisioned: 2, DiagSLOViolated: 3, DiagOverProvisioned: 4}
@@ -153,7 +154,7 @@ func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decisi
 	for _, d := range sorted {
 		dec := Decision{Diagnosis: d}
 		for _, act := range Resolvers[d.Name] {
-			if ok, why := allowed(d.Name, act); !ok {
+			if ok, why := allowed(d.Fragment, d.Name, act); !ok {
 				// Say what the action would have done: an alert then
 				// names what is missing (the sources' rate an SLO needs).
 				if probe := dec; act == ActScaleSources {
@@ -453,8 +454,14 @@ const (
 	OutcomeAlert = "alert"
 )
 
-// Pair is a diagnosis/action pair of one query.
-type Pair struct{ Query, Diagnosis, Action string }
+// Pair is a diagnosis/action pair of one query, scoped to the fragment
+// (operator) the action addressed: a scale-up of one operator that fails
+// says nothing of scaling another. Fragment "" is a query-wide pair: what
+// a logged action without a fragment counts for (older log entries).
+type Pair struct{ Query, Fragment, Diagnosis, Action string }
+
+// queryWide returns the pair without its fragment.
+func (p Pair) queryWide() Pair { p.Fragment = ""; return p }
 
 // PairRecord is a pair's evaluated actions and how many of them failed.
 type PairRecord struct {
@@ -468,12 +475,27 @@ type Logged struct {
 	Outcome string
 }
 
+// Records are the evaluated pairs of the log. A fragment's record
+// includes the query-wide record of the same diagnosis/action, so an
+// action logged without a fragment counts against every fragment of its
+// query, as it did when the blacklist was per query.
+type Records map[Pair]PairRecord
+
+// For returns the record that applies to p: its fragment's own, else the
+// query-wide one.
+func (rs Records) For(p Pair) PairRecord {
+	if r, ok := rs[p]; ok {
+		return r
+	}
+	return rs[p.queryWide()]
+}
+
 // Blacklist counts each pair's evaluated actions from the log. A pair is
 // blacklisted once it has at least minEvaluated evaluated actions and the
 // share of them that failed (not improved, or could not be carried out)
 // reaches ratio.
-func Blacklist(log []Logged, ratio float64, minEvaluated int) map[Pair]PairRecord {
-	out := map[Pair]PairRecord{}
+func Blacklist(log []Logged, ratio float64, minEvaluated int) Records {
+	out := Records{}
 	for _, l := range log {
 		switch l.Outcome {
 		case OutcomeImproved, OutcomeNotImproved, OutcomeFailed:
@@ -486,6 +508,14 @@ func Blacklist(log []Logged, ratio float64, minEvaluated int) map[Pair]PairRecor
 			r.Failed++
 		}
 		out[l.Pair] = r
+	}
+	for p, r := range out {
+		if p.Fragment != "" {
+			w := out[p.queryWide()]
+			r.Evaluated += w.Evaluated
+			r.Failed += w.Failed
+		}
+		out[p] = r
 	}
 	for p, r := range out {
 		r.Blacklisted = r.Evaluated >= max(minEvaluated, 1) && float64(r.Failed) >= ratio*float64(r.Evaluated)

@@ -301,11 +301,11 @@ func (d *Driver) Run(start, secs int) {
 func (d *Driver) allowed() health.Allowed {
 	var logged []health.Logged
 	for _, e := range d.Log {
-		logged = append(logged, health.Logged{Pair: health.Pair{Query: "sim", Diagnosis: e.Diagnosis, Action: e.Action}, Outcome: e.Outcome})
+		logged = append(logged, health.Logged{Pair: health.Pair{Query: "sim", Fragment: e.Fragment, Diagnosis: e.Diagnosis, Action: e.Action}, Outcome: e.Outcome})
 	}
 	bl := health.Blacklist(logged, d.FailureRatio, d.MinEvaluated)
-	return func(diag, act string) (bool, string) {
-		if bl[health.Pair{Query: "sim", Diagnosis: diag, Action: act}].Blacklisted {
+	return func(frag, diag, act string) (bool, string) {
+		if bl.For(health.Pair{Query: "sim", Fragment: frag, Diagnosis: diag, Action: act}).Blacklisted {
 			return false, "blacklisted"
 		}
 		switch act {
