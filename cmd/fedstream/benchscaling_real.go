@@ -16,6 +16,7 @@ import (
 	"github.com/fedstream/fedstream/coordinator"
 	"github.com/fedstream/fedstream/coordinator/health"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/benchmark"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -204,7 +205,7 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 		return nil, err
 	}
 	r := &RealWordcount{Mode: "real_org", Calibration: cal, Optimal: map[string]int{"splitter": 10, "counter": 20},
-		LoadAvg: map[string]string{"start": loadAvg()}}
+		LoadAvg: map[string]string{"start": benchmark.LoadAverage()}}
 	r.Setup = fmt.Sprintf("one process: 1 coordinator (Raft, health loop every 1s, settling %s, 10-sample window) and %d workers (mutual TLS, 1 s sensor windows, output buffers of %d tuples); both operators start at parallelism 1", o.settle, realWorkers, realBufferTuples)
 	progress := func(format string, args ...any) {
 		if o.progress != nil {
@@ -321,22 +322,9 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 	}
 	r.Overprovision = math.Round(float64(fin-opt)/float64(opt)*1000) / 1000
 	r.RanS = math.Round(time.Since(start).Seconds())
-	r.LoadAvg["end"] = loadAvg()
+	r.LoadAvg["end"] = benchmark.LoadAverage()
 	sort.Slice(r.Actions, func(i, j int) bool { return r.Actions[i].AtS < r.Actions[j].AtS })
 	return r, nil
-}
-
-// loadAvg is /proc/loadavg's three load averages ("" where there is none).
-func loadAvg() string {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return ""
-	}
-	f := strings.Fields(string(b))
-	if len(f) < 3 {
-		return ""
-	}
-	return strings.Join(f[:3], " ")
 }
 
 // Scenario (c) on a real org: a keyed operator of 4 instances at 95% of

@@ -726,10 +726,10 @@ const (
 // process every tuple.
 func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	n := b.cfg.SaturationRecords
-	loadBefore := loadAverage()
+	loadBefore := LoadAverage()
 	defer func() {
 		if loadBefore != "" {
-			res.OverheadLoad = loadBefore + " -> " + loadAverage()
+			res.OverheadLoad = loadBefore + " -> " + LoadAverage()
 		}
 	}()
 	res.OverheadMethod = OverheadPinned
@@ -803,9 +803,9 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	return nil
 }
 
-// loadAverage is the first three fields of /proc/loadavg ("" where there
-// is none).
-func loadAverage() string {
+// LoadAverage is the first three fields of /proc/loadavg ("" where there
+// is none): benchmarks report it next to their figures.
+func LoadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
 	if err != nil {
 		return ""
