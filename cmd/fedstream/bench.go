@@ -226,6 +226,7 @@ func newBenchDCAACmd() *cobra.Command {
 		noSwitch bool
 		noOver   bool
 		only     []string
+		rounds   int
 	)
 	cmd := &cobra.Command{
 		Use:   "dcaa",
@@ -234,24 +235,27 @@ func newBenchDCAACmd() *cobra.Command {
 over 100 ms windows in two partitions, busy and probing filters joined on the
 host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
   reference    the query with one replica and no failure: the reference results
-  saturation   the query with one replica (stable merge), then two (DCAA with X:
-               SUnion, boundaries, stable ids, acks to both replicas), sources
-               as fast as they can, 3 rounds interleaved, best of each:
-               replication_overhead = 1 - throughput(k=2)/throughput(k=1).
-               Each replica runs on two worker processes of its own (sources;
-               operators and sink) pinned to a CPU of its own (replica 0 on
-               the first allowed CPU in both runs, replica 1 on the second;
-               Linux sched_setaffinity), as Borealis ran each replica on its
-               own machines: throughput is every input record over the time
-               to the sink's final boundary, the slower sink with k=2
-               (overhead_method pinned_sink_throughput). Without two CPUs to
-               pin to (or off Linux) it falls back to records per CPU-second
-               of the workers per replica (cpu_time_per_replica); both figures
-               are printed (sink_overhead, cpu_overhead), with the CPU each
-               replica got (k1_cpu_use, k2_cpu_use) and the load average: on a
-               busy machine the pinned replicas do not get their CPUs, and the
-               sink figure measures that. Every sink's stable output must equal
-               the k=1 run's (saturation_outputs_match).
+  saturation   replication_overhead = 1 - throughput(k=2)/throughput(k=1):
+               the query with two replicas (DCAA with X: SUnion, boundaries,
+               stable ids, acks to both replicas) against two independent
+               copies of it with one replica each (stable merge), sources as
+               fast as they can. Each replica (each copy) runs on two worker
+               processes of its own (sources; operators and sink) pinned to a
+               CPU of its own (replica 0 on the first allowed CPU, replica 1
+               on the second; Linux sched_setaffinity), as Borealis ran each
+               replica on its own machines; with two k=1 copies both sides
+               keep both CPUs busy, so other load weighs on both alike.
+               Throughput is every input record over the time to a sink's
+               final boundary, the slower of the two sinks on both sides
+               (overhead_method pinned_sink_throughput). --rounds pairs run
+               alternately (k1 k2, k2 k1, ...); the figure is the median of
+               the pairs' overheads (overhead_rounds). Without two CPUs to pin
+               to (or off Linux) it falls back to records per CPU-second of
+               the workers per copy (cpu_time_per_replica); both figures are
+               printed (sink_overhead, cpu_overhead), with the CPU each replica
+               got (k1_cpu_use, k2_cpu_use) and the load average. Every sink's
+               stable output must equal the first k=1 copy's
+               (saturation_outputs_match).
   failures     for each strategy (dcaa: max_delay X; immediate: max_delay 0) and
                each D in --d-over-x: a fresh run in which the workers of both
                replicas lose both replicas of one source partition (links held)
@@ -282,7 +286,16 @@ strategies into a PNG.`,
 				}
 				noOver, noSwitch, skipFailures = noOver || !want["overhead"], noSwitch || !want["switch"], !want["failures"]
 			}
-			launch, err := benchmark.ProfilingLauncher(profiles)
+			if rounds < 1 {
+				return fmt.Errorf("--rounds %d: want at least 1", rounds)
+			}
+			// With the saturation runs, profiles are taken per run
+			// (ProfileDir); without them, over each worker's life.
+			lifeProfiles, runProfiles := profiles, ""
+			if !noOver {
+				lifeProfiles, runProfiles = "", profiles
+			}
+			launch, err := benchmark.ProfilingLauncher(lifeProfiles)
 			if err != nil {
 				return err
 			}
@@ -292,6 +305,7 @@ strategies into a PNG.`,
 			}
 			res, err := benchmark.RunDCAA(cmd.Context(), benchmark.DCAAConfig{
 				X: x, DOverX: dOverX, Strategies: strats, SkipSwitch: noSwitch, SkipOverhead: noOver, SkipFailures: skipFailures,
+				SaturationRounds: rounds, ProfileDir: runProfiles,
 				Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
 			})
 			if err != nil {
@@ -318,7 +332,8 @@ strategies into a PNG.`,
 	cmd.Flags().BoolVar(&noSwitch, "no-switch", false, "leave out the kill run (switch_ms)")
 	cmd.Flags().BoolVar(&noOver, "no-overhead", false, "leave out the saturation runs (replication_overhead)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (overhead, failures, switch; default all)")
-	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-dcaa-worker-N.cpu")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write CPU profiles: with the saturation runs, one per run and worker process, DIR/k<1|2>-round<N>-<src0|ops0|src1|ops1>.cpu (ops0: replica 0's operators and sink); without them, each worker's whole life, DIR/bench-dcaa-worker-N.cpu")
+	cmd.Flags().IntVar(&rounds, "rounds", 5, "saturation pairs (k=1, k=2) to run, alternating their order; the overhead is their median")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")
 	return cmd
 }

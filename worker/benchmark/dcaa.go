@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -89,10 +90,16 @@ type DCAAConfig struct {
 	// replication overhead runs, generated as fast as possible (default
 	// 300000).
 	SaturationRecords int64
-	// SaturationRounds: each replication overhead run (k = 1, k = 2) is
-	// repeated this many times, interleaved (default 3); the best of each
-	// is used.
+	// SaturationRounds: the replication overhead runs (k = 1, k = 2) are
+	// repeated this many times as pairs, alternating their order (default
+	// 5); the median of the pairs' overheads is the figure.
 	SaturationRounds int
+	// ProfileDir, when not empty, makes every worker process write a CPU
+	// profile of each saturation run to
+	// ProfileDir/k<k>-round<round>-<role>.cpu (roles src0, ops0 for
+	// replica 0, src1, ops1 for replica 1). The workers must be processes
+	// of their own and not profile their whole life.
+	ProfileDir string
 	// SkipSwitch leaves out the kill run (switch_ms); SkipOverhead the
 	// saturation runs (replication_overhead); SkipFailures the reference
 	// run and the failure rows (rows, rate).
@@ -166,10 +173,15 @@ type DCAAResult struct {
 	OverheadNote        string  `json:"overhead_note"`
 	SinkOverhead        float64 `json:"sink_overhead"`
 	CPUOverhead         float64 `json:"cpu_overhead"`
-	K1RecordsPerCPUSec  float64 `json:"k1_records_per_cpu_s"`
-	K2RecordsPerCPUSec  float64 `json:"k2_records_per_cpu_s"`
-	K1RecordsPerSec     float64 `json:"k1_records_per_s"`
-	K2RecordsPerSec     float64 `json:"k2_records_per_s"`
+	// OverheadRounds and CPUOverheadRounds are each pair's sink and CPU
+	// overhead, in the order run; SinkOverhead and CPUOverhead are their
+	// medians. The K1/K2 figures below are medians over the rounds too.
+	OverheadRounds     []float64 `json:"overhead_rounds"`
+	CPUOverheadRounds  []float64 `json:"cpu_overhead_rounds"`
+	K1RecordsPerCPUSec float64   `json:"k1_records_per_cpu_s"`
+	K2RecordsPerCPUSec float64   `json:"k2_records_per_cpu_s"`
+	K1RecordsPerSec    float64   `json:"k1_records_per_s"`
+	K2RecordsPerSec    float64   `json:"k2_records_per_s"`
 	// SaturationOutputsMatch: every sink replica of every overhead run
 	// produced the same stable output as the first k = 1 run
 	// (SaturationResults results); SaturationMismatch says where one
@@ -304,7 +316,7 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 		cfg.SaturationRecords = 300_000
 	}
 	if cfg.SaturationRounds <= 0 {
-		cfg.SaturationRounds = 3
+		cfg.SaturationRounds = 5
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -702,28 +714,38 @@ const (
 	OverheadCPUTime = "cpu_time_per_replica"
 )
 
-// overhead measures the replication overhead at saturation: the query
-// with one replica (no DCAA machine: the stable merge), then with two
-// (DCAA with X: SUnion, boundaries, stable ids, acks to both replicas,
-// output buffering, in-band state), sources as fast as they can,
-// SaturationRounds times each, interleaved; the best round of each k
-// counts.
+// overhead measures the replication overhead at saturation:
+// 1 − throughput(k = 2, DCAA) / throughput(k = 1, stable merge), each
+// replica (each copy, with k = 1) given the same dedicated resources.
 //
 // Two replicas do twice the work. In Borealis each replica ran on
 // machines of its own, so replication cost only what the DCAA machinery
-// adds. Here the k = 2 run would share the same two cores, and its
-// wall-clock rate would mostly say that the machine is twice as busy. So
-// each replica runs on worker processes of its own
-// (dcaaSaturationWhere), pinned to a CPU of its own (sched_setaffinity
-// of every thread): replica 0 on the first allowed CPU in both runs,
-// replica 1 on the second. Throughput is then measured the same way in
-// both runs, at the sink (sinkThroughput): every input record over the
-// time from the start of the run to the sink's final boundary; with
-// k = 2 the slower of the two sink replicas counts. Without pinning the overhead falls back to the CPU
-// time of the worker processes per record and replica (OverheadCPUTime);
-// both figures are reported either way. Every sink's stable output must
-// equal the k = 1 run's (SaturationOutputsMatch): both replicas really
-// process every tuple.
+// adds (SUnion, boundaries, stable ids, acks to both replicas, output
+// buffering, in-band state). Here each replica runs on two worker
+// processes of its own (dcaaSaturationWhere: its sources; its operators
+// and sink) pinned to a CPU of its own (sched_setaffinity of every
+// thread): replica 0 on the first allowed CPU, replica 1 on the second.
+//
+// The k = 1 side runs two independent copies of the one-replica query at
+// once, copy 0 where replica 0 runs and copy 1 where replica 1 runs. So
+// both sides keep both CPUs busy with the same placement, and the only
+// difference is replication: other work on the machine (which a pinned
+// process does not keep off its CPU) and the shared caches weigh on both
+// alike. (One copy alone left the second CPU to other work in the k = 1
+// run only: on a loaded machine the pinned k = 1 replica got 0.93 of its
+// CPU and the k = 2 replicas 0.71, and the sink figure measured that.)
+//
+// Throughput is measured the same way on both sides, at the sinks
+// (sinkThroughput): every input record over the time from the start of
+// the run to a sink's final boundary, the slower of the two sinks (the
+// two copies; the two replicas). The two sides alternate, SaturationRounds
+// pairs in the order k1 k2, k2 k1, ... so that a drift of the machine's
+// load weighs on both alike, and the figure is the median of the pairs'
+// overheads (OverheadRounds). Without pinning the figure falls back to
+// the CPU time of the worker processes per record and copy
+// (OverheadCPUTime); both are reported either way. Every sink's stable
+// output must equal the first k = 1 copy's (SaturationOutputsMatch):
+// every replica really processes every tuple.
 func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	n := b.cfg.SaturationRecords
 	loadBefore := LoadAverage()
@@ -732,35 +754,40 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 			res.OverheadLoad = loadBefore + " -> " + LoadAverage()
 		}
 	}()
+	if b.cfg.ProfileDir != "" {
+		if err := os.MkdirAll(b.cfg.ProfileDir, 0o755); err != nil {
+			return fmt.Errorf("%w: profiles: %w", ErrDCAABench, err)
+		}
+	}
 	res.OverheadMethod = OverheadPinned
 	cpus, err := b.pin()
 	if err != nil {
 		res.OverheadMethod = OverheadCPUTime
-		res.OverheadNote = fmt.Sprintf("not pinned (%v): overhead from CPU time per record and replica; the two replicas shared the CPUs", err)
+		res.OverheadNote = fmt.Sprintf("not pinned (%v): overhead from CPU time per record and copy; the copies shared the CPUs", err)
 		b.cfg.Progress.Note("%s", res.OverheadNote)
 	} else {
-		res.OverheadNote = fmt.Sprintf("replica 0's worker processes pinned to CPU %d, replica 1's to CPU %d; throughput at the sink", cpus[0], cpus[1])
+		res.OverheadNote = fmt.Sprintf("replica (k=1: copy) 0's worker processes pinned to CPU %d, replica 1's to CPU %d; throughput at the sinks", cpus[0], cpus[1])
 		b.cfg.Progress.Note("%s", res.OverheadNote)
 		defer b.unpin(cpus)
 	}
 	var (
-		cpu, sink [3][]float64 // by k
-		use       [3]float64   // cpuUse of the best sink rate, by k
-		ref       []string
+		runs [3][]saturationRun // by k
+		ref  []string
 	)
 	res.SaturationOutputsMatch = true
 	for round := 1; round <= b.cfg.SaturationRounds; round++ {
-		for _, k := range []int{1, 2} {
-			r, err := b.saturation(ctx, k, n)
+		order := []int{1, 2}
+		if round%2 == 0 {
+			order = []int{2, 1}
+		}
+		for _, k := range order {
+			r, err := b.saturation(ctx, k, n, round)
 			if err != nil {
 				return err
 			}
 			res.SaturationTentative += r.tentative
 			res.SaturationUndos += r.undos
-			if len(sink[k]) == 0 || r.perSec > slices.Max(sink[k]) {
-				use[k] = math.Round(r.cpuUse*100) / 100
-			}
-			cpu[k], sink[k] = append(cpu[k], r.perCPU), append(sink[k], r.perSec)
+			runs[k] = append(runs[k], r)
 			for i, rows := range r.rows {
 				switch {
 				case ref == nil && k == 1:
@@ -768,34 +795,44 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 				case ref != nil:
 					if d := compareStable(rows, ref); d != "" && res.SaturationOutputsMatch {
 						res.SaturationOutputsMatch = false
-						res.SaturationMismatch = fmt.Sprintf("round %d, k = %d, sink replica %d: %s", round, k, i, d)
+						res.SaturationMismatch = fmt.Sprintf("round %d, k = %d, sink %d: %s", round, k, i, d)
 					}
 				}
 			}
 			b.cfg.Progress.Step(fmt.Sprintf("saturation k=%d", k), round, b.cfg.SaturationRounds,
-				fmt.Sprintf("%s at the sink, %s per CPU-second per replica, %d tentative results, %d UNDO", benchreport.Rate(r.perSec, "records"), benchreport.Rate(r.perCPU, "records"), r.tentative, r.undos))
+				fmt.Sprintf("%s at the slower sink, %s per CPU-second per copy, CPU use %.2f per copy, %d tentative results, %d UNDO", benchreport.Rate(r.perSec, "records"), benchreport.Rate(r.perCPU, "records"), r.cpuUse, r.tentative, r.undos))
 		}
 	}
 	if !res.SaturationOutputsMatch {
 		b.cfg.Progress.Note("saturation outputs differ: %s", res.SaturationMismatch)
 	}
 	res.SaturationResults = len(ref)
-	best := func(v []float64) float64 {
-		if len(v) == 0 {
-			return 0
-		}
-		return math.Round(slices.Max(v))
+	ratio := func(k2, k1 float64) float64 { return math.Round((1-k2/k1)*1000) / 1000 }
+	var sinkPairs, cpuPairs []float64
+	for i := range min(len(runs[1]), len(runs[2])) {
+		sinkPairs = append(sinkPairs, ratio(runs[2][i].perSec, runs[1][i].perSec))
+		cpuPairs = append(cpuPairs, ratio(runs[2][i].perCPU, runs[1][i].perCPU))
 	}
-	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = best(cpu[1]), best(cpu[2])
-	res.K1RecordsPerSec, res.K2RecordsPerSec = best(sink[1]), best(sink[2])
-	res.K1CPUUse, res.K2CPUUse = use[1], use[2]
+	res.OverheadRounds, res.CPUOverheadRounds = sinkPairs, cpuPairs
+	field := func(k int, f func(saturationRun) float64) float64 {
+		var v []float64
+		for _, r := range runs[k] {
+			v = append(v, f(r))
+		}
+		return median(v)
+	}
+	perSec := func(r saturationRun) float64 { return r.perSec }
+	perCPU := func(r saturationRun) float64 { return r.perCPU }
+	use := func(r saturationRun) float64 { return r.cpuUse }
+	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(field(1, perCPU)), math.Round(field(2, perCPU))
+	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(field(1, perSec)), math.Round(field(2, perSec))
+	res.K1CPUUse, res.K2CPUUse = math.Round(field(1, use)*100)/100, math.Round(field(2, use)*100)/100
 	if res.OverheadMethod == OverheadPinned && min(res.K1CPUUse, res.K2CPUUse) < minPinnedCPUUse {
-		res.OverheadNote += fmt.Sprintf("; the pinned replicas did not get their CPUs (CPU use per replica %.2f with k=1, %.2f with k=2: other work on the machine), so the sink figure measures that work too: compare cpu_overhead, or run on a quiet machine",
+		res.OverheadNote += fmt.Sprintf("; the pinned processes did not get their CPUs (CPU use per replica %.2f with k=1, %.2f with k=2: other work on the machine); both sides ran on both CPUs, so that work weighs on both, but the figures vary more: compare cpu_overhead",
 			res.K1CPUUse, res.K2CPUUse)
 	}
-	ratio := func(k2, k1 float64) float64 { return math.Round((1-k2/k1)*1000) / 1000 }
-	res.CPUOverhead = ratio(res.K2RecordsPerCPUSec, res.K1RecordsPerCPUSec)
-	res.SinkOverhead = ratio(res.K2RecordsPerSec, res.K1RecordsPerSec)
+	res.CPUOverhead = median(cpuPairs)
+	res.SinkOverhead = median(sinkPairs)
 	res.ReplicationOverhead = res.SinkOverhead
 	if res.OverheadMethod == OverheadCPUTime {
 		res.ReplicationOverhead = res.CPUOverhead
@@ -863,26 +900,71 @@ func (b *dcaaBench) unpin([]int) {
 }
 
 // saturationRun is one overhead run: records per CPU-second of the
-// worker processes per replica, records per second at the sink (the
-// slower sink replica), what its sinks emitted beyond stable results,
-// and each sink replica's stable output.
+// worker processes per copy (replica or k = 1 copy), records per second
+// at the slower sink, what its sinks emitted beyond stable results, and
+// each sink's stable output.
 type saturationRun struct {
 	perCPU, perSec float64
 	// cpuUse is the CPU time of the worker processes per second of the
-	// run and per replica.
+	// run and per copy.
 	cpuUse           float64
 	tentative, undos int
 	rows             [][]string
 }
 
-// saturation runs the query with k replicas on n records per source
-// partition, as fast as possible (see overhead).
-func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (saturationRun, error) {
+// saturationCopies is how many copies of the query's work each
+// saturation run does: k = 2 its two replicas, k = 1 two independent
+// one-replica queries (see overhead).
+const saturationCopies = 2
+
+// saturation runs, on n records per source partition as fast as
+// possible, the query with two replicas (k = 2), or two independent
+// copies of it with one replica each (k = 1), every copy placed where
+// that replica number runs (see overhead).
+func (b *dcaaBench) saturation(ctx context.Context, k int, n int64, round int) (saturationRun, error) {
 	var r saturationRun
-	q, err := dcaaQuery(b.nextName("dcaasat"), k, b.cfg.X.String(), 0, n)
-	if err != nil {
-		return r, err
+	addrs := make([]string, len(b.w))
+	for i, w := range b.w {
+		addrs[i] = w.addr
 	}
+	// sinks[c] is the task id of copy c's sink; its worker is measured
+	// for copy 0, peer for copy 1 (dcaaSaturationWhere).
+	var (
+		specs [dcaaProcesses][]runtime.TaskSpec
+		sinks []string
+	)
+	add := func(q *queryspec.Query, where func(n *queryspec.Node, partition, replica int) int) error {
+		s, err := specsFor(q, where, addrs)
+		if err != nil {
+			return err
+		}
+		for i := range specs {
+			specs[i] = append(specs[i], s[i]...)
+		}
+		return nil
+	}
+	if k == 2 {
+		q, err := dcaaQuery(b.nextName("dcaasat"), 2, b.cfg.X.String(), 0, n)
+		if err != nil {
+			return r, err
+		}
+		if err := add(q, dcaaSaturationWhere); err != nil {
+			return r, err
+		}
+		sinks = []string{queryspec.TaskID(q.Name, "alerts", 0, 0), queryspec.TaskID(q.Name, "alerts", 0, 1)}
+	} else {
+		for c := range saturationCopies {
+			q, err := dcaaQuery(b.nextName("dcaasat"), 1, b.cfg.X.String(), 0, n)
+			if err != nil {
+				return r, err
+			}
+			if err := add(q, func(n *queryspec.Node, p, _ int) int { return dcaaSaturationWhere(n, p, c) }); err != nil {
+				return r, err
+			}
+			sinks = append(sinks, queryspec.TaskID(q.Name, "alerts", 0, 0))
+		}
+	}
+	sinkWorkers := []int{measured, peer}
 	cpu := func() (int64, error) {
 		var sum int64
 		for _, w := range b.w {
@@ -894,55 +976,79 @@ func (b *dcaaBench) saturation(ctx context.Context, k int, n int64) (saturationR
 		}
 		return sum, nil
 	}
+	if b.cfg.ProfileDir != "" {
+		for i, w := range b.w {
+			path := filepath.Join(b.cfg.ProfileDir, fmt.Sprintf("k%d-round%d-%s.cpu", k, round, dcaaSaturationRoles[i]))
+			if _, err := w.call(ctx, request{Op: opProfileStart, Spec: path}); err != nil {
+				return r, err
+			}
+		}
+	}
 	before, err := cpu()
 	if err != nil {
 		return r, err
 	}
-	tails := []int{0}
-	workers := []int{measured}
-	if k == 2 {
-		tails, workers = []int{0, 1}, []int{measured, peer}
-	}
 	start := time.Now()
-	if err := b.apply(ctx, q, dcaaSaturationWhere, tails...); err != nil {
-		return r, err
+	for _, i := range []int{measured, peer, srcR1, srcR0} {
+		b.specs[i] = specs[i]
+		if _, err := b.w[i].call(ctx, request{Op: opApply, Tasks: specs[i]}); err != nil {
+			return r, err
+		}
+	}
+	for c, id := range sinks {
+		if _, err := b.w[sinkWorkers[c]].call(ctx, request{Op: opEventsStart, Task: id}); err != nil {
+			return r, err
+		}
 	}
 	// A run that does not end is a finding, not a reason to wait forever.
 	wctx, cancel := context.WithTimeout(ctx, dcaaSaturationTimeout)
 	defer cancel()
-	evs, err := b.wait(wctx, workers...)
+	evs, err := b.wait(wctx, sinkWorkers...)
 	if err != nil {
 		if wctx.Err() != nil && ctx.Err() == nil {
 			return r, fmt.Errorf("%w: saturation run with %d replicas: the sinks did not see the end of the input within %v (%w)", ErrDCAABench, k, dcaaSaturationTimeout, err)
 		}
 		return r, err
 	}
+	after, err := cpu()
+	if err != nil {
+		return r, err
+	}
+	elapsed := time.Since(start)
+	if b.cfg.ProfileDir != "" {
+		for _, w := range b.w {
+			if _, err := w.call(ctx, request{Op: opProfileStop}); err != nil {
+				return r, err
+			}
+		}
+	}
 	for i, e := range evs {
 		rate, err := sinkThroughput(e, n, start)
 		if err != nil {
-			return r, fmt.Errorf("%w: saturation run with %d replicas, sink replica %d: %w", ErrDCAABench, k, i, err)
+			return r, fmt.Errorf("%w: saturation run with %d replicas, sink %d: %w", ErrDCAABench, k, i, err)
 		}
 		if i == 0 || rate < r.perSec {
 			r.perSec = rate
 		}
 		v, err := stableRows(e)
 		if err != nil {
-			return r, fmt.Errorf("%w: saturation run with %d replicas, sink replica %d: %w", ErrDCAABench, k, i, err)
+			return r, fmt.Errorf("%w: saturation run with %d replicas, sink %d: %w", ErrDCAABench, k, i, err)
 		}
 		r.tentative += v.tentative
 		r.undos += v.undos
 		r.rows = append(r.rows, v.rows)
 	}
-	after, err := cpu()
-	if err != nil {
-		return r, err
-	}
 	if used := time.Duration(after - before); used > 0 {
-		r.perCPU = float64(k) * float64(n*dcaaMonitors) / used.Seconds()
-		r.cpuUse = used.Seconds() / time.Since(start).Seconds() / float64(k)
+		r.perCPU = saturationCopies * float64(n*dcaaMonitors) / used.Seconds()
+		r.cpuUse = used.Seconds() / elapsed.Seconds() / saturationCopies
 	}
 	return r, nil
 }
+
+// dcaaSaturationRoles names the bench's worker processes in the
+// saturation runs (profile file names): src0 and ops0 run replica (copy)
+// 0, src1 and ops1 replica 1.
+var dcaaSaturationRoles = [dcaaProcesses]string{srcR0: "src0", srcR1: "src1", peer: "ops1", measured: "ops0"}
 
 // sinkThroughput is the input records per second a sink's stream shows
 // in a saturation run of n records per source partition started at

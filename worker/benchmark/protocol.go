@@ -77,6 +77,12 @@ const (
 	// (dataplane.ParseFaults; empty heals every link). Only for a worker
 	// whose hello asked for Faults.
 	opFaults = "faults"
+	// opProfileStart starts a CPU profile of the worker process into the
+	// file Spec names; opProfileStop ends it (bench dcaa: one profile per
+	// saturation run). A worker profiling its whole life (--cpuprofile)
+	// refuses it.
+	opProfileStart = "profile_start"
+	opProfileStop  = "profile_stop"
 )
 
 // request is one control message from the parent to a bench worker.

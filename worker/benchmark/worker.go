@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"math"
 	"net"
+	"os"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"time"
@@ -212,6 +214,9 @@ type benchWorker struct {
 	// faults cuts the engines' outgoing data-plane links (hello with
 	// Faults; nil: no fault injection hook).
 	faults *dataplane.Faults
+	// profile is the CPU profile opProfileStart began (nil: none); only
+	// the request loop touches it.
+	profile *os.File
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
@@ -259,8 +264,37 @@ func (w *benchWorker) hello(hello request) error {
 	return nil
 }
 
+// startProfile starts a CPU profile of this process into the file path.
+func (w *benchWorker) startProfile(path string) error {
+	if w.profile != nil {
+		return fmt.Errorf("profile_start %s: already profiling into %s", path, w.profile.Name())
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("profile_start %s: %w", path, err)
+	}
+	w.profile = f
+	return nil
+}
+
+// stopProfile ends the profile startProfile began (none: nothing).
+func (w *benchWorker) stopProfile() error {
+	if w.profile == nil {
+		return nil
+	}
+	pprof.StopCPUProfile()
+	err := w.profile.Close()
+	w.profile = nil
+	return err
+}
+
 // close stops the jobs, the engines and the pool, and waits for them.
 func (w *benchWorker) close() {
+	_ = w.stopProfile()
 	for _, j := range w.jobs {
 		j.cancel()
 	}
@@ -340,6 +374,10 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		return response{}, w.startJob("tail", func(ctx context.Context) (response, error) {
 			return w.events(ctx, w.active, spec)
 		})
+	case opProfileStart:
+		return response{}, w.startProfile(req.Spec)
+	case opProfileStop:
+		return response{}, w.stopProfile()
 	case opFaults:
 		if w.faults == nil {
 			return response{}, errors.New("faults: the worker was started without fault injection (hello faults)")

@@ -49,7 +49,7 @@ func (m *Machine) Resume(released int64, inputs []InputCapture) error {
 		in := m.inputs[i]
 		in.lastStable, in.stableB = c.LastStable, c.StableBoundary
 		in.steps = slices.Clone(c.Steps)
-		in.stable = nil
+		in.stable, in.buf = nil, nil
 		for _, t := range c.Pending {
 			in.addStable(t)
 		}

@@ -262,9 +262,11 @@ func (r *stageRep) apply(acts []Action) {
 		case Release:
 			r.out.SetTentative(a.Tentative)
 			for _, s := range a.Steps {
-				for _, e := range s.Tuples {
-					if err := r.op.Process(0, &e.Tuple, r.out); err != nil {
-						h.t.Fatalf("%s: process: %v", r.name(), err)
+				for _, run := range s.Runs {
+					for k := range run.Tuples {
+						if err := r.op.Process(0, &run.Tuples[k], r.out); err != nil {
+							h.t.Fatalf("%s: process: %v", r.name(), err)
+						}
 					}
 				}
 				if err := r.op.Advance(s.Advance, r.out); err != nil {

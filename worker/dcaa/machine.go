@@ -251,12 +251,33 @@ type Release struct {
 	Steps             []Step
 }
 
-// Step is one release step. Its Tuples are valid until the next Step:
-// the caller processes a Release before it steps the machine again, and
-// the machine reuses their memory.
+// Step is one release step: its tuples in release order, as Runs of
+// consecutive tuples of one input each. The Runs are valid until the next
+// Step: the caller processes a Release before it steps the machine again,
+// and the machine reuses their memory. A stable step's runs are the
+// machine's own kept input, not copies (the all-stable path copies each
+// tuple once, when it is kept); the caller may change those tuples (an
+// operator passing a tuple on sets its type), since a stable release is
+// never released again. A tentative step's tuples are copies, marked
+// tentative: the stable input among them stays kept for the replay.
 type Step struct {
-	Tuples  []Entry
+	Runs    []Run
 	Advance int64
+}
+
+// Run is consecutive released tuples of one input.
+type Run struct {
+	Input  int
+	Tuples []tuple.Tuple
+}
+
+// Len is the number of tuples the step releases.
+func (s Step) Len() int {
+	n := 0
+	for _, r := range s.Runs {
+		n += len(r.Tuples)
+	}
+	return n
 }
 
 // Entry is a released tuple and the input it came on.
@@ -323,8 +344,14 @@ type inputState struct {
 	// while the operators hold tentative state), tent the tentative data
 	// not released yet.
 	stable, tent []tuple.Tuple
-	lastStable   uint64 // id of the last stable tuple or boundary received
-	late         uint64
+	// buf is stable's memory from its start: stable is its tail. What is
+	// released or dropped leaves stable's head without being moved
+	// (stable steps hand out runs of it, valid until the next Step); it
+	// is moved down, or into larger memory, only when room is needed to
+	// keep more (room), always before the Step's releases.
+	buf        []tuple.Tuple
+	lastStable uint64 // id of the last stable tuple or boundary received
+	late       uint64
 }
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
@@ -353,6 +380,7 @@ func (in *inputState) failed() bool {
 // the same or a lower stime, so releases find their range by binary
 // search instead of scanning everything kept since the checkpoint.
 func (in *inputState) addStable(t tuple.Tuple) {
+	in.room(1)
 	n := len(in.stable)
 	if n == 0 || in.stable[n-1].STime <= t.STime {
 		in.stable = append(in.stable, t)
@@ -360,6 +388,40 @@ func (in *inputState) addStable(t tuple.Tuple) {
 	}
 	i := in.from(t.STime + 1)
 	in.stable = slices.Insert(in.stable, i, t)
+}
+
+// room makes room in stable's memory for n more tuples without a new
+// allocation by append. When the released head of buf holds at least as
+// many tuples as are kept, and buf is large enough, the kept tuples move
+// down to buf's start (and the head is cleared, so that released values
+// are not kept alive); otherwise they move into new memory of twice the
+// size needed. A move down copies no more tuples than were released since
+// the previous move, and new memory at least doubles, so keeping a tuple
+// costs O(1) copies however long the task runs, in at most about twice
+// the memory of what is kept. Called only from deliver (and Resume),
+// before any release of the Step: the runs of the previous Step's
+// releases, which read the head, are done.
+func (in *inputState) room(n int) {
+	live := len(in.stable)
+	if live+n <= cap(in.stable) {
+		return
+	}
+	need := live + n
+	if head := cap(in.buf) - cap(in.stable); head >= live && cap(in.buf) >= need {
+		copy(in.buf[:live], in.stable)
+		clear(in.buf[live : head+live])
+		in.stable = in.buf[:live]
+		return
+	}
+	in.buf = make([]tuple.Tuple, live, 2*need)
+	copy(in.buf, in.stable)
+	in.stable = in.buf
+}
+
+// drop forgets the first k stable tuples (released for good or shed):
+// they leave stable's head, where the Step's runs may still read them.
+func (in *inputState) drop(k int) {
+	in.stable = in.stable[k:]
 }
 
 // from is the index of the first stable tuple with stime >= st.
@@ -419,9 +481,13 @@ type Machine struct {
 	lostFrom, lostTo int64
 	shed             uint64
 	keptMax          int
-	// scratch holds the released tuples of the current Step's releases
-	// (Step.Tuples alias it), reused from one Step to the next.
+	// runs holds the runs of the current Step's releases (Step.Runs
+	// alias it); scratch and tuples a tentative release's copies while
+	// it sorts them and as released (tentative runs alias tuples). All
+	// are reused from one Step to the next.
+	runs    []Run
 	scratch []Entry
+	tuples  []tuple.Tuple
 }
 
 // New builds the machine; Start gives its first subscriptions.
@@ -673,6 +739,7 @@ func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64) boo
 		}
 		id, st = t.ID, t.STime
 	}
+	in.room(len(ts))
 	in.stable = append(in.stable, ts...)
 	in.lastStable = id
 	return true
@@ -849,10 +916,7 @@ func (m *Machine) bound() {
 	}
 	m.lostTo = max(m.lostTo, cut)
 	for _, in := range m.inputs {
-		k := in.from(cut)
-		rest := copy(in.stable, in.stable[k:])
-		clear(in.stable[rest:])
-		in.stable = in.stable[:rest]
+		in.drop(in.from(cut))
 		// The steps below the cut go too (the cut itself stays: the
 		// replay releases from there).
 		n := 0
@@ -1075,9 +1139,12 @@ func (m *Machine) stepsIn(from, to int64) []int64 {
 // Each input's stable data is kept in (stime, arrival) order, and ids
 // increase with arrival on a stream, so the stable ranges are already in
 // release order: a k-way merge of them gives the order a sort would, in
-// one pass, into memory the machine reuses from one Step to the next
-// (m.scratch; this is every stable tuple's path, so it allocates nothing
-// once warm). Only tentative data, kept in arrival order, needs the sort.
+// one pass. A stable step is the merge's runs of the kept data itself
+// (no copy: this is every stable tuple's path; the runs' memory, m.runs,
+// is reused from one Step to the next). Only a tentative step copies
+// (its tuples are marked tentative, and the stable ones stay kept for
+// the replay unchanged) and sorts (tentative data is kept in arrival
+// order).
 func (m *Machine) collect(from, to int64, tentative bool) Step {
 	st := Step{Advance: to}
 	var (
@@ -1090,43 +1157,62 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 	for _, in := range m.inputs {
 		rs = append(rs, in.stable[in.from(from):in.from(to)])
 	}
-	start := len(m.scratch)
-	m.scratch = mergeRanges(m.scratch, rs)
-	if tentative {
-		for i, in := range m.inputs {
-			keep := in.tent[:0]
-			for _, t := range in.tent {
-				switch {
-				case t.STime < from:
-				case t.STime < to:
-					m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
-				default:
-					keep = append(keep, t)
-				}
+	start := len(m.runs)
+	if !tentative {
+		m.runs = mergeRuns(m.runs, rs)
+		// Full slice expression: appending to a step never overwrites
+		// the next one.
+		st.Runs = m.runs[start:len(m.runs):len(m.runs)]
+		return st
+	}
+	es := len(m.scratch)
+	for i, r := range rs {
+		for _, t := range r {
+			m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
+		}
+	}
+	for i, in := range m.inputs {
+		keep := in.tent[:0]
+		for _, t := range in.tent {
+			switch {
+			case t.STime < from:
+			case t.STime < to:
+				m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
+			default:
+				keep = append(keep, t)
 			}
-			clear(in.tent[len(keep):])
-			in.tent = keep
 		}
+		clear(in.tent[len(keep):])
+		in.tent = keep
 	}
-	// Full slice expression: appending to a step never overwrites the
-	// next one.
-	st.Tuples = m.scratch[start:len(m.scratch):len(m.scratch)]
-	if tentative {
-		slices.SortStableFunc(st.Tuples, func(a, b Entry) int {
-			return cmp.Or(cmp.Compare(a.Tuple.STime, b.Tuple.STime), cmp.Compare(a.Input, b.Input), cmp.Compare(a.Tuple.ID, b.Tuple.ID))
-		})
-		for k := range st.Tuples {
-			st.Tuples[k].Tuple.Type = tuple.Tentative
+	entries := m.scratch[es:]
+	slices.SortStableFunc(entries, func(a, b Entry) int {
+		return cmp.Or(cmp.Compare(a.Tuple.STime, b.Tuple.STime), cmp.Compare(a.Input, b.Input), cmp.Compare(a.Tuple.ID, b.Tuple.ID))
+	})
+	ts := len(m.tuples)
+	for k := range entries {
+		t := entries[k].Tuple
+		t.Type = tuple.Tentative
+		m.tuples = append(m.tuples, t)
+	}
+	tuples := m.tuples[ts:len(m.tuples):len(m.tuples)]
+	for k := 0; k < len(entries); {
+		j := k + 1
+		for j < len(entries) && entries[j].Input == entries[k].Input {
+			j++
 		}
+		m.runs = append(m.runs, Run{Input: entries[k].Input, Tuples: tuples[k:j:j]})
+		k = j
 	}
+	st.Runs = m.runs[start:len(m.runs):len(m.runs)]
 	return st
 }
 
-// mergeRanges appends to dst the tuples of rs (rs[i] is input i's, each
-// in release order) merged in (stime, input) order, consuming rs: the
-// input with the first head gives its tuples for as long as they precede
-// every other input's head.
-func mergeRanges(dst []Entry, rs [][]tuple.Tuple) []Entry {
+// mergeRuns appends to dst the tuples of rs (rs[i] is input i's, each
+// in release order) merged in (stime, input) order, as runs of rs's own
+// memory, consuming rs: the input with the first head gives its tuples
+// for as long as they precede every other input's head.
+func mergeRuns(dst []Run, rs [][]tuple.Tuple) []Run {
 	for {
 		best, next := -1, -1
 		for i, r := range rs {
@@ -1157,9 +1243,7 @@ func mergeRanges(dst []Entry, rs [][]tuple.Tuple) []Entry {
 				end++
 			}
 		}
-		for k := range r[:end] {
-			dst = append(dst, Entry{Input: best, Tuple: r[k]})
-		}
+		dst = append(dst, Run{Input: best, Tuples: r[:end:end]})
 		rs[best] = r[end:]
 	}
 }
@@ -1167,10 +1251,7 @@ func mergeRanges(dst []Entry, rs [][]tuple.Tuple) []Entry {
 // dropBelow forgets stable data and steps below w (no replay needs them).
 func (m *Machine) dropBelow(w int64) {
 	for _, in := range m.inputs {
-		k := in.from(w)
-		rest := copy(in.stable, in.stable[k:])
-		clear(in.stable[rest:]) // drop references to released values
-		in.stable = in.stable[:rest]
+		in.drop(in.from(w))
 		n := 0
 		for n < len(in.steps) && in.steps[n] <= w {
 			n++
@@ -1336,17 +1417,21 @@ func (m *Machine) updateState(acts []Action) []Action {
 }
 
 // resetScratch reuses the memory of the previous Step's releases (see
-// Step). The tuples there are cleared, so that released values are not
-// kept alive by it; a scratch made large by a long release (a replay)
-// goes.
+// Step): the runs, and a tentative release's copies. They are cleared,
+// so that released values are not kept alive by them; copies made large
+// by a long tentative release go.
 func (m *Machine) resetScratch() {
-	const keep = 1 << 17 // entries (11.5 MB)
-	if cap(m.scratch) > keep {
-		m.scratch = nil
+	const keep = 1 << 17 // entries
+	clear(m.runs)
+	m.runs = m.runs[:0]
+	if cap(m.scratch) > keep || cap(m.tuples) > keep {
+		m.scratch, m.tuples = nil, nil
 		return
 	}
 	clear(m.scratch)
 	m.scratch = m.scratch[:0]
+	clear(m.tuples)
+	m.tuples = m.tuples[:0]
 }
 
 // Figures are counters for status and tests.

@@ -242,8 +242,10 @@ func renderActions(acts []Action) []string {
 			b.WriteString("release " + kind)
 			for _, s := range a.Steps {
 				var ids []string
-				for _, e := range s.Tuples {
-					ids = append(ids, fmt.Sprintf("%d:%d", e.Input, e.Tuple.ID))
+				for _, run := range s.Runs {
+					for _, t := range run.Tuples {
+						ids = append(ids, fmt.Sprintf("%d:%d", run.Input, t.ID))
+					}
 				}
 				fmt.Fprintf(&b, " %s[%s]", msOf(s.Advance), strings.Join(ids, ","))
 			}

@@ -555,16 +555,18 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 		t.emitData(ctx, tp)
 	})
 	for _, st := range rel.Steps {
-		for k := range st.Tuples {
-			e := &st.Tuples[k]
-			if err := t.op.Process(t.inputs[e.Input].port, &e.Tuple, em); err != nil {
-				if !errors.Is(err, operator.ErrEval) {
-					return fmt.Errorf("operator %s: %w", t.node.Name, err)
+		for _, run := range st.Runs {
+			port := t.inputs[run.Input].port
+			for k := range run.Tuples {
+				if err := t.op.Process(port, &run.Tuples[k], em); err != nil {
+					if !errors.Is(err, operator.ErrEval) {
+						return fmt.Errorf("operator %s: %w", t.node.Name, err)
+					}
+					t.dropped(err)
 				}
-				t.dropped(err)
-			}
-			if t.emitErr != nil {
-				return t.emitErr
+				if t.emitErr != nil {
+					return t.emitErr
+				}
 			}
 		}
 		if err := t.op.Advance(st.Advance, em); err != nil {
