@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"math"
 
 	"google.golang.org/grpc/codes"
@@ -53,7 +54,21 @@ func (s *Server) sourceRescaleTarget(q *fsm.Query, plan *queryspec.Plan, n *quer
 	if cur == nil || cur.QueryIndex != q.CreateIndex {
 		return nil, status.Errorf(codes.Unavailable, "scale: the partition map of source %s is not created yet; try again", op)
 	}
+	if why := sourceScaleRefusal(plan, n, cur.Partitions); why != "" {
+		return nil, status.Error(codes.FailedPrecondition, "scale: "+why)
+	}
 	t := &rescaleTarget{q: q, frag: op, cur: cur, replicas: max(q.Replicas, 1), involved: map[string]bool{op: true}, downstream: map[string]bool{}, source: true}
+	for _, down := range n.Outputs {
+		if plan.Node(down) != nil {
+			t.involved[down], t.downstream[down] = true, true
+		}
+	}
+	return t, nil
+}
+
+// sourceScaleRefusal says why the generator source n, running partitions
+// partitions, cannot be rescaled because of what reads it ("" if it can).
+func sourceScaleRefusal(plan *queryspec.Plan, n *queryspec.Node, partitions int) string {
 	for _, down := range n.Outputs {
 		d := plan.Node(down)
 		if d == nil {
@@ -63,16 +78,20 @@ func (s *Server) sourceRescaleTarget(q *fsm.Query, plan *queryspec.Plan, n *quer
 		// downstream (the definitions' parallelism): a partition added
 		// would have no reader.
 		if d.KeyFields == nil && d.Partitions > 1 && d.Partitions == n.Partitions {
-			return nil, status.Errorf(codes.FailedPrecondition, "scale: downstream %s reads source %s partition by partition (unkeyed, same parallelism): it cannot follow a rescale of the source", down, op)
+			return fmt.Sprintf("downstream %s reads source %s partition by partition (unkeyed, same parallelism): it cannot follow a rescale of the source", down, n.Name)
 		}
 		// A sink with one input stream passes it through as its result
 		// stream (same tuples, same ids): it cannot take a second one.
-		if d.Kind == queryspec.KindSink && len(d.Inputs) == 1 && cur.Partitions == 1 {
-			return nil, status.Errorf(codes.FailedPrecondition, "scale: sink %s reads the single stream of source %s and passes it through as its result stream: it cannot take more; put an operator between them", down, op)
+		if d.Kind == queryspec.KindSink && len(d.Inputs) == 1 && partitions == 1 {
+			return fmt.Sprintf("sink %s reads the single stream of source %s and passes it through as its result stream: it cannot take more; put an operator between them", down, n.Name)
 		}
-		t.involved[down], t.downstream[down] = true, true
+		// A replicated operator's DCAA machine has fixed inputs (see
+		// refuseReplicated).
+		if plan.Query != nil && plan.Query.Replicas > 1 && d.Kind == queryspec.KindOperator {
+			return fmt.Sprintf("the query runs with replicas %d and its operator %s reads source %s: a replicated operator cannot yet follow a rescale of its input", plan.Query.Replicas, down, n.Name)
+		}
 	}
-	return t, nil
+	return ""
 }
 
 // ensureSourceMap creates the partition map of a generator source op of
