@@ -70,10 +70,12 @@ func (t *task) initSourceScale() {
 // commands until the rescale's go gives it its start. ok is false when
 // the task stops first.
 func (t *task) awaitSourceStart(ctx context.Context) bool {
-	if t.gs.await && !t.gs.hasStart {
-		t.setState(StateRunning, "added by a rescale: waits for its cut")
+	if !t.gs.await || t.gs.hasStart {
+		return true
 	}
-	for t.gs.await && !t.gs.hasStart {
+	t.setState(StateRunning, "added by a rescale: waits for its cut")
+	defer t.setState(StateRunning, "")
+	for !t.gs.hasStart {
 		select {
 		case c := <-t.genCtl:
 			t.runGenCmd(ctx, c)
