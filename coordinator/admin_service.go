@@ -241,7 +241,11 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		return nil, err
 	}
 	slotMaps := map[string]*fsm.SlotMap{}
+	plan := as.s.plans.plan(q)
 	for _, m := range maps {
+		if plan != nil && isGeneratorSource(plan.Node(m.Fragment)) {
+			continue // a rescaled source's map counts partitions: no slots to show
+		}
 		if m.QueryIndex == q.CreateIndex {
 			slotMaps[m.Fragment] = m
 		}

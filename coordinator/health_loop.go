@@ -134,7 +134,7 @@ type healthLoop struct {
 
 // isRescale reports whether action is carried out by the live rescale.
 func isRescale(action string) bool {
-	return action == health.ActScaleUp || action == health.ActScaleDown || action == health.ActRebalanceSlots
+	return action == health.ActScaleUp || action == health.ActScaleDown || action == health.ActRebalanceSlots || action == health.ActScaleSources
 }
 
 // rescaleUnderWay reports whether a rescale of fragment of query is
@@ -313,7 +313,13 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 		case queryspec.KindSource:
 			f.Source = true
 			if n.Source != nil && n.Source.Gen != nil && n.Source.Gen.Rate > 0 {
-				f.SourceRate = float64(n.Source.Gen.Rate * n.Partitions)
+				// The partitions running now: a live rescale of the
+				// source changes them.
+				f.SourceRate = float64(n.Source.Gen.Rate * max(parallelism[n.Name], 1))
+				f.SourceScalable = true
+				if why := sourceScaleRefusal(plan, n, max(parallelism[n.Name], 1)); why != "" {
+					f.SourceScalable, f.SourceWhyNot = false, why
+				}
 			}
 		case queryspec.KindSink:
 			f.Sink = true
@@ -333,9 +339,27 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 	bl := l.blacklist(query)
 	away := l.awayTask(query)
+	var sources []string
+	if q, err := l.s.State().Query(nil, query); err == nil && q != nil {
+		if plan := l.s.plans.plan(q); plan != nil {
+			for _, n := range plan.Nodes {
+				if isGeneratorSource(n) {
+					sources = append(sources, n.Name)
+				}
+			}
+		}
+	}
 	return func(frag, diag, act string) (bool, string) {
 		if r := bl.For(health.Pair{Query: query, Fragment: frag, Diagnosis: diag, Action: act}); r.Blacklisted {
 			return false, fmt.Sprintf("blacklisted on %s (%d of %d evaluated actions failed)", frag, r.Failed, r.Evaluated)
+		}
+		if act == health.ActScaleSources {
+			// Logged on the source it scaled (Decision.Target).
+			for _, src := range sources {
+				if r := bl.For(health.Pair{Query: query, Fragment: src, Diagnosis: diag, Action: act}); r.Blacklisted {
+					return false, fmt.Sprintf("blacklisted on %s (%d of %d evaluated actions failed)", src, r.Failed, r.Evaluated)
+				}
+			}
 		}
 		switch act {
 		case health.ActScaleUp, health.ActScaleDown, health.ActRebalanceSlots:
@@ -348,7 +372,13 @@ func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 		case health.ActMove:
 			return true, ""
 		case health.ActScaleSources:
-			return false, errNoLiveSourceScaling
+			if away != "" {
+				return false, fmt.Sprintf("task %s of the query runs at a partner: no rescale until it is home", away)
+			}
+			if len(sources) == 0 {
+				return false, errNoLiveSourceScaling
+			}
+			return true, ""
 		case health.ActOffload:
 			if l.cfg.Offload == nil {
 				return false, "no partner offload: the coordinator is not in a federation"
@@ -360,10 +390,9 @@ func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 }
 
 // errNoLiveSourceScaling is why a missed SLO whose sources are the
-// bottleneck ends as an alert: what is missing to scale sources live.
-const errNoLiveSourceScaling = "sources cannot be rescaled while the query runs: a source's partitions are its data " +
-	"(a generator partition is its own seeded stream at its configured rate, an ingest or kafka partition the producers' stream), " +
-	"live reconfiguration refuses changes to sources and the live rescale resizes keyed operators only; resubmit the query with more source partitions or a higher rate"
+// bottleneck ends as an alert when the query has no generator source.
+const errNoLiveSourceScaling = "no generator source: an ingest or kafka source's partitions are its producers' streams, " +
+	"which a live rescale cannot add; give them more producers or partitions, or resubmit the query"
 
 // awayTask names a task of query that runs at (or is moving to) a
 // partner, "" when none does.
@@ -482,10 +511,10 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	if chosen == nil {
 		return
 	}
-	if chosen.Action == health.ActScaleUp || chosen.Action == health.ActScaleDown || chosen.Action == health.ActRebalanceSlots {
+	if isRescale(chosen.Action) {
 		// A rescale someone else started is no failure of this pair:
 		// wait for it to end.
-		if m, err := l.s.State().SlotMap(nil, name, chosen.Diagnosis.Fragment); err != nil || m != nil && m.Next != nil {
+		if m, err := l.s.State().SlotMap(nil, name, target(*chosen)); err != nil || m != nil && m.Next != nil {
 			return
 		}
 	}
@@ -493,12 +522,12 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	if id == "" {
 		return // not logged (no leader, older coordinators): no action either
 	}
-	before := health.Measure(q, chosen.Diagnosis.Fragment, pc)
-	l.s.logger.Info("health: acting", "query", name, "fragment", chosen.Diagnosis.Fragment, "diagnosis", chosen.Diagnosis.Name,
+	before := health.Measure(q, target(*chosen), pc)
+	l.s.logger.Info("health: acting", "query", name, "fragment", target(*chosen), "diagnosis", chosen.Diagnosis.Name,
 		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
 	did, err := l.carryOut(ctx, name, q, *chosen)
 	done := time.Now()
-	if err != nil && isRescale(chosen.Action) && l.rescaleUnderWay(name, chosen.Diagnosis.Fragment) {
+	if err != nil && isRescale(chosen.Action) && l.rescaleUnderWay(name, target(*chosen)) {
 		// The rescale passed its go but its tasks had not all passed the
 		// cut within the rescale's limit (a backlogged operator works
 		// through its backlog at its old pace first): it is still under
@@ -513,7 +542,7 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		hq.quietUntil = done.Add(l.cfg.Settle)
 		return
 	}
-	hq.pending = &pendingHealth{id: id, fragment: chosen.Diagnosis.Fragment, diagnosis: chosen.Diagnosis.Name, action: chosen.Action,
+	hq.pending = &pendingHealth{id: id, fragment: target(*chosen), diagnosis: chosen.Diagnosis.Name, action: chosen.Action,
 		before: before, due: done.Add(l.cfg.Settle), done: did}
 	hq.quietUntil = hq.pending.due
 	// The figures from before the action say nothing of after it.
@@ -536,6 +565,14 @@ func (l *healthLoop) carryOut(ctx context.Context, name string, q *health.Query,
 		s.scaleMu.Lock()
 		defer s.scaleMu.Unlock()
 		return "", l.rebalance(ctx, name, d)
+	case health.ActScaleSources:
+		if d.Target == "" {
+			return "", errors.New("no source to scale")
+		}
+		s.scaleMu.Lock()
+		defer s.scaleMu.Unlock()
+		_, err := s.rescale(ctx, name, d.Target, d.To)
+		return "", err
 	case health.ActMove:
 		id := fsm.TaskID(name, d.Diagnosis.Fragment, d.Diagnosis.Partition, 0)
 		to, err := l.moveTarget(id)
@@ -624,7 +661,7 @@ func (l *healthLoop) moveTarget(taskID string) (string, error) {
 func (l *healthLoop) record(ctx context.Context, name string, q *health.Query, d health.Decision, outcome, detail string, now time.Time) string {
 	l.seq++
 	id := fmt.Sprintf("%s-%d-%d", name, now.UnixMilli(), l.seq)
-	m, _ := json.Marshal(health.Measure(q, d.Diagnosis.Fragment, *l.cfg.Policy))
+	m, _ := json.Marshal(health.Measure(q, target(d), *l.cfg.Policy))
 	symptoms := strings.Join(d.Diagnosis.Symptoms, ",")
 	if d.Diagnosis.Why != "" {
 		symptoms += ": " + d.Diagnosis.Why
@@ -636,7 +673,7 @@ func (l *healthLoop) record(ctx context.Context, name string, q *health.Query, d
 	if act == "" {
 		act = "none"
 	}
-	a := fsm.HealthAction{ID: id, Query: name, Fragment: d.Diagnosis.Fragment, Diagnosis: d.Diagnosis.Name, Action: act,
+	a := fsm.HealthAction{ID: id, Query: name, Fragment: target(d), Diagnosis: d.Diagnosis.Name, Action: act,
 		Detail: detail, Symptoms: symptoms, AtMs: now.UnixMilli(), Metrics: string(m), FromParallelism: d.From, ToParallelism: d.To, Outcome: outcome}
 	if d.Diagnosis.Partition >= 0 {
 		a.Detail = fmt.Sprintf("partition %d: %s", d.Diagnosis.Partition, a.Detail)
@@ -703,4 +740,13 @@ func (l *healthLoop) evaluate(ctx context.Context, name string, hq *healthQuery,
 	l.s.logger.Info("health: action evaluated", "query", name, "id", p.id, "action", p.action, "outcome", outcome, "why", why)
 	l.evaluated(ctx, p.id, outcome, why, now)
 	hq.pending = nil
+}
+
+// target is the fragment a decision changes: its Target (the source a
+// scale_sources decision scales), else the diagnosed fragment.
+func target(d health.Decision) string {
+	if d.Target != "" {
+		return d.Target
+	}
+	return d.Diagnosis.Fragment
 }

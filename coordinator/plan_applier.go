@@ -247,8 +247,8 @@ func (pa *planApplier) slotMaps(updates []fsm.SlotMapUpdate) ([]fsm.SlotMapUpdat
 		default:
 			why = fsm.CheckSlotRanges(u.Ranges, u.Partitions)
 			if why == "" {
-				if plan := pa.s.plans.plan(q); plan == nil || plan.Node(u.Fragment) == nil || plan.Node(u.Fragment).KeyFields == nil {
-					why = fmt.Sprintf("query %s has no keyed fragment %s", u.Query, u.Fragment)
+				if plan := pa.s.plans.plan(q); plan == nil || !rescalable(plan.Node(u.Fragment)) {
+					why = fmt.Sprintf("query %s has no keyed fragment or generator source %s", u.Query, u.Fragment)
 				}
 			}
 			if why == "" {

@@ -83,6 +83,8 @@ type rescaleTarget struct {
 	// involved are the fragments whose tasks take part: upstreams, the
 	// fragment, downstreams; downstream the last.
 	involved, downstream map[string]bool
+	// source: frag is a generator source (srcscale.go).
+	source bool
 }
 
 func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
@@ -102,8 +104,11 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	if n == nil {
 		return nil, status.Errorf(codes.NotFound, "scale: query %s has no operator %q (operators fused into their upstream cannot be scaled on their own)", name, op)
 	}
+	if n.Kind == queryspec.KindSource {
+		return s.sourceRescaleTarget(q, plan, n)
+	}
 	if n.Kind != queryspec.KindOperator || n.KeyFields == nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "scale: %s of query %s is not a keyed operator (an aggregate with group_by or a join): only keyed operators rescale", op, name)
+		return nil, status.Errorf(codes.FailedPrecondition, "scale: %s of query %s is not a keyed operator (an aggregate with group_by or a join) or a generator source: only those rescale", op, name)
 	}
 	cur, err := st.SlotMap(nil, name, op)
 	if err != nil {
@@ -168,6 +173,9 @@ func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) 
 // expectEpoch, when not 0, is the epoch the caller planned from: a map
 // changed since is refused as stale. The caller holds scaleMu.
 func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int, ranges []fsm.SlotRange, expectEpoch uint64) (*pb.ScaleQueryResponse, error) {
+	if err := s.ensureSourceMap(ctx, name, op); err != nil {
+		return nil, err
+	}
 	tg, err := s.rescaleTarget(name, op)
 	if err != nil {
 		return nil, err
@@ -345,6 +353,7 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 	} else if cur.Next != nil {
 		finish.Ranges = cur.Next.Ranges
 	}
+	finish.Starts = s.sourceStarts(tg, epoch)
 	out, err := s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
 		SlotMaps: []fsm.SlotMapUpdate{finish}, RemoveTasks: removed})
 	if err != nil {

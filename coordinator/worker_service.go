@@ -264,7 +264,7 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			}
 			slotMaps[[2]string{m.Query, m.Fragment}] = m
 			pm := &pb.SlotMap{Fragment: m.Fragment, Epoch: m.Epoch,
-				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges)}
+				Partitions: int32(m.Partitions), Ranges: slotRangesPB(m.Ranges), Starts: m.Starts}
 			if n := m.Next; n != nil {
 				pm.NextEpoch, pm.NextPartitions, pm.NextRanges, pm.NextGo, pm.Cut = n.Epoch, int32(n.Partitions), slotRangesPB(n.Ranges), n.Go, n.Cut
 			}

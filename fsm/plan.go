@@ -68,9 +68,16 @@ type SlotMap struct {
 	// Ranges cover 0..NumSlots-1 in order, each slot exactly once.
 	Ranges []SlotRange `json:"ranges"`
 	// Next is the rescale under way, nil when none is (see SlotMapNext).
-	Next        *SlotMapNext `json:"next,omitempty"`
-	CreateIndex uint64       `json:"create_index"`
-	ModifyIndex uint64       `json:"modify_index"`
+	Next *SlotMapNext `json:"next,omitempty"`
+	// Starts is set for a generator source fragment that a live rescale
+	// gave partitions (its map then counts its partitions; its slots mean
+	// nothing): per partition, the stream time its stream starts at,
+	// math.MinInt64 for the whole stream (a partition the fragment had
+	// from the start), the cut of the rescale that added it otherwise.
+	// A restarted copy starts there. Protocol 9.
+	Starts      []int64 `json:"starts,omitempty"`
+	CreateIndex uint64  `json:"create_index"`
+	ModifyIndex uint64  `json:"modify_index"`
 }
 
 // SlotMapNext is a live rescale of a keyed fragment in progress: the map
@@ -214,6 +221,9 @@ type SlotMapUpdate struct {
 	// current map's epoch in every phase.
 	Phase string `json:"phase,omitempty"`
 	Cut   int64  `json:"cut,omitempty"`
+	// Starts, on the finish of a generator source's rescale, becomes the
+	// map's Starts (see SlotMap.Starts). Protocol 9.
+	Starts []int64 `json:"starts,omitempty"`
 }
 
 // PlannedTask is a task a plan creates (a partition a rescale adds),
@@ -273,6 +283,9 @@ func (r *ApplyPlanRequest) Protocol() int {
 		}
 	}
 	for _, u := range r.SlotMaps {
+		if len(u.Starts) > 0 {
+			return 9
+		}
 		if u.Phase != "" {
 			v = 4
 		}
@@ -513,6 +526,9 @@ func nextSlotMap(cur *SlotMap, u *SlotMapUpdate, epoch, index uint64) *SlotMap {
 		m.Next = &n
 	case RescaleFinish:
 		m.Epoch, m.Partitions, m.Ranges, m.Next = cur.Next.Epoch, cur.Next.Partitions, cur.Next.Ranges, nil
+		if u.Starts != nil {
+			m.Starts = append([]int64(nil), u.Starts...)
+		}
 	case RescaleAbort:
 		m.Next = nil
 	}

@@ -32,10 +32,13 @@ package fsm
 //	   DeleteHostedTaskType) and AbortMoveType.
 //	8: HealthLogType (the health manager's action log with evaluated
 //	   outcomes).
+//	9: live rescales of generator sources: the stream start of each
+//	   partition a rescale added (SlotMapUpdate.Starts, SlotMap.Starts).
+//	   No new command type: the leader checks ApplyPlanRequest.Protocol.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 8
+const ProtocolVersion = 9
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.

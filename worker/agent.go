@@ -732,7 +732,7 @@ func slotMapOf(m *pb.SlotMap) (*wrt.SlotMap, error) {
 	if err != nil {
 		return nil, err
 	}
-	sm := &wrt.SlotMap{Epoch: m.Epoch, Partitions: int(m.Partitions), Owner: owner}
+	sm := &wrt.SlotMap{Epoch: m.Epoch, Partitions: int(m.Partitions), Owner: owner, Starts: m.Starts}
 	if m.NextEpoch != 0 {
 		next, err := ownersOf(m, m.NextRanges)
 		if err != nil {

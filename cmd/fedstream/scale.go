@@ -15,12 +15,19 @@ func newQueryScaleCmd() *cobra.Command {
 	var parallelism int
 	cmd := adminCmd(&cobra.Command{
 		Use:   "scale NAME --operator OP --parallelism N",
-		Short: "Change the number of partitions of a keyed operator while the query runs",
+		Short: "Change the number of partitions of a keyed operator or a generator source while the query runs",
 		Long: `Change the number of partitions of a keyed operator (an aggregate with group_by
 or a join) of a running query, adding or removing partitions without stopping
 it. Slot ranges move between partitions with their state at one cut of the
 stream, so the results are the same as without the rescale. Prints the new
-slot map (with --json: fragment, epoch and the slot ranges per partition).`,
+slot map (with --json: fragment, epoch, the cut and the slot ranges per
+partition).
+
+OP may also be a generator source: at the cut (a stream time), partitions
+removed end their stream below it and partitions added start their own
+deterministic stream at it; the operators reading the source read the new
+partitions from there. A source's map only counts its partitions (its slot
+ranges mean nothing). Ingest and kafka sources are refused.`,
 		Args: cobra.ExactArgs(1),
 	}, func(ctx context.Context, c pb.AdminServiceClient, f *clientFlags, cmd *cobra.Command, args []string) error {
 		if op == "" {
@@ -63,7 +70,7 @@ slot map (with --json: fragment, epoch and the slot ranges per partition).`,
 		}
 		return nil
 	})
-	cmd.Flags().StringVar(&op, "operator", "", "the keyed operator to rescale")
+	cmd.Flags().StringVar(&op, "operator", "", "the keyed operator or generator source to rescale")
 	cmd.Flags().IntVar(&parallelism, "parallelism", 0, "the number of partitions it should have")
 	if t := cmd.Flags().Lookup("timeout"); t != nil {
 		// A rescale waits for every task involved to reach the cut.

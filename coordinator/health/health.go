@@ -75,6 +75,12 @@ type Fragment struct {
 	// operators fused into it.
 	Source     bool
 	SourceRate float64
+	// SourceScalable: a source whose partitions a live rescale can add
+	// (a generator; see Decision.Target).
+	SourceScalable bool
+	// SourceWhyNot says why a generator source cannot be rescaled (what
+	// reads it), "" when it can or is no generator.
+	SourceWhyNot string
 	// Sink: its input rate is the query's throughput.
 	Sink        bool
 	Parallelism int
@@ -208,8 +214,10 @@ const (
 )
 
 // Action names. The loop carries out each one it allows (see Allowed);
-// ActScaleSources is chosen only to say what the sources would need: no
-// build rescales a source live yet, so its diagnosis ends as an alert.
+// ActScaleSources gives a generator source the partitions a missed
+// throughput SLO needs (Decision.Target), through the live rescale of
+// sources; for sources that cannot be rescaled (ingest, kafka, a
+// generator without a rate) it says what they would need, in an alert.
 const (
 	ActScaleUp   = "scale_up"
 	ActScaleDown = "scale_down"

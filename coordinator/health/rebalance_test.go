@@ -132,9 +132,17 @@ func TestSLOSourcesAndOffload(t *testing.T) {
 			t.Fatalf("skipped %q lacks %q", skipped, want)
 		}
 	}
+	// A source whose partitions cannot be added (ingest, kafka) leaves
+	// the diagnosis an alert that says what it would need.
+	dec, alerts = Choose(q, ds, c, allowAll)
+	if dec != nil || len(alerts) != 1 || !strings.Contains(strings.Join(alerts[0].Skipped, "; "), "scale_sources: no generator source") {
+		t.Fatalf("decision %+v alerts %+v, want an alert: the source cannot be rescaled", dec, alerts)
+	}
+	// A generator source gets the partitions the SLO needs, in one step.
+	q.Fragments[0].SourceScalable = true
 	dec, _ = Choose(q, ds, c, allowAll)
-	if dec == nil || dec.Action != ActScaleSources {
-		t.Fatalf("decision %+v, want scale_sources", dec)
+	if dec == nil || dec.Action != ActScaleSources || dec.Target != "src" || dec.From != 1 || dec.To != 3 {
+		t.Fatalf("decision %+v, want scale_sources of src from 1 to 3 partitions", dec)
 	}
 
 	up := pipeline(6, 1, blocked, busyOp, calmSink)

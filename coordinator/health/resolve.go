@@ -127,6 +127,10 @@ type Decision struct {
 	From, To int
 	// Why explains the parameters (the DS2 figures for scaling).
 	Why string
+	// Target is the fragment the action changes when it is not the
+	// diagnosed one ("" : Diagnosis.Fragment): the source scale_sources
+	// gives more partitions.
+	Target string
 	// Slots are the slot moves of a rebalance (ActRebalanceSlots), by
 	// slot.
 	Slots []SlotMove
@@ -158,7 +162,7 @@ func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decisi
 				// Say what the action would have done: an alert then
 				// names what is missing (the sources' rate an SLO needs).
 				if probe := dec; act == ActScaleSources {
-					if ok, _ := fill(q, &probe, act, demand, c); ok {
+					if fill(q, &probe, act, demand, c); probe.Why != "" {
 						why += " (needed: " + probe.Why + ")"
 					}
 				}
@@ -290,7 +294,10 @@ func fmtLoads(loads map[int]float64) string {
 // source is held back (none blocked past BackpressureMs in the window),
 // the sources are what limits the query, and they must send SLO /
 // throughput times what they send now. A source with a configured rate
-// per partition needs that many more partitions.
+// per partition needs that many more partitions: the first generator
+// source that does becomes the decision's Target, From and To (one
+// source per action). Without one, the decision cannot be carried out
+// and its Why says what the sources would need.
 func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 	if q.SLO <= 0 {
 		return false, "no throughput SLO"
@@ -310,6 +317,8 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 	tp /= float64(n)
 	factor := q.SLO / tp
 	var parts []string
+	var target *Fragment
+	from, to := 0, 0
 	for i := range q.Fragments {
 		f := &q.Fragments[i]
 		if !f.Source {
@@ -329,6 +338,14 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 			per := f.SourceRate / float64(f.Parallelism)
 			want := Needed(f.SourceRate*factor, per, 1, c.MaxParallelism)
 			part += fmt.Sprintf(" (%d -> %d partitions at %.0f records/s each)", f.Parallelism, want, per)
+			if f.SourceWhyNot != "" {
+				part += " (cannot be rescaled: " + f.SourceWhyNot + ")"
+			}
+			if f.SourceScalable && want > f.Parallelism && target == nil {
+				// One source at a time (one intrusive action): the
+				// first that can grow.
+				target, from, to = f, f.Parallelism, want
+			}
 		}
 		parts = append(parts, part)
 	}
@@ -336,6 +353,10 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 		return false, "no source in the query"
 	}
 	dec.Why = fmt.Sprintf("throughput %.0f/s for an SLO of %.0f/s: sources %s", tp, q.SLO, strings.Join(parts, "; "))
+	if target == nil {
+		return false, "no generator source with a rate per partition can take more partitions: " + dec.Why
+	}
+	dec.Target, dec.From, dec.To = target.Name, from, to
 	return true, ""
 }
 

@@ -832,8 +832,12 @@ type SlotMap struct {
 	NextRanges     []*SlotRange `protobuf:"bytes,112,rep,name=next_ranges,json=nextRanges,proto3" json:"next_ranges,omitempty"`
 	NextGo         bool         `protobuf:"varint,113,opt,name=next_go,json=nextGo,proto3" json:"next_go,omitempty"`
 	Cut            int64        `protobuf:"varint,114,opt,name=cut,proto3" json:"cut,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ---- live rescaling of generator sources (session 8): per partition,
+	// the stream time its stream starts at (INT64_MIN: the whole stream);
+	// empty for keyed fragments and sources never rescaled.
+	Starts        []int64 `protobuf:"varint,440,rep,packed,name=starts,proto3" json:"starts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *SlotMap) Reset() {
@@ -927,6 +931,13 @@ func (x *SlotMap) GetCut() int64 {
 		return x.Cut
 	}
 	return 0
+}
+
+func (x *SlotMap) GetStarts() []int64 {
+	if x != nil {
+		return x.Starts
+	}
+	return nil
 }
 
 type WatchAssignmentsResponse struct {
@@ -7274,7 +7285,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
-	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\xb9\x02\n" +
+	"\tpartition\x18\x03 \x01(\x05R\tpartition\"\xd2\x02\n" +
 	"\aSlotMap\x12\x1a\n" +
 	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x14\n" +
 	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x1e\n" +
@@ -7288,7 +7299,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vnext_ranges\x18p \x03(\v2\x17.fedstream.v1.SlotRangeR\n" +
 	"nextRanges\x12\x17\n" +
 	"\anext_go\x18q \x01(\bR\x06nextGo\x12\x10\n" +
-	"\x03cut\x18r \x01(\x03R\x03cut\"\x9f\x01\n" +
+	"\x03cut\x18r \x01(\x03R\x03cut\x12\x17\n" +
+	"\x06starts\x18\xb8\x03 \x03(\x03R\x06starts\"\x9f\x01\n" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +

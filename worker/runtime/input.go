@@ -86,6 +86,10 @@ func (t *task) buildInputs() {
 		if upNode.KeyFields != nil {
 			t.mayGrowInputs = true
 			parts = max(1, t.spec.SlotMaps[up].streams(upNode.Partitions))
+		} else if upNode.Kind == queryspec.KindSource {
+			// A generator source rescaled live has a map too (its
+			// partitions; see srcscale.go).
+			parts = max(1, t.spec.SlotMaps[up].streams(upNode.Partitions))
 		}
 		for p := 0; p < parts; p++ {
 			t.inputs = append(t.inputs, t.newInput(port, up, p))
@@ -310,7 +314,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 			// Taken only now: see filterDCAA.
 			in.stableTaken.Store(stable)
 		}
-		if in.t.inlineEmit != nil {
+		if in.t.inline() != nil {
 			return in.t.processInline()
 		}
 		if final {
@@ -516,7 +520,7 @@ var errTaskEnded = errors.New("task ended")
 // CPU, whose cache does not hold the batch just decoded). It returns
 // dataplane.ErrStopSubscription once the final boundary is processed.
 func (t *task) processInline() error {
-	done, err := t.processReleases(t.ctx, t.inlineEmit)
+	done, err := t.processReleases(t.ctx, t.inline())
 	if err != nil {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)

@@ -302,6 +302,9 @@ func (t *task) liftHold() {
 // of the task's roles, then lifts its hold.
 func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, down bool) bool {
 	n := m.Next
+	if own && t.gen != nil {
+		return t.goSourceRescale(ctx, f, m) // a generator source's own fragment
+	}
 	if up {
 		grow := func() {
 			for i := range t.routes {
@@ -368,6 +371,9 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		t.inMu.Unlock()
 		if t.mv != nil {
 			t.mv.grow(len(t.inputs))
+		}
+		if len(added) > 0 {
+			t.stopInline() // one input of a rescaled source became several
 		}
 		t.unlockProc()
 		for _, in := range added {
@@ -711,11 +717,11 @@ func (t *task) pokeRelease() {
 // final boundary, the input's subscription, which would wait forever on
 // a stream that has ended, is ended too.
 func (t *task) kickRelease() {
-	if t.inlineEmit == nil || t.dm != nil || t.merge.inputBoundary(0) != finalBoundary {
+	if t.inline() == nil || t.dm != nil || t.merge.inputBoundary(0) != finalBoundary {
 		t.pokeRelease()
 		return
 	}
-	done, err := t.processReleases(t.ctx, t.inlineEmit)
+	done, err := t.processReleases(t.ctx, t.inline())
 	if err != nil {
 		t.endWith(err)
 		return
@@ -731,5 +737,5 @@ func (t *task) kickRelease() {
 // inlineDone reports that the task processes inline and released its
 // final boundary: its only input has nothing more to read.
 func (t *task) inlineDone() bool {
-	return t.inlineEmit != nil && t.merge != nil && t.merge.releasedAt() == finalBoundary
+	return t.inline() != nil && t.merge != nil && t.merge.releasedAt() == finalBoundary
 }

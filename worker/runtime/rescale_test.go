@@ -19,6 +19,17 @@ type rescaler struct {
 	partitions int
 	epoch      uint64
 	owner      []int32
+	// reader is the fragment reading frag ("" : out); starts, when not
+	// nil, is what the finish records of a source's partitions.
+	reader string
+	starts []int64
+}
+
+func (rs *rescaler) readerName() string {
+	if rs.reader == "" {
+		return "out"
+	}
+	return rs.reader
 }
 
 func contiguous(n int) []int32 {
@@ -102,7 +113,11 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	prep.Next = next
 	rs.setMaps(&prep)
 	c.apply()
-	involved := rs.tasks(func(*TaskSpec) bool { return true })
+	// A keyed fragment's upstreams, its tasks and its reader take part;
+	// a source's tasks and its reader (rs.reader set).
+	involved := rs.tasks(func(s *TaskSpec) bool {
+		return rs.reader == "" || s.Fragment == rs.frag || s.Fragment == rs.reader
+	})
 	cut := int64(math.MinInt64)
 	waitUntil(t, "every task holds for the rescale", func() bool {
 		cut = math.MinInt64
@@ -123,7 +138,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	gone.Next = &nx
 	rs.setMaps(&gone)
 	c.apply()
-	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag || s.Fragment == "out" })
+	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag || s.Fragment == rs.readerName() })
 	waitUntil(t, "every counts and out task passed the cut", func() bool {
 		for _, id := range own {
 			if st := rs.state(id); st.CutDone != next.Epoch {
@@ -142,7 +157,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	// copy no longer has).
 	for _, w := range c.workers {
 		for _, tk := range w.rt.tasksByID() {
-			if tk.spec.Fragment != "out" {
+			if tk.spec.Fragment != rs.readerName() {
 				continue
 			}
 			tk.inMu.Lock()
@@ -166,7 +181,21 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	}
 	// Finish: the new map; removed partitions' tasks stop.
 	rs.epoch, rs.partitions, rs.owner = next.Epoch, n, next.Owner
-	rs.setMaps(&SlotMap{Epoch: rs.epoch, Partitions: n, Owner: rs.owner})
+	if rs.starts != nil {
+		st := make([]int64, n)
+		for p := range st {
+			switch {
+			case p < len(rs.starts):
+				st[p] = rs.starts[p]
+			case p < old.Partitions:
+				st[p] = math.MinInt64
+			default:
+				st[p] = cut
+			}
+		}
+		rs.starts = st
+	}
+	rs.setMaps(&SlotMap{Epoch: rs.epoch, Partitions: n, Owner: rs.owner, Starts: rs.starts})
 	var keep []Placement
 	for _, pl := range pls {
 		if pl.Fragment != rs.frag || pl.Partition < n {

@@ -73,6 +73,11 @@ type SlotMap struct {
 	// Next is the live rescale under way, nil when none is (see
 	// docs/DATAPLANE.md, "Rescaling a keyed fragment").
 	Next *SlotMapNext
+	// Starts, for a generator source fragment, is the stream time each
+	// partition's stream starts at (math.MinInt64: the whole stream; a
+	// partition a live rescale added starts at its cut). nil: every
+	// partition's whole stream.
+	Starts []int64
 }
 
 // SlotMapNext is a rescale of a keyed fragment in progress: the map it

@@ -64,7 +64,41 @@ func (t *task) runGenerator() {
 			start = time.Now().Add(-time.Duration(n * int64(time.Second) / rate / speedup))
 		}
 	}
-	for {
+	// A partition a rescale added starts at the rescale's cut: it drops
+	// the records of its stream below it (counted as drawn, so a
+	// snapshot's position stays a record number of the whole stream) and
+	// first promises, with a boundary at the cut, that nothing below it
+	// comes.
+	pending, exhausted := false, false
+	if !t.awaitSourceStart(ctx) {
+		return
+	}
+	if t.gs.hasStart && t.genRecords == 0 && boundary == math.MinInt64 {
+		for {
+			if !t.gen.Next(&tp) {
+				exhausted = true
+				break
+			}
+			if tp.STime >= t.gs.start {
+				pending = true
+				break
+			}
+			t.genRecords++
+		}
+		if t.gs.start > boundary && t.gs.start != finalBoundary {
+			if err := t.emitBoundary(ctx, t.gs.start); err != nil {
+				t.endWith(err)
+				return
+			}
+			boundary = t.gs.start
+			if next = boundary + interval; next < boundary {
+				next = math.MaxInt64
+			}
+		}
+		n = t.genRecords
+		start = sourcePacing(n, rate, speedup)
+	}
+	for !exhausted {
 		// Requests between two records. The channels are looked at only
 		// while someone offers one (genWaiting), and then with two
 		// non-blocking receives of one case each: one select over both
@@ -83,8 +117,13 @@ func (t *task) runGenerator() {
 			default:
 			}
 		}
-		if !t.gen.Next(&tp) {
+		if pending {
+			pending = false // drawn above, at the start of the stream
+		} else if !t.gen.Next(&tp) {
 			break
+		}
+		if t.gs.hasEnd && tp.STime >= t.gs.end {
+			break // a rescale removed the partition at this cut
 		}
 		t.genRecords++
 		if tp.STime < boundary {
@@ -166,7 +205,9 @@ func (t *task) runGenerator() {
 		t.endWith(err)
 		return
 	}
-	t.setState(StateRunning, "input exhausted")
+	if !t.sourceEnded() {
+		t.setState(StateRunning, "input exhausted")
+	}
 }
 
 // genCmd is work for a generator source's goroutine, run between two

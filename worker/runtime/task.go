@@ -116,8 +116,12 @@ type task struct {
 	merge    *merger          // operator and sink tasks
 	inputs   []*input
 	// inlineEmit is set when the task has a single input, whose goroutine
-	// then processes releases itself (see processInline).
+	// then processes releases itself (see processInline); set before the
+	// inputs start, read through inline(). inlineOff ends inline
+	// processing for good (a rescaled source added inputs: the merge
+	// goroutine processes from then on).
 	inlineEmit operator.Emitter
+	inlineOff  atomic.Bool
 	// passThrough: a sink with a single input stream, which becomes its
 	// result stream as it is (see passBatch).
 	passThrough bool
@@ -239,6 +243,9 @@ type task struct {
 	genDone    chan struct{}
 	genRecords int64
 	genRestore *genPosition
+	// gs is the generator's part in live rescales of its own fragment
+	// (see srcscale.go).
+	gs genScale
 }
 
 type placeKey struct {
@@ -291,6 +298,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			if t.gen, err = source.NewGenerator(src.Gen, spec.Partition); err != nil {
 				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
 			}
+			t.initSourceScale()
 		case src.Ingest:
 			t.ingest = newIngestState(t.node)
 		case src.Kafka != nil:
