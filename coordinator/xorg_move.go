@@ -335,6 +335,9 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if isIngestSource(&s.plans, q, t.Fragment) {
 		return fmt.Errorf("move %s to %s: an ingest source's clients push to the org's own workers; it cannot run at a partner", taskID, partnerOrg)
 	}
+	if err := checkPartnerHostsReconfig(s.pool.members(), q, partnerOrg); err != nil {
+		return fmt.Errorf("move %s to %s: %w", taskID, partnerOrg, err)
+	}
 	if err := s.ensurePartnerWorker(ctx, partnerOrg); err != nil {
 		return fmt.Errorf("move %s to %s: partner worker: %w", taskID, partnerOrg, err)
 	}
