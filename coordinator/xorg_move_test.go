@@ -100,6 +100,10 @@ func newXorgOrg(t *testing.T, org string, join []string, opts ...func(*Config)) 
 		for _, w := range ws {
 			if w.Status == states.WorkerReady && !isPartnerWorker(w) {
 				ready++
+				// A worker of this build states its data-plane level.
+				if w.DataPlaneLevel != rpc.DataPlaneLevel {
+					t.Fatalf("worker %s registered with data-plane level %d, want %d", w.ID, w.DataPlaneLevel, rpc.DataPlaneLevel)
+				}
 			}
 		}
 		return ready == 2
