@@ -18,12 +18,15 @@ import (
 //     the subscriber knows.
 //   - REC_DONE, like UNCORRECTABLE, is outside the stable view, so the
 //     batch's position offset and every stable id stay what they are.
-//   - An UNCORRECTABLE record goes out right after a correction's UNDO
-//     (or is relayed once by a downstream task); a REC_DONE there ends
-//     nothing the UNDO did not end already: a DCAA input marks its
-//     upstream as no longer tentative (the UNDO did so), a pass-through
-//     sink may show the correction's REC_DONE early. No stable tuple
-//     changes.
+//   - The task that could not correct puts the record right after its
+//     correction's UNDO; a REC_DONE there ends nothing the UNDO did not
+//     end already (a DCAA input stops counting its upstream's data as
+//     tentative, as the UNDO made it; a pass-through sink may show the
+//     correction's REC_DONE early). A task downstream relays the record
+//     when it arrives, maybe while its own output is tentative: an older
+//     consumer then stops counting that input's data as tentative until
+//     the next tentative tuple (its UP_FAILURE state, sent with every
+//     batch, still marks it failed). No stable tuple changes either way.
 //
 // What the older subscriber does not learn in band, the producing task
 // still says: its status names the range that could not be corrected
