@@ -3736,6 +3736,11 @@ type FetchSnapshotRequest struct {
 	// connection (8 bytes, big-endian): it connects while the serving
 	// worker captures and sizes the state.
 	BulkSizeInline bool `protobuf:"varint,320,opt,name=bulk_size_inline,json=bulkSizeInline,proto3" json:"bulk_size_inline,omitempty"`
+	// ---- rolling upgrades (issue 9 item 6): the caller's data-plane level
+	// (rpc.DataPlaneLevel). The snapshot's retained output tuples hold no
+	// type above it (UNCORRECTABLE goes as REC_DONE below level 2, as on
+	// Subscribe); 0 (absent): an older build, counted as level 1.
+	DataplaneLevel int32 `protobuf:"varint,473,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -3810,6 +3815,13 @@ func (x *FetchSnapshotRequest) GetBulkSizeInline() bool {
 		return x.BulkSizeInline
 	}
 	return false
+}
+
+func (x *FetchSnapshotRequest) GetDataplaneLevel() int32 {
+	if x != nil {
+		return x.DataplaneLevel
+	}
+	return 0
 }
 
 // Changes the number of partitions of a keyed operator of a running query.
@@ -7559,7 +7571,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05R\n" +
-	"generation\"\xb9\x01\n" +
+	"generation\"\xe3\x01\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
@@ -7568,7 +7580,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x13\n" +
 	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\x12)\n" +
-	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\"g\n" +
+	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\x12(\n" +
+	"\x0fdataplane_level\x18\xd9\x03 \x01(\x05R\x0edataplaneLevel\"g\n" +
 	"\x11ScaleQueryRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +

@@ -74,3 +74,34 @@ func downgradeForLevel(data []byte, level int32) (out []byte, replaced int, err 
 	}
 	return out, replaced, nil
 }
+
+// DowngradeIndexed is downgradeForLevel for tuples held as data with an
+// index (tuple i at data[offs[i]-offs[0]:], as a task snapshot keeps the
+// output it retains): it returns data and offs themselves when nothing
+// changes, otherwise a copy and its new index (a REC_DONE is not as long
+// as the record it replaces). A snapshot fetched by a worker of an older
+// build goes through it, since that worker serves these tuples again.
+func DowngradeIndexed(data []byte, offs []int, level int32) (outData []byte, outOffs []int, replaced int, err error) {
+	out, replaced, err := downgradeForLevel(data, level)
+	if err != nil || replaced == 0 {
+		return data, offs, 0, err
+	}
+	outOffs = make([]int, 0, len(offs))
+	var t tuple.Tuple
+	base := 0
+	if len(offs) > 0 {
+		base = offs[0]
+	}
+	for off := 0; off < len(out); {
+		n, err := tuple.DecodeHeader(out[off:], &t)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("dataplane: downgraded tuples, byte %d: %w", off, err)
+		}
+		outOffs = append(outOffs, base+off)
+		off += n
+	}
+	if len(outOffs) != len(offs) {
+		return nil, nil, 0, fmt.Errorf("dataplane: downgrading %d indexed tuples gave %d", len(offs), len(outOffs))
+	}
+	return out, outOffs, replaced, nil
+}
