@@ -127,7 +127,7 @@ func (s *Server) checkPlanParticipants(q *fsm.Query, strategy string) error {
 	}
 	old := map[string]string{} // worker or partner org -> why it is too old
 	for _, t := range tasks {
-		if t.WorkerID == "" || old[t.WorkerID] != "" {
+		if t.WorkerID == "" {
 			continue
 		}
 		w, err := st.Worker(nil, t.WorkerID)
@@ -139,8 +139,10 @@ func (s *Server) checkPlanParticipants(q *fsm.Query, strategy string) error {
 		}
 		if isPartnerWorker(w) {
 			org := w.Labels[partnerLabel]
-			if l, seen := orgHostLevel(members, org); !seen || l < hostLevelReconfig {
-				old[t.WorkerID] = fmt.Sprintf("partner org %s (hosting task %s) %s", org, t.ID, hostLevelText(l, seen))
+			hl, seen := orgHostLevel(members, org)
+			wl, known := s.xorg.hostedLevel(t.ID)
+			if why := hostedTaskTooOld(org, t.ID, hl, seen, strategy, wl, known); why != "" {
+				old[t.WorkerID+"/"+t.ID] = why
 			}
 			continue
 		}
@@ -166,6 +168,26 @@ func (s *Server) checkPlanParticipants(q *fsm.Query, strategy string) error {
 	}
 	return fmt.Errorf("%w: query %s runs tasks where this plan cannot run%s: %s; upgrade them first, or move the tasks",
 		ErrBuildTooOld, q.Name, need, strings.Join(why, "; "))
+}
+
+// hostedTaskTooOld says why a plan of the given strategy cannot run on a
+// task hosted at partner org ("" if it can): org advertises hosting level
+// hostLevel (seen: some coordinator of it is alive in the pool), and its
+// last sync said the worker running the task states data-plane level
+// workerLevel (known: it said anything). A partner below
+// hostLevelReconfig ignores every plan; a quiescent plan also needs the
+// partner's worker at rpc.DataPlaneLevelQuiescent.
+func hostedTaskTooOld(org, taskID string, hostLevel int, seen bool, strategy string, workerLevel int32, known bool) string {
+	if !seen || hostLevel < hostLevelReconfig {
+		return fmt.Sprintf("partner org %s (hosting task %s) %s", org, taskID, hostLevelText(hostLevel, seen))
+	}
+	if strategy != fsm.StrategyQuiescent || rpc.EffectiveDataPlaneLevel(workerLevel) >= rpc.DataPlaneLevelQuiescent {
+		return ""
+	}
+	if !known {
+		return fmt.Sprintf("partner org %s has not yet said which data-plane level its worker running task %s has (wait for its next sync)", org, taskID)
+	}
+	return fmt.Sprintf("partner org %s runs task %s on a worker of data-plane %s", org, taskID, rpc.DataPlaneLevelText(workerLevel))
 }
 
 // checkWorkerRunsPlans refuses to move a task of q to worker w while a

@@ -136,3 +136,31 @@ func TestCrossOrgMoveToOlderPartnerDuringPlan(t *testing.T) {
 		t.Fatalf("gamma advertises no level: got %d, %v", l, seen)
 	}
 }
+
+// TestPlanOnHostedTaskNeedsAbleHost: a plan on a task hosted at a partner
+// is refused when the partner advertises no hosting level (it would ignore
+// the plan); a quiescent one also when the partner's worker running the
+// task states an older data-plane level, or has not said yet.
+func TestPlanOnHostedTaskNeedsAbleHost(t *testing.T) {
+	cases := []struct {
+		name        string
+		host        int
+		seen        bool
+		strategy    string
+		level       int32
+		known, fail bool
+	}{
+		{"older partner, live plan", 0, true, fsm.StrategyLive, rpc.DataPlaneLevel, true, true},
+		{"partner not in the pool", 0, false, fsm.StrategyLive, 0, false, true},
+		{"able partner, live plan, older worker", hostLevelReconfig, true, fsm.StrategyLive, 0, true, false},
+		{"able partner, quiescent plan, older worker", hostLevelReconfig, true, fsm.StrategyQuiescent, 0, true, true},
+		{"able partner, quiescent plan, level not said yet", hostLevelReconfig, true, fsm.StrategyQuiescent, 0, false, true},
+		{"able partner, quiescent plan, upgraded worker", hostLevelReconfig, true, fsm.StrategyQuiescent, rpc.DataPlaneLevelQuiescent, true, false},
+	}
+	for _, c := range cases {
+		why := hostedTaskTooOld("beta", "q/f/p0/r0", c.host, c.seen, c.strategy, c.level, c.known)
+		if (why != "") != c.fail || c.fail && !strings.Contains(why, "beta") {
+			t.Errorf("%s: %q, want refused %v", c.name, why, c.fail)
+		}
+	}
+}

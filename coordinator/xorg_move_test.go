@@ -358,6 +358,18 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			for seen.Load() < at+200 && ctx.Err() == nil {
 				time.Sleep(10 * time.Millisecond)
 			}
+			// Rolling upgrades: beta's syncs say the data-plane level of
+			// the worker running the copy (a quiescent plan needs it).
+			for {
+				if l, ok := alpha.nodes[0].xorg.hostedLevel(moving); ok && l == rpc.DataPlaneLevel {
+					break
+				}
+				if ctx.Err() != nil {
+					done <- fmt.Errorf("alpha never learnt the data-plane level of beta's worker running %s", moving)
+					return
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 			if _, err := alpha.admin(0).ReturnTask(ctx, &pb.ReturnTaskRequest{TaskId: moving}); err != nil {
 				done <- fmt.Errorf("return: %w", err)
 				return
