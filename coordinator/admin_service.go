@@ -57,7 +57,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 		if err != nil {
 			return nil, status.Errorf(codes.Internal, "list tasks of worker %s: %v", w.ID, err)
 		}
-		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name}
+		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name, DataplaneLevel: w.DataPlaneLevel}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
 			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message, Generation: int32(t.Gen()),

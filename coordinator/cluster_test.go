@@ -293,7 +293,10 @@ type fakeWorker struct {
 	done   chan struct{}
 }
 
-func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWorker {
+// startWorker registers a fake worker named name through node and keeps it
+// alive with heartbeats. level, when given, is the data-plane level it
+// states; without it the worker states none, as builds before levels did.
+func (c *testCluster) startWorker(t testing.TB, node int, name string, level ...int32) *fakeWorker {
 	t.Helper()
 	// Each fake worker has its own address: a registration at the address
 	// of another worker replaces it (a restarted process).
@@ -303,6 +306,9 @@ func (c *testCluster) startWorker(t testing.TB, node int, name string) *fakeWork
 	// coordinators answer Unavailable: on a loaded machine leadership can
 	// change under a registration ("leadership lost while committing").
 	req := &pb.RegisterRequest{Addr: addr, Cores: 4, Name: name, IdempotencyKey: name}
+	if len(level) > 0 {
+		req.DataplaneLevel = level[0]
+	}
 	var resp *pb.RegisterResponse
 	deadline := time.Now().Add(30 * time.Second)
 	for {

@@ -196,6 +196,7 @@ func (p *fedPool) tags(leader bool) map[string]string {
 		tagOrg: s.cfg.Org, tagRole: roleCoordinator, tagID: s.cfg.NodeID,
 		tagFedGRPC: p.listener.Addr().String(), tagFedData: p.dataListener.Addr().String(), tagLeader: l,
 		tagProto: strconv.Itoa(fsm.ProtocolVersion), tagBuild: buildVersion(),
+		tagHostLevel: strconv.Itoa(hostLevel),
 	}
 }
 
@@ -346,7 +347,10 @@ func crossOrgPeer(ctx context.Context) (rpc.Identity, bool) {
 // fedMember is a coordinator of some org as the federation pool sees it.
 type fedMember struct {
 	Org, Node, Addr, Status, Build, Proto string
-	Leader                                bool
+	// HostLevel is the cross-org hosting level it advertises ("" for
+	// none: an older build; see orgHostLevel).
+	HostLevel string
+	Leader    bool
 }
 
 // members lists the pool's coordinators, sorted by org and node.
@@ -359,7 +363,7 @@ func (p *fedPool) members() []fedMember {
 		alive := m.Status == serf.StatusAlive
 		out = append(out, fedMember{
 			Org: m.Tags[tagOrg], Node: m.Tags[tagID], Addr: m.Tags[tagFedGRPC], Status: m.Status.String(),
-			Build: m.Tags[tagBuild], Proto: m.Tags[tagProto],
+			Build: m.Tags[tagBuild], Proto: m.Tags[tagProto], HostLevel: m.Tags[tagHostLevel],
 			// A failed leader's tag is stale: it leads nothing now.
 			Leader: alive && m.Tags[tagLeader] == "1",
 		})

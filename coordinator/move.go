@@ -70,6 +70,11 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	if to.ID == t.WorkerID {
 		return nil, status.Errorf(codes.InvalidArgument, "move: task %s already runs on worker %s", t.ID, to.ID)
 	}
+	if q, err := st.Query(nil, t.Query); err != nil {
+		return nil, status.Errorf(codes.Internal, "move: %v", err)
+	} else if err := checkWorkerRunsPlans(q, to); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "move %s: %v", t.ID, err)
+	}
 	// Consumers switch once the new copy has caught up, when every
 	// coordinator knows how (protocol 5); otherwise as soon as it runs.
 	catchUp := s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil

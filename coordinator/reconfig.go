@@ -65,6 +65,9 @@ func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryR
 	if q == nil || q.Status != fsm.QueryStatusRunning {
 		return nil, status.Errorf(codes.NotFound, "update: query %q is not running (submit it first)", next.Name)
 	}
+	if err := s.checkPlanParticipants(q, strategy); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "update %s: %v", name, err)
+	}
 	curJSON := q.SpecJSON
 	if rc := q.Reconfig; rc != nil && len(rc.Plans) > 0 {
 		curJSON = rc.Plans[len(rc.Plans)-1].SpecJSON

@@ -70,6 +70,7 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 		Worker: fsm.Worker{
 			ID: id, Name: req.Name, Org: s.cfg.Org, Addr: req.Addr,
 			Cores: cores, Labels: req.Labels, Status: statusReady,
+			DataPlaneLevel: max(req.DataplaneLevel, 0),
 		},
 		IdempotencyKey: "register/" + key,
 		// A worker registering at the address of an older record is that
@@ -95,7 +96,7 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 	}
 	ttl := s.cfg.Timings.HeartbeatTTL
 	s.liveness.touch(id, time.Now().Add(ttl))
-	s.logger.Info("worker registered", "worker", id, "addr", req.Addr, "cores", cores)
+	s.logger.Info("worker registered", "worker", id, "addr", req.Addr, "cores", cores, "dataplane_level", req.DataplaneLevel)
 	return &pb.RegisterResponse{WorkerId: id, HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs(), Certificate: cert}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/federation"
@@ -336,6 +337,7 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 			}
 		}
 	}()
+	header := true
 	for {
 		b, err := out.Recv()
 		if err == io.EOF {
@@ -343,6 +345,15 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 		}
 		if err != nil {
 			return relayErr(err)
+		}
+		if header {
+			// Pass on the serving worker's data-plane level (it came
+			// with its first message), so the subscriber sees the
+			// producer's, not the relay's.
+			header = false
+			if md, err := out.Header(); err == nil && len(md.Get(rpc.DataPlaneLevelHeader)) > 0 {
+				_ = in.SetHeader(metadata.Pairs(rpc.DataPlaneLevelHeader, md.Get(rpc.DataPlaneLevelHeader)[0]))
+			}
 		}
 		if err := in.Send(b); err != nil {
 			return err

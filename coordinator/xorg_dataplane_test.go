@@ -77,6 +77,12 @@ func TestCrossOrgDataPortNeedsAContract(t *testing.T) {
 	}
 
 	waitFor(t, 30*time.Second, "beta alive in alpha's pool", func() bool { return alpha.nodes[alpha.leader()].pool.Known("beta") })
+	// Rolling upgrades: beta's coordinators advertise the cross-org
+	// hosting level of their build, which alpha reads before moving a
+	// task there during a reconfiguration.
+	if l, seen := orgHostLevel(alpha.nodes[alpha.leader()].pool.members(), "beta"); !seen || l != hostLevel {
+		t.Fatalf("beta's hosting level as alpha sees it: %d (seen %v), want %d", l, seen, hostLevel)
+	}
 	resp, err := alpha.fedClient(alpha.leader()).ProposeContract(ctxT(t, 20*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out"})
 	if err != nil {
 		t.Fatalf("propose: %v", err)

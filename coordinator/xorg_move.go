@@ -103,6 +103,9 @@ type hostedReport struct {
 	// Reconfig is the copy's live reconfiguration progress (nil: none
 	// reported), which the owner's plans wait for like any task's.
 	Reconfig *hostedReconfig `json:"reconfig,omitempty"`
+	// DataPlaneLevel is the data-plane level of the host's worker running
+	// the copy (rolling upgrades; 0: not stated, an older host or worker).
+	DataPlaneLevel int32 `json:"dataplane_level,omitempty"`
 }
 
 // hostedReconfig is a hosted copy's reconfiguration progress (see
@@ -134,6 +137,28 @@ type xorgMemory struct {
 	reports map[string]hostedReport
 	// synced: when each owner org last synced with this host.
 	synced map[string]time.Time
+	// hostedLevels: on the owner, the data-plane level of the partner's
+	// worker running each of its tasks hosted there, by task id, as the
+	// partner's last sync said (0: it did not say).
+	hostedLevels map[string]int32
+}
+
+func (x *xorgMemory) setHostedLevel(taskID string, l int32) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.hostedLevels == nil {
+		x.hostedLevels = map[string]int32{}
+	}
+	x.hostedLevels[taskID] = l
+}
+
+// hostedLevel is the level setHostedLevel recorded for taskID; ok is false
+// when no sync has said anything of it yet.
+func (x *xorgMemory) hostedLevel(taskID string) (l int32, ok bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	l, ok = x.hostedLevels[taskID]
+	return l, ok
 }
 
 func (x *xorgMemory) report(id string, r hostedReport) {
@@ -334,6 +359,9 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	}
 	if isIngestSource(&s.plans, q, t.Fragment) {
 		return fmt.Errorf("move %s to %s: an ingest source's clients push to the org's own workers; it cannot run at a partner", taskID, partnerOrg)
+	}
+	if err := checkPartnerHostsReconfig(s.pool.members(), q, partnerOrg); err != nil {
+		return fmt.Errorf("move %s to %s: %w", taskID, partnerOrg, err)
 	}
 	if err := s.ensurePartnerWorker(ctx, partnerOrg); err != nil {
 		return fmt.Errorf("move %s to %s: partner worker: %w", taskID, partnerOrg, err)
@@ -662,6 +690,7 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: partnerWorkerID(org)}
 	for _, r := range out.Reports {
+		s.xorg.setHostedLevel(r.TaskID, r.DataPlaneLevel)
 		if r.State == "" {
 			continue
 		}
@@ -897,9 +926,11 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 			}
 			continue
 		}
-		if w, err := s.State().Worker(nil, h.WorkerID); err != nil {
+		w, err := s.State().Worker(nil, h.WorkerID)
+		if err != nil {
 			return syncAnswer{}, err
-		} else if w == nil || w.Status == statusDown {
+		}
+		if w == nil || w.Status == statusDown {
 			s.logger.Warn("the worker of a hosted task is gone: dropping the task (its owner places it at home)", "owner", owner, "task", h.TaskID, "worker", h.WorkerID)
 			if err := s.applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: h.ID, IfGeneration: h.Generation}); err != nil {
 				return syncAnswer{}, err
@@ -922,6 +953,7 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 			}
 		}
 		if r, ok := s.xorg.lastReport(h.ID); ok && r.Generation == h.Generation {
+			r.DataPlaneLevel = w.DataPlaneLevel
 			ans.Reports = append(ans.Reports, r)
 		}
 	}

@@ -100,6 +100,10 @@ func newXorgOrg(t *testing.T, org string, join []string, opts ...func(*Config)) 
 		for _, w := range ws {
 			if w.Status == states.WorkerReady && !isPartnerWorker(w) {
 				ready++
+				// A worker of this build states its data-plane level.
+				if w.DataPlaneLevel != rpc.DataPlaneLevel {
+					t.Fatalf("worker %s registered with data-plane level %d, want %d", w.ID, w.DataPlaneLevel, rpc.DataPlaneLevel)
+				}
 			}
 		}
 		return ready == 2
@@ -352,6 +356,18 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			// Results keep coming while the partition runs at beta.
 			at := seen.Load()
 			for seen.Load() < at+200 && ctx.Err() == nil {
+				time.Sleep(10 * time.Millisecond)
+			}
+			// Rolling upgrades: beta's syncs say the data-plane level of
+			// the worker running the copy (a quiescent plan needs it).
+			for {
+				if l, ok := alpha.nodes[0].xorg.hostedLevel(moving); ok && l == rpc.DataPlaneLevel {
+					break
+				}
+				if ctx.Err() != nil {
+					done <- fmt.Errorf("alpha never learnt the data-plane level of beta's worker running %s", moving)
+					return
+				}
 				time.Sleep(10 * time.Millisecond)
 			}
 			if _, err := alpha.admin(0).ReturnTask(ctx, &pb.ReturnTaskRequest{TaskId: moving}); err != nil {

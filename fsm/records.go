@@ -57,6 +57,11 @@ type Worker struct {
 	// StatusSince is when Status last changed (Unix nanoseconds, as the
 	// leader's clock stamped the command; 0 if not known).
 	StatusSince int64 `json:"status_since,omitempty"`
+	// DataPlaneLevel is the data-plane feature level the worker's build
+	// stated when it registered (rpc.DataPlaneLevel); 0: it stated none
+	// (a build from before levels). Optional: an older coordinator
+	// ignores the field, so no protocol version gates it.
+	DataPlaneLevel int32 `json:"dataplane_level,omitempty"`
 	// AssignIndex is the Raft index at which this worker's assignment view
 	// (StateStore.WorkerAssignments) last changed.
 	AssignIndex uint64 `json:"assign_index"`

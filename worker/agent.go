@@ -510,7 +510,7 @@ func (w *Worker) register(ctx context.Context) error {
 			var err error
 			resp, err = c.Register(ctx, &pb.RegisterRequest{
 				Addr: w.Addr(), Cores: int32(w.cfg.Cores), Labels: w.cfg.Labels, Name: w.cfg.Name, IdempotencyKey: key,
-				Csr: csr,
+				Csr: csr, DataplaneLevel: rpc.DataPlaneLevel,
 			})
 			return err
 		})

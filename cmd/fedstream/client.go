@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -202,9 +203,15 @@ func newWorkersCmd() *cobra.Command {
 			return printJSON(out, webui.WorkersView(resp, 0).Workers)
 		}
 		tw := newTable(out)
-		fmt.Fprintln(tw, "ID\tNAME\tADDR\tSTATUS\tCORES\tTASKS")
+		fmt.Fprintln(tw, "ID\tNAME\tADDR\tSTATUS\tCORES\tTASKS\tLEVEL")
 		for _, w := range resp.Workers {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\n", w.Id, w.Name, w.Addr, w.Status, w.Cores, len(w.Tasks))
+			// LEVEL: the data-plane feature level of the worker's build
+			// ("-": it stated none, an older build).
+			level := "-"
+			if w.DataplaneLevel > 0 {
+				level = strconv.Itoa(int(w.DataplaneLevel))
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", w.Id, w.Name, w.Addr, w.Status, w.Cores, len(w.Tasks), level)
 		}
 		return tw.Flush()
 	})

@@ -236,6 +236,8 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		AfterId:    tl.lastID,
 		Subscriber: fmt.Sprintf("tail-%d", os.Getpid()),
 		NoAck:      true,
+		// tail prints UNCORRECTABLE records: it takes every type.
+		DataplaneLevel: rpc.DataPlaneLevel,
 	})
 	if err != nil {
 		return err

@@ -70,6 +70,10 @@ type Worker struct {
 	Name       string            `json:"name"`
 	Tasks      []string          `json:"tasks"`
 	TaskStates []TaskState       `json:"task_states"`
+	// DataPlaneLevel is the data-plane feature level the worker's build
+	// registered with (0: it stated none, an older build counted as
+	// level 1; see docs/ARCHITECTURE.md, "Rolling upgrades").
+	DataPlaneLevel int32 `json:"dataplane_level"`
 	// Capacity is how many tasks placement may put on the worker
 	// (cores x tasks_per_core), and Load the share of it its tasks use
 	// (additions; left out when unbounded or unknown, as in the CLI's
@@ -91,7 +95,7 @@ func WorkersView(ws *pb.ListWorkersResponse, tasksPerCore int) Workers {
 	out := Workers{Workers: []Worker{}, TasksPerCore: tasksPerCore}
 	for _, w := range ws.Workers {
 		v := Worker{ID: w.Id, Org: w.Org, Addr: w.Addr, Status: w.Status, Cores: w.Cores, Labels: w.Labels, Name: w.Name,
-			Tasks: append([]string{}, w.Tasks...), TaskStates: []TaskState{}}
+			Tasks: append([]string{}, w.Tasks...), TaskStates: []TaskState{}, DataPlaneLevel: w.DataplaneLevel}
 		if v.Labels == nil {
 			v.Labels = map[string]string{}
 		}

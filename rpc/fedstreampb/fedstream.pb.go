@@ -96,9 +96,13 @@ type RegisterRequest struct {
 	IdempotencyKey string `protobuf:"bytes,5,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// PEM certificate request of the worker's key: the coordinator signs it
 	// with the worker's identity (mTLS; empty in plaintext mode).
-	Csr           []byte `protobuf:"bytes,20,opt,name=csr,proto3" json:"csr,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Csr []byte `protobuf:"bytes,20,opt,name=csr,proto3" json:"csr,omitempty"`
+	// ---- rolling upgrades (issue 9 item 6): the data-plane feature level
+	// of the worker's build (rpc.DataPlaneLevel); 0 (absent): a build from
+	// before levels existed, counted as rpc.DataPlaneLevelBase.
+	DataplaneLevel int32 `protobuf:"varint,470,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *RegisterRequest) Reset() {
@@ -171,6 +175,13 @@ func (x *RegisterRequest) GetCsr() []byte {
 		return x.Csr
 	}
 	return nil
+}
+
+func (x *RegisterRequest) GetDataplaneLevel() int32 {
+	if x != nil {
+		return x.DataplaneLevel
+	}
+	return 0
 }
 
 type RegisterResponse struct {
@@ -1482,9 +1493,12 @@ type WorkerInfo struct {
 	Tasks  []string               `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
 	Name   string                 `protobuf:"bytes,8,opt,name=name,proto3" json:"name,omitempty"`
 	// ---- task states (issue 8): the state and reason of each task in tasks.
-	TaskStates    []*TaskState `protobuf:"bytes,10,rep,name=task_states,json=taskStates,proto3" json:"task_states,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	TaskStates []*TaskState `protobuf:"bytes,10,rep,name=task_states,json=taskStates,proto3" json:"task_states,omitempty"`
+	// ---- rolling upgrades (issue 9 item 6): the data-plane feature level
+	// the worker registered with (0: it stated none).
+	DataplaneLevel int32 `protobuf:"varint,471,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -1578,6 +1592,13 @@ func (x *WorkerInfo) GetTaskStates() []*TaskState {
 		return x.TaskStates
 	}
 	return nil
+}
+
+func (x *WorkerInfo) GetDataplaneLevel() int32 {
+	if x != nil {
+		return x.DataplaneLevel
+	}
+	return 0
 }
 
 type ListWorkersRequest struct {
@@ -2862,9 +2883,16 @@ type SubscribeRequest struct {
 	// generation, or no longer placed anywhere): the buffer forgets it at
 	// once instead of holding tuples for it for a lease. Sent alone, as the
 	// first and only request; the server answers by ending the stream.
-	Leave         bool `protobuf:"varint,120,opt,name=leave,proto3" json:"leave,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Leave bool `protobuf:"varint,120,opt,name=leave,proto3" json:"leave,omitempty"`
+	// ---- rolling upgrades (issue 9 item 6): the subscriber's data-plane
+	// feature level (rpc.DataPlaneLevel), first message only. The server
+	// never sends it a tuple type above that level (see docs/ARCHITECTURE.md,
+	// "Rolling upgrades"); 0 (absent): an older build, counted as
+	// rpc.DataPlaneLevelBase. The server states its own level in the
+	// response header (rpc.DataPlaneLevelHeader).
+	DataplaneLevel int32 `protobuf:"varint,472,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *SubscribeRequest) Reset() {
@@ -2944,6 +2972,13 @@ func (x *SubscribeRequest) GetLeave() bool {
 		return x.Leave
 	}
 	return false
+}
+
+func (x *SubscribeRequest) GetDataplaneLevel() int32 {
+	if x != nil {
+		return x.DataplaneLevel
+	}
+	return 0
 }
 
 type StreamRef struct {
@@ -3712,6 +3747,11 @@ type FetchSnapshotRequest struct {
 	// connection (8 bytes, big-endian): it connects while the serving
 	// worker captures and sizes the state.
 	BulkSizeInline bool `protobuf:"varint,320,opt,name=bulk_size_inline,json=bulkSizeInline,proto3" json:"bulk_size_inline,omitempty"`
+	// ---- rolling upgrades (issue 9 item 6): the caller's data-plane level
+	// (rpc.DataPlaneLevel). The snapshot's retained output tuples hold no
+	// type above it (UNCORRECTABLE goes as REC_DONE below level 2, as on
+	// Subscribe); 0 (absent): an older build, counted as level 1.
+	DataplaneLevel int32 `protobuf:"varint,473,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
 }
@@ -3786,6 +3826,13 @@ func (x *FetchSnapshotRequest) GetBulkSizeInline() bool {
 		return x.BulkSizeInline
 	}
 	return false
+}
+
+func (x *FetchSnapshotRequest) GetDataplaneLevel() int32 {
+	if x != nil {
+		return x.DataplaneLevel
+	}
+	return 0
 }
 
 // Changes the number of partitions of a keyed operator of a running query.
@@ -7218,14 +7265,15 @@ var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
 	"\n" +
-	"\x0ffedstream.proto\x12\ffedstream.v1\"\x88\x02\n" +
+	"\x0ffedstream.proto\x12\ffedstream.v1\"\xb2\x02\n" +
 	"\x0fRegisterRequest\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x14\n" +
 	"\x05cores\x18\x02 \x01(\x05R\x05cores\x12A\n" +
 	"\x06labels\x18\x03 \x03(\v2).fedstream.v1.RegisterRequest.LabelsEntryR\x06labels\x12\x12\n" +
 	"\x04name\x18\x04 \x01(\tR\x04name\x12'\n" +
 	"\x0fidempotency_key\x18\x05 \x01(\tR\x0eidempotencyKey\x12\x10\n" +
-	"\x03csr\x18\x14 \x01(\fR\x03csr\x1a9\n" +
+	"\x03csr\x18\x14 \x01(\fR\x03csr\x12(\n" +
+	"\x0fdataplane_level\x18\xd6\x03 \x01(\x05R\x0edataplaneLevel\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9f\x01\n" +
@@ -7345,7 +7393,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10leader_grpc_addr\x18\n" +
 	" \x01(\tR\x0eleaderGrpcAddr\x12\x19\n" +
 	"\bdev_mode\x18\v \x01(\bR\adevMode\x12-\n" +
-	"\x12insecure_plaintext\x18\x14 \x01(\bR\x11insecurePlaintext\"\xcd\x02\n" +
+	"\x12insecure_plaintext\x18\x14 \x01(\bR\x11insecurePlaintext\"\xf7\x02\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -7358,7 +7406,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04name\x18\b \x01(\tR\x04name\x128\n" +
 	"\vtask_states\x18\n" +
 	" \x03(\v2\x17.fedstream.v1.TaskStateR\n" +
-	"taskStates\x1a9\n" +
+	"taskStates\x12(\n" +
+	"\x0fdataplane_level\x18\xd7\x03 \x01(\x05R\x0edataplaneLevel\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
@@ -7458,7 +7507,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06tuples\x18\x03 \x01(\x03R\x06tuples\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xdd\x01\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\x87\x02\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -7469,7 +7518,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
 	" \x01(\bR\aackOnly\x12\x14\n" +
-	"\x05leave\x18x \x01(\bR\x05leave\"\x94\x01\n" +
+	"\x05leave\x18x \x01(\bR\x05leave\x12(\n" +
+	"\x0fdataplane_level\x18\xd8\x03 \x01(\x05R\x0edataplaneLevel\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
@@ -7533,7 +7583,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05R\n" +
-	"generation\"\xb9\x01\n" +
+	"generation\"\xe3\x01\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
@@ -7542,7 +7592,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x13\n" +
 	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\x12)\n" +
-	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\"g\n" +
+	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\x12(\n" +
+	"\x0fdataplane_level\x18\xd9\x03 \x01(\x05R\x0edataplaneLevel\"g\n" +
 	"\x11ScaleQueryRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
@@ -174,6 +176,11 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		buf.Forget(key)
 		return nil
 	}
+	// The handshake's other half: this build's data-plane level, sent
+	// with the first message (older subscribers ignore the header).
+	if err := stream.SetHeader(metadata.Pairs(rpc.DataPlaneLevelHeader, strconv.Itoa(int(rpc.DataPlaneLevel)))); err != nil {
+		return err
+	}
 	if !first.NoAck {
 		buf.Connect(key)
 		defer buf.Disconnect(key)
@@ -266,6 +273,18 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		case err := <-recvErr:
 			return err
 		default:
+		}
+		if first.DataplaneLevel < rpc.DataPlaneLevel {
+			// An older subscriber gets no tuple type it does not know
+			// (compat.go).
+			var replaced int
+			if data, replaced, err = downgradeForLevel(data, first.DataplaneLevel); err != nil {
+				return status.Error(codes.Internal, err.Error())
+			}
+			if replaced > 0 {
+				log.Warn("subscriber of an older build: UNCORRECTABLE records sent as REC_DONE (the producing task's status names the ranges)",
+					"subscriber_level", rpc.DataPlaneLevelText(first.DataplaneLevel), "records", replaced, "last_id", last)
+			}
 		}
 		sent.Store(last)
 		st, wm := buf.stateUpTo(last)

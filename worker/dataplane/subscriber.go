@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -118,6 +120,11 @@ type Subscriber struct {
 	// onState, when set, hears every received batch's in-band state
 	// (see OnStreamState).
 	onState StateFunc
+	// level is the data-plane level the subscriber states (this build's
+	// unless StateLevel); upstream is the level the serving worker
+	// stated in its response header (0: none, an older build).
+	level    int32
+	upstream atomic.Int32
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -125,10 +132,21 @@ type Subscriber struct {
 // downstream task uses its task id, so its replacement inherits its place);
 // noAck subscribers (tail clients) never hold the upstream buffer back.
 func NewSubscriber(ref *fedstreampb.StreamRef, name string, noAck bool, afterID uint64) *Subscriber {
-	s := &Subscriber{ref: ref, name: name, noAck: noAck}
+	s := &Subscriber{ref: ref, name: name, noAck: noAck, level: rpc.DataPlaneLevel}
 	s.last.Store(afterID)
 	return s
 }
+
+// StateLevel makes the subscriber state data-plane level l instead of this
+// build's (0: none, as builds before levels did), so the server treats it
+// as a subscriber of that level. Tests use it to play an older build.
+// Call it before Run.
+func (s *Subscriber) StateLevel(l int32) { s.level = l }
+
+// UpstreamLevel is the data-plane level the serving worker stated on the
+// last subscription that received a message: 0 before that, or when the
+// server runs a build from before levels existed.
+func (s *Subscriber) UpstreamLevel() int32 { return s.upstream.Load() }
 
 // KeepValuesPacked makes the subscriber deliver tuples whose values are
 // not decoded (tuple.DecodeHeader), for a consumer that re-encodes them
@@ -253,7 +271,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		return err
 	}
 	after := s.last.Load()
-	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck}
+	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck, DataplaneLevel: s.level}
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
@@ -268,6 +286,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
 	rb := receivedBatch{pooled: s.reuseMessages}
+	headerRead := false
 	for {
 		// RecvMsg into a receivedBatch (see batchCodec) rather than Recv:
 		// the message lands in a pooled buffer, which a batch of packed
@@ -278,6 +297,11 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}
 		if err != nil {
 			return err
+		}
+		if !headerRead {
+			// The server's level came with its first message.
+			headerRead = true
+			s.upstream.Store(headerLevel(stream))
 		}
 		msg := &rb.Batch
 		if s.onState != nil {
@@ -759,4 +783,22 @@ func Register(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstream
 		return err
 	}
 	return nil
+}
+
+// headerLevel reads the data-plane level a serving worker stated in the
+// response header of stream (0 when it stated none or garbage).
+func headerLevel(stream grpc.ClientStream) int32 {
+	md, err := stream.Header()
+	if err != nil {
+		return 0
+	}
+	v := md.Get(rpc.DataPlaneLevelHeader)
+	if len(v) == 0 {
+		return 0
+	}
+	l, err := strconv.ParseInt(v[0], 10, 32)
+	if err != nil || l < 0 {
+		return 0
+	}
+	return int32(l)
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/operator"
@@ -96,6 +97,9 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
 		return status.Error(codes.Unavailable, err.Error())
+	}
+	if snap, err = snapshotForLevel(snap, req.DataplaneLevel); err != nil {
+		return status.Error(codes.Internal, err.Error())
 	}
 	if enc == nil && snap.Operator != nil {
 		enc = operator.BytesEncoding(snap.Operator)
@@ -289,6 +293,9 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	req = proto.CloneOf(req)
 	req.Bulk = bulk != nil
 	req.BulkSizeInline = bulk != nil
+	if req.DataplaneLevel == 0 {
+		req.DataplaneLevel = rpc.DataPlaneLevel
+	}
 	stream, err := fedstreampb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req, dataplane.SnapshotCallOptions()...)
 	if err != nil {
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
