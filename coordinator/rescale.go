@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
@@ -328,7 +329,7 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
 		}
 		return true, ""
-	}, s.rescaleStallTime(), s.workedSince())
+	}, s.rescaleStallTime(), s.workedSince(func(id string) bool { return strings.HasPrefix(id, name+"/"+op+"/") }))
 	if err != nil {
 		return nil, status.Errorf(codes.DeadlineExceeded, "scale %s/%s: the rescale to epoch %d passed its go but did not finish: %v", name, op, epoch, err)
 	}

@@ -20,7 +20,9 @@ import (
 // which may take longer than any fixed limit, so the finish does not give
 // up after a wall-clock time but once the rescale has stalled: for
 // rescaleStall no further task passed the cut and none of those still
-// waited for processed any input (their one-second sensor windows). A
+// waited for processed any input (their one-second sensor windows; only
+// the rescaled operator's own tasks count: a downstream task takes input
+// from other partitions also while a removed one never delivers). A
 // finish that stalls (or whose caller's node stopped leading) leaves the
 // rescale under way; the leader's resumer (resumeRescalesLoop) takes it
 // up again, every resumeEvery and with a backoff per rescale, without
@@ -192,11 +194,21 @@ func (s *Server) waitProgress(ctx context.Context, query string, match func(*fsm
 }
 
 // workedSince returns a progress test for waitProgress: whether any of
-// the tasks waited for reported a sensor window, newer than the previous
-// test (the first: newer than now), in which it took input.
-func (s *Server) workedSince() func(waiting map[string]bool) bool {
+// the tasks waited for that count (nil: all) reported a sensor window,
+// newer than the previous test (the first: newer than now), in which it
+// took input.
+func (s *Server) workedSince(count func(id string) bool) func(waiting map[string]bool) bool {
 	after := time.Now().UnixMilli()
 	return func(waiting map[string]bool) bool {
+		if count != nil {
+			w := map[string]bool{}
+			for id := range waiting {
+				if count(id) {
+					w[id] = true
+				}
+			}
+			waiting = w
+		}
 		newest, worked := s.liveStats.workedAfter(waiting, after)
 		after = max(after, newest)
 		return worked
