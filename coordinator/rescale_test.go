@@ -121,7 +121,7 @@ func TestLeaderResumesRescales(t *testing.T) {
 // TestRescaleFinishEndsAtShutdown: a rescale past its go waits for every
 // task to pass the cut, also after its caller has gone; a coordinator
 // shutting down does not wait for that (up to the rescale's two-minute
-// timeout, holding the leader's duties and so the shutdown): the next
+// stall time, holding the leader's duties and so the shutdown): the next
 // leader finishes it.
 func TestRescaleFinishEndsAtShutdown(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
