@@ -61,6 +61,16 @@ scenario (c) on real orgs of 4 workers (diagnoses_real): one instance of a
 keyed operator at 95% load on a worker whose costs are 25/50/100% higher,
 then data skew of 5-50%, 45-60 s each.
 
+Then, on new orgs of the same shape, the word count submitted at the
+optimum (10 + 20) with its source's real rate changed while it runs (every
+worker's generators paced by a factor): load_change runs full load for
+--load-warmup, 80% for --load-phase, then 104% as long, counting actions
+and oscillations (a scale-down after a scale-up of the same operator);
+noise runs an hour of 60% load +-20% compressed --noise-ratio times
+(sensor window, policy interval and settling divided by it), counting
+actions. --real-scenarios picks which of wordcount, load_change and noise
+run (six to seven minutes for all three on a quiet machine).
+
 Then runs the policy (detectors, diagnosers, resolver choice, DS2 sizing,
 settling, evaluation and blacklist) against a fluid model of a query, one
 sample per simulated second, with the loop's defaults (10-sample window, 30 s
@@ -70,10 +80,11 @@ at once in the model):
   wordcount    the same word count in the model (wordcount_simulated in the JSON
                unless --sim-only)
   load_change  the same converged, then the load drops 20% for 10 minutes and
-               rises 30% for 10 minutes
+               rises 30% for 10 minutes (load_change_simulated unless --sim-only)
   diagnoses    a keyed operator of 4 instances at 95% load with one instance slowed
                by 25/50/100% or receiving 5-50% more keys
-  noise        an hour of +-20% noise around 60% of capacity
+  noise        an hour of +-20% noise around 60% of capacity (noise_simulated
+               unless --sim-only)
   blacklist_recovery  a slow instance whose slowness follows its data: the move does
                not help, is blacklisted, and scaling is used instead`,
 		Args: cobra.NoArgs,
@@ -195,7 +206,7 @@ at once in the model):
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "seed of the noise scenario")
-	cmd.Flags().BoolVar(&simOnly, "sim-only", false, "skip the real-org word count (the model alone runs in under a second; --real-faults still runs its real orgs)")
+	cmd.Flags().BoolVar(&simOnly, "sim-only", false, "skip the real-org scenarios (the model alone runs in under a second; --real-faults still runs its real orgs)")
 	cmd.Flags().IntVar(&sentences, "sentences", defaultRealSentences, "real org: sentences per second from the source (DS2's rates are scaled by this over 1M/min)")
 	cmd.Flags().DurationVar(&settle, "real-settle", defaultRealSettle, "real org: the health manager's settling time after an action")
 	cmd.Flags().DurationVar(&timeout, "real-timeout", defaultRealTimeout, "real org: give up after this long")
