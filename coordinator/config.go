@@ -85,6 +85,9 @@ type hooks struct {
 	// raftStream wraps the mutual-TLS stream layer Raft's transport runs
 	// on (tests wrap it to drop traffic). Plaintext nodes ignore it.
 	raftStream func(raft.StreamLayer) raft.StreamLayer
+	// rescaleStall and resumeEvery replace rescaleStall and resumeEvery
+	// (rescale_resume.go) when positive.
+	rescaleStall, resumeEvery time.Duration
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

@@ -223,7 +223,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.expireWorkers(ctx) }()
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
-	go func() { defer wg.Done(); s.resumeRescales(ctx) }()
+	go func() { defer wg.Done(); s.resumeRescalesLoop(ctx) }()
 	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
 	// Cross-org migration: both sides of every partner's moves.
 	wg.Add(2)

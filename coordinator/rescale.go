@@ -6,6 +6,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-memdb"
@@ -43,8 +44,9 @@ import (
 // MaxParallelism bounds the partitions a rescale may give a fragment.
 const MaxParallelism = 256
 
-// rescaleTimeout bounds the wait for every task to hold (prepare) and
-// then to pass the cut.
+// rescaleTimeout bounds the wait for every task to hold (prepare). The
+// wait for every task to pass the cut is bounded by progress, not time
+// (rescaleStall, rescale_resume.go).
 const rescaleTimeout = 2 * time.Minute
 
 // ScaleQuery implements AdminService.ScaleQuery.
@@ -321,20 +323,21 @@ func (s *Server) abortRescale(ctx context.Context, tg *rescaleTarget, epoch uint
 // removed partitions' tasks.
 //
 // It goes on when ctx ends (the caller has gone: a rescale past its go
-// only goes forward) but not past the server's shutdown: the next leader
-// finishes it (resumeRescales), and a shutdown must not wait for tasks
-// that may never report again.
+// only goes forward) for as long as it makes progress (waitProgress), but
+// not past the server's shutdown or this node's leadership: the resumer
+// finishes it (resumeRescalesLoop), and a shutdown must not wait for
+// tasks that may never report again.
 func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uint64, parallelism int) (*fsm.SlotMap, error) {
 	name, op, cur := tg.q.Name, tg.frag, tg.cur
-	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), rescaleTimeout)
+	fctx, fcancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer fcancel()
 	defer context.AfterFunc(s.ctx, fcancel)()
-	err := s.waitTasks(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
+	err := s.waitProgress(fctx, name, func(t *fsm.Task) bool { return t.Fragment == op || tg.downstream[t.Fragment] }, func(t *fsm.Task) (bool, string) {
 		if t.CutDone < epoch {
 			return false, fmt.Sprintf("%s has not reported passing the cut of epoch %d", t.ID, epoch)
 		}
 		return true, ""
-	}, nil)
+	}, s.rescaleStallTime(), s.workedSince(func(id string) bool { return strings.HasPrefix(id, name+"/"+op+"/") }))
 	if err != nil {
 		return nil, status.Errorf(codes.DeadlineExceeded, "scale %s/%s: the rescale to epoch %d passed its go but did not finish: %v", name, op, epoch, err)
 	}
@@ -354,7 +357,9 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 		finish.Ranges = cur.Next.Ranges
 	}
 	finish.Starts = s.sourceStarts(tg, epoch)
-	out, err := s.submitPlan(fctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
+	pctx, pcancel := context.WithTimeout(fctx, 30*time.Second)
+	defer pcancel()
+	out, err := s.submitPlan(pctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, StateIndex: s.State().LatestIndex(),
 		SlotMaps: []fsm.SlotMapUpdate{finish}, RemoveTasks: removed})
 	if err != nil {
 		return nil, status.Errorf(codes.Unavailable, "scale %s/%s: finish: %v", name, op, err)
@@ -370,20 +375,32 @@ func (s *Server) finishRescale(ctx context.Context, tg *rescaleTarget, epoch uin
 	return m, nil
 }
 
-// resumeRescales takes over the rescales a previous leader left under way
-// (its leader duties call it once): one still being prepared is aborted
-// (its holds lift, its created tasks go), one past its go is finished.
-func (s *Server) resumeRescales(ctx context.Context) {
+// resumeRescales takes over the rescales left under way (a previous
+// leader's, or one of this leader's whose finish stalled): one still
+// being prepared is aborted (its holds lift, its created tasks go), one
+// past its go is finished. A rescale this node is carrying out (scaleMu
+// held) is left to it. b (nil: try every one) spaces the attempts on a
+// rescale whose finish keeps failing.
+func (s *Server) resumeRescales(ctx context.Context, b *resumeBackoff) {
 	maps, err := s.State().SlotMaps(nil, "")
 	if err != nil {
 		s.logger.Error("cannot list slot maps to resume rescales", "err", err)
 		return
 	}
+	live := map[string]bool{}
 	for _, m := range maps {
-		if m.Next == nil {
+		if m.Next != nil {
+			live[resumeKey(m)] = true
+		}
+	}
+	b.keep(live)
+	for _, m := range maps {
+		if m.Next == nil || !b.due(m, time.Now()) {
 			continue
 		}
-		s.scaleMu.Lock()
+		if !s.scaleMu.TryLock() {
+			return // a rescale runs on this node: the next round looks again
+		}
 		tg, err := s.rescaleTarget(m.Query, m.Fragment)
 		if err != nil || tg.cur.Next == nil {
 			s.scaleMu.Unlock()
@@ -398,9 +415,10 @@ func (s *Server) resumeRescales(ctx context.Context) {
 					created = append(created, t.ID)
 				}
 			}
-			s.abortRescale(ctx, tg, next.Epoch, created, "a previous leader left it prepared")
+			s.abortRescale(ctx, tg, next.Epoch, created, "left prepared with no rescale running")
 		} else if _, err := s.finishRescale(ctx, tg, next.Epoch, next.Partitions); err != nil {
-			s.logger.Error("cannot finish the rescale a previous leader left", "query", m.Query, "fragment", m.Fragment, "epoch", next.Epoch, "err", err)
+			retry := b.failed(m, time.Now())
+			s.logger.Error("cannot finish a rescale left under way", "query", m.Query, "fragment", m.Fragment, "epoch", next.Epoch, "err", err, "retry_in", retry)
 		}
 		s.scaleMu.Unlock()
 		if ctx.Err() != nil {

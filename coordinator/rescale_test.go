@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,7 +109,7 @@ func TestLeaderResumesRescales(t *testing.T) {
 	if _, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: "kq", Operator: "per_line", Parallelism: 3}); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("scale while a rescale is under way: %v, want FailedPrecondition", err)
 	}
-	s.resumeRescales(ctx)
+	s.resumeRescales(ctx, nil)
 	if m, _ = s.State().SlotMap(nil, "kq", "per_line"); m.Next != nil || m.Partitions != 1 {
 		t.Fatalf("after resume: %+v next %+v", m, m.Next)
 	}
@@ -120,7 +121,7 @@ func TestLeaderResumesRescales(t *testing.T) {
 // TestRescaleFinishEndsAtShutdown: a rescale past its go waits for every
 // task to pass the cut, also after its caller has gone; a coordinator
 // shutting down does not wait for that (up to the rescale's two-minute
-// timeout, holding the leader's duties and so the shutdown): the next
+// stall time, holding the leader's duties and so the shutdown): the next
 // leader finishes it.
 func TestRescaleFinishEndsAtShutdown(t *testing.T) {
 	c := newTestCluster(t, 1, "", "")
@@ -163,5 +164,135 @@ func TestRescaleFinishEndsAtShutdown(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the rescale's finish still waits 30 s after the shutdown")
+	}
+}
+
+// TestStalledRescaleResumedWithoutLeaderChange: a rescale's finish waits
+// while the tasks it waits for work (however long: here four times the
+// stall time) and gives up only once none of them progresses for the
+// stall time; the rescale it left under way is then finished by the
+// leader's resumer, without a change of leader, once the tasks pass the
+// cut.
+func TestStalledRescaleResumedWithoutLeaderChange(t *testing.T) {
+	const stall = 500 * time.Millisecond
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.hooks.rescaleStall, cfg.hooks.resumeEvery = stall, 200*time.Millisecond
+	})
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	ctx := ctxT(t, 60*time.Second)
+	// A worker record for the tasks to be placed on (their reports are
+	// the worker's): no process behind it, kept from expiring.
+	s.liveness.touch("w1", time.Now().Add(time.Hour))
+	if res, err := s.apply(ctx, fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: "w1", Addr: "127.0.0.1:1", Cores: 8, Status: statusReady}}); err != nil || res.Err != nil {
+		t.Fatalf("register: %v %v", err, res)
+	}
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(rescaleQuery), Filename: "kq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	var tasks []*fsm.Task
+	waitFor(t, 20*time.Second, "the slot map created and the tasks placed", func() bool {
+		m, _ := s.State().SlotMap(nil, "kq", "per_line")
+		tasks, _ = s.State().TasksByQuery(nil, "kq")
+		for _, tk := range tasks {
+			if tk.WorkerID != "w1" {
+				return false
+			}
+		}
+		return m != nil && len(tasks) > 0
+	})
+	// goRescale puts a rescale of per_line (the same single partition,
+	// its slots re-owned) past its go, as a rescale does before its
+	// finish, and returns its epoch. scaleMu is held: no resumer meddles.
+	goRescale := func() (*rescaleTarget, uint64) {
+		t.Helper()
+		m, _ := s.State().SlotMap(nil, "kq", "per_line")
+		tg, err := s.rescaleTarget("kq", "per_line")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ranges := []fsm.SlotRange{{First: 0, Last: fsm.NumSlots - 1, Partition: 0}}
+		for _, phase := range []string{fsm.RescalePrepare, fsm.RescaleGo} {
+			u := fsm.SlotMapUpdate{Query: "kq", Fragment: "per_line", QueryIndex: m.QueryIndex, ExpectedEpoch: m.Epoch, Partitions: 1, Ranges: ranges, Phase: phase, Cut: 1}
+			if out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceRescale, SlotMaps: []fsm.SlotMapUpdate{u}}); err != nil || len(out.Result.Refused) > 0 {
+				t.Fatalf("%s: %+v, %v", phase, out, err)
+			}
+		}
+		return tg, m.Epoch + 1
+	}
+	// passCut reports every task of the query past the cut of epoch.
+	passCut := func(epoch uint64) error {
+		var ups []fsm.TaskStateUpdate
+		for _, tk := range tasks {
+			ups = append(ups, fsm.TaskStateUpdate{TaskID: tk.ID, State: "running", CutDone: epoch})
+		}
+		res, err := s.apply(ctx, fsm.UpdateTaskStatesType, fsm.UpdateTaskStatesRequest{WorkerID: "w1", States: ups})
+		if err == nil {
+			err = res.Err
+		}
+		return err
+	}
+	// working reports one-second sensor windows in which every task took
+	// input, every 100 ms, until stop is closed.
+	working := func(stop chan struct{}) chan struct{} {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				now := time.Now()
+				var ws []*pb.TaskStats
+				for _, tk := range tasks {
+					ws = append(ws, &pb.TaskStats{Task: tk.ID, InTps: 100, ReportedAtMs: now.UnixMilli(), WindowMs: 1000})
+				}
+				s.liveStats.put("w1", ws, now)
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
+		return done
+	}
+
+	// A finish whose tasks make no progress gives up after the stall.
+	s.scaleMu.Lock()
+	tg, epoch := goRescale()
+	if _, err := s.finishRescale(ctx, tg, epoch, 1); status.Code(err) != codes.DeadlineExceeded || !strings.Contains(err.Error(), ErrRescaleStalled.Error()) {
+		s.scaleMu.Unlock()
+		t.Fatalf("finish without progress: %v, want ErrRescaleStalled", err)
+	}
+	s.scaleMu.Unlock()
+	// The resumer finishes it once the tasks pass the cut.
+	if err := passCut(epoch); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 20*time.Second, "the resumer to finish the stalled rescale", func() bool {
+		m, _ := s.State().SlotMap(nil, "kq", "per_line")
+		return m.Next == nil && m.Epoch == epoch
+	})
+
+	// A finish whose tasks work through a backlog longer than the stall
+	// time waits for them.
+	s.scaleMu.Lock()
+	defer s.scaleMu.Unlock()
+	tg, epoch = goRescale()
+	stop := make(chan struct{})
+	done := working(stop)
+	passed := make(chan error, 1)
+	go func() {
+		// Four stall times of work (the backlog) before the tasks pass
+		// the cut.
+		time.Sleep(4 * stall)
+		passed <- passCut(epoch)
+		close(stop)
+	}()
+	m, err := s.finishRescale(ctx, tg, epoch, 1)
+	<-done
+	if perr := <-passed; perr != nil {
+		t.Fatal(perr)
+	}
+	if err != nil || m.Epoch != epoch {
+		t.Fatalf("finish of a rescale making progress: %+v, %v", m, err)
 	}
 }

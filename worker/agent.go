@@ -83,6 +83,10 @@ type Config struct {
 	// CostScale multiplies the calibrated cost of every operator run here
 	// (0: 1): a slow machine, for benchmarks of the health manager.
 	CostScale float64
+	// SourcePace, when set, scales the wall-clock pace of the generator
+	// sources run here and may change while they run (benchmarks of the
+	// health manager change a query's load with it; runtime.Pace).
+	SourcePace *wrt.Pace
 	// Faults, when set, injects network faults into the data plane (its
 	// dials and its listener go through it); FaultsFile makes the worker
 	// create one and apply the fault specification in that file
@@ -215,7 +219,8 @@ func New(cfg Config) (*Worker, error) {
 	}
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		DCAAKeepTuples: cfg.DCAAKeepTuples, InputPendingTuples: cfg.InputPendingTuples,
-		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk, CostScale: cfg.CostScale})
+		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk, CostScale: cfg.CostScale,
+		SourcePace: cfg.SourcePace})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)

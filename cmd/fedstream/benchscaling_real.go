@@ -77,6 +77,7 @@ operators:
     group_by: [line]
     aggregates: {n: "count()"}
     cost: %s
+    parallelism: %d
   - name: words
     type: split
     input: splitter
@@ -89,6 +90,7 @@ operators:
     group_by: [word]
     aggregates: {count: "count()"}
     cost: %s
+    parallelism: %d
 sinks:
   - {name: counts, input: counter}
 `
@@ -234,7 +236,7 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 	}
 	defer conn.Close()
 	admin, hc := pb.NewAdminServiceClient(conn), pb.NewHealthServiceClient(conn)
-	y := fmt.Sprintf(realWordcountQuery, o.sentences, cal.SplitterCost, cal.CounterCost)
+	y := fmt.Sprintf(realWordcountQuery, o.sentences, cal.SplitterCost, 1, cal.CounterCost, 1)
 	cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	_, err = admin.SubmitQuery(cctx, &pb.SubmitQueryRequest{Yaml: []byte(y), Filename: "wordcount.yaml"})
 	cancel()

@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/coordinator/health"
 )
 
 // TestRealCalibrationKeepsDS2Ratios: the real-org word count scales DS2's
@@ -45,4 +50,45 @@ func TestSkewThreshold(t *testing.T) {
 			t.Errorf("skew %.2f: threshold %d, reached %.3f, hot partition %d", skew, th, reached, hot)
 		}
 	}
+}
+
+// TestRealLoadScenariosRun: the load-change and noise scenarios run on a
+// real org, shortened to seconds (the bench runs them for minutes): the
+// source's pace is changed while the query runs, and both report what
+// the bench prints. Their figures are the bench's, not asserted here.
+func TestRealLoadScenariosRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts two in-process orgs")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	o := loadOptions{realOptions: realOptions{sentences: 100, settle: time.Second, logger: logging.Stderr("error")},
+		warmup: time.Second, phase: time.Second, ratio: 20, seed: 1, noiseWarmup: time.Second, noiseSpan: 40 * time.Second}
+	lc, err := runRealLoadChange(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(lc.Phases) != 3 || lc.Phases[1].Factor != 0.8 || lc.Phases[2].Factor != 0.8*1.3 || lc.Mode != "real_org" {
+		t.Fatalf("load change: %+v", lc)
+	}
+	n, err := runRealNoise(ctx, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.SimulatedS != 40 || n.Ratio != 20 || n.Interval != "50ms" || n.Settle != "50ms" || n.WallS < 2 || n.Mode != "real_org" {
+		t.Fatalf("noise: %+v", n)
+	}
+	if got := oscillationsOf("up:a", "down:a", "up:b", "up:b", "down:c", "up:c"); got != [2]int{1, 2} {
+		t.Fatalf("oscillations (up then down, reversals) = %v, want [1 2]", got)
+	}
+}
+
+func oscillationsOf(acts ...string) [2]int {
+	var log []RealAction
+	for _, a := range acts {
+		dir, frag, _ := strings.Cut(a, ":")
+		log = append(log, RealAction{Fragment: frag, Action: map[string]string{"up": health.ActScaleUp, "down": health.ActScaleDown}[dir]})
+	}
+	u, r := oscillations(log)
+	return [2]int{u, r}
 }

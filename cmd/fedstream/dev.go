@@ -24,6 +24,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 	"github.com/fedstream/fedstream/worker"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/runtime"
 )
 
 //go:embed demo-netmon.yaml
@@ -72,6 +73,9 @@ type devOptions struct {
 	// lastCostScale, when set, makes the last worker slow: it multiplies
 	// the calibrated cost of the operators it runs.
 	lastCostScale float64
+	// sourcePace, when set, paces every worker's generator sources
+	// (benchmarks change a running query's load with it).
+	sourcePace *runtime.Pace
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -168,7 +172,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				Cores: 2, Labels: map[string]string{"zone": fmt.Sprintf("z%d", i+1)}, Logger: o.logger,
 				TLS: creds, HTTPAddr: o.httpAddr(), BoundaryInterval: o.boundaryInterval, Faults: faults,
 				SensorWindow: o.sensorWindow, BufferTuples: o.bufferTuples,
-				CostScale: map[bool]float64{true: o.lastCostScale}[i == o.workers-1],
+				CostScale: map[bool]float64{true: o.lastCostScale}[i == o.workers-1], SourcePace: o.sourcePace,
 			})
 		}
 		if err == nil {

@@ -277,6 +277,11 @@ type Options struct {
 	// their rate in wall time; stimes, and so results, are unchanged
 	// (tests run minutes of stream time in seconds). 0 or 1: real time.
 	SourceSpeedup int
+	// SourcePace, when set, multiplies the wall-clock pace of the
+	// generator sources by its factor, which may change while they run
+	// (benchmarks of the health manager change the load with it); nil:
+	// factor 1.
+	SourcePace *Pace
 	// StallAfter is how long a task may go without moving, while it has
 	// something to do, before it is reported StateStalled (default
 	// DefaultStallAfter).

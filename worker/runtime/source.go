@@ -30,6 +30,16 @@ func (t *task) runGenerator() {
 		rate = int64(g.Rate)
 	}
 	speedup := int64(max(1, t.r.opts.SourceSpeedup))
+	// pace (nil: none) scales the wall-clock rate; paceVer is the
+	// version of its factor the pacing is anchored on.
+	pace := t.r.opts.SourcePace
+	var (
+		paceVer    uint64
+		paceFactor = 1.0
+	)
+	if pace != nil {
+		paceVer, paceFactor = pace.ver.Load(), pace.Factor()
+	}
 	var (
 		tp       tuple.Tuple
 		boundary = int64(math.MinInt64)
@@ -61,7 +71,7 @@ func (t *task) runGenerator() {
 		}
 		if rate > 0 {
 			n = r.records
-			start = time.Now().Add(-time.Duration(n * int64(time.Second) / rate / speedup))
+			start = time.Now().Add(-paced(n, rate, speedup, pace, paceFactor))
 		}
 	}
 	// A partition a rescale added starts at the rescale's cut: it drops
@@ -157,9 +167,14 @@ func (t *task) runGenerator() {
 			}
 		}
 		if rate > 0 {
+			if pace != nil {
+				if v := pace.ver.Load(); v != paceVer {
+					// A new factor: the pacing starts again from here.
+					paceVer, paceFactor, start, n = v, pace.Factor(), time.Now(), 0
+				}
+			}
 			n++
-			due := start.Add(time.Duration(n * int64(time.Second) / rate / speedup))
-			wait := time.Until(due)
+			wait := time.Until(start.Add(paced(n, rate, speedup, pace, paceFactor)))
 			if wait > 0 {
 				// Ahead of schedule: what is staged goes out now rather
 				// than when a batch fills.
@@ -208,6 +223,16 @@ func (t *task) runGenerator() {
 	if !t.sourceEnded() {
 		t.setState(StateRunning, "input exhausted")
 	}
+}
+
+// paced is how long after its pacing's start record n of a generator at
+// rate (records a second, > 0) is due, speedup times faster and, with a
+// pace, at factor times the pace.
+func paced(n, rate, speedup int64, pace *Pace, factor float64) time.Duration {
+	if pace == nil {
+		return time.Duration(n * int64(time.Second) / rate / speedup)
+	}
+	return time.Duration(float64(n) * float64(time.Second) / (float64(rate*speedup) * factor))
 }
 
 // genCmd is work for a generator source's goroutine, run between two
