@@ -377,10 +377,6 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	if started != nil {
 		in = started(dst)
 	}
-	// The pages of a large fresh buffer are made present ahead of the
-	// reads (see prefaulter).
-	pf := startPrefault(dst)
-	defer pf.end()
 	got, told := 0, 0
 	for got < len(dst) {
 		n, err := conn.Read(dst[got:])
@@ -388,7 +384,6 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 			fo.firstByte = time.Now()
 		}
 		got += n
-		pf.filled(got)
 		if in != nil && (got-told >= bulkNotifyBytes || got == len(dst)) {
 			in.Arrived(got)
 			told = got
