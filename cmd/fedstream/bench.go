@@ -127,6 +127,7 @@ func newBenchMoveCmd() *cobra.Command {
 		logLevel string
 		plain    bool
 		stream   bool
+		profiles string
 	)
 	cmd := &cobra.Command{
 		Use:   "move",
@@ -149,7 +150,7 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 			if stateMB <= 0 {
 				return fmt.Errorf("--state-mb %d: want at least 1", stateMB)
 			}
-			launch, err := benchmark.DefaultLauncher()
+			launch, err := benchmark.ProfilingLauncher(profiles)
 			if err != nil {
 				return err
 			}
@@ -177,6 +178,7 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 	cmd.Flags().IntVar(&stateMB, "state-mb", benchmark.DefaultMoveStateMB, "state held by the moved aggregate, in MB")
 	cmd.Flags().DurationVar(&duration, "duration", 0, "length of the generated input (default: enough for both moves)")
 	cmd.Flags().BoolVar(&plain, "plaintext", false, "run the data plane, the snapshot transfers and the raw TCP baseline without TLS (default: mutual TLS 1.3 for all)")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-move-worker-N.cpu (and bench-move-reference.cpu)")
 	cmd.Flags().BoolVar(&stream, "stream-snapshots", false, "fetch snapshots over the FetchSnapshot gRPC stream, not a connection of their own (for comparison)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
 	return cmd

@@ -166,10 +166,12 @@ func (c *chain) freezeEncoding() func() (*Encoding, error) {
 func (a *aggregate) Freeze() func() ([]byte, error) { return FreezeOf(a) }
 
 // freezeEncoding is Freeze with the encoding as an Encoding: the header,
-// then one part per open window (prepareViews).
+// then one part per open window (prepareViews), count_distinct members in
+// their sets' order (not canonical: it restores to the same state as
+// Snapshot's bytes, which may differ from them in that order).
 func (a *aggregate) freezeEncoding() func() (*Encoding, error) {
 	watermark, late, views := a.watermark, a.late, a.views(true)
-	return func() (*Encoding, error) { return a.prepareViews(watermark, late, views), nil }
+	return func() (*Encoding, error) { return a.prepareViews(watermark, late, views, false), nil }
 }
 
 // encodeParallel runs encode(i) for i in 0..n-1 on up to GOMAXPROCS

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"google.golang.org/grpc/connectivity"
 )
 
 // liveMove moves task id from one worker to another as the move protocol
@@ -379,5 +380,47 @@ func TestStopAndCopyOfReplicatedConsumer(t *testing.T) {
 	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, rate))
 	if other := c.tail(t, "wc/out/p0/r1"); !sameTuples(got, other) {
 		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
+	}
+}
+
+// TestBootstrapConnectsWhilePinning: the connection to the old copy's
+// worker is being made while the bootstrap pins the upstreams, so that
+// its TLS handshake is not added to a move after the pin. The new copy's
+// worker has never talked to the old copy's before the move: without
+// the early dial, its connection stays idle until the fetch.
+func TestBootstrapConnectsWhilePinning(t *testing.T) {
+	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 1, 20000), func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	from, to := c.workers[0], c.workers[1]
+	const moving = "wc/counts/p0/r0"
+	ready := make(chan error, 1)
+	to.rt.beforePin = func(spec TaskSpec) {
+		if spec.TaskID != moving {
+			return
+		}
+		conn, err := to.rt.pool.Conn(from.addr)
+		if err != nil {
+			ready <- err
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		for st := conn.GetState(); st != connectivity.Ready; st = conn.GetState() {
+			if !conn.WaitForStateChange(ctx, st) {
+				ready <- fmt.Errorf("the connection to the old copy's worker is %s when the pin begins", st)
+				return
+			}
+		}
+		ready <- nil
+	}
+	c.move(t, moving, from, to, false)
+	select {
+	case err := <-ready:
+		if err != nil {
+			t.Fatal(err)
+		}
+	default:
+		t.Fatal("the bootstrap did not pin")
 	}
 }

@@ -406,6 +406,9 @@ type Runtime struct {
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
+	// beforePin, when set (tests), runs as a bootstrap begins pinning
+	// the upstreams of the task it bootstraps.
+	beforePin func(TaskSpec)
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
@@ -587,6 +590,16 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
 			defer cancel()
 			start := time.Now()
+			// The connection to the old copy's worker is made (a TLS
+			// handshake, when this worker never talked to it) while the
+			// upstreams are pinned, not after: the fetch then finds it
+			// ready. A gRPC connection dials only when asked.
+			if conn, err := r.pool.Conn(src.WorkerAddr); err == nil {
+				conn.Connect()
+			}
+			if r.beforePin != nil {
+				r.beforePin(spec)
+			}
 			// Pin what follows the snapshot's positions. A copy that keeps
 			// running acknowledges past them at once. A halted one holds
 			// them only while it is registered: the caller may stop it
