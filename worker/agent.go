@@ -761,6 +761,41 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 	return owner, nil
 }
 
+// reconfigSettleMax bounds how long a report waits for the worker's
+// tasks to install a reconfiguration plan they were handed
+// (awaitReconfigSettled): a few boundary intervals, within which every
+// running task installs it.
+const reconfigSettleMax = 20 * time.Millisecond
+
+// awaitReconfigSettled holds a report, for reconfigSettleMax at most,
+// while the runtime is still installing a reconfiguration plan in its
+// tasks, so that one report (one Raft write) acknowledges it for all of
+// them. Without it the first task to install the plan sent a report
+// alone, and the others' waited for that Raft write before theirs could
+// go: two sequential writes on the path of every plan (a plan switches
+// when the last task's acknowledgement is applied).
+func (w *Worker) awaitReconfigSettled(ctx context.Context) {
+	if !w.runtime.ReconfigSettling() {
+		return
+	}
+	limit := time.NewTimer(reconfigSettleMax)
+	defer limit.Stop()
+	// Installs signal ProgressChanged; the ticker covers a task that
+	// stopped without installing.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for w.runtime.ReconfigSettling() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-limit.C:
+			return
+		case <-w.runtime.ProgressChanged():
+		case <-tick.C:
+		}
+	}
+}
+
 // reportLoop tells the org about task state changes: every 250ms, or
 // every 50ms while a task here takes part in a live move, whose consumers
 // switch once the coordinator sees the new copy's position reach the old
@@ -778,6 +813,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		case <-timer.C:
 		case <-w.runtime.ProgressChanged():
 			// A reconfiguration step: the coordinator waits for it.
+			w.awaitReconfigSettled(ctx)
 		}
 		// Reset discards a value the timer may hold (Go 1.23 timers).
 		timer.Reset(interval)
