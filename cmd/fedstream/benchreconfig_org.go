@@ -444,6 +444,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
 		res.SwitchedMs = append(res.SwitchedMs, ms(pt.switched.Sub(pt.committed)))
 		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
+		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
+			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
+		}
 	}
 	for _, d := range resumed {
 		res.ResumedMs = append(res.ResumedMs, ms(d))

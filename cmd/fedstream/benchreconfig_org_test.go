@@ -35,6 +35,11 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 			t.Fatalf("%s: %+v", name, s)
 		}
 	}
+	// The leader received the live plan's last acknowledgement before
+	// the Raft write recording it was applied.
+	if l := res.Live; len(l.AcksReceivedMs) != 1 || l.AcksReceivedMs[0] <= 0 || l.AcksReceivedMs[0] > l.SwitchedMs[0] {
+		t.Fatalf("acknowledgements received at %v ms, switched at %v ms", l.AcksReceivedMs, l.SwitchedMs)
+	}
 	if res.ReconnectMs <= 0 || res.ReconnectCutMs <= 0 || res.CPUMicrosPerResultOff <= 0 {
 		t.Fatalf("reconnect %v ms after a cut of %v ms; %v µs per result", res.ReconnectMs, res.ReconnectCutMs, res.CPUMicrosPerResultOff)
 	}

@@ -175,6 +175,11 @@ type StrategyResult struct {
 	FirstAckMs []float64 `json:"first_ack_ms,omitempty"`
 	SwitchedMs []float64 `json:"switched_ms,omitempty"`
 	CompleteMs []float64 `json:"complete_ms,omitempty"`
+	// AcksReceivedMs (in an org), per update: from the plan's commit in
+	// Raft until the leader had received every task's acknowledgement,
+	// before the Raft write recording the last of them (SwitchedMs is
+	// when that write was applied).
+	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
 	// reached the sink: the sources paused, the stream drained, the
