@@ -112,6 +112,9 @@ type Server struct {
 	wg     sync.WaitGroup
 
 	shutdownOnce sync.Once
+	// acks notes when a plan's acknowledgements were all received
+	// (reconfig_acks.go).
+	acks acksReceived
 }
 
 // New validates cfg and builds (but does not start) a coordinator.

@@ -198,6 +198,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		upd.States = append(upd.States, u)
 	}
+	s.noteAcksReceived(reports)
 	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
 	if err != nil {
 		return nil, err

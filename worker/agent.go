@@ -604,6 +604,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 func (w *Worker) watchLoop(ctx context.Context) {
 	var index uint64
 	var lastEpoch uint64
+	var parsed specCache
 	backoff := agentRetry.New()
 	for ctx.Err() == nil {
 		id, _, epoch := w.identity()
@@ -635,7 +636,7 @@ func (w *Worker) watchLoop(ctx context.Context) {
 			continue // max wait elapsed without change
 		}
 		index = resp.Index
-		specs, err := taskSpecs(resp)
+		specs, err := taskSpecs(resp, &parsed)
 		if err != nil {
 			w.logger.Error("assignment carries a query this worker cannot run", "err", err)
 		}
@@ -657,9 +658,44 @@ func (w *Worker) watchLoop(ctx context.Context) {
 	}
 }
 
+// specCache holds the query definitions of the last watch response,
+// parsed, by their JSON. Every assignment change repeats the definitions
+// of all the worker's queries, and parsing one validates it and compiles
+// its expressions: each phase of a reconfiguration plan (loading,
+// switched, complete) reparsed every query on every worker, on the path
+// of the plan's acknowledgements and competing with the tasks for the
+// CPU. A parsed definition is read-only, so the tasks started from
+// several responses may share it as those of one response do.
+type specCache struct {
+	byJSON map[string]*queryspec.Query
+}
+
+// parse returns the definition spec parsed, from the cache when the last
+// response (or this one) had it; keep marks it as used by this response.
+func (c *specCache) parse(spec []byte, keep map[string]*queryspec.Query) (*queryspec.Query, error) {
+	if q, ok := keep[string(spec)]; ok {
+		return q, nil
+	}
+	q, ok := c.byJSON[string(spec)]
+	if !ok {
+		var err error
+		if q, err = queryspec.FromJSON(spec); err != nil {
+			return nil, err
+		}
+	}
+	keep[string(spec)] = q
+	return q, nil
+}
+
 // taskSpecs turns a watch response into runtime task specs. Queries whose
 // spec cannot be decoded are skipped (and reported); the rest still run.
-func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
+// cache (nil: none) keeps the parsed definitions for the next response.
+func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskSpec, error) {
+	if cache == nil {
+		cache = &specCache{}
+	}
+	keep := map[string]*queryspec.Query{}
+	defer func() { cache.byJSON = keep }()
 	type qinfo struct {
 		spec       *queryspec.Query
 		placements []wrt.Placement
@@ -669,7 +705,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse) ([]wrt.TaskSpec, error) {
 	queries := map[string]*qinfo{}
 	var errs []error
 	for _, q := range resp.Queries {
-		spec, err := queryspec.FromJSON(q.SpecJson)
+		spec, err := cache.parse(q.SpecJson, keep)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("query %s: %w", q.Name, err))
 			continue
@@ -766,6 +802,41 @@ func ownersOf(m *pb.SlotMap, ranges []*pb.SlotRange) ([]int32, error) {
 	return owner, nil
 }
 
+// reconfigSettleMax bounds how long a report waits for the worker's
+// tasks to install a reconfiguration plan they were handed
+// (awaitReconfigSettled): a few boundary intervals, within which every
+// running task installs it.
+const reconfigSettleMax = 20 * time.Millisecond
+
+// awaitReconfigSettled holds a report, for reconfigSettleMax at most,
+// while the runtime is still installing a reconfiguration plan in its
+// tasks, so that one report (one Raft write) acknowledges it for all of
+// them. Without it the first task to install the plan sent a report
+// alone, and the others' waited for that Raft write before theirs could
+// go: two sequential writes on the path of every plan (a plan switches
+// when the last task's acknowledgement is applied).
+func (w *Worker) awaitReconfigSettled(ctx context.Context) {
+	if !w.runtime.ReconfigSettling() {
+		return
+	}
+	limit := time.NewTimer(reconfigSettleMax)
+	defer limit.Stop()
+	// Installs signal ProgressChanged; the ticker covers a task that
+	// stopped without installing.
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for w.runtime.ReconfigSettling() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-limit.C:
+			return
+		case <-w.runtime.ProgressChanged():
+		case <-tick.C:
+		}
+	}
+}
+
 // reportLoop tells the org about task state changes: every 250ms, or
 // every 50ms while a task here takes part in a live move, whose consumers
 // switch once the coordinator sees the new copy's position reach the old
@@ -783,6 +854,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		case <-timer.C:
 		case <-w.runtime.ProgressChanged():
 			// A reconfiguration step: the coordinator waits for it.
+			w.awaitReconfigSettled(ctx)
 		}
 		// Reset discards a value the timer may hold (Go 1.23 timers).
 		timer.Reset(interval)

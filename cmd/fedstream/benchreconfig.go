@@ -3,6 +3,11 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"os"
+	goruntime "runtime"
+	"runtime/pprof"
+	"runtime/trace"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -23,6 +28,8 @@ func newBenchReconfigCmd() *cobra.Command {
 		updates  int
 		spacing  time.Duration
 		inProc   bool
+		buckets  bool
+		traceOut string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -42,9 +49,10 @@ or lost or duplicated (both must be 0).
 Each update is a plan committed through the coordinator (query update), learned by
 the workers from their assignments. The live update time is from the plan's
 commit in Raft until every task's acknowledgement is applied in Raft; the
-quiescent one is the longest time without a result at the sink around the update
-(the sources pause from when they learn the plan until it has loaded, the stream
-drained and the versions swapped). The tracking overheads compare the process's
+quiescent one is from the plan's commit until the first result of the new
+configuration reaches the sink (the sources pause from when they learn the plan
+until it has loaded, the stream drained and the versions swapped, then resume
+under the new versions); longest_gap_ms is the pause as the sink sees it. The tracking overheads compare the process's
 CPU time per result at the paced rate with and without a completed plan.
 
 --in-process runs the older variant instead: three runtimes over loopback gRPC
@@ -76,6 +84,9 @@ do, without Raft or assignment watches.`,
 				// The org's workers share this process: collect garbage
 				// as a deployed worker process does.
 				setWorkerGC(config.DefaultWorkerGCPercent)
+				if traceOut != "" {
+					cfg.Around = traceAround(traceOut)
+				}
 				res, err = runReconfigOrg(cmd.Context(), cfg)
 			}
 			if err != nil {
@@ -88,7 +99,9 @@ do, without Raft or assignment watches.`,
 			}
 			if asJSON {
 				out := *res
-				out.Live.Buckets, out.Quiescent.Buckets = nil, nil
+				if !buckets {
+					out.Live.Buckets, out.Quiescent.Buckets = nil, nil
+				}
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
 			w := cmd.OutOrStdout()
@@ -117,6 +130,31 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().IntVar(&rate, "rate", 1500, "vitals per second per source partition")
 	cmd.Flags().IntVar(&updates, "updates", 3, "updates per strategy")
 	cmd.Flags().DurationVar(&spacing, "spacing", 0, "time between two updates (default 3s in an org, 1.5s in process)")
+	cmd.Flags().BoolVar(&buckets, "buckets", false, "with --json: include the 100 ms buckets (results and p99 latency) of both strategies")
+	cmd.Flags().StringVar(&traceOut, "trace", "", "write an execution trace (with CPU samples) of the first live update, from 0.5 s before it to 1 s after, to this file (go tool trace)")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
+}
+
+// traceAround starts an execution trace with CPU profile samples into
+// file and returns the function that stops it (cfg.Around).
+func traceAround(file string) func(time.Duration) func() {
+	return func(time.Duration) func() {
+		f, err := os.Create(file)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "trace:", err)
+			return func() {}
+		}
+		// Samples every 0.5 ms: a plan's work lasts milliseconds.
+		goruntime.SetCPUProfileRate(2000)
+		_ = pprof.StartCPUProfile(io.Discard)
+		if err := trace.Start(f); err != nil {
+			fmt.Fprintln(os.Stderr, "trace:", err)
+		}
+		return func() {
+			trace.Stop()
+			pprof.StopCPUProfile()
+			_ = f.Close()
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -38,7 +39,7 @@ import (
 var errOrgBench = errors.New("bench reconfig")
 
 // orgBenchScope is ReconfigResult.Scope for the org benchmark.
-const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, the longest time without a result at the sink around the update (its sources hold from when they learn the plan until it completes)"
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, plan committed in Raft -> the first result of the new configuration at the sink (its sources hold from when they learn the plan until it completes, then resume under the new versions)"
 
 // orgMargin is the switch margin of the benchmark's plans: above the
 // time the switched phase takes to reach the sources on a loaded machine.
@@ -261,6 +262,7 @@ func (r *orgRun) watch(ctx context.Context) {
 					}
 				}
 				if p.Phase != fsm.ReconfigLoading && pt.switched.IsZero() {
+					trace.Log(ctx, "rc", "B switched seen")
 					pt.switched, pt.cut = now, p.Cut
 				}
 				if p.Phase == fsm.ReconfigComplete && pt.complete.IsZero() {
@@ -365,6 +367,14 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	var at []time.Duration
 	var epochs []uint64
 	for i := range cfg.Updates {
+		var endTrace func()
+		if i == 0 && strategy == fsm.StrategyLive && cfg.Around != nil {
+			const lead = 500 * time.Millisecond
+			if wait := time.Until(first.Add(cfg.Warmup - lead)); wait > 0 {
+				time.Sleep(wait)
+			}
+			endTrace = cfg.Around(lead)
+		}
 		if wait := time.Until(first.Add(cfg.Warmup + time.Duration(i)*cfg.Spacing)); wait > 0 {
 			select {
 			case <-time.After(wait):
@@ -377,6 +387,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if strategy == fsm.StrategyQuiescent {
 			margin = 0 // the sources hold from the plan's commit: none
 		}
+		trace.Log(ctx, "reconfig", "update "+strategy)
 		e, err := r.update(ctx, yaml(i+2), strategy, fsm.TrackingStatic, margin)
 		if err != nil {
 			return none, err
@@ -385,6 +396,10 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 			return none, err
 		}
 		epochs = append(epochs, e)
+		if endTrace != nil {
+			time.Sleep(time.Until(r.start.Add(at[i] + time.Second)))
+			endTrace()
+		}
 	}
 	if err := r.waitEnd(ctx); err != nil {
 		return none, err
@@ -395,7 +410,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var took, gaps []time.Duration
+	var took, gaps, resumed []time.Duration
 	for i, e := range epochs {
 		pt := r.plans[e]
 		// The longest time without a result at the sink from the update
@@ -408,9 +423,19 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 			"complete", pt.complete.Sub(pt.committed), "longest_gap", gap)
 		if strategy == fsm.StrategyLive {
 			took = append(took, pt.switched.Sub(pt.committed))
-		} else {
-			took = append(took, gap)
+			continue
 		}
+		// The quiescent update ends when the stream resumed under the
+		// new versions: its first result of the new epoch. The longest
+		// gap stops earlier: it starts only when the sources held (after
+		// they learned the plan) and may end with results of the old
+		// epoch drained after the pause began.
+		first, ok := firstOfEpoch(r.recv, e, at[i])
+		if !ok {
+			return none, fmt.Errorf("%w: %s: no result of epoch %d reached the sink", errOrgBench, name, e)
+		}
+		resumed = append(resumed, first-pt.committed.Sub(r.start))
+		took = append(took, first-pt.committed.Sub(r.start))
 	}
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
@@ -419,11 +444,28 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
 		res.SwitchedMs = append(res.SwitchedMs, ms(pt.switched.Sub(pt.committed)))
 		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
+		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
+			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
+		}
+	}
+	for _, d := range resumed {
+		res.ResumedMs = append(res.ResumedMs, ms(d))
 	}
 	for _, g := range gaps {
 		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
 	}
 	return res, nil
+}
+
+// firstOfEpoch is when the first result of epoch e or newer arrived at
+// or after from (since the run's start).
+func firstOfEpoch(recv []benchmark.ReconfigRecord, e uint64, from time.Duration) (time.Duration, bool) {
+	for _, rc := range recv {
+		if rc.At >= from && rc.Version >= e {
+			return rc.At, true
+		}
+	}
+	return 0, false
 }
 
 // longestGap is the longest interval between two results (or from to

@@ -103,6 +103,11 @@ type ReconfigConfig struct {
 	ThroughputSettle time.Duration
 	Logger           *slog.Logger
 	Progress         io.Writer
+	// Around, when set, is called just before the first live update
+	// with how long before it that is, and returns a function called
+	// about a second after it (the org benchmark's --trace: an
+	// execution trace of the update).
+	Around func(lead time.Duration) (end func())
 }
 
 // Defaults fills the zero fields with their defaults.
@@ -148,8 +153,10 @@ func (c *ReconfigConfig) Defaults() {
 // StrategyResult is one strategy's figures. Times are milliseconds.
 type StrategyResult struct {
 	// UpdateMs: live, plan given to the tasks -> every task acknowledged
-	// (versions loaded beside the old ones); quiescent, pause -> resume
-	// (drained and swapped).
+	// (versions loaded beside the old ones); quiescent, in an org, plan
+	// committed -> the first result of the new configuration at the sink
+	// (paused, drained, swapped and resumed: ResumedMs), in process, pause
+	// -> resume.
 	UpdateMsP50 float64 `json:"update_ms_p50"`
 	UpdateMsMax float64 `json:"update_ms_max"`
 	// ThroughputDip is 1 - (worst 100 ms bucket of sink results in the
@@ -168,6 +175,17 @@ type StrategyResult struct {
 	FirstAckMs []float64 `json:"first_ack_ms,omitempty"`
 	SwitchedMs []float64 `json:"switched_ms,omitempty"`
 	CompleteMs []float64 `json:"complete_ms,omitempty"`
+	// AcksReceivedMs (in an org), per update: from the plan's commit in
+	// Raft until the leader had received every task's acknowledgement,
+	// before the Raft write recording the last of them (SwitchedMs is
+	// when that write was applied).
+	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
+	// ResumedMs (quiescent, in an org), per update: from the plan's
+	// commit in Raft until the first result of the new configuration
+	// reached the sink: the sources paused, the stream drained, the
+	// versions swapped and the stream resumed under them, as the
+	// consumer sees it. It is the quiescent update_ms.
+	ResumedMs []float64 `json:"resumed_ms,omitempty"`
 	// LongestGapMs is the longest time without a result at the sink
 	// from an update until a second after its plan completed, the worst
 	// over the updates (org runs only).

@@ -178,8 +178,25 @@ func (r *reconfigRun) publish() {
 	r.c.apply()
 }
 
-// commit adds a plan giving a and b version v (loading).
+// commit adds a plan giving a and b version v (loading) and waits until
+// every task acknowledged it.
 func (r *reconfigRun) commit(v int) {
+	r.t.Helper()
+	p := r.addPlan(v)
+	waitUntil(r.t, "every task acknowledged", func() bool {
+		sts := r.states()
+		for _, st := range sts {
+			if !st.Reconfig || st.ReconfigAcked < p.Epoch {
+				return false
+			}
+		}
+		return len(sts) == r.tasks
+	})
+}
+
+// addPlan adds a plan giving a and b version v (loading) and hands it to
+// every task.
+func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	r.t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(r.version(v)))
 	if err != nil {
@@ -196,15 +213,7 @@ func (r *reconfigRun) commit(v int) {
 	}
 	r.rc.Plans = append(r.rc.Plans, p)
 	r.publish()
-	waitUntil(r.t, "every task acknowledged", func() bool {
-		sts := r.states()
-		for _, st := range sts {
-			if !st.Reconfig || st.ReconfigAcked < p.Epoch {
-				return false
-			}
-		}
-		return len(sts) == r.tasks
-	})
+	return p
 }
 
 func (r *reconfigRun) states() map[string]TaskState {

@@ -424,6 +424,8 @@ type Runtime struct {
 	// progress has capacity one: a pending signal that some task's
 	// reconfiguration progress changed (see ProgressChanged).
 	progress chan struct{}
+	// applying counts the Apply calls under way (ReconfigSettling).
+	applying atomic.Int32
 
 	// The stall watchdog (see watch) runs until stopWatch closes.
 	stopWatch chan struct{}
@@ -456,6 +458,32 @@ func New(opts Options) *Runtime {
 // worker reports at once instead of at its next interval, since the
 // coordinator advances the plan on those reports.
 func (r *Runtime) ProgressChanged() <-chan struct{} { return r.progress }
+
+// ReconfigSettling reports whether a reconfiguration handed to this
+// runtime is still being installed: an Apply is handing it to the tasks,
+// or a running task holds a plan it has not acknowledged yet (a source
+// installs it before its next record, a busy task at its next release,
+// an ingest source on its next tick: within a boundary interval). The
+// worker holds its report meanwhile, briefly, so that one report carries
+// the acknowledgements of all its tasks: every report is a Raft write,
+// and a second one would wait for the first, whereas the plan switches
+// only once every task acknowledged.
+func (r *Runtime) ReconfigSettling() bool {
+	if r.applying.Load() > 0 {
+		return true
+	}
+	for _, t := range r.tasksByID() {
+		if p := t.rc.pending.Load(); p != nil && p.Latest() > t.rc.acked.Load() {
+			t.stateMu.Lock()
+			running := t.state == StateRunning
+			t.stateMu.Unlock()
+			if running {
+				return true
+			}
+		}
+	}
+	return false
+}
 
 func (r *Runtime) noteProgress() {
 	select {
@@ -499,6 +527,13 @@ func (r *Runtime) Server() fedstreampb.DataPlaneServer { return dpServer{r.serve
 // replica moved switches to where it is now. A task that cannot be built
 // is kept in StateFailed with the reason.
 func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
+	r.applying.Add(1)
+	defer func() {
+		r.applying.Add(-1)
+		// A report held while the tasks were handed a plan
+		// (ReconfigSettling) goes now.
+		r.noteProgress()
+	}()
 	want := make(map[string]TaskSpec, len(desired))
 	for _, s := range desired {
 		want[s.TaskID] = s
