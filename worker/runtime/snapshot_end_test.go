@@ -66,3 +66,39 @@ func TestFailedAlignedSnapshotAfterTheEnd(t *testing.T) {
 		}
 	}
 }
+
+// TestPausedSourceFlushed: a source held by PauseSources has sent what it
+// produced. A source behind its schedule (here an unpaced one) flushes
+// only full batches; held between two records, it used to keep a partial
+// batch staged, so downstream never received the records (and
+// boundaries) up to the stream time PauseSources reported, and waited
+// for as long as the hold lasted.
+func TestPausedSourceFlushed(t *testing.T) {
+	yaml := replaceOnce(t, fmt.Sprintf(wordsQuery, 1, 0), "limit: 20000", "limit: 100000000")
+	c := newCluster(t, 1, yaml, func(string, int, int) int { return 0 })
+	defer c.close(t)
+	c.apply()
+	rt := c.workers[0].rt
+	src := queryspec.TaskID("wc", "lines", 0, 0)
+	waitUntil(t, "the source produced something", func() bool {
+		tk := rt.task(src)
+		return tk != nil && len(tk.outs) > 0 && tk.outs[0].buf.Stats().LastID > 1000
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for range 20 { // a pause can fall on a full batch: try a few
+		_, high, resume := rt.PauseSources(ctx, "wc")
+		if high == math.MinInt64 {
+			t.Fatal("the source was not held")
+		}
+		// The generator is held (PauseSources returned once it ran the
+		// hold's function): its writers are not touched until resume.
+		for _, o := range rt.task(src).outs {
+			if n := o.w.Staged(); n > 0 {
+				resume()
+				t.Fatalf("held at stream time %d with %d bytes staged for %q partition %d", high, n, o.consumer, o.partition)
+			}
+		}
+		resume()
+	}
+}
