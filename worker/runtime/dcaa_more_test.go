@@ -181,11 +181,14 @@ func TestDCAAStrictNeverTentative(t *testing.T) {
 // P5: two queries with different X share the workers (and the cut
 // links). Every replica of one source partition becomes unreachable for
 // both aggregates' replica 0: the query with X = 300ms releases tentative
-// results, the one with X = 20s does not while its X has not passed (it
-// waits); after healing both sinks of each query agree, stable tuple for
-// stable tuple.
+// results, the one with X = 10m does not (it waits); after healing both
+// sinks of each query agree, stable tuple for stable tuple. The slow X
+// is longer than any wait of the test: with 20s, a loaded machine on
+// which the fast query took over 20 s to release its tentative results
+// let the slow one's X pass too, and its sink rightly saw tentative
+// results, which the test took for a broken bound.
 func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
-	const slowX = 20 * time.Second
+	const slowX = 10 * time.Minute
 	fast := propQuery(t, "fast", "300ms", 16000)
 	slow := propQuery(t, "slow", slowX.String(), 16000)
 	g := newFaultRig(t, fast, 6, []int{2, 4, 5}, dcaaOpts, propPlace(false))

@@ -411,13 +411,39 @@ func TestDCAATaskMovesFromSnapshot(t *testing.T) {
 	}
 	held.Connect("holder")
 	defer held.Disconnect("holder")
-	waitUntil(t, "the aggregate emitted some windows", func() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// The snapshot must come before the aggregate processes the end of its
+	// 1 s input, which a loaded machine used to let pass first: the
+	// sources (both replicas run on from) are held between two records
+	// from the first time the aggregate emitted its first windows, or the
+	// sources are half way, and resumed once the snapshot is taken.
+	emitted := func() bool {
 		tk := from.rt.task(moving)
 		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+	}
+	var resume func()
+	waitUntil(t, "the aggregate emitted some windows or the sources are half way", func() bool {
+		_, high, res := from.rt.PauseSources(ctx, "wc")
+		if high == math.MinInt64 { // none held: not started yet, or ended
+			res()
+			if src := from.rt.task("wc/lines/p0/r0"); src != nil && src.State().Message == "input exhausted" {
+				t.Fatal("the sources ended before they could be held")
+			}
+			return false
+		}
+		if emitted() || high >= int64(500*time.Millisecond) {
+			resume = res
+			return true
+		}
+		res()
+		return false
 	})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	// Held, the sources have sent what they produced (past 200 ms, the
+	// end of the first windows).
+	waitUntil(t, "the aggregate emitted some windows", emitted)
 	snap, err := from.rt.SnapshotTask(ctx, moving, SnapshotOptions{Halt: true})
+	resume()
 	if err != nil {
 		t.Fatal(err)
 	}

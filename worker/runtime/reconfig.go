@@ -662,9 +662,11 @@ func (t *task) reconfigProgress(st *TaskState) {
 // PauseSources holds every generator source task of query on this runtime
 // between two records, for the quiescent reconfiguration strategy (pause,
 // drain, swap, resume), which exists only as the baseline the live one is
-// measured against. It returns the lowest and the highest stream time the
-// held sources produced (everything downstream drains up to the lowest)
-// and a function that resumes them (call it once).
+// measured against, and for tests. A held source has flushed what it
+// produced, so downstream receives all of it. It returns the lowest and
+// the highest stream time the held sources produced (everything
+// downstream drains up to the lowest) and a function that resumes them
+// (call it once).
 func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int64, resume func()) {
 	low, high = math.MaxInt64, math.MinInt64
 	hold := make(chan struct{})
@@ -673,7 +675,16 @@ func (r *Runtime) PauseSources(ctx context.Context, query string) (low, high int
 			continue
 		}
 		var f int64
-		if t.onGenerator(ctx, func() { f = t.maxSTime }, hold) {
+		held := func() {
+			// What the generator staged goes out before it holds: a
+			// source behind its schedule flushes only full batches, and
+			// downstream could not drain up to the lowest stream time.
+			// An error (the task stopping) comes back to the generator
+			// at its next flush.
+			_ = t.flush(ctx)
+			f = t.maxSTime
+		}
+		if t.onGenerator(ctx, held, hold) {
 			low, high = min(low, f), max(high, f)
 		}
 	}

@@ -417,14 +417,17 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 // waitCut holds the task's releases at stream time at and waits until it
 // processed every step up to it; it returns with proc held. On failure
 // the cut is lifted and proc not held.
+//
+// While the cut holds, the input may deliver the rest of its stream, the
+// final boundary included, and then nothing more: a task that processes
+// inline (one input) releases only on delivery, so both the wait for the
+// cut and the lift release through kickRelease, never by a bare poke of
+// the merger's wake channel (which no goroutine of an inline task reads).
 func (t *task) waitCut(ctx context.Context, at int64) error {
 	t.merge.setCut(at)
 	lift := func() {
 		t.merge.setCut(math.MaxInt64)
-		select {
-		case t.merge.wake <- struct{}{}:
-		default:
-		}
+		t.kickRelease()
 	}
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
@@ -443,12 +446,10 @@ func (t *task) waitCut(ctx context.Context, at int64) error {
 			return nil
 		}
 		t.unlockProc()
-		// Steps up to the cut may be waiting for release (an inline task
-		// releases on delivery; this wakes a merge goroutine).
-		select {
-		case t.merge.wake <- struct{}{}:
-		default:
-		}
+		// Steps up to the cut may be waiting for release: a merge
+		// goroutine is woken; an inline task releases on delivery, or
+		// here once its input delivered the end of its stream.
+		t.kickRelease()
 		select {
 		case <-ctx.Done():
 			lift()
