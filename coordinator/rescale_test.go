@@ -19,6 +19,7 @@ import (
 // advertises protocol 3, naming it, and proposed once it advertises the
 // current protocol; a plan without them goes through meanwhile.
 func TestPlanFieldsWaitForEveryCoordinator(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	s := c.nodes[l]
@@ -71,6 +72,7 @@ sinks:
 // aborted by the next leader's duties (the map's next dropped, the tasks
 // created for it deleted), and ScaleQuery refuses what cannot rescale.
 func TestLeaderResumesRescales(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
@@ -123,6 +125,7 @@ func TestLeaderResumesRescales(t *testing.T) {
 // timeout, holding the leader's duties and so the shutdown): the next
 // leader finishes it.
 func TestRescaleFinishEndsAtShutdown(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })

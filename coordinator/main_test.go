@@ -1,0 +1,42 @@
+package coordinator
+
+import (
+	"flag"
+	"os"
+	"strconv"
+	"testing"
+)
+
+// parallelTests is how many of this package's tests run at once (all but
+// six call t.Parallel). They mostly wait: for Raft elections, leases,
+// heartbeat timeouts and gossip, with one or two CPUs busy at most for
+// short spells; run one after another they took 7.8 minutes on 2 cores
+// while using 1.7 minutes of CPU. testing's default, GOMAXPROCS, would
+// overlap only two of them on such a machine. Each test has its own
+// clusters on port-0 listeners, its own temporary directories and no
+// package-level state to share (fakeWorkerPort is atomic).
+//
+// The exception: the tests that run real workers (the cross-org tests'
+// two orgs of two workers each, with queries generating 20000 records a
+// second) keep a core busy for most of their run, and their timings leave
+// little room (a 2 s heartbeat TTL, a 3 s partner timeout, a move's new
+// copy catching up within 36 s). Run beside the others on a 2-core
+// machine other work loaded, cross-org moves rolled back
+// (TestCrossOrgSinkAtPartnerIsTailed, TestCrossOrgDeadPartnerTasksComeHome).
+// They stay serial: go test runs the serial tests first, one at a time,
+// and the parallel ones after them.
+const parallelTests = 6
+
+// TestMain raises -test.parallel to parallelTests unless the command line
+// sets it.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		if err := flag.Set("test.parallel", strconv.Itoa(parallelTests)); err != nil {
+			panic(err)
+		}
+	}
+	os.Exit(m.Run())
+}
