@@ -28,7 +28,8 @@ import (
 const parallelTests = 6
 
 // TestMain raises -test.parallel to parallelTests unless the command line
-// sets it.
+// sets it: -parallel 1 runs the tests one at a time (with
+// FEDSTREAM_TEST_LOG set, so that their logs do not interleave).
 func TestMain(m *testing.M) {
 	flag.Parse()
 	given := false
