@@ -8,7 +8,7 @@ import (
 )
 
 // parallelTests is how many of this package's tests run at once (all but
-// six call t.Parallel). They mostly wait: for Raft elections, leases,
+// seven call t.Parallel). They mostly wait: for Raft elections, leases,
 // heartbeat timeouts and gossip, with one or two CPUs busy at most for
 // short spells; run one after another they took 7.8 minutes on 2 cores
 // while using 1.7 minutes of CPU. testing's default, GOMAXPROCS, would
@@ -24,7 +24,9 @@ import (
 // machine other work loaded, cross-org moves rolled back
 // (TestCrossOrgSinkAtPartnerIsTailed, TestCrossOrgDeadPartnerTasksComeHome).
 // They stay serial: go test runs the serial tests first, one at a time,
-// and the parallel ones after them.
+// and the parallel ones after them. So does
+// TestPlanFieldsWaitForEveryCoordinator, whose plan once waited out its
+// deadline when run beside the others.
 const parallelTests = 6
 
 // TestMain raises -test.parallel to parallelTests unless the command line
