@@ -46,6 +46,7 @@ func tokenState(t *testing.T, toks ...fsm.Token) *fsm.FSM {
 }
 
 func TestAuthenticatorRoleTable(t *testing.T) {
+	t.Parallel()
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	tok := func(id, secret, role string, ttl time.Duration) fsm.Token {
 		tk := fsm.NewToken(id, secret, role, "")
@@ -172,6 +173,9 @@ func TestAuthenticatorRoleTable(t *testing.T) {
 // TestTokensInCluster creates, uses, lists and revokes tokens through a
 // three-node cluster, talking to a follower (writes are forwarded).
 func TestTokensInCluster(t *testing.T) {
+	// Not parallel: its calls through a follower do not retry, and beside
+	// the others a loaded machine changed leaders under one ("leadership
+	// changed while the call was being forwarded").
 	c := newTestCluster(t, 3, "join-secret", "admin-secret")
 	f := c.follower()
 	tokens := pb.NewTokenServiceClient(c.conn(f, "admin-secret"))

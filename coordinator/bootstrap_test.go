@@ -226,6 +226,7 @@ func (c *testCluster) bootstrappers() []string {
 //     and the cluster's leader adds c1 and c2. Before the probe, c1 and c2
 //     bootstrapped {c1, c2, c3} and elected a leader of a second cluster.
 func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name       string
 		first      []int // started first, until the cluster has a leader
@@ -319,6 +320,7 @@ func TestBootstrapMoreCoordinatorsThanExpected(t *testing.T) {
 // configuration of its own; before the address update the moved node
 // never caught up.
 func TestWipedCoordinatorRejoins(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name           string
 		crash, newAddr bool
@@ -384,6 +386,7 @@ func TestWipedCoordinatorRejoins(t *testing.T) {
 // fails the TLS handshake; the org's own coordinator certificate gets an
 // answer (the control).
 func TestRaftStateOnlyForCoordinators(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "jt", "at")
 	c.leader()
 	ask := func(creds *tlsutil.Credentials, token string) (*pb.RaftStateResponse, error) {
@@ -421,6 +424,7 @@ func TestRaftStateOnlyForCoordinators(t *testing.T) {
 // three of them form one cluster (the probe is not refused for lack of a
 // token, which would keep them from ever bootstrapping).
 func TestPlaintextCoordinatorsBootstrap(t *testing.T) {
+	t.Parallel()
 	c := newUnstartedCluster(t, 3, 3)
 	w := watchLeaders(t)
 	for i := range c.cfgs {

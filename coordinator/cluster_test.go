@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -282,9 +283,11 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
-// fakeWorkerPort numbers the fake workers' addresses (tests of a package
-// run one at a time unless marked parallel, and none is).
-var fakeWorkerPort = 20000
+// fakeWorkerPort numbers the fake workers' addresses. It is shared by the
+// package's tests, which run in parallel, hence atomic. Nothing listens at
+// these addresses; the ports lie below the OS's ephemeral range, so no
+// port-0 listener of a parallel test can take one.
+var fakeWorkerPort atomic.Int32
 
 // fakeWorker registers through the real API and heartbeats until stopped.
 type fakeWorker struct {
@@ -300,8 +303,7 @@ func (c *testCluster) startWorker(t testing.TB, node int, name string, level ...
 	t.Helper()
 	// Each fake worker has its own address: a registration at the address
 	// of another worker replaces it (a restarted process).
-	fakeWorkerPort++
-	addr := fmt.Sprintf("127.0.0.1:%d", fakeWorkerPort)
+	addr := fmt.Sprintf("127.0.0.1:%d", 20000+fakeWorkerPort.Add(1))
 	// Like a real worker, retry with the same idempotency key while the
 	// coordinators answer Unavailable: on a loaded machine leadership can
 	// change under a registration ("leadership lost while committing").

@@ -59,6 +59,7 @@ func queryNames(t *testing.T, c pb.AdminServiceClient) []string {
 }
 
 func TestLeaderFailoverLosesNoAcknowledgedWrite(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	var acked []string
@@ -91,6 +92,7 @@ func TestLeaderFailoverLosesNoAcknowledgedWrite(t *testing.T) {
 }
 
 func TestRestartAllNodesFromDisk(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
@@ -126,6 +128,7 @@ func TestRestartAllNodesFromDisk(t *testing.T) {
 }
 
 func TestFollowerForwardsWrites(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "jt", "at")
 	f := c.follower()
 	resp := submit(t, c.admin(f), "viafollower", 1)
@@ -146,6 +149,7 @@ func TestFollowerForwardsWrites(t *testing.T) {
 }
 
 func TestWatchAssignmentsBlocksUntilChangeOrMaxWait(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
@@ -200,6 +204,7 @@ func workerStatus(t *testing.T, c pb.AdminServiceClient) map[string]*pb.WorkerIn
 }
 
 func TestSilentWorkerMarkedDownAndTasksMove(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
@@ -225,6 +230,7 @@ func TestSilentWorkerMarkedDownAndTasksMove(t *testing.T) {
 }
 
 func TestReplicasNeverShareAWorker(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	c.startWorker(t, l, "w1")
@@ -248,6 +254,7 @@ func TestReplicasNeverShareAWorker(t *testing.T) {
 }
 
 func TestLeaderChangeKeepsHealthyWorkersReady(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
@@ -331,6 +338,7 @@ func watchWorkersAcrossGrace(t *testing.T, c *testCluster, nl int, ids ...string
 }
 
 func TestInvalidQueryAndWrongTokensStoreNothing(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "join-secret", "admin-secret")
 	l := c.leader()
 	bad := []struct{ name, yaml, want string }{

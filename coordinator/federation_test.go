@@ -22,6 +22,7 @@ import (
 // across a restart; auditors read and verify the ledger and may write
 // nothing.
 func TestOrgIdentityAndLedgerService(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "join-secret", "admin-secret")
 	l := c.leader()
 	keyPath := filepath.Join(c.cfgs[l].DataDir, ledger.SigningKeyFile)
@@ -133,6 +134,7 @@ func TestOrgIdentityAndLedgerService(t *testing.T) {
 // leader records its key as the org's identity, the others fetch it over
 // mutual TLS, so whichever coordinator leads later signs as the org.
 func TestCoordinatorsShareTheOrgKey(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "join-secret", "admin-secret")
 	l := c.leader()
 	var want ed25519.PublicKey

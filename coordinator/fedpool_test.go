@@ -134,6 +134,7 @@ func crossOrgDial(t *testing.T, addr string, creds *tlsutil.Credentials) pb.Fede
 // a pin, a certificate from a wrong CA and a message that lies about its
 // sender are refused on the cross-org port; a killed org shows failed.
 func TestFederationPoolTwoOrgsContract(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	defer step("done")
@@ -348,6 +349,7 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 
 // Federation settings that cannot work are refused with the reason.
 func TestFederationConfigValidation(t *testing.T) {
+	t.Parallel()
 	ca := testCA(t, "acme")
 	base := func() Config {
 		return Config{Org: "acme", NodeID: "c1", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",

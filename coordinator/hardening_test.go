@@ -191,6 +191,7 @@ func leaderOtherThan(t *testing.T, c *testCluster, old int, timeout time.Duratio
 }
 
 func TestPartitionedLeaderStepsDownAndHeals(t *testing.T) {
+	t.Parallel()
 	c, p := newPartitionableCluster(t, 3)
 	l := c.leader()
 	submit(t, c.admin(l), "before", 1)
@@ -232,6 +233,7 @@ func TestPartitionedLeaderStepsDownAndHeals(t *testing.T) {
 // is retried with the same idempotency key on another node; the query is
 // created exactly once, and a later retry of that key does not apply again.
 func TestRetryThroughFailoverAppliesOnce(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	req := &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "once", 1)), Filename: "once.yaml", IdempotencyKey: "submit-once-key"}
@@ -296,6 +298,7 @@ func TestRetryThroughFailoverAppliesOnce(t *testing.T) {
 // field this build does not know (from a newer leader) is applied by every
 // node alike; a truncated entry stops every node that reaches it.
 func TestUnknownFieldAppliedByAllAndTruncatedEntryStopsNodes(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	data, err := fsm.Encode(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: "w-future", Addr: "127.0.0.1:1", Cores: 1}})
@@ -377,6 +380,7 @@ func (b *barrierFault) count(id string) int {
 // failing retries, then hands leadership over; the new leader runs its
 // duties. Before, it stayed leader doing nothing.
 func TestBarrierFailureTransfersLeadership(t *testing.T) {
+	t.Parallel()
 	fault := &barrierFault{calls: map[string]int{}}
 	c := newTestClusterWith(t, 3, "", "", testTimings(), fault.option)
 	bad := -1
@@ -403,6 +407,7 @@ func TestBarrierFailureTransfersLeadership(t *testing.T) {
 // TestBarrierFailureRetried: a single node whose barrier fails a few times
 // retries until its set-up succeeds and then runs its duties.
 func TestBarrierFailureRetried(t *testing.T) {
+	t.Parallel()
 	fault := &barrierFault{calls: map[string]int{}, first: true, failN: 3}
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
 		fault.option(cfg)
@@ -418,6 +423,7 @@ func TestBarrierFailureRetried(t *testing.T) {
 // protocol is refused while any coordinator advertises an older one (or is
 // not visible), and allowed once all do.
 func TestCanProposeWaitsForEveryCoordinator(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	s := c.nodes[l]

@@ -67,6 +67,7 @@ func healthActions(t *testing.T, s *Server) []*fsm.HealthAction {
 // survives the leader's shutdown, and the next leader adopts the pending
 // action and evaluates it.
 func TestHealthBlacklistAndLeaderChange(t *testing.T) {
+	t.Parallel()
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	c := newTestClusterWith(t, 3, "", "", testTimings(), func(cfg *Config) {
@@ -178,6 +179,7 @@ func TestHealthBlacklistAndLeaderChange(t *testing.T) {
 // the plan applier (the placement shows the new worker, the old one as
 // moving_from).
 func TestHealthMovesASlowInstance(t *testing.T) {
+	t.Parallel()
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {

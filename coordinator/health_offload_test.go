@@ -60,6 +60,7 @@ func bottleneckView(plan *queryspec.Plan, frag string) *health.Query {
 // of the fragment to the partner, co-signed into both ledgers, and the
 // action log names the move.
 func TestHealthOffloadsOnlyUnderContract(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha := newXorgOrg(t, "alpha", nil, func(c *Config) {
 		c.Federation.Load = loadmgr.Config{Cores: 0.001, Period: time.Hour}
 		c.Health = HealthConfig{Off: true} // the test drives the loop
@@ -193,6 +194,7 @@ func TestHealthOffloadsOnlyUnderContract(t *testing.T) {
 // source would need and why it cannot be scaled. (A generator source is
 // scaled: cmd/fedstream TestSLOScalesTheSource.)
 func TestHealthSLOSourcesAlert(t *testing.T) {
+	t.Parallel()
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {

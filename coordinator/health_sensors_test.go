@@ -19,6 +19,7 @@ func win(task string, s int64, in float64) *pb.TaskStats {
 // not added twice), the newest stands for the task, and a task missing
 // from a report is gone with its history.
 func TestLiveStatsKeepsEveryWindow(t *testing.T) {
+	t.Parallel()
 	l := newLiveStats()
 	now := time.Now()
 	l.put("w1", []*pb.TaskStats{win("a", 1, 10), win("b", 1, 20), win("a", 2, 11), win("b", 2, 21)}, now)
@@ -52,6 +53,7 @@ func TestLiveStatsKeepsEveryWindow(t *testing.T) {
 // instance far ahead of another (its worker's reports were held up)
 // skips its oldest windows rather than pairing windows seconds apart.
 func TestHealthLoopSamplesEveryWindow(t *testing.T) {
+	t.Parallel()
 	s := &Server{liveStats: newLiveStats()}
 	l := &healthLoop{s: s, cfg: HealthConfig{Window: 100}, queries: map[string]*healthQuery{}}
 	l.cfg.fill()
@@ -123,6 +125,7 @@ func TestHealthLoopSamplesEveryWindow(t *testing.T) {
 // partition's queue in the samples, so the queue skew that tells a slow
 // instance shows although the backlog waits upstream.
 func TestHeldBacklogCountsAsQueue(t *testing.T) {
+	t.Parallel()
 	s := &Server{liveStats: newLiveStats()}
 	l := &healthLoop{s: s, cfg: HealthConfig{Window: 10}, queries: map[string]*healthQuery{}}
 	l.cfg.fill()

@@ -17,6 +17,7 @@ import (
 // finished, on a window from after it. Before, the action was judged (and
 // its pair counted) while the rescale went on.
 func TestHealthEvaluatesRescaleOnlyOnceFinished(t *testing.T) {
+	t.Parallel()
 	settle := 30 * time.Second
 	full := func() []health.Sample {
 		out := make([]health.Sample, health.DefaultConfig().MinSamples)

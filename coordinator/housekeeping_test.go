@@ -14,6 +14,7 @@ import (
 // A worker down longer than RemoveDownWorkersAfter is removed from the
 // state; its tasks were placed on the survivor when it went down.
 func TestDownWorkersRemoved(t *testing.T) {
+	t.Parallel()
 	tm := testTimings()
 	tm.RemoveDownWorkersAfter = time.Second
 	c := newTestClusterWith(t, 3, "", "", tm)
@@ -50,6 +51,7 @@ func TestDownWorkersRemoved(t *testing.T) {
 // with a new id) replaces its old record: no duplicate rows, and the old
 // record's tasks are placed again.
 func TestRestartedWorkerReplacesItsRecord(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	const addr = "127.0.0.1:29999"
@@ -87,6 +89,7 @@ func TestRestartedWorkerReplacesItsRecord(t *testing.T) {
 // and their tasks unknown rather than running, until they are heard from;
 // dead ones then go down and their tasks lost or re-placed.
 func TestFullRestartDoesNotClaimDeadWorkersRun(t *testing.T) {
+	t.Parallel()
 	tm := testTimings()
 	tm.HeartbeatTTL, tm.LeaderGrace = 2*time.Second, 2*time.Second // room to look
 	c := newTestClusterWith(t, 1, "", "", tm)

@@ -13,6 +13,7 @@ import (
 // minimum interval is never sent a too_many_pings GoAway (grpc's default
 // server minimum is 5 minutes; clients ping every 30 s).
 func TestCoordinatorAcceptsClientKeepalive(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	tlsConf := testCreds(t, c.ca, rpc.RoleClient, "test").ClientConfig(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}})

@@ -40,6 +40,7 @@ func submitYAML(t *testing.T, c pb.AdminServiceClient, name, yaml string) (*pb.S
 // workers, are refused at submit with an error that names the limit, its
 // value, what the query needs and how to raise it; nothing is stored.
 func TestSubmitRefusedOverLimits(t *testing.T) {
+	t.Parallel()
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Limits.MaxTasksPerOrg = 100 })
 	l := c.leader()
 	c.startWorker(t, l, "w1") // 4 cores each: a derived limit of 128 tasks
@@ -83,6 +84,7 @@ func TestSubmitRefusedOverLimits(t *testing.T) {
 // A task that cannot be placed says why in its status message instead of
 // staying pending with an empty one.
 func TestPendingTasksSayWhy(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")

@@ -105,6 +105,7 @@ var adminModel = porcupine.NondeterministicModel{
 // until it gets a definite answer, while the test kills the leader, brings
 // it back and partitions the new leader; porcupine checks the history.
 func TestAdminAPILinearizable(t *testing.T) {
+	t.Parallel()
 	c, p := newPartitionableCluster(t, 3)
 	c.leader()
 	names := []string{"lin-a", "lin-b", "lin-c"}
@@ -225,6 +226,7 @@ func TestAdminAPILinearizable(t *testing.T) {
 // TestAdminModelRejectsAnomalies: the model refuses what a broken admin API
 // would produce (so TestAdminAPILinearizable can fail).
 func TestAdminModelRejectsAnomalies(t *testing.T) {
+	t.Parallel()
 	op := func(client int, name string, submit bool, call, ret int64, res opResult) porcupine.Operation {
 		return porcupine.Operation{ClientId: client, Input: adminOp{name: name, submit: submit}, Call: call, Output: res, Return: ret}
 	}

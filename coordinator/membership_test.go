@@ -82,6 +82,7 @@ func never(t *testing.T, d time.Duration, what string, cond func() bool) {
 // A serf member without the org's gossip key, or with another key, cannot
 // join; the same member with the key can (the control).
 func TestGossipNeedsTheKey(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	c.leader()
 	tags := map[string]string{tagOrg: "acme", tagRole: roleCoordinator, tagID: "c9"}
@@ -107,6 +108,7 @@ func TestGossipNeedsTheKey(t *testing.T) {
 // coordinator joining at the same time does (the control). A voter that
 // leaves is removed; one that fails is removed after DeadVoterTimeout.
 func TestOnlyCertifiedCoordinatorsVote(t *testing.T) {
+	t.Parallel()
 	tm := testTimings()
 	tm.DeadVoterTimeout = 2 * time.Second
 	c := newTestClusterWith(t, 3, "", "", tm)
@@ -167,6 +169,7 @@ func TestOnlyCertifiedCoordinatorsVote(t *testing.T) {
 
 // A voter that leaves gracefully is removed at once.
 func TestLeftVoterIsRemoved(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	f := (l + 1) % 3
@@ -181,6 +184,7 @@ func TestLeftVoterIsRemoved(t *testing.T) {
 // coordinator certificate: a RequestVote with a higher term sent through
 // either changes nothing (before mTLS one such message caused an election).
 func TestRaftPortRefusesOutsiders(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	f := (l + 1) % 3
@@ -231,6 +235,7 @@ func TestRaftPortRefusesOutsiders(t *testing.T) {
 // Raft address) never receives a forwarded call: followers forward only to
 // the leader's certificate. Every write still reaches the real leader.
 func TestForwardNeverReachesAnImpostor(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "jt", "at")
 	l := c.leader()
 	var calls atomic.Int64

@@ -14,6 +14,7 @@ import (
 // is switched to anyway once Timings.MoveCatchUpBound has passed, and the
 // positions at the switch show it had not caught up.
 func TestCatchUpMoveEndsAfterItsBound(t *testing.T) {
+	t.Parallel()
 	tm := testTimings()
 	tm.MoveCatchUpBound = time.Second
 	c := newTestClusterWith(t, 1, "", "", tm)

@@ -22,6 +22,7 @@ import (
 // and a certificate request), and gets a certificate for the worker id the
 // org gave it; one with another org's certificate gets nothing at all.
 func TestCoordinatorPortNeedsAnOrgCertificate(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "jt", "at")
 	l := c.leader()
 	addr := c.cfgs[l].GRPCAddr
@@ -81,6 +82,7 @@ func TestCoordinatorPortNeedsAnOrgCertificate(t *testing.T) {
 
 // Plaintext mode is explicit and visible.
 func TestPlaintextNeedsTheFlag(t *testing.T) {
+	t.Parallel()
 	cfg := Config{Org: "acme", NodeID: "c1", DataDir: t.TempDir(), GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0", BootstrapExpect: 1}
 	if _, err := New(cfg); err == nil {
 		t.Fatal("coordinator without TLS credentials or --insecure-plaintext was accepted")
@@ -134,6 +136,7 @@ func peerCtx(t *testing.T, creds *tlsutil.Credentials, md metadata.MD) context.C
 // A forwarded call keeps its caller's identity, vouched for by the
 // forwarding coordinator; nobody else can claim one.
 func TestCallerIdentityThroughForwarding(t *testing.T) {
+	t.Parallel()
 	ca := testCA(t, "acme")
 	s := &Server{cfg: Config{Org: "acme"}}
 	worker := rpc.Identity{Org: "acme", Role: rpc.RoleWorker, Name: "w-1"}

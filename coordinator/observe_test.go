@@ -38,6 +38,7 @@ func healthOf(t *testing.T, c *testCluster, i int) healthpb.HealthCheckResponse_
 // NOT_SERVING (grpc's health server starts SERVING, which it used to
 // report regardless). A single-node cluster becomes ready once it leads.
 func TestHealthServesOnlyWhenReady(t *testing.T) {
+	t.Parallel()
 	withHTTP := func(c *Config) { c.HTTPAddr = "127.0.0.1:0" }
 	lone := newTestClusterWith(t, 1, "", "", testTimings(), withHTTP, func(c *Config) { c.BootstrapExpect = 0 })
 	addr := lone.nodes[0].HTTPAddr()
@@ -67,6 +68,7 @@ func TestHealthServesOnlyWhenReady(t *testing.T) {
 // answers them, for the query's own tasks only, naming the reporting
 // worker whatever the report claims.
 func TestQueryStatsThroughFollowers(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	f1, f2 := (l+1)%3, (l+2)%3
@@ -123,6 +125,7 @@ func TestQueryStatsThroughFollowers(t *testing.T) {
 }
 
 func TestRefusalReasonsAreBounded(t *testing.T) {
+	t.Parallel()
 	for why, want := range map[string]string{
 		"stale plan: the task is unplaced at generation 1, the plan expected it on worker w at generation 2": "stale",
 		"task q/f/p0/r0 does not exist (its query was stopped or resubmitted)":                               "task_gone",

@@ -46,6 +46,7 @@ func filler(workerID string, n int) []*fsm.Task {
 // against one state, with the reason expected for each placement ("" =
 // accepted).
 func TestPlanCheck(t *testing.T) {
+	t.Parallel()
 	const perCore = 2
 	move := func(task, from string, gen int, to string) fsm.PlannedPlacement {
 		return fsm.PlannedPlacement{TaskID: task, FromWorker: from, FromGeneration: gen, ToWorker: to}
@@ -175,6 +176,7 @@ func TestPlanCheck(t *testing.T) {
 // TestSchedulerPlacement is the scheduler's table: where replace puts
 // tasks, and that the applier accepts every placement it plans.
 func TestSchedulerPlacement(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name    string
 		workers []*fsm.Worker
@@ -274,6 +276,7 @@ func TestSchedulerPlacement(t *testing.T) {
 // other than the plan applier proposes a placement: the legacy PlaceTasks
 // command, an ApplyPlan entry, or tasks created already placed.
 func TestOnlyThePlanApplierWritesPlacements(t *testing.T) {
+	t.Parallel()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
@@ -325,6 +328,7 @@ func TestOnlyThePlanApplierWritesPlacements(t *testing.T) {
 // TestSlotMapStartsWithTheFormula: the initial replicated map is exactly
 // the formula the data plane routed by before maps were replicated.
 func TestSlotMapStartsWithTheFormula(t *testing.T) {
+	t.Parallel()
 	if fsm.NumSlots != queryspec.NumSlots {
 		t.Fatalf("fsm.NumSlots %d != queryspec.NumSlots %d", fsm.NumSlots, queryspec.NumSlots)
 	}
@@ -367,6 +371,7 @@ func taskOf(t *testing.T, c *testCluster, node int, id string) *fsm.Task {
 // applier exactly one plan wins; the other is refused as stale, with a
 // reason naming where the task is now.
 func TestRacingPlansExactlyOneWins(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	var ws []*fakeWorker
@@ -452,6 +457,7 @@ func TestRacingPlansExactlyOneWins(t *testing.T) {
 // TestRefusalIsTheWaitingTasksReason: a plan placing an unplaced task on a
 // down worker is refused, and the task shows the refusal as its reason.
 func TestRefusalIsTheWaitingTasksReason(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
@@ -491,6 +497,7 @@ func TestRefusalIsTheWaitingTasksReason(t *testing.T) {
 // its tasks learns its slot set and the epoch, every task of the query the
 // map; a reassignment bumps the epoch and a stale one is refused.
 func TestSubmitCreatesSlotMapsAndAssignmentsCarryThem(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
@@ -577,6 +584,7 @@ func TestSubmitCreatesSlotMapsAndAssignmentsCarryThem(t *testing.T) {
 // by a plan (not created placed), and a submit on a node without a plan
 // applier leaves them to the scheduler instead of failing.
 func TestSubmitPlacesThroughTheApplier(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	c.startWorker(t, l, "w1")
@@ -600,6 +608,7 @@ func TestSubmitPlacesThroughTheApplier(t *testing.T) {
 // yet (no worker) still gets its slot maps, from the scheduler's plan, as
 // does a query of an older build that never had any.
 func TestSlotMapsWithoutPlacement(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	if _, err := c.admin(l).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{

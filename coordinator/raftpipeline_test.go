@@ -17,6 +17,7 @@ import (
 // raft.Shutdown for ever). The peer is a real transport over the org's
 // mutual TLS, so a pipeline would open if the transport allowed one.
 func TestRaftReplicationIsNotPipelined(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[c.leader()]
 	layer, err := newTLSStreamLayer("127.0.0.1:0", testCreds(t, c.ca, rpc.RoleCoordinator, "c9"), nil)

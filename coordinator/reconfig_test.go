@@ -28,6 +28,7 @@ sinks:
 // gives it a third version while the first is still under way; each
 // keeps the strategy it was committed with.
 func TestUpdateQueryCommitsOnePlan(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })

@@ -46,6 +46,7 @@ sinks:
 // the plan at the partner (from its assignment), the plan switches while
 // the stream runs and completes, every task of both orgs at its level.
 func TestReconfigDuringCrossOrgMove(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha, _, contract := xorgPair(t)
 	const limit = 100000
 	alpha.submit(t, "ref", 1, limit)

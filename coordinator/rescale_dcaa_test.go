@@ -16,6 +16,7 @@ import (
 // would wait for a hold that never comes until it is aborted. The same
 // operator read only by a sink is not refused.
 func TestScaleReplicatedQueryRefused(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })

@@ -20,6 +20,8 @@ import (
 // advertises protocol 3, naming it, and proposed once it advertises the
 // current protocol; a plan without them goes through meanwhile.
 func TestPlanFieldsWaitForEveryCoordinator(t *testing.T) {
+	// Not parallel: beside the others on a loaded machine, its first plan
+	// waited out its 20 s deadline once (the plan applier busy).
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	s := c.nodes[l]
@@ -43,17 +45,17 @@ func TestPlanFieldsWaitForEveryCoordinator(t *testing.T) {
 	live := fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, Placements: []fsm.PlannedPlacement{{TaskID: "q/f/p0/r0", FromGeneration: 1, ToWorker: "w", Live: true}}}
 	plain := live
 	plain.Placements = []fsm.PlannedPlacement{{TaskID: "q/f/p0/r0", FromGeneration: 1, ToWorker: "w"}}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
+	// Each plan its own deadline: one context for all three also timed
+	// setProto's waits for gossip.
 	setProto(3)
-	if _, err := s.submitPlan(ctx, live); !errors.Is(err, ErrCommandNotSupported) {
+	if _, err := s.submitPlan(ctxT(t, 20*time.Second), live); !errors.Is(err, ErrCommandNotSupported) {
 		t.Fatalf("live move with a protocol-3 coordinator: %v, want ErrCommandNotSupported", err)
 	}
-	if _, err := s.submitPlan(ctx, plain); err != nil {
+	if _, err := s.submitPlan(ctxT(t, 20*time.Second), plain); err != nil {
 		t.Fatalf("plain plan with a protocol-3 coordinator: %v", err)
 	}
 	setProto(fsm.ProtocolVersion)
-	out, err := s.submitPlan(ctx, live)
+	out, err := s.submitPlan(ctxT(t, 20*time.Second), live)
 	if err != nil || len(out.Result.Refused) != 1 {
 		t.Fatalf("live move once every coordinator upgraded: %+v, %v (want the unknown task refused)", out, err)
 	}
@@ -72,6 +74,7 @@ sinks:
 // aborted by the next leader's duties (the map's next dropped, the tasks
 // created for it deleted), and ScaleQuery refuses what cannot rescale.
 func TestLeaderResumesRescales(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
@@ -124,6 +127,7 @@ func TestLeaderResumesRescales(t *testing.T) {
 // stall time, holding the leader's duties and so the shutdown): the next
 // leader finishes it.
 func TestRescaleFinishEndsAtShutdown(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })

@@ -11,6 +11,7 @@ import (
 // with its reason, shows so in ListWorkers (task_states) and GetQuery, and
 // running again once reported so.
 func TestStalledTaskShowsInWorkersAndQuery(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")

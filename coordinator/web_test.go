@@ -39,6 +39,7 @@ func webGet(t *testing.T, base, path, token string) (int, string) {
 // readers; no token, a wrong token or a too weak one is refused, and no
 // answer echoes a secret. The page itself holds no data and needs nothing.
 func TestWebAPIUsesTheRoleTable(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "join-secret", "admin-secret")
 	c.leader()
 	tokens := pb.NewTokenServiceClient(c.conn(0, "admin-secret"))
@@ -90,6 +91,7 @@ func TestWebAPIUsesTheRoleTable(t *testing.T) {
 // In dev mode (no tokens configured) the API answers without a token, as
 // the gRPC API does.
 func TestWebAPIInDevModeNeedsNoToken(t *testing.T) {
+	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	c.leader()
 	srv := httptest.NewServer(c.nodes[0].WebHandler())

@@ -50,6 +50,7 @@ func subscribeVia(t *testing.T, addr string, creds *tlsutil.Credentials) codes.C
 // org's own coordinator are refused at the handshake; the contract
 // partner reaches the relay, which routes nothing it hosts no task of.
 func TestCrossOrgDataPortNeedsAContract(t *testing.T) {
+	t.Parallel()
 	alpha := newFedOrg(t, "alpha", 1, nil)
 	beta := newFedOrg(t, "beta", 1, fedAddr(alpha))
 	gamma := newFedOrg(t, "gamma", 1, fedAddr(alpha))

@@ -286,6 +286,7 @@ func copies(task string, orgs ...*xorgOrg) (n int, where []string) {
 // (fetched across orgs) and both directions switch consumers across the
 // orgs' data ports.
 func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha, beta, contract := xorgPair(t)
 	const limit = 100000
 	alpha.submit(t, "ref", 1, limit)
@@ -447,6 +448,7 @@ func (o *xorgOrg) partition() {
 // been silent for the partner timeout, and the task runs exactly once,
 // at alpha, with the results of a run left alone.
 func TestCrossOrgMovePartitioned(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha, beta, contract := xorgPair(t)
 	const limit = 60000
 	alpha.submit(t, "ref", 1, limit)
@@ -509,6 +511,7 @@ func TestCrossOrgMovePartitioned(t *testing.T) {
 // from a snapshot of its live peer replica; the results equal a run left
 // alone.
 func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha, beta, contract := xorgPair(t)
 	const limit = 200000
 	alpha.submit(t, "ref", 2, limit)
@@ -526,7 +529,10 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 		}
 		started = true
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			// Two moves and a worker's death, each bounded on its own:
+			// this bounds only a run that hangs (a loaded 2-core machine
+			// took over 60 s).
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
 				done <- err
@@ -551,6 +557,10 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 					break
 				}
 				time.Sleep(20 * time.Millisecond)
+			}
+			if ctx.Err() != nil {
+				done <- fmt.Errorf("waiting for the task back at alpha, running, after its beta worker died: %w", ctx.Err())
+				return
 			}
 			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
 				done <- fmt.Errorf("second move, to beta's other worker: %w", err)
@@ -587,6 +597,7 @@ func TestCrossOrgDeadPartnerTasksComeHome(t *testing.T) {
 // not fill a worker the hosted tasks already fill, and never places on
 // the record standing for a partner org.
 func TestPlacerCountsHostedTasksAndSkipsPartners(t *testing.T) {
+	t.Parallel()
 	workers := []*fsm.Worker{
 		{ID: "w1", Cores: 1, Status: statusReady},
 		{ID: partnerWorkerID("beta"), Cores: 1 << 16, Status: statusReady, Labels: map[string]string{partnerLabel: "beta"}},
@@ -609,6 +620,7 @@ func TestPlacerCountsHostedTasksAndSkipsPartners(t *testing.T) {
 // through this org's coordinator, which relays them from the partner;
 // they equal a run left alone.
 func TestCrossOrgSinkAtPartnerIsTailed(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
 	alpha, beta, contract := xorgPair(t)
 	const limit = 60000
 	alpha.submit(t, "ref", 1, limit)

@@ -24,6 +24,7 @@ import (
 // request. Before the acknowledgement rule, an ack of 2^62 under a task's
 // name discarded tuples its real downstream had not read.
 func TestAckBeyondSentIsRefused(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

@@ -153,6 +153,7 @@ func (o *inProcessOrg) runWorkerCreds(t *testing.T, coords []string) (*worker.Wo
 // TestWorkerSurvivesCoordinatorLoss: the worker's preferred coordinator dies;
 // it keeps heartbeating through the others and is never marked down.
 func TestWorkerSurvivesCoordinatorLoss(t *testing.T) {
+	t.Parallel()
 	o := newInProcessOrg(t, 3)
 	w := o.runWorker(t, o.grpcAddrs()[:1]) // it knows one; the org tells it the rest
 	waitFor(t, 20*time.Second, "worker registered and ready", func() bool {
@@ -174,6 +175,7 @@ func TestWorkerSurvivesCoordinatorLoss(t *testing.T) {
 // cluster on the same addresses); the worker is told it is unknown and
 // registers again under a new id.
 func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
+	t.Parallel()
 	o := newInProcessOrg(t, 1)
 	w := o.runWorker(t, o.grpcAddrs())
 	waitFor(t, 20*time.Second, "worker registered", func() bool { return w.ID() != "" && o.workerStatus(w.ID()) == "ready" })
@@ -191,6 +193,7 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 // worker renews it before it expires, again and again, stays ready, and
 // its data plane keeps presenting a valid certificate of its identity.
 func TestWorkerRenewsItsCertificate(t *testing.T) {
+	t.Parallel()
 	const ttl = 3 * time.Second
 	o := newInProcessOrg(t, 1, ttl)
 	w, creds := o.runWorkerCreds(t, o.grpcAddrs())
@@ -240,6 +243,7 @@ func TestWorkerRenewsItsCertificate(t *testing.T) {
 // refuses to start unless told --insecure-plaintext; with the flag on both
 // sides a plaintext org still works (for debugging).
 func TestPlaintextOrgNeedsTheFlagEverywhere(t *testing.T) {
+	t.Parallel()
 	if _, err := worker.New(worker.Config{Org: "acme", Coordinators: []string{"127.0.0.1:1"}}); !errors.Is(err, worker.ErrNoTLS) {
 		t.Fatalf("worker without TLS or the flag: %v, want ErrNoTLS", err)
 	}

@@ -22,8 +22,8 @@ import (
 // run runs the binary and returns its exit error, stdout and stderr.
 func run(ctx context.Context, t *testing.T, stdin string, args ...string) (error, string, string) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, binary(t), args...)
-	cmd.Env = withoutTokens(os.Environ())
+	cmd := command(ctx, t, args...)
+	cmd.Env = withoutTokens(cmd.Env)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -57,6 +57,7 @@ func writeSecret(t *testing.T, dir, name, secret string) string {
 // data plane, that reading results needs a reader token and ingesting a
 // writer token, with the messages users see.
 func TestDataPlaneRefusesWithoutTheRightToken(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

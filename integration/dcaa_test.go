@@ -17,6 +17,7 @@ import (
 // and every result the CLI tail prints equals the reference, once. The
 // query's status shows each task replica's DCAA state.
 func TestHeldLinkBetweenWorkerProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

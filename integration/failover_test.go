@@ -9,6 +9,7 @@ import (
 // leader; a surviving coordinator must report a new leader and both workers
 // ready within 10 seconds.
 func TestKillLeaderProcess(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

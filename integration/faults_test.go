@@ -16,6 +16,7 @@ import (
 // replica 1 and every result the CLI tail prints equals the reference,
 // once; the other workers log the cut subscriptions.
 func TestCutLinkBetweenWorkerProcesses(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

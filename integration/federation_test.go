@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -65,12 +64,13 @@ type memberRow struct {
 // proposed by one and accepted by the other is active and co-signed in
 // both ledgers, which verify; an org that pinned nobody is refused.
 func TestTwoOrgProcessesContract(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
 	base := t.TempDir()
 	fedKey := filepath.Join(base, "federation.key")
-	key, err := exec.Command(binary(t), "keygen").Output()
+	key, err := command(context.Background(), t, "keygen").Output()
 	if err != nil {
 		t.Fatal(err)
 	}

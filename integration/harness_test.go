@@ -94,9 +94,49 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
+// tlsDirs holds, by test name, the TLS directory of the org a test
+// started (startOrg). The processes a test starts afterwards get it as
+// FEDSTREAM_TLS_DIR, as if the test had set it in its own environment;
+// the test process's environment is shared by every test, and the tests
+// run in parallel.
+var tlsDirs sync.Map
+
+// setTLSDir gives the processes t starts from now on FEDSTREAM_TLS_DIR=dir.
+func setTLSDir(t *testing.T, dir string) {
+	tlsDirs.Store(t.Name(), dir)
+	t.Cleanup(func() { tlsDirs.Delete(t.Name()) })
+}
+
+// testEnv is the environment of a process t starts: the test process's,
+// with FEDSTREAM_TLS_DIR set by setTLSDir for t or for a test t is a
+// subtest of.
+func testEnv(t *testing.T) []string {
+	env := os.Environ()
+	for name := t.Name(); ; {
+		if dir, ok := tlsDirs.Load(name); ok {
+			// exec keeps the last of duplicate variables.
+			return append(env, "FEDSTREAM_TLS_DIR="+dir.(string))
+		}
+		i := strings.LastIndexByte(name, '/')
+		if i < 0 {
+			return env
+		}
+		name = name[:i]
+	}
+}
+
+// command is exec.CommandContext of the built binary, in t's environment.
+func command(ctx context.Context, t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, binary(t), args...)
+	cmd.Env = testEnv(t)
+	return cmd
+}
+
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(binary(t), args...)
+	cmd.Env = testEnv(t)
 	p := &proc{name: name, cmd: cmd, out: &lockedBuffer{}, done: make(chan struct{})}
 	cmd.Stdout, cmd.Stderr = p.out, p.out
 	if err := cmd.Start(); err != nil {
@@ -140,7 +180,7 @@ func tail(s string, n int) string {
 // cli runs a client command and decodes its --json output into out.
 func cli(ctx context.Context, t *testing.T, out any, args ...string) error {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, binary(t), append(args, "--json", "--timeout", "3s")...)
+	cmd := command(ctx, t, append(args, "--json", "--timeout", "3s")...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -178,7 +218,7 @@ type org struct {
 // gossipKeyFile writes a key from fedstream keygen into dir.
 func gossipKeyFile(t *testing.T, dir string) string {
 	t.Helper()
-	out, err := exec.Command(binary(t), "keygen").Output()
+	out, err := command(context.Background(), t, "keygen").Output()
 	if err != nil {
 		t.Fatalf("keygen: %v", err)
 	}
@@ -198,7 +238,7 @@ func tlsInit(t *testing.T, org string, coordinators int) (string, []tlsFile) {
 	for i := 0; i < coordinators; i++ {
 		ids = append(ids, fmt.Sprintf("c%d", i+1))
 	}
-	out, err := exec.Command(binary(t), "tls", "init", "--org", org, "--out", dir, "--coordinators", strings.Join(ids, ","), "--json").Output()
+	out, err := command(context.Background(), t, "tls", "init", "--org", org, "--out", dir, "--coordinators", strings.Join(ids, ","), "--json").Output()
 	if err != nil {
 		t.Fatalf("tls init: %v", err)
 	}
@@ -224,7 +264,7 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 	o.gossipKeyFile = gossipKeyFile(t, o.tlsDir)
 	// Every client command of the test finds the org's CA and the admin
 	// client certificate here.
-	t.Setenv("FEDSTREAM_TLS_DIR", o.tlsDir)
+	setTLSDir(t, o.tlsDir)
 	type addrs struct{ grpc, raft, serf string }
 	var all []addrs
 	ports := freeAddrs(t, 3*coordinators)

@@ -80,6 +80,7 @@ func skewedKeys(t *testing.T) (words []string, slotOf map[string]int) {
 // holds more hot keys than it can take, and every result equals, window by
 // window, that of a run without cost or rebalancing.
 func TestHealthRebalancesDataSkew(t *testing.T) {
+	t.Parallel()
 	words, slotOf := skewedKeys(t)
 	list := `['` + strings.Join(words, `','`) + `']`
 	p := health.DefaultConfig()
@@ -157,6 +158,7 @@ func TestHealthRebalancesDataSkew(t *testing.T) {
 // until the rescale's timeout (a health action taken near the end of a
 // finite query did that, stalling the sink for two minutes).
 func TestRescaleAfterTheEndIsRefused(t *testing.T) {
+	t.Parallel()
 	o := newLiveOrg(t, 2)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

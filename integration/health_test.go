@@ -50,6 +50,7 @@ sinks:
 // through the live rescale, while the query runs; every result equals
 // the reference run's (no cost, two partitions, never rescaled).
 func TestHealthScalesUpUnderBackpressure(t *testing.T) {
+	t.Parallel()
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	o := newLiveOrgWith(t, 3, func(c *coordinator.Config) {

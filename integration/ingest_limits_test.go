@@ -21,6 +21,7 @@ import (
 // gRPC marshalling error, a huge line ended the read, and one record at
 // the end-of-stream time made every later record late.
 func TestIngestRefusesBadLinesOneByOne(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -50,7 +51,7 @@ func TestIngestRefusesBadLinesOneByOne(t *testing.T) {
 	waitFor(t, 30*time.Second, "ingest answered", func() bool {
 		out.Reset()
 		stderr.Reset()
-		cmd := exec.CommandContext(ctx, binary(t), "ingest", "ingest", "requests", "--addr", o.grpc[0], "--token", o.adminToken)
+		cmd := command(ctx, t, "ingest", "ingest", "requests", "--addr", o.grpc[0], "--token", o.adminToken)
 		cmd.Stdin = strings.NewReader(input)
 		cmd.Stdout, cmd.Stderr = &out, &stderr
 		runErr = cmd.Run()

@@ -22,6 +22,7 @@ import (
 // prints every result, exactly as computed from the sample here, and exits
 // 0 by itself at the sink's end.
 func TestIngestAndTailThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -50,7 +51,7 @@ func TestIngestAndTailThroughTheCLI(t *testing.T) {
 	waitFor(t, 30*time.Second, "ingest accepted", func() bool {
 		out.Reset()
 		stderr.Reset()
-		cmd := exec.CommandContext(ctx, binary(t), "ingest", "ingest", "requests", "--addr", o.grpc[0], "--token", o.adminToken)
+		cmd := command(ctx, t, "ingest", "ingest", "requests", "--addr", o.grpc[0], "--token", o.adminToken)
 		cmd.Stdin = strings.NewReader(input)
 		cmd.Stdout, cmd.Stderr = &out, &stderr
 		runErr = cmd.Run()
@@ -104,7 +105,7 @@ func TestIngestAndTailThroughTheCLI(t *testing.T) {
 	}
 
 	// tail prints every result and exits 0 at the sink's end.
-	tail := exec.CommandContext(ctx, binary(t), "tail", "ingest", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
+	tail := command(ctx, t, "tail", "ingest", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
 	var tailOut, tailErr bytes.Buffer
 	tail.Stdout, tail.Stderr = &tailOut, &tailErr
 	if err := tail.Run(); err != nil {

@@ -9,7 +9,6 @@ import (
 	"io"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -49,6 +48,7 @@ sinks:
 // counted twice. The last part of the input is written only once the move
 // ended, so the ingest process must have reconnected to the moved copy.
 func TestIngestSourceMoveThroughTheCLI(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -105,11 +105,11 @@ func TestIngestSourceMoveThroughTheCLI(t *testing.T) {
 	// The source may still be starting: a first ingest of no line waits
 	// until it answers (it is not closed).
 	waitFor(t, 30*time.Second, "the source accepts", func() bool {
-		cmd := exec.CommandContext(ctx, binary(t), "ingest", "im", "events", "--addr", o.grpc[0], "--token", o.adminToken, "--retry-for", "2s")
+		cmd := command(ctx, t, "ingest", "im", "events", "--addr", o.grpc[0], "--token", o.adminToken, "--retry-for", "2s")
 		cmd.Stdin = strings.NewReader("")
 		return cmd.Run() == nil
 	})
-	ing := exec.CommandContext(ctx, binary(t), "ingest", "im", "events", "--close", "--batch", "50", "--addr", o.grpc[0], "--token", o.adminToken)
+	ing := command(ctx, t, "ingest", "im", "events", "--close", "--batch", "50", "--addr", o.grpc[0], "--token", o.adminToken)
 	stdin, err := ing.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +161,7 @@ func TestIngestSourceMoveThroughTheCLI(t *testing.T) {
 		t.Errorf("the ingest process never reconnected to the moved copy:\n%s", ingErr.String())
 	}
 
-	tail := exec.CommandContext(ctx, binary(t), "tail", "im", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
+	tail := command(ctx, t, "tail", "im", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
 	var tailOut, tailErr bytes.Buffer
 	tail.Stdout, tail.Stderr = &tailOut, &tailErr
 	if err := tail.Run(); err != nil {
@@ -199,6 +199,7 @@ func TestIngestSourceMoveThroughTheCLI(t *testing.T) {
 // through the coordinator's query status, and every sink replica's
 // results equal the counts computed from the input.
 func TestLiveIngestSourceMove(t *testing.T) {
+	t.Parallel()
 	for _, replicas := range []int{1, 2} {
 		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) { liveIngestMove(t, replicas) })
 	}

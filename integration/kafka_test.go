@@ -68,6 +68,7 @@ func payments(p, from, to int, last bool) [][]byte {
 // totals topic holds exactly the totals computed from the payments, each
 // once.
 func TestKafkaQueryWithLiveMoves(t *testing.T) {
+	t.Parallel()
 	broker := kafkatest.Start(t, map[string]int32{"payments": 2, "totals": 3})
 	o := newLiveOrg(t, 3)
 	const n = 900
@@ -198,6 +199,7 @@ func checkTotals(t *testing.T, broker string, want map[string]string) {
 // "fedstream task move", and checks the totals topic against the
 // reference: every total, each once.
 func TestKafkaQueryThroughBinary(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -267,6 +269,7 @@ func TestKafkaQueryThroughBinary(t *testing.T) {
 // reads back the last committed total and writes the rest. The totals
 // topic holds exactly the reference totals, each once.
 func TestKafkaSinkWorkerLost(t *testing.T) {
+	t.Parallel()
 	broker := kafkatest.Start(t, map[string]int32{"payments": 2, "totals": 3})
 	o := newLiveOrg(t, 3)
 	const n = 900

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -35,6 +34,7 @@ sinks:
 // the snapshot it served), and every result the CLI tail prints equals the
 // reference, once.
 func TestKilledWorkerReplicaBootstrapsFromPeer(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -110,7 +110,7 @@ func startWardQuery(ctx context.Context, t *testing.T, o *org, query string) *wa
 	if err := cli(ctx, t, &sub, "query", "submit", file, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
 		t.Fatal(err)
 	}
-	tail := exec.CommandContext(ctx, binary(t), "tail", "ward", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
+	tail := command(ctx, t, "tail", "ward", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
 	stdout, err := tail.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -200,6 +200,7 @@ func (w *ward) procOf(t *testing.T, workerID string) *proc {
 // reads: every result equals the reference, once. A move onto the worker
 // running the partition's other replica is refused with the reason.
 func TestTaskMoveCommand(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

@@ -235,11 +235,17 @@ func sameResultMaps(t *testing.T, got, want map[string]string) {
 // worker certificates authorise it), downstream switches, the old copy
 // stops once the new one runs. The sink's results equal, window by window
 // and word by word, those of the same query left alone.
-func TestLiveTaskMove(t *testing.T) { liveMoveDuringRun(t, "mv", "mv/counts/p0/r0") }
+func TestLiveTaskMove(t *testing.T) {
+	t.Parallel()
+	liveMoveDuringRun(t, "mv", "mv/counts/p0/r0")
+}
 
 // TestLiveSourceMove moves the generator source the same way: the new
 // copy draws the records the old one drew and continues its stream.
-func TestLiveSourceMove(t *testing.T) { liveMoveDuringRun(t, "ms", "ms/lines/p0/r0") }
+func TestLiveSourceMove(t *testing.T) {
+	t.Parallel()
+	liveMoveDuringRun(t, "ms", "ms/lines/p0/r0")
+}
 
 // liveMoveDuringRun runs the query and, once results flow, moves the task
 // moving to another worker; the results must equal a run left alone.
@@ -328,6 +334,7 @@ func liveMoveDuringRun(t *testing.T, query, moving string) {
 // instead of replaying from the oldest buffered tuple. The sink's results
 // equal those of the query left alone.
 func TestReplacementBootstrapsFromPeer(t *testing.T) {
+	t.Parallel()
 	o := newLiveOrg(t, 3)
 	o.submit(t, "ref", 2)
 	want := o.results(t, "ref", nil)
@@ -366,6 +373,7 @@ func TestReplacementBootstrapsFromPeer(t *testing.T) {
 // took, as fedstream tail does) sees every result once, equal to the
 // query left alone.
 func TestLiveSinkMove(t *testing.T) {
+	t.Parallel()
 	o := newLiveOrg(t, 2)
 	o.submit(t, "ref", 1)
 	want := o.results(t, "ref", nil)

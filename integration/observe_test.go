@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -198,6 +197,7 @@ func taskValues(fams map[string]*dto.MetricFamily, name string) map[string]float
 // counters grow at a rate plausible against the generator's, and query
 // stats report the same through the leader.
 func TestMetricsOfARunningQuery(t *testing.T) {
+	t.Parallel()
 	o := newObservedOrg(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -300,6 +300,7 @@ func TestMetricsOfARunningQuery(t *testing.T) {
 // and of a worker answers SERVING, and server reflection lists (and
 // describes) each port's services.
 func TestHealthAndReflection(t *testing.T) {
+	t.Parallel()
 	o := newObservedOrg(t)
 	for _, port := range []struct {
 		name, addr, role string
@@ -361,12 +362,13 @@ func TestHealthAndReflection(t *testing.T) {
 // against that: counted by the tuples drawn, not by the clock, so a slow
 // machine only makes the test wait longer.
 func TestDemoMetrics(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts a real process")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, binary(t), "dev", "--duration", "90s", "--json")
+	cmd := command(ctx, t, "dev", "--duration", "90s", "--json")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

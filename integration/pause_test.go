@@ -46,6 +46,7 @@ func procState(pid int) string {
 
 // The pause helper stops and continues a real process.
 func TestPauseHelper(t *testing.T) {
+	t.Parallel()
 	if _, err := os.Stat("/proc/self/stat"); err != nil {
 		t.Skip("needs /proc")
 	}

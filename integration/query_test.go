@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -73,6 +72,7 @@ func wardReference(t *testing.T, queryYAML string, size time.Duration) map[strin
 // processes, tails its sink through the CLI and compares every result with
 // a reference computed directly from the generator.
 func TestQueryEndToEndMatchesReference(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
@@ -98,7 +98,7 @@ func TestQueryEndToEndMatchesReference(t *testing.T) {
 	if err := cli(ctx, t, &sub, "query", "submit", file, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
 		t.Fatal(err)
 	}
-	tail := exec.CommandContext(ctx, binary(t), "tail", "ward", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
+	tail := command(ctx, t, "tail", "ward", "--json", "--addr", o.grpc[0], "--token", o.adminToken)
 	stdout, err := tail.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

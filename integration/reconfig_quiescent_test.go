@@ -25,6 +25,7 @@ import (
 // the two sink replicas agree tuple for tuple (they held at the same
 // place).
 func TestQuiescentReconfiguration(t *testing.T) {
+	t.Parallel()
 	const limit = 4000
 	o := newLiveOrg(t, 2)
 	base := fmt.Sprintf(reconfigQuery, limit)

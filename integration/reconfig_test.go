@@ -45,6 +45,7 @@ func reconfigVersion(base string, v int) string {
 // that processed it (never a mix), nothing is lost or duplicated, and the
 // two sink replicas made the same decisions, tuple for tuple.
 func TestLiveReconfiguration(t *testing.T) {
+	t.Parallel()
 	const limit = 6000
 	o := newLiveOrg(t, 2)
 	base := fmt.Sprintf(reconfigQuery, limit)
@@ -209,6 +210,7 @@ func reconfigAggV2(yaml string) string {
 // sink replicas agree row for row. A change of its group_by is refused
 // (its keys route the tuples to partitions).
 func TestLiveReconfigurationAggregate(t *testing.T) {
+	t.Parallel()
 	const limit = 4000
 	o := newLiveOrg(t, 2)
 	base := fmt.Sprintf(reconfigAggQuery, limit)

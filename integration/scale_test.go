@@ -51,6 +51,7 @@ func (o *liveOrg) submitScale(t *testing.T, name string, replicas, parallelism i
 // replicas. The sink's results equal, window by window and word by word,
 // those of the same query run with two partitions and left alone.
 func TestLiveRescale(t *testing.T) {
+	t.Parallel()
 	for _, replicas := range []int{1, 2} {
 		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) { liveRescale(t, replicas) })
 	}
@@ -145,6 +146,7 @@ func liveRescale(t *testing.T, replicas int) {
 // --json` between worker processes while the CLI tail reads: every result
 // equals the reference, once, and the command prints the new slot map.
 func TestQueryScaleCommand(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}

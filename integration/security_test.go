@@ -109,6 +109,7 @@ func rawRefused(addr string, cfg *tls.Config) error {
 // real one does; a serf member claiming the leader's id never receives a
 // forwarded write.
 func TestSecurityFromOutsideTheOrg(t *testing.T) {
+	t.Parallel()
 	o := startOrg(t, 3, 1)
 	var leader statusJSON
 	var workerAddr string

@@ -15,6 +15,7 @@ import (
 // successive figures of a task that query stats shows are one window
 // apart, not one heartbeat interval.
 func TestSensorWindowsReachTheLeaderAsTheyClose(t *testing.T) {
+	t.Parallel()
 	o := newLiveOrgWith(t, 1, func(c *coordinator.Config) {
 		c.Timings.HeartbeatTTL = 20 * time.Second
 	})
