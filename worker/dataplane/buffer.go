@@ -262,6 +262,14 @@ func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int) error {
 	return err
 }
 
+// Full reports whether the buffer has no room for one more tuple now: an
+// Append, or a Writer's Flush, would wait for acknowledgements.
+func (b *OutputBuffer) Full() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.full(1)
+}
+
 func (b *OutputBuffer) full(size int) bool {
 	return b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples)
 }

@@ -174,6 +174,44 @@ func (m *merger) addInput(port, upPartition int) int {
 	return len(m.inputs) - 1
 }
 
+// setFloor records that input i carries nothing with stime below level:
+// an input a rescale added, whose partition starts at the rescale's cut
+// (its upstream task processes, and so emits, nothing below the cut).
+// The input then counts as having received a boundary at level, without
+// a release step there, so the other inputs' tuples below level are
+// released without waiting for the added partition's first boundary.
+// That wait would be a cycle: an added partition sends its first boundary
+// only when the inputs of its own task reach the cut, which a shared
+// upstream blocked on an old partition's full buffer may never do, while
+// the old partition reaches the cut only once its output below it is
+// taken here.
+func (m *merger) setFloor(i int, level int64) {
+	m.mu.Lock()
+	in := m.inputs[i]
+	raised := level > in.boundary
+	if raised {
+		in.boundary = level
+	}
+	m.mu.Unlock()
+	if raised {
+		m.poke()
+	}
+}
+
+// highestStepLocked returns the highest step of any input at or below wm
+// (the last release's watermark when there is none).
+func (m *merger) highestStepLocked(wm int64) int64 {
+	top := m.released
+	for _, in := range m.inputs {
+		for _, s := range in.steps {
+			if s <= wm && s > top {
+				top = s
+			}
+		}
+	}
+	return top
+}
+
 // waiting reports the inputs the merge waits for: when some input has
 // brought a boundary beyond the last release (it has something to
 // release) while others have not, those others (by index). nil when no
@@ -315,6 +353,11 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	forced := false
 	if wm > m.cut && m.cutStep && m.cut > m.released {
 		wm, forced = m.cut, true
+	} else if wm <= m.cut && wm > m.released {
+		// The minimum boundary is a step of the input holding it, unless
+		// it is a floor (setFloor): then the release ends at the highest
+		// step below it, so steps stay those the streams carry.
+		wm = m.highestStepLocked(wm)
 	} else if wm > m.cut {
 		// Release up to the highest step at or below the cut: any step
 		// below the minimum boundary may end a release, and releases go
