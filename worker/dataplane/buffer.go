@@ -262,14 +262,6 @@ func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int) error {
 	return err
 }
 
-// Full reports whether the buffer has no room for one more tuple now: an
-// Append, or a Writer's Flush, would wait for acknowledgements.
-func (b *OutputBuffer) Full() bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.full(1)
-}
-
 func (b *OutputBuffer) full(size int) bool {
 	return b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples)
 }
@@ -893,6 +885,15 @@ func allocUncleared(n int) []byte {
 	b.WriteByte(0)
 	s := b.String()
 	return unsafe.Slice(unsafe.StringData(s), n)
+}
+
+// Fits reports whether the staged tuples fit in the buffer now: a Flush
+// would not wait for acknowledgements.
+func (w *Writer) Fits() bool {
+	b := w.buf
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.count == 0 || (b.bytes+len(w.data) <= b.opts.MaxBytes && b.count+len(w.offs) <= b.opts.MaxTuples)
 }
 
 // Staged is the number of encoded bytes waiting for Flush.

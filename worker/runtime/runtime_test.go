@@ -237,7 +237,13 @@ func (c *cluster) states() []TaskState {
 // reference computes the query's result straight from the generator.
 func reference(t *testing.T, rate int) map[string]string {
 	t.Helper()
-	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: 20000, Rate: rate}, 0)
+	return referenceOf(t, rate, 20000)
+}
+
+// referenceOf is reference for a generator of limit lines.
+func referenceOf(t *testing.T, rate, limit int) map[string]string {
+	t.Helper()
+	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: int64(limit), Rate: rate}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

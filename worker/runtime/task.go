@@ -1042,7 +1042,7 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 // network batch.
 func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
 	if o.w.Next(tp) {
-		if o.buf.Full() {
+		if !o.w.Fits() {
 			// About to wait for room at o: first hand the other outputs
 			// what they have staged (see flush).
 			if err := t.flushRoomy(ctx, o); err != nil {
@@ -1085,11 +1085,11 @@ func (t *task) flush(ctx context.Context) error {
 	return nil
 }
 
-// flushRoomy flushes the outputs other than skip whose buffers have room
-// now (a flush may still wait once the room is used up).
+// flushRoomy flushes the outputs other than skip whose staged tuples fit
+// in their buffers now (without waiting).
 func (t *task) flushRoomy(ctx context.Context, skip *outStream) error {
 	for _, o := range t.outs {
-		if o == skip || o.w.Staged() == 0 || o.buf.Full() {
+		if o == skip || o.w.Staged() == 0 || !o.w.Fits() {
 			continue
 		}
 		if err := o.w.Flush(ctx); err != nil {
