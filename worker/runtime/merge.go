@@ -70,6 +70,9 @@ type merger struct {
 	// exactly the tuples below the cut (see rescale.go). Every replica
 	// sets the same cut, so they release the same steps.
 	cutStep bool
+	// holding: a rescale's prepare holds the merge (see hold); add then
+	// holds no input back.
+	holding bool
 	// addWaits counts the adds waiting for room now (inputs held back by
 	// the merge's bound).
 	addWaits int
@@ -253,7 +256,7 @@ func (m *merger) minBoundaryLocked() int64 {
 func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner, stable uint64) error {
 	m.mu.Lock()
 	in := m.inputs[i]
-	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted {
+	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted && !m.holding {
 		ch := m.space
 		m.addWaits++
 		m.mu.Unlock()
@@ -677,10 +680,19 @@ func (m *merger) install(st mergeState) error {
 
 // hold makes take release nothing more (a cut at the last release) and
 // returns that release's watermark.
+//
+// While it holds, the merge takes every batch, over its bound too: it
+// releases nothing, so an input held back would stay so until the hold is
+// lifted, and the upstream task feeding it, blocked in the middle of a
+// release on its full output, could not finish that release and hold in
+// turn (the prepare would wait for it for ever). What comes meanwhile is
+// bounded: each upstream holds after the release it is in.
 func (m *merger) hold() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cut, m.cutStep = m.released, false
+	m.cut, m.cutStep, m.holding = m.released, false, true
+	close(m.space) // wake an add waiting for room: it takes its batch now
+	m.space = make(chan struct{})
 	return m.released
 }
 
@@ -688,7 +700,7 @@ func (m *merger) hold() int64 {
 // itself a release step (see cutStep).
 func (m *merger) setRescaleCut(cut int64) {
 	m.mu.Lock()
-	m.cut, m.cutStep = cut, true
+	m.cut, m.cutStep, m.holding = cut, true, false
 	m.mu.Unlock()
 	m.poke()
 }
@@ -696,7 +708,7 @@ func (m *merger) setRescaleCut(cut int64) {
 // liftCut removes any cut or hold and wakes the processing.
 func (m *merger) liftCut() {
 	m.mu.Lock()
-	m.cut, m.cutStep = math.MaxInt64, false
+	m.cut, m.cutStep, m.holding = math.MaxInt64, false, false
 	m.mu.Unlock()
 	m.poke()
 }

@@ -112,3 +112,63 @@ func TestRescaleUnderBacklog(t *testing.T) {
 		}
 	}
 }
+
+// TestRescaleDownUnderBacklog removes partitions (4 -> 2) of a keyed
+// aggregate whose partitions all have a backlog larger than the buffers
+// between them and the sink: the kept partitions gain the removed ones'
+// slots, and the sink, held for the prepare, must not hold back a
+// partition ahead of the others while it holds (that partition could then
+// never finish the release it is in, nor hold). Results are exact.
+func TestRescaleDownUnderBacklog(t *testing.T) {
+	const rate, limit = 20000, 6000
+	yaml := fmt.Sprintf(wordsQuery, 1, rate)
+	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 4\n    cost: 1ms")
+	yaml = replaceOnce(t, yaml, "limit: 20000", fmt.Sprintf("limit: %d", limit))
+	q, err := queryspec.Parse("q.yaml", []byte(yaml))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roomy := Options{BoundaryInterval: time.Millisecond, Buffer: dataplane.BufferOptions{MaxTuples: 1500}}
+	tight := Options{BoundaryInterval: time.Millisecond, InputPendingTuples: 8,
+		Buffer: dataplane.BufferOptions{MaxTuples: 16}}
+	c := newClusterEach(t, q, func(node string, p, r int) int {
+		if node == "lines" {
+			return 0
+		}
+		return 1
+	}, roomy, tight)
+	defer c.close(t)
+	rs := &rescaler{c: c, frag: "counts", partitions: 4, epoch: 1, owner: contiguous(4)}
+	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 4, Owner: rs.owner})
+	c.apply()
+	waitUntil(t, "every partition has a backlog", func() bool {
+		src := c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
+		if src == nil {
+			return false
+		}
+		for p := range 4 {
+			tk := c.workers[1].rt.task(queryspec.TaskID("wc", "counts", p, 0))
+			if tk == nil || tk.outs[0].buf.Stats().LastID < 20 {
+				return false
+			}
+		}
+		return src.outs[0].buf.Stats().Tuples > 400
+	})
+	cut := rs.scale(t, 2)
+	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), referenceOf(t, rate, limit))
+	after := 0
+	for _, tp := range got {
+		if tp.Type.IsData() && tp.STime >= cut {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no result at or after the cut %d: the rescale did not happen under load", cut)
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+}
