@@ -748,7 +748,13 @@ func (t *task) processLifted() {
 	if t.ctx.Err() != nil {
 		return
 	}
-	done, err := t.processReleases(t.ctx, t.inline())
+	em := t.inline()
+	if em == nil {
+		// Switched to its merge goroutine meanwhile: that one releases.
+		t.pokeRelease()
+		return
+	}
+	done, err := t.processReleases(t.ctx, em)
 	if err != nil {
 		t.endWith(err)
 		return
