@@ -887,15 +887,6 @@ func allocUncleared(n int) []byte {
 	return unsafe.Slice(unsafe.StringData(s), n)
 }
 
-// Fits reports whether the staged tuples fit in the buffer now: a Flush
-// would not wait for acknowledgements.
-func (w *Writer) Fits() bool {
-	b := w.buf
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.count == 0 || (b.bytes+len(w.data) <= b.opts.MaxBytes && b.count+len(w.offs) <= b.opts.MaxTuples)
-}
-
 // Staged is the number of encoded bytes waiting for Flush.
 func (w *Writer) Staged() int { return len(w.data) }
 

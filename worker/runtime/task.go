@@ -1042,13 +1042,6 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 // network batch.
 func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
 	if o.w.Next(tp) {
-		if !o.w.Fits() {
-			// About to wait for room at o: first hand the other outputs
-			// what they have staged (see flush).
-			if err := t.flushRoomy(ctx, o); err != nil {
-				return err
-			}
-		}
 		if err := o.w.Flush(ctx); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}
@@ -1065,33 +1058,9 @@ func (t *task) discardStaged() {
 }
 
 // flush appends every output's staged tuples to its buffer.
-//
-// Outputs with room go first: staged boundaries must not wait behind an
-// output that waits for its consumer. A consumer merging several of the
-// task's downstream partitions (through their own outputs) may hold back
-// the one ahead until the others' boundaries come; if those stay staged
-// here while the task waits for room at an output fed by that
-// partition, nothing moves (flow control's wait cycle).
 func (t *task) flush(ctx context.Context) error {
 	t.publishCounts()
-	if err := t.flushRoomy(ctx, nil); err != nil {
-		return err
-	}
 	for _, o := range t.outs {
-		if err := o.w.Flush(ctx); err != nil {
-			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
-		}
-	}
-	return nil
-}
-
-// flushRoomy flushes the outputs other than skip whose staged tuples fit
-// in their buffers now (without waiting).
-func (t *task) flushRoomy(ctx context.Context, skip *outStream) error {
-	for _, o := range t.outs {
-		if o == skip || o.w.Staged() == 0 || !o.w.Fits() {
-			continue
-		}
 		if err := o.w.Flush(ctx); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}
