@@ -92,7 +92,11 @@ func (t *task) buildInputs() {
 			parts = max(1, t.spec.SlotMaps[up].streams(upNode.Partitions))
 		}
 		for p := 0; p < parts; p++ {
-			t.inputs = append(t.inputs, t.newInput(port, up, p))
+			in := t.newInput(port, up, p)
+			if start := t.spec.SlotMaps[up].streamStart(p); start != math.MinInt64 {
+				t.merge.setFloor(in.idx, start) // see setFloor
+			}
+			t.inputs = append(t.inputs, in)
 		}
 	}
 	if t.op != nil {

@@ -70,6 +70,9 @@ type merger struct {
 	// exactly the tuples below the cut (see rescale.go). Every replica
 	// sets the same cut, so they release the same steps.
 	cutStep bool
+	// holding: a rescale's prepare holds the merge (see hold); add then
+	// holds no input back.
+	holding bool
 	// addWaits counts the adds waiting for room now (inputs held back by
 	// the merge's bound).
 	addWaits int
@@ -174,6 +177,44 @@ func (m *merger) addInput(port, upPartition int) int {
 	return len(m.inputs) - 1
 }
 
+// setFloor records that input i carries nothing with stime below level:
+// an input a rescale added, whose partition starts at the rescale's cut
+// (its upstream task processes, and so emits, nothing below the cut).
+// The input then counts as having received a boundary at level, without
+// a release step there, so the other inputs' tuples below level are
+// released without waiting for the added partition's first boundary.
+// That wait would be a cycle: an added partition sends its first boundary
+// only when the inputs of its own task reach the cut, which a shared
+// upstream blocked on an old partition's full buffer may never do, while
+// the old partition reaches the cut only once its output below it is
+// taken here.
+func (m *merger) setFloor(i int, level int64) {
+	m.mu.Lock()
+	in := m.inputs[i]
+	raised := level > in.boundary
+	if raised {
+		in.boundary = level
+	}
+	m.mu.Unlock()
+	if raised {
+		m.poke()
+	}
+}
+
+// highestStepLocked returns the highest step of any input at or below wm
+// (the last release's watermark when there is none).
+func (m *merger) highestStepLocked(wm int64) int64 {
+	top := m.released
+	for _, in := range m.inputs {
+		for _, s := range in.steps {
+			if s <= wm && s > top {
+				top = s
+			}
+		}
+	}
+	return top
+}
+
 // waiting reports the inputs the merge waits for: when some input has
 // brought a boundary beyond the last release (it has something to
 // release) while others have not, those others (by index). nil when no
@@ -215,7 +256,7 @@ func (m *merger) minBoundaryLocked() int64 {
 func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batchOwner, stable uint64) error {
 	m.mu.Lock()
 	in := m.inputs[i]
-	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted {
+	for in.pending >= m.limit && in.boundary > m.minBoundaryLocked() && !m.halted && !m.holding {
 		ch := m.space
 		m.addWaits++
 		m.mu.Unlock()
@@ -315,6 +356,11 @@ func (m *merger) take() (rel *mergeRelease, ok bool) {
 	forced := false
 	if wm > m.cut && m.cutStep && m.cut > m.released {
 		wm, forced = m.cut, true
+	} else if wm <= m.cut && wm > m.released {
+		// The minimum boundary is a step of the input holding it, unless
+		// it is a floor (setFloor): then the release ends at the highest
+		// step below it, so steps stay those the streams carry.
+		wm = m.highestStepLocked(wm)
 	} else if wm > m.cut {
 		// Release up to the highest step at or below the cut: any step
 		// below the minimum boundary may end a release, and releases go
@@ -634,10 +680,19 @@ func (m *merger) install(st mergeState) error {
 
 // hold makes take release nothing more (a cut at the last release) and
 // returns that release's watermark.
+//
+// While it holds, the merge takes every batch, over its bound too: it
+// releases nothing, so an input held back would stay so until the hold is
+// lifted, and the upstream task feeding it, blocked in the middle of a
+// release on its full output, could not finish that release and hold in
+// turn (the prepare would wait for it for ever). What comes meanwhile is
+// bounded: each upstream holds after the release it is in.
 func (m *merger) hold() int64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.cut, m.cutStep = m.released, false
+	m.cut, m.cutStep, m.holding = m.released, false, true
+	close(m.space) // wake an add waiting for room: it takes its batch now
+	m.space = make(chan struct{})
 	return m.released
 }
 
@@ -645,7 +700,7 @@ func (m *merger) hold() int64 {
 // itself a release step (see cutStep).
 func (m *merger) setRescaleCut(cut int64) {
 	m.mu.Lock()
-	m.cut, m.cutStep = cut, true
+	m.cut, m.cutStep, m.holding = cut, true, false
 	m.mu.Unlock()
 	m.poke()
 }
@@ -653,7 +708,7 @@ func (m *merger) setRescaleCut(cut int64) {
 // liftCut removes any cut or hold and wakes the processing.
 func (m *merger) liftCut() {
 	m.mu.Lock()
-	m.cut, m.cutStep = math.MaxInt64, false
+	m.cut, m.cutStep, m.holding = math.MaxInt64, false, false
 	m.mu.Unlock()
 	m.poke()
 }

@@ -358,6 +358,10 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		port := slices.Index(t.node.Inputs, f)
 		for p := have; p < n.Partitions; p++ {
 			in := t.newInput(port, f, p)
+			// The added partition carries nothing below the cut: the
+			// merge must not wait for its first boundary to release
+			// the other partitions' output below it (see setFloor).
+			t.merge.setFloor(in.idx, n.Cut)
 			if t.op == nil {
 				in.sub.KeepValuesPacked()
 			}
@@ -716,12 +720,41 @@ func (t *task) pokeRelease() {
 // seen here, by the merger's lock order). When the releases reach the
 // final boundary, the input's subscription, which would wait forever on
 // a stream that has ended, is ended too.
+//
+// Before the end, a delivery is not certain to come either: under flow
+// control the upstream may be blocked on another of its consumers that
+// waits, through the readers, for this task's output (a partition a
+// rescale added, lifted at the cut with its input's tuples above the cut
+// queued, while the upstream waits for room at an old partition whose
+// reader waits for the added partition's boundaries). So the releases are
+// processed here too, on a goroutine of the task: they may wait for room
+// downstream, and the caller may be a rescale step.
 func (t *task) kickRelease() {
-	if t.inline() == nil || t.dm != nil || t.merge.inputBoundary(0) != finalBoundary {
+	if t.inline() == nil || t.dm != nil {
 		t.pokeRelease()
 		return
 	}
-	done, err := t.processReleases(t.ctx, t.inline())
+	if t.merge.inputBoundary(0) != finalBoundary {
+		t.wg.Add(1)
+		go func() { defer t.wg.Done(); t.processLifted() }()
+		return
+	}
+	t.processLifted()
+}
+
+// processLifted processes, for kickRelease, the releases ready after a
+// hold or cut was lifted.
+func (t *task) processLifted() {
+	if t.ctx.Err() != nil {
+		return
+	}
+	em := t.inline()
+	if em == nil {
+		// Switched to its merge goroutine meanwhile: that one releases.
+		t.pokeRelease()
+		return
+	}
+	done, err := t.processReleases(t.ctx, em)
 	if err != nil {
 		t.endWith(err)
 		return

@@ -23,6 +23,9 @@ type rescaler struct {
 	// nil, is what the finish records of a source's partitions.
 	reader string
 	starts []int64
+	// place, when not nil, picks the worker (index) of an added
+	// partition's replica; else they go to the workers in turn.
+	place func(p, r int) int
 }
 
 func (rs *rescaler) readerName() string {
@@ -87,6 +90,9 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	for p := rs.partitions; p < n; p++ {
 		for r := range replicas {
 			w := (p + r) % len(c.workers)
+			if rs.place != nil {
+				w = rs.place(p, r)
+			}
 			id := queryspec.TaskID(c.query.Name, rs.frag, p, r)
 			pls = append(pls, Placement{TaskID: id, Fragment: rs.frag, Partition: p, Replica: r, Generation: int(next.Epoch), WorkerAddr: c.workers[w].addr})
 			added = append(added, TaskSpec{TaskID: id, Query: c.query.Name, Fragment: rs.frag, Partition: p, Replica: r,
@@ -119,7 +125,12 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 		return rs.reader == "" || s.Fragment == rs.frag || s.Fragment == rs.reader
 	})
 	cut := int64(math.MinInt64)
-	waitUntil(t, "every task holds for the rescale", func() bool {
+	dump := func() {
+		for _, st := range c.states() {
+			t.Logf("%s: %s prepared %d cut_done %d frontier %d: %s", st.TaskID, st.State, st.Prepared, st.CutDone, st.Frontier, st.Message)
+		}
+	}
+	waitUntilOr(t, "every task holds for the rescale", func() bool {
 		cut = math.MinInt64
 		for _, id := range involved {
 			st := rs.state(id)
@@ -129,7 +140,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 			cut = max(cut, st.Frontier)
 		}
 		return true
-	})
+	}, dump)
 	cut++
 	// Go.
 	gone := *old
@@ -139,7 +150,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	rs.setMaps(&gone)
 	c.apply()
 	own := rs.tasks(func(s *TaskSpec) bool { return s.Fragment == rs.frag || s.Fragment == rs.readerName() })
-	waitUntil(t, "every counts and out task passed the cut", func() bool {
+	waitUntilOr(t, fmt.Sprintf("every counts and out task passed the cut %d", cut), func() bool {
 		for _, id := range own {
 			if st := rs.state(id); st.CutDone != next.Epoch {
 				if st.State == StateFailed {
@@ -149,7 +160,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 			}
 		}
 		return true
-	})
+	}, dump)
 	// A downstream that passed the cut has every removed partition's
 	// stream to its end: the finish stops those tasks, and a final
 	// boundary not received by then never comes (the merge would stall

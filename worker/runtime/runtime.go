@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -138,6 +139,22 @@ func (m *SlotMap) streams(def int) int {
 		n = max(n, m.Next.Partitions)
 	}
 	return n
+}
+
+// streamStart returns the lowest stream time the stream of partition p
+// can carry: a partition a rescale past its go added starts at its cut
+// (its task processes, and so emits, nothing below it), a source
+// partition where the map's Starts says; math.MinInt64 otherwise.
+func (m *SlotMap) streamStart(p int) int64 {
+	switch {
+	case m == nil:
+		return math.MinInt64
+	case p < len(m.Starts):
+		return m.Starts[p]
+	case m.Next != nil && m.Next.Go && m.Partitions > 0 && p >= m.Partitions:
+		return m.Next.Cut
+	}
+	return math.MinInt64
 }
 
 // TaskSpec is one task the worker must run, with what it needs to run it.

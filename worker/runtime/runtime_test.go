@@ -69,7 +69,10 @@ func startWorkerOpts(t testing.TB, pool *dataplane.Pool, opts Options) *worker {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	opts.Logger, opts.Pool = log, pool
+	opts.Logger = log
+	if opts.Pool == nil {
+		opts.Pool = pool
+	}
 	if opts.Bulk.Listener == nil && !opts.Bulk.Disabled {
 		// Snapshots cross over connections of their own, as a worker's do.
 		if opts.Bulk.Listener, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
@@ -119,12 +122,24 @@ func newCluster(t testing.TB, n int, yaml string, place func(node string, partit
 // newClusterOpts is newCluster for a parsed query, with runtime options.
 func newClusterOpts(t testing.TB, n int, q *queryspec.Query, place func(node string, partition, replica int) int, opts Options) *cluster {
 	t.Helper()
+	each := make([]Options, n)
+	for i := range each {
+		each[i] = opts
+	}
+	return newClusterEach(t, q, place, each...)
+}
+
+// newClusterEach is newClusterOpts with options per worker (one worker
+// per Options).
+func newClusterEach(t testing.TB, q *queryspec.Query, place func(node string, partition, replica int) int, each ...Options) *cluster {
+	t.Helper()
+	n := len(each)
 	plan, err := q.FusedPlan()
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &cluster{pool: dataplane.NewPool(), query: q, specs: map[*worker][]TaskSpec{}}
-	for range n {
+	for _, opts := range each {
 		c.workers = append(c.workers, startWorkerOpts(t, c.pool, opts))
 	}
 	var placements []Placement
@@ -222,7 +237,13 @@ func (c *cluster) states() []TaskState {
 // reference computes the query's result straight from the generator.
 func reference(t *testing.T, rate int) map[string]string {
 	t.Helper()
-	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: 20000, Rate: rate}, 0)
+	return referenceOf(t, rate, 20000)
+}
+
+// referenceOf is reference for a generator of limit lines.
+func referenceOf(t *testing.T, rate, limit int) map[string]string {
+	t.Helper()
+	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: int64(limit), Rate: rate}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -637,12 +658,22 @@ func sameResults(t *testing.T, got, want map[string]string) {
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
+	waitUntilOr(t, what, cond, nil)
+}
+
+// waitUntilOr is waitUntil calling onTimeout (when not nil) before it
+// fails: to log what the test waited on.
+func waitUntilOr(t *testing.T, what string, cond func() bool, onTimeout func()) {
+	t.Helper()
 	// Generous: on a loaded 2-core machine (load 8-15) a condition that
 	// holds within 3 s on a quiet one has been seen to need over 20 s.
 	// Only a failing test waits this long.
 	deadline := time.Now().Add(60 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
+			if onTimeout != nil {
+				onTimeout()
+			}
 			t.Fatalf("timed out waiting until %s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
