@@ -260,7 +260,15 @@ func TestForwardNeverReachesAnImpostor(t *testing.T) {
 			tagOrg: "acme", tagRole: roleCoordinator, tagID: c.cfgs[l].NodeID,
 			tagRaft: c.cfgs[l].RaftAddr, tagGRPC: lis.Addr().String(),
 		})
-		if _, err := fake.Join([]string{c.cfgs[0].SerfAddr}, true); err != nil {
+		// Joined to every node at once: what this test checks is that
+		// forwarding never reaches an impostor, not how fast gossip spreads
+		// one (with tests in parallel, the third node once did not see it
+		// within 30 s).
+		var seeds []string
+		for _, cfg := range c.cfgs {
+			seeds = append(seeds, cfg.SerfAddr)
+		}
+		if _, err := fake.Join(seeds, true); err != nil {
 			t.Fatal(err)
 		}
 	}
