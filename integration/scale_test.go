@@ -128,10 +128,11 @@ func liveRescale(t *testing.T, replicas int) {
 	}
 	ctx := context.Background()
 	// A generator source rescales live unless a replicated operator reads
-	// it (that operator's DCAA machine has fixed inputs).
+	// it (that operator's DCAA machine has fixed inputs). The query's
+	// finite source may have ended by now, which is refused as such.
 	_, err := o.admin.ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "sc", Operator: "lines", Parallelism: 2})
 	switch {
-	case replicas == 1 && err != nil:
+	case replicas == 1 && err != nil && !strings.Contains(err.Error(), "released the end of its stream"):
 		t.Errorf("scaling the generator source: %v", err)
 	case replicas > 1 && err == nil:
 		t.Error("scaling a source read by a replicated operator was accepted")
