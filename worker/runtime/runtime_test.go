@@ -18,7 +18,6 @@ import (
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
-	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -243,31 +242,7 @@ func reference(t *testing.T, rate int) map[string]string {
 // referenceOf is reference for a generator of limit lines.
 func referenceOf(t *testing.T, rate, limit int) map[string]string {
 	t.Helper()
-	gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: int64(limit), Rate: rate}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type key struct {
-		end  int64
-		word string
-	}
-	cnt, total := map[key]int64{}, map[key]int64{}
-	const size = int64(2 * time.Millisecond)
-	var tp tuple.Tuple
-	for gen.Next(&tp) {
-		words := strings.Split(tp.Values[0].S, " ")
-		if len(words) <= 7 {
-			continue
-		}
-		k := key{(tp.STime/size + 1) * size, words[0]}
-		cnt[k]++
-		total[k] += int64(len(words))
-	}
-	ref := map[string]string{}
-	for k, n := range cnt {
-		ref[fmt.Sprintf("%d/%s", k.end, k.word)] = fmt.Sprintf("cnt=%d total=%d", n, total[k])
-	}
-	return ref
+	return windowedReference(t, rate, int64(limit), []int64{math.MinInt64}, []int64{math.MaxInt64})
 }
 
 // results turns sink output into the reference's form.

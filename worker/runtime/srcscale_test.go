@@ -18,6 +18,14 @@ import (
 // [from[p], to[p]): the definition of a source rescaled at cuts.
 func sourceReference(t *testing.T, rate int, from, to []int64) map[string]string {
 	t.Helper()
+	return windowedReference(t, rate, 20000, from, to)
+}
+
+// windowedReference is the long-sentence word count of the words
+// generator's partitions 0..len(from)-1 (limit lines each), partition p
+// contributing its records with stime in [from[p], to[p]).
+func windowedReference(t *testing.T, rate int, limit int64, from, to []int64) map[string]string {
+	t.Helper()
 	type key struct {
 		end  int64
 		word string
@@ -25,7 +33,7 @@ func sourceReference(t *testing.T, rate int, from, to []int64) map[string]string
 	cnt, total := map[key]int64{}, map[key]int64{}
 	const size = int64(2 * time.Millisecond)
 	for p := range from {
-		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: 20000, Rate: rate}, p)
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42, Limit: limit, Rate: rate}, p)
 		if err != nil {
 			t.Fatal(err)
 		}
