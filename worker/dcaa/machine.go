@@ -63,8 +63,15 @@ type Config struct {
 	ID, Replicas int
 	// Inputs has one entry per input stream (the runtime's merge inputs,
 	// in its order: by port, then upstream partition): the number of
-	// replicas of that upstream partition.
+	// replicas of that upstream partition. A live rescale may add inputs
+	// later (AddInput).
 	Inputs []int
+	// Floors, when not nil, gives per input the lowest stream time its
+	// stream can carry (math.MinInt64: none): the stream of a partition a
+	// live rescale added starts at the rescale's cut. The input counts
+	// as covered up to its floor without a release step there (see
+	// AddInput).
+	Floors []int64
 	// Share is this task's share of the query's X (see SplitDelay):
 	// the longest an available bucket waits for a failed input before it
 	// is released tentative. Strict (or StrictMode) never releases
@@ -135,6 +142,9 @@ func (c *Config) check() error {
 		if k < 1 {
 			return fmt.Errorf("input %d has %d upstream replicas", i, k)
 		}
+	}
+	if c.Floors != nil && len(c.Floors) != len(c.Inputs) {
+		return fmt.Errorf("%d floors for %d inputs", len(c.Floors), len(c.Inputs))
 	}
 	if c.PermissionTimeout <= 0 {
 		c.PermissionTimeout = 4 * c.Detect
@@ -336,8 +346,11 @@ type inputState struct {
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
 	// switch; the input's stream is not stable.
 	tentData bool
-	stableB  int64 // highest stable boundary
-	tentWM   int64 // tentative coverage advertised by the producer
+	stableB  int64 // highest stable boundary (or the input's floor)
+	// floored: stableB is the input's floor (Config.Floors, AddInput),
+	// not a boundary its stream brought: no release step is there.
+	floored bool
+	tentWM  int64 // tentative coverage advertised by the producer
 	// steps are the stable boundary values above the drop point.
 	steps []int64
 	// stable holds the stable data above the drop point (kept for replay
@@ -496,12 +509,64 @@ func New(cfg Config) (*Machine, error) {
 		return nil, err
 	}
 	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
-	for _, k := range cfg.Inputs {
-		m.inputs = append(m.inputs, &inputState{upState: make([]State, k), suspect: make([]int64, k),
-			stableB: math.MinInt64, tentWM: math.MinInt64})
+	for i, k := range cfg.Inputs {
+		floor := int64(math.MinInt64)
+		if cfg.Floors != nil {
+			floor = cfg.Floors[i]
+		}
+		m.inputs = append(m.inputs, newInputState(k, floor))
 	}
+	m.cfg.Inputs, m.cfg.Floors = slices.Clone(cfg.Inputs), nil
 	return m, nil
 }
+
+func newInputState(replicas int, floor int64) *inputState {
+	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas),
+		stableB: floor, floored: floor != math.MinInt64, tentWM: math.MinInt64}
+}
+
+// ErrAddInput is wrapped by AddInput's errors: the input cannot be added
+// at this point of the stream.
+var ErrAddInput = errors.New("dcaa: cannot add an input here")
+
+// AddInput adds an input stream while the machine runs, at clock now: a
+// live rescale gave an upstream fragment a partition, whose stream (from
+// an upstream partition with k replicas) carries nothing below floor,
+// the rescale's cut. It returns the input's index (the next one) and the
+// subscription to make.
+//
+// The input counts as covered up to floor, without a release step there:
+// the other inputs' data below floor is released without waiting for the
+// added stream's first boundary, and releases still end only at
+// boundaries some stream brought, so replicas that add the input at
+// different moments release the same steps. For that, nothing at or
+// above floor may have been released yet (the caller holds the machine
+// below it with SetCut from before the rescale's cut could be reached
+// until the input is added), and the operators must hold no tentative
+// state (which a hold ensures too): otherwise ErrAddInput, or
+// ErrNotStable.
+func (m *Machine) AddInput(now int64, k int, floor int64) (int, []Action, error) {
+	m.now = max(m.now, now)
+	switch {
+	case k < 1:
+		return 0, nil, fmt.Errorf("%w: %d upstream replicas", ErrAddInput, k)
+	case m.tentative || m.replaying:
+		return 0, nil, fmt.Errorf("%w: %s", ErrNotStable, m.state)
+	case m.released >= floor:
+		return 0, nil, fmt.Errorf("%w: released up to %d, at or past the stream's floor %d", ErrAddInput, m.released, floor)
+	}
+	in := newInputState(k, floor)
+	m.inputs = append(m.inputs, in)
+	m.cfg.Inputs = append(m.cfg.Inputs, k)
+	i := len(m.inputs) - 1
+	in.heard = m.now
+	in.replica = m.choose(i)
+	in.attempt++
+	return i, []Action{Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt}}, nil
+}
+
+// Inputs is the number of input streams.
+func (m *Machine) Inputs() int { return len(m.inputs) }
 
 // Start subscribes every input (preferring the upstream replica with this
 // replica's number) at time now.
@@ -695,8 +760,8 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 				continue
 			}
 			in.lastStable = max(in.lastStable, t.ID)
-			if t.STime > in.stableB {
-				in.stableB = t.STime
+			if t.STime > in.stableB || in.floored && t.STime == in.stableB {
+				in.stableB, in.floored = t.STime, false
 				in.steps = append(in.steps, t.STime)
 			}
 		case tuple.Tentative:
@@ -958,6 +1023,37 @@ func (m *Machine) stableWatermark() int64 {
 	return s
 }
 
+// stableTarget is where a stable release may go now: the stable
+// watermark, or the cut when the watermark reached it (the cut is then a
+// step). A watermark that is an input's floor (no boundary there) is no
+// step: the release ends at the highest step below it, so that the steps
+// are the streams' boundaries whenever an input was added (AddInput).
+func (m *Machine) stableTarget() int64 {
+	w := m.stableWatermark()
+	if w >= m.cut {
+		return m.cut
+	}
+	floor := false
+	for _, in := range m.inputs {
+		if in.floored && in.stableB == w {
+			floor = true
+			break
+		}
+	}
+	if !floor || w <= m.released {
+		return w
+	}
+	top := m.released
+	for _, in := range m.inputs {
+		for _, s := range in.steps {
+			if s <= w && s > top {
+				top = s
+			}
+		}
+	}
+	return top
+}
+
 // progress releases what can be released and drives stabilization.
 func (m *Machine) progress(acts []Action) []Action {
 	if m.replaying {
@@ -989,7 +1085,7 @@ func (m *Machine) progress(acts []Action) []Action {
 			m.lag, m.lagKnown = l, true
 		}
 	}
-	s := min(m.stableWatermark(), m.cut)
+	s := m.stableTarget()
 	if !m.tentative && s > m.released {
 		acts = m.release(acts, s, false)
 	}
@@ -1051,7 +1147,7 @@ func (m *Machine) progress(acts []Action) []Action {
 		}
 	}
 	acts = m.maybeStabilize(acts)
-	if s := min(m.stableWatermark(), m.cut); !m.tentative && !m.replaying && s > m.released {
+	if s := m.stableTarget(); !m.tentative && !m.replaying && s > m.released {
 		// Reconciled just now (a replica alone in its partition needs no
 		// permission): what waited goes out stable at once.
 		acts = m.release(acts, s, false)

@@ -34,7 +34,10 @@ type input struct {
 	// diverged: the replica this input read sent an UNCORRECTABLE record
 	// (dcaa_uncorrectable.go); stable ids of that upstream's replicas no
 	// longer match, and the ack relays acknowledge everything.
-	diverged    atomic.Bool
+	diverged atomic.Bool
+	// endTaken: a DCAA operator task's machine took this input's final
+	// boundary (a merger's input says so by its boundary instead).
+	endTaken    atomic.Bool
 	idx         int // index in the merger
 	port        int
 	upstream    string // upstream node (fragment)

@@ -1,0 +1,94 @@
+package runtime
+
+import (
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// TestRescaleSourceReadByReplicatedOperator rescales the words source
+// 1 -> 3 -> 2 partitions under load in a query with replicas 2: the keyed
+// aggregate reading it runs a DCAA machine, whose inputs the rescale
+// changes (added partitions start at the cut, removed ones end there).
+// Both replicas of the sink give the same stream, tuple for tuple, with
+// no tentative result, UNDO or REC_DONE (there is no failure), and every
+// window of every word equals the reference of the rescaled streams.
+func TestRescaleSourceReadByReplicatedOperator(t *testing.T) {
+	const rate = 4000
+	yaml := fmt.Sprintf(wordsQuery, 2, rate)
+	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1")
+	c := newCluster(t, 2, yaml, func(node string, p, r int) int { return p + r })
+	defer c.close(t)
+	rs := &rescaler{c: c, frag: "lines", partitions: 1, epoch: 1, owner: contiguous(1), reader: "counts", starts: []int64{math.MinInt64}}
+	c.apply()
+	for r := range 2 {
+		agg := queryspec.TaskID("wc", "counts", 0, r)
+		waitUntil(t, "aggregate replica "+agg+" processed some input", func() bool {
+			for _, w := range c.workers {
+				if tk := w.rt.task(agg); tk != nil && tk.outs[0].buf.Stats().LastID > 50 {
+					if tk.dm == nil {
+						t.Fatal("the aggregate of a replicated query runs no DCAA machine: the test does not test it")
+					}
+					return true
+				}
+			}
+			return false
+		})
+	}
+	cut1 := rs.scale(t, 3)
+	waitUntil(t, "the added partitions produced", func() bool {
+		for _, w := range c.workers {
+			if tk := w.rt.task(queryspec.TaskID("wc", "lines", 2, 1)); tk != nil && tk.genRecordsSeen() > 100 {
+				return true
+			}
+		}
+		return false
+	})
+	cut2 := rs.scale(t, 2)
+	if cut2 <= cut1 {
+		t.Fatalf("cuts %d then %d", cut1, cut2)
+	}
+	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
+	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
+	for _, tp := range append(got, other...) {
+		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
+			t.Fatalf("a %v tuple in the sink's output without any failure (stime %d, cuts %d %d)", tp.Type, tp.STime, cut1, cut2)
+		}
+	}
+	end := int64(math.MaxInt64)
+	want := sourceReference(t, rate, []int64{math.MinInt64, cut1, cut1}, []int64{end, end, cut2})
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), want)
+	if !sameTuples(got, other) {
+		for i := range got {
+			if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
+				t.Logf("first difference at %d: %+v vs %+v (cuts %d %d)", i, got[i], other[i], cut1, cut2)
+				break
+			}
+		}
+		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
+	}
+	after := 0
+	for _, tp := range got {
+		if tp.Type.IsData() && tp.STime > cut2 {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no result after the second cut %d: the rescale did not happen under load", cut2)
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+	for _, w := range c.workers {
+		for _, tk := range w.rt.tasksByID() {
+			if tk.dm != nil && tk.dm.restores.Load() > 0 {
+				t.Errorf("%s corrected its output %d times without a failure", tk.spec.TaskID, tk.dm.restores.Load())
+			}
+		}
+	}
+}
