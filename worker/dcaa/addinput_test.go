@@ -19,7 +19,9 @@ import (
 func TestAddInputReleasesTheSameSteps(t *testing.T) {
 	ms := int64(time.Millisecond)
 	const floor = 28
-	b := func(id uint64, st int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, ID: id, STime: st * ms} }
+	b := func(id uint64, st int64) tuple.Tuple {
+		return tuple.Tuple{Type: tuple.Boundary, ID: id, STime: st * ms}
+	}
 	d := func(id uint64, st int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Stable, ID: id, STime: st * ms} }
 	old := []tuple.Tuple{d(1, 5), b(2, 10), d(3, 15), b(4, 20), d(5, 22), b(6, 25), d(7, 35), b(8, 40)}
 	added := []tuple.Tuple{b(1, 30), d(2, 33), b(3, 40)}
