@@ -36,6 +36,16 @@ sources:
 sinks:
   - {name: out, input: text}
 `, "passes it through"},
+		{"jq", `name: jq
+replicas: 2
+sources:
+  - {name: text, generator: {kind: words, rate: 100, seed: 1}}
+  - {name: more, generator: {kind: words, rate: 100, seed: 2}}
+operators:
+  - {name: both, type: join, left: text, right: more, on: [line], window: {size: 1s}}
+sinks:
+  - {name: out, input: both}
+`, "replicated operator with several inputs"},
 	} {
 		if _, err := admin.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(tc.yaml), Filename: tc.name + ".yaml"}); err != nil {
 			t.Fatal(err)
@@ -47,6 +57,23 @@ sinks:
 		if m, _ := s.State().SlotMap(nil, tc.name, "text"); m != nil && m.Next != nil {
 			t.Errorf("%s: a refused source rescale left a rescale under way: %+v", tc.name, m.Next)
 		}
+	}
+	// A generator read by a replicated operator with a single input (it
+	// runs a DCAA machine) is not refused.
+	rq := `name: rq
+replicas: 2
+sources:
+  - {name: text, generator: {kind: words, rate: 100, seed: 1}}
+operators:
+  - {name: per_line, type: aggregate, input: text, window: {size: 1s}, group_by: [line], aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: per_line}
+`
+	if _, err := admin.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(rq), Filename: "rq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.ScaleQuery(ctxT(t, 20*time.Second), &pb.ScaleQueryRequest{Query: "rq", Operator: "text", Parallelism: 2}); err != nil && strings.Contains(err.Error(), "replicated") {
+		t.Errorf("scale the source of a replicated query read by an operator with one input: %v", err)
 	}
 	finish := fsm.ApplyPlanRequest{SlotMaps: []fsm.SlotMapUpdate{{Phase: fsm.RescaleFinish, Starts: []int64{0, 5}}}}
 	if v := finish.Protocol(); v != 9 {
