@@ -26,6 +26,9 @@ type rescaler struct {
 	// place, when not nil, picks the worker (index) of an added
 	// partition's replica; else they go to the workers in turn.
 	place func(p, r int) int
+	// upstream, with reader, is the fragment routing to a keyed frag:
+	// its tasks take part too.
+	upstream string
 }
 
 func (rs *rescaler) readerName() string {
@@ -122,7 +125,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	// A keyed fragment's upstreams, its tasks and its reader take part;
 	// a source's tasks and its reader (rs.reader set).
 	involved := rs.tasks(func(s *TaskSpec) bool {
-		return rs.reader == "" || s.Fragment == rs.frag || s.Fragment == rs.reader
+		return rs.reader == "" || s.Fragment == rs.frag || s.Fragment == rs.reader || s.Fragment == rs.upstream
 	})
 	cut := int64(math.MinInt64)
 	dump := func() {

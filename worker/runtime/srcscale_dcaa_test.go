@@ -92,3 +92,91 @@ func TestRescaleSourceReadByReplicatedOperator(t *testing.T) {
 		}
 	}
 }
+
+// TestRescaleKeyedReadByReplicatedOperator rescales the keyed aggregate
+// 1 -> 2 -> 1 partitions under load in a query with replicas 2 where an
+// operator (a filter of parallelism 2, which passes every result) reads
+// it: that operator's DCAA machine takes the added partition's stream at
+// the cut and ends the removed one's there. Both sink replicas give the
+// same stream, with nothing tentative, and every window of every word
+// equals the reference of a run without rescaling.
+func TestRescaleKeyedReadByReplicatedOperator(t *testing.T) {
+	const rate = 4000
+	yaml := fmt.Sprintf(wordsQuery, 2, rate)
+	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1")
+	yaml = replaceOnce(t, yaml, "sinks:\n  - {name: out, input: counts}", `  - {name: some, type: filter, input: counts, where: "cnt > 0", parallelism: 2}
+sinks:
+  - {name: out, input: some}`)
+	c := newCluster(t, 2, yaml, func(node string, p, r int) int { return p + r })
+	defer c.close(t)
+	rs := &rescaler{c: c, frag: "counts", partitions: 1, epoch: 1, owner: contiguous(1), reader: "some", upstream: "lines"}
+	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
+	c.apply()
+	readers := 0
+	waitUntil(t, "the filter emitted some windows", func() bool {
+		readers = 0
+		for _, w := range c.workers {
+			for _, tk := range w.rt.tasksByID() {
+				if tk.spec.Fragment == "some" && tk.dm != nil {
+					readers++
+				}
+			}
+		}
+		tk := c.workers[0].rt.task(queryspec.TaskID("wc", "some", 0, 0))
+		return tk != nil && tk.outs[0].buf.Stats().LastID > 50
+	})
+	if readers != 4 {
+		t.Fatalf("%d of the filter's 4 tasks run a DCAA machine: the test does not test it", readers)
+	}
+	cut1 := rs.scale(t, 2)
+	waitUntil(t, "the added partition emitted windows", func() bool {
+		for _, w := range c.workers {
+			if tk := w.rt.task(queryspec.TaskID("wc", "counts", 1, 1)); tk != nil && tk.outs[0].buf.Stats().LastID > 20 {
+				return true
+			}
+		}
+		return false
+	})
+	cut2 := rs.scale(t, 1)
+	if cut2 <= cut1 {
+		t.Fatalf("cuts %d then %d", cut1, cut2)
+	}
+	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
+	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
+	for _, tp := range append(got, other...) {
+		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
+			t.Fatalf("a %v tuple in the sink's output without any failure (stime %d, cuts %d %d)", tp.Type, tp.STime, cut1, cut2)
+		}
+	}
+	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, rate))
+	if !sameTuples(got, other) {
+		for i := range got {
+			if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
+				t.Logf("first difference at %d: %+v vs %+v (cuts %d %d)", i, got[i], other[i], cut1, cut2)
+				break
+			}
+		}
+		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
+	}
+	after := 0
+	for _, tp := range got {
+		if tp.Type.IsData() && tp.STime > cut2 {
+			after++
+		}
+	}
+	if after == 0 {
+		t.Fatalf("no result after the second cut %d: the rescale did not happen under load", cut2)
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+	for _, w := range c.workers {
+		for _, tk := range w.rt.tasksByID() {
+			if tk.dm != nil && tk.dm.restores.Load() > 0 {
+				t.Errorf("%s corrected its output %d times without a failure", tk.spec.TaskID, tk.dm.restores.Load())
+			}
+		}
+	}
+}
