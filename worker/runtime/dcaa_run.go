@@ -119,9 +119,8 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	floors := make([]int64, len(t.inputs))
 	for i, in := range t.inputs {
 		ks[i] = max(1, t.plan.Query.Replicas)
-		// The stream of a partition a rescale added starts at its cut
-		// (buildInputs gave the merger that floor).
-		floors[i] = t.merge.inputBoundary(in.idx)
+		// The stream of a partition a rescale added starts at its cut.
+		floors[i] = in.floor
 	}
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})

@@ -358,6 +358,7 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			// The added partition carries nothing below the cut: the
 			// merge must not wait for its first boundary to release
 			// the other partitions' output below it (see setFloor).
+			in.floor = n.Cut
 			t.merge.setFloor(in.idx, n.Cut)
 			if t.op == nil {
 				in.sub.KeepValuesPacked()
