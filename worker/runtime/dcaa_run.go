@@ -247,7 +247,14 @@ func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64, be
 // run is the task's process goroutine in machine mode.
 func (d *dcaaRun) run(ctx context.Context) {
 	t := d.t
-	if err := d.do(ctx, d.m.Start(d.now())); err != nil {
+	// Under proc: a rescale step may already hold the machine or give it
+	// inputs (a copy started during a rescale).
+	if err := t.lockProc(ctx); err != nil {
+		return
+	}
+	err := d.do(ctx, d.m.Start(d.now()))
+	t.unlockProc()
+	if err != nil {
 		t.endWith(err)
 		return
 	}

@@ -99,7 +99,9 @@ func TestRescaleSourceReadByReplicatedOperator(t *testing.T) {
 // it: that operator's DCAA machine takes the added partition's stream at
 // the cut and ends the removed one's there. Both sink replicas give the
 // same stream, with nothing tentative, and every window of every word
-// equals the reference of a run without rescaling.
+// equals the reference of a run without rescaling. Then a replica of the
+// filter moves (from a snapshot holding the removed partition's ended
+// stream).
 func TestRescaleKeyedReadByReplicatedOperator(t *testing.T) {
 	const rate = 4000
 	yaml := fmt.Sprintf(wordsQuery, 2, rate)
@@ -140,6 +142,14 @@ sinks:
 	cut2 := rs.scale(t, 1)
 	if cut2 <= cut1 {
 		t.Fatalf("cuts %d then %d", cut1, cut2)
+	}
+	// A copy of a reader started from a snapshot taken after the rescale
+	// removed a partition leaves out that partition's ended stream, and
+	// still runs its machine.
+	reader := queryspec.TaskID("wc", "some", 0, 0)
+	c.move(t, reader, c.workers[0], c.workers[1], false)
+	if tk := c.workers[1].rt.task(reader); tk == nil || tk.dm == nil {
+		t.Fatalf("the moved copy of %s runs no DCAA machine (%v)", reader, tk != nil)
 	}
 	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
 	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
