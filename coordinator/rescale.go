@@ -139,50 +139,6 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	return t, nil
 }
 
-// refuseReplicated refuses a new rescale of a query with replicas whose
-// fragment is read by what cannot follow it yet (not the resumption of
-// one a previous leader started: that must still be aborted or
-// finished).
-func (s *Server) refuseReplicated(tg *rescaleTarget) error {
-	q := tg.q
-	if q.Replicas <= 1 {
-		return nil
-	}
-	plan := s.plans.plan(q)
-	if plan == nil {
-		return status.Errorf(codes.FailedPrecondition, "scale: the definition of query %s cannot be planned", q.Name)
-	}
-	downs := make([]string, 0, len(tg.downstream))
-	for down := range tg.downstream {
-		downs = append(downs, down)
-	}
-	sort.Strings(downs)
-	for _, down := range downs {
-		if why := replicatedReaderRefusal(plan, down, tg.frag); why != "" {
-			return status.Errorf(codes.FailedPrecondition, "scale: query %s runs with replicas %d and %s", q.Name, q.Replicas, why)
-		}
-	}
-	return nil
-}
-
-// replicatedReaderRefusal says why the node down of a replicated query
-// cannot follow a rescale of frag, which it reads ("" if it can). An
-// operator of a replicated query runs a DCAA machine, which takes the
-// streams of added partitions at the rescale's cut (worker/dcaa
-// AddInput) and releases them in the order of its inputs: added ones
-// come after those it started with. A copy started later from the plan
-// orders its inputs by port, so an operator with several inputs (a join,
-// a union) would order tuples of equal stream time otherwise on its
-// replicas (and a copy restored from a peer's snapshot would not match
-// its inputs); one with a single input orders them alike everywhere.
-func replicatedReaderRefusal(plan *queryspec.Plan, down, frag string) string {
-	d := plan.Node(down)
-	if d == nil || d.Kind != queryspec.KindOperator || len(d.Inputs) <= 1 {
-		return ""
-	}
-	return fmt.Sprintf("its operator %s reads %s and another stream (%s): a replicated operator with several inputs cannot yet follow a rescale of one of them (its replicas could order the added partitions' tuples otherwise); only operators with a single input, and sinks, follow one in a replicated query", down, frag, strings.Join(d.Inputs, ", "))
-}
-
 func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) (*pb.ScaleQueryResponse, error) {
 	return s.rescaleTo(ctx, name, op, parallelism, nil, 0)
 }
@@ -199,9 +155,6 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 	}
 	tg, err := s.rescaleTarget(name, op)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.refuseReplicated(tg); err != nil {
 		return nil, err
 	}
 	cur := tg.cur

@@ -85,13 +85,6 @@ func sourceScaleRefusal(plan *queryspec.Plan, n *queryspec.Node, partitions int)
 		if d.Kind == queryspec.KindSink && len(d.Inputs) == 1 && partitions == 1 {
 			return fmt.Sprintf("sink %s reads the single stream of source %s and passes it through as its result stream: it cannot take more; put an operator between them", down, n.Name)
 		}
-		// A replicated operator with several inputs (see
-		// refuseReplicated).
-		if plan.Query != nil && plan.Query.Replicas > 1 {
-			if why := replicatedReaderRefusal(plan, down, n.Name); why != "" {
-				return fmt.Sprintf("the query runs with replicas %d and %s", plan.Query.Replicas, why)
-			}
-		}
 	}
 	return ""
 }

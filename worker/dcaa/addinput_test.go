@@ -60,7 +60,7 @@ func TestAddInputReleasesTheSameSteps(t *testing.T) {
 			t.Fatal(err)
 		}
 		add := func() {
-			i, acts, err := m.AddInput(now, 2, floor*ms)
+			i, acts, err := m.AddInput(now, 2, floor*ms, 1)
 			if err != nil || i != 1 || len(acts) != 1 {
 				t.Fatalf("AddInput: %d %v %v", i, acts, err)
 			}
@@ -100,10 +100,60 @@ func TestAddInputReleasesTheSameSteps(t *testing.T) {
 	m, _ := New(Config{ID: 0, Replicas: 1, Inputs: []int{1}, Detect: 20 * time.Millisecond})
 	m.Start(0)
 	m.Step(ms, Deliver{Input: 0, Upstream: Stable, Tuples: []tuple.Tuple{b(1, 30)}})
-	if _, _, err := m.AddInput(2*ms, 1, floor*ms); !errors.Is(err, ErrAddInput) {
+	if _, _, err := m.AddInput(2*ms, 1, floor*ms, 1); !errors.Is(err, ErrAddInput) {
 		t.Fatalf("AddInput below the released watermark: %v, want ErrAddInput", err)
 	}
 	if m.Inputs() != 1 {
 		t.Fatalf("%d inputs after a refused AddInput", m.Inputs())
+	}
+}
+
+// Tuples of equal stream time are released in the order of the inputs'
+// ranks, not of their indexes: an input added by a rescale with a rank
+// between two others goes between them, as in a copy built with all
+// three in rank order.
+func TestReleaseOrderFollowsRanks(t *testing.T) {
+	ms := int64(time.Millisecond)
+	order := func(ranks []int64, addRank int64, add bool) []int {
+		ks := make([]int, len(ranks))
+		for i := range ks {
+			ks[i] = 1
+		}
+		m, err := New(Config{ID: 0, Replicas: 1, Inputs: ks, Ranks: ranks, Detect: 20 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Start(0)
+		if add {
+			if _, _, err := m.AddInput(0, 1, 5*ms, addRank); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var got []int
+		for i := range m.Inputs() {
+			acts := m.Step(int64(i+1)*ms, Deliver{Input: i, Upstream: Stable, Tuples: []tuple.Tuple{
+				{Type: tuple.Stable, ID: 1, STime: 7 * ms}, {Type: tuple.Boundary, ID: 2, STime: 10 * ms}}})
+			for _, a := range acts {
+				if r, ok := a.(Release); ok {
+					for _, st := range r.Steps {
+						for _, run := range st.Runs {
+							for range run.Tuples {
+								got = append(got, run.Input)
+							}
+						}
+					}
+				}
+			}
+		}
+		return got
+	}
+	if got := order([]int64{0, 2}, 1, true); !slices.Equal(got, []int{0, 2, 1}) {
+		t.Fatalf("released by input %v, want [0 2 1] (ranks 0, 2, added 1)", got)
+	}
+	if got := order([]int64{0, 1, 2}, 0, false); !slices.Equal(got, []int{0, 1, 2}) {
+		t.Fatalf("released by input %v, want [0 1 2]", got)
+	}
+	if got := order([]int64{2, 1, 0}, 0, false); !slices.Equal(got, []int{2, 1, 0}) {
+		t.Fatalf("released by input %v, want [2 1 0]", got)
 	}
 }

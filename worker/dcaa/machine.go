@@ -72,6 +72,13 @@ type Config struct {
 	// as covered up to its floor without a release step there (see
 	// AddInput).
 	Floors []int64
+	// Ranks, when not nil, gives per input its place in the release
+	// order of tuples of equal stream time (lower first; equal ranks by
+	// index). Without it, the input's index. The runtime ranks by (port,
+	// upstream partition), so that inputs a rescale added (after those
+	// the task started with) are ordered as in a copy built later with
+	// all of them, and every replica releases the same order.
+	Ranks []int64
 	// Share is this task's share of the query's X (see SplitDelay):
 	// the longest an available bucket waits for a failed input before it
 	// is released tentative. Strict (or StrictMode) never releases
@@ -145,6 +152,9 @@ func (c *Config) check() error {
 	}
 	if c.Floors != nil && len(c.Floors) != len(c.Inputs) {
 		return fmt.Errorf("%d floors for %d inputs", len(c.Floors), len(c.Inputs))
+	}
+	if c.Ranks != nil && len(c.Ranks) != len(c.Inputs) {
+		return fmt.Errorf("%d ranks for %d inputs", len(c.Ranks), len(c.Inputs))
 	}
 	if c.PermissionTimeout <= 0 {
 		c.PermissionTimeout = 4 * c.Detect
@@ -492,8 +502,12 @@ type Machine struct {
 	// shed counts the tuples dropped, keptMax the most kept at once after
 	// a bound (figures).
 	lostFrom, lostTo int64
-	shed             uint64
-	keptMax          int
+	// ranks are the inputs' places in the release order (Config.Ranks;
+	// nil: by index), order the inputs in that order (nil: by index).
+	ranks   []int64
+	order   []int
+	shed    uint64
+	keptMax int
 	// runs holds the runs of the current Step's releases (Step.Runs
 	// alias it); scratch and tuples a tentative release's copies while
 	// it sorts them and as released (tentative runs alias tuples). All
@@ -517,7 +531,36 @@ func New(cfg Config) (*Machine, error) {
 		m.inputs = append(m.inputs, newInputState(k, floor))
 	}
 	m.cfg.Inputs, m.cfg.Floors = slices.Clone(cfg.Inputs), nil
+	if cfg.Ranks != nil {
+		m.ranks = slices.Clone(cfg.Ranks)
+		m.sortRanks()
+	}
 	return m, nil
+}
+
+// sortRanks computes the release order of the inputs from their ranks
+// (nil: by index, when the ranks are in index order).
+func (m *Machine) sortRanks() {
+	order := make([]int, len(m.ranks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(m.ranks[a], m.ranks[b]) })
+	m.order = nil
+	for k, i := range order {
+		if k != i {
+			m.order = order
+			return
+		}
+	}
+}
+
+// at is the input at position pos of the release order.
+func (m *Machine) at(pos int) int {
+	if m.order == nil {
+		return pos
+	}
+	return m.order[pos]
 }
 
 func newInputState(replicas int, floor int64) *inputState {
@@ -532,8 +575,9 @@ var ErrAddInput = errors.New("dcaa: cannot add an input here")
 // AddInput adds an input stream while the machine runs, at clock now: a
 // live rescale gave an upstream fragment a partition, whose stream (from
 // an upstream partition with k replicas) carries nothing below floor,
-// the rescale's cut. It returns the input's index (the next one) and the
-// subscription to make.
+// the rescale's cut. rank places its tuples among those of equal stream
+// time (see Config.Ranks). It returns the input's index (the next one)
+// and the subscription to make.
 //
 // The input counts as covered up to floor, without a release step there:
 // the other inputs' data below floor is released without waiting for the
@@ -545,7 +589,7 @@ var ErrAddInput = errors.New("dcaa: cannot add an input here")
 // until the input is added), and the operators must hold no tentative
 // state (which a hold ensures too): otherwise ErrAddInput, or
 // ErrNotStable.
-func (m *Machine) AddInput(now int64, k int, floor int64) (int, []Action, error) {
+func (m *Machine) AddInput(now int64, k int, floor, rank int64) (int, []Action, error) {
 	m.now = max(m.now, now)
 	switch {
 	case k < 1:
@@ -559,10 +603,27 @@ func (m *Machine) AddInput(now int64, k int, floor int64) (int, []Action, error)
 	m.inputs = append(m.inputs, in)
 	m.cfg.Inputs = append(m.cfg.Inputs, k)
 	i := len(m.inputs) - 1
+	if m.ranks == nil {
+		for j := range i {
+			m.ranks = append(m.ranks, int64(j))
+		}
+	}
+	m.ranks = append(m.ranks, rank)
+	m.sortRanks()
 	in.heard = m.now
 	in.replica = m.choose(i)
 	in.attempt++
 	return i, []Action{Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt}}, nil
+}
+
+// Order returns the inputs' indexes in release order: the order of
+// tuples of equal stream time (see Config.Ranks).
+func (m *Machine) Order() []int {
+	o := make([]int, len(m.inputs))
+	for pos := range o {
+		o[pos] = m.at(pos)
+	}
+	return o
 }
 
 // Inputs is the number of input streams.
@@ -1250,21 +1311,28 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 	if len(m.inputs) > len(ranges) {
 		rs = make([][]tuple.Tuple, 0, len(m.inputs))
 	}
-	for _, in := range m.inputs {
+	for pos := range m.inputs {
+		in := m.inputs[m.at(pos)]
 		rs = append(rs, in.stable[in.from(from):in.from(to)])
 	}
 	start := len(m.runs)
 	if !tentative {
 		m.runs = mergeRuns(m.runs, rs)
+		if m.order != nil {
+			// mergeRuns numbers the runs by position in rs.
+			for k := start; k < len(m.runs); k++ {
+				m.runs[k].Input = m.order[m.runs[k].Input]
+			}
+		}
 		// Full slice expression: appending to a step never overwrites
 		// the next one.
 		st.Runs = m.runs[start:len(m.runs):len(m.runs)]
 		return st
 	}
 	es := len(m.scratch)
-	for i, r := range rs {
+	for pos, r := range rs {
 		for _, t := range r {
-			m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
+			m.scratch = append(m.scratch, Entry{Input: m.at(pos), Tuple: t})
 		}
 	}
 	for i, in := range m.inputs {

@@ -122,8 +122,9 @@ func (t *task) setupDCAA() {
 		}
 		if s := t.spec.FromSnapshot; s != nil {
 			// Without the streams of partitions a finished rescale
-			// removed (ended in the snapshot), as restoreFrom did.
-			if err := d.resume(withoutRemovedStreams(s, t)); err != nil {
+			// removed (ended in the snapshot), in the task's order, as
+			// restoreFrom took them.
+			if err := d.resume(inputsOfTask(s, t)); err != nil {
 				t.log.Error("DCAA machine not resumed from the snapshot; the task merges its inputs without it", "err", err)
 				return
 			}

@@ -117,12 +117,14 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	}
 	ks := make([]int, len(t.inputs))
 	floors := make([]int64, len(t.inputs))
+	ranks := make([]int64, len(t.inputs))
 	for i, in := range t.inputs {
 		ks[i] = max(1, t.plan.Query.Replicas)
 		// The stream of a partition a rescale added starts at its cut.
 		floors[i] = in.floor
+		ranks[i] = in.rank()
 	}
-	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors,
+	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
@@ -883,6 +885,12 @@ func (d *dcaaRun) holdForRescale(ctx context.Context, f string, epoch uint64) (r
 	}
 }
 
+// rank is the input's place among the machine's inputs for tuples of
+// equal stream time: by port, then upstream partition, as the stable
+// merge orders them (mergeOrder), whatever order a rescale added the
+// inputs in.
+func (in *input) rank() int64 { return int64(in.port)<<32 | int64(in.upPartition) }
+
 // addInputs gives the machine the inputs a rescale added, in order (their
 // indexes follow the task's inputs), their streams starting at cut, and
 // subscribes them. The caller holds proc, and the machine is held below
@@ -890,7 +898,7 @@ func (d *dcaaRun) holdForRescale(ctx context.Context, f string, epoch uint64) (r
 // added inputs carry.
 func (d *dcaaRun) addInputs(added []*input, cut int64) error {
 	for _, in := range added {
-		i, acts, err := d.m.AddInput(d.now(), max(1, d.t.plan.Query.Replicas), cut)
+		i, acts, err := d.m.AddInput(d.now(), max(1, d.t.plan.Query.Replicas), cut, in.rank())
 		if err != nil {
 			return err
 		}

@@ -346,15 +346,21 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			return false
 		}
 		var added []*input
-		have := 0
+		have := map[int]int{} // port -> partitions of f read on it
 		for _, in := range t.inputs {
 			if in.upstream == f {
-				have = max(have, in.upPartition+1)
+				have[in.port] = max(have[in.port], in.upPartition+1)
 			}
 		}
-		port := slices.Index(t.node.Inputs, f)
-		for p := have; p < n.Partitions; p++ {
-			in := t.newInput(port, f, p)
+		for port, up := range t.node.Inputs {
+			if up != f {
+				continue
+			}
+			for p := have[port]; p < n.Partitions; p++ {
+				added = append(added, t.newInput(port, f, p))
+			}
+		}
+		for _, in := range added {
 			// The added partition carries nothing below the cut: the
 			// merge must not wait for its first boundary to release
 			// the other partitions' output below it (see setFloor).
@@ -366,7 +372,6 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			if t.dcaaOn() {
 				in.watch() // as the inputs the task started with
 			}
-			added = append(added, in)
 		}
 		if t.dm != nil {
 			if err := t.dm.addInputs(added, n.Cut); err != nil {
