@@ -139,31 +139,6 @@ func (s *Server) rescaleTarget(name, op string) (*rescaleTarget, error) {
 	return t, nil
 }
 
-// refuseReplicated refuses a new rescale of a query with replicas whose
-// fragment a replicated operator reads (not the resumption of one a
-// previous leader started: that must still be aborted or finished).
-func (s *Server) refuseReplicated(tg *rescaleTarget) error {
-	q := tg.q
-	if q.Replicas <= 1 {
-		return nil
-	}
-	// An operator of a replicated query runs its DCAA machine, whose
-	// inputs are fixed when the task starts: it cannot take the streams
-	// of partitions a rescale adds, and would refuse to hold, so the
-	// rescale would wait for it until aborted. Sinks (which merge
-	// without a machine) follow a rescale.
-	plan := s.plans.plan(q)
-	if plan == nil {
-		return status.Errorf(codes.FailedPrecondition, "scale: the definition of query %s cannot be planned", q.Name)
-	}
-	for down := range tg.downstream {
-		if d := plan.Node(down); d != nil && d.Kind == queryspec.KindOperator {
-			return status.Errorf(codes.FailedPrecondition, "scale: query %s runs with replicas %d and its operator %s reads %s: a replicated operator cannot yet follow a rescale of its input (its inputs are fixed while it runs); only operators read by sinks alone rescale in a replicated query", q.Name, q.Replicas, down, tg.frag)
-		}
-	}
-	return nil
-}
-
 func (s *Server) rescale(ctx context.Context, name, op string, parallelism int) (*pb.ScaleQueryResponse, error) {
 	return s.rescaleTo(ctx, name, op, parallelism, nil, 0)
 }
@@ -180,9 +155,6 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 	}
 	tg, err := s.rescaleTarget(name, op)
 	if err != nil {
-		return nil, err
-	}
-	if err := s.refuseReplicated(tg); err != nil {
 		return nil, err
 	}
 	cur := tg.cur

@@ -85,11 +85,6 @@ func sourceScaleRefusal(plan *queryspec.Plan, n *queryspec.Node, partitions int)
 		if d.Kind == queryspec.KindSink && len(d.Inputs) == 1 && partitions == 1 {
 			return fmt.Sprintf("sink %s reads the single stream of source %s and passes it through as its result stream: it cannot take more; put an operator between them", down, n.Name)
 		}
-		// A replicated operator's DCAA machine has fixed inputs (see
-		// refuseReplicated).
-		if plan.Query != nil && plan.Query.Replicas > 1 && d.Kind == queryspec.KindOperator {
-			return fmt.Sprintf("the query runs with replicas %d and its operator %s reads source %s: a replicated operator cannot yet follow a rescale of its input", plan.Query.Replicas, down, n.Name)
-		}
 	}
 	return ""
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 // 200 ms window, reach the sink as about 100 results a second.
 const sloQuery = `
 name: slo
+replicas: %d
 slo:
   throughput: 250
 sources:
@@ -44,6 +46,20 @@ func TestSLOScalesTheSource(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an org for about 20 s")
 	}
+	testSLOScalesTheSource(t, 1)
+}
+
+// TestSLOScalesTheSourceReplicated is TestSLOScalesTheSource with
+// replicas 2 (the demo query's setting): the aggregate reading the source
+// runs a DCAA machine on each replica, and follows the source's rescale.
+func TestSLOScalesTheSourceReplicated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an org for about 20 s")
+	}
+	testSLOScalesTheSource(t, 2)
+}
+
+func testSLOScalesTheSource(t *testing.T, replicas int) {
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -64,7 +80,7 @@ func TestSLOScalesTheSource(t *testing.T) {
 	}
 	defer conn.Close()
 	admin := pb.NewAdminServiceClient(conn)
-	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(sloQuery), Filename: "slo.yaml"}); err != nil {
+	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(sloQuery, replicas)), Filename: "slo.yaml"}); err != nil {
 		t.Fatal(err)
 	}
 	type action struct {
@@ -115,8 +131,8 @@ func TestSLOScalesTheSource(t *testing.T) {
 			sources++
 		}
 	}
-	if sources != 3 {
-		t.Fatalf("the source runs %d partitions, want 3", sources)
+	if sources != 3*replicas {
+		t.Fatalf("the source runs %d tasks, want 3 partitions of %d replicas", sources, replicas)
 	}
 	table, err := runRoot(t, "health", "actions", "--addr", f.addr, "--tls-dir", fed.tlsDir)
 	if err != nil || !strings.Contains(table, "scale_sources") || !strings.Contains(table, "1 -> 3") {

@@ -49,6 +49,9 @@ func (m *Machine) Resume(released int64, inputs []InputCapture) error {
 		in := m.inputs[i]
 		in.lastStable, in.stableB = c.LastStable, c.StableBoundary
 		in.steps = slices.Clone(c.Steps)
+		// A boundary above the watermark is among the steps; one that is
+		// not was the input's floor (AddInput).
+		in.floored = c.StableBoundary > released && !slices.Contains(in.steps, c.StableBoundary)
 		in.stable, in.buf = nil, nil
 		for _, t := range c.Pending {
 			in.addStable(t)

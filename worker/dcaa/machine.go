@@ -63,8 +63,22 @@ type Config struct {
 	ID, Replicas int
 	// Inputs has one entry per input stream (the runtime's merge inputs,
 	// in its order: by port, then upstream partition): the number of
-	// replicas of that upstream partition.
+	// replicas of that upstream partition. A live rescale may add inputs
+	// later (AddInput).
 	Inputs []int
+	// Floors, when not nil, gives per input the lowest stream time its
+	// stream can carry (math.MinInt64: none): the stream of a partition a
+	// live rescale added starts at the rescale's cut. The input counts
+	// as covered up to its floor without a release step there (see
+	// AddInput).
+	Floors []int64
+	// Ranks, when not nil, gives per input its place in the release
+	// order of tuples of equal stream time (lower first; equal ranks by
+	// index). Without it, the input's index. The runtime ranks by (port,
+	// upstream partition), so that inputs a rescale added (after those
+	// the task started with) are ordered as in a copy built later with
+	// all of them, and every replica releases the same order.
+	Ranks []int64
 	// Share is this task's share of the query's X (see SplitDelay):
 	// the longest an available bucket waits for a failed input before it
 	// is released tentative. Strict (or StrictMode) never releases
@@ -135,6 +149,12 @@ func (c *Config) check() error {
 		if k < 1 {
 			return fmt.Errorf("input %d has %d upstream replicas", i, k)
 		}
+	}
+	if c.Floors != nil && len(c.Floors) != len(c.Inputs) {
+		return fmt.Errorf("%d floors for %d inputs", len(c.Floors), len(c.Inputs))
+	}
+	if c.Ranks != nil && len(c.Ranks) != len(c.Inputs) {
+		return fmt.Errorf("%d ranks for %d inputs", len(c.Ranks), len(c.Inputs))
 	}
 	if c.PermissionTimeout <= 0 {
 		c.PermissionTimeout = 4 * c.Detect
@@ -336,8 +356,11 @@ type inputState struct {
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
 	// switch; the input's stream is not stable.
 	tentData bool
-	stableB  int64 // highest stable boundary
-	tentWM   int64 // tentative coverage advertised by the producer
+	stableB  int64 // highest stable boundary (or the input's floor)
+	// floored: stableB is the input's floor (Config.Floors, AddInput),
+	// not a boundary its stream brought: no release step is there.
+	floored bool
+	tentWM  int64 // tentative coverage advertised by the producer
 	// steps are the stable boundary values above the drop point.
 	steps []int64
 	// stable holds the stable data above the drop point (kept for replay
@@ -479,8 +502,12 @@ type Machine struct {
 	// shed counts the tuples dropped, keptMax the most kept at once after
 	// a bound (figures).
 	lostFrom, lostTo int64
-	shed             uint64
-	keptMax          int
+	// ranks are the inputs' places in the release order (Config.Ranks;
+	// nil: by index), order the inputs in that order (nil: by index).
+	ranks   []int64
+	order   []int
+	shed    uint64
+	keptMax int
 	// runs holds the runs of the current Step's releases (Step.Runs
 	// alias it); scratch and tuples a tentative release's copies while
 	// it sorts them and as released (tentative runs alias tuples). All
@@ -496,12 +523,111 @@ func New(cfg Config) (*Machine, error) {
 		return nil, err
 	}
 	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
-	for _, k := range cfg.Inputs {
-		m.inputs = append(m.inputs, &inputState{upState: make([]State, k), suspect: make([]int64, k),
-			stableB: math.MinInt64, tentWM: math.MinInt64})
+	for i, k := range cfg.Inputs {
+		floor := int64(math.MinInt64)
+		if cfg.Floors != nil {
+			floor = cfg.Floors[i]
+		}
+		m.inputs = append(m.inputs, newInputState(k, floor))
+	}
+	m.cfg.Inputs, m.cfg.Floors = slices.Clone(cfg.Inputs), nil
+	if cfg.Ranks != nil {
+		m.ranks = slices.Clone(cfg.Ranks)
+		m.sortRanks()
 	}
 	return m, nil
 }
+
+// sortRanks computes the release order of the inputs from their ranks
+// (nil: by index, when the ranks are in index order).
+func (m *Machine) sortRanks() {
+	order := make([]int, len(m.ranks))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(m.ranks[a], m.ranks[b]) })
+	m.order = nil
+	for k, i := range order {
+		if k != i {
+			m.order = order
+			return
+		}
+	}
+}
+
+// at is the input at position pos of the release order.
+func (m *Machine) at(pos int) int {
+	if m.order == nil {
+		return pos
+	}
+	return m.order[pos]
+}
+
+func newInputState(replicas int, floor int64) *inputState {
+	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas),
+		stableB: floor, floored: floor != math.MinInt64, tentWM: math.MinInt64}
+}
+
+// ErrAddInput is wrapped by AddInput's errors: the input cannot be added
+// at this point of the stream.
+var ErrAddInput = errors.New("dcaa: cannot add an input here")
+
+// AddInput adds an input stream while the machine runs, at clock now: a
+// live rescale gave an upstream fragment a partition, whose stream (from
+// an upstream partition with k replicas) carries nothing below floor,
+// the rescale's cut. rank places its tuples among those of equal stream
+// time (see Config.Ranks). It returns the input's index (the next one)
+// and the subscription to make.
+//
+// The input counts as covered up to floor, without a release step there:
+// the other inputs' data below floor is released without waiting for the
+// added stream's first boundary, and releases still end only at
+// boundaries some stream brought, so replicas that add the input at
+// different moments release the same steps. For that, nothing at or
+// above floor may have been released yet (the caller holds the machine
+// below it with SetCut from before the rescale's cut could be reached
+// until the input is added), and the operators must hold no tentative
+// state (which a hold ensures too): otherwise ErrAddInput, or
+// ErrNotStable.
+func (m *Machine) AddInput(now int64, k int, floor, rank int64) (int, []Action, error) {
+	m.now = max(m.now, now)
+	switch {
+	case k < 1:
+		return 0, nil, fmt.Errorf("%w: %d upstream replicas", ErrAddInput, k)
+	case m.tentative || m.replaying:
+		return 0, nil, fmt.Errorf("%w: %s", ErrNotStable, m.state)
+	case m.released >= floor:
+		return 0, nil, fmt.Errorf("%w: released up to %d, at or past the stream's floor %d", ErrAddInput, m.released, floor)
+	}
+	in := newInputState(k, floor)
+	m.inputs = append(m.inputs, in)
+	m.cfg.Inputs = append(m.cfg.Inputs, k)
+	i := len(m.inputs) - 1
+	if m.ranks == nil {
+		for j := range i {
+			m.ranks = append(m.ranks, int64(j))
+		}
+	}
+	m.ranks = append(m.ranks, rank)
+	m.sortRanks()
+	in.heard = m.now
+	in.replica = m.choose(i)
+	in.attempt++
+	return i, []Action{Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt}}, nil
+}
+
+// Order returns the inputs' indexes in release order: the order of
+// tuples of equal stream time (see Config.Ranks).
+func (m *Machine) Order() []int {
+	o := make([]int, len(m.inputs))
+	for pos := range o {
+		o[pos] = m.at(pos)
+	}
+	return o
+}
+
+// Inputs is the number of input streams.
+func (m *Machine) Inputs() int { return len(m.inputs) }
 
 // Start subscribes every input (preferring the upstream replica with this
 // replica's number) at time now.
@@ -695,8 +821,8 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 				continue
 			}
 			in.lastStable = max(in.lastStable, t.ID)
-			if t.STime > in.stableB {
-				in.stableB = t.STime
+			if t.STime > in.stableB || in.floored && t.STime == in.stableB {
+				in.stableB, in.floored = t.STime, false
 				in.steps = append(in.steps, t.STime)
 			}
 		case tuple.Tentative:
@@ -958,6 +1084,37 @@ func (m *Machine) stableWatermark() int64 {
 	return s
 }
 
+// stableTarget is where a stable release may go now: the stable
+// watermark, or the cut when the watermark reached it (the cut is then a
+// step). A watermark that is an input's floor (no boundary there) is no
+// step: the release ends at the highest step below it, so that the steps
+// are the streams' boundaries whenever an input was added (AddInput).
+func (m *Machine) stableTarget() int64 {
+	w := m.stableWatermark()
+	if w >= m.cut {
+		return m.cut
+	}
+	floor := false
+	for _, in := range m.inputs {
+		if in.floored && in.stableB == w {
+			floor = true
+			break
+		}
+	}
+	if !floor || w <= m.released {
+		return w
+	}
+	top := m.released
+	for _, in := range m.inputs {
+		for _, s := range in.steps {
+			if s <= w && s > top {
+				top = s
+			}
+		}
+	}
+	return top
+}
+
 // progress releases what can be released and drives stabilization.
 func (m *Machine) progress(acts []Action) []Action {
 	if m.replaying {
@@ -989,7 +1146,7 @@ func (m *Machine) progress(acts []Action) []Action {
 			m.lag, m.lagKnown = l, true
 		}
 	}
-	s := min(m.stableWatermark(), m.cut)
+	s := m.stableTarget()
 	if !m.tentative && s > m.released {
 		acts = m.release(acts, s, false)
 	}
@@ -1051,7 +1208,7 @@ func (m *Machine) progress(acts []Action) []Action {
 		}
 	}
 	acts = m.maybeStabilize(acts)
-	if s := min(m.stableWatermark(), m.cut); !m.tentative && !m.replaying && s > m.released {
+	if s := m.stableTarget(); !m.tentative && !m.replaying && s > m.released {
 		// Reconciled just now (a replica alone in its partition needs no
 		// permission): what waited goes out stable at once.
 		acts = m.release(acts, s, false)
@@ -1154,21 +1311,28 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 	if len(m.inputs) > len(ranges) {
 		rs = make([][]tuple.Tuple, 0, len(m.inputs))
 	}
-	for _, in := range m.inputs {
+	for pos := range m.inputs {
+		in := m.inputs[m.at(pos)]
 		rs = append(rs, in.stable[in.from(from):in.from(to)])
 	}
 	start := len(m.runs)
 	if !tentative {
 		m.runs = mergeRuns(m.runs, rs)
+		if m.order != nil {
+			// mergeRuns numbers the runs by position in rs.
+			for k := start; k < len(m.runs); k++ {
+				m.runs[k].Input = m.order[m.runs[k].Input]
+			}
+		}
 		// Full slice expression: appending to a step never overwrites
 		// the next one.
 		st.Runs = m.runs[start:len(m.runs):len(m.runs)]
 		return st
 	}
 	es := len(m.scratch)
-	for i, r := range rs {
+	for pos, r := range rs {
 		for _, t := range r {
-			m.scratch = append(m.scratch, Entry{Input: i, Tuple: t})
+			m.scratch = append(m.scratch, Entry{Input: m.at(pos), Tuple: t})
 		}
 	}
 	for i, in := range m.inputs {

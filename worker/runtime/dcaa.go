@@ -121,7 +121,10 @@ func (t *task) setupDCAA() {
 			return
 		}
 		if s := t.spec.FromSnapshot; s != nil {
-			if err := d.resume(s); err != nil {
+			// Without the streams of partitions a finished rescale
+			// removed (ended in the snapshot), in the task's order, as
+			// restoreFrom took them.
+			if err := d.resume(inputsOfTask(s, t)); err != nil {
 				t.log.Error("DCAA machine not resumed from the snapshot; the task merges its inputs without it", "err", err)
 				return
 			}

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -63,7 +64,10 @@ func (g *waitGate) open() {
 // waitState is an operator task's view of its machine's waiting input,
 // written by the run goroutine after every step and read by the inputs.
 type waitState struct {
-	over []atomic.Bool
+	// over says, per input, that the input is at its bound. A rescale
+	// adds inputs while the others read it: the slice is replaced, never
+	// changed (grow).
+	over atomic.Pointer[[]*atomic.Bool]
 	gate waitGate
 	// max is the most tuples any input had waiting after a step,
 	// batchMax the largest batch taken, held whether an input was ever
@@ -72,23 +76,42 @@ type waitState struct {
 	held          atomic.Bool
 }
 
+// flags returns the inputs' at-bound flags.
+func (w *waitState) flags() []*atomic.Bool {
+	if p := w.over.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// grow makes room for the flags of n inputs (a rescale added some).
+func (w *waitState) grow(n int) {
+	cur := w.flags()
+	if len(cur) >= n {
+		return
+	}
+	next := slices.Clone(cur)
+	for len(next) < n {
+		next = append(next, new(atomic.Bool))
+	}
+	w.over.Store(&next)
+}
+
 // noteWaiting records, after a step (the caller holds proc, in the run
 // goroutine), which inputs are at their bound, and wakes those that no
 // longer are.
 func (d *dcaaRun) noteWaiting() {
 	w := &d.wait
-	if len(w.over) != len(d.t.inputs) {
-		return // set up by newDCAARun; inputs never change in machine mode
-	}
+	over := w.flags()
 	limit := d.t.r.opts.InputPendingTuples
 	opened := false
-	for i := range w.over {
+	for i := range min(len(over), d.m.Inputs()) {
 		n := d.m.Waiting(i)
 		if uint64(n) > w.max.Load() {
 			w.max.Store(uint64(n))
 		}
-		over := n >= limit
-		if w.over[i].Swap(over) && !over {
+		at := n >= limit
+		if over[i].Swap(at) && !at {
 			opened = true
 		}
 	}
@@ -102,13 +125,14 @@ func (d *dcaaRun) noteWaiting() {
 // silent: it is held by flow control, see inputHealth).
 func (d *dcaaRun) waitRoom(ctx context.Context, i int) error {
 	w := &d.wait
-	if i >= len(w.over) {
+	over := w.flags()
+	if i >= len(over) {
 		return nil
 	}
-	for w.over[i].Load() {
+	for over[i].Load() {
 		w.held.Store(true)
 		ch := w.gate.wait()
-		if !w.over[i].Load() {
+		if !over[i].Load() {
 			return nil
 		}
 		select {

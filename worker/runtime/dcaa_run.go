@@ -116,17 +116,22 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		return nil, err
 	}
 	ks := make([]int, len(t.inputs))
-	for i := range ks {
+	floors := make([]int64, len(t.inputs))
+	ranks := make([]int64, len(t.inputs))
+	for i, in := range t.inputs {
 		ks[i] = max(1, t.plan.Query.Replicas)
+		// The stream of a partition a rescale added starts at its cut.
+		floors[i] = in.floor
+		ranks[i] = in.rank()
 	}
-	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks,
+	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
 		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
-	d.wait.over = make([]atomic.Bool, len(t.inputs))
+	d.wait.grow(len(t.inputs))
 	return d, nil
 }
 
@@ -205,6 +210,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
 			return err
 		}
+		in.endTaken.Store(true)
 		return dataplane.ErrStopSubscription
 	}
 	return nil
@@ -243,7 +249,14 @@ func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64, be
 // run is the task's process goroutine in machine mode.
 func (d *dcaaRun) run(ctx context.Context) {
 	t := d.t
-	if err := d.do(ctx, d.m.Start(d.now())); err != nil {
+	// Under proc: a rescale step may already hold the machine or give it
+	// inputs (a copy started during a rescale).
+	if err := t.lockProc(ctx); err != nil {
+		return
+	}
+	err := d.do(ctx, d.m.Start(d.now()))
+	t.unlockProc()
+	if err != nil {
 		t.endWith(err)
 		return
 	}
@@ -277,7 +290,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 				}
 			}
 			if e.ended >= 0 {
-				d.ended[e.ended] = true
+				d.setEnded(e.ended)
 				continue
 			}
 			ev = d.take(e)
@@ -288,7 +301,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 			select {
 			case e := <-d.events:
 				if e.ended >= 0 {
-					d.ended[e.ended] = true
+					d.setEnded(e.ended)
 					continue
 				}
 				ev = d.take(e)
@@ -319,6 +332,20 @@ func (d *dcaaRun) run(ctx context.Context) {
 		}
 	}
 }
+
+// setEnded notes that input i delivered its final boundary (the run
+// goroutine only, which owns d.ended: a rescale adds inputs, and the
+// slice grows here).
+func (d *dcaaRun) setEnded(i int) {
+	for len(d.ended) <= i {
+		d.ended = append(d.ended, false)
+	}
+	d.ended[i] = true
+}
+
+// isEnded reports whether input i delivered its final boundary (the run
+// goroutine only).
+func (d *dcaaRun) isEnded(i int) bool { return i < len(d.ended) && d.ended[i] }
 
 // finished serves the machine's events once its output ended: a replica
 // that has finished never reconciles again, so it grants every peer's
@@ -385,7 +412,7 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 	var live []bool
 	for i, in := range d.t.inputs {
 		in.mu.Lock()
-		l := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt && !d.ended[i]
+		l := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt && !d.isEnded(i)
 		in.mu.Unlock()
 		live = append(live, l)
 		if l {
@@ -416,7 +443,7 @@ func (d *dcaaRun) listenAfresh(ctx context.Context) error {
 func (d *dcaaRun) confirmHeard(detect time.Duration) {
 	wall, now := time.Now().UnixNano(), d.now()
 	for i, in := range d.t.inputs {
-		if !d.ended[i] && in.heardWithin(wall, detect) {
+		if !d.isEnded(i) && in.heardWithin(wall, detect) {
 			d.m.Alive(i, now)
 		}
 	}
@@ -856,6 +883,37 @@ func (d *dcaaRun) holdForRescale(ctx context.Context, f string, epoch uint64) (r
 		case <-tick.C:
 		}
 	}
+}
+
+// rank is the input's place among the machine's inputs for tuples of
+// equal stream time: by port, then upstream partition, as the stable
+// merge orders them (mergeOrder), whatever order a rescale added the
+// inputs in.
+func (in *input) rank() int64 { return int64(in.port)<<32 | int64(in.upPartition) }
+
+// addInputs gives the machine the inputs a rescale added, in order (their
+// indexes follow the task's inputs), their streams starting at cut, and
+// subscribes them. The caller holds proc, and the machine is held below
+// the cut (the rescale's hold), so the machine released nothing its
+// added inputs carry.
+func (d *dcaaRun) addInputs(added []*input, cut int64) error {
+	for _, in := range added {
+		i, acts, err := d.m.AddInput(d.now(), max(1, d.t.plan.Query.Replicas), cut, in.rank())
+		if err != nil {
+			return err
+		}
+		if i != in.idx {
+			return fmt.Errorf("dcaa: added input %s partition %d is input %d of the machine, %d of the task", in.upstream, in.upPartition, i, in.idx)
+		}
+		in.targetWake = make(chan struct{}, 1)
+		for _, a := range acts {
+			if s, ok := a.(dcaa.Subscribe); ok {
+				in.retarget(s.Replica, s.AfterID, s.Attempt)
+			}
+		}
+	}
+	d.wait.grow(d.m.Inputs())
+	return nil
 }
 
 // setCut sets (or, with math.MaxInt64, lifts) the machine's cut and wakes

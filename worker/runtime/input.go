@@ -34,7 +34,14 @@ type input struct {
 	// diverged: the replica this input read sent an UNCORRECTABLE record
 	// (dcaa_uncorrectable.go); stable ids of that upstream's replicas no
 	// longer match, and the ack relays acknowledge everything.
-	diverged    atomic.Bool
+	diverged atomic.Bool
+	// endTaken: a DCAA operator task's machine took this input's final
+	// boundary (a merger's input says so by its boundary instead).
+	endTaken atomic.Bool
+	// floor is the lowest stream time the input's stream can carry
+	// (math.MinInt64: no floor): a partition a rescale added starts at
+	// its cut (see merger.setFloor, dcaa.Machine.AddInput).
+	floor       int64
 	idx         int // index in the merger
 	port        int
 	upstream    string // upstream node (fragment)
@@ -94,6 +101,7 @@ func (t *task) buildInputs() {
 		for p := 0; p < parts; p++ {
 			in := t.newInput(port, up, p)
 			if start := t.spec.SlotMaps[up].streamStart(p); start != math.MinInt64 {
+				in.floor = start
 				t.merge.setFloor(in.idx, start) // see setFloor
 			}
 			t.inputs = append(t.inputs, in)
@@ -120,7 +128,7 @@ func (t *task) buildInputs() {
 // newInput creates the input from partition p of upstream up on port and
 // registers it with the merger.
 func (t *task) newInput(port int, up string, p int) *input {
-	in := &input{t: t, port: port, upstream: up, upPartition: p}
+	in := &input{t: t, port: port, upstream: up, upPartition: p, floor: math.MinInt64}
 	in.idx = t.merge.addInput(port, p)
 	// The stream is named by the upstream task id of replica 0; each
 	// attempt rewrites it for the replica actually used.

@@ -233,13 +233,10 @@ func (t *task) hold(ctx context.Context, f string, epoch uint64) bool {
 	var frontier int64
 	switch {
 	case t.dm != nil:
-		// A DCAA operator task: its machine releases, not the merger.
-		if _, _, down := t.roles(f); down {
-			// Its machine has a fixed set of inputs: it cannot read
-			// partitions a rescale adds.
-			t.log.Error("rescale: a DCAA task cannot read a rescaled fragment's new partitions yet; the rescale will not go ahead", "fragment", f, "epoch", epoch)
-			return false
-		}
+		// A DCAA operator task: its machine releases, not the merger. A
+		// reader of f holds as one of f's tasks does: nothing at or
+		// above the cut may be released before the go gives its machine
+		// the inputs of added partitions (addMachineInputs).
 		released, ok := t.dm.holdForRescale(ctx, f, epoch)
 		if !ok {
 			return false
@@ -349,18 +346,25 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			return false
 		}
 		var added []*input
-		have := 0
+		have := map[int]int{} // port -> partitions of f read on it
 		for _, in := range t.inputs {
 			if in.upstream == f {
-				have = max(have, in.upPartition+1)
+				have[in.port] = max(have[in.port], in.upPartition+1)
 			}
 		}
-		port := slices.Index(t.node.Inputs, f)
-		for p := have; p < n.Partitions; p++ {
-			in := t.newInput(port, f, p)
+		for port, up := range t.node.Inputs {
+			if up != f {
+				continue
+			}
+			for p := have[port]; p < n.Partitions; p++ {
+				added = append(added, t.newInput(port, f, p))
+			}
+		}
+		for _, in := range added {
 			// The added partition carries nothing below the cut: the
 			// merge must not wait for its first boundary to release
 			// the other partitions' output below it (see setFloor).
+			in.floor = n.Cut
 			t.merge.setFloor(in.idx, n.Cut)
 			if t.op == nil {
 				in.sub.KeepValuesPacked()
@@ -368,7 +372,13 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			if t.dcaaOn() {
 				in.watch() // as the inputs the task started with
 			}
-			added = append(added, in)
+		}
+		if t.dm != nil {
+			if err := t.dm.addInputs(added, n.Cut); err != nil {
+				t.unlockProc()
+				t.fail(fmt.Errorf("rescale of %s to epoch %d: %w", f, n.Epoch, err))
+				return false
+			}
 		}
 		t.inMu.Lock()
 		t.inputs = append(t.inputs, added...)
@@ -382,7 +392,11 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 		t.unlockProc()
 		for _, in := range added {
 			t.wg.Add(1)
-			go func() { defer t.wg.Done(); in.run(t.ctx) }()
+			if d := t.dm; d != nil {
+				go func() { defer t.wg.Done(); in.runMachine(t.ctx, d) }()
+			} else {
+				go func() { defer t.wg.Done(); in.run(t.ctx) }()
+			}
 			if replicas := t.plan.Query.Replicas; replicas > 1 {
 				log := t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
 				for r := range replicas {
@@ -416,7 +430,7 @@ func (t *task) goRescale(ctx context.Context, f string, m *SlotMap, up, own, dow
 			tick := time.NewTicker(2 * time.Millisecond)
 			defer tick.Stop()
 			for _, in := range removed {
-				for t.merge.inputBoundary(in.idx) < finalBoundary {
+				for !t.inputEnded(in) {
 					select {
 					case <-ctx.Done():
 						return
@@ -684,6 +698,15 @@ func FetchSlots(ctx context.Context, conn grpc.ClientConnInterface, req *fedstre
 		}
 		data = append(data, msg.Data...)
 	}
+}
+
+// inputEnded reports whether the task took in's stream to its end (the
+// final boundary): its DCAA machine, or its merger.
+func (t *task) inputEnded(in *input) bool {
+	if t.dm != nil {
+		return in.endTaken.Load()
+	}
+	return t.merge.inputBoundary(in.idx) >= finalBoundary
 }
 
 // releasedAt is the watermark of the task's last release: its DCAA

@@ -490,7 +490,7 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 			return fmt.Errorf("%w: %w", ErrSnapshotMismatch, err)
 		}
 	}
-	s = withoutRemovedStreams(s, t)
+	s = inputsOfTask(s, t)
 	if len(s.Inputs) != len(t.inputs) {
 		var ins []string
 		for _, in := range s.Inputs {
@@ -545,6 +545,42 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 	t.seq = s.Seq
 	t.restored = true
 	return nil
+}
+
+// inputsOfTask is the snapshot s for the copy t: without the streams of
+// partitions a finished rescale removed (withoutRemovedStreams), and its
+// inputs in t's order when they are the same streams. A task that a
+// rescale gave inputs has them after those it started with, while a copy
+// built later orders them by port, then partition.
+func inputsOfTask(s *TaskSnapshot, t *task) *TaskSnapshot {
+	s = withoutRemovedStreams(s, t)
+	if len(s.Inputs) != len(t.inputs) {
+		return s
+	}
+	type key struct {
+		up         string
+		port, part int
+	}
+	at := make(map[key]int, len(s.Inputs))
+	for i, pos := range s.Inputs {
+		at[key{pos.Upstream, pos.Port, pos.Partition}] = i
+	}
+	ins := make([]InputPosition, 0, len(t.inputs))
+	same := true
+	for i, in := range t.inputs {
+		j, ok := at[key{in.upstream, in.port, in.upPartition}]
+		if !ok {
+			return s // not the same streams: restoreFrom says which
+		}
+		same = same && j == i
+		ins = append(ins, s.Inputs[j])
+	}
+	if same {
+		return s
+	}
+	out := *s
+	out.Inputs = ins
+	return &out
 }
 
 // withoutRemovedStreams returns s without the streams of partitions a
