@@ -135,7 +135,7 @@ func (c *bulkClient) receiveStreamed(ctx context.Context, workerAddr string, por
 		}
 		return nil, fmt.Errorf("%w: %w", errStreamRestore, err)
 	}
-	rest := enc[off:total-size]
+	rest := enc[off : total-size]
 	if _, err := io.ReadFull(br, rest); err != nil {
 		return nil, transferErr(err)
 	}
