@@ -205,6 +205,7 @@ func TestRestoreStreamInterns(t *testing.T) {
 			t.Fatalf("member %.8q... held at %d addresses, want one", m, len(as))
 		}
 	}
+	t.Logf("state %d bytes, distinct members %d bytes, restore allocated %d bytes", len(state), distinct, allocated)
 	// Sets, groups and one copy of each member; not the state's bytes.
 	if allocated > uint64(len(state))/3 {
 		t.Fatalf("restoring a state of %d bytes (%d of distinct members) from the stream allocated %d bytes", len(state), distinct, allocated)
