@@ -144,6 +144,10 @@ type MoveResult struct {
 	// while its bytes arrived (runtime: restoring while the snapshot
 	// arrives) rather than after the last one.
 	LiveStreamed bool `json:"live_streamed"`
+	// LiveInterned says whether it restored it off the connection through
+	// a reused buffer, one copy per distinct string, without keeping the
+	// snapshot's bytes (runtime: restoring from the connection).
+	LiveInterned bool `json:"live_interned"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
 	Lost       int `json:"lost"`
@@ -321,7 +325,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	var liveBoot runtime.BootstrapTiming
 	if b := boot.Bootstrap; b != nil {
 		liveBoot = *b
-		res.LivePinMs, res.LiveFetchMs, res.LiveRestoreMs, res.LiveStreamed = ms(b.Pin), ms(b.Fetch), ms(b.Restore), b.Streamed
+		res.LivePinMs, res.LiveFetchMs, res.LiveRestoreMs, res.LiveStreamed, res.LiveInterned = ms(b.Pin), ms(b.Fetch), ms(b.Restore), b.Streamed, b.Interned
 	}
 	if err := sleepCtx(ctx, cfg.Settle); err != nil {
 		return nil, err

@@ -223,6 +223,12 @@ type decoder struct {
 	end   int
 	state []byte
 	in    *view
+	// st, when set, is the stream the state is read from (RestoreStream):
+	// b is what its buffer holds of the state from the read position on,
+	// read the offset up to which the stream has been told the bytes
+	// were consumed, and strings are interned copies.
+	st   *stateStream
+	read int
 }
 
 // off is the position of b in the state.
@@ -233,6 +239,9 @@ func (d *decoder) off() int { return d.end - len(d.b) }
 // state is not arriving or is complete, or its transfer broke off (then
 // d.err says so).
 func (d *decoder) more(n int) bool {
+	if d.st != nil && d.end < d.size && d.err == nil {
+		return d.moreStream(n)
+	}
 	if d.in == nil || d.end == d.size || d.err != nil {
 		return false
 	}
@@ -354,6 +363,13 @@ func (d *decoder) str() string {
 	n := d.uvarint()
 	if d.err != nil {
 		return ""
+	}
+	if d.st != nil {
+		if n > uint64(d.size-d.off()) {
+			d.fail("string")
+			return ""
+		}
+		return d.strStream(int(n))
 	}
 	if n > uint64(len(d.b)) && (n > uint64(d.size-d.off()) || !d.more(int(n)) || n > uint64(len(d.b))) {
 		d.fail("string")

@@ -318,17 +318,12 @@ var errBulkConnect = errors.New("cannot connect for the snapshot's bytes")
 // decoding them is woken per batch of records rather than per record.
 const bulkNotifyBytes = 64 << 10
 
-// receive connects to port on workerAddr's host, presents token and reads
-// exactly len(dst) bytes into dst; with dst nil (an inline offer), first
-// their size (8 bytes, big-endian, at most MaxFetchedSnapshotBytes) and
-// then the bytes into a buffer of that size. It returns the buffer.
-// started, when not nil, is called with the buffer before the first byte
-// of it is read, and returns an Incoming over it to tell as the bytes
-// arrive (or nil); fo (when not nil) learns when the first and last came.
-func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, started func([]byte) *operator.Incoming, fo *fetchOpts) ([]byte, error) {
+// connect connects to port on workerAddr's host and presents token. The
+// connection is closed by the function returned, or when ctx ends.
+func (c *bulkClient) connect(ctx context.Context, workerAddr string, port uint32, token []byte) (net.Conn, func(), error) {
 	host, _, err := net.SplitHostPort(workerAddr)
 	if err != nil {
-		return nil, fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
+		return nil, nil, fmt.Errorf("%w: worker address %q: %w", errBulkConnect, workerAddr, err)
 	}
 	addr := net.JoinHostPort(host, strconv.FormatUint(uint64(port), 10))
 	// A port that a firewall drops silently must not hold the fetch for
@@ -337,7 +332,7 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 	raw, err := c.dial(dctx, addr)
 	cancel()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+		return nil, nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
 	}
 	conn := raw
 	if c.cfg != nil {
@@ -349,27 +344,56 @@ func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32
 		cancel()
 		if err != nil {
 			_ = raw.Close()
-			return nil, fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
+			return nil, nil, fmt.Errorf("%w: %s: TLS: %w", errBulkConnect, addr, err)
 		}
 		conn = tc
 	}
-	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
-	defer stop()
-	if _, err := conn.Write(token); err != nil {
-		return nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+	closeConn := func() {
+		stop()
+		_ = conn.Close()
 	}
-	if dst == nil {
-		var size [8]byte
-		if _, err := io.ReadFull(conn, size[:]); err != nil {
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return nil, fmt.Errorf("%w: the size over the bulk connection: %w", ErrSnapshotTransfer, err)
+	if _, err := conn.Write(token); err != nil {
+		closeConn()
+		return nil, nil, fmt.Errorf("%w: %s: %w", errBulkConnect, addr, err)
+	}
+	return conn, closeConn, nil
+}
+
+// readSize reads the size an inline offer sends first (8 bytes,
+// big-endian, at most MaxFetchedSnapshotBytes).
+func readSize(ctx context.Context, conn io.Reader) (int, error) {
+	var size [8]byte
+	if _, err := io.ReadFull(conn, size[:]); err != nil {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
 		}
-		n := binary.BigEndian.Uint64(size[:])
-		if n == 0 || n > MaxFetchedSnapshotBytes {
-			return nil, fmt.Errorf("%w: announced size %d", ErrSnapshotTransfer, n)
+		return 0, fmt.Errorf("%w: the size over the bulk connection: %w", ErrSnapshotTransfer, err)
+	}
+	n := binary.BigEndian.Uint64(size[:])
+	if n == 0 || n > MaxFetchedSnapshotBytes {
+		return 0, fmt.Errorf("%w: announced size %d", ErrSnapshotTransfer, n)
+	}
+	return int(n), nil
+}
+
+// receive connects to port on workerAddr's host, presents token and reads
+// exactly len(dst) bytes into dst; with dst nil (an inline offer), first
+// their size (8 bytes, big-endian, at most MaxFetchedSnapshotBytes) and
+// then the bytes into a buffer of that size. It returns the buffer.
+// started, when not nil, is called with the buffer before the first byte
+// of it is read, and returns an Incoming over it to tell as the bytes
+// arrive (or nil); fo (when not nil) learns when the first and last came.
+func (c *bulkClient) receive(ctx context.Context, workerAddr string, port uint32, token, dst []byte, started func([]byte) *operator.Incoming, fo *fetchOpts) ([]byte, error) {
+	conn, closeConn, err := c.connect(ctx, workerAddr, port, token)
+	if err != nil {
+		return nil, err
+	}
+	defer closeConn()
+	if dst == nil {
+		n, err := readSize(ctx, conn)
+		if err != nil {
+			return nil, err
 		}
 		dst = make([]byte, n)
 	}

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 
@@ -82,6 +83,28 @@ func restoreEarly(spec TaskSpec, in *operator.Incoming) (*earlyOp, error) {
 		return nil, err
 	}
 	if err := operator.RestoreIncoming(op, in, off, size); err != nil {
+		return nil, err
+	}
+	return &earlyOp{plan: plan, op: op, query: spec.Query, fragment: spec.Fragment, opSize: size}, nil
+}
+
+// restoreStreamed builds spec's operators and restores them from the
+// next size bytes of br, the operator state of a task snapshot read off
+// the connection (operator.RestoreStream).
+func restoreStreamed(spec TaskSpec, br *bufio.Reader, size int) (*earlyOp, error) {
+	plan, err := spec.Spec.FusedPlan()
+	if err != nil {
+		return nil, err
+	}
+	node := plan.Node(spec.Fragment)
+	if node == nil || node.Kind != queryspec.KindOperator {
+		return nil, fmt.Errorf("%w: %q is not an operator fragment", ErrSnapshotMismatch, spec.Fragment)
+	}
+	op, err := operatorOf(plan, node)
+	if err != nil {
+		return nil, err
+	}
+	if err := operator.RestoreStream(op, br, size); err != nil {
 		return nil, err
 	}
 	return &earlyOp{plan: plan, op: op, query: spec.Query, fragment: spec.Fragment, opSize: size}, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -93,7 +94,9 @@ func TestMoveRestoresWhileTransferring(t *testing.T) {
 	if opSize.Load() < 100 {
 		t.Fatalf("an operator state of %d bytes: too small for a cut in its middle to prove anything", opSize.Load())
 	}
-	if b := to.rt.LastBootstrap(); !b.Streamed || b.LastByte.IsZero() || b.Decoded.Before(b.LastByte) {
+	// The first attempt restored off the connection; the retry keeps the
+	// whole snapshot and restores while it arrives.
+	if b := to.rt.LastBootstrap(); !b.Streamed || b.Interned || b.LastByte.IsZero() || b.Decoded.Before(b.LastByte) {
 		t.Fatalf("the new copy did not restore while the bytes arrived: %+v", b)
 	}
 	got := c.tail(t, "wc/out/p0/r0")
@@ -138,5 +141,94 @@ func TestSnapshotHead(t *testing.T) {
 	enc, _ = s.MarshalBinary()
 	if _, _, has, err := snapshotHead(enc); err != nil || has {
 		t.Fatalf("snapshot without operator state: has %v, %v", has, err)
+	}
+}
+
+// garbleReader passes a task snapshot's bytes through until the middle
+// of its operator state, then hands out 0xFF bytes instead of the rest:
+// the state arrives whole but stops decoding halfway (a string or count
+// of all-ones bytes is refused), a restore failure rather than a broken
+// transfer.
+type garbleReader struct {
+	r     io.Reader
+	got   []byte
+	limit int // 0 until the head is parsed
+}
+
+func (g *garbleReader) Read(p []byte) (int, error) {
+	if g.limit == 0 {
+		p = p[:min(len(p), 64)]
+	}
+	n, err := g.r.Read(p)
+	for i := range n {
+		if g.limit > 0 && len(g.got) >= g.limit {
+			p[i] = 0xFF
+			continue
+		}
+		g.got = append(g.got, p[i])
+	}
+	if g.limit == 0 {
+		if off, size, has, herr := snapshotHead(g.got); herr == nil && has {
+			g.limit = off + size/2
+		}
+	}
+	return n, err
+}
+
+// TestMoveFallsBackWhenStreamRestoreFails: a moved aggregate's new copy
+// restores its operator state off the connection without keeping it
+// (BootstrapTiming.Interned); when that restore fails halfway through
+// the state (bytes that do not decode), the snapshot is fetched again
+// whole and restored the old way (while it arrives, Streamed), and the
+// sink's stream is identical to an unmoved run's: nothing lost, nothing
+// twice. A move without the failure restores interned.
+func TestMoveFallsBackWhenStreamRestoreFails(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
+	place := func(string, int, int) int { return 0 }
+	const moving = "wc/counts/p0/r0"
+
+	unmoved := newCluster(t, 2, yaml, place)
+	unmoved.apply()
+	want := unmoved.tail(t, "wc/out/p0/r0")
+	unmoved.close(t)
+
+	for _, garble := range []bool{true, false} {
+		c := newCluster(t, 2, yaml, place)
+		c.apply()
+		from, to := c.workers[0], c.workers[1]
+		var garbled atomic.Int32
+		if garble {
+			to.rt.tamperStream = func(r io.Reader) io.Reader {
+				if garbled.Add(1) > 1 {
+					return r
+				}
+				return &garbleReader{r: r}
+			}
+		}
+		waitUntil(t, "the aggregate emitted some windows", func() bool {
+			tk := from.rt.task(moving)
+			return tk != nil && tk.outs[0].buf.Stats().LastID > 300
+		})
+		c.move(t, moving, from, to, true)
+		b := to.rt.LastBootstrap()
+		switch {
+		case garble && (garbled.Load() != 1 || to.rt.StreamFallbacks() != 1):
+			t.Fatalf("%d restores off the connection garbled, %d fetched again: the test did not make one fail", garbled.Load(), to.rt.StreamFallbacks())
+		case garble && (b.Interned || !b.Streamed):
+			t.Fatalf("after the failed restore the snapshot was not fetched whole and restored while arriving: %+v", b)
+		case !garble && (!b.Interned || to.rt.StreamFallbacks() != 0):
+			t.Fatalf("the new copy did not restore its state off the connection: %+v, %d fallbacks", b, to.rt.StreamFallbacks())
+		}
+		got := c.tail(t, "wc/out/p0/r0")
+		sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
+		if !sameTuples(got, want) {
+			t.Fatalf("garble %v: the sink's stream differs from the unmoved run's (%d vs %d tuples)", garble, len(got), len(want))
+		}
+		for _, st := range c.states() {
+			if st.State == StateFailed {
+				t.Errorf("garble %v: task %s failed: %s", garble, st.TaskID, st.Message)
+			}
+		}
+		c.close(t)
 	}
 }

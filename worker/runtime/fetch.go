@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -255,7 +256,19 @@ func FetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, req *feds
 // bulk, for the bytes over a connection of their own (bulk.go). When that
 // connection cannot be made, it fetches again over the stream.
 func (r *Runtime) fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, fo *fetchOpts) (*TaskSnapshot, error) {
+	streaming := fo != nil && fo.restoreStream != nil && !fo.noStream
 	snap, err := fetchSnapshot(ctx, conn, addr, req, r.bulkCli, fo)
+	if err != nil && streaming {
+		// The operator state restored off the connection is gone with
+		// the failed attempt: every later one keeps the whole snapshot
+		// (restoring while it arrives, and from it if that fails).
+		fo.noStream = true
+		if errors.Is(err, errStreamRestore) && ctx.Err() == nil {
+			r.log.Warn("restoring the operator state off the connection failed: fetching the snapshot again whole", "task", req.TaskId, "err", err)
+			r.streamFallbacks.Add(1)
+			snap, err = fetchSnapshot(ctx, conn, addr, req, r.bulkCli, fo)
+		}
+	}
 	if errors.Is(err, errBulkConnect) && ctx.Err() == nil {
 		r.log.Warn("fast snapshot transfer failed: fetching over the data plane stream", "task", req.TaskId, "worker", addr, "err", err)
 		snap, err = fetchSnapshot(ctx, conn, addr, req, nil, fo)
@@ -275,17 +288,56 @@ type fetchOpts struct {
 	// is the snapshot's early when the fetch succeeds; its error (earlyErr)
 	// only means the task restores from the whole snapshot instead.
 	restore func(in *operator.Incoming) (*earlyOp, error)
+	// restoreStream, when set, restores the task's operators from the
+	// next size bytes of br: the first attempt over a bulk connection
+	// then decodes the operator state off the connection without keeping
+	// it (streamfetch.go); noStream, set once such an attempt failed,
+	// makes later ones keep the whole snapshot (restore). tamper, in
+	// tests, wraps the connection's bytes before they are decoded.
+	restoreStream func(br *bufio.Reader, size int) (*earlyOp, error)
+	noStream      bool
+	tamper        func(io.Reader) io.Reader
 
 	// Set by the fetch (the last attempt): the first and last byte of the
 	// snapshot arrived, it was decoded (its operator state installed, when
 	// early), earlyErr why restoring while it arrived failed.
 	firstByte, lastByte, decoded time.Time
 	earlyErr                     error
+	// interned: the operator state was restored off the connection and
+	// not kept (restoreStream).
+	interned bool
 }
 
 // errFetchEnded ends the wait of an early restore for bytes that will not
 // come: the fetch gave up.
 var errFetchEnded = errors.New("snapshot fetch ended")
+
+// bulkFailed is the error of a fetch whose bulk transfer failed with err.
+// The serving worker may have refused after its offer (an inline offer
+// goes out before the snapshot is taken): its answer then says why.
+func bulkFailed(ctx context.Context, stream grpc.ClientStream, req *fedstreampb.FetchSnapshotRequest, err error) error {
+	if !errors.Is(err, errBulkConnect) && !errors.Is(err, errStreamRestore) && ctx.Err() == nil {
+		var extra dataplane.SnapshotChunkInto
+		if serr := stream.RecvMsg(&extra); serr != nil && !errors.Is(serr, io.EOF) && status.Code(serr) != codes.Unavailable {
+			return fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, serr)
+		}
+	}
+	return fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+}
+
+// bulkEnded checks that the call ends once the bulk transfer is done: the
+// server ends it once it has written everything, so an error there (or
+// more data) means the bytes are not to be trusted.
+func bulkEnded(stream grpc.ClientStream, req *fedstreampb.FetchSnapshotRequest) error {
+	var extra dataplane.SnapshotChunkInto
+	if err := stream.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		if err == nil {
+			err = errors.New("data after the bulk transfer")
+		}
+		return fmt.Errorf("%w: %s: %w", ErrSnapshotTransfer, req.TaskId, err)
+	}
+	return nil
+}
 
 func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr string, req *fedstreampb.FetchSnapshotRequest, bulk *bulkClient, fo *fetchOpts) (*TaskSnapshot, error) {
 	ctx, cancel := context.WithCancel(ctx)
@@ -305,8 +357,10 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	chunk := dataplane.SnapshotChunkInto{MaxBytes: MaxFetchedSnapshotBytes}
 	var total uint64
 	if fo != nil {
-		fo.firstByte, fo.lastByte, fo.decoded, fo.earlyErr = time.Time{}, time.Time{}, time.Time{}, nil
+		fo.firstByte, fo.lastByte, fo.decoded, fo.earlyErr, fo.interned = time.Time{}, time.Time{}, time.Time{}, nil, false
 	}
+	// streamed is what a fetch restoring off the connection got.
+	var streamed *streamedFetch
 	// waitEarly waits for the restore of the operator state while it
 	// arrived (fetchOpts.restore), when one runs; stopEarly ends it.
 	var waitEarly func() (*earlyOp, error)
@@ -348,6 +402,21 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		if !first || bulk == nil || len(chunk.Dst) != 0 {
 			return nil, fmt.Errorf("%w: %s: unexpected offer of a bulk connection", ErrSnapshotTransfer, req.TaskId)
 		}
+		if fo != nil && fo.restoreStream != nil && !fo.noStream {
+			size := 0
+			if !inline {
+				size = int(total)
+			}
+			if streamed, err = bulk.receiveStreamed(ctx, addr, chunk.BulkPort, chunk.BulkToken, size, fo); err != nil {
+				return nil, bulkFailed(ctx, stream, req, err)
+			}
+			total = uint64(len(streamed.enc))
+			chunk.Dst = streamed.enc
+			if err := bulkEnded(stream, req); err != nil {
+				return nil, err
+			}
+			break
+		}
 		var dst []byte
 		if !inline {
 			dst = chunk.Dst[:total]
@@ -380,28 +449,12 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 		}
 		dst, err = bulk.receive(ctx, addr, chunk.BulkPort, chunk.BulkToken, dst, started, fo)
 		if err != nil {
-			if !errors.Is(err, errBulkConnect) && ctx.Err() == nil {
-				// The serving worker may have refused after its offer
-				// (an inline offer goes out before the snapshot is
-				// taken): its answer says why.
-				var extra dataplane.SnapshotChunkInto
-				if serr := stream.RecvMsg(&extra); serr != nil && !errors.Is(serr, io.EOF) && status.Code(serr) != codes.Unavailable {
-					return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, serr)
-				}
-			}
-			return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
+			return nil, bulkFailed(ctx, stream, req, err)
 		}
 		total = uint64(len(dst))
 		chunk.Dst = dst
-		// The call ends once the server has written everything; an
-		// error there (or more data) means the bytes are not to be
-		// trusted.
-		var extra dataplane.SnapshotChunkInto
-		if err := stream.RecvMsg(&extra); !errors.Is(err, io.EOF) {
-			if err == nil {
-				err = errors.New("data after the bulk transfer")
-			}
-			return nil, fmt.Errorf("%w: %s: %w", ErrSnapshotTransfer, req.TaskId, err)
+		if err := bulkEnded(stream, req); err != nil {
+			return nil, err
 		}
 		break
 	}
@@ -415,10 +468,23 @@ func fetchSnapshot(ctx context.Context, conn grpc.ClientConnInterface, addr stri
 	var snap TaskSnapshot
 	// enc is ours alone: the snapshot, and the operators restored from
 	// it, may keep slices of it.
-	if err := snap.unmarshal(enc, true); err != nil {
+	elided := streamed != nil && streamed.elided
+	if err := snap.unmarshalOpts(enc, true, elided); err != nil {
+		if elided {
+			// The operators restored off the connection came with a
+			// snapshot that does not decode: fetched again whole.
+			return nil, fmt.Errorf("%w: fetch snapshot of %s: %w", errStreamRestore, req.TaskId, err)
+		}
 		return nil, fmt.Errorf("fetch snapshot of %s: %w", req.TaskId, err)
 	}
 	snap.opOwned = true
+	if elided {
+		if streamed.early == nil || streamed.early.opSize != snap.elidedSize {
+			return nil, fmt.Errorf("%w: %s: operator state of %d bytes in the snapshot not restored", errStreamRestore, req.TaskId, snap.elidedSize)
+		}
+		snap.early = streamed.early
+		fo.interned = true
+	}
 	if waitEarly != nil {
 		early, err := waitEarly()
 		switch {

@@ -10,9 +10,11 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"slices"
@@ -415,6 +417,13 @@ type Runtime struct {
 	epochPlans planCache
 	// bootstraps counts tasks started from a fetched snapshot.
 	bootstraps atomic.Uint64
+	// streamFallbacks counts fetches whose operator state, restored off
+	// the connection, did not restore, so that the snapshot was fetched
+	// again whole (streamfetch.go).
+	streamFallbacks atomic.Uint64
+	// tamperStream, in tests, wraps the bytes of a snapshot restored off
+	// the connection (fetchOpts.tamper).
+	tamperStream func(io.Reader) io.Reader
 	// lastBootstrap is the timing of the latest bootstrap (LastBootstrap).
 	bootMu        sync.Mutex
 	lastBootstrap BootstrapTiming
@@ -664,6 +673,8 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			fo := &fetchOpts{}
 			if canRestoreEarly(spec) {
 				fo.restore = func(in *operator.Incoming) (*earlyOp, error) { return restoreEarly(spec, in) }
+				fo.restoreStream = func(br *bufio.Reader, size int) (*earlyOp, error) { return restoreStreamed(spec, br, size) }
+				fo.tamper = r.tamperStream
 			}
 			fetch := func() (*TaskSnapshot, error) {
 				conn, err := r.pool.Conn(src.WorkerAddr)
@@ -693,7 +704,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			r.log.Info("task bootstraps from a snapshot", "task", id, "generation", spec.Generation, "from", src.TaskID,
 				"from_generation", src.Generation, "worker", src.WorkerAddr, "took", time.Since(start))
 			r.noteBootstrap(BootstrapTiming{Task: id, Pin: pinned.Sub(start), Fetch: time.Since(pinned),
-				Began: start, Pinned: pinned, FirstByte: fo.firstByte, LastByte: fo.lastByte, Decoded: fo.decoded, Streamed: snap.early != nil})
+				Began: start, Pinned: pinned, FirstByte: fo.firstByte, LastByte: fo.lastByte, Decoded: fo.decoded, Streamed: snap.early != nil, Interned: fo.interned})
 			mu.Lock()
 			fetched[id] = snap
 			mu.Unlock()
@@ -874,7 +885,16 @@ type BootstrapTiming struct {
 	// Streamed: the operator state was restored while its bytes arrived
 	// (operator.RestoreIncoming), not after the last one.
 	Streamed bool
+	// Interned: it was restored off the connection through a reused
+	// buffer, one copy per distinct string, and not kept
+	// (operator.RestoreStream).
+	Interned bool
 }
+
+// StreamFallbacks is how many snapshot fetches found that the operator
+// state restored off the connection did not restore, and fetched the
+// snapshot again whole.
+func (r *Runtime) StreamFallbacks() uint64 { return r.streamFallbacks.Load() }
 
 // LastBootstrap reports the timing of the latest bootstrap (zero before
 // any).

@@ -90,7 +90,17 @@ type TaskSnapshot struct {
 	// Operator while it was fetched (restoreEarly): the task adopts them
 	// instead of building and restoring its own.
 	early *earlyOp
+	// elided: the snapshot has an operator state of elidedSize bytes,
+	// which was restored into early off the connection and not kept
+	// (streamfetch.go): Operator is nil, and only a task that adopts
+	// early can start from the snapshot.
+	elided     bool
+	elidedSize int
 }
+
+// hasOperator reports whether the snapshot holds an operator state (kept
+// in Operator or elided).
+func (s *TaskSnapshot) hasOperator() bool { return s.Operator != nil || s.elided }
 
 // InputPosition is one input stream's position in a TaskSnapshot.
 type InputPosition struct {
@@ -477,10 +487,12 @@ func (t *task) restoreFrom(s *TaskSnapshot) error {
 		return fmt.Errorf("%w: snapshot of %s/%s/p%d, task %s", ErrSnapshotMismatch, s.Query, s.Fragment, s.Partition, t.spec.TaskID)
 	}
 	switch {
-	case t.op != nil && s.Operator == nil, t.op == nil && s.Operator != nil:
-		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.Operator != nil, t.op != nil)
+	case t.op != nil && !s.hasOperator(), t.op == nil && s.hasOperator():
+		return fmt.Errorf("%w: operator state present %v, task has operators %v", ErrSnapshotMismatch, s.hasOperator(), t.op != nil)
 	case t.op != nil && s.early != nil && s.early.op == t.op:
 		// Restored while the snapshot arrived (newTask adopted it).
+	case s.elided:
+		return fmt.Errorf("%w: the operator state was restored while fetched into operators this task did not adopt", ErrSnapshotMismatch)
 	case t.op != nil:
 		restore := t.op.Restore
 		if s.opOwned {
@@ -882,6 +894,13 @@ func (s *TaskSnapshot) UnmarshalBinary(data []byte) error { return s.unmarshal(d
 // unmarshal is UnmarshalBinary; with alias, the operator state and the
 // output tails are slices of data, which the caller must not reuse.
 func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
+	return s.unmarshalOpts(data, alias, false)
+}
+
+// unmarshalOpts is unmarshal; with elided, data is an encoding whose
+// operator state (its size still there) was left out: the snapshot is
+// elided, with Operator nil.
+func (s *TaskSnapshot) unmarshalOpts(data []byte, alias, elided bool) error {
 	if len(data) < len(taskSnapshotMagic)+1 || string(data[:len(taskSnapshotMagic)]) != taskSnapshotMagic {
 		return fmt.Errorf("%w: missing header", ErrBadTaskSnapshot)
 	}
@@ -895,6 +914,12 @@ func (s *TaskSnapshot) unmarshal(data []byte, alias bool) error {
 	out.Partition, out.Replica = r.small("partition"), r.small("replica")
 	switch hasOp := r.count("operator flag"); {
 	case r.err != nil:
+	case hasOp == 1 && elided:
+		if n := r.uv("operator state size"); n <= MaxFetchedSnapshotBytes {
+			out.elided, out.elidedSize = true, int(n)
+		} else {
+			r.fail("operator state size")
+		}
 	case hasOp == 1:
 		out.Operator = r.bytes("operator state")
 	case hasOp != 0:
