@@ -91,11 +91,12 @@ func (s *Server) rebootstrapLossy(ctx context.Context) {
 // generation bootstrapped from the peer.
 func planRebootstrap(workers []*fsm.Worker, tasks []*fsm.Task, queries []*fsm.Query,
 	planOf func(*fsm.Query) *queryspec.Plan, hosted map[string]int) (moves []fsm.PlannedPlacement, stuck []*fsm.Task) {
-	ready := map[string]bool{}
+	ready, partner := map[string]bool{}, map[string]bool{}
 	for _, w := range workers {
 		if w.Status == statusReady {
 			ready[w.ID] = true
 		}
+		partner[w.ID] = isPartnerWorker(w)
 	}
 	byQuery := map[string][]*fsm.Task{}
 	for _, t := range tasks {
@@ -131,7 +132,9 @@ func planRebootstrap(workers []*fsm.Worker, tasks []*fsm.Task, queries []*fsm.Qu
 			}
 		}
 		for _, t := range qt {
-			if !t.Lossy || depth[t.Fragment] != minDepth {
+			if !t.Lossy || depth[t.Fragment] != minDepth || partner[t.WorkerID] {
+				// (A copy at a partner org moves only under its
+				// contract: cross-org migration brings it home.)
 				continue
 			}
 			if !hasStablePeer(t, qt, ready) {
