@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/fedstream/fedstream/config/queryspec"
@@ -154,5 +155,26 @@ func TestBootstrapSourcePrefersStableNeverLossy(t *testing.T) {
 		if got != c.want {
 			t.Errorf("%s: bootstrap from %q, want %q", c.name, got, c.want)
 		}
+	}
+}
+
+// A live move of a lossy replica is refused (its new copy would start
+// from the inexact state without knowing it); a non-live re-placement,
+// which bootstraps from a peer, is not.
+func TestLiveMoveOfLossyReplicaRefused(t *testing.T) {
+	t.Parallel()
+	workers, tasks, _, _ := lossyFixture(t)
+	counts0 := lossyTask(tasks, "q/counts/p0/r0")
+	live := fsm.PlannedPlacement{TaskID: counts0.ID, FromWorker: "w0", FromGeneration: 1, ToWorker: "w9", Live: true}
+	if why := newPlanCheck(workers, tasks, tasksPerCore).check(live); why != "" {
+		t.Fatalf("live move of a replica that is not lossy refused: %s", why)
+	}
+	counts0.Lossy = true
+	if why := newPlanCheck(workers, tasks, tasksPerCore).check(live); !strings.Contains(why, "lossy") {
+		t.Fatalf("live move of a lossy replica: %q, want a refusal naming it lossy", why)
+	}
+	live.Live = false
+	if why := newPlanCheck(workers, tasks, tasksPerCore).check(live); why != "" {
+		t.Fatalf("re-placement of a lossy replica refused: %s", why)
 	}
 }
