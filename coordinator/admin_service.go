@@ -296,6 +296,9 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 			ti.State = states.TaskPending
 		}
 		placedAt(ti, atPartners)
+		if t.Lossy {
+			ti.Message = joinNote(ti.Message, lossyNote(t, tasks, as.readyWorkers()))
+		}
 		info.Tasks = append(info.Tasks, ti)
 	}
 	return info, nil

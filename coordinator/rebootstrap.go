@@ -187,3 +187,36 @@ func depths(plan *queryspec.Plan) map[string]int {
 	}
 	return out
 }
+
+// lossyNote is what query status adds to a lossy replica's message: that
+// it is being replaced from a STABLE peer, or that it stays lossy for
+// want of one. qt are the tasks of its query; ready the ready workers.
+func lossyNote(t *fsm.Task, qt []*fsm.Task, ready map[string]bool) string {
+	if hasStablePeer(t, qt, ready) {
+		return "lossy: to be replaced by a copy bootstrapped from a STABLE peer replica"
+	}
+	return "lossy: stays so, no STABLE peer replica that is not lossy to bootstrap a replacement from"
+}
+
+// joinNote appends note to a status message.
+func joinNote(msg, note string) string {
+	if msg == "" {
+		return note
+	}
+	return msg + "; " + note
+}
+
+// readyWorkers is the set of ready workers' ids.
+func (as *adminService) readyWorkers() map[string]bool {
+	ready := map[string]bool{}
+	ws, err := as.s.State().Workers(nil)
+	if err != nil {
+		return ready
+	}
+	for _, w := range ws {
+		if w.Status == statusReady {
+			ready[w.ID] = true
+		}
+	}
+	return ready
+}

@@ -124,6 +124,14 @@ func TestPlanRebootstrapOfLossyReplicas(t *testing.T) {
 	if moves, stuck := planRebootstrap(workers, one, queries, planOf, nil); len(moves) != 0 || len(stuck) != 1 || stuck[0].ID != total0.ID {
 		t.Fatalf("only replica: moves %+v, stuck %v; want none, %s stuck", moves, stuck, total0.ID)
 	}
+	// query status says so.
+	ready := map[string]bool{"w0": true, "w1": true}
+	if note := lossyNote(lossyTask(one, total0.ID), one, ready); !strings.Contains(note, "stays so") {
+		t.Fatalf("note of the only replica left: %q", note)
+	}
+	if note := lossyNote(lossyTask(tasks2, total0.ID), tasks2, ready); !strings.Contains(note, "to be replaced") {
+		t.Fatalf("note of a replica with a STABLE peer: %q", note)
+	}
 }
 
 // A replacement bootstraps from a STABLE peer, never from a lossy one.
