@@ -61,7 +61,7 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
 			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message, Generation: int32(t.Gen()),
-				ReplicaState: pb.ReplicaState(pb.ReplicaState_value[t.ReplicaState]), Tentative: t.Tentative})
+				ReplicaState: pb.ReplicaState(pb.ReplicaState_value[t.ReplicaState]), Tentative: t.Tentative, Lossy: t.Lossy})
 		}
 		resp.Workers = append(resp.Workers, info)
 	}
@@ -264,7 +264,7 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 	for _, t := range tasks {
 		ti := &pb.TaskInfo{TaskId: t.ID, Fragment: t.Fragment, Partition: int32(t.Partition), Replica: int32(t.Replica),
 			WorkerId: t.WorkerID, State: t.State, Message: t.Message, Generation: int32(t.Gen()), MovingFrom: t.MovingFrom,
-			ReplicaState: pb.ReplicaState(pb.ReplicaState_value[t.ReplicaState]), Tentative: t.Tentative}
+			ReplicaState: pb.ReplicaState(pb.ReplicaState_value[t.ReplicaState]), Tentative: t.Tentative, Lossy: t.Lossy}
 		if m := slotMaps[t.Fragment]; m != nil {
 			ti.SlotEpoch = m.Epoch
 			for _, r := range m.SlotsOf(t.Partition) {
@@ -296,6 +296,9 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 			ti.State = states.TaskPending
 		}
 		placedAt(ti, atPartners)
+		if t.Lossy {
+			ti.Message = joinNote(ti.Message, lossyNote(t, tasks, as.readyWorkers()))
+		}
 		info.Tasks = append(info.Tasks, ti)
 	}
 	return info, nil

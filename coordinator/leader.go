@@ -225,6 +225,8 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescalesLoop(ctx) }()
 	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); s.rebootstrapLossy(ctx) }()
 	// Cross-org migration: both sides of every partner's moves.
 	wg.Add(2)
 	go func() { defer wg.Done(); s.syncPartners(ctx) }()

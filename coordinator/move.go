@@ -166,17 +166,34 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 		// it starts empty and takes its slots at the rescale's cut.
 		return nil
 	}
+	// A STABLE peer first: its state is exact and snapshottable now (one
+	// holding tentative state is snapshotted only once stable again).
+	// Never a lossy peer: its state is not a failure-free run's, and the
+	// new copy would start inexact without knowing it.
+	var pick *fsm.Task
 	for _, p := range peers {
 		if p.ID == t.ID || p.Fragment != t.Fragment || p.Partition != t.Partition || p.WorkerID == "" || p.WorkerID == t.WorkerID {
 			continue
 		}
-		if p.State != states.TaskRunning || !ready(p.WorkerID) || addrs[p.WorkerID] == "" {
+		if p.State != states.TaskRunning || p.Lossy || !ready(p.WorkerID) || addrs[p.WorkerID] == "" {
 			continue
 		}
-		return &pb.SnapshotSource{WorkerAddr: addrs[p.WorkerID], TaskId: p.ID, Generation: int32(p.Gen())}
+		if p.ReplicaState == replicaStable {
+			pick = p
+			break
+		}
+		if pick == nil {
+			pick = p
+		}
 	}
-	return nil
+	if pick == nil {
+		return nil
+	}
+	return &pb.SnapshotSource{WorkerAddr: addrs[pick.WorkerID], TaskId: pick.ID, Generation: int32(pick.Gen())}
 }
+
+// replicaStable is fsm.Task.ReplicaState of a STABLE DCAA replica.
+var replicaStable = pb.ReplicaState_REPLICA_STABLE.String()
 
 // catchUpProtocol is the replication protocol that knows catch-up moves
 // (fsm.PlannedPlacement.CatchUp).

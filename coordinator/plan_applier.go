@@ -385,6 +385,11 @@ func (c *planCheck) check(p fsm.PlannedPlacement) string {
 		return fmt.Sprintf("stale plan: the task is %s at generation %d, the plan expected it %s at generation %d (another plan changed it first)",
 			whereText(t.WorkerID), t.Gen(), whereText(p.FromWorker), p.FromGeneration)
 	}
+	if p.Live && t.Lossy && p.ToWorker != "" && p.ToWorker != t.WorkerID {
+		// Its new copy would start from its inexact state, and would not
+		// know it (the note is not part of a snapshot): lossy silently.
+		return "the task is a lossy DCAA replica (a correction could not make its results exact): a live move would copy its state; it is replaced from a STABLE peer replica instead (see query status)"
+	}
 	if p.ToWorker == "" || p.ToWorker == t.WorkerID {
 		return ""
 	}

@@ -185,7 +185,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		return resp, nil
 	}
 	for _, t := range reports {
-		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative,
+		u := fsm.TaskStateUpdate{TaskID: t.TaskId, State: t.State, Message: t.Message, Generation: int(t.Generation), Tentative: t.Tentative, Lossy: t.Lossy,
 			Prepared: t.Prepared, Frontier: t.Frontier, CutDone: t.CutDone, MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
 		if rp := t.Reconfig; rp != nil {
 			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier = true, rp.Acked, rp.Level, rp.Frontier

@@ -248,6 +248,7 @@ func (r *DeleteWorkerRequest) apply(tx *writeTx) (any, error) {
 		// The copy on the deleted worker is gone: the next is a new one.
 		updated.Generation = t.Gen() + 1
 		updated.resetReconfig()
+		updated.Lossy = false
 		updated.State = TaskStatePending
 		updated.Message = fmt.Sprintf("worker %s deleted", r.WorkerID)
 		if r.reason != "" {
@@ -537,7 +538,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
 		sameReconfig := !u.Reconfig || (t.ReconfigAcked == u.ReconfigAcked && t.ReconfigLevel == u.ReconfigLevel &&
 			t.ReconfigFrontier == u.ReconfigFrontier && slices.Equal(t.ReconfigMarkers, u.ReconfigMarkers))
-		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative &&
+		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative && t.Lossy == u.Lossy &&
 			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos && sameReconfig {
 			continue
 		}
@@ -551,7 +552,7 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		}
 		updated.State = u.State
 		updated.Message = u.Message
-		updated.ReplicaState, updated.Tentative = u.ReplicaState, u.Tentative
+		updated.ReplicaState, updated.Tentative, updated.Lossy = u.ReplicaState, u.Tentative, u.Lossy
 		updated.Prepared, updated.Frontier, updated.CutDone = u.Prepared, u.Frontier, u.CutDone
 		if t.MovingFrom != "" && u.MovePosition != nil {
 			pos := *u.MovePosition

@@ -210,6 +210,9 @@ type TaskStateUpdate struct {
 	// has no replicas) and Tentative whether its output is tentative now.
 	ReplicaState string `json:"replica_state,omitempty"`
 	Tentative    bool   `json:"tentative,omitempty"`
+	// Lossy: a DCAA correction could not make the copy's results exact
+	// (see Task.Lossy).
+	Lossy bool `json:"lossy,omitempty"`
 	// Rescale progress (see Task.Prepared, Frontier, CutDone); zero when
 	// no rescale is under way.
 	Prepared uint64 `json:"prepared,omitempty"`

@@ -38,6 +38,9 @@ const (
 	PlanSourceHealth   = "health"
 	PlanSourceLoad     = "load"
 	PlanSourceReconfig = "reconfig"
+	// PlanSourceRebootstrap: a lossy DCAA replica replaced by a copy
+	// bootstrapped from a STABLE peer (coordinator rebootstrapLossy).
+	PlanSourceRebootstrap = "rebootstrap"
 )
 
 // NumSlots is the number of hash slots of a keyed fragment; it equals
@@ -622,6 +625,9 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 		}
 		updated.resetReconfig()
 		updated.endMove()
+		// The next copy starts exact (from a peer that is not lossy, or
+		// replaying): what the previous copy reported no longer holds.
+		updated.Lossy = false
 		if p.Live && t.WorkerID != "" && p.ToWorker != "" {
 			updated.MovingFrom, updated.MovingFromGeneration = t.WorkerID, t.Gen()
 			updated.MoveCatchUp = p.CatchUp

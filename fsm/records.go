@@ -112,6 +112,13 @@ type Task struct {
 	// TaskStateUpdate).
 	ReplicaState string `json:"replica_state,omitempty"`
 	Tentative    bool   `json:"tentative,omitempty"`
+	// Lossy is the current copy's last report that a DCAA correction
+	// could not make its results exact, so its stable stream is no longer
+	// its peer replicas'. The leader replaces such a copy by one
+	// bootstrapped from a STABLE peer that is not lossy (coordinator
+	// rebootstrapLossy); a re-placement clears it (the next copy starts
+	// exact).
+	Lossy bool `json:"lossy,omitempty"`
 	// ScaleEpoch is, for a task a rescale created (a partition added),
 	// the slot-map epoch it was created for; its first copy has that
 	// generation and starts empty, taking its slots at the rescale's cut

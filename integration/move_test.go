@@ -64,6 +64,12 @@ func newLiveOrg(t *testing.T, workers int) *liveOrg { return newLiveOrgWith(t, w
 // newLiveOrgWith is newLiveOrg with opt applied to the coordinator's
 // configuration (nil: none).
 func newLiveOrgWith(t *testing.T, workers int, opt func(*coordinator.Config)) *liveOrg {
+	return newLiveOrgWorkers(t, workers, opt, nil)
+}
+
+// newLiveOrgWorkers is newLiveOrgWith with wopt applied to each worker's
+// configuration (i counts the workers from 0; nil: none).
+func newLiveOrgWorkers(t *testing.T, workers int, opt func(*coordinator.Config), wopt func(i int, c *worker.Config)) *liveOrg {
 	o := &liveOrg{inProcessOrg: newInProcessOrgWith(t, 1, opt), workers: map[string]*worker.Worker{}, cancel: map[string]context.CancelFunc{}}
 	client, err := tlsutil.New(o.ca.CertPEM)
 	if err != nil {
@@ -93,8 +99,12 @@ func newLiveOrgWith(t *testing.T, workers int, opt func(*coordinator.Config)) *l
 		// Sensor windows of a quarter second: the health manager's tests
 		// see a sample per heartbeat of the 1 s TTL, as before the
 		// one-second sensors.
-		w, err := worker.New(worker.Config{Org: "acme", Name: fmt.Sprintf("w%d", i+1), Coordinators: o.grpcAddrs(), Cores: 4,
-			Logger: logging.Discard(), TLS: creds, BoundaryInterval: 5 * time.Millisecond, SensorWindow: 250 * time.Millisecond})
+		cfg := worker.Config{Org: "acme", Name: fmt.Sprintf("w%d", i+1), Coordinators: o.grpcAddrs(), Cores: 4,
+			Logger: logging.Discard(), TLS: creds, BoundaryInterval: 5 * time.Millisecond, SensorWindow: 250 * time.Millisecond}
+		if wopt != nil {
+			wopt(i, &cfg)
+		}
+		w, err := worker.New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

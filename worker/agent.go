@@ -869,7 +869,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 			cur[st.TaskID] = st
 			if prev, ok := last[st.TaskID]; !ok || prev != st {
 				ts := &pb.TaskState{TaskId: st.TaskID, State: st.State, Message: st.Message, Generation: int32(st.Generation),
-					ReplicaState: st.Replica, Tentative: st.Tentative,
+					ReplicaState: st.Replica, Tentative: st.Tentative, Lossy: st.Lossy,
 					Prepared: st.Prepared, Frontier: st.Frontier, CutDone: st.CutDone}
 				if st.InMove {
 					ts.MovePosition, ts.MoveBlocked = &st.Position, st.Blocked

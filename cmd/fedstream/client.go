@@ -318,6 +318,9 @@ func newQueryStatusCmd() *cobra.Command {
 			if t.Tentative {
 				replica += " (tentative)"
 			}
+			if t.Lossy {
+				replica += " LOSSY"
+			}
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.TaskId, max(t.Generation, 1), where, t.WorkerAddr, t.State, replica, strings.TrimSpace(t.Message))
 		}
 		return tw.Flush()

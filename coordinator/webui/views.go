@@ -154,6 +154,9 @@ type Task struct {
 	// replicas) and Tentative whether its output is tentative now.
 	ReplicaState string `json:"replica_state,omitempty"`
 	Tentative    bool   `json:"tentative,omitempty"`
+	// Lossy: a DCAA correction could not make the replica's results
+	// exact; the leader replaces it from a STABLE peer when there is one.
+	Lossy bool `json:"lossy,omitempty"`
 }
 
 // ReplicaStateName is how a DCAA replica state shows ("" when unset).
@@ -171,7 +174,7 @@ func QueryView(q *pb.QueryInfo) Query {
 		out.Tasks = append(out.Tasks, Task{ID: t.TaskId, Generation: t.Generation, Fragment: t.Fragment, Partition: t.Partition,
 			Replica: t.Replica, Worker: t.WorkerId, WorkerAddr: t.WorkerAddr, State: t.State, Reason: t.Message, Message: t.Message,
 			SlotEpoch: t.SlotEpoch, Slots: t.SlotCount, MovingFrom: t.MovingFrom, Org: t.Org, OrgPhase: t.OrgPhase,
-			ReplicaState: ReplicaStateName(t.ReplicaState), Tentative: t.Tentative})
+			ReplicaState: ReplicaStateName(t.ReplicaState), Tentative: t.Tentative, Lossy: t.Lossy})
 		out.Tentative = out.Tentative || t.Tentative
 	}
 	sort.Slice(out.Tasks, func(i, j int) bool { return out.Tasks[i].ID < out.Tasks[j].ID })

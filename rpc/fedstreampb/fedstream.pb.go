@@ -1045,7 +1045,14 @@ type TaskState struct {
 	// switch to it, so they switch now.
 	MoveBlocked bool `protobuf:"varint,231,opt,name=move_blocked,json=moveBlocked,proto3" json:"move_blocked,omitempty"`
 	// ---- live reconfiguration (issue 13)
-	Reconfig      *ReconfigProgress `protobuf:"bytes,290,opt,name=reconfig,proto3" json:"reconfig,omitempty"`
+	Reconfig *ReconfigProgress `protobuf:"bytes,290,opt,name=reconfig,proto3" json:"reconfig,omitempty"`
+	// ---- DCAA re-bootstrap of lossy replicas (issue 10 P7)
+	// The copy is lossy: a DCAA correction could not make its results
+	// exact (it dropped input kept for its replay, or took an
+	// UNCORRECTABLE record on an input), so its stable stream is no longer
+	// its peer replicas'. The leader replaces it by a copy bootstrapped
+	// from a STABLE peer that is not lossy.
+	Lossy         bool `protobuf:"varint,420,opt,name=lossy,proto3" json:"lossy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1162,6 +1169,13 @@ func (x *TaskState) GetReconfig() *ReconfigProgress {
 		return x.Reconfig
 	}
 	return nil
+}
+
+func (x *TaskState) GetLossy() bool {
+	if x != nil {
+		return x.Lossy
+	}
+	return false
 }
 
 type ReportTasksRequest struct {
@@ -1832,8 +1846,11 @@ type TaskInfo struct {
 	// The task replica's DCAA state as last reported (UNSPECIFIED: its
 	// query has no replicas, or no report yet), and whether its output is
 	// tentative now.
-	ReplicaState  ReplicaState `protobuf:"varint,200,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
-	Tentative     bool         `protobuf:"varint,201,opt,name=tentative,proto3" json:"tentative,omitempty"`
+	ReplicaState ReplicaState `protobuf:"varint,200,opt,name=replica_state,json=replicaState,proto3,enum=fedstream.v1.ReplicaState" json:"replica_state,omitempty"`
+	Tentative    bool         `protobuf:"varint,201,opt,name=tentative,proto3" json:"tentative,omitempty"`
+	// ---- DCAA re-bootstrap of lossy replicas (issue 10 P7)
+	// The replica reported itself lossy (see TaskState.lossy).
+	Lossy         bool `protobuf:"varint,421,opt,name=lossy,proto3" json:"lossy,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1976,6 +1993,13 @@ func (x *TaskInfo) GetReplicaState() ReplicaState {
 func (x *TaskInfo) GetTentative() bool {
 	if x != nil {
 		return x.Tentative
+	}
+	return false
+}
+
+func (x *TaskInfo) GetLossy() bool {
+	if x != nil {
+		return x.Lossy
 	}
 	return false
 }
@@ -7352,7 +7376,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xc6\x03\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xdd\x03\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -7367,7 +7391,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bcut_done\x18p \x01(\x04R\acutDone\x12)\n" +
 	"\rmove_position\x18\xe6\x01 \x01(\x04H\x00R\fmovePosition\x88\x01\x01\x12\"\n" +
 	"\fmove_blocked\x18\xe7\x01 \x01(\bR\vmoveBlocked\x12;\n" +
-	"\breconfig\x18\xa2\x02 \x01(\v2\x1e.fedstream.v1.ReconfigProgressR\breconfigB\x10\n" +
+	"\breconfig\x18\xa2\x02 \x01(\v2\x1e.fedstream.v1.ReconfigProgressR\breconfig\x12\x15\n" +
+	"\x05lossy\x18\xa4\x03 \x01(\bR\x05lossyB\x10\n" +
 	"\x0e_move_position\"`\n" +
 	"\x12ReportTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12-\n" +
@@ -7421,7 +7446,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13SubmitQueryResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x14\n" +
-	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\xf6\x03\n" +
+	"\x05tasks\x18\x03 \x01(\x05R\x05tasks\"\x8d\x04\n" +
 	"\bTaskInfo\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -7444,7 +7469,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x03org\x18\x8e\x02 \x01(\tR\x03org\x12\x1c\n" +
 	"\torg_phase\x18\x8f\x02 \x01(\tR\borgPhase\x12@\n" +
 	"\rreplica_state\x18\xc8\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x12\x1d\n" +
-	"\ttentative\x18\xc9\x01 \x01(\bR\ttentative\"\xd1\x01\n" +
+	"\ttentative\x18\xc9\x01 \x01(\bR\ttentative\x12\x15\n" +
+	"\x05lossy\x18\xa5\x03 \x01(\bR\x05lossy\"\xd1\x01\n" +
 	"\tQueryInfo\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x02 \x01(\tR\x06status\x12\x14\n" +

@@ -412,4 +412,10 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	if msg := g.taskState(sink0).Message; !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
 	}
+	// Both are lossy (the coordinator replaces them from their STABLE
+	// peers); the other sink is not.
+	if !g.taskState(agg0).Lossy || !g.taskState(sink0).Lossy || g.taskState(sink1).Lossy {
+		t.Fatalf("lossy: aggregate %v, its sink %v (want both), the other sink %v (want not)",
+			g.taskState(agg0).Lossy, g.taskState(sink0).Lossy, g.taskState(sink1).Lossy)
+	}
 }

@@ -244,6 +244,13 @@ type TaskState struct {
 	// query has no replicas); Tentative says its output is tentative now.
 	Replica   fedstreampb.ReplicaState
 	Tentative bool
+	// Lossy says a DCAA correction could not make the task's results
+	// exact (it dropped input kept for its replay, or an input brought an
+	// UNCORRECTABLE record): its stable stream is no longer its peer
+	// replicas', and stays so until the copy is replaced by one
+	// bootstrapped from a peer that is not lossy (the coordinator's
+	// re-bootstrap, docs/DATAPLANE.md).
+	Lossy bool
 	// Rescale progress (see rescale.go): the epoch of the rescale the
 	// task holds for and its frontier there, and the epoch whose cut it
 	// has passed.

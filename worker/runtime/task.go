@@ -699,6 +699,7 @@ func (t *task) state0() TaskState {
 		st.Message += t.overrun
 	}
 	if t.uncorrected != "" {
+		st.Lossy = true
 		if st.Message != "" {
 			st.Message += "; "
 		}

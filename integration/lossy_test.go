@@ -1,0 +1,371 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/worker"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/source"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// lossyQuery counts the lines of two generated partitions per 100 ms
+// window, with two replicas of every task: about ten seconds of input.
+const lossyQuery = `name: lossy
+replicas: 2
+availability: {max_delay: 300ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 40000}, parallelism: 2}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 100ms}, aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`
+
+// lossyKeep is the workers' bound on the input a DCAA task keeps for its
+// replay (DCAAKeepTuples): a failure of about a second goes far past it.
+const lossyKeep = 300
+
+// TestLossyReplicaRebootstrapsFromStablePeer (issue 10 P7): a link from
+// the aggregate's replica 0 to both replicas of source partition 0 is
+// held silently for far longer than the input a task keeps for its
+// replay, so replica 0's correction cannot make every result exact: it
+// becomes lossy. The leader then replaces it by a new copy (generation
+// bumped) that starts from a snapshot of its STABLE peer, replica 1
+// (served by the peer's worker; the new copy did not replay), and any
+// task downstream that took its UNCORRECTABLE record likewise. In the end
+// no replica is lossy, and both sink replicas' results equal a
+// failure-free run's, window for window, outside the range the first
+// correction named: from before the failure, and from the end of that
+// range (which the replacement follows) to the end of the input.
+func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
+	t.Parallel()
+	faults := map[string]*dataplane.Faults{} // by worker name
+	// Nine workers for eight tasks: the placer spreads them one a worker,
+	// so the aggregate's replica 0 reads source partition 0 over the
+	// network (a cut link can hold it) and its replacement has a worker
+	// of its own to go to.
+	o := newLiveOrgWorkers(t, 9, nil, func(i int, c *worker.Config) {
+		c.BoundaryInterval = 10 * time.Millisecond
+		c.DCAAKeepTuples = lossyKeep
+		faults[c.Name] = dataplane.NewFaults()
+		c.Faults = faults[c.Name]
+	})
+	t.Cleanup(func() {
+		// Held links would keep the workers from stopping.
+		for _, f := range faults {
+			f.HealAll()
+		}
+	})
+	faultsOf := map[string]*dataplane.Faults{} // by worker id
+	ws, err := o.admin.ListWorkers(context.Background(), &pb.ListWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws.Workers {
+		faultsOf[w.Id] = faults[w.Name]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(lossyQuery), Filename: "lossy.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const agg0, agg1, sink0, sink1 = "lossy/counts/p0/r0", "lossy/counts/p0/r1", "lossy/out/p0/r0", "lossy/out/p0/r1"
+	waitFor(t, 30*time.Second, "every task running, both aggregates STABLE", func() bool {
+		q := o.query(t, "lossy")
+		if len(q.Tasks) != 8 {
+			return false
+		}
+		for _, ti := range q.Tasks {
+			if ti.State != states.TaskRunning {
+				return false
+			}
+			if ti.Fragment == "counts" && ti.ReplicaState != pb.ReplicaState_REPLICA_STABLE {
+				return false
+			}
+		}
+		return true
+	})
+	q := o.query(t, "lossy")
+	where := map[string]*pb.TaskInfo{}
+	for _, ti := range q.Tasks {
+		where[ti.TaskId] = ti
+	}
+	aggWorker := where[agg0].WorkerId
+	held := []string{where["lossy/lines/p0/r0"].WorkerAddr, where["lossy/lines/p0/r1"].WorkerAddr}
+	for _, id := range []string{"lossy/lines/p0/r0", "lossy/lines/p0/r1"} {
+		if where[id].WorkerId == aggWorker {
+			t.Fatalf("%s runs on the aggregate replica 0's worker %s: its link cannot be cut (placement %v)", id, aggWorker, where)
+		}
+	}
+	f := faultsOf[aggWorker]
+	if f == nil {
+		t.Fatalf("no fault injector for worker %s", aggWorker)
+	}
+	inTuples := func(worker, task string) uint64 {
+		for _, s := range o.workers[worker].Runtime().Stats() {
+			if s.TaskID == task {
+				return s.InTuples
+			}
+		}
+		return 0
+	}
+	// The failure lasts until the live partition drew another second of
+	// input (4000 lines): more than ten times what a replica keeps for
+	// its replay, all of which the aggregate's replica 0 releases
+	// tentatively and keeps.
+	live := where["lossy/lines/p1/r0"]
+	drawn := func() uint64 { return inTuples(live.WorkerId, live.TaskId) }
+	for _, addr := range held {
+		f.CutOutgoing(addr, dataplane.Hold)
+	}
+	base := drawn()
+	t.Logf("holding %s's links to %v; partition 1 drew %d lines", aggWorker, held, base)
+	waitFor(t, 20*time.Second, "the aggregate's replica 0 tentative", func() bool { return o.task(t, "lossy", agg0).Tentative })
+	waitFor(t, 20*time.Second, "another second of the live partition's input", func() bool { return drawn() >= base+4000 })
+	t.Logf("healing; partition 1 drew %d lines", drawn())
+	f.HealAll()
+
+	// The correction could not make every result exact: the replica
+	// says which (status) and is lossy; the leader replaces it. Watched
+	// both in the coordinator's view and on the worker itself, as the
+	// leader may replace it within one report.
+	var lossyMsg string
+	waitFor(t, 30*time.Second, "the aggregate's replica 0 lossy, or replaced", func() bool {
+		for _, st := range o.workers[aggWorker].Runtime().States() {
+			if st.TaskID == agg0 && st.Lossy {
+				lossyMsg = st.Message
+			}
+		}
+		ti := o.task(t, "lossy", agg0)
+		if ti.Lossy {
+			lossyMsg = ti.Message
+		}
+		return ti.Lossy || ti.Generation > 1
+	})
+	waitFor(t, 30*time.Second, "the lossy replica replaced by a running copy of the next generation", func() bool {
+		ti := o.task(t, "lossy", agg0)
+		return ti.Generation >= 2 && ti.State == states.TaskRunning && ti.WorkerId != ""
+	})
+	t.Logf("lossy status seen: %q", lossyMsg)
+	rep := o.task(t, "lossy", agg0)
+	if rep.Generation != 2 {
+		t.Fatalf("the aggregate's replica 0 is at generation %d, want 2 (replaced once)", rep.Generation)
+	}
+	if rt := o.workers[rep.WorkerId].Runtime(); !rt.StartedFromSnapshot(agg0) {
+		t.Fatalf("the replacement of %s on %s did not start from a fetched snapshot: it replayed", agg0, rep.WorkerId)
+	}
+	if n := o.workers[where[agg1].WorkerId].Runtime().SnapshotsServed(); n == 0 {
+		t.Fatalf("the STABLE peer %s (worker %s) served no snapshot", agg1, where[agg1].WorkerId)
+	}
+	waitFor(t, 30*time.Second, "no lossy replica left, every task running", func() bool {
+		for _, ti := range o.query(t, "lossy").Tasks {
+			if ti.Lossy || ti.State != states.TaskRunning {
+				return false
+			}
+		}
+		return true
+	})
+	// The replacement ran with input still to come: at least a second of
+	// the live partition's input follows its start.
+	replacedAt := drawn()
+	if replacedAt > 40000-4000 {
+		t.Fatalf("partition 1 had drawn %d of its 40000 lines when no lossy replica was left: the test would prove little", replacedAt)
+	}
+	t.Logf("replaced; partition 1 had drawn %d of its 40000 lines", replacedAt)
+	// The aggregate's old worker is still there: only the leader's
+	// re-bootstrap of a lossy replica places a running task on a ready
+	// worker again.
+	if st := o.workerStatus(aggWorker); st != states.WorkerReady {
+		t.Fatalf("the aggregate's old worker %s is %s: the replacement may have had another cause", aggWorker, st)
+	}
+	for _, ti := range o.query(t, "lossy").Tasks {
+		t.Logf("%s: generation %d on %s, %s %s", ti.TaskId, ti.Generation, ti.WorkerId, ti.State, ti.ReplicaState)
+		// Every replacement (a lossy sink downstream too) started from
+		// its peer's snapshot.
+		if ti.Generation > 1 && !o.workers[ti.WorkerId].Runtime().StartedFromSnapshot(ti.TaskId) {
+			t.Fatalf("the replacement of %s did not start from a fetched snapshot", ti.TaskId)
+		}
+	}
+
+	// Windows compared: those ending before the failure began, and those
+	// after the replacements started (stream time of the live partition's
+	// next line then: record n has stime n/rate), widened to the range
+	// the correction named when the test saw it (status, or a sink's
+	// record; a sink that did not read the lossy replica has none).
+	const perLine = int64(time.Second) / 4000
+	from, to := int64(base)*perLine-int64(100*time.Millisecond), int64(replacedAt)*perLine
+	widen := func(f, tt int64) { from, to = min(from, f), max(to, tt) }
+	if lossyMsg != "" {
+		widen(uncorrectedRange(t, lossyMsg))
+	} else {
+		t.Log("the leader replaced the lossy replica before the test saw its status")
+	}
+	want := lossyReference(t)
+	results := map[string]map[int64]int64{}
+	for _, sink := range []string{sink0, sink1} {
+		got, marks := o.stableResults(t, sink)
+		results[sink] = got
+		for _, m := range marks {
+			widen(m[0], m[1])
+		}
+	}
+	for _, sink := range []string{sink0, sink1} {
+		got := results[sink]
+		compared, missing, wrong, extra := 0, 0, 0, 0
+		for end, n := range want {
+			if end > from && end <= to+int64(100*time.Millisecond) {
+				continue // windows the lossy correction may have got wrong
+			}
+			g, ok := got[end]
+			switch {
+			case !ok && end > to:
+				missing++
+			case ok && g != n:
+				wrong++
+				t.Errorf("%s: window ending %d: n=%d, want %d", sink, end, g, n)
+			}
+			if ok {
+				compared++
+			}
+		}
+		for end := range got {
+			if _, ok := want[end]; !ok {
+				extra++
+			}
+		}
+		t.Logf("%s: %d windows, %d compared with the reference outside [%d, %d] (the failure to the replacement)", sink, len(got), compared, from, to)
+		if missing > 0 || wrong > 0 || extra > 0 {
+			t.Fatalf("%s: %d windows after the uncorrected range missing, %d wrong, %d not in the reference", sink, missing, wrong, extra)
+		}
+	}
+}
+
+// uncorrectedRange reads the stream-time range a task's status names as
+// not corrected (see runtime uncorrectableNote).
+func uncorrectedRange(t *testing.T, msg string) (from, to int64) {
+	t.Helper()
+	m := regexp.MustCompile(`from (the start|\S+) to (\S+) could not be corrected`).FindStringSubmatch(msg)
+	if m == nil {
+		t.Fatalf("status %q names no uncorrected range", msg)
+	}
+	from = math.MinInt64
+	if m[1] != "the start" {
+		ft, err := time.Parse(time.RFC3339Nano, m[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		from = ft.UnixNano()
+	}
+	tt, err := time.Parse(time.RFC3339Nano, m[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return from, tt.UnixNano()
+}
+
+// lossyReference is lossyQuery's failure-free result: the lines of both
+// partitions counted per window, by window end.
+func lossyReference(t *testing.T) map[int64]int64 {
+	t.Helper()
+	const size = int64(100 * time.Millisecond)
+	out := map[int64]int64{}
+	for p := range 2 {
+		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: 40000, Rate: 4000}, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp tuple.Tuple
+		for gen.Next(&tp) {
+			out[(tp.STime/size+1)*size]++
+		}
+	}
+	return out
+}
+
+// stableResults tails a sink's result stream from its start to its final
+// boundary and returns its stable view (UNDOs applied, tentative results
+// left out) by window end, and the UNCORRECTABLE ranges it carried. A
+// window stable twice fails.
+func (o *liveOrg) stableResults(t *testing.T, sink string) (map[int64]int64, [][2]int64) {
+	t.Helper()
+	spec, err := queryspec.Parse("q.yaml", []byte(lossyQuery))
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := spec.Plan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	schema := plan.Node("out").Schema
+	end, n := schema.Index("window_end"), schema.Index("n")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type entry struct {
+		pos    uint64
+		stable bool
+		end, n int64
+	}
+	var kept []entry
+	var marks [][2]int64
+	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "lossy", TaskId: sink}, "", true, 0)
+	for {
+		conn, err := o.pool.Conn(o.task(t, "lossy", sink).WorkerAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			for _, tp := range b.Tuples {
+				switch {
+				case tp.Type == tuple.Boundary && tp.STime == math.MaxInt64:
+					return dataplane.ErrStopSubscription
+				case tp.Type == tuple.Undo:
+					cut := len(kept)
+					for cut > 0 && kept[cut-1].pos > uint64(tp.STime) {
+						cut--
+					}
+					for _, e := range kept[cut:] {
+						if e.stable {
+							return fmt.Errorf("an UNDO to %d takes back a stable result at %d", tp.STime, e.pos)
+						}
+					}
+					kept = kept[:cut]
+				case tp.Type == tuple.Uncorrectable:
+					if f, to, ok := tuple.UncorrectableRange(&tp); ok {
+						marks = append(marks, [2]int64{f, to})
+					}
+				case tp.Type.IsData():
+					kept = append(kept, entry{pos: tp.ID, stable: tp.Type == tuple.Stable, end: tp.Values[end].I, n: tp.Values[n].I})
+				}
+			}
+			return nil
+		})
+		if err == nil || errors.Is(err, dataplane.ErrStopSubscription) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("tail %s: %v", sink, err)
+		}
+		time.Sleep(20 * time.Millisecond) // the sink is not running yet: retry
+	}
+	got := map[int64]int64{}
+	for _, e := range kept {
+		if !e.stable {
+			continue
+		}
+		if _, dup := got[e.end]; dup {
+			t.Fatalf("%s: the window ending %d is a stable result twice", sink, e.end)
+		}
+		got[e.end] = e.n
+	}
+	return got, marks
+}
