@@ -363,6 +363,18 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
 		return none, err
 	}
+	var sampler *stallSampler
+	if cfg.Stalls {
+		sctx, stop := context.WithCancel(ctx)
+		file := cfg.StallTrace
+		if file != "" {
+			file = strings.TrimSuffix(file, ".trace") + "-" + strategy + ".trace"
+		}
+		sampler = newStallSampler(r, file)
+		done := make(chan struct{})
+		go func() { defer close(done); sampler.run(sctx) }()
+		defer func() { stop(); <-done }()
+	}
 	first := time.Now()
 	var at []time.Duration
 	var epochs []uint64
@@ -438,6 +450,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		took = append(took, first-pt.committed.Sub(r.start))
 	}
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	if sampler != nil {
+		res.Stalls = sampler.stalls(r.recv)
+	}
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
 	for _, e := range epochs {
 		pt := r.plans[e]

@@ -108,6 +108,12 @@ type ReconfigConfig struct {
 	// about a second after it (the org benchmark's --trace: an
 	// execution trace of the update).
 	Around func(lead time.Duration) (end func())
+	// Stalls (org runs) samples every task and the process every 10 ms
+	// and reports each gap of 100 ms or more at the sink
+	// (StrategyResult.Stalls); StallTrace, when set, also keeps a flight
+	// recorder and writes the first such gap's execution trace there.
+	Stalls     bool
+	StallTrace string
 }
 
 // Defaults fills the zero fields with their defaults.
@@ -197,6 +203,51 @@ type StrategyResult struct {
 	Mixed       int              `json:"mixed_version_tuples"`
 	LostOrDup   int              `json:"lost_or_duplicated"`
 	Paths       map[string]int   `json:"paths"`
+	// Stalls (org runs with --stalls) are the gaps of 100 ms or more
+	// between two sink arrivals over the whole run, each with what the
+	// process and every task did meanwhile.
+	Stalls []ReconfigStall `json:"stalls,omitempty"`
+}
+
+// ReconfigStall is a gap at the sink and what happened during it, from
+// samples every 10 ms (times in ms since the run's start).
+type ReconfigStall struct {
+	AtMs  float64 `json:"at_ms"`
+	GapMs float64 `json:"gap_ms"`
+	// SampledMs is the time the samples cover (from a tick before the
+	// gap to its end); SamplerLateMs the longest delay of the sampler's
+	// own 10 ms tick: a goroutine that only sleeps and reads counters,
+	// late only when the process got no CPU.
+	SampledMs     float64 `json:"sampled_ms"`
+	SamplerLateMs float64 `json:"sampler_late_ms"`
+	// ProcessCPUMs is the CPU time the process's threads got, and
+	// RunQueueWaitMs the time they were runnable but waiting for a CPU
+	// (summed over threads; schedstat); MachineIdleMs and MachineStealMs
+	// the idle time of all CPUs and the time the hypervisor ran something
+	// else on them.
+	ProcessCPUMs   float64 `json:"process_cpu_ms"`
+	RunQueueWaitMs float64 `json:"run_queue_wait_ms"`
+	MachineIdleMs  float64 `json:"machine_idle_ms"`
+	MachineStealMs float64 `json:"machine_steal_ms"`
+	// Starved: the process waited for a CPU (its threads runnable at
+	// least half the time while the machine had no idle time to speak
+	// of, or its sampler late by half the gap or more), rather than a
+	// stage of the stream waiting on another.
+	Starved bool                `json:"starved"`
+	Tasks   []ReconfigStallTask `json:"tasks,omitempty"`
+	Note    string              `json:"note,omitempty"`
+}
+
+// ReconfigStallTask is one task during a stall: its longest stretch
+// without emitting a tuple (a sink: without taking one) and when it
+// began, the time it was blocked on a full output and its largest input
+// queue.
+type ReconfigStallTask struct {
+	Task       string  `json:"task"`
+	FlatFromMs float64 `json:"flat_from_ms"`
+	FlatMs     float64 `json:"flat_ms"`
+	BlockedMs  float64 `json:"blocked_ms"`
+	QueueMax   int     `json:"queue_max"`
 }
 
 // ReconfigBucket is 100 ms of sink results.

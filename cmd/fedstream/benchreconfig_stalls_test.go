@@ -1,0 +1,69 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/benchmark"
+)
+
+// TestStallsTellStarvationFromAStoppedStage: a gap at the sink during
+// which one task stopped emitting while the process ran is reported as
+// that task's stall, not as starvation; a gap during which the sampler
+// itself was late and the threads waited for a CPU is starvation.
+func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
+	const ms = time.Millisecond
+	// Run 1: every 10 ms the process runs 5 ms and waits 1 ms; the
+	// source emits all along, flag stops from 100 to 300 ms.
+	s := &stallSampler{}
+	var src, flag, sink uint64
+	for at := time.Duration(0); at <= 400*ms; at += stallTick {
+		src += 75
+		if at < 100*ms || at >= 300*ms {
+			flag += 75
+			sink += 75
+		}
+		s.points = append(s.points, stallSample{at: at, run: int64(at / 2), wait: int64(at / 10), idle: int64(at / (10 * ms)),
+			tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}, "q/flag/p0/r0": {out: flag, queue: int(src - flag)}, "q/alerts/p0/r0": {in: sink}}})
+	}
+	recv := []benchmark.ReconfigRecord{{At: 95 * ms}, {At: 101 * ms}, {At: 305 * ms}, {At: 310 * ms}}
+	got := s.stalls(recv)
+	if len(got) != 1 {
+		t.Fatalf("stalls %+v, want one", got)
+	}
+	st := got[0]
+	if st.Starved || st.SamplerLateMs != 0 || st.GapMs != 204 {
+		t.Fatalf("a stopped stage reported as %+v", st)
+	}
+	byTask := map[string]benchmark.ReconfigStallTask{}
+	for _, tk := range st.Tasks {
+		byTask[tk.Task] = tk
+	}
+	if f := byTask["q/flag/p0/r0"]; f.FlatFromMs != 90 || f.FlatMs != 200 || f.QueueMax < 1000 {
+		t.Fatalf("flag %+v: flat from 90 ms for 200 ms expected", f)
+	}
+	if w := byTask["q/ward/p0/r0"]; w.FlatMs != 0 {
+		t.Fatalf("the source emitted all along, got %+v", w)
+	}
+
+	// Run 2: the sampler's ticks stop from 100 to 350 ms; meanwhile the
+	// threads got 3 ms of CPU and waited 400 ms, the machine never idle.
+	s = &stallSampler{}
+	var cpu, wait int64
+	for at := time.Duration(0); at <= 500*ms; at += stallTick {
+		if at > 100*ms && at < 350*ms {
+			continue
+		}
+		if at == 350*ms {
+			cpu, wait = cpu+int64(3*ms), wait+int64(400*ms)
+		} else {
+			cpu, wait = cpu+int64(5*ms), wait+int64(ms)
+		}
+		src += 75
+		s.points = append(s.points, stallSample{at: at, run: cpu, wait: wait, tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}}})
+	}
+	got = s.stalls([]benchmark.ReconfigRecord{{At: 98 * ms}, {At: 352 * ms}})
+	if len(got) != 1 || !got[0].Starved || got[0].SamplerLateMs != 240 || got[0].RunQueueWaitMs < 400 {
+		t.Fatalf("starvation reported as %+v", got)
+	}
+}
