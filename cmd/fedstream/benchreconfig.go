@@ -117,6 +117,16 @@ do, without Raft or assignment watches.`,
 				if s.r.LongestGapMs > 0 {
 					fmt.Fprintf(w, "%-9s longest time without a result around an update: %.1f ms\n", "", s.r.LongestGapMs)
 				}
+				if stalls || stallTr != "" {
+					starved, longest := 0, 0.0
+					for _, st := range s.r.Stalls {
+						longest = max(longest, st.GapMs)
+						if st.Starved {
+							starved++
+						}
+					}
+					fmt.Fprintf(w, "%-9s gaps of 100 ms or more at the sink: %d (longest %.1f ms), %d of them with the process starved of CPU\n", "", len(s.r.Stalls), longest, starved)
+				}
 			}
 			if res.OverheadBasis != "" {
 				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
