@@ -186,6 +186,14 @@ type StrategyResult struct {
 	// before the Raft write recording the last of them (SwitchedMs is
 	// when that write was applied).
 	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
+	// LearnedMs and AppliedMs (in an org), per update: from the plan's
+	// commit in Raft until the last worker began, and finished, handing
+	// its tasks the plan (Apply: the configuration parsed, the changed
+	// versions built, installed in the idle tasks); ApplyMs is the
+	// longest such Apply.
+	LearnedMs []float64 `json:"learned_ms,omitempty"`
+	AppliedMs []float64 `json:"applied_ms,omitempty"`
+	ApplyMs   []float64 `json:"apply_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
 	// reached the sink: the sources paused, the stream drained, the
