@@ -66,4 +66,16 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 	if len(got) != 1 || !got[0].Starved || got[0].SamplerLateMs != 240 || got[0].RunQueueWaitMs < 400 {
 		t.Fatalf("starvation reported as %+v", got)
 	}
+
+	// Run 3: a loaded machine, the sampler on time, the threads waiting
+	// 1.5 times the elapsed time (a CPU's worth and a half, not two): a
+	// gap there (a quiescent update's pause) is not starvation.
+	s = &stallSampler{}
+	for at := time.Duration(0); at <= 300*ms; at += stallTick {
+		s.points = append(s.points, stallSample{at: at, run: int64(at / 4), wait: int64(at * 3 / 2), tasks: map[string]stallPoint{}})
+	}
+	got = s.stalls([]benchmark.ReconfigRecord{{At: 50 * ms}, {At: 250 * ms}})
+	if len(got) != 1 || got[0].Starved {
+		t.Fatalf("a pause on a loaded machine reported as %+v", got)
+	}
 }

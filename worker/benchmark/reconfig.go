@@ -237,10 +237,10 @@ type ReconfigStall struct {
 	RunQueueWaitMs float64 `json:"run_queue_wait_ms"`
 	MachineIdleMs  float64 `json:"machine_idle_ms"`
 	MachineStealMs float64 `json:"machine_steal_ms"`
-	// Starved: the process waited for a CPU (its threads runnable at
-	// least half the time while the machine had no idle time to speak
-	// of, or its sampler late by half the gap or more), rather than a
-	// stage of the stream waiting on another.
+	// Starved: the process waited for a CPU (its sampler late by half
+	// the gap or more, or on average two of its threads runnable but
+	// waiting the whole time while the machine had no idle time to speak
+	// of), rather than a stage of the stream waiting on another.
 	Starved bool                `json:"starved"`
 	Tasks   []ReconfigStallTask `json:"tasks,omitempty"`
 	Note    string              `json:"note,omitempty"`
