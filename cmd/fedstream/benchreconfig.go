@@ -146,7 +146,7 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().BoolVar(&buckets, "buckets", false, "with --json: include the 100 ms buckets (results and p99 latency) of both strategies")
 	cmd.Flags().StringVar(&traceOut, "trace", "", "write an execution trace (with CPU samples) of the first live update, from 0.5 s before it to 1 s after, to this file (go tool trace)")
 	cmd.Flags().BoolVar(&stalls, "stalls", false, "with --json: sample every task and the process every 10 ms and list each gap of 100 ms or more at the sink with what every task and the process did meanwhile (\"stalls\")")
-	cmd.Flags().StringVar(&stallTr, "stall-trace", "", "keep a flight recorder (execution trace) and write the first gap of 100 ms or more at the sink to this file (implies --stalls)")
+	cmd.Flags().StringVar(&stallTr, "stall-trace", "", "keep a flight recorder (execution trace) and write, per strategy, the first gap of 100 ms or more at the sink and up to two more during which the process still ran to FILE-live.trace, FILE-live-2.trace, ... (implies --stalls)")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/metrics"
 	"runtime/trace"
 	"sort"
 	"strconv"
@@ -35,6 +36,9 @@ import (
 // release rhythm (a batch every 5 ms).
 const stallGap = 100 * time.Millisecond
 
+// maxStallTraces bounds the flight-recorder traces written per run.
+const maxStallTraces = 3
+
 // stallTick is the sampler's period.
 const stallTick = 10 * time.Millisecond
 
@@ -54,6 +58,7 @@ type stallSample struct {
 	// (ns, schedstat); machine: idle and steal (jiffies, all CPUs).
 	run, wait   int64
 	idle, steal int64
+	gcCycles    uint64 // completed GC cycles of the process
 	tasks       map[string]stallPoint
 }
 
@@ -66,7 +71,8 @@ type stallSampler struct {
 	// to traceFile (once).
 	fr        *trace.FlightRecorder
 	traceFile string
-	traced    bool
+	traced    int           // traces written
+	tracedTo  time.Duration // end of the newest gap looked at
 }
 
 func newStallSampler(r *orgRun, traceFile string) *stallSampler {
@@ -103,6 +109,11 @@ func (s *stallSampler) sample() {
 	p := stallSample{at: time.Since(s.r.start), tasks: map[string]stallPoint{}}
 	p.run, p.wait = threadSchedstat()
 	p.idle, p.steal = machineIdleSteal()
+	gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(gc)
+	if gc[0].Value.Kind() == metrics.KindUint64 {
+		p.gcCycles = gc[0].Value.Uint64()
+	}
 	for _, w := range s.r.o.fed.workers {
 		for _, st := range w.Runtime().Stats() {
 			if st.Query != s.r.name {
@@ -118,33 +129,51 @@ func (s *stallSampler) sample() {
 
 // maybeTrace writes the flight recorder's window once the sink has
 // received nothing for stallGap and then resumed (the window then holds
-// the whole stall and a little before it).
+// the whole stall and a little before it): the first such gap to
+// traceFile, and up to maxStallTraces-1 more during which the process
+// still ran (its sampler late by less than half the gap: not starved)
+// to traceFile-2, -3, ... (sampler goroutine only).
 func (s *stallSampler) maybeTrace() {
-	if s.fr == nil || s.traced {
+	if s.fr == nil || s.traced >= maxStallTraces {
 		return
 	}
 	s.r.mu.Lock()
 	n := len(s.r.recv)
-	var gap time.Duration
+	var from, to time.Duration
 	if n >= 2 {
-		// The newest arrival after the newest gap: the stall has ended.
+		// The newest gap among the arrivals of the last 200 ms: it has
+		// ended.
 		for i := n - 1; i > 0 && s.r.recv[n-1].At-s.r.recv[i].At < 200*time.Millisecond; i-- {
-			gap = max(gap, s.r.recv[i].At-s.r.recv[i-1].At)
+			if g := s.r.recv[i].At - s.r.recv[i-1].At; g > to-from {
+				from, to = s.r.recv[i-1].At, s.r.recv[i].At
+			}
 		}
 	}
 	s.r.mu.Unlock()
-	if gap < stallGap {
+	if to-from < stallGap || from <= s.tracedTo {
 		return
 	}
-	s.traced = true
+	s.tracedTo = to
+	s.mu.Lock()
+	st := s.describe(from, to)
+	s.mu.Unlock()
+	if s.traced > 0 && st.SamplerLateMs >= st.GapMs/2 {
+		return // starved: the first trace shows one already
+	}
+	s.traced++
+	file := s.traceFile
+	if s.traced > 1 {
+		file = strings.TrimSuffix(file, ".trace") + "-" + strconv.Itoa(s.traced) + ".trace"
+	}
 	var b bytes.Buffer
 	if _, err := s.fr.WriteTo(&b); err != nil {
 		fmt.Fprintln(os.Stderr, "flight recorder:", err)
 		return
 	}
-	if err := os.WriteFile(s.traceFile, b.Bytes(), 0o644); err != nil {
+	if err := os.WriteFile(file, b.Bytes(), 0o644); err != nil {
 		fmt.Fprintln(os.Stderr, "flight recorder:", err)
 	}
+	fmt.Fprintf(os.Stderr, "stall trace %s: gap of %.1f ms at %.1f ms, sampler late %.1f ms\n", file, st.GapMs, st.AtMs, st.SamplerLateMs)
 }
 
 // threadSchedstat sums the CPU time and run-queue wait of this
@@ -223,6 +252,7 @@ func (s *stallSampler) describe(from, to time.Duration) benchmark.ReconfigStall 
 	const jiffy = 10 * time.Millisecond // USER_HZ 100
 	st.MachineIdleMs = stallMs(time.Duration(z.idle-a.idle) * jiffy)
 	st.MachineStealMs = stallMs(time.Duration(z.steal-a.steal) * jiffy)
+	st.GCCycles = int(z.gcCycles - a.gcCycles)
 	st.Starved = starved(st)
 	// Each task's longest stretch without emitting (a sink: without
 	// taking) from stallLead before the gap to its end, and when it

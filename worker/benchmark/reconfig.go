@@ -237,6 +237,9 @@ type ReconfigStall struct {
 	RunQueueWaitMs float64 `json:"run_queue_wait_ms"`
 	MachineIdleMs  float64 `json:"machine_idle_ms"`
 	MachineStealMs float64 `json:"machine_steal_ms"`
+	// GCCycles is the number of garbage collections the process
+	// completed meanwhile.
+	GCCycles int `json:"gc_cycles"`
 	// Starved: the process waited for a CPU (its sampler late by half
 	// the gap or more, or on average two of its threads runnable but
 	// waiting the whole time while the machine had no idle time to speak
