@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime/metrics"
 	"runtime/trace"
 	"sort"
@@ -42,6 +41,10 @@ const maxStallTraces = 3
 // stallTick is the sampler's period.
 const stallTick = 10 * time.Millisecond
 
+// procEvery is how many ticks apart the sampler reads the process's and
+// the machine's CPU accounting.
+const procEvery = 5
+
 // stallLead is how far before a stall the tasks' counters are read for
 // the stretches they stood still.
 const stallLead = 200 * time.Millisecond
@@ -59,6 +62,7 @@ type stallSample struct {
 	run, wait   int64
 	idle, steal int64
 	gcCycles    uint64 // completed GC cycles of the process
+	proc        bool   // run, wait, idle and steal were read at this sample
 	tasks       map[string]stallPoint
 }
 
@@ -71,6 +75,7 @@ type stallSampler struct {
 	// to traceFile (once).
 	fr        *trace.FlightRecorder
 	traceFile string
+	ticks     int           // samples taken (sampler goroutine only)
 	traced    int           // traces written
 	tracedTo  time.Duration // end of the newest gap looked at
 }
@@ -107,8 +112,23 @@ func (s *stallSampler) run(ctx context.Context) {
 
 func (s *stallSampler) sample() {
 	p := stallSample{at: time.Since(s.r.start), tasks: map[string]stallPoint{}}
-	p.run, p.wait = threadSchedstat()
-	p.idle, p.steal = machineIdleSteal()
+	// The /proc files cost about half a millisecond a reading on a
+	// loaded machine: read them every procEvery ticks (and after a late
+	// tick), carrying the last reading forward in between.
+	s.mu.Lock()
+	var last *stallSample
+	if n := len(s.points); n > 0 {
+		last = &s.points[n-1]
+	}
+	s.mu.Unlock()
+	s.ticks++
+	if last == nil || s.ticks%procEvery == 0 || p.at-last.at > 2*stallTick {
+		p.run, p.wait = threadSchedstat()
+		p.idle, p.steal = machineIdleSteal()
+		p.proc = true
+	} else {
+		p.run, p.wait, p.idle, p.steal = last.run, last.wait, last.idle, last.steal
+	}
 	gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
 	metrics.Read(gc)
 	if gc[0].Value.Kind() == metrics.KindUint64 {
@@ -179,9 +199,9 @@ func (s *stallSampler) maybeTrace() {
 // threadSchedstat sums the CPU time and run-queue wait of this
 // process's threads (0, 0 where the kernel does not report them).
 func threadSchedstat() (run, wait int64) {
-	files, _ := filepath.Glob("/proc/self/task/*/schedstat")
-	for _, f := range files {
-		b, err := os.ReadFile(f)
+	ents, _ := os.ReadDir("/proc/self/task")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/self/task/" + e.Name() + "/schedstat")
 		if err != nil {
 			continue
 		}
@@ -246,13 +266,27 @@ func (s *stallSampler) describe(from, to time.Duration) benchmark.ReconfigStall 
 	for i := 1; i < len(pts); i++ {
 		st.SamplerLateMs = max(st.SamplerLateMs, stallMs(pts[i].at-pts[i-1].at-stallTick))
 	}
-	st.SampledMs = stallMs(z.at - a.at)
-	st.ProcessCPUMs = stallMs(time.Duration(z.run - a.run))
-	st.RunQueueWaitMs = stallMs(time.Duration(z.wait - a.wait))
-	const jiffy = 10 * time.Millisecond // USER_HZ 100
-	st.MachineIdleMs = stallMs(time.Duration(z.idle-a.idle) * jiffy)
-	st.MachineStealMs = stallMs(time.Duration(z.steal-a.steal) * jiffy)
 	st.GCCycles = int(z.gcCycles - a.gcCycles)
+	// The CPU accounting from the last reading at or before the gap to
+	// the first at or after its end (the last one taken if none yet).
+	pa, pz := a, z
+	for i := lo; i >= 0; i-- {
+		if s.points[i].proc {
+			pa = s.points[i]
+			break
+		}
+	}
+	for i := hi - 1; i < len(s.points); i++ {
+		if pz = s.points[i]; pz.proc {
+			break
+		}
+	}
+	st.SampledMs = stallMs(pz.at - pa.at)
+	st.ProcessCPUMs = stallMs(time.Duration(pz.run - pa.run))
+	st.RunQueueWaitMs = stallMs(time.Duration(pz.wait - pa.wait))
+	const jiffy = 10 * time.Millisecond // USER_HZ 100
+	st.MachineIdleMs = stallMs(time.Duration(pz.idle-pa.idle) * jiffy)
+	st.MachineStealMs = stallMs(time.Duration(pz.steal-pa.steal) * jiffy)
 	st.Starved = starved(st)
 	// Each task's longest stretch without emitting (a sink: without
 	// taking) from stallLead before the gap to its end, and when it

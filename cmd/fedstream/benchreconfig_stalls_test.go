@@ -23,7 +23,7 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 			flag += 75
 			sink += 75
 		}
-		s.points = append(s.points, stallSample{at: at, run: int64(at / 2), wait: int64(at / 10), idle: int64(at / (10 * ms)),
+		s.points = append(s.points, stallSample{at: at, proc: true, run: int64(at / 2), wait: int64(at / 10), idle: int64(at / (10 * ms)),
 			tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}, "q/flag/p0/r0": {out: flag, queue: int(src - flag)}, "q/alerts/p0/r0": {in: sink}}})
 	}
 	recv := []benchmark.ReconfigRecord{{At: 95 * ms}, {At: 101 * ms}, {At: 305 * ms}, {At: 310 * ms}}
@@ -60,7 +60,7 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 			cpu, wait = cpu+int64(5*ms), wait+int64(ms)
 		}
 		src += 75
-		s.points = append(s.points, stallSample{at: at, run: cpu, wait: wait, tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}}})
+		s.points = append(s.points, stallSample{at: at, proc: true, run: cpu, wait: wait, tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}}})
 	}
 	got = s.stalls([]benchmark.ReconfigRecord{{At: 98 * ms}, {At: 352 * ms}})
 	if len(got) != 1 || !got[0].Starved || got[0].SamplerLateMs != 240 || got[0].RunQueueWaitMs < 400 {
@@ -72,7 +72,7 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 	// gap there (a quiescent update's pause) is not starvation.
 	s = &stallSampler{}
 	for at := time.Duration(0); at <= 300*ms; at += stallTick {
-		s.points = append(s.points, stallSample{at: at, run: int64(at / 4), wait: int64(at * 3 / 2), tasks: map[string]stallPoint{}})
+		s.points = append(s.points, stallSample{at: at, proc: true, run: int64(at / 4), wait: int64(at * 3 / 2), tasks: map[string]stallPoint{}})
 	}
 	got = s.stalls([]benchmark.ReconfigRecord{{At: 50 * ms}, {At: 250 * ms}})
 	if len(got) != 1 || got[0].Starved {

@@ -222,10 +222,11 @@ type StrategyResult struct {
 type ReconfigStall struct {
 	AtMs  float64 `json:"at_ms"`
 	GapMs float64 `json:"gap_ms"`
-	// SampledMs is the time the samples cover (from a tick before the
-	// gap to its end); SamplerLateMs the longest delay of the sampler's
-	// own 10 ms tick: a goroutine that only sleeps and reads counters,
-	// late only when the process got no CPU.
+	// SampledMs is the time the CPU figures below cover (read every 50
+	// ms and after a late tick: from the last reading before the gap to
+	// the first after it); SamplerLateMs the longest delay of the
+	// sampler's own 10 ms tick during the gap: a goroutine that only
+	// sleeps and reads counters, late only when the process got no CPU.
 	SampledMs     float64 `json:"sampled_ms"`
 	SamplerLateMs float64 `json:"sampler_late_ms"`
 	// ProcessCPUMs is the CPU time the process's threads got, and
