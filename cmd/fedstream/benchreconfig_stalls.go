@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/worker/benchmark"
+	wrt "github.com/fedstream/fedstream/worker/runtime"
 )
 
 // `bench reconfig --stalls`: what the process and each task of a run did
@@ -53,6 +54,7 @@ type stallPoint struct {
 	in, out uint64
 	blocked int64
 	queue   int
+	gate    wrt.MergeGate
 }
 
 type stallSample struct {
@@ -139,7 +141,7 @@ func (s *stallSampler) sample() {
 			if st.Query != s.r.name {
 				continue
 			}
-			p.tasks[st.TaskID] = stallPoint{in: st.InTuples, out: st.OutTuples, blocked: st.BlockedNanos, queue: st.Queue}
+			p.tasks[st.TaskID] = stallPoint{in: st.InTuples, out: st.OutTuples, blocked: st.BlockedNanos, queue: st.Queue, gate: st.Gate}
 		}
 	}
 	s.mu.Lock()
@@ -315,11 +317,22 @@ func (s *stallSampler) describe(from, to time.Duration) benchmark.ReconfigStall 
 		if z.at-flatFrom > bestTo-bestFrom {
 			bestFrom, bestTo = flatFrom, z.at
 		}
-		st.Tasks = append(st.Tasks, benchmark.ReconfigStallTask{
+		tk := benchmark.ReconfigStallTask{
 			Task: id, FlatFromMs: stallMs(bestFrom), FlatMs: stallMs(bestTo - bestFrom),
 			BlockedMs: stallMs(time.Duration(z.tasks[id].blocked - a.tasks[id].blocked)),
 			QueueMax:  maxQueue(pts, id),
-		})
+		}
+		// A merging task: the widest spread of its inputs' boundaries
+		// during the gap, and the input lowest then (holding the release
+		// back).
+		for _, p := range s.points[lo:hi] {
+			g := p.tasks[id].gate
+			if g.Highest > g.Lowest && stallMs(time.Duration(g.Highest-g.Lowest)) > tk.GateSpreadMs {
+				tk.GateSpreadMs = stallMs(time.Duration(g.Highest - g.Lowest))
+				tk.GateInput = fmt.Sprintf("port %d, upstream partition %d", g.Port, g.UpPartition)
+			}
+		}
+		st.Tasks = append(st.Tasks, tk)
 	}
 	sort.Slice(st.Tasks, func(i, j int) bool { return st.Tasks[i].Task < st.Tasks[j].Task })
 	return st

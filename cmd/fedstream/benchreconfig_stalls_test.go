@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/worker/benchmark"
+	wrt "github.com/fedstream/fedstream/worker/runtime"
 )
 
 // TestStallsTellStarvationFromAStoppedStage: a gap at the sink during
@@ -19,12 +20,17 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 	var src, flag, sink uint64
 	for at := time.Duration(0); at <= 400*ms; at += stallTick {
 		src += 75
+		// Partition 3's boundaries stop at 100 ms while partition 0's
+		// go on: flag waits for partition 3.
+		gate := wrt.MergeGate{Lowest: int64(at), Highest: int64(at), UpPartition: 0}
 		if at < 100*ms || at >= 300*ms {
 			flag += 75
 			sink += 75
+		} else {
+			gate = wrt.MergeGate{Lowest: int64(100 * ms), Highest: int64(at), UpPartition: 3}
 		}
 		s.points = append(s.points, stallSample{at: at, proc: true, run: int64(at / 2), wait: int64(at / 10), idle: int64(at / (10 * ms)),
-			tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}, "q/flag/p0/r0": {out: flag, queue: int(src - flag)}, "q/alerts/p0/r0": {in: sink}}})
+			tasks: map[string]stallPoint{"q/ward/p0/r0": {out: src}, "q/flag/p0/r0": {out: flag, queue: int(src - flag), gate: gate}, "q/alerts/p0/r0": {in: sink}}})
 	}
 	recv := []benchmark.ReconfigRecord{{At: 95 * ms}, {At: 101 * ms}, {At: 305 * ms}, {At: 310 * ms}}
 	got := s.stalls(recv)
@@ -39,8 +45,8 @@ func TestStallsTellStarvationFromAStoppedStage(t *testing.T) {
 	for _, tk := range st.Tasks {
 		byTask[tk.Task] = tk
 	}
-	if f := byTask["q/flag/p0/r0"]; f.FlatFromMs != 90 || f.FlatMs != 200 || f.QueueMax < 1000 {
-		t.Fatalf("flag %+v: flat from 90 ms for 200 ms expected", f)
+	if f := byTask["q/flag/p0/r0"]; f.FlatFromMs != 90 || f.FlatMs != 200 || f.QueueMax < 1000 || f.GateSpreadMs != 190 || f.GateInput != "port 0, upstream partition 3" {
+		t.Fatalf("flag %+v: flat from 90 ms for 200 ms, waiting for partition 3 up to 190 ms behind, expected", f)
 	}
 	if w := byTask["q/ward/p0/r0"]; w.FlatMs != 0 {
 		t.Fatalf("the source emitted all along, got %+v", w)

@@ -252,14 +252,19 @@ type ReconfigStall struct {
 
 // ReconfigStallTask is one task during a stall: its longest stretch
 // without emitting a tuple (a sink: without taking one) and when it
-// began, the time it was blocked on a full output and its largest input
-// queue.
+// began, the time it was blocked on a full output, its largest input
+// queue and, merging several inputs, the one it waited for.
 type ReconfigStallTask struct {
 	Task       string  `json:"task"`
 	FlatFromMs float64 `json:"flat_from_ms"`
 	FlatMs     float64 `json:"flat_ms"`
 	BlockedMs  float64 `json:"blocked_ms"`
 	QueueMax   int     `json:"queue_max"`
+	// GateSpreadMs (a merging task) is the widest spread, in stream
+	// time, between its inputs' latest boundaries during the gap, and
+	// GateInput the input then lowest: the one the release waited for.
+	GateSpreadMs float64 `json:"gate_spread_ms,omitempty"`
+	GateInput    string  `json:"gate_input,omitempty"`
 }
 
 // ReconfigBucket is 100 ms of sink results.
