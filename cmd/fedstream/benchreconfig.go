@@ -30,6 +30,8 @@ func newBenchReconfigCmd() *cobra.Command {
 		inProc   bool
 		buckets  bool
 		traceOut string
+		stalls   bool
+		stallTr  string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -64,6 +66,7 @@ do, without Raft or assignment watches.`,
 			cfg := benchmark.ReconfigConfig{
 				Sources: sources, Rate: rate, Updates: updates, Spacing: spacing,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
+				Stalls: stalls || stallTr != "", StallTrace: stallTr,
 			}
 			var (
 				res *benchmark.ReconfigResult
@@ -114,6 +117,16 @@ do, without Raft or assignment watches.`,
 				if s.r.LongestGapMs > 0 {
 					fmt.Fprintf(w, "%-9s longest time without a result around an update: %.1f ms\n", "", s.r.LongestGapMs)
 				}
+				if stalls || stallTr != "" {
+					starved, longest := 0, 0.0
+					for _, st := range s.r.Stalls {
+						longest = max(longest, st.GapMs)
+						if st.Starved {
+							starved++
+						}
+					}
+					fmt.Fprintf(w, "%-9s gaps of 100 ms or more at the sink: %d (longest %.1f ms), %d of them with the process starved of CPU\n", "", len(s.r.Stalls), longest, starved)
+				}
 			}
 			if res.OverheadBasis != "" {
 				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
@@ -132,6 +145,8 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().DurationVar(&spacing, "spacing", 0, "time between two updates (default 3s in an org, 1.5s in process)")
 	cmd.Flags().BoolVar(&buckets, "buckets", false, "with --json: include the 100 ms buckets (results and p99 latency) of both strategies")
 	cmd.Flags().StringVar(&traceOut, "trace", "", "write an execution trace (with CPU samples) of the first live update, from 0.5 s before it to 1 s after, to this file (go tool trace)")
+	cmd.Flags().BoolVar(&stalls, "stalls", false, "with --json: sample every task and the process every 10 ms and list each gap of 100 ms or more at the sink with what every task and the process did meanwhile (\"stalls\")")
+	cmd.Flags().StringVar(&stallTr, "stall-trace", "", "keep a flight recorder (execution trace) and write, per strategy, the first gap of 100 ms or more at the sink and up to two more during which the process still ran to FILE-live.trace, FILE-live-2.trace, ... (implies --stalls)")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }

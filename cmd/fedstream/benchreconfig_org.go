@@ -363,6 +363,18 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
 		return none, err
 	}
+	var sampler *stallSampler
+	if cfg.Stalls {
+		sctx, stop := context.WithCancel(ctx)
+		file := cfg.StallTrace
+		if file != "" {
+			file = strings.TrimSuffix(file, ".trace") + "-" + strategy + ".trace"
+		}
+		sampler = newStallSampler(r, file)
+		done := make(chan struct{})
+		go func() { defer close(done); sampler.run(sctx) }()
+		defer func() { stop(); <-done }()
+	}
 	first := time.Now()
 	var at []time.Duration
 	var epochs []uint64
@@ -438,6 +450,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		took = append(took, first-pt.committed.Sub(r.start))
 	}
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	if sampler != nil {
+		res.Stalls = sampler.stalls(r.recv)
+	}
 	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
 	for _, e := range epochs {
 		pt := r.plans[e]
@@ -447,6 +462,11 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
 			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
 		}
+		if learned, applied, apply, ok := o.applyTimes(name, e); ok {
+			res.LearnedMs = append(res.LearnedMs, ms(learned.Sub(pt.committed)))
+			res.AppliedMs = append(res.AppliedMs, ms(applied.Sub(pt.committed)))
+			res.ApplyMs = append(res.ApplyMs, ms(apply))
+		}
 	}
 	for _, d := range resumed {
 		res.ResumedMs = append(res.ResumedMs, ms(d))
@@ -455,6 +475,28 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
 	}
 	return res, nil
+}
+
+// applyTimes is when the last worker began and finished handing its
+// tasks epoch e of query (Apply), and the longest such Apply; ok is false
+// when no worker recorded it.
+func (o *reconfigOrg) applyTimes(query string, e uint64) (learned, applied time.Time, apply time.Duration, ok bool) {
+	for _, w := range o.fed.workers {
+		for _, a := range w.Runtime().ReconfigApplies() {
+			if a.Query != query || a.Epoch != e {
+				continue
+			}
+			ok = true
+			if a.Began.After(learned) {
+				learned = a.Began
+			}
+			if a.Done.After(applied) {
+				applied = a.Done
+			}
+			apply = max(apply, a.Done.Sub(a.Began))
+		}
+	}
+	return learned, applied, apply, ok
 }
 
 // firstOfEpoch is when the first result of epoch e or newer arrived at

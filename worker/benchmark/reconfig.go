@@ -108,6 +108,12 @@ type ReconfigConfig struct {
 	// about a second after it (the org benchmark's --trace: an
 	// execution trace of the update).
 	Around func(lead time.Duration) (end func())
+	// Stalls (org runs) samples every task and the process every 10 ms
+	// and reports each gap of 100 ms or more at the sink
+	// (StrategyResult.Stalls); StallTrace, when set, also keeps a flight
+	// recorder and writes the first such gap's execution trace there.
+	Stalls     bool
+	StallTrace string
 }
 
 // Defaults fills the zero fields with their defaults.
@@ -180,6 +186,14 @@ type StrategyResult struct {
 	// before the Raft write recording the last of them (SwitchedMs is
 	// when that write was applied).
 	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
+	// LearnedMs and AppliedMs (in an org), per update: from the plan's
+	// commit in Raft until the last worker began, and finished, handing
+	// its tasks the plan (Apply: the configuration parsed, the changed
+	// versions built, installed in the idle tasks); ApplyMs is the
+	// longest such Apply.
+	LearnedMs []float64 `json:"learned_ms,omitempty"`
+	AppliedMs []float64 `json:"applied_ms,omitempty"`
+	ApplyMs   []float64 `json:"apply_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
 	// reached the sink: the sources paused, the stream drained, the
@@ -197,6 +211,60 @@ type StrategyResult struct {
 	Mixed       int              `json:"mixed_version_tuples"`
 	LostOrDup   int              `json:"lost_or_duplicated"`
 	Paths       map[string]int   `json:"paths"`
+	// Stalls (org runs with --stalls) are the gaps of 100 ms or more
+	// between two sink arrivals over the whole run, each with what the
+	// process and every task did meanwhile.
+	Stalls []ReconfigStall `json:"stalls,omitempty"`
+}
+
+// ReconfigStall is a gap at the sink and what happened during it, from
+// samples every 10 ms (times in ms since the run's start).
+type ReconfigStall struct {
+	AtMs  float64 `json:"at_ms"`
+	GapMs float64 `json:"gap_ms"`
+	// SampledMs is the time the CPU figures below cover (read every 50
+	// ms and after a late tick: from the last reading before the gap to
+	// the first after it); SamplerLateMs the longest delay of the
+	// sampler's own 10 ms tick during the gap: a goroutine that only
+	// sleeps and reads counters, late only when the process got no CPU.
+	SampledMs     float64 `json:"sampled_ms"`
+	SamplerLateMs float64 `json:"sampler_late_ms"`
+	// ProcessCPUMs is the CPU time the process's threads got, and
+	// RunQueueWaitMs the time they were runnable but waiting for a CPU
+	// (summed over threads; schedstat); MachineIdleMs and MachineStealMs
+	// the idle time of all CPUs and the time the hypervisor ran something
+	// else on them.
+	ProcessCPUMs   float64 `json:"process_cpu_ms"`
+	RunQueueWaitMs float64 `json:"run_queue_wait_ms"`
+	MachineIdleMs  float64 `json:"machine_idle_ms"`
+	MachineStealMs float64 `json:"machine_steal_ms"`
+	// GCCycles is the number of garbage collections the process
+	// completed meanwhile.
+	GCCycles int `json:"gc_cycles"`
+	// Starved: the process waited for a CPU (its sampler late by half
+	// the gap or more, or on average two of its threads runnable but
+	// waiting the whole time while the machine had no idle time to speak
+	// of), rather than a stage of the stream waiting on another.
+	Starved bool                `json:"starved"`
+	Tasks   []ReconfigStallTask `json:"tasks,omitempty"`
+	Note    string              `json:"note,omitempty"`
+}
+
+// ReconfigStallTask is one task during a stall: its longest stretch
+// without emitting a tuple (a sink: without taking one) and when it
+// began, the time it was blocked on a full output, its largest input
+// queue and, merging several inputs, the one it waited for.
+type ReconfigStallTask struct {
+	Task       string  `json:"task"`
+	FlatFromMs float64 `json:"flat_from_ms"`
+	FlatMs     float64 `json:"flat_ms"`
+	BlockedMs  float64 `json:"blocked_ms"`
+	QueueMax   int     `json:"queue_max"`
+	// GateSpreadMs (a merging task) is the widest spread, in stream
+	// time, between its inputs' latest boundaries during the gap, and
+	// GateInput the input then lowest: the one the release waited for.
+	GateSpreadMs float64 `json:"gate_spread_ms,omitempty"`
+	GateInput    string  `json:"gate_input,omitempty"`
 }
 
 // ReconfigBucket is 100 ms of sink results.

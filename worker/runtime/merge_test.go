@@ -128,3 +128,23 @@ type ownedBatch struct {
 	owner  *testOwner
 	tuples []tuple.Tuple
 }
+
+// TestMergeGateNamesTheLaggingInput: a merge's gate (TaskStats.Gate) is
+// the input with the lowest latest boundary, the one its release waits
+// for, and the spread up to the highest.
+func TestMergeGateNamesTheLaggingInput(t *testing.T) {
+	m := newMerger(1 << 20)
+	for i := range 3 {
+		m.addInput(0, i)
+	}
+	for i, b := range []int64{50, 20, 80} {
+		batch := []tuple.Tuple{{Type: tuple.Stable, ID: 1, STime: b - 1}, {Type: tuple.Boundary, ID: 2, STime: b}}
+		if err := m.add(context.Background(), i, batch, nil, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, g := m.pendingTuples()
+	if n != 3 || g.Lowest != 20 || g.Highest != 80 || g.UpPartition != 1 || g.Port != 0 {
+		t.Fatalf("pending %d, gate %+v: want 3 pending, upstream partition 1 lowest at 20, highest 80", n, g)
+	}
+}

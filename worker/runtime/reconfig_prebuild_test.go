@@ -16,6 +16,8 @@ import (
 // task's producer built an operator, and each took every prebuilt one.
 // The tasks of a runtime share one parse of the epoch's configuration.
 // The upgrade still completes with no mixed, lost or duplicated tuple.
+// Each runtime records when its Apply handed the tasks the epoch
+// (ReconfigApplies), once.
 func TestReconfigVersionsBuiltOffTheProducer(t *testing.T) {
 	const limit = 3000
 	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), "static")
@@ -49,6 +51,14 @@ func TestReconfigVersionsBuiltOffTheProducer(t *testing.T) {
 		}
 	}
 	r.switchAll(100 * time.Millisecond)
+	// Each runtime timed the one Apply that handed its tasks epoch 1,
+	// and none of the later ones (the switch, a phase of the same epoch).
+	for i, w := range r.c.workers {
+		as := w.rt.ReconfigApplies()
+		if len(as) != 1 || as[0].Query != "rc" || as[0].Epoch != 1 || as[0].Began.IsZero() || as[0].Done.Before(as[0].Began) {
+			t.Errorf("worker %d: reconfiguration applies %+v, want one of epoch 1 of rc", i, as)
+		}
+	}
 	r.waitLevel(1)
 	r.complete()
 	<-done

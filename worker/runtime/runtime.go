@@ -459,6 +459,9 @@ type Runtime struct {
 	progress chan struct{}
 	// applying counts the Apply calls under way (ReconfigSettling).
 	applying atomic.Int32
+	// rcApplies times the Apply calls that handed tasks a new
+	// reconfiguration epoch (ReconfigApplies).
+	rcApplies reconfigApplies
 
 	// The stall watchdog (see watch) runs until stopWatch closes.
 	stopWatch chan struct{}
@@ -561,7 +564,17 @@ func (r *Runtime) Server() fedstreampb.DataPlaneServer { return dpServer{r.serve
 // is kept in StateFailed with the reason.
 func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 	r.applying.Add(1)
+	began := time.Now()
+	// handed is the newest reconfiguration epoch of each query this
+	// Apply hands its running tasks.
+	var handed map[string]uint64
 	defer func() {
+		if handed != nil {
+			done := time.Now()
+			for q, e := range handed {
+				r.rcApplies.note(q, e, began, done)
+			}
+		}
 		r.applying.Add(-1)
 		// A report held while the tasks were handed a plan
 		// (ReconfigSettling) goes now.
@@ -613,6 +626,12 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t.updatePlacements(spec.Placements)
 			t.setSlotMaps(spec.SlotMaps)
 			t.setReconfig(spec.Reconfig, spec.MarkersExpected)
+			if rc := spec.Reconfig; rc != nil && rc.Latest() > 0 {
+				if handed == nil {
+					handed = map[string]uint64{}
+				}
+				handed[spec.Query] = max(handed[spec.Query], rc.Latest())
+			}
 			t.inMove.Store(spec.InMove)
 			continue
 		}

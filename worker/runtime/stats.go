@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -26,8 +27,10 @@ type TaskStats struct {
 	// the operators, drawing records), without the time blocked on a full
 	// output buffer, which BlockedNanos counts.
 	BusyNanos, BlockedNanos int64
-	// Queue is the number of data tuples received and not yet processed.
+	// Queue is the number of data tuples received and not yet processed;
+	// Gate (a task that merges its inputs) where its release stands.
 	Queue int
+	Gate  MergeGate
 	// OutputBytes is what the task's output buffers hold; Unacked the
 	// tuples of its output streams some downstream has not acknowledged
 	// yet (a sink's result ring is not counted: nobody acknowledges it).
@@ -145,15 +148,37 @@ func (in *input) countSwitch(pl Placement) {
 	}
 }
 
-// pendingTuples is the number of data tuples queued in the merge.
-func (m *merger) pendingTuples() int {
+// pendingTuples is the number of data tuples queued in the merge, and
+// its inputs' boundaries: the lowest one (the input holding the release
+// back, by port and upstream partition) and the highest.
+func (m *merger) pendingTuples() (n int, gate MergeGate) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	n := 0
+	gate.Lowest, gate.Highest = math.MaxInt64, math.MinInt64
 	for _, in := range m.inputs {
 		n += in.pending
+		if in.boundary < gate.Lowest {
+			gate.Lowest, gate.Port, gate.UpPartition = in.boundary, in.port, in.upPartition
+		}
+		gate.Highest = max(gate.Highest, in.boundary)
 	}
-	return n
+	if len(m.inputs) == 0 {
+		return n, MergeGate{}
+	}
+	gate.Released = m.released
+	return n, gate
+}
+
+// MergeGate is where a merging task's release stands: the merge releases
+// in stream-time order up to the lowest boundary its inputs have all
+// passed, so the input with the lowest boundary holds back what the
+// others delivered above it.
+type MergeGate struct {
+	// Released is the watermark of the last release; Lowest the lowest
+	// latest boundary of an input (stream time, ns), that of input Port
+	// from upstream partition UpPartition; Highest the highest.
+	Released, Lowest, Highest int64
+	Port, UpPartition         int
 }
 
 // stats reads the task's figures. It takes each output buffer's lock
@@ -162,7 +187,7 @@ func (t *task) stats() TaskStats {
 	st := TaskStats{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment, Generation: t.spec.Generation,
 		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load(), BusyNanos: t.counters.busy.Load()}
 	if t.merge != nil {
-		st.Queue = t.merge.pendingTuples()
+		st.Queue, st.Gate = t.merge.pendingTuples()
 	}
 	ring := t.node != nil && t.node.Kind == queryspec.KindSink
 	// A rescale adds outputs and inputs while the task runs (under outMu
