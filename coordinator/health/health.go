@@ -170,6 +170,9 @@ const (
 	SymQueueSkew    = "queue_skew"
 	SymIdle         = "idle_capacity"
 	SymBelowSLO     = "throughput_below_slo"
+	// SymAboveSLO: a generator source sends more than the throughput SLO
+	// needs, by at least one partition (see SourceDown).
+	SymAboveSLO = "throughput_above_slo"
 )
 
 // Symptoms are what the detectors found on one fragment.
@@ -238,8 +241,10 @@ var Resolvers = map[string][]string{
 	DiagUnderProvisioned: {ActScaleUp, ActOffload},
 	DiagSlowInstance:     {ActMove, ActScaleUp},
 	DiagDataSkew:         {ActRebalanceSlots, ActScaleUp},
-	DiagOverProvisioned:  {ActScaleDown},
-	DiagSLOViolated:      {ActScaleUp, ActScaleSources, ActOffload},
+	// A keyed operator scales down, a generator source sending more than
+	// the SLO needs gives up partitions (scale_sources, down).
+	DiagOverProvisioned: {ActScaleDown, ActScaleSources},
+	DiagSLOViolated:     {ActScaleUp, ActScaleSources, ActOffload},
 }
 
 // mean returns the mean of f over xs (0 for none).
@@ -508,6 +513,20 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 			belowSLO, why = true, fmt.Sprintf("throughput %.0f/s below the SLO %.0f/s", last, q.SLO)
 		}
 	}
+	// A source sending more than the SLO needs: only when the whole
+	// window met the SLO with room to spare and, below, nothing is
+	// backlogged (the same guards as idle capacity).
+	if q.SLO > 0 && !backlog && !belowSLO {
+		for i := range q.Fragments {
+			f := &q.Fragments[i]
+			if !f.Source || !enough(f) {
+				continue
+			}
+			if from, to, why, ok := SourceDown(q, f, c); ok {
+				get(f.Name).add(SymAboveSLO, fmt.Sprintf("%s: %d partitions would do where %d run (%s)", f.Name, to, from, why))
+			}
+		}
+	}
 	// Nor while the SLO is missed.
 	if backlog || belowSLO {
 		for _, s := range byFrag {
@@ -597,6 +616,9 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 		case pressure:
 			d.Name = DiagUnderProvisioned
 		case s.Has(SymIdle) && q.Fragment(s.Fragment) != nil && q.Fragment(s.Fragment).Scalable:
+			d.Name = DiagOverProvisioned
+		case s.Has(SymAboveSLO):
+			// A generator source sending more than the SLO needs.
 			d.Name = DiagOverProvisioned
 		default:
 			continue
