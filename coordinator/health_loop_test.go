@@ -336,3 +336,50 @@ func TestHealthBlacklistRecovers(t *testing.T) {
 		t.Fatalf("pair record %+v, want (per_line, slow_instance, move) blacklisted", r)
 	}
 }
+
+// TestHealthNoScaleDownSoonAfterScaleUp: the loop's resolver filter
+// refuses a scale-down (of an operator, or of a source's partitions) of a
+// fragment scaled up less than ten settling times ago, from the action
+// log in Raft; other fragments, other actions and a scale-up older than
+// that are not held back.
+func TestHealthNoScaleDownSoonAfterScaleUp(t *testing.T) {
+	t.Parallel()
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	defer c.shutdown()
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, a := range []fsm.HealthAction{
+		{ID: "up", Query: "hq", Fragment: "per_line", Diagnosis: health.DiagUnderProvisioned, Action: health.ActScaleUp, FromParallelism: 1, ToParallelism: 3, AtMs: now.Add(-20 * time.Second).UnixMilli(), Outcome: fsm.HealthPending},
+		{ID: "src", Query: "hq", Fragment: "text", Diagnosis: health.DiagSLOViolated, Action: health.ActScaleSources, FromParallelism: 1, ToParallelism: 3, AtMs: now.Add(-25 * time.Second).UnixMilli(), Outcome: fsm.HealthPending},
+	} {
+		res, err := s.apply(ctxT(t, 10*time.Second), fsm.HealthLogType, fsm.HealthLogRequest{Action: a})
+		if err == nil {
+			err = res.Err
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := s.newHealthLoop(HealthConfig{Settle: 3 * time.Second})
+	for _, tc := range []struct {
+		at         time.Time
+		frag, diag string
+		act        string
+		ok         bool
+	}{
+		{now, "per_line", health.DiagOverProvisioned, health.ActScaleDown, false},
+		{now, "text", health.DiagOverProvisioned, health.ActScaleSources, false},
+		{now, "per_line", health.DiagUnderProvisioned, health.ActScaleUp, true},
+		{now.Add(11 * time.Second), "per_line", health.DiagOverProvisioned, health.ActScaleDown, true}, // 31 s after it: ten settling times passed
+		{now.Add(11 * time.Second), "text", health.DiagOverProvisioned, health.ActScaleSources, true},
+	} {
+		ok, why := l.allowed("hq", tc.at)(tc.frag, tc.diag, tc.act)
+		if ok != tc.ok || !ok && !strings.Contains(why, "no scale-down so soon after a scale-up") {
+			t.Errorf("%s %s/%s at +%s: allowed %v (%s), want %v", tc.frag, tc.diag, tc.act, tc.at.Sub(now), ok, why, tc.ok)
+		}
+	}
+}
