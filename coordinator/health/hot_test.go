@@ -155,3 +155,24 @@ func TestHotPartitionIsNoSlowInstance(t *testing.T) {
 		}
 	}
 }
+
+// TestEvaluateDataSkew: a data-skew repair is judged by the hot partition,
+// not by the backlog alone: a hot partition has none to begin with.
+func TestEvaluateDataSkew(t *testing.T) {
+	c := DefaultConfig()
+	before := Metrics{Throughput: 1900}
+	still := Metrics{Throughput: 1900, Instances: []InstanceMeans{
+		{Partition: 0, InRate: 465, Busy: 0.93}, {Partition: 1, InRate: 463, Busy: 0.93}, {Partition: 2, InRate: 500, Busy: 0.99}, {Partition: 3, InRate: 466, Busy: 0.93}}}
+	if ok, why := Evaluate(ActRebalanceSlots, DiagDataSkew, before, still, 0, c); ok {
+		t.Fatalf("rebalance leaving partition 2 hot judged improved: %s", why)
+	}
+	even := Metrics{Throughput: 1900, Instances: []InstanceMeans{
+		{Partition: 0, InRate: 475, Busy: 0.95}, {Partition: 1, InRate: 474, Busy: 0.95}, {Partition: 2, InRate: 477, Busy: 0.96}, {Partition: 3, InRate: 474, Busy: 0.95}}}
+	if ok, why := Evaluate(ActRebalanceSlots, DiagDataSkew, before, even, 0, c); !ok {
+		t.Fatalf("rebalance evening the partitions judged a failure: %s", why)
+	}
+	// Other diagnoses are judged as before: a calm window is improvement.
+	if ok, _ := Evaluate(ActMove, DiagSlowInstance, before, still, 0, c); !ok {
+		t.Fatal("a move judged by the hot-partition rule")
+	}
+}

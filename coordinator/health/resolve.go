@@ -526,6 +526,17 @@ func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Co
 	if diagnosis == DiagSLOViolated && slo > 0 {
 		calm = after.Throughput >= slo*(1-c.SLOMargin)
 	}
+	if diagnosis == DiagDataSkew {
+		// A hot partition needs no backlog to be diagnosed, so the
+		// absence of one says nothing: the repair worked when no
+		// partition is left saturated ahead of the others. Otherwise a
+		// rebalance that moved too little would be judged improved and
+		// taken again at every settling time.
+		if p, hot := hotMeans(after.Instances, c); hot {
+			return false, fmt.Sprintf("partition %d still hot: %.0f tuples/s at %.0f%% busy; throughput %.0f/s (was %.0f/s)",
+				p.Partition, p.InRate, p.Busy*100, after.Throughput, before.Throughput)
+		}
+	}
 	switch {
 	case calm:
 		return true, fmt.Sprintf("symptom gone: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
@@ -535,6 +546,25 @@ func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Co
 	}
 	return false, fmt.Sprintf("symptom still there: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
 		after.UpBlockedMs, before.UpBlockedMs, after.Queue, before.Queue, after.Throughput, before.Throughput)
+}
+
+// hotMeans applies the hot-partition rule (see Config.SaturatedBusy) to
+// per-partition window means: the fastest partition saturated and above
+// SimilarRatio times the others' median rate.
+func hotMeans(ins []InstanceMeans, c Config) (InstanceMeans, bool) {
+	if len(ins) < 2 || c.SaturatedBusy <= 0 {
+		return InstanceMeans{}, false
+	}
+	rates := map[int]float64{}
+	byP := map[int]InstanceMeans{}
+	for _, i := range ins {
+		rates[i.Partition], byP[i.Partition] = i.InRate, i
+	}
+	p := outlier(rates, c.SimilarRatio, 0)
+	if p < 0 || byP[p].Busy < c.SaturatedBusy {
+		return InstanceMeans{}, false
+	}
+	return byP[p], true
 }
 
 // Outcome values of an action in the log.
