@@ -566,8 +566,9 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 }
 
 // hotPartition returns the partition of f that is saturated and faster
-// than the others over the window (see Config.SaturatedBusy), or -1. A
-// slow instance is never one: it runs at the others' pace or slower.
+// than the others over the window (see Config.SaturatedBusy), its queue
+// not shrinking, or -1. A slow instance is never one: it runs at the
+// others' pace or slower.
 // Under backpressure every partition is held to what the slowest takes,
 // so only the hot one's extra share of the keys shows, by a few percent:
 // for 10% more keys than each other partition, at 95% load, the hot
@@ -584,6 +585,14 @@ func hotPartition(f *Fragment, win []Sample, c Config) (int, string) {
 	}
 	busy := perPartition(f, win, func(i Instance) float64 { return i.Busy })
 	if busy[p] < c.SaturatedBusy {
+		return -1, ""
+	}
+	// A partition working off a backlog (left by a burst or a load that
+	// just dropped) runs saturated and faster than the others until it
+	// has caught up: its queue shrinks. A hot one's holds or grows.
+	half := len(win) / 2
+	q := func(ss []Sample) float64 { return mean(ss, func(s Sample) float64 { return partitionQueue(s, p) }) }
+	if q(win[half:]) < q(win[:half]) {
 		return -1, ""
 	}
 	var others []float64

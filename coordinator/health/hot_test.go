@@ -113,37 +113,47 @@ func TestHotPartitionRecorded(t *testing.T) {
 // TestHotPartitionIsNoSlowInstance: a saturated partition at the others'
 // rate or below (a slow instance, before and after its upstream blocks)
 // is no hot partition; nor is a partition faster than the others that
-// has time to spare; nor are partitions all saturated at similar rates.
+// has time to spare, nor partitions all saturated at similar rates, nor
+// one catching up with a backlog (its queue shrinking).
 func TestHotPartitionIsNoSlowInstance(t *testing.T) {
 	c := DefaultConfig()
-	mod := func(f func(p int, in *Instance)) *Query {
+	mod := func(f func(k, p int, in *Instance)) *Query {
 		q := recorded(skew10[:10], []int{0, 1, 2, 3})
 		for k := range q.Fragments[1].Samples {
 			for i := range q.Fragments[1].Samples[k].Instances {
 				in := &q.Fragments[1].Samples[k].Instances[i]
-				f(in.Partition, in)
+				f(k, in.Partition, in)
 			}
 		}
 		return q
 	}
 	cases := map[string]*Query{
-		"slow partition at 400/s, saturated": mod(func(p int, in *Instance) {
+		"slow partition at 400/s, saturated": mod(func(_, p int, in *Instance) {
 			if p == 2 {
 				in.InRate, in.Busy = 400, 1
 			}
 		}),
-		"slow partition held to the others' pace": mod(func(p int, in *Instance) {
+		"slow partition held to the others' pace": mod(func(_, p int, in *Instance) {
 			if p == 2 {
 				in.InRate, in.Busy = 465, 1
 			}
 		}),
-		"faster partition with time to spare": mod(func(p int, in *Instance) {
+		"faster partition with time to spare": mod(func(_, p int, in *Instance) {
 			if p == 2 {
 				in.Busy = 0.9
 			}
 		}),
-		"all saturated, similar rates": mod(func(p int, in *Instance) {
+		"all saturated, similar rates": mod(func(_, p int, in *Instance) {
 			in.InRate, in.Busy = 500+float64(p), 1
+		}),
+		// Recorded in `bench scaling`'s load change before this rule: when
+		// the load dropped 20%, the splitter partition with the most
+		// backlog worked it off at full speed while the others idled, and
+		// was taken for a hot one (and scaled up).
+		"catching up with a backlog": mod(func(k, p int, in *Instance) {
+			if p == 2 {
+				in.Queue = 5000 - 400*float64(k)
+			}
 		}),
 	}
 	for name, q := range cases {
