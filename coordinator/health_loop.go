@@ -338,6 +338,7 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 // coordinator cannot carry out are skipped.
 func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 	bl := l.blacklist(query)
+	scalings := l.scalings(query)
 	away := l.awayTask(query)
 	var sources []string
 	if q, err := l.s.State().Query(nil, query); err == nil && q != nil {
@@ -359,6 +360,14 @@ func (l *healthLoop) allowed(query string, now time.Time) health.Allowed {
 				if r := bl.For(health.Pair{Query: query, Fragment: src, Diagnosis: diag, Action: act}); r.Blacklisted {
 					return false, fmt.Sprintf("blacklisted on %s (%d of %d evaluated actions failed)", src, r.Failed, r.Evaluated)
 				}
+			}
+		}
+		if diag == health.DiagOverProvisioned {
+			// No scale-down (of an operator, or of a source's
+			// partitions) soon after a scale-up of the same fragment.
+			gap := upDownGap * l.cfg.Settle
+			if at, ok := health.RecentScaleUp(scalings, frag, now, gap); ok {
+				return false, fmt.Sprintf("%s was scaled up at %s, less than %s ago: no scale-down so soon after a scale-up", frag, at.UTC().Format(time.TimeOnly), gap)
 			}
 		}
 		switch act {
@@ -436,6 +445,29 @@ func (l *healthLoop) fits(query, fragment string, from, to int) (bool, string) {
 		}
 	}
 	return true, ""
+}
+
+// upDownGap is how many settling times must pass after a scale-up of a
+// fragment before the loop scales it down.
+const upDownGap = 10
+
+// scalings returns the logged actions of query's current definition in
+// the form the scale-down guard reads.
+func (l *healthLoop) scalings(query string) []health.Scaling {
+	st := l.s.State()
+	acts, _ := st.HealthActions(nil, query)
+	var from uint64
+	if q, err := st.Query(nil, query); err == nil && q != nil {
+		from = q.CreateIndex
+	}
+	var out []health.Scaling
+	for _, a := range acts {
+		if a.CreateIndex < from {
+			continue
+		}
+		out = append(out, health.Scaling{Fragment: a.Fragment, At: time.UnixMilli(a.AtMs), From: a.FromParallelism, To: a.ToParallelism, Outcome: a.Outcome})
+	}
+	return out
 }
 
 // blacklist evaluates the query's pairs from the action log.

@@ -247,3 +247,139 @@ func TestHealthMovesASlowInstance(t *testing.T) {
 		t.Fatalf("task after the move: worker %s moving from %s generation %d, want a new worker, moving from %s, generation 2", tk.WorkerID, tk.MovingFrom, tk.Gen(), from)
 	}
 }
+
+// TestHealthBlacklistRecovers: a partition is slow because of its data
+// (its keys cost more), not its worker, so the first repair of the slow
+// instance diagnosis, moving it to another worker, cannot help: after its
+// settling time the move is judged not_improved, the pair (per_line,
+// slow_instance, move) is blacklisted in the log, and the next step takes
+// the diagnosis's next resolver, a DS2 scale-up of the aggregate, and
+// never moves it again.
+func TestHealthBlacklistRecovers(t *testing.T) {
+	t.Parallel()
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 2
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.Health = HealthConfig{Interval: 100 * time.Millisecond, Settle: 2 * time.Second, Policy: &p}
+	})
+	defer c.shutdown()
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	for _, name := range []string{"w1", "w2", "w3"} {
+		c.startWorker(t, 0, name)
+	}
+	// A source of 1000 lines/s: DS2 sizes the aggregate from it.
+	q := strings.Replace(healthTestQuery, `aggregates: {n: "count()"}}`, `aggregates: {n: "count()"}, parallelism: 2}`, 1)
+	q = strings.Replace(q, "rate: 100,", "rate: 1000,", 1)
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(q), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const slow = "hq/per_line/p1/r0"
+	waitFor(t, 30*time.Second, "the tasks placed", func() bool {
+		tk, _ := s.State().Task(nil, slow)
+		return tk != nil && tk.WorkerID != ""
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case now := <-tick.C:
+				// The same figures wherever partition 1 runs: its
+				// slowness follows its data.
+				ms := now.UnixMilli()
+				s.liveStats.put("w-fake", []*pb.TaskStats{
+					{Task: "hq/text/p0/r0", InTps: 670, OutTps: 670, Busy: 0.1, BackpressureMsPerS: 700, ReportedAtMs: ms},
+					{Task: "hq/per_line/p0/r0", InTps: 340, OutTps: 340, Busy: 0.6, Queue: 100, ReportedAtMs: ms},
+					{Task: slow, InTps: 330, OutTps: 330, Busy: 1, Queue: 3000, ReportedAtMs: ms},
+					{Task: "hq/out/p0/r0", InTps: 670, OutTps: 670, Busy: 0.05, ReportedAtMs: ms},
+				}, now)
+			}
+		}
+	}()
+	var move, up *fsm.HealthAction
+	moves := 0
+	waitFor(t, 90*time.Second, "a move judged not improved, then a scale-up", func() bool {
+		move, up, moves = nil, nil, 0
+		for _, a := range healthActions(t, s) {
+			switch {
+			case a.Action == health.ActMove:
+				moves++
+				if move == nil {
+					move = a
+				}
+			case a.Action == health.ActScaleUp && move != nil:
+				up = a
+			}
+		}
+		return up != nil
+	})
+	if move.Diagnosis != health.DiagSlowInstance || move.Outcome != fsm.HealthNotImproved {
+		t.Fatalf("first action %+v, want slow_instance move judged not_improved", move)
+	}
+	if moves != 1 {
+		t.Fatalf("%d moves, want one: the blacklisted pair is not tried again", moves)
+	}
+	if up.Diagnosis != health.DiagSlowInstance || up.Fragment != "per_line" || up.FromParallelism != 2 || up.ToParallelism <= 2 ||
+		!strings.Contains(up.Detail, "move: blacklisted on per_line") {
+		t.Fatalf("next action %+v, want slow_instance scale_up of per_line from 2, the move skipped as blacklisted", up)
+	}
+	l := s.newHealthLoop(s.cfg.Health)
+	if r := l.blacklist("hq").For(health.Pair{Query: "hq", Fragment: "per_line", Diagnosis: health.DiagSlowInstance, Action: health.ActMove}); !r.Blacklisted {
+		t.Fatalf("pair record %+v, want (per_line, slow_instance, move) blacklisted", r)
+	}
+}
+
+// TestHealthNoScaleDownSoonAfterScaleUp: the loop's resolver filter
+// refuses a scale-down (of an operator, or of a source's partitions) of a
+// fragment scaled up less than ten settling times ago, from the action
+// log in Raft; other fragments, other actions and a scale-up older than
+// that are not held back.
+func TestHealthNoScaleDownSoonAfterScaleUp(t *testing.T) {
+	t.Parallel()
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	defer c.shutdown()
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, a := range []fsm.HealthAction{
+		{ID: "up", Query: "hq", Fragment: "per_line", Diagnosis: health.DiagUnderProvisioned, Action: health.ActScaleUp, FromParallelism: 1, ToParallelism: 3, AtMs: now.Add(-20 * time.Second).UnixMilli(), Outcome: fsm.HealthPending},
+		{ID: "src", Query: "hq", Fragment: "text", Diagnosis: health.DiagSLOViolated, Action: health.ActScaleSources, FromParallelism: 1, ToParallelism: 3, AtMs: now.Add(-25 * time.Second).UnixMilli(), Outcome: fsm.HealthPending},
+	} {
+		res, err := s.apply(ctxT(t, 10*time.Second), fsm.HealthLogType, fsm.HealthLogRequest{Action: a})
+		if err == nil {
+			err = res.Err
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := s.newHealthLoop(HealthConfig{Settle: 3 * time.Second})
+	for _, tc := range []struct {
+		at         time.Time
+		frag, diag string
+		act        string
+		ok         bool
+	}{
+		{now, "per_line", health.DiagOverProvisioned, health.ActScaleDown, false},
+		{now, "text", health.DiagOverProvisioned, health.ActScaleSources, false},
+		{now, "per_line", health.DiagUnderProvisioned, health.ActScaleUp, true},
+		{now.Add(11 * time.Second), "per_line", health.DiagOverProvisioned, health.ActScaleDown, true}, // 31 s after it: ten settling times passed
+		{now.Add(11 * time.Second), "text", health.DiagOverProvisioned, health.ActScaleSources, true},
+	} {
+		ok, why := l.allowed("hq", tc.at)(tc.frag, tc.diag, tc.act)
+		if ok != tc.ok || !ok && !strings.Contains(why, "no scale-down so soon after a scale-up") {
+			t.Errorf("%s %s/%s at +%s: allowed %v (%s), want %v", tc.frag, tc.diag, tc.act, tc.at.Sub(now), ok, why, tc.ok)
+		}
+	}
+}

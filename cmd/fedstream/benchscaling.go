@@ -82,7 +82,8 @@ at once in the model):
   load_change  the same converged, then the load drops 20% for 10 minutes and
                rises 30% for 10 minutes (load_change_simulated unless --sim-only)
   diagnoses    a keyed operator of 4 instances at 95% load with one instance slowed
-               by 25/50/100% or receiving 5-50% more keys
+               by 25/50/100% or receiving 5-50% more keys; last, the blacklist
+               recovery below (then: what followed the first action)
   noise        an hour of +-20% noise around 60% of capacity (noise_simulated
                unless --sim-only)
   blacklist_recovery  a slow instance whose slowness follows its data: the move does
@@ -193,6 +194,10 @@ at once in the model):
 				got := d.Diagnosed
 				if got == "" {
 					got = "nothing (no backlog)"
+				}
+				if d.Recovered != nil {
+					fmt.Fprintf(w, "diagnosis:   %-20s -> %s, %s, then %s (recovered: %v)\n", d.Injected, got, d.Action, strings.Join(d.Then, ", "), *d.Recovered)
+					continue
 				}
 				fmt.Fprintf(w, "diagnosis:   %-20s -> %s\n", d.Injected, got)
 			}

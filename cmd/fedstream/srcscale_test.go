@@ -83,38 +83,7 @@ func testSLOScalesTheSource(t *testing.T, replicas int) {
 	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(sloQuery, replicas)), Filename: "slo.yaml"}); err != nil {
 		t.Fatal(err)
 	}
-	type action struct {
-		Fragment        string `json:"fragment"`
-		Diagnosis       string `json:"diagnosis"`
-		Action          string `json:"action"`
-		FromParallelism int    `json:"from_parallelism"`
-		ToParallelism   int    `json:"to_parallelism"`
-		Outcome         string `json:"outcome"`
-		OutcomeDetail   string `json:"outcome_detail"`
-	}
-	var scaled *action
-	var out string
-	deadline := time.Now().Add(2 * time.Minute)
-	for scaled == nil || scaled.Outcome == "pending" {
-		if time.Now().After(deadline) {
-			t.Fatalf("no evaluated scale_sources action within 2 minutes; health actions:\n%s", out)
-		}
-		time.Sleep(500 * time.Millisecond) // polling the CLI, as a user would
-		out, err = runRoot(t, "health", "actions", "--json", "--query", "slo", "--addr", f.addr, "--tls-dir", fed.tlsDir)
-		if err != nil {
-			t.Fatalf("health actions: %v: %s", err, out)
-		}
-		var acts []action
-		if err := json.Unmarshal([]byte(out), &acts); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		scaled = nil
-		for i := range acts {
-			if acts[i].Action == health.ActScaleSources {
-				scaled = &acts[i]
-			}
-		}
-	}
+	scaled, _ := waitSourceAction(t, f, fed.tlsDir, "slo", health.DiagSLOViolated)
 	if scaled.Fragment != "lines" || scaled.Diagnosis != health.DiagSLOViolated || scaled.FromParallelism != 1 || scaled.ToParallelism != 3 {
 		t.Fatalf("action %+v, want slo_violated -> scale_sources of lines from 1 to 3 partitions", scaled)
 	}
@@ -136,6 +105,134 @@ func testSLOScalesTheSource(t *testing.T, replicas int) {
 	}
 	table, err := runRoot(t, "health", "actions", "--addr", f.addr, "--tls-dir", fed.tlsDir)
 	if err != nil || !strings.Contains(table, "scale_sources") || !strings.Contains(table, "1 -> 3") {
+		t.Fatalf("health actions table: %v\n%s", err, table)
+	}
+	t.Logf("health actions:\n%s", table)
+}
+
+// sourceAction is an entry of `fedstream health actions --json`.
+type sourceAction struct {
+	Fragment        string `json:"fragment"`
+	Diagnosis       string `json:"diagnosis"`
+	Action          string `json:"action"`
+	FromParallelism int    `json:"from_parallelism"`
+	ToParallelism   int    `json:"to_parallelism"`
+	Outcome         string `json:"outcome"`
+	OutcomeDetail   string `json:"outcome_detail"`
+}
+
+// waitSourceAction polls `fedstream health actions --json` for query, as
+// a user would, until a scale_sources action for diagnosis is evaluated
+// (2 minutes at most); it returns that action and every action logged.
+func waitSourceAction(t *testing.T, f *clientFlags, tlsDir, query, diagnosis string) (*sourceAction, []sourceAction) {
+	t.Helper()
+	var scaled *sourceAction
+	var acts []sourceAction
+	var out string
+	deadline := time.Now().Add(2 * time.Minute)
+	for scaled == nil || scaled.Outcome == "pending" {
+		if time.Now().After(deadline) {
+			t.Fatalf("no evaluated scale_sources action for %s within 2 minutes; health actions:\n%s", diagnosis, out)
+		}
+		time.Sleep(500 * time.Millisecond) // polling the CLI, as a user would
+		var err error
+		out, err = runRoot(t, "health", "actions", "--json", "--query", query, "--addr", f.addr, "--tls-dir", tlsDir)
+		if err != nil {
+			t.Fatalf("health actions: %v: %s", err, out)
+		}
+		acts = nil
+		if err := json.Unmarshal([]byte(out), &acts); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		scaled = nil
+		for i := range acts {
+			if acts[i].Action == health.ActScaleSources && acts[i].Diagnosis == diagnosis {
+				scaled = &acts[i]
+			}
+		}
+	}
+	return scaled, acts
+}
+
+// overQuery's source runs 3 partitions of 100 sentences a second (about
+// 300 results a second reach the sink) for an SLO of 120: 2 partitions
+// meet it with room to spare (200/s), 1 would not (100/s).
+const overQuery = `
+name: over
+slo:
+  throughput: 120
+sources:
+  - name: lines
+    parallelism: 3
+    generator: {kind: words, seed: 42, rate: 100}
+operators:
+  - name: per_line
+    type: aggregate
+    input: lines
+    window: {size: 200ms}
+    group_by: [line]
+    aggregates: {n: "count()"}
+sinks:
+  - {name: out, input: per_line}
+`
+
+// TestSLOScalesTheSourceDown: a generator source sending well above its
+// query's SLO (3 partitions where 2 meet it; set so by hand here) is
+// diagnosed over-provisioned and scaled down live, 3 -> 2, judged
+// improved with the SLO still met; `fedstream health actions` shows it,
+// and nothing else is done (no scale-up back, no scale-down to 1).
+func TestSLOScalesTheSourceDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs an org for about 20 s")
+	}
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 2
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	fed, err := startDev(ctx, devOptions{org: "over", coordinators: 1, workers: 2, dataDir: t.TempDir(), noHTTP: true,
+		health: coordinator.HealthConfig{Interval: 500 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}, sensorWindow: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fed.stop()
+	f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
+	if err := fed.waitReady(ctx, f, 2); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := f.dial()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	admin := pb.NewAdminServiceClient(conn)
+	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(overQuery), Filename: "over.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	scaled, acts := waitSourceAction(t, f, fed.tlsDir, "over", health.DiagOverProvisioned)
+	if scaled.Fragment != "lines" || scaled.FromParallelism != 3 || scaled.ToParallelism != 2 {
+		t.Fatalf("action %+v, want over_provisioned -> scale_sources of lines from 3 to 2 partitions", scaled)
+	}
+	if scaled.Outcome != "improved" {
+		t.Fatalf("scale_sources judged %s (%s), want improved: the SLO still met", scaled.Outcome, scaled.OutcomeDetail)
+	}
+	if len(acts) != 1 {
+		t.Fatalf("%d actions, want the scale-down only: %+v", len(acts), acts)
+	}
+	q, err := admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "over"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sources := 0
+	for _, tk := range q.Tasks {
+		if tk.Fragment == "lines" {
+			sources++
+		}
+	}
+	if sources != 2 {
+		t.Fatalf("the source runs %d partitions, want 2", sources)
+	}
+	table, err := runRoot(t, "health", "actions", "--addr", f.addr, "--tls-dir", fed.tlsDir)
+	if err != nil || !strings.Contains(table, "over_provisioned") || !strings.Contains(table, "3 -> 2") {
 		t.Fatalf("health actions table: %v\n%s", err, table)
 	}
 	t.Logf("health actions:\n%s", table)

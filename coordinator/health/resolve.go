@@ -5,6 +5,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 )
 
 // TrueRate is DS2's true processing rate of one instance of f: the tuples
@@ -252,6 +253,18 @@ func fill(q *Query, dec *Decision, act string, demand map[string]float64, c Conf
 			len(moves), moved, dec.Diagnosis.Partition, strings.Join(list, " "), fmtLoads(loads))
 		return true, ""
 	case ActScaleSources:
+		if dec.Diagnosis.Name == DiagOverProvisioned {
+			if !f.Source {
+				return false, "not a source"
+			}
+			from, to, why, ok := SourceDown(q, f, c)
+			if !ok {
+				return false, why
+			}
+			dec.Target, dec.From, dec.To = f.Name, from, to
+			dec.Why = why
+			return true, ""
+		}
 		return sourcesFor(q, dec, c)
 	case ActOffload:
 		// Offloading helps only a fragment that needs more instances than
@@ -360,6 +373,58 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 	return true, ""
 }
 
+// SourceDown sizes a generator source that sends more than the query's
+// throughput SLO needs: from its partitions to the fewest whose share of
+// the lowest throughput of the window still meets the SLO with the SLO
+// margin on top (throughput * to/from >= SLO * (1 + SLOMargin)). The
+// margin keeps the result clear of the point where the SLO counts as
+// missed (SLO * (1 - SLOMargin)), as DownUtil keeps an operator's
+// scale-down clear of its scale-up. ok is false (why says why) unless
+// the source can give up a partition: it must be the query's only source
+// (with several, the share of the throughput each one makes is not
+// known), a generator with a rate per partition that a live rescale can
+// resize, not held back, and every sample of the window must have a
+// throughput.
+func SourceDown(q *Query, f *Fragment, c Config) (from, to int, why string, ok bool) {
+	switch {
+	case q.SLO <= 0:
+		return 0, 0, "no throughput SLO", false
+	case !f.Source || f.SourceRate <= 0 || !f.SourceScalable:
+		return 0, 0, "not a generator source with a rate per partition that can be rescaled", false
+	case f.Parallelism <= 1:
+		return 0, 0, "a single partition", false
+	}
+	for i := range q.Fragments {
+		if o := &q.Fragments[i]; o.Source && o.Name != f.Name {
+			return 0, 0, "the query has several sources: the share of the throughput each makes is not known", false
+		}
+	}
+	if b := mean(f.Samples, blockedMs); b > c.BackpressureMs {
+		return 0, 0, fmt.Sprintf("held back (blocked %.0f ms/s)", b), false
+	}
+	low, n := math.Inf(1), 0
+	for k := 0; ; k++ {
+		tp, ok := Throughput(q, k)
+		if !ok {
+			break
+		}
+		low, n = min(low, tp), n+1
+	}
+	if n < max(c.MinSamples, 1) || low <= 0 {
+		return 0, 0, "no throughput over a full window", false
+	}
+	from = f.Parallelism
+	perPart := low / float64(from)
+	want := q.SLO * (1 + c.SLOMargin)
+	to = Needed(want, perPart, 1, c.MaxParallelism)
+	why = fmt.Sprintf("throughput at least %.0f/s over the window from %d partitions (%.0f/s each) for an SLO of %.0f/s: %d partitions give %.0f/s, above the SLO plus %.0f%%",
+		low, from, perPart, q.SLO, to, perPart*float64(to), c.SLOMargin*100)
+	if to >= from {
+		return from, from, why + ": no fewer than now", false
+	}
+	return from, to, why, true
+}
+
 func sum[T any](xs []T, f func(T) float64) float64 {
 	s := 0.0
 	for _, x := range xs {
@@ -442,6 +507,15 @@ func Measure(q *Query, frag string, c Config) Metrics {
 // down when it brought no pressure back and kept the throughput.
 func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Config) (improved bool, why string) {
 	calm := after.UpBlockedMs <= c.BackpressureMs && after.Queue <= c.QueueHigh && after.UpUnacked <= c.QueueHigh
+	if action == ActScaleSources && diagnosis == DiagOverProvisioned {
+		// A source given fewer partitions lowers the throughput on
+		// purpose: it must still meet the SLO, with nothing backlogged.
+		if calm && after.Throughput >= slo*(1-c.SLOMargin) {
+			return true, fmt.Sprintf("SLO still met: throughput %.0f/s (was %.0f/s) for an SLO of %.0f/s", after.Throughput, before.Throughput, slo)
+		}
+		return false, fmt.Sprintf("SLO missed or backlog after it: throughput %.0f/s (was %.0f/s) for an SLO of %.0f/s, queue %.0f",
+			after.Throughput, before.Throughput, slo, after.Queue)
+	}
 	if action == ActScaleDown {
 		if calm && after.Throughput >= before.Throughput*0.9 {
 			return true, fmt.Sprintf("no backpressure after it, throughput %.0f/s (was %.0f/s)", after.Throughput, before.Throughput)
@@ -452,6 +526,17 @@ func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Co
 	if diagnosis == DiagSLOViolated && slo > 0 {
 		calm = after.Throughput >= slo*(1-c.SLOMargin)
 	}
+	if diagnosis == DiagDataSkew {
+		// A hot partition needs no backlog to be diagnosed, so the
+		// absence of one says nothing: the repair worked when no
+		// partition is left saturated ahead of the others. Otherwise a
+		// rebalance that moved too little would be judged improved and
+		// taken again at every settling time.
+		if p, hot := hotMeans(after.Instances, c); hot {
+			return false, fmt.Sprintf("partition %d still hot: %.0f tuples/s at %.0f%% busy; throughput %.0f/s (was %.0f/s)",
+				p.Partition, p.InRate, p.Busy*100, after.Throughput, before.Throughput)
+		}
+	}
 	switch {
 	case calm:
 		return true, fmt.Sprintf("symptom gone: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
@@ -461,6 +546,25 @@ func Evaluate(action, diagnosis string, before, after Metrics, slo float64, c Co
 	}
 	return false, fmt.Sprintf("symptom still there: upstream blocked %.0f ms/s (was %.0f), queue %.0f (was %.0f), throughput %.0f/s (was %.0f/s)",
 		after.UpBlockedMs, before.UpBlockedMs, after.Queue, before.Queue, after.Throughput, before.Throughput)
+}
+
+// hotMeans applies the hot-partition rule (see Config.SaturatedBusy) to
+// per-partition window means: the fastest partition saturated and above
+// SimilarRatio times the others' median rate.
+func hotMeans(ins []InstanceMeans, c Config) (InstanceMeans, bool) {
+	if len(ins) < 2 || c.SaturatedBusy <= 0 {
+		return InstanceMeans{}, false
+	}
+	rates := map[int]float64{}
+	byP := map[int]InstanceMeans{}
+	for _, i := range ins {
+		rates[i.Partition], byP[i.Partition] = i.InRate, i
+	}
+	p := outlier(rates, c.SimilarRatio, 0)
+	if p < 0 || byP[p].Busy < c.SaturatedBusy {
+		return InstanceMeans{}, false
+	}
+	return byP[p], true
 }
 
 // Outcome values of an action in the log.
@@ -543,4 +647,32 @@ func Blacklist(log []Logged, ratio float64, minEvaluated int) Records {
 		out[p] = r
 	}
 	return out
+}
+
+// Scaling is what the scale-down guard needs of one logged action.
+type Scaling struct {
+	Fragment string
+	At       time.Time
+	From, To int
+	Outcome  string
+}
+
+// RecentScaleUp returns when fragment was last scaled up (more partitions
+// after than before, by any action not failed) less than gap before now.
+// The loop takes no scale-down of a fragment, keyed operator or source,
+// so soon after a scale-up of it: a scale-down right after a scale-up is
+// the oscillation users of autoscalers complain about, and the figures
+// that called for the scale-up are too recent to be outweighed by one
+// window.
+func RecentScaleUp(log []Scaling, fragment string, now time.Time, gap time.Duration) (time.Time, bool) {
+	var last time.Time
+	for _, s := range log {
+		if s.Fragment != fragment || s.To <= s.From || s.Outcome == OutcomeFailed || s.Outcome == OutcomeAlert {
+			continue
+		}
+		if now.Sub(s.At) < gap && s.At.After(last) {
+			last = s.At
+		}
+	}
+	return last, !last.IsZero()
 }

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"math/rand"
+
+	"github.com/fedstream/fedstream/coordinator/health"
 )
 
 // Report is what `fedstream bench scaling --json` prints.
@@ -47,6 +49,12 @@ type Diagnosed struct {
 	Injected  string `json:"injected"`
 	Diagnosed string `json:"diagnosed"`
 	Action    string `json:"action"`
+	// Then and Recovered, for the fault whose first repair cannot work
+	// (the blacklist recovery): what followed the first action
+	// (diagnosis/action:outcome each), and whether its pair was
+	// blacklisted and another repair fixed the fault.
+	Then      []string `json:"then,omitempty"`
+	Recovered *bool    `json:"recovered,omitempty"`
 }
 
 // Recovery reports the blacklist scenario.
@@ -159,7 +167,7 @@ func RunAll(seed int64) Report {
 	}
 	if len(d.Log) >= 2 && d.Log[0].Action == "move" && d.Log[0].Outcome == "not_improved" {
 		for _, e := range d.Log[1:] {
-			if e.Action == "scale_up" {
+			if e.Action == "scale_up" && e.Outcome == health.OutcomeImproved {
 				r.Recovery.Recovered = true
 			}
 			if e.Action == "move" {
@@ -168,5 +176,16 @@ func RunAll(seed int64) Report {
 			}
 		}
 	}
+	// The same run in the diagnoses list: a wrong first repair, its pair
+	// blacklisted, the next one fixing the fault.
+	rec := Diagnosed{Injected: "slow instance 100% in its data (a move cannot cure it)", Recovered: &r.Recovery.Recovered}
+	for i, e := range d.Log {
+		if i == 0 {
+			rec.Diagnosed, rec.Action = e.Diagnosis, e.Action+":"+e.Outcome
+			continue
+		}
+		rec.Then = append(rec.Then, fmt.Sprintf("%s/%s:%s", e.Diagnosis, e.Action, e.Outcome))
+	}
+	r.Diagnoses = append(r.Diagnoses, rec)
 	return r
 }

@@ -29,6 +29,13 @@ func TestScenarios(t *testing.T) {
 		t.Errorf("noise: %d actions over %d s", r.Noise.Actions, r.Noise.SimulatedS)
 	}
 	for _, d := range r.Diagnoses {
+		if d.Recovered != nil {
+			if !*d.Recovered || d.Diagnosed != "slow_instance" || d.Action != "move:not_improved" || len(d.Then) == 0 ||
+				!strings.HasPrefix(d.Then[0], "slow_instance/scale_up:improved") {
+				t.Errorf("blacklist recovery in the diagnoses: %+v", d)
+			}
+			continue
+		}
 		want := "slow_instance"
 		if strings.HasPrefix(d.Injected, "data skew") {
 			want = "data_skew"
