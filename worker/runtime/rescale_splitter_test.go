@@ -1,0 +1,132 @@
+package runtime
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// splitterQuery is the shape of `fedstream bench scaling`'s word count: a
+// keyed splitter (a pass-through grouped by the sentence, with a
+// calibrated cost, the split into words fused into its fragment) read by
+// a keyed counter of several partitions.
+const splitterQuery = `
+name: wc
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: %d, rate: %d}
+operators:
+  - name: splitter
+    type: aggregate
+    input: lines
+    window: {size: 5ms}
+    group_by: [line]
+    aggregates: {n: "count()"}
+    cost: %s
+    parallelism: 1
+  - name: words
+    type: split
+    input: splitter
+    field: line
+    as: word
+  - name: counter
+    type: aggregate
+    input: words
+    window: {size: 20ms}
+    group_by: [word]
+    aggregates: {cnt: "count()"}
+    parallelism: 2
+sinks:
+  - {name: out, input: counter}
+`
+
+// sinkRows is a sink's data tuples as sorted strings: the results of two
+// runs are equal when these are.
+func sinkRows(out []tuple.Tuple) []string {
+	var rows []string
+	for _, tp := range out {
+		if tp.Type.IsData() {
+			rows = append(rows, fmt.Sprint(tp.STime, tp.Values))
+		}
+	}
+	slices.Sort(rows)
+	return rows
+}
+
+// TestRescaleSplitterUnderBacklog rescales the word count's splitter
+// 1 -> 8 while its only partition has a backlog below the cut much larger
+// than the source's output buffers. After the go the source routes most
+// of what it draws to the added partitions, which, past the cut at once
+// (they carry nothing below it), wait for their slots from partition 0
+// and take no more input meanwhile: the source's buffers to them fill
+// long before partition 0 has worked through its backlog, and the source
+// blocks on one of them. Partition 0 reaches the cut only with a
+// boundary at or above it, which the source emitted to every output
+// right after the go; it must not stay staged in the source's writer for
+// partition 0 while the source waits for room at an added partition's
+// full buffer (the rescale of bench scaling's splitter that did not
+// finish). Results equal those of a run without the rescale.
+func TestRescaleSplitterUnderBacklog(t *testing.T) {
+	const limit, rate = 8000, 20000
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(splitterQuery, limit, rate, "500us")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reference: the same query, unrescaled, on one worker.
+	ref := newClusterEach(t, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: time.Millisecond})
+	ref.apply()
+	want := sinkRows(ref.tail(t, queryspec.TaskID("wc", "out", 0, 0)))
+	ref.close(t)
+
+	src := Options{BoundaryInterval: time.Millisecond, Buffer: dataplane.BufferOptions{MaxTuples: 200}}
+	old := Options{BoundaryInterval: time.Millisecond, InputPendingTuples: 8,
+		Buffer: dataplane.BufferOptions{MaxTuples: 16}}
+	added := Options{BoundaryInterval: time.Millisecond, InputPendingTuples: 8}
+	c := newClusterEach(t, q, func(node string, p, r int) int {
+		if node == "lines" {
+			return 0
+		}
+		return 1
+	}, src, old, added)
+	defer c.close(t)
+	rs := &rescaler{c: c, frag: "splitter", down: "counter", partitions: 1, epoch: 1, owner: contiguous(1),
+		place: func(int, int) int { return 2 }}
+	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
+	c.apply()
+	split := queryspec.TaskID("wc", "splitter", 0, 0)
+	var pending, inBuf int64
+	waitUntilOr(t, "the splitter has a backlog", func() bool {
+		tk := c.workers[1].rt.task(split)
+		lines := c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
+		if tk == nil || lines == nil || tk.outs[0].buf.Stats().LastID < 50 {
+			return false
+		}
+		// What the source produced for the splitter that it has not
+		// processed yet: its input's queue and the source's buffer.
+		inBuf = int64(lines.outs[0].buf.Stats().LastID) - int64(tk.merge.inputLastID(0))
+		pending = int64(tk.merge.pendingTuples())
+		return inBuf >= 150 && lines.outs[0].buf.Stats().LastID > 1000
+	}, func() {
+		t.Logf("backlog: %d queued at the splitter, %d in the source's buffer", pending, inBuf)
+		for _, st := range c.states() {
+			t.Logf("%+v", st)
+		}
+	})
+	start := time.Now()
+	cut := rs.scale(t, 8)
+	t.Logf("rescaled in %v (backlog: source buffer %d)", time.Since(start), inBuf)
+	got := sinkRows(c.tail(t, queryspec.TaskID("wc", "out", 0, 0)))
+	if !slices.Equal(got, want) {
+		t.Fatalf("%d results, %d without the rescale (cut %d): they differ", len(got), len(want), cut)
+	}
+	for _, st := range c.states() {
+		if st.State == StateFailed {
+			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
+		}
+	}
+}
