@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"fmt"
+	goruntime "runtime"
 	"slices"
 	"testing"
 	"time"
@@ -128,5 +129,43 @@ func TestRescaleSplitterUnderBacklog(t *testing.T) {
 		if st.State == StateFailed {
 			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
 		}
+	}
+}
+
+// TestKickReleaseCoalesces: kicks of a task that processes its single
+// input inline, while its processing is busy (here: proc held, as by a
+// release blocked on a full output), leave one goroutine waiting, not one
+// per kick (passCut kicks every 2 ms while the task works through a
+// backlog below the cut), and a kick still makes the task look again.
+func TestKickReleaseCoalesces(t *testing.T) {
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(splitterQuery, 300, 200, "1us")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterEach(t, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: time.Millisecond})
+	defer c.close(t)
+	c.apply()
+	split := queryspec.TaskID("wc", "splitter", 0, 0)
+	var tk *task
+	waitUntil(t, "the splitter processes inline", func() bool {
+		tk = c.workers[0].rt.task(split)
+		return tk != nil && tk.inline() != nil && tk.merge.inputLastID(0) > 10
+	})
+	if err := tk.lockProc(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	before := goruntime.NumGoroutine()
+	for range 200 {
+		tk.kickRelease()
+	}
+	grown := goruntime.NumGoroutine() - before
+	tk.unlockProc()
+	if grown > 20 {
+		t.Fatalf("200 kicks while processing was busy left %d more goroutines", grown)
+	}
+	waitUntil(t, "the kicks' goroutine ended", func() bool { return !tk.rs.lifting.Load() })
+	sameLen := len(sinkRows(c.tail(t, queryspec.TaskID("wc", "out", 0, 0))))
+	if sameLen == 0 {
+		t.Fatal("no result")
 	}
 }
