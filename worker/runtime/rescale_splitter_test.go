@@ -60,18 +60,23 @@ func sinkRows(out []tuple.Tuple) []string {
 }
 
 // TestRescaleSplitterUnderBacklog rescales the word count's splitter
-// 1 -> 8 while its only partition has a backlog below the cut much larger
-// than the source's output buffers. After the go the source routes most
-// of what it draws to the added partitions, which, past the cut at once
-// (they carry nothing below it), wait for their slots from partition 0
-// and take no more input meanwhile: the source's buffers to them fill
-// long before partition 0 has worked through its backlog, and the source
-// blocks on one of them. Partition 0 reaches the cut only with a
-// boundary at or above it, which the source emitted to every output
-// right after the go; it must not stay staged in the source's writer for
-// partition 0 while the source waits for room at an added partition's
-// full buffer (the rescale of bench scaling's splitter that did not
-// finish). Results equal those of a run without the rescale.
+// 1 -> 8 while its only partition has a backlog (the source's buffer to
+// it full; the source draws ten times faster than the splitter takes).
+// After the go the source stages what it draws at or above the cut, the
+// boundary at the cut among it, for every splitter partition, and flushes
+// a partition's staged batch only when it is full (a source behind its
+// pace never flushes for being ahead). The old partition's outputs to the
+// counters and the counters' queues hold a few tuples: once the old
+// partition is past the cut, the counters, which merge every splitter
+// partition, wait at the cut for the added ones, stop taking the old
+// partition's output, and the old partition stops taking the source's. So
+// the source, blocked on the old partition's full buffer, must not keep
+// the boundary at the cut staged for the added partitions meanwhile (it
+// did: without the change this test never finishes. The state an
+// earlier stalled run of bench scaling logged, the old partition short of
+// the cut and added ones waiting for its slots or silent, fits the same
+// cycle with the roles swapped). Results equal those of a run without the
+// rescale.
 func TestRescaleSplitterUnderBacklog(t *testing.T) {
 	const limit, rate = 8000, 20000
 	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(splitterQuery, limit, rate, "500us")))
