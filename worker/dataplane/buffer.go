@@ -236,7 +236,7 @@ func (b *OutputBuffer) Append(ctx context.Context, t *tuple.Tuple) error {
 			b.dropOldestLocked()
 		}
 	} else if b.full(size) {
-		if err := b.makeRoomLocked(ctx, size); err != nil {
+		if err := b.makeRoomLocked(ctx, size, nil); err != nil {
 			return err
 		}
 	}
@@ -245,14 +245,16 @@ func (b *OutputBuffer) Append(ctx context.Context, t *tuple.Tuple) error {
 }
 
 // makeRoomLocked waits, with b.mu held on entry and exit, until a tuple of
-// size bytes fits, accounting the blocked time.
-func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int) error {
+// size bytes fits, accounting the blocked time. idle, when not nil, is
+// called (b.mu released) as the wait begins and every WaitIdleEvery while
+// it lasts.
+func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int, idle func()) error {
 	start := time.Now()
 	if b.blocked == 0 {
 		b.blockedSince = start
 	}
 	b.blocked++
-	err := b.waitSpaceLocked(ctx, size)
+	err := b.waitSpaceLocked(ctx, size, idle)
 	b.blocked--
 	if b.blocked == 0 {
 		b.blockedSince = time.Time{}
@@ -266,11 +268,22 @@ func (b *OutputBuffer) full(size int) bool {
 	return b.count > 0 && (b.bytes+size > b.opts.MaxBytes || b.count+1 > b.opts.MaxTuples)
 }
 
+// WaitIdleEvery is how often a producer waiting for room calls its idle
+// function (Writer.FlushIdle).
+const WaitIdleEvery = 5 * time.Millisecond
+
 // waitSpaceLocked waits, with b.mu held on entry and exit, until a tuple
 // of size bytes fits: subscribers acknowledge, leases end, or the overrun
 // rule discards what only subscribers that are not connected still need.
-func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
-	var timer *time.Timer
+// idle, when not nil, runs with b.mu released when the wait begins and
+// every WaitIdleEvery while it lasts; the wait is one wait all along (the
+// blocked time, the stall report and the overrun grace count from its
+// start).
+func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int, idle func()) error {
+	var (
+		timer    *time.Timer
+		idleNext time.Time
+	)
 	defer func() {
 		if timer != nil {
 			timer.Stop()
@@ -286,6 +299,24 @@ func (b *OutputBuffer) waitSpaceLocked(ctx context.Context, size int) error {
 		wake := b.overrunLocked(now, size)
 		if !b.full(size) {
 			break
+		}
+		if idle != nil {
+			if !now.Before(idleNext) {
+				b.mu.Unlock()
+				idle()
+				b.mu.Lock()
+				if b.closed {
+					return ErrClosed
+				}
+				if err := ctx.Err(); err != nil {
+					return err
+				}
+				idleNext = time.Now().Add(WaitIdleEvery)
+				continue // room may have come meanwhile
+			}
+			if wake.IsZero() || idleNext.Before(wake) {
+				wake = idleNext
+			}
 		}
 		if b.spaceCh == nil {
 			b.spaceCh = make(chan struct{})
@@ -894,6 +925,14 @@ func (w *Writer) Staged() int { return len(w.data) }
 // is full (ctx.Err() or ErrClosed end it; what was not appended stays
 // staged).
 func (w *Writer) Flush(ctx context.Context) error {
+	return w.FlushIdle(ctx, nil)
+}
+
+// FlushIdle is Flush calling idle, when not nil, as a wait for room begins
+// and every WaitIdleEvery while it lasts (the buffer's lock released): a
+// producer with several outputs appends what it staged for the others
+// meanwhile.
+func (w *Writer) FlushIdle(ctx context.Context, idle func()) error {
 	if len(w.offs) == 0 {
 		return nil
 	}
@@ -908,7 +947,7 @@ func (w *Writer) Flush(ctx context.Context) error {
 		w.newStaging(cap(w.offs))
 		return nil
 	}
-	n, err := w.buf.appendEncoded(ctx, w.first, w.offs, w.data)
+	n, err := w.buf.appendEncoded(ctx, w.first, w.offs, w.data, idle)
 	if n > 0 {
 		w.appendedID = w.first + uint64(n) - 1
 	}
@@ -959,7 +998,7 @@ func (b *OutputBuffer) Adopt(ctx context.Context, first uint64, offs []int, data
 	if err != nil || adopted {
 		return err
 	}
-	n, err := b.appendEncoded(ctx, first, offs, data)
+	n, err := b.appendEncoded(ctx, first, offs, data, nil)
 	if err == nil && n < len(offs) {
 		err = fmt.Errorf("dataplane: adopt: appended %d of %d tuples", n, len(offs))
 	}
@@ -1042,8 +1081,9 @@ func (b *OutputBuffer) dropForLocked(tuples, size int) {
 
 // appendEncoded appends encoded tuples (tuple i is data[offs[i]:offs[i+1]]
 // with id first+i) under one lock acquisition, waiting for room as Append
-// does. It returns how many were appended.
-func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []int, data []byte) (int, error) {
+// does (calling idle while it waits, see makeRoomLocked). It returns how
+// many were appended.
+func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []int, data []byte, idle func()) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -1078,7 +1118,7 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []i
 				close(b.dataCh)
 				b.dataCh = nil
 			}
-			if err := b.makeRoomLocked(ctx, size); err != nil {
+			if err := b.makeRoomLocked(ctx, size, idle); err != nil {
 				return i, err
 			}
 		}

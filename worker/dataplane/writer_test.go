@@ -252,3 +252,56 @@ func TestWriterNext(t *testing.T) {
 		t.Fatalf("buffer holds %d tuples up to %d", st.Tuples, st.LastID)
 	}
 }
+
+// TestWriterFlushIdle: a flush waiting for room calls its idle function
+// as the wait begins and again while it lasts (the buffer's lock
+// released: idle may append to another buffer), and the wait is one
+// blocked append all along, ending when the subscriber acknowledges.
+func TestWriterFlushIdle(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 10})
+	b.Register("down")
+	other := NewOutputBuffer(BufferOptions{MaxTuples: 100})
+	ow := other.NewWriter()
+	w := b.NewWriter()
+	for id := uint64(1); id <= 15; id++ {
+		if err := w.Add(dataTuple(id, "x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := make(chan struct{}, 1000)
+	next := uint64(1)
+	idle := func() {
+		// What a producer staged for its other output goes out meanwhile.
+		if err := ow.Add(dataTuple(next, "y")); err != nil {
+			t.Error(err)
+		}
+		next++
+		if err := ow.Flush(context.Background()); err != nil {
+			t.Error(err)
+		}
+		calls <- struct{}{}
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.FlushIdle(context.Background(), idle) }()
+	waitFor(t, "idle called twice while the flush waits", func() bool { return len(calls) >= 2 })
+	if st := b.Stats(); st.BlockedAppends != 1 || st.LastID != 10 {
+		t.Fatalf("while waiting: %d blocked appends, last id %d; want 1 and 10", st.BlockedAppends, st.LastID)
+	}
+	waitFor(t, "the other buffer got what idle appended", func() bool { return other.Stats().LastID >= 2 })
+	b.Ack("down", 10)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := readAllIDs(t, b, 10); !slices.Equal(got, seq(11, 15)) {
+		t.Fatalf("tail %v, want 11..15", got)
+	}
+	// No wait, no idle call.
+	n := len(calls)
+	if err := w.Add(dataTuple(16, "x")); err != nil {
+		t.Fatal(err)
+	}
+	b.Ack("down", 15)
+	if err := w.FlushIdle(context.Background(), idle); err != nil || len(calls) != n {
+		t.Fatalf("flush with room: %v, %d idle calls (want none)", err, len(calls)-n)
+	}
+}

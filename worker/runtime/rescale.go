@@ -64,6 +64,9 @@ type rescaleState struct {
 
 	// stepping: a step goroutine runs; pending: a step was asked for.
 	stepping, pending atomic.Bool
+	// lifting: a goroutine of kickRelease runs; kicked: a kick came
+	// since it last looked (see kickRelease).
+	lifting, kicked atomic.Bool
 
 	// progMu guards what follows: the progress State reports and the
 	// slot states handed over at a cut, by epoch and new owner, kept
@@ -758,8 +761,30 @@ func (t *task) kickRelease() {
 		return
 	}
 	if t.merge.inputBoundary(0) != finalBoundary {
+		// One goroutine at a time: passCut kicks every 2 ms while the
+		// task works through a backlog below the cut, and a goroutine per
+		// kick, each waiting for proc, piled up for as long as a release
+		// took (blocked on a full output: without end). A kick that comes
+		// while one runs makes it look again before it ends.
+		t.rs.kicked.Store(true)
+		if !t.rs.lifting.CompareAndSwap(false, true) {
+			return
+		}
 		t.wg.Add(1)
-		go func() { defer t.wg.Done(); t.processLifted() }()
+		go func() {
+			defer t.wg.Done()
+			for {
+				for t.rs.kicked.Swap(false) {
+					t.processLifted()
+				}
+				t.rs.lifting.Store(false)
+				// A kick after the last Swap that found lifting set is
+				// ours to run.
+				if !t.rs.kicked.Load() || !t.rs.lifting.CompareAndSwap(false, true) {
+					return
+				}
+			}
+		}()
 		return
 	}
 	t.processLifted()

@@ -23,6 +23,10 @@ type rescaler struct {
 	// nil, is what the finish records of a source's partitions.
 	reader string
 	starts []int64
+	// down, when set, is the keyed fragment reading frag (whose tasks
+	// must pass the cut) in place of the sink "out"; every task of the
+	// query still takes part, as for any keyed fragment.
+	down string
 	// place, when not nil, picks the worker (index) of an added
 	// partition's replica; else they go to the workers in turn.
 	place func(p, r int) int
@@ -32,6 +36,9 @@ type rescaler struct {
 }
 
 func (rs *rescaler) readerName() string {
+	if rs.down != "" {
+		return rs.down
+	}
 	if rs.reader == "" {
 		return "out"
 	}
@@ -125,6 +132,9 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	// A keyed fragment's upstreams, its tasks and its reader take part;
 	// a source's tasks and its reader (rs.reader set).
 	involved := rs.tasks(func(s *TaskSpec) bool {
+		if rs.down != "" {
+			return s.Fragment != "out" // the sink reads neither frag nor routes to it
+		}
 		return rs.reader == "" || s.Fragment == rs.frag || s.Fragment == rs.reader || s.Fragment == rs.upstream
 	})
 	cut := int64(math.MinInt64)

@@ -94,11 +94,14 @@ type SlotMapNext struct {
 	Cut        int64
 }
 
-// check returns an error unless the map (and the one it moves to) covers
-// every slot with one of partitions partitions.
+// check returns an error unless the map (and, from the go of a rescale,
+// the one it moves to) covers every slot with one of partitions
+// partitions. Before the go the next map routes nothing (partitionOf), and
+// the streams of partitions it adds do not exist yet: an upstream keeps
+// routing by the current map.
 func (m *SlotMap) check(partitions int) error {
 	owners := [][]int32{m.Owner}
-	if m.Next != nil {
+	if m.Next != nil && m.Next.Go {
 		owners = append(owners, m.Next.Owner)
 	}
 	for _, owner := range owners {

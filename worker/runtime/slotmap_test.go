@@ -193,3 +193,21 @@ func BenchmarkPartitionOf(b *testing.B) {
 		})
 	}
 }
+
+// TestSlotMapCheckPrepared: an upstream installs the map of a rescale's
+// prepare (a next map with more partitions than its streams, which the
+// go adds) without refusing it; from the go the next map must fit.
+func TestSlotMapCheckPrepared(t *testing.T) {
+	m := &SlotMap{Epoch: 1, Partitions: 1, Owner: contiguous(1),
+		Next: &SlotMapNext{Epoch: 2, Partitions: 4, Owner: contiguous(4)}}
+	if err := m.check(1); err != nil {
+		t.Fatalf("prepared map refused with the current map's streams: %v", err)
+	}
+	m.Next.Go = true
+	if err := m.check(1); err == nil {
+		t.Fatal("a map past its go accepted with streams for its old partitions only")
+	}
+	if err := m.check(4); err != nil {
+		t.Fatalf("a map past its go refused with every stream: %v", err)
+	}
+}

@@ -1043,12 +1043,57 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 // network batch.
 func (t *task) appendTo(ctx context.Context, o *outStream, tp *tuple.Tuple) error {
 	if o.w.Next(tp) {
-		if err := o.w.Flush(ctx); err != nil {
+		if err := t.flushOut(ctx, o); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}
 	}
 	return nil
 }
+
+// flushOut appends o's staged tuples to its buffer, waiting for room.
+//
+// While it waits, what the task staged for its other outputs goes out as
+// far as their buffers have room, as the wait begins and then every
+// dataplane.WaitIdleEvery: those tuples (a boundary among them) may be
+// what a consumer of another output needs to go on, and that consumer may
+// be what, through the consumers downstream, makes room at o. A live
+// rescale built exactly that cycle: a source blocked on the full buffer of
+// the splitter partition working through its backlog kept the boundary at
+// the cut staged for partitions the rescale added; the counters, which
+// merge every splitter partition, waited at the cut for those, and the old
+// partition, whose output the counters no longer took, stopped taking the
+// source's. Each stream keeps its order; only when its tuples leave the
+// task changes.
+//
+// An ingest source is left out: it appends line by line and, when a
+// request fails, discards what is staged, so that a line is in every
+// output or in none.
+func (t *task) flushOut(ctx context.Context, o *outStream) error {
+	if t.ingest != nil || len(t.outs) < 2 {
+		return o.w.Flush(ctx)
+	}
+	return o.w.FlushIdle(ctx, func() { t.flushOthers(o) })
+}
+
+// flushOthers appends, without waiting, what the task staged for its
+// outputs other than o, as far as their buffers have room. What does not
+// fit stays staged, and an error (a closed buffer: the task is stopping)
+// is met again when that output is flushed in turn.
+func (t *task) flushOthers(o *outStream) {
+	for _, other := range t.outs {
+		if other != o && other.w.Staged() > 0 {
+			_ = other.w.Flush(noWait)
+		}
+	}
+}
+
+// noWait is a context that has ended: a Flush under it appends what fits
+// and never waits (what does not fit stays staged).
+var noWait = func() context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	return ctx
+}()
 
 // discardStaged drops what the outputs staged and did not append (after a
 // failed flush), so the next tuple reuses the first unappended id.
@@ -1062,7 +1107,7 @@ func (t *task) discardStaged() {
 func (t *task) flush(ctx context.Context) error {
 	t.publishCounts()
 	for _, o := range t.outs {
-		if err := o.w.Flush(ctx); err != nil {
+		if err := t.flushOut(ctx, o); err != nil {
 			return fmt.Errorf("output to %q partition %d: %w", o.consumer, o.partition, err)
 		}
 	}
