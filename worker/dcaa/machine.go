@@ -265,11 +265,12 @@ type Release struct {
 // Step is one release step: its tuples in release order, as Runs of
 // consecutive tuples of one input each. The Runs are valid until the next
 // Step: the caller processes a Release before it steps the machine again,
-// and the machine reuses their memory. A stable step's runs are the
-// machine's own kept input, not copies (the all-stable path copies each
-// tuple once, when it is kept); the caller may change those tuples (an
-// operator passing a tuple on sets its type), since a stable release is
-// never released again. A tentative step's tuples are copies, marked
+// and the machine reuses their memory (and hands delivered batches back
+// to their owners, see Deliver.Owner). A stable step's runs are the
+// machine's own kept input, not copies (with an Owner, the delivered
+// batches themselves: the all-stable path copies no tuple); the caller
+// may change those tuples (an operator passing a tuple on sets its type),
+// since a stable release is never released again. A tentative step's tuples are copies, marked
 // tentative: the stable input among them stays kept for the replay.
 type Step struct {
 	Runs    []Run
