@@ -96,6 +96,19 @@ func (b *Batch) Release() {
 // batchPool holds released batches with their arrays.
 var batchPool sync.Pool
 
+// decodedBatches counts the batches decoded into tuple arrays in this
+// process, freshBatches those of them whose tuple array was allocated
+// rather than recycled from a released batch (see DecodeStats).
+var decodedBatches, freshBatches atomic.Uint64
+
+// DecodeStats reports how many batches this process decoded into tuple
+// arrays and how many of them needed a newly allocated array (no released
+// batch with a large enough one was at hand). Consumers that release
+// their batches keep fresh far below batches at a steady batch size; a
+// consumer that never releases makes every batch fresh. For diagnostics
+// and tests.
+func DecodeStats() (batches, fresh uint64) { return decodedBatches.Load(), freshBatches.Load() }
+
 // DeliverFunc consumes one batch; the batch is the consumer's from then
 // on (the subscriber does not touch it again), so it may Release it,
 // during the call or later. It may block (that is flow control: the
@@ -563,10 +576,12 @@ func (d *batchDecoder) newBatch(count int) *Batch {
 		b = &Batch{}
 	}
 	b.recyclable = true
+	decodedBatches.Add(1)
 	// Fresh arrays get some slack so that a recycled batch serves the
 	// next, slightly larger one too.
 	if cap(b.tupleArray) < count {
 		b.tupleArray = make([]tuple.Tuple, count+count/4)
+		freshBatches.Add(1)
 	}
 	if n := count * max(1, d.valuesPerTuple); !d.packed && cap(b.valueArray) < n {
 		b.valueArray = make([]tuple.Value, n+n/4)

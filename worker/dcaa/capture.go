@@ -33,8 +33,12 @@ func (m *Machine) Capture() (released int64, inputs []InputCapture, err error) {
 		return 0, nil, ErrNotCapturable
 	}
 	for _, in := range m.inputs {
+		// Deep copies: the kept tuples' memory (and their values') may
+		// go back to the decoder's pool before the capture is encoded.
+		pending := make([]tuple.Tuple, 0, in.stable.len())
+		in.stable.each(func(t *tuple.Tuple) { pending = append(pending, *t.Clone()) })
 		inputs = append(inputs, InputCapture{LastStable: in.lastStable, StableBoundary: in.stableB,
-			Steps: slices.Clone(in.steps), Pending: slices.Clone(in.stable)})
+			Steps: slices.Clone(in.steps), Pending: pending})
 	}
 	return m.released, inputs, nil
 }
@@ -52,7 +56,7 @@ func (m *Machine) Resume(released int64, inputs []InputCapture) error {
 		// A boundary above the watermark is among the steps; one that is
 		// not was the input's floor (AddInput).
 		in.floored = c.StableBoundary > released && !slices.Contains(in.steps, c.StableBoundary)
-		in.stable, in.buf = nil, nil
+		m.dropKept(in, in.stable.len())
 		for _, t := range c.Pending {
 			in.addStable(t)
 		}

@@ -367,7 +367,7 @@ func (h *harness) tick() {
 				}
 				l.pos = len(log)
 				state, twm := p.status()
-				r.apply(r.m.Step(h.now, Deliver{Input: i, Tuples: batch, Upstream: state, TentWatermark: twm}))
+				r.apply(r.m.Step(h.now, Deliver{Input: i, Tuples: batch, Upstream: state, TentWatermark: twm, Owner: &poisonBatch{t: h.t, ts: batch}}))
 			}
 			r.apply(r.m.Step(h.now, Tick{}))
 			r.states = append(r.states, r.m.State())
@@ -376,6 +376,30 @@ func (h *harness) tick() {
 			}
 			r.trackProgress()
 		}
+	}
+}
+
+// poisonBatch owns a delivered batch as a decoder's pool does: on
+// Release it overwrites the batch's tuples and their values, as the next
+// batch decoded into the same arrays would. A machine that reads a batch
+// after handing it back (or hands it back twice) thus changes the results
+// that every property test compares with its reference.
+type poisonBatch struct {
+	t        *testing.T
+	ts       []tuple.Tuple
+	released bool
+}
+
+func (b *poisonBatch) Release() {
+	if b.released {
+		b.t.Errorf("a delivered batch was handed back twice")
+	}
+	b.released = true
+	for k := range b.ts {
+		for j := range b.ts[k].Values {
+			b.ts[k].Values[j] = tuple.Value{Kind: tuple.KindString, I: math.MaxInt32, S: "poisoned"}
+		}
+		b.ts[k].ID, b.ts[k].STime = math.MaxUint32, math.MinInt32
 	}
 }
 

@@ -200,6 +200,17 @@ type Deliver struct {
 	// again from the new replica, and tentative tuples, which have no
 	// stable id to drop duplicates by, would be processed twice.
 	Attempt uint64
+	// Owner, when set, owns Tuples' memory (and their values'), and the
+	// delivery hands it to the machine: the machine keeps the stable
+	// tuples where they are, without copying them, and calls
+	// Owner.Release at the start of a later Step once it no longer needs
+	// any of them (released stable for good, or shed). If the machine
+	// keeps any of them in a way it does not count (tentative data, a
+	// tuple out of stime order), or ignores the delivery, it never calls
+	// Release: the memory is then left to the garbage collector. Either
+	// way the caller must not use Tuples after the Step. Without an
+	// owner the machine copies the tuples it keeps.
+	Owner Releaser
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
@@ -274,11 +285,12 @@ type Release struct {
 // Step is one release step: its tuples in release order, as Runs of
 // consecutive tuples of one input each. The Runs are valid until the next
 // Step: the caller processes a Release before it steps the machine again,
-// and the machine reuses their memory. A stable step's runs are the
-// machine's own kept input, not copies (the all-stable path copies each
-// tuple once, when it is kept); the caller may change those tuples (an
-// operator passing a tuple on sets its type), since a stable release is
-// never released again. A tentative step's tuples are copies, marked
+// and the machine reuses their memory (and hands delivered batches back
+// to their owners, see Deliver.Owner). A stable step's runs are the
+// machine's own kept input, not copies (with an Owner, the delivered
+// batches themselves: the all-stable path copies no tuple); the caller
+// may change those tuples (an operator passing a tuple on sets its type),
+// since a stable release is never released again. A tentative step's tuples are copies, marked
 // tentative: the stable input among them stays kept for the replay.
 type Step struct {
 	Runs    []Run
@@ -364,15 +376,14 @@ type inputState struct {
 	// steps are the stable boundary values above the drop point.
 	steps []int64
 	// stable holds the stable data above the drop point (kept for replay
-	// while the operators hold tentative state), tent the tentative data
-	// not released yet.
-	stable, tent []tuple.Tuple
-	// buf is stable's memory from its start: stable is its tail. What is
-	// released or dropped leaves stable's head without being moved
-	// (stable steps hand out runs of it, valid until the next Step); it
-	// is moved down, or into larger memory, only when room is needed to
-	// keep more (room), always before the Step's releases.
-	buf        []tuple.Tuple
+	// while the operators hold tentative state), mostly as slices of the
+	// delivered batches themselves (see keptStore); tent the tentative
+	// data not released yet. What is released or dropped leaves stable's
+	// head; the memory of a batch goes back to its owner only at the
+	// start of the next Step (stable steps hand out runs of it, valid
+	// until then).
+	stable     keptStore
+	tent       []tuple.Tuple
 	lastStable uint64 // id of the last stable tuple or boundary received
 	late       uint64
 }
@@ -398,64 +409,21 @@ func (in *inputState) failed() bool {
 	return !in.ended() && (in.silent || in.failedUp || in.tentData)
 }
 
-// addStable keeps stable in (stime, arrival) order: a tuple out of stime
-// order (an input with allowed lateness) goes after the last one with
-// the same or a lower stime, so releases find their range by binary
-// search instead of scanning everything kept since the checkpoint.
-func (in *inputState) addStable(t tuple.Tuple) {
-	in.room(1)
-	n := len(in.stable)
-	if n == 0 || in.stable[n-1].STime <= t.STime {
-		in.stable = append(in.stable, t)
-		return
-	}
-	i := in.from(t.STime + 1)
-	in.stable = slices.Insert(in.stable, i, t)
-}
-
-// room makes room in stable's memory for n more tuples without a new
-// allocation by append. When the released head of buf holds at least as
-// many tuples as are kept, and buf is large enough, the kept tuples move
-// down to buf's start (and the head is cleared, so that released values
-// are not kept alive); otherwise they move into new memory of twice the
-// size needed. A move down copies no more tuples than were released since
-// the previous move, and new memory at least doubles, so keeping a tuple
-// costs O(1) copies however long the task runs, in at most about twice
-// the memory of what is kept. Called only from deliver (and Resume),
-// before any release of the Step: the runs of the previous Step's
-// releases, which read the head, are done.
-func (in *inputState) room(n int) {
-	live := len(in.stable)
-	if live+n <= cap(in.stable) {
-		return
-	}
-	need := live + n
-	if head := cap(in.buf) - cap(in.stable); head >= live && cap(in.buf) >= need {
-		copy(in.buf[:live], in.stable)
-		clear(in.buf[live : head+live])
-		in.stable = in.buf[:live]
-		return
-	}
-	in.buf = make([]tuple.Tuple, live, 2*need)
-	copy(in.buf, in.stable)
-	in.stable = in.buf
-}
-
-// drop forgets the first k stable tuples (released for good or shed):
-// they leave stable's head, where the Step's runs may still read them.
-func (in *inputState) drop(k int) {
-	in.stable = in.stable[k:]
-}
+// addStable keeps t, a copy, in stable's (stime, arrival) order: a
+// tuple out of stime order (an input with allowed lateness) goes after
+// the last one with the same or a lower stime, so releases find their
+// range by binary search instead of scanning everything kept since the
+// checkpoint.
+func (in *inputState) addStable(t tuple.Tuple) { in.stable.add(t) }
 
 // from is the index of the first stable tuple with stime >= st.
-func (in *inputState) from(st int64) int {
-	i, _ := slices.BinarySearchFunc(in.stable, st, func(t tuple.Tuple, st int64) int {
-		if t.STime < st {
-			return -1
-		}
-		return 1
-	})
-	return i
+func (in *inputState) from(st int64) int { return in.stable.from(st) }
+
+// dropKept forgets input in's first k stable tuples (released for good or
+// shed): they leave stable's head, where the Step's runs may still read
+// them; batches no longer needed go back to their owners at the next Step.
+func (m *Machine) dropKept(in *inputState, k int) {
+	m.done = in.stable.drop(k, m.done)
 }
 
 // availEntry: the furthest any input covered first reached At at clock
@@ -515,6 +483,12 @@ type Machine struct {
 	runs    []Run
 	scratch []Entry
 	tuples  []tuple.Tuple
+	// parts holds collect's ranges of kept data (slices of segments).
+	parts [][]tuple.Tuple
+	// done holds the owners of delivered batches no longer needed: they
+	// are handed back at the start of the next Step, once the runs of the
+	// Step that dropped them have been processed.
+	done []Releaser
 }
 
 // New builds the machine; Start gives its first subscriptions.
@@ -745,6 +719,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	m.now = max(m.now, now)
 	m.replayed = false
 	m.resetScratch()
+	m.handBack()
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
@@ -791,16 +766,40 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
 	in.heard, in.silent, in.spoke = m.now, false, true
 	drop := m.dropPoint()
-	for k := 0; k < len(ev.Tuples); k++ {
-		t := ev.Tuples[k]
+	ts := ev.Tuples
+	// held counts the segments of stable data kept in the batch's own
+	// memory; pinned: some of it is referenced elsewhere (tentative data,
+	// a tuple kept out of order), so it is never handed back.
+	var (
+		held   *heldBatch
+		pinned bool
+	)
+	if ev.Owner != nil {
+		held = &heldBatch{owner: ev.Owner}
+	} else if len(ts) > 0 {
+		ts = slices.Clone(ts) // the caller keeps its memory
+	}
+	defer func() {
+		if held == nil {
+			return
+		}
+		if pinned {
+			held.owner = nil
+		} else if held.segs == 0 {
+			m.done = append(m.done, held.owner) // nothing of it kept
+		}
+	}()
+	for k := 0; k < len(ts); k++ {
+		t := ts[k]
 		if t.Type == tuple.Stable {
 			// The common case, a run of stable tuples in order past
-			// everything kept and released, goes in one append.
+			// everything kept and released, is kept as it is: a
+			// segment of the delivered batch.
 			j := k + 1
-			for j < len(ev.Tuples) && ev.Tuples[j].Type == tuple.Stable {
+			for j < len(ts) && ts[j].Type == tuple.Stable {
 				j++
 			}
-			if m.appendStable(in, ev.Tuples[k:j], drop) {
+			if m.appendStable(in, ts[k:j], drop, held) {
 				k = j - 1
 				continue
 			}
@@ -816,6 +815,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 				continue
 			}
 			in.addStable(t)
+			pinned = true // its values alias the batch
 		case tuple.Boundary:
 			if t.ID != 0 && t.ID <= in.lastStable {
 				continue
@@ -829,6 +829,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 			in.tentData = true
 			if t.STime >= m.released {
 				in.tent = append(in.tent, t)
+				pinned = true
 			}
 		case tuple.Undo:
 			// The producer takes back its tentative tuples; corrections
@@ -846,16 +847,17 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	return m.maybeSwitch(ev.Input, acts)
 }
 
-// appendStable keeps ts, stable tuples received on in, with one append
-// when each of them would be kept as it comes (new ids, increasing; not
-// below drop nor in a range lost for KeepLimit; in stime order from the
-// last one kept): then it reports true. Otherwise it keeps nothing, and
-// deliver takes the tuples one by one.
-func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64) bool {
+// appendStable keeps ts, stable tuples received on in, as one segment
+// of the delivered memory (held: the batch's count; nil: the machine's
+// copy) when each of them would be kept as it comes (new ids,
+// increasing; not below drop nor in a range lost for KeepLimit; in stime
+// order from the last one kept): then it reports true. Otherwise it keeps
+// nothing, and deliver takes the tuples one by one.
+func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64, held *heldBatch) bool {
 	id := in.lastStable
 	st := int64(math.MinInt64)
-	if n := len(in.stable); n > 0 {
-		st = in.stable[n-1].STime
+	if last, ok := in.stable.lastSTime(); ok {
+		st = last
 	}
 	lost := m.lostTo > m.lostFrom
 	for k := range ts {
@@ -865,8 +867,7 @@ func (m *Machine) appendStable(in *inputState, ts []tuple.Tuple, drop int64) boo
 		}
 		id, st = t.ID, t.STime
 	}
-	in.room(len(ts))
-	in.stable = append(in.stable, ts...)
+	in.stable.appendSeg(ts, held)
 	in.lastStable = id
 	return true
 }
@@ -1042,7 +1043,7 @@ func (m *Machine) bound() {
 	}
 	m.lostTo = max(m.lostTo, cut)
 	for _, in := range m.inputs {
-		in.drop(in.from(cut))
+		m.dropKept(in, in.from(cut))
 		// The steps below the cut go too (the cut itself stays: the
 		// replay releases from there).
 		n := 0
@@ -1305,15 +1306,27 @@ func (m *Machine) stepsIn(from, to int64) []int64 {
 func (m *Machine) collect(from, to int64, tentative bool) Step {
 	st := Step{Advance: to}
 	var (
-		ranges [8][]tuple.Tuple
+		ranges [8][][]tuple.Tuple
 		rs     = ranges[:0]
+		ends   [9]int
+		at     = ends[:1]
 	)
 	if len(m.inputs) > len(ranges) {
-		rs = make([][]tuple.Tuple, 0, len(m.inputs))
+		rs = make([][][]tuple.Tuple, 0, len(m.inputs))
+		at = make([]int, 1, len(m.inputs)+1)
 	}
+	// Each input's range as slices of its kept segments (m.parts, reused;
+	// sliced once every range is in, since appending may move it). Ranges
+	// are in rank order (m.at).
+	ps := len(m.parts)
+	at[0] = ps
 	for pos := range m.inputs {
 		in := m.inputs[m.at(pos)]
-		rs = append(rs, in.stable[in.from(from):in.from(to)])
+		m.parts = in.stable.appendRange(m.parts, in.from(from), in.from(to))
+		at = append(at, len(m.parts))
+	}
+	for i := range m.inputs {
+		rs = append(rs, m.parts[at[i]:at[i+1]:at[i+1]])
 	}
 	start := len(m.runs)
 	if !tentative {
@@ -1330,9 +1343,11 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 		return st
 	}
 	es := len(m.scratch)
-	for pos, r := range rs {
-		for _, t := range r {
-			m.scratch = append(m.scratch, Entry{Input: m.at(pos), Tuple: t})
+	for pos, parts := range rs {
+		for _, r := range parts {
+			for _, t := range r {
+				m.scratch = append(m.scratch, Entry{Input: m.at(pos), Tuple: t})
+			}
 		}
 	}
 	for i, in := range m.inputs {
@@ -1372,50 +1387,55 @@ func (m *Machine) collect(from, to int64, tentative bool) Step {
 	return st
 }
 
-// mergeRuns appends to dst the tuples of rs (rs[i] is input i's, each
-// in release order) merged in (stime, input) order, as runs of rs's own
-// memory, consuming rs: the input with the first head gives its tuples
-// for as long as they precede every other input's head.
-func mergeRuns(dst []Run, rs [][]tuple.Tuple) []Run {
+// mergeRuns appends to dst the tuples of rs (rs[i] is input i's, in
+// release order, as slices of its kept memory) merged in (stime, input)
+// order, as runs of that memory, consuming rs: the input with the first
+// head gives its tuples for as long as they precede every other input's
+// head (a run never spans two of its slices).
+func mergeRuns(dst []Run, rs [][][]tuple.Tuple) []Run {
 	for {
 		best, next := -1, -1
-		for i, r := range rs {
-			if len(r) == 0 {
+		for i, parts := range rs {
+			if len(parts) == 0 {
 				continue
 			}
 			// Ties on stime go to the lower input, which comes first.
-			switch {
+			switch h := parts[0][0].STime; {
 			case best < 0:
 				best = i
-			case r[0].STime < rs[best][0].STime:
+			case h < rs[best][0][0].STime:
 				best, next = i, best
-			case next < 0 || r[0].STime < rs[next][0].STime:
+			case next < 0 || h < rs[next][0][0].STime:
 				next = i
 			}
 		}
 		if best < 0 {
 			return dst
 		}
-		r := rs[best]
+		r := rs[best][0]
 		end := len(r)
 		if next >= 0 {
 			// Up to the first tuple the next input's head precedes
 			// (an equal stime of a higher input goes after).
-			limit := rs[next][0].STime
+			limit := rs[next][0][0].STime
 			end = 1
 			for end < len(r) && (r[end].STime < limit || r[end].STime == limit && best < next) {
 				end++
 			}
 		}
 		dst = append(dst, Run{Input: best, Tuples: r[:end:end]})
-		rs[best] = r[end:]
+		if end == len(r) {
+			rs[best] = rs[best][1:]
+		} else {
+			rs[best][0] = r[end:]
+		}
 	}
 }
 
 // dropBelow forgets stable data and steps below w (no replay needs them).
 func (m *Machine) dropBelow(w int64) {
 	for _, in := range m.inputs {
-		in.drop(in.from(w))
+		m.dropKept(in, in.from(w))
 		n := 0
 		for n < len(in.steps) && in.steps[n] <= w {
 			n++
@@ -1588,6 +1608,8 @@ func (m *Machine) resetScratch() {
 	const keep = 1 << 17 // entries
 	clear(m.runs)
 	m.runs = m.runs[:0]
+	clear(m.parts)
+	m.parts = m.parts[:0]
 	if cap(m.scratch) > keep || cap(m.tuples) > keep {
 		m.scratch, m.tuples = nil, nil
 		return
@@ -1596,6 +1618,16 @@ func (m *Machine) resetScratch() {
 	m.scratch = m.scratch[:0]
 	clear(m.tuples)
 	m.tuples = m.tuples[:0]
+}
+
+// handBack returns the memory of the batches the previous Step stopped
+// needing to their owners (see Deliver.Owner).
+func (m *Machine) handBack() {
+	for _, o := range m.done {
+		o.Release()
+	}
+	clear(m.done)
+	m.done = m.done[:0]
 }
 
 // Figures are counters for status and tests.

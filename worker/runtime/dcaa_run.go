@@ -149,8 +149,10 @@ func (d *dcaaRun) post(ctx context.Context, ev dcaaEvent) error {
 	}
 }
 
-// deliver is an input's delivery in machine mode: the batch's tuples go
-// to the machine (which keeps them: the batch is not released).
+// deliver is an input's delivery in machine mode: the batch goes to the
+// machine, which keeps its stable tuples in place (no copy) and hands the
+// batch back to the decoder's pool (Release) once it no longer needs them
+// (dcaa.Deliver.Owner). Nothing here touches the batch after posting it.
 func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) error {
 	ts := b.Tuples
 	st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
@@ -177,7 +179,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
 	marks := markersOf(ts)
-	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load()}
+	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err
 	}

@@ -425,3 +425,29 @@ func TestOverrunShowsInTaskStatus(t *testing.T) {
 		t.Fatal("no overrun counted")
 	}
 }
+
+// TestDCAAInputsRecycleBatches: the operator tasks of a replicated query
+// (DCAA machines) hand the batches their inputs decoded back to the
+// decoder's pool once their tuples are released, as the stable merge of an
+// unreplicated query does: most batches are decoded into recycled arrays.
+// Before, the machine copied the tuples it kept and never handed a batch
+// back, so every batch its inputs decoded was allocated afresh.
+func TestDCAAInputsRecycleBatches(t *testing.T) {
+	q := exampleQuery(t, "netmon.yaml", 2, 20*time.Second)
+	batches0, fresh0 := dataplane.DecodeStats()
+	outs := runQuery(t, q, replicatedRun{streamTime: 20 * time.Second, speedup: 1 << 20, quiet: 60 * time.Second})
+	batches, fresh := dataplane.DecodeStats()
+	batches, fresh = batches-batches0, fresh-fresh0
+	for r, out := range outs {
+		if len(out) == 0 {
+			t.Fatalf("replica %d: no results", r)
+		}
+	}
+	t.Logf("%d batches decoded into tuple arrays, %d of them into fresh arrays", batches, fresh)
+	if batches < 100 {
+		t.Fatalf("only %d batches decoded: the run is too short to tell", batches)
+	}
+	if fresh*2 > batches {
+		t.Errorf("%d of %d decoded batches needed fresh arrays: the DCAA inputs do not hand their batches back", fresh, batches)
+	}
+}
