@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/serf/serf"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
 )
@@ -206,4 +207,54 @@ func checkWorkerRunsPlans(q *fsm.Query, w *fsm.Worker) error {
 		}
 	}
 	return nil
+}
+
+// checkRescaleReaders refuses a rescale of tg in a replicated query while
+// a replicated operator that reads the rescaled fragment runs on a worker
+// below rpc.DataPlaneLevelRescaleReaders: such a build refuses to hold
+// its DCAA machine at the prepare, so the rescale would place its new
+// tasks and then be aborted with a less helpful reason. Sinks follow a
+// rescale at every level; unplaced tasks involve no worker yet.
+func (s *Server) checkRescaleReaders(tg *rescaleTarget) error {
+	if tg.replicas < 2 || len(tg.downstream) == 0 {
+		return nil
+	}
+	plan := s.plans.plan(tg.q)
+	if plan == nil {
+		return nil // rescaleTarget refused an unplannable query already
+	}
+	st := s.State()
+	tasks, err := st.TasksByQuery(nil, tg.q.Name)
+	if err != nil {
+		return err
+	}
+	old := map[string]string{}
+	for _, t := range tasks {
+		n := plan.Node(t.Fragment)
+		if !tg.downstream[t.Fragment] || n == nil || n.Kind != queryspec.KindOperator || t.WorkerID == "" {
+			continue
+		}
+		w, err := st.Worker(nil, t.WorkerID)
+		if err != nil {
+			return err
+		}
+		if w == nil || rpc.EffectiveDataPlaneLevel(w.DataPlaneLevel) >= rpc.DataPlaneLevelRescaleReaders {
+			continue
+		}
+		name := w.ID
+		if w.Name != "" {
+			name += " (" + w.Name + ")"
+		}
+		old[w.ID] = fmt.Sprintf("worker %s runs %s and states data-plane %s", name, t.ID, rpc.DataPlaneLevelText(w.DataPlaneLevel))
+	}
+	if len(old) == 0 {
+		return nil
+	}
+	why := make([]string, 0, len(old))
+	for _, w := range old {
+		why = append(why, w)
+	}
+	sort.Strings(why)
+	return fmt.Errorf("%w: replicated operators of query %s read %s and a rescale needs data-plane level %d where they run (an older worker cannot take the added partitions' streams into its DCAA machine): %s; upgrade those workers first, or move the tasks",
+		ErrBuildTooOld, tg.q.Name, tg.frag, rpc.DataPlaneLevelRescaleReaders, strings.Join(why, "; "))
 }

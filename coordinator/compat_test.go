@@ -164,3 +164,70 @@ func TestPlanOnHostedTaskNeedsAbleHost(t *testing.T) {
 		}
 	}
 }
+
+// TestRescaleRefusedWhereReplicatedReadersRunOlderBuilds: in a query with
+// two replicas, a keyed aggregate read by another aggregate (a replicated
+// operator, which must take the added partitions into its DCAA machine)
+// is not rescaled while a replica of the reader runs on a worker of data-
+// plane level 3: the rescale is refused up front, naming the worker, and
+// the slot map stays as it was (nothing prepared, no task placed).
+func TestRescaleRefusedWhereReplicatedReadersRunOlderBuilds(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	admin := c.admin(0)
+	old := c.startWorker(t, 0, "old-build", rpc.DataPlaneLevelQuiescent)
+	defer old.stop()
+	upgraded := c.startWorker(t, 0, "new-build", rpc.DataPlaneLevel)
+	defer upgraded.stop()
+	const chain = `name: chain
+replicas: 2
+sources:
+  - {name: text, generator: {kind: words, rate: 100, seed: 1}}
+operators:
+  - {name: per_line, type: aggregate, input: text, window: {size: 1s}, group_by: [line], aggregates: {n: "count()"}}
+  - {name: total, type: aggregate, input: per_line, window: {size: 1s}, aggregates: {lines: "count()"}}
+sinks:
+  - {name: out, input: total}
+`
+	if _, err := admin.SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(chain), Filename: "chain.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	var before *fsm.SlotMap
+	waitFor(t, 30*time.Second, "every task placed and the slot map created", func() bool {
+		tasks, err := s.State().TasksByQuery(nil, "chain")
+		if err != nil || len(tasks) == 0 {
+			return false
+		}
+		for _, tk := range tasks {
+			if tk.WorkerID == "" {
+				return false
+			}
+		}
+		before, _ = s.State().SlotMap(nil, "chain", "per_line")
+		return before != nil
+	})
+	tasks, _ := s.State().TasksByQuery(nil, "chain")
+	readerOnOld := ""
+	for _, tk := range tasks {
+		if tk.Fragment == "total" && tk.WorkerID == old.id {
+			readerOnOld = tk.ID
+		}
+	}
+	if readerOnOld == "" {
+		t.Fatalf("no replica of the reader placed on the older worker (replicas go to distinct workers): %+v", tasks)
+	}
+	_, err := admin.ScaleQuery(ctxT(t, 10*time.Second), &pb.ScaleQueryRequest{Query: "chain", Operator: "per_line", Parallelism: 2})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), old.id) || !strings.Contains(err.Error(), readerOnOld) ||
+		!strings.Contains(err.Error(), "level 4") || strings.Contains(err.Error(), upgraded.id) {
+		t.Fatalf("rescale read by a replica on an older worker: %v; want FailedPrecondition naming %s, %s and level 4, not %s", err, old.id, readerOnOld, upgraded.id)
+	}
+	after, _ := s.State().SlotMap(nil, "chain", "per_line")
+	if after == nil || after.Epoch != before.Epoch || after.Next != nil || after.Partitions != before.Partitions {
+		t.Fatalf("a refused rescale changed the slot map: %+v -> %+v", before, after)
+	}
+	if got, _ := s.State().TasksByQuery(nil, "chain"); len(got) != len(tasks) {
+		t.Fatalf("a refused rescale placed tasks: %d -> %d", len(tasks), len(got))
+	}
+}

@@ -157,6 +157,9 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkRescaleReaders(tg); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, "scale: "+err.Error())
+	}
 	cur := tg.cur
 	if cur.Next != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "scale: a rescale of %s to epoch %d is already under way", op, cur.Next.Epoch)

@@ -18,7 +18,9 @@ import "fmt"
 //   - the coordinator starts nothing a worker involved cannot run: it
 //     refuses, naming the workers, instead of letting an older build
 //     misbehave (a quiescent reconfiguration plan needs
-//     DataPlaneLevelQuiescent on every worker of the query).
+//     DataPlaneLevelQuiescent on every worker of the query; a rescale
+//     read by a replicated operator needs DataPlaneLevelRescaleReaders
+//     on that operator's workers).
 const (
 	// DataPlaneLevelBase: tuple types STABLE to REC_DONE (1-5), live
 	// reconfiguration plans of strategy live.
@@ -28,9 +30,15 @@ const (
 	// DataPlaneLevelQuiescent: also reconfiguration plans of strategy
 	// quiescent (an older build runs them as live ones).
 	DataPlaneLevelQuiescent int32 = 3
+	// DataPlaneLevelRescaleReaders: also a replicated (DCAA) operator
+	// that follows a live rescale of the fragment it reads: it holds its
+	// machine at the prepare and takes the added partitions' streams at
+	// the cut (an older build refuses to hold, and the rescale would be
+	// aborted after placing its new tasks).
+	DataPlaneLevelRescaleReaders int32 = 4
 
 	// DataPlaneLevel is this build's level.
-	DataPlaneLevel = DataPlaneLevelQuiescent
+	DataPlaneLevel = DataPlaneLevelRescaleReaders
 )
 
 // DataPlaneLevelHeader is the gRPC response header in which a worker
