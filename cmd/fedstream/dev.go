@@ -382,7 +382,7 @@ func (d *devFederation) printBanner(w io.Writer) {
 	for i, w := range d.workers {
 		fmt.Fprintf(&b, "  worker w%d       data plane %s%s\n", i+1, w.Addr(), httpText(w.HTTPAddr()))
 	}
-	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon)\n", d.coords[0].GRPCAddr(), d.tlsDir)
+	fmt.Fprintf(&b, "try: bin/fedstream status --addr %s --tls-dir %s   (or: workers, query list, tail netmon, health actions)\n", d.coords[0].GRPCAddr(), d.tlsDir)
 	fmt.Fprint(w, b.String())
 }
 

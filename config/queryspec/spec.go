@@ -33,8 +33,10 @@ type Query struct {
 
 // SLO are a query's service level objectives.
 type SLO struct {
-	// Throughput is the rate, in tuples per second into the query's
-	// sinks, the query must sustain.
+	// Throughput is the rate the query must sustain, in input records
+	// per second its sources take (summed over its sources), whatever
+	// its windows and joins make of them: a windowed query's sinks see
+	// results only when windows close. See docs/HEALTH.md.
 	Throughput float64 `yaml:"throughput" json:"throughput"`
 }
 

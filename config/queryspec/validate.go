@@ -291,7 +291,7 @@ func (a *analysis) checkTop() {
 		ps.add(rootPath("availability").field("max_delay"), "%v", err)
 	}
 	if q.SLO != nil && (q.SLO.Throughput <= 0 || math.IsNaN(q.SLO.Throughput) || math.IsInf(q.SLO.Throughput, 0)) {
-		ps.add(rootPath("slo").field("throughput"), "%v: want a positive rate in tuples per second", q.SLO.Throughput)
+		ps.add(rootPath("slo").field("throughput"), "%v: want a positive rate in input records per second", q.SLO.Throughput)
 	}
 	if len(q.Sources) == 0 {
 		ps.add(rootPath("sources"), "required: at least one source")

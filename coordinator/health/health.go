@@ -36,7 +36,9 @@ type Instance struct {
 	Task      string
 	Partition int
 	Worker    string
-	// InRate and OutRate are tuples per second taken and emitted.
+	// InRate and OutRate are tuples per second taken and emitted. A
+	// source's InRate is the records it draws (generated, ingested, read),
+	// before the operators fused into it.
 	InRate, OutRate float64
 	// Busy is the share of wall time spent processing (useful time), 0..1.
 	Busy float64
@@ -81,7 +83,7 @@ type Fragment struct {
 	// SourceWhyNot says why a generator source cannot be rescaled (what
 	// reads it), "" when it can or is no generator.
 	SourceWhyNot string
-	// Sink: its input rate is the query's throughput.
+	// Sink: a sink fragment.
 	Sink        bool
 	Parallelism int
 	// Owners is a keyed fragment's slot map: the partition owning each
@@ -95,8 +97,8 @@ type Fragment struct {
 // Query is what the policy sees of one query.
 type Query struct {
 	Name string
-	// SLO is the throughput (tuples per second into its sinks) the query
-	// must sustain; 0: none.
+	// SLO is the throughput the query must sustain, in input records per
+	// second its sources take (see Throughput); 0: none.
 	SLO       float64
 	Fragments []Fragment
 }
@@ -386,13 +388,24 @@ func bottleneckOf(q *Query, up *Fragment) string {
 	return best
 }
 
-// Throughput is the query's rate into its sinks in one sample, counted
-// back k samples from the end; ok is false without sinks or samples.
+// Throughput is the query's throughput in one sample, counted back k
+// samples from the end: the input records per second its sources take
+// (drawn from a generator, ingested, read from Kafka), summed over the
+// sources, each partition counted once. ok is false without sources or
+// samples.
+//
+// It is measured where the sources' records enter the query, as DS2 and
+// Dhalion measure a topology's throughput, not as results per second at
+// the sinks: a windowed aggregate emits nothing until its window closes
+// and a join or a filter emits what the data calls for (the demo's alerts),
+// so a sink's rate says how much the query found, not how much it
+// processed. A source held back by a bottleneck takes fewer records, so a
+// query that cannot keep up still shows a lower throughput.
 func Throughput(q *Query, k int) (float64, bool) {
 	total, any := 0.0, false
 	for i := range q.Fragments {
 		f := &q.Fragments[i]
-		if !f.Sink {
+		if !f.Source {
 			continue
 		}
 		s, ok := sampleFromEnd(f, k)

@@ -38,7 +38,8 @@ func pipeline(n, parts int, src, op, sink gen) *Query {
 }
 
 var (
-	calmSrc  = steady(Instance{OutRate: 1000, Busy: 0.1})
+	// A source's InRate is the records it draws: the query's throughput.
+	calmSrc  = steady(Instance{InRate: 1000, OutRate: 1000, Busy: 0.1})
 	calmOp   = steady(Instance{InRate: 500, OutRate: 500, Busy: 0.5, Queue: 10})
 	calmSink = steady(Instance{InRate: 1000, Busy: 0.05})
 	blocked  = steady(Instance{OutRate: 1000, Busy: 0.1, BlockedMs: 600})
@@ -117,27 +118,34 @@ func TestDetectors(t *testing.T) {
 	}
 }
 
+// TestSLODetector: the throughput an SLO is held to is what the sources
+// take; the sink's rate plays no part (a windowed query's sink sees
+// nothing between its windows' ends).
 func TestSLODetector(t *testing.T) {
 	c := DefaultConfig()
+	silentSink := steady(Instance{})
 	for _, tc := range []struct {
 		name  string
 		slo   float64
+		src   gen
 		sink  gen
 		below bool
 	}{
-		{"met", 1000, calmSink, false},
-		{"within the margin", 1040, calmSink, false},
-		{"below", 2000, calmSink, true},
+		{"met", 1000, calmSrc, calmSink, false},
+		{"met, the sink silent (a window not yet closed)", 1000, calmSrc, silentSink, false},
+		{"within the margin", 1040, calmSrc, calmSink, false},
+		{"below", 2000, calmSrc, calmSink, true},
+		{"below, whatever the sink gets", 2000, calmSrc, steady(Instance{InRate: 5000}), true},
 		{"below once only", 1000, func(k, p int) Instance {
 			if k == 5 {
-				return Instance{InRate: 400}
+				return Instance{InRate: 400, OutRate: 400}
 			}
-			return Instance{InRate: 1000}
-		}, false},
-		{"no SLO", 0, calmSink, false},
+			return Instance{InRate: 1000, OutRate: 1000}
+		}, calmSink, false},
+		{"no SLO", 0, calmSrc, calmSink, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q := pipeline(6, 2, calmSrc, calmOp, tc.sink)
+			q := pipeline(6, 2, tc.src, calmOp, tc.sink)
 			q.SLO = tc.slo
 			if _, below, _ := Detect(q, c); below != tc.below {
 				t.Errorf("below %v, want %v", below, tc.below)
@@ -323,7 +331,7 @@ func TestNoiseCausesNoAction(t *testing.T) {
 	for i := range noise {
 		noise[i] = 1 + 0.4*(rng.Float64()-0.5)
 	}
-	full := pipeline(n, 2, func(k, p int) Instance { return Instance{OutRate: 1000 * noise[k], Busy: 0.1} },
+	full := pipeline(n, 2, func(k, p int) Instance { return Instance{InRate: 1000 * noise[k], OutRate: 1000 * noise[k], Busy: 0.1} },
 		func(k, p int) Instance {
 			return Instance{InRate: 500 * noise[k], OutRate: 500 * noise[k], Busy: 0.55 * noise[k], Queue: 40 * noise[k]}
 		},

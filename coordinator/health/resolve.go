@@ -305,12 +305,19 @@ func fmtLoads(loads map[int]float64) string {
 
 // sourcesFor sizes the sources for a missed throughput SLO: when no
 // source is held back (none blocked past BackpressureMs in the window),
-// the sources are what limits the query, and they must send SLO /
-// throughput times what they send now. A source with a configured rate
-// per partition needs that many more partitions: the first generator
-// source that does becomes the decision's Target, From and To (one
-// source per action). Without one, the decision cannot be carried out
-// and its Why says what the sources would need.
+// the sources are what limits the query. The throughput is what the
+// sources take (Throughput), so the records per second missing are the
+// SLO minus the throughput; any one source would have to take them on
+// top of what it takes now, and each source's part of the Why says so.
+// A source with a configured rate per partition needs that many more
+// partitions: the first generator source that does becomes the
+// decision's Target, From and To, sized to make up the whole deficit in
+// one step (one source per action). Its configured rate is scaled by
+// what it must take over what it sustains now (what it takes, at most
+// its configured rate), so that a source short of its configured rate
+// (busy with the operators fused into it) gets the partitions for its
+// real rate, and one catching up with its schedule is not undersized. Without one, the decision cannot be
+// carried out and its Why says what the sources would need.
 func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 	if q.SLO <= 0 {
 		return false, "no throughput SLO"
@@ -328,7 +335,7 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 		return false, "no throughput measured"
 	}
 	tp /= float64(n)
-	factor := q.SLO / tp
+	deficit := max(q.SLO-tp, 0)
 	var parts []string
 	var target *Fragment
 	from, to := 0, 0
@@ -340,16 +347,21 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 		if b := mean(f.Samples, blockedMs); b > c.BackpressureMs {
 			return false, fmt.Sprintf("source %s is held back (blocked %.0f ms/s): the sources are not the bottleneck", f.Name, b)
 		}
-		out := mean(f.Samples, func(s Sample) float64 { return sum(s.Instances, func(i Instance) float64 { return i.OutRate }) })
-		part := fmt.Sprintf("%s from %.0f to %.0f tuples/s", f.Name, out, out*factor)
+		in := mean(f.Samples, func(s Sample) float64 { return sum(s.Instances, func(i Instance) float64 { return i.InRate }) })
+		part := fmt.Sprintf("%s from %.0f to %.0f tuples/s", f.Name, in, in+deficit)
 		if b := mean(f.Samples, func(s Sample) float64 { return mean(s.Instances, func(i Instance) float64 { return i.Busy }) }); b > c.TargetUtil {
 			// The operators fused into the source (a split, a map) take
 			// its time: it needs more partitions, not a higher rate.
 			part += fmt.Sprintf(", busy %.0f%%", b*100)
 		}
-		if f.SourceRate > 0 && f.Parallelism > 0 {
+		if f.SourceRate > 0 && f.Parallelism > 0 && in > 0 {
+			// What it sustains: no more than its configured rate (a
+			// generator behind its schedule, after a start or a stall,
+			// takes more until it has caught up), less when it cannot
+			// keep it (busy).
+			sustained := min(in, f.SourceRate)
 			per := f.SourceRate / float64(f.Parallelism)
-			want := Needed(f.SourceRate*factor, per, 1, c.MaxParallelism)
+			want := Needed(f.SourceRate*(in+deficit)/sustained, per, 1, c.MaxParallelism)
 			part += fmt.Sprintf(" (%d -> %d partitions at %.0f records/s each)", f.Parallelism, want, per)
 			if f.SourceWhyNot != "" {
 				part += " (cannot be rescaled: " + f.SourceWhyNot + ")"
@@ -381,8 +393,8 @@ func sourcesFor(q *Query, dec *Decision, c Config) (bool, string) {
 // missed (SLO * (1 - SLOMargin)), as DownUtil keeps an operator's
 // scale-down clear of its scale-up. ok is false (why says why) unless
 // the source can give up a partition: it must be the query's only source
-// (with several, the share of the throughput each one makes is not
-// known), a generator with a rate per partition that a live rescale can
+// (which of several to shrink, and by how much each, is a choice not
+// built), a generator with a rate per partition that a live rescale can
 // resize, not held back, and every sample of the window must have a
 // throughput.
 func SourceDown(q *Query, f *Fragment, c Config) (from, to int, why string, ok bool) {
@@ -396,7 +408,7 @@ func SourceDown(q *Query, f *Fragment, c Config) (from, to int, why string, ok b
 	}
 	for i := range q.Fragments {
 		if o := &q.Fragments[i]; o.Source && o.Name != f.Name {
-			return 0, 0, "the query has several sources: the share of the throughput each makes is not known", false
+			return 0, 0, "the query has several sources: scaling one of several down is not built", false
 		}
 	}
 	if b := mean(f.Samples, blockedMs); b > c.BackpressureMs {

@@ -6,17 +6,21 @@ import (
 	"time"
 )
 
-// overSource is a generator source of parts partitions at 100 records/s
-// each into a keyed operator, whose output reaches the sink one for one;
-// sinkRate gives the sink's rate in sample k.
-func overSource(parts int, slo float64, sinkRate func(k int) float64, op gen) *Query {
-	src := steady(Instance{OutRate: 100, Busy: 0.05})
+// overSource is a generator source of parts partitions of 100 records/s
+// each (configured) into a keyed operator, whose output reaches the sink
+// one for one; rate gives the records per second the source takes in
+// sample k (the throughput), shared evenly by its partitions.
+func overSource(parts int, slo float64, rate func(k int) float64, op gen) *Query {
+	src := func(k, _ int) Instance {
+		r := rate(k) / float64(parts)
+		return Instance{InRate: r, OutRate: r, Busy: 0.05}
+	}
 	return &Query{Name: "q", SLO: slo, Fragments: []Fragment{
 		{Name: "src", Source: true, SourceRate: float64(100 * parts), SourceScalable: true, Parallelism: parts,
 			Downstreams: []string{"op"}, Samples: window(8, parts, src)},
 		{Name: "op", Scalable: true, Parallelism: 1, Upstreams: []string{"src"}, Downstreams: []string{"out"}, Samples: window(8, 1, op)},
 		{Name: "out", Sink: true, Parallelism: 1, Upstreams: []string{"op"},
-			Samples: window(8, 1, func(k, _ int) Instance { return Instance{InRate: sinkRate(k), Busy: 0.01} })},
+			Samples: window(8, 1, func(k, _ int) Instance { return Instance{InRate: rate(k), Busy: 0.01} })},
 	}}
 }
 
