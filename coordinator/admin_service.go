@@ -280,7 +280,13 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 				ti.WorkerAddr = w.Addr
 				switch as.s.shownStatus(w) {
 				case statusReady:
-					if t.State == states.TaskPending && t.Message == "" {
+					switch {
+					case t.MovingFrom != "" && t.Message == "":
+						// A live move: the new copy starts or catches
+						// up here while the old one still serves every
+						// consumer; nothing has stopped.
+						ti.Message = movingNote(t)
+					case t.State == states.TaskPending && t.Message == "":
 						ti.Message = fmt.Sprintf("placed on worker %s, which has not reported it running yet", w.ID)
 					}
 				case statusUnknown:
@@ -302,6 +308,17 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 		info.Tasks = append(info.Tasks, ti)
 	}
 	return info, nil
+}
+
+// movingNote says, for query status, where a task in a live move stands:
+// its old copy on t.MovingFrom serves every consumer until the new copy
+// (t's placement) runs and has caught up, then consumers switch and the
+// old copy stops.
+func movingNote(t *fsm.Task) string {
+	if t.State == states.TaskRunning {
+		return fmt.Sprintf("moving from worker %s: this copy runs and catches up; the old copy serves until it has", t.MovingFrom)
+	}
+	return fmt.Sprintf("moving from worker %s: this copy starts from the old copy's snapshot; the old copy serves meanwhile", t.MovingFrom)
 }
 
 func (as *adminService) ListQueries(ctx context.Context, _ *pb.ListQueriesRequest) (*pb.ListQueriesResponse, error) {

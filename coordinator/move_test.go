@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -53,5 +54,60 @@ func TestCatchUpMoveEndsAfterItsBound(t *testing.T) {
 	tk, _ := st.Task(nil, task)
 	if tk.MovePosition == nil || tk.MovingFromPosition == nil || *tk.MovePosition != 10 || *tk.MovingFromPosition != 100 || tk.State != states.TaskRunning {
 		t.Fatalf("after the bound: %+v", tk)
+	}
+}
+
+// TestQueryStatusShowsAMoveInProgress: while a live move is under way,
+// query status says so on the moving task (the old copy serves meanwhile)
+// instead of showing the new copy as merely placed and not yet running,
+// which reads as if the task had stopped.
+func TestQueryStatusShowsAMoveInProgress(t *testing.T) {
+	t.Parallel()
+	tm := testTimings()
+	tm.MoveCatchUpBound = time.Minute
+	c := newTestClusterWith(t, 1, "", "", tm)
+	l := c.leader()
+	w1 := c.startWorker(t, l, "w1")
+	submit(t, c.admin(l), "ms", 1)
+	tasks := workerStatus(t, c.admin(l))[w1.id].Tasks
+	if len(tasks) == 0 {
+		t.Fatal("no task placed on w1")
+	}
+	task := tasks[0]
+	w2 := c.startWorker(t, l, "w2")
+	if _, err := c.admin(l).MoveTask(ctxT(t, 10*time.Second), &pb.MoveTaskRequest{TaskId: task, ToWorker: w2.id}); err != nil {
+		t.Fatal(err)
+	}
+	shown := func() *pb.TaskInfo {
+		t.Helper()
+		q, err := c.admin(l).GetQuery(ctxT(t, 5*time.Second), &pb.GetQueryRequest{Name: "ms"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, ti := range q.Tasks {
+			if ti.TaskId == task {
+				return ti
+			}
+		}
+		t.Fatalf("no task %s in query status", task)
+		return nil
+	}
+	want := "moving from worker " + w1.id
+	if ti := shown(); ti.MovingFrom != w1.id || !strings.Contains(ti.Message, want) || !strings.Contains(ti.Message, "old copy serves") {
+		t.Fatalf("query status during the move: state %s, message %q; want it to say %q and that the old copy serves", ti.State, ti.Message, want)
+	}
+	pos := func(p uint64) *uint64 { return &p }
+	for _, r := range []struct {
+		w   string
+		gen int32
+		pos uint64
+	}{{w1.id, 1, 100}, {w2.id, 2, 10}} {
+		if _, err := c.workers(l).ReportTasks(ctxT(t, 5*time.Second), &pb.ReportTasksRequest{WorkerId: r.w,
+			Tasks: []*pb.TaskState{{TaskId: task, State: states.TaskRunning, Generation: r.gen, MovePosition: pos(r.pos)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ti := shown(); ti.State != states.TaskRunning || !strings.Contains(ti.Message, want) || !strings.Contains(ti.Message, "catches up") {
+		t.Fatalf("query status while the new copy catches up: state %s, message %q", ti.State, ti.Message)
 	}
 }
