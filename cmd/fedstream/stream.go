@@ -116,7 +116,29 @@ type tailer struct {
 	uncorrectable [][2]int64
 	// activity is reset on every result printed (idle only).
 	activity *time.Timer
+	// silence: when the replica followed sends nothing for this long,
+	// tail asks the coordinators whether that copy of the sink still
+	// runs there (0: tailSilence); placedElsewhere answers it (nil: ask
+	// the coordinators, see copyGone).
+	silence         time.Duration
+	placedElsewhere func(ctx context.Context, followed *pb.TaskInfo) (string, error)
 }
+
+// tailSilence is how long the sink replica tail reads may send nothing
+// before tail asks whether it still runs there. A paused worker process
+// (SIGSTOP) or a silently partitioned host keeps its connection open and
+// sends nothing, and no-ack subscribers get no heartbeats: without the
+// question, tail waited for gRPC's keepalive (about 40 s) while the
+// coordinators had long placed the sink again. The question is one
+// GetQuery per interval, and only while the stream is silent; a replica
+// that is merely quiet (no results for a while) and still placed there
+// is not left.
+const tailSilence = 2 * time.Second
+
+// errCopyGone: the sink copy tail was reading is no longer placed where
+// it read it (its worker was declared down, the task was moved or placed
+// again); tail moves to a copy that runs.
+var errCopyGone = errors.New("sink copy placed elsewhere")
 
 func (tl *tailer) run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -225,11 +247,23 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// The watchdog ends with follow: it asks about the copy while the
+	// stream is silent and cancels the stream once the copy is gone.
+	var lastRecv atomic.Int64
+	lastRecv.Store(time.Now().UnixNano())
+	var watch sync.WaitGroup
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		tl.watchSilence(ctx, t, &lastRecv, cancel)
+	}()
+	defer watch.Wait()
+	defer cancel(nil)
 	stream, err := pb.NewDataPlaneClient(conn).Subscribe(ctx)
 	if err != nil {
-		return err
+		return gone(ctx, err)
 	}
 	err = stream.Send(&pb.SubscribeRequest{
 		Stream:     &pb.StreamRef{Query: tl.query, TaskId: t.TaskId},
@@ -249,8 +283,9 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 	for {
 		b, err := stream.Recv()
 		if err != nil {
-			return err
+			return gone(ctx, err)
 		}
+		lastRecv.Store(time.Now().UnixNano())
 		// Ids are consecutive in a batch, which names its last one.
 		if b.Count == 0 || b.LastId < uint64(b.Count) {
 			return fmt.Errorf("results from %s: a batch of %d tuples ending with id %d", t.WorkerAddr, b.Count, b.LastId)
@@ -270,6 +305,91 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 			return err
 		}
 	}
+}
+
+// gone is err, or, when the watchdog cancelled the stream because the
+// copy was placed elsewhere, that reason.
+func gone(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, errCopyGone) {
+		return cause
+	}
+	return err
+}
+
+// watchSilence runs while tail follows copy t: whenever the stream has
+// been silent for the silence interval, it asks whether t still runs
+// where tail reads it, and cancels the stream (cause errCopyGone, noted
+// on stderr) when it does not.
+func (tl *tailer) watchSilence(ctx context.Context, t *pb.TaskInfo, lastRecv *atomic.Int64, cancel context.CancelCauseFunc) {
+	silence := tl.silence
+	if silence <= 0 {
+		silence = tailSilence
+	}
+	ask := tl.placedElsewhere
+	if ask == nil {
+		ask = tl.copyGone
+	}
+	timer := time.NewTimer(silence)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		}
+		quiet := time.Since(time.Unix(0, lastRecv.Load()))
+		if quiet < silence {
+			timer.Reset(silence - quiet)
+			continue
+		}
+		why, err := ask(ctx, t)
+		if err == nil && why != "" {
+			err := fmt.Errorf("%w: %s at %s sent nothing for %s and %s", errCopyGone, t.TaskId, t.WorkerAddr, quiet.Round(time.Second), why)
+			tl.note("%v; moving to a copy that runs", err)
+			cancel(err)
+			return
+		}
+		timer.Reset(silence)
+	}
+}
+
+// copyGone asks the coordinators whether copy t of the sink still runs
+// where tail reads it; it returns why not, or "" while it does (or while
+// the coordinators cannot say: tail keeps waiting).
+func (tl *tailer) copyGone(ctx context.Context, t *pb.TaskInfo) (string, error) {
+	c, cctx, done, err := tl.flags.admin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	q, err := c.GetQuery(cctx, &pb.GetQueryRequest{Name: tl.query})
+	if err != nil {
+		return "", err
+	}
+	return placedElsewhere(q, t), nil
+}
+
+// placedElsewhere says why copy t (as tail found it) no longer runs
+// where tail reads it according to q, or "" while it does. A task
+// whose state is unknown (a new leader not yet heard from its worker)
+// counts as still there.
+func placedElsewhere(q *pb.QueryInfo, t *pb.TaskInfo) string {
+	if q.Status == states.QueryStopped {
+		return "the query was stopped"
+	}
+	for _, now := range q.Tasks {
+		if now.TaskId != t.TaskId {
+			continue
+		}
+		switch {
+		case now.WorkerAddr != t.WorkerAddr || now.Generation != t.Generation || now.Org != t.Org:
+			return fmt.Sprintf("the coordinators placed it again (generation %d at %s)", max(now.Generation, 1), orNone(now.WorkerAddr))
+		case now.State == states.TaskLost || now.State == states.TaskPending || now.State == states.TaskFailed || now.State == states.TaskStopped:
+			return fmt.Sprintf("the coordinators report it %s", now.State)
+		}
+		return ""
+	}
+	return "the coordinators no longer list it"
 }
 
 // batch prints one batch of a sink's result stream (ts, ending at
