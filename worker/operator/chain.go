@@ -131,4 +131,37 @@ func (c *chain) restore(state []byte, owned bool) error {
 	return nil
 }
 
+// restoreInTurn restores the members one after the other from a state
+// read in order (see restore for the layout), for the restores that read
+// it as it comes (restoreStream, restoreIncoming): uvarint reads the next
+// count or size (what names it in the error), left is how many bytes of
+// the state are still unread, and member restores op from the next size
+// bytes, reading them. Unlike restore, a bad member found late leaves the
+// members before it restored: the caller discards the chain on error.
+func (c *chain) restoreInTurn(uvarint func(what string) (uint64, error), left func() int, member func(op Operator, size int) error) error {
+	n, err := uvarint("member count")
+	if err != nil {
+		return err
+	}
+	if n != uint64(len(c.ops)) {
+		return fmt.Errorf("%w: chain of %d operators, snapshot holds %d", ErrBadSnapshot, len(c.ops), n)
+	}
+	for i, op := range c.ops {
+		size, err := uvarint("member size")
+		if err != nil {
+			return err
+		}
+		if size > uint64(left()) {
+			return fmt.Errorf("%w: chain member %d truncated", ErrBadSnapshot, i)
+		}
+		if err := member(op, int(size)); err != nil {
+			return fmt.Errorf("chain member %d: %w", i, err)
+		}
+	}
+	if rest := left(); rest != 0 {
+		return fmt.Errorf("%w: %d trailing bytes after chain", ErrBadSnapshot, rest)
+	}
+	return nil
+}
+
 func (c *chain) OutputSchema() *tuple.Schema { return c.ops[len(c.ops)-1].OutputSchema() }

@@ -145,30 +145,13 @@ func (c *chain) restoreIncoming(v view) error {
 			}
 		}
 	}
-	n, err := uvarint("member count")
-	if err != nil {
-		return err
-	}
-	if n != uint64(len(c.ops)) {
-		return fmt.Errorf("%w: chain of %d operators, snapshot holds %d", ErrBadSnapshot, len(c.ops), n)
-	}
-	for i, op := range c.ops {
-		size, err := uvarint("member size")
-		if err != nil {
+	return c.restoreInTurn(uvarint, func() int { return v.size - off }, func(op Operator, size int) error {
+		if err := restoreView(op, view{in: v.in, off: v.off + off, size: size}); err != nil {
 			return err
 		}
-		if size > uint64(v.size-off) {
-			return fmt.Errorf("%w: chain member %d truncated", ErrBadSnapshot, i)
-		}
-		if err := restoreView(op, view{in: v.in, off: v.off + off, size: int(size)}); err != nil {
-			return fmt.Errorf("chain member %d: %w", i, err)
-		}
-		off += int(size)
-	}
-	if off != v.size {
-		return fmt.Errorf("%w: %d trailing bytes after chain", ErrBadSnapshot, v.size-off)
-	}
-	return nil
+		off += size
+		return nil
+	})
 }
 
 // restoreIncoming is restoreOwned decoding each part of the state as soon

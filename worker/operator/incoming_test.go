@@ -3,6 +3,7 @@ package operator
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -36,65 +37,28 @@ func arrive(in *Incoming, off int, state []byte, r *rand.Rand, failAt int) {
 // chained, restored from a state arriving in small random pieces at an
 // offset of a larger buffer, holds exactly the state Restore gives.
 func TestRestoreIncomingEqualsRestore(t *testing.T) {
-	for _, sc := range snapshotCases() {
-		t.Run(sc.name, func(t *testing.T) {
-			for seed := range uint64(3) {
-				r := rand.New(rand.NewPCG(seed, 7))
-				events := randomStream(r, sc.inputs, 300)
-				for _, chained := range []bool{false, true} {
-					if chained && (len(sc.inputs) != 1 || sc.inputs[0] != connSchema) {
-						continue // the filter in front reads connSchema
-					}
-					build := func() Operator {
-						op := mustNew(t, sc.def, sc.inputs...)
-						if chained {
-							return Chain(mustNew(t, snapshotCases()[0].def, connSchema), op)
-						}
-						return op
-					}
-					src := build()
-					var f feeder
-					f.feed(t, src, events[:len(events)/2], Collect())
-					state, err := src.Snapshot()
-					if err != nil {
-						t.Fatal(err)
-					}
-					const off = 13
-					in := NewIncoming(make([]byte, off+len(state)+5))
-					dst := build()
-					done := make(chan error, 1)
-					go func() { done <- RestoreIncoming(dst, in, off, len(state)) }()
-					arrive(in, off, state, r, -1)
-					in.Arrived(len(in.Buf))
-					if err := <-done; err != nil {
-						t.Fatalf("seed %d chained %v: %v", seed, chained, err)
-					}
-					again, err := dst.Snapshot()
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(again, state) {
-						t.Fatalf("seed %d chained %v: the state restored while arriving encodes differently", seed, chained)
-					}
-				}
-			}
-		})
-	}
+	forEachRestoreCase(t, 7, func(t *testing.T, rc restoreCase, r *rand.Rand) {
+		const off = 13
+		in := NewIncoming(make([]byte, off+len(rc.state)+5))
+		dst := rc.build()
+		done := make(chan error, 1)
+		go func() { done <- RestoreIncoming(dst, in, off, len(rc.state)) }()
+		arrive(in, off, rc.state, r, -1)
+		in.Arrived(len(in.Buf))
+		which := fmt.Sprintf("seed %d chained %v", rc.seed, rc.chained)
+		if err := <-done; err != nil {
+			t.Fatalf("%s: %v", which, err)
+		}
+		sameRestored(t, dst, rc.state, which+": the state restored while arriving")
+	})
 }
 
 // TestRestoreIncomingBrokenOff: a transfer that breaks off at any point
 // ends the restore with ErrIncomingFailed (never a hang, never success),
 // and a state that arrived whole but is truncated is ErrBadSnapshot.
 func TestRestoreIncomingBrokenOff(t *testing.T) {
-	sc := snapshotCases()[5] // the sliding aggregate
 	r := rand.New(rand.NewPCG(3, 3))
-	src := mustNew(t, sc.def, sc.inputs...)
-	var f feeder
-	f.feed(t, src, randomStream(r, sc.inputs, 300)[:150], Collect())
-	state, err := src.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, state := slidingState(t, r)
 	for cut := 0; cut < len(state); cut += 1 + len(state)/60 {
 		in := NewIncoming(make([]byte, len(state)))
 		done := make(chan error, 1)

@@ -103,30 +103,13 @@ func (c *chain) restoreStream(s *stateStream, size int) error {
 		left -= k
 		return x, nil
 	}
-	n, err := uvarint("member count")
-	if err != nil {
-		return err
-	}
-	if n != uint64(len(c.ops)) {
-		return fmt.Errorf("%w: chain of %d operators, snapshot holds %d", ErrBadSnapshot, len(c.ops), n)
-	}
-	for i, op := range c.ops {
-		part, err := uvarint("member size")
-		if err != nil {
+	return c.restoreInTurn(uvarint, func() int { return left }, func(op Operator, part int) error {
+		if err := restoreFromStream(op, s, part); err != nil {
 			return err
 		}
-		if part > uint64(left) {
-			return fmt.Errorf("%w: chain member %d truncated", ErrBadSnapshot, i)
-		}
-		if err := restoreFromStream(op, s, int(part)); err != nil {
-			return fmt.Errorf("chain member %d: %w", i, err)
-		}
-		left -= int(part)
-	}
-	if left != 0 {
-		return fmt.Errorf("%w: %d trailing bytes after chain", ErrBadSnapshot, left)
-	}
-	return nil
+		left -= part
+		return nil
+	})
 }
 
 // restoreStream is restoreOwned decoding the state as it is read.

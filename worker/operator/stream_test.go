@@ -50,66 +50,29 @@ func (t *trickle) Read(p []byte) (int, error) {
 // buffer), holds exactly the state Restore gives, and the stream is left
 // right after the state (what follows it is still there to read).
 func TestRestoreStreamEqualsRestore(t *testing.T) {
-	for _, sc := range snapshotCases() {
-		t.Run(sc.name, func(t *testing.T) {
-			for seed := range uint64(3) {
-				r := rand.New(rand.NewPCG(seed, 11))
-				events := randomStream(r, sc.inputs, 300)
-				for _, chained := range []bool{false, true} {
-					if chained && (len(sc.inputs) != 1 || sc.inputs[0] != connSchema) {
-						continue
-					}
-					build := func() Operator {
-						op := mustNew(t, sc.def, sc.inputs...)
-						if chained {
-							return Chain(mustNew(t, snapshotCases()[0].def, connSchema), op)
-						}
-						return op
-					}
-					src := build()
-					var f feeder
-					f.feed(t, src, events[:len(events)/2], Collect())
-					state, err := src.Snapshot()
-					if err != nil {
-						t.Fatal(err)
-					}
-					const after = "what follows the state"
-					for _, bufSize := range []int{16, 4096} {
-						br := bufio.NewReaderSize(&trickle{b: append(bytes.Clone(state), after...), r: r, failAt: -1}, bufSize)
-						dst := build()
-						if err := RestoreStream(dst, br, len(state)); err != nil {
-							t.Fatalf("seed %d chained %v buffer %d: %v", seed, chained, bufSize, err)
-						}
-						again, err := dst.Snapshot()
-						if err != nil {
-							t.Fatal(err)
-						}
-						if !bytes.Equal(again, state) {
-							t.Fatalf("seed %d chained %v buffer %d: the state restored from the stream encodes differently", seed, chained, bufSize)
-						}
-						if rest, _ := io.ReadAll(br); string(rest) != after {
-							t.Fatalf("seed %d chained %v buffer %d: %q left after the state, want %q", seed, chained, bufSize, rest, after)
-						}
-					}
-				}
+	forEachRestoreCase(t, 11, func(t *testing.T, rc restoreCase, r *rand.Rand) {
+		const after = "what follows the state"
+		for _, bufSize := range []int{16, 4096} {
+			br := bufio.NewReaderSize(&trickle{b: append(bytes.Clone(rc.state), after...), r: r, failAt: -1}, bufSize)
+			dst := rc.build()
+			which := fmt.Sprintf("seed %d chained %v buffer %d", rc.seed, rc.chained, bufSize)
+			if err := RestoreStream(dst, br, len(rc.state)); err != nil {
+				t.Fatalf("%s: %v", which, err)
 			}
-		})
-	}
+			sameRestored(t, dst, rc.state, which+": the state restored from the stream")
+			if rest, _ := io.ReadAll(br); string(rest) != after {
+				t.Fatalf("%s: %q left after the state, want %q", which, rest, after)
+			}
+		}
+	})
 }
 
 // TestRestoreStreamBrokenOff: a stream that breaks off anywhere in the
 // state ends the restore with ErrStreamFailed (never success), and a
 // state that arrived whole but is truncated or corrupt is ErrBadSnapshot.
 func TestRestoreStreamBrokenOff(t *testing.T) {
-	sc := snapshotCases()[5] // the sliding aggregate
 	r := rand.New(rand.NewPCG(5, 5))
-	src := mustNew(t, sc.def, sc.inputs...)
-	var f feeder
-	f.feed(t, src, randomStream(r, sc.inputs, 300)[:150], Collect())
-	state, err := src.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc, state := slidingState(t, r)
 	for cut := 0; cut < len(state); cut += 1 + len(state)/60 {
 		br := bufio.NewReaderSize(&trickle{b: state, r: r, failAt: cut}, 16)
 		if err := RestoreStream(mustNew(t, sc.def, sc.inputs...), br, len(state)); !errors.Is(err, ErrStreamFailed) {
