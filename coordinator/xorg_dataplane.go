@@ -351,8 +351,12 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 			// with its first message), so the subscriber sees the
 			// producer's, not the relay's.
 			header = false
-			if md, err := out.Header(); err == nil && len(md.Get(rpc.DataPlaneLevelHeader)) > 0 {
-				_ = in.SetHeader(metadata.Pairs(rpc.DataPlaneLevelHeader, md.Get(rpc.DataPlaneLevelHeader)[0]))
+			if md, err := out.Header(); err == nil {
+				for _, h := range []string{rpc.DataPlaneLevelHeader, rpc.StreamRestartedHeader} {
+					if v := md.Get(h); len(v) > 0 {
+						_ = in.SetHeader(metadata.Pairs(h, v[0]))
+					}
+				}
 			}
 		}
 		if err := in.Send(b); err != nil {

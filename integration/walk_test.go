@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,7 +89,23 @@ func TestWordCountWalk(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real processes")
 	}
-	query := walkQuery(t, "wc", 2)
+	for _, replicas := range []int{2, 1} {
+		t.Run(fmt.Sprintf("replicas=%d", replicas), func(t *testing.T) {
+			t.Parallel()
+			wordCountWalk(t, replicas)
+		})
+	}
+}
+
+// wordCountWalk is TestWordCountWalk with the query's replicas. With one
+// replica the kill -9 loses the state of the killed worker's tasks: the
+// windows open at the kill may come out short, every other one must be
+// exact, and the tail, whose sink copy started again without state, says
+// so and goes on with that copy's results (before, it printed nothing
+// until the new copy's ids passed its old position, then went on with
+// every window in between skipped).
+func wordCountWalk(t *testing.T, replicas int) {
+	query := walkQuery(t, "wc", replicas)
 	want := wordcountReference(t, query)
 	o := startOrg(t, 3, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
@@ -167,6 +184,7 @@ func TestWordCountWalk(t *testing.T) {
 		killed  string
 	)
 	note := func(s string) { mu.Lock(); steps = append(steps, s); mu.Unlock() }
+	var printed atomic.Int64
 	started := make(chan struct{})
 	walked := make(chan struct{})
 	go func() {
@@ -227,7 +245,16 @@ func TestWordCountWalk(t *testing.T) {
 				time.Sleep(100 * time.Millisecond)
 			}
 			note("moved " + moving + " to " + name)
-			// kill -9 the worker of the sink replica the tail reads.
+			// kill -9 the worker of the sink replica the tail reads,
+			// once a third of the windows came (with one replica, a tail
+			// that waited for the new copy's ids to pass its position
+			// would skip as many).
+			for printed.Load() < int64(len(want)/3) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 			victim, p, err := workerName(ts[sink].Worker)
 			if err != nil {
 				return err
@@ -261,16 +288,20 @@ func TestWordCountWalk(t *testing.T) {
 		if r.Type != "STABLE" {
 			continue // tentative results and corrections are allowed; the stable ones must be exact
 		}
-		if r.ID <= lastID {
-			t.Fatalf("tail printed id %d after id %d", r.ID, lastID)
+		k := r.Values.WindowEnd + "/" + r.Values.Word
+		if replicas > 1 {
+			// With one replica the restarted sink numbers from 1 again
+			// and may give again a result the killed copy had produced.
+			if r.ID <= lastID {
+				t.Fatalf("tail printed id %d after id %d", r.ID, lastID)
+			}
+			if _, dup := got[k]; dup {
+				t.Fatalf("tail printed %s twice", k)
+			}
 		}
 		lastID = r.ID
-		k := r.Values.WindowEnd + "/" + r.Values.Word
-		if _, dup := got[k]; dup {
-			t.Fatalf("tail printed %s twice", k)
-		}
 		got[k] = r.Values.Count
-		if len(got) == len(want)/10 {
+		if printed.Add(1) == int64(len(want)/10) {
 			close(started)
 		}
 	}
@@ -292,6 +323,7 @@ func TestWordCountWalk(t *testing.T) {
 	t.Logf("walk: %v", steps)
 
 	missing, wrong := 0, 0
+	differ := map[string]int{} // window -> keys missing or wrong
 	for k, v := range want {
 		g, ok := got[k]
 		switch {
@@ -299,13 +331,27 @@ func TestWordCountWalk(t *testing.T) {
 			missing++
 		case g != v:
 			wrong++
-			if wrong <= 5 {
-				t.Errorf("window/word %s: count %d, want %d", k, g, v)
-			}
+		default:
+			continue
+		}
+		differ[k[:strings.IndexByte(k, '/')]]++
+		if replicas > 1 && wrong+missing <= 5 {
+			t.Errorf("window/word %s: count %d (printed %v), want %d", k, g, ok, v)
 		}
 	}
-	if missing > 0 || wrong > 0 || len(got) != len(want) {
+	if replicas > 1 && (missing > 0 || wrong > 0 || len(got) != len(want)) {
 		t.Fatalf("tail printed %d counts, want %d: %d missing, %d differ", len(got), len(want), missing, wrong)
+	}
+	if replicas == 1 {
+		// Only the windows open at the kill may differ: the aggregate's
+		// and the sink's (one or two windows behind the source).
+		if len(differ) > 3 {
+			t.Fatalf("%d windows differ from a run left alone (%v), want at most the 3 open at the kill: the tail skipped results", len(differ), differ)
+		}
+		if !strings.Contains(tailErr.String(), "started again without the state") {
+			t.Fatalf("the tail did not say its sink copy started again without state: %q", tailErr.String())
+		}
+		t.Logf("windows open at the kill, short: %v", differ)
 	}
 
 	// The replicas on the killed worker were placed again and started
@@ -323,8 +369,11 @@ func TestWordCountWalk(t *testing.T) {
 			n++
 		}
 	}
-	if n != 2 {
-		t.Fatalf("%d tasks of counts after scaling to 1 partition, want 2 (two replicas)", n)
+	if n != replicas {
+		t.Fatalf("%d tasks of counts after scaling to 1 partition, want %d (one per replica)", n, replicas)
+	}
+	if replicas == 1 {
+		return // no peer to bootstrap from
 	}
 	_, repl, err := workerName(ts[sink].Worker)
 	if err != nil {

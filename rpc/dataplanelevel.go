@@ -45,6 +45,15 @@ const (
 // serving a Subscribe call states its data-plane level.
 const DataPlaneLevelHeader = "fedstream-dataplane-level"
 
+// StreamRestartedHeader is the gRPC response header ("1") in which a
+// worker serving a Subscribe call says that the stream's producer started
+// again without the state of its previous copy (re-placed with no replica
+// to bootstrap from): its ids start again and do not continue the ones a
+// reader took from that copy. The worker sends it at once, before any
+// tuple, so that a reader asking after an id the new copy has not reached
+// learns it without waiting for that id.
+const StreamRestartedHeader = "fedstream-stream-restarted"
+
 // EffectiveDataPlaneLevel is the level a peer that stated l has: l, or
 // DataPlaneLevelBase when it stated none (0, an older build).
 func EffectiveDataPlaneLevel(l int32) int32 {

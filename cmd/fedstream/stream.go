@@ -122,6 +122,33 @@ type tailer struct {
 	// the coordinators, see copyGone).
 	silence         time.Duration
 	placedElsewhere func(ctx context.Context, followed *pb.TaskInfo) (string, error)
+	// posFrom names the sink copy (task@generation) lastID was last
+	// read from.
+	posFrom string
+}
+
+// restartedCopy is called when tail subscribes to copy, a copy of the
+// sink that started again without the state of the copy before it
+// (rpc.StreamRestartedHeader: re-placed after its worker was lost, with
+// no replica to bootstrap from). Its ids start again from 1, so resuming
+// after the last id taken from another copy would skip every result it
+// produces until it passes that id, for about as long as the old copy had
+// run, then go on with a gap. tail says so on stderr (UNDO first, if it
+// shows tentative results) and reads that copy from its first result:
+// it reports whether it must subscribe again from there.
+func (tl *tailer) restartedCopy(copy string, schema *tuple.Schema, sink string) (bool, error) {
+	if tl.lastID == 0 || tl.posFrom == copy {
+		return false, nil
+	}
+	tl.note("sink copy %s started again without the state of the copy before it (its worker was lost and no replica could give it a snapshot: with replicas: 1 there is none); its results are numbered from 1 again and tail prints them from its first one; windows that were open when the old copy was lost count only what the new copy replayed", copy)
+	if tl.tentOpen && !tl.stable {
+		if err := tl.emit(&tuple.Tuple{Type: tuple.Undo, ID: tl.lastID, STime: int64(tl.lastID)}, schema, sink); err != nil {
+			return false, err
+		}
+	}
+	tl.lastID, tl.tentOpen, tl.tentN, tl.recOpen = 0, false, 0, false
+	tl.posFrom = copy
+	return true, nil
 }
 
 // tailSilence is how long the sink replica tail reads may send nothing
@@ -261,20 +288,45 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 	}()
 	defer watch.Wait()
 	defer cancel(nil)
-	stream, err := pb.NewDataPlaneClient(conn).Subscribe(ctx)
+	subscribe := func() (pb.DataPlane_SubscribeClient, context.CancelFunc, error) {
+		sctx, scancel := context.WithCancel(ctx)
+		stream, err := pb.NewDataPlaneClient(conn).Subscribe(sctx)
+		if err == nil {
+			err = stream.Send(&pb.SubscribeRequest{
+				Stream:     &pb.StreamRef{Query: tl.query, TaskId: t.TaskId},
+				AfterId:    tl.lastID,
+				Subscriber: fmt.Sprintf("tail-%d", os.Getpid()),
+				NoAck:      true,
+				// tail prints UNCORRECTABLE records: it takes every type.
+				DataplaneLevel: rpc.DataPlaneLevel,
+			})
+		}
+		if err != nil {
+			scancel()
+			return nil, nil, err
+		}
+		return stream, scancel, nil
+	}
+	stream, scancel, err := subscribe()
 	if err != nil {
 		return gone(ctx, err)
 	}
-	err = stream.Send(&pb.SubscribeRequest{
-		Stream:     &pb.StreamRef{Query: tl.query, TaskId: t.TaskId},
-		AfterId:    tl.lastID,
-		Subscriber: fmt.Sprintf("tail-%d", os.Getpid()),
-		NoAck:      true,
-		// tail prints UNCORRECTABLE records: it takes every type.
-		DataplaneLevel: rpc.DataPlaneLevel,
-	})
-	if err != nil {
-		return err
+	defer func() { scancel() }()
+	copyID := fmt.Sprintf("%s@g%d", t.TaskId, max(t.Generation, 1))
+	// A copy that started again without its state sends the header at
+	// once; any other sends it with its first batch, which Recv below
+	// waits for anyway (a silent copy: until the watchdog cancels).
+	if md, err := stream.Header(); err == nil && len(md.Get(rpc.StreamRestartedHeader)) > 0 {
+		restart, err := tl.restartedCopy(copyID, schema, sink)
+		if err != nil {
+			return err
+		}
+		if restart {
+			scancel()
+			if stream, scancel, err = subscribe(); err != nil {
+				return gone(ctx, err)
+			}
+		}
 	}
 	var tup tuple.Tuple
 	reader := tuple.NewBatchReader(nil, 0)
@@ -298,6 +350,7 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		if err := reader.Err(); err != nil {
 			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
 		}
+		tl.posFrom = copyID
 		if err := tl.batch(ts, b.LastId, b.PositionOffset, schema, sink); err != nil {
 			if errors.Is(err, dataplane.ErrProtocol) {
 				err = fmt.Errorf("results from %s: %w", t.WorkerAddr, err)

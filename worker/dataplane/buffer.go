@@ -90,6 +90,13 @@ type BufferOptions struct {
 	// Append never blocks and the oldest tuples are dropped beyond capacity,
 	// whatever the acknowledgements.
 	Ring bool
+	// Restarted marks the stream of a copy that started again without
+	// the state of the copy before it (a replacement with no snapshot:
+	// no live replica to bootstrap from, or the fetch failed). Its ids
+	// start again from 1 and do not continue that copy's, so a reader
+	// that resumes by id must not take its position from there
+	// (fedstream tail; rpc.StreamRestartedHeader).
+	Restarted bool
 }
 
 // chunk is a block of encoded tuples with consecutive ids: tuple i has id
@@ -172,6 +179,9 @@ type OutputBuffer struct {
 	nonStable []PosRange
 	nsBase    uint64
 }
+
+// Restarted reports BufferOptions.Restarted.
+func (b *OutputBuffer) Restarted() bool { return b.opts.Restarted }
 
 // NewOutputBuffer returns an empty buffer.
 func NewOutputBuffer(opts BufferOptions) *OutputBuffer {

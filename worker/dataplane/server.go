@@ -181,6 +181,13 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	if err := stream.SetHeader(metadata.Pairs(rpc.DataPlaneLevelHeader, strconv.Itoa(int(rpc.DataPlaneLevel)))); err != nil {
 		return err
 	}
+	if buf.Restarted() {
+		// Sent now: the reader may be waiting for an id this copy has
+		// not produced yet (rpc.StreamRestartedHeader).
+		if err := stream.SendHeader(metadata.Pairs(rpc.StreamRestartedHeader, "1")); err != nil {
+			return err
+		}
+	}
 	if !first.NoAck {
 		buf.Connect(key)
 		defer buf.Disconnect(key)

@@ -211,3 +211,26 @@ func TestSlotMapCheckPrepared(t *testing.T) {
 		t.Fatalf("a map past its go refused with every stream: %v", err)
 	}
 }
+
+// TestRestartedSinkMarksItsStream: a sink copy placed again without a
+// snapshot (generation above 1, no bootstrap: its query has one replica)
+// numbers its results from 1 again, and its result stream says so
+// (dataplane.BufferOptions.Restarted, the header tail reads); the first
+// copy's stream does not.
+func TestRestartedSinkMarksItsStream(t *testing.T) {
+	q, err := queryspec.Parse("wc.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 1000)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := quietRuntime(t)
+	for gen, want := range map[int]bool{1: false, 2: true} {
+		tk, err := newTask(r, TaskSpec{TaskID: queryspec.TaskID("wc", "out", 0, 0), Query: "wc", Fragment: "out", Spec: q, Generation: gen})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tk.single.buf.Restarted(); got != want {
+			t.Errorf("generation %d without a snapshot: stream restarted %v, want %v", gen, got, want)
+		}
+		tk.stop()
+	}
+}

@@ -432,6 +432,11 @@ func (t *task) buildOutputs() error {
 		if buf == nil {
 			buf = dataplane.NewOutputBuffer(dataplane.BufferOptions{
 				Ring: true, MaxTuples: t.r.opts.SinkBufferTuples, MaxBytes: t.r.opts.Buffer.MaxBytes,
+				// A later copy without a snapshot replays from its
+				// upstreams' buffers and numbers its results from 1
+				// again: tails must not resume in it by the old
+				// copy's ids.
+				Restarted: t.spec.Generation > 1 && t.spec.FromSnapshot == nil,
 			})
 		}
 		out := newOutStream("", t.spec.Partition, buf)
