@@ -565,6 +565,13 @@ func recDoneIn(acts []dcaa.Action) bool {
 // goes out just before the final boundary instead of after it.
 func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) error {
 	t := d.t
+	// The health manager's sensors: a replicated task counts its input
+	// and busy time here, as processOne does for the others (without it
+	// every operator of a query with replicas >= 2 reported 0 tuples/s at
+	// 0% busy, and DS2 could not size it). Tentative work is busy time;
+	// its tuples are counted once, when released stable.
+	start, blocked := time.Now(), t.blockedNanos()
+	defer d.countRelease(rel, start, blocked)
 	d.emitType = tuple.Stable
 	if rel.Tentative {
 		d.emitType = tuple.Tentative
@@ -635,6 +642,26 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 		d.lastStable[i] = o.w.LastID()
 	}
 	return nil
+}
+
+// countRelease accounts one release in the task's counters (see
+// taskCounters.released): its data tuples when stable, and the time since
+// start less what the outputs blocked it since blocked was read.
+func (d *dcaaRun) countRelease(rel dcaa.Release, start time.Time, blocked int64) {
+	t := d.t
+	if !rel.Tentative {
+		n := 0
+		for _, st := range rel.Steps {
+			for _, run := range st.Runs {
+				n += len(run.Tuples)
+			}
+		}
+		t.counters.in.Add(uint64(n))
+		if t.node.Kind == queryspec.KindSink {
+			t.counters.out.Add(uint64(n)) // a sink passes its input on as its result
+		}
+	}
+	t.counters.busy.Add(max(0, int64(time.Since(start))-(t.blockedNanos()-blocked)))
 }
 
 // growOutputs follows outputs a rescale added (to new partitions of a
