@@ -386,6 +386,13 @@ type inputState struct {
 	tent       []tuple.Tuple
 	lastStable uint64 // id of the last stable tuple or boundary received
 	late       uint64
+	// quiet: the replica went silent on this input past the detection
+	// timeout and has not been heard from since (its last advertised
+	// state, in upState, is stale: a partitioned or paused replica keeps
+	// the STABLE it said before). choose ranks it below every replica
+	// heard from, so once its suspicion expires the input does not go
+	// back to it from a live replica in UP_FAILURE.
+	quiet []bool
 }
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
@@ -538,7 +545,7 @@ func (m *Machine) at(pos int) int {
 }
 
 func newInputState(replicas int, floor int64) *inputState {
-	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas),
+	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas), quiet: make([]bool, replicas),
 		stableB: floor, floored: floor != math.MinInt64, tentWM: math.MinInt64}
 }
 
@@ -843,6 +850,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 		in.tentWM = max(in.tentWM, ev.TentWatermark)
 	}
 	in.upState[in.replica] = ev.Upstream
+	in.quiet[in.replica] = false
 	in.failedUp = ev.Upstream == UpFailure
 	return m.maybeSwitch(ev.Input, acts)
 }
@@ -881,7 +889,7 @@ func (m *Machine) maybeSwitch(i int, acts []Action) []Action {
 		return acts
 	}
 	best := m.choose(i)
-	if rank(in.upState[best]) < rank(cur) && !m.suspected(in, best) {
+	if m.rankOf(in, best) < m.rankOf(in, in.replica) && !m.suspected(in, best) {
 		acts = m.switchTo(i, best, acts)
 	}
 	return acts
@@ -913,6 +921,7 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.silent = true
 	in.suspect[in.replica] = m.now
+	in.quiet[in.replica] = true
 	return m.switchTo(i, m.choose(i), acts)
 }
 
@@ -941,6 +950,20 @@ func rank(s State) int {
 	return 3
 }
 
+// rankOf is rank of upstream replica r's state as input in knows it; a
+// replica that went silent on the input and has not been heard from
+// since ranks last: what it advertised before is stale. (A partition
+// between workers made inputs leave a live replica in UP_FAILURE for
+// the partitioned one, last seen STABLE, as soon as its suspicion
+// expired, over and over: the output stalled and went tentative for the
+// whole partition although every upstream had a live replica.)
+func (m *Machine) rankOf(in *inputState, r int) int {
+	if in.quiet[r] {
+		return 4
+	}
+	return rank(in.upState[r])
+}
+
 func (m *Machine) suspected(in *inputState, r int) bool {
 	return in.suspect[r] != 0 && m.now-in.suspect[r] < 4*int64(m.cfg.Detect)
 }
@@ -957,7 +980,7 @@ func (m *Machine) choose(i int) int {
 		if m.suspected(in, r) {
 			susp, when = 1, in.suspect[r]
 		}
-		return [4]int64{susp, when, int64(rank(in.upState[r])), int64(((r-m.cfg.ID)%k + k) % k)}
+		return [4]int64{susp, when, int64(m.rankOf(in, r)), int64(((r-m.cfg.ID)%k + k) % k)}
 	}
 	best := 0
 	for r := 1; r < k; r++ {
