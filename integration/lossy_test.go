@@ -298,15 +298,7 @@ func lossyReference(t *testing.T) map[int64]int64 {
 // window stable twice fails.
 func (o *liveOrg) stableResults(t *testing.T, sink string) (map[int64]int64, [][2]int64) {
 	t.Helper()
-	spec, err := queryspec.Parse("q.yaml", []byte(lossyQuery))
-	if err != nil {
-		t.Fatal(err)
-	}
-	plan, err := spec.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	schema := plan.Node("out").Schema
+	schema := outSchema(t, lossyQuery)
 	end, n := schema.Index("window_end"), schema.Index("n")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -162,12 +162,11 @@ func (o *liveOrg) task(t *testing.T, query, id string) *pb.TaskInfo {
 	return nil
 }
 
-// results tails a query's sink (replica 0) to its final boundary and
-// returns its results by window and word; seen is called with the number
-// of data tuples so far after each batch. A window emitted twice fails.
-func (o *liveOrg) results(t *testing.T, query string, seen func(n int)) map[string]string {
+// outSchema is the schema of the results the sink "out" of the query in
+// yaml receives.
+func outSchema(t *testing.T, yaml string) *tuple.Schema {
 	t.Helper()
-	spec, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(moveQuery, query, 1)))
+	spec, err := queryspec.Parse("q.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +174,15 @@ func (o *liveOrg) results(t *testing.T, query string, seen func(n int)) map[stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	schema := plan.Node("out").Schema
+	return plan.Node("out").Schema
+}
+
+// results tails a query's sink (replica 0) to its final boundary and
+// returns its results by window and word; seen is called with the number
+// of data tuples so far after each batch. A window emitted twice fails.
+func (o *liveOrg) results(t *testing.T, query string, seen func(n int)) map[string]string {
+	t.Helper()
+	schema := outSchema(t, fmt.Sprintf(moveQuery, query, 1))
 	word, cnt, total, end := schema.Index("word"), schema.Index("cnt"), schema.Index("total"), schema.Index("window_end")
 	sink := query + "/out/p0/r0"
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,17 +16,22 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
-// sloQuery runs at parallelism 1 with a throughput SLO its one source
-// partition cannot meet: 100 sentences a second, each its own group of a
-// 200 ms window, reach the sink as about 100 results a second.
-const sloQuery = `
-name: slo
-replicas: %d
-slo:
-  throughput: 250
-sources:
-  - name: lines
-    generator: {kind: words, seed: 42, rate: 100}
+// perLineQuery is the YAML of query name with a throughput SLO: its
+// source lines, in partitions (when more than 1) of 100 sentences a
+// second each, feeds per_line, where each sentence is its own group of a
+// 200 ms window, so about 100 results a second per partition reach the
+// sink. replicas, when not 0, is said.
+func perLineQuery(name string, replicas, throughput, partitions int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\nname: %s\n", name)
+	if replicas > 0 {
+		fmt.Fprintf(&b, "replicas: %d\n", replicas)
+	}
+	fmt.Fprintf(&b, "slo:\n  throughput: %d\nsources:\n  - name: lines\n", throughput)
+	if partitions > 1 {
+		fmt.Fprintf(&b, "    parallelism: %d\n", partitions)
+	}
+	b.WriteString(`    generator: {kind: words, seed: 42, rate: 100}
 operators:
   - name: per_line
     type: aggregate
@@ -35,7 +41,9 @@ operators:
     aggregates: {n: "count()"}
 sinks:
   - {name: out, input: per_line}
-`
+`)
+	return b.String()
+}
 
 // TestSLOScalesTheSource is the user's path of issue 14 on an in-process
 // org: a query submitted at parallelism 1 with a throughput SLO above what
@@ -94,7 +102,9 @@ func TestSLOScalesTheWindowedJoin(t *testing.T) {
 }
 
 func testSLOScalesTheSource(t *testing.T, replicas int) {
-	runSLOScaling(t, fmt.Sprintf(sloQuery, replicas), "slo", "lines", replicas)
+	// One source partition cannot meet the SLO (about 100 records a
+	// second for 250); three can.
+	runSLOScaling(t, perLineQuery("slo", replicas, 250, 1), "slo", "lines", replicas)
 }
 
 // runSLOScaling submits query yaml (named name) to an in-process org and
@@ -102,16 +112,48 @@ func testSLOScalesTheSource(t *testing.T, replicas int) {
 // scaling its generator source src from 1 to 3 partitions, judged
 // improved.
 func runSLOScaling(t *testing.T, yaml, name, src string, replicas int) {
+	o := startSLOOrg(t, name, yaml)
+	scaled, _ := waitSourceAction(t, o.f, o.fed.tlsDir, name, health.DiagSLOViolated)
+	if scaled.Fragment != src || scaled.Diagnosis != health.DiagSLOViolated || scaled.FromParallelism != 1 || scaled.ToParallelism != 3 {
+		t.Fatalf("action %+v, want slo_violated -> scale_sources of %s from 1 to 3 partitions", scaled, src)
+	}
+	if scaled.Outcome != "improved" {
+		t.Fatalf("scale_sources judged %s (%s), want improved: the SLO met", scaled.Outcome, scaled.OutcomeDetail)
+	}
+	if sources := o.sourceTasks(t, src); sources != 3*replicas {
+		t.Fatalf("the source runs %d tasks, want 3 partitions of %d replicas", sources, replicas)
+	}
+	o.actionsTableShows(t, "scale_sources", "1 -> 3")
+}
+
+// sloOrg is an in-process org of one coordinator and two workers whose
+// health manager acts fast (judging from 3 samples, 2 in a row, every
+// 500 ms, settling 3 s; sensors over 1 s windows), running one query
+// whose source the manager is to scale: the org of the source-scaling
+// tests.
+type sloOrg struct {
+	ctx   context.Context
+	fed   *devFederation
+	f     *clientFlags
+	admin pb.AdminServiceClient
+	query string
+}
+
+// startSLOOrg starts org name (3 minutes at most), submits yaml (query
+// name) and stops everything when the test ends.
+func startSLOOrg(t *testing.T, name, yaml string) *sloOrg {
+	t.Helper()
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
+	dir := t.TempDir() // removed last, after the org stopped (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	fed, err := startDev(ctx, devOptions{org: "slo", coordinators: 1, workers: 2, dataDir: t.TempDir(), noHTTP: true,
+	t.Cleanup(cancel)
+	fed, err := startDev(ctx, devOptions{org: name, coordinators: 1, workers: 2, dataDir: dir, noHTTP: true,
 		health: coordinator.HealthConfig{Interval: 500 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}, sensorWindow: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer fed.stop()
+	t.Cleanup(fed.stop)
 	f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
 	if err := fed.waitReady(ctx, f, 2); err != nil {
 		t.Fatal(err)
@@ -120,33 +162,37 @@ func runSLOScaling(t *testing.T, yaml, name, src string, replicas int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	t.Cleanup(func() { conn.Close() })
 	admin := pb.NewAdminServiceClient(conn)
 	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: name + ".yaml"}); err != nil {
 		t.Fatal(err)
 	}
-	scaled, _ := waitSourceAction(t, f, fed.tlsDir, name, health.DiagSLOViolated)
-	if scaled.Fragment != src || scaled.Diagnosis != health.DiagSLOViolated || scaled.FromParallelism != 1 || scaled.ToParallelism != 3 {
-		t.Fatalf("action %+v, want slo_violated -> scale_sources of %s from 1 to 3 partitions", scaled, src)
-	}
-	if scaled.Outcome != "improved" {
-		t.Fatalf("scale_sources judged %s (%s), want improved: the SLO met", scaled.Outcome, scaled.OutcomeDetail)
-	}
-	q, err := admin.GetQuery(ctx, &pb.GetQueryRequest{Name: name})
+	return &sloOrg{ctx: ctx, fed: fed, f: f, admin: admin, query: name}
+}
+
+// sourceTasks is how many tasks the query's source src runs.
+func (o *sloOrg) sourceTasks(t *testing.T, src string) int {
+	t.Helper()
+	q, err := o.admin.GetQuery(o.ctx, &pb.GetQueryRequest{Name: o.query})
 	if err != nil {
 		t.Fatal(err)
 	}
-	sources := 0
+	n := 0
 	for _, tk := range q.Tasks {
 		if tk.Fragment == src {
-			sources++
+			n++
 		}
 	}
-	if sources != 3*replicas {
-		t.Fatalf("the source runs %d tasks, want 3 partitions of %d replicas", sources, replicas)
-	}
-	table, err := runRoot(t, "health", "actions", "--addr", f.addr, "--tls-dir", fed.tlsDir)
-	if err != nil || !strings.Contains(table, "scale_sources") || !strings.Contains(table, "1 -> 3") {
+	return n
+}
+
+// actionsTableShows fails unless `fedstream health actions` (the table)
+// shows each of wants; it logs the table.
+func (o *sloOrg) actionsTableShows(t *testing.T, wants ...string) {
+	t.Helper()
+	table, err := runRoot(t, "health", "actions", "--addr", o.f.addr, "--tls-dir", o.fed.tlsDir)
+	missing := slices.ContainsFunc(wants, func(w string) bool { return !strings.Contains(table, w) })
+	if err != nil || missing {
 		t.Fatalf("health actions table: %v\n%s", err, table)
 	}
 	t.Logf("health actions:\n%s", table)
@@ -196,28 +242,6 @@ func waitSourceAction(t *testing.T, f *clientFlags, tlsDir, query, diagnosis str
 	return scaled, acts
 }
 
-// overQuery's source runs 3 partitions of 100 sentences a second (about
-// 300 results a second reach the sink) for an SLO of 120: 2 partitions
-// meet it with room to spare (200/s), 1 would not (100/s).
-const overQuery = `
-name: over
-slo:
-  throughput: 120
-sources:
-  - name: lines
-    parallelism: 3
-    generator: {kind: words, seed: 42, rate: 100}
-operators:
-  - name: per_line
-    type: aggregate
-    input: lines
-    window: {size: 200ms}
-    group_by: [line]
-    aggregates: {n: "count()"}
-sinks:
-  - {name: out, input: per_line}
-`
-
 // TestSLOScalesTheSourceDown: a generator source sending well above its
 // query's SLO (3 partitions where 2 meet it; set so by hand here) is
 // diagnosed over-provisioned and scaled down live, 3 -> 2, judged
@@ -227,30 +251,10 @@ func TestSLOScalesTheSourceDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs an org for about 20 s")
 	}
-	p := health.DefaultConfig()
-	p.MinSamples, p.Persist = 3, 2
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	fed, err := startDev(ctx, devOptions{org: "over", coordinators: 1, workers: 2, dataDir: t.TempDir(), noHTTP: true,
-		health: coordinator.HealthConfig{Interval: 500 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}, sensorWindow: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fed.stop()
-	f := &clientFlags{addr: fed.coords[0].GRPCAddr(), timeout: 10 * time.Second, tls: clientTLS{dir: fed.tlsDir}}
-	if err := fed.waitReady(ctx, f, 2); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := f.dial()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	admin := pb.NewAdminServiceClient(conn)
-	if _, err := admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(overQuery), Filename: "over.yaml"}); err != nil {
-		t.Fatal(err)
-	}
-	scaled, acts := waitSourceAction(t, f, fed.tlsDir, "over", health.DiagOverProvisioned)
+	// Three partitions send about 300 results a second for an SLO of
+	// 120: two meet it with room to spare (200/s), one would not (100/s).
+	o := startSLOOrg(t, "over", perLineQuery("over", 0, 120, 3))
+	scaled, acts := waitSourceAction(t, o.f, o.fed.tlsDir, "over", health.DiagOverProvisioned)
 	if scaled.Fragment != "lines" || scaled.FromParallelism != 3 || scaled.ToParallelism != 2 {
 		t.Fatalf("action %+v, want over_provisioned -> scale_sources of lines from 3 to 2 partitions", scaled)
 	}
@@ -260,22 +264,8 @@ func TestSLOScalesTheSourceDown(t *testing.T) {
 	if len(acts) != 1 {
 		t.Fatalf("%d actions, want the scale-down only: %+v", len(acts), acts)
 	}
-	q, err := admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "over"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sources := 0
-	for _, tk := range q.Tasks {
-		if tk.Fragment == "lines" {
-			sources++
-		}
-	}
-	if sources != 2 {
+	if sources := o.sourceTasks(t, "lines"); sources != 2 {
 		t.Fatalf("the source runs %d partitions, want 2", sources)
 	}
-	table, err := runRoot(t, "health", "actions", "--addr", f.addr, "--tls-dir", fed.tlsDir)
-	if err != nil || !strings.Contains(table, "over_provisioned") || !strings.Contains(table, "3 -> 2") {
-		t.Fatalf("health actions table: %v\n%s", err, table)
-	}
-	t.Logf("health actions:\n%s", table)
+	o.actionsTableShows(t, "over_provisioned", "3 -> 2")
 }

@@ -70,28 +70,34 @@ func restoreEarly(spec TaskSpec, in *operator.Incoming) (*earlyOp, error) {
 	if err != nil || !hasOp {
 		return nil, err
 	}
-	plan, err := spec.Spec.FusedPlan()
+	e, err := newEarlyOp(spec, size)
 	if err != nil {
 		return nil, err
 	}
-	node := plan.Node(spec.Fragment)
-	if node == nil || node.Kind != queryspec.KindOperator {
-		return nil, fmt.Errorf("%w: %q is not an operator fragment", ErrSnapshotMismatch, spec.Fragment)
-	}
-	op, err := operatorOf(plan, node)
-	if err != nil {
+	if err := operator.RestoreIncoming(e.op, in, off, size); err != nil {
 		return nil, err
 	}
-	if err := operator.RestoreIncoming(op, in, off, size); err != nil {
-		return nil, err
-	}
-	return &earlyOp{plan: plan, op: op, query: spec.Query, fragment: spec.Fragment, opSize: size}, nil
+	return e, nil
 }
 
 // restoreStreamed builds spec's operators and restores them from the
 // next size bytes of br, the operator state of a task snapshot read off
 // the connection (operator.RestoreStream).
 func restoreStreamed(spec TaskSpec, br *bufio.Reader, size int) (*earlyOp, error) {
+	e, err := newEarlyOp(spec, size)
+	if err != nil {
+		return nil, err
+	}
+	if err := operator.RestoreStream(e.op, br, size); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// newEarlyOp builds the operators of spec's fragment, which must be an
+// operator fragment, fresh, for a restore from an operator state of size
+// bytes that the caller makes.
+func newEarlyOp(spec TaskSpec, size int) (*earlyOp, error) {
 	plan, err := spec.Spec.FusedPlan()
 	if err != nil {
 		return nil, err
@@ -102,9 +108,6 @@ func restoreStreamed(spec TaskSpec, br *bufio.Reader, size int) (*earlyOp, error
 	}
 	op, err := operatorOf(plan, node)
 	if err != nil {
-		return nil, err
-	}
-	if err := operator.RestoreStream(op, br, size); err != nil {
 		return nil, err
 	}
 	return &earlyOp{plan: plan, op: op, query: spec.Query, fragment: spec.Fragment, opSize: size}, nil

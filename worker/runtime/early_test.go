@@ -8,9 +8,6 @@ import (
 	"net"
 	"sync/atomic"
 	"testing"
-	"time"
-
-	"github.com/fedstream/fedstream/config/queryspec"
 )
 
 // cutConn is a connection carrying a task snapshot whose reads fail
@@ -53,18 +50,8 @@ func (c *cutConn) Read(p []byte) (int, error) {
 // fetch is tried again and restores into new ones, and the sink's stream
 // is identical to an unmoved run's: nothing lost, nothing twice.
 func TestMoveRestoresWhileTransferring(t *testing.T) {
-	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
-	place := func(string, int, int) int { return 0 }
 	const moving = "wc/counts/p0/r0"
-	q, err := queryspec.Parse("q.yaml", []byte(yaml))
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	unmoved := newCluster(t, 2, yaml, place)
-	unmoved.apply()
-	want := unmoved.tail(t, "wc/out/p0/r0")
-	unmoved.close(t)
+	want := unmovedStream(t)
 
 	// The first bulk connection is cut in the middle of the operator
 	// state; the next ones are whole.
@@ -79,36 +66,22 @@ func TestMoveRestoresWhileTransferring(t *testing.T) {
 		cuts.Add(1)
 		return &cutConn{Conn: c, opSize: &opSize}, nil
 	}
-	c := newClusterOpts(t, 2, q, place, Options{BoundaryInterval: time.Millisecond, Bulk: BulkOptions{Dial: dial}})
-	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
-	waitUntil(t, "the aggregate emitted some windows", func() bool {
-		tk := from.rt.task(moving)
-		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
-	})
-	c.move(t, moving, from, to, true)
+	r := startMoveRun(t, moving, 300, func(o *Options) { o.Bulk = BulkOptions{Dial: dial} })
+	defer r.close(t)
+	r.move(t, moving, r.from, r.to, true)
 	if cuts.Load() != 1 || dials.Load() < 2 {
-		t.Fatalf("%d bulk connections, %d cut: the test did not cut a transfer and retry (snapshot of %d bytes)", dials.Load(), cuts.Load(), from.rt.LastServed().Bytes)
+		t.Fatalf("%d bulk connections, %d cut: the test did not cut a transfer and retry (snapshot of %d bytes)", dials.Load(), cuts.Load(), r.from.rt.LastServed().Bytes)
 	}
 	if opSize.Load() < 100 {
 		t.Fatalf("an operator state of %d bytes: too small for a cut in its middle to prove anything", opSize.Load())
 	}
 	// The first attempt restored off the connection; the retry keeps the
 	// whole snapshot and restores while it arrives.
-	if b := to.rt.LastBootstrap(); !b.Streamed || b.Interned || b.LastByte.IsZero() || b.Decoded.Before(b.LastByte) {
+	if b := r.to.rt.LastBootstrap(); !b.Streamed || b.Interned || b.LastByte.IsZero() || b.Decoded.Before(b.LastByte) {
 		t.Fatalf("the new copy did not restore while the bytes arrived: %+v", b)
 	}
-	got := c.tail(t, "wc/out/p0/r0")
-	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
-	if !sameTuples(got, want) {
-		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
-	}
-	for _, st := range c.states() {
-		if st.State == StateFailed {
-			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
-		}
-	}
+	r.sameAsUnmoved(t, want, "")
+	r.noTaskFailed(t, "")
 }
 
 // TestSnapshotHead: the operator state's place found in the head of an
@@ -183,19 +156,12 @@ func (g *garbleReader) Read(p []byte) (int, error) {
 // sink's stream is identical to an unmoved run's: nothing lost, nothing
 // twice. A move without the failure restores interned.
 func TestMoveFallsBackWhenStreamRestoreFails(t *testing.T) {
-	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
-	place := func(string, int, int) int { return 0 }
 	const moving = "wc/counts/p0/r0"
-
-	unmoved := newCluster(t, 2, yaml, place)
-	unmoved.apply()
-	want := unmoved.tail(t, "wc/out/p0/r0")
-	unmoved.close(t)
+	want := unmovedStream(t)
 
 	for _, garble := range []bool{true, false} {
-		c := newCluster(t, 2, yaml, place)
-		c.apply()
-		from, to := c.workers[0], c.workers[1]
+		run := newMoveRun(t, moving)
+		from, to := run.from, run.to
 		var garbled atomic.Int32
 		if garble {
 			to.rt.tamperStream = func(r io.Reader) io.Reader {
@@ -205,11 +171,8 @@ func TestMoveFallsBackWhenStreamRestoreFails(t *testing.T) {
 				return &garbleReader{r: r}
 			}
 		}
-		waitUntil(t, "the aggregate emitted some windows", func() bool {
-			tk := from.rt.task(moving)
-			return tk != nil && tk.outs[0].buf.Stats().LastID > 300
-		})
-		c.move(t, moving, from, to, true)
+		run.waitEmitted(t, 300)
+		run.move(t, moving, from, to, true)
 		b := to.rt.LastBootstrap()
 		switch {
 		case garble && (garbled.Load() != 1 || to.rt.StreamFallbacks() != 1):
@@ -219,16 +182,8 @@ func TestMoveFallsBackWhenStreamRestoreFails(t *testing.T) {
 		case !garble && (!b.Interned || to.rt.StreamFallbacks() != 0):
 			t.Fatalf("the new copy did not restore its state off the connection: %+v, %d fallbacks", b, to.rt.StreamFallbacks())
 		}
-		got := c.tail(t, "wc/out/p0/r0")
-		sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
-		if !sameTuples(got, want) {
-			t.Fatalf("garble %v: the sink's stream differs from the unmoved run's (%d vs %d tuples)", garble, len(got), len(want))
-		}
-		for _, st := range c.states() {
-			if st.State == StateFailed {
-				t.Errorf("garble %v: task %s failed: %s", garble, st.TaskID, st.Message)
-			}
-		}
-		c.close(t)
+		run.sameAsUnmoved(t, want, fmt.Sprintf("garble %v: ", garble))
+		run.noTaskFailed(t, fmt.Sprintf("garble %v: ", garble))
+		run.close(t)
 	}
 }

@@ -98,37 +98,25 @@ func (c *cluster) switchTo(m pendingMove) {
 // without the move, and matches the reference window by window and word
 // by word: nothing lost, nothing repeated.
 func TestLiveMoveOfKeyedAggregate(t *testing.T) {
-	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
-	place := func(string, int, int) int { return 0 }
 	const moving = "wc/counts/p0/r0"
+	want := unmovedStream(t)
 
-	unmoved := newCluster(t, 2, yaml, place)
-	unmoved.apply()
-	want := unmoved.tail(t, "wc/out/p0/r0")
-	unmoved.close(t)
-
-	c := newCluster(t, 2, yaml, place)
+	c := startMoveRun(t, moving, 300)
 	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
-	waitUntil(t, "the aggregate emitted some windows", func() bool {
-		tk := from.rt.task(moving)
-		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
-	})
 	// A downstream that lags (one that stopped reading) holds the old
 	// copy's output from where it is: at the move the old copy holds
 	// output not every downstream took, which the new copy must hold again
 	// (OutputPosition.Tail). From Register on, nothing is discarded
 	// (the holder acknowledged nothing), so heldAfter is stable.
-	held, err := from.rt.task(moving).output("out", 0)
+	held, err := c.from.rt.task(moving).output("out", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	held.Register("holder")
 	waitUntil(t, "the lagging downstream holds output", func() bool { return held.Stats().Tuples > 50 })
 	heldAfter := held.Stats().OldestID - 1
-	m := c.startCopy(t, moving, from, to, true)
-	if n := from.rt.SnapshotsServed(); n != 1 {
+	m := c.startCopy(t, moving, c.from, c.to, true)
+	if n := c.from.rt.SnapshotsServed(); n != 1 {
 		t.Fatalf("the old worker served %d snapshots, want 1", n)
 	}
 	// The lagging downstream finds, on the new copy, everything after its
@@ -142,7 +130,7 @@ func TestLiveMoveOfKeyedAggregate(t *testing.T) {
 	// on the new copy and failed about once in eight runs under load.
 	// The subscription acknowledges nothing (noAck), so it does not end
 	// the new copy's HoldUntilConnected either.
-	conn, err := c.pool.Conn(to.addr)
+	conn, err := c.pool.Conn(c.to.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,16 +146,8 @@ func TestLiveMoveOfKeyedAggregate(t *testing.T) {
 		t.Fatalf("a downstream at %d resumes on the new copy at %d (%v), want %d", heldAfter, first, err, heldAfter+1)
 	}
 	c.switchTo(m)
-	got := c.tail(t, "wc/out/p0/r0")
-	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
-	if !sameTuples(got, want) {
-		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
-	}
-	for _, st := range c.states() {
-		if st.State == StateFailed {
-			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
-		}
-	}
+	c.sameAsUnmoved(t, want, "")
+	c.noTaskFailed(t, "")
 }
 
 // TestMoveWithoutHalt: the old copy keeps running (and acknowledging its
@@ -176,32 +156,20 @@ func TestLiveMoveOfKeyedAggregate(t *testing.T) {
 // before the snapshot, so the input after the snapshot's positions is
 // still there for it: the sink's stream is identical to an unmoved run.
 func TestMoveWithoutHalt(t *testing.T) {
-	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
-	place := func(string, int, int) int { return 0 }
 	const moving = "wc/counts/p0/r0"
+	want := unmovedStream(t)
 
-	unmoved := newCluster(t, 2, yaml, place)
-	unmoved.apply()
-	want := unmoved.tail(t, "wc/out/p0/r0")
-	unmoved.close(t)
-
-	c := newCluster(t, 2, yaml, place)
+	c := startMoveRun(t, moving, 300)
 	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
-	waitUntil(t, "the aggregate emitted some windows", func() bool {
-		tk := from.rt.task(moving)
-		return tk != nil && tk.outs[0].buf.Stats().LastID > 300
-	})
 	// The old copy goes on acknowledging its input past the snapshot's
 	// positions before the new copy subscribes: only the new copy's own
 	// registration keeps those tuples.
 	// (It acknowledges within a millisecond of receiving; without the
 	// registration the stream loses those tuples: checked by disabling
 	// pinUpstreams, the sink then misses windows.)
-	old := from.rt.task(moving)
+	old := c.from.rt.task(moving)
 	passed := make(chan bool, 1)
-	to.rt.afterFetch = func(snap *TaskSnapshot) {
+	c.to.rt.afterFetch = func(snap *TaskSnapshot) {
 		deadline := time.Now().Add(20 * time.Second)
 		for time.Now().Before(deadline) {
 			for i, in := range snap.Inputs {
@@ -215,18 +183,14 @@ func TestMoveWithoutHalt(t *testing.T) {
 		}
 		passed <- false
 	}
-	c.move(t, moving, from, to, false)
+	c.move(t, moving, c.from, c.to, false)
 	if !<-passed {
 		t.Fatal("the old copy did not receive past the snapshot: the test would prove nothing")
 	}
-	if tk := to.rt.task(moving); tk == nil || !tk.restored {
+	if tk := c.to.rt.task(moving); tk == nil || !tk.restored {
 		t.Fatal("the new copy did not start from the snapshot")
 	}
-	got := c.tail(t, "wc/out/p0/r0")
-	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
-	if !sameTuples(got, want) {
-		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
-	}
+	c.sameAsUnmoved(t, want, "")
 	// The new copy acknowledges under its own name (wc/counts/p0/r0@g2),
 	// the name that registered with the upstream for it before the
 	// snapshot, so that registration follows the copy's progress; and the
@@ -236,7 +200,7 @@ func TestMoveWithoutHalt(t *testing.T) {
 	// before the snapshot for a lease; and the old copy held it for a
 	// lease after it stopped: a full buffer then stalls its producer for
 	// the overrun grace.)
-	up, err := from.rt.task("wc/lines/p0/r0").output("counts", 0)
+	up, err := c.from.rt.task("wc/lines/p0/r0").output("counts", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,33 +215,17 @@ func TestMoveWithoutHalt(t *testing.T) {
 // output after the old one's, and continues; consumers switch after it
 // started. The sink's stream is identical to an unmoved run.
 func TestSourceMovesLive(t *testing.T) {
-	yaml := fmt.Sprintf(wordsQuery, 1, 20000)
-	place := func(string, int, int) int { return 0 }
 	const moving = "wc/lines/p0/r0"
+	want := unmovedStream(t)
 
-	unmoved := newCluster(t, 2, yaml, place)
-	unmoved.apply()
-	want := unmoved.tail(t, "wc/out/p0/r0")
-	unmoved.close(t)
-
-	c := newCluster(t, 2, yaml, place)
+	c := startMoveRun(t, moving, 1000)
 	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
-	waitUntil(t, "the source emitted some records", func() bool {
-		tk := from.rt.task(moving)
-		return tk != nil && tk.outs[0].buf.Stats().LastID > 1000
-	})
-	c.move(t, moving, from, to, false)
-	tk := to.rt.task(moving)
+	c.move(t, moving, c.from, c.to, false)
+	tk := c.to.rt.task(moving)
 	if tk == nil || !tk.restored || tk.genRestore == nil || tk.genRestore.records == 0 {
 		t.Fatal("the new copy of the source did not start from the snapshot")
 	}
-	got := c.tail(t, "wc/out/p0/r0")
-	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, 20000))
-	if !sameTuples(got, want) {
-		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
-	}
+	c.sameAsUnmoved(t, want, "")
 }
 
 // TestPinAcknowledgesNothing: registering a new copy with its upstreams
@@ -288,11 +236,10 @@ func TestSourceMovesLive(t *testing.T) {
 // when its snapshot was taken lost them, and bench move counted lost
 // and duplicated windows.)
 func TestPinAcknowledgesNothing(t *testing.T) {
-	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 1, 20000), func(string, int, int) int { return 0 })
-	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
 	const moving = "wc/counts/p0/r0"
+	c := newMoveRun(t, moving)
+	defer c.close(t)
+	from, to := c.from, c.to
 	src := from.rt.task("wc/lines/p0/r0")
 	if src == nil {
 		t.Fatal("no source task")
@@ -389,11 +336,10 @@ func TestStopAndCopyOfReplicatedConsumer(t *testing.T) {
 // worker has never talked to the old copy's before the move: without
 // the early dial, its connection stays idle until the fetch.
 func TestBootstrapConnectsWhilePinning(t *testing.T) {
-	c := newCluster(t, 2, fmt.Sprintf(wordsQuery, 1, 20000), func(string, int, int) int { return 0 })
-	defer c.close(t)
-	c.apply()
-	from, to := c.workers[0], c.workers[1]
 	const moving = "wc/counts/p0/r0"
+	c := newMoveRun(t, moving)
+	defer c.close(t)
+	from, to := c.from, c.to
 	ready := make(chan error, 1)
 	to.rt.beforePin = func(spec TaskSpec) {
 		if spec.TaskID != moving {

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/fedstream/fedstream/config/queryspec"
-	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // TestRescaleSourceReadByReplicatedOperator rescales the words source
@@ -19,79 +18,38 @@ import (
 // window of every word equals the reference of the rescaled streams.
 func TestRescaleSourceReadByReplicatedOperator(t *testing.T) {
 	const rate = 4000
-	yaml := fmt.Sprintf(wordsQuery, 2, rate)
-	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1")
-	c := newCluster(t, 2, yaml, func(node string, p, r int) int { return p + r })
+	yaml := replaceOnce(t, fmt.Sprintf(wordsQuery, 2, rate), "parallelism: 2", "parallelism: 1")
+	rs := startRescalable(t, yaml, rescaler{frag: "lines", reader: "counts", starts: []int64{math.MinInt64}})
+	c := rs.c
 	defer c.close(t)
-	rs := &rescaler{c: c, frag: "lines", partitions: 1, epoch: 1, owner: contiguous(1), reader: "counts", starts: []int64{math.MinInt64}}
-	c.apply()
 	for r := range 2 {
 		agg := queryspec.TaskID("wc", "counts", 0, r)
 		waitUntil(t, "aggregate replica "+agg+" processed some input", func() bool {
-			for _, w := range c.workers {
-				if tk := w.rt.task(agg); tk != nil && tk.outs[0].buf.Stats().LastID > 50 {
-					if tk.dm == nil {
-						t.Fatal("the aggregate of a replicated query runs no DCAA machine: the test does not test it")
-					}
-					return true
+			return c.onAnyWorker(agg, func(tk *task) bool {
+				if tk.outs[0].buf.Stats().LastID <= 50 {
+					return false
 				}
-			}
-			return false
+				if tk.dm == nil {
+					t.Fatal("the aggregate of a replicated query runs no DCAA machine: the test does not test it")
+				}
+				return true
+			})
 		})
 	}
 	cut1 := rs.scale(t, 3)
 	waitUntil(t, "the added partitions produced", func() bool {
-		for _, w := range c.workers {
-			if tk := w.rt.task(queryspec.TaskID("wc", "lines", 2, 1)); tk != nil && tk.genRecordsSeen() > 100 {
-				return true
-			}
-		}
-		return false
+		return c.onAnyWorker(queryspec.TaskID("wc", "lines", 2, 1), func(tk *task) bool { return tk.genRecordsSeen() > 100 })
 	})
 	cut2 := rs.scale(t, 2)
 	if cut2 <= cut1 {
 		t.Fatalf("cuts %d then %d", cut1, cut2)
 	}
-	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
-	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
-	for _, tp := range append(got, other...) {
-		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
-			t.Fatalf("a %v tuple in the sink's output without any failure (stime %d, cuts %d %d)", tp.Type, tp.STime, cut1, cut2)
-		}
-	}
+	got, other := c.stableReplicas(t, cut1, cut2)
 	end := int64(math.MaxInt64)
 	want := sourceReference(t, rate, []int64{math.MinInt64, cut1, cut1}, []int64{end, end, cut2})
 	sameResults(t, results(t, got, sinkSchema(t, c.query)), want)
-	if !sameTuples(got, other) {
-		for i := range got {
-			if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
-				t.Logf("first difference at %d: %+v vs %+v (cuts %d %d)", i, got[i], other[i], cut1, cut2)
-				break
-			}
-		}
-		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
-	}
-	after := 0
-	for _, tp := range got {
-		if tp.Type.IsData() && tp.STime > cut2 {
-			after++
-		}
-	}
-	if after == 0 {
-		t.Fatalf("no result after the second cut %d: the rescale did not happen under load", cut2)
-	}
-	for _, st := range c.states() {
-		if st.State == StateFailed {
-			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
-		}
-	}
-	for _, w := range c.workers {
-		for _, tk := range w.rt.tasksByID() {
-			if tk.dm != nil && tk.dm.restores.Load() > 0 {
-				t.Errorf("%s corrected its output %d times without a failure", tk.spec.TaskID, tk.dm.restores.Load())
-			}
-		}
-	}
+	c.rescaledAlike(t, got, other, cut1, cut2)
+	c.noCorrection(t)
 }
 
 // TestRescaleKeyedReadByReplicatedOperator rescales the keyed aggregate
@@ -105,16 +63,13 @@ func TestRescaleSourceReadByReplicatedOperator(t *testing.T) {
 // stream).
 func TestRescaleKeyedReadByReplicatedOperator(t *testing.T) {
 	const rate = 4000
-	yaml := fmt.Sprintf(wordsQuery, 2, rate)
-	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1")
+	yaml := replaceOnce(t, fmt.Sprintf(wordsQuery, 2, rate), "parallelism: 2", "parallelism: 1")
 	yaml = replaceOnce(t, yaml, "sinks:\n  - {name: out, input: counts}", `  - {name: some, type: filter, input: counts, where: "cnt > 0", parallelism: 2}
 sinks:
   - {name: out, input: some}`)
-	c := newCluster(t, 2, yaml, func(node string, p, r int) int { return p + r })
+	rs := startRescalable(t, yaml, rescaler{frag: "counts", reader: "some", upstream: "lines"})
+	c := rs.c
 	defer c.close(t)
-	rs := &rescaler{c: c, frag: "counts", partitions: 1, epoch: 1, owner: contiguous(1), reader: "some", upstream: "lines"}
-	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
-	c.apply()
 	readers := 0
 	waitUntil(t, "the filter emitted some windows", func() bool {
 		readers = 0
@@ -133,12 +88,7 @@ sinks:
 	}
 	cut1 := rs.scale(t, 2)
 	waitUntil(t, "the added partition emitted windows", func() bool {
-		for _, w := range c.workers {
-			if tk := w.rt.task(queryspec.TaskID("wc", "counts", 1, 1)); tk != nil && tk.outs[0].buf.Stats().LastID > 20 {
-				return true
-			}
-		}
-		return false
+		return c.onAnyWorker(queryspec.TaskID("wc", "counts", 1, 1), func(tk *task) bool { return tk.outs[0].buf.Stats().LastID > 20 })
 	})
 	cut2 := rs.scale(t, 1)
 	if cut2 <= cut1 {
@@ -152,68 +102,18 @@ sinks:
 	if tk := c.workers[1].rt.task(reader); tk == nil || tk.dm == nil {
 		t.Fatalf("the moved copy of %s runs no DCAA machine (%v)", reader, tk != nil)
 	}
-	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
-	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
-	for _, tp := range append(got, other...) {
-		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
-			t.Fatalf("a %v tuple in the sink's output without any failure (stime %d, cuts %d %d)", tp.Type, tp.STime, cut1, cut2)
-		}
-	}
+	got, other := c.stableReplicas(t, cut1, cut2)
 	sameResults(t, results(t, got, sinkSchema(t, c.query)), reference(t, rate))
-	if !sameTuples(got, other) {
-		for i := range got {
-			if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
-				t.Logf("first difference at %d: %+v vs %+v (cuts %d %d)", i, got[i], other[i], cut1, cut2)
-				break
-			}
-		}
-		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
-	}
-	after := 0
-	for _, tp := range got {
-		if tp.Type.IsData() && tp.STime > cut2 {
-			after++
-		}
-	}
-	if after == 0 {
-		t.Fatalf("no result after the second cut %d: the rescale did not happen under load", cut2)
-	}
-	for _, st := range c.states() {
-		if st.State == StateFailed {
-			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
-		}
-	}
-	for _, w := range c.workers {
-		for _, tk := range w.rt.tasksByID() {
-			if tk.dm != nil && tk.dm.restores.Load() > 0 {
-				t.Errorf("%s corrected its output %d times without a failure", tk.spec.TaskID, tk.dm.restores.Load())
-			}
-		}
-	}
+	c.rescaledAlike(t, got, other, cut1, cut2)
+	c.noCorrection(t)
 }
 
-// joinQuery joins two keyed aggregates of the words stream; the join,
-// in a query with replicas, runs a DCAA machine over three inputs once
-// counts has two partitions.
-const joinQuery = `
-name: wc
-replicas: %d
-sources:
-  - name: lines
-    generator: {kind: words, seed: 42, limit: 20000, rate: %d}
-operators:
-  - name: firsts
-    type: map
-    input: lines
-    fields: {word: "split(line, ' ')[0]", n: "len(split(line, ' '))"}
-  - {name: long, type: filter, input: firsts, where: "n > 7"}
-  - name: counts
-    type: aggregate
-    input: long
-    window: {size: 2ms}
-    group_by: [word]
-    aggregates: {cnt: "count()", total: "sum(n)"}
-    parallelism: 1
+// joinQuery is the words query with counts at parallelism 1 joined with
+// another keyed aggregate of the same stream (longest); the join, in a
+// query with replicas, runs a DCAA machine over three inputs once counts
+// has two partitions.
+func joinQuery(t *testing.T, replicas, rate int) string {
+	return replaceOnce(t, fmt.Sprintf(wordsQuery, replicas, rate), "    parallelism: 2\nsinks:\n  - {name: out, input: counts}", `    parallelism: 1
   - name: longest
     type: aggregate
     input: long
@@ -222,20 +122,7 @@ operators:
     aggregates: {top: "max(n)"}
   - {name: both, type: join, left: counts, right: longest, on: [word], window: {size: 2ms}}
 sinks:
-  - {name: out, input: both}
-`
-
-// dataOf is the data tuples of a sink's output as text, sorted: the
-// results whatever their order and ids.
-func dataOf(ts []tuple.Tuple) []string {
-	var out []string
-	for _, tp := range ts {
-		if tp.Type.IsData() {
-			out = append(out, fmt.Sprint(tp.STime, tp.Values))
-		}
-	}
-	slices.Sort(out)
-	return out
+  - {name: out, input: both}`)
 }
 
 // TestRescaleReadByReplicatedJoin rescales counts 1 -> 2 under load in
@@ -248,14 +135,12 @@ func dataOf(ts []tuple.Tuple) []string {
 // results as a run with one replica and no rescale.
 func TestRescaleReadByReplicatedJoin(t *testing.T) {
 	const rate = 4000
-	ref := newCluster(t, 1, fmt.Sprintf(joinQuery, 1, rate), func(string, int, int) int { return 0 })
+	ref := newCluster(t, 1, joinQuery(t, 1, rate), func(string, int, int) int { return 0 })
 	defer ref.close(t)
 	ref.apply()
-	c := newCluster(t, 2, fmt.Sprintf(joinQuery, 2, rate), func(node string, p, r int) int { return p + r })
+	rs := startRescalable(t, joinQuery(t, 2, rate), rescaler{frag: "counts", reader: "both", upstream: "lines"})
+	c := rs.c
 	defer c.close(t)
-	rs := &rescaler{c: c, frag: "counts", partitions: 1, epoch: 1, owner: contiguous(1), reader: "both", upstream: "lines"}
-	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
-	c.apply()
 	join := queryspec.TaskID("wc", "both", 0, 1)
 	waitUntil(t, "the join emitted some results", func() bool {
 		tk := c.workers[1].rt.task(join)
@@ -289,38 +174,10 @@ func TestRescaleReadByReplicatedJoin(t *testing.T) {
 	if !slices.Equal(seq0, seq1) || !slices.Equal(seq0, []string{"counts/p0", "counts/p1", "longest/p0"}) {
 		t.Fatalf("release orders %v and %v, want counts/p0 counts/p1 longest/p0 on both", seq0, seq1)
 	}
-	want := dataOf(ref.tail(t, queryspec.TaskID("wc", "out", 0, 0)))
-	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
-	other := c.tail(t, queryspec.TaskID("wc", "out", 0, 1))
-	for _, tp := range append(got, other...) {
-		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
-			t.Fatalf("a %v tuple in the sink's output without any failure (stime %d, cut %d)", tp.Type, tp.STime, cut)
-		}
-	}
-	if g := dataOf(got); !slices.Equal(g, want) {
+	want := sinkRows(ref.tail(t, queryspec.TaskID("wc", "out", 0, 0)))
+	got, other := c.stableReplicas(t, cut)
+	if g := sinkRows(got); !slices.Equal(g, want) {
 		t.Fatalf("the rescaled query gave %d results, the reference %d (or others)", len(g), len(want))
 	}
-	if !sameTuples(got, other) {
-		for i := range got {
-			if i < len(other) && fmt.Sprint(got[i]) != fmt.Sprint(other[i]) {
-				t.Logf("first difference at %d: %+v vs %+v (cut %d)", i, got[i], other[i], cut)
-				break
-			}
-		}
-		t.Fatalf("the sink's replicas differ (%d vs %d tuples)", len(got), len(other))
-	}
-	after := 0
-	for _, tp := range got {
-		if tp.Type.IsData() && tp.STime > cut {
-			after++
-		}
-	}
-	if after == 0 {
-		t.Fatalf("no result after the cut %d: the rescale did not happen under load", cut)
-	}
-	for _, st := range c.states() {
-		if st.State == StateFailed {
-			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
-		}
-	}
+	c.rescaledAlike(t, got, other, cut)
 }
