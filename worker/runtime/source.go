@@ -190,10 +190,21 @@ func (t *task) runGenerator() {
 				} else {
 					timer.Reset(wait)
 				}
-				select {
-				case <-timer.C:
-				case <-ctx.Done():
-					return
+			sleep:
+				for {
+					select {
+					case <-timer.C:
+						break sleep
+					case <-ctx.Done():
+						return
+					case <-t.rcWake:
+						// A plan handed meanwhile (setReconfig): installed
+						// now, as tagSource would after the wait. The
+						// record drawn is not tagged yet.
+						if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+							t.emitErr = err
+						}
+					}
 				}
 				t.counters.resume(t)
 			}
