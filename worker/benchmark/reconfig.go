@@ -381,6 +381,9 @@ type ReconfigSecondRate struct {
 	CapacityResultsPerS float64        `json:"capacity_results_per_s,omitempty"`
 	Live                StrategyResult `json:"live"`
 	Quiescent           StrategyResult `json:"quiescent"`
+	// Error says why the second rate's runs did not finish (the first
+	// rate's figures stand).
+	Error string `json:"error,omitempty"`
 }
 
 // ReconfigWakeAB is the live update with the paced sources' wake for a

@@ -837,6 +837,29 @@ func (t *task) quiescentEpoch(stime int64) uint64 {
 	return 0
 }
 
+// quiescentCatchUp reports whether a generator source must produce the
+// record at stime without waiting for its due time: a quiescent plan is
+// switched and its cut is above stime. The cut is the highest stream time
+// any source had produced when they paused, so a source that started
+// later than the others (its stream time behind theirs) would otherwise
+// keep producing at its pace, the stream not paused, until its stream
+// time reached the cut (tens of milliseconds of start skew in an org).
+// Its records below the cut belong before the pause; producing them at
+// once changes no record or boundary, only when they come, as the pauses
+// themselves (producer only).
+func (t *task) quiescentCatchUp(stime int64) bool {
+	r := &t.rc
+	if !r.on || r.cur == nil {
+		return false
+	}
+	for _, p := range r.cur.Plans {
+		if p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigSwitched && stime < p.Cut {
+			return true
+		}
+	}
+	return false
+}
+
 // holdQuiescent runs after the source emitted its marker of the
 // quiescent plan of epoch e, a boundary at marker: it emits boundaries at
 // marker+1, marker+2, ... one per fragment of the query, flushes and holds

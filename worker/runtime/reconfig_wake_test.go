@@ -3,6 +3,9 @@ package runtime
 import (
 	"fmt"
 	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/fsm"
 )
 
 // TestReconfigWakesPacedSource: a paced generator source handed a plan
@@ -48,4 +51,37 @@ func TestReconfigWakesPacedSource(t *testing.T) {
 	if !woken {
 		t.Fatal("the source acknowledged every plan only once it emitted its next record: it installed them when it woke")
 	}
+}
+
+// TestQuiescentSourceCatchesUpToTheCut: under the quiescent baseline a
+// source whose stream time is behind the plan's cut (it started after
+// the source that set the cut) produces its records up to the cut at
+// once and holds at its marker, rather than producing them at its pace,
+// the stream not paused, until its stream time reaches the cut. Here
+// the cut is 30 s of stream time ahead of a source producing a record a
+// second: it holds at its marker well before that.
+func TestQuiescentSourceCatchesUpToTheCut(t *testing.T) {
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 1, 100), "static")
+	r.strategy = fsm.StrategyQuiescent
+	p := r.addPlan(2)
+	r.switchAll(30 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		held := 0
+		for _, w := range r.c.workers {
+			for _, h := range w.rt.ReconfigHolds() {
+				if h.Epoch == p.Epoch && !h.Marker.IsZero() {
+					held++
+				}
+			}
+		}
+		if held == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 2 sources held at their markers 20 s after the switch: they paced up to a cut 30 s ahead", held)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.complete()
 }

@@ -183,6 +183,9 @@ func (t *task) runGenerator() {
 					return
 				}
 			}
+			if wait > time.Millisecond && t.quiescentCatchUp(tp.STime) {
+				wait = 0
+			}
 			if wait > time.Millisecond {
 				t.counters.busyUntilNow(t)
 				if timer == nil {
@@ -203,6 +206,9 @@ func (t *task) runGenerator() {
 						// record drawn is not tagged yet.
 						if err := t.pollReconfig(); err != nil && t.emitErr == nil {
 							t.emitErr = err
+						}
+						if t.quiescentCatchUp(tp.STime) {
+							break sleep
 						}
 					}
 				}
