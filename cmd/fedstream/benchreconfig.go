@@ -8,6 +8,8 @@ import (
 	goruntime "runtime"
 	"runtime/pprof"
 	"runtime/trace"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,6 +34,9 @@ func newBenchReconfigCmd() *cobra.Command {
 		traceOut string
 		stalls   bool
 		stallTr  string
+		dipWin   time.Duration
+		wakeAB   bool
+		second   string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -50,12 +55,19 @@ or lost or duplicated (both must be 0).
 
 Each update is a plan committed through the coordinator (query update), learned by
 the workers from their assignments. The live update time is from the plan's
-commit in Raft until every task's acknowledgement is applied in Raft; the
-quiescent one is from the plan's commit until the first result of the new
-configuration reaches the sink (the sources pause from when they learn the plan
-until it has loaded, the stream drained and the versions swapped, then resume
-under the new versions); longest_gap_ms is the pause as the sink sees it. The tracking overheads compare the process's
-CPU time per result at the paced rate with and without a completed plan.
+commit in Raft until every task's acknowledgement is applied in Raft (every
+task has the new versions); the quiescent one is from the plan's commit until
+the last source resumed (the sources pause from when they learn the plan until
+it has loaded, the stream drained through the sinks and the versions swapped,
+then resume under the new versions); longest_gap_ms is the pause as the sink
+sees it. dip_window is the throughput dip at a resolution finer than 100 ms
+buckets: results per second over --dip-window after each update against the
+same before, averaged over the --updates with a 95% confidence interval, and
+the same one window earlier as the control (use --updates 10 or more). The
+tracking overheads compare the process's CPU time per result at the paced rate
+with and without a completed plan. --second-rate runs both strategies again at
+another rate (near capacity, the data a quiescent pause must drain grows);
+--wake-ab measures the wake of paced sources for a plan within the run.
 
 --in-process runs the older variant instead: three runtimes over loopback gRPC
 without TLS, the benchmark driving the plan phases as the coordinator's rules
@@ -66,7 +78,19 @@ do, without Raft or assignment watches.`,
 			cfg := benchmark.ReconfigConfig{
 				Sources: sources, Rate: rate, Updates: updates, Spacing: spacing,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
-				Stalls: stalls || stallTr != "", StallTrace: stallTr,
+				Stalls: stalls || stallTr != "", StallTrace: stallTr, DipWindow: dipWin, WakeAB: wakeAB,
+			}
+			if second != "" {
+				if inProc {
+					return fmt.Errorf("--second-rate runs in an org only (not with --in-process)")
+				}
+				var err error
+				if cfg.SecondRate, cfg.SecondRateFraction, err = parseSecondRate(second); err != nil {
+					return err
+				}
+			}
+			if wakeAB && inProc {
+				return fmt.Errorf("--wake-ab runs in an org only (not with --in-process)")
 			}
 			var (
 				res *benchmark.ReconfigResult
@@ -104,6 +128,11 @@ do, without Raft or assignment watches.`,
 				out := *res
 				if !buckets {
 					out.Live.Buckets, out.Quiescent.Buckets = nil, nil
+					if out.SecondRate != nil {
+						sr := *out.SecondRate
+						sr.Live.Buckets, sr.Quiescent.Buckets = nil, nil
+						out.SecondRate = &sr
+					}
 				}
 				return json.NewEncoder(cmd.OutOrStdout()).Encode(out)
 			}
@@ -114,6 +143,14 @@ do, without Raft or assignment watches.`,
 			}{{"live", res.Live}, {"quiescent", res.Quiescent}} {
 				fmt.Fprintf(w, "%-9s update p50 %7.1f ms  max %7.1f ms  throughput dip %5.1f%% (%5.1f%% without an update)  p99 latency %6.1f ms during (%6.1f before)\n",
 					s.name, s.r.UpdateMsP50, s.r.UpdateMsMax, 100*s.r.ThroughputDip, 100*s.r.ThroughputDipControl, s.r.LatencyP99MsDuring, s.r.LatencyP99MsBefore)
+				if d := s.r.DipWindow; d != nil {
+					fmt.Fprintf(w, "%-9s throughput over %.0f ms after each update vs before, mean of %d: dip %+.3f%% ± %.3f%% (95%% CI); without an update %+.3f%% ± %.3f%% (the resolution)\n",
+						"", d.WindowMs, len(d.PerUpdate), 100*d.Mean, 100*d.CI95, 100*d.ControlMu, 100*d.Resolution)
+				}
+				if len(s.r.SourcesResumedMs) > 0 {
+					fmt.Fprintf(w, "%-9s sources paused %v ms, held at their markers %v ms, resumed %v ms after the commit; %v results in flight at the pause, drained in %v ms; first new result at the consumer %v ms\n",
+						"", s.r.SourcesPausedMs, s.r.SourcesStoppedMs, s.r.SourcesResumedMs, s.r.InFlight, s.r.DrainMs, s.r.ResumedMs)
+				}
 				if s.r.LongestGapMs > 0 {
 					fmt.Fprintf(w, "%-9s longest time without a result around an update: %.1f ms\n", "", s.r.LongestGapMs)
 				}
@@ -127,6 +164,14 @@ do, without Raft or assignment watches.`,
 					}
 					fmt.Fprintf(w, "%-9s gaps of 100 ms or more at the sink: %d (longest %.1f ms), %d of them with the process starved of CPU\n", "", len(s.r.Stalls), longest, starved)
 				}
+			}
+			if sr := res.SecondRate; sr != nil {
+				fmt.Fprintf(w, "at %d results/s (%d/s per source; capacity measured %.0f/s): live update p50 %.1f ms, quiescent %.1f ms (sources resumed; %v results in flight)\n",
+					sr.ResultsPerS, sr.RatePerSource, sr.CapacityResultsPerS, sr.Live.UpdateMsP50, sr.Quiescent.UpdateMsP50, sr.Quiescent.InFlight)
+			}
+			if ab := res.WakeAB; ab != nil {
+				fmt.Fprintf(w, "sources woken for a plan: live update p50 %.1f ms (%d updates) vs %.1f ms without (%d): ratio %.2f; last task installed %.1f vs %.1f ms: ratio %.2f\n",
+					ab.UpdateMsP50On, ab.UpdatesOn, ab.UpdateMsP50Off, ab.UpdatesOff, ab.UpdateRatio, ab.InstalledMsP50On, ab.InstalledP50Off, ab.InstalledRatio)
 			}
 			if res.OverheadBasis != "" {
 				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
@@ -147,6 +192,9 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().StringVar(&traceOut, "trace", "", "write an execution trace (with CPU samples) of the first live update, from 0.5 s before it to 1 s after, to this file (go tool trace)")
 	cmd.Flags().BoolVar(&stalls, "stalls", false, "with --json: sample every task and the process every 10 ms and list each gap of 100 ms or more at the sink with what every task and the process did meanwhile (\"stalls\")")
 	cmd.Flags().StringVar(&stallTr, "stall-trace", "", "keep a flight recorder (execution trace) and write, per strategy, the first gap of 100 ms or more at the sink and up to two more during which the process still ran to FILE-live.trace, FILE-live-2.trace, ... (implies --stalls)")
+	cmd.Flags().DurationVar(&dipWin, "dip-window", time.Second, "window of the fine throughput-dip statistic (dip_window: results per second over this long after each update against before, averaged over the updates with a 95% confidence interval); at most a third of --spacing")
+	cmd.Flags().BoolVar(&wakeAB, "wake-ab", false, "alternate the live updates with and without waking paced sources to install a plan, and compare (wake_ab)")
+	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the scenario's unpaced throughput measured first (e.g. 80%)")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }
@@ -172,4 +220,21 @@ func traceAround(file string) func(time.Duration) func() {
 			_ = f.Close()
 		}
 	}
+}
+
+// parseSecondRate reads --second-rate: a rate per source partition, or a
+// percentage of the measured capacity.
+func parseSecondRate(v string) (rate int, fraction float64, err error) {
+	if p, ok := strings.CutSuffix(v, "%"); ok {
+		f, err := strconv.ParseFloat(p, 64)
+		if err != nil || f <= 0 || f > 100 {
+			return 0, 0, fmt.Errorf("--second-rate %q: a percentage must be above 0 and at most 100", v)
+		}
+		return 0, f / 100, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, 0, fmt.Errorf("--second-rate %q: want vitals/s per source partition (a positive integer) or a percentage such as 80%%", v)
+	}
+	return n, 0, nil
 }

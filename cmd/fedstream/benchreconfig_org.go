@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"runtime/trace"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -39,7 +40,7 @@ import (
 var errOrgBench = errors.New("bench reconfig")
 
 // orgBenchScope is ReconfigResult.Scope for the org benchmark.
-const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, plan committed in Raft -> the first result of the new configuration at the sink (its sources hold from when they learn the plan until it completes, then resume under the new versions)"
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, plan committed in Raft -> the last source resumed under the new versions (its sources hold from when they learn the plan until it completes: loaded, drained through the sinks, old versions removed)"
 
 // orgMargin is the switch margin of the benchmark's plans: above the
 // time the switched phase takes to reach the sources on a loaded machine.
@@ -351,9 +352,18 @@ func origin(recv []benchmark.ReconfigRecord) time.Duration {
 // strategy in the org.
 func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, strategy string) (benchmark.StrategyResult, error) {
 	var none benchmark.StrategyResult
-	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 1500*time.Millisecond
+	// The stream outlasts the last update by a few seconds: a plan
+	// committed as its sources end would wait for markers they no longer
+	// send, and on a loaded machine the updates run late (each waits for
+	// the previous plan to complete).
+	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 5*time.Second
 	limit := int64(total.Seconds() * float64(cfg.Rate))
 	name := "sepsis-" + strategy
+	if cfg.SecondRate > 0 {
+		// The second rate's run: its own name, so that the runtimes'
+		// records of its epochs (1, 2, ...) are not the first run's.
+		name += "-" + strconv.Itoa(cfg.Rate)
+	}
 	yaml := func(v int) string { return benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, v) }
 	r, err := o.submit(ctx, name, yaml(1))
 	if err != nil {
@@ -378,6 +388,12 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	first := time.Now()
 	var at []time.Duration
 	var epochs []uint64
+	var wake []bool
+	defer func() {
+		for _, w := range o.fed.workers {
+			w.Runtime().SetReconfigWake(true)
+		}
+	}()
 	for i := range cfg.Updates {
 		var endTrace func()
 		if i == 0 && strategy == fsm.StrategyLive && cfg.Around != nil {
@@ -393,6 +409,21 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 			case <-ctx.Done():
 				return none, ctx.Err()
 			}
+		}
+		if left := total - streamAt(r); left < streamLeftMin {
+			// The sources end within a plan's time: a plan they do not
+			// load or pass before their end would never complete.
+			cfg.Logger.Warn("bench reconfig: the stream is about to end; no more updates", "query", name, "updates", i, "stream_left", left)
+			break
+		}
+		if cfg.WakeAB && strategy == fsm.StrategyLive {
+			// Alternating, starting with the wake on: the two halves
+			// share the run's conditions.
+			on := i%2 == 0
+			for _, w := range o.fed.workers {
+				w.Runtime().SetReconfigWake(on)
+			}
+			wake = append(wake, on)
 		}
 		at = append(at, time.Since(r.start))
 		margin := orgMargin
@@ -423,6 +454,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var took, gaps, resumed []time.Duration
+	var holds []sourceHolds
+	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
 	for i, e := range epochs {
 		pt := r.plans[e]
 		// The longest time without a result at the sink from the update
@@ -437,23 +470,48 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 			took = append(took, pt.switched.Sub(pt.committed))
 			continue
 		}
-		// The quiescent update ends when the stream resumed under the
-		// new versions: its first result of the new epoch. The longest
-		// gap stops earlier: it starts only when the sources held (after
-		// they learned the plan) and may end with results of the old
-		// epoch drained after the pause began.
+		// The quiescent update ends when every task runs the new
+		// versions and the stream flows again: the last source resumed
+		// (the plan complete: every task, the sinks included, had every
+		// marker, so everything produced before the pause was processed
+		// and the old versions were removed). Until session 10 it ended
+		// at the first result of the new epoch at the benchmark's
+		// consumer, a pipeline's latency later, which the live figure
+		// does not include (resumed_ms still says when that was).
 		first, ok := firstOfEpoch(r.recv, e, at[i])
 		if !ok {
 			return none, fmt.Errorf("%w: %s: no result of epoch %d reached the sink", errOrgBench, name, e)
 		}
 		resumed = append(resumed, first-pt.committed.Sub(r.start))
-		took = append(took, first-pt.committed.Sub(r.start))
+		h, err := o.holdTimes(name, e, cfg.Sources)
+		if err != nil {
+			return none, err
+		}
+		holds = append(holds, h)
+		took = append(took, h.resumed.Sub(pt.committed))
 	}
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	res.DipWindow = benchmark.WindowDip(r.recv, at, benchmark.DipWindowFor(cfg))
+	res.SourceWake = wake
+	for i, h := range holds {
+		pt := r.plans[epochs[i]]
+		paused := h.paused.Sub(r.start)
+		res.SourcesPausedMs = append(res.SourcesPausedMs, ms(h.paused.Sub(pt.committed)))
+		res.SourcesStoppedMs = append(res.SourcesStoppedMs, ms(h.stopped.Sub(pt.committed)))
+		res.SourcesResumedMs = append(res.SourcesResumedMs, ms(h.resumed.Sub(pt.committed)))
+		n, lastOld := 0, paused
+		for _, rc := range r.recv {
+			if rc.At > paused && rc.Version < epochs[i] {
+				n++
+				lastOld = max(lastOld, rc.At)
+			}
+		}
+		res.InFlight = append(res.InFlight, n)
+		res.DrainMs = append(res.DrainMs, ms(lastOld-paused))
+	}
 	if sampler != nil {
 		res.Stalls = sampler.stalls(r.recv)
 	}
-	ms := func(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
 	for _, e := range epochs {
 		pt := r.plans[e]
 		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
@@ -461,6 +519,15 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
 		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
 			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
+		}
+		var installed time.Time
+		for _, w := range o.fed.workers {
+			if t := w.Runtime().ReconfigInstalled(name, e); t.After(installed) {
+				installed = t
+			}
+		}
+		if !installed.IsZero() {
+			res.InstalledMs = append(res.InstalledMs, ms(installed.Sub(pt.committed)))
 		}
 		if learned, applied, apply, ok := o.applyTimes(name, e); ok {
 			res.LearnedMs = append(res.LearnedMs, ms(learned.Sub(pt.committed)))
@@ -497,6 +564,70 @@ func (o *reconfigOrg) applyTimes(query string, e uint64) (learned, applied time.
 		}
 	}
 	return learned, applied, apply, ok
+}
+
+// streamLeftMin is the stream time a run must have left to commit
+// another update: on a loaded machine, or near capacity, the sources lag
+// and plans take seconds.
+const streamLeftMin = 2500 * time.Millisecond
+
+// streamAt is how far the stream has come: the newest stream time a
+// result at the consumer had, from the first result's (about the
+// sources' start).
+func streamAt(r *orgRun) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.recv) == 0 {
+		return 0
+	}
+	var at int64
+	for i := len(r.recv) - 1; i >= 0 && i >= len(r.recv)-1000; i-- {
+		at = max(at, r.recv[i].STime)
+	}
+	return time.Duration(at - r.recv[0].STime)
+}
+
+// sourceHolds is when the last source of a quiescent plan paused, held
+// at its marker and resumed.
+type sourceHolds struct {
+	paused, stopped, resumed time.Time
+}
+
+// holdTimes reads the quiescent pauses of query's sources for epoch e
+// from the workers' runtimes: every one of its sources source tasks
+// must have held at its marker and resumed. A source that reached the
+// cut without holding while the plan loaded counts as paused at its
+// marker.
+func (o *reconfigOrg) holdTimes(query string, e uint64, sources int) (sourceHolds, error) {
+	var h sourceHolds
+	n := 0
+	for _, w := range o.fed.workers {
+		for _, x := range w.Runtime().ReconfigHolds() {
+			if x.Query != query || x.Epoch != e {
+				continue
+			}
+			if x.Marker.IsZero() || x.Resumed.IsZero() {
+				return h, fmt.Errorf("%w: %s: source %s did not hold at its marker of epoch %d and resume (%+v)", errOrgBench, query, x.Task, e, x)
+			}
+			n++
+			p := x.Loading
+			if p.IsZero() {
+				p = x.Marker
+			}
+			h.paused, h.stopped, h.resumed = latest(h.paused, p), latest(h.stopped, x.Marker), latest(h.resumed, x.Resumed)
+		}
+	}
+	if n != sources {
+		return h, fmt.Errorf("%w: %s: %d of %d sources recorded a quiescent hold for epoch %d", errOrgBench, query, n, sources, e)
+	}
+	return h, nil
+}
+
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
 
 // firstOfEpoch is when the first result of epoch e or newer arrived at
@@ -708,7 +839,81 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	res.ReconnectCutMs = float64(down) / float64(time.Millisecond)
 	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
 	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
+	res.WakeAB = benchmark.WakeABOf(res.Live)
+	if cfg.SecondRate > 0 || cfg.SecondRateFraction > 0 {
+		sr := &benchmark.ReconfigSecondRate{RatePerSource: cfg.SecondRate}
+		if cfg.SecondRate <= 0 {
+			prog.Step("capacity", 1, 1, "")
+			c, err := orgCapacity(ctx, o, cfg)
+			if err != nil {
+				return nil, err
+			}
+			sr.CapacityResultsPerS = math.Round(c)
+			sr.RatePerSource = max(1, int(cfg.SecondRateFraction*c)/cfg.Sources)
+		}
+		sr.ResultsPerS = sr.RatePerSource * cfg.Sources
+		c2 := cfg
+		c2.Rate, c2.WakeAB, c2.Around, c2.StallTrace = sr.RatePerSource, false, nil, ""
+		c2.SecondRate = sr.RatePerSource
+		// A failure at the second rate (near capacity the stream may
+		// fall behind for good) is reported with the first rate's
+		// figures rather than instead of them.
+		prog.Step(fmt.Sprintf("live at %d/s", sr.ResultsPerS), 1, 1, "")
+		if sr.Live, err = orgStrategy(ctx, o, c2, fsm.StrategyLive); err != nil {
+			sr.Error = err.Error()
+		} else {
+			prog.Step(fmt.Sprintf("quiescent at %d/s", sr.ResultsPerS), 1, 1, "")
+			if sr.Quiescent, err = orgStrategy(ctx, o, c2, fsm.StrategyQuiescent); err != nil {
+				sr.Error = err.Error()
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		res.SecondRate = sr
+		res.MixedVersionTuples += sr.Live.Mixed + sr.Quiescent.Mixed
+		res.LostOrDuplicated += sr.Live.LostOrDup + sr.Quiescent.LostOrDup
+	}
 	return res, nil
+}
+
+// orgCapacity runs the scenario unpaced in the org and returns its
+// throughput at the sink (results/s) over cfg.ThroughputWindow after
+// cfg.ThroughputSettle: the pipeline's capacity on this machine now.
+func orgCapacity(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (float64, error) {
+	name := "sepsis-capacity"
+	// Enough never to end inside the window at any rate this machine
+	// reaches (the query is stopped after it).
+	const limit = 2_000_000
+	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, 0, limit, 1))
+	if err != nil {
+		return 0, err
+	}
+	defer r.end()
+	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
+		return 0, err
+	}
+	count := func() int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.recv)
+	}
+	select {
+	case <-time.After(cfg.ThroughputSettle):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n0, t0 := count(), time.Now()
+	select {
+	case <-time.After(cfg.ThroughputWindow):
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	n, el := count()-n0, time.Since(t0)
+	if n <= 0 {
+		return 0, fmt.Errorf("%w: %s: no result in the window", errOrgBench, name)
+	}
+	return float64(n) / el.Seconds(), nil
 }
 
 func medianOf(xs []float64) float64 {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -40,6 +42,27 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 	if l := res.Live; len(l.AcksReceivedMs) != 1 || l.AcksReceivedMs[0] <= 0 || l.AcksReceivedMs[0] > l.SwitchedMs[0] {
 		t.Fatalf("acknowledgements received at %v ms, switched at %v ms", l.AcksReceivedMs, l.SwitchedMs)
 	}
+	// Every task installed the live plan before the acknowledgements
+	// were written.
+	if l := res.Live; len(l.InstalledMs) != 1 || l.InstalledMs[0] <= 0 || l.InstalledMs[0] > l.SwitchedMs[0] {
+		t.Fatalf("live plan installed at %v ms, switched at %v ms", l.InstalledMs, l.SwitchedMs)
+	}
+	// The quiescent update ends when the last source resumed, after it
+	// paused and held at its marker. (The first result of the new
+	// configuration may reach the consumer earlier: from the first
+	// source to resume.)
+	q := res.Quiescent
+	if len(q.SourcesResumedMs) != 1 || len(q.InFlight) != 1 || len(q.DrainMs) != 1 {
+		t.Fatalf("quiescent holds: %+v", q)
+	}
+	if p, s, r := q.SourcesPausedMs[0], q.SourcesStoppedMs[0], q.SourcesResumedMs[0]; p <= 0 || p > s || s > r || math.Abs(q.UpdateMsP50-r) > 0.01 {
+		t.Fatalf("sources paused %v, held at their markers %v, resumed %v ms; first new result %v ms; update_ms %v", p, s, r, q.ResumedMs[0], q.UpdateMsP50)
+	}
+	for name, s := range map[string]benchmark.StrategyResult{"live": res.Live, "quiescent": res.Quiescent} {
+		if d := s.DipWindow; d == nil || len(d.PerUpdate) != 1 || d.WindowMs <= 0 {
+			t.Fatalf("%s: dip window %+v", name, d)
+		}
+	}
 	if res.ReconnectMs <= 0 || res.ReconnectCutMs <= 0 || res.CPUMicrosPerResultOff <= 0 {
 		t.Fatalf("reconnect %v ms after a cut of %v ms; %v µs per result", res.ReconnectMs, res.ReconnectCutMs, res.CPUMicrosPerResultOff)
 	}
@@ -59,6 +82,22 @@ func TestFirstOfEpoch(t *testing.T) {
 		got, ok := firstOfEpoch(recv, c.e, c.from)
 		if got != c.want || ok != c.ok {
 			t.Errorf("firstOfEpoch(epoch %d, from %v) = %v, %v; want %v, %v", c.e, c.from, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+// TestParseSecondRate: a rate per source partition or a percentage of
+// the measured capacity; anything else is refused with the flag named.
+func TestParseSecondRate(t *testing.T) {
+	if r, f, err := parseSecondRate("4000"); err != nil || r != 4000 || f != 0 {
+		t.Errorf("4000: %v %v %v", r, f, err)
+	}
+	if r, f, err := parseSecondRate("80%"); err != nil || r != 0 || f != 0.8 {
+		t.Errorf("80%%: %v %v %v", r, f, err)
+	}
+	for _, bad := range []string{"0", "-5", "fast", "0%", "120%", "x%"} {
+		if _, _, err := parseSecondRate(bad); err == nil || !strings.Contains(err.Error(), "--second-rate") {
+			t.Errorf("%q: %v", bad, err)
 		}
 	}
 }

@@ -114,7 +114,33 @@ type ReconfigConfig struct {
 	// recorder and writes the first such gap's execution trace there.
 	Stalls     bool
 	StallTrace string
+	// DipWindow is the window of the dip statistic at fine resolution
+	// (StrategyResult.DipWindow; default 1s, at most a third of Spacing).
+	DipWindow time.Duration
+	// WakeAB (org runs): every other live update runs with the paced
+	// sources' wake for a plan off (runtime.SetReconfigWake), so that one
+	// run measures what it saves (ReconfigResult.WakeAB).
+	WakeAB bool
+	// SecondRate (org runs), when not 0, runs both strategies again with
+	// each source partition at this rate; SecondRateFraction, when not 0,
+	// at this fraction of the scenario's unpaced throughput measured
+	// first (ReconfigResult.SecondRate).
+	SecondRate         int
+	SecondRateFraction float64
 }
+
+// dipWindow is the dip statistic's window for a spacing of the updates.
+func (c *ReconfigConfig) dipWindow() time.Duration {
+	w := c.DipWindow
+	if w <= 0 {
+		w = time.Second
+	}
+	return min(w, c.Spacing/3)
+}
+
+// DipWindowFor is the window the dip statistic uses with cfg (its
+// defaults filled).
+func DipWindowFor(cfg ReconfigConfig) time.Duration { return cfg.dipWindow() }
 
 // Defaults fills the zero fields with their defaults.
 func (c *ReconfigConfig) Defaults() {
@@ -200,6 +226,40 @@ type StrategyResult struct {
 	// versions swapped and the stream resumed under them, as the
 	// consumer sees it. It is the quiescent update_ms.
 	ResumedMs []float64 `json:"resumed_ms,omitempty"`
+	// SourcesPausedMs, SourcesStoppedMs and SourcesResumedMs (quiescent,
+	// in an org), per update, from the plan's commit in Raft: when the
+	// last source paused (it learned the plan while it loaded), when the
+	// last one held at its marker (it produced up to the cut; nothing
+	// more enters the stream) and when the last one resumed under the
+	// new versions (the plan complete: every task had every marker, so
+	// everything produced before was processed through the sinks, and
+	// the old versions were removed). SourcesResumedMs is the quiescent
+	// update_ms: the textbook span pause, drain, swap, resume, over the
+	// same span as the live one (plan committed -> every task runs the
+	// new versions).
+	SourcesPausedMs  []float64 `json:"sources_paused_ms,omitempty"`
+	SourcesStoppedMs []float64 `json:"sources_stopped_ms,omitempty"`
+	SourcesResumedMs []float64 `json:"sources_resumed_ms,omitempty"`
+	// InFlight (quiescent, in an org), per update: the results of the old
+	// configuration that reached the benchmark's consumer after the last
+	// source paused: what the pause had to drain (each source tuple gives
+	// one result in this scenario); DrainMs how long after the last
+	// source paused the last of them arrived.
+	InFlight []int     `json:"in_flight_results,omitempty"`
+	DrainMs  []float64 `json:"drain_ms,omitempty"`
+	// InstalledMs (in an org), per update, from the plan's commit in
+	// Raft: when the last task had installed the plan's versions (ready
+	// for the new configuration's tuples), before its acknowledgement
+	// was reported and written to Raft.
+	InstalledMs []float64 `json:"installed_ms,omitempty"`
+	// SourceWake (org runs with --wake-ab), per update: whether paced
+	// sources were woken to install the plan (see ReconfigResult.WakeAB).
+	SourceWake []bool `json:"source_wake,omitempty"`
+	// DipWindow is the throughput dip over longer windows, averaged over
+	// the updates with a confidence interval (see ReconfigDip): the
+	// figure with a resolution finer than the 0.2 % target, beside
+	// ThroughputDip, the issue's 100 ms statistic.
+	DipWindow *ReconfigDip `json:"dip_window,omitempty"`
 	// LongestGapMs is the longest time without a result at the sink
 	// from an update until a second after its plan completed, the worst
 	// over the updates (org runs only).
@@ -296,12 +356,81 @@ type ReconfigResult struct {
 	// ReconnectCutMs is how long the link was cut (org runs): what piled
 	// up meanwhile is processed within ReconnectMs.
 	ReconnectCutMs float64 `json:"reconnect_cut_ms,omitempty"`
-	// Over both strategies' runs.
+	// SecondRate (org runs with --second-rate) is both strategies again
+	// at another rate, near the pipeline's capacity: the data in flight,
+	// which a quiescent pause has to drain, grows with the load.
+	SecondRate *ReconfigSecondRate `json:"second_rate,omitempty"`
+	// WakeAB (org runs with --wake-ab) compares the live updates with the
+	// paced sources' wake for a plan on and off, in the same run.
+	WakeAB *ReconfigWakeAB `json:"wake_ab,omitempty"`
+	// Over both strategies' runs (and the second rate's).
 	MixedVersionTuples int `json:"mixed_version_tuples"`
 	LostOrDuplicated   int `json:"lost_or_duplicated"`
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`
+}
+
+// ReconfigSecondRate is the comparison at a second rate.
+type ReconfigSecondRate struct {
+	// RatePerSource is the vitals/s of each source partition, ResultsPerS
+	// the scenario's total; CapacityResultsPerS the unpaced throughput it
+	// was derived from (0 when the rate was given).
+	RatePerSource       int            `json:"rate_per_source"`
+	ResultsPerS         int            `json:"results_per_s"`
+	CapacityResultsPerS float64        `json:"capacity_results_per_s,omitempty"`
+	Live                StrategyResult `json:"live"`
+	Quiescent           StrategyResult `json:"quiescent"`
+	// Error says why the second rate's runs did not finish (the first
+	// rate's figures stand).
+	Error string `json:"error,omitempty"`
+}
+
+// ReconfigWakeAB is the live update with the paced sources' wake for a
+// plan on and off, alternating in one run: medians (ms) of each half and
+// their ratio on/off.
+type ReconfigWakeAB struct {
+	UpdatesOn        int     `json:"updates_on"`
+	UpdatesOff       int     `json:"updates_off"`
+	UpdateMsP50On    float64 `json:"update_ms_p50_on"`
+	UpdateMsP50Off   float64 `json:"update_ms_p50_off"`
+	UpdateRatio      float64 `json:"update_ratio"`
+	InstalledMsP50On float64 `json:"installed_ms_p50_on"`
+	InstalledP50Off  float64 `json:"installed_ms_p50_off"`
+	InstalledRatio   float64 `json:"installed_ratio"`
+}
+
+// WakeABOf summarises a live result run with --wake-ab (nil without):
+// its update time is SwitchedMs.
+func WakeABOf(s StrategyResult) *ReconfigWakeAB {
+	took := s.SwitchedMs
+	if len(s.SourceWake) == 0 || len(s.SourceWake) != len(took) {
+		return nil
+	}
+	var on, off, ion, ioff []float64
+	for i, w := range s.SourceWake {
+		if w {
+			on = append(on, took[i])
+		} else {
+			off = append(off, took[i])
+		}
+		if i < len(s.InstalledMs) {
+			if w {
+				ion = append(ion, s.InstalledMs[i])
+			} else {
+				ioff = append(ioff, s.InstalledMs[i])
+			}
+		}
+	}
+	ab := &ReconfigWakeAB{UpdatesOn: len(on), UpdatesOff: len(off), UpdateMsP50On: median(on), UpdateMsP50Off: median(off),
+		InstalledMsP50On: median(ion), InstalledP50Off: median(ioff)}
+	if ab.UpdateMsP50Off > 0 {
+		ab.UpdateRatio = ab.UpdateMsP50On / ab.UpdateMsP50Off
+	}
+	if ab.InstalledP50Off > 0 {
+		ab.InstalledRatio = ab.InstalledMsP50On / ab.InstalledP50Off
+	}
+	return ab
 }
 
 // reconfigCluster runs the scenario's tasks on three in-process runtimes
@@ -815,7 +944,13 @@ func runStrategy(ctx context.Context, cfg ReconfigConfig, quiescent bool) (Strat
 	if err := c.waitEnd(ctx); err != nil {
 		return StrategyResult{}, err
 	}
-	return c.analyse(at, took)
+	res, err := c.analyse(at, took)
+	if err == nil {
+		c.mu.Lock()
+		res.DipWindow = WindowDip(c.recv, at, cfg.dipWindow())
+		c.mu.Unlock()
+	}
+	return res, err
 }
 
 // throughput runs the scenario unpaced with tracking off ("") or with one

@@ -104,7 +104,9 @@ type epochCut struct {
 
 // setReconfig hands the task the query's reconfiguration state (Apply).
 // An operator or sink task idle between releases installs it at once; a
-// busy one, and a source, at its next release or record.
+// busy one at its next release; a generator source waiting for its next
+// record's due time at once (rcWake), a running one before its next
+// record.
 func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 	if rc == nil {
 		return
@@ -127,6 +129,17 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 		case t.genCtl <- c:
 			<-c.done
 		default:
+			// A paced generator waiting for its next record's due time
+			// installs it now rather than when it wakes: the plan
+			// switches only once every task acknowledged it, and the
+			// last of a worker's sources to wake held the worker's
+			// report (up to a pacing wait, over a millisecond).
+			if t.rcWake != nil && !t.r.rcWakeOff.Load() {
+				select {
+				case t.rcWake <- struct{}{}:
+				default:
+				}
+			}
 		}
 	}
 	if t.proc == nil {
@@ -204,6 +217,9 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 		r.quiescentLoading = r.quiescentLoading || (p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigLoading)
 	}
 	r.loading.Store(loading)
+	if rc.Latest() > r.acked.Load() {
+		t.r.rcApplies.installed(t.spec.Query, rc.Latest(), time.Now())
+	}
 	r.acked.Store(rc.Latest())
 	r.reported.Store(true)
 	t.r.noteProgress()
@@ -821,6 +837,29 @@ func (t *task) quiescentEpoch(stime int64) uint64 {
 	return 0
 }
 
+// quiescentCatchUp reports whether a generator source must produce the
+// record at stime without waiting for its due time: a quiescent plan is
+// switched and its cut is above stime. The cut is the highest stream time
+// any source had produced when they paused, so a source that started
+// later than the others (its stream time behind theirs) would otherwise
+// keep producing at its pace, the stream not paused, until its stream
+// time reached the cut (tens of milliseconds of start skew in an org).
+// Its records below the cut belong before the pause; producing them at
+// once changes no record or boundary, only when they come, as the pauses
+// themselves (producer only).
+func (t *task) quiescentCatchUp(stime int64) bool {
+	r := &t.rc
+	if !r.on || r.cur == nil {
+		return false
+	}
+	for _, p := range r.cur.Plans {
+		if p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigSwitched && stime < p.Cut {
+			return true
+		}
+	}
+	return false
+}
+
 // holdQuiescent runs after the source emitted its marker of the
 // quiescent plan of epoch e, a boundary at marker: it emits boundaries at
 // marker+1, marker+2, ... one per fragment of the query, flushes and holds
@@ -845,7 +884,12 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 		return last, err
 	}
 	t.log.Debug("source held for a quiescent reconfiguration", "epoch", e, "marker", marker)
-	return last, t.holdUntil(ctx, last, func() bool { return t.rc.cur.Completed() >= e })
+	t.r.rcHolds.note(t.spec.TaskID, t.spec.Query, e, holdMarker, time.Now())
+	if err := t.holdUntil(ctx, last, func() bool { return t.rc.cur.Completed() >= e }); err != nil {
+		return last, err
+	}
+	t.r.rcHolds.note(t.spec.TaskID, t.spec.Query, e, holdResumed, time.Now())
+	return last, nil
 }
 
 // holdSourceLoading holds a generator source, before it tags and emits
@@ -861,6 +905,11 @@ func (t *task) holdSourceLoading(ctx context.Context, boundary int64) error {
 	}
 	if err := t.flush(ctx); err != nil {
 		return err
+	}
+	for _, p := range t.rc.cur.Plans {
+		if p.Strategy == fsm.StrategyQuiescent && p.Phase == fsm.ReconfigLoading {
+			t.r.rcHolds.note(t.spec.TaskID, t.spec.Query, p.Epoch, holdLoading, time.Now())
+		}
 	}
 	return t.holdUntil(ctx, boundary, func() bool { return !t.rc.quiescentLoading })
 }

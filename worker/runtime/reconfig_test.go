@@ -52,6 +52,8 @@ type reconfigRun struct {
 	// version gives the query's YAML at version v of its operators.
 	version func(v int) string
 	changed []string
+	// strategy of the plans addPlan adds ("": live).
+	strategy string
 
 	mu  sync.Mutex
 	out []tuple.Tuple
@@ -206,7 +208,7 @@ func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading}
+	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading, Strategy: r.strategy}
 	for _, op := range r.changed {
 		def, _ := json.Marshal(q.OperatorByName(op))
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})

@@ -465,6 +465,12 @@ type Runtime struct {
 	// rcApplies times the Apply calls that handed tasks a new
 	// reconfiguration epoch (ReconfigApplies).
 	rcApplies reconfigApplies
+	// rcHolds times the quiescent pauses of generator sources
+	// (ReconfigHolds).
+	rcHolds reconfigHolds
+	// rcWakeOff: generators waiting to pace are not woken to install a
+	// plan (SetReconfigWake).
+	rcWakeOff atomic.Bool
 
 	// The stall watchdog (see watch) runs until stopWatch closes.
 	stopWatch chan struct{}

@@ -183,6 +183,9 @@ func (t *task) runGenerator() {
 					return
 				}
 			}
+			if wait > time.Millisecond && t.quiescentCatchUp(tp.STime) {
+				wait = 0
+			}
 			if wait > time.Millisecond {
 				t.counters.busyUntilNow(t)
 				if timer == nil {
@@ -190,10 +193,24 @@ func (t *task) runGenerator() {
 				} else {
 					timer.Reset(wait)
 				}
-				select {
-				case <-timer.C:
-				case <-ctx.Done():
-					return
+			sleep:
+				for {
+					select {
+					case <-timer.C:
+						break sleep
+					case <-ctx.Done():
+						return
+					case <-t.rcWake:
+						// A plan handed meanwhile (setReconfig): installed
+						// now, as tagSource would after the wait. The
+						// record drawn is not tagged yet.
+						if err := t.pollReconfig(); err != nil && t.emitErr == nil {
+							t.emitErr = err
+						}
+						if t.quiescentCatchUp(tp.STime) {
+							break sleep
+						}
+					}
 				}
 				t.counters.resume(t)
 			}

@@ -233,6 +233,9 @@ type task struct {
 	// source started from a snapshot resumes.
 	genSnap chan chan sourceCut
 	genCtl  chan genCmd
+	// rcWake (a generator source) wakes the generator from a pacing wait
+	// to install a reconfiguration it was handed (setReconfig).
+	rcWake chan struct{}
 	// genWaiting counts the goroutines offering a request on genSnap or
 	// genCtl (raised before the send, lowered after it). A generator
 	// source reads it once per record and looks at the channels only
@@ -348,6 +351,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			// Rescale holds run on the generator goroutine; a kafka source
 			// cannot hold (a rescale of what it feeds is refused).
 			t.genCtl = make(chan genCmd)
+			t.rcWake = make(chan struct{}, 1)
 		}
 		if spec.FromSnapshot != nil {
 			if err := t.restoreSource(spec.FromSnapshot); err != nil {
