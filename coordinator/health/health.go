@@ -130,6 +130,14 @@ type Config struct {
 	// slow instance runs at the others' rate while a hot one runs faster
 	// by its extra share of the keys.
 	SkewRatio, SimilarRatio float64
+	// SlowRatio: a slow instance is slow: it takes fewer tuples per
+	// second of useful time (its true processing rate over the window)
+	// than the others' median by this factor. A partition with a larger
+	// queue at the others' rate that is as fast as they are per useful
+	// second has more to do, not less speed (more keys, or the backlog
+	// of a start or a burst held in front of it): moving it cannot help.
+	// 0: no such check.
+	SlowRatio float64
 	// QueueSkewMin: a queue below it is never a skewed one.
 	QueueSkewMin float64
 	// IdleBusy: a fragment whose instances all stay below this busy share
@@ -165,7 +173,7 @@ type Config struct {
 
 // DefaultConfig returns the thresholds the loop uses unless configured.
 func DefaultConfig() Config {
-	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05,
+	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05, SlowRatio: 1.1,
 		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256,
 		RebalanceTolerance: 1.1, SaturatedBusy: 0.97, HotSamples: 8}
 }
@@ -664,7 +672,7 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 		switch {
 		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && !similarRate(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
-		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && slower(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
 		case pressure && s.Has(SymRateSkew) && s.Outlier >= 0:
 			// Consumers pull: the backlog in front of a hot partition
@@ -722,6 +730,35 @@ func similarRate(f *Fragment, p int, c Config) bool {
 	}
 	m := median(others)
 	return m > 0 && rates[p] <= c.SimilarRatio*m
+}
+
+// slower reports whether partition p of f takes fewer tuples per second
+// of useful time than the median of the others by SlowRatio (see
+// Config.SlowRatio), over the window. Where that cannot be told (no
+// SlowRatio, or too little useful time on either side for a true rate)
+// it says yes: Dhalion's table alone decides.
+func slower(f *Fragment, p int, c Config) bool {
+	if f == nil || c.SlowRatio <= 0 {
+		return true
+	}
+	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	// Each partition's useful time over the window must reach its share
+	// of MinBusy for its rate per useful second to mean anything.
+	floor := c.MinBusy / float64(max(len(f.Samples), 1))
+	if busy[p] < floor {
+		return true
+	}
+	var others []float64
+	for q, b := range busy {
+		if q != p && b >= floor {
+			others = append(others, in[q]/b)
+		}
+	}
+	if len(others) == 0 {
+		return true
+	}
+	return in[p]/busy[p]*c.SlowRatio < median(others)
 }
 
 // busiest returns the scalable fragment with the highest mean busy share,
