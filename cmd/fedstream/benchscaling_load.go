@@ -117,7 +117,12 @@ type RealNoise struct {
 	Scalings      int    `json:"scalings"`
 	Interval      string `json:"policy_interval"`
 	Settle        string `json:"settle"`
-	SensorWindow  string `json:"sensor_window"`
+	// Warmup is the loop's warm-up after the query's start: the
+	// uncompressed settling time (starting 31 tasks and catching up with
+	// what the source sent meanwhile take wall time, which the
+	// compression does not shorten).
+	Warmup       string `json:"policy_warmup"`
+	SensorWindow string `json:"sensor_window"`
 	// MeanLoad and Noise: the source's pace is MeanLoad*(1+-Noise) of
 	// the calibrated full load; MeasuredMeanRate the source rate the
 	// sensors measured over the counted part.
@@ -144,9 +149,11 @@ type wordcountOrgConfig struct {
 	sentences           int
 	splitters, counters int
 	interval, settle    time.Duration
-	window              time.Duration
-	pace                *runtime.Pace
-	logger              *slog.Logger
+	// warmup is the health loop's warm-up (0: one settling time).
+	warmup time.Duration
+	window time.Duration
+	pace   *runtime.Pace
+	logger *slog.Logger
 }
 
 // startWordcountOrg starts an org of realWorkers workers and submits the
@@ -162,7 +169,7 @@ func startWordcountOrg(ctx context.Context, c wordcountOrgConfig, cal RealCalibr
 		}
 	}()
 	w.fed, err = startDev(context.WithoutCancel(ctx), devOptions{org: "bench", coordinators: 1, workers: realWorkers, dataDir: w.dir,
-		logger: c.logger, noHTTP: true, health: coordinator.HealthConfig{Interval: c.interval, Settle: c.settle}, sensorWindow: c.window,
+		logger: c.logger, noHTTP: true, health: coordinator.HealthConfig{Interval: c.interval, Settle: c.settle, Warmup: c.warmup}, sensorWindow: c.window,
 		bufferTuples: realBufferTuples, sourcePace: c.pace})
 	if err != nil {
 		return nil, err
@@ -435,12 +442,12 @@ func runRealNoise(ctx context.Context, o loadOptions) (*RealNoise, error) {
 	ratio := time.Duration(o.ratio)
 	second, settle := time.Second/ratio, o.settle/ratio
 	wall := span / ratio
-	r := &RealNoise{Mode: "real_org", SimulatedS: int(span.Seconds()), Ratio: o.ratio, Interval: second.String(), Settle: settle.String(),
+	r := &RealNoise{Mode: "real_org", SimulatedS: int(span.Seconds()), Ratio: o.ratio, Interval: second.String(), Settle: settle.String(), Warmup: o.settle.String(),
 		SensorWindow: second.String(), MeanLoad: mean, Noise: noise, LoadAvg: map[string]string{"start": benchmark.LoadAverage()}}
-	r.Setup = fmt.Sprintf("one process: 1 coordinator and %d workers; the word count of scenario (a) (full load %d sentences/s) at 10 splitters + 20 counters; sensor window and policy interval 1s/%d = %s, settling %s/%d = %s (10-sample window); the source paced at %.0f%% of full load with a new factor every %s drawn uniformly from +-%.0f%% (seed %d); %s (wall) at the mean load first; every action from the submission on counted",
-		realWorkers, o.sentences, o.ratio, second, o.settle, o.ratio, settle, mean*100, second, noise*100, o.seed, warm)
+	r.Setup = fmt.Sprintf("one process: 1 coordinator and %d workers; the word count of scenario (a) (full load %d sentences/s) at 10 splitters + 20 counters; sensor window and policy interval 1s/%d = %s, settling %s/%d = %s (10-sample window), the loop's warm-up after the start %s (not compressed: the tasks start in wall time); the source paced at %.0f%% of full load with a new factor every %s drawn uniformly from +-%.0f%% (seed %d); %s (wall) at the mean load first; every action from the submission on counted",
+		realWorkers, o.sentences, o.ratio, second, o.settle, o.ratio, settle, o.settle, mean*100, second, noise*100, o.seed, warm)
 	w, err := startWordcountOrg(ctx, wordcountOrgConfig{sentences: o.sentences, splitters: 10, counters: 20, interval: second, settle: settle,
-		window: second, pace: pace, logger: o.logger}, cal)
+		warmup: o.settle, window: second, pace: pace, logger: o.logger}, cal)
 	if err != nil {
 		return nil, err
 	}
