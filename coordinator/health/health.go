@@ -682,6 +682,14 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 			// (past SkewRatio, where a slow one runs at their pace or
 			// slower) is that partition's extra keys.
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
+		case pressure && heldBySlowest(q.Fragment(s.Fragment), c) >= 0:
+			// Under backpressure every partition is held to the pace of
+			// the slowest, and once every buffer in front of them is full
+			// the slow one's queue is no longer larger either (the queue
+			// skew is gone a few seconds after a slow worker starts): what
+			// is left is one partition saturated at the others' rate that
+			// takes fewer tuples per useful second than they do.
+			d.Name, d.Partition = DiagSlowInstance, heldBySlowest(q.Fragment(s.Fragment), c)
 		case pressure:
 			d.Name = DiagUnderProvisioned
 		case s.Has(SymHotPartition) && s.Outlier >= 0:
@@ -759,6 +767,48 @@ func slower(f *Fragment, p int, c Config) bool {
 		return true
 	}
 	return in[p]/busy[p]*c.SlowRatio < median(others)
+}
+
+// heldBySlowest returns the partition of f that holds the others back, or
+// -1: saturated (mean busy at SaturatedBusy or more over the window), at
+// a rate similar to the others' (within SimilarRatio of their median:
+// under backpressure they are held to its pace), and slower per useful
+// second than their median by SlowRatio. Partitions all saturated at one
+// true rate (an operator too small) have none.
+func heldBySlowest(f *Fragment, c Config) int {
+	if f == nil || c.SlowRatio <= 0 || c.SaturatedBusy <= 0 || len(f.Samples) < c.MinSamples {
+		return -1
+	}
+	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	if len(in) < 2 {
+		return -1
+	}
+	best, bestTrue := -1, math.Inf(1)
+	for p, b := range busy {
+		if b >= c.SaturatedBusy && in[p] > 0 {
+			if r := in[p] / b; r < bestTrue || r == bestTrue && p < best {
+				best, bestTrue = p, r
+			}
+		}
+	}
+	if best < 0 || !similarRate(f, best, c) {
+		return -1
+	}
+	// Slower than the others even at the others' pace: the same
+	// comparison as for a slow instance with a larger queue, and the
+	// others must show a true rate (enough useful time).
+	floor := c.MinBusy / float64(max(len(f.Samples), 1))
+	n := 0
+	for p, b := range busy {
+		if p != best && b >= floor {
+			n++
+		}
+	}
+	if n == 0 || !slower(f, best, c) {
+		return -1
+	}
+	return best
 }
 
 // busiest returns the scalable fragment with the highest mean busy share,

@@ -98,3 +98,35 @@ func TestNoSlowInstanceThatIsNotSlow(t *testing.T) {
 		}
 	}
 }
+
+// TestSlowInstanceHeldByBackpressure: once the buffers in front of a
+// keyed operator are full, a slow instance's queue is no larger than the
+// others' (the fault scenario's slow worker at 100%, 13 s after the start:
+// the source blocked 982 ms/s, no queue skew, read as under-provisioned):
+// every partition runs at the slow one's pace, which alone is saturated
+// and slower per useful second. Partitions all saturated at one true rate
+// are an operator too small.
+func TestSlowInstanceHeldByBackpressure(t *testing.T) {
+	c := DefaultConfig()
+	for _, slow := range []float64{1.25, 1.5, 2} {
+		pace := 500 / slow // tuples/s of a partition at 2 ms a tuple, held to the slow one's pace
+		q := pipeline(10, 4, blocked, func(k, p int) Instance {
+			if p == 3 {
+				return Instance{InRate: pace, OutRate: pace, Busy: 1, Queue: 2000}
+			}
+			return Instance{InRate: pace, OutRate: pace, Busy: pace / 500, Queue: 2000}
+		}, calmSink)
+		syms, below, why := Detect(q, c)
+		ds := Diagnose(q, syms, below, why, c)
+		if len(ds) != 1 || ds[0].Name != DiagSlowInstance || ds[0].Partition != 3 {
+			t.Errorf("partition 3 slowed %.2fx under backpressure: diagnoses %+v, want slow_instance of partition 3", slow, ds)
+		}
+	}
+	q := pipeline(10, 4, blocked, func(k, p int) Instance {
+		return Instance{InRate: 500 - float64(p), OutRate: 500, Busy: 1, Queue: 2000}
+	}, calmSink)
+	syms, below, why := Detect(q, c)
+	if ds := Diagnose(q, syms, below, why, c); len(ds) != 1 || ds[0].Name != DiagUnderProvisioned {
+		t.Errorf("all saturated at one true rate: diagnoses %+v, want under_provisioned", ds)
+	}
+}
