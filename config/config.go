@@ -70,6 +70,9 @@ type Health struct {
 	// (Go durations).
 	Interval string `mapstructure:"interval"`
 	Settle   string `mapstructure:"settle"`
+	// Warmup: how long the loop watches a query that started (or that a
+	// new leader found) before it may act on it; empty: one settling time.
+	Warmup string `mapstructure:"warmup"`
 }
 
 // Federation is the coordinator's place in the federation pool. Bind
@@ -230,6 +233,7 @@ func CoordinatorFlags(fs *pflag.FlagSet) {
 	fs.Bool("health.all", false, "let the health manager look after every query (default: only queries with autoscale: true or an slo)")
 	fs.String("health.interval", "1s", "time between two steps of the health manager's policy loop")
 	fs.String("health.settle", "30s", "time after a health action before it is evaluated and before another action on the same query")
+	fs.String("health.warmup", "", "time the health manager watches a query that started (or that a new leader found) before it may act on it (empty: one settling time)")
 	fs.String("federation.bind", "", "federation pool gossip address (empty: the org is in no federation)")
 	fs.String("federation.grpc-addr", "", "cross-org gRPC address partners' coordinators call (mutual TLS against the CA pinned for them)")
 	fs.String("federation.data-addr", "", "cross-org data-plane address: streams of tasks moved between orgs, relayed by the coordinators (empty: a free port on grpc-addr's host)")

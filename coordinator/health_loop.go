@@ -40,6 +40,16 @@ type HealthConfig struct {
 	// Settle the time after an action before it is evaluated and before
 	// another action on the same query (default 30s).
 	Interval, Settle time.Duration
+	// Warmup is how long the loop watches a query, from the first sample
+	// of all its tasks, before it may act on it (0: one settling time;
+	// negative: no warm-up). A query just started is not at its load: its
+	// tasks start at different moments and first work through what the
+	// sources sent meanwhile, the backlog held in front of partitions
+	// that connected last, saturated, at rates that say nothing of the
+	// query's load. It is the settling time after an action, for the
+	// query's submission. A new leader's loop watches each query for a
+	// warm-up too: its figures before the leader change are not kept.
+	Warmup time.Duration
 	// Window is the number of samples kept per fragment (default 10, at
 	// least the policy's MinSamples).
 	Window int
@@ -79,6 +89,9 @@ func (h *HealthConfig) fill() {
 	if h.Settle <= 0 {
 		h.Settle = 30 * time.Second
 	}
+	if h.Warmup == 0 {
+		h.Warmup = h.Settle
+	}
 	if h.Policy == nil {
 		p := health.DefaultConfig()
 		h.Policy = &p
@@ -104,7 +117,10 @@ type healthQuery struct {
 	seen map[string]int64
 	// quietUntil: no action before (settling after the last one).
 	quietUntil time.Time
-	pending    *pendingHealth
+	// warmUntil: no action before (the warm-up after the query's first
+	// complete sample); zero until that sample.
+	warmUntil time.Time
+	pending   *pendingHealth
 	// alerted: fragment/diagnosis -> when last logged as an alert.
 	alerted map[string]time.Time
 	// defIndex is the definition the state belongs to.
@@ -240,10 +256,13 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 		if view == nil {
 			continue
 		}
+		if hq.warmUntil.IsZero() {
+			hq.warmUntil = now.Add(max(l.cfg.Warmup, 0))
+		}
 		if hq.pending != nil && !now.Before(hq.pending.due) {
 			l.evaluate(ctx, q.Name, hq, view, now)
 		}
-		if now.Before(hq.quietUntil) || hq.pending != nil {
+		if now.Before(hq.quietUntil) || now.Before(hq.warmUntil) || hq.pending != nil {
 			continue
 		}
 		l.decide(ctx, q.Name, hq, view, now)
@@ -556,7 +575,21 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 	}
 	before := health.Measure(q, target(*chosen), pc)
 	l.s.logger.Info("health: acting", "query", name, "fragment", target(*chosen), "diagnosis", chosen.Diagnosis.Name,
-		"action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
+		"partition", chosen.Diagnosis.Partition, "symptoms", strings.Join(chosen.Diagnosis.Symptoms, ","),
+		"diagnosis_why", chosen.Diagnosis.Why, "action", chosen.Action, "from", chosen.From, "to", chosen.To, "why", chosen.Why)
+	if l.s.logger.Enabled(ctx, slog.LevelDebug) {
+		// The samples the diagnosis was made on, partition by partition:
+		// what a false diagnosis is found from (and recorded into table
+		// tests).
+		if f := q.Fragment(chosen.Diagnosis.Fragment); f != nil {
+			l.s.logger.Debug("health: window behind the action", "query", name, "fragment", f.Name, "samples", windowText(f.Samples))
+			for _, u := range f.Upstreams {
+				if uf := q.Fragment(u); uf != nil {
+					l.s.logger.Debug("health: upstream window behind the action", "query", name, "fragment", u, "samples", upstreamText(uf.Samples))
+				}
+			}
+		}
+	}
 	did, err := l.carryOut(ctx, name, q, *chosen)
 	done := time.Now()
 	if err != nil && isRescale(chosen.Action) && l.rescaleUnderWay(name, target(*chosen)) {
@@ -781,4 +814,37 @@ func target(d health.Decision) string {
 		return d.Target
 	}
 	return d.Diagnosis.Fragment
+}
+
+// windowText writes a window of samples for the log, one sample per line
+// and per partition {input rate, busy share, queue} (the form the table
+// tests of package health record windows in), each sample with its
+// time of day.
+func windowText(ss []health.Sample) string {
+	var b strings.Builder
+	for _, s := range ss {
+		fmt.Fprintf(&b, "\n%s", s.At.UTC().Format("15:04:05.000"))
+		for _, in := range s.Instances {
+			fmt.Fprintf(&b, " p%d{%.0f, %.3f, %.0f}", in.Partition, in.InRate, in.Busy, in.Queue)
+		}
+	}
+	return b.String()
+}
+
+// upstreamText writes an upstream's window for the log: per sample its
+// total output rate and its instances' mean blocked time (ms/s) and mean
+// backlog held for consumers.
+func upstreamText(ss []health.Sample) string {
+	var b strings.Builder
+	for _, s := range ss {
+		out, blocked, unacked := 0.0, 0.0, 0.0
+		for _, in := range s.Instances {
+			out += in.OutRate
+			blocked += in.BlockedMs
+			unacked += in.Unacked
+		}
+		n := float64(max(len(s.Instances), 1))
+		fmt.Fprintf(&b, "\n%s out %.0f/s, blocked %.0f ms/s, unacked %.0f per instance", s.At.UTC().Format("15:04:05.000"), out, blocked/n, unacked/n)
+	}
+	return b.String()
 }

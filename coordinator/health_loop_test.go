@@ -183,7 +183,9 @@ func TestHealthMovesASlowInstance(t *testing.T) {
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
-		cfg.Health = HealthConfig{Interval: 100 * time.Millisecond, Settle: time.Minute, Policy: &p}
+		// The move is judged a settling time after it (not in this test);
+		// the warm-up before the first action is a second.
+		cfg.Health = HealthConfig{Interval: 100 * time.Millisecond, Settle: time.Minute, Warmup: time.Second, Policy: &p}
 	})
 	defer c.shutdown()
 	s := c.nodes[0]

@@ -67,8 +67,9 @@ worker's generators paced by a factor): load_change runs full load for
 --load-warmup, 80% for --load-phase, then 104% as long, counting actions
 and oscillations (a scale-down after a scale-up of the same operator);
 noise runs an hour of 60% load +-20% compressed --noise-ratio times
-(sensor window, policy interval and settling divided by it), counting
-actions. --real-scenarios picks which of wordcount, load_change and noise
+(sensor window, policy interval and settling divided by it), after 15 s
+at the mean load. Both count every action from the query's submission
+on (warmup_actions says how many of them came before the load changed). --real-scenarios picks which of wordcount, load_change and noise
 run (six to seven minutes for all three on a quiet machine).
 
 Then runs the policy (detectors, diagnosers, resolver choice, DS2 sizing,
@@ -171,7 +172,7 @@ at once in the model):
 			}
 			fmt.Fprintf(w, "wordcount (model): %d steps, last at %d s: %s, over-provisioned %.1f%%\n", wc.Steps, wc.Seconds, strings.Join(fin, ", "), wc.Overprovision*100)
 			if realLoad != nil {
-				fmt.Fprintf(w, "load change (real org): %d actions from the drop on (%d in the warm-up), %d oscillations (scale-up then scale-down), %d reversals\n",
+				fmt.Fprintf(w, "load change (real org): %d actions from the submission on (%d of them in the warm-up at full load), %d oscillations (scale-up then scale-down), %d reversals\n",
 					realLoad.Actions, realLoad.WarmupActions, realLoad.Oscillations, realLoad.Reversals)
 				for _, p := range realLoad.Phases {
 					fmt.Fprintf(w, "  %5.0f-%5.0f s  %-9s pace %.2f: source %.0f/s measured (%.0f/s expected), %d actions, splitter %d, counter %d\n",
@@ -182,7 +183,7 @@ at once in the model):
 				}
 			}
 			if realNois != nil {
-				fmt.Fprintf(w, "noise (real org): %d actions over %d s of stationary load compressed %dx into %.0f s (%d in the warm-up); source %.0f/s measured on average; splitter %d, counter %d at the end\n",
+				fmt.Fprintf(w, "noise (real org): %d actions from the submission on, over %d s of stationary load compressed %dx into %.0f s and its warm-up (%d of them in the warm-up); source %.0f/s measured on average; splitter %d, counter %d at the end\n",
 					realNois.Actions, realNois.SimulatedS, realNois.Ratio, realNois.WallS, realNois.WarmupActions, realNois.MeasuredMeanRate, realNois.Parallelism["splitter"], realNois.Parallelism["counter"])
 				for _, a := range realNois.Log {
 					fmt.Fprintf(w, "  %6.1f s  %-8s %-18s %-10s %d -> %d  %s\n", a.AtS, a.Fragment, a.Diagnosis, a.Action, a.From, a.To, a.Outcome)

@@ -137,6 +137,12 @@ type RealAction struct {
 	// measured (tuples per useful second), against the calibrated
 	// capacity in Calibration.
 	TrueRate float64 `json:"true_rate"`
+	// Symptoms are the symptoms behind the diagnosis and what the
+	// detectors saw (the log's symptoms), Detail what the action was to
+	// do, OutcomeDetail why it was judged as it was.
+	Symptoms      string `json:"symptoms,omitempty"`
+	Detail        string `json:"detail,omitempty"`
+	OutcomeDetail string `json:"outcome_detail,omitempty"`
 }
 
 // RealCalibration says how DS2's rates were scaled to this machine.
@@ -273,7 +279,8 @@ func runRealWordcount(ctx context.Context, o realOptions) (*RealWordcount, error
 			_ = json.Unmarshal([]byte(a.Metrics), &m)
 			at := time.UnixMilli(a.AtMs).Sub(start).Seconds()
 			r.Actions = append(r.Actions, RealAction{AtS: math.Round(at*10) / 10, Fragment: a.Fragment, Diagnosis: a.Diagnosis, Action: a.Action,
-				From: int(a.FromParallelism), To: int(a.ToParallelism), Outcome: a.Outcome, TrueRate: math.Round(m.TrueRate)})
+				From: int(a.FromParallelism), To: int(a.ToParallelism), Outcome: a.Outcome, TrueRate: math.Round(m.TrueRate),
+				Symptoms: a.Symptoms, Detail: a.Detail, OutcomeDetail: a.OutcomeDetail})
 			if a.EvaluatedAtMs > 0 {
 				r.Actions[len(r.Actions)-1].EvaluatedS = math.Round(time.UnixMilli(a.EvaluatedAtMs).Sub(start).Seconds()*10) / 10
 			}

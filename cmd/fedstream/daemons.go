@@ -73,6 +73,11 @@ func newCoordinatorCmd() *cobra.Command {
 			if hc.Settle, err = parseTTL("health.settle", c.Health.Settle); err != nil {
 				return err
 			}
+			if c.Health.Warmup != "" {
+				if hc.Warmup, err = parseTTL("health.warmup", c.Health.Warmup); err != nil {
+					return err
+				}
+			}
 			srv, err := coordinator.New(coordinator.Config{
 				Health: hc,
 				Org:    c.Org, NodeID: c.NodeID, DataDir: c.DataDir,

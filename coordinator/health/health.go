@@ -132,6 +132,14 @@ type Config struct {
 	// slow instance runs at the others' rate while a hot one runs faster
 	// by its extra share of the keys.
 	SkewRatio, SimilarRatio float64
+	// SlowRatio: a slow instance is slow: it takes fewer tuples per
+	// second of useful time (its true processing rate over the window)
+	// than the others' median by this factor. A partition with a larger
+	// queue at the others' rate that is as fast as they are per useful
+	// second has more to do, not less speed (more keys, or the backlog
+	// of a start or a burst held in front of it): moving it cannot help.
+	// 0: no such check.
+	SlowRatio float64
 	// QueueSkewMin: a queue below it is never a skewed one.
 	QueueSkewMin float64
 	// IdleBusy: a fragment whose instances all stay below this busy share
@@ -167,7 +175,7 @@ type Config struct {
 
 // DefaultConfig returns the thresholds the loop uses unless configured.
 func DefaultConfig() Config {
-	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05,
+	return Config{MinSamples: 4, Persist: 3, BackpressureMs: 100, QueueHigh: 1000, SkewRatio: 1.5, SimilarRatio: 1.05, SlowRatio: 1.1,
 		QueueSkewMin: 200, IdleBusy: 0.3, TargetUtil: 0.97, DownUtil: 0.6, SLOMargin: 0.05, MinBusy: 0.2, MaxParallelism: 256,
 		RebalanceTolerance: 1.1, SaturatedBusy: 0.97, HotSamples: 8}
 }
@@ -677,7 +685,7 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 		switch {
 		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && !similarRate(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
-		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0:
+		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && slower(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
 		case pressure && s.Has(SymRateSkew) && s.Outlier >= 0:
 			// Consumers pull: the backlog in front of a hot partition
@@ -687,6 +695,14 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 			// (past SkewRatio, where a slow one runs at their pace or
 			// slower) is that partition's extra keys.
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
+		case pressure && heldBySlowest(q.Fragment(s.Fragment), c) >= 0:
+			// Under backpressure every partition is held to the pace of
+			// the slowest, and once every buffer in front of them is full
+			// the slow one's queue is no longer larger either (the queue
+			// skew is gone a few seconds after a slow worker starts): what
+			// is left is one partition saturated at the others' rate that
+			// takes fewer tuples per useful second than they do.
+			d.Name, d.Partition = DiagSlowInstance, heldBySlowest(q.Fragment(s.Fragment), c)
 		case pressure:
 			d.Name = DiagUnderProvisioned
 		case s.Has(SymHotPartition) && s.Outlier >= 0:
@@ -735,6 +751,77 @@ func similarRate(f *Fragment, p int, c Config) bool {
 	}
 	m := median(others)
 	return m > 0 && rates[p] <= c.SimilarRatio*m
+}
+
+// slower reports whether partition p of f takes fewer tuples per second
+// of useful time than the median of the others by SlowRatio (see
+// Config.SlowRatio), over the window. Where that cannot be told (no
+// SlowRatio, or too little useful time on either side for a true rate)
+// it says yes: Dhalion's table alone decides.
+func slower(f *Fragment, p int, c Config) bool {
+	if f == nil || c.SlowRatio <= 0 {
+		return true
+	}
+	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	// Each partition's useful time over the window must reach its share
+	// of MinBusy for its rate per useful second to mean anything.
+	floor := c.MinBusy / float64(max(len(f.Samples), 1))
+	if busy[p] < floor {
+		return true
+	}
+	var others []float64
+	for q, b := range busy {
+		if q != p && b >= floor {
+			others = append(others, in[q]/b)
+		}
+	}
+	if len(others) == 0 {
+		return true
+	}
+	return in[p]/busy[p]*c.SlowRatio < median(others)
+}
+
+// heldBySlowest returns the partition of f that holds the others back, or
+// -1: saturated (mean busy at SaturatedBusy or more over the window), at
+// a rate similar to the others' (within SimilarRatio of their median:
+// under backpressure they are held to its pace), and slower per useful
+// second than their median by SlowRatio. Partitions all saturated at one
+// true rate (an operator too small) have none.
+func heldBySlowest(f *Fragment, c Config) int {
+	if f == nil || c.SlowRatio <= 0 || c.SaturatedBusy <= 0 || len(f.Samples) < c.MinSamples {
+		return -1
+	}
+	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	if len(in) < 2 {
+		return -1
+	}
+	best, bestTrue := -1, math.Inf(1)
+	for p, b := range busy {
+		if b >= c.SaturatedBusy && in[p] > 0 {
+			if r := in[p] / b; r < bestTrue || r == bestTrue && p < best {
+				best, bestTrue = p, r
+			}
+		}
+	}
+	if best < 0 || !similarRate(f, best, c) {
+		return -1
+	}
+	// Slower than the others even at the others' pace: the same
+	// comparison as for a slow instance with a larger queue, and the
+	// others must show a true rate (enough useful time).
+	floor := c.MinBusy / float64(max(len(f.Samples), 1))
+	n := 0
+	for p, b := range busy {
+		if p != best && b >= floor {
+			n++
+		}
+	}
+	if n == 0 || !slower(f, best, c) {
+		return -1
+	}
+	return best
 }
 
 // busiest returns the scalable fragment with the highest mean busy share,
