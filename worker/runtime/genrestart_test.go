@@ -6,7 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // TestRestartedGeneratorCatchesUp: a paced generator source whose worker
@@ -34,23 +36,43 @@ func TestRestartedGeneratorCatchesUp(t *testing.T) {
 		}
 		return 1
 	}
-	const source, sink = "wc/lines/p0/r0", "wc/out/p0/r0"
+	const sink = "wc/out/p0/r0"
 
 	alone := newClusterOpts(t, 2, q, place, Options{BoundaryInterval: time.Millisecond, SourceSpeedup: 200})
 	alone.apply()
 	want := alone.tail(t, sink)
 	alone.close(t)
 
+	// The new copy on its consumers' worker (they read its buffers
+	// directly), and on a worker of its own (over the data plane).
+	for _, to := range []int{1, 2} {
+		t.Run(fmt.Sprintf("to worker %d", to), func(t *testing.T) {
+			restartGenerator(t, q, place, to, want)
+		})
+	}
+}
+
+// restartGenerator is TestRestartedGeneratorCatchesUp's run: the source
+// starts on worker 0, its consumers on worker 1, and its next copy starts
+// on worker to.
+func restartGenerator(t *testing.T, q *queryspec.Query, place func(string, int, int) int, to int, want []tuple.Tuple) {
+	const rate = 100
+	const source, sink = "wc/lines/p0/r0", "wc/out/p0/r0"
 	slow, err := NewPace(0.1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterEach(t, q, place,
-		Options{BoundaryInterval: time.Millisecond, SourceSpeedup: 20}, // the first copy: 2000 records a second
-		Options{BoundaryInterval: time.Millisecond, SourcePace: slow})
+	each := []Options{
+		{BoundaryInterval: time.Millisecond, SourceSpeedup: 20}, // the first copy: 2000 records a second
+		{BoundaryInterval: time.Millisecond, SourcePace: slow},
+	}
+	if to == 2 {
+		each = append(each, Options{BoundaryInterval: time.Millisecond, SourcePace: slow})
+	}
+	c := newClusterEach(t, q, place, each...)
 	defer c.close(t)
 	c.apply()
-	lost, next := c.workers[0], c.workers[1]
+	lost, next := c.workers[0], c.workers[to]
 	first := lost.rt.task(source)
 	if first == nil {
 		t.Fatal("the source did not start")
@@ -105,11 +127,13 @@ func TestRestartedGeneratorCatchesUp(t *testing.T) {
 		pls = append(pls, pl)
 	}
 	spec.Generation, spec.Placements = 2, pls
-	for i := range c.specs[next] {
-		c.specs[next][i].Placements = pls
-	}
 	c.specs[next] = append(c.specs[next], spec)
-	next.rt.Apply(context.Background(), c.specs[next])
+	for _, w := range c.workers[1:] {
+		for i := range c.specs[w] {
+			c.specs[w][i].Placements = pls
+		}
+		w.rt.Apply(context.Background(), c.specs[w])
+	}
 	again := next.rt.task(source)
 	if again == nil || again.restored {
 		t.Fatalf("the new copy did not start from nothing (states %v)", c.states())
