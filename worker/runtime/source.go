@@ -79,8 +79,9 @@ func (t *task) runGenerator() {
 	// starts its stream at record 0, while its consumers resume by id
 	// after what the lost copy gave them. Paced from 0 it would make them
 	// wait as long as the lost copy had run (hours for a long query).
-	// The stream is deterministic (record n and its id depend only on the
-	// records before it), so the copy draws, without pacing, the records
+	// The stream is deterministic (record n depends only on the seed, the
+	// partition and n; the ids on each output count what was routed to it
+	// before), so the copy draws, without pacing, the records
 	// its consumers already hold (OutputBuffer.Wanted: where they resumed)
 	// and paces again from the first one they lack. Seeking to record n
 	// directly is not possible: a generator's values come from one random
