@@ -178,7 +178,31 @@ type OutputBuffer struct {
 	// under mu; nsBase counts such positions below the first range kept.
 	nonStable []PosRange
 	nsBase    uint64
+	// wanted is the highest id an acknowledging subscriber is known to
+	// hold already: the position a data subscription resumed after, or a
+	// relayed acknowledgement (NoteHeld). Kept apart from the
+	// acknowledgements, which are clamped to what this buffer holds.
+	wanted atomic.Uint64
 }
+
+// NoteHeld records that an acknowledging subscriber already holds the
+// stream up to id (it resumes after id, or relays that it took id from
+// another copy), whatever this buffer holds. A producer that restarted
+// its deterministic stream from the start without its earlier copy's
+// state may produce up to Wanted without pacing: those tuples only
+// bring it back to where its consumers are (see worker/runtime
+// runGenerator).
+func (b *OutputBuffer) NoteHeld(id uint64) {
+	for {
+		w := b.wanted.Load()
+		if id <= w || b.wanted.CompareAndSwap(w, id) {
+			return
+		}
+	}
+}
+
+// Wanted is the highest id NoteHeld recorded (0: none).
+func (b *OutputBuffer) Wanted() uint64 { return b.wanted.Load() }
 
 // Restarted reports BufferOptions.Restarted.
 func (b *OutputBuffer) Restarted() bool { return b.opts.Restarted }

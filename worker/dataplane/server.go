@@ -195,6 +195,11 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	if first.AckOnly {
 		return s.relayed(stream, buf, key, first.AckId)
 	}
+	if !first.NoAck && first.AfterId > 0 {
+		// A consumer resuming: it holds the stream up to AfterId (a
+		// restarted source catches up to it, Wanted).
+		buf.NoteHeld(first.AfterId)
+	}
 	log := s.log.With("query", ref.Query, "task", ref.TaskId, "partition", ref.Partition, "consumer", ref.Consumer, "subscriber", key)
 
 	// sent is the last id sent on this subscription: acknowledgements may
@@ -308,6 +313,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 // subscriber half-closes (nil) or goes away.
 func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64) error {
 	if ack > 0 {
+		buf.NoteHeld(ack)
 		buf.Ack(key, ack)
 	}
 	// Recv fails once this handler has returned, which ends the reader.
@@ -334,6 +340,7 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 		select {
 		case id := <-acks:
 			if id > 0 {
+				buf.NoteHeld(id) // the subscriber took it from a peer replica
 				buf.Ack(key, id)
 			}
 		case err := <-recvErr:

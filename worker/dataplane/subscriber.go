@@ -395,6 +395,9 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
 	start := s.last.Load()
+	if !s.noAck && start > 0 {
+		buf.NoteHeld(start) // as Server.Subscribe
+	}
 	for {
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
@@ -532,7 +535,9 @@ func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, progres
 	ticker := time.NewTicker(relayEvery)
 	defer ticker.Stop()
 	for {
-		buf.Ack(name, progress()) // clamped, cheap: every time
+		id := progress()
+		buf.NoteHeld(id)  // as Server.Subscribe's relay
+		buf.Ack(name, id) // clamped, cheap: every time
 		select {
 		case <-ctx.Done():
 			return nil

@@ -74,6 +74,23 @@ func (t *task) runGenerator() {
 			start = time.Now().Add(-paced(n, rate, speedup, pace, paceFactor))
 		}
 	}
+	// A copy placed again without a snapshot (generation above 1: its
+	// worker was lost and no peer replica was there to bootstrap from)
+	// starts its stream at record 0, while its consumers resume by id
+	// after what the lost copy gave them. Paced from 0 it would make them
+	// wait as long as the lost copy had run (hours for a long query).
+	// The stream is deterministic (record n depends only on the seed, the
+	// partition and n; the ids on each output count what was routed to it
+	// before), so the copy draws, without pacing, the records
+	// its consumers already hold (OutputBuffer.Wanted: where they resumed)
+	// and paces again from the first one they lack. Seeking to record n
+	// directly is not possible: a generator's values come from one random
+	// sequence drawn record by record, and each output's ids count the
+	// records routed to it. The catch-up costs the CPU of generating those
+	// records once (nothing is sent: readers start after their position),
+	// not their paced wall time.
+	catchUp := rate > 0 && t.spec.Generation > 1 && t.genRestore == nil
+	behind := false // catching up (catchUp): pacing is suspended
 	// A partition a rescale added starts at the rescale's cut: it drops
 	// the records of its stream below it (counted as drawn, so a
 	// snapshot's position stays a record number of the whole stream) and
@@ -175,6 +192,23 @@ func (t *task) runGenerator() {
 			}
 			n++
 			wait := time.Until(start.Add(paced(n, rate, speedup, pace, paceFactor)))
+			if wait > 0 && catchUp {
+				// Looked at only when ahead of the pacing, where the
+				// source would wait anyway.
+				switch {
+				case t.behindConsumers():
+					wait, behind = 0, true
+				case behind:
+					// Caught up: what is staged goes out, and the pacing
+					// starts again from this record.
+					behind = false
+					start, n, wait = time.Now(), 0, 0
+					if err := t.flush(ctx); err != nil {
+						t.endWith(err)
+						return
+					}
+				}
+			}
 			if wait > 0 {
 				// Ahead of schedule: what is staged goes out now rather
 				// than when a batch fills.
@@ -240,6 +274,19 @@ func (t *task) runGenerator() {
 	if !t.sourceEnded() {
 		t.setState(StateRunning, "input exhausted")
 	}
+}
+
+// behindConsumers reports whether a consumer of the generator already
+// holds output it has not produced yet (OutputBuffer.Wanted): the case of
+// a copy restarted without a snapshot (runGenerator). Generator goroutine
+// only (it reads the writers).
+func (t *task) behindConsumers() bool {
+	for _, o := range t.outs {
+		if o.w.LastID() < o.buf.Wanted() {
+			return true
+		}
+	}
+	return false
 }
 
 // paced is how long after its pacing's start record n of a generator at
