@@ -67,6 +67,9 @@ type dcaaRun struct {
 	// what a replay keeps, keptMax the most kept at once after a bound
 	// (figures, readable from any goroutine).
 	tentSteps, restores, shed, keptMax atomic.Uint64
+	// shedCounted is the machine's ShedData already added to the task's
+	// InTuples (the run goroutine only).
+	shedCounted uint64
 	// lostFrom, lostTo: the results a correction could not make exact
 	// (stream times; see lost), for tests.
 	lostFrom, lostTo atomic.Int64
@@ -317,6 +320,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		err := d.step(ctx, ev, deadline, detect)
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
+		d.countShed(f.ShedData)
 		d.keptMax.Store(uint64(f.KeptMax))
 		d.noteWaiting()
 		t.unlockProc()
@@ -332,6 +336,17 @@ func (d *dcaaRun) run(ctx context.Context) {
 			d.finished(ctx)
 			return
 		}
+	}
+}
+
+// countShed adds the stable input tuples the machine shed for its
+// KeepLimit since the last call to the task's InTuples (see release):
+// released tentatively only, they are never released stable. The run
+// goroutine only.
+func (d *dcaaRun) countShed(total uint64) {
+	if total > d.shedCounted {
+		d.t.counters.in.Add(total - d.shedCounted)
+		d.shedCounted = total
 	}
 }
 
@@ -558,6 +573,21 @@ func recDoneIn(acts []dcaa.Action) bool {
 // release processes merge steps: the tuples through the operator, then
 // Advance, then (stable steps only) a boundary on every output.
 //
+// The task's figures (TaskStats): BusyNanos counts every release,
+// tentative and replayed ones too (that is work done), less the time
+// the outputs blocked it. InTuples counts each stable input tuple once,
+// when it is released stable: in a stable step, or in the replay of a
+// correction (the stable steps after a checkpoint were all released
+// tentatively, never stable, and a replay is never replayed again).
+// Tentative releases count nothing: their tuples are either tentative
+// input, which the producer's corrections replace by stable tuples
+// counted when those are released, or stable input kept for the replay,
+// counted there. Stable input shed for the bound on what a replay keeps
+// (released tentatively, never replayed) is counted when it is shed
+// (countShed). So over a failure and its correction InTuples adds up
+// to the stable input, as a failure-free run's would; during a
+// tentative phase it stands still and catches up at the replay.
+//
 // Nothing follows a stream's final boundary: consumers take a batch
 // ending with it for the end of the stream (sinks, DCAA inputs, tail).
 // So when a replay's corrections reach the final boundary and the
@@ -565,6 +595,19 @@ func recDoneIn(acts []dcaa.Action) bool {
 // goes out just before the final boundary instead of after it.
 func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) error {
 	t := d.t
+	start, blocked := time.Now(), t.blockedNanos()
+	defer func() {
+		t.counters.busy.Add(max(0, int64(time.Since(start))-(t.blockedNanos()-blocked)))
+	}()
+	if !rel.Tentative {
+		// Counted before the operators see them (one passing a tuple on
+		// may change it). See the rule above.
+		n := 0
+		for _, st := range rel.Steps {
+			n += st.Len()
+		}
+		t.counters.in.Add(uint64(n))
+	}
 	d.emitType = tuple.Stable
 	if rel.Tentative {
 		d.emitType = tuple.Tentative
