@@ -221,6 +221,16 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	return nil
 }
 
+// endBatch is a batch holding only the final boundary, with stable id
+// after+1: an input whose upstream replica ended at or before the
+// position it resumed from (dataplane.ErrEndedBefore) delivers it, as
+// the end of its stream, since the replica will send nothing more.
+func endBatch(after uint64) *dataplane.Batch {
+	enc := tuple.AppendTuple(nil, &tuple.Tuple{Type: tuple.Boundary, STime: finalBoundary})
+	return &dataplane.Batch{Tuples: []tuple.Tuple{{Type: tuple.Boundary, STime: finalBoundary}},
+		FirstID: after + 1, LastID: after + 1, Encoded: enc, Offsets: []int{0}}
+}
+
 // errReplaced ends a subscription whose batch the machine ignored: it had
 // moved the input to another attempt (see dcaa.Deliver.Attempt).
 var errReplaced = errors.New("dcaa: subscription replaced by the machine")
@@ -820,6 +830,13 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			progressed, _, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return
+			}
+			if errors.Is(err, dataplane.ErrEndedBefore) {
+				log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): taken as the end of the input",
+					"replica", tg.replica, "after_id", tg.after)
+				if derr := d.deliver(ctx, in, endBatch(in.stableTaken.Load())); errors.Is(derr, dataplane.ErrStopSubscription) {
+					return
+				}
 			}
 			if progressed {
 				backoff.Reset()
