@@ -198,12 +198,14 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		switch h.Type {
 		case tuple.Stable, tuple.Boundary:
 			sid++
-			if sid <= v.stable && (h.Type == tuple.Stable || h.STime <= v.stableB) {
-				// Taken already (resent after a resumption). A boundary
-				// past the last one taken is new whatever its stable id
-				// (replicas of a lossy upstream number their stable
-				// streams differently; see dcaa.Machine's deliver): by
-				// id, the final one was lost and the sink never ended.
+			if sid <= v.stable && (h.Type == tuple.Stable || h.STime != finalBoundary) {
+				// Taken already (resent after a resumption). The final
+				// boundary is taken whatever its stable id (replicas of a
+				// lossy upstream number their stable streams differently;
+				// see dcaa.Machine's deliver): by id, it was lost and the
+				// sink never ended. (Only the final one: stableB is not
+				// kept current by the all-stable path, so a stream time
+				// test would pass resent boundaries twice.)
 				continue
 			}
 			if v.tentOpen {
