@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"math"
 	"slices"
 	"sync/atomic"
@@ -20,6 +21,33 @@ type inBand struct {
 	state     atomic.Int32 // fedstreampb.ReplicaState
 	tentWM    atomic.Int64
 	heartbeat atomic.Int64 // nanoseconds; 0: no heartbeats
+	// end is the position of the stream's final boundary (0: not
+	// appended yet; see SetEnd).
+	end atomic.Uint64
+}
+
+// ErrEndedBefore means a data subscription resumed at or after the
+// position of its stream's final boundary on the replica read: that
+// replica's stream is complete, and nothing it could still send (a
+// REC_DONE after the end at most) ends it for the subscriber. A consumer
+// that resumes by stable id gets there only when the upstream's
+// replicas number their stable streams differently (after a correction
+// that could not make every result exact, one has fewer stable results
+// than the other): resumed past this replica's end, it waited for ever,
+// hearing heartbeats, and its task never ended. It takes the end of the
+// stream from this error instead.
+var ErrEndedBefore = errors.New("dataplane: the replica's stream ended at or before the position resumed from")
+
+// SetEnd records that the stream's final boundary has position pos (the
+// producer calls it before it appends that boundary): a data subscriber
+// resuming at or after pos is answered ErrEndedBefore.
+func (b *OutputBuffer) SetEnd(pos uint64) { b.inband.end.CompareAndSwap(0, pos) }
+
+// endedBefore reports whether a subscription resuming after id after
+// starts at or past the stream's final boundary.
+func (b *OutputBuffer) endedBefore(after uint64) bool {
+	e := b.inband.end.Load()
+	return e > 0 && after >= e
 }
 
 // SetHeartbeat makes the stream send a heartbeat batch to each

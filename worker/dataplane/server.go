@@ -238,6 +238,13 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	after := first.AfterId
 	warnedGap := false
 	for {
+		if !first.NoAck && buf.endedBefore(first.AfterId) {
+			// Resumed at or past this replica's end (see
+			// ErrEndedBefore); checked again after every wake-up, since
+			// the end may come while the subscription waits.
+			log.Warn("subscriber resumes at or past the end of this replica's stream; told so", "after_id", first.AfterId)
+			return status.Errorf(codes.OutOfRange, "stream %s/%s[%d]->%q: %v (after %d)", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, ErrEndedBefore, first.AfterId)
+		}
 		data, count, last, gap, wait, err := buf.Read(after, s.maxBatch)
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "stream %s/%s[%d]->%q ended: %v", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, err)

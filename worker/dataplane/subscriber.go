@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -308,6 +310,9 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		if err == io.EOF {
 			return fmt.Errorf("dataplane: upstream ended the stream: %w", err)
 		}
+		if status.Code(err) == codes.OutOfRange {
+			return fmt.Errorf("%w: %v", ErrEndedBefore, err)
+		}
 		if err != nil {
 			return err
 		}
@@ -399,6 +404,9 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		buf.NoteHeld(start) // as Server.Subscribe
 	}
 	for {
+		if !s.noAck && buf.endedBefore(start) {
+			return fmt.Errorf("%w: local stream %s/%s after %d", ErrEndedBefore, s.ref.Query, s.ref.TaskId, start)
+		}
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)

@@ -67,6 +67,9 @@ type dcaaRun struct {
 	// what a replay keeps, keptMax the most kept at once after a bound
 	// (figures, readable from any goroutine).
 	tentSteps, restores, shed, keptMax atomic.Uint64
+	// shedCounted is the machine's ShedData already added to the task's
+	// InTuples (the run goroutine only).
+	shedCounted uint64
 	// lostFrom, lostTo: the results a correction could not make exact
 	// (stream times; see lost), for tests.
 	lostFrom, lostTo atomic.Int64
@@ -218,6 +221,16 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	return nil
 }
 
+// endBatch is a batch holding only the final boundary, with stable id
+// after+1: an input whose upstream replica ended at or before the
+// position it resumed from (dataplane.ErrEndedBefore) delivers it, as
+// the end of its stream, since the replica will send nothing more.
+func endBatch(after uint64) *dataplane.Batch {
+	enc := tuple.AppendTuple(nil, &tuple.Tuple{Type: tuple.Boundary, STime: finalBoundary})
+	return &dataplane.Batch{Tuples: []tuple.Tuple{{Type: tuple.Boundary, STime: finalBoundary}},
+		FirstID: after + 1, LastID: after + 1, Encoded: enc, Offsets: []int{0}}
+}
+
 // errReplaced ends a subscription whose batch the machine ignored: it had
 // moved the input to another attempt (see dcaa.Deliver.Attempt).
 var errReplaced = errors.New("dcaa: subscription replaced by the machine")
@@ -317,6 +330,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		err := d.step(ctx, ev, deadline, detect)
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
+		d.countShed(f.ShedData)
 		d.keptMax.Store(uint64(f.KeptMax))
 		d.noteWaiting()
 		t.unlockProc()
@@ -332,6 +346,17 @@ func (d *dcaaRun) run(ctx context.Context) {
 			d.finished(ctx)
 			return
 		}
+	}
+}
+
+// countShed adds the stable input tuples the machine shed for its
+// KeepLimit since the last call to the task's InTuples (see release):
+// released tentatively only, they are never released stable. The run
+// goroutine only.
+func (d *dcaaRun) countShed(total uint64) {
+	if total > d.shedCounted {
+		d.t.counters.in.Add(total - d.shedCounted)
+		d.shedCounted = total
 	}
 }
 
@@ -558,6 +583,21 @@ func recDoneIn(acts []dcaa.Action) bool {
 // release processes merge steps: the tuples through the operator, then
 // Advance, then (stable steps only) a boundary on every output.
 //
+// The task's figures (TaskStats): BusyNanos counts every release,
+// tentative and replayed ones too (that is work done), less the time
+// the outputs blocked it. InTuples counts each stable input tuple once,
+// when it is released stable: in a stable step, or in the replay of a
+// correction (the stable steps after a checkpoint were all released
+// tentatively, never stable, and a replay is never replayed again).
+// Tentative releases count nothing: their tuples are either tentative
+// input, which the producer's corrections replace by stable tuples
+// counted when those are released, or stable input kept for the replay,
+// counted there. Stable input shed for the bound on what a replay keeps
+// (released tentatively, never replayed) is counted when it is shed
+// (countShed). So over a failure and its correction InTuples adds up
+// to the stable input, as a failure-free run's would; during a
+// tentative phase it stands still and catches up at the replay.
+//
 // Nothing follows a stream's final boundary: consumers take a batch
 // ending with it for the end of the stream (sinks, DCAA inputs, tail).
 // So when a replay's corrections reach the final boundary and the
@@ -568,10 +608,23 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 	// The health manager's sensors: a replicated task counts its input
 	// and busy time here, as processOne does for the others (without it
 	// every operator of a query with replicas >= 2 reported 0 tuples/s at
-	// 0% busy, and DS2 could not size it). Tentative work is busy time;
-	// its tuples are counted once, when released stable.
+	// 0% busy, and DS2 could not size it).
 	start, blocked := time.Now(), t.blockedNanos()
-	defer d.countRelease(rel, start, blocked)
+	defer func() {
+		t.counters.busy.Add(max(0, int64(time.Since(start))-(t.blockedNanos()-blocked)))
+	}()
+	if !rel.Tentative {
+		// Counted before the operators see them (one passing a tuple on
+		// may change it). See the rule above.
+		n := 0
+		for _, st := range rel.Steps {
+			n += st.Len()
+		}
+		t.counters.in.Add(uint64(n))
+		if t.node.Kind == queryspec.KindSink {
+			t.counters.out.Add(uint64(n)) // a sink passes its input on as its result
+		}
+	}
 	d.emitType = tuple.Stable
 	if rel.Tentative {
 		d.emitType = tuple.Tentative
@@ -642,26 +695,6 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 		d.lastStable[i] = o.w.LastID()
 	}
 	return nil
-}
-
-// countRelease accounts one release in the task's counters (see
-// taskCounters.released): its data tuples when stable, and the time since
-// start less what the outputs blocked it since blocked was read.
-func (d *dcaaRun) countRelease(rel dcaa.Release, start time.Time, blocked int64) {
-	t := d.t
-	if !rel.Tentative {
-		n := 0
-		for _, st := range rel.Steps {
-			for _, run := range st.Runs {
-				n += len(run.Tuples)
-			}
-		}
-		t.counters.in.Add(uint64(n))
-		if t.node.Kind == queryspec.KindSink {
-			t.counters.out.Add(uint64(n)) // a sink passes its input on as its result
-		}
-	}
-	t.counters.busy.Add(max(0, int64(time.Since(start))-(t.blockedNanos()-blocked)))
 }
 
 // growOutputs follows outputs a rescale added (to new partitions of a
@@ -804,6 +837,13 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			progressed, _, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return
+			}
+			if errors.Is(err, dataplane.ErrEndedBefore) {
+				log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): taken as the end of the input",
+					"replica", tg.replica, "after_id", tg.after)
+				if derr := d.deliver(ctx, in, endBatch(in.stableTaken.Load())); errors.Is(derr, dataplane.ErrStopSubscription) {
+					return
+				}
 			}
 			if progressed {
 				backoff.Reset()

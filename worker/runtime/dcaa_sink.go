@@ -198,8 +198,15 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		switch h.Type {
 		case tuple.Stable, tuple.Boundary:
 			sid++
-			if sid <= v.stable {
-				continue // taken already (resent after a resumption)
+			if sid <= v.stable && (h.Type == tuple.Stable || h.STime != finalBoundary) {
+				// Taken already (resent after a resumption). The final
+				// boundary is taken whatever its stable id (replicas of a
+				// lossy upstream number their stable streams differently;
+				// see dcaa.Machine's deliver): by id, it was lost and the
+				// sink never ended. (Only the final one: stableB is not
+				// kept current by the all-stable path, so a stream time
+				// test would pass resent boundaries twice.)
+				continue
 			}
 			if v.tentOpen {
 				// Stable after tentative without an UNDO: take them back
@@ -207,7 +214,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				put(v.undo(), false)
 			}
 			put(enc, true)
-			v.stable, v.lastStablePos = sid, v.pos
+			v.stable, v.lastStablePos = max(v.stable, sid), v.pos
 			if h.Type == tuple.Boundary {
 				v.stableB = h.STime
 				if h.STime == finalBoundary {
@@ -325,15 +332,27 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	}
 	in.lastOff, in.offKnown = b.Offset, true
 	released := in.t.merge.releasedAt()
+	// bnd is the input's last boundary taken: a boundary past it is new
+	// whatever its stable id (replicas of a lossy upstream number their
+	// stable streams differently; see dcaa.Machine's deliver). By id
+	// alone, such an upstream's final boundary was lost after a switch
+	// and the sink never ended.
+	bnd := in.t.merge.inputBoundary(in.idx)
 	kept := b.Tuples[:0]
 	mv.mu.Lock()
 	for _, tp := range b.Tuples {
 		switch tp.Type {
 		case tuple.Stable, tuple.Boundary:
 			if tp.ID <= taken {
-				continue
+				if tp.Type == tuple.Stable || tp.STime <= bnd {
+					continue
+				}
+				tp.ID = taken // ids stay increasing in the merger
 			}
 			taken = tp.ID
+			if tp.Type == tuple.Boundary {
+				bnd = max(bnd, tp.STime)
+			}
 			kept = append(kept, tp)
 		case tuple.Tentative:
 			if tp.STime < released {

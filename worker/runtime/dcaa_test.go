@@ -321,6 +321,33 @@ func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
 	if r0.peers.granted.Load() == 0 || r1.peers.served.Load() == 0 {
 		t.Fatalf("permission: replica 0 was granted %d times, replica 1 served %d requests", r0.peers.granted.Load(), r1.peers.served.Load())
 	}
+	checkDCAAInTuples(t, g)
+}
+
+// checkDCAAInTuples: once the query ran to its end, each replica of the
+// aggregate counted as input (TaskStats.InTuples) exactly the tuples the
+// sources emitted: every stable input tuple once, whether it was
+// released stable at once or tentatively and then replayed by a
+// correction, and it was busy for some time.
+func checkDCAAInTuples(t *testing.T, g *dcaaRig) {
+	t.Helper()
+	stats := map[string]TaskStats{}
+	for _, w := range g.c.workers {
+		for _, s := range w.rt.Stats() {
+			stats[s.TaskID] = s
+		}
+	}
+	q := g.q.Name
+	emitted := stats[queryspec.TaskID(q, "lines", 0, 1)].OutTuples + stats[queryspec.TaskID(q, "lines", 1, 0)].OutTuples
+	if emitted == 0 {
+		t.Fatalf("the sources emitted nothing: %+v", stats)
+	}
+	for r := range 2 {
+		st := stats[queryspec.TaskID(q, "counts", 0, r)]
+		if st.InTuples != emitted || st.BusyNanos <= 0 {
+			t.Errorf("aggregate replica %d: InTuples %d (sources emitted %d), BusyNanos %d", r, st.InTuples, emitted, st.BusyNanos)
+		}
+	}
 }
 
 // P2: every replica of one upstream partition unreachable for less than

@@ -204,6 +204,9 @@ func (in *input) run(ctx context.Context) {
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
 			}
+			if errors.Is(err, dataplane.ErrEndedBefore) && in.endBehind(ctx, pl) {
+				return // complete too: see endBehind
+			}
 			if in.health.silenced.Swap(false) {
 				// Failure detection cancelled it: that replica failed.
 				moved, err = false, fmt.Errorf("%w (replica %d, %s)", errSilent, pl.Replica, pl.WorkerAddr)
@@ -230,6 +233,35 @@ func (in *input) run(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// endBehind ends the stream of a sink's input (replicated queries) whose
+// upstream replica ended at or before the position it resumed from
+// (dataplane.ErrEndedBefore: that replica numbers its stable stream
+// otherwise than the one read before, after a correction that could not
+// be made exact): the final boundary is taken as if it had come, since
+// nothing more will. It reports whether it did (false: not such a sink,
+// or the task could not take it; the input retries).
+func (in *input) endBehind(ctx context.Context, pl Placement) bool {
+	t := in.t
+	if !t.dcaaOn() || (!t.passDCAA() && t.mv == nil) {
+		return false
+	}
+	t.log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): taken as the end of the input",
+		"upstream", in.upstream, "upstream_partition", in.upPartition, "replica", pl.Replica, "after_id", in.stableTaken.Load())
+	if t.passDCAA() {
+		err := t.passBatchDCAA(endBatch(in.stableTaken.Load()), false)
+		return errors.Is(err, dataplane.ErrStopSubscription) || errors.Is(err, errTaskEnded)
+	}
+	s := in.stableTaken.Load() + 1
+	if err := t.merge.add(ctx, in.idx, []tuple.Tuple{{Type: tuple.Boundary, STime: finalBoundary, ID: s}}, nil, s); err != nil {
+		return false
+	}
+	in.stableTaken.Store(s)
+	if t.inline() != nil {
+		_ = t.processInline() // its errors end the task (endWith)
+	}
+	return true
 }
 
 // waitRetry waits before the next attempt, which reads replica

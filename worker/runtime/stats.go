@@ -18,7 +18,10 @@ type TaskStats struct {
 	Generation              int
 	// InTuples counts the data tuples the task took: from its inputs
 	// (operators and sinks; for a sink with a single input, boundary
-	// markers too), drawn from its generator, or ingested.
+	// markers too), drawn from its generator, or ingested. An operator
+	// task of a replicated query counts each stable input tuple once,
+	// when it is released stable (in order or replayed by a correction),
+	// never its tentative releases (dcaaRun.release).
 	InTuples uint64
 	// OutTuples counts the data tuples it emitted (a tuple routed to
 	// several downstream fragments counts once).

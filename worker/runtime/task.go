@@ -1041,6 +1041,11 @@ func (t *task) emitBoundary(ctx context.Context, stime int64) error {
 		if stime < o.from || o.retired.Load() {
 			continue
 		}
+		if stime == finalBoundary {
+			// Before it can be sent: a consumer resuming past it is
+			// told so (dataplane.ErrEndedBefore).
+			o.buf.SetEnd(o.w.LastID() + 1)
+		}
 		if err := t.appendTo(ctx, o, &b); err != nil {
 			return err
 		}

@@ -1,0 +1,184 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// fakeReplicas serves hand-written output streams over the data plane,
+// as the replicas of an upstream task would, so that a test decides what
+// each replica's stream holds, how its positions map to stable ids, and
+// when a replica goes away.
+type fakeReplicas struct {
+	addr string
+	srv  *grpc.Server
+	mu   sync.Mutex
+	bufs map[string]*dataplane.OutputBuffer // by task id
+}
+
+func newFakeReplicas(t *testing.T) *fakeReplicas {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeReplicas{addr: lis.Addr().String(), srv: grpc.NewServer(dataplane.ServerOptions()...), bufs: map[string]*dataplane.OutputBuffer{}}
+	fedstreampb.RegisterDataPlaneServer(f.srv, dataplane.NewServer(f, nil, nil))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = f.srv.Serve(lis) }()
+	t.Cleanup(func() { f.srv.Stop(); <-done })
+	return f
+}
+
+func (f *fakeReplicas) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.OutputBuffer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if b := f.bufs[ref.TaskId]; b != nil {
+		return b, nil
+	}
+	return nil, fmt.Errorf("%w: %s", dataplane.ErrUnknownStream, ref.TaskId)
+}
+
+// stream creates task id's stream, a replicated query's (heartbeats,
+// STABLE), and appends tuples to it: "s" a stable tuple, "b" a boundary,
+// "n" a tentative tuple, UNDO or REC_DONE (outside the stable view),
+// "end" the final boundary; each with its stream time in ms.
+func (f *fakeReplicas) stream(t *testing.T, id string, tuples ...fakeTuple) *dataplane.OutputBuffer {
+	t.Helper()
+	b := dataplane.NewOutputBuffer(dataplane.BufferOptions{})
+	b.SetHeartbeat(10 * time.Millisecond)
+	b.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	for i, ft := range tuples {
+		pos := uint64(i + 1)
+		tp := tuple.Tuple{ID: pos, STime: int64(ft.ms) * int64(time.Millisecond)}
+		switch ft.kind {
+		case "s":
+			tp.Type, tp.Values = tuple.Stable, []tuple.Value{tuple.Str("a b")}
+		case "b":
+			tp.Type = tuple.Boundary
+		case "n":
+			tp.Type, tp.Values = tuple.Tentative, []tuple.Value{tuple.Str("a b")}
+			b.MarkNonStable(pos, pos)
+		case "end":
+			tp.Type, tp.STime = tuple.Boundary, math.MaxInt64
+			b.SetEnd(pos)
+		}
+		if err := b.Append(context.Background(), &tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.mu.Lock()
+	f.bufs[id] = b
+	f.mu.Unlock()
+	return b
+}
+
+type fakeTuple struct {
+	kind string
+	ms   int
+}
+
+// kill makes replica id go away: its stream closes (the subscription
+// fails) and it is no longer known.
+func (f *fakeReplicas) kill(id string) {
+	f.mu.Lock()
+	b := f.bufs[id]
+	delete(f.bufs, id)
+	f.mu.Unlock()
+	if b != nil {
+		b.Close()
+	}
+}
+
+// After a correction that could not make every result exact, the
+// replicas of an upstream number their stable streams differently. Here
+// the aggregate's replica 0 read upstream replica 0 (33 stable tuples and
+// boundaries, no end yet); replica 0 goes away, and replica 1, which has
+// fewer stable results (its correction lost some) and has ended, is read
+// from the aggregate's last stable id, 33, as a position: past replica
+// 1's whole stream (17 positions). Before, that subscription waited for
+// ever, hearing replica 1's heartbeats (so never failed), and neither the
+// aggregate nor its sink ever ended (bench dcaa's saturation runs under
+// load: goroutine dumps showed operator inputs subscribed to upstream
+// replicas whose tasks had finished). Replica 1 now tells it that its
+// stream ended before that position (dataplane.ErrEndedBefore), and the
+// input takes that as its end: the aggregate and the sink end.
+func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
+	q := mustParse(t, `name: div
+replicas: 2
+availability: {max_delay: 5s}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}, aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`)
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := newFakeReplicas(t)
+	pool := dataplane.NewPool()
+	t.Cleanup(func() { pool.Close() })
+	w := startWorkerOpts(t, pool, dcaaOpts)
+	c := &cluster{pool: pool, query: q, specs: map[*worker][]TaskSpec{}, workers: []*worker{w}}
+	t.Cleanup(func() { c.close(t) })
+	var placements []Placement
+	for _, node := range plan.Nodes {
+		for r := range 2 {
+			addr := fake.addr
+			if node.Kind != queryspec.KindSource && r == 0 {
+				addr = w.addr
+			}
+			placements = append(placements, Placement{TaskID: queryspec.TaskID(q.Name, node.Name, 0, r), Fragment: node.Name, Replica: r, WorkerAddr: addr})
+		}
+	}
+	for _, pl := range placements {
+		if pl.WorkerAddr == w.addr {
+			c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Replica: pl.Replica,
+				QueryIndex: 1, Spec: q, Placements: placements})
+		}
+	}
+	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	// Replica 0: 30 stable tuples, a boundary every 10 ms: stable ids
+	// and positions 1 to 33.
+	var r0 []fakeTuple
+	for ms := 1; ms <= 30; ms++ {
+		r0 = append(r0, fakeTuple{"s", ms})
+		if ms%10 == 0 {
+			r0 = append(r0, fakeTuple{"b", ms})
+		}
+	}
+	fake.stream(t, up0, r0...)
+	// Replica 1: the same first 11, then three positions outside its
+	// stable view (a tentative tuple, and what stands for its UNDO and
+	// REC_DONE), then fewer stable results and its end: 17 positions,
+	// stable ids up to 14.
+	r1 := append([]fakeTuple(nil), r0[:11]...)
+	r1 = append(r1, fakeTuple{"n", 15}, fakeTuple{"n", 15}, fakeTuple{"n", 15}, fakeTuple{"s", 20}, fakeTuple{"b", 30}, fakeTuple{"end", 0})
+	fake.stream(t, up1, r1...)
+	c.apply()
+	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
+	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
+		tk := w.rt.task(agg)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+	})
+	fake.kill(up0)
+	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
+	if len(got.stable) == 0 || got.tentative+got.undos != 0 {
+		t.Fatalf("the sink's output: %d stable, %d tentative, %d UNDO", len(got.stable), got.tentative, got.undos)
+	}
+}
