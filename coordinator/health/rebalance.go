@@ -127,3 +127,95 @@ func Rebalance(f *Fragment, hot int, c Config) (moves []SlotMove, loads map[int]
 	slices.SortFunc(moves, func(a, b SlotMove) int { return cmp.Compare(a.Slot, b.Slot) })
 	return moves, loads, true, ""
 }
+
+// A key slot too hot for any instance. Slots are the unit of placement:
+// a slot's tuples all go to one partition, so a slot that alone carries
+// more than one instance processes per second keeps its partition
+// saturated whatever else moves away from it, and more partitions only
+// spread the other slots. Neither a rebalance, nor moving the instance,
+// nor a scale-up can help: the key itself needs more spread.
+//
+// The slot's rate is its share of the sampled tuples times what the
+// fragment must take: the larger of its input rate over the window and
+// its demand (DS2's propagated target rate, see Demand). Under
+// backpressure the input rate is held to the hot partition's pace, so a
+// slot measured against it can never look hotter than its partition
+// processes; the demand says what it would carry unblocked. One
+// instance's capacity is the larger of the partition's true rate (tuples
+// per useful second over the window, as TrueRate) and the median of the
+// others': a slow instance is judged by what a healthy one would do, so
+// that moving it stays the cure when a healthy instance could keep up.
+
+// HotSlot is the hottest sampled slot of a partition and what one
+// instance processes.
+type HotSlot struct {
+	Slot, Partition int
+	// Rate is the slot's estimated rate, Capacity one instance's true
+	// processing rate (both tuples per second).
+	Rate, Capacity float64
+}
+
+// Why says, for an alert, why no action can help.
+func (h HotSlot) Why() string {
+	return fmt.Sprintf("key slot %d carries ~%.0f/s, more than one instance processes (~%.0f/s): no rebalance or scale-up can help; consider a key with more spread",
+		h.Slot, h.Rate, h.Capacity)
+}
+
+// TooHotSlot reports the hottest sampled slot of partition p of f when it
+// alone carries more than one instance of f processes (see above); ok is
+// false when no slot does, or when the window cannot tell (no slot map,
+// no key samples, too little useful time for a true rate).
+func TooHotSlot(f *Fragment, p int, demand float64, c Config) (h HotSlot, ok bool) {
+	if f == nil || p < 0 || len(f.Owners) == 0 || len(f.Samples) == 0 {
+		return HotSlot{}, false
+	}
+	counts := map[int]float64{}
+	sampled := 0.0
+	for _, s := range f.Samples {
+		for slot, n := range s.Keys {
+			counts[slot] += n
+		}
+		sampled += s.KeysSampled
+	}
+	if sampled <= 0 {
+		return HotSlot{}, false
+	}
+	in := 0.0
+	for _, s := range f.Samples {
+		for _, i := range s.Instances {
+			in += i.InRate
+		}
+	}
+	in /= float64(len(f.Samples))
+	total := max(in, demand)
+	best, bestN := -1, 0.0
+	for slot, n := range counts {
+		if slot >= 0 && slot < len(f.Owners) && f.Owners[slot] == p && (n > bestN || n == bestN && slot < best) {
+			best, bestN = slot, n
+		}
+	}
+	if best < 0 {
+		return HotSlot{}, false
+	}
+	rates := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
+	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
+	// A partition's useful time over the window must reach its share of
+	// MinBusy for its rate per useful second to mean anything (as slower).
+	floor := max(c.MinBusy/float64(len(f.Samples)), 1e-9)
+	capacity := 0.0
+	if busy[p] >= floor {
+		capacity = rates[p] / busy[p]
+	}
+	var others []float64
+	for q, b := range busy {
+		if q != p && b >= floor {
+			others = append(others, rates[q]/b)
+		}
+	}
+	capacity = max(capacity, median(others))
+	if capacity <= 0 {
+		return HotSlot{}, false
+	}
+	h = HotSlot{Slot: best, Partition: p, Rate: bestN / sampled * total, Capacity: capacity}
+	return h, h.Rate > capacity
+}

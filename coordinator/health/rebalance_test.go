@@ -86,8 +86,17 @@ func TestRebalanceRefusals(t *testing.T) {
 			}
 		}, "no key samples"},
 		{"one key makes the skew", func(f *Fragment) {
+			// Partitions 1 and 2 at 700/s: a gap of 300/s, less than
+			// slot 7 carries (36/160 of 2400/s, 540/s), though slot 7
+			// alone (36/160 of the 4000/s demand, 900/s) is within what
+			// one instance processes (1000/s): not a key too hot.
 			for k := range f.Samples {
-				f.Samples[k].Keys = map[int]float64{7: 100, 2000: 30, 3000: 30}
+				f.Samples[k].Keys = map[int]float64{7: 36, 2000: 30, 3000: 30}
+				for i := range f.Samples[k].Instances {
+					if in := &f.Samples[k].Instances[i]; in.Partition != 0 {
+						in.InRate, in.OutRate, in.Busy = 700, 700, 0.7
+					}
+				}
 			}
 		}, "without making another partition as hot"},
 	} {

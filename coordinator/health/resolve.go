@@ -158,6 +158,10 @@ func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decisi
 	demand := Demand(q)
 	for _, d := range sorted {
 		dec := Decision{Diagnosis: d}
+		if hotKeyOnly(q, d, demand, c, &dec) {
+			alerts = append(alerts, dec)
+			continue
+		}
 		for _, act := range Resolvers[d.Name] {
 			if ok, why := allowed(d.Fragment, d.Name, act); !ok {
 				// Say what the action would have done: an alert then
@@ -187,6 +191,24 @@ func Choose(q *Query, ds []Diagnosis, c Config, allowed Allowed) (chosen *Decisi
 		}
 	}
 	return chosen, alerts
+}
+
+// hotKeyOnly reports whether d, a data skew or a slow instance, is only
+// a key slot hotter than one instance processes (TooHotSlot): then no
+// resolver can help (a partition slow only because its key is hot is not
+// a slow instance), and dec says why for the alert.
+func hotKeyOnly(q *Query, d Diagnosis, demand map[string]float64, c Config, dec *Decision) bool {
+	if d.Name != DiagDataSkew && d.Name != DiagSlowInstance || d.Partition < 0 {
+		return false
+	}
+	h, hot := TooHotSlot(q.Fragment(d.Fragment), d.Partition, demand[d.Fragment], c)
+	if !hot {
+		return false
+	}
+	for _, act := range Resolvers[d.Name] {
+		dec.Skipped = append(dec.Skipped, act+": "+h.Why())
+	}
+	return true
 }
 
 // fill sets the parameters of act for dec, or says why it does not apply.
