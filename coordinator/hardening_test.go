@@ -203,8 +203,20 @@ func TestPartitionedLeaderStepsDownAndHeals(t *testing.T) {
 	}
 	// The majority commits writes.
 	submit(t, c.admin(nl), "during", 1)
-	if _, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "before", IdempotencyKey: "stop-before"}); err != nil {
-		t.Fatalf("stop on the majority: %v", err)
+	// Retried with the same idempotency key while the answer is
+	// Unavailable, as a client does (as submit does): on a loaded
+	// machine the majority's leadership can change under the write.
+	stopDeadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "before", IdempotencyKey: "stop-before"})
+		if err == nil {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || time.Now().After(stopDeadline) {
+			t.Fatalf("stop on the majority: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond) // back-off between retries, not synchronisation
+		nl = leaderOtherThan(t, c, l, 20*time.Second)
 	}
 	// The isolated node commits nothing.
 	_, err := c.admin(l).SubmitQuery(ctxT(t, 1500*time.Millisecond), &pb.SubmitQueryRequest{
