@@ -203,7 +203,34 @@ func TestReplicationWalk(t *testing.T) {
 	resume()
 
 	// 3. A partition between the worker running aggregate replica 0 and
-	// every other worker, held until a consumer detects it.
+	// every other worker, held until a consumer detects it. After the
+	// re-placements above, the two busy workers may each hold a replica
+	// of every task (then a partition between them cuts nothing any task
+	// reads, and nothing fails), so replica 0 first moves to the worker
+	// that was paused and came back empty: there it reads the source
+	// across the cut.
+	waitFor(t, 30*time.Second, "the paused worker ready again", func() bool {
+		ws, err := o.workerList(t, 0)
+		if err != nil {
+			return false
+		}
+		for _, wk := range ws {
+			if wk.ID == pausedID {
+				return wk.Status == "ready"
+			}
+		}
+		return false
+	})
+	if w.tasks(t)["ward/per_patient/p0/r0"].Worker != pausedID {
+		var moved struct{}
+		if err := cli(ctx, t, &moved, "task", "move", "ward/per_patient/p0/r0", "--to", pausedID, "--addr", o.grpc[0], "--token", o.adminToken); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "aggregate replica 0 moved to the worker that came back", func() bool {
+			tk := w.tasks(t)["ward/per_patient/p0/r0"]
+			return tk.Worker == pausedID && tk.MovingFrom == ""
+		})
+	}
 	at(0.6)
 	cutName, _, cutAddr := workerOf("ward/per_patient/p0/r0")
 	var addrs []string
@@ -239,7 +266,9 @@ func TestReplicationWalk(t *testing.T) {
 	t.Logf("partitioned %s (%s) from %v", cutName, cutAddr, addrs)
 	waitFor(t, 30*time.Second, "a consumer detecting the partition", func() bool {
 		for _, wp := range o.workers {
-			if s := wp.out.String(); strings.Contains(s[before[wp.name]:], "silent past the detection timeout") {
+			// A consumer that switches replicas logs the silence; one
+			// with no replica left to switch to goes UP_FAILURE.
+			if s := wp.out.String()[before[wp.name]:]; strings.Contains(s, "silent past the detection timeout") || strings.Contains(s, "to=UP_FAILURE") {
 				return true
 			}
 		}
