@@ -3,7 +3,8 @@ package coordinator
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -148,21 +149,13 @@ func (s *Server) checkPlanParticipants(q *fsm.Query, strategy string) error {
 			continue
 		}
 		if strategy == fsm.StrategyQuiescent && rpc.EffectiveDataPlaneLevel(w.DataPlaneLevel) < rpc.DataPlaneLevelQuiescent {
-			name := w.ID
-			if w.Name != "" {
-				name += " (" + w.Name + ")"
-			}
-			old[t.WorkerID] = fmt.Sprintf("worker %s states data-plane %s", name, rpc.DataPlaneLevelText(w.DataPlaneLevel))
+			old[t.WorkerID] = fmt.Sprintf("worker %s states data-plane %s", workerName(w), rpc.DataPlaneLevelText(w.DataPlaneLevel))
 		}
 	}
 	if len(old) == 0 {
 		return nil
 	}
-	why := make([]string, 0, len(old))
-	for _, w := range old {
-		why = append(why, w)
-	}
-	sort.Strings(why)
+	why := slices.Sorted(maps.Values(old))
 	need := ""
 	if strategy == fsm.StrategyQuiescent {
 		need = fmt.Sprintf(" (a quiescent plan needs data-plane level %d on every worker of the query: an older one would run it live)", rpc.DataPlaneLevelQuiescent)
@@ -241,20 +234,21 @@ func (s *Server) checkRescaleReaders(tg *rescaleTarget) error {
 		if w == nil || rpc.EffectiveDataPlaneLevel(w.DataPlaneLevel) >= rpc.DataPlaneLevelRescaleReaders {
 			continue
 		}
-		name := w.ID
-		if w.Name != "" {
-			name += " (" + w.Name + ")"
-		}
-		old[w.ID] = fmt.Sprintf("worker %s runs %s and states data-plane %s", name, t.ID, rpc.DataPlaneLevelText(w.DataPlaneLevel))
+		old[w.ID] = fmt.Sprintf("worker %s runs %s and states data-plane %s", workerName(w), t.ID, rpc.DataPlaneLevelText(w.DataPlaneLevel))
 	}
 	if len(old) == 0 {
 		return nil
 	}
-	why := make([]string, 0, len(old))
-	for _, w := range old {
-		why = append(why, w)
-	}
-	sort.Strings(why)
+	why := slices.Sorted(maps.Values(old))
 	return fmt.Errorf("%w: replicated operators of query %s read %s and a rescale needs data-plane level %d where they run (an older worker cannot take the added partitions' streams into its DCAA machine): %s; upgrade those workers first, or move the tasks",
 		ErrBuildTooOld, tg.q.Name, tg.frag, rpc.DataPlaneLevelRescaleReaders, strings.Join(why, "; "))
+}
+
+// workerName is w's id followed by its name in brackets when it has one,
+// for messages that name workers.
+func workerName(w *fsm.Worker) string {
+	if w.Name == "" {
+		return w.ID
+	}
+	return w.ID + " (" + w.Name + ")"
 }
