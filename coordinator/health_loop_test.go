@@ -346,13 +346,8 @@ func TestHealthBlacklistRecovers(t *testing.T) {
 // that are not held back.
 func TestHealthNoScaleDownSoonAfterScaleUp(t *testing.T) {
 	t.Parallel()
-	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	c, s := startHandSteppedHealth(t)
 	defer c.shutdown()
-	s := c.nodes[0]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
-	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
-		t.Fatal(err)
-	}
 	now := time.Now()
 	for _, a := range []fsm.HealthAction{
 		{ID: "up", Query: "hq", Fragment: "per_line", Diagnosis: health.DiagUnderProvisioned, Action: health.ActScaleUp, FromParallelism: 1, ToParallelism: 3, AtMs: now.Add(-20 * time.Second).UnixMilli(), Outcome: fsm.HealthPending},

@@ -19,13 +19,8 @@ import (
 // times it is given.
 func TestHealthWarmupAfterStart(t *testing.T) {
 	t.Parallel()
-	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	c, s := startHandSteppedHealth(t)
 	defer c.shutdown()
-	s := c.nodes[0]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
-	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
-		t.Fatal(err)
-	}
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
 	const warmup = 20 * time.Second
@@ -58,4 +53,19 @@ func TestHealthWarmupAfterStart(t *testing.T) {
 	if len(acts) != 1 || acts[0].Diagnosis != health.DiagUnderProvisioned || acts[0].Fragment != "per_line" {
 		t.Fatalf("actions after the warm-up %+v, want one for under_provisioned per_line", acts)
 	}
+}
+
+// startHandSteppedHealth starts a one-node cluster whose own health loop
+// is off (the test steps one by hand), waits for its leader duties and
+// submits healthTestQuery ("hq"). The caller shuts the cluster down.
+func startHandSteppedHealth(t *testing.T) (*testCluster, *Server) {
+	t.Helper()
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
+		c.shutdown()
+		t.Fatal(err)
+	}
+	return c, s
 }
