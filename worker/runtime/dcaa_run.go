@@ -680,6 +680,7 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 		}
 		if st.Advance == finalBoundary {
 			d.done = true
+			t.endReconfig()
 		}
 	}
 	if err := t.flush(ctx); err != nil {

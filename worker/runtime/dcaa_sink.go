@@ -141,6 +141,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	t.inputs[0].stableTaken.Store(v.stable)
 	t.tentative.Store(v.tentOpen)
 	if lastHdr.Type == tuple.Boundary && lastHdr.STime == finalBoundary {
+		t.endReconfig()
 		t.setState(StateRunning, "input exhausted")
 		return dataplane.ErrStopSubscription
 	}

@@ -166,6 +166,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 	t.passLast = first + uint64(len(offs)) - 1
 	t.passLevel(&last)
 	if last.Type == tuple.Boundary && last.STime == finalBoundary {
+		t.endReconfig()
 		t.setState(StateRunning, "input exhausted")
 		return dataplane.ErrStopSubscription
 	}
@@ -596,7 +597,9 @@ func (t *task) processReleases(ctx context.Context, emitter operator.Emitter) (d
 // processOne processes one release, if the merger has one and the task is
 // not halted; more reports that it had one. The caller holds proc.
 func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, more bool, err error) {
-	if t.halted.Load() {
+	if t.halted.Load() || t.rc.ended.Load() {
+		// Ended: the final step is processed and reconfiguration is
+		// installed off the producer from now on (endReconfig).
 		return false, false, nil
 	}
 	if err := t.pollReconfig(); err != nil {
@@ -685,6 +688,7 @@ func (t *task) release(ctx context.Context, runs []mergedRun, steps []int64, emi
 			return false, err
 		}
 		if step == finalBoundary {
+			t.endReconfig()
 			return true, nil
 		}
 	}

@@ -117,11 +117,25 @@ type mergeInput struct {
 // noteMark records tp if it is a boundary that raises the input's marker
 // level (the caller holds the merger's lock).
 func (in *mergeInput) noteMark(tp *tuple.Tuple) {
-	if tp.Type == tuple.Boundary && tp.Version > in.markLevel {
-		in.markLevel = tp.Version
-		in.marks = append(in.marks, inputMark{tp.STime, tp.Version})
+	if tp.Type != tuple.Boundary {
+		return
+	}
+	level := tp.Version
+	if tp.STime == finalBoundary {
+		// An input that ended sends no tuple of any epoch any more: it
+		// holds back no plan, present or future (a plan committed after
+		// a finite stream ended would otherwise wait for markers its
+		// ended upstream can never send).
+		level = endedLevel
+	}
+	if level > in.markLevel {
+		in.markLevel = level
+		in.marks = append(in.marks, inputMark{tp.STime, level})
 	}
 }
+
+// endedLevel is the marker level of an input past its final boundary.
+const endedLevel = math.MaxUint64
 
 // inputMark is a boundary that raised an input's marker level.
 type inputMark struct {

@@ -73,6 +73,17 @@ type reconfigState struct {
 	// pre holds the versions built off the producer (prebuild).
 	pre prebuilt
 
+	// ended: the task's stream ended (its final boundary sent), so no
+	// tuple of any epoch passes through it any more. From then on every
+	// plan is installed as it arrives, off the producer (which stopped),
+	// and the task is at the level of the newest: a plan committed after
+	// a finite query's sources ended completes instead of waiting for
+	// acknowledgements and markers that would never come. endMu
+	// serialises those installs with one setReconfig makes under the
+	// processing token.
+	ended atomic.Bool
+	endMu sync.Mutex
+
 	// Reported (read by State on any goroutine).
 	reported atomic.Bool
 	acked    atomic.Uint64
@@ -117,6 +128,12 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 	}
 	t.prebuild(rc)
 	t.rc.pending.Store(rc)
+	if t.rc.ended.Load() {
+		// Stored before the check: a task that ends meanwhile finds it
+		// (endReconfig), so one of the two installs it.
+		t.installEnded()
+		return
+	}
 	if t.genCtl != nil {
 		// A generator installs it before its next record; one that is
 		// held (a rescale, the quiescent baseline) takes it now.
@@ -147,11 +164,41 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 	}
 	select {
 	case t.proc <- struct{}{}:
-		if err := t.pollReconfig(); err != nil {
+		t.rc.endMu.Lock()
+		err := t.pollReconfig()
+		t.rc.endMu.Unlock()
+		if err != nil {
 			t.fail(err)
 		}
 		<-t.proc
 	default:
+	}
+}
+
+// endReconfig records that the task's stream ended: its final boundary
+// is sent (a source's, once flushed; an operator's or sink's, once
+// processed). The producer calls it last, touching no reconfiguration
+// state after it.
+func (t *task) endReconfig() {
+	t.rc.ended.Store(true)
+	t.installEnded()
+}
+
+// installEnded installs the newest plan in a task whose stream ended and
+// raises its level to that plan's epoch: nothing older (nothing at all)
+// can reach it any more, so it acknowledges, counts as having every
+// marker, and holds back neither switching nor removal.
+func (t *task) installEnded() {
+	r := &t.rc
+	r.endMu.Lock()
+	defer r.endMu.Unlock()
+	if err := t.pollReconfig(); err != nil {
+		t.fail(err)
+		return
+	}
+	if r.on {
+		t.raiseLevel(r.cur.Latest())
+		t.noteMarkers(nil)
 	}
 }
 
@@ -534,6 +581,11 @@ func (t *task) reconfigStep(step int64) {
 	}
 	lv, levels := t.merge.levelAt(step, r.levels)
 	r.levels = levels
+	if lv == endedLevel {
+		// Every input ended (the final step): the boundary it sends
+		// next is the task's last.
+		lv = r.cur.Latest()
+	}
 	t.raiseLevel(lv)
 	t.noteMarkers(levels)
 }

@@ -271,6 +271,7 @@ func (t *task) runGenerator() {
 		t.endWith(err)
 		return
 	}
+	t.endReconfig()
 	if !t.sourceEnded() {
 		t.setState(StateRunning, "input exhausted")
 	}
@@ -670,6 +671,7 @@ func (t *task) closeLocked(reqCtx context.Context) error {
 		return fmt.Errorf("close %s: %w", t.spec.TaskID, err)
 	}
 	st.closed, st.boundary = true, finalBoundary
+	t.endReconfig()
 	t.setState(StateRunning, "input closed")
 	return nil
 }

@@ -563,6 +563,7 @@ func (t *task) start() {
 	case t.merge != nil && t.restored && t.merge.released == finalBoundary:
 		// Restored from a snapshot taken after its final boundary: there
 		// is nothing left to read or process.
+		t.endReconfig()
 		t.setState(StateRunning, "input exhausted")
 		return
 	case t.dm != nil:
