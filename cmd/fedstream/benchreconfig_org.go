@@ -892,7 +892,7 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 // in the org now: it runs the scenario paced at one rate after another
 // (from cfg.Rate up by half while sustained, then bisecting;
 // benchmark.NextCapacityRate) and judges each over cfg.ThroughputWindow
-// after cfg.ThroughputSettle at the benchmark's own consumer
+// (capacityWindow at least) after cfg.ThroughputSettle at the benchmark's own consumer
 // (benchmark.JudgeCapacityStep: the offered rate delivered, latency not
 // growing, nothing skipped). It returns the highest sustained rate
 // (results/s, offered) and the steps.
@@ -925,6 +925,10 @@ func orgCapacity(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	return float64(lo * cfg.Sources), steps, nil
 }
 
+// capacityWindow is the shortest window of a capacity step: a queue
+// growing slowly shows only over seconds.
+const capacityWindow = 4 * time.Second
+
 // orgCapacityStep runs the scenario paced at rate per source partition
 // and judges whether the pipeline carries it.
 func orgCapacityStep(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, rate, step int) (benchmark.CapacityStep, error) {
@@ -932,7 +936,7 @@ func orgCapacityStep(ctx context.Context, o *reconfigOrg, cfg benchmark.Reconfig
 	name := fmt.Sprintf("sepsis-capacity-%d", step)
 	// Enough never to end inside the window (the query is stopped after
 	// it).
-	limit := int64((cfg.ThroughputSettle + cfg.ThroughputWindow + 30*time.Second).Seconds() * float64(rate))
+	limit := int64((cfg.ThroughputSettle + max(cfg.ThroughputWindow, capacityWindow) + 30*time.Second).Seconds() * float64(rate))
 	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, rate, limit, 1))
 	if err != nil {
 		return none, err
@@ -951,7 +955,7 @@ func orgCapacityStep(ctx context.Context, o *reconfigOrg, cfg benchmark.Reconfig
 	skipped := r.undelivered
 	r.mu.Unlock()
 	select {
-	case <-time.After(cfg.ThroughputWindow):
+	case <-time.After(max(cfg.ThroughputWindow, capacityWindow)):
 	case <-ctx.Done():
 		return none, ctx.Err()
 	}
