@@ -166,7 +166,7 @@ do, without Raft or assignment watches.`,
 				}
 			}
 			if sr := res.SecondRate; sr != nil {
-				fmt.Fprintf(w, "at %d results/s (%d/s per source; capacity measured %.0f/s): live update p50 %.1f ms, quiescent %.1f ms (sources resumed; %v results in flight)\n",
+				fmt.Fprintf(w, "at %d results/s (%d/s per source; capacity sustained %.0f/s): live update p50 %.1f ms, quiescent %.1f ms (sources resumed; %v results in flight)\n",
 					sr.ResultsPerS, sr.RatePerSource, sr.CapacityResultsPerS, sr.Live.UpdateMsP50, sr.Quiescent.UpdateMsP50, sr.Quiescent.InFlight)
 			}
 			if ab := res.WakeAB; ab != nil {
@@ -176,8 +176,8 @@ do, without Raft or assignment watches.`,
 			if res.OverheadBasis != "" {
 				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
 			}
-			fmt.Fprintf(w, "tracking overhead: static %.1f%%, dynamic %.1f%%\nreconnect completion: %.1f ms\nmixed-version tuples: %d, lost or duplicated: %d\n(%s)\n",
-				100*res.OverheadStatic, 100*res.OverheadDynamic, res.ReconnectMs, res.MixedVersionTuples, res.LostOrDuplicated, res.Scope)
+			fmt.Fprintf(w, "tracking overhead: static %.1f%%, dynamic %.1f%%\nreconnect completion: %.1f ms\nmixed-version tuples: %d, lost or duplicated: %d, not delivered to the benchmark's consumer (not counted as lost): %d\n(%s)\n",
+				100*res.OverheadStatic, 100*res.OverheadDynamic, res.ReconnectMs, res.MixedVersionTuples, res.LostOrDuplicated, res.Undelivered, res.Scope)
 			return nil
 		},
 	}
@@ -194,7 +194,7 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().StringVar(&stallTr, "stall-trace", "", "keep a flight recorder (execution trace) and write, per strategy, the first gap of 100 ms or more at the sink and up to two more during which the process still ran to FILE-live.trace, FILE-live-2.trace, ... (implies --stalls)")
 	cmd.Flags().DurationVar(&dipWin, "dip-window", time.Second, "window of the fine throughput-dip statistic (dip_window: results per second over this long after each update against before, averaged over the updates with a 95% confidence interval); at most a third of --spacing")
 	cmd.Flags().BoolVar(&wakeAB, "wake-ab", false, "alternate the live updates with and without waking paced sources to install a plan, and compare (wake_ab)")
-	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the scenario's unpaced throughput measured first (e.g. 80%)")
+	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the highest paced rate the pipeline sustains end to end, found first by a probe (e.g. 80%)")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }

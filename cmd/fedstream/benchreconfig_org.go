@@ -119,9 +119,14 @@ type orgRun struct {
 	q     *queryspec.Query
 	start time.Time
 
-	mu    sync.Mutex
-	recv  []benchmark.ReconfigRecord
-	plans map[uint64]*planTimes
+	mu   sync.Mutex
+	recv []benchmark.ReconfigRecord
+	// lastID is the newest id of the sink's result stream the tail
+	// received; undelivered counts the ids it skipped (the sink's ring
+	// dropped them while the tail was behind: benchmark.DeliveryGap).
+	lastID      uint64
+	undelivered int
+	plans       map[uint64]*planTimes
 	// phaseSeen is signalled whenever the watcher records a phase.
 	phaseSeen chan struct{}
 
@@ -218,6 +223,10 @@ func (r *orgRun) tail(ctx context.Context, record func(time.Duration, *tuple.Tup
 			now := time.Since(r.start)
 			r.mu.Lock()
 			defer r.mu.Unlock()
+			if b.Len() > 0 {
+				r.undelivered += benchmark.DeliveryGap(r.lastID, b.FirstID)
+				r.lastID = max(r.lastID, b.LastID)
+			}
 			for i := range b.Tuples {
 				tp := &b.Tuples[i]
 				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
@@ -490,7 +499,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		holds = append(holds, h)
 		took = append(took, h.resumed.Sub(pt.committed))
 	}
-	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took)
+	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took, r.undelivered)
 	res.DipWindow = benchmark.WindowDip(r.recv, at, benchmark.DipWindowFor(cfg))
 	res.SourceWake = wake
 	for i, h := range holds {
@@ -839,16 +848,17 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	res.ReconnectCutMs = float64(down) / float64(time.Millisecond)
 	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
 	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
+	res.Undelivered = res.Live.Undelivered + res.Quiescent.Undelivered
 	res.WakeAB = benchmark.WakeABOf(res.Live)
 	if cfg.SecondRate > 0 || cfg.SecondRateFraction > 0 {
 		sr := &benchmark.ReconfigSecondRate{RatePerSource: cfg.SecondRate}
 		if cfg.SecondRate <= 0 {
 			prog.Step("capacity", 1, 1, "")
-			c, err := orgCapacity(ctx, o, cfg)
+			c, steps, err := orgCapacity(ctx, o, cfg)
 			if err != nil {
 				return nil, err
 			}
-			sr.CapacityResultsPerS = math.Round(c)
+			sr.CapacityResultsPerS, sr.CapacityProbe = math.Round(c), steps
 			sr.RatePerSource = max(1, int(cfg.SecondRateFraction*c)/cfg.Sources)
 		}
 		sr.ResultsPerS = sr.RatePerSource * cfg.Sources
@@ -873,47 +883,86 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 		res.SecondRate = sr
 		res.MixedVersionTuples += sr.Live.Mixed + sr.Quiescent.Mixed
 		res.LostOrDuplicated += sr.Live.LostOrDup + sr.Quiescent.LostOrDup
+		res.Undelivered += sr.Live.Undelivered + sr.Quiescent.Undelivered
 	}
 	return res, nil
 }
 
-// orgCapacity runs the scenario unpaced in the org and returns its
-// throughput at the sink (results/s) over cfg.ThroughputWindow after
-// cfg.ThroughputSettle: the pipeline's capacity on this machine now.
-func orgCapacity(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (float64, error) {
-	name := "sepsis-capacity"
-	// Enough never to end inside the window at any rate this machine
-	// reaches (the query is stopped after it).
-	const limit = 2_000_000
-	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, 0, limit, 1))
+// orgCapacity finds the rate the scenario's pipeline sustains end to end
+// in the org now: it runs the scenario paced at one rate after another
+// (from cfg.Rate up by half while sustained, then bisecting;
+// benchmark.NextCapacityRate) and judges each over cfg.ThroughputWindow
+// (capacityWindow at least) after cfg.ThroughputSettle at the benchmark's own consumer
+// (benchmark.JudgeCapacityStep: the offered rate delivered, latency not
+// growing, nothing skipped). It returns the highest sustained rate
+// (results/s, offered) and the steps.
+func orgCapacity(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (float64, []benchmark.CapacityStep, error) {
+	var steps []benchmark.CapacityStep
+	lo, hi, rate := 0, 0, cfg.Rate
+	const maxSteps = 10
+	for i := range maxSteps {
+		st, err := orgCapacityStep(ctx, o, cfg, rate, i)
+		if err != nil {
+			return 0, steps, err
+		}
+		steps = append(steps, st)
+		cfg.Logger.Info("bench reconfig: capacity step", "rate_per_source", rate, "offered", st.OfferedPerS, "delivered", st.DeliveredPerS,
+			"lag_start_ms", st.LagStartMs, "lag_end_ms", st.LagEndMs, "undelivered", st.Undelivered, "sustained", st.Sustained)
+		if st.Sustained {
+			lo = rate
+		} else {
+			hi = rate
+		}
+		next, done := benchmark.NextCapacityRate(lo, hi)
+		if done {
+			break
+		}
+		rate = next
+	}
+	if lo == 0 {
+		return 0, steps, fmt.Errorf("%w: the capacity probe found no rate the pipeline sustains (lowest tried %d/s per source)", errOrgBench, hi)
+	}
+	return float64(lo * cfg.Sources), steps, nil
+}
+
+// capacityWindow is the shortest window of a capacity step: a queue
+// growing slowly shows only over seconds.
+const capacityWindow = 4 * time.Second
+
+// orgCapacityStep runs the scenario paced at rate per source partition
+// and judges whether the pipeline carries it.
+func orgCapacityStep(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, rate, step int) (benchmark.CapacityStep, error) {
+	var none benchmark.CapacityStep
+	name := fmt.Sprintf("sepsis-capacity-%d", step)
+	// Enough never to end inside the window (the query is stopped after
+	// it).
+	limit := int64((cfg.ThroughputSettle + max(cfg.ThroughputWindow, capacityWindow) + 30*time.Second).Seconds() * float64(rate))
+	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, rate, limit, 1))
 	if err != nil {
-		return 0, err
+		return none, err
 	}
 	defer r.end()
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
-		return 0, err
+		return none, err
 	}
-	count := func() int {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(r.recv)
-	}
+	from := time.Since(r.start) + cfg.ThroughputSettle
 	select {
 	case <-time.After(cfg.ThroughputSettle):
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return none, ctx.Err()
 	}
-	n0, t0 := count(), time.Now()
+	r.mu.Lock()
+	skipped := r.undelivered
+	r.mu.Unlock()
 	select {
-	case <-time.After(cfg.ThroughputWindow):
+	case <-time.After(max(cfg.ThroughputWindow, capacityWindow)):
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		return none, ctx.Err()
 	}
-	n, el := count()-n0, time.Since(t0)
-	if n <= 0 {
-		return 0, fmt.Errorf("%w: %s: no result in the window", errOrgBench, name)
-	}
-	return float64(n) / el.Seconds(), nil
+	to := time.Since(r.start)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return benchmark.JudgeCapacityStep(r.recv, origin(r.recv), from, to, rate, float64(rate*cfg.Sources), r.undelivered-skipped), nil
 }
 
 func medianOf(xs []float64) float64 {

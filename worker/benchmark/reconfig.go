@@ -269,8 +269,17 @@ type StrategyResult struct {
 	Buckets     []ReconfigBucket `json:"buckets,omitempty"`
 	UpdatesAtMs []float64        `json:"updates_at_ms,omitempty"`
 	Mixed       int              `json:"mixed_version_tuples"`
-	LostOrDup   int              `json:"lost_or_duplicated"`
-	Paths       map[string]int   `json:"paths"`
+	// LostOrDup: results duplicated, not in the reference, or missing
+	// at the consumer beyond Undelivered (see LostOrDuplicated).
+	LostOrDup int `json:"lost_or_duplicated"`
+	// MissingAtConsumer is how many results of the reference the
+	// consumer did not receive, and Undelivered how many tuples of the
+	// sink's result stream it never read (its ring dropped them while
+	// the consumer was behind: the stream produced them). Both are 0
+	// when the consumer kept up.
+	MissingAtConsumer int            `json:"missing_at_consumer,omitempty"`
+	Undelivered       int            `json:"undelivered,omitempty"`
+	Paths             map[string]int `json:"paths"`
 	// Stalls (org runs with --stalls) are the gaps of 100 ms or more
 	// between two sink arrivals over the whole run, each with what the
 	// process and every task did meanwhile.
@@ -366,6 +375,10 @@ type ReconfigResult struct {
 	// Over both strategies' runs (and the second rate's).
 	MixedVersionTuples int `json:"mixed_version_tuples"`
 	LostOrDuplicated   int `json:"lost_or_duplicated"`
+	// Undelivered: tuples of the sink's results the benchmark's consumer
+	// never read (it fell behind and the sink's ring dropped them); not
+	// counted as lost (StrategyResult.Undelivered). 0 when it kept up.
+	Undelivered int `json:"undelivered"`
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`
@@ -374,11 +387,14 @@ type ReconfigResult struct {
 // ReconfigSecondRate is the comparison at a second rate.
 type ReconfigSecondRate struct {
 	// RatePerSource is the vitals/s of each source partition, ResultsPerS
-	// the scenario's total; CapacityResultsPerS the unpaced throughput it
-	// was derived from (0 when the rate was given).
+	// the scenario's total; CapacityResultsPerS the capacity it was
+	// derived from (0 when the rate was given): the highest paced rate
+	// the pipeline sustained end to end, found by CapacityProbe's steps
+	// (JudgeCapacityStep).
 	RatePerSource       int            `json:"rate_per_source"`
 	ResultsPerS         int            `json:"results_per_s"`
 	CapacityResultsPerS float64        `json:"capacity_results_per_s,omitempty"`
+	CapacityProbe       []CapacityStep `json:"capacity_probe,omitempty"`
 	Live                StrategyResult `json:"live"`
 	Quiescent           StrategyResult `json:"quiescent"`
 	// Error says why the second rate's runs did not finish (the first
@@ -454,8 +470,12 @@ type reconfigCluster struct {
 	mu       sync.Mutex
 	recv     []ReconfigRecord
 	boundary int64
-	tailDone chan struct{}
-	tailErr  error
+	// lastID is the newest id of the sink's stream the tail received,
+	// undelivered the ids it skipped (DeliveryGap).
+	lastID      uint64
+	undelivered int
+	tailDone    chan struct{}
+	tailErr     error
 }
 
 // ReconfigRecord is one result the sink produced: when it arrived (since
@@ -573,6 +593,10 @@ func (c *reconfigCluster) tail(ctx context.Context) {
 			now := time.Since(c.started)
 			c.mu.Lock()
 			defer c.mu.Unlock()
+			if b.Len() > 0 {
+				c.undelivered += DeliveryGap(c.lastID, b.FirstID)
+				c.lastID = max(c.lastID, b.LastID)
+			}
 			for _, tp := range b.Tuples {
 				if tp.Type == tuple.Boundary {
 					if tp.STime == math.MaxInt64 {
@@ -797,7 +821,7 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 	if err != nil {
 		return StrategyResult{}, err
 	}
-	return AnalyseReconfig(want, c.recv, 0, updates, took), nil
+	return AnalyseReconfig(want, c.recv, 0, updates, took, c.undelivered), nil
 }
 
 // AnalyseReconfig fills a strategy's figures from the sink's records:
@@ -805,7 +829,12 @@ func (c *reconfigCluster) analyse(updates []time.Duration, took []time.Duration)
 // the run's start) of stream time 0, so a record's latency is At - origin
 // - STime; updates are when each update began and took how long each
 // took.
-func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Duration, updates, took []time.Duration) StrategyResult {
+//
+// undelivered is how many tuples the sink's result stream numbered that
+// the consumer never received (its ring dropped them before they were
+// read: ids skipped, see DeliveryGap); the results among them are not
+// lost by the stream, only not seen by the benchmark.
+func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Duration, updates, took []time.Duration, undelivered int) StrategyResult {
 	res := StrategyResult{Paths: map[string]int{}}
 	got := map[string]int{}
 	const bucket = 100 * time.Millisecond
@@ -828,14 +857,8 @@ func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Dur
 		// minus the record's due time.
 		lats[b] = append(lats[b], float64(r.At-origin-time.Duration(r.STime))/float64(time.Millisecond))
 	}
-	for k, n := range want {
-		res.LostOrDup += absInt(got[k] - n)
-	}
-	for k, n := range got {
-		if _, ok := want[k]; !ok {
-			res.LostOrDup += n
-		}
-	}
+	res.LostOrDup, res.MissingAtConsumer = LostOrDuplicated(want, got, undelivered)
+	res.Undelivered = undelivered
 	for b := range counts {
 		res.Buckets = append(res.Buckets, ReconfigBucket{AtMs: float64(time.Duration(b) * bucket / time.Millisecond), Tuples: counts[b], LatencyMs: p99(lats[b])})
 	}
@@ -892,11 +915,44 @@ func AnalyseReconfig(want map[string]int, recv []ReconfigRecord, origin time.Dur
 	return res
 }
 
-func absInt(x int) int {
-	if x < 0 {
-		return -x
+// LostOrDuplicated compares the result keys the consumer got with the
+// reference want (each key's count): missing is how many results of the
+// reference the consumer did not get, and lostOrDup the results
+// duplicated or not in the reference plus the missing ones that
+// undelivered does not account for. undelivered is how many tuples the
+// sink produced that the consumer never read (DeliveryGap: ids it
+// skipped); a result among them was produced by the stream and so is not
+// lost. The ids count boundaries too, so when undelivered is not 0
+// lostOrDup is a lower bound of the loss (a boundary skipped may excuse
+// one missing result), and missing is the upper one.
+func LostOrDuplicated(want, got map[string]int, undelivered int) (lostOrDup, missing int) {
+	extra := 0
+	for k, n := range want {
+		switch d := got[k] - n; {
+		case d < 0:
+			missing -= d
+		case d > 0:
+			extra += d
+		}
 	}
-	return x
+	for k, n := range got {
+		if _, ok := want[k]; !ok {
+			extra += n
+		}
+	}
+	return extra + max(0, missing-max(0, undelivered)), missing
+}
+
+// DeliveryGap is how many tuples a consumer of a stream never received
+// when, having received every id up to last (0: none yet), it receives
+// a batch starting at first: a result ring drops its oldest tuples when
+// a tail client falls too far behind, and the client then resumes at
+// the oldest id still there.
+func DeliveryGap(last, first uint64) int {
+	if first <= last+1 {
+		return 0
+	}
+	return int(first - last - 1)
 }
 
 func p99(xs []float64) float64 {
@@ -1055,6 +1111,7 @@ func RunReconfig(ctx context.Context, cfg ReconfigConfig) (*ReconfigResult, erro
 	res.ReconnectMs = float64(d) / float64(time.Millisecond)
 	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
 	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
+	res.Undelivered = res.Live.Undelivered + res.Quiescent.Undelivered
 	return res, nil
 }
 

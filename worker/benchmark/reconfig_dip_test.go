@@ -57,7 +57,7 @@ func TestWindowDipResolvesAFifthOfAPercent(t *testing.T) {
 	}
 	// The statistic on the same stream: a batch late across a
 	// bucket edge reads as a 5 % dip.
-	if old := AnalyseReconfig(nil, steady, 0, ups, nil).ThroughputDip; old < 0.04 {
+	if old := AnalyseReconfig(nil, steady, 0, ups, nil, 0).ThroughputDip; old < 0.04 {
 		t.Fatalf("100 ms statistic %.4f on a jittered stream; the test stream does not show its resolution", old)
 	}
 	for _, c := range []struct {
