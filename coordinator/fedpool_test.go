@@ -88,11 +88,29 @@ func (c *testCluster) orgKey() string {
 	return key
 }
 
-// pin pins org p's key and CA in c (as c's admin).
+// pin pins org p's key and CA in c (as c's admin). p's key is read
+// before any call deadline starts: orgKey can wait (up to 20 s) for p's
+// leader to record its identity, and Go evaluates a call's context
+// argument before its request, so a deadline made in the same expression
+// was partly spent on that wait. A pin of the same key and CA again is a
+// no-op (PinWithCA), so the call is retried, as a client would, while it
+// meets Unavailable (a leader change under the write) or its own
+// deadline (a commit stalled on a loaded machine: once, under load 20,
+// beside five other coordinators).
 func (c *testCluster) pin(p *testCluster) {
 	c.t.Helper()
-	if _, err := c.fedClient(c.leader()).PinKey(ctxT(c.t, 10*time.Second), &pb.PinKeyRequest{Org: p.org, Key: p.orgKey(), CaPem: p.ca.CertPEM}); err != nil {
-		c.t.Fatal(err)
+	req := &pb.PinKeyRequest{Org: p.org, Key: p.orgKey(), CaPem: p.ca.CertPEM}
+	deadline := time.Now().Add(40 * time.Second)
+	for {
+		_, err := c.fedClient(c.leader()).PinKey(ctxT(c.t, 10*time.Second), req)
+		if err == nil {
+			return
+		}
+		if code := status.Code(err); (code != codes.Unavailable && code != codes.DeadlineExceeded) || time.Now().After(deadline) {
+			c.t.Fatalf("%s pins %s: %v", c.org, p.org, err)
+		}
+		c.t.Logf("%s pins %s: %v; retrying", c.org, p.org, err)
+		time.Sleep(100 * time.Millisecond) // back-off between retries, not synchronisation
 	}
 }
 

@@ -22,7 +22,7 @@ func TestCatchUpMoveEndsAfterItsBound(t *testing.T) {
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
 	submit(t, c.admin(l), "mb", 1)
-	tasks := workerStatus(t, c.admin(l))[w1.id].Tasks
+	tasks := placedStatus(t, c.admin(l), w1.id)[w1.id].Tasks
 	if len(tasks) == 0 {
 		t.Fatal("no task placed on w1")
 	}
@@ -69,7 +69,7 @@ func TestQueryStatusShowsAMoveInProgress(t *testing.T) {
 	l := c.leader()
 	w1 := c.startWorker(t, l, "w1")
 	submit(t, c.admin(l), "ms", 1)
-	tasks := workerStatus(t, c.admin(l))[w1.id].Tasks
+	tasks := placedStatus(t, c.admin(l), w1.id)[w1.id].Tasks
 	if len(tasks) == 0 {
 		t.Fatal("no task placed on w1")
 	}

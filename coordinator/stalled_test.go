@@ -16,7 +16,7 @@ func TestStalledTaskShowsInWorkersAndQuery(t *testing.T) {
 	l := c.leader()
 	w := c.startWorker(t, l, "w1")
 	submit(t, c.admin(l), "st", 1)
-	ws := workerStatus(t, c.admin(l))
+	ws := placedStatus(t, c.admin(l), w.id)
 	if len(ws[w.id].Tasks) == 0 {
 		t.Fatal("no task placed on the worker")
 	}

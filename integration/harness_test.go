@@ -7,12 +7,14 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -49,25 +51,48 @@ func binary(t *testing.T) string {
 // open until every port is chosen, so the OS cannot hand out one twice; the
 // ports are released for the processes to bind (a small window another
 // program could take one in, which fails the start loudly).
+//
+// The ports come from below the OS's ephemeral range (Linux: 32768 and
+// up), which port-0 listeners and outgoing connections draw from: with
+// ports the OS had chosen, another test's connection or listener took one
+// in the window ("bind: address already in use", a coordinator that never
+// started, at load 20). nextPort starts at a random place in
+// [basePort, basePort+portSpan) so that two test processes (packages run
+// in parallel) rarely probe the same ports.
 func freeAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	var out []string
-	for len(out) < n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	for tries := 0; len(out) < n; tries++ {
+		if tries > portSpan {
+			t.Fatalf("no %d free loopback ports below the ephemeral range", n)
+		}
+		addr := fmt.Sprintf("127.0.0.1:%d", basePort+int(nextPort.Add(1))%portSpan)
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
 		defer l.Close()
 		// serf also needs the UDP port of the same number.
-		u, err := net.ListenPacket("udp", l.Addr().String())
+		u, err := net.ListenPacket("udp", addr)
 		if err != nil {
 			continue
 		}
 		defer u.Close()
-		out = append(out, l.Addr().String())
+		out = append(out, addr)
 	}
 	return out
 }
+
+// Ports handed out by freeAddrs: [basePort, basePort+portSpan), below
+// Linux's ephemeral range and apart from the coordinator tests' fake
+// worker addresses (from 20000).
+const basePort, portSpan = 21000, 11000
+
+var nextPort = func() *atomic.Int64 {
+	var p atomic.Int64
+	p.Store(rand.Int64N(portSpan))
+	return &p
+}()
 
 // proc is one running fedstream process whose output is kept for failure reports.
 type proc struct {
@@ -143,8 +168,16 @@ func start(t *testing.T, name string, args ...string) *proc {
 		t.Fatalf("start %s: %v", name, err)
 	}
 	go func() { _ = cmd.Wait(); close(p.done) }()
+	g := testProcs(t)
+	g.mu.Lock()
+	g.procs = append(g.procs, p)
+	g.mu.Unlock()
 	t.Cleanup(func() {
-		p.signal(syscall.SIGTERM)
+		// The first process cleanup of the test asks every process of the
+		// test to stop, so they stop together: a coordinator takes 1-2.6 s
+		// to stop (it leaves its pools), and three stopped one after the
+		// other made a test's end 4 s or more.
+		g.terminate()
 		select {
 		case <-p.done:
 		case <-time.After(5 * time.Second):
@@ -156,6 +189,36 @@ func start(t *testing.T, name string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// procGroup is the processes one test started.
+type procGroup struct {
+	mu    sync.Mutex
+	procs []*proc
+}
+
+// procGroups holds each test's procGroup, by test.
+var procGroups sync.Map
+
+// testProcs returns t's procGroup, made (and forgotten at t's end) on
+// first use.
+func testProcs(t *testing.T) *procGroup {
+	g, loaded := procGroups.LoadOrStore(t, &procGroup{})
+	if !loaded {
+		t.Cleanup(func() { procGroups.Delete(t) })
+	}
+	return g.(*procGroup)
+}
+
+// terminate sends SIGTERM once to every process of the group (a second
+// one could cut a graceful stop short).
+func (g *procGroup) terminate() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, p := range g.procs {
+		p.signal(syscall.SIGTERM)
+	}
+	g.procs = nil
 }
 
 func (p *proc) signal(sig syscall.Signal) {
