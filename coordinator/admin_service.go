@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -280,6 +281,14 @@ func (as *adminService) queryInfo(q *fsm.Query) (*pb.QueryInfo, error) {
 				ti.WorkerAddr = w.Addr
 				switch as.s.shownStatus(w) {
 				case statusReady:
+					if silent, ok := as.s.silentWorker(w); ok {
+						// Killed, paused or cut off: its last report no
+						// longer tells, though the TTL has not run out.
+						ti.Message = fmt.Sprintf("worker %s unreachable: no heartbeat for %s (last reported: %s); declared down and its tasks placed again after %s of silence",
+							w.ID, silent.Round(100*time.Millisecond), t.State, as.s.cfg.Timings.HeartbeatTTL)
+						ti.State = states.TaskUnreachable
+						break
+					}
 					switch {
 					case t.MovingFrom != "" && t.Message == "":
 						// A live move: the new copy starts or catches

@@ -26,10 +26,37 @@ type liveness struct {
 	mu        sync.Mutex
 	deadlines map[string]time.Time
 	heard     map[string]bool
+	// heardAt is when this leader last heard from each worker.
+	heardAt map[string]time.Time
 }
 
 func newLiveness() *liveness {
-	return &liveness{deadlines: map[string]time.Time{}, heard: map[string]bool{}}
+	return &liveness{deadlines: map[string]time.Time{}, heard: map[string]bool{}, heardAt: map[string]time.Time{}}
+}
+
+// silentFor is how long ago this leader last heard from the worker;
+// false when it has not heard from it since it took office.
+func (l *liveness) silentFor(id string, now time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	at, ok := l.heardAt[id]
+	if !ok {
+		return 0, false
+	}
+	return now.Sub(at), true
+}
+
+// silentWorker reports, on the leader, whether ready worker w has missed
+// its heartbeats: silent for more than half the heartbeat TTL (a worker
+// beats every quarter of it: two beats missed), but not yet declared
+// down (which takes the whole TTL, then a commit). Followers do not
+// know when the leader last heard from a worker: false.
+func (s *Server) silentWorker(w *fsm.Worker) (time.Duration, bool) {
+	if w.Status != statusReady || !s.IsLeader() {
+		return 0, false
+	}
+	silent, ok := s.liveness.silentFor(w.ID, time.Now())
+	return silent, ok && silent > s.cfg.Timings.HeartbeatTTL/2
 }
 
 // start gives every worker without a deadline yet (not heard from) the
@@ -91,6 +118,7 @@ func (l *liveness) stop() {
 	defer l.mu.Unlock()
 	l.deadlines = map[string]time.Time{}
 	l.heard = map[string]bool{}
+	l.heardAt = map[string]time.Time{}
 }
 
 func (l *liveness) touch(id string, until time.Time) {
@@ -98,12 +126,14 @@ func (l *liveness) touch(id string, until time.Time) {
 	defer l.mu.Unlock()
 	l.deadlines[id] = until
 	l.heard[id] = true
+	l.heardAt[id] = time.Now()
 }
 
 func (l *liveness) forget(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	delete(l.deadlines, id)
+	delete(l.heardAt, id)
 }
 
 // expired returns the workers whose deadline passed, sorted.

@@ -244,7 +244,7 @@ func newQuerySubmitCmd() *cobra.Command {
 		if f.json {
 			return printJSON(cmd.OutOrStdout(), map[string]any{"name": resp.Name, "index": resp.Index, "tasks": resp.Tasks})
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "query %s submitted: %d tasks (index %d)\n", resp.Name, resp.Tasks, resp.Index)
+		fmt.Fprintf(cmd.OutOrStdout(), "query %s submitted: %s (index %d)\n", resp.Name, plural(int(resp.Tasks), "task", "tasks"), resp.Index)
 		return nil
 	})
 }

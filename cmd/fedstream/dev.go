@@ -352,7 +352,7 @@ lines with --json); where everything listens and the logs go to stderr.
 			if err != nil {
 				return fmt.Errorf("submit %s: %w", name, err)
 			}
-			fmt.Fprintf(stderr, "submitted query %s (%d tasks); results follow%s\n\n", resp.Name, resp.Tasks,
+			fmt.Fprintf(stderr, "submitted query %s (%s); results follow%s\n\n", resp.Name, plural(int(resp.Tasks), "task", "tasks"),
 				map[bool]string{true: " as JSON lines on stdout", false: ""}[asJSON])
 			tl := &tailer{flags: f, query: resp.Name}
 			tl.print = resultPrinter(cmd.OutOrStdout(), asJSON)

@@ -384,7 +384,7 @@ func printReport(cmd *cobra.Command, rep ledger.Report, asJSON bool) error {
 			return err
 		}
 	} else if rep.Valid {
-		fmt.Fprintf(cmd.OutOrStdout(), "valid: %d entries, every hash, link and signature checks\n", rep.Entries)
+		fmt.Fprintf(cmd.OutOrStdout(), "valid: %s, every hash, link and signature checks\n", plural(int(rep.Entries), "entry", "entries"))
 	}
 	if !rep.Valid {
 		return &exitError{code: 1, err: fmt.Errorf("%w: %s", errLedgerInvalid, rep.Reason)}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/spf13/cobra"
 
@@ -60,14 +61,7 @@ ranges mean nothing). Ingest and kafka sources are refused.`,
 			return printJSON(cmd.OutOrStdout(), map[string]any{"query": resp.Query, "fragment": resp.Fragment,
 				"epoch": resp.Epoch, "partitions": resp.Partitions, "cut": resp.Cut, "ranges": ranges, "by_partition": parts})
 		}
-		fmt.Fprintf(cmd.OutOrStdout(), "%s/%s: %d partitions, slot map epoch %d\n", resp.Query, resp.Fragment, resp.Partitions, resp.Epoch)
-		for p := range resp.Partitions {
-			fmt.Fprintf(cmd.OutOrStdout(), "  partition %d:", p)
-			for _, r := range byPart[p] {
-				fmt.Fprintf(cmd.OutOrStdout(), " %d-%d", r.First, r.Last)
-			}
-			fmt.Fprintln(cmd.OutOrStdout())
-		}
+		writeSlotMap(cmd.OutOrStdout(), resp)
 		return nil
 	})
 	cmd.Flags().StringVar(&op, "operator", "", "the keyed operator or generator source to rescale")
@@ -79,4 +73,21 @@ ranges mean nothing). Ingest and kafka sources are refused.`,
 		}
 	}
 	return cmd
+}
+
+// writeSlotMap prints a rescale's new slot map: its partitions, then the
+// slot ranges of each.
+func writeSlotMap(w io.Writer, resp *pb.ScaleQueryResponse) {
+	byPart := map[int32][]*pb.SlotRange{}
+	for _, r := range resp.Ranges {
+		byPart[r.Partition] = append(byPart[r.Partition], r)
+	}
+	fmt.Fprintf(w, "%s/%s: %s, slot map epoch %d\n", resp.Query, resp.Fragment, plural(int(resp.Partitions), "partition", "partitions"), resp.Epoch)
+	for p := range resp.Partitions {
+		fmt.Fprintf(w, "  partition %d:", p)
+		for _, r := range byPart[p] {
+			fmt.Fprintf(w, " %d-%d", r.First, r.Last)
+		}
+		fmt.Fprintln(w)
+	}
 }

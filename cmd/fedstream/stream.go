@@ -1030,7 +1030,7 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 		for _, r := range refused {
 			fmt.Fprintln(errOut, r.Error)
 		}
-		fmt.Fprintf(out, "ingested %d of %d lines into %s/%s (%d replicas)\n", res.Accepted, lineNo, query, source, res.Copies)
+		fmt.Fprintf(out, "ingested %d of %s into %s/%s (%s)\n", res.Accepted, plural(int(lineNo), "line", "lines"), query, source, plural(int(res.Copies), "replica", "replicas"))
 		if closed {
 			fmt.Fprintf(out, "closed %s/%s: its remaining windows are emitted and its sinks end\n", query, source)
 		}
@@ -1039,7 +1039,7 @@ func ingest(ctx context.Context, f *clientFlags, a ingestArgs, in io.Reader, out
 		return sendErrs
 	}
 	if n := len(refused); n > 0 {
-		return &exitError{code: 2, err: fmt.Errorf("%d lines refused", n)}
+		return &exitError{code: 2, err: fmt.Errorf("%s refused", plural(n, "line", "lines"))}
 	}
 	return nil
 }

@@ -20,8 +20,8 @@ const (
 
 // Task states. Pending is set by the coordinator; starting, running,
 // stalled, failed and stopped are reported by the worker running the
-// task; unknown and lost are only shown (never stored) by the coordinator
-// for a task whose worker's state is unknown or down.
+// task; unknown, unreachable and lost are only shown (never stored) by the
+// coordinator for a task whose worker's state is unknown, silent or down.
 const (
 	// TaskPending: not reported yet on its current worker (or unplaced).
 	TaskPending = "pending"
@@ -41,6 +41,11 @@ const (
 	TaskUnknown = "unknown"
 	// TaskLost: shown while the task's worker is down.
 	TaskLost = "lost"
+	// TaskUnreachable: shown while the task's worker has missed its
+	// heartbeats (silent for more than half its heartbeat TTL, two of
+	// its heartbeat intervals) but is not declared down yet: the
+	// worker's last report (running, ...) may no longer hold.
+	TaskUnreachable = "unreachable"
 )
 
 // Query statuses.

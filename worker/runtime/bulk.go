@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -309,6 +310,19 @@ func newBulkClient(o BulkOptions) *bulkClient {
 	return &bulkClient{cfg: o.ClientTLS, dial: dial, dialTimeout: timeout}
 }
 
+// bulkReadBufferBytes is the read buffer beneath a fetching worker's TLS
+// on a bulk connection (bufferedConn): a loopback socket often holds
+// several hundred KiB when the reader comes back.
+const bulkReadBufferBytes = 256 << 10
+
+// bufferedConn is a connection whose reads come through a buffer.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
 // errBulkConnect means the offered connection could not be made; the
 // fetch is then made again without asking for one.
 var errBulkConnect = errors.New("cannot connect for the snapshot's bytes")
@@ -336,7 +350,14 @@ func (c *bulkClient) connect(ctx context.Context, workerAddr string, port uint32
 	}
 	conn := raw
 	if c.cfg != nil {
-		tc := tlsutil.Client(raw, c.cfg)
+		// crypto/tls reads the connection about one record (16 KiB) at a
+		// time: unbuffered, a snapshot of 64 MiB costs some 4,000 read
+		// system calls on the fetching worker (in one process, 64 MiB of
+		// bench move's state over mutual TLS: about 34 ms of read calls
+		// per transfer, 9 ms buffered). Buffered, one call takes what
+		// the socket holds, up to bulkReadBufferBytes, for one more copy
+		// of the bytes.
+		tc := tlsutil.Client(&bufferedConn{Conn: raw, r: bufio.NewReaderSize(raw, bulkReadBufferBytes)}, c.cfg)
 		hctx, cancel := context.WithTimeout(ctx, bulkHandshakeTimeout)
 		err := tc.(interface {
 			HandshakeContext(context.Context) error

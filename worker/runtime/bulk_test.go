@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -235,6 +236,92 @@ func TestBulkTLS(t *testing.T) {
 			t.Fatalf("serve: %v", err)
 		}
 		withdraw()
+	}
+}
+
+// readSizes is a connection that records the size of every read asked
+// of it.
+type readSizes struct {
+	net.Conn
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (r *readSizes) Read(p []byte) (int, error) {
+	r.mu.Lock()
+	r.sizes = append(r.sizes, len(p))
+	r.mu.Unlock()
+	return r.Conn.Read(p)
+}
+
+// TestBulkTLSReadsBuffered: over TLS, the fetching worker reads its
+// bulk connection through a buffer of bulkReadBufferBytes, not one TLS
+// record (16 KiB) per read call. Fails without bufferedConn: crypto/tls
+// asks for about one record at a time.
+func TestBulkTLSReadsBuffered(t *testing.T) {
+	ca, err := tlsutil.NewCA("org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := ca.Issue(rpc.Identity{Org: "org", Role: rpc.RoleWorker, Name: "w"}, []string{"127.0.0.1"}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	creds, err := tlsutil.New(ca.CertPEM)
+	if err == nil {
+		err = creds.SetCertificate(cert, key)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	workers := tlsutil.Peer{Roles: []string{rpc.RoleWorker}}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	b, err := newBulkServer(lis, creds.ServerConfig(workers, false), log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	data := make([]byte, 2<<20)
+	_, _ = rand.Read(data)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	token, conns, withdraw, err := b.offer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withdraw()
+	served := make(chan error, 1)
+	go func() {
+		_, err := serveBulk(ctx, conns, func(emit func([]byte) error) error { return emit(data) })
+		served <- err
+	}()
+	var raw *readSizes
+	var d net.Dialer
+	cli := newBulkClient(BulkOptions{ClientTLS: creds.ClientConfig(workers), Dial: func(ctx context.Context, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		raw = &readSizes{Conn: c}
+		return raw, nil
+	}})
+	got, err := cli.receive(ctx, "127.0.0.1:1", b.port, token, make([]byte, len(data)), nil, nil)
+	if err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("receive: %v (equal %v)", err, bytes.Equal(got, data))
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
+	raw.mu.Lock()
+	defer raw.mu.Unlock()
+	for _, n := range raw.sizes {
+		if n < bulkReadBufferBytes {
+			t.Fatalf("a read of the connection asked for %d bytes, want %d (reads asked: %v)", n, bulkReadBufferBytes, raw.sizes)
+		}
 	}
 }
 

@@ -671,6 +671,35 @@ func (t *task) fail(err error) {
 	t.setState(StateFailed, err.Error())
 }
 
+// restartedBehind says, for an operator or sink copy that started again
+// without the state of the copy before it (placed again with no live
+// replica to bootstrap from, or a failed fetch), when a consumer resumed
+// after more results than this copy has produced: its ids start again
+// from 1, so that consumer gets nothing from it until it passes the lost
+// copy's position, which may take as long as the lost copy had run (the
+// copy replays only what its upstreams still buffer). "" otherwise.
+// Generator sources catch up without pacing (runGenerator) and say
+// nothing here. outMu must not be held.
+func (t *task) restartedBehind() string {
+	if t.spec.Generation <= 1 || t.spec.FromSnapshot != nil || t.genSnap != nil || t.ingest != nil {
+		return ""
+	}
+	t.outMu.RLock()
+	defer t.outMu.RUnlock()
+	for _, o := range t.outs {
+		if held, last := o.buf.Wanted(), o.buf.Stats().LastID; held > last {
+			return behindNote(o.consumer, o.partition, held, last)
+		}
+	}
+	return ""
+}
+
+// behindNote is restartedBehind's message for one output.
+func behindNote(consumer string, partition int, held, produced uint64) string {
+	return fmt.Sprintf("started again without its state (no live replica to start from): consumer %s[%d] holds %d results of the lost copy and gets none of this copy's until it has produced more (%d so far, replaying what its upstreams still buffer)",
+		consumer, partition, held, produced)
+}
+
 // State reports the task's state, with its DCAA replica state.
 func (t *task) State() TaskState {
 	st := t.state0()
@@ -693,6 +722,7 @@ func (t *task) state0() TaskState {
 		}
 		t.outMu.RUnlock()
 	}
+	behind := t.restartedBehind()
 	t.stateMu.Lock()
 	defer t.stateMu.Unlock()
 	st := TaskState{TaskID: t.spec.TaskID, Generation: t.spec.Generation, State: t.state, Message: t.message}
@@ -707,6 +737,12 @@ func (t *task) state0() TaskState {
 			st.Message += "; "
 		}
 		st.Message += t.overrun
+	}
+	if behind != "" && t.state == StateRunning {
+		if st.Message != "" {
+			st.Message += "; "
+		}
+		st.Message += behind
 	}
 	if t.uncorrected != "" {
 		st.Lossy = true

@@ -238,7 +238,7 @@ function renderGraph(q, statsByTask) {
     tasks.forEach((t, i) => {
       const y = L.HEAD + i * L.ROW + 10;
       const s = statsByTask.get(t.id);
-      const known = ['running', 'stalled', 'lost', 'failed', 'unknown', 'pending'].includes(t.state) ? t.state : 'other';
+      const known = ['running', 'stalled', 'lost', 'failed', 'unknown', 'unreachable', 'pending'].includes(t.state) ? t.state : 'other';
       const row = svg('g', { class: 'task', 'data-task': t.id, 'data-state': t.state });
       row.appendChild(svg('circle', { class: 'dot-' + known, cx: 14, cy: y - 4, r: 4 }));
       const label = 'p' + t.partition + ' r' + t.replica + ' ' + workerName(t.worker) + ' ' + t.state;

@@ -1,0 +1,92 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRestartedOperatorSaysItIsBehind: an operator copy placed again
+// without a snapshot (generation 2, its worker lost, no replica to
+// bootstrap from) numbers its results from 1 again, while its consumer
+// resumes after the results it took from the lost copy: it gets nothing
+// until the new copy has produced more. That wait has no bound of its
+// own (the new copy replays only what its upstreams still buffer), so the
+// copy's status says so, with the consumer's position and its own, while
+// it lasts. Fails without restartedBehind: the copy is plainly running.
+func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
+	const rate = 100
+	q := mustParse(t, fmt.Sprintf(wordsQuery, 1, rate))
+	const counts = "wc/counts/p0/r0"
+	place := func(node string, partition, _ int) int {
+		if node == "counts" && partition == 0 {
+			return 0
+		}
+		return 1
+	}
+	pace, err := NewPace(20) // 2000 records a second at first
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterEach(t, q, place,
+		Options{BoundaryInterval: time.Millisecond},
+		Options{BoundaryInterval: time.Millisecond, SourcePace: pace},
+		Options{BoundaryInterval: time.Millisecond})
+	defer c.close(t)
+	c.apply()
+	lost, next := c.workers[0], c.workers[2]
+	first := lost.rt.task(counts)
+	if first == nil {
+		t.Fatal("the aggregate did not start")
+	}
+	old := first.outs[0].buf
+	waitUntil(t, "the aggregate produced results its sink took", func() bool {
+		st := old.Stats()
+		return st.LastID > 20 && st.LaggardAck == st.LastID
+	})
+	// Almost nothing more comes in: the new copy cannot catch up.
+	if err := pace.Set(0.001); err != nil {
+		t.Fatal(err)
+	}
+	var spec TaskSpec
+	for _, s := range c.specs[lost] {
+		if s.TaskID == counts {
+			spec = s
+		}
+	}
+	c.specs[lost] = nil
+	lost.rt.Apply(context.Background(), nil)
+	held := old.Stats().LaggardAck
+	var pls []Placement
+	for _, pl := range spec.Placements {
+		if pl.TaskID == counts {
+			pl.WorkerAddr, pl.Generation = next.addr, 2
+		}
+		pls = append(pls, pl)
+	}
+	spec.Generation, spec.Placements = 2, pls
+	c.specs[next] = append(c.specs[next], spec)
+	for _, w := range c.workers[1:] {
+		for i := range c.specs[w] {
+			c.specs[w][i].Placements = pls
+		}
+		w.rt.Apply(context.Background(), c.specs[w])
+	}
+	again := next.rt.task(counts)
+	if again == nil || again.restored {
+		t.Fatalf("the new copy did not start from nothing (states %v)", c.states())
+	}
+	var msg string
+	waitUntilOr(t, "the new copy's status says its consumer waits", func() bool {
+		msg = again.State().Message
+		return strings.Contains(msg, fmt.Sprintf("holds %d results of the lost copy", held))
+	}, func() { t.Logf("new copy: %+v", again.State()) })
+	if !strings.Contains(msg, "consumer out[0]") {
+		t.Errorf("message %q does not name the consumer", msg)
+	}
+	if err := pace.Set(200); err != nil { // the rest of the input at once
+		t.Fatal(err)
+	}
+}
