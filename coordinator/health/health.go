@@ -431,15 +431,20 @@ func Throughput(q *Query, k int) (float64, bool) {
 			return 0, false
 		}
 		any = true
-		drawn := sum(s.Instances, func(i Instance) float64 { return i.InRate })
-		if heldBack(s) {
-			if taken, ok := takenBy(q, f, k); ok {
-				drawn = taken
-			}
-		}
-		total += drawn
+		total += sourceRate(q, f, s, k)
 	}
 	return total, any
+}
+
+// sourceRate is what source f takes in its sample s, k samples back from
+// the end: its draws, or, held back, what its consumers take (Throughput).
+func sourceRate(q *Query, f *Fragment, s Sample, k int) float64 {
+	if heldBack(s) {
+		if taken, ok := takenBy(q, f, k); ok {
+			return taken
+		}
+	}
+	return sum(s.Instances, func(i Instance) float64 { return i.InRate })
 }
 
 // heldBackMs is the blocked time per second above which a source counts
