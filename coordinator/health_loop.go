@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -40,16 +41,27 @@ type HealthConfig struct {
 	// Settle the time after an action before it is evaluated and before
 	// another action on the same query (default 30s).
 	Interval, Settle time.Duration
-	// Warmup is how long the loop watches a query, from the first sample
-	// of all its tasks, before it may act on it (0: one settling time;
-	// negative: no warm-up). A query just started is not at its load: its
-	// tasks start at different moments and first work through what the
-	// sources sent meanwhile, the backlog held in front of partitions
-	// that connected last, saturated, at rates that say nothing of the
-	// query's load. It is the settling time after an action, for the
-	// query's submission. A new leader's loop watches each query for a
-	// warm-up too: its figures before the leader change are not kept.
+	// Warmup is how long at least the loop watches a query, from the
+	// first sample of all its tasks, before it may act on it (0: one
+	// settling time; negative: no warm-up). A query just started is not
+	// at its load: its tasks start at different moments and first work
+	// through what the sources sent meanwhile, the backlog held in front
+	// of partitions that connected last, saturated, at rates that say
+	// nothing of the query's load. It is the settling time after an
+	// action, for the query's submission. After Warmup the warm-up goes
+	// on while the query is still catching up (health.CatchingUp over
+	// the samples of the last half warm-up: a backlog that shrinks, no
+	// source falling behind its schedule), and ends for good the first
+	// step it is not, or at WarmupMax. A new leader's loop watches each
+	// query for a warm-up too: its figures before the leader change are
+	// not kept.
 	Warmup time.Duration
+	// WarmupMax bounds the warm-up of a query whose backlog keeps
+	// shrinking without ever being worked off (0: ten warm-ups). A query
+	// that cannot catch up at all is not held that long: its backlog
+	// does not shrink, or its sources fall behind, and that ends the
+	// warm-up.
+	WarmupMax time.Duration
 	// Window is the number of samples kept per fragment (default 10, at
 	// least the policy's MinSamples).
 	Window int
@@ -92,6 +104,10 @@ func (h *HealthConfig) fill() {
 	if h.Warmup == 0 {
 		h.Warmup = h.Settle
 	}
+	if h.WarmupMax <= 0 {
+		h.WarmupMax = 10 * max(h.Warmup, 0)
+	}
+	h.WarmupMax = max(h.WarmupMax, h.Warmup)
 	if h.Policy == nil {
 		p := health.DefaultConfig()
 		h.Policy = &p
@@ -118,9 +134,15 @@ type healthQuery struct {
 	// quietUntil: no action before (settling after the last one).
 	quietUntil time.Time
 	// warmUntil: no action before (the warm-up after the query's first
-	// complete sample); zero until that sample.
-	warmUntil time.Time
-	pending   *pendingHealth
+	// complete sample); zero until that sample. warmCap: the warm-up
+	// ends then whatever the query's figures (WarmupMax). warmed: the
+	// warm-up is over for good.
+	warmUntil, warmCap time.Time
+	warmed             bool
+	// history: fragment -> the samples of the last half warm-up, oldest
+	// first, while the warm-up lasts (what CatchingUp reads).
+	history map[string][]health.Sample
+	pending *pendingHealth
 	// alerted: fragment/diagnosis -> when last logged as an alert.
 	alerted map[string]time.Time
 	// defIndex is the definition the state belongs to.
@@ -258,11 +280,12 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 		}
 		if hq.warmUntil.IsZero() {
 			hq.warmUntil = now.Add(max(l.cfg.Warmup, 0))
+			hq.warmCap = now.Add(l.cfg.WarmupMax)
 		}
 		if hq.pending != nil && !now.Before(hq.pending.due) {
 			l.evaluate(ctx, q.Name, hq, view, now)
 		}
-		if now.Before(hq.quietUntil) || now.Before(hq.warmUntil) || hq.pending != nil {
+		if now.Before(hq.quietUntil) || hq.pending != nil || l.warming(q.Name, hq, view, now) {
 			continue
 		}
 		l.decide(ctx, q.Name, hq, view, now)
@@ -279,6 +302,51 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 		delete(l.queries, name)
 	}
 }
+
+// warming reports whether the query is still in its warm-up: before
+// warmUntil, then as long as it catches up (health.CatchingUp over the
+// warm-up history), until warmCap. The first step it does not, the
+// warm-up is over for good: a backlog that comes later (a burst, a load
+// change) is the detectors' to judge, and they leave one that drains
+// alone.
+func (l *healthLoop) warming(name string, hq *healthQuery, view *health.Query, now time.Time) bool {
+	switch {
+	case hq.warmed:
+		return false
+	case l.cfg.Warmup < 0:
+		hq.warmed = true
+		return false
+	case now.Before(hq.warmUntil):
+		return true
+	case !now.Before(hq.warmCap):
+		hq.warmed, hq.history = true, nil
+		l.s.logger.Info("health: warm-up over: its longest", "query", name, "warmup_max", l.cfg.WarmupMax)
+		return false
+	}
+	hv := *view
+	hv.Fragments = slices.Clone(view.Fragments)
+	for i := range hv.Fragments {
+		hv.Fragments[i].Samples = hq.history[hv.Fragments[i].Name]
+	}
+	catching, why := health.CatchingUp(&hv, *l.cfg.Policy)
+	if catching {
+		l.s.logger.Debug("health: still warming up", "query", name, "why", why)
+		return true
+	}
+	hq.warmed, hq.history = true, nil
+	l.s.logger.Info("health: warm-up over", "query", name, "why", why)
+	return false
+}
+
+// warmupHistory is the span of samples the warm-up judges a query on:
+// half a warm-up, long enough for a draining backlog to show above the
+// noise of single samples.
+func (l *healthLoop) warmupHistory() time.Duration {
+	return max(l.cfg.Warmup/2, time.Duration(l.cfg.Window)*l.cfg.Interval)
+}
+
+// maxHistory bounds the samples kept per fragment for the warm-up.
+const maxHistory = 1000
 
 // sample adds the latest reports of q's tasks to its window when they are
 // new, and returns the policy's view of the query (nil when there is not

@@ -99,6 +99,18 @@ func (l *healthLoop) addWindows(hq *healthQuery, tasks []reportedTask) {
 				w = w[len(w)-l.cfg.Window:]
 			}
 			hq.window[frag] = w
+			if !hq.warmed {
+				if hq.history == nil {
+					hq.history = map[string][]health.Sample{}
+				}
+				h := append(hq.history[frag], w[len(w)-1])
+				from := w[len(w)-1].At.Add(-l.warmupHistory())
+				i := 0
+				for i < len(h)-1 && (h[i].At.Before(from) || len(h)-i > maxHistory) {
+					i++
+				}
+				hq.history[frag] = h[i:]
+			}
 		}
 	}
 }

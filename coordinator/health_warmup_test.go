@@ -69,3 +69,103 @@ func startHandSteppedHealth(t *testing.T) (*testCluster, *Server) {
 	}
 	return c, s
 }
+
+// warmupFeed reports, for the hand-stepped loop l on s, one window of
+// hq's figures whose aggregate holds queue tuples (busy all the time,
+// taking what its source sends) and steps l 100 ms of its time later.
+type warmupFeed struct {
+	s    *Server
+	l    *healthLoop
+	t0   time.Time
+	ms   int64
+	step int
+}
+
+func newWarmupFeed(s *Server, warmup, longest time.Duration) *warmupFeed {
+	p := health.DefaultConfig()
+	p.MinSamples, p.Persist = 3, 3
+	l := s.newHealthLoop(HealthConfig{Interval: 100 * time.Millisecond, Settle: time.Second, Warmup: warmup, WarmupMax: longest, Policy: &p})
+	t0 := time.Now()
+	return &warmupFeed{s: s, l: l, t0: t0, ms: t0.UnixMilli()}
+}
+
+func (f *warmupFeed) report(ctx context.Context, queue float64) {
+	f.ms += 100
+	f.s.liveStats.put("w-fake", []*pb.TaskStats{
+		{Task: "hq/text/p0/r0", InTps: 100, OutTps: 100, Busy: 0.1, UnackedTuples: 10, ReportedAtMs: f.ms},
+		{Task: "hq/per_line/p0/r0", InTps: 100, OutTps: 100, Busy: 1, Queue: int64(queue), ReportedAtMs: f.ms},
+		{Task: "hq/out/p0/r0", InTps: 100, OutTps: 100, Busy: 0.05, ReportedAtMs: f.ms},
+	}, time.Now())
+	f.l.step(ctx, f.t0.Add(time.Duration(f.step)*100*time.Millisecond))
+	f.step++
+}
+
+// shrinking is a backlog being worked off as the detectors see it: it
+// grows by 250 tuples in three samples of every four (a growing queue),
+// and shrinks by 1750 in the fourth.
+func shrinking(k int) float64 { return 30000 - 1000*float64(k/4) + 250*float64(k%4) }
+
+// TestHealthWarmupUntilCaughtUp: after its shortest warm-up the loop
+// still leaves alone a query working off its start-up backlog, however
+// its last samples look, and acts once the backlog stops shrinking: it
+// grows steadily, the aggregate is too small (under-provisioned, scaled
+// up). Before, the warm-up was a fixed time and the first growing samples
+// after it were acted on (verified: this test failed with one action
+// while the backlog shrank). The loop is stepped by hand with the times
+// it is given.
+func TestHealthWarmupUntilCaughtUp(t *testing.T) {
+	t.Parallel()
+	c, s := startHandSteppedHealth(t)
+	defer c.shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newWarmupFeed(s, 2*time.Second, 20*time.Second)
+	// Six seconds of a backlog being worked off, three warm-ups.
+	q := 0.0
+	for k := range 60 {
+		q = shrinking(k)
+		f.report(ctx, q)
+	}
+	if acts := healthActions(t, s); len(acts) != 0 {
+		t.Fatalf("%d actions while the backlog shrank, want none: %+v", len(acts), acts[0])
+	}
+	// The backlog grows: acted on once the warm-up's history shows it.
+	for range 30 {
+		q += 300
+		f.report(ctx, q)
+		if len(healthActions(t, s)) > 0 {
+			break
+		}
+	}
+	acts := healthActions(t, s)
+	if len(acts) != 1 || acts[0].Diagnosis != health.DiagUnderProvisioned || acts[0].Fragment != "per_line" || acts[0].Action != health.ActScaleUp {
+		t.Fatalf("actions once the backlog grew %+v, want one scale_up for under_provisioned per_line", acts)
+	}
+}
+
+// TestHealthWarmupLongest: a backlog that keeps shrinking without ever
+// being worked off holds the warm-up until its longest (WarmupMax), and
+// no longer: the query is then diagnosed.
+func TestHealthWarmupLongest(t *testing.T) {
+	t.Parallel()
+	c, s := startHandSteppedHealth(t)
+	defer c.shutdown()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := newWarmupFeed(s, time.Second, 4*time.Second)
+	k := 0
+	// The first step with figures starts the warm-up; 4 s later (40
+	// steps) it ends.
+	for ; k < 40; k++ {
+		f.report(ctx, shrinking(k))
+	}
+	if acts := healthActions(t, s); len(acts) != 0 {
+		t.Fatalf("%d actions before the warm-up's longest, want none: %+v", len(acts), acts[0])
+	}
+	for ; k < 50 && len(healthActions(t, s)) == 0; k++ {
+		f.report(ctx, shrinking(k))
+	}
+	if acts := healthActions(t, s); len(acts) != 1 || acts[0].Diagnosis != health.DiagUnderProvisioned {
+		t.Fatalf("actions after the warm-up's longest %+v, want one for under_provisioned", acts)
+	}
+}
