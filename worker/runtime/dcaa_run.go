@@ -478,7 +478,8 @@ func (d *dcaaRun) confirmHeard(detect time.Duration) {
 
 // heardWithin reports whether the input's live subscription, reading the
 // replica the machine chose, heard its replica within detect of wall
-// (unix nanoseconds) or is handing the task a batch.
+// (unix nanoseconds; not counting the time this process was starved, see
+// input.silence) or is handing the task a batch.
 func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	in.mu.Lock()
 	live := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt
@@ -486,7 +487,7 @@ func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	if !live || in.health.silent.Load() {
 		return false
 	}
-	return in.health.busy.Load() || wall-in.health.heard.Load() <= int64(detect)
+	return in.health.busy.Load() || in.silence(wall) <= int64(detect)
 }
 
 // take unpacks an event, noting where a permission request's answer goes.

@@ -452,6 +452,11 @@ type Runtime struct {
 	// offered); bulkCli fetches them so (nil: never asked for).
 	bulkSrv atomic.Pointer[bulkServer]
 	bulkCli *bulkClient
+	// starveClk measures how long this process could not run, which
+	// failure detection does not count as an upstream's silence
+	// (dcaa_starve.go); created by starve on first use.
+	starveOnce sync.Once
+	starveClk  *starveClock
 
 	mu     sync.Mutex
 	tasks  map[string]*task
