@@ -175,6 +175,7 @@ func (t *task) watchInputs(ctx context.Context) {
 			}
 			in.mu.Lock()
 			if in.cancelCur != nil {
+				t.silences.Add(1)
 				in.health.silenced.Store(true)
 				in.health.silent.Store(true)
 				in.cancelCur()

@@ -67,6 +67,9 @@ type dcaaRun struct {
 	// what a replay keeps, keptMax the most kept at once after a bound
 	// (figures, readable from any goroutine).
 	tentSteps, restores, shed, keptMax atomic.Uint64
+	// silences counts the machine's inputs timed out for silence
+	// (Figures.Silences).
+	silences atomic.Uint64
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -330,6 +333,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		err := d.step(ctx, ev, deadline, detect)
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
+		d.silences.Store(f.Silences)
 		d.countShed(f.ShedData)
 		d.keptMax.Store(uint64(f.KeptMax))
 		d.noteWaiting()
