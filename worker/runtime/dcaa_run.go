@@ -884,6 +884,9 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 // stable again.
 func (d *dcaaRun) capture(s *TaskSnapshot) error {
 	released, ins, err := d.m.Capture()
+	if errors.Is(err, dcaa.ErrNotCapturable) {
+		return fmt.Errorf("%w: %s: %v", errTentativeNow, d.t.spec.TaskID, err)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, d.t.spec.TaskID, err)
 	}
