@@ -472,6 +472,7 @@ type Machine struct {
 	stableOut  uint64
 	replayOut  uint64
 	recoveries uint64
+	silences   uint64 // inputs timed out for silence (figures)
 	// lostFrom, lostTo: the stable input in [lostFrom, lostTo) was dropped
 	// for KeepLimit during this failure (lostTo == lostFrom: none);
 	// shed counts the tuples dropped, keptMax the most kept at once after
@@ -932,6 +933,7 @@ func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
 // try gets a full detection timeout).
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
+	m.silences++
 	in.silent = true
 	in.suspect[in.replica] = m.now
 	in.quiet[in.replica] = true
@@ -1689,10 +1691,13 @@ type Figures struct {
 	Shed     uint64
 	ShedData uint64
 	KeptMax  int
+	// Silences counts the inputs taken for failed because they were
+	// silent past the detection timeout.
+	Silences uint64
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
 	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
-		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax}
+		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences}
 }

@@ -64,6 +64,13 @@ type BulkOptions struct {
 // is unknown or expired.
 var ErrBulkRefused = errors.New("bulk snapshot connection refused: unknown or expired token")
 
+// errBulkWithdrawn refuses a connection presenting the token of an offer
+// withdrawn before it came: the FetchSnapshot call that made it ended
+// first (the task could not be captured, e.g. a DCAA replica holding
+// tentative results; the caller then retries or starts otherwise). The
+// fetching worker was told so on the call: nothing to warn about.
+var errBulkWithdrawn = fmt.Errorf("%w: the offer was withdrawn (its snapshot call ended first)", ErrBulkRefused)
+
 // bulkTokenBytes is the size of a transfer token: random, so unguessable.
 const bulkTokenBytes = 16
 
@@ -74,6 +81,10 @@ const (
 	bulkHandshakeTimeout   = 10 * time.Second
 	bulkAcceptTimeout      = 10 * time.Second
 	defaultBulkDialTimeout = 5 * time.Second
+	// withdrawnFor is how long a withdrawn offer's token is remembered:
+	// a connection dialed before the withdrawal arrives within the
+	// dial and handshake timeouts.
+	withdrawnFor = defaultBulkDialTimeout + bulkHandshakeTimeout
 )
 
 // bulkServer accepts bulk connections and hands each to the FetchSnapshot
@@ -84,10 +95,15 @@ type bulkServer struct {
 	port uint32
 	log  interface {
 		Warn(msg string, args ...any)
+		Debug(msg string, args ...any)
 	}
 
 	mu      sync.Mutex
 	pending map[string]chan net.Conn
+	// withdrawn holds the tokens of offers withdrawn within the last
+	// withdrawnFor, and when: a connection presenting one is refused as
+	// any other, but is no stranger (see errBulkWithdrawn).
+	withdrawn map[string]time.Time
 	// shaking are the connections between accept and their token, which
 	// close closes so that it need not wait for their deadline.
 	shaking map[net.Conn]bool
@@ -96,7 +112,10 @@ type bulkServer struct {
 }
 
 // newBulkServer starts accepting on lis (nil: no server).
-func newBulkServer(lis net.Listener, cfg *tls.Config, log interface{ Warn(string, ...any) }) (*bulkServer, error) {
+func newBulkServer(lis net.Listener, cfg *tls.Config, log interface {
+	Warn(string, ...any)
+	Debug(string, ...any)
+}) (*bulkServer, error) {
 	if lis == nil {
 		return nil, nil
 	}
@@ -108,7 +127,7 @@ func newBulkServer(lis net.Listener, cfg *tls.Config, log interface{ Warn(string
 	if err != nil || port == 0 {
 		return nil, fmt.Errorf("bulk listener address %s: no port", lis.Addr())
 	}
-	b := &bulkServer{lis: lis, cfg: cfg, port: uint32(port), log: log, pending: map[string]chan net.Conn{}, shaking: map[net.Conn]bool{}}
+	b := &bulkServer{lis: lis, cfg: cfg, port: uint32(port), log: log, pending: map[string]chan net.Conn{}, withdrawn: map[string]time.Time{}, shaking: map[net.Conn]bool{}}
 	b.wg.Add(1)
 	go b.accept()
 	return b, nil
@@ -147,7 +166,11 @@ func (b *bulkServer) accept() {
 			if err != nil {
 				_ = c.Close()
 			}
-			if err != nil && !closed {
+			switch {
+			case err == nil || closed:
+			case errors.Is(err, errBulkWithdrawn):
+				b.log.Debug("bulk snapshot connection refused", "remote", c.RemoteAddr().String(), "err", err)
+			default:
 				b.log.Warn("bulk snapshot connection refused", "remote", c.RemoteAddr().String(), "err", err)
 			}
 		}()
@@ -171,8 +194,13 @@ func (b *bulkServer) handshake(c net.Conn) error {
 	b.mu.Lock()
 	ch, ok := b.pending[string(token)]
 	delete(b.pending, string(token))
+	_, withdrawn := b.withdrawn[string(token)]
+	delete(b.withdrawn, string(token))
 	b.mu.Unlock()
 	if !ok {
+		if withdrawn {
+			return errBulkWithdrawn
+		}
 		return ErrBulkRefused
 	}
 	if err := c.SetDeadline(time.Time{}); err != nil {
@@ -198,6 +226,16 @@ func (b *bulkServer) offer() (token []byte, conns <-chan net.Conn, cancel func()
 	b.pending[string(token)] = ch
 	return token, ch, func() {
 		b.mu.Lock()
+		if _, open := b.pending[string(token)]; open {
+			// Not taken: its connection may still come.
+			now := time.Now()
+			for k, at := range b.withdrawn {
+				if now.Sub(at) > withdrawnFor {
+					delete(b.withdrawn, k)
+				}
+			}
+			b.withdrawn[string(token)] = now
+		}
 		delete(b.pending, string(token))
 		b.mu.Unlock()
 		select {

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -399,5 +401,86 @@ func TestBulkCloseDoesNotWaitForSilentConnections(t *testing.T) {
 	case <-closed:
 	case <-time.After(bulkHandshakeTimeout / 2):
 		t.Fatalf("close waited for a silent connection's handshake deadline (%s)", bulkHandshakeTimeout)
+	}
+}
+
+// recordingHandler keeps the level and text of every record logged.
+type recordingHandler struct {
+	mu   sync.Mutex
+	recs []string
+}
+
+func (h *recordingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	s := r.Level.String() + " " + r.Message
+	r.Attrs(func(a slog.Attr) bool { s += " " + a.String(); return true })
+	h.mu.Lock()
+	h.recs = append(h.recs, s)
+	h.mu.Unlock()
+	return nil
+}
+
+func (h *recordingHandler) find(level, text string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.ContainsFunc(h.recs, func(s string) bool {
+		return strings.HasPrefix(s, level+" ") && strings.Contains(s, text)
+	})
+}
+
+// TestBulkWithdrawnOfferIsNoStranger: a connection that presents the
+// token of an offer withdrawn before it came (its FetchSnapshot call
+// ended first: the task could not be captured) is refused like any
+// other, but logged at debug level, not warned about as an unknown
+// token; an unknown token still is. Before, every fetch refused during a
+// re-placement left a warning that read like a forged connection.
+func TestBulkWithdrawnOfferIsNoStranger(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recordingHandler{}
+	b, err := newBulkServer(lis, nil, slog.New(rec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.close()
+	present := func(token []byte) {
+		t.Helper()
+		c, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(token); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); err == nil || n != 0 || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("connection not refused (read %d, %v)", n, err)
+		}
+	}
+	token, _, cancel, err := b.offer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	present(token)
+	waitUntil(t, "the withdrawn offer's connection logged", func() bool { return rec.find("DEBUG", "withdrawn") })
+	unknown := make([]byte, bulkTokenBytes)
+	_, _ = rand.Read(unknown)
+	present(unknown)
+	waitUntil(t, "the unknown token warned about", func() bool { return rec.find("WARN", "unknown or expired token") })
+	if rec.find("WARN", "withdrawn") {
+		t.Fatalf("the withdrawn offer's connection was warned about: %q", rec.recs)
+	}
+	// The token is forgotten once used: presented again, it is unknown.
+	b.mu.Lock()
+	_, kept := b.withdrawn[string(token)]
+	b.mu.Unlock()
+	if kept {
+		t.Fatal("the withdrawn token is still remembered after its connection came")
 	}
 }

@@ -40,7 +40,11 @@ func (t *task) detectTimeout() time.Duration {
 type inputHealth struct {
 	// heard is when the live attempt last heard its upstream replica
 	// (unix nanoseconds): a batch or a heartbeat, or the attempt's start.
-	heard atomic.Int64
+	// heardRun is the same instant less the time this process was
+	// starved before it (see starveClock): silence is measured on that
+	// clock. Both are written by hear.
+	heard    atomic.Int64
+	heardRun atomic.Int64
 	// upState and tentWM are the state and tentative watermark the
 	// replica read advertises.
 	upState atomic.Int32
@@ -59,7 +63,7 @@ type inputHealth struct {
 
 // heardFrom is the input's subscriber's OnStreamState callback.
 func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64, beat bool) {
-	in.health.heard.Store(time.Now().UnixNano())
+	in.hear(time.Now().UnixNano())
 	in.health.upState.Store(int32(st))
 	in.health.tentWM.Store(wm)
 	in.health.silent.Store(false)
@@ -69,9 +73,9 @@ func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64, beat bool) {
 }
 
 // delivering ends a delivery: the input listens again, counting from now.
-func (h *inputHealth) delivering() {
-	h.heard.Store(time.Now().UnixNano())
-	h.busy.Store(false)
+func (in *input) delivering() {
+	in.hear(time.Now().UnixNano())
+	in.health.busy.Store(false)
 }
 
 // failed reports whether the input counts as failed for the task's
@@ -153,21 +157,25 @@ func (t *task) watchInputs(ctx context.Context) {
 		case <-tick.C:
 		}
 		now := time.Now().UnixNano()
+		// This timer running late is this process starving (paused,
+		// short of CPU): not counted as the upstreams' silence.
+		t.r.starve().note(now, now-last-int64(every))
 		if late := now - last; late > int64(detect/2) {
 			// This process itself stood still (paused, starved of CPU):
 			// what it did not hear meanwhile says nothing of the
 			// upstream. Listen afresh.
 			for _, in := range t.inputsNow() {
-				in.health.heard.Store(now)
+				in.hear(now)
 			}
 		}
 		last = now
 		for _, in := range t.inputsNow() {
-			if in.health.busy.Load() || now-in.health.heard.Load() <= int64(detect) {
+			if in.health.busy.Load() || in.silence(now) <= int64(detect) {
 				continue
 			}
 			in.mu.Lock()
 			if in.cancelCur != nil {
+				t.silences.Add(1)
 				in.health.silenced.Store(true)
 				in.health.silent.Store(true)
 				in.cancelCur()

@@ -67,6 +67,9 @@ type dcaaRun struct {
 	// what a replay keeps, keptMax the most kept at once after a bound
 	// (figures, readable from any goroutine).
 	tentSteps, restores, shed, keptMax atomic.Uint64
+	// silences counts the machine's inputs timed out for silence
+	// (Figures.Silences).
+	silences atomic.Uint64
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -330,6 +333,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		err := d.step(ctx, ev, deadline, detect)
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
+		d.silences.Store(f.Silences)
 		d.countShed(f.ShedData)
 		d.keptMax.Store(uint64(f.KeptMax))
 		d.noteWaiting()
@@ -478,7 +482,8 @@ func (d *dcaaRun) confirmHeard(detect time.Duration) {
 
 // heardWithin reports whether the input's live subscription, reading the
 // replica the machine chose, heard its replica within detect of wall
-// (unix nanoseconds) or is handing the task a batch.
+// (unix nanoseconds; not counting the time this process was starved, see
+// input.silence) or is handing the task a batch.
 func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	in.mu.Lock()
 	live := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt
@@ -486,7 +491,7 @@ func (in *input) heardWithin(wall int64, detect time.Duration) bool {
 	if !live || in.health.silent.Load() {
 		return false
 	}
-	return in.health.busy.Load() || wall-in.health.heard.Load() <= int64(detect)
+	return in.health.busy.Load() || in.silence(wall) <= int64(detect)
 }
 
 // take unpacks an event, noting where a permission request's answer goes.
@@ -880,6 +885,9 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 // stable again.
 func (d *dcaaRun) capture(s *TaskSnapshot) error {
 	released, ins, err := d.m.Capture()
+	if errors.Is(err, dcaa.ErrNotCapturable) {
+		return fmt.Errorf("%w: %s: %v", errTentativeNow, d.t.spec.TaskID, err)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, d.t.spec.TaskID, err)
 	}

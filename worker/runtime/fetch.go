@@ -94,6 +94,9 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 		}
 	}
 	if err != nil {
+		if errors.Is(err, errTentativeNow) {
+			return status.Error(codes.Aborted, err.Error()) // passes: ask again
+		}
 		if errors.Is(err, ErrNotSnapshottable) {
 			return status.Error(codes.FailedPrecondition, err.Error())
 		}
@@ -209,6 +212,16 @@ func encSize(enc *operator.Encoding) int {
 // retryableFetch reports whether a failed FetchSnapshot may succeed if
 // tried again: the transfer broke off, not a refusal of the serving
 // worker.
+// fetchTentativeWait is how long a bootstrap keeps asking a DCAA peer
+// that refuses its snapshot because its results are tentative now
+// (codes.Aborted, errTentativeNow): on a loaded machine failure detection
+// may take a live upstream for failed, and the peer corrects itself
+// within a few detection timeouts. Started without the snapshot instead,
+// the copy replays from its upstreams' buffers, which no longer hold the
+// start of the stream: a replacement of a lossy replica was lossy again
+// and replaced again, over and over.
+const fetchTentativeWait = 5 * time.Second
+
 func retryableFetch(err error) bool {
 	if errors.Is(err, ErrSnapshotTransfer) {
 		return true

@@ -306,7 +306,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	in.health.heard.Store(time.Now().UnixNano())
+	in.hear(time.Now().UnixNano())
 	in.mu.Lock()
 	in.current, in.cancelCur = pl, cancel
 	if stop := in.relays[pl.TaskID]; stop != nil {
@@ -324,7 +324,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		progressed = true
 		if in.watched {
 			in.health.busy.Store(true)
-			defer in.health.delivering()
+			defer in.delivering()
 		}
 		if in.t.dm != nil {
 			return in.t.dm.deliver(ctx, in, b)

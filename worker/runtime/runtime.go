@@ -30,6 +30,8 @@ import (
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/dcaa"
 	"github.com/fedstream/fedstream/worker/operator"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Task states reported by States (spelled in rpc/states, which the
@@ -452,6 +454,11 @@ type Runtime struct {
 	// offered); bulkCli fetches them so (nil: never asked for).
 	bulkSrv atomic.Pointer[bulkServer]
 	bulkCli *bulkClient
+	// starveClk measures how long this process could not run, which
+	// failure detection does not count as an upstream's silence
+	// (dcaa_starve.go); created by starve on first use.
+	starveOnce sync.Once
+	starveClk  *starveClock
 
 	mu     sync.Mutex
 	tasks  map[string]*task
@@ -725,6 +732,15 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				select {
 				case <-fctx.Done():
 				case <-time.After(time.Duration(try) * 100 * time.Millisecond):
+				}
+				snap, err = fetch()
+			}
+			// A DCAA peer holding tentative results refuses until it has
+			// corrected them: ask again for a while (fetchTentativeWait).
+			for wait, until := 50*time.Millisecond, time.Now().Add(fetchTentativeWait); status.Code(err) == codes.Aborted && time.Now().Before(until) && fctx.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
+				select {
+				case <-fctx.Done():
+				case <-time.After(wait):
 				}
 				snap, err = fetch()
 			}

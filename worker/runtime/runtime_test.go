@@ -107,6 +107,10 @@ type cluster struct {
 	pool    *dataplane.Pool
 	query   *queryspec.Query
 	specs   map[*worker][]TaskSpec
+	// corrected: the sink streams stableReplicas read held tentative
+	// output and corrections (failure detection fired on a loaded
+	// machine).
+	corrected bool
 }
 
 func newCluster(t testing.TB, n int, yaml string, place func(node string, partition, replica int) int) *cluster {

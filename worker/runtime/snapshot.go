@@ -24,6 +24,14 @@ var ErrUnknownTask = errors.New("no such task in this runtime")
 // captured), a task that failed, or one already halted by a snapshot.
 var ErrNotSnapshottable = errors.New("task cannot be snapshotted")
 
+// errTentativeNow is ErrNotSnapshottable for a DCAA replica whose output
+// is tentative now (or that is replaying its correction): a copy could
+// not take its tentative results back. Unlike the other refusals it
+// passes: the replica is stable again once it has corrected itself, so
+// a fetch asks again for a while (FetchSnapshot answers codes.Aborted,
+// see fetchTentativeWait).
+var errTentativeNow = fmt.Errorf("%w: its results are tentative now", ErrNotSnapshottable)
+
 // ErrSnapshotMismatch means a task snapshot does not fit the task asked to
 // start from it (another query, fragment or partition, other inputs or
 // outputs, another operator definition).
@@ -345,7 +353,7 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 		return nil, nil, fmt.Errorf("%w: %s: %v", ErrNotSnapshottable, t.spec.TaskID, t.emitErr)
 	}
 	if t.sinkTentativeHeld() {
-		return nil, nil, fmt.Errorf("%w: %s: its results are tentative now (a copy could not take them back)", ErrNotSnapshottable, t.spec.TaskID)
+		return nil, nil, fmt.Errorf("%w (a copy could not take them back): %s", errTentativeNow, t.spec.TaskID)
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}

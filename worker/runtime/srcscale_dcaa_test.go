@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
 // TestRescaleSourceReadByReplicatedOperator rescales the words source
@@ -98,6 +99,7 @@ sinks:
 	// removed a partition leaves out that partition's ended stream, and
 	// still runs its machine.
 	reader := queryspec.TaskID("wc", "some", 0, 0)
+	rs.stableNow(t, reader)
 	c.move(t, reader, c.workers[0], c.workers[1], false)
 	if tk := c.workers[1].rt.task(reader); tk == nil || tk.dm == nil {
 		t.Fatalf("the moved copy of %s runs no DCAA machine (%v)", reader, tk != nil)
@@ -147,6 +149,7 @@ func TestRescaleReadByReplicatedJoin(t *testing.T) {
 		return tk != nil && tk.dm != nil && tk.outs[0].buf.Stats().LastID > 50
 	})
 	cut := rs.scale(t, 2)
+	rs.stableNow(t, join)
 	c.move(t, join, c.workers[1], c.workers[0], false)
 	if tk := c.workers[0].rt.task(join); tk == nil || tk.dm == nil {
 		t.Fatalf("the moved copy of %s runs no DCAA machine", join)
@@ -180,4 +183,16 @@ func TestRescaleReadByReplicatedJoin(t *testing.T) {
 		t.Fatalf("the rescaled query gave %d results, the reference %d (or others)", len(g), len(want))
 	}
 	c.rescaledAlike(t, got, other, cut)
+}
+
+// stableNow waits until task id's output is stable: a replica holding
+// tentative results is not snapshotted (a copy could not correct them),
+// and on a loaded machine failure detection may have taken a live
+// upstream for failed just before a move.
+func (rs *rescaler) stableNow(t *testing.T, id string) {
+	t.Helper()
+	waitUntil(t, id+" stable", func() bool {
+		st := rs.state(id)
+		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
+	})
 }

@@ -217,6 +217,9 @@ type task struct {
 	// replicaState is the task's DCAA replica state
 	// (fedstreampb.ReplicaState; unset when the query has no replicas).
 	replicaState atomic.Int32
+	// silences counts the attempts failure detection cut for silence
+	// (watchInputs).
+	silences atomic.Uint64
 	// tentative: the task's output is tentative now (DCAA machine).
 	tentative atomic.Bool
 	// dm drives an operator task of a replicated query through its DCAA
