@@ -158,6 +158,11 @@ func (b *OutputBuffer) MarkNonStable(from, to uint64) {
 func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.positionOffsetLocked(p)
+}
+
+// positionOffsetLocked is PositionOffset; the caller holds mu.
+func (b *OutputBuffer) positionOffsetLocked(p uint64) uint64 {
 	off := b.nsBase
 	for _, r := range b.nonStable {
 		if r.From > p {
@@ -166,6 +171,25 @@ func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
 		off += min(r.To, p) - r.From + 1
 	}
 	return off
+}
+
+// DiscardedStableAfter reports whether the buffer discarded a stable tuple
+// or boundary with a stable id above after (the stable id of a position is
+// the position less its offset): a subscriber resuming after that stable id
+// misses results. A DCAA subscriber resumes after its last stable id used
+// as a position; here that position can lie below positions it received
+// and acknowledged itself before it switched away (tentative tuples, UNDO
+// and REC_DONE of this replica take positions the stable id does not
+// count), so Read's gap (a position after afterID discarded) alone would
+// report a loss where the subscriber holds every result. Without
+// positions outside the stable view the two agree.
+func (b *OutputBuffer) DiscardedStableAfter(after uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dropped <= after {
+		return false
+	}
+	return b.dropped-b.positionOffsetLocked(b.dropped) > after
 }
 
 // NonStableFrom returns the offset at position p-1 and the ranges at or

@@ -249,7 +249,12 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "stream %s/%s[%d]->%q ended: %v", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, err)
 		}
-		if gap && !first.NoAck && !warnedGap {
+		if gap && !first.NoAck && !warnedGap && (after != first.AfterId || buf.DiscardedStableAfter(after)) {
+			// Before anything was sent, only a discarded result is a
+			// loss: a DCAA subscriber resumes by stable id, which may lie
+			// below positions it took here itself before it switched
+			// away (DiscardedStableAfter). Once something was sent,
+			// after is a position of this stream.
 			log.Warn("subscriber resumes after discarded tuples; it misses some", "after_id", after)
 			warnedGap = true
 		}
