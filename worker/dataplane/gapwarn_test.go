@@ -3,6 +3,7 @@ package dataplane
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -55,6 +56,10 @@ func TestResumeByStableIDBelowDiscardedPositionsIsNoGap(t *testing.T) {
 			}
 		}
 		b.MarkNonStable(4, 6)
+		// The correction was one that could not make every result
+		// exact: the stream diverged after stable id 3 (its batches say
+		// so).
+		b.Diverge(3)
 		b.Ack("down", 8)
 		if st := b.Stats(); st.OldestID != 9 {
 			t.Fatalf("oldest retained %d, want 9", st.OldestID)
@@ -94,6 +99,9 @@ func TestResumeByStableIDBelowDiscardedPositionsIsNoGap(t *testing.T) {
 		res.mu.Unlock()
 		sub := NewSubscriber(ref, "down", false, after)
 		err := sub.Run(ctx, conn, func(ctx context.Context, bt *Batch) error {
+			if bt.Lineage == 0 || bt.LineageSince != 3 {
+				return fmt.Errorf("a batch of a diverged stream carries lineage %d since %d, want nonzero since 3", bt.Lineage, bt.LineageSince)
+			}
 			if bt.LastID >= 10 {
 				return ErrStopSubscription
 			}

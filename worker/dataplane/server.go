@@ -280,7 +280,9 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 				// Nothing to send for a heartbeat interval: say so, with
 				// the state, so the subscriber knows this replica lives.
 				st, wm := buf.stateUpTo(after)
-				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm}); err != nil {
+				lin, since := buf.Lineage()
+				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm,
+					Lineage: lin, LineageSince: since}); err != nil {
 					return err
 				}
 			case <-ctx.Done():
@@ -312,8 +314,9 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		}
 		sent.Store(last)
 		st, wm := buf.stateUpTo(last)
+		lin, since := buf.Lineage()
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
-			PositionOffset: buf.PositionOffset(last)}); err != nil {
+			PositionOffset: buf.PositionOffset(last), Lineage: lin, LineageSince: since}); err != nil {
 			return err
 		}
 		after = last

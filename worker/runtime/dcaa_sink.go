@@ -251,6 +251,9 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			t.inputs[0].diverged.Store(true)
 			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
 				t.noteUncorrectable(from, to)
+				// The result stream's stable ids may differ from the
+				// other sink replica's from here on (its lineage).
+				buf.Diverge(v.pos - buf.PositionOffset(v.pos))
 				put(enc, false)
 			}
 		}
