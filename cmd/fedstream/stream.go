@@ -125,6 +125,60 @@ type tailer struct {
 	// posFrom names the sink copy (task@generation) lastID was last
 	// read from.
 	posFrom string
+	// lin and linSince are the lineage of the stable ids lastID follows
+	// (the copy read's, as of its last batch: dataplane.OutputBuffer
+	// Diverge); lastSTime is the stream time of the last stable result or
+	// boundary taken (lastBoundary: a boundary), by which tail realigns.
+	lin, linSince uint64
+	lastSTime     int64
+	lastBoundary  bool
+	// realign: the copy followed now numbers its stable results
+	// otherwise than the one lastID came from (after a correction that
+	// could not make every result exact, see realignIfDiverged); tail
+	// resumed after resumeAt, the last stable id both share, and takes
+	// stable results by stream time until it passes lastSTime. gapped:
+	// the copy no longer held the result after resumeAt; dropped: some
+	// result was dropped as taken already.
+	realign, gapped, dropped, seen bool
+	resumeAt                       uint64
+}
+
+// errRealign asks follow to subscribe again after tl.resumeAt.
+var errRealign = errors.New("sink copy numbers its results differently: resubscribing to realign by stream time")
+
+// afterID is the stable id tail resumes after: its last one, or while
+// realigning the last one both copies share.
+func (tl *tailer) afterID() uint64 {
+	if tl.realign {
+		return tl.resumeAt
+	}
+	return tl.lastID
+}
+
+// realignIfDiverged is called with a subscription's first batch (the
+// copy's lineage lin, since). Stable ids are the same on every replica
+// of a sink only until one of them (or the replica of an upstream it
+// read) made a correction that could not make every result exact: from
+// the stable id it diverged after (since) on, the same id may name
+// other results on the two copies, and a resumption by id would skip or
+// repeat results silently. When lastID lies past the ids the copy read
+// before and this one share, tail realigns: it subscribes again after
+// the last shared id (errRealign) and takes the stable results by
+// stream time (batch).
+func (tl *tailer) realignIfDiverged(lin, since uint64, copyID string) error {
+	if tl.realign || tl.lastID == 0 || dataplane.SameStableIDs(tl.lin, tl.linSince, lin, since, tl.lastID) {
+		return nil
+	}
+	common := uint64(math.MaxUint64)
+	if tl.lin != 0 {
+		common = tl.linSince
+	}
+	if lin != 0 {
+		common = min(common, since)
+	}
+	tl.realign, tl.gapped, tl.dropped, tl.seen, tl.resumeAt = true, false, false, false, common
+	tl.note("sink copy %s numbers its results differently from %s after stable id %d (a correction that could not make every result exact): tail realigns by stream time from %s and names any result it cannot vouch for", copyID, tl.posFrom, common, rangeTime(tl.lastSTime))
+	return errRealign
 }
 
 // restartedCopy is called when tail subscribes to copy, a copy of the
@@ -294,7 +348,7 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		if err == nil {
 			err = stream.Send(&pb.SubscribeRequest{
 				Stream:     &pb.StreamRef{Query: tl.query, TaskId: t.TaskId},
-				AfterId:    tl.lastID,
+				AfterId:    tl.afterID(),
 				Subscriber: fmt.Sprintf("tail-%d", os.Getpid()),
 				NoAck:      true,
 				// tail prints UNCORRECTABLE records: it takes every type.
@@ -350,7 +404,17 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 		if err := reader.Err(); err != nil {
 			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
 		}
+		if tl.fresh {
+			if err := tl.realignIfDiverged(b.Lineage, b.LineageSince, copyID); errors.Is(err, errRealign) {
+				scancel()
+				if stream, scancel, err = subscribe(); err != nil {
+					return gone(ctx, err)
+				}
+				continue
+			}
+		}
 		tl.posFrom = copyID
+		tl.lin, tl.linSince = b.Lineage, b.LineageSince
 		if err := tl.batch(ts, b.LastId, b.PositionOffset, schema, sink); err != nil {
 			if errors.Is(err, dataplane.ErrProtocol) {
 				err = fmt.Errorf("results from %s: %w", t.WorkerAddr, err)
@@ -493,10 +557,21 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 	}
 	for k := range ts {
 		tp := &ts[k]
+		if tl.realign && tp.Type != tuple.Stable && tp.Type != tuple.Boundary && tp.Type != tuple.Uncorrectable {
+			continue // tentative output before the realigned point
+		}
 		switch tp.Type {
 		case tuple.Stable, tuple.Boundary:
 			sid++
-			if sid <= tl.lastID {
+			if tl.realign {
+				take, err := tl.realignAt(sid, tp, schema, sink)
+				if err != nil {
+					return err
+				}
+				if !take {
+					continue
+				}
+			} else if sid <= tl.lastID {
 				continue // taken already
 			}
 			if tl.tentOpen {
@@ -505,6 +580,7 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 				}
 			}
 			tl.lastID = sid
+			tl.lastSTime, tl.lastBoundary = tp.STime, tp.Type == tuple.Boundary
 			if tp.Type == tuple.Boundary {
 				if tp.STime == math.MaxInt64 {
 					// The final boundary: nothing follows it.
@@ -553,6 +629,57 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 		}
 	}
 	return nil
+}
+
+// realignAt decides, while realigning, whether the stable result or
+// boundary tp (stable id sid on the copy followed) is new: one with a
+// stream time below the last one taken was taken already from the other
+// copy (stable results come in stream-time order, and outside the range
+// a correction could not make exact both copies hold the same results),
+// and so was a boundary at that stream time when the last taken was a
+// boundary. The first new one ends the realignment: tail takes the
+// copy's numbering from there, and names with an UNCORRECTABLE record
+// the stream times it cannot vouch for: [lastSTime, tp's] when the copy
+// no longer held the results after the shared id (results in between may
+// be missing), or lastSTime itself when tp shares it with the last
+// result taken (tail cannot tell how many of that stream time it took
+// from the other copy's numbering). Past the named range tail's output
+// is exact again.
+func (tl *tailer) realignAt(sid uint64, tp *tuple.Tuple, schema *tuple.Schema, sink string) (bool, error) {
+	if !tl.dropped && !tl.seen {
+		// The first stable id the copy sent: past the shared one's
+		// successor, the copy no longer holds what came between.
+		tl.gapped = sid > tl.resumeAt+1
+	}
+	tl.seen = true
+	if tp.STime < tl.lastSTime || tl.lastBoundary && tp.Type == tuple.Boundary && tp.STime == tl.lastSTime {
+		tl.dropped = true
+		return false, nil
+	}
+	tl.realign = false
+	from, to := tl.lastSTime, int64(0)
+	switch {
+	case tl.gapped && !tl.dropped:
+		// Nothing before lastSTime came: results up to tp's stream
+		// time may be missing.
+		to = tp.STime
+		if to < math.MaxInt64 {
+			to++
+		}
+	case !tl.lastBoundary && tp.STime == tl.lastSTime:
+		to = tl.lastSTime + 1
+	}
+	if to != 0 {
+		mk := tuple.UncorrectableMarker(from, to)
+		tl.note("results of sink %s with stream time from %s to %s may be missing or repeated: the copies of the sink numbered them differently", sink, rangeTime(from), rangeTime(to))
+		if tl.newUncorrectable(&mk) {
+			mk.ID = tl.lastID
+			if err := tl.emit(&mk, schema, sink); err != nil {
+				return false, err
+			}
+		}
+	}
+	return true, nil
 }
 
 // maxTailUncorrectable bounds the UNCORRECTABLE ranges a tail remembers.

@@ -3109,8 +3109,19 @@ type Batch struct {
 	// those, the same on every replica of the producer. 0 (absent) on a
 	// stream that never went tentative.
 	PositionOffset uint64 `protobuf:"varint,200,opt,name=position_offset,json=positionOffset,proto3" json:"position_offset,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ---- DCAA lineage of stable ids (issue 10, session 11): which
+	// numbering the stream's stable ids follow, as of the end of this
+	// batch. 0: the numbering every replica of the producer shares (a
+	// failure-free run's). A producer that put an UNCORRECTABLE record on
+	// the stream (its stable ids may mean other results than its peers')
+	// takes a new nonzero lineage; its stable ids up to lineage_since are
+	// still the shared ones. A reader moving between replicas resumes by
+	// stable id only where both lineages agree; elsewhere it realigns by
+	// stream time and names what it cannot vouch for.
+	Lineage       uint64 `protobuf:"varint,630,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	LineageSince  uint64 `protobuf:"varint,631,opt,name=lineage_since,json=lineageSince,proto3" json:"lineage_since,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Batch) Reset() {
@@ -3181,6 +3192,20 @@ func (x *Batch) GetTentativeWatermark() int64 {
 func (x *Batch) GetPositionOffset() uint64 {
 	if x != nil {
 		return x.PositionOffset
+	}
+	return 0
+}
+
+func (x *Batch) GetLineage() uint64 {
+	if x != nil {
+		return x.Lineage
+	}
+	return 0
+}
+
+func (x *Batch) GetLineageSince() uint64 {
+	if x != nil {
+		return x.LineageSince
 	}
 	return 0
 }
@@ -7553,14 +7578,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xe8\x01\n" +
+	"generation\"\xa9\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
 	"\alast_id\x18\x03 \x01(\x04R\x06lastId\x12@\n" +
 	"\rreplica_state\x18\xb4\x01 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\freplicaState\x120\n" +
 	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\x12(\n" +
-	"\x0fposition_offset\x18\xc8\x01 \x01(\x04R\x0epositionOffset\"\xa6\x01\n" +
+	"\x0fposition_offset\x18\xc8\x01 \x01(\x04R\x0epositionOffset\x12\x19\n" +
+	"\alineage\x18\xf6\x04 \x01(\x04R\alineage\x12$\n" +
+	"\rlineage_since\x18\xf7\x04 \x01(\x04R\flineageSince\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +

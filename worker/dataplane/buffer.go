@@ -178,6 +178,9 @@ type OutputBuffer struct {
 	// under mu; nsBase counts such positions below the first range kept.
 	nonStable []PosRange
 	nsBase    uint64
+	// lineage and lineageSince name the numbering of the stream's stable
+	// ids (see Diverge), under mu.
+	lineage, lineageSince uint64
 	// wanted is the highest id an acknowledging subscriber is known to
 	// hold already: the position a data subscription resumed after, or a
 	// relayed acknowledgement (NoteHeld). Kept apart from the

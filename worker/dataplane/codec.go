@@ -48,6 +48,9 @@ const (
 	batchFieldReplicaState protowire.Number = 180
 	batchFieldTentWM       protowire.Number = 181
 	batchFieldPosOffset    protowire.Number = 200
+	// DCAA lineage of stable ids (OutputBuffer.Diverge).
+	batchFieldLineage      protowire.Number = 630
+	batchFieldLineageSince protowire.Number = 631
 )
 
 func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -81,6 +84,14 @@ func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b.PositionOffset != 0 {
 		hdr = protowire.AppendTag(hdr, batchFieldPosOffset, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, b.PositionOffset)
+	}
+	if b.Lineage != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldLineage, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, b.Lineage)
+	}
+	if b.LineageSince != 0 {
+		hdr = protowire.AppendTag(hdr, batchFieldLineageSince, protowire.VarintType)
+		hdr = protowire.AppendVarint(hdr, b.LineageSince)
 	}
 	if len(b.Data) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(hdr)}, nil
@@ -158,6 +169,20 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 				return fmt.Errorf("%w: batch position offset: %w", ErrProtocol, protowire.ParseError(n))
 			}
 			b.PositionOffset = v
+			raw = raw[n:]
+		case num == batchFieldLineage && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch lineage: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.Lineage = v
+			raw = raw[n:]
+		case num == batchFieldLineageSince && typ == protowire.VarintType:
+			v, n := protowire.ConsumeVarint(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch lineage since: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			b.LineageSince = v
 			raw = raw[n:]
 		case num == batchFieldReplicaState && typ == protowire.VarintType:
 			v, n := protowire.ConsumeVarint(raw)

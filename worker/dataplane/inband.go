@@ -3,6 +3,7 @@ package dataplane
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -158,6 +159,11 @@ func (b *OutputBuffer) MarkNonStable(from, to uint64) {
 func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.positionOffsetLocked(p)
+}
+
+// positionOffsetLocked is PositionOffset; the caller holds mu.
+func (b *OutputBuffer) positionOffsetLocked(p uint64) uint64 {
 	off := b.nsBase
 	for _, r := range b.nonStable {
 		if r.From > p {
@@ -166,6 +172,25 @@ func (b *OutputBuffer) PositionOffset(p uint64) uint64 {
 		off += min(r.To, p) - r.From + 1
 	}
 	return off
+}
+
+// DiscardedStableAfter reports whether the buffer discarded a stable tuple
+// or boundary with a stable id above after (the stable id of a position is
+// the position less its offset): a subscriber resuming after that stable id
+// misses results. A DCAA subscriber resumes after its last stable id used
+// as a position; here that position can lie below positions it received
+// and acknowledged itself before it switched away (tentative tuples, UNDO
+// and REC_DONE of this replica take positions the stable id does not
+// count), so Read's gap (a position after afterID discarded) alone would
+// report a loss where the subscriber holds every result. Without
+// positions outside the stable view the two agree.
+func (b *OutputBuffer) DiscardedStableAfter(after uint64) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.dropped <= after {
+		return false
+	}
+	return b.dropped-b.positionOffsetLocked(b.dropped) > after
 }
 
 // NonStableFrom returns the offset at position p-1 and the ranges at or
@@ -221,4 +246,50 @@ func (b *OutputBuffer) EndNonStable(to uint64) {
 		return
 	}
 	b.nonStable[n-1].To = to
+}
+
+// Diverge records that the stream's stable ids may, from stable id since
+// on (exclusive), mean other results than on the producer's peer
+// replicas: the producer is about to put an UNCORRECTABLE record on it
+// (a correction could not make every result exact, or it relays an
+// upstream's). The stream takes a new lineage, a random nonzero number
+// no other stream has; its stable ids up to since (the lowest of every
+// divergence so far) stay those every replica shares. Every batch
+// carries the lineage (Lineage), so a reader moving to another replica
+// knows whether its last stable id means the same result there.
+func (b *OutputBuffer) Diverge(since uint64) {
+	tag := rand.Uint64() | 1
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lineage != 0 {
+		since = min(since, b.lineageSince)
+	}
+	b.lineage, b.lineageSince = tag, since
+}
+
+// Lineage returns the stream's lineage and the stable id up to which its
+// numbering is the shared one (0, 0: it never diverged).
+func (b *OutputBuffer) Lineage() (lineage, since uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lineage, b.lineageSince
+}
+
+// SameStableIDs reports whether a reader whose stable ids follow lineage
+// lin (diverged after since; 0, 0: the shared numbering) may resume after
+// stable id after on a stream of lineage lin2 (since2) by id: both number
+// their stable tuples alike up to after. Otherwise the reader's stable id
+// means another result there.
+func SameStableIDs(lin, since, lin2, since2, after uint64) bool {
+	if lin == lin2 {
+		return true
+	}
+	common := uint64(math.MaxUint64)
+	if lin != 0 {
+		common = since
+	}
+	if lin2 != 0 {
+		common = min(common, since2)
+	}
+	return after <= common
 }

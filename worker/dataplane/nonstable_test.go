@@ -46,3 +46,36 @@ func TestPositionOffsets(t *testing.T) {
 		t.Fatalf("after a stray end: offset %d, want 6", got)
 	}
 }
+
+// A stream's lineage: 0 until its producer diverges; each divergence a
+// new nonzero lineage, the shared ids ending at the lowest stable id any
+// divergence named; readers of two lineages share ids up to there.
+func TestLineage(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	if lin, since := b.Lineage(); lin != 0 || since != 0 {
+		t.Fatalf("a new stream: lineage %d since %d", lin, since)
+	}
+	b.Diverge(40)
+	lin1, since1 := b.Lineage()
+	b.Diverge(90)
+	lin2, since2 := b.Lineage()
+	if lin1 == 0 || lin2 == 0 || lin1 == lin2 || since1 != 40 || since2 != 40 {
+		t.Fatalf("lineages %d (since %d), %d (since %d)", lin1, since1, lin2, since2)
+	}
+	for _, c := range []struct {
+		lin, since, lin2, since2, after uint64
+		want                            bool
+	}{
+		{0, 0, 0, 0, 1000, true},
+		{lin2, 40, lin2, 40, 1000, true},
+		{lin2, 40, 0, 0, 40, true},
+		{lin2, 40, 0, 0, 41, false},
+		{0, 0, lin1, 40, 41, false},
+		{lin1, 40, 99, 30, 35, false},
+		{lin1, 40, 99, 30, 30, true},
+	} {
+		if got := SameStableIDs(c.lin, c.since, c.lin2, c.since2, c.after); got != c.want {
+			t.Errorf("SameStableIDs(%d, %d, %d, %d, %d) = %v, want %v", c.lin, c.since, c.lin2, c.since2, c.after, got, c.want)
+		}
+	}
+}

@@ -249,7 +249,12 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "stream %s/%s[%d]->%q ended: %v", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, err)
 		}
-		if gap && !first.NoAck && !warnedGap {
+		if gap && !first.NoAck && !warnedGap && (after != first.AfterId || buf.DiscardedStableAfter(after)) {
+			// Before anything was sent, only a discarded result is a
+			// loss: a DCAA subscriber resumes by stable id, which may lie
+			// below positions it took here itself before it switched
+			// away (DiscardedStableAfter). Once something was sent,
+			// after is a position of this stream.
 			log.Warn("subscriber resumes after discarded tuples; it misses some", "after_id", after)
 			warnedGap = true
 		}
@@ -275,7 +280,9 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 				// Nothing to send for a heartbeat interval: say so, with
 				// the state, so the subscriber knows this replica lives.
 				st, wm := buf.stateUpTo(after)
-				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm}); err != nil {
+				lin, since := buf.Lineage()
+				if err := stream.Send(&fedstreampb.Batch{LastId: after, ReplicaState: st, TentativeWatermark: wm,
+					Lineage: lin, LineageSince: since}); err != nil {
 					return err
 				}
 			case <-ctx.Done():
@@ -307,8 +314,9 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		}
 		sent.Store(last)
 		st, wm := buf.stateUpTo(last)
+		lin, since := buf.Lineage()
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
-			PositionOffset: buf.PositionOffset(last)}); err != nil {
+			PositionOffset: buf.PositionOffset(last), Lineage: lin, LineageSince: since}); err != nil {
 			return err
 		}
 		after = last

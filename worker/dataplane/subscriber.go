@@ -45,6 +45,9 @@ type Batch struct {
 	// OutputBuffer.MarkNonStable): LastID-Offset is the stable id of the
 	// stream's last stable tuple or boundary up to LastID.
 	Offset uint64
+	// Lineage and LineageSince name the numbering of the producer's
+	// stable ids as of this batch (OutputBuffer.Diverge).
+	Lineage, LineageSince uint64
 	// For a subscriber that keeps values packed (KeepValuesPacked) or
 	// delivers encodings (DeliverEncoded): Encoded holds the delivered
 	// tuples as they were received, tuple i starting at Offsets[i]. With
@@ -337,6 +340,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return err
 		}
 		b.Offset = msg.PositionOffset
+		b.Lineage, b.LineageSince = msg.Lineage, msg.LineageSince
 		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}
@@ -458,6 +462,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		// b belongs to deliver from now on (it may Release it).
 		lastID := b.LastID
 		b.Offset = buf.PositionOffset(lastID)
+		b.Lineage, b.LineageSince = buf.Lineage()
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr

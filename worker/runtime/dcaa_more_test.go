@@ -412,6 +412,16 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	if msg := g.taskState(sink0).Message; !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
 	}
+	// The lossy sink's result stream says its stable ids follow a
+	// lineage of their own (a reader moving between the two sink
+	// replicas realigns by stream time instead of resuming by id); the
+	// other sink's follow the shared one.
+	if lin, _ := g.task(sink0).outs[0].buf.Lineage(); lin == 0 {
+		t.Fatal("the lossy sink's result stream kept the shared lineage")
+	}
+	if lin, _ := g.task(sink1).outs[0].buf.Lineage(); lin != 0 {
+		t.Fatalf("the exact sink's result stream has lineage %d, want the shared one (0)", lin)
+	}
 	// Both are lossy (the coordinator replaces them from their STABLE
 	// peers); the other sink is not.
 	if !g.taskState(agg0).Lossy || !g.taskState(sink0).Lossy || g.taskState(sink1).Lossy {

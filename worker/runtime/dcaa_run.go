@@ -185,6 +185,29 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
 	marks := markersOf(ts)
+	// A switch onto a replica whose stable ids mean other results
+	// (dcaa_lineage.go): named like an upstream's record.
+	attempt := in.machineAttempt.Load()
+	taken := in.stableTaken.Load()
+	in.lw.batch(in.lw.attempt != attempt, b.Lineage, b.LineageSince, taken)
+	in.lw.attempt = attempt
+	firstNew, lastStable := -1, -1
+	for k := range ts {
+		if tp := ts[k].Type; (tp == tuple.Stable || tp == tuple.Boundary) && ts[k].ID > taken {
+			if firstNew < 0 {
+				firstNew = k
+			}
+			lastStable = k
+		}
+	}
+	if firstNew >= 0 {
+		if from, to, ok := in.lw.took(ts[firstNew].STime); ok {
+			d.t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
+				"input", in.upstream, "partition", in.upPartition, "from", from, "to", to)
+			marks = append(marks, [2]int64{from, to})
+		}
+		in.lw.took(ts[lastStable].STime)
+	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err

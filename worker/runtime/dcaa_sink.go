@@ -60,6 +60,9 @@ type passView struct {
 	offKnown bool
 	// scratch for rebuilt batches.
 	hdr tuple.Tuple
+	// mark is an UNCORRECTABLE record for a switch onto a diverged
+	// upstream replica, put before the batch (see passBatchDCAA).
+	mark []byte
 }
 
 // passDCAA reports whether the task is a pass-through sink of a
@@ -79,6 +82,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 		return errHalted
 	}
 	first, last, off, offs, data := b.FirstID, b.LastID, b.Offset, b.Offsets, b.Encoded
+	lin, linSince := b.Lineage, b.LineageSince
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
 	defer t.counters.passed(len(offs), time.Now())
@@ -104,8 +108,27 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
+	// A switch onto an upstream replica whose stable ids mean other
+	// results (dcaa_lineage.go): the range goes on the result stream
+	// before the batch, like an upstream's record.
+	in := t.inputs[0]
+	in.lw.batch(fresh, lin, linSince, v.stable)
+	if in.lw.pending && off <= last {
+		if st, ok := firstNewSTime(offs, data, last-off, v.stable); ok {
+			if from, to, ok := in.lw.took(st); ok && t.unc.add(from, to) {
+				t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
+					"from", from, "to", to)
+				t.noteUncorrectable(from, to)
+				mk := tuple.UncorrectableMarker(from, to)
+				v.mark = tuple.AppendTuple(nil, &mk)
+			}
+		}
+	}
+	if lastHdr.Type == tuple.Stable || lastHdr.Type == tuple.Boundary {
+		in.lw.took(lastHdr.STime)
+	}
 	clean := (off == 0 || v.offKnown && off == v.lastOff) && first > off && first-off == v.stable+1
-	if clean && undo == nil && !v.tentOpen && !v.recOpen && !v.switchRec {
+	if clean && undo == nil && v.mark == nil && !v.tentOpen && !v.recOpen && !v.switchRec {
 		// The all-stable case: the batch is the next part of the stable
 		// stream, adopted as it is (at the sink's own next position).
 		if err := buf.Adopt(t.ctx, v.pos+1, offs, data); err != nil {
@@ -186,6 +209,13 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 	if undo != nil {
 		put(undo, false)
 	}
+	if v.mark != nil {
+		// Named before the batch (passBatchDCAA): the result stream's
+		// stable ids follow a lineage of their own from here.
+		buf.Diverge(v.pos - buf.PositionOffset(v.pos))
+		put(v.mark, false)
+		v.mark = nil
+	}
 	for i, o := range offs {
 		end := len(data)
 		if i+1 < len(offs) {
@@ -252,6 +282,9 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			t.inputs[0].diverged.Store(true)
 			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
 				t.noteUncorrectable(from, to)
+				// The result stream's stable ids may differ from the
+				// other sink replica's from here on (its lineage).
+				buf.Diverge(v.pos - buf.PositionOffset(v.pos))
 				put(enc, false)
 			}
 		}
@@ -323,10 +356,15 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 		mv.mu.Unlock()
 	}
 	taken = in.stableTaken.Load()
+	in.lw.batch(fresh, b.Lineage, b.LineageSince, taken)
 	if off := b.Offset; (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
-		return changed, nil, b.LastID - off, nil
+		if n := len(b.Tuples); n > 0 {
+			marks = in.lineageTook(marks, b.Tuples[0].STime)
+			in.lw.took(b.Tuples[n-1].STime)
+		}
+		return changed, marks, b.LastID - off, nil
 	}
 	if _, err := stableIDs(b); err != nil {
 		return changed, nil, 0, err
@@ -385,6 +423,10 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	mv.mu.Unlock()
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
+	if n := len(kept); n > 0 {
+		marks = in.lineageTook(marks, kept[0].STime)
+		in.lw.took(kept[n-1].STime)
+	}
 	return changed, marks, taken, nil
 }
 
@@ -566,4 +608,47 @@ func boundaryLevel(offs []int, data []byte) (level uint64, ok bool) {
 		level, ok = max(level, h.Version), true
 	}
 	return level, ok
+}
+
+// firstNewSTime returns the stream time of the first stable tuple or
+// boundary of an encoded batch whose stable id is above taken (sidEnd:
+// the stable id at the batch's end).
+func firstNewSTime(offs []int, data []byte, sidEnd, taken uint64) (int64, bool) {
+	n := uint64(0)
+	for _, o := range offs {
+		if tp := tuple.PeekType(data[o:]); tp == tuple.Stable || tp == tuple.Boundary {
+			n++
+		}
+	}
+	if n > sidEnd {
+		return 0, false
+	}
+	sid := sidEnd - n
+	for _, o := range offs {
+		if tp := tuple.PeekType(data[o:]); tp != tuple.Stable && tp != tuple.Boundary {
+			continue
+		}
+		sid++
+		if sid <= taken {
+			continue
+		}
+		var h tuple.Tuple
+		if _, err := tuple.DecodeHeader(data[o:], &h); err != nil {
+			return 0, false
+		}
+		return h.STime, true
+	}
+	return 0, false
+}
+
+// lineageTook gives the input's lineage watch the stream time of the first
+// stable tuple a merging sink's input takes from a batch and adds the
+// range of a switch onto a diverged upstream replica to marks.
+func (in *input) lineageTook(marks [][2]int64, st int64) [][2]int64 {
+	if from, to, ok := in.lw.took(st); ok {
+		in.t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
+			"input", in.upstream, "partition", in.upPartition, "from", from, "to", to)
+		marks = append(marks, [2]int64{from, to})
+	}
+	return marks
 }

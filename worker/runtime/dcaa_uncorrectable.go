@@ -112,6 +112,11 @@ func (d *dcaaRun) putUncorrectable(ctx context.Context, from, to int64) error {
 			next := o.w.LastID() + 1
 			o.buf.MarkNonStable(next, next)
 		}
+		// From here on the stream's stable ids may mean other results
+		// than on the peer replicas: a new lineage, diverging after the
+		// last stable id so far (the correction's UNDO target).
+		last := o.w.LastID()
+		o.buf.Diverge(last - o.buf.PositionOffset(last))
 		mk := tuple.UncorrectableMarker(from, to)
 		if err := t.appendTo(ctx, o, &mk); err != nil {
 			return err
@@ -149,8 +154,11 @@ func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
 		return nil
 	}
 	t.noteUncorrectable(from, to)
+	o := t.outs[0]
+	last := o.w.LastID()
+	o.buf.Diverge(last - o.buf.PositionOffset(last))
 	mk := tuple.UncorrectableMarker(from, to)
-	if err := t.appendNonStable(ctx, t.outs[0], &mk); err != nil {
+	if err := t.appendNonStable(ctx, o, &mk); err != nil {
 		return err
 	}
 	return t.flush(ctx)

@@ -80,6 +80,9 @@ type input struct {
 	// replicated query only (see filterDCAA).
 	lastOff  uint64
 	offKnown bool
+	// lw watches the lineage of the stable ids taken (DCAA only; see
+	// dcaa_lineage.go), delivery goroutine only.
+	lw lineageWatch
 }
 
 // buildInputs creates the merger and one input per (port, upstream
