@@ -81,8 +81,21 @@ func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
 	var msg string
 	waitUntilOr(t, "the new copy's status says its consumer waits", func() bool {
 		msg = again.State().Message
-		return strings.Contains(msg, fmt.Sprintf("holds %d results of the lost copy", held))
+		return strings.Contains(msg, "results of the lost copy and gets none of this copy's")
 	}, func() { t.Logf("new copy: %+v", again.State()) })
+	// The consumer resumed after what it received, which its
+	// acknowledgements may trail: at least what it acknowledged.
+	var holds, produced uint64
+	if i := strings.Index(msg, " holds "); i < 0 {
+		t.Fatalf("message %q does not say what the consumer holds", msg)
+	} else if _, err := fmt.Sscanf(msg[i:], " holds %d results", &holds); err != nil || holds < held {
+		t.Errorf("message %q: the consumer holds %d results, want at least the %d it acknowledged (%v)", msg, holds, held, err)
+	}
+	if i := strings.Index(msg, "more ("); i < 0 {
+		t.Errorf("message %q does not say what the new copy produced", msg)
+	} else if _, err := fmt.Sscanf(msg[i:], "more (%d so far", &produced); err != nil || produced >= holds {
+		t.Errorf("message %q: produced %d, holds %d (%v)", msg, produced, holds, err)
+	}
 	if !strings.Contains(msg, "consumer out[0]") {
 		t.Errorf("message %q does not name the consumer", msg)
 	}
