@@ -46,10 +46,24 @@ func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
 		st := old.Stats()
 		return st.LastID > 20 && st.LaggardAck == st.LastID
 	})
-	// Almost nothing more comes in: the new copy cannot catch up.
+	// Almost nothing more comes in, and the lost copy takes what its
+	// upstream holds for it (the new copy replays only what it does not
+	// acknowledge, too little to catch up), its sink all it produced.
 	if err := pace.Set(0.001); err != nil {
 		t.Fatal(err)
 	}
+	src := c.workers[1].rt.task("wc/lines/p0/r0")
+	if src == nil {
+		t.Fatal("the source does not run on worker 1")
+	}
+	waitUntil(t, "the aggregate took its input and its sink took its results", func() bool {
+		for _, o := range append(append([]*outStream(nil), src.outs...), first.outs...) {
+			if st := o.buf.Stats(); st.LaggardAck != st.LastID {
+				return false
+			}
+		}
+		return true
+	})
 	var spec TaskSpec
 	for _, s := range c.specs[lost] {
 		if s.TaskID == counts {
