@@ -46,10 +46,24 @@ func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
 		st := old.Stats()
 		return st.LastID > 20 && st.LaggardAck == st.LastID
 	})
-	// Almost nothing more comes in: the new copy cannot catch up.
+	// Almost nothing more comes in, and the lost copy takes what its
+	// upstream holds for it (the new copy replays only what it does not
+	// acknowledge, too little to catch up), its sink all it produced.
 	if err := pace.Set(0.001); err != nil {
 		t.Fatal(err)
 	}
+	src := c.workers[1].rt.task("wc/lines/p0/r0")
+	if src == nil {
+		t.Fatal("the source does not run on worker 1")
+	}
+	waitUntil(t, "the aggregate took its input and its sink took its results", func() bool {
+		for _, o := range append(append([]*outStream(nil), src.outs...), first.outs...) {
+			if st := o.buf.Stats(); st.LaggardAck != st.LastID {
+				return false
+			}
+		}
+		return true
+	})
 	var spec TaskSpec
 	for _, s := range c.specs[lost] {
 		if s.TaskID == counts {
@@ -81,8 +95,21 @@ func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
 	var msg string
 	waitUntilOr(t, "the new copy's status says its consumer waits", func() bool {
 		msg = again.State().Message
-		return strings.Contains(msg, fmt.Sprintf("holds %d results of the lost copy", held))
+		return strings.Contains(msg, "results of the lost copy and gets none of this copy's")
 	}, func() { t.Logf("new copy: %+v", again.State()) })
+	// The consumer resumed after what it received, which its
+	// acknowledgements may trail: at least what it acknowledged.
+	var holds, produced uint64
+	if i := strings.Index(msg, " holds "); i < 0 {
+		t.Fatalf("message %q does not say what the consumer holds", msg)
+	} else if _, err := fmt.Sscanf(msg[i:], " holds %d results", &holds); err != nil || holds < held {
+		t.Errorf("message %q: the consumer holds %d results, want at least the %d it acknowledged (%v)", msg, holds, held, err)
+	}
+	if i := strings.Index(msg, "more ("); i < 0 {
+		t.Errorf("message %q does not say what the new copy produced", msg)
+	} else if _, err := fmt.Sscanf(msg[i:], "more (%d so far", &produced); err != nil || produced >= holds {
+		t.Errorf("message %q: produced %d, holds %d (%v)", msg, produced, holds, err)
+	}
 	if !strings.Contains(msg, "consumer out[0]") {
 		t.Errorf("message %q does not name the consumer", msg)
 	}
