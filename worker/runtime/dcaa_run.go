@@ -210,6 +210,11 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		}
 		in.lw.took(ts[lastStable].STime)
 	}
+	if len(marks) > 0 {
+		if err := d.divergeBefore(ctx, marks); err != nil {
+			return err
+		}
+	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err
