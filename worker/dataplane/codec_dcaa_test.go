@@ -15,6 +15,9 @@ func TestBatchCodecCarriesReplicaState(t *testing.T) {
 	for _, in := range []*fedstreampb.Batch{
 		{Data: []byte{1, 2, 3}, Count: 1, LastId: 9, ReplicaState: fedstreampb.ReplicaState_REPLICA_UP_FAILURE, TentativeWatermark: 1_700_000_000_000_000_000},
 		{Data: []byte{4}, Count: 1, LastId: 2, ReplicaState: fedstreampb.ReplicaState_REPLICA_STABILIZATION, TentativeWatermark: -5},
+		// A diverged stream's lineage (OutputBuffer.Diverge), heartbeat too.
+		{Data: []byte{4}, Count: 1, LastId: 12, PositionOffset: 3, Lineage: 0xfedcba9876543211, LineageSince: 7},
+		{LastId: 12, Lineage: 5, LineageSince: 0},
 		{Data: []byte{4}, Count: 1, LastId: 2}, // no DCAA: nothing extra on the wire
 	} {
 		bs, err := c.Marshal(in)

@@ -252,17 +252,21 @@ func (b *OutputBuffer) EndNonStable(to uint64) {
 // on (exclusive), mean other results than on the producer's peer
 // replicas: the producer is about to put an UNCORRECTABLE record on it
 // (a correction could not make every result exact, or it relays an
-// upstream's). The stream takes a new lineage, a random nonzero number
-// no other stream has; its stable ids up to since (the lowest of every
-// divergence so far) stay those every replica shares. Every batch
-// carries the lineage (Lineage), so a reader moving to another replica
-// knows whether its last stable id means the same result there.
+// upstream's). The first time, the stream takes a lineage of its own, a
+// random nonzero number no other stream has; later divergences keep it
+// (one copy never renumbers the stable ids it sent, so its readers
+// resume on it by id whatever happened since) and only lower since to
+// the earliest. Its stable ids up to since stay those every replica
+// shares. Every batch carries the lineage (Lineage), so a reader moving
+// to another replica knows whether its last stable id means the same
+// result there.
 func (b *OutputBuffer) Diverge(since uint64) {
 	tag := rand.Uint64() | 1
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.lineage != 0 {
-		since = min(since, b.lineageSince)
+		b.lineageSince = min(since, b.lineageSince)
+		return
 	}
 	b.lineage, b.lineageSince = tag, since
 }

@@ -47,9 +47,10 @@ func TestPositionOffsets(t *testing.T) {
 	}
 }
 
-// A stream's lineage: 0 until its producer diverges; each divergence a
-// new nonzero lineage, the shared ids ending at the lowest stable id any
-// divergence named; readers of two lineages share ids up to there.
+// A stream's lineage: 0 until its producer diverges, then a nonzero one
+// of its own, kept by later divergences, the shared ids ending at the
+// lowest stable id any divergence named; readers of two lineages share
+// ids up to there.
 func TestLineage(t *testing.T) {
 	b := NewOutputBuffer(BufferOptions{})
 	if lin, since := b.Lineage(); lin != 0 || since != 0 {
@@ -57,10 +58,13 @@ func TestLineage(t *testing.T) {
 	}
 	b.Diverge(40)
 	lin1, since1 := b.Lineage()
-	b.Diverge(90)
+	b.Diverge(90) // a later divergence of the same copy: same lineage
 	lin2, since2 := b.Lineage()
-	if lin1 == 0 || lin2 == 0 || lin1 == lin2 || since1 != 40 || since2 != 40 {
+	if lin1 == 0 || lin2 != lin1 || since1 != 40 || since2 != 40 {
 		t.Fatalf("lineages %d (since %d), %d (since %d)", lin1, since1, lin2, since2)
+	}
+	if c := NewOutputBuffer(BufferOptions{}); func() bool { c.Diverge(40); l, _ := c.Lineage(); return l == lin1 }() {
+		t.Fatal("two streams took the same lineage")
 	}
 	for _, c := range []struct {
 		lin, since, lin2, since2, after uint64

@@ -386,9 +386,34 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	from, to := agg.dm.lostFrom.Load(), agg.dm.lostTo.Load()+int64(widen)
 	got := viewOf(g.c.tail(t, sink0))
 	want := viewOf(g.c.tail(t, sink1))
+	// A task input that switched onto a replica whose stable ids follow
+	// another lineage (a loaded machine takes a live upstream for failed
+	// now and then) names the stream times around the switch with a
+	// record of its own (dcaa_lineage.go): results there may be repeated
+	// or missing, so they are left out of the comparison.
+	var switched [][2]int64
+	lossyRecords := 0
+	for _, v := range []view{got, want} {
+		for k := range v.uncorrectable {
+			f, t2, ok := tuple.UncorrectableRange(&v.uncorrectable[k])
+			if ok && f == from && t2 == to {
+				continue
+			}
+			switched = append(switched, [2]int64{f, t2})
+		}
+	}
+	if len(switched) > 0 {
+		t.Logf("ranges named for switches onto a diverged replica: %v", switched)
+	}
 	outside := func(ts []tuple.Tuple, after bool) []tuple.Tuple {
 		var out []tuple.Tuple
+	next:
 		for _, tp := range ts {
+			for _, r := range switched {
+				if r[0] <= tp.STime && tp.STime < r[1] {
+					continue next
+				}
+			}
 			if after && tp.STime >= to || !after && tp.STime < from {
 				out = append(out, tp)
 			}
@@ -400,14 +425,18 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	sameStable(t, outside(got.stable, true), outside(want.stable, true), 40)
 	// The sink's stream says it too, once, with the range (issue 10
 	// item 5): the aggregate's record passed through the sink.
-	if len(got.uncorrectable) != 1 {
-		t.Fatalf("the sink's stream carried %d UNCORRECTABLE records, want 1: %+v", len(got.uncorrectable), got.uncorrectable)
+	for k := range got.uncorrectable {
+		if f, to2, ok := tuple.UncorrectableRange(&got.uncorrectable[k]); ok && f == from && to2 == to {
+			lossyRecords++
+		}
 	}
-	if f, to2, ok := tuple.UncorrectableRange(&got.uncorrectable[0]); !ok || f != from || to2 != to {
-		t.Fatalf("the sink's UNCORRECTABLE record names [%d, %d) (ok %v), want [%d, %d)", f, to2, ok, from, to)
+	if lossyRecords != 1 {
+		t.Fatalf("the sink's stream carried %d UNCORRECTABLE records naming [%d, %d), want 1: %+v", lossyRecords, from, to, got.uncorrectable)
 	}
-	if len(want.uncorrectable) != 0 {
-		t.Fatalf("the other sink, whose aggregate lost nothing, carried %d UNCORRECTABLE records", len(want.uncorrectable))
+	for k := range want.uncorrectable {
+		if f, to2, ok := tuple.UncorrectableRange(&want.uncorrectable[k]); ok && f == from && to2 == to {
+			t.Fatalf("the other sink, whose aggregate lost nothing, carried the lossy aggregate's UNCORRECTABLE record")
+		}
 	}
 	if msg := g.taskState(sink0).Message; !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the sink's status does not name the results it could not correct: %q", msg)
@@ -419,12 +448,13 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	if lin, _ := g.task(sink0).outs[0].buf.Lineage(); lin == 0 {
 		t.Fatal("the lossy sink's result stream kept the shared lineage")
 	}
-	if lin, _ := g.task(sink1).outs[0].buf.Lineage(); lin != 0 {
+	if lin, _ := g.task(sink1).outs[0].buf.Lineage(); lin != 0 && len(want.uncorrectable) == 0 {
 		t.Fatalf("the exact sink's result stream has lineage %d, want the shared one (0)", lin)
 	}
 	// Both are lossy (the coordinator replaces them from their STABLE
 	// peers); the other sink is not.
-	if !g.taskState(agg0).Lossy || !g.taskState(sink0).Lossy || g.taskState(sink1).Lossy {
+	// (Unless it named a switch onto a diverged replica.)
+	if !g.taskState(agg0).Lossy || !g.taskState(sink0).Lossy || g.taskState(sink1).Lossy && len(want.uncorrectable) == 0 {
 		t.Fatalf("lossy: aggregate %v, its sink %v (want both), the other sink %v (want not)",
 			g.taskState(agg0).Lossy, g.taskState(sink0).Lossy, g.taskState(sink1).Lossy)
 	}

@@ -191,13 +191,18 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	taken := in.stableTaken.Load()
 	in.lw.batch(in.lw.attempt != attempt, b.Lineage, b.LineageSince, taken)
 	in.lw.attempt = attempt
+	// Two short scans (usually one step each), not a pass over the batch.
 	firstNew, lastStable := -1, -1
 	for k := range ts {
 		if tp := ts[k].Type; (tp == tuple.Stable || tp == tuple.Boundary) && ts[k].ID > taken {
-			if firstNew < 0 {
-				firstNew = k
-			}
+			firstNew = k
+			break
+		}
+	}
+	for k := len(ts) - 1; k >= firstNew && firstNew >= 0; k-- {
+		if tp := ts[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
 			lastStable = k
+			break
 		}
 	}
 	if firstNew >= 0 {
@@ -207,6 +212,11 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 			marks = append(marks, [2]int64{from, to})
 		}
 		in.lw.took(ts[lastStable].STime)
+	}
+	if len(marks) > 0 {
+		if err := d.divergeBefore(ctx, marks); err != nil {
+			return err
+		}
 	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {

@@ -124,8 +124,8 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 			}
 		}
 	}
-	if lastHdr.Type == tuple.Stable || lastHdr.Type == tuple.Boundary {
-		in.lw.took(lastHdr.STime)
+	if (lastHdr.Type == tuple.Stable || lastHdr.Type == tuple.Boundary) && off <= last && last-off > v.stable {
+		in.lw.took(lastHdr.STime) // new, not one resent
 	}
 	clean := (off == 0 || v.offKnown && off == v.lastOff) && first > off && first-off == v.stable+1
 	if clean && undo == nil && v.mark == nil && !v.tentOpen && !v.recOpen && !v.switchRec {

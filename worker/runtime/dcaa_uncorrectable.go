@@ -53,6 +53,50 @@ func (s *uncorrectableSeen) add(from, to int64) bool {
 	return true
 }
 
+// has reports whether [from, to) is within a range recorded already.
+func (s *uncorrectableSeen) has(from, to int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.ranges {
+		if r[0] <= from && to <= r[1] {
+			return true
+		}
+	}
+	return false
+}
+
+// divergeBefore gives an operator task's outputs their own lineage
+// before its machine takes a batch carrying ranges to relay (an
+// upstream's UNCORRECTABLE records, or a switch onto a diverged replica):
+// the machine may release stable results computed from what follows them
+// in the batch before relayUncorrectable puts the record, and those
+// results' ids must already count as diverged. Ranges relayed already
+// change nothing.
+func (d *dcaaRun) divergeBefore(ctx context.Context, ranges [][2]int64) error {
+	t := d.t
+	fresh := false
+	for _, r := range ranges {
+		if from, to := t.widen(r[0], r[1]); !t.unc.has(from, to) {
+			fresh = true
+		}
+	}
+	if !fresh {
+		return nil
+	}
+	if err := t.lockProc(ctx); err != nil {
+		return err
+	}
+	defer t.unlockProc()
+	if t.halted.Load() {
+		return nil
+	}
+	for _, o := range t.outs { // under proc, as putUncorrectable
+		last := o.w.LastID()
+		o.buf.Diverge(last - o.buf.PositionOffset(last))
+	}
+	return nil
+}
+
 // uncorrectableNote is the status text naming results that could not be
 // corrected.
 func uncorrectableNote(from, to int64, cause string) string {
