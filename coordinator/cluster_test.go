@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -183,9 +184,30 @@ func (c *testCluster) stop(i int) {
 	}
 }
 
+// shutdown stops every node: all but one at once, then that one. A node
+// takes a second or more to stop (serf's leave waits to propagate), which
+// one after the other made the end of every 3- or 5-node test several
+// seconds long. All at once is worse now and then: a node's leave
+// message had no live member left to gossip to and waited serf's 5 s
+// broadcast timeout. The node kept for last still hears the others leave,
+// and then has nobody to tell.
 func (c *testCluster) shutdown() {
+	last := -1
+	var wg sync.WaitGroup
 	for i := range c.nodes {
-		c.stop(i)
+		if c.nodes[i] == nil {
+			continue
+		}
+		if last < 0 {
+			last = i
+			continue
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); c.stop(i) }()
+	}
+	wg.Wait()
+	if last >= 0 {
+		c.stop(last)
 	}
 }
 

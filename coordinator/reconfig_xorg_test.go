@@ -49,8 +49,7 @@ func TestReconfigDuringCrossOrgMove(t *testing.T) {
 	// Not parallel: it runs real workers (see parallelTests).
 	alpha, _, contract := xorgPair(t)
 	const limit = 100000
-	alpha.submit(t, "ref", 1, limit)
-	want := alpha.results(t, "ref", nil)
+	want := xorgReference(t, limit) // xorgQuery's result: the same as xorgRCQuery's
 
 	const query, moving = "xr", "xr/counts/p0/r0"
 	yaml := fmt.Sprintf(xorgRCQuery, query, limit)
