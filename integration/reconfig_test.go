@@ -214,7 +214,9 @@ func reconfigAggV2(yaml string) string {
 // (its keys route the tuples to partitions).
 func TestLiveReconfigurationAggregate(t *testing.T) {
 	t.Parallel()
-	const limit = 4000
+	// 6 s of stream per partition, so that the plan switches mid-stream
+	// on a loaded machine too (see TestLiveReconfiguration).
+	const limit = 12000
 	o := newLiveOrg(t, 2)
 	base := fmt.Sprintf(reconfigAggQuery, limit)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
