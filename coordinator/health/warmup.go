@@ -126,7 +126,7 @@ func CatchingUp(q *Query, c Config) (bool, string) {
 	if len(draining) == 0 {
 		return false, "no backlog: caught up"
 	}
-	return true, "backlog shrinking: " + joinMax(draining, 4)
+	return true, "backlog worked off: " + joinMax(draining, 4)
 }
 
 // lagFloor: a source less late than this (seconds) is on schedule, as

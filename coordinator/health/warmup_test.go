@@ -40,7 +40,7 @@ func TestCatchingUp(t *testing.T) {
 		want bool
 		why  string
 	}{
-		{"start-up backlog worked off", startQuery(20, src600, split60, drainingCounters), true, "backlog shrinking"},
+		{"start-up backlog worked off", startQuery(20, src600, split60, drainingCounters), true, "backlog worked off"},
 		{"caught up: no backlog", startQuery(20, src600, split60, steady(Instance{InRate: 300, OutRate: 40, Busy: 0.6, Queue: 30})), false, "no backlog"},
 		// Every partition's backlog but one shrinks: the one whose grows
 		// is slow (or hot), which the policy must see.
@@ -79,7 +79,7 @@ func TestCatchingUp(t *testing.T) {
 			return src600(k, 0)
 		}, func(k, _ int) Instance {
 			return Instance{InRate: 102, OutRate: 1000, Busy: 1, Queue: 5000 - 100*float64(k)}
-		}, drainingCounters), true, "backlog shrinking"},
+		}, drainingCounters), true, "backlog worked off"},
 		// The source behind its schedule draws above its rate: the
 		// counters' queues grow as the lag reaches them.
 		{"source above its rate", startQuery(20, steady(Instance{InRate: 1100, OutRate: 1100, Busy: 0.1, Unacked: 40}), split60, func(k, p int) Instance {
