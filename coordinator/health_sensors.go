@@ -90,7 +90,7 @@ func (l *healthLoop) addWindows(hq *healthQuery, tasks []reportedTask) {
 			}
 			byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
 				InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue + held[t.Fragment][t.Partition]),
-				BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples)})
+				BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples), LagS: ts.SourceLagS})
 		}
 		for frag, ins := range byFrag {
 			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })

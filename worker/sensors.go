@@ -128,6 +128,7 @@ func (s *sensors) rates(workerID string, stats []wrt.TaskStats, now time.Time) [
 			// task processes on one goroutine.
 			CpuSecondsPerS:     busy,
 			BackpressureMsPerS: float64(st.BlockedNanos-p.s.BlockedNanos) / 1e6 / secs,
+			SourceLagS:         st.SourceLag.Seconds(),
 		})
 		for _, h := range st.Held {
 			ts := out[len(out)-1]

@@ -51,6 +51,10 @@ type Instance struct {
 	// consumer lives in its upstream's output buffer: until that buffer is
 	// full (and the upstream blocks), this is where it shows.
 	Unacked float64
+	// LagS is a generator source's lag behind its schedule, in seconds,
+	// at the sample's end (0: on schedule, or not a generator with a
+	// rate, or a worker that does not report it).
+	LagS float64
 }
 
 // Sample is one reading of every instance of a fragment.

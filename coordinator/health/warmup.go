@@ -18,13 +18,15 @@ import (
 // not catching up when a generator source is held back (see heldBack)
 // while taking less than its configured rate (less SLOMargin): such a
 // source falls further behind its schedule, a backlog the queues do not
-// show (they are bounded by the buffers). It is catching up when every
-// generator source held back takes its rate or more: what the sources
-// could not send is being worked off, and the queues of the operators
-// the backlog moves on to grow meanwhile (recorded on bench scaling's
-// noise scenario: the counters' queues grew for the first 10 s while the
-// splitters worked off the source's lag). Otherwise it is catching up
-// when
+// show (they are bounded by the buffers). A source that reports its lag
+// behind its schedule (Instance.LagS, more than half a second) is
+// catching up while the lag shrinks and not while it holds or grows;
+// the rules on its rates stand in for workers that do not report it. It
+// is catching up when a generator draws more than its rate (behind its
+// schedule, it sends what it is late by as fast as its consumers take
+// it): what the sources could not send is being worked off, and the
+// queues of the operators that backlog moves on to grow meanwhile.
+// Otherwise it is catching up when
 //
 //   - some partition of an operator or sink holds a backlog (a mean queue
 //     above QueueHigh over the later half of the window, what its
@@ -50,6 +52,26 @@ func CatchingUp(q *Query, c Config) (bool, string) {
 			continue
 		}
 		later := f.Samples[len(f.Samples)/2:]
+		// Its lag behind its schedule, where the worker reports it, says
+		// it directly: shrinking, the source catches up; holding or
+		// growing, it does not.
+		lag := func(ss []Sample) float64 {
+			return mean(ss, func(s Sample) float64 { return maxOf(s.Instances, func(i Instance) float64 { return i.LagS }) })
+		}
+		if late, early := lag(later), lag(f.Samples[:len(f.Samples)/2]); late > lagFloor {
+			if late >= early {
+				return false, fmt.Sprintf("source %s is %.1f s behind its schedule (%.1f s before): it does not catch up", f.Name, late, early)
+			}
+			gaining = append(gaining, fmt.Sprintf("source %s %.1f s behind its schedule, %.1f s before", f.Name, late, early))
+			continue
+		}
+		// Drawing faster than its rate: behind its schedule and gaining
+		// (a generator sends what it is late by as fast as its
+		// consumers take it).
+		if drawn := mean(later, func(s Sample) float64 { return sum(s.Instances, func(i Instance) float64 { return i.InRate }) }); drawn > f.SourceRate*(1+c.SLOMargin) {
+			gaining = append(gaining, fmt.Sprintf("source %s draws %.0f records/s, above its rate of %.0f/s", f.Name, drawn, f.SourceRate))
+			continue
+		}
 		held := 0
 		for _, s := range later {
 			if heldBack(s) {
@@ -67,7 +89,9 @@ func CatchingUp(q *Query, c Config) (bool, string) {
 		if rate < f.SourceRate*(1-c.SLOMargin) {
 			return false, fmt.Sprintf("source %s is held back at %.0f records/s, below its rate of %.0f/s: it falls behind its schedule", f.Name, rate, f.SourceRate)
 		}
-		gaining = append(gaining, fmt.Sprintf("source %s held back at %.0f records/s, its rate %.0f/s", f.Name, rate, f.SourceRate))
+		// Held back at its rate: it keeps its schedule, or is late by
+		// some amount it does not make up (no lag reported to tell
+		// which); the queues decide.
 	}
 	if len(gaining) > 0 {
 		// What the sources could not send is being worked off at their
@@ -102,7 +126,23 @@ func CatchingUp(q *Query, c Config) (bool, string) {
 	if len(draining) == 0 {
 		return false, "no backlog: caught up"
 	}
-	return true, "backlog shrinking: " + joinMax(draining, 4)
+	return true, "backlog worked off: " + joinMax(draining, 4)
+}
+
+// lagFloor: a source less late than this (seconds) is on schedule, as
+// far as the warm-up is concerned (a loaded machine wakes a pacing timer
+// late by some milliseconds).
+const lagFloor = 0.5
+
+// maxOf returns the largest f over xs (0 for none).
+func maxOf[T any](xs []T, f func(T) float64) float64 {
+	m := 0.0
+	for i, x := range xs {
+		if v := f(x); i == 0 || v > m {
+			m = v
+		}
+	}
+	return m
 }
 
 // joinMax joins the first n of xs, saying how many more there are.

@@ -40,7 +40,7 @@ func TestCatchingUp(t *testing.T) {
 		want bool
 		why  string
 	}{
-		{"start-up backlog worked off", startQuery(20, src600, split60, drainingCounters), true, "backlog shrinking"},
+		{"start-up backlog worked off", startQuery(20, src600, split60, drainingCounters), true, "backlog worked off"},
 		{"caught up: no backlog", startQuery(20, src600, split60, steady(Instance{InRate: 300, OutRate: 40, Busy: 0.6, Queue: 30})), false, "no backlog"},
 		// Every partition's backlog but one shrinks: the one whose grows
 		// is slow (or hot), which the policy must see.
@@ -65,14 +65,12 @@ func TestCatchingUp(t *testing.T) {
 			}, drainingCounters)
 			return q
 		}(), false, "source lines is held back at 100 records/s"},
-		// Held back while the splitters take the source's full rate and
-		// more: the source catches up with its schedule, and the backlog
-		// moves on to the counters, whose queues grow meanwhile.
+		// Held back while the splitters take the source's full rate: the
+		// source says nothing (on schedule, or late by what it does not
+		// make up), the queues decide: the splitters' holds.
 		{"source held back, consumers at its rate", startQuery(20, steady(Instance{Unacked: 20000}), func(k, _ int) Instance {
 			return Instance{InRate: 102, OutRate: 1000, Busy: 1, Queue: 2000}
-		}, func(k, p int) Instance {
-			return Instance{InRate: 500, OutRate: 60, Busy: 1, Queue: 1000 + 100*float64(k)}
-		}), true, "catching up with the sources' schedule"},
+		}, drainingCounters), false, "partition 0 of splitter"},
 		// Held back only in the earlier half: the later half decides.
 		{"source no longer held back, splitters draining", startQuery(20, func(k, _ int) Instance {
 			if k < 10 {
@@ -81,7 +79,26 @@ func TestCatchingUp(t *testing.T) {
 			return src600(k, 0)
 		}, func(k, _ int) Instance {
 			return Instance{InRate: 102, OutRate: 1000, Busy: 1, Queue: 5000 - 100*float64(k)}
-		}, drainingCounters), true, "backlog shrinking"},
+		}, drainingCounters), true, "backlog worked off"},
+		// The source behind its schedule draws above its rate: the
+		// counters' queues grow as the lag reaches them.
+		{"source above its rate", startQuery(20, steady(Instance{InRate: 1100, OutRate: 1100, Busy: 0.1, Unacked: 40}), split60, func(k, p int) Instance {
+			return Instance{InRate: 500, OutRate: 60, Busy: 1, Queue: 1000 + 100*float64(k)}
+		}), true, "source lines draws 1100 records/s"},
+		// The source's lag behind its schedule decides where it is
+		// reported: shrinking, the source catches up (whatever the
+		// counters' queues, which its lag reaches); growing, it falls
+		// behind (whatever the queues in front of the splitters).
+		{"lag shrinking", startQuery(20, func(k, _ int) Instance {
+			return Instance{InRate: 600, OutRate: 600, Busy: 0.1, LagS: 12 - 0.4*float64(k)}
+		}, split60, func(k, p int) Instance {
+			return Instance{InRate: 500, OutRate: 60, Busy: 1, Queue: 1000 + 100*float64(k)}
+		}), true, "source lines 6.2 s behind its schedule"},
+		{"lag growing", startQuery(20, func(k, _ int) Instance {
+			return Instance{InRate: 600, OutRate: 600, Busy: 0.1, LagS: 2 + 0.4*float64(k)}
+		}, func(k, _ int) Instance {
+			return Instance{InRate: 60, OutRate: 590, Busy: 1, Queue: 5000 - 100*float64(k)}
+		}, drainingCounters), false, "does not catch up"},
 		{"too few samples", startQuery(3, src600, split60, steady(Instance{InRate: 500, Busy: 1, Queue: 20000})), true, "too few"},
 	} {
 		got, why := CatchingUp(tc.q, c)

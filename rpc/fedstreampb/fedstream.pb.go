@@ -2619,7 +2619,13 @@ type TaskStats struct {
 	// unacked_tuples stream by stream, at the window's end: what the task
 	// holds for each downstream partition (partitions it holds nothing
 	// for are left out). The backlog in front of one slow partition.
-	Held          []*HealthHeldBacklog `protobuf:"bytes,391,rep,name=held,proto3" json:"held,omitempty"`
+	Held []*HealthHeldBacklog `protobuf:"bytes,391,rep,name=held,proto3" json:"held,omitempty"`
+	// A generator source's lag behind its schedule (seconds) at the window's
+	// end: how long ago the record it drew last was due (0 when on or ahead
+	// of schedule, and for other tasks). It grows while the source is held
+	// back and shrinks while it catches up: the health manager's warm-up
+	// reads it (issue 14).
+	SourceLagS    float64 `protobuf:"fixed64,620,opt,name=source_lag_s,json=sourceLagS,proto3" json:"source_lag_s,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2764,6 +2770,13 @@ func (x *TaskStats) GetHeld() []*HealthHeldBacklog {
 		return x.Held
 	}
 	return nil
+}
+
+func (x *TaskStats) GetSourceLagS() float64 {
+	if x != nil {
+		return x.SourceLagS
+	}
+	return 0
 }
 
 // ---- one-second sensors (issue 14, helper hsense)
@@ -7532,7 +7545,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\"\xd8\x04\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\xfb\x04\n" +
 	"\tTaskStats\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
@@ -7551,7 +7564,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"key_sample\x18\xac\x02 \x03(\v2\x1d.fedstream.v1.HealthKeySampleR\tkeySample\x12\"\n" +
 	"\fkeys_sampled\x18\xad\x02 \x01(\x04R\vkeysSampled\x12\x1c\n" +
 	"\twindow_ms\x18\x86\x03 \x01(\x03R\bwindowMs\x124\n" +
-	"\x04held\x18\x87\x03 \x03(\v2\x1f.fedstream.v1.HealthHeldBacklogR\x04held\"e\n" +
+	"\x04held\x18\x87\x03 \x03(\v2\x1f.fedstream.v1.HealthHeldBacklogR\x04held\x12!\n" +
+	"\fsource_lag_s\x18\xec\x04 \x01(\x01R\n" +
+	"sourceLagS\"e\n" +
 	"\x11HealthHeldBacklog\x12\x1a\n" +
 	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x16\n" +

@@ -191,7 +191,12 @@ func (t *task) runGenerator() {
 				}
 			}
 			n++
-			wait := time.Until(start.Add(paced(n, rate, speedup, pace, paceFactor)))
+			due := start.Add(paced(n, rate, speedup, pace, paceFactor))
+			// When this record was due: the source's lag (TaskStats.SourceLag)
+			// is how long ago that was, and grows while the source is held
+			// back between two records.
+			t.counters.due.Store(due.UnixNano())
+			wait := time.Until(due)
 			if wait > 0 && catchUp {
 				// Looked at only when ahead of the pacing, where the
 				// source would wait anyway.
@@ -263,6 +268,7 @@ func (t *task) runGenerator() {
 			return
 		}
 	}
+	t.counters.due.Store(0) // no record is due any more
 	err := t.emitBoundary(ctx, finalBoundary)
 	if err == nil {
 		err = t.flush(ctx)

@@ -42,6 +42,12 @@ type TaskStats struct {
 	// upstream task than the one read before (a replica fail-over, a
 	// moved upstream).
 	Switches uint64
+	// SourceLag is how far a generator source with a rate is behind its
+	// schedule: how long ago the last record it drew was due (0 on or
+	// ahead of schedule, and for other tasks). A source held back by its
+	// consumers falls behind; one whose consumers take more than its
+	// rate catches up.
+	SourceLag time.Duration
 	// Held is Unacked stream by stream: the tuples of its output each
 	// downstream partition has not acknowledged (streams holding none are
 	// left out). A backlog in front of one slow partition shows here,
@@ -64,6 +70,9 @@ type HeldBacklog struct {
 type taskCounters struct {
 	in, out atomic.Uint64
 	busy    atomic.Int64
+	// due: when the generator's last drawn record was due (Unix ns; 0:
+	// none, or no rate).
+	due atomic.Int64
 
 	mark        time.Time // generator: start of the busy period being timed
 	markBlocked int64     // generator: blockedNanos at mark
@@ -189,6 +198,9 @@ type MergeGate struct {
 func (t *task) stats() TaskStats {
 	st := TaskStats{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment, Generation: t.spec.Generation,
 		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load(), BusyNanos: t.counters.busy.Load()}
+	if due := t.counters.due.Load(); due != 0 {
+		st.SourceLag = max(0, time.Duration(time.Now().UnixNano()-due))
+	}
 	if t.merge != nil {
 		st.Queue, st.Gate = t.merge.pendingTuples()
 	}
