@@ -130,7 +130,7 @@ func TestDataPlaneRefusesWithoutTheRightToken(t *testing.T) {
 	// The writer ingests (the worker asked the coordinators about its token).
 	waitFor(t, 30*time.Second, "ingest with the writer token", func() bool {
 		_, out, _ = run(ctx, t, line, "ingest", "ingest", "requests", "--addr", addr, "--token-file", writerFile)
-		return strings.Contains(out, "ingested 1 of 1 lines")
+		return strings.Contains(out, "ingested 1 of 1 line ")
 	})
 
 	// The worker's data plane itself: no token, and a reader acknowledging
