@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/json"
 	"net"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/federation/ledger"
+	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -303,7 +305,19 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		// The real alpha, on a follower or the leader, reaches the
 		// leader's Org.Receive, which refuses to reject an active
 		// contract.
-		out, err := crossOrgDial(t, addr, alphaCert).Deliver(ctxT(t, 10*time.Second), &pb.FederationEnvelope{MessageJson: msg})
+		// A leader change under load makes a forwarded call answer
+		// Unavailable ("retry"): a partner retries, so does the test.
+		var out *pb.FederationEnvelope
+		err = retry.Do(ctxT(t, 40*time.Second), retry.Policy{Max: time.Second}, 0, func(_ int, err error, _ time.Duration) {
+			t.Logf("beta node %d: alpha's delivery: %v (retrying)", i, err)
+		}, func(ctx context.Context) error {
+			var err error
+			out, err = crossOrgDial(t, addr, alphaCert).Deliver(ctx, &pb.FederationEnvelope{MessageJson: msg})
+			if status.Code(err) == codes.Unavailable {
+				return err
+			}
+			return retry.Permanent(err)
+		})
 		if err != nil {
 			t.Fatalf("beta node %d: alpha's delivery: %v", i, err)
 		}
