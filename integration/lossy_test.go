@@ -47,8 +47,33 @@ const lossyKeep = 300
 // failure-free run's, window for window, outside the range the first
 // correction named: from before the failure, and from the end of that
 // range (which the replacement follows) to the end of the input.
+//
+// The property needs its precondition: the peer replica stays exact and
+// some replica of every downstream partition did not take the lossy
+// copy's results. On a loaded machine a false failure detection can
+// make the peer lose input too (the replay bound here is 75 ms of
+// input), or make every sink replica read the lossy copy and name the
+// switch to its replacement: the query then stays LOSSY, as its status
+// says, with nothing to bootstrap from. Such a run proves nothing
+// either way, so the scenario runs again on a new org, at most three
+// times; any other outcome is judged.
 func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 	t.Parallel()
+	for attempt := 1; ; attempt++ {
+		why := lossyRebootstrapRun(t)
+		if why == "" {
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("three runs without the precondition; the last: %s", why)
+		}
+		t.Logf("run %d inconclusive: %s; running the scenario again", attempt, why)
+	}
+}
+
+// lossyRebootstrapRun runs the scenario once; it returns why the run was
+// inconclusive ("" when it was judged).
+func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	faults := map[string]*dataplane.Faults{} // by worker name
 	// Nine workers for eight tasks: the placer spreads them one a worker,
 	// so the aggregate's replica 0 reads source partition 0 over the
@@ -152,10 +177,25 @@ func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 		}
 		return ti.Lossy || ti.Generation > 1
 	})
-	waitFor(t, 30*time.Second, "the lossy replica replaced by a running copy of the next generation", func() bool {
+	t.Cleanup(func() {
+		if t.Failed() {
+			// What every copy said when the test gave up.
+			for _, ti := range o.query(t, "lossy").Tasks {
+				t.Logf("%s: generation %d on %s, %s %s lossy %v tentative %v: %s", ti.TaskId, ti.Generation, ti.WorkerId, ti.State, ti.ReplicaState, ti.Lossy, ti.Tentative, ti.Message)
+			}
+		}
+	})
+	if why := waitForUnless(t, 30*time.Second, "the lossy replica replaced by a running copy of the next generation", func() bool {
 		ti := o.task(t, "lossy", agg0)
 		return ti.Generation >= 2 && ti.State == states.TaskRunning && ti.WorkerId != ""
-	})
+	}, func() string {
+		if ti := o.task(t, "lossy", agg0); ti.Generation == 1 && o.task(t, "lossy", agg1).Lossy {
+			return "the aggregate's peer replica lost input too: " + o.task(t, "lossy", agg1).Message
+		}
+		return ""
+	}); why != "" {
+		return why
+	}
 	t.Logf("lossy status seen: %q", lossyMsg)
 	rep := o.task(t, "lossy", agg0)
 	if rep.Generation != 2 {
@@ -167,14 +207,29 @@ func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 	if n := o.workers[where[agg1].WorkerId].Runtime().SnapshotsServed(); n == 0 {
 		t.Fatalf("the STABLE peer %s (worker %s) served no snapshot", agg1, where[agg1].WorkerId)
 	}
-	waitFor(t, 30*time.Second, "no lossy replica left, every task running", func() bool {
+	if why := waitForUnless(t, 30*time.Second, "no lossy replica left, every task running", func() bool {
 		for _, ti := range o.query(t, "lossy").Tasks {
 			if ti.Lossy || ti.State != states.TaskRunning {
 				return false
 			}
 		}
 		return true
-	})
+	}, func() string {
+		lossy := map[string]int{} // replicas lossy, by partition
+		for _, ti := range o.query(t, "lossy").Tasks {
+			if ti.Lossy && ti.Generation == 1 {
+				lossy[ti.Fragment+"/"+fmt.Sprint(ti.Partition)]++
+			}
+		}
+		for part, n := range lossy {
+			if n == 2 {
+				return "every replica of " + part + " is lossy (none to bootstrap from)"
+			}
+		}
+		return ""
+	}); why != "" {
+		return why
+	}
 	// The replacement ran with input still to come: at least a second of
 	// the live partition's input follows its start.
 	replacedAt := drawn()
@@ -248,6 +303,24 @@ func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 			t.Fatalf("%s: %d windows after the uncorrected range missing, %d wrong, %d not in the reference", sink, missing, wrong, extra)
 		}
 	}
+	return ""
+}
+
+// waitForUnless waits for cond as waitFor does, but gives up early with
+// the reason unless returns when it returns one.
+func waitForUnless(t *testing.T, timeout time.Duration, what string, cond func() bool, unless func() string) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if why := unless(); why != "" {
+			return why
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return ""
 }
 
 // uncorrectedRange reads the stream-time range a task's status names as
