@@ -276,7 +276,7 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 		}
 		view := l.sample(q, plan, hq)
 		if view == nil {
-			continue
+			continue // sample logged which task has no figures yet
 		}
 		if hq.warmUntil.IsZero() {
 			hq.warmUntil = now.Add(max(l.cfg.Warmup, 0))
@@ -286,6 +286,8 @@ func (l *healthLoop) step(ctx context.Context, now time.Time) {
 			l.evaluate(ctx, q.Name, hq, view, now)
 		}
 		if now.Before(hq.quietUntil) || hq.pending != nil || l.warming(q.Name, hq, view, now) {
+			l.s.logger.Debug("health: no decision this step", "query", q.Name, "quiet_until", hq.quietUntil, "pending", hq.pending != nil,
+				"warm_until", hq.warmUntil, "warmed", hq.warmed, "at", now)
 			continue
 		}
 		l.decide(ctx, q.Name, hq, view, now)
@@ -378,6 +380,9 @@ func (l *healthLoop) sample(q *fsm.Query, plan *queryspec.Plan, hq *healthQuery)
 			ts = rows[t.ID]
 		}
 		if ts == nil || ts.ReportedAtMs == 0 {
+			if complete {
+				l.s.logger.Debug("health: no full sample yet", "query", q.Name, "task", t.ID, "worker", t.WorkerID)
+			}
 			complete = false
 			continue
 		}
@@ -634,6 +639,7 @@ func (l *healthLoop) decide(ctx context.Context, name string, hq *healthQuery, q
 		// A rescale someone else started is no failure of this pair:
 		// wait for it to end.
 		if m, err := l.s.State().SlotMap(nil, name, target(*chosen)); err != nil || m != nil && m.Next != nil {
+			l.s.logger.Debug("health: a rescale of the fragment is under way: no action", "query", name, "fragment", target(*chosen), "err", err)
 			return
 		}
 	}

@@ -2,6 +2,10 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -57,10 +61,26 @@ func TestHealthWarmupAfterStart(t *testing.T) {
 
 // startHandSteppedHealth starts a one-node cluster whose own health loop
 // is off (the test steps one by hand), waits for its leader duties and
-// submits healthTestQuery ("hq"). The caller shuts the cluster down.
+// submits healthTestQuery ("hq"). The caller shuts the cluster down. If
+// the test fails, the loop's own log (its "health:" records, debug ones
+// included) is printed: the loop passes over a query without a word to
+// the test in several places (no full sample, the warm-up, a rescale
+// under way, the action log not written), and a failure seen once under
+// load must say which.
 func startHandSteppedHealth(t *testing.T) (*testCluster, *Server) {
 	t.Helper()
-	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) { cfg.Health.Off = true })
+	tap := &healthLogTap{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the health loop's log:\n%s", tap.String())
+		}
+	})
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.Health.Off = true
+		if cfg.Logger == nil { // FEDSTREAM_TEST_LOG shows everything anyway
+			cfg.Logger = slog.New(tapHandler{tap: tap})
+		}
+	})
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
 	if _, err := c.admin(0).SubmitQuery(ctxT(t, 10*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(healthTestQuery), Filename: "hq.yaml"}); err != nil {
@@ -169,3 +189,51 @@ func TestHealthWarmupLongest(t *testing.T) {
 		t.Fatalf("actions after the warm-up's longest %+v, want one for under_provisioned", acts)
 	}
 }
+
+// healthLogTap keeps the text of the "health:" log records of a server.
+type healthLogTap struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (h *healthLogTap) String() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return strings.Join(h.lines, "\n")
+}
+
+// tapHandler is the slog handler that fills a healthLogTap; every other
+// record is dropped unformatted.
+type tapHandler struct {
+	tap   *healthLogTap
+	attrs []slog.Attr
+}
+
+func (h tapHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h tapHandler) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasPrefix(r.Message, "health:") {
+		return nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %s", r.Time.UTC().Format("15:04:05.000"), r.Level, r.Message)
+	for _, a := range h.attrs {
+		fmt.Fprintf(&b, " %s", a)
+	}
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s", a)
+		return true
+	})
+	h.tap.mu.Lock()
+	defer h.tap.mu.Unlock()
+	if len(h.tap.lines) < 2000 {
+		h.tap.lines = append(h.tap.lines, b.String())
+	}
+	return nil
+}
+
+func (h tapHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return tapHandler{tap: h.tap, attrs: append(append([]slog.Attr(nil), h.attrs...), as...)}
+}
+
+func (h tapHandler) WithGroup(string) slog.Handler { return h }
