@@ -150,54 +150,47 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 			b.Data = v[:len(v):len(v)]
 			raw = raw[n:]
 		case num == batchFieldCount && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch count: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "count")
+			if err != nil {
+				return err
 			}
 			b.Count = uint32(v)
-			raw = raw[n:]
 		case num == batchFieldLastID && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch last id: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "last id")
+			if err != nil {
+				return err
 			}
 			b.LastId = v
-			raw = raw[n:]
 		case num == batchFieldPosOffset && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch position offset: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "position offset")
+			if err != nil {
+				return err
 			}
 			b.PositionOffset = v
-			raw = raw[n:]
 		case num == batchFieldLineage && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch lineage: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "lineage")
+			if err != nil {
+				return err
 			}
 			b.Lineage = v
-			raw = raw[n:]
 		case num == batchFieldLineageSince && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch lineage since: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "lineage since")
+			if err != nil {
+				return err
 			}
 			b.LineageSince = v
-			raw = raw[n:]
 		case num == batchFieldReplicaState && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch replica state: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "replica state")
+			if err != nil {
+				return err
 			}
 			b.ReplicaState = fedstreampb.ReplicaState(int32(v))
-			raw = raw[n:]
 		case num == batchFieldTentWM && typ == protowire.VarintType:
-			v, n := protowire.ConsumeVarint(raw)
-			if n < 0 {
-				return fmt.Errorf("%w: batch tentative watermark: %w", ErrProtocol, protowire.ParseError(n))
+			v, err := consumeVarint(&raw, "tentative watermark")
+			if err != nil {
+				return err
 			}
 			b.TentativeWatermark = protowire.DecodeZigZag(v)
-			raw = raw[n:]
 		default:
 			// A field this version does not know: skip it.
 			n := protowire.ConsumeFieldValue(num, typ, raw)
@@ -208,6 +201,17 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 		}
 	}
 	return nil
+}
+
+// consumeVarint takes a varint field's value off the front of *raw; what
+// names the field in the error.
+func consumeVarint(raw *[]byte, what string) (uint64, error) {
+	v, n := protowire.ConsumeVarint(*raw)
+	if n < 0 {
+		return 0, fmt.Errorf("%w: batch %s: %w", ErrProtocol, what, protowire.ParseError(n))
+	}
+	*raw = (*raw)[n:]
+	return v, nil
 }
 
 // dirtyPool is the gRPC buffer pool of data-plane connections: tiers of
