@@ -107,37 +107,12 @@ func restartGenerator(t *testing.T, q *queryspec.Query, place func(string, int, 
 
 	// Its worker is lost: the copy stops, and the next generation starts on
 	// another worker from nothing.
-	var spec TaskSpec
-	for _, s := range c.specs[lost] {
-		if s.TaskID == source {
-			spec = s
-		}
-	}
-	c.specs[lost] = nil
-	lost.rt.Apply(context.Background(), nil)
+	spec := c.loseWorker(lost, source)
 	held := make([]uint64, len(olds))
 	for i, b := range olds {
 		held[i] = b.Stats().LastID
 	}
-	var pls []Placement
-	for _, pl := range spec.Placements {
-		if pl.TaskID == source {
-			pl.WorkerAddr, pl.Generation = next.addr, 2
-		}
-		pls = append(pls, pl)
-	}
-	spec.Generation, spec.Placements = 2, pls
-	c.specs[next] = append(c.specs[next], spec)
-	for _, w := range c.workers[1:] {
-		for i := range c.specs[w] {
-			c.specs[w][i].Placements = pls
-		}
-		w.rt.Apply(context.Background(), c.specs[w])
-	}
-	again := next.rt.task(source)
-	if again == nil || again.restored {
-		t.Fatalf("the new copy did not start from nothing (states %v)", c.states())
-	}
+	again := c.placeAgainFromNothing(t, lost, spec, next)
 	if len(again.outs) != len(olds) {
 		t.Fatalf("the new copy has %d outputs, the first had %d", len(again.outs), len(olds))
 	}
@@ -163,4 +138,48 @@ func restartGenerator(t *testing.T, q *queryspec.Query, place func(string, int, 
 			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
 		}
 	}
+}
+
+// loseWorker stops every task of worker lost, as if the worker were
+// gone, and returns the spec task id had there.
+func (c *cluster) loseWorker(lost *worker, id string) TaskSpec {
+	var spec TaskSpec
+	for _, s := range c.specs[lost] {
+		if s.TaskID == id {
+			spec = s
+		}
+	}
+	c.specs[lost] = nil
+	lost.rt.Apply(context.Background(), nil)
+	return spec
+}
+
+// placeAgainFromNothing places the next generation of spec's task on
+// worker next without a snapshot, tells every worker but lost where it
+// runs, and returns the new copy, which must not have been restored.
+func (c *cluster) placeAgainFromNothing(t *testing.T, lost *worker, spec TaskSpec, next *worker) *task {
+	t.Helper()
+	var pls []Placement
+	for _, pl := range spec.Placements {
+		if pl.TaskID == spec.TaskID {
+			pl.WorkerAddr, pl.Generation = next.addr, 2
+		}
+		pls = append(pls, pl)
+	}
+	spec.Generation, spec.Placements = 2, pls
+	c.specs[next] = append(c.specs[next], spec)
+	for _, w := range c.workers {
+		if w == lost {
+			continue
+		}
+		for i := range c.specs[w] {
+			c.specs[w][i].Placements = pls
+		}
+		w.rt.Apply(context.Background(), c.specs[w])
+	}
+	again := next.rt.task(spec.TaskID)
+	if again == nil || again.restored {
+		t.Fatalf("the new copy did not start from nothing (states %v)", c.states())
+	}
+	return again
 }

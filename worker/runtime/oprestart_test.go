@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -64,34 +63,9 @@ func TestRestartedOperatorSaysItIsBehind(t *testing.T) {
 		}
 		return true
 	})
-	var spec TaskSpec
-	for _, s := range c.specs[lost] {
-		if s.TaskID == counts {
-			spec = s
-		}
-	}
-	c.specs[lost] = nil
-	lost.rt.Apply(context.Background(), nil)
+	spec := c.loseWorker(lost, counts)
 	held := old.Stats().LaggardAck
-	var pls []Placement
-	for _, pl := range spec.Placements {
-		if pl.TaskID == counts {
-			pl.WorkerAddr, pl.Generation = next.addr, 2
-		}
-		pls = append(pls, pl)
-	}
-	spec.Generation, spec.Placements = 2, pls
-	c.specs[next] = append(c.specs[next], spec)
-	for _, w := range c.workers[1:] {
-		for i := range c.specs[w] {
-			c.specs[w][i].Placements = pls
-		}
-		w.rt.Apply(context.Background(), c.specs[w])
-	}
-	again := next.rt.task(counts)
-	if again == nil || again.restored {
-		t.Fatalf("the new copy did not start from nothing (states %v)", c.states())
-	}
+	again := c.placeAgainFromNothing(t, lost, spec, next)
 	var msg string
 	waitUntilOr(t, "the new copy's status says its consumer waits", func() bool {
 		msg = again.State().Message
