@@ -59,6 +59,15 @@ func (as *adminService) ListWorkers(ctx context.Context, _ *pb.ListWorkersReques
 			return nil, status.Errorf(codes.Internal, "list tasks of worker %s: %v", w.ID, err)
 		}
 		info := &pb.WorkerInfo{Id: w.ID, Org: w.Org, Addr: w.Addr, Status: as.s.shownStatus(w), Cores: w.Cores, Labels: w.Labels, Name: w.Name, DataplaneLevel: w.DataPlaneLevel}
+		if info.Status == statusReady {
+			if silent, ok := as.s.silentWorker(w); ok {
+				// The table still says ready until the TTL runs out;
+				// showing ready for a killed or paused worker misleads.
+				info.Status = states.WorkerUnreachable
+				info.StatusNote = fmt.Sprintf("no heartbeat for %s; declared down and its tasks placed again after %s of silence",
+					silent.Round(100*time.Millisecond), as.s.cfg.Timings.HeartbeatTTL)
+			}
+		}
 		for _, t := range tasks {
 			info.Tasks = append(info.Tasks, t.ID)
 			info.TaskStates = append(info.TaskStates, &pb.TaskState{TaskId: t.ID, State: t.State, Message: t.Message, Generation: int32(t.Gen()),

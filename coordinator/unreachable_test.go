@@ -55,4 +55,22 @@ func TestSilentWorkerTasksShownUnreachable(t *testing.T) {
 			t.Errorf("task %s: message %q does not say why it is unreachable", ti.TaskId, ti.Message)
 		}
 	}
+	// The workers list says the same of the worker itself, while the
+	// table still holds it ready (the TTL has not run out): it may
+	// already be declared down by now, which it shows as such.
+	ws, err := c.admin(l).ListWorkers(ctxT(t, 5*time.Second), &pb.ListWorkersRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws.Workers {
+		switch {
+		case w.Id != victim.id:
+			if w.Status != states.WorkerReady || w.StatusNote != "" {
+				t.Errorf("live worker %s shown %s (%q)", w.Id, w.Status, w.StatusNote)
+			}
+		case w.Status == states.WorkerDown:
+		case w.Status != states.WorkerUnreachable || !strings.Contains(w.StatusNote, "no heartbeat for"):
+			t.Errorf("silent worker %s shown %s (%q), want unreachable with why", w.Id, w.Status, w.StatusNote)
+		}
+	}
 }

@@ -213,7 +213,15 @@ func newWorkersCmd() *cobra.Command {
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", w.Id, w.Name, w.Addr, w.Status, w.Cores, len(w.Tasks), level)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, w := range resp.Workers {
+			if w.StatusNote != "" {
+				fmt.Fprintf(out, "%s %s: %s\n", w.Id, w.Status, w.StatusNote)
+			}
+		}
+		return nil
 	})
 }
 

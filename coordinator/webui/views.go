@@ -61,10 +61,13 @@ type Workers struct {
 
 // Worker is one worker, as `fedstream workers --json` prints it.
 type Worker struct {
-	ID         string            `json:"id"`
-	Org        string            `json:"org"`
-	Addr       string            `json:"addr"`
-	Status     string            `json:"status"`
+	ID     string `json:"id"`
+	Org    string `json:"org"`
+	Addr   string `json:"addr"`
+	Status string `json:"status"`
+	// StatusNote says why Status is what it is when the leader shows a
+	// status the workers table does not hold (unreachable).
+	StatusNote string            `json:"status_note,omitempty"`
 	Cores      int32             `json:"cores"`
 	Labels     map[string]string `json:"labels"`
 	Name       string            `json:"name"`
@@ -94,7 +97,7 @@ type TaskState struct {
 func WorkersView(ws *pb.ListWorkersResponse, tasksPerCore int) Workers {
 	out := Workers{Workers: []Worker{}, TasksPerCore: tasksPerCore}
 	for _, w := range ws.Workers {
-		v := Worker{ID: w.Id, Org: w.Org, Addr: w.Addr, Status: w.Status, Cores: w.Cores, Labels: w.Labels, Name: w.Name,
+		v := Worker{ID: w.Id, Org: w.Org, Addr: w.Addr, Status: w.Status, StatusNote: w.StatusNote, Cores: w.Cores, Labels: w.Labels, Name: w.Name,
 			Tasks: append([]string{}, w.Tasks...), TaskStates: []TaskState{}, DataPlaneLevel: w.DataplaneLevel}
 		if v.Labels == nil {
 			v.Labels = map[string]string{}

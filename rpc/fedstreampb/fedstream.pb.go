@@ -1511,8 +1511,12 @@ type WorkerInfo struct {
 	// ---- rolling upgrades (issue 9 item 6): the data-plane feature level
 	// the worker registered with (0: it stated none).
 	DataplaneLevel int32 `protobuf:"varint,471,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ---- silent workers (issue 9): why the status is what it is, when the
+	// leader shows one the workers table does not hold (unreachable: no
+	// heartbeat for a while, not declared down yet).
+	StatusNote    string `protobuf:"bytes,690,opt,name=status_note,json=statusNote,proto3" json:"status_note,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkerInfo) Reset() {
@@ -1613,6 +1617,13 @@ func (x *WorkerInfo) GetDataplaneLevel() int32 {
 		return x.DataplaneLevel
 	}
 	return 0
+}
+
+func (x *WorkerInfo) GetStatusNote() string {
+	if x != nil {
+		return x.StatusNote
+	}
+	return ""
 }
 
 type ListWorkersRequest struct {
@@ -7456,7 +7467,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10leader_grpc_addr\x18\n" +
 	" \x01(\tR\x0eleaderGrpcAddr\x12\x19\n" +
 	"\bdev_mode\x18\v \x01(\bR\adevMode\x12-\n" +
-	"\x12insecure_plaintext\x18\x14 \x01(\bR\x11insecurePlaintext\"\xf7\x02\n" +
+	"\x12insecure_plaintext\x18\x14 \x01(\bR\x11insecurePlaintext\"\x99\x03\n" +
 	"\n" +
 	"WorkerInfo\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x10\n" +
@@ -7470,7 +7481,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\vtask_states\x18\n" +
 	" \x03(\v2\x17.fedstream.v1.TaskStateR\n" +
 	"taskStates\x12(\n" +
-	"\x0fdataplane_level\x18\xd7\x03 \x01(\x05R\x0edataplaneLevel\x1a9\n" +
+	"\x0fdataplane_level\x18\xd7\x03 \x01(\x05R\x0edataplaneLevel\x12 \n" +
+	"\vstatus_note\x18\xb2\x05 \x01(\tR\n" +
+	"statusNote\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +

@@ -16,6 +16,11 @@ const (
 	// WorkerUnknown: a newly elected leader has not heard from the worker
 	// yet, so it neither claims it is ready nor moves its tasks.
 	WorkerUnknown = "unknown"
+	// WorkerUnreachable: only shown (never stored), by the leader, for a
+	// ready worker that has missed its heartbeats (silent for more than
+	// half its heartbeat TTL) but is not declared down yet: it may have
+	// been killed, paused or cut off.
+	WorkerUnreachable = "unreachable"
 )
 
 // Task states. Pending is set by the coordinator; starting, running,

@@ -148,7 +148,7 @@ function renderWorkers(ws, cpu) {
     return el('tr', { 'data-worker': w.id },
       el('td', null, w.name || w.id, w.name && w.name !== w.id ? el('div', { class: 'muted' }, w.id) : null),
       el('td', null, w.addr, labels ? el('div', { class: 'muted' }, labels) : null),
-      el('td', null, badge(w.status)),
+      el('td', null, badge(w.status), w.status_note ? el('div', { class: 'muted' }, w.status_note) : null),
       el('td', { class: 'num' }, w.cores),
       el('td', null, load),
       el('td', { class: 'num', title: 'CPU seconds per second used by its tasks, as they report' },
