@@ -457,9 +457,10 @@ const heldBackMs = 100
 
 // heldBack reports whether a source's sample shows it held back by its
 // consumers: blocked on its outputs, or holding for them more than it
-// drew in the second. The second test catches a source blocked through
-// the whole window: the blocked time of a wait is counted when the wait
-// ends, so such a window reads no blocked time and no draws.
+// drew in the second. The second test catches a source whose worker
+// counts the blocked time of a wait only when the wait ends (builds
+// before the sensors counted waits going on): a window blocked
+// throughout read no blocked time and no draws.
 func heldBack(s Sample) bool {
 	if blockedMs(s) > heldBackMs {
 		return true

@@ -167,10 +167,15 @@ type OutputBuffer struct {
 	dataCh  chan struct{}
 	spaceCh chan struct{}
 
+	// blockedNanos is the time of the waits for room that ended.
 	blockedNanos atomic.Int64
-	// blocked is the number of Appends currently waiting for room.
-	blocked int
-	scratch []byte
+	// blocked is the number of Appends currently waiting for room, and
+	// waitStarts the sum of their start times (monoNanos), under mu: the
+	// waits going on add up to blocked*now - waitStarts, which Stats
+	// counts in BlockedNanos as they happen.
+	blocked    int
+	waitStarts int64
+	scratch    []byte
 	// inband is the DCAA state the stream advertises (see inband.go).
 	inband inBand
 	// nonStable are the ranges of positions holding tuples outside the
@@ -291,13 +296,18 @@ func (b *OutputBuffer) makeRoomLocked(ctx context.Context, size int, idle func()
 		b.blockedSince = start
 	}
 	b.blocked++
+	b.waitStarts += monoNanos(start)
 	err := b.waitSpaceLocked(ctx, size, idle)
+	// The wait moves from the ongoing ones to the ended ones at the same
+	// instant, under mu: Stats' total never goes back.
+	end := time.Now()
 	b.blocked--
+	b.waitStarts -= monoNanos(start)
 	if b.blocked == 0 {
 		b.blockedSince = time.Time{}
 	}
 	b.stuckSince = time.Time{}
-	b.blockedNanos.Add(int64(time.Since(start)))
+	b.blockedNanos.Add(int64(end.Sub(start)))
 	return err
 }
 
@@ -787,8 +797,27 @@ func (b *OutputBuffer) Close() {
 // Done is closed when the buffer closes.
 func (b *OutputBuffer) Done() <-chan struct{} { return b.done }
 
-// BlockedNanos is the total time Append has spent blocked on a full buffer.
+// BlockedNanos is the total time Appends have spent blocked on a full
+// buffer in waits that ended (the producer's own accounting: its waits
+// have ended whenever it reads this). Stats counts the waits going on
+// too.
 func (b *OutputBuffer) BlockedNanos() int64 { return b.blockedNanos.Load() }
+
+// blockedNanosLocked is BlockedNanos with the waits going on counted up to
+// now (b.mu held): a producer blocked for a whole sensor window shows in
+// that window, not only in the one where its wait ends. It never
+// decreases: each wait counts continuously from its start.
+func (b *OutputBuffer) blockedNanosLocked(now time.Time) int64 {
+	return b.blockedNanos.Load() + int64(b.blocked)*monoNanos(now) - b.waitStarts
+}
+
+// monoEpoch is the origin of monoNanos.
+var monoEpoch = time.Now()
+
+// monoNanos is t on the monotonic clock, in ns since monoEpoch (t must
+// carry a monotonic reading: from time.Now): wall-clock steps do not move
+// it.
+func monoNanos(t time.Time) int64 { return int64(t.Sub(monoEpoch)) }
 
 // BufferStats is a snapshot of a buffer's occupancy.
 type BufferStats struct {
@@ -799,7 +828,9 @@ type BufferStats struct {
 	// Subscribers holding the buffer (connected, or within their lease);
 	// Connected of them have a live subscription.
 	Subscribers, Connected int
-	BlockedNanos           int64
+	// BlockedNanos is the time Appends have spent waiting for room, the
+	// waits going on counted up to the reading.
+	BlockedNanos int64
 	// BlockedAppends is the number of Appends waiting for room right now;
 	// BlockedSince when the first of them began (zero when none).
 	BlockedAppends int
@@ -827,7 +858,7 @@ func (b *OutputBuffer) Stats() BufferStats {
 	defer b.mu.Unlock()
 	now := time.Now()
 	b.lowLocked(now) // forget expired subscribers first
-	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.subs), BlockedNanos: b.BlockedNanos(),
+	s := BufferStats{Tuples: b.count, Bytes: b.bytes, LastID: b.lastID, Subscribers: len(b.subs), BlockedNanos: b.blockedNanosLocked(now),
 		BlockedAppends: b.blocked, BlockedSince: b.blockedSince, Overrun: b.overrun, Overrunning: b.overrunning, OldestID: b.oldestLocked()}
 	first := true
 	for name, sub := range b.subs {

@@ -377,3 +377,45 @@ func TestAdopt(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockedTimeCountsWhileWaiting: the blocked time Stats reports
+// counts a wait for room while it goes on, not only once it ends (a
+// producer blocked through a whole sensor window showed no backpressure
+// in it), and never goes back: the readings during the wait grow, and
+// the total after it is at least the last of them. Before, Stats read 0
+// until the wait ended.
+func TestBlockedTimeCountsWhileWaiting(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 1})
+	if err := b.Append(ctx, dataTuple(1, "x")); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- b.Append(ctx, dataTuple(2, "x")) }()
+	deadline := time.Now().Add(10 * time.Second)
+	var last int64
+	for readings := 0; readings < 3; {
+		st := b.Stats()
+		if st.BlockedAppends == 1 && st.BlockedNanos > last {
+			last = st.BlockedNanos
+			readings++
+		}
+		if st.BlockedNanos < last {
+			t.Fatalf("blocked time went back from %d to %d ns", last, st.BlockedNanos)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("blocked time while the append waits: %d ns after %d growing readings, want it to grow as the wait goes on", st.BlockedNanos, readings)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if b.BlockedNanos() != 0 {
+		t.Fatalf("BlockedNanos (waits that ended) %d while the only wait goes on", b.BlockedNanos())
+	}
+	b.Ack("down", 1)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if st := b.Stats(); st.BlockedAppends != 0 || st.BlockedNanos < last || st.BlockedNanos != b.BlockedNanos() {
+		t.Fatalf("after the wait: %d appends waiting, blocked %d ns (ended waits %d), want none, >= %d, equal", st.BlockedAppends, st.BlockedNanos, b.BlockedNanos(), last)
+	}
+}

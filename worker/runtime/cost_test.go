@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -123,5 +124,82 @@ func TestCostTaskReleasesStepByStep(t *testing.T) {
 	want := [][]int64{{10}, {20}, {25}}
 	if !slices.EqualFunc(got, want, slices.Equal[[]int64]) || !slices.Equal(sizes, []int{9, 10, 5}) {
 		t.Fatalf("releases %v of %v tuples, want %v of [9 10 5]", got, sizes, want)
+	}
+}
+
+// TestBusyCountsWhileReleasing: a task's busy time counts the release it
+// is processing as it goes, not only once the release ends: an aggregate
+// whose first release costs seconds (1 ms a tuple, scaled 2000 times)
+// shows a second of busy time and more before it has taken a tuple. Before, it read 0 until the release ended, so a
+// sensor window shorter than a release saw the task idle and then at
+// most one window of busy time (the share is capped at 1), which made a
+// saturated task's true rate look several times its real one.
+func TestBusyCountsWhileReleasing(t *testing.T) {
+	const q = `
+name: wc
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: 50}
+operators:
+  - name: counts
+    type: aggregate
+    input: lines
+    window: {size: 2ms}
+    group_by: [line]
+    aggregates: {cnt: "count()"}
+    cost: 1ms
+sinks:
+  - {name: out, input: counts}
+`
+	spec, err := queryspec.Parse("q.yaml", []byte(q))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClusterOpts(t, 1, spec, func(string, int, int) int { return 0 }, Options{CostScale: 2000})
+	defer c.close(t)
+	c.apply()
+	read := func() TaskStats {
+		for _, s := range c.workers[0].rt.Stats() {
+			if s.TaskID == "wc/counts/p0/r0" {
+				return s
+			}
+		}
+		return TaskStats{}
+	}
+	var first TaskStats
+	waitUntil(t, "busy time during the first release", func() bool {
+		first = read()
+		return first.BusyNanos > 0 && first.InTuples == 0
+	})
+	waitUntil(t, "busy time growing during the first release", func() bool {
+		st := read()
+		if st.BusyNanos < first.BusyNanos {
+			t.Fatalf("busy time went back from %d to %d ns", first.BusyNanos, st.BusyNanos)
+		}
+		// A second of it: more than any release without a data tuple
+		// (which costs nothing) adds.
+		return st.BusyNanos-first.BusyNanos >= int64(time.Second) && st.InTuples == 0
+	})
+}
+
+// TestBusyNanosNeverGoesBack: the busy time stats reports adds the
+// release going on to what ended, and never decreases, even when a
+// reading comes between the end of a release and its accounting.
+func TestBusyNanosNeverGoesBack(t *testing.T) {
+	var c taskCounters
+	now := time.Unix(100, 0)
+	since := now.Add(-300 * time.Millisecond).UnixNano()
+	// 300 ms into a release, 100 ms of it blocked on an output.
+	if got := c.busyNanos(since, 50, 50+int64(100*time.Millisecond), now); got != int64(200*time.Millisecond) {
+		t.Fatalf("during a release: %v, want 200ms", time.Duration(got))
+	}
+	// The release ended (busySince cleared) before its time was added:
+	// the reading holds at what was shown.
+	if got := c.busyNanos(0, 0, 0, now); got != int64(200*time.Millisecond) {
+		t.Fatalf("between the end and its accounting: %v, want 200ms", time.Duration(got))
+	}
+	c.busy.Add(int64(250 * time.Millisecond))
+	if got := c.busyNanos(0, 0, 0, now); got != int64(250*time.Millisecond) {
+		t.Fatalf("after the accounting: %v, want 250ms", time.Duration(got))
 	}
 }

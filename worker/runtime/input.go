@@ -614,6 +614,7 @@ func (t *task) processOne(ctx context.Context, emitter operator.Emitter) (done, 
 	}
 	start := time.Now()
 	blocked := t.blockedNanos()
+	t.busyBlocked.Store(blocked)
 	t.busySince.Store(start.UnixNano())
 	if t.mv != nil {
 		// Tentative results go before stable ones are appended.

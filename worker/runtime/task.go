@@ -152,8 +152,10 @@ type task struct {
 	watchIn    []uint64
 	stallKey   string
 	// busySince is when the task began processing its current release
-	// (unix nanoseconds; 0 when it is not processing).
-	busySince atomic.Int64
+	// (unix nanoseconds; 0 when it is not processing), and busyBlocked
+	// what its outputs had blocked it (blockedNanos) then: stats counts
+	// the release's busy time so far (see busyNanos).
+	busySince, busyBlocked atomic.Int64
 	// cost keeps the operator's calibrated per-tuple cost exact over time
 	// (producer goroutine only; see spendCost).
 	cost costClock
