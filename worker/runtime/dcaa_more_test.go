@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -15,18 +16,39 @@ import (
 )
 
 // failureFree runs the property rig's query without any failure and
-// returns its sink's stable output (the reference).
+// returns its sink's stable output (the reference). Stream times do not
+// depend on pacing, so its generators run restSpeed times faster than
+// their rate; the reference is computed once per package run for each
+// maxDelay and limit.
 func failureFree(t *testing.T, maxDelay string, limit int) []tuple.Tuple {
 	t.Helper()
+	key := fmt.Sprintf("%s/%d", maxDelay, limit)
+	failureFreeRuns.mu.Lock()
+	defer failureFreeRuns.mu.Unlock()
+	if ref, ok := failureFreeRuns.m[key]; ok {
+		return ref
+	}
 	q := propQuery(t, "agg", maxDelay, limit)
-	c := newClusterOpts(t, 2, q, func(_ string, p, r int) int { return p + r }, dcaaOpts)
+	opts := dcaaOpts
+	opts.SourceSpeedup = restSpeed
+	c := newClusterOpts(t, 2, q, func(_ string, p, r int) int { return p + r }, opts)
 	defer c.close(t)
 	c.apply()
 	v := viewOf(c.tail(t, propSink0))
 	if v.tentative+v.undos+v.recDones != 0 {
 		t.Fatalf("the failure-free run gave %d tentative, %d UNDO, %d REC_DONE", v.tentative, v.undos, v.recDones)
 	}
+	if failureFreeRuns.m == nil {
+		failureFreeRuns.m = map[string][]tuple.Tuple{}
+	}
+	failureFreeRuns.m[key] = v.stable
 	return v.stable
+}
+
+// failureFreeRuns are the references failureFree computed.
+var failureFreeRuns struct {
+	mu sync.Mutex
+	m  map[string][]tuple.Tuple
 }
 
 // P4, two simultaneous failures: at one instant every replica of source
@@ -43,6 +65,7 @@ func TestDCAATwoSimultaneousFailures(t *testing.T) {
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
 	g.faults[4].HealAll()
+	g.restAtSpeed(t)
 	g.compare(t)
 }
 
@@ -65,6 +88,7 @@ func TestDCAASecondFailureDuringStabilization(t *testing.T) {
 	waitUntil(t, "aggregate replica 0 tentative again", func() bool { return agg.dm.restores.Load() >= 1 && agg.tentative.Load() })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
+	g.restAtSpeed(t)
 	g.compare(t)
 	if n := agg.dm.restores.Load(); n < 2 {
 		t.Fatalf("aggregate replica 0 corrected %d times: want one correction per failure", n)
@@ -113,6 +137,7 @@ func TestDCAAOneReplicaKeepsProducingDuringStabilization(t *testing.T) {
 	g.faults[5].HealAll()
 	g.stableAgain(t, propAgg0)
 	g.stableAgain(t, propAgg1)
+	g.restAtSpeed(t)
 	if both.Load() {
 		t.Fatal("both replicas of the aggregate were in STABILIZATION at once")
 	}
@@ -144,6 +169,7 @@ func TestDCAAMaxDelayZero(t *testing.T) {
 	waitUntil(t, "aggregate replica 0 releasing tentative results", func() bool { return agg.dm.tentSteps.Load() > before+15 })
 	g.faults[2].HealAll()
 	g.stableAgain(t, propAgg0)
+	g.restAtSpeed(t)
 	got := g.compare(t)
 	if got.tentative == 0 {
 		t.Fatal("max_delay 0: no tentative result during the failure")
@@ -173,6 +199,7 @@ func TestDCAAStrictNeverTentative(t *testing.T) {
 		t.Fatal("strict: the aggregate released tentative results")
 	}
 	g.faults[2].HealAll()
+	g.restAtSpeed(t)
 	got := g.compare(t)
 	if got.tentative+got.undos+got.recDones != 0 {
 		t.Fatalf("strict: %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
@@ -213,6 +240,7 @@ func TestDCAATwoQueriesKeepTheirOwnBound(t *testing.T) {
 		t.Fatalf("the query with X = %v released tentative results %v after the failure", slowX, elapsed)
 	}
 	g.faults[2].HealAll()
+	g.restAtSpeed(t)
 	for _, q := range []string{"fast", "slow"} {
 		got := viewOf(g.c.tail(t, q+"/out/p0/r0"))
 		want := viewOf(g.c.tail(t, q+"/out/p0/r1"))
@@ -350,6 +378,8 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	}
 	g.cut(2, dataplane.Hold, 0, 1)
 	waitUntil(t, "aggregate replica 0 dropping kept input", func() bool { return agg.dm.shed.Load() > 3*keep })
+	// What the live input had waiting during the failure (see below).
+	waitedMax, waitedHeld := agg.dm.wait.max.Load(), agg.dm.wait.held.Load()
 	g.faults[2].HealAll()
 	g.stableAgain(t, agg0)
 	if widen > 0 {
@@ -359,6 +389,7 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 		})
 		g.stableAgain(t, id("total", 0))
 	}
+	g.restAtSpeed(t)
 	close(stop)
 	wg.Wait()
 	if m := agg.dm.keptMax.Load(); m > keep {
@@ -369,8 +400,16 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	if w, b := agg.dm.wait.max.Load(), agg.dm.wait.batchMax.Load(); w >= pending+b {
 		t.Fatalf("the aggregate held %d tuples of one input waiting for release, bound %d (+ a batch of at most %d)", w, pending, b)
 	}
-	if !agg.dm.wait.held.Load() {
-		t.Fatal("the aggregate's live input was never held back: the test's failure did not reach the bound")
+	// The failure reached the bound: after some step of the failure the
+	// live input had its bound of tuples waiting, so the machine took no
+	// more of it until a release (the flag the input waits on was set).
+	// Whether the input then actually waited is a race with that
+	// release: on a loaded machine its next batch may come only after
+	// the release step, so the bound counts as reached without it ever
+	// blocking (the only input with data during the failure is the live
+	// one).
+	if !waitedHeld && waitedMax < pending {
+		t.Fatalf("during the failure the aggregate's live input never had its bound of %d tuples waiting (at most %d): the test's failure did not reach the bound", pending, waitedMax)
 	}
 	if mv := g.task(sink0).mv; mv != nil && mv.tentMax.Load() > pending {
 		t.Fatalf("the merging sink kept %d current tentative results of one input, bound %d", mv.tentMax.Load(), pending)
@@ -378,8 +417,8 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	if m := bufMax.Load(); m > bufTuples {
 		t.Fatalf("an output buffer held %d tuples, bound %d", m, bufTuples)
 	}
-	t.Logf("most held: replay %d (bound %d), waiting %d (bound %d), output buffer %d (bound %d)",
-		agg.dm.keptMax.Load(), keep, agg.dm.wait.max.Load(), pending, bufMax.Load(), bufTuples)
+	t.Logf("most held: replay %d (bound %d), waiting %d (bound %d; during the failure %d, input held back %v), output buffer %d (bound %d)",
+		agg.dm.keptMax.Load(), keep, agg.dm.wait.max.Load(), pending, waitedMax, waitedHeld, bufMax.Load(), bufTuples)
 	msg := g.taskState(agg0).Message
 	if !strings.Contains(msg, "could not be corrected") {
 		t.Fatalf("the aggregate's status does not name the results it could not correct: %q", msg)

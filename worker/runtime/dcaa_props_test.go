@@ -132,6 +132,7 @@ func TestDCAAPassSinkSwitchAfterCorrection(t *testing.T) {
 		t.Log("the sink did not pass replica 0's correction (it left it early)")
 	}
 	g.cut(4, dataplane.Reset, 2)
+	g.restAtSpeed(t)
 	g.compare(t)
 }
 
@@ -147,6 +148,7 @@ func TestDCAAPassSinkSwitchWhileTentative(t *testing.T) {
 	g.cut(4, dataplane.Reset, 2)
 	waitUntil(t, "the sink's tentative results taken back", func() bool { return !sink.tentative.Load() })
 	g.faults[2].HealAll()
+	g.restAtSpeed(t)
 	got := g.compare(t)
 	if got.undos == 0 || got.recDones == 0 {
 		t.Fatalf("sink replica 0: %d UNDO, %d REC_DONE: its tentative results were not taken back", got.undos, got.recDones)

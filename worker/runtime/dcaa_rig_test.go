@@ -29,6 +29,7 @@ func newFaultRig(t *testing.T, q *queryspec.Query, n int, faulty []int, opts Opt
 	if err != nil {
 		t.Fatal(err)
 	}
+	opts, pace := pacedOpts(t, opts)
 	shared := dataplane.NewPool()
 	c := &cluster{pool: shared, query: q, specs: map[*worker][]TaskSpec{}}
 	g := &faultRig{faults: map[int]*dataplane.Faults{}}
@@ -44,7 +45,7 @@ func newFaultRig(t *testing.T, q *queryspec.Query, n int, faulty []int, opts Opt
 		c.workers = append(c.workers, startWorkerOpts(t, pool, opts))
 	}
 	t.Cleanup(func() { c.close(t) })
-	g.dcaaRig = &dcaaRig{c: c, q: q}
+	g.dcaaRig = &dcaaRig{c: c, q: q, pace: pace}
 	g.place(t, q, plan, place)
 	return g
 }
@@ -96,4 +97,39 @@ func mustParse(t *testing.T, yaml string) *queryspec.Query {
 		t.Fatal(err)
 	}
 	return q
+}
+
+// restSpeed is the pace of a rig's generators once a test's failure
+// scenario is over (restAtSpeed).
+const restSpeed = 8
+
+// pacedOpts gives a rig's workers one generator pace, at 1 (the
+// generators' own rates) until restAtSpeed.
+func pacedOpts(t *testing.T, opts Options) (Options, *Pace) {
+	t.Helper()
+	if opts.SourcePace != nil {
+		return opts, opts.SourcePace
+	}
+	pace, err := NewPace(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.SourcePace = pace
+	return opts, pace
+}
+
+// restAtSpeed runs the rest of the rig's input restSpeed times faster in
+// wall time: for a test whose failures are over (healed, and their
+// effect seen), the rest of the stream only has to reach its end for the
+// sinks' whole outputs to be compared. Stream times, and so every
+// result, are unchanged (Pace); only the wait for the end is shorter.
+// The streams are long enough for the failures to happen well within
+// them on a loaded machine (a loaded 2-core machine has been seen to
+// take 2 s of a 4 s stream to get the first failure going); at the
+// generators' own rates the rest took most of each test's time.
+func (g *dcaaRig) restAtSpeed(t *testing.T) {
+	t.Helper()
+	if err := g.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 }

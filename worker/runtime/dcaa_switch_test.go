@@ -46,7 +46,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := dcaaOpts
+	opts, pace := pacedOpts(t, dcaaOpts)
 	shared := dataplane.NewPool()
 	faults, downFaults := dataplane.NewFaults(), dataplane.NewFaults()
 	faulty, downFaulty := dataplane.NewPool(faults.DialOption()), dataplane.NewPool(downFaults.DialOption())
@@ -84,7 +84,7 @@ sinks:
 			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
 	c.apply()
-	return &chainRig{dcaaRig: &dcaaRig{c: c, faults: faults, q: q}, downFaults: downFaults}
+	return &chainRig{dcaaRig: &dcaaRig{c: c, faults: faults, q: q, pace: pace}, downFaults: downFaults}
 }
 
 // After a correction (UNDO, corrections, REC_DONE) the aggregate's
@@ -139,6 +139,7 @@ func TestDCAASwitchAfterCorrection(t *testing.T) {
 		return true
 	})
 	g.downFaults.CutOutgoing(agg0w.addr, dataplane.Reset)
+	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
 	t.Logf("aggregate replica 0's offset %d; sink replica 0: %d stable, %d tentative, %d UNDO; reference %d stable", corrected, len(got.stable), got.tentative, got.undos, len(want.stable))
@@ -193,6 +194,7 @@ func TestDCAACorrectionRoutesLikeFailureFreeRun(t *testing.T) {
 	tk0 := g.c.workers[2].rt.task(agg0)
 	waitUntil(t, "aggregate replica 0 tentative", func() bool { return tk0.dm.tentSteps.Load() > 3 })
 	g.faults.HealAll()
+	g.restAtSpeed(t)
 	for p := range 2 {
 		a := stableView(t, bufs[0][p])
 		b := stableView(t, bufs[1][p])

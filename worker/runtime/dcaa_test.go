@@ -25,6 +25,9 @@ type dcaaRig struct {
 	c      *cluster
 	faults *dataplane.Faults
 	q      *queryspec.Query
+	// pace is the rig's generator pace (nil: the rig has none): see
+	// restAtSpeed.
+	pace *Pace
 }
 
 func newDCAARig(t *testing.T, limit int) *dcaaRig {
@@ -44,7 +47,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := dcaaOpts
+	opts, pace := pacedOpts(t, dcaaOpts)
 	shared := dataplane.NewPool()
 	faults := dataplane.NewFaults()
 	faulty := dataplane.NewPool(faults.DialOption())
@@ -70,7 +73,7 @@ sinks:
 			Fragment: pl.Fragment, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
 	c.apply()
-	return &dcaaRig{c: c, faults: faults, q: q}
+	return &dcaaRig{c: c, faults: faults, q: q, pace: pace}
 }
 
 // replicaState is the replica state task id reports.
@@ -183,7 +186,7 @@ sinks:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := dcaaOpts
+	opts, pace := pacedOpts(t, dcaaOpts)
 	shared := dataplane.NewPool()
 	faults := dataplane.NewFaults()
 	faulty := dataplane.NewPool(faults.DialOption())
@@ -219,7 +222,7 @@ sinks:
 			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
 	c.apply()
-	return &dcaaRig{c: c, faults: faults, q: q}
+	return &dcaaRig{c: c, faults: faults, q: q, pace: pace}
 }
 
 func (g *dcaaRig) taskState(id string) TaskState {
@@ -298,6 +301,11 @@ func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
 		t.Fatalf("tentative aggregate replica reports %v", st)
 	}
 	g.faults.HealAll()
+	waitUntil(t, "aggregate replica 0 STABLE again", func() bool {
+		st := g.taskState(agg0)
+		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
+	})
+	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
 	t.Logf("replica 0: %d stable, %d tentative, %d UNDO, %d REC_DONE; reference %d stable", len(got.stable), got.tentative, got.undos, got.recDones, len(want.stable))
@@ -310,10 +318,6 @@ func TestDCAALongFailureTentativeThenCorrected(t *testing.T) {
 		t.Logf("replica 1's output holds %d tentative, %d UNDO, %d REC_DONE", want.tentative, want.undos, want.recDones)
 	}
 	sameStable(t, got.stable, want.stable, 40)
-	waitUntil(t, "aggregate replica 0 STABLE again", func() bool {
-		st := g.taskState(agg0)
-		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
-	})
 	// Replica 0 reconciled with its peer's permission, asked over the
 	// data plane.
 	r0 := g.c.workers[2].rt.task(agg0).dm
@@ -366,6 +370,10 @@ func TestDCAAShortFailureCostsNothing(t *testing.T) {
 		return g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_UP_FAILURE
 	})
 	g.faults.HealAll()
+	waitUntil(t, "aggregate replica 0 STABLE again", func() bool {
+		return g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	})
+	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
 	if got.tentative+got.undos+got.recDones != 0 {
@@ -388,6 +396,8 @@ func TestDCAAOneReplicaLostNoTentative(t *testing.T) {
 	})
 	before := g.faults.BytesFrom(up1)
 	g.faults.CutOutgoing(up0, dataplane.Hold)
+	waitUntil(t, "aggregate replica 0 reading from source replica 1", func() bool { return g.faults.BytesFrom(up1)-before >= 8<<10 })
+	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
 	if moved := g.faults.BytesFrom(up1) - before; moved < 8<<10 {

@@ -85,6 +85,7 @@ sinks:
 		st := g.taskState(last0)
 		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
 	})
+	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(q.Name, "out", 0, 1)))
 	t.Logf("sink replica 0: %d stable, %d tentative, %d UNDO; replica 1: %d stable, %d tentative", len(got.stable), got.tentative, got.undos, len(want.stable), want.tentative)

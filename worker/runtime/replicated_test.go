@@ -85,8 +85,11 @@ func runQuery(t *testing.T, q *queryspec.Query, run replicatedRun) [][]tuple.Tup
 		for _, st := range w.rt.States() {
 			tk := w.rt.task(st.TaskID)
 			for _, o := range tk.outs {
-				if n := o.buf.Stats().Overrun; n > 0 && tk.node.Kind != queryspec.KindSink {
-					t.Errorf("%s: output to %s[%d] overran %d tuples", st.TaskID, o.consumer, o.partition, n)
+				if bs := o.buf.Stats(); bs.Overrun > 0 && tk.node.Kind != queryspec.KindSink {
+					// Who held it now (the worker's log names, when it
+					// happened, the subscriber that missed the tuples).
+					t.Errorf("%s: output to %s[%d] overran %d tuples (now: last id %d, %d subscribers, %d connected, %d expected ones never came; laggard %q acked %d, connected %v)",
+						st.TaskID, o.consumer, o.partition, bs.Overrun, bs.LastID, bs.Subscribers, bs.Connected, bs.Missing, bs.Laggard, bs.LaggardAck, bs.LaggardConnected)
 				}
 			}
 		}
