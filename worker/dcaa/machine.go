@@ -211,6 +211,15 @@ type Deliver struct {
 	// way the caller must not use Tuples after the Step. Without an
 	// owner the machine copies the tuples it keeps.
 	Owner Releaser
+	// Renumber: the input realigned its stream by stream time onto a
+	// replica whose stable ids number other results than the ones it
+	// took (after a correction upstream that could not make every
+	// result exact; the runtime's lineage watch). The batch's first
+	// stable tuple or boundary is new whatever its id, and the input
+	// follows that replica's numbering from it on: its last stable id
+	// becomes the one before (it may go down), so neither it nor what
+	// follows is dropped as resent.
+	Renumber bool
 }
 
 // SubscriptionFailed says the input's subscription ended with an error
@@ -777,6 +786,14 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in.heard, in.silent, in.spoke = m.now, false, true
 	drop := m.dropPoint()
 	ts := ev.Tuples
+	if ev.Renumber {
+		for k := range ts {
+			if t := ts[k].Type; (t == tuple.Stable || t == tuple.Boundary) && ts[k].ID > 0 {
+				in.lastStable = ts[k].ID - 1
+				break
+			}
+		}
+	}
 	// held counts the segments of stable data kept in the batch's own
 	// memory; pinned: some of it is referenced elsewhere (tentative data,
 	// a tuple kept out of order), so it is never handed back.

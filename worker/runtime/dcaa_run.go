@@ -184,41 +184,47 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	// may send them before this task hears of the plan); the levels rise
 	// at the machine's stable steps (release).
 	d.t.merge.noteMarks(in.idx, ts)
-	marks := markersOf(ts)
 	// A switch onto a replica whose stable ids mean other results
-	// (dcaa_lineage.go): named like an upstream's record.
+	// (dcaa_lineage.go): the input realigns by stream time, and names
+	// only what it cannot vouch for, like an upstream's record.
 	attempt := in.machineAttempt.Load()
 	taken := in.stableTaken.Load()
-	in.lw.batch(in.lw.attempt != attempt, b.Lineage, b.LineageSince, taken)
+	fresh := in.lw.attempt != attempt
 	in.lw.attempt = attempt
-	// Two short scans (usually one step each), not a pass over the batch.
-	firstNew, lastStable := -1, -1
-	for k := range ts {
-		if tp := ts[k].Type; (tp == tuple.Stable || tp == tuple.Boundary) && ts[k].ID > taken {
-			firstNew = k
-			break
-		}
+	al := in.lw.align(ts, fresh, b.Lineage, b.LineageSince, taken)
+	if al.resubscribe {
+		d.t.log.Info("DCAA input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
+			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)
+		return errRealign // unacknowledged: runMachine resubscribes after resumeAt
 	}
-	for k := len(ts) - 1; k >= firstNew && firstNew >= 0; k-- {
-		if tp := ts[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
-			lastStable = k
-			break
-		}
+	for _, r := range al.named {
+		d.t.log.Warn("DCAA input switched to an upstream replica that numbers its results otherwise; results of one range named as not corrected",
+			"input", in.upstream, "partition", in.upPartition, "from", r[0], "to", r[1])
 	}
-	if firstNew >= 0 {
-		if from, to, ok := in.lw.took(ts[firstNew].STime); ok {
-			d.t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
-				"input", in.upstream, "partition", in.upPartition, "from", from, "to", to)
-			marks = append(marks, [2]int64{from, to})
+	ts, marks := al.ts, al.marks
+	if al.skip {
+		// Realigning, all of it was taken from the other replica:
+		// acknowledged, not delivered; the machine hears the input is
+		// alive.
+		if len(marks) > 0 {
+			if err := d.divergeBefore(ctx, marks); err != nil {
+				return err
+			}
+			in.diverged.Store(true)
+			if err := d.relayUncorrectable(ctx, marks); err != nil {
+				return err
+			}
 		}
-		in.lw.took(ts[lastStable].STime)
+		d.heartbeat(in, fedstreampb.ReplicaState(in.health.upState.Load()), wm, true)
+		b.Release()
+		return nil
 	}
 	if len(marks) > 0 {
 		if err := d.divergeBefore(ctx, marks); err != nil {
 			return err
 		}
 	}
-	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b}
+	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b, Renumber: al.renumber}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
 		return err
 	}
@@ -266,6 +272,12 @@ func endBatch(after uint64) *dataplane.Batch {
 	return &dataplane.Batch{Tuples: []tuple.Tuple{{Type: tuple.Boundary, STime: finalBoundary}},
 		FirstID: after + 1, LastID: after + 1, Encoded: enc, Offsets: []int{0}}
 }
+
+// errRealign ends a subscription whose first batch showed that the
+// replica numbers its stable ids otherwise past the ones both share
+// (lineageWatch.startRealign): the input subscribes again to it after
+// the last shared id, to realign by stream time.
+var errRealign = errors.New("dcaa: upstream replica numbers its stable ids otherwise: resubscribing to realign by stream time")
 
 // errReplaced ends a subscription whose batch the machine ignored: it had
 // moved the input to another attempt (see dcaa.Deliver.Attempt).
@@ -868,7 +880,18 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 		if !ok {
 			err = fmt.Errorf("no placement known for %s partition %d replica %d", in.upstream, in.upPartition, tg.replica)
 		} else {
-			if tg.after < in.sub.LastID() {
+			switch {
+			case in.lw.re.on && in.lw.attempt == tg.attempt:
+				// Realigning (deliver): the same replica again, from
+				// the last stable id both numberings share.
+				in.sub.ResumeAfter(in.lw.re.resumeAt)
+			case in.lw.re.on:
+				// A new attempt ended the realignment: it resumes after
+				// the machine's last stable id, and its first batch is
+				// checked again.
+				in.lw.re.on = false
+				in.sub.ResumeAfter(tg.after)
+			case tg.after < in.sub.LastID():
 				in.sub.ResumeAfter(tg.after)
 			}
 			in.machineAttempt.Store(tg.attempt)
@@ -876,6 +899,10 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			progressed, _, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return
+			}
+			if errors.Is(err, errRealign) {
+				backoff.Reset()
+				continue
 			}
 			if errors.Is(err, dataplane.ErrEndedBefore) {
 				log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): taken as the end of the input",
