@@ -1,9 +1,15 @@
 package coordinator
 
 import (
+	"cmp"
+	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -23,7 +29,28 @@ type acksReceived struct {
 	// at is when every task's acknowledgement of (query, epoch) was
 	// received.
 	at map[acksKey]time.Time
+	// parked are the reports held until the report that completes a
+	// plan's acknowledgements arrives (writeReport).
+	parked []*parkedReport
+	// holdFor replaces reconfigAckHold when set (tests).
+	holdFor time.Duration
 }
+
+// parkedReport is a worker's report waiting to be written with others.
+type parkedReport struct {
+	upd fsm.UpdateTaskStatesRequest
+	// done receives the report's outcome once written (capacity one:
+	// the writer never waits for the reader).
+	done chan error
+}
+
+// reconfigAckHold bounds how long the leader holds a report that
+// acknowledges a plan some other task has not acknowledged yet: about
+// the spread between the workers' reports at low load (they learn the
+// plan within a few milliseconds of each other, and each holds its own
+// report until all its tasks installed the plan, reconfigSettleMax in
+// the worker). A report held longer is written on its own, as before.
+const reconfigAckHold = 20 * time.Millisecond
 
 type acksKey struct {
 	query string
@@ -35,8 +62,11 @@ type acksKey struct {
 const acksReceivedKeep = 256
 
 // noteAcksReceived takes the acknowledgements of a report received by the leader and
-// records the plans whose every task has now acknowledged them.
-func (s *Server) noteAcksReceived(reports []*pb.TaskState) {
+// records the plans whose every task has now acknowledged them. hold
+// reports whether the report acknowledges a plan that is still loading
+// and that some other task has not acknowledged yet (writeReport holds
+// such a report for the one that completes the plan).
+func (s *Server) noteAcksReceived(reports []*pb.TaskState) (hold bool) {
 	a := &s.acks
 	now := time.Now()
 	queries := map[string]bool{}
@@ -72,6 +102,11 @@ func (s *Server) noteAcksReceived(reports []*pb.TaskState) {
 			for _, t := range tasks {
 				all = all && t.WorkerID != "" && max(t.ReconfigAcked, a.seen[t.ID]) >= p.Epoch
 			}
+			if !all {
+				for _, t := range tasks {
+					hold = hold || (t.ReconfigAcked < p.Epoch && acksIn(reports, t.ID) >= p.Epoch)
+				}
+			}
 			if all {
 				if len(a.at) >= acksReceivedKeep {
 					clear(a.at)
@@ -85,6 +120,118 @@ func (s *Server) noteAcksReceived(reports []*pb.TaskState) {
 			}
 		}
 	}
+	return hold
+}
+
+// acksIn is the epoch the reports acknowledge for task id (0: none).
+func acksIn(reports []*pb.TaskState, id string) uint64 {
+	for _, t := range reports {
+		if t.TaskId == id && t.Reconfig != nil {
+			return t.Reconfig.Acked
+		}
+	}
+	return 0
+}
+
+// writeReport commits a worker's report (UpdateTaskStates). A plan
+// switches once every task's acknowledgement is applied in Raft, and each
+// write is a log append with its fsync: written as they came, the first
+// worker's report went alone and the last one's waited for that write
+// before its own, two writes on the path of every plan. So a report that
+// acknowledges a plan still waiting for other tasks (hold) is held, for
+// reconfigAckHold at most, and the next report that needs no holding
+// (normally the one completing the plan's acknowledgements) is written
+// in one entry with every report held (UpdateTaskStatesBatch, once every
+// coordinator speaks protocol 10). Holding delays no decision: the plan
+// cannot switch before the last acknowledgement anyway.
+func (s *Server) writeReport(ctx context.Context, upd fsm.UpdateTaskStatesRequest, wait bool) error {
+	a := &s.acks
+	batching := s.canPropose(fsm.UpdateTaskStatesBatchType) == nil
+	if !batching {
+		return s.writeReports(ctx, []*parkedReport{{upd: upd, done: make(chan error, 1)}})
+	}
+	own := &parkedReport{upd: upd, done: make(chan error, 1)}
+	if !wait {
+		a.mu.Lock()
+		batch := append(a.parked, own)
+		a.parked = nil
+		a.mu.Unlock()
+		if err := s.writeReports(ctx, batch); err != nil {
+			return err
+		}
+		return <-own.done
+	}
+	a.mu.Lock()
+	a.parked = append(a.parked, own)
+	hold := cmp.Or(a.holdFor, reconfigAckHold)
+	a.mu.Unlock()
+	limit := time.NewTimer(hold)
+	defer limit.Stop()
+	select {
+	case err := <-own.done:
+		return err
+	case <-limit.C:
+	case <-ctx.Done():
+	}
+	// Held long enough (or the caller gave up): write what is held,
+	// unless a writer took this report meanwhile.
+	a.mu.Lock()
+	batch := a.parked
+	taken := !slices.Contains(batch, own)
+	if !taken {
+		a.parked = nil
+	}
+	a.mu.Unlock()
+	if !taken {
+		if err := s.writeReports(ctx, batch); err != nil {
+			return err
+		}
+	}
+	return <-own.done
+}
+
+// writeReports commits the reports in one entry (one report: the plain
+// UpdateTaskStates) and tells each its outcome on its done channel. Its
+// error is the write's own (nothing was delivered then: every report
+// gets it too). The write does not end with any one caller's context:
+// it carries the other reports.
+func (s *Server) writeReports(ctx context.Context, batch []*parkedReport) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	deliver := func(err error) error {
+		for _, p := range batch {
+			p.done <- err
+		}
+		return err
+	}
+	if len(batch) == 1 {
+		res, err := s.apply(wctx, fsm.UpdateTaskStatesType, batch[0].upd)
+		if err == nil && res.Err != nil {
+			err = status.Errorf(codes.FailedPrecondition, "report tasks: %v", res.Err)
+		}
+		deliver(err)
+		return nil
+	}
+	req := fsm.UpdateTaskStatesBatchRequest{}
+	for _, p := range batch {
+		req.Reports = append(req.Reports, p.upd)
+	}
+	res, err := s.apply(wctx, fsm.UpdateTaskStatesBatchType, req)
+	if err != nil {
+		return deliver(err)
+	}
+	if res.Err != nil {
+		return deliver(status.Errorf(codes.FailedPrecondition, "report tasks: %v", res.Err))
+	}
+	out, _ := res.Value.(*fsm.UpdateTaskStatesBatchResult)
+	for i, p := range batch {
+		var err error
+		if out != nil && i < len(out.Errs) && out.Errs[i] != "" {
+			err = status.Errorf(codes.FailedPrecondition, "report tasks: %s", out.Errs[i])
+		}
+		p.done <- err
+	}
+	return nil
 }
 
 // ReconfigAcksReceived is when this coordinator, as the leader, had

@@ -198,13 +198,9 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		upd.States = append(upd.States, u)
 	}
-	s.noteAcksReceived(reports)
-	res, err := s.apply(ctx, fsm.UpdateTaskStatesType, upd)
-	if err != nil {
+	hold := s.noteAcksReceived(reports)
+	if err := s.writeReport(ctx, upd, hold); err != nil {
 		return nil, err
-	}
-	if res.Err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "report tasks: %v", res.Err)
 	}
 	return resp, nil
 }

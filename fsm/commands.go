@@ -88,6 +88,7 @@ var messageTypeNames = map[MessageType]string{
 	ApplyPlanType:             "ApplyPlan",
 	ReconfigureQueryType:      "ReconfigureQuery",
 	HealthLogType:             "HealthLog",
+	UpdateTaskStatesBatchType: "UpdateTaskStatesBatch",
 }
 
 // String names the type, e.g. "SubmitQuery" or "Unknown(0x85)".

@@ -86,6 +86,7 @@ var commandDecoders = map[MessageType]func() command{
 	DeleteHostedTaskType:      func() command { return &DeleteHostedTaskRequest{} },
 	AbortMoveType:             func() command { return &AbortMoveRequest{} },
 	HealthLogType:             func() command { return &HealthLogRequest{} },
+	UpdateTaskStatesBatchType: func() command { return &UpdateTaskStatesBatchRequest{} },
 }
 
 // decodeBody decodes one JSON value and rejects trailing data. Unknown

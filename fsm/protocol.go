@@ -35,10 +35,13 @@ package fsm
 //	9: live rescales of generator sources: the stream start of each
 //	   partition a rescale added (SlotMapUpdate.Starts, SlotMap.Starts).
 //	   No new command type: the leader checks ApplyPlanRequest.Protocol.
+//	10: UpdateTaskStatesBatchType (several workers' task reports in one
+//	   entry: the acknowledgements of a reconfiguration plan written
+//	   together).
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 9
+const ProtocolVersion = 10
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.
@@ -66,6 +69,7 @@ var commandProtocol = map[MessageType]int{
 	DeleteHostedTaskType:      7,
 	AbortMoveType:             7,
 	HealthLogType:             8,
+	UpdateTaskStatesBatchType: 10,
 }
 
 // ProtocolOf returns the protocol version that introduced t; ok is false
