@@ -90,7 +90,8 @@ func (l *healthLoop) addWindows(hq *healthQuery, tasks []reportedTask) {
 			}
 			byFrag[t.Fragment] = append(byFrag[t.Fragment], health.Instance{Task: t.ID, Partition: t.Partition, Worker: t.WorkerID,
 				InRate: ts.InTps, OutRate: ts.OutTps, Busy: ts.Busy, Queue: float64(ts.Queue + held[t.Fragment][t.Partition]),
-				BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples), LagS: ts.SourceLagS})
+				BlockedMs: ts.BackpressureMsPerS, Unacked: float64(ts.UnackedTuples), LagS: ts.SourceLagS,
+				WindowS: float64(ts.WindowMs) / 1e3, OpenBusyS: ts.OpenBusyS})
 		}
 		for frag, ins := range byFrag {
 			sort.Slice(ins, func(i, j int) bool { return ins[i].Partition < ins[j].Partition })

@@ -129,6 +129,7 @@ func (s *sensors) rates(workerID string, stats []wrt.TaskStats, now time.Time) [
 			CpuSecondsPerS:     busy,
 			BackpressureMsPerS: float64(st.BlockedNanos-p.s.BlockedNanos) / 1e6 / secs,
 			SourceLagS:         st.SourceLag.Seconds(),
+			OpenBusyS:          float64(st.OpenBusyNanos) / 1e9,
 		})
 		for _, h := range st.Held {
 			ts := out[len(out)-1]

@@ -35,7 +35,10 @@ import (
 //     phase), and an oscillation is a scale-down of an operator after a
 //     scale-up of it.
 //   - noise (d): an hour of stationary load, 60% of capacity with +-20%
-//     noise (a new factor every second, drawn uniformly from 48%..72%),
+//     noise (a new factor every second, drawn uniformly from 48%..72% of
+//     the mean; capacity is that of the bottleneck, the counter partition
+//     with the most words, and the splitters as many as that load keeps
+//     about 60% busy: see runRealNoise),
 //     compressed in time by a ratio: the sensor window, the policy's
 //     interval and its settling time are divided by it, and the noise
 //     changes every compressed second. The policy sees the same number
@@ -55,6 +58,8 @@ const (
 	// actions still pending to be judged (a splitter's rescale under a
 	// backlog takes tens of seconds, then the settling time).
 	loadJudgeWait = time.Minute
+	// noiseCounters is the noise scenario's counter parallelism (DS2's).
+	noiseCounters = 20
 	// noiseHour is the stationary time the noise scenario stands for.
 	noiseHour = time.Hour
 	// noiseWarmup is the wall time the noise scenario runs at its mean
@@ -125,7 +130,11 @@ type RealNoise struct {
 	SensorWindow string `json:"sensor_window"`
 	// MeanLoad and Noise: the source's pace is MeanLoad*(1+-Noise) of
 	// the calibrated full load; MeasuredMeanRate the source rate the
-	// sensors measured over the counted part.
+	// sensors measured over the counted part. MeanLoad puts the counter
+	// partition with the most words (HottestShare of them) at 60% of its
+	// capacity; Splitters are as many as keep about 60% busy.
+	HottestShare     float64           `json:"hottest_counter_share"`
+	Splitters        int               `json:"splitters"`
 	MeanLoad         float64           `json:"mean_load"`
 	Noise            float64           `json:"noise"`
 	MeasuredMeanRate float64           `json:"measured_mean_source_rate"`
@@ -426,7 +435,22 @@ func runRealNoise(ctx context.Context, o loadOptions) (*RealNoise, error) {
 	if err != nil {
 		return nil, err
 	}
-	const mean, noise = 0.6, 0.2
+	// 60% of the capacity of the query as submitted: of its bottleneck,
+	// the counter partition with the most words (hottestCounterShare), not
+	// of the mean counter. At 60% of the mean counter's capacity (600
+	// sentences/s) the two hottest partitions ran at 94-95% busy, `words`
+	// blocked on them about 1000 ms/s and the counters took about 344 of
+	// the 529 sentences/s the source sent (1 s sensor windows): no
+	// stationary load, and the health manager's actions were right to
+	// see a bottleneck. The splitters are as many as that load keeps
+	// about 60% busy (10 would sit under the idle threshold).
+	const target, noise = 0.6, 0.2
+	share, err := hottestCounterShare(100000, noiseCounters)
+	if err != nil {
+		return nil, err
+	}
+	mean := min(target, target/(share*noiseCounters))
+	splitters := max(1, int(math.Round(mean*float64(o.sentences)/(target*cal.SplitterCapacity))))
 	pace, err := runtime.NewPace(mean)
 	if err != nil {
 		return nil, err
@@ -443,16 +467,17 @@ func runRealNoise(ctx context.Context, o loadOptions) (*RealNoise, error) {
 	second, settle := time.Second/ratio, o.settle/ratio
 	wall := span / ratio
 	r := &RealNoise{Mode: "real_org", SimulatedS: int(span.Seconds()), Ratio: o.ratio, Interval: second.String(), Settle: settle.String(), Warmup: o.settle.String(),
-		SensorWindow: second.String(), MeanLoad: mean, Noise: noise, LoadAvg: map[string]string{"start": benchmark.LoadAverage()}}
-	r.Setup = fmt.Sprintf("one process: 1 coordinator and %d workers; the word count of scenario (a) (full load %d sentences/s) at 10 splitters + 20 counters; sensor window and policy interval 1s/%d = %s, settling %s/%d = %s (10-sample window), the loop's warm-up after the start %s (not compressed: the tasks start in wall time); the source paced at %.0f%% of full load with a new factor every %s drawn uniformly from +-%.0f%% (seed %d); %s (wall) at the mean load first; every action from the submission on counted",
-		realWorkers, o.sentences, o.ratio, second, o.settle, o.ratio, settle, o.settle, mean*100, second, noise*100, o.seed, warm)
-	w, err := startWordcountOrg(ctx, wordcountOrgConfig{sentences: o.sentences, splitters: 10, counters: 20, interval: second, settle: settle,
+		SensorWindow: second.String(), MeanLoad: mean, Noise: noise, HottestShare: math.Round(share*1e4) / 1e4, Splitters: splitters,
+		LoadAvg: map[string]string{"start": benchmark.LoadAverage()}}
+	r.Setup = fmt.Sprintf("one process: 1 coordinator and %d workers; the word count of scenario (a) (full load %d sentences/s) at %d splitters + %d counters; sensor window and policy interval 1s/%d = %s, settling %s/%d = %s (10-sample window), the loop's warm-up after the start %s (not compressed: the tasks start in wall time); the source paced at %.1f%% of full load, 60%% of the hottest counter partition's capacity (it gets %.1f%% of the words), with a new factor every %s drawn uniformly from +-%.0f%% (seed %d); %s (wall) at the mean load first; every action from the submission on counted",
+		realWorkers, o.sentences, splitters, noiseCounters, o.ratio, second, o.settle, o.ratio, settle, o.settle, mean*100, share*100, second, noise*100, o.seed, warm)
+	w, err := startWordcountOrg(ctx, wordcountOrgConfig{sentences: o.sentences, splitters: splitters, counters: noiseCounters, interval: second, settle: settle,
 		warmup: o.settle, window: second, pace: pace, logger: o.logger}, cal)
 	if err != nil {
 		return nil, err
 	}
 	defer w.close()
-	o.say("noise", "submitted at 10 + 20; %s at %.0f%% load, then %s of noise (%s compressed %dx)", warm, mean*100, wall, span, o.ratio)
+	o.say("noise", "submitted at %d + %d; %s at %.0f%% load (60%% of the hottest counter partition's capacity), then %s of noise (%s compressed %dx)", splitters, noiseCounters, warm, mean*100, wall, span, o.ratio)
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()

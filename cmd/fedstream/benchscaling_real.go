@@ -183,6 +183,36 @@ func wordsPerSentence(n int) (float64, error) {
 	return float64(words) / float64(n), nil
 }
 
+// hottestCounterShare is the largest share of the word count's words (n
+// sentences of its generator) that one of counters partitions receives
+// under the initial slot map (slot s to partition s*counters/NumSlots).
+// The words follow a Zipf law: with 20 counters three partitions take
+// 2.3-2.8 times the mean share, so "60% of capacity" is well over it for
+// them.
+func hottestCounterShare(n, counters int) (float64, error) {
+	g, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 42}, 0)
+	if err != nil {
+		return 0, err
+	}
+	var t tuple.Tuple
+	per := make([]int, counters)
+	words := 0
+	for range n {
+		if !g.Next(&t) {
+			return 0, fmt.Errorf("the words generator stopped")
+		}
+		for _, w := range strings.Fields(t.Values[0].S) {
+			per[queryspec.PartitionOfSlot(queryspec.Slot([]tuple.Value{tuple.Str(w)}), counters)]++
+			words++
+		}
+	}
+	hot := 0
+	for _, c := range per {
+		hot = max(hot, c)
+	}
+	return float64(hot) / float64(words), nil
+}
+
 // realCalibration scales DS2's word count to sentences per second.
 func realCalibration(sentences int) (RealCalibration, error) {
 	wps, err := wordsPerSentence(100000)

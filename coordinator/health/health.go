@@ -55,6 +55,11 @@ type Instance struct {
 	// at the sample's end (0: on schedule, or not a generator with a
 	// rate, or a worker that does not report it).
 	LagS float64
+	// WindowS is the length of the sensor window the figures cover, in
+	// seconds (0: unknown), and OpenBusyS the busy time of the release in
+	// progress at its end: counted in Busy as it runs, while its tuples
+	// count in InRate only once it ends (see trueRates).
+	WindowS, OpenBusyS float64
 }
 
 // Sample is one reading of every instance of a fragment.
@@ -208,8 +213,10 @@ type Symptoms struct {
 	Fragment string
 	Set      map[string]bool
 	// Outlier is the instance (partition) with the skewed queue or rate,
-	// -1 when none.
-	Outlier int
+	// -1 when none; Faster the one with the skewed rate (rate_skew), -1
+	// when none (another partition than Outlier when the queue skew's
+	// differs).
+	Outlier, Faster int
 	// Why says in words what was seen.
 	Why []string
 }
@@ -515,7 +522,7 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 	get := func(name string) *Symptoms {
 		s := byFrag[name]
 		if s == nil {
-			s = &Symptoms{Fragment: name, Outlier: -1}
+			s = &Symptoms{Fragment: name, Outlier: -1, Faster: -1}
 			byFrag[name] = s
 		}
 		return s
@@ -587,6 +594,7 @@ func Detect(q *Query, c Config) (out []Symptoms, belowSLO bool, why string) {
 		if p := outlier(perPartition(f, win, func(i Instance) float64 { return i.InRate }), c.SkewRatio, 0); p >= 0 {
 			s := get(f.Name)
 			s.add(SymRateSkew, fmt.Sprintf("partition %d takes more tuples per second than the others", p))
+			s.Faster = p
 			if s.Outlier < 0 {
 				s.Outlier = p
 			}
@@ -765,14 +773,16 @@ func Diagnose(q *Query, syms []Symptoms, belowSLO bool, sloWhy string, c Config)
 			d.Name, d.Partition = DiagDataSkew, s.Outlier
 		case pressure && s.Has(SymQueueSkew) && s.Outlier >= 0 && slower(q.Fragment(s.Fragment), s.Outlier, c):
 			d.Name, d.Partition = DiagSlowInstance, s.Outlier
-		case pressure && s.Has(SymRateSkew) && s.Outlier >= 0:
+		case pressure && s.Has(SymRateSkew) && s.Faster >= 0:
 			// Consumers pull: the backlog in front of a hot partition
 			// may sit in its upstreams' output buffers (counted per
 			// upstream, not per partition) rather than in its own queue.
 			// A backlog with one partition far faster than the others
 			// (past SkewRatio, where a slow one runs at their pace or
-			// slower) is that partition's extra keys.
-			d.Name, d.Partition = DiagDataSkew, s.Outlier
+			// slower) is that partition's extra keys: that partition's,
+			// not the one with the larger queue when they differ (that
+			// one took no more than the others).
+			d.Name, d.Partition = DiagDataSkew, s.Faster
 		case pressure && heldBySlowest(q.Fragment(s.Fragment), c) >= 0:
 			// Under backpressure every partition is held to the pace of
 			// the slowest, and once every buffer in front of them is full
@@ -833,31 +843,97 @@ func similarRate(f *Fragment, p int, c Config) bool {
 
 // slower reports whether partition p of f takes fewer tuples per second
 // of useful time than the median of the others by SlowRatio (see
-// Config.SlowRatio), over the window. Where that cannot be told (no
-// SlowRatio, or too little useful time on either side for a true rate)
-// it says yes: Dhalion's table alone decides.
+// Config.SlowRatio), over the window (trueRates). Where that cannot be
+// told (no SlowRatio, or too little useful time on either side for a
+// true rate) it says yes: Dhalion's table alone decides. But a partition
+// that completed no tuple in the window while others did is not slower
+// for it: it is in the middle of a release longer than the window, or
+// waiting for an input, and the next windows tell its rate (with the
+// bench's compressed 33 ms windows a hot counter partition working
+// through a release of 100 ms and more took nothing for a whole window
+// and was moved as a slow instance).
 func slower(f *Fragment, p int, c Config) bool {
 	if f == nil || c.SlowRatio <= 0 {
 		return true
 	}
-	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
-	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
-	// Each partition's useful time over the window must reach its share
-	// of MinBusy for its rate per useful second to mean anything.
-	floor := c.MinBusy / float64(max(len(f.Samples), 1))
-	if busy[p] < floor {
-		return true
-	}
+	rates, took := trueRates(f, c)
 	var others []float64
-	for q, b := range busy {
-		if q != p && b >= floor {
-			others = append(others, in[q]/b)
+	for q, r := range rates {
+		if q != p {
+			others = append(others, r)
 		}
+	}
+	r, ok := rates[p]
+	if !ok {
+		return took[p] || len(others) == 0
 	}
 	if len(others) == 0 {
 		return true
 	}
-	return in[p]/busy[p]*c.SlowRatio < median(others)
+	return r*c.SlowRatio < median(others)
+}
+
+// trueRates returns the true processing rate (tuples per second of
+// useful time) of each partition of f over its window, where it can be
+// told: the partition took tuples, and its useful time reaches its share
+// of MinBusy. took says which partitions took any tuple.
+//
+// The rate counts completed releases only. A task's busy time counts a
+// release as it runs and its tuples once it ends, so over a window the
+// tuples of a release going on at the window's end are missing while its
+// busy time is in, and a release going on at its start brings all its
+// tuples and only part of its busy time. With the sensors' OpenBusyS
+// (the busy time of the release going on at a sample's end) and window
+// lengths, the useful time is the busy time after the first sample, plus
+// the release open at its end, less the one open at the window's end:
+// exactly the busy time of the releases whose tuples the window counts.
+// Without them (older workers, recorded windows) it is the window's
+// busy share.
+func trueRates(f *Fragment, c Config) (rates map[int]float64, took map[int]bool) {
+	byP := map[int][]Instance{}
+	for _, s := range f.Samples {
+		for _, in := range s.Instances {
+			byP[in.Partition] = append(byP[in.Partition], in)
+		}
+	}
+	floor := c.MinBusy / float64(max(len(f.Samples), 1))
+	rates, took = map[int]float64{}, map[int]bool{}
+	for p, ins := range byP {
+		tuples, useful, share := completedWork(ins)
+		took[p] = tuples > 0
+		if tuples > 0 && useful > 0 && share >= floor {
+			rates[p] = tuples / useful
+		}
+	}
+	return rates, took
+}
+
+// completedWork sums one partition's samples (oldest first): the tuples
+// its completed releases took and their useful time, both per sample
+// (as sums of InRate and Busy over the samples are: where the samples
+// say their windows, the seconds are divided by the mean window), and
+// its busy share over the window.
+func completedWork(ins []Instance) (tuples, useful, share float64) {
+	timed := len(ins) >= 2
+	for _, in := range ins {
+		timed = timed && in.WindowS > 0
+	}
+	if !timed {
+		for _, in := range ins {
+			tuples += in.InRate
+			useful += in.Busy
+		}
+		return tuples, useful, useful / float64(max(len(ins), 1))
+	}
+	span, busy := 0.0, 0.0
+	for _, in := range ins[1:] {
+		tuples += in.InRate * in.WindowS
+		busy += in.Busy * in.WindowS
+		span += in.WindowS
+	}
+	useful = max(0, busy+ins[0].OpenBusyS-ins[len(ins)-1].OpenBusyS)
+	w := span / float64(len(ins)-1)
+	return tuples / w, useful / w, busy / span
 }
 
 // heldBySlowest returns the partition of f that holds the others back, or
@@ -870,15 +946,18 @@ func heldBySlowest(f *Fragment, c Config) int {
 	if f == nil || c.SlowRatio <= 0 || c.SaturatedBusy <= 0 || len(f.Samples) < c.MinSamples {
 		return -1
 	}
-	in := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
 	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
-	if len(in) < 2 {
+	if len(busy) < 2 {
 		return -1
 	}
+	// True rates of completed releases (trueRates): a partition in the
+	// middle of a long release reads busy and no tuples, which is no
+	// rate of 0.
+	rates, _ := trueRates(f, c)
 	best, bestTrue := -1, math.Inf(1)
 	for p, b := range busy {
-		if b >= c.SaturatedBusy && in[p] > 0 {
-			if r := in[p] / b; r < bestTrue || r == bestTrue && p < best {
+		if r, ok := rates[p]; ok && b >= c.SaturatedBusy {
+			if r < bestTrue || r == bestTrue && p < best {
 				best, bestTrue = p, r
 			}
 		}
@@ -889,10 +968,9 @@ func heldBySlowest(f *Fragment, c Config) int {
 	// Slower than the others even at the others' pace: the same
 	// comparison as for a slow instance with a larger queue, and the
 	// others must show a true rate (enough useful time).
-	floor := c.MinBusy / float64(max(len(f.Samples), 1))
 	n := 0
-	for p, b := range busy {
-		if p != best && b >= floor {
+	for p := range rates {
+		if p != best {
 			n++
 		}
 	}

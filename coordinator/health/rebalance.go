@@ -197,19 +197,14 @@ func TooHotSlot(f *Fragment, p int, demand float64, c Config) (h HotSlot, ok boo
 	if best < 0 {
 		return HotSlot{}, false
 	}
-	rates := perPartition(f, f.Samples, func(i Instance) float64 { return i.InRate })
-	busy := perPartition(f, f.Samples, func(i Instance) float64 { return i.Busy })
-	// A partition's useful time over the window must reach its share of
-	// MinBusy for its rate per useful second to mean anything (as slower).
-	floor := max(c.MinBusy/float64(len(f.Samples)), 1e-9)
-	capacity := 0.0
-	if busy[p] >= floor {
-		capacity = rates[p] / busy[p]
-	}
+	// The partitions' true rates over completed releases, where they can
+	// be told (trueRates, as slower).
+	rates, _ := trueRates(f, c)
+	capacity := rates[p]
 	var others []float64
-	for q, b := range busy {
-		if q != p && b >= floor {
-			others = append(others, rates[q]/b)
+	for q, r := range rates {
+		if q != p {
+			others = append(others, r)
 		}
 	}
 	capacity = max(capacity, median(others))

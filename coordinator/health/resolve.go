@@ -13,13 +13,23 @@ import (
 // from the window's totals. ok is false when the window holds too little
 // useful time for the rate to mean anything (c.MinBusy): an almost idle
 // task's rate/busy is noise and would overestimate what it can do.
+//
+// Only completed releases count (see trueRates): with sensor windows
+// shorter than a release, the releases going on at the window's ends
+// would otherwise count their busy time without their tuples or the
+// other way round.
 func TrueRate(f *Fragment, c Config) (perInstance float64, ok bool) {
-	in, busy := 0.0, 0.0
+	byP := map[int][]Instance{}
 	for _, s := range f.Samples {
 		for _, i := range s.Instances {
-			in += i.InRate
-			busy += i.Busy
+			byP[i.Partition] = append(byP[i.Partition], i)
 		}
+	}
+	in, busy := 0.0, 0.0
+	for _, ins := range byP {
+		t, u, _ := completedWork(ins)
+		in += t
+		busy += u
 	}
 	if busy < c.MinBusy || in <= 0 {
 		return 0, false

@@ -2636,7 +2636,13 @@ type TaskStats struct {
 	// of schedule, and for other tasks). It grows while the source is held
 	// back and shrinks while it catches up: the health manager's warm-up
 	// reads it (issue 14).
-	SourceLagS    float64 `protobuf:"fixed64,620,opt,name=source_lag_s,json=sourceLagS,proto3" json:"source_lag_s,omitempty"`
+	SourceLagS float64 `protobuf:"fixed64,620,opt,name=source_lag_s,json=sourceLagS,proto3" json:"source_lag_s,omitempty"`
+	// The busy time (seconds) of the release the task is processing at the
+	// window's end, counted in busy but not yet in in_tps (its tuples count
+	// when it ends): the health manager's true rates (tuples per useful
+	// second) count completed releases only (issue 14). 0: none going on,
+	// or an older worker.
+	OpenBusyS     float64 `protobuf:"fixed64,640,opt,name=open_busy_s,json=openBusyS,proto3" json:"open_busy_s,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2786,6 +2792,13 @@ func (x *TaskStats) GetHeld() []*HealthHeldBacklog {
 func (x *TaskStats) GetSourceLagS() float64 {
 	if x != nil {
 		return x.SourceLagS
+	}
+	return 0
+}
+
+func (x *TaskStats) GetOpenBusyS() float64 {
+	if x != nil {
+		return x.OpenBusyS
 	}
 	return 0
 }
@@ -7558,7 +7571,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\")\n" +
 	"\x11QueryStatsRequest\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\"\xfb\x04\n" +
+	"\x05query\x18\x01 \x01(\tR\x05query\"\x9c\x05\n" +
 	"\tTaskStats\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06worker\x18\x02 \x01(\tR\x06worker\x12\x15\n" +
@@ -7579,7 +7592,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\twindow_ms\x18\x86\x03 \x01(\x03R\bwindowMs\x124\n" +
 	"\x04held\x18\x87\x03 \x03(\v2\x1f.fedstream.v1.HealthHeldBacklogR\x04held\x12!\n" +
 	"\fsource_lag_s\x18\xec\x04 \x01(\x01R\n" +
-	"sourceLagS\"e\n" +
+	"sourceLagS\x12\x1f\n" +
+	"\vopen_busy_s\x18\x80\x05 \x01(\x01R\topenBusyS\"e\n" +
 	"\x11HealthHeldBacklog\x12\x1a\n" +
 	"\bfragment\x18\x01 \x01(\tR\bfragment\x12\x1c\n" +
 	"\tpartition\x18\x02 \x01(\x05R\tpartition\x12\x16\n" +

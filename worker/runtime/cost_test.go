@@ -190,16 +190,16 @@ func TestBusyNanosNeverGoesBack(t *testing.T) {
 	now := time.Unix(100, 0)
 	since := now.Add(-300 * time.Millisecond).UnixNano()
 	// 300 ms into a release, 100 ms of it blocked on an output.
-	if got := c.busyNanos(since, 50, 50+int64(100*time.Millisecond), now); got != int64(200*time.Millisecond) {
-		t.Fatalf("during a release: %v, want 200ms", time.Duration(got))
+	if got, open := c.busyNanos(since, 50, 50+int64(100*time.Millisecond), now); got != int64(200*time.Millisecond) || open != got {
+		t.Fatalf("during a release: %v (open %v), want 200ms, all open", time.Duration(got), time.Duration(open))
 	}
 	// The release ended (busySince cleared) before its time was added:
 	// the reading holds at what was shown.
-	if got := c.busyNanos(0, 0, 0, now); got != int64(200*time.Millisecond) {
-		t.Fatalf("between the end and its accounting: %v, want 200ms", time.Duration(got))
+	if got, open := c.busyNanos(0, 0, 0, now); got != int64(200*time.Millisecond) || open != 0 {
+		t.Fatalf("between the end and its accounting: %v (open %v), want 200ms, none open", time.Duration(got), time.Duration(open))
 	}
 	c.busy.Add(int64(250 * time.Millisecond))
-	if got := c.busyNanos(0, 0, 0, now); got != int64(250*time.Millisecond) {
+	if got, _ := c.busyNanos(0, 0, 0, now); got != int64(250*time.Millisecond) {
 		t.Fatalf("after the accounting: %v, want 250ms", time.Duration(got))
 	}
 }

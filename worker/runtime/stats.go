@@ -32,6 +32,11 @@ type TaskStats struct {
 	// passes: the release being processed and the waits for room going
 	// on are in them up to the reading, not only once they end.
 	BusyNanos, BlockedNanos int64
+	// OpenBusyNanos is the part of BusyNanos spent on the release being
+	// processed, whose tuples InTuples counts only once it ends: tuples
+	// per useful second are InTuples over BusyNanos less OpenBusyNanos,
+	// each taken as a difference of two readings.
+	OpenBusyNanos int64
 	// Queue is the number of data tuples received and not yet processed;
 	// Gate (a task that merges its inputs) where its release stands.
 	Queue int
@@ -97,18 +102,20 @@ type taskCounters struct {
 // taken while the two atomics of a release that just ended or began are
 // out of step would otherwise go back, and the sensors drop a window
 // whose counters went back.
-func (c *taskCounters) busyNanos(since, blockedAt, blocked int64, now time.Time) int64 {
-	n := c.busy.Load()
+// open is the busy time of the release going on (0: none), whose tuples
+// InTuples does not count yet.
+func (c *taskCounters) busyNanos(since, blockedAt, blocked int64, now time.Time) (n, open int64) {
 	if since != 0 {
-		n += max(0, now.UnixNano()-since-max(0, blocked-blockedAt))
+		open = max(0, now.UnixNano()-since-max(0, blocked-blockedAt))
 	}
+	n = c.busy.Load() + open
 	for {
 		s := c.shown.Load()
 		if n <= s {
-			return s
+			return s, open
 		}
 		if c.shown.CompareAndSwap(s, n) {
-			return n
+			return n, open
 		}
 	}
 }
@@ -259,7 +266,7 @@ func (t *task) stats() TaskStats {
 			}
 		}
 	}
-	st.BusyNanos = t.counters.busyNanos(since, blockedAt, st.BlockedNanos, time.Now())
+	st.BusyNanos, st.OpenBusyNanos = t.counters.busyNanos(since, blockedAt, st.BlockedNanos, time.Now())
 	t.inMu.Lock()
 	inputs := slices.Clone(t.inputs)
 	t.inMu.Unlock()
