@@ -320,8 +320,15 @@ func testFailureLongerThanReplayBound(t *testing.T, q *queryspec.Query, widen ti
 	g.c.apply()
 	id := func(node string, r int) string { return queryspec.TaskID(q.Name, node, 0, r) }
 	agg0, sink0, sink1 := id("counts", 0), id("out", 0), id("out", 1)
-	waitUntil(t, "aggregate replica 0 reading partition 0, stable", func() bool {
-		return g.faults[2].BytesFrom(g.c.workers[0].addr) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	// The comparison below needs stable results from before the failure:
+	// wait until the aggregate released a thousand input tuples stable
+	// (a quarter second of stream, windows of 100ms). Under load, the
+	// bytes from partition 0 alone had come while nothing was released
+	// yet: every result then fell in the uncorrectable range.
+	waitUntil(t, "aggregate replica 0 reading partition 0, stable, with results released", func() bool {
+		tk := g.task(agg0)
+		return tk != nil && g.faults[2].BytesFrom(g.c.workers[0].addr) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE &&
+			tk.counters.in.Load() >= 1000
 	})
 	agg := g.task(agg0)
 	// Memory is sampled throughout (buffer lengths, not process RSS):

@@ -69,10 +69,18 @@ const (
 // stableAgain waits until the task reports STABLE with nothing tentative.
 func (g *faultRig) stableAgain(t *testing.T, id string) {
 	t.Helper()
-	waitUntil(t, id+" STABLE again", func() bool {
+	waitUntilOr(t, id+" STABLE again", func() bool {
 		st := g.taskState(id)
 		return st.Replica == fedstreampb.ReplicaState_REPLICA_STABLE && !st.Tentative
-	})
+	}, func() { g.logStates(t) })
+}
+
+// logStates logs every task's state: what a test that gave up waited on.
+func (g *dcaaRig) logStates(t *testing.T) {
+	t.Helper()
+	for _, st := range g.c.states() {
+		t.Logf("%s: %s %v tentative %v lossy %v: %s", st.TaskID, st.State, st.Replica, st.Tentative, st.Lossy, st.Message)
+	}
 }
 
 // readingStable waits until the aggregate's replica 0 reads source

@@ -236,7 +236,7 @@ func (r *reconfigRun) switchAll(gap time.Duration) {
 	r.t.Helper()
 	latest := uint64(len(r.rc.Plans))
 	frontier := int64(math.MinInt64)
-	waitUntil(r.t, "every task acknowledged", func() bool {
+	waitUntilOr(r.t, "every task acknowledged", func() bool {
 		frontier = math.MinInt64
 		sts := r.states()
 		for _, st := range sts {
@@ -246,6 +246,11 @@ func (r *reconfigRun) switchAll(gap time.Duration) {
 			frontier = max(frontier, st.ReconfigFrontier)
 		}
 		return len(sts) == r.tasks
+	}, func() {
+		for id, st := range r.states() {
+			r.t.Logf("%s: %s reconfig %v acked %d of %d, level %d, %v tentative %v: %s", id, st.State, st.Reconfig, st.ReconfigAcked, latest, st.ReconfigLevel, st.Replica, st.Tentative, st.Message)
+		}
+		r.t.Logf("%d tasks expected", r.tasks)
 	})
 	for i := range r.rc.Plans {
 		if r.rc.Plans[i].Phase == fsm.ReconfigLoading {
