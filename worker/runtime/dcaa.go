@@ -165,7 +165,7 @@ func (t *task) watchInputs(ctx context.Context) {
 			// what it did not hear meanwhile says nothing of the
 			// upstream. Listen afresh.
 			for _, in := range t.inputsNow() {
-				in.hear(now)
+				in.listenAfresh(now)
 			}
 		}
 		last = now

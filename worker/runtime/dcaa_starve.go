@@ -119,6 +119,20 @@ func (in *input) hear(now int64) {
 	in.health.heard.Store(now)
 }
 
+// listenAfresh restarts the input's silence at now as counted over the
+// time this process could run (the failure detector's own timer ran late:
+// this process stood still), but not its wall silence: starveCap bounds
+// that one. Restarting both (hear), a process starved again and again
+// (load 25 on two cores: the detector's 25 ms timer more than half a
+// detection timeout late every second or so) never counted an input
+// silent, however long its replica had been unreachable: a worker
+// partitioned from every other (TestReplicationWalk) and its consumers
+// never took its replicas for failed, and the query never went
+// tentative.
+func (in *input) listenAfresh(now int64) {
+	in.health.heardRun.Store(now - in.t.r.starve().starved(now))
+}
+
 // silence is how long the input has heard nothing at now, counted over
 // the time this process could run; past starveCap detection timeouts of
 // wall time it is the wall time.
