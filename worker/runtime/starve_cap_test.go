@@ -8,8 +8,7 @@ import (
 // A worker process starved again and again (its failure detector's
 // timer late by more than half a detection timeout every second or so)
 // listens afresh each time, but an input whose replica stays silent is
-// still failed once its wall silence passes starveCap detection
-// timeouts. Before, listening afresh restarted the wall silence too, so
+// still failed once its wall silence passes starveLimit. Before, listening afresh restarted the wall silence too, so
 // under sustained load a partitioned replica was never taken for failed.
 func TestStarvedProcessStillDetectsASilentInputWithinTheCap(t *testing.T) {
 	const detect = 200 * time.Millisecond
@@ -21,15 +20,16 @@ func TestStarvedProcessStillDetectsASilentInputWithinTheCap(t *testing.T) {
 	// with the wall clock), and the detector's timer runs late every
 	// second; nothing is heard from the replica.
 	now := start
-	for ; now < start+int64(starveCap+2)*int64(detect); now += int64(100 * time.Millisecond) {
+	end := start + starveLimit(detect) + int64(2*detect)
+	for ; now < end; now += int64(100 * time.Millisecond) {
 		r.starve().note(now, int64(100*time.Millisecond))
 		if (now-start)%int64(time.Second) == 0 {
 			in.listenAfresh(now)
 		}
 	}
 	if s := in.silence(now); s <= int64(detect) {
-		t.Fatalf("after %v of wall silence the input counts %v silent (detection timeout %v, cap %d timeouts): never failed",
-			time.Duration(now-start), time.Duration(s), detect, starveCap)
+		t.Fatalf("after %v of wall silence the input counts %v silent (detection timeout %v, limit %v): never failed",
+			time.Duration(now-start), time.Duration(s), detect, time.Duration(starveLimit(detect)))
 	}
 	// Listening afresh still forgives what the process could not hear
 	// while it stood still, within the cap.
