@@ -39,3 +39,26 @@ func TestStarvedProcessStillDetectsASilentInputWithinTheCap(t *testing.T) {
 		t.Fatalf("just after listening afresh the input counts %v silent, want at most %v", time.Duration(s), detect)
 	}
 }
+
+// An input that has heard no replica of its upstream since its task
+// started is allowed startGrace detection timeouts of silence before the
+// watchdog moves it (its upstream may start a little later, under load
+// well past one detection timeout); once it heard one, one timeout.
+// Before, a consumer took an upstream replica that had not sent its
+// first heartbeat yet for failed after one timeout.
+func TestWatchdogGivesAnUpstreamTimeToStart(t *testing.T) {
+	const detect = 200 * time.Millisecond
+	r := &Runtime{opts: Options{DetectTimeout: detect}}
+	in := &input{t: &task{r: r}}
+	start := time.Now().UnixNano()
+	in.hear(start)
+	now := start + int64(3*detect)
+	if s, limit := in.silence(now), in.silenceLimit(detect); s > limit {
+		t.Fatalf("%v after the start, nothing heard yet: silence %v past the limit %v: taken for failed before its upstream could start",
+			time.Duration(now-start), time.Duration(s), time.Duration(limit))
+	}
+	in.heardFrom(0, 0, true)
+	if limit := in.silenceLimit(detect); limit != int64(detect) {
+		t.Fatalf("once a replica was heard, the limit is %v, want the detection timeout %v", time.Duration(limit), detect)
+	}
+}
