@@ -59,11 +59,35 @@ type inputHealth struct {
 	// silenced: the watchdog cancelled the live attempt for silence
 	// (taken by run, which then moves to another replica).
 	silenced atomic.Bool
+	// spoke: some replica of the upstream was heard (a batch or a
+	// heartbeat) since the task started; until then the watchdog allows
+	// startGrace detection timeouts (silenceLimit).
+	spoke atomic.Bool
+}
+
+// startGrace is how many detection timeouts an input that has heard no
+// replica of its upstream since its task started may stay silent before
+// the watchdog moves it to another replica: the upstream's tasks start
+// on other workers at about the same time, and under load one that had
+// not sent its first heartbeat yet was taken for failed at once (the
+// machine's own detection has the same grace, dcaa.Config.StartGrace).
+// A consumer moved so at the start read replica 1 from then on, and
+// TestCutLinkBetweenWorkerProcesses' cut of replica 0 met no reader.
+const startGrace = 10
+
+// silenceLimit is the silence past which the watchdog takes the live
+// attempt's replica for failed.
+func (in *input) silenceLimit(detect time.Duration) int64 {
+	if in.health.spoke.Load() {
+		return int64(detect)
+	}
+	return startGrace * int64(detect)
 }
 
 // heardFrom is the input's subscriber's OnStreamState callback.
 func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64, beat bool) {
 	in.hear(time.Now().UnixNano())
+	in.health.spoke.Store(true)
 	in.health.upState.Store(int32(st))
 	in.health.tentWM.Store(wm)
 	in.health.silent.Store(false)
@@ -165,12 +189,12 @@ func (t *task) watchInputs(ctx context.Context) {
 			// what it did not hear meanwhile says nothing of the
 			// upstream. Listen afresh.
 			for _, in := range t.inputsNow() {
-				in.hear(now)
+				in.listenAfresh(now)
 			}
 		}
 		last = now
 		for _, in := range t.inputsNow() {
-			if in.health.busy.Load() || in.silence(now) <= int64(detect) {
+			if in.health.busy.Load() || in.silence(now) <= in.silenceLimit(detect) {
 				continue
 			}
 			in.mu.Lock()

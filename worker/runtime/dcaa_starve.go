@@ -102,8 +102,21 @@ func (c *starveClock) starved(now int64) int64 {
 
 // starveCap is how many detection timeouts an input may stay silent
 // while this process is starved before it counts as failed anyway: a
-// process that never gets enough CPU still detects a failure, later.
+// process that never gets enough CPU still detects a failure, later. It
+// is at least minStarveCap of wall time: a whole process stood still for
+// a second now and then at load 30 on two cores (nine in-process workers
+// with 10 ms boundaries, a detection timeout of 100 ms), and a cap of
+// one second took live replicas for failed there.
 const starveCap = 10
+
+// minStarveCap is the least wall silence starveCap allows.
+const minStarveCap = 5 * time.Second
+
+// starveLimit is the wall silence past which an input is failed however
+// starved this process was.
+func starveLimit(detect time.Duration) int64 {
+	return int64(max(starveCap*detect, minStarveCap))
+}
 
 // starve is the runtime's starvation clock (created on first use: only
 // DCAA tasks detect failures).
@@ -119,12 +132,26 @@ func (in *input) hear(now int64) {
 	in.health.heard.Store(now)
 }
 
+// listenAfresh restarts the input's silence at now as counted over the
+// time this process could run (the failure detector's own timer ran late:
+// this process stood still), but not its wall silence: starveLimit
+// bounds that one. Restarting both (hear), a process starved again and again
+// (load 25 on two cores: the detector's 25 ms timer more than half a
+// detection timeout late every second or so) never counted an input
+// silent, however long its replica had been unreachable: a worker
+// partitioned from every other (TestReplicationWalk) and its consumers
+// never took its replicas for failed, and the query never went
+// tentative.
+func (in *input) listenAfresh(now int64) {
+	in.health.heardRun.Store(now - in.t.r.starve().starved(now))
+}
+
 // silence is how long the input has heard nothing at now, counted over
-// the time this process could run; past starveCap detection timeouts of
-// wall time it is the wall time.
+// the time this process could run; past starveLimit of wall time it is
+// the wall time.
 func (in *input) silence(now int64) int64 {
 	wall := now - in.health.heard.Load()
-	if wall > starveCap*int64(in.t.detectTimeout()) {
+	if wall > starveLimit(in.t.detectTimeout()) {
 		return wall
 	}
 	return min(wall, now-in.t.r.starve().starved(now)-in.health.heardRun.Load())
