@@ -444,6 +444,9 @@ type Runtime struct {
 	// afterFetch, when set (tests), runs after a bootstrap snapshot was
 	// fetched and before the task starts from it.
 	afterFetch func(*TaskSnapshot)
+	// pinWait, when set (tests), replaces the pinWait constant: the
+	// first attempt's bound on registering with an upstream.
+	pinWait time.Duration
 	// beforePin, when set (tests), runs as a bootstrap begins pinning
 	// the upstreams of the task it bootstraps.
 	beforePin func(TaskSpec)
