@@ -64,9 +64,10 @@ const acksReceivedKeep = 256
 // noteAcksReceived takes the acknowledgements of a report received by the leader and
 // records the plans whose every task has now acknowledged them. hold
 // reports whether the report acknowledges a plan that is still loading
-// and that some other task has not acknowledged yet (writeReport holds
-// such a report for the one that completes the plan).
-func (s *Server) noteAcksReceived(reports []*pb.TaskState) (hold bool) {
+// and that only tasks placed on other workers than worker (the
+// reporting one) have not acknowledged yet (writeReport holds such a
+// report for the one that completes the plan).
+func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold bool) {
 	a := &s.acks
 	now := time.Now()
 	queries := map[string]bool{}
@@ -103,9 +104,18 @@ func (s *Server) noteAcksReceived(reports []*pb.TaskState) (hold bool) {
 				all = all && t.WorkerID != "" && max(t.ReconfigAcked, a.seen[t.ID]) >= p.Epoch
 			}
 			if !all {
+				// Hold only for acknowledgements that can come soon
+				// from other workers: this worker's own missing ones
+				// come in its next report, which waits for this one,
+				// and an unplaced task acknowledges nothing.
+				news, others := false, true
 				for _, t := range tasks {
-					hold = hold || (t.ReconfigAcked < p.Epoch && acksIn(reports, t.ID) >= p.Epoch)
+					news = news || (t.ReconfigAcked < p.Epoch && acksIn(reports, t.ID) >= p.Epoch)
+					if max(t.ReconfigAcked, a.seen[t.ID]) < p.Epoch && (t.WorkerID == "" || t.WorkerID == worker) {
+						others = false
+					}
 				}
+				hold = hold || (news && others)
 			}
 			if all {
 				if len(a.at) >= acksReceivedKeep {

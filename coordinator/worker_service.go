@@ -198,7 +198,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		upd.States = append(upd.States, u)
 	}
-	hold := s.noteAcksReceived(reports)
+	hold := s.noteAcksReceived(req.WorkerId, reports)
 	if err := s.writeReport(ctx, upd, hold); err != nil {
 		return nil, err
 	}

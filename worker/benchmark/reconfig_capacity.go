@@ -33,6 +33,12 @@ type CapacityStep struct {
 	// read them (the consumer fell behind).
 	Undelivered int  `json:"undelivered,omitempty"`
 	Sustained   bool `json:"sustained"`
+	// Confirm marks a step of the confirmation: the rate the search
+	// found, run as long as a measured run (WindowS seconds), where the
+	// consumer's backlog and the process's heap grow as in the runs at
+	// the second rate.
+	Confirm bool    `json:"confirm,omitempty"`
+	WindowS float64 `json:"window_s,omitempty"`
 }
 
 // Thresholds of a sustained step: at least capacityDelivered of the
