@@ -183,6 +183,13 @@ func (in *input) run(ctx context.Context) {
 	opts := in.t.r.opts
 	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
 
+	if a := in.t.aligned; a != nil {
+		select {
+		case <-a:
+		case <-ctx.Done():
+			return
+		}
+	}
 	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
 	attempt := 0
 	for ctx.Err() == nil {

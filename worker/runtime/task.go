@@ -216,6 +216,10 @@ type task struct {
 	mv *mergeView
 	// restored: the task starts from a snapshot (see restoreFrom).
 	restored bool
+	// aligned, when not nil, is closed once a copy started without state
+	// has aligned its output ids with its consumers' positions; its
+	// inputs take nothing before (see alignRestartedOutputs).
+	aligned chan struct{}
 	// replicaState is the task's DCAA replica state
 	// (fedstreampb.ReplicaState; unset when the query has no replicas).
 	replicaState atomic.Int32
@@ -584,6 +588,11 @@ func (t *task) start() {
 		// any input delivers (the snapshot caught it between the arrival of
 		// a boundary and its release): the merge goroutine processes it at
 		// once, so such a task never processes inline.
+		if t.startsWithoutState() {
+			t.aligned = make(chan struct{})
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); t.alignRestartedOutputs(t.ctx) }()
+		}
 		if len(t.inputs) == 1 && !t.restored && !t.mayGrowInputs {
 			// The only input's goroutine processes what it delivers.
 			ctx := t.ctx
@@ -688,6 +697,13 @@ func (t *task) fail(err error) {
 func (t *task) restartedBehind() string {
 	if t.spec.Generation <= 1 || t.spec.FromSnapshot != nil || t.genSnap != nil || t.ingest != nil {
 		return ""
+	}
+	if a := t.aligned; a != nil {
+		select {
+		case <-a:
+		default:
+			return "" // about to continue after its consumers' positions
+		}
 	}
 	t.outMu.RLock()
 	defer t.outMu.RUnlock()
