@@ -67,8 +67,8 @@ worker's generators paced by a factor): load_change runs full load for
 --load-warmup, 80% for --load-phase, then 104% as long, counting actions
 and oscillations (a scale-down after a scale-up of the same operator);
 noise runs an hour of 60% load +-20% (60% of the capacity of the counter
-partition that gets the most words, about a fifth of full load, at the
-splitters that load keeps 60% busy: 4 + 20) compressed --noise-ratio times
+partition that gets the most words, about a fifth of full load, at 10 +
+20) compressed --noise-ratio times
 (sensor window, policy interval and settling divided by it), after 15 s
 at the mean load. Both count every action from the query's submission
 on (warmup_actions says how many of them came before the load changed). --real-scenarios picks which of wordcount, load_change and noise
