@@ -160,6 +160,27 @@ func TestCommands(t *testing.T) {
 			},
 		},
 		{
+			name: "update task states in one batch",
+			steps: []step{
+				submitQ1,
+				// A report refused on its own (unknown worker) leaves the
+				// others of its batch applied.
+				{typ: UpdateTaskStatesBatchType, body: UpdateTaskStatesBatchRequest{Reports: []UpdateTaskStatesRequest{
+					{WorkerID: "a", States: []TaskStateUpdate{{TaskID: "q1/f0/p0/r0", State: "running", Message: "ok"}}},
+					{WorkerID: "zz", States: []TaskStateUpdate{{TaskID: "q1/f0/p0/r0", State: "failed"}}},
+					{WorkerID: "b", States: []TaskStateUpdate{{TaskID: "q1/f0/p0/r1", State: "running"}}},
+				}}},
+				{typ: UpdateTaskStatesBatchType, body: UpdateTaskStatesBatchRequest{}, wantErr: ErrInvalidRequest},
+			},
+			check: func(t *testing.T, h *harness) {
+				a, _ := h.state().Task(nil, "q1/f0/p0/r0")
+				b, _ := h.state().Task(nil, "q1/f0/p0/r1")
+				if a.State != "running" || a.Message != "ok" || b.State != "running" {
+					t.Fatalf("after the batch: r0 = %+v, r1 = %+v", a, b)
+				}
+			},
+		},
+		{
 			name: "update task states",
 			steps: []step{
 				submitQ1,
