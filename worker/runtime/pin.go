@@ -8,6 +8,8 @@ import (
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // pinWait bounds how long one attempt at pinning an upstream stream
@@ -64,7 +66,8 @@ func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
 					// upstream with nothing buffered answers at once.
 					pctx, cancel := context.WithTimeout(ctx, wait)
 					err = dataplane.Register(pctx, conn, ref, spec.CopyID())
-					timedOut := err != nil && pctx.Err() != nil && ctx.Err() == nil
+					// gRPC may report the deadline before pctx does.
+					timedOut := err != nil && ctx.Err() == nil && (pctx.Err() != nil || status.Code(err) == codes.DeadlineExceeded)
 					cancel()
 					if !timedOut || wait >= pinWaitMax {
 						break

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	"github.com/fedstream/fedstream/worker/operator"
@@ -86,15 +85,6 @@ func (c *bulkClient) receiveStreamed(ctx context.Context, workerAddr string, por
 	if fo.tamper != nil {
 		src = fo.tamper(src)
 	}
-	// The connection is read on a goroutine of its own, ahead of the
-	// decoding (readAhead). It is closed before that goroutine is waited
-	// for: a read blocked in it then returns.
-	ra := startReadAhead(src)
-	defer func() {
-		closeConn()
-		ra.stop()
-	}()
-	src = ra
 	br := bufio.NewReaderSize(src, operator.StreamBufferBytes)
 	// transferErr is a read of the connection that failed.
 	transferErr := func(err error) error {
@@ -150,102 +140,4 @@ func (c *bulkClient) receiveStreamed(ctx context.Context, workerAddr string, por
 		return nil, transferErr(err)
 	}
 	return &streamedFetch{enc: enc[:total-size], early: early, elided: true}, nil
-}
-
-// Reading ahead. Receiving a snapshot is two kinds of work: reading the
-// connection (system calls and TLS decryption) and decoding the state
-// into the operators (hashing and inserting every member, allocating the
-// sets). On one goroutine they add up, and the fetching worker is then
-// what paces the transfer (the serving worker waits on full socket
-// buffers). A goroutine of its own reads the connection ahead of the
-// decoding, into a few buffers that go round, so that the two run side by
-// side when a second core is free.
-
-// readAheadChunkBytes and readAheadChunks size the read-ahead: the bytes
-// it may hold that the decoding has not taken yet.
-const (
-	readAheadChunkBytes = 256 << 10
-	readAheadChunks     = 4
-)
-
-// readAhead is an io.Reader over src whose reads of src happen on a
-// goroutine of its own, at most readAheadChunks chunks ahead of Read.
-// Its owner calls stop, after making any read of src that may block
-// return (closing the connection), before it returns.
-type readAhead struct {
-	full chan []byte // chunks read, in order; closed after the last
-	free chan []byte // chunks Read is done with
-	done chan struct{}
-	wg   sync.WaitGroup
-	cur  []byte // what is left of the chunk Read is taking from
-	buf  []byte // that chunk's whole buffer
-	// err is what ended src's reads (io.EOF at its end); written
-	// before full is closed.
-	err error
-}
-
-func startReadAhead(src io.Reader) *readAhead {
-	ra := &readAhead{full: make(chan []byte, readAheadChunks), free: make(chan []byte, readAheadChunks), done: make(chan struct{})}
-	for range readAheadChunks {
-		ra.free <- make([]byte, readAheadChunkBytes)
-	}
-	ra.wg.Add(1)
-	go func() {
-		defer ra.wg.Done()
-		defer close(ra.full)
-		for {
-			var b []byte
-			select {
-			case b = <-ra.free:
-			case <-ra.done:
-				ra.err = io.ErrClosedPipe
-				return
-			}
-			// A chunk goes to the decoding once full, or with what there
-			// is when src ends or fails.
-			n, err := io.ReadFull(src, b)
-			if errors.Is(err, io.ErrUnexpectedEOF) {
-				err = io.EOF
-			}
-			if n > 0 {
-				select {
-				case ra.full <- b[:n]:
-				case <-ra.done:
-					ra.err = io.ErrClosedPipe
-					return
-				}
-			}
-			if err != nil {
-				ra.err = err
-				return
-			}
-		}
-	}()
-	return ra
-}
-
-func (ra *readAhead) Read(p []byte) (int, error) {
-	if len(p) == 0 {
-		return 0, nil
-	}
-	if len(ra.cur) == 0 {
-		if ra.buf != nil {
-			ra.free <- ra.buf[:cap(ra.buf)] // never blocks: one place per chunk
-			ra.buf = nil
-		}
-		b, ok := <-ra.full
-		if !ok {
-			return 0, ra.err
-		}
-		ra.cur, ra.buf = b, b
-	}
-	n := copy(p, ra.cur)
-	ra.cur = ra.cur[n:]
-	return n, nil
-}
-
-// stop ends the reading goroutine and waits for it.
-func (ra *readAhead) stop() {
-	close(ra.done)
-	ra.wg.Wait()
 }
