@@ -185,7 +185,7 @@ func (r *reconfigRun) publish() {
 func (r *reconfigRun) commit(v int) {
 	r.t.Helper()
 	p := r.addPlan(v)
-	waitUntil(r.t, "every task acknowledged", func() bool {
+	waitUntilOr(r.t, "every task acknowledged", func() bool {
 		sts := r.states()
 		for _, st := range sts {
 			if !st.Reconfig || st.ReconfigAcked < p.Epoch {
@@ -193,7 +193,16 @@ func (r *reconfigRun) commit(v int) {
 			}
 		}
 		return len(sts) == r.tasks
-	})
+	}, func() { r.logAcks(p.Epoch) })
+}
+
+// logAcks logs what each task acknowledged: what a test that gave up
+// waiting for epoch waited on.
+func (r *reconfigRun) logAcks(epoch uint64) {
+	for id, st := range r.states() {
+		r.t.Logf("%s: %s reconfig %v acked %d of %d, level %d, %v tentative %v: %s", id, st.State, st.Reconfig, st.ReconfigAcked, epoch, st.ReconfigLevel, st.Replica, st.Tentative, st.Message)
+	}
+	r.t.Logf("%d tasks expected", r.tasks)
 }
 
 // addPlan adds a plan giving a and b version v (loading) and hands it to
@@ -246,12 +255,7 @@ func (r *reconfigRun) switchAll(gap time.Duration) {
 			frontier = max(frontier, st.ReconfigFrontier)
 		}
 		return len(sts) == r.tasks
-	}, func() {
-		for id, st := range r.states() {
-			r.t.Logf("%s: %s reconfig %v acked %d of %d, level %d, %v tentative %v: %s", id, st.State, st.Reconfig, st.ReconfigAcked, latest, st.ReconfigLevel, st.Replica, st.Tentative, st.Message)
-		}
-		r.t.Logf("%d tasks expected", r.tasks)
-	})
+	}, func() { r.logAcks(latest) })
 	for i := range r.rc.Plans {
 		if r.rc.Plans[i].Phase == fsm.ReconfigLoading {
 			r.rc.Plans[i].Phase, r.rc.Plans[i].Cut = fsm.ReconfigSwitched, frontier+int64(i+1)*int64(gap)
