@@ -235,7 +235,10 @@ func (s *Server) rescaleTo(ctx context.Context, name, op string, parallelism int
 			return false, fmt.Sprintf("%s has not reported holding for epoch %d", t.ID, epoch)
 		}
 		cut = max(cut, t.Frontier)
-		if t.Frontier == math.MaxInt64 && ended == "" {
+		// An operator that released its final boundary reports
+		// MaxInt64, a generator that ended MaxInt64-1 (runtime hold):
+		// either way nothing of its stream is left above a cut.
+		if t.Frontier >= math.MaxInt64-1 && ended == "" {
 			ended = t.ID
 		}
 		return true, ""

@@ -177,3 +177,50 @@ func TestRescaleAfterTheEndIsRefused(t *testing.T) {
 		t.Fatalf("slot map after the refused rescale: %+v %v", m, err)
 	}
 }
+
+// TestRescaleAfterTheSourceEndedIsRefused: a rescale of an aggregate
+// still working through its backlog after its generator source ended is
+// refused at once, naming the source. The ended generator reports the
+// frontier MaxInt64-1, which the end-of-stream check missed: the cut fell
+// at the end of the stream, the added partitions never got a boundary
+// from the ended source, and the rescale held every task until its
+// two-minute timeout (TestRescaleUnderBacklog's runtime rig showed it
+// when the source ended before the prepare).
+func TestRescaleAfterTheSourceEndedIsRefused(t *testing.T) {
+	t.Parallel()
+	o := newLiveOrg(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	yaml := fmt.Sprintf(moveQuery, "ended", 1)
+	yaml = strings.Replace(yaml, "limit: 30000, rate: 10000", "limit: 2000, rate: 20000", 1)
+	// A slow aggregate: its backlog lasts seconds after the source ended.
+	yaml = strings.Replace(yaml, "    parallelism: 2\n", "    parallelism: 2\n    cost: 5ms\n", 1)
+	if !strings.Contains(yaml, "cost: 5ms") || !strings.Contains(yaml, "limit: 2000") {
+		t.Fatalf("query not rewritten:\n%s", yaml)
+	}
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: "ended.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const src = "ended/lines/p0/r0"
+	waitFor(t, 20*time.Second, "the source's stream ended", func() bool {
+		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "ended"})
+		if err != nil {
+			return false
+		}
+		for _, ti := range q.Tasks {
+			if ti.TaskId == src {
+				return strings.Contains(ti.Message, "exhausted")
+			}
+		}
+		return false
+	})
+	start := time.Now()
+	_, err := o.admin.ScaleQuery(ctx, &pb.ScaleQueryRequest{Query: "ended", Operator: "counts", Parallelism: 3})
+	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "end of its stream") {
+		t.Fatalf("rescale after the source ended: %v (after %v), want FailedPrecondition naming the end of the stream", err, time.Since(start))
+	}
+	m, err := o.nodes[0].State().SlotMap(nil, "ended", "counts")
+	if err != nil || m == nil || m.Next != nil || m.Partitions != 2 || m.Epoch != 1 {
+		t.Fatalf("slot map after the refused rescale: %+v %v", m, err)
+	}
+}
