@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -43,22 +44,7 @@ func TestCostClockAddsUpExactly(t *testing.T) {
 // second, what the health manager sizes by) is at most the calibrated
 // 1/cost.
 func TestCostCountsAsBusy(t *testing.T) {
-	const q = `
-name: wc
-sources:
-  - name: lines
-    generator: {kind: words, seed: 42, limit: 400}
-operators:
-  - name: counts
-    type: aggregate
-    input: lines
-    window: {size: 2ms}
-    group_by: [line]
-    aggregates: {cnt: "count()"}
-    cost: 1ms
-sinks:
-  - {name: out, input: counts}
-`
+	q := fmt.Sprintf(costAggQuery, 400)
 	c := newCluster(t, 1, q, func(string, int, int) int { return 0 })
 	defer c.close(t)
 	c.apply()
@@ -135,22 +121,7 @@ func TestCostTaskReleasesStepByStep(t *testing.T) {
 // most one window of busy time (the share is capped at 1), which made a
 // saturated task's true rate look several times its real one.
 func TestBusyCountsWhileReleasing(t *testing.T) {
-	const q = `
-name: wc
-sources:
-  - name: lines
-    generator: {kind: words, seed: 42, limit: 50}
-operators:
-  - name: counts
-    type: aggregate
-    input: lines
-    window: {size: 2ms}
-    group_by: [line]
-    aggregates: {cnt: "count()"}
-    cost: 1ms
-sinks:
-  - {name: out, input: counts}
-`
+	q := fmt.Sprintf(costAggQuery, 50)
 	spec, err := queryspec.Parse("q.yaml", []byte(q))
 	if err != nil {
 		t.Fatal(err)
@@ -203,3 +174,22 @@ func TestBusyNanosNeverGoesBack(t *testing.T) {
 		t.Fatalf("after the accounting: %v, want 250ms", time.Duration(got))
 	}
 }
+
+// costAggQuery is a keyed aggregate with a calibrated cost of 1 ms a
+// tuple over a words generator of %d lines, read by one sink.
+const costAggQuery = `
+name: wc
+sources:
+  - name: lines
+    generator: {kind: words, seed: 42, limit: %d}
+operators:
+  - name: counts
+    type: aggregate
+    input: lines
+    window: {size: 2ms}
+    group_by: [line]
+    aggregates: {cnt: "count()"}
+    cost: 1ms
+sinks:
+  - {name: out, input: counts}
+`
