@@ -169,13 +169,7 @@ func (tl *tailer) realignIfDiverged(lin, since uint64, copyID string) error {
 	if tl.realign || tl.lastID == 0 || dataplane.SameStableIDs(tl.lin, tl.linSince, lin, since, tl.lastID) {
 		return nil
 	}
-	common := uint64(math.MaxUint64)
-	if tl.lin != 0 {
-		common = tl.linSince
-	}
-	if lin != 0 {
-		common = min(common, since)
-	}
+	common := dataplane.SharedStableIDs(tl.lin, tl.linSince, lin, since)
 	tl.realign, tl.gapped, tl.dropped, tl.seen, tl.resumeAt = true, false, false, false, common
 	tl.note("sink copy %s numbers its results differently from %s after stable id %d (a correction that could not make every result exact): tail realigns by stream time from %s and names any result it cannot vouch for", copyID, tl.posFrom, common, rangeTime(tl.lastSTime))
 	return errRealign

@@ -285,8 +285,16 @@ func (b *OutputBuffer) Lineage() (lineage, since uint64) {
 // their stable tuples alike up to after. Otherwise the reader's stable id
 // means another result there.
 func SameStableIDs(lin, since, lin2, since2, after uint64) bool {
+	return after <= SharedStableIDs(lin, since, lin2, since2)
+}
+
+// SharedStableIDs is the last stable id that lineages lin (diverged after
+// since) and lin2 (since2) number alike (math.MaxUint64: the same
+// lineage, every id): a reader realigning from one onto the other resumes
+// by id after it and by stream time from there.
+func SharedStableIDs(lin, since, lin2, since2 uint64) uint64 {
 	if lin == lin2 {
-		return true
+		return math.MaxUint64
 	}
 	common := uint64(math.MaxUint64)
 	if lin != 0 {
@@ -295,5 +303,5 @@ func SameStableIDs(lin, since, lin2, since2, after uint64) bool {
 	if lin2 != 0 {
 		common = min(common, since2)
 	}
-	return after <= common
+	return common
 }

@@ -112,13 +112,7 @@ func (w *lineageWatch) startRealign(lin, since, taken uint64) bool {
 	if !w.known || !w.haveST || taken == 0 || dataplane.SameStableIDs(w.lin, w.since, lin, since, taken) {
 		return false
 	}
-	common := uint64(math.MaxUint64)
-	if w.lin != 0 {
-		common = w.since
-	}
-	if lin != 0 {
-		common = min(common, since)
-	}
+	common := dataplane.SharedStableIDs(w.lin, w.since, lin, since)
 	w.re = realignState{on: true, resumeAt: min(common, taken), lin: lin, since: since}
 	w.pending = false
 	return true
