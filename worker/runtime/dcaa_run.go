@@ -333,6 +333,16 @@ func (d *dcaaRun) run(ctx context.Context) {
 		if err := t.lockProc(ctx); err != nil {
 			return
 		}
+		// The producer installs a plan setReconfig could not (the token
+		// was busy; it poked this goroutine then). No other place of
+		// machine mode looks for one: without this, a replica busy when
+		// the plan came never acknowledged it, holding the plan in
+		// loading for good.
+		if err := d.pollReconfig(); err != nil {
+			t.unlockProc()
+			t.endWith(err)
+			return
+		}
 		deadline := d.m.NextDeadline()
 		t.unlockProc()
 		wait := time.Duration(deadline - d.now())
@@ -968,6 +978,17 @@ func (d *dcaaRun) resume(s *TaskSnapshot) error {
 		ins[i] = dcaa.InputCapture{LastStable: p.After, StableBoundary: p.Boundary, Steps: p.Steps, Pending: p.Pending}
 	}
 	return d.m.Resume(s.Released, ins)
+}
+
+// pollReconfig installs a pending reconfiguration, as processOne does
+// before each release outside machine mode (the caller holds proc). A
+// halted task processes nothing more; an ended one installs plans off
+// the producer (installEnded).
+func (d *dcaaRun) pollReconfig() error {
+	if d.t.halted.Load() || d.t.rc.ended.Load() {
+		return nil
+	}
+	return d.t.pollReconfig()
 }
 
 // poke wakes the run goroutine (a cut was set or lifted: the machine may

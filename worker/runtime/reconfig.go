@@ -115,7 +115,8 @@ type epochCut struct {
 
 // setReconfig hands the task the query's reconfiguration state (Apply).
 // An operator or sink task idle between releases installs it at once; a
-// busy one at its next release; a generator source waiting for its next
+// busy one at its next release (a DCAA machine's run goroutine at its
+// next event, which this provides); a generator source waiting for its next
 // record's due time at once (rcWake), a running one before its next
 // record.
 func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
@@ -172,6 +173,12 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 		}
 		<-t.proc
 	default:
+		// Busy: the holder's loop installs it after its step
+		// (processOne; in machine mode the run goroutine, woken here
+		// in case it is waiting for an event).
+		if t.dm != nil {
+			t.dm.poke()
+		}
 	}
 }
 

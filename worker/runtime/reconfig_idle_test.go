@@ -204,7 +204,18 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 	const b0 = "rc/b/p0/r0"
 	g.cut(1, dataplane.Hold, 3)
 	waitUntil(t, "b's replica 0 releasing tentative results", func() bool { return g.taskState(b0).Tentative })
-	r.commit(2)
+	// The plan reaches b's replica 0 while it is busy (its processing
+	// token held, as by a release or a checkpoint): it installs the plan
+	// once the token is free. Under load this happened by chance, and
+	// the replica never acknowledged (its machine did not look for a
+	// pending plan).
+	busy := g.task(b0)
+	if err := busy.lockProc(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	epoch := r.addPlan(2).Epoch
+	busy.unlockProc()
+	r.waitAcked(epoch)
 	r.switchAll(100 * time.Millisecond)
 	waitUntil(t, "every task but b's replica 0 at level 1", func() bool {
 		for id, st := range r.states() {

@@ -184,16 +184,21 @@ func (r *reconfigRun) publish() {
 // every task acknowledged it.
 func (r *reconfigRun) commit(v int) {
 	r.t.Helper()
-	p := r.addPlan(v)
+	r.waitAcked(r.addPlan(v).Epoch)
+}
+
+// waitAcked waits until every task acknowledged epoch.
+func (r *reconfigRun) waitAcked(epoch uint64) {
+	r.t.Helper()
 	waitUntilOr(r.t, "every task acknowledged", func() bool {
 		sts := r.states()
 		for _, st := range sts {
-			if !st.Reconfig || st.ReconfigAcked < p.Epoch {
+			if !st.Reconfig || st.ReconfigAcked < epoch {
 				return false
 			}
 		}
 		return len(sts) == r.tasks
-	}, func() { r.logAcks(p.Epoch) })
+	}, func() { r.logAcks(epoch) })
 }
 
 // logAcks logs what each task acknowledged: what a test that gave up
