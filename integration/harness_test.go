@@ -22,9 +22,25 @@ import (
 
 var (
 	buildOnce sync.Once
+	binDir    string // the build's temporary directory, removed by TestMain
 	binPath   string
 	buildErr  error
 )
+
+// TestMain removes the directory binary built into once the package's
+// tests have ended, failed ones included (each held a 52 MB binary that
+// stayed in the temporary directory after every run). A test binary that
+// dies in a panic (a -timeout included) exits without returning here and
+// still leaves it.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		if err := os.RemoveAll(binDir); err != nil {
+			fmt.Fprintf(os.Stderr, "integration: removing the build directory: %v\n", err)
+		}
+	}
+	os.Exit(code)
+}
 
 // binary builds cmd/fedstream once per test run.
 //
@@ -45,6 +61,7 @@ func binary(t *testing.T) string {
 			buildErr = err
 			return
 		}
+		binDir = dir
 		binPath = filepath.Join(dir, "fedstream")
 		out, err := exec.Command("go", "build", "-pgo=off", "-o", binPath, "../cmd/fedstream").CombinedOutput()
 		if err != nil {
