@@ -8,6 +8,7 @@ import (
 	goruntime "runtime"
 	"runtime/pprof"
 	"runtime/trace"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +38,9 @@ func newBenchReconfigCmd() *cobra.Command {
 		dipWin   time.Duration
 		wakeAB   bool
 		second   string
+		only     []string
+		profile  string
+		rounds   int
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -79,7 +83,17 @@ do, without Raft or assignment watches.`,
 				Sources: sources, Rate: rate, Updates: updates, Spacing: spacing,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
 				Stalls: stalls || stallTr != "", StallTrace: stallTr, DipWindow: dipWin, WakeAB: wakeAB,
+				ThroughputRuns: rounds, OverheadProfile: profile,
 			}
+			for _, p := range only {
+				if !slices.Contains(orgBenchParts, p) {
+					return fmt.Errorf("--only %q: want some of %s", p, strings.Join(orgBenchParts, ","))
+				}
+			}
+			if len(only) > 0 && (inProc || second != "") {
+				return fmt.Errorf("--only runs in an org only and not with --second-rate")
+			}
+			cfg.Only = only
 			if second != "" {
 				if inProc {
 					return fmt.Errorf("--second-rate runs in an org only (not with --in-process)")
@@ -107,6 +121,11 @@ do, without Raft or assignment watches.`,
 				}
 				if cfg.Warmup <= 0 {
 					cfg.Warmup = 2500 * time.Millisecond
+				}
+				if cfg.ThroughputRuns <= 0 {
+					// Rounds of paired runs: the median of five
+					// rounds' ratios stands an outlying round or two.
+					cfg.ThroughputRuns = 5
 				}
 				// The org's workers share this process: collect garbage
 				// as a deployed worker process does.
@@ -195,6 +214,9 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().DurationVar(&dipWin, "dip-window", time.Second, "window of the fine throughput-dip statistic (dip_window: results per second over this long after each update against before, averaged over the updates with a 95% confidence interval); at most a third of --spacing")
 	cmd.Flags().BoolVar(&wakeAB, "wake-ab", false, "alternate the live updates with and without waking paced sources to install a plan, and compare (wake_ab)")
 	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the highest paced rate the pipeline sustains end to end, found first by a probe (e.g. 80%)")
+	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (comma-separated: "+strings.Join(orgBenchParts, ",")+"); the figures of the others are left at 0")
+	cmd.Flags().IntVar(&rounds, "overhead-rounds", 0, "rounds of the tracking overhead, one run per mode (off, static, dynamic) each (default 5 in an org)")
+	cmd.Flags().StringVar(&profile, "overhead-profile", "", "write a CPU profile of each tracking mode's first overhead window to PREFIX-off.pprof, PREFIX-static.pprof, PREFIX-dynamic.pprof")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"math"
 	"os"
-	"runtime"
 	"runtime/trace"
 	"slices"
 	"strconv"
@@ -129,6 +128,9 @@ type orgRun struct {
 	plans       map[uint64]*planTimes
 	// phaseSeen is signalled whenever the watcher records a phase.
 	phaseSeen chan struct{}
+	// marks are fired by the first result at or above their stream time
+	// (the overhead's windows).
+	marks []*stimeMark
 
 	tailDone chan struct{}
 	tailErr  error
@@ -235,6 +237,9 @@ func (r *orgRun) tail(ctx context.Context, record func(time.Duration, *tuple.Tup
 				if tp.Type.IsData() {
 					r.recv = append(r.recv, record(now, tp))
 				}
+			}
+			if len(r.marks) > 0 && len(r.recv) > 0 {
+				r.fireMarks(r.recv[len(r.recv)-1].STime)
 			}
 			return nil
 		})
@@ -665,75 +670,22 @@ func longestGap(recv []benchmark.ReconfigRecord, from, to time.Duration) time.Du
 	return gap
 }
 
-// orgCost runs the scenario paced in the org, with tracking off ("": no
-// plan) or with one plan of the given tracking completed first, and
-// returns the process's CPU time per sink result over a window after it.
-func orgCost(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig, tracking string, run int) (time.Duration, error) {
-	mode := tracking
-	if mode == "" {
-		mode = "off"
-	}
-	name := fmt.Sprintf("sepsis-cost-%s-%d", mode, run)
-	// Long enough never to end inside the window.
-	limit := int64((cfg.ThroughputSettle + cfg.ThroughputWindow + 30*time.Second).Seconds() * float64(cfg.Rate))
-	r, err := o.submit(ctx, name, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 1))
-	if err != nil {
-		return 0, err
-	}
-	defer r.end()
-	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
-		return 0, err
-	}
-	if tracking != "" {
-		e, err := r.update(ctx, benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, 2), fsm.StrategyLive, tracking, orgMargin)
-		if err != nil {
-			return 0, err
-		}
-		if err := r.complete(ctx, e); err != nil {
-			return 0, err
-		}
-	}
-	select {
-	case <-time.After(cfg.ThroughputSettle):
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	count := func() int {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		return len(r.recv)
-	}
-	// Garbage the earlier runs left is not this run's cost.
-	runtime.GC()
-	n0, cpu0 := count(), benchmark.ProcessCPU()
-	select {
-	case <-time.After(cfg.ThroughputWindow):
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	n, cpu := count()-n0, benchmark.ProcessCPU()-cpu0
-	if n <= 0 || cpu <= 0 {
-		return 0, fmt.Errorf("%w: %s: %d results, %v CPU in the window", errOrgBench, name, n, cpu)
-	}
-	cfg.Logger.Debug("cost run", "query", name, "results", n, "cpu", cpu)
-	return cpu / time.Duration(n), nil
-}
-
 // orgReconnect cuts the link from the worker running flag to a worker
 // running source partitions, commits a live plan, waits until every
 // source passed the cut, heals the link and measures until every task of
 // the query has the plan's markers (its level, read from the runtimes).
-func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (took, down time.Duration, err error) {
+func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConfig) (benchmark.ReconnectPhases, error) {
+	var none benchmark.ReconnectPhases
 	name := "sepsis-reconnect"
 	limit := int64((cfg.Warmup + 30*time.Second).Seconds() * float64(cfg.Rate))
 	yaml := func(v int) string { return benchmark.ReconfigQuery(name, cfg.Sources, cfg.Rate, limit, v) }
 	r, err := o.submit(ctx, name, yaml(1))
 	if err != nil {
-		return 0, 0, err
+		return none, err
 	}
 	defer r.end()
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
-		return 0, 0, err
+		return none, err
 	}
 	// Which worker runs flag, which run sources.
 	flagW, srcW := -1, -1
@@ -757,7 +709,7 @@ func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCon
 		}
 	}
 	if flagW < 0 || srcW < 0 || flagW == srcW {
-		return 0, 0, fmt.Errorf("%w: no source runs apart from flag (flag on worker %d)", errOrgBench, flagW)
+		return none, fmt.Errorf("%w: no source runs apart from flag (flag on worker %d)", errOrgBench, flagW)
 	}
 	cut := time.Now()
 	o.faults[flagW].CutOutgoing(o.fed.workers[srcW].Addr(), dataplane.Reset)
@@ -767,7 +719,7 @@ func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCon
 	// of that backlog is processed after the link returns.
 	e, err := r.update(ctx, yaml(2), fsm.StrategyLive, fsm.TrackingStatic, reconnectMargin)
 	if err != nil {
-		return 0, 0, err
+		return none, err
 	}
 	levels := func(cond func(id string, level uint64) bool) bool {
 		ok := true
@@ -783,21 +735,37 @@ func orgReconnect(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigCon
 	if err := r.waitFor(ctx, "the sources past the cut", 30*time.Second, func() bool {
 		return levels(func(id string, l uint64) bool { return !strings.Contains(id, "/ward/") || l >= e })
 	}); err != nil {
-		return 0, 0, err
+		return none, err
 	}
 	if levels(func(_ string, l uint64) bool { return l >= e }) {
-		return 0, 0, fmt.Errorf("%w: the plan completed across the cut link", errOrgBench)
+		return none, fmt.Errorf("%w: the plan completed across the cut link", errOrgBench)
 	}
+	srcAddr := o.fed.workers[srcW].Addr()
+	bytes0 := o.faults[flagW].BytesFrom(srcAddr)
 	healed := time.Now()
 	o.faults[flagW].HealAll()
-	for !levels(func(_ string, l uint64) bool { return l >= e }) {
-		if time.Since(healed) > 30*time.Second {
-			return 0, 0, fmt.Errorf("%w: the markers did not arrive after the link returned", errOrgBench)
+	ph := benchmark.ReconnectPhases{CutMs: msOf(healed.Sub(cut))}
+	for {
+		now := time.Now()
+		if ph.FirstBytesMs == 0 && o.faults[flagW].BytesFrom(srcAddr) > bytes0 {
+			ph.FirstBytesMs = msOf(now.Sub(healed))
+		}
+		if ph.FlagMs == 0 && levels(func(id string, l uint64) bool { return !strings.Contains(id, "/flag/") || l >= e }) {
+			ph.FlagMs = msOf(now.Sub(healed))
+		}
+		if levels(func(_ string, l uint64) bool { return l >= e }) {
+			ph.CompleteMs = msOf(now.Sub(healed))
+			break
+		}
+		if now.Sub(healed) > 30*time.Second {
+			return ph, fmt.Errorf("%w: the markers did not arrive after the link returned", errOrgBench)
 		}
 		time.Sleep(200 * time.Microsecond)
 	}
-	return time.Since(healed), healed.Sub(cut), nil
+	return ph, nil
 }
+
+func msOf(d time.Duration) float64 { return math.Round(float64(d)/float64(time.Microsecond)) / 1e3 }
 
 // runReconfigOrg runs the whole benchmark in an org.
 func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchmark.ReconfigResult, error) {
@@ -809,43 +777,35 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	}
 	defer o.close()
 	res := &benchmark.ReconfigResult{Scope: orgBenchScope}
-	prog.Step("live", 1, 1, "")
-	if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
-		return nil, err
-	}
-	prog.Step("quiescent", 1, 1, "")
-	if res.Quiescent, err = orgStrategy(ctx, o, cfg, fsm.StrategyQuiescent); err != nil {
-		return nil, err
-	}
-	prog.Step("overhead", 1, 1, "")
-	var off, st, dyn []float64
-	modes := []struct {
-		tracking string
-		into     *[]float64
-	}{{"", &off}, {fsm.TrackingStatic, &st}, {fsm.TrackingDynamic, &dyn}}
-	for i := range cfg.ThroughputRuns {
-		// Each round in another order: a mode measured first (after the
-		// strategies' runs, or after another round) is not always the
-		// same.
-		for k := range modes {
-			m := modes[(i+k)%len(modes)]
-			v, err := orgCost(ctx, o, cfg, m.tracking, i)
-			if err != nil {
-				return nil, err
-			}
-			*m.into = append(*m.into, float64(v))
+	part := func(name string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, name) }
+	if part("live") {
+		prog.Step("live", 1, 1, "")
+		if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
+			return nil, err
 		}
 	}
-	res.OverheadStatic, res.OverheadDynamic = 1-medianOf(off)/medianOf(st), 1-medianOf(off)/medianOf(dyn)
-	res.CPUMicrosPerResultOff = medianOf(off) / 1e3
-	res.OverheadBasis = fmt.Sprintf("process CPU time per result at %d results/s, median of %d runs each: 1 - off/tracking", cfg.Sources*cfg.Rate, cfg.ThroughputRuns)
-	prog.Step("reconnect", 1, 1, "")
-	d, down, err := orgReconnect(ctx, o, cfg)
-	if err != nil {
-		return nil, err
+	if part("quiescent") {
+		prog.Step("quiescent", 1, 1, "")
+		if res.Quiescent, err = orgStrategy(ctx, o, cfg, fsm.StrategyQuiescent); err != nil {
+			return nil, err
+		}
 	}
-	res.ReconnectMs = float64(d) / float64(time.Millisecond)
-	res.ReconnectCutMs = float64(down) / float64(time.Millisecond)
+	if part("overhead") {
+		prog.Step("overhead", 1, 1, "")
+		if err := orgOverhead(ctx, o, cfg, res, prog, cfg.OverheadProfile); err != nil {
+			return nil, err
+		}
+	}
+	if part("reconnect") {
+		prog.Step("reconnect", 1, 1, "")
+		ph, err := orgReconnect(ctx, o, cfg)
+		if err != nil {
+			return nil, err
+		}
+		prog.Note("reconnect: link cut %.1f ms; after it returned: first bytes %.1f ms, flag's level %.1f ms, every task's %.1f ms",
+			ph.CutMs, ph.FirstBytesMs, ph.FlagMs, ph.CompleteMs)
+		res.ReconnectMs, res.ReconnectCutMs, res.Reconnect = ph.CompleteMs, ph.CutMs, &ph
+	}
 	res.MixedVersionTuples = res.Live.Mixed + res.Quiescent.Mixed
 	res.LostOrDuplicated = res.Live.LostOrDup + res.Quiescent.LostOrDup
 	res.Undelivered = res.Live.Undelivered + res.Quiescent.Undelivered

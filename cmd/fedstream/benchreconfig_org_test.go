@@ -66,6 +66,21 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 	if res.ReconnectMs <= 0 || res.ReconnectCutMs <= 0 || res.CPUMicrosPerResultOff <= 0 {
 		t.Fatalf("reconnect %v ms after a cut of %v ms; %v µs per result", res.ReconnectMs, res.ReconnectCutMs, res.CPUMicrosPerResultOff)
 	}
+	// Every overhead run is reported, one of each mode in the round at
+	// least, and the round's ratios are those of its runs.
+	modes := map[string]bool{}
+	for _, r := range res.OverheadRuns {
+		if r.Results <= 0 || r.CPUMs <= 0 || r.Placement == "" {
+			t.Fatalf("overhead run %+v", r)
+		}
+		modes[r.Mode] = true
+	}
+	if len(modes) != 3 || len(res.OverheadStaticRounds) != 1 || len(res.OverheadDynamicRounds) != 1 || math.Abs(res.OverheadStatic-res.OverheadStaticRounds[0]) > 1e-4 {
+		t.Fatalf("overhead runs %+v, rounds %v %v", res.OverheadRuns, res.OverheadStaticRounds, res.OverheadDynamicRounds)
+	}
+	if p := res.Reconnect; p == nil || p.FirstBytesMs <= 0 || p.FirstBytesMs > p.FlagMs || p.FlagMs > p.CompleteMs || p.CompleteMs != res.ReconnectMs {
+		t.Fatalf("reconnect phases %+v, reconnect_ms %v", p, res.ReconnectMs)
+	}
 }
 
 // TestFirstOfEpoch: the quiescent update ends at the first result of the

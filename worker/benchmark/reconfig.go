@@ -127,6 +127,13 @@ type ReconfigConfig struct {
 	// first (ReconfigResult.SecondRate).
 	SecondRate         int
 	SecondRateFraction float64
+	// Only (org runs), when not empty, names the parts to run (live,
+	// quiescent, overhead, reconnect); the others are left out of the
+	// result. OverheadProfile, when set, is the prefix of a CPU profile
+	// of each tracking mode's first overhead window (PREFIX-off.pprof,
+	// PREFIX-static.pprof, PREFIX-dynamic.pprof).
+	Only            []string
+	OverheadProfile string
 }
 
 // dipWindow is the dip statistic's window for a spacing of the updates.
@@ -359,12 +366,21 @@ type ReconfigResult struct {
 	// more steadily than an unpaced run's throughput.
 	OverheadBasis         string  `json:"overhead_basis,omitempty"`
 	CPUMicrosPerResultOff float64 `json:"cpu_us_per_result_off,omitempty"`
+	// OverheadRuns (org runs) is every measured run, in order;
+	// OverheadStaticRounds and OverheadDynamicRounds each round's own
+	// overhead (1 - off/tracking of the round's runs), whose median the
+	// overheads are.
+	OverheadRuns          []CostRun `json:"overhead_runs,omitempty"`
+	OverheadStaticRounds  []float64 `json:"overhead_static_rounds,omitempty"`
+	OverheadDynamicRounds []float64 `json:"overhead_dynamic_rounds,omitempty"`
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`
 	// ReconnectCutMs is how long the link was cut (org runs): what piled
 	// up meanwhile is processed within ReconnectMs.
 	ReconnectCutMs float64 `json:"reconnect_cut_ms,omitempty"`
+	// Reconnect (org runs) is where the reconnect's time went.
+	Reconnect *ReconnectPhases `json:"reconnect,omitempty"`
 	// SecondRate (org runs with --second-rate) is both strategies again
 	// at another rate, near the pipeline's capacity: the data in flight,
 	// which a quiescent pause has to drain, grows with the load.
@@ -382,6 +398,58 @@ type ReconfigResult struct {
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`
+}
+
+// ReconnectPhases is the org benchmark's reconnect: the link from the
+// worker running flag to one running source partitions was cut for
+// CutMs (the plan committed, loaded and switched meanwhile, every source
+// past its marker); from when it returned: FirstBytesMs until flag's
+// worker read from the sources' worker again (redialled, subscribed),
+// FlagMs until every flag task had the plan's markers, CompleteMs until
+// every task had (ReconnectMs).
+type ReconnectPhases struct {
+	CutMs        float64 `json:"cut_ms"`
+	FirstBytesMs float64 `json:"first_bytes_ms"`
+	FlagMs       float64 `json:"flag_ms"`
+	CompleteMs   float64 `json:"complete_ms"`
+}
+
+// CostRun is one run of the org benchmark's tracking overhead: Mode
+// (off, static, dynamic) measured Order-th in round Round. Its window is
+// a stretch of stream time at the sink (ThroughputWindow long): Results
+// of that stretch, WindowMs the wall time they took to arrive, CPUMs the
+// process's CPU time meanwhile (getrusage), IdleGCMs the part of it the
+// garbage collector's idle mark workers took (the Go runtime's estimate:
+// marking on a core with nothing else to run, which a process short of
+// CPU does not do, and which varies with how idle the process was), and
+// MicrosPerResult (CPUMs - IdleGCMs) / Results, the figure the overheads
+// compare. Steady: the window's wall time was within 5 % of its stretch
+// of stream time (the pipeline kept pace). What could explain an outlier: GCCycles in the window,
+// AllocBytesPerResult, IdleCPUPct the process's CPU (percent of one core)
+// while the org ran no query just before the run (the tail of the
+// previous run's teardown), OtherTasks tasks of other queries running at
+// the window's start, and Placement the worker of each task (per
+// fragment, in task id order).
+type CostRun struct {
+	Mode  string `json:"mode"`
+	Round int    `json:"round"`
+	Order int    `json:"order"`
+	// Attempt counts the runs of the mode in the round before this one
+	// (a run that was not Steady is run again, up to three times; the
+	// round uses the last).
+	Attempt         int     `json:"attempt"`
+	Steady          bool    `json:"steady"`
+	Results         int     `json:"results"`
+	WindowMs        float64 `json:"window_ms"`
+	CPUMs           float64 `json:"cpu_ms"`
+	IdleGCMs        float64 `json:"idle_gc_ms"`
+	MicrosPerResult float64 `json:"cpu_us_per_result"`
+	GCCycles        int     `json:"gc_cycles"`
+	// AllocBytesPerResult is the bytes the process allocated per result.
+	AllocBytesPerResult float64 `json:"alloc_bytes_per_result"`
+	IdleCPUPct          float64 `json:"idle_cpu_pct"`
+	OtherTasks          int     `json:"other_tasks"`
+	Placement           string  `json:"placement"`
 }
 
 // ReconfigSecondRate is the comparison at a second rate.
