@@ -51,6 +51,25 @@ func (b *OutputBuffer) endedBefore(after uint64) bool {
 	return e > 0 && after >= e
 }
 
+// endDiscardedAfter reports whether a subscription reading after position
+// after can never get the stream's final boundary: the boundary lies past
+// after but was discarded already (every subscriber holding the buffer
+// acknowledged it; an input's ack relay acknowledges by stable id, which
+// a replica that ended with fewer stable results clamps to its end).
+// Such a subscription got nothing but heartbeats for ever, which no
+// failure detector takes for a failure; it is answered ErrEndedBefore
+// instead, as one resumed past the end (the tuples between were
+// discarded: the subscription's gap warning says so).
+func (b *OutputBuffer) endDiscardedAfter(after uint64) bool {
+	e := b.inband.end.Load()
+	if e == 0 || after >= e {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.dropped >= e
+}
+
 // SetHeartbeat makes the stream send a heartbeat batch to each
 // acknowledging data subscription after every interval every without
 // data (0 turns heartbeats off). Tail clients get none.

@@ -238,11 +238,16 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	after := first.AfterId
 	warnedGap := false
 	for {
-		if !first.NoAck && buf.endedBefore(first.AfterId) {
+		if !first.NoAck && (buf.endedBefore(first.AfterId) || buf.endDiscardedAfter(after)) {
 			// Resumed at or past this replica's end (see
-			// ErrEndedBefore); checked again after every wake-up, since
-			// the end may come while the subscription waits.
-			log.Warn("subscriber resumes at or past the end of this replica's stream; told so", "after_id", first.AfterId)
+			// ErrEndedBefore), or below an end already discarded;
+			// checked again after every wake-up, since the end may come
+			// while the subscription waits.
+			if buf.endedBefore(first.AfterId) {
+				log.Warn("subscriber resumes at or past the end of this replica's stream; told so", "after_id", first.AfterId)
+			} else {
+				log.Warn("subscriber reads before this replica's end, which was discarded (acknowledged): it can never get it; told the stream ended", "after_id", after)
+			}
 			return status.Errorf(codes.OutOfRange, "stream %s/%s[%d]->%q: %v (after %d)", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, ErrEndedBefore, first.AfterId)
 		}
 		data, count, last, gap, wait, err := buf.Read(after, s.maxBatch)

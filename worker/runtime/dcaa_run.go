@@ -873,7 +873,18 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 	opts := in.t.r.opts
 	log := in.t.log.With("upstream", in.upstream, "upstream_partition", in.upPartition)
 	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
+	// ran is the last attempt subscribed: the machine's AfterID is where
+	// that attempt starts, not where a retry of it resumes.
+	var ran uint64
 	for ctx.Err() == nil {
+		// A wake-up posted before the target is read below is for that
+		// target: drained, it cannot later run the same attempt again at
+		// once, as if the machine had retargeted (a retarget after the
+		// read posts a new one).
+		select {
+		case <-in.targetWake:
+		default:
+		}
 		in.mu.Lock()
 		tg := in.target
 		in.mu.Unlock()
@@ -901,9 +912,21 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 				// checked again.
 				in.lw.re.on = false
 				in.sub.ResumeAfter(tg.after)
-			case tg.after < in.sub.LastID():
+			case tg.attempt != ran && tg.after < in.sub.LastID():
+				// A new attempt resumes after the machine's last stable
+				// id. A retry of the same one (the machine had not
+				// chosen again yet) resumes where the subscriber is: set
+				// back to the AfterID of the attempt's start, it
+				// rewound past what it took since, and the machine's
+				// next attempt (AfterID only lowers the position) then
+				// read another replica from there too: from before
+				// what that replica had discarded as acknowledged by
+				// this input's relay, where it waited for ever, hearing
+				// heartbeats (TestDCAAInputResumedPastTheReplicasEndEnds
+				// under load).
 				in.sub.ResumeAfter(tg.after)
 			}
+			ran = tg.attempt
 			in.machineAttempt.Store(tg.attempt)
 			var progressed bool
 			progressed, _, err = in.attempt(ctx, pl)
