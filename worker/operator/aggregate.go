@@ -902,6 +902,10 @@ func (a *aggregate) restoreOwned(state []byte) error {
 }
 
 func (a *aggregate) restore(d *decoder) error {
+	if a.hasDistinct() && !inlineSets {
+		d.sets = newSetBuilder()
+		defer d.endSets() // on the error paths
+	}
 	watermark := d.varint()
 	late := d.uvarint()
 	windows := map[int64]*aggWindow{}
@@ -922,12 +926,26 @@ func (a *aggregate) restore(d *decoder) error {
 			}
 		}
 		windows[w.start] = w
+		if d.sets != nil {
+			d.sets.flush()
+		}
 	}
 	if err := d.finish(); err != nil {
 		return err
 	}
+	d.endSets() // every set built before the state is used
 	a.watermark, a.late, a.windows, a.lastWin = watermark, late, windows, nil
 	return nil
+}
+
+// hasDistinct reports whether a has a count_distinct aggregate.
+func (a *aggregate) hasDistinct() bool {
+	for i := range a.specs {
+		if a.specs[i].fn == aggCountDistinct {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
@@ -944,14 +962,18 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 		acc.ext = d.value()
 	case aggCountDistinct:
 		n := d.count(1)
-		if n > 0 {
-			// Room to grow: a restored task goes on adding members (a
-			// moved copy catching up adds to every open window at once),
-			// and a set made for exactly n would soon grow, rehashing
-			// every member (BenchmarkProcessAfterRestore: a third more
-			// CPU for a moved copy's first 200 ms of input).
-			acc.distinct = make(map[string]struct{}, n+n/4+8)
+		if n == 0 {
+			return
 		}
+		if b := d.sets; b != nil {
+			// Built beside the decoding (setbuild.go).
+			for range n {
+				b.cur.members = append(b.cur.members, d.str())
+			}
+			b.add(acc, n)
+			return
+		}
+		acc.distinct = make(map[string]struct{}, setRoom(n))
 		for range n {
 			acc.distinct[d.str()] = struct{}{}
 		}
