@@ -57,12 +57,9 @@ func (f *fakeReplicas) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.Out
 // "end" the final boundary; each with its stream time in ms.
 func (f *fakeReplicas) stream(t *testing.T, id string, tuples ...fakeTuple) *dataplane.OutputBuffer {
 	t.Helper()
-	b := dataplane.NewOutputBuffer(dataplane.BufferOptions{})
-	b.SetHeartbeat(10 * time.Millisecond)
-	b.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
-	for i, ft := range tuples {
-		pos := uint64(i + 1)
-		tp := tuple.Tuple{ID: pos, STime: int64(ft.ms) * int64(time.Millisecond)}
+	ts := make([]tuple.Tuple, 0, len(tuples))
+	for _, ft := range tuples {
+		tp := tuple.Tuple{STime: int64(ft.ms) * int64(time.Millisecond)}
 		switch ft.kind {
 		case "s":
 			tp.Type, tp.Values = tuple.Stable, []tuple.Value{tuple.Str("a b")}
@@ -70,10 +67,37 @@ func (f *fakeReplicas) stream(t *testing.T, id string, tuples ...fakeTuple) *dat
 			tp.Type = tuple.Boundary
 		case "n":
 			tp.Type, tp.Values = tuple.Tentative, []tuple.Value{tuple.Str("a b")}
-			b.MarkNonStable(pos, pos)
 		case "end":
 			tp.Type, tp.STime = tuple.Boundary, math.MaxInt64
+		}
+		ts = append(ts, tp)
+	}
+	return f.put(t, id, dataplane.BufferOptions{}, 0, ts...)
+}
+
+// put creates task id's stream (as stream, with options opts) holding ts
+// at positions 1 on: tuples other than stable ones and boundaries are
+// outside the stable view, the final boundary is the stream's end.
+// divergeAfter, when not 0, gives the stream a lineage of its own
+// diverging after that stable id (a replica whose correction could not
+// make every result exact).
+func (f *fakeReplicas) put(t *testing.T, id string, opts dataplane.BufferOptions, divergeAfter uint64, ts ...tuple.Tuple) *dataplane.OutputBuffer {
+	t.Helper()
+	b := dataplane.NewOutputBuffer(opts)
+	b.SetHeartbeat(10 * time.Millisecond)
+	b.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	if divergeAfter > 0 {
+		b.Diverge(divergeAfter)
+	}
+	for i := range ts {
+		tp := *ts[i].Clone()
+		pos := uint64(i + 1)
+		tp.ID = pos
+		switch {
+		case tp.Type == tuple.Boundary && tp.STime == math.MaxInt64:
 			b.SetEnd(pos)
+		case tp.Type != tuple.Stable && tp.Type != tuple.Boundary:
+			b.MarkNonStable(pos, pos)
 		}
 		if err := b.Append(context.Background(), &tp); err != nil {
 			t.Fatal(err)
@@ -83,6 +107,40 @@ func (f *fakeReplicas) stream(t *testing.T, id string, tuples ...fakeTuple) *dat
 	f.bufs[id] = b
 	f.mu.Unlock()
 	return b
+}
+
+// fakeUpstreamCluster runs replica 0 of q's nodes that local picks on
+// one worker (DCAA options); every other replica is placed at fake's
+// address, so the test writes the streams those it reads from.
+func fakeUpstreamCluster(t *testing.T, q *queryspec.Query, local func(*queryspec.Node) bool) (*fakeReplicas, *cluster, *worker) {
+	t.Helper()
+	plan, err := q.FusedPlan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := newFakeReplicas(t)
+	pool := dataplane.NewPool()
+	t.Cleanup(func() { pool.Close() })
+	w := startWorkerOpts(t, pool, dcaaOpts)
+	c := &cluster{pool: pool, query: q, specs: map[*worker][]TaskSpec{}, workers: []*worker{w}}
+	t.Cleanup(func() { c.close(t) })
+	var placements []Placement
+	for _, node := range plan.Nodes {
+		for r := range q.Replicas {
+			addr := fake.addr
+			if r == 0 && local(node) {
+				addr = w.addr
+			}
+			placements = append(placements, Placement{TaskID: queryspec.TaskID(q.Name, node.Name, 0, r), Fragment: node.Name, Replica: r, WorkerAddr: addr})
+		}
+	}
+	for _, pl := range placements {
+		if pl.WorkerAddr == w.addr {
+			c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Replica: pl.Replica,
+				QueryIndex: 1, Spec: q, Placements: placements})
+		}
+	}
+	return fake, c, w
 }
 
 type fakeTuple struct {
@@ -126,32 +184,7 @@ operators:
 sinks:
   - {name: out, input: counts}
 `)
-	plan, err := q.FusedPlan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	fake := newFakeReplicas(t)
-	pool := dataplane.NewPool()
-	t.Cleanup(func() { pool.Close() })
-	w := startWorkerOpts(t, pool, dcaaOpts)
-	c := &cluster{pool: pool, query: q, specs: map[*worker][]TaskSpec{}, workers: []*worker{w}}
-	t.Cleanup(func() { c.close(t) })
-	var placements []Placement
-	for _, node := range plan.Nodes {
-		for r := range 2 {
-			addr := fake.addr
-			if node.Kind != queryspec.KindSource && r == 0 {
-				addr = w.addr
-			}
-			placements = append(placements, Placement{TaskID: queryspec.TaskID(q.Name, node.Name, 0, r), Fragment: node.Name, Replica: r, WorkerAddr: addr})
-		}
-	}
-	for _, pl := range placements {
-		if pl.WorkerAddr == w.addr {
-			c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Replica: pl.Replica,
-				QueryIndex: 1, Spec: q, Placements: placements})
-		}
-	}
+	fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
 	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
 	// Replica 0: 30 stable tuples, a boundary every 10 ms: stable ids
 	// and positions 1 to 33.

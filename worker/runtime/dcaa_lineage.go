@@ -11,15 +11,15 @@ import (
 // docs/DATAPLANE.md "Lineage of stable ids"). Replicas of an upstream
 // share their stable ids until one of them puts an UNCORRECTABLE record
 // on its stream: from the stable id it diverged after on, the same id may
-// name other results on the two. An input that switches replicas resumes
-// by its stable id; past the ids both share, the new replica's stream
-// then repeats or skips results around the switch. The input cannot tell
-// which ones from ids, but it can bound them by stream time: between the
-// last stable stream time it took and the first one it takes from the new
-// replica. lineageWatch finds that range, which the task names like an
-// upstream's UNCORRECTABLE record (relayed, widened by its window, noted
-// in its status, its own output's lineage changed), so a switch onto a
-// diverged replica is never silent. Run by the input's delivery only.
+// name other results on the two. An input that resumed by its stable id on
+// a replica that numbers the ids after it otherwise would repeat or skip
+// results around the switch. lineageWatch follows the lineage of the
+// stream taken and where it was taken to (the stream time of the last
+// stable tuple or boundary), so that the input realigns instead (below).
+// Every DCAA input has one: an operator task's (run by its machine, see
+// align) and a sink's (pass-through: passBatchDCAA; merging: filterDCAA).
+// Run by the input's delivery only (and by its run loop between two
+// subscriptions).
 type lineageWatch struct {
 	// lin, since: the lineage of the stream taken so far (known: a batch
 	// came); attempt: the subscription it came on (machine inputs, which
@@ -28,50 +28,26 @@ type lineageWatch struct {
 	known      bool
 	attempt    uint64
 	// lastST is the stream time of the last stable tuple or boundary
-	// taken (haveST: one was).
-	lastST int64
-	haveST bool
-	// pending: the current subscription reads ids that do not mean what
-	// the input took (from: lastST then); the range is known at the
-	// first stable tuple it takes from there.
-	pending bool
-	from    int64
-	// lastBoundary: the last taken was a boundary (machine inputs; see
-	// realignFrom); re: a realignment in progress (machine inputs).
+	// taken (haveST: one was); lastBoundary: that one was a boundary.
+	lastST       int64
+	haveST       bool
 	lastBoundary bool
-	re           realignState
+	// re: a realignment in progress.
+	re realignState
 }
 
-// batch is called with every batch before its stable tuples are taken:
-// fresh when it is a subscription's first, taken the input's stable id
-// before it.
-func (w *lineageWatch) batch(fresh bool, lin, since, taken uint64) {
-	if fresh && w.known && w.haveST && taken > 0 && !w.pending &&
-		!dataplane.SameStableIDs(w.lin, w.since, lin, since, taken) {
-		w.pending, w.from = true, w.lastST
-	}
+// batch records the lineage of a batch taken by id (not realigning).
+func (w *lineageWatch) batch(lin, since uint64) {
 	w.lin, w.since, w.known = lin, since, true
 }
 
-// took is called with the stream time of each stable tuple or boundary
-// taken, in order (at least the batch's first and last). While a switch
-// is pending, the first one gives the range [from, to) of stream times
-// whose results may be repeated or missing (ok).
-func (w *lineageWatch) took(st int64) (from, to int64, ok bool) {
-	if w.pending {
-		w.pending = false
-		from, to = min(st, w.from), max(st, w.from)
-		if to < math.MaxInt64 {
-			to++
-		}
-		ok = true
-	}
-	w.lastST, w.haveST = st, true
-	return from, to, ok
+// took records the last stable tuple or boundary taken (its stream time
+// and whether it is a boundary), in order.
+func (w *lineageWatch) took(st int64, boundary bool) {
+	w.lastST, w.haveST, w.lastBoundary = st, true, boundary
 }
 
-// An operator task's input (run by its machine) does not only name such a
-// switch: it realigns, as `fedstream tail` does on a diverged sink copy.
+// An input realigns as `fedstream tail` does on a diverged sink copy.
 // On a subscription's first batch whose lineage does not share the stable
 // ids up to the one taken (startRealign), the input subscribes again to
 // the same replica after the last id both numberings share (resumeAt)
@@ -79,7 +55,9 @@ func (w *lineageWatch) took(st int64) (from, to int64, ok bool) {
 // stable tuple below the last stream time taken, or a boundary at it
 // when the last taken was a boundary, was taken already from the other
 // replica; the first one past it is new, and the input follows the new
-// replica's numbering from there (dcaa.Deliver.Renumber). Outside the
+// replica's numbering from there (an operator's machine:
+// dcaa.Deliver.Renumber; a sink: its stable id for the input becomes the
+// one before, see sinkRealign). Outside the
 // ranges upstreams named, the input then neither skips nor repeats; it
 // names only what it cannot vouch for: the last stream time taken when
 // the first new tuple shares it (how many results of that stream time it
@@ -114,7 +92,6 @@ func (w *lineageWatch) startRealign(lin, since, taken uint64) bool {
 	}
 	common := dataplane.SharedStableIDs(w.lin, w.since, lin, since)
 	w.re = realignState{on: true, resumeAt: min(common, taken), lin: lin, since: since}
-	w.pending = false
 	return true
 }
 
@@ -165,6 +142,33 @@ func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, n
 	return len(ts), 0, 0, false, keep
 }
 
+// sinkStart is called with a batch of a sink's input before anything of
+// it is taken (fresh: the subscription's first; taken: the input's last
+// stable id): true when the input must subscribe again to realign
+// (errRealign; input.run resubscribes after w.re.resumeAt). The
+// realigning subscription's own first batch is not checked again.
+func (w *lineageWatch) sinkStart(fresh bool, lin, since, taken uint64) bool {
+	return fresh && !w.re.on && w.startRealign(lin, since, taken)
+}
+
+// sinkRealign is realignFrom for a sink's input (ts: a batch of the
+// realigning subscription, stable ids set): cut is the index of the first
+// new stable tuple or boundary (len(ts): none, nothing of the batch is
+// taken); taken, when cut < len(ts), the input's stable id in the
+// replica's numbering before it (what the sink renumbers to); marks the
+// ranges the sink names: the replica's records that still concern what
+// it takes, and what it cannot vouch for itself.
+func (w *lineageWatch) sinkRealign(ts []tuple.Tuple) (cut int, taken uint64, marks [][2]int64) {
+	cut, from, to, named, marks := w.realignFrom(ts)
+	if named {
+		marks = append(marks, [2]int64{from, to})
+	}
+	if cut < len(ts) {
+		taken = ts[cut].ID - 1
+	}
+	return cut, taken, marks
+}
+
 // aligned is what an operator task's input does with a batch (align).
 type aligned struct {
 	// ts: the tuples to deliver to the machine (a tail of the batch);
@@ -204,7 +208,7 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		}
 		ts, firstNew, a.renumber = ts[cut:], 0, true
 	} else {
-		w.batch(fresh, lin, since, taken)
+		w.batch(lin, since)
 		// Two short scans (usually one step each), not a pass over the
 		// batch.
 		for k := range ts {
@@ -223,11 +227,7 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 				break
 			}
 		}
-		if from, to, ok := w.took(ts[firstNew].STime); ok {
-			a.named = append(a.named, [2]int64{from, to})
-		}
-		w.took(ts[lastStable].STime)
-		w.lastBoundary = ts[lastStable].Type == tuple.Boundary
+		w.took(ts[lastStable].STime, ts[lastStable].Type == tuple.Boundary)
 	}
 	a.marks = append(a.marks, a.named...)
 	a.marks = append(a.marks, markersOf(ts)...)

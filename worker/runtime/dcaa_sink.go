@@ -33,7 +33,10 @@ import (
 // (OutputBuffer.MarkNonStable), so its batches carry the position offset
 // and a reader (tail, another replica's consumer) resumes by stable id.
 // Inputs resume by stable id too: a sink switching replicas of an
-// upstream that corrected its output neither skips nor repeats.
+// upstream that corrected its output neither skips nor repeats. On a
+// replica whose stable ids follow another lineage (a correction that
+// could not make every result exact) the input realigns by stream time
+// (dcaa_lineage.go).
 
 // passView is a pass-through sink's view of its only input stream
 // (replicated queries only; under proc).
@@ -60,9 +63,9 @@ type passView struct {
 	offKnown bool
 	// scratch for rebuilt batches.
 	hdr tuple.Tuple
-	// mark is an UNCORRECTABLE record for a switch onto a diverged
-	// upstream replica, put before the batch (see passBatchDCAA).
-	mark []byte
+	// marks are UNCORRECTABLE ranges a realignment names (see
+	// passBatchDCAA), put before the batch.
+	marks [][2]int64
 }
 
 // passDCAA reports whether the task is a pass-through sink of a
@@ -88,6 +91,21 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	defer t.counters.passed(len(offs), time.Now())
 	v := &t.pv
 	buf := t.outs[0].buf
+	if off > last {
+		err := fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, off, last)
+		t.endWith(err)
+		return fmt.Errorf("%w: %w", errTaskEnded, err)
+	}
+	// A switch onto an upstream replica whose stable ids mean other
+	// results (dcaa_lineage.go): the input subscribes again after the
+	// ids both share (nothing of the batch is taken) and realigns by
+	// stream time.
+	in := t.inputs[0]
+	if in.lw.sinkStart(fresh, lin, linSince, v.stable) {
+		t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
+			"taken", v.stable, "resume_after", in.lw.re.resumeAt)
+		return errRealign
+	}
 	var undo []byte // an UNDO the sink sends itself before the batch
 	if fresh {
 		v.offKnown = false
@@ -98,37 +116,45 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 			v.switchRec = true
 		}
 	}
+	if in.lw.re.on {
+		// Realigning: what the other replica gave already is dropped,
+		// the sink follows this one's numbering from the first new
+		// stable tuple or boundary.
+		hdrs, err := stableHeaders(first, last, off, offs, data)
+		if err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
+		cut, taken, marks := in.lw.sinkRealign(hdrs)
+		v.marks = append(v.marks, marks...)
+		if cut < len(hdrs) {
+			offs, v.stable = offs[cut:], taken
+		} else {
+			offs = nil
+		}
+	} else {
+		in.lw.batch(lin, linSince)
+	}
+	if len(offs) == 0 {
+		// All of it was taken from the other replica: acknowledged;
+		// only what the sink itself puts before it goes out.
+		if undo != nil || v.marks != nil {
+			if _, err := t.passSlow(buf, first, last, off, nil, data, undo); err != nil {
+				t.endWith(err)
+				return fmt.Errorf("%w: %w", errTaskEnded, err)
+			}
+		}
+		v.lastOff, v.offKnown = off, true
+		t.tentative.Store(v.tentOpen)
+		return nil
+	}
 	var lastHdr tuple.Tuple
 	if _, err := tuple.DecodeHeader(data[offs[len(offs)-1]:], &lastHdr); err != nil {
 		t.endWith(err)
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
-	if off > last {
-		err := fmt.Errorf("%w: position offset %d beyond the last id %d", dataplane.ErrProtocol, off, last)
-		t.endWith(err)
-		return fmt.Errorf("%w: %w", errTaskEnded, err)
-	}
-	// A switch onto an upstream replica whose stable ids mean other
-	// results (dcaa_lineage.go): the range goes on the result stream
-	// before the batch, like an upstream's record.
-	in := t.inputs[0]
-	in.lw.batch(fresh, lin, linSince, v.stable)
-	if in.lw.pending && off <= last {
-		if st, ok := firstNewSTime(offs, data, last-off, v.stable); ok {
-			if from, to, ok := in.lw.took(st); ok && t.unc.add(from, to) {
-				t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
-					"from", from, "to", to)
-				t.noteUncorrectable(from, to)
-				mk := tuple.UncorrectableMarker(from, to)
-				v.mark = tuple.AppendTuple(nil, &mk)
-			}
-		}
-	}
-	if (lastHdr.Type == tuple.Stable || lastHdr.Type == tuple.Boundary) && off <= last && last-off > v.stable {
-		in.lw.took(lastHdr.STime) // new, not one resent
-	}
 	clean := (off == 0 || v.offKnown && off == v.lastOff) && first > off && first-off == v.stable+1
-	if clean && undo == nil && v.mark == nil && !v.tentOpen && !v.recOpen && !v.switchRec {
+	if clean && undo == nil && v.marks == nil && !v.tentOpen && !v.recOpen && !v.switchRec {
 		// The all-stable case: the batch is the next part of the stable
 		// stream, adopted as it is (at the sink's own next position).
 		if err := buf.Adopt(t.ctx, v.pos+1, offs, data); err != nil {
@@ -141,6 +167,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 		if lastHdr.Type == tuple.Boundary {
 			v.stableB = lastHdr.STime
 		}
+		in.lw.took(lastHdr.STime, lastHdr.Type == tuple.Boundary)
 	} else {
 		final, err := t.passSlow(buf, first, last, off, offs, data, undo)
 		if err != nil {
@@ -209,13 +236,26 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 	if undo != nil {
 		put(undo, false)
 	}
-	if v.mark != nil {
-		// Named before the batch (passBatchDCAA): the result stream's
-		// stable ids follow a lineage of their own from here.
+	// name puts an UNCORRECTABLE record (enc) on the result stream, once
+	// per range; never taken back. The result stream's stable ids may
+	// differ from the other sink replica's from here on (its lineage).
+	name := func(from, to int64, enc []byte) {
+		if !t.unc.add(from, to) {
+			return
+		}
+		t.inputs[0].diverged.Store(true)
+		t.noteUncorrectable(from, to)
 		buf.Diverge(v.pos - buf.PositionOffset(v.pos))
-		put(v.mark, false)
-		v.mark = nil
+		if enc == nil {
+			mk := tuple.UncorrectableMarker(from, to)
+			enc = tuple.AppendTuple(nil, &mk)
+		}
+		put(enc, false)
 	}
+	for _, r := range v.marks {
+		name(r[0], r[1], nil) // named before the batch (passBatchDCAA)
+	}
+	v.marks = nil
 	for i, o := range offs {
 		end := len(data)
 		if i+1 < len(offs) {
@@ -246,6 +286,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			}
 			put(enc, true)
 			v.stable, v.lastStablePos = max(v.stable, sid), v.pos
+			t.inputs[0].lw.took(h.STime, h.Type == tuple.Boundary)
 			if h.Type == tuple.Boundary {
 				v.stableB = h.STime
 				if h.STime == finalBoundary {
@@ -274,18 +315,14 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			}
 		case tuple.Uncorrectable:
 			// Passed once per range (both replicas of the upstream send
-			// one, a resumption resends it); never taken back.
+			// one, a resumption resends it).
 			var mk tuple.Tuple
 			if _, err := tuple.DecodeTuple(enc, &mk); err != nil {
 				return false, fmt.Errorf("result %d: %w", first+uint64(i), err)
 			}
 			t.inputs[0].diverged.Store(true)
-			if from, to, ok := tuple.UncorrectableRange(&mk); ok && t.unc.add(from, to) {
-				t.noteUncorrectable(from, to)
-				// The result stream's stable ids may differ from the
-				// other sink replica's from here on (its lineage).
-				buf.Diverge(v.pos - buf.PositionOffset(v.pos))
-				put(enc, false)
+			if from, to, ok := tuple.UncorrectableRange(&mk); ok {
+				name(from, to, enc)
 			}
 		}
 		if final {
@@ -347,6 +384,15 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 // go by what the merger holds; see mergeInput.stable).
 func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, taken uint64, err error) {
 	mv := in.t.mv
+	taken = in.stableTaken.Load()
+	// A switch onto an upstream replica whose stable ids mean other
+	// results (dcaa_lineage.go): subscribe again and realign, nothing of
+	// the batch taken.
+	if in.lw.sinkStart(fresh, b.Lineage, b.LineageSince, taken) {
+		in.t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
+			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)
+		return false, nil, 0, errRealign
+	}
 	if fresh {
 		in.offKnown = false
 		mv.mu.Lock()
@@ -355,19 +401,31 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 		}
 		mv.mu.Unlock()
 	}
-	taken = in.stableTaken.Load()
-	in.lw.batch(fresh, b.Lineage, b.LineageSince, taken)
-	if off := b.Offset; (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
+	realigning := in.lw.re.on
+	if !realigning {
+		in.lw.batch(b.Lineage, b.LineageSince)
+	}
+	if off := b.Offset; !realigning && (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
 		if n := len(b.Tuples); n > 0 {
-			marks = in.lineageTook(marks, b.Tuples[0].STime)
-			in.lw.took(b.Tuples[n-1].STime)
+			in.lw.took(b.Tuples[n-1].STime, b.Tuples[n-1].Type == tuple.Boundary)
 		}
 		return changed, marks, b.LastID - off, nil
 	}
 	if _, err := stableIDs(b); err != nil {
 		return changed, nil, 0, err
+	}
+	if realigning {
+		// What the other replica gave already is dropped; the input
+		// follows this one's numbering from the first new stable tuple
+		// or boundary.
+		cut, renumbered, named := in.lw.sinkRealign(b.Tuples)
+		marks = named
+		clear(b.Tuples[:cut])
+		if b.Tuples = b.Tuples[cut:]; len(b.Tuples) > 0 {
+			taken = renumbered
+		}
 	}
 	in.lastOff, in.offKnown = b.Offset, true
 	released := in.t.merge.releasedAt()
@@ -424,8 +482,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
 	if n := len(kept); n > 0 {
-		marks = in.lineageTook(marks, kept[0].STime)
-		in.lw.took(kept[n-1].STime)
+		in.lw.took(kept[n-1].STime, kept[n-1].Type == tuple.Boundary)
 	}
 	return changed, marks, taken, nil
 }
@@ -610,45 +667,19 @@ func boundaryLevel(offs []int, data []byte) (level uint64, ok bool) {
 	return level, ok
 }
 
-// firstNewSTime returns the stream time of the first stable tuple or
-// boundary of an encoded batch whose stable id is above taken (sidEnd:
-// the stable id at the batch's end).
-func firstNewSTime(offs []int, data []byte, sidEnd, taken uint64) (int64, bool) {
-	n := uint64(0)
-	for _, o := range offs {
-		if tp := tuple.PeekType(data[o:]); tp == tuple.Stable || tp == tuple.Boundary {
-			n++
+// stableHeaders decodes the headers of an encoded batch (first to last,
+// position offset off at its end) with their stable ids set, as
+// stableIDs does for a decoded one: a pass-through sink's input decodes
+// nothing else, and this only while it realigns.
+func stableHeaders(first, last, off uint64, offs []int, data []byte) ([]tuple.Tuple, error) {
+	hb := dataplane.Batch{FirstID: first, LastID: last, Offset: off, Tuples: make([]tuple.Tuple, len(offs))}
+	for k, o := range offs {
+		if _, err := tuple.DecodeHeader(data[o:], &hb.Tuples[k]); err != nil {
+			return nil, fmt.Errorf("result %d: %w", first+uint64(k), err)
 		}
 	}
-	if n > sidEnd {
-		return 0, false
+	if _, err := stableIDs(&hb); err != nil {
+		return nil, err
 	}
-	sid := sidEnd - n
-	for _, o := range offs {
-		if tp := tuple.PeekType(data[o:]); tp != tuple.Stable && tp != tuple.Boundary {
-			continue
-		}
-		sid++
-		if sid <= taken {
-			continue
-		}
-		var h tuple.Tuple
-		if _, err := tuple.DecodeHeader(data[o:], &h); err != nil {
-			return 0, false
-		}
-		return h.STime, true
-	}
-	return 0, false
-}
-
-// lineageTook gives the input's lineage watch the stream time of the first
-// stable tuple a merging sink's input takes from a batch and adds the
-// range of a switch onto a diverged upstream replica to marks.
-func (in *input) lineageTook(marks [][2]int64, st int64) [][2]int64 {
-	if from, to, ok := in.lw.took(st); ok {
-		in.t.log.Warn("DCAA input switched to an upstream replica whose stable ids mean other results; results around the switch named as not corrected",
-			"input", in.upstream, "partition", in.upPartition, "from", from, "to", to)
-		marks = append(marks, [2]int64{from, to})
-	}
-	return marks
+	return hb.Tuples, nil
 }

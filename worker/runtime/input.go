@@ -192,6 +192,9 @@ func (in *input) run(ctx context.Context) {
 	}
 	backoff := retry.Policy{Initial: opts.RetryMin, Max: opts.RetryMax}.New()
 	attempt := 0
+	// realignOn is the upstream replica (task id) the last attempt ended
+	// on to realign (errRealign): the next attempt reads it again.
+	realignOn := ""
 	for ctx.Err() == nil {
 		if in.t.inlineDone() {
 			return // the end was processed by a rescale's lift (kickRelease)
@@ -207,13 +210,31 @@ func (in *input) run(ctx context.Context) {
 			if in.t.mv != nil || in.t.passDCAA() {
 				// A DCAA sink resumes by stable id (see stableIDs): the
 				// replica read next may number its stream otherwise.
-				if s := in.stableTaken.Load(); s < in.sub.LastID() {
+				switch s := in.stableTaken.Load(); {
+				case in.lw.re.on && pl.TaskID == realignOn:
+					// Realigning (dcaa_lineage.go): the same replica
+					// again, after the last id both numberings share.
+					in.sub.ResumeAfter(in.lw.re.resumeAt)
+				case in.lw.re.on:
+					// Another attempt ends the realignment: it resumes
+					// after the input's stable id, and its first batch
+					// is checked again.
+					in.lw.re.on = false
+					in.sub.ResumeAfter(s)
+				case s < in.sub.LastID():
 					in.sub.ResumeAfter(s)
 				}
 			}
+			realignOn = ""
 			progressed, moved, err = in.attempt(ctx, pl)
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
+			}
+			if errors.Is(err, errRealign) {
+				realignOn = pl.TaskID
+				in.health.silenced.Store(false) // the replica answered
+				backoff.Reset()
+				continue
 			}
 			if errors.Is(err, dataplane.ErrEndedBefore) && in.endBehind(ctx, pl) {
 				return // complete too: see endBehind
