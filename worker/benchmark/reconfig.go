@@ -406,12 +406,16 @@ type ReconfigResult struct {
 // past its marker); from when it returned: FirstBytesMs until flag's
 // worker read from the sources' worker again (redialled, subscribed),
 // FlagMs until every flag task had the plan's markers, CompleteMs until
-// every task had (ReconnectMs).
+// every task had (ReconnectMs), each read once a millisecond.
 type ReconnectPhases struct {
 	CutMs        float64 `json:"cut_ms"`
 	FirstBytesMs float64 `json:"first_bytes_ms"`
 	FlagMs       float64 `json:"flag_ms"`
 	CompleteMs   float64 `json:"complete_ms"`
+	// ObserverMs is the time the benchmark spent reading the tasks'
+	// levels meanwhile (once a millisecond).
+	ObserverMs    float64 `json:"observer_ms"`
+	ObserverReads int     `json:"observer_reads"`
 }
 
 // CostRun is one run of the org benchmark's tracking overhead: Mode

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
 )
 
@@ -56,5 +57,53 @@ func TestPoolRedialsQuickly(t *testing.T) {
 	WaitReady(ctx, conn, 20*time.Second)
 	if st := conn.GetState(); st != connectivity.Ready {
 		t.Fatalf("connection %v after the link returned", st)
+	}
+}
+
+// TestWaitReadySinceRedialsEarlyInAnOutage: a waiter whose peer has just
+// become unreachable has the connection redial without waiting out its
+// reconnect backoff (here 10 s, longer than the wait): the link's return
+// is found within the wait. Plain WaitReady (no outage start) would time
+// out in the backoff.
+func TestWaitReadySinceRedialsEarlyInAnOutage(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	var attempts atomic.Int64
+	var down atomic.Bool
+	down.Store(true)
+	p := NewPool(grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 20 * time.Second,
+		Backoff: backoff.Config{BaseDelay: 10 * time.Second, Multiplier: 1, MaxDelay: 10 * time.Second}}),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			attempts.Add(1)
+			if down.Load() {
+				return nil, errors.New("link cut")
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}))
+	defer p.Close()
+	conn, err := p.Conn(lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn.Connect()
+	deadline := time.Now().Add(20 * time.Second)
+	for attempts.Load() < 1 || conn.GetState() != connectivity.TransientFailure {
+		if time.Now().After(deadline) {
+			t.Fatalf("connection %v after %d dial attempts", conn.GetState(), attempts.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	down.Store(false) // the link returns while the connection is in its 10 s backoff
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	WaitReadySince(ctx, conn, 5*time.Second, time.Now())
+	if st := conn.GetState(); st != connectivity.Ready {
+		t.Fatalf("connection %v after waiting 5 s for a link that returned (%d dial attempts)", st, attempts.Load())
 	}
 }

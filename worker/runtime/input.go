@@ -195,6 +195,10 @@ func (in *input) run(ctx context.Context) {
 	// realignOn is the upstream replica (task id) the last attempt ended
 	// on to realign (errRealign): the next attempt reads it again.
 	realignOn := ""
+
+	// down is when the failures since the last progress began
+	// (dataplane.WaitReadySince redials faster early in an outage).
+	var down time.Time
 	for ctx.Err() == nil {
 		if in.t.inlineDone() {
 			return // the end was processed by a rescale's lift (kickRelease)
@@ -250,6 +254,9 @@ func (in *input) run(ctx context.Context) {
 		if progressed || moved {
 			backoff.Reset()
 		}
+		if progressed || moved || down.IsZero() {
+			down = time.Now() // the peer unreachable from this failure on
+		}
 		if !moved {
 			attempt++ // next time, try another replica
 		}
@@ -261,7 +268,7 @@ func (in *input) run(ctx context.Context) {
 		if moved {
 			continue
 		}
-		if in.waitRetry(ctx, backoff, cands, attempt) != nil {
+		if in.waitRetry(ctx, backoff, cands, attempt, down) != nil {
 			return
 		}
 	}
@@ -300,8 +307,9 @@ func (in *input) endBehind(ctx context.Context, pl Placement) bool {
 // cands[attempt]: the backoff's delay, cut short once a connection to
 // that replica's worker that was down is up again (its marker and the
 // tuples before it then arrive within the reconnect backoff of the
-// pool, not this one's).
-func (in *input) waitRetry(ctx context.Context, b *retry.Backoff, cands []Placement, attempt int) error {
+// pool, not this one's; early in an outage, since down, within
+// dataplane's faster redial).
+func (in *input) waitRetry(ctx context.Context, b *retry.Backoff, cands []Placement, attempt int, down time.Time) error {
 	d := b.Next()
 	if len(cands) == 0 {
 		return retry.Sleep(ctx, d)
@@ -314,7 +322,7 @@ func (in *input) waitRetry(ctx context.Context, b *retry.Backoff, cands []Placem
 	if err != nil {
 		return retry.Sleep(ctx, d)
 	}
-	dataplane.WaitReady(ctx, conn, d)
+	dataplane.WaitReadySince(ctx, conn, d, down)
 	return ctx.Err()
 }
 
