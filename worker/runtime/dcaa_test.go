@@ -439,15 +439,26 @@ func TestDCAATaskMovesFromSnapshot(t *testing.T) {
 	if tk := from.rt.task(moving); tk == nil || tk.dm == nil {
 		t.Fatal("the replicated aggregate does not run the DCAA machine")
 	}
-	// Another subscriber holds the source's stream to the moving task:
-	// the stream keeps what the task took, so the copy must resume from
-	// its snapshot's position, not from what happens to be left.
-	held, err := from.rt.task("wc/lines/p0/r0").output("counts", 0)
-	if err != nil {
-		t.Fatal(err)
+	// Another subscriber holds the source's streams to the moving task,
+	// on both source replicas: the streams keep what the task took, so
+	// the copy must resume from its snapshot's position, not from what
+	// happens to be left. Both, as a move registers its new copy with
+	// every upstream replica before the snapshot (pinUpstreams), which
+	// this hand-made move does not do, and whose old copy leaves them
+	// when it stops: the copy reads replica 1 when it takes replica 0
+	// for failed (a starved process), and with replica 1 unheld the
+	// other aggregate replica's acknowledgements had let it discard the
+	// tuples after the snapshot (under load: "the moved copy's output
+	// ends at id 1875, an unmoved run's at 2431", the source replica 1
+	// warning that the copy resumed after discarded tuples).
+	for _, src := range []string{"wc/lines/p0/r0", "wc/lines/p0/r1"} {
+		held, err := from.rt.task(src).output("counts", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held.Connect("holder")
+		defer held.Disconnect("holder")
 	}
-	held.Connect("holder")
-	defer held.Disconnect("holder")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	// The snapshot must come before the aggregate processes the end of its
