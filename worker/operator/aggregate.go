@@ -927,7 +927,7 @@ func (a *aggregate) restore(d *decoder) error {
 		}
 		windows[w.start] = w
 		if d.sets != nil {
-			d.sets.flush()
+			d.sets.windowDone()
 		}
 	}
 	if err := d.finish(); err != nil {

@@ -8,8 +8,9 @@ package operator
 // 66,300 members, one map each, about 6 MB of new maps written into
 // memory the process had never touched, whose page faults cost more than
 // the rest of the decoding). So restore decodes each window's members
-// into a list and hands the window's sets to a builder goroutine, which
-// makes the maps while the decoding goes on with the next window's bytes:
+// into a list and hands the sets of a few windows at a time to a builder
+// goroutine, which makes the maps while the decoding goes on with the
+// next windows' bytes:
 // the two run on two cores where there are two, and the decoding, which
 // the transfer waits for, no longer does the maps' work.
 //
@@ -30,8 +31,8 @@ type pendingSet struct {
 	n   int
 }
 
-// setBatch is the count_distinct sets of one window, decoded but not yet
-// built.
+// setBatch is the count_distinct sets of whole windows, decoded but not
+// yet built.
 type setBatch struct {
 	sets    []pendingSet
 	members []string
@@ -40,7 +41,7 @@ type setBatch struct {
 // setBuilderBatches is how many batches go round between the decoding and
 // the builder: one filling, one building, one waiting. The decoding waits
 // for a free one when the builder is behind, so the members decoded ahead
-// stay bounded by a few windows'.
+// stay bounded by a few batches'.
 const setBuilderBatches = 3
 
 // setBuilder builds the sets of the batches handed to it on a goroutine
@@ -86,6 +87,21 @@ func (b *setBuilder) add(acc *accumulator, n int) {
 	b.cur.sets = append(b.cur.sets, pendingSet{acc: acc, n: n})
 }
 
+// setBatchMembers is how many members a batch collects before it is
+// handed over (at the end of a window): a hand-over wakes the builder,
+// and one per window (400 for bench move's state) kept the Go scheduler
+// spinning between the two goroutines for a tenth more CPU. A variable
+// for tests only.
+var setBatchMembers = 4096
+
+// windowDone hands the sets recorded so far to the builder once they hold
+// setBatchMembers members.
+func (b *setBuilder) windowDone() {
+	if len(b.cur.members) >= setBatchMembers {
+		b.flush()
+	}
+}
+
 // flush hands the sets recorded so far to the builder.
 func (b *setBuilder) flush() {
 	if len(b.cur.sets) == 0 {
@@ -116,5 +132,13 @@ func (d *decoder) endSets() {
 // catching up adds to every open window at once), and a set made for
 // exactly n would soon grow, rehashing every member
 // (BenchmarkProcessAfterRestore: a third more CPU for a moved copy's
-// first 200 ms of input).
-func setRoom(n int) int { return n + n/4 + 8 }
+// first 200 ms of input). A quarter more, not a quarter and 8 more: the 8
+// made every set a table (no set fits Go's small map of 8 members) and
+// doubled most sets' table for nothing; in a process that has not held
+// the state before, bench move's sets then took about 6 MB of untouched
+// memory instead of about 4, and page faults are most of such a restore's
+// CPU (bench move's 64 MB state restored off a stream into a heap just
+// returned to the OS, then 41 records: 2,950 page faults and 72 cpu-ms
+// for the restore with +8, 2,370 and 56-62 cpu-ms without; the 41 records
+// cost 16-20 cpu-ms either way).
+func setRoom(n int) int { return n + n/4 }

@@ -45,8 +45,8 @@ func TestSetBuilderRestoresTheSameState(t *testing.T) {
 	for name, restore := range restores {
 		for _, inline := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/inline=%v", name, inline), func(t *testing.T) {
-				inlineSets = inline
-				defer func() { inlineSets = false }()
+				inlineSets, setBatchMembers = inline, 1 // a batch per window
+				defer func() { inlineSets, setBatchMembers = false, 4096 }()
 				op := mustNew(t, def, connSchema)
 				if err := restore(op); err != nil {
 					t.Fatal(err)
