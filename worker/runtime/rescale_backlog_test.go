@@ -24,22 +24,62 @@ import (
 // when its own inputs reach the cut, which a source blocked on the old
 // partition's full buffer never lets happen. Results are exact, window by
 // window and word by word.
+//
+// The source is finite (the test must end) and must not have ended when
+// it learns of the prepare: the leader refuses such a rescale (nothing of
+// an ended stream is left above a cut), and so does this test's
+// rescaler. So the aggregate's link to the source is held (nothing
+// crosses it, acknowledgements included) from the start until the
+// prepare is offered to the source: the source runs ahead until its
+// unacknowledged output (1500 tuples) and what it stages fill, and blocks
+// there, short of its end, however slowly the prepare reaches it on a
+// loaded machine: the backlog does not depend on timing. The source takes
+// the prepare between two records, so the link opens again once the
+// prepare is offered to it; a few more records go out before the source
+// holds. A run in which the source still ended first
+// (not seen since the limit is above what it stages) is inconclusive and
+// runs again, a bounded number of times.
 func TestRescaleUnderBacklog(t *testing.T) {
-	const rate, limit = 20000, 4000
+	const attempts = 3
+	for i := range attempts {
+		ended := rescaleUnderBacklog(t)
+		if ended == "" {
+			return
+		}
+		t.Logf("attempt %d inconclusive: %s had ended when it learned of the prepare", i+1, ended)
+	}
+	t.Fatalf("the source ended before the prepare in %d attempts: the rescale never ran under a backlog", attempts)
+}
+
+// rescaleUnderBacklog is one run of TestRescaleUnderBacklog; it returns
+// the task that had ended when the rescale was prepared (the run is
+// inconclusive), else "".
+func rescaleUnderBacklog(t *testing.T) (ended string) {
+	// The source draws ahead of its output buffer what its output stages
+	// (up to a network batch, 128 KiB: some 6800 of these tuples) and
+	// blocks only then: its limit is above what it can draw before the
+	// aggregate acknowledges anything. It ends soon after the cut: most
+	// of its stream, the backlog, is below it.
+	const rate, limit = 20000, 12000
 	yaml := fmt.Sprintf(wordsQuery, 1, rate)
-	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1\n    cost: 300us")
-	// The source ends soon after the cut: the backlog is below it.
+	yaml = replaceOnce(t, yaml, "parallelism: 2", "parallelism: 1\n    cost: 100us")
 	yaml = replaceOnce(t, yaml, "limit: 20000", fmt.Sprintf("limit: %d", limit))
 	q, err := queryspec.Parse("q.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
 	}
-	faults := dataplane.NewFaults()
-	faulty := dataplane.NewPool(faults.DialOption())
+	// faults cuts the added partitions' links, held the aggregate's.
+	faults, held := dataplane.NewFaults(), dataplane.NewFaults()
+	faulty, holdable := dataplane.NewPool(faults.DialOption()), dataplane.NewPool(held.DialOption())
 	defer func() { _ = faulty.Close() }()
+	defer func() { _ = holdable.Close() }()
+	// The source's retained output (MaxTuples) is well below its limit:
+	// with its reader's acknowledgements held it blocks before its end.
 	roomy := Options{BoundaryInterval: time.Millisecond, Buffer: dataplane.BufferOptions{MaxTuples: 1500}}
 	tight := Options{BoundaryInterval: time.Millisecond, InputPendingTuples: 8,
 		Buffer: dataplane.BufferOptions{MaxTuples: 16}}
+	aggWorker := tight
+	aggWorker.Pool = holdable
 	cutOff := tight
 	cutOff.Pool = faulty
 	// The source on worker 0; the aggregate and the sink on worker 1; the
@@ -49,26 +89,23 @@ func TestRescaleUnderBacklog(t *testing.T) {
 			return 0
 		}
 		return 1
-	}, roomy, tight, cutOff)
+	}, roomy, aggWorker, cutOff)
 	defer c.close(t)
 	faults.CutOutgoing(c.workers[0].addr, dataplane.Hold)
+	held.CutOutgoing(c.workers[0].addr, dataplane.Hold)
 	defer faults.HealAll()
+	defer held.HealAll()
 	rs := &rescaler{c: c, frag: "counts", partitions: 1, epoch: 1, owner: contiguous(1),
 		place: func(int, int) int { return 2 }}
 	rs.setMaps(&SlotMap{Epoch: 1, Partitions: 1, Owner: rs.owner})
 	c.apply()
 	counts := queryspec.TaskID("wc", "counts", 0, 0)
-	var backlog int64
-	waitUntil(t, "the aggregate has a backlog", func() bool {
-		tk := c.workers[1].rt.task(counts)
-		src := c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
-		if tk == nil || src == nil || tk.outs[0].buf.Stats().LastID < 50 {
-			return false
-		}
-		backlog = int64(src.outs[0].buf.Stats().LastID) - int64(tk.merge.inputLastID(0))
-		return backlog > 1000
+	var src *task
+	waitUntil(t, "the source is blocked on its unacknowledged output", func() bool {
+		src = c.workers[0].rt.task(queryspec.TaskID("wc", "lines", 0, 0))
+		return src != nil && src.outs[0].buf.Stats().BlockedAppends > 0
 	})
-	t.Logf("backlog in front of the aggregate: %d tuples", backlog)
+	t.Logf("source blocked with %d tuples unacknowledged (more staged)", src.outs[0].buf.Stats().Tuples)
 	// Heal the added partitions' links once the old partition passed the
 	// cut (it must, with them silent).
 	done := make(chan struct{})
@@ -87,9 +124,18 @@ func TestRescaleUnderBacklog(t *testing.T) {
 			}
 		}
 	}()
-	cut := rs.scale(t, 4)
+	// The source, blocked, takes the prepare after its next record: once
+	// it is offered, the aggregate may receive and acknowledge.
+	rs.prepared = func() {
+		waitUntil(t, "the source is offered the prepare", func() bool { return src.genWaiting.Load() != 0 })
+		held.HealAll()
+	}
+	cut, ended := rs.scaleUnlessEnded(t, 4)
 	close(done)
 	<-healed
+	if ended != "" {
+		return ended
+	}
 	got := c.tail(t, queryspec.TaskID("wc", "out", 0, 0))
 	sameResults(t, results(t, got, sinkSchema(t, c.query)), referenceOf(t, rate, limit))
 	below, after := 0, 0
@@ -111,6 +157,7 @@ func TestRescaleUnderBacklog(t *testing.T) {
 			t.Errorf("task %s failed: %s", st.TaskID, st.Message)
 		}
 	}
+	return ""
 }
 
 // TestRescaleDownUnderBacklog removes partitions (4 -> 2) of a keyed

@@ -33,6 +33,9 @@ type rescaler struct {
 	// upstream, with reader, is the fragment routing to a keyed frag:
 	// its tasks take part too.
 	upstream string
+	// prepared, when not nil, runs once every worker was given the
+	// prepare, before scale waits for the tasks taking part to hold.
+	prepared func()
 }
 
 func (rs *rescaler) readerName() string {
@@ -89,6 +92,23 @@ func (rs *rescaler) state(id string) TaskState {
 // scale rescales to n partitions while the query runs and returns the cut.
 func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	t.Helper()
+	cut, _ := rs.rescale(t, n, false)
+	return cut
+}
+
+// scaleUnlessEnded is scale refusing, as the leader does
+// (coordinator/rescale.go), a rescale in which a task taking part reports
+// the end of its stream as its frontier (a generator that ended reports
+// MaxInt64-1): there is no cut below which it could stop. It then returns
+// that task's id and leaves the tasks holding, the cluster only fit to be
+// closed.
+func (rs *rescaler) scaleUnlessEnded(t *testing.T, n int) (cut int64, ended string) {
+	t.Helper()
+	return rs.rescale(t, n, true)
+}
+
+func (rs *rescaler) rescale(t *testing.T, n int, refuseEnded bool) (int64, string) {
+	t.Helper()
 	c := rs.c
 	old := &SlotMap{Epoch: rs.epoch, Partitions: rs.partitions, Owner: rs.owner}
 	next := &SlotMapNext{Epoch: rs.epoch + 1, Partitions: n, Owner: contiguous(n)}
@@ -129,6 +149,9 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 	prep.Next = next
 	rs.setMaps(&prep)
 	c.apply()
+	if rs.prepared != nil {
+		rs.prepared()
+	}
 	// A keyed fragment's upstreams, its tasks and its reader take part;
 	// a source's tasks and its reader (rs.reader set).
 	involved := rs.tasks(func(s *TaskSpec) bool {
@@ -154,6 +177,14 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 		}
 		return true
 	}, dump)
+	if refuseEnded {
+		for _, id := range involved {
+			if rs.state(id).Frontier >= math.MaxInt64-1 {
+				dump()
+				return 0, id
+			}
+		}
+	}
 	cut++
 	// Go.
 	gone := *old
@@ -237,7 +268,7 @@ func (rs *rescaler) scale(t *testing.T, n int) int64 {
 		c.specs[w] = specs
 	}
 	c.apply()
-	return cut
+	return cut, ""
 }
 
 // TestRescaleKeyedAggregate rescales the keyed aggregate 1 -> 4 -> 2
