@@ -51,6 +51,23 @@ func (b *OutputBuffer) endedBefore(after uint64) bool {
 	return e > 0 && after >= e
 }
 
+// endDiscarded reports whether the buffer discarded the stream's final
+// boundary (acknowledged by every subscriber, which may count by
+// another numbering after a correction that could not be made exact): a
+// subscription that has been sent nothing yet will be sent nothing and
+// is answered ErrEndedBefore too, instead of waiting for ever (a
+// consumer realigning on the replica from its start, see
+// runtime.lineageWatch.realignBlind).
+func (b *OutputBuffer) endDiscarded() bool {
+	e := b.inband.end.Load()
+	if e == 0 {
+		return false
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.dropped >= e
+}
+
 // SetHeartbeat makes the stream send a heartbeat batch to each
 // acknowledging data subscription after every interval every without
 // data (0 turns heartbeats off). Tail clients get none.

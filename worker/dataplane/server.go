@@ -238,10 +238,11 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	after := first.AfterId
 	warnedGap := false
 	for {
-		if !first.NoAck && buf.endedBefore(first.AfterId) {
+		if !first.NoAck && (buf.endedBefore(first.AfterId) || after == first.AfterId && buf.endDiscarded()) {
 			// Resumed at or past this replica's end (see
-			// ErrEndedBefore); checked again after every wake-up, since
-			// the end may come while the subscription waits.
+			// ErrEndedBefore), or before it with everything up to it
+			// discarded; checked again after every wake-up, since the
+			// end may come while the subscription waits.
 			log.Warn("subscriber resumes at or past the end of this replica's stream; told so", "after_id", first.AfterId)
 			return status.Errorf(codes.OutOfRange, "stream %s/%s[%d]->%q: %v (after %d)", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, ErrEndedBefore, first.AfterId)
 		}

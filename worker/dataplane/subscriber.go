@@ -408,7 +408,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		buf.NoteHeld(start) // as Server.Subscribe
 	}
 	for {
-		if !s.noAck && buf.endedBefore(start) {
+		if !s.noAck && (buf.endedBefore(start) || s.last.Load() == start && buf.endDiscarded()) {
 			return fmt.Errorf("%w: local stream %s/%s after %d", ErrEndedBefore, s.ref.Query, s.ref.TaskId, start)
 		}
 		data, count, last, _, wait, err := buf.Read(s.last.Load(), localBatchBytes)
