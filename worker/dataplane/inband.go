@@ -59,7 +59,9 @@ func (b *OutputBuffer) endedBefore(after uint64) bool {
 // Such a subscription got nothing but heartbeats for ever, which no
 // failure detector takes for a failure; it is answered ErrEndedBefore
 // instead, as one resumed past the end (the tuples between were
-// discarded: the subscription's gap warning says so).
+// discarded: the subscription's gap warning says so). A consumer
+// realigning on the replica from its start (runtime.lineageWatch's blind
+// realignment) is told the same when the replica kept nothing.
 func (b *OutputBuffer) endDiscardedAfter(after uint64) bool {
 	e := b.inband.end.Load()
 	if e == 0 || after >= e {

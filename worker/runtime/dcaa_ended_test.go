@@ -171,8 +171,10 @@ func (f *fakeReplicas) kill(id string) {
 // aggregate nor its sink ever ended (bench dcaa's saturation runs under
 // load: goroutine dumps showed operator inputs subscribed to upstream
 // replicas whose tasks had finished). Replica 1 now tells it that its
-// stream ended before that position (dataplane.ErrEndedBefore), and the
-// input takes that as its end: the aggregate and the sink end.
+// stream ended before that position (dataplane.ErrEndedBefore); the
+// input realigns on it from its start by stream time (it holds nothing
+// past what the input took but its end), and takes its final boundary:
+// the aggregate and the sink end.
 func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
 	q := mustParse(t, `name: div
 replicas: 2

@@ -142,13 +142,35 @@ func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, n
 	return len(ts), 0, 0, false, keep
 }
 
-// sinkStart is called with a batch of a sink's input before anything of
-// it is taken (fresh: the subscription's first; taken: the input's last
+// start is called with every batch of an input before anything of it
+// is taken (fresh: the subscription's first; taken: the input's last
 // stable id): true when the input must subscribe again to realign
-// (errRealign; input.run resubscribes after w.re.resumeAt). The
-// realigning subscription's own first batch is not checked again.
-func (w *lineageWatch) sinkStart(fresh bool, lin, since, taken uint64) bool {
-	return fresh && !w.re.on && w.startRealign(lin, since, taken)
+// (errRealign; its run loop resubscribes after w.re.resumeAt). While it
+// realigns, the batch's lineage is the one it takes at the cut (a
+// realignment started blind learns it here); the realigning
+// subscription's own first batch is not checked again.
+func (w *lineageWatch) start(fresh bool, lin, since, taken uint64) bool {
+	if w.re.on {
+		w.re.lin, w.re.since = lin, since
+		return false
+	}
+	return fresh && w.startRealign(lin, since, taken)
+}
+
+// realignBlind starts a realignment on a replica that answered that its
+// stream ended at or before the input's stable id
+// (dataplane.ErrEndedBefore): it numbers its stable ids otherwise (or
+// holds nothing the input lacks), and the answer carries no lineage, so
+// the input reads it again from its start and takes it by stream time,
+// as any realignment does. false: the input took nothing yet, or this
+// was such a realignment already (then the replica's end is the
+// input's).
+func (w *lineageWatch) realignBlind() bool {
+	if !w.known || !w.haveST || w.re.on && w.re.resumeAt == 0 {
+		return false
+	}
+	w.re = realignState{on: true}
+	return true
 }
 
 // sinkRealign is realignFrom for a sink's input (ts: a batch of the
@@ -191,7 +213,7 @@ type aligned struct {
 // ids set; fresh: the subscription's first; taken: the input's last
 // stable id).
 func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uint64) aligned {
-	if fresh && w.startRealign(lin, since, taken) {
+	if w.start(fresh, lin, since, taken) {
 		return aligned{resubscribe: true}
 	}
 	var a aligned

@@ -68,6 +68,10 @@ func TestSinkRealignsOnADivergedReplica(t *testing.T) {
 		{"lossy with more results, moved after a result", side{lossy(4), shared}, 23, side{exact, 0}, true},
 		{"onto lossy with more results, past its range", side{exact, 0}, 18, side{lossy(4), shared}, false},
 		{"onto lossy with fewer results, within its range", side{exact, 0}, 7, side{lossy(1), shared}, true},
+		// lossy(0) ends at position 25: the sink resumes at its end
+		// (dataplane.ErrEndedBefore, which carries no lineage) and
+		// realigns from the replica's start.
+		{"onto lossy that ended before the sink's position", side{exact, 0}, 25, side{lossy(0), shared}, false},
 	} {
 		for _, merging := range []bool{false, true} {
 			kind := "pass-through"

@@ -937,6 +937,13 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 				backoff.Reset()
 				continue
 			}
+			if errors.Is(err, dataplane.ErrEndedBefore) && in.lw.realignBlind() {
+				log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): realigning on it by stream time from its start",
+					"replica", tg.replica, "after_id", tg.after)
+				in.lw.attempt = tg.attempt // the same attempt: see deliver's fresh
+				backoff.Reset()
+				continue
+			}
 			if errors.Is(err, dataplane.ErrEndedBefore) {
 				log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): taken as the end of the input",
 					"replica", tg.replica, "after_id", tg.after)

@@ -101,7 +101,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	// ids both share (nothing of the batch is taken) and realigns by
 	// stream time.
 	in := t.inputs[0]
-	if in.lw.sinkStart(fresh, lin, linSince, v.stable) {
+	if in.lw.start(fresh, lin, linSince, v.stable) {
 		t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"taken", v.stable, "resume_after", in.lw.re.resumeAt)
 		return errRealign
@@ -388,7 +388,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	// A switch onto an upstream replica whose stable ids mean other
 	// results (dcaa_lineage.go): subscribe again and realign, nothing of
 	// the batch taken.
-	if in.lw.sinkStart(fresh, b.Lineage, b.LineageSince, taken) {
+	if in.lw.start(fresh, b.Lineage, b.LineageSince, taken) {
 		in.t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)
 		return false, nil, 0, errRealign

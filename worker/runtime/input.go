@@ -240,8 +240,17 @@ func (in *input) run(ctx context.Context) {
 				backoff.Reset()
 				continue
 			}
-			if errors.Is(err, dataplane.ErrEndedBefore) && in.endBehind(ctx, pl) {
-				return // complete too: see endBehind
+			if errors.Is(err, dataplane.ErrEndedBefore) {
+				if (in.t.mv != nil || in.t.passDCAA()) && in.lw.realignBlind() {
+					log.Warn("upstream replica's stream ended at or before the position this input resumed from (its replicas number their stable streams differently after a correction that could not be made exact): realigning on it by stream time from its start",
+						"replica", pl.Replica, "after_id", in.stableTaken.Load())
+					realignOn = pl.TaskID
+					backoff.Reset()
+					continue
+				}
+				if in.endBehind(ctx, pl) {
+					return // complete too: see endBehind
+				}
 			}
 			if in.health.silenced.Swap(false) {
 				// Failure detection cancelled it: that replica failed.
@@ -278,8 +287,9 @@ func (in *input) run(ctx context.Context) {
 // upstream replica ended at or before the position it resumed from
 // (dataplane.ErrEndedBefore: that replica numbers its stable stream
 // otherwise than the one read before, after a correction that could not
-// be made exact): the final boundary is taken as if it had come, since
-// nothing more will. It reports whether it did (false: not such a sink,
+// be made exact) when realigning on it is not possible (see
+// lineageWatch.realignBlind): the final boundary is taken as if it had
+// come, since nothing more will. It reports whether it did (false: not such a sink,
 // or the task could not take it; the input retries).
 func (in *input) endBehind(ctx context.Context, pl Placement) bool {
 	t := in.t

@@ -98,12 +98,17 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 		upTo   int    // the lossy replica's tuples read before the move
 		oldest uint64 // the exact replica's first stable id still held
 		gapTo  int64  // when set: the end of the range named for what may be missing
+		// blind: the exact replica answered that its stream ended
+		// before the input's stable id (dataplane.ErrEndedBefore, no
+		// lineage): the input reads it again from its start.
+		blind bool
 	}{
-		{"the exact replica no longer holds the shared ids", lossy(1), 17, 20, 71},
-		{"fewer results, moved after a boundary", lossy(1), 17, 0, 0},
-		{"fewer results, moved after a result", lossy(1), 16, 0, 0},
-		{"more results, moved after a boundary", lossy(4), 24, 0, 0},
-		{"more results, moved after a result", lossy(4), 23, 0, 0},
+		{"the exact replica no longer holds the shared ids", lossy(1), 17, 20, 71, false},
+		{"fewer results, moved after a boundary", lossy(1), 17, 0, 0, false},
+		{"fewer results, moved after a result", lossy(1), 16, 0, 0, false},
+		{"more results, moved after a boundary", lossy(4), 24, 0, 0, false},
+		{"more results, moved after a result", lossy(4), 23, 0, 0, false},
+		{"more results, the exact replica ended before the input's position", lossy(4), 30, 0, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := dcaa.New(dcaa.Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: time.Second, Detect: time.Hour})
@@ -154,6 +159,11 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 			// read follows replica c after taken, in batches of three.
 			read := func(c realignCopy, upTo int) {
 				after, fresh := taken, true
+				if w.re.on {
+					// Started blind (as runMachine): the same attempt
+					// again, from the replica's start.
+					after, fresh = w.re.resumeAt, false
+				}
 				for {
 					ts := c.serve(after, upTo)
 					again := false
@@ -175,6 +185,9 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 			a := realignCopy{ts: tc.lossy, lin: 77, since: 6}
 			b := realignCopy{ts: exact, oldest: tc.oldest}
 			read(a, tc.upTo)
+			if tc.blind && !w.realignBlind() {
+				t.Fatal("no blind realignment after the input took results")
+			}
 			read(b, len(exact))
 			outside := func(at int64) bool {
 				for _, r := range named {
