@@ -23,11 +23,34 @@ const restartAlignWait = 5 * time.Second
 // consumers resume after the results they took from the lost copy.
 // Generators catch up by their own means (runGenerator), sinks' readers
 // read such a stream from its start (rpc.StreamRestartedHeader), and a
-// replicated query's replicas number their streams by stable ids.
+// replicated query's replicas number their streams by stable ids. The
+// first copy of a partition a rescale adds also starts without state at
+// a generation above 1, but is no such copy (addedByRescale).
 func (t *task) startsWithoutState() bool {
 	return t.spec.Generation > 1 && t.spec.FromSnapshot == nil && !t.restored &&
 		t.gen == nil && t.genSnap == nil && t.ingest == nil && t.kafka == nil &&
-		t.merge != nil && t.dm == nil && !t.dcaaOn() && t.node.Kind != queryspec.KindSink
+		t.merge != nil && t.dm == nil && !t.dcaaOn() && t.node.Kind != queryspec.KindSink &&
+		!t.addedByRescale()
+}
+
+// addedByRescale reports whether the task is the first copy of a
+// partition that the rescale under way in its fragment adds: a partition
+// the map before the rescale does not have, whose generation is the
+// rescale's epoch (the coordinator creates it so). No copy came before
+// it, its consumers hold nothing from it: there is nothing to renumber,
+// and waiting for them to subscribe (they do only at the rescale's go)
+// would only delay it. A later copy of it (placed again, or started again
+// after the rescale finished) may have had consumers, and is not one.
+func (t *task) addedByRescale() bool {
+	m := t.spec.SlotMaps[t.spec.Fragment]
+	if m == nil || m.Next == nil {
+		return false
+	}
+	before := m.Partitions
+	if before == 0 {
+		before = t.node.Partitions // not said: the query definition's
+	}
+	return t.spec.Partition >= before && t.spec.Generation == int(m.Next.Epoch)
 }
 
 // alignRestartedOutputs makes a copy started without state continue each

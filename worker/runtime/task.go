@@ -776,10 +776,10 @@ func (t *task) state0() TaskState {
 }
 
 // checkStall decides whether the task is stalled: an output's Append has
-// been blocked for after, or its outputs have not moved for after while
-// its inputs delivered data (or hold data not yet processed). A source
-// with nothing to send, and a task whose inputs bring nothing, are not
-// stalled. Each change is logged once.
+// been blocked for after, or its outputs have not moved for after (two
+// boundary intervals if longer) while one input delivered data and
+// another nothing. A source with nothing to send, and a task whose inputs
+// bring nothing, are not stalled. Each change is logged once.
 func (t *task) checkStall(now time.Time, after time.Duration) {
 	if t.halted.Load() {
 		return // it is meant to stand still until it is stopped
@@ -822,9 +822,12 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	}
 	if out != t.watchOut || t.watchOutAt.IsZero() {
 		t.watchOut, t.watchOutAt, t.watchIn = out, now, in
-	} else if key == "" && now.Sub(t.watchOutAt) >= after && t.merge != nil {
+	} else if key == "" && now.Sub(t.watchOutAt) >= max(after, 2*t.r.opts.BoundaryInterval) && t.merge != nil {
 		// Some input has brought data to release, another nothing at
-		// all since the output last moved: the merge waits for it.
+		// all since the output last moved: the merge waits for it. An
+		// idle upstream sends one boundary per boundary interval and
+		// nothing between: only two intervals of silence (or after,
+		// when longer) say it is stuck, not idle.
 		var idle []string
 		for _, i := range t.merge.waiting() {
 			if i < len(in) && i < len(t.watchIn) && in[i] == t.watchIn[i] {
