@@ -123,14 +123,7 @@ sinks:
 						named = append(named, [2]int64{from, to})
 					}
 				}
-				outside := func(at int64) bool {
-					for _, r := range named {
-						if r[0] <= at && at < r[1] {
-							return false
-						}
-					}
-					return true
-				}
+				outside := func(at int64) bool { return outsideRanges(named, at) }
 				results := func(ts []tuple.Tuple) []string {
 					var out []string
 					for _, tp := range ts {
@@ -156,4 +149,15 @@ sinks:
 			})
 		}
 	}
+}
+
+// outsideRanges reports whether stream time at lies outside every range
+// [from, to) of ranges (the ones a consumer named as not corrected).
+func outsideRanges(ranges [][2]int64, at int64) bool {
+	for _, r := range ranges {
+		if r[0] <= at && at < r[1] {
+			return false
+		}
+	}
+	return true
 }

@@ -189,14 +189,7 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 				t.Fatal("no blind realignment after the input took results")
 			}
 			read(b, len(exact))
-			outside := func(at int64) bool {
-				for _, r := range named {
-					if r[0] <= at && at < r[1] {
-						return false
-					}
-				}
-				return true
-			}
+			outside := func(at int64) bool { return outsideRanges(named, at) }
 			var want []string
 			for _, tp := range exact {
 				if tp.Type == tuple.Stable && outside(tp.STime) {
