@@ -75,7 +75,7 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 		}
 		modes[r.Mode] = true
 	}
-	if len(modes) != 3 || len(res.OverheadStaticRounds) != 1 || len(res.OverheadDynamicRounds) != 1 || math.Abs(res.OverheadStatic-res.OverheadStaticRounds[0]) > 1e-4 {
+	if len(modes) != 3 || len(res.OverheadStaticRounds) != 1 || len(res.OverheadDynamicRounds) != 1 || math.Abs(res.OverheadStatic-res.OverheadStaticRounds[0]) > 1e-4 || res.OverheadSteadyRounds > 1 {
 		t.Fatalf("overhead runs %+v, rounds %v %v", res.OverheadRuns, res.OverheadStaticRounds, res.OverheadDynamicRounds)
 	}
 	if p := res.Reconnect; p == nil || p.FirstBytesMs <= 0 || p.FirstBytesMs > p.FlagMs || p.FlagMs > p.CompleteMs || p.CompleteMs != res.ReconnectMs {

@@ -368,11 +368,14 @@ type ReconfigResult struct {
 	CPUMicrosPerResultOff float64 `json:"cpu_us_per_result_off,omitempty"`
 	// OverheadRuns (org runs) is every measured run, in order;
 	// OverheadStaticRounds and OverheadDynamicRounds each round's own
-	// overhead (1 - off/tracking of the round's runs), whose median the
-	// overheads are.
+	// overhead (1 - off/tracking of the round's last run of each mode).
 	OverheadRuns          []CostRun `json:"overhead_runs,omitempty"`
 	OverheadStaticRounds  []float64 `json:"overhead_static_rounds,omitempty"`
 	OverheadDynamicRounds []float64 `json:"overhead_dynamic_rounds,omitempty"`
+	// OverheadSteadyRounds counts the rounds whose three runs were
+	// steady (CostRun.Steady): the overheads are the median over those,
+	// or over every round when there is none.
+	OverheadSteadyRounds int `json:"overhead_steady_rounds"`
 	// ReconnectMs: an upstream cut off during an update is healed; from
 	// then until the task behind the cut has all its markers.
 	ReconnectMs float64 `json:"reconnect_ms"`

@@ -20,30 +20,7 @@ import (
 // here the test waits for it for 20 s. Once the peer answers, WaitReady
 // returns as soon as the connection is ready.
 func TestPoolRedialsQuickly(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	var attempts atomic.Int64
-	var down atomic.Bool
-	down.Store(true)
-	p := NewPool(grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-		attempts.Add(1)
-		if down.Load() {
-			return nil, errors.New("link cut")
-		}
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", addr)
-	}))
-	defer p.Close()
-	conn, err := p.Conn(lis.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.Connect()
+	conn, down, attempts := cutPeer(t)
 	deadline := time.Now().Add(20 * time.Second)
 	for attempts.Load() < 10 {
 		if time.Now().After(deadline) {
@@ -60,38 +37,44 @@ func TestPoolRedialsQuickly(t *testing.T) {
 	}
 }
 
-// TestWaitReadySinceRedialsEarlyInAnOutage: a waiter whose peer has just
-// become unreachable has the connection redial without waiting out its
-// reconnect backoff (here 10 s, longer than the wait): the link's return
-// is found within the wait. Plain WaitReady (no outage start) would time
-// out in the backoff.
-func TestWaitReadySinceRedialsEarlyInAnOutage(t *testing.T) {
+// cutPeer is a pool's connection (dialled with extra) to a gRPC server
+// over a link that is cut until down is cleared; attempts counts the
+// dials.
+func cutPeer(t *testing.T, extra ...grpc.DialOption) (conn *grpc.ClientConn, down *atomic.Bool, attempts *atomic.Int64) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := grpc.NewServer()
 	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	var attempts atomic.Int64
-	var down atomic.Bool
+	t.Cleanup(srv.Stop)
+	down, attempts = &atomic.Bool{}, &atomic.Int64{}
 	down.Store(true)
-	p := NewPool(grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 20 * time.Second,
-		Backoff: backoff.Config{BaseDelay: 10 * time.Second, Multiplier: 1, MaxDelay: 10 * time.Second}}),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			attempts.Add(1)
-			if down.Load() {
-				return nil, errors.New("link cut")
-			}
-			var d net.Dialer
-			return d.DialContext(ctx, "tcp", addr)
-		}))
-	defer p.Close()
-	conn, err := p.Conn(lis.Addr().String())
-	if err != nil {
+	p := NewPool(append(extra, grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+		attempts.Add(1)
+		if down.Load() {
+			return nil, errors.New("link cut")
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", addr)
+	}))...)
+	t.Cleanup(func() { _ = p.Close() })
+	if conn, err = p.Conn(lis.Addr().String()); err != nil {
 		t.Fatal(err)
 	}
 	conn.Connect()
+	return conn, down, attempts
+}
+
+// TestWaitReadySinceRedialsEarlyInAnOutage: a waiter whose peer has just
+// become unreachable has the connection redial without waiting out its
+// reconnect backoff (here 10 s, longer than the wait): the link's return
+// is found within the wait. Plain WaitReady (no outage start) would time
+// out in the backoff.
+func TestWaitReadySinceRedialsEarlyInAnOutage(t *testing.T) {
+	conn, down, attempts := cutPeer(t, grpc.WithConnectParams(grpc.ConnectParams{MinConnectTimeout: 20 * time.Second,
+		Backoff: backoff.Config{BaseDelay: 10 * time.Second, Multiplier: 1, MaxDelay: 10 * time.Second}}))
 	deadline := time.Now().Add(20 * time.Second)
 	for attempts.Load() < 1 || conn.GetState() != connectivity.TransientFailure {
 		if time.Now().After(deadline) {
