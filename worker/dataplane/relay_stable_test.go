@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
@@ -30,13 +32,7 @@ func TestStableRelayFreesCorrectedPositions(t *testing.T) {
 			t.Errorf("position of stable id %d: %d, want %d", sid, got, want)
 		}
 	}
-	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
-	pool := NewPool()
-	defer pool.Close()
-	conn, err := pool.Conn(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn := serveUp(t, b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	sid := make(chan uint64, 1)
@@ -74,6 +70,19 @@ func TestStableRelayFreesCorrectedPositions(t *testing.T) {
 	if err := <-ldone; err != nil {
 		t.Fatalf("local relay ended with %v", err)
 	}
+}
+
+// serveUp serves b as stream "up" and returns a connection to it.
+func serveUp(t *testing.T, b *OutputBuffer) grpc.ClientConnInterface {
+	t.Helper()
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	t.Cleanup(func() { pool.Close() })
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }
 
 // A producer waiting for room while a connected subscriber is behind and
