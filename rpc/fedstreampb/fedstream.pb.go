@@ -2939,6 +2939,15 @@ type SubscribeRequest struct {
 	// it does not read from, relaying how far it got, so each replica's
 	// buffer keeps what it might need after switching replicas.
 	AckOnly bool `protobuf:"varint,10,opt,name=ack_only,json=ackOnly,proto3" json:"ack_only,omitempty"`
+	// On an ack-only subscription: its acknowledgements are stable ids (a
+	// DCAA consumer's relay; see docs/DATAPLANE.md), not positions. The
+	// buffer takes stable id S as every position up to the one holding
+	// stable id S on this replica, whose tentative tuples, UNDO and
+	// REC_DONE take positions the stable id does not count (taken as
+	// positions, a replica that had corrected itself kept that many
+	// positions for every relaying consumer for good, and blocked once
+	// they were more than its buffer's bound).
+	AckStable bool `protobuf:"varint,660,opt,name=ack_stable,json=ackStable,proto3" json:"ack_stable,omitempty"`
 	// ---- bench move and move hardening (issue 9, helper C)
 	// The subscriber is gone for good (a copy superseded by a newer
 	// generation, or no longer placed anywhere): the buffer forgets it at
@@ -3024,6 +3033,13 @@ func (x *SubscribeRequest) GetNoAck() bool {
 func (x *SubscribeRequest) GetAckOnly() bool {
 	if x != nil {
 		return x.AckOnly
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetAckStable() bool {
+	if x != nil {
+		return x.AckStable
 	}
 	return false
 }
@@ -7600,7 +7616,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06tuples\x18\x03 \x01(\x03R\x06tuples\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\x87\x02\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xa7\x02\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -7610,7 +7626,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06ack_id\x18\x04 \x01(\x04R\x05ackId\x12\x15\n" +
 	"\x06no_ack\x18\x05 \x01(\bR\x05noAck\x12\x19\n" +
 	"\back_only\x18\n" +
-	" \x01(\bR\aackOnly\x12\x14\n" +
+	" \x01(\bR\aackOnly\x12\x1e\n" +
+	"\n" +
+	"ack_stable\x18\x94\x05 \x01(\bR\tackStable\x12\x14\n" +
 	"\x05leave\x18x \x01(\bR\x05leave\x12(\n" +
 	"\x0fdataplane_level\x18\xd8\x03 \x01(\x05R\x0edataplaneLevel\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +

@@ -63,7 +63,7 @@ func TestReplicatedAcksTrimEveryReplica(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			conn, _ := pool.Conn(other)
-			_ = RelayAcks(ctx, conn, ref, name, sub.LastID)
+			_ = RelayAcks(ctx, conn, ref, name, false, sub.LastID)
 		}()
 	}
 	for r, b := range ups {
@@ -88,7 +88,7 @@ func TestAckOnlyRelayIsClampedAndRepeated(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- RelayAcks(ctx, conn, &fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}, "down/r1",
+		done <- RelayAcks(ctx, conn, &fedstreampb.StreamRef{Query: "q", TaskId: "up", Consumer: "down"}, "down/r1", false,
 			func() uint64 { return 1000 })
 	}()
 	waitFor(t, "relayed ack applied", func() bool { return b.Stats().Tuples == 0 })
@@ -351,7 +351,7 @@ func TestCallerIdentityKeysAcks(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- RelayAcks(ctx, conn, &fedstreampb.StreamRef{Query: "q", TaskId: "up"}, "down", func() uint64 { return 10 })
+		done <- RelayAcks(ctx, conn, &fedstreampb.StreamRef{Query: "q", TaskId: "up"}, "down", false, func() uint64 { return 10 })
 	}()
 	waitFor(t, "the relay's ack under the caller's key", func() bool {
 		st := b.Stats()

@@ -569,13 +569,22 @@ func (b *OutputBuffer) Ack(name string, id uint64) {
 	if id > b.lastID {
 		id = b.lastID
 	}
-	if id > s.ack {
+	raised := id > s.ack
+	if raised {
 		s.ack = id
 	}
 	if s.conns == 0 {
 		s.left = now // an ack renews the lease
 	}
 	b.truncateLocked(b.lowLocked(now).all)
+	if raised && s.conns > 0 && b.blocked > 0 {
+		// A producer waiting for room re-evaluates even when nothing
+		// was freed: a connected subscriber taking more may let the
+		// overrun rule discard what only subscribers that are not
+		// connected hold. Without this it waited for their lease to
+		// end (30 s by default), not for the overrun grace.
+		b.wakeSpaceLocked()
+	}
 }
 
 // low is what the subscribers holding a buffer have taken: all is the

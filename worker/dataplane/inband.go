@@ -195,6 +195,39 @@ func (b *OutputBuffer) positionOffsetLocked(p uint64) uint64 {
 	return off
 }
 
+// PositionOfStable is the position of the stable tuple or boundary with
+// stable id sid on this stream: sid plus the non-stable positions before
+// it (math.MaxUint64 when this stream has not produced it yet).
+func (b *OutputBuffer) PositionOfStable(sid uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.positionOfStableLocked(sid)
+}
+
+func (b *OutputBuffer) positionOfStableLocked(sid uint64) uint64 {
+	if sid > math.MaxUint64-b.nsBase {
+		return math.MaxUint64
+	}
+	p := sid + b.nsBase
+	for _, r := range b.nonStable {
+		if r.From > p {
+			break
+		}
+		if r.To == math.MaxUint64 || r.To-r.From+1 > math.MaxUint64-p {
+			return math.MaxUint64 // in the open tentative tail: beyond
+		}
+		p += r.To - r.From + 1
+	}
+	return p
+}
+
+// AckStable is Ack for a subscriber that acknowledges by stable id (a
+// DCAA consumer's ack relay): it has taken every position up to the one
+// of stable id sid (clamped, as Ack, to the last position appended).
+func (b *OutputBuffer) AckStable(name string, sid uint64) {
+	b.Ack(name, b.PositionOfStable(sid))
+}
+
 // DiscardedStableAfter reports whether the buffer discarded a stable tuple
 // or boundary with a stable id above after (the stable id of a position is
 // the position less its offset): a subscriber resuming after that stable id

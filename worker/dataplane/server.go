@@ -193,7 +193,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		defer buf.Disconnect(key)
 	}
 	if first.AckOnly {
-		return s.relayed(stream, buf, key, first.AckId)
+		return s.relayed(stream, buf, key, first.AckId, first.AckStable)
 	}
 	if !first.NoAck && first.AfterId > 0 {
 		// A consumer resuming: it holds the stream up to AfterId (a
@@ -331,10 +331,16 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 // relayed serves an ack-only subscription: it applies the subscriber's
 // acknowledgements (the buffer clamps them to its last id) until the
 // subscriber half-closes (nil) or goes away.
-func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64) error {
+func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64, stable bool) error {
+	apply := func(id uint64) {
+		if stable {
+			id = buf.PositionOfStable(id)
+		}
+		buf.NoteHeld(id) // the subscriber took it from a peer replica
+		buf.Ack(key, id)
+	}
 	if ack > 0 {
-		buf.NoteHeld(ack)
-		buf.Ack(key, ack)
+		apply(ack)
 	}
 	// Recv fails once this handler has returned, which ends the reader.
 	acks := make(chan uint64)
@@ -360,8 +366,7 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 		select {
 		case id := <-acks:
 			if id > 0 {
-				buf.NoteHeld(id) // the subscriber took it from a peer replica
-				buf.Ack(key, id)
+				apply(id)
 			}
 		case err := <-recvErr:
 			return err

@@ -491,8 +491,10 @@ const (
 // the stream, read from another replica: ids are the same on every
 // replica) until ctx ends (it then returns nil) or the subscription fails.
 // The upstream replica thus keeps what this subscriber might still need
-// after switching to it, and discards what it has taken.
-func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, progress func() uint64) error {
+// after switching to it, and discards what it has taken. stable: progress
+// is a stable id (a DCAA consumer), which the upstream maps to its own
+// position of it (SubscribeRequest.ack_stable).
+func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, stable bool, progress func() uint64) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(rctx)
@@ -500,7 +502,7 @@ func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstrea
 		return err
 	}
 	last := progress()
-	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckId: last}); err != nil {
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckStable: stable, AckId: last}); err != nil {
 		return recvError(stream, err)
 	}
 	// The server sends nothing on an ack-only subscription: a Recv
@@ -542,13 +544,16 @@ func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstrea
 }
 
 // RelayAcksLocal is RelayAcks for an upstream replica in this process.
-func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, progress func() uint64) error {
+func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, stable bool, progress func() uint64) error {
 	buf.Connect(name)
 	defer buf.Disconnect(name)
 	ticker := time.NewTicker(relayEvery)
 	defer ticker.Stop()
 	for {
 		id := progress()
+		if stable {
+			id = buf.PositionOfStable(id)
+		}
 		buf.NoteHeld(id)  // as Server.Subscribe's relay
 		buf.Ack(name, id) // clamped, cheap: every time
 		select {

@@ -207,6 +207,9 @@ func (t *task) watchInputs(ctx context.Context) {
 			}
 			in.mu.Unlock()
 		}
+		for _, in := range t.inputsNow() {
+			in.pauseRelays()
+		}
 		t.updateReplicaState()
 	}
 }

@@ -269,17 +269,7 @@ func TestDCAAFailureLongerThanTheReplayBound(t *testing.T) {
 		testFailureLongerThanReplayBound(t, propQuery(t, "agg", "300ms", 16000), 0)
 	})
 	t.Run("merging sink", func(t *testing.T) {
-		testFailureLongerThanReplayBound(t, mustParse(t, `name: kagg
-replicas: 2
-availability: {max_delay: 300ms}
-sources:
-  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 16000}, parallelism: 2}
-operators:
-  - {name: firsts, type: map, input: lines, fields: {word: "split(line, ' ')[0]"}, parallelism: 2}
-  - {name: counts, type: aggregate, input: firsts, window: {size: 100ms}, group_by: [word], aggregates: {n: "count()"}}
-sinks:
-  - {name: out, input: counts}
-`), 0)
+		testFailureLongerThanReplayBound(t, mustParse(t, keyedAggYAML), 0)
 	})
 	// The aggregate's record is relayed by a windowed operator behind
 	// it, its range widened by that operator's window.
@@ -297,6 +287,21 @@ sinks:
 `), 200*time.Millisecond)
 	})
 }
+
+// keyedAggYAML: two generated partitions, a keyed aggregate (one
+// partition) and a sink that merges its replicas' results (placed by
+// propPlace like propQuery's).
+const keyedAggYAML = `name: kagg
+replicas: 2
+availability: {max_delay: 300ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 4000, seed: 5, limit: 16000}, parallelism: 2}
+operators:
+  - {name: firsts, type: map, input: lines, fields: {word: "split(line, ' ')[0]"}, parallelism: 2}
+  - {name: counts, type: aggregate, input: firsts, window: {size: 100ms}, group_by: [word], aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`
 
 // widen is the window of an operator between the aggregate that loses
 // input and the sink (0: none): the sink's results are uncorrectable

@@ -688,6 +688,15 @@ func (d *dcaaRun) release(ctx context.Context, rel dcaa.Release, recDone bool) e
 	d.emitType = tuple.Stable
 	if rel.Tentative {
 		d.emitType = tuple.Tentative
+		if d.m.State().Proto() != fedstreampb.ReplicaState(d.t.replicaState.Load()) {
+			// The state goes out before the first tentative tuple (the
+			// StateChange action comes after the release): a release
+			// that waits for room downstream sent tentative tuples
+			// while its consumers still read this replica as STABLE,
+			// and a consumer that relays acks to the other replicas
+			// kept holding them (pauseRelays).
+			d.advertise()
+		}
 		// Everything appended from now until the UNDO is outside the
 		// stable view: say so before any of it can be sent (see
 		// dataplane.OutputBuffer.MarkNonStable).

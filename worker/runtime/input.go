@@ -441,7 +441,7 @@ func (in *input) taken() uint64 {
 		// each produced).
 		return math.MaxUint64
 	}
-	if in.t.dm != nil || in.t.mv != nil || in.t.passDCAA() {
+	if in.byStableID() {
 		// Positions of the replica read mean other tuples on the others
 		// after a correction; stable ids do not (see stableIDs).
 		return in.stableTaken.Load()
@@ -453,13 +453,47 @@ func (in *input) taken() uint64 {
 	return n
 }
 
+// pauseRelays ends the input's ack relays while it is failed (silent,
+// or reading a replica that advertises UP_FAILURE or STABILIZATION);
+// relay starts them again once it is not. Such an input takes no stable
+// tuple of that replica until the replica has corrected itself, so what
+// it relays stands still, and as a connected subscriber it held every
+// other replica of the upstream back once their buffers filled: the
+// replicas that are fine stopped, and with them the upstreams they
+// share with the failed replica, which needs their stable input to
+// correct itself (a merging sink behind a lossy aggregate stalled the
+// query for good). Paused, it counts as a missing subscriber: its lease,
+// then the overrun grace (docs/DATAPLANE.md).
+func (in *input) pauseRelays() {
+	if !in.failed() {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if !in.failed() {
+		return
+	}
+	for id, stop := range in.relays {
+		stop()
+		delete(in.relays, id)
+	}
+}
+
+// byStableID reports whether the input takes its stream by stable id (a
+// DCAA operator task or sink): what taken relays is then a stable id,
+// which each upstream replica maps to its own position of it.
+func (in *input) byStableID() bool {
+	return in.t.dm != nil || in.t.mv != nil || in.t.passDCAA()
+}
+
 // relayIdle is how often a relay looks again whether its upstream replica
 // needs it (it is the one read from, or has no placement yet).
 const relayIdle = 100 * time.Millisecond
 
 // relay keeps an ack-only subscription to replica r of the upstream
 // partition, relaying how far this task has taken the stream, whenever
-// that replica is not the one the input reads from. Every upstream
+// that replica is not the one the input reads from and the input is not
+// failed (pauseRelays). Every upstream
 // replica's buffer thus counts every downstream replica: it keeps what
 // any of them might still need after a switch of replicas, and discards
 // what all have taken (see docs/DATAPLANE.md).
@@ -471,14 +505,17 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		rctx, cancel := context.WithCancel(ctx)
 		in.mu.Lock()
 		reading := in.cancelCur != nil && in.current.TaskID == pl.TaskID
-		if ok && !reading {
+		// A failed input pauses its relays (see pauseRelays); checked
+		// under mu, as pauseRelays cancels, so none starts after it.
+		paused := in.failed()
+		if ok && !reading && !paused {
 			if in.relays == nil {
 				in.relays = map[string]context.CancelFunc{}
 			}
 			in.relays[pl.TaskID] = cancel
 		}
 		in.mu.Unlock()
-		if !ok || reading {
+		if !ok || reading || paused {
 			cancel()
 			if !sleepCtx(ctx, relayIdle) {
 				return
@@ -488,12 +525,13 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		ref := &fedstreampb.StreamRef{Query: in.t.spec.Query, TaskId: pl.TaskID, Partition: int32(in.t.spec.Partition), Consumer: in.t.spec.Fragment, Generation: int32(pl.Generation)}
 		start := time.Now()
 		var err error
+		stable := in.byStableID()
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), in.taken)
+			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), stable, in.taken)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), in.taken)
+			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), stable, in.taken)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {
