@@ -902,10 +902,6 @@ func (a *aggregate) restoreOwned(state []byte) error {
 }
 
 func (a *aggregate) restore(d *decoder) error {
-	if a.hasDistinct() && !inlineSets {
-		d.sets = newSetBuilder()
-		defer d.endSets() // on the error paths
-	}
 	watermark := d.varint()
 	late := d.uvarint()
 	windows := map[int64]*aggWindow{}
@@ -926,26 +922,12 @@ func (a *aggregate) restore(d *decoder) error {
 			}
 		}
 		windows[w.start] = w
-		if d.sets != nil {
-			d.sets.windowDone()
-		}
 	}
 	if err := d.finish(); err != nil {
 		return err
 	}
-	d.endSets() // every set built before the state is used
 	a.watermark, a.late, a.windows, a.lastWin = watermark, late, windows, nil
 	return nil
-}
-
-// hasDistinct reports whether a has a count_distinct aggregate.
-func (a *aggregate) hasDistinct() bool {
-	for i := range a.specs {
-		if a.specs[i].fn == aggCountDistinct {
-			return true
-		}
-	}
-	return false
 }
 
 func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
@@ -962,18 +944,24 @@ func (a *aggregate) decodeAcc(d *decoder, s *aggSpec, acc *accumulator) {
 		acc.ext = d.value()
 	case aggCountDistinct:
 		n := d.count(1)
-		if n == 0 {
-			return
+		if n > 0 {
+			// Room to grow: a restored task goes on adding members (a
+			// moved copy catching up adds to every open window at once),
+			// and a set made for exactly n would soon grow, rehashing
+			// every member (BenchmarkProcessAfterRestore: a third more
+			// CPU for a moved copy's first 200 ms of input). A quarter
+			// more, not a quarter and 8 more: the 8 made every set a
+			// table (none fitted Go's small map of 8) and doubled most
+			// sets' tables for nothing. A worker that had not held the
+			// state before then wrote bench move's 6,259 sets into about
+			// 6 MB of untouched memory instead of about 4, and on this
+			// project's VM a page fault costs ~16 us: page faults are
+			// most of such a restore's CPU (BenchmarkMoveStateCodec/
+			// receive-stream, alternated: 2,490 page faults and a
+			// median 60 cpu-ms with the 8, 1,840 and 54 without; the
+			// first 41 records after it cost the same, 13-21 cpu-ms).
+			acc.distinct = make(map[string]struct{}, n+n/4)
 		}
-		if b := d.sets; b != nil {
-			// Built beside the decoding (setbuild.go).
-			for range n {
-				b.cur.members = append(b.cur.members, d.str())
-			}
-			b.add(acc, n)
-			return
-		}
-		acc.distinct = make(map[string]struct{}, setRoom(n))
 		for range n {
 			acc.distinct[d.str()] = struct{}{}
 		}

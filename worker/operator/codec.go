@@ -229,9 +229,6 @@ type decoder struct {
 	// were consumed, and strings are interned copies.
 	st   *stateStream
 	read int
-	// sets, when set, builds the count_distinct sets decoded
-	// (aggregate.restore; setbuild.go).
-	sets *setBuilder
 }
 
 // off is the position of b in the state.
