@@ -2943,7 +2943,8 @@ type SubscribeRequest struct {
 	// DCAA consumer's relay; see docs/DATAPLANE.md), not positions. The
 	// buffer takes stable id S as every position up to the one holding
 	// stable id S on this replica, whose tentative tuples, UNDO and
-	// REC_DONE take positions the stable id does not count (taken as
+	// REC_DONE take positions the stable id does not count (past a
+	// divergence of its stable ids, lineage, still as a position; taken as
 	// positions, a replica that had corrected itself kept that many
 	// positions for every relaying consumer for good, and blocked once
 	// they were more than its buffer's bound).

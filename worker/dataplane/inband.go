@@ -221,11 +221,27 @@ func (b *OutputBuffer) positionOfStableLocked(sid uint64) uint64 {
 	return p
 }
 
-// AckStable is Ack for a subscriber that acknowledges by stable id (a
-// DCAA consumer's ack relay): it has taken every position up to the one
-// of stable id sid (clamped, as Ack, to the last position appended).
+// RelayedPosition is the position a relayed acknowledgement of stable id
+// sid (a DCAA consumer reading another replica) takes this stream up to:
+// the position of sid, while sid is within the numbering this stream
+// shares with its peer replicas. Past a divergence (Diverge) sid means
+// other results here, and a consumer that switches to this replica
+// realigns by stream time, possibly to lower stable ids: there sid
+// counts as a position, as it always did (never more than the position
+// of sid).
+func (b *OutputBuffer) RelayedPosition(sid uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.lineage != 0 && sid > b.lineageSince {
+		return sid
+	}
+	return b.positionOfStableLocked(sid)
+}
+
+// AckStable is Ack for a subscriber that relays stable ids: see
+// RelayedPosition (clamped, as Ack, to the last position appended).
 func (b *OutputBuffer) AckStable(name string, sid uint64) {
-	b.Ack(name, b.PositionOfStable(sid))
+	b.Ack(name, b.RelayedPosition(sid))
 }
 
 // DiscardedStableAfter reports whether the buffer discarded a stable tuple

@@ -58,6 +58,18 @@ func TestStableRelayFreesCorrectedPositions(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("relay ended with %v", err)
 	}
+	// Past a divergence (a lossy correction) a stable id means other
+	// results here: it counts as a position, as it always did.
+	d := NewOutputBuffer(BufferOptions{})
+	d.MarkNonStable(3, 4)
+	fill(t, d, 1, 12)
+	d.Diverge(4)
+	if p := d.RelayedPosition(4); p != 6 {
+		t.Errorf("relayed stable id 4, within the shared numbering: position %d, want 6", p)
+	}
+	if p := d.RelayedPosition(7); p != 7 {
+		t.Errorf("relayed stable id 7, past the divergence: position %d, want 7", p)
+	}
 	// The same through a local relay.
 	l := NewOutputBuffer(BufferOptions{})
 	l.MarkNonStable(2, 3)

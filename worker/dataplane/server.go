@@ -334,7 +334,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64, stable bool) error {
 	apply := func(id uint64) {
 		if stable {
-			id = buf.PositionOfStable(id)
+			id = buf.RelayedPosition(id)
 		}
 		buf.NoteHeld(id) // the subscriber took it from a peer replica
 		buf.Ack(key, id)

@@ -552,7 +552,7 @@ func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, stable 
 	for {
 		id := progress()
 		if stable {
-			id = buf.PositionOfStable(id)
+			id = buf.RelayedPosition(id)
 		}
 		buf.NoteHeld(id)  // as Server.Subscribe's relay
 		buf.Ack(name, id) // clamped, cheap: every time
