@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -417,5 +418,70 @@ func TestBlockedTimeCountsWhileWaiting(t *testing.T) {
 	}
 	if st := b.Stats(); st.BlockedAppends != 0 || st.BlockedNanos < last || st.BlockedNanos != b.BlockedNanos() {
 		t.Fatalf("after the wait: %d appends waiting, blocked %d ns (ended waits %d), want none, >= %d, equal", st.BlockedAppends, st.BlockedNanos, b.BlockedNanos(), last)
+	}
+}
+
+// TestDiscardedChunkRoomIsReused: a subscriber that acknowledges every
+// small flush before the next one empties the buffer each time; the next
+// flush must go to the room left in the discarded chunk, not to a fresh
+// 64 KiB chunk, and batches read before the discard keep their bytes
+// while new tuples are written above them.
+func TestDiscardedChunkRoomIsReused(t *testing.T) {
+	ctx := context.Background()
+	b := NewOutputBuffer(BufferOptions{ExpectedSubscribers: 1})
+	b.Register("r0")
+	w := b.NewWriter()
+	payload := strings.Repeat("p", 40)
+	id := uint64(0)
+	// fresh counts the chunks not cut from the room just above the
+	// previous chunk's data (the test is the only goroutine using b).
+	fresh, prevEnd := 0, uintptr(0)
+	// flushAck stages n tuples, flushes, reads them as a subscriber would
+	// and acknowledges them: the buffer is empty again afterwards.
+	flushAck := func(n int) []byte {
+		for range n {
+			id++
+			if err := w.Add(dataTuple(id, payload)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		b.mu.Lock()
+		c := b.chunks[len(b.chunks)-1]
+		start := uintptr(unsafe.Pointer(unsafe.SliceData(c.data)))
+		if start != prevEnd {
+			fresh++
+		}
+		prevEnd = start + uintptr(len(c.data))
+		b.mu.Unlock()
+		data, count, last, _, _, err := b.Read(id-uint64(n), MaxBatchBytes)
+		if err != nil || count != n || last != id {
+			t.Fatalf("read after %d: %d tuples up to %d (%v), want %d up to %d", id-uint64(n), count, last, err, n, id)
+		}
+		b.Ack("r0", id)
+		if st := b.Stats(); st.Tuples != 0 {
+			t.Fatalf("%d tuples retained after a full ack", st.Tuples)
+		}
+		return data
+	}
+	flushAck(4)
+	held := flushAck(4)
+	heldCopy := bytes.Clone(held)
+	heldFirst := id - 3
+	for range 200 {
+		flushAck(4)
+	}
+	// 202 flushes of about 250 bytes fit in one 64 KiB array; a chunk
+	// allocated per flush was 202 arrays.
+	if fresh > 2 {
+		t.Fatalf("202 flushes of 4 small tuples, each acknowledged before the next, took %d new arrays: the room of discarded chunks is not reused", fresh)
+	}
+	if !bytes.Equal(held, heldCopy) {
+		t.Fatal("a batch read before its chunk was discarded changed when later tuples were written")
+	}
+	if got := decodeAll(t, held); len(got) != 4 || got[0] != heldFirst || got[3] != heldFirst+3 {
+		t.Fatalf("held batch decodes to %v, want %d..%d", got, heldFirst, heldFirst+3)
 	}
 }
