@@ -41,10 +41,7 @@ func TestHeldLinkBetweenWorkerProcesses(t *testing.T) {
 			return
 		}
 		id := w.tasks(t)[lost].Worker
-		ws, err := o.workerList(t, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ws := o.workerListNow(t)
 		for _, wk := range ws {
 			if wk.ID == id {
 				held = wk.Addr

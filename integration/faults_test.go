@@ -33,10 +33,7 @@ func TestCutLinkBetweenWorkerProcesses(t *testing.T) {
 			return
 		}
 		id := w.tasks(t)[lost].Worker
-		ws, err := o.workerList(t, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ws := o.workerListNow(t)
 		for _, wk := range ws {
 			if wk.ID == id {
 				cut = wk.Addr

@@ -221,10 +221,7 @@ func TestReplicationWalk(t *testing.T) {
 	workerOf := func(task string) (name, id, addr string) {
 		t.Helper()
 		id = w.tasks(t)[task].Worker
-		ws, err := o.workerList(t, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
+		ws := o.workerListNow(t)
 		for _, wk := range ws {
 			if wk.ID == id {
 				addr = wk.Addr
@@ -298,10 +295,7 @@ func TestReplicationWalk(t *testing.T) {
 	at(0.6)
 	cutName, _, cutAddr := workerOf("ward/per_patient/p0/r0")
 	var addrs []string
-	ws, err := o.workerList(t, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ws := o.workerListNow(t)
 	for _, wk := range ws {
 		if wk.Addr != cutAddr && wk.Status == "ready" {
 			addrs = append(addrs, wk.Addr)
