@@ -167,10 +167,10 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	// no link held yet), lost more than it keeps for the replay and was
 	// lossy before the failure the scenario sets up; the run was judged
 	// inconclusive only after the whole scenario. A run whose replicas
-	// are not all exact two seconds into the input is inconclusive at
-	// once.
-	waitFor(t, 30*time.Second, "two seconds of input, both aggregates STABLE", func() bool {
-		if drawn() < 8000 {
+	// are not all exact once a second of input was drawn and both
+	// aggregates are STABLE is inconclusive at once.
+	waitFor(t, 30*time.Second, "a second of input, both aggregates STABLE", func() bool {
+		if drawn() < 4000 {
 			return false
 		}
 		for _, id := range []string{agg0, agg1} {
@@ -276,7 +276,9 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	// the live partition's input follows its start.
 	replacedAt := drawn()
 	if replacedAt > 40000-4000 {
-		t.Fatalf("partition 1 had drawn %d of its 40000 lines when no lossy replica was left: the test would prove little", replacedAt)
+		// The replacement came too late to be judged (load 100-200:
+		// hold from 1561 lines, the replacement after 40000).
+		return fmt.Sprintf("partition 1 had drawn %d of its 40000 lines when no lossy replica was left: the replacement would be judged on too little input", replacedAt)
 	}
 	t.Logf("replaced; partition 1 had drawn %d of its 40000 lines", replacedAt)
 	// The aggregate's old worker is still there: only the leader's
