@@ -423,6 +423,21 @@ func (o *org) workerList(t *testing.T, i int) ([]workerJSON, error) {
 	return ws, err
 }
 
+// workerListNow is workerList of coordinator 0 for a test that needs the
+// answer: a failed call is tried again, for up to 30 s. One CLI process
+// that did not answer within workerList's 5 s (load 30 on two cores:
+// "context deadline exceeded") failed the test that asked.
+func (o *org) workerListNow(t *testing.T) []workerJSON {
+	t.Helper()
+	var ws []workerJSON
+	waitFor(t, 30*time.Second, "the coordinator's worker list", func() bool {
+		var err error
+		ws, err = o.workerList(t, 0)
+		return err == nil
+	})
+	return ws
+}
+
 // waitReady waits until coordinator 0 lists n workers, all ready.
 func (o *org) waitReady(t *testing.T, n int) {
 	t.Helper()

@@ -170,11 +170,13 @@ func (w *ward) tasks(t *testing.T) map[string]wardTask {
 	var q struct {
 		Tasks []wardTask `json:"tasks"`
 	}
-	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
-	defer cancel()
-	if err := cli(ctx, t, &q, "query", "status", "ward", "--addr", w.o.grpc[0], "--token", w.o.adminToken); err != nil {
-		t.Fatal(err)
-	}
+	// Tried again on an error, as workerListNow (a CLI process can miss
+	// its timeout under load).
+	waitFor(t, 30*time.Second, "the ward query's status", func() bool {
+		ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+		defer cancel()
+		return cli(ctx, t, &q, "query", "status", "ward", "--addr", w.o.grpc[0], "--token", w.o.adminToken) == nil
+	})
 	out := map[string]wardTask{}
 	for _, tk := range q.Tasks {
 		out[tk.ID] = tk

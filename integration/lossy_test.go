@@ -57,8 +57,9 @@ const lossyKeep = 300
 // input), or make every sink replica read the lossy copy and name the
 // switch to its replacement: the query then stays LOSSY, as its status
 // says, with nothing to bootstrap from. Such a run proves nothing
-// either way, so the scenario runs again on a new org, at most three
-// times; any other outcome is judged.
+// either way, so the scenario runs again on a new org, at most four
+// times (a run whose replicas are not all exact before the failure is
+// over in a few seconds); any other outcome is judged.
 func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 	t.Parallel()
 	for attempt := 1; ; attempt++ {
@@ -66,8 +67,8 @@ func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 		if why == "" {
 			return
 		}
-		if attempt == 3 {
-			t.Fatalf("three runs without the precondition; the last: %s", why)
+		if attempt == 4 {
+			t.Fatalf("four runs without the precondition; the last: %s", why)
 		}
 		t.Logf("run %d inconclusive: %s; running the scenario again", attempt, why)
 	}
@@ -160,6 +161,30 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	// tentatively and keeps.
 	live := where["lossy/lines/p1/r0"]
 	drawn := func() uint64 { return inTuples(live.WorkerId, live.TaskId) }
+	// Past the start first. Under load (20-50 on two cores) a replica
+	// now and then took a live upstream for failed in its first seconds
+	// (the peer replica UP_FAILURE from 1.3 s to 3.5 s after it started,
+	// no link held yet), lost more than it keeps for the replay and was
+	// lossy before the failure the scenario sets up; the run was judged
+	// inconclusive only after the whole scenario. A run whose replicas
+	// are not all exact once a second of input was drawn and both
+	// aggregates are STABLE is inconclusive at once.
+	waitFor(t, 30*time.Second, "a second of input, both aggregates STABLE", func() bool {
+		if drawn() < 4000 {
+			return false
+		}
+		for _, id := range []string{agg0, agg1} {
+			if ti := o.task(t, "lossy", id); ti.ReplicaState != pb.ReplicaState_REPLICA_STABLE || ti.Tentative {
+				return false
+			}
+		}
+		return true
+	})
+	for _, ti := range o.query(t, "lossy").Tasks {
+		if ti.Lossy || ti.Generation > 1 {
+			return fmt.Sprintf("%s lost input before the failure (generation %d, lossy %v): %s", ti.TaskId, ti.Generation, ti.Lossy, ti.Message)
+		}
+	}
 	for _, addr := range held {
 		f.CutOutgoing(addr, dataplane.Hold)
 	}
@@ -251,7 +276,9 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	// the live partition's input follows its start.
 	replacedAt := drawn()
 	if replacedAt > 40000-4000 {
-		t.Fatalf("partition 1 had drawn %d of its 40000 lines when no lossy replica was left: the test would prove little", replacedAt)
+		// The replacement came too late to be judged (load 100-200:
+		// hold from 1561 lines, the replacement after 40000).
+		return fmt.Sprintf("partition 1 had drawn %d of its 40000 lines when no lossy replica was left: the replacement would be judged on too little input", replacedAt)
 	}
 	t.Logf("replaced; partition 1 had drawn %d of its 40000 lines", replacedAt)
 	// The aggregate's old worker is still there: only the leader's
