@@ -403,6 +403,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	var at []time.Duration
 	var epochs []uint64
 	var wake []bool
+	var spread time.Duration // of the sources' pacing anchors, before the first update
+	spreadOK := false
 	defer func() {
 		for _, w := range o.fed.workers {
 			w.Runtime().SetReconfigWake(true)
@@ -438,6 +440,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 				w.Runtime().SetReconfigWake(on)
 			}
 			wake = append(wake, on)
+		}
+		if i == 0 {
+			spread, spreadOK = o.paceSpread(name)
 		}
 		at = append(at, time.Since(r.start))
 		margin := orgMargin
@@ -507,6 +512,12 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took, r.undelivered)
 	res.DipWindow = benchmark.WindowDip(r.recv, at, benchmark.DipWindowFor(cfg))
 	res.SourceWake = wake
+	if spreadOK {
+		res.PaceSpreadMs = ms(spread)
+	}
+	if len(at) > 0 {
+		res.LagBeforeMsP50, res.LagBeforeMsP99, _ = lagBefore(r.recv, r.start, o.paceOrigin(name), at[0]-time.Second, at[0])
+	}
 	for i, h := range holds {
 		pt := r.plans[epochs[i]]
 		paused := h.paused.Sub(r.start)
@@ -552,6 +563,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	for _, d := range resumed {
 		res.ResumedMs = append(res.ResumedMs, ms(d))
 	}
+	res.Breakdown = breakdownOf(&res)
 	for _, g := range gaps {
 		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
 	}
@@ -807,6 +819,11 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	defer o.close()
 	res := &benchmark.ReconfigResult{Scope: orgBenchScope}
 	part := func(name string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, name) }
+	if fs, err := medianFsync(o.dir, 200); err == nil {
+		res.FsyncMsP50 = msOf(fs)
+	} else {
+		cfg.Logger.Warn("bench reconfig: fsync reference not measured", "err", err)
+	}
 	if part("live") {
 		prog.Step("live", 1, 1, "")
 		if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
@@ -817,6 +834,14 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 		prog.Step("quiescent", 1, 1, "")
 		if res.Quiescent, err = orgStrategy(ctx, o, cfg, fsm.StrategyQuiescent); err != nil {
 			return nil, err
+		}
+	}
+	for _, s := range []struct {
+		name string
+		r    *benchmark.StrategyResult
+	}{{"live", &res.Live}, {"quiescent", &res.Quiescent}} {
+		if part(s.name) {
+			prog.Note("%s: before its first update, lag p50 %.1f ms, p99 %.1f ms; sources' pacing anchors %.1f ms apart", s.name, s.r.LagBeforeMsP50, s.r.LagBeforeMsP99, s.r.PaceSpreadMs)
 		}
 	}
 	if part("overhead") {

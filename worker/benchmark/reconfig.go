@@ -291,6 +291,38 @@ type StrategyResult struct {
 	// between two sink arrivals over the whole run, each with what the
 	// process and every task did meanwhile.
 	Stalls []ReconfigStall `json:"stalls,omitempty"`
+	// The steady condition the strategy's query was in before its first
+	// update (org runs), so that the strategies compare fairly: a
+	// quiescent update drains what is in flight. LagBeforeMs* are the
+	// median and p99 over the second before the first update of each
+	// result's arrival at the consumer after the wall-clock time its
+	// stream time was due (the query's pacing origin + stime: the
+	// pipeline's lag); PaceSpreadMs is the spread of the source
+	// partitions' pacing anchors (TaskStats.PaceOrigin), 0 when they
+	// share the query's origin.
+	LagBeforeMsP50 float64 `json:"lag_before_ms_p50,omitempty"`
+	LagBeforeMsP99 float64 `json:"lag_before_ms_p99,omitempty"`
+	PaceSpreadMs   float64 `json:"pace_spread_ms"`
+	// Breakdown (org runs): the medians over the updates of the phases
+	// of an update, from the plan's commit in Raft.
+	Breakdown *UpdateBreakdown `json:"breakdown,omitempty"`
+}
+
+// UpdateBreakdown is where an update's time goes (org runs): medians
+// over the updates, milliseconds from the plan's commit in Raft (as the
+// benchmark's watch of the coordinator's state saw it).
+type UpdateBreakdown struct {
+	// Learned: the last worker began handing its tasks the plan (it had
+	// the assignment view carrying it); Installed: the last task had
+	// installed the plan's versions; AcksReceived: the leader had every
+	// task's acknowledgement; Switched: the Raft write recording the
+	// last of them applied (the live update_ms). RaftWrite is the median
+	// of Switched - AcksReceived per update.
+	LearnedMs      float64 `json:"learned_ms"`
+	InstalledMs    float64 `json:"installed_ms"`
+	AcksReceivedMs float64 `json:"acks_received_ms"`
+	SwitchedMs     float64 `json:"switched_ms"`
+	RaftWriteMs    float64 `json:"raft_write_ms"`
 }
 
 // ReconfigStall is a gap at the sink and what happened during it, from
@@ -398,6 +430,11 @@ type ReconfigResult struct {
 	// never read (it fell behind and the sink's ring dropped them); not
 	// counted as lost (StrategyResult.Undelivered). 0 when it kept up.
 	Undelivered int `json:"undelivered"`
+	// FsyncMsP50 (org runs) is the median of 200 4-KiB writes each
+	// followed by an fsync in the org's data directory, measured in the
+	// run: the floor of one Raft write on this disk (a bbolt commit
+	// syncs twice).
+	FsyncMsP50 float64 `json:"fsync_ms_p50,omitempty"`
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`
