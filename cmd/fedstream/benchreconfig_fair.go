@@ -88,14 +88,21 @@ func breakdownOf(res *benchmark.StrategyResult) *benchmark.UpdateBreakdown {
 		}
 		return medianOf(xs)
 	}
-	var raft []float64
-	if len(res.AcksReceivedMs) == len(res.SwitchedMs) {
-		for i, s := range res.SwitchedMs {
-			raft = append(raft, math.Round((s-res.AcksReceivedMs[i])*1000)/1000)
+	diffs := func(to, from []float64) []float64 {
+		if len(to) != len(from) {
+			return nil
 		}
+		var d []float64
+		for i := range to {
+			d = append(d, math.Round((to[i]-from[i])*1000)/1000)
+		}
+		return d
 	}
 	return &benchmark.UpdateBreakdown{LearnedMs: med(res.LearnedMs), InstalledMs: med(res.InstalledMs),
-		AcksReceivedMs: med(res.AcksReceivedMs), SwitchedMs: med(res.SwitchedMs), RaftWriteMs: med(raft)}
+		AcksReceivedMs: med(res.AcksReceivedMs), SwitchedMs: med(res.SwitchedMs),
+		RaftWriteMs:  med(diffs(res.SwitchedMs, res.AcksReceivedMs)),
+		RaftWaitMs:   med(diffs(res.AckWriteMs, res.AcksReceivedMs)),
+		RaftCommitMs: med(diffs(res.SwitchedMs, res.AckWriteMs))}
 }
 
 // medianFsync is the median of n 4-KiB writes, each followed by an fsync,

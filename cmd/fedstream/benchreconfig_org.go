@@ -515,6 +515,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if spreadOK {
 		res.PaceSpreadMs = ms(spread)
 	}
+	if len(r.recv) > 0 {
+		res.FirstResultMs = ms(r.recv[0].At)
+	}
 	if len(at) > 0 {
 		res.LagBeforeMsP50, res.LagBeforeMsP99, _ = lagBefore(r.recv, r.start, o.paceOrigin(name), at[0]-time.Second, at[0])
 	}
@@ -544,6 +547,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))
 		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
 			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
+		}
+		if b := o.fed.coords[0].ReconfigAcksWriteBegan(name, e); !b.IsZero() {
+			res.AckWriteMs = append(res.AckWriteMs, ms(b.Sub(pt.committed)))
 		}
 		var installed time.Time
 		for _, w := range o.fed.workers {
@@ -841,7 +847,8 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 		r    *benchmark.StrategyResult
 	}{{"live", &res.Live}, {"quiescent", &res.Quiescent}} {
 		if part(s.name) {
-			prog.Note("%s: before its first update, lag p50 %.1f ms, p99 %.1f ms; sources' pacing anchors %.1f ms apart", s.name, s.r.LagBeforeMsP50, s.r.LagBeforeMsP99, s.r.PaceSpreadMs)
+			prog.Note("%s: first result %.1f ms after the submission; before its first update, lag p50 %.1f ms, p99 %.1f ms; sources' pacing anchors %.1f ms apart",
+				s.name, s.r.FirstResultMs, s.r.LagBeforeMsP50, s.r.LagBeforeMsP99, s.r.PaceSpreadMs)
 		}
 	}
 	if part("overhead") {

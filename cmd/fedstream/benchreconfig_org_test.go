@@ -52,6 +52,10 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 	if l := res.Live; len(l.AcksReceivedMs) != 1 || l.AcksReceivedMs[0] <= 0 || l.AcksReceivedMs[0] > l.SwitchedMs[0] {
 		t.Fatalf("acknowledgements received at %v ms, switched at %v ms", l.AcksReceivedMs, l.SwitchedMs)
 	}
+	// The write carrying the last of them began in between.
+	if l := res.Live; len(l.AckWriteMs) != 1 || l.AckWriteMs[0] < l.AcksReceivedMs[0] || l.AckWriteMs[0] > l.SwitchedMs[0] {
+		t.Fatalf("acknowledgements received at %v ms, their write began at %v ms, switched at %v ms", l.AcksReceivedMs, l.AckWriteMs, l.SwitchedMs)
+	}
 	// Every task installed the live plan before the acknowledgements
 	// were written.
 	if l := res.Live; len(l.InstalledMs) != 1 || l.InstalledMs[0] <= 0 || l.InstalledMs[0] > l.SwitchedMs[0] {

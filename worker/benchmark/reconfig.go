@@ -219,6 +219,11 @@ type StrategyResult struct {
 	// before the Raft write recording the last of them (SwitchedMs is
 	// when that write was applied).
 	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
+	// AckWriteMs (in an org), per update: from the plan's commit until
+	// the first Raft write of reports began after every acknowledgement
+	// was received (SwitchedMs - AckWriteMs is that write: a log append
+	// with its fsync, then the state machine).
+	AckWriteMs []float64 `json:"ack_write_ms,omitempty"`
 	// LearnedMs and AppliedMs (in an org), per update: from the plan's
 	// commit in Raft until the last worker began, and finished, handing
 	// its tasks the plan (Apply: the configuration parsed, the changed
@@ -303,6 +308,10 @@ type StrategyResult struct {
 	LagBeforeMsP50 float64 `json:"lag_before_ms_p50,omitempty"`
 	LagBeforeMsP99 float64 `json:"lag_before_ms_p99,omitempty"`
 	PaceSpreadMs   float64 `json:"pace_spread_ms"`
+	// FirstResultMs is when the first result reached the consumer, from
+	// the query's submission (about its pacing origin): how late its
+	// tasks started, which its sources then catch up on.
+	FirstResultMs float64 `json:"first_result_ms,omitempty"`
 	// Breakdown (org runs): the medians over the updates of the phases
 	// of an update, from the plan's commit in Raft.
 	Breakdown *UpdateBreakdown `json:"breakdown,omitempty"`
@@ -317,12 +326,16 @@ type UpdateBreakdown struct {
 	// installed the plan's versions; AcksReceived: the leader had every
 	// task's acknowledgement; Switched: the Raft write recording the
 	// last of them applied (the live update_ms). RaftWrite is the median
-	// of Switched - AcksReceived per update.
+	// of Switched - AcksReceived per update, split into RaftWaitMs (until
+	// the write began: AckWriteMs - AcksReceived) and RaftCommitMs (the
+	// write: Switched - AckWriteMs).
 	LearnedMs      float64 `json:"learned_ms"`
 	InstalledMs    float64 `json:"installed_ms"`
 	AcksReceivedMs float64 `json:"acks_received_ms"`
 	SwitchedMs     float64 `json:"switched_ms"`
 	RaftWriteMs    float64 `json:"raft_write_ms"`
+	RaftWaitMs     float64 `json:"raft_wait_ms"`
+	RaftCommitMs   float64 `json:"raft_commit_ms"`
 }
 
 // ReconfigStall is a gap at the sink and what happened during it, from
