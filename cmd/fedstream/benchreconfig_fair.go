@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"os"
@@ -75,6 +76,35 @@ func lagBefore(recv []benchmark.ReconfigRecord, start, origin time.Time, from, t
 		return math.Round(lags[min(len(lags)-1, int(f*float64(len(lags))))]*1000) / 1000
 	}
 	return q(0.5), q(0.99), true
+}
+
+// caughtUpLag and caughtUpMax: a strategy's warm-up begins once the
+// newest result's lag is below caughtUpLag, or after caughtUpMax.
+const (
+	caughtUpLag = 50 * time.Millisecond
+	caughtUpMax = 3 * time.Second
+)
+
+// awaitCaughtUp waits until the query's stream has caught up with its
+// pacing origin (the newest result's lag below caughtUpLag), at most
+// caughtUpMax. The sources pace from the query's origin, fixed at its
+// submission: tasks placed late (the second strategy's query was seen to
+// start 1.5 s after its submission, under load) draw that much of their
+// streams at once, and a strategy's updates must not begin while the
+// pipeline still works through it (a quiescent update drains what is in
+// flight). Without an origin it returns at once.
+func (r *orgRun) awaitCaughtUp(ctx context.Context, origin time.Time) {
+	if origin.IsZero() {
+		return
+	}
+	base := r.start.Sub(origin)
+	_ = r.waitFor(ctx, "the stream caught up", caughtUpMax, func() bool {
+		if len(r.recv) == 0 {
+			return false
+		}
+		last := r.recv[len(r.recv)-1]
+		return base+last.At-time.Duration(last.STime) < caughtUpLag
+	})
 }
 
 // breakdownOf is the medians of an org run's per-update phases.

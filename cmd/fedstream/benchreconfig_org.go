@@ -370,7 +370,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	// committed as its sources end would wait for markers they no longer
 	// send, and on a loaded machine the updates run late (each waits for
 	// the previous plan to complete).
-	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 5*time.Second
+	// (It also leaves room for the wait until the stream caught up.)
+	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 5*time.Second + caughtUpMax
 	limit := int64(total.Seconds() * float64(cfg.Rate))
 	name := "sepsis-" + strategy
 	if cfg.SecondRate > 0 {
@@ -387,6 +388,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
 		return none, err
 	}
+	r.awaitCaughtUp(ctx, o.paceOrigin(name))
 	var sampler *stallSampler
 	if cfg.Stalls {
 		sctx, stop := context.WithCancel(ctx)
@@ -426,7 +428,15 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 				return none, ctx.Err()
 			}
 		}
-		if left := total - streamAt(r); left < streamLeftMin {
+		// How far the stream has come: at the consumer, or, when further,
+		// where paced sources can be at most (the time since their
+		// origin: sources catching up run ahead of a lagging consumer, and
+		// a plan committed after they ended would never complete).
+		reached := streamAt(r)
+		if po := o.paceOrigin(name); !po.IsZero() {
+			reached = max(reached, time.Since(po))
+		}
+		if left := total - reached; left < streamLeftMin {
 			// The sources end within a plan's time: a plan they do not
 			// load or pass before their end would never complete.
 			cfg.Logger.Warn("bench reconfig: the stream is about to end; no more updates", "query", name, "updates", i, "stream_left", left)
