@@ -185,9 +185,13 @@ func (t *task) paceAnchor(n, rate, speedup int64, pace *Pace, factor float64) ti
 // paceCatchUpMax and paceWaitMax bound how far a generator follows its
 // query's pacing origin: it draws up to paceCatchUpMax of its stream
 // without waiting to get on the origin's schedule, and waits up to
-// paceWaitMax to get back on it.
+// paceWaitMax to get back on it. paceCatchUpMax is long: a partition
+// beyond it paces from its own start and stays that far behind the
+// others for good, which is worse than a burst. With a bound of 5 s,
+// partitions of a query placed 8 s after its submission on a machine at
+// load 40 fell on both sides of it and ran 5.4 s apart.
 const (
-	paceCatchUpMax = 5 * time.Second
+	paceCatchUpMax = time.Minute
 	paceWaitMax    = time.Second
 )
 
