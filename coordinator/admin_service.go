@@ -136,8 +136,11 @@ func (as *adminService) SubmitQuery(ctx context.Context, req *pb.SubmitQueryRequ
 		return nil, err
 	}
 	maxDelay := q.Availability.MaxDelay
+	// The pacing origin travels in the command, so every coordinator
+	// applies the same one.
 	body := fsm.SubmitQueryRequest{
-		Query:          fsm.Query{Name: q.Name, SpecJSON: spec, Status: states.QueryRunning, Replicas: max(q.Replicas, 1), MaxDelay: maxDelay},
+		Query: fsm.Query{Name: q.Name, SpecJSON: spec, Status: states.QueryRunning, Replicas: max(q.Replicas, 1), MaxDelay: maxDelay,
+			PaceOrigin: time.Now().UnixNano()},
 		IdempotencyKey: req.IdempotencyKey,
 	}
 	for _, t := range tasks {

@@ -29,6 +29,9 @@ type acksReceived struct {
 	// at is when every task's acknowledgement of (query, epoch) was
 	// received.
 	at map[acksKey]time.Time
+	// began is when the first Raft write to begin after at did (the one
+	// carrying the last acknowledgement, or one queued before it).
+	began map[acksKey]time.Time
 	// parked are the reports held until the report that completes a
 	// plan's acknowledgements arrives (writeReport).
 	parked []*parkedReport
@@ -120,6 +123,7 @@ func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold 
 			if all {
 				if len(a.at) >= acksReceivedKeep {
 					clear(a.at)
+					clear(a.began)
 				}
 				a.at[k] = now
 			}
@@ -208,6 +212,7 @@ func (s *Server) writeReport(ctx context.Context, upd fsm.UpdateTaskStatesReques
 func (s *Server) writeReports(ctx context.Context, batch []*parkedReport) error {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	s.noteAcksWriteBegan()
 	deliver := func(err error) error {
 		for _, p := range batch {
 			p.done <- err
@@ -242,6 +247,36 @@ func (s *Server) writeReports(ctx context.Context, batch []*parkedReport) error 
 		p.done <- err
 	}
 	return nil
+}
+
+// noteAcksWriteBegan records, for every plan whose acknowledgements are
+// all received, that a write of reports begins now, unless one did
+// since.
+func (s *Server) noteAcksWriteBegan() {
+	a := &s.acks
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k := range a.at {
+		if _, ok := a.began[k]; !ok {
+			if a.began == nil {
+				a.began = map[acksKey]time.Time{}
+			}
+			a.began[k] = now
+		}
+	}
+}
+
+// ReconfigAcksWriteBegan is when this coordinator, as the leader, began
+// the first Raft write of reports after it had received every task's
+// acknowledgement of query's plan epoch (zero if it did not see that).
+// From there to the plan's switch is the write itself (log append with
+// its fsync, the state machine); from ReconfigAcksReceived to here, the
+// wait for it to begin.
+func (s *Server) ReconfigAcksWriteBegan(query string, epoch uint64) time.Time {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	return s.acks.began[acksKey{query, epoch}]
 }
 
 // ReconfigAcksReceived is when this coordinator, as the leader, had

@@ -247,7 +247,7 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	}
 	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
 	for _, q := range queries {
-		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON}
+		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON, PaceOriginUnixNano: q.Query.PaceOrigin}
 		if rc := q.Query.Reconfig; rc != nil {
 			b, err := json.Marshal(rc)
 			if err != nil {

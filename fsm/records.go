@@ -78,9 +78,15 @@ type Query struct {
 	MaxDelay string `json:"max_delay"`
 	// Reconfig is the query's live reconfiguration state (plans and the
 	// versions they introduced); nil until the first plan (issue 13).
-	Reconfig    *QueryReconfig `json:"reconfig,omitempty"`
-	CreateIndex uint64         `json:"create_index"`
-	ModifyIndex uint64         `json:"modify_index"`
+	Reconfig *QueryReconfig `json:"reconfig,omitempty"`
+	// PaceOrigin is the wall-clock time (Unix nanoseconds) the query's
+	// paced generators place their record 0 at, fixed by the leader when
+	// it proposed the query: every partition and replica paces from it,
+	// so their stream times keep step whenever each started (0: each
+	// paces from its own start, as records of older builds do).
+	PaceOrigin  int64  `json:"pace_origin,omitempty"`
+	CreateIndex uint64 `json:"create_index"`
+	ModifyIndex uint64 `json:"modify_index"`
 }
 
 // Task is one copy of one fragment of a query: the unit of placement.

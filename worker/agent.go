@@ -701,6 +701,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 		placements []wrt.Placement
 		slotMaps   map[string]*wrt.SlotMap
 		reconfig   *fsm.QueryReconfig
+		paceOrigin time.Time
 	}
 	queries := map[string]*qinfo{}
 	var errs []error
@@ -711,6 +712,9 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 			continue
 		}
 		qi := &qinfo{spec: spec}
+		if q.PaceOriginUnixNano != 0 {
+			qi.paceOrigin = time.Unix(0, q.PaceOriginUnixNano)
+		}
 		if len(q.ReconfigJson) > 0 {
 			var rc fsm.QueryReconfig
 			if err := json.Unmarshal(q.ReconfigJson, &rc); err != nil {
@@ -754,6 +758,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 			// replica's has another id).
 			InMove:   a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
 			Reconfig: qi.reconfig, MarkersExpected: int(a.MarkersExpected),
+			PaceOrigin: qi.paceOrigin,
 		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}

@@ -370,7 +370,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	// committed as its sources end would wait for markers they no longer
 	// send, and on a loaded machine the updates run late (each waits for
 	// the previous plan to complete).
-	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 5*time.Second
+	// (It also leaves room for the wait until the stream caught up.)
+	total := cfg.Warmup + time.Duration(cfg.Updates)*cfg.Spacing + 5*time.Second + caughtUpMax
 	limit := int64(total.Seconds() * float64(cfg.Rate))
 	name := "sepsis-" + strategy
 	if cfg.SecondRate > 0 {
@@ -387,6 +388,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if err := r.waitFor(ctx, "the first result", 30*time.Second, func() bool { return len(r.recv) > 0 }); err != nil {
 		return none, err
 	}
+	r.awaitCaughtUp(ctx, o.paceOrigin(name))
 	var sampler *stallSampler
 	if cfg.Stalls {
 		sctx, stop := context.WithCancel(ctx)
@@ -403,6 +405,8 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	var at []time.Duration
 	var epochs []uint64
 	var wake []bool
+	var spread time.Duration // of the sources' pacing anchors, before the first update
+	spreadOK := false
 	defer func() {
 		for _, w := range o.fed.workers {
 			w.Runtime().SetReconfigWake(true)
@@ -424,7 +428,15 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 				return none, ctx.Err()
 			}
 		}
-		if left := total - streamAt(r); left < streamLeftMin {
+		// How far the stream has come: at the consumer, or, when further,
+		// where paced sources can be at most (the time since their
+		// origin: sources catching up run ahead of a lagging consumer, and
+		// a plan committed after they ended would never complete).
+		reached := streamAt(r)
+		if po := o.paceOrigin(name); !po.IsZero() {
+			reached = max(reached, time.Since(po))
+		}
+		if left := total - reached; left < streamLeftMin {
 			// The sources end within a plan's time: a plan they do not
 			// load or pass before their end would never complete.
 			cfg.Logger.Warn("bench reconfig: the stream is about to end; no more updates", "query", name, "updates", i, "stream_left", left)
@@ -438,6 +450,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 				w.Runtime().SetReconfigWake(on)
 			}
 			wake = append(wake, on)
+		}
+		if i == 0 {
+			spread, spreadOK = o.paceSpread(name)
 		}
 		at = append(at, time.Since(r.start))
 		margin := orgMargin
@@ -507,6 +522,15 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	res := benchmark.AnalyseReconfig(want, r.recv, origin(r.recv), at, took, r.undelivered)
 	res.DipWindow = benchmark.WindowDip(r.recv, at, benchmark.DipWindowFor(cfg))
 	res.SourceWake = wake
+	if spreadOK {
+		res.PaceSpreadMs = ms(spread)
+	}
+	if len(r.recv) > 0 {
+		res.FirstResultMs = ms(r.recv[0].At)
+	}
+	if len(at) > 0 {
+		res.LagBeforeMsP50, res.LagBeforeMsP99, _ = lagBefore(r.recv, r.start, o.paceOrigin(name), at[0]-time.Second, at[0])
+	}
 	for i, h := range holds {
 		pt := r.plans[epochs[i]]
 		paused := h.paused.Sub(r.start)
@@ -534,6 +558,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if got := o.fed.coords[0].ReconfigAcksReceived(name, e); !got.IsZero() {
 			res.AcksReceivedMs = append(res.AcksReceivedMs, ms(got.Sub(pt.committed)))
 		}
+		if b := o.fed.coords[0].ReconfigAcksWriteBegan(name, e); !b.IsZero() {
+			res.AckWriteMs = append(res.AckWriteMs, ms(b.Sub(pt.committed)))
+		}
 		var installed time.Time
 		for _, w := range o.fed.workers {
 			if t := w.Runtime().ReconfigInstalled(name, e); t.After(installed) {
@@ -552,6 +579,7 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	for _, d := range resumed {
 		res.ResumedMs = append(res.ResumedMs, ms(d))
 	}
+	res.Breakdown = breakdownOf(&res)
 	for _, g := range gaps {
 		res.LongestGapMs = max(res.LongestGapMs, float64(g)/float64(time.Millisecond))
 	}
@@ -807,6 +835,11 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	defer o.close()
 	res := &benchmark.ReconfigResult{Scope: orgBenchScope}
 	part := func(name string) bool { return len(cfg.Only) == 0 || slices.Contains(cfg.Only, name) }
+	if fs, err := medianFsync(o.dir, 200); err == nil {
+		res.FsyncMsP50 = msOf(fs)
+	} else {
+		cfg.Logger.Warn("bench reconfig: fsync reference not measured", "err", err)
+	}
 	if part("live") {
 		prog.Step("live", 1, 1, "")
 		if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
@@ -817,6 +850,15 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 		prog.Step("quiescent", 1, 1, "")
 		if res.Quiescent, err = orgStrategy(ctx, o, cfg, fsm.StrategyQuiescent); err != nil {
 			return nil, err
+		}
+	}
+	for _, s := range []struct {
+		name string
+		r    *benchmark.StrategyResult
+	}{{"live", &res.Live}, {"quiescent", &res.Quiescent}} {
+		if part(s.name) {
+			prog.Note("%s: first result %.1f ms after the submission; before its first update, lag p50 %.1f ms, p99 %.1f ms; sources' pacing anchors %.1f ms apart",
+				s.name, s.r.FirstResultMs, s.r.LagBeforeMsP50, s.r.LagBeforeMsP99, s.r.PaceSpreadMs)
 		}
 	}
 	if part("overhead") {

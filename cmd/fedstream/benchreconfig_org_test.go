@@ -37,10 +37,24 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 			t.Fatalf("%s: %+v", name, s)
 		}
 	}
+	// Each strategy's steady condition before its update and the
+	// update's phases are reported, and the disk's fsync beside them.
+	for name, s := range map[string]benchmark.StrategyResult{"live": res.Live, "quiescent": res.Quiescent} {
+		if b := s.Breakdown; b == nil || b.SwitchedMs <= 0 || s.LagBeforeMsP50 <= 0 || s.LagBeforeMsP50 > s.LagBeforeMsP99 {
+			t.Fatalf("%s: breakdown %+v, lag before p50 %v p99 %v ms", name, s.Breakdown, s.LagBeforeMsP50, s.LagBeforeMsP99)
+		}
+	}
+	if res.FsyncMsP50 <= 0 {
+		t.Fatalf("fsync %v ms", res.FsyncMsP50)
+	}
 	// The leader received the live plan's last acknowledgement before
 	// the Raft write recording it was applied.
 	if l := res.Live; len(l.AcksReceivedMs) != 1 || l.AcksReceivedMs[0] <= 0 || l.AcksReceivedMs[0] > l.SwitchedMs[0] {
 		t.Fatalf("acknowledgements received at %v ms, switched at %v ms", l.AcksReceivedMs, l.SwitchedMs)
+	}
+	// The write carrying the last of them began in between.
+	if l := res.Live; len(l.AckWriteMs) != 1 || l.AckWriteMs[0] < l.AcksReceivedMs[0] || l.AckWriteMs[0] > l.SwitchedMs[0] {
+		t.Fatalf("acknowledgements received at %v ms, their write began at %v ms, switched at %v ms", l.AcksReceivedMs, l.AckWriteMs, l.SwitchedMs)
 	}
 	// Every task installed the live plan before the acknowledgements
 	// were written.
@@ -116,5 +130,27 @@ func TestParseSecondRate(t *testing.T) {
 		if _, _, err := parseSecondRate(bad); err == nil || !strings.Contains(err.Error(), "--second-rate") {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+}
+
+// TestLagBefore: the lag is each result's arrival after its stream
+// time's due time on the query's pacing origin, over the window only.
+func TestLagBefore(t *testing.T) {
+	origin := time.Unix(1000, 0)
+	start := origin.Add(50 * time.Millisecond) // the run began 50 ms after the origin
+	ms := time.Millisecond
+	recv := []benchmark.ReconfigRecord{
+		{At: 10 * ms, STime: int64(40 * ms)},   // arrives 60 ms after the origin: lag 20 ms, before the window
+		{At: 100 * ms, STime: int64(140 * ms)}, // lag 10 ms
+		{At: 110 * ms, STime: int64(130 * ms)}, // lag 30 ms
+		{At: 120 * ms, STime: int64(150 * ms)}, // lag 20 ms
+		{At: 200 * ms, STime: int64(0)},        // after the window
+	}
+	p50, p99, ok := lagBefore(recv, start, origin, 100*ms, 200*ms)
+	if !ok || p50 != 20 || p99 != 30 {
+		t.Fatalf("lag p50 %v p99 %v ms (ok %v), want 20 and 30", p50, p99, ok)
+	}
+	if _, _, ok := lagBefore(recv, start, time.Time{}, 0, time.Second); ok {
+		t.Fatal("a lag without a pacing origin")
 	}
 }

@@ -688,9 +688,16 @@ type QueryView struct {
 	// The JSON of the query's reconfiguration state (fsm.QueryReconfig):
 	// its plans, the operator versions they introduced, their phases and
 	// cuts. Empty while the query has no plan.
-	ReconfigJson  []byte `protobuf:"bytes,290,opt,name=reconfig_json,json=reconfigJson,proto3" json:"reconfig_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ReconfigJson []byte `protobuf:"bytes,290,opt,name=reconfig_json,json=reconfigJson,proto3" json:"reconfig_json,omitempty"`
+	// ---- shared pacing of generator sources (session 14)
+	// The wall-clock time (Unix nanoseconds) a paced generator of the query
+	// places its record 0 at, fixed when the query was committed: every
+	// partition and replica paces from it, so their stream times keep step
+	// with each other whenever they started. 0: each paces from its own
+	// start (a query committed by an older coordinator).
+	PaceOriginUnixNano int64 `protobuf:"varint,670,opt,name=pace_origin_unix_nano,json=paceOriginUnixNano,proto3" json:"pace_origin_unix_nano,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *QueryView) Reset() {
@@ -763,6 +770,13 @@ func (x *QueryView) GetReconfigJson() []byte {
 		return x.ReconfigJson
 	}
 	return nil
+}
+
+func (x *QueryView) GetPaceOriginUnixNano() int64 {
+	if x != nil {
+		return x.PaceOriginUnixNano
+	}
+	return 0
 }
 
 // Slots first..last (inclusive) belong to one partition.
@@ -7425,14 +7439,15 @@ const file_fedstream_proto_rawDesc = "" +
 	"workerAddr\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xdf\x01\n" +
+	"generation\"\x93\x02\n" +
 	"\tQueryView\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x1b\n" +
 	"\tspec_json\x18\x03 \x01(\fR\bspecJson\x121\n" +
 	"\x05tasks\x18\x04 \x03(\v2\x1b.fedstream.v1.TaskPlacementR\x05tasks\x122\n" +
 	"\tslot_maps\x182 \x03(\v2\x15.fedstream.v1.SlotMapR\bslotMaps\x12$\n" +
-	"\rreconfig_json\x18\xa2\x02 \x01(\fR\freconfigJson\"S\n" +
+	"\rreconfig_json\x18\xa2\x02 \x01(\fR\freconfigJson\x122\n" +
+	"\x15pace_origin_unix_nano\x18\x9e\x05 \x01(\x03R\x12paceOriginUnixNano\"S\n" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +

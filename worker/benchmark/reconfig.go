@@ -219,6 +219,11 @@ type StrategyResult struct {
 	// before the Raft write recording the last of them (SwitchedMs is
 	// when that write was applied).
 	AcksReceivedMs []float64 `json:"acks_received_ms,omitempty"`
+	// AckWriteMs (in an org), per update: from the plan's commit until
+	// the first Raft write of reports began after every acknowledgement
+	// was received (SwitchedMs - AckWriteMs is that write: a log append
+	// with its fsync, then the state machine).
+	AckWriteMs []float64 `json:"ack_write_ms,omitempty"`
 	// LearnedMs and AppliedMs (in an org), per update: from the plan's
 	// commit in Raft until the last worker began, and finished, handing
 	// its tasks the plan (Apply: the configuration parsed, the changed
@@ -291,6 +296,46 @@ type StrategyResult struct {
 	// between two sink arrivals over the whole run, each with what the
 	// process and every task did meanwhile.
 	Stalls []ReconfigStall `json:"stalls,omitempty"`
+	// The steady condition the strategy's query was in before its first
+	// update (org runs), so that the strategies compare fairly: a
+	// quiescent update drains what is in flight. LagBeforeMs* are the
+	// median and p99 over the second before the first update of each
+	// result's arrival at the consumer after the wall-clock time its
+	// stream time was due (the query's pacing origin + stime: the
+	// pipeline's lag); PaceSpreadMs is the spread of the source
+	// partitions' pacing anchors (TaskStats.PaceOrigin), 0 when they
+	// share the query's origin.
+	LagBeforeMsP50 float64 `json:"lag_before_ms_p50,omitempty"`
+	LagBeforeMsP99 float64 `json:"lag_before_ms_p99,omitempty"`
+	PaceSpreadMs   float64 `json:"pace_spread_ms"`
+	// FirstResultMs is when the first result reached the consumer, from
+	// the query's submission (about its pacing origin): how late its
+	// tasks started, which its sources then catch up on.
+	FirstResultMs float64 `json:"first_result_ms,omitempty"`
+	// Breakdown (org runs): the medians over the updates of the phases
+	// of an update, from the plan's commit in Raft.
+	Breakdown *UpdateBreakdown `json:"breakdown,omitempty"`
+}
+
+// UpdateBreakdown is where an update's time goes (org runs): medians
+// over the updates, milliseconds from the plan's commit in Raft (as the
+// benchmark's watch of the coordinator's state saw it).
+type UpdateBreakdown struct {
+	// Learned: the last worker began handing its tasks the plan (it had
+	// the assignment view carrying it); Installed: the last task had
+	// installed the plan's versions; AcksReceived: the leader had every
+	// task's acknowledgement; Switched: the Raft write recording the
+	// last of them applied (the live update_ms). RaftWrite is the median
+	// of Switched - AcksReceived per update, split into RaftWaitMs (until
+	// the write began: AckWriteMs - AcksReceived) and RaftCommitMs (the
+	// write: Switched - AckWriteMs).
+	LearnedMs      float64 `json:"learned_ms"`
+	InstalledMs    float64 `json:"installed_ms"`
+	AcksReceivedMs float64 `json:"acks_received_ms"`
+	SwitchedMs     float64 `json:"switched_ms"`
+	RaftWriteMs    float64 `json:"raft_write_ms"`
+	RaftWaitMs     float64 `json:"raft_wait_ms"`
+	RaftCommitMs   float64 `json:"raft_commit_ms"`
 }
 
 // ReconfigStall is a gap at the sink and what happened during it, from
@@ -398,6 +443,11 @@ type ReconfigResult struct {
 	// never read (it fell behind and the sink's ring dropped them); not
 	// counted as lost (StrategyResult.Undelivered). 0 when it kept up.
 	Undelivered int `json:"undelivered"`
+	// FsyncMsP50 (org runs) is the median of 200 4-KiB writes each
+	// followed by an fsync in the org's data directory, measured in the
+	// run: the floor of one Raft write on this disk (a bbolt commit
+	// syncs twice).
+	FsyncMsP50 float64 `json:"fsync_ms_p50,omitempty"`
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`

@@ -172,6 +172,14 @@ type TaskSpec struct {
 	// changes is restarted.
 	QueryIndex uint64
 	Spec       *queryspec.Query
+	// PaceOrigin, when not zero, is the wall-clock time the query's paced
+	// generators place their record 0 at (fixed in Raft when the query
+	// was committed): every partition, replica and later copy paces from
+	// it, so their stream times keep step with each other (a merge
+	// downstream waits for the latest of them). Zero: a generator paces
+	// from its own start. Pacing decides only when records come, never
+	// what they are.
+	PaceOrigin time.Time
 	// Placements lists every task of the query (used to find upstreams).
 	Placements []Placement
 	// Generation numbers the copies of this task (1 for the first; each

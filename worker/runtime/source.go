@@ -44,7 +44,7 @@ func (t *task) runGenerator() {
 		tp       tuple.Tuple
 		boundary = int64(math.MinInt64)
 		next     = int64(math.MinInt64) // no boundary is due below next
-		start    = time.Now()
+		start    = t.paceAnchor(0, rate, speedup, pace, paceFactor)
 		n        int64
 		timer    *time.Timer
 	)
@@ -71,7 +71,7 @@ func (t *task) runGenerator() {
 		}
 		if rate > 0 {
 			n = r.records
-			start = time.Now().Add(-paced(n, rate, speedup, pace, paceFactor))
+			start = t.paceAnchor(n, rate, speedup, pace, paceFactor)
 		}
 	}
 	// A copy placed again without a snapshot (generation above 1: its
@@ -123,7 +123,7 @@ func (t *task) runGenerator() {
 			}
 		}
 		n = t.genRecords
-		start = sourcePacing(n, rate, speedup)
+		start = t.paceAnchor(n, rate, speedup, pace, paceFactor)
 	}
 	for !exhausted {
 		// Requests between two records. The channels are looked at only
@@ -188,6 +188,7 @@ func (t *task) runGenerator() {
 				if v := pace.ver.Load(); v != paceVer {
 					// A new factor: the pacing starts again from here.
 					paceVer, paceFactor, start, n = v, pace.Factor(), time.Now(), 0
+					t.counters.origin.Store(start.UnixNano())
 				}
 			}
 			n++
@@ -205,9 +206,11 @@ func (t *task) runGenerator() {
 					wait, behind = 0, true
 				case behind:
 					// Caught up: what is staged goes out, and the pacing
-					// starts again from this record.
+					// starts again from this record (or from the
+					// query's origin, when it is not far off).
 					behind = false
-					start, n, wait = time.Now(), 0, 0
+					n, wait = t.genRecords, 0
+					start = t.paceAnchor(n, rate, speedup, pace, paceFactor)
 					if err := t.flush(ctx); err != nil {
 						t.endWith(err)
 						return

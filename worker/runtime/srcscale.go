@@ -145,15 +145,55 @@ func (t *task) stopInline() {
 	t.log.Info("rescale: inputs added; the merge goroutine processes from now on")
 }
 
-// sourcePacing returns the wall-clock origin from which a generator
-// paced at rate (records per second, speedup times faster) emits record
-// n+1 next, as if it had emitted n records since that origin.
-func sourcePacing(n, rate, speedup int64) time.Time {
+// paceAnchor returns the wall-clock time from which a generator paced at
+// rate (speedup and pace's factor applied: paced) emits record n+1 next,
+// having drawn n records of its stream, and notes it for TaskStats.
+//
+// It is the query's pacing origin (TaskSpec.PaceOrigin, fixed in Raft)
+// when the query has one: every partition and replica of the query, and
+// every later copy of one (moved, restored, added by a rescale), then
+// places each stream time at the same wall-clock time, however far apart
+// they started. Anchored on its own start instead, a partition that
+// started later stays that far behind the others in stream time for the
+// whole run, and a merge downstream (which releases in stream-time
+// order) holds every other partition's records that long: the bench
+// measured a 270 ms start spread between three workers held as a
+// standing 270 ms of pipeline lag. A partition behind the origin's
+// schedule draws its records without waiting until it is on it.
+//
+// The origin is not used, and the partition paces as if it had drawn its
+// n records at the rate up to now: without one, under a pace factor
+// other than 1 (Pace: tests and benchmarks changing the speed mid-run),
+// or when following it would mean catching up more than paceCatchUpMax
+// or waiting more than paceWaitMax (a copy started long after the query,
+// a source that fell far behind, a worker clock far off the leader's).
+// Pacing decides only when records come, never their content.
+func (t *task) paceAnchor(n, rate, speedup int64, pace *Pace, factor float64) time.Time {
 	if rate <= 0 {
 		return time.Now()
 	}
-	return time.Now().Add(-time.Duration(n * int64(time.Second) / rate / speedup))
+	at := time.Now().Add(-paced(n, rate, speedup, pace, factor))
+	if o := t.spec.PaceOrigin; !o.IsZero() && factor == 1 {
+		if d := at.Sub(o); d <= paceCatchUpMax && d >= -paceWaitMax {
+			at = o
+		}
+	}
+	t.counters.origin.Store(at.UnixNano())
+	return at
 }
+
+// paceCatchUpMax and paceWaitMax bound how far a generator follows its
+// query's pacing origin: it draws up to paceCatchUpMax of its stream
+// without waiting to get on the origin's schedule, and waits up to
+// paceWaitMax to get back on it. paceCatchUpMax is long: a partition
+// beyond it paces from its own start and stays that far behind the
+// others for good, which is worse than a burst. With a bound of 5 s,
+// partitions of a query placed 8 s after its submission on a machine at
+// load 40 fell on both sides of it and ran 5.4 s apart.
+const (
+	paceCatchUpMax = time.Minute
+	paceWaitMax    = time.Second
+)
 
 // inline returns the emitter a single input's goroutine processes with,
 // nil when the task processes through its merge goroutine.

@@ -55,6 +55,12 @@ type TaskStats struct {
 	// consumers falls behind; one whose consumers take more than its
 	// rate catches up.
 	SourceLag time.Duration
+	// PaceOrigin is, for a paced generator source, the wall-clock time
+	// its pacing places its stream's first record at (the query's pacing
+	// origin when it follows it, see TaskSpec.PaceOrigin); zero for other
+	// tasks. Partitions of one query with different origins run that far
+	// apart in stream time.
+	PaceOrigin time.Time
 	// Held is Unacked stream by stream: the tuples of its output each
 	// downstream partition has not acknowledged (streams holding none are
 	// left out). A backlog in front of one slow partition shows here,
@@ -80,6 +86,8 @@ type taskCounters struct {
 	// due: when the generator's last drawn record was due (Unix ns; 0:
 	// none, or no rate).
 	due atomic.Int64
+	// origin: the generator's pacing anchor (Unix ns; paceAnchor).
+	origin atomic.Int64
 
 	mark        time.Time // generator: start of the busy period being timed
 	markBlocked int64     // generator: blockedNanos at mark
@@ -245,6 +253,9 @@ func (t *task) stats() TaskStats {
 		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load()}
 	if due := t.counters.due.Load(); due != 0 {
 		st.SourceLag = max(0, time.Duration(time.Now().UnixNano()-due))
+	}
+	if o := t.counters.origin.Load(); o != 0 && t.gen != nil {
+		st.PaceOrigin = time.Unix(0, o)
 	}
 	if t.merge != nil {
 		st.Queue, st.Gate = t.merge.pendingTuples()
