@@ -41,6 +41,9 @@ func newBenchReconfigCmd() *cobra.Command {
 		only     []string
 		profile  string
 		rounds   int
+		ohMethod string
+		ohWins   int
+		ohWin    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -84,6 +87,13 @@ do, without Raft or assignment watches.`,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
 				Stalls: stalls || stallTr != "", StallTrace: stallTr, DipWindow: dipWin, WakeAB: wakeAB,
 				ThroughputRuns: rounds, OverheadProfile: profile,
+				OverheadMethod: ohMethod, OverheadWindows: ohWins, ThroughputWindow: ohWin,
+			}
+			if ohMethod != benchmark.OverheadSideBySide && ohMethod != benchmark.OverheadSequential {
+				return fmt.Errorf("--overhead-method %q: want %s or %s", ohMethod, benchmark.OverheadSideBySide, benchmark.OverheadSequential)
+			}
+			if ohWins < 0 || ohWin < 0 {
+				return fmt.Errorf("--overhead-windows and --overhead-window must be positive")
 			}
 			for _, p := range only {
 				if !slices.Contains(orgBenchParts, p) {
@@ -122,10 +132,13 @@ do, without Raft or assignment watches.`,
 				if cfg.Warmup <= 0 {
 					cfg.Warmup = 2500 * time.Millisecond
 				}
-				if cfg.ThroughputRuns <= 0 {
+				if cfg.ThroughputRuns <= 0 && ohMethod == benchmark.OverheadSequential {
 					// Rounds of paired runs: the median of five
 					// rounds' ratios stands an outlying round or two.
 					cfg.ThroughputRuns = 5
+				}
+				if cfg.ThroughputRuns <= 0 {
+					cfg.ThroughputRuns = sideRounds
 				}
 				// The org's workers share this process: collect garbage
 				// as a deployed worker process does.
@@ -215,7 +228,10 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().BoolVar(&wakeAB, "wake-ab", false, "alternate the live updates with and without waking paced sources to install a plan, and compare (wake_ab)")
 	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the highest paced rate the pipeline sustains end to end, found first by a probe (e.g. 80%)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (comma-separated: "+strings.Join(orgBenchParts, ",")+"); the figures of the others are left at 0")
-	cmd.Flags().IntVar(&rounds, "overhead-rounds", 0, "rounds of the tracking overhead, one run per mode (off, static, dynamic) each (default 5 in an org)")
+	cmd.Flags().IntVar(&rounds, "overhead-rounds", 0, "rounds of the tracking overhead: side by side, three fresh processes each round (default 1); sequential, one run per mode (off, static, dynamic) each (default 5)")
+	cmd.Flags().StringVar(&ohMethod, "overhead-method", benchmark.OverheadSideBySide, "how the tracking overhead is measured in an org: side-by-side (the three modes at once, each in an org in a process of its own, CPU per result compared window by window) or sequential (one mode after the other in this process)")
+	cmd.Flags().IntVar(&ohWins, "overhead-windows", 0, "side by side: windows per round, each --overhead-window long (default 20)")
+	cmd.Flags().DurationVar(&ohWin, "overhead-window", 0, "the tracking overhead's window: side by side, each profile window; sequential, each run's stretch of stream time (default 3s)")
 	cmd.Flags().StringVar(&profile, "overhead-profile", "", "write a CPU profile of each tracking mode's first overhead window to PREFIX-off.pprof, PREFIX-static.pprof, PREFIX-dynamic.pprof")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd
