@@ -71,8 +71,11 @@ sees it. dip_window is the throughput dip at a resolution finer than 100 ms
 buckets: results per second over --dip-window after each update against the
 same before, averaged over the --updates with a 95% confidence interval, and
 the same one window earlier as the control (use --updates 10 or more). The
-tracking overheads compare the process's CPU time per result at the paced rate
-with and without a completed plan. --second-rate runs both strategies again at
+tracking overheads compare CPU time per result at the paced rate with and
+without a completed plan: by default side by side, three processes (off, static,
+dynamic) each running the query in an org of its own at once, window by window,
+with a 95% confidence interval; --overhead-method sequential runs the modes one
+after the other in this process. --second-rate runs both strategies again at
 another rate (near capacity, the data a quiescent pause must drain grows);
 --wake-ab measures the wake of paced sources for a plan within the run.
 
