@@ -84,10 +84,11 @@ func runOverhead(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 func orgOverheadSide(ctx context.Context, cfg benchmark.ReconfigConfig, res *benchmark.ReconfigResult, prog *benchreport.Progress) error {
 	var st, dyn []float64
 	for round := range cfg.ThroughputRuns {
-		ws, placement, err := sideRound(ctx, cfg, round)
+		ws, placement, warmup, err := sideRound(ctx, cfg, round)
 		if err != nil {
 			return err
 		}
+		res.OverheadWarmupWindows += warmup
 		res.OverheadPlacements = append(res.OverheadPlacements, placement)
 		for _, w := range ws {
 			prog.Note("overhead round %d: µs per result off %.3f static %.3f dynamic %.3f (results %d %d %d): static %+.2f%% dynamic %+.2f%%",
@@ -104,10 +105,13 @@ func orgOverheadSide(ctx context.Context, cfg benchmark.ReconfigConfig, res *ben
 		off = append(off, w.MicrosPerResult["off"])
 	}
 	res.CPUMicrosPerResultOff = medianOf(off)
-	res.OverheadBasis = fmt.Sprintf("side by side: three processes at once, each an org running the same final query at %d results/s over the same generated data, tracking off (submitted so), static, dynamic (each after one completed plan); each process's CPU time (getrusage) per result at its sink in the same %v windows of wall time; overhead = 1 - off's / the mode's per window, mean over %d windows (%d rounds) with a 95%% confidence interval (t)",
-		cfg.Sources*cfg.Rate, cfg.ThroughputWindow, len(res.OverheadWindows), cfg.ThroughputRuns)
-	prog.Note("overhead over %d windows: static %.2f%% ± %.2f%%, dynamic %.2f%% ± %.2f%% (95%% CI)",
-		len(res.OverheadWindows), 100*res.OverheadStatic, 100*res.OverheadStaticCI95, 100*res.OverheadDynamic, 100*res.OverheadDynamicCI95)
+	res.OverheadBasis = fmt.Sprintf("side by side: three processes at once, each an org running the same final query at %d results/s over the same generated data, tracking off (submitted so), static, dynamic (each after one completed plan); each process's CPU time (getrusage) per result at its sink in the same %v windows of wall time (the leading windows before all three kept pace left out, later ones merged until they kept pace again); overhead = 1 - off's / the mode's per window, mean over %d windows (%d rounds, %d windows of warm-up left out) with a 95%% confidence interval (t)",
+		cfg.Sources*cfg.Rate, cfg.ThroughputWindow, len(res.OverheadWindows), cfg.ThroughputRuns, res.OverheadWarmupWindows)
+	if len(res.OverheadWindows) < 2 {
+		res.OverheadBasis += "; fewer than two windows (the processes never kept pace together): no interval"
+	}
+	prog.Note("overhead over %d windows (%d of warm-up left out): static %.2f%% ± %.2f%%, dynamic %.2f%% ± %.2f%% (95%% CI; -1 when there is none)",
+		len(res.OverheadWindows), res.OverheadWarmupWindows, 100*res.OverheadStatic, 100*res.OverheadStaticCI95, 100*res.OverheadDynamic, 100*res.OverheadDynamicCI95)
 	return nil
 }
 
@@ -116,10 +120,10 @@ var errSideChild = errors.New("bench reconfig: side-by-side overhead process")
 
 // sideRound starts the three processes, starts their windows together
 // once all three are ready, and pairs their windows.
-func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]benchmark.SideWindow, string, error) {
+func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) (ws []benchmark.SideWindow, placement string, warmup int, err error) {
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -149,16 +153,16 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]
 		}
 		c.cmd.Stderr = &c.stderr
 		if c.in, err = c.cmd.StdinPipe(); err != nil {
-			return nil, "", err
+			return nil, "", 0, err
 		}
 		out, err := c.cmd.StdoutPipe()
 		if err != nil {
-			return nil, "", err
+			return nil, "", 0, err
 		}
 		c.out = bufio.NewScanner(out)
 		c.out.Buffer(nil, 1<<20)
 		if err := c.cmd.Start(); err != nil {
-			return nil, "", fmt.Errorf("%w: %w", errSideChild, err)
+			return nil, "", 0, fmt.Errorf("%w: %w", errSideChild, err)
 		}
 		children[i] = c
 	}
@@ -191,7 +195,7 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]
 		wg.Wait()
 		return errors.Join(errs...)
 	}
-	var placement strings.Builder
+	var places strings.Builder
 	if err := each(func(i int, c *child) error {
 		m, err := read(c)
 		if err == nil && !m.Ready {
@@ -200,16 +204,16 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]
 		reports[i] = m
 		return err
 	}); err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	for i, c := range children {
-		fmt.Fprintf(&placement, "%s[%s] ", c.mode, reports[i].Placement)
+		fmt.Fprintf(&places, "%s[%s] ", c.mode, reports[i].Placement)
 	}
 	// Back to back: the children's windows start within a millisecond
 	// or so of each other.
 	for _, c := range children {
 		if _, err := io.WriteString(c.in, "go\n"); err != nil {
-			return nil, "", fmt.Errorf("%w: %s: %w", errSideChild, c.mode, err)
+			return nil, "", 0, fmt.Errorf("%w: %s: %w", errSideChild, c.mode, err)
 		}
 	}
 	if err := each(func(i int, c *child) error {
@@ -220,21 +224,21 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]
 		reports[i] = m
 		return err
 	}); err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	modes := make([]string, len(children))
 	per := make([][]sideWindow, len(children))
 	for i, c := range children {
 		modes[i], per[i] = c.mode, reports[i].Windows
 	}
-	ws, err := pairWindows(modes, per, int(float64(cfg.Sources*cfg.Rate)*cfg.ThroughputWindow.Seconds()))
+	ws, warmup, err = pairWindows(modes, per, int(float64(cfg.Sources*cfg.Rate)*cfg.ThroughputWindow.Seconds()))
 	if err != nil {
-		return nil, "", err
+		return nil, "", 0, err
 	}
 	for i := range ws {
 		ws[i].Round = round
 	}
-	return ws, placement.String(), nil
+	return ws, places.String(), warmup, nil
 }
 
 // pairWindows pairs the processes' windows (per[i] is mode modes[i]'s)
@@ -243,18 +247,40 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) ([]
 // a process that fell behind in a window (the machine starved it)
 // delivers the rest in the next, with CPU spent in both, and the window's
 // cost per result would swing both ways; merged, the CPU and the results
-// match. A remainder joins the last window.
-func pairWindows(modes []string, per [][]sideWindow, expect int) ([]benchmark.SideWindow, error) {
+// match. A remainder joins the last window. warmup is how many leading
+// windows were left out.
+func pairWindows(modes []string, per [][]sideWindow, expect int) (ws []benchmark.SideWindow, warmup int, err error) {
 	n := len(per[0])
 	for i := range modes {
 		if len(per[i]) != n {
-			return nil, fmt.Errorf("%w: %s reported %d windows, %s %d", errSideChild, modes[i], len(per[i]), modes[0], n)
+			return nil, 0, fmt.Errorf("%w: %s reported %d windows, %s %d", errSideChild, modes[i], len(per[i]), modes[0], n)
 		}
 	}
+	atPace := func(i, k int) bool {
+		return math.Abs(float64(per[i][k].Results-expect)) <= sideKeptPace*float64(expect)
+	}
+	// Warm-up: the windows before the first in which every process kept
+	// pace are left out. At the start a process may still deliver a
+	// backlog of its start (three orgs starting at once on a loaded
+	// machine), results whose CPU was spent before the windows.
+	from := 0
+	for from < n && !func() bool {
+		for i := range modes {
+			if !atPace(i, from) {
+				return false
+			}
+		}
+		return true
+	}() {
+		from++
+	}
+	if from == n {
+		from = 0 // never at pace: every window, merged into one
+	}
+	warmup = from
 	// The groups' ends (exclusive).
 	var ends []int
-	from := 0
-	for k := range n {
+	for k := from; k < n; k++ {
 		kept := true
 		for i := range modes {
 			got := 0
@@ -274,8 +300,7 @@ func pairWindows(modes []string, per [][]sideWindow, expect int) ([]benchmark.Si
 	case from < n:
 		ends[len(ends)-1] = n
 	}
-	var ws []benchmark.SideWindow
-	from = 0
+	from = warmup
 	for _, end := range ends {
 		w := benchmark.SideWindow{Windows: end - from, CPUMs: map[string]float64{}, Results: map[string]int{}, MicrosPerResult: map[string]float64{}, AllocPerResult: map[string]float64{}}
 		for i, m := range modes {
@@ -286,7 +311,7 @@ func pairWindows(modes []string, per [][]sideWindow, expect int) ([]benchmark.Si
 				sum.AllocBytes += x.AllocBytes
 			}
 			if sum.Results <= 0 {
-				return nil, fmt.Errorf("%w: %s delivered no result in %d windows", errSideChild, m, end-from)
+				return nil, 0, fmt.Errorf("%w: %s delivered no result in %d windows", errSideChild, m, end-from)
 			}
 			w.CPUMs[m] = round1(float64(sum.CPUNanos) / 1e6)
 			w.Results[m] = sum.Results
@@ -301,7 +326,7 @@ func pairWindows(modes []string, per [][]sideWindow, expect int) ([]benchmark.Si
 		ws = append(ws, w)
 		from = end
 	}
-	return ws, nil
+	return ws, warmup, nil
 }
 
 // sideKeptPace is how far a process's results in a window may be from

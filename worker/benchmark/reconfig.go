@@ -397,13 +397,17 @@ type ReconfigResult struct {
 	OverheadStaticRounds  []float64 `json:"overhead_static_rounds,omitempty"`
 	OverheadDynamicRounds []float64 `json:"overhead_dynamic_rounds,omitempty"`
 	// OverheadStaticCI95 and OverheadDynamicCI95 (side by side) are the
-	// half-widths of the overheads' 95 % confidence intervals;
+	// half-widths of the overheads' 95 % confidence intervals (-1 with
+	// fewer than two windows);
 	// OverheadWindows every window, OverheadPlacements each round's
 	// placement of each mode's tasks.
 	OverheadStaticCI95  float64      `json:"overhead_static_ci95,omitempty"`
 	OverheadDynamicCI95 float64      `json:"overhead_dynamic_ci95,omitempty"`
 	OverheadWindows     []SideWindow `json:"overhead_windows,omitempty"`
 	OverheadPlacements  []string     `json:"overhead_placements,omitempty"`
+	// OverheadWarmupWindows (side by side) counts the leading windows
+	// left out because some process had not kept pace yet.
+	OverheadWarmupWindows int `json:"overhead_warmup_windows"`
 	// OverheadSteadyRounds counts the rounds whose three runs were
 	// steady (CostRun.Steady): the overheads are the median over those,
 	// or over every round when there is none.
