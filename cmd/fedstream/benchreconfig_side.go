@@ -48,8 +48,8 @@ import (
 // spread of several percent.
 
 // sideRounds is the default number of side-by-side rounds (fresh
-// processes each).
-const sideRounds = 1
+// processes each, started in a rotating order).
+const sideRounds = 3
 
 // sideChild is what a side-by-side child process reports: Ready once its
 // query runs in its mode (Placement where its tasks run), then Windows.
@@ -143,7 +143,13 @@ func sideRound(ctx context.Context, cfg benchmark.ReconfigConfig, round int) (ws
 			}
 		}
 	}()
-	for i, tracking := range costModes {
+	for i := range costModes {
+		// Started (and told to start) in another order each round: an
+		// A/A run (three processes tracking off) gave the later-started
+		// ones up to a few percent more CPU per result under load 50-90,
+		// within its noise; rotating spreads any such effect over the
+		// modes.
+		tracking := costModes[(round+i)%len(costModes)]
 		c := &child{mode: costModeName(tracking)}
 		c.cmd = exec.CommandContext(ctx, exe, "bench", "reconfig-overhead-child", "--tracking", c.mode,
 			"--sources", fmt.Sprint(cfg.Sources), "--rate", fmt.Sprint(cfg.Rate),

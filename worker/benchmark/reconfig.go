@@ -137,7 +137,7 @@ type ReconfigConfig struct {
 	// OverheadMethod (org runs) is how the tracking overhead is measured:
 	// OverheadSideBySide (the default) or OverheadSequential.
 	// OverheadWindows windows of ThroughputWindow each make a side-by-side
-	// round (default 20).
+	// round (default 8).
 	OverheadMethod  string
 	OverheadWindows int
 }
@@ -182,7 +182,7 @@ func (c *ReconfigConfig) Defaults() {
 		c.OverheadMethod = OverheadSideBySide
 	}
 	if c.OverheadWindows <= 0 {
-		c.OverheadWindows = 20
+		c.OverheadWindows = 8
 	}
 	if c.Sources <= 0 {
 		c.Sources = 10
