@@ -23,7 +23,7 @@ func newBenchCmd() *cobra.Command {
 		Short: "Measure the engine on this machine",
 		Args:  cobra.NoArgs,
 	}
-	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd(), newBenchReconfigCmd(), newBenchScalingCmd(), newBenchDCAACmd())
+	cmd.AddCommand(newBenchDataplaneCmd(), newBenchMoveCmd(), newBenchReconfigCmd(), newBenchReconfigOverheadChildCmd(), newBenchScalingCmd(), newBenchDCAACmd())
 	return cmd
 }
 

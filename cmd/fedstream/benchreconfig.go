@@ -41,6 +41,9 @@ func newBenchReconfigCmd() *cobra.Command {
 		only     []string
 		profile  string
 		rounds   int
+		ohMethod string
+		ohWins   int
+		ohWin    time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "reconfig",
@@ -68,8 +71,11 @@ sees it. dip_window is the throughput dip at a resolution finer than 100 ms
 buckets: results per second over --dip-window after each update against the
 same before, averaged over the --updates with a 95% confidence interval, and
 the same one window earlier as the control (use --updates 10 or more). The
-tracking overheads compare the process's CPU time per result at the paced rate
-with and without a completed plan. --second-rate runs both strategies again at
+tracking overheads compare CPU time per result at the paced rate with and
+without a completed plan: by default side by side, three processes (off, static,
+dynamic) each running the query in an org of its own at once, window by window,
+with a 95% confidence interval; --overhead-method sequential runs the modes one
+after the other in this process. --second-rate runs both strategies again at
 another rate (near capacity, the data a quiescent pause must drain grows);
 --wake-ab measures the wake of paced sources for a plan within the run.
 
@@ -84,6 +90,13 @@ do, without Raft or assignment watches.`,
 				Logger: logging.New(cmd.ErrOrStderr(), logLevel, false), Progress: cmd.ErrOrStderr(),
 				Stalls: stalls || stallTr != "", StallTrace: stallTr, DipWindow: dipWin, WakeAB: wakeAB,
 				ThroughputRuns: rounds, OverheadProfile: profile,
+				OverheadMethod: ohMethod, OverheadWindows: ohWins, ThroughputWindow: ohWin,
+			}
+			if ohMethod != benchmark.OverheadSideBySide && ohMethod != benchmark.OverheadSequential {
+				return fmt.Errorf("--overhead-method %q: want %s or %s", ohMethod, benchmark.OverheadSideBySide, benchmark.OverheadSequential)
+			}
+			if ohWins < 0 || ohWin < 0 {
+				return fmt.Errorf("--overhead-windows and --overhead-window must be positive")
 			}
 			for _, p := range only {
 				if !slices.Contains(orgBenchParts, p) {
@@ -122,10 +135,13 @@ do, without Raft or assignment watches.`,
 				if cfg.Warmup <= 0 {
 					cfg.Warmup = 2500 * time.Millisecond
 				}
-				if cfg.ThroughputRuns <= 0 {
+				if cfg.ThroughputRuns <= 0 && ohMethod == benchmark.OverheadSequential {
 					// Rounds of paired runs: the median of five
 					// rounds' ratios stands an outlying round or two.
 					cfg.ThroughputRuns = 5
+				}
+				if cfg.ThroughputRuns <= 0 {
+					cfg.ThroughputRuns = sideRounds
 				}
 				// The org's workers share this process: collect garbage
 				// as a deployed worker process does.
@@ -215,7 +231,10 @@ do, without Raft or assignment watches.`,
 	cmd.Flags().BoolVar(&wakeAB, "wake-ab", false, "alternate the live updates with and without waking paced sources to install a plan, and compare (wake_ab)")
 	cmd.Flags().StringVar(&second, "second-rate", "", "also run both strategies at a second rate: vitals/s per source partition (e.g. 4000), or a percentage of the highest paced rate the pipeline sustains end to end, found first by a probe (e.g. 80%)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (comma-separated: "+strings.Join(orgBenchParts, ",")+"); the figures of the others are left at 0")
-	cmd.Flags().IntVar(&rounds, "overhead-rounds", 0, "rounds of the tracking overhead, one run per mode (off, static, dynamic) each (default 5 in an org)")
+	cmd.Flags().IntVar(&rounds, "overhead-rounds", 0, "rounds of the tracking overhead: side by side, three fresh processes each round, started in a rotating order (default 3); sequential, one run per mode (off, static, dynamic) each (default 5)")
+	cmd.Flags().StringVar(&ohMethod, "overhead-method", benchmark.OverheadSideBySide, "how the tracking overhead is measured in an org: side-by-side (the three modes at once, each in an org in a process of its own, CPU per result compared window by window) or sequential (one mode after the other in this process)")
+	cmd.Flags().IntVar(&ohWins, "overhead-windows", 0, "side by side: windows per round, each --overhead-window long (default 8)")
+	cmd.Flags().DurationVar(&ohWin, "overhead-window", 0, "the tracking overhead's window: side by side, each profile window; sequential, each run's stretch of stream time (default 3s)")
 	cmd.Flags().StringVar(&profile, "overhead-profile", "", "write a CPU profile of each tracking mode's first overhead window to PREFIX-off.pprof, PREFIX-static.pprof, PREFIX-dynamic.pprof")
 	cmd.Flags().BoolVar(&inProc, "in-process", false, "run three bare runtimes in process (no Raft, no TLS; the plan phases driven by the benchmark) instead of an org")
 	return cmd

@@ -863,7 +863,7 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	}
 	if part("overhead") {
 		prog.Step("overhead", 1, 1, "")
-		if err := orgOverhead(ctx, o, cfg, res, prog, cfg.OverheadProfile); err != nil {
+		if err := runOverhead(ctx, o, cfg, res, prog); err != nil {
 			return nil, err
 		}
 	}

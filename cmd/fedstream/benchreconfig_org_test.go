@@ -25,7 +25,10 @@ func TestReconfigBenchOrgSmall(t *testing.T) {
 	defer cancel()
 	res, err := runReconfigOrg(ctx, benchmark.ReconfigConfig{Sources: 2, Rate: 500, Updates: 1, Warmup: 600 * time.Millisecond,
 		Spacing: time.Second, ThroughputRuns: 1, ThroughputSettle: 100 * time.Millisecond, ThroughputWindow: 300 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Stalls: true})
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Stalls: true,
+		// The side-by-side method runs this binary's bench command in
+		// child processes: a test binary has none.
+		OverheadMethod: benchmark.OverheadSequential})
 	if err != nil {
 		t.Fatal(err)
 	}

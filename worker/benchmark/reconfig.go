@@ -134,7 +134,25 @@ type ReconfigConfig struct {
 	// PREFIX-static.pprof, PREFIX-dynamic.pprof).
 	Only            []string
 	OverheadProfile string
+	// OverheadMethod (org runs) is how the tracking overhead is measured:
+	// OverheadSideBySide (the default) or OverheadSequential.
+	// OverheadWindows windows of ThroughputWindow each make a side-by-side
+	// round (default 8).
+	OverheadMethod  string
+	OverheadWindows int
 }
+
+// The org benchmark's ways of measuring the tracking overhead.
+const (
+	// OverheadSideBySide runs the three modes at once, as three copies
+	// of the query in the same org, and splits the process's CPU by
+	// query with a labelled CPU profile: the machine's and the process's
+	// changes hit the three alike.
+	OverheadSideBySide = "side-by-side"
+	// OverheadSequential runs the modes one after the other and compares
+	// the process's CPU time per result (CostRun).
+	OverheadSequential = "sequential"
+)
 
 // dipWindow is the dip statistic's window for a spacing of the updates.
 func (c *ReconfigConfig) dipWindow() time.Duration {
@@ -159,6 +177,12 @@ func (c *ReconfigConfig) Defaults() {
 	}
 	if c.ThroughputSettle <= 0 {
 		c.ThroughputSettle = time.Second
+	}
+	if c.OverheadMethod == "" {
+		c.OverheadMethod = OverheadSideBySide
+	}
+	if c.OverheadWindows <= 0 {
+		c.OverheadWindows = 8
 	}
 	if c.Sources <= 0 {
 		c.Sources = 10
@@ -417,6 +441,18 @@ type ReconfigResult struct {
 	OverheadRuns          []CostRun `json:"overhead_runs,omitempty"`
 	OverheadStaticRounds  []float64 `json:"overhead_static_rounds,omitempty"`
 	OverheadDynamicRounds []float64 `json:"overhead_dynamic_rounds,omitempty"`
+	// OverheadStaticCI95 and OverheadDynamicCI95 (side by side) are the
+	// half-widths of the overheads' 95 % confidence intervals (-1 with
+	// fewer than two windows);
+	// OverheadWindows every window, OverheadPlacements each round's
+	// placement of each mode's tasks.
+	OverheadStaticCI95  float64      `json:"overhead_static_ci95,omitempty"`
+	OverheadDynamicCI95 float64      `json:"overhead_dynamic_ci95,omitempty"`
+	OverheadWindows     []SideWindow `json:"overhead_windows,omitempty"`
+	OverheadPlacements  []string     `json:"overhead_placements,omitempty"`
+	// OverheadWarmupWindows (side by side) counts the leading windows
+	// left out because some process had not kept pace yet.
+	OverheadWarmupWindows int `json:"overhead_warmup_windows"`
 	// OverheadSteadyRounds counts the rounds whose three runs were
 	// steady (CostRun.Steady): the overheads are the median over those,
 	// or over every round when there is none.
@@ -507,6 +543,24 @@ type CostRun struct {
 	IdleCPUPct          float64 `json:"idle_cpu_pct"`
 	OtherTasks          int     `json:"other_tasks"`
 	Placement           string  `json:"placement"`
+}
+
+// SideWindow is one window of wall time of a side-by-side overhead
+// round (Windows consecutive windows merged, until every process had kept
+// pace): per mode (off, static, dynamic), the CPU time its process took
+// (CPUMs), the results its sink delivered to the benchmark (Results),
+// MicrosPerResult the one over the other, AllocPerResult the bytes the
+// process allocated per result; Static and Dynamic the window's overheads
+// (1 - off's MicrosPerResult / the mode's).
+type SideWindow struct {
+	Round           int                `json:"round"`
+	Windows         int                `json:"windows"`
+	AllocPerResult  map[string]float64 `json:"alloc_bytes_per_result"`
+	CPUMs           map[string]float64 `json:"cpu_ms"`
+	Results         map[string]int     `json:"results"`
+	MicrosPerResult map[string]float64 `json:"cpu_us_per_result"`
+	Static          float64            `json:"static"`
+	Dynamic         float64            `json:"dynamic"`
 }
 
 // ReconfigSecondRate is the comparison at a second rate.

@@ -155,6 +155,13 @@ func meanCI(xs []float64) (mean, sd, ci float64) {
 	return mean, sd, t975(len(xs)-1) * sd / math.Sqrt(float64(len(xs)))
 }
 
+// MeanCI95 is meanCI for other packages: the mean of xs and the
+// half-width of its 95 % confidence interval (-1 with fewer than two).
+func MeanCI95(xs []float64) (mean, ci float64) {
+	mean, _, ci = meanCI(xs)
+	return mean, ci
+}
+
 // t975 is the 97.5 % quantile of Student's t distribution with df
 // degrees of freedom (two-sided 95 %).
 func t975(df int) float64 {
