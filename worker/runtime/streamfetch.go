@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	goruntime "runtime"
 	"time"
 
 	"github.com/fedstream/fedstream/worker/operator"
@@ -82,6 +83,16 @@ func (c *bulkClient) receiveStreamed(ctx context.Context, workerAddr string, por
 		}
 	}
 	var src io.Reader = &countingReader{r: conn, left: total, fo: fo}
+	if goruntime.GOMAXPROCS(0) > 1 {
+		// The next bytes are read (decrypted) while the ones before are
+		// decoded (readahead.go).
+		ra := newReadAhead(src, total)
+		defer func() {
+			closeConn() // a read that blocks returns
+			ra.close()
+		}()
+		src = ra
+	}
 	if fo.tamper != nil {
 		src = fo.tamper(src)
 	}
