@@ -184,6 +184,20 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 	return cmd
 }
 
+// startCPUProfileFile starts a CPU profile written to path; stop ends it
+// and closes the file.
+func startCPUProfileFile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
+}
+
 // newBenchWorkerCmd is the hidden `fedstream bench-worker`: one worker of
 // `fedstream bench`, driven by JSON requests on stdin (answers on stdout).
 // It exits when stdin closes.
@@ -197,15 +211,11 @@ func newBenchWorkerCmd() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			setWorkerGC(config.DefaultWorkerGCPercent)
 			if cpuProfile != "" {
-				f, err := os.Create(cpuProfile)
+				stop, err := startCPUProfileFile(cpuProfile)
 				if err != nil {
 					return err
 				}
-				defer f.Close()
-				if err := pprof.StartCPUProfile(f); err != nil {
-					return err
-				}
-				defer pprof.StopCPUProfile()
+				defer stop()
 			}
 			return benchmark.ServeWorker(cmd.Context(), os.Stdin, os.Stdout, logging.Stderr(logLevel))
 		},

@@ -211,6 +211,9 @@ do, without Raft or assignment watches.`,
 			if res.OverheadBasis != "" {
 				fmt.Fprintf(w, "tracking overhead basis: %s (off: %.1f µs per result)\n", res.OverheadBasis, res.CPUMicrosPerResultOff)
 			}
+			if res.OverheadStaticCI95 > 0 {
+				fmt.Fprintf(w, "tracking overhead 95%% interval: static ± %.1f%%, dynamic ± %.1f%% (%d windows)\n", 100*res.OverheadStaticCI95, 100*res.OverheadDynamicCI95, len(res.OverheadWindows))
+			}
 			fmt.Fprintf(w, "tracking overhead: static %.1f%%, dynamic %.1f%%\nreconnect completion: %.1f ms\nmixed-version tuples: %d, lost or duplicated: %d, not delivered to the benchmark's consumer (not counted as lost): %d\n(%s)\n",
 				100*res.OverheadStatic, 100*res.OverheadDynamic, res.ReconnectMs, res.MixedVersionTuples, res.LostOrDuplicated, res.Undelivered, res.Scope)
 			return nil

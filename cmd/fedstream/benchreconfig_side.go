@@ -461,15 +461,11 @@ func sideChildRun(ctx context.Context, logger *slog.Logger, tracking string, sou
 		return int64(ms[0].Value.Uint64()), int64(ms[1].Value.Uint64())
 	}
 	if profile != "" {
-		f, err := os.Create(profile + ".pprof")
+		stop, err := startCPUProfileFile(profile + ".pprof")
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 		defer func() {
 			if h, err := os.Create(profile + ".heap"); err == nil {
 				_ = pprof.Lookup("allocs").WriteTo(h, 0)
