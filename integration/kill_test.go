@@ -169,6 +169,7 @@ type wardTask struct {
 	Worker     string `json:"worker"`
 	Generation int    `json:"generation"`
 	MovingFrom string `json:"moving_from"`
+	State      string `json:"state"`
 }
 
 // tasks is `query status ward --json`, by task id.
