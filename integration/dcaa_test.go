@@ -33,7 +33,7 @@ func TestHeldLinkBetweenWorkerProcesses(t *testing.T) {
 	// the reference's 10 s of input, the hold came after every sink had
 	// read its last input, nothing read across it, and no consumer could
 	// detect it (1 run of 8, four copies of the DCAA tests at load 53).
-	w := startWardQuery(ctx, t, o, strings.Replace(pacedWard, ", limit: 25000", "", 1))
+	w := startWardQuery(ctx, t, o, endlessWard)
 	const lost = "ward/per_patient/p0/r0"
 	held := ""
 	got := w.results(t, len(want), func(n int) {

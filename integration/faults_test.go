@@ -29,7 +29,7 @@ func TestCutLinkBetweenWorkerProcesses(t *testing.T) {
 	// (there, why): with the reference's 10 s of input the cut came after
 	// every subscription had ended, and none failed on it (1 run of 4,
 	// four copies of the DCAA tests at load 100-200).
-	w := startWardQuery(ctx, t, o, strings.Replace(pacedWard, ", limit: 25000", "", 1))
+	w := startWardQuery(ctx, t, o, endlessWard)
 	const lost = "ward/per_patient/p0/r0"
 	cut := ""
 	got := w.results(t, len(want), func(n int) {

@@ -26,6 +26,13 @@ sinks:
   - {name: out, input: per_patient}
 `
 
+// endlessWard is pacedWard without an end, for a test whose fault is
+// timed by what tail printed: tail lags the query by seconds under load,
+// and a fault after the input's end meets no reader (see
+// TestHeldLinkBetweenWorkerProcesses). Its first results equal
+// pacedWard's.
+var endlessWard = strings.Replace(pacedWard, ", limit: 25000", "", 1)
+
 // TestKilledWorkerReplicaBootstrapsFromPeer: kill -9 of the worker
 // process running replica 0 of a keyed aggregate's partition while a
 // replicated query runs. The org places the lost tasks again; the
@@ -162,6 +169,7 @@ type wardTask struct {
 	Worker     string `json:"worker"`
 	Generation int    `json:"generation"`
 	MovingFrom string `json:"moving_from"`
+	State      string `json:"state"`
 }
 
 // tasks is `query status ward --json`, by task id.
