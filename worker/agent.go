@@ -87,6 +87,9 @@ type Config struct {
 	// sources run here and may change while they run (benchmarks of the
 	// health manager change a query's load with it; runtime.Pace).
 	SourcePace *wrt.Pace
+	// PaceFromOrigin: generators follow their query's pacing origin
+	// (runtime Options.PaceFromOrigin; off by default).
+	PaceFromOrigin bool
 	// Faults, when set, injects network faults into the data plane (its
 	// dials and its listener go through it); FaultsFile makes the worker
 	// create one and apply the fault specification in that file
@@ -220,7 +223,7 @@ func New(cfg Config) (*Worker, error) {
 	w.runtime = wrt.New(wrt.Options{Logger: w.logger, BoundaryInterval: cfg.BoundaryInterval, Pool: w.pool, MaxFuture: cfg.MaxFuture, StallAfter: cfg.StallAfter,
 		DCAAKeepTuples: cfg.DCAAKeepTuples, InputPendingTuples: cfg.InputPendingTuples,
 		Buffer: dataplane.BufferOptions{Lease: cfg.SubscriberLease, OverrunGrace: cfg.OverrunGrace, MaxTuples: cfg.BufferTuples}, Bulk: bulk, CostScale: cfg.CostScale,
-		SourcePace: cfg.SourcePace})
+		SourcePace: cfg.SourcePace, PaceFromOrigin: cfg.PaceFromOrigin})
 	w.health = health.NewServer()
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	w.ops = opshttp.New(w.logger)

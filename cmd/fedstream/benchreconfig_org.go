@@ -39,7 +39,7 @@ import (
 var errOrgBench = errors.New("bench reconfig")
 
 // orgBenchScope is ReconfigResult.Scope for the org benchmark.
-const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, plan committed in Raft -> the last source resumed under the new versions (its sources hold from when they learn the plan until it completes: loaded, drained through the sinks, old versions removed)"
+const orgBenchScope = "a real org in one process: one coordinator (Raft) and three workers over mutual TLS, generators pacing from their query's origin (worker option PaceFromOrigin, off by default), plans committed through ReconfigService.UpdateQuery; update_ms: live, plan committed in Raft -> every task's acknowledgement applied in Raft; quiescent, plan committed in Raft -> the last source resumed under the new versions (its sources hold from when they learn the plan until it completes: loaded, drained through the sinks, old versions removed)"
 
 // orgMargin is the switch margin of the benchmark's plans: above the
 // time the switched phase takes to reach the sources on a loaded machine.
@@ -65,7 +65,7 @@ func startReconfigOrg(ctx context.Context, logger *slog.Logger) (*reconfigOrg, e
 	}
 	o := &reconfigOrg{dir: dir, faults: []*dataplane.Faults{dataplane.NewFaults(), dataplane.NewFaults(), dataplane.NewFaults()}}
 	o.fed, err = startDev(ctx, devOptions{org: "bench", coordinators: 1, workers: 3, dataDir: dir, logger: logger, noHTTP: true,
-		boundaryInterval: 5 * time.Millisecond, workerFaults: o.faults})
+		boundaryInterval: 5 * time.Millisecond, workerFaults: o.faults, paceFromOrigin: true})
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err

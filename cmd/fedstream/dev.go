@@ -64,6 +64,9 @@ type devOptions struct {
 	// worker i's data plane (benchmarks cut links with it).
 	boundaryInterval time.Duration
 	workerFaults     []*dataplane.Faults
+	// paceFromOrigin: the workers' generators follow their query's
+	// pacing origin (worker.Config.PaceFromOrigin).
+	paceFromOrigin bool
 	// health configures the coordinators' health manager (the zero value:
 	// its defaults); sensorWindow the workers' sensor window (0: 1 s).
 	health       coordinator.HealthConfig
@@ -173,6 +176,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				TLS: creds, HTTPAddr: o.httpAddr(), BoundaryInterval: o.boundaryInterval, Faults: faults,
 				SensorWindow: o.sensorWindow, BufferTuples: o.bufferTuples,
 				CostScale: map[bool]float64{true: o.lastCostScale}[i == o.workers-1], SourcePace: o.sourcePace,
+				PaceFromOrigin: o.paceFromOrigin,
 			})
 		}
 		if err == nil {

@@ -35,7 +35,7 @@ sinks:
 			return p
 		}
 		return 0
-	}, Options{BoundaryInterval: time.Millisecond})
+	}, Options{BoundaryInterval: time.Millisecond, PaceFromOrigin: true})
 	defer c.close(t)
 	origin := time.Now()
 	for _, w := range c.workers {

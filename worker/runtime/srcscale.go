@@ -150,7 +150,7 @@ func (t *task) stopInline() {
 // having drawn n records of its stream, and notes it for TaskStats.
 //
 // It is the query's pacing origin (TaskSpec.PaceOrigin, fixed in Raft)
-// when the query has one: every partition and replica of the query, and
+// when the query has one and the runtime follows it (PaceFromOrigin): every partition and replica of the query, and
 // every later copy of one (moved, restored, added by a rescale), then
 // places each stream time at the same wall-clock time, however far apart
 // they started. Anchored on its own start instead, a partition that
@@ -173,7 +173,7 @@ func (t *task) paceAnchor(n, rate, speedup int64, pace *Pace, factor float64) ti
 		return time.Now()
 	}
 	at := time.Now().Add(-paced(n, rate, speedup, pace, factor))
-	if o := t.spec.PaceOrigin; !o.IsZero() && factor == 1 {
+	if o := t.spec.PaceOrigin; t.r.opts.PaceFromOrigin && !o.IsZero() && factor == 1 {
 		if d := at.Sub(o); d <= paceCatchUpMax && d >= -paceWaitMax {
 			at = o
 		}
