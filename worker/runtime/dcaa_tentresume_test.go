@@ -28,7 +28,7 @@ sinks:
 
 // fakeTuples turns fakeTuple kinds ("s" stable, "b" boundary, "n"
 // tentative, "undo", "recdone", "end") into tuples (UNDO's target in
-// STime: a stable position, as a producer's).
+// STime: a stable position, as a producer's; see fakeReplicas.stream).
 func fakeTuples(fts ...fakeTuple) []tuple.Tuple {
 	ts := make([]tuple.Tuple, 0, len(fts))
 	for _, ft := range fts {
