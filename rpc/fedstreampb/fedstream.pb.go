@@ -2963,6 +2963,17 @@ type SubscribeRequest struct {
 	// positions for every relaying consumer for good, and blocked once
 	// they were more than its buffer's bound).
 	AckStable bool `protobuf:"varint,660,opt,name=ack_stable,json=ackStable,proto3" json:"ack_stable,omitempty"`
+	// ---- resuming into a tentative tail (issue 10, helper s14-tentresume)
+	// On a data subscription: after_id is the subscriber's last stable id
+	// (a DCAA operator input moving between replicas), not a position of
+	// this stream. When this replica went tentative before that id (its
+	// stable stream ends below it, in an open tentative tail), the server
+	// resumes after the last position before that tail, so the subscriber
+	// gets the replica's tentative tuples (it keeps those past the stream
+	// time it took) instead of skipping them and, while the replica has
+	// fewer positions than after_id, hearing heartbeats only. The first
+	// batch may then start at or below after_id. Older servers ignore it.
+	ResumeStable bool `protobuf:"varint,641,opt,name=resume_stable,json=resumeStable,proto3" json:"resume_stable,omitempty"`
 	// ---- bench move and move hardening (issue 9, helper C)
 	// The subscriber is gone for good (a copy superseded by a newer
 	// generation, or no longer placed anywhere): the buffer forgets it at
@@ -3055,6 +3066,13 @@ func (x *SubscribeRequest) GetAckOnly() bool {
 func (x *SubscribeRequest) GetAckStable() bool {
 	if x != nil {
 		return x.AckStable
+	}
+	return false
+}
+
+func (x *SubscribeRequest) GetResumeStable() bool {
+	if x != nil {
+		return x.ResumeStable
 	}
 	return false
 }
@@ -7632,7 +7650,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06tuples\x18\x03 \x01(\x03R\x06tuples\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xa7\x02\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xcd\x02\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -7644,7 +7662,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\back_only\x18\n" +
 	" \x01(\bR\aackOnly\x12\x1e\n" +
 	"\n" +
-	"ack_stable\x18\x94\x05 \x01(\bR\tackStable\x12\x14\n" +
+	"ack_stable\x18\x94\x05 \x01(\bR\tackStable\x12$\n" +
+	"\rresume_stable\x18\x81\x05 \x01(\bR\fresumeStable\x12\x14\n" +
 	"\x05leave\x18x \x01(\bR\x05leave\x12(\n" +
 	"\x0fdataplane_level\x18\xd8\x03 \x01(\x05R\x0edataplaneLevel\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +

@@ -221,6 +221,31 @@ func (b *OutputBuffer) positionOfStableLocked(sid uint64) uint64 {
 	return p
 }
 
+// ResumePosition is the position a data subscription that resumes after
+// its last stable id sid (SubscribeRequest.resume_stable: a DCAA operator
+// input moving between replicas) reads after. As always, sid taken as a
+// position (never past the position of stable id sid: every position up
+// to sid's holds stable ids up to sid at most), unless this stream's open
+// tentative tail begins at or before it: the replica went tentative
+// before the subscriber's last stable tuple (it has fewer stable tuples
+// than the replica read before). Read from sid, the tail's tuples before
+// position sid+1 were skipped and, while the tail held no more than sid
+// positions, the subscriber heard only heartbeats and released no
+// tentative result for the failure. It reads the whole tail instead (the
+// last position before it), keeps what lies past the stream time it took,
+// and takes the replica's corrections, when they come, by stable id:
+// those ids mean the same on every replica up to a divergence.
+func (b *OutputBuffer) ResumePosition(sid uint64) uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := len(b.nonStable); n > 0 {
+		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && r.From <= sid {
+			return r.From - 1
+		}
+	}
+	return sid
+}
+
 // RelayedPosition is the position a relayed acknowledgement of stable id
 // sid (a DCAA consumer reading another replica) takes this stream up to:
 // the position of sid, while sid is within the numbering this stream

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // stateLog records what a subscriber heard of its producer's state.
@@ -204,5 +205,60 @@ func TestTentativeWatermarkNeverAheadOfTuples(t *testing.T) {
 				t.Fatal("the watermark never came")
 			}
 		})
+	}
+}
+
+// A DCAA input resuming by stable id on a replica whose open tentative
+// tail begins at or below that id (it went tentative before the replica
+// read so far) reads the tail from its start; below the tail, and on a
+// closed range, the id is taken as a position as before; a retry (by
+// position) does not get the tail again.
+func TestResumeByStableIDIntoTentativeTail(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	add := func(typ tuple.Type, n int) {
+		for range n {
+			if err := b.Append(context.Background(), &tuple.Tuple{Type: typ, ID: b.lastID + 1, Values: []tuple.Value{tuple.Int(1)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	add(tuple.Stable, 11)
+	for sid, want := range map[uint64]uint64{5: 5, 11: 11, 33: 33} {
+		if got := b.ResumePosition(sid); got != want {
+			t.Fatalf("no tail: ResumePosition(%d) = %d, want %d", sid, got, want)
+		}
+	}
+	b.BeginNonStable(12)
+	add(tuple.Tentative, 5) // positions 12-16
+	for sid, want := range map[uint64]uint64{5: 5, 11: 11, 12: 11, 33: 11} {
+		if got := b.ResumePosition(sid); got != want {
+			t.Fatalf("open tail from 12: ResumePosition(%d) = %d, want %d", sid, got, want)
+		}
+	}
+	sub := NewSubscriber(&fedstreampb.StreamRef{}, "down", false, 0)
+	read := func() (first, last uint64) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		err := sub.RunLocal(ctx, b, func(_ context.Context, bt *Batch) error {
+			first, last = bt.FirstID, bt.LastID
+			return ErrStopSubscription
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return first, last
+	}
+	sub.ResumeAfterStable(33)
+	if first, last := read(); first != 12 || last != 16 {
+		t.Fatalf("resumed after stable id 33: read positions %d-%d, want the tail 12-16", first, last)
+	}
+	add(tuple.Tentative, 1)
+	if first, last := read(); first != 17 || last != 17 {
+		t.Fatalf("resumed by position 16: read positions %d-%d, want 17", first, last)
+	}
+	b.EndNonStable(18)
+	add(tuple.Undo, 1)
+	if got := b.ResumePosition(33); got != 33 {
+		t.Fatalf("closed range: ResumePosition(33) = %d, want 33", got)
 	}
 }

@@ -236,6 +236,12 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	}()
 
 	after := first.AfterId
+	if first.ResumeStable && !first.NoAck {
+		after = buf.ResumePosition(after)
+	}
+	// start is where the subscription reads from: AfterId, or before it
+	// when it resumes by stable id into a tentative tail (ResumePosition).
+	start := after
 	warnedGap := false
 	for {
 		if !first.NoAck && (buf.endedBefore(first.AfterId) || buf.endDiscardedAfter(after)) {
@@ -254,7 +260,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		if err != nil {
 			return status.Errorf(codes.Unavailable, "stream %s/%s[%d]->%q ended: %v", ref.Query, ref.TaskId, ref.Partition, ref.Consumer, err)
 		}
-		if gap && !first.NoAck && !warnedGap && (after != first.AfterId || buf.DiscardedStableAfter(after)) {
+		if gap && !first.NoAck && !warnedGap && (after != start || buf.DiscardedStableAfter(after)) {
 			// Before anything was sent, only a discarded result is a
 			// loss: a DCAA subscriber resumes by stable id, which may lie
 			// below positions it took here itself before it switched
@@ -264,7 +270,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 			warnedGap = true
 		}
 		if count == 0 {
-			if !first.NoAck && after == first.AfterId && after > 0 {
+			if !first.NoAck && after == start && after > 0 {
 				// Nothing sent yet, and this replica has nothing after
 				// the subscriber's position: it is behind the replica
 				// the subscriber read before. The subscriber has

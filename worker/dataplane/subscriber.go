@@ -143,6 +143,9 @@ type Subscriber struct {
 	// stated in its response header (0: none, an older build).
 	level    int32
 	upstream atomic.Int32
+	// stableResume: the next Run's or RunLocal's resume point is the
+	// consumer's last stable id, not a position (ResumeAfterStable).
+	stableResume atomic.Bool
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -184,7 +187,24 @@ func (s *Subscriber) DeliverEncoded() { s.packed, s.index = true, true }
 // ResumeAfter makes the next Run resume after id (a DCAA consumer going
 // back to the last stable tuple it took when it moves to another
 // replica). Not while Run runs.
-func (s *Subscriber) ResumeAfter(id uint64) { s.last.Store(id) }
+func (s *Subscriber) ResumeAfter(id uint64) {
+	s.last.Store(id)
+	s.stableResume.Store(false)
+}
+
+// ResumeAfterStable is ResumeAfter for a consumer that resumes after
+// its last stable id sid (a DCAA operator input moving to another
+// replica, whose machine skips by stable id what it took): on a replica
+// that went tentative before sid, the next Run or RunLocal reads that
+// replica's tentative tail from its start (SubscribeRequest.resume_stable,
+// OutputBuffer.ResumePosition), so its first batch may start at or below
+// sid, and nothing of it is dropped as delivered before. Once a batch
+// is delivered, the subscriber resumes by position again (on the same
+// replica, a retry must not get the tail twice). Not while Run runs.
+func (s *Subscriber) ResumeAfterStable(sid uint64) {
+	s.last.Store(sid)
+	s.stableResume.Store(true)
+}
 
 // LastID is the id of the last tuple delivered (or the initial afterID).
 func (s *Subscriber) LastID() uint64 { return s.last.Load() }
@@ -289,9 +309,16 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		return err
 	}
 	after := s.last.Load()
-	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck, DataplaneLevel: s.level}
+	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck, DataplaneLevel: s.level,
+		ResumeStable: s.stableResume.Load() && !s.noAck}
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
+	}
+	// floor: tuples at or below it were delivered before (dropped); by
+	// stable id, the server may start below after (ResumeByStableID).
+	floor := after
+	if open.ResumeStable {
+		floor = 0
 	}
 	var ack *acker
 	if !s.noAck {
@@ -299,7 +326,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		ack = newAcker(func(id uint64) error {
 			msg.AckId = id
 			return stream.Send(msg)
-		}, after)
+		}, floor)
 		defer ack.close()
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
@@ -335,7 +362,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			}
 			continue // a heartbeat
 		}
-		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, s.last.Load())
+		b, err := dec.decode(msg.Data, int(msg.Count), msg.LastId, floor)
 		if err != nil {
 			return err
 		}
@@ -356,6 +383,8 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 			return derr
 		}
 		s.last.Store(lastID)
+		s.stableResume.Store(false) // a position of this replica from now on
+		floor = lastID
 		if ack != nil {
 			if err := ack.delivered(lastID, delivered, len(msg.Data), derr != nil); err != nil {
 				return recvError(stream, err)
@@ -407,6 +436,11 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 	if !s.noAck && start > 0 {
 		buf.NoteHeld(start) // as Server.Subscribe
 	}
+	if s.stableResume.Swap(false) && !s.noAck {
+		// As Server.Subscribe; from here on a position of buf.
+		s.last.Store(buf.ResumePosition(start))
+	}
+	from := s.last.Load()
 	for {
 		if !s.noAck && (buf.endedBefore(start) || buf.endDiscardedAfter(s.last.Load())) {
 			return fmt.Errorf("%w: local stream %s/%s after %d", ErrEndedBefore, s.ref.Query, s.ref.TaskId, start)
@@ -415,11 +449,11 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
 		}
-		if count == 0 && !s.noAck && start > 0 && s.last.Load() == start {
+		if count == 0 && !s.noAck && from > 0 && s.last.Load() == from {
 			// As Server.Subscribe: the position this subscription
 			// starts from is its acknowledgement (clamped) while this
 			// replica is behind it.
-			buf.Ack(s.name, start)
+			buf.Ack(s.name, from)
 		}
 		if count == 0 {
 			var hb <-chan time.Time

@@ -406,6 +406,23 @@ type inputState struct {
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
 
+// stableCovers reports whether the input took stable data at or past
+// stream time st (below its stable boundary, or up to its last stable
+// tuple kept): a tentative tuple there stands for results it has stable.
+// A replica's tentative tuples come after its own stable ones, so this
+// happens only after a switch onto a replica that went tentative before
+// the one read (dataplane.OutputBuffer.ResumePosition): its tentative
+// tail begins below what the input took, and only its part past that
+// is news (released with the other inputs' data, it counted those
+// results twice).
+func (in *inputState) stableCovers(st int64) bool {
+	if st < in.stableB {
+		return true
+	}
+	last, ok := in.stable.lastSTime()
+	return ok && st <= last
+}
+
 // EndOfStream is the stream time of a stream's final boundary: nothing
 // follows it.
 const EndOfStream = math.MaxInt64
@@ -865,7 +882,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 			}
 		case tuple.Tentative:
 			in.tentData = true
-			if t.STime >= m.released {
+			if t.STime >= m.released && !in.stableCovers(t.STime) {
 				in.tent = append(in.tent, t)
 				pinned = true
 			}

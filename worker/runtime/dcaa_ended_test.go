@@ -57,22 +57,7 @@ func (f *fakeReplicas) ResolveStream(ref *fedstreampb.StreamRef) (*dataplane.Out
 // "end" the final boundary; each with its stream time in ms.
 func (f *fakeReplicas) stream(t *testing.T, id string, tuples ...fakeTuple) *dataplane.OutputBuffer {
 	t.Helper()
-	ts := make([]tuple.Tuple, 0, len(tuples))
-	for _, ft := range tuples {
-		tp := tuple.Tuple{STime: int64(ft.ms) * int64(time.Millisecond)}
-		switch ft.kind {
-		case "s":
-			tp.Type, tp.Values = tuple.Stable, []tuple.Value{tuple.Str("a b")}
-		case "b":
-			tp.Type = tuple.Boundary
-		case "n":
-			tp.Type, tp.Values = tuple.Tentative, []tuple.Value{tuple.Str("a b")}
-		case "end":
-			tp.Type, tp.STime = tuple.Boundary, math.MaxInt64
-		}
-		ts = append(ts, tp)
-	}
-	return f.put(t, id, dataplane.BufferOptions{}, 0, ts...)
+	return f.put(t, id, dataplane.BufferOptions{}, 0, fakeTuples(tuples...)...)
 }
 
 // put creates task id's stream (as stream, with options opts) holding ts

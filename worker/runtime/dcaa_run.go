@@ -244,7 +244,15 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// final boundary too) comes from the next. Unacknowledged.
 		return errReplaced
 	}
-	in.stableTaken.Store(stableLast)
+	if al.renumber || stableLast > taken {
+		// Not lowered by a batch of a replica that went tentative
+		// before the input's last stable tuple (read from its
+		// tentative tail, dataplane.OutputBuffer.ResumePosition): its
+		// stable ids end below the one taken, and mean the same
+		// results (a realignment, renumbering, follows the new
+		// replica's numbering instead).
+		in.stableTaken.Store(stableLast)
+	}
 	if len(marks) > 0 {
 		in.diverged.Store(true)
 		if err := d.relayUncorrectable(ctx, marks); err != nil {
@@ -921,19 +929,26 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 				// checked again.
 				in.lw.re.on = false
 				in.sub.ResumeAfter(tg.after)
-			case tg.attempt != ran && tg.after < in.sub.LastID():
+			case tg.attempt != ran && (ran != 0 || tg.after <= in.sub.LastID()):
 				// A new attempt resumes after the machine's last stable
-				// id. A retry of the same one (the machine had not
-				// chosen again yet) resumes where the subscriber is: set
-				// back to the AfterID of the attempt's start, it
-				// rewound past what it took since, and the machine's
-				// next attempt (AfterID only lowers the position) then
-				// read another replica from there too: from before
-				// what that replica had discarded as acknowledged by
-				// this input's relay, where it waited for ever, hearing
-				// heartbeats (TestDCAAInputResumedPastTheReplicasEndEnds
-				// under load).
-				in.sub.ResumeAfter(tg.after)
+				// id, as a stable id: on a replica that went tentative
+				// before it, the input reads that replica's tentative
+				// tail (dataplane.OutputBuffer.ResumePosition) and the
+				// machine keeps what lies past the stream time it took
+				// (dcaa's stableCovers). The subscriber's position may
+				// lie below that id once it read such a tail: then too
+				// (a first attempt, a copy's, keeps the position it
+				// has). A retry of the same attempt (the machine had
+				// not chosen again yet) resumes where the subscriber
+				// is: set back to the AfterID of the attempt's start,
+				// it rewound past what it took since, and the
+				// machine's next attempt then read another replica
+				// from there too: from before what that replica had
+				// discarded as acknowledged by this input's relay,
+				// where it waited for ever, hearing heartbeats
+				// (TestDCAAInputResumedPastTheReplicasEndEnds under
+				// load).
+				in.sub.ResumeAfterStable(tg.after)
 			}
 			ran = tg.attempt
 			in.machineAttempt.Store(tg.attempt)

@@ -1,0 +1,187 @@
+package runtime
+
+import (
+	"context"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// tentResumeQuery: an aggregate (10 ms windows) reading a source whose
+// replicas the test writes (fakeUpstreamCluster), and its sink.
+const tentResumeQuery = `name: tres
+replicas: 2
+availability: {max_delay: 100ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}, aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`
+
+// fakeTuples turns fakeTuple kinds ("s" stable, "b" boundary, "n"
+// tentative, "undo", "recdone", "end") into tuples (UNDO's target in
+// STime: a stable position, as a producer's; see fakeReplicas.stream).
+func fakeTuples(fts ...fakeTuple) []tuple.Tuple {
+	ts := make([]tuple.Tuple, 0, len(fts))
+	for _, ft := range fts {
+		tp := tuple.Tuple{STime: int64(ft.ms) * int64(time.Millisecond)}
+		switch ft.kind {
+		case "s":
+			tp.Type, tp.Values = tuple.Stable, []tuple.Value{tuple.Str("a b")}
+		case "b":
+			tp.Type = tuple.Boundary
+		case "n":
+			tp.Type, tp.Values = tuple.Tentative, []tuple.Value{tuple.Str("a b")}
+		case "undo":
+			tp.Type, tp.STime = tuple.Undo, int64(ft.ms)
+		case "recdone":
+			tp.Type, tp.STime = tuple.RecDone, 0
+		case "end":
+			tp.Type, tp.STime = tuple.Boundary, math.MaxInt64
+		}
+		ts = append(ts, tp)
+	}
+	return ts
+}
+
+// appendAs appends ts to b as a producer does (b holds n positions):
+// tentative tuples open a range outside the stable view (BeginNonStable)
+// that the UNDO closes; a REC_DONE is a position of its own outside it;
+// the final boundary is the stream's end. It returns the positions held.
+func appendAs(t *testing.T, b *dataplane.OutputBuffer, n uint64, ts ...tuple.Tuple) uint64 {
+	t.Helper()
+	for i := range ts {
+		tp := ts[i]
+		n++
+		tp.ID = n
+		switch tp.Type {
+		case tuple.Tentative:
+			b.BeginNonStable(n)
+		case tuple.Undo:
+			b.EndNonStable(n)
+		case tuple.RecDone:
+			b.MarkNonStable(n, n)
+		case tuple.Boundary:
+			if tp.STime == math.MaxInt64 {
+				b.SetEnd(n)
+			}
+		}
+		if err := b.Append(context.Background(), &tp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// An input moves during a failure to an upstream replica that went
+// tentative before the one it read. Replica 0 of the source holds 30
+// stable tuples (stable ids and positions 1 to 33, boundaries every 10
+// ms); replica 1 holds the same first 11, then went tentative: its
+// tentative tail (positions 12 to 27) has tuples at 11-20 ms, which the
+// aggregate took stable from replica 0, and at 31-35 and 45 ms, which
+// it did not. The aggregate reads replica 0 up to stable id 33; replica
+// 0 goes away; the aggregate resumes on replica 1 after stable id 33.
+// Taken as a position, that lay past replica 1's whole stream: the
+// aggregate heard only heartbeats (their tentative watermark let it
+// release its windows up to 50 ms tentatively, empty) and released no
+// tentative result for the failure (TestDCAAImmediateDownstreamKeepsProducing
+// under load). Now it reads replica 1's tentative tail, keeps what lies
+// past what it took (31-35, 45 ms), and releases tentative results;
+// when replica 1 stabilizes (UNDO, the corrected stable tuples, with
+// the same stable ids as replica 0's up to 33, REC_DONE, end), the
+// aggregate corrects itself, takes the corrections only above stable id
+// 33, and the sink's stable output is exactly that of a failure-free
+// run. Fails before the fix: the tentative results miss replica 1's
+// tuples.
+func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
+	q := mustParse(t, tentResumeQuery)
+	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	agg, sink := queryspec.TaskID(q.Name, "counts", 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
+
+	var stable []fakeTuple // replica 0's stream: 1-30 ms, 33 positions
+	for ms := 1; ms <= 30; ms++ {
+		stable = append(stable, fakeTuple{"s", ms})
+		if ms%10 == 0 {
+			stable = append(stable, fakeTuple{"b", ms})
+		}
+	}
+	// The corrected stream past stable id 11 (replica 1's corrections):
+	// replica 0's, then 31-40 ms and the end.
+	corrected := append([]fakeTuple(nil), stable[11:]...)
+	for ms := 31; ms <= 40; ms++ {
+		corrected = append(corrected, fakeTuple{"s", ms})
+	}
+	corrected = append(corrected, fakeTuple{"b", 40}, fakeTuple{"end", 0})
+
+	// The reference: a failure-free run reading the corrected stream.
+	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+	refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
+	ref.apply()
+	want := viewOf(ref.tail(t, sink))
+
+	fake, c, w := fakeUpstreamCluster(t, q, local)
+	fake.stream(t, up0, stable...)
+	b1 := fake.stream(t, up1, stable[:11]...)
+	n := appendAs(t, b1, 11, fakeTuples(fakeTuple{"n", 11}, fakeTuple{"n", 12}, fakeTuple{"n", 13}, fakeTuple{"n", 14},
+		fakeTuple{"n", 15}, fakeTuple{"n", 16}, fakeTuple{"n", 17}, fakeTuple{"n", 18}, fakeTuple{"n", 19}, fakeTuple{"n", 20},
+		fakeTuple{"n", 31}, fakeTuple{"n", 32}, fakeTuple{"n", 33}, fakeTuple{"n", 34}, fakeTuple{"n", 35}, fakeTuple{"n", 45})...)
+	if n >= 33 {
+		t.Fatalf("replica 1 holds %d positions: the scenario needs fewer than replica 0's 33", n)
+	}
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+	c.apply()
+	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
+		tk := w.rt.task(agg)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+	})
+	fake.kill(up0)
+	// The aggregate releases its windows up to replica 1's tentative
+	// watermark tentatively (the one at 30-40 ms holds the tuples it
+	// did not take).
+	waitUntil(t, "the aggregate releasing tentatively past 45 ms", func() bool {
+		_, wm := w.rt.task(agg).outs[0].buf.StreamState()
+		return wm >= int64(45*time.Millisecond)
+	})
+	if got := w.rt.task(agg).inputs[0].stableTaken.Load(); got != 33 {
+		t.Fatalf("the aggregate's last stable id taken went from 33 to %d on replica 1's tentative tail", got)
+	}
+	// Replica 1 stabilizes.
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABILIZATION, 0)
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
+	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+
+	all := c.tail(t, sink)
+	// The tentative results: window 30-40 ms counts the stable tuple at
+	// 30 ms taken from replica 0 and replica 1's five at 31-35 ms, window
+	// 40-50 ms its one at 45 ms (its tuples at 11-20 ms, taken stable
+	// from replica 0, are not counted again). Before: one result, window
+	// 30-40 ms counting the tuple at 30 ms alone.
+	type counted struct{ st, n int64 }
+	var tent []counted
+	for _, tp := range all {
+		if tp.Type == tuple.Tentative {
+			tent = append(tent, counted{tp.STime, tp.Values[0].I})
+		}
+	}
+	wantTent := []counted{{int64(40 * time.Millisecond), 6}, {int64(50 * time.Millisecond), 1}}
+	if !slices.Equal(tent, wantTent) {
+		t.Fatalf("tentative results (stream time, count): %v, want %v", tent, wantTent)
+	}
+	got := viewOf(all)
+	if got.undos == 0 {
+		t.Fatalf("%d tentative results, never taken back", got.tentative)
+	}
+	sameStable(t, got.stable, want.stable, 5)
+}
