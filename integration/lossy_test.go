@@ -257,9 +257,13 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 		}
 		return true
 	}, func() string {
-		lossy := map[string]int{} // replicas lossy, by partition
+		// Replicas lossy, by partition, of any generation: after the
+		// replacement a second false detection under load (load 20-28)
+		// made the new copy and its peer lose the same range, and the
+		// wait ran out counting only first copies.
+		lossy := map[string]int{}
 		for _, ti := range o.query(t, "lossy").Tasks {
-			if ti.Lossy && ti.Generation == 1 {
+			if ti.Lossy {
 				lossy[ti.Fragment+"/"+fmt.Sprint(ti.Partition)]++
 			}
 		}
