@@ -202,6 +202,11 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 			"input", in.upstream, "partition", in.upPartition, "from", r[0], "to", r[1])
 	}
 	ts, marks := al.ts, al.marks
+	if taken == 0 && !al.skip && !al.renumber {
+		if r, ok := d.t.lostBeforeStart(in, ts); ok {
+			marks = append(marks, r)
+		}
+	}
 	if al.skip {
 		// Realigning, all of it was taken from the other replica:
 		// acknowledged, not delivered; the machine hears the input is

@@ -207,3 +207,40 @@ func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
 	}
 	return t.flush(ctx)
 }
+
+// lostBeforeStart is the range of input a DCAA operator copy placed
+// again without state can never take (ts: its input's first batch
+// holding a stable tuple, stable ids set). With every replica of its
+// partition lost together, no peer could give it a snapshot; it replays
+// what its upstream still buffers, and when the upstream has discarded
+// the start of the stream (acknowledged by the lost copies), the first
+// stable tuple it gets is not the first of the stream: the results that
+// needed what came before it (the lost copies' unfinished windows) are
+// lost for good. The input treats that like an upstream's record of
+// [start, first tuple's stream time], so the task relays it (widened by
+// its window) to the sinks and notes it in its status; its stable ids,
+// numbered from 1 again, get a lineage of their own (divergeBefore), so
+// consumers realign by stream time instead of skipping the copy's first
+// results as already taken from the lost copies.
+func (t *task) lostBeforeStart(in *input, ts []tuple.Tuple) ([2]int64, bool) {
+	if t.spec.Generation <= 1 || t.spec.FromSnapshot != nil || t.restored || t.addedByRescale() {
+		return [2]int64{}, false
+	}
+	for k := range ts {
+		tp := &ts[k]
+		if tp.Type != tuple.Stable && tp.Type != tuple.Boundary {
+			continue
+		}
+		if tp.ID <= 1 {
+			return [2]int64{}, false // the upstream still held the whole stream
+		}
+		to := tp.STime
+		if to < math.MaxInt64 {
+			to++ // tuples of that stream time may have been discarded too
+		}
+		t.log.Warn("DCAA copy started without state: its upstream discarded the start of its input; results depending on it cannot be corrected",
+			"input", in.upstream, "partition", in.upPartition, "first_stable_id", tp.ID, "to", to)
+		return [2]int64{math.MinInt64, to}, true
+	}
+	return [2]int64{}, false
+}
