@@ -759,6 +759,15 @@ func (t *task) state0() TaskState {
 		}
 		st.Message += t.overrun
 	}
+	if behind != "" && t.dm != nil && t.uncorrected != "" {
+		// A DCAA copy that named the results it lost (lostBeforeStart, or
+		// a record relayed) gave its outputs a lineage of their own: its
+		// consumers realign on it by stream time instead of waiting for
+		// its ids to pass theirs, and a consumer whose input diverged
+		// relays an acknowledgement of everything (input.taken), which
+		// is no position.
+		behind = ""
+	}
 	if behind != "" && t.state == StateRunning {
 		if st.Message != "" {
 			st.Message += "; "
