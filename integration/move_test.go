@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -241,9 +242,45 @@ func sameResultMaps(t *testing.T, got, want map[string]string) {
 			}
 		}
 	}
+	if missing > 0 {
+		t.Logf("missing: %s", missingWindows(got, want))
+	}
 	if missing > 0 || wrong > 0 || len(got) != len(want) {
 		t.Fatalf("%d results, want %d: %d missing, %d differ", len(got), len(want), missing, wrong)
 	}
+}
+
+// missingWindows says which windows of want ("window_end/word" keys) got
+// lacks: how many windows, their first and last end, and how many words
+// each lacks on average. Whether a loss is a range of stream time across
+// every key (an output or a reader that skipped) or some keys (slots
+// that moved) tells where to look.
+func missingWindows(got, want map[string]string) string {
+	var ends []int64
+	words := map[int64]int{}
+	for k := range want {
+		if _, ok := got[k]; ok {
+			continue
+		}
+		var end int64
+		if _, err := fmt.Sscanf(k, "%d/", &end); err != nil {
+			continue
+		}
+		if words[end] == 0 {
+			ends = append(ends, end)
+		}
+		words[end]++
+	}
+	if len(ends) == 0 {
+		return "none"
+	}
+	slices.Sort(ends)
+	n := 0
+	for _, c := range words {
+		n += c
+	}
+	return fmt.Sprintf("%d windows ending from %v to %v, %.1f words each", len(ends),
+		time.Duration(ends[0]), time.Duration(ends[len(ends)-1]), float64(n)/float64(len(ends)))
 }
 
 // TestLiveTaskMove moves one partition of a keyed aggregate to another

@@ -323,11 +323,9 @@ type Options struct {
 	SourcePace *Pace
 	// PaceFromOrigin makes paced generators follow their query's pacing
 	// origin (TaskSpec.PaceOrigin, see paceAnchor) instead of each its
-	// own start. Off by default: a partition that starts late then draws
-	// its backlog at once, and with it on two integration tests failed
-	// under load (a sink's results missing at its reader, a DCAA replay
-	// outlasted), which is not understood yet. `bench reconfig` turns it
-	// on.
+	// own start. Off by default: with it on two integration tests failed
+	// more often under load (docs/QUERY.md, "Generators", says which
+	// causes are known). `bench reconfig` turns it on.
 	PaceFromOrigin bool
 	// StallAfter is how long a task may go without moving, while it has
 	// something to do, before it is reported StateStalled (default
