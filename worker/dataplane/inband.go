@@ -275,7 +275,9 @@ func (b *OutputBuffer) RelayedPosition(sid uint64) uint64 {
 	}
 	p := b.positionOfStableLocked(sid)
 	if n := len(b.nonStable); n > 0 && b.blocked == 0 {
-		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && p >= r.From {
+		// Once its start is discarded (given up), the tail is not held
+		// again: a producer would wait on the relay for every bufferful.
+		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && p >= r.From && b.dropped < r.From {
 			return r.From - 1
 		}
 	}

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -310,5 +311,9 @@ func TestRelayedAckKeepsTentativeTailWhileItFits(t *testing.T) {
 	}
 	if got := b.ResumePosition(33); got != 16 {
 		t.Fatalf("tail discarded up to 16: ResumePosition(33) = %d, want 16", got)
+	}
+	// Given up once, the tail is not held again.
+	if got := b.RelayedPosition(33); got != math.MaxUint64 {
+		t.Fatalf("tail given up: RelayedPosition(33) = %d, want past the stream", got)
 	}
 }
