@@ -240,7 +240,11 @@ func (b *OutputBuffer) ResumePosition(sid uint64) uint64 {
 	defer b.mu.Unlock()
 	if n := len(b.nonStable); n > 0 {
 		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && r.From <= sid {
-			return r.From - 1
+			// What is left of the tail, if its start was discarded
+			// (RelayedPosition gave it up): resumed before that, the
+			// subscriber heard heartbeats stating this stream's state
+			// there, stable, and never saw the replica's failure.
+			return max(r.From-1, min(b.dropped, sid))
 		}
 	}
 	return sid
@@ -253,14 +257,31 @@ func (b *OutputBuffer) ResumePosition(sid uint64) uint64 {
 // other results here, and a consumer that switches to this replica
 // realigns by stream time, possibly to lower stable ids: there sid
 // counts as a position, as it always did (never more than the position
-// of sid).
+// of sid). Not into an open tentative tail that begins at or below the
+// position of sid (this replica went tentative before sid): a consumer
+// switching here reads that whole tail (ResumePosition), so it is kept
+// while it fits; acknowledged up to sid's position (past the tail: not
+// produced yet), it was discarded before the switch, and the tentative
+// results missed this replica's tuples
+// (TestDCAAResumeIntoEarlierTentativeTail under load: the relay had
+// acknowledged before the switch). A producer never waits on a relay
+// for it: once the buffer is full (an Append waits for room), the next
+// relayed acknowledgement gives the tail up, as before.
 func (b *OutputBuffer) RelayedPosition(sid uint64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.lineage != 0 && sid > b.lineageSince {
 		return sid
 	}
-	return b.positionOfStableLocked(sid)
+	p := b.positionOfStableLocked(sid)
+	if n := len(b.nonStable); n > 0 && b.blocked == 0 {
+		// Once its start is discarded (given up), the tail is not held
+		// again: a producer would wait on the relay for every bufferful.
+		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && p >= r.From && b.dropped < r.From {
+			return r.From - 1
+		}
+	}
+	return p
 }
 
 // AckStable is Ack for a subscriber that relays stable ids: see

@@ -3,6 +3,7 @@ package dataplane
 import (
 	"context"
 	"fmt"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -260,5 +261,59 @@ func TestResumeByStableIDIntoTentativeTail(t *testing.T) {
 	add(tuple.Undo, 1)
 	if got := b.ResumePosition(33); got != 33 {
 		t.Fatalf("closed range: ResumePosition(33) = %d, want 33", got)
+	}
+}
+
+// A relayed acknowledgement of a stable id at or past an open tentative
+// tail that begins below it keeps that tail, which a consumer switching
+// here reads (ResumePosition), while it fits: once an Append waits for
+// room, the next relayed acknowledgement gives it up, and a consumer
+// then resumes after what is left of it (not before it, where the
+// heartbeats stated the stream stable). Fails before: the relay
+// discarded the tail at once.
+func TestRelayedAckKeepsTentativeTailWhileItFits(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{MaxTuples: 5})
+	b.Connect("relay")
+	add := func(typ tuple.Type) error {
+		return b.Append(context.Background(), &tuple.Tuple{Type: typ, ID: b.lastID + 1, Values: []tuple.Value{tuple.Int(1)}})
+	}
+	for range 11 {
+		if err := add(tuple.Stable); err != nil {
+			t.Fatal(err)
+		}
+		b.AckStable("relay", b.lastID)
+	}
+	b.BeginNonStable(12)
+	for range 5 { // positions 12-16: the buffer is full
+		if err := add(tuple.Tentative); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.AckStable("relay", 33)
+	if st := b.Stats(); st.OldestID != 12 || st.Tuples != 5 {
+		t.Fatalf("relayed stable id 33: oldest %d, %d tuples kept; want the tail 12-16", st.OldestID, st.Tuples)
+	}
+	if got := b.ResumePosition(33); got != 11 {
+		t.Fatalf("ResumePosition(33) = %d, want 11", got)
+	}
+	appended := make(chan error, 1)
+	go func() { appended <- add(tuple.Tentative) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for b.Stats().BlockedAppends == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the 6th tentative tuple never waited for room")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.AckStable("relay", 33)
+	if err := <-appended; err != nil {
+		t.Fatal(err)
+	}
+	if got := b.ResumePosition(33); got != 16 {
+		t.Fatalf("tail discarded up to 16: ResumePosition(33) = %d, want 16", got)
+	}
+	// Given up once, the tail is not held again.
+	if got := b.RelayedPosition(33); got != math.MaxUint64 {
+		t.Fatalf("tail given up: RelayedPosition(33) = %d, want past the stream", got)
 	}
 }

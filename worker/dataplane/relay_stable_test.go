@@ -50,10 +50,11 @@ func TestStableRelayFreesCorrectedPositions(t *testing.T) {
 	}()
 	// Stable id 8 is position 13: 14..20 stay.
 	waitFor(t, "stable id 8 acknowledged", func() bool { return b.Stats().OldestID == 14 })
-	// Past this replica's last stable id: everything, its tentative
-	// tail too (a consumer switching here resumes after its stable id).
+	// Past this replica's last stable id: everything up to its open
+	// tentative tail, which a consumer switching here reads
+	// (ResumePosition), so it stays while it fits (RelayedPosition).
 	sid <- 13
-	waitFor(t, "every position acknowledged", func() bool { return b.Stats().Tuples == 0 })
+	waitFor(t, "every position before the tentative tail acknowledged", func() bool { return b.Stats().OldestID == 18 })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("relay ended with %v", err)

@@ -143,6 +143,13 @@ func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
 		tk := w.rt.task(agg)
 		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
 	})
+	// The aggregate's relay acknowledges stable id 33 to replica 1 (it
+	// did, before the kill, under load): that must not discard replica
+	// 1's tentative tail, which the aggregate reads after the switch.
+	waitUntil(t, "replica 1 discarding what the aggregate's relay acknowledged", func() bool {
+		st := b1.Stats()
+		return st.Tuples == 0 || st.OldestID > 11
+	})
 	fake.kill(up0)
 	// The aggregate releases its windows up to replica 1's tentative
 	// watermark tentatively (the one at 30-40 ms holds the tuples it
