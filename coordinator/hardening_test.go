@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-memdb"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -498,5 +499,71 @@ func TestCanProposeWaitsForEveryCoordinator(t *testing.T) {
 	}
 	if err := s.canPropose(fsm.MessageType(0x7e)); !errors.Is(err, ErrCommandNotSupported) {
 		t.Fatalf("unknown type: %v", err)
+	}
+}
+
+// TestWorkerRegisteredDuringLeaderSetUpStaysReady: a worker that registers
+// with a new leader whose set-up has not yet read the workers is heard
+// from: the set-up, reading the new record right after it commits, must
+// not mark it unknown. Before, the registration counted as heard only
+// once its handler had signed the certificate, after the commit; a set-up
+// reading in between marked the worker unknown until its next heartbeat
+// (integration's TestWorkerRenewsItsCertificate failed "worker unknown"
+// under load).
+func TestWorkerRegisteredDuringLeaderSetUpStaysReady(t *testing.T) {
+	t.Parallel()
+	registered := make(chan string, 1)
+	var node *Server
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.hooks.barrier = func(timeout time.Duration) error {
+			// The set-up goes on the moment the registration commits:
+			// the widest window between the commit and the handler's
+			// return.
+			var id string
+			select {
+			case id = <-registered:
+			case <-time.After(timeout):
+				return errors.New("no registration to wait for")
+			}
+			for {
+				ws := memdb.NewWatchSet()
+				if w, err := node.State().Worker(ws, id); err != nil || w != nil {
+					return err
+				}
+				if ws.WatchCtx(ctxT(t, timeout)) != nil {
+					return errors.New("registration never committed")
+				}
+			}
+		}
+	})
+	node = c.nodes[0]
+	waitFor(t, 20*time.Second, "leader", func() bool { return node.IsLeader() })
+	// The id the handler will pick is unknown beforehand: wait on any
+	// worker record (the only one of this org).
+	go func() {
+		for {
+			ws := memdb.NewWatchSet()
+			if workers, err := node.State().Workers(ws); err == nil && len(workers) > 0 {
+				registered <- workers[0].ID
+				return
+			}
+			if ws.WatchCtx(ctxT(t, 30*time.Second)) != nil {
+				return
+			}
+		}
+	}()
+	resp, err := c.workers(0).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Cores: 1, Name: "w1", IdempotencyKey: "w1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return node.leading.Load() })
+	// No heartbeat is sent: a worker marked unknown by the set-up would
+	// stay so until its TTL plus grace mark it down.
+	w, err := node.State().Worker(nil, resp.WorkerId)
+	if err != nil || w == nil {
+		t.Fatalf("worker %s: %v, %v", resp.WorkerId, w, err)
+	}
+	if w.Status != statusReady {
+		t.Fatalf("worker registered during the leader's set-up is %s, want %s", w.Status, statusReady)
 	}
 }

@@ -195,7 +195,11 @@ func TestWorkerRegistersAgainWhenForgotten(t *testing.T) {
 func TestWorkerRenewsItsCertificate(t *testing.T) {
 	t.Parallel()
 	const ttl = 3 * time.Second
-	o := newInProcessOrg(t, 1, ttl)
+	// The worker must stay ready through the renewals, which is not a
+	// question of its heartbeats: a heartbeat TTL of 5 s rather than the
+	// org's 1 s keeps a loaded machine's second-long stalls from marking
+	// it down meanwhile (a worker beats every quarter of the TTL).
+	o := newInProcessOrgWith(t, 1, func(cfg *coordinator.Config) { cfg.Timings.HeartbeatTTL = 5 * time.Second }, ttl)
 	w, creds := o.runWorkerCreds(t, o.grpcAddrs())
 	waitFor(t, 20*time.Second, "worker registered", func() bool { return w.ID() != "" && o.workerStatus(w.ID()) == "ready" })
 	_, first, ok := creds.Identity()
