@@ -130,8 +130,16 @@ func TestDCAABothReplicasLostNamesTheLoss(t *testing.T) {
 		if tk == nil {
 			t.Fatalf("%s does not run on worker 1", sink)
 		}
+		// A sink that names a loss says so in its status too. One that
+		// names none has every result exact (sameStable above compared
+		// all of them): its status rightly names nothing. Under load
+		// (30-75) the upstreams' discarding lagged so far behind that
+		// one sink had taken every result the lost input counted in
+		// before the loss (all 32875, clean status) while the other
+		// named its loss; the status check, which applied to a sink
+		// that named nothing too, failed the exact one.
 		st := tk.State()
-		if len(named) > 0 && !st.Lossy || !strings.Contains(st.Message, "could not be corrected") {
+		if len(named) > 0 && (!st.Lossy || !strings.Contains(st.Message, "could not be corrected")) {
 			t.Errorf("%s: status does not name the loss: lossy %v, %q", sink, st.Lossy, st.Message)
 		}
 	}

@@ -83,6 +83,9 @@ type reconfigState struct {
 	// processing token.
 	ended atomic.Bool
 	endMu sync.Mutex
+	// later: a goroutine waits for the processing token to install the
+	// pending plan (installLater).
+	later atomic.Bool
 
 	// Reported (read by State on any goroutine).
 	reported atomic.Bool
@@ -173,13 +176,50 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 		}
 		<-t.proc
 	default:
-		// Busy: the holder's loop installs it after its step
-		// (processOne; in machine mode the run goroutine, woken here
-		// in case it is waiting for an event).
+		// Busy: in machine mode the run goroutine installs it at its
+		// next event (woken here in case it is waiting for one).
 		if t.dm != nil {
 			t.dm.poke()
+			return
 		}
+		t.installLater()
 	}
+}
+
+// installLater installs the pending plan once the processing token is
+// free, on a goroutine of its own that the task's context stops (at most
+// one waits: it installs the newest plan pending when it gets the
+// token). The holder may be anything that takes the token (a pass-through
+// sink appending a batch, a snapshot, a correction): none of them looks
+// for a pending plan when it lets go, and the next one that does
+// (processOne, passLevel) may never come: a pass-through sink of a
+// replicated query busy when the plan came, then reading only tentative
+// results (no boundary) until its upstream's replica ended, never
+// acknowledged the plan, so it never switched
+// (TestReconfigUpgradeDuringDCAAFailure).
+func (t *task) installLater() {
+	if !t.rc.later.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		if err := t.lockProc(t.ctx); err != nil {
+			t.rc.later.Store(false)
+			return
+		}
+		// Cleared before the plan is read: a plan stored from now on
+		// finds the token busy and starts another wait, or is read here.
+		t.rc.later.Store(false)
+		var err error
+		if t.ctx.Err() == nil {
+			t.rc.endMu.Lock()
+			err = t.pollReconfig()
+			t.rc.endMu.Unlock()
+		}
+		t.unlockProc()
+		if err != nil {
+			t.fail(err)
+		}
+	}()
 }
 
 // endReconfig records that the task's stream ended: its final boundary

@@ -213,8 +213,19 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 	if err := busy.lockProc(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// So does sink replica 0 (a pass-through sink, no machine): from
+	// then on it reads only b's replica 0's tentative results, which
+	// carry no boundary, and its sources end; under load it once was
+	// busy appending when the plan came and never installed it (it
+	// looked for a pending plan only when a batch with a boundary
+	// came), so the plan never switched.
+	sink := g.task("rc/out/p0/r0")
+	if err := sink.lockProc(t.Context()); err != nil {
+		t.Fatal(err)
+	}
 	epoch := r.addPlan(2).Epoch
 	busy.unlockProc()
+	sink.unlockProc()
 	r.waitAcked(epoch)
 	r.switchAll(100 * time.Millisecond)
 	waitUntil(t, "every task but b's replica 0 at level 1", func() bool {
