@@ -157,8 +157,8 @@ type MoveResult struct {
 	NormalGapCauses []StallCause `json:"normal_gap_causes,omitempty"`
 	LiveGapCauses   []StallCause `json:"live_gap_causes,omitempty"`
 	Lost            int          `json:"lost"`
-	Duplicated int `json:"duplicated"`
-	ResultRows int `json:"result_rows"`
+	Duplicated      int          `json:"duplicated"`
+	ResultRows      int          `json:"result_rows"`
 	// Rate is the source's records per second; Records its input.
 	Rate    int   `json:"rate"`
 	Records int64 `json:"records"`
