@@ -156,9 +156,12 @@ type MoveResult struct {
 	// pauses overlapping the gap (see stallSampler).
 	NormalGapCauses []StallCause `json:"normal_gap_causes,omitempty"`
 	LiveGapCauses   []StallCause `json:"live_gap_causes,omitempty"`
-	Lost            int          `json:"lost"`
-	Duplicated      int          `json:"duplicated"`
-	ResultRows      int          `json:"result_rows"`
+	// LiveMoveCauses is the same over the whole live move, from its
+	// request until the consumers switched.
+	LiveMoveCauses []StallCause `json:"live_move_causes,omitempty"`
+	Lost           int          `json:"lost"`
+	Duplicated     int          `json:"duplicated"`
+	ResultRows     int          `json:"result_rows"`
 	// Rate is the source's records per second; Records its input.
 	Rate    int   `json:"rate"`
 	Records int64 `json:"records"`
@@ -427,6 +430,10 @@ func (m *moveBench) gapCauses(ctx context.Context, res *MoveResult, rows []int64
 		*g.out = stallCauses(a, a+int64(gap), procs, events)
 		m.progress("%s gap %s: %s", g.name, gap.Round(100*time.Microsecond), describeCauses(*g.out))
 	}
+	// The whole live move, not only its gap: the GC pauses of the new
+	// copy's worker while it restored.
+	res.LiveMoveCauses = stallCauses(start.UnixNano(), switched.UnixNano(), procs, events)
+	m.progress("during the live move: %s", describeCauses(res.LiveMoveCauses))
 	return nil
 }
 
