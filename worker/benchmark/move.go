@@ -150,9 +150,18 @@ type MoveResult struct {
 	LiveInterned bool `json:"live_interned"`
 	// Lost and Duplicated compare the moved run's result rows with an
 	// unmoved reference run's, as multisets.
-	Lost       int `json:"lost"`
-	Duplicated int `json:"duplicated"`
-	ResultRows int `json:"result_rows"`
+	// NormalGapCauses and LiveGapCauses say what each process (worker 0,
+	// 1, 2 and the bench itself) showed during the normal gap and the
+	// live move's longest gap: its longest late wake-up and its GC
+	// pauses overlapping the gap (see stallSampler).
+	NormalGapCauses []StallCause `json:"normal_gap_causes,omitempty"`
+	LiveGapCauses   []StallCause `json:"live_gap_causes,omitempty"`
+	// LiveMoveCauses is the same over the whole live move, from its
+	// request until the consumers switched.
+	LiveMoveCauses []StallCause `json:"live_move_causes,omitempty"`
+	Lost           int          `json:"lost"`
+	Duplicated     int          `json:"duplicated"`
+	ResultRows     int          `json:"result_rows"`
 	// Rate is the source's records per second; Records its input.
 	Rate    int   `json:"rate"`
 	Records int64 `json:"records"`
@@ -284,6 +293,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		m.w[i].addr = resp.Addr
 	}
 	defer m.stop()
+	sctx, stopStalls := context.WithCancel(ctx)
+	stalls := startStallSampler(sctx)
+	defer func() { stopStalls(); <-stalls.done }()
 
 	if res.LoopbackMBs, err = m.loopback(ctx, cfg.StateMB<<20); err != nil {
 		return nil, err
@@ -371,6 +383,9 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	res.StopCopyGapMs = ms(longestGap(tail.RowNanos, stopCopy.start, stopCopy.switched))
 	res.NormalGapMs = ms(longestGap(tail.RowNanos, live.start.Add(-time.Second), live.start.Add(-moveSlide)))
 	res.GapRatio = safeRatio(res.LiveGapMs, res.StopCopyGapMs)
+	if err := m.gapCauses(ctx, res, tail.RowNanos, live.start, live.switched, stalls); err != nil {
+		return nil, err
+	}
 	for _, mv := range []struct {
 		name string
 		t    moveTimes
@@ -390,6 +405,36 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 	res.ResultRows = len(tail.Rows)
 	res.Lost, res.Duplicated = compareRows(ref, tail.Rows)
 	return res, nil
+}
+
+// gapCauses fills res's NormalGapCauses and LiveGapCauses from every
+// process's stall events.
+func (m *moveBench) gapCauses(ctx context.Context, res *MoveResult, rows []int64, start, switched time.Time, own *stallSampler) error {
+	procs := []string{"worker 0", "worker 1", "worker 2", "bench"}
+	events := make([][]stallEvent, 0, len(procs))
+	for _, w := range m.w {
+		r, err := w.call(ctx, request{Op: opStalls})
+		if err != nil {
+			return err
+		}
+		events = append(events, r.Stalls)
+	}
+	events = append(events, own.events())
+	for _, g := range []struct {
+		name     string
+		from, to time.Time
+		out      *[]StallCause
+	}{{"normal", start.Add(-time.Second), start.Add(-moveSlide), &res.NormalGapCauses}, {"live", start, switched, &res.LiveGapCauses}} {
+		gap, at := longestGapAt(rows, g.from, g.to)
+		a := g.from.Add(at).UnixNano()
+		*g.out = stallCauses(a, a+int64(gap), procs, events)
+		m.progress("%s gap %s: %s", g.name, gap.Round(100*time.Microsecond), describeCauses(*g.out))
+	}
+	// The whole live move, not only its gap: the GC pauses of the new
+	// copy's worker while it restored.
+	res.LiveMoveCauses = stallCauses(start.UnixNano(), switched.UnixNano(), procs, events)
+	m.progress("during the live move: %s", describeCauses(res.LiveMoveCauses))
+	return nil
 }
 
 // referenceRun runs the query unmoved, every task on one worker, and

@@ -64,6 +64,8 @@ const (
 	// opStats reports the worker's snapshot figures: SnapshotBytes, the
 	// encoded bytes of the task snapshots its engine served (moves out).
 	opStats = "stats"
+	// opStalls reports the worker's stall sampler's events (Stalls).
+	opStalls = "stalls"
 	// opOutputPos reports, as LastID, the id of the last tuple task Task
 	// of Query appended to its output stream to Consumer (partition 0).
 	opOutputPos = "output_pos"
@@ -165,6 +167,9 @@ type response struct {
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`
+	// Stalls are the worker process's late wake-ups and GC pauses
+	// (opStalls).
+	Stalls []stallEvent `json:"stalls,omitempty"`
 }
 
 // workerClient talks to one bench worker. Calls are serialised: the

@@ -217,6 +217,10 @@ type benchWorker struct {
 	// profile is the CPU profile opProfileStart began (nil: none); only
 	// the request loop touches it.
 	profile *os.File
+	// stalls samples this process's stalls from hello on (opStalls);
+	// stopStalls ends it.
+	stalls     *stallSampler
+	stopStalls context.CancelFunc
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
@@ -261,6 +265,9 @@ func (w *benchWorker) hello(hello request) error {
 		return err
 	}
 	w.active = w.batched
+	var ctx context.Context
+	ctx, w.stopStalls = context.WithCancel(context.Background())
+	w.stalls = startStallSampler(ctx)
 	return nil
 }
 
@@ -307,6 +314,10 @@ func (w *benchWorker) close() {
 	if w.pool != nil {
 		_ = w.pool.Close()
 	}
+	if w.stalls != nil {
+		w.stopStalls()
+		<-w.stalls.done
+	}
 }
 
 func (w *benchWorker) handle(ctx context.Context, req request) (response, error) {
@@ -330,6 +341,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 	case opStats:
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
+	case opStalls:
+		return response{Stalls: w.stalls.events()}, nil
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {

@@ -385,9 +385,16 @@ func (a *aggregate) window(start int64) *aggWindow {
 }
 
 func (a *aggregate) newWindow(start int64) *aggWindow {
-	w := &aggWindow{start: start, groups: map[string]*aggGroup{}}
+	return a.newWindowOf(start, 0)
+}
+
+// newWindowOf is newWindow with room for n groups (a restore knows how
+// many come): neither the groups nor the slot index grow, rehashing, as
+// they are added.
+func (a *aggregate) newWindowOf(start int64, n int) *aggWindow {
+	w := &aggWindow{start: start, groups: make(map[string]*aggGroup, n)}
 	if a.keyed {
-		w.bySlot = slotIndex{}
+		w.bySlot = make(slotIndex, n)
 	}
 	return w
 }
@@ -907,10 +914,14 @@ func (a *aggregate) restore(d *decoder) error {
 	windows := map[int64]*aggWindow{}
 	nw := d.count(2)
 	for range nw {
-		w := a.newWindow(d.varint())
+		start := d.varint()
 		ng := d.count(2)
-		w.groups = make(map[string]*aggGroup, ng) // no growth while restoring
+		w := a.newWindowOf(start, ng) // no growth while restoring
 		sl := groupSlab{left: ng}
+		var keys []string // the slot index's lists, carved (slotIndex.addFrom)
+		if a.keyed {
+			keys = make([]string, ng)
+		}
 		for range ng {
 			key, g, err := a.decodeGroup(d, &sl)
 			if err != nil {
@@ -918,7 +929,7 @@ func (a *aggregate) restore(d *decoder) error {
 			}
 			w.groups[key] = g
 			if a.keyed {
-				w.bySlot.add(queryspec.Slot(g.keyVals), key)
+				w.bySlot.addFrom(queryspec.Slot(g.keyVals), key, &keys)
 			}
 		}
 		windows[w.start] = w

@@ -127,6 +127,21 @@ func (x slotIndex) add(slot int, key string) {
 	x[uint16(slot)] = append(x[uint16(slot)], key)
 }
 
+// addFrom is add for a restore of many groups: a slot's first key gets a
+// list of capacity one carved from room (which has room for every key
+// still to come), one allocation for a window's lists instead of one per
+// slot. A second key in the slot reallocates its list, as add does.
+func (x slotIndex) addFrom(slot int, key string, room *[]string) {
+	s := uint16(slot)
+	if l, ok := x[s]; ok || len(*room) == 0 {
+		x[s] = append(l, key)
+		return
+	}
+	r := *room
+	r[0] = key
+	x[s], *room = r[:1:1], r[1:]
+}
+
 // addTo adds the index's slots to s.
 func (x slotIndex) addTo(s *slots.Set) {
 	for slot := range x {

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -239,4 +240,25 @@ func sortedRows(ts []tuple.Tuple) []string {
 	r := rows(ts)
 	slices.Sort(r)
 	return r
+}
+
+// TestSlotIndexAddFrom: lists carved from a restore's room hold the same
+// keys as lists built by add, a slot with several keys too, and a key
+// added after the room is used up still lands in its slot.
+func TestSlotIndexAddFrom(t *testing.T) {
+	adds := []struct {
+		slot int
+		key  string
+	}{{7, "a"}, {9, "b"}, {7, "c"}, {4095, "d"}, {9, "e"}}
+	want, got := slotIndex{}, slotIndex{}
+	room := make([]string, 3)
+	for _, a := range adds {
+		want.add(a.slot, a.key)
+		got.addFrom(a.slot, a.key, &room)
+	}
+	got.addFrom(12, "f", &room) // the room is used up
+	want.add(12, "f")
+	if !maps.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("index = %v, want %v", got, want)
+	}
 }
