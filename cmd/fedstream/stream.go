@@ -347,6 +347,10 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 				NoAck:      true,
 				// tail prints UNCORRECTABLE records: it takes every type.
 				DataplaneLevel: rpc.DataPlaneLevel,
+				// By stable id: a copy that went tentative before it has
+				// as many stable results sends its tentative results from
+				// their start (see batch).
+				ResumeStable: !tl.realign,
 			})
 		}
 		if err != nil {
@@ -513,8 +517,12 @@ func placedElsewhere(q *pb.QueryInfo, t *pb.TaskInfo) string {
 // stable results and boundaries up to each (its position less the
 // positions outside the stable view, which every batch carries), the same
 // on every replica and the id a failure-free run gives the same result;
-// it resumes after the last stable id it took, as a position (never
-// beyond that result on any replica), and skips what it took already.
+// it resumes after the last stable id it took, by stable id
+// (SubscribeRequest.resume_stable: after that result's position on the
+// copy, or, on a copy with fewer stable results, from the start of its
+// tentative results, whose results past the last stable one taken it
+// prints; an older worker takes the id as a position), and skips what it
+// took already.
 // Tentative results are numbered after the last stable id, an UNDO says
 // which stable id it goes back to (undo_to), REC_DONE carries the last
 // stable id. When it moves to another replica while tentative results
@@ -584,6 +592,13 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 			}
 			tp.ID = sid
 		case tuple.Tentative:
+			if sid < tl.lastID && !tl.realign && dataplane.CoveredByStable(tp.STime, tl.lastSTime, tl.lastBoundary) {
+				// The copy went tentative before it had the stable
+				// results tail took from another (it resumed by stable
+				// id into its tentative results): this one stands for
+				// some of them.
+				continue
+			}
 			if !tl.tentOpen {
 				tl.tentN = 0
 			}

@@ -33,6 +33,13 @@ func serveSink(t *testing.T, n int, restarted bool) string {
 			t.Fatal(err)
 		}
 	}
+	return serveBuffer(t, buf)
+}
+
+// serveBuffer serves buf as every stream on a plaintext data plane, and
+// returns its address.
+func serveBuffer(t *testing.T, buf *dataplane.OutputBuffer) string {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -222,24 +222,40 @@ func (b *OutputBuffer) positionOfStableLocked(sid uint64) uint64 {
 }
 
 // ResumePosition is the position a data subscription that resumes after
-// its last stable id sid (SubscribeRequest.resume_stable: a DCAA operator
-// input moving between replicas) reads after. As always, sid taken as a
-// position (never past the position of stable id sid: every position up
-// to sid's holds stable ids up to sid at most), unless this stream's open
-// tentative tail begins at or before it: the replica went tentative
-// before the subscriber's last stable tuple (it has fewer stable tuples
-// than the replica read before). Read from sid, the tail's tuples before
-// position sid+1 were skipped and, while the tail held no more than sid
-// positions, the subscriber heard only heartbeats and released no
-// tentative result for the failure. It reads the whole tail instead (the
-// last position before it), keeps what lies past the stream time it took,
-// and takes the replica's corrections, when they come, by stable id:
-// those ids mean the same on every replica up to a divergence.
+// its last stable id sid (SubscribeRequest.resume_stable: a DCAA input
+// or sink moving between replicas, fedstream tail moving between sink
+// copies) reads after.
+//
+// When this stream's last positions are outside its stable view (a
+// tentative tail: the open range of a producer in UP_FAILURE, or a
+// sink's tentative results, each marked on its own) and that tail begins
+// at or before sid, the replica went tentative before the subscriber's
+// last stable tuple (it has fewer stable tuples than the replica read
+// before): the subscriber reads the whole tail (the last position
+// before it), keeps what lies past the stream time it took, and takes
+// the replica's corrections, when they come, by stable id: those ids
+// mean the same on every replica up to a divergence. Read from sid as a
+// position, the tail's tuples before position sid+1 were skipped and,
+// while the tail held no more than sid positions, the subscriber heard
+// only heartbeats and showed no tentative result for the failure. A
+// closed tail may end with its producer's UNDO (its corrections not
+// appended yet): the subscriber then gets tentative tuples taken back at
+// once, which it handles as any UNDO.
+//
+// Otherwise it reads after the position of stable id sid, when this
+// stream holds it and numbers it as its peers do (no divergence before
+// it): what lies between sid as a position and that one is stable ids
+// it has and tentative tuples this replica took back since. Else (this
+// replica has not produced sid yet, or its ids diverged) sid taken as a
+// position, as always (never past the position of stable id sid).
 func (b *OutputBuffer) ResumePosition(sid uint64) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if sid == 0 {
+		return 0
+	}
 	if n := len(b.nonStable); n > 0 {
-		if r := b.nonStable[n-1]; r.To == math.MaxUint64 && r.From <= sid {
+		if r := b.nonStable[n-1]; (r.To == math.MaxUint64 || r.To >= b.lastID) && r.From <= sid {
 			// What is left of the tail, if its start was discarded
 			// (RelayedPosition gave it up): resumed before that, the
 			// subscriber heard heartbeats stating this stream's state
@@ -247,7 +263,27 @@ func (b *OutputBuffer) ResumePosition(sid uint64) uint64 {
 			return max(r.From-1, min(b.dropped, sid))
 		}
 	}
+	if b.lineage != 0 && sid > b.lineageSince {
+		return sid
+	}
+	if p := b.positionOfStableLocked(sid); p <= b.lastID {
+		return p
+	}
 	return sid
+}
+
+// CoveredByStable reports whether a tentative tuple at stream time st
+// stands for results a reader took stable already, lastST being the
+// stream time of the last stable tuple or boundary it took (boundary:
+// that one was a boundary, which covers only earlier stream times). It
+// applies to the tentative tuples a replica produced before it had as
+// many stable tuples as the reader took (a resumption by stable id into
+// that replica's tentative tail, ResumePosition): shown or released with
+// the stable ones, those results counted twice. (A tuple at lastST
+// after a stable tuple there is taken as covered: stream times do not
+// tell it apart from one the reader has.)
+func CoveredByStable(st, lastST int64, boundary bool) bool {
+	return st < lastST || st == lastST && !boundary
 }
 
 // RelayedPosition is the position a relayed acknowledgement of stable id

@@ -211,8 +211,9 @@ func TestTentativeWatermarkNeverAheadOfTuples(t *testing.T) {
 
 // A DCAA input resuming by stable id on a replica whose open tentative
 // tail begins at or below that id (it went tentative before the replica
-// read so far) reads the tail from its start; below the tail, and on a
-// closed range, the id is taken as a position as before; a retry (by
+// read so far) reads the tail from its start, also once its UNDO closed
+// it; below the tail the id is taken as a position as before, and once
+// the corrections came, the position of that stable id; a retry (by
 // position) does not get the tail again.
 func TestResumeByStableIDIntoTentativeTail(t *testing.T) {
 	b := NewOutputBuffer(BufferOptions{})
@@ -259,8 +260,43 @@ func TestResumeByStableIDIntoTentativeTail(t *testing.T) {
 	}
 	b.EndNonStable(18)
 	add(tuple.Undo, 1)
-	if got := b.ResumePosition(33); got != 33 {
-		t.Fatalf("closed range: ResumePosition(33) = %d, want 33", got)
+	if got := b.ResumePosition(33); got != 17 {
+		// What is left of it: the reader above acknowledged up to 17.
+		t.Fatalf("closed tail ending with its UNDO: ResumePosition(33) = %d, want 17", got)
+	}
+	// Corrections follow: stable ids 12 and 13 at positions 19 and 20.
+	add(tuple.Stable, 2)
+	for sid, want := range map[uint64]uint64{5: 5, 11: 11, 12: 19, 13: 20, 33: 33} {
+		if got := b.ResumePosition(sid); got != want {
+			t.Fatalf("after the correction: ResumePosition(%d) = %d, want %d", sid, got, want)
+		}
+	}
+}
+
+// A sink's result stream marks each tentative result, UNDO and REC_DONE
+// outside its stable view on its own (closed ranges): its trailing ones,
+// after its last stable result, are its tentative tail too. A reader
+// resuming by stable id (fedstream tail, moving from a sink copy that
+// had more stable results) reads them from their start. Fails before:
+// only an open range was a tail, and the reader skipped the tentative
+// results below position 33, hearing nothing until the copy had 33
+// positions.
+func TestResumeByStableIDIntoSinkTentativeResults(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{Ring: true})
+	for i := uint64(1); i <= 20; i++ {
+		typ := tuple.Stable
+		if i > 11 {
+			typ = tuple.Tentative
+			b.MarkNonStable(i, i)
+		}
+		if err := b.Append(context.Background(), &tuple.Tuple{Type: typ, ID: i, Values: []tuple.Value{tuple.Int(1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for sid, want := range map[uint64]uint64{5: 5, 11: 11, 12: 11, 33: 11} {
+		if got := b.ResumePosition(sid); got != want {
+			t.Fatalf("ResumePosition(%d) = %d, want %d", sid, got, want)
+		}
 	}
 }
 

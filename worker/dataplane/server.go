@@ -236,7 +236,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	}()
 
 	after := first.AfterId
-	if first.ResumeStable && !first.NoAck {
+	if first.ResumeStable {
 		after = buf.ResumePosition(after)
 	}
 	// start is where the subscription reads from: AfterId, or before it

@@ -47,6 +47,13 @@ func (w *lineageWatch) took(st int64, boundary bool) {
 	w.lastST, w.haveST, w.lastBoundary = st, true, boundary
 }
 
+// covers reports whether a tentative tuple at stream time st, read
+// where the replica had fewer stable tuples than the input took (see
+// dataplane.CoveredByStable), stands for results the input took stable.
+func (w *lineageWatch) covers(st int64) bool {
+	return w.haveST && dataplane.CoveredByStable(st, w.lastST, w.lastBoundary)
+}
+
 // An input realigns as `fedstream tail` does on a diverged sink copy.
 // On a subscription's first batch whose lineage does not share the stable
 // ids up to the one taken (startRealign), the input subscribes again to

@@ -302,6 +302,12 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			if h.STime < v.stableB {
 				continue // covered by stable results already
 			}
+			if sid < v.stable && t.inputs[0].lw.covers(h.STime) {
+				// The replica went tentative before it had the stable
+				// results the sink took (a resumption by stable id into
+				// its tentative tail): this one stands for some of them.
+				continue
+			}
 			put(enc, false)
 			v.tentOpen = true
 		case tuple.Undo:
@@ -435,11 +441,20 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	// alone, such an upstream's final boundary was lost after a switch
 	// and the sink never ended.
 	bnd := in.t.merge.inputBoundary(in.idx)
+	// sid is the replica's stable id before each tuple (stableIDs set the
+	// stable ones').
+	sid := b.LastID - b.Offset
+	for k := range b.Tuples {
+		if tp := b.Tuples[k].Type; tp == tuple.Stable || tp == tuple.Boundary {
+			sid--
+		}
+	}
 	kept := b.Tuples[:0]
 	mv.mu.Lock()
 	for _, tp := range b.Tuples {
 		switch tp.Type {
 		case tuple.Stable, tuple.Boundary:
+			sid = tp.ID
 			if tp.ID <= taken {
 				if tp.Type == tuple.Stable || tp.STime <= bnd {
 					continue
@@ -452,7 +467,11 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 			}
 			kept = append(kept, tp)
 		case tuple.Tentative:
-			if tp.STime < released {
+			if tp.STime < released || !realigning && sid < taken && in.lw.covers(tp.STime) {
+				// Released stable already, or (the replica went tentative
+				// before it had the stable results the input took: a
+				// resumption by stable id into its tentative tail) stands
+				// for some the input took.
 				continue
 			}
 			// Bounded per input (InputPendingTuples): past it, during a

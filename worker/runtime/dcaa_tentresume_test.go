@@ -107,20 +107,7 @@ func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
 	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
 	agg, sink := queryspec.TaskID(q.Name, "counts", 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
 
-	var stable []fakeTuple // replica 0's stream: 1-30 ms, 33 positions
-	for ms := 1; ms <= 30; ms++ {
-		stable = append(stable, fakeTuple{"s", ms})
-		if ms%10 == 0 {
-			stable = append(stable, fakeTuple{"b", ms})
-		}
-	}
-	// The corrected stream past stable id 11 (replica 1's corrections):
-	// replica 0's, then 31-40 ms and the end.
-	corrected := append([]fakeTuple(nil), stable[11:]...)
-	for ms := 31; ms <= 40; ms++ {
-		corrected = append(corrected, fakeTuple{"s", ms})
-	}
-	corrected = append(corrected, fakeTuple{"b", 40}, fakeTuple{"end", 0})
+	stable, corrected := tentResumeStreams()
 
 	// The reference: a failure-free run reading the corrected stream.
 	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
@@ -131,9 +118,7 @@ func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
 	fake, c, w := fakeUpstreamCluster(t, q, local)
 	fake.stream(t, up0, stable...)
 	b1 := fake.stream(t, up1, stable[:11]...)
-	n := appendAs(t, b1, 11, fakeTuples(fakeTuple{"n", 11}, fakeTuple{"n", 12}, fakeTuple{"n", 13}, fakeTuple{"n", 14},
-		fakeTuple{"n", 15}, fakeTuple{"n", 16}, fakeTuple{"n", 17}, fakeTuple{"n", 18}, fakeTuple{"n", 19}, fakeTuple{"n", 20},
-		fakeTuple{"n", 31}, fakeTuple{"n", 32}, fakeTuple{"n", 33}, fakeTuple{"n", 34}, fakeTuple{"n", 35}, fakeTuple{"n", 45})...)
+	n := appendAs(t, b1, 11, tentResumeTail()...)
 	if n >= 33 {
 		t.Fatalf("replica 1 holds %d positions: the scenario needs fewer than replica 0's 33", n)
 	}
@@ -191,4 +176,109 @@ func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
 		t.Fatalf("%d tentative results, never taken back", got.tentative)
 	}
 	sameStable(t, got.stable, want.stable, 5)
+}
+
+// sinkTentResumeQuery: a sink reading a source whose replicas the test
+// writes (fakeUpstreamCluster), as it is (a pass-through sink).
+const sinkTentResumeQuery = `name: stres
+replicas: 2
+availability: {max_delay: 100ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
+sinks:
+  - {name: out, input: lines}
+`
+
+// A sink moves during a failure to an upstream replica that went
+// tentative before the one it read (the streams of
+// TestDCAAResumeIntoEarlierTentativeTail). It read replica 0 up to stable
+// id 33 (30 ms); replica 0 goes away. Resumed after 33 as a position, it
+// skipped replica 1's whole tentative tail and showed no tentative result
+// for the failure (P3 at the sink) until replica 1 had corrected itself.
+// Now it resumes by stable id, shows the tail's results past what it took
+// stable (31-35 and 45 ms; not 11-20 ms, which it has stable) once each,
+// takes them back at replica 1's UNDO, takes the corrections only above
+// stable id 33, passes the REC_DONE, and its stable output is a
+// failure-free run's. Fails before the fix: the sink never shows a
+// tentative result (the wait below times out).
+func TestDCAASinkResumesIntoEarlierTentativeTail(t *testing.T) {
+	q := mustParse(t, sinkTentResumeQuery)
+	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	sink := queryspec.TaskID(q.Name, "out", 0, 0)
+
+	stable, corrected := tentResumeStreams()
+	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+	refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
+	ref.apply()
+	want := viewOf(ref.tail(t, sink))
+
+	fake, c, w := fakeUpstreamCluster(t, q, local)
+	fake.stream(t, up0, stable...)
+	b1 := fake.stream(t, up1, stable[:11]...)
+	n := appendAs(t, b1, 11, tentResumeTail()...)
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+	c.apply()
+	waitUntil(t, "the sink taking replica 0's stream", func() bool {
+		tk := w.rt.task(sink)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+	})
+	fake.kill(up0)
+	waitUntil(t, "the sink showing tentative results from replica 1", func() bool {
+		return w.rt.task(sink).tentative.Load()
+	})
+	if got := w.rt.task(sink).inputs[0].stableTaken.Load(); got != 33 {
+		t.Fatalf("the sink's last stable id taken went from 33 to %d on replica 1's tentative tail", got)
+	}
+	// Replica 1 stabilizes.
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
+	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+
+	all := c.tail(t, sink)
+	var tent []int64
+	for _, tp := range all {
+		if tp.Type == tuple.Tentative {
+			tent = append(tent, tp.STime/int64(time.Millisecond))
+		}
+	}
+	if wantTent := []int64{31, 32, 33, 34, 35, 45}; !slices.Equal(tent, wantTent) {
+		t.Fatalf("tentative results at (ms) %v, want %v", tent, wantTent)
+	}
+	got := viewOf(all)
+	if got.undos != 1 || got.recDones != 1 {
+		t.Fatalf("%d UNDO and %d REC_DONE, want one each (all: %v)", got.undos, got.recDones, all)
+	}
+	sameStable(t, got.stable, want.stable, 30)
+}
+
+// tentResumeStreams are upstream replica 0's stream (1-30 ms: stable ids
+// and positions 1 to 33, boundaries every 10 ms) and the corrected stream
+// past stable id 11 (replica 1's corrections: replica 0's, then 31-40 ms
+// and the end).
+func tentResumeStreams() (stable, corrected []fakeTuple) {
+	for ms := 1; ms <= 30; ms++ {
+		stable = append(stable, fakeTuple{"s", ms})
+		if ms%10 == 0 {
+			stable = append(stable, fakeTuple{"b", ms})
+		}
+	}
+	corrected = append(corrected, stable[11:]...)
+	for ms := 31; ms <= 40; ms++ {
+		corrected = append(corrected, fakeTuple{"s", ms})
+	}
+	return stable, append(corrected, fakeTuple{"b", 40}, fakeTuple{"end", 0})
+}
+
+// tentResumeTail is replica 1's tentative tail after its first 11 stable
+// ids: tuples at 11-20 ms (which the reader of replica 0 took stable) and
+// at 31-35 and 45 ms (which it did not).
+func tentResumeTail() []tuple.Tuple {
+	var fts []fakeTuple
+	for _, ms := range []int{11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 31, 32, 33, 34, 35, 45} {
+		fts = append(fts, fakeTuple{"n", ms})
+	}
+	return fakeTuples(fts...)
 }

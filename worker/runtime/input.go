@@ -225,8 +225,19 @@ func (in *input) run(ctx context.Context) {
 					// is checked again.
 					in.lw.re.on = false
 					in.sub.ResumeAfter(s)
-				case s < in.sub.LastID():
-					in.sub.ResumeAfter(s)
+				default:
+					// By stable id (dataplane.OutputBuffer.ResumePosition):
+					// on a replica that went tentative before it, from the
+					// start of its tentative tail, whose results past what
+					// the sink took stable go out at once (passSlow,
+					// filterDCAA); before, taken as a position, that tail
+					// was skipped and the sink showed no tentative result
+					// for the failure. A restored copy's first attempt too
+					// (its snapshot's position is a stable id). A retry on
+					// the same replica reads the tail again: the sink takes
+					// back what it showed (a fresh attempt) and shows it
+					// again.
+					in.sub.ResumeAfterStable(s)
 				}
 			}
 			realignOn = ""
