@@ -15,6 +15,7 @@ import (
 	"github.com/fedstream/fedstream/coordinator/health"
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -85,7 +86,9 @@ func TestHealthRebalancesDataSkew(t *testing.T) {
 	list := `['` + strings.Join(words, `','`) + `']`
 	p := health.DefaultConfig()
 	p.MinSamples, p.Persist = 3, 2
-	o := newLiveOrgWith(t, 3, func(c *coordinator.Config) {
+	logs := newLogCapture(t)
+	o := newLiveOrgWorkers(t, 3, func(c *coordinator.Config) {
+		c.Logger = logs.logger(c.NodeID)
 		// A settle short enough for a second rebalance, often taken as
 		// the finite stream ends: its prepare then meets partitions that
 		// received the end of their input while they held (once a stall,
@@ -93,7 +96,7 @@ func TestHealthRebalancesDataSkew(t *testing.T) {
 		// TestRescaleAbortAfterTheEnd), or is aborted because one had
 		// released its end already.
 		c.Health = coordinator.HealthConfig{Interval: 200 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}
-	})
+	}, func(i int, c *worker.Config) { c.Logger = logs.logger(c.Name) })
 	submit := func(name, extra, cost string) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -83,6 +83,17 @@ type BufferOptions struct {
 	// subscribers are never overrun: a slow one blocks the producer (flow
 	// control). Zero means DefaultOverrunGrace.
 	OverrunGrace time.Duration
+	// Unreplicated: the stream's consumer has no replicas (a query
+	// without replicas), so nothing else can give a subscriber that is
+	// not connected what an overrun would discard, and it would miss it
+	// for good. While no subscriber is connected and one still holds the
+	// buffer (a disconnected one within its lease, or the start-up wait
+	// for the first), the overrun rule does not discard: a full buffer
+	// blocks its producer (flow control) until a subscriber connects (a
+	// reconnect, or the copy that replaced a lost one) or the lease ends
+	// (the subscriber is gone). A replicated stream keeps the grace: a
+	// failed replica must not hold back the replicas that are fine.
+	Unreplicated bool
 	// Logger receives the overrun warnings (nil: slog.Default()); give it
 	// the stream's attributes.
 	Logger *slog.Logger
@@ -688,6 +699,15 @@ func (b *OutputBuffer) overrunLocked(now time.Time, size int) (wake time.Time) {
 			return wake
 		}
 		b.holdUntil = time.Time{}
+	}
+	if b.opts.Unreplicated && !l.anyConnected && (len(b.subs) > 0 || b.seen != nil) {
+		// The only consumer is away but not gone (see
+		// BufferOptions.Unreplicated): flow control until it connects
+		// or its lease ends; wake says when the next lease or the
+		// start-up wait ends.
+		b.overrunning = false
+		b.stuckSince = time.Time{}
+		return wake
 	}
 	oldest := b.oldestLocked()
 	if b.count == 0 || oldest > l.connected {

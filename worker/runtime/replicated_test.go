@@ -390,15 +390,16 @@ func TestIdleTasksAreNotStalled(t *testing.T) {
 	}
 }
 
-// TestOverrunShowsInTaskStatus: a consumer that went away (within its
-// lease) does not hold the source back past the buffer bound and the
-// grace; the source keeps running and its status says which output
-// overruns.
+// TestOverrunShowsInTaskStatus: a consumer that went away for good (its
+// lease ended) does not hold the source back past the buffer bound and
+// the grace; the source keeps running and its status says which output
+// overruns. (Within its lease, the consumer of a query without replicas
+// holds the source back: TestUnreplicatedConsumerAwayIsWaitedFor.)
 func TestOverrunShowsInTaskStatus(t *testing.T) {
 	pool := dataplane.NewPool()
 	defer pool.Close()
 	w := startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond, StallAfter: time.Minute,
-		Buffer: dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: 100 * time.Millisecond, Lease: time.Minute}})
+		Buffer: dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: 100 * time.Millisecond, Lease: 300 * time.Millisecond}})
 	defer w.close(t)
 	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
 	if err != nil {

@@ -501,6 +501,10 @@ func (t *task) newOutput(consumer string, p int) *outStream {
 	opts := t.r.opts.Buffer
 	opts.Ring = false
 	opts.ExpectedSubscribers = max(1, t.plan.Query.Replicas)
+	// Without replicas, a consumer that is away (not yet subscribed,
+	// reconnecting, paused) has nowhere else to get what an overrun
+	// would discard: the producer waits for it, up to its lease.
+	opts.Unreplicated = t.plan.Query.Replicas <= 1
 	opts.Logger = t.log.With("consumer", consumer, "partition", p)
 	return newOutStream(consumer, p, dataplane.NewOutputBuffer(opts))
 }
