@@ -97,6 +97,9 @@ type Server struct {
 	auth      *authenticator
 	liveness  *liveness
 	plans     planCache
+	// rcWire encodes queries' reconfiguration states for the
+	// assignment watch (reconfigWire).
+	rcWire reconfigWire
 	// leading is true while this node's leader duties run (set-up done).
 	leading atomic.Bool
 	// applier is the running plan applier while this node leads (see

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -256,12 +255,8 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON, PaceOriginUnixNano: q.Query.PaceOrigin}
-		if rc := q.Query.Reconfig; rc != nil {
-			b, err := json.Marshal(rc)
-			if err != nil {
-				return nil, status.Errorf(codes.Internal, "encode reconfiguration of %q: %v", q.Query.Name, err)
-			}
-			view.ReconfigJson = b
+		if err := s.rcWire.fill(view, q.Query, req.ReconfigPlans); err != nil {
+			return nil, status.Errorf(codes.Internal, "encode reconfiguration of %q: %v", q.Query.Name, err)
 		}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex
 		for _, m := range q.SlotMaps {

@@ -617,7 +617,7 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		var resp *pb.WatchAssignmentsResponse
 		err := w.call(ctx, w.cfg.WatchWait+10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
 			var err error
-			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds()})
+			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds(), ReconfigPlans: true})
 			return err
 		})
 		if err != nil {
@@ -671,6 +671,44 @@ func (w *Worker) watchLoop(ctx context.Context) {
 // several responses may share it as those of one response do.
 type specCache struct {
 	byJSON map[string]*queryspec.Query
+	// plans holds the reconfiguration plans of the last response,
+	// decoded, by their JSON (QueryView.reconfig_plans_json): a plan's
+	// JSON changes only with its phase, so a response decodes only the
+	// plans that changed, not the query's whole history. A decoded plan
+	// is read-only: its byte slices are shared by every response that
+	// had it.
+	plans map[string]fsm.ReconfigPlan
+}
+
+// reconfigOf returns the reconfiguration state q carries (nil: none):
+// split by plan (reconfig_plans_json), decoding only the plans the last
+// response (or this one) did not have, or as one JSON document (a
+// coordinator that does not split it, or a partner org's copy).
+func (c *specCache) reconfigOf(q *pb.QueryView, keep map[string]fsm.ReconfigPlan) (*fsm.QueryReconfig, error) {
+	if q.ReconfigState {
+		rc := &fsm.QueryReconfig{Tracking: q.ReconfigTracking, Plans: make([]fsm.ReconfigPlan, len(q.ReconfigPlansJson))}
+		for i, b := range q.ReconfigPlansJson {
+			p, ok := keep[string(b)]
+			if !ok {
+				if p, ok = c.plans[string(b)]; !ok {
+					if err := json.Unmarshal(b, &p); err != nil {
+						return nil, fmt.Errorf("plan %d: %w", i+1, err)
+					}
+				}
+				keep[string(b)] = p
+			}
+			rc.Plans[i] = p
+		}
+		return rc, nil
+	}
+	if len(q.ReconfigJson) == 0 {
+		return nil, nil
+	}
+	var rc fsm.QueryReconfig
+	if err := json.Unmarshal(q.ReconfigJson, &rc); err != nil {
+		return nil, err
+	}
+	return &rc, nil
 }
 
 // parse returns the definition spec parsed, from the cache when the last
@@ -698,7 +736,8 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 		cache = &specCache{}
 	}
 	keep := map[string]*queryspec.Query{}
-	defer func() { cache.byJSON = keep }()
+	keepPlans := map[string]fsm.ReconfigPlan{}
+	defer func() { cache.byJSON, cache.plans = keep, keepPlans }()
 	type qinfo struct {
 		spec       *queryspec.Query
 		placements []wrt.Placement
@@ -718,14 +757,12 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 		if q.PaceOriginUnixNano != 0 {
 			qi.paceOrigin = time.Unix(0, q.PaceOriginUnixNano)
 		}
-		if len(q.ReconfigJson) > 0 {
-			var rc fsm.QueryReconfig
-			if err := json.Unmarshal(q.ReconfigJson, &rc); err != nil {
-				errs = append(errs, fmt.Errorf("query %s: reconfiguration: %w", q.Name, err))
-				continue
-			}
-			qi.reconfig = &rc
+		rc, err := cache.reconfigOf(q, keepPlans)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("query %s: reconfiguration: %w", q.Name, err))
+			continue
 		}
+		qi.reconfig = rc
 		for _, t := range q.Tasks {
 			qi.placements = append(qi.placements, wrt.Placement{
 				TaskID: t.TaskId, Fragment: t.Fragment, Partition: int(t.Partition), Replica: int(t.Replica),

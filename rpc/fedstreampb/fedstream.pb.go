@@ -370,7 +370,12 @@ type WatchAssignmentsRequest struct {
 	// Block until the worker's assignment index is greater than this.
 	MinIndex uint64 `protobuf:"varint,2,opt,name=min_index,json=minIndex,proto3" json:"min_index,omitempty"`
 	// Upper bound on blocking; the server caps it.
-	MaxWaitMs     int64 `protobuf:"varint,3,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	MaxWaitMs int64 `protobuf:"varint,3,opt,name=max_wait_ms,json=maxWaitMs,proto3" json:"max_wait_ms,omitempty"`
+	// ---- live reconfiguration, session 15
+	// The worker reads a query's reconfiguration state from
+	// QueryView.reconfig_plans_json and reconfig_tracking: the coordinator
+	// then leaves reconfig_json empty for the queries it sends.
+	ReconfigPlans bool `protobuf:"varint,671,opt,name=reconfig_plans,json=reconfigPlans,proto3" json:"reconfig_plans,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -424,6 +429,13 @@ func (x *WatchAssignmentsRequest) GetMaxWaitMs() int64 {
 		return x.MaxWaitMs
 	}
 	return 0
+}
+
+func (x *WatchAssignmentsRequest) GetReconfigPlans() bool {
+	if x != nil {
+		return x.ReconfigPlans
+	}
+	return false
 }
 
 // One task the worker must run, with everything it needs to run it.
@@ -696,8 +708,21 @@ type QueryView struct {
 	// with each other whenever they started. 0: each paces from its own
 	// start (a query committed by an older coordinator).
 	PaceOriginUnixNano int64 `protobuf:"varint,670,opt,name=pace_origin_unix_nano,json=paceOriginUnixNano,proto3" json:"pace_origin_unix_nano,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// ---- live reconfiguration, session 15: the state of reconfig_json
+	// split by plan, sent instead of it to a worker that asks for it
+	// (WatchAssignmentsRequest.reconfig_plans). Each element is the JSON of
+	// one plan (fsm.ReconfigPlan), oldest first; reconfig_tracking is the
+	// query's tracking mode. A plan's JSON changes only with its phase, so
+	// a worker decodes only the plans it has not seen in that form, rather
+	// than every plan of the query's history on every change: the decode
+	// was on the path of each plan's delivery and grew with the plans.
+	// reconfig_state: the query has a reconfiguration state (also when it
+	// has no plan).
+	ReconfigPlansJson [][]byte `protobuf:"bytes,672,rep,name=reconfig_plans_json,json=reconfigPlansJson,proto3" json:"reconfig_plans_json,omitempty"`
+	ReconfigTracking  string   `protobuf:"bytes,673,opt,name=reconfig_tracking,json=reconfigTracking,proto3" json:"reconfig_tracking,omitempty"`
+	ReconfigState     bool     `protobuf:"varint,674,opt,name=reconfig_state,json=reconfigState,proto3" json:"reconfig_state,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *QueryView) Reset() {
@@ -777,6 +802,27 @@ func (x *QueryView) GetPaceOriginUnixNano() int64 {
 		return x.PaceOriginUnixNano
 	}
 	return 0
+}
+
+func (x *QueryView) GetReconfigPlansJson() [][]byte {
+	if x != nil {
+		return x.ReconfigPlansJson
+	}
+	return nil
+}
+
+func (x *QueryView) GetReconfigTracking() string {
+	if x != nil {
+		return x.ReconfigTracking
+	}
+	return ""
+}
+
+func (x *QueryView) GetReconfigState() bool {
+	if x != nil {
+		return x.ReconfigState
+	}
+	return false
 }
 
 // Slots first..last (inclusive) belong to one partition.
@@ -7423,11 +7469,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"a\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x01 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
-	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"s\n" +
+	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\x9b\x01\n" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
-	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\"\xa5\x03\n" +
+	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\x12&\n" +
+	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\"\xa5\x03\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -7457,7 +7504,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"workerAddr\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\x93\x02\n" +
+	"generation\"\x9a\x03\n" +
 	"\tQueryView\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x1b\n" +
@@ -7465,7 +7512,10 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x05tasks\x18\x04 \x03(\v2\x1b.fedstream.v1.TaskPlacementR\x05tasks\x122\n" +
 	"\tslot_maps\x182 \x03(\v2\x15.fedstream.v1.SlotMapR\bslotMaps\x12$\n" +
 	"\rreconfig_json\x18\xa2\x02 \x01(\fR\freconfigJson\x122\n" +
-	"\x15pace_origin_unix_nano\x18\x9e\x05 \x01(\x03R\x12paceOriginUnixNano\"S\n" +
+	"\x15pace_origin_unix_nano\x18\x9e\x05 \x01(\x03R\x12paceOriginUnixNano\x12/\n" +
+	"\x13reconfig_plans_json\x18\xa0\x05 \x03(\fR\x11reconfigPlansJson\x12,\n" +
+	"\x11reconfig_tracking\x18\xa1\x05 \x01(\tR\x10reconfigTracking\x12&\n" +
+	"\x0ereconfig_state\x18\xa2\x05 \x01(\bR\rreconfigState\"S\n" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
