@@ -55,6 +55,8 @@ func TestHealthScalesUpUnderBackpressure(t *testing.T) {
 	p.MinSamples, p.Persist = 3, 2
 	o := newLiveOrgWith(t, 3, func(c *coordinator.Config) {
 		c.Health = coordinator.HealthConfig{Interval: 200 * time.Millisecond, Settle: 3 * time.Second, Policy: &p}
+		// Not the harness's 1 s TTL: see TestHealthRebalancesDataSkew.
+		c.Timings.HeartbeatTTL = 10 * time.Second
 	})
 	submit := func(name, extra string, parallelism int, cost string) {
 		t.Helper()

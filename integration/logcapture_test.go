@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 )
 
@@ -13,16 +11,7 @@ import (
 // coordinator did to the query (a worker declared down, tasks placed
 // again, rescales) and what the data plane discarded. A failure under
 // load is rarely reproduced on demand; its log is the evidence.
-type logCapture struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (c *logCapture) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.buf.Write(p)
-}
+type logCapture struct{ lockedBuffer }
 
 // newLogCapture returns a capture whose lines t logs at its end if it
 // failed.
@@ -32,10 +21,8 @@ func newLogCapture(t *testing.T) *logCapture {
 		if !t.Failed() {
 			return
 		}
-		c.mu.Lock()
-		defer c.mu.Unlock()
 		n := 0
-		for _, line := range strings.Split(c.buf.String(), "\n") {
+		for _, line := range strings.Split(c.String(), "\n") {
 			if logWorthReading(line) {
 				if n++; n > 400 {
 					t.Log("log: (more lines left off)")

@@ -200,6 +200,11 @@ func (o *liveOrg) results(t *testing.T, query string, seen func(n int)) map[stri
 				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
 					return dataplane.ErrStopSubscription
 				}
+				if from, to, ok := tuple.UncorrectableRange(&tp); ok {
+					// A loss the query named (a copy placed again
+					// without state): say so beside any result missing.
+					t.Logf("%s names results lost: stream time [%d, %d)", sink, from, to)
+				}
 				if !tp.Type.IsData() {
 					continue
 				}

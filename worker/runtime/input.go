@@ -380,6 +380,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		in.mu.Unlock()
 	}()
 	fresh := true // the attempt's first batch
+	resumedAfter := in.sub.LastID()
 	deliver := func(ctx context.Context, b *dataplane.Batch) error {
 		progressed = true
 		if in.watched {
@@ -391,6 +392,19 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		}
 		first := fresh
 		fresh = false
+		if !in.t.dcaaOn() && in.t.mv == nil {
+			// Outside DCAA, input lost is named (gaploss.go).
+			if first {
+				if err := in.noteInputGap(ctx, resumedAfter, b); err != nil {
+					b.Release()
+					return err
+				}
+			}
+			if err := in.relayLoss(ctx, b.Tuples); err != nil {
+				b.Release()
+				return err
+			}
+		}
 		if in.t.passThrough {
 			if in.t.dcaaOn() {
 				return in.t.passBatchDCAA(b, first)

@@ -396,31 +396,7 @@ func TestIdleTasksAreNotStalled(t *testing.T) {
 // overruns. (Within its lease, the consumer of a query without replicas
 // holds the source back: TestUnreplicatedConsumerAwayIsWaitedFor.)
 func TestOverrunShowsInTaskStatus(t *testing.T) {
-	pool := dataplane.NewPool()
-	defer pool.Close()
-	w := startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond, StallAfter: time.Minute,
-		Buffer: dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: 100 * time.Millisecond, Lease: 300 * time.Millisecond}})
-	defer w.close(t)
-	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const id = "wc/lines/p0/r0"
-	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
-	conn, err := pool.Conn(w.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	drain := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts", Partition: 1}, "drain", false, 0)
-	go func() { _ = drain.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return nil }) }()
-	// A consumer of partition 0 takes one batch and goes away.
-	gone := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts"}, "gone", false, 0)
-	if err := gone.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return dataplane.ErrStopSubscription }); err != nil {
-		t.Fatal(err)
-	}
-	tk := w.rt.task(id)
+	tk, _, _, _ := sourceWithConsumerAway(t, dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: 100 * time.Millisecond, Lease: 300 * time.Millisecond})
 	waitUntil(t, "the source's status tells of the overrun", func() bool {
 		st := tk.State()
 		return st.State == StateRunning && strings.Contains(st.Message, "consumer counts partition 0 overruns")

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -22,34 +24,10 @@ import (
 // consumer was away longer than the grace.
 func TestUnreplicatedConsumerAwayIsWaitedFor(t *testing.T) {
 	const grace = 20 * time.Millisecond
-	pool := dataplane.NewPool()
-	defer pool.Close()
-	w := startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond, StallAfter: time.Minute,
-		Buffer: dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: grace, Lease: time.Minute}})
-	defer w.close(t)
-	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	const id = "wc/lines/p0/r0"
-	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
-	conn, err := pool.Conn(w.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tk, conn, ref, took := sourceWithConsumerAway(t, dataplane.BufferOptions{MaxTuples: 100, OverrunGrace: grace, Lease: time.Minute})
+	buf := tk.outs[0].buf
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	drain := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts", Partition: 1}, "drain", false, 0)
-	go func() { _ = drain.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return nil }) }()
-	// The consumer of partition 0 takes one batch and goes away.
-	ref := &fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts"}
-	away := dataplane.NewSubscriber(ref, "away", false, 0)
-	if err := away.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return dataplane.ErrStopSubscription }); err != nil {
-		t.Fatal(err)
-	}
-	took := away.LastID()
-	tk := w.rt.task(id)
-	buf := tk.outs[0].buf
 	// Blocked for fifty graces, or overrun: whichever comes first.
 	waitUntil(t, "the source blocked well past the grace, or an overrun", func() bool {
 		st := buf.Stats()
@@ -62,7 +40,7 @@ func TestUnreplicatedConsumerAwayIsWaitedFor(t *testing.T) {
 	last := buf.Stats().LastID
 	back := dataplane.NewSubscriber(ref, "away", false, took)
 	first := uint64(0)
-	err = back.Run(ctx, conn, func(_ context.Context, b *dataplane.Batch) error {
+	err := back.Run(ctx, conn, func(_ context.Context, b *dataplane.Batch) error {
 		if first == 0 {
 			first = b.FirstID
 		}
@@ -80,4 +58,36 @@ func TestUnreplicatedConsumerAwayIsWaitedFor(t *testing.T) {
 	if n := buf.Stats().Overrun; n != 0 {
 		t.Fatalf("%d tuples overrun", n)
 	}
+}
+
+// sourceWithConsumerAway runs the source of a words query without
+// replicas on a worker whose buffers have opts, drains its output to
+// counts partition 1, and lets the consumer of partition 0 ("away") take
+// one batch and go away. It returns the source task, a connection to its
+// worker, the stream of partition 0 and how far "away" took it.
+func sourceWithConsumerAway(t *testing.T, opts dataplane.BufferOptions) (tk *task, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, took uint64) {
+	t.Helper()
+	pool := dataplane.NewPool()
+	t.Cleanup(func() { _ = pool.Close() })
+	w := startWorkerOpts(t, pool, Options{BoundaryInterval: time.Millisecond, StallAfter: time.Minute, Buffer: opts})
+	t.Cleanup(func() { w.close(t) })
+	q, err := queryspec.Parse("q.yaml", []byte(fmt.Sprintf(wordsQuery, 1, 0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const id = "wc/lines/p0/r0"
+	w.rt.Apply(context.Background(), []TaskSpec{{TaskID: id, Query: "wc", Fragment: "lines", QueryIndex: 1, Spec: q}})
+	if conn, err = pool.Conn(w.addr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel) // before the worker closes: cleanups run last first
+	drain := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts", Partition: 1}, "drain", false, 0)
+	go func() { _ = drain.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return nil }) }()
+	ref = &fedstreampb.StreamRef{Query: "wc", TaskId: id, Consumer: "counts"}
+	away := dataplane.NewSubscriber(ref, "away", false, 0)
+	if err := away.Run(ctx, conn, func(context.Context, *dataplane.Batch) error { return dataplane.ErrStopSubscription }); err != nil {
+		t.Fatal(err)
+	}
+	return w.rt.task(id), conn, ref, away.LastID()
 }
