@@ -128,6 +128,7 @@ func newBenchMoveCmd() *cobra.Command {
 		plain    bool
 		stream   bool
 		profiles string
+		traces   string
 	)
 	cmd := &cobra.Command{
 		Use:   "move",
@@ -159,6 +160,7 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 				Duration:        duration,
 				Plaintext:       plain,
 				StreamSnapshots: stream,
+				TraceDir:        traces,
 				Launch:          launch,
 				Logger:          logging.Stderr(logLevel),
 				Progress:        cmd.ErrOrStderr(),
@@ -179,6 +181,7 @@ same run over as many bytes as the state, over TLS like the data plane's unless
 	cmd.Flags().DurationVar(&duration, "duration", 0, "length of the generated input (default: enough for both moves)")
 	cmd.Flags().BoolVar(&plain, "plaintext", false, "run the data plane, the snapshot transfers and the raw TCP baseline without TLS (default: mutual TLS 1.3 for all)")
 	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write each worker's CPU profile to DIR/bench-move-worker-N.cpu (and bench-move-reference.cpu)")
+	cmd.Flags().StringVar(&traces, "trace-dir", "", "run a flight recorder in each worker and write its execution trace of the live move and the 3 s before it to DIR/bench-move-worker-N.trace")
 	cmd.Flags().BoolVar(&stream, "stream-snapshots", false, "fetch snapshots over the FetchSnapshot gRPC stream, not a connection of their own (for comparison)")
 	cmd.Flags().StringVar(&logLevel, "log-level", "warn", "log level of the benchmark and its workers (debug, info, warn, error)")
 	return cmd

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -70,8 +71,13 @@ type MoveConfig struct {
 	// instead of a connection of their own (runtime.BulkOptions), to
 	// compare the two.
 	StreamSnapshots bool
-	Launch          Launcher
-	Logger          *slog.Logger
+	// TraceDir, when set, runs a flight recorder in every worker and
+	// writes, right after the live move, each worker's execution trace
+	// of the move and the seconds before it to
+	// TraceDir/bench-move-worker-N.trace (go tool trace).
+	TraceDir string
+	Launch   Launcher
+	Logger   *slog.Logger
 	// Progress receives one line per step (nil: none).
 	Progress io.Writer
 }
@@ -276,7 +282,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots}
+		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots, FlightRecorder: cfg.TraceDir != ""}
 		if ca != nil {
 			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: name}, []string{"127.0.0.1"}, 24*time.Hour)
 			if err != nil {
@@ -330,6 +336,15 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 		return nil, err
 	}
 	m.progress("live move done in %s (consumers switched after %s)", live.stopped.Sub(live.start), live.switched.Sub(live.start))
+	if cfg.TraceDir != "" {
+		for i, w := range m.w {
+			path := filepath.Join(cfg.TraceDir, fmt.Sprintf("bench-move-worker-%d.trace", i))
+			if _, err := w.call(ctx, request{Op: opTraceWrite, Spec: path}); err != nil {
+				return nil, err
+			}
+			m.progress("execution trace of worker %d (the live move and the %s before it): %s", i, flightRecorderAge, path)
+		}
+	}
 	boot, err := m.w[2].call(ctx, request{Op: opStats})
 	if err != nil {
 		return nil, err

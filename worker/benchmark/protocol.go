@@ -66,6 +66,9 @@ const (
 	opStats = "stats"
 	// opStalls reports the worker's stall sampler's events (Stalls).
 	opStalls = "stalls"
+	// opTraceWrite writes the worker's flight recording (hello with
+	// FlightRecorder) to the file Spec names.
+	opTraceWrite = "trace_write"
 	// opOutputPos reports, as LastID, the id of the last tuple task Task
 	// of Query appended to its output stream to Consumer (partition 0).
 	opOutputPos = "output_pos"
@@ -120,6 +123,9 @@ type request struct {
 	// Faults gives the worker's data plane a fault injection hook
 	// (hello; opFaults drives it).
 	Faults bool `json:"faults,omitempty"`
+	// FlightRecorder starts the worker's flight recorder (hello), for
+	// opTraceWrite.
+	FlightRecorder bool `json:"flight_recorder,omitempty"`
 	// Spec is the fault specification of opFaults.
 	Spec string `json:"spec,omitempty"`
 }

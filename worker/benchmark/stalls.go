@@ -2,9 +2,12 @@ package benchmark
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"os"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"sync"
 	"time"
@@ -144,4 +147,35 @@ func describeCauses(cs []StallCause) string {
 		s += fmt.Sprintf("%s: late %.1f ms, %d GC pauses %.2f ms", c.Process, c.LateMs, c.GCPauses, c.GCMs)
 	}
 	return s
+}
+
+// flightRecorderAge is how much execution trace a bench worker's flight
+// recorder keeps (opHello FlightRecorder): a write right after the live
+// move holds the move and the second before it.
+const flightRecorderAge = 3 * time.Second
+
+// startFlightRecorder starts this process's flight recorder (only one
+// may run in a process).
+func startFlightRecorder() (*trace.FlightRecorder, error) {
+	fr := trace.NewFlightRecorder(trace.FlightRecorderConfig{MinAge: flightRecorderAge, MaxBytes: 128 << 20})
+	if err := fr.Start(); err != nil {
+		return nil, fmt.Errorf("flight recorder: %w", err)
+	}
+	return fr, nil
+}
+
+// writeFlightRecording writes what fr holds to the file path.
+func writeFlightRecording(fr *trace.FlightRecorder, path string) error {
+	if fr == nil {
+		return errors.New("trace_write: the worker was started without a flight recorder (hello flight_recorder)")
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := fr.WriteTo(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("trace_write %s: %w", path, err)
+	}
+	return f.Close()
 }

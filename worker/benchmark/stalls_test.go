@@ -2,6 +2,8 @@ package benchmark
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"runtime"
 	"testing"
 	"time"
@@ -35,4 +37,23 @@ func TestStallSamplerReportsGCPauses(t *testing.T) {
 		}
 	}
 	t.Fatalf("no GC pause after %d in %+v", before, s.events())
+}
+
+func TestFlightRecordingWritten(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "w.trace")
+	if err := writeFlightRecording(nil, path); err == nil {
+		t.Fatal("a worker without a flight recorder wrote a trace")
+	}
+	fr, err := startFlightRecorder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fr.Stop()
+	runtime.GC() // something to record
+	if err := writeFlightRecording(fr, path); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(path); err != nil || st.Size() == 0 {
+		t.Fatalf("trace file: %v, %v", st, err)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"sync"
 	"time"
@@ -221,6 +222,8 @@ type benchWorker struct {
 	// stopStalls ends it.
 	stalls     *stallSampler
 	stopStalls context.CancelFunc
+	// recorder is the flight recorder hello started (nil: none).
+	recorder *trace.FlightRecorder
 }
 
 func startBenchWorker(logger *slog.Logger) (*benchWorker, error) {
@@ -268,6 +271,11 @@ func (w *benchWorker) hello(hello request) error {
 	var ctx context.Context
 	ctx, w.stopStalls = context.WithCancel(context.Background())
 	w.stalls = startStallSampler(ctx)
+	if hello.FlightRecorder {
+		if w.recorder, err = startFlightRecorder(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -318,6 +326,9 @@ func (w *benchWorker) close() {
 		w.stopStalls()
 		<-w.stalls.done
 	}
+	if w.recorder != nil {
+		w.recorder.Stop()
+	}
 }
 
 func (w *benchWorker) handle(ctx context.Context, req request) (response, error) {
@@ -343,6 +354,8 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
 	case opStalls:
 		return response{Stalls: w.stalls.events()}, nil
+	case opTraceWrite:
+		return response{}, writeFlightRecording(w.recorder, req.Spec)
 	case opApply:
 		w.specs = make(map[string]runtime.TaskSpec, len(req.Tasks))
 		for _, s := range req.Tasks {
