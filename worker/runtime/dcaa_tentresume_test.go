@@ -282,3 +282,94 @@ func tentResumeTail() []tuple.Tuple {
 	}
 	return fakeTuples(fts...)
 }
+
+// A copy placed again from a snapshot (a replica re-placed from its
+// peer's, or moved) resumes by stable id too: the snapshot's input
+// positions are stable ids. The task (the aggregate of tentResumeQuery,
+// the sink of sinkTentResumeQuery) took upstream replica 0's stream up to
+// stable id 33; its snapshot is taken, replica 0 goes away, and the copy
+// starts from the snapshot on another worker while replica 1 holds the
+// tentative tail of TestDCAAResumeIntoEarlierTentativeTail. The copy's
+// results for the failure count replica 1's tuples past 30 ms; after
+// replica 1's correction the sink's stable output is a failure-free
+// run's. The sink case fails before (a restored sink's input resumed
+// after its snapshot's stable id as a position: the wait for its
+// tentative results times out); the aggregate's passed already (its
+// machine's first attempt resumes by stable id).
+func TestDCAARestoredCopyResumesIntoEarlierTentativeTail(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, task string
+		// wantTent: the sink's tentative results (stream time in ms,
+		// first value: a count for the aggregate, 0 for the sink).
+		wantTent [][2]int64
+	}{
+		{"aggregate", tentResumeQuery, "counts", [][2]int64{{40, 6}, {50, 1}}},
+		{"sink", sinkTentResumeQuery, "out", [][2]int64{{31, 0}, {32, 0}, {33, 0}, {34, 0}, {35, 0}, {45, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := mustParse(t, tc.yaml)
+			local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+			up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+			id, sink := queryspec.TaskID(q.Name, tc.task, 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
+
+			stable, corrected := tentResumeStreams()
+			refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+			refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
+			ref.apply()
+			want := viewOf(ref.tail(t, sink))
+
+			fake, c, w := fakeUpstreamCluster(t, q, local)
+			fake.stream(t, up0, stable...)
+			b1 := fake.stream(t, up1, stable[:11]...)
+			n := appendAs(t, b1, 11, tentResumeTail()...)
+			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+			c.apply()
+			waitUntil(t, tc.task+" taking replica 0's stream", func() bool {
+				tk := w.rt.task(id)
+				return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			snap, err := w.rt.SnapshotTask(ctx, id, SnapshotOptions{Halt: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := snap.Inputs[0].After; got != 33 {
+				t.Fatalf("the snapshot's input position is %d, want stable id 33", got)
+			}
+			fake.kill(up0)
+			w2 := startWorkerOpts(t, c.pool, dcaaOpts)
+			c.workers = append(c.workers, w2)
+			c.moveTask(t, id, w, w2, snap)
+			waitUntil(t, "the restored "+tc.task+" releasing tentative results from replica 1", func() bool {
+				tk := w2.rt.task(id)
+				if tk == nil {
+					return false
+				}
+				_, wm := tk.outs[0].buf.StreamState()
+				return tk.tentative.Load() || wm >= int64(45*time.Millisecond)
+			})
+			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
+			n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
+			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
+			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+			appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+
+			all := c.tail(t, sink)
+			var tent [][2]int64
+			for _, tp := range all {
+				if tp.Type == tuple.Tentative {
+					v := int64(0)
+					if tp.Values[0].Kind == tuple.KindInt {
+						v = tp.Values[0].I
+					}
+					tent = append(tent, [2]int64{tp.STime / int64(time.Millisecond), v})
+				}
+			}
+			if !slices.Equal(tent, tc.wantTent) {
+				t.Fatalf("tentative results (ms, count) %v, want %v", tent, tc.wantTent)
+			}
+			sameStable(t, viewOf(all).stable, want.stable, 5)
+		})
+	}
+}
