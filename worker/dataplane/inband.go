@@ -423,6 +423,16 @@ func (b *OutputBuffer) Diverge(since uint64) {
 	b.lineage, b.lineageSince = tag, since
 }
 
+// SetLineage gives a copy of a stream (started from a task snapshot,
+// before anything is appended to it) the lineage lin, diverged after
+// stable id since, of the stream it continues: it numbers its stable
+// results as that stream did.
+func (b *OutputBuffer) SetLineage(lin, since uint64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lineage, b.lineageSince = lin, since
+}
+
 // Lineage returns the stream's lineage and the stable id up to which its
 // numbering is the shared one (0, 0: it never diverged).
 func (b *OutputBuffer) Lineage() (lineage, since uint64) {

@@ -94,8 +94,8 @@ func (f *fakeReplicas) put(t *testing.T, id string, opts dataplane.BufferOptions
 	return b
 }
 
-// fakeUpstreamCluster runs replica 0 of q's nodes that local picks on
-// one worker (DCAA options); every other replica is placed at fake's
+// fakeUpstreamCluster runs replica 0 of q's nodes that local picks (each
+// partition) on one worker (DCAA options); every other replica is placed at fake's
 // address, so the test writes the streams those it reads from.
 func fakeUpstreamCluster(t *testing.T, q *queryspec.Query, local func(*queryspec.Node) bool) (*fakeReplicas, *cluster, *worker) {
 	t.Helper()
@@ -111,18 +111,21 @@ func fakeUpstreamCluster(t *testing.T, q *queryspec.Query, local func(*queryspec
 	t.Cleanup(func() { c.close(t) })
 	var placements []Placement
 	for _, node := range plan.Nodes {
-		for r := range q.Replicas {
-			addr := fake.addr
-			if r == 0 && local(node) {
-				addr = w.addr
+		for p := range max(1, node.Partitions) {
+			for r := range q.Replicas {
+				addr := fake.addr
+				if r == 0 && local(node) {
+					addr = w.addr
+				}
+				placements = append(placements, Placement{TaskID: queryspec.TaskID(q.Name, node.Name, p, r), Fragment: node.Name,
+					Partition: p, Replica: r, WorkerAddr: addr})
 			}
-			placements = append(placements, Placement{TaskID: queryspec.TaskID(q.Name, node.Name, 0, r), Fragment: node.Name, Replica: r, WorkerAddr: addr})
 		}
 	}
 	for _, pl := range placements {
 		if pl.WorkerAddr == w.addr {
-			c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Replica: pl.Replica,
-				QueryIndex: 1, Spec: q, Placements: placements})
+			c.specs[w] = append(c.specs[w], TaskSpec{TaskID: pl.TaskID, Query: q.Name, Fragment: pl.Fragment, Partition: pl.Partition,
+				Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 		}
 	}
 	return fake, c, w

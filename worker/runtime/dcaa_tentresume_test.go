@@ -282,3 +282,167 @@ func tentResumeTail() []tuple.Tuple {
 	}
 	return fakeTuples(fts...)
 }
+
+// A copy placed again from a snapshot (a replica re-placed from its
+// peer's, or moved) resumes by stable id too: the snapshot's input
+// positions are stable ids. The task (the aggregate of tentResumeQuery,
+// the sink of sinkTentResumeQuery) took upstream replica 0's stream up to
+// stable id 33; its snapshot is taken, replica 0 goes away, and the copy
+// starts from the snapshot on another worker while replica 1 holds the
+// tentative tail of TestDCAAResumeIntoEarlierTentativeTail. The copy's
+// results for the failure count replica 1's tuples past 30 ms; after
+// replica 1's correction the sink's stable output is a failure-free
+// run's. The sink case fails before (a restored sink's input resumed
+// after its snapshot's stable id as a position: the wait for its
+// tentative results times out); the aggregate's passed already (its
+// machine's first attempt resumes by stable id).
+func TestDCAARestoredCopyResumesIntoEarlierTentativeTail(t *testing.T) {
+	for _, tc := range []struct {
+		name, yaml, task string
+		// wantTent: the sink's tentative results (stream time in ms,
+		// first value: a count for the aggregate, 0 for the sink).
+		wantTent [][2]int64
+	}{
+		{"aggregate", tentResumeQuery, "counts", [][2]int64{{40, 6}, {50, 1}}},
+		{"sink", sinkTentResumeQuery, "out", [][2]int64{{31, 0}, {32, 0}, {33, 0}, {34, 0}, {35, 0}, {45, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			q := mustParse(t, tc.yaml)
+			local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+			up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+			id, sink := queryspec.TaskID(q.Name, tc.task, 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
+
+			stable, corrected := tentResumeStreams()
+			refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+			refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
+			ref.apply()
+			want := viewOf(ref.tail(t, sink))
+
+			fake, c, w := fakeUpstreamCluster(t, q, local)
+			fake.stream(t, up0, stable...)
+			b1 := fake.stream(t, up1, stable[:11]...)
+			n := appendAs(t, b1, 11, tentResumeTail()...)
+			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+			c.apply()
+			waitUntil(t, tc.task+" taking replica 0's stream", func() bool {
+				tk := w.rt.task(id)
+				return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			snap, err := w.rt.SnapshotTask(ctx, id, SnapshotOptions{Halt: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := snap.Inputs[0].After; got != 33 {
+				t.Fatalf("the snapshot's input position is %d, want stable id 33", got)
+			}
+			fake.kill(up0)
+			w2 := startWorkerOpts(t, c.pool, dcaaOpts)
+			c.workers = append(c.workers, w2)
+			c.moveTask(t, id, w, w2, snap)
+			waitUntil(t, "the restored "+tc.task+" releasing tentative results from replica 1", func() bool {
+				tk := w2.rt.task(id)
+				if tk == nil {
+					return false
+				}
+				_, wm := tk.outs[0].buf.StreamState()
+				return tk.tentative.Load() || wm >= int64(45*time.Millisecond)
+			})
+			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
+			n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
+			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
+			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+			appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+
+			all := c.tail(t, sink)
+			var tent [][2]int64
+			for _, tp := range all {
+				if tp.Type == tuple.Tentative {
+					v := int64(0)
+					if tp.Values[0].Kind == tuple.KindInt {
+						v = tp.Values[0].I
+					}
+					tent = append(tent, [2]int64{tp.STime / int64(time.Millisecond), v})
+				}
+			}
+			if !slices.Equal(tent, tc.wantTent) {
+				t.Fatalf("tentative results (ms, count) %v, want %v", tent, tc.wantTent)
+			}
+			sameStable(t, viewOf(all).stable, want.stable, 5)
+		})
+	}
+}
+
+// mergeTentResumeQuery: a merging sink reading the two partitions of a
+// source whose replicas the test writes.
+const mergeTentResumeQuery = `name: mtres
+replicas: 2
+availability: {max_delay: 100ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}, parallelism: 2}
+sinks:
+  - {name: out, input: lines}
+`
+
+// TestDCAASinkResumesIntoEarlierTentativeTail for a merging sink: its
+// input from partition 0 moves to replica 1 (the earlier-tentative tail)
+// while partition 1 is behind (stable up to 10 ms), so the merger has
+// released nothing past 10 ms and its release does not hide the tail's
+// tuples at 11-20 ms, which the input took stable from replica 0: only
+// those past 30 ms are shown, once each. Fails before the fix: no
+// tentative result is shown.
+func TestDCAAMergingSinkResumesIntoEarlierTentativeTail(t *testing.T) {
+	q := mustParse(t, mergeTentResumeQuery)
+	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+	p0r0, p0r1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	p1r0, p1r1 := queryspec.TaskID(q.Name, "lines", 1, 0), queryspec.TaskID(q.Name, "lines", 1, 1)
+	sink := queryspec.TaskID(q.Name, "out", 0, 0)
+
+	stable, corrected := tentResumeStreams()
+	full := append(append([]fakeTuple(nil), stable[:11]...), corrected...)
+	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+	refFake.stream(t, p0r0, full...)
+	refFake.stream(t, p1r0, full...)
+	ref.apply()
+	want := viewOf(ref.tail(t, sink))
+
+	fake, c, w := fakeUpstreamCluster(t, q, local)
+	fake.stream(t, p0r0, stable...)
+	b1 := fake.stream(t, p0r1, stable[:11]...)
+	n := appendAs(t, b1, 11, tentResumeTail()...)
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+	behind := []*dataplane.OutputBuffer{fake.stream(t, p1r0, stable[:11]...), fake.stream(t, p1r1, stable[:11]...)}
+	c.apply()
+	waitUntil(t, "the sink taking partition 0's replica 0", func() bool {
+		tk := w.rt.task(sink)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+	})
+	fake.kill(p0r0)
+	waitUntil(t, "the sink showing tentative results from replica 1", func() bool {
+		return w.rt.task(sink).tentative.Load()
+	})
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
+	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
+	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
+	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+	waitUntil(t, "the sink taking partition 0's corrections", func() bool {
+		return !w.rt.task(sink).tentative.Load()
+	})
+	for _, b := range behind {
+		appendAs(t, b, 11, fakeTuples(corrected...)...)
+	}
+
+	all := c.tail(t, sink)
+	var tent []int64
+	for _, tp := range all {
+		if tp.Type == tuple.Tentative {
+			tent = append(tent, tp.STime/int64(time.Millisecond))
+		}
+	}
+	if wantTent := []int64{31, 32, 33, 34, 35, 45}; !slices.Equal(tent, wantTent) {
+		t.Fatalf("tentative results at (ms) %v, want %v", tent, wantTent)
+	}
+	sameStable(t, viewOf(all).stable, want.stable, 60)
+}

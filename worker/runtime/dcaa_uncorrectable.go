@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -51,6 +52,13 @@ func (s *uncorrectableSeen) add(from, to int64) bool {
 	}
 	s.ranges = append(s.ranges, [2]int64{from, to})
 	return true
+}
+
+// list returns a copy of the ranges recorded (a task snapshot's).
+func (s *uncorrectableSeen) list() [][2]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.ranges)
 }
 
 // has reports whether [from, to) is within a range recorded already.

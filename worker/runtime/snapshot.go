@@ -89,6 +89,15 @@ type TaskSnapshot struct {
 	// later tuple with at least it. 0 otherwise. Encoded as an optional
 	// trailing section.
 	SourceLevel uint64
+	// Uncorrected is the task's note naming results a DCAA correction
+	// could not make exact (its status' lossy text, "" when none), and
+	// Uncorrectable the ranges of the UNCORRECTABLE records it put on its
+	// outputs: a copy started from the snapshot (a replica re-placed from
+	// a lossy peer's) has the same stable stream, so it says the same and
+	// does not put those records again. Encoded as an optional trailing
+	// section, with each output's lineage.
+	Uncorrected   string
+	Uncorrectable [][2]int64
 
 	// opOwned: Operator is a buffer of the snapshot's own that nothing
 	// modifies (a fetched snapshot), so the restored operators may keep
@@ -153,6 +162,11 @@ type OutputPosition struct {
 	// stable ids.
 	NSBase    uint64
 	NonStable []dataplane.PosRange
+	// Lineage and LineageSince are the stream's lineage (see
+	// dataplane.OutputBuffer.Diverge; 0, 0: the numbering its peer
+	// replicas share): a copy continuing it numbers its stable results as
+	// it did, so its consumers must know which numbering that is.
+	Lineage, LineageSince uint64
 }
 
 // tailBytes bounds each read of an output's retained tuples.
@@ -357,6 +371,10 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq}
+	t.stateMu.Lock()
+	s.Uncorrected = t.uncorrected
+	t.stateMu.Unlock()
+	s.Uncorrectable = t.unc.list()
 	if t.op != nil && halt {
 		// Halted, the task has nothing else to do: encode now, so that a
 		// second fetch of the same halted snapshot finds it complete.
@@ -385,6 +403,7 @@ func (t *task) capture(ctx context.Context, opts SnapshotOptions) (_ *TaskSnapsh
 			from = pos.TailFirst
 		}
 		pos.NSBase, pos.NonStable = o.buf.NonStableFrom(from)
+		pos.Lineage, pos.LineageSince = o.buf.Lineage()
 		s.Outputs = append(s.Outputs, pos)
 	}
 	if t.kafkaOut != nil {
@@ -670,10 +689,22 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 		} else if err := o.w.ResumeAfter(pos.LastID); err != nil {
 			return err
 		}
+		if pos.Lineage != 0 {
+			o.buf.SetLineage(pos.Lineage, pos.LineageSince)
+		}
 		// Its consumers still read the copy it continues, and switch
 		// later: until the first comes, a full buffer waits for them
 		// rather than discard what they will ask for.
 		o.buf.HoldUntilConnected()
+	}
+	// The copy's results are the snapshot's copy's: as exact, or not.
+	if s.Uncorrected != "" {
+		t.stateMu.Lock()
+		t.uncorrected = s.Uncorrected
+		t.stateMu.Unlock()
+	}
+	for _, r := range s.Uncorrectable {
+		t.unc.add(r[0], r[1])
 	}
 	t.seq = s.Seq
 	t.restored = true
@@ -805,7 +836,41 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 		b = append(b, levelSectionTag)
 		b = binary.AppendUvarint(b, s.SourceLevel)
 	}
+	if s.lossy() {
+		b = append(b, lossySectionTag)
+		str(s.Uncorrected)
+		uv(uint64(len(s.Uncorrectable)))
+		for _, r := range s.Uncorrectable {
+			iv(r[0])
+			iv(r[1])
+		}
+		for _, o := range s.Outputs { // as many as above
+			uv(o.Lineage)
+			uv(o.LineageSince)
+		}
+	}
 	return head, b
+}
+
+// lossySectionTag starts the optional trailing section holding
+// TaskSnapshot.Uncorrected, Uncorrectable and the outputs' lineages
+// (after the level section, if any). Only a snapshot of a task that
+// named a loss or whose outputs diverged has it: an older build refuses
+// such a snapshot (trailing bytes), and a copy of such a task started
+// without it said its results were exact.
+const lossySectionTag = 'U'
+
+// lossy reports whether the snapshot needs its lossy section.
+func (s *TaskSnapshot) lossy() bool {
+	if s.Uncorrected != "" || len(s.Uncorrectable) > 0 {
+		return true
+	}
+	for _, o := range s.Outputs {
+		if o.Lineage != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // levelSectionTag starts the optional trailing section holding
@@ -1005,6 +1070,17 @@ func (s *TaskSnapshot) unmarshalOpts(data []byte, alias, elided bool) error {
 	if r.err == nil && len(r.b) > 0 && r.b[0] == levelSectionTag {
 		r.b = r.b[1:]
 		out.SourceLevel = r.uv("source level")
+	}
+	if r.err == nil && len(r.b) > 0 && r.b[0] == lossySectionTag {
+		r.b = r.b[1:]
+		out.Uncorrected = r.str("uncorrected note")
+		for range r.count("uncorrectable ranges") {
+			out.Uncorrectable = append(out.Uncorrectable, [2]int64{r.iv("uncorrectable from"), r.iv("uncorrectable to")})
+		}
+		for i := range out.Outputs {
+			out.Outputs[i].Lineage = r.uv("output lineage")
+			out.Outputs[i].LineageSince = r.uv("output lineage since")
+		}
 	}
 	if r.err != nil {
 		return r.err
