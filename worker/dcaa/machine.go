@@ -379,10 +379,7 @@ type inputState struct {
 	attempt  uint64  // the current subscription's Subscribe.Attempt
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
-	// fails counts, per replica, the subscriptions to it that failed in a
-	// row without it delivering anything since: each doubles how long it
-	// stays suspected (suspicion).
-	fails []int
+	fails    []int   // subscriptions to each replica failed in a row (see suspicion)
 	heard    int64   // last delivery
 	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
