@@ -241,6 +241,14 @@ type UpstreamStates struct {
 	States []State
 }
 
+// ReplicaMoved says the coordinator placed upstream replica Replica of
+// input Input anew (another worker, a new generation: a new copy): what
+// the machine knew of the old copy, its failures included, no longer
+// holds.
+type ReplicaMoved struct {
+	Input, Replica int
+}
+
 // PermissionRequest: peer From asks to reconcile.
 type PermissionRequest struct{ From int }
 
@@ -260,6 +268,7 @@ type Tick struct{}
 func (Deliver) isEvent()            {}
 func (SubscriptionFailed) isEvent() {}
 func (UpstreamStates) isEvent()     {}
+func (ReplicaMoved) isEvent()       {}
 func (PermissionRequest) isEvent()  {}
 func (PermissionReply) isEvent()    {}
 func (PeerDone) isEvent()           {}
@@ -370,6 +379,7 @@ type inputState struct {
 	attempt  uint64  // the current subscription's Subscribe.Attempt
 	upState  []State // advertised or reported state per upstream replica
 	suspect  []int64 // when each replica last failed us (0: never)
+	fails    []int   // subscriptions to each replica failed in a row (see suspicion)
 	heard    int64   // last delivery
 	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
@@ -574,7 +584,7 @@ func (m *Machine) at(pos int) int {
 }
 
 func newInputState(replicas int, floor int64) *inputState {
-	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas), quiet: make([]bool, replicas),
+	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas), fails: make([]int, replicas), quiet: make([]bool, replicas),
 		stableB: floor, floored: floor != math.MinInt64, tentWM: math.MinInt64}
 }
 
@@ -766,6 +776,8 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 		if m.current(ev.Input, ev.Attempt) {
 			acts = m.subscriptionFailed(ev.Input, acts)
 		}
+	case ReplicaMoved:
+		acts = m.replicaMoved(ev, acts)
 	case UpstreamStates:
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
@@ -899,6 +911,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	}
 	in.upState[in.replica] = ev.Upstream
 	in.quiet[in.replica] = false
+	in.fails[in.replica] = 0
 	in.failedUp = ev.Upstream == UpFailure
 	return m.maybeSwitch(ev.Input, acts)
 }
@@ -956,10 +969,31 @@ func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
 		return acts // complete: nothing more to read anywhere
 	}
 	in.suspect[in.replica] = m.now
+	in.fails[in.replica]++
 	heard := in.heard
 	acts = m.switchTo(i, m.choose(i), acts)
 	in.heard = heard
 	return acts
+}
+
+// replicaMoved forgets what input ev.Input knew of the old copy of
+// upstream replica ev.Replica: its failures, its silence and its state
+// (unknown until the new copy advertises one). An input that reads an
+// UP_FAILURE or STABILIZATION replica may move to the new copy at once.
+func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
+	if ev.Input < 0 || ev.Input >= len(m.inputs) {
+		return acts
+	}
+	in := m.inputs[ev.Input]
+	r := ev.Replica
+	if r < 0 || r >= len(in.upState) || in.ended() {
+		return acts
+	}
+	in.suspect[r], in.fails[r], in.quiet[r] = 0, 0, false
+	if r != in.replica {
+		in.upState[r] = Unknown
+	}
+	return m.maybeSwitch(ev.Input, acts)
 }
 
 // inputFailed: input i was silent past the detection timeout. It is
@@ -1014,7 +1048,25 @@ func (m *Machine) rankOf(in *inputState, r int) int {
 }
 
 func (m *Machine) suspected(in *inputState, r int) bool {
-	return in.suspect[r] != 0 && m.now-in.suspect[r] < 4*int64(m.cfg.Detect)
+	return in.suspect[r] != 0 && m.now-in.suspect[r] < m.suspicion(in, r)
+}
+
+// maxSuspicionDoublings bounds suspicion's backoff: at most 16 times
+// the first suspicion (64 detection timeouts).
+const maxSuspicionDoublings = 4
+
+// suspicion is how long replica r stays suspected after it last failed
+// input in: four detection timeouts, doubled for each further
+// subscription to it that failed in a row, until it delivers again or
+// the coordinator places it anew (ReplicaMoved). A killed replica
+// refuses every subscription at once, but its last advertised state
+// stays STABLE: with a fixed suspicion the input went back to it each
+// time the suspicion expired while the replica it read advertised
+// UP_FAILURE (maybeSwitch), every 1.6 s with 100 ms boundaries, dropping
+// the tentative input it had not released each time.
+func (m *Machine) suspicion(in *inputState, r int) int64 {
+	n := min(max(in.fails[r]-1, 0), maxSuspicionDoublings)
+	return 4 * int64(m.cfg.Detect) << n
 }
 
 // choose picks the replica input i should read: not recently failed,

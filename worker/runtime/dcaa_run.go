@@ -322,6 +322,27 @@ func (d *dcaaRun) heartbeat(in *input, st fedstreampb.ReplicaState, wm int64, be
 	}
 }
 
+// replicasMoved tells the machine of every upstream replica the
+// coordinator placed anew (another worker or generation than in old, the
+// placements before): what the machine knew of the old copy, how often
+// its subscriptions failed included, no longer holds (dcaa.ReplicaMoved).
+// Each is posted from a goroutine of its own, which the task's context
+// ends: the caller is the runtime's Apply, which must not wait for the
+// machine.
+func (d *dcaaRun) replicasMoved(old map[placeKey][]Placement) {
+	t := d.t
+	for _, in := range t.inputsNow() {
+		for _, was := range old[placeKey{in.upstream, in.upPartition}] {
+			now, ok := t.replicaPlacement(in.upstream, in.upPartition, was.Replica)
+			if !ok || now.WorkerAddr == was.WorkerAddr && now.Generation == was.Generation {
+				continue
+			}
+			ev := dcaaEvent{ev: dcaa.ReplicaMoved{Input: in.idx, Replica: was.Replica}, ended: -1}
+			go func() { _ = d.post(t.ctx, ev) }()
+		}
+	}
+}
+
 // run is the task's process goroutine in machine mode.
 func (d *dcaaRun) run(ctx context.Context) {
 	t := d.t

@@ -169,7 +169,13 @@ func TestReconfigIdleKafkaSourceSwitches(t *testing.T) {
 // generated line once, each tuple with a consistent version path, and
 // equals replica 1's (which no failure touched), tags included.
 func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
-	const limit = 6000
+	// Twelve seconds of input at the generators' rate, so that the
+	// failure and the switch happen well within it on a loaded machine
+	// (the rest runs faster once the failure is healed): with three
+	// seconds, at load 50-70 the sources ended before the link was held
+	// (b's replica 0 had all its input and never went tentative), or
+	// before the plan switched (every result v1).
+	const limit = 24000
 	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: 200ms}\n", 1)
 	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
 	if err != nil {
@@ -182,7 +188,8 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 	// Source partition 0 on worker 0, partition 1 on worker 3 (both
 	// replicas each), b's replica 0 on worker 1 (its links can be held),
 	// replica 1 on worker 2, the sinks on worker 4.
-	g := newFaultRig(t, q, 5, []int{1}, dcaaOpts, func(node string, p, rep int) int {
+	opts, pace := pacedOpts(t, dcaaOpts)
+	g := newFaultRig(t, q, 5, []int{1}, opts, func(node string, p, rep int) int {
 		switch {
 		case node == "lines":
 			return 3 * p
@@ -244,6 +251,9 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 	}
 	g.faults[1].HealAll()
 	g.stableAgain(t, b0)
+	if err := pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(1)
 	r.complete()
 	<-done

@@ -929,9 +929,15 @@ func (t *task) setPlacements(pls []Placement) {
 // updatePlacements installs new placements and makes every input whose
 // current upstream moved or vanished resubscribe.
 func (t *task) updatePlacements(pls []Placement) {
+	t.placeMu.Lock()
+	old := t.placements
+	t.placeMu.Unlock()
 	t.setPlacements(pls)
 	for _, in := range t.inputsNow() {
 		in.placementsChanged()
+	}
+	if d := t.dm; d != nil {
+		d.replicasMoved(old)
 	}
 }
 

@@ -1,0 +1,82 @@
+package dcaa
+
+import (
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// A replica whose subscriptions fail at once (its worker killed: every
+// connection refused) while the input's other replica lives in
+// UP_FAILURE is tried again ever more rarely, and at once when the
+// coordinator places it anew. Before, its suspicion was four detection
+// timeouts whatever had happened: the input went back to it each time
+// that expired (its stale STABLE ranks above UP_FAILURE), 24 times in
+// the 10 s (100 detection timeouts) this test runs.
+func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
+	const detect = 100 * time.Millisecond
+	m, err := New(Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: 300 * time.Millisecond, Detect: detect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start(0)
+	b := func(id uint64, at int64) []tuple.Tuple {
+		return []tuple.Tuple{{Type: tuple.Boundary, ID: id, STime: at * ms}}
+	}
+	m.Step(5*ms, Deliver{Input: 0, Tuples: b(1, 10), Upstream: Stable})
+	// Replica 1 is heard STABLE once, so that a stale state is all the
+	// input knows of either.
+	m.Step(6*ms, SubscriptionFailed{Input: 0}) // replica 0 killed
+	if m.Subscribed(0) != 1 {
+		t.Fatalf("after replica 0's subscription failed the input reads replica %d, want 1", m.Subscribed(0))
+	}
+	id := uint64(1)
+	tries := 0
+	// step delivers from replica 1 (UP_FAILURE, every 20 ms); a
+	// subscription to replica 0 fails at once.
+	step := func(now int64) {
+		id++
+		for _, a := range m.Step(now*ms, Deliver{Input: 0, Tuples: b(id, now), Upstream: UpFailure}) {
+			if s, ok := a.(Subscribe); ok && s.Replica == 0 {
+				tries++
+				m.Step(now*ms, SubscriptionFailed{Input: 0})
+				if m.Subscribed(0) != 1 {
+					t.Fatalf("at %d ms, after replica 0 refused again, the input reads replica %d", now, m.Subscribed(0))
+				}
+			}
+		}
+	}
+	const end = 10_000
+	now := int64(20)
+	for ; now <= end; now += 20 {
+		step(now)
+	}
+	// Suspected for 0.4, 0.8, 1.6, 3.2, 6.4 s after each refusal: tried
+	// again at about 0.4, 1.2, 2.8 and 6 s.
+	if tries > 5 {
+		t.Fatalf("the input went back to the killed replica %d times in %d ms", tries, end)
+	}
+	if tries == 0 {
+		t.Fatal("the input never tried the killed replica again")
+	}
+	// The coordinator places replica 0 anew: the input tries the new copy
+	// at once (its state unknown ranks above UP_FAILURE).
+	acts := m.Step(now*ms, ReplicaMoved{Input: 0, Replica: 0})
+	moved := false
+	for _, a := range acts {
+		if s, ok := a.(Subscribe); ok && s.Replica == 0 {
+			moved = true
+		}
+	}
+	if !moved || m.Subscribed(0) != 0 {
+		t.Fatalf("replica 0 placed anew: the input reads replica %d (%s), want 0", m.Subscribed(0), renderActions(acts))
+	}
+	// The new copy delivers: its failures are forgotten, and a later
+	// refusal suspects it for four detection timeouts again.
+	id++
+	m.Step((now+5)*ms, Deliver{Input: 0, Tuples: b(id, now), Upstream: Stable})
+	if got := m.suspicion(m.inputs[0], 0); got != 4*int64(detect) {
+		t.Fatalf("after the new copy delivered, its suspicion is %v, want %v", time.Duration(got), 4*detect)
+	}
+}
