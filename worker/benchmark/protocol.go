@@ -83,6 +83,11 @@ const (
 	// refuses it.
 	opProfileStart = "profile_start"
 	opProfileStop  = "profile_stop"
+	// opTaskStats reports, as TaskIn, the input tuples each task of the
+	// active engine has taken so far (runtime.TaskStats.InTuples), and
+	// the process's garbage collections so far (GCCycles): bench dcaa's
+	// side-by-side overhead reads them window by window.
+	opTaskStats = "task_stats"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -162,6 +167,9 @@ type response struct {
 	// Served is the timing of the latest snapshot the worker served
 	// (opStats).
 	Served *runtime.ServeTiming `json:"served,omitempty"`
+	// TaskIn and GCCycles are what opTaskStats reports.
+	TaskIn   map[string]uint64 `json:"task_in,omitempty"`
+	GCCycles uint64            `json:"gc_cycles,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

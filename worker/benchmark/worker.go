@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime/metrics"
 	"runtime/pprof"
 	"strings"
 	"sync"
@@ -327,6 +328,14 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 			return response{}, err
 		}
 		return response{LastID: buf.Stats().LastID}, nil
+	case opTaskStats:
+		in := map[string]uint64{}
+		for _, st := range w.active.rt.Stats() {
+			in[st.TaskID] = st.InTuples
+		}
+		gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+		metrics.Read(gc)
+		return response{TaskIn: in, GCCycles: gc[0].Value.Uint64()}, nil
 	case opStats:
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
