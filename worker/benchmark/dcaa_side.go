@@ -72,6 +72,11 @@ type DCAASideWindow struct {
 	// in the window.
 	K1GC int `json:"k1_gc"`
 	K2GC int `json:"k2_gc"`
+	// K2Unstable counts k = 2's tasks that were not STABLE (a DCAA
+	// input took the saturation's backpressure or a starved upstream
+	// for a failure) at the window's end: their tentative releases and
+	// corrections are part of what the window's k = 2 records cost.
+	K2Unstable int `json:"k2_unstable,omitempty"`
 	// Overhead is 1 − K2RecordsPerCPUSec / K1RecordsPerCPUSec.
 	Overhead float64 `json:"overhead"`
 }
@@ -81,6 +86,8 @@ type DCAASideWindow struct {
 // operator tasks took in.
 type sideSample struct {
 	cpu, gc, records int64
+	// unstable: the side's tasks not STABLE (or tentative) at the reading.
+	unstable int
 }
 
 // overheadSide measures the replication overhead side by side: k = 1
@@ -291,6 +298,7 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 					}
 					out[s].cpu += r.CPUNanos
 					out[s].gc += int64(r.GCCycles)
+					out[s].unstable += r.Unstable
 					for id, n := range r.TaskIn {
 						if sides[s].readers[id] {
 							out[s].records += int64(n)
@@ -370,6 +378,7 @@ func sideWindow(prev, cur [2]sideSample, d time.Duration) (DCAASideWindow, bool)
 	w.K1RecordsPerSec, w.K2RecordsPerSec = math.Round(perSec[0]), math.Round(perSec[1])
 	w.K1CPUUse, w.K2CPUUse = math.Round(cpuUse[0]*1000)/1000, math.Round(cpuUse[1]*1000)/1000
 	w.K1GC, w.K2GC = gc[0], gc[1]
+	w.K2Unstable = cur[1].unstable
 	w.Overhead = round4(1 - perCPU[1]/perCPU[0])
 	return w, true
 }
@@ -407,12 +416,17 @@ func sourceReaders(q *queryspec.Query) ([]string, error) {
 // sideRoundSummary is a round's median figures for the progress line.
 func sideRoundSummary(ws []DCAASideWindow) string {
 	var k1, k2, u1, u2 []float64
+	unstable, gc1, gc2 := 0, 0, 0
 	for _, w := range ws {
 		k1, k2 = append(k1, w.K1RecordsPerCPUSec), append(k2, w.K2RecordsPerCPUSec)
 		u1, u2 = append(u1, w.K1CPUUse), append(u2, w.K2CPUUse)
+		gc1, gc2 = gc1+w.K1GC, gc2+w.K2GC
+		if w.K2Unstable > 0 {
+			unstable++
+		}
 	}
-	return fmt.Sprintf("per CPU-second k=1 %s, k=2 %s; CPU use per copy %.2f and %.2f",
-		fmtRate(median(k1)), fmtRate(median(k2)), median(u1), median(u2))
+	return fmt.Sprintf("per CPU-second k=1 %s, k=2 %s; CPU use per copy %.2f and %.2f; GC cycles %d and %d; %d windows ended with k=2 tasks not STABLE",
+		fmtRate(median(k1)), fmtRate(median(k2)), median(u1), median(u2), gc1, gc2, unstable)
 }
 
 func fmtRate(v float64) string { return benchreport.Rate(v, "records") }

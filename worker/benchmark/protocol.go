@@ -85,7 +85,8 @@ const (
 	opProfileStop  = "profile_stop"
 	// opTaskStats reports, as TaskIn, the input tuples each task of the
 	// active engine has taken so far (runtime.TaskStats.InTuples), and
-	// the process's garbage collections so far (GCCycles): bench dcaa's
+	// the process's garbage collections so far (GCCycles) and its tasks
+	// not STABLE (Unstable): bench dcaa's
 	// side-by-side overhead reads them window by window.
 	opTaskStats = "task_stats"
 )
@@ -167,9 +168,12 @@ type response struct {
 	// Served is the timing of the latest snapshot the worker served
 	// (opStats).
 	Served *runtime.ServeTiming `json:"served,omitempty"`
-	// TaskIn and GCCycles are what opTaskStats reports.
+	// TaskIn, GCCycles and Unstable are what opTaskStats reports;
+	// Unstable counts the tasks whose DCAA replica state is not STABLE
+	// or whose output is tentative now.
 	TaskIn   map[string]uint64 `json:"task_in,omitempty"`
 	GCCycles uint64            `json:"gc_cycles,omitempty"`
+	Unstable int               `json:"unstable,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

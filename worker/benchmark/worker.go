@@ -335,7 +335,13 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		}
 		gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
 		metrics.Read(gc)
-		return response{TaskIn: in, GCCycles: gc[0].Value.Uint64()}, nil
+		unstable := 0
+		for _, st := range w.active.rt.States() {
+			if st.Tentative || (st.Replica != fedstreampb.ReplicaState_REPLICA_STATE_UNSPECIFIED && st.Replica != fedstreampb.ReplicaState_REPLICA_STABLE) {
+				unstable++
+			}
+		}
+		return response{TaskIn: in, GCCycles: gc[0].Value.Uint64(), Unstable: unstable}, nil
 	case opStats:
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
