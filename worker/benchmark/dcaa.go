@@ -1287,8 +1287,12 @@ func dcaaFloors(res *DCAAResult, failures, switched, overhead bool) []DCAAFloor 
 	}
 	if overhead {
 		if res.SaturationOutputsMatch == nil {
-			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10, "%.1f%% +- %.1f%% (95%% interval; %s, %d windows)",
-				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows))
+			// Side by side, a figure from sides that did not get their
+			// CPU says nothing either way (see overheadSide): not shown.
+			busy := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse
+			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && !busy, "%.1f%% +- %.1f%% (95%% interval; %s, %d windows; CPU use per copy %.2f and %.2f%s)",
+				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows), res.K1CPUUse, res.K2CPUUse,
+				map[bool]string{true: ", below " + fmt.Sprint(minSideCPUUse) + ": the machine was too busy, not shown"}[busy])
 		} else {
 			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && *res.SaturationOutputsMatch, "%.1f%% (%s; outputs match: %t)", res.ReplicationOverhead*100, res.OverheadMethod, *res.SaturationOutputsMatch)
 		}
