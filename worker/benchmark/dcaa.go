@@ -1289,10 +1289,12 @@ func dcaaFloors(res *DCAAResult, failures, switched, overhead bool) []DCAAFloor 
 		if res.SaturationOutputsMatch == nil {
 			// Side by side, a figure from sides that did not get their
 			// CPU says nothing either way (see overheadSide): not shown.
-			busy := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse
+			busy, why := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse, ""
+			if busy {
+				why = fmt.Sprintf(", below %g: the machine was too busy, not shown", minSideCPUUse)
+			}
 			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && !busy, "%.1f%% +- %.1f%% (95%% interval; %s, %d windows; CPU use per copy %.2f and %.2f%s)",
-				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows), res.K1CPUUse, res.K2CPUUse,
-				map[bool]string{true: ", below " + fmt.Sprint(minSideCPUUse) + ": the machine was too busy, not shown"}[busy])
+				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows), res.K1CPUUse, res.K2CPUUse, why)
 		} else {
 			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && *res.SaturationOutputsMatch, "%.1f%% (%s; outputs match: %t)", res.ReplicationOverhead*100, res.OverheadMethod, *res.SaturationOutputsMatch)
 		}
