@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"os"
 	"sync"
 	"time"
 
@@ -35,10 +36,10 @@ const (
 	// what a copy gets through on this kind of machine with a quarter of
 	// two CPUs (about 55 000 per partition), so the sources run flat out
 	// and both sides stay saturated. Not 0 (as fast as possible, stream
-	// time 1 µs per record): the aggregates count their input per release
-	// (runtime.TaskStats.InTuples), and a release is a boundary interval
-	// of stream time: 50 000 records per partition at 1 µs, a few seconds
-	// of work under load, against 5 000 at this rate.
+	// time 1 µs per record): a boundary interval of stream time is then
+	// 50 000 records per partition, and boundaries, the heartbeats of a
+	// DCAA input, would come seconds of work apart under load; at this
+	// rate 5 000.
 	dcaaSideRate = 100_000
 	// dcaaSideRecords is each source partition's input in a side-by-side
 	// round: more than any round gets through, so that neither side ends
@@ -97,8 +98,8 @@ type sideSample struct {
 // four worker processes of its own placed as dcaaSaturationWhere says,
 // both sides sharing the machine's CPUs. In each window of wall time
 // every process's CPU time (getrusage) and each copy's records taken in
-// by its first operator tasks (the aggregates reading the sources) are
-// read, and the window's overhead is
+// (drawn by its sources, see sourceTasks) are read, and the window's
+// overhead is
 //
 //	1 − (records per CPU-second of k = 2) / (records per CPU-second of k = 1).
 //
@@ -203,16 +204,16 @@ func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*workerClient, round int) ([]DCAASideWindow, int, error) {
 	k2set := round % 2
 	// sides[0] is k = 1, sides[1] k = 2: their processes and the tasks
-	// whose input counts their records.
+	// whose records count (sourceTasks).
 	type side struct {
 		w       [dcaaProcesses]*workerClient
 		specs   [dcaaProcesses][]runtime.TaskSpec
-		readers map[string]bool
+		sources map[string]bool
 	}
 	var sides [2]side
 	sides[0].w, sides[1].w = sets[1-k2set], sets[k2set]
 	for s := range sides {
-		sides[s].readers = map[string]bool{}
+		sides[s].sources = map[string]bool{}
 		addrs := make([]string, dcaaProcesses)
 		for i, w := range sides[s].w {
 			addrs[i] = w.addr
@@ -225,9 +226,9 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 			for i := range specs {
 				sides[s].specs[i] = append(sides[s].specs[i], specs[i]...)
 			}
-			ids, err := sourceReaders(q)
+			ids, err := sourceTasks(q)
 			for _, id := range ids {
-				sides[s].readers[id] = true
+				sides[s].sources[id] = true
 			}
 			return err
 		}
@@ -299,8 +300,11 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 					out[s].cpu += r.CPUNanos
 					out[s].gc += int64(r.GCCycles)
 					out[s].unstable += r.Unstable
+					if os.Getenv("DCAA_SIDE_DEBUG") != "" {
+						fmt.Fprintln(os.Stderr, "DEBUG", time.Now().Format("15:04:05.000"), s, w.name, r.CPUNanos, r.TaskIn)
+					}
 					for id, n := range r.TaskIn {
-						if sides[s].readers[id] {
+						if sides[s].sources[id] {
 							out[s].records += int64(n)
 						}
 					}
@@ -383,22 +387,24 @@ func sideWindow(prev, cur [2]sideSample, d time.Duration) (DCAASideWindow, bool)
 	return w, true
 }
 
-// sourceReaders is the task ids of q's fragments that read a source: the
-// records they take in are the records a copy of the query processed.
-func sourceReaders(q *queryspec.Query) ([]string, error) {
+// sourceTasks is the task ids of q's sources, every partition and
+// replica: the records they drew are the records the copies of the query
+// took in. They are counted as drawn (each flush publishes the count), so
+// a window sees them at a batch's granularity; the operators count their
+// input per release, and a release can take a whole output buffer of
+// backlog (256 Ki tuples per stream: seconds of work under load), which
+// left most windows without a count. Sources run ahead of the operators
+// by at most their output buffers; at saturation those are full after the
+// settling, and a source draws a record only as room is freed, so over a
+// window the records drawn are the records taken in, within a batch.
+func sourceTasks(q *queryspec.Query) ([]string, error) {
 	plan, err := q.FusedPlan()
 	if err != nil {
 		return nil, err
 	}
 	var ids []string
 	for _, n := range plan.Nodes {
-		reads := false
-		for _, in := range n.Inputs {
-			if m := plan.Node(in); m != nil && m.Kind == queryspec.KindSource {
-				reads = true
-			}
-		}
-		if !reads {
+		if n.Kind != queryspec.KindSource {
 			continue
 		}
 		for p := range max(1, n.Partitions) {
@@ -408,7 +414,7 @@ func sourceReaders(q *queryspec.Query) ([]string, error) {
 		}
 	}
 	if len(ids) == 0 {
-		return nil, fmt.Errorf("%w: query %s: no fragment reads a source", ErrDCAABench, q.Name)
+		return nil, fmt.Errorf("%w: query %s has no source", ErrDCAABench, q.Name)
 	}
 	return ids, nil
 }

@@ -131,18 +131,18 @@ func TestDCAASideWindow(t *testing.T) {
 	}
 }
 
-// TestDCAASourceReaders: the records of a copy are counted at the
-// aggregates that read the source, every partition and replica.
-func TestDCAASourceReaders(t *testing.T) {
+// TestDCAASourceTasks: the records of a copy are counted at its sources,
+// every partition and replica.
+func TestDCAASourceTasks(t *testing.T) {
 	q, err := dcaaQuery("readers", 2, "500ms", dcaaSideRate, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ids, err := sourceReaders(q)
+	ids, err := sourceTasks(q)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"readers/per_src/p0/r0", "readers/per_src/p0/r1", "readers/per_src/p1/r0", "readers/per_src/p1/r1"}
+	want := []string{"readers/conns/p0/r0", "readers/conns/p0/r1", "readers/conns/p1/r0", "readers/conns/p1/r1", "readers/conns/p2/r0", "readers/conns/p2/r1"}
 	if !slices.Equal(ids, want) {
 		t.Fatalf("readers %v, want %v", ids, want)
 	}
