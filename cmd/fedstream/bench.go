@@ -242,6 +242,9 @@ func newBenchDCAACmd() *cobra.Command {
 		noOver   bool
 		only     []string
 		rounds   int
+		method   string
+		windows  int
+		window   time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "dcaa",
@@ -250,27 +253,37 @@ func newBenchDCAACmd() *cobra.Command {
 over 100 ms windows in two partitions, busy and probing filters joined on the
 host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
   reference    the query with one replica and no failure: the reference results
-  saturation   replication_overhead = 1 - throughput(k=2)/throughput(k=1):
-               the query with two replicas (DCAA with X: SUnion, boundaries,
-               stable ids, acks to both replicas) against two independent
-               copies of it with one replica each (stable merge), sources as
-               fast as they can. Each replica (each copy) runs on two worker
-               processes of its own (sources; operators and sink) pinned to a
-               CPU of its own (replica 0 on the first allowed CPU, replica 1
-               on the second; Linux sched_setaffinity), as Borealis ran each
-               replica on its own machines; with two k=1 copies both sides
-               keep both CPUs busy, so other load weighs on both alike.
-               Throughput is every input record over the time to a sink's
-               final boundary, the slower of the two sinks on both sides
-               (overhead_method pinned_sink_throughput). --rounds pairs run
-               alternately (k1 k2, k2 k1, ...); the figure is the median of
-               the pairs' overheads (overhead_rounds). Without two CPUs to pin
-               to (or off Linux) it falls back to records per CPU-second of
-               the workers per copy (cpu_time_per_replica); both figures are
-               printed (sink_overhead, cpu_overhead), with the CPU each replica
-               got (k1_cpu_use, k2_cpu_use) and the load average. Every sink's
-               stable output must equal the first k=1 copy's
-               (saturation_outputs_match).
+  overhead     replication_overhead = 1 - throughput(k=2)/throughput(k=1) at
+               saturation (sources as fast as they can), with k=2 the query
+               with two replicas (DCAA with X: SUnion, boundaries, stable
+               ids, acks to both replicas) and k=1 two independent copies of
+               it with one replica each (stable merge): both sides do the
+               work of two copies.
+               --overhead-method side (the default): both sides run at the
+               same time, each on four worker processes of its own
+               (unpinned), and in each --overhead-window the records each
+               side's copies took in and its processes' CPU time are read;
+               a window's overhead is 1 - k2's records per CPU-second / k1's.
+               At saturation throughput is records per CPU-second times the
+               CPU a side gets, so this is the throughput overhead on equal
+               CPUs, and a burst of other work hits both sides in the same
+               window. (Throughput at a sink, run after run, measured the
+               machine: on a loaded machine the same run's CPU per record
+               drifted 4x between rounds.) --rounds rounds of
+               --overhead-windows windows after 1 s of settling, the process
+               sets swapped each round; the figure is the mean over the
+               windows (replication_overhead) with its 95% interval
+               (replication_overhead_ci95), the median window and each
+               round's mean beside it. A side that waits without using its
+               CPU is not charged for it: compare k1/k2_records_per_s and
+               k1/k2_cpu_use (per copy, side by side).
+               --overhead-method sequential: the earlier method, k=1 and k=2
+               run alternately (--rounds pairs), each replica's processes
+               pinned to a CPU of their own, throughput at the slower sink,
+               the median of the pairs; its runs go to the end and every
+               sink's stable output must equal k=1's
+               (saturation_outputs_match). The default with in-process
+               workers.
   failures     for each strategy (dcaa: max_delay X; immediate: max_delay 0) and
                each D in --d-over-x: a fresh run in which the workers of both
                replicas lose both replicas of one source partition (links held)
@@ -282,7 +295,7 @@ host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
 and checks the floors of issue 10 (floors[]). Progress goes to stderr; the
 result to stdout. --plot FILE draws tentative results against D/X for both
 strategies into a PNG.`,
-		Example: "  fedstream bench dcaa --json --plot dcaa.png\n  fedstream bench dcaa --only overhead --json",
+		Example: "  fedstream bench dcaa --json --plot dcaa.png\n  fedstream bench dcaa --only overhead --rounds 10 --json",
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if x <= 0 {
@@ -304,10 +317,22 @@ strategies into a PNG.`,
 			if rounds < 1 {
 				return fmt.Errorf("--rounds %d: want at least 1", rounds)
 			}
+			if windows < 1 || window <= 0 {
+				return fmt.Errorf("--overhead-windows %d, --overhead-window %s: want at least one window of a positive duration", windows, window)
+			}
+			overheadMethod := ""
+			switch method {
+			case "side":
+				overheadMethod = benchmark.OverheadDCAASide
+			case "sequential":
+				overheadMethod = benchmark.OverheadSequential
+			default:
+				return fmt.Errorf("--overhead-method %q: want side or sequential", method)
+			}
 			// With the saturation runs, profiles are taken per run
 			// (ProfileDir); without them, over each worker's life.
 			lifeProfiles, runProfiles := profiles, ""
-			if !noOver {
+			if !noOver && method == "sequential" {
 				lifeProfiles, runProfiles = "", profiles
 			}
 			launch, err := benchmark.ProfilingLauncher(lifeProfiles)
@@ -321,6 +346,7 @@ strategies into a PNG.`,
 			res, err := benchmark.RunDCAA(cmd.Context(), benchmark.DCAAConfig{
 				X: x, DOverX: dOverX, Strategies: strats, SkipSwitch: noSwitch, SkipOverhead: noOver, SkipFailures: skipFailures,
 				SaturationRounds: rounds, ProfileDir: runProfiles,
+				OverheadMethod: overheadMethod, SideWindows: windows, SideWindow: window,
 				Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
 			})
 			if err != nil {
@@ -347,8 +373,11 @@ strategies into a PNG.`,
 	cmd.Flags().BoolVar(&noSwitch, "no-switch", false, "leave out the kill run (switch_ms)")
 	cmd.Flags().BoolVar(&noOver, "no-overhead", false, "leave out the saturation runs (replication_overhead)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (overhead, failures, switch; default all)")
-	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write CPU profiles: with the saturation runs, one per run and worker process, DIR/k<1|2>-round<N>-<src0|ops0|src1|ops1>.cpu (ops0: replica 0's operators and sink); without them, each worker's whole life, DIR/bench-dcaa-worker-N.cpu")
-	cmd.Flags().IntVar(&rounds, "rounds", 5, "saturation pairs (k=1, k=2) to run, alternating their order; the overhead is their median")
+	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write CPU profiles: with the sequential overhead runs, one per run and worker process, DIR/k<1|2>-round<N>-<src0|ops0|src1|ops1>.cpu (ops0: replica 0's operators and sink); otherwise each worker's whole life, DIR/bench-dcaa-[side-]worker-N.cpu")
+	cmd.Flags().IntVar(&rounds, "rounds", 5, "overhead rounds: side by side, rounds of --overhead-windows windows; sequential, pairs (k=1, k=2) in alternating order")
+	cmd.Flags().StringVar(&method, "overhead-method", "side", "how the replication overhead is measured: side (k=1 and k=2 at once, CPU per record window by window, mean and 95% interval) or sequential (pinned pairs, sink throughput, median)")
+	cmd.Flags().IntVar(&windows, "overhead-windows", benchmark.DefaultDCAASideWindows, "windows per side-by-side round")
+	cmd.Flags().DurationVar(&window, "overhead-window", benchmark.DefaultDCAASideWindow, "each side-by-side window")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")
 	return cmd
 }

@@ -94,6 +94,15 @@ type DCAAConfig struct {
 	// repeated this many times as pairs, alternating their order (default
 	// 5); the median of the pairs' overheads is the figure.
 	SaturationRounds int
+	// OverheadMethod is how the replication overhead is measured:
+	// OverheadDCAASide (the default with worker processes) or
+	// OverheadSequential (the pinned pairs of SaturationRounds; the
+	// default with in-process workers, whose CPU cannot be told apart).
+	OverheadMethod string
+	// SideWindow and SideWindows are the side-by-side method's windows
+	// per round (default 1s and 5); its rounds are SaturationRounds.
+	SideWindow  time.Duration
+	SideWindows int
 	// ProfileDir, when not empty, makes every worker process write a CPU
 	// profile of each saturation run to
 	// ProfileDir/k<k>-round<round>-<role>.cpu (roles src0, ops0 for
@@ -125,6 +134,12 @@ type DCAARow struct {
 	// REC_DONE after it (the failure's corrections done; 0: none).
 	TentativeAfterHeal int     `json:"tentative_after_heal"`
 	CorrectedMs        float64 `json:"corrected_ms"`
+	// FirstTentativeMs is from the cut to the first tentative result at
+	// the measured sink (0: none): the detection timeout plus the shares
+	// of X the stages waited, plus the pipeline's own latency. A failure
+	// shorter than this gives no tentative result (see BENCHMARKS.md on
+	// D = X).
+	FirstTentativeMs float64 `json:"first_tentative_ms,omitempty"`
 	// TentativeBound is the floor's bound 1.1 × rate × (D − 0.9X) for a
 	// DCAA row with D > X (0 otherwise).
 	TentativeBound float64 `json:"tentative_bound,omitempty"`
@@ -169,10 +184,20 @@ type DCAAResult struct {
 	// CPUOverhead). Both figures are given either way; OverheadNote says
 	// which CPUs were used, or why nothing was pinned.
 	ReplicationOverhead float64 `json:"replication_overhead"`
-	OverheadMethod      string  `json:"overhead_method"`
-	OverheadNote        string  `json:"overhead_note"`
-	SinkOverhead        float64 `json:"sink_overhead"`
-	CPUOverhead         float64 `json:"cpu_overhead"`
+	// ReplicationOverheadCI95 is the half-width of the 95 % confidence
+	// interval of ReplicationOverhead (side by side: over the windows;
+	// -1: fewer than two windows; 0: the sequential method, which gives
+	// none), and ReplicationOverheadMedian the median window's overhead.
+	// OverheadRoundMeans are the side-by-side rounds' means and
+	// OverheadWindows every window (DCAASideWindow).
+	ReplicationOverheadCI95   float64          `json:"replication_overhead_ci95"`
+	ReplicationOverheadMedian float64          `json:"replication_overhead_median"`
+	OverheadRoundMeans        []float64        `json:"overhead_round_means,omitempty"`
+	OverheadWindows           []DCAASideWindow `json:"overhead_windows,omitempty"`
+	OverheadMethod            string           `json:"overhead_method"`
+	OverheadNote              string           `json:"overhead_note"`
+	SinkOverhead              float64          `json:"sink_overhead"`
+	CPUOverhead               float64          `json:"cpu_overhead"`
 	// OverheadRounds and CPUOverheadRounds are each pair's sink and CPU
 	// overhead, in the order run; SinkOverhead and CPUOverhead are their
 	// medians. The K1/K2 figures below are medians over the rounds too.
@@ -182,10 +207,11 @@ type DCAAResult struct {
 	K2RecordsPerCPUSec float64   `json:"k2_records_per_cpu_s"`
 	K1RecordsPerSec    float64   `json:"k1_records_per_s"`
 	K2RecordsPerSec    float64   `json:"k2_records_per_s"`
-	// SaturationOutputsMatch: every sink replica of every overhead run
-	// produced the same stable output as the first k = 1 run
-	// (SaturationResults results); SaturationMismatch says where one
-	// differed first.
+	// SaturationOutputsMatch (the sequential method only; absent side by
+	// side, whose rounds are stopped, not run to the end): every sink
+	// replica of every overhead run produced the same stable output as
+	// the first k = 1 run (SaturationResults results); SaturationMismatch
+	// says where one differed first.
 	// K1CPUUse and K2CPUUse are the CPU-seconds the worker processes
 	// used per second of the run and per replica, in the run with the
 	// best sink throughput: near 1 when pinned, each replica had its CPU
@@ -197,7 +223,7 @@ type DCAAResult struct {
 	// the start and at the end of the overhead runs (Linux; empty
 	// elsewhere): other work on the machine disturbs the pinned runs.
 	OverheadLoad           string `json:"overhead_load,omitempty"`
-	SaturationOutputsMatch bool   `json:"saturation_outputs_match"`
+	SaturationOutputsMatch *bool  `json:"saturation_outputs_match,omitempty"`
 	SaturationMismatch     string `json:"saturation_mismatch,omitempty"`
 	SaturationResults      int    `json:"saturation_results"`
 	// SaturationTentative counts the tentative results and UNDOs the
@@ -318,6 +344,17 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 	if cfg.SaturationRounds <= 0 {
 		cfg.SaturationRounds = 5
 	}
+	switch cfg.OverheadMethod {
+	case "", OverheadDCAASide, OverheadSequential:
+	default:
+		return nil, fmt.Errorf("%w: overhead method %q (want %s or %s)", ErrDCAABench, cfg.OverheadMethod, OverheadDCAASide, OverheadSequential)
+	}
+	if cfg.SideWindow <= 0 {
+		cfg.SideWindow = DefaultDCAASideWindow
+	}
+	if cfg.SideWindows <= 0 {
+		cfg.SideWindows = DefaultDCAASideWindows
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -367,8 +404,25 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 	defer b.stop()
 
 	if !cfg.SkipOverhead {
-		if err := b.overhead(ctx, res); err != nil {
+		loadBefore := LoadAverage()
+		var err error
+		switch {
+		case cfg.OverheadMethod == OverheadSequential:
+			err = b.overhead(ctx, res)
+		case b.w[0].proc.Pid == 0 && cfg.OverheadMethod == "":
+			// In-process workers share one process's CPU time: the
+			// side-by-side method cannot tell the sides apart.
+			err = b.overhead(ctx, res)
+		case b.w[0].proc.Pid == 0:
+			err = fmt.Errorf("%w: the side-by-side overhead needs worker processes of their own", ErrDCAABench)
+		default:
+			err = b.overheadSide(ctx, res)
+		}
+		if err != nil {
 			return nil, err
+		}
+		if loadBefore != "" {
+			res.OverheadLoad = loadBefore + " -> " + LoadAverage()
 		}
 	}
 	for _, strategy := range cfg.Strategies {
@@ -383,8 +437,8 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 			if strategy == StrategyDCAA && d > 1 {
 				row.TentativeBound = math.Round(1.1*res.Rate*(row.DMs-0.9*res.XMs)/1000*10) / 10
 			}
-			cfg.Progress.Step(strategy, 0, 0, fmt.Sprintf("D = %gX: %d tentative (%d after the heal), %d UNDO, corrected %.0f ms after the heal, max added latency %.0f ms, stable matches reference: %t (peer: %t)",
-				d, row.Tentative, row.TentativeAfterHeal, row.Undos, row.CorrectedMs, row.MaxAddedLatencyMs, row.StableMatchesReference, row.PeerMatchesReference))
+			cfg.Progress.Step(strategy, 0, 0, fmt.Sprintf("D = %gX: %d tentative (%d after the heal, first %.0f ms after the cut), %d UNDO, corrected %.0f ms after the heal, max added latency %.0f ms, stable matches reference: %t (peer: %t)",
+				d, row.Tentative, row.TentativeAfterHeal, row.FirstTentativeMs, row.Undos, row.CorrectedMs, row.MaxAddedLatencyMs, row.StableMatchesReference, row.PeerMatchesReference))
 			if row.Mismatch != "" {
 				cfg.Progress.Note("  %s", row.Mismatch)
 			}
@@ -630,6 +684,9 @@ func (b *dcaaBench) failureRun(ctx context.Context, strategy string, dOverX floa
 		return row, err
 	}
 	for _, ev := range evs[0] {
+		if ev.Type == tuple.Tentative && row.FirstTentativeMs == 0 && ev.Nanos >= cutAt.UnixNano() {
+			row.FirstTentativeMs = max(ms(time.Duration(ev.Nanos-cutAt.UnixNano())), 0.01)
+		}
 		switch {
 		case ev.Nanos < healedAt.UnixNano():
 		case ev.Type == tuple.Tentative:
@@ -748,12 +805,6 @@ const (
 // every replica really processes every tuple.
 func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 	n := b.cfg.SaturationRecords
-	loadBefore := LoadAverage()
-	defer func() {
-		if loadBefore != "" {
-			res.OverheadLoad = loadBefore + " -> " + LoadAverage()
-		}
-	}()
 	if b.cfg.ProfileDir != "" {
 		if err := os.MkdirAll(b.cfg.ProfileDir, 0o755); err != nil {
 			return fmt.Errorf("%w: profiles: %w", ErrDCAABench, err)
@@ -774,7 +825,8 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 		runs [3][]saturationRun // by k
 		ref  []string
 	)
-	res.SaturationOutputsMatch = true
+	match := true
+	res.SaturationOutputsMatch = &match
 	for round := 1; round <= b.cfg.SaturationRounds; round++ {
 		order := []int{1, 2}
 		if round%2 == 0 {
@@ -793,8 +845,8 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 				case ref == nil && k == 1:
 					ref = rows
 				case ref != nil:
-					if d := compareStable(rows, ref); d != "" && res.SaturationOutputsMatch {
-						res.SaturationOutputsMatch = false
+					if d := compareStable(rows, ref); d != "" && match {
+						match = false
 						res.SaturationMismatch = fmt.Sprintf("round %d, k = %d, sink %d: %s", round, k, i, d)
 					}
 				}
@@ -803,7 +855,7 @@ func (b *dcaaBench) overhead(ctx context.Context, res *DCAAResult) error {
 				fmt.Sprintf("%s at the slower sink, %s per CPU-second per copy, CPU use %.2f per copy, %d tentative results, %d UNDO", benchreport.Rate(r.perSec, "records"), benchreport.Rate(r.perCPU, "records"), r.cpuUse, r.tentative, r.undos))
 		}
 	}
-	if !res.SaturationOutputsMatch {
+	if !match {
 		b.cfg.Progress.Note("saturation outputs differ: %s", res.SaturationMismatch)
 	}
 	res.SaturationResults = len(ref)
@@ -1234,7 +1286,18 @@ func dcaaFloors(res *DCAAResult, failures, switched, overhead bool) []DCAAFloor 
 		add("switch_ms <= 2 boundary intervals", res.SwitchMs <= 2*res.BoundaryMs, "%.0f ms, bound %.0f ms", res.SwitchMs, 2*res.BoundaryMs)
 	}
 	if overhead {
-		add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && res.SaturationOutputsMatch, "%.1f%% (%s; outputs match: %t)", res.ReplicationOverhead*100, res.OverheadMethod, res.SaturationOutputsMatch)
+		if res.SaturationOutputsMatch == nil {
+			// Side by side, a figure from sides that did not get their
+			// CPU says nothing either way (see overheadSide): not shown.
+			busy, why := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse, ""
+			if busy {
+				why = fmt.Sprintf(", below %g: the machine was too busy, not shown", minSideCPUUse)
+			}
+			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && !busy, "%.1f%% +- %.1f%% (95%% interval; %s, %d windows; CPU use per copy %.2f and %.2f%s)",
+				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows), res.K1CPUUse, res.K2CPUUse, why)
+		} else {
+			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && *res.SaturationOutputsMatch, "%.1f%% (%s; outputs match: %t)", res.ReplicationOverhead*100, res.OverheadMethod, *res.SaturationOutputsMatch)
+		}
 	}
 	return floors
 }

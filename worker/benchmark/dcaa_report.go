@@ -46,12 +46,13 @@ func (r *DCAAResult) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "X %.0f ms, boundary interval %.0f ms, detection %.0f ms; input %d records/s, %.1f results/s (reference: %d results)\n",
 		r.XMs, r.BoundaryMs, r.DetectMs, r.InputRate, r.Rate, r.ReferenceResults)
-	fmt.Fprintf(tw, "replication overhead %.1f%% (%s: %s; load average %s)\n", r.ReplicationOverhead*100, r.OverheadMethod, r.OverheadNote, r.OverheadLoad)
-	fmt.Fprintf(tw, "  medians of %d pairs: at the slower sink k=1 %s, k=2 %s (%.1f%%, pairs %v; CPU use per replica %.2f and %.2f); per CPU-second per replica: k=1 %s, k=2 %s (%.1f%%, pairs %v)\n",
-		len(r.OverheadRounds), benchreport.Rate(r.K1RecordsPerSec, "records"), benchreport.Rate(r.K2RecordsPerSec, "records"), r.SinkOverhead*100, r.OverheadRounds, r.K1CPUUse, r.K2CPUUse,
-		benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"), r.CPUOverhead*100, r.CPUOverheadRounds)
-	fmt.Fprintf(tw, "  k=2 sinks: %d tentative, %d UNDO; every sink's stable output equals k=1's (%d results): %t %s\n",
-		r.SaturationTentative, r.SaturationUndos, r.SaturationResults, r.SaturationOutputsMatch, r.SaturationMismatch)
+	if r.OverheadMethod == OverheadDCAASide {
+		fmt.Fprintf(tw, "replication overhead %.1f%% +- %.1f%% (95%% interval), median window %.1f%%, round means %v (%s; load average %s)\n",
+			r.ReplicationOverhead*100, r.ReplicationOverheadCI95*100, r.ReplicationOverheadMedian*100, r.OverheadRoundMeans, r.OverheadNote, r.OverheadLoad)
+		fmt.Fprintf(tw, "  median windows: per CPU-second k=1 %s, k=2 %s\n", benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"))
+	} else {
+		r.writeSequentialOverhead(tw)
+	}
 	fmt.Fprintf(tw, "switch %.0f ms (normal rhythm %.0f ms, %d tentative after the kill)\n\n", r.SwitchMs, r.NormalGapMs, r.SwitchTentative)
 	fmt.Fprintln(tw, "strategy\tD/X\tD ms\ttentative\tafter heal\tbound\tUNDO\tcorrected ms\tmax added latency ms\tstable = reference")
 	for _, row := range r.Rows {
@@ -67,4 +68,15 @@ func (r *DCAAResult) WriteText(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", mark, f.Name, f.Detail)
 	}
 	return tw.Flush()
+}
+
+// writeSequentialOverhead prints the sequential method's figures.
+func (r *DCAAResult) writeSequentialOverhead(tw io.Writer) {
+	match := r.SaturationOutputsMatch != nil && *r.SaturationOutputsMatch
+	fmt.Fprintf(tw, "replication overhead %.1f%% (%s: %s; load average %s)\n", r.ReplicationOverhead*100, r.OverheadMethod, r.OverheadNote, r.OverheadLoad)
+	fmt.Fprintf(tw, "  medians of %d pairs: at the slower sink k=1 %s, k=2 %s (%.1f%%, pairs %v; CPU use per replica %.2f and %.2f); per CPU-second per replica: k=1 %s, k=2 %s (%.1f%%, pairs %v)\n",
+		len(r.OverheadRounds), benchreport.Rate(r.K1RecordsPerSec, "records"), benchreport.Rate(r.K2RecordsPerSec, "records"), r.SinkOverhead*100, r.OverheadRounds, r.K1CPUUse, r.K2CPUUse,
+		benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"), r.CPUOverhead*100, r.CPUOverheadRounds)
+	fmt.Fprintf(tw, "  k=2 sinks: %d tentative, %d UNDO; every sink's stable output equals k=1's (%d results): %t %s\n",
+		r.SaturationTentative, r.SaturationUndos, r.SaturationResults, match, r.SaturationMismatch)
 }

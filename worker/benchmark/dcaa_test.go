@@ -2,6 +2,7 @@ package benchmark
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -51,8 +52,8 @@ func TestDCAAInProcess(t *testing.T) {
 	if res.OverheadMethod != OverheadCPUTime || res.ReplicationOverhead != res.CPUOverhead || res.OverheadNote == "" {
 		t.Errorf("in-process overhead: method %q, %g (cpu %g), note %q; want the CPU time fallback, stated", res.OverheadMethod, res.ReplicationOverhead, res.CPUOverhead, res.OverheadNote)
 	}
-	if !res.SaturationOutputsMatch || res.SaturationResults == 0 {
-		t.Errorf("saturation outputs: match %t (%s), %d results", res.SaturationOutputsMatch, res.SaturationMismatch, res.SaturationResults)
+	if res.SaturationOutputsMatch == nil || !*res.SaturationOutputsMatch || res.SaturationResults == 0 {
+		t.Errorf("saturation outputs: match %v (%s), %d results", res.SaturationOutputsMatch, res.SaturationMismatch, res.SaturationResults)
 	}
 	if len(res.Floors) == 0 {
 		t.Fatal("no floors checked")
@@ -106,5 +107,43 @@ func TestSinkThroughput(t *testing.T) {
 	}
 	if _, err := sinkThroughput(evs[:1], 1000, start); err == nil {
 		t.Fatal("no final boundary: no error")
+	}
+}
+
+// TestDCAASideWindow: a window's figures from two samples of both sides,
+// and no window when a side took in nothing (it is merged into the next).
+func TestDCAASideWindow(t *testing.T) {
+	prev := [2]sideSample{{cpu: 1e9, records: 1000, gc: 1}, {cpu: 2e9, records: 5000, gc: 3}}
+	// k = 1: 200 000 records on 1 CPU-second; k = 2: 180 000 on 1 s.
+	cur := [2]sideSample{{cpu: 2e9, records: 201_000, gc: 2}, {cpu: 3e9, records: 185_000, gc: 5}}
+	w, ok := sideWindow(prev, cur, 2*time.Second)
+	if !ok {
+		t.Fatal("no window")
+	}
+	want := DCAASideWindow{Ms: 2000, K1RecordsPerCPUSec: 200_000, K2RecordsPerCPUSec: 180_000, K1RecordsPerSec: 50_000, K2RecordsPerSec: 45_000,
+		K1CPUUse: 0.25, K2CPUUse: 0.25, K1GC: 1, K2GC: 2, Overhead: 0.1}
+	if w != want {
+		t.Fatalf("window %+v, want %+v", w, want)
+	}
+	cur[1].records = prev[1].records
+	if _, ok := sideWindow(prev, cur, 2*time.Second); ok {
+		t.Fatal("a side without records gave a window")
+	}
+}
+
+// TestDCAASourceTasks: the records of a copy are counted at its sources,
+// every partition and replica.
+func TestDCAASourceTasks(t *testing.T) {
+	q, err := dcaaQuery("readers", 2, "500ms", dcaaSideRate, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := sourceTasks(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"readers/conns/p0/r0", "readers/conns/p0/r1", "readers/conns/p1/r0", "readers/conns/p1/r1", "readers/conns/p2/r0", "readers/conns/p2/r1"}
+	if !slices.Equal(ids, want) {
+		t.Fatalf("readers %v, want %v", ids, want)
 	}
 }

@@ -88,6 +88,12 @@ const (
 	// refuses it.
 	opProfileStart = "profile_start"
 	opProfileStop  = "profile_stop"
+	// opTaskStats reports, as TaskIn, the input tuples each task of the
+	// active engine has taken so far (runtime.TaskStats.InTuples), and
+	// the process's garbage collections so far (GCCycles) and its tasks
+	// not STABLE (Unstable): bench dcaa's
+	// side-by-side overhead reads them window by window.
+	opTaskStats = "task_stats"
 )
 
 // request is one control message from the parent to a bench worker.
@@ -170,6 +176,12 @@ type response struct {
 	// Served is the timing of the latest snapshot the worker served
 	// (opStats).
 	Served *runtime.ServeTiming `json:"served,omitempty"`
+	// TaskIn, GCCycles and Unstable are what opTaskStats reports;
+	// Unstable counts the tasks whose DCAA replica state is not STABLE
+	// or whose output is tentative now.
+	TaskIn   map[string]uint64 `json:"task_in,omitempty"`
+	GCCycles uint64            `json:"gc_cycles,omitempty"`
+	Unstable int               `json:"unstable,omitempty"`
 	// CPUNanos is the worker process's CPU time so far (user and system),
 	// set on every response.
 	CPUNanos int64 `json:"cpu_nanos,omitempty"`

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"os"
+	"runtime/metrics"
 	"runtime/pprof"
 	"runtime/trace"
 	"strings"
@@ -349,6 +350,20 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 			return response{}, err
 		}
 		return response{LastID: buf.Stats().LastID}, nil
+	case opTaskStats:
+		in := map[string]uint64{}
+		for _, st := range w.active.rt.Stats() {
+			in[st.TaskID] = st.InTuples
+		}
+		gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+		metrics.Read(gc)
+		unstable := 0
+		for _, st := range w.active.rt.States() {
+			if st.Tentative || (st.Replica != fedstreampb.ReplicaState_REPLICA_STATE_UNSPECIFIED && st.Replica != fedstreampb.ReplicaState_REPLICA_STABLE) {
+				unstable++
+			}
+		}
+		return response{TaskIn: in, GCCycles: gc[0].Value.Uint64(), Unstable: unstable}, nil
 	case opStats:
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
