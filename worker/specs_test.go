@@ -17,26 +17,7 @@ import (
 // previous response is not parsed (validated, its expressions compiled)
 // again, one that changed is, and one no longer sent is forgotten.
 func TestTaskSpecsParseEachDefinitionOnce(t *testing.T) {
-	def := func(threshold string) []byte {
-		q, err := queryspec.Parse("q.yaml", []byte(`name: q
-sources:
-  - name: s
-    schema: {time: timestamp, patient: string, temperature: float, heart_rate: int, resp_rate: int, bp_sys: int, bp_dia: int}
-    generator: {kind: vitals, rate: 10}
-operators:
-  - {name: f, type: filter, input: s, where: "heart_rate > `+threshold+`"}
-sinks:
-  - {name: out, input: f}
-`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, err := q.CanonicalJSON()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	def := func(threshold string) []byte { return filterSpecJSON(t, threshold) }
 	resp := func(spec []byte) *pb.WatchAssignmentsResponse {
 		return &pb.WatchAssignmentsResponse{
 			Queries:     []*pb.QueryView{{Name: "q", Index: 1, SpecJson: spec}},
@@ -67,23 +48,7 @@ sinks:
 // spec shares the bytes decoded then); a plan that does not decode is an
 // error naming its query.
 func TestTaskSpecsDecodeChangedPlansOnly(t *testing.T) {
-	spec, err := queryspec.Parse("q.yaml", []byte(`name: q
-sources:
-  - name: s
-    schema: {time: timestamp, patient: string, temperature: float, heart_rate: int, resp_rate: int, bp_sys: int, bp_dia: int}
-    generator: {kind: vitals, rate: 10}
-operators:
-  - {name: f, type: filter, input: s, where: "heart_rate > 1"}
-sinks:
-  - {name: out, input: f}
-`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	def, err := spec.CanonicalJSON()
-	if err != nil {
-		t.Fatal(err)
-	}
+	def := filterSpecJSON(t, "1")
 	state := func(phase2 string) *fsm.QueryReconfig {
 		return &fsm.QueryReconfig{Tracking: fsm.TrackingDynamic, Plans: []fsm.ReconfigPlan{
 			{Epoch: 1, Phase: fsm.ReconfigComplete, SpecJSON: def, Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}},
@@ -133,4 +98,28 @@ sinks:
 	if specs, err := taskSpecs(bad, &cache); err == nil || !strings.Contains(err.Error(), "query q") || len(specs) != 0 {
 		t.Errorf("a plan that does not decode: %d specs, err %v", len(specs), err)
 	}
+}
+
+// filterSpecJSON is the canonical JSON of a query filtering a vitals
+// generator's records on heart_rate > threshold.
+func filterSpecJSON(t *testing.T, threshold string) []byte {
+	t.Helper()
+	q, err := queryspec.Parse("q.yaml", []byte(`name: q
+sources:
+  - name: s
+    schema: {time: timestamp, patient: string, temperature: float, heart_rate: int, resp_rate: int, bp_sys: int, bp_dia: int}
+    generator: {kind: vitals, rate: 10}
+operators:
+  - {name: f, type: filter, input: s, where: "heart_rate > `+threshold+`"}
+sinks:
+  - {name: out, input: f}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := q.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

@@ -256,6 +256,12 @@ type StrategyResult struct {
 	LearnedMs []float64 `json:"learned_ms,omitempty"`
 	AppliedMs []float64 `json:"applied_ms,omitempty"`
 	ApplyMs   []float64 `json:"apply_ms,omitempty"`
+	// StagedMs (in an org), per update: from the plan's commit in Raft
+	// until the last task had built the plan's versions from the staged
+	// plan (the leader's, while the plan's Raft write ran; coordinator
+	// reconfigStaging): negative when that was before the commit, as it
+	// should be. Left out for an update whose plan no worker staged.
+	StagedMs []float64 `json:"staged_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
 	// reached the sink: the sources paused, the stream drained, the
@@ -353,8 +359,11 @@ type UpdateBreakdown struct {
 	// of Switched - AcksReceived per update, split into RaftWaitMs (until
 	// the write began: AckWriteMs - AcksReceived) and RaftCommitMs (the
 	// write: Switched - AckWriteMs).
-	LearnedMs      float64 `json:"learned_ms"`
-	InstalledMs    float64 `json:"installed_ms"`
+	LearnedMs   float64 `json:"learned_ms"`
+	InstalledMs float64 `json:"installed_ms"`
+	// StagedMs: the last task had built the versions from the staged
+	// plan (negative: before the commit; 0 when none staged).
+	StagedMs       float64 `json:"staged_ms"`
 	AcksReceivedMs float64 `json:"acks_received_ms"`
 	SwitchedMs     float64 `json:"switched_ms"`
 	RaftWriteMs    float64 `json:"raft_write_ms"`

@@ -214,6 +214,16 @@ func (r *reconfigRun) logAcks(epoch uint64) {
 // every task.
 func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	r.t.Helper()
+	p := r.nextPlan(v)
+	r.rc.Plans = append(r.rc.Plans, p)
+	r.publish()
+	return p
+}
+
+// nextPlan is the plan addPlan would add: a and b at version v, the next
+// epoch, loading.
+func (r *reconfigRun) nextPlan(v int) fsm.ReconfigPlan {
+	r.t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(r.version(v)))
 	if err != nil {
 		r.t.Fatal(err)
@@ -227,8 +237,6 @@ func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 		def, _ := json.Marshal(q.OperatorByName(op))
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
 	}
-	r.rc.Plans = append(r.rc.Plans, p)
-	r.publish()
 	return p
 }
 
