@@ -332,10 +332,62 @@ func (r *orgRun) update(ctx context.Context, yaml, strategy, tracking string, ma
 }
 
 func (r *orgRun) complete(ctx context.Context, e uint64) error {
-	return r.waitFor(ctx, fmt.Sprintf("plan %d complete", e), 60*time.Second, func() bool {
+	err := r.waitFor(ctx, fmt.Sprintf("plan %d complete", e), 60*time.Second, func() bool {
 		pt := r.plans[e]
 		return pt != nil && !pt.complete.IsZero()
 	})
+	if err != nil && ctx.Err() == nil {
+		err = fmt.Errorf("%w (%s)", err, r.planProgress(e))
+	}
+	return err
+}
+
+// planProgress says where plan e stands in the coordinator's state: its
+// phase and cut, and the tasks below its level with their
+// acknowledgement, level, frontier and marker counts (what a plan that
+// does not complete waits for).
+func (r *orgRun) planProgress(e uint64) string {
+	st := r.o.fed.coords[0].State()
+	q, err := st.Query(nil, r.name)
+	if err != nil || q == nil || q.Reconfig == nil {
+		return fmt.Sprintf("no reconfiguration state: %v", err)
+	}
+	var b strings.Builder
+	for _, p := range q.Reconfig.Plans {
+		if p.Epoch == e {
+			fmt.Fprintf(&b, "phase %s, cut %d", p.Phase, p.Cut)
+		}
+	}
+	// Where the tasks' runtimes stand: a paced source's stream time
+	// (below the cut, it has not sent its marker yet) and the tuples
+	// each task has received and not yet processed.
+	now := time.Now()
+	running := map[string]string{}
+	for _, w := range r.o.fed.workers {
+		for _, ts := range w.Runtime().Stats() {
+			at := fmt.Sprintf("queue %d", ts.Queue)
+			if !ts.PaceOrigin.IsZero() {
+				at += fmt.Sprintf(" source at %d", now.Sub(ts.PaceOrigin)-ts.SourceLag)
+			}
+			running[ts.TaskID] = at
+		}
+	}
+	tasks, _ := st.TasksByQuery(nil, r.name)
+	behind := 0
+	for _, t := range tasks {
+		if t.ReconfigLevel >= e {
+			continue
+		}
+		behind++
+		fmt.Fprintf(&b, "; %s on %s %s: acked %d level %d markers %v", t.ID, t.WorkerID, t.State, t.ReconfigAcked, t.ReconfigLevel, t.ReconfigMarkers)
+		if at, ok := running[t.ID]; ok {
+			fmt.Fprintf(&b, ", runtime: %s", at)
+		} else {
+			b.WriteString(", runtime: not running")
+		}
+	}
+	fmt.Fprintf(&b, "; %d of %d tasks below level %d", behind, len(tasks), e)
+	return b.String()
 }
 
 func (r *orgRun) waitEnd(ctx context.Context) error {

@@ -168,6 +168,19 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 	}
 	t.passLast = first + uint64(len(offs)) - 1
 	t.passLevel(&last)
+	// A batch ends with a boundary when its upstream flushed after one and
+	// it was read whole; one cut at the byte bound (a backlog read in full
+	// batches, as under load) ends anywhere. Its last tuple alone missed
+	// every marker inside such a batch: the sink's level, and the plan's
+	// completion, waited for a later batch that happened to end with a
+	// boundary (bench reconfig's overhead child timed out after 60 s
+	// under load). While a plan's marker is due, the batch's boundaries
+	// are looked at, as a DCAA sink does.
+	if r := &t.rc; last.Type != tuple.Boundary && r.on && r.level < r.cur.Latest() {
+		if lvl, ok := boundaryLevel(offs, data); ok {
+			t.passLevel(&tuple.Tuple{Type: tuple.Boundary, Version: lvl})
+		}
+	}
 	if last.Type == tuple.Boundary && last.STime == finalBoundary {
 		t.endReconfig()
 		t.setState(StateRunning, "input exhausted")
