@@ -81,6 +81,102 @@ func appendAs(t *testing.T, b *dataplane.OutputBuffer, n uint64, ts ...tuple.Tup
 	return n
 }
 
+// tentResumeRig runs q with its source's replicas written by the test:
+// partition 0's replica 0 holds tentResumeStreams' stable stream,
+// replica 1 its first 11 stable ids and then tentResumeTail (UP_FAILURE);
+// every other partition's replicas hold the first 11 stable ids (behind).
+// want is the sink's output in a failure-free run of the corrected
+// stream on every partition. It waits until task reader took stable id
+// 33 of partition 0.
+type tentResumeRig struct {
+	q         *queryspec.Query
+	fake      *fakeReplicas
+	c         *cluster
+	w         *worker
+	up0       string
+	b1        *dataplane.OutputBuffer // partition 0's replica 1
+	n         uint64                  // b1's positions
+	behind    []*dataplane.OutputBuffer
+	corrected []fakeTuple
+	want      view
+}
+
+func newTentResumeRig(t *testing.T, yaml, reader string) *tentResumeRig {
+	t.Helper()
+	q := mustParse(t, yaml)
+	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
+	g := &tentResumeRig{q: q, up0: queryspec.TaskID(q.Name, "lines", 0, 0)}
+	stable, corrected := tentResumeStreams()
+	g.corrected = corrected
+	parts := 1
+	for _, n := range q.Sources {
+		if n.Name == "lines" {
+			parts = max(1, n.Parallelism)
+		}
+	}
+	full := append(append([]fakeTuple(nil), stable[:11]...), corrected...)
+	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
+	for p := range parts {
+		refFake.stream(t, queryspec.TaskID(q.Name, "lines", p, 0), full...)
+	}
+	ref.apply()
+	g.want = viewOf(ref.tail(t, g.sink()))
+
+	g.fake, g.c, g.w = fakeUpstreamCluster(t, q, local)
+	g.fake.stream(t, g.up0, stable...)
+	g.b1 = g.fake.stream(t, queryspec.TaskID(q.Name, "lines", 0, 1), stable[:11]...)
+	g.n = appendAs(t, g.b1, 11, tentResumeTail()...)
+	g.b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
+	for p := 1; p < parts; p++ {
+		for r := range 2 {
+			g.behind = append(g.behind, g.fake.stream(t, queryspec.TaskID(q.Name, "lines", p, r), stable[:11]...))
+		}
+	}
+	g.c.apply()
+	id := queryspec.TaskID(q.Name, reader, 0, 0)
+	waitUntil(t, reader+" taking replica 0's stream", func() bool {
+		tk := g.w.rt.task(id)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
+	})
+	return g
+}
+
+// sink is the task id of the sink's replica 0.
+func (g *tentResumeRig) sink() string { return queryspec.TaskID(g.q.Name, "out", 0, 0) }
+
+// stabilize makes partition 0's replica 1 correct itself: UNDO, the
+// corrected stream, REC_DONE, STABLE, the end.
+func (g *tentResumeRig) stabilize(t *testing.T) {
+	t.Helper()
+	g.b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABILIZATION, 0)
+	g.n = appendAs(t, g.b1, g.n, fakeTuples(fakeTuple{"undo", 11})...)
+	g.n = appendAs(t, g.b1, g.n, fakeTuples(g.corrected[:len(g.corrected)-1]...)...)
+	g.n = appendAs(t, g.b1, g.n, fakeTuples(fakeTuple{"recdone", 0})...)
+	g.b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
+	g.n = appendAs(t, g.b1, g.n, fakeTuples(g.corrected[len(g.corrected)-1])...)
+}
+
+// tentativeAt is the tentative tuples among ts: their stream time in ms
+// and their first value when it is a number (a count), else 0.
+func tentativeAt(ts []tuple.Tuple) [][2]int64 {
+	var out [][2]int64
+	for _, tp := range ts {
+		if tp.Type != tuple.Tentative {
+			continue
+		}
+		v := int64(0)
+		if len(tp.Values) > 0 && tp.Values[0].Kind == tuple.KindInt {
+			v = tp.Values[0].I
+		}
+		out = append(out, [2]int64{tp.STime / int64(time.Millisecond), v})
+	}
+	return out
+}
+
+// sinkTentatives is tentativeAt for a sink passing the source's tuples
+// (no counts): 31-35 and 45 ms.
+var sinkTentatives = [][2]int64{{31, 0}, {32, 0}, {33, 0}, {34, 0}, {35, 0}, {45, 0}}
+
 // An input moves during a failure to an upstream replica that went
 // tentative before the one it read. Replica 0 of the source holds 30
 // stable tuples (stable ids and positions 1 to 33, boundaries every 10
@@ -102,80 +198,45 @@ func appendAs(t *testing.T, b *dataplane.OutputBuffer, n uint64, ts ...tuple.Tup
 // run. Fails before the fix: the tentative results miss replica 1's
 // tuples.
 func TestDCAAResumeIntoEarlierTentativeTail(t *testing.T) {
-	q := mustParse(t, tentResumeQuery)
-	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
-	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
-	agg, sink := queryspec.TaskID(q.Name, "counts", 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
-
-	stable, corrected := tentResumeStreams()
-
-	// The reference: a failure-free run reading the corrected stream.
-	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
-	refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
-	ref.apply()
-	want := viewOf(ref.tail(t, sink))
-
-	fake, c, w := fakeUpstreamCluster(t, q, local)
-	fake.stream(t, up0, stable...)
-	b1 := fake.stream(t, up1, stable[:11]...)
-	n := appendAs(t, b1, 11, tentResumeTail()...)
-	if n >= 33 {
-		t.Fatalf("replica 1 holds %d positions: the scenario needs fewer than replica 0's 33", n)
+	g := newTentResumeRig(t, tentResumeQuery, "counts")
+	agg := queryspec.TaskID(g.q.Name, "counts", 0, 0)
+	if g.n >= 33 {
+		t.Fatalf("replica 1 holds %d positions: the scenario needs fewer than replica 0's 33", g.n)
 	}
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
-	c.apply()
-	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
-		tk := w.rt.task(agg)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
-	})
 	// The aggregate's relay acknowledges stable id 33 to replica 1 (it
 	// did, before the kill, under load): that must not discard replica
 	// 1's tentative tail, which the aggregate reads after the switch.
 	waitUntil(t, "replica 1 discarding what the aggregate's relay acknowledged", func() bool {
-		st := b1.Stats()
+		st := g.b1.Stats()
 		return st.Tuples == 0 || st.OldestID > 11
 	})
-	fake.kill(up0)
+	g.fake.kill(g.up0)
 	// The aggregate releases its windows up to replica 1's tentative
 	// watermark tentatively (the one at 30-40 ms holds the tuples it
 	// did not take).
 	waitUntil(t, "the aggregate releasing tentatively past 45 ms", func() bool {
-		_, wm := w.rt.task(agg).outs[0].buf.StreamState()
+		_, wm := g.w.rt.task(agg).outs[0].buf.StreamState()
 		return wm >= int64(45*time.Millisecond)
 	})
-	if got := w.rt.task(agg).inputs[0].stableTaken.Load(); got != 33 {
+	if got := g.w.rt.task(agg).inputs[0].stableTaken.Load(); got != 33 {
 		t.Fatalf("the aggregate's last stable id taken went from 33 to %d on replica 1's tentative tail", got)
 	}
-	// Replica 1 stabilizes.
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABILIZATION, 0)
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
-	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
-	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+	g.stabilize(t)
 
-	all := c.tail(t, sink)
+	all := g.c.tail(t, g.sink())
 	// The tentative results: window 30-40 ms counts the stable tuple at
 	// 30 ms taken from replica 0 and replica 1's five at 31-35 ms, window
 	// 40-50 ms its one at 45 ms (its tuples at 11-20 ms, taken stable
 	// from replica 0, are not counted again). Before: one result, window
 	// 30-40 ms counting the tuple at 30 ms alone.
-	type counted struct{ st, n int64 }
-	var tent []counted
-	for _, tp := range all {
-		if tp.Type == tuple.Tentative {
-			tent = append(tent, counted{tp.STime, tp.Values[0].I})
-		}
-	}
-	wantTent := []counted{{int64(40 * time.Millisecond), 6}, {int64(50 * time.Millisecond), 1}}
-	if !slices.Equal(tent, wantTent) {
-		t.Fatalf("tentative results (stream time, count): %v, want %v", tent, wantTent)
+	if tent, want := tentativeAt(all), [][2]int64{{40, 6}, {50, 1}}; !slices.Equal(tent, want) {
+		t.Fatalf("tentative results (ms, count): %v, want %v", tent, want)
 	}
 	got := viewOf(all)
 	if got.undos == 0 {
 		t.Fatalf("%d tentative results, never taken back", got.tentative)
 	}
-	sameStable(t, got.stable, want.stable, 5)
+	sameStable(t, got.stable, g.want.stable, 5)
 }
 
 // sinkTentResumeQuery: a sink reading a source whose replicas the test
@@ -185,6 +246,17 @@ replicas: 2
 availability: {max_delay: 100ms}
 sources:
   - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
+sinks:
+  - {name: out, input: lines}
+`
+
+// mergeTentResumeQuery: a merging sink reading the two partitions of a
+// source whose replicas the test writes.
+const mergeTentResumeQuery = `name: mtres
+replicas: 2
+availability: {max_delay: 100ms}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}, parallelism: 2}
 sinks:
   - {name: out, input: lines}
 `
@@ -199,59 +271,48 @@ sinks:
 // stable (31-35 and 45 ms; not 11-20 ms, which it has stable) once each,
 // takes them back at replica 1's UNDO, takes the corrections only above
 // stable id 33, passes the REC_DONE, and its stable output is a
-// failure-free run's. Fails before the fix: the sink never shows a
-// tentative result (the wait below times out).
+// failure-free run's; likewise a merging sink. Fails before the fix: the
+// sink never shows a tentative result (the wait below times out); the
+// merging sink, without filterDCAA's check, showed the tuples at 11-20 ms.
 func TestDCAASinkResumesIntoEarlierTentativeTail(t *testing.T) {
-	q := mustParse(t, sinkTentResumeQuery)
-	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
-	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
-	sink := queryspec.TaskID(q.Name, "out", 0, 0)
+	for _, tc := range []struct{ name, yaml string }{
+		{"pass-through", sinkTentResumeQuery},
+		// A merging sink: partition 1 is behind (stable up to 10 ms), so
+		// the merger released nothing past 10 ms, and its release does
+		// not hide the tail's tuples at 11-20 ms, which partition 0's
+		// input took stable from replica 0 (filterDCAA's check does).
+		{"merging", mergeTentResumeQuery},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := newTentResumeRig(t, tc.yaml, "out")
+			g.fake.kill(g.up0)
+			waitUntil(t, "the sink showing tentative results from replica 1", func() bool {
+				return g.w.rt.task(g.sink()).tentative.Load()
+			})
+			if got := g.w.rt.task(g.sink()).inputs[0].stableTaken.Load(); got != 33 {
+				t.Fatalf("the sink's last stable id taken went from 33 to %d on replica 1's tentative tail", got)
+			}
+			g.stabilize(t)
+			if len(g.behind) > 0 {
+				waitUntil(t, "the sink taking partition 0's corrections", func() bool {
+					return !g.w.rt.task(g.sink()).tentative.Load()
+				})
+				for _, b := range g.behind {
+					appendAs(t, b, 11, fakeTuples(g.corrected...)...)
+				}
+			}
 
-	stable, corrected := tentResumeStreams()
-	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
-	refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
-	ref.apply()
-	want := viewOf(ref.tail(t, sink))
-
-	fake, c, w := fakeUpstreamCluster(t, q, local)
-	fake.stream(t, up0, stable...)
-	b1 := fake.stream(t, up1, stable[:11]...)
-	n := appendAs(t, b1, 11, tentResumeTail()...)
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
-	c.apply()
-	waitUntil(t, "the sink taking replica 0's stream", func() bool {
-		tk := w.rt.task(sink)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
-	})
-	fake.kill(up0)
-	waitUntil(t, "the sink showing tentative results from replica 1", func() bool {
-		return w.rt.task(sink).tentative.Load()
-	})
-	if got := w.rt.task(sink).inputs[0].stableTaken.Load(); got != 33 {
-		t.Fatalf("the sink's last stable id taken went from 33 to %d on replica 1's tentative tail", got)
+			all := g.c.tail(t, g.sink())
+			if tent := tentativeAt(all); !slices.Equal(tent, sinkTentatives) {
+				t.Fatalf("tentative results (ms) %v, want %v", tent, sinkTentatives)
+			}
+			got := viewOf(all)
+			if got.undos != 1 || got.recDones != 1 {
+				t.Fatalf("%d UNDO and %d REC_DONE, want one each (all: %v)", got.undos, got.recDones, all)
+			}
+			sameStable(t, got.stable, g.want.stable, 30)
+		})
 	}
-	// Replica 1 stabilizes.
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
-	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
-	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
-
-	all := c.tail(t, sink)
-	var tent []int64
-	for _, tp := range all {
-		if tp.Type == tuple.Tentative {
-			tent = append(tent, tp.STime/int64(time.Millisecond))
-		}
-	}
-	if wantTent := []int64{31, 32, 33, 34, 35, 45}; !slices.Equal(tent, wantTent) {
-		t.Fatalf("tentative results at (ms) %v, want %v", tent, wantTent)
-	}
-	got := viewOf(all)
-	if got.undos != 1 || got.recDones != 1 {
-		t.Fatalf("%d UNDO and %d REC_DONE, want one each (all: %v)", got.undos, got.recDones, all)
-	}
-	sameStable(t, got.stable, want.stable, 30)
 }
 
 // tentResumeStreams are upstream replica 0's stream (1-30 ms: stable ids
@@ -299,48 +360,27 @@ func tentResumeTail() []tuple.Tuple {
 func TestDCAARestoredCopyResumesIntoEarlierTentativeTail(t *testing.T) {
 	for _, tc := range []struct {
 		name, yaml, task string
-		// wantTent: the sink's tentative results (stream time in ms,
-		// first value: a count for the aggregate, 0 for the sink).
-		wantTent [][2]int64
+		wantTent         [][2]int64 // the sink's (tentativeAt)
 	}{
 		{"aggregate", tentResumeQuery, "counts", [][2]int64{{40, 6}, {50, 1}}},
-		{"sink", sinkTentResumeQuery, "out", [][2]int64{{31, 0}, {32, 0}, {33, 0}, {34, 0}, {35, 0}, {45, 0}}},
+		{"sink", sinkTentResumeQuery, "out", sinkTentatives},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			q := mustParse(t, tc.yaml)
-			local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
-			up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
-			id, sink := queryspec.TaskID(q.Name, tc.task, 0, 0), queryspec.TaskID(q.Name, "out", 0, 0)
-
-			stable, corrected := tentResumeStreams()
-			refFake, ref, _ := fakeUpstreamCluster(t, q, local)
-			refFake.stream(t, up0, append(append([]fakeTuple(nil), stable[:11]...), corrected...)...)
-			ref.apply()
-			want := viewOf(ref.tail(t, sink))
-
-			fake, c, w := fakeUpstreamCluster(t, q, local)
-			fake.stream(t, up0, stable...)
-			b1 := fake.stream(t, up1, stable[:11]...)
-			n := appendAs(t, b1, 11, tentResumeTail()...)
-			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
-			c.apply()
-			waitUntil(t, tc.task+" taking replica 0's stream", func() bool {
-				tk := w.rt.task(id)
-				return tk != nil && tk.inputs[0].stableTaken.Load() == 33
-			})
+			g := newTentResumeRig(t, tc.yaml, tc.task)
+			id := queryspec.TaskID(g.q.Name, tc.task, 0, 0)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			snap, err := w.rt.SnapshotTask(ctx, id, SnapshotOptions{Halt: true})
+			snap, err := g.w.rt.SnapshotTask(ctx, id, SnapshotOptions{Halt: true})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got := snap.Inputs[0].After; got != 33 {
 				t.Fatalf("the snapshot's input position is %d, want stable id 33", got)
 			}
-			fake.kill(up0)
-			w2 := startWorkerOpts(t, c.pool, dcaaOpts)
-			c.workers = append(c.workers, w2)
-			c.moveTask(t, id, w, w2, snap)
+			g.fake.kill(g.up0)
+			w2 := startWorkerOpts(t, g.c.pool, dcaaOpts)
+			g.c.workers = append(g.c.workers, w2)
+			g.c.moveTask(t, id, g.w, w2, snap)
 			waitUntil(t, "the restored "+tc.task+" releasing tentative results from replica 1", func() bool {
 				tk := w2.rt.task(id)
 				if tk == nil {
@@ -349,100 +389,13 @@ func TestDCAARestoredCopyResumesIntoEarlierTentativeTail(t *testing.T) {
 				_, wm := tk.outs[0].buf.StreamState()
 				return tk.tentative.Load() || wm >= int64(45*time.Millisecond)
 			})
-			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
-			n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
-			n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
-			b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
-			appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
+			g.stabilize(t)
 
-			all := c.tail(t, sink)
-			var tent [][2]int64
-			for _, tp := range all {
-				if tp.Type == tuple.Tentative {
-					v := int64(0)
-					if tp.Values[0].Kind == tuple.KindInt {
-						v = tp.Values[0].I
-					}
-					tent = append(tent, [2]int64{tp.STime / int64(time.Millisecond), v})
-				}
-			}
-			if !slices.Equal(tent, tc.wantTent) {
+			all := g.c.tail(t, g.sink())
+			if tent := tentativeAt(all); !slices.Equal(tent, tc.wantTent) {
 				t.Fatalf("tentative results (ms, count) %v, want %v", tent, tc.wantTent)
 			}
-			sameStable(t, viewOf(all).stable, want.stable, 5)
+			sameStable(t, viewOf(all).stable, g.want.stable, 5)
 		})
 	}
-}
-
-// mergeTentResumeQuery: a merging sink reading the two partitions of a
-// source whose replicas the test writes.
-const mergeTentResumeQuery = `name: mtres
-replicas: 2
-availability: {max_delay: 100ms}
-sources:
-  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}, parallelism: 2}
-sinks:
-  - {name: out, input: lines}
-`
-
-// TestDCAASinkResumesIntoEarlierTentativeTail for a merging sink: its
-// input from partition 0 moves to replica 1 (the earlier-tentative tail)
-// while partition 1 is behind (stable up to 10 ms), so the merger has
-// released nothing past 10 ms and its release does not hide the tail's
-// tuples at 11-20 ms, which the input took stable from replica 0: only
-// those past 30 ms are shown, once each. Fails before the fix: no
-// tentative result is shown.
-func TestDCAAMergingSinkResumesIntoEarlierTentativeTail(t *testing.T) {
-	q := mustParse(t, mergeTentResumeQuery)
-	local := func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource }
-	p0r0, p0r1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
-	p1r0, p1r1 := queryspec.TaskID(q.Name, "lines", 1, 0), queryspec.TaskID(q.Name, "lines", 1, 1)
-	sink := queryspec.TaskID(q.Name, "out", 0, 0)
-
-	stable, corrected := tentResumeStreams()
-	full := append(append([]fakeTuple(nil), stable[:11]...), corrected...)
-	refFake, ref, _ := fakeUpstreamCluster(t, q, local)
-	refFake.stream(t, p0r0, full...)
-	refFake.stream(t, p1r0, full...)
-	ref.apply()
-	want := viewOf(ref.tail(t, sink))
-
-	fake, c, w := fakeUpstreamCluster(t, q, local)
-	fake.stream(t, p0r0, stable...)
-	b1 := fake.stream(t, p0r1, stable[:11]...)
-	n := appendAs(t, b1, 11, tentResumeTail()...)
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_UP_FAILURE, int64(50*time.Millisecond))
-	behind := []*dataplane.OutputBuffer{fake.stream(t, p1r0, stable[:11]...), fake.stream(t, p1r1, stable[:11]...)}
-	c.apply()
-	waitUntil(t, "the sink taking partition 0's replica 0", func() bool {
-		tk := w.rt.task(sink)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
-	})
-	fake.kill(p0r0)
-	waitUntil(t, "the sink showing tentative results from replica 1", func() bool {
-		return w.rt.task(sink).tentative.Load()
-	})
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"undo", 11})...)
-	n = appendAs(t, b1, n, fakeTuples(corrected[:len(corrected)-1]...)...)
-	n = appendAs(t, b1, n, fakeTuples(fakeTuple{"recdone", 0})...)
-	b1.SetStreamState(fedstreampb.ReplicaState_REPLICA_STABLE, 0)
-	appendAs(t, b1, n, fakeTuples(corrected[len(corrected)-1])...)
-	waitUntil(t, "the sink taking partition 0's corrections", func() bool {
-		return !w.rt.task(sink).tentative.Load()
-	})
-	for _, b := range behind {
-		appendAs(t, b, 11, fakeTuples(corrected...)...)
-	}
-
-	all := c.tail(t, sink)
-	var tent []int64
-	for _, tp := range all {
-		if tp.Type == tuple.Tentative {
-			tent = append(tent, tp.STime/int64(time.Millisecond))
-		}
-	}
-	if wantTent := []int64{31, 32, 33, 34, 35, 45}; !slices.Equal(tent, wantTent) {
-		t.Fatalf("tentative results at (ms) %v, want %v", tent, wantTent)
-	}
-	sameStable(t, viewOf(all).stable, want.stable, 60)
 }

@@ -278,19 +278,12 @@ func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	last := snap.Outputs[0].LastID
 	close(release)
 	waitUntil(t, "the old copy wrote what the snapshot holds", func() bool { return writtenBy(from, kafkaSinkTask) >= last })
-	enc, err := snap.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dec TaskSnapshot
-	if err := dec.UnmarshalBinary(enc); err != nil {
-		t.Fatal(err)
-	}
+	dec := reencoded(t, snap)
 	committed := uint64(0)
 	for _, r := range readResults(t, broker) {
 		committed = max(committed, r.id)
 	}
-	c.moveTask(t, kafkaSinkTask, from, to, &dec)
+	c.moveTask(t, kafkaSinkTask, from, to, dec)
 	waitUntil(t, "the new copy read back the last committed result", func() bool { return writtenBy(to, kafkaSinkTask) >= committed })
 	for p := range 2 {
 		produce(t, broker, p, half+100, n, true)

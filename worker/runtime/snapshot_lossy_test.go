@@ -50,17 +50,9 @@ func TestLossyCopyFromSnapshotStaysLossy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	enc, err := snap.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var dec TaskSnapshot
-	if err := dec.UnmarshalBinary(enc); err != nil {
-		t.Fatal(err)
-	}
 	w2 := startWorkerOpts(t, c.pool, dcaaOpts)
 	c.workers = append(c.workers, w2)
-	c.moveTask(t, sink, w, w2, &dec)
+	c.moveTask(t, sink, w, w2, reencoded(t, snap))
 	waitUntil(t, "the copy running", func() bool {
 		tk := w2.rt.task(sink)
 		return tk != nil && tk.State().State == StateRunning
@@ -75,4 +67,19 @@ func TestLossyCopyFromSnapshotStaysLossy(t *testing.T) {
 	if !tk.unc.has(int64(10*time.Millisecond), int64(20*time.Millisecond)) {
 		t.Fatal("the copy does not know the range it holds a record of already")
 	}
+}
+
+// reencoded is s after MarshalBinary and UnmarshalBinary (a snapshot as
+// a copy on another worker gets it).
+func reencoded(t *testing.T, s *TaskSnapshot) *TaskSnapshot {
+	t.Helper()
+	enc, err := s.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dec TaskSnapshot
+	if err := dec.UnmarshalBinary(enc); err != nil {
+		t.Fatal(err)
+	}
+	return &dec
 }
