@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"os"
 	"sync"
 	"time"
 
@@ -300,9 +299,6 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 					out[s].cpu += r.CPUNanos
 					out[s].gc += int64(r.GCCycles)
 					out[s].unstable += r.Unstable
-					if os.Getenv("DCAA_SIDE_DEBUG") != "" {
-						fmt.Fprintln(os.Stderr, "DEBUG", time.Now().Format("15:04:05.000"), s, w.name, r.CPUNanos, r.TaskIn)
-					}
 					for id, n := range r.TaskIn {
 						if sides[s].sources[id] {
 							out[s].records += int64(n)
