@@ -201,6 +201,9 @@ type DCAAResult struct {
 	// OverheadRounds and CPUOverheadRounds are each pair's sink and CPU
 	// overhead, in the order run; SinkOverhead and CPUOverhead are their
 	// medians. The K1/K2 figures below are medians over the rounds too.
+	// (Side by side: no pairs and no sink figure; CPUOverhead is
+	// ReplicationOverhead and the K1/K2 figures are the medians of the
+	// windows', per copy.)
 	OverheadRounds     []float64 `json:"overhead_rounds"`
 	CPUOverheadRounds  []float64 `json:"cpu_overhead_rounds"`
 	K1RecordsPerCPUSec float64   `json:"k1_records_per_cpu_s"`
