@@ -100,7 +100,7 @@ type DCAAConfig struct {
 	// default with in-process workers, whose CPU cannot be told apart).
 	OverheadMethod string
 	// SideWindow and SideWindows are the side-by-side method's windows
-	// per round (default 1s and 5); its rounds are SaturationRounds.
+	// per round (default 2s and 4); its rounds are SaturationRounds.
 	SideWindow  time.Duration
 	SideWindows int
 	// ProfileDir, when not empty, makes every worker process write a CPU
