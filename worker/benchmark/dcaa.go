@@ -100,7 +100,7 @@ type DCAAConfig struct {
 	// default with in-process workers, whose CPU cannot be told apart).
 	OverheadMethod string
 	// SideWindow and SideWindows are the side-by-side method's windows
-	// per round (default 1s and 5); its rounds are SaturationRounds.
+	// per round (default 2s and 4); its rounds are SaturationRounds.
 	SideWindow  time.Duration
 	SideWindows int
 	// ProfileDir, when not empty, makes every worker process write a CPU
@@ -201,6 +201,9 @@ type DCAAResult struct {
 	// OverheadRounds and CPUOverheadRounds are each pair's sink and CPU
 	// overhead, in the order run; SinkOverhead and CPUOverhead are their
 	// medians. The K1/K2 figures below are medians over the rounds too.
+	// (Side by side: no pairs and no sink figure; CPUOverhead is
+	// ReplicationOverhead and the K1/K2 figures are the medians of the
+	// windows', per copy.)
 	OverheadRounds     []float64 `json:"overhead_rounds"`
 	CPUOverheadRounds  []float64 `json:"cpu_overhead_rounds"`
 	K1RecordsPerCPUSec float64   `json:"k1_records_per_cpu_s"`
