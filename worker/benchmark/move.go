@@ -282,7 +282,7 @@ func RunMove(ctx context.Context, cfg MoveConfig) (*MoveResult, error) {
 			return nil, err
 		}
 		m.w[i] = newWorkerClient(name, p)
-		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots, FlightRecorder: cfg.TraceDir != ""}
+		hello := request{Op: opHello, BoundaryInterval: moveSlide, StreamSnapshots: cfg.StreamSnapshots, Stalls: true, FlightRecorder: cfg.TraceDir != ""}
 		if ca != nil {
 			cert, key, err := ca.Issue(rpc.Identity{Org: "bench", Role: rpc.RoleWorker, Name: name}, []string{"127.0.0.1"}, 24*time.Hour)
 			if err != nil {

@@ -129,6 +129,9 @@ type request struct {
 	// Faults gives the worker's data plane a fault injection hook
 	// (hello; opFaults drives it).
 	Faults bool `json:"faults,omitempty"`
+	// Stalls starts the worker's stall sampler (hello), for opStalls:
+	// bench move's only (its goroutine wakes every millisecond).
+	Stalls bool `json:"stalls,omitempty"`
 	// FlightRecorder starts the worker's flight recorder (hello), for
 	// opTraceWrite.
 	FlightRecorder bool `json:"flight_recorder,omitempty"`

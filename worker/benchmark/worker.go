@@ -219,8 +219,8 @@ type benchWorker struct {
 	// profile is the CPU profile opProfileStart began (nil: none); only
 	// the request loop touches it.
 	profile *os.File
-	// stalls samples this process's stalls from hello on (opStalls);
-	// stopStalls ends it.
+	// stalls samples this process's stalls from hello on (opStalls;
+	// nil unless hello asked for it); stopStalls ends it.
 	stalls     *stallSampler
 	stopStalls context.CancelFunc
 	// recorder is the flight recorder hello started (nil: none).
@@ -269,9 +269,11 @@ func (w *benchWorker) hello(hello request) error {
 		return err
 	}
 	w.active = w.batched
-	var ctx context.Context
-	ctx, w.stopStalls = context.WithCancel(context.Background())
-	w.stalls = startStallSampler(ctx)
+	if hello.Stalls {
+		var ctx context.Context
+		ctx, w.stopStalls = context.WithCancel(context.Background())
+		w.stalls = startStallSampler(ctx)
+	}
 	if hello.FlightRecorder {
 		if w.recorder, err = startFlightRecorder(); err != nil {
 			return err
@@ -368,6 +370,9 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
 	case opStalls:
+		if w.stalls == nil {
+			return response{}, errors.New("stalls: the worker was started without a stall sampler (hello stalls)")
+		}
 		return response{Stalls: w.stalls.events()}, nil
 	case opTraceWrite:
 		return response{}, writeFlightRecording(w.recorder, req.Spec)
