@@ -129,6 +129,14 @@ func (l *liveness) touch(id string, until time.Time) {
 	l.heardAt[id] = time.Now()
 }
 
+// hear marks the worker heard from without giving it a deadline (a
+// registration about to commit: see workerService.Register).
+func (l *liveness) hear(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.heard[id] = true
+}
+
 func (l *liveness) forget(id string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -69,11 +69,10 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 	// leader's set-up marks every ready worker it has not heard from
 	// unknown, and it may read the record between the commit and the
 	// touch below (after signing); the worker then showed unknown until
-	// its next heartbeat. A registration that fails here leaves a
-	// deadline that expireWorkers drops (no record) or that marks down a
-	// record committed after all without its worker ever learning so.
-	ttl := s.cfg.Timings.HeartbeatTTL
-	s.liveness.touch(id, time.Now().Add(ttl))
+	// its next heartbeat. Its heartbeat deadline still starts at the
+	// touch: one started here could pass while a slow commit is pending,
+	// and expireWorkers would mark the new worker down.
+	s.liveness.hear(id)
 	res, err := s.apply(ctx, fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{
 		Worker: fsm.Worker{
 			ID: id, Name: req.Name, Org: s.cfg.Org, Addr: req.Addr,
@@ -102,6 +101,7 @@ func (ws *workerService) Register(ctx context.Context, req *pb.RegisterRequest) 
 			return nil, err
 		}
 	}
+	ttl := s.cfg.Timings.HeartbeatTTL
 	s.liveness.touch(id, time.Now().Add(ttl))
 	s.logger.Info("worker registered", "worker", id, "addr", req.Addr, "cores", cores, "dataplane_level", req.DataplaneLevel)
 	return &pb.RegisterResponse{WorkerId: id, HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs(), Certificate: cert}, nil

@@ -122,6 +122,9 @@ func TestLiveReconfiguration(t *testing.T) {
 		if path != fmt.Sprintf("v%d", tp.Version+1) {
 			t.Fatalf("tuple %d: path %s, version tag %d", tp.ID, path, tp.Version)
 		}
+		if tp.Type != tuple.Stable {
+			continue // see stableResults
+		}
 		paths[path]++
 		got = append(got, tp.Values[0].S)
 	}
@@ -133,16 +136,46 @@ func TestLiveReconfiguration(t *testing.T) {
 	if paths["v1"] == 0 || paths["v3"] == 0 {
 		t.Fatalf("paths %v: the upgrades did not happen mid-stream", paths)
 	}
-	if len(out0) != len(out1) {
-		t.Fatalf("sink replicas have %d and %d tuples", len(out0), len(out1))
+	sameReplicaResults(t, out0, out1)
+	t.Logf("paths %v", paths)
+}
+
+// sameReplicaResults checks that two sink replicas made the same
+// decisions: their stable views (stable results and boundaries, what an
+// UNDO never takes back) agree tuple for tuple, ids too unless one of
+// them sent tentative results. A replica whose upstream is silent for
+// the query's max_delay releases tentative results and corrects them
+// later (DCAA); on a loaded machine a live upstream is taken for failed
+// now and then (at load ~60 replicas of the same run's other queries
+// went UP_FAILURE and back every second, and TestQuiescentReconfiguration
+// counted 8154 data tuples against the generators' 8000), so the raw
+// streams may differ by tentative results while the stable ones may not.
+func sameReplicaResults(t *testing.T, out0, out1 []tuple.Tuple) {
+	t.Helper()
+	s0, other0 := stableResults(out0)
+	s1, other1 := stableResults(out1)
+	if len(s0) != len(s1) {
+		t.Fatalf("sink replicas have %d and %d stable tuples", len(s0), len(s1))
 	}
-	for i := range out0 {
-		a, b := &out0[i], &out1[i]
-		if a.ID != b.ID || a.Version != b.Version || a.Type != b.Type || !slices.Equal(a.Values, b.Values) {
-			t.Fatalf("tuple %d differs between the replicas: %+v / %+v", i, *a, *b)
+	for i := range s0 {
+		a, b := &s0[i], &s1[i]
+		if (!other0 && !other1 && a.ID != b.ID) || a.STime != b.STime || a.Version != b.Version || a.Type != b.Type || !slices.Equal(a.Values, b.Values) {
+			t.Fatalf("stable tuple %d differs between the replicas: %+v / %+v", i, *a, *b)
 		}
 	}
-	t.Logf("paths %v", paths)
+}
+
+// stableResults is the stable view of a sink's raw stream, and whether
+// the stream held anything else (tentative results, UNDO, REC_DONE).
+func stableResults(raw []tuple.Tuple) (stable []tuple.Tuple, other bool) {
+	for _, tp := range raw {
+		if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
+			stable = append(stable, tp)
+		} else {
+			other = true
+		}
+	}
+	return stable, other
 }
 
 // tailRaw reads a sink's result stream to its final boundary.
@@ -290,8 +323,8 @@ func TestLiveReconfigurationAggregate(t *testing.T) {
 	got := map[key]bool{}
 	tags := map[uint64]int{}
 	for _, tp := range out0 {
-		if !tp.Type.IsData() {
-			continue
+		if tp.Type != tuple.Stable {
+			continue // see stableResults
 		}
 		g, cnt, total, extra, end := tp.Values[0].I, tp.Values[1].I, tp.Values[2].I, tp.Values[3].I, tp.Values[4].I
 		k := key{end, g}
@@ -311,14 +344,6 @@ func TestLiveReconfigurationAggregate(t *testing.T) {
 	if len(got) != len(want) || tags[0] == 0 || tags[1] == 0 {
 		t.Fatalf("%d rows of %d, by tag %v", len(got), len(want), tags)
 	}
-	if len(out0) != len(out1) {
-		t.Fatalf("sink replicas have %d and %d tuples", len(out0), len(out1))
-	}
-	for i := range out0 {
-		a, b := &out0[i], &out1[i]
-		if a.ID != b.ID || a.Version != b.Version || a.Type != b.Type || !slices.Equal(a.Values, b.Values) {
-			t.Fatalf("tuple %d differs between the replicas: %+v / %+v", i, *a, *b)
-		}
-	}
+	sameReplicaResults(t, out0, out1)
 	t.Logf("rows by tag %v, cut %d", tags, cut)
 }

@@ -54,6 +54,8 @@ type reconfigRun struct {
 	changed []string
 	// strategy of the plans addPlan adds ("": live).
 	strategy string
+	// pace is the pace of the run's generators (1 unless a test sets it).
+	pace *Pace
 
 	mu  sync.Mutex
 	out []tuple.Tuple
@@ -80,7 +82,7 @@ func startReconfigRunReplicas(t *testing.T, yaml, tracking string, replicas int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts := Options{BoundaryInterval: 5 * time.Millisecond, StallAfter: 30 * time.Second}
+	opts, pace := pacedOpts(t, Options{BoundaryInterval: 5 * time.Millisecond, StallAfter: 30 * time.Second})
 	shared := dataplane.NewPool()
 	faults := dataplane.NewFaults()
 	faulty := dataplane.NewPool(faults.DialOption())
@@ -107,7 +109,7 @@ func startReconfigRunReplicas(t *testing.T, yaml, tracking string, replicas int)
 		c.specs[at[pl.TaskID]] = append(c.specs[at[pl.TaskID]], TaskSpec{TaskID: pl.TaskID, Query: q.Name,
 			Fragment: pl.Fragment, Partition: pl.Partition, Replica: pl.Replica, QueryIndex: 1, Spec: q, Placements: placements})
 	}
-	r := &reconfigRun{t: t, c: c, yaml: yaml, faults: faults, rc: fsm.QueryReconfig{Tracking: tracking}, plan: plan, tasks: len(placements),
+	r := &reconfigRun{t: t, c: c, yaml: yaml, faults: faults, rc: fsm.QueryReconfig{Tracking: tracking}, plan: plan, tasks: len(placements), pace: pace,
 		version: func(v int) string { return versionYAML(yaml, v) }, changed: []string{"a", "b"}}
 	c.apply()
 	return r
@@ -396,12 +398,24 @@ func TestReconfigThreeVersionsCoexist(t *testing.T) {
 	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	// The two plans must switch mid-stream: at load ~60 committing and
+	// switching them took most of the 1.5 s stream, the second cut lay
+	// past its end and no tuple went through v3 ("paths map[v1:5660
+	// v2:340]"). The sources go at a twentieth of their rate meanwhile
+	// (stream times, and so results, unchanged), and fast once both are
+	// switched.
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	r.commit(3)
 	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{1, 2, 3}) {
 		t.Fatalf("b runs versions %v, want [1 2 3]", v)
 	}
 	r.switchAll(100 * time.Millisecond)
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(2)
 	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{3}) {
 		t.Fatalf("b runs versions %v after both plans' markers, want [3]", v)
