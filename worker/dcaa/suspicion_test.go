@@ -60,11 +60,16 @@ func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
 	if !moved || m.Subscribed(0) != 0 {
 		t.Fatalf("replica 0 placed anew: the input reads replica %d (%s), want 0", m.Subscribed(0), renderActions(acts))
 	}
-	// The new copy delivers: its failures are forgotten, and a later
-	// refusal suspects it for four detection timeouts again.
-	id++
-	m.Step((now+5)*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: Stable})
-	if got := m.suspicion(m.inputs[0], 0); got != 4*int64(detect) {
-		t.Fatalf("after the new copy delivered, its suspicion is %v, want %v", time.Duration(got), 4*detect)
+	// The new copy, not started yet, refuses again and again: never
+	// heard, it is not backed off (tried again each four detection
+	// timeouts, as before).
+	for k := range 3 {
+		if m.Subscribed(0) != 0 {
+			t.Fatalf("refusal %d of the new copy: the input reads replica %d, want 0 (suspicion %v)", k, m.Subscribed(0), time.Duration(m.suspicion(m.inputs[0], 0)))
+		}
+		m.Step(now*ms, SubscriptionFailed{Input: 0})
+		now += 5 * int64(detect/time.Millisecond)
+		id++ // replica 1 delivers in UP_FAILURE: back to 0 once its suspicion expired
+		m.Step(now*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: UpFailure})
 	}
 }
