@@ -969,7 +969,14 @@ func (m *Machine) subscriptionFailed(i int, acts []Action) []Action {
 		return acts // complete: nothing more to read anywhere
 	}
 	in.suspect[in.replica] = m.now
-	in.fails[in.replica]++
+	if in.upState[in.replica] != Unknown {
+		// A replica that advertised a state and now refuses: killed,
+		// its stale state ranking it high (suspicion). One never heard
+		// (not started yet: at a query's start each replica refuses a
+		// few times) is not backed off: its peer's suspicion, grown so,
+		// kept inputs on a replica in UP_FAILURE for seconds.
+		in.fails[in.replica]++
+	}
 	heard := in.heard
 	acts = m.switchTo(i, m.choose(i), acts)
 	in.heard = heard

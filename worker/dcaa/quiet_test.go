@@ -17,15 +17,7 @@ import (
 // replica on their side) the alerts stopped for 6 s and came tentative.
 func TestInputStaysOffAReplicaThatWentSilent(t *testing.T) {
 	const detect = 30 * time.Millisecond
-	m, err := New(Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: 100 * time.Millisecond, Detect: detect})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start(0)
-	b := func(id uint64, at int64) []tuple.Tuple {
-		return []tuple.Tuple{{Type: tuple.Boundary, ID: id, STime: at * ms}}
-	}
-	m.Step(5*ms, Deliver{Input: 0, Tuples: b(1, 10), Upstream: Stable})
+	m := oneInputOfTwoReplicas(t, 100*time.Millisecond, detect)
 	if m.Subscribed(0) != 0 {
 		t.Fatalf("input reads replica %d, want 0", m.Subscribed(0))
 	}
@@ -41,7 +33,7 @@ func TestInputStaysOffAReplicaThatWentSilent(t *testing.T) {
 	id := uint64(1)
 	for now := int64(60); now <= 60+10*4*int64(detect/time.Millisecond); now += 20 {
 		id++
-		acts := m.Step(now*ms, Deliver{Input: 0, Tuples: b(id, 10+now), Upstream: UpFailure})
+		acts := m.Step(now*ms, Deliver{Input: 0, Tuples: boundaryAt(id, 10+now), Upstream: UpFailure})
 		for _, a := range acts {
 			if s, ok := a.(Subscribe); ok {
 				t.Fatalf("at %d ms the input moved to replica %d, which went silent and was not heard from since: %s", now, s.Replica, renderActions(acts))
@@ -57,8 +49,28 @@ func TestInputStaysOffAReplicaThatWentSilent(t *testing.T) {
 		t.Fatalf("after replica 1 went silent too the input reads replica %d, want 0", m.Subscribed(0))
 	}
 	id++
-	m.Step((now+5)*ms, Deliver{Input: 0, Tuples: b(id, now), Upstream: Stable})
+	m.Step((now+5)*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: Stable})
 	if m.Subscribed(0) != 0 || m.inputs[0].quiet[0] {
 		t.Fatalf("replica 0, heard again, still counts as silent")
 	}
+}
+
+// oneInputOfTwoReplicas is a machine with one input from an upstream of
+// two replicas, started, that took a first boundary (id 1, stream time
+// 10 ms) from replica 0 at 5 ms.
+func oneInputOfTwoReplicas(t *testing.T, share, detect time.Duration) *Machine {
+	t.Helper()
+	m, err := New(Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: share, Detect: detect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Start(0)
+	m.Step(5*ms, Deliver{Input: 0, Tuples: boundaryAt(1, 10), Upstream: Stable})
+	return m
+}
+
+// boundaryAt is a batch of one stable boundary: stable id id, stream
+// time at ms.
+func boundaryAt(id uint64, at int64) []tuple.Tuple {
+	return []tuple.Tuple{{Type: tuple.Boundary, ID: id, STime: at * ms}}
 }

@@ -3,8 +3,6 @@ package dcaa
 import (
 	"testing"
 	"time"
-
-	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // A replica whose subscriptions fail at once (its worker killed: every
@@ -16,17 +14,7 @@ import (
 // the 10 s (100 detection timeouts) this test runs.
 func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
 	const detect = 100 * time.Millisecond
-	m, err := New(Config{ID: 0, Replicas: 2, Inputs: []int{2}, Share: 300 * time.Millisecond, Detect: detect})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.Start(0)
-	b := func(id uint64, at int64) []tuple.Tuple {
-		return []tuple.Tuple{{Type: tuple.Boundary, ID: id, STime: at * ms}}
-	}
-	m.Step(5*ms, Deliver{Input: 0, Tuples: b(1, 10), Upstream: Stable})
-	// Replica 1 is heard STABLE once, so that a stale state is all the
-	// input knows of either.
+	m := oneInputOfTwoReplicas(t, 300*time.Millisecond, detect)
 	m.Step(6*ms, SubscriptionFailed{Input: 0}) // replica 0 killed
 	if m.Subscribed(0) != 1 {
 		t.Fatalf("after replica 0's subscription failed the input reads replica %d, want 1", m.Subscribed(0))
@@ -37,7 +25,7 @@ func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
 	// subscription to replica 0 fails at once.
 	step := func(now int64) {
 		id++
-		for _, a := range m.Step(now*ms, Deliver{Input: 0, Tuples: b(id, now), Upstream: UpFailure}) {
+		for _, a := range m.Step(now*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: UpFailure}) {
 			if s, ok := a.(Subscribe); ok && s.Replica == 0 {
 				tries++
 				m.Step(now*ms, SubscriptionFailed{Input: 0})
@@ -72,11 +60,16 @@ func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
 	if !moved || m.Subscribed(0) != 0 {
 		t.Fatalf("replica 0 placed anew: the input reads replica %d (%s), want 0", m.Subscribed(0), renderActions(acts))
 	}
-	// The new copy delivers: its failures are forgotten, and a later
-	// refusal suspects it for four detection timeouts again.
-	id++
-	m.Step((now+5)*ms, Deliver{Input: 0, Tuples: b(id, now), Upstream: Stable})
-	if got := m.suspicion(m.inputs[0], 0); got != 4*int64(detect) {
-		t.Fatalf("after the new copy delivered, its suspicion is %v, want %v", time.Duration(got), 4*detect)
+	// The new copy, not started yet, refuses again and again: never
+	// heard, it is not backed off (tried again each four detection
+	// timeouts, as before).
+	for k := range 3 {
+		if m.Subscribed(0) != 0 {
+			t.Fatalf("refusal %d of the new copy: the input reads replica %d, want 0 (suspicion %v)", k, m.Subscribed(0), time.Duration(m.suspicion(m.inputs[0], 0)))
+		}
+		m.Step(now*ms, SubscriptionFailed{Input: 0})
+		now += 5 * int64(detect/time.Millisecond)
+		id++ // replica 1 delivers in UP_FAILURE: back to 0 once its suspicion expired
+		m.Step(now*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: UpFailure})
 	}
 }
