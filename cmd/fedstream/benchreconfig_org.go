@@ -602,8 +602,9 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 	if sampler != nil {
 		res.Stalls = sampler.stalls(r.recv)
 	}
-	for _, e := range epochs {
+	for i, e := range epochs {
 		pt := r.plans[e]
+		res.RequestMs = append(res.RequestMs, ms(pt.committed.Sub(r.start.Add(at[i]))))
 		res.FirstAckMs = append(res.FirstAckMs, ms(pt.firstAck.Sub(pt.committed)))
 		res.SwitchedMs = append(res.SwitchedMs, ms(pt.switched.Sub(pt.committed)))
 		res.CompleteMs = append(res.CompleteMs, ms(pt.complete.Sub(pt.committed)))

@@ -262,6 +262,11 @@ type StrategyResult struct {
 	// reconfigStaging): negative when that was before the commit, as it
 	// should be. Left out for an update whose plan no worker staged.
 	StagedMs []float64 `json:"staged_ms,omitempty"`
+	// RequestMs (in an org), per update: from the benchmark's UpdateQuery
+	// call until the plan's commit in Raft (validation, staging, the
+	// plan's Raft write): what staging adds before the clock starts
+	// shows here.
+	RequestMs []float64 `json:"request_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
 	// reached the sink: the sources paused, the stream drained, the
@@ -363,7 +368,10 @@ type UpdateBreakdown struct {
 	InstalledMs float64 `json:"installed_ms"`
 	// StagedMs: the last task had built the versions from the staged
 	// plan (negative: before the commit; 0 when none staged).
-	StagedMs       float64 `json:"staged_ms"`
+	StagedMs float64 `json:"staged_ms"`
+	// RequestMs: from the UpdateQuery call to the commit (not part of
+	// the update time).
+	RequestMs      float64 `json:"request_ms"`
 	AcksReceivedMs float64 `json:"acks_received_ms"`
 	SwitchedMs     float64 `json:"switched_ms"`
 	RaftWriteMs    float64 `json:"raft_write_ms"`
