@@ -1,15 +1,10 @@
 package runtime
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/fedstream/fedstream/config/queryspec"
-	"github.com/fedstream/fedstream/fsm"
-	"github.com/fedstream/fedstream/worker/dataplane"
 )
 
 // TestReconfigStagedPlanBuiltAhead: a plan staged while it commits has
@@ -91,30 +86,5 @@ func TestReconfigStagedPlanBuiltAhead(t *testing.T) {
 	paths := r.check(limit, true)
 	if paths["v5"] != 0 {
 		t.Fatalf("tuples processed by the staged plan that never committed: %v", paths)
-	}
-}
-
-// TestReconfigHandedToAFailedTask: a task that could not be built (here
-// a fragment its query does not have) is handed a reconfiguration, staged
-// and then committed, like any task of the query: nothing is built for it
-// and the worker goes on (it dereferenced the task's missing node).
-func TestReconfigHandedToAFailedTask(t *testing.T) {
-	q, err := queryspec.Parse("rc.yaml", []byte(fmt.Sprintf(reconfigYAML, 10, 10)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := dataplane.NewPool()
-	t.Cleanup(func() { pool.Close() })
-	w := startWorkerOpts(t, pool, Options{BoundaryInterval: 5 * time.Millisecond})
-	t.Cleanup(func() { w.close(t) })
-	spec := TaskSpec{TaskID: "rc/nope/p0/r0", Query: "rc", Fragment: "nope", QueryIndex: 1, Spec: q}
-	w.rt.Apply(context.Background(), []TaskSpec{spec})
-	r := &reconfigRun{t: t, version: func(v int) string { return versionYAML(fmt.Sprintf(reconfigYAML, 10, 10), v) }, changed: []string{"a", "b"}}
-	plan := r.nextPlan(2)
-	w.rt.Stage([]StagedPlan{{Query: "rc", QueryIndex: 1, Plan: plan}})
-	spec.Reconfig = &fsm.QueryReconfig{Plans: []fsm.ReconfigPlan{plan}}
-	w.rt.Apply(context.Background(), []TaskSpec{spec})
-	if sts := w.rt.States(); len(sts) != 1 || sts[0].State != StateFailed {
-		t.Fatalf("states %+v, want the one failed task", sts)
 	}
 }
