@@ -100,15 +100,9 @@ func (rs *reconfigService) UpdateQuery(ctx context.Context, req *pb.UpdateQueryR
 		plan.Changes = append(plan.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
 		resp.Changes = append(resp.Changes, &pb.OperatorVersionChange{Operator: op, Version: int32(v)})
 	}
-	// The workers build the plan's versions while it commits
-	// (reconfigStaging); it acts only once committed.
-	staged := plan
-	staged.Phase = fsm.ReconfigLoading
-	unstage := s.rcStage.stage(q, staged)
 	res, err := s.apply(ctx, fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{
 		Query: q.Name, Plan: plan, Tracking: req.Tracking, IdempotencyKey: req.IdempotencyKey, At: time.Now().UnixNano(),
 	})
-	unstage(err == nil && res.Err == nil)
 	if err != nil {
 		return nil, err
 	}

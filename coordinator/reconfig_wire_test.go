@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"reflect"
 	"testing"
-	"time"
 
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -104,67 +103,5 @@ func TestSamePlanComparesEveryField(t *testing.T) {
 	b.SpecJSON = []byte("x")
 	if !samePlan(&a, &b) {
 		t.Error("equal plans compare unequal")
-	}
-}
-
-// TestWatchAssignmentsAnswersStagedPlans: a worker that takes staged
-// plans is answered at once, its index unchanged, when the leader stages
-// a plan it is committing, and again when one is withdrawn without
-// committing; with the staged generation it has, it waits as before. A
-// worker that does not ask for them is not woken by staging.
-func TestWatchAssignmentsAnswersStagedPlans(t *testing.T) {
-	t.Parallel()
-	c := newTestCluster(t, 1, "", "")
-	l := c.leader()
-	w := c.startWorker(t, l, "w1")
-	wc := c.workers(l)
-	first, err := wc.WatchAssignments(ctxT(t, 5*time.Second), &pb.WatchAssignmentsRequest{WorkerId: w.id, ReconfigPlans: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	watch := func(req *pb.WatchAssignmentsRequest) <-chan *pb.WatchAssignmentsResponse {
-		ch := make(chan *pb.WatchAssignmentsResponse, 1)
-		go func() {
-			r, err := wc.WatchAssignments(ctxT(t, 30*time.Second), req)
-			if err != nil {
-				t.Error(err)
-			}
-			ch <- r
-		}()
-		return ch
-	}
-	staging := watch(&pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 25000, ReconfigPlans: true, StagedGen: first.StagedGen})
-	plain := watch(&pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 1000})
-	srv := c.nodes[l]
-	// Stage once the watch waits (a watch that starts after the staging
-	// is answered at once as well).
-	q := &fsm.Query{Name: "q", CreateIndex: 3}
-	withdraw := srv.rcStage.stage(q, fsm.ReconfigPlan{Epoch: 1, Phase: fsm.ReconfigLoading, SpecJSON: []byte(`{}`)})
-	var got *pb.WatchAssignmentsResponse
-	select {
-	case got = <-staging:
-	case <-time.After(10 * time.Second):
-		t.Fatal("a staged plan did not wake the watch")
-	}
-	if got == nil || got.Index != first.Index || got.StagedGen == first.StagedGen || len(got.Staged) != 1 ||
-		got.Staged[0].Query != "q" || got.Staged[0].QueryIndex != 3 || len(got.Assignments) != 0 {
-		t.Fatalf("staged answer: %v (first index %d)", got, first.Index)
-	}
-	if r := <-plain; r == nil || r.Index != first.Index || r.StagedGen != 0 || len(r.Staged) != 0 {
-		t.Fatalf("a worker that does not take staged plans got %v", r)
-	}
-	// With the generation it has, it waits (here until its max wait).
-	if r := <-watch(&pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 300, ReconfigPlans: true, StagedGen: got.StagedGen}); r == nil || r.StagedGen != got.StagedGen {
-		t.Fatalf("a watch up to date with the staged plans: %v", r)
-	}
-	waiting := watch(&pb.WatchAssignmentsRequest{WorkerId: w.id, MinIndex: first.Index, MaxWaitMs: 25000, ReconfigPlans: true, StagedGen: got.StagedGen})
-	withdraw(false)
-	select {
-	case r := <-waiting:
-		if r == nil || r.StagedGen == got.StagedGen || len(r.Staged) != 0 {
-			t.Fatalf("after the plan was withdrawn: %v", r)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("a withdrawn plan did not wake the watch")
 	}
 }

@@ -100,9 +100,6 @@ type Server struct {
 	// rcWire encodes queries' reconfiguration states for the
 	// assignment watch (reconfigWire).
 	rcWire reconfigWire
-	// rcStage holds the reconfiguration plans being committed, for
-	// the workers to build ahead (reconfigStaging).
-	rcStage reconfigStaging
 	// leading is true while this node's leader duties run (set-up done).
 	leading atomic.Bool
 	// applier is the running plan applier while this node leads (see

@@ -229,37 +229,13 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		tasks   []*fsm.Task
 		queries []*fsm.QueryView
 	)
-	// A worker that takes staged plans (reconfigStaging) is answered at
-	// once, its index unchanged, when they changed since it last heard.
-	bctx := ctx
-	stagedGen, staged, stagedChanged := s.rcStage.current()
-	if req.ReconfigPlans {
-		if stagedGen != req.StagedGen && req.MinIndex != 0 {
-			return &pb.WatchAssignmentsResponse{Index: req.MinIndex, StagedGen: stagedGen, Staged: staged}, nil
-		}
-		var cancel context.CancelFunc
-		bctx, cancel = context.WithCancel(ctx)
-		defer cancel()
-		go func() {
-			select {
-			case <-stagedChanged:
-				cancel()
-			case <-bctx.Done():
-			}
-		}()
-	}
-	index, err := s.State().BlockingQuery(bctx, req.MinIndex, wait, func(wset memdb.WatchSet) (uint64, error) {
+	index, err := s.State().BlockingQuery(ctx, req.MinIndex, wait, func(wset memdb.WatchSet) (uint64, error) {
 		idx, t, q, err := s.State().WorkerAssignments(wset, req.WorkerId)
 		tasks, queries = t, q
 		return idx, err
 	})
 	if errors.Is(err, fsm.ErrWorkerNotFound) {
 		return nil, errUnknownWorker(req.WorkerId)
-	}
-	if errors.Is(err, context.Canceled) && ctx.Err() == nil && bctx.Err() != nil {
-		// Staged plans changed while waiting.
-		gen, staged, _ := s.rcStage.current()
-		return &pb.WatchAssignmentsResponse{Index: req.MinIndex, StagedGen: gen, Staged: staged}, nil
 	}
 	if err != nil {
 		if ctx.Err() != nil {
@@ -268,9 +244,6 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		return nil, status.Errorf(codes.Internal, "watch assignments: %v", err)
 	}
 	resp := &pb.WatchAssignmentsResponse{Index: index}
-	if req.ReconfigPlans {
-		resp.StagedGen, resp.Staged = stagedGen, staged
-	}
 	queryIndex := map[string]uint64{}
 	own := map[string]map[string]bool{} // query -> fragments this worker runs
 	for _, t := range tasks {

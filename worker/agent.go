@@ -605,7 +605,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 
 // watchLoop long-polls the assignment set and applies each new one.
 func (w *Worker) watchLoop(ctx context.Context) {
-	var index, stagedGen uint64
+	var index uint64
 	var lastEpoch uint64
 	var parsed specCache
 	backoff := agentRetry.New()
@@ -617,7 +617,7 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		var resp *pb.WatchAssignmentsResponse
 		err := w.call(ctx, w.cfg.WatchWait+10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
 			var err error
-			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds(), ReconfigPlans: true, StagedGen: stagedGen})
+			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds(), ReconfigPlans: true})
 			return err
 		})
 		if err != nil {
@@ -635,13 +635,8 @@ func (w *Worker) watchLoop(ctx context.Context) {
 			continue
 		}
 		backoff.Reset()
-		if resp.StagedGen != stagedGen {
-			// Plans being committed: build their versions ahead.
-			stagedGen = resp.StagedGen
-			w.stage(resp.Staged)
-		}
 		if resp.Index == index {
-			continue // max wait elapsed without change, or only staged plans
+			continue // max wait elapsed without change
 		}
 		index = resp.Index
 		specs, err := taskSpecs(resp, &parsed)
@@ -664,22 +659,6 @@ func (w *Worker) watchLoop(ctx context.Context) {
 			debug.FreeOSMemory()
 		}
 	}
-}
-
-// stage hands the runtime the reconfiguration plans the leader is
-// committing (runtime.Stage); one that does not decode is not built
-// ahead (its commit brings it as usual).
-func (w *Worker) stage(staged []*pb.StagedPlan) {
-	plans := make([]wrt.StagedPlan, 0, len(staged))
-	for _, sp := range staged {
-		var p fsm.ReconfigPlan
-		if err := json.Unmarshal(sp.PlanJson, &p); err != nil {
-			w.logger.Warn("staged reconfiguration plan does not decode; it is built when committed", "query", sp.Query, "err", err)
-			continue
-		}
-		plans = append(plans, wrt.StagedPlan{Query: sp.Query, QueryIndex: sp.QueryIndex, Plan: p})
-	}
-	w.runtime.Stage(plans)
 }
 
 // specCache holds the query definitions of the last watch response,

@@ -614,17 +614,11 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if b := o.fed.coords[0].ReconfigAcksWriteBegan(name, e); !b.IsZero() {
 			res.AckWriteMs = append(res.AckWriteMs, ms(b.Sub(pt.committed)))
 		}
-		var installed, staged time.Time
+		var installed time.Time
 		for _, w := range o.fed.workers {
 			if t := w.Runtime().ReconfigInstalled(name, e); t.After(installed) {
 				installed = t
 			}
-			if t := w.Runtime().ReconfigStaged(name, e); t.After(staged) {
-				staged = t
-			}
-		}
-		if !staged.IsZero() {
-			res.StagedMs = append(res.StagedMs, ms(staged.Sub(pt.committed)))
 		}
 		if !installed.IsZero() {
 			res.InstalledMs = append(res.InstalledMs, ms(installed.Sub(pt.committed)))

@@ -376,11 +376,6 @@ type WatchAssignmentsRequest struct {
 	// QueryView.reconfig_plans_json and reconfig_tracking: the coordinator
 	// then leaves reconfig_json empty for the queries it sends.
 	ReconfigPlans bool `protobuf:"varint,671,opt,name=reconfig_plans,json=reconfigPlans,proto3" json:"reconfig_plans,omitempty"`
-	// The newest generation of staged plans the worker has
-	// (WatchAssignmentsResponse.staged_gen): a worker that asks for
-	// reconfig_plans is answered at once, index unchanged, when the
-	// coordinator stages newer ones.
-	StagedGen     uint64 `protobuf:"varint,675,opt,name=staged_gen,json=stagedGen,proto3" json:"staged_gen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -441,13 +436,6 @@ func (x *WatchAssignmentsRequest) GetReconfigPlans() bool {
 		return x.ReconfigPlans
 	}
 	return false
-}
-
-func (x *WatchAssignmentsRequest) GetStagedGen() uint64 {
-	if x != nil {
-		return x.StagedGen
-	}
-	return 0
 }
 
 // One task the worker must run, with everything it needs to run it.
@@ -1024,19 +1012,10 @@ func (x *SlotMap) GetStarts() []int64 {
 }
 
 type WatchAssignmentsResponse struct {
-	state       protoimpl.MessageState `protogen:"open.v1"`
-	Index       uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	Assignments []*Assignment          `protobuf:"bytes,2,rep,name=assignments,proto3" json:"assignments,omitempty"`
-	Queries     []*QueryView           `protobuf:"bytes,3,rep,name=queries,proto3" json:"queries,omitempty"`
-	// ---- live reconfiguration, session 15: staging. The reconfiguration
-	// plans the leader is committing (validated, proposed, not yet
-	// committed), generation staged_gen. A worker builds the new versions
-	// of its tasks ahead, with no effect: a plan takes effect only once
-	// committed, as ever, and the worker then installs what it built if the
-	// committed plan is the staged one (its build is discarded otherwise,
-	// or when the plan is dropped from the staged set without committing).
-	StagedGen     uint64        `protobuf:"varint,676,opt,name=staged_gen,json=stagedGen,proto3" json:"staged_gen,omitempty"`
-	Staged        []*StagedPlan `protobuf:"bytes,677,rep,name=staged,proto3" json:"staged,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Index         uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Assignments   []*Assignment          `protobuf:"bytes,2,rep,name=assignments,proto3" json:"assignments,omitempty"`
+	Queries       []*QueryView           `protobuf:"bytes,3,rep,name=queries,proto3" json:"queries,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1092,83 +1071,6 @@ func (x *WatchAssignmentsResponse) GetQueries() []*QueryView {
 	return nil
 }
 
-func (x *WatchAssignmentsResponse) GetStagedGen() uint64 {
-	if x != nil {
-		return x.StagedGen
-	}
-	return 0
-}
-
-func (x *WatchAssignmentsResponse) GetStaged() []*StagedPlan {
-	if x != nil {
-		return x.Staged
-	}
-	return nil
-}
-
-// A reconfiguration plan being committed (WatchAssignmentsResponse.staged).
-type StagedPlan struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	Query string                 `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
-	// The query's create index (Assignment.query_index).
-	QueryIndex uint64 `protobuf:"varint,2,opt,name=query_index,json=queryIndex,proto3" json:"query_index,omitempty"`
-	// The plan's JSON (fsm.ReconfigPlan, phase loading).
-	PlanJson      []byte `protobuf:"bytes,3,opt,name=plan_json,json=planJson,proto3" json:"plan_json,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *StagedPlan) Reset() {
-	*x = StagedPlan{}
-	mi := &file_fedstream_proto_msgTypes[11]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *StagedPlan) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*StagedPlan) ProtoMessage() {}
-
-func (x *StagedPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[11]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use StagedPlan.ProtoReflect.Descriptor instead.
-func (*StagedPlan) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{11}
-}
-
-func (x *StagedPlan) GetQuery() string {
-	if x != nil {
-		return x.Query
-	}
-	return ""
-}
-
-func (x *StagedPlan) GetQueryIndex() uint64 {
-	if x != nil {
-		return x.QueryIndex
-	}
-	return 0
-}
-
-func (x *StagedPlan) GetPlanJson() []byte {
-	if x != nil {
-		return x.PlanJson
-	}
-	return nil
-}
-
 type TaskState struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
@@ -1217,7 +1119,7 @@ type TaskState struct {
 
 func (x *TaskState) Reset() {
 	*x = TaskState{}
-	mi := &file_fedstream_proto_msgTypes[12]
+	mi := &file_fedstream_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1229,7 +1131,7 @@ func (x *TaskState) String() string {
 func (*TaskState) ProtoMessage() {}
 
 func (x *TaskState) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[12]
+	mi := &file_fedstream_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1242,7 +1144,7 @@ func (x *TaskState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskState.ProtoReflect.Descriptor instead.
 func (*TaskState) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{12}
+	return file_fedstream_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TaskState) GetTaskId() string {
@@ -1346,7 +1248,7 @@ type ReportTasksRequest struct {
 
 func (x *ReportTasksRequest) Reset() {
 	*x = ReportTasksRequest{}
-	mi := &file_fedstream_proto_msgTypes[13]
+	mi := &file_fedstream_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1358,7 +1260,7 @@ func (x *ReportTasksRequest) String() string {
 func (*ReportTasksRequest) ProtoMessage() {}
 
 func (x *ReportTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[13]
+	mi := &file_fedstream_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1371,7 +1273,7 @@ func (x *ReportTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTasksRequest.ProtoReflect.Descriptor instead.
 func (*ReportTasksRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{13}
+	return file_fedstream_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ReportTasksRequest) GetWorkerId() string {
@@ -1396,7 +1298,7 @@ type ReportTasksResponse struct {
 
 func (x *ReportTasksResponse) Reset() {
 	*x = ReportTasksResponse{}
-	mi := &file_fedstream_proto_msgTypes[14]
+	mi := &file_fedstream_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1310,7 @@ func (x *ReportTasksResponse) String() string {
 func (*ReportTasksResponse) ProtoMessage() {}
 
 func (x *ReportTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[14]
+	mi := &file_fedstream_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1323,7 @@ func (x *ReportTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTasksResponse.ProtoReflect.Descriptor instead.
 func (*ReportTasksResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{14}
+	return file_fedstream_proto_rawDescGZIP(), []int{13}
 }
 
 type StatusRequest struct {
@@ -1432,7 +1334,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[15]
+	mi := &file_fedstream_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1346,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[15]
+	mi := &file_fedstream_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1359,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{15}
+	return file_fedstream_proto_rawDescGZIP(), []int{14}
 }
 
 type Peer struct {
@@ -1471,7 +1373,7 @@ type Peer struct {
 
 func (x *Peer) Reset() {
 	*x = Peer{}
-	mi := &file_fedstream_proto_msgTypes[16]
+	mi := &file_fedstream_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1483,7 +1385,7 @@ func (x *Peer) String() string {
 func (*Peer) ProtoMessage() {}
 
 func (x *Peer) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[16]
+	mi := &file_fedstream_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1496,7 +1398,7 @@ func (x *Peer) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Peer.ProtoReflect.Descriptor instead.
 func (*Peer) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{16}
+	return file_fedstream_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Peer) GetId() string {
@@ -1542,7 +1444,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[17]
+	mi := &file_fedstream_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1456,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[17]
+	mi := &file_fedstream_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1469,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{17}
+	return file_fedstream_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *StatusResponse) GetOrg() string {
@@ -1679,7 +1581,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_fedstream_proto_msgTypes[18]
+	mi := &file_fedstream_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1593,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[18]
+	mi := &file_fedstream_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1606,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{18}
+	return file_fedstream_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WorkerInfo) GetId() string {
@@ -1792,7 +1694,7 @@ type ListWorkersRequest struct {
 
 func (x *ListWorkersRequest) Reset() {
 	*x = ListWorkersRequest{}
-	mi := &file_fedstream_proto_msgTypes[19]
+	mi := &file_fedstream_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1804,7 +1706,7 @@ func (x *ListWorkersRequest) String() string {
 func (*ListWorkersRequest) ProtoMessage() {}
 
 func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[19]
+	mi := &file_fedstream_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1817,7 +1719,7 @@ func (x *ListWorkersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersRequest.ProtoReflect.Descriptor instead.
 func (*ListWorkersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{19}
+	return file_fedstream_proto_rawDescGZIP(), []int{18}
 }
 
 type ListWorkersResponse struct {
@@ -1829,7 +1731,7 @@ type ListWorkersResponse struct {
 
 func (x *ListWorkersResponse) Reset() {
 	*x = ListWorkersResponse{}
-	mi := &file_fedstream_proto_msgTypes[20]
+	mi := &file_fedstream_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1743,7 @@ func (x *ListWorkersResponse) String() string {
 func (*ListWorkersResponse) ProtoMessage() {}
 
 func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[20]
+	mi := &file_fedstream_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1756,7 @@ func (x *ListWorkersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListWorkersResponse.ProtoReflect.Descriptor instead.
 func (*ListWorkersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{20}
+	return file_fedstream_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListWorkersResponse) GetWorkers() []*WorkerInfo {
@@ -1877,7 +1779,7 @@ type SubmitQueryRequest struct {
 
 func (x *SubmitQueryRequest) Reset() {
 	*x = SubmitQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[21]
+	mi := &file_fedstream_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1889,7 +1791,7 @@ func (x *SubmitQueryRequest) String() string {
 func (*SubmitQueryRequest) ProtoMessage() {}
 
 func (x *SubmitQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[21]
+	mi := &file_fedstream_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1902,7 +1804,7 @@ func (x *SubmitQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitQueryRequest.ProtoReflect.Descriptor instead.
 func (*SubmitQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{21}
+	return file_fedstream_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SubmitQueryRequest) GetYaml() []byte {
@@ -1937,7 +1839,7 @@ type SubmitQueryResponse struct {
 
 func (x *SubmitQueryResponse) Reset() {
 	*x = SubmitQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[22]
+	mi := &file_fedstream_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +1851,7 @@ func (x *SubmitQueryResponse) String() string {
 func (*SubmitQueryResponse) ProtoMessage() {}
 
 func (x *SubmitQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[22]
+	mi := &file_fedstream_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +1864,7 @@ func (x *SubmitQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitQueryResponse.ProtoReflect.Descriptor instead.
 func (*SubmitQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{22}
+	return file_fedstream_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SubmitQueryResponse) GetName() string {
@@ -2026,7 +1928,7 @@ type TaskInfo struct {
 
 func (x *TaskInfo) Reset() {
 	*x = TaskInfo{}
-	mi := &file_fedstream_proto_msgTypes[23]
+	mi := &file_fedstream_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2038,7 +1940,7 @@ func (x *TaskInfo) String() string {
 func (*TaskInfo) ProtoMessage() {}
 
 func (x *TaskInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[23]
+	mi := &file_fedstream_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2051,7 +1953,7 @@ func (x *TaskInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskInfo.ProtoReflect.Descriptor instead.
 func (*TaskInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{23}
+	return file_fedstream_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TaskInfo) GetTaskId() string {
@@ -2188,7 +2090,7 @@ type QueryInfo struct {
 
 func (x *QueryInfo) Reset() {
 	*x = QueryInfo{}
-	mi := &file_fedstream_proto_msgTypes[24]
+	mi := &file_fedstream_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2200,7 +2102,7 @@ func (x *QueryInfo) String() string {
 func (*QueryInfo) ProtoMessage() {}
 
 func (x *QueryInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[24]
+	mi := &file_fedstream_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2213,7 +2115,7 @@ func (x *QueryInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryInfo.ProtoReflect.Descriptor instead.
 func (*QueryInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{24}
+	return file_fedstream_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *QueryInfo) GetName() string {
@@ -2273,7 +2175,7 @@ type ListQueriesRequest struct {
 
 func (x *ListQueriesRequest) Reset() {
 	*x = ListQueriesRequest{}
-	mi := &file_fedstream_proto_msgTypes[25]
+	mi := &file_fedstream_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2285,7 +2187,7 @@ func (x *ListQueriesRequest) String() string {
 func (*ListQueriesRequest) ProtoMessage() {}
 
 func (x *ListQueriesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[25]
+	mi := &file_fedstream_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2298,7 +2200,7 @@ func (x *ListQueriesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueriesRequest.ProtoReflect.Descriptor instead.
 func (*ListQueriesRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{25}
+	return file_fedstream_proto_rawDescGZIP(), []int{24}
 }
 
 type ListQueriesResponse struct {
@@ -2310,7 +2212,7 @@ type ListQueriesResponse struct {
 
 func (x *ListQueriesResponse) Reset() {
 	*x = ListQueriesResponse{}
-	mi := &file_fedstream_proto_msgTypes[26]
+	mi := &file_fedstream_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2224,7 @@ func (x *ListQueriesResponse) String() string {
 func (*ListQueriesResponse) ProtoMessage() {}
 
 func (x *ListQueriesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[26]
+	mi := &file_fedstream_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2237,7 @@ func (x *ListQueriesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListQueriesResponse.ProtoReflect.Descriptor instead.
 func (*ListQueriesResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{26}
+	return file_fedstream_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListQueriesResponse) GetQueries() []*QueryInfo {
@@ -2354,7 +2256,7 @@ type GetQueryRequest struct {
 
 func (x *GetQueryRequest) Reset() {
 	*x = GetQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[27]
+	mi := &file_fedstream_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2268,7 @@ func (x *GetQueryRequest) String() string {
 func (*GetQueryRequest) ProtoMessage() {}
 
 func (x *GetQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[27]
+	mi := &file_fedstream_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2281,7 @@ func (x *GetQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetQueryRequest.ProtoReflect.Descriptor instead.
 func (*GetQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{27}
+	return file_fedstream_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GetQueryRequest) GetName() string {
@@ -2399,7 +2301,7 @@ type StopQueryRequest struct {
 
 func (x *StopQueryRequest) Reset() {
 	*x = StopQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[28]
+	mi := &file_fedstream_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2411,7 +2313,7 @@ func (x *StopQueryRequest) String() string {
 func (*StopQueryRequest) ProtoMessage() {}
 
 func (x *StopQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[28]
+	mi := &file_fedstream_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2424,7 +2326,7 @@ func (x *StopQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopQueryRequest.ProtoReflect.Descriptor instead.
 func (*StopQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{28}
+	return file_fedstream_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StopQueryRequest) GetName() string {
@@ -2449,7 +2351,7 @@ type StopQueryResponse struct {
 
 func (x *StopQueryResponse) Reset() {
 	*x = StopQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2461,7 +2363,7 @@ func (x *StopQueryResponse) String() string {
 func (*StopQueryResponse) ProtoMessage() {}
 
 func (x *StopQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[29]
+	mi := &file_fedstream_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2474,7 +2376,7 @@ func (x *StopQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopQueryResponse.ProtoReflect.Descriptor instead.
 func (*StopQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{29}
+	return file_fedstream_proto_rawDescGZIP(), []int{28}
 }
 
 // Moves a running task to a partner org under a contract; answers once
@@ -2491,7 +2393,7 @@ type MigrateTaskRequest struct {
 
 func (x *MigrateTaskRequest) Reset() {
 	*x = MigrateTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2405,7 @@ func (x *MigrateTaskRequest) String() string {
 func (*MigrateTaskRequest) ProtoMessage() {}
 
 func (x *MigrateTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[30]
+	mi := &file_fedstream_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2418,7 @@ func (x *MigrateTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateTaskRequest.ProtoReflect.Descriptor instead.
 func (*MigrateTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{30}
+	return file_fedstream_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MigrateTaskRequest) GetTaskId() string {
@@ -2552,7 +2454,7 @@ type MigrateTaskResponse struct {
 
 func (x *MigrateTaskResponse) Reset() {
 	*x = MigrateTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2564,7 +2466,7 @@ func (x *MigrateTaskResponse) String() string {
 func (*MigrateTaskResponse) ProtoMessage() {}
 
 func (x *MigrateTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[31]
+	mi := &file_fedstream_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2577,7 +2479,7 @@ func (x *MigrateTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MigrateTaskResponse.ProtoReflect.Descriptor instead.
 func (*MigrateTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{31}
+	return file_fedstream_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *MigrateTaskResponse) GetTaskId() string {
@@ -2611,7 +2513,7 @@ type ReturnTaskRequest struct {
 
 func (x *ReturnTaskRequest) Reset() {
 	*x = ReturnTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2623,7 +2525,7 @@ func (x *ReturnTaskRequest) String() string {
 func (*ReturnTaskRequest) ProtoMessage() {}
 
 func (x *ReturnTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[32]
+	mi := &file_fedstream_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2636,7 +2538,7 @@ func (x *ReturnTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnTaskRequest.ProtoReflect.Descriptor instead.
 func (*ReturnTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{32}
+	return file_fedstream_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReturnTaskRequest) GetTaskId() string {
@@ -2657,7 +2559,7 @@ type ReturnTaskResponse struct {
 
 func (x *ReturnTaskResponse) Reset() {
 	*x = ReturnTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2669,7 +2571,7 @@ func (x *ReturnTaskResponse) String() string {
 func (*ReturnTaskResponse) ProtoMessage() {}
 
 func (x *ReturnTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[33]
+	mi := &file_fedstream_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2682,7 +2584,7 @@ func (x *ReturnTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReturnTaskResponse.ProtoReflect.Descriptor instead.
 func (*ReturnTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{33}
+	return file_fedstream_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReturnTaskResponse) GetTaskId() string {
@@ -2715,7 +2617,7 @@ type QueryStatsRequest struct {
 
 func (x *QueryStatsRequest) Reset() {
 	*x = QueryStatsRequest{}
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2727,7 +2629,7 @@ func (x *QueryStatsRequest) String() string {
 func (*QueryStatsRequest) ProtoMessage() {}
 
 func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[34]
+	mi := &file_fedstream_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2740,7 +2642,7 @@ func (x *QueryStatsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsRequest.ProtoReflect.Descriptor instead.
 func (*QueryStatsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{34}
+	return file_fedstream_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *QueryStatsRequest) GetQuery() string {
@@ -2807,7 +2709,7 @@ type TaskStats struct {
 
 func (x *TaskStats) Reset() {
 	*x = TaskStats{}
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +2721,7 @@ func (x *TaskStats) String() string {
 func (*TaskStats) ProtoMessage() {}
 
 func (x *TaskStats) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[35]
+	mi := &file_fedstream_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +2734,7 @@ func (x *TaskStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskStats.ProtoReflect.Descriptor instead.
 func (*TaskStats) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{35}
+	return file_fedstream_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TaskStats) GetTask() string {
@@ -2975,7 +2877,7 @@ type HealthHeldBacklog struct {
 
 func (x *HealthHeldBacklog) Reset() {
 	*x = HealthHeldBacklog{}
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +2889,7 @@ func (x *HealthHeldBacklog) String() string {
 func (*HealthHeldBacklog) ProtoMessage() {}
 
 func (x *HealthHeldBacklog) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[36]
+	mi := &file_fedstream_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +2902,7 @@ func (x *HealthHeldBacklog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthHeldBacklog.ProtoReflect.Descriptor instead.
 func (*HealthHeldBacklog) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{36}
+	return file_fedstream_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HealthHeldBacklog) GetFragment() string {
@@ -3034,7 +2936,7 @@ type QueryStatsResponse struct {
 
 func (x *QueryStatsResponse) Reset() {
 	*x = QueryStatsResponse{}
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3046,7 +2948,7 @@ func (x *QueryStatsResponse) String() string {
 func (*QueryStatsResponse) ProtoMessage() {}
 
 func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[37]
+	mi := &file_fedstream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3059,7 +2961,7 @@ func (x *QueryStatsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryStatsResponse.ProtoReflect.Descriptor instead.
 func (*QueryStatsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{37}
+	return file_fedstream_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *QueryStatsResponse) GetQuery() string {
@@ -3137,7 +3039,7 @@ type SubscribeRequest struct {
 
 func (x *SubscribeRequest) Reset() {
 	*x = SubscribeRequest{}
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3149,7 +3051,7 @@ func (x *SubscribeRequest) String() string {
 func (*SubscribeRequest) ProtoMessage() {}
 
 func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[38]
+	mi := &file_fedstream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3162,7 +3064,7 @@ func (x *SubscribeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubscribeRequest.ProtoReflect.Descriptor instead.
 func (*SubscribeRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{38}
+	return file_fedstream_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *SubscribeRequest) GetStream() *StreamRef {
@@ -3256,7 +3158,7 @@ type StreamRef struct {
 
 func (x *StreamRef) Reset() {
 	*x = StreamRef{}
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3268,7 +3170,7 @@ func (x *StreamRef) String() string {
 func (*StreamRef) ProtoMessage() {}
 
 func (x *StreamRef) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[39]
+	mi := &file_fedstream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3281,7 +3183,7 @@ func (x *StreamRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StreamRef.ProtoReflect.Descriptor instead.
 func (*StreamRef) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{39}
+	return file_fedstream_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *StreamRef) GetQuery() string {
@@ -3356,7 +3258,7 @@ type Batch struct {
 
 func (x *Batch) Reset() {
 	*x = Batch{}
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3368,7 +3270,7 @@ func (x *Batch) String() string {
 func (*Batch) ProtoMessage() {}
 
 func (x *Batch) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[40]
+	mi := &file_fedstream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3381,7 +3283,7 @@ func (x *Batch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Batch.ProtoReflect.Descriptor instead.
 func (*Batch) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{40}
+	return file_fedstream_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *Batch) GetData() []byte {
@@ -3468,7 +3370,7 @@ type IngestRequest struct {
 
 func (x *IngestRequest) Reset() {
 	*x = IngestRequest{}
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3480,7 +3382,7 @@ func (x *IngestRequest) String() string {
 func (*IngestRequest) ProtoMessage() {}
 
 func (x *IngestRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[41]
+	mi := &file_fedstream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3493,7 +3395,7 @@ func (x *IngestRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestRequest.ProtoReflect.Descriptor instead.
 func (*IngestRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{41}
+	return file_fedstream_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *IngestRequest) GetQuery() string {
@@ -3548,7 +3450,7 @@ type LineError struct {
 
 func (x *LineError) Reset() {
 	*x = LineError{}
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3560,7 +3462,7 @@ func (x *LineError) String() string {
 func (*LineError) ProtoMessage() {}
 
 func (x *LineError) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[42]
+	mi := &file_fedstream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3573,7 +3475,7 @@ func (x *LineError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LineError.ProtoReflect.Descriptor instead.
 func (*LineError) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{42}
+	return file_fedstream_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LineError) GetLine() uint64 {
@@ -3613,7 +3515,7 @@ type IngestResponse struct {
 
 func (x *IngestResponse) Reset() {
 	*x = IngestResponse{}
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3625,7 +3527,7 @@ func (x *IngestResponse) String() string {
 func (*IngestResponse) ProtoMessage() {}
 
 func (x *IngestResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[43]
+	mi := &file_fedstream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3638,7 +3540,7 @@ func (x *IngestResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IngestResponse.ProtoReflect.Descriptor instead.
 func (*IngestResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{43}
+	return file_fedstream_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *IngestResponse) GetAccepted() uint64 {
@@ -3707,7 +3609,7 @@ type ReconcileRequest struct {
 
 func (x *ReconcileRequest) Reset() {
 	*x = ReconcileRequest{}
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3719,7 +3621,7 @@ func (x *ReconcileRequest) String() string {
 func (*ReconcileRequest) ProtoMessage() {}
 
 func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[44]
+	mi := &file_fedstream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3732,7 +3634,7 @@ func (x *ReconcileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileRequest.ProtoReflect.Descriptor instead.
 func (*ReconcileRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{44}
+	return file_fedstream_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReconcileRequest) GetTaskId() string {
@@ -3773,7 +3675,7 @@ type ReconcileResponse struct {
 
 func (x *ReconcileResponse) Reset() {
 	*x = ReconcileResponse{}
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3785,7 +3687,7 @@ func (x *ReconcileResponse) String() string {
 func (*ReconcileResponse) ProtoMessage() {}
 
 func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[45]
+	mi := &file_fedstream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3798,7 +3700,7 @@ func (x *ReconcileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconcileResponse.ProtoReflect.Descriptor instead.
 func (*ReconcileResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{45}
+	return file_fedstream_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReconcileResponse) GetGranted() bool {
@@ -3827,7 +3729,7 @@ type SnapshotSource struct {
 
 func (x *SnapshotSource) Reset() {
 	*x = SnapshotSource{}
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3839,7 +3741,7 @@ func (x *SnapshotSource) String() string {
 func (*SnapshotSource) ProtoMessage() {}
 
 func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[46]
+	mi := &file_fedstream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3852,7 +3754,7 @@ func (x *SnapshotSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotSource.ProtoReflect.Descriptor instead.
 func (*SnapshotSource) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{46}
+	return file_fedstream_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SnapshotSource) GetWorkerAddr() string {
@@ -3896,7 +3798,7 @@ type MoveTaskRequest struct {
 
 func (x *MoveTaskRequest) Reset() {
 	*x = MoveTaskRequest{}
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3908,7 +3810,7 @@ func (x *MoveTaskRequest) String() string {
 func (*MoveTaskRequest) ProtoMessage() {}
 
 func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[47]
+	mi := &file_fedstream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3921,7 +3823,7 @@ func (x *MoveTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskRequest.ProtoReflect.Descriptor instead.
 func (*MoveTaskRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{47}
+	return file_fedstream_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *MoveTaskRequest) GetTaskId() string {
@@ -3951,7 +3853,7 @@ type MoveTaskResponse struct {
 
 func (x *MoveTaskResponse) Reset() {
 	*x = MoveTaskResponse{}
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3963,7 +3865,7 @@ func (x *MoveTaskResponse) String() string {
 func (*MoveTaskResponse) ProtoMessage() {}
 
 func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[48]
+	mi := &file_fedstream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3976,7 +3878,7 @@ func (x *MoveTaskResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MoveTaskResponse.ProtoReflect.Descriptor instead.
 func (*MoveTaskResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{48}
+	return file_fedstream_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *MoveTaskResponse) GetTaskId() string {
@@ -4037,7 +3939,7 @@ type FetchSnapshotRequest struct {
 
 func (x *FetchSnapshotRequest) Reset() {
 	*x = FetchSnapshotRequest{}
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4049,7 +3951,7 @@ func (x *FetchSnapshotRequest) String() string {
 func (*FetchSnapshotRequest) ProtoMessage() {}
 
 func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[49]
+	mi := &file_fedstream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4062,7 +3964,7 @@ func (x *FetchSnapshotRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSnapshotRequest.ProtoReflect.Descriptor instead.
 func (*FetchSnapshotRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{49}
+	return file_fedstream_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *FetchSnapshotRequest) GetQuery() string {
@@ -4127,7 +4029,7 @@ type ScaleQueryRequest struct {
 
 func (x *ScaleQueryRequest) Reset() {
 	*x = ScaleQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4139,7 +4041,7 @@ func (x *ScaleQueryRequest) String() string {
 func (*ScaleQueryRequest) ProtoMessage() {}
 
 func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[50]
+	mi := &file_fedstream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4152,7 +4054,7 @@ func (x *ScaleQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryRequest.ProtoReflect.Descriptor instead.
 func (*ScaleQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{50}
+	return file_fedstream_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *ScaleQueryRequest) GetQuery() string {
@@ -4193,7 +4095,7 @@ type ScaleQueryResponse struct {
 
 func (x *ScaleQueryResponse) Reset() {
 	*x = ScaleQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4205,7 +4107,7 @@ func (x *ScaleQueryResponse) String() string {
 func (*ScaleQueryResponse) ProtoMessage() {}
 
 func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[51]
+	mi := &file_fedstream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4218,7 +4120,7 @@ func (x *ScaleQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleQueryResponse.ProtoReflect.Descriptor instead.
 func (*ScaleQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{51}
+	return file_fedstream_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ScaleQueryResponse) GetQuery() string {
@@ -4281,7 +4183,7 @@ type FetchSlotsRequest struct {
 
 func (x *FetchSlotsRequest) Reset() {
 	*x = FetchSlotsRequest{}
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4293,7 +4195,7 @@ func (x *FetchSlotsRequest) String() string {
 func (*FetchSlotsRequest) ProtoMessage() {}
 
 func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[52]
+	mi := &file_fedstream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4306,7 +4208,7 @@ func (x *FetchSlotsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchSlotsRequest.ProtoReflect.Descriptor instead.
 func (*FetchSlotsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{52}
+	return file_fedstream_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *FetchSlotsRequest) GetQuery() string {
@@ -4363,7 +4265,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4375,7 +4277,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[53]
+	mi := &file_fedstream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4388,7 +4290,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{53}
+	return file_fedstream_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *SnapshotChunk) GetData() []byte {
@@ -4436,7 +4338,7 @@ type TokenInfo struct {
 
 func (x *TokenInfo) Reset() {
 	*x = TokenInfo{}
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4448,7 +4350,7 @@ func (x *TokenInfo) String() string {
 func (*TokenInfo) ProtoMessage() {}
 
 func (x *TokenInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[54]
+	mi := &file_fedstream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4461,7 +4363,7 @@ func (x *TokenInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenInfo.ProtoReflect.Descriptor instead.
 func (*TokenInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{54}
+	return file_fedstream_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *TokenInfo) GetId() string {
@@ -4516,7 +4418,7 @@ type CreateTokenRequest struct {
 
 func (x *CreateTokenRequest) Reset() {
 	*x = CreateTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4528,7 +4430,7 @@ func (x *CreateTokenRequest) String() string {
 func (*CreateTokenRequest) ProtoMessage() {}
 
 func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[55]
+	mi := &file_fedstream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4541,7 +4443,7 @@ func (x *CreateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenRequest.ProtoReflect.Descriptor instead.
 func (*CreateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{55}
+	return file_fedstream_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *CreateTokenRequest) GetRole() string {
@@ -4590,7 +4492,7 @@ type CreateTokenResponse struct {
 
 func (x *CreateTokenResponse) Reset() {
 	*x = CreateTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4602,7 +4504,7 @@ func (x *CreateTokenResponse) String() string {
 func (*CreateTokenResponse) ProtoMessage() {}
 
 func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[56]
+	mi := &file_fedstream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4615,7 +4517,7 @@ func (x *CreateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateTokenResponse.ProtoReflect.Descriptor instead.
 func (*CreateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{56}
+	return file_fedstream_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *CreateTokenResponse) GetToken() *TokenInfo {
@@ -4640,7 +4542,7 @@ type ListTokensRequest struct {
 
 func (x *ListTokensRequest) Reset() {
 	*x = ListTokensRequest{}
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4652,7 +4554,7 @@ func (x *ListTokensRequest) String() string {
 func (*ListTokensRequest) ProtoMessage() {}
 
 func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[57]
+	mi := &file_fedstream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4665,7 +4567,7 @@ func (x *ListTokensRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensRequest.ProtoReflect.Descriptor instead.
 func (*ListTokensRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{57}
+	return file_fedstream_proto_rawDescGZIP(), []int{56}
 }
 
 type ListTokensResponse struct {
@@ -4677,7 +4579,7 @@ type ListTokensResponse struct {
 
 func (x *ListTokensResponse) Reset() {
 	*x = ListTokensResponse{}
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4689,7 +4591,7 @@ func (x *ListTokensResponse) String() string {
 func (*ListTokensResponse) ProtoMessage() {}
 
 func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[58]
+	mi := &file_fedstream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4702,7 +4604,7 @@ func (x *ListTokensResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTokensResponse.ProtoReflect.Descriptor instead.
 func (*ListTokensResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{58}
+	return file_fedstream_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ListTokensResponse) GetTokens() []*TokenInfo {
@@ -4722,7 +4624,7 @@ type RevokeTokenRequest struct {
 
 func (x *RevokeTokenRequest) Reset() {
 	*x = RevokeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4734,7 +4636,7 @@ func (x *RevokeTokenRequest) String() string {
 func (*RevokeTokenRequest) ProtoMessage() {}
 
 func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[59]
+	mi := &file_fedstream_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4747,7 +4649,7 @@ func (x *RevokeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenRequest.ProtoReflect.Descriptor instead.
 func (*RevokeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{59}
+	return file_fedstream_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *RevokeTokenRequest) GetId() string {
@@ -4772,7 +4674,7 @@ type RevokeTokenResponse struct {
 
 func (x *RevokeTokenResponse) Reset() {
 	*x = RevokeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4784,7 +4686,7 @@ func (x *RevokeTokenResponse) String() string {
 func (*RevokeTokenResponse) ProtoMessage() {}
 
 func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[60]
+	mi := &file_fedstream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4797,7 +4699,7 @@ func (x *RevokeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeTokenResponse.ProtoReflect.Descriptor instead.
 func (*RevokeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{60}
+	return file_fedstream_proto_rawDescGZIP(), []int{59}
 }
 
 // Asked by a worker about a bearer token a data-plane client presented.
@@ -4812,7 +4714,7 @@ type AuthorizeTokenRequest struct {
 
 func (x *AuthorizeTokenRequest) Reset() {
 	*x = AuthorizeTokenRequest{}
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4824,7 +4726,7 @@ func (x *AuthorizeTokenRequest) String() string {
 func (*AuthorizeTokenRequest) ProtoMessage() {}
 
 func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[61]
+	mi := &file_fedstream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4837,7 +4739,7 @@ func (x *AuthorizeTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenRequest.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{61}
+	return file_fedstream_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *AuthorizeTokenRequest) GetTokenHash() string {
@@ -4858,7 +4760,7 @@ type AuthorizeTokenResponse struct {
 
 func (x *AuthorizeTokenResponse) Reset() {
 	*x = AuthorizeTokenResponse{}
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4870,7 +4772,7 @@ func (x *AuthorizeTokenResponse) String() string {
 func (*AuthorizeTokenResponse) ProtoMessage() {}
 
 func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[62]
+	mi := &file_fedstream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4883,7 +4785,7 @@ func (x *AuthorizeTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AuthorizeTokenResponse.ProtoReflect.Descriptor instead.
 func (*AuthorizeTokenResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{62}
+	return file_fedstream_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *AuthorizeTokenResponse) GetRole() string {
@@ -4911,7 +4813,7 @@ type RenewCertificateRequest struct {
 
 func (x *RenewCertificateRequest) Reset() {
 	*x = RenewCertificateRequest{}
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4923,7 +4825,7 @@ func (x *RenewCertificateRequest) String() string {
 func (*RenewCertificateRequest) ProtoMessage() {}
 
 func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[63]
+	mi := &file_fedstream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4936,7 +4838,7 @@ func (x *RenewCertificateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateRequest.ProtoReflect.Descriptor instead.
 func (*RenewCertificateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{63}
+	return file_fedstream_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *RenewCertificateRequest) GetWorkerId() string {
@@ -4963,7 +4865,7 @@ type RenewCertificateResponse struct {
 
 func (x *RenewCertificateResponse) Reset() {
 	*x = RenewCertificateResponse{}
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4975,7 +4877,7 @@ func (x *RenewCertificateResponse) String() string {
 func (*RenewCertificateResponse) ProtoMessage() {}
 
 func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[64]
+	mi := &file_fedstream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4988,7 +4890,7 @@ func (x *RenewCertificateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewCertificateResponse.ProtoReflect.Descriptor instead.
 func (*RenewCertificateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{64}
+	return file_fedstream_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *RenewCertificateResponse) GetCertificate() []byte {
@@ -5006,7 +4908,7 @@ type ListRaftPeersRequest struct {
 
 func (x *ListRaftPeersRequest) Reset() {
 	*x = ListRaftPeersRequest{}
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5018,7 +4920,7 @@ func (x *ListRaftPeersRequest) String() string {
 func (*ListRaftPeersRequest) ProtoMessage() {}
 
 func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[65]
+	mi := &file_fedstream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5031,7 +4933,7 @@ func (x *ListRaftPeersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersRequest.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{65}
+	return file_fedstream_proto_rawDescGZIP(), []int{64}
 }
 
 type ListRaftPeersResponse struct {
@@ -5045,7 +4947,7 @@ type ListRaftPeersResponse struct {
 
 func (x *ListRaftPeersResponse) Reset() {
 	*x = ListRaftPeersResponse{}
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5057,7 +4959,7 @@ func (x *ListRaftPeersResponse) String() string {
 func (*ListRaftPeersResponse) ProtoMessage() {}
 
 func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[66]
+	mi := &file_fedstream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5070,7 +4972,7 @@ func (x *ListRaftPeersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRaftPeersResponse.ProtoReflect.Descriptor instead.
 func (*ListRaftPeersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{66}
+	return file_fedstream_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ListRaftPeersResponse) GetPeers() []*Peer {
@@ -5096,7 +4998,7 @@ type RemoveRaftPeerRequest struct {
 
 func (x *RemoveRaftPeerRequest) Reset() {
 	*x = RemoveRaftPeerRequest{}
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5108,7 +5010,7 @@ func (x *RemoveRaftPeerRequest) String() string {
 func (*RemoveRaftPeerRequest) ProtoMessage() {}
 
 func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[67]
+	mi := &file_fedstream_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5121,7 +5023,7 @@ func (x *RemoveRaftPeerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerRequest.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{67}
+	return file_fedstream_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *RemoveRaftPeerRequest) GetId() string {
@@ -5139,7 +5041,7 @@ type RemoveRaftPeerResponse struct {
 
 func (x *RemoveRaftPeerResponse) Reset() {
 	*x = RemoveRaftPeerResponse{}
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5151,7 +5053,7 @@ func (x *RemoveRaftPeerResponse) String() string {
 func (*RemoveRaftPeerResponse) ProtoMessage() {}
 
 func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[68]
+	mi := &file_fedstream_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5164,7 +5066,7 @@ func (x *RemoveRaftPeerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveRaftPeerResponse.ProtoReflect.Descriptor instead.
 func (*RemoveRaftPeerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{68}
+	return file_fedstream_proto_rawDescGZIP(), []int{67}
 }
 
 // Before it bootstraps, a coordinator asks every coordinator of its org it
@@ -5178,7 +5080,7 @@ type RaftStateRequest struct {
 
 func (x *RaftStateRequest) Reset() {
 	*x = RaftStateRequest{}
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5190,7 +5092,7 @@ func (x *RaftStateRequest) String() string {
 func (*RaftStateRequest) ProtoMessage() {}
 
 func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[69]
+	mi := &file_fedstream_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5203,7 +5105,7 @@ func (x *RaftStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateRequest.ProtoReflect.Descriptor instead.
 func (*RaftStateRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{69}
+	return file_fedstream_proto_rawDescGZIP(), []int{68}
 }
 
 type RaftStateResponse struct {
@@ -5229,7 +5131,7 @@ type RaftStateResponse struct {
 
 func (x *RaftStateResponse) Reset() {
 	*x = RaftStateResponse{}
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[69]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5241,7 +5143,7 @@ func (x *RaftStateResponse) String() string {
 func (*RaftStateResponse) ProtoMessage() {}
 
 func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[70]
+	mi := &file_fedstream_proto_msgTypes[69]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5254,7 +5156,7 @@ func (x *RaftStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftStateResponse.ProtoReflect.Descriptor instead.
 func (*RaftStateResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{70}
+	return file_fedstream_proto_rawDescGZIP(), []int{69}
 }
 
 func (x *RaftStateResponse) GetNodeId() string {
@@ -5320,7 +5222,7 @@ type ListLedgerRequest struct {
 
 func (x *ListLedgerRequest) Reset() {
 	*x = ListLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[70]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5332,7 +5234,7 @@ func (x *ListLedgerRequest) String() string {
 func (*ListLedgerRequest) ProtoMessage() {}
 
 func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[71]
+	mi := &file_fedstream_proto_msgTypes[70]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5345,7 +5247,7 @@ func (x *ListLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerRequest.ProtoReflect.Descriptor instead.
 func (*ListLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{71}
+	return file_fedstream_proto_rawDescGZIP(), []int{70}
 }
 
 type ListLedgerResponse struct {
@@ -5360,7 +5262,7 @@ type ListLedgerResponse struct {
 
 func (x *ListLedgerResponse) Reset() {
 	*x = ListLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[71]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5372,7 +5274,7 @@ func (x *ListLedgerResponse) String() string {
 func (*ListLedgerResponse) ProtoMessage() {}
 
 func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[72]
+	mi := &file_fedstream_proto_msgTypes[71]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5385,7 +5287,7 @@ func (x *ListLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLedgerResponse.ProtoReflect.Descriptor instead.
 func (*ListLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{72}
+	return file_fedstream_proto_rawDescGZIP(), []int{71}
 }
 
 func (x *ListLedgerResponse) GetOrg() string {
@@ -5410,7 +5312,7 @@ type VerifyLedgerRequest struct {
 
 func (x *VerifyLedgerRequest) Reset() {
 	*x = VerifyLedgerRequest{}
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[72]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5422,7 +5324,7 @@ func (x *VerifyLedgerRequest) String() string {
 func (*VerifyLedgerRequest) ProtoMessage() {}
 
 func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[73]
+	mi := &file_fedstream_proto_msgTypes[72]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5435,7 +5337,7 @@ func (x *VerifyLedgerRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerRequest.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{73}
+	return file_fedstream_proto_rawDescGZIP(), []int{72}
 }
 
 type VerifyLedgerResponse struct {
@@ -5448,7 +5350,7 @@ type VerifyLedgerResponse struct {
 
 func (x *VerifyLedgerResponse) Reset() {
 	*x = VerifyLedgerResponse{}
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[73]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5460,7 +5362,7 @@ func (x *VerifyLedgerResponse) String() string {
 func (*VerifyLedgerResponse) ProtoMessage() {}
 
 func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[74]
+	mi := &file_fedstream_proto_msgTypes[73]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5473,7 +5375,7 @@ func (x *VerifyLedgerResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VerifyLedgerResponse.ProtoReflect.Descriptor instead.
 func (*VerifyLedgerResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{74}
+	return file_fedstream_proto_rawDescGZIP(), []int{73}
 }
 
 func (x *VerifyLedgerResponse) GetReportJson() []byte {
@@ -5491,7 +5393,7 @@ type ListContractsRequest struct {
 
 func (x *ListContractsRequest) Reset() {
 	*x = ListContractsRequest{}
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[74]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5503,7 +5405,7 @@ func (x *ListContractsRequest) String() string {
 func (*ListContractsRequest) ProtoMessage() {}
 
 func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[75]
+	mi := &file_fedstream_proto_msgTypes[74]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5516,7 +5418,7 @@ func (x *ListContractsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsRequest.ProtoReflect.Descriptor instead.
 func (*ListContractsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{75}
+	return file_fedstream_proto_rawDescGZIP(), []int{74}
 }
 
 type ListContractsResponse struct {
@@ -5529,7 +5431,7 @@ type ListContractsResponse struct {
 
 func (x *ListContractsResponse) Reset() {
 	*x = ListContractsResponse{}
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[75]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5541,7 +5443,7 @@ func (x *ListContractsResponse) String() string {
 func (*ListContractsResponse) ProtoMessage() {}
 
 func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[76]
+	mi := &file_fedstream_proto_msgTypes[75]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5554,7 +5456,7 @@ func (x *ListContractsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListContractsResponse.ProtoReflect.Descriptor instead.
 func (*ListContractsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{76}
+	return file_fedstream_proto_rawDescGZIP(), []int{75}
 }
 
 func (x *ListContractsResponse) GetContractsJson() [][]byte {
@@ -5581,7 +5483,7 @@ type ProposeContractRequest struct {
 
 func (x *ProposeContractRequest) Reset() {
 	*x = ProposeContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[76]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5593,7 +5495,7 @@ func (x *ProposeContractRequest) String() string {
 func (*ProposeContractRequest) ProtoMessage() {}
 
 func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[77]
+	mi := &file_fedstream_proto_msgTypes[76]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5606,7 +5508,7 @@ func (x *ProposeContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeContractRequest.ProtoReflect.Descriptor instead.
 func (*ProposeContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{77}
+	return file_fedstream_proto_rawDescGZIP(), []int{76}
 }
 
 func (x *ProposeContractRequest) GetTo() string {
@@ -5676,7 +5578,7 @@ type AnswerContractRequest struct {
 
 func (x *AnswerContractRequest) Reset() {
 	*x = AnswerContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[77]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5688,7 +5590,7 @@ func (x *AnswerContractRequest) String() string {
 func (*AnswerContractRequest) ProtoMessage() {}
 
 func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[78]
+	mi := &file_fedstream_proto_msgTypes[77]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5701,7 +5603,7 @@ func (x *AnswerContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AnswerContractRequest.ProtoReflect.Descriptor instead.
 func (*AnswerContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{78}
+	return file_fedstream_proto_rawDescGZIP(), []int{77}
 }
 
 func (x *AnswerContractRequest) GetId() string {
@@ -5735,7 +5637,7 @@ type TerminateContractRequest struct {
 
 func (x *TerminateContractRequest) Reset() {
 	*x = TerminateContractRequest{}
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[78]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5747,7 +5649,7 @@ func (x *TerminateContractRequest) String() string {
 func (*TerminateContractRequest) ProtoMessage() {}
 
 func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[79]
+	mi := &file_fedstream_proto_msgTypes[78]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5760,7 +5662,7 @@ func (x *TerminateContractRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminateContractRequest.ProtoReflect.Descriptor instead.
 func (*TerminateContractRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{79}
+	return file_fedstream_proto_rawDescGZIP(), []int{78}
 }
 
 func (x *TerminateContractRequest) GetId() string {
@@ -5786,7 +5688,7 @@ type ContractResponse struct {
 
 func (x *ContractResponse) Reset() {
 	*x = ContractResponse{}
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[79]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5798,7 +5700,7 @@ func (x *ContractResponse) String() string {
 func (*ContractResponse) ProtoMessage() {}
 
 func (x *ContractResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[80]
+	mi := &file_fedstream_proto_msgTypes[79]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5811,7 +5713,7 @@ func (x *ContractResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContractResponse.ProtoReflect.Descriptor instead.
 func (*ContractResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{80}
+	return file_fedstream_proto_rawDescGZIP(), []int{79}
 }
 
 func (x *ContractResponse) GetContractJson() []byte {
@@ -5835,7 +5737,7 @@ type PinKeyRequest struct {
 
 func (x *PinKeyRequest) Reset() {
 	*x = PinKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[80]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5847,7 +5749,7 @@ func (x *PinKeyRequest) String() string {
 func (*PinKeyRequest) ProtoMessage() {}
 
 func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[81]
+	mi := &file_fedstream_proto_msgTypes[80]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5860,7 +5762,7 @@ func (x *PinKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyRequest.ProtoReflect.Descriptor instead.
 func (*PinKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{81}
+	return file_fedstream_proto_rawDescGZIP(), []int{80}
 }
 
 func (x *PinKeyRequest) GetOrg() string {
@@ -5892,7 +5794,7 @@ type PinKeyResponse struct {
 
 func (x *PinKeyResponse) Reset() {
 	*x = PinKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[81]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5904,7 +5806,7 @@ func (x *PinKeyResponse) String() string {
 func (*PinKeyResponse) ProtoMessage() {}
 
 func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[82]
+	mi := &file_fedstream_proto_msgTypes[81]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5917,7 +5819,7 @@ func (x *PinKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PinKeyResponse.ProtoReflect.Descriptor instead.
 func (*PinKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{82}
+	return file_fedstream_proto_rawDescGZIP(), []int{81}
 }
 
 // A coordinator whose signing key is not the org's (it started with an
@@ -5933,7 +5835,7 @@ type FetchOrgKeyRequest struct {
 
 func (x *FetchOrgKeyRequest) Reset() {
 	*x = FetchOrgKeyRequest{}
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[82]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5945,7 +5847,7 @@ func (x *FetchOrgKeyRequest) String() string {
 func (*FetchOrgKeyRequest) ProtoMessage() {}
 
 func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[83]
+	mi := &file_fedstream_proto_msgTypes[82]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5958,7 +5860,7 @@ func (x *FetchOrgKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyRequest.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{83}
+	return file_fedstream_proto_rawDescGZIP(), []int{82}
 }
 
 type FetchOrgKeyResponse struct {
@@ -5971,7 +5873,7 @@ type FetchOrgKeyResponse struct {
 
 func (x *FetchOrgKeyResponse) Reset() {
 	*x = FetchOrgKeyResponse{}
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[83]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -5983,7 +5885,7 @@ func (x *FetchOrgKeyResponse) String() string {
 func (*FetchOrgKeyResponse) ProtoMessage() {}
 
 func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[84]
+	mi := &file_fedstream_proto_msgTypes[83]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -5996,7 +5898,7 @@ func (x *FetchOrgKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchOrgKeyResponse.ProtoReflect.Descriptor instead.
 func (*FetchOrgKeyResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{84}
+	return file_fedstream_proto_rawDescGZIP(), []int{83}
 }
 
 func (x *FetchOrgKeyResponse) GetPkcs8() []byte {
@@ -6020,7 +5922,7 @@ type FederationEnvelope struct {
 
 func (x *FederationEnvelope) Reset() {
 	*x = FederationEnvelope{}
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[84]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6032,7 +5934,7 @@ func (x *FederationEnvelope) String() string {
 func (*FederationEnvelope) ProtoMessage() {}
 
 func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[85]
+	mi := &file_fedstream_proto_msgTypes[84]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6045,7 +5947,7 @@ func (x *FederationEnvelope) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationEnvelope.ProtoReflect.Descriptor instead.
 func (*FederationEnvelope) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{85}
+	return file_fedstream_proto_rawDescGZIP(), []int{84}
 }
 
 func (x *FederationEnvelope) GetMessageJson() []byte {
@@ -6070,7 +5972,7 @@ type FederationMembersRequest struct {
 
 func (x *FederationMembersRequest) Reset() {
 	*x = FederationMembersRequest{}
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[85]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6082,7 +5984,7 @@ func (x *FederationMembersRequest) String() string {
 func (*FederationMembersRequest) ProtoMessage() {}
 
 func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[86]
+	mi := &file_fedstream_proto_msgTypes[85]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6095,7 +5997,7 @@ func (x *FederationMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersRequest.ProtoReflect.Descriptor instead.
 func (*FederationMembersRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{86}
+	return file_fedstream_proto_rawDescGZIP(), []int{85}
 }
 
 type FederationMember struct {
@@ -6115,7 +6017,7 @@ type FederationMember struct {
 
 func (x *FederationMember) Reset() {
 	*x = FederationMember{}
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[86]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6127,7 +6029,7 @@ func (x *FederationMember) String() string {
 func (*FederationMember) ProtoMessage() {}
 
 func (x *FederationMember) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[87]
+	mi := &file_fedstream_proto_msgTypes[86]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6140,7 +6042,7 @@ func (x *FederationMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMember.ProtoReflect.Descriptor instead.
 func (*FederationMember) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{87}
+	return file_fedstream_proto_rawDescGZIP(), []int{86}
 }
 
 func (x *FederationMember) GetOrg() string {
@@ -6201,7 +6103,7 @@ type FederationMembersResponse struct {
 
 func (x *FederationMembersResponse) Reset() {
 	*x = FederationMembersResponse{}
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[87]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6213,7 +6115,7 @@ func (x *FederationMembersResponse) String() string {
 func (*FederationMembersResponse) ProtoMessage() {}
 
 func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[88]
+	mi := &file_fedstream_proto_msgTypes[87]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6226,7 +6128,7 @@ func (x *FederationMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FederationMembersResponse.ProtoReflect.Descriptor instead.
 func (*FederationMembersResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{88}
+	return file_fedstream_proto_rawDescGZIP(), []int{87}
 }
 
 func (x *FederationMembersResponse) GetMembers() []*FederationMember {
@@ -6244,7 +6146,7 @@ type LoadStatusRequest struct {
 
 func (x *LoadStatusRequest) Reset() {
 	*x = LoadStatusRequest{}
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[88]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6256,7 +6158,7 @@ func (x *LoadStatusRequest) String() string {
 func (*LoadStatusRequest) ProtoMessage() {}
 
 func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[89]
+	mi := &file_fedstream_proto_msgTypes[88]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6269,7 +6171,7 @@ func (x *LoadStatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusRequest.ProtoReflect.Descriptor instead.
 func (*LoadStatusRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{89}
+	return file_fedstream_proto_rawDescGZIP(), []int{88}
 }
 
 // LoadStatusResponse is the org leader's load manager status: its load,
@@ -6285,7 +6187,7 @@ type LoadStatusResponse struct {
 
 func (x *LoadStatusResponse) Reset() {
 	*x = LoadStatusResponse{}
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[89]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6297,7 +6199,7 @@ func (x *LoadStatusResponse) String() string {
 func (*LoadStatusResponse) ProtoMessage() {}
 
 func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[90]
+	mi := &file_fedstream_proto_msgTypes[89]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6310,7 +6212,7 @@ func (x *LoadStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadStatusResponse.ProtoReflect.Descriptor instead.
 func (*LoadStatusResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{90}
+	return file_fedstream_proto_rawDescGZIP(), []int{89}
 }
 
 func (x *LoadStatusResponse) GetEnabled() bool {
@@ -6345,7 +6247,7 @@ type ReconfigProgress struct {
 
 func (x *ReconfigProgress) Reset() {
 	*x = ReconfigProgress{}
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[90]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6357,7 +6259,7 @@ func (x *ReconfigProgress) String() string {
 func (*ReconfigProgress) ProtoMessage() {}
 
 func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[90]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6370,7 +6272,7 @@ func (x *ReconfigProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigProgress.ProtoReflect.Descriptor instead.
 func (*ReconfigProgress) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{91}
+	return file_fedstream_proto_rawDescGZIP(), []int{90}
 }
 
 func (x *ReconfigProgress) GetAcked() uint64 {
@@ -6412,7 +6314,7 @@ type ReconfigMarkers struct {
 
 func (x *ReconfigMarkers) Reset() {
 	*x = ReconfigMarkers{}
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[91]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6424,7 +6326,7 @@ func (x *ReconfigMarkers) String() string {
 func (*ReconfigMarkers) ProtoMessage() {}
 
 func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[91]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6437,7 +6339,7 @@ func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
 func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{92}
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
 }
 
 func (x *ReconfigMarkers) GetEpoch() uint64 {
@@ -6480,7 +6382,7 @@ type UpdateQueryRequest struct {
 
 func (x *UpdateQueryRequest) Reset() {
 	*x = UpdateQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6492,7 +6394,7 @@ func (x *UpdateQueryRequest) String() string {
 func (*UpdateQueryRequest) ProtoMessage() {}
 
 func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6505,7 +6407,7 @@ func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{93}
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *UpdateQueryRequest) GetYaml() []byte {
@@ -6560,7 +6462,7 @@ type OperatorVersionChange struct {
 
 func (x *OperatorVersionChange) Reset() {
 	*x = OperatorVersionChange{}
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6572,7 +6474,7 @@ func (x *OperatorVersionChange) String() string {
 func (*OperatorVersionChange) ProtoMessage() {}
 
 func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6585,7 +6487,7 @@ func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
 func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{94}
+	return file_fedstream_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *OperatorVersionChange) GetOperator() string {
@@ -6613,7 +6515,7 @@ type UpdateQueryResponse struct {
 
 func (x *UpdateQueryResponse) Reset() {
 	*x = UpdateQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6625,7 +6527,7 @@ func (x *UpdateQueryResponse) String() string {
 func (*UpdateQueryResponse) ProtoMessage() {}
 
 func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6638,7 +6540,7 @@ func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{95}
+	return file_fedstream_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *UpdateQueryResponse) GetName() string {
@@ -6671,7 +6573,7 @@ type QueryVersionsRequest struct {
 
 func (x *QueryVersionsRequest) Reset() {
 	*x = QueryVersionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6683,7 +6585,7 @@ func (x *QueryVersionsRequest) String() string {
 func (*QueryVersionsRequest) ProtoMessage() {}
 
 func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6696,7 +6598,7 @@ func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
 func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{96}
+	return file_fedstream_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *QueryVersionsRequest) GetName() string {
@@ -6725,7 +6627,7 @@ type VersionInfo struct {
 
 func (x *VersionInfo) Reset() {
 	*x = VersionInfo{}
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6737,7 +6639,7 @@ func (x *VersionInfo) String() string {
 func (*VersionInfo) ProtoMessage() {}
 
 func (x *VersionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6750,7 +6652,7 @@ func (x *VersionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
 func (*VersionInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{97}
+	return file_fedstream_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *VersionInfo) GetVersion() int32 {
@@ -6812,7 +6714,7 @@ type OperatorVersions struct {
 
 func (x *OperatorVersions) Reset() {
 	*x = OperatorVersions{}
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6824,7 +6726,7 @@ func (x *OperatorVersions) String() string {
 func (*OperatorVersions) ProtoMessage() {}
 
 func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6837,7 +6739,7 @@ func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
 func (*OperatorVersions) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{98}
+	return file_fedstream_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *OperatorVersions) GetOperator() string {
@@ -6874,7 +6776,7 @@ type ReconfigPlanInfo struct {
 
 func (x *ReconfigPlanInfo) Reset() {
 	*x = ReconfigPlanInfo{}
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6886,7 +6788,7 @@ func (x *ReconfigPlanInfo) String() string {
 func (*ReconfigPlanInfo) ProtoMessage() {}
 
 func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6899,7 +6801,7 @@ func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
 func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{99}
+	return file_fedstream_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *ReconfigPlanInfo) GetEpoch() uint64 {
@@ -6984,7 +6886,7 @@ type QueryVersionsResponse struct {
 
 func (x *QueryVersionsResponse) Reset() {
 	*x = QueryVersionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6996,7 +6898,7 @@ func (x *QueryVersionsResponse) String() string {
 func (*QueryVersionsResponse) ProtoMessage() {}
 
 func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7009,7 +6911,7 @@ func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
 func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{100}
+	return file_fedstream_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *QueryVersionsResponse) GetName() string {
@@ -7053,7 +6955,7 @@ type HealthKeySample struct {
 
 func (x *HealthKeySample) Reset() {
 	*x = HealthKeySample{}
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7065,7 +6967,7 @@ func (x *HealthKeySample) String() string {
 func (*HealthKeySample) ProtoMessage() {}
 
 func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7078,7 +6980,7 @@ func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthKeySample.ProtoReflect.Descriptor instead.
 func (*HealthKeySample) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{101}
+	return file_fedstream_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *HealthKeySample) GetFragment() string {
@@ -7134,7 +7036,7 @@ type HealthAction struct {
 
 func (x *HealthAction) Reset() {
 	*x = HealthAction{}
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7146,7 +7048,7 @@ func (x *HealthAction) String() string {
 func (*HealthAction) ProtoMessage() {}
 
 func (x *HealthAction) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7159,7 +7061,7 @@ func (x *HealthAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthAction.ProtoReflect.Descriptor instead.
 func (*HealthAction) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{102}
+	return file_fedstream_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *HealthAction) GetId() string {
@@ -7270,7 +7172,7 @@ type HealthActionsRequest struct {
 
 func (x *HealthActionsRequest) Reset() {
 	*x = HealthActionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7282,7 +7184,7 @@ func (x *HealthActionsRequest) String() string {
 func (*HealthActionsRequest) ProtoMessage() {}
 
 func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7295,7 +7197,7 @@ func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsRequest.ProtoReflect.Descriptor instead.
 func (*HealthActionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{103}
+	return file_fedstream_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *HealthActionsRequest) GetQuery() string {
@@ -7314,7 +7216,7 @@ type HealthActionsResponse struct {
 
 func (x *HealthActionsResponse) Reset() {
 	*x = HealthActionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7326,7 +7228,7 @@ func (x *HealthActionsResponse) String() string {
 func (*HealthActionsResponse) ProtoMessage() {}
 
 func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7339,7 +7241,7 @@ func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsResponse.ProtoReflect.Descriptor instead.
 func (*HealthActionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{104}
+	return file_fedstream_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *HealthActionsResponse) GetActions() []*HealthAction {
@@ -7358,7 +7260,7 @@ type HealthBlacklistRequest struct {
 
 func (x *HealthBlacklistRequest) Reset() {
 	*x = HealthBlacklistRequest{}
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7370,7 +7272,7 @@ func (x *HealthBlacklistRequest) String() string {
 func (*HealthBlacklistRequest) ProtoMessage() {}
 
 func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7383,7 +7285,7 @@ func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistRequest.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{105}
+	return file_fedstream_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *HealthBlacklistRequest) GetQuery() string {
@@ -7408,7 +7310,7 @@ type HealthPair struct {
 
 func (x *HealthPair) Reset() {
 	*x = HealthPair{}
-	mi := &file_fedstream_proto_msgTypes[106]
+	mi := &file_fedstream_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7420,7 +7322,7 @@ func (x *HealthPair) String() string {
 func (*HealthPair) ProtoMessage() {}
 
 func (x *HealthPair) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[106]
+	mi := &file_fedstream_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7433,7 +7335,7 @@ func (x *HealthPair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPair.ProtoReflect.Descriptor instead.
 func (*HealthPair) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{106}
+	return file_fedstream_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *HealthPair) GetQuery() string {
@@ -7491,7 +7393,7 @@ type HealthBlacklistResponse struct {
 
 func (x *HealthBlacklistResponse) Reset() {
 	*x = HealthBlacklistResponse{}
-	mi := &file_fedstream_proto_msgTypes[107]
+	mi := &file_fedstream_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7503,7 +7405,7 @@ func (x *HealthBlacklistResponse) String() string {
 func (*HealthBlacklistResponse) ProtoMessage() {}
 
 func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[107]
+	mi := &file_fedstream_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7516,7 +7418,7 @@ func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistResponse.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{107}
+	return file_fedstream_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *HealthBlacklistResponse) GetPairs() []*HealthPair {
@@ -7567,14 +7469,12 @@ const file_fedstream_proto_rawDesc = "" +
 	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"a\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x01 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
-	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\xbb\x01\n" +
+	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\x9b\x01\n" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
 	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\x12&\n" +
-	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\x12\x1e\n" +
-	"\n" +
-	"staged_gen\x18\xa3\x05 \x01(\x04R\tstagedGen\"\xa5\x03\n" +
+	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\"\xa5\x03\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -7634,20 +7534,11 @@ const file_fedstream_proto_rawDesc = "" +
 	"nextRanges\x12\x17\n" +
 	"\anext_go\x18q \x01(\bR\x06nextGo\x12\x10\n" +
 	"\x03cut\x18r \x01(\x03R\x03cut\x12\x17\n" +
-	"\x06starts\x18\xb8\x03 \x03(\x03R\x06starts\"\xf2\x01\n" +
+	"\x06starts\x18\xb8\x03 \x03(\x03R\x06starts\"\x9f\x01\n" +
 	"\x18WatchAssignmentsResponse\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12:\n" +
 	"\vassignments\x18\x02 \x03(\v2\x18.fedstream.v1.AssignmentR\vassignments\x121\n" +
-	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\x12\x1e\n" +
-	"\n" +
-	"staged_gen\x18\xa4\x05 \x01(\x04R\tstagedGen\x121\n" +
-	"\x06staged\x18\xa5\x05 \x03(\v2\x18.fedstream.v1.StagedPlanR\x06staged\"`\n" +
-	"\n" +
-	"StagedPlan\x12\x14\n" +
-	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1f\n" +
-	"\vquery_index\x18\x02 \x01(\x04R\n" +
-	"queryIndex\x12\x1b\n" +
-	"\tplan_json\x18\x03 \x01(\fR\bplanJson\"\xdd\x03\n" +
+	"\aqueries\x18\x03 \x03(\v2\x17.fedstream.v1.QueryViewR\aqueries\"\xdd\x03\n" +
 	"\tTaskState\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\tR\x05state\x12\x18\n" +
@@ -8210,7 +8101,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -8224,240 +8115,238 @@ var file_fedstream_proto_goTypes = []any{
 	(*SlotRange)(nil),                 // 9: fedstream.v1.SlotRange
 	(*SlotMap)(nil),                   // 10: fedstream.v1.SlotMap
 	(*WatchAssignmentsResponse)(nil),  // 11: fedstream.v1.WatchAssignmentsResponse
-	(*StagedPlan)(nil),                // 12: fedstream.v1.StagedPlan
-	(*TaskState)(nil),                 // 13: fedstream.v1.TaskState
-	(*ReportTasksRequest)(nil),        // 14: fedstream.v1.ReportTasksRequest
-	(*ReportTasksResponse)(nil),       // 15: fedstream.v1.ReportTasksResponse
-	(*StatusRequest)(nil),             // 16: fedstream.v1.StatusRequest
-	(*Peer)(nil),                      // 17: fedstream.v1.Peer
-	(*StatusResponse)(nil),            // 18: fedstream.v1.StatusResponse
-	(*WorkerInfo)(nil),                // 19: fedstream.v1.WorkerInfo
-	(*ListWorkersRequest)(nil),        // 20: fedstream.v1.ListWorkersRequest
-	(*ListWorkersResponse)(nil),       // 21: fedstream.v1.ListWorkersResponse
-	(*SubmitQueryRequest)(nil),        // 22: fedstream.v1.SubmitQueryRequest
-	(*SubmitQueryResponse)(nil),       // 23: fedstream.v1.SubmitQueryResponse
-	(*TaskInfo)(nil),                  // 24: fedstream.v1.TaskInfo
-	(*QueryInfo)(nil),                 // 25: fedstream.v1.QueryInfo
-	(*ListQueriesRequest)(nil),        // 26: fedstream.v1.ListQueriesRequest
-	(*ListQueriesResponse)(nil),       // 27: fedstream.v1.ListQueriesResponse
-	(*GetQueryRequest)(nil),           // 28: fedstream.v1.GetQueryRequest
-	(*StopQueryRequest)(nil),          // 29: fedstream.v1.StopQueryRequest
-	(*StopQueryResponse)(nil),         // 30: fedstream.v1.StopQueryResponse
-	(*MigrateTaskRequest)(nil),        // 31: fedstream.v1.MigrateTaskRequest
-	(*MigrateTaskResponse)(nil),       // 32: fedstream.v1.MigrateTaskResponse
-	(*ReturnTaskRequest)(nil),         // 33: fedstream.v1.ReturnTaskRequest
-	(*ReturnTaskResponse)(nil),        // 34: fedstream.v1.ReturnTaskResponse
-	(*QueryStatsRequest)(nil),         // 35: fedstream.v1.QueryStatsRequest
-	(*TaskStats)(nil),                 // 36: fedstream.v1.TaskStats
-	(*HealthHeldBacklog)(nil),         // 37: fedstream.v1.HealthHeldBacklog
-	(*QueryStatsResponse)(nil),        // 38: fedstream.v1.QueryStatsResponse
-	(*SubscribeRequest)(nil),          // 39: fedstream.v1.SubscribeRequest
-	(*StreamRef)(nil),                 // 40: fedstream.v1.StreamRef
-	(*Batch)(nil),                     // 41: fedstream.v1.Batch
-	(*IngestRequest)(nil),             // 42: fedstream.v1.IngestRequest
-	(*LineError)(nil),                 // 43: fedstream.v1.LineError
-	(*IngestResponse)(nil),            // 44: fedstream.v1.IngestResponse
-	(*ReconcileRequest)(nil),          // 45: fedstream.v1.ReconcileRequest
-	(*ReconcileResponse)(nil),         // 46: fedstream.v1.ReconcileResponse
-	(*SnapshotSource)(nil),            // 47: fedstream.v1.SnapshotSource
-	(*MoveTaskRequest)(nil),           // 48: fedstream.v1.MoveTaskRequest
-	(*MoveTaskResponse)(nil),          // 49: fedstream.v1.MoveTaskResponse
-	(*FetchSnapshotRequest)(nil),      // 50: fedstream.v1.FetchSnapshotRequest
-	(*ScaleQueryRequest)(nil),         // 51: fedstream.v1.ScaleQueryRequest
-	(*ScaleQueryResponse)(nil),        // 52: fedstream.v1.ScaleQueryResponse
-	(*FetchSlotsRequest)(nil),         // 53: fedstream.v1.FetchSlotsRequest
-	(*SnapshotChunk)(nil),             // 54: fedstream.v1.SnapshotChunk
-	(*TokenInfo)(nil),                 // 55: fedstream.v1.TokenInfo
-	(*CreateTokenRequest)(nil),        // 56: fedstream.v1.CreateTokenRequest
-	(*CreateTokenResponse)(nil),       // 57: fedstream.v1.CreateTokenResponse
-	(*ListTokensRequest)(nil),         // 58: fedstream.v1.ListTokensRequest
-	(*ListTokensResponse)(nil),        // 59: fedstream.v1.ListTokensResponse
-	(*RevokeTokenRequest)(nil),        // 60: fedstream.v1.RevokeTokenRequest
-	(*RevokeTokenResponse)(nil),       // 61: fedstream.v1.RevokeTokenResponse
-	(*AuthorizeTokenRequest)(nil),     // 62: fedstream.v1.AuthorizeTokenRequest
-	(*AuthorizeTokenResponse)(nil),    // 63: fedstream.v1.AuthorizeTokenResponse
-	(*RenewCertificateRequest)(nil),   // 64: fedstream.v1.RenewCertificateRequest
-	(*RenewCertificateResponse)(nil),  // 65: fedstream.v1.RenewCertificateResponse
-	(*ListRaftPeersRequest)(nil),      // 66: fedstream.v1.ListRaftPeersRequest
-	(*ListRaftPeersResponse)(nil),     // 67: fedstream.v1.ListRaftPeersResponse
-	(*RemoveRaftPeerRequest)(nil),     // 68: fedstream.v1.RemoveRaftPeerRequest
-	(*RemoveRaftPeerResponse)(nil),    // 69: fedstream.v1.RemoveRaftPeerResponse
-	(*RaftStateRequest)(nil),          // 70: fedstream.v1.RaftStateRequest
-	(*RaftStateResponse)(nil),         // 71: fedstream.v1.RaftStateResponse
-	(*ListLedgerRequest)(nil),         // 72: fedstream.v1.ListLedgerRequest
-	(*ListLedgerResponse)(nil),        // 73: fedstream.v1.ListLedgerResponse
-	(*VerifyLedgerRequest)(nil),       // 74: fedstream.v1.VerifyLedgerRequest
-	(*VerifyLedgerResponse)(nil),      // 75: fedstream.v1.VerifyLedgerResponse
-	(*ListContractsRequest)(nil),      // 76: fedstream.v1.ListContractsRequest
-	(*ListContractsResponse)(nil),     // 77: fedstream.v1.ListContractsResponse
-	(*ProposeContractRequest)(nil),    // 78: fedstream.v1.ProposeContractRequest
-	(*AnswerContractRequest)(nil),     // 79: fedstream.v1.AnswerContractRequest
-	(*TerminateContractRequest)(nil),  // 80: fedstream.v1.TerminateContractRequest
-	(*ContractResponse)(nil),          // 81: fedstream.v1.ContractResponse
-	(*PinKeyRequest)(nil),             // 82: fedstream.v1.PinKeyRequest
-	(*PinKeyResponse)(nil),            // 83: fedstream.v1.PinKeyResponse
-	(*FetchOrgKeyRequest)(nil),        // 84: fedstream.v1.FetchOrgKeyRequest
-	(*FetchOrgKeyResponse)(nil),       // 85: fedstream.v1.FetchOrgKeyResponse
-	(*FederationEnvelope)(nil),        // 86: fedstream.v1.FederationEnvelope
-	(*FederationMembersRequest)(nil),  // 87: fedstream.v1.FederationMembersRequest
-	(*FederationMember)(nil),          // 88: fedstream.v1.FederationMember
-	(*FederationMembersResponse)(nil), // 89: fedstream.v1.FederationMembersResponse
-	(*LoadStatusRequest)(nil),         // 90: fedstream.v1.LoadStatusRequest
-	(*LoadStatusResponse)(nil),        // 91: fedstream.v1.LoadStatusResponse
-	(*ReconfigProgress)(nil),          // 92: fedstream.v1.ReconfigProgress
-	(*ReconfigMarkers)(nil),           // 93: fedstream.v1.ReconfigMarkers
-	(*UpdateQueryRequest)(nil),        // 94: fedstream.v1.UpdateQueryRequest
-	(*OperatorVersionChange)(nil),     // 95: fedstream.v1.OperatorVersionChange
-	(*UpdateQueryResponse)(nil),       // 96: fedstream.v1.UpdateQueryResponse
-	(*QueryVersionsRequest)(nil),      // 97: fedstream.v1.QueryVersionsRequest
-	(*VersionInfo)(nil),               // 98: fedstream.v1.VersionInfo
-	(*OperatorVersions)(nil),          // 99: fedstream.v1.OperatorVersions
-	(*ReconfigPlanInfo)(nil),          // 100: fedstream.v1.ReconfigPlanInfo
-	(*QueryVersionsResponse)(nil),     // 101: fedstream.v1.QueryVersionsResponse
-	(*HealthKeySample)(nil),           // 102: fedstream.v1.HealthKeySample
-	(*HealthAction)(nil),              // 103: fedstream.v1.HealthAction
-	(*HealthActionsRequest)(nil),      // 104: fedstream.v1.HealthActionsRequest
-	(*HealthActionsResponse)(nil),     // 105: fedstream.v1.HealthActionsResponse
-	(*HealthBlacklistRequest)(nil),    // 106: fedstream.v1.HealthBlacklistRequest
-	(*HealthPair)(nil),                // 107: fedstream.v1.HealthPair
-	(*HealthBlacklistResponse)(nil),   // 108: fedstream.v1.HealthBlacklistResponse
-	nil,                               // 109: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 110: fedstream.v1.WorkerInfo.LabelsEntry
+	(*TaskState)(nil),                 // 12: fedstream.v1.TaskState
+	(*ReportTasksRequest)(nil),        // 13: fedstream.v1.ReportTasksRequest
+	(*ReportTasksResponse)(nil),       // 14: fedstream.v1.ReportTasksResponse
+	(*StatusRequest)(nil),             // 15: fedstream.v1.StatusRequest
+	(*Peer)(nil),                      // 16: fedstream.v1.Peer
+	(*StatusResponse)(nil),            // 17: fedstream.v1.StatusResponse
+	(*WorkerInfo)(nil),                // 18: fedstream.v1.WorkerInfo
+	(*ListWorkersRequest)(nil),        // 19: fedstream.v1.ListWorkersRequest
+	(*ListWorkersResponse)(nil),       // 20: fedstream.v1.ListWorkersResponse
+	(*SubmitQueryRequest)(nil),        // 21: fedstream.v1.SubmitQueryRequest
+	(*SubmitQueryResponse)(nil),       // 22: fedstream.v1.SubmitQueryResponse
+	(*TaskInfo)(nil),                  // 23: fedstream.v1.TaskInfo
+	(*QueryInfo)(nil),                 // 24: fedstream.v1.QueryInfo
+	(*ListQueriesRequest)(nil),        // 25: fedstream.v1.ListQueriesRequest
+	(*ListQueriesResponse)(nil),       // 26: fedstream.v1.ListQueriesResponse
+	(*GetQueryRequest)(nil),           // 27: fedstream.v1.GetQueryRequest
+	(*StopQueryRequest)(nil),          // 28: fedstream.v1.StopQueryRequest
+	(*StopQueryResponse)(nil),         // 29: fedstream.v1.StopQueryResponse
+	(*MigrateTaskRequest)(nil),        // 30: fedstream.v1.MigrateTaskRequest
+	(*MigrateTaskResponse)(nil),       // 31: fedstream.v1.MigrateTaskResponse
+	(*ReturnTaskRequest)(nil),         // 32: fedstream.v1.ReturnTaskRequest
+	(*ReturnTaskResponse)(nil),        // 33: fedstream.v1.ReturnTaskResponse
+	(*QueryStatsRequest)(nil),         // 34: fedstream.v1.QueryStatsRequest
+	(*TaskStats)(nil),                 // 35: fedstream.v1.TaskStats
+	(*HealthHeldBacklog)(nil),         // 36: fedstream.v1.HealthHeldBacklog
+	(*QueryStatsResponse)(nil),        // 37: fedstream.v1.QueryStatsResponse
+	(*SubscribeRequest)(nil),          // 38: fedstream.v1.SubscribeRequest
+	(*StreamRef)(nil),                 // 39: fedstream.v1.StreamRef
+	(*Batch)(nil),                     // 40: fedstream.v1.Batch
+	(*IngestRequest)(nil),             // 41: fedstream.v1.IngestRequest
+	(*LineError)(nil),                 // 42: fedstream.v1.LineError
+	(*IngestResponse)(nil),            // 43: fedstream.v1.IngestResponse
+	(*ReconcileRequest)(nil),          // 44: fedstream.v1.ReconcileRequest
+	(*ReconcileResponse)(nil),         // 45: fedstream.v1.ReconcileResponse
+	(*SnapshotSource)(nil),            // 46: fedstream.v1.SnapshotSource
+	(*MoveTaskRequest)(nil),           // 47: fedstream.v1.MoveTaskRequest
+	(*MoveTaskResponse)(nil),          // 48: fedstream.v1.MoveTaskResponse
+	(*FetchSnapshotRequest)(nil),      // 49: fedstream.v1.FetchSnapshotRequest
+	(*ScaleQueryRequest)(nil),         // 50: fedstream.v1.ScaleQueryRequest
+	(*ScaleQueryResponse)(nil),        // 51: fedstream.v1.ScaleQueryResponse
+	(*FetchSlotsRequest)(nil),         // 52: fedstream.v1.FetchSlotsRequest
+	(*SnapshotChunk)(nil),             // 53: fedstream.v1.SnapshotChunk
+	(*TokenInfo)(nil),                 // 54: fedstream.v1.TokenInfo
+	(*CreateTokenRequest)(nil),        // 55: fedstream.v1.CreateTokenRequest
+	(*CreateTokenResponse)(nil),       // 56: fedstream.v1.CreateTokenResponse
+	(*ListTokensRequest)(nil),         // 57: fedstream.v1.ListTokensRequest
+	(*ListTokensResponse)(nil),        // 58: fedstream.v1.ListTokensResponse
+	(*RevokeTokenRequest)(nil),        // 59: fedstream.v1.RevokeTokenRequest
+	(*RevokeTokenResponse)(nil),       // 60: fedstream.v1.RevokeTokenResponse
+	(*AuthorizeTokenRequest)(nil),     // 61: fedstream.v1.AuthorizeTokenRequest
+	(*AuthorizeTokenResponse)(nil),    // 62: fedstream.v1.AuthorizeTokenResponse
+	(*RenewCertificateRequest)(nil),   // 63: fedstream.v1.RenewCertificateRequest
+	(*RenewCertificateResponse)(nil),  // 64: fedstream.v1.RenewCertificateResponse
+	(*ListRaftPeersRequest)(nil),      // 65: fedstream.v1.ListRaftPeersRequest
+	(*ListRaftPeersResponse)(nil),     // 66: fedstream.v1.ListRaftPeersResponse
+	(*RemoveRaftPeerRequest)(nil),     // 67: fedstream.v1.RemoveRaftPeerRequest
+	(*RemoveRaftPeerResponse)(nil),    // 68: fedstream.v1.RemoveRaftPeerResponse
+	(*RaftStateRequest)(nil),          // 69: fedstream.v1.RaftStateRequest
+	(*RaftStateResponse)(nil),         // 70: fedstream.v1.RaftStateResponse
+	(*ListLedgerRequest)(nil),         // 71: fedstream.v1.ListLedgerRequest
+	(*ListLedgerResponse)(nil),        // 72: fedstream.v1.ListLedgerResponse
+	(*VerifyLedgerRequest)(nil),       // 73: fedstream.v1.VerifyLedgerRequest
+	(*VerifyLedgerResponse)(nil),      // 74: fedstream.v1.VerifyLedgerResponse
+	(*ListContractsRequest)(nil),      // 75: fedstream.v1.ListContractsRequest
+	(*ListContractsResponse)(nil),     // 76: fedstream.v1.ListContractsResponse
+	(*ProposeContractRequest)(nil),    // 77: fedstream.v1.ProposeContractRequest
+	(*AnswerContractRequest)(nil),     // 78: fedstream.v1.AnswerContractRequest
+	(*TerminateContractRequest)(nil),  // 79: fedstream.v1.TerminateContractRequest
+	(*ContractResponse)(nil),          // 80: fedstream.v1.ContractResponse
+	(*PinKeyRequest)(nil),             // 81: fedstream.v1.PinKeyRequest
+	(*PinKeyResponse)(nil),            // 82: fedstream.v1.PinKeyResponse
+	(*FetchOrgKeyRequest)(nil),        // 83: fedstream.v1.FetchOrgKeyRequest
+	(*FetchOrgKeyResponse)(nil),       // 84: fedstream.v1.FetchOrgKeyResponse
+	(*FederationEnvelope)(nil),        // 85: fedstream.v1.FederationEnvelope
+	(*FederationMembersRequest)(nil),  // 86: fedstream.v1.FederationMembersRequest
+	(*FederationMember)(nil),          // 87: fedstream.v1.FederationMember
+	(*FederationMembersResponse)(nil), // 88: fedstream.v1.FederationMembersResponse
+	(*LoadStatusRequest)(nil),         // 89: fedstream.v1.LoadStatusRequest
+	(*LoadStatusResponse)(nil),        // 90: fedstream.v1.LoadStatusResponse
+	(*ReconfigProgress)(nil),          // 91: fedstream.v1.ReconfigProgress
+	(*ReconfigMarkers)(nil),           // 92: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 93: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 94: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 95: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 96: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 97: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 98: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 99: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 100: fedstream.v1.QueryVersionsResponse
+	(*HealthKeySample)(nil),           // 101: fedstream.v1.HealthKeySample
+	(*HealthAction)(nil),              // 102: fedstream.v1.HealthAction
+	(*HealthActionsRequest)(nil),      // 103: fedstream.v1.HealthActionsRequest
+	(*HealthActionsResponse)(nil),     // 104: fedstream.v1.HealthActionsResponse
+	(*HealthBlacklistRequest)(nil),    // 105: fedstream.v1.HealthBlacklistRequest
+	(*HealthPair)(nil),                // 106: fedstream.v1.HealthPair
+	(*HealthBlacklistResponse)(nil),   // 107: fedstream.v1.HealthBlacklistResponse
+	nil,                               // 108: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 109: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	109, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
-	36,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
+	108, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	47,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	46,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
 	7,   // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
 	10,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
 	9,   // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
 	9,   // 7: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
 	6,   // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
 	8,   // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	12,  // 10: fedstream.v1.WatchAssignmentsResponse.staged:type_name -> fedstream.v1.StagedPlan
-	0,   // 11: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	92,  // 12: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
-	13,  // 13: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	17,  // 14: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	110, // 15: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	13,  // 16: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	19,  // 17: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	0,   // 18: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
-	24,  // 19: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	25,  // 20: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	102, // 21: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
-	37,  // 22: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
-	36,  // 23: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	40,  // 24: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,   // 25: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	43,  // 26: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,   // 27: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	55,  // 28: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	55,  // 29: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	17,  // 30: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	88,  // 31: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	93,  // 32: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	95,  // 33: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	98,  // 34: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	95,  // 35: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	99,  // 36: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	100, // 37: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	103, // 38: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
-	107, // 39: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
-	1,   // 40: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,   // 41: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,   // 42: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	14,  // 43: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	64,  // 44: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	16,  // 45: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	20,  // 46: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	22,  // 47: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	26,  // 48: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	28,  // 49: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	29,  // 50: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	66,  // 51: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	48,  // 52: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	68,  // 53: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	35,  // 54: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	51,  // 55: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	31,  // 56: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	33,  // 57: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	39,  // 58: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	42,  // 59: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	42,  // 60: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	50,  // 61: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	45,  // 62: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	53,  // 63: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	56,  // 64: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	58,  // 65: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	60,  // 66: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	62,  // 67: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	70,  // 68: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	72,  // 69: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	74,  // 70: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	76,  // 71: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	78,  // 72: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	79,  // 73: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	80,  // 74: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	82,  // 75: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	84,  // 76: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	86,  // 77: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	87,  // 78: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	90,  // 79: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	94,  // 80: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	97,  // 81: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	104, // 82: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	106, // 83: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 84: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 85: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 86: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	15,  // 87: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	65,  // 88: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	18,  // 89: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	21,  // 90: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	23,  // 91: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	27,  // 92: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	25,  // 93: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	30,  // 94: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	67,  // 95: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	49,  // 96: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	69,  // 97: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	38,  // 98: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	52,  // 99: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	32,  // 100: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	34,  // 101: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	41,  // 102: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	44,  // 103: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	44,  // 104: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	54,  // 105: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	46,  // 106: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	54,  // 107: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	57,  // 108: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	59,  // 109: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	61,  // 110: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	63,  // 111: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	71,  // 112: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	73,  // 113: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	75,  // 114: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	77,  // 115: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	81,  // 116: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	81,  // 117: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	81,  // 118: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	83,  // 119: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	85,  // 120: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	86,  // 121: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	89,  // 122: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	91,  // 123: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	96,  // 124: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	101, // 125: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	105, // 126: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	108, // 127: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	84,  // [84:128] is the sub-list for method output_type
-	40,  // [40:84] is the sub-list for method input_type
-	40,  // [40:40] is the sub-list for extension type_name
-	40,  // [40:40] is the sub-list for extension extendee
-	0,   // [0:40] is the sub-list for field type_name
+	0,   // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	91,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	12,  // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16,  // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	109, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12,  // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18,  // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	0,   // 17: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23,  // 18: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24,  // 19: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	101, // 20: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	36,  // 21: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
+	35,  // 22: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	39,  // 23: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 24: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	42,  // 25: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 26: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	54,  // 27: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	54,  // 28: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 29: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	87,  // 30: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	92,  // 31: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	94,  // 32: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	97,  // 33: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	94,  // 34: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	98,  // 35: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	99,  // 36: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	102, // 37: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	106, // 38: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	1,   // 39: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 40: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 41: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 42: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	63,  // 43: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 44: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 45: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 46: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 47: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 48: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 49: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	65,  // 50: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	47,  // 51: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	67,  // 52: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 53: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	50,  // 54: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 55: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 56: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	38,  // 57: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	41,  // 58: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41,  // 59: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	49,  // 60: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44,  // 61: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	52,  // 62: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	55,  // 63: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	57,  // 64: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	59,  // 65: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	61,  // 66: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	69,  // 67: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	71,  // 68: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	73,  // 69: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	75,  // 70: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	77,  // 71: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	78,  // 72: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	79,  // 73: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	81,  // 74: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	83,  // 75: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	85,  // 76: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	86,  // 77: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	89,  // 78: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	93,  // 79: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	96,  // 80: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	103, // 81: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	105, // 82: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 83: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 84: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 85: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 86: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	64,  // 87: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 88: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 89: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 90: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 91: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 92: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 93: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	66,  // 94: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	48,  // 95: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	68,  // 96: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	37,  // 97: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	51,  // 98: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 99: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 100: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	40,  // 101: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	43,  // 102: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43,  // 103: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	53,  // 104: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45,  // 105: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	53,  // 106: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	56,  // 107: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	58,  // 108: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	60,  // 109: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	62,  // 110: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	70,  // 111: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	72,  // 112: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	74,  // 113: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	76,  // 114: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	80,  // 115: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 116: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 117: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	82,  // 118: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	84,  // 119: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	85,  // 120: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	88,  // 121: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	90,  // 122: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	95,  // 123: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	100, // 124: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	104, // 125: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	107, // 126: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	83,  // [83:127] is the sub-list for method output_type
+	39,  // [39:83] is the sub-list for method input_type
+	39,  // [39:39] is the sub-list for extension type_name
+	39,  // [39:39] is the sub-list for extension extendee
+	0,   // [0:39] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -8465,14 +8354,14 @@ func file_fedstream_proto_init() {
 	if File_fedstream_proto != nil {
 		return
 	}
-	file_fedstream_proto_msgTypes[12].OneofWrappers = []any{}
+	file_fedstream_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   110,
+			NumMessages:   109,
 			NumExtensions: 0,
 			NumServices:   11,
 		},

@@ -256,16 +256,9 @@ type StrategyResult struct {
 	LearnedMs []float64 `json:"learned_ms,omitempty"`
 	AppliedMs []float64 `json:"applied_ms,omitempty"`
 	ApplyMs   []float64 `json:"apply_ms,omitempty"`
-	// StagedMs (in an org), per update: from the plan's commit in Raft
-	// until the last task had built the plan's versions from the staged
-	// plan (the leader's, while the plan's Raft write ran; coordinator
-	// reconfigStaging): negative when that was before the commit, as it
-	// should be. Left out for an update whose plan no worker staged.
-	StagedMs []float64 `json:"staged_ms,omitempty"`
 	// RequestMs (in an org), per update: from the benchmark's UpdateQuery
-	// call until the plan's commit in Raft (validation, staging, the
-	// plan's Raft write): what staging adds before the clock starts
-	// shows here.
+	// call until the plan's commit in Raft (validation and the plan's
+	// Raft write; not part of the update time).
 	RequestMs []float64 `json:"request_ms,omitempty"`
 	// ResumedMs (quiescent, in an org), per update: from the plan's
 	// commit in Raft until the first result of the new configuration
@@ -366,9 +359,6 @@ type UpdateBreakdown struct {
 	// write: Switched - AckWriteMs).
 	LearnedMs   float64 `json:"learned_ms"`
 	InstalledMs float64 `json:"installed_ms"`
-	// StagedMs: the last task had built the versions from the staged
-	// plan (negative: before the commit; 0 when none staged).
-	StagedMs float64 `json:"staged_ms"`
 	// RequestMs: from the UpdateQuery call to the commit (not part of
 	// the update time).
 	RequestMs      float64 `json:"request_ms"`

@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"math"
@@ -1059,43 +1058,6 @@ type prebuilt struct {
 	// producerBuilds counts the operators the producer had to build
 	// itself (a task started with a reconfiguration builds them all).
 	producerBuilds atomic.Int64
-	// staged holds the plans of the epochs built from a staged plan, not
-	// committed yet (stage): a committed plan of another content
-	// discards what was built for them.
-	staged map[uint64]fsm.ReconfigPlan
-	// commitBuilds counts the operators built when a committed plan was
-	// handed over (not staged ahead).
-	commitBuilds atomic.Int64
-}
-
-// dropFrom forgets what was built for epochs e and above (p.mu held).
-func (p *prebuilt) dropFrom(e uint64) {
-	for k := range p.plans {
-		if k >= e {
-			delete(p.plans, k)
-		}
-	}
-	for k := range p.ops {
-		if k.epoch >= e {
-			delete(p.ops, k)
-		}
-	}
-	for k := range p.staged {
-		if k >= e {
-			delete(p.staged, k)
-		}
-	}
-	p.upTo = min(p.upTo, e-1)
-}
-
-// sameBuild reports whether plans a and b build the same versions: the
-// same epoch, configuration and operator changes (their phase, cut and
-// times do not matter to a build).
-func sameBuild(a, b *fsm.ReconfigPlan) bool {
-	return a.Epoch == b.Epoch && bytes.Equal(a.SpecJSON, b.SpecJSON) &&
-		slices.EqualFunc(a.Changes, b.Changes, func(x, y fsm.OperatorChange) bool {
-			return x.Operator == y.Operator && x.Version == y.Version && bytes.Equal(x.SpecJSON, y.SpecJSON)
-		})
 }
 
 type prebuiltKey struct {
@@ -1121,29 +1083,12 @@ func (p *prebuilt) plan(e uint64) *queryspec.Plan {
 // builds the task's stateless operators in them (any goroutine but the
 // producer's, which installs them later). What fails here is left to the
 // producer, which builds it again and reports the error.
-func (t *task) prebuild(rc *fsm.QueryReconfig) { t.prebuildFrom(rc, false) }
-
-// prebuildFrom is prebuild; staged: rc's last plan is staged, not
-// committed (stage), and what is built for it serves only a committed
-// plan of the same epoch and content: a later prebuild of a committed
-// state discards it otherwise and builds again.
-func (t *task) prebuildFrom(rc *fsm.QueryReconfig, staged bool) {
+func (t *task) prebuild(rc *fsm.QueryReconfig) {
 	p := &t.rc.pre
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t.node == nil {
 		return // a task that could not be built (failedTask) runs nothing
-	}
-	if !staged {
-		for e, sp := range p.staged {
-			if e > rc.Latest() {
-				continue // still staged
-			}
-			if !sameBuild(&sp, &rc.Plans[e-1]) {
-				p.dropFrom(e)
-			}
-			delete(p.staged, e)
-		}
 	}
 	members := t.node.Members
 	switch t.node.Kind {
@@ -1167,18 +1112,9 @@ func (t *task) prebuildFrom(rc *fsm.QueryReconfig, staged bool) {
 			if def == nil || !operator.Stateless(def.Type) || rc.VersionOf(members[i], e) == rc.VersionOf(members[i], e-1) {
 				continue // stateful, or unchanged: the version of e-1 serves
 			}
-			if !staged {
-				p.commitBuilds.Add(1)
-			}
 			if op, err := t.buildMemberOf(plan, e, i); err == nil {
 				p.ops[prebuiltKey{e, i}] = op
 			}
-		}
-		if staged && e == rc.Latest() {
-			if p.staged == nil {
-				p.staged = map[uint64]fsm.ReconfigPlan{}
-			}
-			p.staged[e] = rc.Plans[e-1]
 		}
 	}
 }

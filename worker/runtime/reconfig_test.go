@@ -216,16 +216,6 @@ func (r *reconfigRun) logAcks(epoch uint64) {
 // every task.
 func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	r.t.Helper()
-	p := r.nextPlan(v)
-	r.rc.Plans = append(r.rc.Plans, p)
-	r.publish()
-	return p
-}
-
-// nextPlan is the plan addPlan would add: a and b at version v, the next
-// epoch, loading.
-func (r *reconfigRun) nextPlan(v int) fsm.ReconfigPlan {
-	r.t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(r.version(v)))
 	if err != nil {
 		r.t.Fatal(err)
@@ -239,6 +229,8 @@ func (r *reconfigRun) nextPlan(v int) fsm.ReconfigPlan {
 		def, _ := json.Marshal(q.OperatorByName(op))
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
 	}
+	r.rc.Plans = append(r.rc.Plans, p)
+	r.publish()
 	return p
 }
 
@@ -817,4 +809,41 @@ func TestReconfigStatefulAggregateDynamicTracking(t *testing.T) {
 	r.complete()
 	<-done
 	r.checkStateful(limit, nil)
+}
+
+// TestReconfigHandedToAFailedTask: a task that could not be built (here a
+// fragment its query does not have) is handed a reconfiguration like any
+// task of its query: nothing is built for it and the worker goes on.
+// Before, prebuild dereferenced the failed task's missing node and the
+// worker process crashed.
+func TestReconfigHandedToAFailedTask(t *testing.T) {
+	base := fmt.Sprintf(reconfigYAML, 10, 10)
+	q, err := queryspec.Parse("rc.yaml", []byte(base))
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := queryspec.Parse("rc.yaml", []byte(versionYAML(base, 2)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec, err := next.CanonicalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := fsm.ReconfigPlan{Epoch: 1, SpecJSON: spec, Phase: fsm.ReconfigLoading}
+	for _, op := range []string{"a", "b"} {
+		def, _ := json.Marshal(next.OperatorByName(op))
+		plan.Changes = append(plan.Changes, fsm.OperatorChange{Operator: op, Version: 2, SpecJSON: def})
+	}
+	pool := dataplane.NewPool()
+	t.Cleanup(func() { pool.Close() })
+	w := startWorkerOpts(t, pool, Options{BoundaryInterval: 5 * time.Millisecond})
+	t.Cleanup(func() { w.close(t) })
+	task := TaskSpec{TaskID: "rc/nope/p0/r0", Query: "rc", Fragment: "nope", QueryIndex: 1, Spec: q}
+	w.rt.Apply(context.Background(), []TaskSpec{task})
+	task.Reconfig = &fsm.QueryReconfig{Plans: []fsm.ReconfigPlan{plan}}
+	w.rt.Apply(context.Background(), []TaskSpec{task})
+	if sts := w.rt.States(); len(sts) != 1 || sts[0].State != StateFailed {
+		t.Fatalf("states %+v, want the one failed task", sts)
+	}
 }

@@ -27,9 +27,6 @@ type reconfigApplies struct {
 	list []ReconfigApply
 	// inst is when the last task installed each epoch (installed).
 	inst map[queryEpoch]time.Time
-	// staged is when the last task built each epoch from a staged plan
-	// (stagedDone).
-	staged map[queryEpoch]time.Time
 }
 
 const maxReconfigApplies = 64
