@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
@@ -82,6 +83,9 @@ type Config struct {
 type hooks struct {
 	// barrier replaces raft's Barrier in the leader's set-up.
 	barrier func(timeout time.Duration) error
+	// applyFuture replaces the future of each command apply proposes (a
+	// test's may never answer, as raft's own may not at shutdown).
+	applyFuture func(fsm.MessageType, raft.ApplyFuture) raft.ApplyFuture
 	// raftStream wraps the mutual-TLS stream layer Raft's transport runs
 	// on (tests wrap it to drop traffic). Plaintext nodes ignore it.
 	raftStream func(raft.StreamLayer) raft.StreamLayer

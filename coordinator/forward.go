@@ -151,9 +151,17 @@ func (s *Server) apply(ctx context.Context, t fsm.MessageType, body any) (*fsm.A
 		timeout = time.Until(dl)
 	}
 	start := time.Now()
-	fut := s.raft.Apply(buf, timeout)
-	if err := fut.Error(); err != nil {
+	var fut raft.ApplyFuture = s.raft.Apply(buf, timeout)
+	if h := s.cfg.hooks.applyFuture; h != nil {
+		fut = h(t, fut)
+	}
+	// The wait ends with ctx too: raft may never answer (see awaitFuture),
+	// and the leader's loops, whose ctx Server.Shutdown cancels before it
+	// waits for them, commit through here.
+	if err := awaitFuture(ctx, fut); err != nil {
 		switch {
+		case ctx.Err() != nil && errors.Is(err, ctx.Err()):
+			return nil, status.Errorf(status.FromContextError(err).Code(), "gave up waiting for the commit; the write may or may not have committed, retry with the same idempotency key: %v", err)
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return nil, status.Errorf(codes.Unavailable, "leadership lost while committing; the write may or may not have committed, retry with the same idempotency key: %v", err)
 		case errors.Is(err, raft.ErrEnqueueTimeout):

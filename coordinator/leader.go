@@ -225,7 +225,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		}
 		s.logger.Error("leadership set-up keeps failing; transferring leadership to another coordinator",
 			"err", err, "tried_for", s.cfg.Timings.LeaderSetupTimeout)
-		terr := s.raft.LeadershipTransfer().Error()
+		terr := awaitFuture(ctx, s.raft.LeadershipTransfer())
 		if terr == nil {
 			// Raft reports the loss on leaderCh; monitorLeadership then
 			// stops this (finished) loop's duties.
@@ -287,11 +287,11 @@ func (s *Server) setUpLeadership(ctx context.Context) error {
 
 // runBarrier waits until the FSM holds every entry committed before this
 // leader's term (tests may replace it to inject failures).
-func (s *Server) runBarrier(timeout time.Duration) error {
+func (s *Server) runBarrier(ctx context.Context, timeout time.Duration) error {
 	if s.cfg.hooks.barrier != nil {
 		return s.cfg.hooks.barrier(timeout)
 	}
-	return s.raft.Barrier(timeout).Error()
+	return awaitFuture(ctx, s.raft.Barrier(timeout))
 }
 
 // setUpOnce is one attempt of the leader's set-up.
@@ -302,7 +302,7 @@ func (s *Server) setUpOnce(ctx context.Context) error {
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(dl)), time.Millisecond)
 	}
-	if err := s.runBarrier(timeout); err != nil {
+	if err := s.runBarrier(ctx, timeout); err != nil {
 		return fmt.Errorf("leader barrier: %w", err)
 	}
 	s.reconcileVoters()
