@@ -202,7 +202,7 @@ func (s *Server) handleSerfEvents(ctx context.Context) {
 			switch me.Type {
 			case serf.EventMemberJoin, serf.EventMemberUpdate:
 				if s.IsLeader() {
-					s.reconcileVoters()
+					s.reconcileVoters(ctx)
 				}
 			case serf.EventMemberLeave, serf.EventMemberFailed, serf.EventMemberReap:
 				// The leader's reapVoters looks at once (a member
@@ -225,7 +225,7 @@ func (s *Server) handleSerfEvents(ctx context.Context) {
 // left alone even if it lost its data dir: Raft's replication finds its
 // log empty and sends it the log (or a snapshot) from the start. Only the
 // leader calls it.
-func (s *Server) reconcileVoters() {
+func (s *Server) reconcileVoters(ctx context.Context) {
 	cf := s.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		s.logger.Warn("reconcile voters: read raft configuration", "err", err)
@@ -256,7 +256,7 @@ func (s *Server) reconcileVoters() {
 			s.logger.Info("adding coordinator to raft configuration", "member", m.Name)
 		}
 		// AddVoter with an id already present updates its address.
-		if err := s.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second).Error(); err != nil {
+		if err := awaitFuture(ctx, s.raft.AddVoter(raft.ServerID(m.ID), raft.ServerAddress(m.RaftAddr), 0, 5*time.Second)); err != nil {
 			s.logger.Warn("add voter failed", "member", m.Name, "err", err)
 		}
 	}

@@ -305,7 +305,7 @@ func (s *Server) setUpOnce(ctx context.Context) error {
 	if err := s.runBarrier(ctx, timeout); err != nil {
 		return fmt.Errorf("leader barrier: %w", err)
 	}
-	s.reconcileVoters()
+	s.reconcileVoters(ctx)
 	workers, err := s.State().Workers(nil)
 	if err != nil {
 		return fmt.Errorf("read workers: %w", err)

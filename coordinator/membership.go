@@ -74,14 +74,14 @@ func (s *Server) reapVoters(ctx context.Context) {
 		case <-s.membersChanged:
 			now = time.Now()
 		}
-		s.reapVotersOnce(now, failedSince)
+		s.reapVotersOnce(ctx, now, failedSince)
 		// Members whose identity check failed on their join event (say, a
 		// transient network error) get another chance.
-		s.reconcileVoters()
+		s.reconcileVoters(ctx)
 	}
 }
 
-func (s *Server) reapVotersOnce(now time.Time, failedSince map[raft.ServerID]time.Time) {
+func (s *Server) reapVotersOnce(ctx context.Context, now time.Time, failedSince map[raft.ServerID]time.Time) {
 	cf := s.raft.GetConfiguration()
 	if cf.Error() != nil {
 		return
@@ -125,7 +125,7 @@ func (s *Server) reapVotersOnce(now time.Time, failedSince map[raft.ServerID]tim
 			reason = fmt.Sprintf("it has been failed or unreachable in serf for more than %v", s.cfg.Timings.DeadVoterTimeout)
 		}
 		s.logger.Warn("removing coordinator from the raft configuration", "id", srv.ID, "addr", srv.Address, "reason", reason)
-		if err := s.raft.RemoveServer(srv.ID, 0, 5*time.Second).Error(); err != nil {
+		if err := awaitFuture(ctx, s.raft.RemoveServer(srv.ID, 0, 5*time.Second)); err != nil {
 			s.logger.Warn("remove voter failed", "id", srv.ID, "err", err)
 			continue
 		}

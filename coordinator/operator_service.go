@@ -51,7 +51,7 @@ func (as *adminService) RemoveRaftPeer(ctx context.Context, req *pb.RemoveRaftPe
 	if !found {
 		return nil, status.Errorf(codes.NotFound, "remove-peer: %q is not in the raft configuration (see operator raft list-peers)", req.Id)
 	}
-	if err := s.raft.RemoveServer(raft.ServerID(req.Id), 0, 10*time.Second).Error(); err != nil {
+	if err := awaitFuture(ctx, s.raft.RemoveServer(raft.ServerID(req.Id), 0, 10*time.Second)); err != nil {
 		return nil, status.Errorf(codes.Unavailable, "remove-peer %s: %v", req.Id, err)
 	}
 	s.logger.Warn("coordinator removed from the raft configuration by an operator", "id", req.Id)
