@@ -210,11 +210,6 @@ type DCAAResult struct {
 	K2RecordsPerCPUSec float64   `json:"k2_records_per_cpu_s"`
 	K1RecordsPerSec    float64   `json:"k1_records_per_s"`
 	K2RecordsPerSec    float64   `json:"k2_records_per_s"`
-	// SaturationOutputsMatch (the sequential method only; absent side by
-	// side, whose rounds are stopped, not run to the end): every sink
-	// replica of every overhead run produced the same stable output as
-	// the first k = 1 run (SaturationResults results); SaturationMismatch
-	// says where one differed first.
 	// K1CPUUse and K2CPUUse are the CPU-seconds the worker processes
 	// used per second of the run and per replica, in the run with the
 	// best sink throughput: near 1 when pinned, each replica had its CPU
@@ -225,7 +220,12 @@ type DCAAResult struct {
 	// OverheadLoad is the machine's load average (1, 5, 15 minutes) at
 	// the start and at the end of the overhead runs (Linux; empty
 	// elsewhere): other work on the machine disturbs the pinned runs.
-	OverheadLoad           string `json:"overhead_load,omitempty"`
+	OverheadLoad string `json:"overhead_load,omitempty"`
+	// SaturationOutputsMatch (the sequential method only; absent side by
+	// side, whose rounds are stopped, not run to the end): every sink
+	// replica of every overhead run produced the same stable output as
+	// the first k = 1 run (SaturationResults results); SaturationMismatch
+	// says where one differed first.
 	SaturationOutputsMatch *bool  `json:"saturation_outputs_match,omitempty"`
 	SaturationMismatch     string `json:"saturation_mismatch,omitempty"`
 	SaturationResults      int    `json:"saturation_results"`
