@@ -248,6 +248,18 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		}
 	}
 	a.ts = ts
+	if firstNew >= 0 && !a.renumber && taken > 0 && ts[firstNew].ID > taken+1 && w.haveST {
+		// Resumed by stable id on a replica of the same numbering that
+		// no longer holds the ids after the input's (discarded: acked by
+		// other consumers, or past its buffer bound): the results
+		// needing them are lost, named as an upstream's record would
+		// be (outside DCAA, noteInputGap does so).
+		to := ts[firstNew].STime
+		if to < math.MaxInt64 {
+			to++
+		}
+		a.named = append(a.named, [2]int64{w.lastST, to})
+	}
 	if firstNew >= 0 {
 		lastStable := firstNew
 		for k := len(ts) - 1; k > firstNew; k-- {

@@ -225,7 +225,15 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		return nil
 	}
 	if len(marks) > 0 {
-		if err := d.divergeBefore(ctx, marks); err != nil {
+		// The records go out before the machine takes the batch: it may
+		// release results past them, and when the batch holds the
+		// upstream's final boundary, the task's own final boundary,
+		// which ends a consumer's subscription (a record put after it
+		// was never read: TestDCAARealignRecordBeforeTheEndReachesTheSink).
+		// putUncorrectable gives the outputs their own lineage first, as
+		// divergeBefore did.
+		in.diverged.Store(true)
+		if err := d.relayUncorrectable(ctx, marks); err != nil {
 			return err
 		}
 	}
@@ -257,12 +265,6 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// results (a realignment, renumbering, follows the new
 		// replica's numbering instead).
 		in.stableTaken.Store(stableLast)
-	}
-	if len(marks) > 0 {
-		in.diverged.Store(true)
-		if err := d.relayUncorrectable(ctx, marks); err != nil {
-			return err
-		}
 	}
 	// The final boundary ends the stream, wherever it is in the batch (a
 	// producer's REC_DONE may follow it).

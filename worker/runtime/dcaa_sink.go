@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -450,6 +451,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 		}
 	}
 	kept := b.Tuples[:0]
+	gapChecked := false // the first stable tuple or boundary past taken was checked for a gap
 	mv.mu.Lock()
 	for _, tp := range b.Tuples {
 		switch tp.Type {
@@ -460,7 +462,18 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 					continue
 				}
 				tp.ID = taken // ids stay increasing in the merger
+			} else if !realigning && !gapChecked && taken > 0 && tp.ID > taken+1 && in.lw.haveST {
+				// Resumed by stable id on a replica of the same numbering
+				// that no longer holds the ids after the input's: the
+				// results between are lost, named (outside DCAA,
+				// noteInputGap does so).
+				to := tp.STime
+				if to < math.MaxInt64 {
+					to++
+				}
+				marks = append(marks, [2]int64{in.lw.lastST, to})
 			}
+			gapChecked = true
 			taken = tp.ID
 			if tp.Type == tuple.Boundary {
 				bnd = max(bnd, tp.STime)

@@ -425,7 +425,17 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 			return in.t.passBatch(b)
 		}
 		var stable uint64 // merging sink of a replicated query: see filterDCAA
+		// watch is the input's lineage watch before filterDCAA moved it
+		// (the last stream time taken, a realignment's end and the
+		// lineage adopted there): it describes the batch as taken, but
+		// the batch is taken only once the merger has it. When the
+		// merger's add gives up (the attempt ended while it waited for
+		// room), the watch goes back, so that the next attempt resumes
+		// by stableTaken in the numbering it belongs to and, realigning,
+		// drops only what was really taken.
+		var watch lineageWatch
 		if in.t.mv != nil {
+			watch = in.lw
 			var err error
 			if stable, err = in.mergeDCAA(ctx, b, first); err != nil {
 				return err
@@ -440,6 +450,9 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		last := &b.Tuples[len(b.Tuples)-1]
 		final := last.Type == tuple.Boundary && last.STime == finalBoundary
 		if err := in.t.merge.add(ctx, in.idx, b.Tuples, b, stable); err != nil {
+			if in.t.mv != nil {
+				in.lw = watch
+			}
 			return err
 		}
 		if stable != 0 {

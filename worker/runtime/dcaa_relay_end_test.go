@@ -1,0 +1,65 @@
+package runtime
+
+import (
+	"testing"
+
+	"github.com/fedstream/fedstream/config/queryspec"
+	"github.com/fedstream/fedstream/worker/dataplane"
+)
+
+// s15 diagnosis (TestDCAAFailureLongerThanTheReplayBound/relayed_downstream
+// under load: the other chain's aggregate realigned onto the lossy
+// replica at the end of the stream and named a range, which its sink
+// never carried). An operator task whose input realigns on a replica
+// numbering its stable ids otherwise names what it cannot vouch for
+// (here the stream time of its last taken result, which the first new
+// one shares) and relays that record after its machine processed the
+// batch. When that batch also holds the upstream's final boundary, the
+// machine may release the task's own final boundary first: the sink
+// ends its subscription on it and never reads the record.
+func TestDCAARealignRecordBeforeTheEndReachesTheSink(t *testing.T) {
+	q := mustParse(t, `name: relend
+replicas: 2
+availability: {max_delay: 5s}
+sources:
+  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
+operators:
+  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}, aggregates: {n: "count()"}}
+sinks:
+  - {name: out, input: counts}
+`)
+	fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
+	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	// Replica 0: stable tuples at 1..30 ms, boundaries at 10 and 20 ms:
+	// stable ids 1 to 32, the last one a result at 30 ms.
+	var r0 []fakeTuple
+	for ms := 1; ms <= 30; ms++ {
+		r0 = append(r0, fakeTuple{"s", ms})
+		if ms%10 == 0 && ms < 30 {
+			r0 = append(r0, fakeTuple{"b", ms})
+		}
+	}
+	fake.stream(t, up0, r0...)
+	// Replica 1 shares only its first id, then more results at 30 ms,
+	// a boundary and its end (5 positions: the input's 32 is past it).
+	r1 := []fakeTuple{{"s", 1}, {"s", 30}, {"s", 30}, {"b", 40}, {"end", 0}}
+	fake.put(t, up1, dataplane.BufferOptions{}, 1, fakeTuples(r1...)...)
+	c.apply()
+	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
+	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
+		tk := w.rt.task(agg)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == 32
+	})
+	fake.kill(up0)
+	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
+	tk := w.rt.task(agg)
+	named := tk.unc.list()
+	st := tk.State()
+	t.Logf("aggregate: named %v, status lossy %v %q; sink: %d stable, %d records", named, st.Lossy, st.Message, len(got.stable), len(got.uncorrectable))
+	if len(named) == 0 {
+		t.Fatal("the aggregate named nothing: the scenario did not arise")
+	}
+	if len(got.uncorrectable) == 0 {
+		t.Errorf("the aggregate named %v, which its sink's stream does not carry", named)
+	}
+}
