@@ -163,8 +163,13 @@ func (f *fakeReplicas) kill(id string) {
 // input realigns on it from its start by stream time (it holds nothing
 // past what the input took but its end), and takes its final boundary:
 // the aggregate and the sink end.
-func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
-	q := mustParse(t, `name: div
+// countsOverFakeLines starts query name: an aggregate over 10 ms windows
+// (max_delay 5 s, two replicas) reading a source whose two replicas the
+// test writes (fakeUpstreamCluster), and its sink; up0 and up1 are the
+// source replicas' task ids.
+func countsOverFakeLines(t *testing.T, name string) (q *queryspec.Query, fake *fakeReplicas, c *cluster, w *worker, up0, up1 string) {
+	t.Helper()
+	q = mustParse(t, `name: `+name+`
 replicas: 2
 availability: {max_delay: 5s}
 sources:
@@ -174,8 +179,12 @@ operators:
 sinks:
   - {name: out, input: counts}
 `)
-	fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
-	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	fake, c, w = fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
+	return q, fake, c, w, queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+}
+
+func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
+	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "div")
 	// Replica 0: 30 stable tuples, a boundary every 10 ms: stable ids
 	// and positions 1 to 33.
 	var r0 []fakeTuple

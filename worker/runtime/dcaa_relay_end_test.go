@@ -18,18 +18,7 @@ import (
 // machine may release the task's own final boundary first: the sink
 // ends its subscription on it and never reads the record.
 func TestDCAARealignRecordBeforeTheEndReachesTheSink(t *testing.T) {
-	q := mustParse(t, `name: relend
-replicas: 2
-availability: {max_delay: 5s}
-sources:
-  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
-operators:
-  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}, aggregates: {n: "count()"}}
-sinks:
-  - {name: out, input: counts}
-`)
-	fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
-	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "relend")
 	// Replica 0: stable tuples at 1..30 ms, boundaries at 10 and 20 ms:
 	// stable ids 1 to 32, the last one a result at 30 ms.
 	var r0 []fakeTuple

@@ -16,18 +16,7 @@ import (
 // DCAA such a gap is named (gaploss.go, noteInputGap); a DCAA input
 // names nothing.
 func TestDCAAInputResumedOverAGapNamesIt(t *testing.T) {
-	q := mustParse(t, `name: rgap
-replicas: 2
-availability: {max_delay: 5s}
-sources:
-  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
-operators:
-  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}, aggregates: {n: "count()"}}
-sinks:
-  - {name: out, input: counts}
-`)
-	fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Kind != queryspec.KindSource })
-	up0, up1 := queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
+	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "rgap")
 	var all []fakeTuple
 	for ms := 1; ms <= 30; ms++ {
 		all = append(all, fakeTuple{"s", ms})
