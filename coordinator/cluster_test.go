@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/internal/testport"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -112,8 +113,7 @@ func newOrgTestCluster(t testing.TB, org string, n int, joinToken, adminToken st
 	c.csr = csr
 	base := t.TempDir()
 	for i := 0; i < n; i++ {
-		// Port 0 everywhere: the OS picks free ports, so parallel test
-		// packages can never race for one. start records the real ones.
+		// Port 0 everywhere: start picks the ports (see there).
 		cfg := Config{
 			Org: c.org, NodeID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(base, fmt.Sprintf("c%d", i+1)),
 			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
@@ -157,6 +157,20 @@ func newOrgTestCluster(t testing.TB, org string, n int, joinToken, adminToken st
 
 func (c *testCluster) start(i int) {
 	c.t.Helper()
+	// An address not chosen yet gets a port below the ephemeral range:
+	// a restart binds it again, and a port the OS had chosen could be
+	// taken meanwhile by any outgoing connection (TestBootstrapMore-
+	// CoordinatorsThanExpected failed "start serf ...: bind: address
+	// already in use" under load).
+	var unset []*string
+	for _, a := range []*string{&c.cfgs[i].GRPCAddr, &c.cfgs[i].RaftAddr, &c.cfgs[i].SerfAddr} {
+		if *a == "127.0.0.1:0" {
+			unset = append(unset, a)
+		}
+	}
+	for k, addr := range testport.Loopback(c.t, len(unset)) {
+		*unset[k] = addr
+	}
 	srv, err := New(c.cfgs[i])
 	if err != nil {
 		c.t.Fatal(err)

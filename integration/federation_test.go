@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/internal/testport"
 )
 
 // fedOrg is one org of the federation test: a single coordinator process.
@@ -78,7 +80,7 @@ func TestTwoOrgProcessesContract(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := []string{"alpha", "beta", "gamma"}
-	ports := freeAddrs(t, 5*len(names))
+	ports := testport.Loopback(t, 5*len(names))
 	var fedBinds []string
 	for i := range names {
 		fedBinds = append(fedBinds, ports[5*i+3])

@@ -7,17 +7,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/internal/testport"
 )
 
 var (
@@ -73,53 +72,6 @@ func binary(t *testing.T) string {
 	}
 	return binPath
 }
-
-// freeAddrs reserves n distinct free loopback ports. All listeners stay
-// open until every port is chosen, so the OS cannot hand out one twice; the
-// ports are released for the processes to bind (a small window another
-// program could take one in, which fails the start loudly).
-//
-// The ports come from below the OS's ephemeral range (Linux: 32768 and
-// up), which port-0 listeners and outgoing connections draw from: with
-// ports the OS had chosen, another test's connection or listener took one
-// in the window ("bind: address already in use", a coordinator that never
-// started, at load 20). nextPort starts at a random place in
-// [basePort, basePort+portSpan) so that two test processes (packages run
-// in parallel) rarely probe the same ports.
-func freeAddrs(t *testing.T, n int) []string {
-	t.Helper()
-	var out []string
-	for tries := 0; len(out) < n; tries++ {
-		if tries > portSpan {
-			t.Fatalf("no %d free loopback ports below the ephemeral range", n)
-		}
-		addr := fmt.Sprintf("127.0.0.1:%d", basePort+int(nextPort.Add(1))%portSpan)
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue
-		}
-		defer l.Close()
-		// serf also needs the UDP port of the same number.
-		u, err := net.ListenPacket("udp", addr)
-		if err != nil {
-			continue
-		}
-		defer u.Close()
-		out = append(out, addr)
-	}
-	return out
-}
-
-// Ports handed out by freeAddrs: [basePort, basePort+portSpan), below
-// Linux's ephemeral range and apart from the coordinator tests' fake
-// worker addresses (from 20000).
-const basePort, portSpan = 21000, 11000
-
-var nextPort = func() *atomic.Int64 {
-	var p atomic.Int64
-	p.Store(rand.Int64N(portSpan))
-	return &p
-}()
 
 // proc is one running fedstream process whose output is kept for failure reports.
 type proc struct {
@@ -357,7 +309,7 @@ func startOrg(t *testing.T, coordinators, workers int, extraWorkerArgs ...string
 	setTLSDir(t, o.tlsDir)
 	type addrs struct{ grpc, raft, serf string }
 	var all []addrs
-	ports := freeAddrs(t, 3*coordinators)
+	ports := testport.Loopback(t, 3*coordinators)
 	for i := 0; i < coordinators; i++ {
 		all = append(all, addrs{ports[3*i], ports[3*i+1], ports[3*i+2]})
 	}

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/config/logging"
+	"github.com/fedstream/fedstream/internal/testport"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
@@ -188,7 +189,7 @@ func TestSecurityFromOutsideTheOrg(t *testing.T) {
 		t.Fatal(err)
 	}
 	otherKey := gossipKeyFile(t, t.TempDir())
-	ports := freeAddrs(t, 9)
+	ports := testport.Loopback(t, 9)
 	joiner := func(id, tlsDir, keyFile string, p []string) *proc {
 		return start(t, id, "coordinator", "--org", "acme", "--node-id", id, "--data-dir", filepath.Join(t.TempDir(), id),
 			"--grpc-addr", p[0], "--raft-addr", p[1], "--serf-addr", p[2], "--bootstrap-expect", "0",
