@@ -207,54 +207,9 @@ func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 // merged into the next because a side took in no record in them.
 func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*workerClient, round int) ([]DCAASideWindow, int, error) {
 	k2set := round % 2
-	// sides[0] is k = 1, sides[1] k = 2: their processes and the tasks
-	// whose records count (sourceTasks).
-	type side struct {
-		w       [dcaaProcesses]*workerClient
-		specs   [dcaaProcesses][]runtime.TaskSpec
-		sources map[string]bool
-	}
-	var sides [2]side
-	sides[0].w, sides[1].w = sets[1-k2set], sets[k2set]
-	for s := range sides {
-		sides[s].sources = map[string]bool{}
-		addrs := make([]string, dcaaProcesses)
-		for i, w := range sides[s].w {
-			addrs[i] = w.addr
-		}
-		add := func(q *queryspec.Query, where func(n *queryspec.Node, partition, replica int) int) error {
-			specs, err := specsFor(q, where, addrs)
-			if err != nil {
-				return err
-			}
-			for i := range specs {
-				sides[s].specs[i] = append(sides[s].specs[i], specs[i]...)
-			}
-			ids, err := sourceTasks(q)
-			for _, id := range ids {
-				sides[s].sources[id] = true
-			}
-			return err
-		}
-		if s == 1 {
-			q, err := dcaaQuery(b.nextName("dcaaside"), 2, b.cfg.X.String(), dcaaSideRate, dcaaSideRecords)
-			if err != nil {
-				return nil, 0, err
-			}
-			if err := add(q, dcaaSaturationWhere); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		for c := range saturationCopies {
-			q, err := dcaaQuery(b.nextName("dcaaside"), 1, b.cfg.X.String(), dcaaSideRate, dcaaSideRecords)
-			if err != nil {
-				return nil, 0, err
-			}
-			if err := add(q, func(n *queryspec.Node, p, _ int) int { return dcaaSaturationWhere(n, p, c) }); err != nil {
-				return nil, 0, err
-			}
-		}
+	sides, err := b.sideSpecs(sets, k2set, dcaaSideRecords)
+	if err != nil {
+		return nil, 0, err
 	}
 	// Start order: k = 1 first in rounds 0, 1, 4, 5, ...; k = 2 first in
 	// the others, so each set starts first with each k.
@@ -348,6 +303,68 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 		prev, from = cur, now
 	}
 	return ws, merged, nil
+}
+
+// dcaaSide is one side of a side-by-side overhead round: its worker
+// processes (placed as dcaaSaturationWhere says), each one's tasks, the
+// task ids of its sources (sourceTasks) and of its sinks (one per copy or
+// replica, on the measured and the peer process).
+type dcaaSide struct {
+	w       [dcaaProcesses]*workerClient
+	specs   [dcaaProcesses][]runtime.TaskSpec
+	sources map[string]bool
+	sinks   []string
+}
+
+// sideSpecs builds a round's two sides, [0] k = 1 (two one-replica copies
+// of the query) and [1] k = 2 (the query with two replicas, DCAA with X),
+// k = 2 on sets[k2set] and k = 1 on the other set, each source partition
+// drawing records records at dcaaSideRate.
+func (b *dcaaBench) sideSpecs(sets [2][dcaaProcesses]*workerClient, k2set int, records int64) ([2]dcaaSide, error) {
+	var sides [2]dcaaSide
+	sides[0].w, sides[1].w = sets[1-k2set], sets[k2set]
+	for s := range sides {
+		sides[s].sources = map[string]bool{}
+		addrs := make([]string, dcaaProcesses)
+		for i, w := range sides[s].w {
+			addrs[i] = w.addr
+		}
+		add := func(replicas int, where func(n *queryspec.Node, partition, replica int) int) error {
+			q, err := dcaaQuery(b.nextName("dcaaside"), replicas, b.cfg.X.String(), dcaaSideRate, records)
+			if err != nil {
+				return err
+			}
+			specs, err := specsFor(q, where, addrs)
+			if err != nil {
+				return err
+			}
+			for i := range specs {
+				sides[s].specs[i] = append(sides[s].specs[i], specs[i]...)
+			}
+			ids, err := sourceTasks(q)
+			for _, id := range ids {
+				sides[s].sources[id] = true
+			}
+			if replicas == 2 {
+				sides[s].sinks = append(sides[s].sinks, queryspec.TaskID(q.Name, "alerts", 0, 0), queryspec.TaskID(q.Name, "alerts", 0, 1))
+			} else {
+				sides[s].sinks = append(sides[s].sinks, queryspec.TaskID(q.Name, "alerts", 0, 0))
+			}
+			return err
+		}
+		if s == 1 {
+			if err := add(2, dcaaSaturationWhere); err != nil {
+				return sides, err
+			}
+			continue
+		}
+		for c := range saturationCopies {
+			if err := add(1, func(n *queryspec.Node, p, _ int) int { return dcaaSaturationWhere(n, p, c) }); err != nil {
+				return sides, err
+			}
+		}
+	}
+	return sides, nil
 }
 
 // sideWindow is the window between two samples of both sides (index 0:
