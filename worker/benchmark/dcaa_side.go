@@ -36,10 +36,12 @@ const (
 	// and what the DCAA machine keeps grows from empty.
 	dcaaSideSettle = time.Second
 	// dcaaSideRate is each source partition's records per second of
-	// stream time in the side-by-side rounds: paced, but at about twice
-	// what a copy gets through on this kind of machine with a quarter of
-	// two CPUs (about 55 000 per partition), so the sources run flat out
-	// and both sides stay saturated. Not 0 (as fast as possible, stream
+	// stream time in the side-by-side and paired rounds. The side-by-side
+	// rounds pace their sources at it (the paired rounds draw them 20
+	// times faster): on an idle machine a copy's sources then drew
+	// exactly 300 000 records a second, into output buffers the
+	// operators emptied far more slowly, so a side was not saturated (see
+	// sourceTasks). Not 0 (as fast as possible, stream
 	// time 1 µs per record): a boundary interval of stream time is then
 	// 50 000 records per partition, and boundaries, the heartbeats of a
 	// DCAA input, would come seconds of work apart under load; at this
@@ -407,14 +409,21 @@ func sideWindow(prev, cur [2]sideSample, d time.Duration) (DCAASideWindow, bool)
 
 // sourceTasks is the task ids of q's sources, every partition and
 // replica: the records they drew are the records the copies of the query
-// took in. They are counted as drawn (each flush publishes the count), so
-// a window sees them at a batch's granularity; the operators count their
-// input per release, and a release can take a whole output buffer of
-// backlog (256 Ki tuples per stream: seconds of work under load), which
-// left most windows without a count. Sources run ahead of the operators
-// by at most their output buffers; at saturation those are full after the
-// settling, and a source draws a record only as room is freed, so over a
-// window the records drawn are the records taken in, within a batch.
+// took in, eventually. They are counted as drawn (each flush publishes
+// the count), so a window sees them at a batch's granularity; the
+// operators count their input per release, and a release can take a
+// whole output buffer of backlog, which left most windows without a
+// count. But the sources run ahead of the operators by up to their output
+// buffers, two of 256 Ki tuples per source partition (one per partition
+// of the aggregate), about 3 million records a side: in session 16 (load
+// 32) each side's sources took about 10 s to fill them, drawing 3.4-4.5
+// million records while the aggregates took in 0.45 million, and only
+// then were they held to what the operators took. A round's first
+// windows therefore count mostly the sources' own work, and its later
+// ones the pipeline's: the windows' records per CPU-second fell from
+// about 620 000 to under 200 000 on both sides in every round of the
+// quiet runs. The paired method (dcaa_paired.go) runs a fixed input to
+// its end instead.
 func sourceTasks(q *queryspec.Query) ([]string, error) {
 	plan, err := q.FusedPlan()
 	if err != nil {
