@@ -103,31 +103,10 @@ type DCAAPairedRound struct {
 func (b *dcaaBench) overheadPaired(ctx context.Context, res *DCAAResult) error {
 	res.OverheadMethod = OverheadDCAAPaired
 	var procs [2][dcaaProcesses]*workerClient
-	defer func() {
-		for _, set := range procs {
-			for _, w := range set {
-				if w == nil {
-					continue
-				}
-				if err := w.proc.Stop(); err != nil {
-					b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
-				}
-			}
-		}
-	}()
 	for s := range procs {
-		for i := range procs[s] {
-			name := fmt.Sprintf("bench-dcaa-paired-%d-%d", s, i)
-			p, err := b.cfg.Launch(ctx, name)
-			if err != nil {
-				return err
-			}
-			procs[s][i] = newWorkerClient(name, p)
-			resp, err := procs[s][i].call(ctx, request{Op: opHello, SourceSpeedup: dcaaPairedSpeedup, BoundaryInterval: b.cfg.Boundary})
-			if err != nil {
-				return err
-			}
-			procs[s][i].addr = resp.Addr
+		defer b.stopSet(&procs[s])
+		if err := b.launchSet(ctx, &procs[s], fmt.Sprintf("bench-dcaa-paired-%d-", s), dcaaPairedSpeedup); err != nil {
+			return err
 		}
 	}
 	var (
@@ -164,32 +143,18 @@ func (b *dcaaBench) overheadPaired(ctx context.Context, res *DCAAResult) error {
 		rounds = append(rounds, r)
 	}
 	res.OverheadPairedRounds = rounds
-	var ov, k1, k2, k1s, k2s, u1, u2 []float64
+	var fs []sideFigures
 	for _, r := range rounds {
-		ov = append(ov, r.Overhead)
-		k1, k2 = append(k1, r.K1RecordsPerCPUSec), append(k2, r.K2RecordsPerCPUSec)
 		perSec := func(ms float64) float64 { return float64(b.pairedRecords()) / saturationCopies / (ms / 1000) }
-		k1s, k2s = append(k1s, perSec(r.K1Ms)), append(k2s, perSec(r.K2Ms))
-		u1, u2 = append(u1, r.K1CPUUse), append(u2, r.K2CPUUse)
+		fs = append(fs, sideFigures{overhead: r.Overhead, perCPU: [2]float64{r.K1RecordsPerCPUSec, r.K2RecordsPerCPUSec},
+			perSec: [2]float64{perSec(r.K1Ms), perSec(r.K2Ms)}, cpuUse: [2]float64{r.K1CPUUse, r.K2CPUUse}})
+		res.CPUOverheadRounds = append(res.CPUOverheadRounds, r.Overhead)
 	}
-	mean, ci := MeanCI95(ov)
-	res.ReplicationOverhead, res.ReplicationOverheadCI95 = round4(mean), round4(ci)
-	if len(ov) < 2 {
-		res.ReplicationOverheadCI95 = -1
-	}
-	res.ReplicationOverheadMedian = round4(median(ov))
-	res.CPUOverhead = res.ReplicationOverhead
-	res.CPUOverheadRounds = ov
-	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(median(k1)), math.Round(median(k2))
-	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(median(k1s)), math.Round(median(k2s))
-	res.K1CPUUse, res.K2CPUUse = math.Round(median(u1)*100)/100, math.Round(median(u2)*100)/100
+	res.setSideFigures(fs)
 	res.OverheadNote = fmt.Sprintf("paired rounds: k=1 (two one-replica copies) and k=2 (DCAA, X %v) at once on four worker processes each, unpinned, sharing the CPUs, each round the same %d records per source partition (%d records a side) drawn flat out to the end of the input; each side's CPU time over the round read from its idle processes before and after (every process garbage-collected before the round), overhead = 1 - k1's CPU / k2's CPU per round; mean over %d rounds (the sides' process sets swapped every round, a warm-up round left out) with a 95%% confidence interval (t over the rounds); medians: records per second per copy k1 %s, k2 %s, CPU use per copy %.2f and %.2f; time a side waited without its CPU is not counted against it",
 		b.cfg.X, b.cfg.SaturationRecords, b.pairedRecords(), len(rounds),
 		fmtRate(res.K1RecordsPerSec), fmtRate(res.K2RecordsPerSec), res.K1CPUUse, res.K2CPUUse)
-	if min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse {
-		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
-			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
-	}
+	res.noteBusySides()
 	return nil
 }
 

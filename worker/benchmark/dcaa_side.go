@@ -130,27 +130,9 @@ type sideSample struct {
 func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 	res.OverheadMethod = OverheadDCAASide
 	var other [dcaaProcesses]*workerClient
-	defer func() {
-		for _, w := range other {
-			if w != nil {
-				if err := w.proc.Stop(); err != nil {
-					b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
-				}
-			}
-		}
-	}()
-	for i := range other {
-		name := fmt.Sprintf("bench-dcaa-side-worker-%d", i)
-		p, err := b.cfg.Launch(ctx, name)
-		if err != nil {
-			return err
-		}
-		other[i] = newWorkerClient(name, p)
-		resp, err := other[i].call(ctx, request{Op: opHello, BoundaryInterval: b.cfg.Boundary})
-		if err != nil {
-			return err
-		}
-		other[i].addr = resp.Addr
+	defer b.stopSet(&other)
+	if err := b.launchSet(ctx, &other, "bench-dcaa-side-worker-", 1); err != nil {
+		return err
 	}
 	sets := [2][dcaaProcesses]*workerClient{b.w, other}
 	var (
@@ -174,30 +156,16 @@ func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 		ws = append(ws, rw...)
 	}
 	res.OverheadWindows = ws
-	var ov, k1, k2, k1s, k2s, u1, u2 []float64
+	var fs []sideFigures
 	for _, w := range ws {
-		ov = append(ov, w.Overhead)
-		k1, k2 = append(k1, w.K1RecordsPerCPUSec), append(k2, w.K2RecordsPerCPUSec)
-		k1s, k2s = append(k1s, w.K1RecordsPerSec), append(k2s, w.K2RecordsPerSec)
-		u1, u2 = append(u1, w.K1CPUUse), append(u2, w.K2CPUUse)
+		fs = append(fs, sideFigures{overhead: w.Overhead, perCPU: [2]float64{w.K1RecordsPerCPUSec, w.K2RecordsPerCPUSec},
+			perSec: [2]float64{w.K1RecordsPerSec, w.K2RecordsPerSec}, cpuUse: [2]float64{w.K1CPUUse, w.K2CPUUse}})
 	}
-	mean, ci := MeanCI95(ov)
-	res.ReplicationOverhead, res.ReplicationOverheadCI95 = round4(mean), round4(ci)
-	if len(ov) < 2 {
-		res.ReplicationOverheadCI95 = -1
-	}
-	res.ReplicationOverheadMedian = round4(median(ov))
-	res.CPUOverhead = res.ReplicationOverhead
-	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(median(k1)), math.Round(median(k2))
-	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(median(k1s)), math.Round(median(k2s))
-	res.K1CPUUse, res.K2CPUUse = math.Round(median(u1)*100)/100, math.Round(median(u2)*100)/100
+	res.setSideFigures(fs)
 	res.OverheadNote = fmt.Sprintf("side by side: k=1 (two one-replica copies) and k=2 (DCAA, X %v) at once at saturation on four worker processes each, unpinned, sharing the CPUs; records per CPU-second of each side's processes in the same %v windows (%v of settling per round left out), overhead = 1 - k2's / k1's per window; mean over %d windows of %d rounds (the sides' process sets swapped every round) with a 95%% confidence interval (t over the windows); time a side waited without its CPU is not counted against it: compare the records per second per copy (k1 %s, k2 %s) and CPU use per copy (%.2f, %.2f)",
 		b.cfg.X, b.cfg.SideWindow, dcaaSideSettle, len(ws), b.cfg.SaturationRounds,
 		fmtRate(res.K1RecordsPerSec), fmtRate(res.K2RecordsPerSec), res.K1CPUUse, res.K2CPUUse)
-	if min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse {
-		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
-			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
-	}
+	res.noteBusySides()
 	if stall > 0 {
 		res.OverheadNote += fmt.Sprintf("; %d windows in which a side took in no record were merged into the next", stall)
 	}
@@ -305,6 +273,81 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 		prev, from = cur, now
 	}
 	return ws, merged, nil
+}
+
+// sideFigures are one window's or round's figures of the two sides
+// ([0] k = 1, [1] k = 2) of a side-by-side or paired overhead.
+type sideFigures struct {
+	overhead               float64
+	perCPU, perSec, cpuUse [2]float64
+}
+
+// setSideFigures sets the replication overhead from the windows' or
+// rounds' figures: their mean with its 95 % interval (-1: fewer than
+// two) and median, and the medians of each side's records per
+// CPU-second, records per second and CPU use per copy.
+func (res *DCAAResult) setSideFigures(fs []sideFigures) {
+	var ov []float64
+	var perCPU, perSec, use [2][]float64
+	for _, f := range fs {
+		ov = append(ov, f.overhead)
+		for s := range 2 {
+			perCPU[s] = append(perCPU[s], f.perCPU[s])
+			perSec[s] = append(perSec[s], f.perSec[s])
+			use[s] = append(use[s], f.cpuUse[s])
+		}
+	}
+	mean, ci := MeanCI95(ov)
+	res.ReplicationOverhead, res.ReplicationOverheadCI95 = round4(mean), round4(ci)
+	if len(ov) < 2 {
+		res.ReplicationOverheadCI95 = -1
+	}
+	res.ReplicationOverheadMedian = round4(median(ov))
+	res.CPUOverhead = res.ReplicationOverhead
+	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(median(perCPU[0])), math.Round(median(perCPU[1]))
+	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(median(perSec[0])), math.Round(median(perSec[1]))
+	res.K1CPUUse, res.K2CPUUse = math.Round(median(use[0])*100)/100, math.Round(median(use[1])*100)/100
+}
+
+// noteBusySides adds to the overhead's note that the sides got too little
+// CPU for the figure to say much, when they did (minSideCPUUse).
+func (res *DCAAResult) noteBusySides() {
+	if min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse {
+		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
+			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
+	}
+}
+
+// launchSet starts a set of worker processes named prefix0..3 into set,
+// their sources running speedup times faster than their rate (0 or 1:
+// at it). The caller stops them (stopSet), also after an error.
+func (b *dcaaBench) launchSet(ctx context.Context, set *[dcaaProcesses]*workerClient, prefix string, speedup int) error {
+	for i := range set {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		p, err := b.cfg.Launch(ctx, name)
+		if err != nil {
+			return err
+		}
+		set[i] = newWorkerClient(name, p)
+		resp, err := set[i].call(ctx, request{Op: opHello, SourceSpeedup: speedup, BoundaryInterval: b.cfg.Boundary})
+		if err != nil {
+			return err
+		}
+		set[i].addr = resp.Addr
+	}
+	return nil
+}
+
+// stopSet stops the processes launchSet started.
+func (b *dcaaBench) stopSet(set *[dcaaProcesses]*workerClient) {
+	for _, w := range set {
+		if w == nil {
+			continue
+		}
+		if err := w.proc.Stop(); err != nil {
+			b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
+		}
+	}
 }
 
 // dcaaSide is one side of a side-by-side overhead round: its worker
