@@ -174,30 +174,8 @@ func (b *dcaaBench) pairedRound(ctx context.Context, procs [2][dcaaProcesses]*wo
 	if err != nil {
 		return r, nil, err
 	}
-	// all runs call on every process of both sides at once and returns
-	// the responses, [side][process].
 	all := func(req func(s, i int) request) ([2][dcaaProcesses]response, error) {
-		var (
-			out  [2][dcaaProcesses]response
-			mu   sync.Mutex
-			wg   sync.WaitGroup
-			errs []error
-		)
-		for s := range sides {
-			for i, w := range sides[s].w {
-				wg.Go(func() {
-					resp, err := w.call(ctx, req(s, i))
-					mu.Lock()
-					defer mu.Unlock()
-					out[s][i] = resp
-					if err != nil {
-						errs = append(errs, fmt.Errorf("%s: %w", w.name, err))
-					}
-				})
-			}
-		}
-		wg.Wait()
-		return out, errors.Join(errs...)
+		return callSides(ctx, &sides, req)
 	}
 	stop := func() {
 		if _, err := all(func(int, int) request { return request{Op: opApply} }); err != nil {

@@ -207,38 +207,27 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 	if err := sleepCtx(ctx, dcaaSideSettle); err != nil {
 		return nil, 0, err
 	}
+	// All eight at once: the readings of one sample lie within a
+	// millisecond or so of each other on an idle machine.
 	sample := func() ([2]sideSample, error) {
-		var (
-			out  [2]sideSample
-			mu   sync.Mutex
-			wg   sync.WaitGroup
-			errs []error
-		)
-		// All eight at once: the readings of one sample lie within a
-		// millisecond or so of each other.
+		var out [2]sideSample
+		rs, err := callSides(ctx, &sides, func(int, int) request { return request{Op: opTaskStats} })
+		if err != nil {
+			return out, err
+		}
 		for s := range sides {
-			for _, w := range sides[s].w {
-				wg.Go(func() {
-					r, err := w.call(ctx, request{Op: opTaskStats})
-					mu.Lock()
-					defer mu.Unlock()
-					if err != nil {
-						errs = append(errs, err)
-						return
+			for _, r := range rs[s] {
+				out[s].cpu += r.CPUNanos
+				out[s].gc += int64(r.GCCycles)
+				out[s].unstable += r.Unstable
+				for id, n := range r.TaskIn {
+					if sides[s].sources[id] {
+						out[s].records += int64(n)
 					}
-					out[s].cpu += r.CPUNanos
-					out[s].gc += int64(r.GCCycles)
-					out[s].unstable += r.Unstable
-					for id, n := range r.TaskIn {
-						if sides[s].sources[id] {
-							out[s].records += int64(n)
-						}
-					}
-				})
+				}
 			}
 		}
-		wg.Wait()
-		return out, errors.Join(errs...)
+		return out, nil
 	}
 	prev, err := sample()
 	if err != nil {
@@ -316,6 +305,32 @@ func (res *DCAAResult) noteBusySides() {
 		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
 			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
 	}
+}
+
+// callSides sends a request (req(side, process)) to every process of both
+// sides at once and returns their responses, [side][process].
+func callSides(ctx context.Context, sides *[2]dcaaSide, req func(s, i int) request) ([2][dcaaProcesses]response, error) {
+	var (
+		out  [2][dcaaProcesses]response
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	for s := range sides {
+		for i, w := range sides[s].w {
+			wg.Go(func() {
+				resp, err := w.call(ctx, req(s, i))
+				mu.Lock()
+				defer mu.Unlock()
+				out[s][i] = resp
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", w.name, err))
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 // launchSet starts a set of worker processes named prefix0..3 into set,
