@@ -245,6 +245,7 @@ func newBenchDCAACmd() *cobra.Command {
 		method   string
 		windows  int
 		window   time.Duration
+		records  int64
 	)
 	cmd := &cobra.Command{
 		Use:   "dcaa",
@@ -259,7 +260,20 @@ host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
                ids, acks to both replicas) and k=1 two independent copies of
                it with one replica each (stable merge): both sides do the
                work of two copies.
-               --overhead-method side (the default): both sides run at the
+               --overhead-method paired (the default): --rounds rounds
+               (default 12, after a warm-up round left out) in which both
+               sides run at the same time, each on four worker processes
+               of its own (unpinned; the sets swap every round), on the
+               same fixed input (--overhead-records per source partition,
+               drawn flat out) to its end; each side's CPU time over the
+               round is read from its processes (getrusage) while they
+               are idle, before and after, and a round's overhead is
+               1 - k2's records per CPU-second / k1's = 1 - CPU(k1)/CPU(k2).
+               The figure is the mean over the rounds
+               (replication_overhead) with its 95% interval
+               (replication_overhead_ci95); every sink's stable output
+               must equal k=1's (saturation_outputs_match).
+               --overhead-method side: both sides run at the
                same time, each on four worker processes of its own
                (unpinned), and in each --overhead-window the records each
                side's copies took in and its processes' CPU time are read;
@@ -321,13 +335,21 @@ strategies into a PNG.`,
 				return fmt.Errorf("--overhead-windows %d, --overhead-window %s: want at least one window of a positive duration", windows, window)
 			}
 			overheadMethod := ""
+			if records < 1 {
+				return fmt.Errorf("--overhead-records %d: want at least 1", records)
+			}
 			switch method {
+			case "paired":
+				overheadMethod = benchmark.OverheadDCAAPaired
+				if !cmd.Flags().Changed("rounds") {
+					rounds = benchmark.DefaultDCAAPairedRounds
+				}
 			case "side":
 				overheadMethod = benchmark.OverheadDCAASide
 			case "sequential":
 				overheadMethod = benchmark.OverheadSequential
 			default:
-				return fmt.Errorf("--overhead-method %q: want side or sequential", method)
+				return fmt.Errorf("--overhead-method %q: want paired, side or sequential", method)
 			}
 			// With the saturation runs, profiles are taken per run
 			// (ProfileDir); without them, over each worker's life.
@@ -345,7 +367,7 @@ strategies into a PNG.`,
 			}
 			res, err := benchmark.RunDCAA(cmd.Context(), benchmark.DCAAConfig{
 				X: x, DOverX: dOverX, Strategies: strats, SkipSwitch: noSwitch, SkipOverhead: noOver, SkipFailures: skipFailures,
-				SaturationRounds: rounds, ProfileDir: runProfiles,
+				SaturationRounds: rounds, SaturationRecords: records, ProfileDir: runProfiles,
 				OverheadMethod: overheadMethod, SideWindows: windows, SideWindow: window,
 				Launch: launch, Logger: logging.Stderr(logLevel), Progress: progress,
 			})
@@ -374,8 +396,9 @@ strategies into a PNG.`,
 	cmd.Flags().BoolVar(&noOver, "no-overhead", false, "leave out the saturation runs (replication_overhead)")
 	cmd.Flags().StringSliceVar(&only, "only", nil, "run only these parts (overhead, failures, switch; default all)")
 	cmd.Flags().StringVar(&profiles, "cpuprofile-dir", "", "write CPU profiles: with the sequential overhead runs, one per run and worker process, DIR/k<1|2>-round<N>-<src0|ops0|src1|ops1>.cpu (ops0: replica 0's operators and sink); otherwise each worker's whole life, DIR/bench-dcaa-[side-]worker-N.cpu")
-	cmd.Flags().IntVar(&rounds, "rounds", 5, "overhead rounds: side by side, rounds of --overhead-windows windows; sequential, pairs (k=1, k=2) in alternating order")
-	cmd.Flags().StringVar(&method, "overhead-method", "side", "how the replication overhead is measured: side (k=1 and k=2 at once, CPU per record window by window, mean and 95% interval) or sequential (pinned pairs, sink throughput, median)")
+	cmd.Flags().IntVar(&rounds, "rounds", 5, "overhead rounds: paired, measured rounds (default 12 with paired); side by side, rounds of --overhead-windows windows; sequential, pairs (k=1, k=2) in alternating order")
+	cmd.Flags().StringVar(&method, "overhead-method", "paired", "how the replication overhead is measured: paired (k=1 and k=2 at once on the same fixed input, CPU per record round by round, mean and 95% interval), side (k=1 and k=2 at once, CPU per record window by window) or sequential (pinned pairs, sink throughput, median)")
+	cmd.Flags().Int64Var(&records, "overhead-records", 300_000, "records per source partition in each paired or sequential overhead round")
 	cmd.Flags().IntVar(&windows, "overhead-windows", benchmark.DefaultDCAASideWindows, "windows per side-by-side round")
 	cmd.Flags().DurationVar(&window, "overhead-window", benchmark.DefaultDCAASideWindow, "each side-by-side window")
 	cmd.Flags().BoolVar(&quiet, "quiet", false, "print no progress lines on stderr")

@@ -95,9 +95,12 @@ type DCAAConfig struct {
 	// 5); the median of the pairs' overheads is the figure.
 	SaturationRounds int
 	// OverheadMethod is how the replication overhead is measured:
-	// OverheadDCAASide (the default with worker processes) or
-	// OverheadSequential (the pinned pairs of SaturationRounds; the
-	// default with in-process workers, whose CPU cannot be told apart).
+	// OverheadDCAAPaired (the default with worker processes: rounds of a
+	// fixed input, SaturationRecords per source partition, of which
+	// SaturationRounds are measured), OverheadDCAASide (windows of a
+	// running pair) or OverheadSequential (the pinned pairs of
+	// SaturationRounds; the default with in-process workers, whose CPU
+	// cannot be told apart).
 	OverheadMethod string
 	// SideWindow and SideWindows are the side-by-side method's windows
 	// per round (default 2s and 4); its rounds are SaturationRounds.
@@ -194,10 +197,13 @@ type DCAAResult struct {
 	ReplicationOverheadMedian float64          `json:"replication_overhead_median"`
 	OverheadRoundMeans        []float64        `json:"overhead_round_means,omitempty"`
 	OverheadWindows           []DCAASideWindow `json:"overhead_windows,omitempty"`
-	OverheadMethod            string           `json:"overhead_method"`
-	OverheadNote              string           `json:"overhead_note"`
-	SinkOverhead              float64          `json:"sink_overhead"`
-	CPUOverhead               float64          `json:"cpu_overhead"`
+	// OverheadPairedRounds is every measured round of the paired method
+	// (DCAAPairedRound); ReplicationOverheadCI95 is then over the rounds.
+	OverheadPairedRounds []DCAAPairedRound `json:"overhead_paired_rounds,omitempty"`
+	OverheadMethod       string            `json:"overhead_method"`
+	OverheadNote         string            `json:"overhead_note"`
+	SinkOverhead         float64           `json:"sink_overhead"`
+	CPUOverhead          float64           `json:"cpu_overhead"`
 	// OverheadRounds and CPUOverheadRounds are each pair's sink and CPU
 	// overhead, in the order run; SinkOverhead and CPUOverhead are their
 	// medians. The K1/K2 figures below are medians over the rounds too.
@@ -346,11 +352,14 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 	}
 	if cfg.SaturationRounds <= 0 {
 		cfg.SaturationRounds = 5
+		if cfg.OverheadMethod == OverheadDCAAPaired {
+			cfg.SaturationRounds = DefaultDCAAPairedRounds
+		}
 	}
 	switch cfg.OverheadMethod {
-	case "", OverheadDCAASide, OverheadSequential:
+	case "", OverheadDCAAPaired, OverheadDCAASide, OverheadSequential:
 	default:
-		return nil, fmt.Errorf("%w: overhead method %q (want %s or %s)", ErrDCAABench, cfg.OverheadMethod, OverheadDCAASide, OverheadSequential)
+		return nil, fmt.Errorf("%w: overhead method %q (want %s, %s or %s)", ErrDCAABench, cfg.OverheadMethod, OverheadDCAAPaired, OverheadDCAASide, OverheadSequential)
 	}
 	if cfg.SideWindow <= 0 {
 		cfg.SideWindow = DefaultDCAASideWindow
@@ -417,9 +426,11 @@ func RunDCAA(ctx context.Context, cfg DCAAConfig) (*DCAAResult, error) {
 			// side-by-side method cannot tell the sides apart.
 			err = b.overhead(ctx, res)
 		case b.w[0].proc.Pid == 0:
-			err = fmt.Errorf("%w: the side-by-side overhead needs worker processes of their own", ErrDCAABench)
-		default:
+			err = fmt.Errorf("%w: the side-by-side and paired overheads need worker processes of their own", ErrDCAABench)
+		case cfg.OverheadMethod == OverheadDCAASide:
 			err = b.overheadSide(ctx, res)
+		default:
+			err = b.overheadPaired(ctx, res)
 		}
 		if err != nil {
 			return nil, err
@@ -1289,7 +1300,23 @@ func dcaaFloors(res *DCAAResult, failures, switched, overhead bool) []DCAAFloor 
 		add("switch_ms <= 2 boundary intervals", res.SwitchMs <= 2*res.BoundaryMs, "%.0f ms, bound %.0f ms", res.SwitchMs, 2*res.BoundaryMs)
 	}
 	if overhead {
-		if res.SaturationOutputsMatch == nil {
+		switch {
+		case res.OverheadMethod == OverheadDCAAPaired:
+			busy, why := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse, ""
+			if busy {
+				why = fmt.Sprintf(", below %g: the machine was too busy, not shown", minSideCPUUse)
+			}
+			decided := "the interval holds 10%: undecided"
+			switch lo, hi := res.ReplicationOverhead-res.ReplicationOverheadCI95, res.ReplicationOverhead+res.ReplicationOverheadCI95; {
+			case res.ReplicationOverheadCI95 < 0:
+			case hi <= 0.10:
+				decided = "the interval lies below 10%"
+			case lo > 0.10:
+				decided = "the interval lies above 10%"
+			}
+			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && !busy && *res.SaturationOutputsMatch, "%.1f%% +- %.1f%% (95%% interval, %s; %s, %d rounds; CPU use per copy %.2f and %.2f%s; outputs match: %t)",
+				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, decided, res.OverheadMethod, len(res.OverheadPairedRounds), res.K1CPUUse, res.K2CPUUse, why, *res.SaturationOutputsMatch)
+		case res.SaturationOutputsMatch == nil:
 			// Side by side, a figure from sides that did not get their
 			// CPU says nothing either way (see overheadSide): not shown.
 			busy, why := min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse, ""
@@ -1298,7 +1325,7 @@ func dcaaFloors(res *DCAAResult, failures, switched, overhead bool) []DCAAFloor 
 			}
 			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && !busy, "%.1f%% +- %.1f%% (95%% interval; %s, %d windows; CPU use per copy %.2f and %.2f%s)",
 				res.ReplicationOverhead*100, res.ReplicationOverheadCI95*100, res.OverheadMethod, len(res.OverheadWindows), res.K1CPUUse, res.K2CPUUse, why)
-		} else {
+		default:
 			add("replication overhead <= 10%", res.ReplicationOverhead <= 0.10 && *res.SaturationOutputsMatch, "%.1f%% (%s; outputs match: %t)", res.ReplicationOverhead*100, res.OverheadMethod, *res.SaturationOutputsMatch)
 		}
 	}

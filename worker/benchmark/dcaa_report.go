@@ -46,11 +46,19 @@ func (r *DCAAResult) WriteText(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "X %.0f ms, boundary interval %.0f ms, detection %.0f ms; input %d records/s, %.1f results/s (reference: %d results)\n",
 		r.XMs, r.BoundaryMs, r.DetectMs, r.InputRate, r.Rate, r.ReferenceResults)
-	if r.OverheadMethod == OverheadDCAASide {
+	switch r.OverheadMethod {
+	case OverheadDCAAPaired:
+		match := r.SaturationOutputsMatch != nil && *r.SaturationOutputsMatch
+		fmt.Fprintf(tw, "replication overhead %.1f%% +- %.1f%% (95%% interval), median round %.1f%%, rounds %v (%s; load average %s)\n",
+			r.ReplicationOverhead*100, r.ReplicationOverheadCI95*100, r.ReplicationOverheadMedian*100, r.CPUOverheadRounds, r.OverheadNote, r.OverheadLoad)
+		fmt.Fprintf(tw, "  median rounds: per CPU-second k=1 %s, k=2 %s; k=2 sinks: %d tentative, %d UNDO; every sink's stable output equals k=1's (%d results): %t %s\n",
+			benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"),
+			r.SaturationTentative, r.SaturationUndos, r.SaturationResults, match, r.SaturationMismatch)
+	case OverheadDCAASide:
 		fmt.Fprintf(tw, "replication overhead %.1f%% +- %.1f%% (95%% interval), median window %.1f%%, round means %v (%s; load average %s)\n",
 			r.ReplicationOverhead*100, r.ReplicationOverheadCI95*100, r.ReplicationOverheadMedian*100, r.OverheadRoundMeans, r.OverheadNote, r.OverheadLoad)
 		fmt.Fprintf(tw, "  median windows: per CPU-second k=1 %s, k=2 %s\n", benchreport.Rate(r.K1RecordsPerCPUSec, "records"), benchreport.Rate(r.K2RecordsPerCPUSec, "records"))
-	} else {
+	default:
 		r.writeSequentialOverhead(tw)
 	}
 	fmt.Fprintf(tw, "switch %.0f ms (normal rhythm %.0f ms, %d tentative after the kill)\n\n", r.SwitchMs, r.NormalGapMs, r.SwitchTentative)

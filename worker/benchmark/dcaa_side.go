@@ -36,10 +36,12 @@ const (
 	// and what the DCAA machine keeps grows from empty.
 	dcaaSideSettle = time.Second
 	// dcaaSideRate is each source partition's records per second of
-	// stream time in the side-by-side rounds: paced, but at about twice
-	// what a copy gets through on this kind of machine with a quarter of
-	// two CPUs (about 55 000 per partition), so the sources run flat out
-	// and both sides stay saturated. Not 0 (as fast as possible, stream
+	// stream time in the side-by-side and paired rounds. The side-by-side
+	// rounds pace their sources at it (the paired rounds draw them 20
+	// times faster): on an idle machine a copy's sources then drew
+	// exactly 300 000 records a second, into output buffers the
+	// operators emptied far more slowly, so a side was not saturated (see
+	// sourceTasks). Not 0 (as fast as possible, stream
 	// time 1 µs per record): a boundary interval of stream time is then
 	// 50 000 records per partition, and boundaries, the heartbeats of a
 	// DCAA input, would come seconds of work apart under load; at this
@@ -128,27 +130,9 @@ type sideSample struct {
 func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 	res.OverheadMethod = OverheadDCAASide
 	var other [dcaaProcesses]*workerClient
-	defer func() {
-		for _, w := range other {
-			if w != nil {
-				if err := w.proc.Stop(); err != nil {
-					b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
-				}
-			}
-		}
-	}()
-	for i := range other {
-		name := fmt.Sprintf("bench-dcaa-side-worker-%d", i)
-		p, err := b.cfg.Launch(ctx, name)
-		if err != nil {
-			return err
-		}
-		other[i] = newWorkerClient(name, p)
-		resp, err := other[i].call(ctx, request{Op: opHello, BoundaryInterval: b.cfg.Boundary})
-		if err != nil {
-			return err
-		}
-		other[i].addr = resp.Addr
+	defer b.stopSet(&other)
+	if err := b.launchSet(ctx, &other, "bench-dcaa-side-worker-", 1); err != nil {
+		return err
 	}
 	sets := [2][dcaaProcesses]*workerClient{b.w, other}
 	var (
@@ -172,30 +156,16 @@ func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 		ws = append(ws, rw...)
 	}
 	res.OverheadWindows = ws
-	var ov, k1, k2, k1s, k2s, u1, u2 []float64
+	var fs []sideFigures
 	for _, w := range ws {
-		ov = append(ov, w.Overhead)
-		k1, k2 = append(k1, w.K1RecordsPerCPUSec), append(k2, w.K2RecordsPerCPUSec)
-		k1s, k2s = append(k1s, w.K1RecordsPerSec), append(k2s, w.K2RecordsPerSec)
-		u1, u2 = append(u1, w.K1CPUUse), append(u2, w.K2CPUUse)
+		fs = append(fs, sideFigures{overhead: w.Overhead, perCPU: [2]float64{w.K1RecordsPerCPUSec, w.K2RecordsPerCPUSec},
+			perSec: [2]float64{w.K1RecordsPerSec, w.K2RecordsPerSec}, cpuUse: [2]float64{w.K1CPUUse, w.K2CPUUse}})
 	}
-	mean, ci := MeanCI95(ov)
-	res.ReplicationOverhead, res.ReplicationOverheadCI95 = round4(mean), round4(ci)
-	if len(ov) < 2 {
-		res.ReplicationOverheadCI95 = -1
-	}
-	res.ReplicationOverheadMedian = round4(median(ov))
-	res.CPUOverhead = res.ReplicationOverhead
-	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(median(k1)), math.Round(median(k2))
-	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(median(k1s)), math.Round(median(k2s))
-	res.K1CPUUse, res.K2CPUUse = math.Round(median(u1)*100)/100, math.Round(median(u2)*100)/100
+	res.setSideFigures(fs)
 	res.OverheadNote = fmt.Sprintf("side by side: k=1 (two one-replica copies) and k=2 (DCAA, X %v) at once at saturation on four worker processes each, unpinned, sharing the CPUs; records per CPU-second of each side's processes in the same %v windows (%v of settling per round left out), overhead = 1 - k2's / k1's per window; mean over %d windows of %d rounds (the sides' process sets swapped every round) with a 95%% confidence interval (t over the windows); time a side waited without its CPU is not counted against it: compare the records per second per copy (k1 %s, k2 %s) and CPU use per copy (%.2f, %.2f)",
 		b.cfg.X, b.cfg.SideWindow, dcaaSideSettle, len(ws), b.cfg.SaturationRounds,
 		fmtRate(res.K1RecordsPerSec), fmtRate(res.K2RecordsPerSec), res.K1CPUUse, res.K2CPUUse)
-	if min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse {
-		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
-			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
-	}
+	res.noteBusySides()
 	if stall > 0 {
 		res.OverheadNote += fmt.Sprintf("; %d windows in which a side took in no record were merged into the next", stall)
 	}
@@ -207,54 +177,9 @@ func (b *dcaaBench) overheadSide(ctx context.Context, res *DCAAResult) error {
 // merged into the next because a side took in no record in them.
 func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*workerClient, round int) ([]DCAASideWindow, int, error) {
 	k2set := round % 2
-	// sides[0] is k = 1, sides[1] k = 2: their processes and the tasks
-	// whose records count (sourceTasks).
-	type side struct {
-		w       [dcaaProcesses]*workerClient
-		specs   [dcaaProcesses][]runtime.TaskSpec
-		sources map[string]bool
-	}
-	var sides [2]side
-	sides[0].w, sides[1].w = sets[1-k2set], sets[k2set]
-	for s := range sides {
-		sides[s].sources = map[string]bool{}
-		addrs := make([]string, dcaaProcesses)
-		for i, w := range sides[s].w {
-			addrs[i] = w.addr
-		}
-		add := func(q *queryspec.Query, where func(n *queryspec.Node, partition, replica int) int) error {
-			specs, err := specsFor(q, where, addrs)
-			if err != nil {
-				return err
-			}
-			for i := range specs {
-				sides[s].specs[i] = append(sides[s].specs[i], specs[i]...)
-			}
-			ids, err := sourceTasks(q)
-			for _, id := range ids {
-				sides[s].sources[id] = true
-			}
-			return err
-		}
-		if s == 1 {
-			q, err := dcaaQuery(b.nextName("dcaaside"), 2, b.cfg.X.String(), dcaaSideRate, dcaaSideRecords)
-			if err != nil {
-				return nil, 0, err
-			}
-			if err := add(q, dcaaSaturationWhere); err != nil {
-				return nil, 0, err
-			}
-			continue
-		}
-		for c := range saturationCopies {
-			q, err := dcaaQuery(b.nextName("dcaaside"), 1, b.cfg.X.String(), dcaaSideRate, dcaaSideRecords)
-			if err != nil {
-				return nil, 0, err
-			}
-			if err := add(q, func(n *queryspec.Node, p, _ int) int { return dcaaSaturationWhere(n, p, c) }); err != nil {
-				return nil, 0, err
-			}
-		}
+	sides, err := b.sideSpecs(sets, k2set, dcaaSideRecords)
+	if err != nil {
+		return nil, 0, err
 	}
 	// Start order: k = 1 first in rounds 0, 1, 4, 5, ...; k = 2 first in
 	// the others, so each set starts first with each k.
@@ -282,38 +207,27 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 	if err := sleepCtx(ctx, dcaaSideSettle); err != nil {
 		return nil, 0, err
 	}
+	// All eight at once: the readings of one sample lie within a
+	// millisecond or so of each other on an idle machine.
 	sample := func() ([2]sideSample, error) {
-		var (
-			out  [2]sideSample
-			mu   sync.Mutex
-			wg   sync.WaitGroup
-			errs []error
-		)
-		// All eight at once: the readings of one sample lie within a
-		// millisecond or so of each other.
+		var out [2]sideSample
+		rs, err := callSides(ctx, &sides, func(int, int) request { return request{Op: opTaskStats} })
+		if err != nil {
+			return out, err
+		}
 		for s := range sides {
-			for _, w := range sides[s].w {
-				wg.Go(func() {
-					r, err := w.call(ctx, request{Op: opTaskStats})
-					mu.Lock()
-					defer mu.Unlock()
-					if err != nil {
-						errs = append(errs, err)
-						return
+			for _, r := range rs[s] {
+				out[s].cpu += r.CPUNanos
+				out[s].gc += int64(r.GCCycles)
+				out[s].unstable += r.Unstable
+				for id, n := range r.TaskIn {
+					if sides[s].sources[id] {
+						out[s].records += int64(n)
 					}
-					out[s].cpu += r.CPUNanos
-					out[s].gc += int64(r.GCCycles)
-					out[s].unstable += r.Unstable
-					for id, n := range r.TaskIn {
-						if sides[s].sources[id] {
-							out[s].records += int64(n)
-						}
-					}
-				})
+				}
 			}
 		}
-		wg.Wait()
-		return out, errors.Join(errs...)
+		return out, nil
 	}
 	prev, err := sample()
 	if err != nil {
@@ -348,6 +262,169 @@ func (b *dcaaBench) sideRound(ctx context.Context, sets [2][dcaaProcesses]*worke
 		prev, from = cur, now
 	}
 	return ws, merged, nil
+}
+
+// sideFigures are one window's or round's figures of the two sides
+// ([0] k = 1, [1] k = 2) of a side-by-side or paired overhead.
+type sideFigures struct {
+	overhead               float64
+	perCPU, perSec, cpuUse [2]float64
+}
+
+// setSideFigures sets the replication overhead from the windows' or
+// rounds' figures: their mean with its 95 % interval (-1: fewer than
+// two) and median, and the medians of each side's records per
+// CPU-second, records per second and CPU use per copy.
+func (res *DCAAResult) setSideFigures(fs []sideFigures) {
+	var ov []float64
+	var perCPU, perSec, use [2][]float64
+	for _, f := range fs {
+		ov = append(ov, f.overhead)
+		for s := range 2 {
+			perCPU[s] = append(perCPU[s], f.perCPU[s])
+			perSec[s] = append(perSec[s], f.perSec[s])
+			use[s] = append(use[s], f.cpuUse[s])
+		}
+	}
+	mean, ci := MeanCI95(ov)
+	res.ReplicationOverhead, res.ReplicationOverheadCI95 = round4(mean), round4(ci)
+	if len(ov) < 2 {
+		res.ReplicationOverheadCI95 = -1
+	}
+	res.ReplicationOverheadMedian = round4(median(ov))
+	res.CPUOverhead = res.ReplicationOverhead
+	res.K1RecordsPerCPUSec, res.K2RecordsPerCPUSec = math.Round(median(perCPU[0])), math.Round(median(perCPU[1]))
+	res.K1RecordsPerSec, res.K2RecordsPerSec = math.Round(median(perSec[0])), math.Round(median(perSec[1]))
+	res.K1CPUUse, res.K2CPUUse = math.Round(median(use[0])*100)/100, math.Round(median(use[1])*100)/100
+}
+
+// noteBusySides adds to the overhead's note that the sides got too little
+// CPU for the figure to say much, when they did (minSideCPUUse).
+func (res *DCAAResult) noteBusySides() {
+	if min(res.K1CPUUse, res.K2CPUUse) < minSideCPUUse {
+		res.OverheadNote += fmt.Sprintf("; the sides got little CPU (%.2f and %.2f per copy, %.2f on an idle two-CPU machine): other work on the machine; at such throughput the costs every process pays per second (timers, heartbeats, acks) weigh on each record and the figure says little",
+			res.K1CPUUse, res.K2CPUUse, 1.0/saturationCopies)
+	}
+}
+
+// callSides sends a request (req(side, process)) to every process of both
+// sides at once and returns their responses, [side][process].
+func callSides(ctx context.Context, sides *[2]dcaaSide, req func(s, i int) request) ([2][dcaaProcesses]response, error) {
+	var (
+		out  [2][dcaaProcesses]response
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		errs []error
+	)
+	for s := range sides {
+		for i, w := range sides[s].w {
+			wg.Go(func() {
+				resp, err := w.call(ctx, req(s, i))
+				mu.Lock()
+				defer mu.Unlock()
+				out[s][i] = resp
+				if err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", w.name, err))
+				}
+			})
+		}
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}
+
+// launchSet starts a set of worker processes named prefix0..3 into set,
+// their sources running speedup times faster than their rate (0 or 1:
+// at it). The caller stops them (stopSet), also after an error.
+func (b *dcaaBench) launchSet(ctx context.Context, set *[dcaaProcesses]*workerClient, prefix string, speedup int) error {
+	for i := range set {
+		name := fmt.Sprintf("%s%d", prefix, i)
+		p, err := b.cfg.Launch(ctx, name)
+		if err != nil {
+			return err
+		}
+		set[i] = newWorkerClient(name, p)
+		resp, err := set[i].call(ctx, request{Op: opHello, SourceSpeedup: speedup, BoundaryInterval: b.cfg.Boundary})
+		if err != nil {
+			return err
+		}
+		set[i].addr = resp.Addr
+	}
+	return nil
+}
+
+// stopSet stops the processes launchSet started.
+func (b *dcaaBench) stopSet(set *[dcaaProcesses]*workerClient) {
+	for _, w := range set {
+		if w == nil {
+			continue
+		}
+		if err := w.proc.Stop(); err != nil {
+			b.cfg.Logger.Warn("bench worker stop", "worker", w.name, "err", err)
+		}
+	}
+}
+
+// dcaaSide is one side of a side-by-side overhead round: its worker
+// processes (placed as dcaaSaturationWhere says), each one's tasks, the
+// task ids of its sources (sourceTasks) and of its sinks (one per copy or
+// replica, on the measured and the peer process).
+type dcaaSide struct {
+	w       [dcaaProcesses]*workerClient
+	specs   [dcaaProcesses][]runtime.TaskSpec
+	sources map[string]bool
+	sinks   []string
+}
+
+// sideSpecs builds a round's two sides, [0] k = 1 (two one-replica copies
+// of the query) and [1] k = 2 (the query with two replicas, DCAA with X),
+// k = 2 on sets[k2set] and k = 1 on the other set, each source partition
+// drawing records records at dcaaSideRate.
+func (b *dcaaBench) sideSpecs(sets [2][dcaaProcesses]*workerClient, k2set int, records int64) ([2]dcaaSide, error) {
+	var sides [2]dcaaSide
+	sides[0].w, sides[1].w = sets[1-k2set], sets[k2set]
+	for s := range sides {
+		sides[s].sources = map[string]bool{}
+		addrs := make([]string, dcaaProcesses)
+		for i, w := range sides[s].w {
+			addrs[i] = w.addr
+		}
+		add := func(replicas int, where func(n *queryspec.Node, partition, replica int) int) error {
+			q, err := dcaaQuery(b.nextName("dcaaside"), replicas, b.cfg.X.String(), dcaaSideRate, records)
+			if err != nil {
+				return err
+			}
+			specs, err := specsFor(q, where, addrs)
+			if err != nil {
+				return err
+			}
+			for i := range specs {
+				sides[s].specs[i] = append(sides[s].specs[i], specs[i]...)
+			}
+			ids, err := sourceTasks(q)
+			for _, id := range ids {
+				sides[s].sources[id] = true
+			}
+			if replicas == 2 {
+				sides[s].sinks = append(sides[s].sinks, queryspec.TaskID(q.Name, "alerts", 0, 0), queryspec.TaskID(q.Name, "alerts", 0, 1))
+			} else {
+				sides[s].sinks = append(sides[s].sinks, queryspec.TaskID(q.Name, "alerts", 0, 0))
+			}
+			return err
+		}
+		if s == 1 {
+			if err := add(2, dcaaSaturationWhere); err != nil {
+				return sides, err
+			}
+			continue
+		}
+		for c := range saturationCopies {
+			if err := add(1, func(n *queryspec.Node, p, _ int) int { return dcaaSaturationWhere(n, p, c) }); err != nil {
+				return sides, err
+			}
+		}
+	}
+	return sides, nil
 }
 
 // sideWindow is the window between two samples of both sides (index 0:
@@ -390,14 +467,21 @@ func sideWindow(prev, cur [2]sideSample, d time.Duration) (DCAASideWindow, bool)
 
 // sourceTasks is the task ids of q's sources, every partition and
 // replica: the records they drew are the records the copies of the query
-// took in. They are counted as drawn (each flush publishes the count), so
-// a window sees them at a batch's granularity; the operators count their
-// input per release, and a release can take a whole output buffer of
-// backlog (256 Ki tuples per stream: seconds of work under load), which
-// left most windows without a count. Sources run ahead of the operators
-// by at most their output buffers; at saturation those are full after the
-// settling, and a source draws a record only as room is freed, so over a
-// window the records drawn are the records taken in, within a batch.
+// took in, eventually. They are counted as drawn (each flush publishes
+// the count), so a window sees them at a batch's granularity; the
+// operators count their input per release, and a release can take a
+// whole output buffer of backlog, which left most windows without a
+// count. But the sources run ahead of the operators by up to their output
+// buffers, two of 256 Ki tuples per source partition (one per partition
+// of the aggregate), about 3 million records a side: in session 16 (load
+// 32) each side's sources took about 10 s to fill them, drawing 3.4-4.5
+// million records while the aggregates took in 0.45 million, and only
+// then were they held to what the operators took. A round's first
+// windows therefore count mostly the sources' own work, and its later
+// ones the pipeline's: the windows' records per CPU-second fell from
+// about 620 000 to under 200 000 on both sides in every round of the
+// quiet runs. The paired method (dcaa_paired.go) runs a fixed input to
+// its end instead.
 func sourceTasks(q *queryspec.Query) ([]string, error) {
 	plan, err := q.FusedPlan()
 	if err != nil {

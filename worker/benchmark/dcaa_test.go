@@ -131,6 +131,21 @@ func TestDCAASideWindow(t *testing.T) {
 	}
 }
 
+// TestDCAAPairedFigures: a paired round's figures from each side's CPU
+// and wall time over the same records: the overhead is 1 - CPU(k=1) /
+// CPU(k=2), records per CPU-second and CPU use per copy beside it.
+func TestDCAAPairedFigures(t *testing.T) {
+	var r DCAAPairedRound
+	// 1.8 M records a side: k = 1 on 3 CPU-seconds in 3 s, k = 2 on
+	// 3.6 CPU-seconds in 4 s.
+	r.pairedFigures(1_800_000, [2]time.Duration{3 * time.Second, 3600 * time.Millisecond}, [2]time.Duration{3 * time.Second, 4 * time.Second})
+	want := DCAAPairedRound{K1CPUMs: 3000, K2CPUMs: 3600, K1Ms: 3000, K2Ms: 4000, K1RecordsPerCPUSec: 600_000, K2RecordsPerCPUSec: 500_000,
+		K1CPUUse: 0.5, K2CPUUse: 0.45, Overhead: 0.1667}
+	if r != want {
+		t.Fatalf("round %+v, want %+v", r, want)
+	}
+}
+
 // TestDCAASourceTasks: the records of a copy are counted at its sources,
 // every partition and replica.
 func TestDCAASourceTasks(t *testing.T) {

@@ -28,7 +28,8 @@ const (
 	// UnbatchedAddr sends one tuple per task-to-task message. It is the
 	// first request, and the only one that may be sent once.
 	opHello = "hello"
-	// opCPU reports the worker's CPU time (every response carries it).
+	// opCPU reports the worker's CPU time (every response carries it)
+	// and its garbage collections so far (GCCycles).
 	opCPU = "cpu"
 	// opApply makes the batched engine (the unbatched one with Unbatched)
 	// run exactly Tasks, and the other engine none. The response carries
@@ -94,6 +95,11 @@ const (
 	// not STABLE (Unstable): bench dcaa's
 	// side-by-side overhead reads them window by window.
 	opTaskStats = "task_stats"
+	// opGC runs a garbage collection in the worker process and reports
+	// its collections so far (GCCycles): bench dcaa's paired overhead
+	// rounds start from a collected heap, so that the garbage of one
+	// round is not collected, and charged, in the next.
+	opGC = "gc"
 )
 
 // request is one control message from the parent to a bench worker.

@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"os"
+	goruntime "runtime"
 	"runtime/metrics"
 	"runtime/pprof"
 	"runtime/trace"
@@ -345,7 +346,7 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		}
 		return response{Addr: w.batched.addr, UnbatchedAddr: w.unbatched.addr}, nil
 	case opCPU:
-		return response{}, nil
+		return response{GCCycles: gcCycles()}, nil
 	case opOutputPos:
 		buf, err := w.batched.rt.LocalStream(&fedstreampb.StreamRef{Query: req.Query, TaskId: req.Task, Consumer: req.Consumer})
 		if err != nil {
@@ -357,15 +358,16 @@ func (w *benchWorker) handle(ctx context.Context, req request) (response, error)
 		for _, st := range w.active.rt.Stats() {
 			in[st.TaskID] = st.InTuples
 		}
-		gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
-		metrics.Read(gc)
 		unstable := 0
 		for _, st := range w.active.rt.States() {
 			if st.Tentative || (st.Replica != fedstreampb.ReplicaState_REPLICA_STATE_UNSPECIFIED && st.Replica != fedstreampb.ReplicaState_REPLICA_STABLE) {
 				unstable++
 			}
 		}
-		return response{TaskIn: in, GCCycles: gc[0].Value.Uint64(), Unstable: unstable}, nil
+		return response{TaskIn: in, GCCycles: gcCycles(), Unstable: unstable}, nil
+	case opGC:
+		goruntime.GC()
+		return response{GCCycles: gcCycles()}, nil
 	case opStats:
 		b, sv := w.batched.rt.LastBootstrap(), w.batched.rt.LastServed()
 		return response{SnapshotBytes: w.batched.rt.SnapshotBytesServed(), Bootstrap: &b, Served: &sv}, nil
@@ -736,4 +738,11 @@ func (l tlsListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	return tlsutil.Server(c, l.cfg), nil
+}
+
+// gcCycles is the garbage collections this process has completed.
+func gcCycles() uint64 {
+	gc := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
+	metrics.Read(gc)
+	return gc[0].Value.Uint64()
 }

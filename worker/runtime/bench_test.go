@@ -150,6 +150,30 @@ func processCPU() time.Duration {
 // tailCount reads a result stream until the final boundary and returns the
 // number of data tuples.
 func tailCount(b *testing.B, pool *dataplane.Pool, addr, query, task string) int {
+	n := 0
+	tailStream(b, pool, addr, query, task, func(tp *tuple.Tuple) {
+		if tp.Type.IsData() {
+			n++
+		}
+	})
+	return n
+}
+
+// tailTentative reads a result stream until the final boundary and returns
+// the number of tentative tuples.
+func tailTentative(b *testing.B, pool *dataplane.Pool, addr, query, task string) int {
+	n := 0
+	tailStream(b, pool, addr, query, task, func(tp *tuple.Tuple) {
+		if tp.Type == tuple.Tentative {
+			n++
+		}
+	})
+	return n
+}
+
+// tailStream reads a result stream until the final boundary, handing each
+// tuple to f.
+func tailStream(b *testing.B, pool *dataplane.Pool, addr, query, task string, f func(*tuple.Tuple)) {
 	conn, err := pool.Conn(addr)
 	if err != nil {
 		b.Fatal(err)
@@ -157,13 +181,10 @@ func tailCount(b *testing.B, pool *dataplane.Pool, addr, query, task string) int
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: query, TaskId: task}, "", true, 0)
-	n := 0
 	for {
 		err := sub.Run(ctx, conn, func(ctx context.Context, bt *dataplane.Batch) error {
 			for i := range bt.Tuples {
-				if bt.Tuples[i].Type.IsData() {
-					n++
-				}
+				f(&bt.Tuples[i])
 			}
 			last := bt.Tuples[len(bt.Tuples)-1]
 			bt.Release()
@@ -173,7 +194,7 @@ func tailCount(b *testing.B, pool *dataplane.Pool, addr, query, task string) int
 			return nil
 		})
 		if err == nil {
-			return n
+			return
 		}
 		if ctx.Err() != nil {
 			b.Fatalf("tail %s: %v", task, err)

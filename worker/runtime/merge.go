@@ -40,11 +40,11 @@ type merger struct {
 	// limit is the soft bound on pending tuples per input (see add).
 	limit int
 	// oneStep makes every release end at the first step it could end at
-	// (one boundary interval of input), not the highest: set for a task
-	// whose operator has a calibrated cost, which it spends after each
-	// release, so that a backlog is worked through release by release
-	// (outputs flushed, holds for a rescale seen) instead of in one
-	// release that sleeps for all of it.
+	// (one boundary interval of input), not the highest, so that a
+	// backlog is worked through release by release (outputs flushed,
+	// holds for a rescale seen, a calibrated cost spent after each)
+	// instead of in one release of all of it. Tasks set it (buildInputs);
+	// the output is the same either way.
 	oneStep bool
 	// wake has capacity one: a pending signal for the process goroutine.
 	wake chan struct{}
