@@ -212,8 +212,29 @@ type aligned struct {
 	// tuple or boundary (dcaa.Deliver.Renumber).
 	renumber bool
 	// marks: the UNCORRECTABLE ranges the task takes with the batch (its
-	// records', and named: the ones the input names itself).
-	marks, named [][2]int64
+	// records', and the ones the input names itself: named, what a
+	// realignment cannot vouch for; gap, what a resumption over
+	// discarded ids skipped, see gapAfter).
+	marks, named, gap [][2]int64
+}
+
+// gapAfter is the range an input names when it resumed by stable id on
+// a replica of the same numbering (not realigning: the caller checks)
+// that no longer holds the ids after the input's, taken: the first
+// stable tuple or boundary past taken that it sends (id, stream time st)
+// is not taken+1. The ids between were discarded (acknowledged by other
+// consumers, or past the replica's buffer bound) and the results needing
+// them are lost for good: from the last stream time taken to st
+// (included: results of that stream time may be gone too), named as an
+// upstream's record would be (outside DCAA, noteInputGap does so).
+func (w *lineageWatch) gapAfter(id, taken uint64, st int64) ([2]int64, bool) {
+	if taken == 0 || id <= taken+1 || !w.haveST {
+		return [2]int64{}, false
+	}
+	if st < math.MaxInt64 {
+		st++
+	}
+	return [2]int64{w.lastST, st}, true
 }
 
 // align applies the watch to a batch of an operator task's input (stable
@@ -248,17 +269,10 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		}
 	}
 	a.ts = ts
-	if firstNew >= 0 && !a.renumber && taken > 0 && ts[firstNew].ID > taken+1 && w.haveST {
-		// Resumed by stable id on a replica of the same numbering that
-		// no longer holds the ids after the input's (discarded: acked by
-		// other consumers, or past its buffer bound): the results
-		// needing them are lost, named as an upstream's record would
-		// be (outside DCAA, noteInputGap does so).
-		to := ts[firstNew].STime
-		if to < math.MaxInt64 {
-			to++
+	if firstNew >= 0 && !a.renumber {
+		if r, ok := w.gapAfter(ts[firstNew].ID, taken, ts[firstNew].STime); ok {
+			a.gap = append(a.gap, r)
 		}
-		a.named = append(a.named, [2]int64{w.lastST, to})
 	}
 	if firstNew >= 0 {
 		lastStable := firstNew
@@ -271,6 +285,7 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		w.took(ts[lastStable].STime, ts[lastStable].Type == tuple.Boundary)
 	}
 	a.marks = append(a.marks, a.named...)
+	a.marks = append(a.marks, a.gap...)
 	a.marks = append(a.marks, markersOf(ts)...)
 	return a
 }

@@ -201,6 +201,9 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		d.t.log.Warn("DCAA input switched to an upstream replica that numbers its results otherwise; results of one range named as not corrected",
 			"input", in.upstream, "partition", in.upPartition, "from", r[0], "to", r[1])
 	}
+	for _, r := range al.gap {
+		logGap(d.t.log, in, taken, r)
+	}
 	ts, marks := al.ts, al.marks
 	if taken == 0 && !al.skip && !al.renumber {
 		if r, ok := d.t.lostBeforeStart(in, ts); ok {
@@ -216,7 +219,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 				return err
 			}
 			in.diverged.Store(true)
-			if err := d.relayUncorrectable(ctx, marks); err != nil {
+			if err := d.relayUncorrectable(ctx, marks, al.gap); err != nil {
 				return err
 			}
 		}
@@ -233,7 +236,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// putUncorrectable gives the outputs their own lineage first, as
 		// divergeBefore did.
 		in.diverged.Store(true)
-		if err := d.relayUncorrectable(ctx, marks); err != nil {
+		if err := d.relayUncorrectable(ctx, marks, al.gap); err != nil {
 			return err
 		}
 	}

@@ -117,10 +117,16 @@ func uncorrectableNote(from, to int64, cause string) string {
 }
 
 // noteUncorrectable sets the task's status note for a range an upstream
-// reported (an operator task's own loss is noted by dcaaRun.lost).
-func (t *task) noteUncorrectable(from, to int64) {
-	note := uncorrectableNote(from, to, "an upstream's failure outlasted the input kept for its replay")
-	t.log.Warn("DCAA results not corrected upstream", "from", from, "to", to)
+// reported, or (gap) one an input named after resuming over ids its
+// upstream replica no longer held (lineageWatch.gapAfter); an operator
+// task's own loss is noted by dcaaRun.lost.
+func (t *task) noteUncorrectable(from, to int64, gap bool) {
+	cause := "an upstream's failure outlasted the input kept for its replay"
+	if gap {
+		cause = "an input resumed after stable ids its upstream replica no longer held (discarded before this task took them)"
+	}
+	note := uncorrectableNote(from, to, cause)
+	t.log.Warn("DCAA results named as not corrected", "from", from, "to", to, "gap", gap)
 	t.stateMu.Lock()
 	t.uncorrected = note
 	t.stateMu.Unlock()
@@ -178,8 +184,9 @@ func (d *dcaaRun) putUncorrectable(ctx context.Context, from, to int64) error {
 }
 
 // relayUncorrectable puts the records an input delivered (ranges) on an
-// operator task's outputs, widened by its window, and notes them.
-func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64) error {
+// operator task's outputs, widened by its window, and notes them (those
+// also in gaps as the input's own gap: see noteUncorrectable).
+func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges, gaps [][2]int64) error {
 	t := d.t
 	if err := t.lockProc(ctx); err != nil {
 		return err
@@ -194,18 +201,19 @@ func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64) err
 			t.endWith(err)
 			return fmt.Errorf("%w: %w", errTaskEnded, err)
 		}
-		t.noteUncorrectable(from, to)
+		t.noteUncorrectable(from, to, slices.Contains(gaps, r))
 	}
 	return nil
 }
 
 // sinkUncorrectable appends the record of [from, to) to a merging sink's
-// result stream unless it went out already (the caller holds proc).
-func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
+// result stream unless it went out already (the caller holds proc; gap:
+// see noteUncorrectable).
+func (t *task) sinkUncorrectable(ctx context.Context, from, to int64, gap bool) error {
 	if !t.unc.add(from, to) {
 		return nil
 	}
-	t.noteUncorrectable(from, to)
+	t.noteUncorrectable(from, to, gap)
 	o := t.outs[0]
 	last := o.w.LastID()
 	o.buf.Diverge(last - o.buf.PositionOffset(last))
