@@ -108,15 +108,22 @@ func (w *lineageWatch) startRealign(lin, since, taken uint64) bool {
 // tentative output before that point); named reports a range [from, to)
 // of stream times the input cannot vouch for. keep lists the ranges of
 // UNCORRECTABLE records before cut that still concern what the input
-// takes from here (ending past the last stream time taken). At cut the
-// realignment ends: the watch takes the replica's lineage.
+// takes from here (ending past the last stream time taken), cut to start
+// at the last stream time taken: the input took the results before it
+// from the other lineage, as exact as that lineage's own records said,
+// and takes none of this replica's below it. (A copy started without
+// state after its replicas were lost names [start, its first input]
+// (lostBeforeStart): its consumers took the lost copies' results up to
+// where each left off, and name only the rest; from the start, they named
+// results they had, exact.) At cut the realignment ends: the watch takes
+// the replica's lineage.
 func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, named bool, keep [][2]int64) {
 	for k := range ts {
 		tp := &ts[k]
 		switch tp.Type {
 		case tuple.Uncorrectable:
 			if f, e, ok := tuple.UncorrectableRange(tp); ok && e > w.lastST {
-				keep = append(keep, [2]int64{f, e})
+				keep = append(keep, [2]int64{max(f, w.lastST), e})
 			}
 			continue
 		case tuple.Stable, tuple.Boundary:

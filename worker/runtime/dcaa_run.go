@@ -205,9 +205,11 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		logGap(d.t.log, in, taken, r)
 	}
 	ts, marks := al.ts, al.marks
+	causes := lossCauses{gap: al.gap}
 	if taken == 0 && !al.skip && !al.renumber {
 		if r, ok := d.t.lostBeforeStart(in, ts); ok {
 			marks = append(marks, r)
+			causes.restart = append(causes.restart, r)
 		}
 	}
 	if al.skip {
@@ -219,7 +221,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 				return err
 			}
 			in.diverged.Store(true)
-			if err := d.relayUncorrectable(ctx, marks, al.gap); err != nil {
+			if err := d.relayUncorrectable(ctx, marks, causes); err != nil {
 				return err
 			}
 		}
@@ -236,7 +238,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// putUncorrectable gives the outputs their own lineage first, as
 		// divergeBefore did.
 		in.diverged.Store(true)
-		if err := d.relayUncorrectable(ctx, marks, al.gap); err != nil {
+		if err := d.relayUncorrectable(ctx, marks, causes); err != nil {
 			return err
 		}
 	}

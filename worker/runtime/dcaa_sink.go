@@ -237,15 +237,15 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		put(undo, false)
 	}
 	// name puts an UNCORRECTABLE record (enc) on the result stream, once
-	// per range; never taken back (gap: see noteUncorrectable). The
+	// per range, never taken back, and notes it with its cause. The
 	// result stream's stable ids may differ from the other sink
 	// replica's from here on (its lineage).
-	name := func(from, to int64, enc []byte, gap bool) {
+	name := func(from, to int64, enc []byte, cause string) {
 		if !t.unc.add(from, to) {
 			return
 		}
 		t.inputs[0].diverged.Store(true)
-		t.noteUncorrectable(from, to, gap)
+		t.noteUncorrectable(from, to, cause)
 		buf.Diverge(v.pos - buf.PositionOffset(v.pos))
 		if enc == nil {
 			mk := tuple.UncorrectableMarker(from, to)
@@ -254,7 +254,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		put(enc, false)
 	}
 	for _, r := range v.marks {
-		name(r[0], r[1], nil, false) // named before the batch (passBatchDCAA)
+		name(r[0], r[1], nil, causeUpstream) // named before the batch (passBatchDCAA)
 	}
 	v.marks = nil
 	gapChecked := false // the first stable tuple or boundary past v.stable was checked for a gap
@@ -291,7 +291,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				in := t.inputs[0]
 				if r, ok := in.lw.gapAfter(sid, v.stable, h.STime); ok {
 					logGap(t.log, in, v.stable, r)
-					name(r[0], r[1], nil, true)
+					name(r[0], r[1], nil, causeGap)
 				}
 			}
 			if v.tentOpen {
@@ -343,7 +343,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			}
 			t.inputs[0].diverged.Store(true)
 			if from, to, ok := tuple.UncorrectableRange(&mk); ok {
-				name(from, to, enc, false)
+				name(from, to, enc, causeUpstream)
 			}
 		}
 		if final {
@@ -679,7 +679,7 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 		return taken, nil
 	}
 	for _, r := range marks {
-		if err := t.sinkUncorrectable(t.ctx, r[0], r[1], slices.Contains(gaps, r)); err != nil {
+		if err := t.sinkUncorrectable(t.ctx, r[0], r[1], lossCauses{gap: gaps}.of(r)); err != nil {
 			t.endWith(err)
 			return 0, fmt.Errorf("%w: %w", errTaskEnded, err)
 		}
