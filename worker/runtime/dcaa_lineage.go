@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"math"
+	"slices"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -34,6 +35,33 @@ type lineageWatch struct {
 	lastBoundary bool
 	// re: a realignment in progress.
 	re realignState
+	// carried: the ranges of the UNCORRECTABLE records the producer
+	// put on the stream read now, as its first batch carried them
+	// (dataplane.Batch.Named): some records may lie among the positions
+	// discarded before this input read them.
+	carried [][2]int64
+}
+
+// subscribed records the ranges a subscription's first batch carried.
+func (w *lineageWatch) subscribed(named [][2]int64) { w.carried = named }
+
+// concerning returns the carried ranges that concern what the input
+// takes from here: ending past the last stream time taken, cut to start
+// there (what it took below came from where it read before, as exact as
+// that stream's own records said). The input names them when it may
+// have skipped their records: realigning onto the stream, or resuming
+// over ids it no longer holds. A range it named already comes out within
+// that one, and is not named twice (uncorrectableSeen).
+func (w *lineageWatch) concerning() [][2]int64 {
+	var out [][2]int64
+	for _, r := range w.carried {
+		if !w.haveST {
+			out = append(out, r)
+		} else if r[1] > w.lastST {
+			out = append(out, [2]int64{max(r[0], w.lastST), r[1]})
+		}
+	}
+	return out
 }
 
 // batch records the lineage of a batch taken by id (not realigning).
@@ -150,6 +178,11 @@ func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, n
 		case !w.lastBoundary && tp.STime == w.lastST:
 			to, named = w.lastST+1, true
 		}
+		for _, r := range w.concerning() {
+			if !slices.Contains(keep, r) {
+				keep = append(keep, r)
+			}
+		}
 		w.lin, w.since, w.re.on = w.re.lin, w.re.since, false
 		return k, from, to, named, keep
 	}
@@ -245,9 +278,12 @@ func (w *lineageWatch) gapAfter(id, taken uint64, st int64) ([2]int64, bool) {
 }
 
 // align applies the watch to a batch of an operator task's input (stable
-// ids set; fresh: the subscription's first; taken: the input's last
-// stable id).
-func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uint64) aligned {
+// ids set; fresh: the subscription's first, named the ranges it carried;
+// taken: the input's last stable id).
+func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uint64, named [][2]int64) aligned {
+	if fresh {
+		w.subscribed(named)
+	}
 	if w.start(fresh, lin, since, taken) {
 		return aligned{resubscribe: true}
 	}
@@ -279,6 +315,7 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 	if firstNew >= 0 && !a.renumber {
 		if r, ok := w.gapAfter(ts[firstNew].ID, taken, ts[firstNew].STime); ok {
 			a.gap = append(a.gap, r)
+			a.marks = append(a.marks, w.concerning()...) // records maybe among the ids skipped
 		}
 	}
 	if firstNew >= 0 {

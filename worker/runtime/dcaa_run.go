@@ -191,7 +191,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	taken := in.stableTaken.Load()
 	fresh := in.lw.attempt != attempt
 	in.lw.attempt = attempt
-	al := in.lw.align(ts, fresh, b.Lineage, b.LineageSince, taken)
+	al := in.lw.align(ts, fresh, b.Lineage, b.LineageSince, taken, b.Named)
 	if al.resubscribe {
 		d.t.log.Info("DCAA input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)

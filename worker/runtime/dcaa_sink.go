@@ -86,6 +86,10 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	}
 	first, last, off, offs, data := b.FirstID, b.LastID, b.Offset, b.Offsets, b.Encoded
 	lin, linSince := b.Lineage, b.LineageSince
+	in := t.inputs[0]
+	if fresh {
+		in.lw.subscribed(b.Named)
+	}
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
 	defer t.counters.passed(len(offs), time.Now())
@@ -100,7 +104,6 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	// results (dcaa_lineage.go): the input subscribes again after the
 	// ids both share (nothing of the batch is taken) and realigns by
 	// stream time.
-	in := t.inputs[0]
 	if in.lw.start(fresh, lin, linSince, v.stable) {
 		t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"taken", v.stable, "resume_after", in.lw.re.resumeAt)
@@ -247,6 +250,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		t.inputs[0].diverged.Store(true)
 		t.noteUncorrectable(from, to, cause)
 		buf.Diverge(v.pos - buf.PositionOffset(v.pos))
+		buf.NoteUncorrectable(from, to) // put below, in this batch
 		if enc == nil {
 			mk := tuple.UncorrectableMarker(from, to)
 			enc = tuple.AppendTuple(nil, &mk)
@@ -292,6 +296,9 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				if r, ok := in.lw.gapAfter(sid, v.stable, h.STime); ok {
 					logGap(t.log, in, v.stable, r)
 					name(r[0], r[1], nil, causeGap)
+					for _, c := range in.lw.concerning() { // records maybe among the ids skipped
+						name(c[0], c[1], nil, causeUpstream)
+					}
 				}
 			}
 			if v.tentOpen {
@@ -406,6 +413,9 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks, gaps [][2]int64, taken uint64, err error) {
 	mv := in.t.mv
 	taken = in.stableTaken.Load()
+	if fresh {
+		in.lw.subscribed(b.Named)
+	}
 	// A switch onto an upstream replica whose stable ids mean other
 	// results (dcaa_lineage.go): subscribe again and realign, nothing of
 	// the batch taken.
@@ -482,6 +492,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 				if r, ok := in.lw.gapAfter(tp.ID, taken, tp.STime); ok {
 					logGap(in.t.log, in, taken, r)
 					marks, gaps = append(marks, r), append(gaps, r)
+					marks = append(marks, in.lw.concerning()...) // records maybe among the ids skipped
 				}
 			}
 			gapChecked = true

@@ -197,6 +197,7 @@ func (d *dcaaRun) putUncorrectable(ctx context.Context, from, to int64) error {
 		if err := t.appendTo(ctx, o, &mk); err != nil {
 			return err
 		}
+		o.buf.NoteUncorrectable(from, to)
 	}
 	return t.flush(ctx)
 }
@@ -239,6 +240,7 @@ func (t *task) sinkUncorrectable(ctx context.Context, from, to int64, cause stri
 	if err := t.appendNonStable(ctx, o, &mk); err != nil {
 		return err
 	}
+	o.buf.NoteUncorrectable(from, to)
 	return t.flush(ctx)
 }
 
