@@ -3250,8 +3250,16 @@ type Batch struct {
 	// still the shared ones. A reader moving between replicas resumes by
 	// stable id only where both lineages agree; elsewhere it realigns by
 	// stream time and names what it cannot vouch for.
-	Lineage       uint64 `protobuf:"varint,630,opt,name=lineage,proto3" json:"lineage,omitempty"`
-	LineageSince  uint64 `protobuf:"varint,631,opt,name=lineage_since,json=lineageSince,proto3" json:"lineage_since,omitempty"`
+	Lineage      uint64 `protobuf:"varint,630,opt,name=lineage,proto3" json:"lineage,omitempty"`
+	LineageSince uint64 `protobuf:"varint,631,opt,name=lineage_since,json=lineageSince,proto3" json:"lineage_since,omitempty"`
+	// ---- DCAA records a reader cannot miss (issue 10, session 16): the
+	// stream-time ranges [from, to) of the UNCORRECTABLE records the
+	// stream put on itself (the latest few), as pairs from, to; on a
+	// subscription's first batch only. A reader realigning onto the stream
+	// (or resuming over discarded ids) takes them, as the records
+	// themselves may lie among the positions already discarded
+	// (acknowledged by other readers).
+	NamedRanges   []int64 `protobuf:"zigzag64,656,rep,packed,name=named_ranges,json=namedRanges,proto3" json:"named_ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3340,6 +3348,13 @@ func (x *Batch) GetLineageSince() uint64 {
 		return x.LineageSince
 	}
 	return 0
+}
+
+func (x *Batch) GetNamedRanges() []int64 {
+	if x != nil {
+		return x.NamedRanges
+	}
+	return nil
 }
 
 type IngestRequest struct {
@@ -7723,7 +7738,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\bconsumer\x18\x04 \x01(\tR\bconsumer\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\xa9\x02\n" +
+	"generation\"\xcd\x02\n" +
 	"\x05Batch\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\rR\x05count\x12\x17\n" +
@@ -7732,7 +7747,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x13tentative_watermark\x18\xb5\x01 \x01(\x12R\x12tentativeWatermark\x12(\n" +
 	"\x0fposition_offset\x18\xc8\x01 \x01(\x04R\x0epositionOffset\x12\x19\n" +
 	"\alineage\x18\xf6\x04 \x01(\x04R\alineage\x12$\n" +
-	"\rlineage_since\x18\xf7\x04 \x01(\x04R\flineageSince\"\xa6\x01\n" +
+	"\rlineage_since\x18\xf7\x04 \x01(\x04R\flineageSince\x12\"\n" +
+	"\fnamed_ranges\x18\x90\x05 \x03(\x12R\vnamedRanges\"\xa6\x01\n" +
 	"\rIngestRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x16\n" +
 	"\x06source\x18\x02 \x01(\tR\x06source\x12\x14\n" +

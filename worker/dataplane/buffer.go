@@ -210,6 +210,9 @@ type OutputBuffer struct {
 	// lineage and lineageSince name the numbering of the stream's stable
 	// ids (see Diverge), under mu.
 	lineage, lineageSince uint64
+	// named: the ranges of the UNCORRECTABLE records put on the stream
+	// (NoteUncorrectable), the latest maxNamedRanges.
+	named [][2]int64
 	// wanted is the highest id an acknowledging subscriber is known to
 	// hold already: the position a data subscription resumed after, or a
 	// relayed acknowledgement (NoteHeld). Kept apart from the

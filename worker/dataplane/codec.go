@@ -51,6 +51,9 @@ const (
 	// DCAA lineage of stable ids (OutputBuffer.Diverge).
 	batchFieldLineage      protowire.Number = 630
 	batchFieldLineageSince protowire.Number = 631
+	// Ranges of the stream's UNCORRECTABLE records
+	// (OutputBuffer.NamedRanges), packed sint64 pairs.
+	batchFieldNamedRanges protowire.Number = 656
 )
 
 func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -92,6 +95,14 @@ func (c batchCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if b.LineageSince != 0 {
 		hdr = protowire.AppendTag(hdr, batchFieldLineageSince, protowire.VarintType)
 		hdr = protowire.AppendVarint(hdr, b.LineageSince)
+	}
+	if len(b.NamedRanges) > 0 {
+		var packed []byte
+		for _, v := range b.NamedRanges {
+			packed = protowire.AppendVarint(packed, protowire.EncodeZigZag(v))
+		}
+		hdr = protowire.AppendTag(hdr, batchFieldNamedRanges, protowire.BytesType)
+		hdr = protowire.AppendBytes(hdr, packed)
 	}
 	if len(b.Data) == 0 {
 		return mem.BufferSlice{mem.SliceBuffer(hdr)}, nil
@@ -179,6 +190,25 @@ func unmarshalBatch(raw []byte, b *fedstreampb.Batch) error {
 				return err
 			}
 			b.LineageSince = v
+		case num == batchFieldNamedRanges && typ == protowire.BytesType:
+			v, n := protowire.ConsumeBytes(raw)
+			if n < 0 {
+				return fmt.Errorf("%w: batch named ranges: %w", ErrProtocol, protowire.ParseError(n))
+			}
+			raw = raw[n:]
+			for len(v) > 0 {
+				x, err := consumeVarint(&v, "named range")
+				if err != nil {
+					return err
+				}
+				b.NamedRanges = append(b.NamedRanges, protowire.DecodeZigZag(x))
+			}
+		case num == batchFieldNamedRanges && typ == protowire.VarintType:
+			x, err := consumeVarint(&raw, "named range")
+			if err != nil {
+				return err
+			}
+			b.NamedRanges = append(b.NamedRanges, protowire.DecodeZigZag(x))
 		case num == batchFieldReplicaState && typ == protowire.VarintType:
 			v, err := consumeVarint(&raw, "replica state")
 			if err != nil {

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"math"
 	"testing"
 
 	"google.golang.org/protobuf/proto"
@@ -18,6 +19,9 @@ func TestBatchCodecCarriesReplicaState(t *testing.T) {
 		// A diverged stream's lineage (OutputBuffer.Diverge), heartbeat too.
 		{Data: []byte{4}, Count: 1, LastId: 12, PositionOffset: 3, Lineage: 0xfedcba9876543211, LineageSince: 7},
 		{LastId: 12, Lineage: 5, LineageSince: 0},
+		// The ranges of the stream's records (NoteUncorrectable),
+		// whole-range and negative bounds included.
+		{Data: []byte{4}, Count: 1, LastId: 12, Lineage: 5, NamedRanges: []int64{math.MinInt64, 7_990_000_001, -3, math.MaxInt64}},
 		{Data: []byte{4}, Count: 1, LastId: 2}, // no DCAA: nothing extra on the wire
 	} {
 		bs, err := c.Marshal(in)

@@ -423,6 +423,65 @@ func (b *OutputBuffer) Diverge(since uint64) {
 	b.lineage, b.lineageSince = tag, since
 }
 
+// maxNamedRanges bounds the ranges a stream remembers (NamedRanges);
+// past it the oldest is forgotten (its record may still be read).
+const maxNamedRanges = 16
+
+// NoteUncorrectable records that the producer puts (or put, before a
+// copy of the stream started from a snapshot) an UNCORRECTABLE record of
+// [from, to) on the stream. A subscription's first batch carries the
+// ranges (NamedRanges): a reader that realigns onto the stream, or
+// resumes over ids it no longer holds, names them even when the records
+// were among the positions discarded before it came (acknowledged by
+// other readers: a copy started without state puts its record first,
+// and a reader of another lineage relays acknowledgements that discard
+// it; the unnamed loss of TestDCAABothReplicasLostNamesTheLoss).
+func (b *OutputBuffer) NoteUncorrectable(from, to int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := [2]int64{from, to}
+	if slices.Contains(b.named, r) {
+		return
+	}
+	if len(b.named) == maxNamedRanges {
+		b.named = append(b.named[:0], b.named[1:]...)
+	}
+	b.named = append(b.named, r)
+}
+
+// NamedRanges returns a copy of the ranges NoteUncorrectable recorded
+// (nil: none).
+func (b *OutputBuffer) NamedRanges() [][2]int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.named)
+}
+
+// flattenRanges and pairRanges convert named ranges to and from the
+// wire's list of pairs (Batch.named_ranges); an odd last value is
+// dropped.
+func flattenRanges(rs [][2]int64) []int64 {
+	if len(rs) == 0 {
+		return nil
+	}
+	out := make([]int64, 0, 2*len(rs))
+	for _, r := range rs {
+		out = append(out, r[0], r[1])
+	}
+	return out
+}
+
+func pairRanges(vs []int64) [][2]int64 {
+	if len(vs) < 2 {
+		return nil
+	}
+	out := make([][2]int64, 0, len(vs)/2)
+	for i := 0; i+1 < len(vs); i += 2 {
+		out = append(out, [2]int64{vs[i], vs[i+1]})
+	}
+	return out
+}
+
 // SetLineage gives a copy of a stream (started from a task snapshot,
 // before anything is appended to it) the lineage lin, diverged after
 // stable id since, of the stream it continues: it numbers its stable

@@ -243,6 +243,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	// when it resumes by stable id into a tentative tail (ResumePosition).
 	start := after
 	warnedGap := false
+	namedSent := false // the first data batch carries the stream's named ranges
 	for {
 		if !first.NoAck && (buf.endedBefore(first.AfterId) || buf.endDiscardedAfter(after)) {
 			// Resumed at or past this replica's end (see
@@ -326,8 +327,13 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		sent.Store(last)
 		st, wm := buf.stateUpTo(last)
 		lin, since := buf.Lineage()
+		var named []int64
+		if !namedSent {
+			namedSent = true
+			named = flattenRanges(buf.NamedRanges())
+		}
 		if err := stream.Send(&fedstreampb.Batch{Data: data, Count: uint32(count), LastId: last, ReplicaState: st, TentativeWatermark: wm,
-			PositionOffset: buf.PositionOffset(last), Lineage: lin, LineageSince: since}); err != nil {
+			PositionOffset: buf.PositionOffset(last), Lineage: lin, LineageSince: since, NamedRanges: named}); err != nil {
 			return err
 		}
 		after = last

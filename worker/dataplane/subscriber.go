@@ -48,6 +48,11 @@ type Batch struct {
 	// Lineage and LineageSince name the numbering of the producer's
 	// stable ids as of this batch (OutputBuffer.Diverge).
 	Lineage, LineageSince uint64
+	// Named: on a subscription's first batch, the ranges of the
+	// UNCORRECTABLE records the producer put on its stream
+	// (OutputBuffer.NoteUncorrectable), whether or not their positions
+	// are still held.
+	Named [][2]int64
 	// For a subscriber that keeps values packed (KeepValuesPacked) or
 	// delivers encodings (DeliverEncoded): Encoded holds the delivered
 	// tuples as they were received, tuple i starting at Offsets[i]. With
@@ -89,7 +94,7 @@ func (b *Batch) Release() {
 		return
 	}
 	b.recyclable = false
-	b.Tuples, b.FirstID, b.LastID = nil, 0, 0
+	b.Tuples, b.FirstID, b.LastID, b.Named = nil, 0, 0, nil
 	b.Encoded, b.Offsets = nil, nil
 	if b.msgBuf != nil {
 		sharedDirtyPool.Put(b.msgBuf)
@@ -368,6 +373,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}
 		b.Offset = msg.PositionOffset
 		b.Lineage, b.LineageSince = msg.Lineage, msg.LineageSince
+		b.Named = pairRanges(msg.NamedRanges)
 		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}
@@ -441,6 +447,7 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		s.last.Store(buf.ResumePosition(start))
 	}
 	from := s.last.Load()
+	namedSent := false // the first batch carries the stream's named ranges (Batch.Named)
 	for {
 		if !s.noAck && (buf.endedBefore(start) || buf.endDiscardedAfter(s.last.Load())) {
 			return fmt.Errorf("%w: local stream %s/%s after %d", ErrEndedBefore, s.ref.Query, s.ref.TaskId, start)
@@ -497,6 +504,10 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		lastID := b.LastID
 		b.Offset = buf.PositionOffset(lastID)
 		b.Lineage, b.LineageSince = buf.Lineage()
+		if !namedSent {
+			namedSent = true
+			b.Named = buf.NamedRanges()
+		}
 		derr := deliver(ctx, b)
 		if derr != nil && !errors.Is(derr, ErrStopSubscription) {
 			return derr

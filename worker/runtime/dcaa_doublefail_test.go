@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -126,6 +127,15 @@ func TestDCAABothReplicasLostNamesTheLoss(t *testing.T) {
 		// had already taken concerns nothing it takes: realignFrom);
 		// one that misses some without naming them fails here.
 		sameStable(t, exactResults(v.stable, named), exactResults(want, named), 20)
+		// Precise (s16): the sink took its first results from the lost
+		// copies, exact; a range covering them is a false statement.
+		// The copies' record runs from the start of the stream; the
+		// sinks used to put it on their streams as it was
+		// (TestSinkRealignsOnADivergedReplica pins the cut).
+		if got, ref := exactResults(v.stable, nil), exactResults(want, nil); len(got) > 0 && len(ref) > 0 &&
+			got[0].STime == ref[0].STime && slices.Equal(got[0].Values, ref[0].Values) && !outsideRanges(named, got[0].STime) {
+			t.Errorf("%s: named %v covers its first result (%d ns), taken exact from the lost copies", sink, named, got[0].STime)
+		}
 		tk := c.workers[1].rt.task(sink)
 		if tk == nil {
 			t.Fatalf("%s does not run on worker 1", sink)

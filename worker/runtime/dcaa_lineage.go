@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"math"
+	"slices"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -34,6 +35,33 @@ type lineageWatch struct {
 	lastBoundary bool
 	// re: a realignment in progress.
 	re realignState
+	// carried: the ranges of the UNCORRECTABLE records the producer
+	// put on the stream read now, as its first batch carried them
+	// (dataplane.Batch.Named): some records may lie among the positions
+	// discarded before this input read them.
+	carried [][2]int64
+}
+
+// subscribed records the ranges a subscription's first batch carried.
+func (w *lineageWatch) subscribed(named [][2]int64) { w.carried = named }
+
+// concerning returns the carried ranges that concern what the input
+// takes from here: ending past the last stream time taken, cut to start
+// there (what it took below came from where it read before, as exact as
+// that stream's own records said). The input names them when it may
+// have skipped their records: realigning onto the stream, or resuming
+// over ids it no longer holds. A range it named already comes out within
+// that one, and is not named twice (uncorrectableSeen).
+func (w *lineageWatch) concerning() [][2]int64 {
+	var out [][2]int64
+	for _, r := range w.carried {
+		if !w.haveST {
+			out = append(out, r)
+		} else if r[1] > w.lastST {
+			out = append(out, [2]int64{max(r[0], w.lastST), r[1]})
+		}
+	}
+	return out
 }
 
 // batch records the lineage of a batch taken by id (not realigning).
@@ -108,15 +136,22 @@ func (w *lineageWatch) startRealign(lin, since, taken uint64) bool {
 // tentative output before that point); named reports a range [from, to)
 // of stream times the input cannot vouch for. keep lists the ranges of
 // UNCORRECTABLE records before cut that still concern what the input
-// takes from here (ending past the last stream time taken). At cut the
-// realignment ends: the watch takes the replica's lineage.
+// takes from here (ending past the last stream time taken), cut to start
+// at the last stream time taken: the input took the results before it
+// from the other lineage, as exact as that lineage's own records said,
+// and takes none of this replica's below it. (A copy started without
+// state after its replicas were lost names [start, its first input]
+// (lostBeforeStart): its consumers took the lost copies' results up to
+// where each left off, and name only the rest; from the start, they named
+// results they had, exact.) At cut the realignment ends: the watch takes
+// the replica's lineage.
 func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, named bool, keep [][2]int64) {
 	for k := range ts {
 		tp := &ts[k]
 		switch tp.Type {
 		case tuple.Uncorrectable:
 			if f, e, ok := tuple.UncorrectableRange(tp); ok && e > w.lastST {
-				keep = append(keep, [2]int64{f, e})
+				keep = append(keep, [2]int64{max(f, w.lastST), e})
 			}
 			continue
 		case tuple.Stable, tuple.Boundary:
@@ -142,6 +177,11 @@ func (w *lineageWatch) realignFrom(ts []tuple.Tuple) (cut int, from, to int64, n
 			}
 		case !w.lastBoundary && tp.STime == w.lastST:
 			to, named = w.lastST+1, true
+		}
+		for _, r := range w.concerning() {
+			if !slices.Contains(keep, r) {
+				keep = append(keep, r)
+			}
 		}
 		w.lin, w.since, w.re.on = w.re.lin, w.re.since, false
 		return k, from, to, named, keep
@@ -212,14 +252,38 @@ type aligned struct {
 	// tuple or boundary (dcaa.Deliver.Renumber).
 	renumber bool
 	// marks: the UNCORRECTABLE ranges the task takes with the batch (its
-	// records', and named: the ones the input names itself).
-	marks, named [][2]int64
+	// records', and the ones the input names itself: named, what a
+	// realignment cannot vouch for; gap, what a resumption over
+	// discarded ids skipped, see gapAfter).
+	marks, named, gap [][2]int64
+}
+
+// gapAfter is the range an input names when it resumed by stable id on
+// a replica of the same numbering (not realigning: the caller checks)
+// that no longer holds the ids after the input's, taken: the first
+// stable tuple or boundary past taken that it sends (id, stream time st)
+// is not taken+1. The ids between were discarded (acknowledged by other
+// consumers, or past the replica's buffer bound) and the results needing
+// them are lost for good: from the last stream time taken to st
+// (included: results of that stream time may be gone too), named as an
+// upstream's record would be (outside DCAA, noteInputGap does so).
+func (w *lineageWatch) gapAfter(id, taken uint64, st int64) ([2]int64, bool) {
+	if taken == 0 || id <= taken+1 || !w.haveST {
+		return [2]int64{}, false
+	}
+	if st < math.MaxInt64 {
+		st++
+	}
+	return [2]int64{w.lastST, st}, true
 }
 
 // align applies the watch to a batch of an operator task's input (stable
-// ids set; fresh: the subscription's first; taken: the input's last
-// stable id).
-func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uint64) aligned {
+// ids set; fresh: the subscription's first, named the ranges it carried;
+// taken: the input's last stable id).
+func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uint64, named [][2]int64) aligned {
+	if fresh {
+		w.subscribed(named)
+	}
 	if w.start(fresh, lin, since, taken) {
 		return aligned{resubscribe: true}
 	}
@@ -248,17 +312,11 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		}
 	}
 	a.ts = ts
-	if firstNew >= 0 && !a.renumber && taken > 0 && ts[firstNew].ID > taken+1 && w.haveST {
-		// Resumed by stable id on a replica of the same numbering that
-		// no longer holds the ids after the input's (discarded: acked by
-		// other consumers, or past its buffer bound): the results
-		// needing them are lost, named as an upstream's record would
-		// be (outside DCAA, noteInputGap does so).
-		to := ts[firstNew].STime
-		if to < math.MaxInt64 {
-			to++
+	if firstNew >= 0 && !a.renumber {
+		if r, ok := w.gapAfter(ts[firstNew].ID, taken, ts[firstNew].STime); ok {
+			a.gap = append(a.gap, r)
+			a.marks = append(a.marks, w.concerning()...) // records maybe among the ids skipped
 		}
-		a.named = append(a.named, [2]int64{w.lastST, to})
 	}
 	if firstNew >= 0 {
 		lastStable := firstNew
@@ -271,6 +329,7 @@ func (w *lineageWatch) align(ts []tuple.Tuple, fresh bool, lin, since, taken uin
 		w.took(ts[lastStable].STime, ts[lastStable].Type == tuple.Boundary)
 	}
 	a.marks = append(a.marks, a.named...)
+	a.marks = append(a.marks, a.gap...)
 	a.marks = append(a.marks, markersOf(ts)...)
 	return a
 }

@@ -191,7 +191,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	taken := in.stableTaken.Load()
 	fresh := in.lw.attempt != attempt
 	in.lw.attempt = attempt
-	al := in.lw.align(ts, fresh, b.Lineage, b.LineageSince, taken)
+	al := in.lw.align(ts, fresh, b.Lineage, b.LineageSince, taken, b.Named)
 	if al.resubscribe {
 		d.t.log.Info("DCAA input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)
@@ -201,10 +201,15 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		d.t.log.Warn("DCAA input switched to an upstream replica that numbers its results otherwise; results of one range named as not corrected",
 			"input", in.upstream, "partition", in.upPartition, "from", r[0], "to", r[1])
 	}
+	for _, r := range al.gap {
+		logGap(d.t.log, in, taken, r)
+	}
 	ts, marks := al.ts, al.marks
+	causes := lossCauses{gap: al.gap}
 	if taken == 0 && !al.skip && !al.renumber {
 		if r, ok := d.t.lostBeforeStart(in, ts); ok {
 			marks = append(marks, r)
+			causes.restart = append(causes.restart, r)
 		}
 	}
 	if al.skip {
@@ -216,7 +221,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 				return err
 			}
 			in.diverged.Store(true)
-			if err := d.relayUncorrectable(ctx, marks); err != nil {
+			if err := d.relayUncorrectable(ctx, marks, causes); err != nil {
 				return err
 			}
 		}
@@ -233,7 +238,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// putUncorrectable gives the outputs their own lineage first, as
 		// divergeBefore did.
 		in.diverged.Store(true)
-		if err := d.relayUncorrectable(ctx, marks); err != nil {
+		if err := d.relayUncorrectable(ctx, marks, causes); err != nil {
 			return err
 		}
 	}

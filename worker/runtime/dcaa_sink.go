@@ -3,7 +3,6 @@ package runtime
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -87,6 +86,10 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	}
 	first, last, off, offs, data := b.FirstID, b.LastID, b.Offset, b.Offsets, b.Encoded
 	lin, linSince := b.Lineage, b.LineageSince
+	in := t.inputs[0]
+	if fresh {
+		in.lw.subscribed(b.Named)
+	}
 	b.Offsets, b.Encoded = nil, nil
 	b.Release()
 	defer t.counters.passed(len(offs), time.Now())
@@ -101,7 +104,6 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	// results (dcaa_lineage.go): the input subscribes again after the
 	// ids both share (nothing of the batch is taken) and realigns by
 	// stream time.
-	in := t.inputs[0]
 	if in.lw.start(fresh, lin, linSince, v.stable) {
 		t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"taken", v.stable, "resume_after", in.lw.re.resumeAt)
@@ -238,15 +240,17 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		put(undo, false)
 	}
 	// name puts an UNCORRECTABLE record (enc) on the result stream, once
-	// per range; never taken back. The result stream's stable ids may
-	// differ from the other sink replica's from here on (its lineage).
-	name := func(from, to int64, enc []byte) {
+	// per range, never taken back, and notes it with its cause. The
+	// result stream's stable ids may differ from the other sink
+	// replica's from here on (its lineage).
+	name := func(from, to int64, enc []byte, cause string) {
 		if !t.unc.add(from, to) {
 			return
 		}
 		t.inputs[0].diverged.Store(true)
-		t.noteUncorrectable(from, to)
+		t.noteUncorrectable(from, to, cause)
 		buf.Diverge(v.pos - buf.PositionOffset(v.pos))
+		buf.NoteUncorrectable(from, to) // put below, in this batch
 		if enc == nil {
 			mk := tuple.UncorrectableMarker(from, to)
 			enc = tuple.AppendTuple(nil, &mk)
@@ -254,9 +258,10 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 		put(enc, false)
 	}
 	for _, r := range v.marks {
-		name(r[0], r[1], nil) // named before the batch (passBatchDCAA)
+		name(r[0], r[1], nil, causeUpstream) // named before the batch (passBatchDCAA)
 	}
 	v.marks = nil
+	gapChecked := false // the first stable tuple or boundary past v.stable was checked for a gap
 	for i, o := range offs {
 		end := len(data)
 		if i+1 < len(offs) {
@@ -279,6 +284,22 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 				// kept current by the all-stable path, so a stream time
 				// test would pass resent boundaries twice.)
 				continue
+			}
+			if !gapChecked {
+				// The first one past what the sink took: a resumption by
+				// stable id over ids the replica no longer holds skipped
+				// results, named (gapAfter). A realignment's batch
+				// (passBatchDCAA) starts at v.stable+1: its own gap is
+				// the realignment's to name.
+				gapChecked = true
+				in := t.inputs[0]
+				if r, ok := in.lw.gapAfter(sid, v.stable, h.STime); ok {
+					logGap(t.log, in, v.stable, r)
+					name(r[0], r[1], nil, causeGap)
+					for _, c := range in.lw.concerning() { // records maybe among the ids skipped
+						name(c[0], c[1], nil, causeUpstream)
+					}
+				}
 			}
 			if v.tentOpen {
 				// Stable after tentative without an UNDO: take them back
@@ -329,7 +350,7 @@ func (t *task) passSlow(buf *dataplane.OutputBuffer, first, last, off uint64, of
 			}
 			t.inputs[0].diverged.Store(true)
 			if from, to, ok := tuple.UncorrectableRange(&mk); ok {
-				name(from, to, enc)
+				name(from, to, enc, causeUpstream)
 			}
 		}
 		if final {
@@ -389,16 +410,19 @@ func (t *task) mergeDCAA() bool { return t.mv != nil }
 // for room, or the attempt end, before it takes the batch, and until
 // then the batch is not taken (a snapshot, a resumption, the ack relays
 // go by what the merger holds; see mergeInput.stable).
-func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks [][2]int64, taken uint64, err error) {
+func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks, gaps [][2]int64, taken uint64, err error) {
 	mv := in.t.mv
 	taken = in.stableTaken.Load()
+	if fresh {
+		in.lw.subscribed(b.Named)
+	}
 	// A switch onto an upstream replica whose stable ids mean other
 	// results (dcaa_lineage.go): subscribe again and realign, nothing of
 	// the batch taken.
 	if in.lw.start(fresh, b.Lineage, b.LineageSince, taken) {
 		in.t.log.Info("DCAA sink input switched to an upstream replica whose stable ids mean other results: realigning by stream time",
 			"input", in.upstream, "partition", in.upPartition, "taken", taken, "resume_after", in.lw.re.resumeAt)
-		return false, nil, 0, errRealign
+		return false, nil, nil, 0, errRealign
 	}
 	if fresh {
 		in.offKnown = false
@@ -418,10 +442,10 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 		if n := len(b.Tuples); n > 0 {
 			in.lw.took(b.Tuples[n-1].STime, b.Tuples[n-1].Type == tuple.Boundary)
 		}
-		return changed, marks, b.LastID - off, nil
+		return changed, marks, nil, b.LastID - off, nil
 	}
 	if _, err := stableIDs(b); err != nil {
-		return changed, nil, 0, err
+		return changed, nil, nil, 0, err
 	}
 	if realigning {
 		// What the other replica gave already is dropped; the input
@@ -462,16 +486,14 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 					continue
 				}
 				tp.ID = taken // ids stay increasing in the merger
-			} else if !realigning && !gapChecked && taken > 0 && tp.ID > taken+1 && in.lw.haveST {
-				// Resumed by stable id on a replica of the same numbering
-				// that no longer holds the ids after the input's: the
-				// results between are lost, named (outside DCAA,
-				// noteInputGap does so).
-				to := tp.STime
-				if to < math.MaxInt64 {
-					to++
+			} else if !realigning && !gapChecked {
+				// Resumed by stable id over ids the replica no longer
+				// holds: named (gapAfter).
+				if r, ok := in.lw.gapAfter(tp.ID, taken, tp.STime); ok {
+					logGap(in.t.log, in, taken, r)
+					marks, gaps = append(marks, r), append(gaps, r)
+					marks = append(marks, in.lw.concerning()...) // records maybe among the ids skipped
 				}
-				marks = append(marks, [2]int64{in.lw.lastST, to})
 			}
 			gapChecked = true
 			taken = tp.ID
@@ -516,7 +538,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	if n := len(kept); n > 0 {
 		in.lw.took(kept[n-1].STime, kept[n-1].Type == tuple.Boundary)
 	}
-	return changed, marks, taken, nil
+	return changed, marks, gaps, taken, nil
 }
 
 // syncTentative brings the result stream's tentative part up to date
@@ -649,7 +671,7 @@ func (t *task) sinkTentativeHeld() bool {
 // the merger takes b: see filterDCAA (taken is its stable id for the
 // merger); a changed tentative part goes out at once.
 func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) (taken uint64, err error) {
-	changed, marks, taken, err := in.filterDCAA(b, fresh)
+	changed, marks, gaps, taken, err := in.filterDCAA(b, fresh)
 	if err != nil {
 		return 0, fmt.Errorf("input %s partition %d: %w", in.upstream, in.upPartition, err)
 	}
@@ -668,7 +690,7 @@ func (in *input) mergeDCAA(ctx context.Context, b *dataplane.Batch, fresh bool) 
 		return taken, nil
 	}
 	for _, r := range marks {
-		if err := t.sinkUncorrectable(t.ctx, r[0], r[1]); err != nil {
+		if err := t.sinkUncorrectable(t.ctx, r[0], r[1], lossCauses{gap: gaps}.of(r)); err != nil {
 			t.endWith(err)
 			return 0, fmt.Errorf("%w: %w", errTaskEnded, err)
 		}

@@ -116,11 +116,35 @@ func uncorrectableNote(from, to int64, cause string) string {
 		f, time.Unix(0, to).UTC().Format(time.RFC3339Nano), cause)
 }
 
-// noteUncorrectable sets the task's status note for a range an upstream
-// reported (an operator task's own loss is noted by dcaaRun.lost).
-func (t *task) noteUncorrectable(from, to int64) {
-	note := uncorrectableNote(from, to, "an upstream's failure outlasted the input kept for its replay")
-	t.log.Warn("DCAA results not corrected upstream", "from", from, "to", to)
+// Why a range was named, for the status note (see lossCauses).
+const (
+	causeUpstream = "an upstream named them lost (a failure outlasted the input kept for a replay, or input could no longer be had)"
+	causeGap      = "an input resumed after stable ids its upstream replica no longer held (discarded before this task took them)"
+	causeRestart  = "every replica of this task was lost together and this copy started without their state, after its upstream had discarded the input they had taken; only results they had not delivered are concerned"
+)
+
+// lossCauses tells the ranges an input names itself from the ones it
+// relays (an upstream's record, or what a realignment cannot vouch for:
+// causeUpstream): gap, a resumption over discarded ids
+// (lineageWatch.gapAfter); restart, a copy started without state
+// (task.lostBeforeStart).
+type lossCauses struct{ gap, restart [][2]int64 }
+
+func (c lossCauses) of(r [2]int64) string {
+	switch {
+	case slices.Contains(c.gap, r):
+		return causeGap
+	case slices.Contains(c.restart, r):
+		return causeRestart
+	}
+	return causeUpstream
+}
+
+// noteUncorrectable sets the task's status note for a range named for
+// cause (an operator task's own loss is noted by dcaaRun.lost).
+func (t *task) noteUncorrectable(from, to int64, cause string) {
+	note := uncorrectableNote(from, to, cause)
+	t.log.Warn("DCAA results named as not corrected", "from", from, "to", to, "cause", cause)
 	t.stateMu.Lock()
 	t.uncorrected = note
 	t.stateMu.Unlock()
@@ -173,13 +197,15 @@ func (d *dcaaRun) putUncorrectable(ctx context.Context, from, to int64) error {
 		if err := t.appendTo(ctx, o, &mk); err != nil {
 			return err
 		}
+		o.buf.NoteUncorrectable(from, to)
 	}
 	return t.flush(ctx)
 }
 
 // relayUncorrectable puts the records an input delivered (ranges) on an
-// operator task's outputs, widened by its window, and notes them.
-func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64) error {
+// operator task's outputs, widened by its window, and notes them with
+// their causes.
+func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64, causes lossCauses) error {
 	t := d.t
 	if err := t.lockProc(ctx); err != nil {
 		return err
@@ -194,18 +220,19 @@ func (d *dcaaRun) relayUncorrectable(ctx context.Context, ranges [][2]int64) err
 			t.endWith(err)
 			return fmt.Errorf("%w: %w", errTaskEnded, err)
 		}
-		t.noteUncorrectable(from, to)
+		t.noteUncorrectable(from, to, causes.of(r))
 	}
 	return nil
 }
 
 // sinkUncorrectable appends the record of [from, to) to a merging sink's
-// result stream unless it went out already (the caller holds proc).
-func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
+// result stream unless it went out already (the caller holds proc), and
+// notes it with its cause.
+func (t *task) sinkUncorrectable(ctx context.Context, from, to int64, cause string) error {
 	if !t.unc.add(from, to) {
 		return nil
 	}
-	t.noteUncorrectable(from, to)
+	t.noteUncorrectable(from, to, cause)
 	o := t.outs[0]
 	last := o.w.LastID()
 	o.buf.Diverge(last - o.buf.PositionOffset(last))
@@ -213,6 +240,7 @@ func (t *task) sinkUncorrectable(ctx context.Context, from, to int64) error {
 	if err := t.appendNonStable(ctx, o, &mk); err != nil {
 		return err
 	}
+	o.buf.NoteUncorrectable(from, to)
 	return t.flush(ctx)
 }
 

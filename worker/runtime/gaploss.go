@@ -3,6 +3,7 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math"
 
 	"github.com/fedstream/fedstream/worker/dataplane"
@@ -110,4 +111,13 @@ func (t *task) nameLoss(ctx context.Context, ranges [][2]int64, cause string) er
 		return nil
 	}
 	return t.flush(ctx)
+}
+
+// logGap logs the range a DCAA input names after resuming by stable id
+// (after taken) over ids its upstream replica no longer holds
+// (lineageWatch.gapAfter): the replica numbers its stream as the input
+// does, nothing is realigned, the results between are lost.
+func logGap(log *slog.Logger, in *input, taken uint64, r [2]int64) {
+	log.Warn("DCAA input resumed after stable ids its upstream replica no longer holds (discarded: acknowledged by other consumers, or past its buffer bound): results of the stream times between named as not corrected",
+		"input", in.upstream, "partition", in.upPartition, "after_stable_id", taken, "from", r[0], "to", r[1])
 }

@@ -139,7 +139,7 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 			// deliver does what dcaaRun.deliver does with a batch; it
 			// reports whether the input must resubscribe (errRealign).
 			deliver := func(ts []tuple.Tuple, fresh bool, c realignCopy) bool {
-				al := w.align(ts, fresh, c.lin, c.since, taken)
+				al := w.align(ts, fresh, c.lin, c.since, taken, nil)
 				if al.resubscribe {
 					return true
 				}

@@ -705,6 +705,11 @@ func (t *task) resumeOutputs(s *TaskSnapshot) error {
 	}
 	for _, r := range s.Uncorrectable {
 		t.unc.add(r[0], r[1])
+		for _, o := range t.outs {
+			// Its records are on the stream it continues: readers
+			// realigning onto the copy learn them (NamedRanges).
+			o.buf.NoteUncorrectable(r[0], r[1])
+		}
 	}
 	t.seq = s.Seq
 	t.restored = true
