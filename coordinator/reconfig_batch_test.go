@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -22,38 +23,11 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	s := c.nodes[0]
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
 	ctx := ctxT(t, 3*time.Minute)
-	must := func(typ fsm.MessageType, body any) {
-		t.Helper()
-		res, err := s.apply(ctx, typ, body)
-		if err == nil && res.Err != nil {
-			err = res.Err
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", typ, err)
-		}
-	}
-	for _, w := range []string{"wa", "wb"} {
-		must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
-	}
 	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
-		{ID: src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
-		{ID: f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
-	must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
-		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
+	must, report := ackPlanSetUp(ctx, t, s)
 	s.acks.mu.Lock()
 	s.acks.holdFor = 5 * time.Minute // the test decides when the second report comes
 	s.acks.mu.Unlock()
-	ws := &workerService{s: s}
-	report := func(worker string, acked uint64, ids ...string) error {
-		req := &pb.ReportTasksRequest{WorkerId: worker}
-		for _, id := range ids {
-			req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: id, State: states.TaskRunning, Generation: 1,
-				Reconfig: &pb.ReconfigProgress{Acked: acked, Frontier: 1000}})
-		}
-		_, err := ws.ReportTasks(ctx, req)
-		return err
-	}
 	first := make(chan error, 1)
 	go func() { first <- report("wa", 1, src, src1) }()
 	waitFor(t, 10*time.Second, "the first report held", func() bool {
@@ -95,5 +69,153 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	})
 	if err := <-partial; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ackPlanSetUp registers workers wa and wb with the leader s, runs query
+// q (tasks src/p0 and src/p1 on wa, f/p0 on wb) and commits plan 1. must
+// commits a command; report sends worker's report acknowledging acked
+// for tasks ids (generation 1) through ReportTasks.
+func ackPlanSetUp(ctx context.Context, t *testing.T, s *Server) (must func(fsm.MessageType, any), report func(worker string, acked uint64, ids ...string) error) {
+	t.Helper()
+	must = func(typ fsm.MessageType, body any) {
+		t.Helper()
+		res, err := s.apply(ctx, typ, body)
+		if err == nil && res.Err != nil {
+			err = res.Err
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+	}
+	for _, w := range []string{"wa", "wb"} {
+		must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
+	}
+	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
+	must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
+		{ID: src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
+		{ID: f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
+	must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
+		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
+	report = func(worker string, acked uint64, ids ...string) error {
+		return ackReport(ctx, s, worker, 1, acked, ids...)
+	}
+	return must, report
+}
+
+// ackReport sends worker's report to s acknowledging epoch acked for the
+// copies of generation gen of tasks ids.
+func ackReport(ctx context.Context, s *Server, worker string, gen int32, acked uint64, ids ...string) error {
+	req := &pb.ReportTasksRequest{WorkerId: worker}
+	for _, id := range ids {
+		req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: id, State: states.TaskRunning, Generation: gen,
+			Reconfig: &pb.ReconfigProgress{Acked: acked, Frontier: 1000}})
+	}
+	_, err := (&workerService{s: s}).ReportTasks(ctx, req)
+	return err
+}
+
+// planPhase is the phase of query q's plan 1 in s's state.
+func planPhase(t *testing.T, s *Server) string {
+	t.Helper()
+	q, err := s.State().Query(nil, "q")
+	if err != nil || q == nil || q.Reconfig == nil || len(q.Reconfig.Plans) == 0 {
+		t.Fatal(q, err)
+	}
+	return q.Reconfig.Plans[0].Phase
+}
+
+// TestReconfigUpdateDoneWhenTheLeaderHasEveryAck: the leader records a
+// live update as done (ReconfigAcksReceived, the time `bench reconfig`
+// takes) only once it holds the acknowledgement of every task from the
+// copy its state places the task on: a task that never acknowledges, or
+// whose acknowledgement comes from an older copy (another generation),
+// keeps the plan loading and the update not done; its acknowledgement
+// completes both. (Before, an older copy's acknowledgement counted in
+// the leader's record.)
+func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	ctx := ctxT(t, 3*time.Minute)
+	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
+	_, report := ackPlanSetUp(ctx, t, s)
+	s.acks.mu.Lock()
+	s.acks.holdFor = time.Millisecond // written at once: the test looks at the state between reports
+	s.acks.mu.Unlock()
+	if err := report("wa", 1, src, src1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ackReport(ctx, s, "wb", 7, 1, f); err != nil { // not the copy placed (generation 1)
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); !got.IsZero() || planPhase(t, s) != fsm.ReconfigLoading {
+		t.Fatalf("task f never acknowledged (its older copy did), yet the update is done at %v, plan %s", got, planPhase(t, s))
+	}
+	if err := report("wb", 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); got.IsZero() || planPhase(t, s) != fsm.ReconfigSwitched {
+		t.Fatalf("every task acknowledged, yet the update is done at %v, plan %s", got, planPhase(t, s))
+	}
+}
+
+// TestReconfigAcksSurviveALeaderChange: a report held by the leader for
+// a batch is failed, not lost, when the leadership moves before it is
+// written, so its worker reports again to the new leader; the plan then
+// switches there, and the new leader records the update done from the
+// reports it received. The old leader never recorded it.
+func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	old := c.nodes[l]
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return old.leading.Load() })
+	ctx := ctxT(t, 3*time.Minute)
+	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
+	_, report := ackPlanSetUp(ctx, t, old)
+	old.acks.mu.Lock()
+	old.acks.holdFor = 5 * time.Minute // held until the leadership moves
+	old.acks.mu.Unlock()
+	first := make(chan error, 1)
+	go func() { first <- report("wa", 1, src, src1) }()
+	waitFor(t, 10*time.Second, "the first report held", func() bool {
+		old.acks.mu.Lock()
+		defer old.acks.mu.Unlock()
+		return len(old.acks.parked) == 1
+	})
+	if err := awaitFuture(ctx, old.raft.LeadershipTransfer()); err != nil {
+		t.Fatal(err)
+	}
+	var leader *Server
+	waitFor(t, 30*time.Second, "a new leader's duties running", func() bool {
+		for i, n := range c.nodes {
+			if i != l && n.IsLeader() && n.leading.Load() {
+				leader = n
+				return true
+			}
+		}
+		return false
+	})
+	select {
+	case err := <-first:
+		if err == nil {
+			t.Fatal("the report held by the old leader returned success, yet it was never written")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the report held by the old leader did not return when the leadership moved")
+	}
+	if err := ackReport(ctx, leader, "wb", 1, 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if err := ackReport(ctx, leader, "wa", 1, 1, src, src1); err != nil { // the worker reports again
+		t.Fatal(err)
+	}
+	if got := leader.ReconfigAcksReceived("q", 1); got.IsZero() || planPhase(t, leader) != fsm.ReconfigSwitched {
+		t.Fatalf("every task acknowledged to the new leader, yet the update is done at %v, plan %s", got, planPhase(t, leader))
+	}
+	if got := old.ReconfigAcksReceived("q", 1); !got.IsZero() {
+		t.Fatalf("the old leader never had every acknowledgement, yet recorded the update done at %v", got)
 	}
 }
