@@ -216,7 +216,9 @@ func (c *ReconfigConfig) Defaults() {
 // StrategyResult is one strategy's figures. Times are milliseconds.
 type StrategyResult struct {
 	// UpdateMs: live, plan given to the tasks -> every task acknowledged
-	// (versions loaded beside the old ones); quiescent, in an org, plan
+	// (versions loaded beside the old ones; in an org, the leader holds
+	// every acknowledgement, the Raft write recording them follows);
+	// quiescent, in an org, plan
 	// committed -> the first result of the new configuration at the sink
 	// (paused, drained, swapped and resumed: ResumedMs), in process, pause
 	// -> resume.
