@@ -633,6 +633,15 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if !installed.IsZero() {
 			res.InstalledMs = append(res.InstalledMs, ms(installed.Sub(pt.committed)))
 		}
+		var received, reported time.Time
+		for _, w := range o.fed.workers {
+			rc, rp := w.ReconfigTimes(name, e)
+			received, reported = later(received, rc), later(reported, rp)
+		}
+		if !received.IsZero() && !reported.IsZero() {
+			res.ReceivedMs = append(res.ReceivedMs, ms(received.Sub(pt.committed)))
+			res.ReportedMs = append(res.ReportedMs, ms(reported.Sub(pt.committed)))
+		}
 		if learned, applied, apply, ok := o.applyTimes(name, e); ok {
 			res.LearnedMs = append(res.LearnedMs, ms(learned.Sub(pt.committed)))
 			res.AppliedMs = append(res.AppliedMs, ms(applied.Sub(pt.committed)))
@@ -1095,4 +1104,12 @@ func medianOf(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// later is the later of a and b (the zero time counts as earliest).
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
