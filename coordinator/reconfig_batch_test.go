@@ -21,20 +21,10 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
-	ctx := ctxT(t, 3*time.Minute)
-	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	must, report := ackPlanSetUp(ctx, t, s)
-	s.acks.mu.Lock()
-	s.acks.holdFor = 5 * time.Minute // the test decides when the second report comes
-	s.acks.mu.Unlock()
-	first := make(chan error, 1)
-	go func() { first <- report("wa", 1, src, src1) }()
-	waitFor(t, 10*time.Second, "the first report held", func() bool {
-		s.acks.mu.Lock()
-		defer s.acks.mu.Unlock()
-		return len(s.acks.parked) == 1
-	})
+	// The test decides when the second report comes.
+	ap := ackPlanSetUp(t, s, 5*time.Minute)
+	ctx, must, report, src, src1, f := ap.ctx, ap.must, ap.report, ap.src, ap.src1, ap.f
+	first := ap.reportHeld(t, s, "wa", src, src1)
 	if err := report("wb", 1, f); err != nil {
 		t.Fatal(err)
 	}
@@ -72,15 +62,28 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	}
 }
 
-// ackPlanSetUp registers workers wa and wb with the leader s, runs query
-// q (tasks src/p0 and src/p1 on wa, f/p0 on wb) and commits plan 1. must
-// commits a command; report sends worker's report acknowledging acked
-// for tasks ids (generation 1) through ReportTasks.
-func ackPlanSetUp(ctx context.Context, t *testing.T, s *Server) (must func(fsm.MessageType, any), report func(worker string, acked uint64, ids ...string) error) {
+// ackPlan is query q with plan 1 committed (ackPlanSetUp): tasks src
+// and src1 on worker wa, f on wb.
+type ackPlan struct {
+	ctx          context.Context
+	src, src1, f string
+	// must commits a command; report sends worker's report
+	// acknowledging acked for tasks ids (generation 1) through
+	// ReportTasks.
+	must   func(fsm.MessageType, any)
+	report func(worker string, acked uint64, ids ...string) error
+}
+
+// ackPlanSetUp waits for s's leader duties, registers workers wa and wb,
+// runs query q and commits plan 1; s holds a report for a batch hold
+// long at most.
+func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 	t.Helper()
-	must = func(typ fsm.MessageType, body any) {
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	p := &ackPlan{ctx: ctxT(t, 3*time.Minute), src: fsm.TaskID("q", "src", 0, 0), src1: fsm.TaskID("q", "src", 1, 0), f: fsm.TaskID("q", "f", 0, 0)}
+	p.must = func(typ fsm.MessageType, body any) {
 		t.Helper()
-		res, err := s.apply(ctx, typ, body)
+		res, err := s.apply(p.ctx, typ, body)
 		if err == nil && res.Err != nil {
 			err = res.Err
 		}
@@ -89,18 +92,35 @@ func ackPlanSetUp(ctx context.Context, t *testing.T, s *Server) (must func(fsm.M
 		}
 	}
 	for _, w := range []string{"wa", "wb"} {
-		must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
+		p.must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
 	}
-	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
-		{ID: src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
-		{ID: f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
-	must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
+	p.must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
+		{ID: p.src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: p.src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
+		{ID: p.f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
+	p.must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
 		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
-	report = func(worker string, acked uint64, ids ...string) error {
-		return ackReport(ctx, s, worker, 1, acked, ids...)
+	p.report = func(worker string, acked uint64, ids ...string) error {
+		return ackReport(p.ctx, s, worker, 1, acked, ids...)
 	}
-	return must, report
+	s.acks.mu.Lock()
+	s.acks.holdFor = hold
+	s.acks.mu.Unlock()
+	return p
+}
+
+// reportHeld sends worker's report acknowledging plan 1 for ids to s in
+// the background and waits until s holds it for a batch; the channel
+// gets the report's outcome.
+func (p *ackPlan) reportHeld(t *testing.T, s *Server, worker string, ids ...string) <-chan error {
+	t.Helper()
+	out := make(chan error, 1)
+	go func() { out <- p.report(worker, 1, ids...) }()
+	waitFor(t, 10*time.Second, "the first report held", func() bool {
+		s.acks.mu.Lock()
+		defer s.acks.mu.Unlock()
+		return len(s.acks.parked) == 1
+	})
+	return out
 }
 
 // ackReport sends worker's report to s acknowledging epoch acked for the
@@ -137,13 +157,9 @@ func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
-	ctx := ctxT(t, 3*time.Minute)
-	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	_, report := ackPlanSetUp(ctx, t, s)
-	s.acks.mu.Lock()
-	s.acks.holdFor = time.Millisecond // written at once: the test looks at the state between reports
-	s.acks.mu.Unlock()
+	// Written at once: the test looks at the state between reports.
+	p := ackPlanSetUp(t, s, time.Millisecond)
+	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
 	if err := report("wa", 1, src, src1); err != nil {
 		t.Fatal(err)
 	}
@@ -171,20 +187,9 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 	c := newTestCluster(t, 3, "", "")
 	l := c.leader()
 	old := c.nodes[l]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return old.leading.Load() })
-	ctx := ctxT(t, 3*time.Minute)
-	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	_, report := ackPlanSetUp(ctx, t, old)
-	old.acks.mu.Lock()
-	old.acks.holdFor = 5 * time.Minute // held until the leadership moves
-	old.acks.mu.Unlock()
-	first := make(chan error, 1)
-	go func() { first <- report("wa", 1, src, src1) }()
-	waitFor(t, 10*time.Second, "the first report held", func() bool {
-		old.acks.mu.Lock()
-		defer old.acks.mu.Unlock()
-		return len(old.acks.parked) == 1
-	})
+	p := ackPlanSetUp(t, old, 5*time.Minute) // held until the leadership moves
+	ctx, src, src1, f := p.ctx, p.src, p.src1, p.f
+	first := p.reportHeld(t, old, "wa", src, src1)
 	if err := awaitFuture(ctx, old.raft.LeadershipTransfer()); err != nil {
 		t.Fatal(err)
 	}
