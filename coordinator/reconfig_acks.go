@@ -3,6 +3,7 @@ package coordinator
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -46,6 +47,9 @@ type acksReceived struct {
 	parked []*parkedReport
 	// holdFor replaces reconfigAckHold when set (tests).
 	holdFor time.Duration
+	// applied is when this coordinator's state machine applied each
+	// plan (the commit as this coordinator sees it, ReconfigCommitted).
+	applied map[acksKey]time.Time
 }
 
 // parkedReport is a worker's report waiting to be written with others.
@@ -336,4 +340,40 @@ func (s *Server) acksLeadershipEnded() {
 	for _, p := range parked {
 		p.done <- status.Error(codes.Unavailable, "report tasks: leadership lost before the report was written; report again")
 	}
+}
+
+// notePlanApplied records that the state machine applied the
+// ReconfigureQuery command body with result res at `at` (a plan it
+// refused or had applied before is not noted).
+func (a *acksReceived) notePlanApplied(body []byte, res any, at time.Time) {
+	r, ok := res.(*fsm.ApplyResult)
+	if !ok || r.Err != nil || r.Deduplicated {
+		return
+	}
+	epoch, ok := r.Value.(uint64)
+	if !ok {
+		return
+	}
+	var req struct {
+		Query string `json:"query"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.applied == nil || len(a.applied) >= acksReceivedKeep {
+		a.applied = map[acksKey]time.Time{}
+	}
+	a.applied[acksKey{req.Query, epoch}] = at
+}
+
+// ReconfigCommitted is when this coordinator's state machine applied
+// query's plan epoch (zero if it did not, since it started): the plan's
+// commit, the start of a live update, as this coordinator saw it, ahead of
+// any reader woken by the change.
+func (s *Server) ReconfigCommitted(query string, epoch uint64) time.Time {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	return s.acks.applied[acksKey{query, epoch}]
 }

@@ -152,7 +152,8 @@ func planPhase(t *testing.T, s *Server) string {
 // whose acknowledgement comes from an older copy (another generation),
 // keeps the plan loading and the update not done; its acknowledgement
 // completes both. (Before, an older copy's acknowledgement counted in
-// the leader's record.)
+// the leader's record.) The update starts when the state machine applied
+// the plan (ReconfigCommitted).
 func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
@@ -160,6 +161,9 @@ func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 	// Written at once: the test looks at the state between reports.
 	p := ackPlanSetUp(t, s, time.Millisecond)
 	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
+	if s.ReconfigCommitted("q", 1).IsZero() || !s.ReconfigCommitted("q", 2).IsZero() {
+		t.Fatalf("plan 1 applied at %v, plan 2 (none) at %v", s.ReconfigCommitted("q", 1), s.ReconfigCommitted("q", 2))
+	}
 	if err := report("wa", 1, src, src1); err != nil {
 		t.Fatal(err)
 	}
