@@ -241,6 +241,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	}
 	s.leading.Store(true)
 	defer s.leading.Store(false)
+	defer s.acksLeadershipEnded()
 
 	var wg sync.WaitGroup
 	// The org's signing identity enters its Raft state (issue 11).

@@ -99,17 +99,24 @@ func methodName(full string) string {
 	return full[strings.LastIndexByte(full, '/')+1:]
 }
 
-// timedFSM measures each Apply of the state machine.
+// timedFSM measures each Apply of the state machine, and notes when it
+// applied each reconfiguration plan (plans).
 type timedFSM struct {
 	*fsm.FSM
-	h prometheus.Histogram
+	h     prometheus.Histogram
+	plans *acksReceived
 }
 
 // Apply implements raft.FSM.
 func (t timedFSM) Apply(l *raft.Log) any {
 	start := time.Now()
-	defer func() { t.h.Observe(time.Since(start).Seconds()) }()
-	return t.FSM.Apply(l)
+	res := t.FSM.Apply(l)
+	done := time.Now()
+	t.h.Observe(done.Sub(start).Seconds())
+	if t.plans != nil && len(l.Data) > 0 && fsm.MessageType(l.Data[0]) == fsm.ReconfigureQueryType {
+		t.plans.notePlanApplied(l.Data[1:], res, done)
+	}
+	return res
 }
 
 var (

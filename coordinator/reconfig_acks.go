@@ -3,6 +3,7 @@ package coordinator
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"sync"
@@ -15,17 +16,26 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 )
 
-// acksReceived notes, on the leader, when the acknowledgements of every
-// task of a reconfiguration plan have been received, before the Raft
-// write that records the last of them (and switches the plan) is
-// applied. It only observes: the plan's phases still advance in Raft.
-// `bench reconfig` reports it beside the applied time, which adds that
-// write (a log append with its fsync) to the update.
+// acksReceived is the leader's record of the reconfiguration
+// acknowledgements it has received, ahead of Raft. A live update is done
+// ("every task acknowledged": every task runs the plan's versions beside
+// the old ones) when the leader holds the acknowledgement of every task
+// of the query, each from the copy the leader's state places it on: that
+// is when ReconfigAcksReceived records it, and the time `bench reconfig`
+// takes. The durable record follows: the Raft write of the reports (the
+// last one switches the plan, which then sets its cut). The record never
+// advances a plan: the phases still advance only in Raft, and `query
+// versions` shows only what Raft holds. A report's RPC returns only once
+// it is written, so an acknowledgement this leader held but never wrote
+// (it lost the leadership) is an error to its worker, which reports again
+// to the next leader: nothing is lost, and the next leader decides from
+// what it receives itself (seen is cleared when leadership ends).
 type acksReceived struct {
 	mu sync.Mutex
-	// seen is the newest epoch each task's reports acknowledged, until
-	// Raft holds it (then the state says as much).
-	seen map[string]uint64
+	// seen is the newest epoch each task's reports acknowledged, with
+	// the copy that reported it, until Raft holds it (then the state
+	// says as much).
+	seen map[string]ackSeen
 	// at is when every task's acknowledgement of (query, epoch) was
 	// received.
 	at map[acksKey]time.Time
@@ -37,6 +47,9 @@ type acksReceived struct {
 	parked []*parkedReport
 	// holdFor replaces reconfigAckHold when set (tests).
 	holdFor time.Duration
+	// applied is when this coordinator's state machine applied each
+	// plan (the commit as this coordinator sees it, ReconfigCommitted).
+	applied map[acksKey]time.Time
 }
 
 // parkedReport is a worker's report waiting to be written with others.
@@ -54,6 +67,24 @@ type parkedReport struct {
 // report until all its tasks installed the plan, reconfigSettleMax in
 // the worker). A report held longer is written on its own, as before.
 const reconfigAckHold = 20 * time.Millisecond
+
+// ackSeen is an acknowledgement received from one copy of a task.
+type ackSeen struct {
+	epoch  uint64
+	worker string
+	// gen is the copy's generation (0: the report did not say).
+	gen int
+}
+
+// of is the epoch the acknowledgement stands for in task t as the state
+// has it now: none (0) when t is no longer the copy that sent it (moved
+// or restarted since: its new copy has not installed anything yet).
+func (a ackSeen) of(t *fsm.Task) uint64 {
+	if a.worker != t.WorkerID || (a.gen != 0 && a.gen != t.Gen()) {
+		return 0
+	}
+	return a.epoch
+}
 
 type acksKey struct {
 	query string
@@ -81,9 +112,16 @@ func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold 
 			continue
 		}
 		if a.seen == nil {
-			a.seen, a.at = map[string]uint64{}, map[acksKey]time.Time{}
+			a.seen = map[string]ackSeen{}
 		}
-		a.seen[t.TaskId] = max(a.seen[t.TaskId], t.Reconfig.Acked)
+		if a.at == nil {
+			a.at = map[acksKey]time.Time{}
+		}
+		got := ackSeen{epoch: t.Reconfig.Acked, worker: worker, gen: int(t.Generation)}
+		if prev, ok := a.seen[t.TaskId]; ok && prev.worker == got.worker && prev.gen == got.gen {
+			got.epoch = max(got.epoch, prev.epoch)
+		}
+		a.seen[t.TaskId] = got
 		if q, _, ok := strings.Cut(t.TaskId, "/"); ok {
 			queries[q] = true
 		}
@@ -104,7 +142,7 @@ func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold 
 			}
 			all := true
 			for _, t := range tasks {
-				all = all && t.WorkerID != "" && max(t.ReconfigAcked, a.seen[t.ID]) >= p.Epoch
+				all = all && t.WorkerID != "" && max(t.ReconfigAcked, a.seen[t.ID].of(t)) >= p.Epoch
 			}
 			if !all {
 				// Hold only for acknowledgements that can come soon
@@ -114,7 +152,7 @@ func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold 
 				news, others := false, true
 				for _, t := range tasks {
 					news = news || (t.ReconfigAcked < p.Epoch && acksIn(reports, t.ID) >= p.Epoch)
-					if max(t.ReconfigAcked, a.seen[t.ID]) < p.Epoch && (t.WorkerID == "" || t.WorkerID == worker) {
+					if max(t.ReconfigAcked, a.seen[t.ID].of(t)) < p.Epoch && (t.WorkerID == "" || t.WorkerID == worker) {
 						others = false
 					}
 				}
@@ -129,8 +167,8 @@ func (s *Server) noteAcksReceived(worker string, reports []*pb.TaskState) (hold 
 			}
 		}
 		for _, t := range tasks {
-			if a.seen[t.ID] <= t.ReconfigAcked {
-				delete(a.seen, t.ID) // Raft has it
+			if a.seen[t.ID].of(t) <= t.ReconfigAcked {
+				delete(a.seen, t.ID) // Raft has it, or it is stale
 			}
 		}
 	}
@@ -286,4 +324,56 @@ func (s *Server) ReconfigAcksReceived(query string, epoch uint64) time.Time {
 	s.acks.mu.Lock()
 	defer s.acks.mu.Unlock()
 	return s.acks.at[acksKey{query, epoch}]
+}
+
+// acksLeadershipEnded forgets the acknowledgements this coordinator held
+// as the leader and fails every report still held for a batch: none of
+// them was written, so each worker reports again, to the next leader,
+// which decides from what it receives itself (acksReceived).
+func (s *Server) acksLeadershipEnded() {
+	a := &s.acks
+	a.mu.Lock()
+	parked := a.parked
+	a.parked = nil
+	clear(a.seen)
+	a.mu.Unlock()
+	for _, p := range parked {
+		p.done <- status.Error(codes.Unavailable, "report tasks: leadership lost before the report was written; report again")
+	}
+}
+
+// notePlanApplied records that the state machine applied the
+// ReconfigureQuery command body with result res at `at` (a plan it
+// refused or had applied before is not noted).
+func (a *acksReceived) notePlanApplied(body []byte, res any, at time.Time) {
+	r, ok := res.(*fsm.ApplyResult)
+	if !ok || r.Err != nil || r.Deduplicated {
+		return
+	}
+	epoch, ok := r.Value.(uint64)
+	if !ok {
+		return
+	}
+	var req struct {
+		Query string `json:"query"`
+	}
+	if json.Unmarshal(body, &req) != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.applied == nil || len(a.applied) >= acksReceivedKeep {
+		a.applied = map[acksKey]time.Time{}
+	}
+	a.applied[acksKey{req.Query, epoch}] = at
+}
+
+// ReconfigCommitted is when this coordinator's state machine applied
+// query's plan epoch (zero if it did not, since it started): the plan's
+// commit, the start of a live update, as this coordinator saw it, ahead of
+// any reader woken by the change.
+func (s *Server) ReconfigCommitted(query string, epoch uint64) time.Time {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	return s.acks.applied[acksKey{query, epoch}]
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -20,47 +21,10 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 1, "", "")
 	s := c.nodes[0]
-	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
-	ctx := ctxT(t, 3*time.Minute)
-	must := func(typ fsm.MessageType, body any) {
-		t.Helper()
-		res, err := s.apply(ctx, typ, body)
-		if err == nil && res.Err != nil {
-			err = res.Err
-		}
-		if err != nil {
-			t.Fatalf("%s: %v", typ, err)
-		}
-	}
-	for _, w := range []string{"wa", "wb"} {
-		must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
-	}
-	src, src1, f := fsm.TaskID("q", "src", 0, 0), fsm.TaskID("q", "src", 1, 0), fsm.TaskID("q", "f", 0, 0)
-	must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
-		{ID: src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
-		{ID: f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
-	must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
-		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
-	s.acks.mu.Lock()
-	s.acks.holdFor = 5 * time.Minute // the test decides when the second report comes
-	s.acks.mu.Unlock()
-	ws := &workerService{s: s}
-	report := func(worker string, acked uint64, ids ...string) error {
-		req := &pb.ReportTasksRequest{WorkerId: worker}
-		for _, id := range ids {
-			req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: id, State: states.TaskRunning, Generation: 1,
-				Reconfig: &pb.ReconfigProgress{Acked: acked, Frontier: 1000}})
-		}
-		_, err := ws.ReportTasks(ctx, req)
-		return err
-	}
-	first := make(chan error, 1)
-	go func() { first <- report("wa", 1, src, src1) }()
-	waitFor(t, 10*time.Second, "the first report held", func() bool {
-		s.acks.mu.Lock()
-		defer s.acks.mu.Unlock()
-		return len(s.acks.parked) == 1
-	})
+	// The test decides when the second report comes.
+	ap := ackPlanSetUp(t, s, 5*time.Minute)
+	ctx, must, report, src, src1, f := ap.ctx, ap.must, ap.report, ap.src, ap.src1, ap.f
+	first := ap.reportHeld(t, s, "wa", src, src1)
 	if err := report("wb", 1, f); err != nil {
 		t.Fatal(err)
 	}
@@ -95,5 +59,172 @@ func TestReconfigAcksOfTwoWorkersInOneEntry(t *testing.T) {
 	})
 	if err := <-partial; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// ackPlan is query q with plan 1 committed (ackPlanSetUp): tasks src
+// and src1 on worker wa, f on wb.
+type ackPlan struct {
+	ctx          context.Context
+	src, src1, f string
+	// must commits a command; report sends worker's report
+	// acknowledging acked for tasks ids (generation 1) through
+	// ReportTasks.
+	must   func(fsm.MessageType, any)
+	report func(worker string, acked uint64, ids ...string) error
+}
+
+// ackPlanSetUp waits for s's leader duties, registers workers wa and wb,
+// runs query q and commits plan 1; s holds a report for a batch hold
+// long at most.
+func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
+	t.Helper()
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	p := &ackPlan{ctx: ctxT(t, 3*time.Minute), src: fsm.TaskID("q", "src", 0, 0), src1: fsm.TaskID("q", "src", 1, 0), f: fsm.TaskID("q", "f", 0, 0)}
+	p.must = func(typ fsm.MessageType, body any) {
+		t.Helper()
+		res, err := s.apply(p.ctx, typ, body)
+		if err == nil && res.Err != nil {
+			err = res.Err
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", typ, err)
+		}
+	}
+	for _, w := range []string{"wa", "wb"} {
+		p.must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
+	}
+	p.must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
+		{ID: p.src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: p.src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
+		{ID: p.f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
+	p.must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
+		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
+	p.report = func(worker string, acked uint64, ids ...string) error {
+		return ackReport(p.ctx, s, worker, 1, acked, ids...)
+	}
+	s.acks.mu.Lock()
+	s.acks.holdFor = hold
+	s.acks.mu.Unlock()
+	return p
+}
+
+// reportHeld sends worker's report acknowledging plan 1 for ids to s in
+// the background and waits until s holds it for a batch; the channel
+// gets the report's outcome.
+func (p *ackPlan) reportHeld(t *testing.T, s *Server, worker string, ids ...string) <-chan error {
+	t.Helper()
+	out := make(chan error, 1)
+	go func() { out <- p.report(worker, 1, ids...) }()
+	waitFor(t, 10*time.Second, "the first report held", func() bool {
+		s.acks.mu.Lock()
+		defer s.acks.mu.Unlock()
+		return len(s.acks.parked) == 1
+	})
+	return out
+}
+
+// ackReport sends worker's report to s acknowledging epoch acked for the
+// copies of generation gen of tasks ids.
+func ackReport(ctx context.Context, s *Server, worker string, gen int32, acked uint64, ids ...string) error {
+	req := &pb.ReportTasksRequest{WorkerId: worker}
+	for _, id := range ids {
+		req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: id, State: states.TaskRunning, Generation: gen,
+			Reconfig: &pb.ReconfigProgress{Acked: acked, Frontier: 1000}})
+	}
+	_, err := (&workerService{s: s}).ReportTasks(ctx, req)
+	return err
+}
+
+// planPhase is the phase of query q's plan 1 in s's state.
+func planPhase(t *testing.T, s *Server) string {
+	t.Helper()
+	q, err := s.State().Query(nil, "q")
+	if err != nil || q == nil || q.Reconfig == nil || len(q.Reconfig.Plans) == 0 {
+		t.Fatal(q, err)
+	}
+	return q.Reconfig.Plans[0].Phase
+}
+
+// TestReconfigUpdateDoneWhenTheLeaderHasEveryAck: the leader records a
+// live update as done (ReconfigAcksReceived, the time `bench reconfig`
+// takes) only once it holds the acknowledgement of every task from the
+// copy its state places the task on: a task that never acknowledges, or
+// whose acknowledgement comes from an older copy (another generation),
+// keeps the plan loading and the update not done; its acknowledgement
+// completes both. (Before, an older copy's acknowledgement counted in
+// the leader's record.) The update starts when the state machine applied
+// the plan (ReconfigCommitted).
+func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	// Written at once: the test looks at the state between reports.
+	p := ackPlanSetUp(t, s, time.Millisecond)
+	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
+	if s.ReconfigCommitted("q", 1).IsZero() || !s.ReconfigCommitted("q", 2).IsZero() {
+		t.Fatalf("plan 1 applied at %v, plan 2 (none) at %v", s.ReconfigCommitted("q", 1), s.ReconfigCommitted("q", 2))
+	}
+	if err := report("wa", 1, src, src1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ackReport(ctx, s, "wb", 7, 1, f); err != nil { // not the copy placed (generation 1)
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); !got.IsZero() || planPhase(t, s) != fsm.ReconfigLoading {
+		t.Fatalf("task f never acknowledged (its older copy did), yet the update is done at %v, plan %s", got, planPhase(t, s))
+	}
+	if err := report("wb", 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); got.IsZero() || planPhase(t, s) != fsm.ReconfigSwitched {
+		t.Fatalf("every task acknowledged, yet the update is done at %v, plan %s", got, planPhase(t, s))
+	}
+}
+
+// TestReconfigAcksSurviveALeaderChange: a report held by the leader for
+// a batch is failed, not lost, when the leadership moves before it is
+// written, so its worker reports again to the new leader; the plan then
+// switches there, and the new leader records the update done from the
+// reports it received. The old leader never recorded it.
+func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 3, "", "")
+	l := c.leader()
+	old := c.nodes[l]
+	p := ackPlanSetUp(t, old, 5*time.Minute) // held until the leadership moves
+	ctx, src, src1, f := p.ctx, p.src, p.src1, p.f
+	first := p.reportHeld(t, old, "wa", src, src1)
+	if err := awaitFuture(ctx, old.raft.LeadershipTransfer()); err != nil {
+		t.Fatal(err)
+	}
+	var leader *Server
+	waitFor(t, 30*time.Second, "a new leader's duties running", func() bool {
+		for i, n := range c.nodes {
+			if i != l && n.IsLeader() && n.leading.Load() {
+				leader = n
+				return true
+			}
+		}
+		return false
+	})
+	select {
+	case err := <-first:
+		if err == nil {
+			t.Fatal("the report held by the old leader returned success, yet it was never written")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the report held by the old leader did not return when the leadership moved")
+	}
+	if err := ackReport(ctx, leader, "wb", 1, 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if err := ackReport(ctx, leader, "wa", 1, 1, src, src1); err != nil { // the worker reports again
+		t.Fatal(err)
+	}
+	if got := leader.ReconfigAcksReceived("q", 1); got.IsZero() || planPhase(t, leader) != fsm.ReconfigSwitched {
+		t.Fatalf("every task acknowledged to the new leader, yet the update is done at %v, plan %s", got, planPhase(t, leader))
+	}
+	if got := old.ReconfigAcksReceived("q", 1); !got.IsZero() {
+		t.Fatalf("the old leader never had every acknowledgement, yet recorded the update done at %v", got)
 	}
 }

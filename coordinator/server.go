@@ -356,7 +356,7 @@ func (s *Server) setupRaft() error {
 		return fmt.Errorf("inspect raft state: %w", err)
 	}
 	s.bootstrapped = existing
-	s.raft, err = raft.NewRaft(rc, timedFSM{s.fsm, s.metrics.fsmApply}, logs, s.boltStore, snaps, s.transport)
+	s.raft, err = raft.NewRaft(rc, timedFSM{s.fsm, s.metrics.fsmApply, &s.acks}, logs, s.boltStore, snaps, s.transport)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}

@@ -130,6 +130,9 @@ type Worker struct {
 	// sensors hold the tasks' figures per sensor window until a heartbeat
 	// delivers them (sensors.go).
 	sensors *sensors
+	// rcTimes notes when reconfiguration plans came and were
+	// acknowledged (reconfig_timing.go).
+	rcTimes rcTimes
 
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
@@ -634,6 +637,7 @@ func (w *Worker) watchLoop(ctx context.Context) {
 			}
 			continue
 		}
+		got := time.Now()
 		backoff.Reset()
 		if resp.Index == index {
 			continue // max wait elapsed without change
@@ -643,6 +647,7 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		if err != nil {
 			w.logger.Error("assignment carries a query this worker cannot run", "err", err)
 		}
+		w.rcTimes.received(specs, got)
 		names := make([]string, 0, len(resp.Assignments))
 		for _, a := range resp.Assignments {
 			names = append(names, a.TaskId)
@@ -905,7 +910,7 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		timer.Reset(interval)
 		id, _, epoch := w.identity()
 		cur := map[string]wrt.TaskState{}
-		var changed []*pb.TaskState
+		var changed, acks []*pb.TaskState
 		interval = 250 * time.Millisecond
 		for _, st := range w.runtime.States() {
 			if st.InMove {
@@ -920,6 +925,9 @@ func (w *Worker) reportLoop(ctx context.Context) {
 					ts.MovePosition, ts.MoveBlocked = &st.Position, st.Blocked
 				}
 				if st.Reconfig {
+					if st.ReconfigAcked > prev.ReconfigAcked {
+						acks = append(acks, ts)
+					}
 					ts.Reconfig = &pb.ReconfigProgress{Acked: st.ReconfigAcked, Level: st.ReconfigLevel, Frontier: st.ReconfigFrontier}
 					for _, m := range st.ReconfigMarkers {
 						if m.Epoch != 0 {
@@ -933,6 +941,10 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		if len(changed) == 0 {
 			last = cur
 			continue
+		}
+		sent := time.Now()
+		for _, ts := range acks {
+			w.rcTimes.reported(ts.TaskId, ts.Reconfig.Acked, sent)
 		}
 		err := w.call(ctx, 5*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
 			_, err := c.ReportTasks(ctx, &pb.ReportTasksRequest{WorkerId: id, Tasks: changed})

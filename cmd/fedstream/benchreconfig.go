@@ -62,8 +62,9 @@ or lost or duplicated (both must be 0).
 
 Each update is a plan committed through the coordinator (query update), learned by
 the workers from their assignments. The live update time is from the plan's
-commit in Raft until every task's acknowledgement is applied in Raft (every
-task has the new versions); the quiescent one is from the plan's commit until
+commit in Raft until the leader holds every task's acknowledgement (every
+task has the new versions; the Raft write recording them, which switches the
+plan, follows: switched_ms); the quiescent one is from the plan's commit until
 the last source resumed (the sources pause from when they learn the plan until
 it has loaded, the stream drained through the sinks and the versions swapped,
 then resume under the new versions); longest_gap_ms is the pause as the sink

@@ -216,7 +216,9 @@ func (c *ReconfigConfig) Defaults() {
 // StrategyResult is one strategy's figures. Times are milliseconds.
 type StrategyResult struct {
 	// UpdateMs: live, plan given to the tasks -> every task acknowledged
-	// (versions loaded beside the old ones); quiescent, in an org, plan
+	// (versions loaded beside the old ones; in an org, the leader holds
+	// every acknowledgement, the Raft write recording them follows);
+	// quiescent, in an org, plan
 	// committed -> the first result of the new configuration at the sink
 	// (paused, drained, swapped and resumed: ResumedMs), in process, pause
 	// -> resume.
@@ -287,6 +289,12 @@ type StrategyResult struct {
 	// source paused the last of them arrived.
 	InFlight []int     `json:"in_flight_results,omitempty"`
 	DrainMs  []float64 `json:"drain_ms,omitempty"`
+	// ReceivedMs and ReportedMs (in an org), per update, from the plan's
+	// commit in Raft: when the last worker's assignment watch returned
+	// the plan, and when the last worker sent the report carrying its
+	// last task's acknowledgement of it.
+	ReceivedMs []float64 `json:"received_ms,omitempty"`
+	ReportedMs []float64 `json:"reported_ms,omitempty"`
 	// InstalledMs (in an org), per update, from the plan's commit in
 	// Raft: when the last task had installed the plan's versions (ready
 	// for the new configuration's tuples), before its acknowledgement
@@ -349,16 +357,21 @@ type StrategyResult struct {
 // over the updates, milliseconds from the plan's commit in Raft (as the
 // benchmark's watch of the coordinator's state saw it).
 type UpdateBreakdown struct {
-	// Learned: the last worker began handing its tasks the plan (it had
-	// the assignment view carrying it); Installed: the last task had
-	// installed the plan's versions; AcksReceived: the leader had every
-	// task's acknowledgement; Switched: the Raft write recording the
-	// last of them applied (the live update_ms). RaftWrite is the median
+	// Received: the last worker's assignment watch returned the plan
+	// (the coordinator's watch fired, the view built and sent);
+	// Learned: the last worker began handing its tasks the plan (the
+	// view parsed); Installed: the last task had installed the plan's
+	// versions; Reported: the last worker sent the report carrying its
+	// last task's acknowledgement; AcksReceived: the leader had every
+	// task's acknowledgement (the live update_ms); Switched: the Raft
+	// write recording the last of them applied. RaftWrite is the median
 	// of Switched - AcksReceived per update, split into RaftWaitMs (until
 	// the write began: AckWriteMs - AcksReceived) and RaftCommitMs (the
 	// write: Switched - AckWriteMs).
+	ReceivedMs  float64 `json:"received_ms"`
 	LearnedMs   float64 `json:"learned_ms"`
 	InstalledMs float64 `json:"installed_ms"`
+	ReportedMs  float64 `json:"reported_ms"`
 	// RequestMs: from the UpdateQuery call to the commit (not part of
 	// the update time).
 	RequestMs      float64 `json:"request_ms"`
