@@ -42,6 +42,14 @@ func (c copyStream) serve(after uint64, upTo int) (ts []tuple.Tuple, last, off u
 	return ts, last, off
 }
 
+// stableAt is a stable result of value v at stream time at; boundaryAt
+// a boundary.
+func stableAt(at, v int64) tuple.Tuple {
+	return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
+}
+
+func boundaryAt(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
+
 // follow does what tailer.follow does with a subscription to c: the
 // first batch's lineage may make tail subscribe again (errRealign).
 func (tl *tailer) followCopy(t *testing.T, c copyStream, upTo int) {
@@ -77,10 +85,7 @@ func (tl *tailer) followCopy(t *testing.T, c copyStream, upTo int) {
 // and one tail names itself when it cannot tell which results of one
 // stream time it took).
 func TestTailRealignsOnADivergedCopy(t *testing.T) {
-	st := func(at int64, v int64) tuple.Tuple {
-		return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
-	}
-	bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
+	st, bd := stableAt, boundaryAt
 	// The exact copy: two results per window (stream times 10, 20, ...),
 	// each window closed by a boundary.
 	var exact []tuple.Tuple
@@ -130,35 +135,7 @@ func TestTailRealignsOnADivergedCopy(t *testing.T) {
 			b := copyStream{name: "out/p0/r1@g1", ts: exact, oldest: tc.oldest}
 			tl.followCopy(t, a, tc.upTo)
 			tl.followCopy(t, b, len(exact))
-			var named [][2]int64
-			for _, tp := range got {
-				if tp.Type == tuple.Uncorrectable {
-					from, to, _ := tuple.UncorrectableRange(&tp)
-					named = append(named, [2]int64{from, to})
-				}
-			}
-			outside := func(at int64) bool {
-				for _, r := range named {
-					if r[0] <= at && at < r[1] {
-						return false
-					}
-				}
-				return true
-			}
-			var want, have []string
-			for _, tp := range exact {
-				if tp.Type == tuple.Stable && outside(tp.STime) {
-					want = append(want, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-				}
-			}
-			for _, tp := range got {
-				if tp.Type == tuple.Stable && outside(tp.STime) {
-					have = append(have, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-				}
-			}
-			if !slices.Equal(have, want) {
-				t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, have, want)
-			}
+			named := sameOutsideNamed(t, got, exact)
 			// Only the correction's range and, moved after a result,
 			// that result's stream time are named: the rest is exact.
 			if len(named) == 0 || named[0] != [2]int64{25, 45} || len(named) > 2 {
@@ -187,10 +164,7 @@ func TestTailRealignsOnADivergedCopy(t *testing.T) {
 // results below from the other copy, exact). Before, it took the copy's
 // inexact result at 50 as exact.
 func TestTailRealignsOverADroppedRecordNamesIt(t *testing.T) {
-	st := func(at int64, v int64) tuple.Tuple {
-		return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
-	}
-	bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
+	st, bd := stableAt, boundaryAt
 	var exact []tuple.Tuple
 	for w := int64(1); w <= 9; w++ {
 		exact = append(exact, st(w*10, w), bd(w*10+5))
@@ -206,38 +180,37 @@ func TestTailRealignsOverADroppedRecordNamesIt(t *testing.T) {
 	tl.followCopy(t, copyStream{name: "out/p0/r0@g1", ts: exact}, 6) // up to the boundary at 35
 	tl.followCopy(t, copyStream{name: "out/p0/r1@g1", ts: restarted, lin: 9, since: 0, oldest: 3,
 		named: [][2]int64{{math.MinInt64, 55}}}, len(restarted))
+	named := sameOutsideNamed(t, got, exact)
+	for _, r := range named {
+		if r[0] < 35 {
+			t.Errorf("named %v: from before what tail took (35)", r)
+		}
+	}
+}
+
+// sameOutsideNamed returns the ranges of the UNCORRECTABLE records tail
+// printed (got) and checks that its stable results outside them are the
+// exact copy's.
+func sameOutsideNamed(t *testing.T, got, exact []tuple.Tuple) [][2]int64 {
+	t.Helper()
 	var named [][2]int64
-	var have, want []string
 	for _, tp := range got {
 		if tp.Type == tuple.Uncorrectable {
 			from, to, _ := tuple.UncorrectableRange(&tp)
 			named = append(named, [2]int64{from, to})
 		}
 	}
-	outside := func(at int64) bool {
-		for _, r := range named {
-			if r[0] <= at && at < r[1] {
-				return false
+	outside := func(ts []tuple.Tuple) []string {
+		var out []string
+		for _, tp := range ts {
+			if tp.Type == tuple.Stable && !slices.ContainsFunc(named, func(r [2]int64) bool { return r[0] <= tp.STime && tp.STime < r[1] }) {
+				out = append(out, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
 			}
 		}
-		return true
+		return out
 	}
-	for _, tp := range got {
-		if tp.Type == tuple.Stable && outside(tp.STime) {
-			have = append(have, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-		}
-	}
-	for _, tp := range exact {
-		if tp.Type == tuple.Stable && outside(tp.STime) {
-			want = append(want, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-		}
-	}
-	if !slices.Equal(have, want) {
+	if have, want := outside(got), outside(exact); !slices.Equal(have, want) {
 		t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, have, want)
 	}
-	for _, r := range named {
-		if r[0] < 35 {
-			t.Errorf("named %v: from before what tail took (35)", r)
-		}
-	}
+	return named
 }
