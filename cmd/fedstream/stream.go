@@ -141,6 +141,11 @@ type tailer struct {
 	// result was dropped as taken already.
 	realign, gapped, dropped, seen bool
 	resumeAt                       uint64
+	// carried: the ranges of the UNCORRECTABLE records the copy read
+	// now put on its stream, as its subscription's first batch carried
+	// them (Batch.named_ranges): a realignment names those the records
+	// of which the copy no longer holds (see realignAt).
+	carried [][2]int64
 }
 
 // errRealign asks follow to subscribe again after tl.resumeAt.
@@ -403,6 +408,7 @@ func (tl *tailer) follow(ctx context.Context, t *pb.TaskInfo, schema *tuple.Sche
 			return fmt.Errorf("decode results from %s: %w", t.WorkerAddr, err)
 		}
 		if tl.fresh {
+			tl.carried = dataplane.RangePairs(b.NamedRanges)
 			if err := tl.realignIfDiverged(b.Lineage, b.LineageSince, copyID); errors.Is(err, errRealign) {
 				scancel()
 				if stream, scancel, err = subscribe(); err != nil {
@@ -616,6 +622,16 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 			}
 			continue
 		case tuple.Uncorrectable:
+			if tl.realign {
+				// Before the realigned point: it concerns only what tail
+				// takes from here (see clipped).
+				from, to, ok := tuple.UncorrectableRange(tp)
+				if r, keep := tl.clipped([2]int64{from, to}); ok && keep {
+					*tp = tuple.UncorrectableMarker(r[0], r[1])
+				} else {
+					continue
+				}
+			}
 			// Printed with --stable-only too: it is about final results.
 			if !tl.newUncorrectable(tp) {
 				continue
@@ -688,7 +704,35 @@ func (tl *tailer) realignAt(sid uint64, tp *tuple.Tuple, schema *tuple.Schema, s
 			}
 		}
 	}
+	// The copy's records, even those it no longer holds (its ring
+	// dropped them, or they lay before the shared id): they concern what
+	// tail takes from here.
+	for _, c := range tl.carried {
+		r, keep := tl.clipped(c)
+		if !keep {
+			continue
+		}
+		mk := tuple.UncorrectableMarker(r[0], r[1])
+		if tl.newUncorrectable(&mk) {
+			mk.ID = tl.lastID
+			if err := tl.emit(&mk, schema, sink); err != nil {
+				return false, err
+			}
+		}
+	}
 	return true, nil
+}
+
+// clipped is the part of an UNCORRECTABLE range of the copy tail
+// realigns onto that concerns what it takes from there: from the last
+// stream time it took on (it took the results below from the other
+// copy, as exact as that copy said); keep is false when the range ends
+// at or before it.
+func (tl *tailer) clipped(r [2]int64) ([2]int64, bool) {
+	if r[1] <= tl.lastSTime {
+		return r, false
+	}
+	return [2]int64{max(r[0], tl.lastSTime), r[1]}, true
 }
 
 // maxTailUncorrectable bounds the UNCORRECTABLE ranges a tail remembers.

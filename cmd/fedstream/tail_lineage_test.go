@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
@@ -18,6 +19,9 @@ type copyStream struct {
 	lin, since uint64
 	// oldest: the first position the copy still holds (0: all).
 	oldest uint64
+	// named: the ranges of the records the copy put on its stream, which
+	// a subscription's first batch carries (Batch.named_ranges).
+	named [][2]int64
 }
 
 // serve is what the copy sends to a subscription resuming after position
@@ -38,11 +42,20 @@ func (c copyStream) serve(after uint64, upTo int) (ts []tuple.Tuple, last, off u
 	return ts, last, off
 }
 
+// stableAt is a stable result of value v at stream time at; boundaryAt
+// a boundary.
+func stableAt(at, v int64) tuple.Tuple {
+	return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
+}
+
+func boundaryAt(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
+
 // follow does what tailer.follow does with a subscription to c: the
 // first batch's lineage may make tail subscribe again (errRealign).
 func (tl *tailer) followCopy(t *testing.T, c copyStream, upTo int) {
 	t.Helper()
 	tl.fresh = true
+	tl.carried = c.named
 	ts, last, off := c.serve(tl.afterID(), upTo)
 	if err := tl.realignIfDiverged(c.lin, c.since, c.name); errors.Is(err, errRealign) {
 		ts, last, off = c.serve(tl.afterID(), upTo)
@@ -72,10 +85,7 @@ func (tl *tailer) followCopy(t *testing.T, c copyStream, upTo int) {
 // and one tail names itself when it cannot tell which results of one
 // stream time it took).
 func TestTailRealignsOnADivergedCopy(t *testing.T) {
-	st := func(at int64, v int64) tuple.Tuple {
-		return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
-	}
-	bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
+	st, bd := stableAt, boundaryAt
 	// The exact copy: two results per window (stream times 10, 20, ...),
 	// each window closed by a boundary.
 	var exact []tuple.Tuple
@@ -125,35 +135,7 @@ func TestTailRealignsOnADivergedCopy(t *testing.T) {
 			b := copyStream{name: "out/p0/r1@g1", ts: exact, oldest: tc.oldest}
 			tl.followCopy(t, a, tc.upTo)
 			tl.followCopy(t, b, len(exact))
-			var named [][2]int64
-			for _, tp := range got {
-				if tp.Type == tuple.Uncorrectable {
-					from, to, _ := tuple.UncorrectableRange(&tp)
-					named = append(named, [2]int64{from, to})
-				}
-			}
-			outside := func(at int64) bool {
-				for _, r := range named {
-					if r[0] <= at && at < r[1] {
-						return false
-					}
-				}
-				return true
-			}
-			var want, have []string
-			for _, tp := range exact {
-				if tp.Type == tuple.Stable && outside(tp.STime) {
-					want = append(want, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-				}
-			}
-			for _, tp := range got {
-				if tp.Type == tuple.Stable && outside(tp.STime) {
-					have = append(have, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
-				}
-			}
-			if !slices.Equal(have, want) {
-				t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, have, want)
-			}
+			named := sameOutsideNamed(t, got, exact)
 			// Only the correction's range and, moved after a result,
 			// that result's stream time are named: the rest is exact.
 			if len(named) == 0 || named[0] != [2]int64{25, 45} || len(named) > 2 {
@@ -172,4 +154,63 @@ func TestTailRealignsOnADivergedCopy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The sink copy tail realigns onto no longer holds its record (its ring
+// dropped it; or, as in TestDCAABothReplicasLostNamesTheLoss, a copy
+// started without state whose first positions were acknowledged away):
+// tail names the record's range all the same from what the subscription
+// carries, cut to start at the last stream time it took (it took the
+// results below from the other copy, exact). Before, it took the copy's
+// inexact result at 50 as exact.
+func TestTailRealignsOverADroppedRecordNamesIt(t *testing.T) {
+	st, bd := stableAt, boundaryAt
+	var exact []tuple.Tuple
+	for w := int64(1); w <= 9; w++ {
+		exact = append(exact, st(w*10, w), bd(w*10+5))
+	}
+	// The restarted copy: its record from the start to 55, inexact
+	// windows 4 and 5, then exact ones; positions 1 and 2 dropped.
+	restarted := append([]tuple.Tuple{tuple.UncorrectableMarker(math.MinInt64, 55), st(40, 904), bd(45), st(50, 905), bd(55)}, exact[10:]...)
+	var got []tuple.Tuple
+	tl := &tailer{print: func(tp *tuple.Tuple, _ *tuple.Schema, _ string) error {
+		got = append(got, *tp.Clone())
+		return nil
+	}}
+	tl.followCopy(t, copyStream{name: "out/p0/r0@g1", ts: exact}, 6) // up to the boundary at 35
+	tl.followCopy(t, copyStream{name: "out/p0/r1@g1", ts: restarted, lin: 9, since: 0, oldest: 3,
+		named: [][2]int64{{math.MinInt64, 55}}}, len(restarted))
+	named := sameOutsideNamed(t, got, exact)
+	for _, r := range named {
+		if r[0] < 35 {
+			t.Errorf("named %v: from before what tail took (35)", r)
+		}
+	}
+}
+
+// sameOutsideNamed returns the ranges of the UNCORRECTABLE records tail
+// printed (got) and checks that its stable results outside them are the
+// exact copy's.
+func sameOutsideNamed(t *testing.T, got, exact []tuple.Tuple) [][2]int64 {
+	t.Helper()
+	var named [][2]int64
+	for _, tp := range got {
+		if tp.Type == tuple.Uncorrectable {
+			from, to, _ := tuple.UncorrectableRange(&tp)
+			named = append(named, [2]int64{from, to})
+		}
+	}
+	outside := func(ts []tuple.Tuple) []string {
+		var out []string
+		for _, tp := range ts {
+			if tp.Type == tuple.Stable && !slices.ContainsFunc(named, func(r [2]int64) bool { return r[0] <= tp.STime && tp.STime < r[1] }) {
+				out = append(out, fmt.Sprintf("%d:%d", tp.STime, tp.Values[0].I))
+			}
+		}
+		return out
+	}
+	if have, want := outside(got), outside(exact); !slices.Equal(have, want) {
+		t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, have, want)
+	}
+	return named
 }

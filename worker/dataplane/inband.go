@@ -457,9 +457,9 @@ func (b *OutputBuffer) NamedRanges() [][2]int64 {
 	return slices.Clone(b.named)
 }
 
-// flattenRanges and pairRanges convert named ranges to and from the
-// wire's list of pairs (Batch.named_ranges); an odd last value is
-// dropped.
+// flattenRanges and RangePairs convert named ranges to and from the
+// wire's list of pairs (Batch.named_ranges; RangePairs for readers of the
+// raw message, fedstream tail); an odd last value is dropped.
 func flattenRanges(rs [][2]int64) []int64 {
 	if len(rs) == 0 {
 		return nil
@@ -471,7 +471,7 @@ func flattenRanges(rs [][2]int64) []int64 {
 	return out
 }
 
-func pairRanges(vs []int64) [][2]int64 {
+func RangePairs(vs []int64) [][2]int64 {
 	if len(vs) < 2 {
 		return nil
 	}

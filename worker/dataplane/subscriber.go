@@ -373,7 +373,7 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 		}
 		b.Offset = msg.PositionOffset
 		b.Lineage, b.LineageSince = msg.Lineage, msg.LineageSince
-		b.Named = pairRanges(msg.NamedRanges)
+		b.Named = RangePairs(msg.NamedRanges)
 		if s.reuseMessages {
 			b.msgBuf = rb.buf
 		}

@@ -1,13 +1,11 @@
 package runtime
 
 import (
-	"fmt"
 	"math"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -73,93 +71,49 @@ func TestSinkRealignsOnADivergedReplica(t *testing.T) {
 		// realigns from the replica's start.
 		{"onto lossy that ended before the sink's position", side{exact, 0}, 25, side{lossy(0), shared}, false},
 	} {
-		for _, merging := range []bool{false, true} {
-			kind := "pass-through"
-			groupBy := ""
-			if merging {
-				kind, groupBy = "merging", ", group_by: [line]"
+		forSinkKinds(t, tc.name+"/", func(t *testing.T, r *sinkRig) {
+			// The replicas hold their streams whatever the sink
+			// acknowledges: the other sink replica has not read them
+			// yet. (Acknowledgements the sink relays by its own
+			// numbering may otherwise have discarded what it realigns
+			// on; see docs/DATAPLANE.md.)
+			hold := dataplane.BufferOptions{ExpectedSubscribers: 2, Lease: time.Hour}
+			r.fake.put(t, r.up0, hold, tc.first.divergeAfter, tc.first.ts[:tc.upTo]...)
+			r.fake.put(t, r.up1, hold, tc.then.divergeAfter, append(slices.Clone(tc.then.ts), end)...)
+			var want uint64 // the stable id of the last stable tuple of replica 0's part
+			for _, tp := range tc.first.ts[:tc.upTo] {
+				if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
+					want++
+				}
 			}
-			t.Run(kind+"/"+tc.name, func(t *testing.T) {
-				q := mustParse(t, `name: realign
-replicas: 2
-availability: {max_delay: 5s}
-sources:
-  - {name: lines, generator: {kind: words, rate: 1000, seed: 1, limit: 10}}
-operators:
-  - {name: counts, type: aggregate, input: lines, window: {size: 10ms}`+groupBy+`, aggregates: {n: "count()"}}
-sinks:
-  - {name: out, input: counts}
-`)
-				fake, c, w := fakeUpstreamCluster(t, q, func(n *queryspec.Node) bool { return n.Name == "out" })
-				up0, up1 := queryspec.TaskID(q.Name, "counts", 0, 0), queryspec.TaskID(q.Name, "counts", 0, 1)
-				// The replicas hold their streams whatever the sink
-				// acknowledges: the other sink replica has not read
-				// them yet. (Acknowledgements the sink relays by its
-				// own numbering may otherwise have discarded what it
-				// realigns on; see docs/DATAPLANE.md.)
-				hold := dataplane.BufferOptions{ExpectedSubscribers: 2, Lease: time.Hour}
-				fake.put(t, up0, hold, tc.first.divergeAfter, tc.first.ts[:tc.upTo]...)
-				fake.put(t, up1, hold, tc.then.divergeAfter, append(slices.Clone(tc.then.ts), end)...)
-				c.apply()
-				sink := queryspec.TaskID(q.Name, "out", 0, 0)
-				var want uint64 // the stable id of the last stable tuple of replica 0's part
-				for _, tp := range tc.first.ts[:tc.upTo] {
-					if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
-						want++
-					}
-				}
-				waitUntil(t, "the sink taking replica 0's stream", func() bool {
-					tk := w.rt.task(sink)
-					return tk != nil && tk.inputs[0].stableTaken.Load() == want && tk.inputs[0].lw.haveST
-				})
-				if tk := w.rt.task(sink); tk.passDCAA() == merging || (tk.mv != nil) != merging {
-					t.Fatalf("the sink is not a %s sink", kind)
-				}
-				fake.kill(up0)
-				got := viewOf(c.tail(t, sink))
-				var named [][2]int64
-				for _, tp := range got.uncorrectable {
-					if from, to, ok := tuple.UncorrectableRange(&tp); ok {
-						named = append(named, [2]int64{from, to})
-					}
-				}
-				outside := func(at int64) bool { return outsideRanges(named, at) }
-				results := func(ts []tuple.Tuple) []string {
-					var out []string
-					for _, tp := range ts {
-						if tp.Type == tuple.Stable && outside(tp.STime) {
-							out = append(out, fmt.Sprintf("%d:%d", tp.STime/int64(time.Millisecond), tp.Values[0].I))
+			r.took(t, want)
+			got, named := r.switched(t)
+			if g, e := resultsOutside(got.stable, named), resultsOutside(exact, named); !slices.Equal(g, e) {
+				t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, g, e)
+			}
+			rest := named
+			if tc.wantRecord {
+				// Read on the replica it realigns onto, the record
+				// concerns only what the sink takes from there: from the
+				// last stream time it took on, not the results below it,
+				// which it took from the exact replica.
+				want := [2]int64{ms(25), ms(45)}
+				if tc.then.divergeAfter > 0 {
+					for _, tp := range tc.first.ts[:tc.upTo] {
+						if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
+							want[0] = max(ms(25), tp.STime)
 						}
 					}
-					return out
 				}
-				if g, e := results(got.stable), results(exact); !slices.Equal(g, e) {
-					t.Fatalf("results outside the named ranges %v:\n got %v\nwant %v", named, g, e)
+				if len(named) == 0 || named[0] != want {
+					t.Fatalf("named ranges %v, want the correction's %v first", named, want)
 				}
-				rest := named
-				if tc.wantRecord {
-					// Read on the replica it realigns onto, the record
-					// concerns only what the sink takes from there: from
-					// the last stream time it took on, not the results
-					// below it, which it took from the exact replica.
-					want := [2]int64{ms(25), ms(45)}
-					if tc.then.divergeAfter > 0 {
-						for _, tp := range tc.first.ts[:tc.upTo] {
-							if tp.Type == tuple.Stable || tp.Type == tuple.Boundary {
-								want[0] = max(ms(25), tp.STime)
-							}
-						}
-					}
-					if len(named) == 0 || named[0] != want {
-						t.Fatalf("named ranges %v, want the correction's %v first", named, want)
-					}
-					rest = named[1:]
-				}
-				if len(rest) > 1 || len(rest) == 1 && rest[0][1]-rest[0][0] != 1 {
-					t.Fatalf("named ranges %v: besides the correction's, at most one stream time", named)
-				}
-			})
-		}
+				rest = named[1:]
+			}
+			if len(rest) > 1 || len(rest) == 1 && rest[0][1]-rest[0][0] != 1 {
+				t.Fatalf("named ranges %v: besides the correction's, at most one stream time", named)
+			}
+		})
 	}
 }
 
