@@ -95,6 +95,16 @@ type Config struct {
 	// Detect is the silence after which an input counts as failed
 	// (derived from the boundary interval by the caller). Required.
 	Detect time.Duration
+	// DetectMax, when above Detect, lets the detection timeout stretch
+	// with the lateness this replica itself observes on its live inputs,
+	// up to DetectMax (see Machine.DetectLimit): on a machine short of
+	// CPU every stage between an upstream's heartbeat timer and this
+	// machine runs late, gaps of several boundary intervals between two
+	// deliveries of a live replica become common, and a fixed timeout
+	// took live replicas for failed over and over (the input moved back
+	// and forth, onto a replica that had really failed too, long enough
+	// for results to go tentative). 0: Detect, fixed.
+	DetectMax time.Duration
 	// StartGrace is the silence after which an input that has heard
 	// nothing at all since Start counts as failed: the upstream tasks of
 	// a query start at different times (on a loaded machine hundreds of
@@ -164,6 +174,9 @@ func (c *Config) check() error {
 	}
 	if c.Retry <= 0 {
 		c.Retry = c.Detect
+	}
+	if c.DetectMax < c.Detect {
+		c.DetectMax = c.Detect
 	}
 	if c.StartGrace < c.Detect {
 		c.StartGrace = 10 * c.Detect
@@ -384,6 +397,9 @@ type inputState struct {
 	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
 	failedUp bool    // the replica read advertises UP_FAILURE
+	// onAttempt: a delivery came on the current subscription since it
+	// was made; the gap to the next one is a live replica's (gapSeen).
+	onAttempt bool
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
 	// switch; the input's stream is not stable.
 	tentData bool
@@ -509,6 +525,10 @@ type Machine struct {
 	replayOut  uint64
 	recoveries uint64
 	silences   uint64 // inputs timed out for silence (figures)
+	// gapMax is the longest gap between two deliveries of a live
+	// subscription seen at gapAt (or later gaps, once gapAt is older than
+	// gapWindow): what DetectLimit stretches the detection timeout by.
+	gapMax, gapAt int64
 	// lostFrom, lostTo: the stable input in [lostFrom, lostTo) was dropped
 	// for KeepLimit during this failure (lostTo == lostFrom: none);
 	// shed counts the tuples dropped, keptMax the most kept at once after
@@ -812,7 +832,10 @@ func (m *Machine) current(i int, attempt uint64) bool {
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
-	in.heard, in.silent, in.spoke = m.now, false, true
+	if in.onAttempt && !in.silent && !in.ended() {
+		m.gapSeen(m.now - in.heard)
+	}
+	in.heard, in.silent, in.spoke, in.onAttempt = m.now, false, true, true
 	drop := m.dropPoint()
 	ts := ev.Tuples
 	if ev.Renumber {
@@ -1020,7 +1043,7 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 // replica resends from the last stable tuple).
 func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
-	in.replica, in.heard = r, m.now
+	in.replica, in.heard, in.onAttempt = r, m.now, false
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
 	in.attempt++
 	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.attempt})
@@ -1101,12 +1124,50 @@ func (m *Machine) choose(i int) int {
 }
 
 // silenceLimit is how long input in may stay silent before it fails:
-// Detect, or StartGrace while it has heard nothing since Start.
+// DetectLimit, or StartGrace while it has heard nothing since Start.
 func (m *Machine) silenceLimit(in *inputState) int64 {
 	if in.spoke {
-		return int64(m.cfg.Detect)
+		return int64(m.DetectLimit())
 	}
-	return int64(m.cfg.StartGrace)
+	return max(int64(m.cfg.StartGrace), int64(m.cfg.DetectMax))
+}
+
+// gapStretch is how many times the longest recent gap between two
+// deliveries of a live subscription an input may stay silent: gaps
+// spread widely under load, and the next one may well be longer.
+const gapStretch = 2
+
+// gapWindowDetects is how long, in detection timeouts, a gap stretches
+// the detection timeout: a machine loaded now is likely loaded a few
+// seconds later, but not for ever.
+const gapWindowDetects = 20
+
+// gapSeen notes a gap between two deliveries of a live subscription (a
+// heartbeat comes every boundary interval at the latest): the longest
+// one seen within the window, or the first one after it.
+func (m *Machine) gapSeen(gap int64) {
+	if gap >= m.gapMax || m.now-m.gapAt > gapWindowDetects*int64(m.cfg.Detect) {
+		m.gapMax, m.gapAt = gap, m.now
+	}
+}
+
+// DetectLimit is the silence after which an input that has spoken
+// counts as failed now: Detect, stretched to gapStretch times the
+// longest gap between two deliveries of a live subscription seen within
+// the last gapWindowDetects detection timeouts, at most DetectMax. A
+// replica whose own process is short of CPU hears its live upstreams in
+// long gaps (each stage from the upstream's heartbeat timer to this
+// machine runs late) without a single stall long enough to be told apart
+// (the runtime's starvation clock); its silence then says less, and it
+// waits longer before it takes a replica for failed. When this process
+// runs normally the gaps are one boundary interval and a real failure is
+// detected within Detect.
+func (m *Machine) DetectLimit() time.Duration {
+	d := m.cfg.Detect
+	if m.cfg.DetectMax > d && m.gapAt != 0 && m.now-m.gapAt <= gapWindowDetects*int64(m.cfg.Detect) {
+		d = min(max(d, time.Duration(gapStretch*m.gapMax)), m.cfg.DetectMax)
+	}
+	return d
 }
 
 // timeouts detects silent inputs and expired permissions.
