@@ -525,6 +525,9 @@ type Machine struct {
 	replayOut  uint64
 	recoveries uint64
 	silences   uint64 // inputs timed out for silence (figures)
+	// doubts counts silences past the detection timeout not taken for a
+	// failure (see inputFailed; figures).
+	doubts uint64
 	// gapMax is the longest gap between two deliveries of a live
 	// subscription seen at gapAt (or later gaps, once gapAt is older than
 	// gapWindow): what DetectLimit stretches the detection timeout by.
@@ -1029,13 +1032,41 @@ func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
 // inputFailed: input i was silent past the detection timeout. It is
 // failed until it delivers again, and tries another replica (the next
 // try gets a full detection timeout).
+//
+// Unless the replica it reads delivered on this subscription and every
+// other replica failed recently (suspected): then the input keeps reading
+// it, not failed, for one more detection timeout (doubted), and fails
+// only if it stays silent through that too (it has not delivered since).
+// A process short of CPU hears nothing for a while from any upstream; it
+// took the live replica for failed and moved to the only other one,
+// whose failure had been real (a held link), and stayed there until
+// that silence was detected in turn: under load 40, for seconds, and
+// results went tentative though a live replica was there all along. A
+// real failure of the replica read costs one more detection timeout,
+// and only while the others are suspected.
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
+	if in.onAttempt && m.othersSuspected(in) {
+		in.heard, in.onAttempt = m.now, false
+		m.doubts++
+		return acts
+	}
 	m.silences++
 	in.silent = true
 	in.suspect[in.replica] = m.now
 	in.quiet[in.replica] = true
 	return m.switchTo(i, m.choose(i), acts)
+}
+
+// othersSuspected reports whether input in has other upstream replicas
+// than the one it reads, all of them suspected (they failed recently).
+func (m *Machine) othersSuspected(in *inputState) bool {
+	for r := range in.upState {
+		if r != in.replica && !m.suspected(in, r) {
+			return false
+		}
+	}
+	return len(in.upState) > 1
 }
 
 // switchTo resubscribes input i to replica r after its last stable id:
@@ -1848,10 +1879,14 @@ type Figures struct {
 	// Silences counts the inputs taken for failed because they were
 	// silent past the detection timeout.
 	Silences uint64
+	// Doubts counts silences past the detection timeout not taken for a
+	// failure: the replica read had delivered on its subscription and
+	// every other replica had failed recently.
+	Doubts uint64
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
 	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
-		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences}
+		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences, Doubts: m.doubts}
 }
