@@ -95,6 +95,16 @@ type Config struct {
 	// Detect is the silence after which an input counts as failed
 	// (derived from the boundary interval by the caller). Required.
 	Detect time.Duration
+	// DetectMax, when above Detect, lets the detection timeout stretch
+	// with the lateness this replica itself observes on its live inputs,
+	// up to DetectMax (see Machine.DetectLimit): on a machine short of
+	// CPU every stage between an upstream's heartbeat timer and this
+	// machine runs late, gaps of several boundary intervals between two
+	// deliveries of a live replica become common, and a fixed timeout
+	// took live replicas for failed over and over (the input moved back
+	// and forth, onto a replica that had really failed too, long enough
+	// for results to go tentative). 0: Detect, fixed.
+	DetectMax time.Duration
 	// StartGrace is the silence after which an input that has heard
 	// nothing at all since Start counts as failed: the upstream tasks of
 	// a query start at different times (on a loaded machine hundreds of
@@ -164,6 +174,9 @@ func (c *Config) check() error {
 	}
 	if c.Retry <= 0 {
 		c.Retry = c.Detect
+	}
+	if c.DetectMax < c.Detect {
+		c.DetectMax = c.Detect
 	}
 	if c.StartGrace < c.Detect {
 		c.StartGrace = 10 * c.Detect
@@ -384,6 +397,9 @@ type inputState struct {
 	spoke    bool    // a delivery (data or heartbeat) came since Start
 	silent   bool    // failed: silent past Detect, or its subscription failed
 	failedUp bool    // the replica read advertises UP_FAILURE
+	// onAttempt: a delivery came on the current subscription since it
+	// was made; the gap to the next one is a live replica's (gapSeen).
+	onAttempt bool
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
 	// switch; the input's stream is not stable.
 	tentData bool
@@ -518,6 +534,13 @@ type Machine struct {
 	replayOut  uint64
 	recoveries uint64
 	silences   uint64 // inputs timed out for silence (figures)
+	// doubts counts silences past the detection timeout not taken for a
+	// failure (see inputFailed; figures).
+	doubts uint64
+	// gapMax is the longest gap between two deliveries of a live
+	// subscription seen at gapAt (or later gaps, once gapAt is older than
+	// gapWindow): what DetectLimit stretches the detection timeout by.
+	gapMax, gapAt int64
 	// lostFrom, lostTo: the stable input in [lostFrom, lostTo) was dropped
 	// for KeepLimit during this failure (lostTo == lostFrom: none);
 	// shed counts the tuples dropped, keptMax the most kept at once after
@@ -821,7 +844,10 @@ func (m *Machine) current(i int, attempt uint64) bool {
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
-	in.heard, in.silent, in.spoke = m.now, false, true
+	if in.onAttempt && !in.silent && !in.ended() {
+		m.gapSeen(m.now - in.heard)
+	}
+	in.heard, in.silent, in.spoke, in.onAttempt = m.now, false, true, true
 	drop := m.dropPoint()
 	ts := ev.Tuples
 	if ev.Renumber {
@@ -1018,8 +1044,25 @@ func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
 // inputFailed: input i was silent past the detection timeout. It is
 // failed until it delivers again, and tries another replica (the next
 // try gets a full detection timeout).
+//
+// Unless the replica it reads delivered on this subscription and every
+// other replica failed recently (suspected): then the input keeps reading
+// it, not failed, for one more detection timeout (doubted), and fails
+// only if it stays silent through that too (it has not delivered since).
+// A process short of CPU hears nothing for a while from any upstream; it
+// took the live replica for failed and moved to the only other one,
+// whose failure had been real (a held link), and stayed there until
+// that silence was detected in turn: under load 40, for seconds, and
+// results went tentative though a live replica was there all along. A
+// real failure of the replica read costs one more detection timeout,
+// and only while the others are suspected.
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
+	if in.onAttempt && m.othersSuspected(in) {
+		in.heard, in.onAttempt = m.now, false
+		m.doubts++
+		return acts
+	}
 	m.silences++
 	in.silent = true
 	in.suspect[in.replica] = m.now
@@ -1027,12 +1070,23 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	return m.switchTo(i, m.choose(i), acts)
 }
 
+// othersSuspected reports whether input in has other upstream replicas
+// than the one it reads, all of them suspected (they failed recently).
+func (m *Machine) othersSuspected(in *inputState) bool {
+	for r := range in.upState {
+		if r != in.replica && !m.suspected(in, r) {
+			return false
+		}
+	}
+	return len(in.upState) > 1
+}
+
 // switchTo resubscribes input i to replica r after its last stable id:
 // what it had received tentatively and not released is dropped (the new
 // replica resends from the last stable tuple).
 func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
-	in.replica, in.heard = r, m.now
+	in.replica, in.heard, in.onAttempt = r, m.now, false
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
 	in.attempt++
 	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.attempt})
@@ -1113,12 +1167,50 @@ func (m *Machine) choose(i int) int {
 }
 
 // silenceLimit is how long input in may stay silent before it fails:
-// Detect, or StartGrace while it has heard nothing since Start.
+// DetectLimit, or StartGrace while it has heard nothing since Start.
 func (m *Machine) silenceLimit(in *inputState) int64 {
 	if in.spoke {
-		return int64(m.cfg.Detect)
+		return int64(m.DetectLimit())
 	}
-	return int64(m.cfg.StartGrace)
+	return max(int64(m.cfg.StartGrace), int64(m.cfg.DetectMax))
+}
+
+// gapStretch is how many times the longest recent gap between two
+// deliveries of a live subscription an input may stay silent: gaps
+// spread widely under load, and the next one may well be longer.
+const gapStretch = 2
+
+// gapWindowDetects is how long, in detection timeouts, a gap stretches
+// the detection timeout: a machine loaded now is likely loaded a few
+// seconds later, but not for ever.
+const gapWindowDetects = 20
+
+// gapSeen notes a gap between two deliveries of a live subscription (a
+// heartbeat comes every boundary interval at the latest): the longest
+// one seen within the window, or the first one after it.
+func (m *Machine) gapSeen(gap int64) {
+	if gap >= m.gapMax || m.now-m.gapAt > gapWindowDetects*int64(m.cfg.Detect) {
+		m.gapMax, m.gapAt = gap, m.now
+	}
+}
+
+// DetectLimit is the silence after which an input that has spoken
+// counts as failed now: Detect, stretched to gapStretch times the
+// longest gap between two deliveries of a live subscription seen within
+// the last gapWindowDetects detection timeouts, at most DetectMax. A
+// replica whose own process is short of CPU hears its live upstreams in
+// long gaps (each stage from the upstream's heartbeat timer to this
+// machine runs late) without a single stall long enough to be told apart
+// (the runtime's starvation clock); its silence then says less, and it
+// waits longer before it takes a replica for failed. When this process
+// runs normally the gaps are one boundary interval and a real failure is
+// detected within Detect.
+func (m *Machine) DetectLimit() time.Duration {
+	d := m.cfg.Detect
+	if m.cfg.DetectMax > d && m.gapAt != 0 && m.now-m.gapAt <= gapWindowDetects*int64(m.cfg.Detect) {
+		d = min(max(d, time.Duration(gapStretch*m.gapMax)), m.cfg.DetectMax)
+	}
+	return d
 }
 
 // timeouts detects silent inputs and expired permissions.
@@ -1821,10 +1913,14 @@ type Figures struct {
 	// Silences counts the inputs taken for failed because they were
 	// silent past the detection timeout.
 	Silences uint64
+	// Doubts counts silences past the detection timeout not taken for a
+	// failure: the replica read had delivered on its subscription and
+	// every other replica had failed recently.
+	Doubts uint64
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
 	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
-		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences}
+		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences, Doubts: m.doubts}
 }

@@ -18,7 +18,7 @@ import (
 // start with "> " are the actions it must return, in order (none: no
 // action). Blank lines and "#" comments are ignored.
 //
-//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [strict] [chunk=N]
+//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [detectmax=MS] [strict] [chunk=N]
 //	start T
 //	deliver T in=I [att=N] [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
 //	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary
@@ -114,6 +114,9 @@ func runScript(t *testing.T, path string) {
 			}
 			if _, ok := args["chunk"]; ok {
 				cfg.ReplayChunk = num("chunk")
+			}
+			if _, ok := args["detectmax"]; ok {
+				cfg.DetectMax = time.Duration(num("detectmax")) * time.Millisecond
 			}
 			for _, r := range rest {
 				if r == "strict" {

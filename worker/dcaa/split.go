@@ -192,3 +192,20 @@ const MinDetect = 100 * time.Millisecond
 func DetectTimeout(boundaryInterval time.Duration) time.Duration {
 	return max(4*boundaryInterval, MinDetect)
 }
+
+// detectStretchMax is how many detection timeouts the detection timeout
+// may stretch to under load (Config.DetectMax).
+const detectStretchMax = 4
+
+// DetectMax is the Config.DetectMax of a task with detection timeout
+// detect and share of X share: four detection timeouts, but at most half
+// the share, so that a task whose process is short of CPU still moves
+// off a failed replica well before a bucket's wait runs out (P1: losing
+// one replica gives no tentative result), and never below detect.
+func DetectMax(detect, share time.Duration) time.Duration {
+	d := detectStretchMax * detect
+	if share > 0 && share != Strict {
+		d = min(d, share/2)
+	}
+	return max(d, detect)
+}

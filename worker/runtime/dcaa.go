@@ -76,12 +76,24 @@ type inputHealth struct {
 const startGrace = 10
 
 // silenceLimit is the silence past which the watchdog takes the live
-// attempt's replica for failed.
+// attempt's replica for failed: the task's detectLimit once some replica
+// was heard.
 func (in *input) silenceLimit(detect time.Duration) int64 {
 	if in.health.spoke.Load() {
-		return int64(detect)
+		return int64(max(detect, in.t.detectLimit()))
 	}
 	return startGrace * int64(detect)
+}
+
+// detectLimit is the silence after which an input that was heard counts
+// as failed now: the machine's DetectLimit (the detection timeout,
+// stretched while this process hears its live upstreams in long gaps),
+// or the detection timeout for a task without a machine (a sink).
+func (t *task) detectLimit() time.Duration {
+	if d := t.dm; d != nil {
+		return time.Duration(d.limit.Load())
+	}
+	return t.detectTimeout()
 }
 
 // heardFrom is the input's subscriber's OnStreamState callback.

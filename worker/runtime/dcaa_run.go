@@ -70,6 +70,10 @@ type dcaaRun struct {
 	// silences counts the machine's inputs timed out for silence
 	// (Figures.Silences).
 	silences atomic.Uint64
+	// limit is the machine's DetectLimit after its last step: the
+	// silence after which the task's watchdog takes an input's replica
+	// for failed (see task.detectLimit).
+	limit atomic.Int64
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -131,13 +135,15 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		ranks[i] = in.rank()
 	}
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
-		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(), KeepLimit: t.r.opts.DCAAKeepTuples})
+		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(),
+		DetectMax: dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name]), KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
 	d := &dcaaRun{t: t, m: m, events: make(chan dcaaEvent, 64), origin: time.Now(),
 		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
 	d.wait.grow(len(t.inputs))
+	d.limit.Store(int64(m.DetectLimit()))
 	return d, nil
 }
 
@@ -432,6 +438,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		d.silences.Store(f.Silences)
 		d.countShed(f.ShedData)
 		d.keptMax.Store(uint64(f.KeptMax))
+		d.limit.Store(int64(d.m.DetectLimit()))
 		d.noteWaiting()
 		t.unlockProc()
 		if processed != nil {
@@ -518,7 +525,7 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 		// subscription heard within the detection timeout (or that is
 		// handing it a batch), so that only inputs silent on the wire
 		// time out.
-		d.confirmHeard(detect)
+		d.confirmHeard(max(detect, d.m.DetectLimit()))
 	}
 	now := d.now()
 	// An input that delivered its final boundary is complete, not
