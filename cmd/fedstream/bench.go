@@ -261,7 +261,7 @@ host) with replicas: 2 on child worker processes on 127.0.0.1 (plaintext):
                it with one replica each (stable merge): both sides do the
                work of two copies.
                --overhead-method paired (the default): --rounds rounds
-               (default 12, after a warm-up round left out) in which both
+               (default 12, after four warm-up rounds left out) in which both
                sides run at the same time, each on four worker processes
                of its own (unpinned; the sets swap every round), on the
                same fixed input (--overhead-records per source partition,

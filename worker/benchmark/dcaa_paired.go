@@ -17,9 +17,18 @@ const OverheadDCAAPaired = "paired_rounds_cpu_per_record"
 // Defaults of the paired overhead rounds (DCAAConfig).
 const (
 	// DefaultDCAAPairedRounds is how many measured rounds the paired
-	// method runs (after one warm-up round it leaves out): about 3 s each
-	// on an idle two-CPU machine.
+	// method runs (after the warm-up rounds it leaves out): about 3 s
+	// each on an idle two-CPU machine.
 	DefaultDCAAPairedRounds = 12
+	// dcaaPairedWarmUp is how many rounds the paired method runs first
+	// and leaves out: two with each side on each process set. A fresh
+	// process set takes about two rounds of each kind to settle (heap
+	// growth): on a quiet machine (session 16) with one warm-up round the
+	// first counted round gave -29 % and -36 % against 4-9 % for the
+	// rest, with two +31 % and +36 %, pulling the mean of 12 rounds 3-4
+	// points off either way; with four the rounds ran 4-16 % and the
+	// interval shrank from +-7-9 to +-2.5 points.
+	dcaaPairedWarmUp = 4
 	// dcaaPairedSpeedup makes the paired rounds' sources run flat out:
 	// their stimes stay those of dcaaSideRate (boundaries, the DCAA
 	// heartbeats, 5 000 records apart), but they are due this many times
@@ -91,8 +100,9 @@ type DCAAPairedRound struct {
 // the CPU it gets: this is 1 − throughput(k = 2) / throughput(k = 1) on
 // equal CPUs. Every process runs a garbage collection before a round
 // (opGC), so that no round pays for the previous one's garbage, and a
-// first warm-up round (fresh processes: heap growth, page faults,
-// connections) is left out. The figure is the mean over the rounds with
+// warm-up round with each side on each process set (fresh processes:
+// heap growth, page faults, connections; see dcaaPairedWarmUp) is left
+// out. The figure is the mean over the rounds with
 // a 95 % confidence interval (Student's t over the rounds); every sink's
 // stable output must equal k = 1's first copy's (SaturationOutputsMatch),
 // so every replica really processed every record.
@@ -115,7 +125,7 @@ func (b *dcaaBench) overheadPaired(ctx context.Context, res *DCAAResult) error {
 	)
 	match := true
 	res.SaturationOutputsMatch = &match
-	for round := range b.cfg.SaturationRounds + 1 {
+	for round := range b.cfg.SaturationRounds + dcaaPairedWarmUp {
 		r, outs, err := b.pairedRound(ctx, procs, round)
 		if err != nil {
 			return err
@@ -132,7 +142,7 @@ func (b *dcaaBench) overheadPaired(ctx context.Context, res *DCAAResult) error {
 				}
 			}
 		}
-		if round == 0 {
+		if round < dcaaPairedWarmUp {
 			b.cfg.Progress.Note("overhead paired rounds: warm-up round left out (overhead %.1f%%, %s)", 100*r.Overhead, pairedRoundSummary(r))
 			continue
 		}
@@ -151,7 +161,7 @@ func (b *dcaaBench) overheadPaired(ctx context.Context, res *DCAAResult) error {
 		res.CPUOverheadRounds = append(res.CPUOverheadRounds, r.Overhead)
 	}
 	res.setSideFigures(fs)
-	res.OverheadNote = fmt.Sprintf("paired rounds: k=1 (two one-replica copies) and k=2 (DCAA, X %v) at once on four worker processes each, unpinned, sharing the CPUs, each round the same %d records per source partition (%d records a side) drawn flat out to the end of the input; each side's CPU time over the round read from its idle processes before and after (every process garbage-collected before the round), overhead = 1 - k1's CPU / k2's CPU per round; mean over %d rounds (the sides' process sets swapped every round, a warm-up round left out) with a 95%% confidence interval (t over the rounds); medians: records per second per copy k1 %s, k2 %s, CPU use per copy %.2f and %.2f; time a side waited without its CPU is not counted against it",
+	res.OverheadNote = fmt.Sprintf("paired rounds: k=1 (two one-replica copies) and k=2 (DCAA, X %v) at once on four worker processes each, unpinned, sharing the CPUs, each round the same %d records per source partition (%d records a side) drawn flat out to the end of the input; each side's CPU time over the round read from its idle processes before and after (every process garbage-collected before the round), overhead = 1 - k1's CPU / k2's CPU per round; mean over %d rounds (the sides' process sets swapped every round, two warm-up rounds on each arrangement left out) with a 95%% confidence interval (t over the rounds); medians: records per second per copy k1 %s, k2 %s, CPU use per copy %.2f and %.2f; time a side waited without its CPU is not counted against it",
 		b.cfg.X, b.cfg.SaturationRecords, b.pairedRecords(), len(rounds),
 		fmtRate(res.K1RecordsPerSec), fmtRate(res.K2RecordsPerSec), res.K1CPUUse, res.K2CPUUse)
 	res.noteBusySides()
