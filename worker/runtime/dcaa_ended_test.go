@@ -183,17 +183,40 @@ sinks:
 	return q, fake, c, w, queryspec.TaskID(q.Name, "lines", 0, 0), queryspec.TaskID(q.Name, "lines", 0, 1)
 }
 
+// stableLines is a fake source replica's stream of stable tuples at 1 to
+// upTo ms with a boundary after every 10 ms (after upTo too only when
+// lastBoundary).
+func stableLines(upTo int, lastBoundary bool) []fakeTuple {
+	var ts []fakeTuple
+	for ms := 1; ms <= upTo; ms++ {
+		ts = append(ts, fakeTuple{"s", ms})
+		if ms%10 == 0 && (ms < upTo || lastBoundary) {
+			ts = append(ts, fakeTuple{"b", ms})
+		}
+	}
+	return ts
+}
+
+// failOverAfter waits until the aggregate of countsOverFakeLines has
+// taken replica 0's stream up to stable id taken, then kills replica 0
+// (up0), so that its input moves to replica 1. It returns the
+// aggregate's task id.
+func failOverAfter(t *testing.T, q *queryspec.Query, fake *fakeReplicas, w *worker, up0 string, taken uint64) string {
+	t.Helper()
+	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
+	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
+		tk := w.rt.task(agg)
+		return tk != nil && tk.inputs[0].stableTaken.Load() == taken
+	})
+	fake.kill(up0)
+	return agg
+}
+
 func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
 	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "div")
 	// Replica 0: 30 stable tuples, a boundary every 10 ms: stable ids
 	// and positions 1 to 33.
-	var r0 []fakeTuple
-	for ms := 1; ms <= 30; ms++ {
-		r0 = append(r0, fakeTuple{"s", ms})
-		if ms%10 == 0 {
-			r0 = append(r0, fakeTuple{"b", ms})
-		}
-	}
+	r0 := stableLines(30, true)
 	fake.stream(t, up0, r0...)
 	// Replica 1: the same first 11, then three positions outside its
 	// stable view (a tentative tuple, and what stands for its UNDO and
@@ -203,12 +226,7 @@ func TestDCAAInputResumedPastTheReplicasEndEnds(t *testing.T) {
 	r1 = append(r1, fakeTuple{"n", 15}, fakeTuple{"n", 15}, fakeTuple{"n", 15}, fakeTuple{"s", 20}, fakeTuple{"b", 30}, fakeTuple{"end", 0})
 	fake.stream(t, up1, r1...)
 	c.apply()
-	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
-	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
-		tk := w.rt.task(agg)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 33
-	})
-	fake.kill(up0)
+	failOverAfter(t, q, fake, w, up0, 33)
 	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
 	if len(got.stable) == 0 || got.tentative+got.undos != 0 {
 		t.Fatalf("the sink's output: %d stable, %d tentative, %d UNDO", len(got.stable), got.tentative, got.undos)

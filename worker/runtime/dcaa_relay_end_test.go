@@ -21,25 +21,14 @@ func TestDCAARealignRecordBeforeTheEndReachesTheSink(t *testing.T) {
 	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "relend")
 	// Replica 0: stable tuples at 1..30 ms, boundaries at 10 and 20 ms:
 	// stable ids 1 to 32, the last one a result at 30 ms.
-	var r0 []fakeTuple
-	for ms := 1; ms <= 30; ms++ {
-		r0 = append(r0, fakeTuple{"s", ms})
-		if ms%10 == 0 && ms < 30 {
-			r0 = append(r0, fakeTuple{"b", ms})
-		}
-	}
+	r0 := stableLines(30, false)
 	fake.stream(t, up0, r0...)
 	// Replica 1 shares only its first id, then more results at 30 ms,
 	// a boundary and its end (5 positions: the input's 32 is past it).
 	r1 := []fakeTuple{{"s", 1}, {"s", 30}, {"s", 30}, {"b", 40}, {"end", 0}}
 	fake.put(t, up1, dataplane.BufferOptions{}, 1, fakeTuples(r1...)...)
 	c.apply()
-	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
-	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
-		tk := w.rt.task(agg)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 32
-	})
-	fake.kill(up0)
+	agg := failOverAfter(t, q, fake, w, up0, 32)
 	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
 	tk := w.rt.task(agg)
 	named := tk.unc.list()

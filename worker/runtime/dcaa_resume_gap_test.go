@@ -17,14 +17,7 @@ import (
 // names nothing.
 func TestDCAAInputResumedOverAGapNamesIt(t *testing.T) {
 	q, fake, c, w, up0, up1 := countsOverFakeLines(t, "rgap")
-	var all []fakeTuple
-	for ms := 1; ms <= 30; ms++ {
-		all = append(all, fakeTuple{"s", ms})
-		if ms%10 == 0 {
-			all = append(all, fakeTuple{"b", ms})
-		}
-	}
-	all = append(all, fakeTuple{"end", 0})
+	all := append(stableLines(30, true), fakeTuple{"end", 0})
 	// Replica 0 has produced the first 15 only (ids 1 to 15).
 	fake.stream(t, up0, all[:15]...)
 	// Replica 1 has it all, but discarded ids 1 to 20 (acknowledged by
@@ -33,12 +26,7 @@ func TestDCAAInputResumedOverAGapNamesIt(t *testing.T) {
 	b1.Register("other")
 	b1.Ack("other", 20)
 	c.apply()
-	agg := queryspec.TaskID(q.Name, "counts", 0, 0)
-	waitUntil(t, "the aggregate taking replica 0's stream", func() bool {
-		tk := w.rt.task(agg)
-		return tk != nil && tk.inputs[0].stableTaken.Load() == 15
-	})
-	fake.kill(up0)
+	agg := failOverAfter(t, q, fake, w, up0, 15)
 	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))
 	named := w.rt.task(agg).unc.list()
 	t.Logf("aggregate named %v; sink: %d stable, %d records", named, len(got.stable), len(got.uncorrectable))
