@@ -749,6 +749,13 @@ func (m *Machine) Tentative() bool { return m.tentative }
 // Subscribed is the upstream replica input i reads.
 func (m *Machine) Subscribed(i int) int { return m.inputs[i].replica }
 
+// Takes reports whether a Step now would take a Deliver of attempt on
+// input i (see Deliver.Attempt): the attempt is the input's current
+// subscription. A caller that must know what the machine took (its
+// last stable id per input) asks just before that Step: the Step may
+// itself move the input to another subscription.
+func (m *Machine) Takes(i int, attempt uint64) bool { return m.current(i, attempt) }
+
 // Late counts stable tuples dropped on input i for arriving below what
 // was released already while not keeping state for a replay.
 func (m *Machine) Late(i int) uint64 { return m.inputs[i].late }

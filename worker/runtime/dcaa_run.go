@@ -93,6 +93,55 @@ type dcaaEvent struct {
 	reply chan bool
 	// processed, when set, is closed once the machine took the event.
 	processed chan struct{}
+	// took, with a batch's Deliver, is what the input's stable id
+	// becomes if the machine takes the batch (see tookIDs).
+	took *tookIDs
+}
+
+// tookIDs is what taking a delivered batch does to its input's stable id
+// (input.stableTaken): the last stable id in the batch, or, renumber, the
+// batch's numbering from its first stable tuple on (a realignment). The
+// run goroutine records it as the machine's Step takes the batch, not
+// the delivery once it hears that the event was processed: the delivery
+// may give up waiting (its subscription cancelled, by a move of the
+// upstream or a new choice of replica) after the machine took the batch,
+// and the machine's next Subscribe resumes after the ids it took. With
+// stableTaken left behind, that resumption looked like a skip over ids
+// the replica no longer held, and the input named the results between as
+// lost (lineageWatch.gapAfter), though nothing was missing
+// (TestRescaleKeyedAggregate, TestRescaleReadByReplicatedJoin in CI).
+type tookIDs struct {
+	in       *input
+	attempt  uint64
+	last     uint64
+	renumber bool
+	// taken: the machine took the batch (set before processed closes);
+	// false, it ignored it (an attempt it had replaced).
+	taken bool
+}
+
+// takes is called just before the machine's Step of a batch's Deliver
+// (k; nil: another event), under proc: it reports whether that Step takes
+// the batch (the Step may itself move the input to another subscription,
+// so it is asked before).
+func (d *dcaaRun) takes(k *tookIDs) bool {
+	if k == nil {
+		return false
+	}
+	k.taken = d.m.Takes(k.in.idx, k.attempt)
+	return k.taken
+}
+
+// record moves the input's stable id as the batch was taken. Not lowered
+// by a batch of a replica that went tentative before the input's last
+// stable tuple (read from its tentative tail,
+// dataplane.OutputBuffer.ResumePosition): its stable ids end below the one
+// taken, and mean the same results (a realignment, renumbering, follows
+// the new replica's numbering instead).
+func (k *tookIDs) record() {
+	if k.renumber || k.last > k.in.stableTaken.Load() {
+		k.in.stableTaken.Store(k.last)
+	}
 }
 
 // dcaaTarget is the upstream replica the machine wants an input to read.
@@ -249,8 +298,12 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		}
 	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b, Renumber: al.renumber}
-	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed}); err != nil {
+	took := &tookIDs{in: in, attempt: ev.Attempt, last: stableLast, renumber: al.renumber}
+	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed, took: took}); err != nil {
 		return err
+	}
+	if posted := d.t.r.dcaaPosted; posted != nil {
+		posted(in)
 	}
 	select {
 	case <-processed:
@@ -262,23 +315,15 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 	if d.t.halted.Load() {
 		return errHalted
 	}
-	if in.replaced() {
+	if !took.taken {
 		// The machine moved the input to another subscription before it
 		// took this batch, and ignored it: what this one brought (its
 		// final boundary too) comes from the next. Unacknowledged.
 		return errReplaced
 	}
-	if al.renumber || stableLast > taken {
-		// Not lowered by a batch of a replica that went tentative
-		// before the input's last stable tuple (read from its
-		// tentative tail, dataplane.OutputBuffer.ResumePosition): its
-		// stable ids end below the one taken, and mean the same
-		// results (a realignment, renumbering, follows the new
-		// replica's numbering instead).
-		in.stableTaken.Store(stableLast)
-	}
-	// The final boundary ends the stream, wherever it is in the batch (a
-	// producer's REC_DONE may follow it).
+	// The machine took the batch (its stable ids are the input's: see
+	// tookIDs). The final boundary ends the stream, wherever it is in
+	// the batch (a producer's REC_DONE may follow it).
 	if final {
 		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
 			return err
@@ -308,14 +353,6 @@ var errRealign = errors.New("dcaa: upstream replica numbers its stable ids other
 // errReplaced ends a subscription whose batch the machine ignored: it had
 // moved the input to another attempt (see dcaa.Deliver.Attempt).
 var errReplaced = errors.New("dcaa: subscription replaced by the machine")
-
-// replaced reports whether the machine wants another attempt than the
-// running one.
-func (in *input) replaced() bool {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.target.attempt != in.machineAttempt.Load()
-}
 
 // heartbeat passes a heartbeat's state to the machine; dropped when the
 // machine is busy (then other events keep it informed). Only a heartbeat
@@ -399,6 +436,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 		timer.Reset(max(wait, 0))
 		var ev dcaa.Event = dcaa.Tick{}
 		var processed chan struct{}
+		var took *tookIDs
 		select {
 		case <-ctx.Done():
 			return
@@ -414,7 +452,7 @@ func (d *dcaaRun) run(ctx context.Context) {
 				continue
 			}
 			ev = d.take(e)
-			processed = e.processed
+			processed, took = e.processed, e.took
 		case <-timer.C:
 			// A deadline passed: events that arrived meanwhile go
 			// first (the inputs may be alive; this goroutine was busy).
@@ -425,14 +463,14 @@ func (d *dcaaRun) run(ctx context.Context) {
 					continue
 				}
 				ev = d.take(e)
-				processed = e.processed
+				processed, took = e.processed, e.took
 			default:
 			}
 		}
 		if err := t.lockProc(ctx); err != nil {
 			return
 		}
-		err := d.step(ctx, ev, deadline, detect)
+		err := d.step(ctx, ev, took, deadline, detect)
 		f := d.m.Figures()
 		d.shed.Store(f.Shed)
 		d.silences.Store(f.Silences)
@@ -495,6 +533,14 @@ func (d *dcaaRun) finished(ctx context.Context) {
 			if e.reply != nil {
 				e.reply <- true
 			}
+			if e.took != nil && d.t.lockProc(ctx) == nil {
+				// A batch that came after the end: taken as before the
+				// machine finished (under proc, as every look at it).
+				if d.takes(e.took) {
+					e.took.record()
+				}
+				d.t.unlockProc()
+			}
 			if e.processed != nil {
 				close(e.processed)
 			}
@@ -504,7 +550,8 @@ func (d *dcaaRun) finished(ctx context.Context) {
 
 // step hands one event to the machine and carries out its actions; the
 // caller holds proc (a snapshot sees the machine between two events).
-func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detect time.Duration) error {
+// took, when not nil, is the event's batch (see tookIDs).
+func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, took *tookIDs, deadline int64, detect time.Duration) error {
 	if d.t.halted.Load() {
 		return nil // stop-and-copy: nothing more is processed
 	}
@@ -537,7 +584,12 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 			}
 		}
 	}
-	return d.do(ctx, d.m.Step(now, ev))
+	taking := d.takes(took)
+	acts := d.m.Step(now, ev)
+	if taking {
+		took.record()
+	}
+	return d.do(ctx, acts)
 }
 
 // listenAfresh tells the machine that every input with a live

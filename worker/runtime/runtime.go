@@ -467,6 +467,10 @@ type Runtime struct {
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
+	// dcaaPosted, when set (tests), runs once a DCAA operator input has
+	// handed a batch to its machine, before it waits for the machine to
+	// take it.
+	dcaaPosted func(*input)
 	// bulkSrv serves snapshots over connections of their own (nil: not
 	// offered); bulkCli fetches them so (nil: never asked for).
 	bulkSrv atomic.Pointer[bulkServer]
