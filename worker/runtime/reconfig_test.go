@@ -52,8 +52,10 @@ type reconfigRun struct {
 	// version gives the query's YAML at version v of its operators.
 	version func(v int) string
 	changed []string
-	// strategy of the plans addPlan adds ("": live).
+	// strategy and margin of the plans addPlan adds ("": live; 0: the
+	// default margin).
 	strategy string
+	margin   time.Duration
 	// pace is the pace of the run's generators (1 unless a test sets it).
 	pace *Pace
 
@@ -166,12 +168,19 @@ func (r *reconfigRun) received() int {
 
 // publish gives every task the current reconfiguration state, as the
 // coordinator's assignments would.
-func (r *reconfigRun) publish() {
+func (r *reconfigRun) publish() { r.publishExcept("", nil) }
+
+// publishExcept is publish, but task late (if not "") gets old instead:
+// it learns the current state later, with the next publish.
+func (r *reconfigRun) publishExcept(late string, old *fsm.QueryReconfig) {
 	rc := r.rc
 	rc.Plans = slices.Clone(r.rc.Plans)
 	for _, specs := range r.c.specs {
 		for i := range specs {
 			specs[i].Reconfig = &rc
+			if specs[i].TaskID == late {
+				specs[i].Reconfig = old
+			}
 			n := 0
 			for _, in := range r.plan.Node(specs[i].Fragment).Inputs {
 				n += r.plan.Node(in).Partitions
@@ -224,7 +233,7 @@ func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading, Strategy: r.strategy}
+	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading, Strategy: r.strategy, SwitchMargin: int64(r.margin)}
 	for _, op := range r.changed {
 		def, _ := json.Marshal(q.OperatorByName(op))
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
