@@ -69,8 +69,8 @@ type reconfigState struct {
 	// quiescentLoading: a quiescent plan is loading (a generator source
 	// holds, holdSourceLoading).
 	quiescentLoading bool
-	// cutFloor (sources): by live plan the source acknowledged while it
-	// was loading, the lowest cut that plan can get (planCutFloor);
+	// cutFloor (sources): by plan the source acknowledged while it was
+	// loading, the lowest cut that plan can get (planCutFloor);
 	// holdBelow is the lowest of them (math.MaxInt64: none). The source
 	// emits nothing at or above holdBelow (holdForCut) until it learns
 	// the plan's cut, so that it never passes a cut it does not know.
@@ -307,16 +307,20 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	for _, p := range rc.Plans {
 		if p.Phase == fsm.ReconfigLoading {
 			loading = true
-			if source && p.Strategy != fsm.StrategyQuiescent {
+			if source {
+				// Quiescent plans too: their margin is a nanosecond,
+				// and a boundary a source emitted just after it
+				// acknowledged one (before its hold at the next
+				// record) could reach the cut unknowingly.
 				floors[p.Epoch] = r.planCutFloor(p)
 			}
 			continue
 		}
 		r.cuts = append(r.cuts, epochCut{p.Epoch, r.alignedCut(rc, p)})
 		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
-			// Not a live plan this copy acknowledged (those hold at
-			// their cut's floor): one switched before the copy
-			// started, or a quiescent plan. Every tuple is still
+			// Not a plan this copy acknowledged while it loaded (those
+			// hold at their cut's floor): one switched before the
+			// copy started. Every tuple is still
 			// processed by one configuration, but this source switches
 			// later than its replicas may have.
 			t.log.Warn("reconfiguration cut learned after passing it: switching at the next boundary",
@@ -1030,7 +1034,7 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 	return last, nil
 }
 
-// planCutFloor is the lowest cut live plan p (loading) can get, as a
+// planCutFloor is the lowest cut plan p (loading) can get, as a
 // source that acknowledges it now sees it: once every task acknowledged,
 // the coordinator sets the cut at the highest frontier any task reported
 // plus the plan's margin (fsm advanceReconfig), and this task's report
@@ -1055,7 +1059,7 @@ func (r *reconfigState) planCutFloor(p fsm.ReconfigPlan) int64 {
 
 // holdForCut runs in every source (generator, kafka, ingest) before it
 // emits a record or a boundary at stime: it installs a pending
-// reconfiguration and, if stime reached the lowest cut a live plan the
+// reconfiguration and, if stime reached the lowest cut a plan the
 // source acknowledged can get (holdBelow) while that plan still loads,
 // holds the source until it learns the plan's cut (or ctx ends). So no
 // source replica passes a cut before it knows it: the replicas of a
@@ -1079,7 +1083,7 @@ func (t *task) holdForCut(ctx context.Context, boundary, stime int64) error {
 	}
 	t.counters.cutHolds.Add(1)
 	start := time.Now()
-	t.log.Debug("source held at the lowest cut of a live reconfiguration plan until it learns the cut",
+	t.log.Debug("source held at the lowest cut of a reconfiguration plan until it learns the cut",
 		"stime", stime, "floor", r.holdBelow, "plans", len(r.cutFloor))
 	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow })
 	t.log.Debug("source resumed after learning the reconfiguration cut", "held", time.Since(start), "err", err)

@@ -66,10 +66,11 @@ type TaskStats struct {
 	// left out). A backlog in front of one slow partition shows here,
 	// not in that partition's own queue: it takes what it processes.
 	Held []HeldBacklog
-	// CutHolds counts the times a source held before a live
-	// reconfiguration plan's lowest possible cut because the plan had
-	// not switched yet (it took longer than its switch margin); 0 for
-	// other tasks.
+	// CutHolds counts the times a source held before a reconfiguration
+	// plan's lowest possible cut because the plan had not switched yet
+	// (a live plan that took longer than its switch margin; a quiescent
+	// one, whose margin is a nanosecond, at a boundary); 0 for other
+	// tasks.
 	CutHolds uint64
 }
 
