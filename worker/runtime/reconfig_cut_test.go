@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -57,6 +58,22 @@ func TestReconfigSourceReplicaLearnsTheCutLate(t *testing.T) {
 		}
 		return r.cutHolds(late) > 0 || r.states()[late].ReconfigFrontier >= cut+int64(10*time.Millisecond)
 	})
+	if r.cutHolds(late) > 0 {
+		// A snapshot of the held source leaves the record it drew and
+		// holds before to the copy: a copy would draw it again.
+		var snap *TaskSnapshot
+		for _, w := range r.c.workers {
+			if w.rt.task(late) != nil {
+				var err error
+				if snap, err = w.rt.SnapshotTask(context.Background(), late, SnapshotOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if snap.SourceRecords != int64(snap.Seq) {
+			t.Fatalf("snapshot of the held source: %d records drawn, %d emitted", snap.SourceRecords, snap.Seq)
+		}
+	}
 	r.publish()
 	r.waitLevel(1)
 	r.complete()

@@ -157,6 +157,7 @@ func (t *task) runGenerator() {
 			break // a rescale removed the partition at this cut
 		}
 		t.genRecords++
+		t.genDrawn = true
 		if tp.STime < boundary {
 			// A generator must not go back in time; clamp so the boundary
 			// promise holds (deterministically, so replicas agree).
@@ -280,6 +281,7 @@ func (t *task) runGenerator() {
 			}
 		}
 		t.emitSource(ctx, &tp)
+		t.genDrawn = false
 		if t.emitErr != nil {
 			t.endWith(t.emitErr)
 			return
@@ -414,9 +416,15 @@ func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
 	if err := t.flush(ctx); err != nil {
 		return sourceCut{err: err}
 	}
+	records := t.genRecords
+	if t.genDrawn {
+		// Held between drawing a record and emitting it: the copy
+		// draws it again.
+		records--
+	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
-		SourceRecords: t.genRecords, SourceLevel: t.rc.earlyLevel(boundary)}
+		SourceRecords: records, SourceLevel: t.rc.earlyLevel(boundary)}
 	if t.srcChain != nil {
 		op, err := t.srcChain.Snapshot()
 		if err != nil {

@@ -255,6 +255,10 @@ type task struct {
 	genWaiting atomic.Int32
 	genDone    chan struct{}
 	genRecords int64
+	// genDrawn: the generator drew (and counted) a record it has not
+	// emitted yet; a snapshot taken while it holds there (a
+	// reconfiguration's hold) leaves that record to the copy.
+	genDrawn   bool
 	genRestore *genPosition
 	// gs is the generator's part in live rescales of its own fragment
 	// (see srcscale.go).
