@@ -63,8 +63,11 @@ const (
 )
 
 // DefaultSwitchMargin is how far (stream time, ns) above the highest
-// reported frontier the sources switch, so that every source replica
-// learns the cut before it reaches it.
+// reported frontier the sources switch. A source that acknowledged a
+// plan with frontier F holds before F plus the margin until it learns
+// the cut (worker/runtime holdForCut), so that no source replica passes
+// a cut it does not know; a plan that switches within the margin holds
+// nothing.
 const DefaultSwitchMargin = int64(2e9)
 
 // QueryReconfig is the reconfiguration state of a query, kept in its

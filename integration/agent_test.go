@@ -43,10 +43,11 @@ func newInProcessOrgWith(t *testing.T, n int, opt func(*coordinator.Config), cer
 	tm := coordinator.FastTimings()
 	tm.HeartbeatTTL, tm.LeaderGrace = time.Second, time.Second
 	for i := 0; i < n; i++ {
+		clog := testLogger(t, fmt.Sprintf("c%d", i+1))
 		o.cfgs = append(o.cfgs, coordinator.Config{
 			Org: "acme", NodeID: fmt.Sprintf("c%d", i+1), DataDir: filepath.Join(dir, fmt.Sprintf("c%d", i+1)),
 			GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
-			BootstrapExpect: n, Timings: tm, Logger: logging.Discard(),
+			BootstrapExpect: n, Timings: tm, Logger: clog,
 			TLS: coordCreds(t, ca, fmt.Sprintf("c%d", i+1)), CA: ca,
 			GossipKey: []byte("0123456789abcdef0123456789abcdef"),
 		})

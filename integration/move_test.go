@@ -11,7 +11,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/fedstream/fedstream/config/logging"
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/coordinator"
 	"github.com/fedstream/fedstream/rpc"
@@ -101,7 +100,7 @@ func newLiveOrgWorkers(t *testing.T, workers int, opt func(*coordinator.Config),
 		// see a sample per heartbeat of the 1 s TTL, as before the
 		// one-second sensors.
 		cfg := worker.Config{Org: "acme", Name: fmt.Sprintf("w%d", i+1), Coordinators: o.grpcAddrs(), Cores: 4,
-			Logger: logging.Discard(), TLS: creds, BoundaryInterval: 5 * time.Millisecond, SensorWindow: 250 * time.Millisecond}
+			Logger: testLogger(t, fmt.Sprintf("w%d", i+1)), TLS: creds, BoundaryInterval: 5 * time.Millisecond, SensorWindow: 250 * time.Millisecond}
 		if wopt != nil {
 			wopt(i, &cfg)
 		}

@@ -63,7 +63,7 @@ func TestLiveReconfiguration(t *testing.T) {
 	)
 	update := func(v int) {
 		start := time.Now()
-		resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigVersion(base, v)), Filename: "rq.yaml", SwitchMarginMs: 300})
+		resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigVersion(base, v)), Filename: "rq.yaml", SwitchMarginMs: testSwitchMarginMs()})
 		if err != nil {
 			t.Errorf("update to v%d: %v", v, err)
 			return
@@ -271,7 +271,7 @@ func TestLiveReconfigurationAggregate(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigAggV2(base)), Filename: "rq.yaml", SwitchMarginMs: 300})
+				resp, err := o.reconfig.UpdateQuery(context.Background(), &pb.UpdateQueryRequest{Yaml: []byte(reconfigAggV2(base)), Filename: "rq.yaml", SwitchMarginMs: testSwitchMarginMs()})
 				if err != nil {
 					t.Errorf("update: %v", err)
 					return

@@ -73,6 +73,7 @@ var (
 	descOutBytes    = prometheus.NewDesc("fedstream_task_output_buffer_bytes", "Bytes held in a task's output buffers.", taskLabels, nil)
 	descUnacked     = prometheus.NewDesc("fedstream_task_unacknowledged_tuples", "Tuples of a task's output streams that some downstream has not acknowledged yet.", taskLabels, nil)
 	descSwitches    = prometheus.NewDesc("fedstream_task_subscription_switches_total", "Input subscriptions of a task that went to another copy of the upstream task than before (replica fail-over, moved upstream).", taskLabels, nil)
+	descCutHolds    = prometheus.NewDesc("fedstream_task_reconfig_cut_holds_total", "Times a source held before a live reconfiguration plan's lowest possible cut until it learned the cut (the plan took longer than its switch margin).", taskLabels, nil)
 	descGeneration  = prometheus.NewDesc("fedstream_task_generation", "Generation of the copy of a task that runs on this worker.", taskLabels, nil)
 	descBytesIn     = prometheus.NewDesc("fedstream_dataplane_received_bytes_total", "Bytes the worker's data plane read from the network (subscriptions' data, acknowledgements, ingest), TLS included.", nil, nil)
 	descBytesOut    = prometheus.NewDesc("fedstream_dataplane_sent_bytes_total", "Bytes the worker's data plane wrote to the network, TLS included.", nil, nil)
@@ -87,7 +88,7 @@ type collector struct{ w *Worker }
 // Describe implements prometheus.Collector.
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInTuples, descOutTuples, descBusy, descBlocked, descQueue, descOutBytes,
-		descUnacked, descSwitches, descGeneration, descBytesIn, descBytesOut, descRegistered, descWorkerTasks} {
+		descUnacked, descSwitches, descCutHolds, descGeneration, descBytesIn, descBytesOut, descRegistered, descWorkerTasks} {
 		ch <- d
 	}
 }
@@ -121,6 +122,7 @@ func collectTask(ch chan<- prometheus.Metric, s wrt.TaskStats) {
 	counter(descBusy, float64(s.BusyNanos)/1e9)
 	counter(descBlocked, float64(s.BlockedNanos)/1e9)
 	counter(descSwitches, float64(s.Switches))
+	counter(descCutHolds, float64(s.CutHolds))
 	gauge(descQueue, float64(s.Queue))
 	gauge(descOutBytes, float64(s.OutputBytes))
 	gauge(descUnacked, float64(s.Unacked))

@@ -55,7 +55,7 @@ cannot be applied live changes nothing. Follow the plan with
 	})
 	cmd.Flags().StringVar(&strategy, "strategy", "live", "live (versions side by side, no pause) or quiescent (the comparison baseline: the sources pause from when they learn the plan until it has loaded, the stream drained and the versions swapped)")
 	cmd.Flags().StringVar(&tracking, "tracking", "", "version tracking: static or dynamic (default: keep the query's, static at first)")
-	cmd.Flags().DurationVar(&margin, "switch-margin", 0, "stream time between the highest reported frontier and the sources' switch (default 2s live, none quiescent)")
+	cmd.Flags().DurationVar(&margin, "switch-margin", 0, "stream time between the highest reported frontier and the sources' switch, and how far a source runs past its acknowledged frontier before it waits for the switch point (default 2s live, none quiescent)")
 	return cmd
 }
 

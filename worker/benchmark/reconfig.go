@@ -857,7 +857,10 @@ func (c *reconfigCluster) addPlan(v int, phase string, cut int64) error {
 	if err != nil {
 		return err
 	}
-	p := fsm.ReconfigPlan{Epoch: uint64(len(c.rc.Plans) + 1), SpecJSON: spec, Phase: phase, Cut: cut}
+	// The margin the cluster's own switch rule uses (as the coordinator
+	// would): a source holds at its acknowledged frontier plus it until
+	// it learns the cut.
+	p := fsm.ReconfigPlan{Epoch: uint64(len(c.rc.Plans) + 1), SpecJSON: spec, Phase: phase, Cut: cut, SwitchMargin: int64(c.cfg.Margin)}
 	for _, op := range []string{"scored", "flag"} {
 		def, err := json.Marshal(q.OperatorByName(op))
 		if err != nil {

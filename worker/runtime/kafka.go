@@ -254,6 +254,10 @@ func (t *task) runKafka() {
 			}
 			if tp.STime >= next {
 				if b := floorDiv(tp.STime, interval) * interval; b > boundary {
+					if err := t.holdForCut(ctx, boundary, b); err != nil {
+						t.endWith(err)
+						return
+					}
 					if err := t.emitBoundary(ctx, b); err != nil {
 						t.endWith(err)
 						return
@@ -265,6 +269,10 @@ func (t *task) runKafka() {
 				}
 			}
 			tp.Type = tuple.Stable
+			if err := t.holdForCut(ctx, boundary, tp.STime); err != nil {
+				t.endWith(err)
+				return
+			}
 			t.emitSource(ctx, tp)
 			if t.emitErr != nil {
 				t.endWith(t.emitErr)

@@ -69,6 +69,13 @@ type reconfigState struct {
 	// quiescentLoading: a quiescent plan is loading (a generator source
 	// holds, holdSourceLoading).
 	quiescentLoading bool
+	// cutFloor (sources): by plan the source acknowledged while it was
+	// loading, the lowest cut that plan can get (planCutFloor);
+	// holdBelow is the lowest of them (math.MaxInt64: none). The source
+	// emits nothing at or above holdBelow (holdForCut) until it learns
+	// the plan's cut, so that it never passes a cut it does not know.
+	cutFloor  map[uint64]int64
+	holdBelow int64
 
 	// pre holds the versions built off the producer (prebuild).
 	pre prebuilt
@@ -137,6 +144,14 @@ func (t *task) setReconfig(rc *fsm.QueryReconfig, expected int) {
 		// (endReconfig), so one of the two installs it.
 		t.installEnded()
 		return
+	}
+	if t.genCtl == nil && t.rcWake != nil {
+		// A kafka or ingest source holding for a cut (holdForCut)
+		// installs it now.
+		select {
+		case t.rcWake <- struct{}{}:
+		default:
+		}
 	}
 	if t.genCtl != nil {
 		// A generator installs it before its next record; one that is
@@ -278,20 +293,44 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 	if err := t.loadVersions(rc); err != nil {
 		return err
 	}
+	if source && t.maxSTime != math.MinInt64 {
+		// Reported with the acknowledgement: the cut goes above it. A
+		// source's frontier never goes down (boundaryLevel), so the
+		// lowest cut a plan acknowledged now can get is known now
+		// (planCutFloor).
+		r.frontier.Store(max(r.frontier.Load(), t.maxSTime))
+	}
 	known := len(r.cuts)
 	r.cuts = r.cuts[:0]
 	loading := false
+	floors := map[uint64]int64{}
 	for _, p := range rc.Plans {
 		if p.Phase == fsm.ReconfigLoading {
 			loading = true
+			if source {
+				// Quiescent plans too: their margin is a nanosecond,
+				// and a boundary a source emitted just after it
+				// acknowledged one (before its hold at the next
+				// record) could reach the cut unknowingly.
+				floors[p.Epoch] = r.planCutFloor(p)
+			}
 			continue
 		}
 		r.cuts = append(r.cuts, epochCut{p.Epoch, r.alignedCut(rc, p)})
 		if source && len(r.cuts) > known && p.Phase == fsm.ReconfigSwitched && t.maxSTime >= p.Cut {
-			// Every tuple is still processed by one configuration, but
-			// this source switches later than its replicas may have.
-			t.log.Warn("reconfiguration cut learned after passing it: switching at the next boundary (a larger --switch-margin avoids it)",
+			// Not a plan this copy acknowledged while it loaded (those
+			// hold at their cut's floor): one switched before the
+			// copy started. Every tuple is still
+			// processed by one configuration, but this source switches
+			// later than its replicas may have.
+			t.log.Warn("reconfiguration cut learned after passing it: switching at the next boundary",
 				"epoch", p.Epoch, "cut", p.Cut, "frontier", t.maxSTime)
+		}
+	}
+	if source {
+		r.cutFloor, r.holdBelow = floors, math.MaxInt64
+		for _, f := range floors {
+			r.holdBelow = min(r.holdBelow, f)
 		}
 	}
 	r.dynamic = rc.Tracking == fsm.TrackingDynamic
@@ -302,7 +341,7 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 		// from a snapshot, or after a move, starts here).
 		t.raiseLevel(done)
 	}
-	if t.maxSTime != math.MinInt64 {
+	if !source && t.maxSTime != math.MinInt64 {
 		// Reported with the acknowledgement: the cut goes above it.
 		r.frontier.Store(t.maxSTime)
 	}
@@ -692,11 +731,12 @@ func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	return e
 }
 
-// tagSource tags a record a source produced (producer only).
+// tagSource tags a record a source produced (producer only). It installs
+// nothing: a source installs a pending plan where it holds for the cut,
+// just before it emits (holdForCut); a plan installed after that, here,
+// could have a cut at or below the record's stime that the source's
+// replicas already know.
 func (t *task) tagSource(tp *tuple.Tuple) {
-	if err := t.pollReconfig(); err != nil && t.emitErr == nil {
-		t.emitErr = err
-	}
 	if t.rc.on {
 		tp.Version = t.rc.sourceEpoch(tp.STime)
 	}
@@ -707,14 +747,17 @@ func (t *task) tagSource(tp *tuple.Tuple) {
 func (t *task) boundaryLevel(stime int64) uint64 {
 	r := &t.rc
 	if t.node.Kind == queryspec.KindSource {
-		if err := t.pollReconfig(); err != nil && t.emitErr == nil {
-			t.emitErr = err
-		}
+		// No install here: a source installs a plan only where it
+		// holds for the cut before emitting (holdForCut).
 		if !r.on {
 			return 0
 		}
 		if stime != math.MaxInt64 {
-			r.frontier.Store(stime)
+			// Never below what the source emitted (a boundary can lie
+			// below records already sent): the cut goes above every
+			// one of them, and what the frontier reported with an
+			// acknowledgement was is a floor of every later report.
+			r.frontier.Store(max(stime, t.maxSTime, r.frontier.Load()))
 		}
 		t.raiseLevel(r.sourceEpoch(stime))
 		return r.level
@@ -991,6 +1034,62 @@ func (t *task) holdQuiescent(ctx context.Context, e uint64, marker int64) (int64
 	return last, nil
 }
 
+// planCutFloor is the lowest cut plan p (loading) can get, as a
+// source that acknowledges it now sees it: once every task acknowledged,
+// the coordinator sets the cut at the highest frontier any task reported
+// plus the plan's margin (fsm advanceReconfig), and this task's report
+// with its acknowledgement, like every later one, carries at least the
+// frontier it has now (a source's never goes down). The floor the task
+// computed when it first learned the plan is kept: later reports only
+// raise the cut.
+func (r *reconfigState) planCutFloor(p fsm.ReconfigPlan) int64 {
+	if f, ok := r.cutFloor[p.Epoch]; ok {
+		return f
+	}
+	margin := p.SwitchMargin
+	if margin <= 0 {
+		margin = fsm.DefaultSwitchMargin // as the plan's commit sets it
+	}
+	f := r.frontier.Load()
+	if f >= math.MaxInt64-margin {
+		return math.MaxInt64
+	}
+	return f + margin
+}
+
+// holdForCut runs in every source (generator, kafka, ingest) before it
+// emits a record or a boundary at stime: it installs a pending
+// reconfiguration and, if stime reached the lowest cut a plan the
+// source acknowledged can get (holdBelow) while that plan still loads,
+// holds the source until it learns the plan's cut (or ctx ends). So no
+// source replica passes a cut before it knows it: the replicas of a
+// partition switch at the same stime, and nothing a source emitted is
+// at or above a cut it learns later. With a margin longer than the
+// plan takes to switch, nothing holds. boundary is the last boundary
+// the source emitted: a held generator or kafka source serves snapshots
+// at it (producer only; an ingest source's mutex held).
+func (t *task) holdForCut(ctx context.Context, boundary, stime int64) error {
+	if err := t.pollReconfig(); err != nil {
+		return err
+	}
+	r := &t.rc
+	if len(r.cutFloor) == 0 || stime < r.holdBelow {
+		return nil
+	}
+	// What the source staged goes out before it waits: downstream
+	// tasks are not kept from releasing up to it meanwhile.
+	if err := t.flush(ctx); err != nil {
+		return err
+	}
+	t.counters.cutHolds.Add(1)
+	start := time.Now()
+	t.log.Debug("source held at the lowest cut of a reconfiguration plan until it learns the cut",
+		"stime", stime, "floor", r.holdBelow, "plans", len(r.cutFloor))
+	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow })
+	t.log.Debug("source resumed after learning the reconfiguration cut", "held", time.Since(start), "err", err)
+	return err
+}
+
 // holdSourceLoading holds a generator source, before it tags and emits
 // its next record, while a quiescent plan is loading: the stream stops
 // as soon as the plan is learned, before its versions are loaded and
@@ -1013,10 +1112,11 @@ func (t *task) holdSourceLoading(ctx context.Context, boundary int64) error {
 	return t.holdUntil(ctx, boundary, func() bool { return !t.rc.quiescentLoading })
 }
 
-// holdUntil holds a generator source until done holds or ctx ends,
-// installing the reconfigurations it is handed meanwhile and serving
-// snapshot requests (at boundary, the last boundary it emitted) and
-// other generator commands (rescales) (generator goroutine only).
+// holdUntil holds a source until done holds or ctx ends, installing the
+// reconfigurations it is handed meanwhile and serving snapshot requests
+// (at boundary, the last boundary it emitted) and other generator
+// commands (rescales) (the source's producer only; an ingest source,
+// which has neither, only installs).
 func (t *task) holdUntil(ctx context.Context, boundary int64, done func() bool) error {
 	t.counters.busyUntilNow(t)
 	defer t.counters.resume(t)
@@ -1038,6 +1138,7 @@ func (t *task) holdUntil(ctx context.Context, boundary int64, done func() bool) 
 			t.runGenCmd(ctx, c)
 		case req := <-t.genSnap:
 			req <- t.cutSource(ctx, boundary)
+		case <-t.rcWake:
 		case <-tick.C:
 		}
 	}

@@ -52,8 +52,10 @@ type reconfigRun struct {
 	// version gives the query's YAML at version v of its operators.
 	version func(v int) string
 	changed []string
-	// strategy of the plans addPlan adds ("": live).
+	// strategy and margin of the plans addPlan adds ("": live; 0: the
+	// default margin).
 	strategy string
+	margin   time.Duration
 	// pace is the pace of the run's generators (1 unless a test sets it).
 	pace *Pace
 
@@ -166,12 +168,19 @@ func (r *reconfigRun) received() int {
 
 // publish gives every task the current reconfiguration state, as the
 // coordinator's assignments would.
-func (r *reconfigRun) publish() {
+func (r *reconfigRun) publish() { r.publishExcept("", nil) }
+
+// publishExcept is publish, but task late (if not "") gets old instead:
+// it learns the current state later, with the next publish.
+func (r *reconfigRun) publishExcept(late string, old *fsm.QueryReconfig) {
 	rc := r.rc
 	rc.Plans = slices.Clone(r.rc.Plans)
 	for _, specs := range r.c.specs {
 		for i := range specs {
 			specs[i].Reconfig = &rc
+			if specs[i].TaskID == late {
+				specs[i].Reconfig = old
+			}
 			n := 0
 			for _, in := range r.plan.Node(specs[i].Fragment).Inputs {
 				n += r.plan.Node(in).Partitions
@@ -224,7 +233,7 @@ func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading, Strategy: r.strategy}
+	p := fsm.ReconfigPlan{Epoch: uint64(len(r.rc.Plans) + 1), SpecJSON: spec, Phase: fsm.ReconfigLoading, Strategy: r.strategy, SwitchMargin: int64(r.margin)}
 	for _, op := range r.changed {
 		def, _ := json.Marshal(q.OperatorByName(op))
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
@@ -746,13 +755,19 @@ func (r *reconfigRun) checkStateful(limit int64, replica1 []tuple.Tuple) {
 	if tags[0] == 0 || tags[1] == 0 {
 		t.Fatalf("rows by tag %v: the upgrade did not happen mid-stream", tags)
 	}
-	if replica1 == nil {
-		return
+	if replica1 != nil {
+		sameReplicaRows(t, r.out, replica1)
 	}
+}
+
+// sameReplicaRows fails the test unless two sink replicas' streams hold
+// the same data tuples, ids and version tags included.
+func sameReplicaRows(t *testing.T, out0, out1 []tuple.Tuple) {
+	t.Helper()
 	data := func(ts []tuple.Tuple) []tuple.Tuple {
 		return slices.DeleteFunc(slices.Clone(ts), func(tp tuple.Tuple) bool { return !tp.Type.IsData() })
 	}
-	r0, r1 := data(r.out), data(replica1)
+	r0, r1 := data(out0), data(out1)
 	if len(r0) != len(r1) {
 		t.Fatalf("replica 0 produced %d rows, replica 1 %d", len(r0), len(r1))
 	}

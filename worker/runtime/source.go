@@ -113,6 +113,10 @@ func (t *task) runGenerator() {
 			t.genRecords++
 		}
 		if t.gs.start > boundary && t.gs.start != finalBoundary {
+			if err := t.holdForCut(ctx, boundary, t.gs.start); err != nil {
+				t.endWith(err)
+				return
+			}
 			if err := t.emitBoundary(ctx, t.gs.start); err != nil {
 				t.endWith(err)
 				return
@@ -153,6 +157,7 @@ func (t *task) runGenerator() {
 			break // a rescale removed the partition at this cut
 		}
 		t.genRecords++
+		t.genDrawn = true
 		if tp.STime < boundary {
 			// A generator must not go back in time; clamp so the boundary
 			// promise holds (deterministically, so replicas agree).
@@ -163,6 +168,10 @@ func (t *task) runGenerator() {
 		if tp.STime >= next {
 			var err error
 			if b := floorDiv(tp.STime, interval) * interval; b > boundary {
+				if err := t.holdForCut(ctx, boundary, b); err != nil {
+					t.endWith(err)
+					return
+				}
 				if err := t.emitBoundary(ctx, b); err != nil {
 					t.endWith(err)
 					return
@@ -244,7 +253,7 @@ func (t *task) runGenerator() {
 						return
 					case <-t.rcWake:
 						// A plan handed meanwhile (setReconfig): installed
-						// now, as tagSource would after the wait. The
+						// now rather than after the wait (holdForCut). The
 						// record drawn is not tagged yet.
 						if err := t.pollReconfig(); err != nil && t.emitErr == nil {
 							t.emitErr = err
@@ -259,13 +268,20 @@ func (t *task) runGenerator() {
 		}
 		tp.Type = tuple.Stable
 		if t.rc.on || t.rc.pending.Load() != nil {
-			// The quiescent baseline: nothing while its plan loads.
-			if err := t.holdSourceLoading(ctx, boundary); err != nil {
+			// The quiescent baseline: nothing while its plan loads; a
+			// live plan: nothing at or above its cut's floor before
+			// the cut is known.
+			err := t.holdSourceLoading(ctx, boundary)
+			if err == nil {
+				err = t.holdForCut(ctx, boundary, tp.STime)
+			}
+			if err != nil {
 				t.endWith(err)
 				return
 			}
 		}
 		t.emitSource(ctx, &tp)
+		t.genDrawn = false
 		if t.emitErr != nil {
 			t.endWith(t.emitErr)
 			return
@@ -400,9 +416,15 @@ func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
 	if err := t.flush(ctx); err != nil {
 		return sourceCut{err: err}
 	}
+	records := t.genRecords
+	if t.genDrawn {
+		// Held between drawing a record and emitting it: the copy
+		// draws it again.
+		records--
+	}
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
-		SourceRecords: t.genRecords, SourceLevel: t.rc.earlyLevel(boundary)}
+		SourceRecords: records, SourceLevel: t.rc.earlyLevel(boundary)}
 	if t.srcChain != nil {
 		op, err := t.srcChain.Snapshot()
 		if err != nil {
@@ -620,6 +642,10 @@ func (t *task) ingestLocked(reqCtx context.Context, firstLine uint64, lines []by
 		}
 		// Values alias nothing the caller keeps: the buffer encodes them.
 		tp.Type = tuple.Stable
+		if err := t.holdForCut(ctx, st.boundary, tp.STime); err != nil {
+			t.discardStaged()
+			return accepted, errs, last, fmt.Errorf("ingest into %s: %w", t.spec.TaskID, err)
+		}
 		t.emitSource(ctx, tp)
 		if t.emitErr == nil {
 			// Line by line, so that a failure leaves exactly the lines
@@ -636,7 +662,10 @@ func (t *task) ingestLocked(reqCtx context.Context, firstLine uint64, lines []by
 		st.newest = max(st.newest, tp.STime)
 	}
 	if b := st.floor(); b > st.boundary {
-		err := t.emitBoundary(ctx, b)
+		err := t.holdForCut(ctx, st.boundary, b)
+		if err == nil {
+			err = t.emitBoundary(ctx, b)
+		}
 		if err == nil {
 			err = t.flush(ctx)
 		}

@@ -66,6 +66,12 @@ type TaskStats struct {
 	// left out). A backlog in front of one slow partition shows here,
 	// not in that partition's own queue: it takes what it processes.
 	Held []HeldBacklog
+	// CutHolds counts the times a source held before a reconfiguration
+	// plan's lowest possible cut because the plan had not switched yet
+	// (a live plan that took longer than its switch margin; a quiescent
+	// one, whose margin is a nanosecond, at a boundary); 0 for other
+	// tasks.
+	CutHolds uint64
 }
 
 // HeldBacklog is what a task holds, not yet acknowledged, for one
@@ -88,6 +94,8 @@ type taskCounters struct {
 	due atomic.Int64
 	// origin: the generator's pacing anchor (Unix ns; paceAnchor).
 	origin atomic.Int64
+	// cutHolds: a source's holds for a reconfiguration cut (holdForCut).
+	cutHolds atomic.Uint64
 
 	mark        time.Time // generator: start of the busy period being timed
 	markBlocked int64     // generator: blockedNanos at mark
@@ -250,7 +258,7 @@ func (t *task) stats() TaskStats {
 	// blocked time it subtracts is then at least that of its start).
 	since, blockedAt := t.busySince.Load(), t.busyBlocked.Load()
 	st := TaskStats{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment, Generation: t.spec.Generation,
-		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load()}
+		InTuples: t.counters.in.Load(), OutTuples: t.counters.out.Load(), CutHolds: t.counters.cutHolds.Load()}
 	if due := t.counters.due.Load(); due != 0 {
 		st.SourceLag = max(0, time.Duration(time.Now().UnixNano()-due))
 	}

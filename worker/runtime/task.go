@@ -242,8 +242,9 @@ type task struct {
 	// source started from a snapshot resumes.
 	genSnap chan chan sourceCut
 	genCtl  chan genCmd
-	// rcWake (a generator source) wakes the generator from a pacing wait
-	// to install a reconfiguration it was handed (setReconfig).
+	// rcWake (a source) wakes a generator from a pacing wait, or any
+	// source held for a reconfiguration's cut (holdForCut), to install a
+	// reconfiguration it was handed (setReconfig).
 	rcWake chan struct{}
 	// genWaiting counts the goroutines offering a request on genSnap or
 	// genCtl (raised before the send, lowered after it). A generator
@@ -254,6 +255,10 @@ type task struct {
 	genWaiting atomic.Int32
 	genDone    chan struct{}
 	genRecords int64
+	// genDrawn: the generator drew (and counted) a record it has not
+	// emitted yet; a snapshot taken while it holds there (a
+	// reconfiguration's hold) leaves that record to the copy.
+	genDrawn   bool
 	genRestore *genPosition
 	// gs is the generator's part in live rescales of its own fragment
 	// (see srcscale.go).
@@ -335,6 +340,9 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 	default:
 		return nil, fmt.Errorf("task %s: unknown node kind %q", spec.TaskID, t.node.Kind)
 	}
+	if t.node.Kind == queryspec.KindSource {
+		t.rcWake = make(chan struct{}, 1)
+	}
 	if t.node.Kind != queryspec.KindSource {
 		t.buildInputs()
 		t.proc = make(chan struct{}, 1)
@@ -358,9 +366,8 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		t.genSnap, t.genDone = make(chan chan sourceCut), make(chan struct{})
 		if t.gen != nil {
 			// Rescale holds run on the generator goroutine; a kafka source
-			// cannot hold (a rescale of what it feeds is refused).
+			// cannot hold for one (a rescale of what it feeds is refused).
 			t.genCtl = make(chan genCmd)
-			t.rcWake = make(chan struct{}, 1)
 		}
 		if spec.FromSnapshot != nil {
 			if err := t.restoreSource(spec.FromSnapshot); err != nil {
