@@ -400,6 +400,15 @@ type inputState struct {
 	// onAttempt: a delivery came on the current subscription since it
 	// was made; the gap to the next one is a live replica's (gapSeen).
 	onAttempt bool
+	// doubtFrom is when the input was last heard before a silence past
+	// the detection timeout that was doubted (see inputFailed; 0: none
+	// since the last delivery): the delivery that ends it is the end of
+	// a live replica's gap, measured from there.
+	doubtFrom int64
+	// left is the subscription the input left for silence (inputFailed),
+	// until the input delivers on another: a delivery of it that comes
+	// late shows that its replica lived (see lateHeard).
+	left leftAttempt
 	// tentData: tentative data arrived since the last UNDO/REC_DONE or
 	// switch; the input's stream is not stable.
 	tentData bool
@@ -431,6 +440,15 @@ type inputState struct {
 }
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
+
+// leftAttempt is a subscription an input left because its replica was
+// silent past the detection timeout: its Subscribe.Attempt (0: none),
+// its replica, and when the input last heard it.
+type leftAttempt struct {
+	attempt uint64
+	replica int
+	heard   int64
+}
 
 // stableCovers reports whether the input took stable data at or past
 // stream time st (below its stable boundary, or up to its last stable
@@ -810,6 +828,8 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	case Deliver:
 		if m.current(ev.Input, ev.Attempt) {
 			acts = m.deliver(ev, acts)
+		} else if l := m.inputs[ev.Input].left; l.attempt != 0 && ev.Attempt == l.attempt {
+			acts = m.lateHeard(ev, acts)
 		}
 	case SubscriptionFailed:
 		if m.current(ev.Input, ev.Attempt) {
@@ -851,10 +871,17 @@ func (m *Machine) current(i int, attempt uint64) bool {
 
 func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	in := m.inputs[ev.Input]
-	if in.onAttempt && !in.silent && !in.ended() {
-		m.gapSeen(m.now - in.heard)
+	if (in.onAttempt || in.doubtFrom != 0) && !in.silent && !in.ended() {
+		from := in.heard
+		if in.doubtFrom != 0 {
+			// The silence that was doubted was this gap: it stretches
+			// the timeout now, not only once a later gap is as long.
+			from = in.doubtFrom
+		}
+		m.gapSeen(m.now - from)
 	}
-	in.heard, in.silent, in.spoke, in.onAttempt = m.now, false, true, true
+	in.heard, in.silent, in.spoke, in.onAttempt, in.doubtFrom = m.now, false, true, true, 0
+	in.left = leftAttempt{}
 	drop := m.dropPoint()
 	ts := ev.Tuples
 	if ev.Renumber {
@@ -955,10 +982,42 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 		in.tentWM = max(in.tentWM, ev.TentWatermark)
 	}
 	in.upState[in.replica] = ev.Upstream
-	in.quiet[in.replica] = false
+	// The replica delivers: whatever failure made it suspected (the
+	// input chose it while every replica was, or came back to it) is
+	// over. Still suspected, it counted as failed recently when another
+	// replica went silent (othersDoubtful), and choose ranked it below a
+	// replica that had not delivered since.
+	in.quiet[in.replica], in.suspect[in.replica] = false, 0
 	in.fails[in.replica] = 0
 	in.failedUp = ev.Upstream == UpFailure
 	return m.maybeSwitch(ev.Input, acts)
+}
+
+// lateHeard: a delivery of the subscription input ev.Input left because
+// its replica was silent past the detection timeout, come late (it was
+// on its way: this process, or the way to it, stood still). That
+// replica lived: the silence was a live replica's gap (it stretches the
+// timeout, see gapSeen), and its suspicion goes. An input that has not
+// heard the replica it moved to yet goes back to it: otherwise, when
+// that one had failed for real (the other replica of a pair, held), it
+// waited a whole detection timeout more before it moved again, its
+// buckets waiting all along. The delivery's tuples are not taken (the
+// next subscription resends them).
+func (m *Machine) lateHeard(ev Deliver, acts []Action) []Action {
+	in := m.inputs[ev.Input]
+	l := in.left
+	in.left = leftAttempt{}
+	if in.ended() {
+		return acts
+	}
+	m.gapSeen(m.now - l.heard)
+	r := l.replica
+	in.suspect[r], in.fails[r], in.quiet[r] = 0, 0, false
+	in.upState[r] = ev.Upstream
+	if r != in.replica && !in.onAttempt {
+		acts = m.switchTo(ev.Input, r, acts)
+	}
+	return acts
 }
 
 // appendStable keeps ts, stable tuples received on in, as one segment
@@ -1053,7 +1112,7 @@ func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
 // try gets a full detection timeout).
 //
 // Unless the replica it reads delivered on this subscription and every
-// other replica failed recently (suspected): then the input keeps reading
+// other replica is doubtful (othersDoubtful): then the input keeps reading
 // it, not failed, for one more detection timeout (doubted), and fails
 // only if it stays silent through that too (it has not delivered since).
 // A process short of CPU hears nothing for a while from any upstream; it
@@ -1065,7 +1124,8 @@ func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
 // and only while the others are suspected.
 func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
-	if in.onAttempt && m.othersSuspected(in) {
+	if in.onAttempt && m.othersDoubtful(in) {
+		in.doubtFrom = in.heard
 		in.heard, in.onAttempt = m.now, false
 		m.doubts++
 		return acts
@@ -1074,14 +1134,27 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 	in.silent = true
 	in.suspect[in.replica] = m.now
 	in.quiet[in.replica] = true
-	return m.switchTo(i, m.choose(i), acts)
+	left := leftAttempt{attempt: in.attempt, replica: in.replica, heard: in.heard}
+	acts = m.switchTo(i, m.choose(i), acts)
+	in.left = left
+	return acts
 }
 
-// othersSuspected reports whether input in has other upstream replicas
-// than the one it reads, all of them suspected (they failed recently).
-func (m *Machine) othersSuspected(in *inputState) bool {
+// othersDoubtful reports whether input in has other upstream replicas
+// than the one it reads, each of them suspected (it failed recently),
+// or, while this replica hears its live inputs in long gaps (the
+// detection timeout is stretched: its process is short of CPU), quiet:
+// it went silent on the input and has not been heard since. A held or
+// partitioned replica stays quiet for as long as its fault lasts, long
+// after its suspicion ran out; under load, moving there from a replica
+// that delivered traded a live replica heard late for one that was
+// silent last time, and the input waited there a whole detection
+// timeout, its buckets with it. On a machine that runs normally a
+// silence is taken as it is.
+func (m *Machine) othersDoubtful(in *inputState) bool {
+	stretched := m.DetectLimit() > m.cfg.Detect
 	for r := range in.upState {
-		if r != in.replica && !m.suspected(in, r) {
+		if r != in.replica && !m.suspected(in, r) && !(stretched && in.quiet[r]) {
 			return false
 		}
 	}
@@ -1093,7 +1166,7 @@ func (m *Machine) othersSuspected(in *inputState) bool {
 // replica resends from the last stable tuple).
 func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
-	in.replica, in.heard, in.onAttempt = r, m.now, false
+	in.replica, in.heard, in.onAttempt, in.doubtFrom, in.left = r, m.now, false, 0, leftAttempt{}
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
 	in.attempt++
 	return append(acts, Subscribe{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.attempt})
@@ -1922,7 +1995,8 @@ type Figures struct {
 	Silences uint64
 	// Doubts counts silences past the detection timeout not taken for a
 	// failure: the replica read had delivered on its subscription and
-	// every other replica had failed recently.
+	// every other replica had failed recently (or, while the timeout was
+	// stretched, had gone silent and not been heard since).
 	Doubts uint64
 }
 

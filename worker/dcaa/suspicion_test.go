@@ -73,3 +73,23 @@ func TestKilledReplicaIsTriedAgainEverMoreRarely(t *testing.T) {
 		m.Step(now*ms, Deliver{Input: 0, Tuples: boundaryAt(id, now), Upstream: UpFailure})
 	}
 }
+
+// A replica the input reads while it is suspected (both refused a
+// subscription: the input took the one that failed longer ago) is no
+// longer suspected once it delivers. Still suspected, it counted as
+// failed recently when the other replica later went silent, and the
+// input stayed on that silent replica one detection timeout more (the
+// doubted silence).
+func TestReplicaThatDeliversIsNoLongerSuspected(t *testing.T) {
+	const detect = 30 * time.Millisecond
+	m := oneInputOfTwoReplicas(t, time.Second, detect)
+	m.Step(6*ms, SubscriptionFailed{Input: 0}) // replica 0 refuses: replica 1
+	m.Step(7*ms, SubscriptionFailed{Input: 0}) // replica 1 refuses: back to 0
+	if m.Subscribed(0) != 0 {
+		t.Fatalf("every replica refused: the input reads replica %d, want 0 (failed longer ago)", m.Subscribed(0))
+	}
+	m.Step(8*ms, Deliver{Input: 0, Tuples: boundaryAt(2, 20), Upstream: Stable})
+	if in := m.inputs[0]; m.suspected(in, 0) {
+		t.Fatal("replica 0 delivered but is still suspected")
+	}
+}

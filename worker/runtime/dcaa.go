@@ -212,6 +212,8 @@ func (t *task) watchInputs(ctx context.Context) {
 			in.mu.Lock()
 			if in.cancelCur != nil {
 				t.silences.Add(1)
+				t.log.Info("DCAA input silent past the detection timeout: leaving its upstream replica", "input", in.upstream, "partition", in.upPartition,
+					"silence_run", time.Duration(in.silence(now)), "silence_wall", time.Duration(now-in.health.heard.Load()), "limit", time.Duration(in.silenceLimit(detect)))
 				in.health.silenced.Store(true)
 				in.health.silent.Store(true)
 				in.cancelCur()

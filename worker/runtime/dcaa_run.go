@@ -74,6 +74,9 @@ type dcaaRun struct {
 	// silence after which the task's watchdog takes an input's replica
 	// for failed (see task.detectLimit).
 	limit atomic.Int64
+	// starveCap is the wall silence past which an input is failed
+	// however starved this process was (see starveCapOf).
+	starveCap int64
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -193,7 +196,27 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		lastStable: make([]uint64, len(t.outs)), nsOpen: make([]bool, len(t.outs)), ended: make([]bool, len(t.inputs)), emitType: tuple.Stable, replyTo: map[int]chan bool{}}
 	d.wait.grow(len(t.inputs))
 	d.limit.Store(int64(m.DetectLimit()))
+	d.starveCap = starveCapOf(t.detectTimeout(), shares[t.node.Name])
 	return d, nil
+}
+
+// starveCapOf is the wall silence past which an input of an operator task
+// with detection timeout detect and share of X share is failed however
+// starved its process was: half the share, but at least the stretched
+// timeout (dcaa.DetectMax) and one detection timeout more, and never
+// more than starveLimit. A process loaded for good (load 20 and more on
+// two cores) counts most of its time as starved, so this cap is when a
+// held replica is taken for failed there: with starveLimit alone (5 s)
+// it came 3.7 s after the hold at load 22 with X = 5 s, and the input
+// caught up on the other replica too late for the buckets' wait
+// (TestDCAAOneReplicaLostNoTentative: 4 tentative results). Half the
+// share leaves the other half for the switch.
+func starveCapOf(detect, share time.Duration) int64 {
+	c := dcaa.DetectMax(detect, share) + detect
+	if share > 0 && share != dcaa.Strict {
+		c = max(c, share/2)
+	}
+	return min(int64(c), starveLimit(detect))
 }
 
 func (d *dcaaRun) now() int64 { return int64(time.Since(d.origin)) }
@@ -556,13 +579,17 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, took *tookIDs, deadli
 		return nil // stop-and-copy: nothing more is processed
 	}
 	if late := d.now() - deadline; late > int64(detect/2) {
-		// Woken long after the deadline: this goroutine (or the whole
-		// process) could not run for a while, and what it did not hear
-		// meanwhile says nothing of the upstreams. Listen afresh before
-		// timing anything out.
-		if err := d.listenAfresh(ctx); err != nil {
-			return err
-		}
+		// Woken long after the deadline: this process could not run
+		// for a while (its timer ran late), and what its inputs did not
+		// hear meanwhile says nothing of the upstreams. That is
+		// starvation, as the watchdog's late timer is: on the
+		// starvation clock, it is not counted as their silence
+		// (input.silence), which confirmHeard below vouches by, within
+		// the wall cap. Before, every live input was taken as just
+		// heard, without a cap: at load 45 a held replica went
+		// undetected for about 5 s.
+		d.t.log.Debug("DCAA machine woke late", "late", time.Duration(late))
+		d.t.r.starve().note(time.Now().UnixNano(), late)
 	}
 	if d.now() >= deadline {
 		// A timeout may fire. The machine hears an input only when it
@@ -590,36 +617,6 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, took *tookIDs, deadli
 		took.record()
 	}
 	return d.do(ctx, acts)
-}
-
-// listenAfresh tells the machine that every input with a live
-// subscription is heard from now, in the state its replica advertised.
-func (d *dcaaRun) listenAfresh(ctx context.Context) error {
-	var live []bool
-	for i, in := range d.t.inputs {
-		in.mu.Lock()
-		l := in.cancelCur != nil && in.machineAttempt.Load() == in.target.attempt && !d.isEnded(i)
-		in.mu.Unlock()
-		live = append(live, l)
-		if l {
-			// All of them first: a Step for one input times out the
-			// others not heard yet.
-			d.m.Alive(i, d.now())
-		}
-	}
-	for i, in := range d.t.inputs {
-		if !live[i] {
-			continue
-		}
-		// No tentative watermark: the one last heard may be a batch's,
-		// whose tuples may not have reached the machine yet (see
-		// heartbeat).
-		st := dcaa.StateFromProto(fedstreampb.ReplicaState(in.health.upState.Load()))
-		if err := d.do(ctx, d.m.Step(d.now(), dcaa.Deliver{Input: i, Upstream: st, Attempt: in.machineAttempt.Load()})); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // confirmHeard vouches to the machine (Machine.Alive, all inputs before
@@ -663,6 +660,15 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 	for i, a := range acts {
 		switch a := a.(type) {
 		case dcaa.Subscribe:
+			if a.Attempt > 1 {
+				// Each move is a failure the machine detected (or a
+				// better replica it found): under load, the trail of
+				// false detections.
+				in, f, wall := t.inputs[a.Input], d.m.Figures(), time.Now().UnixNano()
+				t.log.Info("DCAA input moves to upstream replica", "input", in.upstream, "partition", in.upPartition, "replica", a.Replica,
+					"attempt", a.Attempt, "silences", f.Silences, "doubts", f.Doubts, "detect_limit", d.m.DetectLimit(),
+					"silence_wall", time.Duration(wall-in.health.heard.Load()), "silence_run", time.Duration(in.silence(wall)))
+			}
 			t.inputs[a.Input].retarget(a.Replica, a.AfterID, a.Attempt)
 		case dcaa.Checkpoint:
 			snap, err := t.op.Snapshot()

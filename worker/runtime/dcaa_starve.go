@@ -118,6 +118,16 @@ func starveLimit(detect time.Duration) int64 {
 	return int64(max(starveCap*detect, minStarveCap))
 }
 
+// starveCap is the wall silence past which an input of the task is
+// failed however starved its process was: starveLimit, less for an
+// operator task of a replicated query (dcaaRun.starveCap).
+func (t *task) starveCap() int64 {
+	if d := t.dm; d != nil {
+		return d.starveCap
+	}
+	return starveLimit(t.detectTimeout())
+}
+
 // starve is the runtime's starvation clock (created on first use: only
 // DCAA tasks detect failures).
 func (r *Runtime) starve() *starveClock {
@@ -134,24 +144,30 @@ func (in *input) hear(now int64) {
 
 // listenAfresh restarts the input's silence at now as counted over the
 // time this process could run (the failure detector's own timer ran late:
-// this process stood still), but not its wall silence: starveLimit
-// bounds that one. Restarting both (hear), a process starved again and again
-// (load 25 on two cores: the detector's 25 ms timer more than half a
-// detection timeout late every second or so) never counted an input
-// silent, however long its replica had been unreachable: a worker
-// partitioned from every other (TestReplicationWalk) and its consumers
-// never took its replicas for failed, and the query never went
-// tentative.
+// this process stood still), but not its wall silence: the task's
+// starvation cap (task.starveCap) bounds that one. Restarting both
+// (hear), a process starved again and again (load 25 on two cores: the
+// detector's 25 ms timer more than half a detection timeout late every
+// second or so) never counted an input silent, however long its replica
+// had been unreachable: a worker partitioned from every other
+// (TestReplicationWalk) and its consumers never took its replicas for
+// failed, and the query never went tentative.
 func (in *input) listenAfresh(now int64) {
 	in.health.heardRun.Store(now - in.t.r.starve().starved(now))
 }
 
 // silence is how long the input has heard nothing at now, counted over
-// the time this process could run; past starveLimit of wall time it is
-// the wall time.
+// the time this process could run; past the task's starvation cap of
+// wall time it is the wall time (past starveLimit until some replica was
+// heard: the start grace is longer than the cap, and upstream tasks
+// starting late under load are no failure).
 func (in *input) silence(now int64) int64 {
 	wall := now - in.health.heard.Load()
-	if wall > starveLimit(in.t.detectTimeout()) {
+	limit := in.t.starveCap()
+	if !in.health.spoke.Load() {
+		limit = max(limit, starveLimit(in.t.detectTimeout()))
+	}
+	if wall > limit {
 		return wall
 	}
 	return min(wall, now-in.t.r.starve().starved(now)-in.health.heardRun.Load())

@@ -387,27 +387,83 @@ func TestDCAAShortFailureCostsNothing(t *testing.T) {
 // same). The machine detects it and moves to the other replica within
 // the detection timeout, far below X: no tentative result, and the
 // output equals the failure-free replica's.
+//
+// The replica held is the one the aggregate reads: replica 0, unless a
+// start under load (upstreams not heard for the start grace) moved it
+// to replica 1 already. The hold must come within the stream: at load
+// 30 the aggregate was seen STABLE only 16 s after the start, the
+// stream (4 s at the generators' rate) long over, and nothing was read
+// after the cut. A run whose stream ended before the hold proves nothing
+// and runs again (at most three times); the stream is 8 s long, the
+// rest of it run fast once the switch is seen (restAtSpeed).
 func TestDCAAOneReplicaLostNoTentative(t *testing.T) {
-	g := newAggRig(t, "5s", 16000)
+	for run := 1; ; run++ {
+		why := oneReplicaLostRun(t)
+		if why == "" {
+			return
+		}
+		if run == 3 {
+			t.Fatalf("three runs without the failure within the stream; the last: %s", why)
+		}
+		t.Logf("run %d inconclusive: %s; running it again", run, why)
+	}
+}
+
+// oneReplicaLostRun runs TestDCAAOneReplicaLostNoTentative's scenario
+// once; it returns why the run was inconclusive ("" when it was judged).
+func oneReplicaLostRun(t *testing.T) (inconclusive string) {
+	g := newAggRig(t, "5s", 32000)
 	agg0 := queryspec.TaskID(g.q.Name, "counts", 0, 0)
-	up0, up1 := g.c.workers[0].addr, g.c.workers[1].addr
-	waitUntil(t, "aggregate replica 0 reading partition 0 from replica 0", func() bool {
-		return g.faults.BytesFrom(up0) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
+	ups := []string{g.c.workers[0].addr, g.c.workers[1].addr}
+	tk := g.c.workers[2].rt.task(agg0)
+	if tk == nil || tk.dm == nil {
+		t.Fatal("the replicated aggregate does not run the DCAA machine")
+	}
+	var held, other string
+	var in *input
+	waitUntil(t, "aggregate replica 0 STABLE, reading partition 0", func() bool {
+		var r int
+		if r, in = readsReplica(tk, "lines", 0); in == nil {
+			return false
+		}
+		held, other = ups[r], ups[1-r]
+		return g.faults.BytesFrom(held) > 8<<10 && g.taskState(agg0).Replica == fedstreampb.ReplicaState_REPLICA_STABLE
 	})
-	before := g.faults.BytesFrom(up1)
-	g.faults.CutOutgoing(up0, dataplane.Hold)
-	waitUntil(t, "aggregate replica 0 reading from source replica 1", func() bool { return g.faults.BytesFrom(up1)-before >= 8<<10 })
+	before := g.faults.BytesFrom(other)
+	g.faults.CutOutgoing(held, dataplane.Hold)
+	defer g.faults.HealAll()
+	waitUntil(t, "aggregate replica 0 reading from the other source replica, or its input ended", func() bool {
+		return g.faults.BytesFrom(other)-before >= 8<<10 || in.endTaken.Load()
+	})
+	if moved := g.faults.BytesFrom(other) - before; moved < 8<<10 {
+		return fmt.Sprintf("the aggregate's input from partition 0 ended with %d bytes from the other source replica after the hold", moved)
+	}
 	g.restAtSpeed(t)
 	got := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 0)))
 	want := viewOf(g.c.tail(t, queryspec.TaskID(g.q.Name, "out", 0, 1)))
-	if moved := g.faults.BytesFrom(up1) - before; moved < 8<<10 {
-		t.Fatalf("only %d bytes came from source replica 1 after the cut: the aggregate did not switch", moved)
-	}
 	if got.tentative+got.undos+got.recDones != 0 {
 		t.Fatalf("losing one replica gave %d tentative, %d UNDO, %d REC_DONE", got.tentative, got.undos, got.recDones)
 	}
 	sameStable(t, got.stable, want.stable, 40)
-	g.faults.HealAll()
+	return ""
+}
+
+// readsReplica is the upstream replica task tk's input from partition
+// part of fragment upstream reads, and that input (nil: it has no live
+// subscription to the replica the machine chose).
+func readsReplica(tk *task, upstream string, part int) (int, *input) {
+	for _, in := range tk.inputsNow() {
+		if in.upstream != upstream || in.upPartition != part {
+			continue
+		}
+		in.mu.Lock()
+		defer in.mu.Unlock()
+		if !in.target.set || in.cancelCur == nil || in.machineAttempt.Load() != in.target.attempt {
+			return 0, nil
+		}
+		return in.target.replica, in
+	}
+	return 0, nil
 }
 
 // A DCAA operator task (replicated query) moves from a stop-and-copy

@@ -67,7 +67,11 @@ func startWorkerOpts(t testing.TB, pool *dataplane.Pool, opts Options) *worker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	level := slog.LevelWarn
+	if os.Getenv("FEDSTREAM_TEST_LOG") == "info" {
+		level = slog.LevelInfo
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts.Logger = log
 	if opts.Pool == nil {
 		opts.Pool = pool

@@ -3,6 +3,8 @@ package runtime
 import (
 	"testing"
 	"time"
+
+	"github.com/fedstream/fedstream/worker/dcaa"
 )
 
 // A worker process starved again and again (its failure detector's
@@ -60,5 +62,26 @@ func TestWatchdogGivesAnUpstreamTimeToStart(t *testing.T) {
 	in.heardFrom(0, 0, true)
 	if limit := in.silenceLimit(detect); limit != int64(detect) {
 		t.Fatalf("once a replica was heard, the limit is %v, want the detection timeout %v", time.Duration(limit), detect)
+	}
+}
+
+// An operator task of a replicated query fails a silent input by half
+// its share of wall time however starved its process is (at least the
+// stretched detection timeout and one more, at most starveLimit), so
+// that the switch to another replica has the other half: at load 22,
+// with starveLimit alone, a held replica was taken for failed 3.7 s
+// into a 5 s share and the input caught up too late.
+func TestStarveCapLeavesHalfTheShareForTheSwitch(t *testing.T) {
+	ms := time.Millisecond
+	for _, c := range []struct{ detect, share, want time.Duration }{
+		{400 * ms, 5 * time.Second, 2500 * ms},                        // TestDCAAOneReplicaLostNoTentative
+		{100 * ms, 300 * ms, 250 * ms},                                // DetectMax 150 ms + 100 ms
+		{100 * ms, 0, 500 * ms},                                       // max_delay 0: DetectMax 400 ms + 100 ms
+		{100 * ms, dcaa.Strict, 500 * ms},                             // strict: likewise
+		{400 * ms, time.Minute, time.Duration(starveLimit(400 * ms))}, // never past starveLimit
+	} {
+		if got := time.Duration(starveCapOf(c.detect, c.share)); got != c.want {
+			t.Errorf("starveCapOf(%v, %v) = %v, want %v", c.detect, c.share, got, c.want)
+		}
 	}
 }
