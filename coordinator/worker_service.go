@@ -228,8 +228,10 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	var (
 		tasks   []*fsm.Task
 		queries []*fsm.QueryView
+		woke    time.Time
 	)
 	index, err := s.State().BlockingQuery(ctx, req.MinIndex, wait, func(wset memdb.WatchSet) (uint64, error) {
+		woke = time.Now()
 		idx, t, q, err := s.State().WorkerAssignments(wset, req.WorkerId)
 		tasks, queries = t, q
 		return idx, err
@@ -316,6 +318,9 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		resp.Assignments = append(resp.Assignments, a)
 	}
 	s.hostedAssignments(req.WorkerId, resp)
+	if h := s.cfg.hooks.watchServed; h != nil {
+		h(req.WorkerId, index, woke, time.Now())
+	}
 	return resp, nil
 }
 
