@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -209,6 +210,36 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	if err := s.writeReport(ctx, upd, hold); err != nil {
 		return nil, err
 	}
+	return resp, nil
+}
+
+// NoteReconfigAcks takes a worker's reconfiguration acknowledgements
+// into the leader's record (acksReceived) ahead of the report that writes
+// them: the worker sends it when its tasks acknowledged a plan while its
+// report loop waited for an earlier report's Raft write (the periodic
+// one, every 250 ms: about one plan in ten waited for it, a write's time).
+// Nothing is written: the report that follows records the
+// acknowledgements in Raft, and the plan advances only from there. An
+// acknowledgement counts only from the copy the leader's state places
+// the task on (ackSeen), as in a report.
+func (ws *workerService) NoteReconfigAcks(ctx context.Context, req *pb.ReportTasksRequest) (*pb.ReportTasksResponse, error) {
+	s := ws.s
+	resp := &pb.ReportTasksResponse{}
+	if handled, err := s.leaderOrForward(ctx, workerMethod+"NoteReconfigAcks", req, resp); handled {
+		return resp, err
+	}
+	if w, err := s.State().Worker(nil, req.WorkerId); err != nil {
+		return nil, status.Errorf(codes.Internal, "note acknowledgements: read worker %s: %v", req.WorkerId, err)
+	} else if w == nil {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	// Hosted copies of partners' tasks are no task of this org's state
+	// (their acknowledgements reach the owner with the reports).
+	hosted := s.hostedOn(req.WorkerId)
+	own := slices.DeleteFunc(slices.Clone(req.Tasks), func(t *pb.TaskState) bool { return hosted[t.TaskId] != nil })
+	// Whether a report would be held (writeReport) does not matter:
+	// nothing is written here.
+	s.noteAcksReceived(req.WorkerId, own)
 	return resp, nil
 }
 
