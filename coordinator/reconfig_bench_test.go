@@ -283,14 +283,6 @@ func (f answeredFuture) Error() error {
 	return err
 }
 
-// later is the later of a and b (the zero time counts as earliest).
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
-}
-
 // waitForSignal waits until cond holds, rechecking at every signal on ch
 // (and every 10 ms in case one was missed).
 func waitForSignal(t testing.TB, ch <-chan struct{}, what string, cond func() bool) {

@@ -349,8 +349,14 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		resp.Assignments = append(resp.Assignments, a)
 	}
 	s.hostedAssignments(req.WorkerId, resp)
+	built := time.Now()
+	for _, q := range queries {
+		if e := q.Query.Reconfig.Latest(); e > 0 {
+			s.acks.noteServed(req.WorkerId, q.Query.Name, e, woke, built)
+		}
+	}
 	if h := s.cfg.hooks.watchServed; h != nil {
-		h(req.WorkerId, index, woke, time.Now())
+		h(req.WorkerId, index, woke, built)
 	}
 	return resp, nil
 }
