@@ -92,6 +92,10 @@ type hooks struct {
 	// rescaleStall and resumeEvery replace rescaleStall and resumeEvery
 	// (rescale_resume.go) when positive.
 	rescaleStall, resumeEvery time.Duration
+	// watchServed, when set, is told for every assignment watch that
+	// returned a new index when its wait woke (or the first read ran)
+	// and when its response was built (BenchmarkReconfigAckPath).
+	watchServed func(worker string, index uint64, woke, built time.Time)
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

@@ -50,7 +50,20 @@ type acksReceived struct {
 	// applied is when this coordinator's state machine applied each
 	// plan (the commit as this coordinator sees it, ReconfigCommitted).
 	applied map[acksKey]time.Time
+	// served is when each worker's assignment watch first answered
+	// with each plan (ReconfigServed).
+	served map[servedKey]servedAt
 }
+
+// servedKey is one worker's watch answering with one plan.
+type servedKey struct {
+	acksKey
+	worker string
+}
+
+// servedAt is when a watch woke (its last read began) and had built its
+// response.
+type servedAt struct{ woke, built time.Time }
 
 // parkedReport is a worker's report waiting to be written with others.
 type parkedReport struct {
@@ -376,4 +389,44 @@ func (s *Server) ReconfigCommitted(query string, epoch uint64) time.Time {
 	s.acks.mu.Lock()
 	defer s.acks.mu.Unlock()
 	return s.acks.applied[acksKey{query, epoch}]
+}
+
+// noteServed records that worker's assignment watch, woken at woke,
+// built at built a response carrying plan epoch of query (the first such
+// response only).
+func (a *acksReceived) noteServed(worker, query string, epoch uint64, woke, built time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k := servedKey{acksKey{query, epoch}, worker}
+	if _, ok := a.served[k]; ok {
+		return
+	}
+	if a.served == nil || len(a.served) >= 4*acksReceivedKeep {
+		a.served = map[servedKey]servedAt{}
+	}
+	a.served[k] = servedAt{woke, built}
+}
+
+// ReconfigServed is when this coordinator's assignment watches, for the
+// last of the workers they served with query's plan epoch, woke and had
+// built the response that first carried it (zero: none did). From the
+// commit (ReconfigCommitted) to woke is the wake of the watch; built to
+// the worker's receipt of the response, its transfer.
+func (s *Server) ReconfigServed(query string, epoch uint64) (woke, built time.Time) {
+	s.acks.mu.Lock()
+	defer s.acks.mu.Unlock()
+	for k, at := range s.acks.served {
+		if k.acksKey == (acksKey{query, epoch}) {
+			woke, built = later(woke, at.woke), later(built, at.built)
+		}
+	}
+	return woke, built
+}
+
+// later is the later of a and b (the zero time counts as earliest).
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

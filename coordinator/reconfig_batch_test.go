@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
@@ -135,6 +138,23 @@ func ackReport(ctx context.Context, s *Server, worker string, gen int32, acked u
 	return err
 }
 
+// ackNotice sends worker's NoteReconfigAcks to s (direct: nil client)
+// or through client, acknowledging epoch acked for the copies of
+// generation gen of tasks ids.
+func ackNotice(ctx context.Context, s *Server, client pb.WorkerServiceClient, worker string, gen int32, acked uint64, ids ...string) error {
+	req := &pb.ReportTasksRequest{WorkerId: worker}
+	for _, id := range ids {
+		req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: id, Generation: gen, Reconfig: &pb.ReconfigProgress{Acked: acked}})
+	}
+	var err error
+	if client != nil {
+		_, err = client.NoteReconfigAcks(ctx, req)
+	} else {
+		_, err = (&workerService{s: s}).NoteReconfigAcks(ctx, req)
+	}
+	return err
+}
+
 // planPhase is the phase of query q's plan 1 in s's state.
 func planPhase(t *testing.T, s *Server) string {
 	t.Helper()
@@ -215,8 +235,19 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the report held by the old leader did not return when the leadership moved")
 	}
+	// A notice sent to the old leader, now a follower, is forwarded to
+	// the new one (it writes nothing: the update is not done there yet).
+	if err := ackNotice(ctx, nil, c.workers(l), "wa", 1, 1, src, src1); err != nil {
+		t.Fatal(err)
+	}
+	if got := old.ReconfigAcksReceived("q", 1); !got.IsZero() {
+		t.Fatalf("the old leader recorded the update done at %v from a notice it forwarded", got)
+	}
 	if err := ackReport(ctx, leader, "wb", 1, 1, f); err != nil {
 		t.Fatal(err)
+	}
+	if got := leader.ReconfigAcksReceived("q", 1); got.IsZero() {
+		t.Fatal("the new leader holds every acknowledgement (wa's forwarded notice, wb's report), yet not the update done")
 	}
 	if err := ackReport(ctx, leader, "wa", 1, 1, src, src1); err != nil { // the worker reports again
 		t.Fatal(err)
@@ -226,5 +257,49 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 	}
 	if got := old.ReconfigAcksReceived("q", 1); !got.IsZero() {
 		t.Fatalf("the old leader never had every acknowledgement, yet recorded the update done at %v", got)
+	}
+}
+
+// TestReconfigAckNoticeHeldAheadOfItsWrite: a worker's notice of
+// acknowledgements (NoteReconfigAcks, sent while its report loop waits
+// for an earlier report's write) puts them in the leader's record
+// without writing anything: the update is done once the leader holds
+// every task's acknowledgement, the plan still loads in Raft until the
+// report that follows is written, which switches it. A notice from a
+// copy the state does not place (another generation) counts for nothing,
+// one from an unknown worker is refused.
+func TestReconfigAckNoticeHeldAheadOfItsWrite(t *testing.T) {
+	t.Parallel()
+	c := newTestCluster(t, 1, "", "")
+	s := c.nodes[0]
+	p := ackPlanSetUp(t, s, time.Millisecond)
+	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
+	if err := report("wa", 1, src, src1); err != nil {
+		t.Fatal(err)
+	}
+	if err := ackNotice(ctx, s, nil, "wb", 7, 1, f); err != nil { // not the copy placed (generation 1)
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); !got.IsZero() {
+		t.Fatalf("task f's copy never acknowledged (an older one did), yet the update is done at %v", got)
+	}
+	if err := ackNotice(ctx, s, nil, "wz", 1, 1, f); status.Code(err) != codes.NotFound {
+		t.Fatalf("a notice from an unknown worker: %v, want NotFound", err)
+	}
+	before := s.raft.LastIndex()
+	if err := ackNotice(ctx, s, nil, "wb", 1, 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.ReconfigAcksReceived("q", 1); got.IsZero() {
+		t.Fatal("every task acknowledged (f by a notice), yet the leader does not hold the update done")
+	}
+	if tf, _ := s.State().Task(nil, f); tf == nil || tf.ReconfigAcked != 0 || planPhase(t, s) != fsm.ReconfigLoading || s.raft.LastIndex() != before {
+		t.Fatalf("a notice wrote something: task f %+v, plan %s, log %d -> %d", tf, planPhase(t, s), before, s.raft.LastIndex())
+	}
+	if err := report("wb", 1, f); err != nil {
+		t.Fatal(err)
+	}
+	if planPhase(t, s) != fsm.ReconfigSwitched {
+		t.Fatalf("the report after the notice was written, yet the plan is %s", planPhase(t, s))
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	memdb "github.com/hashicorp/go-memdb"
 	"github.com/hashicorp/raft"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -34,7 +35,7 @@ sinks:
 // rcAckTimes is when one plan reached each step of a live update, as
 // seen by the benchmark (one worker's times: the last of the workers).
 type rcAckTimes struct {
-	committed, fired, sent, switched time.Time
+	committed, woke, built, fired, sent, switched time.Time
 }
 
 // fakeRCWorker is a worker of BenchmarkReconfigAckPath: it long-polls its
@@ -42,7 +43,7 @@ type rcAckTimes struct {
 // it is handed at once (its tasks "install" in no time: the runtime's
 // share is what `bench reconfig` reports as learned -> installed), and
 // reports the markers of a switched plan so that it completes.
-func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string, note func(worker string, e uint64, fired, sent time.Time)) error {
+func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string, note func(worker string, index, e uint64, size int, fired, sent time.Time)) error {
 	var index uint64
 	acked, level := uint64(0), uint64(0)
 	// Plans decoded by their JSON, as a worker keeps them (specCache):
@@ -89,7 +90,7 @@ func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string,
 			return err
 		}
 		if latest > acked {
-			note(id, latest, fired, sent)
+			note(id, resp.Index, latest, proto.Size(resp), fired, sent)
 		}
 		acked, level = latest, switched
 	}
@@ -98,11 +99,14 @@ func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string,
 
 // BenchmarkReconfigAckPath measures, step by step, the coordinator's part
 // of a live update: the plan committed (UpdateQuery over gRPC), the
-// assignment watch of the last of three workers fired with it, the last
+// assignment watch of the last of three workers woken on the coordinator
+// (woke), its response built (built), the watch returned at the worker
+// with it (fired; built -> fired is the response's transfer), the last
 // acknowledgement sent (ReportTasks), the leader holding every task's
 // acknowledgement, the Raft write of them begun, and the plan switched
 // in the leader's state (every acknowledgement applied; written: the
-// write's future answered). Each metric is
+// write's future answered). resp-bytes is the size of the watch
+// responses that carried a plan. Each metric is
 // the median over the iterations, in ms from the commit. The workers'
 // own part (decode, build, install) is not in it: they acknowledge as
 // soon as they are handed the plan.
@@ -117,7 +121,19 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 	var written []time.Time
 	var planWrites []float64
 	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+	// served: when each watch (worker, index) woke and had its response.
+	type watchKey struct {
+		worker string
+		index  uint64
+	}
+	served := map[watchKey][2]time.Time{}
+	var respSizes []float64 // the plans' watch responses, bytes
 	c := newTestClusterWith(b, 1, "", "", tm, func(cfg *Config) {
+		cfg.hooks.watchServed = func(worker string, index uint64, woke, built time.Time) {
+			wmu.Lock()
+			served[watchKey{worker, index}] = [2]time.Time{woke, built}
+			wmu.Unlock()
+		}
 		cfg.hooks.applyFuture = func(mt fsm.MessageType, f raft.ApplyFuture) raft.ApplyFuture {
 			if mt == fsm.ReconfigureQueryType {
 				began := time.Now()
@@ -156,10 +172,15 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := fakeRCWorker(ctx, client, id, func(_ string, e uint64, fired, sent time.Time) {
+			err := fakeRCWorker(ctx, client, id, func(w string, index, e uint64, size int, fired, sent time.Time) {
+				wmu.Lock()
+				sv := served[watchKey{w, index}]
+				respSizes = append(respSizes, float64(size))
+				wmu.Unlock()
 				mu.Lock()
 				defer mu.Unlock()
 				t := at(e)
+				t.woke, t.built = later(t.woke, sv[0]), later(t.built, sv[1])
 				t.fired, t.sent = later(t.fired, fired), later(t.sent, sent)
 			})
 			if err != nil && ctx.Err() == nil {
@@ -200,7 +221,7 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 		}
 	}()
 	rcs := pb.NewReconfigServiceClient(c.conn(0, c.tokens[1]))
-	var fired, sent, received, began, done, switched []float64
+	var woke, built, fired, sent, received, began, done, switched []float64
 	first := s.raft.LastIndex()
 	b.ResetTimer()
 	for i := range b.N {
@@ -220,6 +241,10 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 		if c := s.ReconfigCommitted("rb", e); !c.IsZero() {
 			t.committed = c // the state machine's apply, not the watch's wake
 		}
+		if testing.Verbose() {
+			b.Logf("e %d: woke %.3f built %.3f fired %.3f", e, ms(t.woke.Sub(t.committed)), ms(t.built.Sub(t.committed)), ms(t.fired.Sub(t.committed)))
+		}
+		woke, built = append(woke, ms(t.woke.Sub(t.committed))), append(built, ms(t.built.Sub(t.committed)))
 		fired, sent, switched = append(fired, ms(t.fired.Sub(t.committed))), append(sent, ms(t.sent.Sub(t.committed))), append(switched, ms(t.switched.Sub(t.committed)))
 		if r := s.ReconfigAcksReceived("rb", e); !r.IsZero() {
 			received = append(received, ms(r.Sub(t.committed)))
@@ -238,7 +263,7 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 	for _, m := range []struct {
 		unit string
 		v    []float64
-	}{{"fired-ms", fired}, {"sent-ms", sent}, {"received-ms", received}, {"write-began-ms", began}, {"written-ms", done}, {"switched-ms", switched}, {"plan-write-ms", planWrites}} {
+	}{{"resp-bytes", respSizes}, {"woke-ms", woke}, {"built-ms", built}, {"fired-ms", fired}, {"sent-ms", sent}, {"received-ms", received}, {"write-began-ms", began}, {"written-ms", done}, {"switched-ms", switched}, {"plan-write-ms", planWrites}} {
 		if len(m.v) > 0 {
 			slices.Sort(m.v)
 			b.ReportMetric(m.v[len(m.v)/2], m.unit)
@@ -256,14 +281,6 @@ func (f answeredFuture) Error() error {
 	err := f.ApplyFuture.Error()
 	f.done(time.Now())
 	return err
-}
-
-// later is the later of a and b (the zero time counts as earliest).
-func later(a, b time.Time) time.Time {
-	if b.After(a) {
-		return b
-	}
-	return a
 }
 
 // waitForSignal waits until cond holds, rechecking at every signal on ch

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -212,6 +213,36 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	return resp, nil
 }
 
+// NoteReconfigAcks takes a worker's reconfiguration acknowledgements
+// into the leader's record (acksReceived) ahead of the report that writes
+// them: the worker sends it when its tasks acknowledged a plan while its
+// report loop waited for an earlier report's Raft write (the periodic
+// one, every 250 ms: about one plan in ten waited for it, a write's time).
+// Nothing is written: the report that follows records the
+// acknowledgements in Raft, and the plan advances only from there. An
+// acknowledgement counts only from the copy the leader's state places
+// the task on (ackSeen), as in a report.
+func (ws *workerService) NoteReconfigAcks(ctx context.Context, req *pb.ReportTasksRequest) (*pb.ReportTasksResponse, error) {
+	s := ws.s
+	resp := &pb.ReportTasksResponse{}
+	if handled, err := s.leaderOrForward(ctx, workerMethod+"NoteReconfigAcks", req, resp); handled {
+		return resp, err
+	}
+	if w, err := s.State().Worker(nil, req.WorkerId); err != nil {
+		return nil, status.Errorf(codes.Internal, "note acknowledgements: read worker %s: %v", req.WorkerId, err)
+	} else if w == nil {
+		return nil, errUnknownWorker(req.WorkerId)
+	}
+	// Hosted copies of partners' tasks are no task of this org's state
+	// (their acknowledgements reach the owner with the reports).
+	hosted := s.hostedOn(req.WorkerId)
+	own := slices.DeleteFunc(slices.Clone(req.Tasks), func(t *pb.TaskState) bool { return hosted[t.TaskId] != nil })
+	// Whether a report would be held (writeReport) does not matter:
+	// nothing is written here.
+	s.noteAcksReceived(req.WorkerId, own)
+	return resp, nil
+}
+
 // WatchAssignments is a read: any coordinator serves it from its own state,
 // blocking until the worker's assignment index passes min_index.
 func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssignmentsRequest) (*pb.WatchAssignmentsResponse, error) {
@@ -228,8 +259,10 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 	var (
 		tasks   []*fsm.Task
 		queries []*fsm.QueryView
+		woke    time.Time
 	)
 	index, err := s.State().BlockingQuery(ctx, req.MinIndex, wait, func(wset memdb.WatchSet) (uint64, error) {
+		woke = time.Now()
 		idx, t, q, err := s.State().WorkerAssignments(wset, req.WorkerId)
 		tasks, queries = t, q
 		return idx, err
@@ -316,6 +349,15 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		resp.Assignments = append(resp.Assignments, a)
 	}
 	s.hostedAssignments(req.WorkerId, resp)
+	built := time.Now()
+	for _, q := range queries {
+		if e := q.Query.Reconfig.Latest(); e > 0 {
+			s.acks.noteServed(req.WorkerId, q.Query.Name, e, woke, built)
+		}
+	}
+	if h := s.cfg.hooks.watchServed; h != nil {
+		h(req.WorkerId, index, woke, built)
+	}
 	return resp, nil
 }
 

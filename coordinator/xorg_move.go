@@ -1017,13 +1017,11 @@ func (s *Server) expireHosted(ctx context.Context) {
 	}
 }
 
-// takeHostedReports keeps, on the host's leader, the reports of hosted
-// copies from a worker's report and returns the others (the state
-// machine knows no task of a partner's query).
-func (s *Server) takeHostedReports(workerID string, in []*pb.TaskState) []*pb.TaskState {
+// hostedOn is the partners' tasks this org hosts on worker, by task id.
+func (s *Server) hostedOn(workerID string) map[string]*fsm.HostedTask {
 	hs, err := s.State().HostedTasks(nil)
 	if err != nil || len(hs) == 0 {
-		return in
+		return nil
 	}
 	mine := map[string]*fsm.HostedTask{}
 	for _, h := range hs {
@@ -1031,6 +1029,14 @@ func (s *Server) takeHostedReports(workerID string, in []*pb.TaskState) []*pb.Ta
 			mine[h.TaskID] = h
 		}
 	}
+	return mine
+}
+
+// takeHostedReports keeps, on the host's leader, the reports of hosted
+// copies from a worker's report and returns the others (the state
+// machine knows no task of a partner's query).
+func (s *Server) takeHostedReports(workerID string, in []*pb.TaskState) []*pb.TaskState {
+	mine := s.hostedOn(workerID)
 	if len(mine) == 0 {
 		return in
 	}

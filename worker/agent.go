@@ -133,6 +133,11 @@ type Worker struct {
 	// rcTimes notes when reconfiguration plans came and were
 	// acknowledged (reconfig_timing.go).
 	rcTimes rcTimes
+	// noNotices: the coordinators do not serve NoteReconfigAcks (an
+	// older version): acknowledgements go with the reports only.
+	noNotices atomic.Bool
+	// taskStates replaces runtime.States in noteAcks (tests).
+	taskStates func() []wrt.TaskState
 
 	mu       sync.Mutex
 	conns    map[string]*grpc.ClientConn
@@ -894,17 +899,31 @@ func (w *Worker) awaitReconfigSettled(ctx context.Context) {
 // copy still behind what they have read).
 func (w *Worker) reportLoop(ctx context.Context) {
 	last := map[string]wrt.TaskState{}
+	// acked is the newest plan each task's acknowledgement of which left
+	// here (in a report or a notice).
+	acked := ackedSent{}
 	interval := 250 * time.Millisecond
 	timer := time.NewTimer(interval)
 	defer timer.Stop()
+	// again: a progress signal came while the last report was in flight
+	// (reportNoting took it): report again at once.
+	again := false
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-w.runtime.ProgressChanged():
-			// A reconfiguration step: the coordinator waits for it.
+		if again {
+			again = false
 			w.awaitReconfigSettled(ctx)
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-timer.C:
+			case <-w.runtime.ProgressChanged():
+				// A reconfiguration step: the coordinator waits for it.
+				w.awaitReconfigSettled(ctx)
+			}
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		// Reset discards a value the timer may hold (Go 1.23 timers).
 		timer.Reset(interval)
@@ -944,11 +963,21 @@ func (w *Worker) reportLoop(ctx context.Context) {
 		}
 		sent := time.Now()
 		for _, ts := range acks {
-			w.rcTimes.reported(ts.TaskId, ts.Reconfig.Acked, sent)
+			if acked.add(ts.TaskId, int(ts.Generation), ts.Reconfig.Acked) {
+				w.rcTimes.reported(ts.TaskId, ts.Reconfig.Acked, sent)
+			}
 		}
-		err := w.call(ctx, 5*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
-			_, err := c.ReportTasks(ctx, &pb.ReportTasksRequest{WorkerId: id, Tasks: changed})
-			return err
+		for id := range acked {
+			if _, ok := cur[id]; !ok {
+				delete(acked, id)
+			}
+		}
+		var err error
+		again = w.reportNoting(ctx, id, acked, func() {
+			err = w.call(ctx, 5*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
+				_, err := c.ReportTasks(ctx, &pb.ReportTasksRequest{WorkerId: id, Tasks: changed})
+				return err
+			})
 		})
 		switch {
 		case err == nil:
@@ -958,4 +987,112 @@ func (w *Worker) reportLoop(ctx context.Context) {
 			last = map[string]wrt.TaskState{}
 		}
 	}
+}
+
+// reportNoting runs report (a ReportTasks call, which returns once the
+// leader wrote the report in Raft) and, while it runs, sends the leader
+// the acknowledgements of plans the tasks install meanwhile
+// (NoteReconfigAcks), so that they do not wait for that write and the
+// next report's: the periodic report is in flight about one plan in ten,
+// and a plan is done when the leader holds every task's acknowledgement.
+// The report that follows (again) records them in Raft. acked is the
+// newest acknowledgement of each task sent; reportNoting adds what it
+// notices (its goroutine owns acked until report returned and it ended).
+// again reports whether it took a progress signal of the runtime: the
+// caller reports at once.
+func (w *Worker) reportNoting(ctx context.Context, id string, acked ackedSent, report func()) (again bool) {
+	if w.noNotices.Load() {
+		report()
+		return false
+	}
+	nctx, cancel := context.WithCancel(ctx)
+	took := make(chan bool, 1)
+	go func() {
+		got := false
+		defer func() { took <- got }()
+		for {
+			select {
+			case <-nctx.Done():
+				return
+			case <-w.runtime.ProgressChanged():
+				got = true
+			}
+			w.awaitReconfigSettled(nctx)
+			if nctx.Err() != nil {
+				return
+			}
+			// A notice still under way when the report returns is cut:
+			// the report the caller sends at once (again) carries its
+			// acknowledgements.
+			w.noteAcks(nctx, id, acked)
+		}
+	}()
+	report()
+	cancel()
+	return <-took
+}
+
+// noteAcks sends the leader the acknowledgements of the tasks here that
+// acked (what left already) does not have, and adds them to it.
+func (w *Worker) noteAcks(ctx context.Context, id string, acked ackedSent) {
+	var notes []*pb.TaskState
+	states := w.runtime.States
+	if w.taskStates != nil {
+		states = w.taskStates
+	}
+	for _, st := range states() {
+		if st.Reconfig && acked.isNew(st.TaskID, st.Generation, st.ReconfigAcked) {
+			notes = append(notes, &pb.TaskState{TaskId: st.TaskID, Generation: int32(st.Generation),
+				Reconfig: &pb.ReconfigProgress{Acked: st.ReconfigAcked}})
+		}
+	}
+	if len(notes) == 0 {
+		return
+	}
+	sent := time.Now()
+	err := w.call(ctx, 5*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
+		_, err := c.NoteReconfigAcks(ctx, &pb.ReportTasksRequest{WorkerId: id, Tasks: notes})
+		return err
+	})
+	if status.Code(err) == codes.Unimplemented {
+		w.noNotices.Store(true)
+		w.logger.Info("the coordinators take acknowledgements with the reports only (an older version)")
+		return
+	}
+	if err != nil {
+		// The report that follows carries them.
+		w.logger.Debug("reconfiguration acknowledgements not noted ahead of the report", "err", err)
+		return
+	}
+	for _, t := range notes {
+		if acked.add(t.TaskId, int(t.Generation), t.Reconfig.Acked) {
+			w.rcTimes.reported(t.TaskId, t.Reconfig.Acked, sent)
+		}
+	}
+}
+
+// ackedSent is, by task id, the newest reconfiguration plan whose
+// acknowledgement by the task's copy (generation) left this worker.
+type ackedSent map[string]sentAck
+
+type sentAck struct {
+	gen   int
+	epoch uint64
+}
+
+// isNew reports whether copy gen of task id acknowledging epoch is news
+// to the leader (a new copy's acknowledgements all are).
+func (a ackedSent) isNew(id string, gen int, epoch uint64) bool {
+	p, ok := a[id]
+	return epoch > 0 && (!ok || p.gen != gen || epoch > p.epoch)
+}
+
+// add notes that copy gen of task id's acknowledgement of epoch left;
+// it reports whether that was news (isNew).
+func (a ackedSent) add(id string, gen int, epoch uint64) bool {
+	if !a.isNew(id, gen, epoch) {
+		return false
+	}
+	a[id] = sentAck{gen, epoch}
+	return true
 }

@@ -128,7 +128,7 @@ func breakdownOf(res *benchmark.StrategyResult) *benchmark.UpdateBreakdown {
 		}
 		return d
 	}
-	return &benchmark.UpdateBreakdown{ReceivedMs: med(res.ReceivedMs), LearnedMs: med(res.LearnedMs), ReportedMs: med(res.ReportedMs), InstalledMs: med(res.InstalledMs), RequestMs: med(res.RequestMs),
+	return &benchmark.UpdateBreakdown{WatchWokeMs: med(res.WatchWokeMs), WatchBuiltMs: med(res.WatchBuiltMs), ReceivedMs: med(res.ReceivedMs), LearnedMs: med(res.LearnedMs), ReportedMs: med(res.ReportedMs), InstalledMs: med(res.InstalledMs), RequestMs: med(res.RequestMs),
 		AcksReceivedMs: med(res.AcksReceivedMs), SwitchedMs: med(res.SwitchedMs),
 		RaftWriteMs:  med(diffs(res.SwitchedMs, res.AcksReceivedMs)),
 		RaftWaitMs:   med(diffs(res.AckWriteMs, res.AcksReceivedMs)),

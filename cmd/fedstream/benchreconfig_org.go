@@ -642,6 +642,10 @@ func orgStrategy(ctx context.Context, o *reconfigOrg, cfg benchmark.ReconfigConf
 		if !installed.IsZero() {
 			res.InstalledMs = append(res.InstalledMs, ms(installed.Sub(pt.committed)))
 		}
+		if woke, built := o.fed.coords[0].ReconfigServed(name, e); !woke.IsZero() {
+			res.WatchWokeMs = append(res.WatchWokeMs, ms(woke.Sub(pt.committed)))
+			res.WatchBuiltMs = append(res.WatchBuiltMs, ms(built.Sub(pt.committed)))
+		}
 		var received, reported time.Time
 		for _, w := range o.fed.workers {
 			rc, rp := w.ReconfigTimes(name, e)

@@ -150,6 +150,7 @@ var Methods = map[string]Need{
 	pb.WorkerService_Heartbeat_FullMethodName:        NeedWorker,
 	pb.WorkerService_WatchAssignments_FullMethodName: NeedWorker,
 	pb.WorkerService_ReportTasks_FullMethodName:      NeedWorker,
+	pb.WorkerService_NoteReconfigAcks_FullMethodName: NeedWorker,
 	// A worker renews the certificate the coordinators signed for it.
 	pb.WorkerService_RenewCertificate_FullMethodName: NeedWorker,
 

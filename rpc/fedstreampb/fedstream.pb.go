@@ -8040,12 +8040,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
 	"\x12REPLICA_UP_FAILURE\x10\x02\x12\x19\n" +
-	"\x15REPLICA_STABILIZATION\x10\x032\xc2\x03\n" +
+	"\x15REPLICA_STABILIZATION\x10\x032\x9b\x04\n" +
 	"\rWorkerService\x12I\n" +
 	"\bRegister\x12\x1d.fedstream.v1.RegisterRequest\x1a\x1e.fedstream.v1.RegisterResponse\x12L\n" +
 	"\tHeartbeat\x12\x1e.fedstream.v1.HeartbeatRequest\x1a\x1f.fedstream.v1.HeartbeatResponse\x12a\n" +
 	"\x10WatchAssignments\x12%.fedstream.v1.WatchAssignmentsRequest\x1a&.fedstream.v1.WatchAssignmentsResponse\x12R\n" +
-	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
+	"\vReportTasks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12W\n" +
+	"\x10NoteReconfigAcks\x12 .fedstream.v1.ReportTasksRequest\x1a!.fedstream.v1.ReportTasksResponse\x12a\n" +
 	"\x10RenewCertificate\x12%.fedstream.v1.RenewCertificateRequest\x1a&.fedstream.v1.RenewCertificateResponse2\xaa\b\n" +
 	"\fAdminService\x12C\n" +
 	"\x06Status\x12\x1b.fedstream.v1.StatusRequest\x1a\x1c.fedstream.v1.StatusResponse\x12R\n" +
@@ -8274,92 +8275,94 @@ var file_fedstream_proto_depIdxs = []int32{
 	3,   // 40: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
 	5,   // 41: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
 	13,  // 42: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	63,  // 43: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15,  // 44: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19,  // 45: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21,  // 46: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25,  // 47: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27,  // 48: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28,  // 49: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	65,  // 50: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	47,  // 51: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	67,  // 52: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34,  // 53: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	50,  // 54: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30,  // 55: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32,  // 56: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	38,  // 57: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	41,  // 58: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41,  // 59: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	49,  // 60: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44,  // 61: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	52,  // 62: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	55,  // 63: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	57,  // 64: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	59,  // 65: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	61,  // 66: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	69,  // 67: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	71,  // 68: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	73,  // 69: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	75,  // 70: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	77,  // 71: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	78,  // 72: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	79,  // 73: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	81,  // 74: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	83,  // 75: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	85,  // 76: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	86,  // 77: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	89,  // 78: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	93,  // 79: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	96,  // 80: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	103, // 81: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	105, // 82: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 83: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 84: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 85: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14,  // 86: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	64,  // 87: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17,  // 88: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20,  // 89: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22,  // 90: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26,  // 91: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24,  // 92: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29,  // 93: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	66,  // 94: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	48,  // 95: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	68,  // 96: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	37,  // 97: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	51,  // 98: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31,  // 99: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33,  // 100: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	40,  // 101: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	43,  // 102: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	43,  // 103: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	53,  // 104: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45,  // 105: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	53,  // 106: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	56,  // 107: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	58,  // 108: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	60,  // 109: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	62,  // 110: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	70,  // 111: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	72,  // 112: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	74,  // 113: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	76,  // 114: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	80,  // 115: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 116: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 117: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	82,  // 118: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	84,  // 119: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	85,  // 120: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	88,  // 121: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	90,  // 122: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	95,  // 123: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	100, // 124: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	104, // 125: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	107, // 126: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	83,  // [83:127] is the sub-list for method output_type
-	39,  // [39:83] is the sub-list for method input_type
+	13,  // 43: fedstream.v1.WorkerService.NoteReconfigAcks:input_type -> fedstream.v1.ReportTasksRequest
+	63,  // 44: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 45: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 46: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 47: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 48: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 49: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 50: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	65,  // 51: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	47,  // 52: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	67,  // 53: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 54: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	50,  // 55: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 56: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 57: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	38,  // 58: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	41,  // 59: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41,  // 60: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	49,  // 61: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44,  // 62: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	52,  // 63: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	55,  // 64: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	57,  // 65: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	59,  // 66: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	61,  // 67: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	69,  // 68: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	71,  // 69: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	73,  // 70: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	75,  // 71: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	77,  // 72: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	78,  // 73: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	79,  // 74: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	81,  // 75: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	83,  // 76: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	85,  // 77: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	86,  // 78: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	89,  // 79: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	93,  // 80: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	96,  // 81: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	103, // 82: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	105, // 83: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 84: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 85: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 86: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 87: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	14,  // 88: fedstream.v1.WorkerService.NoteReconfigAcks:output_type -> fedstream.v1.ReportTasksResponse
+	64,  // 89: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 90: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 91: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 92: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 93: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 94: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 95: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	66,  // 96: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	48,  // 97: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	68,  // 98: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	37,  // 99: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	51,  // 100: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 101: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 102: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	40,  // 103: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	43,  // 104: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43,  // 105: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	53,  // 106: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45,  // 107: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	53,  // 108: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	56,  // 109: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	58,  // 110: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	60,  // 111: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	62,  // 112: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	70,  // 113: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	72,  // 114: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	74,  // 115: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	76,  // 116: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	80,  // 117: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 118: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 119: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	82,  // 120: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	84,  // 121: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	85,  // 122: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	88,  // 123: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	90,  // 124: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	95,  // 125: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	100, // 126: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	104, // 127: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	107, // 128: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	84,  // [84:129] is the sub-list for method output_type
+	39,  // [39:84] is the sub-list for method input_type
 	39,  // [39:39] is the sub-list for extension type_name
 	39,  // [39:39] is the sub-list for extension extendee
 	0,   // [0:39] is the sub-list for field type_name

@@ -27,6 +27,7 @@ const (
 	WorkerService_Heartbeat_FullMethodName        = "/fedstream.v1.WorkerService/Heartbeat"
 	WorkerService_WatchAssignments_FullMethodName = "/fedstream.v1.WorkerService/WatchAssignments"
 	WorkerService_ReportTasks_FullMethodName      = "/fedstream.v1.WorkerService/ReportTasks"
+	WorkerService_NoteReconfigAcks_FullMethodName = "/fedstream.v1.WorkerService/NoteReconfigAcks"
 	WorkerService_RenewCertificate_FullMethodName = "/fedstream.v1.WorkerService/RenewCertificate"
 )
 
@@ -38,6 +39,12 @@ type WorkerServiceClient interface {
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
 	WatchAssignments(ctx context.Context, in *WatchAssignmentsRequest, opts ...grpc.CallOption) (*WatchAssignmentsResponse, error)
 	ReportTasks(ctx context.Context, in *ReportTasksRequest, opts ...grpc.CallOption) (*ReportTasksResponse, error)
+	// Live reconfiguration: tells the leader, ahead of the report that
+	// records them in Raft, the plans that tasks acknowledged (installed)
+	// while the worker's report loop waits for an earlier report's write.
+	// Nothing is written; only each task's id, generation and
+	// reconfig.acked are read.
+	NoteReconfigAcks(ctx context.Context, in *ReportTasksRequest, opts ...grpc.CallOption) (*ReportTasksResponse, error)
 	// mTLS: a registered worker renews its short-lived certificate.
 	RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error)
 }
@@ -90,6 +97,16 @@ func (c *workerServiceClient) ReportTasks(ctx context.Context, in *ReportTasksRe
 	return out, nil
 }
 
+func (c *workerServiceClient) NoteReconfigAcks(ctx context.Context, in *ReportTasksRequest, opts ...grpc.CallOption) (*ReportTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportTasksResponse)
+	err := c.cc.Invoke(ctx, WorkerService_NoteReconfigAcks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *workerServiceClient) RenewCertificate(ctx context.Context, in *RenewCertificateRequest, opts ...grpc.CallOption) (*RenewCertificateResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RenewCertificateResponse)
@@ -108,6 +125,12 @@ type WorkerServiceServer interface {
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
 	WatchAssignments(context.Context, *WatchAssignmentsRequest) (*WatchAssignmentsResponse, error)
 	ReportTasks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error)
+	// Live reconfiguration: tells the leader, ahead of the report that
+	// records them in Raft, the plans that tasks acknowledged (installed)
+	// while the worker's report loop waits for an earlier report's write.
+	// Nothing is written; only each task's id, generation and
+	// reconfig.acked are read.
+	NoteReconfigAcks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error)
 	// mTLS: a registered worker renews its short-lived certificate.
 	RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error)
 	mustEmbedUnimplementedWorkerServiceServer()
@@ -131,6 +154,9 @@ func (UnimplementedWorkerServiceServer) WatchAssignments(context.Context, *Watch
 }
 func (UnimplementedWorkerServiceServer) ReportTasks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ReportTasks not implemented")
+}
+func (UnimplementedWorkerServiceServer) NoteReconfigAcks(context.Context, *ReportTasksRequest) (*ReportTasksResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method NoteReconfigAcks not implemented")
 }
 func (UnimplementedWorkerServiceServer) RenewCertificate(context.Context, *RenewCertificateRequest) (*RenewCertificateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RenewCertificate not implemented")
@@ -228,6 +254,24 @@ func _WorkerService_ReportTasks_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkerService_NoteReconfigAcks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkerServiceServer).NoteReconfigAcks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkerService_NoteReconfigAcks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkerServiceServer).NoteReconfigAcks(ctx, req.(*ReportTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _WorkerService_RenewCertificate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RenewCertificateRequest)
 	if err := dec(in); err != nil {
@@ -268,6 +312,10 @@ var WorkerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ReportTasks",
 			Handler:    _WorkerService_ReportTasks_Handler,
+		},
+		{
+			MethodName: "NoteReconfigAcks",
+			Handler:    _WorkerService_NoteReconfigAcks_Handler,
 		},
 		{
 			MethodName: "RenewCertificate",

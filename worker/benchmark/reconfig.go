@@ -295,6 +295,13 @@ type StrategyResult struct {
 	// last task's acknowledgement of it.
 	ReceivedMs []float64 `json:"received_ms,omitempty"`
 	ReportedMs []float64 `json:"reported_ms,omitempty"`
+	// WatchWokeMs and WatchBuiltMs (in an org), per update, from the
+	// plan's commit in Raft: when the coordinator's assignment watch of
+	// the last worker it served the plan to woke, and when it had built
+	// that response (its transfer to the worker is ReceivedMs -
+	// WatchBuiltMs, about).
+	WatchWokeMs  []float64 `json:"watch_woke_ms,omitempty"`
+	WatchBuiltMs []float64 `json:"watch_built_ms,omitempty"`
 	// InstalledMs (in an org), per update, from the plan's commit in
 	// Raft: when the last task had installed the plan's versions (ready
 	// for the new configuration's tuples), before its acknowledgement
@@ -368,10 +375,15 @@ type UpdateBreakdown struct {
 	// of Switched - AcksReceived per update, split into RaftWaitMs (until
 	// the write began: AckWriteMs - AcksReceived) and RaftCommitMs (the
 	// write: Switched - AckWriteMs).
-	ReceivedMs  float64 `json:"received_ms"`
-	LearnedMs   float64 `json:"learned_ms"`
-	InstalledMs float64 `json:"installed_ms"`
-	ReportedMs  float64 `json:"reported_ms"`
+	// WatchWoke and WatchBuilt: the coordinator's assignment watch of
+	// the last worker served woke, and had built the response, with the
+	// plan (before Received).
+	WatchWokeMs  float64 `json:"watch_woke_ms"`
+	WatchBuiltMs float64 `json:"watch_built_ms"`
+	ReceivedMs   float64 `json:"received_ms"`
+	LearnedMs    float64 `json:"learned_ms"`
+	InstalledMs  float64 `json:"installed_ms"`
+	ReportedMs   float64 `json:"reported_ms"`
 	// RequestMs: from the UpdateQuery call to the commit (not part of
 	// the update time).
 	RequestMs      float64 `json:"request_ms"`
