@@ -88,7 +88,8 @@ type dcaaRun struct {
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
-// (ended >= 0: its final boundary was delivered).
+// (ended >= 0: its final boundary was delivered). A delivered batch's end
+// is noted as the machine takes it (tookIDs.final), not by such an event.
 type dcaaEvent struct {
 	ev    dcaa.Event
 	ended int
@@ -103,7 +104,8 @@ type dcaaEvent struct {
 
 // tookIDs is what taking a delivered batch does to its input's stable id
 // (input.stableTaken): the last stable id in the batch, or, renumber, the
-// batch's numbering from its first stable tuple on (a realignment). The
+// batch's numbering from its first stable tuple on (a realignment); and,
+// final, to its end (the batch holds the final boundary). The
 // run goroutine records it as the machine's Step takes the batch, not
 // the delivery once it hears that the event was processed: the delivery
 // may give up waiting (its subscription cancelled, by a move of the
@@ -113,11 +115,15 @@ type dcaaEvent struct {
 // the replica no longer held, and the input named the results between as
 // lost (lineageWatch.gapAfter), though nothing was missing
 // (TestRescaleKeyedAggregate, TestRescaleReadByReplicatedJoin in CI).
+// Likewise a final boundary taken so was never noted (input.endTaken),
+// and a rescale waiting for the end of a removed partition's stream
+// (inputEnded) waited for a later subscription to find that end again.
 type tookIDs struct {
 	in       *input
 	attempt  uint64
 	last     uint64
 	renumber bool
+	final    bool
 	// taken: the machine took the batch (set before processed closes);
 	// false, it ignored it (an attempt it had replaced).
 	taken bool
@@ -135,15 +141,21 @@ func (d *dcaaRun) takes(k *tookIDs) bool {
 	return k.taken
 }
 
-// record moves the input's stable id as the batch was taken. Not lowered
-// by a batch of a replica that went tentative before the input's last
-// stable tuple (read from its tentative tail,
-// dataplane.OutputBuffer.ResumePosition): its stable ids end below the one
-// taken, and mean the same results (a realignment, renumbering, follows
-// the new replica's numbering instead).
-func (k *tookIDs) record() {
+// record moves the input's stable id as the batch was taken (the run
+// goroutine only: it owns d.ended). Not lowered by a batch of a replica
+// that went tentative before the input's last stable tuple (read from its
+// tentative tail, dataplane.OutputBuffer.ResumePosition): its stable ids
+// end below the one taken, and mean the same results (a realignment,
+// renumbering, follows the new replica's numbering instead).
+func (d *dcaaRun) record(k *tookIDs) {
 	if k.renumber || k.last > k.in.stableTaken.Load() {
 		k.in.stableTaken.Store(k.last)
+	}
+	if k.final {
+		// The final boundary ends the stream, wherever it is in the
+		// batch (a producer's REC_DONE may follow it).
+		d.setEnded(k.in.idx)
+		k.in.endTaken.Store(true)
 	}
 }
 
@@ -321,7 +333,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		}
 	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b, Renumber: al.renumber}
-	took := &tookIDs{in: in, attempt: ev.Attempt, last: stableLast, renumber: al.renumber}
+	took := &tookIDs{in: in, attempt: ev.Attempt, last: stableLast, renumber: al.renumber, final: final}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed, took: took}); err != nil {
 		return err
 	}
@@ -344,14 +356,9 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		// final boundary too) comes from the next. Unacknowledged.
 		return errReplaced
 	}
-	// The machine took the batch (its stable ids are the input's: see
-	// tookIDs). The final boundary ends the stream, wherever it is in
-	// the batch (a producer's REC_DONE may follow it).
+	// The machine took the batch (its stable ids, and its end, are the
+	// input's: see tookIDs).
 	if final {
-		if err := d.post(ctx, dcaaEvent{ended: in.idx}); err != nil {
-			return err
-		}
-		in.endTaken.Store(true)
 		return dataplane.ErrStopSubscription
 	}
 	return nil
@@ -560,7 +567,7 @@ func (d *dcaaRun) finished(ctx context.Context) {
 				// A batch that came after the end: taken as before the
 				// machine finished (under proc, as every look at it).
 				if d.takes(e.took) {
-					e.took.record()
+					d.record(e.took)
 				}
 				d.t.unlockProc()
 			}
@@ -614,7 +621,7 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, took *tookIDs, deadli
 	taking := d.takes(took)
 	acts := d.m.Step(now, ev)
 	if taking {
-		took.record()
+		d.record(took)
 	}
 	return d.do(ctx, acts)
 }
