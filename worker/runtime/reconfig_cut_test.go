@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -101,4 +102,71 @@ func (r *reconfigRun) cutHolds(id string) uint64 {
 		}
 	}
 	return 0
+}
+
+// TestReconfigIngestSourceHoldsForTheCut: an ingest request whose record
+// reaches the lowest cut a loading plan can get (the source's
+// acknowledged frontier plus the margin) waits until the source learns
+// the cut, and then goes through under the configuration the cut gives
+// it. Without the hold the record went out under the old version while
+// the plan loaded, though the cut the leader then set lay below it (a
+// replica that knew the cut would have tagged it with the new one).
+func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
+	const src = "rc/events/p0/r0"
+	r, addr, done := startIdleIngest(t)
+	req, rec := idleIngestReq, idleIngestRec
+	r.margin = time.Second
+	r.commit(2)
+	frontier := int64(math.MinInt64)
+	for _, st := range r.states() {
+		frontier = max(frontier, st.ReconfigFrontier)
+	}
+	if frontier != int64(3*time.Second) {
+		t.Fatalf("frontier %d, want the newest record's time 3s", frontier)
+	}
+
+	conn, err := r.c.pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		resp *fedstreampb.IngestResponse
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		stream, err := fedstreampb.NewDataPlaneClient(conn).Ingest(ctx)
+		if err == nil {
+			err = stream.Send(req(4, rec(4, "d"), rec(5, "e")))
+		}
+		if err != nil {
+			answered <- answer{err: err}
+			return
+		}
+		resp, err := stream.CloseAndRecv()
+		answered <- answer{resp, err}
+	}()
+	waitUntil(t, "the source held for the cut, or the request answered", func() bool { return r.cutHolds(src) > 0 || len(answered) > 0 })
+	select {
+	case a := <-answered:
+		t.Fatalf("the request was answered while the plan loaded: %+v %v", a.resp, a.err)
+	default:
+	}
+	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(r.margin)
+	r.publish()
+	a := <-answered
+	if a.err != nil || a.resp.Accepted != 2 {
+		t.Fatalf("request after the switch: %+v %v", a.resp, a.err)
+	}
+	r.waitLevel(1)
+	r.complete()
+	if _, err := ingestReqs(t, r.c, addr, &fedstreampb.IngestRequest{Query: "rc", Source: "events", Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
+		t.Fatalf("paths %v (the cut at 4s)", got)
+	}
 }

@@ -73,6 +73,32 @@ func (r *reconfigRun) checkIdlePaths(want []string) []string {
 	return paths
 }
 
+// startIdleIngest starts idleSourceYAML with an ingest source, tails its
+// sink and ingests users a, b and c at 1, 2 and 3 s: it returns once
+// they reached the sink, with the worker's address and the tail's end.
+func startIdleIngest(t *testing.T) (r *reconfigRun, addr string, done <-chan struct{}) {
+	t.Helper()
+	r = startIdleRun(t, fmt.Sprintf(idleSourceYAML, "    ingest: true"))
+	addr = r.c.workers[0].addr
+	done = r.tail()
+	if _, err := ingestReqs(t, r.c, addr, idleIngestReq(1, idleIngestRec(1, "a"), idleIngestRec(2, "b"), idleIngestRec(3, "c"))); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the first records at the sink", func() bool { return r.received() == 3 })
+	return r, addr, done
+}
+
+// idleIngestReq is an ingest request of records recs into
+// startIdleIngest's source, numbered from first.
+func idleIngestReq(first uint64, recs ...string) *fedstreampb.IngestRequest {
+	return &fedstreampb.IngestRequest{Query: "rc", Source: "events", FirstLine: first, Lines: []byte(strings.Join(recs, "\n") + "\n")}
+}
+
+// idleIngestRec is a record of user at sec seconds.
+func idleIngestRec(sec int, user string) string {
+	return fmt.Sprintf(`{"time": %d, "user": %q, "amount": 1}`, int64(sec)*int64(time.Second), user)
+}
+
 // TestReconfigIdleIngestSourceSwitches: an ingest source that receives
 // nothing while a plan is committed and switched still acknowledges the
 // plan and emits its marker (before, it did so only with its next
@@ -80,19 +106,8 @@ func (r *reconfigRun) checkIdlePaths(want []string) []string {
 // of stream time ahead, yet the records that come after the switch are
 // processed by the new version: the source's marker was sent.
 func TestReconfigIdleIngestSourceSwitches(t *testing.T) {
-	r := startIdleRun(t, fmt.Sprintf(idleSourceYAML, "    ingest: true"))
-	addr := r.c.workers[0].addr
-	req := func(first uint64, recs ...string) *fedstreampb.IngestRequest {
-		return &fedstreampb.IngestRequest{Query: "rc", Source: "events", FirstLine: first, Lines: []byte(strings.Join(recs, "\n") + "\n")}
-	}
-	rec := func(sec int, user string) string {
-		return fmt.Sprintf(`{"time": %d, "user": %q, "amount": 1}`, int64(sec)*int64(time.Second), user)
-	}
-	done := r.tail()
-	if _, err := ingestReqs(t, r.c, addr, req(1, rec(1, "a"), rec(2, "b"), rec(3, "c"))); err != nil {
-		t.Fatal(err)
-	}
-	waitUntil(t, "the first records at the sink", func() bool { return r.received() == 3 })
+	r, addr, done := startIdleIngest(t)
+	req, rec := idleIngestReq, idleIngestRec
 	r.commit(2)            // waits for every task's acknowledgement
 	r.switchAll(time.Hour) // far beyond anything the source will produce
 	r.waitLevel(1)         // every task has the source's marker

@@ -520,11 +520,23 @@ func TestReconfigAggregateUpgradedMidWindow(t *testing.T) {
 	}
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	// At load ~37 the 1.5 s stream ended before every task acknowledged
+	// the plan: the aggregate task, whose input had ended, was at the
+	// plan's level already and ran only b's version 2. The sources go
+	// at a twentieth of their rate until the plan switched (stream
+	// times, and so results, unchanged), as in
+	// TestReconfigThreeVersionsCoexist.
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	if v := r.versionsOf("rc/per_window/p0/r0", 1); !slices.Equal(v, []int{1, 2}) {
 		t.Fatalf("the aggregate task runs b versions %v, want [1 2]", v)
 	}
 	r.switchAll(50 * time.Millisecond)
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(1)
 	r.complete()
 	<-done
