@@ -209,6 +209,14 @@ func (t *task) watchInputs(ctx context.Context) {
 			if in.health.busy.Load() || in.silence(now) <= in.silenceLimit(detect) {
 				continue
 			}
+			if t.dm != nil && !in.health.spoke.Load() {
+				// No replica heard since the start: the machine times
+				// the input out itself, its grace growing with each
+				// move (dcaa's silenceLimit); cancelled here at a fixed
+				// grace, a subscription slow to set up under load never
+				// delivered.
+				continue
+			}
 			in.mu.Lock()
 			if in.cancelCur != nil {
 				t.silences.Add(1)

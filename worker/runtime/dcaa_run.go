@@ -552,7 +552,7 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 		// subscription heard within the detection timeout (or that is
 		// handing it a batch), so that only inputs silent on the wire
 		// time out.
-		d.confirmHeard(max(detect, d.m.DetectLimit()))
+		d.confirmHeard(detect)
 	}
 	now := d.now()
 	// An input that delivered its final boundary is complete, not
@@ -569,12 +569,13 @@ func (d *dcaaRun) step(ctx context.Context, ev dcaa.Event, deadline int64, detec
 
 // confirmHeard vouches to the machine (Machine.Alive, all inputs before
 // any timeout runs) for every input which its subscription heard from
-// within detect (a batch or a heartbeat, see heardFrom), or which is
-// handing the task a batch.
+// within its silence limit (a batch or a heartbeat, see heardFrom; the
+// machine's DetectLimit, or the start grace while no replica was heard),
+// or which is handing the task a batch.
 func (d *dcaaRun) confirmHeard(detect time.Duration) {
 	wall, now := time.Now().UnixNano(), d.now()
 	for i, in := range d.t.inputs {
-		if !d.isEnded(i) && in.heardWithin(wall, detect) {
+		if !d.isEnded(i) && in.heardWithin(wall, time.Duration(in.silenceLimit(detect))) {
 			d.m.Alive(i, now)
 		}
 	}
