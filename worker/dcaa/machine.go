@@ -1250,7 +1250,8 @@ func (m *Machine) choose(i int) int {
 const maxGraceDoublings = 3
 
 // silenceLimit is how long input in may stay silent before it fails:
-// DetectLimit, or while it has heard nothing since Start, StartGrace,
+// DetectLimit (DetectMax on a subscription not heard yet), or while it
+// has heard nothing since Start, StartGrace,
 // doubled for each move it made for silence since (at most
 // maxGraceDoublings times). An input that has heard no replica at all
 // says little about either: under load (36 on two cores, nine workers
@@ -1260,6 +1261,17 @@ const maxGraceDoublings = 3
 // none heard its sources. A replica that is down refuses the
 // subscription, which moves the input at once whatever the grace.
 func (m *Machine) silenceLimit(in *inputState) int64 {
+	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
+		// A subscription that has not delivered yet (just made: its
+		// replica's first batch or heartbeat is on its way) gets the
+		// longest stretch, DetectMax: setting it up takes as long as
+		// this process is slow, and at load 40 on two cores it took
+		// longer than the unstretched timeout: the input moved between
+		// a held replica and a live one every 400 ms, hearing neither,
+		// for seconds. A replica that is down refuses the subscription
+		// at once.
+		return int64(max(m.DetectLimit(), m.cfg.DetectMax))
+	}
 	if in.spoke {
 		return int64(m.DetectLimit())
 	}

@@ -77,6 +77,8 @@ type dcaaRun struct {
 	// starveCap is the wall silence past which an input is failed
 	// however starved this process was (see starveCapOf).
 	starveCap int64
+	// detectMax is the machine's Config.DetectMax.
+	detectMax time.Duration
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -137,9 +139,10 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		floors[i] = in.floor
 		ranks[i] = in.rank()
 	}
+	detectMax := dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name])
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(),
-		DetectMax: dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name]), KeepLimit: t.r.opts.DCAAKeepTuples})
+		DetectMax: detectMax, KeepLimit: t.r.opts.DCAAKeepTuples})
 	if err != nil {
 		return nil, err
 	}
@@ -148,19 +151,23 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	d.wait.grow(len(t.inputs))
 	d.limit.Store(int64(m.DetectLimit()))
 	d.starveCap = starveCapOf(t.detectTimeout(), shares[t.node.Name])
+	d.detectMax = detectMax
 	return d, nil
 }
 
 // starveCapOf is the wall silence past which an input of an operator task
 // with detection timeout detect and share of X share is failed however
-// starved its process was: half the share, but at least the stretched
-// timeout (dcaa.DetectMax) and one detection timeout more, and never
-// more than starveLimit. A process loaded for good (load 20 and more on
+// starved its process was (vouching stops the machine's DetectLimit
+// before it, see input.silence): half the share, but at least the
+// stretched timeout (dcaa.DetectMax) and one detection timeout more, and
+// never more than starveLimit. A process loaded for good (load 20 and more on
 // two cores) counts most of its time as starved, so this cap is when a
 // held replica is taken for failed there: with starveLimit alone (5 s)
 // it came 3.7 s after the hold at load 22 with X = 5 s, and the input
 // caught up on the other replica too late for the buckets' wait
-// (TestDCAAOneReplicaLostNoTentative: 4 tentative results). Half the
+// (TestDCAAOneReplicaLostNoTentative: 4 tentative results); with the cap
+// on the vouching alone, the machine's own timeout still came a
+// stretched timeout later (3-4 s: 25 to 45 tentative results). Half the
 // share leaves the other half for the switch.
 func starveCapOf(detect, share time.Duration) int64 {
 	c := dcaa.DetectMax(detect, share) + detect
