@@ -405,6 +405,9 @@ type inputState struct {
 	// since the last delivery): the delivery that ends it is the end of
 	// a live replica's gap, measured from there.
 	doubtFrom int64
+	// graceMoves counts the moves for silence while the input had heard
+	// nothing since Start: each doubles the start grace (silenceLimit).
+	graceMoves int
 	// left is the subscription the input left for silence (inputFailed),
 	// until the input delivers on another: a delivery of it that comes
 	// late shows that its replica lived (see lateHeard).
@@ -1131,6 +1134,9 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 		return acts
 	}
 	m.silences++
+	if !in.spoke {
+		in.graceMoves++
+	}
 	in.silent = true
 	in.suspect[in.replica] = m.now
 	in.quiet[in.replica] = true
@@ -1246,13 +1252,37 @@ func (m *Machine) choose(i int) int {
 	return best
 }
 
+// maxGraceDoublings bounds the start grace's backoff: at most 8 times
+// StartGrace for one subscription.
+const maxGraceDoublings = 3
+
 // silenceLimit is how long input in may stay silent before it fails:
-// DetectLimit, or StartGrace while it has heard nothing since Start.
+// DetectLimit (DetectMax on a subscription not heard yet), or while it
+// has heard nothing since Start, StartGrace,
+// doubled for each move it made for silence since (at most
+// maxGraceDoublings times). An input that has heard no replica at all
+// says little about either: under load (36 on two cores, nine workers
+// and a coordinator in one process) setting up a subscription took
+// longer than the grace, every aggregate input moved every second for
+// 18 s, each move cancelling the subscription about to deliver, and
+// none heard its sources. A replica that is down refuses the
+// subscription, which moves the input at once whatever the grace.
 func (m *Machine) silenceLimit(in *inputState) int64 {
+	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
+		// A subscription that has not delivered yet (just made: its
+		// replica's first batch or heartbeat is on its way) gets the
+		// longest stretch, DetectMax: setting it up takes as long as
+		// this process is slow, and at load 40 on two cores it took
+		// longer than the unstretched timeout: the input moved between
+		// a held replica and a live one every 400 ms, hearing neither,
+		// for seconds. A replica that is down refuses the subscription
+		// at once.
+		return int64(max(m.DetectLimit(), m.cfg.DetectMax))
+	}
 	if in.spoke {
 		return int64(m.DetectLimit())
 	}
-	return max(int64(m.cfg.StartGrace), int64(m.cfg.DetectMax))
+	return max(int64(m.cfg.StartGrace)<<min(in.graceMoves, maxGraceDoublings), int64(m.cfg.DetectMax))
 }
 
 // gapStretch is how many times the longest recent gap between two

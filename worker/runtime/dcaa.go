@@ -63,6 +63,9 @@ type inputHealth struct {
 	// heartbeat) since the task started; until then the watchdog allows
 	// startGrace detection timeouts (silenceLimit).
 	spoke atomic.Bool
+	// onAttempt: the live attempt heard its replica (a batch or a
+	// heartbeat) since it started.
+	onAttempt atomic.Bool
 }
 
 // startGrace is how many detection timeouts an input that has heard no
@@ -79,10 +82,15 @@ const startGrace = 10
 // attempt's replica for failed: the task's detectLimit once some replica
 // was heard.
 func (in *input) silenceLimit(detect time.Duration) int64 {
-	if in.health.spoke.Load() {
-		return int64(max(detect, in.t.detectLimit()))
+	if !in.health.spoke.Load() {
+		return startGrace * int64(detect)
 	}
-	return startGrace * int64(detect)
+	if d := in.t.dm; d != nil && !in.health.onAttempt.Load() {
+		// An attempt not heard yet: the machine's grace for a
+		// subscription being set up (dcaa's silenceLimit).
+		return int64(max(detect, in.t.detectLimit(), d.detectMax))
+	}
+	return int64(max(detect, in.t.detectLimit()))
 }
 
 // detectLimit is the silence after which an input that was heard counts
@@ -100,6 +108,7 @@ func (t *task) detectLimit() time.Duration {
 func (in *input) heardFrom(st fedstreampb.ReplicaState, wm int64, beat bool) {
 	in.hear(time.Now().UnixNano())
 	in.health.spoke.Store(true)
+	in.health.onAttempt.Store(true)
 	in.health.upState.Store(int32(st))
 	in.health.tentWM.Store(wm)
 	in.health.silent.Store(false)
@@ -207,6 +216,14 @@ func (t *task) watchInputs(ctx context.Context) {
 		last = now
 		for _, in := range t.inputsNow() {
 			if in.health.busy.Load() || in.silence(now) <= in.silenceLimit(detect) {
+				continue
+			}
+			if t.dm != nil && !in.health.spoke.Load() {
+				// No replica heard since the start: the machine times
+				// the input out itself, its grace growing with each
+				// move (dcaa's silenceLimit); cancelled here at a fixed
+				// grace, a subscription slow to set up under load never
+				// delivered.
 				continue
 			}
 			in.mu.Lock()

@@ -164,8 +164,16 @@ func (in *input) listenAfresh(now int64) {
 func (in *input) silence(now int64) int64 {
 	wall := now - in.health.heard.Load()
 	limit := in.t.starveCap()
-	if !in.health.spoke.Load() {
+	switch {
+	case !in.health.spoke.Load():
 		limit = max(limit, starveLimit(in.t.detectTimeout()))
+	case in.t.dm != nil:
+		// The machine times an input out a DetectLimit after the last
+		// vouch for it (confirmHeard): vouching stops that much before
+		// the cap, so that the cap bounds the detection itself.
+		// (starveCapOf is at least DetectMax + Detect: at least one
+		// detection timeout is left.)
+		limit -= in.t.dm.limit.Load()
 	}
 	if wall > limit {
 		return wall

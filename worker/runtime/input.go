@@ -386,6 +386,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 	}
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	in.health.onAttempt.Store(false)
 	in.hear(time.Now().UnixNano())
 	in.mu.Lock()
 	in.current, in.cancelCur = pl, cancel
