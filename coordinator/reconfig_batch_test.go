@@ -111,6 +111,14 @@ func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 	return p
 }
 
+// ackPlanNode is a one-node cluster set up by ackPlanSetUp, writing
+// each report at once (the tests look at the state between reports).
+func ackPlanNode(t *testing.T) (*Server, *ackPlan) {
+	t.Helper()
+	s := newTestCluster(t, 1, "", "").nodes[0]
+	return s, ackPlanSetUp(t, s, time.Millisecond)
+}
+
 // reportHeld sends worker's report acknowledging plan 1 for ids to s in
 // the background and waits until s holds it for a batch; the channel
 // gets the report's outcome.
@@ -176,10 +184,7 @@ func planPhase(t *testing.T, s *Server) string {
 // the plan (ReconfigCommitted).
 func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 1, "", "")
-	s := c.nodes[0]
-	// Written at once: the test looks at the state between reports.
-	p := ackPlanSetUp(t, s, time.Millisecond)
+	s, p := ackPlanNode(t)
 	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
 	if s.ReconfigCommitted("q", 1).IsZero() || !s.ReconfigCommitted("q", 2).IsZero() {
 		t.Fatalf("plan 1 applied at %v, plan 2 (none) at %v", s.ReconfigCommitted("q", 1), s.ReconfigCommitted("q", 2))
@@ -270,9 +275,7 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 // one from an unknown worker is refused.
 func TestReconfigAckNoticeHeldAheadOfItsWrite(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 1, "", "")
-	s := c.nodes[0]
-	p := ackPlanSetUp(t, s, time.Millisecond)
+	s, p := ackPlanNode(t)
 	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
 	if err := report("wa", 1, src, src1); err != nil {
 		t.Fatal(err)
