@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -111,6 +112,14 @@ func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 	return p
 }
 
+// ackPlanNode is a one-node cluster set up by ackPlanSetUp, writing
+// each report at once (the tests look at the state between reports).
+func ackPlanNode(t *testing.T) (*Server, *ackPlan) {
+	t.Helper()
+	s := newTestCluster(t, 1, "", "").nodes[0]
+	return s, ackPlanSetUp(t, s, time.Millisecond)
+}
+
 // reportHeld sends worker's report acknowledging plan 1 for ids to s in
 // the background and waits until s holds it for a batch; the channel
 // gets the report's outcome.
@@ -176,10 +185,7 @@ func planPhase(t *testing.T, s *Server) string {
 // the plan (ReconfigCommitted).
 func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 1, "", "")
-	s := c.nodes[0]
-	// Written at once: the test looks at the state between reports.
-	p := ackPlanSetUp(t, s, time.Millisecond)
+	s, p := ackPlanNode(t)
 	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
 	if s.ReconfigCommitted("q", 1).IsZero() || !s.ReconfigCommitted("q", 2).IsZero() {
 		t.Fatalf("plan 1 applied at %v, plan 2 (none) at %v", s.ReconfigCommitted("q", 1), s.ReconfigCommitted("q", 2))
@@ -270,9 +276,7 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 // one from an unknown worker is refused.
 func TestReconfigAckNoticeHeldAheadOfItsWrite(t *testing.T) {
 	t.Parallel()
-	c := newTestCluster(t, 1, "", "")
-	s := c.nodes[0]
-	p := ackPlanSetUp(t, s, time.Millisecond)
+	s, p := ackPlanNode(t)
 	ctx, report, src, src1, f := p.ctx, p.report, p.src, p.src1, p.f
 	if err := report("wa", 1, src, src1); err != nil {
 		t.Fatal(err)
@@ -301,5 +305,51 @@ func TestReconfigAckNoticeHeldAheadOfItsWrite(t *testing.T) {
 	}
 	if planPhase(t, s) != fsm.ReconfigSwitched {
 		t.Fatalf("the report after the notice was written, yet the plan is %s", planPhase(t, s))
+	}
+}
+
+// TestWatchLeavesOutPlansTheWorkerHolds: the assignment watch leaves out
+// the JSON of the plans a worker names as held (by digest), also on the
+// first watch after it reconnects (index 0), sends the others, and a
+// worker that names a plan no longer current (or nothing) gets every
+// plan as it is now.
+func TestWatchLeavesOutPlansTheWorkerHolds(t *testing.T) {
+	t.Parallel()
+	s, p := ackPlanNode(t)
+	ws := &workerService{s: s}
+	watch := func(have ...uint64) *pb.QueryView {
+		t.Helper()
+		resp, err := ws.WatchAssignments(p.ctx, &pb.WatchAssignmentsRequest{WorkerId: "wa", ReconfigPlans: true, ReconfigPlansHave: have})
+		if err != nil || len(resp.Queries) != 1 {
+			t.Fatalf("watch: %v, %v", resp, err)
+		}
+		return resp.Queries[0]
+	}
+	first := watch()
+	if len(first.ReconfigPlansJson) != 1 || len(first.ReconfigPlanDigests) != 1 || first.ReconfigPlanDigests[0] != PlanDigest(first.ReconfigPlansJson[0]) {
+		t.Fatalf("first watch: plans %q, digests %x", first.ReconfigPlansJson, first.ReconfigPlanDigests)
+	}
+	p.must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 2,
+		Changes: []fsm.OperatorChange{{Operator: "f", Version: 3, SpecJSON: []byte(`{}`)}}}})
+	// Plan 1 is still loading, unchanged: held.
+	v := watch(first.ReconfigPlanDigests[0])
+	if len(v.ReconfigPlansJson) != 2 || len(v.ReconfigPlansJson[0]) != 0 || len(v.ReconfigPlansJson[1]) == 0 ||
+		v.ReconfigPlanDigests[0] != first.ReconfigPlanDigests[0] || v.ReconfigPlanDigests[1] != PlanDigest(v.ReconfigPlansJson[1]) {
+		t.Fatalf("watch naming plan 1: plans %q, digests %x", v.ReconfigPlansJson, v.ReconfigPlanDigests)
+	}
+	var plan2 fsm.ReconfigPlan
+	if err := json.Unmarshal(v.ReconfigPlansJson[1], &plan2); err != nil || plan2.Epoch != 2 {
+		t.Fatalf("plan 2 sent as %s: %v", v.ReconfigPlansJson[1], err)
+	}
+	// Plan 1 switches: the digest the worker holds is no longer current.
+	if err := p.report("wa", 2, p.src, p.src1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.report("wb", 2, p.f); err != nil {
+		t.Fatal(err)
+	}
+	v = watch(first.ReconfigPlanDigests[0], 12345)
+	if len(v.ReconfigPlansJson) != 2 || len(v.ReconfigPlansJson[0]) == 0 || v.ReconfigPlanDigests[0] == first.ReconfigPlanDigests[0] {
+		t.Fatalf("watch naming plan 1 as it was before its switch: plans %q, digests %x", v.ReconfigPlansJson, v.ReconfigPlanDigests)
 	}
 }

@@ -42,15 +42,24 @@ type rcAckTimes struct {
 // assignments over gRPC like a real worker and acknowledges every plan
 // it is handed at once (its tasks "install" in no time: the runtime's
 // share is what `bench reconfig` reports as learned -> installed), and
-// reports the markers of a switched plan so that it completes.
-func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string, note func(worker string, index, e uint64, size int, fired, sent time.Time)) error {
+// reports the markers of a switched plan so that it completes. With
+// delta it names the plans it holds (reconfig_plans_have), as a worker
+// does, and the coordinator leaves their JSON out.
+func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string, delta bool, note func(worker string, index, e uint64, size int, fired, sent time.Time)) error {
 	var index uint64
 	acked, level := uint64(0), uint64(0)
 	// Plans decoded by their JSON, as a worker keeps them (specCache):
 	// only a plan new or changed since the last response is decoded.
 	decoded := map[string]fsm.ReconfigPlan{}
+	held := map[uint64]fsm.ReconfigPlan{} // the same, by digest
 	for ctx.Err() == nil {
-		resp, err := client.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: 10000, ReconfigPlans: true})
+		req := &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: 10000, ReconfigPlans: true}
+		if delta {
+			for d := range held {
+				req.ReconfigPlansHave = append(req.ReconfigPlansHave, d)
+			}
+		}
+		resp, err := client.WatchAssignments(ctx, req)
 		if err != nil {
 			return err
 		}
@@ -61,32 +70,40 @@ func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string,
 		index = resp.Index
 		var latest, switched uint64
 		keep := map[string]fsm.ReconfigPlan{}
+		keepHeld := map[uint64]fsm.ReconfigPlan{}
 		for _, q := range resp.Queries {
-			for _, raw := range q.ReconfigPlansJson {
+			for i, raw := range q.ReconfigPlansJson {
 				p, ok := decoded[string(raw)]
-				if !ok {
+				if len(raw) == 0 {
+					if p, ok = held[q.ReconfigPlanDigests[i]]; !ok {
+						return fmt.Errorf("plan %d left out, not held", i+1)
+					}
+				} else if !ok {
 					if err := json.Unmarshal(raw, &p); err != nil {
 						return err
 					}
 				}
 				keep[string(raw)] = p
+				if i < len(q.ReconfigPlanDigests) {
+					keepHeld[q.ReconfigPlanDigests[i]] = p
+				}
 				latest = max(latest, p.Epoch)
 				if p.Phase != fsm.ReconfigLoading {
 					switched = max(switched, p.Epoch)
 				}
 			}
 		}
-		decoded = keep
+		decoded, held = keep, keepHeld
 		if latest <= acked && switched <= level {
 			continue
 		}
-		req := &pb.ReportTasksRequest{WorkerId: id}
+		report := &pb.ReportTasksRequest{WorkerId: id}
 		for _, a := range resp.Assignments {
-			req.Tasks = append(req.Tasks, &pb.TaskState{TaskId: a.TaskId, State: states.TaskRunning, Generation: a.Generation,
+			report.Tasks = append(report.Tasks, &pb.TaskState{TaskId: a.TaskId, State: states.TaskRunning, Generation: a.Generation,
 				Reconfig: &pb.ReconfigProgress{Acked: latest, Level: switched, Frontier: 1000}})
 		}
 		sent := time.Now()
-		if _, err := client.ReportTasks(ctx, req); err != nil {
+		if _, err := client.ReportTasks(ctx, report); err != nil {
 			return err
 		}
 		if latest > acked {
@@ -109,10 +126,20 @@ func fakeRCWorker(ctx context.Context, client pb.WorkerServiceClient, id string,
 // responses that carried a plan. Each metric is
 // the median over the iterations, in ms from the commit. The workers'
 // own part (decode, build, install) is not in it: they acknowledge as
-// soon as they are handed the plan.
+// soon as they are handed the plan. plans=all: the workers do not name
+// the plans they hold, every response carries every plan's JSON;
+// plans=new: they do, a response carries only the plans new to them.
 //
 //	go test -run '^$' -bench ReconfigAckPath -benchtime 30x ./coordinator/
 func BenchmarkReconfigAckPath(b *testing.B) {
+	for _, delta := range []bool{false, true} {
+		b.Run(map[bool]string{false: "plans=all", true: "plans=new"}[delta], func(b *testing.B) { benchAckPath(b, delta) })
+	}
+}
+
+// benchAckPath is BenchmarkReconfigAckPath, the workers naming the plans
+// they hold or not (delta).
+func benchAckPath(b *testing.B, delta bool) {
 	tm := testTimings()
 	tm.HeartbeatTTL = 10 * time.Minute // the fake workers never heartbeat
 	// written: when each Raft write of reports was answered (the log
@@ -172,7 +199,7 @@ func BenchmarkReconfigAckPath(b *testing.B) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := fakeRCWorker(ctx, client, id, func(w string, index, e uint64, size int, fired, sent time.Time) {
+			err := fakeRCWorker(ctx, client, id, delta, func(w string, index, e uint64, size int, fired, sent time.Time) {
 				wmu.Lock()
 				sv := served[watchKey{w, index}]
 				respSizes = append(respSizes, float64(size))

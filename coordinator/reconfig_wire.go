@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"slices"
 	"sync"
@@ -32,6 +34,8 @@ type wireEntry struct {
 	// in place, so the same pointer means the same state.
 	rc    *fsm.QueryReconfig
 	plans [][]byte
+	// digests are the plans' digests (PlanDigest), by plan.
+	digests []uint64
 	// whole is rc's JSON as one document, for workers that read
 	// QueryView.reconfig_json (nil until one asks).
 	whole []byte
@@ -51,17 +55,17 @@ func (w *reconfigWire) entry(q *fsm.Query) (*wireEntry, error) {
 	if prev != nil && prev.createIndex == q.CreateIndex && prev.rc == rc {
 		return prev, nil
 	}
-	e := &wireEntry{createIndex: q.CreateIndex, rc: rc, plans: make([][]byte, len(rc.Plans))}
+	e := &wireEntry{createIndex: q.CreateIndex, rc: rc, plans: make([][]byte, len(rc.Plans)), digests: make([]uint64, len(rc.Plans))}
 	for i := range rc.Plans {
 		if prev != nil && prev.createIndex == q.CreateIndex && i < len(prev.rc.Plans) && samePlan(&prev.rc.Plans[i], &rc.Plans[i]) {
-			e.plans[i] = prev.plans[i]
+			e.plans[i], e.digests[i] = prev.plans[i], prev.digests[i]
 			continue
 		}
 		b, err := json.Marshal(&rc.Plans[i])
 		if err != nil {
 			return nil, err
 		}
-		e.plans[i] = b
+		e.plans[i], e.digests[i] = b, PlanDigest(b)
 	}
 	if w.byQuery == nil || len(w.byQuery) >= reconfigWireKeep {
 		w.byQuery = map[string]*wireEntry{}
@@ -71,8 +75,10 @@ func (w *reconfigWire) entry(q *fsm.Query) (*wireEntry, error) {
 }
 
 // fill sets view's reconfiguration state for q: the plans one by one
-// when split (the worker asked for them), else the whole JSON.
-func (w *reconfigWire) fill(view *pb.QueryView, q *fsm.Query, split bool) error {
+// when split (the worker asked for them), else the whole JSON. The JSON
+// of a split plan whose digest is in have (the worker holds it) is left
+// out.
+func (w *reconfigWire) fill(view *pb.QueryView, q *fsm.Query, split bool, have map[uint64]bool) error {
 	if q.Reconfig == nil {
 		return nil
 	}
@@ -82,6 +88,16 @@ func (w *reconfigWire) fill(view *pb.QueryView, q *fsm.Query, split bool) error 
 	}
 	if split {
 		view.ReconfigState, view.ReconfigTracking, view.ReconfigPlansJson = true, q.Reconfig.Tracking, e.plans
+		view.ReconfigPlanDigests = e.digests
+		if len(have) > 0 {
+			// A copy: e.plans is shared by every response.
+			view.ReconfigPlansJson = make([][]byte, len(e.plans))
+			for i, b := range e.plans {
+				if !have[e.digests[i]] {
+					view.ReconfigPlansJson[i] = b
+				}
+			}
+		}
 		return nil
 	}
 	w.mu.Lock()
@@ -104,4 +120,12 @@ func samePlan(a, b *fsm.ReconfigPlan) bool {
 		slices.EqualFunc(a.Changes, b.Changes, func(x, y fsm.OperatorChange) bool {
 			return x.Operator == y.Operator && x.Version == y.Version && bytes.Equal(x.SpecJSON, y.SpecJSON)
 		})
+}
+
+// PlanDigest is the digest of a plan's JSON that a worker names the
+// plans it holds by (QueryView.reconfig_plan_digests): the first 8 bytes
+// of its SHA-256, big-endian.
+func PlanDigest(planJSON []byte) uint64 {
+	sum := sha256.Sum256(planJSON)
+	return binary.BigEndian.Uint64(sum[:8])
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/fedstream/fedstream/fsm"
@@ -54,10 +55,10 @@ func TestReconfigWireEncodesChangedPlansOnly(t *testing.T) {
 	}
 
 	split, whole := &pb.QueryView{}, &pb.QueryView{}
-	if err := w.fill(split, q2, true); err != nil {
+	if err := w.fill(split, q2, true, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.fill(whole, q2, false); err != nil {
+	if err := w.fill(whole, q2, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	want, _ := json.Marshal(q2.Reconfig)
@@ -67,8 +68,24 @@ func TestReconfigWireEncodesChangedPlansOnly(t *testing.T) {
 	if !bytes.Equal(whole.ReconfigJson, want) || whole.ReconfigState || len(whole.ReconfigPlansJson) != 0 {
 		t.Errorf("whole view: %v, want reconfig_json %s", whole, want)
 	}
+	if len(split.ReconfigPlanDigests) != 2 || split.ReconfigPlanDigests[0] != PlanDigest(split.ReconfigPlansJson[0]) ||
+		split.ReconfigPlanDigests[1] != PlanDigest(split.ReconfigPlansJson[1]) {
+		t.Errorf("split view's digests %x, want those of its plans", split.ReconfigPlanDigests)
+	}
+	// A worker holding plan 1 as it is gets plan 2's JSON only.
+	delta := &pb.QueryView{}
+	if err := w.fill(delta, q2, true, map[uint64]bool{split.ReconfigPlanDigests[0]: true}); err != nil {
+		t.Fatal(err)
+	}
+	if len(delta.ReconfigPlansJson) != 2 || len(delta.ReconfigPlansJson[0]) != 0 || !bytes.Equal(delta.ReconfigPlansJson[1], split.ReconfigPlansJson[1]) ||
+		!slices.Equal(delta.ReconfigPlanDigests, split.ReconfigPlanDigests) {
+		t.Errorf("view for a worker holding plan 1: %v", delta)
+	}
+	if again := (&pb.QueryView{}); w.fill(again, q2, true, nil) != nil || len(again.ReconfigPlansJson[0]) == 0 {
+		t.Error("leaving plan 1 out for one worker left it out of the next response")
+	}
 	none := &pb.QueryView{}
-	if err := w.fill(none, &fsm.Query{Name: "r"}, true); err != nil || none.ReconfigState {
+	if err := w.fill(none, &fsm.Query{Name: "r"}, true, nil); err != nil || none.ReconfigState {
 		t.Errorf("a query without reconfiguration: %v, %v", none, err)
 	}
 }

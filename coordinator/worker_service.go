@@ -138,6 +138,19 @@ func (ws *workerService) RenewCertificate(ctx context.Context, req *pb.RenewCert
 	return &pb.RenewCertificateResponse{Certificate: cert}, nil
 }
 
+// checkWorker is nil when worker id is registered, else the error that
+// answers its call (what names the call).
+func (s *Server) checkWorker(id, what string) error {
+	w, err := s.State().Worker(nil, id)
+	if err != nil {
+		return status.Errorf(codes.Internal, "%s: read worker %s: %v", what, id, err)
+	}
+	if w == nil {
+		return errUnknownWorker(id)
+	}
+	return nil
+}
+
 // errUnknownWorker tells a worker to register again.
 func errUnknownWorker(id string) error {
 	return status.Errorf(codes.NotFound, "unknown worker %q: register again", id)
@@ -180,10 +193,8 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"ReportTasks", req, resp); handled {
 		return resp, err
 	}
-	if w, err := s.State().Worker(nil, req.WorkerId); err != nil {
-		return nil, status.Errorf(codes.Internal, "report tasks: read worker %s: %v", req.WorkerId, err)
-	} else if w == nil {
-		return nil, errUnknownWorker(req.WorkerId)
+	if err := s.checkWorker(req.WorkerId, "report tasks"); err != nil {
+		return nil, err
 	}
 	upd := fsm.UpdateTaskStatesRequest{WorkerID: req.WorkerId}
 	// Copies of partners' tasks hosted here report to the leader's
@@ -228,10 +239,8 @@ func (ws *workerService) NoteReconfigAcks(ctx context.Context, req *pb.ReportTas
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"NoteReconfigAcks", req, resp); handled {
 		return resp, err
 	}
-	if w, err := s.State().Worker(nil, req.WorkerId); err != nil {
-		return nil, status.Errorf(codes.Internal, "note acknowledgements: read worker %s: %v", req.WorkerId, err)
-	} else if w == nil {
-		return nil, errUnknownWorker(req.WorkerId)
+	if err := s.checkWorker(req.WorkerId, "note acknowledgements"); err != nil {
+		return nil, err
 	}
 	// Hosted copies of partners' tasks are no task of this org's state
 	// (their acknowledgements reach the owner with the reports).
@@ -286,9 +295,16 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		own[t.Query][t.Fragment] = true
 	}
 	slotMaps := map[[2]string]*fsm.SlotMap{} // (query, fragment) -> current map
+	var have map[uint64]bool                 // plans the worker holds (by digest)
+	if len(req.ReconfigPlansHave) > 0 {
+		have = make(map[uint64]bool, len(req.ReconfigPlansHave))
+		for _, d := range req.ReconfigPlansHave {
+			have[d] = true
+		}
+	}
 	for _, q := range queries {
 		view := &pb.QueryView{Name: q.Query.Name, Index: q.Query.CreateIndex, SpecJson: q.Query.SpecJSON, PaceOriginUnixNano: q.Query.PaceOrigin}
-		if err := s.rcWire.fill(view, q.Query, req.ReconfigPlans); err != nil {
+		if err := s.rcWire.fill(view, q.Query, req.ReconfigPlans, have); err != nil {
 			return nil, status.Errorf(codes.Internal, "encode reconfiguration of %q: %v", q.Query.Name, err)
 		}
 		queryIndex[q.Query.Name] = q.Query.CreateIndex

@@ -625,7 +625,8 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		var resp *pb.WatchAssignmentsResponse
 		err := w.call(ctx, w.cfg.WatchWait+10*time.Second, func(ctx context.Context, c pb.WorkerServiceClient) error {
 			var err error
-			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds(), ReconfigPlans: true})
+			resp, err = c.WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: id, MinIndex: index, MaxWaitMs: w.cfg.WatchWait.Milliseconds(),
+				ReconfigPlans: true, ReconfigPlansHave: parsed.have()})
 			return err
 		})
 		if err != nil {
@@ -647,8 +648,14 @@ func (w *Worker) watchLoop(ctx context.Context) {
 		if resp.Index == index {
 			continue // max wait elapsed without change
 		}
-		index = resp.Index
 		specs, err := taskSpecs(resp, &parsed)
+		if errors.Is(err, errPlanMissing) {
+			w.logger.Warn("assignment watch: asking again for every reconfiguration plan", "err", err)
+			parsed.forget()
+			index = 0
+			continue
+		}
+		index = resp.Index
 		if err != nil {
 			w.logger.Error("assignment carries a query this worker cannot run", "err", err)
 		}
@@ -688,24 +695,65 @@ type specCache struct {
 	// is read-only: its byte slices are shared by every response that
 	// had it.
 	plans map[string]fsm.ReconfigPlan
+	// byDigest holds the same plans by the digests the coordinator
+	// gave them (QueryView.reconfig_plan_digests): the next request
+	// names them (reconfig_plans_have), and the coordinator leaves out
+	// their JSON.
+	byDigest map[uint64]fsm.ReconfigPlan
+}
+
+// errPlanMissing: a response left out the JSON of a plan this worker does
+// not hold (it should not happen: the worker names only plans it holds).
+// The worker watches again from scratch rather than run without it.
+var errPlanMissing = errors.New("a reconfiguration plan left out of the response is not held here")
+
+// have is the digests of the plans the cache holds (the last response's).
+func (c *specCache) have() []uint64 {
+	out := make([]uint64, 0, len(c.byDigest))
+	for d := range c.byDigest {
+		out = append(out, d)
+	}
+	return out
+}
+
+// forget drops every plan held: the next request names none.
+func (c *specCache) forget() {
+	c.plans, c.byDigest = nil, nil
 }
 
 // reconfigOf returns the reconfiguration state q carries (nil: none):
 // split by plan (reconfig_plans_json), decoding only the plans the last
 // response (or this one) did not have, or as one JSON document (a
 // coordinator that does not split it, or a partner org's copy).
-func (c *specCache) reconfigOf(q *pb.QueryView, keep map[string]fsm.ReconfigPlan) (*fsm.QueryReconfig, error) {
+func (c *specCache) reconfigOf(q *pb.QueryView, keep map[string]fsm.ReconfigPlan, keepDigests map[uint64]fsm.ReconfigPlan) (*fsm.QueryReconfig, error) {
 	if q.ReconfigState {
 		rc := &fsm.QueryReconfig{Tracking: q.ReconfigTracking, Plans: make([]fsm.ReconfigPlan, len(q.ReconfigPlansJson))}
+		digests := q.ReconfigPlanDigests
+		if len(digests) != len(q.ReconfigPlansJson) {
+			digests = nil // a coordinator that sends none
+		}
 		for i, b := range q.ReconfigPlansJson {
-			p, ok := keep[string(b)]
-			if !ok {
-				if p, ok = c.plans[string(b)]; !ok {
-					if err := json.Unmarshal(b, &p); err != nil {
-						return nil, fmt.Errorf("plan %d: %w", i+1, err)
+			var p fsm.ReconfigPlan
+			switch ok := false; {
+			case len(b) == 0 && digests != nil:
+				// Left out: held from the last response.
+				if p, ok = c.byDigest[digests[i]]; !ok {
+					if p, ok = keepDigests[digests[i]]; !ok {
+						return nil, fmt.Errorf("plan %d: %w", i+1, errPlanMissing)
 					}
 				}
-				keep[string(b)] = p
+			default:
+				if p, ok = keep[string(b)]; !ok {
+					if p, ok = c.plans[string(b)]; !ok {
+						if err := json.Unmarshal(b, &p); err != nil {
+							return nil, fmt.Errorf("plan %d: %w", i+1, err)
+						}
+					}
+					keep[string(b)] = p
+				}
+			}
+			if digests != nil {
+				keepDigests[digests[i]] = p
 			}
 			rc.Plans[i] = p
 		}
@@ -747,7 +795,8 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 	}
 	keep := map[string]*queryspec.Query{}
 	keepPlans := map[string]fsm.ReconfigPlan{}
-	defer func() { cache.byJSON, cache.plans = keep, keepPlans }()
+	keepDigests := map[uint64]fsm.ReconfigPlan{}
+	defer func() { cache.byJSON, cache.plans, cache.byDigest = keep, keepPlans, keepDigests }()
 	type qinfo struct {
 		spec       *queryspec.Query
 		placements []wrt.Placement
@@ -767,7 +816,12 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 		if q.PaceOriginUnixNano != 0 {
 			qi.paceOrigin = time.Unix(0, q.PaceOriginUnixNano)
 		}
-		rc, err := cache.reconfigOf(q, keepPlans)
+		rc, err := cache.reconfigOf(q, keepPlans, keepDigests)
+		if errors.Is(err, errPlanMissing) {
+			// Running without the query's plans would stop its tasks
+			// here: the caller watches again, naming no plan.
+			return nil, fmt.Errorf("query %s: %w", q.Name, err)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("query %s: reconfiguration: %w", q.Name, err))
 			continue

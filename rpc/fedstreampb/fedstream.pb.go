@@ -376,8 +376,13 @@ type WatchAssignmentsRequest struct {
 	// QueryView.reconfig_plans_json and reconfig_tracking: the coordinator
 	// then leaves reconfig_json empty for the queries it sends.
 	ReconfigPlans bool `protobuf:"varint,671,opt,name=reconfig_plans,json=reconfigPlans,proto3" json:"reconfig_plans,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// ---- live reconfiguration, session 17
+	// The digests (QueryView.reconfig_plan_digests) of the plans the
+	// worker holds from its last response: the coordinator leaves their
+	// JSON out (an empty element of reconfig_plans_json).
+	ReconfigPlansHave []uint64 `protobuf:"fixed64,657,rep,packed,name=reconfig_plans_have,json=reconfigPlansHave,proto3" json:"reconfig_plans_have,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WatchAssignmentsRequest) Reset() {
@@ -436,6 +441,13 @@ func (x *WatchAssignmentsRequest) GetReconfigPlans() bool {
 		return x.ReconfigPlans
 	}
 	return false
+}
+
+func (x *WatchAssignmentsRequest) GetReconfigPlansHave() []uint64 {
+	if x != nil {
+		return x.ReconfigPlansHave
+	}
+	return nil
 }
 
 // One task the worker must run, with everything it needs to run it.
@@ -721,8 +733,15 @@ type QueryView struct {
 	ReconfigPlansJson [][]byte `protobuf:"bytes,672,rep,name=reconfig_plans_json,json=reconfigPlansJson,proto3" json:"reconfig_plans_json,omitempty"`
 	ReconfigTracking  string   `protobuf:"bytes,673,opt,name=reconfig_tracking,json=reconfigTracking,proto3" json:"reconfig_tracking,omitempty"`
 	ReconfigState     bool     `protobuf:"varint,674,opt,name=reconfig_state,json=reconfigState,proto3" json:"reconfig_state,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// ---- session 17: a digest of each element of reconfig_plans_json
+	// (the first 8 bytes of the SHA-256 of the plan's JSON, big-endian),
+	// sent with every response that sends the plans. The JSON of a plan
+	// whose digest the worker listed in reconfig_plans_have is left out
+	// (empty): each plan's JSON crossed the wire on every assignment change,
+	// the whole history of the query's plans on the path of each new plan.
+	ReconfigPlanDigests []uint64 `protobuf:"fixed64,658,rep,packed,name=reconfig_plan_digests,json=reconfigPlanDigests,proto3" json:"reconfig_plan_digests,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *QueryView) Reset() {
@@ -823,6 +842,13 @@ func (x *QueryView) GetReconfigState() bool {
 		return x.ReconfigState
 	}
 	return false
+}
+
+func (x *QueryView) GetReconfigPlanDigests() []uint64 {
+	if x != nil {
+		return x.ReconfigPlanDigests
+	}
+	return nil
 }
 
 // Slots first..last (inclusive) belong to one partition.
@@ -7484,12 +7510,13 @@ const file_fedstream_proto_rawDesc = "" +
 	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"a\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x01 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
-	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\x9b\x01\n" +
+	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\xcc\x01\n" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
 	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\x12&\n" +
-	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\"\xa5\x03\n" +
+	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\x12/\n" +
+	"\x13reconfig_plans_have\x18\x91\x05 \x03(\x06R\x11reconfigPlansHave\"\xa5\x03\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -7519,7 +7546,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"workerAddr\x12\x1e\n" +
 	"\n" +
 	"generation\x182 \x01(\x05R\n" +
-	"generation\"\x9a\x03\n" +
+	"generation\"\xcf\x03\n" +
 	"\tQueryView\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x04R\x05index\x12\x1b\n" +
@@ -7530,7 +7557,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x15pace_origin_unix_nano\x18\x9e\x05 \x01(\x03R\x12paceOriginUnixNano\x12/\n" +
 	"\x13reconfig_plans_json\x18\xa0\x05 \x03(\fR\x11reconfigPlansJson\x12,\n" +
 	"\x11reconfig_tracking\x18\xa1\x05 \x01(\tR\x10reconfigTracking\x12&\n" +
-	"\x0ereconfig_state\x18\xa2\x05 \x01(\bR\rreconfigState\"S\n" +
+	"\x0ereconfig_state\x18\xa2\x05 \x01(\bR\rreconfigState\x123\n" +
+	"\x15reconfig_plan_digests\x18\x92\x05 \x03(\x06R\x13reconfigPlanDigests\"S\n" +
 	"\tSlotRange\x12\x14\n" +
 	"\x05first\x18\x01 \x01(\rR\x05first\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\rR\x04last\x12\x1c\n" +
