@@ -257,6 +257,24 @@ func (c *testCluster) leader() int {
 	return idx
 }
 
+// whileUnavailable makes call (each attempt with its own 10 s deadline)
+// again while it answers Unavailable, as a client does with the same
+// idempotency key: on a loaded machine leadership can change under a
+// write ("leadership lost while committing"), even right after a test
+// waited for a new leader. It returns the first other answer, or the
+// last Unavailable after 30 s.
+func whileUnavailable(t testing.TB, call func(ctx context.Context) error) error {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := call(ctxT(t, 10*time.Second))
+		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
+	}
+}
+
 func (c *testCluster) follower() int {
 	l := c.leader()
 	for i, n := range c.nodes {
@@ -348,17 +366,11 @@ func (c *testCluster) startWorker(t testing.TB, node int, name string, level ...
 		req.DataplaneLevel = level[0]
 	}
 	var resp *pb.RegisterResponse
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var err error
-		resp, err = c.workers(node).Register(ctxT(t, 10*time.Second), req)
-		if err == nil {
-			break
-		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-			t.Fatalf("register %s: %v", name, err)
-		}
-		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
+	if err := whileUnavailable(t, func(ctx context.Context) (err error) {
+		resp, err = c.workers(node).Register(ctx, req)
+		return err
+	}); err != nil {
+		t.Fatalf("register %s: %v", name, err)
 	}
 	var clients []pb.WorkerServiceClient
 	for i := range c.cfgs {

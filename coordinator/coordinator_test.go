@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -30,19 +31,15 @@ func submit(t *testing.T, c pb.AdminServiceClient, name string, replicas int) *p
 		Yaml: []byte(fmt.Sprintf(wordsQuery, name, replicas)), Filename: name + ".yaml", IdempotencyKey: "submit-" + name,
 	}
 	// Retried with the same idempotency key while the answer is
-	// Unavailable, as a client does: on a loaded machine leadership can
-	// change under a write ("leadership lost while committing").
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := c.SubmitQuery(ctxT(t, 10*time.Second), req)
-		if err == nil {
-			return resp
-		}
-		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-			t.Fatalf("submit %s: %v", name, err)
-		}
-		time.Sleep(50 * time.Millisecond) // back-off between retries, not synchronisation
+	// Unavailable, as a client does.
+	var resp *pb.SubmitQueryResponse
+	if err := whileUnavailable(t, func(ctx context.Context) (err error) {
+		resp, err = c.SubmitQuery(ctx, req)
+		return err
+	}); err != nil {
+		t.Fatalf("submit %s: %v", name, err)
 	}
+	return resp
 }
 
 func queryNames(t *testing.T, c pb.AdminServiceClient) []string {

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
@@ -159,11 +160,20 @@ func TestCoordinatorsShareTheOrgKey(t *testing.T) {
 	nl := c.leader()
 	admin := pb.NewFederationServiceClient(c.conn(nl, "admin-secret"))
 	pub, _, _ := ed25519.GenerateKey(rand.Reader)
-	if _, err := admin.PinKey(ctxT(t, 10*time.Second), &pb.PinKeyRequest{Org: "beta", Key: ledger.EncodePublicKey(pub)}); err != nil {
+	// Retried while Unavailable (pinning the same key again changes
+	// nothing): the two remaining nodes may change leadership again on a
+	// loaded machine.
+	if err := whileUnavailable(t, func(ctx context.Context) error {
+		_, err := admin.PinKey(ctx, &pb.PinKeyRequest{Org: "beta", Key: ledger.EncodePublicKey(pub)})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := admin.VerifyLedger(ctxT(t, 10*time.Second), &pb.VerifyLedgerRequest{})
-	if err != nil {
+	var resp *pb.VerifyLedgerResponse
+	if err := whileUnavailable(t, func(ctx context.Context) (err error) {
+		resp, err = admin.VerifyLedger(ctx, &pb.VerifyLedgerRequest{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	var rep ledger.Report

@@ -292,10 +292,19 @@ func TestRetryThroughFailoverAppliesOnce(t *testing.T) {
 
 	// Stop it; the same key again must return the original result and
 	// leave the query stopped (a second application would restart it).
-	if _, err := c.admin(nl).StopQuery(ctxT(t, 10*time.Second), &pb.StopQueryRequest{Name: "once", IdempotencyKey: "stop-once"}); err != nil {
+	// Both retried while Unavailable: the two remaining nodes may
+	// change leadership again on a loaded machine.
+	if err := whileUnavailable(t, func(ctx context.Context) error {
+		_, err := c.admin(nl).StopQuery(ctx, &pb.StopQueryRequest{Name: "once", IdempotencyKey: "stop-once"})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
-	again, err := c.admin(nl).SubmitQuery(ctxT(t, 10*time.Second), req)
+	var again *pb.SubmitQueryResponse
+	err = whileUnavailable(t, func(ctx context.Context) (err error) {
+		again, err = c.admin(nl).SubmitQuery(ctx, req)
+		return err
+	})
 	if err != nil || again.Index != retried.Index {
 		t.Fatalf("late retry: %+v, %v; want the original index %d", again, err, retried.Index)
 	}
