@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"testing"
 	"time"
 
@@ -264,6 +265,25 @@ func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 	if got := old.ReconfigAcksReceived("q", 1); !got.IsZero() {
 		t.Fatalf("the old leader never had every acknowledgement, yet recorded the update done at %v", got)
 	}
+	// A worker whose watch moves to another coordinator names the plans
+	// it got from the new leader: the old one, once it applied the same
+	// state, gives them the same digests and leaves their JSON out.
+	held := watchPlans(t, ctx, leader, "wa")
+	waitFor(t, 30*time.Second, "the old leader's watch leaving out the plans held", func() bool {
+		v := watchPlans(t, ctx, old, "wa", held.ReconfigPlanDigests...)
+		return slices.Equal(v.ReconfigPlanDigests, held.ReconfigPlanDigests) && !slices.ContainsFunc(v.ReconfigPlansJson, func(b []byte) bool { return len(b) > 0 })
+	})
+}
+
+// watchPlans is query q's view in s's answer to worker's assignment
+// watch (index 0) naming the plans have.
+func watchPlans(t *testing.T, ctx context.Context, s *Server, worker string, have ...uint64) *pb.QueryView {
+	t.Helper()
+	resp, err := (&workerService{s: s}).WatchAssignments(ctx, &pb.WatchAssignmentsRequest{WorkerId: worker, ReconfigPlans: true, ReconfigPlansHave: have})
+	if err != nil || len(resp.Queries) != 1 || !resp.Queries[0].ReconfigState {
+		t.Fatalf("watch: %v, %v", resp, err)
+	}
+	return resp.Queries[0]
 }
 
 // TestReconfigAckNoticeHeldAheadOfItsWrite: a worker's notice of
@@ -316,15 +336,7 @@ func TestReconfigAckNoticeHeldAheadOfItsWrite(t *testing.T) {
 func TestWatchLeavesOutPlansTheWorkerHolds(t *testing.T) {
 	t.Parallel()
 	s, p := ackPlanNode(t)
-	ws := &workerService{s: s}
-	watch := func(have ...uint64) *pb.QueryView {
-		t.Helper()
-		resp, err := ws.WatchAssignments(p.ctx, &pb.WatchAssignmentsRequest{WorkerId: "wa", ReconfigPlans: true, ReconfigPlansHave: have})
-		if err != nil || len(resp.Queries) != 1 {
-			t.Fatalf("watch: %v, %v", resp, err)
-		}
-		return resp.Queries[0]
-	}
+	watch := func(have ...uint64) *pb.QueryView { return watchPlans(t, p.ctx, s, "wa", have...) }
 	first := watch()
 	if len(first.ReconfigPlansJson) != 1 || len(first.ReconfigPlanDigests) != 1 || first.ReconfigPlanDigests[0] != PlanDigest(first.ReconfigPlansJson[0]) {
 		t.Fatalf("first watch: plans %q, digests %x", first.ReconfigPlansJson, first.ReconfigPlanDigests)
