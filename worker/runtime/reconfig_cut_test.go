@@ -11,6 +11,7 @@ import (
 
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/kafka/kafkatest"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
 
@@ -34,31 +35,41 @@ func TestReconfigSourceReplicaLearnsTheCutLate(t *testing.T) {
 	// waits for it rather than going tentative.
 	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: strict}\n", 1)
 	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
+	// The plan must switch mid-stream: under the race detector at load
+	// ~30 the 2 s stream had ended when the sink had its first 300
+	// results. The sources go at a tenth of their rate until the late
+	// replica held (stream times, and so results, unchanged).
+	if err := r.pace.Set(0.1); err != nil {
+		t.Fatal(err)
+	}
 	var replica1 []tuple.Tuple
 	done1 := r.tailOf("rc/out/p0/r1", &replica1)
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
-
 	r.margin = margin
 	r.waitAcked(r.addPlan(2).Epoch)
 	loading := r.rc
 	loading.Plans = slices.Clone(r.rc.Plans)
-	// The coordinator's rule (fsm advanceReconfig): the highest frontier
-	// reported plus the margin.
-	frontier := int64(math.MinInt64)
-	for _, st := range r.states() {
-		frontier = max(frontier, st.ReconfigFrontier)
-	}
-	cut := frontier + int64(margin)
+	// The coordinator's rule (fsm advanceReconfig).
+	cut := r.highestFrontier() + int64(margin)
 	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, cut
 	r.publishExcept(late, &loading)
 
-	waitUntil(t, "the late replica's sibling passed the cut, the late one held or passed it", func() bool {
+	waitUntilOr(t, "the late replica's sibling passed the cut, the late one held or passed it", func() bool {
 		if r.level("rc/lines/p0/r0") < 1 {
 			return false
 		}
 		return r.cutHolds(late) > 0 || r.states()[late].ReconfigFrontier >= cut+int64(10*time.Millisecond)
+	}, func() {
+		sts := r.states()
+		for _, id := range []string{"rc/lines/p0/r0", late} {
+			st := sts[id]
+			t.Logf("%s: %s level %d acked %d frontier %d (cut %d) holds %d: %s", id, st.State, st.ReconfigLevel, st.ReconfigAcked, st.ReconfigFrontier, cut, r.cutHolds(id), st.Message)
+		}
 	})
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	if r.cutHolds(late) > 0 {
 		// A snapshot of the held source leaves the record it drew and
 		// holds before to the copy: a copy would draw it again.
@@ -117,10 +128,7 @@ func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
 	req, rec := idleIngestReq, idleIngestRec
 	r.margin = time.Second
 	r.commit(2)
-	frontier := int64(math.MinInt64)
-	for _, st := range r.states() {
-		frontier = max(frontier, st.ReconfigFrontier)
-	}
+	frontier := r.highestFrontier()
 	if frontier != int64(3*time.Second) {
 		t.Fatalf("frontier %d, want the newest record's time 3s", frontier)
 	}
@@ -169,4 +177,41 @@ func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
 	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
 		t.Fatalf("paths %v (the cut at 4s)", got)
 	}
+}
+
+// TestReconfigKafkaSourceHoldsForTheCut is the same for a kafka source:
+// records at and past the floor that arrive while the plan loads wait in
+// the source (its boundary before them too) until it learns the cut.
+func TestReconfigKafkaSourceHoldsForTheCut(t *testing.T) {
+	const src = "rc/events/p0/r0"
+	r, broker, value, dataAtSink := startIdleKafka(t)
+	r.margin = time.Second
+	r.commit(2)
+	frontier := r.highestFrontier()
+	if frontier != kafkaEpoch+int64(3*time.Second) {
+		t.Fatalf("frontier %d, want the newest record's time (3 s after %d)", frontier, kafkaEpoch)
+	}
+	if err := kafkatest.Produce(broker, "events", 0, [][]byte{value(4, "d"), value(5, "e")}); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, "the source held for the cut, or the records reached the sink", func() bool { return r.cutHolds(src) > 0 || dataAtSink(5)() })
+	if r.cutHolds(src) == 0 {
+		t.Fatal("the records went out while the plan loaded")
+	}
+	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(r.margin)
+	r.publish()
+	waitUntil(t, "the later records at the sink", dataAtSink(5))
+	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
+		t.Fatalf("paths %v (the cut 4 s after %d)", got, kafkaEpoch)
+	}
+}
+
+// highestFrontier is the highest frontier the tasks report: the
+// coordinator's cut is that plus the plan's margin.
+func (r *reconfigRun) highestFrontier() int64 {
+	frontier := int64(math.MinInt64)
+	for _, st := range r.states() {
+		frontier = max(frontier, st.ReconfigFrontier)
+	}
+	return frontier
 }

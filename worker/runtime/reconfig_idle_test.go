@@ -131,19 +131,23 @@ func TestReconfigIdleIngestSourceSwitches(t *testing.T) {
 	}
 }
 
-// TestReconfigIdleKafkaSourceSwitches is the same for a kafka source whose
-// partition has no new record during the update.
-func TestReconfigIdleKafkaSourceSwitches(t *testing.T) {
-	broker := kafkatest.Start(t, map[string]int32{"events": 1})
-	r := startIdleRun(t, fmt.Sprintf(idleSourceYAML, fmt.Sprintf("    kafka: {brokers: [%q], topic: events, partitions: 1}", broker)))
-	value := func(sec int64, user string) []byte {
+// startIdleKafka starts idleSourceYAML with a kafka source on a test
+// broker, produces users a, b and c at 1, 2 and 3 s (value: a record at
+// sec seconds after kafkaEpoch) and returns once they reached the sink.
+// dataAtSink(n) reads the sink's stream into r.out and reports whether
+// it holds n data tuples (a kafka source does not end).
+func startIdleKafka(t *testing.T) (r *reconfigRun, broker string, value func(sec int64, user string) []byte, dataAtSink func(n int) func() bool) {
+	t.Helper()
+	broker = kafkatest.Start(t, map[string]int32{"events": 1})
+	r = startIdleRun(t, fmt.Sprintf(idleSourceYAML, fmt.Sprintf("    kafka: {brokers: [%q], topic: events, partitions: 1}", broker)))
+	value = func(sec int64, user string) []byte {
 		return fmt.Appendf(nil, `{"time": %d, "user": %q, "amount": 1}`, kafkaEpoch+sec*int64(time.Second), user)
 	}
 	if err := kafkatest.Produce(broker, "events", 0, [][]byte{value(1, "a"), value(2, "b"), value(3, "c")}); err != nil {
 		t.Fatal(err)
 	}
 	sink := r.c.workers[0].rt.task("rc/out/p0/r0")
-	dataAtSink := func(n int) func() bool {
+	dataAtSink = func(n int) func() bool {
 		return func() bool {
 			last := sink.outs[0].buf.Stats().LastID
 			if last == 0 {
@@ -162,6 +166,13 @@ func TestReconfigIdleKafkaSourceSwitches(t *testing.T) {
 		}
 	}
 	waitUntil(t, "the first records at the sink", dataAtSink(3))
+	return r, broker, value, dataAtSink
+}
+
+// TestReconfigIdleKafkaSourceSwitches is the same for a kafka source whose
+// partition has no new record during the update.
+func TestReconfigIdleKafkaSourceSwitches(t *testing.T) {
+	r, broker, value, dataAtSink := startIdleKafka(t)
 	r.commit(2)
 	r.switchAll(time.Hour)
 	r.waitLevel(1)
