@@ -40,9 +40,16 @@ import (
 // (not seen since the limit is above what it stages) is inconclusive and
 // runs again, a bounded number of times.
 func TestRescaleUnderBacklog(t *testing.T) {
-	const attempts = 3
+	whileInconclusive(t, 3, rescaleUnderBacklog)
+}
+
+// whileInconclusive makes a run of a rescale under a backlog again, up to
+// attempts runs in all, while it is inconclusive: run returns the task
+// that had ended when the rescale was prepared ("" when none had).
+func whileInconclusive(t *testing.T, attempts int, run func(*testing.T) (ended string)) {
+	t.Helper()
 	for i := range attempts {
-		ended := rescaleUnderBacklog(t)
+		ended := run(t)
 		if ended == "" {
 			return
 		}
@@ -175,15 +182,7 @@ func rescaleUnderBacklog(t *testing.T) (ended string) {
 // leader refuses such a rescale, and so does scaleUnlessEnded), and runs
 // again, a bounded number of times (each takes 2-4 s).
 func TestRescaleDownUnderBacklog(t *testing.T) {
-	const attempts = 5 // 1 in 4 was inconclusive at load 30
-	for i := range attempts {
-		ended := rescaleDownUnderBacklog(t)
-		if ended == "" {
-			return
-		}
-		t.Logf("attempt %d inconclusive: %s had ended when it learned of the prepare", i+1, ended)
-	}
-	t.Fatalf("the source ended before the prepare in %d attempts: the rescale never ran under a backlog", attempts)
+	whileInconclusive(t, 5, rescaleDownUnderBacklog) // 1 in 4 was inconclusive at load 30
 }
 
 // rescaleDownUnderBacklog is one run of TestRescaleDownUnderBacklog; it
