@@ -160,7 +160,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 // starved its process was (vouching stops the machine's DetectLimit
 // before it, see input.silence): half the share, but at least the
 // stretched timeout (dcaa.DetectMax) and one detection timeout more, and
-// never more than starveLimit. A process loaded for good (load 20 and more on
+// minOperatorStarveCap, and never more than starveLimit. A process loaded for good (load 20 and more on
 // two cores) counts most of its time as starved, so this cap is when a
 // held replica is taken for failed there: with starveLimit alone (5 s)
 // it came 3.7 s after the hold at load 22 with X = 5 s, and the input
@@ -170,12 +170,20 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 // stretched timeout later (3-4 s: 25 to 45 tentative results). Half the
 // share leaves the other half for the switch.
 func starveCapOf(detect, share time.Duration) int64 {
-	c := dcaa.DetectMax(detect, share) + detect
+	c := max(dcaa.DetectMax(detect, share)+detect, minOperatorStarveCap)
 	if share > 0 && share != dcaa.Strict {
 		c = max(c, share/2)
 	}
 	return min(int64(c), starveLimit(detect))
 }
+
+// minOperatorStarveCap is the least starvation cap of an operator task:
+// a whole process stands still for a second now and then at load 30 on
+// two cores. With the cap at DetectMax + Detect alone (800 ms with X =
+// 300 ms, 400 ms of it vouched), inputs of a task with a small share
+// moved every 400 ms at load 23, hearing no replica, and results that
+// should have gone tentative did not (TestDCAASecondFailureDuringStabilization).
+const minOperatorStarveCap = 2 * time.Second
 
 func (d *dcaaRun) now() int64 { return int64(time.Since(d.origin)) }
 
