@@ -219,23 +219,28 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 // starveCapOf is the wall silence past which an input of an operator task
 // with detection timeout detect and share of X share is failed however
 // starved its process was (vouching stops the machine's DetectLimit
-// before it, see input.silence): half the share, but at least the
-// stretched timeout (dcaa.DetectMax) and one detection timeout more, and
-// never more than starveLimit. A process loaded for good (load 20 and more on
-// two cores) counts most of its time as starved, so this cap is when a
-// held replica is taken for failed there: with starveLimit alone (5 s)
-// it came 3.7 s after the hold at load 22 with X = 5 s, and the input
-// caught up on the other replica too late for the buckets' wait
-// (TestDCAAOneReplicaLostNoTentative: 4 tentative results); with the cap
-// on the vouching alone, the machine's own timeout still came a
-// stretched timeout later (3-4 s: 25 to 45 tentative results). Half the
-// share leaves the other half for the switch.
+// before it, see input.silence): half the share, where that leaves room
+// for the stretched timeout (dcaa.DetectMax) and one detection timeout
+// more; otherwise starveLimit, as for every other task. A process loaded
+// for good (load 20 and more on two cores) counts most of its time as
+// starved, so this cap is when a held replica is taken for failed there:
+// with starveLimit alone (5 s) it came 3.7 s after the hold at load 22
+// with X = 5 s, and the input caught up on the other replica too late
+// for the buckets' wait (TestDCAAOneReplicaLostNoTentative: 4 tentative
+// results); with the cap on the vouching alone, the machine's own
+// timeout still came a stretched timeout later (3-4 s: 25 to 45
+// tentative results). Half the share leaves the other half for the
+// switch. A share too small for that cannot be kept by any cap under
+// such load, and a lower cap only took live replicas for failed there:
+// with 800 ms (X = 300 ms) the inputs moved every 400 ms at load 23,
+// hearing no replica (TestDCAASecondFailureDuringStabilization), and
+// with 2 s the peer replica of TestLossyReplicaRebootstrapsFromStablePeer
+// lost input in every run at load 20.
 func starveCapOf(detect, share time.Duration) int64 {
-	c := dcaa.DetectMax(detect, share) + detect
-	if share > 0 && share != dcaa.Strict {
-		c = max(c, share/2)
+	if share > 0 && share != dcaa.Strict && share/2 >= dcaa.DetectMax(detect, share)+detect {
+		return min(int64(share/2), starveLimit(detect))
 	}
-	return min(int64(c), starveLimit(detect))
+	return starveLimit(detect)
 }
 
 func (d *dcaaRun) now() int64 { return int64(time.Since(d.origin)) }

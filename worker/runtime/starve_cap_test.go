@@ -65,20 +65,22 @@ func TestWatchdogGivesAnUpstreamTimeToStart(t *testing.T) {
 	}
 }
 
-// An operator task of a replicated query fails a silent input by half
-// its share of wall time however starved its process is (at least the
-// stretched detection timeout and one more, at most starveLimit), so
-// that the switch to another replica has the other half: at load 22,
-// with starveLimit alone, a held replica was taken for failed 3.7 s
-// into a 5 s share and the input caught up too late.
+// An operator task of a replicated query whose share of X leaves room
+// for a stretched detection in its half fails a silent input by half its
+// share of wall time however starved its process is, so that the switch
+// to another replica has the other half: at load 22, with starveLimit
+// alone, a held replica was taken for failed 3.7 s into a 5 s share and
+// the input caught up too late. A smaller share keeps starveLimit.
 func TestStarveCapLeavesHalfTheShareForTheSwitch(t *testing.T) {
 	ms := time.Millisecond
 	for _, c := range []struct{ detect, share, want time.Duration }{
-		{400 * ms, 5 * time.Second, 2500 * ms},                        // TestDCAAOneReplicaLostNoTentative
-		{100 * ms, 300 * ms, 250 * ms},                                // DetectMax 150 ms + 100 ms
-		{100 * ms, 0, 500 * ms},                                       // max_delay 0: DetectMax 400 ms + 100 ms
-		{100 * ms, dcaa.Strict, 500 * ms},                             // strict: likewise
-		{400 * ms, time.Minute, time.Duration(starveLimit(400 * ms))}, // never past starveLimit
+		{400 * ms, 4 * time.Second, 2 * time.Second},                      // just room: DetectMax 1.6 s + 400 ms
+		{400 * ms, 3 * time.Second, time.Duration(starveLimit(400 * ms))}, // DetectMax 1.5 s + 400 ms > 1.5 s
+		{400 * ms, 5 * time.Second, 2500 * ms},                            // TestDCAAOneReplicaLostNoTentative
+		{100 * ms, 300 * ms, time.Duration(starveLimit(100 * ms))},        // no room: starveLimit
+		{400 * ms, 0, time.Duration(starveLimit(400 * ms))},               // max_delay 0
+		{500 * ms, dcaa.Strict, time.Duration(starveLimit(500 * ms))},     // strict
+		{400 * ms, time.Minute, time.Duration(starveLimit(400 * ms))},     // never past starveLimit
 	} {
 		if got := time.Duration(starveCapOf(c.detect, c.share)); got != c.want {
 			t.Errorf("starveCapOf(%v, %v) = %v, want %v", c.detect, c.share, got, c.want)
