@@ -351,7 +351,7 @@ func moreResults(ctx context.Context, seen *atomic.Int64, ended <-chan struct{},
 // orgs' data ports.
 func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 	// Not parallel: it runs real workers (see parallelTests).
-	alpha, beta, contract := xorgPair(t)
+	alpha, beta, contract := xorgPair(t, calmFailureDetection)
 	const limit = 100000
 	want := xorgReference(t, limit)
 	// Another query of alpha, which beta hosts nothing of (the route
