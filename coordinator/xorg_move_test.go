@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"sync"
@@ -65,11 +66,65 @@ type xorgOrg struct {
 	workers []*fsworker.Worker
 	stopW   []func()
 	pool    *dataplane.Pool
+	// warned records the warnings its workers logged.
+	warned *warnings
+}
+
+// warnings is a slog.Handler recording the messages of warnings (and
+// worse) before passing every record on to next.
+type warnings struct {
+	next slog.Handler
+	mu   *sync.Mutex
+	msgs *[]string
+}
+
+func newWarnings(next slog.Handler) *warnings {
+	return &warnings{next: next, mu: &sync.Mutex{}, msgs: new([]string)}
+}
+
+func (w *warnings) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn || w.next.Enabled(ctx, l)
+}
+
+func (w *warnings) Handle(ctx context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		w.mu.Lock()
+		*w.msgs = append(*w.msgs, r.Message)
+		w.mu.Unlock()
+	}
+	if !w.next.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return w.next.Handle(ctx, r)
+}
+
+func (w *warnings) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *w
+	c.next = w.next.WithAttrs(as)
+	return &c
+}
+
+func (w *warnings) WithGroup(name string) slog.Handler {
+	c := *w
+	c.next = w.next.WithGroup(name)
+	return &c
+}
+
+// count is how many warnings had message msg.
+func (w *warnings) count(msg string) (n int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, m := range *w.msgs {
+		if m == msg {
+			n++
+		}
+	}
+	return n
 }
 
 func newXorgOrg(t *testing.T, org string, join []string, opts ...func(*Config)) *xorgOrg {
 	t.Helper()
-	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join, opts...)}
+	o := &xorgOrg{testCluster: newFedOrg(t, org, 1, join, opts...), warned: newWarnings(logging.Discard().Handler())}
 	client := testCreds(t, o.ca, rpc.RoleClient, "ops")
 	// Tails read a worker, or a coordinator relaying a sink at a partner.
 	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker, rpc.RoleCoordinator}}), grpc.WithPerRPCCredentials(rpc.BearerToken(o.tokens[1])))
@@ -79,9 +134,9 @@ func newXorgOrg(t *testing.T, org string, join []string, opts ...func(*Config)) 
 		if err != nil {
 			t.Fatal(err)
 		}
-		wl := logging.Discard()
+		wl := slog.New(o.warned)
 		if os.Getenv("FEDSTREAM_TEST_LOG") != "" { // as the coordinators' (newOrgTestCluster)
-			wl = logging.Stderr("info")
+			wl = slog.New(&warnings{next: logging.Stderr("info").Handler(), mu: o.warned.mu, msgs: o.warned.msgs})
 		}
 		w, err := fsworker.New(fsworker.Config{Org: org, Name: fmt.Sprintf("%s-w%d", org, i+1), Coordinators: []string{o.cfgs[0].GRPCAddr}, Cores: 4,
 			Logger: wl, TLS: creds, JoinToken: o.tokens[0], BoundaryInterval: 5 * time.Millisecond})
@@ -734,4 +789,10 @@ func TestCrossOrgSinkAtPartnerIsTailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameResults(t, got, want)
+	// Beta's worker fetched the sink's snapshot through the relays, over
+	// the stream: it was not offered a connection of its own to alpha's
+	// worker, which it could not have made.
+	if n := beta.warned.count("fast snapshot transfer failed: fetching over the data plane stream"); n != 0 {
+		t.Fatalf("beta's workers tried %d fast snapshot transfers across the orgs", n)
+	}
 }
