@@ -372,6 +372,14 @@ func (x *xorgData) FetchSnapshot(req *pb.FetchSnapshotRequest, in pb.DataPlane_F
 		return err
 	}
 	req.Generation = int32(gen)
+	// The bytes come over this relayed stream, never over a connection of
+	// their own (fast snapshot transfer): the serving worker's bulk
+	// listener is for this org's workers, the fetching worker would dial
+	// its port on the host of the relay it called, and its certificate is
+	// not of the fetching worker's org. Offered one, the fetching worker
+	// failed its dial (or waited out the dial timeout where a firewall
+	// drops it) before asking again over the stream.
+	req.Bulk, req.BulkSizeInline = false, false
 	out, err := pb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req)
 	if err != nil {
 		return relayErr(err)
