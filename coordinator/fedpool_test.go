@@ -218,7 +218,16 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("pinning gamma's CA as beta's: %v", err)
 	}
 
-	resp, err := alpha.fedClient(alpha.follower()).ProposeContract(ctxT(t, 20*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out"})
+	// Made again while Unavailable (leadership lost under the write on a
+	// loaded machine). ProposeContract has no idempotency key: a write
+	// that did commit before the answer was lost leaves a second pending
+	// proposal, which the steps below (they follow this answer's id)
+	// ignore.
+	var resp *pb.ContractResponse
+	err = whileUnavailable(t, func(ctx context.Context) (err error) {
+		resp, err = alpha.fedClient(alpha.follower()).ProposeContract(ctx, &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out"})
+		return err
+	})
 	if err != nil {
 		t.Fatalf("propose: %v", err)
 	}
