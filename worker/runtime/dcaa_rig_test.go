@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -88,6 +90,32 @@ func (g *faultRig) task(id string) *task {
 		}
 	}
 	return nil
+}
+
+// readOther names the inputs of the running tasks ids that read, or
+// read at some point, a copy of their upstream other than its replica r:
+// one that moved (see input.countSwitch), or one reading another replica
+// now (its first choice is not counted as a move).
+func (g *faultRig) readOther(r int, ids ...string) []string {
+	var out []string
+	for _, id := range ids {
+		tk := g.task(id)
+		if tk == nil {
+			continue
+		}
+		tk.inMu.Lock()
+		inputs := slices.Clone(tk.inputs)
+		tk.inMu.Unlock()
+		for _, in := range inputs {
+			in.mu.Lock()
+			cur := in.current
+			in.mu.Unlock()
+			if n := in.switches.Load(); n > 0 || cur.TaskID != "" && cur.Replica != r {
+				out = append(out, fmt.Sprintf("%s reading %s (%d moves)", id, cur.TaskID, n))
+			}
+		}
+	}
+	return out
 }
 
 func mustParse(t *testing.T, yaml string) *queryspec.Query {
