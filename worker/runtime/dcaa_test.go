@@ -397,16 +397,7 @@ func TestDCAAShortFailureCostsNothing(t *testing.T) {
 // and runs again (at most three times); the stream is 8 s long, the
 // rest of it run fast once the switch is seen (restAtSpeed).
 func TestDCAAOneReplicaLostNoTentative(t *testing.T) {
-	for run := 1; ; run++ {
-		why := oneReplicaLostRun(t)
-		if why == "" {
-			return
-		}
-		if run == 3 {
-			t.Fatalf("three runs without the failure within the stream; the last: %s", why)
-		}
-		t.Logf("run %d inconclusive: %s; running it again", run, why)
-	}
+	whileInconclusive(t, 3, oneReplicaLostRun)
 }
 
 // oneReplicaLostRun runs TestDCAAOneReplicaLostNoTentative's scenario

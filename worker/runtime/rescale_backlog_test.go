@@ -40,22 +40,35 @@ import (
 // (not seen since the limit is above what it stages) is inconclusive and
 // runs again, a bounded number of times.
 func TestRescaleUnderBacklog(t *testing.T) {
-	whileInconclusive(t, 3, rescaleUnderBacklog)
+	whileInconclusive(t, 3, underBacklog(rescaleUnderBacklog))
 }
 
-// whileInconclusive makes a run of a rescale under a backlog again, up to
-// attempts runs in all, while it is inconclusive: run returns the task
-// that had ended when the rescale was prepared ("" when none had).
-func whileInconclusive(t *testing.T, attempts int, run func(*testing.T) (ended string)) {
+// whileInconclusive makes a run again, up to attempts runs in all, while
+// it is inconclusive: run returns why ("" when the run was judged).
+func whileInconclusive(t *testing.T, attempts int, run func(*testing.T) (why string)) {
 	t.Helper()
-	for i := range attempts {
-		ended := run(t)
-		if ended == "" {
+	for i := 1; ; i++ {
+		why := run(t)
+		if why == "" {
 			return
 		}
-		t.Logf("attempt %d inconclusive: %s had ended when it learned of the prepare", i+1, ended)
+		if i == attempts {
+			t.Fatalf("%d runs inconclusive; the last: %s", attempts, why)
+		}
+		t.Logf("run %d inconclusive: %s; running it again", i, why)
 	}
-	t.Fatalf("the source ended before the prepare in %d attempts: the rescale never ran under a backlog", attempts)
+}
+
+// underBacklog makes a rescale-under-a-backlog run, which returns the
+// task that had ended when the rescale was prepared, say why it is
+// inconclusive: the rescale never ran under a backlog.
+func underBacklog(run func(*testing.T) (ended string)) func(*testing.T) string {
+	return func(t *testing.T) string {
+		if ended := run(t); ended != "" {
+			return ended + " had ended when it learned of the prepare: the rescale did not run under a backlog"
+		}
+		return ""
+	}
 }
 
 // rescaleUnderBacklog is one run of TestRescaleUnderBacklog; it returns
@@ -182,7 +195,7 @@ func rescaleUnderBacklog(t *testing.T) (ended string) {
 // leader refuses such a rescale, and so does scaleUnlessEnded), and runs
 // again, a bounded number of times (each takes 2-4 s).
 func TestRescaleDownUnderBacklog(t *testing.T) {
-	whileInconclusive(t, 5, rescaleDownUnderBacklog) // 1 in 4 was inconclusive at load 30
+	whileInconclusive(t, 5, underBacklog(rescaleDownUnderBacklog)) // 1 in 4 was inconclusive at load 30
 }
 
 // rescaleDownUnderBacklog is one run of TestRescaleDownUnderBacklog; it
