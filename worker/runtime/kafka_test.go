@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -250,9 +251,12 @@ func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	defer c.close(t)
 	from, to := c.workers[0], c.workers[1]
 	var holding atomic.Bool
+	held := make(chan struct{})
+	var heldOnce sync.Once
 	release := make(chan struct{})
 	from.rt.kafkaBeforeWrite = func(ctx context.Context) {
 		if holding.Load() {
+			heldOnce.Do(func() { close(held) })
 			select {
 			case <-release:
 			case <-ctx.Done():
@@ -262,10 +266,14 @@ func TestKafkaSinkRestartWritesNothingTwice(t *testing.T) {
 	c.apply()
 	waitUntil(t, "the sink wrote results", func() bool { return writtenBy(from, kafkaSinkTask) > 20 })
 	holding.Store(true)
-	before := writtenBy(from, kafkaSinkTask)
 	for p := range 2 {
 		produce(t, broker, p, half, half+100, false)
 	}
+	// A write already past the hook when holding began still lands: count
+	// from the first write that is held, or the snapshot may find every
+	// result already written.
+	waitUntil(t, "a write held back", func() bool { return isClosed(held) })
+	before := writtenBy(from, kafkaSinkTask)
 	buf := from.rt.task(kafkaSinkTask).outs[0].buf
 	waitUntil(t, "results wait to be written", func() bool { return buf.Stats().LastID > before+20 })
 	snap, err := from.rt.SnapshotTask(context.Background(), kafkaSinkTask, SnapshotOptions{Halt: true})
@@ -309,18 +317,22 @@ func TestKafkaSinkStopsBehindKafka(t *testing.T) {
 	defer c.close(t)
 	from, to := c.workers[0], c.workers[1]
 	var holding atomic.Bool
+	held := make(chan struct{})
+	var heldOnce sync.Once
 	from.rt.kafkaBeforeWrite = func(ctx context.Context) {
 		if holding.Load() {
+			heldOnce.Do(func() { close(held) })
 			<-ctx.Done() // held until the copy stops
 		}
 	}
 	c.apply()
 	waitUntil(t, "the sink wrote results", func() bool { return writtenBy(from, kafkaSinkTask) > 20 })
 	holding.Store(true)
-	before := writtenBy(from, kafkaSinkTask)
 	for p := range 2 {
 		produce(t, broker, p, half, half+100, false)
 	}
+	waitUntil(t, "a write held back", func() bool { return isClosed(held) }) // see TestKafkaSinkRestartWritesNothingTwice
+	before := writtenBy(from, kafkaSinkTask)
 	buf := from.rt.task(kafkaSinkTask).outs[0].buf
 	waitUntil(t, "results wait to be written", func() bool { return buf.Stats().LastID > before+20 })
 	snap, err := from.rt.SnapshotTask(context.Background(), kafkaSinkTask, SnapshotOptions{Halt: true})
@@ -570,5 +582,15 @@ func TestKafkaMissingTopics(t *testing.T) {
 			return st.State == StateRunning && strings.Contains(st.Message, "kafka") && strings.Contains(st.Message, topic)
 		})
 		t.Log(c.workers[0].rt.task(id).State().Message)
+	}
+}
+
+// isClosed reports whether ch is closed, without blocking.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
