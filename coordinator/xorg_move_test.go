@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -361,11 +362,23 @@ func calmFailureDetection(c *Config) {
 // rolls back (TestCrossOrgMovePartitioned tests the rollback), so they
 // move it again once it runs at home (a moving task cannot move).
 func (o *xorgOrg) moveOut(ctx context.Context, t *testing.T, task, partner, contract string) error {
+	_, err := o.whileRolledBack(ctx, t, task, partner, func(ctx context.Context) error {
+		return o.nodes[0].MigrateTaskOut(ctx, task, partner, contract)
+	})
+	return err
+}
+
+// whileRolledBack makes move again while it answers that the move rolled
+// back (ErrMigrationRolledBack, or its text in a status of the admin
+// API), each time once the task runs at home again; see moveOut. It
+// returns how many attempts rolled back.
+func (o *xorgOrg) whileRolledBack(ctx context.Context, t *testing.T, task, partner string, move func(ctx context.Context) error) (rollbacks int, err error) {
 	for {
-		err := o.nodes[0].MigrateTaskOut(ctx, task, partner, contract)
-		if !errors.Is(err, ErrMigrationRolledBack) {
-			return err
+		err := move(ctx)
+		if !errors.Is(err, ErrMigrationRolledBack) && !(status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), ErrMigrationRolledBack.Error())) {
+			return rollbacks, err
 		}
+		rollbacks++
 		t.Logf("moving %s to %s again: %v", task, partner, err)
 		for {
 			tk, _ := o.nodes[0].State().Task(nil, task)
@@ -373,7 +386,7 @@ func (o *xorgOrg) moveOut(ctx context.Context, t *testing.T, task, partner, cont
 				break
 			}
 			if ctx.Err() != nil {
-				return fmt.Errorf("%w; the task did not run at home again: %w", err, ctx.Err())
+				return rollbacks, fmt.Errorf("%w; the task did not run at home again: %w", err, ctx.Err())
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -416,7 +429,7 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 	const moving = "xm/counts/p0/r0"
 	alpha.submit(t, "xm", 1, limit)
 	var started bool
-	var seen atomic.Int64
+	var seen, rollbacks atomic.Int64
 	done, ended := make(chan error, 1), make(chan struct{})
 	got := alpha.results(t, "xm", func(n int) {
 		seen.Store(int64(n))
@@ -427,8 +440,18 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			// Through the admin API, as fedstream task move --to-org does.
-			if resp, err := alpha.admin(0).MigrateTask(ctx, &pb.MigrateTaskRequest{TaskId: moving, ToOrg: "beta", Contract: contract}); err != nil || resp.Generation != 2 {
+			// Through the admin API, as fedstream task move --to-org does;
+			// made again after a rollback (a false death on a loaded
+			// machine, see moveOut). A rollback takes the task back to
+			// its old generation, so the move that completes makes
+			// generation 2 all the same.
+			var resp *pb.MigrateTaskResponse
+			n, err := alpha.whileRolledBack(ctx, t, moving, "beta", func(ctx context.Context) (err error) {
+				resp, err = alpha.admin(0).MigrateTask(ctx, &pb.MigrateTaskRequest{TaskId: moving, ToOrg: "beta", Contract: contract})
+				return err
+			})
+			rollbacks.Add(int64(n))
+			if err != nil || resp.Generation != 2 {
 				done <- fmt.Errorf("migrate: %v %v", resp, err)
 				return
 			}
@@ -495,7 +518,11 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 			}
 			// Out again, then the contract ends: the task comes home by
 			// itself.
-			if err := alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract); err != nil {
+			n, err = alpha.whileRolledBack(ctx, t, moving, "beta", func(ctx context.Context) error {
+				return alpha.nodes[0].MigrateTaskOut(ctx, moving, "beta", contract)
+			})
+			rollbacks.Add(int64(n))
+			if err != nil {
 				done <- fmt.Errorf("second move: %w", err)
 				return
 			}
@@ -539,8 +566,10 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 		}
 		return n
 	}
-	if a, b := served(alpha), served(beta); a != 2 || b != 2 {
-		t.Fatalf("snapshots served: alpha %d, beta %d; want 2 each (out, back, out, back)", a, b)
+	// A move that rolled back may have had its snapshot served before it
+	// did: then at least as many, not exactly.
+	if a, b := served(alpha), served(beta); a < 2 || b != 2 || (rollbacks.Load() == 0 && a != 2) {
+		t.Fatalf("snapshots served: alpha %d, beta %d (%d moves rolled back and made again); want 2 each (out, back, out, back)", a, b, rollbacks.Load())
 	}
 	tk := alpha.task(t, moving)
 	if tk.Gen() != 5 || tk.WorkerID == partnerWorkerID("beta") || tk.MovingFrom != "" {
