@@ -694,6 +694,16 @@ func (r *UpsertOperatorVersionRequest) apply(tx *writeTx) (any, error) {
 	return nil, tx.insert(TableOperatorVersions, &v)
 }
 
+func (r *UpsertContractRequest) idempotencyKey() string { return r.IdempotencyKey }
+
+func (r *UpsertContractRequest) requestHash() string { return r.RequestHash }
+
+func (r *UpsertContractRequest) decodeResult(raw []byte) (any, error) {
+	var id string
+	err := json.Unmarshal(raw, &id)
+	return id, err
+}
+
 func (r *UpsertContractRequest) apply(tx *writeTx) (any, error) {
 	c := r.Contract
 	if c.ID == "" || c.Partner == "" {
@@ -711,7 +721,7 @@ func (r *UpsertContractRequest) apply(tx *writeTx) (any, error) {
 		c.CreateIndex = existing.CreateIndex
 	}
 	c.ModifyIndex = tx.index
-	return nil, tx.insert(TableContracts, &c)
+	return c.ID, tx.insert(TableContracts, &c)
 }
 
 func (r *AppendLedgerEntryRequest) apply(tx *writeTx) (any, error) {

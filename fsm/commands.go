@@ -286,9 +286,20 @@ type UpsertOperatorVersionRequest struct {
 	Version OperatorVersion `json:"version"`
 }
 
-// UpsertContractRequest creates or replaces a contract. Value: nil.
+// UpsertContractRequest creates or replaces a contract. Value: the
+// contract's id (string). With IdempotencyKey set (a new proposal that a
+// client may retry) a key already applied changes nothing and the value is
+// the id of the contract the first request stored, or
+// ErrIdempotencyMismatch when RequestHash differs from the first's.
+// Both fields are optional: an older build ignores them (see the
+// protocol notes at IdempotencyKey in package federation).
 type UpsertContractRequest struct {
-	Contract Contract `json:"contract"`
+	Contract       Contract `json:"contract"`
+	IdempotencyKey string   `json:"idempotency_key,omitempty"`
+	// RequestHash fingerprints the client's request the key belongs to
+	// (not the stored record, which a retry builds anew: its time and
+	// signature differ).
+	RequestHash string `json:"request_hash,omitempty"`
 }
 
 // AppendLedgerEntryRequest appends one ledger entry; it must extend the chain

@@ -33,7 +33,9 @@
 //   - Idempotency keys: a command carrying a key that was already applied is
 //     not re-applied; the original result is returned. At most
 //     MaxIdempotencyKeys keys are kept, the oldest (by log index) pruned first.
-//     Only successful commands record their key.
+//     Only successful commands record their key. A command that also
+//     carries a request hash (UpsertContractRequest) is refused with
+//     ErrIdempotencyMismatch when its key was applied for another hash.
 //   - Snapshots contain every table (including idempotency keys and table
 //     indexes) and end with a record count and SHA-256; Restore builds a fresh
 //     store and swaps it in only when the whole stream is valid, so a corrupt

@@ -35,6 +35,13 @@ var ErrInvalidRequest = errors.New("invalid request")
 // a command of one type is presented with a command of another type.
 var ErrIdempotencyKeyReused = errors.New("idempotency key reused by a different command type")
 
+// ErrIdempotencyMismatch is returned when an idempotency key that was
+// applied is presented again with a request of different content (its
+// RequestHash differs): a retry must repeat the request it retries, so
+// this is a client reusing a key for a new request, or a forged retry.
+// Nothing is changed; the error names the key.
+var ErrIdempotencyMismatch = errors.New("idempotency key reused for a request of different content")
+
 // ErrLedgerChain is returned when a ledger entry does not extend the chain:
 // its sequence number is not last+1 or its PrevHash is not the last hash.
 var ErrLedgerChain = errors.New("ledger entry does not extend the chain")

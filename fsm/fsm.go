@@ -65,6 +65,14 @@ type idempotentCommand interface {
 	decodeResult(raw []byte) (any, error)
 }
 
+// hashedCommand is an idempotent command that also fingerprints the
+// client request its key belongs to: a key presented again with another
+// fingerprint is refused (ErrIdempotencyMismatch) instead of answered
+// with the first request's result.
+type hashedCommand interface {
+	requestHash() string
+}
+
 // commandDecoders maps each known type to a constructor of its request.
 var commandDecoders = map[MessageType]func() command{
 	RegisterWorkerType:        func() command { return &RegisterWorkerRequest{} },
@@ -202,7 +210,7 @@ func (f *FSM) applyCommand(index uint64, data []byte) *ApplyResult {
 		return f.reject(index, t, err, slog.LevelInfo)
 	}
 	if key != "" {
-		if err := f.recordIdempotency(tx, t, key, value); err != nil {
+		if err := f.recordIdempotency(tx, t, key, requestHashOf(cmd), value); err != nil {
 			tx.abort()
 			return f.reject(index, t, err, slog.LevelError)
 		}
@@ -244,6 +252,12 @@ func (f *FSM) replay(tx *writeTx, t MessageType, key string, ic idempotentComman
 	if rec.Type != t {
 		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("%w: key %q was used by %s, now by %s", ErrIdempotencyKeyReused, key, rec.Type, t)}
 	}
+	// Records from before request hashes, and commands without one,
+	// compare by type only.
+	if h := requestHashOf(ic); h != "" && rec.RequestHash != "" && h != rec.RequestHash {
+		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("%w: key %q was applied at index %d for another %s request (request hash %s, this one %s)",
+			ErrIdempotencyMismatch, key, rec.Index, t, rec.RequestHash, h)}
+	}
 	value, err := ic.decodeResult(rec.Result)
 	if err != nil {
 		return &ApplyResult{Index: tx.index, Err: fmt.Errorf("decode stored result of key %q: %w", key, err)}
@@ -253,12 +267,12 @@ func (f *FSM) replay(tx *writeTx, t MessageType, key string, ic idempotentComman
 
 // recordIdempotency stores the key's result and prunes the oldest keys beyond
 // the limit. Pruning depends only on the log, so every node prunes alike.
-func (f *FSM) recordIdempotency(tx *writeTx, t MessageType, key string, value any) error {
+func (f *FSM) recordIdempotency(tx *writeTx, t MessageType, key, requestHash string, value any) error {
 	raw, err := json.Marshal(value)
 	if err != nil {
 		return fmt.Errorf("encode result for idempotency key %q: %w", key, err)
 	}
-	rec := &IdempotencyRecord{Key: key, Type: t, Index: tx.index, Result: raw}
+	rec := &IdempotencyRecord{Key: key, Type: t, Index: tx.index, Result: raw, RequestHash: requestHash}
 	if err := tx.insert(TableIdempotency, rec); err != nil {
 		return err
 	}
@@ -282,6 +296,14 @@ func (f *FSM) recordIdempotency(tx *writeTx, t MessageType, key string, value an
 		tx.idempotencyDelta--
 	}
 	return nil
+}
+
+// requestHashOf is cmd's request fingerprint, "" if it has none.
+func requestHashOf(cmd any) string {
+	if hc, ok := cmd.(hashedCommand); ok {
+		return hc.requestHash()
+	}
+	return ""
 }
 
 // writeTx is one write transaction at one log index. It records which tables

@@ -292,6 +292,9 @@ type IdempotencyRecord struct {
 	Index uint64      `json:"index"` // log index at which the command took effect
 	// Result is the JSON of the command's ApplyResult.Value.
 	Result json.RawMessage `json:"result"`
+	// RequestHash is the fingerprint of the request that used the key
+	// (commands that carry one: UpsertContractRequest), "" otherwise.
+	RequestHash string `json:"request_hash,omitempty"`
 }
 
 // tableIndexEntry is a row of the internal index table: the modify index of a
