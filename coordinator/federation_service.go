@@ -110,13 +110,14 @@ func fedStatus(err error) error {
 		return err
 	}
 	switch {
-	case errors.Is(err, mpa.ErrBadTerms), errors.Is(err, ledger.ErrBadRecord), errors.Is(err, federation.ErrBadCA):
+	case errors.Is(err, mpa.ErrBadTerms), errors.Is(err, ledger.ErrBadRecord), errors.Is(err, federation.ErrBadCA), errors.Is(err, fsm.ErrIdempotencyMismatch):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, federation.ErrNoContract):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, federation.ErrUnknownOrg), errors.Is(err, federation.ErrNoPinnedKey),
 		errors.Is(err, federation.ErrContractState), errors.Is(err, federation.ErrKeyMismatch), errors.Is(err, federation.ErrRefused),
-		errors.Is(err, mpa.ErrOutsideTerms), errors.Is(err, federation.ErrNoPinnedCA):
+		errors.Is(err, mpa.ErrOutsideTerms), errors.Is(err, federation.ErrNoPinnedCA),
+		errors.Is(err, federation.ErrReplayed), errors.Is(err, federation.ErrDuplicateRecord):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return status.Error(codes.Internal, err.Error())
@@ -181,7 +182,7 @@ func (fs *federationService) ProposeContract(ctx context.Context, req *pb.Propos
 	return contractResponse(fs.s.fed.Propose(ctx, federation.ProposeRequest{
 		To: req.To, PriceMin: req.PriceMin, PriceMax: req.PriceMax, MaxLoad: req.MaxLoad,
 		ValidFor: time.Duration(req.ValidForMs) * time.Millisecond, Direction: req.Direction, Tasks: req.Tasks,
-		Notice: time.Duration(req.NoticeMs) * time.Millisecond,
+		Notice: time.Duration(req.NoticeMs) * time.Millisecond, RequestID: req.RequestId,
 	}))
 }
 

@@ -11,9 +11,11 @@
 package federation
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -46,6 +48,13 @@ var (
 	ErrContractState = errors.New("contract is not in a state that allows this")
 	// ErrRefused: the partner refused a request; the message says why.
 	ErrRefused = errors.New("refused by partner")
+	// ErrReplayed: a partner's signed message that was already received
+	// and acted on (the same proposal, acceptance or countersigned record
+	// again); it changes nothing.
+	ErrReplayed = errors.New("replayed: this signed message was already received")
+	// ErrDuplicateRecord: a record whose id is already in the ledger with
+	// other content.
+	ErrDuplicateRecord = errors.New("a ledger record with this id already exists with other content")
 )
 
 // Contract statuses.
@@ -89,6 +98,11 @@ type Message struct {
 	Key string `json:"key,omitempty"`
 	// Reason explains a rejection or a refusal.
 	Reason string `json:"reason,omitempty"`
+	// Replayed marks a refusal of a message already received and acted
+	// on (ErrReplayed): the receiver holds exactly what it carries. A
+	// proposer that sends its stored proposal again (a retried Propose)
+	// takes it as delivered. Older builds never set it.
+	Replayed bool `json:"replayed,omitempty"`
 	// Body carries the request or answer of a message kind that is not
 	// about a ledger record (cross-org migration, handled by the
 	// coordinator: see IsMigration).
@@ -191,7 +205,33 @@ type ProposeRequest struct {
 	Direction string
 	Tasks     []string
 	Notice    time.Duration
+	// RequestID, chosen by the client and the same on each retry of one
+	// proposal, makes Propose idempotent: the proposal is stored under
+	// this id with a hash of the request (fsm.UpsertContractRequest), so
+	// a retry after a lost answer (the write may have committed) stores
+	// nothing new and answers the first proposal, and the same id with
+	// other terms is refused (fsm.ErrIdempotencyMismatch). "" proposes
+	// without one.
+	//
+	// Replication: a build without the key (same protocol version: the
+	// fields are optional) applies such a retry as a second upsert of a
+	// new contract. Only a retry after an ambiguous commit during a
+	// rolling upgrade meets that, and it then stores what this build did
+	// before the key existed.
+	RequestID string
 }
+
+// hash fingerprints the request as the client made it (RequestID aside):
+// what a retry must repeat.
+func (r ProposeRequest) hash(dir mpa.Direction) string {
+	canon, _ := json.Marshal([]any{r.To, r.PriceMin, r.PriceMax, r.MaxLoad, int64(r.ValidFor), string(dir), r.Tasks, int64(r.Notice)})
+	sum := sha256.Sum256(canon)
+	return hex.EncodeToString(sum[:16])
+}
+
+// proposeKey is the FSM idempotency key of a proposal's request id,
+// apart from other commands' keys.
+func proposeKey(requestID string) string { return "contract-propose/" + requestID }
 
 // Org is one org's federation agent.
 type Org struct {
@@ -407,18 +447,36 @@ func (o *Org) Propose(ctx context.Context, req ProposeRequest) (ContractDoc, err
 	}
 	r := contractRecord(t, now)
 	doc := ContractDoc{Terms: t, Status: StatusProposed, Signed: ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.signingKey())}}}
+	var key, hash string
+	if req.RequestID != "" {
+		key, hash = proposeKey(req.RequestID), req.hash(dir)
+	}
 	o.mu.Lock()
-	err = o.putContract(ctx, doc)
+	stored, err := o.putContractKeyed(ctx, doc, key, hash)
 	o.mu.Unlock()
 	if err != nil {
+		if errors.Is(err, fsm.ErrIdempotencyMismatch) {
+			return ContractDoc{}, fmt.Errorf("proposal request id %q was used for a proposal with other terms: %w", req.RequestID, err)
+		}
 		return ContractDoc{}, err
+	}
+	retried := stored != doc.Terms.ID
+	if retried {
+		// A retry of a proposal stored before: answer that one.
+		if doc, err = o.contract(stored); err != nil {
+			return ContractDoc{}, fmt.Errorf("proposal request id %q: the proposal stored for it: %w", req.RequestID, err)
+		}
+		if doc.Status != StatusProposed {
+			return doc, nil // the partner answered it already
+		}
+		id = doc.Terms.ID
 	}
 	signed := doc.Signed
 	ans, err := o.net.Call(ctx, req.To, Message{Kind: MsgPropose, From: o.name, Signed: &signed, Key: ledger.EncodePublicKey(o.PublicKey())})
 	if err != nil {
 		return doc, fmt.Errorf("contract %s stored as proposed, but sending it to %s failed: %w", id, req.To, err)
 	}
-	if ans.Kind != MsgOK {
+	if ans.Kind != MsgOK && !(retried && ans.Replayed) {
 		return doc, fmt.Errorf("%w: %s: %s", ErrRefused, req.To, ans.Reason)
 	}
 	return doc, nil
@@ -465,7 +523,11 @@ func (o *Org) Accept(ctx context.Context, id string) (ContractDoc, error) {
 	if err != nil {
 		return ContractDoc{}, fmt.Errorf("sending the acceptance of %s to %s: %w (still pending; accept again)", id, doc.Terms.Proposer, err)
 	}
-	if ans.Kind != MsgOK {
+	// Replayed: an acceptance sent before (ed25519 signs alike, so a
+	// retried Accept sends the same message) that the proposer recorded,
+	// and this org did not, its write lost with its leadership: record it
+	// now.
+	if ans.Kind != MsgOK && !ans.Replayed {
 		return ContractDoc{}, fmt.Errorf("%w: %s: %s", ErrRefused, doc.Terms.Proposer, ans.Reason)
 	}
 	o.mu.Lock()
@@ -620,6 +682,45 @@ func (o *Org) Receive(ctx context.Context, m Message) (Message, error) {
 	return refuse(fmt.Errorf("unknown message kind %q", m.Kind))
 }
 
+// replayed refuses a message that was already received and acted on: the
+// answer says so (Message.Replayed), so a sender that sent it again on
+// purpose (a retried Propose or Accept) knows it arrived.
+func (o *Org) replayed(err error) (Message, error) {
+	return Message{Kind: MsgRefused, From: o.name, Reason: err.Error(), Replayed: true}, nil
+}
+
+// sameSigned reports whether a and b are the same record with the same
+// signatures.
+func sameSigned(a, b ledger.Signed) bool {
+	if !bytes.Equal(a.Record.Canonical(), b.Record.Canonical()) || len(a.Signatures) != len(b.Signatures) {
+		return false
+	}
+	for i := range a.Signatures {
+		if a.Signatures[i].Org != b.Signatures[i].Org || !bytes.Equal(a.Signatures[i].Sig, b.Signatures[i].Sig) {
+			return false
+		}
+	}
+	return true
+}
+
+// recorded returns the ledger's record of r's kind and id, if any.
+func (o *Org) recorded(r ledger.Record) (ledger.Signed, bool, error) {
+	es, err := o.entries()
+	if err != nil {
+		return ledger.Signed{}, false, err
+	}
+	return recordedIn(es, r)
+}
+
+func recordedIn(es []ledger.Entry, r ledger.Record) (ledger.Signed, bool, error) {
+	for _, e := range es {
+		if e.Record.Kind == r.Kind && e.Record.ID == r.ID {
+			return e.Signed, true, nil
+		}
+	}
+	return ledger.Signed{}, false, nil
+}
+
 // receiveLoad hands a quote or an offer to the load manager once the
 // contract it names is active and between this org and the sender: load
 // is only ever discussed with a contract partner.
@@ -675,8 +776,11 @@ func (o *Org) receivePropose(ctx context.Context, m Message, refuse func(error) 
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, err := o.contract(t.ID); err == nil {
-		return refuse(fmt.Errorf("%w: contract %s already exists here", ErrContractState, t.ID))
+	if have, err := o.contract(t.ID); err == nil {
+		if have.Status == StatusPending && sameSigned(have.Signed, *m.Signed) {
+			return o.replayed(fmt.Errorf("%w: the proposal of contract %s from %s is pending here already", ErrReplayed, t.ID, m.From))
+		}
+		return refuse(fmt.Errorf("%w: contract %s already exists here (%s)", ErrContractState, t.ID, have.Status))
 	}
 	doc := ContractDoc{Terms: t, Status: StatusPending, Signed: *m.Signed, PartnerKey: m.Key}
 	if err := o.putContract(ctx, doc); err != nil {
@@ -692,6 +796,9 @@ func (o *Org) receiveAccept(ctx context.Context, m Message, refuse func(error) (
 	doc, err := o.contract(r.ID)
 	if err != nil {
 		return refuse(err)
+	}
+	if doc.Status == StatusActive && doc.Terms.Partner == m.From && sameSigned(doc.Signed, *m.Signed) {
+		return o.replayed(fmt.Errorf("%w: %s's acceptance of contract %s is recorded here already", ErrReplayed, m.From, r.ID))
 	}
 	if doc.Status != StatusProposed || doc.Terms.Partner != m.From {
 		return refuse(fmt.Errorf("%w: contract %s is %s with %s", ErrContractState, r.ID, doc.Status, doc.Terms.Partner))
@@ -745,6 +852,14 @@ func (o *Org) receiveCoSign(ctx context.Context, m Message, refuse func(error) (
 	}
 	if p := doc.Terms.Partner; p != m.From && doc.Terms.Proposer != m.From {
 		return refuse(fmt.Errorf("%w: %s is not a party to contract %s", ErrContractState, m.From, r.Contract))
+	}
+	if have, ok, err := o.recorded(r); err != nil {
+		return Message{}, err
+	} else if ok {
+		if len(have.Signatures) > 0 && len(m.Signed.Signatures) == 1 && sameSigned(ledger.Signed{Record: have.Record, Signatures: have.Signatures[:1]}, *m.Signed) {
+			return o.replayed(fmt.Errorf("%w: %s %s of contract %s is in the ledger already", ErrReplayed, r.Kind, r.ID, r.Contract))
+		}
+		return refuse(fmt.Errorf("%w: %s %s", ErrDuplicateRecord, r.Kind, r.ID))
 	}
 	if err := checkEvent(doc.Terms, r.Kind, r.A, r.B, o.now()); err != nil {
 		return refuse(err)
@@ -867,16 +982,34 @@ func decodeContract(c *fsm.Contract) (ContractDoc, error) {
 }
 
 func (o *Org) putContract(ctx context.Context, d ContractDoc) error {
+	_, err := o.putContractKeyed(ctx, d, "", "")
+	return err
+}
+
+// putContractKeyed stores d; with an idempotency key it returns the id of
+// the contract the key's first request stored (d's own unless this is a
+// retry).
+func (o *Org) putContractKeyed(ctx context.Context, d ContractDoc, key, hash string) (string, error) {
 	body, err := json.Marshal(d)
 	if err != nil {
-		return err
+		return "", err
 	}
 	partner := d.Terms.Partner
 	if partner == o.name {
 		partner = d.Terms.Proposer
 	}
-	_, err = o.store.Apply(ctx, fsm.UpsertContractType, fsm.UpsertContractRequest{Contract: fsm.Contract{ID: d.Terms.ID, Partner: partner, Status: d.Status, Body: body}})
-	return err
+	v, err := o.store.Apply(ctx, fsm.UpsertContractType, fsm.UpsertContractRequest{
+		Contract:       fsm.Contract{ID: d.Terms.ID, Partner: partner, Status: d.Status, Body: body},
+		IdempotencyKey: key, RequestHash: hash,
+	})
+	if err != nil {
+		return "", err
+	}
+	// A Store that answers no id (a test's) wrote d.
+	if id, ok := v.(string); ok && id != "" {
+		return id, nil
+	}
+	return d.Terms.ID, nil
 }
 
 // Entries returns the org's ledger, decoded.
@@ -904,11 +1037,22 @@ func Entries(s *fsm.StateStore) ([]ledger.Entry, error) {
 	return out, nil
 }
 
-// appendLocked appends s to the chain; o.mu must be held.
+// appendLocked appends s to the chain; o.mu must be held. A record of
+// the same kind and id already in the chain is not appended again: the
+// same signed record is a retry's append that committed before (nil),
+// another is ErrDuplicateRecord. A retry that read the chain before the
+// first append applied proposes the same sequence number, which the FSM
+// refuses (fsm.ErrLedgerChain): either way one copy.
 func (o *Org) appendLocked(ctx context.Context, s ledger.Signed) error {
 	es, err := o.entries()
 	if err != nil {
 		return err
+	}
+	if have, ok, _ := recordedIn(es, s.Record); ok {
+		if sameSigned(have, s) {
+			return nil
+		}
+		return fmt.Errorf("%w: %s %s", ErrDuplicateRecord, s.Record.Kind, s.Record.ID)
 	}
 	var prev *ledger.Entry
 	if len(es) > 0 {

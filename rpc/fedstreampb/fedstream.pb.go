@@ -5515,9 +5515,14 @@ type ProposeContractRequest struct {
 	MaxLoad    float64                `protobuf:"fixed64,4,opt,name=max_load,json=maxLoad,proto3" json:"max_load,omitempty"`
 	ValidForMs int64                  `protobuf:"varint,5,opt,name=valid_for_ms,json=validForMs,proto3" json:"valid_for_ms,omitempty"`
 	// "out", "in" or "both" ("" = both).
-	Direction     string   `protobuf:"bytes,6,opt,name=direction,proto3" json:"direction,omitempty"`
-	Tasks         []string `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
-	NoticeMs      int64    `protobuf:"varint,8,opt,name=notice_ms,json=noticeMs,proto3" json:"notice_ms,omitempty"`
+	Direction string   `protobuf:"bytes,6,opt,name=direction,proto3" json:"direction,omitempty"`
+	Tasks     []string `protobuf:"bytes,7,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	NoticeMs  int64    `protobuf:"varint,8,opt,name=notice_ms,json=noticeMs,proto3" json:"notice_ms,omitempty"`
+	// Chosen by the client, the same on every retry of one proposal: a
+	// retry after an answer was lost (Unavailable: "leadership lost while
+	// committing") stores no second proposal and answers the first; the
+	// same id with other terms is refused. "" proposes without one.
+	RequestId     string `protobuf:"bytes,654,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -5606,6 +5611,13 @@ func (x *ProposeContractRequest) GetNoticeMs() int64 {
 		return x.NoticeMs
 	}
 	return 0
+}
+
+func (x *ProposeContractRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 type AnswerContractRequest struct {
@@ -7924,7 +7936,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"reportJson\"\x16\n" +
 	"\x14ListContractsRequest\">\n" +
 	"\x15ListContractsResponse\x12%\n" +
-	"\x0econtracts_json\x18\x01 \x03(\fR\rcontractsJson\"\xf0\x01\n" +
+	"\x0econtracts_json\x18\x01 \x03(\fR\rcontractsJson\"\x90\x02\n" +
 	"\x16ProposeContractRequest\x12\x0e\n" +
 	"\x02to\x18\x01 \x01(\tR\x02to\x12\x1b\n" +
 	"\tprice_min\x18\x02 \x01(\x01R\bpriceMin\x12\x1b\n" +
@@ -7934,7 +7946,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"validForMs\x12\x1c\n" +
 	"\tdirection\x18\x06 \x01(\tR\tdirection\x12\x14\n" +
 	"\x05tasks\x18\a \x03(\tR\x05tasks\x12\x1b\n" +
-	"\tnotice_ms\x18\b \x01(\x03R\bnoticeMs\"W\n" +
+	"\tnotice_ms\x18\b \x01(\x03R\bnoticeMs\x12\x1e\n" +
+	"\n" +
+	"request_id\x18\x8e\x05 \x01(\tR\trequestId\"W\n" +
 	"\x15AnswerContractRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x16\n" +
 	"\x06accept\x18\x02 \x01(\bR\x06accept\x12\x16\n" +

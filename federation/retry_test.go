@@ -1,0 +1,329 @@
+package federation
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/fedstream/fedstream/federation/ledger"
+	"github.com/fedstream/fedstream/fsm"
+)
+
+// errLostAnswer stands for the coordinator's "leadership lost while
+// committing": the write may have committed, the caller cannot tell.
+var errLostAnswer = errors.New("leadership lost while committing; the write may or may not have committed")
+
+// lossyStore commits every command and loses the answer of those lose
+// picks, as a leader that lost its leadership between the commit and
+// its answer does.
+type lossyStore struct {
+	Store
+	mu   sync.Mutex
+	lose func(t fsm.MessageType, body any) bool
+}
+
+func (s *lossyStore) Apply(ctx context.Context, t fsm.MessageType, body any) (any, error) {
+	v, err := s.Store.Apply(ctx, t, body)
+	s.mu.Lock()
+	lose := s.lose != nil && s.lose(t, body)
+	s.mu.Unlock()
+	if err == nil && lose {
+		return nil, errLostAnswer
+	}
+	return v, err
+}
+
+// lossyNet delivers every message and loses the answer of those lose
+// picks (the partner acted on it; the sender does not know).
+type lossyNet struct {
+	Transport
+	lose func(to string, m Message) bool
+}
+
+func (n lossyNet) Call(ctx context.Context, to string, m Message) (Message, error) {
+	ans, err := n.Transport.Call(ctx, to, m)
+	if err == nil && n.lose != nil && n.lose(to, m) {
+		return Message{}, errors.New("connection reset before the answer")
+	}
+	return ans, err
+}
+
+// Once picks only the first call it is asked about.
+func once[T any](pick func(T) bool) func(T) bool {
+	var done bool
+	return func(x T) bool {
+		if done || !pick(x) {
+			return false
+		}
+		done = true
+		return true
+	}
+}
+
+// A proposal retried with its request id after a lost answer (its write
+// committed, or also its delivery to the partner) leaves one proposal at
+// each org, and the retry answers the first; the same request id with
+// other terms is refused, naming the id, and stores nothing.
+func TestProposeRetriedWithRequestIDStoresOnce(t *testing.T) {
+	cases := []struct {
+		name      string
+		loseWrite bool // the proposer's stored proposal's answer is lost
+		loseSend  bool // the partner's answer to the proposal is lost
+	}{
+		{"answer of the write lost", true, false},
+		{"answer of the partner lost", false, true},
+		{"both", true, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newFed(t, "alpha", "beta")
+			a, b := f.orgs["alpha"], f.orgs["beta"]
+			f.pin(t, "alpha", "beta")
+			ls := &lossyStore{Store: a.store}
+			if tc.loseWrite {
+				pick := once(func(c fsm.UpsertContractRequest) bool { return c.IdempotencyKey != "" })
+				ls.lose = func(t fsm.MessageType, body any) bool {
+					c, ok := body.(fsm.UpsertContractRequest)
+					return t == fsm.UpsertContractType && ok && pick(c)
+				}
+			}
+			a.store = ls
+			if tc.loseSend {
+				a.net = lossyNet{Transport: a.net, lose: func() func(string, Message) bool {
+					pick := once(func(m Message) bool { return m.Kind == MsgPropose })
+					return func(_ string, m Message) bool { return pick(m) }
+				}()}
+			}
+			req := proposal("beta")
+			req.RequestID = "r-1"
+			if _, err := a.Propose(ctx, req); err == nil {
+				t.Fatal("the first attempt's answer was not lost: the test tests nothing")
+			}
+			// Retried as a client does: each attempt later than the last,
+			// so its record differs; each lost answer costs one.
+			var doc ContractDoc
+			var err error
+			for attempt := 0; attempt < 3; attempt++ {
+				f.now = f.now.Add(1)
+				if doc, err = a.Propose(ctx, req); err == nil {
+					break
+				}
+			}
+			if err != nil {
+				t.Fatalf("retries: %v", err)
+			}
+			for _, o := range []*Org{a, b} {
+				cs, err := o.Contracts()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(cs) != 1 || cs[0].Terms.ID != doc.Terms.ID || !sameSigned(cs[0].Signed, doc.Signed) {
+					t.Fatalf("%s holds %d contracts (%+v), want the one answered (%s)", o.Name(), len(cs), cs, doc.Terms.ID)
+				}
+			}
+			if c, _ := b.Contract(doc.Terms.ID); c.Status != StatusPending {
+				t.Fatalf("beta: %s", c.Status)
+			}
+			// A third time, after the partner has it: the same answer.
+			if again, err := a.Propose(ctx, req); err != nil || again.Terms.ID != doc.Terms.ID {
+				t.Fatalf("third attempt: %v %v", again.Terms.ID, err)
+			}
+			// The same request id with other terms.
+			other := req
+			other.MaxLoad = 80
+			if _, err := a.Propose(ctx, other); !errors.Is(err, fsm.ErrIdempotencyMismatch) || !strings.Contains(err.Error(), `"r-1"`) {
+				t.Fatalf("other terms under the same request id: %v", err)
+			}
+			for _, o := range []*Org{a, b} {
+				if cs, _ := o.Contracts(); len(cs) != 1 {
+					t.Fatalf("%s holds %d contracts after a refused retry", o.Name(), len(cs))
+				}
+			}
+			// Accepted, the retry still answers it (now active).
+			if _, err := b.Accept(ctx, doc.Terms.ID); err != nil {
+				t.Fatal(err)
+			}
+			if again, err := a.Propose(ctx, req); err != nil || again.Status != StatusActive {
+				t.Fatalf("retry after the acceptance: %+v %v", again, err)
+			}
+		})
+	}
+}
+
+// An acceptance whose local writes' answers were lost after the proposer
+// recorded it is accepted again: the proposer answers that it has it
+// (replayed), and the acceptor records it once.
+func TestAcceptRetriedAfterLostAnswer(t *testing.T) {
+	ctx := context.Background()
+	f := newFed(t, "alpha", "beta")
+	a, b := f.orgs["alpha"], f.orgs["beta"]
+	f.pin(t, "alpha", "beta")
+	doc, err := a.Propose(ctx, proposal("beta"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := &lossyStore{Store: b.store}
+	// The answer of its own ledger's contract record (after the proposer
+	// recorded it).
+	pick := once(func(e fsm.AppendLedgerEntryRequest) bool { return e.Entry.Kind == ledger.KindContract })
+	ls.lose = func(t fsm.MessageType, body any) bool {
+		e, ok := body.(fsm.AppendLedgerEntryRequest)
+		return t == fsm.AppendLedgerEntryType && ok && pick(e)
+	}
+	b.store = ls
+	if _, err := b.Accept(ctx, doc.Terms.ID); !errors.Is(err, errLostAnswer) {
+		t.Fatalf("first acceptance: %v, want its lost answer", err)
+	}
+	if _, err := b.Accept(ctx, doc.Terms.ID); err != nil {
+		t.Fatalf("acceptance again: %v", err)
+	}
+	for _, o := range []*Org{a, b} {
+		c, _ := o.Contract(doc.Terms.ID)
+		es, _ := o.Entries()
+		n := 0
+		for _, e := range es {
+			if e.Record.Kind == ledger.KindContract {
+				n++
+			}
+		}
+		if c.Status != StatusActive || n != 1 {
+			t.Fatalf("%s: contract %s, %d contract records in the ledger; want active, 1", o.Name(), c.Status, n)
+		}
+		if rep, err := o.Verify(); err != nil || !rep.Valid {
+			t.Fatalf("%s: %+v %v", o.Name(), rep, err)
+		}
+	}
+}
+
+// Messages of a partner that is not a party, that carry a wrong or forged
+// signature, or that were already received (the same signed message
+// again) are refused with a reason that says so, and the receiver's
+// contracts and ledger stay as they were.
+func TestPartnerMessagesRefusedChangeNothing(t *testing.T) {
+	ctx := context.Background()
+	f := newFed(t, "alpha", "beta", "gamma")
+	a, b, g := f.orgs["alpha"], f.orgs["beta"], f.orgs["gamma"]
+	f.pin(t, "alpha", "beta")
+	f.pin(t, "beta", "gamma")
+	_, mallory, _ := ed25519.GenerateKey(rand.Reader)
+	// The last message of each kind, as it went over the wire.
+	sent := map[string]Message{}
+	f.net.tamper = func(_ string, m *Message) {
+		c := *m
+		if m.Signed != nil {
+			s := *m.Signed
+			s.Signatures = append([]ledger.Signature(nil), s.Signatures...)
+			c.Signed = &s
+		}
+		sent[m.Kind] = c
+	}
+	active, err := a.Propose(ctx, proposal("beta"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Accept(ctx, active.Terms.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.CoSign(ctx, ledger.KindMove, active.Terms.ID, map[string]string{"tasks": "q/f/0/0"}); err != nil {
+		t.Fatal(err)
+	}
+	pending, err := a.Propose(ctx, proposal("beta"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.net.tamper = nil
+
+	// clone deep-copies m, then lets change edit the copy.
+	clone := func(m Message, change func(*Message)) Message {
+		var c Message
+		data, _ := json.Marshal(m)
+		_ = json.Unmarshal(data, &c)
+		if change != nil {
+			change(&c)
+		}
+		return c
+	}
+	resign := func(m *Message, org string, key ed25519.PrivateKey) {
+		m.Signed.Signatures = []ledger.Signature{ledger.Sign(m.Signed.Record, org, key)}
+	}
+	cases := []struct {
+		name     string
+		to       *Org
+		msg      Message
+		want     string // in the refusal's reason
+		replayed bool
+	}{
+		{"proposal replayed", b, sent[MsgPropose], "replayed", true},
+		{"proposal signed by another key", b, clone(sent[MsgPropose], func(m *Message) {
+			m.Signed.Record.ID = "c-other"
+			resign(m, "alpha", mallory)
+		}), "not signed by alpha", false},
+		{"proposal sent by a non-party in alpha's name", b, clone(sent[MsgPropose], func(m *Message) { m.From = "gamma" }), "must be a contract from gamma", false},
+		{"proposal of a known contract id with other terms", b, clone(sent[MsgPropose], func(m *Message) {
+			m.Signed.Record.Fields["max_load"] = "800"
+			resign(m, "alpha", a.SigningKey())
+		}), "already exists here", false},
+		{"acceptance replayed", a, clone(sent[MsgAccept], nil), "replayed", true},
+		{"acceptance by a non-party", a, clone(sent[MsgAccept], func(m *Message) {
+			m.From = "gamma"
+			m.Key = ledger.EncodePublicKey(g.PublicKey())
+		}), "is active with beta", false},
+		{"acceptance with a forged signature", a, clone(sent[MsgAccept], func(m *Message) {
+			m.Signed.Record = pending.Signed.Record
+			m.Signed.Signatures = []ledger.Signature{pending.Signed.Signatures[0], ledger.Sign(pending.Signed.Record, "beta", mallory)}
+		}), "beta's signature does not verify", false},
+		{"countersigning replayed", b, clone(sent[MsgCoSign], nil), "replayed", true},
+		{"countersigning asked by a non-party", b, clone(sent[MsgCoSign], func(m *Message) {
+			m.From, m.Signed.Record.A, m.Signed.Record.ID = "gamma", "gamma", "move-from-gamma"
+			resign(m, "gamma", g.SigningKey())
+		}), "not a party to contract", false},
+		{"countersigning with a forged signature", b, clone(sent[MsgCoSign], func(m *Message) {
+			m.Signed.Record.ID = "move-forged"
+			resign(m, "alpha", mallory)
+		}), "signature", false},
+		{"countersigning a record id again with other content", b, clone(sent[MsgCoSign], func(m *Message) {
+			m.Signed.Record.Fields = map[string]string{"tasks": "q/f/1/0"}
+			resign(m, "alpha", a.SigningKey())
+		}), "already exists with other content", false},
+		{"countersigning under a contract that does not exist", b, clone(sent[MsgCoSign], func(m *Message) {
+			m.Signed.Record.Contract, m.Signed.Record.ID = "c-none", "move-none"
+			resign(m, "alpha", a.SigningKey())
+		}), "no such contract", false},
+	}
+	state := func(o *Org) string {
+		cs, err := o.Contracts()
+		if err != nil {
+			t.Fatal(err)
+		}
+		es, err := o.Entries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := json.Marshal([]any{cs, es})
+		return string(data)
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.msg.Kind == "" {
+				t.Fatal("no message of that kind was sent")
+			}
+			before := state(tc.to)
+			ans, err := tc.to.Receive(ctx, tc.msg)
+			if err != nil {
+				t.Fatalf("Receive: %v", err)
+			}
+			if ans.Kind != MsgRefused || !strings.Contains(ans.Reason, tc.want) || ans.Replayed != tc.replayed {
+				t.Fatalf("answer %+v, want refused with %q (replayed %v)", ans, tc.want, tc.replayed)
+			}
+			if after := state(tc.to); after != before {
+				t.Fatalf("%s's contracts or ledger changed:\nbefore %s\nafter  %s", tc.to.Name(), before, after)
+			}
+		})
+	}
+}
