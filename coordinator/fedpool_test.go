@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,9 +15,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/federation/ledger"
+	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/internal/retry"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -158,7 +161,12 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	start := time.Now()
 	step := func(what string) { t.Logf("%6.1fs %s", time.Since(start).Seconds(), what) }
 	defer step("done")
-	alpha := newFedOrg(t, "alpha", 3, nil)
+	// alpha's first proposal commits and its answer is lost with the
+	// leadership (loseFirstAnswer).
+	var lost atomic.Int32
+	var alphaRef atomic.Pointer[testCluster]
+	alpha := newFedOrg(t, "alpha", 3, nil, loseFirstAnswer(fsm.UpsertContractType, &lost, &alphaRef))
+	alphaRef.Store(alpha)
 	beta := newFedOrg(t, "beta", 2, fedAddr(alpha))
 	gamma := newFedOrg(t, "gamma", 1, fedAddr(alpha))
 	// Stop every coordinator at once (runs before each cluster's own
@@ -218,22 +226,40 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		t.Fatalf("pinning gamma's CA as beta's: %v", err)
 	}
 
-	// Made again while Unavailable (leadership lost under the write on a
-	// loaded machine). ProposeContract has no idempotency key: a write
-	// that did commit before the answer was lost leaves a second pending
-	// proposal, which the steps below (they follow this answer's id)
-	// ignore.
+	// Made again while Unavailable, with the same request id: the first
+	// attempt's answer is lost after its write committed, with alpha's
+	// leadership (loseFirstAnswer), and on a loaded machine leadership
+	// can change under a later one too. The retries store no second
+	// proposal and answer the first.
 	var resp *pb.ContractResponse
+	req := &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out", RequestId: "first-proposal"}
+	attempts := 0
 	err = whileUnavailable(t, func(ctx context.Context) (err error) {
-		resp, err = alpha.fedClient(alpha.follower()).ProposeContract(ctx, &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out"})
+		attempts++
+		resp, err = alpha.fedClient(0).ProposeContract(ctx, req)
 		return err
 	})
 	if err != nil {
 		t.Fatalf("propose: %v", err)
 	}
+	if lost.Load() != 1 || attempts < 2 {
+		t.Fatalf("the first proposal's answer was not lost (%d attempts): the test tests nothing", attempts)
+	}
 	var proposed federation.ContractDoc
 	if err := json.Unmarshal(resp.ContractJson, &proposed); err != nil {
 		t.Fatal(err)
+	}
+	if cs := contractsOf(t, alpha.fedClient(alpha.leader())); len(cs) != 1 || cs[0].Terms.ID != proposed.Terms.ID {
+		t.Fatalf("alpha holds %+v after %d attempts of one proposal, want only %s", cs, attempts, proposed.Terms.ID)
+	}
+	// The same request id with other terms: refused, naming it.
+	other := proto.Clone(req).(*pb.ProposeContractRequest)
+	other.MaxLoad = 6
+	if err := whileUnavailable(t, func(ctx context.Context) error {
+		_, err := alpha.fedClient(0).ProposeContract(ctx, other)
+		return err
+	}); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `"first-proposal"`) {
+		t.Fatalf("other terms under the same request id: %v", err)
 	}
 	step("proposed")
 	bl := beta.leader()

@@ -189,9 +189,13 @@ func devContractsUp(ctx context.Context, orgs []*devFederation, log io.Writer) e
 				return err
 			}
 		}
+		// One request id for every attempt: fedCall retries whatever
+		// failed, and a retry of a proposal that was stored answers it
+		// instead of storing a second one.
+		requestID := fmt.Sprintf("devfed/%s/%s/%d", c.from, c.to, time.Now().UnixNano())
 		err := byName[c.from].fedCall(ctx, "propose "+c.from+" -> "+c.to, func(ctx context.Context, f pb.FederationServiceClient) error {
 			_, err := f.ProposeContract(ctx, &pb.ProposeContractRequest{To: c.to, PriceMin: pmin, PriceMax: pmax, MaxLoad: 2,
-				ValidForMs: (24 * time.Hour).Milliseconds(), Direction: c.direction, NoticeMs: (10 * time.Second).Milliseconds()})
+				ValidForMs: (24 * time.Hour).Milliseconds(), Direction: c.direction, NoticeMs: (10 * time.Second).Milliseconds(), RequestId: requestID})
 			return err
 		})
 		if err != nil {

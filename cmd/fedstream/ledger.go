@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/federation/ledger"
@@ -421,13 +423,20 @@ func newContractProposeCmd() *cobra.Command {
 	fl.StringVar(&req.Direction, "direction", "both", "which way load may move: out (ours to them), in (theirs to us) or both")
 	fl.StringSliceVar(&req.Tasks, "tasks", nil, "task classes that may move (default: all)")
 	fl.DurationVar(&notice, "notice", 0, "notice before a moved task is taken back")
+	fl.StringVar(&req.RequestId, "request-id", "", "an id of this proposal, to give again when retrying it after an unclear answer (Unavailable: the proposal may have been stored): a retry then stores no second proposal; default: a new id")
 	for _, n := range []string{"to", "price-min", "price-max", "max-load", "valid-for"} {
 		_ = cmd.MarkFlagRequired(n)
 	}
 	return fedCmd(cmd, func(ctx context.Context, c pb.FederationServiceClient, f *clientFlags, cmd *cobra.Command, _ []string) error {
 		req.ValidForMs, req.NoticeMs = validFor.Milliseconds(), notice.Milliseconds()
+		if req.RequestId == "" {
+			req.RequestId = fmt.Sprintf("propose/%s/%d", req.To, time.Now().UnixNano())
+		}
 		resp, err := c.ProposeContract(ctx, &req)
 		if err != nil {
+			if status.Code(err) == codes.Unavailable {
+				return fmt.Errorf("%w (retry with --request-id %s: a proposal stored before is then answered, not made twice)", err, req.RequestId)
+			}
 			return err
 		}
 		return printContract(cmd, f, resp.ContractJson)
