@@ -99,9 +99,13 @@ type Message struct {
 	// Reason explains a rejection or a refusal.
 	Reason string `json:"reason,omitempty"`
 	// Replayed marks a refusal of a message already received and acted
-	// on (ErrReplayed): the receiver holds exactly what it carries. A
-	// proposer that sends its stored proposal again (a retried Propose)
-	// takes it as delivered. Older builds never set it.
+	// on: the receiver holds exactly the proposal or acceptance it
+	// carries (ErrReplayed), or, for a countersigning request, a record
+	// of that kind and id, which Signed then carries (ErrReplayed if it
+	// is the same, ErrDuplicateRecord if not). A sender that sends its
+	// message again on purpose (a retried Propose, Accept or CoSignID)
+	// takes it as delivered, or the record as the one its first attempt
+	// made once it verifies. Older builds never set it.
 	Replayed bool `json:"replayed,omitempty"`
 	// Body carries the request or answer of a message kind that is not
 	// about a ledger record (cross-org migration, handled by the
@@ -500,6 +504,11 @@ func newID() (string, error) {
 func (o *Org) Accept(ctx context.Context, id string) (ContractDoc, error) {
 	o.mu.Lock()
 	doc, err := o.contract(id)
+	if err == nil && doc.Status == StatusActive && doc.Terms.Partner == o.name {
+		// Accepted here before: a retry whose answer was lost.
+		o.mu.Unlock()
+		return doc, nil
+	}
 	if err == nil && doc.Status != StatusPending {
 		err = fmt.Errorf("%w: contract %s is %s; only a pending contract (proposed by the partner) can be accepted", ErrContractState, id, doc.Status)
 	}
@@ -543,6 +552,12 @@ func (o *Org) Accept(ctx context.Context, id string) (ContractDoc, error) {
 func (o *Org) Reject(ctx context.Context, id, reason string) (ContractDoc, error) {
 	o.mu.Lock()
 	doc, err := o.contract(id)
+	if err == nil && doc.Status == StatusRejected && doc.Terms.Partner == o.name {
+		// Rejected here before: a retry whose answer was lost. The
+		// proposer is told again (it may not have been).
+		o.mu.Unlock()
+		return o.tellRejected(ctx, doc)
+	}
 	if err == nil && doc.Status != StatusPending {
 		err = fmt.Errorf("%w: contract %s is %s; only a pending contract can be rejected", ErrContractState, id, doc.Status)
 	}
@@ -554,8 +569,13 @@ func (o *Org) Reject(ctx context.Context, id, reason string) (ContractDoc, error
 	if err != nil {
 		return ContractDoc{}, err
 	}
+	return o.tellRejected(ctx, doc)
+}
+
+// tellRejected tells the proposer of doc that this org rejected it.
+func (o *Org) tellRejected(ctx context.Context, doc ContractDoc) (ContractDoc, error) {
 	signed := doc.Signed
-	if _, err := o.net.Call(ctx, doc.Terms.Proposer, Message{Kind: MsgReject, From: o.name, Signed: &signed, Reason: reason}); err != nil {
+	if _, err := o.net.Call(ctx, doc.Terms.Proposer, Message{Kind: MsgReject, From: o.name, Signed: &signed, Reason: doc.Reason}); err != nil {
 		return doc, fmt.Errorf("rejected here, but telling %s failed: %w", doc.Terms.Proposer, err)
 	}
 	return doc, nil
@@ -568,20 +588,50 @@ func (o *Org) Terminate(ctx context.Context, id, reason string) (ContractDoc, er
 	if err != nil {
 		return ContractDoc{}, err
 	}
+	if doc.Status == StatusTerminated {
+		// Retried after its answer was lost, or terminated by the
+		// partner: the contract is where the caller wants it.
+		return doc, nil
+	}
 	if doc.Status != StatusActive {
 		return ContractDoc{}, fmt.Errorf("%w: contract %s is %s; only an active contract can be terminated", ErrContractState, id, doc.Status)
 	}
-	if _, err := o.CoSign(ctx, ledger.KindTerminate, id, map[string]string{"reason": reason}); err != nil {
+	// One termination per contract: its record id is the contract's, so
+	// a retry (its first attempt recorded at the partner, its answer
+	// lost) is the same record, which CoSignID completes.
+	if _, err := o.CoSignID(ctx, ledger.KindTerminate, id, "terminate-"+id, map[string]string{"reason": reason}); err != nil {
 		return ContractDoc{}, err
 	}
 	return o.Contract(id)
 }
 
+// NewRecordID returns a new id for a record of kind, for a caller of
+// CoSignID that will retry it.
+func NewRecordID(kind string) (string, error) {
+	rid, err := newID()
+	if err != nil {
+		return "", err
+	}
+	return kind + "-" + strings.TrimPrefix(rid, "c-"), nil
+}
+
 // CoSign records an event of an active contract (a move, a return, a
 // settlement, a termination) in both orgs' ledgers: this org signs it as
 // party A, the partner checks and countersigns it and records it, then
-// this org records it. It returns the co-signed record.
+// this org records it. It returns the co-signed record. A caller that
+// retries a failed CoSign uses CoSignID instead.
 func (o *Org) CoSign(ctx context.Context, kind, contractID string, fields map[string]string) (ledger.Signed, error) {
+	return o.CoSignID(ctx, kind, contractID, "", fields)
+}
+
+// CoSignID is CoSign under record id recordID ("" for a new one): the
+// same id on each retry records the event once. A retry whose first
+// attempt the partner recorded (and this org did not: the answer, or this
+// org's write, was lost) gets the partner's copy back (a refusal marked
+// Replayed, carrying it) and records that copy, once it verifies as
+// signed by both with this org as party A; a retry whose first attempt
+// this org recorded answers that.
+func (o *Org) CoSignID(ctx context.Context, kind, contractID, recordID string, fields map[string]string) (ledger.Signed, error) {
 	if !ledger.CoSigned(kind) || kind == ledger.KindContract {
 		return ledger.Signed{}, fmt.Errorf("%w: %q is not an event of a contract", ledger.ErrBadRecord, kind)
 	}
@@ -599,38 +649,65 @@ func (o *Org) CoSign(ctx context.Context, kind, contractID string, fields map[st
 	if err := checkEvent(doc.Terms, kind, o.name, partner, o.now()); err != nil {
 		return ledger.Signed{}, err
 	}
-	rid, err := newID()
+	if recordID == "" {
+		if recordID, err = NewRecordID(kind); err != nil {
+			return ledger.Signed{}, err
+		}
+	}
+	r := ledger.Record{Kind: kind, ID: recordID, Contract: contractID, A: o.name, B: partner, Time: o.now().UTC(), Fields: fields}
+	have, done, err := o.recorded(r)
 	if err != nil {
 		return ledger.Signed{}, err
 	}
-	r := ledger.Record{Kind: kind, ID: kind + "-" + strings.TrimPrefix(rid, "c-"), Contract: contractID, A: o.name, B: partner, Time: o.now().UTC(), Fields: fields}
+	if done {
+		// A retry whose first attempt recorded it here: what is left is
+		// the contract's status (a termination).
+		return o.coSigned(ctx, doc, have)
+	}
 	signed := ledger.Signed{Record: r, Signatures: []ledger.Signature{ledger.Sign(r, o.name, o.signingKey())}}
 	ans, err := o.net.Call(ctx, partner, Message{Kind: MsgCoSign, From: o.name, Signed: &signed})
 	if err != nil {
 		return ledger.Signed{}, fmt.Errorf("asking %s to countersign %s: %w", partner, kind, err)
 	}
-	if ans.Kind != MsgOK || ans.Signed == nil {
-		return ledger.Signed{}, fmt.Errorf("%w: %s: %s", ErrRefused, partner, ans.Reason)
-	}
 	keys, err := o.Keys()
 	if err != nil {
 		return ledger.Signed{}, err
 	}
-	// Only the partner's signature is taken from the answer; the record
-	// is ours.
-	if len(ans.Signed.Signatures) != 2 {
-		return ledger.Signed{}, fmt.Errorf("%w: %s answered with %d signatures", ledger.ErrSignature, partner, len(ans.Signed.Signatures))
+	switch {
+	case ans.Kind == MsgOK && ans.Signed != nil:
+		// Only the partner's signature is taken from the answer; the
+		// record is ours.
+		if len(ans.Signed.Signatures) != 2 {
+			return ledger.Signed{}, fmt.Errorf("%w: %s answered with %d signatures", ledger.ErrSignature, partner, len(ans.Signed.Signatures))
+		}
+		signed.Signatures = append(signed.Signatures, ans.Signed.Signatures[1])
+	case ans.Replayed && ans.Signed != nil:
+		// The partner holds a record of this id: an earlier attempt's,
+		// which this org signed. Taken only if it is that.
+		p := ans.Signed.Record
+		if p.Kind != r.Kind || p.ID != r.ID || p.Contract != r.Contract || p.A != r.A || p.B != r.B {
+			return ledger.Signed{}, fmt.Errorf("%w: %s holds %s %s of contract %s between %s and %s under this id", ErrDuplicateRecord, partner, p.Kind, p.ID, p.Contract, p.A, p.B)
+		}
+		signed = *ans.Signed
+	default:
+		return ledger.Signed{}, fmt.Errorf("%w: %s: %s", ErrRefused, partner, ans.Reason)
 	}
-	signed.Signatures = append(signed.Signatures, ans.Signed.Signatures[1])
 	if err := signed.Verify(keys); err != nil {
 		return ledger.Signed{}, err
 	}
+	return o.coSigned(ctx, doc, signed)
+}
+
+// coSigned records a co-signed event of doc's contract in this org's
+// ledger (once: appendLocked) and, for a termination, the contract's new
+// status.
+func (o *Org) coSigned(ctx context.Context, doc ContractDoc, signed ledger.Signed) (ledger.Signed, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if err := o.appendLocked(ctx, signed); err != nil {
 		return ledger.Signed{}, err
 	}
-	if kind == ledger.KindTerminate {
+	if signed.Record.Kind == ledger.KindTerminate {
 		doc.Status = StatusTerminated
 		if err := o.putContract(ctx, doc); err != nil {
 			return ledger.Signed{}, err
@@ -847,19 +924,26 @@ func (o *Org) receiveCoSign(ctx context.Context, m Message, refuse func(error) (
 	if err != nil {
 		return refuse(err)
 	}
-	if doc.Status != StatusActive {
-		return refuse(fmt.Errorf("%w: contract %s is %s", ErrContractState, r.Contract, doc.Status))
-	}
 	if p := doc.Terms.Partner; p != m.From && doc.Terms.Proposer != m.From {
 		return refuse(fmt.Errorf("%w: %s is not a party to contract %s", ErrContractState, m.From, r.Contract))
 	}
+	// Before the status: a retried termination finds the contract
+	// terminated by its first attempt.
 	if have, ok, err := o.recorded(r); err != nil {
 		return Message{}, err
 	} else if ok {
+		// Answered with the record held, which the requester signed: a
+		// retry whose first attempt's answer was lost takes it (CoSignID).
+		why := fmt.Errorf("%w: %s %s", ErrDuplicateRecord, r.Kind, r.ID)
 		if len(have.Signatures) > 0 && len(m.Signed.Signatures) == 1 && sameSigned(ledger.Signed{Record: have.Record, Signatures: have.Signatures[:1]}, *m.Signed) {
-			return o.replayed(fmt.Errorf("%w: %s %s of contract %s is in the ledger already", ErrReplayed, r.Kind, r.ID, r.Contract))
+			why = fmt.Errorf("%w: %s %s of contract %s is in the ledger already", ErrReplayed, r.Kind, r.ID, r.Contract)
 		}
-		return refuse(fmt.Errorf("%w: %s %s", ErrDuplicateRecord, r.Kind, r.ID))
+		ans, _ := o.replayed(why)
+		ans.Signed = &have
+		return ans, nil
+	}
+	if doc.Status != StatusActive {
+		return refuse(fmt.Errorf("%w: contract %s is %s", ErrContractState, r.Contract, doc.Status))
 	}
 	if err := checkEvent(doc.Terms, r.Kind, r.A, r.B, o.now()); err != nil {
 		return refuse(err)

@@ -290,7 +290,7 @@ func TestPartnerMessagesRefusedChangeNothing(t *testing.T) {
 		{"countersigning a record id again with other content", b, clone(sent[MsgCoSign], func(m *Message) {
 			m.Signed.Record.Fields = map[string]string{"tasks": "q/f/1/0"}
 			resign(m, "alpha", a.SigningKey())
-		}), "already exists with other content", false},
+		}), "already exists with other content", true},
 		{"countersigning under a contract that does not exist", b, clone(sent[MsgCoSign], func(m *Message) {
 			m.Signed.Record.Contract, m.Signed.Record.ID = "c-none", "move-none"
 			resign(m, "alpha", a.SigningKey())
@@ -323,6 +323,157 @@ func TestPartnerMessagesRefusedChangeNothing(t *testing.T) {
 			}
 			if after := state(tc.to); after != before {
 				t.Fatalf("%s's contracts or ledger changed:\nbefore %s\nafter  %s", tc.to.Name(), before, after)
+			}
+		})
+	}
+}
+
+// An event co-signed again under its record id after a lost answer (the
+// partner recorded it; this org's write, or the partner's answer, was
+// lost) is recorded once in each ledger, both ledgers verify, and a
+// termination leaves the contract terminated at both.
+func TestCoSignRetriedWithRecordIDRecordsOnce(t *testing.T) {
+	cases := []struct {
+		name      string
+		kind      string
+		loseWrite bool // this org's append of the record: committed, answer lost
+		loseSend  bool // the partner's answer: it recorded the event
+	}{
+		{"move, own write's answer lost", ledger.KindMove, true, false},
+		{"move, partner's answer lost", ledger.KindMove, false, true},
+		{"termination, own write's answer lost", ledger.KindTerminate, true, false},
+		{"termination, partner's answer lost", ledger.KindTerminate, false, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			f := newFed(t, "alpha", "beta")
+			a, b := f.orgs["alpha"], f.orgs["beta"]
+			f.pin(t, "alpha", "beta")
+			doc, err := a.Propose(ctx, proposal("beta"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Accept(ctx, doc.Terms.ID); err != nil {
+				t.Fatal(err)
+			}
+			id := doc.Terms.ID
+			if tc.loseWrite {
+				pick := once(func(e fsm.AppendLedgerEntryRequest) bool { return e.Entry.Kind == tc.kind })
+				a.store = &lossyStore{Store: a.store, lose: func(t fsm.MessageType, body any) bool {
+					e, ok := body.(fsm.AppendLedgerEntryRequest)
+					return t == fsm.AppendLedgerEntryType && ok && pick(e)
+				}}
+			}
+			if tc.loseSend {
+				pick := once(func(m Message) bool { return m.Kind == MsgCoSign })
+				a.net = lossyNet{Transport: a.net, lose: func(_ string, m Message) bool { return pick(m) }}
+			}
+			rid, err := NewRecordID(tc.kind)
+			if err != nil {
+				t.Fatal(err)
+			}
+			attempt := func() error {
+				f.now = f.now.Add(1) // a retry is later: its record differs
+				if tc.kind == ledger.KindTerminate {
+					_, err := a.Terminate(ctx, id, "season over")
+					return err
+				}
+				_, err := a.CoSignID(ctx, tc.kind, id, rid, map[string]string{"tasks": "q/f/0/0"})
+				return err
+			}
+			if err := attempt(); err == nil {
+				t.Fatal("the first attempt's answer was not lost: the test tests nothing")
+			}
+			if err := attempt(); err != nil {
+				t.Fatalf("retry: %v", err)
+			}
+			var copies []ledger.Signed
+			for _, o := range []*Org{a, b} {
+				es, err := o.Entries()
+				if err != nil {
+					t.Fatal(err)
+				}
+				n := 0
+				for _, e := range es {
+					if e.Record.Kind == tc.kind {
+						n++
+						copies = append(copies, e.Signed)
+					}
+				}
+				if n != 1 {
+					t.Fatalf("%s records %d %s events, want 1", o.Name(), n, tc.kind)
+				}
+				if rep, err := o.Verify(); err != nil || !rep.Valid {
+					t.Fatalf("%s: %+v %v", o.Name(), rep, err)
+				}
+				if c, _ := o.Contract(id); tc.kind == ledger.KindTerminate && c.Status != StatusTerminated {
+					t.Fatalf("%s: contract %s", o.Name(), c.Status)
+				}
+			}
+			if !sameSigned(copies[0], copies[1]) {
+				t.Fatalf("the orgs recorded different records: %+v / %+v", copies[0], copies[1])
+			}
+		})
+	}
+}
+
+// Answering or terminating a contract again once it is where the answer
+// put it (a retry whose answer was lost) answers the contract and changes
+// nothing; the proposer cannot accept or reject its own proposal.
+func TestAnswersRetriedAfterTheyCompleted(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		name   string
+		answer func(a, b *Org, id string) (ContractDoc, error)
+		want   string // status at both orgs
+	}{
+		{"accept", func(_, b *Org, id string) (ContractDoc, error) { return b.Accept(ctx, id) }, StatusActive},
+		{"reject", func(_, b *Org, id string) (ContractDoc, error) { return b.Reject(ctx, id, "no") }, StatusRejected},
+		{"terminate", func(a, b *Org, id string) (ContractDoc, error) {
+			if _, err := b.Accept(ctx, id); err != nil {
+				return ContractDoc{}, err
+			}
+			return a.Terminate(ctx, id, "done")
+		}, StatusTerminated},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFed(t, "alpha", "beta")
+			a, b := f.orgs["alpha"], f.orgs["beta"]
+			f.pin(t, "alpha", "beta")
+			doc, err := a.Propose(ctx, proposal("beta"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := doc.Terms.ID
+			if _, err := tc.answer(a, b, id); err != nil {
+				t.Fatal(err)
+			}
+			state := func(o *Org) string {
+				cs, _ := o.Contracts()
+				es, _ := o.Entries()
+				data, _ := json.Marshal([]any{cs, es})
+				return string(data)
+			}
+			before := [2]string{state(a), state(b)}
+			f.now = f.now.Add(1)
+			again, err := tc.answer(a, b, id)
+			if tc.name == "terminate" {
+				// The setup's acceptance is made again too.
+				again, err = a.Terminate(ctx, id, "done")
+			}
+			if err != nil || again.Status != tc.want {
+				t.Fatalf("again: %s %v, want %s", again.Status, err, tc.want)
+			}
+			if after := [2]string{state(a), state(b)}; after != before {
+				t.Fatalf("the retry changed something:\nbefore %v\nafter  %v", before, after)
+			}
+			if _, err := a.Accept(ctx, id); !errors.Is(err, ErrContractState) {
+				t.Fatalf("the proposer accepting: %v", err)
+			}
+			if _, err := a.Reject(ctx, id, "x"); !errors.Is(err, ErrContractState) {
+				t.Fatalf("the proposer rejecting: %v", err)
 			}
 		})
 	}

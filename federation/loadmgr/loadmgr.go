@@ -254,8 +254,10 @@ type notice struct {
 }
 
 type pendingRecord struct {
-	kind, contract string
-	fields         map[string]string
+	// id is the record's, the same on each retry: a retry whose first
+	// attempt the partner recorded records it once (CoSignID).
+	id, kind, contract string
+	fields             map[string]string
 }
 
 // New returns the manager of org. sample measures the org; mover moves
@@ -471,8 +473,12 @@ func (m *Manager) autoAccept(ctx context.Context, now time.Time, note func(strin
 // record co-signs a move or return; on failure it is kept and retried
 // every period, so the ledger catches up with a move that happened.
 func (m *Manager) record(ctx context.Context, task, kind, contract string, fields map[string]string) error {
-	if _, err := m.org.CoSign(ctx, kind, contract, fields); err != nil {
-		m.unrecorded[kind+"/"+task] = pendingRecord{kind: kind, contract: contract, fields: fields}
+	id, err := federation.NewRecordID(kind)
+	if err == nil {
+		_, err = m.org.CoSignID(ctx, kind, contract, id, fields)
+	}
+	if err != nil {
+		m.unrecorded[kind+"/"+task] = pendingRecord{id: id, kind: kind, contract: contract, fields: fields}
 		return err
 	}
 	return nil
@@ -480,7 +486,7 @@ func (m *Manager) record(ctx context.Context, task, kind, contract string, field
 
 func (m *Manager) retryRecords(ctx context.Context, note func(string, ...any)) {
 	for k, r := range m.unrecorded {
-		if _, err := m.org.CoSign(ctx, r.kind, r.contract, r.fields); err != nil {
+		if _, err := m.org.CoSignID(ctx, r.kind, r.contract, r.id, r.fields); err != nil {
 			note("recording %s still fails: %v", k, err)
 			continue
 		}
