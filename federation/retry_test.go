@@ -53,6 +53,39 @@ func (n lossyNet) Call(ctx context.Context, to string, m Message) (Message, erro
 	return ans, err
 }
 
+// proposeTo has a propose to b (pinned at a) and, with accept, b accept:
+// the contract as a stored it.
+func (f *fed) proposeTo(t *testing.T, a, b string, accept bool) ContractDoc {
+	t.Helper()
+	ctx := context.Background()
+	f.pin(t, a, b)
+	doc, err := f.orgs[a].Propose(ctx, proposal(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if accept {
+		if _, err := f.orgs[b].Accept(ctx, doc.Terms.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return doc
+}
+
+// storedState is o's contracts and ledger, to compare before and after.
+func storedState(t *testing.T, o *Org) string {
+	t.Helper()
+	cs, err := o.Contracts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	es, err := o.Entries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal([]any{cs, es})
+	return string(data)
+}
+
 // Once picks only the first call it is asked about.
 func once[T any](pick func(T) bool) func(T) bool {
 	var done bool
@@ -163,11 +196,7 @@ func TestAcceptRetriedAfterLostAnswer(t *testing.T) {
 	ctx := context.Background()
 	f := newFed(t, "alpha", "beta")
 	a, b := f.orgs["alpha"], f.orgs["beta"]
-	f.pin(t, "alpha", "beta")
-	doc, err := a.Propose(ctx, proposal("beta"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	doc := f.proposeTo(t, "alpha", "beta", false)
 	ls := &lossyStore{Store: b.store}
 	// The answer of its own ledger's contract record (after the proposer
 	// recorded it).
@@ -296,24 +325,12 @@ func TestPartnerMessagesRefusedChangeNothing(t *testing.T) {
 			resign(m, "alpha", a.SigningKey())
 		}), "no such contract", false},
 	}
-	state := func(o *Org) string {
-		cs, err := o.Contracts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		es, err := o.Entries()
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := json.Marshal([]any{cs, es})
-		return string(data)
-	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.msg.Kind == "" {
 				t.Fatal("no message of that kind was sent")
 			}
-			before := state(tc.to)
+			before := storedState(t, tc.to)
 			ans, err := tc.to.Receive(ctx, tc.msg)
 			if err != nil {
 				t.Fatalf("Receive: %v", err)
@@ -321,7 +338,7 @@ func TestPartnerMessagesRefusedChangeNothing(t *testing.T) {
 			if ans.Kind != MsgRefused || !strings.Contains(ans.Reason, tc.want) || ans.Replayed != tc.replayed {
 				t.Fatalf("answer %+v, want refused with %q (replayed %v)", ans, tc.want, tc.replayed)
 			}
-			if after := state(tc.to); after != before {
+			if after := storedState(t, tc.to); after != before {
 				t.Fatalf("%s's contracts or ledger changed:\nbefore %s\nafter  %s", tc.to.Name(), before, after)
 			}
 		})
@@ -349,15 +366,7 @@ func TestCoSignRetriedWithRecordIDRecordsOnce(t *testing.T) {
 			ctx := context.Background()
 			f := newFed(t, "alpha", "beta")
 			a, b := f.orgs["alpha"], f.orgs["beta"]
-			f.pin(t, "alpha", "beta")
-			doc, err := a.Propose(ctx, proposal("beta"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := b.Accept(ctx, doc.Terms.ID); err != nil {
-				t.Fatal(err)
-			}
-			id := doc.Terms.ID
+			id := f.proposeTo(t, "alpha", "beta", true).Terms.ID
 			if tc.loseWrite {
 				pick := once(func(e fsm.AppendLedgerEntryRequest) bool { return e.Entry.Kind == tc.kind })
 				a.store = &lossyStore{Store: a.store, lose: func(t fsm.MessageType, body any) bool {
@@ -441,22 +450,11 @@ func TestAnswersRetriedAfterTheyCompleted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFed(t, "alpha", "beta")
 			a, b := f.orgs["alpha"], f.orgs["beta"]
-			f.pin(t, "alpha", "beta")
-			doc, err := a.Propose(ctx, proposal("beta"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			id := doc.Terms.ID
+			id := f.proposeTo(t, "alpha", "beta", false).Terms.ID
 			if _, err := tc.answer(a, b, id); err != nil {
 				t.Fatal(err)
 			}
-			state := func(o *Org) string {
-				cs, _ := o.Contracts()
-				es, _ := o.Entries()
-				data, _ := json.Marshal([]any{cs, es})
-				return string(data)
-			}
-			before := [2]string{state(a), state(b)}
+			before := [2]string{storedState(t, a), storedState(t, b)}
 			f.now = f.now.Add(1)
 			again, err := tc.answer(a, b, id)
 			if tc.name == "terminate" {
@@ -466,7 +464,7 @@ func TestAnswersRetriedAfterTheyCompleted(t *testing.T) {
 			if err != nil || again.Status != tc.want {
 				t.Fatalf("again: %s %v, want %s", again.Status, err, tc.want)
 			}
-			if after := [2]string{state(a), state(b)}; after != before {
+			if after := [2]string{storedState(t, a), storedState(t, b)}; after != before {
 				t.Fatalf("the retry changed something:\nbefore %v\nafter  %v", before, after)
 			}
 			if _, err := a.Accept(ctx, id); !errors.Is(err, ErrContractState) {
