@@ -139,6 +139,7 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: st.boundary,
 		Ingest: &IngestPosition{Newest: st.newest, Boundary: st.boundary, Closed: st.closed}, SourceLevel: t.rc.earlyLevel(st.boundary)}
+	t.snapshotCut(s)
 	for id, p := range st.producers {
 		s.Ingest.Producers = append(s.Ingest.Producers, IngestProducer{ID: id, Acked: p.acked, Accepted: p.accepted})
 	}
@@ -196,6 +197,7 @@ func (t *task) restoreIngest(s *TaskSnapshot) error {
 		st.uses++
 		st.producers[p.ID] = &ingestProducer{acked: p.Acked, accepted: p.Accepted, lastUse: st.uses}
 	}
+	t.restoreCut(s)
 	t.seq = s.Seq
 	t.restored = true
 	return nil

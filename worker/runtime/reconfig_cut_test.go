@@ -104,15 +104,92 @@ func TestReconfigSourceReplicaLearnsTheCutLate(t *testing.T) {
 }
 
 // cutHolds is how many times source task id held for a plan's cut.
-func (r *reconfigRun) cutHolds(id string) uint64 {
+func (r *reconfigRun) cutHolds(id string) uint64 { return r.stats(id).CutHolds }
+
+// stats are the statistics of task id (zero if no worker runs it).
+func (r *reconfigRun) stats(id string) TaskStats {
 	for _, w := range r.c.workers {
 		for _, st := range w.rt.Stats() {
 			if st.TaskID == id {
-				return st.CutHolds
+				return st
 			}
 		}
 	}
-	return 0
+	return TaskStats{}
+}
+
+// TestReconfigSourceMovedBeforeTheCut moves a source replica after it
+// acknowledged a live plan, ahead of its sibling, and held at the plan's
+// lowest cut: the coordinator forgets the old copy's report with the new
+// placement (fsm resetReconfig), so the cut comes from the frontiers
+// the copies report now. The new copy reports its original's frontier
+// (carried in the snapshot), so the cut goes above everything the old
+// copy emitted, and both replicas switch at it: the two sinks' stable
+// outputs are the same, version tags included. Before the snapshot
+// carried it the new copy acknowledged with frontier 0, the cut fell at
+// the sibling's frontier plus the margin, below records the old copy had
+// emitted under the old epoch, and the sinks differed in their tags.
+func TestReconfigSourceMovedBeforeTheCut(t *testing.T) {
+	const (
+		limit   = 4000
+		margin  = 20 * time.Millisecond
+		moved   = "rc/lines/p0/r0"
+		sibling = "rc/lines/p0/r1"
+	)
+	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: strict}\n", 1)
+	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
+	// The plan must switch mid-stream (see
+	// TestReconfigSourceReplicaLearnsTheCutLate).
+	if err := r.pace.Set(0.1); err != nil {
+		t.Fatal(err)
+	}
+	var replica1 []tuple.Tuple
+	done1 := r.tailOf("rc/out/p0/r1", &replica1)
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r.margin = margin
+	before := r.rc
+	before.Plans = slices.Clone(r.rc.Plans)
+	r.appendPlan(2)
+	// Every task but the one to move learns the plan: the sibling holds
+	// at its floor while the other goes on, so that it acknowledges
+	// (once it learns the plan) with a frontier well above the sibling's.
+	r.publishExcept(moved, &before)
+	waitUntil(t, "the sibling held at the plan's lowest cut", func() bool { return r.cutHolds(sibling) > 0 })
+	ahead := r.stats(sibling).OutTuples + 100 // 50 ms of stream time, 2.5 margins
+	waitUntil(t, "the source to move 100 records ahead of its held sibling", func() bool { return r.stats(moved).OutTuples >= ahead })
+	r.publish()
+	waitUntil(t, "the source to move held at its own floor", func() bool { return r.cutHolds(moved) > 0 })
+	movedAt := r.states()[moved].ReconfigFrontier
+	if siblingAt := r.states()[sibling].ReconfigFrontier; movedAt < siblingAt+int64(margin) {
+		t.Fatalf("the source to move acknowledged at %d, its sibling at %d: not a margin apart", movedAt, siblingAt)
+	}
+	// Not halted (a generator source is not snapshotted halting): the old
+	// copy stays held at its floor until the consumers switch.
+	r.c.move(t, moved, r.c.workers[0], r.c.workers[2], false)
+	r.waitAcked(1)
+	// The coordinator's rule (fsm advanceReconfig) over the copies'
+	// reports, the moved task's from its new copy only.
+	cut := r.highestFrontier() + int64(margin)
+	if cut <= movedAt+int64(margin)-1 {
+		t.Errorf("cut %d below the old copy's floor %d: the new copy reported frontier %d", cut, movedAt+int64(margin), r.states()[moved].ReconfigFrontier)
+	}
+	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, cut
+	r.publish()
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	<-done1
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sameReplicaRows(t, r.out, replica1)
 }
 
 // TestReconfigIngestSourceHoldsForTheCut: an ingest request whose record

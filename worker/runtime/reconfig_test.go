@@ -225,6 +225,15 @@ func (r *reconfigRun) logAcks(epoch uint64) {
 // every task.
 func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 	r.t.Helper()
+	p := r.appendPlan(v)
+	r.publish()
+	return p
+}
+
+// appendPlan adds a plan giving a and b version v (loading) to r.rc
+// without handing it to the tasks.
+func (r *reconfigRun) appendPlan(v int) fsm.ReconfigPlan {
+	r.t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(r.version(v)))
 	if err != nil {
 		r.t.Fatal(err)
@@ -239,7 +248,6 @@ func (r *reconfigRun) addPlan(v int) fsm.ReconfigPlan {
 		p.Changes = append(p.Changes, fsm.OperatorChange{Operator: op, Version: v, SpecJSON: def})
 	}
 	r.rc.Plans = append(r.rc.Plans, p)
-	r.publish()
 	return p
 }
 

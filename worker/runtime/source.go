@@ -425,6 +425,7 @@ func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
 		SourceRecords: records, SourceLevel: t.rc.earlyLevel(boundary)}
+	t.snapshotCut(s)
 	if t.srcChain != nil {
 		op, err := t.srcChain.Snapshot()
 		if err != nil {
@@ -495,6 +496,7 @@ func (t *task) restoreSource(s *TaskSnapshot) error {
 	if err := t.resumeOutputs(s); err != nil {
 		return err
 	}
+	t.restoreCut(s)
 	t.genRestore = &genPosition{records: s.SourceRecords, boundary: s.Released}
 	t.seq = s.Seq
 	t.restored = true
