@@ -124,8 +124,15 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	}
 	st := t.ingest
 	// An Ingest call in progress holds the lock while its lines go out;
-	// it ends with the client or the task.
+	// it ends with the client or the task, or, held for a
+	// reconfiguration's cut, as this snapshot waits (holdForCut).
+	st.snapWaits.Store(true)
+	select {
+	case t.rcWake <- struct{}{}:
+	default:
+	}
 	st.mu.Lock()
+	st.snapWaits.Store(false)
 	defer st.mu.Unlock()
 	if st.movedOut != nil {
 		return st.movedOut, nil // the same cut, asked again

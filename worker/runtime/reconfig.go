@@ -1124,7 +1124,17 @@ func (t *task) holdForCut(ctx context.Context, boundary, stime int64) error {
 	start := time.Now()
 	t.log.Debug("source held at the lowest cut of a reconfiguration plan until it learns the cut",
 		"stime", stime, "floor", r.holdBelow, "plans", len(r.cutFloor))
-	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow })
+	yield := func() bool { return t.ingest != nil && t.ingest.snapWaits.Load() }
+	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow || yield() })
+	if err == nil && len(t.rc.cutFloor) > 0 && stime >= t.rc.holdBelow {
+		// An ingest request gives way to a move's snapshot, which
+		// waits for the ingest lock it holds: the plan may wait for the
+		// moved copy's acknowledgement, and so the cut for the
+		// snapshot. The lines before this one stay taken; the producer
+		// resends the rest to the new copy, which holds them alike
+		// (restoreCut).
+		err = t.movedErr()
+	}
 	t.log.Debug("source resumed after learning the reconfiguration cut", "held", time.Since(start), "err", err)
 	return err
 }

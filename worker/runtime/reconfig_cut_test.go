@@ -210,35 +210,7 @@ func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
 		t.Fatalf("frontier %d, want the newest record's time 3s", frontier)
 	}
 
-	conn, err := r.c.pool.Conn(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	type answer struct {
-		resp *fedstreampb.IngestResponse
-		err  error
-	}
-	answered := make(chan answer, 1)
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		stream, err := fedstreampb.NewDataPlaneClient(conn).Ingest(ctx)
-		if err == nil {
-			err = stream.Send(req(4, rec(4, "d"), rec(5, "e")))
-		}
-		if err != nil {
-			answered <- answer{err: err}
-			return
-		}
-		resp, err := stream.CloseAndRecv()
-		answered <- answer{resp, err}
-	}()
-	waitUntil(t, "the source held for the cut, or the request answered", func() bool { return r.cutHolds(src) > 0 || len(answered) > 0 })
-	select {
-	case a := <-answered:
-		t.Fatalf("the request was answered while the plan loaded: %+v %v", a.resp, a.err)
-	default:
-	}
+	answered := r.heldIngest(addr, src, req(4, rec(4, "d"), rec(5, "e")))
 	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(r.margin)
 	r.publish()
 	a := <-answered
@@ -248,6 +220,104 @@ func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
 	r.waitLevel(1)
 	r.complete()
 	if _, err := ingestReqs(t, r.c, addr, &fedstreampb.IngestRequest{Query: "rc", Source: "events", Close: true}); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
+		t.Fatalf("paths %v (the cut at 4s)", got)
+	}
+}
+
+type ingestAnswer struct {
+	resp *fedstreampb.IngestResponse
+	err  error
+}
+
+// heldIngest sends req to the ingest source task src at addr in the
+// background and waits until src held for a plan's cut (failing the test
+// if the request was answered first); the answer comes on the channel.
+func (r *reconfigRun) heldIngest(addr, src string, req *fedstreampb.IngestRequest) <-chan ingestAnswer {
+	r.t.Helper()
+	conn, err := r.c.pool.Conn(addr)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	var tk *task
+	for _, w := range r.c.workers {
+		if w.addr == addr {
+			tk = w.rt.task(src)
+		}
+	}
+	if tk == nil {
+		r.t.Fatalf("no task %s at %s", src, addr)
+	}
+	holds := tk.counters.cutHolds.Load()
+	answered := make(chan ingestAnswer, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		stream, err := fedstreampb.NewDataPlaneClient(conn).Ingest(ctx)
+		if err == nil {
+			err = stream.Send(req)
+		}
+		if err != nil {
+			answered <- ingestAnswer{err: err}
+			return
+		}
+		resp, err := stream.CloseAndRecv()
+		answered <- ingestAnswer{resp, err}
+	}()
+	waitUntil(r.t, "the source held for the cut, or the request answered", func() bool { return tk.counters.cutHolds.Load() > holds || len(answered) > 0 })
+	select {
+	case a := <-answered:
+		r.t.Fatalf("the request was answered while the plan loaded: %+v %v", a.resp, a.err)
+	default:
+	}
+	return answered
+}
+
+// TestReconfigHeldIngestSourceMoved moves an ingest source while a
+// request waits in it for a loading plan's cut (a tiny margin, a plan
+// not yet switched): the move's snapshot, which needs the source's
+// ingest lock, makes the held request give way (answered with
+// ErrSourceMoved, none of its held lines taken), and the new copy,
+// started from the snapshot, holds the resent lines at the same floor
+// until it learns the cut. Before, the snapshot waited for the lock
+// until the cut came, and the cut could wait for the moved copy's
+// acknowledgement (the coordinator forgets the old copy's with the new
+// placement): the move hung until the client or the fetch gave up.
+func TestReconfigHeldIngestSourceMoved(t *testing.T) {
+	const src = "rc/events/p0/r0"
+	r, addr, done := startIdleIngest(t)
+	req, rec := idleIngestReq, idleIngestRec
+	r.margin = time.Second
+	r.commit(2)
+	frontier := r.highestFrontier()
+	answered := r.heldIngest(addr, src, req(4, rec(4, "d"), rec(5, "e")))
+	from, to := r.c.workers[0], r.c.workers[1]
+	r.c.move(t, src, from, to, true)
+	waitUntil(t, "the held request answered", func() bool { return len(answered) > 0 })
+	if a := <-answered; a.err == nil || !strings.Contains(a.err.Error(), "moved") {
+		t.Fatalf("the held request, its source moved: %+v %v, want the source moved", a.resp, a.err)
+	}
+	var moved TaskState
+	for _, st := range to.rt.States() {
+		if st.TaskID == src {
+			moved = st
+		}
+	}
+	if moved.ReconfigAcked != 1 || moved.ReconfigFrontier != frontier {
+		t.Fatalf("the new copy acknowledged %d with frontier %d, want 1 with its original's %d", moved.ReconfigAcked, moved.ReconfigFrontier, frontier)
+	}
+	answered = r.heldIngest(to.addr, src, req(4, rec(4, "d"), rec(5, "e")))
+	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(r.margin)
+	r.publish()
+	if a := <-answered; a.err != nil || a.resp.Accepted != 2 {
+		t.Fatalf("request to the new copy after the switch: %+v %v", a.resp, a.err)
+	}
+	r.waitLevel(1)
+	r.complete()
+	if _, err := ingestReqs(t, r.c, to.addr, &fedstreampb.IngestRequest{Query: "rc", Source: "events", Close: true}); err != nil {
 		t.Fatal(err)
 	}
 	<-done

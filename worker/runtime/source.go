@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -548,6 +549,11 @@ type ingestState struct {
 	// copy, started from the snapshot, is the only one to go on. A fetch
 	// asked again (the transfer broke off) gets the same snapshot.
 	movedOut *TaskSnapshot
+	// snapWaits: a move's snapshot waits for mu (snapshotIngest). A
+	// request held for a reconfiguration's cut (holdForCut) gives way to
+	// it: the cut may wait for the moved copy's acknowledgement, which
+	// waits for the snapshot.
+	snapWaits atomic.Bool
 }
 
 func newIngestState(node *queryspec.Node) *ingestState {
