@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/worker/kafka/kafkatest"
@@ -323,6 +326,86 @@ func TestReconfigHeldIngestSourceMoved(t *testing.T) {
 	<-done
 	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
 		t.Fatalf("paths %v (the cut at 4s)", got)
+	}
+}
+
+// TestReconfigHeldSourcesStop: a plan that cannot switch (here one task,
+// the sink, never acknowledges it: a worker lost, a version it cannot
+// build) holds every kind of source at the plan's lowest cut, and the
+// query stopping ends each hold: the generator's and the kafka source's
+// goroutines end, an ingest request held is answered with an error, and
+// every worker's Apply returns. Checked to fail (Apply never returned)
+// with holdUntil not watching its context.
+func TestReconfigHeldSourcesStop(t *testing.T) {
+	const sink = "rc/out/p0/r0"
+	withhold := func(r *reconfigRun) {
+		r.t.Helper()
+		before := r.rc
+		before.Plans = slices.Clone(r.rc.Plans)
+		r.appendPlan(2)
+		r.publishExcept(sink, &before)
+	}
+	t.Run("generator", func(t *testing.T) {
+		r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, 3000), fsm.TrackingStatic)
+		waitUntil(t, "the sources producing", func() bool { return r.stats("rc/lines/p0/r0").OutTuples > 100 })
+		r.margin = 20 * time.Millisecond
+		withhold(r)
+		waitUntil(t, "both sources held for the cut", func() bool {
+			return r.cutHolds("rc/lines/p0/r0") > 0 && r.cutHolds("rc/lines/p1/r0") > 0
+		})
+		r.stopAll()
+	})
+	t.Run("kafka", func(t *testing.T) {
+		const src = "rc/events/p0/r0"
+		r, broker, value, _ := startIdleKafka(t)
+		r.margin = time.Second
+		withhold(r)
+		waitUntil(t, "the source acknowledged", func() bool { return r.states()[src].ReconfigAcked == 1 })
+		if err := kafkatest.Produce(broker, "events", 0, [][]byte{value(4, "d"), value(5, "e")}); err != nil {
+			t.Fatal(err)
+		}
+		waitUntil(t, "the source held for the cut", func() bool { return r.cutHolds(src) > 0 })
+		r.stopAll()
+	})
+	t.Run("ingest", func(t *testing.T) {
+		const src = "rc/events/p0/r0"
+		r, addr, _ := startIdleIngest(t)
+		r.margin = time.Second
+		withhold(r)
+		waitUntil(t, "the source acknowledged", func() bool { return r.states()[src].ReconfigAcked == 1 })
+		answered := r.heldIngest(addr, src, idleIngestReq(4, idleIngestRec(4, "d"), idleIngestRec(5, "e")))
+		r.stopAll()
+		waitUntil(t, "the held request answered", func() bool { return len(answered) > 0 })
+		// Answered by the stop, not by the client's own deadline.
+		if a := <-answered; a.err == nil || status.Code(a.err) == codes.DeadlineExceeded {
+			t.Fatalf("the held request, its task stopped: %+v %v", a.resp, a.err)
+		}
+	})
+}
+
+// stopAll stops every task of the run on every worker (the query
+// stopped), failing the test if a worker's Apply does not return.
+func (r *reconfigRun) stopAll() {
+	r.t.Helper()
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for _, w := range r.c.workers {
+			w.rt.Apply(context.Background(), nil)
+		}
+	}()
+	waitUntil(r.t, "every task stopped", func() bool {
+		select {
+		case <-stopped:
+			return true
+		default:
+			return false
+		}
+	})
+	for _, w := range r.c.workers {
+		if sts := w.rt.States(); len(sts) != 0 {
+			r.t.Fatalf("tasks left after the stop: %+v", sts)
+		}
 	}
 }
 

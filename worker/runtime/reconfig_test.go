@@ -130,9 +130,12 @@ func (r *reconfigRun) tailOf(id string, dst *[]tuple.Tuple) (done <-chan struct{
 	if err != nil {
 		r.t.Fatal(err)
 	}
+	// Ended with the test too: a test that stops the query leaves a
+	// stream without its final boundary.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	r.t.Cleanup(cancel)
 	go func() {
 		defer close(ch)
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
 		sub := dataplane.NewSubscriber(&fedstreampb.StreamRef{Query: "rc", TaskId: id}, "", true, 0)
 		for ctx.Err() == nil {
