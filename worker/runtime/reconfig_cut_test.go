@@ -34,21 +34,9 @@ func TestReconfigSourceReplicaLearnsTheCutLate(t *testing.T) {
 		margin = 20 * time.Millisecond
 		late   = "rc/lines/p0/r1"
 	)
-	// strict: the late replica's hold is no failure, b's replica 1
-	// waits for it rather than going tentative.
-	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: strict}\n", 1)
-	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
-	// The plan must switch mid-stream: under the race detector at load
-	// ~30 the 2 s stream had ended when the sink had its first 300
-	// results. The sources go at a tenth of their rate until the late
-	// replica held (stream times, and so results, unchanged).
-	if err := r.pace.Set(0.1); err != nil {
-		t.Fatal(err)
-	}
-	var replica1 []tuple.Tuple
-	done1 := r.tailOf("rc/out/p0/r1", &replica1)
-	done := r.tail()
-	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	// The sources go at a tenth of their rate until the late replica
+	// held.
+	r := startReplicaRun(t, limit)
 	r.margin = margin
 	r.waitAcked(r.addPlan(2).Epoch)
 	loading := r.rc
@@ -90,20 +78,58 @@ func TestReconfigSourceReplicaLearnsTheCutLate(t *testing.T) {
 		}
 	}
 	r.publish()
-	r.waitLevel(1)
-	r.complete()
-	<-done
-	<-done1
-	paths := r.check(limit, true)
-	if paths["v1"] == 0 || paths["v2"] == 0 {
-		t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sameReplicaRows(t, r.out, replica1)
+	r.finish(limit)
 	if r.cutHolds(late) == 0 {
 		t.Fatalf("the late replica never held for the cut %d", cut)
 	}
+}
+
+// replicaRun is a reconfigRun of reconfigYAML with two replicas of every
+// task, both sinks' outputs read.
+type replicaRun struct {
+	*reconfigRun
+	replica1    []tuple.Tuple // sink replica 1's output (under mu)
+	done, done1 <-chan struct{}
+}
+
+// startReplicaRun starts a replicaRun of limit lines per source
+// partition and returns once output flows. Availability is strict: a
+// source replica holding for a cut is no failure, the replicas
+// downstream wait for it rather than going tentative. The sources go at
+// a tenth of their rate (stream times, and so results, unchanged) so
+// that a plan switches mid-stream: under the race detector at load ~30
+// the 2 s stream had ended when the sink had its first 300 results; the
+// test sets restSpeed once its plan switched.
+func startReplicaRun(t *testing.T, limit int) *replicaRun {
+	t.Helper()
+	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: strict}\n", 1)
+	r := &replicaRun{reconfigRun: startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)}
+	if err := r.pace.Set(0.1); err != nil {
+		t.Fatal(err)
+	}
+	r.done1 = r.tailOf("rc/out/p0/r1", &r.replica1)
+	r.done = r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	return r
+}
+
+// finish waits until every task has the markers of the run's (switched)
+// plan, completes it, reads both sinks to their ends and checks that the
+// plan switched mid-stream, nothing was lost, duplicated or mixed, and
+// the two sink replicas' stable outputs are the same, tags included.
+func (r *replicaRun) finish(limit int) {
+	r.t.Helper()
+	r.waitLevel(1)
+	r.complete()
+	<-r.done
+	<-r.done1
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		r.t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sameReplicaRows(r.t, r.out, r.replica1)
 }
 
 // cutHolds is how many times source task id held for a plan's cut.
@@ -139,17 +165,7 @@ func TestReconfigSourceMovedBeforeTheCut(t *testing.T) {
 		moved   = "rc/lines/p0/r0"
 		sibling = "rc/lines/p0/r1"
 	)
-	yaml := strings.Replace(fmt.Sprintf(reconfigYAML, 2000, limit), "name: rc\n", "name: rc\nreplicas: 2\navailability: {max_delay: strict}\n", 1)
-	r := startReconfigRunReplicas(t, yaml, fsm.TrackingStatic, 2)
-	// The plan must switch mid-stream (see
-	// TestReconfigSourceReplicaLearnsTheCutLate).
-	if err := r.pace.Set(0.1); err != nil {
-		t.Fatal(err)
-	}
-	var replica1 []tuple.Tuple
-	done1 := r.tailOf("rc/out/p0/r1", &replica1)
-	done := r.tail()
-	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	r := startReplicaRun(t, limit)
 	r.margin = margin
 	before := r.rc
 	before.Plans = slices.Clone(r.rc.Plans)
@@ -182,17 +198,7 @@ func TestReconfigSourceMovedBeforeTheCut(t *testing.T) {
 	if err := r.pace.Set(restSpeed); err != nil {
 		t.Fatal(err)
 	}
-	r.waitLevel(1)
-	r.complete()
-	<-done
-	<-done1
-	paths := r.check(limit, true)
-	if paths["v1"] == 0 || paths["v2"] == 0 {
-		t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sameReplicaRows(t, r.out, replica1)
+	r.finish(limit)
 }
 
 // TestReconfigIngestSourceHoldsForTheCut: an ingest request whose record
@@ -203,17 +209,7 @@ func TestReconfigSourceMovedBeforeTheCut(t *testing.T) {
 // the plan loaded, though the cut the leader then set lay below it (a
 // replica that knew the cut would have tagged it with the new one).
 func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
-	const src = "rc/events/p0/r0"
-	r, addr, done := startIdleIngest(t)
-	req, rec := idleIngestReq, idleIngestRec
-	r.margin = time.Second
-	r.commit(2)
-	frontier := r.highestFrontier()
-	if frontier != int64(3*time.Second) {
-		t.Fatalf("frontier %d, want the newest record's time 3s", frontier)
-	}
-
-	answered := r.heldIngest(addr, src, req(4, rec(4, "d"), rec(5, "e")))
+	r, addr, done, frontier, answered := startHeldIngest(t)
 	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, frontier+int64(r.margin)
 	r.publish()
 	a := <-answered
@@ -229,6 +225,22 @@ func TestReconfigIngestSourceHoldsForTheCut(t *testing.T) {
 	if got := r.checkIdlePaths([]string{"a", "b", "c", "d", "e"}); !slices.Equal(got, []string{"v1", "v1", "v1", "v2", "v2"}) {
 		t.Fatalf("paths %v (the cut at 4s)", got)
 	}
+}
+
+// startHeldIngest is startIdleIngest with a plan (a 1 s margin) every
+// task acknowledged, the source at frontier 3 s (returned), and a request
+// of users d and e at 4 and 5 s held in the source for the plan's cut
+// (its floor at 4 s): answered brings the request's answer.
+func startHeldIngest(t *testing.T) (r *reconfigRun, addr string, done <-chan struct{}, frontier int64, answered <-chan ingestAnswer) {
+	t.Helper()
+	r, addr, done = startIdleIngest(t)
+	r.margin = time.Second
+	r.commit(2)
+	if frontier = r.highestFrontier(); frontier != int64(3*time.Second) {
+		t.Fatalf("frontier %d, want the newest record's time 3s", frontier)
+	}
+	answered = r.heldIngest(addr, "rc/events/p0/r0", idleIngestReq(4, idleIngestRec(4, "d"), idleIngestRec(5, "e")))
+	return r, addr, done, frontier, answered
 }
 
 type ingestAnswer struct {
@@ -291,12 +303,8 @@ func (r *reconfigRun) heldIngest(addr, src string, req *fedstreampb.IngestReques
 // placement): the move hung until the client or the fetch gave up.
 func TestReconfigHeldIngestSourceMoved(t *testing.T) {
 	const src = "rc/events/p0/r0"
-	r, addr, done := startIdleIngest(t)
+	r, _, done, frontier, answered := startHeldIngest(t)
 	req, rec := idleIngestReq, idleIngestRec
-	r.margin = time.Second
-	r.commit(2)
-	frontier := r.highestFrontier()
-	answered := r.heldIngest(addr, src, req(4, rec(4, "d"), rec(5, "e")))
 	from, to := r.c.workers[0], r.c.workers[1]
 	r.c.move(t, src, from, to, true)
 	waitUntil(t, "the held request answered", func() bool { return len(answered) > 0 })
