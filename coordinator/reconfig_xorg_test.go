@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -61,7 +63,7 @@ func TestReconfigDuringCrossOrgMove(t *testing.T) {
 	var started bool
 	var seen, switchedAt atomic.Int64
 	done := make(chan error, 1)
-	got := alpha.resultsOf(t, query, yaml, func(n int) {
+	got, tags := alpha.taggedResultsOf(t, query, yaml, func(n int) {
 		seen.Store(int64(n))
 		if n < 100 || started {
 			return
@@ -101,6 +103,38 @@ func TestReconfigDuringCrossOrgMove(t *testing.T) {
 	}
 	if n := switchedAt.Load(); n >= int64(len(got)) {
 		t.Fatalf("the plan switched after the last result (%d of %d): not mid-stream", n, len(got))
+	}
+	// The versions compute the same results, so only the tags tell the
+	// configurations apart: every window before some end is tagged with
+	// the old epoch, every one from it with the new (nothing of the old
+	// configuration after the new one's first result). That the new one
+	// reached the results is not required: a plan that switched within
+	// its margin of the stream's end upgrades no result (logged). The
+	// sink raises every tuple to its own level, so this sees the sink's
+	// switch, not each aggregate partition's (a partition at the partner
+	// tagging its rows 0 throughout passed).
+	byEnd := map[int64]uint64{}
+	for k, tag := range tags {
+		var end int64
+		if _, err := fmt.Sscanf(k, "%d/", &end); err != nil {
+			t.Fatalf("result key %q: %v", k, err)
+		}
+		if old, ok := byEnd[end]; ok && old != tag {
+			t.Fatalf("window ending %d: results tagged %d and %d", end, old, tag)
+		}
+		byEnd[end] = tag
+	}
+	ends := slices.Sorted(maps.Keys(byEnd))
+	for i := 1; i < len(ends); i++ {
+		if byEnd[ends[i]] < byEnd[ends[i-1]] {
+			t.Fatalf("window ending %d tagged %d after window ending %d tagged %d", ends[i], byEnd[ends[i]], ends[i-1], byEnd[ends[i-1]])
+		}
+	}
+	if first := byEnd[ends[0]]; first != 0 {
+		t.Fatalf("the first results tagged %d: the plan switched before the migration", first)
+	}
+	if last := byEnd[ends[len(ends)-1]]; last != 1 {
+		t.Logf("no result tagged with the new epoch: the plan switched within its margin of the stream's end")
 	}
 	waitFor(t, 30*time.Second, "the plan complete", func() bool {
 		vs, err := rcs.QueryVersions(ctxT(t, 10*time.Second), &pb.QueryVersionsRequest{Name: query})

@@ -247,6 +247,14 @@ func (o *xorgOrg) results(t *testing.T, query string, seen func(n int)) map[stri
 // fields word, cnt, total and window_end).
 func (o *xorgOrg) resultsOf(t *testing.T, query, yaml string, seen func(n int)) map[string]string {
 	t.Helper()
+	got, _ := o.taggedResultsOf(t, query, yaml, seen)
+	return got
+}
+
+// taggedResultsOf is resultsOf, with each result's reconfiguration
+// version tag by the same key.
+func (o *xorgOrg) taggedResultsOf(t *testing.T, query, yaml string, seen func(n int)) (map[string]string, map[string]uint64) {
+	t.Helper()
 	spec, err := queryspec.Parse("q.yaml", []byte(yaml))
 	if err != nil {
 		t.Fatal(err)
@@ -260,7 +268,7 @@ func (o *xorgOrg) resultsOf(t *testing.T, query, yaml string, seen func(n int)) 
 	sink := query + "/out/p0/r0"
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	got := map[string]string{}
+	got, tags := map[string]string{}, map[string]uint64{}
 	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: query, TaskId: sink}, "", true, 0)
 	for {
 		tk := o.task(t, sink)
@@ -286,6 +294,7 @@ func (o *xorgOrg) resultsOf(t *testing.T, query, yaml string, seen func(n int)) 
 					return fmt.Errorf("window %s emitted twice", k)
 				}
 				got[k] = fmt.Sprintf("cnt=%d total=%d", tp.Values[cnt].I, tp.Values[total].I)
+				tags[k] = tp.Version
 			}
 			if seen != nil {
 				seen(len(got))
@@ -293,7 +302,7 @@ func (o *xorgOrg) resultsOf(t *testing.T, query, yaml string, seen func(n int)) 
 			return nil
 		})
 		if err == nil {
-			return got
+			return got, tags
 		}
 		if ctx.Err() != nil {
 			t.Fatalf("tail %s: %v", sink, err)

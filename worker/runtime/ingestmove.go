@@ -124,8 +124,15 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	}
 	st := t.ingest
 	// An Ingest call in progress holds the lock while its lines go out;
-	// it ends with the client or the task.
+	// it ends with the client or the task, or, held for a
+	// reconfiguration's cut, as this snapshot waits (holdForCut).
+	st.snapWaits.Store(true)
+	select {
+	case t.rcWake <- struct{}{}:
+	default:
+	}
 	st.mu.Lock()
+	st.snapWaits.Store(false)
 	defer st.mu.Unlock()
 	if st.movedOut != nil {
 		return st.movedOut, nil // the same cut, asked again
@@ -139,6 +146,7 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: st.boundary,
 		Ingest: &IngestPosition{Newest: st.newest, Boundary: st.boundary, Closed: st.closed}, SourceLevel: t.rc.earlyLevel(st.boundary)}
+	t.snapshotCut(s)
 	for id, p := range st.producers {
 		s.Ingest.Producers = append(s.Ingest.Producers, IngestProducer{ID: id, Acked: p.acked, Accepted: p.accepted})
 	}
@@ -196,6 +204,7 @@ func (t *task) restoreIngest(s *TaskSnapshot) error {
 		st.uses++
 		st.producers[p.ID] = &ingestProducer{acked: p.Acked, accepted: p.Accepted, lastUse: st.uses}
 	}
+	t.restoreCut(s)
 	t.seq = s.Seq
 	t.restored = true
 	return nil

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -1057,6 +1058,44 @@ func (r *reconfigState) planCutFloor(p fsm.ReconfigPlan) int64 {
 	return f + margin
 }
 
+// snapshotCut puts in a source's snapshot the floors of the plans it
+// acknowledged that still load, and the frontier it reported them with
+// (TaskSnapshot.CutFloors): everything it emitted is at or below that
+// frontier, and it emitted nothing at or above a floor (producer only).
+func (t *task) snapshotCut(s *TaskSnapshot) {
+	r := &t.rc
+	if len(r.cutFloor) == 0 {
+		return
+	}
+	s.CutFrontier = max(r.frontier.Load(), t.maxSTime)
+	for e, f := range r.cutFloor {
+		s.CutFloors = append(s.CutFloors, EpochFloor{Epoch: e, Floor: f})
+	}
+	slices.SortFunc(s.CutFloors, func(a, b EpochFloor) int { return cmp.Compare(a.Epoch, b.Epoch) })
+}
+
+// restoreCut gives a source copy started from snapshot s (a move, a
+// re-placement) its original's cut floors and frontier before it
+// installs a plan: it acknowledges the plans its original acknowledged
+// with at least the frontier the original reported (the coordinator
+// forgot that report with the placement, and the copy has emitted
+// nothing yet), so the cut goes above everything the original emitted,
+// and it holds at the same floors until it learns the cut. A plan the
+// original did not acknowledge gets its floor from that frontier too
+// (planCutFloor).
+func (t *task) restoreCut(s *TaskSnapshot) {
+	if len(s.CutFloors) == 0 {
+		return
+	}
+	r := &t.rc
+	r.frontier.Store(max(r.frontier.Load(), s.CutFrontier))
+	r.cutFloor, r.holdBelow = make(map[uint64]int64, len(s.CutFloors)), math.MaxInt64
+	for _, f := range s.CutFloors {
+		r.cutFloor[f.Epoch] = f.Floor
+		r.holdBelow = min(r.holdBelow, f.Floor)
+	}
+}
+
 // holdForCut runs in every source (generator, kafka, ingest) before it
 // emits a record or a boundary at stime: it installs a pending
 // reconfiguration and, if stime reached the lowest cut a plan the
@@ -1085,7 +1124,17 @@ func (t *task) holdForCut(ctx context.Context, boundary, stime int64) error {
 	start := time.Now()
 	t.log.Debug("source held at the lowest cut of a reconfiguration plan until it learns the cut",
 		"stime", stime, "floor", r.holdBelow, "plans", len(r.cutFloor))
-	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow })
+	yield := func() bool { return t.ingest != nil && t.ingest.snapWaits.Load() }
+	err := t.holdUntil(ctx, boundary, func() bool { return len(t.rc.cutFloor) == 0 || stime < t.rc.holdBelow || yield() })
+	if err == nil && len(t.rc.cutFloor) > 0 && stime >= t.rc.holdBelow {
+		// An ingest request gives way to a move's snapshot, which
+		// waits for the ingest lock it holds: the plan may wait for the
+		// moved copy's acknowledgement, and so the cut for the
+		// snapshot. The lines before this one stay taken; the producer
+		// resends the rest to the new copy, which holds them alike
+		// (restoreCut).
+		err = t.movedErr()
+	}
 	t.log.Debug("source resumed after learning the reconfiguration cut", "held", time.Since(start), "err", err)
 	return err
 }

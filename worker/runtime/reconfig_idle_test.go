@@ -31,7 +31,7 @@ sinks:
 `
 
 // startIdleRun runs yaml's tasks on one worker, with `label` the operator
-// plans change.
+// plans change; a second worker runs nothing (a task may move there).
 func startIdleRun(t *testing.T, yaml string) *reconfigRun {
 	t.Helper()
 	q, err := queryspec.Parse("rc.yaml", []byte(yaml))
@@ -42,7 +42,7 @@ func startIdleRun(t *testing.T, yaml string) *reconfigRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := newClusterOpts(t, 1, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: 5 * time.Millisecond})
+	c := newClusterOpts(t, 2, q, func(string, int, int) int { return 0 }, Options{BoundaryInterval: 5 * time.Millisecond})
 	t.Cleanup(func() { c.close(t) })
 	r := &reconfigRun{t: t, c: c, yaml: yaml, rc: fsm.QueryReconfig{Tracking: fsm.TrackingStatic}, plan: plan, tasks: len(c.specs[c.workers[0]]),
 		version: func(v int) string { return strings.ReplaceAll(yaml, "'v1'", fmt.Sprintf("'v%d'", v)) }, changed: []string{"label"}}

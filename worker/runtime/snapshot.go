@@ -89,6 +89,18 @@ type TaskSnapshot struct {
 	// later tuple with at least it. 0 otherwise. Encoded as an optional
 	// trailing section.
 	SourceLevel uint64
+	// CutFrontier and CutFloors are, for a source that acknowledged a
+	// reconfiguration plan still loading, its reconfiguration frontier
+	// (the highest stream time it emitted, reported with its
+	// acknowledgements) and the lowest cut each such plan can get
+	// (planCutFloor), by epoch. The copy reports that frontier and holds
+	// at those floors: the coordinator forgets the old copy's report when
+	// the task moves, and without them the copy acknowledged with a lower
+	// frontier, so the cut could fall below what the old copy had
+	// already emitted under the old epoch. Encoded as an optional
+	// trailing section (only while such a plan loads).
+	CutFrontier int64
+	CutFloors   []EpochFloor
 	// Uncorrected is the task's note naming results a DCAA correction
 	// could not make exact (its status' lossy text, "" when none), and
 	// Uncorrectable the ranges of the UNCORRECTABLE records it put on its
@@ -841,6 +853,15 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 		b = append(b, levelSectionTag)
 		b = binary.AppendUvarint(b, s.SourceLevel)
 	}
+	if len(s.CutFloors) > 0 {
+		b = append(b, cutSectionTag)
+		iv(s.CutFrontier)
+		uv(uint64(len(s.CutFloors)))
+		for _, f := range s.CutFloors {
+			uv(f.Epoch)
+			iv(f.Floor)
+		}
+	}
 	if s.lossy() {
 		b = append(b, lossySectionTag)
 		str(s.Uncorrected)
@@ -859,7 +880,7 @@ func (s *TaskSnapshot) marshalAround(hasOp bool, opSize int) (head, rest []byte)
 
 // lossySectionTag starts the optional trailing section holding
 // TaskSnapshot.Uncorrected, Uncorrectable and the outputs' lineages
-// (after the level section, if any). Only a snapshot of a task that
+// (after the level and cut sections, if any). Only a snapshot of a task that
 // named a loss or whose outputs diverged has it: an older build refuses
 // such a snapshot (trailing bytes), and a copy of such a task started
 // without it said its results were exact.
@@ -876,6 +897,19 @@ func (s *TaskSnapshot) lossy() bool {
 		}
 	}
 	return false
+}
+
+// cutSectionTag starts the optional trailing section holding
+// TaskSnapshot.CutFrontier and CutFloors (after the level section, if
+// any). An older build refuses a snapshot that has it (trailing bytes):
+// only a source snapshotted while a plan it acknowledged loads has it.
+const cutSectionTag = 'C'
+
+// EpochFloor is the lowest cut the plan of Epoch can get, as a source
+// that acknowledged it computed it (TaskSnapshot.CutFloors).
+type EpochFloor struct {
+	Epoch uint64
+	Floor int64
 }
 
 // levelSectionTag starts the optional trailing section holding
@@ -1075,6 +1109,13 @@ func (s *TaskSnapshot) unmarshalOpts(data []byte, alias, elided bool) error {
 	if r.err == nil && len(r.b) > 0 && r.b[0] == levelSectionTag {
 		r.b = r.b[1:]
 		out.SourceLevel = r.uv("source level")
+	}
+	if r.err == nil && len(r.b) > 0 && r.b[0] == cutSectionTag {
+		r.b = r.b[1:]
+		out.CutFrontier = r.iv("cut frontier")
+		for range r.count("cut floors") {
+			out.CutFloors = append(out.CutFloors, EpochFloor{Epoch: r.uv("cut floor epoch"), Floor: r.iv("cut floor")})
+		}
 	}
 	if r.err == nil && len(r.b) > 0 && r.b[0] == lossySectionTag {
 		r.b = r.b[1:]

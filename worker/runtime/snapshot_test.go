@@ -226,6 +226,22 @@ func TestTaskSnapshotEncoding(t *testing.T) {
 			t.Fatalf("%d of %d bytes: %v, want ErrBadTaskSnapshot", n, len(enc), err)
 		}
 	}
+	// The optional trailing sections of a source's snapshot: its early
+	// level and the cut floors of the plans it acknowledged.
+	src := *s
+	src.Inputs, src.SourceRecords, src.SourceLevel = nil, 12, 2
+	src.CutFrontier, src.CutFloors = -7, []EpochFloor{{Epoch: 3, Floor: 2e9}, {Epoch: 4, Floor: math.MaxInt64}}
+	srcEnc, err := src.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var srcBack TaskSnapshot
+	if err := srcBack.UnmarshalBinary(srcEnc); err != nil {
+		t.Fatal(err)
+	}
+	if srcBack.SourceLevel != 2 || srcBack.CutFrontier != -7 || !slices.Equal(srcBack.CutFloors, src.CutFloors) {
+		t.Fatalf("round trip changed the source snapshot's sections: level %d frontier %d floors %v", srcBack.SourceLevel, srcBack.CutFrontier, srcBack.CutFloors)
+	}
 	newer := slices.Clone(enc)
 	newer[len(taskSnapshotMagic)]++
 	if err := new(TaskSnapshot).UnmarshalBinary(newer); err == nil || !strings.Contains(err.Error(), "version") {

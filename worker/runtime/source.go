@@ -7,6 +7,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -425,6 +426,7 @@ func (t *task) cutSource(ctx context.Context, boundary int64) sourceCut {
 	s := &TaskSnapshot{TaskID: t.spec.TaskID, Query: t.spec.Query, Fragment: t.spec.Fragment,
 		Partition: t.spec.Partition, Replica: t.spec.Replica, Seq: t.seq, Released: boundary,
 		SourceRecords: records, SourceLevel: t.rc.earlyLevel(boundary)}
+	t.snapshotCut(s)
 	if t.srcChain != nil {
 		op, err := t.srcChain.Snapshot()
 		if err != nil {
@@ -495,6 +497,7 @@ func (t *task) restoreSource(s *TaskSnapshot) error {
 	if err := t.resumeOutputs(s); err != nil {
 		return err
 	}
+	t.restoreCut(s)
 	t.genRestore = &genPosition{records: s.SourceRecords, boundary: s.Released}
 	t.seq = s.Seq
 	t.restored = true
@@ -546,6 +549,11 @@ type ingestState struct {
 	// copy, started from the snapshot, is the only one to go on. A fetch
 	// asked again (the transfer broke off) gets the same snapshot.
 	movedOut *TaskSnapshot
+	// snapWaits: a move's snapshot waits for mu (snapshotIngest). A
+	// request held for a reconfiguration's cut (holdForCut) gives way to
+	// it: the cut may wait for the moved copy's acknowledgement, which
+	// waits for the snapshot.
+	snapWaits atomic.Bool
 }
 
 func newIngestState(node *queryspec.Node) *ingestState {
