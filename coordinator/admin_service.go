@@ -176,7 +176,7 @@ func (s *Server) placeQuery(ctx context.Context, name string) {
 		return
 	}
 	var mine []fsm.PlannedPlacement
-	for _, p := range replace(workers, all, s.hostedLoad()) {
+	for _, p := range replace(workers, all, s.hostedLoad(), s.handOverNow()) {
 		if t, _ := s.State().Task(nil, p.TaskID); t != nil && t.Query == name {
 			mine = append(mine, p)
 		}

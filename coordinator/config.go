@@ -96,6 +96,10 @@ type hooks struct {
 	// returned a new index when its wait woke (or the first read ran)
 	// and when its response was built (BenchmarkReconfigAckPath).
 	watchServed func(worker string, index uint64, woke, built time.Time)
+	// heartbeat, when set, runs first for every heartbeat the leader
+	// takes; an error refuses it (a test makes a live worker look
+	// silent: a false detection, as CPU starvation causes).
+	heartbeat func(worker string) error
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

@@ -452,7 +452,7 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 			s.logger.Error("scheduler cannot read the state", "err", err)
 			continue
 		}
-		moves := replace(workers, tasks, s.hostedLoad())
+		moves := replace(workers, tasks, s.hostedLoad(), s.handOverNow())
 		if len(moves) == 0 && len(s.missingSlotMaps()) == 0 {
 			continue
 		}

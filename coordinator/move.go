@@ -166,30 +166,37 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 		// it starts empty and takes its slots at the rescale's cut.
 		return nil
 	}
-	// A STABLE peer first: its state is exact and snapshottable now (one
-	// holding tentative state is snapshotted only once stable again).
-	// Never a lossy peer: its state is not a failure-free run's, and the
-	// new copy would start inexact without knowing it.
+	pick := snapshotPeer(t, peers, func(worker string) bool { return ready(worker) && addrs[worker] != "" })
+	if pick == nil {
+		return nil
+	}
+	return &pb.SnapshotSource{WorkerAddr: addrs[pick.WorkerID], TaskId: pick.ID, Generation: int32(pick.Gen())}
+}
+
+// snapshotPeer is the peer replica of t's partition a new copy of t takes
+// its starting snapshot from (nil: none), among the running copies on
+// workers usable says may serve one. A STABLE peer first: its state is
+// exact and snapshottable now (one holding tentative state is
+// snapshotted only once stable again). Never a lossy peer: its state is
+// not a failure-free run's, and the new copy would start inexact without
+// knowing it.
+func snapshotPeer(t *fsm.Task, peers []*fsm.Task, usable func(worker string) bool) *fsm.Task {
 	var pick *fsm.Task
 	for _, p := range peers {
 		if p.ID == t.ID || p.Fragment != t.Fragment || p.Partition != t.Partition || p.WorkerID == "" || p.WorkerID == t.WorkerID {
 			continue
 		}
-		if p.State != states.TaskRunning || p.Lossy || !ready(p.WorkerID) || addrs[p.WorkerID] == "" {
+		if p.Query != t.Query || p.State != states.TaskRunning || p.Lossy || !usable(p.WorkerID) {
 			continue
 		}
 		if p.ReplicaState == replicaStable {
-			pick = p
-			break
+			return p
 		}
 		if pick == nil {
 			pick = p
 		}
 	}
-	if pick == nil {
-		return nil
-	}
-	return &pb.SnapshotSource{WorkerAddr: addrs[pick.WorkerID], TaskId: pick.ID, Generation: int32(pick.Gen())}
+	return pick
 }
 
 // replicaStable is fsm.Task.ReplicaState of a STABLE DCAA replica.

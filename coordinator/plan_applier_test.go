@@ -252,7 +252,7 @@ func TestSchedulerPlacement(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			moves := replace(tc.workers, tc.tasks, nil)
+			moves := replace(tc.workers, tc.tasks, nil, handOver{})
 			check := newPlanCheck(tc.workers, tc.tasks, tasksPerCore)
 			placed, why := map[string]string{}, map[string]string{}
 			for _, tk := range tc.tasks {

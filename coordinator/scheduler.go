@@ -146,12 +146,17 @@ func (p *placer) whyNot(hosting, full int) string {
 // retried on the next change. Tasks on an unknown worker stay.
 //
 // hosted counts, per worker, partners' tasks hosted there (they take
-// capacity like the org's own).
-func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int) []fsm.PlannedPlacement {
-	keep := map[string]bool{}
+// capacity like the org's own). handOver says whether (and how) a task
+// leaves a down worker as a live move (see handOver).
+func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho handOver) []fsm.PlannedPlacement {
+	keep, ready, down := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for _, w := range workers {
-		if w.Status == statusReady || w.Status == statusUnknown {
+		switch w.Status {
+		case statusReady, statusUnknown:
 			keep[w.ID] = true
+			ready[w.ID] = w.Status == statusReady
+		case statusDown:
+			down[w.ID] = true
 		}
 	}
 	p := newPlacer(workers, tasks)
@@ -165,7 +170,33 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int) []
 		if to == t.WorkerID && (to != "" || why == t.Message) {
 			continue
 		}
-		moves = append(moves, fsm.PlannedPlacement{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to, Message: why})
+		pl := fsm.PlannedPlacement{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to, Message: why}
+		// A worker is declared down when its heartbeats stop arriving,
+		// which a starved or partitioned worker shares with a dead one:
+		// its copies may well run on. Without a peer replica to take a
+		// snapshot from, the next copy would start without state and
+		// replay from upstream buffers that no longer hold what the old
+		// copy acknowledged: results lost although nothing died. So it
+		// leaves as a live move: it takes the old copy's snapshot (with
+		// the old copy's untaken output), consumers read the old copy
+		// until it has, and a copy that is really gone fails the fetch
+		// and replays, as before, naming what it lost.
+		if ho.live && to != "" && down[t.WorkerID] && t.MovingFrom == "" && !t.Lossy && snapshotPeer(t, tasks, func(id string) bool { return ready[id] }) == nil {
+			pl.Live, pl.CatchUp = true, ho.catchUp
+		}
+		moves = append(moves, pl)
 	}
 	return moves
+}
+
+// handOver is how replace moves tasks off down workers: live (a live
+// move from the old copy, when no peer replica can give the new copy
+// its state), and catchUp (consumers switch once the new copy has caught
+// up with the old). Each needs every coordinator to know it (live
+// placements: protocol 4, catch-up: protocol 5).
+type handOver struct{ live, catchUp bool }
+
+// handOverNow is the handOver every coordinator of the org can apply.
+func (s *Server) handOverNow() handOver {
+	return handOver{live: s.checkProtocol(4, "a live placement") == nil, catchUp: s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil}
 }

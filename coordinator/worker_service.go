@@ -162,6 +162,11 @@ func (ws *workerService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest
 	if handled, err := s.leaderOrForward(ctx, workerMethod+"Heartbeat", req, resp); handled {
 		return resp, err
 	}
+	if h := s.cfg.hooks.heartbeat; h != nil {
+		if err := h(req.WorkerId); err != nil {
+			return nil, err
+		}
+	}
 	w, err := s.State().Worker(nil, req.WorkerId)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "heartbeat: %v", err)

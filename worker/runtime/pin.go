@@ -3,7 +3,9 @@ package runtime
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
@@ -36,23 +38,30 @@ const (
 // registration (dataplane.Register) is an ack-only subscription under the
 // copy's name that ends at once, reading and acknowledging nothing; the
 // subscriber then holds the buffer for one lease, or until the copy's own
-// subscriptions (under the same name) acknowledge. It returns once every stream is pinned or
-// given up on; failures only weaken the guarantee, so they are logged.
-func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
+// subscriptions (under the same name) acknowledge. It returns once every
+// stream is pinned or given up on, with the upstream streams none of
+// whose replicas could be pinned ("fragment[partition]"): for those the
+// guarantee does not hold (the caller decides; see bootstrap).
+func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) (unpinned []string) {
 	t, err := newTask(r, TaskSpec{TaskID: spec.TaskID, Query: spec.Query, Fragment: spec.Fragment, Partition: spec.Partition,
 		Replica: spec.Replica, QueryIndex: spec.QueryIndex, Spec: spec.Spec, Placements: spec.Placements,
 		Generation: spec.Generation, SlotEpoch: spec.SlotEpoch, Slots: spec.Slots, SlotMaps: spec.SlotMaps})
 	if err != nil {
-		return // the task will fail to start with the reason
+		return nil // the task will fail to start with the reason
 	}
 	defer t.cancel()
 	var wg sync.WaitGroup
-	for _, in := range t.inputs {
+	pinned := make([]atomic.Bool, len(t.inputs))
+	for i, in := range t.inputs {
 		for _, pl := range t.candidates(in.upstream, in.upPartition) {
 			ref := &fedstreampb.StreamRef{Query: spec.Query, TaskId: pl.TaskID, Partition: int32(spec.Partition),
 				Consumer: spec.Fragment, Generation: int32(pl.Generation)}
+			if r.pinFault != nil && r.pinFault(pl) {
+				continue // a test's registration that fails
+			}
 			if local, err := r.LocalStream(ref); err == nil {
 				local.Register(spec.CopyID())
+				pinned[i].Store(true)
 				continue
 			}
 			wg.Add(1)
@@ -77,12 +86,20 @@ func (r *Runtime) pinUpstreams(ctx context.Context, spec TaskSpec) {
 						"upstream", pl.TaskID, "worker", pl.WorkerAddr, "attempt", attempt, "next_wait", wait)
 					err = nil
 				}
-				if err != nil && ctx.Err() == nil {
-					r.log.Warn("could not register with an upstream before the snapshot: tuples after the snapshot's positions may be missing", "task", spec.TaskID,
+				if err == nil {
+					pinned[i].Store(true)
+				} else if ctx.Err() == nil {
+					r.log.Info("could not register with an upstream copy before the snapshot", "task", spec.TaskID,
 						"upstream", pl.TaskID, "worker", pl.WorkerAddr, "err", err)
 				}
 			}()
 		}
 	}
 	wg.Wait()
+	for i, in := range t.inputs {
+		if !pinned[i].Load() {
+			unpinned = append(unpinned, fmt.Sprintf("%s[%d]", in.upstream, in.upPartition))
+		}
+	}
+	return unpinned
 }

@@ -464,6 +464,9 @@ type Runtime struct {
 	// beforePin, when set (tests), runs as a bootstrap begins pinning
 	// the upstreams of the task it bootstraps.
 	beforePin func(TaskSpec)
+	// pinFault, when set (tests), makes registering with the upstream
+	// copy pl before a snapshot fail when it returns true.
+	pinFault func(pl Placement) bool
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
@@ -731,8 +734,30 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			// subscribed, and a replica of the consumer reading the same
 			// upstream would then let the upstream discard tuples this
 			// copy still needs.
-			r.pinUpstreams(fctx, spec)
+			unpinned := r.pinUpstreams(fctx, spec)
 			pinned := time.Now()
+			// The invariant of a live snapshot: every tuple after its input
+			// positions stays in an upstream buffer until this copy has
+			// subscribed. A copy that keeps running acknowledges past those
+			// positions, so that holds only for the streams pinned above.
+			// When the old copy is this task's own previous copy (a move,
+			// or a copy leaving a worker declared down), it is replaced
+			// anyway: halt it at the snapshot (stop-and-copy), so that it
+			// acknowledges nothing after it, rather than cut a live
+			// snapshot whose later input may be gone (the new copy would
+			// lose it without knowing). A peer replica must run on: its
+			// snapshot stays live, with the warning.
+			halt := src.Halt
+			if len(unpinned) > 0 {
+				if src.TaskID == spec.TaskID && !halt {
+					halt = true
+					r.log.Warn("could not register with every upstream before the snapshot: the old copy halts at the snapshot (stop-and-copy), so nothing after its positions is acknowledged away",
+						"task", id, "generation", spec.Generation, "unpinned", unpinned, "from_generation", src.Generation, "worker", src.WorkerAddr)
+				} else if !halt {
+					r.log.Warn("could not register with an upstream before the snapshot: tuples after the snapshot's positions may be missing",
+						"task", id, "generation", spec.Generation, "unpinned", unpinned, "from", src.TaskID, "worker", src.WorkerAddr)
+				}
+			}
 			fo := &fetchOpts{}
 			if canRestoreEarly(spec) {
 				fo.restore = func(in *operator.Incoming) (*earlyOp, error) { return restoreEarly(spec, in) }
@@ -744,7 +769,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				if err != nil {
 					return nil, err
 				}
-				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: src.Halt}, fo)
+				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: halt}, fo)
 			}
 			// A transfer that broke off is tried again (a halted copy gives
 			// the same snapshot again); a refusal is final.
