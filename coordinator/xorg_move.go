@@ -71,6 +71,8 @@ var (
 	// ErrMigrationRolledBack: a cross-org move did not complete and was
 	// undone; the task runs at home, on its old copy.
 	ErrMigrationRolledBack = errors.New("cross-org move rolled back")
+	// ErrAtPartnerAlready: the task to move runs at a partner org.
+	ErrAtPartnerAlready = errors.New("the task runs at a partner org already")
 )
 
 type hostRequest struct {
@@ -346,7 +348,7 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if w, err := st.Worker(nil, t.WorkerID); err != nil {
 		return err
 	} else if w != nil && isPartnerWorker(w) {
-		return fmt.Errorf("move %s to %s: the task runs at %s already", taskID, partnerOrg, w.Labels[partnerLabel])
+		return fmt.Errorf("move %s to %s: %w: %s", taskID, partnerOrg, ErrAtPartnerAlready, w.Labels[partnerLabel])
 	}
 	q, err := st.Query(nil, t.Query)
 	if err != nil || q == nil {
@@ -1154,7 +1156,12 @@ func (as *adminService) MigrateTask(ctx context.Context, req *pb.MigrateTaskRequ
 		return resp, err
 	}
 	if err := as.s.MigrateTaskOut(ctx, req.TaskId, req.ToOrg, req.Contract); err != nil {
-		return nil, migrationStatus(err)
+		// A retry of a move that completed (its answer lost with a
+		// leader) answers as the move did; a move to another org is
+		// refused.
+		if !errors.Is(err, ErrAtPartnerAlready) || as.s.TasksAtPartners()[req.TaskId] != req.ToOrg {
+			return nil, migrationStatus(err)
+		}
 	}
 	t, err := as.s.State().Task(nil, req.TaskId)
 	if err != nil || t == nil {

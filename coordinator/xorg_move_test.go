@@ -464,6 +464,12 @@ func TestCrossOrgMoveAndReturnMidStream(t *testing.T) {
 				done <- fmt.Errorf("migrate: %v %v", resp, err)
 				return
 			}
+			// Made again (a client whose answer was lost): the same
+			// answer, no second move.
+			if again, err := alpha.admin(0).MigrateTask(ctx, &pb.MigrateTaskRequest{TaskId: moving, ToOrg: "beta", Contract: contract}); err != nil || again.Generation != 2 || again.Org != "beta" {
+				done <- fmt.Errorf("the move made again: %v %v", again, err)
+				return
+			}
 			if at := alpha.nodes[0].TasksAtPartners(); at[moving] != "beta" {
 				done <- fmt.Errorf("tasks at partners %v", at)
 				return

@@ -165,6 +165,10 @@ type ContractDoc struct {
 	// PartnerKey is the key the partner presented with a proposal it
 	// made, pinned when this org accepts.
 	PartnerKey string `json:"partner_key,omitempty"`
+	// RequestID and RequestHash are those of the request that proposed
+	// it here (ProposeRequest.RequestID), so that a retry finds it.
+	RequestID   string `json:"request_id,omitempty"`
+	RequestHash string `json:"request_hash,omitempty"`
 }
 
 // Terms are a contract's terms in their stored and signed form.
@@ -217,11 +221,13 @@ type ProposeRequest struct {
 	// other terms is refused (fsm.ErrIdempotencyMismatch). "" proposes
 	// without one.
 	//
-	// Replication: a build without the key (same protocol version: the
-	// fields are optional) applies such a retry as a second upsert of a
-	// new contract. Only a retry after an ambiguous commit during a
-	// rolling upgrade meets that, and it then stores what this build did
-	// before the key existed.
+	// Replication: a retry that finds the first proposal in the state
+	// writes nothing, so every build agrees. Only a retry that reaches a
+	// new leader before it applied the first write proposes a second
+	// upsert, which the key makes a no-op here; a node of a build without
+	// the key (the fields are optional, the protocol version is the same)
+	// would apply it as a second contract, so during a rolling upgrade
+	// that case can leave such nodes with an extra proposed contract.
 	RequestID string
 }
 
@@ -454,9 +460,17 @@ func (o *Org) Propose(ctx context.Context, req ProposeRequest) (ContractDoc, err
 	var key, hash string
 	if req.RequestID != "" {
 		key, hash = proposeKey(req.RequestID), req.hash(dir)
+		doc.RequestID, doc.RequestHash = req.RequestID, hash
 	}
+	// A retry finds the first proposal in the state when it was applied
+	// here, and writes nothing: every build agrees on that. The FSM's key
+	// covers a first write not applied here yet (a new leader that has
+	// not caught up).
 	o.mu.Lock()
-	stored, err := o.putContractKeyed(ctx, doc, key, hash)
+	stored, err := o.proposedFor(req.RequestID, hash)
+	if err == nil && stored == "" {
+		stored, err = o.putContractKeyed(ctx, doc, key, hash)
+	}
 	o.mu.Unlock()
 	if err != nil {
 		if errors.Is(err, fsm.ErrIdempotencyMismatch) {
@@ -1068,6 +1082,29 @@ func decodeContract(c *fsm.Contract) (ContractDoc, error) {
 func (o *Org) putContract(ctx context.Context, d ContractDoc) error {
 	_, err := o.putContractKeyed(ctx, d, "", "")
 	return err
+}
+
+// proposedFor returns the id of the contract this org proposed under
+// requestID ("" if none, or requestID is ""), or fsm.ErrIdempotencyMismatch
+// if that proposal's request hash is not hash.
+func (o *Org) proposedFor(requestID, hash string) (string, error) {
+	if requestID == "" {
+		return "", nil
+	}
+	cs, err := o.Contracts()
+	if err != nil {
+		return "", err
+	}
+	for _, d := range cs {
+		if d.RequestID != requestID || d.Terms.Proposer != o.name {
+			continue
+		}
+		if d.RequestHash != hash {
+			return "", fmt.Errorf("%w: key %q was used for contract %s (request hash %s, this one %s)", fsm.ErrIdempotencyMismatch, proposeKey(requestID), d.Terms.ID, d.RequestHash, hash)
+		}
+		return d.Terms.ID, nil
+	}
+	return "", nil
 }
 
 // putContractKeyed stores d; with an idempotency key it returns the id of

@@ -1,11 +1,13 @@
 package federation
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +38,61 @@ func (s *lossyStore) Apply(ctx context.Context, t fsm.MessageType, body any) (an
 		return nil, errLostAnswer
 	}
 	return v, err
+}
+
+// laggingStore reads stale (a frozen earlier state) until its next
+// Apply, as a new leader that has not yet applied the entries its
+// predecessor committed does.
+type laggingStore struct {
+	Store
+	mu    sync.Mutex
+	stale *fsm.StateStore
+}
+
+func (s *laggingStore) State() *fsm.StateStore {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stale != nil {
+		return s.stale
+	}
+	return s.Store.State()
+}
+
+func (s *laggingStore) Apply(ctx context.Context, t fsm.MessageType, body any) (any, error) {
+	v, err := s.Store.Apply(ctx, t, body)
+	s.mu.Lock()
+	s.stale = nil
+	s.mu.Unlock()
+	return v, err
+}
+
+// bufSink is a snapshot sink in memory.
+type bufSink struct{ bytes.Buffer }
+
+func (*bufSink) ID() string    { return "frozen" }
+func (*bufSink) Cancel() error { return nil }
+func (*bufSink) Close() error  { return nil }
+
+// frozen is a copy of f's state as it is now.
+func frozen(t *testing.T, f *fsm.FSM) *fsm.StateStore {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sink bufSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	g, err := fsm.New(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Restore(io.NopCloser(&sink.Buffer)); err != nil {
+		t.Fatal(err)
+	}
+	return g.State()
 }
 
 // lossyNet delivers every message and loses the answer of those lose
@@ -107,10 +164,14 @@ func TestProposeRetriedWithRequestIDStoresOnce(t *testing.T) {
 		name      string
 		loseWrite bool // the proposer's stored proposal's answer is lost
 		loseSend  bool // the partner's answer to the proposal is lost
+		// the retry reaches a leader that has not applied the first
+		// write: the FSM's idempotency key answers it
+		lagging bool
 	}{
-		{"answer of the write lost", true, false},
-		{"answer of the partner lost", false, true},
-		{"both", true, true},
+		{"answer of the write lost", true, false, false},
+		{"answer of the partner lost", false, true, false},
+		{"both", true, true, false},
+		{"answer of the write lost, retry at a leader behind", true, false, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,6 +179,7 @@ func TestProposeRetriedWithRequestIDStoresOnce(t *testing.T) {
 			f := newFed(t, "alpha", "beta")
 			a, b := f.orgs["alpha"], f.orgs["beta"]
 			f.pin(t, "alpha", "beta")
+			before := frozen(t, a.store.(*raftStore).f)
 			ls := &lossyStore{Store: a.store}
 			if tc.loseWrite {
 				pick := once(func(c fsm.UpsertContractRequest) bool { return c.IdempotencyKey != "" })
@@ -137,6 +199,9 @@ func TestProposeRetriedWithRequestIDStoresOnce(t *testing.T) {
 			req.RequestID = "r-1"
 			if _, err := a.Propose(ctx, req); err == nil {
 				t.Fatal("the first attempt's answer was not lost: the test tests nothing")
+			}
+			if tc.lagging {
+				a.store = &laggingStore{Store: a.store, stale: before}
 			}
 			// Retried as a client does: each attempt later than the last,
 			// so its record differs; each lost answer costs one.

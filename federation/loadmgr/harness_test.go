@@ -49,6 +49,9 @@ type inproc struct {
 	orgs map[string]*federation.Org
 	// cut: orgs that cannot be reached.
 	cut map[string]bool
+	// lose, when set, picks messages whose answer is lost after the
+	// receiver acted on them.
+	lose func(to string, m federation.Message) bool
 }
 
 func (n *inproc) Known(org string) bool {
@@ -61,7 +64,7 @@ func (n *inproc) Known(org string) bool {
 func (n *inproc) Call(ctx context.Context, to string, m federation.Message) (federation.Message, error) {
 	n.mu.Lock()
 	o, ok := n.orgs[to]
-	cut := n.cut[to]
+	cut, lose := n.cut[to], n.lose
 	n.mu.Unlock()
 	if !ok || cut {
 		return federation.Message{}, fmt.Errorf("no route to %s", to)
@@ -77,6 +80,9 @@ func (n *inproc) Call(ctx context.Context, to string, m federation.Message) (fed
 	ans, err := o.Receive(ctx, wire)
 	if err != nil {
 		return ans, err
+	}
+	if lose != nil && lose(to, m) {
+		return federation.Message{}, fmt.Errorf("connection to %s reset before the answer", to)
 	}
 	data, _ = json.Marshal(ans)
 	var back federation.Message

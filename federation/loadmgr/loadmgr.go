@@ -875,7 +875,13 @@ func (m *Manager) settle(ctx context.Context, view ledgerView, now time.Time, no
 			note("settlement under %s: %v", id, err)
 			continue
 		}
-		if _, err := m.org.CoSign(ctx, ledger.KindSettlement, id, fields); err != nil {
+		// The record id names the period's start: a period retried after
+		// a lost answer (the partner recorded it, this org did not, so it
+		// settles from the same start again) is the same record, and the
+		// partner's copy is recorded instead of a second, overlapping
+		// settlement (CoSignID).
+		rid := fmt.Sprintf("%s-%s-%s-%d", ledger.KindSettlement, id, m.org.Name(), from.UnixNano())
+		if _, err := m.org.CoSignID(ctx, ledger.KindSettlement, id, rid, fields); err != nil {
 			note("settlement under %s not co-signed (retried next time): %v", id, err)
 			continue
 		}

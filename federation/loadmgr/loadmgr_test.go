@@ -327,20 +327,7 @@ func TestTasksComeHomeAfterNotice(t *testing.T) {
 func TestSettlementsAreCoSignedAndVerify(t *testing.T) {
 	f := newFed(t, false, testConfig(), map[string]float64{"alpha": 10, "beta": 10})
 	id := f.contract("alpha", "beta", terms(nil))
-	f.w.addTasks("alpha", 12, 1, "q")
-	f.step(period) // alpha finds beta not measured yet
-	f.step(period) // moves at t0
-	moves := f.records("alpha", ledger.KindMove)
-	if len(moves) == 0 {
-		t.Fatalf("nothing moved: %q", f.mgrs["alpha"].Status().Last)
-	}
-	t0 := moves[0].Time
-	// The first settlement is due a minute after the manager's first
-	// settle check (at t0).
-	for f.clock().Sub(t0) <= time.Minute {
-		f.step(period)
-	}
-	f.step(period)
+	f.untilFirstSettlement()
 	sets := f.records("alpha", ledger.KindSettlement)
 	if len(sets) == 0 {
 		t.Fatalf("no settlement after a minute: %q", f.mgrs["alpha"].Status().Last)
@@ -592,6 +579,67 @@ func TestUnrecordedMoveIsRecordedLater(t *testing.T) {
 			if task := strings.Fields(mv)[1]; !recorded[task] {
 				t.Fatalf("%s's ledger lacks the move of %s after beta came back", org, task)
 			}
+		}
+	}
+}
+
+// untilFirstSettlement has alpha move tasks to beta and steps until its
+// first settlement is due (a minute after the first settle check) and
+// one period more.
+func (f *fed) untilFirstSettlement() {
+	f.t.Helper()
+	f.w.addTasks("alpha", 12, 1, "q")
+	f.step(period) // alpha finds beta not measured yet
+	f.step(period) // moves at t0
+	moves := f.records("alpha", ledger.KindMove)
+	if len(moves) == 0 {
+		f.t.Fatalf("nothing moved: %q", f.mgrs["alpha"].Status().Last)
+	}
+	for t0 := moves[0].Time; f.clock().Sub(t0) <= time.Minute; {
+		f.step(period)
+	}
+	f.step(period)
+}
+
+// A settlement whose answer was lost after the partner recorded it is
+// settled again for the same period start the next period: the partner
+// answers with its copy, which alpha records, so both ledgers hold the
+// same settlements and no period is charged twice.
+func TestSettlementRetriedAfterLostAnswerChargedOnce(t *testing.T) {
+	f := newFed(t, false, testConfig(), map[string]float64{"alpha": 10, "beta": 10})
+	f.contract("alpha", "beta", terms(nil))
+	lost := 0
+	f.net.mu.Lock()
+	f.net.lose = func(to string, m federation.Message) bool {
+		if lost == 0 && to == "beta" && m.Kind == federation.MsgCoSign && m.Signed.Record.Kind == ledger.KindSettlement {
+			lost++
+			return true
+		}
+		return false
+	}
+	f.net.mu.Unlock()
+	f.untilFirstSettlement()
+	if lost != 1 {
+		t.Fatalf("no settlement answer was lost: %q", f.mgrs["alpha"].Status().Last)
+	}
+	for deadline := f.clock().Add(time.Hour); len(f.records("alpha", ledger.KindSettlement)) == 0 && f.clock().Before(deadline); {
+		f.step(period)
+	}
+	a, b := f.records("alpha", ledger.KindSettlement), f.records("beta", ledger.KindSettlement)
+	if len(a) == 0 || len(a) != len(b) {
+		t.Fatalf("alpha holds %d settlements, beta %d", len(a), len(b))
+	}
+	for i := range a {
+		if a[i].ID != b[i].ID || a[i].Fields["from"] != b[i].Fields["from"] || a[i].Fields["to"] != b[i].Fields["to"] {
+			t.Fatalf("settlement %d: alpha %+v, beta %+v", i, a[i], b[i])
+		}
+		if i > 0 && a[i].Fields["from"] != a[i-1].Fields["to"] {
+			t.Fatalf("settlement %d starts at %s, the one before ends at %s", i, a[i].Fields["from"], a[i-1].Fields["to"])
+		}
+	}
+	for _, org := range []string{"alpha", "beta"} {
+		if rep, err := f.orgs[org].Verify(); err != nil || !rep.Valid {
+			t.Fatalf("%s: %+v %v", org, rep, err)
 		}
 	}
 }
