@@ -12,30 +12,31 @@ import (
 //
 // An input whose replica is tentative (it advertises UP_FAILURE or
 // delivers tentative data) stays on it while every other replica of the
-// upstream is worse by rank (choose): a replica in STABILIZATION is
-// emitting UNDO, its corrections and REC_DONE, and until it says STABLE
-// again (the coordinator's report, UpstreamStates) the input does not
-// move there; only then does it resubscribe, and the corrections come
-// to it from that replica's buffer after that report and a new
-// subscription. Meanwhile the input's own replica keeps the task's
-// output flowing within X, tentatively.
+// upstream is no better as far as the input knows (choose): a replica in
+// STABILIZATION ranks below UP_FAILURE, and the task hears another
+// replica's state only from a coordinator's report (UpstreamStates) or
+// by reading it. Without a report the input learns of the correction
+// only when its own replica corrects itself in turn, after the other
+// one's REC_DONE, a permission round between them and its own replay.
 //
 // With Background, while the input is tentative the machine also asks
-// for a second, background subscription of that input to a replica the
-// input knows in STABILIZATION, from the input's last stable id
-// (SubscribeBackground). What it delivers is kept aside, not released:
-// its stable tuples and boundaries (the corrections, and the stable
-// tuples that replica had past the input's last stable id), never its
-// tentative data or its UNDO. When its REC_DONE comes (or an empty
-// delivery, a heartbeat, says STABLE: it caught up on a stable stream),
-// the input takes what was kept aside as if its main subscription had
+// for a second, background subscription of that input to another
+// replica of the upstream (one reported in STABILIZATION first, else
+// the nearest number; none suspected or gone quiet), from the input's
+// last stable id (SubscribeBackground). What it delivers is kept aside,
+// not released: its stable tuples and boundaries (the corrections once
+// that replica reconciles, and the stable tuples it had past the input's
+// last stable id), never its tentative data nor its UNDO, and its
+// advertised state is noted. When its REC_DONE comes, or it advertises
+// STABLE with no tentative data since its last UNDO or REC_DONE, the
+// input takes what was kept aside as if its main subscription had
 // delivered it (ids it has already are dropped as resent), drops the
 // tentative data of its old replica it had not released, stops the
 // background subscription (StopBackground) and makes that replica its
 // main one, after the last stable id it now has (Subscribe, Promoted).
 // The task can then reconcile at once: its input is stable and covers
-// what it released tentatively, without waiting for the coordinator's
-// report.
+// what it released tentatively. Taking the move at any point is safe:
+// the main subscription resumes after what the input took, by stable id.
 //
 // The choice of replica stays here: the caller runs the subscriptions it
 // is asked for and hands back what they deliver, tagged with their
@@ -45,9 +46,9 @@ import (
 // no longer tentative (its own replica corrected itself first), when the
 // input moves to another replica for any reason (switchTo), when it
 // fails (its replica becomes suspected, as a main subscription's does),
-// when the replica is reported in UP_FAILURE again, and when what it
-// kept aside goes over Config.KeepLimit (the input then gets the
-// corrections the old way). Kept aside, stable tuples are copies whose
+// and when what it kept aside goes over Config.KeepLimit (the input then
+// gets the corrections the old way, and no background subscription
+// until it is stable again). Kept aside, stable tuples are copies whose
 // values may alias the delivered batch: a background delivery is never
 // handed back to its owner (Deliver.Owner; the garbage collector frees
 // it).
@@ -88,6 +89,9 @@ type background struct {
 	kept []tuple.Tuple
 	// tentData: tentative data came since its last UNDO or REC_DONE.
 	tentData bool
+	// off: what it kept aside went over KeepLimit; no background
+	// subscription until the input is stable again.
+	off bool
 }
 
 // bgSeq numbers background attempts across the machine.
@@ -122,16 +126,15 @@ func (m *Machine) backgroundCheck(i int, acts []Action) []Action {
 		return acts
 	}
 	in := m.inputs[i]
-	if in.bg.attempt != 0 {
-		if !in.inputTentative() || in.upState[in.bg.replica] == UpFailure {
-			acts = m.stopBackground(i, acts)
-		}
-		return acts
-	}
 	if !in.inputTentative() {
+		acts = m.stopBackground(i, acts)
+		in.bg.off = false
 		return acts
 	}
-	r := m.stabilizingReplica(in)
+	if in.bg.attempt != 0 || in.bg.off {
+		return acts
+	}
+	r := m.backgroundReplica(in)
 	if r < 0 {
 		return acts
 	}
@@ -140,19 +143,26 @@ func (m *Machine) backgroundCheck(i int, acts []Action) []Action {
 	return append(acts, SubscribeBackground{Input: i, Replica: r, AfterID: in.lastStable, Attempt: in.bg.attempt})
 }
 
-// stabilizingReplica is a replica of input in's upstream other than the
-// one it reads that it knows in STABILIZATION and has no reason to doubt
-// (not suspected, not gone quiet), the nearest number from this
-// replica's own first; -1 when there is none.
-func (m *Machine) stabilizingReplica(in *inputState) int {
+// backgroundReplica is the replica of input in's upstream to read in
+// the background: not the one it reads, nor one suspected or gone
+// quiet; one it knows in STABILIZATION first, then the nearest number
+// from this replica's own. -1 when there is none.
+func (m *Machine) backgroundReplica(in *inputState) int {
 	k := len(in.upState)
+	best := -1
 	for d := range k {
 		r := (m.cfg.ID + d) % k
-		if r != in.replica && in.upState[r] == Stabilization && !in.quiet[r] && !m.suspected(in, r) {
+		if r == in.replica || in.quiet[r] || m.suspected(in, r) {
+			continue
+		}
+		if in.upState[r] == Stabilization {
 			return r
 		}
+		if best < 0 {
+			best = r
+		}
 	}
-	return -1
+	return best
 }
 
 // stopBackground ends input i's background subscription, if any.
@@ -168,11 +178,12 @@ func (m *Machine) stopBackground(i int, acts []Action) []Action {
 
 // backgroundFailed: input i's background subscription ended with an
 // error; its replica is suspected (not read in the background again
-// while it is).
+// while it is), and another may be read instead.
 func (m *Machine) backgroundFailed(i int, acts []Action) []Action {
 	in := m.inputs[i]
 	in.suspect[in.bg.replica] = m.now
-	return m.stopBackground(i, acts)
+	acts = m.stopBackground(i, acts)
+	return m.backgroundCheck(i, acts)
 }
 
 // backgroundDeliver keeps aside what input ev.Input's background
@@ -210,10 +221,12 @@ func (m *Machine) backgroundDeliver(ev Deliver, acts []Action) []Action {
 		}
 	}
 	if m.cfg.KeepLimit > 0 && len(bg.kept) > m.cfg.KeepLimit {
-		return m.stopBackground(i, acts)
+		acts = m.stopBackground(i, acts)
+		in.bg.off = true
+		return acts
 	}
-	if !done && (len(ev.Tuples) > 0 || ev.Upstream != Stable || bg.tentData) {
-		return m.backgroundCheck(i, acts)
+	if !done && (ev.Upstream != Stable || bg.tentData) {
+		return acts
 	}
 	return m.promote(i, acts)
 }

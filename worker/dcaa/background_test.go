@@ -10,8 +10,18 @@ import (
 // second takes the first one's corrections in the background
 // (Config.Background) and moves to it at its REC_DONE. Its stable
 // output is still the reference's, tuple for tuple, and it is stable
-// again no later than without the background subscription.
+// again no later than without the background subscription: with the
+// coordinator's reports of the upstream replicas' states, and without
+// (as in the runtime, where a task hears only the replicas it reads).
 func TestBackgroundCorrectionsTwoStages(t *testing.T) {
+	for _, reports := range []bool{false, true} {
+		t.Run(map[bool]string{false: "in-band states only", true: "with reports"}[reports], func(t *testing.T) {
+			backgroundTwoStages(t, reports)
+		})
+	}
+}
+
+func backgroundTwoStages(t *testing.T, reports bool) {
 	shares, err := SplitDelay(xBound, []GraphNode{{Name: "src"}, {Name: "agg", Inputs: []string{"src"}, Delays: true},
 		{Name: "agg2", Inputs: []string{"agg"}, Delays: true}})
 	if err != nil {
@@ -20,7 +30,7 @@ func TestBackgroundCorrectionsTwoStages(t *testing.T) {
 	stableAgain := map[bool][]int64{} // per background: when each agg2 replica was last STABLE again
 	for _, bg := range []bool{false, true} {
 		build := func(h *harness) *stage {
-			h.reports = true
+			h.reports = reports
 			first := h.addStage(stageOpts{name: "agg", window: "20ms", sum: "v", inSch: srcSchema,
 				cfg: Config{Share: shares["agg"], Detect: detect, ReplayChunk: 1}}, h.srcGroups())
 			return h.addStage(stageOpts{name: "agg2", window: "40ms", sum: "n", inSch: h.aggSchema(srcSchema, "v"),
