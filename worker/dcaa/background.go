@@ -228,15 +228,19 @@ func (m *Machine) backgroundDeliver(ev Deliver, acts []Action) []Action {
 	if !done && (ev.Upstream != Stable || bg.tentData) {
 		return acts
 	}
-	return m.promote(i, acts)
+	return m.promote(i, Stable, acts)
 }
 
 // promote makes input i's background replica its main one: the input
-// takes the stable tuples kept aside as delivered by it (a stable
-// stream: REC_DONE came, or a heartbeat said STABLE), drops the
-// tentative data of its old replica not released yet (as any switch
-// does), and resubscribes to that replica after its last stable id.
-func (m *Machine) promote(i int, acts []Action) []Action {
+// takes the stable tuples kept aside as delivered by it, in state st
+// (STABLE once its REC_DONE came or it advertised STABLE; otherwise what
+// it advertised last: the input moves there for another reason, see
+// switchTo), drops the tentative data of its old replica not released
+// yet (as any switch does), and resubscribes to that replica after its
+// last stable id. Taken at any point, the move is exact: the stable
+// tuples kept aside mean the same on every replica (stable ids), and
+// the main subscription resumes after the last one taken.
+func (m *Machine) promote(i int, st State, acts []Action) []Action {
 	in := m.inputs[i]
 	bg := in.bg
 	acts = m.stopBackground(i, acts)
@@ -245,10 +249,22 @@ func (m *Machine) promote(i int, acts []Action) []Action {
 	// Not a gap of a live subscription: the deliver below is no delivery
 	// on the wire.
 	in.onAttempt, in.doubtFrom = false, 0
-	// Advertised STABLE, the replica read ranks first: deliver does not
-	// move the input on (maybeSwitch).
-	acts = m.deliver(Deliver{Input: i, Tuples: slices.Clip(bg.kept), Upstream: Stable}, acts)
+	// The replica read has the best rank, or the one its caller chose
+	// it by: deliver does not move the input on (maybeSwitch).
+	acts = m.deliver(Deliver{Input: i, Tuples: slices.Clip(bg.kept), Upstream: st}, acts)
 	m.promotions++
+	if in.replica != bg.replica {
+		// deliver moved the input on (a better replica it knows): that
+		// subscription too resumes after the ids taken here.
+		for k := len(acts) - 1; k >= 0; k-- {
+			if a, ok := acts[k].(Subscribe); ok && a.Input == i {
+				a.Promoted = true
+				acts[k] = a
+				break
+			}
+		}
+		return acts
+	}
 	in.heard, in.onAttempt, in.left = m.now, false, leftAttempt{}
 	in.attempt++
 	return append(acts, Subscribe{Input: i, Replica: in.replica, AfterID: in.lastStable, Attempt: in.attempt, Promoted: true})

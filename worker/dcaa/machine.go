@@ -1193,8 +1193,13 @@ func (m *Machine) othersDoubtful(in *inputState) bool {
 // what it had received tentatively and not released is dropped (the new
 // replica resends from the last stable tuple).
 func (m *Machine) switchTo(i, r int, acts []Action) []Action {
-	acts = m.stopBackground(i, acts)
 	in := m.inputs[i]
+	if in.bg.attempt != 0 && in.bg.replica == r {
+		// What its background subscription kept aside is the input's
+		// (see background.go).
+		return m.promote(i, in.upState[r], acts)
+	}
+	acts = m.stopBackground(i, acts)
 	in.replica, in.heard, in.onAttempt, in.doubtFrom, in.left = r, m.now, false, 0, leftAttempt{}
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
 	in.attempt++
