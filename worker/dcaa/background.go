@@ -94,7 +94,8 @@ type background struct {
 	off bool
 }
 
-// bgSeq numbers background attempts across the machine.
+// nextBackgroundAttempt numbers a new background subscription (bgSeq
+// counts them across the machine's inputs).
 func (m *Machine) nextBackgroundAttempt() uint64 {
 	m.bgSeq++
 	return backgroundAttempt | m.bgSeq
