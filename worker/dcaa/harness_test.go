@@ -61,18 +61,22 @@ type link struct {
 	pos      int
 	resolved bool
 	failed   bool // the refusal was reported
+	// attempt tags a background link's deliveries (0: the main link).
+	attempt uint64
 }
 
 // stageRep is one replica of one stage partition.
 type stageRep struct {
-	h      *harness
-	stage  *stage
-	id     int
-	m      *Machine
-	op     operator.Operator
-	out    *Output
-	log    []entry
-	links  []*link
+	h     *harness
+	stage *stage
+	id    int
+	m     *Machine
+	op    operator.Operator
+	out   *Output
+	log   []entry
+	links []*link
+	// bg holds the background links (Config.Background), per input.
+	bg     []*link
 	ckpt   []byte
 	dead   bool
 	inbox  []message
@@ -121,8 +125,11 @@ type harness struct {
 	// dead[producer]: subscriptions to it fail at once.
 	dead  map[string]bool
 	hooks []func(h *harness)
-	refB  []int64 // boundaries of the reference output (for latency)
-	rate  int
+	// reports: every reportEvery, each stage replica hears the states of
+	// its inputs' upstream replicas, as the coordinator reports them.
+	reports bool
+	refB    []int64 // boundaries of the reference output (for latency)
+	rate    int
 }
 
 // newHarness builds parts source partitions with k replicas each,
@@ -211,6 +218,7 @@ func (h *harness) addStage(o stageOpts, inputs [][]producer) *stage {
 			}
 		})
 		r.links = make([]*link, len(inputs))
+		r.bg = make([]*link, len(inputs))
 		st.reps = append(st.reps, r)
 	}
 	h.stages = append(h.stages, st)
@@ -253,6 +261,10 @@ func (r *stageRep) apply(acts []Action) {
 		switch a := a.(type) {
 		case Subscribe:
 			r.links[a.Input] = &link{replica: a.Replica, after: a.AfterID}
+		case SubscribeBackground:
+			r.bg[a.Input] = &link{replica: a.Replica, after: a.AfterID, attempt: a.Attempt}
+		case StopBackground:
+			r.bg[a.Input] = nil
 		case Checkpoint:
 			b, err := r.op.Snapshot()
 			if err != nil {
@@ -347,27 +359,21 @@ func (h *harness) tick() {
 				r.inbox = r.inbox[1:]
 				r.apply(r.m.Step(h.now, ev))
 			}
-			for i := range st.inputs {
-				l := r.links[i]
-				p := st.inputs[i][l.replica]
-				if h.dead[p.name()] {
-					if !l.failed {
-						l.failed = true
-						r.apply(r.m.Step(h.now, SubscriptionFailed{Input: i}))
+			if h.reports && h.now%reportEvery == 0 {
+				for i, ps := range st.inputs {
+					ev := UpstreamStates{Input: i}
+					for _, p := range ps {
+						s, _ := p.status()
+						ev.States = append(ev.States, s)
 					}
-					continue
+					r.apply(r.m.Step(h.now, ev))
 				}
-				if h.cut[r.name()+"<"+p.name()] || !l.resolve(p.entries()) {
-					continue
+			}
+			for i := range st.inputs {
+				r.read(i, r.links[i])
+				if l := r.bg[i]; l != nil {
+					r.read(i, l)
 				}
-				log := p.entries()
-				var batch []tuple.Tuple
-				for _, e := range log[l.pos:] {
-					batch = append(batch, *e.t.Clone())
-				}
-				l.pos = len(log)
-				state, twm := p.status()
-				r.apply(r.m.Step(h.now, Deliver{Input: i, Tuples: batch, Upstream: state, TentWatermark: twm, Owner: &poisonBatch{t: h.t, ts: batch}}))
 			}
 			r.apply(r.m.Step(h.now, Tick{}))
 			r.states = append(r.states, r.m.State())
@@ -377,6 +383,35 @@ func (h *harness) tick() {
 			r.trackProgress()
 		}
 	}
+}
+
+// reportEvery is how often the harness's coordinator reports the
+// upstream replicas' states (harness.reports).
+const reportEvery = 5 * ms
+
+// read delivers what link l of input i has not delivered yet (or reports
+// its replica's refusal).
+func (r *stageRep) read(i int, l *link) {
+	h := r.h
+	p := r.stage.inputs[i][l.replica]
+	if h.dead[p.name()] {
+		if !l.failed {
+			l.failed = true
+			r.apply(r.m.Step(h.now, SubscriptionFailed{Input: i, Attempt: l.attempt}))
+		}
+		return
+	}
+	if h.cut[r.name()+"<"+p.name()] || !l.resolve(p.entries()) {
+		return
+	}
+	log := p.entries()
+	var batch []tuple.Tuple
+	for _, e := range log[l.pos:] {
+		batch = append(batch, *e.t.Clone())
+	}
+	l.pos = len(log)
+	state, twm := p.status()
+	r.apply(r.m.Step(h.now, Deliver{Input: i, Tuples: batch, Upstream: state, TentWatermark: twm, Attempt: l.attempt, Owner: &poisonBatch{t: h.t, ts: batch}}))
 }
 
 // poisonBatch owns a delivered batch as a decoder's pool does: on

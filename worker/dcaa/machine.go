@@ -132,6 +132,12 @@ type Config struct {
 	// (LostFrom, LostTo); operators whose state only depends on recent
 	// input (windows) produce exact results again after the lost range.
 	KeepLimit int
+	// Background lets a tentative input take the corrections of a
+	// stabilizing replica in a background subscription and move to that
+	// replica as soon as its stream is stable again (background.go).
+	// Without it, the input moves only once that replica is reported
+	// STABLE.
+	Background bool
 }
 
 // ErrConfig is wrapped by New's errors: the configuration is unusable.
@@ -298,6 +304,11 @@ type Subscribe struct {
 	Input, Replica int
 	AfterID        uint64
 	Attempt        uint64
+	// Promoted: the input took the stable tuples its background
+	// subscription to Replica kept aside (up to AfterID) and now reads
+	// that replica as its main one (see background.go): its last stable
+	// id is AfterID, though no main subscription delivered it.
+	Promoted bool
 }
 
 // Checkpoint: snapshot the operators' state (and the output position)
@@ -440,6 +451,8 @@ type inputState struct {
 	// heard from, so once its suspicion expires the input does not go
 	// back to it from a live replica in UP_FAILURE.
 	quiet []bool
+	// bg is the input's background subscription (Config.Background).
+	bg background
 }
 
 func (in *inputState) coverage() int64 { return max(in.stableB, in.tentWM) }
@@ -588,6 +601,9 @@ type Machine struct {
 	// are handed back at the start of the next Step, once the runs of the
 	// Step that dropped them have been processed.
 	done []Releaser
+	// bgSeq numbers background subscriptions; bgStarts and promotions
+	// count them and the inputs that moved to their replica (figures).
+	bgSeq, bgStarts, promotions uint64
 }
 
 // New builds the machine; Start gives its first subscriptions.
@@ -829,13 +845,18 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	var acts []Action
 	switch ev := ev.(type) {
 	case Deliver:
-		if m.current(ev.Input, ev.Attempt) {
+		if m.isBackground(ev.Input, ev.Attempt) {
+			acts = m.backgroundDeliver(ev, acts)
+		} else if m.current(ev.Input, ev.Attempt) {
 			acts = m.deliver(ev, acts)
+			acts = m.backgroundCheck(ev.Input, acts)
 		} else if l := m.inputs[ev.Input].left; l.attempt != 0 && ev.Attempt == l.attempt {
 			acts = m.lateHeard(ev, acts)
 		}
 	case SubscriptionFailed:
-		if m.current(ev.Input, ev.Attempt) {
+		if m.isBackground(ev.Input, ev.Attempt) {
+			acts = m.backgroundFailed(ev.Input, acts)
+		} else if m.current(ev.Input, ev.Attempt) {
 			acts = m.subscriptionFailed(ev.Input, acts)
 		}
 	case ReplicaMoved:
@@ -848,6 +869,7 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 			}
 		}
 		acts = m.maybeSwitch(ev.Input, acts)
+		acts = m.backgroundCheck(ev.Input, acts)
 	case PermissionRequest:
 		acts = m.request(ev.From, acts)
 	case PermissionReply:
@@ -1172,6 +1194,12 @@ func (m *Machine) othersDoubtful(in *inputState) bool {
 // replica resends from the last stable tuple).
 func (m *Machine) switchTo(i, r int, acts []Action) []Action {
 	in := m.inputs[i]
+	if in.bg.attempt != 0 && in.bg.replica == r {
+		// What its background subscription kept aside is the input's
+		// (see background.go).
+		return m.promote(i, in.upState[r], acts)
+	}
+	acts = m.stopBackground(i, acts)
 	in.replica, in.heard, in.onAttempt, in.doubtFrom, in.left = r, m.now, false, 0, leftAttempt{}
 	in.tent, in.tentData, in.tentWM, in.failedUp = nil, false, math.MinInt64, false
 	in.attempt++
@@ -2028,10 +2056,15 @@ type Figures struct {
 	// every other replica had failed recently (or, while the timeout was
 	// stretched, had gone silent and not been heard since).
 	Doubts uint64
+	// BackgroundStarts counts the background subscriptions asked for,
+	// Promotions the inputs that took their corrections and moved to
+	// their replica (Config.Background).
+	BackgroundStarts, Promotions uint64
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
 	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
-		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences, Doubts: m.doubts}
+		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences, Doubts: m.doubts,
+		BackgroundStarts: m.bgStarts, Promotions: m.promotions}
 }

@@ -18,14 +18,15 @@ import (
 // start with "> " are the actions it must return, in order (none: no
 // action). Blank lines and "#" comments are ignored.
 //
-//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [detectmax=MS] [strict] [chunk=N]
+//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [detectmax=MS] [strict] [chunk=N] [background] [keep=N]
 //	start T
 //	deliver T in=I [att=N] [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
 //	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary
 //	    (b<id>@end: the final boundary, end of stream), u<id> UNDO back to
 //	    id, r<id> REC_DONE; att: the subscription attempt that received it
-//	    (Subscribe.Attempt; default the current one)
-//	fail T in=I [att=N]
+//	    (Subscribe.Attempt; default the current one); bg: the input's
+//	    background subscription received it (its attempt)
+//	fail T in=I [att=N] [bg]
 //	states T in=I STATE,STATE...
 //	request T from=P | reply T from=P granted|denied | done T from=P
 //	tick T
@@ -33,7 +34,8 @@ import (
 //
 // Actions print as:
 //
-//	subscribe in=I r=R after=ID
+//	subscribe in=I r=R after=ID [promoted]
+//	background in=I r=R after=ID | stop-background in=I
 //	checkpoint at=MS
 //	release stable|tentative|replay MS[I:ID,...] ...
 //	restore | recdone | ask peers=P,.. | reply to=P granted|denied
@@ -115,12 +117,18 @@ func runScript(t *testing.T, path string) {
 			if _, ok := args["chunk"]; ok {
 				cfg.ReplayChunk = num("chunk")
 			}
+			if _, ok := args["keep"]; ok {
+				cfg.KeepLimit = num("keep")
+			}
 			if _, ok := args["detectmax"]; ok {
 				cfg.DetectMax = time.Duration(num("detectmax")) * time.Millisecond
 			}
 			for _, r := range rest {
-				if r == "strict" {
+				switch r {
+				case "strict":
 					cfg.StrictMode = true
+				case "background":
+					cfg.Background = true
 				}
 			}
 			if m, err = New(cfg); err != nil {
@@ -137,6 +145,7 @@ func runScript(t *testing.T, path string) {
 			if _, ok := args["att"]; ok {
 				ev.Attempt = uint64(num("att"))
 			}
+			rest = bgAttempt(t, m, num("in"), rest, &ev.Attempt)
 			for _, tok := range rest {
 				ev.Tuples = append(ev.Tuples, parseTuple(t, tok))
 			}
@@ -146,6 +155,7 @@ func runScript(t *testing.T, path string) {
 			if _, ok := args["att"]; ok {
 				ev.Attempt = uint64(num("att"))
 			}
+			bgAttempt(t, m, num("in"), rest, &ev.Attempt)
 			acts = m.Step(now, ev)
 		case "states":
 			ev := UpstreamStates{Input: num("in")}
@@ -172,6 +182,21 @@ func runScript(t *testing.T, path string) {
 		got = renderActions(acts)
 	}
 	flush()
+}
+
+// bgAttempt: when rest starts with "bg", the event came on input i's
+// background subscription: *attempt is its attempt (the machine has one)
+// and the rest follows.
+func bgAttempt(t *testing.T, m *Machine, i int, rest []string, attempt *uint64) []string {
+	if len(rest) == 0 || rest[0] != "bg" {
+		return rest
+	}
+	_, a, ok := m.Background(i)
+	if !ok {
+		t.Fatalf("input %d has no background subscription", i)
+	}
+	*attempt = a
+	return rest[1:]
 }
 
 func parseState(t *testing.T, s string) State {
@@ -230,7 +255,15 @@ func renderActions(acts []Action) []string {
 	for _, a := range acts {
 		switch a := a.(type) {
 		case Subscribe:
-			out = append(out, fmt.Sprintf("subscribe in=%d r=%d after=%d", a.Input, a.Replica, a.AfterID))
+			s := fmt.Sprintf("subscribe in=%d r=%d after=%d", a.Input, a.Replica, a.AfterID)
+			if a.Promoted {
+				s += " promoted"
+			}
+			out = append(out, s)
+		case SubscribeBackground:
+			out = append(out, fmt.Sprintf("background in=%d r=%d after=%d", a.Input, a.Replica, a.AfterID))
+		case StopBackground:
+			out = append(out, fmt.Sprintf("stop-background in=%d", a.Input))
 		case Checkpoint:
 			out = append(out, fmt.Sprintf("checkpoint at=%s", msOf(a.Watermark)))
 		case Release:

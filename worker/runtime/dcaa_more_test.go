@@ -22,13 +22,19 @@ import (
 // maxDelay and limit.
 func failureFree(t *testing.T, maxDelay string, limit int) []tuple.Tuple {
 	t.Helper()
-	key := fmt.Sprintf("%s/%d", maxDelay, limit)
+	return failureFreeOf(t, fmt.Sprintf("%s/%d", maxDelay, limit), func() *queryspec.Query { return propQuery(t, "agg", maxDelay, limit) })
+}
+
+// failureFreeOf is failureFree for the query query builds, named key
+// among the references: the stable output of its sink's replica 0.
+func failureFreeOf(t *testing.T, key string, query func() *queryspec.Query) []tuple.Tuple {
+	t.Helper()
 	failureFreeRuns.mu.Lock()
 	defer failureFreeRuns.mu.Unlock()
 	if ref, ok := failureFreeRuns.m[key]; ok {
 		return ref
 	}
-	q := propQuery(t, "agg", maxDelay, limit)
+	q := query()
 	opts := dcaaOpts
 	opts.SourceSpeedup = restSpeed
 	c := newClusterOpts(t, 2, q, func(_ string, p, r int) int { return p + r }, opts)

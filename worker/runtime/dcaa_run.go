@@ -87,6 +87,10 @@ type dcaaRun struct {
 	lostFrom, lostTo atomic.Int64
 	// wait bounds the input waiting in the machine (dcaa_bound.go).
 	wait waitState
+	// backgrounds counts the background subscriptions started,
+	// promotions the inputs that took their corrections and moved to
+	// their replica (dcaa_background.go; readable from any goroutine).
+	backgrounds, promotions atomic.Uint64
 }
 
 // dcaaEvent is an input's event for the machine, or the end of an input
@@ -203,7 +207,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	detectMax := dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name])
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(),
-		DetectMax: detectMax, KeepLimit: t.r.opts.DCAAKeepTuples})
+		DetectMax: detectMax, KeepLimit: t.r.opts.DCAAKeepTuples, Background: !t.r.opts.DCAANoBackground})
 	if err != nil {
 		return nil, err
 	}
@@ -689,7 +693,20 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 					"attempt", a.Attempt, "silences", f.Silences, "doubts", f.Doubts, "detect_limit", d.m.DetectLimit(),
 					"silence_wall", time.Duration(wall-in.health.heard.Load()), "silence_run", time.Duration(in.silence(wall)))
 			}
+			if a.Promoted {
+				// The machine took the input's stable ids up to AfterID
+				// from its background subscription (dcaa_background.go):
+				// the input's, though no main subscription delivered them.
+				t.inputs[a.Input].stableTaken.Store(a.AfterID)
+				d.promotions.Add(1)
+				t.log.Info("DCAA input took a stabilizing upstream replica's corrections in the background and moves to it",
+					"input", t.inputs[a.Input].upstream, "partition", t.inputs[a.Input].upPartition, "replica", a.Replica, "after_id", a.AfterID)
+			}
 			t.inputs[a.Input].retarget(a.Replica, a.AfterID, a.Attempt)
+		case dcaa.SubscribeBackground:
+			d.startBackground(a)
+		case dcaa.StopBackground:
+			d.stopBackground(a)
 		case dcaa.Checkpoint:
 			snap, err := t.op.Snapshot()
 			if err != nil {

@@ -83,6 +83,9 @@ type input struct {
 	// lw watches the lineage of the stable ids taken (DCAA only; see
 	// dcaa_lineage.go), delivery goroutine only.
 	lw lineageWatch
+	// bg is the input's background subscription (dcaa_background.go),
+	// nil when none; the DCAA run goroutine only.
+	bg *bgSub
 }
 
 // buildInputs creates the merger and one input per (port, upstream

@@ -367,6 +367,12 @@ type Options struct {
 	// failure's oldest input goes, and the task's status names the
 	// results its correction could not make exact.
 	DCAAKeepTuples int
+	// DCAANoBackground turns off DCAA's background corrections: an
+	// operator task's input reading a tentative upstream replica no
+	// longer reads another replica beside it to take its corrections
+	// and move to it at its REC_DONE (dcaa.Config.Background). For
+	// comparisons.
+	DCAANoBackground bool
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).
 	BootstrapTimeout time.Duration
