@@ -1258,10 +1258,15 @@ func (m *Machine) choose(i int) int {
 // StartGrace for one subscription.
 const maxGraceDoublings = 3
 
+// maxFreshDoublings bounds the backoff of a subscription that has not
+// delivered yet (silenceLimit): DetectMax doubled at most this often,
+// and never past 8 times StartGrace, as at the start.
+const maxFreshDoublings = 8
+
 // silenceLimit is how long input in may stay silent before it fails:
 // DetectLimit; on a subscription that has not delivered yet, DetectMax
 // doubled for each move for silence in a row of subscriptions that
-// delivered nothing (at most StartGrace); while it has heard nothing
+// delivered nothing (at most 8 times StartGrace); while it has heard nothing
 // since Start, StartGrace, doubled likewise (at most maxGraceDoublings
 // times).
 //
@@ -1277,12 +1282,19 @@ const maxGraceDoublings = 3
 // subscription's time, so one gets the time its set-up takes; the
 // first move from a replica that delivered gets DetectMax, and a
 // replica that is down refuses the subscription, which moves the input
-// at once whatever the limit. A held replica is left within StartGrace
-// (the time a subscription gets at Start) however long the trail.
+// at once whatever the limit. With a cap of StartGrace (1 s for a
+// 100 ms detection timeout) inputs at load 24 still moved about every
+// second for 12 s, each subscription silent for a second: setting one up
+// took longer still. The cap is the start grace's own (8 times
+// StartGrace); it is reached only after a run of subscriptions that all
+// stayed silent, none of which a replica refused: every replica held, or
+// this process starved, when no result waits on the move (buckets go out
+// tentatively after the share whatever the input does), and a held link
+// that heals resumes the subscription waiting on it.
 func (m *Machine) silenceLimit(in *inputState) int64 {
 	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
 		fresh := int64(max(m.DetectLimit(), m.cfg.DetectMax))
-		return min(fresh<<min(in.unheardMoves, maxGraceDoublings), max(fresh, int64(m.cfg.StartGrace)))
+		return min(fresh<<min(in.unheardMoves, maxFreshDoublings), max(fresh, int64(m.cfg.StartGrace)<<maxGraceDoublings))
 	}
 	if in.spoke {
 		return int64(m.DetectLimit())
