@@ -2,6 +2,7 @@ package benchmark
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -17,10 +18,40 @@ import (
 // and the failed replica's stable output equals the reference run's.
 // Figures are not asserted against floors here (a loaded test machine
 // says nothing about them); bench dcaa reports those.
+//
+// The DCAA failure must give tentative results, then corrections. A
+// process short of CPU counts silence only over the time it could run
+// (docs/DATAPLANE.md, failure detection under load), so at load 30 on
+// two cores the 400 ms hold once went unnoticed: 0 tentative, which
+// says nothing of the correction path the test is about. Such a run is
+// inconclusive and runs again, at most three times in all; a product
+// that never goes tentative still fails every one.
 func TestDCAAInProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a reduced benchmark (several seconds)")
 	}
+	for attempt := 1; ; attempt++ {
+		res := dcaaInProcessRun(t)
+		var undetected string
+		for _, r := range res.Rows {
+			if r.Strategy == StrategyDCAA && (r.Tentative == 0 || r.Undos == 0) {
+				undetected = fmt.Sprintf("dcaa, D = 2X: %d tentative, %d UNDO: want tentative results, then corrections", r.Tentative, r.Undos)
+			}
+		}
+		if undetected == "" {
+			return
+		}
+		if attempt == 3 {
+			t.Fatalf("three runs: %s", undetected)
+		}
+		t.Logf("run %d inconclusive (the failure was not detected as such: a loaded machine counts a starved process's silence as starvation): %s; running it again", attempt, undetected)
+	}
+}
+
+// dcaaInProcessRun is one run of TestDCAAInProcess: it checks every
+// figure but the DCAA row's tentative results and UNDOs, which the
+// caller judges.
+func dcaaInProcessRun(t *testing.T) *DCAAResult {
 	var progress bytes.Buffer
 	res, err := RunDCAA(t.Context(), DCAAConfig{
 		X: 200 * time.Millisecond, DOverX: []float64{2}, Warmup: time.Second, Recover: time.Second,
@@ -40,9 +71,6 @@ func TestDCAAInProcess(t *testing.T) {
 		if !r.StableMatchesReference {
 			t.Errorf("%s: stable output differs from the reference: %s", r.Strategy, r.Mismatch)
 		}
-		if r.Strategy == StrategyDCAA && (r.Tentative == 0 || r.Undos == 0) {
-			t.Errorf("dcaa, D = 2X: %d tentative, %d UNDO: want tentative results, then corrections", r.Tentative, r.Undos)
-		}
 	}
 	if res.ReferenceResults == 0 || res.Rate <= 0 || res.K1RecordsPerCPUSec <= 0 || res.K2RecordsPerCPUSec <= 0 || res.K1RecordsPerSec <= 0 || res.K2RecordsPerSec <= 0 {
 		t.Fatalf("a figure is missing: %+v", *res)
@@ -58,6 +86,7 @@ func TestDCAAInProcess(t *testing.T) {
 	if len(res.Floors) == 0 {
 		t.Fatal("no floors checked")
 	}
+	return res
 }
 
 // TestDCAASaturationPlacement: in the overhead runs each replica runs on

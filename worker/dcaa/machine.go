@@ -416,9 +416,11 @@ type inputState struct {
 	// since the last delivery): the delivery that ends it is the end of
 	// a live replica's gap, measured from there.
 	doubtFrom int64
-	// graceMoves counts the moves for silence while the input had heard
-	// nothing since Start: each doubles the start grace (silenceLimit).
-	graceMoves int
+	// unheardMoves counts the moves for silence in a row of
+	// subscriptions that delivered nothing, since the input last
+	// delivered (or since Start): each doubles the time the next
+	// subscription gets before its silence counts (silenceLimit).
+	unheardMoves int
 	// left is the subscription the input left for silence (inputFailed),
 	// until the input delivers on another: a delivery of it that comes
 	// late shows that its replica lived (see lateHeard).
@@ -905,7 +907,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 		}
 		m.gapSeen(m.now - from)
 	}
-	in.heard, in.silent, in.spoke, in.onAttempt, in.doubtFrom = m.now, false, true, true, 0
+	in.heard, in.silent, in.spoke, in.onAttempt, in.doubtFrom, in.unheardMoves = m.now, false, true, true, 0, 0
 	in.left = leftAttempt{}
 	drop := m.dropPoint()
 	ts := ev.Tuples
@@ -1156,8 +1158,8 @@ func (m *Machine) inputFailed(i int, acts []Action) []Action {
 		return acts
 	}
 	m.silences++
-	if !in.spoke {
-		in.graceMoves++
+	if !in.onAttempt && in.doubtFrom == 0 {
+		in.unheardMoves++ // its subscription never delivered
 	}
 	in.silent = true
 	in.suspect[in.replica] = m.now
@@ -1284,33 +1286,48 @@ func (m *Machine) choose(i int) int {
 // StartGrace for one subscription.
 const maxGraceDoublings = 3
 
+// maxFreshDoublings bounds the backoff of a subscription that has not
+// delivered yet (silenceLimit): DetectMax doubled at most this often,
+// and never past 8 times StartGrace, as at the start.
+const maxFreshDoublings = 8
+
 // silenceLimit is how long input in may stay silent before it fails:
-// DetectLimit (DetectMax on a subscription not heard yet), or while it
-// has heard nothing since Start, StartGrace,
-// doubled for each move it made for silence since (at most
-// maxGraceDoublings times). An input that has heard no replica at all
-// says little about either: under load (36 on two cores, nine workers
-// and a coordinator in one process) setting up a subscription took
-// longer than the grace, every aggregate input moved every second for
-// 18 s, each move cancelling the subscription about to deliver, and
-// none heard its sources. A replica that is down refuses the
-// subscription, which moves the input at once whatever the grace.
+// DetectLimit; on a subscription that has not delivered yet, DetectMax
+// doubled for each move for silence in a row of subscriptions that
+// delivered nothing (at most 8 times StartGrace); while it has heard nothing
+// since Start, StartGrace, doubled likewise (at most maxGraceDoublings
+// times).
+//
+// A subscription just made waits for its replica's first batch or
+// heartbeat: setting it up takes as long as this process is slow, and
+// on a process short of CPU that is longer than any fixed timeout.
+// Moving at that timeout cancelled the subscription about to deliver,
+// and the next one fared no better: at load 36 on two cores (nine
+// workers and a coordinator in one process) every aggregate input
+// moved every second for 18 s, hearing none of its sources, and at load
+// 40 an input moved between a held replica and a live one every
+// 400 ms, hearing neither. Each silent move doubles the next
+// subscription's time, so one gets the time its set-up takes; the
+// first move from a replica that delivered gets DetectMax, and a
+// replica that is down refuses the subscription, which moves the input
+// at once whatever the limit. With a cap of StartGrace (1 s for a
+// 100 ms detection timeout) inputs at load 24 still moved about every
+// second for 12 s, each subscription silent for a second: setting one up
+// took longer still. The cap is the start grace's own (8 times
+// StartGrace); it is reached only after a run of subscriptions that all
+// stayed silent, none of which a replica refused: every replica held, or
+// this process starved, when no result waits on the move (buckets go out
+// tentatively after the share whatever the input does), and a held link
+// that heals resumes the subscription waiting on it.
 func (m *Machine) silenceLimit(in *inputState) int64 {
 	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
-		// A subscription that has not delivered yet (just made: its
-		// replica's first batch or heartbeat is on its way) gets the
-		// longest stretch, DetectMax: setting it up takes as long as
-		// this process is slow, and at load 40 on two cores it took
-		// longer than the unstretched timeout: the input moved between
-		// a held replica and a live one every 400 ms, hearing neither,
-		// for seconds. A replica that is down refuses the subscription
-		// at once.
-		return int64(max(m.DetectLimit(), m.cfg.DetectMax))
+		fresh := int64(max(m.DetectLimit(), m.cfg.DetectMax))
+		return min(fresh<<min(in.unheardMoves, maxFreshDoublings), max(fresh, int64(m.cfg.StartGrace)<<maxGraceDoublings))
 	}
 	if in.spoke {
 		return int64(m.DetectLimit())
 	}
-	return max(int64(m.cfg.StartGrace)<<min(in.graceMoves, maxGraceDoublings), int64(m.cfg.DetectMax))
+	return max(int64(m.cfg.StartGrace)<<min(in.unheardMoves, maxGraceDoublings), int64(m.cfg.DetectMax))
 }
 
 // gapStretch is how many times the longest recent gap between two

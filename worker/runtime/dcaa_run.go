@@ -1028,7 +1028,19 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 	// ran is the last attempt subscribed: the machine's AfterID is where
 	// that attempt starts, not where a retry of it resumes.
 	var ran uint64
+	// refused counts the subscriptions in a row that failed without
+	// delivering anything (reported to the machine as
+	// SubscriptionFailed). The machine moves at once to another replica
+	// on such a failure (a killed replica costs no wait); when that one
+	// refuses too, the next attempt waits the backoff first. Before, two
+	// replicas refusing at once (a copy's upstreams not ready for it yet)
+	// made the input subscribe about 1800 times a second, each refusal
+	// retargeting it at once, in a process already short of CPU.
+	refused := 0
 	for ctx.Err() == nil {
+		if refused >= 2 && !sleepCtx(ctx, backoff.Next()) {
+			return
+		}
 		// A wake-up posted before the target is read below is for that
 		// target: drained, it cannot later run the same attempt again at
 		// once, as if the machine had retargeted (a retarget after the
@@ -1112,6 +1124,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 			}
 			if progressed {
 				backoff.Reset()
+				refused = 0
 			}
 		}
 		if ctx.Err() != nil {
@@ -1123,6 +1136,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 		if retargeted {
 			continue // the machine chose another replica meanwhile
 		}
+		refused++
 		log.Debug("subscription failed; the machine chooses again", "err", err, "replica", tg.replica)
 		if d.post(ctx, dcaaEvent{ev: dcaa.SubscriptionFailed{Input: in.idx, Attempt: tg.attempt}, ended: -1}) != nil {
 			return

@@ -68,8 +68,11 @@ func startWorkerOpts(t testing.TB, pool *dataplane.Pool, opts Options) *worker {
 		t.Fatal(err)
 	}
 	level := slog.LevelWarn
-	if os.Getenv("FEDSTREAM_TEST_LOG") == "info" {
+	switch os.Getenv("FEDSTREAM_TEST_LOG") {
+	case "info":
 		level = slog.LevelInfo
+	case "debug":
+		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	opts.Logger = log
@@ -226,11 +229,26 @@ func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 			return out
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("tail %s: %v (states %v)", sinkTask, err, c.states())
+			var last tuple.Tuple
+			if len(out) > 0 {
+				last = out[len(out)-1]
+			}
+			t.Fatalf("tail %s: %v after %d tuples (the last %v at %d) (states %v) (stats %v)", sinkTask, err, len(out), last.Type, last.STime, c.states(), c.stats())
 		}
 		// The sink may not be started yet: retry.
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// stats is every task's figures (for a failure's message).
+func (c *cluster) stats() []string {
+	var all []string
+	for _, w := range c.workers {
+		for _, s := range w.rt.Stats() {
+			all = append(all, fmt.Sprintf("%s: in %d out %d queue %d gate %+v", s.TaskID, s.InTuples, s.OutTuples, s.Queue, s.Gate))
+		}
+	}
+	return all
 }
 
 func (c *cluster) states() []TaskState {
