@@ -151,6 +151,9 @@ type Subscriber struct {
 	// stableResume: the next Run's or RunLocal's resume point is the
 	// consumer's last stable id, not a position (ResumeAfterStable).
 	stableResume atomic.Bool
+	// resumeTag: the lineage of the stable id resumed after
+	// (ResumeAfterStableTagged), set and read between Runs only.
+	resumeTag StableTag
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -207,7 +210,17 @@ func (s *Subscriber) ResumeAfter(id uint64) {
 // is delivered, the subscriber resumes by position again (on the same
 // replica, a retry must not get the tail twice). Not while Run runs.
 func (s *Subscriber) ResumeAfterStable(sid uint64) {
-	s.last.Store(sid)
+	s.ResumeAfterStableTagged(StableTag{ID: sid})
+}
+
+// ResumeAfterStableTagged is ResumeAfterStable after g.ID, stating its
+// lineage and stream time (g.Known): a replica numbering its stable ids
+// otherwise takes the resumption as an acknowledgement by stream time
+// only (OutputBuffer.TaggedPosition), not of the positions up to g.ID.
+// Not while Run runs.
+func (s *Subscriber) ResumeAfterStableTagged(g StableTag) {
+	s.last.Store(g.ID)
+	s.resumeTag = g
 	s.stableResume.Store(true)
 }
 
@@ -316,6 +329,9 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 	after := s.last.Load()
 	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck, DataplaneLevel: s.level,
 		ResumeStable: s.stableResume.Load() && !s.noAck}
+	if open.ResumeStable {
+		s.resumeTag.setOn(open)
+	}
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
@@ -442,11 +458,18 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 	if !s.noAck && start > 0 {
 		buf.NoteHeld(start) // as Server.Subscribe
 	}
+	from := start // the start's acknowledgement, below
 	if s.stableResume.Swap(false) && !s.noAck {
 		// As Server.Subscribe; from here on a position of buf.
 		s.last.Store(buf.ResumePosition(start))
+		from = s.last.Load()
+		if g := s.resumeTag; g.Known {
+			if p, same := buf.TaggedPosition(g); !same {
+				from = p
+			}
+		}
 	}
-	from := s.last.Load()
+	at := s.last.Load()
 	namedSent := false // the first batch carries the stream's named ranges (Batch.Named)
 	for {
 		if !s.noAck && (buf.endedBefore(start) || buf.endDiscardedAfter(s.last.Load())) {
@@ -456,10 +479,11 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
 		}
-		if count == 0 && !s.noAck && from > 0 && s.last.Load() == from {
+		if count == 0 && !s.noAck && at > 0 && s.last.Load() == at {
 			// As Server.Subscribe: the position this subscription
 			// starts from is its acknowledgement (clamped) while this
-			// replica is behind it.
+			// replica is behind it; by stream time when it resumes by
+			// stable id of another lineage (TaggedPosition).
 			buf.Ack(s.name, from)
 		}
 		if count == 0 {
@@ -540,14 +564,30 @@ const (
 // is a stable id (a DCAA consumer), which the upstream maps to its own
 // position of it (SubscribeRequest.ack_stable).
 func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, stable bool, progress func() uint64) error {
+	return RelayAcksTagged(ctx, conn, ref, name, stable, untagged(progress))
+}
+
+// untagged makes a progress function of ids a tagged one that states no
+// lineage.
+func untagged(progress func() uint64) func() (uint64, StableTag) {
+	return func() (uint64, StableTag) { return progress(), StableTag{} }
+}
+
+// RelayAcksTagged is RelayAcks for a DCAA consumer (stable) that knows
+// the lineage of its stable ids: progress returns the id to acknowledge
+// (what an older server applies) and the tag (StableTag) a server of this
+// build applies instead when it is known (OutputBuffer.TaggedPosition).
+func RelayAcksTagged(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, stable bool, progress func() (uint64, StableTag)) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(rctx)
 	if err != nil {
 		return err
 	}
-	last := progress()
-	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckStable: stable, AckId: last}); err != nil {
+	last, tag := progress()
+	open := &fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckStable: stable, AckId: last}
+	tag.setOn(open)
+	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
 	// The server sends nothing on an ack-only subscription: a Recv
@@ -573,32 +613,38 @@ func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstrea
 			}
 			return err
 		case now := <-ticker.C:
-			id := progress()
-			if id == last && now.Sub(lastSent) < relayRefresh {
+			id, g := progress()
+			if id == last && g == tag && now.Sub(lastSent) < relayRefresh {
 				continue
 			}
+			msg.Reset()
 			msg.AckId = id
+			g.setOn(msg)
 			if err := stream.Send(msg); err != nil {
 				cancel()
 				err = <-ended
 				return err
 			}
-			last, lastSent = id, now
+			last, tag, lastSent = id, g, now
 		}
 	}
 }
 
 // RelayAcksLocal is RelayAcks for an upstream replica in this process.
 func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, stable bool, progress func() uint64) error {
+	return RelayAcksLocalTagged(ctx, buf, name, stable, untagged(progress))
+}
+
+// RelayAcksLocalTagged is RelayAcksTagged for an upstream replica in
+// this process.
+func RelayAcksLocalTagged(ctx context.Context, buf *OutputBuffer, name string, stable bool, progress func() (uint64, StableTag)) error {
 	buf.Connect(name)
 	defer buf.Disconnect(name)
 	ticker := time.NewTicker(relayEvery)
 	defer ticker.Stop()
 	for {
-		id := progress()
-		if stable {
-			id = buf.RelayedPosition(id)
-		}
+		id, g := progress()
+		id = buf.relayedPosition(stable, id, g)
 		buf.NoteHeld(id)  // as Server.Subscribe's relay
 		buf.Ack(name, id) // clamped, cheap: every time
 		select {
