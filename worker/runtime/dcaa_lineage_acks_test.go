@@ -30,15 +30,7 @@ import (
 // from there, naming only the copy's own record.
 func TestDCAAAcksOfAnotherLineageDiscardNothing(t *testing.T) {
 	forSinkKinds(t, "", func(t *testing.T, r *sinkRig) {
-		ms := func(n int64) int64 { return n * int64(time.Millisecond) }
-		st := func(at, v int64) tuple.Tuple {
-			return tuple.Tuple{Type: tuple.Stable, STime: ms(at), Values: []tuple.Value{tuple.Int(v)}}
-		}
-		bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: ms(at)} }
-		var exact []tuple.Tuple
-		for at := int64(1); at <= 9; at++ {
-			exact = append(exact, st(at*10, at), bd(at*10+5))
-		}
+		ms, st, bd, exact := msWindows()
 		// The lost copy (the shared numbering): the sink takes it up to
 		// the boundary at 35 ms (stable id 6).
 		r.fake.put(t, r.up0, dataplane.BufferOptions{ExpectedSubscribers: 2, Lease: time.Hour}, 0, exact[:6]...)
