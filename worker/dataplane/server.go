@@ -361,9 +361,17 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 		buf.NoteHeld(id) // the subscriber took it from a peer replica
 		buf.Ack(key, id)
 	}
-	if a := (relayedAck{first.AckId, tagOf(first)}); a.id > 0 || a.tag.Known {
-		apply(a)
+	// last is the latest acknowledgement, applied again every
+	// relayRefresh: clamped to what this replica had produced when it
+	// came (a replica behind the one the subscriber reads), it takes the
+	// rest as this replica catches up, without the subscriber repeating
+	// it over the network (see relayRepeat).
+	last := relayedAck{first.AckId, tagOf(first)}
+	if last.id > 0 || last.tag.Known {
+		apply(last)
 	}
+	refresh := time.NewTicker(relayRefresh)
+	defer refresh.Stop()
 	// Recv fails once this handler has returned, which ends the reader.
 	acks := make(chan relayedAck)
 	recvErr := make(chan error, 1)
@@ -388,7 +396,12 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 		select {
 		case a := <-acks:
 			if a.id > 0 || a.tag.Known {
+				last = a
 				apply(a)
+			}
+		case <-refresh.C:
+			if last.id > 0 || last.tag.Known {
+				apply(last)
 			}
 		case err := <-recvErr:
 			return err

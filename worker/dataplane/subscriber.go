@@ -119,6 +119,17 @@ var decodedBatches, freshBatches atomic.Uint64
 // and tests.
 func DecodeStats() (batches, fresh uint64) { return decodedBatches.Load(), freshBatches.Load() }
 
+// relaySends counts the acknowledgements this process's ack relays sent
+// over the network (RelayAcks; a relay to a replica in this process sends
+// none). See RelaySends.
+var relaySends atomic.Uint64
+
+// RelaySends reports how many relayed acknowledgements this process sent
+// over the network: one message each, which costs the relaying and the
+// serving worker gRPC work whatever it carries. For diagnostics and
+// benchmarks (BenchmarkDCAAOverhead's relay-msgs/op).
+func RelaySends() uint64 { return relaySends.Load() }
+
 // DeliverFunc consumes one batch; the batch is the consumer's from then
 // on (the subscriber does not touch it again), so it may Release it,
 // during the call or later. It may block (that is flow control: the
@@ -547,12 +558,28 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 }
 
 // A relay sends its subscriber's progress when it moved, looking every
-// relayEvery, and repeats it every relayRefresh even when it did not: an
-// upstream replica behind the one read from clamps the acknowledgement to
-// what it has produced, and takes the rest from a later repetition.
+// relayEvery. An upstream replica behind the one read from clamps the
+// acknowledgement to what it has produced, and takes the rest from a
+// repetition: the serving worker applies the last one again every
+// relayRefresh (Server.relayed), and the relay repeats an unchanged one
+// over the network only every relayRepeat, for a worker of an older
+// build, which does not. A relay to a replica in this process applies it
+// every relayEvery.
+//
+// Until session 18 the relay itself repeated it every relayRefresh: in
+// BenchmarkDCAAOverhead the relays then sent 1244-1378 messages per run
+// of the k=2 query (about 810 since), most of the difference unchanged
+// repetitions from relays whose consumer had not moved, against about
+// 470 data batches and their acknowledgements per run of the k=1 copies
+// (and 290 batches, 200 acknowledgements, 410 heartbeats of k=2's); each
+// is a frame written and read with a system call on both workers for a
+// few bytes, the largest cost replication added outside the operators
+// and the DCAA machine. (Looking every 50 ms instead of 20 cut them to
+// about 700 more: not worth the slower flow control.)
 const (
 	relayEvery   = 20 * time.Millisecond
 	relayRefresh = 250 * time.Millisecond
+	relayRepeat  = 2 * time.Second
 )
 
 // RelayAcks keeps an ack-only subscription to ref over conn under name,
@@ -614,7 +641,7 @@ func RelayAcksTagged(ctx context.Context, conn grpc.ClientConnInterface, ref *fe
 			return err
 		case now := <-ticker.C:
 			id, g := progress()
-			if id == last && g == tag && now.Sub(lastSent) < relayRefresh {
+			if id == last && g == tag && now.Sub(lastSent) < relayRepeat {
 				continue
 			}
 			msg.Reset()
@@ -625,6 +652,7 @@ func RelayAcksTagged(ctx context.Context, conn grpc.ClientConnInterface, ref *fe
 				err = <-ended
 				return err
 			}
+			relaySends.Add(1)
 			last, tag, lastSent = id, g, now
 		}
 	}
