@@ -3035,6 +3035,27 @@ type SubscribeRequest struct {
 	// positions for every relaying consumer for good, and blocked once
 	// they were more than its buffer's bound).
 	AckStable bool `protobuf:"varint,660,opt,name=ack_stable,json=ackStable,proto3" json:"ack_stable,omitempty"`
+	// ---- acknowledgements in a lineage (issue 10, session 18): which
+	// numbering a DCAA consumer's stable ids count in, on the first request
+	// of a data subscription that resumes by stable id (resume_stable) and
+	// on every request of an ack-only subscription relaying stable ids
+	// (ack_stable). Present (stable_taken set): the consumer took stable ids
+	// up to stable_taken in lineage taken_lineage (diverged after
+	// taken_lineage_since; 0, 0: the shared numbering; see Batch.lineage),
+	// the last of them at stream time taken_stime (math.MinInt64: none yet).
+	// A buffer of another lineage takes it, past the ids both numberings
+	// share, by stream time only: up to its last stable tuple or boundary
+	// before taken_stime, what such a consumer would drop as taken if it
+	// realigned onto it, never by the id (which means other results there:
+	// taken as a position it discarded the first results of a copy started
+	// without state before the reader that needed them came). ack_id stays
+	// what an older server applies (everything, for a consumer that took an
+	// UNCORRECTABLE record). Absent (an older build): ack_id and after_id as
+	// before.
+	StableTaken       *uint64 `protobuf:"varint,646,opt,name=stable_taken,json=stableTaken,proto3,oneof" json:"stable_taken,omitempty"`
+	TakenLineage      uint64  `protobuf:"varint,647,opt,name=taken_lineage,json=takenLineage,proto3" json:"taken_lineage,omitempty"`
+	TakenLineageSince uint64  `protobuf:"varint,648,opt,name=taken_lineage_since,json=takenLineageSince,proto3" json:"taken_lineage_since,omitempty"`
+	TakenStime        int64   `protobuf:"zigzag64,649,opt,name=taken_stime,json=takenStime,proto3" json:"taken_stime,omitempty"`
 	// ---- resuming into a tentative tail (issue 10, helper s14-tentresume)
 	// On a data subscription: after_id is the subscriber's last stable id
 	// (a DCAA operator input moving between replicas), not a position of
@@ -3140,6 +3161,34 @@ func (x *SubscribeRequest) GetAckStable() bool {
 		return x.AckStable
 	}
 	return false
+}
+
+func (x *SubscribeRequest) GetStableTaken() uint64 {
+	if x != nil && x.StableTaken != nil {
+		return *x.StableTaken
+	}
+	return 0
+}
+
+func (x *SubscribeRequest) GetTakenLineage() uint64 {
+	if x != nil {
+		return x.TakenLineage
+	}
+	return 0
+}
+
+func (x *SubscribeRequest) GetTakenLineageSince() uint64 {
+	if x != nil {
+		return x.TakenLineageSince
+	}
+	return 0
+}
+
+func (x *SubscribeRequest) GetTakenStime() int64 {
+	if x != nil {
+		return x.TakenStime
+	}
+	return 0
 }
 
 func (x *SubscribeRequest) GetResumeStable() bool {
@@ -7755,7 +7804,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x06tuples\x18\x03 \x01(\x03R\x06tuples\"Y\n" +
 	"\x12QueryStatsResponse\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12-\n" +
-	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\xcd\x02\n" +
+	"\x05tasks\x18\x02 \x03(\v2\x17.fedstream.v1.TaskStatsR\x05tasks\"\x80\x04\n" +
 	"\x10SubscribeRequest\x12/\n" +
 	"\x06stream\x18\x01 \x01(\v2\x17.fedstream.v1.StreamRefR\x06stream\x12\x19\n" +
 	"\bafter_id\x18\x02 \x01(\x04R\aafterId\x12\x1e\n" +
@@ -7767,10 +7816,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\back_only\x18\n" +
 	" \x01(\bR\aackOnly\x12\x1e\n" +
 	"\n" +
-	"ack_stable\x18\x94\x05 \x01(\bR\tackStable\x12$\n" +
+	"ack_stable\x18\x94\x05 \x01(\bR\tackStable\x12'\n" +
+	"\fstable_taken\x18\x86\x05 \x01(\x04H\x00R\vstableTaken\x88\x01\x01\x12$\n" +
+	"\rtaken_lineage\x18\x87\x05 \x01(\x04R\ftakenLineage\x12/\n" +
+	"\x13taken_lineage_since\x18\x88\x05 \x01(\x04R\x11takenLineageSince\x12 \n" +
+	"\vtaken_stime\x18\x89\x05 \x01(\x12R\n" +
+	"takenStime\x12$\n" +
 	"\rresume_stable\x18\x81\x05 \x01(\bR\fresumeStable\x12\x14\n" +
 	"\x05leave\x18x \x01(\bR\x05leave\x12(\n" +
-	"\x0fdataplane_level\x18\xd8\x03 \x01(\x05R\x0edataplaneLevel\"\x94\x01\n" +
+	"\x0fdataplane_level\x18\xd8\x03 \x01(\x05R\x0edataplaneLevelB\x0f\n" +
+	"\r_stable_taken\"\x94\x01\n" +
 	"\tStreamRef\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1c\n" +
@@ -8416,6 +8471,7 @@ func file_fedstream_proto_init() {
 		return
 	}
 	file_fedstream_proto_msgTypes[11].OneofWrappers = []any{}
+	file_fedstream_proto_msgTypes[37].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

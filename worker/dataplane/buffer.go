@@ -213,6 +213,9 @@ type OutputBuffer struct {
 	// named: the ranges of the UNCORRECTABLE records put on the stream
 	// (NoteUncorrectable), the latest maxNamedRanges.
 	named [][2]int64
+	// stScan: where the last scan by stream time stopped (tagged.go),
+	// under mu.
+	stScan stScan
 	// wanted is the highest id an acknowledging subscriber is known to
 	// hold already: the position a data subscription resumed after, or a
 	// relayed acknowledgement (NoteHeld). Kept apart from the

@@ -304,9 +304,16 @@ func CoveredByStable(st, lastST int64, boundary bool) bool {
 // for it: once the buffer is full (an Append waits for room), the next
 // relayed acknowledgement gives the tail up, as before.
 func (b *OutputBuffer) RelayedPosition(sid uint64) uint64 {
+	return b.relayedPositionIn(sid, false)
+}
+
+// relayedPositionIn is RelayedPosition; sameLineage: the consumer states
+// that its stable ids are this stream's (a StableTag of its lineage),
+// so that past a divergence too sid is taken by id.
+func (b *OutputBuffer) relayedPositionIn(sid uint64, sameLineage bool) uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.lineage != 0 && sid > b.lineageSince {
+	if !sameLineage && b.lineage != 0 && sid > b.lineageSince {
 		return sid
 	}
 	p := b.positionOfStableLocked(sid)

@@ -193,7 +193,7 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 		defer buf.Disconnect(key)
 	}
 	if first.AckOnly {
-		return s.relayed(stream, buf, key, first.AckId, first.AckStable)
+		return s.relayed(stream, buf, key, first)
 	}
 	if !first.NoAck && first.AfterId > 0 {
 		// A consumer resuming: it holds the stream up to AfterId (a
@@ -278,8 +278,18 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 				// everything up to AfterId, which is its acknowledgement
 				// here too (clamped to what this replica produced), or
 				// a full buffer would wait forever for an ack of tuples
-				// it never sends.
-				buf.Ack(key, after)
+				// it never sends. By stable id of another lineage
+				// (tag), it holds what it holds by stream time instead
+				// (TaggedPosition): taken as a position, the id
+				// discarded a restarted copy's first results before
+				// this subscriber realigned onto them.
+				ack := after
+				if tag := tagOf(first); first.ResumeStable && tag.Known {
+					if p, same := buf.TaggedPosition(tag); !same {
+						ack = p
+					}
+				}
+				buf.Ack(key, ack)
 			}
 			var hb <-chan time.Time
 			stop := func() bool { return false }
@@ -342,20 +352,28 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 
 // relayed serves an ack-only subscription: it applies the subscriber's
 // acknowledgements (the buffer clamps them to its last id) until the
-// subscriber half-closes (nil) or goes away.
-func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, ack uint64, stable bool) error {
-	apply := func(id uint64) {
-		if stable {
-			id = buf.RelayedPosition(id)
-		}
+// subscriber half-closes (nil) or goes away. Stable ids (first.AckStable)
+// tagged with their lineage are taken by TaggedPosition.
+func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *OutputBuffer, key string, first *fedstreampb.SubscribeRequest) error {
+	stable := first.AckStable
+	apply := func(a relayedAck) {
+		id := buf.relayedPosition(stable, a.id, a.tag)
 		buf.NoteHeld(id) // the subscriber took it from a peer replica
 		buf.Ack(key, id)
 	}
-	if ack > 0 {
-		apply(ack)
+	// last is the latest acknowledgement, applied again every
+	// relayRefresh: clamped to what this replica had produced when it
+	// came (a replica behind the one the subscriber reads), it takes the
+	// rest as this replica catches up, without the subscriber repeating
+	// it over the network (see relayRepeat).
+	last := relayedAck{first.AckId, tagOf(first)}
+	if last.id > 0 || last.tag.Known {
+		apply(last)
 	}
+	refresh := time.NewTicker(relayRefresh)
+	defer refresh.Stop()
 	// Recv fails once this handler has returned, which ends the reader.
-	acks := make(chan uint64)
+	acks := make(chan relayedAck)
 	recvErr := make(chan error, 1)
 	go func() {
 		for {
@@ -368,7 +386,7 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 				return
 			}
 			select {
-			case acks <- req.AckId:
+			case acks <- relayedAck{req.AckId, tagOf(req)}:
 			case <-stream.Context().Done():
 				return
 			}
@@ -376,9 +394,14 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 	}()
 	for {
 		select {
-		case id := <-acks:
-			if id > 0 {
-				apply(id)
+		case a := <-acks:
+			if a.id > 0 || a.tag.Known {
+				last = a
+				apply(a)
+			}
+		case <-refresh.C:
+			if last.id > 0 || last.tag.Known {
+				apply(last)
 			}
 		case err := <-recvErr:
 			return err
@@ -388,6 +411,13 @@ func (s *Server) relayed(stream fedstreampb.DataPlane_SubscribeServer, buf *Outp
 			return stream.Context().Err()
 		}
 	}
+}
+
+// relayedAck is one acknowledgement of an ack-only subscription: its
+// ack_id and, from a consumer of this build, its tag.
+type relayedAck struct {
+	id  uint64
+	tag StableTag
 }
 
 // subscriberKey is the name acknowledgements are accounted under. When the

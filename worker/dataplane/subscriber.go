@@ -119,6 +119,17 @@ var decodedBatches, freshBatches atomic.Uint64
 // and tests.
 func DecodeStats() (batches, fresh uint64) { return decodedBatches.Load(), freshBatches.Load() }
 
+// relaySends counts the acknowledgements this process's ack relays sent
+// over the network (RelayAcks; a relay to a replica in this process sends
+// none). See RelaySends.
+var relaySends atomic.Uint64
+
+// RelaySends reports how many relayed acknowledgements this process sent
+// over the network: one message each, which costs the relaying and the
+// serving worker gRPC work whatever it carries. For diagnostics and
+// benchmarks (BenchmarkDCAAOverhead's relay-msgs/op).
+func RelaySends() uint64 { return relaySends.Load() }
+
 // DeliverFunc consumes one batch; the batch is the consumer's from then
 // on (the subscriber does not touch it again), so it may Release it,
 // during the call or later. It may block (that is flow control: the
@@ -151,6 +162,9 @@ type Subscriber struct {
 	// stableResume: the next Run's or RunLocal's resume point is the
 	// consumer's last stable id, not a position (ResumeAfterStable).
 	stableResume atomic.Bool
+	// resumeTag: the lineage of the stable id resumed after
+	// (ResumeAfterStableTagged), set and read between Runs only.
+	resumeTag StableTag
 }
 
 // NewSubscriber prepares a subscription to ref that will resume after
@@ -207,7 +221,17 @@ func (s *Subscriber) ResumeAfter(id uint64) {
 // is delivered, the subscriber resumes by position again (on the same
 // replica, a retry must not get the tail twice). Not while Run runs.
 func (s *Subscriber) ResumeAfterStable(sid uint64) {
-	s.last.Store(sid)
+	s.ResumeAfterStableTagged(StableTag{ID: sid})
+}
+
+// ResumeAfterStableTagged is ResumeAfterStable after g.ID, stating its
+// lineage and stream time (g.Known): a replica numbering its stable ids
+// otherwise takes the resumption as an acknowledgement by stream time
+// only (OutputBuffer.TaggedPosition), not of the positions up to g.ID.
+// Not while Run runs.
+func (s *Subscriber) ResumeAfterStableTagged(g StableTag) {
+	s.last.Store(g.ID)
+	s.resumeTag = g
 	s.stableResume.Store(true)
 }
 
@@ -316,6 +340,9 @@ func (s *Subscriber) Run(ctx context.Context, conn grpc.ClientConnInterface, del
 	after := s.last.Load()
 	open := &fedstreampb.SubscribeRequest{Stream: s.ref, AfterId: after, Subscriber: s.name, NoAck: s.noAck, DataplaneLevel: s.level,
 		ResumeStable: s.stableResume.Load() && !s.noAck}
+	if open.ResumeStable {
+		s.resumeTag.setOn(open)
+	}
 	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
@@ -442,11 +469,18 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 	if !s.noAck && start > 0 {
 		buf.NoteHeld(start) // as Server.Subscribe
 	}
+	from := start // the start's acknowledgement, below
 	if s.stableResume.Swap(false) && !s.noAck {
 		// As Server.Subscribe; from here on a position of buf.
 		s.last.Store(buf.ResumePosition(start))
+		from = s.last.Load()
+		if g := s.resumeTag; g.Known {
+			if p, same := buf.TaggedPosition(g); !same {
+				from = p
+			}
+		}
 	}
-	from := s.last.Load()
+	at := s.last.Load()
 	namedSent := false // the first batch carries the stream's named ranges (Batch.Named)
 	for {
 		if !s.noAck && (buf.endedBefore(start) || buf.endDiscardedAfter(s.last.Load())) {
@@ -456,10 +490,11 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 		if err != nil {
 			return fmt.Errorf("dataplane: local stream %s/%s: %w", s.ref.Query, s.ref.TaskId, err)
 		}
-		if count == 0 && !s.noAck && from > 0 && s.last.Load() == from {
+		if count == 0 && !s.noAck && at > 0 && s.last.Load() == at {
 			// As Server.Subscribe: the position this subscription
 			// starts from is its acknowledgement (clamped) while this
-			// replica is behind it.
+			// replica is behind it; by stream time when it resumes by
+			// stable id of another lineage (TaggedPosition).
 			buf.Ack(s.name, from)
 		}
 		if count == 0 {
@@ -523,12 +558,28 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 }
 
 // A relay sends its subscriber's progress when it moved, looking every
-// relayEvery, and repeats it every relayRefresh even when it did not: an
-// upstream replica behind the one read from clamps the acknowledgement to
-// what it has produced, and takes the rest from a later repetition.
+// relayEvery. An upstream replica behind the one read from clamps the
+// acknowledgement to what it has produced, and takes the rest from a
+// repetition: the serving worker applies the last one again every
+// relayRefresh (Server.relayed), and the relay repeats an unchanged one
+// over the network only every relayRepeat, for a worker of an older
+// build, which does not. A relay to a replica in this process applies it
+// every relayEvery.
+//
+// Until session 18 the relay itself repeated it every relayRefresh: in
+// BenchmarkDCAAOverhead the relays then sent 1244-1378 messages per run
+// of the k=2 query (about 810 since), most of the difference unchanged
+// repetitions from relays whose consumer had not moved, against about
+// 470 data batches and their acknowledgements per run of the k=1 copies
+// (and 290 batches, 200 acknowledgements, 410 heartbeats of k=2's); each
+// is a frame written and read with a system call on both workers for a
+// few bytes, the largest cost replication added outside the operators
+// and the DCAA machine. (Looking every 50 ms instead of 20 cut them to
+// about 700 more: not worth the slower flow control.)
 const (
 	relayEvery   = 20 * time.Millisecond
 	relayRefresh = 250 * time.Millisecond
+	relayRepeat  = 2 * time.Second
 )
 
 // RelayAcks keeps an ack-only subscription to ref over conn under name,
@@ -540,14 +591,30 @@ const (
 // is a stable id (a DCAA consumer), which the upstream maps to its own
 // position of it (SubscribeRequest.ack_stable).
 func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, stable bool, progress func() uint64) error {
+	return RelayAcksTagged(ctx, conn, ref, name, stable, untagged(progress))
+}
+
+// untagged makes a progress function of ids a tagged one that states no
+// lineage.
+func untagged(progress func() uint64) func() (uint64, StableTag) {
+	return func() (uint64, StableTag) { return progress(), StableTag{} }
+}
+
+// RelayAcksTagged is RelayAcks for a DCAA consumer (stable) that knows
+// the lineage of its stable ids: progress returns the id to acknowledge
+// (what an older server applies) and the tag (StableTag) a server of this
+// build applies instead when it is known (OutputBuffer.TaggedPosition).
+func RelayAcksTagged(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstreampb.StreamRef, name string, stable bool, progress func() (uint64, StableTag)) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(rctx)
 	if err != nil {
 		return err
 	}
-	last := progress()
-	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckStable: stable, AckId: last}); err != nil {
+	last, tag := progress()
+	open := &fedstreampb.SubscribeRequest{Stream: ref, Subscriber: name, AckOnly: true, AckStable: stable, AckId: last}
+	tag.setOn(open)
+	if err := stream.Send(open); err != nil {
 		return recvError(stream, err)
 	}
 	// The server sends nothing on an ack-only subscription: a Recv
@@ -573,32 +640,39 @@ func RelayAcks(ctx context.Context, conn grpc.ClientConnInterface, ref *fedstrea
 			}
 			return err
 		case now := <-ticker.C:
-			id := progress()
-			if id == last && now.Sub(lastSent) < relayRefresh {
+			id, g := progress()
+			if id == last && g == tag && now.Sub(lastSent) < relayRepeat {
 				continue
 			}
+			msg.Reset()
 			msg.AckId = id
+			g.setOn(msg)
 			if err := stream.Send(msg); err != nil {
 				cancel()
 				err = <-ended
 				return err
 			}
-			last, lastSent = id, now
+			relaySends.Add(1)
+			last, tag, lastSent = id, g, now
 		}
 	}
 }
 
 // RelayAcksLocal is RelayAcks for an upstream replica in this process.
 func RelayAcksLocal(ctx context.Context, buf *OutputBuffer, name string, stable bool, progress func() uint64) error {
+	return RelayAcksLocalTagged(ctx, buf, name, stable, untagged(progress))
+}
+
+// RelayAcksLocalTagged is RelayAcksTagged for an upstream replica in
+// this process.
+func RelayAcksLocalTagged(ctx context.Context, buf *OutputBuffer, name string, stable bool, progress func() (uint64, StableTag)) error {
 	buf.Connect(name)
 	defer buf.Disconnect(name)
 	ticker := time.NewTicker(relayEvery)
 	defer ticker.Stop()
 	for {
-		id := progress()
-		if stable {
-			id = buf.RelayedPosition(id)
-		}
+		id, g := progress()
+		id = buf.relayedPosition(stable, id, g)
 		buf.NoteHeld(id)  // as Server.Subscribe's relay
 		buf.Ack(name, id) // clamped, cheap: every time
 		select {

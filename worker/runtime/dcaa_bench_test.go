@@ -23,6 +23,9 @@ import (
 //
 //	go test -run '^$' -bench DCAAOverhead -count 5 ./worker/runtime/
 //
+// relay-msgs/op counts the acknowledgements the ack relays sent over the
+// network (a gRPC message each; none with k=1).
+//
 // tentative/op counts the tentative results k=2's sinks gave (a starved
 // upstream taken for a failed one); a run with them measured corrections
 // too.
@@ -140,10 +143,11 @@ sinks:
 	// first of the sub-benchmarks would otherwise pay alone.
 	once()
 	tentative = 0
-	cpu0 := processCPU()
+	cpu0, relays0 := processCPU(), dataplane.RelaySends()
 	for b.Loop() {
 		once()
 	}
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N*2*3*records), "cpu-ns/record")
+	b.ReportMetric(float64(dataplane.RelaySends()-relays0)/float64(b.N), "relay-msgs/op")
 	b.ReportMetric(float64(tentative)/float64(b.N), "tentative/op")
 }

@@ -69,6 +69,20 @@ func (w *lineageWatch) batch(lin, since uint64) {
 	w.lin, w.since, w.known = lin, since, true
 }
 
+// tag is stable id sid of the stream taken so far, stated with its
+// lineage and the last stream time taken (dataplane.StableTag; unknown
+// before a batch came).
+func (w *lineageWatch) tag(sid uint64) dataplane.StableTag {
+	if !w.known {
+		return dataplane.StableTag{ID: sid}
+	}
+	st := int64(dataplane.NoSTime)
+	if w.haveST {
+		st = w.lastST
+	}
+	return dataplane.StableTag{Known: true, ID: sid, Lineage: w.lin, Since: w.since, STime: st}
+}
+
 // took records the last stable tuple or boundary taken (its stream time
 // and whether it is a boundary), in order.
 func (w *lineageWatch) took(st int64, boundary bool) {

@@ -130,6 +130,9 @@ type tookIDs struct {
 	last     uint64
 	renumber bool
 	final    bool
+	// tag: last's lineage and stream time, as the input's lineage watch
+	// saw the batch (input.setTaken).
+	tag dataplane.StableTag
 	// taken: the machine took the batch (set before processed closes);
 	// false, it ignored it (an attempt it had replaced).
 	taken bool
@@ -155,7 +158,7 @@ func (d *dcaaRun) takes(k *tookIDs) bool {
 // renumbering, follows the new replica's numbering instead).
 func (d *dcaaRun) record(k *tookIDs) {
 	if k.renumber || k.last > k.in.stableTaken.Load() {
-		k.in.stableTaken.Store(k.last)
+		k.in.setTaken(k.tag)
 	}
 	if k.final {
 		// The final boundary ends the stream, wherever it is in the
@@ -349,7 +352,7 @@ func (d *dcaaRun) deliver(ctx context.Context, in *input, b *dataplane.Batch) er
 		}
 	}
 	ev := dcaa.Deliver{Input: in.idx, Tuples: ts, Upstream: st, TentWatermark: wm, Attempt: in.machineAttempt.Load(), Owner: b, Renumber: al.renumber}
-	took := &tookIDs{in: in, attempt: ev.Attempt, last: stableLast, renumber: al.renumber, final: final}
+	took := &tookIDs{in: in, attempt: ev.Attempt, last: stableLast, renumber: al.renumber, final: final, tag: in.lw.tag(stableLast)}
 	if err := d.post(ctx, dcaaEvent{ev: ev, ended: -1, processed: processed, took: took}); err != nil {
 		return err
 	}
@@ -1095,7 +1098,7 @@ func (in *input) runMachine(ctx context.Context, d *dcaaRun) {
 				// where it waited for ever, hearing heartbeats
 				// (TestDCAAInputResumedPastTheReplicasEndEnds under
 				// load).
-				in.sub.ResumeAfterStable(tg.after)
+				in.sub.ResumeAfterStableTagged(in.takenTag(tg.after))
 			}
 			ran = tg.attempt
 			in.machineAttempt.Store(tg.attempt)

@@ -191,7 +191,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	if lvl, ok := boundaryLevel(offs, data); ok {
 		t.passLevel(&tuple.Tuple{Type: tuple.Boundary, Version: lvl})
 	}
-	t.inputs[0].stableTaken.Store(v.stable)
+	t.inputs[0].setTaken(t.inputs[0].lw.tag(v.stable))
 	t.tentative.Store(v.tentOpen)
 	if lastHdr.Type == tuple.Boundary && lastHdr.STime == finalBoundary {
 		t.endReconfig()

@@ -132,6 +132,22 @@ func TestDCAASinkResumedOverAGapNamesIt(t *testing.T) {
 	})
 }
 
+// msWindows gives a stream's tuples in milliseconds: ms converts,
+// st(at, v) is a stable result v at at ms, bd(at) a boundary; exact is a
+// failure-free stream of nine 10 ms windows (result i at 10*i ms, its
+// boundary 5 ms later).
+func msWindows() (ms func(int64) int64, st func(at, v int64) tuple.Tuple, bd func(at int64) tuple.Tuple, exact []tuple.Tuple) {
+	ms = func(n int64) int64 { return n * int64(time.Millisecond) }
+	st = func(at, v int64) tuple.Tuple {
+		return tuple.Tuple{Type: tuple.Stable, STime: ms(at), Values: []tuple.Value{tuple.Int(v)}}
+	}
+	bd = func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: ms(at)} }
+	for at := int64(1); at <= 9; at++ {
+		exact = append(exact, st(at*10, at), bd(at*10+5))
+	}
+	return ms, st, bd, exact
+}
+
 // A copy started without state (both replicas of its partition lost)
 // puts its record [start, first input] first on its stream; the
 // acknowledgements other readers relay may discard it, with the copy's
@@ -145,16 +161,8 @@ func TestDCAASinkResumedOverAGapNamesIt(t *testing.T) {
 // sink names the part past what it took.
 func TestDCAASinkRealignsOverADiscardedRecordNamesIt(t *testing.T) {
 	forSinkKinds(t, "", func(t *testing.T, r *sinkRig) {
-		ms := func(n int64) int64 { return n * int64(time.Millisecond) }
-		st := func(at, v int64) tuple.Tuple {
-			return tuple.Tuple{Type: tuple.Stable, STime: ms(at), Values: []tuple.Value{tuple.Int(v)}}
-		}
-		bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: ms(at)} }
+		ms, st, bd, exact := msWindows()
 		end := tuple.Tuple{Type: tuple.Boundary, STime: math.MaxInt64}
-		var exact []tuple.Tuple
-		for at := int64(1); at <= 9; at++ {
-			exact = append(exact, st(at*10, at), bd(at*10+5))
-		}
 		// The lost copy (up0, the shared numbering): the sink takes it
 		// up to the boundary at 35 ms.
 		hold := dataplane.BufferOptions{ExpectedSubscribers: 2, Lease: time.Hour}

@@ -33,7 +33,9 @@ type input struct {
 	stableTaken atomic.Uint64
 	// diverged: the replica this input read sent an UNCORRECTABLE record
 	// (dcaa_uncorrectable.go); stable ids of that upstream's replicas no
-	// longer match, and the ack relays acknowledge everything.
+	// longer match, and the ack relays acknowledge everything to a
+	// worker of an older build (one of this build takes the tag instead,
+	// by stream time: relayProgress).
 	diverged atomic.Bool
 	// endTaken: a DCAA operator task's machine took this input's final
 	// boundary (a merger's input says so by its boundary instead).
@@ -86,6 +88,44 @@ type input struct {
 	// bg is the input's background subscription (dcaa_background.go),
 	// nil when none; the DCAA run goroutine only.
 	bg *bgSub
+	// tag is stableTaken with the lineage it counts in and the stream
+	// time it reached (setTaken), under tagMu: what the ack relays and a
+	// resumption by stable id state, so that an upstream replica of
+	// another numbering takes them by stream time (dataplane.StableTag).
+	tagMu sync.Mutex
+	tag   dataplane.StableTag
+}
+
+// setTaken moves the input's stable id to g.ID (stableTaken), stating
+// its lineage and stream time g for the relays.
+func (in *input) setTaken(g dataplane.StableTag) {
+	in.tagMu.Lock()
+	in.tag = g
+	in.tagMu.Unlock()
+	in.stableTaken.Store(g.ID)
+}
+
+// takenTag is the tag of stable id sid: the one setTaken stored with it,
+// or none (an id stored otherwise: a restored copy's, whose inputs'
+// lineage is not known until their first batch).
+func (in *input) takenTag(sid uint64) dataplane.StableTag {
+	in.tagMu.Lock()
+	g := in.tag
+	in.tagMu.Unlock()
+	if g.ID != sid {
+		return dataplane.StableTag{ID: sid}
+	}
+	return g
+}
+
+// relayProgress is what the ack relays send: taken, and, by stable id,
+// the tag of the input's stable id.
+func (in *input) relayProgress() (uint64, dataplane.StableTag) {
+	id := in.taken()
+	if !in.byStableID() {
+		return id, dataplane.StableTag{}
+	}
+	return id, in.takenTag(in.stableTaken.Load())
 }
 
 // buildInputs creates the merger and one input per (port, upstream
@@ -260,7 +300,7 @@ func (in *input) run(ctx context.Context) {
 					// the same replica reads the tail again: the sink takes
 					// back what it showed (a fresh attempt) and shows it
 					// again.
-					in.sub.ResumeAfterStable(s)
+					in.sub.ResumeAfterStableTagged(in.takenTag(s))
 				}
 			}
 			realignOn = ""
@@ -340,7 +380,7 @@ func (in *input) endBehind(ctx context.Context, pl Placement) bool {
 	if err := t.merge.add(ctx, in.idx, []tuple.Tuple{{Type: tuple.Boundary, STime: finalBoundary, ID: s}}, nil, s); err != nil {
 		return false
 	}
-	in.stableTaken.Store(s)
+	in.setTaken(in.lw.tag(s))
 	if t.inline() != nil {
 		_ = t.processInline() // its errors end the task (endWith)
 	}
@@ -468,7 +508,7 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		}
 		if stable != 0 {
 			// Taken only now: see filterDCAA.
-			in.stableTaken.Store(stable)
+			in.setTaken(in.lw.tag(stable))
 		}
 		if in.t.inline() != nil {
 			return in.t.processInline()
@@ -500,7 +540,9 @@ func (in *input) taken() uint64 {
 		// The other replicas number other results by the same stable
 		// ids now: holding them by this input's ids could hold one back
 		// for ever; they keep nothing for it instead (clamped to what
-		// each produced).
+		// each produced). That is for a worker of an older build: one of
+		// this build takes the relay's tag (relayProgress), by stream
+		// time, and keeps what this input would need after a switch.
 		return math.MaxUint64
 	}
 	if in.byStableID() {
@@ -589,11 +631,11 @@ func (in *input) relay(ctx context.Context, r int, log *slog.Logger) {
 		var err error
 		stable := in.byStableID()
 		if local, lerr := in.t.r.LocalStream(ref); lerr == nil {
-			err = dataplane.RelayAcksLocal(rctx, local, in.t.spec.CopyID(), stable, in.taken)
+			err = dataplane.RelayAcksLocalTagged(rctx, local, in.t.spec.CopyID(), stable, in.relayProgress)
 		} else if conn, cerr := in.t.r.pool.Conn(pl.WorkerAddr); cerr != nil {
 			err = cerr
 		} else {
-			err = dataplane.RelayAcks(rctx, conn, ref, in.t.spec.CopyID(), stable, in.taken)
+			err = dataplane.RelayAcksTagged(rctx, conn, ref, in.t.spec.CopyID(), stable, in.relayProgress)
 		}
 		in.mu.Lock()
 		if in.relays[pl.TaskID] != nil && rctx.Err() == nil {
