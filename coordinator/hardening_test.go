@@ -576,3 +576,38 @@ func TestWorkerRegisteredDuringLeaderSetUpStaysReady(t *testing.T) {
 		t.Fatalf("worker registered during the leader's set-up is %s, want %s", w.Status, statusReady)
 	}
 }
+
+// TestNewLeaderServesOnlyAfterItsBarrier: an elected node whose barrier
+// has not completed (its state may lack what its predecessor committed)
+// holds calls and answers Unavailable, storing nothing; once the barrier
+// ran it serves them. Before, it served at once from its state as it was.
+func TestNewLeaderServesOnlyAfterItsBarrier(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.hooks.barrier = func(timeout time.Duration) error {
+			select {
+			case <-release:
+				return nil
+			case <-time.After(timeout):
+				return errors.New("injected barrier held past its timeout")
+			}
+		}
+		cfg.Timings.LeaderSetupTimeout = time.Minute
+		cfg.Timings.ForwardWait = 200 * time.Millisecond
+	})
+	l := c.leader()
+	req := &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "early", 1)), Filename: "early.yaml", IdempotencyKey: "submit-early"}
+	_, err := c.admin(l).SubmitQuery(ctxT(t, 5*time.Second), req)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("submit before the barrier: err = %v, want Unavailable", err)
+	}
+	if c.nodes[l].leading.Load() {
+		t.Fatal("leader duties running before the barrier completed")
+	}
+	if qs, err := c.nodes[l].State().Queries(nil); err != nil || len(qs) != 0 {
+		t.Fatalf("queries stored before the barrier: %d (%v)", len(qs), err)
+	}
+	close(release)
+	submit(t, c.admin(l), "early", 1)
+}
