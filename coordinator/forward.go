@@ -82,6 +82,9 @@ func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp p
 				return false, nil
 			}
 			// Elected, barrier not done: wait below, as for an unknown leader.
+			if h := s.cfg.hooks.heldForSetUp; h != nil {
+				h()
+			}
 		} else if leaderAddr, leaderID := s.raft.LeaderWithID(); leaderID != "" && string(leaderID) != s.cfg.NodeID {
 			if isForwarded(ctx) {
 				return true, status.Error(codes.Unavailable, "leadership changed while the call was being forwarded; retry")
