@@ -100,6 +100,9 @@ type hooks struct {
 	// takes; an error refuses it (a test makes a live worker look
 	// silent: a false detection, as CPU starvation causes).
 	heartbeat func(worker string) error
+	// heldForSetUp, when set, is told each time a call waits because
+	// this node leads but its set-up has not run in this term.
+	heldForSetUp func()
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

@@ -69,17 +69,23 @@ func (f *forwarder) close() {
 // errNoLeader is returned when no leader became known within ForwardWait.
 var errNoLeader = status.Error(codes.Unavailable, "no coordinator leader is known: the org's cluster has no quorum or is electing; retry")
 
-// leaderOrForward runs local when this node is the leader; otherwise it
-// forwards the call to the leader, holding it up to ForwardWait while no
-// leader is known. It returns handled=true when the call was forwarded.
+// leaderOrForward runs local when this node is the leader and its set-up
+// ran in this term; otherwise it forwards the call to the leader, holding
+// it up to ForwardWait while no leader is known or this node, elected,
+// has not yet applied what its predecessor committed (its barrier). It
+// returns handled=true when the call was forwarded or refused.
 func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp proto.Message) (handled bool, err error) {
 	deadline := time.Now().Add(s.cfg.Timings.ForwardWait)
 	for {
 		if s.IsLeader() {
-			return false, nil
-		}
-		leaderAddr, leaderID := s.raft.LeaderWithID()
-		if leaderID != "" && string(leaderID) != s.cfg.NodeID {
+			if s.setUpTerm.Load() == s.raft.CurrentTerm() {
+				return false, nil
+			}
+			// Elected, barrier not done: wait below, as for an unknown leader.
+			if h := s.cfg.hooks.heldForSetUp; h != nil {
+				h()
+			}
+		} else if leaderAddr, leaderID := s.raft.LeaderWithID(); leaderID != "" && string(leaderID) != s.cfg.NodeID {
 			if isForwarded(ctx) {
 				return true, status.Error(codes.Unavailable, "leadership changed while the call was being forwarded; retry")
 			}

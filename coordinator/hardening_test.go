@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-memdb"
 	"github.com/hashicorp/raft"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -512,67 +511,103 @@ func TestCanProposeWaitsForEveryCoordinator(t *testing.T) {
 }
 
 // TestWorkerRegisteredDuringLeaderSetUpStaysReady: a worker that registers
-// with a new leader whose set-up has not yet read the workers is heard
-// from: the set-up, reading the new record right after it commits, must
-// not mark it unknown. Before, the registration counted as heard only
-// once its handler had signed the certificate, after the commit; a set-up
-// reading in between marked the worker unknown until its next heartbeat
-// (integration's TestWorkerRenewsItsCertificate failed "worker unknown"
-// under load).
+// with a new leader whose set-up is still running is held until the
+// set-up ran, then served, and is ready: the set-up cannot read the
+// workers between the registration's commit and its handler's return
+// (before session 18 it could, and marked such a worker unknown until its
+// next heartbeat: integration's TestWorkerRenewsItsCertificate failed
+// "worker unknown" under load).
 func TestWorkerRegisteredDuringLeaderSetUpStaysReady(t *testing.T) {
 	t.Parallel()
-	registered := make(chan string, 1)
-	var node *Server
+	release := make(chan struct{})
+	held := make(chan struct{}, 1)
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
 		cfg.hooks.barrier = func(timeout time.Duration) error {
-			// The set-up goes on the moment the registration commits:
-			// the widest window between the commit and the handler's
-			// return.
-			var id string
 			select {
-			case id = <-registered:
+			case <-release:
+				return nil
 			case <-time.After(timeout):
-				return errors.New("no registration to wait for")
-			}
-			for {
-				ws := memdb.NewWatchSet()
-				if w, err := node.State().Worker(ws, id); err != nil || w != nil {
-					return err
-				}
-				if ws.WatchCtx(ctxT(t, timeout)) != nil {
-					return errors.New("registration never committed")
-				}
+				return errors.New("injected barrier held past its timeout")
 			}
 		}
+		cfg.hooks.heldForSetUp = func() {
+			select {
+			case held <- struct{}{}:
+			default:
+			}
+		}
+		cfg.Timings.LeaderSetupTimeout = time.Minute
+		cfg.Timings.ForwardWait = time.Minute
 	})
-	node = c.nodes[0]
+	node := c.nodes[0]
 	waitFor(t, 20*time.Second, "leader", func() bool { return node.IsLeader() })
-	// The id the handler will pick is unknown beforehand: wait on any
-	// worker record (the only one of this org).
+	type answer struct {
+		resp *pb.RegisterResponse
+		err  error
+	}
+	done := make(chan answer, 1)
 	go func() {
-		for {
-			ws := memdb.NewWatchSet()
-			if workers, err := node.State().Workers(ws); err == nil && len(workers) > 0 {
-				registered <- workers[0].ID
-				return
-			}
-			if ws.WatchCtx(ctxT(t, 30*time.Second)) != nil {
-				return
-			}
-		}
+		resp, err := c.workers(0).Register(ctxT(t, 30*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Cores: 1, Name: "w1", IdempotencyKey: "w1"})
+		done <- answer{resp, err}
 	}()
-	resp, err := c.workers(0).Register(ctxT(t, 10*time.Second), &pb.RegisterRequest{Addr: "127.0.0.1:9", Cores: 1, Name: "w1", IdempotencyKey: "w1"})
-	if err != nil {
-		t.Fatal(err)
+	select {
+	case <-held:
+	case a := <-done:
+		t.Fatalf("registration answered during the leader's set-up: %v, %v", a.resp, a.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the registration was never held for the set-up")
+	}
+	if ws, err := node.State().Workers(nil); err != nil || len(ws) != 0 {
+		t.Fatalf("workers stored during the set-up: %d (%v)", len(ws), err)
+	}
+	close(release)
+	a := <-done
+	if a.err != nil {
+		t.Fatal(a.err)
 	}
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return node.leading.Load() })
-	// No heartbeat is sent: a worker marked unknown by the set-up would
-	// stay so until its TTL plus grace mark it down.
-	w, err := node.State().Worker(nil, resp.WorkerId)
+	// No heartbeat is sent: a worker marked unknown would stay so until
+	// its TTL plus grace mark it down.
+	w, err := node.State().Worker(nil, a.resp.WorkerId)
 	if err != nil || w == nil {
-		t.Fatalf("worker %s: %v, %v", resp.WorkerId, w, err)
+		t.Fatalf("worker %s: %v, %v", a.resp.WorkerId, w, err)
 	}
-	if w.Status != statusReady {
-		t.Fatalf("worker registered during the leader's set-up is %s, want %s", w.Status, statusReady)
+	if w.Status != statusReady || node.shownStatus(w) != statusReady {
+		t.Fatalf("worker registered during the leader's set-up is %s (shown %s), want %s", w.Status, node.shownStatus(w), statusReady)
 	}
+}
+
+// TestNewLeaderServesOnlyAfterItsBarrier: an elected node whose barrier
+// has not completed (its state may lack what its predecessor committed)
+// holds calls and answers Unavailable, storing nothing; once the barrier
+// ran it serves them. Before, it served at once from its state as it was.
+func TestNewLeaderServesOnlyAfterItsBarrier(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.hooks.barrier = func(timeout time.Duration) error {
+			select {
+			case <-release:
+				return nil
+			case <-time.After(timeout):
+				return errors.New("injected barrier held past its timeout")
+			}
+		}
+		cfg.Timings.LeaderSetupTimeout = time.Minute
+		cfg.Timings.ForwardWait = 200 * time.Millisecond
+	})
+	l := c.leader()
+	req := &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "early", 1)), Filename: "early.yaml", IdempotencyKey: "submit-early"}
+	_, err := c.admin(l).SubmitQuery(ctxT(t, 5*time.Second), req)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("submit before the barrier: err = %v, want Unavailable", err)
+	}
+	if c.nodes[l].leading.Load() {
+		t.Fatal("leader duties running before the barrier completed")
+	}
+	if qs, err := c.nodes[l].State().Queries(nil); err != nil || len(qs) != 0 {
+		t.Fatalf("queries stored before the barrier: %d (%v)", len(qs), err)
+	}
+	close(release)
+	submit(t, c.admin(l), "early", 1)
 }

@@ -215,6 +215,10 @@ var setupRetry = retry.Policy{Initial: 100 * time.Millisecond, Max: 2 * time.Sec
 func (s *Server) leaderLoop(ctx context.Context) {
 	s.logger.Info("became leader; starting leader duties")
 	defer s.logger.Info("leader duties stopped")
+	// The term is read before the set-up: if leadership moved and came
+	// back meanwhile, this loop's context ends and the next loop marks
+	// its own term.
+	term := s.raft.CurrentTerm()
 	for {
 		err := s.setUpLeadership(ctx)
 		if err == nil {
@@ -239,6 +243,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		// reachable): keep trying to set up.
 		s.logger.Error("leadership transfer failed; retrying set-up", "err", terr)
 	}
+	s.setUpTerm.Store(term)
 	s.leading.Store(true)
 	defer s.leading.Store(false)
 	defer s.acksLeadershipEnded()

@@ -102,6 +102,13 @@ type Server struct {
 	rcWire reconfigWire
 	// leading is true while this node's leader duties run (set-up done).
 	leading atomic.Bool
+	// setUpTerm is the Raft term in which this node's leadership set-up
+	// (its barrier) last completed, 0 before. A leader serves calls only
+	// in that term: before its barrier, its state may lack entries the
+	// previous leader committed, and a write built from it (a ledger
+	// entry's sequence number, a retried request's first answer) would
+	// be refused by the state machine or answered wrongly.
+	setUpTerm atomic.Uint64
 	// applier is the running plan applier while this node leads (see
 	// startPlanApplier), nil otherwise.
 	applier atomic.Pointer[planApplier]
