@@ -122,6 +122,35 @@ func TestAckOnlyRelayIsClampedAndRepeated(t *testing.T) {
 	}
 }
 
+// TestAckOnlyRelayAppliedAgainByTheServer: the serving worker applies a
+// relayed acknowledgement it clamped again as the replica catches up,
+// without the subscriber sending it again (a relay repeats an unchanged
+// one only every relayRepeat, for older servers).
+func TestAckOnlyRelayAppliedAgainByTheServer(t *testing.T) {
+	b := NewOutputBuffer(BufferOptions{})
+	fill(t, b, 1, 10)
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	defer pool.Close()
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One message only: acknowledged up to 1000, clamped to 10.
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: &fedstreampb.StreamRef{Query: "q", TaskId: "up"}, Subscriber: "s", AckOnly: true, AckId: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "relayed ack applied", func() bool { return b.Stats().Tuples == 0 })
+	fill(t, b, 11, 20)
+	waitFor(t, "the same ack applied again by the server", func() bool { return b.Stats().Tuples == 0 })
+}
+
 // TestLeaseExpiryForgetsSubscriber: a subscriber that disconnected holds
 // the buffer for its lease, then is forgotten and no longer holds it.
 func TestLeaseExpiryForgetsSubscriber(t *testing.T) {
