@@ -71,20 +71,28 @@ func TestReplicatedAcksTrimEveryReplica(t *testing.T) {
 	}
 }
 
+// servedUpstream serves a buffer holding ids 1 to 10 as stream "up" and
+// returns it with a connection to its server.
+func servedUpstream(t *testing.T) (*OutputBuffer, *grpc.ClientConn) {
+	t.Helper()
+	b := NewOutputBuffer(BufferOptions{})
+	fill(t, b, 1, 10)
+	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
+	pool := NewPool()
+	t.Cleanup(func() { pool.Close() })
+	conn, err := pool.Conn(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, conn
+}
+
 // TestAckOnlyRelayIsClampedAndRepeated: an ack-only relay beyond what the
 // upstream replica has produced is clamped to its last id, and the relay's
 // repetition acknowledges the rest once it is produced. An ack-only
 // subscription gets no data.
 func TestAckOnlyRelayIsClampedAndRepeated(t *testing.T) {
-	b := NewOutputBuffer(BufferOptions{})
-	fill(t, b, 1, 10)
-	addr := startServer(t, &mapResolver{bufs: map[string]*OutputBuffer{"up": b}})
-	pool := NewPool()
-	defer pool.Close()
-	conn, err := pool.Conn(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b, conn := servedUpstream(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
@@ -120,6 +128,27 @@ func TestAckOnlyRelayIsClampedAndRepeated(t *testing.T) {
 	if msg, err := stream.Recv(); err == nil {
 		t.Fatalf("ack-only subscription received %d tuples", msg.Count)
 	}
+}
+
+// TestAckOnlyRelayAppliedAgainByTheServer: the serving worker applies a
+// relayed acknowledgement it clamped again as the replica catches up,
+// without the subscriber sending it again (a relay repeats an unchanged
+// one only every relayRepeat, for older servers).
+func TestAckOnlyRelayAppliedAgainByTheServer(t *testing.T) {
+	b, conn := servedUpstream(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := fedstreampb.NewDataPlaneClient(conn).Subscribe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// One message only: acknowledged up to 1000, clamped to 10.
+	if err := stream.Send(&fedstreampb.SubscribeRequest{Stream: &fedstreampb.StreamRef{Query: "q", TaskId: "up"}, Subscriber: "s", AckOnly: true, AckId: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "relayed ack applied", func() bool { return b.Stats().Tuples == 0 })
+	fill(t, b, 11, 20)
+	waitFor(t, "the same ack applied again by the server", func() bool { return b.Stats().Tuples == 0 })
 }
 
 // TestLeaseExpiryForgetsSubscriber: a subscriber that disconnected holds
