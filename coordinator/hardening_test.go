@@ -510,6 +510,19 @@ func TestCanProposeWaitsForEveryCoordinator(t *testing.T) {
 	}
 }
 
+// barrierHeldUntil is a leader barrier that completes once release is
+// closed (or fails at its timeout): a new leader's set-up held open.
+func barrierHeldUntil(release <-chan struct{}) func(time.Duration) error {
+	return func(timeout time.Duration) error {
+		select {
+		case <-release:
+			return nil
+		case <-time.After(timeout):
+			return errors.New("injected barrier held past its timeout")
+		}
+	}
+}
+
 // TestWorkerRegisteredDuringLeaderSetUpStaysReady: a worker that registers
 // with a new leader whose set-up is still running is held until the
 // set-up ran, then served, and is ready: the set-up cannot read the
@@ -522,14 +535,7 @@ func TestWorkerRegisteredDuringLeaderSetUpStaysReady(t *testing.T) {
 	release := make(chan struct{})
 	held := make(chan struct{}, 1)
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
-		cfg.hooks.barrier = func(timeout time.Duration) error {
-			select {
-			case <-release:
-				return nil
-			case <-time.After(timeout):
-				return errors.New("injected barrier held past its timeout")
-			}
-		}
+		cfg.hooks.barrier = barrierHeldUntil(release)
 		cfg.hooks.heldForSetUp = func() {
 			select {
 			case held <- struct{}{}:
@@ -585,14 +591,7 @@ func TestNewLeaderServesOnlyAfterItsBarrier(t *testing.T) {
 	t.Parallel()
 	release := make(chan struct{})
 	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
-		cfg.hooks.barrier = func(timeout time.Duration) error {
-			select {
-			case <-release:
-				return nil
-			case <-time.After(timeout):
-				return errors.New("injected barrier held past its timeout")
-			}
-		}
+		cfg.hooks.barrier = barrierHeldUntil(release)
 		cfg.Timings.LeaderSetupTimeout = time.Minute
 		cfg.Timings.ForwardWait = 200 * time.Millisecond
 	})
