@@ -66,3 +66,27 @@ func waitingRig(interval time.Duration) *task {
 	}
 	return tk
 }
+
+// TestRestoredDCAATaskIsNotWaitingForInput: a DCAA operator task's
+// machine merges its inputs; task.merge is not fed. A copy restored from
+// a peer's snapshot had that snapshot's input positions installed in
+// task.merge all the same (one input with a boundary beyond the release,
+// one not), where they stayed: once its input ended and its output stood
+// still for StallAfter, the copy was reported stalled, "waiting for input
+// from lines partition 0, which sent nothing since", while its consumers
+// had its final boundary (TestLossyReplicaRebootstrapsFromStablePeer
+// under load 20-34, both re-placed aggregate copies, session 18).
+func TestRestoredDCAATaskIsNotWaitingForInput(t *testing.T) {
+	tk := waitingRig(10 * time.Millisecond)
+	tk.dm = &dcaaRun{t: tk}        // the machine merges; tk.merge holds what a restore installed
+	tk.merge.inputs[0].pending = 3 // the snapshot's tuples waiting for release
+	start := time.Unix(1000, 0)
+	tk.checkStall(start, 30*time.Second)
+	tk.checkStall(start.Add(time.Minute), 30*time.Second)
+	if st := tk.State(); st.State == StateStalled {
+		t.Fatalf("stalled: %s", st.Message)
+	}
+	if q, _ := tk.queueTuples(); q != 0 {
+		t.Fatalf("queue %d: the tuples of a merge the task does not use", q)
+	}
+}

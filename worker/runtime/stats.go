@@ -218,6 +218,15 @@ func (in *input) countSwitch(pl Placement) {
 	}
 }
 
+// queueTuples is the task's input waiting in its merge, and the merge's
+// gate: none for a task whose merge is not fed (see mergeFed).
+func (t *task) queueTuples() (int, MergeGate) {
+	if !t.mergeFed() {
+		return 0, MergeGate{}
+	}
+	return t.merge.pendingTuples()
+}
+
 // pendingTuples is the number of data tuples queued in the merge, and
 // its inputs' boundaries: the lowest one (the input holding the release
 // back, by port and upstream partition) and the highest.
@@ -265,9 +274,7 @@ func (t *task) stats() TaskStats {
 	if o := t.counters.origin.Load(); o != 0 && t.gen != nil {
 		st.PaceOrigin = time.Unix(0, o)
 	}
-	if t.merge != nil {
-		st.Queue, st.Gate = t.merge.pendingTuples()
-	}
+	st.Queue, st.Gate = t.queueTuples()
 	ring := t.node != nil && t.node.Kind == queryspec.KindSink
 	// A rescale adds outputs and inputs while the task runs (under outMu
 	// and inMu).

@@ -842,7 +842,7 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 	}
 	if out != t.watchOut || t.watchOutAt.IsZero() {
 		t.watchOut, t.watchOutAt, t.watchIn = out, now, in
-	} else if key == "" && now.Sub(t.watchOutAt) >= max(after, 2*t.r.opts.BoundaryInterval) && t.merge != nil {
+	} else if key == "" && now.Sub(t.watchOutAt) >= max(after, 2*t.r.opts.BoundaryInterval) && t.mergeFed() {
 		// Some input has brought data to release, another nothing at
 		// all since the output last moved: the merge waits for it. An
 		// idle upstream sends one boundary per boundary interval and
@@ -876,6 +876,16 @@ func (t *task) checkStall(now time.Time, after time.Duration) {
 		t.log.Info("task moves again", "was", was)
 	}
 }
+
+// mergeFed reports whether the task's inputs go through task.merge. A
+// DCAA operator task's machine merges them instead (dcaaRun): its
+// task.merge is fed nothing, but a copy restored from a snapshot had the
+// snapshot's input positions installed there (restoreFrom; start reads
+// its release for a snapshot taken after the end), where they stay as
+// they were. Read as the task's merge, they said a re-placed aggregate
+// copy waited for an input for good once its output stood still at the
+// end of its input: a false stall.
+func (t *task) mergeFed() bool { return t.merge != nil && t.dm == nil }
 
 // noteOverrun makes the task's status say which outputs are discarding
 // tuples that a subscriber which is not connected has not taken (the
