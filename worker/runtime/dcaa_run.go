@@ -700,7 +700,9 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 				// The machine took the input's stable ids up to AfterID
 				// from its background subscription (dcaa_background.go):
 				// the input's, though no main subscription delivered them.
-				t.inputs[a.Input].stableTaken.Store(a.AfterID)
+				// Its lineage is the shared one: a background replica
+				// whose ids diverged is never read (dcaa_background.go).
+				t.inputs[a.Input].setTaken(dataplane.StableTag{ID: a.AfterID})
 				d.promotions.Add(1)
 				t.log.Info("DCAA input took a stabilizing upstream replica's corrections in the background and moves to it",
 					"input", t.inputs[a.Input].upstream, "partition", t.inputs[a.Input].upPartition, "replica", a.Replica, "after_id", a.AfterID)
