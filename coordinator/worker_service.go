@@ -216,12 +216,18 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 			for _, m := range rp.Markers {
 				u.ReconfigMarkers = append(u.ReconfigMarkers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
 			}
+			for _, sw := range rp.Switches {
+				u.ReconfigSwitches = append(u.ReconfigSwitches, fsm.ReconfigSwitch{Epoch: sw.Epoch, At: sw.At})
+			}
 		}
 		if t.ReplicaState != pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
 			u.ReplicaState = t.ReplicaState.String()
 		}
 		upd.States = append(upd.States, u)
 	}
+	// Every copy's frontier and switch points kept across copies, once
+	// every coordinator applies them alike (fsm KeepReconfigProtocol).
+	upd.KeepReconfig = s.checkProtocol(fsm.KeepReconfigProtocol, "keeping reconfiguration frontiers") == nil
 	hold := s.noteAcksReceived(req.WorkerId, reports)
 	if err := s.writeReport(ctx, upd, hold); err != nil {
 		return nil, err
@@ -361,6 +367,12 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		if q := views[t.Query]; q != nil && q.Query.Reconfig != nil {
 			if plan := s.plans.plan(q.Query); plan != nil {
 				a.MarkersExpected = int32(markersExpected(plan, t.Fragment, q.SlotMaps))
+			}
+			if k := t.ReconfigKept; k != nil {
+				a.ReconfigKeptFrontier = k.Frontier
+				for _, sw := range k.Switches {
+					a.ReconfigKeptSwitches = append(a.ReconfigKeptSwitches, &pb.ReconfigSwitch{Epoch: sw.Epoch, At: sw.At})
+				}
 			}
 		}
 		if m := slotMaps[[2]string{t.Query, t.Fragment}]; m != nil {

@@ -495,16 +495,25 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		}
 		if t != nil && t.MovingFrom != "" && t.MovingFrom != t.WorkerID && t.MovingFrom == r.WorkerID && u.Generation == t.MovingFromGeneration {
 			// The moving-out copy of a live move: only its position counts
-			// (the new copy's catch-up is measured against it).
-			if u.MovePosition == nil || (t.MovingFromPosition != nil && *t.MovingFromPosition == *u.MovePosition) {
+			// (the new copy's catch-up is measured against it), and what
+			// it reports of its stream against the plans is kept (it
+			// may learn a plan the snapshot its new copy started from
+			// had not seen, acknowledge it, hold at its floor, switch).
+			updated := *t
+			kept := r.KeepReconfig && u.Reconfig && updated.keepReconfig(u.ReconfigFrontier, u.ReconfigSwitches)
+			if !kept && (u.MovePosition == nil || (t.MovingFromPosition != nil && *t.MovingFromPosition == *u.MovePosition)) {
 				continue
 			}
-			updated := *t
-			pos := *u.MovePosition
-			updated.MovingFromPosition = &pos
+			if kept {
+				reconfigured.add(t.Query)
+			}
 			updated.ModifyIndex = tx.index
-			if err := tx.maybeEndMove(&updated, false); err != nil {
-				return nil, err
+			if u.MovePosition != nil {
+				pos := *u.MovePosition
+				updated.MovingFromPosition = &pos
+				if err := tx.maybeEndMove(&updated, false); err != nil {
+					return nil, err
+				}
 			}
 			if err := tx.insert(TableTasks, &updated); err != nil {
 				return nil, err
@@ -538,11 +547,14 @@ func (r *UpdateTaskStatesRequest) apply(tx *writeTx) (any, error) {
 		samePos := t.MovingFrom == "" || u.MovePosition == nil || (t.MovePosition != nil && *t.MovePosition == *u.MovePosition && t.MoveBlocked == u.MoveBlocked)
 		sameReconfig := !u.Reconfig || (t.ReconfigAcked == u.ReconfigAcked && t.ReconfigLevel == u.ReconfigLevel &&
 			t.ReconfigFrontier == u.ReconfigFrontier && slices.Equal(t.ReconfigMarkers, u.ReconfigMarkers))
+		updated := *t
+		if r.KeepReconfig && u.Reconfig && updated.keepReconfig(u.ReconfigFrontier, u.ReconfigSwitches) {
+			sameReconfig = false
+		}
 		if t.State == u.State && t.Message == u.Message && t.ReplicaState == u.ReplicaState && t.Tentative == u.Tentative && t.Lossy == u.Lossy &&
 			t.Prepared == u.Prepared && t.Frontier == u.Frontier && t.CutDone == u.CutDone && samePos && sameReconfig {
 			continue
 		}
-		updated := *t
 		if u.Reconfig {
 			updated.ReconfigAcked, updated.ReconfigLevel, updated.ReconfigFrontier = u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier
 			updated.ReconfigMarkers = slices.Clone(u.ReconfigMarkers)

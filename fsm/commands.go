@@ -239,6 +239,10 @@ type TaskStateUpdate struct {
 	ReconfigLevel    uint64            `json:"reconfig_level,omitempty"`
 	ReconfigFrontier int64             `json:"reconfig_frontier,omitempty"`
 	ReconfigMarkers  []ReconfigMarkers `json:"reconfig_markers,omitempty"`
+	// ReconfigSwitches: for a source, where its stream switched to each
+	// of the newest epochs it produces under (see ReconfigSwitch).
+	// Protocol 11, kept only from a request with KeepReconfig.
+	ReconfigSwitches []ReconfigSwitch `json:"reconfig_switches,omitempty"`
 }
 
 // UpdateTaskStatesRequest records task states reported by a worker. Only
@@ -248,6 +252,13 @@ type TaskStateUpdate struct {
 type UpdateTaskStatesRequest struct {
 	WorkerID string            `json:"worker_id"`
 	States   []TaskStateUpdate `json:"states"`
+	// KeepReconfig: keep every copy's reconfiguration frontier and switch
+	// points in Task.ReconfigKept, the moving-out copy's of a live move
+	// included, and set a plan's cut above the kept frontiers too. The
+	// leader sets it only when every coordinator speaks protocol 11: an
+	// older build ignores the field and would compute another cut from
+	// the same entry. Without it the entry applies as before protocol 11.
+	KeepReconfig bool `json:"keep_reconfig,omitempty"`
 }
 
 // UpdateTaskStatesResult reports what UpdateTaskStates did.

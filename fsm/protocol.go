@@ -38,10 +38,19 @@ package fsm
 //	10: UpdateTaskStatesBatchType (several workers' task reports in one
 //	   entry: the acknowledgements of a reconfiguration plan written
 //	   together).
+//	11: UpdateTaskStatesRequest.KeepReconfig: a task's reconfiguration
+//	   frontier and its sources' switch points kept across its copies
+//	   (Task.ReconfigKept), which the cut of a plan goes above. No new
+//	   command type: the leader sets the field only once every
+//	   coordinator speaks 11.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 10
+const ProtocolVersion = 11
+
+// KeepReconfigProtocol is the version whose builds apply
+// UpdateTaskStatesRequest.KeepReconfig.
+const KeepReconfigProtocol = 11
 
 // BaseProtocol is the version every coordinator is assumed to speak,
 // including one that advertises no version at all.

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -258,11 +259,80 @@ func (r *ReconfigureQueryRequest) apply(tx *writeTx) (any, error) {
 	return p.Epoch, tx.bumpAssignIndex(hosts)
 }
 
+// ReconfigSwitch is where a source's stream switched to epoch Epoch:
+// from stream time At on, it produces under Epoch's configuration (its
+// first record or boundary of that epoch; a marker at At for an idle
+// source, which switches before its stream time reaches the cut). A copy
+// that replays the source's stream tags it by At rather than by the cut,
+// so it produces what the earlier copy produced.
+type ReconfigSwitch struct {
+	Epoch uint64 `json:"epoch"`
+	At    int64  `json:"at"`
+}
+
+// ReconfigKept is what the copies of a task reported of their stream
+// against the plans, kept across copies (Task.ReconfigKept).
+type ReconfigKept struct {
+	// Frontier is the highest frontier any copy acknowledged a plan
+	// with: the cut of a plan goes above it, so it goes above everything
+	// a copy emitted under the old epoch even when that copy is gone (its
+	// worker lost) or no longer counts (the old copy of a live move), and
+	// a new copy holds at the floor it gives (a source copy holds below
+	// the lowest cut a plan can get until it learns the cut).
+	Frontier int64 `json:"frontier,omitempty"`
+	// Switches are a source's switch points, the first reported for each
+	// epoch, the newest maxKeptSwitches epochs.
+	Switches []ReconfigSwitch `json:"switches,omitempty"`
+}
+
+// maxKeptSwitches bounds ReconfigKept.Switches: an epoch that old is
+// complete, and a copy starts at the level of the newest complete plan.
+const maxKeptSwitches = 8
+
+// keepReconfig merges a copy's report into t.ReconfigKept (t is the
+// updated copy of a task, not yet inserted); it reports whether anything
+// changed.
+func (t *Task) keepReconfig(frontier int64, switches []ReconfigSwitch) bool {
+	k, changed := t.ReconfigKept.Merge(frontier, switches)
+	t.ReconfigKept = k
+	return changed
+}
+
+// Merge returns k (nil: nothing kept yet) with a copy's report merged
+// in, and whether that changed anything (k itself is never modified:
+// state records are shared). The frontier only rises; a switch point
+// once kept stays (the copies that follow replay it).
+func (k *ReconfigKept) Merge(frontier int64, switches []ReconfigSwitch) (*ReconfigKept, bool) {
+	out := ReconfigKept{}
+	if k != nil {
+		out = ReconfigKept{Frontier: k.Frontier, Switches: slices.Clone(k.Switches)}
+	}
+	changed := false
+	if frontier > out.Frontier {
+		out.Frontier, changed = frontier, true
+	}
+	for _, sw := range switches {
+		if sw.Epoch == 0 || slices.ContainsFunc(out.Switches, func(o ReconfigSwitch) bool { return o.Epoch == sw.Epoch }) {
+			continue
+		}
+		out.Switches, changed = append(out.Switches, sw), true
+	}
+	if !changed {
+		return k, false
+	}
+	slices.SortFunc(out.Switches, func(a, b ReconfigSwitch) int { return cmp.Compare(a.Epoch, b.Epoch) })
+	if n := len(out.Switches); n > maxKeptSwitches {
+		out.Switches = out.Switches[n-maxKeptSwitches:]
+	}
+	return &out, true
+}
+
 // resetReconfig forgets the reconfiguration progress a task's previous
 // copy reported: a new copy (another generation) reports its own. Keeping
 // the old copy's level could complete a plan (and remove old versions
 // everywhere) while the new copy still replays tuples of an older epoch
-// from its upstreams' buffers.
+// from its upstreams' buffers. ReconfigKept stays: it is about the
+// task's stream, which the new copy goes on with.
 func (t *Task) resetReconfig() {
 	t.ReconfigAcked, t.ReconfigLevel, t.ReconfigFrontier, t.ReconfigMarkers = 0, 0, 0, nil
 }
@@ -284,6 +354,9 @@ func (tx *writeTx) advanceReconfig(query string) (changed bool, err error) {
 	frontier := int64(math.MinInt64)
 	for _, t := range tasks {
 		frontier = max(frontier, t.ReconfigFrontier)
+		if t.ReconfigKept != nil {
+			frontier = max(frontier, t.ReconfigKept.Frontier)
+		}
 	}
 	prevPhase, prevCut := ReconfigComplete, int64(math.MinInt64)
 	for i := range rc.Plans {

@@ -162,7 +162,14 @@ type Task struct {
 	ReconfigLevel    uint64            `json:"reconfig_level,omitempty"`
 	ReconfigFrontier int64             `json:"reconfig_frontier,omitempty"`
 	ReconfigMarkers  []ReconfigMarkers `json:"reconfig_markers,omitempty"`
-	CreateIndex      uint64            `json:"create_index"`
+	// ReconfigKept is what the task's copies, every one of them (earlier
+	// generations, the old copy of a live move), reported of where their
+	// stream stands against the plans: placing the task again keeps it
+	// (resetReconfig does not clear it), and a new copy is given it with
+	// its assignment (see ReconfigKept). Recorded only from reports whose
+	// request has KeepReconfig (protocol 11).
+	ReconfigKept *ReconfigKept `json:"reconfig_kept,omitempty"`
+	CreateIndex  uint64        `json:"create_index"`
 	ModifyIndex      uint64            `json:"modify_index"`
 }
 

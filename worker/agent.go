@@ -864,6 +864,13 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 			Reconfig: qi.reconfig, MarkersExpected: int(a.MarkersExpected),
 			PaceOrigin: qi.paceOrigin,
 		}
+		if a.ReconfigKeptFrontier != 0 || len(a.ReconfigKeptSwitches) > 0 {
+			k := &fsm.ReconfigKept{Frontier: a.ReconfigKeptFrontier}
+			for _, sw := range a.ReconfigKeptSwitches {
+				k.Switches = append(k.Switches, fsm.ReconfigSwitch{Epoch: sw.Epoch, At: sw.At})
+			}
+			spec.ReconfigKept = k
+		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt}
 		}
@@ -1005,6 +1012,11 @@ func (w *Worker) reportLoop(ctx context.Context) {
 					for _, m := range st.ReconfigMarkers {
 						if m.Epoch != 0 {
 							ts.Reconfig.Markers = append(ts.Reconfig.Markers, &pb.ReconfigMarkers{Epoch: m.Epoch, Seen: int32(m.Seen), Expected: int32(m.Expected)})
+						}
+					}
+					for _, sw := range st.ReconfigSwitches {
+						if sw.Epoch != 0 {
+							ts.Reconfig.Switches = append(ts.Reconfig.Switches, &pb.ReconfigSwitch{Epoch: sw.Epoch, At: sw.At})
 						}
 					}
 				}

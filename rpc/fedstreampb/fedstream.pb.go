@@ -482,8 +482,16 @@ type Assignment struct {
 	// How many reconfiguration markers the task gets per epoch: one per
 	// upstream instance (partition) it reads.
 	MarkersExpected int32 `protobuf:"varint,290,opt,name=markers_expected,json=markersExpected,proto3" json:"markers_expected,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// ---- live reconfiguration, session 19
+	// What the task's earlier copies reported of their stream against the
+	// reconfiguration plans, kept by the leader across copies (fsm
+	// ReconfigKept): the highest frontier a copy acknowledged a plan with
+	// (a source copy holds at the lowest cut it gives), and a source's
+	// switch points, which a copy replaying its stream tags by.
+	ReconfigKeptFrontier int64             `protobuf:"varint,676,opt,name=reconfig_kept_frontier,json=reconfigKeptFrontier,proto3" json:"reconfig_kept_frontier,omitempty"`
+	ReconfigKeptSwitches []*ReconfigSwitch `protobuf:"bytes,677,rep,name=reconfig_kept_switches,json=reconfigKeptSwitches,proto3" json:"reconfig_kept_switches,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *Assignment) Reset() {
@@ -598,6 +606,20 @@ func (x *Assignment) GetMarkersExpected() int32 {
 		return x.MarkersExpected
 	}
 	return 0
+}
+
+func (x *Assignment) GetReconfigKeptFrontier() int64 {
+	if x != nil {
+		return x.ReconfigKeptFrontier
+	}
+	return 0
+}
+
+func (x *Assignment) GetReconfigKeptSwitches() []*ReconfigSwitch {
+	if x != nil {
+		return x.ReconfigKeptSwitches
+	}
+	return nil
 }
 
 // Where one task of a query runs; workers use these to find upstreams.
@@ -6342,7 +6364,10 @@ type ReconfigProgress struct {
 	// The highest stream time the task has produced or released.
 	Frontier int64 `protobuf:"varint,3,opt,name=frontier,proto3" json:"frontier,omitempty"`
 	// Marker counts of the epochs above level.
-	Markers       []*ReconfigMarkers `protobuf:"bytes,4,rep,name=markers,proto3" json:"markers,omitempty"`
+	Markers []*ReconfigMarkers `protobuf:"bytes,4,rep,name=markers,proto3" json:"markers,omitempty"`
+	// A source's switch points: from which stream time it produces under
+	// each of its newest epochs (session 19).
+	Switches      []*ReconfigSwitch `protobuf:"bytes,675,rep,name=switches,proto3" json:"switches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -6405,6 +6430,65 @@ func (x *ReconfigProgress) GetMarkers() []*ReconfigMarkers {
 	return nil
 }
 
+func (x *ReconfigProgress) GetSwitches() []*ReconfigSwitch {
+	if x != nil {
+		return x.Switches
+	}
+	return nil
+}
+
+type ReconfigSwitch struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	At            int64                  `protobuf:"varint,2,opt,name=at,proto3" json:"at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReconfigSwitch) Reset() {
+	*x = ReconfigSwitch{}
+	mi := &file_fedstream_proto_msgTypes[91]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReconfigSwitch) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReconfigSwitch) ProtoMessage() {}
+
+func (x *ReconfigSwitch) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[91]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReconfigSwitch.ProtoReflect.Descriptor instead.
+func (*ReconfigSwitch) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{91}
+}
+
+func (x *ReconfigSwitch) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ReconfigSwitch) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
 type ReconfigMarkers struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Epoch         uint64                 `protobuf:"varint,1,opt,name=epoch,proto3" json:"epoch,omitempty"`
@@ -6416,7 +6500,7 @@ type ReconfigMarkers struct {
 
 func (x *ReconfigMarkers) Reset() {
 	*x = ReconfigMarkers{}
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[92]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6428,7 +6512,7 @@ func (x *ReconfigMarkers) String() string {
 func (*ReconfigMarkers) ProtoMessage() {}
 
 func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[91]
+	mi := &file_fedstream_proto_msgTypes[92]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6441,7 +6525,7 @@ func (x *ReconfigMarkers) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigMarkers.ProtoReflect.Descriptor instead.
 func (*ReconfigMarkers) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{91}
+	return file_fedstream_proto_rawDescGZIP(), []int{92}
 }
 
 func (x *ReconfigMarkers) GetEpoch() uint64 {
@@ -6484,7 +6568,7 @@ type UpdateQueryRequest struct {
 
 func (x *UpdateQueryRequest) Reset() {
 	*x = UpdateQueryRequest{}
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[93]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6496,7 +6580,7 @@ func (x *UpdateQueryRequest) String() string {
 func (*UpdateQueryRequest) ProtoMessage() {}
 
 func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[92]
+	mi := &file_fedstream_proto_msgTypes[93]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6509,7 +6593,7 @@ func (x *UpdateQueryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryRequest.ProtoReflect.Descriptor instead.
 func (*UpdateQueryRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{92}
+	return file_fedstream_proto_rawDescGZIP(), []int{93}
 }
 
 func (x *UpdateQueryRequest) GetYaml() []byte {
@@ -6564,7 +6648,7 @@ type OperatorVersionChange struct {
 
 func (x *OperatorVersionChange) Reset() {
 	*x = OperatorVersionChange{}
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[94]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6576,7 +6660,7 @@ func (x *OperatorVersionChange) String() string {
 func (*OperatorVersionChange) ProtoMessage() {}
 
 func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[93]
+	mi := &file_fedstream_proto_msgTypes[94]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6589,7 +6673,7 @@ func (x *OperatorVersionChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersionChange.ProtoReflect.Descriptor instead.
 func (*OperatorVersionChange) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{93}
+	return file_fedstream_proto_rawDescGZIP(), []int{94}
 }
 
 func (x *OperatorVersionChange) GetOperator() string {
@@ -6617,7 +6701,7 @@ type UpdateQueryResponse struct {
 
 func (x *UpdateQueryResponse) Reset() {
 	*x = UpdateQueryResponse{}
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[95]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6629,7 +6713,7 @@ func (x *UpdateQueryResponse) String() string {
 func (*UpdateQueryResponse) ProtoMessage() {}
 
 func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[94]
+	mi := &file_fedstream_proto_msgTypes[95]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6642,7 +6726,7 @@ func (x *UpdateQueryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateQueryResponse.ProtoReflect.Descriptor instead.
 func (*UpdateQueryResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{94}
+	return file_fedstream_proto_rawDescGZIP(), []int{95}
 }
 
 func (x *UpdateQueryResponse) GetName() string {
@@ -6675,7 +6759,7 @@ type QueryVersionsRequest struct {
 
 func (x *QueryVersionsRequest) Reset() {
 	*x = QueryVersionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[96]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6687,7 +6771,7 @@ func (x *QueryVersionsRequest) String() string {
 func (*QueryVersionsRequest) ProtoMessage() {}
 
 func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[95]
+	mi := &file_fedstream_proto_msgTypes[96]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6700,7 +6784,7 @@ func (x *QueryVersionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsRequest.ProtoReflect.Descriptor instead.
 func (*QueryVersionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{95}
+	return file_fedstream_proto_rawDescGZIP(), []int{96}
 }
 
 func (x *QueryVersionsRequest) GetName() string {
@@ -6729,7 +6813,7 @@ type VersionInfo struct {
 
 func (x *VersionInfo) Reset() {
 	*x = VersionInfo{}
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[97]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6741,7 +6825,7 @@ func (x *VersionInfo) String() string {
 func (*VersionInfo) ProtoMessage() {}
 
 func (x *VersionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[96]
+	mi := &file_fedstream_proto_msgTypes[97]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6754,7 +6838,7 @@ func (x *VersionInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionInfo.ProtoReflect.Descriptor instead.
 func (*VersionInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{96}
+	return file_fedstream_proto_rawDescGZIP(), []int{97}
 }
 
 func (x *VersionInfo) GetVersion() int32 {
@@ -6816,7 +6900,7 @@ type OperatorVersions struct {
 
 func (x *OperatorVersions) Reset() {
 	*x = OperatorVersions{}
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[98]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6828,7 +6912,7 @@ func (x *OperatorVersions) String() string {
 func (*OperatorVersions) ProtoMessage() {}
 
 func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[97]
+	mi := &file_fedstream_proto_msgTypes[98]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6841,7 +6925,7 @@ func (x *OperatorVersions) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OperatorVersions.ProtoReflect.Descriptor instead.
 func (*OperatorVersions) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{97}
+	return file_fedstream_proto_rawDescGZIP(), []int{98}
 }
 
 func (x *OperatorVersions) GetOperator() string {
@@ -6878,7 +6962,7 @@ type ReconfigPlanInfo struct {
 
 func (x *ReconfigPlanInfo) Reset() {
 	*x = ReconfigPlanInfo{}
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[99]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -6890,7 +6974,7 @@ func (x *ReconfigPlanInfo) String() string {
 func (*ReconfigPlanInfo) ProtoMessage() {}
 
 func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[98]
+	mi := &file_fedstream_proto_msgTypes[99]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -6903,7 +6987,7 @@ func (x *ReconfigPlanInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReconfigPlanInfo.ProtoReflect.Descriptor instead.
 func (*ReconfigPlanInfo) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{98}
+	return file_fedstream_proto_rawDescGZIP(), []int{99}
 }
 
 func (x *ReconfigPlanInfo) GetEpoch() uint64 {
@@ -6988,7 +7072,7 @@ type QueryVersionsResponse struct {
 
 func (x *QueryVersionsResponse) Reset() {
 	*x = QueryVersionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[100]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7000,7 +7084,7 @@ func (x *QueryVersionsResponse) String() string {
 func (*QueryVersionsResponse) ProtoMessage() {}
 
 func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[99]
+	mi := &file_fedstream_proto_msgTypes[100]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7013,7 +7097,7 @@ func (x *QueryVersionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryVersionsResponse.ProtoReflect.Descriptor instead.
 func (*QueryVersionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{99}
+	return file_fedstream_proto_rawDescGZIP(), []int{100}
 }
 
 func (x *QueryVersionsResponse) GetName() string {
@@ -7057,7 +7141,7 @@ type HealthKeySample struct {
 
 func (x *HealthKeySample) Reset() {
 	*x = HealthKeySample{}
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[101]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7069,7 +7153,7 @@ func (x *HealthKeySample) String() string {
 func (*HealthKeySample) ProtoMessage() {}
 
 func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[100]
+	mi := &file_fedstream_proto_msgTypes[101]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7082,7 +7166,7 @@ func (x *HealthKeySample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthKeySample.ProtoReflect.Descriptor instead.
 func (*HealthKeySample) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{100}
+	return file_fedstream_proto_rawDescGZIP(), []int{101}
 }
 
 func (x *HealthKeySample) GetFragment() string {
@@ -7138,7 +7222,7 @@ type HealthAction struct {
 
 func (x *HealthAction) Reset() {
 	*x = HealthAction{}
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[102]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7150,7 +7234,7 @@ func (x *HealthAction) String() string {
 func (*HealthAction) ProtoMessage() {}
 
 func (x *HealthAction) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[101]
+	mi := &file_fedstream_proto_msgTypes[102]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7163,7 +7247,7 @@ func (x *HealthAction) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthAction.ProtoReflect.Descriptor instead.
 func (*HealthAction) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{101}
+	return file_fedstream_proto_rawDescGZIP(), []int{102}
 }
 
 func (x *HealthAction) GetId() string {
@@ -7274,7 +7358,7 @@ type HealthActionsRequest struct {
 
 func (x *HealthActionsRequest) Reset() {
 	*x = HealthActionsRequest{}
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[103]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7286,7 +7370,7 @@ func (x *HealthActionsRequest) String() string {
 func (*HealthActionsRequest) ProtoMessage() {}
 
 func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[102]
+	mi := &file_fedstream_proto_msgTypes[103]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7299,7 +7383,7 @@ func (x *HealthActionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsRequest.ProtoReflect.Descriptor instead.
 func (*HealthActionsRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{102}
+	return file_fedstream_proto_rawDescGZIP(), []int{103}
 }
 
 func (x *HealthActionsRequest) GetQuery() string {
@@ -7318,7 +7402,7 @@ type HealthActionsResponse struct {
 
 func (x *HealthActionsResponse) Reset() {
 	*x = HealthActionsResponse{}
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[104]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7330,7 +7414,7 @@ func (x *HealthActionsResponse) String() string {
 func (*HealthActionsResponse) ProtoMessage() {}
 
 func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[103]
+	mi := &file_fedstream_proto_msgTypes[104]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7343,7 +7427,7 @@ func (x *HealthActionsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthActionsResponse.ProtoReflect.Descriptor instead.
 func (*HealthActionsResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{103}
+	return file_fedstream_proto_rawDescGZIP(), []int{104}
 }
 
 func (x *HealthActionsResponse) GetActions() []*HealthAction {
@@ -7362,7 +7446,7 @@ type HealthBlacklistRequest struct {
 
 func (x *HealthBlacklistRequest) Reset() {
 	*x = HealthBlacklistRequest{}
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[105]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7374,7 +7458,7 @@ func (x *HealthBlacklistRequest) String() string {
 func (*HealthBlacklistRequest) ProtoMessage() {}
 
 func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[104]
+	mi := &file_fedstream_proto_msgTypes[105]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7387,7 +7471,7 @@ func (x *HealthBlacklistRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistRequest.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistRequest) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{104}
+	return file_fedstream_proto_rawDescGZIP(), []int{105}
 }
 
 func (x *HealthBlacklistRequest) GetQuery() string {
@@ -7412,7 +7496,7 @@ type HealthPair struct {
 
 func (x *HealthPair) Reset() {
 	*x = HealthPair{}
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[106]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7424,7 +7508,7 @@ func (x *HealthPair) String() string {
 func (*HealthPair) ProtoMessage() {}
 
 func (x *HealthPair) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[105]
+	mi := &file_fedstream_proto_msgTypes[106]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7437,7 +7521,7 @@ func (x *HealthPair) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthPair.ProtoReflect.Descriptor instead.
 func (*HealthPair) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{105}
+	return file_fedstream_proto_rawDescGZIP(), []int{106}
 }
 
 func (x *HealthPair) GetQuery() string {
@@ -7495,7 +7579,7 @@ type HealthBlacklistResponse struct {
 
 func (x *HealthBlacklistResponse) Reset() {
 	*x = HealthBlacklistResponse{}
-	mi := &file_fedstream_proto_msgTypes[106]
+	mi := &file_fedstream_proto_msgTypes[107]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -7507,7 +7591,7 @@ func (x *HealthBlacklistResponse) String() string {
 func (*HealthBlacklistResponse) ProtoMessage() {}
 
 func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_fedstream_proto_msgTypes[106]
+	mi := &file_fedstream_proto_msgTypes[107]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -7520,7 +7604,7 @@ func (x *HealthBlacklistResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HealthBlacklistResponse.ProtoReflect.Descriptor instead.
 func (*HealthBlacklistResponse) Descriptor() ([]byte, []int) {
-	return file_fedstream_proto_rawDescGZIP(), []int{106}
+	return file_fedstream_proto_rawDescGZIP(), []int{107}
 }
 
 func (x *HealthBlacklistResponse) GetPairs() []*HealthPair {
@@ -7577,7 +7661,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
 	"\vmax_wait_ms\x18\x03 \x01(\x03R\tmaxWaitMs\x12&\n" +
 	"\x0ereconfig_plans\x18\x9f\x05 \x01(\bR\rreconfigPlans\x12/\n" +
-	"\x13reconfig_plans_have\x18\x91\x05 \x03(\x06R\x11reconfigPlansHave\"\xa5\x03\n" +
+	"\x13reconfig_plans_have\x18\x91\x05 \x03(\x06R\x11reconfigPlansHave\"\xb1\x04\n" +
 	"\n" +
 	"Assignment\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x14\n" +
@@ -7596,7 +7680,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tbootstrap\x18P \x01(\v2\x1c.fedstream.v1.SnapshotSourceR\tbootstrap\x12\x1d\n" +
 	"\n" +
 	"moving_out\x18Q \x01(\bR\tmovingOut\x12*\n" +
-	"\x10markers_expected\x18\xa2\x02 \x01(\x05R\x0fmarkersExpected\"\xda\x01\n" +
+	"\x10markers_expected\x18\xa2\x02 \x01(\x05R\x0fmarkersExpected\x125\n" +
+	"\x16reconfig_kept_frontier\x18\xa4\x05 \x01(\x03R\x14reconfigKeptFrontier\x12S\n" +
+	"\x16reconfig_kept_switches\x18\xa5\x05 \x03(\v2\x1c.fedstream.v1.ReconfigSwitchR\x14reconfigKeptSwitches\"\xda\x01\n" +
 	"\rTaskPlacement\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1a\n" +
 	"\bfragment\x18\x02 \x01(\tR\bfragment\x12\x1c\n" +
@@ -8039,12 +8125,16 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x12LoadStatusResponse\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x1f\n" +
 	"\vstatus_json\x18\x02 \x01(\fR\n" +
-	"statusJson\"\x93\x01\n" +
+	"statusJson\"\xce\x01\n" +
 	"\x10ReconfigProgress\x12\x14\n" +
 	"\x05acked\x18\x01 \x01(\x04R\x05acked\x12\x14\n" +
 	"\x05level\x18\x02 \x01(\x04R\x05level\x12\x1a\n" +
 	"\bfrontier\x18\x03 \x01(\x03R\bfrontier\x127\n" +
-	"\amarkers\x18\x04 \x03(\v2\x1d.fedstream.v1.ReconfigMarkersR\amarkers\"W\n" +
+	"\amarkers\x18\x04 \x03(\v2\x1d.fedstream.v1.ReconfigMarkersR\amarkers\x129\n" +
+	"\bswitches\x18\xa3\x05 \x03(\v2\x1c.fedstream.v1.ReconfigSwitchR\bswitches\"6\n" +
+	"\x0eReconfigSwitch\x12\x14\n" +
+	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x0e\n" +
+	"\x02at\x18\x02 \x01(\x03R\x02at\"W\n" +
 	"\x0fReconfigMarkers\x12\x14\n" +
 	"\x05epoch\x18\x01 \x01(\x04R\x05epoch\x12\x12\n" +
 	"\x04seen\x18\x02 \x01(\x05R\x04seen\x12\x1a\n" +
@@ -8215,7 +8305,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 109)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -8309,160 +8399,163 @@ var file_fedstream_proto_goTypes = []any{
 	(*LoadStatusRequest)(nil),         // 89: fedstream.v1.LoadStatusRequest
 	(*LoadStatusResponse)(nil),        // 90: fedstream.v1.LoadStatusResponse
 	(*ReconfigProgress)(nil),          // 91: fedstream.v1.ReconfigProgress
-	(*ReconfigMarkers)(nil),           // 92: fedstream.v1.ReconfigMarkers
-	(*UpdateQueryRequest)(nil),        // 93: fedstream.v1.UpdateQueryRequest
-	(*OperatorVersionChange)(nil),     // 94: fedstream.v1.OperatorVersionChange
-	(*UpdateQueryResponse)(nil),       // 95: fedstream.v1.UpdateQueryResponse
-	(*QueryVersionsRequest)(nil),      // 96: fedstream.v1.QueryVersionsRequest
-	(*VersionInfo)(nil),               // 97: fedstream.v1.VersionInfo
-	(*OperatorVersions)(nil),          // 98: fedstream.v1.OperatorVersions
-	(*ReconfigPlanInfo)(nil),          // 99: fedstream.v1.ReconfigPlanInfo
-	(*QueryVersionsResponse)(nil),     // 100: fedstream.v1.QueryVersionsResponse
-	(*HealthKeySample)(nil),           // 101: fedstream.v1.HealthKeySample
-	(*HealthAction)(nil),              // 102: fedstream.v1.HealthAction
-	(*HealthActionsRequest)(nil),      // 103: fedstream.v1.HealthActionsRequest
-	(*HealthActionsResponse)(nil),     // 104: fedstream.v1.HealthActionsResponse
-	(*HealthBlacklistRequest)(nil),    // 105: fedstream.v1.HealthBlacklistRequest
-	(*HealthPair)(nil),                // 106: fedstream.v1.HealthPair
-	(*HealthBlacklistResponse)(nil),   // 107: fedstream.v1.HealthBlacklistResponse
-	nil,                               // 108: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 109: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ReconfigSwitch)(nil),            // 92: fedstream.v1.ReconfigSwitch
+	(*ReconfigMarkers)(nil),           // 93: fedstream.v1.ReconfigMarkers
+	(*UpdateQueryRequest)(nil),        // 94: fedstream.v1.UpdateQueryRequest
+	(*OperatorVersionChange)(nil),     // 95: fedstream.v1.OperatorVersionChange
+	(*UpdateQueryResponse)(nil),       // 96: fedstream.v1.UpdateQueryResponse
+	(*QueryVersionsRequest)(nil),      // 97: fedstream.v1.QueryVersionsRequest
+	(*VersionInfo)(nil),               // 98: fedstream.v1.VersionInfo
+	(*OperatorVersions)(nil),          // 99: fedstream.v1.OperatorVersions
+	(*ReconfigPlanInfo)(nil),          // 100: fedstream.v1.ReconfigPlanInfo
+	(*QueryVersionsResponse)(nil),     // 101: fedstream.v1.QueryVersionsResponse
+	(*HealthKeySample)(nil),           // 102: fedstream.v1.HealthKeySample
+	(*HealthAction)(nil),              // 103: fedstream.v1.HealthAction
+	(*HealthActionsRequest)(nil),      // 104: fedstream.v1.HealthActionsRequest
+	(*HealthActionsResponse)(nil),     // 105: fedstream.v1.HealthActionsResponse
+	(*HealthBlacklistRequest)(nil),    // 106: fedstream.v1.HealthBlacklistRequest
+	(*HealthPair)(nil),                // 107: fedstream.v1.HealthPair
+	(*HealthBlacklistResponse)(nil),   // 108: fedstream.v1.HealthBlacklistResponse
+	nil,                               // 109: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 110: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	108, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	109, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
 	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
 	46,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
-	7,   // 4: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	10,  // 5: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	9,   // 6: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	9,   // 7: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
-	6,   // 8: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	8,   // 9: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	0,   // 10: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	91,  // 11: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
-	12,  // 12: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	16,  // 13: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	109, // 14: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	12,  // 15: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	18,  // 16: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	0,   // 17: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
-	23,  // 18: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24,  // 19: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	101, // 20: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
-	36,  // 21: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
-	35,  // 22: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	39,  // 23: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,   // 24: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	42,  // 25: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,   // 26: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	54,  // 27: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	54,  // 28: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16,  // 29: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	87,  // 30: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	92,  // 31: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	94,  // 32: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	97,  // 33: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	94,  // 34: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	98,  // 35: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	99,  // 36: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	102, // 37: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
-	106, // 38: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
-	1,   // 39: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,   // 40: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,   // 41: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13,  // 42: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	13,  // 43: fedstream.v1.WorkerService.NoteReconfigAcks:input_type -> fedstream.v1.ReportTasksRequest
-	63,  // 44: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15,  // 45: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19,  // 46: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21,  // 47: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25,  // 48: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27,  // 49: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28,  // 50: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	65,  // 51: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	47,  // 52: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	67,  // 53: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34,  // 54: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	50,  // 55: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30,  // 56: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32,  // 57: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	38,  // 58: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	41,  // 59: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41,  // 60: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	49,  // 61: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44,  // 62: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	52,  // 63: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	55,  // 64: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	57,  // 65: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	59,  // 66: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	61,  // 67: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	69,  // 68: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	71,  // 69: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	73,  // 70: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	75,  // 71: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	77,  // 72: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	78,  // 73: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	79,  // 74: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	81,  // 75: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	83,  // 76: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	85,  // 77: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	86,  // 78: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	89,  // 79: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	93,  // 80: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	96,  // 81: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	103, // 82: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	105, // 83: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 84: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 85: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 86: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14,  // 87: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	14,  // 88: fedstream.v1.WorkerService.NoteReconfigAcks:output_type -> fedstream.v1.ReportTasksResponse
-	64,  // 89: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17,  // 90: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20,  // 91: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22,  // 92: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26,  // 93: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24,  // 94: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29,  // 95: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	66,  // 96: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	48,  // 97: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	68,  // 98: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	37,  // 99: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	51,  // 100: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31,  // 101: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33,  // 102: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	40,  // 103: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	43,  // 104: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	43,  // 105: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	53,  // 106: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45,  // 107: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	53,  // 108: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	56,  // 109: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	58,  // 110: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	60,  // 111: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	62,  // 112: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	70,  // 113: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	72,  // 114: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	74,  // 115: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	76,  // 116: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	80,  // 117: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 118: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 119: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	82,  // 120: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	84,  // 121: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	85,  // 122: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	88,  // 123: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	90,  // 124: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	95,  // 125: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	100, // 126: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	104, // 127: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	107, // 128: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	84,  // [84:129] is the sub-list for method output_type
-	39,  // [39:84] is the sub-list for method input_type
-	39,  // [39:39] is the sub-list for extension type_name
-	39,  // [39:39] is the sub-list for extension extendee
-	0,   // [0:39] is the sub-list for field type_name
+	92,  // 4: fedstream.v1.Assignment.reconfig_kept_switches:type_name -> fedstream.v1.ReconfigSwitch
+	7,   // 5: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	10,  // 6: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	9,   // 7: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	9,   // 8: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
+	6,   // 9: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	8,   // 10: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	0,   // 11: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	91,  // 12: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	12,  // 13: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16,  // 14: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	110, // 15: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12,  // 16: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18,  // 17: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	0,   // 18: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23,  // 19: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24,  // 20: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	102, // 21: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	36,  // 22: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
+	35,  // 23: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	39,  // 24: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 25: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	42,  // 26: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 27: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	54,  // 28: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	54,  // 29: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 30: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	87,  // 31: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	93,  // 32: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	92,  // 33: fedstream.v1.ReconfigProgress.switches:type_name -> fedstream.v1.ReconfigSwitch
+	95,  // 34: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	98,  // 35: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	95,  // 36: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	99,  // 37: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	100, // 38: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	103, // 39: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	107, // 40: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	1,   // 41: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 42: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 43: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 44: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	13,  // 45: fedstream.v1.WorkerService.NoteReconfigAcks:input_type -> fedstream.v1.ReportTasksRequest
+	63,  // 46: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 47: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 48: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 49: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 50: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 51: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 52: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	65,  // 53: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	47,  // 54: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	67,  // 55: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 56: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	50,  // 57: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 58: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 59: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	38,  // 60: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	41,  // 61: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41,  // 62: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	49,  // 63: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44,  // 64: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	52,  // 65: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	55,  // 66: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	57,  // 67: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	59,  // 68: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	61,  // 69: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	69,  // 70: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	71,  // 71: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	73,  // 72: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	75,  // 73: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	77,  // 74: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	78,  // 75: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	79,  // 76: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	81,  // 77: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	83,  // 78: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	85,  // 79: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	86,  // 80: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	89,  // 81: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	94,  // 82: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	97,  // 83: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	104, // 84: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	106, // 85: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 86: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 87: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 88: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 89: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	14,  // 90: fedstream.v1.WorkerService.NoteReconfigAcks:output_type -> fedstream.v1.ReportTasksResponse
+	64,  // 91: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 92: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 93: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 94: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 95: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 96: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 97: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	66,  // 98: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	48,  // 99: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	68,  // 100: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	37,  // 101: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	51,  // 102: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 103: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 104: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	40,  // 105: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	43,  // 106: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43,  // 107: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	53,  // 108: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45,  // 109: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	53,  // 110: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	56,  // 111: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	58,  // 112: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	60,  // 113: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	62,  // 114: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	70,  // 115: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	72,  // 116: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	74,  // 117: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	76,  // 118: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	80,  // 119: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 120: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 121: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	82,  // 122: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	84,  // 123: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	85,  // 124: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	88,  // 125: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	90,  // 126: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	96,  // 127: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	101, // 128: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	105, // 129: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	108, // 130: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	86,  // [86:131] is the sub-list for method output_type
+	41,  // [41:86] is the sub-list for method input_type
+	41,  // [41:41] is the sub-list for extension type_name
+	41,  // [41:41] is the sub-list for extension extendee
+	0,   // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -8478,7 +8571,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   109,
+			NumMessages:   110,
 			NumExtensions: 0,
 			NumServices:   11,
 		},

@@ -77,6 +77,15 @@ type reconfigState struct {
 	// the plan's cut, so that it never passes a cut it does not know.
 	cutFloor  map[uint64]int64
 	holdBelow int64
+	// switchAt (sources): by epoch, the stream time from which the
+	// source produces under it: an earlier copy's switch point the
+	// leader kept (TaskSpec.ReconfigKept), or this copy's own. It
+	// replaces the plan's cut in cutEpoch, so a copy that replays the
+	// stream tags it as the copy that first produced it did. switchedTo
+	// is the newest epoch whose switch point is recorded (or that the
+	// copy started at).
+	switchAt   map[uint64]int64
+	switchedTo uint64
 
 	// pre holds the versions built off the producer (prebuild).
 	pre prebuilt
@@ -102,6 +111,7 @@ type reconfigState struct {
 	frontier atomic.Int64
 	loading  atomic.Bool
 	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+	switches atomic.Pointer[[reportedMarkers]fsm.ReconfigSwitch]
 }
 
 // versionSet is a member operator run as versions side by side:
@@ -342,6 +352,7 @@ func (t *task) installReconfig(rc *fsm.QueryReconfig) error {
 		// from a snapshot, or after a move, starts here).
 		t.raiseLevel(done)
 	}
+	r.switchedTo = max(r.switchedTo, r.level)
 	if !source && t.maxSTime != math.MinInt64 {
 		// Reported with the acknowledgement: the cut goes above it.
 		r.frontier.Store(t.maxSTime)
@@ -725,11 +736,64 @@ func (r *reconfigState) sourceEpoch(stime int64) uint64 {
 func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	e := r.cur.Completed()
 	for _, c := range r.cuts {
-		if stime >= c.cut {
+		at := c.cut
+		if sw, ok := r.switchAt[c.epoch]; ok {
+			at = sw
+		}
+		if stime >= at {
 			e = max(e, c.epoch)
 		}
 	}
 	return e
+}
+
+// noteSwitch records that a source produced its first tuple or boundary
+// of epoch e at stime: the switch point of every epoch up to e not
+// recorded yet, reported to the leader, which keeps it for the task's
+// next copies (fsm ReconfigKept). Producer only.
+func (r *reconfigState) noteSwitch(e uint64, stime int64) {
+	if e <= r.switchedTo {
+		return
+	}
+	if r.switchAt == nil {
+		r.switchAt = map[uint64]int64{}
+	}
+	for x := r.switchedTo + 1; x <= e; x++ {
+		if _, ok := r.switchAt[x]; !ok {
+			r.switchAt[x] = stime
+		}
+	}
+	r.switchedTo = e
+	var rep [reportedMarkers]fsm.ReconfigSwitch
+	for i := range rep {
+		x := e - uint64(i)
+		at, ok := r.switchAt[x]
+		if x == 0 || !ok {
+			break
+		}
+		rep[i] = fsm.ReconfigSwitch{Epoch: x, At: at}
+	}
+	r.switches.Store(&rep)
+}
+
+// restoreKept gives a new copy of a source what the leader kept of its
+// earlier copies (fsm ReconfigKept), before it installs a plan: it
+// acknowledges with at least the highest frontier any of them
+// acknowledged a plan with, so it holds at that floor as they did and
+// the cut goes above everything they emitted, and it tags what it
+// replays by their switch points (cutEpoch).
+func (t *task) restoreKept(k *fsm.ReconfigKept) {
+	if k == nil || t.node.Kind != queryspec.KindSource {
+		return
+	}
+	r := &t.rc
+	r.frontier.Store(max(r.frontier.Load(), k.Frontier))
+	for _, sw := range k.Switches {
+		if r.switchAt == nil {
+			r.switchAt = map[uint64]int64{}
+		}
+		r.switchAt[sw.Epoch] = sw.At
+	}
 }
 
 // tagSource tags a record a source produced (producer only). It installs
@@ -740,6 +804,7 @@ func (r *reconfigState) cutEpoch(stime int64) uint64 {
 func (t *task) tagSource(tp *tuple.Tuple) {
 	if t.rc.on {
 		tp.Version = t.rc.sourceEpoch(tp.STime)
+		t.rc.noteSwitch(tp.Version, tp.STime)
 	}
 }
 
@@ -761,6 +826,9 @@ func (t *task) boundaryLevel(stime int64) uint64 {
 			r.frontier.Store(max(stime, t.maxSTime, r.frontier.Load()))
 		}
 		t.raiseLevel(r.sourceEpoch(stime))
+		if stime != math.MaxInt64 {
+			r.noteSwitch(r.level, stime)
+		}
 		return r.level
 	}
 	if r.on && stime != math.MaxInt64 {
@@ -807,6 +875,9 @@ func (t *task) reconfigProgress(st *TaskState) {
 	if r.loading.Load() {
 		// Only while a plan waits to switch: the cut goes above it.
 		st.ReconfigFrontier = r.frontier.Load()
+	}
+	if sw := r.switches.Load(); sw != nil {
+		st.ReconfigSwitches = *sw
 	}
 	switch {
 	case t.merge != nil && !t.passThrough:

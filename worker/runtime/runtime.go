@@ -220,6 +220,10 @@ type TaskSpec struct {
 	// epoch (one per upstream instance), as the coordinator counts them.
 	Reconfig        *fsm.QueryReconfig
 	MarkersExpected int
+	// ReconfigKept is what the leader kept of the task's earlier copies'
+	// reconfiguration reports (fsm.ReconfigKept; nil if nothing): a new
+	// source copy starts from it (restoreKept). Read when the task starts.
+	ReconfigKept *fsm.ReconfigKept
 }
 
 // SnapshotSource names the copy of a task a new copy takes its starting
@@ -291,6 +295,10 @@ type TaskState struct {
 	ReconfigLevel    uint64
 	ReconfigFrontier int64
 	ReconfigMarkers  [reportedMarkers]fsm.ReconfigMarkers
+	// ReconfigSwitches (a source): where it switched to each of its
+	// newest epochs (newest first, zero entries unused), which the
+	// leader keeps for the task's next copies.
+	ReconfigSwitches [reportedMarkers]fsm.ReconfigSwitch
 }
 
 // Options configures a Runtime. Zero values mean the defaults.

@@ -396,6 +396,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		// the versions of every configuration still in use.
 		t.rc.expected.Store(int64(spec.MarkersExpected))
 		t.rc.pending.Store(rc)
+		t.restoreKept(spec.ReconfigKept)
 		if err := t.installReconfig(rc); err != nil {
 			t.cancel()
 			return nil, err
@@ -403,6 +404,7 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		if s := spec.FromSnapshot; s != nil && s.SourceLevel > 0 {
 			// Its original switched early (idle): so does the copy.
 			t.raiseLevel(s.SourceLevel)
+			t.rc.switchedTo = max(t.rc.switchedTo, s.SourceLevel)
 		}
 	}
 	return t, nil
