@@ -170,7 +170,7 @@ type Task struct {
 	// request has KeepReconfig (protocol 11).
 	ReconfigKept *ReconfigKept `json:"reconfig_kept,omitempty"`
 	CreateIndex  uint64        `json:"create_index"`
-	ModifyIndex      uint64            `json:"modify_index"`
+	ModifyIndex  uint64        `json:"modify_index"`
 }
 
 // Gen is the task's generation, at least 1.
