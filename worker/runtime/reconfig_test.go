@@ -176,12 +176,18 @@ func (r *reconfigRun) publish() { r.publishExcept("", nil) }
 // publishExcept is publish, but task late (if not "") gets old instead:
 // it learns the current state later, with the next publish.
 func (r *reconfigRun) publishExcept(late string, old *fsm.QueryReconfig) {
+	r.publishExceptOn(nil, late, old)
+}
+
+// publishExceptOn is publishExcept, late naming only the copy of the
+// task on worker at (nil: any worker).
+func (r *reconfigRun) publishExceptOn(at *worker, late string, old *fsm.QueryReconfig) {
 	rc := r.rc
 	rc.Plans = slices.Clone(r.rc.Plans)
-	for _, specs := range r.c.specs {
+	for w, specs := range r.c.specs {
 		for i := range specs {
 			specs[i].Reconfig = &rc
-			if specs[i].TaskID == late {
+			if specs[i].TaskID == late && (at == nil || at == w) {
 				specs[i].Reconfig = old
 			}
 			n := 0

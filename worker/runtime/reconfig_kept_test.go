@@ -1,0 +1,213 @@
+package runtime
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/fedstream/fedstream/fsm"
+)
+
+// The tests of a source's reconfiguration frontier kept by the leader
+// across the task's copies (fsm ReconfigKept): the rig plays the leader,
+// keeping every copy's reports with the FSM's own rule
+// (ReconfigKept.Merge) and setting the cut above the frontiers of the
+// copies placed and the kept ones (fsm advanceReconfig).
+
+// keptLeader is the rig's leader state: what it keeps of every copy's
+// reports, by task.
+type keptLeader struct {
+	kept map[string]*fsm.ReconfigKept
+	// off plays a leader from before protocol 11: it keeps nothing, and
+	// the moving-out copy of a live move does not count.
+	off bool
+}
+
+// keepReports merges what every copy on every worker reports (the
+// moving-out copy of a live move's too) into the leader's state.
+func (r *reconfigRun) keepReports(l *keptLeader) {
+	if l.off {
+		return
+	}
+	if l.kept == nil {
+		l.kept = map[string]*fsm.ReconfigKept{}
+	}
+	for _, st := range r.c.states() {
+		if !st.Reconfig {
+			continue
+		}
+		var sws []fsm.ReconfigSwitch
+		for _, sw := range st.ReconfigSwitches {
+			if sw.Epoch != 0 {
+				sws = append(sws, sw)
+			}
+		}
+		l.kept[st.TaskID], _ = l.kept[st.TaskID].Merge(st.ReconfigFrontier, sws)
+	}
+}
+
+// leaderCut is the cut the leader sets for plan 1 once every task
+// acknowledged it: above the frontier of every copy placed (not the old
+// copy on moving, if any) and every kept one, plus margin.
+func (r *reconfigRun) leaderCut(l *keptLeader, moving *worker, id string, margin time.Duration) int64 {
+	r.t.Helper()
+	r.waitAcked(1)
+	r.keepReports(l)
+	frontier := int64(math.MinInt64)
+	for _, w := range r.c.workers {
+		for _, st := range w.rt.States() {
+			if w == moving && st.TaskID == id {
+				continue
+			}
+			frontier = max(frontier, st.ReconfigFrontier)
+		}
+	}
+	for _, k := range l.kept {
+		if k != nil {
+			frontier = max(frontier, k.Frontier)
+		}
+	}
+	return frontier + int64(margin)
+}
+
+// aheadOfItsSibling hands plan 2 (margin) to every task but the copy of
+// src on at, waits until src's sibling partition held at the plan's
+// lowest cut and src ran 100 records (50 ms of stream time, 2.5 margins)
+// past it, then hands it the plan too and waits until it held at its own
+// floor: src acknowledged with a frontier well above every other task's.
+func (r *reconfigRun) aheadOfItsSibling(at *worker, src, sibling string, margin time.Duration) {
+	r.t.Helper()
+	r.margin = margin
+	before := r.rc
+	before.Plans = slices.Clone(r.rc.Plans)
+	r.appendPlan(2)
+	r.publishExceptOn(at, src, &before)
+	waitUntil(r.t, "the sibling held at the plan's lowest cut", func() bool { return r.cutHolds(sibling) > 0 })
+	ahead := r.stats(sibling).OutTuples + 100
+	waitUntil(r.t, "the source 100 records ahead of its held sibling", func() bool { return r.statsOn(at, src).OutTuples >= ahead })
+	r.publish()
+	waitUntil(r.t, "the source held at its own floor", func() bool { return r.statsOn(at, src).CutHolds > 0 })
+}
+
+// statsOn is the statistics of the copy of task id on worker w.
+func (r *reconfigRun) statsOn(w *worker, id string) TaskStats {
+	for _, st := range w.rt.Stats() {
+		if st.TaskID == id {
+			return st
+		}
+	}
+	return TaskStats{}
+}
+
+// finishKept switches plan 1 at cut, completes it once every task has
+// its markers, reads the sink to its end and checks every output: none
+// lost, duplicated or mixed, the upgrade mid-stream, and each tagged
+// with the epoch its stream time gives under the cut (checkTagsByCut):
+// a tuple a source emitted at or above the cut under the old epoch fails.
+func (r *reconfigRun) finishKept(cut int64, limit int, done <-chan struct{}) {
+	r.t.Helper()
+	r.rc.Plans[0].Phase, r.rc.Plans[0].Cut = fsm.ReconfigSwitched, cut
+	r.publish()
+	if err := r.pace.Set(restSpeed); err != nil {
+		r.t.Fatal(err)
+	}
+	r.waitLevel(1)
+	r.complete()
+	<-done
+	paths := r.check(limit, true)
+	if paths["v1"] == 0 || paths["v2"] == 0 {
+		r.t.Fatalf("the upgrade did not happen mid-stream: %v", paths)
+	}
+	r.checkTagsByCut()
+}
+
+// TestReconfigMovedOutCopyLearnsThePlanAfterItsSnapshot: a live move of
+// a source partition starts (its new copy from a snapshot taken before
+// any plan), then a plan comes; the old copy, still serving its
+// consumers, learns it well ahead of every other task, acknowledges it
+// with its frontier and holds at its floor. The old copy's report counts
+// for nothing but its position at the leader, and the new copy, started
+// from a snapshot that had no plan, acknowledges with its own frontier,
+// behind. The leader keeps the old copy's frontier (fsm ReconfigKept) and
+// the cut goes above it. Before protocol 11 (the rig's leader with
+// keeping off) the cut fell below records the old copy had emitted
+// under the old epoch, which the consumers had taken from it.
+func TestReconfigMovedOutCopyLearnsThePlanAfterItsSnapshot(t *testing.T) {
+	testMovedOutCopyLearnsThePlan(t, &keptLeader{})
+}
+
+func testMovedOutCopyLearnsThePlan(t *testing.T, l *keptLeader) {
+	const (
+		limit   = 4000
+		margin  = 20 * time.Millisecond
+		moved   = "rc/lines/p0/r0"
+		sibling = "rc/lines/p1/r0"
+	)
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	// The plan must switch mid-stream (see startReplicaRun).
+	if err := r.pace.Set(0.1); err != nil {
+		t.Fatal(err)
+	}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	from, to := r.c.workers[0], r.c.workers[1]
+	var old TaskSpec
+	for _, s := range r.c.specs[from] {
+		if s.TaskID == moved {
+			old = s
+		}
+	}
+	m := r.c.startCopy(t, moved, from, to, false)
+	// The old copy runs on, its consumers reading it, until they switch:
+	// it stays in its worker's specs and learns what the others learn.
+	old.InMove = true
+	r.c.specs[from] = append(r.c.specs[from], old)
+	r.aheadOfItsSibling(from, moved, sibling, margin)
+	cut := r.leaderCut(l, from, moved, margin)
+	// The consumers switch to the new copy once it runs from its
+	// snapshot, the old copy is stopped.
+	r.c.specs[from] = slices.DeleteFunc(r.c.specs[from], func(s TaskSpec) bool { return s.TaskID == moved })
+	r.c.switchTo(m)
+	r.finishKept(cut, limit, done)
+}
+
+// TestReconfigCopyPlacedAgainAfterItsWorkerWasLost: a source partition
+// acknowledges a plan well ahead of every other task and holds at its
+// floor; its worker is lost and the task placed again without a
+// snapshot. The leader keeps the lost copy's frontier and gives it to
+// the new copy with its assignment (TaskSpec.ReconfigKept): the new copy
+// acknowledges with it (and holds at the floor it gives), and the cut
+// goes above everything the lost copy emitted. Before protocol 11 (the
+// rig's leader with keeping off) the new copy acknowledged with its own
+// frontier, from the start of its stream, the cut fell below records
+// the lost copy had emitted under the old epoch, and the consumers,
+// which had taken them, kept them so.
+func TestReconfigCopyPlacedAgainAfterItsWorkerWasLost(t *testing.T) {
+	testCopyPlacedAgain(t, &keptLeader{})
+}
+
+func testCopyPlacedAgain(t *testing.T, l *keptLeader) {
+	const (
+		limit   = 4000
+		margin  = 20 * time.Millisecond
+		lostSrc = "rc/lines/p0/r0"
+		sibling = "rc/lines/p1/r0"
+	)
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
+	if err := r.pace.Set(0.1); err != nil {
+		t.Fatal(err)
+	}
+	done := r.tail()
+	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	lost, next := r.c.workers[0], r.c.workers[1]
+	r.aheadOfItsSibling(lost, lostSrc, sibling, margin)
+	r.keepReports(l)
+	spec := r.c.loseWorker(lost, lostSrc)
+	if !l.off {
+		spec.ReconfigKept = l.kept[lostSrc]
+	}
+	r.c.placeAgainFromNothing(t, lost, spec, next)
+	r.finishKept(r.leaderCut(l, nil, "", margin), limit, done)
+}
