@@ -57,6 +57,7 @@ type liveOrg struct {
 	pool    *dataplane.Pool
 	// reconfig is the live reconfiguration service (issue 13).
 	reconfig pb.ReconfigServiceClient
+	client   *tlsutil.Credentials
 }
 
 func newLiveOrg(t *testing.T, workers int) *liveOrg { return newLiveOrgWith(t, workers, nil) }
@@ -70,7 +71,14 @@ func newLiveOrgWith(t *testing.T, workers int, opt func(*coordinator.Config)) *l
 // newLiveOrgWorkers is newLiveOrgWith with wopt applied to each worker's
 // configuration (i counts the workers from 0; nil: none).
 func newLiveOrgWorkers(t *testing.T, workers int, opt func(*coordinator.Config), wopt func(i int, c *worker.Config)) *liveOrg {
-	o := &liveOrg{inProcessOrg: newInProcessOrgWith(t, 1, opt), workers: map[string]*worker.Worker{}, cancel: map[string]context.CancelFunc{}}
+	return newLiveOrgOf(t, 1, workers, opt, wopt)
+}
+
+// newLiveOrgOf is newLiveOrgWorkers with coordinators coordinators; the
+// admin and reconfiguration clients talk to the first (useCoordinator
+// changes that), the workers know them all.
+func newLiveOrgOf(t *testing.T, coordinators, workers int, opt func(*coordinator.Config), wopt func(i int, c *worker.Config)) *liveOrg {
+	o := &liveOrg{inProcessOrg: newInProcessOrgWith(t, coordinators, opt), workers: map[string]*worker.Worker{}, cancel: map[string]context.CancelFunc{}}
 	client, err := tlsutil.New(o.ca.CertPEM)
 	if err != nil {
 		t.Fatal(err)
@@ -82,13 +90,8 @@ func newLiveOrgWorkers(t *testing.T, workers int, opt func(*coordinator.Config),
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := rpc.Dial(o.cfgs[0].GRPCAddr, "", client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	o.admin = pb.NewAdminServiceClient(conn)
-	o.reconfig = pb.NewReconfigServiceClient(conn)
+	o.client = client
+	o.useCoordinator(t, 0)
 	o.pool = dataplane.NewPool(client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleWorker}}))
 	t.Cleanup(func() { _ = o.pool.Close() })
 	for i := range workers {
@@ -131,6 +134,19 @@ func newLiveOrgWorkers(t *testing.T, workers int, opt func(*coordinator.Config),
 		return ready == workers
 	})
 	return o
+}
+
+// useCoordinator points the admin and reconfiguration clients at
+// coordinator i (a follower forwards to the leader).
+func (o *liveOrg) useCoordinator(t *testing.T, i int) {
+	t.Helper()
+	conn, err := rpc.Dial(o.cfgs[i].GRPCAddr, "", o.client.DialOption(tlsutil.Peer{Roles: []string{rpc.RoleCoordinator}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	o.admin = pb.NewAdminServiceClient(conn)
+	o.reconfig = pb.NewReconfigServiceClient(conn)
 }
 
 func (o *liveOrg) submit(t *testing.T, name string, replicas int) {

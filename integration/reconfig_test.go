@@ -100,7 +100,22 @@ func TestLiveReconfiguration(t *testing.T) {
 	wg.Wait()
 	t.Logf("updates: %v", updates)
 	out1 := o.tailRaw(t, "rq/out/p0/r1", nil)
+	paths := checkReconfigResults(t, out0, limit)
+	// v2 between the two cuts too: plan 3 is committed once plan 2 is
+	// complete, so its cut is at least a margin above plan 2's.
+	if paths["v1"] == 0 || paths["v2"] == 0 || paths["v3"] == 0 {
+		t.Fatalf("paths %v: the upgrades did not happen mid-stream", paths)
+	}
+	sameReplicaResults(t, out0, out1)
+	t.Logf("paths %v", paths)
+}
 
+// checkReconfigResults checks a sink's output of reconfigQuery (limit
+// lines per partition): every result's path names the versions of its
+// tag (none MIXED), and its stable results are the generators' lines,
+// none lost or duplicated. It returns how many took each path.
+func checkReconfigResults(t *testing.T, out0 []tuple.Tuple, limit int64) map[string]int {
+	t.Helper()
 	var want []string
 	for p := range 2 {
 		gen, err := source.NewGenerator(&queryspec.Generator{Kind: "words", Seed: 5, Limit: limit, Rate: 2000}, p)
@@ -133,13 +148,7 @@ func TestLiveReconfiguration(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Fatalf("%d results, the generators made %d: lost or duplicated", len(got), len(want))
 	}
-	// v2 between the two cuts too: plan 3 is committed once plan 2 is
-	// complete, so its cut is at least a margin above plan 2's.
-	if paths["v1"] == 0 || paths["v2"] == 0 || paths["v3"] == 0 {
-		t.Fatalf("paths %v: the upgrades did not happen mid-stream", paths)
-	}
-	sameReplicaResults(t, out0, out1)
-	t.Logf("paths %v", paths)
+	return paths
 }
 
 // sameReplicaResults checks that two sink replicas made the same
