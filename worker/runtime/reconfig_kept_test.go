@@ -138,20 +138,33 @@ func TestReconfigMovedOutCopyLearnsThePlanAfterItsSnapshot(t *testing.T) {
 	testMovedOutCopyLearnsThePlan(t, &keptLeader{})
 }
 
-func testMovedOutCopyLearnsThePlan(t *testing.T, l *keptLeader) {
-	const (
-		limit   = 4000
-		margin  = 20 * time.Millisecond
-		moved   = "rc/lines/p0/r0"
-		sibling = "rc/lines/p1/r0"
-	)
-	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
-	// The plan must switch mid-stream (see startReplicaRun).
+// The runs of the tests of kept frontiers: keptLimit lines per source
+// partition, plans of margin keptMargin; the source of partition 0
+// acknowledges ahead of its sibling's (aheadOfItsSibling).
+const (
+	keptLimit   = 4000
+	keptMargin  = 20 * time.Millisecond
+	keptSource  = "rc/lines/p0/r0"
+	keptSibling = "rc/lines/p1/r0"
+)
+
+// startKeptRun starts reconfigYAML over three workers (startReconfigRun)
+// at a tenth of its pace, so that a plan switches mid-stream (see
+// startReplicaRun), and returns once output flows, with the tail's end.
+func startKeptRun(t *testing.T) (*reconfigRun, <-chan struct{}) {
+	t.Helper()
+	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, keptLimit), fsm.TrackingStatic)
 	if err := r.pace.Set(0.1); err != nil {
 		t.Fatal(err)
 	}
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	return r, done
+}
+
+func testMovedOutCopyLearnsThePlan(t *testing.T, l *keptLeader) {
+	const moved = keptSource
+	r, done := startKeptRun(t)
 	from, to := r.c.workers[0], r.c.workers[1]
 	var old TaskSpec
 	for _, s := range r.c.specs[from] {
@@ -164,13 +177,13 @@ func testMovedOutCopyLearnsThePlan(t *testing.T, l *keptLeader) {
 	// it stays in its worker's specs and learns what the others learn.
 	old.InMove = true
 	r.c.specs[from] = append(r.c.specs[from], old)
-	r.aheadOfItsSibling(from, moved, sibling, margin)
-	cut := r.leaderCut(l, from, moved, margin)
+	r.aheadOfItsSibling(from, moved, keptSibling, keptMargin)
+	cut := r.leaderCut(l, from, moved, keptMargin)
 	// The consumers switch to the new copy once it runs from its
 	// snapshot, the old copy is stopped.
 	r.c.specs[from] = slices.DeleteFunc(r.c.specs[from], func(s TaskSpec) bool { return s.TaskID == moved })
 	r.c.switchTo(m)
-	r.finishKept(cut, limit, done)
+	r.finishKept(cut, keptLimit, done)
 }
 
 // TestReconfigCopyPlacedAgainAfterItsWorkerWasLost: a source partition
@@ -189,25 +202,15 @@ func TestReconfigCopyPlacedAgainAfterItsWorkerWasLost(t *testing.T) {
 }
 
 func testCopyPlacedAgain(t *testing.T, l *keptLeader) {
-	const (
-		limit   = 4000
-		margin  = 20 * time.Millisecond
-		lostSrc = "rc/lines/p0/r0"
-		sibling = "rc/lines/p1/r0"
-	)
-	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
-	if err := r.pace.Set(0.1); err != nil {
-		t.Fatal(err)
-	}
-	done := r.tail()
-	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	const lostSrc = keptSource
+	r, done := startKeptRun(t)
 	lost, next := r.c.workers[0], r.c.workers[1]
-	r.aheadOfItsSibling(lost, lostSrc, sibling, margin)
+	r.aheadOfItsSibling(lost, lostSrc, keptSibling, keptMargin)
 	r.keepReports(l)
 	spec := r.c.loseWorker(lost, lostSrc)
 	if !l.off {
 		spec.ReconfigKept = l.kept[lostSrc]
 	}
 	r.c.placeAgainFromNothing(t, lost, spec, next)
-	r.finishKept(r.leaderCut(l, nil, "", margin), limit, done)
+	r.finishKept(r.leaderCut(l, nil, "", keptMargin), keptLimit, done)
 }
