@@ -212,5 +212,13 @@ func testCopyPlacedAgain(t *testing.T, l *keptLeader) {
 		spec.ReconfigKept = l.kept[lostSrc]
 	}
 	r.c.placeAgainFromNothing(t, lost, spec, next)
+	if k := spec.ReconfigKept; k != nil {
+		// The new copy starts from what was kept: it acknowledges with
+		// the lost copy's frontier, though it starts its stream again.
+		r.waitAcked(1)
+		if f := r.states()[lostSrc].ReconfigFrontier; f < k.Frontier {
+			t.Fatalf("the new copy acknowledged with frontier %d, below the kept %d", f, k.Frontier)
+		}
+	}
 	r.finishKept(r.leaderCut(l, nil, "", keptMargin), keptLimit, done)
 }
