@@ -222,3 +222,31 @@ func testCopyPlacedAgain(t *testing.T, l *keptLeader) {
 	}
 	r.finishKept(r.leaderCut(l, nil, "", keptMargin), keptLimit, done)
 }
+
+// TestReconfigSwitchPoints: a source records where it switched to each
+// epoch (its first record or boundary of it; the epochs it skipped at
+// the same point) and reports the newest, and a copy given kept switch
+// points tags by them instead of by the cuts: one past its cut (the
+// earlier copy learned the cut late) and one before it (an idle source's
+// early marker) alike.
+func TestReconfigSwitchPoints(t *testing.T) {
+	rc := &fsm.QueryReconfig{Plans: []fsm.ReconfigPlan{{Epoch: 1, Phase: fsm.ReconfigSwitched, Cut: 100}, {Epoch: 2, Phase: fsm.ReconfigSwitched, Cut: 200}}}
+	cuts := []epochCut{{1, 100}, {2, 200}}
+	first := &reconfigState{cur: rc, cuts: cuts}
+	for _, st := range []int64{50, 99} {
+		first.noteSwitch(first.sourceEpoch(st), st)
+	}
+	// Nothing between the two cuts: from 0 straight to 2.
+	first.noteSwitch(first.sourceEpoch(230), 230)
+	first.noteSwitch(first.sourceEpoch(240), 240)
+	rep := first.switches.Load()
+	if rep == nil || rep[0] != (fsm.ReconfigSwitch{Epoch: 2, At: 230}) || rep[1] != (fsm.ReconfigSwitch{Epoch: 1, At: 230}) || rep[2].Epoch != 0 {
+		t.Fatalf("reported switches %v, want epochs 2 and 1 at 230", rep)
+	}
+	next := &reconfigState{cur: rc, cuts: cuts, switchAt: map[uint64]int64{1: 150, 2: 180}}
+	for st, want := range map[int64]uint64{99: 0, 120: 0, 150: 1, 179: 1, 180: 2, 199: 2, 300: 2} {
+		if got := next.sourceEpoch(st); got != want {
+			t.Errorf("a copy given the kept switch points tags stime %d with %d, want %d", st, got, want)
+		}
+	}
+}
