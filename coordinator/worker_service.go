@@ -225,14 +225,20 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		upd.States = append(upd.States, u)
 	}
-	// Every copy's frontier and switch points kept across copies, once
-	// every coordinator applies them alike (fsm KeepReconfigProtocol).
-	upd.KeepReconfig = s.checkProtocol(fsm.KeepReconfigProtocol, "keeping reconfiguration frontiers") == nil
+	upd.KeepReconfig = s.keepReconfig()
 	hold := s.noteAcksReceived(req.WorkerId, reports)
 	if err := s.writeReport(ctx, upd, hold); err != nil {
 		return nil, err
 	}
 	return resp, nil
+}
+
+// keepReconfig reports whether a report's entry may keep every copy's
+// reconfiguration frontier and switch points across copies
+// (fsm UpdateTaskStatesRequest.KeepReconfig): only once every coordinator
+// applies them alike (fsm KeepReconfigProtocol).
+func (s *Server) keepReconfig() bool {
+	return s.checkProtocol(fsm.KeepReconfigProtocol, "keeping reconfiguration frontiers") == nil
 }
 
 // NoteReconfigAcks takes a worker's reconfiguration acknowledgements

@@ -690,7 +690,7 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 	if err := s.ensurePartnerWorker(ctx, org); err != nil {
 		return err
 	}
-	upd := fsm.UpdateTaskStatesRequest{WorkerID: partnerWorkerID(org)}
+	upd := fsm.UpdateTaskStatesRequest{WorkerID: partnerWorkerID(org), KeepReconfig: s.keepReconfig()}
 	for _, r := range out.Reports {
 		s.xorg.setHostedLevel(r.TaskID, r.DataPlaneLevel)
 		if r.State == "" {
