@@ -265,9 +265,16 @@ func (c *testCluster) leader() int {
 // last Unavailable after 30 s.
 func whileUnavailable(t testing.TB, call func(ctx context.Context) error) error {
 	t.Helper()
+	return whileUnavailableFor(t, 10*time.Second, call)
+}
+
+// whileUnavailableFor is whileUnavailable with each attempt's deadline
+// per.
+func whileUnavailableFor(t testing.TB, per time.Duration, call func(ctx context.Context) error) error {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		err := call(ctxT(t, 10*time.Second))
+		err := call(ctxT(t, per))
 		if status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
 			return err
 		}

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -95,13 +96,36 @@ func (o *xorgOrg) falseDeath(t *testing.T, query string, held *atomic.Value) err
 	if err != nil {
 		return fmt.Errorf("mark %s down: %w", victim, err)
 	}
+	// Meanwhile no task moves while a task it reads from does (see
+	// inOrder): the victim runs the source and the aggregate here.
+	inputs := o.nodes[0].taskInputs()
 	for _, id := range ran {
 		for {
-			tk, err := o.nodes[0].State().Task(nil, id)
+			tasks, err := o.nodes[0].State().Tasks(nil)
 			if err != nil {
 				return err
 			}
-			if tk.Gen() >= 2 && tk.WorkerID != victim && tk.WorkerID != "" && tk.MovingFrom == "" && tk.State == states.TaskRunning {
+			moving := map[string]string{} // fragment -> a task of it in a move
+			for _, tk := range tasks {
+				if tk.Query == query && tk.MovingFrom != "" {
+					moving[tk.Fragment] = tk.ID
+				}
+			}
+			var tk *fsm.Task
+			for _, x := range tasks {
+				if x.ID == id {
+					tk = x
+				}
+				if x.Query != query || x.MovingFrom == "" {
+					continue
+				}
+				for _, in := range inputs(x) {
+					if up := moving[in]; up != "" {
+						return fmt.Errorf("%s moves while %s, which it reads from, moves too", x.ID, up)
+					}
+				}
+			}
+			if tk != nil && tk.Gen() >= 2 && tk.WorkerID != victim && tk.WorkerID != "" && tk.MovingFrom == "" && tk.State == states.TaskRunning {
 				break
 			}
 			select {
@@ -154,5 +178,67 @@ func TestReplaceHandsOverFromDownWorkers(t *testing.T) {
 		if m.Live {
 			t.Errorf("%s moves live although a coordinator could not apply it", id)
 		}
+	}
+}
+
+// TestReplaceMovesAProducerBeforeItsConsumer: a producer and its consumer
+// leaving one worker declared down move live one after the other, the
+// producer first (inOrder): its move's end switches every consumer at
+// once, and a consumer with two copies then loses input on the copy
+// that reaches the new producer copy last. A move waits while a task it
+// reads from moves, and while a task reading from it moves; tasks of
+// another stream move at once. (Before, one plan moved all three at
+// once.)
+func TestReplaceMovesAProducerBeforeItsConsumer(t *testing.T) {
+	t.Parallel()
+	workers := []*fsm.Worker{worker("down", 4, statusDown, ""), worker("a", 4, statusReady, "")}
+	reads := map[string][]string{"counts": {"lines"}, "out": {"counts"}}
+	ho := handOver{live: true, catchUp: true, inputs: func(tk *fsm.Task) []string { return reads[tk.Fragment] }}
+	lines, counts, out := placedTask("q", "lines", 0, 0, "down"), placedTask("q", "counts", 0, 0, "down"), placedTask("q", "out", 0, 0, "down")
+	other := placedTask("q2", "counts", 0, 0, "down") // reads a q2 stream that does not move
+	tasks := []*fsm.Task{out, counts, lines, other}
+	planned := func() (ids []string) {
+		for _, m := range replace(workers, tasks, nil, ho) {
+			if !m.Live {
+				t.Errorf("%s does not move live: %+v", m.TaskID, m)
+			}
+			ids = append(ids, m.TaskID)
+		}
+		slices.Sort(ids)
+		return ids
+	}
+	// moving puts tk's next copy on a while its old copy runs on.
+	moving := func(tk *fsm.Task) {
+		tk.MovingFrom, tk.MovingFromGeneration, tk.WorkerID, tk.Generation = tk.WorkerID, tk.Gen(), "a", tk.Gen()+1
+	}
+	ended := func(tk *fsm.Task) { tk.MovingFrom, tk.MovingFromGeneration = "", 0 }
+	for _, step := range []struct {
+		name string
+		want []string
+		then func()
+	}{
+		{"first plan", []string{lines.ID, other.ID}, func() { moving(lines); moving(other) }},
+		{"while the producer moves", nil, func() { ended(lines); ended(other) }},
+		{"once the producer's move ended", []string{counts.ID}, func() { moving(counts) }},
+		{"while the consumer moves", nil, func() { ended(counts) }},
+		{"once the consumer's move ended", []string{out.ID}, func() { moving(out) }},
+	} {
+		if got := planned(); !slices.Equal(got, step.want) {
+			t.Fatalf("%s: planned %v, want %v", step.name, got, step.want)
+		}
+		step.then()
+	}
+	// A producer left on the down worker whose consumer is in a move
+	// (one an operator asked for) waits for it.
+	src := placedTask("q3", "lines", 0, 0, "down")
+	agg := placedTask("q3", "counts", 0, 0, "a")
+	agg.MovingFrom, agg.MovingFromGeneration, agg.Generation = "a2", 1, 2
+	tasks = []*fsm.Task{src, agg}
+	if got := planned(); len(got) != 0 {
+		t.Fatalf("a producer moved while its consumer was moving: planned %v", got)
+	}
+	ended(agg)
+	if got := planned(); !slices.Equal(got, []string{src.ID}) {
+		t.Fatalf("once its consumer's move ended: planned %v, want %v", got, []string{src.ID})
 	}
 }

@@ -212,8 +212,15 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	}
 
 	step("pool formed")
-	// Before any pin, a proposal is refused with the reason.
-	_, err := alpha.fedClient(al).ProposeContract(ctxT(t, 10*time.Second), &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000})
+	// Before any pin, a proposal is refused with the reason. Each call
+	// is made again while Unavailable: under load an org's leadership
+	// changes every few seconds (raft steps down after a stall longer
+	// than its lease), and a call held through an election is answered
+	// "retry" (holdUntil).
+	err := whileUnavailable(t, func(ctx context.Context) error {
+		_, err := alpha.fedClient(al).ProposeContract(ctx, &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000})
+		return err
+	})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "pin") {
 		t.Fatalf("proposal before pinning: %v", err)
 	}
@@ -222,7 +229,10 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	alpha.pin(beta)
 	beta.pin(alpha)
 	// A CA that is not beta's is refused as beta's pin.
-	if _, err := alpha.fedClient(al).PinKey(ctxT(t, 10*time.Second), &pb.PinKeyRequest{Org: "beta", Key: beta.orgKey(), CaPem: gamma.ca.CertPEM}); status.Code(err) != codes.InvalidArgument {
+	if err := whileUnavailable(t, func(ctx context.Context) error {
+		_, err := alpha.fedClient(al).PinKey(ctx, &pb.PinKeyRequest{Org: "beta", Key: beta.orgKey(), CaPem: gamma.ca.CertPEM})
+		return err
+	}); status.Code(err) != codes.InvalidArgument {
 		t.Fatalf("pinning gamma's CA as beta's: %v", err)
 	}
 
@@ -271,7 +281,13 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 		}
 		return false
 	})
-	if _, err := beta.fedClient(bl).AnswerContract(ctxT(t, 20*time.Second), &pb.AnswerContractRequest{Id: proposed.Terms.ID, Accept: true}); err != nil {
+	// An acceptance retried after a lost answer answers the first. Each
+	// attempt has 20 s: it commits in beta (the pin), is delivered to
+	// alpha's leader and committed there, then in beta again.
+	if err := whileUnavailableFor(t, 20*time.Second, func(ctx context.Context) error {
+		_, err := beta.fedClient(bl).AnswerContract(ctx, &pb.AnswerContractRequest{Id: proposed.Terms.ID, Accept: true})
+		return err
+	}); err != nil {
 		t.Fatalf("accept: %v", err)
 	}
 	step("accepted")

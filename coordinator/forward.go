@@ -66,16 +66,19 @@ func (f *forwarder) close() {
 	f.conns = map[string]*grpc.ClientConn{}
 }
 
-// errNoLeader is returned when no leader became known within ForwardWait.
+// errNoLeader is returned when no leader became known within the hold
+// (holdUntil).
 var errNoLeader = status.Error(codes.Unavailable, "no coordinator leader is known: the org's cluster has no quorum or is electing; retry")
 
 // leaderOrForward runs local when this node is the leader and its set-up
 // ran in this term; otherwise it forwards the call to the leader, holding
 // it up to ForwardWait while no leader is known or this node, elected,
-// has not yet applied what its predecessor committed (its barrier). It
-// returns handled=true when the call was forwarded or refused.
+// has not yet applied what its predecessor committed (its barrier), and
+// never past a quarter of the caller's time before its deadline (see
+// holdUntil). It returns handled=true when the call was forwarded or
+// refused.
 func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp proto.Message) (handled bool, err error) {
-	deadline := time.Now().Add(s.cfg.Timings.ForwardWait)
+	deadline := holdUntil(ctx, time.Now(), s.cfg.Timings.ForwardWait)
 	for {
 		if s.IsLeader() {
 			if s.setUpTerm.Load() == s.raft.CurrentTerm() {
@@ -104,6 +107,27 @@ func (s *Server) leaderOrForward(ctx context.Context, method string, req, resp p
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// holdUntil is when a call held while no leader can serve it (an
+// election, a new leader's barrier) is answered errNoLeader: after wait,
+// but a quarter of the caller's remaining time before its deadline at
+// the latest. Unavailable says "retry", which a caller does, with a
+// fresh deadline; a hold that ran out the caller's deadline answered
+// DeadlineExceeded, which callers take as final. A call reaching one
+// org's leader through another's (a federation message) passes
+// through two such holds: under load, with both orgs electing, a
+// proposal delivered to a partner without a leader was held 5 s by each
+// of its two coordinators in turn, and the proposer's 10 s call ended in
+// DeadlineExceeded (TestFederationPoolTwoOrgsContract at load 30-50).
+func holdUntil(ctx context.Context, now time.Time, wait time.Duration) time.Time {
+	until := now.Add(wait)
+	if dl, ok := ctx.Deadline(); ok {
+		if early := dl.Add(-dl.Sub(now) / 4); early.Before(until) {
+			until = early
+		}
+	}
+	return until
 }
 
 // forwardTo sends the call to the leader leaderID, trying the gRPC

@@ -523,6 +523,32 @@ func barrierHeldUntil(release <-chan struct{}) func(time.Duration) error {
 	}
 }
 
+// TestHeldCallAnsweredUnavailableBeforeItsDeadline: a call held while
+// the leader's set-up has not run is answered Unavailable (retry) while
+// the caller still waits for an answer, when its deadline comes before
+// the hold's end (ForwardWait), not left to run out its deadline. Before,
+// it ended DeadlineExceeded, which callers do not retry: a contract
+// proposal delivered to a partner org that was electing
+// (TestFederationPoolTwoOrgsContract under load).
+func TestHeldCallAnsweredUnavailableBeforeItsDeadline(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	defer close(release)
+	c := newTestClusterWith(t, 1, "", "", testTimings(), func(cfg *Config) {
+		cfg.hooks.barrier = barrierHeldUntil(release)
+		cfg.Timings.LeaderSetupTimeout = time.Minute
+		cfg.Timings.ForwardWait = time.Minute
+	})
+	l := c.leader()
+	req := &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(wordsQuery, "held", 1)), Filename: "held.yaml", IdempotencyKey: "submit-held"}
+	// Answered at 4.5 s: a quarter of the caller's time is left for the
+	// answer to reach it.
+	_, err := c.admin(l).SubmitQuery(ctxT(t, 6*time.Second), req)
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a call held past its deadline: err = %v, want Unavailable", err)
+	}
+}
+
 // TestWorkerRegisteredDuringLeaderSetUpStaysReady: a worker that registers
 // with a new leader whose set-up is still running is held until the
 // set-up ran, then served, and is ready: the set-up cannot read the

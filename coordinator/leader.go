@@ -71,6 +71,18 @@ func (l *liveness) start(workers []string, until time.Time) {
 	}
 }
 
+// serving gives every worker this leader has not heard from yet a
+// deadline of until at least (see leaderLoop).
+func (l *liveness) serving(until time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w, d := range l.deadlines {
+		if !l.heard[w] && d.Before(until) {
+			l.deadlines[w] = until
+		}
+	}
+}
+
 // heardFrom reports whether this leader heard from the worker.
 func (l *liveness) heardFrom(id string) bool {
 	l.mu.Lock()
@@ -244,6 +256,11 @@ func (s *Server) leaderLoop(ctx context.Context) {
 		s.logger.Error("leadership transfer failed; retrying set-up", "err", terr)
 	}
 	s.setUpTerm.Store(term)
+	// The grace a new leader gives its workers runs from when it serves
+	// their heartbeats: until now they were held (leaderOrForward), and
+	// the set-up's deadlines, set after its barrier, ran through its
+	// commit of the unknown marks, which takes seconds under load.
+	s.liveness.serving(time.Now().Add(s.cfg.Timings.HeartbeatTTL + s.cfg.Timings.LeaderGrace))
 	s.leading.Store(true)
 	defer s.leading.Store(false)
 	defer s.acksLeadershipEnded()
