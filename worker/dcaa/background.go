@@ -232,7 +232,7 @@ func (m *Machine) backgroundDeliver(ev Deliver, acts []Action) []Action {
 	i := ev.Input
 	in := m.inputs[i]
 	bg := &in.bg
-	in.upState[bg.replica] = ev.Upstream
+	in.upState[bg.replica], in.seen[bg.replica] = ev.Upstream, m.now
 	in.quiet[bg.replica], in.suspect[bg.replica], in.fails[bg.replica] = false, 0, 0
 	for k := range ev.Tuples {
 		t := ev.Tuples[k]
