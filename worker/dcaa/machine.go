@@ -410,9 +410,6 @@ type inputState struct {
 	replica  int     // upstream replica subscribed to
 	attempt  uint64  // the current subscription's Subscribe.Attempt
 	upState  []State // advertised or reported state per upstream replica
-	// seen is when each replica's state in upState was last heard in
-	// band (0: never); a report older than that does not overwrite it.
-	seen []int64
 	suspect  []int64 // when each replica last failed us (0: never)
 	fails    []int   // subscriptions to each replica failed in a row (see suspicion)
 	heard    int64   // last delivery
@@ -464,6 +461,9 @@ type inputState struct {
 	// heard from, so once its suspicion expires the input does not go
 	// back to it from a live replica in UP_FAILURE.
 	quiet []bool
+	// seen is when each replica's state in upState was last heard in
+	// band (0: never); a report older than that does not overwrite it.
+	seen []int64
 	// bg is the input's background subscription (Config.Background).
 	bg background
 }
@@ -875,6 +875,9 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	case ReplicaMoved:
 		acts = m.replicaMoved(ev, acts)
 	case UpstreamStates:
+		if ev.Input < 0 || ev.Input >= len(m.inputs) {
+			break
+		}
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
 			if ev.At != 0 && (ev.States[r] == Unknown || ev.At <= in.seen[r]) {

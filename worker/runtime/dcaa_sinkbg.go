@@ -18,8 +18,9 @@ import (
 // upstream replica that is tentative (it advertises UP_FAILURE, or the
 // sink holds tentative results of it), it also reads another replica of
 // that upstream in the background, chosen as the machine chooses
-// (dcaa.BackgroundReplica: one known in STABILIZATION first, then the
-// nearest number, none whose background read failed recently), and
+// (dcaa.BackgroundReplica: one known in STABILIZATION first, by its
+// background reads or the coordinator's hints, then the nearest number,
+// none whose background read failed recently), and
 // follows its stream with dcaa.StableAgain. Once that replica is stable
 // again (its REC_DONE, or STABLE with nothing tentative since its last
 // UNDO or REC_DONE), the input moves its main subscription there.
@@ -52,8 +53,10 @@ const sinkBgSuspicion = 4
 // set by the reading goroutine, known by both.
 type sinkBg struct {
 	// known is the state each upstream replica advertised as this input
-	// last read it in the background (dcaa.State; index = replica).
-	known []atomic.Int32
+	// last read it in the background (dcaa.State; index = replica), at
+	// knownAt (unix nanoseconds).
+	known   []atomic.Int32
+	knownAt []atomic.Int64
 	// suspect is when each replica's background read last failed.
 	suspect []time.Time
 	// The running read: its replica, cancel (nil: none), and ended: its
@@ -81,7 +84,7 @@ func (t *task) sinkBackgrounds(ctx context.Context, wg *sync.WaitGroup) {
 func (t *task) sinkBackground(ctx context.Context, in *input, wg *sync.WaitGroup) {
 	k := max(1, t.plan.Query.Replicas)
 	if in.sbg == nil {
-		in.sbg = &sinkBg{known: make([]atomic.Int32, k), suspect: make([]time.Time, k)}
+		in.sbg = &sinkBg{known: make([]atomic.Int32, k), knownAt: make([]atomic.Int64, k), suspect: make([]time.Time, k)}
 	}
 	s := in.sbg
 	now := time.Now()
@@ -107,9 +110,14 @@ func (t *task) sinkBackground(ctx context.Context, in *input, wg *sync.WaitGroup
 		}
 		return
 	}
+	// What the input knows of each replica: read in the background, or
+	// the coordinator's hint when newer (dcaa_hints.go).
 	states := make([]dcaa.State, k)
 	for r := range states {
 		states[r] = dcaa.State(s.known[r].Load())
+		if h, ok := t.hints.get(hintKey{in.upstream, in.upPartition, r}); ok && h.at.UnixNano() > s.knownAt[r].Load() {
+			states[r] = h.state
+		}
 	}
 	susp := sinkBgSuspicion * t.detectTimeout()
 	r := dcaa.BackgroundReplica(t.spec.Replica, cur.Replica, states, func(r int) bool { return now.Sub(s.suspect[r]) < susp })
@@ -130,6 +138,7 @@ func (t *task) sinkBackground(ctx context.Context, in *input, wg *sync.WaitGroup
 		moved := false
 		err := t.readInBackground(rctx, in, r, after, func(_ context.Context, b *dataplane.Batch, st dcaa.State) error {
 			s.known[r].Store(int32(st))
+			s.knownAt[r].Store(time.Now().UnixNano())
 			done := again.Observe(b.Tuples, st) && st != dcaa.UpFailure
 			b.Release()
 			if done {
