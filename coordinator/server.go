@@ -97,6 +97,9 @@ type Server struct {
 	auth      *authenticator
 	liveness  *liveness
 	plans     planCache
+	// stateNews: when the leader learned each task's DCAA state
+	// (replica_hints.go).
+	stateNews *stateNews
 	// rcWire encodes queries' reconfiguration states for the
 	// assignment watch (reconfigWire).
 	rcWire reconfigWire
@@ -141,6 +144,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.liveness = newLiveness()
 	s.liveStats = newLiveStats()
+	s.stateNews = newStateNews(time.Now())
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	s.metrics = newCoordMetrics()

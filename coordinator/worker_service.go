@@ -189,7 +189,11 @@ func (ws *workerService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest
 	}
 	s.liveness.touch(w.ID, time.Now().Add(ttl))
 	s.liveStats.put(w.ID, req.TaskStats, time.Now())
-	return &pb.HeartbeatResponse{HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs()}, nil
+	hints, err := s.replicaStateHints(w.ID, time.Now())
+	if err != nil {
+		s.logger.Warn("heartbeat: replica state hints left out", "worker", w.ID, "err", err)
+	}
+	return &pb.HeartbeatResponse{HeartbeatTtlMs: ttl.Milliseconds(), Coordinators: s.coordinatorAddrs(), ReplicaStates: hints}, nil
 }
 
 func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksRequest) (*pb.ReportTasksResponse, error) {
@@ -222,6 +226,7 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		if t.ReplicaState != pb.ReplicaState_REPLICA_STATE_UNSPECIFIED {
 			u.ReplicaState = t.ReplicaState.String()
+			s.stateNews.note(t.TaskId, int(t.Generation), t.ReplicaState, time.Now())
 		}
 		upd.States = append(upd.States, u)
 	}

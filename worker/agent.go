@@ -597,6 +597,7 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 			resp, err := c.Heartbeat(ctx, req)
 			if err == nil {
 				w.learn(resp.Coordinators)
+				w.noteReplicaStates(resp.ReplicaStates, time.Now())
 			}
 			return err
 		})
@@ -609,6 +610,19 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 			w.logger.Warn("heartbeat failed on every known coordinator", "err", err)
 		}
 	}
+}
+
+// noteReplicaStates hands the coordinator's DCAA replica states (a
+// heartbeat answer's) to the runtime's tasks as hints.
+func (w *Worker) noteReplicaStates(hs []*pb.ReplicaStateHint, received time.Time) {
+	if len(hs) == 0 {
+		return
+	}
+	hints := make([]wrt.ReplicaStateHint, 0, len(hs))
+	for _, h := range hs {
+		hints = append(hints, wrt.ReplicaStateHint{TaskID: h.TaskId, Generation: int(h.Generation), State: h.State, Age: time.Duration(h.AgeMs) * time.Millisecond})
+	}
+	w.runtime.NoteReplicaStates(hints, received)
 }
 
 // watchLoop long-polls the assignment set and applies each new one.

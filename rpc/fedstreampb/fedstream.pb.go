@@ -316,8 +316,15 @@ type HeartbeatResponse struct {
 	state          protoimpl.MessageState `protogen:"open.v1"`
 	HeartbeatTtlMs int64                  `protobuf:"varint,1,opt,name=heartbeat_ttl_ms,json=heartbeatTtlMs,proto3" json:"heartbeat_ttl_ms,omitempty"`
 	Coordinators   []string               `protobuf:"bytes,2,rep,name=coordinators,proto3" json:"coordinators,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ---- DCAA replica choice (issue 10 item 2, session 19)
+	// The DCAA state last reported for each task of the replicated
+	// queries that have a task on the worker: a task's input re-subscribing
+	// to another replica of an upstream prefers STABLE, then UP_FAILURE,
+	// then STABILIZATION, and hears in band only the replicas it reads.
+	// A hint: a state heard in band more recently wins.
+	ReplicaStates []*ReplicaStateHint `protobuf:"bytes,661,rep,name=replica_states,json=replicaStates,proto3" json:"replica_states,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -360,6 +367,13 @@ func (x *HeartbeatResponse) GetHeartbeatTtlMs() int64 {
 func (x *HeartbeatResponse) GetCoordinators() []string {
 	if x != nil {
 		return x.Coordinators
+	}
+	return nil
+}
+
+func (x *HeartbeatResponse) GetReplicaStates() []*ReplicaStateHint {
+	if x != nil {
+		return x.ReplicaStates
 	}
 	return nil
 }
@@ -7628,6 +7642,80 @@ func (x *HealthBlacklistResponse) GetMinEvaluated() int32 {
 	return 0
 }
 
+// ---- DCAA replica choice (issue 10 item 2, session 19); see
+// HeartbeatResponse.replica_states.
+// A task copy's DCAA state as the coordinator knows it.
+type ReplicaStateHint struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	TaskId string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// The copy the state belongs to.
+	Generation int32        `protobuf:"varint,2,opt,name=generation,proto3" json:"generation,omitempty"`
+	State      ReplicaState `protobuf:"varint,3,opt,name=state,proto3,enum=fedstream.v1.ReplicaState" json:"state,omitempty"`
+	// How long ago the coordinator answering learned this state (at
+	// least; its own clock, so no clock of another machine is compared).
+	AgeMs         int64 `protobuf:"varint,4,opt,name=age_ms,json=ageMs,proto3" json:"age_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaStateHint) Reset() {
+	*x = ReplicaStateHint{}
+	mi := &file_fedstream_proto_msgTypes[108]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaStateHint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaStateHint) ProtoMessage() {}
+
+func (x *ReplicaStateHint) ProtoReflect() protoreflect.Message {
+	mi := &file_fedstream_proto_msgTypes[108]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaStateHint.ProtoReflect.Descriptor instead.
+func (*ReplicaStateHint) Descriptor() ([]byte, []int) {
+	return file_fedstream_proto_rawDescGZIP(), []int{108}
+}
+
+func (x *ReplicaStateHint) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ReplicaStateHint) GetGeneration() int32 {
+	if x != nil {
+		return x.Generation
+	}
+	return 0
+}
+
+func (x *ReplicaStateHint) GetState() ReplicaState {
+	if x != nil {
+		return x.State
+	}
+	return ReplicaState_REPLICA_STATE_UNSPECIFIED
+}
+
+func (x *ReplicaStateHint) GetAgeMs() int64 {
+	if x != nil {
+		return x.AgeMs
+	}
+	return 0
+}
+
 var File_fedstream_proto protoreflect.FileDescriptor
 
 const file_fedstream_proto_rawDesc = "" +
@@ -7652,10 +7740,11 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x10HeartbeatRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x127\n" +
 	"\n" +
-	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"a\n" +
+	"task_stats\x18\x82\x01 \x03(\v2\x17.fedstream.v1.TaskStatsR\ttaskStats\"\xa9\x01\n" +
 	"\x11HeartbeatResponse\x12(\n" +
 	"\x10heartbeat_ttl_ms\x18\x01 \x01(\x03R\x0eheartbeatTtlMs\x12\"\n" +
-	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\"\xcc\x01\n" +
+	"\fcoordinators\x18\x02 \x03(\tR\fcoordinators\x12F\n" +
+	"\x0ereplica_states\x18\x95\x05 \x03(\v2\x1e.fedstream.v1.ReplicaStateHintR\rreplicaStates\"\xcc\x01\n" +
 	"\x17WatchAssignmentsRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x1b\n" +
 	"\tmin_index\x18\x02 \x01(\x04R\bminIndex\x12\x1e\n" +
@@ -8222,7 +8311,14 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x17HealthBlacklistResponse\x12.\n" +
 	"\x05pairs\x18\x01 \x03(\v2\x18.fedstream.v1.HealthPairR\x05pairs\x12#\n" +
 	"\rfailure_ratio\x18\x02 \x01(\x01R\ffailureRatio\x12#\n" +
-	"\rmin_evaluated\x18\x03 \x01(\x05R\fminEvaluated*t\n" +
+	"\rmin_evaluated\x18\x03 \x01(\x05R\fminEvaluated\"\x94\x01\n" +
+	"\x10ReplicaStateHint\x12\x17\n" +
+	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1e\n" +
+	"\n" +
+	"generation\x18\x02 \x01(\x05R\n" +
+	"generation\x120\n" +
+	"\x05state\x18\x03 \x01(\x0e2\x1a.fedstream.v1.ReplicaStateR\x05state\x12\x15\n" +
+	"\x06age_ms\x18\x04 \x01(\x03R\x05ageMs*t\n" +
 	"\fReplicaState\x12\x1d\n" +
 	"\x19REPLICA_STATE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eREPLICA_STABLE\x10\x01\x12\x16\n" +
@@ -8305,7 +8401,7 @@ func file_fedstream_proto_rawDescGZIP() []byte {
 }
 
 var file_fedstream_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 110)
+var file_fedstream_proto_msgTypes = make([]protoimpl.MessageInfo, 111)
 var file_fedstream_proto_goTypes = []any{
 	(ReplicaState)(0),                 // 0: fedstream.v1.ReplicaState
 	(*RegisterRequest)(nil),           // 1: fedstream.v1.RegisterRequest
@@ -8416,146 +8512,149 @@ var file_fedstream_proto_goTypes = []any{
 	(*HealthBlacklistRequest)(nil),    // 106: fedstream.v1.HealthBlacklistRequest
 	(*HealthPair)(nil),                // 107: fedstream.v1.HealthPair
 	(*HealthBlacklistResponse)(nil),   // 108: fedstream.v1.HealthBlacklistResponse
-	nil,                               // 109: fedstream.v1.RegisterRequest.LabelsEntry
-	nil,                               // 110: fedstream.v1.WorkerInfo.LabelsEntry
+	(*ReplicaStateHint)(nil),          // 109: fedstream.v1.ReplicaStateHint
+	nil,                               // 110: fedstream.v1.RegisterRequest.LabelsEntry
+	nil,                               // 111: fedstream.v1.WorkerInfo.LabelsEntry
 }
 var file_fedstream_proto_depIdxs = []int32{
-	109, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
+	110, // 0: fedstream.v1.RegisterRequest.labels:type_name -> fedstream.v1.RegisterRequest.LabelsEntry
 	35,  // 1: fedstream.v1.HeartbeatRequest.task_stats:type_name -> fedstream.v1.TaskStats
-	9,   // 2: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
-	46,  // 3: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
-	92,  // 4: fedstream.v1.Assignment.reconfig_kept_switches:type_name -> fedstream.v1.ReconfigSwitch
-	7,   // 5: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
-	10,  // 6: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
-	9,   // 7: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
-	9,   // 8: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
-	6,   // 9: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
-	8,   // 10: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
-	0,   // 11: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
-	91,  // 12: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
-	12,  // 13: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
-	16,  // 14: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
-	110, // 15: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
-	12,  // 16: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
-	18,  // 17: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
-	0,   // 18: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
-	23,  // 19: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
-	24,  // 20: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
-	102, // 21: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
-	36,  // 22: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
-	35,  // 23: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
-	39,  // 24: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
-	0,   // 25: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
-	42,  // 26: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
-	9,   // 27: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
-	54,  // 28: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
-	54,  // 29: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
-	16,  // 30: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
-	87,  // 31: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
-	93,  // 32: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
-	92,  // 33: fedstream.v1.ReconfigProgress.switches:type_name -> fedstream.v1.ReconfigSwitch
-	95,  // 34: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
-	98,  // 35: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
-	95,  // 36: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
-	99,  // 37: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
-	100, // 38: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
-	103, // 39: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
-	107, // 40: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
-	1,   // 41: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
-	3,   // 42: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
-	5,   // 43: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
-	13,  // 44: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
-	13,  // 45: fedstream.v1.WorkerService.NoteReconfigAcks:input_type -> fedstream.v1.ReportTasksRequest
-	63,  // 46: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
-	15,  // 47: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
-	19,  // 48: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
-	21,  // 49: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
-	25,  // 50: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
-	27,  // 51: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
-	28,  // 52: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
-	65,  // 53: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
-	47,  // 54: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
-	67,  // 55: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
-	34,  // 56: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
-	50,  // 57: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
-	30,  // 58: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
-	32,  // 59: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
-	38,  // 60: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
-	41,  // 61: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
-	41,  // 62: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
-	49,  // 63: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
-	44,  // 64: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
-	52,  // 65: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
-	55,  // 66: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
-	57,  // 67: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
-	59,  // 68: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
-	61,  // 69: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
-	69,  // 70: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
-	71,  // 71: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
-	73,  // 72: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
-	75,  // 73: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
-	77,  // 74: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
-	78,  // 75: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
-	79,  // 76: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
-	81,  // 77: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
-	83,  // 78: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
-	85,  // 79: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
-	86,  // 80: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
-	89,  // 81: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
-	94,  // 82: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
-	97,  // 83: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
-	104, // 84: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
-	106, // 85: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
-	2,   // 86: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
-	4,   // 87: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
-	11,  // 88: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
-	14,  // 89: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
-	14,  // 90: fedstream.v1.WorkerService.NoteReconfigAcks:output_type -> fedstream.v1.ReportTasksResponse
-	64,  // 91: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
-	17,  // 92: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
-	20,  // 93: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
-	22,  // 94: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
-	26,  // 95: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
-	24,  // 96: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
-	29,  // 97: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
-	66,  // 98: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
-	48,  // 99: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
-	68,  // 100: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
-	37,  // 101: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
-	51,  // 102: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
-	31,  // 103: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
-	33,  // 104: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
-	40,  // 105: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
-	43,  // 106: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
-	43,  // 107: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
-	53,  // 108: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
-	45,  // 109: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
-	53,  // 110: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
-	56,  // 111: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
-	58,  // 112: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
-	60,  // 113: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
-	62,  // 114: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
-	70,  // 115: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
-	72,  // 116: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
-	74,  // 117: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
-	76,  // 118: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
-	80,  // 119: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 120: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
-	80,  // 121: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
-	82,  // 122: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
-	84,  // 123: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
-	85,  // 124: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
-	88,  // 125: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
-	90,  // 126: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
-	96,  // 127: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
-	101, // 128: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
-	105, // 129: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
-	108, // 130: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
-	86,  // [86:131] is the sub-list for method output_type
-	41,  // [41:86] is the sub-list for method input_type
-	41,  // [41:41] is the sub-list for extension type_name
-	41,  // [41:41] is the sub-list for extension extendee
-	0,   // [0:41] is the sub-list for field type_name
+	109, // 2: fedstream.v1.HeartbeatResponse.replica_states:type_name -> fedstream.v1.ReplicaStateHint
+	9,   // 3: fedstream.v1.Assignment.slots:type_name -> fedstream.v1.SlotRange
+	46,  // 4: fedstream.v1.Assignment.bootstrap:type_name -> fedstream.v1.SnapshotSource
+	92,  // 5: fedstream.v1.Assignment.reconfig_kept_switches:type_name -> fedstream.v1.ReconfigSwitch
+	7,   // 6: fedstream.v1.QueryView.tasks:type_name -> fedstream.v1.TaskPlacement
+	10,  // 7: fedstream.v1.QueryView.slot_maps:type_name -> fedstream.v1.SlotMap
+	9,   // 8: fedstream.v1.SlotMap.ranges:type_name -> fedstream.v1.SlotRange
+	9,   // 9: fedstream.v1.SlotMap.next_ranges:type_name -> fedstream.v1.SlotRange
+	6,   // 10: fedstream.v1.WatchAssignmentsResponse.assignments:type_name -> fedstream.v1.Assignment
+	8,   // 11: fedstream.v1.WatchAssignmentsResponse.queries:type_name -> fedstream.v1.QueryView
+	0,   // 12: fedstream.v1.TaskState.replica_state:type_name -> fedstream.v1.ReplicaState
+	91,  // 13: fedstream.v1.TaskState.reconfig:type_name -> fedstream.v1.ReconfigProgress
+	12,  // 14: fedstream.v1.ReportTasksRequest.tasks:type_name -> fedstream.v1.TaskState
+	16,  // 15: fedstream.v1.StatusResponse.peers:type_name -> fedstream.v1.Peer
+	111, // 16: fedstream.v1.WorkerInfo.labels:type_name -> fedstream.v1.WorkerInfo.LabelsEntry
+	12,  // 17: fedstream.v1.WorkerInfo.task_states:type_name -> fedstream.v1.TaskState
+	18,  // 18: fedstream.v1.ListWorkersResponse.workers:type_name -> fedstream.v1.WorkerInfo
+	0,   // 19: fedstream.v1.TaskInfo.replica_state:type_name -> fedstream.v1.ReplicaState
+	23,  // 20: fedstream.v1.QueryInfo.tasks:type_name -> fedstream.v1.TaskInfo
+	24,  // 21: fedstream.v1.ListQueriesResponse.queries:type_name -> fedstream.v1.QueryInfo
+	102, // 22: fedstream.v1.TaskStats.key_sample:type_name -> fedstream.v1.HealthKeySample
+	36,  // 23: fedstream.v1.TaskStats.held:type_name -> fedstream.v1.HealthHeldBacklog
+	35,  // 24: fedstream.v1.QueryStatsResponse.tasks:type_name -> fedstream.v1.TaskStats
+	39,  // 25: fedstream.v1.SubscribeRequest.stream:type_name -> fedstream.v1.StreamRef
+	0,   // 26: fedstream.v1.Batch.replica_state:type_name -> fedstream.v1.ReplicaState
+	42,  // 27: fedstream.v1.IngestResponse.errors:type_name -> fedstream.v1.LineError
+	9,   // 28: fedstream.v1.ScaleQueryResponse.ranges:type_name -> fedstream.v1.SlotRange
+	54,  // 29: fedstream.v1.CreateTokenResponse.token:type_name -> fedstream.v1.TokenInfo
+	54,  // 30: fedstream.v1.ListTokensResponse.tokens:type_name -> fedstream.v1.TokenInfo
+	16,  // 31: fedstream.v1.ListRaftPeersResponse.peers:type_name -> fedstream.v1.Peer
+	87,  // 32: fedstream.v1.FederationMembersResponse.members:type_name -> fedstream.v1.FederationMember
+	93,  // 33: fedstream.v1.ReconfigProgress.markers:type_name -> fedstream.v1.ReconfigMarkers
+	92,  // 34: fedstream.v1.ReconfigProgress.switches:type_name -> fedstream.v1.ReconfigSwitch
+	95,  // 35: fedstream.v1.UpdateQueryResponse.changes:type_name -> fedstream.v1.OperatorVersionChange
+	98,  // 36: fedstream.v1.OperatorVersions.versions:type_name -> fedstream.v1.VersionInfo
+	95,  // 37: fedstream.v1.ReconfigPlanInfo.changes:type_name -> fedstream.v1.OperatorVersionChange
+	99,  // 38: fedstream.v1.QueryVersionsResponse.operators:type_name -> fedstream.v1.OperatorVersions
+	100, // 39: fedstream.v1.QueryVersionsResponse.plans:type_name -> fedstream.v1.ReconfigPlanInfo
+	103, // 40: fedstream.v1.HealthActionsResponse.actions:type_name -> fedstream.v1.HealthAction
+	107, // 41: fedstream.v1.HealthBlacklistResponse.pairs:type_name -> fedstream.v1.HealthPair
+	0,   // 42: fedstream.v1.ReplicaStateHint.state:type_name -> fedstream.v1.ReplicaState
+	1,   // 43: fedstream.v1.WorkerService.Register:input_type -> fedstream.v1.RegisterRequest
+	3,   // 44: fedstream.v1.WorkerService.Heartbeat:input_type -> fedstream.v1.HeartbeatRequest
+	5,   // 45: fedstream.v1.WorkerService.WatchAssignments:input_type -> fedstream.v1.WatchAssignmentsRequest
+	13,  // 46: fedstream.v1.WorkerService.ReportTasks:input_type -> fedstream.v1.ReportTasksRequest
+	13,  // 47: fedstream.v1.WorkerService.NoteReconfigAcks:input_type -> fedstream.v1.ReportTasksRequest
+	63,  // 48: fedstream.v1.WorkerService.RenewCertificate:input_type -> fedstream.v1.RenewCertificateRequest
+	15,  // 49: fedstream.v1.AdminService.Status:input_type -> fedstream.v1.StatusRequest
+	19,  // 50: fedstream.v1.AdminService.ListWorkers:input_type -> fedstream.v1.ListWorkersRequest
+	21,  // 51: fedstream.v1.AdminService.SubmitQuery:input_type -> fedstream.v1.SubmitQueryRequest
+	25,  // 52: fedstream.v1.AdminService.ListQueries:input_type -> fedstream.v1.ListQueriesRequest
+	27,  // 53: fedstream.v1.AdminService.GetQuery:input_type -> fedstream.v1.GetQueryRequest
+	28,  // 54: fedstream.v1.AdminService.StopQuery:input_type -> fedstream.v1.StopQueryRequest
+	65,  // 55: fedstream.v1.AdminService.ListRaftPeers:input_type -> fedstream.v1.ListRaftPeersRequest
+	47,  // 56: fedstream.v1.AdminService.MoveTask:input_type -> fedstream.v1.MoveTaskRequest
+	67,  // 57: fedstream.v1.AdminService.RemoveRaftPeer:input_type -> fedstream.v1.RemoveRaftPeerRequest
+	34,  // 58: fedstream.v1.AdminService.QueryStats:input_type -> fedstream.v1.QueryStatsRequest
+	50,  // 59: fedstream.v1.AdminService.ScaleQuery:input_type -> fedstream.v1.ScaleQueryRequest
+	30,  // 60: fedstream.v1.AdminService.MigrateTask:input_type -> fedstream.v1.MigrateTaskRequest
+	32,  // 61: fedstream.v1.AdminService.ReturnTask:input_type -> fedstream.v1.ReturnTaskRequest
+	38,  // 62: fedstream.v1.DataPlane.Subscribe:input_type -> fedstream.v1.SubscribeRequest
+	41,  // 63: fedstream.v1.DataPlane.Ingest:input_type -> fedstream.v1.IngestRequest
+	41,  // 64: fedstream.v1.DataPlane.IngestSession:input_type -> fedstream.v1.IngestRequest
+	49,  // 65: fedstream.v1.DataPlane.FetchSnapshot:input_type -> fedstream.v1.FetchSnapshotRequest
+	44,  // 66: fedstream.v1.DataPlane.Reconcile:input_type -> fedstream.v1.ReconcileRequest
+	52,  // 67: fedstream.v1.DataPlane.FetchSlots:input_type -> fedstream.v1.FetchSlotsRequest
+	55,  // 68: fedstream.v1.TokenService.CreateToken:input_type -> fedstream.v1.CreateTokenRequest
+	57,  // 69: fedstream.v1.TokenService.ListTokens:input_type -> fedstream.v1.ListTokensRequest
+	59,  // 70: fedstream.v1.TokenService.RevokeToken:input_type -> fedstream.v1.RevokeTokenRequest
+	61,  // 71: fedstream.v1.TokenService.AuthorizeToken:input_type -> fedstream.v1.AuthorizeTokenRequest
+	69,  // 72: fedstream.v1.CoordinatorPeerService.RaftState:input_type -> fedstream.v1.RaftStateRequest
+	71,  // 73: fedstream.v1.FederationService.ListLedger:input_type -> fedstream.v1.ListLedgerRequest
+	73,  // 74: fedstream.v1.FederationService.VerifyLedger:input_type -> fedstream.v1.VerifyLedgerRequest
+	75,  // 75: fedstream.v1.FederationService.ListContracts:input_type -> fedstream.v1.ListContractsRequest
+	77,  // 76: fedstream.v1.FederationService.ProposeContract:input_type -> fedstream.v1.ProposeContractRequest
+	78,  // 77: fedstream.v1.FederationService.AnswerContract:input_type -> fedstream.v1.AnswerContractRequest
+	79,  // 78: fedstream.v1.FederationService.TerminateContract:input_type -> fedstream.v1.TerminateContractRequest
+	81,  // 79: fedstream.v1.FederationService.PinKey:input_type -> fedstream.v1.PinKeyRequest
+	83,  // 80: fedstream.v1.OrgKeyService.FetchOrgKey:input_type -> fedstream.v1.FetchOrgKeyRequest
+	85,  // 81: fedstream.v1.FederationPeerService.Deliver:input_type -> fedstream.v1.FederationEnvelope
+	86,  // 82: fedstream.v1.FederationPeerService.Members:input_type -> fedstream.v1.FederationMembersRequest
+	89,  // 83: fedstream.v1.LoadService.LoadStatus:input_type -> fedstream.v1.LoadStatusRequest
+	94,  // 84: fedstream.v1.ReconfigService.UpdateQuery:input_type -> fedstream.v1.UpdateQueryRequest
+	97,  // 85: fedstream.v1.ReconfigService.QueryVersions:input_type -> fedstream.v1.QueryVersionsRequest
+	104, // 86: fedstream.v1.HealthService.Actions:input_type -> fedstream.v1.HealthActionsRequest
+	106, // 87: fedstream.v1.HealthService.Blacklist:input_type -> fedstream.v1.HealthBlacklistRequest
+	2,   // 88: fedstream.v1.WorkerService.Register:output_type -> fedstream.v1.RegisterResponse
+	4,   // 89: fedstream.v1.WorkerService.Heartbeat:output_type -> fedstream.v1.HeartbeatResponse
+	11,  // 90: fedstream.v1.WorkerService.WatchAssignments:output_type -> fedstream.v1.WatchAssignmentsResponse
+	14,  // 91: fedstream.v1.WorkerService.ReportTasks:output_type -> fedstream.v1.ReportTasksResponse
+	14,  // 92: fedstream.v1.WorkerService.NoteReconfigAcks:output_type -> fedstream.v1.ReportTasksResponse
+	64,  // 93: fedstream.v1.WorkerService.RenewCertificate:output_type -> fedstream.v1.RenewCertificateResponse
+	17,  // 94: fedstream.v1.AdminService.Status:output_type -> fedstream.v1.StatusResponse
+	20,  // 95: fedstream.v1.AdminService.ListWorkers:output_type -> fedstream.v1.ListWorkersResponse
+	22,  // 96: fedstream.v1.AdminService.SubmitQuery:output_type -> fedstream.v1.SubmitQueryResponse
+	26,  // 97: fedstream.v1.AdminService.ListQueries:output_type -> fedstream.v1.ListQueriesResponse
+	24,  // 98: fedstream.v1.AdminService.GetQuery:output_type -> fedstream.v1.QueryInfo
+	29,  // 99: fedstream.v1.AdminService.StopQuery:output_type -> fedstream.v1.StopQueryResponse
+	66,  // 100: fedstream.v1.AdminService.ListRaftPeers:output_type -> fedstream.v1.ListRaftPeersResponse
+	48,  // 101: fedstream.v1.AdminService.MoveTask:output_type -> fedstream.v1.MoveTaskResponse
+	68,  // 102: fedstream.v1.AdminService.RemoveRaftPeer:output_type -> fedstream.v1.RemoveRaftPeerResponse
+	37,  // 103: fedstream.v1.AdminService.QueryStats:output_type -> fedstream.v1.QueryStatsResponse
+	51,  // 104: fedstream.v1.AdminService.ScaleQuery:output_type -> fedstream.v1.ScaleQueryResponse
+	31,  // 105: fedstream.v1.AdminService.MigrateTask:output_type -> fedstream.v1.MigrateTaskResponse
+	33,  // 106: fedstream.v1.AdminService.ReturnTask:output_type -> fedstream.v1.ReturnTaskResponse
+	40,  // 107: fedstream.v1.DataPlane.Subscribe:output_type -> fedstream.v1.Batch
+	43,  // 108: fedstream.v1.DataPlane.Ingest:output_type -> fedstream.v1.IngestResponse
+	43,  // 109: fedstream.v1.DataPlane.IngestSession:output_type -> fedstream.v1.IngestResponse
+	53,  // 110: fedstream.v1.DataPlane.FetchSnapshot:output_type -> fedstream.v1.SnapshotChunk
+	45,  // 111: fedstream.v1.DataPlane.Reconcile:output_type -> fedstream.v1.ReconcileResponse
+	53,  // 112: fedstream.v1.DataPlane.FetchSlots:output_type -> fedstream.v1.SnapshotChunk
+	56,  // 113: fedstream.v1.TokenService.CreateToken:output_type -> fedstream.v1.CreateTokenResponse
+	58,  // 114: fedstream.v1.TokenService.ListTokens:output_type -> fedstream.v1.ListTokensResponse
+	60,  // 115: fedstream.v1.TokenService.RevokeToken:output_type -> fedstream.v1.RevokeTokenResponse
+	62,  // 116: fedstream.v1.TokenService.AuthorizeToken:output_type -> fedstream.v1.AuthorizeTokenResponse
+	70,  // 117: fedstream.v1.CoordinatorPeerService.RaftState:output_type -> fedstream.v1.RaftStateResponse
+	72,  // 118: fedstream.v1.FederationService.ListLedger:output_type -> fedstream.v1.ListLedgerResponse
+	74,  // 119: fedstream.v1.FederationService.VerifyLedger:output_type -> fedstream.v1.VerifyLedgerResponse
+	76,  // 120: fedstream.v1.FederationService.ListContracts:output_type -> fedstream.v1.ListContractsResponse
+	80,  // 121: fedstream.v1.FederationService.ProposeContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 122: fedstream.v1.FederationService.AnswerContract:output_type -> fedstream.v1.ContractResponse
+	80,  // 123: fedstream.v1.FederationService.TerminateContract:output_type -> fedstream.v1.ContractResponse
+	82,  // 124: fedstream.v1.FederationService.PinKey:output_type -> fedstream.v1.PinKeyResponse
+	84,  // 125: fedstream.v1.OrgKeyService.FetchOrgKey:output_type -> fedstream.v1.FetchOrgKeyResponse
+	85,  // 126: fedstream.v1.FederationPeerService.Deliver:output_type -> fedstream.v1.FederationEnvelope
+	88,  // 127: fedstream.v1.FederationPeerService.Members:output_type -> fedstream.v1.FederationMembersResponse
+	90,  // 128: fedstream.v1.LoadService.LoadStatus:output_type -> fedstream.v1.LoadStatusResponse
+	96,  // 129: fedstream.v1.ReconfigService.UpdateQuery:output_type -> fedstream.v1.UpdateQueryResponse
+	101, // 130: fedstream.v1.ReconfigService.QueryVersions:output_type -> fedstream.v1.QueryVersionsResponse
+	105, // 131: fedstream.v1.HealthService.Actions:output_type -> fedstream.v1.HealthActionsResponse
+	108, // 132: fedstream.v1.HealthService.Blacklist:output_type -> fedstream.v1.HealthBlacklistResponse
+	88,  // [88:133] is the sub-list for method output_type
+	43,  // [43:88] is the sub-list for method input_type
+	43,  // [43:43] is the sub-list for extension type_name
+	43,  // [43:43] is the sub-list for extension extendee
+	0,   // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_fedstream_proto_init() }
@@ -8571,7 +8670,7 @@ func file_fedstream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_fedstream_proto_rawDesc), len(file_fedstream_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   110,
+			NumMessages:   111,
 			NumExtensions: 0,
 			NumServices:   11,
 		},

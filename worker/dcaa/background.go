@@ -87,8 +87,8 @@ type background struct {
 	lastStable uint64
 	// kept holds the stable tuples and boundaries delivered, in order.
 	kept []tuple.Tuple
-	// tentData: tentative data came since its last UNDO or REC_DONE.
-	tentData bool
+	// again says when its stream is stable again.
+	again StableAgain
 	// off: what it kept aside went over KeepLimit; no background
 	// subscription until the input is stable again.
 	off bool
@@ -145,18 +145,26 @@ func (m *Machine) backgroundCheck(i int, acts []Action) []Action {
 }
 
 // backgroundReplica is the replica of input in's upstream to read in
-// the background: not the one it reads, nor one suspected or gone
-// quiet; one it knows in STABILIZATION first, then the nearest number
-// from this replica's own. -1 when there is none.
+// the background (BackgroundReplica): not one suspected or gone quiet.
 func (m *Machine) backgroundReplica(in *inputState) int {
-	k := len(in.upState)
+	return BackgroundReplica(m.cfg.ID, in.replica, in.upState, func(r int) bool { return in.quiet[r] || m.suspected(in, r) })
+}
+
+// BackgroundReplica is the upstream replica a tentative input reading
+// replica read should read in the background, as this replica (self)
+// chooses it: not the one it reads nor one skip excludes; one known
+// (states, index = replica number) in STABILIZATION first, then the
+// nearest number from self. -1 when there is none. The machine's inputs
+// and the runtime's sinks (which run no machine) choose so.
+func BackgroundReplica(self, read int, states []State, skip func(r int) bool) int {
+	k := len(states)
 	best := -1
 	for d := range k {
-		r := (m.cfg.ID + d) % k
-		if r == in.replica || in.quiet[r] || m.suspected(in, r) {
+		r := (self + d) % k
+		if r == read || skip(r) {
 			continue
 		}
-		if in.upState[r] == Stabilization {
+		if states[r] == Stabilization {
 			return r
 		}
 		if best < 0 {
@@ -164,6 +172,35 @@ func (m *Machine) backgroundReplica(in *inputState) int {
 		}
 	}
 	return best
+}
+
+// StableAgain follows the stream of a replica read in the background
+// and says when it is stable again: its REC_DONE came, or it advertises
+// STABLE with no tentative data since its last UNDO or REC_DONE. The
+// machine moves an input to that replica then (promote); a sink, which
+// runs no machine, resubscribes its input to it.
+type StableAgain struct {
+	// tentData: tentative data came since its last UNDO or REC_DONE.
+	tentData bool
+}
+
+// Observe takes one delivery of the replica (its tuples, and the state
+// it advertised with them) and reports whether its stream is stable
+// again.
+func (s *StableAgain) Observe(ts []tuple.Tuple, st State) bool {
+	done := false
+	for k := range ts {
+		switch ts[k].Type {
+		case tuple.Tentative:
+			s.tentData = true
+		case tuple.Undo:
+			s.tentData = false
+		case tuple.RecDone:
+			s.tentData = false
+			done = true
+		}
+	}
+	return done || st == Stable && !s.tentData
 }
 
 // stopBackground ends input i's background subscription, if any.
@@ -195,9 +232,8 @@ func (m *Machine) backgroundDeliver(ev Deliver, acts []Action) []Action {
 	i := ev.Input
 	in := m.inputs[i]
 	bg := &in.bg
-	in.upState[bg.replica] = ev.Upstream
+	in.upState[bg.replica], in.seen[bg.replica] = ev.Upstream, m.now
 	in.quiet[bg.replica], in.suspect[bg.replica], in.fails[bg.replica] = false, 0, 0
-	done := false
 	for k := range ev.Tuples {
 		t := ev.Tuples[k]
 		switch t.Type {
@@ -212,21 +248,15 @@ func (m *Machine) backgroundDeliver(ev Deliver, acts []Action) []Action {
 			// (see deliver).
 			bg.lastStable = max(bg.lastStable, t.ID)
 			bg.kept = append(bg.kept, t)
-		case tuple.Tentative:
-			bg.tentData = true
-		case tuple.Undo:
-			bg.tentData = false
-		case tuple.RecDone:
-			bg.tentData = false
-			done = true
 		}
 	}
+	again := bg.again.Observe(ev.Tuples, ev.Upstream)
 	if m.cfg.KeepLimit > 0 && len(bg.kept) > m.cfg.KeepLimit {
 		acts = m.stopBackground(i, acts)
 		in.bg.off = true
 		return acts
 	}
-	if !done && (ev.Upstream != Stable || bg.tentData) {
+	if !again {
 		return acts
 	}
 	return m.promote(i, Stable, acts)

@@ -254,10 +254,18 @@ type SubscriptionFailed struct {
 }
 
 // UpstreamStates is what the coordinator reports of each replica of the
-// input's upstream partition (index = replica number).
+// input's upstream partition (index = replica number; Unknown: none).
+// The input hears in band only the replicas it reads (its main and its
+// background subscription); a report lets it prefer, when it moves, a
+// replica it does not read (choose: STABLE, then UP_FAILURE, then
+// STABILIZATION) and read one in STABILIZATION in the background.
 type UpstreamStates struct {
 	Input  int
 	States []State
+	// At is when the states were known (machine time; 0: now). A state
+	// the input heard in band from a replica after At wins over the
+	// report's for that replica: the report is older news.
+	At int64
 }
 
 // ReplicaMoved says the coordinator placed upstream replica Replica of
@@ -453,6 +461,9 @@ type inputState struct {
 	// heard from, so once its suspicion expires the input does not go
 	// back to it from a live replica in UP_FAILURE.
 	quiet []bool
+	// seen is when each replica's state in upState was last heard in
+	// band (0: never); a report older than that does not overwrite it.
+	seen []int64
 	// bg is the input's background subscription (Config.Background).
 	bg background
 }
@@ -655,7 +666,7 @@ func (m *Machine) at(pos int) int {
 }
 
 func newInputState(replicas int, floor int64) *inputState {
-	return &inputState{upState: make([]State, replicas), suspect: make([]int64, replicas), fails: make([]int, replicas), quiet: make([]bool, replicas),
+	return &inputState{upState: make([]State, replicas), seen: make([]int64, replicas), suspect: make([]int64, replicas), fails: make([]int, replicas), quiet: make([]bool, replicas),
 		stableB: floor, floored: floor != math.MinInt64, tentWM: math.MinInt64}
 }
 
@@ -864,8 +875,14 @@ func (m *Machine) Step(now int64, ev Event) []Action {
 	case ReplicaMoved:
 		acts = m.replicaMoved(ev, acts)
 	case UpstreamStates:
+		if ev.Input < 0 || ev.Input >= len(m.inputs) {
+			break
+		}
 		in := m.inputs[ev.Input]
 		for r := range min(len(ev.States), len(in.upState)) {
+			if ev.At != 0 && (ev.States[r] == Unknown || ev.At <= in.seen[r]) {
+				continue // nothing reported, or heard in band since
+			}
 			if r != in.replica || ev.States[r] != Unknown {
 				in.upState[r] = ev.States[r]
 			}
@@ -1008,7 +1025,7 @@ func (m *Machine) deliver(ev Deliver, acts []Action) []Action {
 	if ev.TentWatermark > 0 {
 		in.tentWM = max(in.tentWM, ev.TentWatermark)
 	}
-	in.upState[in.replica] = ev.Upstream
+	in.upState[in.replica], in.seen[in.replica] = ev.Upstream, m.now
 	// The replica delivers: whatever failure made it suspected (the
 	// input chose it while every replica was, or came back to it) is
 	// over. Still suspected, it counted as failed recently when another
@@ -1040,7 +1057,7 @@ func (m *Machine) lateHeard(ev Deliver, acts []Action) []Action {
 	m.gapSeen(m.now - l.heard)
 	r := l.replica
 	in.suspect[r], in.fails[r], in.quiet[r] = 0, 0, false
-	in.upState[r] = ev.Upstream
+	in.upState[r], in.seen[r] = ev.Upstream, m.now
 	if r != in.replica && !in.onAttempt {
 		acts = m.switchTo(ev.Input, r, acts)
 	}
@@ -1129,7 +1146,8 @@ func (m *Machine) replicaMoved(ev ReplicaMoved, acts []Action) []Action {
 	}
 	in.suspect[r], in.fails[r], in.quiet[r] = 0, 0, false
 	if r != in.replica {
-		in.upState[r] = Unknown
+		// A report from before the move is the old copy's.
+		in.upState[r], in.seen[r] = Unknown, m.now
 	}
 	return m.maybeSwitch(ev.Input, acts)
 }

@@ -27,7 +27,7 @@ import (
 //	    (Subscribe.Attempt; default the current one); bg: the input's
 //	    background subscription received it (its attempt)
 //	fail T in=I [att=N] [bg]
-//	states T in=I STATE,STATE...
+//	states T in=I [at=MS] STATE,STATE... (at: UpstreamStates.At)
 //	request T from=P | reply T from=P granted|denied | done T from=P
 //	tick T
 //	expect-state STATE
@@ -159,6 +159,9 @@ func runScript(t *testing.T, path string) {
 			acts = m.Step(now, ev)
 		case "states":
 			ev := UpstreamStates{Input: num("in")}
+			if _, ok := args["at"]; ok {
+				ev.At = int64(num("at")) * int64(time.Millisecond)
+			}
 			for _, s := range strings.Split(rest[0], ",") {
 				ev.States = append(ev.States, parseState(t, s))
 			}

@@ -5,6 +5,7 @@ import (
 
 	"errors"
 	"github.com/fedstream/fedstream/config/queryspec"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -195,6 +196,11 @@ func (t *task) watchInputs(ctx context.Context) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	last := time.Now().UnixNano()
+	// bgs counts a sink's background reads (dcaa_sinkbg.go): they end
+	// with ctx.
+	var bgs sync.WaitGroup
+	defer bgs.Wait()
+	sinkBg := t.sinkBackgroundOn()
 	for {
 		select {
 		case <-ctx.Done():
@@ -242,6 +248,9 @@ func (t *task) watchInputs(ctx context.Context) {
 			in.pauseRelays()
 		}
 		t.updateReplicaState()
+		if sinkBg {
+			t.sinkBackgrounds(ctx, &bgs)
+		}
 	}
 }
 

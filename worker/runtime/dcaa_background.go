@@ -86,13 +86,28 @@ func (d *dcaaRun) stopBackgroundOf(in *input) {
 // runBackground subscribes to replica a.Replica of input in's upstream
 // and posts each batch to the machine as a Deliver of attempt a.Attempt.
 func (d *dcaaRun) runBackground(ctx context.Context, in *input, a dcaa.SubscribeBackground) error {
-	t := d.t
-	pl, ok := t.replicaPlacement(in.upstream, in.upPartition, a.Replica)
+	return d.t.readInBackground(ctx, in, a.Replica, a.AfterID, func(ctx context.Context, b *dataplane.Batch, st dcaa.State) error {
+		if _, _, err := renumberStable(b); err != nil {
+			return err
+		}
+		ev := dcaa.Deliver{Input: in.idx, Tuples: b.Tuples, Upstream: st, Attempt: a.Attempt}
+		return d.post(ctx, dcaaEvent{ev: ev, ended: -1})
+	})
+}
+
+// readInBackground subscribes, acknowledging nothing, to replica r of
+// input in's upstream after position after, and hands each batch to fn
+// with the state the replica advertised with it, until ctx ends or fn
+// fails. A batch of a replica whose stable ids diverged or that names
+// lost results ends it (errBackgroundLineage). Operator tasks' machines
+// (runBackground) and sinks (dcaa_sinkbg.go) read so.
+func (t *task) readInBackground(ctx context.Context, in *input, r int, after uint64, fn func(context.Context, *dataplane.Batch, dcaa.State) error) error {
+	pl, ok := t.replicaPlacement(in.upstream, in.upPartition, r)
 	if !ok {
-		return fmt.Errorf("no placement known for %s partition %d replica %d", in.upstream, in.upPartition, a.Replica)
+		return fmt.Errorf("no placement known for %s partition %d replica %d", in.upstream, in.upPartition, r)
 	}
 	ref := &fedstreampb.StreamRef{Query: t.spec.Query, TaskId: pl.TaskID, Partition: int32(t.spec.Partition), Consumer: t.spec.Fragment, Generation: int32(pl.Generation)}
-	sub := dataplane.NewSubscriber(ref, t.spec.CopyID(), true, a.AfterID)
+	sub := dataplane.NewSubscriber(ref, t.spec.CopyID(), true, after)
 	// The state each message carries, read by deliver for its batch
 	// (OnStreamState runs before the batch is delivered).
 	var state atomic.Int32
@@ -101,11 +116,7 @@ func (d *dcaaRun) runBackground(ctx context.Context, in *input, a dcaa.Subscribe
 		if b.Lineage != 0 || len(b.Named) > 0 {
 			return errBackgroundLineage
 		}
-		if _, _, err := renumberStable(b); err != nil {
-			return err
-		}
-		ev := dcaa.Deliver{Input: in.idx, Tuples: b.Tuples, Upstream: dcaa.StateFromProto(fedstreampb.ReplicaState(state.Load())), Attempt: a.Attempt}
-		return d.post(ctx, dcaaEvent{ev: ev, ended: -1})
+		return fn(ctx, b, dcaa.StateFromProto(fedstreampb.ReplicaState(state.Load())))
 	}
 	if local, err := t.r.LocalStream(ref); err == nil {
 		return sub.RunLocal(ctx, local, deliver)

@@ -88,6 +88,13 @@ type input struct {
 	// bg is the input's background subscription (dcaa_background.go),
 	// nil when none; the DCAA run goroutine only.
 	bg *bgSub
+	// sbg is a DCAA sink input's background read (dcaa_sinkbg.go); the
+	// task's watchInputs goroutine only. prefer is the upstream replica
+	// (number + 1) it moved the input to, taken by run's next attempt;
+	// bgMoves counts those moves.
+	sbg     *sinkBg
+	prefer  atomic.Int32
+	bgMoves atomic.Uint64
 	// tag is stableTaken with the lineage it counts in and the stream
 	// time it reached (setTaken), under tagMu: what the ack relays and a
 	// resumption by stable id state, so that an upstream replica of
@@ -273,6 +280,9 @@ func (in *input) run(ctx context.Context) {
 		if len(cands) == 0 {
 			err = fmt.Errorf("no placement known for %s partition %d", in.upstream, in.upPartition)
 		} else {
+			if k := in.preferred(cands); k >= 0 {
+				attempt = k // a background read found it stable again (dcaa_sinkbg.go)
+			}
 			pl := cands[attempt%len(cands)]
 			if in.t.mv != nil || in.t.passDCAA() {
 				// A DCAA sink resumes by stable id (see stableIDs): the

@@ -378,8 +378,8 @@ type Options struct {
 	// DCAANoBackground turns off DCAA's background corrections: an
 	// operator task's input reading a tentative upstream replica no
 	// longer reads another replica beside it to take its corrections
-	// and move to it at its REC_DONE (dcaa.Config.Background). For
-	// comparisons.
+	// and move to it at its REC_DONE (dcaa.Config.Background), nor does
+	// a sink's input (dcaa_sinkbg.go). For comparisons.
 	DCAANoBackground bool
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
 	// from another worker (TaskSpec.Bootstrap; default 60s).

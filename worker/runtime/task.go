@@ -228,6 +228,9 @@ type task struct {
 	silences atomic.Uint64
 	// tentative: the task's output is tentative now (DCAA machine).
 	tentative atomic.Bool
+	// hints are the coordinator's states of the upstream replicas
+	// (dcaa_hints.go).
+	hints taskHints
 	// dm drives an operator task of a replicated query through its DCAA
 	// machine (nil otherwise; see dcaa_run.go).
 	dm *dcaaRun
