@@ -128,19 +128,24 @@ type tailer struct {
 	// lin and linSince are the lineage of the stable ids lastID follows
 	// (the copy read's, as of its last batch: dataplane.OutputBuffer
 	// Diverge); lastSTime is the stream time of the last stable result or
-	// boundary taken (lastBoundary: a boundary), by which tail realigns.
+	// boundary taken (lastBoundary: a boundary), by which tail realigns;
+	// atSTime counts the stable results of that stream time taken.
 	lin, linSince uint64
 	lastSTime     int64
 	lastBoundary  bool
+	atSTime       int
 	// realign: the copy followed now numbers its stable results
 	// otherwise than the one lastID came from (after a correction that
 	// could not make every result exact, see realignIfDiverged); tail
 	// resumed after resumeAt, the last stable id both share, and takes
 	// stable results by stream time until it passes lastSTime. gapped:
 	// the copy no longer held the result after resumeAt; dropped: some
-	// result was dropped as taken already.
-	realign, gapped, dropped, seen bool
-	resumeAt                       uint64
+	// result was dropped as taken already; below: one below lastSTime
+	// came (what the copy sends from lastSTime on is whole); reAt
+	// counts the results of lastSTime dropped.
+	realign, gapped, dropped, seen, below bool
+	resumeAt                              uint64
+	reAt                                  int
 	// carried: the ranges of the UNCORRECTABLE records the copy read
 	// now put on its stream, as its subscription's first batch carried
 	// them (Batch.named_ranges): a realignment names those the records
@@ -175,7 +180,7 @@ func (tl *tailer) realignIfDiverged(lin, since uint64, copyID string) error {
 		return nil
 	}
 	common := dataplane.SharedStableIDs(tl.lin, tl.linSince, lin, since)
-	tl.realign, tl.gapped, tl.dropped, tl.seen, tl.resumeAt = true, false, false, false, common
+	tl.realign, tl.gapped, tl.dropped, tl.seen, tl.below, tl.resumeAt, tl.reAt = true, false, false, false, false, common, 0
 	tl.note("sink copy %s numbers its results differently from %s after stable id %d (a correction that could not make every result exact): tail realigns by stream time from %s and names any result it cannot vouch for", copyID, tl.posFrom, common, rangeTime(tl.lastSTime))
 	return errRealign
 }
@@ -588,6 +593,12 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 				}
 			}
 			tl.lastID = sid
+			if tp.STime != tl.lastSTime {
+				tl.atSTime = 0
+			}
+			if tp.Type == tuple.Stable {
+				tl.atSTime++
+			}
 			tl.lastSTime, tl.lastBoundary = tp.STime, tp.Type == tuple.Boundary
 			if tp.Type == tuple.Boundary {
 				if tp.STime == math.MaxInt64 {
@@ -660,16 +671,18 @@ func (tl *tailer) batch(ts []tuple.Tuple, last, offset uint64, schema *tuple.Sch
 // boundary tp (stable id sid on the copy followed) is new: one with a
 // stream time below the last one taken was taken already from the other
 // copy (stable results come in stream-time order, and outside the range
-// a correction could not make exact both copies hold the same results),
-// and so was a boundary at that stream time when the last taken was a
-// boundary. The first new one ends the realignment: tail takes the
-// copy's numbering from there, and names with an UNCORRECTABLE record
-// the stream times it cannot vouch for: [lastSTime, tp's] when the copy
-// no longer held the results after the shared id (results in between may
-// be missing), or lastSTime itself when tp shares it with the last
-// result taken (tail cannot tell how many of that stream time it took
-// from the other copy's numbering). Past the named range tail's output
-// is exact again.
+// a correction could not make exact both copies hold the same results,
+// in the same order, with the same boundaries among them); so were, at
+// that stream time, as many results as tail took there (atSTime), the
+// boundaries before and among them, and the boundary after them when
+// the last taken was a boundary (an aggregate puts a window's results at
+// its end and its boundary there after them: taken as new, they were
+// printed twice, unnamed, before session 19). The first new one ends the
+// realignment: tail takes the copy's numbering from there, and names
+// with an UNCORRECTABLE record the stream times it cannot vouch for:
+// [lastSTime, tp's] when the copy no longer held the results after the
+// shared id and sent none below lastSTime (results in between may be
+// missing). Past the named range tail's output is exact again.
 func (tl *tailer) realignAt(sid uint64, tp *tuple.Tuple, schema *tuple.Schema, sink string) (bool, error) {
 	if !tl.dropped && !tl.seen {
 		// The first stable id the copy sent: past the shared one's
@@ -677,22 +690,32 @@ func (tl *tailer) realignAt(sid uint64, tp *tuple.Tuple, schema *tuple.Schema, s
 		tl.gapped = sid > tl.resumeAt+1
 	}
 	tl.seen = true
-	if tp.STime < tl.lastSTime || tl.lastBoundary && tp.Type == tuple.Boundary && tp.STime == tl.lastSTime {
-		tl.dropped = true
+	if tp.STime < tl.lastSTime {
+		tl.dropped, tl.below = true, true
 		return false, nil
+	}
+	if tp.STime == tl.lastSTime && (!tl.gapped || tl.below) {
+		if tl.reAt < tl.atSTime {
+			if tp.Type == tuple.Stable {
+				tl.reAt++
+			}
+			tl.dropped = true
+			return false, nil
+		}
+		if tl.lastBoundary && tp.Type == tuple.Boundary {
+			tl.dropped = true
+			return false, nil
+		}
 	}
 	tl.realign = false
 	from, to := tl.lastSTime, int64(0)
-	switch {
-	case tl.gapped && !tl.dropped:
+	if tl.gapped && !tl.below {
 		// Nothing before lastSTime came: results up to tp's stream
 		// time may be missing.
 		to = tp.STime
 		if to < math.MaxInt64 {
 			to++
 		}
-	case !tl.lastBoundary && tp.STime == tl.lastSTime:
-		to = tl.lastSTime + 1
 	}
 	if to != 0 {
 		mk := tuple.UncorrectableMarker(from, to)

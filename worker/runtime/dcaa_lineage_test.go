@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"testing"
@@ -22,7 +23,20 @@ import (
 // replica's outside the ranges it names, and it names the correction's
 // range (when what it takes still concerns it) and at most one stream
 // time of its own (the first new result shares the last one's).
+//
+// Each case runs twice: with a window's boundary after its results'
+// stream time, and at it (as an aggregate puts it: results at the
+// window's end, then the boundary there). At it, a sink that had taken
+// the results and the boundary took the exact replica's results of that
+// stream time again, as new, and named nothing (session 18's extra
+// results of TestDCAABothReplicasLostNamesTheLoss).
 func TestSinkRealignsOnADivergedReplica(t *testing.T) {
+	for _, bOff := range []int64{5, 0} {
+		t.Run(fmt.Sprintf("boundary %dms after the results", bOff), func(t *testing.T) { sinkRealigns(t, bOff) })
+	}
+}
+
+func sinkRealigns(t *testing.T, bOff int64) {
 	ms := func(n int64) int64 { return n * int64(time.Millisecond) }
 	st := func(at int64, v int64) tuple.Tuple {
 		return tuple.Tuple{Type: tuple.Stable, STime: ms(at), Values: []tuple.Value{tuple.Int(v)}}
@@ -32,7 +46,7 @@ func TestSinkRealignsOnADivergedReplica(t *testing.T) {
 	// The exact replica: two results per 10 ms window, windows 1 to 9.
 	var exact []tuple.Tuple
 	for w := int64(1); w <= 9; w++ {
-		exact = append(exact, st(w*10, w), st(w*10, 100+w), bd(w*10+5))
+		exact = append(exact, st(w*10, w), st(w*10, 100+w), bd(w*10+bOff))
 	}
 	// lossy shares stable ids 1 to 6 (windows 1 and 2) with exact; its
 	// windows 3 and 4 are inexact (keep results each), its correction's
@@ -46,7 +60,7 @@ func TestSinkRealignsOnADivergedReplica(t *testing.T) {
 			for k := range keep {
 				out = append(out, st(w*10, 900+int64(k)))
 			}
-			out = append(out, bd(w*10+5))
+			out = append(out, bd(w*10+bOff))
 		}
 		return append(out, exact[12:]...)
 	}

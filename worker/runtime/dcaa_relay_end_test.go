@@ -2,19 +2,22 @@ package runtime
 
 import (
 	"testing"
+	"time"
 
 	"github.com/fedstream/fedstream/config/queryspec"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 // s15 diagnosis (TestDCAAFailureLongerThanTheReplayBound/relayed_downstream
 // under load: the other chain's aggregate realigned onto the lossy
 // replica at the end of the stream and named a range, which its sink
 // never carried). An operator task whose input realigns on a replica
-// numbering its stable ids otherwise names what it cannot vouch for
-// (here the stream time of its last taken result, which the first new
-// one shares) and relays that record after its machine processed the
-// batch. When that batch also holds the upstream's final boundary, the
+// numbering its stable ids otherwise names the ranges of that replica's
+// records that concern what it takes from there (here one around the
+// stream time of its last taken result; before s19 the input named that
+// stream time itself, as it could not count the results there) and
+// relayed that record after its machine processed the batch. When that batch also holds the upstream's final boundary, the
 // machine may release the task's own final boundary first: the sink
 // ends its subscription on it and never reads the record.
 func TestDCAARealignRecordBeforeTheEndReachesTheSink(t *testing.T) {
@@ -23,10 +26,13 @@ func TestDCAARealignRecordBeforeTheEndReachesTheSink(t *testing.T) {
 	// stable ids 1 to 32, the last one a result at 30 ms.
 	r0 := stableLines(30, false)
 	fake.stream(t, up0, r0...)
-	// Replica 1 shares only its first id, then more results at 30 ms,
-	// a boundary and its end (5 positions: the input's 32 is past it).
-	r1 := []fakeTuple{{"s", 1}, {"s", 30}, {"s", 30}, {"b", 40}, {"end", 0}}
-	fake.put(t, up1, dataplane.BufferOptions{}, 1, fakeTuples(r1...)...)
+	// Replica 1 shares only its first id, then a record of the stream
+	// times around 30 ms, more results at 30 ms, a boundary and its end
+	// (6 positions: the input's 32 is past it).
+	r1 := fakeTuples(fakeTuple{"s", 1})
+	r1 = append(r1, tuple.UncorrectableMarker(int64(29*time.Millisecond), int64(31*time.Millisecond)))
+	r1 = append(r1, fakeTuples(fakeTuple{"s", 30}, fakeTuple{"s", 30}, fakeTuple{"b", 40}, fakeTuple{"end", 0})...)
+	fake.put(t, up1, dataplane.BufferOptions{}, 1, r1...)
 	c.apply()
 	agg := failOverAfter(t, q, fake, w, up0, 32)
 	got := viewOf(c.tail(t, queryspec.TaskID(q.Name, "out", 0, 0)))

@@ -170,7 +170,10 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 		if lastHdr.Type == tuple.Boundary {
 			v.stableB = lastHdr.STime
 		}
-		in.lw.took(lastHdr.STime, lastHdr.Type == tuple.Boundary)
+		if err := in.lw.tookTailEncoded(offs, data); err != nil {
+			t.endWith(err)
+			return fmt.Errorf("%w: %w", errTaskEnded, err)
+		}
 	} else {
 		final, err := t.passSlow(buf, first, last, off, offs, data, undo)
 		if err != nil {
@@ -439,9 +442,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	if off := b.Offset; !realigning && (off == 0 || in.offKnown && off == in.lastOff) && b.FirstID > off && b.FirstID-off == taken+1 {
 		// Nothing outside the stable view, nothing taken twice: as it is.
 		in.lastOff, in.offKnown = off, true
-		if n := len(b.Tuples); n > 0 {
-			in.lw.took(b.Tuples[n-1].STime, b.Tuples[n-1].Type == tuple.Boundary)
-		}
+		in.lw.tookTail(b.Tuples)
 		return changed, marks, nil, b.LastID - off, nil
 	}
 	if _, err := stableIDs(b); err != nil {
@@ -535,9 +536,7 @@ func (in *input) filterDCAA(b *dataplane.Batch, fresh bool) (changed bool, marks
 	mv.mu.Unlock()
 	clear(b.Tuples[len(kept):])
 	b.Tuples = kept
-	if n := len(kept); n > 0 {
-		in.lw.took(kept[n-1].STime, kept[n-1].Type == tuple.Boundary)
-	}
+	in.lw.tookTail(kept)
 	return changed, marks, gaps, taken, nil
 }
 

@@ -65,16 +65,27 @@ func numbered(ts []tuple.Tuple) []tuple.Tuple {
 // (the first new result shares the last one's stream time: that one
 // stream time; the exact replica no longer holds the shared ids: up to
 // the first one it sends).
+//
+// As TestSinkRealignsOnADivergedReplica, each case runs with a window's
+// boundary after its results' stream time and at it.
 func TestInputRealignsOnADivergedReplica(t *testing.T) {
+	for _, bOff := range []int64{5, 0} {
+		t.Run(fmt.Sprintf("boundary %d after the results", bOff), func(t *testing.T) { inputRealigns(t, bOff) })
+	}
+}
+
+func inputRealigns(t *testing.T, bOff int64) {
 	st := func(at int64, v int64) tuple.Tuple {
 		return tuple.Tuple{Type: tuple.Stable, STime: at, Values: []tuple.Value{tuple.Int(v)}}
 	}
 	bd := func(at int64) tuple.Tuple { return tuple.Tuple{Type: tuple.Boundary, STime: at} }
 	var exact []tuple.Tuple
 	for w := int64(1); w <= 9; w++ {
-		exact = append(exact, st(w*10, w), st(w*10, 100+w), bd(w*10+5))
+		exact = append(exact, st(w*10, w), st(w*10, 100+w), bd(w*10+bOff))
 	}
-	exact = numbered(exact)
+	// A boundary past the last window's: the machine releases a stream
+	// time's results once a boundary passes it.
+	exact = numbered(append(exact, bd(100)))
 	lossy := func(keep int) []tuple.Tuple {
 		// Shared up to window 2 (stable id 6); windows 3 and 4 inexact
 		// (keep results each), the correction's record first; exact
@@ -85,7 +96,7 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 			for k := range keep {
 				out = append(out, st(w*10, 900+int64(k)))
 			}
-			out = append(out, bd(w*10+5))
+			out = append(out, bd(w*10+bOff))
 		}
 		for _, tp := range exact[12:] {
 			out = append(out, *tp.Clone())
@@ -208,8 +219,8 @@ func TestInputRealignsOnADivergedReplica(t *testing.T) {
 				t.Fatalf("named ranges %v, want [25 45] and at most one more", named)
 			}
 			if tc.gapTo != 0 {
-				if len(named) != 2 || named[1] != [2]int64{65, tc.gapTo} {
-					t.Fatalf("named ranges %v, want [25 45] and [65 %d]: the results in between were not held", named, tc.gapTo)
+				if len(named) != 2 || named[1] != [2]int64{60 + bOff, tc.gapTo} {
+					t.Fatalf("named ranges %v, want [25 45] and [%d %d]: the results in between were not held", named, 60+bOff, tc.gapTo)
 				}
 			} else if len(named) == 2 && named[1][1]-named[1][0] != 1 {
 				t.Fatalf("named ranges %v: the second should be one stream time", named)
