@@ -23,13 +23,20 @@ import (
 // stateNews notes when the leader learned each task copy's replica state
 // from a report (ReportTasks). Volatile: a new leader knows no report's
 // time, and counts the states it did not see reported as old as its
-// notes (since). One note per task id ever reported (ids of a query
-// submitted again are the same).
+// notes (since). One note per task id reported; notes of tasks no
+// longer in the state are dropped once the notes doubled since the last
+// sweep (prune), so a leader that serves for months while queries come
+// and go keeps about as many notes as there are tasks.
 type stateNews struct {
-	mu    sync.Mutex
-	since time.Time
-	m     map[string]stateNote // task id -> its last state reported
+	mu      sync.Mutex
+	since   time.Time
+	m       map[string]stateNote // task id -> its last state reported
+	sweepAt int                  // prune sweeps when m reaches it
 }
+
+// minSweep is the fewest notes a sweep waits for: below it the notes cost
+// less than sweeping them against the state.
+const minSweep = 1024
 
 type stateNote struct {
 	gen   int
@@ -38,7 +45,23 @@ type stateNote struct {
 }
 
 func newStateNews(now time.Time) *stateNews {
-	return &stateNews{since: now, m: map[string]stateNote{}}
+	return &stateNews{since: now, m: map[string]stateNote{}, sweepAt: minSweep}
+}
+
+// prune drops the notes of tasks exists says are gone, once the notes
+// reached twice their number after the last sweep.
+func (n *stateNews) prune(exists func(taskID string) bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if len(n.m) < n.sweepAt {
+		return
+	}
+	for id := range n.m {
+		if !exists(id) {
+			delete(n.m, id)
+		}
+	}
+	n.sweepAt = max(minSweep, 2*len(n.m))
 }
 
 // note records a reported state (the time only when it changed).

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -81,6 +82,35 @@ func TestHeartbeatCarriesUpstreamReplicaStates(t *testing.T) {
 		}
 		if h.Generation < 1 || h.AgeMs < 0 || h.AgeMs > time.Since(before).Milliseconds() {
 			t.Fatalf("hint %+v: want generation >= 1 and an age within the %v since the report", h, time.Since(before))
+		}
+	}
+}
+
+// TestStateNewsPrunesGoneTasks: the leader's notes of when it learned
+// replica states drop the tasks no longer in the state once they doubled
+// since the last sweep, and keep every note of a live task.
+func TestStateNewsPrunesGoneTasks(t *testing.T) {
+	now := time.Now()
+	n := newStateNews(now)
+	live := map[string]bool{}
+	exists := func(id string) bool { return live[id] }
+	// Queries come and go: each round notes minSweep tasks, the round's
+	// tasks alone stay live.
+	for round := 0; round < 5; round++ {
+		clear(live)
+		for i := 0; i < minSweep; i++ {
+			id := fmt.Sprintf("q%d/f/p%d/r0", round, i)
+			live[id] = true
+			n.note(id, 1, pb.ReplicaState_REPLICA_STABLE, now)
+			n.prune(exists)
+		}
+		if len(n.m) > 2*minSweep+1 {
+			t.Fatalf("round %d: %d notes kept for %d live tasks", round, len(n.m), len(live))
+		}
+	}
+	for id := range live {
+		if n.age(id, 1, pb.ReplicaState_REPLICA_STABLE, now.Add(time.Second)) != time.Second {
+			t.Fatalf("the note of live task %s was dropped", id)
 		}
 	}
 }

@@ -230,6 +230,8 @@ func (ws *workerService) ReportTasks(ctx context.Context, req *pb.ReportTasksReq
 		}
 		upd.States = append(upd.States, u)
 	}
+	st := s.State()
+	s.stateNews.prune(func(id string) bool { t, err := st.Task(nil, id); return err != nil || t != nil })
 	upd.KeepReconfig = s.keepReconfig()
 	hold := s.noteAcksReceived(req.WorkerId, reports)
 	if err := s.writeReport(ctx, upd, hold); err != nil {
