@@ -244,7 +244,12 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	var resp *pb.ContractResponse
 	req := &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out", RequestId: "first-proposal"}
 	attempts := 0
-	err = whileUnavailable(t, func(ctx context.Context) (err error) {
+	// Each attempt has 20 s: it is forwarded to alpha's leader, commits
+	// there, is delivered to beta's leader and commits there, each leader
+	// possibly just elected (a call held while an org elects is answered
+	// Unavailable with a quarter of its time left: holdUntil). With 10 s
+	// it ran out (DeadlineExceeded) at load ~50.
+	err = whileUnavailableFor(t, 20*time.Second, func(ctx context.Context) (err error) {
 		attempts++
 		resp, err = alpha.fedClient(0).ProposeContract(ctx, req)
 		return err
