@@ -354,6 +354,11 @@ func watchWorkersAcrossGrace(t *testing.T, c *testCluster, nl int, ids ...string
 			case st == "ready":
 				heard[id] = true
 			case st == "unknown" && !heard[id]:
+			case st == "unreachable" && heard[id]:
+				// Shown, never stored: a heartbeat later than half the
+				// TTL (1 s), a fake worker starved under load (seen at
+				// load 50). What a leader change must not do is store
+				// a healthy worker down, or unknown again.
 			default:
 				t.Fatalf("healthy worker %s marked %s after leader change", id, st)
 			}

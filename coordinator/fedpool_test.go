@@ -47,8 +47,17 @@ func newFedOrg(t *testing.T, org string, n int, join []string, opts ...func(*Con
 	})
 	// Ports are chosen at start, so the org's later coordinators join the
 	// first one's pool here (a deployment lists them in federation.join).
+	// A join made again after an error: a starved machine times out
+	// its TCP push (seen at load ~40: 'i/o timeout'); joining is
+	// idempotent.
 	for _, n := range c.nodes[1:] {
-		if _, err := n.pool.serf.Join(fedAddr(c), true); err != nil {
+		err := retry.Do(ctxT(t, 30*time.Second), retry.Policy{Max: time.Second}, 5, func(_ int, err error, _ time.Duration) {
+			t.Logf("%s: joining the pool: %v (retrying)", org, err)
+		}, func(context.Context) error {
+			_, err := n.pool.serf.Join(fedAddr(c), true)
+			return err
+		})
+		if err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -191,7 +200,11 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 			t.Log("last members:", last)
 		}
 	}()
-	waitFor(t, 30*time.Second, "all 6 coordinators alive in alpha's view, one leader per org", func() bool {
+	// Each org elects (raft with deployed clocks; two coordinators
+	// starting elections together split their votes, again and again on
+	// a starved machine) and the pool gossips its leader tags: up to
+	// 60 s (30 s ran out at load 40-60).
+	waitFor(t, 60*time.Second, "all 6 coordinators alive in alpha's view, one leader per org", func() bool {
 		ms := alpha.members(al)
 		last = ms
 		alive, leaders := 0, map[string]int{}
@@ -244,7 +257,12 @@ func TestFederationPoolTwoOrgsContract(t *testing.T) {
 	var resp *pb.ContractResponse
 	req := &pb.ProposeContractRequest{To: "beta", PriceMin: 1, PriceMax: 2, MaxLoad: 5, ValidForMs: 3600_000, Direction: "out", RequestId: "first-proposal"}
 	attempts := 0
-	err = whileUnavailable(t, func(ctx context.Context) (err error) {
+	// Each attempt has 20 s: it is forwarded to alpha's leader, commits
+	// there, is delivered to beta's leader and commits there, each leader
+	// possibly just elected (a call held while an org elects is answered
+	// Unavailable with a quarter of its time left: holdUntil). With 10 s
+	// it ran out (DeadlineExceeded) at load ~50.
+	err = whileUnavailableFor(t, 20*time.Second, func(ctx context.Context) (err error) {
 		attempts++
 		resp, err = alpha.fedClient(0).ProposeContract(ctx, req)
 		return err

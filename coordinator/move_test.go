@@ -1,9 +1,13 @@
 package coordinator
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
@@ -60,7 +64,8 @@ func TestCatchUpMoveEndsAfterItsBound(t *testing.T) {
 // TestQueryStatusShowsAMoveInProgress: while a live move is under way,
 // query status says so on the moving task (the old copy serves meanwhile)
 // instead of showing the new copy as merely placed and not yet running,
-// which reads as if the task had stopped.
+// which reads as if the task had stopped. Meanwhile a task next to it in
+// the stream cannot be moved.
 func TestQueryStatusShowsAMoveInProgress(t *testing.T) {
 	t.Parallel()
 	tm := testTimings()
@@ -91,6 +96,28 @@ func TestQueryStatusShowsAMoveInProgress(t *testing.T) {
 		}
 		t.Fatalf("no task %s in query status", task)
 		return nil
+	}
+	// A task it reads from, or one reading from it, does not move while
+	// it does (inOrder): refused, naming why.
+	moving, err := c.nodes[l].State().Task(nil, task)
+	if err != nil || moving == nil {
+		t.Fatalf("task %s: %v", task, err)
+	}
+	inputs := c.nodes[l].taskInputs()
+	neighbours := 0
+	for _, other := range tasks {
+		o, err := c.nodes[l].State().Task(nil, other)
+		if err != nil || o == nil || o.ID == task || (!slices.Contains(inputs(o), moving.Fragment) && !slices.Contains(inputs(moving), o.Fragment)) {
+			continue
+		}
+		neighbours++
+		_, err = c.admin(l).MoveTask(ctxT(t, 10*time.Second), &pb.MoveTaskRequest{TaskId: other, ToWorker: w2.id})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "live move") {
+			t.Fatalf("moving %s while %s, next to it in the stream, moves: %v, want it refused", other, task, err)
+		}
+	}
+	if neighbours == 0 {
+		t.Fatalf("no task of the query reads from or feeds %s (tasks %v)", task, tasks)
 	}
 	want := "moving from worker " + w1.id
 	if ti := shown(); ti.MovingFrom != w1.id || !strings.Contains(ti.Message, want) || !strings.Contains(ti.Message, "old copy serves") {
