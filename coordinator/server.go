@@ -96,6 +96,8 @@ type Server struct {
 	forwarder *forwarder
 	auth      *authenticator
 	liveness  *liveness
+	// moveOrder: since when live moves inOrder held back have waited.
+	moveOrder moveOrder
 	plans     planCache
 	// rcWire encodes queries' reconfiguration states for the
 	// assignment watch (reconfigWire).
