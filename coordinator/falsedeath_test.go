@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -240,5 +241,21 @@ func TestReplaceMovesAProducerBeforeItsConsumer(t *testing.T) {
 	ended(agg)
 	if got := planned(); !slices.Equal(got, []string{src.ID}) {
 		t.Fatalf("once its consumer's move ended: planned %v, want %v", got, []string{src.ID})
+	}
+	// A move that does not end (its new copy never runs) holds the
+	// others back only as long as hold says (moveOrderWait).
+	agg.MovingFrom, agg.MovingFromGeneration = "a2", 1
+	ho.hold = func(string, bool) bool { return false }
+	if got := planned(); !slices.Equal(got, []string{src.ID}) {
+		t.Fatalf("once the wait is over: planned %v, want %v", got, []string{src.ID})
+	}
+	var o moveOrder
+	now := time.Now()
+	log := slog.New(slog.DiscardHandler)
+	if !o.hold(log, src.ID, false, time.Minute, now) || !o.hold(log, src.ID, false, time.Minute, now.Add(moveOrderWait/2)) || o.hold(log, src.ID, false, time.Minute, now.Add(moveOrderWait)) {
+		t.Fatalf("moveOrder holds a move waiting for copies not running other than for %s", moveOrderWait)
+	}
+	if !o.hold(log, agg.ID, true, time.Minute, now) || !o.hold(log, agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Second)) || o.hold(log, agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Minute)) {
+		t.Fatalf("moveOrder holds a move waiting for running copies other than for %s", moveOrderWait+time.Minute)
 	}
 }

@@ -446,7 +446,13 @@ func (s *Server) scheduleLoop(ctx context.Context) {
 	var index uint64
 	for ctx.Err() == nil {
 		var err error
-		index, err = s.State().BlockingQuery(ctx, index, time.Minute, func(ws memdb.WatchSet) (uint64, error) {
+		// Planned again when a move held back (inOrder) stops waiting,
+		// whether or not the state changed.
+		wait := time.Minute
+		if at := s.moveOrder.next(time.Now()); !at.IsZero() {
+			wait = min(wait, max(time.Until(at), 10*time.Millisecond))
+		}
+		index, err = s.State().BlockingQuery(ctx, index, wait, func(ws memdb.WatchSet) (uint64, error) {
 			if _, err := s.State().Workers(ws); err != nil {
 				return 0, err
 			}

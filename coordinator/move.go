@@ -62,7 +62,7 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	}
 	if tasks, err := st.Tasks(nil); err != nil {
 		return nil, status.Errorf(codes.Internal, "move: %v", err)
-	} else if len(inOrder([]fsm.PlannedPlacement{{TaskID: t.ID, Live: true}}, tasks, s.taskInputs())) == 0 {
+	} else if len(inOrder([]fsm.PlannedPlacement{{TaskID: t.ID, Live: true}}, tasks, s.taskInputs(), nil)) == 0 {
 		// One move at a time along a stream (see inOrder).
 		return nil, status.Errorf(codes.FailedPrecondition, "move: task %s reads from or feeds a task in a live move: wait until that move has ended", t.ID)
 	}

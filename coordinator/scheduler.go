@@ -2,9 +2,13 @@ package coordinator
 
 import (
 	"fmt"
+	"log/slog"
 	"sort"
+	"sync"
+	"time"
 
 	"github.com/fedstream/fedstream/fsm"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // Worker statuses as stored in the workers table (spelled in rpc/states).
@@ -186,7 +190,7 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 		}
 		moves = append(moves, pl)
 	}
-	return inOrder(moves, tasks, ho.inputs)
+	return inOrder(moves, tasks, ho.inputs, ho.hold)
 }
 
 // inOrder drops from moves the live moves that must wait for another
@@ -210,27 +214,39 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 // is in a live move (or starts one in this plan), and while a task that
 // reads from it is in a live move. The scheduler plans again when a move
 // ends (the task table changes). inputs gives the fragments a task reads
-// (nil: not known; nothing waits).
-func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, inputs func(*fsm.Task) []string) []fsm.PlannedPlacement {
+// (nil: not known; nothing waits). hold says whether the move of a task
+// may still wait (nil: always), told whether every move it waits for has
+// its new copy running (such a move ends within the catch-up bound): a
+// move that never ends (its new copy never runs) must not keep its
+// neighbours on a down worker for ever.
+func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, inputs func(*fsm.Task) []string, hold func(id string, running bool) bool) []fsm.PlannedPlacement {
 	if inputs == nil {
 		return moves
 	}
 	type fragment struct{ query, name string }
 	byID := make(map[string]*fsm.Task, len(tasks))
-	moving := map[fragment]bool{}     // a task of it is in a live move, or starts one here
-	readMoving := map[fragment]bool{} // a task reading it is in a live move
+	// A fragment's moves: whether one is under way (or starts here), and
+	// whether every one under way has its new copy running.
+	type under struct{ any, running bool }
+	moving := map[fragment]under{}     // moves of its tasks
+	readMoving := map[fragment]under{} // moves of the tasks reading it
+	add := func(m map[fragment]under, f fragment, running bool) {
+		cur, seen := m[f]
+		m[f] = under{any: true, running: running && (!seen || cur.running)}
+	}
 	for _, t := range tasks {
 		byID[t.ID] = t
 		if t.MovingFrom != "" {
-			moving[fragment{t.Query, t.Fragment}] = true
+			running := t.State == states.TaskRunning || t.State == states.TaskStalled
+			add(moving, fragment{t.Query, t.Fragment}, running)
 			for _, in := range inputs(t) {
-				readMoving[fragment{t.Query, in}] = true
+				add(readMoving, fragment{t.Query, in}, running)
 			}
 		}
 	}
 	for _, m := range moves {
 		if t := byID[m.TaskID]; m.Live && t != nil {
-			moving[fragment{t.Query, t.Fragment}] = true
+			add(moving, fragment{t.Query, t.Fragment}, false)
 		}
 	}
 	kept := moves[:0]
@@ -239,9 +255,11 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, inputs func(*fsm.T
 		if m.Live && t != nil {
 			wait := readMoving[fragment{t.Query, t.Fragment}]
 			for _, in := range inputs(t) {
-				wait = wait || moving[fragment{t.Query, in}]
+				if up := moving[fragment{t.Query, in}]; up.any {
+					wait = under{any: true, running: up.running && (!wait.any || wait.running)}
+				}
 			}
-			if wait {
+			if wait.any && (hold == nil || hold(m.TaskID, wait.running)) {
 				continue
 			}
 		}
@@ -262,12 +280,76 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, inputs func(*fsm.T
 type handOver struct {
 	live, catchUp bool
 	inputs        func(*fsm.Task) []string
+	hold          func(id string, running bool) bool
+}
+
+// moveOrderWait bounds how long inOrder holds a live move back while a
+// move it waits for has no running new copy: a live copy fetches its
+// snapshot and starts within seconds, and one that does not (it never
+// runs) must not keep its neighbours on a down worker. Once the new
+// copies run, their moves end within the catch-up bound
+// (boundMoveCatchUps), which the wait gets on top. Past it the move goes
+// ahead, with a warning: the producer's and its consumer's moves may
+// then overlap as before session 19.
+const moveOrderWait = 10 * time.Second
+
+// moveOrder remembers, on the leader, since when each live move inOrder
+// held back has waited.
+type moveOrder struct {
+	mu    sync.Mutex
+	since map[string]time.Time // task id -> first held back
+}
+
+// hold reports whether the live move of task id may wait longer (up to
+// moveOrderWait, plus catchUp when the moves it waits for have their new
+// copies running), and records the wait's start the first time.
+func (o *moveOrder) hold(log *slog.Logger, id string, running bool, catchUp time.Duration, now time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.since == nil {
+		o.since = map[string]time.Time{}
+	}
+	for k, at := range o.since {
+		if now.Sub(at) > 10*(moveOrderWait+catchUp) {
+			delete(o.since, k) // long moved
+		}
+	}
+	first, ok := o.since[id]
+	if !ok {
+		o.since[id] = now
+		return true
+	}
+	limit := moveOrderWait
+	if running {
+		limit += catchUp
+	}
+	if now.Sub(first) < limit {
+		return true
+	}
+	log.Warn("moving a task live although a task it reads from, or one reading from it, is still moving: input may be lost at the producer's switch",
+		"task", id, "waited", now.Sub(first).Round(time.Millisecond))
+	return false
+}
+
+// next is when the first held move stops waiting (zero: none waits).
+func (o *moveOrder) next(now time.Time) time.Time {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	var at time.Time
+	for _, first := range o.since {
+		if end := first.Add(moveOrderWait); end.After(now) && (at.IsZero() || end.Before(at)) {
+			at = end
+		}
+	}
+	return at
 }
 
 // handOverNow is the handOver every coordinator of the org can apply.
 func (s *Server) handOverNow() handOver {
 	return handOver{live: s.checkProtocol(4, "a live placement") == nil, catchUp: s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil,
-		inputs: s.taskInputs()}
+		inputs: s.taskInputs(), hold: func(id string, running bool) bool {
+			return s.moveOrder.hold(s.logger, id, running, s.cfg.Timings.MoveCatchUpBound, time.Now())
+		}}
 }
 
 // taskInputs returns a function giving the fragments a task reads, from

@@ -96,6 +96,8 @@ type Server struct {
 	forwarder *forwarder
 	auth      *authenticator
 	liveness  *liveness
+	// moveOrder: since when live moves inOrder held back have waited.
+	moveOrder moveOrder
 	plans     planCache
 	// stateNews: when the leader learned each task's DCAA state
 	// (replica_hints.go).
