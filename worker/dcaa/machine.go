@@ -1349,14 +1349,38 @@ const maxFreshDoublings = 8
 // tentatively after the share whatever the input does), and a held link
 // that heals resumes the subscription waiting on it.
 func (m *Machine) silenceLimit(in *inputState) int64 {
+	limit := m.DetectLimit()
+	if m.allSilent() {
+		limit = max(limit, m.cfg.HealthMax) // see allSilent
+	}
 	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
-		fresh := int64(max(m.DetectLimit(), m.cfg.DetectMax))
+		fresh := int64(max(limit, m.cfg.DetectMax))
 		return min(fresh<<min(in.unheardMoves, maxFreshDoublings), max(fresh, int64(m.cfg.StartGrace)<<maxGraceDoublings))
 	}
 	if in.spoke {
-		return int64(m.DetectLimit())
+		return int64(limit)
 	}
-	return max(int64(m.cfg.StartGrace)<<min(in.unheardMoves, maxGraceDoublings), int64(m.cfg.DetectMax))
+	grace := int64(m.cfg.StartGrace) << min(in.unheardMoves, maxGraceDoublings)
+	if h := m.Health(); h > 0 {
+		// This process runs late (local health): so does setting up
+		// its subscriptions.
+		grace = max(grace, min(int64(m.cfg.StartGrace)*int64(1+h), int64(m.cfg.StartGrace)<<maxGraceDoublings))
+	}
+	if m.allSilent() && m.noneSpoke() {
+		// No input heard anything yet: the start is slow (see allSilent).
+		grace = int64(m.cfg.StartGrace) << maxGraceDoublings
+	}
+	return max(grace, int64(m.cfg.DetectMax), int64(limit))
+}
+
+// noneSpoke reports whether no input has heard its upstream since Start.
+func (m *Machine) noneSpoke() bool {
+	for _, in := range m.inputs {
+		if in.spoke {
+			return false
+		}
+	}
+	return true
 }
 
 // gapStretch is how many times the longest recent gap between two
@@ -1483,6 +1507,38 @@ func (m *Machine) DetectLimit() time.Duration {
 		d = max(d, min(m.cfg.Detect*time.Duration(1+h), m.cfg.HealthMax))
 	}
 	return d
+}
+
+// allSilent reports whether every input of the replica (at least two not
+// ended) has been silent past the detection timeout at once, while the
+// timeout may stretch (Config.HealthMax). Upstreams on different workers
+// seldom fail together; a process that stands still hears none of them.
+// Then an input counts as failed only past HealthMax (silenceLimit: at
+// the start, before any input spoke, past the longest start grace):
+// while every input is silent nothing is available for a bucket to be
+// released tentative with, so the wait costs no result, whereas moving
+// every input on such a stall restarted subscriptions that were slow to
+// set up on a loaded machine (load 30 on two cores, nine workers in one
+// process: 2-5 s to the first batch), and buckets went tentative once
+// one input spoke again without the other. A worker cut off from every
+// upstream is still detected, HealthMax after the silence began. (Not
+// part of DetectLimit: the runtime vouches for inputs its subscriptions
+// heard within DetectLimit, and stretches its own watchdog likewise.)
+func (m *Machine) allSilent() bool {
+	if m.cfg.HealthMax <= m.cfg.Detect {
+		return false
+	}
+	n := 0
+	for _, in := range m.inputs {
+		if in.ended() {
+			continue
+		}
+		if m.now-in.heard <= int64(m.cfg.Detect) {
+			return false
+		}
+		n++
+	}
+	return n >= 2
 }
 
 // timeouts detects silent inputs and expired permissions.

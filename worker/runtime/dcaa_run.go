@@ -77,8 +77,9 @@ type dcaaRun struct {
 	// starveCap is the wall silence past which an input is failed
 	// however starved this process was (see starveCapOf).
 	starveCap int64
-	// detectMax is the machine's Config.DetectMax.
-	detectMax time.Duration
+	// detectMax and healthMax are the machine's Config.DetectMax and
+	// Config.HealthMax.
+	detectMax, healthMax time.Duration
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -208,9 +209,10 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		ranks[i] = in.rank()
 	}
 	detectMax := dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name])
+	healthMax := dcaa.HealthLimitMax(t.detectTimeout(), shares[t.node.Name])
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(),
-		DetectMax: detectMax, HealthMax: dcaa.HealthLimitMax(t.detectTimeout(), shares[t.node.Name]), KeepLimit: t.r.opts.DCAAKeepTuples, Background: !t.r.opts.DCAANoBackground})
+		DetectMax: detectMax, HealthMax: healthMax, StartGrace: dcaa.StartGrace(t.detectTimeout()), KeepLimit: t.r.opts.DCAAKeepTuples, Background: !t.r.opts.DCAANoBackground})
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +221,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	d.wait.grow(len(t.inputs))
 	d.limit.Store(int64(m.DetectLimit()))
 	d.starveCap = starveCapOf(t.detectTimeout(), shares[t.node.Name])
-	d.detectMax = detectMax
+	d.detectMax, d.healthMax = detectMax, healthMax
 	return d, nil
 }
 
