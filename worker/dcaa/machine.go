@@ -105,6 +105,11 @@ type Config struct {
 	// and forth, onto a replica that had really failed too, long enough
 	// for results to go tentative). 0: Detect, fixed.
 	DetectMax time.Duration
+	// HealthMax, when above DetectMax, lets the detection timeout
+	// stretch further, up to HealthMax, while this replica's own process
+	// runs late (local health; see Machine.unhealthy and
+	// HealthLimitMax). 0: DetectMax.
+	HealthMax time.Duration
 	// StartGrace is the silence after which an input that has heard
 	// nothing at all since Start counts as failed: the upstream tasks of
 	// a query start at different times (on a loaded machine hundreds of
@@ -183,6 +188,9 @@ func (c *Config) check() error {
 	}
 	if c.DetectMax < c.Detect {
 		c.DetectMax = c.Detect
+	}
+	if c.HealthMax < c.DetectMax {
+		c.HealthMax = c.DetectMax
 	}
 	if c.StartGrace < c.Detect {
 		c.StartGrace = 10 * c.Detect
@@ -588,6 +596,15 @@ type Machine struct {
 	// subscription seen at gapAt (or later gaps, once gapAt is older than
 	// gapWindow): what DetectLimit stretches the detection timeout by.
 	gapMax, gapAt int64
+	// health is this replica's local health score at healthAt (0:
+	// healthy; see unhealthy and DetectLimit), asked the deadline
+	// NextDeadline last gave (math.MaxInt64: none), by which a Step shows
+	// its caller ran late.
+	health   int
+	healthAt int64
+	asked    int64
+	// unhealthyCount counts the rises of health (figures).
+	unhealthyCount uint64
 	// lostFrom, lostTo: the stable input in [lostFrom, lostTo) was dropped
 	// for KeepLimit during this failure (lostTo == lostFrom: none);
 	// shed counts the tuples dropped, keptMax the most kept at once after
@@ -624,7 +641,7 @@ func New(cfg Config) (*Machine, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable}
+	m := &Machine{cfg: cfg, released: math.MinInt64, cut: math.MaxInt64, ckpt: math.MinInt64, availMax: math.MinInt64, grantedTo: -1, state: Stable, asked: math.MaxInt64}
 	for i, k := range cfg.Inputs {
 		floor := int64(math.MinInt64)
 		if cfg.Floors != nil {
@@ -845,12 +862,23 @@ func (m *Machine) NextDeadline() int64 {
 	if m.grantedTo >= 0 {
 		next = min(next, m.grantedAt+int64(m.cfg.GrantLease)+1)
 	}
+	m.asked = next
 	return next
 }
 
 // Step applies one event at clock now (never earlier than the previous
 // call's) and returns the actions to carry out, in order.
 func (m *Machine) Step(now int64, ev Event) []Action {
+	if late := now - m.asked; m.asked != math.MaxInt64 && late > int64(m.cfg.Detect/2) {
+		// The caller asked to be woken at asked and comes this late:
+		// its process stood still (or was busy) meanwhile, which says
+		// something of this replica, nothing of its upstreams. A point,
+		// and one more per detection timeout it was late: every input
+		// heard nothing for that long, and the timeout stretches past
+		// it (within HealthMax), so that the stall alone fails none.
+		m.unhealthyAt(max(m.now, now), 1+int(late/int64(m.cfg.Detect)))
+	}
+	m.asked = math.MaxInt64
 	m.now = max(m.now, now)
 	m.replayed = false
 	m.resetScratch()
@@ -1055,6 +1083,7 @@ func (m *Machine) lateHeard(ev Deliver, acts []Action) []Action {
 		return acts
 	}
 	m.gapSeen(m.now - l.heard)
+	m.unhealthy() // a silence taken for a failure that was none
 	r := l.replica
 	in.suspect[r], in.fails[r], in.quiet[r] = 0, 0, false
 	in.upState[r], in.seen[r] = ev.Upstream, m.now
@@ -1338,14 +1367,38 @@ const maxFreshDoublings = 8
 // tentatively after the share whatever the input does), and a held link
 // that heals resumes the subscription waiting on it.
 func (m *Machine) silenceLimit(in *inputState) int64 {
+	limit := m.DetectLimit()
+	if m.allSilent() {
+		limit = max(limit, m.cfg.HealthMax) // see allSilent
+	}
 	if in.spoke && !in.onAttempt && in.doubtFrom == 0 {
-		fresh := int64(max(m.DetectLimit(), m.cfg.DetectMax))
+		fresh := int64(max(limit, m.cfg.DetectMax))
 		return min(fresh<<min(in.unheardMoves, maxFreshDoublings), max(fresh, int64(m.cfg.StartGrace)<<maxGraceDoublings))
 	}
 	if in.spoke {
-		return int64(m.DetectLimit())
+		return int64(limit)
 	}
-	return max(int64(m.cfg.StartGrace)<<min(in.unheardMoves, maxGraceDoublings), int64(m.cfg.DetectMax))
+	grace := int64(m.cfg.StartGrace) << min(in.unheardMoves, maxGraceDoublings)
+	if h := m.Health(); h > 0 {
+		// This process runs late (local health): so does setting up
+		// its subscriptions.
+		grace = max(grace, min(int64(m.cfg.StartGrace)*int64(1+h), int64(m.cfg.StartGrace)<<maxGraceDoublings))
+	}
+	if m.allSilent() && m.noneSpoke() {
+		// No input heard anything yet: the start is slow (see allSilent).
+		grace = int64(m.cfg.StartGrace) << maxGraceDoublings
+	}
+	return max(grace, int64(m.cfg.DetectMax), int64(limit))
+}
+
+// noneSpoke reports whether no input has heard its upstream since Start.
+func (m *Machine) noneSpoke() bool {
+	for _, in := range m.inputs {
+		if in.spoke {
+			return false
+		}
+	}
+	return true
 }
 
 // gapStretch is how many times the longest recent gap between two
@@ -1365,6 +1418,89 @@ func (m *Machine) gapSeen(gap int64) {
 	if gap >= m.gapMax || m.now-m.gapAt > gapWindowDetects*int64(m.cfg.Detect) {
 		m.gapMax, m.gapAt = gap, m.now
 	}
+	if gapStretch*gap > int64(m.cfg.DetectMax) {
+		// A live replica heard in a gap the stretch cannot cover.
+		m.unhealthy()
+	}
+}
+
+// Local health (after Lifeguard's local health multiplier): a replica
+// whose own process runs late (short of CPU, descheduled: on two cores
+// at load 16-35, nine workers in one process) hears every upstream late
+// and takes live replicas for failed. A false detection costs far more
+// than a late one there: the input moves, the new subscription takes
+// seconds to set up under that load, buckets go tentative meanwhile, and
+// the stable input kept for the correction outgrows its bound (the
+// replica turns lossy; TestLossyReplicaRebootstrapsFromStablePeer lost
+// its precondition in 3 of 5 runs at load 16-29, inputs moving every few
+// hundred milliseconds for seconds). So the replica keeps a score of the
+// evidence that it, not its upstreams, is slow, and DetectLimit waits at
+// least the detection timeout times one plus the score:
+//
+//   - its caller stepped it more than half a detection timeout after the
+//     deadline it asked for (its timer ran late): a point and one more
+//     per detection timeout of lateness;
+//   - a live replica was heard after a gap longer than the stretched
+//     timeout can cover (gapStretch times the gap past DetectMax);
+//   - a replica left for silence delivered after all (lateHeard): a
+//     detection proven false.
+//
+// The score is at most healthMax; a point goes after every
+// healthDecayDetects detection timeouts without one. A replica whose
+// process runs normally scores 0, and a real failure is detected within
+// Detect (or the gap stretch) as before; the score is the price of a
+// loaded process only, and it is bounded (Config.HealthMax).
+const (
+	// healthMax bounds the score.
+	healthMax = 8
+	// healthDecayDetects: a point of the score goes after this many
+	// detection timeouts without evidence.
+	healthDecayDetects = 10
+	// healthMaxDetects bounds the detection timeout local health
+	// stretches to, in detection timeouts (never below DetectMax).
+	healthMaxDetects = 8
+)
+
+// unhealthy adds a point of local health evidence at the machine's clock.
+func (m *Machine) unhealthy() { m.unhealthyAt(m.now, 1) }
+
+// unhealthyAt adds points of local health evidence at clock now.
+func (m *Machine) unhealthyAt(now int64, points int) {
+	if m.cfg.HealthMax <= m.cfg.Detect {
+		return // a fixed detection timeout (Config.HealthMax, DetectMax unset)
+	}
+	m.health, m.healthAt = min(m.healthAt0(now)+points, healthMax), now
+	m.unhealthyCount += uint64(points)
+}
+
+// healthAt0 is the local health score at clock now: the score at
+// healthAt less a point per healthDecayDetects detection timeouts since.
+func (m *Machine) healthAt0(now int64) int {
+	if m.health == 0 {
+		return 0
+	}
+	gone := (now - m.healthAt) / (healthDecayDetects * int64(m.cfg.Detect))
+	return int(max(int64(m.health)-gone, 0))
+}
+
+// Health is the local health score now (0: healthy; see unhealthy).
+func (m *Machine) Health() int { return m.healthAt0(m.now) }
+
+// HealthLimitMax is the Config.HealthMax of a task with detection
+// timeout detect and share of X share (see DetectMax): healthMaxDetects
+// detection timeouts, never below DetectMax. Where half the share leaves
+// room for DetectMax and one detection timeout more (so that a task still
+// moves off a failed replica before a bucket's wait runs out, P1), at
+// most half the share less one detection timeout: the room is kept.
+// Where it does not (a small X), no timeout keeps that bound on a loaded
+// machine, and false detections are what costs there.
+func HealthLimitMax(detect, share time.Duration) time.Duration {
+	dm := DetectMax(detect, share)
+	hm := healthMaxDetects * detect
+	if share > 0 && share != Strict && share/2 >= dm+detect {
+		hm = min(hm, share/2-detect)
+	}
+	return max(dm, hm)
 }
 
 // DetectLimit is the silence after which an input that has spoken
@@ -1377,13 +1513,50 @@ func (m *Machine) gapSeen(gap int64) {
 // (the runtime's starvation clock); its silence then says less, and it
 // waits longer before it takes a replica for failed. When this process
 // runs normally the gaps are one boundary interval and a real failure is
-// detected within Detect.
+// detected within Detect. Local health (see unhealthy) makes it at
+// least Detect times one plus its score, up to Config.HealthMax.
 func (m *Machine) DetectLimit() time.Duration {
 	d := m.cfg.Detect
 	if m.cfg.DetectMax > d && m.gapAt != 0 && m.now-m.gapAt <= gapWindowDetects*int64(m.cfg.Detect) {
 		d = min(max(d, time.Duration(gapStretch*m.gapMax)), m.cfg.DetectMax)
 	}
+	if h := m.Health(); h > 0 {
+		// Local health: this replica's own process runs late.
+		d = max(d, min(m.cfg.Detect*time.Duration(1+h), m.cfg.HealthMax))
+	}
 	return d
+}
+
+// allSilent reports whether every input of the replica (at least two not
+// ended) has been silent past the detection timeout at once, while the
+// timeout may stretch (Config.HealthMax). Upstreams on different workers
+// seldom fail together; a process that stands still hears none of them.
+// Then an input counts as failed only past HealthMax (silenceLimit: at
+// the start, before any input spoke, past the longest start grace):
+// while every input is silent nothing is available for a bucket to be
+// released tentative with, so the wait costs no result, whereas moving
+// every input on such a stall restarted subscriptions that were slow to
+// set up on a loaded machine (load 30 on two cores, nine workers in one
+// process: 2-5 s to the first batch), and buckets went tentative once
+// one input spoke again without the other. A worker cut off from every
+// upstream is still detected, HealthMax after the silence began. (Not
+// part of DetectLimit: the runtime vouches for inputs its subscriptions
+// heard within DetectLimit, and stretches its own watchdog likewise.)
+func (m *Machine) allSilent() bool {
+	if m.cfg.HealthMax <= m.cfg.Detect {
+		return false
+	}
+	n := 0
+	for _, in := range m.inputs {
+		if in.ended() {
+			continue
+		}
+		if m.now-in.heard <= int64(m.cfg.Detect) {
+			return false
+		}
+		n++
+	}
+	return n >= 2
 }
 
 // timeouts detects silent inputs and expired permissions.
@@ -2095,11 +2268,14 @@ type Figures struct {
 	// Promotions the inputs that took their corrections and moved to
 	// their replica (Config.Background).
 	BackgroundStarts, Promotions uint64
+	// Unhealthy counts the points of local health evidence (see
+	// Machine.unhealthy): this replica's own process ran late.
+	Unhealthy uint64
 }
 
 // Figures returns the machine's counters.
 func (m *Machine) Figures() Figures {
 	return Figures{StableSteps: m.stableOut, TentativeSteps: m.tentOut, ReplayedSteps: m.replayOut, Recoveries: m.recoveries,
 		Shed: m.shed, ShedData: m.shedData, KeptMax: m.keptMax, Silences: m.silences, Doubts: m.doubts,
-		BackgroundStarts: m.bgStarts, Promotions: m.promotions}
+		BackgroundStarts: m.bgStarts, Promotions: m.promotions, Unhealthy: m.unhealthyCount}
 }

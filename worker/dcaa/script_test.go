@@ -18,7 +18,7 @@ import (
 // start with "> " are the actions it must return, in order (none: no
 // action). Blank lines and "#" comments are ignored.
 //
-//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [detectmax=MS] [strict] [chunk=N] [background] [keep=N]
+//	config id=0 replicas=2 inputs=2,2 share=100 detect=30 [detectmax=MS] [healthmax=MS] [strict] [chunk=N] [background] [keep=N]
 //	start T
 //	deliver T in=I [att=N] [state=STABLE|UP_FAILURE|STABILIZATION] [twm=MS] TUPLES...
 //	    TUPLES: s<id>@<ms> stable, t<id>@<ms> tentative, b<id>@<ms> boundary
@@ -30,7 +30,11 @@ import (
 //	states T in=I [at=MS] STATE,STATE... (at: UpstreamStates.At)
 //	request T from=P | reply T from=P granted|denied | done T from=P
 //	tick T
+//	deadline: NextDeadline, as the runtime asks it before it waits (a
+//	    later Step far past it shows the caller ran late)
 //	expect-state STATE
+//	expect-limit MS: the detection timeout now (DetectLimit)
+//	expect-health N: the local health score now
 //
 // Actions print as:
 //
@@ -123,6 +127,9 @@ func runScript(t *testing.T, path string) {
 			if _, ok := args["detectmax"]; ok {
 				cfg.DetectMax = time.Duration(num("detectmax")) * time.Millisecond
 			}
+			if _, ok := args["healthmax"]; ok {
+				cfg.HealthMax = time.Duration(num("healthmax")) * time.Millisecond
+			}
 			for _, r := range rest {
 				switch r {
 				case "strict":
@@ -174,6 +181,19 @@ func runScript(t *testing.T, path string) {
 			acts = m.Step(now, PeerDone{From: num("from")})
 		case "tick":
 			acts = m.Step(now, Tick{})
+		case "deadline":
+			m.NextDeadline()
+			continue
+		case "expect-limit":
+			if got, want := m.DetectLimit(), time.Duration(num("ms"))*time.Millisecond; got != want {
+				t.Fatalf("%s:%d: detection timeout %v, want %v", path, lineNo, got, want)
+			}
+			continue
+		case "expect-health":
+			if got, want := m.Health(), num("n"); got != want {
+				t.Fatalf("%s:%d: local health %d, want %d", path, lineNo, got, want)
+			}
+			continue
 		case "expect-state":
 			if s := m.State().String(); s != rest[0] {
 				t.Fatalf("%s:%d: state %s, want %s", path, lineNo, s, rest[0])

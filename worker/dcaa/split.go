@@ -193,6 +193,27 @@ func DetectTimeout(boundaryInterval time.Duration) time.Duration {
 	return max(4*boundaryInterval, MinDetect)
 }
 
+// minStartGrace is the least StartGrace gives: how long the first batch
+// of an upstream takes to come is the time a loaded machine takes to set
+// up a subscription and start a task, not a multiple of the boundary
+// interval. At load 30-50 on two cores (nine workers in one process,
+// TestLossyReplicaRebootstrapsFromStablePeer) both replicas of one source
+// partition delivered their first batch 3.3-3.5 s after their consumers
+// started, while the other partition's came at once: with a 1 s grace
+// the input counted as failed, buckets went tentative after the share
+// and the replica kept more input than its bound for the correction,
+// lossy from the start.
+const minStartGrace = 3 * time.Second
+
+// StartGrace is the Config.StartGrace of a task with detection timeout
+// detect: ten detection timeouts, at least minStartGrace. Only an
+// upstream silent from the start is given it: one that refuses (not
+// running, killed) is left at once, and one that delivered and stops is
+// detected within the detection timeout.
+func StartGrace(detect time.Duration) time.Duration {
+	return max(10*detect, minStartGrace)
+}
+
 // detectStretchMax is how many detection timeouts the detection timeout
 // may stretch to under load (Config.DetectMax).
 const detectStretchMax = 4

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/worker/dcaa"
 )
 
 // DCAA wiring (issue 10; see docs/DATAPLANE.md). A query with replicas
@@ -62,29 +63,28 @@ type inputHealth struct {
 	silenced atomic.Bool
 	// spoke: some replica of the upstream was heard (a batch or a
 	// heartbeat) since the task started; until then the watchdog allows
-	// startGrace detection timeouts (silenceLimit).
+	// dcaa.StartGrace (silenceLimit).
 	spoke atomic.Bool
 	// onAttempt: the live attempt heard its replica (a batch or a
 	// heartbeat) since it started.
 	onAttempt atomic.Bool
 }
 
-// startGrace is how many detection timeouts an input that has heard no
-// replica of its upstream since its task started may stay silent before
-// the watchdog moves it to another replica: the upstream's tasks start
-// on other workers at about the same time, and under load one that had
-// not sent its first heartbeat yet was taken for failed at once (the
-// machine's own detection has the same grace, dcaa.Config.StartGrace).
-// A consumer moved so at the start read replica 1 from then on, and
+// An input that has heard no replica of its upstream since its task
+// started may stay silent dcaa.StartGrace(detect) before the watchdog
+// moves it to another replica: the upstream's tasks start on other
+// workers at about the same time, and under load one that had not sent
+// its first heartbeat yet was taken for failed at once (the machine's
+// own detection has the same grace, dcaa.Config.StartGrace). A consumer
+// moved so at the start read replica 1 from then on, and
 // TestCutLinkBetweenWorkerProcesses' cut of replica 0 met no reader.
-const startGrace = 10
 
 // silenceLimit is the silence past which the watchdog takes the live
 // attempt's replica for failed: the task's detectLimit once some replica
 // was heard.
 func (in *input) silenceLimit(detect time.Duration) int64 {
 	if !in.health.spoke.Load() {
-		return startGrace * int64(detect)
+		return int64(dcaa.StartGrace(detect))
 	}
 	if d := in.t.dm; d != nil && !in.health.onAttempt.Load() {
 		// An attempt not heard yet: the machine's grace for a
@@ -220,8 +220,15 @@ func (t *task) watchInputs(ctx context.Context) {
 			}
 		}
 		last = now
+		quiet := t.inputsAllSilent(now, detect)
 		for _, in := range t.inputsNow() {
-			if in.health.busy.Load() || in.silence(now) <= in.silenceLimit(detect) {
+			limit := in.silenceLimit(detect)
+			if quiet {
+				// Every input silent at once: the machine fails none
+				// before HealthMax (dcaa's allSilent), nor does this.
+				limit = max(limit, int64(t.dm.healthMax))
+			}
+			if in.health.busy.Load() || in.silence(now) <= limit {
 				continue
 			}
 			if t.dm != nil && !in.health.spoke.Load() {
@@ -236,7 +243,7 @@ func (t *task) watchInputs(ctx context.Context) {
 			if in.cancelCur != nil {
 				t.silences.Add(1)
 				t.log.Info("DCAA input silent past the detection timeout: leaving its upstream replica", "input", in.upstream, "partition", in.upPartition,
-					"silence_run", time.Duration(in.silence(now)), "silence_wall", time.Duration(now-in.health.heard.Load()), "limit", time.Duration(in.silenceLimit(detect)))
+					"silence_run", time.Duration(in.silence(now)), "silence_wall", time.Duration(now-in.health.heard.Load()), "limit", time.Duration(limit))
 				in.health.silenced.Store(true)
 				in.health.silent.Store(true)
 				in.cancelCur()
@@ -252,6 +259,27 @@ func (t *task) watchInputs(ctx context.Context) {
 			t.sinkBackgrounds(ctx, &bgs)
 		}
 	}
+}
+
+// inputsAllSilent reports whether the task runs its DCAA machine and
+// every input of it (at least two not ended) has been silent past the
+// detection timeout at once (dcaa's allSilent, on this side's clock:
+// input.silence).
+func (t *task) inputsAllSilent(now int64, detect time.Duration) bool {
+	if t.dm == nil || t.dm.healthMax <= detect {
+		return false
+	}
+	n := 0
+	for _, in := range t.inputsNow() {
+		if in.endTaken.Load() {
+			continue
+		}
+		if in.health.busy.Load() || in.silence(now) <= int64(detect) {
+			return false
+		}
+		n++
+	}
+	return n >= 2
 }
 
 // updateReplicaState recomputes the task's replica state from its

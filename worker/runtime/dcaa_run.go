@@ -77,8 +77,9 @@ type dcaaRun struct {
 	// starveCap is the wall silence past which an input is failed
 	// however starved this process was (see starveCapOf).
 	starveCap int64
-	// detectMax is the machine's Config.DetectMax.
-	detectMax time.Duration
+	// detectMax and healthMax are the machine's Config.DetectMax and
+	// Config.HealthMax.
+	detectMax, healthMax time.Duration
 	// shedCounted is the machine's ShedData already added to the task's
 	// InTuples (the run goroutine only).
 	shedCounted uint64
@@ -208,9 +209,10 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 		ranks[i] = in.rank()
 	}
 	detectMax := dcaa.DetectMax(t.detectTimeout(), shares[t.node.Name])
+	healthMax := dcaa.HealthLimitMax(t.detectTimeout(), shares[t.node.Name])
 	m, err := dcaa.New(dcaa.Config{ID: t.spec.Replica, Replicas: max(1, t.plan.Query.Replicas), Inputs: ks, Floors: floors, Ranks: ranks,
 		Share: shares[t.node.Name], Budget: budgets[t.node.Name], Detect: t.detectTimeout(),
-		DetectMax: detectMax, KeepLimit: t.r.opts.DCAAKeepTuples, Background: !t.r.opts.DCAANoBackground})
+		DetectMax: detectMax, HealthMax: healthMax, StartGrace: dcaa.StartGrace(t.detectTimeout()), KeepLimit: t.r.opts.DCAAKeepTuples, Background: !t.r.opts.DCAANoBackground})
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +221,7 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 	d.wait.grow(len(t.inputs))
 	d.limit.Store(int64(m.DetectLimit()))
 	d.starveCap = starveCapOf(t.detectTimeout(), shares[t.node.Name])
-	d.detectMax = detectMax
+	d.detectMax, d.healthMax = detectMax, healthMax
 	return d, nil
 }
 
@@ -243,8 +245,12 @@ func newDCAARun(t *task) (*dcaaRun, error) {
 // hearing no replica (TestDCAASecondFailureDuringStabilization), and
 // with 2 s the peer replica of TestLossyReplicaRebootstrapsFromStablePeer
 // lost input in every run at load 20.
+//
+// The machine's timeout stretches past DetectMax while its process runs
+// late (local health, up to dcaa.HealthLimitMax): the room is left for
+// that one.
 func starveCapOf(detect, share time.Duration) int64 {
-	if share > 0 && share != dcaa.Strict && share/2 >= dcaa.DetectMax(detect, share)+detect {
+	if share > 0 && share != dcaa.Strict && share/2 >= dcaa.HealthLimitMax(detect, share)+detect {
 		return min(int64(share/2), starveLimit(detect))
 	}
 	return starveLimit(detect)
@@ -693,7 +699,7 @@ func (d *dcaaRun) do(ctx context.Context, acts []dcaa.Action) error {
 				// false detections.
 				in, f, wall := t.inputs[a.Input], d.m.Figures(), time.Now().UnixNano()
 				t.log.Info("DCAA input moves to upstream replica", "input", in.upstream, "partition", in.upPartition, "replica", a.Replica,
-					"attempt", a.Attempt, "silences", f.Silences, "doubts", f.Doubts, "detect_limit", d.m.DetectLimit(),
+					"attempt", a.Attempt, "silences", f.Silences, "doubts", f.Doubts, "detect_limit", d.m.DetectLimit(), "health", d.m.Health(),
 					"silence_wall", time.Duration(wall-in.health.heard.Load()), "silence_run", time.Duration(in.silence(wall)))
 			}
 			if a.Promoted {

@@ -171,7 +171,7 @@ func (in *input) silence(now int64) int64 {
 		// The machine times an input out a DetectLimit after the last
 		// vouch for it (confirmHeard): vouching stops that much before
 		// the cap, so that the cap bounds the detection itself.
-		// (starveCapOf is at least DetectMax + Detect: at least one
+		// (starveCapOf is at least dcaa.HealthLimitMax + Detect: at least one
 		// detection timeout is left.)
 		limit -= in.t.dm.limit.Load()
 	}

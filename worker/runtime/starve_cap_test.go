@@ -43,7 +43,7 @@ func TestStarvedProcessStillDetectsASilentInputWithinTheCap(t *testing.T) {
 }
 
 // An input that has heard no replica of its upstream since its task
-// started is allowed startGrace detection timeouts of silence before the
+// started is allowed dcaa.StartGrace of silence before the
 // watchdog moves it (its upstream may start a little later, under load
 // well past one detection timeout); once it heard one, one timeout.
 // Before, a consumer took an upstream replica that had not sent its
