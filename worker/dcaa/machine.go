@@ -1301,8 +1301,17 @@ const maxSuspicionDoublings = 4
 // UP_FAILURE (maybeSwitch), every 1.6 s with 100 ms boundaries, dropping
 // the tentative input it had not released each time.
 func (m *Machine) suspicion(in *inputState, r int) int64 {
-	n := min(max(in.fails[r]-1, 0), maxSuspicionDoublings)
-	return 4 * int64(m.cfg.Detect) << n
+	return int64(Suspicion(m.cfg.Detect, in.fails[r]))
+}
+
+// Suspicion is how long an upstream replica that failed an input fails
+// times in a row is not chosen again (see Machine.suspicion): four
+// detection timeouts, doubled for each further failure, at most
+// 2^maxSuspicionDoublings times. The machine's inputs and the runtime's
+// sinks suspect alike.
+func Suspicion(detect time.Duration, fails int) time.Duration {
+	n := min(max(fails-1, 0), maxSuspicionDoublings)
+	return 4 * detect << n
 }
 
 // choose picks the replica input i should read: not recently failed,
@@ -1311,13 +1320,25 @@ func (m *Machine) suspicion(in *inputState, r int) int64 {
 // replica failed recently, the one that failed longest ago.
 func (m *Machine) choose(i int) int {
 	in := m.inputs[i]
-	k := len(in.upState)
+	return Preferred(m.cfg.ID, len(in.upState), func(r int) int { return m.rankOf(in, r) },
+		func(r int) (bool, int64) { return m.suspected(in, r), in.suspect[r] })
+}
+
+// Preferred is the upstream replica (of k) an input of replica self
+// reads: one not suspected (suspected reports whether replica r failed
+// the input recently, and when, on any clock that orders), then the best
+// rank (Stable, Unknown, UpFailure, Stabilization: rank; the caller may
+// rank a replica it knows to be stale last), then the nearest number
+// from self (so replica r reads upstream replica r when all is well).
+// When every replica failed recently, the one that failed longest ago.
+// The machine's inputs and the runtime's sinks choose so.
+func Preferred(self, k int, rank func(r int) int, suspected func(r int) (bool, int64)) int {
 	key := func(r int) [4]int64 {
 		var susp, when int64
-		if m.suspected(in, r) {
-			susp, when = 1, in.suspect[r]
+		if s, at := suspected(r); s {
+			susp, when = 1, at
 		}
-		return [4]int64{susp, when, int64(m.rankOf(in, r)), int64(((r-m.cfg.ID)%k + k) % k)}
+		return [4]int64{susp, when, int64(rank(r)), int64(((r-self)%k + k) % k)}
 	}
 	best := 0
 	for r := 1; r < k; r++ {
@@ -1328,6 +1349,10 @@ func (m *Machine) choose(i int) int {
 	}
 	return best
 }
+
+// Rank orders replica states for Preferred: Stable first, then Unknown,
+// UpFailure, Stabilization.
+func Rank(s State) int { return rank(s) }
 
 // maxGraceDoublings bounds the start grace's backoff: at most 8 times
 // StartGrace for one subscription.

@@ -269,6 +269,10 @@ func (in *input) run(ctx context.Context) {
 	// down is when the failures since the last progress began
 	// (dataplane.WaitReadySince redials faster early in an outage).
 	var down time.Time
+	// choice: for a DCAA sink, the replicas that failed it (see
+	// dcaa_sinkchoice.go); read is the replica the last attempt read.
+	var choice sinkChoice
+	read := -1
 	for ctx.Err() == nil {
 		if in.t.inlineDone() {
 			return // the end was processed by a rescale's lift (kickRelease)
@@ -314,7 +318,11 @@ func (in *input) run(ctx context.Context) {
 				}
 			}
 			realignOn = ""
+			read = pl.Replica
 			progressed, moved, err = in.attempt(ctx, pl)
+			if progressed {
+				choice.delivered(pl.Replica)
+			}
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
 			}
@@ -352,6 +360,12 @@ func (in *input) run(ctx context.Context) {
 		}
 		if !moved {
 			attempt++ // next time, try another replica
+			if read >= 0 && len(cands) > 2 && (in.t.mv != nil || in.t.passDCAA()) {
+				// A DCAA sink with three replicas or more chooses as
+				// the machine's inputs do (dcaa_sinkchoice.go).
+				choice.failed(read, time.Now())
+				attempt = choice.next(in, cands, time.Now())
+			}
 		}
 		if status.Code(err) == codes.NotFound || moved {
 			log.Debug("subscription retry", "err", err, "attempt", attempt)
