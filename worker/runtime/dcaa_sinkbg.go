@@ -43,11 +43,6 @@ import (
 // results, a REC_DONE of an earlier failure among it; a REC_DONE read
 // while the replica advertises UP_FAILURE does not count (inFailure).
 
-// sinkBgSuspicion is how long a replica whose background read failed
-// is not read in the background again, in detection timeouts (the
-// machine's first suspicion).
-const sinkBgSuspicion = 4
-
 // sinkBg is a DCAA sink input's background reading. The task's
 // watchInputs goroutine owns it (sinkBackgrounds); ended and failed are
 // set by the reading goroutine, known by both.
@@ -119,7 +114,9 @@ func (t *task) sinkBackground(ctx context.Context, in *input, wg *sync.WaitGroup
 			states[r] = h.state
 		}
 	}
-	susp := sinkBgSuspicion * t.detectTimeout()
+	// A replica whose background read failed is not read in the
+	// background again for the machine's first suspicion.
+	susp := dcaa.Suspicion(t.detectTimeout(), 1)
 	r := dcaa.BackgroundReplica(t.spec.Replica, cur.Replica, states, func(r int) bool { return now.Sub(s.suspect[r]) < susp })
 	if r < 0 {
 		return
