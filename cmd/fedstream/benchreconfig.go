@@ -201,6 +201,10 @@ do, without Raft or assignment watches.`,
 					fmt.Fprintf(w, "%-9s gaps of 100 ms or more at the sink: %d (longest %.1f ms), %d of them with the process starved of CPU\n", "", len(s.r.Stalls), longest, starved)
 				}
 			}
+			if h := res.HopLive; h != nil {
+				fmt.Fprintf(w, "floor of a live update's messages, in this process during the live run (%d samples): loopback TCP one way %.3f ms, plaintext gRPC round trip %.3f ms (p50)\n",
+					h.Samples, h.TCPOneWayMsP50, h.GRPCRoundTripMsP50)
+			}
 			if sr := res.SecondRate; sr != nil {
 				fmt.Fprintf(w, "at %d results/s (%d/s per source; capacity sustained %.0f/s): live update p50 %.1f ms, quiescent %.1f ms (sources resumed; %v results in flight)\n",
 					sr.ResultsPerS, sr.RatePerSource, sr.CapacityResultsPerS, sr.Live.UpdateMsP50, sr.Quiescent.UpdateMsP50, sr.Quiescent.InFlight)

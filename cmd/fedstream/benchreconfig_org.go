@@ -927,8 +927,21 @@ func runReconfigOrg(ctx context.Context, cfg benchmark.ReconfigConfig) (*benchma
 	}
 	if part("live") {
 		prog.Step("live", 1, 1, "")
+		hop, herr := startHopBaseline(ctx)
 		if res.Live, err = orgStrategy(ctx, o, cfg, fsm.StrategyLive); err != nil {
+			if herr == nil {
+				_, _ = hop.stop()
+			}
 			return nil, err
+		}
+		if herr == nil {
+			var b benchmark.HopBaseline
+			if b, herr = hop.stop(); herr == nil {
+				res.HopLive = &b
+			}
+		}
+		if herr != nil {
+			cfg.Logger.Warn("bench reconfig: hop baseline not measured", "err", herr)
 		}
 	}
 	if part("quiescent") {

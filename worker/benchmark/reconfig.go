@@ -516,6 +516,10 @@ type ReconfigResult struct {
 	// run: the floor of one Raft write on this disk (a bbolt commit
 	// syncs twice).
 	FsyncMsP50 float64 `json:"fsync_ms_p50,omitempty"`
+	// HopLive (org runs) is the floor of a live update's two messages,
+	// measured in this process while the live strategy's stream ran
+	// (see HopBaseline).
+	HopLive *HopBaseline `json:"hop_baseline_live,omitempty"`
 	// Scope says what the figures measure (in-process runtimes, plan
 	// phases driven directly, no Raft).
 	Scope string `json:"scope"`
@@ -1363,4 +1367,18 @@ func (r *ReconfigResult) Charts() []benchreport.Chart {
 		{Title: "p99 latency per 100 ms", YLabel: "ms", XLabel: "s since the run's start",
 			Series: []benchreport.Series{series("live", r.Live, true), series("quiescent", r.Quiescent, true)}},
 	}
+}
+
+// HopBaseline is the cheapest form of the messages a live update is made
+// of (the plan to each worker, an acknowledgement back), measured in the
+// benchmark's process while a strategy's stream runs there, every 13 ms:
+// a raw loopback TCP write reaching a reader goroutine, and a plaintext
+// gRPC unary round trip to a service with nothing to compute. A live
+// update needs at least one message each way (over gRPC with mutual TLS,
+// with Raft and the tasks' installs around them), so no design of it
+// goes under these on the same machine at the same load.
+type HopBaseline struct {
+	TCPOneWayMsP50     float64 `json:"tcp_one_way_ms_p50"`
+	GRPCRoundTripMsP50 float64 `json:"grpc_round_trip_ms_p50"`
+	Samples            int     `json:"samples"`
 }
