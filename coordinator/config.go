@@ -108,6 +108,10 @@ type hooks struct {
 	// is submitted (a test holds two moves there, so that both pass their
 	// checks before either commits).
 	moveChecked func(taskID string)
+	// command, when set, may rewrite the body of every command this node
+	// proposes (a test holds back a copy's reports to order two moves'
+	// ends).
+	command func(t fsm.MessageType, body any) any
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 )
 
 // TestPlanCheckRefusesNeighbourMoves is the plan applier's table of the
@@ -404,4 +405,145 @@ func TestRacingCrossOrgMoveAndItsProducersMove(t *testing.T) {
 		t.Fatalf("the move of %s: %v; want it refused naming the move of %s", refused[0].task, err, moved[0].task)
 	}
 	sameResults(t, got, want)
+}
+
+// TestStopAndCopyConsumerNextToAMovingProducer: a consumer in a
+// stop-and-copy move may switch producers at any time, because its
+// halted old copy acknowledges nothing past the new copy's starting
+// positions. The consumer moves stop-and-copy; once its new copy runs,
+// its producer moves live (the applier accepts it next to a stop-and-copy
+// consumer), and the producer's move ends while the consumer's has not
+// (the new copy's reports are held back until then: hooks.command), the
+// case at stake. The sink's results equal, window by window and word by
+// word, those of a run left alone. This is the hand-over the scheduler
+// falls back to for a move held back past its wait (inOrder).
+func TestStopAndCopyConsumerNextToAMovingProducer(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
+	type copyID struct {
+		task string
+		gen  int
+	}
+	var held atomic.Pointer[copyID] // a copy whose reports are not written
+	o := newXorgOrg(t, "alpha", nil, calmFailureDetection, func(c *Config) {
+		c.hooks.command = func(typ fsm.MessageType, body any) any {
+			h := held.Load()
+			if h == nil {
+				return body
+			}
+			drop := func(r fsm.UpdateTaskStatesRequest) fsm.UpdateTaskStatesRequest {
+				var kept []fsm.TaskStateUpdate
+				for _, u := range r.States {
+					if u.TaskID != h.task || u.Generation != h.gen {
+						kept = append(kept, u)
+					}
+				}
+				r.States = kept
+				return r
+			}
+			switch b := body.(type) {
+			case fsm.UpdateTaskStatesRequest:
+				return drop(b)
+			case fsm.UpdateTaskStatesBatchRequest:
+				out := fsm.UpdateTaskStatesBatchRequest{}
+				for _, r := range b.Reports {
+					out.Reports = append(out.Reports, drop(r))
+				}
+				return out
+			}
+			return body
+		}
+	})
+	const limit = 100000
+	want := xorgReference(t, limit)
+	o.submit(t, "sc", 1, limit)
+	const producer, consumer = "sc/lines/p0/r0", "sc/counts/p0/r0"
+	if in := o.nodes[0].taskInputs()(o.task(t, consumer)); !slices.Contains(in, "lines") {
+		t.Fatalf("%s reads %v, not lines", consumer, in)
+	}
+	other := func(worker string) string {
+		for _, w := range o.workers {
+			if w.ID() != worker {
+				return w.ID()
+			}
+		}
+		t.Fatalf("no worker but %s", worker)
+		return ""
+	}
+	runs := func(task string, gen int) bool {
+		for _, w := range o.workers {
+			for _, st := range w.Runtime().States() {
+				if st.TaskID == task && st.Generation == gen && st.State == states.TaskRunning {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	move := func(ctx context.Context, tk *fsm.Task, halt bool) error {
+		out, err := o.nodes[0].submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: o.nodes[0].State().LatestIndex(), Placements: []fsm.PlannedPlacement{
+			{TaskID: tk.ID, FromWorker: tk.WorkerID, FromGeneration: tk.Gen(), ToWorker: other(tk.WorkerID), Live: true, CatchUp: true, Halt: halt}}})
+		if err == nil && (len(out.Result.Refused) > 0 || len(out.Result.Placed) != 1) {
+			err = fmt.Errorf("move %s: placed %v, refused %s", tk.ID, out.Result.Placed, out.Result.RefusedText())
+		}
+		return err
+	}
+	// until polls cond every 5 ms until it holds or ctx ends.
+	until := func(ctx context.Context, what string, cond func() bool) error {
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for !cond() {
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("waiting for %s: %w", what, ctx.Err())
+			case <-tick.C:
+			}
+		}
+		return nil
+	}
+	var started bool
+	done := make(chan error, 1)
+	got := o.results(t, "sc", func(n int) {
+		if n < len(want)/3 || started {
+			return
+		}
+		started = true
+		go func() {
+			done <- func() error {
+				defer held.Store(nil)
+				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+				defer cancel()
+				c := o.task(t, consumer)
+				held.Store(&copyID{consumer, c.Gen() + 1})
+				if err := move(ctx, c, true); err != nil {
+					return err
+				}
+				if err := until(ctx, "the consumer's new copy running", func() bool { return runs(consumer, c.Gen()+1) }); err != nil {
+					return err
+				}
+				if err := move(ctx, o.task(t, producer), false); err != nil {
+					return err
+				}
+				if err := until(ctx, "the producer's move ended", func() bool { return o.task(t, producer).MovingFrom == "" }); err != nil {
+					return err
+				}
+				if tk := o.task(t, consumer); tk.MovingFrom == "" {
+					return fmt.Errorf("the consumer's move ended before the producer's: %+v", tk)
+				}
+				return nil
+			}()
+		}()
+	})
+	if !started {
+		t.Fatal("the query ended before the moves: the test would prove nothing")
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	sameResults(t, got, want)
+	for _, id := range []string{producer, consumer} {
+		waitFor(t, 60*time.Second, "the move of "+id+" ends", func() bool {
+			tk, err := o.nodes[0].State().Task(nil, id)
+			return err == nil && tk != nil && tk.Gen() == 2 && tk.MovingFrom == ""
+		})
+	}
 }
