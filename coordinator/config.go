@@ -103,6 +103,15 @@ type hooks struct {
 	// heldForSetUp, when set, is told each time a call waits because
 	// this node leads but its set-up has not run in this term.
 	heldForSetUp func()
+	// moveChecked, when set, runs in task move and in a move to a
+	// partner org once the move's own checks have passed, before its plan
+	// is submitted (a test holds two moves there, so that both pass their
+	// checks before either commits).
+	moveChecked func(taskID string)
+	// command, when set, may rewrite the body of every command this node
+	// proposes (a test holds back a copy's reports to order two moves'
+	// ends).
+	command func(t fsm.MessageType, body any) any
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a

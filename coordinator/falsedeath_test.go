@@ -3,7 +3,6 @@ package coordinator
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -243,19 +242,42 @@ func TestReplaceMovesAProducerBeforeItsConsumer(t *testing.T) {
 		t.Fatalf("once its consumer's move ended: planned %v, want %v", got, []string{src.ID})
 	}
 	// A move that does not end (its new copy never runs) holds the
-	// others back only as long as hold says (moveOrderWait).
+	// others back only as long as hold says (moveOrderWait); past it a
+	// producer still waits for its consumer's move (no hand-over of it
+	// is safe while the consumer runs two copies: before session 20 it
+	// went ahead live) ...
 	agg.MovingFrom, agg.MovingFromGeneration = "a2", 1
 	ho.hold = func(string, bool) bool { return false }
-	if got := planned(); !slices.Equal(got, []string{src.ID}) {
-		t.Fatalf("once the wait is over: planned %v, want %v", got, []string{src.ID})
+	for _, halt := range []bool{false, true} {
+		ho.halt = halt
+		if got := replace(workers, tasks, nil, ho); len(got) != 0 {
+			t.Fatalf("past the wait (stop-and-copy known: %v), a producer moved while its consumer was moving: %+v", halt, got)
+		}
+	}
+	// ... and a consumer whose producer's move does not end moves
+	// stop-and-copy, once every coordinator knows how, and waits on
+	// otherwise.
+	lines2, counts2 := placedTask("q4", "lines", 0, 0, "a"), placedTask("q4", "counts", 0, 0, "down")
+	lines2.MovingFrom, lines2.MovingFromGeneration, lines2.Generation = "a2", 1, 2
+	tasks = []*fsm.Task{lines2, counts2}
+	ho.halt = false
+	if got := replace(workers, tasks, nil, ho); len(got) != 0 {
+		t.Fatalf("past the wait without stop-and-copy moves, a consumer moved while its producer was moving: %+v", got)
+	}
+	ho.halt = true
+	if got := replace(workers, tasks, nil, ho); len(got) != 1 || got[0].TaskID != counts2.ID || !got[0].Live || !got[0].Halt {
+		t.Fatalf("past the wait, the consumer of a moving producer: planned %+v, want one stop-and-copy live move of %s", got, counts2.ID)
+	}
+	ho.hold = nil
+	if got := replace(workers, tasks, nil, ho); len(got) != 0 {
+		t.Fatalf("within the wait, a consumer moved while its producer was moving: %+v", got)
 	}
 	var o moveOrder
 	now := time.Now()
-	log := slog.New(slog.DiscardHandler)
-	if !o.hold(log, src.ID, false, time.Minute, now) || !o.hold(log, src.ID, false, time.Minute, now.Add(moveOrderWait/2)) || o.hold(log, src.ID, false, time.Minute, now.Add(moveOrderWait)) {
+	if !o.hold(src.ID, false, time.Minute, now) || !o.hold(src.ID, false, time.Minute, now.Add(moveOrderWait/2)) || o.hold(src.ID, false, time.Minute, now.Add(moveOrderWait)) {
 		t.Fatalf("moveOrder holds a move waiting for copies not running other than for %s", moveOrderWait)
 	}
-	if !o.hold(log, agg.ID, true, time.Minute, now) || !o.hold(log, agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Second)) || o.hold(log, agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Minute)) {
+	if !o.hold(agg.ID, true, time.Minute, now) || !o.hold(agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Second)) || o.hold(agg.ID, true, time.Minute, now.Add(moveOrderWait+time.Minute)) {
 		t.Fatalf("moveOrder holds a move waiting for running copies other than for %s", moveOrderWait+time.Minute)
 	}
 }

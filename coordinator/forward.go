@@ -169,6 +169,9 @@ func (s *Server) forwardTo(ctx context.Context, addrs []string, leaderID, method
 // apply commits one command through Raft on the leader and returns the
 // FSM's result. Errors are gRPC statuses.
 func (s *Server) apply(ctx context.Context, t fsm.MessageType, body any) (*fsm.ApplyResult, error) {
+	if h := s.cfg.hooks.command; h != nil {
+		body = h(t, body)
+	}
 	if err := s.canPropose(t); err != nil {
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}

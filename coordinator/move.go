@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -60,11 +61,10 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	if t.MovingFrom != "" {
 		return nil, status.Errorf(codes.FailedPrecondition, "move: task %s is still moving from %s: wait until its new copy runs", t.ID, t.MovingFrom)
 	}
-	if tasks, err := st.Tasks(nil); err != nil {
+	if err := s.checkNeighbourMoves(st, t); errors.Is(err, ErrNeighbourMoving) {
+		return nil, status.Errorf(codes.FailedPrecondition, "move: %v", err)
+	} else if err != nil {
 		return nil, status.Errorf(codes.Internal, "move: %v", err)
-	} else if len(inOrder([]fsm.PlannedPlacement{{TaskID: t.ID, Live: true}}, tasks, s.taskInputs(), nil)) == 0 {
-		// One move at a time along a stream (see inOrder).
-		return nil, status.Errorf(codes.FailedPrecondition, "move: task %s reads from or feeds a task in a live move: wait until that move has ended", t.ID)
 	}
 	to, err := resolveWorker(st, req.ToWorker)
 	if err != nil {
@@ -84,6 +84,9 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 	// Consumers switch once the new copy has caught up, when every
 	// coordinator knows how (protocol 5); otherwise as soon as it runs.
 	catchUp := s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil
+	if h := s.cfg.hooks.moveChecked; h != nil {
+		h(t.ID)
+	}
 	out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: st.LatestIndex(),
 		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: t.Gen(), ToWorker: to.ID, Live: true, CatchUp: catchUp}}})
 	if err != nil {
@@ -93,6 +96,27 @@ func (as *adminService) MoveTask(ctx context.Context, req *pb.MoveTaskRequest) (
 		return nil, status.Errorf(codes.FailedPrecondition, "move %s refused: %s", t.ID, out.Result.RefusedText())
 	}
 	return &pb.MoveTaskResponse{TaskId: t.ID, FromWorker: t.WorkerID, ToWorker: to.ID, Generation: int32(t.Gen() + 1)}, nil
+}
+
+// ErrNeighbourMoving: a task next to the one to move in its stream (one
+// it reads from, or one reading from it) is in a live move; a producer
+// and its consumer never move live at once (see streamMoves).
+var ErrNeighbourMoving = errors.New("a task next to it in the stream is in a live move")
+
+// checkNeighbourMoves returns ErrNeighbourMoving, naming the move, when a
+// live move of t cannot start now for a move next to it in its stream.
+// Movers check it first for a quick answer; the plan applier checks again
+// against the state the move commits on, where plans are serialised, so
+// two moves checked at once cannot both start.
+func (s *Server) checkNeighbourMoves(st *fsm.StateStore, t *fsm.Task) error {
+	tasks, err := st.Tasks(nil)
+	if err != nil {
+		return err
+	}
+	if up, down := newStreamMoves(tasks, s.taskInputs()).blocking(t, false); len(up)+len(down) > 0 {
+		return fmt.Errorf("%w: %s", ErrNeighbourMoving, neighbourMoveText(t, up, down))
+	}
+	return nil
 }
 
 // isIngestSource reports whether fragment of query q is an ingest source.
@@ -163,7 +187,7 @@ func bootstrapSource(t *fsm.Task, peers []*fsm.Task, addrs map[string]string, re
 	}
 	if t.MovingFrom != "" {
 		if addr := addrs[t.MovingFrom]; addr != "" {
-			return &pb.SnapshotSource{WorkerAddr: addr, TaskId: t.ID, Generation: int32(max(t.MovingFromGeneration, 1)), Halt: haltMoves}
+			return &pb.SnapshotSource{WorkerAddr: addr, TaskId: t.ID, Generation: int32(max(t.MovingFromGeneration, 1)), Halt: haltMoves || t.MoveHalt}
 		}
 		return nil
 	}

@@ -162,6 +162,9 @@ func (pa *planApplier) apply(ctx context.Context, plan fsm.ApplyPlanRequest) (*p
 		}
 	}
 	check := newPlanCheck(workers, tasks, tasksPerCore)
+	// Live moves next to one another in a stream: re-checked here, on the
+	// latest state, where plans are serialised (see streamMoves).
+	check.moves = newStreamMoves(tasks, s.taskInputs())
 	// Partners' tasks hosted here take capacity too.
 	for w, n := range s.hostedLoad() {
 		check.load[w] += n
@@ -329,6 +332,10 @@ type planCheck struct {
 	load         map[string]int                   // worker -> tasks on it
 	hosts        map[partitionKey]map[string]bool // partition -> workers running a replica
 	tasksPerCore int
+	// moves, when set, refuses a live move next to another in its stream
+	// (see streamMoves); it sees the live moves accepted before it in the
+	// same plan.
+	moves *streamMoves
 }
 
 func newPlanCheck(workers []*fsm.Worker, tasks []*fsm.Task, perCore int) *planCheck {
@@ -393,6 +400,11 @@ func (c *planCheck) check(p fsm.PlannedPlacement) string {
 	if p.ToWorker == "" || p.ToWorker == t.WorkerID {
 		return ""
 	}
+	if p.Live && t.WorkerID != "" && c.moves != nil {
+		if up, down := c.moves.blocking(t, p.Halt); len(up)+len(down) > 0 {
+			return neighbourMoveText(t, up, down)
+		}
+	}
 	w := c.workers[p.ToWorker]
 	if w == nil {
 		return fmt.Sprintf("worker %s is not registered", p.ToWorker)
@@ -442,12 +454,20 @@ func (c *planCheck) commit(p fsm.PlannedPlacement) {
 		return
 	}
 	c.unplace(t)
+	from := t.WorkerID
 	if t.WorkerID != "" {
 		t.Generation = t.Gen() + 1
 	}
 	t.WorkerID = p.ToWorker
+	t.MovingFrom, t.MoveHalt = "", false
 	if p.ToWorker != "" {
 		c.place(t, p.ToWorker)
+		if p.Live && from != "" {
+			t.MovingFrom, t.MoveHalt = from, p.Halt
+			if c.moves != nil {
+				c.moves.add(t, true)
+			}
+		}
 	}
 }
 

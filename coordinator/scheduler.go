@@ -190,97 +190,221 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 		}
 		moves = append(moves, pl)
 	}
-	return inOrder(moves, tasks, ho.inputs, ho.hold)
+	return inOrder(moves, tasks, ho)
 }
 
-// inOrder drops from moves the live moves that must wait for another
-// move to end first, so that a producer and its consumer leaving one
-// worker declared down move one after the other, the producer first.
+// streamMoves is the view of the live moves under way against which a
+// live move is checked before it starts: by the scheduler (inOrder), by
+// task move, and by the plan applier, which re-checks every plan against
+// the latest state, so that two moves planned at once (two task move
+// calls, or one racing the re-placement of a down worker's tasks) cannot
+// both start.
 //
 // The invariant: a task's live move never ends while one of its
-// consumers runs two copies (is in a live move itself). A move's end
-// switches every consumer of the task to the new copy at once, and the
-// two copies of a moving consumer reach it at different times: the
-// first acknowledges there what the other has not taken yet, the new
-// producer copy discards it (it holds for each subscriber it has seen,
-// not for a copy it has not heard of), and the other copy resumes after
-// a gap: input lost, the results depending on it with it (a runtime
-// test driving that order lost input in 4 of 8 runs). One at a time,
-// a consumer has one copy when its upstream switches, and its new copy
-// registers with the new upstream copy before its snapshot (see
-// worker/runtime pinUpstreams).
+// consumers runs two copies that take input. A move's end switches every
+// consumer of the task to the new copy at once, and the two copies of a
+// moving consumer reach it at different times: the first acknowledges
+// there what the other has not taken yet, the new producer copy discards
+// it (it holds for each subscriber it has seen, not for a copy it has not
+// heard of), and the other copy resumes after a gap: input lost, the
+// results depending on it with it (a runtime test driving that order
+// lost input in 4 of 8 runs). Acknowledgements are keyed by the caller's
+// identity, so the producer cannot hold for a copy on another worker.
 //
-// So a live move is left for a later plan while a task it reads from
-// is in a live move (or starts one in this plan), and while a task that
-// reads from it is in a live move. The scheduler plans again when a move
-// ends (the task table changes). inputs gives the fragments a task reads
-// (nil: not known; nothing waits). hold says whether the move of a task
-// may still wait (nil: always), told whether every move it waits for has
-// its new copy running (such a move ends within the catch-up bound): a
-// move that never ends (its new copy never runs) must not keep its
-// neighbours on a down worker for ever.
-func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, inputs func(*fsm.Task) []string, hold func(id string, running bool) bool) []fsm.PlannedPlacement {
-	if inputs == nil {
-		return moves
-	}
-	type fragment struct{ query, name string }
-	byID := make(map[string]*fsm.Task, len(tasks))
-	// A fragment's moves: whether one is under way (or starts here), and
-	// whether every one under way has its new copy running.
-	type under struct{ any, running bool }
-	moving := map[fragment]under{}     // moves of its tasks
-	readMoving := map[fragment]under{} // moves of the tasks reading it
-	add := func(m map[fragment]under, f fragment, running bool) {
-		cur, seen := m[f]
-		m[f] = under{any: true, running: running && (!seen || cur.running)}
-	}
+// A stop-and-copy move (fsm.Task.MoveHalt) keeps one copy taking input:
+// the new copy's snapshot halts the old copy, which processes and
+// acknowledges nothing after the snapshot's input positions, and the new
+// copy pins its upstreams before the snapshot (worker/runtime
+// pinUpstreams), so whichever copy of a producer it then reads holds
+// every tuple after those positions. Such a consumer may switch
+// producers at any time.
+//
+// Since when a move ends depends on its new copy (catch-up, the catch-up
+// bound), not on the plan, the rule is enforced where moves start: a live
+// move of task t starts only while
+//   - no task t reads from is in a live move, unless t's move is
+//     stop-and-copy, and
+//   - no task reading from t is in a live move that is not stop-and-copy.
+type streamMoves struct {
+	inputs  func(*fsm.Task) []string
+	moving  map[fragmentKey][]*fsm.Task // a fragment's tasks in a live move
+	reading map[fragmentKey][]*fsm.Task // tasks reading a fragment, in a live move, not stop-and-copy
+}
+
+type fragmentKey struct{ query, name string }
+
+// newStreamMoves indexes the live moves of tasks. inputs gives the
+// fragments a task reads (nil: not known; nothing is blocked).
+func newStreamMoves(tasks []*fsm.Task, inputs func(*fsm.Task) []string) *streamMoves {
+	m := &streamMoves{inputs: inputs, moving: map[fragmentKey][]*fsm.Task{}, reading: map[fragmentKey][]*fsm.Task{}}
 	for _, t := range tasks {
-		byID[t.ID] = t
 		if t.MovingFrom != "" {
-			running := t.State == states.TaskRunning || t.State == states.TaskStalled
-			add(moving, fragment{t.Query, t.Fragment}, running)
-			for _, in := range inputs(t) {
-				add(readMoving, fragment{t.Query, in}, running)
+			m.add(t, true)
+		}
+	}
+	return m
+}
+
+// add records t as in a live move (stop-and-copy if t.MoveHalt); reads
+// says whether it counts as a moving consumer of its inputs too.
+func (m *streamMoves) add(t *fsm.Task, reads bool) {
+	if m.inputs == nil {
+		return
+	}
+	k := fragmentKey{t.Query, t.Fragment}
+	m.moving[k] = append(m.moving[k], t)
+	if !reads || t.MoveHalt {
+		return
+	}
+	for _, in := range m.inputs(t) {
+		k := fragmentKey{t.Query, in}
+		m.reading[k] = append(m.reading[k], t)
+	}
+}
+
+// blocking returns the live moves under way that keep a live move of t
+// (halt: stop-and-copy) from starting now: up, of tasks t reads from
+// (none for a stop-and-copy move), and down, of tasks reading from t.
+func (m *streamMoves) blocking(t *fsm.Task, halt bool) (up, down []*fsm.Task) {
+	if m.inputs == nil {
+		return nil, nil
+	}
+	for _, d := range m.reading[fragmentKey{t.Query, t.Fragment}] {
+		if d.ID != t.ID {
+			down = append(down, d)
+		}
+	}
+	if halt {
+		return nil, down
+	}
+	for _, in := range m.inputs(t) {
+		for _, u := range m.moving[fragmentKey{t.Query, in}] {
+			if u.ID != t.ID {
+				up = append(up, u)
 			}
 		}
 	}
+	return up, down
+}
+
+// neighbourMoveText says why a live move of t cannot start now (up and
+// down as blocking returns them), naming the first moving neighbour.
+func neighbourMoveText(t *fsm.Task, up, down []*fsm.Task) string {
+	var n *fsm.Task
+	var how string
+	if len(up) > 0 {
+		n, how = up[0], fmt.Sprintf("task %s reads from task %s, which", t.ID, up[0].ID)
+	} else {
+		n, how = down[0], fmt.Sprintf("task %s, which reads from task %s,", down[0].ID, t.ID)
+	}
+	more := ""
+	if k := len(up) + len(down) - 1; k > 0 {
+		more = fmt.Sprintf(" (and %d more task(s) next to it in the stream)", k)
+	}
+	return fmt.Sprintf("%s is in a live move from %s to %s%s: a producer and its consumer never move live at once; wait until that move has ended",
+		how, whereOf(n.MovingFrom), whereOf(n.WorkerID), more)
+}
+
+func whereOf(worker string) string {
+	if worker == "" {
+		return "nowhere"
+	}
+	return "worker " + worker
+}
+
+// inOrder drops from moves the live moves that must wait for another
+// move to end first (see streamMoves), so that a producer and its
+// consumer leaving one worker declared down move one after the other,
+// the producer first: a live move waits while a task it reads from is in
+// a live move (or starts one in this plan), and while a task that reads
+// from it is in a live move. The scheduler plans again when a move ends
+// (the task table changes).
+//
+// ho.hold says whether the move of a task may still wait (nil: always),
+// told whether every move it waits for has its new copy running (such a
+// move ends within the catch-up bound). A move that never ends (its new
+// copy never runs) must not keep a consumer on a down worker for ever,
+// and must not make it move live next to it either: past the wait, a
+// move that waits only for producers goes ahead stop-and-copy (ho.halt:
+// every coordinator applies it), which is safe next to them. One that
+// waits for a consumer's move keeps waiting: no hand-over of a producer
+// is safe while its consumer runs two copies, and that move ends by
+// itself once its new copy runs (catch-up or its bound) or stalls.
+func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, ho handOver) []fsm.PlannedPlacement {
+	if ho.inputs == nil {
+		return moves
+	}
+	sm := newStreamMoves(tasks, ho.inputs)
+	byID := make(map[string]*fsm.Task, len(tasks))
+	for _, t := range tasks {
+		byID[t.ID] = t
+	}
+	// The plan's own live moves hold back their consumers (not their
+	// producers: those go first), as moves whose new copy does not run.
 	for _, m := range moves {
 		if t := byID[m.TaskID]; m.Live && t != nil {
-			add(moving, fragment{t.Query, t.Fragment}, false)
+			planned := *t
+			planned.State, planned.MovingFrom = "", m.FromWorker
+			sm.add(&planned, false)
 		}
 	}
 	kept := moves[:0]
 	for _, m := range moves {
 		t := byID[m.TaskID]
-		if m.Live && t != nil {
-			wait := readMoving[fragment{t.Query, t.Fragment}]
-			for _, in := range inputs(t) {
-				if up := moving[fragment{t.Query, in}]; up.any {
-					wait = under{any: true, running: up.running && (!wait.any || wait.running)}
-				}
-			}
-			if wait.any && (hold == nil || hold(m.TaskID, wait.running)) {
-				continue
-			}
+		if !m.Live || t == nil {
+			kept = append(kept, m)
+			continue
 		}
-		kept = append(kept, m)
+		up, down := sm.blocking(t, m.Halt)
+		if len(up)+len(down) == 0 {
+			kept = append(kept, m)
+			continue
+		}
+		running := true
+		for _, n := range append(up, down...) {
+			running = running && (n.State == states.TaskRunning || n.State == states.TaskStalled)
+		}
+		if ho.hold == nil || ho.hold(m.TaskID, running) {
+			continue
+		}
+		if len(down) == 0 && ho.halt {
+			ho.note(m.TaskID, "a live move held back for its producer's move goes ahead stop-and-copy: that move has not ended within the wait",
+				"task", m.TaskID, "producer", up[0].ID, "producer_state", up[0].State)
+			m.Halt = true
+			kept = append(kept, m)
+			continue
+		}
+		why := "a consumer of it is in a live move"
+		if len(down) == 0 {
+			why = "stop-and-copy moves need every coordinator at protocol " + fmt.Sprint(fsm.HaltMoveProtocol)
+		}
+		ho.note(m.TaskID, "a live move held back for a neighbour's move keeps waiting past the wait: "+why+"; moving now could lose input",
+			"task", m.TaskID, "reason", neighbourMoveText(t, up, down))
 	}
 	return kept
 }
 
 // handOver is how replace moves tasks off down workers: live (a live
 // move from the old copy, when no peer replica can give the new copy
-// its state), and catchUp (consumers switch once the new copy has caught
-// up with the old). Each needs every coordinator to know it (live
-// placements: protocol 4, catch-up: protocol 5).
+// its state), catchUp (consumers switch once the new copy has caught
+// up with the old) and halt (stop-and-copy moves, see inOrder). Each
+// needs every coordinator to know it (live placements: protocol 4,
+// catch-up: protocol 5, stop-and-copy: protocol 12).
 //
 // inputs gives the fragments a task reads, by which live moves of a
 // producer and its consumer are made one after the other (inOrder); nil:
-// not known.
+// not known. hold and log serve inOrder (either may be nil).
 type handOver struct {
-	live, catchUp bool
-	inputs        func(*fsm.Task) []string
-	hold          func(id string, running bool) bool
+	live, catchUp, halt bool
+	inputs              func(*fsm.Task) []string
+	hold                func(id string, running bool) bool
+	log                 func(id, msg string, args ...any)
+}
+
+func (ho handOver) note(id, msg string, args ...any) {
+	if ho.log != nil {
+		ho.log(id, msg, args...)
+	}
 }
 
 // moveOrderWait bounds how long inOrder holds a live move back while a
@@ -288,22 +412,22 @@ type handOver struct {
 // snapshot and starts within seconds, and one that does not (it never
 // runs) must not keep its neighbours on a down worker. Once the new
 // copies run, their moves end within the catch-up bound
-// (boundMoveCatchUps), which the wait gets on top. Past it the move goes
-// ahead, with a warning: the producer's and its consumer's moves may
-// then overlap as before session 19.
+// (boundMoveCatchUps), which the wait gets on top. Past it a move that
+// waits only for producers goes ahead stop-and-copy (see inOrder).
 const moveOrderWait = 10 * time.Second
 
 // moveOrder remembers, on the leader, since when each live move inOrder
-// held back has waited.
+// held back has waited, and what it logged of it.
 type moveOrder struct {
-	mu    sync.Mutex
-	since map[string]time.Time // task id -> first held back
+	mu     sync.Mutex
+	since  map[string]time.Time // task id -> first held back
+	logged map[string]string    // task id -> the last message logged
 }
 
 // hold reports whether the live move of task id may wait longer (up to
 // moveOrderWait, plus catchUp when the moves it waits for have their new
 // copies running), and records the wait's start the first time.
-func (o *moveOrder) hold(log *slog.Logger, id string, running bool, catchUp time.Duration, now time.Time) bool {
+func (o *moveOrder) hold(id string, running bool, catchUp time.Duration, now time.Time) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.since == nil {
@@ -312,6 +436,7 @@ func (o *moveOrder) hold(log *slog.Logger, id string, running bool, catchUp time
 	for k, at := range o.since {
 		if now.Sub(at) > 10*(moveOrderWait+catchUp) {
 			delete(o.since, k) // long moved
+			delete(o.logged, k)
 		}
 	}
 	first, ok := o.since[id]
@@ -323,12 +448,22 @@ func (o *moveOrder) hold(log *slog.Logger, id string, running bool, catchUp time
 	if running {
 		limit += catchUp
 	}
-	if now.Sub(first) < limit {
-		return true
+	return now.Sub(first) < limit
+}
+
+// logOnce logs msg for task id at warning level unless it was the last
+// message logged for it (the scheduler plans again at every change).
+func (o *moveOrder) logOnce(log *slog.Logger, id, msg string, args ...any) {
+	o.mu.Lock()
+	if o.logged == nil {
+		o.logged = map[string]string{}
 	}
-	log.Warn("moving a task live although a task it reads from, or one reading from it, is still moving: input may be lost at the producer's switch",
-		"task", id, "waited", now.Sub(first).Round(time.Millisecond))
-	return false
+	same := o.logged[id] == msg
+	o.logged[id] = msg
+	o.mu.Unlock()
+	if !same {
+		log.Warn(msg, args...)
+	}
 }
 
 // next is when the first held move stops waiting (zero: none waits).
@@ -347,9 +482,11 @@ func (o *moveOrder) next(now time.Time) time.Time {
 // handOverNow is the handOver every coordinator of the org can apply.
 func (s *Server) handOverNow() handOver {
 	return handOver{live: s.checkProtocol(4, "a live placement") == nil, catchUp: s.checkProtocol(catchUpProtocol, "a live move that waits for catch-up") == nil,
+		halt:   s.checkProtocol(fsm.HaltMoveProtocol, "a stop-and-copy move") == nil,
 		inputs: s.taskInputs(), hold: func(id string, running bool) bool {
-			return s.moveOrder.hold(s.logger, id, running, s.cfg.Timings.MoveCatchUpBound, time.Now())
-		}}
+			return s.moveOrder.hold(id, running, s.cfg.Timings.MoveCatchUpBound, time.Now())
+		},
+		log: func(id, msg string, args ...any) { s.moveOrder.logOnce(s.logger, id, msg, args...) }}
 }
 
 // taskInputs returns a function giving the fragments a task reads, from

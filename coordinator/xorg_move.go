@@ -371,6 +371,12 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if err := s.checkProtocol(7, "a cross-org move"); err != nil {
 		return err
 	}
+	if err := s.checkNeighbourMoves(st, t); err != nil {
+		return fmt.Errorf("move %s to %s: %w", taskID, partnerOrg, err)
+	}
+	if h := s.cfg.hooks.moveChecked; h != nil {
+		h(t.ID)
+	}
 	pw, gen := partnerWorkerID(partnerOrg), t.Gen()
 	out, err := s.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: st.LatestIndex(),
 		Placements: []fsm.PlannedPlacement{{TaskID: t.ID, FromWorker: t.WorkerID, FromGeneration: gen, ToWorker: pw, Live: true, CatchUp: true}}})
@@ -513,6 +519,9 @@ func (s *Server) ReturnTaskHome(ctx context.Context, taskID string) error {
 	to, why := newPlacer(workers, tasks).pick(t)
 	if to == "" {
 		return fmt.Errorf("return %s: no worker at home can take it: %s", taskID, why)
+	}
+	if err := s.checkNeighbourMoves(st, t); err != nil {
+		return fmt.Errorf("return %s: %w", taskID, err)
 	}
 	gen := t.Gen()
 	ret := *rec

@@ -614,7 +614,7 @@ func (tx *writeTx) maybeEndMove(t *Task, force bool) error {
 		return err
 	}
 	// The positions stay: they show where the switch happened.
-	t.MovingFrom, t.MovingFromGeneration, t.MoveCatchUp = "", 0, false
+	t.MovingFrom, t.MovingFromGeneration, t.MoveCatchUp, t.MoveHalt = "", 0, false, false
 	return tx.bumpAssignIndex(hosts)
 }
 

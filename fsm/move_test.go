@@ -196,3 +196,44 @@ func TestCatchUpMoveSwitchesOnlyOnceTheNewCopyCaughtUp(t *testing.T) {
 		t.Fatalf("a new copy without positions did not end its move on running: %+v", tk)
 	}
 }
+
+// TestStopAndCopyMoveIsRecorded: a live placement with Halt records a
+// stop-and-copy move (Task.MoveHalt), which survives a snapshot and
+// ends with the move; a plan carrying one needs protocol 12 (an older
+// build would apply it as a live move whose old copy runs on).
+func TestStopAndCopyMoveIsRecorded(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"a", "b"} {
+		h.mustApply(RegisterWorkerType, RegisterWorkerRequest{Worker: Worker{ID: id, Addr: id + ":1", Cores: 1}})
+	}
+	h.mustApply(SubmitQueryType, SubmitQueryRequest{Query: Query{Name: "q"}, Tasks: []Task{task("q", "f", 0, 0, "a")}})
+	const id = "q/f/p0/r0"
+	plan := ApplyPlanRequest{Source: PlanSourceReplace,
+		Placements: []PlannedPlacement{{TaskID: id, FromWorker: "a", FromGeneration: 1, ToWorker: "b", Live: true, CatchUp: true, Halt: true}}}
+	if v := plan.Protocol(); v != HaltMoveProtocol || HaltMoveProtocol > ProtocolVersion {
+		t.Fatalf("a plan with a stop-and-copy move needs protocol %d, want %d (this build speaks %d)", v, HaltMoveProtocol, ProtocolVersion)
+	}
+	if r := planResult(t, h.apply(ApplyPlanType, plan)); len(r.Placed) != 1 {
+		t.Fatalf("move not placed: %+v", r)
+	}
+	if tk, _ := h.state().Task(nil, id); !tk.MoveHalt || tk.MovingFrom != "a" || !tk.MoveCatchUp {
+		t.Fatalf("stop-and-copy move = %+v", tk)
+	}
+	if back, _ := roundTrip(t, h.fsm).State().Task(nil, id); !back.MoveHalt {
+		t.Fatalf("after restore: %+v", back)
+	}
+	pos := func(p uint64) *uint64 { return &p }
+	h.mustApply(UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "a", States: []TaskStateUpdate{{TaskID: id, State: states.TaskRunning, Generation: 1, MovePosition: pos(5)}}})
+	h.mustApply(UpdateTaskStatesType, UpdateTaskStatesRequest{WorkerID: "b", States: []TaskStateUpdate{{TaskID: id, State: states.TaskRunning, Generation: 2, MovePosition: pos(5)}}})
+	if tk, _ := h.state().Task(nil, id); tk.MovingFrom != "" || tk.MoveHalt {
+		t.Fatalf("after the move ended: %+v", tk)
+	}
+	// A live move without Halt is not stop-and-copy.
+	if r := planResult(t, h.apply(ApplyPlanType, ApplyPlanRequest{Source: PlanSourceMove,
+		Placements: []PlannedPlacement{{TaskID: id, FromWorker: "b", FromGeneration: 2, ToWorker: "a", Live: true, CatchUp: true}}})); len(r.Placed) != 1 {
+		t.Fatalf("move back not placed: %+v", r)
+	}
+	if tk, _ := h.state().Task(nil, id); tk.MoveHalt || tk.MovingFrom != "b" {
+		t.Fatalf("live move = %+v", tk)
+	}
+}

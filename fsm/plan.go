@@ -203,6 +203,9 @@ type PlannedPlacement struct {
 	// CatchUp (with Live) keeps the old copy serving consumers until the
 	// new copy has also caught up with it (Task.MoveCatchUp). Protocol 5.
 	CatchUp bool `json:"catch_up,omitempty"`
+	// Halt (with Live) makes the move stop-and-copy: the new copy's
+	// snapshot halts the old copy (Task.MoveHalt). Protocol 12.
+	Halt bool `json:"halt,omitempty"`
 	// Message becomes the task's Message: for an unplaced task, why it
 	// waits.
 	Message string `json:"message,omitempty"`
@@ -276,6 +279,11 @@ func (r *ApplyPlanRequest) Protocol() int {
 	v := 3
 	if len(r.NewTasks) > 0 || len(r.RemoveTasks) > 0 {
 		v = 4
+	}
+	for _, p := range r.Placements {
+		if p.Live && p.Halt {
+			return HaltMoveProtocol
+		}
 	}
 	for _, p := range r.Placements {
 		if p.CatchUp {
@@ -631,6 +639,7 @@ func (r *ApplyPlanRequest) apply(tx *writeTx) (any, error) {
 		if p.Live && t.WorkerID != "" && p.ToWorker != "" {
 			updated.MovingFrom, updated.MovingFromGeneration = t.WorkerID, t.Gen()
 			updated.MoveCatchUp = p.CatchUp
+			updated.MoveHalt = p.Halt
 		}
 		updated.WorkerID = p.ToWorker
 		updated.State = TaskStatePending

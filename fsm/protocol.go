@@ -43,10 +43,18 @@ package fsm
 //	   (Task.ReconfigKept), which the cut of a plan goes above. No new
 //	   command type: the leader sets the field only once every
 //	   coordinator speaks 11.
+//	12: stop-and-copy live moves (PlannedPlacement.Halt, Task.MoveHalt):
+//	   an older build would apply one as a live move whose old copy runs
+//	   on. No new command type: the leader checks
+//	   ApplyPlanRequest.Protocol before proposing a plan.
 //
 // A build that adds command types raises ProtocolVersion and lists them in
 // commandProtocol with the new value.
-const ProtocolVersion = 11
+const ProtocolVersion = 12
+
+// HaltMoveProtocol is the version whose builds apply stop-and-copy live
+// moves (PlannedPlacement.Halt).
+const HaltMoveProtocol = 12
 
 // KeepReconfigProtocol is the version whose builds apply
 // UpdateTaskStatesRequest.KeepReconfig.

@@ -153,6 +153,12 @@ type Task struct {
 	// MoveBlocked: the new copy reported its output blocked (full, no
 	// consumer yet): it cannot catch up further, so the move ends.
 	MoveBlocked bool `json:"move_blocked,omitempty"`
+	// MoveHalt makes a live move stop-and-copy (PlannedPlacement.Halt):
+	// the new copy's snapshot halts the old copy, which processes and
+	// acknowledges nothing after it, so the task never has two copies
+	// taking input. The leader moves so a task whose producer is in a
+	// move that does not end (coordinator inOrder). Protocol 12.
+	MoveHalt bool `json:"move_halt,omitempty"`
 	// Live reconfiguration progress the copy reported (see
 	// QueryReconfig): the newest epoch whose versions it has loaded, the
 	// newest epoch whose markers it has from every upstream instance, the

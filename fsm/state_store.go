@@ -358,7 +358,7 @@ func MovingOutCopy(t *Task) *Task {
 // endMove clears the fields of a live move.
 func (t *Task) endMove() {
 	t.MovingFrom, t.MovingFromGeneration = "", 0
-	t.MoveCatchUp, t.MovePosition, t.MovingFromPosition, t.MoveBlocked = false, nil, nil, false
+	t.MoveCatchUp, t.MovePosition, t.MovingFromPosition, t.MoveBlocked, t.MoveHalt = false, nil, nil, false, false
 }
 
 // IsMovingOut reports whether t is a moving-out copy (MovingOutCopy).
