@@ -109,9 +109,14 @@ type reconfigState struct {
 	acked    atomic.Uint64
 	lvl      atomic.Uint64
 	frontier atomic.Int64
-	loading  atomic.Bool
-	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
-	switches atomic.Pointer[[reportedMarkers]fsm.ReconfigSwitch]
+	// passed (a pass-through sink, which has no merger): the highest
+	// stream time of the last tuple of a batch it passed on (the final
+	// boundary aside), once passedAny. See receivedFrontier.
+	passed    atomic.Int64
+	passedAny atomic.Bool
+	loading   atomic.Bool
+	markers   atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+	switches  atomic.Pointer[[reportedMarkers]fsm.ReconfigSwitch]
 }
 
 // versionSet is a member operator run as versions side by side:
@@ -875,6 +880,9 @@ func (t *task) reconfigProgress(st *TaskState) {
 	if r.loading.Load() {
 		// Only while a plan waits to switch: the cut goes above it.
 		st.ReconfigFrontier = r.frontier.Load()
+		if t.node.Kind != queryspec.KindSource {
+			st.ReconfigFrontier = max(st.ReconfigFrontier, t.receivedFrontier())
+		}
 	}
 	if sw := r.switches.Load(); sw != nil {
 		st.ReconfigSwitches = *sw
@@ -887,6 +895,48 @@ func (t *task) reconfigProgress(st *TaskState) {
 	case r.markers.Load() != nil:
 		st.ReconfigMarkers = *r.markers.Load()
 	}
+}
+
+// receivedFrontier is the highest stream time the task received from
+// its upstreams, processed or not (math.MinInt64: none). A task other
+// than a source acknowledges a plan with it as well as with the highest
+// stream time it produced, so that the cut goes above everything any
+// copy of an upstream source gave it. That is the only record of how far
+// a source's copy got when the copy is gone (its worker lost) and had
+// acknowledged no plan (a source reports its frontier only while a plan
+// loads, and the leader keeps only those, fsm ReconfigKept): its next
+// copy starts its stream again below what its consumers took, and
+// acknowledges from there, and a consumer whose own output waits for a
+// slower input has produced nothing that far. With the cut below what
+// the lost copy emitted, the new copy would tag by the cut what the
+// consumers took from the lost copy under the old epoch
+// (TestReconfigPlanCommittedWhileAPlacedAgainSourceReplays). Otherwise
+// the cut moves little: what a task receives its upstreams produced and
+// report themselves (a source every record, an operator its boundaries).
+func (t *task) receivedFrontier() int64 {
+	f := int64(math.MinInt64)
+	if t.merge != nil {
+		f = t.merge.receivedFrontier()
+	}
+	if t.rc.passedAny.Load() {
+		f = max(f, t.rc.passed.Load())
+	}
+	return f
+}
+
+// notePassed records the stream time of the last tuple of a batch a
+// pass-through sink passed on (its receivedFrontier). Only the last
+// tuple's header is decoded on that path: a batch of a stream in stream
+// time order ends with its highest; one out of order (an ingest source's
+// allowed lateness) within a batch may have had a higher one before it.
+// Called with the processing token held (the only writer).
+func (t *task) notePassed(last *tuple.Tuple) {
+	r := &t.rc
+	if last.STime == finalBoundary || r.passedAny.Load() && last.STime <= r.passed.Load() {
+		return
+	}
+	r.passed.Store(last.STime)
+	r.passedAny.Store(true)
 }
 
 // PauseSources holds every generator source task of query on this runtime
