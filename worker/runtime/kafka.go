@@ -188,16 +188,16 @@ func (t *task) runKafka() {
 				t.fail(err)
 				return
 			}
-			if idle && resolved {
+			if at := max(boundary, t.maxSTime, math.MinInt64+1); idle && resolved && !t.replayBehind(at) {
 				// The marker goes above every stime sent; a record
 				// behind it later is counted at it, as any late record.
-				at := max(boundary, t.maxSTime, math.MinInt64+1)
 				switched, err := t.idleSwitch(ctx, at)
 				if err != nil {
 					t.endWith(err)
 					return
 				}
 				if switched {
+					t.rc.replay.sentUpTo(at)
 					boundary = at
 					if next = boundary + interval; next < boundary {
 						next = math.MaxInt64
@@ -246,6 +246,21 @@ func (t *task) runKafka() {
 			}
 			if !ks.hasTime {
 				tp.STime = rec.Timestamp.UnixNano()
+			}
+			if t.rc.replay != nil {
+				// Placed again: an earlier copy's early marker below
+				// this record goes first (reconfig_replay.go).
+				b, err := t.replayMarksBelow(ctx, boundary, tp.STime)
+				if err != nil {
+					t.endWith(err)
+					return
+				}
+				if b != boundary {
+					boundary = b
+					if next = boundary + interval; next < boundary {
+						next = math.MaxInt64
+					}
+				}
 			}
 			if tp.STime < boundary {
 				// Behind time already promised downstream: counted at

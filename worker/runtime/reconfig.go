@@ -86,6 +86,10 @@ type reconfigState struct {
 	// copy started at).
 	switchAt   map[uint64]int64
 	switchedTo uint64
+	// replay (a kafka source placed again, which reads its partition
+	// from the start): the early markers of the copies before it that it
+	// has not sent again yet (see replay.go).
+	replay *replayMarks
 
 	// pre holds the versions built off the producer (prebuild).
 	pre prebuilt
@@ -737,13 +741,23 @@ func (r *reconfigState) sourceEpoch(stime int64) uint64 {
 }
 
 // cutEpoch is the epoch of the latest switched plan whose cut stime
-// reached (or the newest complete plan's).
+// reached (or the newest complete plan's), or whose switch point it
+// reached where the source (or an earlier copy of it) switched elsewhere
+// than at the cut. A switch point below the cut is an idle source's
+// early marker (idleSwitch): a boundary at the newest stream time the
+// source had sent, after its records at that time, so a record at
+// exactly that time belongs before it (it is not of the epoch); one at
+// or above the cut is a first record or boundary of the epoch (the cut,
+// or a cut learned late), which is.
 func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	e := r.cur.Completed()
 	for _, c := range r.cuts {
 		at := c.cut
 		if sw, ok := r.switchAt[c.epoch]; ok {
 			at = sw
+			if sw < c.cut {
+				at = sw + 1 // sw < c.cut <= math.MaxInt64
+			}
 		}
 		if stime >= at {
 			e = max(e, c.epoch)
@@ -798,6 +812,9 @@ func (t *task) restoreKept(k *fsm.ReconfigKept) {
 			r.switchAt = map[uint64]int64{}
 		}
 		r.switchAt[sw.Epoch] = sw.At
+	}
+	if t.kafka != nil {
+		r.replay = newReplayMarks(k.Switches)
 	}
 }
 
