@@ -813,7 +813,9 @@ func (t *task) restoreKept(k *fsm.ReconfigKept) {
 		}
 		r.switchAt[sw.Epoch] = sw.At
 	}
-	if t.kafka != nil {
+	if t.kafka != nil && t.genRestore == nil && t.spec.FromSnapshot == nil {
+		// It reads its partition from the start again (a copy from a
+		// snapshot goes on from the snapshot's offset instead).
 		r.replay = newReplayMarks(k.Switches)
 	}
 }
