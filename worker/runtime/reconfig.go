@@ -930,8 +930,10 @@ func (t *task) reconfigProgress(st *TaskState) {
 // the lost copy emitted, the new copy would tag by the cut what the
 // consumers took from the lost copy under the old epoch
 // (TestReconfigPlanCommittedWhileAPlacedAgainSourceReplays). Otherwise
-// the cut moves little: what a task receives its upstreams produced and
-// report themselves (a source every record, an operator its boundaries).
+// the cut does not move: every stream time a task receives starts at a
+// source (an aggregate's result carries its window's end, at most the
+// watermark that closed it), and each running source reports the
+// highest it sent.
 func (t *task) receivedFrontier() int64 {
 	f := int64(math.MinInt64)
 	if t.merge != nil {
