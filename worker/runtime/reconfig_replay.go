@@ -151,6 +151,11 @@ func (t *task) replayMarksBelow(ctx context.Context, boundary, stime int64) (int
 		}
 		boundary = mk.at
 	}
+	if len(m.marks) == 0 && !slices.ContainsFunc(m.kept, func(sw fsm.ReconfigSwitch) bool { return sw.At >= stime }) {
+		// Past every kept switch point: nothing left to replay or to
+		// hold an idle switch back for.
+		t.rc.replay = nil
+	}
 	return boundary, nil
 }
 
