@@ -25,13 +25,18 @@ import (
 // sends above the marker's stream time, or where it is idle at exactly
 // that time (the lost copy's records after the marker came after an idle
 // interval, so later in the partition), raising its level to the marker's
-// epoch there as the lost copy did; and it switches on its own while idle
-// only once it has replayed up to every kept switch point of an epoch it
-// has not reached (replayBehind). Without that, its ids after the marker
-// were one lower than the lost copy's: its consumer, resuming after an id
-// it held, skipped one tuple it had not taken (a record, lost), and a copy
-// idle for a tick before its first record switched at once and tagged the
-// whole replay with the new epoch.
+// epoch there as the lost copy did. Without that, its ids after the
+// marker were one lower than the lost copy's: its consumer, resuming
+// after an id it held, skipped one tuple it had not taken (a record,
+// lost).
+//
+// Nor does such a copy switch on its own while idle before it has read
+// its partition up to where the partition ended when the copy started
+// (kafkaReplay): everything the lost copy read lies below that offset, and
+// an idle switch in the middle of the replay adds a marker the lost copy
+// did not send there, numbering everything after it one higher than the
+// lost copy did (and a copy idle for a tick before its first record
+// switched at once and tagged its whole replay with the new epoch).
 //
 // Not reproduced: a record at exactly the marker's stream time that came
 // after the marker (after the idle interval, at the same stream time, or
@@ -44,13 +49,52 @@ import (
 // copy starts at its original's early level (TaskSnapshot.SourceLevel).
 
 // replayIdleGrace bounds how long a kafka source placed again holds back
-// its own idle switch while it has not replayed up to a kept switch point
-// (replayBehind): the partition may no longer hold the records the lost
-// copy read (Kafka's retention), and the plan's markers, and the removal
-// of its old versions everywhere, wait for the switch.
+// its own idle switch before it has read its partition up to where the
+// partition ended when it started (kafkaReplay): the last offsets below
+// that end may be no records at all (a transaction's commit marker), or
+// the brokers unreachable, and the plan's markers, and the removal of its
+// old versions everywhere, wait for the switch.
 const replayIdleGrace = 10 * time.Second
 
-// replayMarks are the kept switch points of a kafka source placed again
+// kafkaReplay is the idle-switch guard of a kafka source placed again
+// without a snapshot (runKafka's goroutine only; nil for any other).
+type kafkaReplay struct {
+	// to is the partition's end offset when the copy started, once known.
+	to    int64
+	known bool
+	// started is when the copy started; done: it read up to to, or
+	// waited replayIdleGrace.
+	started time.Time
+	done    bool
+}
+
+func newKafkaReplay(t *task) *kafkaReplay {
+	if t.spec.Generation <= 1 || t.genRestore != nil || t.spec.FromSnapshot != nil {
+		return nil
+	}
+	return &kafkaReplay{started: time.Now()}
+}
+
+// holds reports whether the copy must not switch on its own while idle
+// (idleSwitch) yet: it has not read its partition up to to.
+func (r *kafkaReplay) holds(t *task) bool {
+	if r == nil || r.done {
+		return false
+	}
+	if r.known && t.genRecords >= r.to {
+		r.done = true
+		return false
+	}
+	if time.Since(r.started) > replayIdleGrace {
+		r.done = true
+		t.log.Warn("reconfiguration: a kafka source placed again did not read its partition up to where it ended when it started; it may switch while idle now",
+			"read_to", t.genRecords, "end", r.to, "end_known", r.known, "waited", replayIdleGrace)
+		return false
+	}
+	return true
+}
+
+// replayMarks are the kept early markers of a kafka source placed again
 // (producer only).
 type replayMarks struct {
 	kept []fsm.ReconfigSwitch
@@ -58,10 +102,6 @@ type replayMarks struct {
 	// once built (the copy knows the plans' cuts).
 	marks []earlyMark
 	built bool
-	// started is when the copy started; gaveUp: it waited
-	// replayIdleGrace for a kept switch point and switched on its own.
-	started time.Time
-	gaveUp  bool
 }
 
 // earlyMark is an earlier copy's early marker: a boundary at stream time
@@ -75,7 +115,7 @@ func newReplayMarks(kept []fsm.ReconfigSwitch) *replayMarks {
 	if len(kept) == 0 {
 		return nil
 	}
-	return &replayMarks{kept: slices.Clone(kept), started: time.Now()}
+	return &replayMarks{kept: slices.Clone(kept)}
 }
 
 // build finds the early markers among the kept switch points, those below
@@ -139,8 +179,8 @@ func (t *task) replayMarksBelow(ctx context.Context, boundary, stime int64) (int
 		mk := m.marks[0]
 		m.marks = m.marks[1:]
 		if mk.at < boundary {
-			// Passed already (after replayIdleGrace, or a partition that
-			// changed): a boundary cannot go back.
+			// Passed already (an idle switch after replayIdleGrace, or
+			// a partition that changed): a boundary cannot go back.
 			t.log.Warn("reconfiguration: an earlier copy's early marker lies behind this copy's stream; not sent again",
 				"epoch", mk.epoch, "at", mk.at, "boundary", boundary)
 			continue
@@ -151,35 +191,10 @@ func (t *task) replayMarksBelow(ctx context.Context, boundary, stime int64) (int
 		}
 		boundary = mk.at
 	}
-	if len(m.marks) == 0 && !slices.ContainsFunc(m.kept, func(sw fsm.ReconfigSwitch) bool { return sw.At >= stime }) {
-		// Past every kept switch point: nothing left to replay or to
-		// hold an idle switch back for.
-		t.rc.replay = nil
+	if len(m.marks) == 0 {
+		t.rc.replay = nil // nothing left to send again
 	}
 	return boundary, nil
-}
-
-// replayBehind reports whether a kafka source placed again has not
-// replayed up to a kept switch point of an epoch above its level yet
-// (frontier: the newest stream time it sent): an idle switch now would
-// put its marker elsewhere than the earlier copy did. After
-// replayIdleGrace it stops holding the switch back, and says so.
-func (t *task) replayBehind(frontier int64) bool {
-	m := t.rc.replay
-	if m == nil || m.gaveUp {
-		return false
-	}
-	behind := false
-	for _, sw := range m.kept {
-		behind = behind || sw.Epoch > t.rc.level && sw.At > frontier
-	}
-	if behind && time.Since(m.started) > replayIdleGrace {
-		m.gaveUp = true
-		t.log.Warn("reconfiguration: a kafka source placed again did not replay up to where its earlier copy switched; switching here",
-			"frontier", frontier, "kept", m.kept, "waited", replayIdleGrace)
-		return false
-	}
-	return behind
 }
 
 // keptLevel is the level an ingest source placed again without a
