@@ -117,6 +117,42 @@ type hostedReconfig struct {
 	Level    uint64                `json:"level"`
 	Frontier int64                 `json:"frontier,omitempty"`
 	Markers  []fsm.ReconfigMarkers `json:"markers,omitempty"`
+	// Switches are a hosted source copy's switch points (since session
+	// 20): the owner keeps them for the task's next copies (fsm
+	// ReconfigKept) as it does its own workers' (a copy that comes home,
+	// or is placed again at home, tags what it replays by them). A host
+	// of an older build sends none (the owner then keeps only the
+	// frontier), and one of an older owner ignores the field.
+	Switches []fsm.ReconfigSwitch `json:"switches,omitempty"`
+}
+
+// hostedReconfigOf is the progress a hosted copy's worker reported, as
+// its host passes it to the owner (nil: none reported).
+func hostedReconfigOf(rp *pb.ReconfigProgress) *hostedReconfig {
+	if rp == nil {
+		return nil
+	}
+	r := &hostedReconfig{Acked: rp.Acked, Level: rp.Level, Frontier: rp.Frontier}
+	for _, m := range rp.Markers {
+		r.Markers = append(r.Markers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
+	}
+	for _, sw := range rp.Switches {
+		if sw != nil && sw.Epoch != 0 {
+			r.Switches = append(r.Switches, fsm.ReconfigSwitch{Epoch: sw.Epoch, At: sw.At})
+		}
+	}
+	return r
+}
+
+// fill puts the progress a host reported into the owner's update of the
+// task, as a report of one of its own workers would (see
+// WorkerService.ReportTaskStates).
+func (rp *hostedReconfig) fill(u *fsm.TaskStateUpdate) {
+	if rp == nil {
+		return
+	}
+	u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier, u.ReconfigMarkers = true, rp.Acked, rp.Level, rp.Frontier, rp.Markers
+	u.ReconfigSwitches = rp.Switches
 }
 
 type syncAnswer struct {
@@ -707,9 +743,7 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 		}
 		u := fsm.TaskStateUpdate{TaskID: r.TaskID, Generation: r.Generation, State: r.State,
 			Message: r.Message, MovePosition: r.MovePosition, MoveBlocked: r.MoveBlocked}
-		if rp := r.Reconfig; rp != nil {
-			u.Reconfig, u.ReconfigAcked, u.ReconfigLevel, u.ReconfigFrontier, u.ReconfigMarkers = true, rp.Acked, rp.Level, rp.Frontier, rp.Markers
-		}
+		r.Reconfig.fill(&u)
 		upd.States = append(upd.States, u)
 	}
 	if len(upd.States) > 0 {
@@ -1060,13 +1094,7 @@ func (s *Server) takeHostedReports(workerID string, in []*pb.TaskState) []*pb.Ta
 		}
 		if int(t.Generation) == h.Generation {
 			r := hostedReport{TaskID: t.TaskId, Generation: int(t.Generation), State: t.State, Message: t.Message,
-				MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked}
-			if rp := t.Reconfig; rp != nil {
-				r.Reconfig = &hostedReconfig{Acked: rp.Acked, Level: rp.Level, Frontier: rp.Frontier}
-				for _, m := range rp.Markers {
-					r.Reconfig.Markers = append(r.Reconfig.Markers, fsm.ReconfigMarkers{Epoch: m.Epoch, Seen: int(m.Seen), Expected: int(m.Expected)})
-				}
-			}
+				MovePosition: t.MovePosition, MoveBlocked: t.MoveBlocked, Reconfig: hostedReconfigOf(t.Reconfig)}
 			s.xorg.report(h.ID, r)
 		}
 	}

@@ -162,8 +162,8 @@ type Task struct {
 	// Live reconfiguration progress the copy reported (see
 	// QueryReconfig): the newest epoch whose versions it has loaded, the
 	// newest epoch whose markers it has from every upstream instance, the
-	// highest stream time it has produced, and its marker counts for the
-	// epochs above ReconfigLevel.
+	// highest stream time it has produced (or, a task other than a source,
+	// received), and its marker counts for the epochs above ReconfigLevel.
 	ReconfigAcked    uint64            `json:"reconfig_acked,omitempty"`
 	ReconfigLevel    uint64            `json:"reconfig_level,omitempty"`
 	ReconfigFrontier int64             `json:"reconfig_frontier,omitempty"`

@@ -224,6 +224,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
 	t.passLast = first + uint64(len(offs)) - 1
+	t.notePassed(&last)
 	t.passLevel(&last)
 	// A batch ends with a boundary when its upstream flushed after one and
 	// it was read whole; one cut at the byte bound (a backlog read in full

@@ -79,7 +79,10 @@ type kafkaPoll struct {
 	recs    []kafka.Record
 	err     error
 	startAt *int64
-	fatal   error
+	// replayTo (a copy placed again, see replayIdle): where the
+	// partition ended when the copy started.
+	replayTo *int64
+	fatal    error
 }
 
 // runKafka drives a kafka source task until it stops.
@@ -124,6 +127,9 @@ func (t *task) runKafka() {
 		}
 	}
 	findLatest := !resolved // read by the poll goroutine only
+	// A copy placed again without a snapshot reads the partition again
+	// from its start: see replayIdle.
+	replay := newKafkaReplay(t)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -141,6 +147,9 @@ func (t *task) runKafka() {
 					if !send(kafkaPoll{startAt: &end}) {
 						return
 					}
+				}
+				if replay != nil && !send(kafkaPoll{replayTo: &end}) {
+					return
 				}
 				break
 			}
@@ -188,16 +197,16 @@ func (t *task) runKafka() {
 				t.fail(err)
 				return
 			}
-			if idle && resolved {
+			if at := max(boundary, t.maxSTime, math.MinInt64+1); idle && resolved && !replay.holds(t) {
 				// The marker goes above every stime sent; a record
 				// behind it later is counted at it, as any late record.
-				at := max(boundary, t.maxSTime, math.MinInt64+1)
 				switched, err := t.idleSwitch(ctx, at)
 				if err != nil {
 					t.endWith(err)
 					return
 				}
 				if switched {
+					t.rc.replay.sentUpTo(at)
 					boundary = at
 					if next = boundary + interval; next < boundary {
 						next = math.MaxInt64
@@ -220,6 +229,9 @@ func (t *task) runKafka() {
 			return
 		case p.startAt != nil:
 			t.genRecords, resolved = *p.startAt, true
+			continue
+		case p.replayTo != nil:
+			replay.to, replay.known = *p.replayTo, true
 			continue
 		}
 		if p.err != nil && ctx.Err() == nil && time.Since(lastWarn) > 10*time.Second {
@@ -246,6 +258,21 @@ func (t *task) runKafka() {
 			}
 			if !ks.hasTime {
 				tp.STime = rec.Timestamp.UnixNano()
+			}
+			if t.rc.replay != nil {
+				// Placed again: an earlier copy's early marker below
+				// this record goes first (reconfig_replay.go).
+				b, err := t.replayMarksBelow(ctx, boundary, tp.STime)
+				if err != nil {
+					t.endWith(err)
+					return
+				}
+				if b != boundary {
+					boundary = b
+					if next = boundary + interval; next < boundary {
+						next = math.MaxInt64
+					}
+				}
 			}
 			if tp.STime < boundary {
 				// Behind time already promised downstream: counted at

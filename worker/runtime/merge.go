@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/fedstream/fedstream/worker/tuple"
@@ -76,6 +77,11 @@ type merger struct {
 	// addWaits counts the adds waiting for room now (inputs held back by
 	// the merge's bound).
 	addWaits int
+	// received is the highest stream time of a tuple or boundary any
+	// input received (the final boundary aside; math.MinInt64: none),
+	// released or not: see receivedFrontier. Written under mu, read
+	// anywhere.
+	received atomic.Int64
 }
 
 // batchOwner is what a delivered batch's memory is handed back to once
@@ -179,7 +185,9 @@ type mergeRelease struct {
 }
 
 func newMerger(limit int) *merger {
-	return &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{}), cut: math.MaxInt64}
+	m := &merger{released: math.MinInt64, limit: limit, wake: make(chan struct{}, 1), space: make(chan struct{}), cut: math.MaxInt64}
+	m.received.Store(math.MinInt64)
+	return m
 }
 
 // addInput registers an input stream and returns its index.
@@ -306,8 +314,12 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 		r := in.queue[n-1].tuples
 		last = r[len(r)-1].STime
 	}
+	top := m.received.Load()
 	for k := range batch {
 		tp := &batch[k]
+		if tp.STime > top && tp.STime != finalBoundary {
+			top = tp.STime
+		}
 		if tp.Type.IsData() {
 			if start < 0 {
 				start = k
@@ -338,6 +350,7 @@ func (m *merger) add(ctx context.Context, i int, batch []tuple.Tuple, owner batc
 	if start >= 0 {
 		in.queueRun(batch[start:], held)
 	}
+	m.received.Store(top)
 	if held != nil && held.runs == 0 {
 		m.finished = append(m.finished, owner) // nothing of it is kept
 	}
@@ -823,10 +836,19 @@ func (m *merger) noteMarks(i int, batch []tuple.Tuple) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	in := m.inputs[i]
+	top := m.received.Load()
 	for k := range batch {
 		in.noteMark(&batch[k])
+		if st := batch[k].STime; st > top && st != finalBoundary {
+			top = st
+		}
 	}
+	m.received.Store(top)
 }
+
+// receivedFrontier is the highest stream time any input received (a
+// tuple or a boundary, released or not; math.MinInt64: none).
+func (m *merger) receivedFrontier() int64 { return m.received.Load() }
 
 // receivedLevels returns each input's marker level as received (released
 // or not).

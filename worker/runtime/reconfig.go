@@ -86,6 +86,10 @@ type reconfigState struct {
 	// copy started at).
 	switchAt   map[uint64]int64
 	switchedTo uint64
+	// replay (a kafka source placed again, which reads its partition
+	// from the start): the early markers of the copies before it that it
+	// has not sent again yet (see replay.go).
+	replay *replayMarks
 
 	// pre holds the versions built off the producer (prebuild).
 	pre prebuilt
@@ -109,9 +113,14 @@ type reconfigState struct {
 	acked    atomic.Uint64
 	lvl      atomic.Uint64
 	frontier atomic.Int64
-	loading  atomic.Bool
-	markers  atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
-	switches atomic.Pointer[[reportedMarkers]fsm.ReconfigSwitch]
+	// passed (a pass-through sink, which has no merger): the highest
+	// stream time of the last tuple of a batch it passed on (the final
+	// boundary aside), once passedAny. See receivedFrontier.
+	passed    atomic.Int64
+	passedAny atomic.Bool
+	loading   atomic.Bool
+	markers   atomic.Pointer[[reportedMarkers]fsm.ReconfigMarkers]
+	switches  atomic.Pointer[[reportedMarkers]fsm.ReconfigSwitch]
 }
 
 // versionSet is a member operator run as versions side by side:
@@ -732,13 +741,23 @@ func (r *reconfigState) sourceEpoch(stime int64) uint64 {
 }
 
 // cutEpoch is the epoch of the latest switched plan whose cut stime
-// reached (or the newest complete plan's).
+// reached (or the newest complete plan's), or whose switch point it
+// reached where the source (or an earlier copy of it) switched elsewhere
+// than at the cut. A switch point below the cut is an idle source's
+// early marker (idleSwitch): a boundary at the newest stream time the
+// source had sent, after its records at that time, so a record at
+// exactly that time belongs before it (it is not of the epoch); one at
+// or above the cut is a first record or boundary of the epoch (the cut,
+// or a cut learned late), which is.
 func (r *reconfigState) cutEpoch(stime int64) uint64 {
 	e := r.cur.Completed()
 	for _, c := range r.cuts {
 		at := c.cut
 		if sw, ok := r.switchAt[c.epoch]; ok {
 			at = sw
+			if sw < c.cut {
+				at = sw + 1 // sw < c.cut <= math.MaxInt64
+			}
 		}
 		if stime >= at {
 			e = max(e, c.epoch)
@@ -793,6 +812,11 @@ func (t *task) restoreKept(k *fsm.ReconfigKept) {
 			r.switchAt = map[uint64]int64{}
 		}
 		r.switchAt[sw.Epoch] = sw.At
+	}
+	if t.kafka != nil && t.genRestore == nil && t.spec.FromSnapshot == nil {
+		// It reads its partition from the start again (a copy from a
+		// snapshot goes on from the snapshot's offset instead).
+		r.replay = newReplayMarks(k.Switches)
 	}
 }
 
@@ -875,6 +899,9 @@ func (t *task) reconfigProgress(st *TaskState) {
 	if r.loading.Load() {
 		// Only while a plan waits to switch: the cut goes above it.
 		st.ReconfigFrontier = r.frontier.Load()
+		if t.node.Kind != queryspec.KindSource {
+			st.ReconfigFrontier = max(st.ReconfigFrontier, t.receivedFrontier())
+		}
 	}
 	if sw := r.switches.Load(); sw != nil {
 		st.ReconfigSwitches = *sw
@@ -887,6 +914,50 @@ func (t *task) reconfigProgress(st *TaskState) {
 	case r.markers.Load() != nil:
 		st.ReconfigMarkers = *r.markers.Load()
 	}
+}
+
+// receivedFrontier is the highest stream time the task received from
+// its upstreams, processed or not (math.MinInt64: none). A task other
+// than a source acknowledges a plan with it as well as with the highest
+// stream time it produced, so that the cut goes above everything any
+// copy of an upstream source gave it. That is the only record of how far
+// a source's copy got when the copy is gone (its worker lost) and had
+// acknowledged no plan (a source reports its frontier only while a plan
+// loads, and the leader keeps only those, fsm ReconfigKept): its next
+// copy starts its stream again below what its consumers took, and
+// acknowledges from there, and a consumer whose own output waits for a
+// slower input has produced nothing that far. With the cut below what
+// the lost copy emitted, the new copy would tag by the cut what the
+// consumers took from the lost copy under the old epoch
+// (TestReconfigPlanCommittedWhileAPlacedAgainSourceReplays). Otherwise
+// the cut does not move: every stream time a task receives starts at a
+// source (an aggregate's result carries its window's end, at most the
+// watermark that closed it), and each running source reports the
+// highest it sent.
+func (t *task) receivedFrontier() int64 {
+	f := int64(math.MinInt64)
+	if t.merge != nil {
+		f = t.merge.receivedFrontier()
+	}
+	if t.rc.passedAny.Load() {
+		f = max(f, t.rc.passed.Load())
+	}
+	return f
+}
+
+// notePassed records the stream time of the last tuple of a batch a
+// pass-through sink passed on (its receivedFrontier). Only the last
+// tuple's header is decoded on that path: a batch of a stream in stream
+// time order ends with its highest; one out of order (an ingest source's
+// allowed lateness) within a batch may have had a higher one before it.
+// Called with the processing token held (the only writer).
+func (t *task) notePassed(last *tuple.Tuple) {
+	r := &t.rc
+	if last.STime == finalBoundary || r.passedAny.Load() && last.STime <= r.passed.Load() {
+		return
+	}
+	r.passed.Store(last.STime)
+	r.passedAny.Store(true)
 }
 
 // PauseSources holds every generator source task of query on this runtime

@@ -227,8 +227,10 @@ func testCopyPlacedAgain(t *testing.T, l *keptLeader) {
 // epoch (its first record or boundary of it; the epochs it skipped at
 // the same point) and reports the newest, and a copy given kept switch
 // points tags by them instead of by the cuts: one past its cut (the
-// earlier copy learned the cut late) and one before it (an idle source's
-// early marker) alike.
+// earlier copy learned the cut late) from its stream time on, and one
+// before it (an idle source's early marker) from just above its stream
+// time (since session 20: the marker came after the records at its
+// time; before, they were tagged with the new epoch too).
 func TestReconfigSwitchPoints(t *testing.T) {
 	rc := &fsm.QueryReconfig{Plans: []fsm.ReconfigPlan{{Epoch: 1, Phase: fsm.ReconfigSwitched, Cut: 100}, {Epoch: 2, Phase: fsm.ReconfigSwitched, Cut: 200}}}
 	cuts := []epochCut{{1, 100}, {2, 200}}
@@ -244,7 +246,11 @@ func TestReconfigSwitchPoints(t *testing.T) {
 		t.Fatalf("reported switches %v, want epochs 2 and 1 at 230", rep)
 	}
 	next := &reconfigState{cur: rc, cuts: cuts, switchAt: map[uint64]int64{1: 150, 2: 180}}
-	for st, want := range map[int64]uint64{99: 0, 120: 0, 150: 1, 179: 1, 180: 2, 199: 2, 300: 2} {
+	// 180 is below plan 2's cut: an idle source's early marker, a
+	// boundary the earlier copy sent after its records at 180, which are
+	// of epoch 1; from 181 on, 2 (see cutEpoch). 150 is at or above plan
+	// 1's cut: a first record of epoch 1, which is.
+	for st, want := range map[int64]uint64{99: 0, 120: 0, 150: 1, 179: 1, 180: 1, 181: 2, 199: 2, 300: 2} {
 		if got := next.sourceEpoch(st); got != want {
 			t.Errorf("a copy given the kept switch points tags stime %d with %d, want %d", st, got, want)
 		}

@@ -288,8 +288,9 @@ type TaskState struct {
 	// Live reconfiguration progress (see reconfig.go), set once the task
 	// has a reconfiguration: the newest epoch whose versions it loaded,
 	// the newest whose markers it has from every input, its frontier
-	// (while a plan waits to switch) and its marker counts above its
-	// level.
+	// (while a plan waits to switch: the highest stream time it produced
+	// or, a task other than a source, received) and its marker counts
+	// above its level.
 	Reconfig         bool
 	ReconfigAcked    uint64
 	ReconfigLevel    uint64

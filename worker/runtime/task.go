@@ -404,6 +404,12 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			t.cancel()
 			return nil, err
 		}
+		if l := t.keptLevel(spec.ReconfigKept); l > 0 {
+			// An ingest source placed again goes on after its lost
+			// copy's switches (reconfig_replay.go).
+			t.raiseLevel(l)
+			t.rc.switchedTo = max(t.rc.switchedTo, l)
+		}
 		if s := spec.FromSnapshot; s != nil && s.SourceLevel > 0 {
 			// Its original switched early (idle): so does the copy.
 			t.raiseLevel(s.SourceLevel)
