@@ -335,7 +335,9 @@ lines with --json); where everything listens and the logs go to stderr.
 			stderr := cmd.ErrOrStderr()
 			var level slog.LevelVar
 			level.Set(logging.ParseLevel(logLevel))
-			logger := logging.NewLeveled(stderr, &level, false)
+			// The libraries' network errors go out as warnings, and
+			// watchDemo says what they meant (devwatch.go).
+			logger := slog.New(quietLibraries{h: logging.NewLeveled(stderr, &level, false).Handler()})
 			dir, err := os.MkdirTemp("", "fedstream-dev-")
 			if err != nil {
 				return err
@@ -367,6 +369,11 @@ lines with --json); where everything listens and the logs go to stderr.
 				// other gone is expected now, not news.
 				level.Set(slog.LevelError + 4)
 				stopDevOrgs(append([]*devFederation{fed}, partners...))
+			}()
+			bg.Add(1)
+			go func() {
+				defer bg.Done()
+				watchDemo(bgCtx, stderr, append([]*devFederation{fed}, partners...))
 			}()
 			fed.printBanner(stderr)
 			for _, p := range partners {
