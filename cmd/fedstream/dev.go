@@ -225,7 +225,7 @@ func (o devOptions) coordTimings() coordinator.Timings {
 // the demo's data plane) shares one process. Nothing in the demo fails
 // on purpose, so the demo favours staying up over noticing failures
 // fast: every clock outlasts a stall of the whole process of several
-// seconds, which a loaded machine causes (session 20: at load 24-28 on
+// seconds, which a loaded machine causes (session 20: at load 20-26 on
 // 2 cores, devTimings' 1 s Raft clocks left one org without a leader
 // for 5 minutes, 678 candidacies in three orgs, and the 200 ms gossip
 // marked live coordinators suspect every few seconds).
@@ -246,7 +246,7 @@ func (o devOptions) coordTimings() coordinator.Timings {
 //   - Workers: a heartbeat TTL and leader grace of 20 s (twice
 //     DefaultTimings'); a worker beats every quarter of it and waits up
 //     to half of it for an answer. With 10 s, two dev federations side
-//     by side at load 54 had 7 live workers marked down (heartbeat calls
+//     by side at load 29-54 had 7 live workers marked down (heartbeat calls
 //     unanswered for 5 s) and their tasks placed again.
 //   - PartnerTimeout 60 s (15 s in DefaultTimings): a partner (or an
 //     owner) whose leader is stalled or being elected keeps its tasks (in

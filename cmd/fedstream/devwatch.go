@@ -16,7 +16,7 @@ import (
 // "error" by default, and on a loaded machine the hashicorp libraries
 // inside its coordinators log errors that are not problems of their own:
 // memberlist's probes and raft's RPCs between nodes of the one process
-// time out while the process waits for a CPU (a 5-minute run at load 24
+// time out while the process waits for a CPU (a 5-minute run at load 20-26
 // printed 1,366 such lines, none of them a fault). quietLibraries
 // lowers those to warnings, and demoWatch says in plain words what they
 // meant: the process was stalled, or an org has no leader.
@@ -28,7 +28,7 @@ import (
 // to a peer (libraryRaftRPC). Raft's other errors (its log, snapshots)
 // stay errors.
 //
-// In a run of the old dev clocks at load 24 every one of its 1,366
+// In a run of the old dev clocks at load 20-26 every one of its 1,366
 // error lines was of these.
 var libraryComponents = map[string]bool{
 	"memberlist": true, "serf": true, "fed-memberlist": true, "fed-serf": true, "raft-net": true,
