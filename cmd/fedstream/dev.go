@@ -79,6 +79,9 @@ type devOptions struct {
 	// sourcePace, when set, paces every worker's generator sources
 	// (benchmarks change a running query's load with it).
 	sourcePace *runtime.Pace
+	// timings are the coordinators' clocks (nil: devTimings, the quick
+	// ones of tests and benchmarks; the dev command uses demoTimings).
+	timings *coordinator.Timings
 }
 
 // httpAddr is the HTTP address each process of the dev org serves on.
@@ -134,7 +137,7 @@ func startDev(ctx context.Context, o devOptions) (*devFederation, error) {
 				GRPCAddr: "127.0.0.1:0", RaftAddr: "127.0.0.1:0", SerfAddr: "127.0.0.1:0",
 				BootstrapExpect: o.coordinators, Join: join,
 				TLS: creds, CA: ca, GossipKey: gossip, HTTPAddr: o.httpAddr(),
-				Timings: devTimings(), Logger: o.logger, Health: o.health,
+				Timings: o.coordTimings(), Logger: o.logger, Health: o.health,
 			}
 			if f := o.federation; f != nil {
 				cfg.Federation = *f
@@ -208,6 +211,61 @@ func devTimings() coordinator.Timings {
 	return t
 }
 
+// coordTimings are the clocks of the org's coordinators.
+func (o devOptions) coordTimings() coordinator.Timings {
+	if o.timings != nil {
+		return *o.timings
+	}
+	return devTimings()
+}
+
+// demoTimings are the clocks of `fedstream dev` itself: a newcomer's
+// first run, often on a laptop or a shared machine that is busy with
+// other work, where the whole federation (9 coordinators, 6 workers and
+// the demo's data plane) shares one process. Nothing in the demo fails
+// on purpose, so the demo favours staying up over noticing failures
+// fast: every clock outlasts a stall of the whole process of several
+// seconds, which a loaded machine causes (session 20: at load 20-26 on
+// 2 cores, devTimings' 1 s Raft clocks left one org without a leader
+// for 5 minutes, 678 candidacies in three orgs, and the 200 ms gossip
+// marked live coordinators suspect every few seconds).
+//
+//   - Raft: heartbeat and election 5 s (Consul's production default,
+//     raft_multiplier 5; DefaultTimings' 1 s is hashicorp/raft's own),
+//     and the leader lease as long as the heartbeat timeout: a leader
+//     keeps leading through a stall of the process as its followers do
+//     not start an election. The cost: the first leader of each org comes
+//     5-10 s after start instead of 1-2 s.
+//   - ForwardWait above a whole election (up to twice the election
+//     timeout), so the demo's own calls held by a follower while an
+//     org has no leader wait for the next one instead of failing.
+//   - Gossip: the libraries' LAN defaults in the org pools and WAN ones
+//     in the federation pool (GossipInterval 0), as in production, not
+//     the 200 ms of tests, which suspect a member after 400 ms without
+//     an answer.
+//   - Workers: a heartbeat TTL and leader grace of 20 s (twice
+//     DefaultTimings'); a worker beats every quarter of it and waits up
+//     to half of it for an answer. With 10 s, two dev federations side
+//     by side at load 29-54 had 7 live workers marked down (heartbeat calls
+//     unanswered for 5 s) and their tasks placed again.
+//   - PartnerTimeout 60 s (15 s in DefaultTimings): a partner (or an
+//     owner) whose leader is stalled or being elected keeps its tasks (in
+//     a run at load 28, partners dropped the tasks they hosted after
+//     15 s without a sync). The cost: a cross-org move that never ends
+//     is rolled back after MoveCatchUpBound plus twice this, 2.5 min.
+func demoTimings() coordinator.Timings {
+	t := coordinator.DefaultTimings()
+	t.RaftHeartbeat = 5 * time.Second
+	t.RaftElection = 5 * time.Second
+	t.RaftLeaderLease = 5 * time.Second
+	t.ForwardWait = 15 * time.Second
+	t.HeartbeatTTL = 20 * time.Second
+	t.LeaderGrace = 20 * time.Second
+	t.GossipInterval = 0
+	t.PartnerTimeout = time.Minute
+	return t
+}
+
 func (d *devFederation) stop() {
 	d.cancel()
 	d.wg.Wait()
@@ -277,13 +335,16 @@ lines with --json); where everything listens and the logs go to stderr.
 			stderr := cmd.ErrOrStderr()
 			var level slog.LevelVar
 			level.Set(logging.ParseLevel(logLevel))
-			logger := logging.NewLeveled(stderr, &level, false)
+			// The libraries' network errors go out as warnings, and
+			// watchDemo says what they meant (devwatch.go).
+			logger := slog.New(quietLibraries{h: logging.NewLeveled(stderr, &level, false).Handler()})
 			dir, err := os.MkdirTemp("", "fedstream-dev-")
 			if err != nil {
 				return err
 			}
 			defer os.RemoveAll(dir)
-			opts := devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP}
+			timings := demoTimings()
+			opts := devOptions{org: "demo", coordinators: 3, workers: 2, dataDir: dir, logger: logger, noHTTP: noHTTP, timings: &timings}
 			var fed *devFederation
 			var partners []*devFederation
 			if orgs == 3 {
@@ -308,6 +369,11 @@ lines with --json); where everything listens and the logs go to stderr.
 				// other gone is expected now, not news.
 				level.Set(slog.LevelError + 4)
 				stopDevOrgs(append([]*devFederation{fed}, partners...))
+			}()
+			bg.Add(1)
+			go func() {
+				defer bg.Done()
+				watchDemo(bgCtx, stderr, append([]*devFederation{fed}, partners...))
 			}()
 			fed.printBanner(stderr)
 			for _, p := range partners {
