@@ -122,6 +122,10 @@ func (t *task) snapshotIngest(ctx context.Context, opts SnapshotOptions) (*TaskS
 	if !opts.Halt || opts.Aligned {
 		return nil, fmt.Errorf("%w: an ingest source is snapshotted only to move, halting it (%s)", ErrNotSnapshottable, t.spec.TaskID)
 	}
+	// Its outputs' positions are the ones its consumers resume at.
+	if err := t.awaitAligned(ctx); err != nil {
+		return nil, err
+	}
 	st := t.ingest
 	// An Ingest call in progress holds the lock while its lines go out;
 	// it ends with the client or the task, or, held for a
@@ -260,6 +264,9 @@ func skipLines(lines []byte, n uint64) []byte {
 // ingestFrom is one IngestSession request for this copy (see
 // dataplane.SessionIngestHandler).
 func (t *task) ingestFrom(ctx context.Context, producer string, firstLine uint64, lines []byte, closeSrc bool) (*fedstreampb.IngestResponse, error) {
+	if err := t.awaitAligned(ctx); err != nil {
+		return nil, err
+	}
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -1058,6 +1058,9 @@ func (t *task) idleSwitch(ctx context.Context, at int64) (bool, error) {
 // accepted: its floor rises there, so from then on a record behind the
 // newest is late even within allowed_lateness.
 func (t *task) idleTicks(ctx context.Context) {
+	if t.awaitAligned(ctx) != nil {
+		return // stopped
+	}
 	st := t.ingest
 	tick := time.NewTicker(t.r.opts.BoundaryInterval)
 	defer tick.Stop()

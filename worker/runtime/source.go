@@ -589,6 +589,9 @@ func (st *ingestState) floor() int64 {
 // the lines, a BOUNDARY at newest - allowed_lateness tells downstream
 // tasks that time has passed.
 func (t *task) ingestLines(reqCtx context.Context, firstLine uint64, lines []byte) (uint64, []*fedstreampb.LineError, error) {
+	if err := t.awaitAligned(reqCtx); err != nil {
+		return 0, nil, err
+	}
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -690,6 +693,9 @@ func (t *task) ingestLocked(reqCtx context.Context, firstLine uint64, lines []by
 // open window downstream and ends the sinks' result streams. Closing a
 // closed source does nothing.
 func (t *task) closeIngest(reqCtx context.Context) error {
+	if err := t.awaitAligned(reqCtx); err != nil {
+		return err
+	}
 	st := t.ingest
 	st.mu.Lock()
 	defer st.mu.Unlock()

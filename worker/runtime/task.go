@@ -218,7 +218,8 @@ type task struct {
 	restored bool
 	// aligned, when not nil, is closed once a copy started without state
 	// has aligned its output ids with its consumers' positions; its
-	// inputs take nothing before (see alignRestartedOutputs).
+	// inputs take nothing before (see alignRestartedOutputs), nor, for
+	// an ingest source, its requests and ticks (awaitAligned).
 	aligned chan struct{}
 	// replicaState is the task's DCAA replica state
 	// (fedstreampb.ReplicaState; unset when the query has no replicas).
@@ -321,6 +322,11 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 			t.initSourceScale()
 		case src.Ingest:
 			t.ingest = newIngestState(t.node)
+			if t.ingestStartsAfresh() {
+				// Made before the task is registered: no request takes a
+				// line before the copy has aligned (awaitAligned).
+				t.aligned = make(chan struct{})
+			}
 		case src.Kafka != nil:
 			if t.kafka, err = newKafkaSource(t); err != nil {
 				return nil, fmt.Errorf("task %s: %w", spec.TaskID, err)
@@ -641,6 +647,10 @@ func (t *task) start() {
 		}
 	}
 	if t.ingest != nil {
+		if t.aligned != nil {
+			t.wg.Add(1)
+			go func() { defer t.wg.Done(); t.alignRestartedOutputs(t.ctx) }()
+		}
 		t.wg.Add(1)
 		go func() { defer t.wg.Done(); t.idleTicks(t.ctx) }()
 	}
