@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,8 +16,10 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/fedstream/fedstream/federation"
+	"github.com/fedstream/fedstream/fsm"
 	"github.com/fedstream/fedstream/rpc"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/rpc/tlsutil"
 )
 
@@ -165,4 +168,118 @@ func TestCrossOrgConsumerAndProducerAtTwoPartners(t *testing.T) {
 		t.Fatal(err)
 	}
 	sameResults(t, got, want)
+}
+
+// A move to beta whose end alpha never recorded (the write failed as its
+// leader changed: the record stays "moving") and whose copy beta then
+// dropped (alpha silent past the partner timeout), as a soak left it:
+// alpha records the end, learns at the next sync that the copy is gone
+// and places the task at home again, so a reconfiguration plan committed
+// meanwhile does not wait for it for ever. Then a move whose waiter is
+// gone before it asked beta at all (its leader lost leadership right
+// after the plan): alpha rolls it back once its waiter's bound has passed
+// (the task runs on its old copy). Before, both stayed "moving to org
+// beta" for good.
+func TestCrossOrgMoveLeftMovingIsSettled(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
+	alpha, beta, contract := xorgPair(t, calmFailureDetection, func(c *Config) { c.Timings.MoveCatchUpBound = 2 * time.Second })
+	const query = "xl"
+	yaml := fmt.Sprintf(xorgRCQuery, query, 0) // endless
+	if _, err := alpha.admin(0).SubmitQuery(ctxT(t, 20*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: query + ".yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const moving, left = "xl/counts/p0/r0", "xl/counts/p1/r0"
+	a := alpha.nodes[0]
+	pw := partnerWorkerID("beta")
+	waitFor(t, 60*time.Second, "the query's tasks running", func() bool {
+		ts, err := a.State().TasksByQuery(nil, query)
+		if err != nil || len(ts) == 0 {
+			return false
+		}
+		for _, tk := range ts {
+			if tk.State != states.TaskRunning {
+				return false
+			}
+		}
+		return true
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := alpha.moveOut(ctx, t, moving, "beta", contract); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := a.State().HostedTask(nil, "alpha", moving)
+	if err != nil || rec == nil || rec.Phase != fsm.HostedRunning {
+		t.Fatalf("after the move alpha's record is %+v (%v), want running", rec, err)
+	}
+	// The soak's state: the move's end unrecorded at alpha, the copy
+	// dropped at beta (both as the code writes them).
+	stale := *rec
+	stale.Phase = fsm.HostedMoving
+	if err := a.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: stale, IfGeneration: rec.Generation}); err != nil {
+		t.Fatal(err)
+	}
+	if err := beta.nodes[0].applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: rec.ID, IfGeneration: rec.Generation}); err != nil {
+		t.Fatal(err)
+	}
+	// A plan committed now waits for every task's acknowledgement.
+	rcs := pb.NewReconfigServiceClient(alpha.conn(0, alpha.tokens[1]))
+	v2 := strings.Replace(strings.Replace(yaml, `where: "n > 7"`, `where: "n >= 8"`, 1), `"total + 0"`, `"total * 1"`, 1)
+	if _, err := rcs.UpdateQuery(ctxT(t, 20*time.Second), &pb.UpdateQueryRequest{Yaml: []byte(v2), Filename: query + ".yaml", SwitchMarginMs: 300}); err != nil {
+		t.Fatalf("update: %v", err)
+	}
+	var last string
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		tk := alpha.task(t, moving)
+		vs, err := rcs.QueryVersions(ctxT(t, 10*time.Second), &pb.QueryVersionsRequest{Name: query})
+		plan := "no answer"
+		if err == nil && len(vs.Plans) == 1 {
+			p := vs.Plans[0]
+			plan = fmt.Sprintf("plan %s, %d/%d tasks acknowledged", p.Phase, p.TasksAcked, p.Tasks)
+			if tk.WorkerID != pw && tk.MovingFrom == "" && tk.State == states.TaskRunning && p.Phase != fsm.ReconfigLoading {
+				break
+			}
+		}
+		last = fmt.Sprintf("%s on %s generation %d (%s), at partners %v; %s", moving, tk.WorkerID, tk.Gen(), tk.State, a.TasksAtPartners(), plan)
+		if time.Now().After(deadline) {
+			t.Fatalf("60s after beta dropped the copy of a move whose end alpha had not recorded: %s", last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// A move left by its waiter before the host request: the plan and
+	// the record MigrateTaskOut writes first, nothing more.
+	tk := alpha.task(t, left)
+	from, gen := tk.WorkerID, tk.Gen()
+	if err := a.ensurePartnerWorker(ctx, "beta"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := a.submitPlan(ctx, fsm.ApplyPlanRequest{Source: fsm.PlanSourceMove, StateIndex: a.State().LatestIndex(),
+		Placements: []fsm.PlannedPlacement{{TaskID: left, FromWorker: from, FromGeneration: gen, ToWorker: pw, Live: true, CatchUp: true}}})
+	if err != nil || len(out.Result.Refused) > 0 {
+		t.Fatalf("the move's plan: %v %v", out, err)
+	}
+	orphan := fsm.HostedTask{ID: fsm.HostedTaskID("alpha", left), Owner: "alpha", Host: "beta", Contract: contract, Query: query, TaskID: left,
+		Fragment: tk.Fragment, Partition: tk.Partition, Replica: tk.Replica, Generation: gen + 1, SourceGeneration: gen,
+		Phase: fsm.HostedMoving, Since: time.Now().UnixNano()}
+	if err := a.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: orphan}); err != nil {
+		t.Fatal(err)
+	}
+	// Its waiter would have rolled it back by the catch-up bound and three
+	// partner timeouts; alpha does one partner timeout later.
+	tm := a.cfg.Timings
+	bound := tm.MoveCatchUpBound + 4*tm.PartnerTimeout
+	deadline = time.Now().Add(bound + 30*time.Second)
+	for {
+		tk := alpha.task(t, left)
+		if tk.WorkerID == from && tk.Gen() == gen && tk.MovingFrom == "" && a.TasksAtPartners()[left] == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s after a move's waiter was gone: the task is on %s generation %d moving from %q, at partners %v; want it back on %s generation %d",
+				bound+30*time.Second, tk.WorkerID, tk.Gen(), tk.MovingFrom, a.TasksAtPartners(), from, gen)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
