@@ -182,7 +182,21 @@ type xorgData struct {
 // for a partner reading an upstream of a task it hosts, which does not
 // know the owner's generations (it asks for whichever copy the owner's
 // consumers read).
+//
+// A subscription of a partner that names a copy gone since reads the
+// consumers' copy instead; routeExact is route for calls meant for that
+// generation's copy only (a snapshot a new copy starts from).
 func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partner string, toGen int, err error) {
+	return s.routeCall(caller, query, taskID, gen, false)
+}
+
+// routeExact is route, refusing (NotFound) a partner's call for a
+// generation of a task it hosts that no copy has any more.
+func (s *Server) routeExact(caller, query, taskID string, gen int) (workerAddr, partner string, toGen int, err error) {
+	return s.routeCall(caller, query, taskID, gen, true)
+}
+
+func (s *Server) routeCall(caller, query, taskID string, gen int, exact bool) (workerAddr, partner string, toGen int, err error) {
 	st := s.State()
 	hosted, err := st.HostedTasks(nil)
 	if err != nil {
@@ -244,15 +258,20 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 		toGen := gen
 		switch {
 		case gen == 0 || gen == atGen || !hostedThere:
-			// The copy this org's consumers read: a partner reading an
-			// upstream asks for generation 0 (it does not know this
-			// org's generations), and only the copies of a task it
-			// hosts may be asked for by generation.
+			// The copy this org's consumers read: a partner's placements
+			// of the upstreams of a task it hosts carry no generation
+			// (it does not know this org's), and only the copies of a
+			// task it hosts may be asked for by generation.
 			toGen = atGen
 		case gen == t.Gen():
 			at = t.WorkerID
 		case t.MovingFrom != "" && gen == t.MovingFromGeneration:
 			at = t.MovingFrom
+		case !exact:
+			// A consumer hosted at the caller names the generation its
+			// placement had (none: its worker asks for 1), a copy gone
+			// since when the upstream moved to the caller too.
+			toGen = atGen
 		default:
 			return "", "", 0, status.Errorf(codes.NotFound, "task %s has no copy of generation %d", taskID, gen)
 		}
@@ -312,12 +331,16 @@ func (x *xorgData) callerOrg(ctx context.Context) (string, error) {
 }
 
 // target dials where a call goes, and says which generation to ask for.
-func (x *xorgData) target(ctx context.Context, query, taskID string, gen int) (*grpc.ClientConn, int, error) {
+func (x *xorgData) target(ctx context.Context, query, taskID string, gen int, exact bool) (*grpc.ClientConn, int, error) {
 	caller, err := x.callerOrg(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	addr, partner, toGen, err := x.s.route(caller, query, taskID, gen)
+	route := x.s.route
+	if exact {
+		route = x.s.routeExact
+	}
+	addr, partner, toGen, err := route(caller, query, taskID, gen)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -346,7 +369,7 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 			return status.Error(codes.PermissionDenied, "subscribe: an acknowledging subscription is for the org's workers only; clients subscribe with no_ack")
 		}
 	}
-	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation))
+	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation), false)
 	if err != nil {
 		return err
 	}
@@ -405,7 +428,7 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 
 func (x *xorgData) FetchSnapshot(req *pb.FetchSnapshotRequest, in pb.DataPlane_FetchSnapshotServer) error {
 	ctx := in.Context()
-	conn, gen, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation))
+	conn, gen, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation), true)
 	if err != nil {
 		return err
 	}

@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
 
 	"github.com/fedstream/fedstream/federation"
 	"github.com/fedstream/fedstream/fsm"
@@ -113,24 +115,25 @@ func firstBatchVia(ctx context.Context, t *testing.T, addr string, org *xorgOrg,
 	return nil
 }
 
-// A query's sink runs at beta and one partition of the aggregate it reads
-// at gamma, as the MPA load manager of fedstream dev placed them: beta's
-// copy of the sink reads the partition through alpha, which relays it
-// from gamma's data port (beta and gamma never talk, and hold no
-// contract together). Its results equal those of the query left alone.
-// (Before, alpha refused beta's subscription, "no cross-org route for
-// this stream: task ... is on no worker of org alpha", for as long as
-// the two tasks stayed apart.)
+// A query's sink runs at beta, one partition of the aggregate it reads
+// at beta too and the other at gamma, as the MPA load manager of
+// fedstream dev placed them: beta's copy of the sink reads both
+// partitions through alpha, which relays each from the data port of the
+// partner running it (beta's own, or gamma's: beta and gamma never talk,
+// and hold no contract together). Its results equal those of the query
+// left alone. (Before, alpha refused beta's subscriptions, "no cross-org
+// route for this stream: task ... is on no worker of org alpha", for as
+// long as the tasks stayed there.)
 func TestCrossOrgConsumerAndProducerAtTwoPartners(t *testing.T) {
 	// Not parallel: it runs real workers (see parallelTests).
 	alpha, beta, _, toBeta, toGamma := xorgTrio(t, calmFailureDetection)
-	const limit = 100000
+	const limit = 400000 // 20 s at the generator's rate: the reads below come before its end
 	want := xorgReference(t, limit)
 
-	const query, sink, producer = "x3", "x3/out/p0/r0", "x3/counts/p0/r0"
+	const query, sink, producer, sibling = "x3", "x3/out/p0/r0", "x3/counts/p0/r0", "x3/counts/p1/r0"
 	alpha.submit(t, query, 1, limit)
 	var started bool
-	done := make(chan error, 1)
+	done, ended := make(chan error, 1), make(chan struct{})
 	got := alpha.results(t, query, func(n int) {
 		if n < 100 || started {
 			return
@@ -143,24 +146,49 @@ func TestCrossOrgConsumerAndProducerAtTwoPartners(t *testing.T) {
 				done <- fmt.Errorf("the sink to beta: %w", err)
 				return
 			}
+			// What beta's coordinator asks alpha for, for its copy of
+			// the sink, once the partition runs at a partner: its
+			// placement has no generation (it knows none of alpha's),
+			// which its worker asks for as 1.
+			read := func(producer, at string) error {
+				rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+				defer rcancel()
+				ref := &pb.StreamRef{Query: query, TaskId: producer, Consumer: "out", Generation: 1}
+				err := firstBatchVia(rctx, t, alpha.nodes[0].FederationDataAddr(), beta, ref)
+				select {
+				case <-ended:
+					if status.Code(err) == codes.DeadlineExceeded {
+						// Routed, and waiting: the stream had ended (and
+						// been taken) before this read.
+						t.Logf("the stream ended before beta's read of %s: it was routed, and had nothing more", producer)
+						return nil
+					}
+				default:
+				}
+				if err != nil {
+					err = fmt.Errorf("beta reads %s (at %s) through alpha: %v", producer, at, err)
+					t.Log(err) // the tail, which waits for the stream's end, fails later
+					return err
+				}
+				return nil
+			}
+			// The other partition at beta itself: the same relay, back.
+			if err := alpha.moveOut(ctx, t, sibling, "beta", toBeta); err != nil {
+				done <- fmt.Errorf("the aggregate's other partition to beta: %w", err)
+				return
+			}
+			if err := read(sibling, "beta"); err != nil {
+				done <- err
+				return
+			}
 			if err := alpha.moveOut(ctx, t, producer, "gamma", toGamma); err != nil {
 				done <- fmt.Errorf("the aggregate's partition to gamma: %w", err)
 				return
 			}
-			// What beta's coordinator asks alpha for, for its copy of
-			// the sink, now that the partition runs at gamma.
-			rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
-			defer rcancel()
-			ref := &pb.StreamRef{Query: query, TaskId: producer, Consumer: "out"}
-			if err := firstBatchVia(rctx, t, alpha.nodes[0].FederationDataAddr(), beta, ref); err != nil {
-				err = fmt.Errorf("beta reads %s (at gamma) through alpha: %v", producer, err)
-				t.Log(err) // the tail, which waits for the stream's end, fails later
-				done <- err
-				return
-			}
-			done <- nil
+			done <- read(producer, "gamma")
 		}()
 	})
+	close(ended)
 	if !started {
 		t.Fatal("the query ended before the moves: the test would prove nothing")
 	}
