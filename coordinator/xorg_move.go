@@ -691,7 +691,9 @@ func (s *Server) reconcileMoveOut(ctx context.Context, t *fsm.Task, h *fsm.Hoste
 			}
 			return h, true
 		}
-		s.logger.Info("cross-org move: recorded the end of a move that ended without it", "task", t.ID, "org", h.Host, "generation", h.Generation)
+		// Usually MigrateTaskOut writes the same a moment later (an
+		// idempotent write): only its absence is worth saying.
+		s.logger.Debug("cross-org move: its end recorded by the sync", "task", t.ID, "org", h.Host, "generation", h.Generation)
 		return &rec, true
 	}
 	bound := s.cfg.Timings.MoveCatchUpBound + 4*s.cfg.Timings.PartnerTimeout
