@@ -50,6 +50,14 @@ import (
 // partner. Inside the org the coordinator calls its workers with its own
 // certificate (a worker takes a coordinator of its org as a data-plane
 // peer).
+//
+// Partners never reach each other: the owner relays partner to partner.
+// A stream the owner's consumers read from a copy at partner Q is served
+// to partner P (a consumer hosted there) by the owner calling Q's data
+// port as the task's owner, so any placement of a query's tasks over its
+// owner and its partners can run, and each partner talks only to the
+// owner it holds a contract with (P and Q need none with each other, and
+// neither learns the other's addresses).
 
 // tagFedData is the federation pool tag naming the cross-org data port.
 const tagFedData = "feddp"
@@ -174,7 +182,21 @@ type xorgData struct {
 // for a partner reading an upstream of a task it hosts, which does not
 // know the owner's generations (it asks for whichever copy the owner's
 // consumers read).
+//
+// A subscription of a partner that names a copy gone since reads the
+// consumers' copy instead; routeExact is route for calls meant for that
+// generation's copy only (a snapshot a new copy starts from).
 func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partner string, toGen int, err error) {
+	return s.routeCall(caller, query, taskID, gen, false)
+}
+
+// routeExact is route, refusing (NotFound) a partner's call for a
+// generation of a task it hosts that no copy has any more.
+func (s *Server) routeExact(caller, query, taskID string, gen int) (workerAddr, partner string, toGen int, err error) {
+	return s.routeCall(caller, query, taskID, gen, true)
+}
+
+func (s *Server) routeCall(caller, query, taskID string, gen int, exact bool) (workerAddr, partner string, toGen int, err error) {
 	st := s.State()
 	hosted, err := st.HostedTasks(nil)
 	if err != nil {
@@ -233,20 +255,42 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 		for _, h := range hosted {
 			hostedThere = hostedThere || (h.Owner == s.cfg.Org && h.Host == caller && h.TaskID == taskID)
 		}
+		toGen := gen
 		switch {
-		case gen == atGen:
-		case hostedThere && gen == t.Gen():
+		case gen == 0 || gen == atGen || !hostedThere:
+			// The copy this org's consumers read: a partner's placements
+			// of the upstreams of a task it hosts carry no generation
+			// (it does not know this org's), and only the copies of a
+			// task it hosts may be asked for by generation.
+			toGen = atGen
+		case gen == t.Gen():
 			at = t.WorkerID
-		case hostedThere && gen == t.MovingFromGeneration:
+		case t.MovingFrom != "" && gen == t.MovingFromGeneration:
 			at = t.MovingFrom
-		case hostedThere:
+		case !exact:
+			// A consumer hosted at the caller names the generation its
+			// placement had (none: its worker asks for 1), a copy gone
+			// since when the upstream moved to the caller too.
+			toGen = atGen
+		default:
 			return "", "", 0, status.Errorf(codes.NotFound, "task %s has no copy of generation %d", taskID, gen)
 		}
-		addr, err := workerAddrOf(at)
-		toGen := gen
-		if !hostedThere {
-			toGen = atGen
+		if org := s.partnerOf(st, at); org != "" {
+			// The copy runs at a partner (the caller itself, or another
+			// one): relayed from that partner's data port, this org
+			// calling as the task's owner. Partners never call each
+			// other: a stream of this org's query crosses only between
+			// this org and one partner at a time, so a consumer placed
+			// at one partner reads a producer placed at another (or at
+			// the same) through this org, whatever the placement.
+			for _, h := range hosted {
+				if h.Owner == s.cfg.Org && h.Host == org && h.TaskID == taskID {
+					return "", org, toGen, nil
+				}
+			}
+			return "", "", 0, status.Errorf(codes.Unavailable, "%v: task %s is placed at org %s, which this org has no record of hosting it", errNoRoute, taskID, org)
 		}
+		addr, err := workerAddrOf(at)
 		return addr, "", toGen, err
 	}
 	if caller == "" {
@@ -258,6 +302,19 @@ func (s *Server) route(caller, query, taskID string, gen int) (workerAddr, partn
 		}
 	}
 	return "", "", 0, status.Errorf(codes.NotFound, "%v: no task %s of query %s", errNoRoute, taskID, query)
+}
+
+// partnerOf is the partner org whose worker record is workerID, "" for
+// any other (a worker of this org, none, or unknown).
+func (s *Server) partnerOf(st *fsm.StateStore, workerID string) string {
+	if workerID == "" {
+		return ""
+	}
+	w, err := st.Worker(nil, workerID)
+	if err != nil || w == nil || !isPartnerWorker(w) {
+		return ""
+	}
+	return w.Labels[partnerLabel]
 }
 
 // callerOrg is the org of the call's caller on the data port ("" on the
@@ -274,12 +331,16 @@ func (x *xorgData) callerOrg(ctx context.Context) (string, error) {
 }
 
 // target dials where a call goes, and says which generation to ask for.
-func (x *xorgData) target(ctx context.Context, query, taskID string, gen int) (*grpc.ClientConn, int, error) {
+func (x *xorgData) target(ctx context.Context, query, taskID string, gen int, exact bool) (*grpc.ClientConn, int, error) {
 	caller, err := x.callerOrg(ctx)
 	if err != nil {
 		return nil, 0, err
 	}
-	addr, partner, toGen, err := x.s.route(caller, query, taskID, gen)
+	route := x.s.route
+	if exact {
+		route = x.s.routeExact
+	}
+	addr, partner, toGen, err := route(caller, query, taskID, gen)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -308,7 +369,7 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 			return status.Error(codes.PermissionDenied, "subscribe: an acknowledging subscription is for the org's workers only; clients subscribe with no_ack")
 		}
 	}
-	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation))
+	conn, gen, err := x.target(ctx, first.Stream.Query, first.Stream.TaskId, int(first.Stream.Generation), false)
 	if err != nil {
 		return err
 	}
@@ -367,7 +428,7 @@ func (x *xorgData) Subscribe(in pb.DataPlane_SubscribeServer) error {
 
 func (x *xorgData) FetchSnapshot(req *pb.FetchSnapshotRequest, in pb.DataPlane_FetchSnapshotServer) error {
 	ctx := in.Context()
-	conn, gen, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation))
+	conn, gen, err := x.target(ctx, req.Query, req.TaskId, int(req.Generation), true)
 	if err != nil {
 		return err
 	}

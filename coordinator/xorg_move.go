@@ -655,6 +655,12 @@ func (s *Server) syncPartners(ctx context.Context) {
 				}
 				continue
 			}
+			if h.Phase == fsm.HostedMoving && t.WorkerID == pw && t.Gen() == h.Generation {
+				var ok bool
+				if h, ok = s.reconcileMoveOut(ctx, t, h); !ok {
+					continue
+				}
+			}
 			byHost[h.Host] = append(byHost[h.Host], h)
 			if t.WorkerID == pw && t.MovingFrom == "" && h.Phase == fsm.HostedRunning && !s.contractInForce(h.Contract) {
 				returningMu.Lock()
@@ -697,6 +703,59 @@ func (s *Server) syncPartners(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// reconcileMoveOut settles the record of a move out to a partner (phase
+// moving, task t placed on the partner at the record's generation) that
+// no MigrateTaskOut may be waiting for any more, as one whose leader
+// changed (or whose last write failed) leaves it:
+//   - The move ended in the state machine (the new copy took over) but
+//     its end was not recorded: the record goes to running. A host that
+//     dropped the copy meanwhile (its owner silent past the partner
+//     timeout) reports a running task lost at the next sync, and
+//     lostAtPartner places it at home; a moving one it never reports (its
+//     host request may not have arrived yet), so left moving the task
+//     would stay at the partner, running nowhere, for ever (and every
+//     reconfiguration plan of its query would wait for it).
+//   - The move has not ended within the bound of its waiter
+//     (MigrateTaskOut: the host call, then the catch-up bound and two
+//     partner timeouts) and one partner timeout more: no waiter is left to
+//     roll it back, so this does, as the waiter would have (the task runs
+//     at home on its old copy, which never stopped).
+//
+// It returns the record to sync, and false when the task is not at the
+// partner any more.
+func (s *Server) reconcileMoveOut(ctx context.Context, t *fsm.Task, h *fsm.HostedTask) (*fsm.HostedTask, bool) {
+	if t.MovingFrom == "" {
+		rec := *h
+		rec.Phase = fsm.HostedRunning
+		rec.SpecJSON, rec.Peers, rec.SlotMaps, rec.ReconfigJSON, rec.MarkersExpected = nil, nil, nil, nil, 0
+		if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: rec, IfGeneration: h.Generation}); err != nil {
+			if ctx.Err() == nil {
+				s.logger.Warn("cross-org move: recording the end of a move that ended; the next sync retries", "task", t.ID, "org", h.Host, "err", err)
+			}
+			return h, true
+		}
+		// Usually MigrateTaskOut writes the same a moment later (an
+		// idempotent write): only its absence is worth saying.
+		s.logger.Debug("cross-org move: its end recorded by the sync", "task", t.ID, "org", h.Host, "generation", h.Generation)
+		return &rec, true
+	}
+	bound := s.cfg.Timings.MoveCatchUpBound + 4*s.cfg.Timings.PartnerTimeout
+	if h.Since == 0 || time.Since(time.Unix(0, h.Since)) <= bound {
+		return h, true
+	}
+	err := s.rollbackMigration(t.ID, h.Host, h.Generation, fmt.Errorf("the new copy did not take over within %s of the move's start, and no move waits for it any more", bound))
+	if errors.Is(err, ErrMigrationRolledBack) {
+		return h, false
+	}
+	if err == nil {
+		return h, true // it ended after all; the next round records it
+	}
+	if ctx.Err() == nil {
+		s.logger.Warn("cross-org move: rolling back a move left without its waiter; the next sync retries", "task", t.ID, "org", h.Host, "err", err)
+	}
+	return h, true
 }
 
 // contractInForce reports whether contract id is active and in force.
