@@ -112,6 +112,9 @@ type hooks struct {
 	// proposes (a test holds back a copy's reports to order two moves'
 	// ends).
 	command func(t fsm.MessageType, body any) any
+	// stableStore wraps the store Raft keeps its term and vote in (a
+	// test makes each write slow, as a busy disk's fsync is).
+	stableStore func(raft.StableStore) raft.StableStore
 }
 
 // Limits bound what queries may ask of the org's workers. A submit over a
@@ -150,7 +153,12 @@ type Timings struct {
 	// LeaderGrace is the extra time a newly elected leader gives every worker
 	// before declaring it down (the old leader's heartbeats are not known).
 	LeaderGrace time.Duration
-	// RaftHeartbeat and RaftElection tune hashicorp/raft.
+	// RaftHeartbeat, RaftElection and RaftLeaderLease tune hashicorp/raft:
+	// a follower that hears no leader for RaftHeartbeat (to twice it)
+	// stands for election; a candidate gives a round (pre-vote, then
+	// vote) RaftElection (to twice it) before it starts another; a leader
+	// that heard no quorum for RaftLeaderLease steps down. Raft requires
+	// RaftLeaderLease <= RaftHeartbeat <= RaftElection.
 	RaftHeartbeat   time.Duration
 	RaftElection    time.Duration
 	RaftLeaderLease time.Duration
@@ -191,14 +199,34 @@ type Timings struct {
 	PartnerTimeout time.Duration
 }
 
-// DefaultTimings suit a real deployment on a LAN.
+// raftElectionRound is the election timeout of DefaultTimings and
+// FastTimings: how long a candidate gives one round before it starts
+// another, in a later term. A round writes the term and the vote to the
+// stable store (one bolt transaction, two fsyncs, each) on the candidate
+// and again on every voter: six transactions one after another at worst.
+// On a busy machine (load 30-50 on two cores, its disk shared) rounds
+// that succeeded took 0.1 to 3.4 s; with a 1 s timeout (a round has 1-2
+// s) most were cut short, and the next began in a new term that every
+// node had to write again: orgs of two coordinators went without a leader
+// for a minute. The timeout only bounds a round that does not finish; a
+// leader's failure is still detected after RaftHeartbeat and a round on a
+// quiet machine takes milliseconds.
+const raftElectionRound = 3 * time.Second
+
+// DefaultTimings suit a real deployment on a LAN. The leader lease is as
+// long as Raft allows (RaftHeartbeat): a leader that steps down because
+// a starved follower answered late (0.5-0.7 s at load 30-50, when the
+// lease was 500 ms) leaves the org without a leader until an election,
+// seconds on such a machine. Raft allows no longer lease: a follower that
+// stopped hearing the leader stands for election after RaftHeartbeat at
+// the earliest, and a deposed leader should have stepped down by then.
 func DefaultTimings() Timings {
 	return Timings{
 		HeartbeatTTL:     10 * time.Second,
 		LeaderGrace:      10 * time.Second,
 		RaftHeartbeat:    1000 * time.Millisecond,
-		RaftElection:     1000 * time.Millisecond,
-		RaftLeaderLease:  500 * time.Millisecond,
+		RaftElection:     raftElectionRound,
+		RaftLeaderLease:  1000 * time.Millisecond,
 		ForwardWait:      5 * time.Second,
 		MaxWatchWait:     5 * time.Minute,
 		DeadVoterTimeout: 72 * time.Hour,
@@ -216,8 +244,8 @@ func FastTimings() Timings {
 		HeartbeatTTL:    2 * time.Second,
 		LeaderGrace:     2 * time.Second,
 		RaftHeartbeat:   400 * time.Millisecond,
-		RaftElection:    400 * time.Millisecond,
-		RaftLeaderLease: 200 * time.Millisecond,
+		RaftElection:    raftElectionRound,
+		RaftLeaderLease: 400 * time.Millisecond,
 		ForwardWait:     5 * time.Second,
 		MaxWatchWait:    time.Minute,
 		GossipInterval:  100 * time.Millisecond,

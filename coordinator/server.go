@@ -369,7 +369,11 @@ func (s *Server) setupRaft() error {
 		return fmt.Errorf("inspect raft state: %w", err)
 	}
 	s.bootstrapped = existing
-	s.raft, err = raft.NewRaft(rc, timedFSM{s.fsm, s.metrics.fsmApply, &s.acks}, logs, s.boltStore, snaps, s.transport)
+	var stable raft.StableStore = s.boltStore
+	if h := s.cfg.hooks.stableStore; h != nil {
+		stable = h(stable)
+	}
+	s.raft, err = raft.NewRaft(rc, timedFSM{s.fsm, s.metrics.fsmApply, &s.acks}, logs, stable, snaps, s.transport)
 	if err != nil {
 		return fmt.Errorf("start raft: %w", err)
 	}

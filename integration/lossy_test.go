@@ -16,6 +16,7 @@ import (
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker"
 	"github.com/fedstream/fedstream/worker/dataplane"
+	wrt "github.com/fedstream/fedstream/worker/runtime"
 	"github.com/fedstream/fedstream/worker/source"
 	"github.com/fedstream/fedstream/worker/tuple"
 )
@@ -92,6 +93,17 @@ func TestLossyReplicaRebootstrapsFromStablePeer(t *testing.T) {
 // inconclusive ("" when it was judged).
 func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	faults := map[string]*dataplane.Faults{} // by worker name
+	// pace scales the generators' wall-clock rate (stream times, and so
+	// every result, stay those of rate 4000). The sources start at a
+	// quarter of it, until the replicas are set up and the held replica
+	// went tentative: at load 40-45 on two cores the start took 39000 of
+	// the 60000 lines at full rate, two runs in a row inconclusive. The
+	// hold's lines come at full rate, and the sources go slowly again
+	// from the heal until the replacement runs (see there).
+	pace, err := wrt.NewPace(0.25)
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Nine workers for eight tasks: the placer spreads them one a worker,
 	// so the aggregate's replica 0 reads source partition 0 over the
 	// network (a cut link can hold it) and its replacement has a worker
@@ -109,6 +121,7 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 		c.DCAAKeepTuples = lossyKeep
 		faults[c.Name] = dataplane.NewFaults()
 		c.Faults = faults[c.Name]
+		c.SourcePace = pace
 	})
 	t.Cleanup(func() {
 		// Held links would keep the workers from stopping.
@@ -210,9 +223,27 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	base := drawn()
 	t.Logf("holding %s's links to %v; partition 1 drew %d lines", aggWorker, held, base)
 	waitFor(t, 20*time.Second, "the aggregate's replica 0 tentative", func() bool { return o.task(t, "lossy", agg0).Tentative })
+	// Detected: the hold's lines come at full rate. (With the whole hold
+	// at full rate, the wait for detection at load ~40 ran from line 6229
+	// to 58727, and the input ended before the replacement.)
+	if err := pace.Set(1); err != nil {
+		t.Fatal(err)
+	}
 	waitFor(t, 30*time.Second, "another three seconds of the live partition's input", func() bool { return drawn() >= base+lossyHold })
 	t.Logf("healing; partition 1 drew %d lines", drawn())
 	f.HealAll()
+	// The replacement must start with input still to come (judged below),
+	// but the input is fifteen seconds of wall time at pace 1 while
+	// detecting the loss, replacing the replica and starting its copy
+	// take as long as the machine is slow: at load ~30 on two cores the
+	// hold above ran from line 8686 to 34001 (its tentative wait) and the
+	// replacement was running only after all 60000 lines, three runs in
+	// a row inconclusive. Until it runs, the sources go at a quarter of
+	// their rate (a boundary every 40 ms, within the 100 ms detection
+	// timeout), so what is left of the input outlasts it at any load.
+	if err := pace.Set(0.25); err != nil {
+		t.Fatal(err)
+	}
 
 	// The correction could not make every result exact: the replica
 	// says which (status) and is lossy; the leader replaces it. Watched
@@ -298,6 +329,9 @@ func lossyRebootstrapRun(t *testing.T) (inconclusive string) {
 	// The replacement ran with input still to come: at least a second of
 	// the live partition's input follows its start.
 	replacedAt := drawn()
+	if err := pace.Set(1); err != nil {
+		t.Fatal(err)
+	}
 	if replacedAt > lossyLimit-4000 {
 		// The replacement came too late to be judged (load 100-200:
 		// hold from 1561 lines, the replacement after all 40000 then).

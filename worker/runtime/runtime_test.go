@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,6 +201,19 @@ func (c *cluster) addrOf(taskID string) string {
 	return ""
 }
 
+// tailStall is how long tail waits for a sink's stream to advance (a
+// tuple with a later stream time than any before) before it gives up;
+// tailMax bounds the whole read. A fixed 30 s for the whole stream ran
+// out at load 26-44 on two cores while the stream advanced all along
+// (TestDCAABothReplicasLostNamesTheLoss's reference, 20,000 records:
+// stream time 29-110 s of 200 s read in 30 s; the test process had 1.0 s
+// of CPU in 37 s of wall time at load 40). A stream that stops
+// advancing, what the deadline is for, still fails after tailStall.
+const (
+	tailStall = 30 * time.Second
+	tailMax   = 5 * time.Minute
+)
+
 // tail reads a sink's result stream until its final boundary.
 func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 	t.Helper()
@@ -207,8 +221,12 @@ func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), tailMax)
 	defer cancel()
+	var stalled atomic.Bool
+	stall := time.AfterFunc(tailStall, func() { stalled.Store(true); cancel() })
+	defer stall.Stop()
+	advanced := int64(math.MinInt64) // the latest stream time read
 	query := c.query.Name
 	if q, _, ok := strings.Cut(sinkTask, "/"); ok {
 		query = q // the task id names its query (another may share the cluster)
@@ -219,6 +237,10 @@ func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 		err := sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
 			for _, tp := range b.Tuples {
 				out = append(out, tp)
+				if tp.STime > advanced {
+					advanced = tp.STime
+					stall.Reset(tailStall)
+				}
 				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
 					return dataplane.ErrStopSubscription // whatever follows (a REC_DONE)
 				}
@@ -233,7 +255,11 @@ func (c *cluster) tail(t *testing.T, sinkTask string) []tuple.Tuple {
 			if len(out) > 0 {
 				last = out[len(out)-1]
 			}
-			t.Fatalf("tail %s: %v after %d tuples (the last %v at %d) (states %v) (stats %v)", sinkTask, err, len(out), last.Type, last.STime, c.states(), c.stats())
+			why := fmt.Sprintf("not at its end after %v", tailMax)
+			if stalled.Load() {
+				why = fmt.Sprintf("no later stream time for %v", tailStall)
+			}
+			t.Fatalf("tail %s: %s: %v after %d tuples (the last %v at %d) (states %v) (stats %v)", sinkTask, why, err, len(out), last.Type, last.STime, c.states(), c.stats())
 		}
 		// The sink may not be started yet: retry.
 		time.Sleep(10 * time.Millisecond)
