@@ -231,7 +231,8 @@ func (o devOptions) coordTimings() coordinator.Timings {
 // marked live coordinators suspect every few seconds).
 //
 //   - Raft: heartbeat and election 5 s (Consul's production default,
-//     raft_multiplier 5; DefaultTimings' 1 s is hashicorp/raft's own),
+//     raft_multiplier 5; DefaultTimings keeps hashicorp/raft's 1 s
+//     heartbeat timeout, with a 3 s election round),
 //     and the leader lease as long as the heartbeat timeout: a leader
 //     keeps leading through a stall of the process as its followers do
 //     not start an election. The cost: the first leader of each org comes
