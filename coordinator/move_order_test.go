@@ -15,6 +15,7 @@ import (
 	"github.com/fedstream/fedstream/fsm"
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
+	fsworker "github.com/fedstream/fedstream/worker"
 )
 
 // TestPlanCheckRefusesNeighbourMoves is the plan applier's table of the
@@ -160,15 +161,7 @@ func TestRacingMovesOfAProducerAndItsConsumer(t *testing.T) {
 	if producer == nil {
 		t.Fatalf("no task of rm feeds %s (it reads %v)", consumer.ID, inputs(consumer))
 	}
-	other := func(worker string) string {
-		for _, w := range o.workers {
-			if w.ID() != worker {
-				return w.ID()
-			}
-		}
-		t.Fatalf("no worker but %s", worker)
-		return ""
-	}
+	other := func(worker string) string { return workerOtherThan(t, o.workers, worker) }
 
 	type outcome struct {
 		task string
@@ -350,15 +343,7 @@ func TestRacingCrossOrgMoveAndItsProducersMove(t *testing.T) {
 	if in := alpha.nodes[0].taskInputs()(alpha.task(t, consumer)); !slices.Contains(in, "lines") {
 		t.Fatalf("%s reads %v, not lines", consumer, in)
 	}
-	other := func(worker string) string {
-		for _, w := range alpha.workers {
-			if w.ID() != worker {
-				return w.ID()
-			}
-		}
-		t.Fatalf("no worker but %s", worker)
-		return ""
-	}
+	other := func(worker string) string { return workerOtherThan(t, alpha.workers, worker) }
 	type outcome struct {
 		task string
 		err  error
@@ -460,15 +445,7 @@ func TestStopAndCopyConsumerNextToAMovingProducer(t *testing.T) {
 	if in := o.nodes[0].taskInputs()(o.task(t, consumer)); !slices.Contains(in, "lines") {
 		t.Fatalf("%s reads %v, not lines", consumer, in)
 	}
-	other := func(worker string) string {
-		for _, w := range o.workers {
-			if w.ID() != worker {
-				return w.ID()
-			}
-		}
-		t.Fatalf("no worker but %s", worker)
-		return ""
-	}
+	other := func(worker string) string { return workerOtherThan(t, o.workers, worker) }
 	runs := func(task string, gen int) bool {
 		for _, w := range o.workers {
 			for _, st := range w.Runtime().States() {
@@ -546,4 +523,16 @@ func TestStopAndCopyConsumerNextToAMovingProducer(t *testing.T) {
 			return err == nil && tk != nil && tk.Gen() == 2 && tk.MovingFrom == ""
 		})
 	}
+}
+
+// workerOtherThan is the ID of a worker of workers other than worker.
+func workerOtherThan(t *testing.T, workers []*fsworker.Worker, worker string) string {
+	t.Helper()
+	for _, w := range workers {
+		if w.ID() != worker {
+			return w.ID()
+		}
+	}
+	t.Fatalf("no worker but %s", worker)
+	return ""
 }
