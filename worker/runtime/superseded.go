@@ -33,7 +33,11 @@ import (
 // (a move rolled back, as a cross-org move may be: it is the task's only
 // copy again, and names the loss as any input gap does). Only the next
 // copy of an unreplicated task takes a live snapshot of it; replicated
-// queries' inputs resume by stable id (DCAA) and never come here.
+// queries' inputs resume by stable id (DCAA) and never come here. A
+// snapshot whose caller's assignment index is not known (an older build,
+// or a partner org's copy, whose index is of another log: the relay
+// clears it) does not supersede a copy placed by any index, and the gap
+// is named as before.
 
 // errSuperseded ends an attempt whose first batch follows a gap while the
 // task is superseded: nothing of it was taken.
