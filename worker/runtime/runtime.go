@@ -662,6 +662,15 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 				// another generation, hence another name.
 				gone = append(gone, t)
 			}
+		} else if snap := t.haltedRolledBack(s); snap != nil {
+			// Its state is the halt snapshot's: the same copy goes on
+			// from there, under the same name (see haltedRolledBack).
+			stop = append(stop, t)
+			delete(r.tasks, id)
+			s.FromSnapshot, s.Bootstrap = snap, nil
+			want[id] = s
+			r.log.Warn("the old copy of a stop-and-copy move is placed again as it is (the move was rolled back): it starts again from the snapshot that halted it",
+				"task", id, "generation", s.Generation)
 		}
 	}
 	r.mu.Unlock()

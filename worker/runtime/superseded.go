@@ -66,7 +66,11 @@ func (t *task) supersede(placed uint64) {
 // notePlaced takes from the task's spec whether assignments place this
 // copy as the task's own (not the old copy of a move), and at which index.
 func (t *task) notePlaced(spec TaskSpec) {
-	if spec.MovingOut || spec.AssignIndex == 0 {
+	if spec.MovingOut {
+		t.sawMovingOut.Store(true)
+		return
+	}
+	if spec.AssignIndex == 0 {
 		return
 	}
 	for {
@@ -127,4 +131,22 @@ func (r *Runtime) leaveStream(ctx context.Context, ref *fedstreampb.StreamRef, a
 	if err != nil {
 		r.log.Debug("could not tell an upstream that a copy is gone", "task", name, "upstream", ref.TaskId, "err", err)
 	}
+}
+
+// haltedRolledBack returns the snapshot that halted the task (a
+// stop-and-copy move: it processes nothing more) when spec, the task's
+// next assignment, places it again as it is after assignments showed it
+// moving out: the move was rolled back (a cross-org move whose new copy
+// did not take over), and the halted copy, left as it is, would keep the
+// query stalled for good. Its state at the halt is exact, so the copy
+// starts again from that snapshot; its inputs resume at the snapshot's
+// positions, which its upstreams hold for it under its name for a lease
+// (past that, the gap is named). nil: nothing to do. Assignments of one
+// worker come in order, so an older one arriving late cannot follow the
+// one that showed the move.
+func (t *task) haltedRolledBack(spec TaskSpec) *TaskSnapshot {
+	if spec.MovingOut || !t.sawMovingOut.Load() || !t.halted.Load() {
+		return nil
+	}
+	return t.haltSnap
 }

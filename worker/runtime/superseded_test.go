@@ -198,3 +198,54 @@ func TestSupersededUntilPlacedAgain(t *testing.T) {
 		})
 	}
 }
+
+// TestHaltedCopyPlacedAgainGoesOn: the old copy of a stop-and-copy move,
+// halted by its new copy's snapshot, is placed again as it is once the
+// move is rolled back (a cross-org move whose new copy did not take over
+// in time; the coordinator's AbortMove). It starts again from the
+// snapshot that halted it, and the sink's stream equals an unmoved run's.
+// (Before, it stayed halted: it processed nothing more, and the query
+// stalled for good.)
+func TestHaltedCopyPlacedAgainGoesOn(t *testing.T) {
+	yaml := fmt.Sprintf(wordsQuery, 1, 4000) // 5 s of input
+	unmoved := newCluster(t, 2, yaml, onWorker0)
+	unmoved.apply()
+	want := unmoved.tail(t, moveSink)
+	unmoved.close(t)
+
+	c := newCluster(t, 2, yaml, onWorker0)
+	defer c.close(t)
+	from, to := c.workers[0], c.workers[1]
+	c.apply()
+	waitUntil(t, "the consumer took input", func() bool {
+		tk := from.rt.task(gapConsumer)
+		return tk != nil && tk.inputs[0].sub.LastID() > 300
+	})
+	// The move's assignments: the old copy moving out, the new copy
+	// starting on to from its stop-and-copy snapshot.
+	var oldSpec TaskSpec
+	for i, s := range c.specs[from] {
+		if s.TaskID == gapConsumer {
+			c.specs[from][i].MovingOut = true
+			oldSpec = c.specs[from][i]
+		}
+	}
+	from.rt.Apply(context.Background(), c.specs[from])
+	old := from.rt.task(gapConsumer)
+	c.startCopy(t, gapConsumer, from, to, true)
+	waitUntil(t, "the old copy halted", old.halted.Load)
+	// Rolled back: the new copy stops, the old one is placed again.
+	c.specs[to] = slices.DeleteFunc(c.specs[to], func(s TaskSpec) bool { return s.TaskID == gapConsumer })
+	to.rt.Apply(context.Background(), c.specs[to])
+	oldSpec.MovingOut = false
+	c.specs[from] = append(c.specs[from], oldSpec)
+	from.rt.Apply(context.Background(), c.specs[from])
+	if from.rt.task(gapConsumer) == old {
+		t.Fatal("the halted copy placed again was not started again")
+	}
+	got := c.tail(t, moveSink)
+	if !sameTuples(got, want) {
+		t.Fatalf("the sink's stream differs from the unmoved run's (%d vs %d tuples)", len(got), len(want))
+	}
+	c.noTaskFailed(t, "")
+}
