@@ -441,6 +441,11 @@ func (x *xorgData) FetchSnapshot(req *pb.FetchSnapshotRequest, in pb.DataPlane_F
 	// failed its dial (or waited out the dial timeout where a firewall
 	// drops it) before asking again over the stream.
 	req.Bulk, req.BulkSizeInline = false, false
+	// The caller's assignment index is of its own org's log: here it
+	// would be taken for one of this org's (worker/runtime superseded.go)
+	// and could hide a move rolled back. Not known, the serving copy
+	// names an input gap as it always did.
+	req.PlacedIndex = 0
 	out, err := pb.NewDataPlaneClient(conn).FetchSnapshot(ctx, req)
 	if err != nil {
 		return relayErr(err)

@@ -874,7 +874,8 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 			// The old copy of a live move, or its new copy (whose
 			// bootstrap source is a copy of the same task; a peer
 			// replica's has another id).
-			InMove:   a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
+			InMove:    a.MovingOut || (a.Bootstrap != nil && a.Bootstrap.TaskId == a.TaskId),
+			MovingOut: a.MovingOut, AssignIndex: resp.Index,
 			Reconfig: qi.reconfig, MarkersExpected: int(a.MarkersExpected),
 			PaceOrigin: qi.paceOrigin,
 		}

@@ -4059,8 +4059,15 @@ type FetchSnapshotRequest struct {
 	// type above it (UNCORRECTABLE goes as REC_DONE below level 2, as on
 	// Subscribe); 0 (absent): an older build, counted as level 1.
 	DataplaneLevel int32 `protobuf:"varint,473,opt,name=dataplane_level,json=dataplaneLevel,proto3" json:"dataplane_level,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// ---- hand-over from a worker declared down (session 21): the index of
+	// the assignments that placed the caller's copy (0: not known, an older
+	// build). A live snapshot of an unreplicated copy is taken only by the
+	// task's next copy: from then on the old copy is superseded, and it
+	// learns a rolled-back move (placed again as it is) only from
+	// assignments at or after this index.
+	PlacedIndex   uint64 `protobuf:"varint,682,opt,name=placed_index,json=placedIndex,proto3" json:"placed_index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FetchSnapshotRequest) Reset() {
@@ -4138,6 +4145,13 @@ func (x *FetchSnapshotRequest) GetBulkSizeInline() bool {
 func (x *FetchSnapshotRequest) GetDataplaneLevel() int32 {
 	if x != nil {
 		return x.DataplaneLevel
+	}
+	return 0
+}
+
+func (x *FetchSnapshotRequest) GetPlacedIndex() uint64 {
+	if x != nil {
+		return x.PlacedIndex
 	}
 	return 0
 }
@@ -8067,7 +8081,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\tto_worker\x18\x03 \x01(\tR\btoWorker\x12\x1e\n" +
 	"\n" +
 	"generation\x18\x04 \x01(\x05R\n" +
-	"generation\"\xe3\x01\n" +
+	"generation\"\x87\x02\n" +
 	"\x14FetchSnapshotRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x17\n" +
 	"\atask_id\x18\x02 \x01(\tR\x06taskId\x12\x1e\n" +
@@ -8077,7 +8091,8 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x13\n" +
 	"\x04bulk\x18\xf5\x01 \x01(\bR\x04bulk\x12)\n" +
 	"\x10bulk_size_inline\x18\xc0\x02 \x01(\bR\x0ebulkSizeInline\x12(\n" +
-	"\x0fdataplane_level\x18\xd9\x03 \x01(\x05R\x0edataplaneLevel\"g\n" +
+	"\x0fdataplane_level\x18\xd9\x03 \x01(\x05R\x0edataplaneLevel\x12\"\n" +
+	"\fplaced_index\x18\xaa\x05 \x01(\x04R\vplacedIndex\"g\n" +
 	"\x11ScaleQueryRequest\x12\x14\n" +
 	"\x05query\x18\x01 \x01(\tR\x05query\x12\x1a\n" +
 	"\boperator\x18\x02 \x01(\tR\boperator\x12 \n" +

@@ -85,6 +85,9 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	}
 	snap, prepare, err := t.capture(ctx, SnapshotOptions{Halt: req.Halt})
 	captured := time.Now()
+	if err == nil && !req.Halt {
+		t.supersede(req.PlacedIndex)
+	}
 	var enc *operator.Encoding
 	if err == nil && prepare != nil {
 		// The task processes again while its captured state is sorted,

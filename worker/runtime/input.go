@@ -324,6 +324,13 @@ func (in *input) run(ctx context.Context) {
 			if progressed {
 				choice.delivered(pl.Replica)
 			}
+			if errors.Is(err, errSuperseded) {
+				if in.waitSuperseded(ctx, pl) != nil {
+					return
+				}
+				backoff.Reset()
+				continue
+			}
 			if err == nil || errors.Is(err, errTaskEnded) {
 				return // the upstream stream is complete, or the task failed
 			}
@@ -442,6 +449,9 @@ func (in *input) waitRetry(ctx context.Context, b *retry.Backoff, cands []Placem
 // (no connection, no copies): a task id names one deterministic stream, so
 // the local task's buffer is the stream pl names.
 func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved bool, err error) {
+	if h := in.t.r.beforeAttempt; h != nil {
+		h(in.t.spec.CopyID(), pl)
+	}
 	in.sub.Ref().TaskId = pl.TaskID
 	in.sub.Ref().Generation = int32(pl.Generation)
 	in.countSwitch(pl)
@@ -482,8 +492,13 @@ func (in *input) attempt(ctx context.Context, pl Placement) (progressed, moved b
 		first := fresh
 		fresh = false
 		if !in.t.dcaaOn() && in.t.mv == nil {
-			// Outside DCAA, input lost is named (gaploss.go).
+			// Outside DCAA, input lost is named (gaploss.go), unless a
+			// later copy of the task has it (superseded.go).
 			if first {
+				if b.FirstID > resumedAfter+1 && in.t.superseded() {
+					b.Release()
+					return errSuperseded
+				}
 				if err := in.noteInputGap(ctx, resumedAfter, b); err != nil {
 					b.Release()
 					return err

@@ -215,6 +215,11 @@ type TaskSpec struct {
 	// then carries its output Position, against which the coordinator
 	// measures the new copy's catch-up. It may change while the task runs.
 	InMove bool
+	// MovingOut: this copy is the old copy of a live move (its next copy
+	// runs elsewhere). AssignIndex is the index of the assignments the
+	// spec came from (0: not known). See superseded.go.
+	MovingOut   bool
+	AssignIndex uint64
 	// Reconfig is the query's live reconfiguration state (nil while it
 	// has no plan), and MarkersExpected how many markers the task gets per
 	// epoch (one per upstream instance), as the coordinator counts them.
@@ -482,6 +487,9 @@ type Runtime struct {
 	// pinFault, when set (tests), makes registering with the upstream
 	// copy pl before a snapshot fail when it returns true.
 	pinFault func(pl Placement) bool
+	// beforeAttempt, when set (tests), runs as an input of task begins a
+	// subscription to upstream copy pl.
+	beforeAttempt func(task string, pl Placement)
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
@@ -654,6 +662,15 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 				// another generation, hence another name.
 				gone = append(gone, t)
 			}
+		} else if snap := t.haltedRolledBack(s); snap != nil {
+			// Its state is the halt snapshot's: the same copy goes on
+			// from there, under the same name (see haltedRolledBack).
+			stop = append(stop, t)
+			delete(r.tasks, id)
+			s.FromSnapshot, s.Bootstrap = snap, nil
+			want[id] = s
+			r.log.Warn("the old copy of a stop-and-copy move is placed again as it is (the move was rolled back): it starts again from the snapshot that halted it",
+				"task", id, "generation", s.Generation)
 		}
 	}
 	r.mu.Unlock()
@@ -688,6 +705,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 				handed[spec.Query] = max(handed[spec.Query], rc.Latest())
 			}
 			t.inMove.Store(spec.InMove)
+			t.notePlaced(spec)
 			continue
 		}
 		began := time.Now()
@@ -701,6 +719,7 @@ func (r *Runtime) Apply(ctx context.Context, desired []TaskSpec) {
 			t = failedTask(r, spec, err)
 		}
 		t.inMove.Store(spec.InMove)
+		t.notePlaced(spec)
 		r.tasks[id] = t
 		r.mu.Unlock()
 		if err == nil {
@@ -784,7 +803,8 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 				if err != nil {
 					return nil, err
 				}
-				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: halt}, fo)
+				return r.fetchSnapshot(fctx, conn, src.WorkerAddr, &fedstreampb.FetchSnapshotRequest{Query: spec.Query, TaskId: src.TaskID, Generation: int32(src.Generation), Halt: halt,
+					PlacedIndex: spec.AssignIndex}, fo)
 			}
 			// A transfer that broke off is tried again (a halted copy gives
 			// the same snapshot again); a refusal is final.
@@ -1081,8 +1101,6 @@ const leaveTimeout = time.Second
 // Best effort, in parallel, bounded by leaveTimeout: an upstream that
 // cannot be told forgets the copy when its lease ends.
 func (r *Runtime) leaveUpstreams(ctx context.Context, gone []*task) {
-	ctx, cancel := context.WithTimeout(ctx, leaveTimeout)
-	defer cancel()
 	var wg sync.WaitGroup
 	for _, t := range gone {
 		name := t.spec.CopyID()
@@ -1090,20 +1108,10 @@ func (r *Runtime) leaveUpstreams(ctx context.Context, gone []*task) {
 			for _, pl := range t.candidates(in.upstream, in.upPartition) {
 				ref := &fedstreampb.StreamRef{Query: t.spec.Query, TaskId: pl.TaskID, Partition: int32(t.spec.Partition),
 					Consumer: t.spec.Fragment, Generation: int32(pl.Generation)}
-				if local, err := r.LocalStream(ref); err == nil {
-					local.Forget(name)
-					continue
-				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					conn, err := r.pool.Conn(pl.WorkerAddr)
-					if err == nil {
-						err = dataplane.Leave(ctx, conn, ref, name)
-					}
-					if err != nil {
-						r.log.Debug("could not tell an upstream that a stopped copy is gone", "task", name, "upstream", pl.TaskID, "err", err)
-					}
+					r.leaveStream(ctx, ref, pl.WorkerAddr, name)
 				}()
 			}
 		}

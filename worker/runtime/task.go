@@ -238,6 +238,10 @@ type task struct {
 	// inMove: the copy takes part in a live move (TaskSpec.InMove; set by
 	// Apply, read by State).
 	inMove atomic.Bool
+	// supersededAt and placedAt: see superseded.go; sawMovingOut: the
+	// task's assignments showed it the old copy of a move.
+	supersededAt, placedAt atomic.Uint64
+	sawMovingOut           atomic.Bool
 
 	// Generator and kafka sources: genSnap carries snapshot requests to
 	// the source goroutine, which serves them between two records;
