@@ -170,6 +170,13 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 		if t.WorkerID != "" && keep[t.WorkerID] {
 			continue
 		}
+		if t.MovingFrom != "" && ho.rollBack != nil && ho.rollBack(t) {
+			// A live move's new copy on a down worker: the move is
+			// rolled back to its old copy (boundMoves), which may well
+			// run on; placed again from here, the next copy would
+			// start without the old copy's state.
+			continue
+		}
 		to, why := p.pick(t)
 		if to == t.WorkerID && (to != "" || why == t.Message) {
 			continue
@@ -393,12 +400,15 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, ho handOver) []fsm
 //
 // inputs gives the fragments a task reads, by which live moves of a
 // producer and its consumer are made one after the other (inOrder); nil:
-// not known. hold and log serve inOrder (either may be nil).
+// not known. hold and log serve inOrder (either may be nil). rollBack
+// says whether a live move whose new copy's worker is down is rolled
+// back (Server.rollsBack) rather than placed again (nil: never).
 type handOver struct {
 	live, catchUp, halt bool
 	inputs              func(*fsm.Task) []string
 	hold                func(id string, running bool) bool
 	log                 func(id, msg string, args ...any)
+	rollBack            func(*fsm.Task) bool
 }
 
 func (ho handOver) note(id, msg string, args ...any) {
@@ -412,7 +422,7 @@ func (ho handOver) note(id, msg string, args ...any) {
 // snapshot and starts within seconds, and one that does not (it never
 // runs) must not keep its neighbours on a down worker. Once the new
 // copies run, their moves end within the catch-up bound
-// (boundMoveCatchUps), which the wait gets on top. Past it a move that
+// (boundMoves), which the wait gets on top. Past it a move that
 // waits only for producers goes ahead stop-and-copy (see inOrder).
 const moveOrderWait = 10 * time.Second
 
@@ -486,7 +496,8 @@ func (s *Server) handOverNow() handOver {
 		inputs: s.taskInputs(), hold: func(id string, running bool) bool {
 			return s.moveOrder.hold(id, running, s.cfg.Timings.MoveCatchUpBound, time.Now())
 		},
-		log: func(id, msg string, args ...any) { s.moveOrder.logOnce(s.logger, id, msg, args...) }}
+		log:      func(id, msg string, args ...any) { s.moveOrder.logOnce(s.logger, id, msg, args...) },
+		rollBack: s.rollsBack}
 }
 
 // taskInputs returns a function giving the fragments a task reads, from
