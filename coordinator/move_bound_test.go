@@ -190,3 +190,53 @@ func TestReplaceLeavesAStuckMoveToItsRollback(t *testing.T) {
 		t.Fatalf("planned %v, want both tasks", got)
 	}
 }
+
+// TestReplacePlacesAProducerAfterItsConsumersLiveMove: a producer placed
+// again not live (from a peer replica's snapshot) gets a new copy that
+// its consumers reach as a live move's at its end, so it waits while a
+// consumer of it runs two copies (streamMoves), past any wait (that
+// move ends or is rolled back within its bounds); in one plan, the
+// producer is placed and its consumer's live move waits for the next.
+// A consumer placed again not live moves at once.
+func TestReplacePlacesAProducerAfterItsConsumersLiveMove(t *testing.T) {
+	t.Parallel()
+	workers := []*fsm.Worker{worker("down", 4, statusDown, ""), worker("a", 4, statusReady, ""), worker("b", 4, statusReady, "")}
+	reads := map[string][]string{"counts": {"lines"}}
+	ho := handOver{live: true, catchUp: true, inputs: func(tk *fsm.Task) []string { return reads[tk.Fragment] },
+		hold: func(string, bool) bool { return false }} // past every wait
+	running := func(tk *fsm.Task) *fsm.Task { tk.State = states.TaskRunning; return tk }
+	src, peer := placedTask("q", "lines", 0, 0, "down"), running(placedTask("q", "lines", 0, 1, "a"))
+	agg := placedTask("q", "counts", 0, 0, "a")
+	agg.MovingFrom, agg.MovingFromGeneration, agg.Generation = "b", 1, 2
+	plan := func(tasks ...*fsm.Task) map[string]fsm.PlannedPlacement {
+		out := map[string]fsm.PlannedPlacement{}
+		for _, m := range replace(workers, tasks, nil, ho) {
+			out[m.TaskID] = m
+		}
+		return out
+	}
+	if got := plan(src, peer, agg); len(got) != 0 {
+		t.Fatalf("a producer placed again while its consumer moves live: %+v", got)
+	}
+	agg.MoveHalt = true
+	if got := plan(src, peer, agg); len(got) != 1 || got[src.ID].Live || got[src.ID].ToWorker != "b" {
+		t.Fatalf("next to a stop-and-copy consumer move: planned %+v, want %s placed again on b, not live", got, src.ID)
+	}
+	agg.MoveHalt = false
+	agg.MovingFrom, agg.MovingFromGeneration = "", 0
+	if got := plan(src, peer, agg); len(got) != 1 || got[src.ID].Live {
+		t.Fatalf("once the consumer's move ended: planned %+v, want %s placed again, not live", got, src.ID)
+	}
+	// Both on the down worker: the producer first, the consumer (no peer:
+	// a live move) waits.
+	agg2 := placedTask("q", "counts", 0, 0, "down")
+	if got := plan(src, peer, agg2); len(got) != 1 || got[src.ID].ToWorker == "" {
+		t.Fatalf("a producer placed again and its consumer moving live in one plan: planned %+v, want only %s", got, src.ID)
+	}
+	// Not live (a coordinator behind): the consumer starts one copy, and
+	// both go at once.
+	ho.live = false
+	if got := plan(src, peer, agg2); len(got) != 2 {
+		t.Fatalf("placed again not live, both: planned %+v", got)
+	}
+}
