@@ -353,6 +353,12 @@ func (s *Server) boundMoves(ctx context.Context) {
 //     ahead stop-and-copy past their wait (inOrder).
 //   - a move to or from a partner org: cross-org migration bounds and
 //     rolls back its own moves (xorg_move.go).
+//
+// Not handled: a new copy whose upstreams did not confirm its
+// registration fetches a halting snapshot on its own (worker runtime),
+// which the state does not show; rolled back after that, the halted old
+// copy serves its output and takes no more input, and the task stalls
+// (nothing is lost) until it is moved or placed again.
 func stuckMove(t *fsm.Task, workers map[string]*fsm.Worker, halts bool, waited, bound time.Duration) string {
 	if t.MovingFrom == "" || t.IsMovingOut() || halts || !inOrgMove(t, workers) {
 		return ""
