@@ -112,6 +112,10 @@ type hooks struct {
 	// proposes (a test holds back a copy's reports to order two moves'
 	// ends).
 	command func(t fsm.MessageType, body any) any
+	// withhold, when set, is asked for every task assigned to a worker
+	// when its assignments are served; true leaves the task out (a test
+	// makes a move's new copy never run).
+	withhold func(worker, taskID string, generation int) bool
 	// stableStore wraps the store Raft keeps its term and vote in (a
 	// test makes each write slow, as a busy disk's fsync is).
 	stableStore func(raft.StableStore) raft.StableStore
@@ -192,6 +196,15 @@ type Timings struct {
 	// catch up (its input is faster than it) must not keep the old copy
 	// running for ever.
 	MoveCatchUpBound time.Duration
+	// MoveStartBound bounds how long a live move that leaves its old copy
+	// running waits for its new copy to run: a move whose new copy has
+	// not run by then (refused, failed, its worker silent) is rolled back
+	// to the old copy, which never stopped (boundMoves). A move that does
+	// not end must not hold its neighbours in the stream for ever: a
+	// producer's move waits while its consumer moves (streamMoves). It
+	// gives the snapshot fetch of a large state time: a new copy that
+	// runs within it is bound by MoveCatchUpBound from then on.
+	MoveStartBound time.Duration
 	// PartnerTimeout is how long a partner org may stay unreachable (or
 	// failed in the federation pool) before the tasks it hosts for this
 	// org are placed at home again, and before the tasks this org hosts
@@ -234,6 +247,7 @@ func DefaultTimings() Timings {
 		RemoveDownWorkersAfter: time.Hour,
 		LeaderSetupTimeout:     30 * time.Second,
 		MoveCatchUpBound:       30 * time.Second,
+		MoveStartBound:         time.Minute,
 		PartnerTimeout:         15 * time.Second,
 	}
 }
@@ -274,6 +288,7 @@ func (t *Timings) fill() {
 	set(&t.DeadVoterTimeout, d.DeadVoterTimeout)
 	set(&t.LeaderSetupTimeout, d.LeaderSetupTimeout)
 	set(&t.MoveCatchUpBound, d.MoveCatchUpBound)
+	set(&t.MoveStartBound, d.MoveStartBound)
 	set(&t.PartnerTimeout, d.PartnerTimeout)
 }
 

@@ -285,7 +285,7 @@ func (s *Server) leaderLoop(ctx context.Context) {
 	go func() { defer wg.Done(); s.scheduleLoop(ctx) }()
 	go func() { defer wg.Done(); s.removeDownWorkers(ctx) }()
 	go func() { defer wg.Done(); s.resumeRescalesLoop(ctx) }()
-	go func() { defer wg.Done(); s.boundMoveCatchUps(ctx) }()
+	go func() { defer wg.Done(); s.boundMoves(ctx) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); s.rebootstrapLossy(ctx) }()
 	// Cross-org migration: both sides of every partner's moves.

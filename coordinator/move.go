@@ -31,7 +31,9 @@ import (
 // reached the old copy's (fsm.Task.MoveCatchUp), the state machine clears
 // MovingFrom: consumers switch to a copy that has already produced what
 // they would otherwise wait for, and the old worker stops the old copy.
-// The wait is bounded (Timings.MoveCatchUpBound, boundMoveCatchUps).
+// The wait is bounded (Timings.MoveCatchUpBound, boundMoves), and a move
+// whose new copy does not run is rolled back (Timings.MoveStartBound,
+// stuckMove).
 // No tuple is lost (the new copy resumes after the snapshot's input
 // positions, and upstream buffers keep those tuples for the old copy's
 // subscriber, halted and not acknowledging, within its lease) and none is
@@ -236,16 +238,26 @@ var replicaStable = pb.ReplicaState_REPLICA_STABLE.String()
 // (fsm.PlannedPlacement.CatchUp).
 const catchUpProtocol = 5
 
-// boundMoveCatchUps is a leader duty: a catch-up move whose new copy has
-// run for Timings.MoveCatchUpBound without catching up with the old copy
-// ends anyway (consumers switch, the old copy stops; logged), so a new
-// copy that cannot catch up never keeps both copies running. The clock of
-// each move starts when this leader first sees its new copy running (a
-// new leader starts it again: the bound is per leader, at most doubled).
-func (s *Server) boundMoveCatchUps(ctx context.Context) {
-	bound := s.cfg.Timings.MoveCatchUpBound
-	tick := min(bound/4, time.Second)
+// boundMoves is a leader duty that ends every in-org live move within
+// bounds, so that none holds its neighbours in the stream for ever (a
+// producer's live move waits while a consumer of it is in a live move,
+// see streamMoves):
+//   - a catch-up move whose new copy has run for Timings.MoveCatchUpBound
+//     without catching up with the old copy ends anyway (consumers
+//     switch, the old copy stops; logged), so a new copy that cannot
+//     catch up never keeps both copies running;
+//   - a move whose new copy has not run within Timings.MoveStartBound (or
+//     failed, or sits on a worker declared down) is rolled back
+//     (rollBackStuckMove).
+//
+// The clock of each move starts when this leader first sees it (in its
+// new copy's state): a new leader starts it again, so a bound is per
+// leader, at most doubled.
+func (s *Server) boundMoves(ctx context.Context) {
+	catchUp, start := s.cfg.Timings.MoveCatchUpBound, s.cfg.Timings.MoveStartBound
+	tick := min(catchUp/4, start/4, time.Second)
 	runningSince := map[string]time.Time{} // task id@generation -> first seen running
+	waitingSince := map[string]time.Time{} // task id@generation -> since when seen moving without running
 	ticker := time.NewTicker(tick)
 	defer ticker.Stop()
 	for {
@@ -254,30 +266,52 @@ func (s *Server) boundMoveCatchUps(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		tasks, err := s.State().Tasks(nil)
+		st := s.State()
+		tasks, err := st.Tasks(nil)
 		if err != nil {
-			s.logger.Error("move catch-up bound: read tasks", "err", err)
+			s.logger.Error("move bounds: read tasks", "err", err)
 			continue
 		}
+		workers, err := st.Workers(nil)
+		if err != nil {
+			s.logger.Error("move bounds: read workers", "err", err)
+			continue
+		}
+		byID := make(map[string]*fsm.Worker, len(workers))
+		for _, w := range workers {
+			byID[w.ID] = w
+		}
+		now := time.Now()
 		seen := map[string]bool{}
 		for _, t := range tasks {
-			if t.MovingFrom == "" || !t.MoveCatchUp || t.State != states.TaskRunning {
-				// (A stalled new copy ends its move at once: see
-				// fsm maybeEndMove.)
+			if t.MovingFrom == "" || t.IsMovingOut() {
 				continue
 			}
 			key := fmt.Sprintf("%s@%d", t.ID, t.Gen())
 			seen[key] = true
-			since, ok := runningSince[key]
-			if !ok {
-				runningSince[key] = time.Now()
+			since, ok := waitingSince[key]
+			if !ok || t.State == states.TaskRunning || t.State == states.TaskStalled {
+				since, waitingSince[key] = now, now // (not waiting)
+			}
+			if why := stuckMove(t, byID, s.haltsOldCopy(st, t), now.Sub(since), start); why != "" {
+				s.rollBackStuckMove(ctx, t, why)
 				continue
 			}
-			if time.Since(since) < bound {
+			if !t.MoveCatchUp || t.State != states.TaskRunning {
+				// (A stalled new copy ends its move at once: see
+				// fsm maybeEndMove.)
+				continue
+			}
+			ran, ok := runningSince[key]
+			if !ok {
+				runningSince[key] = now
+				continue
+			}
+			if now.Sub(ran) < catchUp {
 				continue
 			}
 			s.logger.Warn("live move: the new copy has not caught up with the old one within the bound; switching consumers to it anyway",
-				"task", t.ID, "generation", t.Gen(), "from", t.MovingFrom, "to", t.WorkerID, "bound", bound,
+				"task", t.ID, "generation", t.Gen(), "from", t.MovingFrom, "to", t.WorkerID, "bound", catchUp,
 				"position", posText(t.MovePosition), "old_position", posText(t.MovingFromPosition))
 			upd := fsm.UpdateTaskStatesRequest{WorkerID: t.WorkerID,
 				States: []fsm.TaskStateUpdate{{TaskID: t.ID, Generation: t.Gen(), State: t.State, SwitchMove: true}}}
@@ -289,11 +323,125 @@ func (s *Server) boundMoveCatchUps(ctx context.Context) {
 				s.logger.Error("live move: ending the move after its catch-up bound failed; will retry", "task", t.ID, "err", err)
 			}
 		}
-		for key := range runningSince {
-			if !seen[key] {
-				delete(runningSince, key)
+		for _, m := range []map[string]time.Time{runningSince, waitingSince} {
+			for key := range m {
+				if !seen[key] {
+					delete(m, key)
+				}
 			}
 		}
+	}
+}
+
+// stuckMove says why the live move of t (t.MovingFrom set, not the
+// moving-out copy), whose new copy does not run, is rolled back now; ""
+// while it may wait longer or is not rolled back at all. workers maps
+// worker ids to their records; halts says whether the new copy's
+// snapshot halts the old copy; waited is how long this leader has seen
+// the move without a running new copy, bound Timings.MoveStartBound.
+//
+// The invariant it keeps, with the catch-up bound: a live move that
+// leaves its old copy running ends within MoveStartBound +
+// MoveCatchUpBound (per leader), ended or rolled back. Rolling back is
+// safe while the old copy runs on: its consumers never left it (see
+// consumerPlacement) and it processed every input; the new copy, never
+// read from, is dropped. Not rolled back:
+//   - a move whose snapshot halts the old copy (stop-and-copy, an ingest
+//     source): once the new copy has fetched it the old copy takes no
+//     input any more, so it cannot take over again. Such a move holds no
+//     producer back (streamMoves), only its own consumers, which go
+//     ahead stop-and-copy past their wait (inOrder).
+//   - a move to or from a partner org: cross-org migration bounds and
+//     rolls back its own moves (xorg_move.go).
+//
+// Not handled: a new copy whose upstreams did not confirm its
+// registration fetches a halting snapshot on its own (worker runtime),
+// which the state does not show; rolled back after that, the halted old
+// copy serves its output and takes no more input, and the task stalls
+// (nothing is lost) until it is moved or placed again.
+func stuckMove(t *fsm.Task, workers map[string]*fsm.Worker, halts bool, waited, bound time.Duration) string {
+	if t.MovingFrom == "" || t.IsMovingOut() || halts || !inOrgMove(t, workers) {
+		return ""
+	}
+	// A new copy on a worker declared down is rolled back whatever it last
+	// reported: its consumers still read the old copy, and placed again
+	// from there it would start without the old copy's state.
+	switch to := workers[t.WorkerID]; {
+	case to == nil:
+		return fmt.Sprintf("its new copy's worker %s is no longer registered", t.WorkerID)
+	case to.Status == statusDown:
+		return fmt.Sprintf("its new copy's worker %s is down", t.WorkerID)
+	case t.State == states.TaskRunning || t.State == states.TaskStalled:
+		return "" // the catch-up bound ends it
+	case t.State == states.TaskFailed:
+		return "its new copy failed: " + t.Message
+	case waited >= bound:
+		return fmt.Sprintf("its new copy did not run within %s (it is %s)", bound, t.State)
+	}
+	return ""
+}
+
+// haltsOldCopy reports whether the snapshot a live move's new copy takes
+// halts the old copy: a stop-and-copy move, or an ingest source's (see
+// isIngestSource).
+func (s *Server) haltsOldCopy(st *fsm.StateStore, t *fsm.Task) bool {
+	if t.MoveHalt || haltMoves {
+		return true
+	}
+	q, err := st.Query(nil, t.Query)
+	return err != nil || isIngestSource(&s.plans, q, t.Fragment)
+}
+
+// rollsBack reports whether a live move of t whose new copy's worker is
+// down is rolled back by boundMoves, rather than placed again by the
+// scheduler (which would start a copy without the old copy's state,
+// although the old copy may well run on). Every coordinator must apply
+// AbortMove (protocol 7).
+func (s *Server) rollsBack(t *fsm.Task) bool {
+	st := s.State()
+	workers := map[string]*fsm.Worker{}
+	for _, id := range []string{t.WorkerID, t.MovingFrom} {
+		w, err := st.Worker(nil, id)
+		if err != nil {
+			return false
+		}
+		if w != nil {
+			workers[id] = w
+		}
+	}
+	return inOrgMove(t, workers) && !s.haltsOldCopy(st, t) && s.checkProtocol(abortMoveProtocol, "rolling back a live move") == nil
+}
+
+// inOrgMove reports whether neither copy of t's move is at a partner org
+// (workers maps worker ids to their records; one not there is not).
+func inOrgMove(t *fsm.Task, workers map[string]*fsm.Worker) bool {
+	for _, id := range []string{t.WorkerID, t.MovingFrom} {
+		if w := workers[id]; w != nil && isPartnerWorker(w) {
+			return false
+		}
+	}
+	return true
+}
+
+// abortMoveProtocol is the replication protocol that knows AbortMove.
+const abortMoveProtocol = 7
+
+// rollBackStuckMove rolls the live move of t back (see stuckMove): the
+// task is on its old copy again, at its old generation; the new copy is
+// no longer assigned and its worker stops it. If the old copy's worker is
+// down, the scheduler then places the task again as any task of a down
+// worker (in stream order: see inOrder). AbortMove applies only while
+// the move is the same and not ended, so it cannot race the move's end.
+func (s *Server) rollBackStuckMove(ctx context.Context, t *fsm.Task, why string) {
+	s.logger.Warn("live move rolled back: the old copy, which its consumers still read, takes over again",
+		"task", t.ID, "generation", t.Gen(), "from", t.MovingFrom, "to", t.WorkerID, "reason", why)
+	err := s.applyCmd(ctx, fsm.AbortMoveType, fsm.AbortMoveRequest{TaskID: t.ID, Generation: t.Gen(), Reason: why})
+	switch {
+	case err == nil:
+	case errors.Is(err, fsm.ErrNotMoving):
+		s.logger.Info("live move: the move ended before its rollback", "task", t.ID, "generation", t.Gen())
+	case ctx.Err() == nil:
+		s.logger.Error("live move: rolling back failed; will retry", "task", t.ID, "err", err)
 	}
 }
 

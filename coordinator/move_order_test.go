@@ -22,9 +22,10 @@ import (
 // stream-order rule (streamMoves): against the state it commits on, a
 // live move next to a live move in its stream is refused with a reason
 // naming that move, unless the consumer's move is stop-and-copy; moves
-// accepted earlier in the same plan count. (Before session 20 only the
-// planners checked it, on the state they read: two plans computed at
-// once both passed.)
+// accepted earlier in the same plan count. A producer placed again not
+// live counts as moving (session 21: it was not checked). (Before
+// session 20 only the planners checked it, on the state they read: two
+// plans computed at once both passed.)
 func TestPlanCheckRefusesNeighbourMoves(t *testing.T) {
 	t.Parallel()
 	reads := map[string][]string{"counts": {"lines"}, "out": {"counts"}}
@@ -95,6 +96,30 @@ func TestPlanCheckRefusesNeighbourMoves(t *testing.T) {
 			tasks: []*fsm.Task{movingTask("lines", false), placedTask("q", "counts", 0, 0, "a")},
 			plan:  []fsm.PlannedPlacement{plain(live(counts, "a", 1, "c"))},
 			want:  []string{""},
+		},
+		{
+			name:  "a producer placed again while its consumer moves",
+			tasks: []*fsm.Task{placedTask("q", "lines", 0, 0, "a"), movingTask("counts", false)},
+			plan:  []fsm.PlannedPlacement{plain(live(lines, "a", 1, "c"))},
+			want:  []string{"task q/counts/p0/r0, which reads from task q/lines/p0/r0, is in a live move from worker a to worker b"},
+		},
+		{
+			name:  "a producer placed again while its consumer moves stop-and-copy",
+			tasks: []*fsm.Task{placedTask("q", "lines", 0, 0, "a"), movingTask("counts", true)},
+			plan:  []fsm.PlannedPlacement{plain(live(lines, "a", 1, "c"))},
+			want:  []string{""},
+		},
+		{
+			name:  "a producer placed again, then its consumer moves, in one plan",
+			tasks: []*fsm.Task{placedTask("q", "lines", 0, 0, "a"), placedTask("q", "counts", 0, 0, "a")},
+			plan:  []fsm.PlannedPlacement{plain(live(lines, "a", 1, "b")), live(counts, "a", 1, "c")},
+			want:  []string{"", "task q/counts/p0/r0 reads from task q/lines/p0/r0, which is placed again on worker b in this plan"},
+		},
+		{
+			name:  "a producer placed again, then its consumer moves stop-and-copy, in one plan",
+			tasks: []*fsm.Task{placedTask("q", "lines", 0, 0, "a"), placedTask("q", "counts", 0, 0, "a")},
+			plan:  []fsm.PlannedPlacement{plain(live(lines, "a", 1, "b")), halted(live(counts, "a", 1, "c"))},
+			want:  []string{"", ""},
 		},
 		{
 			name:  "two producers of one consumer",

@@ -400,8 +400,10 @@ func (c *planCheck) check(p fsm.PlannedPlacement) string {
 	if p.ToWorker == "" || p.ToWorker == t.WorkerID {
 		return ""
 	}
-	if p.Live && t.WorkerID != "" && c.moves != nil {
-		if up, down := c.moves.blocking(t, p.Halt); len(up)+len(down) > 0 {
+	if t.WorkerID != "" && c.moves != nil {
+		// A placement that is not live starts a copy that no consumer
+		// reads twice, like a stop-and-copy move's (see streamMoves).
+		if up, down := c.moves.blocking(t, p.Halt || !p.Live); len(up)+len(down) > 0 {
 			return neighbourMoveText(t, up, down)
 		}
 	}
@@ -462,11 +464,16 @@ func (c *planCheck) commit(p fsm.PlannedPlacement) {
 	t.MovingFrom, t.MoveHalt = "", false
 	if p.ToWorker != "" {
 		c.place(t, p.ToWorker)
-		if p.Live && from != "" {
+		switch {
+		case p.Live && from != "":
 			t.MovingFrom, t.MoveHalt = from, p.Halt
 			if c.moves != nil {
 				c.moves.add(t, true)
 			}
+		case from != "" && c.moves != nil:
+			// Its new copy holds back the live moves of its consumers
+			// later in the plan (see streamMoves).
+			c.moves.add(t, false)
 		}
 	}
 }

@@ -170,6 +170,13 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 		if t.WorkerID != "" && keep[t.WorkerID] {
 			continue
 		}
+		if t.MovingFrom != "" && ho.rollBack != nil && ho.rollBack(t) {
+			// A live move's new copy on a down worker: the move is
+			// rolled back to its old copy (boundMoves), which may well
+			// run on; placed again from here, the next copy would
+			// start without the old copy's state.
+			continue
+		}
 		to, why := p.pick(t)
 		if to == t.WorkerID && (to != "" || why == t.Message) {
 			continue
@@ -219,12 +226,26 @@ func replace(workers []*fsm.Worker, tasks []*fsm.Task, hosted map[string]int, ho
 // every tuple after those positions. Such a consumer may switch
 // producers at any time.
 //
+// A placement that is not live (a task placed again from a down worker
+// from a peer replica's snapshot or replaying, a lossy replica replaced)
+// starts a new copy of the task that its consumers reach as they reach
+// a live move's new copy at its end: a consumer running two copies that
+// take input loses input there the same way. Its own consumers run one
+// copy: it is safe next to a moving producer, as a stop-and-copy move.
+//
 // Since when a move ends depends on its new copy (catch-up, the catch-up
-// bound), not on the plan, the rule is enforced where moves start: a live
-// move of task t starts only while
+// bound), not on the plan, the rule is enforced where moves and
+// placements start: a live move or placement of task t (placed on a
+// worker now) onto another worker is made only while
 //   - no task t reads from is in a live move, unless t's move is
-//     stop-and-copy, and
+//     stop-and-copy or not live, and
 //   - no task reading from t is in a live move that is not stop-and-copy.
+//
+// A wait for a consumer's move is bounded: a live move that leaves its
+// old copy running ends, or is rolled back, within Timings.MoveStartBound
+// + Timings.MoveCatchUpBound (boundMoves). Not covered: a task that has
+// no copy now (unplaced, or a partition a rescale adds) placed while a
+// consumer of it moves live.
 type streamMoves struct {
 	inputs  func(*fsm.Task) []string
 	moving  map[fragmentKey][]*fsm.Task // a fragment's tasks in a live move
@@ -301,7 +322,12 @@ func neighbourMoveText(t *fsm.Task, up, down []*fsm.Task) string {
 	if k := len(up) + len(down) - 1; k > 0 {
 		more = fmt.Sprintf(" (and %d more task(s) next to it in the stream)", k)
 	}
-	return fmt.Sprintf("%s is in a live move from %s to %s%s: a producer and its consumer never move live at once; wait until that move has ended",
+	if n.MovingFrom == "" {
+		// Placed again, not live, earlier in the same plan.
+		return fmt.Sprintf("%s is placed again on %s in this plan%s: a task does not move live while a task it reads from gets a new copy; wait until it has",
+			how, whereOf(n.WorkerID), more)
+	}
+	return fmt.Sprintf("%s is in a live move from %s to %s%s: a producer and its consumer never move live at once, nor is a producer placed again while its consumer moves live; wait until that move has ended",
 		how, whereOf(n.MovingFrom), whereOf(n.WorkerID), more)
 }
 
@@ -316,9 +342,12 @@ func whereOf(worker string) string {
 // move to end first (see streamMoves), so that a producer and its
 // consumer leaving one worker declared down move one after the other,
 // the producer first: a live move waits while a task it reads from is in
-// a live move (or starts one in this plan), and while a task that reads
-// from it is in a live move. The scheduler plans again when a move ends
-// (the task table changes).
+// a live move (or starts one, or is placed again, in this plan), and
+// while a task that reads from it is in a live move. A placement that is
+// not live waits while a task that reads from it is in a live move, for
+// as long as it lasts (it ends or is rolled back within its bounds, see
+// boundMoves). The scheduler plans again when a move ends (the task
+// table changes).
 //
 // ho.hold says whether the move of a task may still wait (nil: always),
 // told whether every move it waits for has its new copy running (such a
@@ -339,18 +368,35 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, ho handOver) []fsm
 	for _, t := range tasks {
 		byID[t.ID] = t
 	}
-	// The plan's own live moves hold back their consumers (not their
-	// producers: those go first), as moves whose new copy does not run.
+	// The plan's own live moves and placements hold back their consumers
+	// (not their producers: those go first), as moves whose new copy does
+	// not run.
 	for _, m := range moves {
-		if t := byID[m.TaskID]; m.Live && t != nil {
+		t := byID[m.TaskID]
+		switch {
+		case t == nil:
+		case m.Live:
 			planned := *t
 			planned.State, planned.MovingFrom = "", m.FromWorker
+			sm.add(&planned, false)
+		case replaces(m):
+			planned := *t
+			planned.State, planned.MovingFrom, planned.WorkerID = "", "", m.ToWorker
 			sm.add(&planned, false)
 		}
 	}
 	kept := moves[:0]
 	for _, m := range moves {
 		t := byID[m.TaskID]
+		if t != nil && !m.Live && replaces(m) {
+			// Waits while a consumer of it moves live (see streamMoves):
+			// that move ends or is rolled back within its bounds.
+			if _, down := sm.blocking(t, true); len(down) > 0 {
+				ho.note(m.TaskID, "a placement held back while a consumer of the task is in a live move: placing it now could lose that consumer's input",
+					"task", m.TaskID, "reason", neighbourMoveText(t, nil, down))
+				continue
+			}
+		}
 		if !m.Live || t == nil {
 			kept = append(kept, m)
 			continue
@@ -384,6 +430,12 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, ho handOver) []fsm
 	return kept
 }
 
+// replaces reports whether placement m starts a new copy of a task that
+// has one now, on another worker.
+func replaces(m fsm.PlannedPlacement) bool {
+	return m.FromWorker != "" && m.ToWorker != "" && m.ToWorker != m.FromWorker
+}
+
 // handOver is how replace moves tasks off down workers: live (a live
 // move from the old copy, when no peer replica can give the new copy
 // its state), catchUp (consumers switch once the new copy has caught
@@ -393,12 +445,15 @@ func inOrder(moves []fsm.PlannedPlacement, tasks []*fsm.Task, ho handOver) []fsm
 //
 // inputs gives the fragments a task reads, by which live moves of a
 // producer and its consumer are made one after the other (inOrder); nil:
-// not known. hold and log serve inOrder (either may be nil).
+// not known. hold and log serve inOrder (either may be nil). rollBack
+// says whether a live move whose new copy's worker is down is rolled
+// back (Server.rollsBack) rather than placed again (nil: never).
 type handOver struct {
 	live, catchUp, halt bool
 	inputs              func(*fsm.Task) []string
 	hold                func(id string, running bool) bool
 	log                 func(id, msg string, args ...any)
+	rollBack            func(*fsm.Task) bool
 }
 
 func (ho handOver) note(id, msg string, args ...any) {
@@ -412,7 +467,7 @@ func (ho handOver) note(id, msg string, args ...any) {
 // snapshot and starts within seconds, and one that does not (it never
 // runs) must not keep its neighbours on a down worker. Once the new
 // copies run, their moves end within the catch-up bound
-// (boundMoveCatchUps), which the wait gets on top. Past it a move that
+// (boundMoves), which the wait gets on top. Past it a move that
 // waits only for producers goes ahead stop-and-copy (see inOrder).
 const moveOrderWait = 10 * time.Second
 
@@ -486,7 +541,8 @@ func (s *Server) handOverNow() handOver {
 		inputs: s.taskInputs(), hold: func(id string, running bool) bool {
 			return s.moveOrder.hold(id, running, s.cfg.Timings.MoveCatchUpBound, time.Now())
 		},
-		log: func(id, msg string, args ...any) { s.moveOrder.logOnce(s.logger, id, msg, args...) }}
+		log:      func(id, msg string, args ...any) { s.moveOrder.logOnce(s.logger, id, msg, args...) },
+		rollBack: s.rollsBack}
 }
 
 // taskInputs returns a function giving the fragments a task reads, from

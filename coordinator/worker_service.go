@@ -366,6 +366,9 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 		return err == nil && w != nil && w.Status == fsm.WorkerStatusReady
 	}
 	for _, t := range tasks {
+		if h := s.cfg.hooks.withhold; h != nil && h(req.WorkerId, t.ID, t.Gen()) {
+			continue
+		}
 		a := &pb.Assignment{
 			TaskId: t.ID, Query: t.Query, Fragment: t.Fragment,
 			Partition: int32(t.Partition), Replica: int32(t.Replica), QueryIndex: queryIndex[t.Query],
