@@ -354,11 +354,11 @@ func (s *Server) boundMoves(ctx context.Context) {
 //   - a move to or from a partner org: cross-org migration bounds and
 //     rolls back its own moves (xorg_move.go).
 //
-// Not handled: a new copy whose upstreams did not confirm its
-// registration fetches a halting snapshot on its own (worker runtime),
-// which the state does not show; rolled back after that, the halted old
-// copy serves its output and takes no more input, and the task stalls
-// (nothing is lost) until it is moved or placed again.
+// A new copy whose upstreams did not confirm its registration fetches a
+// halting snapshot on its own (worker runtime), which the state does not
+// show; rolled back after that, the halted old copy, placed again as it
+// is, starts again from the snapshot that halted it (the worker's
+// haltedRolledBack).
 func stuckMove(t *fsm.Task, workers map[string]*fsm.Worker, halts bool, waited, bound time.Duration) string {
 	if t.MovingFrom == "" || t.IsMovingOut() || halts || !inOrgMove(t, workers) {
 		return ""
