@@ -86,6 +86,9 @@ type ackPlan struct {
 // long at most.
 func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 	t.Helper()
+	// s may not have been elected yet (a one-node cluster just started):
+	// ackPlanTrySetUp takes a node not leader for one that lost it.
+	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
 	p, err := ackPlanTrySetUp(t, s, hold)
 	if err != nil {
 		t.Fatal(err)
@@ -97,8 +100,9 @@ func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 // leadership before the set-up was done.
 var errSetUpLeaderMoved = errors.New("the leadership moved during the set-up")
 
-// ackPlanTrySetUp is ackPlanSetUp, returning errSetUpLeaderMoved when s
-// is not, or stops being, the leader before it is done: on a loaded
+// ackPlanTrySetUp is ackPlanSetUp for s seen leader (c.leader()),
+// returning errSetUpLeaderMoved when s is no longer, or stops being, the
+// leader before it is done: on a loaded
 // machine an election can come at any time (seen at load 40), and a
 // caller with more than one node sets up again on the new leader. Each
 // step is skipped when the state already holds it, so that a write that
