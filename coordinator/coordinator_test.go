@@ -136,11 +136,20 @@ func TestFollowerForwardsWrites(t *testing.T) {
 	if fw.id == "" {
 		t.Fatal("no worker id through follower")
 	}
-	st, err := c.admin(f).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.LeaderId == st.NodeId || st.LeaderId == "" || len(st.Peers) != 3 {
+	// A follower names the leader (another node) and the three peers. At
+	// load ~60 an election was under way when it was asked ("leader_id"
+	// empty): ask a follower again until it knows one, as a client would
+	// (a node that won an election meanwhile is no follower).
+	var st *pb.StatusResponse
+	waitFor(t, minWait, "a follower's status naming the leader", func() bool {
+		f := c.follower()
+		var err error
+		if st, err = c.admin(f).Status(ctxT(t, 5*time.Second), &pb.StatusRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		return st.LeaderId != "" && st.LeaderId != st.NodeId
+	})
+	if len(st.Peers) != 3 {
 		t.Fatalf("status from follower = %+v", st)
 	}
 }

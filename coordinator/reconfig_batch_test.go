@@ -3,6 +3,8 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -84,7 +86,33 @@ type ackPlan struct {
 // long at most.
 func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 	t.Helper()
+	// s may not have been elected yet (a one-node cluster just started):
+	// ackPlanTrySetUp takes a node not leader for one that lost it.
 	waitFor(t, 30*time.Second, "leader duties running", func() bool { return s.leading.Load() })
+	p, err := ackPlanTrySetUp(t, s, hold)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// errSetUpLeaderMoved: the node a set-up wrote through lost the
+// leadership before the set-up was done.
+var errSetUpLeaderMoved = errors.New("the leadership moved during the set-up")
+
+// ackPlanTrySetUp is ackPlanSetUp for s seen leader (c.leader()),
+// returning errSetUpLeaderMoved when s is no longer, or stops being, the
+// leader before it is done: on a loaded
+// machine an election can come at any time (seen at load 40), and a
+// caller with more than one node sets up again on the new leader. Each
+// step is skipped when the state already holds it, so that a write that
+// committed, though s reported leadership lost, is not done twice.
+func ackPlanTrySetUp(t *testing.T, s *Server, hold time.Duration) (*ackPlan, error) {
+	t.Helper()
+	waitFor(t, 30*time.Second, "leader duties running, or the leadership gone", func() bool { return s.leading.Load() || !s.IsLeader() })
+	if !s.leading.Load() {
+		return nil, errSetUpLeaderMoved
+	}
 	p := &ackPlan{ctx: ctxT(t, 3*time.Minute), src: fsm.TaskID("q", "src", 0, 0), src1: fsm.TaskID("q", "src", 1, 0), f: fsm.TaskID("q", "f", 0, 0)}
 	p.must = func(typ fsm.MessageType, body any) {
 		t.Helper()
@@ -96,21 +124,54 @@ func ackPlanSetUp(t *testing.T, s *Server, hold time.Duration) *ackPlan {
 			t.Fatalf("%s: %v", typ, err)
 		}
 	}
-	for _, w := range []string{"wa", "wb"} {
-		p.must(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}})
+	// step commits body unless done holds in s's state.
+	step := func(typ fsm.MessageType, body any, done func() bool) error {
+		if done() {
+			return nil
+		}
+		res, err := s.apply(p.ctx, typ, body)
+		switch {
+		case err != nil && (!s.IsLeader() || status.Code(err) == codes.Unavailable): // "leadership lost while committing"
+			return fmt.Errorf("%w: %s: %v", errSetUpLeaderMoved, typ, err)
+		case err == nil && res.Err != nil:
+			err = res.Err
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", typ, err)
+		}
+		return nil
 	}
-	p.must(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
+	for _, w := range []string{"wa", "wb"} {
+		if err := step(fsm.RegisterWorkerType, fsm.RegisterWorkerRequest{Worker: fsm.Worker{ID: w, Name: w, Org: s.cfg.Org, Addr: w + ":1", Cores: 2}}, func() bool {
+			got, _ := s.State().Worker(nil, w)
+			return got != nil
+		}); err != nil {
+			return nil, err
+		}
+	}
+	query := func() *fsm.Query {
+		q, _ := s.State().Query(nil, "q")
+		return q
+	}
+	if err := step(fsm.SubmitQueryType, fsm.SubmitQueryRequest{Query: fsm.Query{Name: "q", Status: fsm.QueryStatusRunning}, Tasks: []fsm.Task{
 		{ID: p.src, Query: "q", Fragment: "src", WorkerID: "wa"}, {ID: p.src1, Query: "q", Fragment: "src", Partition: 1, WorkerID: "wa"},
-		{ID: p.f, Query: "q", Fragment: "f", WorkerID: "wb"}}})
-	p.must(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
-		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}})
+		{ID: p.f, Query: "q", Fragment: "f", WorkerID: "wb"}}}, func() bool { return query() != nil }); err != nil {
+		return nil, err
+	}
+	if err := step(fsm.ReconfigureQueryType, fsm.ReconfigureQueryRequest{Query: "q", Plan: fsm.ReconfigPlan{Epoch: 1,
+		Changes: []fsm.OperatorChange{{Operator: "f", Version: 2, SpecJSON: []byte(`{}`)}}}}, func() bool {
+		q := query()
+		return q != nil && q.Reconfig != nil && len(q.Reconfig.Plans) > 0
+	}); err != nil {
+		return nil, err
+	}
 	p.report = func(worker string, acked uint64, ids ...string) error {
 		return ackReport(p.ctx, s, worker, 1, acked, ids...)
 	}
 	s.acks.mu.Lock()
 	s.acks.holdFor = hold
 	s.acks.mu.Unlock()
-	return p
+	return p, nil
 }
 
 // ackPlanNode is a one-node cluster set up by ackPlanSetUp, writing
@@ -216,9 +277,21 @@ func TestReconfigUpdateDoneWhenTheLeaderHasEveryAck(t *testing.T) {
 func TestReconfigAcksSurviveALeaderChange(t *testing.T) {
 	t.Parallel()
 	c := newTestCluster(t, 3, "", "")
-	l := c.leader()
-	old := c.nodes[l]
-	p := ackPlanSetUp(t, old, 5*time.Minute) // held until the leadership moves
+	var l int
+	var old *Server
+	var p *ackPlan
+	for give := time.Now().Add(2 * time.Minute); p == nil; {
+		if time.Now().After(give) {
+			t.Fatal("the leadership moved during every set-up for 2 minutes")
+		}
+		l = c.leader()
+		old = c.nodes[l]
+		var err error
+		p, err = ackPlanTrySetUp(t, old, 5*time.Minute) // held until the leadership moves
+		if err != nil && !errors.Is(err, errSetUpLeaderMoved) {
+			t.Fatal(err)
+		}
+	}
 	ctx, src, src1, f := p.ctx, p.src, p.src1, p.f
 	first := p.reportHeld(t, old, "wa", src, src1)
 	if err := awaitFuture(ctx, old.raft.LeadershipTransfer()); err != nil {

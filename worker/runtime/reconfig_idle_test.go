@@ -237,6 +237,13 @@ func TestReconfigUpgradeDuringDCAAFailure(t *testing.T) {
 	const b0 = "rc/b/p0/r0"
 	g.cut(1, dataplane.Hold, 3)
 	waitUntil(t, "b's replica 0 releasing tentative results", func() bool { return g.taskState(b0).Tentative })
+	// At load ~60 the stream ended before the plan switched ("the
+	// upgrade did not happen mid-stream: map[v1:48000]"): the sources go
+	// at a twentieth of their rate until the failure healed (stream
+	// times, and so results, unchanged).
+	if err := pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	// The plan reaches b's replica 0 while it is busy (its processing
 	// token held, as by a release or a checkpoint): it installs the plan
 	// once the token is free. Under load this happened by chance, and
@@ -433,11 +440,20 @@ func TestReconfigJoinUpgradedMidStream(t *testing.T) {
 	r.changed = []string{"both", "label"}
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 200 })
+	// At load ~60 the 3 s stream ended before the plan loaded: the join
+	// ran version 2 only. The sources go at a twentieth of their rate
+	// until the plan switched (stream times, and so results, unchanged).
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	if v := r.versionsOf("rc/both/p0/r0", 0); !slices.Equal(v, []int{1, 2}) {
 		t.Fatalf("the join runs versions %v while the plan loads, want [1 2]", v)
 	}
 	r.switchAll(50 * time.Millisecond)
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(1)
 	if v := r.versionsOf("rc/both/p0/r0", 0); !slices.Equal(v, []int{2}) {
 		t.Fatalf("the join runs versions %v after the markers, want [2]", v)

@@ -491,6 +491,12 @@ func TestReconfigDisconnectedUpstreamDelaysRemoval(t *testing.T) {
 	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingStatic)
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	// At load ~60 the 1.5 s stream ended before the sources passed the
+	// cut: they go at a twentieth of their rate until the link healed
+	// (stream times, and so results, unchanged).
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	r.faults.CutOutgoing(r.c.workers[1].addr, dataplane.Reset)
 	r.switchAll(100 * time.Millisecond)
@@ -506,6 +512,9 @@ func TestReconfigDisconnectedUpstreamDelaysRemoval(t *testing.T) {
 		t.Fatalf("b removed its old version while an upstream was disconnected: %v", v)
 	}
 	r.faults.HealAll()
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(1)
 	if v := r.versionsOf("rc/b/p0/r0", 0); !slices.Equal(v, []int{2}) {
 		t.Fatalf("b runs %v after the upstream reconnected, want [2]", v)
@@ -525,8 +534,18 @@ func TestReconfigDynamicTracking(t *testing.T) {
 	r := startReconfigRun(t, fmt.Sprintf(reconfigYAML, 2000, limit), fsm.TrackingDynamic)
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 300 })
+	// At load ~60 the 1 s stream ended before the plan switched ("paths
+	// map[v1:4000]"): the sources go at a twentieth of their rate until
+	// it did (stream times, and so results, unchanged), as in
+	// TestReconfigThreeVersionsCoexist.
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	r.switchAll(100 * time.Millisecond)
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	r.waitLevel(1)
 	r.complete()
 	<-done
@@ -859,6 +878,13 @@ func TestReconfigStatefulAggregateMovedDuringUpgrade(t *testing.T) {
 	r.changed = []string{"per_window", "b"}
 	done := r.tail()
 	waitUntil(t, "output flowing", func() bool { return r.received() > 2 })
+	// At load ~60 the stream ended before the plan switched ("no group
+	// of a window holds tuples from both sides of the cut"): the sources
+	// go at a twentieth of their rate until the aggregate moved (stream
+	// times, and so results, unchanged).
+	if err := r.pace.Set(0.05); err != nil {
+		t.Fatal(err)
+	}
 	r.commit(2)
 	r.switchAll(50 * time.Millisecond)
 	waitUntil(t, "both sources past the cut", func() bool {
@@ -866,6 +892,9 @@ func TestReconfigStatefulAggregateMovedDuringUpgrade(t *testing.T) {
 		return st["rc/lines/p0/r0"].ReconfigLevel == 1 && st["rc/lines/p1/r0"].ReconfigLevel == 1
 	})
 	r.c.liveMove(t, "rc/per_window/p0/r0", r.c.workers[2], r.c.workers[0])
+	if err := r.pace.Set(restSpeed); err != nil {
+		t.Fatal(err)
+	}
 	if v := r.versionsOf("rc/per_window/p0/r0", 0); len(v) == 0 || v[len(v)-1] != 2 {
 		t.Fatalf("the moved copy of the aggregate runs versions %v", v)
 	}
