@@ -34,7 +34,7 @@ sinks:
 func TestCrossOrgMoveOfAFlowingTaskCatchesUp(t *testing.T) {
 	// Not parallel: it runs real workers (see parallelTests).
 	const bound = 10 * time.Minute
-	alpha, _, contract := xorgPair(t, calmFailureDetection, func(c *Config) { c.Timings.MoveCatchUpBound = bound })
+	alpha, beta, contract := xorgPair(t, calmFailureDetection, func(c *Config) { c.Timings.MoveCatchUpBound = bound })
 	const query, moving = "xf", "xf/both/p0/r0"
 	if _, err := alpha.admin(0).SubmitQuery(ctxT(t, 20*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(xorgFlowQuery, query)), Filename: query + ".yaml"}); err != nil {
 		t.Fatal(err)
@@ -67,6 +67,12 @@ func TestCrossOrgMoveOfAFlowingTaskCatchesUp(t *testing.T) {
 	tk := alpha.task(t, moving)
 	if tk.WorkerID != partnerWorkerID("beta") || tk.MovingFrom != "" {
 		t.Fatalf("after the move the task is on %s moving from %q, want at beta", tk.WorkerID, tk.MovingFrom)
+	}
+	// beta's worker was given alpha's wait for the move to fetch the
+	// snapshot in (SnapshotSource.timeout_ms), not only its own minute.
+	rec, err := beta.nodes[0].State().HostedTask(nil, "alpha", moving)
+	if want := (bound + 2*alpha.nodes[0].cfg.Timings.PartnerTimeout).Milliseconds(); err != nil || rec == nil || rec.BootstrapTimeoutMs != want {
+		t.Fatalf("beta's record of the task: %+v (%v); want its bootstrap timeout %d ms", rec, err, want)
 	}
 }
 

@@ -452,6 +452,8 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if len(out.Result.Refused) > 0 {
 		return fmt.Errorf("move %s to %s refused: %s", taskID, partnerOrg, out.Result.RefusedText())
 	}
+	// The wait for the move's end, once the partner hosts the new copy.
+	bound := s.cfg.Timings.MoveCatchUpBound + 2*s.cfg.Timings.PartnerTimeout
 	rec := fsm.HostedTask{ID: fsm.HostedTaskID(s.cfg.Org, t.ID), Owner: s.cfg.Org, Host: partnerOrg, Contract: contractID,
 		Query: t.Query, TaskID: t.ID, Fragment: t.Fragment, Partition: t.Partition, Replica: t.Replica,
 		Generation: gen + 1, SourceGeneration: gen, Phase: fsm.HostedMoving, Since: time.Now().UnixNano(), Load: load}
@@ -464,6 +466,11 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	// The host needs the query to run one of its tasks.
 	rec.SpecJSON = q.SpecJSON
 	rec.ReconfigJSON, rec.MarkersExpected = s.hostedReconfig(q, t.Fragment)
+	// The partner's worker may take as long to fetch the starting
+	// snapshot as this org waits for the move: relayed across the orgs
+	// on a busy machine a fetch took 16 s for 1 MB (session 21's soak),
+	// and the worker's own minute gave up on one in session 20's.
+	rec.BootstrapTimeoutMs = bound.Milliseconds()
 	qtasks, err := st.TasksByQuery(nil, t.Query)
 	if err != nil {
 		return rollback(err)
@@ -501,7 +508,6 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	s.logger.Info("cross-org move: the partner hosts the new copy; waiting for it to catch up", "task", t.ID, "to_org", partnerOrg, "generation", gen+1)
 	// The move ends in the state machine (the partner's reports arrive
 	// with the syncs); wait for it, bounded.
-	bound := s.cfg.Timings.MoveCatchUpBound + 2*s.cfg.Timings.PartnerTimeout
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -1233,7 +1239,7 @@ func (s *Server) hostedAssignments(worker string, resp *pb.WatchAssignmentsRespo
 		a := &pb.Assignment{TaskId: h.TaskID, Query: h.Query, Fragment: h.Fragment, Partition: int32(h.Partition), Replica: int32(h.Replica),
 			QueryIndex: h.CreateIndex, Generation: int32(h.Generation), MovingOut: h.Phase == fsm.HostedReturning}
 		if h.Phase == fsm.HostedMoving {
-			a.Bootstrap = &pb.SnapshotSource{WorkerAddr: relay, TaskId: h.TaskID, Generation: int32(h.SourceGeneration)}
+			a.Bootstrap = &pb.SnapshotSource{WorkerAddr: relay, TaskId: h.TaskID, Generation: int32(h.SourceGeneration), TimeoutMs: h.BootstrapTimeoutMs}
 		}
 		view := &pb.QueryView{Name: h.Query, Index: h.CreateIndex, SpecJson: h.SpecJSON, ReconfigJson: h.ReconfigJSON}
 		a.MarkersExpected = int32(h.MarkersExpected)
