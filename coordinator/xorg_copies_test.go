@@ -113,3 +113,47 @@ func TestCrossOrgCopyGoneIsDisconnectedAndRolledBack(t *testing.T) {
 	}
 	t.Logf("rolled back after %s", time.Since(began).Round(time.Millisecond))
 }
+
+// A sync whose task list the owner read before it recorded a move (its
+// sync loop reads the list, then syncs each partner in turn) reaches the
+// host after the host accepted the move: the host keeps the new copy.
+// Before, it dropped it as a task its owner no longer runs (twice in six
+// minutes of the dev soak, 0.7 and 1.5 s after accepting), and the move
+// waited out its bound. A list read once the owner had recorded the move
+// still drops a copy it leaves out.
+func TestCrossOrgSyncListedBeforeTheMoveKeepsTheCopy(t *testing.T) {
+	// Not parallel: it runs real workers (see parallelTests).
+	alpha, beta, contract := xorgPair(t, calmFailureDetection)
+	const query, moving = "xs", "xs/counts/p0/r0"
+	if _, err := alpha.admin(0).SubmitQuery(ctxT(t, 20*time.Second), &pb.SubmitQueryRequest{Yaml: []byte(fmt.Sprintf(xorgRCQuery, query, 0)), Filename: query + ".yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	a, b := alpha.nodes[0], beta.nodes[0]
+	waitFor(t, 60*time.Second, "the task to move running", func() bool {
+		tk, err := a.State().Task(nil, moving)
+		return err == nil && tk != nil && tk.State == states.TaskRunning
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := alpha.moveOut(ctx, t, moving, "beta", contract); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := b.State().HostedTask(nil, "alpha", moving)
+	if err != nil || rec == nil || rec.OwnerIndex == 0 {
+		t.Fatalf("beta's record of the moved task: %+v (%v); want one with alpha's index of the move", rec, err)
+	}
+	// alpha's list from before the move: the task is not in it.
+	if _, err := b.syncHosted(ctx, "alpha", syncRequest{StateIndex: rec.OwnerIndex - 1}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.State().HostedTask(nil, "alpha", moving); err != nil || got == nil || got.Generation != rec.Generation {
+		t.Fatalf("after a sync listed from alpha's state before the move, beta's record is %+v (%v); want generation %d kept", got, err, rec.Generation)
+	}
+	// From a state after it: the owner no longer runs it there.
+	if _, err := b.syncHosted(ctx, "alpha", syncRequest{StateIndex: rec.OwnerIndex}); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.State().HostedTask(nil, "alpha", moving); err != nil || got != nil {
+		t.Fatalf("after a sync listed from alpha's state with the move that leaves it out, beta's record is %+v (%v); want it dropped", got, err)
+	}
+}

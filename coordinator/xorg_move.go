@@ -92,6 +92,16 @@ type syncItem struct {
 
 type syncRequest struct {
 	Tasks []syncItem `json:"tasks"`
+	// StateIndex is the owner's applied Raft index no later than it read
+	// the tasks it lists (since session 21; 0 from an older owner). A
+	// host drops a copy the list leaves out only if the owner had
+	// recorded that copy's move by then (fsm.HostedTask.OwnerIndex): the
+	// owner's sync loop reads its list, then syncs each partner in turn,
+	// so a list read before a move's record was written reached the host
+	// after it had accepted the move, and the host dropped the new copy
+	// 0.7-1.5 s after accepting it (session 21's soak, twice in 6
+	// minutes); the move then waited out its whole bound and rolled back.
+	StateIndex uint64 `json:"state_index,omitempty"`
 }
 
 // hostedReport is the latest report of a hosted copy.
@@ -463,6 +473,9 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: rec}); err != nil {
 		return rollback(err)
 	}
+	// At or after the record's index: a sync listing from an older state
+	// leaves the copy alone at the host.
+	rec.OwnerIndex = s.State().LatestIndex()
 	// The host needs the query to run one of its tasks.
 	rec.SpecJSON = q.SpecJSON
 	rec.ReconfigJSON, rec.MarkersExpected = s.hostedReconfig(q, t.Fragment)
@@ -677,6 +690,8 @@ func (s *Server) syncPartners(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		// Read before the tasks: the list reflects at least this index.
+		listedAt := s.State().LatestIndex()
 		hs, err := s.State().HostedTasks(nil)
 		if err != nil {
 			continue
@@ -734,7 +749,7 @@ func (s *Server) syncPartners(ctx context.Context) {
 			if _, ok := lastOK[org]; !ok {
 				lastOK[org] = time.Now()
 			}
-			err := s.syncWith(ctx, org, recs)
+			err := s.syncWith(ctx, org, recs, listedAt)
 			if err == nil {
 				lastOK[org] = time.Now()
 				continue
@@ -818,10 +833,10 @@ func (s *Server) contractInForce(id string) bool {
 }
 
 // syncWith runs one sync with partner org.
-func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTask) error {
+func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTask, listedAt uint64) error {
 	sent := time.Now()
 	s.noteOldPositions(org, recs, sent)
-	req := syncRequest{}
+	req := syncRequest{StateIndex: listedAt}
 	for _, h := range recs {
 		it := syncItem{TaskID: h.TaskID, Generation: h.Generation, Phase: h.Phase}
 		if q, err := s.State().Query(nil, h.Query); err == nil && q != nil {
@@ -1082,6 +1097,11 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 		}
 		here[h.TaskID] = true
 		it, ok := want[h.TaskID]
+		if (!ok || it.Generation != h.Generation) && req.StateIndex < h.OwnerIndex {
+			// Listed from the owner's state before it recorded this
+			// copy's move: nothing said about the copy.
+			continue
+		}
 		if !ok || it.Generation != h.Generation {
 			s.logger.Info("the owner no longer runs this task here: dropping it", "owner", owner, "task", h.TaskID, "generation", h.Generation)
 			if err := s.applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: h.ID, IfGeneration: h.Generation}); err != nil {
