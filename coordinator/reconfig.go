@@ -133,12 +133,33 @@ func (rs *reconfigService) QueryVersions(ctx context.Context, req *pb.QueryVersi
 		return nil, status.Errorf(codes.Internal, "read tasks: %v", err)
 	}
 	ready := map[string]bool{}
+	// partnerOf: the partner org each worker record standing for one
+	// stands for.
+	partnerOf := map[string]string{}
 	workers, err := st.Workers(nil)
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "read workers: %v", err)
 	}
 	for _, w := range workers {
 		ready[w.ID] = w.Status == fsm.WorkerStatusReady
+		if isPartnerWorker(w) {
+			partnerOf[w.ID] = w.Labels[partnerLabel]
+		}
+	}
+	// Whether a copy runs at a partner only the leader knows (it syncs
+	// with the partners, xorg_copies.go): a plan waiting for a task
+	// placed there is answered by the leader.
+	if !rs.s.IsLeader() && !isForwarded(ctx) && q.Reconfig.Completed() < q.Reconfig.Latest() {
+		for _, t := range tasks {
+			if partnerOf[t.WorkerID] == "" {
+				continue
+			}
+			fwd := &pb.QueryVersionsResponse{}
+			if handled, err := rs.s.leaderOrForward(ctx, pb.ReconfigService_QueryVersions_FullMethodName, req, fwd); handled && err == nil {
+				return fwd, nil
+			}
+			break // no leader to ask: this node's view
+		}
 	}
 	spec, err := queryspec.FromJSON(q.SpecJSON)
 	if err != nil {
@@ -239,6 +260,10 @@ func (rs *reconfigService) QueryVersions(ctx context.Context, req *pb.QueryVersi
 						where = "worker " + t.WorkerID + " not ready"
 					}
 					pi.Disconnected = append(pi.Disconnected, fmt.Sprintf("%s (%s)", t.ID, where))
+				} else if org := partnerOf[t.WorkerID]; p.Phase != fsm.ReconfigComplete && org != "" {
+					if why := rs.s.partnerCopyMissing(t, org); why != "" {
+						pi.Disconnected = append(pi.Disconnected, fmt.Sprintf("%s (%s)", t.ID, why))
+					}
 				}
 			}
 			resp.Plans = append(resp.Plans, pi)

@@ -92,6 +92,16 @@ type syncItem struct {
 
 type syncRequest struct {
 	Tasks []syncItem `json:"tasks"`
+	// StateIndex is the owner's applied Raft index no later than it read
+	// the tasks it lists (since session 21; 0 from an older owner). A
+	// host drops a copy the list leaves out only if the owner had
+	// recorded that copy's move by then (fsm.HostedTask.OwnerIndex): the
+	// owner's sync loop reads its list, then syncs each partner in turn,
+	// so a list read before a move's record was written reached the host
+	// after it had accepted the move, and the host dropped the new copy
+	// 0.7-1.5 s after accepting it (session 21's soak, twice in 6
+	// minutes); the move then waited out its whole bound and rolled back.
+	StateIndex uint64 `json:"state_index,omitempty"`
 }
 
 // hostedReport is the latest report of a hosted copy.
@@ -108,6 +118,12 @@ type hostedReport struct {
 	// DataPlaneLevel is the data-plane level of the host's worker running
 	// the copy (rolling upgrades; 0: not stated, an older host or worker).
 	DataPlaneLevel int32 `json:"dataplane_level,omitempty"`
+	// AgeMs is how long before the host answered the sync its leader had
+	// received this report (since session 21): the owner compares the
+	// copy's MovePosition with where the old copy was about then
+	// (xorg_catchup.go), not with where it is now. A duration, never a
+	// time: the two orgs' clocks are not compared. 0 from an older host.
+	AgeMs int64 `json:"age_ms,omitempty"`
 }
 
 // hostedReconfig is a hosted copy's reconfiguration progress (see
@@ -164,6 +180,14 @@ type syncAnswer struct {
 	// host request may not have arrived yet (the move rolls back by
 	// itself if it never does).
 	Lost []syncItem `json:"lost,omitempty"`
+	// Absent lists every task the owner listed of which no copy of the
+	// listed generation is hosted here any more, a task still moving
+	// included (since session 21; ListsAbsent says the host lists them:
+	// an older host does not, and its silence means nothing). The owner
+	// shows such a task as disconnected and rolls back a move whose copy
+	// is gone (xorg_copies.go).
+	Absent      []syncItem `json:"absent,omitempty"`
+	ListsAbsent bool       `json:"lists_absent,omitempty"`
 }
 
 // xorgMemory is the leader's volatile state of cross-org migration: lost
@@ -171,14 +195,26 @@ type syncAnswer struct {
 type xorgMemory struct {
 	mu sync.Mutex
 	// reports: the host's workers' latest reports of hosted copies, by
-	// fsm.HostedTaskID.
-	reports map[string]hostedReport
+	// fsm.HostedTaskID, and when this leader received each.
+	reports    map[string]hostedReport
+	reportedAt map[string]time.Time
 	// synced: when each owner org last synced with this host.
 	synced map[string]time.Time
 	// hostedLevels: on the owner, the data-plane level of the partner's
 	// worker running each of its tasks hosted there, by task id, as the
 	// partner's last sync said (0: it did not say).
 	hostedLevels map[string]int32
+	// answered: on the owner, when each partner last answered a sync
+	// (this leader's clock); absent: the tasks whose copy a partner's
+	// answer said it does not host (syncAnswer.Absent), by task id
+	// (xorg_copies.go).
+	answered map[string]time.Time
+	absent   map[string]absentCopy
+	// oldPositions: on the owner, the old copies' positions of catch-up
+	// moves to each partner, as this leader's state held them when each
+	// sync began (by partner, then task id@generation; see
+	// noteOldPositions).
+	oldPositions map[string]map[string][]positionAt
 }
 
 func (x *xorgMemory) setHostedLevel(taskID string, l int32) {
@@ -203,15 +239,19 @@ func (x *xorgMemory) report(id string, r hostedReport) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if x.reports == nil {
-		x.reports = map[string]hostedReport{}
+		x.reports, x.reportedAt = map[string]hostedReport{}, map[string]time.Time{}
 	}
-	x.reports[id] = r
+	x.reports[id], x.reportedAt[id] = r, time.Now()
 }
 
+// lastReport is the latest report of hosted copy id, its AgeMs set.
 func (x *xorgMemory) lastReport(id string) (hostedReport, bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	r, ok := x.reports[id]
+	if ok {
+		r.AgeMs = max(0, time.Since(x.reportedAt[id]).Milliseconds())
+	}
 	return r, ok
 }
 
@@ -422,6 +462,8 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if len(out.Result.Refused) > 0 {
 		return fmt.Errorf("move %s to %s refused: %s", taskID, partnerOrg, out.Result.RefusedText())
 	}
+	// The wait for the move's end, once the partner hosts the new copy.
+	bound := s.cfg.Timings.MoveCatchUpBound + 2*s.cfg.Timings.PartnerTimeout
 	rec := fsm.HostedTask{ID: fsm.HostedTaskID(s.cfg.Org, t.ID), Owner: s.cfg.Org, Host: partnerOrg, Contract: contractID,
 		Query: t.Query, TaskID: t.ID, Fragment: t.Fragment, Partition: t.Partition, Replica: t.Replica,
 		Generation: gen + 1, SourceGeneration: gen, Phase: fsm.HostedMoving, Since: time.Now().UnixNano(), Load: load}
@@ -431,9 +473,17 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if err := s.applyCmd(ctx, fsm.UpsertHostedTaskType, fsm.UpsertHostedTaskRequest{Task: rec}); err != nil {
 		return rollback(err)
 	}
+	// At or after the record's index: a sync listing from an older state
+	// leaves the copy alone at the host.
+	rec.OwnerIndex = s.State().LatestIndex()
 	// The host needs the query to run one of its tasks.
 	rec.SpecJSON = q.SpecJSON
 	rec.ReconfigJSON, rec.MarkersExpected = s.hostedReconfig(q, t.Fragment)
+	// The partner's worker may take as long to fetch the starting
+	// snapshot as this org waits for the move: relayed across the orgs
+	// on a busy machine a fetch took 16 s for 1 MB (session 21's soak),
+	// and the worker's own minute gave up on one in session 20's.
+	rec.BootstrapTimeoutMs = bound.Milliseconds()
 	qtasks, err := st.TasksByQuery(nil, t.Query)
 	if err != nil {
 		return rollback(err)
@@ -467,10 +517,10 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 	if err != nil {
 		return rollback(fmt.Errorf("%s would not host it: %w", partnerOrg, err))
 	}
+	hosted := time.Now()
 	s.logger.Info("cross-org move: the partner hosts the new copy; waiting for it to catch up", "task", t.ID, "to_org", partnerOrg, "generation", gen+1)
 	// The move ends in the state machine (the partner's reports arrive
 	// with the syncs); wait for it, bounded.
-	bound := s.cfg.Timings.MoveCatchUpBound + 2*s.cfg.Timings.PartnerTimeout
 	wctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -494,6 +544,12 @@ func (s *Server) MigrateTaskOut(ctx context.Context, taskID, partnerOrg, contrac
 		case cur.WorkerID != pw || cur.Gen() != gen+1:
 			// Rolled back or re-placed by someone else (the partner died).
 			return fmt.Errorf("%w: move %s to %s: the task is now on %s generation %d", ErrMigrationRolledBack, taskID, partnerOrg, cur.WorkerID, cur.Gen())
+		}
+		// The partner accepted the copy, then said in a later sync that
+		// it has it no more (dropped: its worker went down, or this org
+		// was silent past its partner timeout): nothing will run there.
+		if _, last, gone := s.xorg.absentSince(partnerOrg, t.ID, gen+1); gone && last.After(hosted) {
+			return rollback(fmt.Errorf("org %s no longer has the new copy", partnerOrg))
 		}
 		select {
 		case <-wctx.Done():
@@ -634,6 +690,8 @@ func (s *Server) syncPartners(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
+		// Read before the tasks: the list reflects at least this index.
+		listedAt := s.State().LatestIndex()
 		hs, err := s.State().HostedTasks(nil)
 		if err != nil {
 			continue
@@ -691,7 +749,7 @@ func (s *Server) syncPartners(ctx context.Context) {
 			if _, ok := lastOK[org]; !ok {
 				lastOK[org] = time.Now()
 			}
-			err := s.syncWith(ctx, org, recs)
+			err := s.syncWith(ctx, org, recs, listedAt)
 			if err == nil {
 				lastOK[org] = time.Now()
 				continue
@@ -742,10 +800,20 @@ func (s *Server) reconcileMoveOut(ctx context.Context, t *fsm.Task, h *fsm.Hoste
 		return &rec, true
 	}
 	bound := s.cfg.Timings.MoveCatchUpBound + 4*s.cfg.Timings.PartnerTimeout
+	why := fmt.Errorf("the new copy did not take over within %s of the move's start, and no move waits for it any more", bound)
 	if h.Since == 0 || time.Since(time.Unix(0, h.Since)) <= bound {
-		return h, true
+		// The host says it has no copy, in answers to syncs begun after
+		// any host request of the move has ended (MigrateTaskOut gives
+		// the call a partner timeout, after writing the record): no
+		// copy will run there. The old copy never stopped.
+		hostCallEnded := time.Unix(0, h.Since).Add(2 * s.cfg.Timings.PartnerTimeout)
+		since, last, absent := s.xorg.absentSince(h.Host, t.ID, h.Generation)
+		if h.Since == 0 || !absent || last.Before(hostCallEnded) {
+			return h, true
+		}
+		why = fmt.Errorf("org %s has no copy of the new generation (it said so in every sync since %s)", h.Host, since.Format(time.RFC3339))
 	}
-	err := s.rollbackMigration(t.ID, h.Host, h.Generation, fmt.Errorf("the new copy did not take over within %s of the move's start, and no move waits for it any more", bound))
+	err := s.rollbackMigration(t.ID, h.Host, h.Generation, why)
 	if errors.Is(err, ErrMigrationRolledBack) {
 		return h, false
 	}
@@ -765,8 +833,10 @@ func (s *Server) contractInForce(id string) bool {
 }
 
 // syncWith runs one sync with partner org.
-func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTask) error {
-	req := syncRequest{}
+func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTask, listedAt uint64) error {
+	sent := time.Now()
+	s.noteOldPositions(org, recs, sent)
+	req := syncRequest{StateIndex: listedAt}
 	for _, h := range recs {
 		it := syncItem{TaskID: h.TaskID, Generation: h.Generation, Phase: h.Phase}
 		if q, err := s.State().Query(nil, h.Query); err == nil && q != nil {
@@ -810,6 +880,8 @@ func (s *Server) syncWith(ctx context.Context, org string, recs []*fsm.HostedTas
 			s.logger.Warn("applying a partner's task reports", "org", org, "err", err)
 		}
 	}
+	s.endCaughtUpMoves(ctx, org, out.Reports, sent)
+	s.xorg.noteCopies(org, req.Tasks, out, sent)
 	for _, it := range out.Lost {
 		s.lostAtPartner(ctx, org, it.TaskID, it.Generation)
 	}
@@ -1015,14 +1087,21 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 	if err != nil {
 		return syncAnswer{}, err
 	}
-	var ans syncAnswer
+	ans := syncAnswer{ListsAbsent: true}
 	here := map[string]bool{}
+	// hosted: the generation of each task whose copy stays hosted here.
+	hosted := map[string]int{}
 	for _, h := range hs {
 		if h.Owner != owner || h.Host != s.cfg.Org {
 			continue
 		}
 		here[h.TaskID] = true
 		it, ok := want[h.TaskID]
+		if (!ok || it.Generation != h.Generation) && req.StateIndex < h.OwnerIndex {
+			// Listed from the owner's state before it recorded this
+			// copy's move: nothing said about the copy.
+			continue
+		}
 		if !ok || it.Generation != h.Generation {
 			s.logger.Info("the owner no longer runs this task here: dropping it", "owner", owner, "task", h.TaskID, "generation", h.Generation)
 			if err := s.applyCmd(ctx, fsm.DeleteHostedTaskType, fsm.DeleteHostedTaskRequest{ID: h.ID, IfGeneration: h.Generation}); err != nil {
@@ -1056,6 +1135,7 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 				return syncAnswer{}, err
 			}
 		}
+		hosted[h.TaskID] = h.Generation
 		if r, ok := s.xorg.lastReport(h.ID); ok && r.Generation == h.Generation {
 			r.DataPlaneLevel = w.DataPlaneLevel
 			ans.Reports = append(ans.Reports, r)
@@ -1064,6 +1144,9 @@ func (s *Server) syncHosted(ctx context.Context, owner string, req syncRequest) 
 	for _, it := range req.Tasks {
 		if !here[it.TaskID] && it.Phase != fsm.HostedMoving {
 			ans.Lost = append(ans.Lost, it)
+		}
+		if g, ok := hosted[it.TaskID]; !ok || g != it.Generation {
+			ans.Absent = append(ans.Absent, it)
 		}
 	}
 	return ans, nil
@@ -1176,7 +1259,7 @@ func (s *Server) hostedAssignments(worker string, resp *pb.WatchAssignmentsRespo
 		a := &pb.Assignment{TaskId: h.TaskID, Query: h.Query, Fragment: h.Fragment, Partition: int32(h.Partition), Replica: int32(h.Replica),
 			QueryIndex: h.CreateIndex, Generation: int32(h.Generation), MovingOut: h.Phase == fsm.HostedReturning}
 		if h.Phase == fsm.HostedMoving {
-			a.Bootstrap = &pb.SnapshotSource{WorkerAddr: relay, TaskId: h.TaskID, Generation: int32(h.SourceGeneration)}
+			a.Bootstrap = &pb.SnapshotSource{WorkerAddr: relay, TaskId: h.TaskID, Generation: int32(h.SourceGeneration), TimeoutMs: h.BootstrapTimeoutMs}
 		}
 		view := &pb.QueryView{Name: h.Query, Index: h.CreateIndex, SpecJson: h.SpecJSON, ReconfigJson: h.ReconfigJSON}
 		a.MarkersExpected = int32(h.MarkersExpected)

@@ -380,6 +380,18 @@ type HostedTask struct {
 	// the query's versions like the owner's tasks.
 	ReconfigJSON    []byte `json:"reconfig_json,omitempty"`
 	MarkersExpected int    `json:"markers_expected,omitempty"`
+	// BootstrapTimeoutMs is, at the host, how long the owner waits for
+	// the move (its catch-up bound and two partner timeouts, in ms; 0
+	// from an older owner): the host's worker may take that long to fetch
+	// the starting snapshot across the orgs (SnapshotSource.timeout_ms).
+	// A node of an older build drops it, and the worker then uses its
+	// own bootstrap timeout, as before.
+	BootstrapTimeoutMs int64 `json:"bootstrap_timeout_ms,omitempty"`
+	// OwnerIndex is, at the host, the owner's Raft index once it had
+	// recorded this generation's move (0 from an older owner): a sync
+	// whose task list the owner read at an older index may not list the
+	// task yet, and says nothing about it (syncRequest.StateIndex).
+	OwnerIndex uint64 `json:"owner_index,omitempty"`
 	// State and Message are what the host's worker last reported.
 	State       string `json:"state,omitempty"`
 	Message     string `json:"message,omitempty"`

@@ -3848,7 +3848,13 @@ type SnapshotSource struct {
 	// Halt: stop-and-copy at the snapshot (a move: the old copy processes
 	// and acknowledges nothing more, and serves its output until stopped).
 	// Without it the copy keeps running (a peer replica).
-	Halt          bool `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	Halt bool `protobuf:"varint,4,opt,name=halt,proto3" json:"halt,omitempty"`
+	// How long the fetching worker may take to fetch and restore the
+	// snapshot, in milliseconds, when longer than its own bootstrap timeout
+	// (0: its own). A copy at a partner org is given its owner's bound on
+	// the move: a fetch relayed across orgs on a busy machine may take
+	// longer than a minute, and the owner waits for it that long anyway.
+	TimeoutMs     int64 `protobuf:"varint,650,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3909,6 +3915,13 @@ func (x *SnapshotSource) GetHalt() bool {
 		return x.Halt
 	}
 	return false
+}
+
+func (x *SnapshotSource) GetTimeoutMs() int64 {
+	if x != nil {
+		return x.TimeoutMs
+	}
+	return 0
 }
 
 // Moves one task to another worker while it runs: the new copy starts
@@ -8062,7 +8075,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\x05R\x04from\x12\x12\n" +
 	"\x04done\x18\x04 \x01(\bR\x04done\"-\n" +
 	"\x11ReconcileResponse\x12\x18\n" +
-	"\agranted\x18\x01 \x01(\bR\agranted\"~\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\"\x9e\x01\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +
@@ -8070,7 +8083,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"\n" +
 	"generation\x18\x03 \x01(\x05R\n" +
 	"generation\x12\x12\n" +
-	"\x04halt\x18\x04 \x01(\bR\x04halt\"G\n" +
+	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x1e\n" +
+	"\n" +
+	"timeout_ms\x18\x8a\x05 \x01(\x03R\ttimeoutMs\"G\n" +
 	"\x0fMoveTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
 	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"\x89\x01\n" +

@@ -240,6 +240,10 @@ type SnapshotSource struct {
 	Generation int
 	// Halt: stop-and-copy (a move); see SnapshotOptions.Halt.
 	Halt bool
+	// Timeout, when longer than Options.BootstrapTimeout, is how long the
+	// fetch may take instead (the coordinator's bound on the move: a copy
+	// at a partner org fetches across the orgs' relays).
+	Timeout time.Duration
 }
 
 // CopyID names this copy of the task in the data plane (its subscriber
@@ -388,7 +392,8 @@ type Options struct {
 	// a sink's input (dcaa_sinkbg.go). For comparisons.
 	DCAANoBackground bool
 	// BootstrapTimeout bounds fetching a new copy's starting snapshot
-	// from another worker (TaskSpec.Bootstrap; default 60s).
+	// from another worker (TaskSpec.Bootstrap; default 60s), unless the
+	// source gives it longer (SnapshotSource.Timeout).
 	BootstrapTimeout time.Duration
 	// Bulk configures fast snapshot transfer: snapshots served and
 	// fetched over connections of their own (see BulkOptions). Zero:
@@ -748,7 +753,7 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 		go func() {
 			defer wg.Done()
 			src := spec.Bootstrap
-			fctx, cancel := context.WithTimeout(ctx, r.opts.BootstrapTimeout)
+			fctx, cancel := context.WithTimeout(ctx, max(r.opts.BootstrapTimeout, src.Timeout))
 			defer cancel()
 			start := time.Now()
 			// The connection to the old copy's worker is made (a TLS
