@@ -4,7 +4,7 @@ BIN       := bin/fedstream
 PKGS      := ./...
 export PATH := $(shell $(GO) env GOPATH)/bin:$(PATH)
 
-.PHONY: all build run test org-tls federation-tls test-short bench pgo proto vet fmt clean
+.PHONY: all build run test soak org-tls federation-tls test-short bench pgo proto vet fmt clean
 
 all: build
 
@@ -26,6 +26,17 @@ SLOW_PKGS := ./worker/runtime ./integration ./coordinator ./cmd/fedstream
 test:
 	$(GO) vet $(PKGS)
 	$(GO) test -count=1 -timeout 15m $(SLOW_PKGS) $(PKGS)
+
+## soak: opt-in, not part of test: the soak tests (integration/soak_test.go, build tag soak)
+## run a query on an org of processes for SOAK_DURATION each (three at once) under worker
+## pauses and kills, live moves and reconfigurations, and fail on a stall, a lost, wrong or
+## duplicate result, or growing goroutines or open files; samples and logs go to SOAK_EVIDENCE
+SOAK_DURATION ?= 10m
+SOAK_EVIDENCE ?= $(CURDIR)/soak-evidence
+soak:
+	mkdir -p $(SOAK_EVIDENCE)
+	$(GO) test -tags soak -count=1 -v -run '^TestSoak' -parallel 3 -timeout 2h ./integration \
+		-soak.duration=$(SOAK_DURATION) -soak.evidence=$(SOAK_EVIDENCE)
 
 ## org-tls: the CA, certificates and gossip key of the example org in examples/org (not committed)
 org-tls: build

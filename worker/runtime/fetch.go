@@ -59,6 +59,11 @@ func (s dpServer) FetchSnapshot(req *fedstreampb.FetchSnapshotRequest, stream fe
 	if gen := max(t.spec.Generation, 1); req.Generation != 0 && int(req.Generation) != gen {
 		return status.Errorf(codes.NotFound, "task %q runs here as generation %d, not %d", req.TaskId, gen, req.Generation)
 	}
+	if f := s.r.snapshotFault.Load(); f != nil {
+		if err := (*f)(req.TaskId); errors.Is(err, errTentativeNow) {
+			return status.Error(codes.Aborted, err.Error())
+		}
+	}
 	began := time.Now()
 	bsrv := s.r.bulkSrv.Load()
 	bulk := req.Bulk && bsrv != nil

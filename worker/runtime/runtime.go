@@ -495,6 +495,13 @@ type Runtime struct {
 	// beforeAttempt, when set (tests), runs as an input of task begins a
 	// subscription to upstream copy pl.
 	beforeAttempt func(task string, pl Placement)
+	// snapshotFault, when set (tests), is asked by FetchSnapshot before
+	// it captures the task named: errTentativeNow makes it refuse as a
+	// DCAA replica whose results are tentative does. Atomic: it is set
+	// while the data plane's server runs.
+	snapshotFault atomic.Pointer[func(taskID string) error]
+	// tentativeWait, when set (tests), replaces fetchTentativeWait.
+	tentativeWait time.Duration
 	// kafkaBeforeWrite, when set (tests), runs before a kafka sink
 	// writes a batch.
 	kafkaBeforeWrite func(context.Context)
@@ -823,7 +830,20 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 			}
 			// A DCAA peer holding tentative results refuses until it has
 			// corrected them: ask again for a while (fetchTentativeWait).
-			for wait, until := 50*time.Millisecond, time.Now().Add(fetchTentativeWait); status.Code(err) == codes.Aborted && time.Now().Before(until) && fctx.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
+			// The old copy of a move (this task's own previous copy) is
+			// asked for as long as the bootstrap may take: this copy
+			// replaces it, so one started without its snapshot loses its
+			// state for good (its upstreams no longer hold the stream's
+			// start: the results are lossy), while the old copy runs on
+			// and serves its consumers until this one has started. A
+			// 10-minute fedstream dev soak, loaded, lost a partition of
+			// the demo's aggregate so when a copy returning home from a
+			// partner org stayed tentative past the 5 s.
+			until := time.Now().Add(r.tentativeWaitOr(fetchTentativeWait))
+			if dl, ok := fctx.Deadline(); ok && src.TaskID == spec.TaskID {
+				until = dl
+			}
+			for wait := 50 * time.Millisecond; status.Code(err) == codes.Aborted && time.Now().Before(until) && fctx.Err() == nil; wait = min(2*wait, 500*time.Millisecond) {
 				select {
 				case <-fctx.Done():
 				case <-time.After(wait):
@@ -854,6 +874,14 @@ func (r *Runtime) bootstrap(ctx context.Context, want map[string]TaskSpec) {
 		spec.FromSnapshot = snap
 		want[id] = spec
 	}
+}
+
+// tentativeWaitOr is the tentativeWait of tests, else d.
+func (r *Runtime) tentativeWaitOr(d time.Duration) time.Duration {
+	if r.tentativeWait > 0 {
+		return r.tentativeWait
+	}
+	return d
 }
 
 // States reports every task's state, sorted by task id.
