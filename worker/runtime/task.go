@@ -326,6 +326,13 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 				// Made before the task is registered: no request takes a
 				// line before the copy has aligned (awaitAligned).
 				t.aligned = make(chan struct{})
+				// A consumer that comes after the wait
+				// (restartAlignWait) resumes after the ids it took
+				// from the lost copy too: the stream is renumbered
+				// after that position when it comes.
+				for _, o := range t.outs {
+					o.buf.RenumberOnFirstResume()
+				}
 			}
 		case src.Kafka != nil:
 			if t.kafka, err = newKafkaSource(t); err != nil {
