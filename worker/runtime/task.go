@@ -125,6 +125,10 @@ type task struct {
 	// passThrough: a sink with a single input stream, which becomes its
 	// result stream as it is (see passBatch).
 	passThrough bool
+	// passUnordered: a pass-through sink of a query whose stream may be
+	// out of stream-time order reads every passed tuple's header for
+	// its frontier (notePassedBatch).
+	passUnordered bool
 
 	placeMu    sync.Mutex
 	placements map[placeKey][]Placement // sorted by replica
