@@ -221,6 +221,11 @@ type OutputBuffer struct {
 	// relayed acknowledgement (NoteHeld). Kept apart from the
 	// acknowledgements, which are clamped to what this buffer holds.
 	wanted atomic.Uint64
+	// renumber is set by RenumberOnFirstResume (renumber.go), under mu;
+	// shift is what resumeFirst added to every id (written under mu),
+	// which the Writer follows (syncShift).
+	renumber renumber
+	shift    atomic.Uint64
 }
 
 // NoteHeld records that an acknowledging subscriber already holds the
@@ -950,6 +955,8 @@ type Writer struct {
 	// first is the id of the first staged tuple; lastID is the id of the
 	// last tuple staged, appendedID of the last one appended.
 	first, lastID, appendedID uint64
+	// shift is the buffer's renumbering these ids follow (syncShift).
+	shift uint64
 	// slab is the unused rest of the memory staging arrays are cut from.
 	slab []byte
 }
@@ -975,6 +982,7 @@ func (w *Writer) Full() bool { return len(w.data) >= stagingBytes-stagingSlack }
 // Add stages t. Its ID, set by the producer, must be the previous tuple's
 // plus one (any id above 0 for the Writer's first tuple).
 func (w *Writer) Add(t *tuple.Tuple) error {
+	w.syncShift()
 	if t.ID != w.lastID+1 && (w.lastID != 0 || t.ID == 0) {
 		return fmt.Errorf("%w: id %d after %d", ErrIDOrder, t.ID, w.lastID)
 	}
@@ -986,6 +994,7 @@ func (w *Writer) Add(t *tuple.Tuple) error {
 // tuple's plus one (1 for the first), and reports whether the producer
 // should now Flush (Full).
 func (w *Writer) Next(t *tuple.Tuple) (full bool) {
+	w.syncShift()
 	t.ID = w.lastID + 1
 	w.stage(t)
 	return w.Full()
@@ -1065,7 +1074,12 @@ func (w *Writer) FlushIdle(ctx context.Context, idle func()) error {
 	if len(w.offs) == 0 {
 		return nil
 	}
-	adopted, err := w.buf.adopt(w.first, w.offs, w.data)
+	// The buffer may renumber while this call waits for its lock (or for
+	// room): it adds its shift since w.shift to the ids, and the Writer
+	// follows (syncShift) when it returns.
+	w.syncShift()
+	adopted, err := w.buf.adopt(w.first, w.shift, w.offs, w.data)
+	w.syncShift()
 	if err != nil {
 		return err
 	}
@@ -1076,7 +1090,8 @@ func (w *Writer) FlushIdle(ctx context.Context, idle func()) error {
 		w.newStaging(cap(w.offs))
 		return nil
 	}
-	n, err := w.buf.appendEncoded(ctx, w.first, w.offs, w.data, idle)
+	n, err := w.buf.appendEncoded(ctx, w.first, w.shift, w.offs, w.data, idle)
+	w.syncShift()
 	if n > 0 {
 		w.appendedID = w.first + uint64(n) - 1
 	}
@@ -1099,6 +1114,7 @@ func (w *Writer) FlushIdle(ctx context.Context, idle func()) error {
 // Discard drops the staged tuples and returns the id of the last tuple
 // appended, after which the producer continues.
 func (w *Writer) Discard() uint64 {
+	w.syncShift()
 	w.offs, w.data = w.offs[:0], w.data[:0]
 	w.lastID = w.appendedID
 	return w.appendedID
@@ -1127,7 +1143,7 @@ func (b *OutputBuffer) Adopt(ctx context.Context, first uint64, offs []int, data
 	if err != nil || adopted {
 		return err
 	}
-	n, err := b.appendEncoded(ctx, first, offs, data, nil)
+	n, err := b.appendEncoded(ctx, first, idsAbsolute, offs, data, nil)
 	if err == nil && n < len(offs) {
 		err = fmt.Errorf("dataplane: adopt: appended %d of %d tuples", n, len(offs))
 	}
@@ -1139,7 +1155,7 @@ func (b *OutputBuffer) Adopt(ctx context.Context, first uint64, offs []int, data
 // its oldest tuples to make room). On true the buffer owns both slices
 // (chunks are never written below their length, so readers of earlier
 // batches are safe).
-func (b *OutputBuffer) adopt(first uint64, offs []int, data []byte) (bool, error) {
+func (b *OutputBuffer) adopt(first, shift uint64, offs []int, data []byte) (bool, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -1148,7 +1164,7 @@ func (b *OutputBuffer) adopt(first uint64, offs []int, data []byte) (bool, error
 	if len(data) < adoptMin {
 		return false, nil
 	}
-	return b.adoptLocked(first, offs, data)
+	return b.adoptLocked(b.shifted(first, shift), offs, data)
 }
 
 // adoptAny is adopt whatever the batch's size.
@@ -1210,12 +1226,13 @@ func (b *OutputBuffer) dropForLocked(tuples, size int) {
 // with id first+i) under one lock acquisition, waiting for room as Append
 // does (calling idle while it waits, see makeRoomLocked). It returns how
 // many were appended.
-func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []int, data []byte, idle func()) (int, error) {
+func (b *OutputBuffer) appendEncoded(ctx context.Context, first, shift uint64, offs []int, data []byte, idle func()) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
 		return 0, ErrClosed
 	}
+	first = b.shifted(first, shift)
 	if first <= b.lastID {
 		return 0, fmt.Errorf("%w: id %d after %d", ErrIDOrder, first, b.lastID)
 	}
@@ -1245,9 +1262,12 @@ func (b *OutputBuffer) appendEncoded(ctx context.Context, first uint64, offs []i
 				close(b.dataCh)
 				b.dataCh = nil
 			}
+			seen := b.shift.Load()
 			if err := b.makeRoomLocked(ctx, size, idle); err != nil {
 				return i, err
 			}
+			// Renumbered while it waited (the lock released).
+			first += b.shift.Load() - seen
 		}
 		// As many following tuples as fit in the buffer's bounds and the
 		// current chunk go in one copy.
@@ -1304,7 +1324,8 @@ func (b *OutputBuffer) lastChunkWithRoom(id uint64, size int) *chunk {
 
 // LastID is the id of the last tuple staged (0 before the first): after a
 // successful Flush, the last tuple of the stream.
-func (w *Writer) LastID() uint64 { return w.lastID }
+// It counts a renumbering the Writer has not followed yet (syncShift).
+func (w *Writer) LastID() uint64 { return w.lastID + w.buf.shift.Load() - w.shift }
 
 // ResumeWith continues a stream that an earlier producer wrote up to the
 // last of the given tuples, holding those tuples again (encoded as Adopt

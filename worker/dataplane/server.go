@@ -195,6 +195,11 @@ func (s *Server) Subscribe(stream fedstreampb.DataPlane_SubscribeServer) error {
 	if first.AckOnly {
 		return s.relayed(stream, buf, key, first)
 	}
+	if !first.NoAck {
+		// Before anything is read: a stream waiting for its consumer's
+		// position continues after it (RenumberOnFirstResume).
+		buf.resumeFirst(first.AfterId)
+	}
 	if !first.NoAck && first.AfterId > 0 {
 		// A consumer resuming: it holds the stream up to AfterId (a
 		// restarted source catches up to it, Wanted).

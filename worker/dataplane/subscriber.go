@@ -466,6 +466,9 @@ func (s *Subscriber) RunLocal(ctx context.Context, buf *OutputBuffer, deliver De
 	}
 	dec := batchDecoder{packed: s.packed, index: s.index}
 	start := s.last.Load()
+	if !s.noAck {
+		buf.resumeFirst(start) // as Server.Subscribe
+	}
 	if !s.noAck && start > 0 {
 		buf.NoteHeld(start) // as Server.Subscribe
 	}

@@ -188,7 +188,7 @@ func (t *task) passBatchDCAA(b *dataplane.Batch, fresh bool) error {
 	}
 	v.lastOff, v.offKnown = off, true
 	t.passLast = last
-	t.notePassed(&lastHdr)
+	t.notePassedBatch(&lastHdr, offs, data)
 	// Live reconfiguration: the sink's level follows the newest marker
 	// level among the batch's boundaries (its last tuple may be an UNDO,
 	// a REC_DONE or a tentative result).

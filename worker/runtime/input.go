@@ -176,6 +176,7 @@ func (t *task) buildInputs() {
 	// upstream's), and each received batch becomes part of it without a
 	// copy. With several, the merged tuples are renumbered and copied.
 	t.passThrough = len(t.inputs) == 1 && !t.mayGrowInputs
+	t.passUnordered = t.passThrough && mayBeUnordered(t.plan)
 	for _, in := range t.inputs {
 		if t.passThrough {
 			in.sub.DeliverEncoded()
@@ -224,7 +225,7 @@ func (t *task) passBatch(b *dataplane.Batch) error {
 		return fmt.Errorf("%w: %w", errTaskEnded, err)
 	}
 	t.passLast = first + uint64(len(offs)) - 1
-	t.notePassed(&last)
+	t.notePassedBatch(&last, offs, data)
 	t.passLevel(&last)
 	// A batch ends with a boundary when its upstream flushed after one and
 	// it was read whole; one cut at the byte bound (a backlog read in full

@@ -114,8 +114,8 @@ type reconfigState struct {
 	lvl      atomic.Uint64
 	frontier atomic.Int64
 	// passed (a pass-through sink, which has no merger): the highest
-	// stream time of the last tuple of a batch it passed on (the final
-	// boundary aside), once passedAny. See receivedFrontier.
+	// stream time it passed on (the final boundary aside), once
+	// passedAny. See receivedFrontier and notePassedBatch.
 	passed    atomic.Int64
 	passedAny atomic.Bool
 	loading   atomic.Bool
@@ -958,6 +958,46 @@ func (t *task) notePassed(last *tuple.Tuple) {
 	}
 	r.passed.Store(last.STime)
 	r.passedAny.Store(true)
+}
+
+// notePassedBatch is notePassed for a batch a pass-through sink passed
+// on (tuple i is data[offs[i]:], last the last one's header). When the
+// query has a source whose stream may be out of stream-time order
+// (passUnordered), every tuple's header is read: the last one may be
+// below an earlier one (an ingest source's allowed lateness; its
+// boundary after a request is newest - allowed_lateness), and the
+// sink's frontier must be the highest it received, or a plan's cut may
+// fall below a record it passed on under the old epoch when that
+// record's source copy is lost (see receivedFrontier). In order, the
+// last is the highest, and the other headers are not decoded.
+func (t *task) notePassedBatch(last *tuple.Tuple, offs []int, data []byte) {
+	t.notePassed(last)
+	if !t.passUnordered || len(offs) < 2 {
+		return
+	}
+	var h tuple.Tuple
+	for _, o := range offs[:len(offs)-1] {
+		if _, err := tuple.DecodeHeader(data[o:], &h); err != nil {
+			return // the batch was decoded whole before: not reached
+		}
+		t.notePassed(&h)
+	}
+}
+
+// mayBeUnordered reports whether a source of plan's query may produce
+// its stream out of stream-time order: an ingest source with an
+// allowed_lateness, or a kafka source (its records' times are the
+// topic's, judged as ingest lines are).
+func mayBeUnordered(plan *queryspec.Plan) bool {
+	for _, n := range plan.Nodes {
+		if n.Kind != queryspec.KindSource || n.Source == nil {
+			continue
+		}
+		if n.Source.Kafka != nil || n.Source.Lateness() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // PauseSources holds every generator source task of query on this runtime

@@ -125,6 +125,10 @@ type task struct {
 	// passThrough: a sink with a single input stream, which becomes its
 	// result stream as it is (see passBatch).
 	passThrough bool
+	// passUnordered: a pass-through sink of a query whose stream may be
+	// out of stream-time order reads every passed tuple's header for
+	// its frontier (notePassedBatch).
+	passUnordered bool
 
 	placeMu    sync.Mutex
 	placements map[placeKey][]Placement // sorted by replica
@@ -330,6 +334,13 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 				// Made before the task is registered: no request takes a
 				// line before the copy has aligned (awaitAligned).
 				t.aligned = make(chan struct{})
+				// A consumer that comes after the wait
+				// (restartAlignWait) resumes after the ids it took
+				// from the lost copy too: the stream is renumbered
+				// after that position when it comes.
+				for _, o := range t.outs {
+					o.buf.RenumberOnFirstResume()
+				}
 			}
 		case src.Kafka != nil:
 			if t.kafka, err = newKafkaSource(t); err != nil {

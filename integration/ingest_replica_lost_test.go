@@ -1,0 +1,164 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
+	"github.com/fedstream/fedstream/rpc/states"
+	"github.com/fedstream/fedstream/worker/dataplane"
+	"github.com/fedstream/fedstream/worker/tuple"
+)
+
+// TestIngestReplicaWorkerLost: the worker of one replica of a replicated
+// ingest source (replicas: 2) is lost and the replica placed again. The
+// new copy starts without the producers' offsets (a source copy is
+// snapshotted only to move), so the client's next batch finds a gap
+// there, and the client says so, naming the copy, instead of feeding it
+// records out of their place; the replica that stayed took the batch. A
+// new session then feeds both copies and closes the source: both sink
+// replicas count every record the copy that stayed took, each result
+// once (their consumers read that copy's stream).
+func TestIngestReplicaWorkerLost(t *testing.T) {
+	t.Parallel()
+	ingestReplicaLost(t, 1)
+}
+
+func ingestReplicaLost(t *testing.T, lostCopies int) {
+	// One worker more than the copies lost: two replicas of a task are
+	// never placed on one worker.
+	o := newLiveOrg(t, 2+lostCopies)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(ingestMoveYAML), Filename: "im.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const lost = "im/events/p0/r0"
+	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
+		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "im"})
+		if err != nil {
+			return nil, err
+		}
+		var out []dataplane.IngestCopy
+		for _, ti := range q.Tasks {
+			if ti.Fragment == "events" && ti.WorkerAddr != "" {
+				out = append(out, dataplane.IngestCopy{TaskID: ti.TaskId, Addr: ti.WorkerAddr})
+			}
+		}
+		return out, nil
+	}
+	waitFor(t, 30*time.Second, "the source copies placed and running", func() bool {
+		running := 0
+		for _, ti := range o.query(t, "im").Tasks {
+			if ti.Fragment == "events" && ti.State == states.TaskRunning {
+				running++
+			}
+		}
+		return running == 2
+	})
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "it",
+		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
+		RetryFor: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	batch := func(from, to int) []byte {
+		var lines []string
+		for i := from; i < to; i++ {
+			lines = append(lines, fmt.Sprintf(`{"time": %d, "user": "u%d", "amount": %d}`, base+int64(i)*10_000_000, i%7, i%5))
+		}
+		return []byte(strings.Join(lines, "\n") + "\n")
+	}
+	for i := 0; i < 200; i += 20 {
+		if err := cl.Send(ctx, batch(i, i+20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	victims := map[string]string{}
+	for r := range lostCopies {
+		id := fmt.Sprintf("im/events/p0/r%d", r)
+		victims[id] = o.task(t, "im", id).WorkerId
+	}
+	for _, w := range victims {
+		o.cancel[w]()
+	}
+	for id, victim := range victims {
+		waitFor(t, 90*time.Second, "the lost replica placed again", func() bool {
+			ti := o.task(t, "im", id)
+			return ti.WorkerId != victim && ti.WorkerId != "" && ti.Generation >= 2 && ti.State == states.TaskRunning
+		})
+	}
+	err = cl.Send(ctx, batch(200, 220))
+	if err == nil || !strings.Contains(err.Error(), "ingest offsets leave a gap") || !strings.Contains(err.Error(), lost) {
+		t.Fatalf("the batch after the loss: %v, want a gap named on the copy placed again", err)
+	}
+	// A new session sends the rest and closes the source.
+	cl2, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "it2",
+		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
+		RetryFor: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl2.Close()
+	for i := 220; i < 400; i += 20 {
+		if err := cl2.Send(ctx, batch(i, i+20)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl2.CloseSource(ctx); err != nil {
+		t.Fatal(err)
+	}
+	const records = 400
+	want := map[string]string{}
+	sums := map[string][2]int64{}
+	for i := range records {
+		ns := base + int64(i)*10_000_000
+		k := fmt.Sprintf("u%d@%d", i%7, (ns/1_000_000_000+1)*1_000_000_000)
+		s := sums[k]
+		s[0]++
+		s[1] += int64(i % 5)
+		sums[k] = s
+	}
+	for k, s := range sums {
+		want[k] = fmt.Sprintf("n=%d total=%d", s[0], s[1])
+	}
+	for r := range 2 {
+		sink := fmt.Sprintf("im/out/p0/r%d", r)
+		got := map[string]string{}
+		sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
+		conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+			for _, tp := range b.Tuples {
+				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+					return dataplane.ErrStopSubscription
+				}
+				if !tp.Type.IsData() {
+					continue
+				}
+				k := fmt.Sprintf("%s@%d", tp.Values[0].S, tp.Values[3].I)
+				if _, dup := got[k]; dup {
+					return fmt.Errorf("result %s emitted twice", k)
+				}
+				got[k] = fmt.Sprintf("n=%d total=%d", tp.Values[1].I, tp.Values[2].I)
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("read %s: %v", sink, err)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("sink %s: %v, want %v", sink, got, want)
+		}
+	}
+}
