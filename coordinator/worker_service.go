@@ -379,6 +379,12 @@ func (ws *workerService) WatchAssignments(ctx context.Context, req *pb.WatchAssi
 			if a.Bootstrap != nil && t.MovingFrom != "" && isIngestSource(&s.plans, q.Query, t.Fragment) {
 				a.Bootstrap.Halt = true // see isIngestSource
 			}
+			if a.Bootstrap != nil && t.MovingFrom != "" {
+				// A hand-over from a worker declared down: the old copy may
+				// be gone (see pb.SnapshotSource.source_down).
+				w, err := s.State().Worker(nil, t.MovingFrom)
+				a.Bootstrap.SourceDown = err == nil && w != nil && w.Status == fsm.WorkerStatusDown
+			}
 		}
 		if q := views[t.Query]; q != nil && q.Query.Reconfig != nil {
 			if plan := s.plans.plan(q.Query); plan != nil {

@@ -162,3 +162,80 @@ func ingestReplicaLost(t *testing.T, lostCopies int) {
 		}
 	}
 }
+
+// TestIngestSourceWorkerLostWithoutReplicas: the worker of an ingest
+// source without replicas is lost. The task leaves it as a live move
+// (its worker may only be starved), whose snapshot fetch fails: the copy
+// is taken for lost and the new one starts afresh, so a new client
+// session feeds it and the query runs to its end. (Before, an ingest
+// copy refused to start without its predecessor's snapshot in a move's
+// place, and stayed failed for good: "an ingest source does not start
+// empty in its place", 90 s and more after the loss.)
+func TestIngestSourceWorkerLostWithoutReplicas(t *testing.T) {
+	t.Parallel()
+	o := newLiveOrg(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
+	defer cancel()
+	yaml := strings.Replace(ingestMoveYAML, "replicas: 2", "replicas: 1", 1)
+	if _, err := o.admin.SubmitQuery(ctx, &pb.SubmitQueryRequest{Yaml: []byte(yaml), Filename: "im.yaml"}); err != nil {
+		t.Fatal(err)
+	}
+	const src, sink = "im/events/p0/r0", "im/out/p0/r0"
+	waitFor(t, 30*time.Second, "the source running", func() bool { return o.task(t, "im", src).State == states.TaskRunning })
+	victim := o.task(t, "im", src).WorkerId
+	o.cancel[victim]()
+	var last *pb.TaskInfo
+	waitFor(t, 90*time.Second, "the source placed again and running", func() bool {
+		last = o.task(t, "im", src)
+		return last.WorkerId != victim && last.WorkerId != "" && last.Generation >= 2 && last.State == states.TaskRunning
+	})
+	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
+		ti := o.task(t, "im", src)
+		return []dataplane.IngestCopy{{TaskID: ti.TaskId, Addr: ti.WorkerAddr}}, nil
+	}
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "after",
+		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
+		RetryFor: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
+	var lines []string
+	for i := range 100 {
+		lines = append(lines, fmt.Sprintf(`{"time": %d, "user": "u%d", "amount": 1}`, base+int64(i)*10_000_000, i%3))
+	}
+	if err := cl.Send(ctx, []byte(strings.Join(lines, "\n")+"\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.CloseSource(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the sink placed on a live worker", func() bool {
+		ti := o.task(t, "im", sink)
+		return ti.WorkerId != victim && ti.State == states.TaskRunning
+	})
+	conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := int64(0)
+	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
+	err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
+		for _, tp := range b.Tuples {
+			if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
+				return dataplane.ErrStopSubscription
+			}
+			if tp.Type.IsData() {
+				n += tp.Values[1].I
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("read %s to its end: %v", sink, err)
+	}
+	if n != 100 {
+		t.Fatalf("the sink counted %d records of the session after the loss, want 100", n)
+	}
+}

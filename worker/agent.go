@@ -888,7 +888,7 @@ func taskSpecs(resp *pb.WatchAssignmentsResponse, cache *specCache) ([]wrt.TaskS
 		}
 		if b := a.Bootstrap; b != nil && b.WorkerAddr != "" {
 			spec.Bootstrap = &wrt.SnapshotSource{WorkerAddr: b.WorkerAddr, TaskID: b.TaskId, Generation: int(b.Generation), Halt: b.Halt,
-				Timeout: time.Duration(max(b.TimeoutMs, 0)) * time.Millisecond}
+				Timeout: time.Duration(max(b.TimeoutMs, 0)) * time.Millisecond, SourceDown: b.SourceDown}
 		}
 		for _, r := range a.Slots {
 			spec.Slots = append(spec.Slots, wrt.SlotRange{First: int(r.First), Last: int(r.Last)})

@@ -3854,7 +3854,13 @@ type SnapshotSource struct {
 	// (0: its own). A copy at a partner org is given its owner's bound on
 	// the move: a fetch relayed across orgs on a busy machine may take
 	// longer than a minute, and the owner waits for it that long anyway.
-	TimeoutMs     int64 `protobuf:"varint,650,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	TimeoutMs int64 `protobuf:"varint,650,opt,name=timeout_ms,json=timeoutMs,proto3" json:"timeout_ms,omitempty"`
+	// The copy's worker is declared down (a hand-over, not an operator's
+	// move): when its snapshot cannot be fetched the copy is taken for
+	// lost, and a copy that would otherwise refuse to start without it (an
+	// ingest source, whose moves are stop-and-copy) starts afresh. Session
+	// 21: before, such an ingest source stayed failed for good.
+	SourceDown    bool `protobuf:"varint,683,opt,name=source_down,json=sourceDown,proto3" json:"source_down,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3922,6 +3928,13 @@ func (x *SnapshotSource) GetTimeoutMs() int64 {
 		return x.TimeoutMs
 	}
 	return 0
+}
+
+func (x *SnapshotSource) GetSourceDown() bool {
+	if x != nil {
+		return x.SourceDown
+	}
+	return false
 }
 
 // Moves one task to another worker while it runs: the new copy starts
@@ -8075,7 +8088,7 @@ const file_fedstream_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\x05R\x04from\x12\x12\n" +
 	"\x04done\x18\x04 \x01(\bR\x04done\"-\n" +
 	"\x11ReconcileResponse\x12\x18\n" +
-	"\agranted\x18\x01 \x01(\bR\agranted\"\x9e\x01\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\"\xc0\x01\n" +
 	"\x0eSnapshotSource\x12\x1f\n" +
 	"\vworker_addr\x18\x01 \x01(\tR\n" +
 	"workerAddr\x12\x17\n" +
@@ -8085,7 +8098,9 @@ const file_fedstream_proto_rawDesc = "" +
 	"generation\x12\x12\n" +
 	"\x04halt\x18\x04 \x01(\bR\x04halt\x12\x1e\n" +
 	"\n" +
-	"timeout_ms\x18\x8a\x05 \x01(\x03R\ttimeoutMs\"G\n" +
+	"timeout_ms\x18\x8a\x05 \x01(\x03R\ttimeoutMs\x12 \n" +
+	"\vsource_down\x18\xab\x05 \x01(\bR\n" +
+	"sourceDown\"G\n" +
 	"\x0fMoveTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x1b\n" +
 	"\tto_worker\x18\x02 \x01(\tR\btoWorker\"\x89\x01\n" +

@@ -244,6 +244,10 @@ type SnapshotSource struct {
 	// fetch may take instead (the coordinator's bound on the move: a copy
 	// at a partner org fetches across the orgs' relays).
 	Timeout time.Duration
+	// SourceDown: the copy's worker is declared down (a hand-over): if its
+	// snapshot cannot be fetched, the copy is taken for lost, and an
+	// ingest source starts afresh rather than refuse to start.
+	SourceDown bool
 }
 
 // CopyID names this copy of the task in the data plane (its subscriber

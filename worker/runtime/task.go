@@ -402,9 +402,14 @@ func newTask(r *Runtime, spec TaskSpec) (*task, error) {
 		if err := t.restoreIngest(spec.FromSnapshot); err != nil {
 			return nil, fmt.Errorf("task %s: start from snapshot: %w", spec.TaskID, err)
 		}
-	} else if spec.Bootstrap != nil && spec.Bootstrap.Halt {
-		// The moved-from copy is halted: started empty, this copy would
-		// number its output from the start again and know no producer.
+	} else if spec.Bootstrap != nil && spec.Bootstrap.Halt && !spec.Bootstrap.SourceDown {
+		// The moved-from copy may be halted, and runs on otherwise: its
+		// clients' offsets and untaken output are there, and the move
+		// can wait for it. A copy whose worker is declared down is taken
+		// for lost once its snapshot cannot be fetched: this copy starts
+		// afresh (ingestStartsAfresh), as one placed again without a
+		// snapshot does; refusing, it stayed failed for good and the
+		// source never came back.
 		return nil, fmt.Errorf("task %s: %w: the snapshot of its previous copy (a move) could not be fetched, and an ingest source does not start empty in its place", spec.TaskID, ErrNotSnapshottable)
 	}
 	// The context exists before the task is published to the runtime's
