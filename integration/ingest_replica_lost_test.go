@@ -62,13 +62,7 @@ func ingestReplicaLost(t *testing.T, lostCopies int) {
 		}
 		return running == 2
 	})
-	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "it",
-		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
-		RetryFor: 60 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := imSession(t, ctx, o, "it", resolve)
 	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 	batch := func(from, to int) []byte {
 		var lines []string
@@ -96,18 +90,12 @@ func ingestReplicaLost(t *testing.T, lostCopies int) {
 			return ti.WorkerId != victim && ti.WorkerId != "" && ti.Generation >= 2 && ti.State == states.TaskRunning
 		})
 	}
-	err = cl.Send(ctx, batch(200, 220))
+	err := cl.Send(ctx, batch(200, 220))
 	if err == nil || !strings.Contains(err.Error(), "ingest offsets leave a gap") || !strings.Contains(err.Error(), lost) {
 		t.Fatalf("the batch after the loss: %v, want a gap named on the copy placed again", err)
 	}
 	// A new session sends the rest and closes the source.
-	cl2, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "it2",
-		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
-		RetryFor: 60 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl2.Close()
+	cl2 := imSession(t, ctx, o, "it2", resolve)
 	for i := 220; i < 400; i += 20 {
 		if err := cl2.Send(ctx, batch(i, i+20)); err != nil {
 			t.Fatal(err)
@@ -116,48 +104,10 @@ func ingestReplicaLost(t *testing.T, lostCopies int) {
 	if err := cl2.CloseSource(ctx); err != nil {
 		t.Fatal(err)
 	}
-	const records = 400
-	want := map[string]string{}
-	sums := map[string][2]int64{}
-	for i := range records {
-		ns := base + int64(i)*10_000_000
-		k := fmt.Sprintf("u%d@%d", i%7, (ns/1_000_000_000+1)*1_000_000_000)
-		s := sums[k]
-		s[0]++
-		s[1] += int64(i % 5)
-		sums[k] = s
-	}
-	for k, s := range sums {
-		want[k] = fmt.Sprintf("n=%d total=%d", s[0], s[1])
-	}
+	want := imWant(base, 400, func(i int) (string, int64) { return fmt.Sprintf("u%d", i%7), int64(i % 5) })
 	for r := range 2 {
 		sink := fmt.Sprintf("im/out/p0/r%d", r)
-		got := map[string]string{}
-		sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
-		conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
-			for _, tp := range b.Tuples {
-				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
-					return dataplane.ErrStopSubscription
-				}
-				if !tp.Type.IsData() {
-					continue
-				}
-				k := fmt.Sprintf("%s@%d", tp.Values[0].S, tp.Values[3].I)
-				if _, dup := got[k]; dup {
-					return fmt.Errorf("result %s emitted twice", k)
-				}
-				got[k] = fmt.Sprintf("n=%d total=%d", tp.Values[1].I, tp.Values[2].I)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("read %s: %v", sink, err)
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := imResults(t, ctx, o, sink); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("sink %s: %v, want %v", sink, got, want)
 		}
 	}
@@ -193,13 +143,7 @@ func TestIngestSourceWorkerLostWithoutReplicas(t *testing.T) {
 		ti := o.task(t, "im", src)
 		return []dataplane.IngestCopy{{TaskID: ti.TaskId, Addr: ti.WorkerAddr}}, nil
 	}
-	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: "after",
-		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
-		RetryFor: 60 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cl.Close()
+	cl := imSession(t, ctx, o, "after", resolve)
 	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 	var lines []string
 	for i := range 100 {
@@ -215,27 +159,74 @@ func TestIngestSourceWorkerLostWithoutReplicas(t *testing.T) {
 		ti := o.task(t, "im", sink)
 		return ti.WorkerId != victim && ti.State == states.TaskRunning
 	})
+	want := imWant(base, 100, func(i int) (string, int64) { return fmt.Sprintf("u%d", i%3), 1 })
+	if got := imResults(t, ctx, o, sink); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the sink's results of the session after the loss: %v, want %v", got, want)
+	}
+}
+
+// imSession opens an ingest client session of producer on query im's
+// source (see ingestMoveYAML), resolving its copies with resolve.
+func imSession(t *testing.T, ctx context.Context, o *liveOrg, producer string, resolve func(context.Context) ([]dataplane.IngestCopy, error)) *dataplane.IngestClient {
+	t.Helper()
+	cl, err := dataplane.NewIngestClient(ctx, dataplane.IngestClientConfig{Query: "im", Source: "events", Producer: producer,
+		Resolve: resolve, Conn: func(addr string) (grpc.ClientConnInterface, error) { return o.pool.Conn(addr) },
+		RetryFor: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// imResults reads sink, a sink of query im, to its end: its results by
+// "user@window end", each "n=… total=…"; a result emitted twice fails.
+func imResults(t *testing.T, ctx context.Context, o *liveOrg, sink string) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
 	conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := int64(0)
-	sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
 	err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
 		for _, tp := range b.Tuples {
 			if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
 				return dataplane.ErrStopSubscription
 			}
-			if tp.Type.IsData() {
-				n += tp.Values[1].I
+			if !tp.Type.IsData() {
+				continue
 			}
+			k := fmt.Sprintf("%s@%d", tp.Values[0].S, tp.Values[3].I)
+			if _, dup := got[k]; dup {
+				return fmt.Errorf("result %s emitted twice", k)
+			}
+			got[k] = fmt.Sprintf("n=%d total=%d", tp.Values[1].I, tp.Values[2].I)
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("read %s to its end: %v", sink, err)
+		t.Fatalf("read %s: %v", sink, err)
 	}
-	if n != 100 {
-		t.Fatalf("the sink counted %d records of the session after the loss, want 100", n)
+	return got
+}
+
+// imWant is what query im's sink gives for the records of lines, each
+// (user, amount) at base + i*10 ms.
+func imWant(base int64, n int, line func(i int) (user string, amount int64)) map[string]string {
+	sums := map[string][2]int64{}
+	for i := range n {
+		ns := base + int64(i)*10_000_000
+		u, a := line(i)
+		k := fmt.Sprintf("%s@%d", u, (ns/1_000_000_000+1)*1_000_000_000)
+		s := sums[k]
+		s[0]++
+		s[1] += a
+		sums[k] = s
 	}
+	want := map[string]string{}
+	for k, s := range sums {
+		want[k] = fmt.Sprintf("n=%d total=%d", s[0], s[1])
+	}
+	return want
 }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,7 +19,6 @@ import (
 	pb "github.com/fedstream/fedstream/rpc/fedstreampb"
 	"github.com/fedstream/fedstream/rpc/states"
 	"github.com/fedstream/fedstream/worker/dataplane"
-	"github.com/fedstream/fedstream/worker/tuple"
 )
 
 const ingestMoveYAML = `
@@ -309,32 +307,7 @@ func liveIngestMove(t *testing.T, replicas int) {
 	}
 	for r := range replicas {
 		sink := fmt.Sprintf("im/out/p0/r%d", r)
-		got := map[string]string{}
-		sub := dataplane.NewSubscriber(&pb.StreamRef{Query: "im", TaskId: sink}, "", true, 0)
-		conn, err := o.pool.Conn(o.task(t, "im", sink).WorkerAddr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = sub.Run(ctx, conn, func(ctx context.Context, b *dataplane.Batch) error {
-			for _, tp := range b.Tuples {
-				if tp.Type == tuple.Boundary && tp.STime == math.MaxInt64 {
-					return dataplane.ErrStopSubscription
-				}
-				if !tp.Type.IsData() {
-					continue
-				}
-				k := fmt.Sprintf("%s@%d", tp.Values[0].S, tp.Values[3].I)
-				if _, dup := got[k]; dup {
-					return fmt.Errorf("result %s emitted twice", k)
-				}
-				got[k] = fmt.Sprintf("n=%d total=%d", tp.Values[1].I, tp.Values[2].I)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("read %s: %v", sink, err)
-		}
-		if fmt.Sprint(got) != fmt.Sprint(want) {
+		if got := imResults(t, ctx, o, sink); fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("sink %s: %d results, want %d (they differ)", sink, len(got), len(want))
 		}
 	}
