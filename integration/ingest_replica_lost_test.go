@@ -40,19 +40,7 @@ func ingestReplicaLost(t *testing.T, lostCopies int) {
 		t.Fatal(err)
 	}
 	const lost = "im/events/p0/r0"
-	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
-		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "im"})
-		if err != nil {
-			return nil, err
-		}
-		var out []dataplane.IngestCopy
-		for _, ti := range q.Tasks {
-			if ti.Fragment == "events" && ti.WorkerAddr != "" {
-				out = append(out, dataplane.IngestCopy{TaskID: ti.TaskId, Addr: ti.WorkerAddr})
-			}
-		}
-		return out, nil
-	}
+	resolve := imResolve(o)
 	waitFor(t, 30*time.Second, "the source copies placed and running", func() bool {
 		running := 0
 		for _, ti := range o.query(t, "im").Tasks {
@@ -139,10 +127,7 @@ func TestIngestSourceWorkerLostWithoutReplicas(t *testing.T) {
 		last = o.task(t, "im", src)
 		return last.WorkerId != victim && last.WorkerId != "" && last.Generation >= 2 && last.State == states.TaskRunning
 	})
-	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
-		ti := o.task(t, "im", src)
-		return []dataplane.IngestCopy{{TaskID: ti.TaskId, Addr: ti.WorkerAddr}}, nil
-	}
+	resolve := imResolve(o)
 	cl := imSession(t, ctx, o, "after", resolve)
 	base := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC).UnixNano()
 	var lines []string
@@ -162,6 +147,24 @@ func TestIngestSourceWorkerLostWithoutReplicas(t *testing.T) {
 	want := imWant(base, 100, func(i int) (string, int64) { return fmt.Sprintf("u%d", i%3), 1 })
 	if got := imResults(t, ctx, o, sink); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("the sink's results of the session after the loss: %v, want %v", got, want)
+	}
+}
+
+// imResolve resolves the copies of query im's source (see
+// ingestMoveYAML) as an ingest client does: those placed on a worker.
+func imResolve(o *liveOrg) func(context.Context) ([]dataplane.IngestCopy, error) {
+	return func(ctx context.Context) ([]dataplane.IngestCopy, error) {
+		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "im"})
+		if err != nil {
+			return nil, err
+		}
+		var out []dataplane.IngestCopy
+		for _, ti := range q.Tasks {
+			if ti.Fragment == "events" && ti.WorkerAddr != "" {
+				out = append(out, dataplane.IngestCopy{TaskID: ti.TaskId, Addr: ti.WorkerAddr})
+			}
+		}
+		return out, nil
 	}
 }
 

@@ -212,19 +212,7 @@ func liveIngestMove(t *testing.T, replicas int) {
 		t.Fatal(err)
 	}
 	const moving = "im/events/p0/r0"
-	resolve := func(ctx context.Context) ([]dataplane.IngestCopy, error) {
-		q, err := o.admin.GetQuery(ctx, &pb.GetQueryRequest{Name: "im"})
-		if err != nil {
-			return nil, err
-		}
-		var out []dataplane.IngestCopy
-		for _, ti := range q.Tasks {
-			if ti.Fragment == "events" && ti.WorkerAddr != "" {
-				out = append(out, dataplane.IngestCopy{TaskID: ti.TaskId, Addr: ti.WorkerAddr})
-			}
-		}
-		return out, nil
-	}
+	resolve := imResolve(o)
 	waitFor(t, 30*time.Second, "the source copies placed and running", func() bool {
 		q := o.query(t, "im")
 		running := 0
